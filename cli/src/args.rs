@@ -1,0 +1,51 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// A bordered table.
+    Table,
+    /// CSV with a header line.
+    Csv,
+    /// One JSON array of objects per result.
+    Json,
+    /// One JSON object per row.
+    Ndjson,
+}
+
+/// The zarrfusion SQL shell: Zarr stores as SQL tables.
+#[derive(Debug, Parser)]
+#[command(name = "zarrfusion", version, about)]
+pub struct Args {
+    /// Run SQL (or a backslash command) and exit; repeatable, run in order.
+    #[arg(short = 'c', long = "command")]
+    pub command: Vec<String>,
+
+    /// Run the SQL statements in a file and exit; repeatable, run after -c.
+    #[arg(short = 'f', long = "file", num_args = 1..)]
+    pub file: Vec<PathBuf>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+
+    /// Memory the query engine may use, like 2GB or 512MB.
+    #[arg(short = 'm', long = "memory-limit")]
+    pub memory_limit: Option<String>,
+
+    /// Directory for intermediate files (spills).
+    #[arg(long = "work-dir")]
+    pub work_dir: Option<PathBuf>,
+
+    /// Rows per record batch.
+    #[arg(long = "batch-size")]
+    pub batch_size: Option<usize>,
+
+    /// Print results only: no banner, row counts, timing or progress.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}

@@ -1,0 +1,96 @@
+//! Running SQL text: split into statements, plan, execute, print.
+
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::error::DataFusionError;
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::{DFParser, Statement};
+use futures::StreamExt;
+
+use crate::args::Format;
+use crate::commands;
+use crate::output::write_batches;
+use crate::progress::ProgressBar;
+
+/// The shell's state: the session and how to print.
+pub struct Shell {
+    /// The session queries run in.
+    pub ctx: SessionContext,
+    format: Format,
+    quiet: bool,
+}
+
+impl Shell {
+    /// A shell over `ctx`.
+    pub fn new(ctx: SessionContext, format: Format, quiet: bool) -> Self {
+        Self { ctx, format, quiet }
+    }
+
+    /// Runs a backslash command or SQL text (one or more statements).
+    /// Stops at the first error.
+    pub async fn run_text(&mut self, text: &str) -> Result<(), String> {
+        let trimmed = text.trim();
+        if trimmed.starts_with('\\') {
+            return match commands::run(self, trimmed).await? {
+                commands::Outcome::Continue => Ok(()),
+                commands::Outcome::Quit => std::process::exit(0),
+            };
+        }
+        let statements = DFParser::parse_sql(text).map_err(|e| e.to_string())?;
+        for statement in statements {
+            self.run_statement(statement).await?;
+        }
+        Ok(())
+    }
+
+    async fn run_statement(&mut self, statement: Statement) -> Result<(), String> {
+        let start = Instant::now();
+        let progress = ProgressBar::start(&self.ctx, !self.quiet && std::io::stderr().is_terminal());
+        let result = tokio::select! {
+            r = self.execute(statement) => r,
+            _ = tokio::signal::ctrl_c() => Err(DataFusionError::Execution("query cancelled".into())),
+        };
+        progress.finish();
+        let (schema, batches) = result.map_err(|e| describe_error(&e))?;
+        let mut stdout = std::io::stdout().lock();
+        write_batches(&mut stdout, self.format, &schema, &batches).map_err(|e| e.to_string())?;
+        if !self.quiet {
+            let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+            let _ = writeln!(
+                stdout,
+                "{rows} row(s) fetched. Elapsed {:.3} seconds.\n",
+                start.elapsed().as_secs_f64()
+            );
+        }
+        let _ = stdout.flush();
+        Ok(())
+    }
+
+    async fn execute(
+        &self,
+        statement: Statement,
+    ) -> Result<(datafusion::arrow::datatypes::SchemaRef, Vec<RecordBatch>), DataFusionError> {
+        let plan = self.ctx.state().statement_to_plan(statement).await?;
+        let df = self.ctx.execute_logical_plan(plan).await?;
+        let schema = df.schema().inner().clone();
+        let mut stream = df.execute_stream().await?;
+        let mut batches = Vec::new();
+        while let Some(batch) = stream.next().await {
+            batches.push(batch?);
+        }
+        Ok((schema, batches))
+    }
+}
+
+/// The message of an error, without DataFusion's wrapping noise.
+pub fn describe_error(error: &DataFusionError) -> String {
+    match error {
+        DataFusionError::External(e) => e.to_string(),
+        DataFusionError::Context(context, inner) => {
+            format!("{context}: {}", describe_error(inner))
+        }
+        other => other.to_string(),
+    }
+}

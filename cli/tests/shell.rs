@@ -1,0 +1,184 @@
+//! The `zarrfusion` binary: the SQL examples give the answers xarray gives
+//! (`sql-examples/expected/*.csv`, written by `demo/make_demo.py`), output
+//! formats, backslash commands, and errors (message on stderr, exit 1, no panic).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn zarrfusion(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zarrfusion"))
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .expect("the zarrfusion binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Parses simple CSV (no quoted commas in our outputs).
+fn csv(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+fn same_cell(actual: &str, expected: &str) -> bool {
+    if actual == expected {
+        return true;
+    }
+    match (actual.parse::<f64>(), expected.parse::<f64>()) {
+        (Ok(a), Ok(e)) => (a - e).abs() <= 1e-6 * e.abs().max(1.0),
+        _ => actual.trim_end_matches(".000000000").trim_end_matches(".000") == expected,
+    }
+}
+
+fn check_example(sql: &Path, expected: &Path) {
+    let output = zarrfusion(&["-q", "--format", "csv", "-f", sql.to_str().unwrap()]);
+    assert!(
+        output.status.success(),
+        "{}: exit {:?}\n{}",
+        sql.display(),
+        output.status,
+        stderr(&output)
+    );
+    let got = csv(&stdout(&output));
+    let want = csv(&std::fs::read_to_string(expected).unwrap());
+    assert_eq!(got.len(), want.len(), "{}: rows\n{}", sql.display(), stdout(&output));
+    assert_eq!(got[0], want[0], "{}: header", sql.display());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate().skip(1) {
+        assert_eq!(g.len(), w.len(), "{}: row {i}", sql.display());
+        for (a, e) in g.iter().zip(w) {
+            assert!(
+                same_cell(a, e),
+                "{}: row {i}: got {g:?}, expected {w:?}",
+                sql.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn sql_examples_match_their_expected_output() {
+    let dir = repo_root().join("sql-examples");
+    let mut checked = 0;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sql"))
+        .collect();
+    files.sort();
+    for sql in files {
+        let expected = dir
+            .join("expected")
+            .join(sql.with_extension("csv").file_name().unwrap());
+        assert!(expected.exists(), "{} has no expected output", sql.display());
+        check_example(&sql, &expected);
+        checked += 1;
+    }
+    assert!(checked >= 6, "only {checked} examples");
+}
+
+#[test]
+fn all_examples_run_in_one_session() {
+    let mut args = vec!["-q", "-f"];
+    let files: Vec<String> = (1..=8)
+        .filter_map(|i| {
+            std::fs::read_dir(repo_root().join("sql-examples"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("{i:02}_")))
+                .map(|p| p.to_string_lossy().into_owned())
+        })
+        .collect();
+    args.extend(files.iter().map(String::as_str));
+    let output = zarrfusion(&args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("t2m_mean"));
+}
+
+#[test]
+fn ndjson_prints_one_object_per_row() {
+    let output = zarrfusion(&[
+        "-q",
+        "--format",
+        "ndjson",
+        "-c",
+        "SELECT lat, count(*) AS n FROM read_zarr('demo/era5.zarr') WHERE lat >= 70 GROUP BY lat ORDER BY lat",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let lines: Vec<serde_json::Value> = stdout(&output)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "lat 70, 75, 80");
+    assert_eq!(lines[0]["lat"], 70.0);
+    assert_eq!(lines[0]["n"], 96 * 64);
+}
+
+#[test]
+fn commands_run_in_order_and_quiet_prints_results_only() {
+    let output = zarrfusion(&[
+        "-q",
+        "--format",
+        "csv",
+        "-c",
+        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
+        "-c",
+        "SELECT count(*) AS n FROM era5",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout(&output), format!("n\n{}\n", 96 * 33 * 64));
+    let loud = zarrfusion(&["-c", "SELECT 1 AS one"]);
+    assert!(stdout(&loud).contains("1 row(s) fetched"));
+}
+
+#[test]
+fn backslash_commands_describe_tables() {
+    let output = zarrfusion(&[
+        "-q",
+        "--format",
+        "csv",
+        "-c",
+        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
+        "-c",
+        "\\d",
+        "-c",
+        "\\d era5",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains("era5,BASE TABLE"), "{text}");
+    assert!(text.contains("t2m,Float32"), "{text}");
+}
+
+#[test]
+fn errors_go_to_stderr_with_exit_status_one() {
+    for (args, needle) in [
+        (vec!["-c", "SELECT * FROM read_zarr('no/such/store.zarr')"], "no/such/store.zarr"),
+        (vec!["-c", "SELEC 1"], "SELEC"),
+        (
+            vec!["-c", "CREATE EXTERNAL TABLE x STORED AS ZARR LOCATION 'demo/era5.zarr' OPTIONS ('dims' 'foo,bar')"],
+            "foo,bar",
+        ),
+        (vec!["--memory-limit", "lots", "-c", "SELECT 1"], "--memory-limit"),
+        (vec!["-c", "\\nope"], "unknown command"),
+    ] {
+        let output = zarrfusion(&args);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", stderr(&output));
+        let err = stderr(&output);
+        assert!(err.contains(needle), "{args:?}: stderr was {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("RUST_BACKTRACE"), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,40 @@
+//! # zarrfusion
+//!
+//! Zarr arrays as SQL tables on Apache DataFusion.
+//!
+//! A Zarr group (v2 or v3, local or in an object store) is registered as a
+//! table: every dimension is a column, every variable sharing those
+//! dimensions is a column, every chunk-aligned block is a partition.
+//! Projection, filters on dimensions and `LIMIT` are pushed down so only the
+//! chunks a query needs are read. Values are decoded the way
+//! `xarray.open_zarr` decodes them (CF scale/offset, fill values, CF time).
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`zarr`] | opening stores, discovering arrays, decoding values |
+//! | [`table`] | the table mapping, the scan, pushdown, registration |
+//! | [`memory`] | sizes and the memory budget |
+//! | [`session`] | building a `SessionContext` with all of the above |
+//!
+//! ```no_run
+//! # async fn example() -> datafusion::error::Result<()> {
+//! let ctx = zarrfusion::new_context();
+//! ctx.sql("CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'").await?;
+//! ctx.sql("SELECT lat, avg(t2m) FROM era5 GROUP BY lat ORDER BY lat").await?.show().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod config;
+pub mod error;
+pub mod memory;
+pub mod progress;
+pub mod session;
+pub mod table;
+pub mod zarr;
+
+pub use config::ZarrConfig;
+pub use error::{Result, ZarrFusionError};
+pub use progress::ScanProgress;
+pub use session::{new_context, new_context_with, session_config, ZarrContextExt};
+pub use table::{ZarrDataset, ZarrTable, ZarrTableOptions};

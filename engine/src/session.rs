@@ -1,0 +1,120 @@
+//! The one place that builds a `SessionContext` with everything zarrfusion
+//! adds: `STORED AS ZARR`, `read_zarr`, the `zarrfusion.*` settings, scan
+//! progress, and the functions of `zarrfusion-udfs`.
+//!
+//! ```no_run
+//! use std::collections::HashMap;
+//! use zarrfusion::{new_context, ZarrContextExt};
+//!
+//! # async fn example() -> datafusion::error::Result<()> {
+//! let ctx = new_context();
+//! ctx.register_zarr("era5", "demo/era5.zarr", HashMap::new()).await?;
+//! let df = ctx.sql("SELECT lat, avg(t2m) FROM era5 GROUP BY lat ORDER BY lat").await?;
+//! df.show().await?;
+//! // Every dimension set is also a table in the schema named after the store:
+//! ctx.sql("SELECT count(*) FROM era5.lat_lon").await?.show().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
+use datafusion::common::{exec_err, Result};
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::config::ZarrConfig;
+use crate::progress::ScanProgress;
+use crate::table::{open_dataset, ReadZarrFunc, ZarrTable, ZarrTableFactory, ZarrTableOptions};
+
+/// The default session configuration: information schema on, zarrfusion
+/// settings and scan progress attached.
+pub fn session_config() -> SessionConfig {
+    SessionConfig::new()
+        .with_information_schema(true)
+        .with_option_extension(ZarrConfig::default())
+        .with_extension(Arc::new(ScanProgress::default()))
+}
+
+/// A session with the default configuration and runtime.
+pub fn new_context() -> SessionContext {
+    new_context_with(session_config(), Arc::new(RuntimeEnv::default()))
+}
+
+/// A session with a given configuration (see [`session_config`]) and runtime
+/// (memory pool, object stores, disk manager).
+pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> SessionContext {
+    let config = if config.get_extension::<ScanProgress>().is_none() {
+        config.with_extension(Arc::new(ScanProgress::default()))
+    } else {
+        config
+    };
+    let config = if config.options().extensions.get::<ZarrConfig>().is_none() {
+        config.with_option_extension(ZarrConfig::default())
+    } else {
+        config
+    };
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .with_table_factory("ZARR".to_string(), Arc::new(ZarrTableFactory))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    ctx.register_udtf("read_zarr", Arc::new(ReadZarrFunc));
+    for udf in zarrfusion_udfs::all_scalar_functions() {
+        ctx.register_udf(udf.as_ref().clone());
+    }
+    ctx
+}
+
+/// Registering Zarr stores with a `SessionContext`.
+#[async_trait]
+pub trait ZarrContextExt {
+    /// Registers the store at `url` (a path or object-store URL).
+    ///
+    /// `name` becomes a table over the default dimension set (the one with
+    /// the most dimensions, or `options["dims"]`), and a schema holding one
+    /// table per dimension set, named by its dimensions joined with `_`
+    /// (`era5.time_lat_lon`, `era5.lat_lon`), as xarray-sql does.
+    async fn register_zarr(
+        &self,
+        name: &str,
+        url: &str,
+        options: HashMap<String, String>,
+    ) -> Result<()>;
+}
+
+#[async_trait]
+impl ZarrContextExt for SessionContext {
+    async fn register_zarr(
+        &self,
+        name: &str,
+        url: &str,
+        options: HashMap<String, String>,
+    ) -> Result<()> {
+        let options = ZarrTableOptions::from_map(&options)?;
+        let (dims, pushdown) = (options.dims.clone(), options.pushdown);
+        let dataset = open_dataset(url.to_string(), options, self.runtime_env()).await?;
+        let default_table = dataset.table(dims.as_deref())?;
+        let schema = MemorySchemaProvider::new();
+        for table in dataset.tables() {
+            let name = table.dims_name();
+            schema.register_table(name, Arc::new(ZarrTable::new(table).with_pushdown(pushdown)))?;
+        }
+        let catalog_name = self.state().config().options().catalog.default_catalog.clone();
+        let Some(catalog) = self.catalog(&catalog_name) else {
+            return exec_err!("no catalog '{catalog_name}' to register '{name}' in");
+        };
+        catalog.register_schema(name, Arc::new(schema))?;
+        self.register_table(
+            name,
+            Arc::new(ZarrTable::new(default_table).with_pushdown(pushdown)),
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,252 @@
+//! A Zarr group seen as tables: its dimensions, their coordinates, and the
+//! sets of variables that share dimensions.
+//!
+//! Following xarray: a 1-D array named like its dimension is that
+//! dimension's coordinate; every other array is a data variable. Variables
+//! with the same dimensions (in the same order) form one table.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Int64Array};
+use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::execution::runtime_env::RuntimeEnv;
+
+use super::options::ZarrTableOptions;
+use crate::error::{Result, ZarrFusionError};
+use crate::zarr::{discover_arrays, open_storage, root_name, StoreLocation, ZarrArray};
+
+/// One dimension of a dataset.
+#[derive(Debug)]
+pub struct Dimension {
+    /// The dimension's name.
+    pub name: String,
+    /// Its length.
+    pub len: u64,
+    /// Coordinate values (decoded), or the integer index when there is no coordinate array.
+    pub values: ArrayRef,
+    /// Whether `values` came from a coordinate array.
+    pub has_coordinate: bool,
+}
+
+/// An opened Zarr group: dimensions and data variables.
+#[derive(Debug)]
+pub struct ZarrDataset {
+    store: String,
+    dims: BTreeMap<String, Arc<Dimension>>,
+    variables: Vec<Arc<ZarrArray>>,
+}
+
+/// The variables of one dimension set, ready to be a table.
+#[derive(Debug)]
+pub struct GridTable {
+    /// The store, as the user wrote it.
+    pub store: String,
+    /// Dimensions, outermost first.
+    pub dims: Vec<Arc<Dimension>>,
+    /// Data variables, sorted by name.
+    pub variables: Vec<Arc<ZarrArray>>,
+    /// Dimension columns, then variable columns.
+    pub schema: SchemaRef,
+}
+
+impl GridTable {
+    /// The grid's shape.
+    pub fn shape(&self) -> Vec<u64> {
+        self.dims.iter().map(|d| d.len).collect()
+    }
+
+    /// The chunk shape blocks align to: the first variable's storage chunks.
+    pub fn chunk_shape(&self) -> Vec<u64> {
+        self.variables
+            .first()
+            .map(|v| v.chunk_shape())
+            .unwrap_or_else(|| self.shape())
+    }
+
+    /// Number of cells (rows).
+    pub fn num_rows(&self) -> u64 {
+        self.shape().iter().product()
+    }
+
+    /// Names of the dimensions, joined by `_` (the table's name in a schema).
+    pub fn dims_name(&self) -> String {
+        self.dims
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>()
+            .join("_")
+    }
+}
+
+impl ZarrDataset {
+    /// Opens the store at `location` and checks that every variable agrees
+    /// with its dimensions. Runs blocking IO: call it from a blocking thread.
+    pub fn open(location: &str, options: &ZarrTableOptions, runtime: &RuntimeEnv) -> Result<Self> {
+        let mut resolved = StoreLocation::parse(location)?;
+        if let Some(group) = &options.group {
+            resolved = resolved.join(group);
+        }
+        let storage = open_storage(location, &resolved, &options.storage, runtime)?;
+        let entries = discover_arrays(&storage, location, root_name(location))?;
+        let arrays = entries
+            .into_iter()
+            .map(|entry| ZarrArray::open(&storage, location, entry).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        Self::from_arrays(location, arrays)
+    }
+
+    fn from_arrays(store: &str, arrays: Vec<Arc<ZarrArray>>) -> Result<Self> {
+        let is_coordinate =
+            |a: &ZarrArray| a.dims().len() == 1 && a.dims()[0] == a.name() && a.name() != "";
+        let mut dims = BTreeMap::new();
+        for array in arrays.iter().filter(|a| is_coordinate(a)) {
+            let len = array.shape()[0];
+            let values = array.read(&[0..len])?;
+            let dim = Dimension {
+                name: array.name().to_string(),
+                len,
+                values,
+                has_coordinate: true,
+            };
+            dims.insert(dim.name.clone(), Arc::new(dim));
+        }
+        let variables: Vec<Arc<ZarrArray>> = arrays
+            .into_iter()
+            .filter(|a| !is_coordinate(a) && !a.dims().is_empty())
+            .collect();
+        // Dimensions without a coordinate take their length from the first
+        // variable that uses them; every variable must agree.
+        let mut index_lengths: HashMap<String, (u64, String)> = HashMap::new();
+        for var in &variables {
+            for (dim, len) in var.dims().iter().zip(var.shape()) {
+                let expected = match dims.get(dim) {
+                    Some(d) => (d.len, format!("its coordinate array '{dim}'")),
+                    None => index_lengths
+                        .entry(dim.clone())
+                        .or_insert_with(|| (*len, format!("array '{}'", var.name())))
+                        .clone(),
+                };
+                if expected.0 != *len {
+                    return Err(ZarrFusionError::array(
+                        store,
+                        var.name(),
+                        format!(
+                            "its shape {:?} disagrees with dimension '{dim}': length {len} here, {} in {}",
+                            var.shape(),
+                            expected.0,
+                            expected.1
+                        ),
+                    ));
+                }
+            }
+        }
+        for (name, (len, _)) in index_lengths {
+            let values: ArrayRef = Arc::new(Int64Array::from_iter_values(0..len as i64));
+            let dim = Dimension {
+                name: name.clone(),
+                len,
+                values,
+                has_coordinate: false,
+            };
+            dims.insert(name, Arc::new(dim));
+        }
+        Ok(Self {
+            store: store.to_string(),
+            dims,
+            variables,
+        })
+    }
+
+    /// The store's location, as the user gave it.
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    /// The distinct dimension sets of the data variables, in order of first appearance
+    /// (variables are sorted by name).
+    pub fn dimension_sets(&self) -> Vec<Vec<String>> {
+        let mut sets: Vec<Vec<String>> = Vec::new();
+        for var in &self.variables {
+            if !sets.iter().any(|s| s.as_slice() == var.dims()) {
+                sets.push(var.dims().to_vec());
+            }
+        }
+        sets
+    }
+
+    /// The table of one dimension set: `dims` names it (in any order), or
+    /// `None` picks the set with the most dimensions (then the most variables).
+    pub fn table(&self, dims: Option<&[String]>) -> Result<GridTable> {
+        let sets = self.dimension_sets();
+        let describe = || {
+            sets.iter()
+                .map(|s| format!("({})", s.join(", ")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let chosen = match dims {
+            Some(wanted) => {
+                let mut wanted_sorted = wanted.to_vec();
+                wanted_sorted.sort();
+                sets.iter()
+                    .find(|s| {
+                        let mut sorted = s.to_vec();
+                        sorted.sort();
+                        sorted == wanted_sorted
+                    })
+                    .ok_or_else(|| {
+                        ZarrFusionError::store(
+                            &self.store,
+                            format!(
+                                "dims '{}' name no dimension set; the store has: {}",
+                                wanted.join(","),
+                                describe()
+                            ),
+                        )
+                    })?
+            }
+            None => sets
+                .iter()
+                .max_by_key(|s| {
+                    let count = self.variables.iter().filter(|v| v.dims() == s.as_slice()).count();
+                    (s.len(), count)
+                })
+                .ok_or_else(|| ZarrFusionError::store(&self.store, "the store has no data variables"))?,
+        };
+        Ok(self.build_table(chosen))
+    }
+
+    /// Every dimension set as a table.
+    pub fn tables(&self) -> Vec<GridTable> {
+        self.dimension_sets()
+            .iter()
+            .map(|set| self.build_table(set))
+            .collect()
+    }
+
+    fn build_table(&self, set: &[String]) -> GridTable {
+        let dims: Vec<Arc<Dimension>> = set.iter().map(|d| Arc::clone(&self.dims[d])).collect();
+        let variables: Vec<Arc<ZarrArray>> = self
+            .variables
+            .iter()
+            .filter(|v| v.dims() == set)
+            .cloned()
+            .collect();
+        let mut fields: Vec<Field> = dims
+            .iter()
+            .map(|d| Field::new(&d.name, d.values.data_type().clone(), d.values.null_count() > 0))
+            .collect();
+        fields.extend(
+            variables
+                .iter()
+                .map(|v| Field::new(v.name(), v.data_type().clone(), true)),
+        );
+        GridTable {
+            store: self.store.clone(),
+            dims,
+            variables,
+            schema: Arc::new(Schema::new(fields)),
+        }
+    }
+}

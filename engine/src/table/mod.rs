@@ -1,0 +1,20 @@
+//! Zarr groups as chunk-partitioned tables: the mapping, the scan and its
+//! pushdown, and the ways to register them (`CREATE EXTERNAL TABLE`,
+//! `read_zarr`, `register_zarr`).
+
+mod blocks;
+mod dataset;
+mod factory;
+mod options;
+mod provider;
+mod read_zarr;
+mod scan;
+mod selection;
+
+pub use dataset::{Dimension, GridTable, ZarrDataset};
+pub use factory::{open_dataset, ZarrTableFactory};
+pub use options::ZarrTableOptions;
+pub use provider::ZarrTable;
+pub use read_zarr::ReadZarrFunc;
+pub use scan::ZarrScanExec;
+pub use selection::Selection;

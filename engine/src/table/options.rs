@@ -1,0 +1,90 @@
+//! Options of a Zarr table, from `OPTIONS (...)`, `read_zarr` arguments or
+//! the Rust and Python APIs.
+//!
+//! | option | meaning |
+//! |---|---|
+//! | `dims` | the dimension set to expose, e.g. `'lat,lon'` (default: the one with the most dimensions) |
+//! | `group` | a group inside the store, e.g. `'atmosphere/surface'` |
+//! | `pushdown` | `'false'` turns filter pushdown off (for checking results; default `'true'`) |
+//! | `aws.*`, `gcp.*`, `azure.*`, `http.*` | object-store settings, as in `datafusion-cli` |
+
+use std::collections::HashMap;
+
+use crate::error::{Result, ZarrFusionError};
+
+/// Parsed table options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZarrTableOptions {
+    /// The dimension set to expose; `None` picks the one with the most dimensions.
+    pub dims: Option<Vec<String>>,
+    /// A group below the store's root.
+    pub group: Option<String>,
+    /// Whether filters on dimensions are pushed into the scan.
+    pub pushdown: bool,
+    /// Object-store settings (`aws.region`, ...), passed through.
+    pub storage: HashMap<String, String>,
+}
+
+impl Default for ZarrTableOptions {
+    fn default() -> Self {
+        Self {
+            dims: None,
+            group: None,
+            pushdown: true,
+            storage: HashMap::new(),
+        }
+    }
+}
+
+const STORAGE_PREFIXES: [&str; 8] = [
+    "aws.", "s3.", "gcp.", "gcs.", "google.", "azure.", "az.", "http.",
+];
+
+impl ZarrTableOptions {
+    /// Parses options given as key/value pairs. Unknown keys are an error.
+    pub fn from_map(options: &HashMap<String, String>) -> Result<Self> {
+        let mut parsed = Self::default();
+        for (key, value) in options {
+            let lower = key.to_ascii_lowercase();
+            let short = lower
+                .strip_prefix("format.")
+                .or_else(|| lower.strip_prefix("zarr."))
+                .unwrap_or(&lower);
+            match short {
+                "dims" => parsed.dims = Some(parse_dims(value)?),
+                "group" => parsed.group = Some(value.trim_matches('/').to_string()),
+                "pushdown" => {
+                    parsed.pushdown = value.parse().map_err(|_| {
+                        ZarrFusionError::Invalid(format!(
+                            "option pushdown must be 'true' or 'false', got '{value}'"
+                        ))
+                    })?
+                }
+                _ if STORAGE_PREFIXES.iter().any(|p| lower.starts_with(p)) => {
+                    parsed.storage.insert(lower.clone(), value.clone());
+                }
+                _ => {
+                    return Err(ZarrFusionError::Invalid(format!(
+                        "unknown Zarr table option '{key}' (known: dims, group, pushdown, aws.*, gcp.*, azure.*, http.*)"
+                    )))
+                }
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+/// Parses a comma-separated list of dimension names.
+pub fn parse_dims(text: &str) -> Result<Vec<String>> {
+    let dims: Vec<String> = text
+        .split(',')
+        .map(|d| d.trim().to_string())
+        .filter(|d| !d.is_empty())
+        .collect();
+    if dims.is_empty() {
+        return Err(ZarrFusionError::Invalid(format!(
+            "option dims '{text}' names no dimension"
+        )));
+    }
+    Ok(dims)
+}

@@ -1,0 +1,298 @@
+//! `ZarrScanExec`: reads chunk-aligned blocks of a Zarr table as record batches.
+//!
+//! Each partition owns a contiguous run of blocks. A blocking task decodes
+//! one block at a time (only the projected arrays, only the selected boxes)
+//! and streams record batches of the session's batch size through a small
+//! bounded channel, so decoding overlaps with the consumer and memory stays
+//! at about one block per partition. Dimension columns are generated from
+//! the coordinates, never stored per cell.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt64Array};
+use datafusion::arrow::compute::take;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, Statistics};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
+    PlanProperties, ReplaceChildrenOptions, StatisticsArgs,
+};
+use tokio::sync::mpsc::Sender;
+
+use super::blocks::{boxes_in_block, BlockGrid};
+use super::dataset::GridTable;
+use super::selection::Selection;
+use crate::progress::ScanProgress;
+
+/// The physical scan of a Zarr table.
+#[derive(Debug)]
+pub struct ZarrScanExec {
+    table: Arc<GridTable>,
+    projection: Vec<usize>,
+    schema: SchemaRef,
+    selection: Arc<Selection>,
+    blocks: Arc<BlockGrid>,
+    limit: Option<usize>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl ZarrScanExec {
+    /// A scan of `projection` (indices into the table's schema) over `selection`.
+    pub fn new(
+        table: Arc<GridTable>,
+        projection: Vec<usize>,
+        selection: Selection,
+        blocks: BlockGrid,
+        partitions: usize,
+        limit: Option<usize>,
+    ) -> Result<Self> {
+        let schema = Arc::new(table.schema.project(&projection)?);
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(partitions.max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            table,
+            projection,
+            schema,
+            selection: Arc::new(selection),
+            blocks: Arc::new(blocks),
+            limit,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// Rows the scan produces.
+    fn num_rows(&self) -> u64 {
+        let cells = self.selection.num_cells();
+        match self.limit {
+            Some(limit) => cells.min(limit as u64),
+            None => cells,
+        }
+    }
+
+    fn partition_blocks(&self, partition: usize) -> Range<u64> {
+        let n = self.properties.partitioning.partition_count() as u64;
+        let total = self.blocks.num_blocks();
+        let p = partition as u64;
+        (p * total / n)..((p + 1) * total / n)
+    }
+}
+
+impl DisplayAs for ZarrScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let columns: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        write!(
+            f,
+            "ZarrScanExec: store={}, dims=[{}], projection=[{}], rows={}, blocks={} of shape {:?}",
+            self.table.store,
+            self.table.dims_name().replace('_', ", "),
+            columns.join(", "),
+            self.selection.num_cells(),
+            self.blocks.num_blocks(),
+            self.blocks.block_shape(),
+        )?;
+        if let Some(limit) = self.limit {
+            write!(f, ", limit={limit}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for ZarrScanExec {
+    fn name(&self) -> &str {
+        "ZarrScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let blocks = self.partition_blocks(partition);
+        let progress = context.session_config().get_extension::<ScanProgress>();
+        if let Some(progress) = &progress {
+            progress.add_planned(blocks.end - blocks.start);
+        }
+        let reader = BlockReader {
+            table: Arc::clone(&self.table),
+            projection: self.projection.clone(),
+            schema: Arc::clone(&self.schema),
+            selection: Arc::clone(&self.selection),
+            batch_size: context.session_config().batch_size().max(1),
+        };
+        let grid = Arc::clone(&self.blocks);
+        let mut remaining = self.limit.map(|l| l as u64);
+        let blocks_read = MetricBuilder::new(&self.metrics).counter("blocks_read", partition);
+        let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let decode_time = MetricBuilder::new(&self.metrics).subset_time("decode_time", partition);
+        let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
+        let tx = builder.tx();
+        builder.spawn_blocking(move || {
+            for id in blocks {
+                if remaining == Some(0) {
+                    break;
+                }
+                let extent = grid.block(id);
+                for b in boxes_in_block(&reader.selection, &extent) {
+                    let timer = decode_time.timer();
+                    let sent = reader.read_box(&b, &mut remaining, &tx, &output_rows);
+                    timer.done();
+                    if !sent? {
+                        return Ok(());
+                    }
+                }
+                blocks_read.add(1);
+                if let Some(progress) = &progress {
+                    progress.add_done(1);
+                }
+            }
+            Ok(())
+        });
+        Ok(builder.build())
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let mut stats = Statistics::new_unknown(&self.schema);
+        if args.partition().is_none() {
+            stats.num_rows = Precision::Exact(self.num_rows() as usize);
+        }
+        Ok(Arc::new(stats))
+    }
+}
+
+/// Reads boxes of one table and turns them into record batches.
+struct BlockReader {
+    table: Arc<GridTable>,
+    projection: Vec<usize>,
+    schema: SchemaRef,
+    selection: Arc<Selection>,
+    batch_size: usize,
+}
+
+impl BlockReader {
+    /// Reads one box and sends its batches. Returns `Ok(false)` when the
+    /// receiver is gone (the query was cancelled or has enough rows).
+    fn read_box(
+        &self,
+        b: &[Range<u64>],
+        remaining: &mut Option<u64>,
+        tx: &Sender<Result<RecordBatch>>,
+        output_rows: &datafusion::physical_plan::metrics::Count,
+    ) -> Result<bool> {
+        let n_dims = self.table.dims.len();
+        let shape: Vec<u64> = b.iter().map(|r| r.end - r.start).collect();
+        let mut cells: u64 = shape.iter().product();
+        if let Some(left) = remaining {
+            cells = cells.min(*left);
+        }
+        let variables: Vec<Option<ArrayRef>> = self
+            .projection
+            .iter()
+            .map(|&i| {
+                (i >= n_dims)
+                    .then(|| self.table.variables[i - n_dims].read(b))
+                    .transpose()
+            })
+            .collect::<crate::error::Result<_>>()?;
+        let mut start = 0u64;
+        while start < cells {
+            let len = (self.batch_size as u64).min(cells - start);
+            let columns = self
+                .projection
+                .iter()
+                .zip(&variables)
+                .map(|(&i, var)| match var {
+                    Some(values) => Ok(values.slice(start as usize, len as usize)),
+                    None => self.dimension_column(i, b, &shape, start, len),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let options = RecordBatchOptions::new().with_row_count(Some(len as usize));
+            let batch = RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+            output_rows.add(len as usize);
+            if tx.blocking_send(Ok(batch)).is_err() {
+                return Ok(false);
+            }
+            start += len;
+        }
+        if let Some(left) = remaining {
+            *left -= cells;
+        }
+        Ok(true)
+    }
+
+    /// The values of dimension `d` for rows `start..start + len` of a box in C order.
+    fn dimension_column(
+        &self,
+        d: usize,
+        b: &[Range<u64>],
+        shape: &[u64],
+        start: u64,
+        len: u64,
+    ) -> Result<ArrayRef> {
+        let stride: u64 = shape[d + 1..].iter().product();
+        let indices: UInt64Array = (start..start + len)
+            .map(|row| b[d].start + (row / stride) % shape[d])
+            .collect();
+        Ok(take(self.table.dims[d].values.as_ref(), &indices, None)?)
+    }
+}

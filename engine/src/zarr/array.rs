@@ -1,0 +1,171 @@
+//! One Zarr array: its dimensions, how its values decode, and reading
+//! rectangular subsets of it as Arrow columns.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::DataType;
+use serde_json::{Map, Value};
+use zarrs::array::{Array, ArrayBytes, ArraySubset};
+use zarrs::metadata::ArrayMetadata;
+use zarrs::storage::{ReadableListableStorage, ReadableListableStorageTraits};
+
+use super::decode::{ColumnDecoder, StoredType};
+use super::hierarchy::ArrayEntry;
+use crate::error::{Result, ZarrFusionError};
+
+/// A Zarr array opened for reading, with its CF decoding.
+#[derive(Debug)]
+pub struct ZarrArray {
+    store: String,
+    name: String,
+    array: Array<dyn ReadableListableStorageTraits>,
+    dims: Vec<String>,
+    decoder: ColumnDecoder,
+}
+
+impl ZarrArray {
+    /// Opens an array from its discovered metadata. Unknown codecs and data
+    /// types are reported here, naming the store and array.
+    pub fn open(storage: &ReadableListableStorage, store: &str, entry: ArrayEntry) -> Result<Self> {
+        let name = entry.name.clone();
+        let fail = |message: String| ZarrFusionError::array(store, &name, message);
+        let (attributes, v2_fill): (Map<String, Value>, Option<Value>) = match &entry.metadata {
+            ArrayMetadata::V3(m) => (m.attributes.clone(), None),
+            ArrayMetadata::V2(m) => (
+                m.attributes.clone(),
+                serde_json::to_value(&m.fill_value).ok().filter(|v| !v.is_null()),
+            ),
+        };
+        let array = Array::new_with_metadata(Arc::clone(storage), &entry.path, entry.metadata)
+            .map_err(|e| fail(format!("cannot open: {e}")))?;
+        let stored = StoredType::from_zarr(array.data_type()).map_err(&fail)?;
+        let decoder = ColumnDecoder::new(stored, &attributes, v2_fill.as_ref()).map_err(&fail)?;
+        let dims = dimension_names(&array, &attributes);
+        if dims.len() != array.shape().len() {
+            return Err(fail(format!(
+                "{} dimension names for {} dimensions",
+                dims.len(),
+                array.shape().len()
+            )));
+        }
+        Ok(Self {
+            store: store.to_string(),
+            name,
+            array,
+            dims,
+            decoder,
+        })
+    }
+
+    /// The array's name inside its group.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The store this array belongs to.
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    /// Dimension names, outermost first.
+    pub fn dims(&self) -> &[String] {
+        &self.dims
+    }
+
+    /// The array's shape.
+    pub fn shape(&self) -> &[u64] {
+        self.array.shape()
+    }
+
+    /// The shape of the chunk at the grid's origin (storage chunks: shards when sharded).
+    pub fn chunk_shape(&self) -> Vec<u64> {
+        let origin = vec![0; self.shape().len()];
+        match self.array.chunk_shape(&origin) {
+            Ok(shape) => shape.iter().map(|n| n.get()).collect(),
+            Err(_) => self.shape().to_vec(),
+        }
+    }
+
+    /// The Arrow type of the decoded values.
+    pub fn data_type(&self) -> &DataType {
+        self.decoder.data_type()
+    }
+
+    /// Bytes per stored element (an estimate for strings).
+    pub fn element_size(&self) -> usize {
+        self.array.data_type().fixed_size().unwrap_or(16)
+    }
+
+    /// Reads and decodes the subset `ranges` (one range per dimension), in C order.
+    pub fn read(&self, ranges: &[Range<u64>]) -> Result<ArrayRef> {
+        let subset = ArraySubset::new_with_ranges(ranges);
+        let decoded = match self.decoder.stored() {
+            StoredType::String => self
+                .array
+                .retrieve_array_subset::<Vec<String>>(&subset)
+                .map(|strings| Ok(self.decoder.decode_strings(strings))),
+            _ => self
+                .array
+                .retrieve_array_subset::<ArrayBytes<'static>>(&subset)
+                .map(|bytes| match bytes.into_fixed() {
+                    Ok(raw) => self.decoder.decode_fixed(&raw),
+                    Err(e) => Err(e.to_string()),
+                }),
+        };
+        match decoded {
+            Ok(Ok(column)) => Ok(column),
+            Ok(Err(message)) => Err(ZarrFusionError::array(&self.store, &self.name, message)),
+            Err(e) => Err(self.locate_error(&subset, e.to_string())),
+        }
+    }
+
+    /// Finds which chunk of `subset` fails to decode, to name it in the error.
+    fn locate_error(&self, subset: &ArraySubset, message: String) -> ZarrFusionError {
+        if let Ok(Some(chunks)) = self.array.chunks_in_array_subset(subset) {
+            for indices in &chunks.indices() {
+                if let Err(e) = self.array.retrieve_chunk::<ArrayBytes<'static>>(&indices) {
+                    return ZarrFusionError::Chunk {
+                        store: self.store.clone(),
+                        array: self.name.clone(),
+                        key: self.array.chunk_key(&indices).to_string(),
+                        chunk: indices,
+                        message: e.to_string(),
+                    };
+                }
+            }
+        }
+        ZarrFusionError::array(&self.store, &self.name, message)
+    }
+}
+
+/// The name given to an array stored at the root of a store: the store's base name.
+pub fn root_name(store: &str) -> &str {
+    let base = store.trim_end_matches('/').rsplit('/').next().unwrap_or(store);
+    base.strip_suffix(".zarr").unwrap_or(base)
+}
+
+/// Dimension names from v3 `dimension_names` or v2 `_ARRAY_DIMENSIONS`,
+/// else `dim_0`, `dim_1`, ...
+fn dimension_names(
+    array: &Array<dyn ReadableListableStorageTraits>,
+    attributes: &Map<String, Value>,
+) -> Vec<String> {
+    let rank = array.shape().len();
+    if let Some(names) = array.dimension_names() {
+        if names.iter().all(Option::is_some) {
+            return names.iter().flatten().cloned().collect();
+        }
+    }
+    if let Some(Value::Array(names)) = attributes.get("_ARRAY_DIMENSIONS") {
+        let names: Vec<String> = names
+            .iter()
+            .filter_map(|n| n.as_str().map(str::to_string))
+            .collect();
+        if names.len() == rank {
+            return names;
+        }
+    }
+    (0..rank).map(|i| format!("dim_{i}")).collect()
+}

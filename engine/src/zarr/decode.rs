@@ -1,0 +1,508 @@
+//! Decoding array values the way `xarray.open_zarr` does with its defaults.
+//!
+//! A [`ColumnDecoder`] is built once per array from its metadata and turns
+//! the decoded bytes of any subset into an Arrow array:
+//!
+//! | stored as | attributes | column |
+//! |---|---|---|
+//! | float16/32/64 | | Float32/Float64, NaN as NULL |
+//! | any number | `_FillValue`, `missing_value` (v2: also the zarr `fill_value`) | Float32/Float64, those values as NULL |
+//! | any number | `scale_factor`, `add_offset` | Float64 (Float32 when both are absent and the source is small), unpacked |
+//! | any number | `units: <unit> since <date>` | Timestamp(ns), via [`zarrfusion_udfs::cf_time`] |
+//! | numpy datetime64 / timedelta64 | | Timestamp(ns) / Duration(ns), NaT as NULL |
+//! | integers, bool | | themselves |
+//! | string, fixed-length UTF-32 | | Utf8 |
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, DurationNanosecondArray, Float32Array, Float64Array, PrimitiveArray,
+    StringArray, TimestampNanosecondArray,
+};
+use datafusion::arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
+use datafusion::arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
+    Int8Type, TimeUnit as ArrowTimeUnit, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use serde_json::{Map, Value};
+use zarrs::array::data_type::{
+    BoolDataType, FixedLengthUTF32DataType, Float16DataType, Float32DataType, Float64DataType,
+    Int16DataType, Int32DataType, Int64DataType, Int8DataType, NumpyDateTime64DataType,
+    NumpyTimeDelta64DataType, NumpyTimeUnit, StringDataType, UInt16DataType, UInt32DataType,
+    UInt64DataType, UInt8DataType,
+};
+use zarrs::array::DataType as ZarrDataType;
+use zarrfusion_udfs::cf_time::{is_supported_calendar, CfTime, TimeUnit};
+
+/// How values are stored in the array (after the codecs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StoredType {
+    /// `bool`
+    Bool,
+    /// `int8`
+    Int8,
+    /// `int16`
+    Int16,
+    /// `int32`
+    Int32,
+    /// `int64`
+    Int64,
+    /// `uint8`
+    UInt8,
+    /// `uint16`
+    UInt16,
+    /// `uint32`
+    UInt32,
+    /// `uint64`
+    UInt64,
+    /// `float16`
+    Float16,
+    /// `float32`
+    Float32,
+    /// `float64`
+    Float64,
+    /// numpy `datetime64`, with nanoseconds per stored unit.
+    DateTime64(i64),
+    /// numpy `timedelta64`, with nanoseconds per stored unit.
+    TimeDelta64(i64),
+    /// Variable-length UTF-8 strings.
+    String,
+    /// numpy `<U n`: fixed-length UTF-32 strings, with the bytes per item.
+    FixedUtf32(usize),
+}
+
+impl StoredType {
+    /// Classifies a zarrs data type, or names it as unsupported.
+    pub fn from_zarr(data_type: &ZarrDataType) -> Result<Self, String> {
+        macro_rules! classify {
+            ($($zarr:ty => $stored:expr),* $(,)?) => {
+                $(if data_type.is::<$zarr>() { return Ok($stored); })*
+            };
+        }
+        classify!(
+            BoolDataType => Self::Bool,
+            Int8DataType => Self::Int8,
+            Int16DataType => Self::Int16,
+            Int32DataType => Self::Int32,
+            Int64DataType => Self::Int64,
+            UInt8DataType => Self::UInt8,
+            UInt16DataType => Self::UInt16,
+            UInt32DataType => Self::UInt32,
+            UInt64DataType => Self::UInt64,
+            Float16DataType => Self::Float16,
+            Float32DataType => Self::Float32,
+            Float64DataType => Self::Float64,
+            StringDataType => Self::String,
+        );
+        if let Some(dt) = data_type.downcast_ref::<FixedLengthUTF32DataType>() {
+            return Ok(Self::FixedUtf32(dt.length_bytes().get() as usize));
+        }
+        if let Some(dt) = data_type.downcast_ref::<NumpyDateTime64DataType>() {
+            return numpy_unit_nanos(dt.unit, dt.scale_factor.get()).map(Self::DateTime64);
+        }
+        if let Some(dt) = data_type.downcast_ref::<NumpyTimeDelta64DataType>() {
+            return numpy_unit_nanos(dt.unit, dt.scale_factor.get()).map(Self::TimeDelta64);
+        }
+        Err(format!("unsupported data type '{data_type}'"))
+    }
+
+    /// True for the integer and floating point types.
+    pub fn is_numeric(self) -> bool {
+        !matches!(
+            self,
+            Self::Bool
+                | Self::String
+                | Self::FixedUtf32(_)
+                | Self::DateTime64(_)
+                | Self::TimeDelta64(_)
+        )
+    }
+
+    fn is_small(self) -> bool {
+        matches!(
+            self,
+            Self::Int8 | Self::Int16 | Self::UInt8 | Self::UInt16 | Self::Float16 | Self::Float32
+        )
+    }
+
+    fn is_float(self) -> bool {
+        matches!(self, Self::Float16 | Self::Float32 | Self::Float64)
+    }
+}
+
+fn numpy_unit_nanos(unit: NumpyTimeUnit, scale: u32) -> Result<i64, String> {
+    let nanos: i64 = match unit {
+        NumpyTimeUnit::Week => 7 * 86_400_000_000_000,
+        NumpyTimeUnit::Day => 86_400_000_000_000,
+        NumpyTimeUnit::Hour => 3_600_000_000_000,
+        NumpyTimeUnit::Minute => 60_000_000_000,
+        NumpyTimeUnit::Second => 1_000_000_000,
+        NumpyTimeUnit::Millisecond => 1_000_000,
+        NumpyTimeUnit::Microsecond => 1_000,
+        NumpyTimeUnit::Nanosecond => 1,
+        other => return Err(format!("unsupported numpy time unit {other:?}")),
+    };
+    Ok(nanos * i64::from(scale))
+}
+
+/// What the stored numbers mean.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Meaning {
+    /// The values themselves (floats: NaN as NULL).
+    Plain,
+    /// Masked and/or packed numbers, unpacked to a float column.
+    Unpacked { scale: f64, offset: f64, wide: bool },
+    /// CF time: units since a reference date.
+    Time(CfTime),
+    /// CF duration: a count of units.
+    Duration(TimeUnit),
+}
+
+/// Turns decoded array bytes into an Arrow column, applying CF conventions.
+#[derive(Debug, Clone)]
+pub struct ColumnDecoder {
+    stored: StoredType,
+    meaning: Meaning,
+    /// Stored values that mean "missing" (`_FillValue`, `missing_value`, v2 `fill_value`).
+    missing: Vec<f64>,
+    data_type: DataType,
+}
+
+/// Reads a number from an attribute, including the strings `NaN`, `Infinity`, `-Infinity`.
+fn attr_number(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => match s.as_str() {
+            "NaN" | "nan" => Some(f64::NAN),
+            "Infinity" | "inf" => Some(f64::INFINITY),
+            "-Infinity" | "-inf" => Some(f64::NEG_INFINITY),
+            _ => s.parse().ok().or_else(|| base64_number(s)),
+        },
+        Value::Array(items) => items.iter().filter_map(attr_number).next(),
+        _ => None,
+    }
+}
+
+/// xarray writes a float `_FillValue` of a Zarr v3 array as the base64 text
+/// of its little-endian bytes (`"AAAAAAAA+H8="` is a float64 NaN).
+fn base64_number(text: &str) -> Option<f64> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(text).ok()?;
+    match bytes.len() {
+        8 => Some(f64::from_le_bytes(bytes.try_into().ok()?)),
+        4 => Some(f64::from(f32::from_le_bytes(bytes.try_into().ok()?))),
+        2 => Some(half::f16::from_le_bytes(bytes.try_into().ok()?).to_f64()),
+        _ => None,
+    }
+}
+
+fn attr_numbers(value: &Value) -> Vec<f64> {
+    match value {
+        Value::Array(items) => items.iter().filter_map(attr_number).collect(),
+        other => attr_number(other).into_iter().collect(),
+    }
+}
+
+impl ColumnDecoder {
+    /// Builds the decoder for an array from its stored type, attributes and,
+    /// for Zarr v2, its `fill_value` (which xarray uses as a mask).
+    pub fn new(
+        stored: StoredType,
+        attributes: &Map<String, Value>,
+        v2_fill_value: Option<&Value>,
+    ) -> Result<Self, String> {
+        let mut missing = Vec::new();
+        if stored.is_numeric() {
+            for key in ["_FillValue", "missing_value"] {
+                if let Some(v) = attributes.get(key) {
+                    missing.extend(attr_numbers(v));
+                }
+            }
+            if let Some(v) = v2_fill_value {
+                missing.extend(attr_number(v));
+            }
+        }
+        let units = attributes.get("units").and_then(Value::as_str);
+        let calendar = attributes.get("calendar").and_then(Value::as_str);
+        let scale = attributes.get("scale_factor").and_then(attr_number);
+        let offset = attributes.get("add_offset").and_then(attr_number);
+        let meaning = if !stored.is_numeric() {
+            Meaning::Plain
+        } else if let Some(time) = units.map(|u| parse_time(u, calendar)).transpose()?.flatten() {
+            Meaning::Time(time)
+        } else if let Some(unit) = duration_unit(units, attributes) {
+            Meaning::Duration(unit)
+        } else if scale.is_some() || offset.is_some() || !missing.is_empty() {
+            // xarray's _choose_float_dtype: attribute numbers are Python floats
+            // (float64); without them, small sources unpack to float32.
+            let wide = scale.is_some() || offset.is_some() || !stored.is_small();
+            Meaning::Unpacked {
+                scale: scale.unwrap_or(1.0),
+                offset: offset.unwrap_or(0.0),
+                wide,
+            }
+        } else {
+            Meaning::Plain
+        };
+        let data_type = match (meaning, stored) {
+            (Meaning::Time(_), _) | (Meaning::Plain, StoredType::DateTime64(_)) => {
+                DataType::Timestamp(ArrowTimeUnit::Nanosecond, None)
+            }
+            (Meaning::Duration(_), _) | (Meaning::Plain, StoredType::TimeDelta64(_)) => {
+                DataType::Duration(ArrowTimeUnit::Nanosecond)
+            }
+            (Meaning::Unpacked { wide: true, .. }, _) => DataType::Float64,
+            (Meaning::Unpacked { wide: false, .. }, _) => DataType::Float32,
+            (Meaning::Plain, s) => match s {
+                StoredType::Bool => DataType::Boolean,
+                StoredType::Int8 => DataType::Int8,
+                StoredType::Int16 => DataType::Int16,
+                StoredType::Int32 => DataType::Int32,
+                StoredType::Int64 => DataType::Int64,
+                StoredType::UInt8 => DataType::UInt8,
+                StoredType::UInt16 => DataType::UInt16,
+                StoredType::UInt32 => DataType::UInt32,
+                StoredType::UInt64 => DataType::UInt64,
+                StoredType::Float16 | StoredType::Float32 => DataType::Float32,
+                StoredType::Float64 => DataType::Float64,
+                StoredType::String | StoredType::FixedUtf32(_) => DataType::Utf8,
+                StoredType::DateTime64(_) | StoredType::TimeDelta64(_) => unreachable!(),
+            },
+        };
+        Ok(Self {
+            stored,
+            meaning,
+            missing,
+            data_type,
+        })
+    }
+
+    /// The stored type.
+    pub fn stored(&self) -> StoredType {
+        self.stored
+    }
+
+    /// The Arrow type of the decoded column.
+    pub fn data_type(&self) -> &DataType {
+        &self.data_type
+    }
+
+    /// Decodes native-endian fixed-size element bytes into a column.
+    pub fn decode_fixed(&self, bytes: &[u8]) -> Result<ArrayRef, String> {
+        match self.meaning {
+            Meaning::Plain => self.decode_plain(bytes),
+            Meaning::Unpacked { scale, offset, wide } => {
+                let values = self.to_f64(bytes);
+                let unpack = |v: f64| {
+                    (!(v.is_nan() || self.is_missing(v))).then(|| v * scale + offset)
+                };
+                Ok(if wide {
+                    Arc::new(values.map(unpack).collect::<Float64Array>())
+                } else {
+                    Arc::new(
+                        values
+                            .map(|v| unpack(v).map(|v| v as f32))
+                            .collect::<Float32Array>(),
+                    )
+                })
+            }
+            Meaning::Time(time) => {
+                let out: TimestampNanosecondArray = if self.stored.is_float() {
+                    self.to_f64(bytes)
+                        .map(|v| self.valid(v).map(|v| time.decode_f64(v)).transpose())
+                        .collect::<Result<_, _>>()
+                } else {
+                    self.to_i64(bytes)
+                        .map(|v| self.valid(v as f64).map(|_| time.decode_i64(v)).transpose())
+                        .collect::<Result<_, _>>()
+                }
+                .map_err(|e| e.to_string())?;
+                Ok(Arc::new(out))
+            }
+            Meaning::Duration(unit) => {
+                let out: DurationNanosecondArray = self
+                    .to_f64(bytes)
+                    .map(|v| self.valid(v).map(|v| (v * unit.nanos() as f64).round() as i64))
+                    .collect();
+                Ok(Arc::new(out))
+            }
+        }
+    }
+
+    /// Decodes variable-length strings into a column.
+    pub fn decode_strings(&self, strings: Vec<String>) -> ArrayRef {
+        Arc::new(StringArray::from(strings))
+    }
+
+    fn is_missing(&self, v: f64) -> bool {
+        self.missing
+            .iter()
+            .any(|m| *m == v || (m.is_nan() && v.is_nan()))
+    }
+
+    fn valid(&self, v: f64) -> Option<f64> {
+        (!(v.is_nan() || self.is_missing(v))).then_some(v)
+    }
+
+    fn to_f64<'a>(&self, bytes: &'a [u8]) -> Box<dyn Iterator<Item = f64> + 'a> {
+        macro_rules! iter {
+            ($t:ty, $n:expr) => {
+                Box::new(
+                    bytes
+                        .chunks_exact($n)
+                        .map(|c| <$t>::from_ne_bytes(c.try_into().unwrap()) as f64),
+                )
+            };
+        }
+        match self.stored {
+            StoredType::Int8 => iter!(i8, 1),
+            StoredType::Int16 => iter!(i16, 2),
+            StoredType::Int32 => iter!(i32, 4),
+            StoredType::Int64 => iter!(i64, 8),
+            StoredType::UInt8 => iter!(u8, 1),
+            StoredType::UInt16 => iter!(u16, 2),
+            StoredType::UInt32 => iter!(u32, 4),
+            StoredType::UInt64 => iter!(u64, 8),
+            StoredType::Float16 => Box::new(bytes.chunks_exact(2).map(|c| {
+                half::f16::from_ne_bytes(c.try_into().unwrap()).to_f64()
+            })),
+            StoredType::Float32 => iter!(f32, 4),
+            StoredType::Float64 => iter!(f64, 8),
+            _ => Box::new(std::iter::empty()),
+        }
+    }
+
+    fn to_i64<'a>(&self, bytes: &'a [u8]) -> Box<dyn Iterator<Item = i64> + 'a> {
+        macro_rules! iter {
+            ($t:ty, $n:expr) => {
+                Box::new(
+                    bytes
+                        .chunks_exact($n)
+                        .map(|c| <$t>::from_ne_bytes(c.try_into().unwrap()) as i64),
+                )
+            };
+        }
+        match self.stored {
+            StoredType::Int8 => iter!(i8, 1),
+            StoredType::Int16 => iter!(i16, 2),
+            StoredType::Int32 => iter!(i32, 4),
+            StoredType::Int64 => iter!(i64, 8),
+            StoredType::UInt8 => iter!(u8, 1),
+            StoredType::UInt16 => iter!(u16, 2),
+            StoredType::UInt32 => iter!(u32, 4),
+            StoredType::UInt64 => iter!(u64, 8),
+            _ => Box::new(std::iter::empty()),
+        }
+    }
+
+    fn decode_plain(&self, bytes: &[u8]) -> Result<ArrayRef, String> {
+        Ok(match self.stored {
+            StoredType::Bool => Arc::new(BooleanArray::from(
+                bytes.iter().map(|b| *b != 0).collect::<Vec<_>>(),
+            )),
+            StoredType::Int8 => primitive::<Int8Type>(bytes),
+            StoredType::Int16 => primitive::<Int16Type>(bytes),
+            StoredType::Int32 => primitive::<Int32Type>(bytes),
+            StoredType::Int64 => primitive::<Int64Type>(bytes),
+            StoredType::UInt8 => primitive::<UInt8Type>(bytes),
+            StoredType::UInt16 => primitive::<UInt16Type>(bytes),
+            StoredType::UInt32 => primitive::<UInt32Type>(bytes),
+            StoredType::UInt64 => primitive::<UInt64Type>(bytes),
+            StoredType::Float16 => Arc::new(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| {
+                        let v = half::f16::from_ne_bytes(c.try_into().unwrap()).to_f32();
+                        (!v.is_nan()).then_some(v)
+                    })
+                    .collect::<Float32Array>(),
+            ),
+            StoredType::Float32 => nan_as_null::<Float32Type>(bytes, f32::is_nan),
+            StoredType::Float64 => nan_as_null::<Float64Type>(bytes, f64::is_nan),
+            StoredType::DateTime64(nanos) => Arc::new(
+                self.nat_as_null(bytes, nanos)?
+                    .collect::<TimestampNanosecondArray>(),
+            ),
+            StoredType::TimeDelta64(nanos) => Arc::new(
+                self.nat_as_null(bytes, nanos)?
+                    .collect::<DurationNanosecondArray>(),
+            ),
+            StoredType::FixedUtf32(item_bytes) => {
+                let strings: Vec<String> = bytes
+                    .chunks_exact(item_bytes.max(4))
+                    .map(|item| {
+                        item.chunks_exact(4)
+                            .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+                            .take_while(|c| *c != 0)
+                            .map(|c| char::from_u32(c).unwrap_or('\u{fffd}'))
+                            .collect()
+                    })
+                    .collect();
+                Arc::new(StringArray::from(strings))
+            }
+            StoredType::String => return Err("strings are not fixed-size".into()),
+        })
+    }
+
+    fn nat_as_null<'a>(
+        &self,
+        bytes: &'a [u8],
+        nanos: i64,
+    ) -> Result<impl Iterator<Item = Option<i64>> + 'a, String> {
+        let values: Vec<Option<i64>> = bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+            .map(|v| {
+                if v == i64::MIN {
+                    Ok(None)
+                } else {
+                    v.checked_mul(nanos)
+                        .map(Some)
+                        .ok_or_else(|| format!("time value {v} overflows datetime64[ns]"))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(values.into_iter())
+    }
+}
+
+fn parse_time(units: &str, calendar: Option<&str>) -> Result<Option<CfTime>, String> {
+    if let Some(cal) = calendar {
+        if !is_supported_calendar(cal) {
+            // xarray would return cftime objects; we keep the raw numbers.
+            log::warn!("calendar '{cal}' is not supported; keeping raw numbers");
+            return Ok(None);
+        }
+    }
+    CfTime::parse(units, calendar).map_err(|e| e.to_string())
+}
+
+/// xarray decodes a CF duration when the variable was encoded from timedelta64
+/// (it records `dtype: timedelta64[...]`) and `units` is a plain time unit.
+fn duration_unit(units: Option<&str>, attributes: &Map<String, Value>) -> Option<TimeUnit> {
+    let from_timedelta = attributes
+        .get("dtype")
+        .and_then(Value::as_str)
+        .is_some_and(|d| d.starts_with("timedelta64"));
+    if from_timedelta {
+        units.and_then(TimeUnit::parse)
+    } else {
+        None
+    }
+}
+
+fn primitive<T: ArrowPrimitiveType>(bytes: &[u8]) -> ArrayRef {
+    let n = bytes.len() / std::mem::size_of::<T::Native>();
+    let values = ScalarBuffer::<T::Native>::new(Buffer::from_slice_ref(bytes), 0, n);
+    Arc::new(PrimitiveArray::<T>::new(values, None))
+}
+
+fn nan_as_null<T: ArrowPrimitiveType>(bytes: &[u8], is_nan: fn(T::Native) -> bool) -> ArrayRef {
+    let n = bytes.len() / std::mem::size_of::<T::Native>();
+    let values = ScalarBuffer::<T::Native>::new(Buffer::from_slice_ref(bytes), 0, n);
+    let nulls = values
+        .iter()
+        .any(|v| is_nan(*v))
+        .then(|| NullBuffer::from_iter(values.iter().map(|v| !is_nan(*v))));
+    Arc::new(PrimitiveArray::<T>::new(values, nulls))
+}

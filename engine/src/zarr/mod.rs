@@ -1,0 +1,12 @@
+//! Reading Zarr: opening stores (zarrs + object_store), discovering arrays,
+//! and decoding their values the way xarray does.
+
+mod array;
+mod decode;
+mod hierarchy;
+mod store;
+
+pub use array::{root_name, ZarrArray};
+pub use decode::{ColumnDecoder, StoredType};
+pub use hierarchy::{discover_arrays, ArrayEntry};
+pub use store::{open_storage, StoreLocation};

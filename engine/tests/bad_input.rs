@@ -1,0 +1,131 @@
+//! Bad input gets a clear error naming the store, array and chunk, never a
+//! panic and never a partial result.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::fixture;
+use zarrfusion::{new_context, ZarrContextExt};
+
+/// Registers `store` and runs `SELECT *`; returns the error text.
+async fn error_of(store: &str, options: &[(&str, &str)]) -> String {
+    let ctx = new_context();
+    let options: HashMap<String, String> = options
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let path = fixture(store);
+    if let Err(e) = ctx.register_zarr("t", &path, options).await {
+        return e.to_string();
+    }
+    match ctx.sql("SELECT * FROM t").await {
+        Err(e) => e.to_string(),
+        Ok(df) => match df.collect().await {
+            Err(e) => e.to_string(),
+            Ok(batches) => panic!("{store}: expected an error, got {} batches", batches.len()),
+        },
+    }
+}
+
+fn assert_mentions(store: &str, message: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(
+            message.contains(needle),
+            "{store}: error should mention '{needle}': {message}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_path() {
+    let message = error_of("no_such_store.zarr", &[]).await;
+    assert_mentions("missing", &message, &["no_such_store.zarr", "no such directory"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn array_folder_without_metadata_is_an_error_not_a_silent_drop() {
+    let message = error_of("bad_missing_metadata.zarr", &[]).await;
+    assert_mentions(
+        "bad_missing_metadata",
+        &message,
+        &["bad_missing_metadata.zarr", "'t2m'", "no metadata"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_metadata() {
+    let message = error_of("bad_corrupt_metadata.zarr", &[]).await;
+    assert_mentions(
+        "bad_corrupt_metadata",
+        &message,
+        &["bad_corrupt_metadata.zarr", "'t2m'", "malformed metadata 't2m/zarr.json'"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_codec() {
+    let message = error_of("bad_unknown_codec.zarr", &[]).await;
+    assert_mentions(
+        "bad_unknown_codec",
+        &message,
+        &["bad_unknown_codec.zarr", "'t2m'", "no_such_codec"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_chunk() {
+    let message = error_of("bad_truncated_chunk.zarr", &[]).await;
+    assert_mentions(
+        "bad_truncated_chunk",
+        &message,
+        &["bad_truncated_chunk.zarr", "'t2m'", "chunk [0, 0, 0]", "t2m/0.0.0"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_chunk() {
+    let message = error_of("bad_corrupt_chunk.zarr", &[]).await;
+    assert_mentions(
+        "bad_corrupt_chunk",
+        &message,
+        &["bad_corrupt_chunk.zarr", "'t2m'", "chunk [0, 0, 0]", "t2m/c/0/0/0"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shape_disagreeing_with_dimension() {
+    let message = error_of("bad_shape_mismatch.zarr", &[]).await;
+    assert_mentions(
+        "bad_shape_mismatch",
+        &message,
+        &["bad_shape_mismatch.zarr", "'t2m'", "dimension 'lat'", "length 4", "5"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dims_naming_no_dimension_set() {
+    let message = error_of("two_dimsets.zarr", &[("dims", "time,depth")]).await;
+    assert_mentions(
+        "two_dimsets",
+        &message,
+        &["two_dimsets.zarr", "time,depth", "(time, lat, lon)", "(lat, lon)"],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_option() {
+    let message = error_of("v2_basic.zarr", &[("dimz", "lat")]).await;
+    assert_mentions("v2_basic", &message, &["unknown Zarr table option 'dimz'"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_chunk_fails_the_query_even_with_a_limit_elsewhere() {
+    // The corrupt chunk is the first one: no row may be returned as if complete.
+    let ctx = new_context();
+    ctx.register_zarr("t", &fixture("bad_corrupt_chunk.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let result = ctx.sql("SELECT sum(t2m) FROM t").await.unwrap().collect().await;
+    assert!(result.is_err(), "a sum over a corrupt chunk must fail");
+}

@@ -1,0 +1,141 @@
+//! Helpers shared by the integration tests: paths, sessions, and turning
+//! Arrow results into JSON values comparable with the xarray oracles.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{
+    DataType, DurationNanosecondType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
+    Int8Type, TimeUnit, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use serde_json::Value;
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A fixture store's path.
+pub fn fixture(name: &str) -> String {
+    repo_root()
+        .join("tests/fixtures/data")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The JSON value of one cell, with the fixture conventions: timestamps as
+/// ISO strings, durations as integer nanoseconds, NULL as null.
+pub fn cell(array: &dyn Array, row: usize) -> Value {
+    if array.is_null(row) {
+        return Value::Null;
+    }
+    macro_rules! num {
+        ($t:ty) => {
+            serde_json::json!(array.as_primitive::<$t>().value(row))
+        };
+    }
+    match array.data_type() {
+        DataType::Boolean => Value::Bool(array.as_boolean().value(row)),
+        DataType::Int8 => num!(Int8Type),
+        DataType::Int16 => num!(Int16Type),
+        DataType::Int32 => num!(Int32Type),
+        DataType::Int64 => num!(Int64Type),
+        DataType::UInt8 => num!(UInt8Type),
+        DataType::UInt16 => num!(UInt16Type),
+        DataType::UInt32 => num!(UInt32Type),
+        DataType::UInt64 => num!(UInt64Type),
+        DataType::Float32 => serde_json::json!(array.as_primitive::<Float32Type>().value(row) as f64),
+        DataType::Float64 => serde_json::json!(array.as_primitive::<Float64Type>().value(row)),
+        DataType::Duration(TimeUnit::Nanosecond) => {
+            serde_json::json!(array.as_primitive::<DurationNanosecondType>().value(row))
+        }
+        _ => {
+            let formatter = ArrayFormatter::try_new(array, &FormatOptions::default()).unwrap();
+            Value::String(formatter.value(row).to_string())
+        }
+    }
+}
+
+/// All rows of a result as JSON values.
+pub fn rows(batches: &[RecordBatch]) -> Vec<Vec<Value>> {
+    let mut out = Vec::new();
+    for batch in batches {
+        for row in 0..batch.num_rows() {
+            out.push(
+                batch
+                    .columns()
+                    .iter()
+                    .map(|c| cell(c.as_ref(), row))
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+/// Whether two cells agree: numbers within a relative 1e-6, timestamps by
+/// instant (`2020-01-01T00:00:00` equals `2020-01-01T00:00:00.000`).
+pub fn same(actual: &Value, expected: &Value) -> bool {
+    match (actual, expected) {
+        (Value::Number(a), Value::Number(b)) => {
+            let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+            (a - b).abs() <= 1e-6 * b.abs().max(1.0)
+        }
+        (Value::String(a), Value::String(b)) => {
+            a == b || a.trim_end_matches(".000000000").trim_end_matches(".000") == b.as_str()
+        }
+        (a, b) => a == b,
+    }
+}
+
+/// Asserts two row lists agree cell by cell, with a readable message.
+pub fn assert_rows(context: &str, actual: &[Vec<Value>], expected: &[Vec<Value>]) {
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "{context}: {} rows, expected {}\nfirst actual rows: {:?}",
+        actual.len(),
+        expected.len(),
+        &actual[..actual.len().min(5)]
+    );
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        assert_eq!(a.len(), e.len(), "{context}: row {i} width: {a:?} vs {e:?}");
+        for (j, (x, y)) in a.iter().zip(e).enumerate() {
+            assert!(
+                same(x, y),
+                "{context}: row {i} column {j}: got {x}, expected {y}\n  row: {a:?}\n  expected: {e:?}"
+            );
+        }
+    }
+}
+
+/// Sorts rows by their first `keys` cells (a total order on JSON scalars).
+pub fn sort_rows(rows: &mut [Vec<Value>], keys: usize) {
+    fn key(v: &Value) -> (u8, f64, String) {
+        match v {
+            Value::Null => (0, 0.0, String::new()),
+            Value::Bool(b) => (1, f64::from(u8::from(*b)), String::new()),
+            Value::Number(n) => (2, n.as_f64().unwrap(), String::new()),
+            Value::String(s) => (3, 0.0, s.clone()),
+            other => (4, 0.0, other.to_string()),
+        }
+    }
+    rows.sort_by(|a, b| {
+        for k in 0..keys {
+            let (x, y) = (key(&a[k]), key(&b[k]));
+            let ord = x
+                .0
+                .cmp(&y.0)
+                .then(x.1.total_cmp(&y.1))
+                .then(x.2.cmp(&y.2));
+            if ord.is_ne() {
+                return ord;
+            }
+        }
+        std::cmp::Ordering::Equal
+    });
+}

@@ -1,0 +1,25 @@
+//! Scalar functions over Arrow arrays used by zarrfusion.
+//!
+//! This crate does not know about Zarr stores or the engine: it holds the
+//! pure conversions (CF time first) and exposes them as DataFusion functions.
+//! The engine reuses the conversions when it decodes coordinates and
+//! registers the functions with every session, the way DataFusion's core
+//! registers its own functions crates.
+//!
+//! | function | what it does |
+//! |---|---|
+//! | `cf_time(value, units [, calendar])` | numbers in CF units (`hours since 1900-01-01`) to timestamps |
+
+pub mod cf_time;
+mod cf_time_udf;
+
+pub use cf_time_udf::CfTimeFunc;
+
+use std::sync::Arc;
+
+use datafusion::logical_expr::ScalarUDF;
+
+/// Every scalar function of this crate, ready to register with a session.
+pub fn all_scalar_functions() -> Vec<Arc<ScalarUDF>> {
+    vec![Arc::new(ScalarUDF::from(CfTimeFunc::new()))]
+}
