@@ -214,6 +214,16 @@ def write_expected():
     p = xr.open_zarr(PRECIP, consolidated=None).load()
     assert e["sp"].dtype == np.float64 and e["t2m"].dtype == np.float32
 
+    # 01_describe: the (time, lat, lon) table's columns as xarray types them,
+    # in Arrow's names: dimensions first (nullable only if a coordinate has
+    # missing values), then the variables on those dims, sorted by name.
+    arrow_names = {"float32": "Float32", "float64": "Float64", "int64": "Int64", "datetime64[ns]": "Timestamp(ns)"}
+    dims = ["time", "lat", "lon"]
+    rows = [[d, arrow_names[str(e[d].dtype)], "YES" if bool(e[d].isnull().any()) else "NO"] for d in dims]
+    variables = sorted(v for v in e.data_vars if e[v].dims == tuple(dims))
+    rows += [[v, arrow_names[str(e[v].dtype)], "YES"] for v in variables]
+    write_csv("01_describe", ["column_name", "data_type", "is_nullable"], rows)
+
     # 02_zonal_mean
     rows = []
     for la in sorted(e.lat.values.tolist()):

@@ -32,13 +32,16 @@ impl Shell {
     /// Stops at the first error.
     pub async fn run_text(&mut self, text: &str) -> Result<(), String> {
         let trimmed = text.trim();
-        if trimmed.starts_with('\\') {
-            return match commands::run(self, trimmed).await? {
-                commands::Outcome::Continue => Ok(()),
+        let sql = if trimmed.starts_with('\\') {
+            match commands::run(trimmed)? {
+                commands::Outcome::Done => return Ok(()),
                 commands::Outcome::Quit => std::process::exit(0),
-            };
-        }
-        let statements = DFParser::parse_sql(text).map_err(|e| e.to_string())?;
+                commands::Outcome::Sql(sql) => sql,
+            }
+        } else {
+            text.to_string()
+        };
+        let statements = DFParser::parse_sql(&sql).map_err(|e| e.to_string())?;
         for statement in statements {
             self.run_statement(statement).await?;
         }
@@ -47,7 +50,8 @@ impl Shell {
 
     async fn run_statement(&mut self, statement: Statement) -> Result<(), String> {
         let start = Instant::now();
-        let progress = ProgressBar::start(&self.ctx, !self.quiet && std::io::stderr().is_terminal());
+        let progress =
+            ProgressBar::start(&self.ctx, !self.quiet && std::io::stderr().is_terminal());
         let result = tokio::select! {
             r = self.execute(statement) => r,
             _ = tokio::signal::ctrl_c() => Err(DataFusionError::Execution("query cancelled".into())),

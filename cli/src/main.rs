@@ -29,16 +29,18 @@ fn main() -> ExitCode {
         eprintln!("Error: internal error: {info}");
     }));
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("Error: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.block_on(run(args))
-    }));
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(run(args))));
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(message)) => {
@@ -69,12 +71,12 @@ async fn run(args: Args) -> Result<(), String> {
 fn build_context(args: &Args) -> Result<SessionContext, String> {
     let mut builder = RuntimeEnvBuilder::new();
     if let Some(limit) = &args.memory_limit {
-        let bytes = zarrfusion::memory::parse_size(limit).map_err(|e| format!("--memory-limit: {e}"))?;
+        let bytes =
+            zarrfusion::memory::parse_size(limit).map_err(|e| format!("--memory-limit: {e}"))?;
         builder = builder.with_memory_limit(bytes, 1.0);
     }
     if let Some(dir) = &args.work_dir {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("--work-dir {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("--work-dir {}: {e}", dir.display()))?;
         builder = builder.with_temp_file_path(dir);
     }
     let runtime = builder.build_arc().map_err(|e| e.to_string())?;

@@ -17,6 +17,10 @@ pub fn write_batches(
     schema: &SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<(), ArrowError> {
+    // Statements without a result (CREATE, SET) print nothing.
+    if schema.fields().is_empty() {
+        return Ok(());
+    }
     let empty;
     let batches = if batches.iter().all(|b| b.num_rows() == 0) {
         empty = [RecordBatch::new_empty(schema.clone())];
@@ -26,9 +30,6 @@ pub fn write_batches(
     };
     match format {
         Format::Table => {
-            if schema.fields().is_empty() {
-                return Ok(());
-            }
             writeln!(out, "{}", pretty_format_batches(batches)?)?;
         }
         Format::Csv => {

@@ -30,8 +30,10 @@ impl ProgressBar {
         };
         let bar = indicatif::ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
         bar.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} blocks")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} blocks",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         let watched = bar.clone();
         let task = tokio::spawn(watch(progress, watched));

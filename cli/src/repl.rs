@@ -17,7 +17,11 @@ pub async fn run(shell: &mut Shell) -> rustyline::Result<()> {
     println!("{BANNER}");
     let mut buffer = String::new();
     loop {
-        let prompt = if buffer.is_empty() { "zarrfusion> " } else { "        ..> " };
+        let prompt = if buffer.is_empty() {
+            "zarrfusion> "
+        } else {
+            "        ..> "
+        };
         match editor.readline(prompt) {
             Ok(line) => {
                 let trimmed = line.trim();

@@ -39,7 +39,12 @@ fn same_cell(actual: &str, expected: &str) -> bool {
     }
     match (actual.parse::<f64>(), expected.parse::<f64>()) {
         (Ok(a), Ok(e)) => (a - e).abs() <= 1e-6 * e.abs().max(1.0),
-        _ => actual.trim_end_matches(".000000000").trim_end_matches(".000") == expected,
+        _ => {
+            actual
+                .trim_end_matches(".000000000")
+                .trim_end_matches(".000")
+                == expected
+        }
     }
 }
 
@@ -54,7 +59,13 @@ fn check_example(sql: &Path, expected: &Path) {
     );
     let got = csv(&stdout(&output));
     let want = csv(&std::fs::read_to_string(expected).unwrap());
-    assert_eq!(got.len(), want.len(), "{}: rows\n{}", sql.display(), stdout(&output));
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{}: rows\n{}",
+        sql.display(),
+        stdout(&output)
+    );
     assert_eq!(got[0], want[0], "{}: header", sql.display());
     for (i, (g, w)) in got.iter().zip(&want).enumerate().skip(1) {
         assert_eq!(g.len(), w.len(), "{}: row {i}", sql.display());
@@ -82,7 +93,11 @@ fn sql_examples_match_their_expected_output() {
         let expected = dir
             .join("expected")
             .join(sql.with_extension("csv").file_name().unwrap());
-        assert!(expected.exists(), "{} has no expected output", sql.display());
+        assert!(
+            expected.exists(),
+            "{} has no expected output",
+            sql.display()
+        );
         check_example(&sql, &expected);
         checked += 1;
     }
@@ -97,7 +112,12 @@ fn all_examples_run_in_one_session() {
             std::fs::read_dir(repo_root().join("sql-examples"))
                 .unwrap()
                 .map(|e| e.unwrap().path())
-                .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("{i:02}_")))
+                .find(|p| {
+                    p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with(&format!("{i:02}_"))
+                })
                 .map(|p| p.to_string_lossy().into_owned())
         })
         .collect();

@@ -25,11 +25,12 @@ use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::common::{exec_err, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::logical_expr::planner::RelationPlanner;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::config::ZarrConfig;
 use crate::progress::ScanProgress;
-use crate::table::{open_dataset, ReadZarrFunc, ZarrTable, ZarrTableFactory, ZarrTableOptions};
+use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
 
 /// The default session configuration: information schema on, zarrfusion
 /// settings and scan progress attached.
@@ -58,14 +59,15 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
     } else {
         config
     };
+    let read_zarr: Arc<dyn RelationPlanner> = Arc::new(ReadZarrPlanner::new(Arc::clone(&runtime)));
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_runtime_env(runtime)
         .with_default_features()
         .with_table_factory("ZARR".to_string(), Arc::new(ZarrTableFactory))
+        .with_relation_planners(vec![read_zarr])
         .build();
     let ctx = SessionContext::new_with_state(state);
-    ctx.register_udtf("read_zarr", Arc::new(ReadZarrFunc));
     for udf in zarrfusion_udfs::all_scalar_functions() {
         ctx.register_udf(udf.as_ref().clone());
     }
@@ -104,9 +106,18 @@ impl ZarrContextExt for SessionContext {
         let schema = MemorySchemaProvider::new();
         for table in dataset.tables() {
             let name = table.dims_name();
-            schema.register_table(name, Arc::new(ZarrTable::new(table).with_pushdown(pushdown)))?;
+            schema.register_table(
+                name,
+                Arc::new(ZarrTable::new(table).with_pushdown(pushdown)),
+            )?;
         }
-        let catalog_name = self.state().config().options().catalog.default_catalog.clone();
+        let catalog_name = self
+            .state()
+            .config()
+            .options()
+            .catalog
+            .default_catalog
+            .clone();
         let Some(catalog) = self.catalog(&catalog_name) else {
             return exec_err!("no catalog '{catalog_name}' to register '{name}' in");
         };

@@ -40,7 +40,11 @@ fn assert_mentions(store: &str, message: &str, needles: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_path() {
     let message = error_of("no_such_store.zarr", &[]).await;
-    assert_mentions("missing", &message, &["no_such_store.zarr", "no such directory"]);
+    assert_mentions(
+        "missing",
+        &message,
+        &["no_such_store.zarr", "no such directory"],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,7 +63,11 @@ async fn truncated_metadata() {
     assert_mentions(
         "bad_corrupt_metadata",
         &message,
-        &["bad_corrupt_metadata.zarr", "'t2m'", "malformed metadata 't2m/zarr.json'"],
+        &[
+            "bad_corrupt_metadata.zarr",
+            "'t2m'",
+            "malformed metadata 't2m/zarr.json'",
+        ],
     );
 }
 
@@ -79,7 +87,12 @@ async fn truncated_chunk() {
     assert_mentions(
         "bad_truncated_chunk",
         &message,
-        &["bad_truncated_chunk.zarr", "'t2m'", "chunk [0, 0, 0]", "t2m/0.0.0"],
+        &[
+            "bad_truncated_chunk.zarr",
+            "'t2m'",
+            "chunk [0, 0, 0]",
+            "t2m/0.0.0",
+        ],
     );
 }
 
@@ -89,7 +102,12 @@ async fn corrupt_chunk() {
     assert_mentions(
         "bad_corrupt_chunk",
         &message,
-        &["bad_corrupt_chunk.zarr", "'t2m'", "chunk [0, 0, 0]", "t2m/c/0/0/0"],
+        &[
+            "bad_corrupt_chunk.zarr",
+            "'t2m'",
+            "chunk [0, 0, 0]",
+            "t2m/c/0/0/0",
+        ],
     );
 }
 
@@ -99,7 +117,13 @@ async fn shape_disagreeing_with_dimension() {
     assert_mentions(
         "bad_shape_mismatch",
         &message,
-        &["bad_shape_mismatch.zarr", "'t2m'", "dimension 'lat'", "length 4", "5"],
+        &[
+            "bad_shape_mismatch.zarr",
+            "'t2m'",
+            "dimension 'lat'",
+            "length 4",
+            "5",
+        ],
     );
 }
 
@@ -109,7 +133,12 @@ async fn dims_naming_no_dimension_set() {
     assert_mentions(
         "two_dimsets",
         &message,
-        &["two_dimsets.zarr", "time,depth", "(time, lat, lon)", "(lat, lon)"],
+        &[
+            "two_dimsets.zarr",
+            "time,depth",
+            "(time, lat, lon)",
+            "(lat, lon)",
+        ],
     );
 }
 
@@ -126,6 +155,22 @@ async fn a_failing_chunk_fails_the_query_even_with_a_limit_elsewhere() {
     ctx.register_zarr("t", &fixture("bad_corrupt_chunk.zarr"), HashMap::new())
         .await
         .unwrap();
-    let result = ctx.sql("SELECT sum(t2m) FROM t").await.unwrap().collect().await;
+    let result = ctx
+        .sql("SELECT sum(t2m) FROM t")
+        .await
+        .unwrap()
+        .collect()
+        .await;
     assert!(result.is_err(), "a sum over a corrupt chunk must fail");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codec_without_an_implementation() {
+    // numcodecs Delta, a v2 filter zarrs does not implement.
+    let message = error_of("codec_v2_delta_filter.zarr", &[]).await;
+    assert_mentions(
+        "codec_v2_delta_filter",
+        &message,
+        &["codec_v2_delta_filter.zarr", "'x'", "delta"],
+    );
 }

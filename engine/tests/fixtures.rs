@@ -19,7 +19,11 @@ fn expected_files() -> Vec<(String, Value)> {
         .filter(|p| p.file_name().unwrap() != "queries.json")
         .collect();
     files.sort();
-    assert!(files.len() >= 20, "expected the fixture oracles in {}", dir.display());
+    assert!(
+        files.len() >= 20,
+        "expected the fixture oracles in {}",
+        dir.display()
+    );
     files
         .into_iter()
         .map(|p| {

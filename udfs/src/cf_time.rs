@@ -119,12 +119,15 @@ impl CfTime {
 
     /// Decodes a (possibly fractional) count of units, rounded to the nanosecond.
     pub fn decode_f64(&self, value: f64) -> Result<i64, CfTimeError> {
-        let nanos = (value * self.unit.nanos as f64).round() + self.epoch_nanos as f64;
-        if nanos.is_finite() && nanos >= i64::MIN as f64 && nanos < i64::MAX as f64 {
-            Ok(nanos as i64)
-        } else {
-            Err(CfTimeError::OutOfRange(value.to_string()))
+        // Offset in f64 (exact for fractions of the unit), reference in i64:
+        // adding the reference as f64 would lose nanoseconds.
+        let offset = (value * self.unit.nanos as f64).round();
+        if !(offset.is_finite() && offset >= i64::MIN as f64 && offset < i64::MAX as f64) {
+            return Err(CfTimeError::OutOfRange(value.to_string()));
         }
+        (offset as i64)
+            .checked_add(self.epoch_nanos)
+            .ok_or_else(|| CfTimeError::OutOfRange(value.to_string()))
     }
 }
 
@@ -195,12 +198,21 @@ mod tests {
 
     #[test]
     fn parses_common_units() {
-        let t = CfTime::parse("hours since 1900-01-01", None).unwrap().unwrap();
+        let t = CfTime::parse("hours since 1900-01-01", None)
+            .unwrap()
+            .unwrap();
         assert_eq!(t.decode_i64(24).unwrap(), ts("1900-01-02 00:00:00"));
         let t = CfTime::parse("days since 1970-1-1 00:00:00", Some("proleptic_gregorian"))
             .unwrap()
             .unwrap();
         assert_eq!(t.decode_f64(1.5).unwrap(), ts("1970-01-02 12:00:00"));
+        let t = CfTime::parse("seconds since 2020-01-01", None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            t.decode_f64(1.25).unwrap(),
+            ts("2020-01-01 00:00:01") + 250_000_000
+        );
         let t = CfTime::parse("seconds since 2000-01-01T00:00:00Z", Some("standard"))
             .unwrap()
             .unwrap();
@@ -216,7 +228,9 @@ mod tests {
         assert_eq!(CfTime::parse("kelvin", None), Ok(None));
         assert!(CfTime::parse("fortnights since 2000-01-01", None).is_err());
         assert!(CfTime::parse("days since 2000-01-01", Some("noleap")).is_err());
-        let t = CfTime::parse("days since 2000-01-01", None).unwrap().unwrap();
+        let t = CfTime::parse("days since 2000-01-01", None)
+            .unwrap()
+            .unwrap();
         assert!(t.decode_i64(i64::MAX / 2).is_err());
     }
 }

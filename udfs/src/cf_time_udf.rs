@@ -98,7 +98,9 @@ impl ScalarUDFImpl for CfTimeFunc {
         .or_else(|e| exec_err!("cf_time: {e}"))?;
         let decoded: Arc<dyn Array> = Arc::new(decoded);
         if matches!(args.args[0], ColumnarValue::Scalar(_)) {
-            return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&decoded, 0)?));
+            return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(
+                &decoded, 0,
+            )?));
         }
         Ok(ColumnarValue::Array(decoded))
     }

@@ -35,7 +35,13 @@ impl BlockGrid {
     ) -> Self {
         let rank = shape.len();
         let chunk: Vec<u64> = (0..rank)
-            .map(|d| chunk_shape.get(d).copied().unwrap_or(shape[d]).clamp(1, shape[d].max(1)))
+            .map(|d| {
+                chunk_shape
+                    .get(d)
+                    .copied()
+                    .unwrap_or(shape[d])
+                    .clamp(1, shape[d].max(1))
+            })
             .collect();
         let bounding = selection.bounding_box();
         let chunks_in_box: u64 = match &bounding {

@@ -209,10 +209,16 @@ impl ZarrDataset {
             None => sets
                 .iter()
                 .max_by_key(|s| {
-                    let count = self.variables.iter().filter(|v| v.dims() == s.as_slice()).count();
+                    let count = self
+                        .variables
+                        .iter()
+                        .filter(|v| v.dims() == s.as_slice())
+                        .count();
                     (s.len(), count)
                 })
-                .ok_or_else(|| ZarrFusionError::store(&self.store, "the store has no data variables"))?,
+                .ok_or_else(|| {
+                    ZarrFusionError::store(&self.store, "the store has no data variables")
+                })?,
         };
         Ok(self.build_table(chosen))
     }
@@ -235,7 +241,13 @@ impl ZarrDataset {
             .collect();
         let mut fields: Vec<Field> = dims
             .iter()
-            .map(|d| Field::new(&d.name, d.values.data_type().clone(), d.values.null_count() > 0))
+            .map(|d| {
+                Field::new(
+                    &d.name,
+                    d.values.data_type().clone(),
+                    d.values.null_count() > 0,
+                )
+            })
             .collect();
         fields.extend(
             variables

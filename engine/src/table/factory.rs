@@ -35,10 +35,15 @@ impl TableProviderFactory for ZarrTableFactory {
                 cmd.name
             );
         }
+        let location = match cmd.locations.as_slice() {
+            [one] => one.clone(),
+            other => {
+                return plan_err!("a Zarr table has exactly one LOCATION, got {}", other.len())
+            }
+        };
         let options = ZarrTableOptions::from_map(&cmd.options)?;
         let (dims, pushdown) = (options.dims.clone(), options.pushdown);
-        let dataset =
-            open_dataset(cmd.location.clone(), options, Arc::clone(state.runtime_env())).await?;
+        let dataset = open_dataset(location, options, Arc::clone(state.runtime_env())).await?;
         Ok(Arc::new(
             ZarrTable::new(dataset.table(dims.as_deref())?).with_pushdown(pushdown),
         ))
@@ -66,9 +71,7 @@ pub fn open_dataset_blocking(
 ) -> Result<ZarrDataset> {
     let open = || ZarrDataset::open(location, options, runtime).map_err(DataFusionError::from);
     match tokio::runtime::Handle::try_current() {
-        Ok(handle)
-            if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread =>
-        {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(open)
         }
         _ => open(),

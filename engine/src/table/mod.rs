@@ -15,6 +15,6 @@ pub use dataset::{Dimension, GridTable, ZarrDataset};
 pub use factory::{open_dataset, ZarrTableFactory};
 pub use options::ZarrTableOptions;
 pub use provider::ZarrTable;
-pub use read_zarr::ReadZarrFunc;
+pub use read_zarr::ReadZarrPlanner;
 pub use scan::ZarrScanExec;
 pub use selection::Selection;

@@ -65,7 +65,7 @@ impl ZarrTableOptions {
                 }
                 _ => {
                     return Err(ZarrFusionError::Invalid(format!(
-                        "unknown Zarr table option '{key}' (known: dims, group, pushdown, aws.*, gcp.*, azure.*, http.*)"
+                        "unknown Zarr table option '{short}' (known: dims, group, pushdown, aws.*, gcp.*, azure.*, http.*)"
                     )))
                 }
             }

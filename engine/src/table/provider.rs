@@ -61,7 +61,10 @@ impl TableProvider for ZarrTable {
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
         if !self.pushdown {
-            return Ok(vec![TableProviderFilterPushDown::Unsupported; filters.len()]);
+            return Ok(vec![
+                TableProviderFilterPushDown::Unsupported;
+                filters.len()
+            ]);
         }
         Ok(classify_filters(filters, &self.table))
     }

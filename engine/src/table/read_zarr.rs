@@ -1,52 +1,122 @@
-//! The `read_zarr` table function.
+//! The `read_zarr` table function, with named arguments.
 //!
 //! ```sql
 //! SELECT * FROM read_zarr('demo/era5.zarr') LIMIT 5;
 //! SELECT * FROM read_zarr('demo/era5.zarr', dims => 'lat,lon');
+//! SELECT * FROM read_zarr('s3://bucket/store.zarr', group => 'surface', "aws.skip_signature" => 'true');
 //! ```
-//! DataFusion passes table-function arguments by position, so the second
-//! argument is the dimension set whether or not it is written `dims => ...`.
+//!
+//! DataFusion's planner drops the names of table-function arguments, so
+//! `read_zarr` is planned by a [`RelationPlanner`] that sees the SQL
+//! arguments as written: the first positional argument is the location, a
+//! second positional argument is `dims`, and named arguments are table
+//! options (`dims`, `group`, `pushdown`, `aws.*`, ...).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl};
-use datafusion::common::{plan_err, Result, ScalarValue};
-use datafusion::datasource::TableProvider;
-use datafusion::logical_expr::Expr;
+use datafusion::common::{plan_err, DFSchema, Result, ScalarValue, TableReference};
+use datafusion::datasource::provider_as_source;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::logical_expr::planner::{
+    PlannedRelation, RelationPlanner, RelationPlannerContext, RelationPlanning,
+};
+use datafusion::logical_expr::{Expr, LogicalPlanBuilder};
+use datafusion::sql::sqlparser::ast::{FunctionArg, FunctionArgExpr, TableFactor};
 
 use super::factory::open_dataset_blocking;
-use super::options::{parse_dims, ZarrTableOptions};
+use super::options::ZarrTableOptions;
 use super::provider::ZarrTable;
 
-/// `read_zarr(url [, dims])`.
-#[derive(Debug, Default)]
-pub struct ReadZarrFunc;
+/// Plans `read_zarr(...)` in `FROM` clauses.
+#[derive(Debug)]
+pub struct ReadZarrPlanner {
+    runtime: Arc<RuntimeEnv>,
+}
 
-fn string_arg(expr: &Expr, what: &str) -> Result<String> {
+impl ReadZarrPlanner {
+    /// A planner opening stores with `runtime`'s object stores.
+    pub fn new(runtime: Arc<RuntimeEnv>) -> Self {
+        Self { runtime }
+    }
+}
+
+fn string_value(expr: &Expr, what: &str) -> Result<String> {
     match expr {
         Expr::Literal(ScalarValue::Utf8(Some(s)), _)
         | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _)
         | Expr::Literal(ScalarValue::Utf8View(Some(s)), _) => Ok(s.clone()),
-        other => plan_err!("read_zarr: {what} must be a string literal, got {other}"),
+        Expr::Literal(value, _) if !value.is_null() => Ok(value.to_string()),
+        other => plan_err!("read_zarr: {what} must be a literal, got {other}"),
     }
 }
 
-impl TableFunctionImpl for ReadZarrFunc {
-    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
-        let exprs = args.exprs();
-        let (url, dims) = match exprs {
-            [url] => (string_arg(url, "the location")?, None),
-            [url, dims] => (
-                string_arg(url, "the location")?,
-                Some(parse_dims(&string_arg(dims, "dims")?)?),
-            ),
-            _ => return plan_err!("read_zarr takes a location and optionally dims => 'a,b'"),
+impl RelationPlanner for ReadZarrPlanner {
+    fn plan_relation(
+        &self,
+        relation: TableFactor,
+        context: &mut dyn RelationPlannerContext,
+    ) -> Result<RelationPlanning> {
+        let TableFactor::Table {
+            name,
+            alias,
+            args: Some(args),
+            ..
+        } = &relation
+        else {
+            return Ok(RelationPlanning::Original(Box::new(relation)));
         };
-        let options = ZarrTableOptions {
-            dims: dims.clone(),
-            ..Default::default()
+        let is_read_zarr = name.0.len() == 1
+            && name.0[0]
+                .as_ident()
+                .is_some_and(|i| i.value.eq_ignore_ascii_case("read_zarr"));
+        if !is_read_zarr {
+            return Ok(RelationPlanning::Original(Box::new(relation)));
+        }
+        let empty = DFSchema::empty();
+        let mut positional = Vec::new();
+        let mut named = HashMap::new();
+        for arg in args.args.clone() {
+            match arg {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
+                    positional.push(context.sql_to_expr(e, &empty)?)
+                }
+                FunctionArg::Named {
+                    name,
+                    arg: FunctionArgExpr::Expr(e),
+                    ..
+                } => {
+                    let value = context.sql_to_expr(e, &empty)?;
+                    named.insert(name.value.clone(), string_value(&value, &name.value)?);
+                }
+                other => return plan_err!("read_zarr: unsupported argument {other}"),
+            }
+        }
+        let location = match positional.as_slice() {
+            [location] => string_value(location, "the location")?,
+            [location, dims] => {
+                named.insert("dims".to_string(), string_value(dims, "dims")?);
+                string_value(location, "the location")?
+            }
+            _ => {
+                return plan_err!(
+                    "read_zarr takes a location, then optionally dims => 'a,b' and other options"
+                )
+            }
         };
-        let dataset = open_dataset_blocking(&url, &options, args.session().runtime_env())?;
-        Ok(Arc::new(ZarrTable::new(dataset.table(dims.as_deref())?)))
+        let options = ZarrTableOptions::from_map(&named)?;
+        let dataset = open_dataset_blocking(&location, &options, &self.runtime)?;
+        let table =
+            ZarrTable::new(dataset.table(options.dims.as_deref())?).with_pushdown(options.pushdown);
+        let plan = LogicalPlanBuilder::scan(
+            TableReference::bare("read_zarr()"),
+            provider_as_source(Arc::new(table)),
+            None,
+        )?
+        .build()?;
+        Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
+            plan,
+            alias.clone(),
+        ))))
     }
 }

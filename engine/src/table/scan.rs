@@ -267,7 +267,8 @@ impl BlockReader {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let options = RecordBatchOptions::new().with_row_count(Some(len as usize));
-            let batch = RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+            let batch =
+                RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
             output_rows.add(len as usize);
             if tx.blocking_send(Ok(batch)).is_err() {
                 return Ok(false);

@@ -99,10 +99,7 @@ fn single_dimension(filter: &Expr, table: &GridTable) -> Option<usize> {
 }
 
 /// How each filter is pushed down: `Exact` for single-dimension filters.
-pub fn classify_filters(
-    filters: &[&Expr],
-    table: &GridTable,
-) -> Vec<TableProviderFilterPushDown> {
+pub fn classify_filters(filters: &[&Expr], table: &GridTable) -> Vec<TableProviderFilterPushDown> {
     filters
         .iter()
         .map(|f| match single_dimension(f, table) {

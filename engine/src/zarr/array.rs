@@ -16,7 +16,6 @@ use super::hierarchy::ArrayEntry;
 use crate::error::{Result, ZarrFusionError};
 
 /// A Zarr array opened for reading, with its CF decoding.
-#[derive(Debug)]
 pub struct ZarrArray {
     store: String,
     name: String,
@@ -35,7 +34,9 @@ impl ZarrArray {
             ArrayMetadata::V3(m) => (m.attributes.clone(), None),
             ArrayMetadata::V2(m) => (
                 m.attributes.clone(),
-                serde_json::to_value(&m.fill_value).ok().filter(|v| !v.is_null()),
+                serde_json::to_value(&m.fill_value)
+                    .ok()
+                    .filter(|v| !v.is_null()),
             ),
         };
         let array = Array::new_with_metadata(Arc::clone(storage), &entry.path, entry.metadata)
@@ -130,7 +131,7 @@ impl ZarrArray {
                         store: self.store.clone(),
                         array: self.name.clone(),
                         key: self.array.chunk_key(&indices).to_string(),
-                        chunk: indices,
+                        chunk: indices.to_vec(),
                         message: e.to_string(),
                     };
                 }
@@ -140,9 +141,25 @@ impl ZarrArray {
     }
 }
 
+impl std::fmt::Debug for ZarrArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZarrArray")
+            .field("store", &self.store)
+            .field("name", &self.name)
+            .field("shape", &self.shape())
+            .field("dims", &self.dims)
+            .field("decoder", &self.decoder)
+            .finish()
+    }
+}
+
 /// The name given to an array stored at the root of a store: the store's base name.
 pub fn root_name(store: &str) -> &str {
-    let base = store.trim_end_matches('/').rsplit('/').next().unwrap_or(store);
+    let base = store
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(store);
     base.strip_suffix(".zarr").unwrap_or(base)
 }
 

@@ -25,6 +25,7 @@ use datafusion::arrow::datatypes::{
     Int8Type, TimeUnit as ArrowTimeUnit, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use serde_json::{Map, Value};
+use zarrfusion_udfs::cf_time::{is_supported_calendar, CfTime, TimeUnit};
 use zarrs::array::data_type::{
     BoolDataType, FixedLengthUTF32DataType, Float16DataType, Float32DataType, Float64DataType,
     Int16DataType, Int32DataType, Int64DataType, Int8DataType, NumpyDateTime64DataType,
@@ -32,7 +33,6 @@ use zarrs::array::data_type::{
     UInt64DataType, UInt8DataType,
 };
 use zarrs::array::DataType as ZarrDataType;
-use zarrfusion_udfs::cf_time::{is_supported_calendar, CfTime, TimeUnit};
 
 /// How values are stored in the array (after the codecs).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -187,7 +187,9 @@ fn attr_number(value: &Value) -> Option<f64> {
 /// of its little-endian bytes (`"AAAAAAAA+H8="` is a float64 NaN).
 fn base64_number(text: &str) -> Option<f64> {
     use base64::Engine;
-    let bytes = base64::engine::general_purpose::STANDARD.decode(text).ok()?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .ok()?;
     match bytes.len() {
         8 => Some(f64::from_le_bytes(bytes.try_into().ok()?)),
         4 => Some(f64::from(f32::from_le_bytes(bytes.try_into().ok()?))),
@@ -228,7 +230,11 @@ impl ColumnDecoder {
         let offset = attributes.get("add_offset").and_then(attr_number);
         let meaning = if !stored.is_numeric() {
             Meaning::Plain
-        } else if let Some(time) = units.map(|u| parse_time(u, calendar)).transpose()?.flatten() {
+        } else if let Some(time) = units
+            .map(|u| parse_time(u, calendar))
+            .transpose()?
+            .flatten()
+        {
             Meaning::Time(time)
         } else if let Some(unit) = duration_unit(units, attributes) {
             Meaning::Duration(unit)
@@ -291,11 +297,14 @@ impl ColumnDecoder {
     pub fn decode_fixed(&self, bytes: &[u8]) -> Result<ArrayRef, String> {
         match self.meaning {
             Meaning::Plain => self.decode_plain(bytes),
-            Meaning::Unpacked { scale, offset, wide } => {
+            Meaning::Unpacked {
+                scale,
+                offset,
+                wide,
+            } => {
                 let values = self.to_f64(bytes);
-                let unpack = |v: f64| {
-                    (!(v.is_nan() || self.is_missing(v))).then(|| v * scale + offset)
-                };
+                let unpack =
+                    |v: f64| (!(v.is_nan() || self.is_missing(v))).then(|| v * scale + offset);
                 Ok(if wide {
                     Arc::new(values.map(unpack).collect::<Float64Array>())
                 } else {
@@ -313,17 +322,31 @@ impl ColumnDecoder {
                         .collect::<Result<_, _>>()
                 } else {
                     self.to_i64(bytes)
-                        .map(|v| self.valid(v as f64).map(|_| time.decode_i64(v)).transpose())
+                        .map(|v| self.valid_int(v).map(|v| time.decode_i64(v)).transpose())
                         .collect::<Result<_, _>>()
                 }
                 .map_err(|e| e.to_string())?;
                 Ok(Arc::new(out))
             }
             Meaning::Duration(unit) => {
-                let out: DurationNanosecondArray = self
-                    .to_f64(bytes)
-                    .map(|v| self.valid(v).map(|v| (v * unit.nanos() as f64).round() as i64))
-                    .collect();
+                let nanos = unit.nanos();
+                let out: DurationNanosecondArray = if self.stored.is_float() {
+                    self.to_f64(bytes)
+                        .map(|v| Ok(self.valid(v).map(|v| (v * nanos as f64).round() as i64)))
+                        .collect::<Result<_, String>>()
+                } else {
+                    self.to_i64(bytes)
+                        .map(|v| {
+                            self.valid_int(v)
+                                .map(|v| {
+                                    v.checked_mul(nanos).ok_or_else(|| {
+                                        format!("duration {v} overflows timedelta64[ns]")
+                                    })
+                                })
+                                .transpose()
+                        })
+                        .collect::<Result<_, String>>()
+                }?;
                 Ok(Arc::new(out))
             }
         }
@@ -342,6 +365,11 @@ impl ColumnDecoder {
 
     fn valid(&self, v: f64) -> Option<f64> {
         (!(v.is_nan() || self.is_missing(v))).then_some(v)
+    }
+
+    /// An encoded integer time, unless it is missing or numpy's NaT (`i64::MIN`).
+    fn valid_int(&self, v: i64) -> Option<i64> {
+        (v != i64::MIN && !self.is_missing(v as f64)).then_some(v)
     }
 
     fn to_f64<'a>(&self, bytes: &'a [u8]) -> Box<dyn Iterator<Item = f64> + 'a> {
@@ -363,9 +391,11 @@ impl ColumnDecoder {
             StoredType::UInt16 => iter!(u16, 2),
             StoredType::UInt32 => iter!(u32, 4),
             StoredType::UInt64 => iter!(u64, 8),
-            StoredType::Float16 => Box::new(bytes.chunks_exact(2).map(|c| {
-                half::f16::from_ne_bytes(c.try_into().unwrap()).to_f64()
-            })),
+            StoredType::Float16 => Box::new(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_ne_bytes(c.try_into().unwrap()).to_f64()),
+            ),
             StoredType::Float32 => iter!(f32, 4),
             StoredType::Float64 => iter!(f64, 8),
             _ => Box::new(std::iter::empty()),

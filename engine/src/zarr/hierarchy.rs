@@ -107,9 +107,8 @@ fn read_json(
 }
 
 fn parse_v3(store: &str, name: &str, json: Value) -> Result<ArrayEntry> {
-    let metadata: ArrayMetadataV3 = serde_json::from_value(json).map_err(|e| {
-        ZarrFusionError::array(store, name, format!("invalid zarr.json: {e}"))
-    })?;
+    let metadata: ArrayMetadataV3 = serde_json::from_value(json)
+        .map_err(|e| ZarrFusionError::array(store, name, format!("invalid zarr.json: {e}")))?;
     Ok(ArrayEntry {
         name: name.to_string(),
         path: format!("/{name}"),
@@ -118,9 +117,8 @@ fn parse_v3(store: &str, name: &str, json: Value) -> Result<ArrayEntry> {
 }
 
 fn parse_v2(store: &str, name: &str, zarray: Value, zattrs: Option<Value>) -> Result<ArrayEntry> {
-    let mut metadata: ArrayMetadataV2 = serde_json::from_value(zarray).map_err(|e| {
-        ZarrFusionError::array(store, name, format!("invalid .zarray: {e}"))
-    })?;
+    let mut metadata: ArrayMetadataV2 = serde_json::from_value(zarray)
+        .map_err(|e| ZarrFusionError::array(store, name, format!("invalid .zarray: {e}")))?;
     if let Some(Value::Object(attrs)) = zattrs {
         metadata.attributes = attrs;
     }

@@ -104,7 +104,8 @@ pub fn open_storage(
                     },
                 ));
             }
-            let store = FilesystemStore::new(path).map_err(|e| ZarrFusionError::store(display, e))?;
+            let store =
+                FilesystemStore::new(path).map_err(|e| ZarrFusionError::store(display, e))?;
             Ok(Arc::new(store))
         }
         StoreLocation::Remote(url) => {
@@ -118,8 +119,10 @@ pub fn open_storage(
             } else {
                 Arc::new(PrefixStore::new(object_store, prefix))
             };
-            let adapter =
-                AsyncToSyncStorageAdapter::new(Arc::new(AsyncObjectStore::new(store)), TokioBlockOn(handle));
+            let adapter = AsyncToSyncStorageAdapter::new(
+                Arc::new(AsyncObjectStore::new(store)),
+                TokioBlockOn(handle),
+            );
             Ok(Arc::new(adapter))
         }
     }

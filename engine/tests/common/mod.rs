@@ -48,7 +48,9 @@ pub fn cell(array: &dyn Array, row: usize) -> Value {
         DataType::UInt16 => num!(UInt16Type),
         DataType::UInt32 => num!(UInt32Type),
         DataType::UInt64 => num!(UInt64Type),
-        DataType::Float32 => serde_json::json!(array.as_primitive::<Float32Type>().value(row) as f64),
+        DataType::Float32 => {
+            serde_json::json!(array.as_primitive::<Float32Type>().value(row) as f64)
+        }
         DataType::Float64 => serde_json::json!(array.as_primitive::<Float64Type>().value(row)),
         DataType::Duration(TimeUnit::Nanosecond) => {
             serde_json::json!(array.as_primitive::<DurationNanosecondType>().value(row))
@@ -127,11 +129,7 @@ pub fn sort_rows(rows: &mut [Vec<Value>], keys: usize) {
     rows.sort_by(|a, b| {
         for k in 0..keys {
             let (x, y) = (key(&a[k]), key(&b[k]));
-            let ord = x
-                .0
-                .cmp(&y.0)
-                .then(x.1.total_cmp(&y.1))
-                .then(x.2.cmp(&y.2));
+            let ord = x.0.cmp(&y.0).then(x.1.total_cmp(&y.1)).then(x.2.cmp(&y.2));
             if ord.is_ne() {
                 return ord;
             }
