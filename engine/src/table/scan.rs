@@ -11,7 +11,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt64Array};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
@@ -290,10 +290,66 @@ impl BlockReader {
         start: u64,
         len: u64,
     ) -> Result<ArrayRef> {
-        let stride: u64 = shape[d + 1..].iter().product();
-        let indices: UInt64Array = (start..start + len)
-            .map(|row| b[d].start + (row / stride) % shape[d])
-            .collect();
+        let indices = UInt32Array::from(dimension_indices(
+            b[d].start,
+            shape[d],
+            shape[d + 1..].iter().product(),
+            start,
+            len,
+        ));
         Ok(take(self.table.dims[d].values.as_ref(), &indices, None)?)
+    }
+}
+
+/// Coordinate indices of rows `start..start + len` of a box, along a
+/// dimension that starts at `offset`, has `n` cells in the box and repeats
+/// each value `stride` times (the product of the inner dimensions). Runs are
+/// filled whole, with one division per run rather than per row.
+fn dimension_indices(offset: u64, n: u64, stride: u64, start: u64, len: u64) -> Vec<u32> {
+    let mut out = Vec::with_capacity(len as usize);
+    let end = start + len;
+    let mut row = start;
+    if stride == 1 {
+        let mut pos = row % n;
+        while row < end {
+            let count = (n - pos).min(end - row);
+            out.extend((offset + pos..offset + pos + count).map(|i| i as u32));
+            row += count;
+            pos = 0;
+        }
+        return out;
+    }
+    while row < end {
+        let run = row / stride;
+        let run_end = ((run + 1) * stride).min(end);
+        let index = (offset + run % n) as u32;
+        out.extend(std::iter::repeat_n(index, (run_end - row) as usize));
+        row = run_end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dimension_indices;
+
+    #[test]
+    fn dimension_indices_follow_c_order() {
+        // A box of shape (3, 2, 4) starting at (5, 0, 10): rows in C order.
+        let shape = [3u64, 2, 4];
+        let offsets = [5u64, 0, 10];
+        for (start, len) in [(0, 24), (3, 7), (7, 1), (23, 1), (9, 15)] {
+            for d in 0..3 {
+                let stride: u64 = shape[d + 1..].iter().product();
+                let expected: Vec<u32> = (start..start + len)
+                    .map(|r| (offsets[d] + (r / stride) % shape[d]) as u32)
+                    .collect();
+                assert_eq!(
+                    dimension_indices(offsets[d], shape[d], stride, start, len),
+                    expected,
+                    "d={d} start={start} len={len}"
+                );
+            }
+        }
     }
 }
