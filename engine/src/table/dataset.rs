@@ -102,7 +102,8 @@ impl ZarrDataset {
         let mut dims = BTreeMap::new();
         for array in arrays.iter().filter(|a| is_coordinate(a)) {
             let len = array.shape()[0];
-            let values = array.read(&[0..len])?;
+            let whole = 0..len;
+            let values = array.read(std::slice::from_ref(&whole))?;
             let dim = Dimension {
                 name: array.name().to_string(),
                 len,

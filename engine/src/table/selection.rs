@@ -30,7 +30,10 @@ impl Selection {
     /// Everything in a grid of `shape`.
     pub fn all(shape: &[u64]) -> Self {
         Self {
-            ranges: shape.iter().map(|n| vec![0..*n]).collect(),
+            ranges: shape
+                .iter()
+                .map(|n| std::iter::once(0..*n).collect())
+                .collect(),
         }
     }
 

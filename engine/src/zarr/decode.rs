@@ -304,7 +304,7 @@ impl ColumnDecoder {
             } => {
                 let values = self.to_f64(bytes);
                 let unpack =
-                    |v: f64| (!(v.is_nan() || self.is_missing(v))).then(|| v * scale + offset);
+                    |v: f64| (!(v.is_nan() || self.is_missing(v))).then_some(v * scale + offset);
                 Ok(if wide {
                     Arc::new(values.map(unpack).collect::<Float64Array>())
                 } else {

@@ -181,6 +181,10 @@ fn object_store_for(
         }
         "http" | "https" => {
             let mut builder = HttpBuilder::new().with_url(root.as_str());
+            if url.scheme() == "http" {
+                // The user wrote http:// on purpose; object_store refuses it by default.
+                builder = builder.with_config(ClientConfigKey::AllowHttp, "true");
+            }
             for (key, value) in scoped(&["http."]) {
                 let key = ClientConfigKey::from_str(&key).map_err(|e| err(&e))?;
                 builder = builder.with_config(key, value);
