@@ -7,7 +7,7 @@
 Every measurement is a fresh subprocess, so its peak RSS and I/O are its own:
 
 * zarrfusion: the binary from $ZARRFUSION_BIN (default
-  ~/.cache/zarrfusion-target/release/zarrfusion), run as
+  ~/.cache/zarrfusion-target/debug/zarrfusion, built by scripts/test or scripts/demo), run as
   ``zarrfusion -q --format csv -c "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION '<store>'" -c "<query>"``;
   skipped with a message when the binary does not exist.
 * xarray: ``xr.open_zarr(store, chunks=None)`` and the numpy computation
@@ -48,7 +48,7 @@ DATA = HERE / "data"
 ERA5 = DATA / "era5_1gb.zarr"
 MILLION = DATA / "million_chunks.zarr"
 RESULTS = HERE / "RESULTS.md"
-DEFAULT_BIN = Path.home() / ".cache" / "zarrfusion-target" / "release" / "zarrfusion"
+DEFAULT_BIN = Path.home() / ".cache" / "zarrfusion-target" / "debug" / "zarrfusion"
 PEERS = ["zarrfusion", "xarray", "xarray-sql"]
 
 
