@@ -186,9 +186,7 @@ impl ExecutionPlan for ZarrScanExec {
                 }
                 let extent = grid.block(id);
                 for b in boxes_in_block(&reader.selection, &extent) {
-                    let timer = decode_time.timer();
-                    let sent = reader.read_box(&b, &mut remaining, &tx, &output_rows);
-                    timer.done();
+                    let sent = reader.read_box(&b, &mut remaining, &tx, &output_rows, &decode_time);
                     if !sent? {
                         return Ok(());
                     }
@@ -238,6 +236,7 @@ impl BlockReader {
         remaining: &mut Option<u64>,
         tx: &Sender<Result<RecordBatch>>,
         output_rows: &datafusion::physical_plan::metrics::Count,
+        decode_time: &datafusion::physical_plan::metrics::Time,
     ) -> Result<bool> {
         let n_dims = self.table.dims.len();
         let shape: Vec<u64> = b.iter().map(|r| r.end - r.start).collect();
@@ -245,6 +244,7 @@ impl BlockReader {
         if let Some(left) = remaining {
             cells = cells.min(*left);
         }
+        let timer = decode_time.timer();
         let variables: Vec<Option<ArrayRef>> = self
             .projection
             .iter()
@@ -254,6 +254,7 @@ impl BlockReader {
                     .transpose()
             })
             .collect::<crate::error::Result<_>>()?;
+        timer.done();
         let mut start = 0u64;
         while start < cells {
             let len = (self.batch_size as u64).min(cells - start);
