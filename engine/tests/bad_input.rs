@@ -174,3 +174,32 @@ async fn codec_without_an_implementation() {
         &["codec_v2_delta_filter.zarr", "'x'", "delta"],
     );
 }
+
+/// Chunks outside a filter are never read: in `bad_corrupt_chunk.zarr` only
+/// chunk (0, 0, 0) of `t2m` is corrupt (time 0..4, lat 60..30, lon 0..90).
+/// Filters that exclude it succeed; the same query without pushdown reads it and fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_never_read_chunks_outside_them() {
+    for filter in [
+        "lat <= 15",
+        "lon >= 180",
+        "time >= TIMESTAMP '2020-01-01T18:00:00'",
+        "lat IN (15, 0) OR lat < -100",
+    ] {
+        let sql = format!("SELECT count(t2m) FROM t WHERE {filter}");
+        for pushdown in [true, false] {
+            let ctx = new_context();
+            let mut options = HashMap::new();
+            options.insert("pushdown".to_string(), pushdown.to_string());
+            ctx.register_zarr("t", &fixture("bad_corrupt_chunk.zarr"), options)
+                .await
+                .unwrap();
+            let result = ctx.sql(&sql).await.unwrap().collect().await;
+            match (pushdown, result) {
+                (true, Ok(_)) | (false, Err(_)) => {}
+                (true, Err(e)) => panic!("{filter}: read a chunk outside the filter: {e}"),
+                (false, Ok(_)) => panic!("{filter}: the corrupt chunk was not detected"),
+            }
+        }
+    }
+}
