@@ -13,6 +13,7 @@
 //! |---|---|
 //! | [`zarr`] | opening stores, discovering arrays, decoding values |
 //! | [`table`] | the table mapping, the scan, pushdown, registration |
+//! | [`array`] | array operations as plan nodes (dense reductions) |
 //! | [`memory`] | sizes and the memory budget |
 //! | [`session`] | building a `SessionContext` with all of the above |
 //!
@@ -25,6 +26,7 @@
 //! # }
 //! ```
 
+pub mod array;
 pub mod config;
 pub mod error;
 pub mod memory;

@@ -1,6 +1,7 @@
 //! The one place that builds a `SessionContext` with everything zarrfusion
 //! adds: `STORED AS ZARR`, `read_zarr`, the `zarrfusion.*` settings, scan
-//! progress, and the functions of `zarrfusion-udfs`.
+//! progress, the array plan nodes with their optimizer rules and planner,
+//! and the functions of `zarrfusion-udfs`.
 //!
 //! ```no_run
 //! use std::collections::HashMap;
@@ -28,6 +29,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::planner::RelationPlanner;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+use crate::array::{ArrayQueryPlanner, DenseReductionRule};
 use crate::config::ZarrConfig;
 use crate::progress::ScanProgress;
 use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
@@ -66,6 +68,8 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         .with_default_features()
         .with_table_factory("ZARR".to_string(), Arc::new(ZarrTableFactory))
         .with_relation_planners(vec![read_zarr])
+        .with_optimizer_rule(Arc::new(DenseReductionRule))
+        .with_query_planner(Arc::new(ArrayQueryPlanner))
         .build();
     let ctx = SessionContext::new_with_state(state);
     for udf in zarrfusion_udfs::all_scalar_functions() {

@@ -1,6 +1,7 @@
 //! Every fixture store read through SQL equals what xarray read from it
 //! (`tests/fixtures/expected/*.json`, written by `make_fixtures.py`), with
-//! and without filter pushdown, for every dimension set.
+//! and without filter pushdown, for every dimension set; every oracle query
+//! also gives the same answer with and without the dense reduction rule.
 
 mod common;
 
@@ -34,14 +35,45 @@ fn expected_files() -> Vec<(String, Value)> {
         .collect()
 }
 
-async fn query(store: &str, dims: Option<&Value>, pushdown: bool, sql: &str) -> Vec<Vec<Value>> {
+/// How a query is run: filter pushdown and the dense reduction rule on or off.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    pushdown: bool,
+    dense: bool,
+}
+
+const ALL_MODES: [Mode; 4] = [
+    Mode {
+        pushdown: true,
+        dense: true,
+    },
+    Mode {
+        pushdown: false,
+        dense: true,
+    },
+    Mode {
+        pushdown: true,
+        dense: false,
+    },
+    Mode {
+        pushdown: false,
+        dense: false,
+    },
+];
+
+async fn query(store: &str, dims: Option<&Value>, mode: Mode, sql: &str) -> Vec<Vec<Value>> {
     let ctx = new_context();
+    if !mode.dense {
+        ctx.sql("SET zarrfusion.dense_reduction = false")
+            .await
+            .unwrap();
+    }
     let mut options = HashMap::new();
     if let Some(Value::Array(dims)) = dims {
         let names: Vec<&str> = dims.iter().map(|d| d.as_str().unwrap()).collect();
         options.insert("dims".to_string(), names.join(","));
     }
-    if !pushdown {
+    if !mode.pushdown {
         options.insert("pushdown".to_string(), "false".to_string());
     }
     ctx.register_zarr("t", &fixture(store), options)
@@ -72,14 +104,14 @@ async fn every_fixture_table_equals_xarray() {
         let mut want: Vec<Vec<Value>> = serde_json::from_value(expected["rows"].clone()).unwrap();
         sort_rows(&mut want, n_dims);
         let sql = format!("SELECT {} FROM t", columns.join(", "));
-        let mut got = query(store, Some(dims), true, &sql).await;
+        let mut got = query(store, Some(dims), ALL_MODES[0], &sql).await;
         sort_rows(&mut got, n_dims);
         assert_rows(&name, &got, &want);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_oracle_query_matches_with_and_without_pushdown() {
+async fn every_oracle_query_matches_with_and_without_pushdown_and_dense_reduction() {
     let path = repo_root().join("tests/fixtures/expected/queries.json");
     let queries: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -89,9 +121,9 @@ async fn every_oracle_query_matches_with_and_without_pushdown() {
         let store = q["store"].as_str().unwrap();
         let sql = q["sql"].as_str().unwrap();
         let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
-        for pushdown in [true, false] {
-            let got = query(store, q.get("dims"), pushdown, sql).await;
-            assert_rows(&format!("{name} (pushdown={pushdown})"), &got, &want);
+        for mode in ALL_MODES {
+            let got = query(store, q.get("dims"), mode, sql).await;
+            assert_rows(&format!("{name} ({mode:?})"), &got, &want);
         }
     }
 }

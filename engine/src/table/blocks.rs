@@ -7,7 +7,11 @@
 
 use std::ops::Range;
 
+use datafusion::common::config::ConfigOptions;
+
+use super::dataset::GridTable;
 use super::selection::Selection;
+use crate::config::ZarrConfig;
 
 /// The blocks of a scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +83,36 @@ impl BlockGrid {
             first,
             counts,
         }
+    }
+
+    /// Plans the blocks that read `columns` (indices into the table's
+    /// schema) of `table` over `selection`, with the session's target
+    /// partition bytes and parallelism.
+    pub fn for_columns(
+        table: &GridTable,
+        columns: &[usize],
+        selection: &Selection,
+        options: &ConfigOptions,
+    ) -> Self {
+        let n_dims = table.dims.len();
+        let bytes_per_cell: u64 = columns
+            .iter()
+            .filter(|&&i| i >= n_dims)
+            .map(|&i| table.variables[i - n_dims].element_size() as u64)
+            .sum();
+        let target_bytes = options
+            .extensions
+            .get::<ZarrConfig>()
+            .map(|c| c.target_partition_bytes)
+            .unwrap_or_else(|| ZarrConfig::default().target_partition_bytes);
+        Self::plan(
+            &table.shape(),
+            &table.chunk_shape(),
+            selection,
+            bytes_per_cell,
+            target_bytes as u64,
+            options.execution.target_partitions.max(1) as u64,
+        )
     }
 
     /// Number of blocks to visit.

@@ -3,6 +3,7 @@
 //! `read_zarr`, `register_zarr`).
 
 mod blocks;
+mod cells;
 mod dataset;
 mod factory;
 mod options;
@@ -11,10 +12,12 @@ mod read_zarr;
 mod scan;
 mod selection;
 
+pub use blocks::{boxes_in_block, BlockGrid};
+pub use cells::BoxCells;
 pub use dataset::{Dimension, GridTable, ZarrDataset};
 pub use factory::{open_dataset, ZarrTableFactory};
 pub use options::ZarrTableOptions;
 pub use provider::ZarrTable;
 pub use read_zarr::ReadZarrPlanner;
 pub use scan::ZarrScanExec;
-pub use selection::Selection;
+pub use selection::{select, Selection};

@@ -15,7 +15,6 @@ use super::blocks::BlockGrid;
 use super::dataset::GridTable;
 use super::scan::ZarrScanExec;
 use super::selection::{classify_filters, select};
-use crate::config::ZarrConfig;
 
 /// A table over the variables of one dimension set: one column per
 /// dimension, one per variable, one row per grid cell.
@@ -41,7 +40,7 @@ impl ZarrTable {
     }
 
     /// The grid behind the table.
-    pub fn grid(&self) -> &GridTable {
+    pub fn grid(&self) -> &Arc<GridTable> {
         &self.table
     }
 }
@@ -80,28 +79,14 @@ impl TableProvider for ZarrTable {
             .cloned()
             .unwrap_or_else(|| (0..self.table.schema.fields().len()).collect());
         let selection = select(filters, &self.table, state)?;
-        let n_dims = self.table.dims.len();
-        let bytes_per_cell: u64 = projection
-            .iter()
-            .filter(|&&i| i >= n_dims)
-            .map(|&i| self.table.variables[i - n_dims].element_size() as u64)
-            .sum();
-        let options = state.config().options();
-        let target_bytes = options
-            .extensions
-            .get::<ZarrConfig>()
-            .map(|c| c.target_partition_bytes)
-            .unwrap_or_else(|| ZarrConfig::default().target_partition_bytes);
-        let parallelism = options.execution.target_partitions.max(1);
-        let blocks = BlockGrid::plan(
-            &self.table.shape(),
-            &self.table.chunk_shape(),
+        let blocks = BlockGrid::for_columns(
+            &self.table,
+            &projection,
             &selection,
-            bytes_per_cell,
-            target_bytes as u64,
-            parallelism as u64,
+            state.config().options(),
         );
-        let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism);
+        let parallelism = state.config().options().execution.target_partitions;
+        let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism.max(1));
         Ok(Arc::new(ZarrScanExec::new(
             Arc::clone(&self.table),
             projection,

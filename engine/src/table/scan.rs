@@ -11,8 +11,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
-use datafusion::arrow::compute::take;
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -20,7 +19,9 @@ use datafusion::common::{Result, Statistics};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
@@ -29,6 +30,7 @@ use datafusion::physical_plan::{
 use tokio::sync::mpsc::Sender;
 
 use super::blocks::{boxes_in_block, BlockGrid};
+use super::cells::BoxCells;
 use super::dataset::GridTable;
 use super::selection::Selection;
 use crate::progress::ScanProgress;
@@ -235,41 +237,20 @@ impl BlockReader {
         b: &[Range<u64>],
         remaining: &mut Option<u64>,
         tx: &Sender<Result<RecordBatch>>,
-        output_rows: &datafusion::physical_plan::metrics::Count,
-        decode_time: &datafusion::physical_plan::metrics::Time,
+        output_rows: &Count,
+        decode_time: &Time,
     ) -> Result<bool> {
-        let n_dims = self.table.dims.len();
-        let shape: Vec<u64> = b.iter().map(|r| r.end - r.start).collect();
-        let mut cells: u64 = shape.iter().product();
-        if let Some(left) = remaining {
-            cells = cells.min(*left);
-        }
         let timer = decode_time.timer();
-        let variables: Vec<Option<ArrayRef>> = self
-            .projection
-            .iter()
-            .map(|&i| {
-                (i >= n_dims)
-                    .then(|| self.table.variables[i - n_dims].read(b))
-                    .transpose()
-            })
-            .collect::<crate::error::Result<_>>()?;
+        let cells = BoxCells::read(&self.table, &self.projection, b)?;
         timer.done();
+        let mut n = cells.num_cells();
+        if let Some(left) = remaining {
+            n = n.min(*left);
+        }
         let mut start = 0u64;
-        while start < cells {
-            let len = (self.batch_size as u64).min(cells - start);
-            let columns = self
-                .projection
-                .iter()
-                .zip(&variables)
-                .map(|(&i, var)| match var {
-                    Some(values) => Ok(values.slice(start as usize, len as usize)),
-                    None => self.dimension_column(i, b, &shape, start, len),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let options = RecordBatchOptions::new().with_row_count(Some(len as usize));
-            let batch =
-                RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+        while start < n {
+            let len = (self.batch_size as u64).min(n - start);
+            let batch = cells.batch(&self.schema, start, len)?;
             output_rows.add(len as usize);
             if tx.blocking_send(Ok(batch)).is_err() {
                 return Ok(false);
@@ -277,80 +258,8 @@ impl BlockReader {
             start += len;
         }
         if let Some(left) = remaining {
-            *left -= cells;
+            *left -= n;
         }
         Ok(true)
-    }
-
-    /// The values of dimension `d` for rows `start..start + len` of a box in C order.
-    fn dimension_column(
-        &self,
-        d: usize,
-        b: &[Range<u64>],
-        shape: &[u64],
-        start: u64,
-        len: u64,
-    ) -> Result<ArrayRef> {
-        let indices = UInt32Array::from(dimension_indices(
-            b[d].start,
-            shape[d],
-            shape[d + 1..].iter().product(),
-            start,
-            len,
-        ));
-        Ok(take(self.table.dims[d].values.as_ref(), &indices, None)?)
-    }
-}
-
-/// Coordinate indices of rows `start..start + len` of a box, along a
-/// dimension that starts at `offset`, has `n` cells in the box and repeats
-/// each value `stride` times (the product of the inner dimensions). Runs are
-/// filled whole, with one division per run rather than per row.
-fn dimension_indices(offset: u64, n: u64, stride: u64, start: u64, len: u64) -> Vec<u32> {
-    let mut out = Vec::with_capacity(len as usize);
-    let end = start + len;
-    let mut row = start;
-    if stride == 1 {
-        let mut pos = row % n;
-        while row < end {
-            let count = (n - pos).min(end - row);
-            out.extend((offset + pos..offset + pos + count).map(|i| i as u32));
-            row += count;
-            pos = 0;
-        }
-        return out;
-    }
-    while row < end {
-        let run = row / stride;
-        let run_end = ((run + 1) * stride).min(end);
-        let index = (offset + run % n) as u32;
-        out.extend(std::iter::repeat_n(index, (run_end - row) as usize));
-        row = run_end;
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::dimension_indices;
-
-    #[test]
-    fn dimension_indices_follow_c_order() {
-        // A box of shape (3, 2, 4) starting at (5, 0, 10): rows in C order.
-        let shape = [3u64, 2, 4];
-        let offsets = [5u64, 0, 10];
-        for (start, len) in [(0, 24), (3, 7), (7, 1), (23, 1), (9, 15)] {
-            for d in 0..3 {
-                let stride: u64 = shape[d + 1..].iter().product();
-                let expected: Vec<u32> = (start..start + len)
-                    .map(|r| (offsets[d] + (r / stride) % shape[d]) as u32)
-                    .collect();
-                assert_eq!(
-                    dimension_indices(offsets[d], shape[d], stride, start, len),
-                    expected,
-                    "d={d} start={start} len={len}"
-                );
-            }
-        }
     }
 }

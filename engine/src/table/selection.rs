@@ -63,6 +63,12 @@ impl Selection {
             .collect()
     }
 
+    /// Replaces the selected ranges of dimension `d` (sorted, disjoint).
+    #[cfg(test)]
+    pub(crate) fn restrict_ranges(&mut self, d: usize, ranges: Vec<Range<u64>>) {
+        self.ranges[d] = ranges;
+    }
+
     fn restrict(&mut self, d: usize, mask: &BooleanArray) {
         let keep = |i: u64| mask.is_valid(i as usize) && mask.value(i as usize);
         let mut out = Vec::new();

@@ -1,0 +1,14 @@
+//! Array operations as DataFusion plan nodes: logical nodes carrying the
+//! array semantics, their operators, the optimizer rules that find them in
+//! plain SQL, and the planner that turns one into the other.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`reduce`] | dense reductions over dimensions (`GROUP BY` dimensions) |
+//! | [`planner`] | the query planner that knows the array nodes |
+
+pub mod planner;
+pub mod reduce;
+
+pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};
+pub use reduce::{DenseReduction, DenseReductionExec, DenseReductionRule};

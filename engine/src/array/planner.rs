@@ -1,0 +1,58 @@
+//! Physical planning of the array plan nodes.
+//!
+//! [`ArrayQueryPlanner`] is DataFusion's default planner with
+//! [`ArrayExtensionPlanner`] added, which turns each array node into its
+//! operator.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::catalog::Session;
+use datafusion::common::Result;
+use datafusion::execution::context::QueryPlanner;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
+
+use super::reduce::{DenseReduction, DenseReductionExec};
+
+/// Plans the array nodes of `engine::array`.
+#[derive(Debug, Default)]
+pub struct ArrayExtensionPlanner;
+
+#[async_trait]
+impl ExtensionPlanner for ArrayExtensionPlanner {
+    async fn plan_extension(
+        &self,
+        planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        _physical_inputs: &[Arc<dyn ExecutionPlan>],
+        session: &dyn Session,
+        planning: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if let Some(reduction) = node.as_any().downcast_ref::<DenseReduction>() {
+            let exec = DenseReductionExec::plan(reduction, planner, session, planning)?;
+            return Ok(Some(Arc::new(exec)));
+        }
+        Ok(None)
+    }
+}
+
+/// DataFusion's physical planner, knowing the array nodes.
+#[derive(Debug, Default)]
+pub struct ArrayQueryPlanner;
+
+#[async_trait]
+impl QueryPlanner for ArrayQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(ArrayExtensionPlanner)])
+            .create_physical_plan(logical_plan, session)
+            .await
+    }
+}

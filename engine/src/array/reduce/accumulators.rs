@@ -1,0 +1,741 @@
+//! Dense accumulators: one slot per group, folded a [`Line`] at a time.
+//!
+//! Every accumulator keeps plain vectors indexed by group position (no hash
+//! table) and follows SQL semantics: NULL arguments are skipped, a group
+//! with no non-NULL value gives NULL (`count` gives 0). Numbers are folded
+//! in a wide domain (`f64`, `i64` or `u64`, wrapping on integer overflow as
+//! DataFusion's `sum` does); `min`/`max` order floats by IEEE total order,
+//! as Arrow does. Variances fold shifted sums (the shift is the group's
+//! first value, which keeps them accurate far from zero) and merge partial
+//! results with Chan's formula.
+
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, PrimitiveArray};
+use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{
+    ArrowNativeTypeOp, ArrowPrimitiveType, DataType, Float64Type, Int64Type, UInt64Type,
+};
+use datafusion::common::{internal_err, Result};
+
+use super::groups::Line;
+
+/// An aggregate function a dense reduction computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
+pub enum ReduceOp {
+    /// `count(x)`: non-NULL values (`count(*)`: rows).
+    Count,
+    /// `sum(x)`.
+    Sum,
+    /// `avg(x)`.
+    Avg,
+    /// `min(x)`.
+    Min,
+    /// `max(x)`.
+    Max,
+    /// `var(x)`, `var_samp(x)`: sample variance.
+    Var,
+    /// `var_pop(x)`: population variance.
+    VarPop,
+    /// `stddev(x)`, `stddev_samp(x)`: sample standard deviation.
+    Stddev,
+    /// `stddev_pop(x)`: population standard deviation.
+    StddevPop,
+}
+
+impl ReduceOp {
+    /// The SQL name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Count => "count",
+            Self::Sum => "sum",
+            Self::Avg => "avg",
+            Self::Min => "min",
+            Self::Max => "max",
+            Self::Var => "var",
+            Self::VarPop => "var_pop",
+            Self::Stddev => "stddev",
+            Self::StddevPop => "stddev_pop",
+        }
+    }
+
+    /// Bytes of state per group.
+    pub fn state_bytes(self) -> usize {
+        match self {
+            Self::Count => 8,
+            Self::Var | Self::VarPop | Self::Stddev | Self::StddevPop => 32,
+            _ => 16,
+        }
+    }
+
+    /// An accumulator over `groups` groups for an argument of type `arg`
+    /// giving `output`, or `None` when this combination is not supported
+    /// (the query then keeps DataFusion's hash aggregation).
+    pub fn accumulator(
+        self,
+        arg: &DataType,
+        output: &DataType,
+        groups: usize,
+    ) -> Option<Box<dyn DenseAccumulator>> {
+        let domain = numeric_domain(arg);
+        Some(match (self, output) {
+            (Self::Count, DataType::Int64) => Box::new(CountAccumulator::new(groups)),
+            (Self::Sum, DataType::Float64) if domain.is_some() => {
+                Box::new(Folded(SumFold::<Float64Type>::new(groups)))
+            }
+            (Self::Sum, DataType::Int64) if domain == Some(DataType::Int64) => {
+                Box::new(Folded(SumFold::<Int64Type>::new(groups)))
+            }
+            (Self::Sum, DataType::UInt64) if domain == Some(DataType::UInt64) => {
+                Box::new(Folded(SumFold::<UInt64Type>::new(groups)))
+            }
+            (Self::Avg, DataType::Float64) if domain.is_some() => {
+                Box::new(Folded(MeanFold::new(groups)))
+            }
+            (Self::Min | Self::Max, output) if output == arg => {
+                let max = self == Self::Max;
+                match domain? {
+                    DataType::Float64 => min_max::<Float64Type>(groups, max, output),
+                    DataType::Int64 => min_max::<Int64Type>(groups, max, output),
+                    _ => min_max::<UInt64Type>(groups, max, output),
+                }
+            }
+            (Self::Var | Self::VarPop | Self::Stddev | Self::StddevPop, DataType::Float64)
+                if domain.is_some() =>
+            {
+                Box::new(Folded(VarianceFold::new(
+                    groups,
+                    matches!(self, Self::VarPop | Self::StddevPop),
+                    matches!(self, Self::Stddev | Self::StddevPop),
+                )))
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// The wide type numbers of `t` are folded in, if `t` is numeric.
+fn numeric_domain(t: &DataType) -> Option<DataType> {
+    use DataType::*;
+    match t {
+        Float16 | Float32 | Float64 => Some(Float64),
+        Int8 | Int16 | Int32 | Int64 => Some(Int64),
+        UInt8 | UInt16 | UInt32 | UInt64 => Some(UInt64),
+        _ => None,
+    }
+}
+
+fn min_max<T: ArrowPrimitiveType + Debug>(
+    groups: usize,
+    max: bool,
+    output: &DataType,
+) -> Box<dyn DenseAccumulator> {
+    let output = output.clone();
+    if max {
+        Box::new(Folded(MinMaxFold::<T, true>::new(groups, output)))
+    } else {
+        Box::new(Folded(MinMaxFold::<T, false>::new(groups, output)))
+    }
+}
+
+/// Per-group state of one aggregate, updated with batches of argument values.
+pub trait DenseAccumulator: Send + Debug {
+    /// Folds the rows of `lines`. `values` holds the argument for every row
+    /// of the batch (`None`: an argument that is never NULL, as in
+    /// `count(*)`); only rows set in `mask` (when given) count.
+    fn update(
+        &mut self,
+        values: Option<&ArrayRef>,
+        lines: &[Line],
+        mask: Option<&BooleanBuffer>,
+    ) -> Result<()>;
+
+    /// Adds the state of another accumulator of the same kind and groups.
+    fn merge(&mut self, other: Box<dyn DenseAccumulator>) -> Result<()>;
+
+    /// The result for every group.
+    fn finish(&self) -> Result<ArrayRef>;
+
+    /// The accumulator as `Any`, to merge two of the same kind.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+/// Which rows count: the argument's validity and the row mask together.
+fn valid_rows(nulls: Option<&NullBuffer>, mask: Option<&BooleanBuffer>) -> Option<BooleanBuffer> {
+    match (nulls, mask) {
+        (None, None) => None,
+        (Some(n), None) => Some(n.inner().clone()),
+        (None, Some(m)) => Some(m.clone()),
+        (Some(n), Some(m)) => Some(n.inner() & m),
+    }
+}
+
+/// Counts of rows per group, the state every accumulator starts from.
+fn count_rows(counts: &mut [u64], lines: &[Line], valid: Option<&BooleanBuffer>) {
+    for line in lines {
+        match (valid, line.spread) {
+            (None, false) => counts[line.group] += line.len as u64,
+            (None, true) => counts[line.group..line.group + line.len]
+                .iter_mut()
+                .for_each(|c| *c += 1),
+            (Some(valid), false) => {
+                counts[line.group] += valid.slice(line.offset, line.len).count_set_bits() as u64
+            }
+            (Some(valid), true) => {
+                for i in valid.slice(line.offset, line.len).set_indices() {
+                    counts[line.group + i] += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Validity of a result: a group is NULL when no value was folded into it.
+fn nulls_where_empty(counts: &[u64]) -> Option<NullBuffer> {
+    let validity = NullBuffer::new(BooleanBuffer::from_iter(counts.iter().map(|&c| c > 0)));
+    (validity.null_count() > 0).then_some(validity)
+}
+
+/// `count`: only the validity of the argument matters.
+#[derive(Debug)]
+struct CountAccumulator {
+    counts: Vec<u64>,
+}
+
+impl CountAccumulator {
+    fn new(groups: usize) -> Self {
+        Self {
+            counts: vec![0; groups],
+        }
+    }
+}
+
+impl DenseAccumulator for CountAccumulator {
+    fn update(
+        &mut self,
+        values: Option<&ArrayRef>,
+        lines: &[Line],
+        mask: Option<&BooleanBuffer>,
+    ) -> Result<()> {
+        let nulls = values.and_then(|v| v.logical_nulls());
+        count_rows(
+            &mut self.counts,
+            lines,
+            valid_rows(nulls.as_ref(), mask).as_ref(),
+        );
+        Ok(())
+    }
+
+    fn merge(&mut self, other: Box<dyn DenseAccumulator>) -> Result<()> {
+        let Ok(other) = other.into_any().downcast::<Self>() else {
+            return internal_err!("merging count with another accumulator");
+        };
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn finish(&self) -> Result<ArrayRef> {
+        Ok(Arc::new(PrimitiveArray::<Int64Type>::from_iter_values(
+            self.counts.iter().map(|&c| c as i64),
+        )))
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// A fold of numbers of one Arrow type into per-group state.
+trait Fold: Send + Debug + Sized + 'static {
+    /// The type the argument is cast to before folding.
+    type T: ArrowPrimitiveType;
+
+    /// Rows folded into each group so far.
+    fn counts(&mut self) -> &mut [u64];
+
+    /// Folds one value into group `g` (without counting it).
+    fn fold_one(&mut self, g: usize, v: <Self::T as ArrowPrimitiveType>::Native);
+
+    /// Folds a run of values into group `g` (without counting them).
+    fn fold_run(&mut self, g: usize, values: &[<Self::T as ArrowPrimitiveType>::Native]) {
+        for &v in values {
+            self.fold_one(g, v);
+        }
+    }
+
+    /// Adds another fold's state.
+    fn merge(&mut self, other: &Self);
+
+    /// The result per group.
+    fn finish(&self) -> Result<ArrayRef>;
+}
+
+/// Drives a [`Fold`] over lines of rows.
+#[derive(Debug)]
+struct Folded<F>(F);
+
+impl<F: Fold> DenseAccumulator for Folded<F> {
+    fn update(
+        &mut self,
+        values: Option<&ArrayRef>,
+        lines: &[Line],
+        mask: Option<&BooleanBuffer>,
+    ) -> Result<()> {
+        let Some(values) = values else {
+            return internal_err!("a dense accumulator needs argument values");
+        };
+        let values = cast(values, &F::T::DATA_TYPE)?;
+        let values = values.as_primitive::<F::T>();
+        let valid = valid_rows(values.nulls(), mask);
+        count_rows(self.0.counts(), lines, valid.as_ref());
+        let all = values.values();
+        for line in lines {
+            let run = &all[line.offset..line.offset + line.len];
+            match (&valid, line.spread) {
+                (None, false) => self.0.fold_run(line.group, run),
+                (None, true) => {
+                    for (i, &v) in run.iter().enumerate() {
+                        self.0.fold_one(line.group + i, v);
+                    }
+                }
+                (Some(valid), spread) => {
+                    for i in valid.slice(line.offset, line.len).set_indices() {
+                        let g = if spread { line.group + i } else { line.group };
+                        self.0.fold_one(g, run[i]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn merge(&mut self, other: Box<dyn DenseAccumulator>) -> Result<()> {
+        let Ok(other) = other.into_any().downcast::<Self>() else {
+            return internal_err!("merging dense accumulators of different kinds");
+        };
+        self.0.merge(&other.0);
+        Ok(())
+    }
+
+    fn finish(&self) -> Result<ArrayRef> {
+        self.0.finish()
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// `sum`, in the argument's wide type.
+#[derive(Debug)]
+struct SumFold<T: ArrowPrimitiveType> {
+    counts: Vec<u64>,
+    sums: Vec<T::Native>,
+}
+
+impl<T: ArrowPrimitiveType> SumFold<T> {
+    fn new(groups: usize) -> Self {
+        Self {
+            counts: vec![0; groups],
+            sums: vec![T::Native::ZERO; groups],
+        }
+    }
+}
+
+impl<T: ArrowPrimitiveType + Debug> Fold for SumFold<T> {
+    type T = T;
+
+    fn counts(&mut self) -> &mut [u64] {
+        &mut self.counts
+    }
+
+    fn fold_one(&mut self, g: usize, v: T::Native) {
+        self.sums[g] = self.sums[g].add_wrapping(v);
+    }
+
+    fn fold_run(&mut self, g: usize, values: &[T::Native]) {
+        let run = values
+            .iter()
+            .fold(T::Native::ZERO, |acc, &v| acc.add_wrapping(v));
+        self.sums[g] = self.sums[g].add_wrapping(run);
+    }
+
+    fn merge(&mut self, other: &Self) {
+        for g in 0..self.sums.len() {
+            self.counts[g] += other.counts[g];
+            self.sums[g] = self.sums[g].add_wrapping(other.sums[g]);
+        }
+    }
+
+    fn finish(&self) -> Result<ArrayRef> {
+        Ok(Arc::new(PrimitiveArray::<T>::new(
+            self.sums.clone().into(),
+            nulls_where_empty(&self.counts),
+        )))
+    }
+}
+
+/// `avg`, in `f64`.
+#[derive(Debug)]
+struct MeanFold {
+    sum: SumFold<Float64Type>,
+}
+
+impl MeanFold {
+    fn new(groups: usize) -> Self {
+        Self {
+            sum: SumFold::new(groups),
+        }
+    }
+}
+
+impl Fold for MeanFold {
+    type T = Float64Type;
+
+    fn counts(&mut self) -> &mut [u64] {
+        &mut self.sum.counts
+    }
+
+    fn fold_one(&mut self, g: usize, v: f64) {
+        self.sum.fold_one(g, v);
+    }
+
+    fn fold_run(&mut self, g: usize, values: &[f64]) {
+        self.sum.fold_run(g, values);
+    }
+
+    fn merge(&mut self, other: &Self) {
+        self.sum.merge(&other.sum);
+    }
+
+    fn finish(&self) -> Result<ArrayRef> {
+        let means =
+            self.sum
+                .sums
+                .iter()
+                .zip(&self.sum.counts)
+                .map(|(&s, &c)| if c > 0 { s / c as f64 } else { 0.0 });
+        Ok(Arc::new(Float64Array::new(
+            means.collect(),
+            nulls_where_empty(&self.sum.counts),
+        )))
+    }
+}
+
+/// `min` (`MAX = false`) or `max` (`MAX = true`), in the wide type, cast
+/// back to the argument's type at the end.
+#[derive(Debug)]
+struct MinMaxFold<T: ArrowPrimitiveType, const MAX: bool> {
+    counts: Vec<u64>,
+    values: Vec<T::Native>,
+    output: DataType,
+}
+
+impl<T: ArrowPrimitiveType, const MAX: bool> MinMaxFold<T, MAX> {
+    fn new(groups: usize, output: DataType) -> Self {
+        Self {
+            counts: vec![0; groups],
+            // The identity of the fold: nothing is below (above) it.
+            values: vec![
+                if MAX {
+                    T::Native::MIN_TOTAL_ORDER
+                } else {
+                    T::Native::MAX_TOTAL_ORDER
+                };
+                groups
+            ],
+            output,
+        }
+    }
+
+    /// Whether `v` replaces the current extreme `current`.
+    fn better(v: T::Native, current: T::Native) -> bool {
+        if MAX {
+            v.is_gt(current)
+        } else {
+            v.is_lt(current)
+        }
+    }
+}
+
+impl<T: ArrowPrimitiveType + Debug, const MAX: bool> Fold for MinMaxFold<T, MAX> {
+    type T = T;
+
+    fn counts(&mut self) -> &mut [u64] {
+        &mut self.counts
+    }
+
+    fn fold_one(&mut self, g: usize, v: T::Native) {
+        if Self::better(v, self.values[g]) {
+            self.values[g] = v;
+        }
+    }
+
+    fn fold_run(&mut self, g: usize, values: &[T::Native]) {
+        let extreme = values.iter().fold(self.values[g], |current, &v| {
+            if Self::better(v, current) {
+                v
+            } else {
+                current
+            }
+        });
+        self.values[g] = extreme;
+    }
+
+    fn merge(&mut self, other: &Self) {
+        for g in 0..self.values.len() {
+            if Self::better(other.values[g], self.values[g]) {
+                self.values[g] = other.values[g];
+            }
+            self.counts[g] += other.counts[g];
+        }
+    }
+
+    fn finish(&self) -> Result<ArrayRef> {
+        let wide: ArrayRef = Arc::new(PrimitiveArray::<T>::new(
+            self.values.clone().into(),
+            nulls_where_empty(&self.counts),
+        ));
+        Ok(cast(&wide, &self.output)?)
+    }
+}
+
+/// Variance and standard deviation (sample or population), in `f64`.
+#[derive(Debug)]
+struct VarianceFold {
+    counts: Vec<u64>,
+    shift: Vec<f64>,
+    s1: Vec<f64>,
+    s2: Vec<f64>,
+    population: bool,
+    sqrt: bool,
+}
+
+impl VarianceFold {
+    fn new(groups: usize, population: bool, sqrt: bool) -> Self {
+        Self {
+            counts: vec![0; groups],
+            shift: vec![f64::NAN; groups],
+            s1: vec![0.0; groups],
+            s2: vec![0.0; groups],
+            population,
+            sqrt,
+        }
+    }
+
+    /// Count, mean and sum of squared deviations of group `g`.
+    fn moments(&self, g: usize) -> (f64, f64, f64) {
+        let n = self.counts[g] as f64;
+        if self.counts[g] == 0 {
+            return (0.0, 0.0, 0.0);
+        }
+        let mean = self.shift[g] + self.s1[g] / n;
+        let m2 = (self.s2[g] - self.s1[g] * self.s1[g] / n).max(0.0);
+        (n, mean, m2)
+    }
+}
+
+impl Fold for VarianceFold {
+    type T = Float64Type;
+
+    fn counts(&mut self) -> &mut [u64] {
+        &mut self.counts
+    }
+
+    fn fold_one(&mut self, g: usize, v: f64) {
+        if self.shift[g].is_nan() {
+            self.shift[g] = v;
+        }
+        let d = v - self.shift[g];
+        self.s1[g] += d;
+        self.s2[g] += d * d;
+    }
+
+    fn fold_run(&mut self, g: usize, values: &[f64]) {
+        let Some(&first) = values.first() else {
+            return;
+        };
+        if self.shift[g].is_nan() {
+            self.shift[g] = first;
+        }
+        let shift = self.shift[g];
+        let (s1, s2) = values.iter().fold((0.0, 0.0), |(s1, s2), &v| {
+            let d = v - shift;
+            (s1 + d, s2 + d * d)
+        });
+        self.s1[g] += s1;
+        self.s2[g] += s2;
+    }
+
+    fn merge(&mut self, other: &Self) {
+        for g in 0..self.counts.len() {
+            if other.counts[g] == 0 {
+                continue;
+            }
+            let (na, ma, m2a) = self.moments(g);
+            let (nb, mb, m2b) = other.moments(g);
+            let n = na + nb;
+            let delta = mb - ma;
+            let mean = ma + delta * nb / n;
+            let m2 = m2a + m2b + delta * delta * na * nb / n;
+            self.counts[g] += other.counts[g];
+            self.shift[g] = mean;
+            self.s1[g] = 0.0;
+            self.s2[g] = m2;
+        }
+    }
+
+    fn finish(&self) -> Result<ArrayRef> {
+        let mut valid = Vec::with_capacity(self.counts.len());
+        let values: Vec<f64> = (0..self.counts.len())
+            .map(|g| {
+                let (n, _, m2) = self.moments(g);
+                let divisor = if self.population { n } else { n - 1.0 };
+                let defined = divisor > 0.0 || (self.population && n == 1.0);
+                valid.push(defined && n > 0.0);
+                if !(defined && n > 0.0) {
+                    return 0.0;
+                }
+                let var = if divisor > 0.0 { m2 / divisor } else { 0.0 };
+                if self.sqrt {
+                    var.sqrt()
+                } else {
+                    var
+                }
+            })
+            .collect();
+        let nulls = NullBuffer::new(BooleanBuffer::from_iter(valid));
+        Ok(Arc::new(Float64Array::new(
+            values.into(),
+            (nulls.null_count() > 0).then_some(nulls),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Float32Array, Int32Array};
+
+    fn lines(groups: &[usize]) -> Vec<Line> {
+        groups
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| Line {
+                offset: i,
+                len: 1,
+                group: g,
+                spread: false,
+            })
+            .collect()
+    }
+
+    fn run(op: ReduceOp, values: ArrayRef, groups: &[usize], n: usize) -> ArrayRef {
+        let output = match op {
+            ReduceOp::Count => DataType::Int64,
+            ReduceOp::Min | ReduceOp::Max => values.data_type().clone(),
+            ReduceOp::Sum if values.data_type() == &DataType::Int32 => DataType::Int64,
+            _ => DataType::Float64,
+        };
+        // Fold the first half and the second half separately, then merge.
+        let half = groups.len() / 2;
+        let mut a = op.accumulator(values.data_type(), &output, n).unwrap();
+        let mut b = op.accumulator(values.data_type(), &output, n).unwrap();
+        a.update(Some(&values.slice(0, half)), &lines(&groups[..half]), None)
+            .unwrap();
+        b.update(
+            Some(&values.slice(half, groups.len() - half)),
+            &lines(&groups[half..]),
+            None,
+        )
+        .unwrap();
+        a.merge(b).unwrap();
+        a.finish().unwrap()
+    }
+
+    #[test]
+    fn reductions_follow_sql_null_semantics() {
+        let values: ArrayRef = Arc::new(Float32Array::from(vec![
+            Some(1.0),
+            None,
+            Some(3.0),
+            Some(-2.0),
+            None,
+            Some(5.0),
+        ]));
+        // Groups 0: [1, 3, 5]   1: [NULL, -2]   2: [NULL]   3: none
+        let groups = [0, 1, 0, 1, 2, 0];
+        let f = |a: ArrayRef| -> Vec<Option<f64>> {
+            let a = cast(&a, &DataType::Float64).unwrap();
+            a.as_primitive::<Float64Type>().iter().collect()
+        };
+        assert_eq!(
+            f(run(ReduceOp::Sum, values.clone(), &groups, 4)),
+            vec![Some(9.0), Some(-2.0), None, None]
+        );
+        assert_eq!(
+            f(run(ReduceOp::Avg, values.clone(), &groups, 4)),
+            vec![Some(3.0), Some(-2.0), None, None]
+        );
+        assert_eq!(
+            f(run(ReduceOp::Min, values.clone(), &groups, 4)),
+            vec![Some(1.0), Some(-2.0), None, None]
+        );
+        assert_eq!(
+            f(run(ReduceOp::Max, values.clone(), &groups, 4)),
+            vec![Some(5.0), Some(-2.0), None, None]
+        );
+        assert_eq!(
+            f(run(ReduceOp::Count, values.clone(), &groups, 4)),
+            vec![Some(3.0), Some(1.0), Some(0.0), Some(0.0)]
+        );
+        assert_eq!(
+            f(run(ReduceOp::Var, values.clone(), &groups, 4)),
+            vec![Some(4.0), None, None, None]
+        );
+        let pop = f(run(ReduceOp::VarPop, values.clone(), &groups, 4));
+        assert!((pop[0].unwrap() - 8.0 / 3.0).abs() < 1e-12);
+        assert_eq!(pop[1..], [Some(0.0), None, None]);
+        assert_eq!(
+            f(run(ReduceOp::Stddev, values, &groups, 4)),
+            vec![Some(2.0), None, None, None]
+        );
+    }
+
+    #[test]
+    fn integer_sums_and_extremes_stay_integers() {
+        let values: ArrayRef = Arc::new(Int32Array::from(vec![7, -3, i32::MAX, 2]));
+        let sum = run(ReduceOp::Sum, values.clone(), &[0, 0, 1, 1], 2);
+        assert_eq!(sum.data_type(), &DataType::Int64);
+        assert_eq!(
+            sum.as_primitive::<Int64Type>().values(),
+            &[4, i32::MAX as i64 + 2]
+        );
+        let max = run(ReduceOp::Max, values, &[0, 0, 1, 1], 2);
+        assert_eq!(
+            max.as_primitive::<datafusion::arrow::datatypes::Int32Type>()
+                .values(),
+            &[7, i32::MAX]
+        );
+    }
+
+    #[test]
+    fn variance_is_accurate_far_from_zero() {
+        let values: Vec<f64> = (0..1000).map(|i| 1e9 + (i % 7) as f64).collect();
+        let mean = values.iter().sum::<f64>() / 1000.0;
+        let want = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / 999.0;
+        let got = run(
+            ReduceOp::Var,
+            Arc::new(Float64Array::from(values)),
+            &[0; 1000],
+            1,
+        );
+        let got = got.as_primitive::<Float64Type>().value(0);
+        assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+    }
+}

@@ -1,0 +1,573 @@
+//! `DenseReductionExec`: the operator of a [`DenseReduction`].
+//!
+//! Workers (one per core, on the blocking pool) take chunk-aligned blocks
+//! of the selection from a shared counter, decode only the columns the
+//! expressions read, evaluate the expressions on runs of rows and fold them
+//! straight into dense per-group state: the elementwise work and the first
+//! level of the reduction happen in one pass, and no row is ever built
+//! into a record batch downstream. The workers' partial states are then
+//! merged pairwise, in a tree, and the result is one row per group, in C
+//! order of the grouped dimensions.
+//!
+//! [`DenseReduction`]: super::DenseReduction
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter, take};
+use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
+use datafusion::catalog::Session;
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{
+    human_readable_size, plan_err, DFSchema, DataFusionError, Result, Statistics,
+};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::ColumnarValue;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
+    PlanProperties, ReplaceChildrenOptions, StatisticsArgs,
+};
+use datafusion::physical_planner::PhysicalPlanner;
+use futures::{StreamExt, TryStreamExt};
+
+use super::accumulators::{DenseAccumulator, ReduceOp};
+use super::groups::{GroupSpace, Line};
+use super::node::{DenseReduction, ReduceExpr};
+use crate::progress::ScanProgress;
+use crate::table::{boxes_in_block, select, BlockGrid, BoxCells, GridTable, Selection};
+
+/// Rows evaluated and folded at a time.
+const RUN_ROWS: u64 = 1 << 16;
+
+/// One aggregate, planned.
+#[derive(Debug)]
+struct PhysicalReduce {
+    expr: ReduceExpr,
+    arg: Option<Arc<dyn PhysicalExpr>>,
+    arg_type: DataType,
+    output_type: DataType,
+}
+
+/// Everything a worker needs, shared by all of them.
+#[derive(Debug)]
+struct Reduction {
+    table: Arc<GridTable>,
+    selection: Selection,
+    blocks: BlockGrid,
+    space: GroupSpace,
+    /// Table columns the expressions read, and their schema.
+    columns: Vec<usize>,
+    input_schema: SchemaRef,
+    group_dims: Vec<usize>,
+    aggregates: Vec<PhysicalReduce>,
+    predicate: Option<Arc<dyn PhysicalExpr>>,
+}
+
+/// The physical dense reduction.
+#[derive(Debug)]
+pub struct DenseReductionExec {
+    reduction: Arc<Reduction>,
+    workers: usize,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl DenseReductionExec {
+    /// Plans `node`: its selection, blocks, expressions and memory.
+    ///
+    /// Refuses (before anything runs) a reduction whose projected memory
+    /// exceeds the session's memory limit.
+    pub fn plan(
+        node: &DenseReduction,
+        planner: &dyn PhysicalPlanner,
+        session: &dyn Session,
+        planning: &PhysicalPlanningContext,
+    ) -> Result<Self> {
+        let table = Arc::clone(&node.table);
+        let selection = select(&node.filters, &table, session)?;
+
+        // The columns the expressions read, in the input schema's order.
+        let mut referenced = std::collections::HashSet::new();
+        let exprs = node
+            .aggregates
+            .iter()
+            .filter_map(|a| a.arg.as_ref())
+            .chain(node.predicate.as_ref());
+        for expr in exprs {
+            referenced.extend(expr.column_refs().into_iter().map(|c| c.name.clone()));
+        }
+        let mut fields = Vec::new();
+        let mut columns = Vec::new();
+        for (qualifier, field) in node.input_schema.iter() {
+            if referenced.contains(field.name()) {
+                fields.push((qualifier.cloned(), Arc::clone(field)));
+                columns.push(table.schema.index_of(field.name())?);
+            }
+        }
+        let input_df = DFSchema::new_with_metadata(fields, Default::default())?;
+        let input_schema: SchemaRef = Arc::new(input_df.as_arrow().clone());
+        let physical = |e: &datafusion::logical_expr::Expr| {
+            planner.create_physical_expr(e, &input_df, session, planning)
+        };
+
+        let n_groups = node.group_dims.len();
+        let mut aggregates = Vec::with_capacity(node.aggregates.len());
+        for (i, a) in node.aggregates.iter().enumerate() {
+            let arg = a.arg.as_ref().map(physical).transpose()?;
+            let arg_type = match &arg {
+                Some(e) => e.data_type(&input_schema)?,
+                None => DataType::Null,
+            };
+            aggregates.push(PhysicalReduce {
+                expr: a.clone(),
+                arg,
+                arg_type,
+                output_type: node.schema.field(n_groups + i).data_type().clone(),
+            });
+        }
+        let predicate = node.predicate.as_ref().map(physical).transpose()?;
+
+        let options = session.config().options();
+        let blocks = BlockGrid::for_columns(&table, &columns, &selection, options);
+        let mut sorted_dims = node.group_dims.clone();
+        sorted_dims.sort_unstable();
+        let space = GroupSpace::new(&selection, &sorted_dims);
+        let workers =
+            (blocks.num_blocks() as usize).clamp(1, options.execution.target_partitions.max(1));
+        let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        let exec = Self {
+            reduction: Arc::new(Reduction {
+                table,
+                selection,
+                blocks,
+                space,
+                columns,
+                input_schema,
+                group_dims: node.group_dims.clone(),
+                aggregates,
+                predicate,
+            }),
+            workers,
+            schema,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        };
+        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
+            let projected = exec.projected_memory();
+            if projected > limit {
+                return plan_err!(
+                    "DenseReductionExec over {} needs {} ({} workers x {} per worker: a block \
+                     of {} decoded cells, {} of group state) but the memory limit is {}; \
+                     raise the limit, group by fewer dimensions or lower \
+                     zarrfusion.target_partition_bytes",
+                    exec.reduction.table.store,
+                    human_readable_size(projected),
+                    exec.workers,
+                    human_readable_size(exec.per_worker_memory()),
+                    exec.reduction.block_cells(),
+                    human_readable_size(exec.reduction.state_bytes()),
+                    human_readable_size(limit)
+                );
+            }
+        }
+        Ok(exec)
+    }
+
+    /// Memory one worker holds: a decoded block, the temporaries of one run
+    /// of rows, and its group state.
+    fn per_worker_memory(&self) -> usize {
+        let r = &self.reduction;
+        let block = r.block_cells() as usize * r.bytes_per_cell();
+        let scratch = RUN_ROWS as usize * 8 * (r.aggregates.len() + r.columns.len() + 2);
+        block + scratch + r.state_bytes()
+    }
+
+    /// Memory the whole reduction is projected to hold at its peak.
+    pub fn projected_memory(&self) -> usize {
+        let r = &self.reduction;
+        let output = r.space.num_groups() * 8 * (r.group_dims.len() + r.aggregates.len());
+        self.workers * self.per_worker_memory() + output
+    }
+}
+
+impl Reduction {
+    fn block_cells(&self) -> u64 {
+        self.blocks.block_shape().iter().product()
+    }
+
+    fn bytes_per_cell(&self) -> usize {
+        self.input_schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type().primitive_width().unwrap_or(16))
+            .sum()
+    }
+
+    fn state_bytes(&self) -> usize {
+        let per_group: usize = self
+            .aggregates
+            .iter()
+            .map(|a| a.expr.op.state_bytes())
+            .sum::<usize>()
+            + if self.predicate.is_some() { 8 } else { 0 };
+        per_group * self.space.num_groups()
+    }
+
+    /// Fresh accumulators: one per aggregate, then a row counter when a
+    /// predicate can leave groups empty.
+    fn accumulators(&self) -> Result<Vec<Box<dyn DenseAccumulator>>> {
+        let groups = self.space.num_groups();
+        let mut accumulators = self
+            .aggregates
+            .iter()
+            .map(|a| {
+                a.expr
+                    .op
+                    .accumulator(&a.arg_type, &a.output_type, groups)
+                    .ok_or_else(|| {
+                        DataFusionError::Internal(format!(
+                            "no dense accumulator for {} of {}",
+                            a.expr, a.arg_type
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if self.predicate.is_some() {
+            let rows = ReduceOp::Count.accumulator(&DataType::Null, &DataType::Int64, groups);
+            accumulators.extend(rows);
+        }
+        Ok(accumulators)
+    }
+
+    /// Folds blocks taken from `next` until none are left (or `stop`).
+    fn run_worker(
+        &self,
+        next: &AtomicU64,
+        stop: &AtomicBool,
+        meters: &Meters,
+    ) -> Result<Vec<Box<dyn DenseAccumulator>>> {
+        let mut accumulators = self.accumulators()?;
+        let mut lines: Vec<Line> = Vec::new();
+        loop {
+            let id = next.fetch_add(1, Ordering::Relaxed);
+            if id >= self.blocks.num_blocks() || stop.load(Ordering::Relaxed) {
+                return Ok(accumulators);
+            }
+            for extent in boxes_in_block(&self.selection, &self.blocks.block(id)) {
+                let timer = meters.decode_time.timer();
+                let cells = BoxCells::read(&self.table, &self.columns, &extent)?;
+                timer.done();
+                let _compute = meters.fold_time.timer();
+                let n = cells.num_cells();
+                let mut start = 0;
+                while start < n {
+                    let len = RUN_ROWS.min(n - start);
+                    let batch = cells.batch(&self.input_schema, start, len)?;
+                    lines.clear();
+                    self.space.lines(&extent, start, len, &mut lines);
+                    self.fold(&batch, &lines, &mut accumulators)?;
+                    start += len;
+                }
+            }
+            meters.blocks_read.add(1);
+            if let Some(progress) = &meters.progress {
+                progress.add_done(1);
+            }
+        }
+    }
+
+    /// Folds one batch of rows into the accumulators.
+    fn fold(
+        &self,
+        batch: &RecordBatch,
+        lines: &[Line],
+        accumulators: &mut [Box<dyn DenseAccumulator>],
+    ) -> Result<()> {
+        let rows = batch.num_rows();
+        let mask = match &self.predicate {
+            Some(predicate) => {
+                let result = predicate.evaluate(batch)?.into_array(rows)?;
+                let mask = result.as_boolean();
+                let mask = match mask.null_count() {
+                    0 => mask.values().clone(),
+                    _ => prep_null_mask_filter(mask).values().clone(),
+                };
+                if mask.count_set_bits() == 0 {
+                    return Ok(());
+                }
+                Some(mask)
+            }
+            None => None,
+        };
+        for (i, accumulator) in accumulators.iter_mut().enumerate() {
+            let values = match self.aggregates.get(i).and_then(|a| a.arg.as_ref()) {
+                Some(arg) => Some(match arg.evaluate(batch)? {
+                    ColumnarValue::Array(values) => values,
+                    ColumnarValue::Scalar(value) => value.to_array_of_size(rows)?,
+                }),
+                None => None,
+            };
+            accumulator.update(values.as_ref(), lines, mask.as_ref())?;
+        }
+        Ok(())
+    }
+
+    /// The result rows: group coordinates, then the aggregates.
+    fn finish(
+        &self,
+        accumulators: Vec<Box<dyn DenseAccumulator>>,
+        schema: &SchemaRef,
+    ) -> Result<RecordBatch> {
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        for &d in &self.group_dims {
+            let indices = UInt64Array::from(self.space.coordinate_indices(d));
+            columns.push(take(self.table.dims[d].values.as_ref(), &indices, None)?);
+        }
+        for accumulator in accumulators.iter().take(self.aggregates.len()) {
+            columns.push(accumulator.finish()?);
+        }
+        let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
+        // With a predicate, groups where no row passed do not exist (with
+        // no GROUP BY, the one group always does).
+        match accumulators.get(self.aggregates.len()) {
+            Some(rows) if !self.group_dims.is_empty() => {
+                let rows = rows.finish()?;
+                let present: BooleanArray = rows
+                    .as_primitive::<Int64Type>()
+                    .iter()
+                    .map(|c| Some(c.unwrap_or(0) > 0))
+                    .collect();
+                Ok(filter_record_batch(&batch, &present)?)
+            }
+            _ => Ok(batch),
+        }
+    }
+}
+
+/// Merges partial states pairwise, level by level, into one.
+fn merge_tree(
+    mut partials: Vec<Vec<Box<dyn DenseAccumulator>>>,
+) -> Result<Option<Vec<Box<dyn DenseAccumulator>>>> {
+    while partials.len() > 1 {
+        let mut next = Vec::with_capacity(partials.len().div_ceil(2));
+        let mut level = partials.into_iter();
+        while let Some(mut left) = level.next() {
+            if let Some(right) = level.next() {
+                for (a, b) in left.iter_mut().zip(right) {
+                    a.merge(b)?;
+                }
+            }
+            next.push(left);
+        }
+        partials = next;
+    }
+    Ok(partials.pop())
+}
+
+/// Metrics and progress a worker reports to.
+struct Meters {
+    blocks_read: Count,
+    decode_time: Time,
+    fold_time: Time,
+    progress: Option<Arc<ScanProgress>>,
+}
+
+/// Tells the workers to stop when the query's stream is dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl DisplayAs for DenseReductionExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let r = &self.reduction;
+        let group: Vec<&str> = r
+            .group_dims
+            .iter()
+            .map(|&d| r.table.dims[d].name.as_str())
+            .collect();
+        let aggregates: Vec<String> = r.aggregates.iter().map(|a| a.expr.to_string()).collect();
+        write!(
+            f,
+            "DenseReductionExec: store={}, group=[{}], aggr=[{}], groups={}, rows={}, \
+             blocks={} of shape {:?}, workers={}, projected_memory={}",
+            r.table.store,
+            group.join(", "),
+            aggregates.join(", "),
+            r.space.num_groups(),
+            r.selection.num_cells(),
+            r.blocks.num_blocks(),
+            r.blocks.block_shape(),
+            self.workers,
+            human_readable_size(self.projected_memory()),
+        )?;
+        if let Some(predicate) = &r.predicate {
+            write!(f, ", predicate={predicate}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for DenseReductionExec {
+    fn name(&self) -> &str {
+        "DenseReductionExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        let r = &self.reduction;
+        let exprs = r
+            .aggregates
+            .iter()
+            .filter_map(|a| a.arg.as_ref())
+            .chain(&r.predicate);
+        for expr in exprs {
+            if f(expr)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return datafusion::common::internal_err!(
+                "DenseReductionExec has one partition, asked for {partition}"
+            );
+        }
+        let reduction = Arc::clone(&self.reduction);
+        let schema = Arc::clone(&self.schema);
+        let workers = self.workers;
+        let batch_size = context.session_config().batch_size().max(1);
+        let reservation = MemoryConsumer::new("DenseReductionExec").register(context.memory_pool());
+        reservation.try_grow(self.projected_memory())?;
+        let progress = context.session_config().get_extension::<ScanProgress>();
+        if let Some(progress) = &progress {
+            progress.add_planned(reduction.blocks.num_blocks());
+        }
+        let meters = Arc::new(Meters {
+            blocks_read: MetricBuilder::new(&self.metrics).counter("blocks_read", 0),
+            decode_time: MetricBuilder::new(&self.metrics).subset_time("decode_time", 0),
+            fold_time: MetricBuilder::new(&self.metrics).subset_time("fold_time", 0),
+            progress,
+        });
+        let output_rows = MetricBuilder::new(&self.metrics).output_rows(0);
+        let next = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+
+        let result = async move {
+            let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    let (reduction, next, stop, meters) = (
+                        Arc::clone(&reduction),
+                        Arc::clone(&next),
+                        Arc::clone(&stop),
+                        Arc::clone(&meters),
+                    );
+                    tokio::task::spawn_blocking(move || {
+                        let partial = reduction.run_worker(&next, &stop, &meters);
+                        if partial.is_err() {
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                        partial
+                    })
+                })
+                .collect();
+            let mut partials = Vec::with_capacity(workers);
+            for handle in handles {
+                let partial = handle
+                    .await
+                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+                partials.push(partial);
+            }
+            let merged = match merge_tree(partials)? {
+                Some(merged) => merged,
+                None => reduction.accumulators()?,
+            };
+            let batch = reduction.finish(merged, &schema)?;
+            drop(reservation);
+            output_rows.add(batch.num_rows());
+            let batches: Vec<Result<RecordBatch>> = (0..batch.num_rows().max(1))
+                .step_by(batch_size)
+                .map(|start| Ok(batch.slice(start, batch_size.min(batch.num_rows() - start))))
+                .collect();
+            Ok::<_, DataFusionError>(futures::stream::iter(batches))
+        };
+        let stream = futures::stream::once(result).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            stream.boxed(),
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let mut stats = Statistics::new_unknown(&self.schema);
+        let r = &self.reduction;
+        if args.partition().unwrap_or(0) == 0 && r.predicate.is_none() {
+            stats.num_rows = Precision::Exact(r.space.num_groups());
+        }
+        Ok(Arc::new(stats))
+    }
+}

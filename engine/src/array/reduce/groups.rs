@@ -1,0 +1,263 @@
+//! The dense group space of a reduction, and how the rows of a box map to it.
+//!
+//! Grouping by a subset of a grid's dimensions, every group is a position
+//! in the Cartesian product of the selected coordinates of those
+//! dimensions, numbered in C order (table order of the dimensions). The
+//! rows of a box (C order too) fall into groups in long regular runs:
+//! along a line of the innermost dimension the group either stays the same
+//! (the innermost dimension is reduced away) or advances by one per row (it
+//! is kept). [`GroupSpace::lines`] describes a run of rows as such lines,
+//! merged where consecutive lines continue each other, so accumulators
+//! work on slices instead of looking up a group per row.
+
+use std::ops::Range;
+
+use crate::table::Selection;
+
+/// A run of consecutive rows of a batch that map to groups regularly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Line {
+    /// First row, relative to the batch.
+    pub offset: usize,
+    /// Number of rows.
+    pub len: usize,
+    /// The group of the first row.
+    pub group: usize,
+    /// Whether row `i` of the line belongs to group `group + i` (`true`) or
+    /// every row to `group` (`false`).
+    pub spread: bool,
+}
+
+/// The groups of a reduction over some dimensions of a selection.
+#[derive(Debug, Clone)]
+pub struct GroupSpace {
+    /// Per table dimension: its stride in the group numbering when grouped.
+    strides: Vec<Option<usize>>,
+    /// Per table dimension: the selected ranges and the compact position of
+    /// each range's first index (empty when not grouped).
+    ranges: Vec<Vec<(Range<u64>, usize)>>,
+    /// Per table dimension: number of selected indices (grouped ones).
+    counts: Vec<usize>,
+    num_groups: usize,
+}
+
+impl GroupSpace {
+    /// The groups of `selection` over the table dimensions `grouped`.
+    pub fn new(selection: &Selection, grouped: &[usize]) -> Self {
+        let rank = selection.rank();
+        let mut ranges = vec![Vec::new(); rank];
+        let mut counts = vec![1usize; rank];
+        for &d in grouped {
+            let mut position = 0usize;
+            for r in selection.ranges(d) {
+                ranges[d].push((r.clone(), position));
+                position += (r.end - r.start) as usize;
+            }
+            counts[d] = position;
+        }
+        let mut strides = vec![None; rank];
+        let mut stride = 1usize;
+        for d in (0..rank).rev() {
+            if grouped.contains(&d) {
+                strides[d] = Some(stride);
+                stride = stride.saturating_mul(counts[d]);
+            }
+        }
+        Self {
+            strides,
+            ranges,
+            counts,
+            num_groups: stride,
+        }
+    }
+
+    /// Number of groups.
+    pub fn num_groups(&self) -> usize {
+        self.num_groups
+    }
+
+    /// The compact position of index `i` of grouped dimension `d`.
+    fn position(&self, d: usize, i: u64) -> usize {
+        let ranges = &self.ranges[d];
+        let k = ranges.partition_point(|(r, _)| r.end <= i);
+        let (r, first) = &ranges[k.min(ranges.len() - 1)];
+        first + (i - r.start) as usize
+    }
+
+    /// For grouped dimension `d`: the coordinate index of every group, in
+    /// group order.
+    pub fn coordinate_indices(&self, d: usize) -> Vec<u64> {
+        let Some(stride) = self.strides[d] else {
+            return Vec::new();
+        };
+        let by_position: Vec<u64> = self.ranges[d].iter().flat_map(|(r, _)| r.clone()).collect();
+        (0..self.num_groups)
+            .map(|g| by_position[(g / stride) % self.counts[d]])
+            .collect()
+    }
+
+    /// Appends to `out` the lines of rows `start..start + len` of a box
+    /// with extent `extent` (every index of which is selected).
+    pub fn lines(&self, extent: &[Range<u64>], start: u64, len: u64, out: &mut Vec<Line>) {
+        let rank = extent.len();
+        if rank == 0 || len == 0 {
+            return;
+        }
+        let shape: Vec<u64> = extent.iter().map(|r| r.end - r.start).collect();
+        let first: Vec<usize> = (0..rank)
+            .map(|d| match self.strides[d] {
+                Some(_) => self.position(d, extent[d].start),
+                None => 0,
+            })
+            .collect();
+        // Multi-index of the first row within the box.
+        let mut index = vec![0u64; rank];
+        let mut rest = start;
+        for d in (0..rank).rev() {
+            index[d] = rest % shape[d];
+            rest /= shape[d];
+        }
+        let last = rank - 1;
+        let spread = self.strides[last].is_some();
+        let mut row = 0u64;
+        while row < len {
+            let n = (shape[last] - index[last]).min(len - row);
+            let group: usize = (0..rank)
+                .filter_map(|d| Some(self.strides[d]? * (first[d] + index[d] as usize)))
+                .sum();
+            let line = Line {
+                offset: row as usize,
+                len: n as usize,
+                group,
+                spread,
+            };
+            match out.last_mut() {
+                Some(prev)
+                    if prev.offset + prev.len == line.offset
+                        && (if spread {
+                            prev.group + prev.len == group
+                        } else {
+                            prev.group == group
+                        }) =>
+                {
+                    prev.len += line.len;
+                }
+                _ => out.push(line),
+            }
+            row += n;
+            index[last] += n;
+            let mut d = last;
+            while d > 0 && index[d] == shape[d] {
+                index[d] = 0;
+                d -= 1;
+                index[d] += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The group of every row of `extent` in C order, computed naively.
+    fn naive_groups(
+        space_dims: &[usize],
+        selection: &Selection,
+        extent: &[Range<u64>],
+    ) -> Vec<usize> {
+        let selected: Vec<Vec<u64>> = (0..selection.rank())
+            .map(|d| selection.ranges(d).iter().flat_map(|r| r.clone()).collect())
+            .collect();
+        let mut rows = vec![Vec::<u64>::new()];
+        for r in extent {
+            rows = rows
+                .into_iter()
+                .flat_map(|prefix| {
+                    r.clone().map(move |i| {
+                        let mut p = prefix.clone();
+                        p.push(i);
+                        p
+                    })
+                })
+                .collect();
+        }
+        rows.iter()
+            .map(|idx| {
+                space_dims.iter().fold(0usize, |g, &d| {
+                    let pos = selected[d].iter().position(|&x| x == idx[d]).unwrap();
+                    g * selected[d].len() + pos
+                })
+            })
+            .collect()
+    }
+
+    fn expand(lines: &[Line]) -> Vec<usize> {
+        let mut out = Vec::new();
+        for l in lines {
+            assert_eq!(l.offset, out.len());
+            for i in 0..l.len {
+                out.push(if l.spread { l.group + i } else { l.group });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn lines_match_a_row_by_row_mapping() {
+        let shape = [5u64, 4, 6];
+        let mut selection = Selection::all(&shape);
+        selection.restrict_ranges(1, vec![0..1, 2..4]);
+        selection.restrict_ranges(2, vec![1..3, 4..6]);
+        let extents = [vec![1..3, 2..4, 4..6], vec![0..5, 0..1, 1..3]];
+        for grouped in [
+            vec![],
+            vec![0],
+            vec![1],
+            vec![2],
+            vec![0, 2],
+            vec![1, 2],
+            vec![0, 1, 2],
+        ] {
+            let space = GroupSpace::new(&selection, &grouped);
+            for extent in &extents {
+                let want = naive_groups(&grouped, &selection, extent);
+                let n = want.len() as u64;
+                for (start, len) in [(0, n), (1, n - 3), (3, 2), (n - 1, 1)] {
+                    let mut lines = Vec::new();
+                    space.lines(extent, start, len, &mut lines);
+                    assert_eq!(
+                        expand(&lines),
+                        want[start as usize..(start + len) as usize],
+                        "grouped {grouped:?} extent {extent:?} rows {start}+{len}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lines_merge_across_rows_and_planes() {
+        let selection = Selection::all(&[10, 3, 4]);
+        let mut lines = Vec::new();
+        GroupSpace::new(&selection, &[]).lines(&[0..10, 0..3, 0..4], 0, 120, &mut lines);
+        assert_eq!(lines.len(), 1);
+        lines.clear();
+        // Grouping by (lat, lon): one spread line per time step.
+        GroupSpace::new(&selection, &[1, 2]).lines(&[0..10, 0..3, 0..4], 0, 120, &mut lines);
+        assert_eq!(lines.len(), 10);
+        assert!(lines
+            .iter()
+            .all(|l| l.len == 12 && l.group == 0 && l.spread));
+    }
+
+    #[test]
+    fn coordinate_indices_follow_group_order() {
+        let mut selection = Selection::all(&[3, 5]);
+        selection.restrict_ranges(1, vec![1..2, 3..5]);
+        let space = GroupSpace::new(&selection, &[0, 1]);
+        assert_eq!(space.num_groups(), 9);
+        assert_eq!(space.coordinate_indices(0), vec![0, 0, 0, 1, 1, 1, 2, 2, 2]);
+        assert_eq!(space.coordinate_indices(1), vec![1, 3, 4, 1, 3, 4, 1, 3, 4]);
+    }
+}

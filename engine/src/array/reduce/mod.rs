@@ -1,0 +1,33 @@
+//! Dense reductions: `GROUP BY` over dimensions of a Zarr table, computed
+//! with accumulators indexed by coordinate position instead of a hash table.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `rule` | [`DenseReductionRule`], which finds such aggregates in plain SQL |
+//! | `node` | [`DenseReduction`], the logical plan node |
+//! | `exec` | [`DenseReductionExec`], the operator: fused decode, evaluate and fold, then a tree merge |
+//! | `groups` | the dense group space and how rows of a box map onto it |
+//! | `accumulators` | per-group state of `count`, `sum`, `avg`, `min`, `max`, `var`, `stddev` |
+//!
+//! ```no_run
+//! # async fn example() -> datafusion::error::Result<()> {
+//! let ctx = zarrfusion::new_context();
+//! ctx.sql("CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'").await?;
+//! // Planned as a DenseReduction: no hash table, one pass over the chunks.
+//! let df = ctx.sql("SELECT lat, avg(t2m), stddev(t2m) FROM era5 GROUP BY lat").await?;
+//! df.explain(false, false)?.show().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod accumulators;
+mod exec;
+mod groups;
+mod node;
+mod rule;
+
+pub use accumulators::{DenseAccumulator, ReduceOp};
+pub use exec::DenseReductionExec;
+pub use groups::{GroupSpace, Line};
+pub use node::{DenseReduction, ReduceExpr};
+pub use rule::{DenseReductionRule, MAX_STATE_BYTES};

@@ -1,0 +1,138 @@
+//! `DenseReduction`: the logical plan node of a reduction over dimensions.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use datafusion::common::{DFSchemaRef, Result};
+use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
+
+use super::accumulators::ReduceOp;
+use crate::table::GridTable;
+
+/// One aggregate of a reduction.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub struct ReduceExpr {
+    /// What it computes.
+    pub op: ReduceOp,
+    /// Its argument over the table's columns (`None`: `count(*)`).
+    pub arg: Option<Expr>,
+}
+
+impl fmt::Display for ReduceExpr {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match &self.arg {
+            Some(arg) => write!(f, "{}({arg})", self.op.name()),
+            None => write!(f, "{}(*)", self.op.name()),
+        }
+    }
+}
+
+/// `GROUP BY` some dimensions of a Zarr table, as a dense array reduction.
+///
+/// A leaf node: it reads the table itself. `filters` are the pushed-down
+/// dimension filters (they shrink the selection, as in a scan);
+/// `predicate` is any other row filter, evaluated per row.
+#[derive(Debug, Clone)]
+pub struct DenseReduction {
+    /// The table reduced.
+    pub table: Arc<GridTable>,
+    /// The schema the expressions are written against (the scan's columns).
+    pub input_schema: DFSchemaRef,
+    /// Filters on single dimensions, evaluated over coordinates.
+    pub filters: Vec<Expr>,
+    /// A row filter evaluated over the cells, if any.
+    pub predicate: Option<Expr>,
+    /// Dimensions grouped by (indices into the table's dimensions), in the
+    /// order of the output columns.
+    pub group_dims: Vec<usize>,
+    /// The aggregates, in the order of the output columns.
+    pub aggregates: Vec<ReduceExpr>,
+    /// Output: the group columns, then the aggregates.
+    pub schema: DFSchemaRef,
+}
+
+impl DenseReduction {
+    fn key(&self) -> (&Vec<Expr>, &Option<Expr>, &Vec<usize>, &Vec<ReduceExpr>) {
+        (
+            &self.filters,
+            &self.predicate,
+            &self.group_dims,
+            &self.aggregates,
+        )
+    }
+}
+
+impl PartialEq for DenseReduction {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.table, &other.table)
+            && self.key() == other.key()
+            && self.schema == other.schema
+    }
+}
+
+impl Eq for DenseReduction {}
+
+impl Hash for DenseReduction {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.table.store.hash(state);
+        self.key().hash(state);
+    }
+}
+
+impl PartialOrd for DenseReduction {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        if !Arc::ptr_eq(&self.table, &other.table) {
+            return None;
+        }
+        self.key().partial_cmp(&other.key())
+    }
+}
+
+impl UserDefinedLogicalNodeCore for DenseReduction {
+    fn name(&self) -> &str {
+        "DenseReduction"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let group: Vec<&str> = self
+            .group_dims
+            .iter()
+            .map(|&d| self.table.dims[d].name.as_str())
+            .collect();
+        let aggregates: Vec<String> = self.aggregates.iter().map(|a| a.to_string()).collect();
+        write!(
+            f,
+            "DenseReduction: store={}, dims=[{}], group=[{}], aggr=[{}]",
+            self.table.store,
+            self.table.dims_name().replace('_', ", "),
+            group.join(", "),
+            aggregates.join(", "),
+        )?;
+        if !self.filters.is_empty() {
+            let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
+            write!(f, ", dimension_filters=[{}]", filters.join(", "))?;
+        }
+        if let Some(predicate) = &self.predicate {
+            write!(f, ", predicate={predicate}")?;
+        }
+        Ok(())
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, _inputs: Vec<LogicalPlan>) -> Result<Self> {
+        Ok(self.clone())
+    }
+}

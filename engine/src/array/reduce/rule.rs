@@ -1,0 +1,272 @@
+//! `DenseReductionRule`: plain SQL `GROUP BY` over dimensions of a Zarr
+//! table becomes a [`DenseReduction`].
+//!
+//! The rule matches an `Aggregate` whose input is a Zarr table scan, seen
+//! through any projections, aliases and filters, where
+//! - every grouping expression is a dimension column of the table;
+//! - every aggregate is `count`, `sum`, `avg`, `min`, `max`, `var`,
+//!   `var_pop`, `stddev` or `stddev_pop` of one deterministic expression
+//!   over the table's columns, without `DISTINCT`, `FILTER` or `ORDER BY`,
+//!   over a numeric argument (`count`: any argument);
+//! - the scan has no `LIMIT`, and the dense state fits [`MAX_STATE_BYTES`].
+//!
+//! Anything else keeps DataFusion's hash aggregation. The rule is on by
+//! default; `SET zarrfusion.dense_reduction = false` turns it off.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{Column, DFSchema, Result};
+use datafusion::datasource::source_as_provider;
+use datafusion::functions_aggregate::average::Avg;
+use datafusion::functions_aggregate::count::Count;
+use datafusion::functions_aggregate::min_max::{Max, Min};
+use datafusion::functions_aggregate::stddev::{Stddev, StddevPop};
+use datafusion::functions_aggregate::sum::Sum;
+use datafusion::functions_aggregate::variance::{VariancePopulation, VarianceSample};
+use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{
+    Aggregate, Expr, ExprSchemable, Extension, LogicalPlan, Projection, SubqueryAlias,
+};
+use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+
+use super::accumulators::ReduceOp;
+use super::node::{DenseReduction, ReduceExpr};
+use crate::config::ZarrConfig;
+use crate::table::ZarrTable;
+
+/// The most memory the per-worker group state of a dense reduction may
+/// take (an upper bound, before filters); larger reductions keep
+/// DataFusion's hash aggregation, which can spill.
+pub const MAX_STATE_BYTES: usize = 1 << 30;
+
+/// Rewrites `GROUP BY` over dimensions of a Zarr table into a dense reduction.
+#[derive(Debug, Default)]
+pub struct DenseReductionRule;
+
+impl OptimizerRule for DenseReductionRule {
+    fn name(&self) -> &str {
+        "zarrfusion_dense_reduction"
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        Some(ApplyOrder::BottomUp)
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        config: &dyn OptimizerConfig,
+    ) -> Result<Transformed<LogicalPlan>> {
+        let options = config.options();
+        let enabled = options
+            .extensions
+            .get::<ZarrConfig>()
+            .map(|c| c.dense_reduction)
+            .unwrap_or(true);
+        let LogicalPlan::Aggregate(aggregate) = &plan else {
+            return Ok(Transformed::no(plan));
+        };
+        if !enabled {
+            return Ok(Transformed::no(plan));
+        }
+        let workers = options.execution.target_partitions.max(1);
+        match dense_reduction(aggregate, workers)? {
+            Some(node) => Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+                node: Arc::new(node),
+            }))),
+            None => Ok(Transformed::no(plan)),
+        }
+    }
+}
+
+/// The dense reduction computing `aggregate`, if it is one.
+fn dense_reduction(aggregate: &Aggregate, workers: usize) -> Result<Option<DenseReduction>> {
+    let mut group = aggregate.group_expr.clone();
+    let mut aggregates = Vec::new();
+    for expr in &aggregate.aggr_expr {
+        let Some(reduce) = reduce_expr(expr) else {
+            return Ok(None);
+        };
+        aggregates.push(reduce);
+    }
+    let mut predicates: Vec<Expr> = Vec::new();
+
+    // Walk down to the scan, rewriting every expression into its columns.
+    let mut input = aggregate.input.as_ref();
+    let scan = loop {
+        let rewrite: Box<dyn Fn(Expr) -> Result<Expr>> = match input {
+            LogicalPlan::Projection(p) => Box::new(move |e| inline_projection(e, p)),
+            LogicalPlan::SubqueryAlias(a) => Box::new(move |e| inline_alias(e, a)),
+            LogicalPlan::Filter(f) => {
+                predicates.push(f.predicate.clone());
+                input = f.input.as_ref();
+                continue;
+            }
+            LogicalPlan::TableScan(scan) => break scan,
+            _ => return Ok(None),
+        };
+        group = group.into_iter().map(&rewrite).collect::<Result<_>>()?;
+        predicates = predicates
+            .into_iter()
+            .map(&rewrite)
+            .collect::<Result<_>>()?;
+        for a in &mut aggregates {
+            a.arg = a.arg.take().map(&rewrite).transpose()?;
+        }
+        input = match input {
+            LogicalPlan::Projection(p) => p.input.as_ref(),
+            LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
+            _ => unreachable!("only projections and aliases are rewritten through"),
+        };
+    };
+    if scan.fetch.is_some() {
+        return Ok(None);
+    }
+    let Ok(provider) = source_as_provider(&scan.source) else {
+        return Ok(None);
+    };
+    let provider: &dyn Any = provider.as_ref();
+    let Some(zarr) = provider.downcast_ref::<ZarrTable>() else {
+        return Ok(None);
+    };
+    let table = zarr.grid();
+
+    let all_exprs = group
+        .iter()
+        .chain(&predicates)
+        .chain(aggregates.iter().filter_map(|a| a.arg.as_ref()));
+    for expr in all_exprs {
+        if expr.is_volatile() || has_subquery(expr) {
+            return Ok(None);
+        }
+    }
+
+    let mut group_dims = Vec::with_capacity(group.len());
+    for g in &group {
+        let Expr::Column(c) = g else {
+            return Ok(None);
+        };
+        match table.dims.iter().position(|d| d.name == c.name) {
+            Some(d) if !group_dims.contains(&d) => group_dims.push(d),
+            _ => return Ok(None),
+        }
+    }
+
+    let input_schema = &scan.projected_schema;
+    let mut state_bytes = if predicates.is_empty() { 0 } else { 8 };
+    for (i, a) in aggregates.iter().enumerate() {
+        let arg_type = match &a.arg {
+            Some(arg) => arg.get_type(input_schema)?,
+            None => datafusion::arrow::datatypes::DataType::Null,
+        };
+        let output = aggregate.schema.field(group.len() + i).data_type();
+        if a.op.accumulator(&arg_type, output, 0).is_none() {
+            return Ok(None);
+        }
+        state_bytes += a.op.state_bytes();
+    }
+    let groups: u64 = group_dims.iter().map(|&d| table.dims[d].len).product();
+    let state = (groups as u128) * (state_bytes as u128) * (workers as u128 + 1);
+    if state > MAX_STATE_BYTES as u128 {
+        return Ok(None);
+    }
+
+    Ok(Some(DenseReduction {
+        table: Arc::clone(table),
+        input_schema: Arc::clone(input_schema),
+        filters: scan.filters.clone(),
+        predicate: conjunction(predicates),
+        group_dims,
+        aggregates,
+        schema: Arc::clone(&aggregate.schema),
+    }))
+}
+
+/// The reduction an aggregate expression asks for, if supported.
+fn reduce_expr(expr: &Expr) -> Option<ReduceExpr> {
+    let expr = match expr {
+        Expr::Alias(alias) => alias.expr.as_ref(),
+        other => other,
+    };
+    let Expr::AggregateFunction(AggregateFunction { func, params }) = expr else {
+        return None;
+    };
+    if params.distinct || params.filter.is_some() || !params.order_by.is_empty() {
+        return None;
+    }
+    let [arg] = params.args.as_slice() else {
+        return None;
+    };
+    let function: &dyn Any = func.inner().as_ref();
+    let op = if function.is::<Count>() {
+        ReduceOp::Count
+    } else if function.is::<Sum>() {
+        ReduceOp::Sum
+    } else if function.is::<Avg>() {
+        ReduceOp::Avg
+    } else if function.is::<Min>() {
+        ReduceOp::Min
+    } else if function.is::<Max>() {
+        ReduceOp::Max
+    } else if function.is::<VarianceSample>() {
+        ReduceOp::Var
+    } else if function.is::<VariancePopulation>() {
+        ReduceOp::VarPop
+    } else if function.is::<Stddev>() {
+        ReduceOp::Stddev
+    } else if function.is::<StddevPop>() {
+        ReduceOp::StddevPop
+    } else {
+        return None;
+    };
+    // `count(*)` (and `count` of any non-NULL literal) counts rows.
+    let counts_rows = matches!(arg, Expr::Literal(value, _) if !value.is_null());
+    Some(ReduceExpr {
+        op,
+        arg: (!(op == ReduceOp::Count && counts_rows)).then(|| arg.clone()),
+    })
+}
+
+fn has_subquery(expr: &Expr) -> bool {
+    expr.exists(|e| {
+        Ok(matches!(
+            e,
+            Expr::ScalarSubquery(_)
+                | Expr::Exists(_)
+                | Expr::InSubquery(_)
+                | Expr::OuterReferenceColumn(..)
+        ))
+    })
+    .unwrap_or(true)
+}
+
+/// Replaces the columns of `schema` in `expr` by `replace(index)`.
+fn replace_columns(expr: Expr, schema: &DFSchema, replace: impl Fn(usize) -> Expr) -> Result<Expr> {
+    expr.transform(|e| match e {
+        Expr::Column(c) => {
+            let i = schema.index_of_column(&c)?;
+            Ok(Transformed::yes(replace(i)))
+        }
+        other => Ok(Transformed::no(other)),
+    })
+    .data()
+}
+
+/// `expr` over a projection's output, rewritten over the projection's input.
+fn inline_projection(expr: Expr, projection: &Projection) -> Result<Expr> {
+    replace_columns(expr, &projection.schema, |i| {
+        projection.expr[i].clone().unalias()
+    })
+}
+
+/// `expr` over an alias's output, rewritten over the aliased plan.
+fn inline_alias(expr: Expr, alias: &SubqueryAlias) -> Result<Expr> {
+    let inner = alias.input.schema();
+    replace_columns(expr, &alias.schema, |i| {
+        let (qualifier, field) = inner.qualified_field(i);
+        Expr::Column(Column::new(qualifier.cloned(), field.name()))
+    })
+}

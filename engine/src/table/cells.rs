@@ -1,0 +1,142 @@
+//! The cells of one box of a grid table, as Arrow columns.
+//!
+//! Variables are read and decoded once per box; dimension columns are
+//! generated from the coordinates for any run of rows, never stored per
+//! cell. Both the scan and the array operators build their record batches
+//! through [`BoxCells`].
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
+use datafusion::arrow::compute::take;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::Result;
+
+use super::dataset::GridTable;
+
+/// The decoded columns of one box: variables read, dimensions on demand.
+pub struct BoxCells<'a> {
+    table: &'a GridTable,
+    columns: &'a [usize],
+    extent: &'a [Range<u64>],
+    shape: Vec<u64>,
+    variables: Vec<Option<ArrayRef>>,
+}
+
+impl<'a> BoxCells<'a> {
+    /// Reads the variables among `columns` (indices into the table's
+    /// schema) over `extent`, one range per dimension.
+    pub fn read(
+        table: &'a GridTable,
+        columns: &'a [usize],
+        extent: &'a [Range<u64>],
+    ) -> crate::error::Result<Self> {
+        let n_dims = table.dims.len();
+        let variables = columns
+            .iter()
+            .map(|&i| {
+                (i >= n_dims)
+                    .then(|| table.variables[i - n_dims].read(extent))
+                    .transpose()
+            })
+            .collect::<crate::error::Result<_>>()?;
+        Ok(Self {
+            table,
+            columns,
+            extent,
+            shape: extent.iter().map(|r| r.end - r.start).collect(),
+            variables,
+        })
+    }
+
+    /// Number of cells in the box.
+    pub fn num_cells(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// Rows `start..start + len` (C order) as a batch of `schema`, whose
+    /// fields are the `columns` this box was read with.
+    pub fn batch(&self, schema: &SchemaRef, start: u64, len: u64) -> Result<RecordBatch> {
+        let columns = self
+            .columns
+            .iter()
+            .zip(&self.variables)
+            .map(|(&i, var)| match var {
+                Some(values) => Ok(values.slice(start as usize, len as usize)),
+                None => self.dimension_column(i, start, len),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(len as usize));
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(schema),
+            columns,
+            &options,
+        )?)
+    }
+
+    /// The values of dimension `d` for rows `start..start + len`.
+    fn dimension_column(&self, d: usize, start: u64, len: u64) -> Result<ArrayRef> {
+        let indices = UInt32Array::from(dimension_indices(
+            self.extent[d].start,
+            self.shape[d],
+            self.shape[d + 1..].iter().product(),
+            start,
+            len,
+        ));
+        Ok(take(self.table.dims[d].values.as_ref(), &indices, None)?)
+    }
+}
+
+/// Coordinate indices of rows `start..start + len` of a box, along a
+/// dimension that starts at `offset`, has `n` cells in the box and repeats
+/// each value `stride` times (the product of the inner dimensions). Runs are
+/// filled whole, with one division per run rather than per row.
+fn dimension_indices(offset: u64, n: u64, stride: u64, start: u64, len: u64) -> Vec<u32> {
+    let mut out = Vec::with_capacity(len as usize);
+    let end = start + len;
+    let mut row = start;
+    if stride == 1 {
+        let mut pos = row % n;
+        while row < end {
+            let count = (n - pos).min(end - row);
+            out.extend((offset + pos..offset + pos + count).map(|i| i as u32));
+            row += count;
+            pos = 0;
+        }
+        return out;
+    }
+    while row < end {
+        let run = row / stride;
+        let run_end = ((run + 1) * stride).min(end);
+        let index = (offset + run % n) as u32;
+        out.extend(std::iter::repeat_n(index, (run_end - row) as usize));
+        row = run_end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dimension_indices;
+
+    #[test]
+    fn dimension_indices_follow_c_order() {
+        // A box of shape (3, 2, 4) starting at (5, 0, 10): rows in C order.
+        let shape = [3u64, 2, 4];
+        let offsets = [5u64, 0, 10];
+        for (start, len) in [(0, 24), (3, 7), (7, 1), (23, 1), (9, 15)] {
+            for d in 0..3 {
+                let stride: u64 = shape[d + 1..].iter().product();
+                let expected: Vec<u32> = (start..start + len)
+                    .map(|r| (offsets[d] + (r / stride) % shape[d]) as u32)
+                    .collect();
+                assert_eq!(
+                    dimension_indices(offsets[d], shape[d], stride, start, len),
+                    expected,
+                    "d={d} start={start} len={len}"
+                );
+            }
+        }
+    }
+}
