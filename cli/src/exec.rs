@@ -58,7 +58,8 @@ impl Shell {
         };
         progress.finish();
         let (schema, batches) = result.map_err(|e| describe_error(&e))?;
-        let mut stdout = std::io::stdout().lock();
+        // Line-buffered stdout would make one system call per CSV row.
+        let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
         write_batches(&mut stdout, self.format, &schema, &batches).map_err(|e| e.to_string())?;
         if !self.quiet {
             let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();

@@ -111,7 +111,7 @@ impl ZarrArray {
                 .array
                 .retrieve_array_subset::<ArrayBytes<'static>>(&subset)
                 .map(|bytes| match bytes.into_fixed() {
-                    Ok(raw) => self.decoder.decode_fixed(&raw),
+                    Ok(raw) => self.decoder.decode_fixed(raw.into_owned()),
                     Err(e) => Err(e.to_string()),
                 }),
         };

@@ -19,10 +19,10 @@ use datafusion::arrow::array::{
     ArrayRef, BooleanArray, DurationNanosecondArray, Float32Array, Float64Array, PrimitiveArray,
     StringArray, TimestampNanosecondArray,
 };
-use datafusion::arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
+use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
-    Int8Type, TimeUnit as ArrowTimeUnit, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+    ArrowNativeType, ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int16Type, Int32Type,
+    Int64Type, Int8Type, TimeUnit as ArrowTimeUnit, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use serde_json::{Map, Value};
 use zarrfusion_udfs::cf_time::{is_supported_calendar, CfTime, TimeUnit};
@@ -294,34 +294,53 @@ impl ColumnDecoder {
     }
 
     /// Decodes native-endian fixed-size element bytes into a column.
-    pub fn decode_fixed(&self, bytes: &[u8]) -> Result<ArrayRef, String> {
+    ///
+    /// Plain numbers become the column's buffer without a copy when the
+    /// allocation is aligned for their type.
+    pub fn decode_fixed(&self, owned: Vec<u8>) -> Result<ArrayRef, String> {
+        let bytes = owned.as_slice();
         match self.meaning {
-            Meaning::Plain => self.decode_plain(bytes),
+            Meaning::Plain => self.decode_plain(owned),
             Meaning::Unpacked {
                 scale,
                 offset,
                 wide,
             } => {
+                let plain =
+                    scale == 1.0 && offset == 0.0 && self.missing.iter().all(|m| m.is_nan());
+                // A float whose only missing value is NaN: NaN as NULL, no copy.
+                match (self.stored, wide) {
+                    (StoredType::Float32, false) if plain => {
+                        return Ok(nan_as_null::<Float32Type>(owned, f32::is_nan))
+                    }
+                    (StoredType::Float64, true) if plain => {
+                        return Ok(nan_as_null::<Float64Type>(owned, f64::is_nan))
+                    }
+                    _ => {}
+                }
                 let values = self.to_f64(bytes);
-                let unpack =
-                    |v: f64| (!(v.is_nan() || self.is_missing(v))).then_some(v * scale + offset);
+                let valid =
+                    BooleanBuffer::collect_bool(values.len(), |i| self.valid(values[i]).is_some());
+                let nulls = Some(NullBuffer::new(valid)).filter(|n| n.null_count() > 0);
+                let unpacked = values.iter().map(|v| v * scale + offset);
                 Ok(if wide {
-                    Arc::new(values.map(unpack).collect::<Float64Array>())
+                    Arc::new(Float64Array::new(unpacked.collect(), nulls))
                 } else {
-                    Arc::new(
-                        values
-                            .map(|v| unpack(v).map(|v| v as f32))
-                            .collect::<Float32Array>(),
-                    )
+                    Arc::new(Float32Array::new(
+                        unpacked.map(|v| v as f32).collect(),
+                        nulls,
+                    ))
                 })
             }
             Meaning::Time(time) => {
                 let out: TimestampNanosecondArray = if self.stored.is_float() {
                     self.to_f64(bytes)
+                        .into_iter()
                         .map(|v| self.valid(v).map(|v| time.decode_f64(v)).transpose())
                         .collect::<Result<_, _>>()
                 } else {
                     self.to_i64(bytes)
+                        .into_iter()
                         .map(|v| self.valid_int(v).map(|v| time.decode_i64(v)).transpose())
                         .collect::<Result<_, _>>()
                 }
@@ -332,10 +351,12 @@ impl ColumnDecoder {
                 let nanos = unit.nanos();
                 let out: DurationNanosecondArray = if self.stored.is_float() {
                     self.to_f64(bytes)
+                        .into_iter()
                         .map(|v| Ok(self.valid(v).map(|v| (v * nanos as f64).round() as i64)))
                         .collect::<Result<_, String>>()
                 } else {
                     self.to_i64(bytes)
+                        .into_iter()
                         .map(|v| {
                             self.valid_int(v)
                                 .map(|v| {
@@ -372,72 +393,72 @@ impl ColumnDecoder {
         (v != i64::MIN && !self.is_missing(v as f64)).then_some(v)
     }
 
-    fn to_f64<'a>(&self, bytes: &'a [u8]) -> Box<dyn Iterator<Item = f64> + 'a> {
-        macro_rules! iter {
-            ($t:ty, $n:expr) => {
-                Box::new(
-                    bytes
-                        .chunks_exact($n)
-                        .map(|c| <$t>::from_ne_bytes(c.try_into().unwrap()) as f64),
-                )
-            };
-        }
-        match self.stored {
-            StoredType::Int8 => iter!(i8, 1),
-            StoredType::Int16 => iter!(i16, 2),
-            StoredType::Int32 => iter!(i32, 4),
-            StoredType::Int64 => iter!(i64, 8),
-            StoredType::UInt8 => iter!(u8, 1),
-            StoredType::UInt16 => iter!(u16, 2),
-            StoredType::UInt32 => iter!(u32, 4),
-            StoredType::UInt64 => iter!(u64, 8),
-            StoredType::Float16 => Box::new(
+    /// The stored numbers as `f64`, one typed loop per stored type.
+    fn to_f64(&self, bytes: &[u8]) -> Vec<f64> {
+        macro_rules! convert {
+            ($t:ty) => {
                 bytes
-                    .chunks_exact(2)
-                    .map(|c| half::f16::from_ne_bytes(c.try_into().unwrap()).to_f64()),
-            ),
-            StoredType::Float32 => iter!(f32, 4),
-            StoredType::Float64 => iter!(f64, 8),
-            _ => Box::new(std::iter::empty()),
-        }
-    }
-
-    fn to_i64<'a>(&self, bytes: &'a [u8]) -> Box<dyn Iterator<Item = i64> + 'a> {
-        macro_rules! iter {
-            ($t:ty, $n:expr) => {
-                Box::new(
-                    bytes
-                        .chunks_exact($n)
-                        .map(|c| <$t>::from_ne_bytes(c.try_into().unwrap()) as i64),
-                )
+                    .chunks_exact(std::mem::size_of::<$t>())
+                    .map(|c| <$t>::from_ne_bytes(c.try_into().unwrap()) as f64)
+                    .collect()
             };
         }
         match self.stored {
-            StoredType::Int8 => iter!(i8, 1),
-            StoredType::Int16 => iter!(i16, 2),
-            StoredType::Int32 => iter!(i32, 4),
-            StoredType::Int64 => iter!(i64, 8),
-            StoredType::UInt8 => iter!(u8, 1),
-            StoredType::UInt16 => iter!(u16, 2),
-            StoredType::UInt32 => iter!(u32, 4),
-            StoredType::UInt64 => iter!(u64, 8),
-            _ => Box::new(std::iter::empty()),
+            StoredType::Int8 => convert!(i8),
+            StoredType::Int16 => convert!(i16),
+            StoredType::Int32 => convert!(i32),
+            StoredType::Int64 => convert!(i64),
+            StoredType::UInt8 => convert!(u8),
+            StoredType::UInt16 => convert!(u16),
+            StoredType::UInt32 => convert!(u32),
+            StoredType::UInt64 => convert!(u64),
+            StoredType::Float16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_ne_bytes(c.try_into().unwrap()).to_f64())
+                .collect(),
+            StoredType::Float32 => convert!(f32),
+            StoredType::Float64 => convert!(f64),
+            _ => Vec::new(),
         }
     }
 
-    fn decode_plain(&self, bytes: &[u8]) -> Result<ArrayRef, String> {
+    /// The stored integers as `i64`, one typed loop per stored type.
+    fn to_i64(&self, bytes: &[u8]) -> Vec<i64> {
+        macro_rules! convert {
+            ($t:ty) => {
+                bytes
+                    .chunks_exact(std::mem::size_of::<$t>())
+                    .map(|c| <$t>::from_ne_bytes(c.try_into().unwrap()) as i64)
+                    .collect()
+            };
+        }
+        match self.stored {
+            StoredType::Int8 => convert!(i8),
+            StoredType::Int16 => convert!(i16),
+            StoredType::Int32 => convert!(i32),
+            StoredType::Int64 => convert!(i64),
+            StoredType::UInt8 => convert!(u8),
+            StoredType::UInt16 => convert!(u16),
+            StoredType::UInt32 => convert!(u32),
+            StoredType::UInt64 => convert!(u64),
+            _ => Vec::new(),
+        }
+    }
+
+    fn decode_plain(&self, owned: Vec<u8>) -> Result<ArrayRef, String> {
+        let bytes = owned.as_slice();
         Ok(match self.stored {
             StoredType::Bool => Arc::new(BooleanArray::from(
                 bytes.iter().map(|b| *b != 0).collect::<Vec<_>>(),
             )),
-            StoredType::Int8 => primitive::<Int8Type>(bytes),
-            StoredType::Int16 => primitive::<Int16Type>(bytes),
-            StoredType::Int32 => primitive::<Int32Type>(bytes),
-            StoredType::Int64 => primitive::<Int64Type>(bytes),
-            StoredType::UInt8 => primitive::<UInt8Type>(bytes),
-            StoredType::UInt16 => primitive::<UInt16Type>(bytes),
-            StoredType::UInt32 => primitive::<UInt32Type>(bytes),
-            StoredType::UInt64 => primitive::<UInt64Type>(bytes),
+            StoredType::Int8 => primitive::<Int8Type>(owned),
+            StoredType::Int16 => primitive::<Int16Type>(owned),
+            StoredType::Int32 => primitive::<Int32Type>(owned),
+            StoredType::Int64 => primitive::<Int64Type>(owned),
+            StoredType::UInt8 => primitive::<UInt8Type>(owned),
+            StoredType::UInt16 => primitive::<UInt16Type>(owned),
+            StoredType::UInt32 => primitive::<UInt32Type>(owned),
+            StoredType::UInt64 => primitive::<UInt64Type>(owned),
             StoredType::Float16 => Arc::new(
                 bytes
                     .chunks_exact(2)
@@ -447,8 +468,8 @@ impl ColumnDecoder {
                     })
                     .collect::<Float32Array>(),
             ),
-            StoredType::Float32 => nan_as_null::<Float32Type>(bytes, f32::is_nan),
-            StoredType::Float64 => nan_as_null::<Float64Type>(bytes, f64::is_nan),
+            StoredType::Float32 => nan_as_null::<Float32Type>(owned, f32::is_nan),
+            StoredType::Float64 => nan_as_null::<Float64Type>(owned, f64::is_nan),
             StoredType::DateTime64(nanos) => Arc::new(
                 self.nat_as_null(bytes, nanos)?
                     .collect::<TimestampNanosecondArray>(),
@@ -521,18 +542,35 @@ fn duration_unit(units: Option<&str>, attributes: &Map<String, Value>) -> Option
     }
 }
 
-fn primitive<T: ArrowPrimitiveType>(bytes: &[u8]) -> ArrayRef {
-    let n = bytes.len() / std::mem::size_of::<T::Native>();
-    let values = ScalarBuffer::<T::Native>::new(Buffer::from_slice_ref(bytes), 0, n);
-    Arc::new(PrimitiveArray::<T>::new(values, None))
+/// Native-endian bytes as a buffer of `T`: the same allocation when it is
+/// aligned for `T` (allocators align large blocks), else a copy.
+fn typed_buffer<T: ArrowNativeType>(bytes: Vec<u8>) -> ScalarBuffer<T> {
+    let n = bytes.len() / std::mem::size_of::<T>();
+    let buffer = if bytes.as_ptr().align_offset(std::mem::align_of::<T>()) == 0 {
+        Buffer::from_vec(bytes)
+    } else {
+        Buffer::from_slice_ref(&bytes)
+    };
+    ScalarBuffer::new(buffer, 0, n)
 }
 
-fn nan_as_null<T: ArrowPrimitiveType>(bytes: &[u8], is_nan: fn(T::Native) -> bool) -> ArrayRef {
-    let n = bytes.len() / std::mem::size_of::<T::Native>();
-    let values = ScalarBuffer::<T::Native>::new(Buffer::from_slice_ref(bytes), 0, n);
-    let nulls = values
-        .iter()
-        .any(|v| is_nan(*v))
-        .then(|| NullBuffer::from_iter(values.iter().map(|v| !is_nan(*v))));
+fn primitive<T: ArrowPrimitiveType>(bytes: Vec<u8>) -> ArrayRef {
+    Arc::new(PrimitiveArray::<T>::new(typed_buffer(bytes), None))
+}
+
+fn nan_as_null<T: ArrowPrimitiveType>(
+    bytes: Vec<u8>,
+    is_nan: impl Fn(T::Native) -> bool,
+) -> ArrayRef {
+    let values = typed_buffer::<T::Native>(bytes);
+    // Blocks of lanes without an early exit inside, so the scan vectorizes.
+    let has_nan = values
+        .chunks(64)
+        .any(|block| block.iter().fold(false, |nan, v| nan | is_nan(*v)));
+    let nulls = has_nan.then(|| {
+        NullBuffer::new(BooleanBuffer::collect_bool(values.len(), |i| {
+            !is_nan(values[i])
+        }))
+    });
     Arc::new(PrimitiveArray::<T>::new(values, nulls))
 }

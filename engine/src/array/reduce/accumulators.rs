@@ -17,7 +17,8 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Primitive
 use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
-    ArrowNativeTypeOp, ArrowPrimitiveType, DataType, Float64Type, Int64Type, UInt64Type,
+    ArrowNativeTypeOp, ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int16Type,
+    Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use datafusion::common::{internal_err, Result};
 
@@ -118,7 +119,7 @@ impl ReduceOp {
 }
 
 /// The wide type numbers of `t` are folded in, if `t` is numeric.
-fn numeric_domain(t: &DataType) -> Option<DataType> {
+pub fn numeric_domain(t: &DataType) -> Option<DataType> {
     use DataType::*;
     match t {
         Float16 | Float32 | Float64 => Some(Float64),
@@ -128,7 +129,7 @@ fn numeric_domain(t: &DataType) -> Option<DataType> {
     }
 }
 
-fn min_max<T: ArrowPrimitiveType + Debug>(
+fn min_max<T: ArrowPrimitiveType<Native: Wide> + Debug>(
     groups: usize,
     max: bool,
     output: &DataType,
@@ -250,21 +251,82 @@ impl DenseAccumulator for CountAccumulator {
     }
 }
 
-/// A fold of numbers of one Arrow type into per-group state.
+/// A number widened into a fold's domain (`f64`, `i64` or `u64`) with
+/// `as`, exactly as Arrow casts between these types. Only conversions into
+/// the argument's own domain are ever used; the others exist so that one
+/// bound covers every input type.
+pub trait WideFrom<S> {
+    /// `value as Self`.
+    fn wide_from(value: S) -> Self;
+}
+
+macro_rules! wide_from {
+    ($($wide:ty),*) => {$(
+        wide_from!(@ $wide; i8, i16, i32, i64, u8, u16, u32, u64, f32, f64);
+    )*};
+    (@ $wide:ty; $($narrow:ty),*) => {$(
+        impl WideFrom<$narrow> for $wide {
+            #[inline(always)]
+            fn wide_from(value: $narrow) -> Self {
+                value as $wide
+            }
+        }
+    )*};
+}
+wide_from!(f64, i64, u64);
+
+/// The domain types folds run in.
+pub trait Wide:
+    ArrowNativeTypeOp
+    + WideFrom<i8>
+    + WideFrom<i16>
+    + WideFrom<i32>
+    + WideFrom<i64>
+    + WideFrom<u8>
+    + WideFrom<u16>
+    + WideFrom<u32>
+    + WideFrom<u64>
+    + WideFrom<f32>
+    + WideFrom<f64>
+{
+}
+
+impl<T> Wide for T where
+    T: ArrowNativeTypeOp
+        + WideFrom<i8>
+        + WideFrom<i16>
+        + WideFrom<i32>
+        + WideFrom<i64>
+        + WideFrom<u8>
+        + WideFrom<u16>
+        + WideFrom<u32>
+        + WideFrom<u64>
+        + WideFrom<f32>
+        + WideFrom<f64>
+{
+}
+
+/// The wide native type of a fold.
+type WideOf<F> = <<F as Fold>::T as ArrowPrimitiveType>::Native;
+
+/// A fold of numbers, widened into one domain, into per-group state.
 trait Fold: Send + Debug + Sized + 'static {
-    /// The type the argument is cast to before folding.
-    type T: ArrowPrimitiveType;
+    /// The domain values are folded in.
+    type T: ArrowPrimitiveType<Native: Wide>;
 
     /// Rows folded into each group so far.
     fn counts(&mut self) -> &mut [u64];
 
     /// Folds one value into group `g` (without counting it).
-    fn fold_one(&mut self, g: usize, v: <Self::T as ArrowPrimitiveType>::Native);
+    fn fold_one(&mut self, g: usize, v: WideOf<Self>);
 
     /// Folds a run of values into group `g` (without counting them).
-    fn fold_run(&mut self, g: usize, values: &[<Self::T as ArrowPrimitiveType>::Native]) {
+    fn fold_run<S: Copy>(&mut self, g: usize, values: &[S])
+    where
+        WideOf<Self>: WideFrom<S>,
+    {
         for &v in values {
-            self.fold_one(g, v);
+            self.fold_one(g, WideOf::<Self>::wide_from(v));
         }
     }
 
@@ -279,6 +341,40 @@ trait Fold: Send + Debug + Sized + 'static {
 #[derive(Debug)]
 struct Folded<F>(F);
 
+impl<F: Fold> Folded<F> {
+    /// Folds values of Arrow type `S`, widening each on the fly.
+    fn fold_values<S: ArrowPrimitiveType>(
+        &mut self,
+        values: &PrimitiveArray<S>,
+        lines: &[Line],
+        mask: Option<&BooleanBuffer>,
+    ) where
+        WideOf<F>: WideFrom<S::Native>,
+    {
+        let valid = valid_rows(values.nulls(), mask);
+        count_rows(self.0.counts(), lines, valid.as_ref());
+        let all = values.values();
+        let widen = WideOf::<F>::wide_from;
+        for line in lines {
+            let run = &all[line.offset..line.offset + line.len];
+            match (&valid, line.spread) {
+                (None, false) => self.0.fold_run(line.group, run),
+                (None, true) => {
+                    for (i, &v) in run.iter().enumerate() {
+                        self.0.fold_one(line.group + i, widen(v));
+                    }
+                }
+                (Some(valid), spread) => {
+                    for i in valid.slice(line.offset, line.len).set_indices() {
+                        let g = if spread { line.group + i } else { line.group };
+                        self.0.fold_one(g, widen(run[i]));
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl<F: Fold> DenseAccumulator for Folded<F> {
     fn update(
         &mut self,
@@ -289,27 +385,32 @@ impl<F: Fold> DenseAccumulator for Folded<F> {
         let Some(values) = values else {
             return internal_err!("a dense accumulator needs argument values");
         };
-        let values = cast(values, &F::T::DATA_TYPE)?;
-        let values = values.as_primitive::<F::T>();
-        let valid = valid_rows(values.nulls(), mask);
-        count_rows(self.0.counts(), lines, valid.as_ref());
-        let all = values.values();
-        for line in lines {
-            let run = &all[line.offset..line.offset + line.len];
-            match (&valid, line.spread) {
-                (None, false) => self.0.fold_run(line.group, run),
-                (None, true) => {
-                    for (i, &v) in run.iter().enumerate() {
-                        self.0.fold_one(line.group + i, v);
-                    }
-                }
-                (Some(valid), spread) => {
-                    for i in valid.slice(line.offset, line.len).set_indices() {
-                        let g = if spread { line.group + i } else { line.group };
-                        self.0.fold_one(g, run[i]);
-                    }
-                }
-            }
+        // Arguments in the fold's domain are widened while folding; anything
+        // else (float16, say) is cast to the domain by Arrow first.
+        let cast_values;
+        let values = if numeric_domain(values.data_type()).as_ref() == Some(&F::T::DATA_TYPE) {
+            values
+        } else {
+            cast_values = cast(values, &F::T::DATA_TYPE)?;
+            &cast_values
+        };
+        macro_rules! fold_as {
+            ($t:ty) => {
+                self.fold_values(values.as_primitive::<$t>(), lines, mask)
+            };
+        }
+        match values.data_type() {
+            DataType::Int8 => fold_as!(Int8Type),
+            DataType::Int16 => fold_as!(Int16Type),
+            DataType::Int32 => fold_as!(Int32Type),
+            DataType::Int64 => fold_as!(Int64Type),
+            DataType::UInt8 => fold_as!(UInt8Type),
+            DataType::UInt16 => fold_as!(UInt16Type),
+            DataType::UInt32 => fold_as!(UInt32Type),
+            DataType::UInt64 => fold_as!(UInt64Type),
+            DataType::Float32 => fold_as!(Float32Type),
+            DataType::Float64 => fold_as!(Float64Type),
+            other => return internal_err!("cannot fold values of type {other}"),
         }
         Ok(())
     }
@@ -331,6 +432,26 @@ impl<F: Fold> DenseAccumulator for Folded<F> {
     }
 }
 
+/// Lanes of independent partial sums in a run, so additions pipeline.
+const LANES: usize = 8;
+
+/// Sums a run of values widened into `W`, in [`LANES`] partial sums.
+fn run_sum<W: Wide + WideFrom<S>, S: Copy>(values: &[S]) -> W {
+    let mut lanes = [W::ZERO; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = lane.add_wrapping(W::wide_from(v));
+        }
+    }
+    let mut sum = lanes.iter().fold(W::ZERO, |a, &b| a.add_wrapping(b));
+    for &v in tail {
+        sum = sum.add_wrapping(W::wide_from(v));
+    }
+    sum
+}
+
 /// `sum`, in the argument's wide type.
 #[derive(Debug)]
 struct SumFold<T: ArrowPrimitiveType> {
@@ -347,7 +468,7 @@ impl<T: ArrowPrimitiveType> SumFold<T> {
     }
 }
 
-impl<T: ArrowPrimitiveType + Debug> Fold for SumFold<T> {
+impl<T: ArrowPrimitiveType<Native: Wide> + Debug> Fold for SumFold<T> {
     type T = T;
 
     fn counts(&mut self) -> &mut [u64] {
@@ -358,11 +479,11 @@ impl<T: ArrowPrimitiveType + Debug> Fold for SumFold<T> {
         self.sums[g] = self.sums[g].add_wrapping(v);
     }
 
-    fn fold_run(&mut self, g: usize, values: &[T::Native]) {
-        let run = values
-            .iter()
-            .fold(T::Native::ZERO, |acc, &v| acc.add_wrapping(v));
-        self.sums[g] = self.sums[g].add_wrapping(run);
+    fn fold_run<S: Copy>(&mut self, g: usize, values: &[S])
+    where
+        T::Native: WideFrom<S>,
+    {
+        self.sums[g] = self.sums[g].add_wrapping(run_sum::<T::Native, S>(values));
     }
 
     fn merge(&mut self, other: &Self) {
@@ -405,7 +526,10 @@ impl Fold for MeanFold {
         self.sum.fold_one(g, v);
     }
 
-    fn fold_run(&mut self, g: usize, values: &[f64]) {
+    fn fold_run<S: Copy>(&mut self, g: usize, values: &[S])
+    where
+        f64: WideFrom<S>,
+    {
         self.sum.fold_run(g, values);
     }
 
@@ -463,7 +587,7 @@ impl<T: ArrowPrimitiveType, const MAX: bool> MinMaxFold<T, MAX> {
     }
 }
 
-impl<T: ArrowPrimitiveType + Debug, const MAX: bool> Fold for MinMaxFold<T, MAX> {
+impl<T: ArrowPrimitiveType<Native: Wide> + Debug, const MAX: bool> Fold for MinMaxFold<T, MAX> {
     type T = T;
 
     fn counts(&mut self) -> &mut [u64] {
@@ -476,8 +600,12 @@ impl<T: ArrowPrimitiveType + Debug, const MAX: bool> Fold for MinMaxFold<T, MAX>
         }
     }
 
-    fn fold_run(&mut self, g: usize, values: &[T::Native]) {
+    fn fold_run<S: Copy>(&mut self, g: usize, values: &[S])
+    where
+        T::Native: WideFrom<S>,
+    {
         let extreme = values.iter().fold(self.values[g], |current, &v| {
+            let v = T::Native::wide_from(v);
             if Self::better(v, current) {
                 v
             } else {
@@ -556,16 +684,19 @@ impl Fold for VarianceFold {
         self.s2[g] += d * d;
     }
 
-    fn fold_run(&mut self, g: usize, values: &[f64]) {
+    fn fold_run<S: Copy>(&mut self, g: usize, values: &[S])
+    where
+        f64: WideFrom<S>,
+    {
         let Some(&first) = values.first() else {
             return;
         };
         if self.shift[g].is_nan() {
-            self.shift[g] = first;
+            self.shift[g] = f64::wide_from(first);
         }
         let shift = self.shift[g];
         let (s1, s2) = values.iter().fold((0.0, 0.0), |(s1, s2), &v| {
-            let d = v - shift;
+            let d = f64::wide_from(v) - shift;
             (s1 + d, s2 + d * d)
         });
         self.s1[g] += s1;

@@ -26,7 +26,7 @@ mod groups;
 mod node;
 mod rule;
 
-pub use accumulators::{DenseAccumulator, ReduceOp};
+pub use accumulators::{numeric_domain, DenseAccumulator, ReduceOp};
 pub use exec::DenseReductionExec;
 pub use groups::{GroupSpace, Line};
 pub use node::{DenseReduction, ReduceExpr};

@@ -25,14 +25,14 @@ use datafusion::functions_aggregate::min_max::{Max, Min};
 use datafusion::functions_aggregate::stddev::{Stddev, StddevPop};
 use datafusion::functions_aggregate::sum::Sum;
 use datafusion::functions_aggregate::variance::{VariancePopulation, VarianceSample};
-use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::expr::{AggregateFunction, Cast};
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{
     Aggregate, Expr, ExprSchemable, Extension, LogicalPlan, Projection, SubqueryAlias,
 };
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
-use super::accumulators::ReduceOp;
+use super::accumulators::{numeric_domain, ReduceOp};
 use super::node::{DenseReduction, ReduceExpr};
 use crate::config::ZarrConfig;
 use crate::table::ZarrTable;
@@ -168,6 +168,11 @@ fn dense_reduction(aggregate: &Aggregate, workers: usize) -> Result<Option<Dense
         }
         state_bytes += a.op.state_bytes();
     }
+    for a in &mut aggregates {
+        if let Some(arg) = a.arg.take() {
+            a.arg = Some(strip_widening_cast(a.op, arg, input_schema)?);
+        }
+    }
     let groups: u64 = group_dims.iter().map(|&d| table.dims[d].len).product();
     let state = (groups as u128) * (state_bytes as u128) * (workers as u128 + 1);
     if state > MAX_STATE_BYTES as u128 {
@@ -228,6 +233,20 @@ fn reduce_expr(expr: &Expr) -> Option<ReduceExpr> {
         op,
         arg: (!(op == ReduceOp::Count && counts_rows)).then(|| arg.clone()),
     })
+}
+
+/// `CAST(x AS Float64)` (or `Int64`, `UInt64`) of an argument whose values
+/// the fold widens into that type anyway: the fold converts each value as
+/// it goes, exactly as the cast would, without materializing a wide copy.
+fn strip_widening_cast(op: ReduceOp, arg: Expr, schema: &DFSchema) -> Result<Expr> {
+    let folds_wide = !matches!(op, ReduceOp::Count | ReduceOp::Min | ReduceOp::Max);
+    if let Expr::Cast(Cast { expr, field }) = &arg {
+        if folds_wide && numeric_domain(&expr.get_type(schema)?).as_ref() == Some(field.data_type())
+        {
+            return Ok(expr.as_ref().clone());
+        }
+    }
+    Ok(arg)
 }
 
 fn has_subquery(expr: &Expr) -> bool {
