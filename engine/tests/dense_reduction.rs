@@ -1,0 +1,204 @@
+//! The dense reduction rule: which queries it plans as a `DenseReduction`,
+//! which it leaves to DataFusion, and that both give the same answers.
+//! (The answers themselves are checked against pandas in `fixtures.rs`,
+//! with the rule on and off.)
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::{assert_rows, fixture, repo_root, rows, sort_rows};
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::SessionContext;
+use serde_json::Value;
+use zarrfusion::{new_context, new_context_with, session_config, ZarrContextExt};
+
+async fn context(store: &str, dense: bool, pushdown: bool) -> SessionContext {
+    let ctx = new_context();
+    if !dense {
+        ctx.sql("SET zarrfusion.dense_reduction = false")
+            .await
+            .unwrap();
+    }
+    let mut options = HashMap::new();
+    if !pushdown {
+        options.insert("pushdown".to_string(), "false".to_string());
+    }
+    ctx.register_zarr("t", &fixture(store), options)
+        .await
+        .unwrap();
+    ctx
+}
+
+/// The physical plan of `sql`, as text.
+async fn physical_plan(ctx: &SessionContext, sql: &str) -> String {
+    let batches = ctx
+        .sql(&format!("EXPLAIN {sql}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    pretty_format_batches(&batches).unwrap().to_string()
+}
+
+async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
+    let batches = ctx
+        .sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("planning {sql}: {e}"))
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("running {sql}: {e}"));
+    rows(&batches)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_by_dimensions_is_planned_as_a_dense_reduction() {
+    let path = repo_root().join("tests/fixtures/expected/queries.json");
+    let queries: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut checked = 0;
+    for q in &queries {
+        let name = q["name"].as_str().unwrap();
+        if !(name.starts_with("reduce_") || name.starts_with("group_by_lat")) {
+            continue;
+        }
+        let store = q["store"].as_str().unwrap();
+        let sql = q["sql"].as_str().unwrap();
+        for pushdown in [true, false] {
+            let dense = physical_plan(&context(store, true, pushdown).await, sql).await;
+            assert!(
+                dense.contains("DenseReductionExec") && !dense.contains("AggregateExec"),
+                "{name} (pushdown={pushdown}) should be a dense reduction:\n{dense}"
+            );
+            let hashed = physical_plan(&context(store, false, pushdown).await, sql).await;
+            assert!(
+                !hashed.contains("DenseReductionExec"),
+                "{name}: the rule is off:\n{hashed}"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "only {checked} reduction queries found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_aggregates_stay_hash_aggregations_with_the_same_answers() {
+    let cases = [
+        // DISTINCT, an unsupported function, grouping by a variable, an
+        // aggregate FILTER, a string argument to min, LIMIT below the aggregate.
+        "SELECT lat, count(DISTINCT lon) AS n FROM t GROUP BY lat",
+        "SELECT lat, median(t2m) AS m FROM t GROUP BY lat",
+        "SELECT t2m, count(*) AS n FROM t GROUP BY t2m",
+        "SELECT lat, avg(t2m) FILTER (WHERE lon > 100) AS m FROM t GROUP BY lat",
+        "SELECT lat + 1 AS l, avg(t2m) AS m FROM t GROUP BY lat + 1",
+        "SELECT lat, max(CAST(lon AS VARCHAR)) AS m FROM t GROUP BY lat",
+        "SELECT lat, avg(t2m) AS m FROM (SELECT * FROM t ORDER BY time, lat, lon LIMIT 50) s GROUP BY lat",
+    ];
+    let dense = context("v2_basic.zarr", true, true).await;
+    let hashed = context("v2_basic.zarr", false, true).await;
+    for sql in cases {
+        let plan = physical_plan(&dense, sql).await;
+        assert!(
+            !plan.contains("DenseReductionExec"),
+            "{sql} must not be rewritten:\n{plan}"
+        );
+        let mut got = run(&dense, sql).await;
+        let mut want = run(&hashed, sql).await;
+        sort_rows(&mut got, 1);
+        sort_rows(&mut want, 1);
+        assert_rows(sql, &got, &want);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_equal_the_hash_aggregation_on_the_demo_store() {
+    // Bigger than the fixtures: several blocks and workers, packed variables.
+    let store = repo_root().join("demo/era5.zarr");
+    let queries = [
+        "SELECT lat, lon, avg(t2m) AS a, stddev(u10) AS s, min(sp) AS lo, max(sp) AS hi \
+         FROM era5 GROUP BY lat, lon",
+        "SELECT time, sum(t2m - 273.15) AS warm, count(sst) AS ocean FROM era5 \
+         WHERE lat BETWEEN -30 AND 30 GROUP BY time",
+        "SELECT lon, var_pop(sqrt(u10 * u10 + v10 * v10)) AS w FROM era5 \
+         WHERE t2m > 280 AND time >= TIMESTAMP '2020-01-03' GROUP BY lon",
+    ];
+    for sql in queries {
+        let mut results = Vec::new();
+        for dense in [true, false] {
+            let ctx = new_context();
+            ctx.sql(&format!("SET zarrfusion.dense_reduction = {dense}"))
+                .await
+                .unwrap();
+            // Small blocks, so many blocks are folded and merged.
+            ctx.sql("SET zarrfusion.target_partition_bytes = 65536")
+                .await
+                .unwrap();
+            ctx.register_zarr("era5", store.to_str().unwrap(), HashMap::new())
+                .await
+                .unwrap();
+            let mut r = run(&ctx, sql).await;
+            sort_rows(&mut r, 2);
+            results.push(r);
+        }
+        assert!(!results[0].is_empty(), "{sql}: no rows");
+        assert_rows(sql, &results[0], &results[1]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reduction_over_the_memory_limit_is_refused_before_it_runs() {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(512 * 1024, 1.0)
+        .build()
+        .unwrap();
+    let ctx = new_context_with(session_config(), Arc::new(runtime));
+    ctx.register_zarr("t", &fixture("v2_basic.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let error = ctx
+        .sql("SELECT lat, avg(t2m) FROM t GROUP BY lat")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .expect_err("the plan does not fit in 512 KB")
+        .to_string();
+    for needle in [
+        "DenseReductionExec",
+        "memory limit",
+        "512.0 KB",
+        "v2_basic.zarr",
+    ] {
+        assert!(
+            error.contains(needle),
+            "error should mention {needle}: {error}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_chunk_fails_the_reduction_with_its_name() {
+    let ctx = context("bad_corrupt_chunk.zarr", true, true).await;
+    let sql = "SELECT lat, avg(t2m) FROM t GROUP BY lat";
+    assert!(physical_plan(&ctx, sql)
+        .await
+        .contains("DenseReductionExec"));
+    let error = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .expect_err("a corrupt chunk must fail the query")
+        .to_string();
+    for needle in ["bad_corrupt_chunk.zarr", "t2m", "c/0/0/0"] {
+        assert!(
+            error.contains(needle),
+            "error should mention {needle}: {error}"
+        );
+    }
+}
