@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::error::ArrowError;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement};
@@ -60,7 +61,13 @@ impl Shell {
         let (schema, batches) = result.map_err(|e| describe_error(&e))?;
         // Line-buffered stdout would make one system call per CSV row.
         let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-        write_batches(&mut stdout, self.format, &schema, &batches).map_err(|e| e.to_string())?;
+        if let Err(e) = write_batches(&mut stdout, self.format, &schema, &batches) {
+            // The reader went away (`zarrfusion ... | head`): stop quietly, as Unix tools do.
+            if is_broken_pipe(&e) {
+                std::process::exit(0);
+            }
+            return Err(e.to_string());
+        }
         if !self.quiet {
             let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
             let _ = writeln!(
@@ -97,5 +104,14 @@ pub fn describe_error(error: &DataFusionError) -> String {
             format!("{context}: {}", describe_error(inner))
         }
         other => other.to_string(),
+    }
+}
+
+/// Whether writing failed because the reader closed the pipe (the CSV
+/// writer reports it as a message, the others as an I/O error).
+fn is_broken_pipe(e: &ArrowError) -> bool {
+    match e {
+        ArrowError::IoError(_, io) => io.kind() == std::io::ErrorKind::BrokenPipe,
+        other => other.to_string().contains("Broken pipe"),
     }
 }

@@ -202,3 +202,35 @@ fn errors_go_to_stderr_with_exit_status_one() {
         assert!(!err.contains("RUST_BACKTRACE"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_closed_pipe_ends_the_shell_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    // `zarrfusion ... | head -c 100`: the reader goes away mid-result.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zarrfusion"))
+        .args([
+            "-q",
+            "--format",
+            "csv",
+            "-c",
+            "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
+            "-c",
+            "SELECT * FROM era5",
+        ])
+        .current_dir(repo_root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the zarrfusion binary runs");
+    let mut head = [0u8; 100];
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_exact(&mut head)
+        .expect("the result starts");
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "exit status {:?}", output.status);
+    assert_eq!(stderr(&output), "");
+}
