@@ -16,6 +16,7 @@
 //! | [`array`] | array operations as plan nodes (dense reductions) |
 //! | [`memory`] | sizes and the memory budget |
 //! | [`session`] | building a `SessionContext` with all of the above |
+//! | [`windows`] | training windows cut from Zarr just in time (the ML loader) |
 //!
 //! ```no_run
 //! # async fn example() -> datafusion::error::Result<()> {
@@ -33,6 +34,7 @@ pub mod memory;
 pub mod progress;
 pub mod session;
 pub mod table;
+pub mod windows;
 pub mod zarr;
 
 pub use config::ZarrConfig;

@@ -27,6 +27,8 @@ pub struct Dimension {
     pub values: ArrayRef,
     /// Whether `values` came from a coordinate array.
     pub has_coordinate: bool,
+    /// The coordinate array's attributes (empty without one).
+    pub attributes: serde_json::Map<String, serde_json::Value>,
 }
 
 /// An opened Zarr group: dimensions and data variables.
@@ -109,6 +111,7 @@ impl ZarrDataset {
                 len,
                 values,
                 has_coordinate: true,
+                attributes: array.attributes().clone(),
             };
             dims.insert(dim.name.clone(), Arc::new(dim));
         }
@@ -149,6 +152,7 @@ impl ZarrDataset {
                 len,
                 values,
                 has_coordinate: false,
+                attributes: serde_json::Map::new(),
             };
             dims.insert(name, Arc::new(dim));
         }

@@ -94,6 +94,11 @@ impl ZarrArray {
         self.decoder.data_type()
     }
 
+    /// The array's attributes, as stored (CF encoding attributes included).
+    pub fn attributes(&self) -> &Map<String, Value> {
+        self.array.attributes()
+    }
+
     /// Bytes per stored element (an estimate for strings).
     pub fn element_size(&self) -> usize {
         self.array.data_type().fixed_size().unwrap_or(16)

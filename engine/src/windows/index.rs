@@ -1,0 +1,350 @@
+//! The valid-window index: one bit per window origin, built once per
+//! dataset, window shape and validity rule by reading every block once.
+//!
+//! Missing values are counted per cell over all variables, summed over each
+//! window with sliding sums along the window dimensions (linear in the
+//! cells, whatever the window size), and compared with the rule. The index
+//! holds bits, not data: changing the window from 3x3 to 5x5 costs one pass
+//! over the data and no rewrite.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use datafusion::arrow::array::{Array, ArrayRef};
+
+use super::geometry::{Validity, WindowBlock, WindowGrid};
+use super::WindowError;
+use crate::table::GridTable;
+
+/// The valid origins of one block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockIndex {
+    /// One bit per origin (C order over the block's origins); `None` when all are valid.
+    bits: Option<Vec<u64>>,
+    /// Set bits before each word of `bits`.
+    ranks: Vec<u32>,
+    /// Number of valid origins.
+    pub count: u64,
+}
+
+impl BlockIndex {
+    /// Every origin of a block with `n` origins is valid.
+    pub fn all(n: u64) -> Self {
+        Self {
+            bits: None,
+            ranks: Vec::new(),
+            count: n,
+        }
+    }
+
+    /// Valid origins given by a bit per origin.
+    pub fn from_bits(bits: Vec<u64>) -> Self {
+        let mut ranks = Vec::with_capacity(bits.len());
+        let mut count = 0u64;
+        for word in &bits {
+            ranks.push(count as u32);
+            count += u64::from(word.count_ones());
+        }
+        Self {
+            bits: Some(bits),
+            ranks,
+            count,
+        }
+    }
+
+    /// The local origin number of the `rank`-th valid origin.
+    pub fn select(&self, rank: u64) -> u64 {
+        let Some(bits) = &self.bits else {
+            return rank;
+        };
+        let w = self.ranks.partition_point(|&r| u64::from(r) <= rank) - 1;
+        let mut word = bits[w];
+        for _ in 0..(rank - u64::from(self.ranks[w])) {
+            word &= word - 1;
+        }
+        w as u64 * 64 + u64::from(word.trailing_zeros())
+    }
+
+    /// Local origin numbers of the valid origins whose ranks are in `ranks`.
+    pub fn origins(&self, ranks: Range<u64>) -> Vec<u32> {
+        let Some(bits) = &self.bits else {
+            return ranks.map(|r| r as u32).collect();
+        };
+        let mut out = Vec::with_capacity((ranks.end - ranks.start) as usize);
+        if ranks.is_empty() {
+            return out;
+        }
+        let first = self.select(ranks.start);
+        let mut seen = ranks.start;
+        let mut w = (first / 64) as usize;
+        let mut word = bits[w] & (!0u64 << (first % 64));
+        while seen < ranks.end {
+            while word == 0 {
+                w += 1;
+                word = bits[w];
+            }
+            out.push((w as u64 * 64 + u64::from(word.trailing_zeros())) as u32);
+            word &= word - 1;
+            seen += 1;
+        }
+        out
+    }
+}
+
+/// Valid origins of every block of a window grid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidIndex {
+    /// Per block, in the grid's block order.
+    pub blocks: Vec<BlockIndex>,
+    /// Valid origins before each block.
+    before: Vec<u64>,
+    /// Number of valid windows.
+    pub total: u64,
+}
+
+impl ValidIndex {
+    /// An index from per-block indices.
+    pub fn from_blocks(blocks: Vec<BlockIndex>) -> Self {
+        let mut before = Vec::with_capacity(blocks.len());
+        let mut total = 0;
+        for b in &blocks {
+            before.push(total);
+            total += b.count;
+        }
+        Self {
+            blocks,
+            before,
+            total,
+        }
+    }
+
+    /// The block and local origin of the `rank`-th valid window (natural order).
+    pub fn locate(&self, rank: u64) -> (usize, u64) {
+        let b = self.before.partition_point(|&n| n <= rank) - 1;
+        (b, self.blocks[b].select(rank - self.before[b]))
+    }
+
+    /// Builds the index by reading every block (on `threads` threads).
+    pub fn build(
+        table: &GridTable,
+        variables: &[usize],
+        grid: &WindowGrid,
+        validity: Validity,
+        threads: usize,
+    ) -> Result<Self, WindowError> {
+        if validity == Validity::Any {
+            return Ok(Self::from_blocks(
+                grid.blocks
+                    .iter()
+                    .map(|b| BlockIndex::all(b.num_origins()))
+                    .collect(),
+            ));
+        }
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<Option<BlockIndex>>> = Mutex::new(vec![None; grid.blocks.len()]);
+        let failure: Mutex<Option<WindowError>> = Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..threads.clamp(1, grid.blocks.len().max(1)) {
+                scope.spawn(|| loop {
+                    let id = next.fetch_add(1, Ordering::Relaxed);
+                    if id >= grid.blocks.len() || failure.lock().is_ok_and(|f| f.is_some()) {
+                        return;
+                    }
+                    let block = &grid.blocks[id];
+                    match read_columns(table, variables, &block.extent) {
+                        Ok(columns) => {
+                            let index = index_block(grid, block, &columns, validity);
+                            if let Ok(mut r) = results.lock() {
+                                r[id] = Some(index);
+                            }
+                        }
+                        Err(e) => {
+                            if let Ok(mut f) = failure.lock() {
+                                f.get_or_insert(e);
+                            }
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failure.into_inner().ok().flatten() {
+            return Err(e);
+        }
+        let blocks = results
+            .into_inner()
+            .map_err(|_| {
+                WindowError::Internal("a thread building the window index panicked".into())
+            })?
+            .into_iter()
+            .map(|b| b.ok_or_else(|| WindowError::Internal("a block was not indexed".into())))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::from_blocks(blocks))
+    }
+}
+
+/// Reads `variables` (indices into the table's variables) over `extent`.
+pub fn read_columns(
+    table: &GridTable,
+    variables: &[usize],
+    extent: &[Range<u64>],
+) -> Result<Vec<ArrayRef>, WindowError> {
+    variables
+        .iter()
+        .map(|&v| table.variables[v].read(extent).map_err(WindowError::Data))
+        .collect()
+}
+
+/// The valid origins of one block, from its decoded columns.
+fn index_block(
+    grid: &WindowGrid,
+    block: &WindowBlock,
+    columns: &[ArrayRef],
+    validity: Validity,
+) -> BlockIndex {
+    let mut shape: Vec<usize> = block
+        .extent
+        .iter()
+        .map(|r| (r.end - r.start) as usize)
+        .collect();
+    let cells: usize = shape.iter().product();
+    let mut missing = vec![0u32; cells];
+    for column in columns {
+        if let Some(nulls) = column.nulls().filter(|n| n.null_count() > 0) {
+            for (m, valid) in missing.iter_mut().zip(nulls.iter()) {
+                *m += u32::from(!valid);
+            }
+        }
+    }
+    let any_missing = missing.iter().any(|&m| m > 0);
+    if !any_missing {
+        return BlockIndex::all(block.num_origins());
+    }
+    for (d, axis) in grid.axes.iter().enumerate() {
+        if axis.window && axis.size > 1 {
+            missing = sliding_sum(&missing, &shape, d, axis.size as usize);
+            shape[d] -= axis.size as usize - 1;
+        }
+    }
+    let total = grid.window_cells() * columns.len() as u64;
+    let rank = shape.len();
+    let mut strides = vec![1usize; rank];
+    for d in (0..rank.saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    // Offset of each origin along each dimension, within the summed box.
+    let offsets: Vec<Vec<usize>> = grid
+        .axes
+        .iter()
+        .zip(&block.origins)
+        .zip(&block.extent)
+        .zip(&strides)
+        .map(|(((axis, origins), extent), stride)| {
+            origins
+                .clone()
+                .map(|k| (axis.index(k) - extent.start) as usize * stride)
+                .collect()
+        })
+        .collect();
+    let n = block.num_origins() as usize;
+    let mut bits = vec![0u64; n.div_ceil(64)];
+    let mut position = vec![0usize; rank];
+    for (local, word) in (0..n).map(|i| (i, i / 64)) {
+        let offset: usize = (0..rank).map(|d| offsets[d][position[d]]).sum();
+        if validity.keeps(u64::from(missing[offset]), total) {
+            bits[word] |= 1 << (local % 64);
+        }
+        for d in (0..rank).rev() {
+            position[d] += 1;
+            if position[d] < offsets[d].len() {
+                break;
+            }
+            position[d] = 0;
+        }
+    }
+    BlockIndex::from_bits(bits)
+}
+
+/// Sums of `size` consecutive cells along dimension `d` of a C-order box of
+/// `shape`; the result has `shape[d] - size + 1` cells along `d`.
+fn sliding_sum(values: &[u32], shape: &[usize], d: usize, size: usize) -> Vec<u32> {
+    let outer: usize = shape[..d].iter().product();
+    let len = shape[d];
+    let inner: usize = shape[d + 1..].iter().product();
+    let out_len = len + 1 - size;
+    let mut out = vec![0u32; outer * out_len * inner];
+    for o in 0..outer {
+        let src = &values[o * len * inner..(o + 1) * len * inner];
+        let dst = &mut out[o * out_len * inner..(o + 1) * out_len * inner];
+        let (first, rest) = dst.split_at_mut(inner);
+        for t in 0..size {
+            for (acc, v) in first.iter_mut().zip(&src[t * inner..(t + 1) * inner]) {
+                *acc += v;
+            }
+        }
+        let mut previous: &[u32] = first;
+        for (j, row) in rest.chunks_exact_mut(inner).enumerate() {
+            let entering = &src[(j + size) * inner..(j + size + 1) * inner];
+            let leaving = &src[j * inner..(j + 1) * inner];
+            for i in 0..inner {
+                row[i] = previous[i] + entering[i] - leaving[i];
+            }
+            previous = row;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sliding_sum_matches_naive() {
+        let shape = [3usize, 7, 4];
+        let values: Vec<u32> = (0..84).map(|i| (i * 7 % 5) as u32).collect();
+        for d in 0..3 {
+            for size in 1..=shape[d] {
+                let out = sliding_sum(&values, &shape, d, size);
+                let mut out_shape = shape;
+                out_shape[d] = shape[d] - size + 1;
+                for a in 0..out_shape[0] {
+                    for b in 0..out_shape[1] {
+                        for c in 0..out_shape[2] {
+                            let mut expected = 0;
+                            for t in 0..size {
+                                let mut idx = [a, b, c];
+                                idx[d] += t;
+                                expected += values[idx[0] * 28 + idx[1] * 4 + idx[2]];
+                            }
+                            let got = out[a * out_shape[1] * out_shape[2] + b * out_shape[2] + c];
+                            assert_eq!(got, expected, "d={d} size={size} at {a},{b},{c}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn select_and_origins_follow_the_bits() {
+        let mut bits = vec![0u64; 3];
+        let set = [1u64, 5, 63, 64, 100, 130, 191];
+        for &i in &set {
+            bits[(i / 64) as usize] |= 1 << (i % 64);
+        }
+        let index = BlockIndex::from_bits(bits);
+        assert_eq!(index.count, set.len() as u64);
+        for (rank, &i) in set.iter().enumerate() {
+            assert_eq!(index.select(rank as u64), i);
+        }
+        assert_eq!(index.origins(2..6), vec![63, 64, 100, 130]);
+        assert_eq!(index.origins(0..7).len(), 7);
+        let all = ValidIndex::from_blocks(vec![BlockIndex::all(3), index]);
+        assert_eq!(all.total, 10);
+        assert_eq!(all.locate(2), (0, 2));
+        assert_eq!(all.locate(3), (1, 1));
+        assert_eq!(all.locate(9), (1, 191));
+    }
+}

@@ -1,0 +1,543 @@
+//! The loader: batches of windows assembled on Rust threads, just in time.
+//!
+//! One planner thread decides, per epoch, which windows go in which batch
+//! (see [`super::order`]); a pool of worker threads decodes blocks as they
+//! enter the shuffle buffer and cuts the windows of each batch out of them.
+//! At most `prefetch` batches are in flight or waiting; a block's decoded
+//! values are dropped when the buffer and every batch using them are done
+//! with it, so memory is bounded by the buffer and the prefetch depth,
+//! whatever the dataset's size. Batches come out in plan order, so a seed
+//! gives the same batches whatever the number of threads.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::index::read_columns;
+use super::order::{segments, BlockSampler, Permutation, Shard, Shuffle};
+use super::values::Values;
+use super::{WindowError, Windows};
+
+/// How a loader batches, orders and prefetches windows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoaderOptions {
+    /// Windows per batch.
+    pub batch_size: usize,
+    /// How windows are shuffled.
+    pub shuffle: Shuffle,
+    /// Seed of every random choice; epochs derive their own from it.
+    pub seed: u64,
+    /// Drop the last, incomplete batch (and make every rank yield as many batches).
+    pub drop_last: bool,
+    /// Batches assembled ahead of the consumer.
+    pub prefetch: usize,
+    /// Worker threads decoding and assembling.
+    pub threads: usize,
+    /// This process's share of the windows.
+    pub shard: Shard,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        Self {
+            batch_size: 256,
+            shuffle: Shuffle::Block {
+                buffer_bytes: 256 << 20,
+            },
+            seed: 0,
+            drop_last: false,
+            prefetch: 8,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            shard: Shard::WHOLE,
+        }
+    }
+}
+
+/// One batch: the windows of every variable, and where each window starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowBatch {
+    /// Number of windows.
+    pub len: usize,
+    /// Per variable (in the loader's order): `len` windows, each in C order.
+    pub variables: Vec<Values>,
+    /// Per dimension: the array index of each window's first cell.
+    pub origins: Vec<Vec<u64>>,
+}
+
+/// Counters of a loader, over all its epochs.
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    samples: AtomicU64,
+    blocks_read: AtomicU64,
+    bytes_decoded: AtomicU64,
+    decode_ns: AtomicU64,
+    assemble_ns: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+/// What a loader has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LoaderStats {
+    /// Batches handed to the consumer.
+    pub batches: u64,
+    /// Windows handed to the consumer.
+    pub samples: u64,
+    /// Blocks (or, with full shuffle, windows) read and decoded.
+    pub blocks_read: u64,
+    /// Decoded bytes of those reads.
+    pub bytes_decoded: u64,
+    /// Thread time spent reading and decoding, in seconds.
+    pub decode_seconds: f64,
+    /// Thread time spent cutting windows into batches, in seconds.
+    pub assemble_seconds: f64,
+    /// Time the consumer waited for batches, in seconds.
+    pub wait_seconds: f64,
+}
+
+/// A loader of batches of windows, for any number of epochs.
+pub struct WindowLoader {
+    windows: Arc<Windows>,
+    options: LoaderOptions,
+    counters: Arc<Counters>,
+}
+
+impl WindowLoader {
+    /// A loader over `windows`.
+    pub fn new(windows: Arc<Windows>, options: LoaderOptions) -> Result<Self, WindowError> {
+        if options.batch_size == 0 {
+            return Err(WindowError::argument("batch_size", "must be at least 1"));
+        }
+        if options.shard.world_size == 0 || options.shard.rank >= options.shard.world_size {
+            return Err(WindowError::argument(
+                "shard",
+                format!(
+                    "rank {} is not in 0..{} (world size)",
+                    options.shard.rank, options.shard.world_size
+                ),
+            ));
+        }
+        if options.prefetch == 0 {
+            return Err(WindowError::argument("prefetch", "must be at least 1"));
+        }
+        Ok(Self {
+            windows,
+            options: LoaderOptions {
+                threads: options.threads.max(1),
+                ..options
+            },
+            counters: Arc::default(),
+        })
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &LoaderOptions {
+        &self.options
+    }
+
+    /// Windows this rank yields per epoch.
+    pub fn num_samples(&self) -> u64 {
+        let total = self.windows.len();
+        let shard = self.options.shard;
+        if self.options.drop_last {
+            let b = self.options.batch_size as u64;
+            (total / shard.world_size) / b * b
+        } else {
+            let r = shard.range(total);
+            r.end - r.start
+        }
+    }
+
+    /// Batches this rank yields per epoch (the same on every rank with `drop_last`).
+    pub fn num_batches(&self) -> u64 {
+        self.num_samples().div_ceil(self.options.batch_size as u64)
+    }
+
+    /// What the loader has done so far.
+    pub fn stats(&self) -> LoaderStats {
+        let c = &self.counters;
+        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-9;
+        LoaderStats {
+            batches: c.batches.load(Ordering::Relaxed),
+            samples: c.samples.load(Ordering::Relaxed),
+            blocks_read: c.blocks_read.load(Ordering::Relaxed),
+            bytes_decoded: c.bytes_decoded.load(Ordering::Relaxed),
+            decode_seconds: secs(&c.decode_ns),
+            assemble_seconds: secs(&c.assemble_ns),
+            wait_seconds: secs(&c.wait_ns),
+        }
+    }
+
+    /// Starts the threads of one epoch and returns its batches.
+    pub fn epoch(&self, epoch: u64) -> BatchStream {
+        let flow = Arc::new(Flow::new(self.options.prefetch));
+        let (jobs_tx, jobs_rx) = channel::<Job>();
+        let (results_tx, results_rx) = channel();
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        for _ in 0..self.options.threads {
+            let worker = Worker {
+                windows: Arc::clone(&self.windows),
+                counters: Arc::clone(&self.counters),
+                flow: Arc::clone(&flow),
+                jobs: Arc::clone(&jobs_rx),
+                results: results_tx.clone(),
+            };
+            std::thread::spawn(move || worker.run());
+        }
+        let planner = Planner {
+            windows: Arc::clone(&self.windows),
+            options: self.options.clone(),
+            samples: self.num_samples(),
+            epoch,
+            flow: Arc::clone(&flow),
+            jobs: jobs_tx,
+        };
+        std::thread::spawn(move || planner.run());
+        BatchStream {
+            results: results_rx,
+            pending: BTreeMap::new(),
+            next: 0,
+            expected: self.num_batches(),
+            flow,
+            counters: Arc::clone(&self.counters),
+        }
+    }
+}
+
+/// The decoded values of a block (or a window), decoded once by whichever
+/// thread needs them first.
+struct Slot {
+    block: usize,
+    extent: Vec<Range<u64>>,
+    data: OnceLock<Result<Vec<Values>, String>>,
+}
+
+impl Slot {
+    fn new(block: usize, extent: Vec<Range<u64>>) -> Arc<Self> {
+        Arc::new(Self {
+            block,
+            extent,
+            data: OnceLock::new(),
+        })
+    }
+
+    fn values(&self, windows: &Windows, counters: &Counters) -> Result<&[Values], WindowError> {
+        let data = self.data.get_or_init(|| {
+            let started = Instant::now();
+            let columns = read_columns(&windows.table, &windows.variables, &self.extent)
+                .map_err(|e| e.to_string())?;
+            let values: Vec<Values> = columns
+                .iter()
+                .map(|c| {
+                    Values::from_array(c)
+                        .ok_or_else(|| format!("unsupported type {}", c.data_type()))
+                })
+                .collect::<Result<_, _>>()?;
+            let bytes: usize = values.iter().map(|v| v.len() * v.element_size()).sum();
+            counters.blocks_read.fetch_add(1, Ordering::Relaxed);
+            counters
+                .bytes_decoded
+                .fetch_add(bytes as u64, Ordering::Relaxed);
+            counters
+                .decode_ns
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            Ok(values)
+        });
+        data.as_deref().map_err(|e| WindowError::Read(e.clone()))
+    }
+}
+
+/// The windows of one batch: slots and local origin numbers.
+type Plan = Vec<(Arc<Slot>, u64)>;
+
+enum Job {
+    /// Decode a block that entered the shuffle buffer.
+    Warm(Arc<Slot>),
+    /// Assemble batch number `.0`.
+    Assemble(u64, Plan),
+}
+
+/// Bounds the batches in flight, and stops everything when the consumer leaves.
+struct Flow {
+    in_flight: Mutex<usize>,
+    changed: Condvar,
+    limit: usize,
+    cancelled: AtomicBool,
+}
+
+impl Flow {
+    fn new(limit: usize) -> Self {
+        Self {
+            in_flight: Mutex::new(0),
+            changed: Condvar::new(),
+            limit,
+            cancelled: AtomicBool::new(false),
+        }
+    }
+
+    /// Waits for room for one more batch; `false` when cancelled.
+    fn acquire(&self) -> bool {
+        let Ok(mut n) = self.in_flight.lock() else {
+            return false;
+        };
+        while *n >= self.limit && !self.is_cancelled() {
+            n = match self.changed.wait(n) {
+                Ok(n) => n,
+                Err(_) => return false,
+            };
+        }
+        *n += 1;
+        !self.is_cancelled()
+    }
+
+    fn release(&self) {
+        if let Ok(mut n) = self.in_flight.lock() {
+            *n = n.saturating_sub(1);
+        }
+        self.changed.notify_all();
+    }
+
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+        self.changed.notify_all();
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+}
+
+struct Planner {
+    windows: Arc<Windows>,
+    options: LoaderOptions,
+    samples: u64,
+    epoch: u64,
+    flow: Arc<Flow>,
+    jobs: Sender<Job>,
+}
+
+impl Planner {
+    fn run(self) {
+        let o = &self.options;
+        let windows = &self.windows;
+        let mut draw: Box<dyn FnMut() -> Option<(Arc<Slot>, u64)> + '_> = match o.shuffle {
+            Shuffle::Full => {
+                let permutation = Permutation::new(windows.len(), o.seed, self.epoch);
+                let start = o.shard.range(windows.len()).start;
+                let mut i = 0u64;
+                Box::new(move || {
+                    let (block, local) = windows.index.locate(permutation.apply(start + i));
+                    i += 1;
+                    let origin = windows.grid.blocks[block].origin(local);
+                    Some((Slot::new(block, windows.grid.window_extent(&origin)), local))
+                })
+            }
+            Shuffle::None | Shuffle::Block { .. } => {
+                let shuffled = matches!(o.shuffle, Shuffle::Block { .. });
+                let segs = segments(&windows.index, shuffled, o.seed, self.epoch, o.shard);
+                let capacity = match o.shuffle {
+                    Shuffle::Block { buffer_bytes } => {
+                        (buffer_bytes / windows.block_bytes().max(1)).max(1) as usize
+                    }
+                    _ => 1,
+                };
+                let shuffle = shuffled.then_some((o.seed, self.epoch, o.shard.rank));
+                let mut sampler = BlockSampler::new(segs, capacity, shuffle);
+                let jobs = self.jobs.clone();
+                Box::new(move || {
+                    let (slot, local) = sampler.draw(&windows.index, |block| {
+                        let slot = Slot::new(block, windows.grid.blocks[block].extent.clone());
+                        let _ = jobs.send(Job::Warm(Arc::clone(&slot)));
+                        slot
+                    })?;
+                    Some((slot, u64::from(local)))
+                })
+            }
+        };
+        let batch = o.batch_size as u64;
+        let mut produced = 0u64;
+        let mut seq = 0u64;
+        while produced < self.samples {
+            let n = batch.min(self.samples - produced);
+            let plan: Plan = (0..n).map_while(|_| draw()).collect();
+            if plan.len() as u64 != n || !self.flow.acquire() {
+                return;
+            }
+            if self.jobs.send(Job::Assemble(seq, plan)).is_err() {
+                return;
+            }
+            seq += 1;
+            produced += n;
+        }
+    }
+}
+
+struct Worker {
+    windows: Arc<Windows>,
+    counters: Arc<Counters>,
+    flow: Arc<Flow>,
+    jobs: Arc<Mutex<Receiver<Job>>>,
+    results: Sender<(u64, Result<WindowBatch, WindowError>)>,
+}
+
+impl Worker {
+    fn run(self) {
+        loop {
+            let job = match self.jobs.lock() {
+                Ok(jobs) => jobs.recv(),
+                Err(_) => return,
+            };
+            if self.flow.is_cancelled() {
+                return;
+            }
+            match job {
+                Ok(Job::Warm(slot)) => {
+                    // An error here is reported by the batch that needs the block.
+                    let _ = slot.values(&self.windows, &self.counters);
+                }
+                Ok(Job::Assemble(seq, plan)) => {
+                    let batch = self.assemble(&plan);
+                    if self.results.send((seq, batch)).is_err() {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn assemble(&self, plan: &Plan) -> Result<WindowBatch, WindowError> {
+        let windows = &self.windows;
+        let cells = windows.grid.window_cells() as usize;
+        let rank = windows.grid.axes.len();
+        let mut variables: Option<Vec<Values>> = None;
+        let mut origins = vec![Vec::with_capacity(plan.len()); rank];
+        let mut assemble_ns = 0u64;
+        for (slot, local) in plan {
+            let values = slot.values(windows, &self.counters)?;
+            let started = Instant::now();
+            let out = variables.get_or_insert_with(|| {
+                values
+                    .iter()
+                    .map(|v| v.empty_like(plan.len() * cells))
+                    .collect()
+            });
+            let origin = windows.grid.blocks[slot.block].origin(*local);
+            let window = windows.grid.window_extent(&origin);
+            for (v, o) in values.iter().zip(out.iter_mut()) {
+                v.append_window(&slot.extent, &window, o);
+            }
+            for (d, r) in window.iter().enumerate() {
+                origins[d].push(r.start);
+            }
+            assemble_ns += started.elapsed().as_nanos() as u64;
+        }
+        self.counters
+            .assemble_ns
+            .fetch_add(assemble_ns, Ordering::Relaxed);
+        Ok(WindowBatch {
+            len: plan.len(),
+            variables: variables.unwrap_or_default(),
+            origins,
+        })
+    }
+}
+
+/// What [`BatchStream::poll`] found.
+#[derive(Debug)]
+pub enum Polled {
+    /// The next batch.
+    Batch(WindowBatch),
+    /// The epoch is over.
+    Done,
+    /// Nothing yet within the timeout.
+    Waiting,
+}
+
+/// The batches of one epoch, in order. Dropping it stops the threads.
+pub struct BatchStream {
+    results: Receiver<(u64, Result<WindowBatch, WindowError>)>,
+    pending: BTreeMap<u64, Result<WindowBatch, WindowError>>,
+    next: u64,
+    expected: u64,
+    flow: Arc<Flow>,
+    counters: Arc<Counters>,
+}
+
+impl BatchStream {
+    /// Number of batches in the epoch.
+    pub fn num_batches(&self) -> u64 {
+        self.expected
+    }
+
+    /// Waits up to `timeout` for the next batch.
+    pub fn poll(&mut self, timeout: Duration) -> Result<Polled, WindowError> {
+        if self.next >= self.expected {
+            return Ok(Polled::Done);
+        }
+        let started = Instant::now();
+        let outcome = loop {
+            if let Some(result) = self.pending.remove(&self.next) {
+                self.next += 1;
+                self.flow.release();
+                break match result {
+                    Ok(batch) => {
+                        self.counters.batches.fetch_add(1, Ordering::Relaxed);
+                        self.counters
+                            .samples
+                            .fetch_add(batch.len as u64, Ordering::Relaxed);
+                        Ok(Polled::Batch(batch))
+                    }
+                    Err(e) => {
+                        self.next = self.expected;
+                        self.flow.cancel();
+                        Err(e)
+                    }
+                };
+            }
+            match self
+                .results
+                .recv_timeout(timeout.saturating_sub(started.elapsed()))
+            {
+                Ok((seq, result)) => {
+                    self.pending.insert(seq, result);
+                }
+                Err(RecvTimeoutError::Timeout) => break Ok(Polled::Waiting),
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.next = self.expected;
+                    break Err(WindowError::Internal(
+                        "the loader's threads stopped before the epoch ended".into(),
+                    ));
+                }
+            }
+        };
+        self.counters
+            .wait_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        outcome
+    }
+}
+
+impl Iterator for BatchStream {
+    type Item = Result<WindowBatch, WindowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            match self.poll(Duration::from_secs(3600)) {
+                Ok(Polled::Batch(b)) => return Some(Ok(b)),
+                Ok(Polled::Done) => return None,
+                Ok(Polled::Waiting) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}
+
+impl Drop for BatchStream {
+    fn drop(&mut self) {
+        self.flow.cancel();
+    }
+}

@@ -1,0 +1,226 @@
+//! Training windows cut from Zarr just in time: the ML data loader.
+//!
+//! Training examples are windows of a gridded dataset (xbatcher's
+//! `input_dims` and `input_overlap`), with windows holding missing values
+//! dropped, shuffled, sharded across data-parallel ranks and batched. No
+//! intermediate copy of the dataset is written: an index of valid window
+//! origins ([`index`]) is built once per dataset and window shape, and
+//! batches are cut from decoded chunks as they are needed ([`loader`]).
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`geometry`] | window shapes, origins, chunk-aligned blocks of origins |
+//! | [`index`] | which origins hold a valid window |
+//! | [`order`] | shuffling, sharding, epochs |
+//! | [`values`] | typed cell values and cutting windows out of them |
+//! | [`loader`] | the threads that decode blocks and assemble batches |
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
+//! use zarrfusion::windows::{LoaderOptions, Validity, WindowShape, Windows};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let runtime = datafusion::execution::runtime_env::RuntimeEnv::default();
+//! let dataset = ZarrDataset::open("demo/era5.zarr", &ZarrTableOptions::default(), &runtime)?;
+//! let table = Arc::new(dataset.table(None)?);
+//! let shape = WindowShape {
+//!     sizes: vec![("lat".into(), 5), ("lon".into(), 5)],
+//!     overlaps: vec![("lat".into(), 4), ("lon".into(), 4)],
+//! };
+//! let selection = Selection::all(&table.shape());
+//! let windows = Windows::new(table, &["t2m".to_string()], selection, &shape, Validity::All, 16 << 20, 2)?;
+//! println!("{} valid windows", windows.len());
+//! let loader = zarrfusion::windows::WindowLoader::new(Arc::new(windows), LoaderOptions::default())?;
+//! for batch in loader.epoch(0) {
+//!     let batch = batch?;
+//!     println!("{} windows", batch.len);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod geometry;
+pub mod index;
+pub mod loader;
+pub mod order;
+pub mod values;
+
+use std::sync::Arc;
+
+pub use geometry::{Validity, WindowGrid, WindowShape};
+pub use index::ValidIndex;
+pub use loader::{BatchStream, LoaderOptions, LoaderStats, Polled, WindowBatch, WindowLoader};
+pub use order::{Shard, Shuffle};
+pub use values::Values;
+
+use datafusion::common::DFSchema;
+use datafusion::logical_expr::utils::split_conjunction_owned;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::prelude::SessionContext;
+
+use crate::error::ZarrFusionError;
+use crate::table::{classify_filters, select, GridTable, Selection};
+
+/// An error making or reading windows.
+#[derive(Debug, thiserror::Error)]
+pub enum WindowError {
+    /// An argument is wrong; the message names it.
+    #[error("{argument}: {message}")]
+    Argument {
+        /// The argument's name, as the API spells it.
+        argument: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The data could not be read (the message names store, array and chunk).
+    #[error(transparent)]
+    Data(#[from] ZarrFusionError),
+    /// The data could not be read while loading (message of the original error).
+    #[error("{0}")]
+    Read(String),
+    /// A bug: something that should not happen.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl WindowError {
+    /// An error about argument `argument`.
+    pub fn argument(argument: &str, message: impl std::fmt::Display) -> Self {
+        Self::Argument {
+            argument: argument.to_string(),
+            message: message.to_string(),
+        }
+    }
+}
+
+/// The valid windows of some variables of a grid table.
+#[derive(Debug)]
+pub struct Windows {
+    /// The table the windows are cut from.
+    pub table: Arc<GridTable>,
+    /// The variables, as indices into `table.variables`.
+    pub variables: Vec<usize>,
+    /// Where the window origins are, grouped in blocks.
+    pub grid: WindowGrid,
+    /// Which origins hold a valid window.
+    pub index: ValidIndex,
+}
+
+impl Windows {
+    /// Plans windows of `shape` over `selection` of `table`, for the named
+    /// variables (all of the table's when empty), and builds the index of
+    /// valid windows on `threads` threads. Blocks aim at `block_bytes`
+    /// decoded bytes.
+    pub fn new(
+        table: Arc<GridTable>,
+        variables: &[String],
+        selection: Selection,
+        shape: &WindowShape,
+        validity: Validity,
+        block_bytes: u64,
+        threads: usize,
+    ) -> Result<Self, WindowError> {
+        let names: Vec<&str> = table.variables.iter().map(|v| v.name()).collect();
+        let variables: Vec<usize> = if variables.is_empty() {
+            (0..names.len()).collect()
+        } else {
+            variables
+                .iter()
+                .map(|v| {
+                    names.iter().position(|n| n == v).ok_or_else(|| {
+                        WindowError::argument(
+                            "variables",
+                            format!("unknown variable '{v}' (variables: {})", names.join(", ")),
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        if variables.is_empty() {
+            return Err(WindowError::argument(
+                "variables",
+                "the table has no variables",
+            ));
+        }
+        for &v in &variables {
+            let var = &table.variables[v];
+            if !values::is_supported(var.data_type()) {
+                return Err(WindowError::argument(
+                    "variables",
+                    format!(
+                        "variable '{}' has type {}; windows need integers or float32/float64",
+                        var.name(),
+                        var.data_type()
+                    ),
+                ));
+            }
+        }
+        let bytes_per_cell: u64 = variables
+            .iter()
+            .map(|&v| table.variables[v].element_size() as u64)
+            .sum();
+        let grid = WindowGrid::new(&table, &selection, shape, bytes_per_cell, block_bytes)?;
+        let index = ValidIndex::build(&table, &variables, &grid, validity, threads)?;
+        Ok(Self {
+            table,
+            variables,
+            grid,
+            index,
+        })
+    }
+
+    /// Number of valid windows.
+    pub fn len(&self) -> u64 {
+        self.index.total
+    }
+
+    /// Whether there is no valid window.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Names of the variables, in batch order.
+    pub fn variable_names(&self) -> Vec<&str> {
+        self.variables
+            .iter()
+            .map(|&v| self.table.variables[v].name())
+            .collect()
+    }
+
+    /// Decoded bytes of an average block (what one shuffle-buffer entry costs).
+    pub fn block_bytes(&self) -> u64 {
+        let per_cell: u64 = self
+            .variables
+            .iter()
+            .map(|&v| self.table.variables[v].element_size() as u64)
+            .sum();
+        let blocks = self.grid.blocks.len().max(1) as u64;
+        let cells: u64 = self.grid.blocks.iter().map(|b| b.num_cells()).sum();
+        cells / blocks * per_cell
+    }
+}
+
+/// The cells selected by `predicate`, a SQL condition on coordinates (the
+/// loader's `where`), evaluated like a filter pushed into a scan.
+pub fn select_where(
+    table: &GridTable,
+    predicate: &str,
+    ctx: &SessionContext,
+) -> Result<Selection, WindowError> {
+    let where_error = |e: &dyn std::fmt::Display| WindowError::argument("where", e);
+    let schema = DFSchema::try_from(Arc::clone(&table.schema)).map_err(|e| where_error(&e))?;
+    let expr = ctx
+        .parse_sql_expr(predicate, &schema)
+        .map_err(|e| where_error(&e))?;
+    let conjuncts = split_conjunction_owned(expr);
+    let refs: Vec<&Expr> = conjuncts.iter().collect();
+    for (conjunct, how) in conjuncts.iter().zip(classify_filters(&refs, table)) {
+        if how != TableProviderFilterPushDown::Exact {
+            return Err(where_error(&format!(
+                "'{conjunct}' is not a condition on one coordinate; windows are selected by coordinates only"
+            )));
+        }
+    }
+    select(&conjuncts, table, &ctx.state()).map_err(|e| where_error(&e))
+}

@@ -1,0 +1,316 @@
+//! The order windows come out in: shuffling, sharding and epochs.
+//!
+//! All ranks agree on one global sequence of the valid windows per epoch
+//! and each takes a contiguous, disjoint share of it, so shards never
+//! overlap and together cover every window.
+//!
+//! - `None`: blocks in order, windows in order.
+//! - `Block`: blocks in a seeded random order; windows drawn at random from a
+//!   buffer of decoded blocks, each draw weighted by what is left in a
+//!   block, so the buffer mixes like a uniform sample of its windows.
+//! - `Full`: a seeded pseudo-random permutation of all valid windows,
+//!   computed (a Feistel network with cycle walking), never stored.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::index::ValidIndex;
+
+/// How windows are shuffled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shuffle {
+    /// In storage order.
+    None,
+    /// Chunk-aware: blocks in random order, windows sampled from a buffer of
+    /// decoded blocks of about this many bytes.
+    Block {
+        /// Bytes of decoded blocks held for sampling.
+        buffer_bytes: u64,
+    },
+    /// A global permutation of all valid windows (reads windows one by one).
+    Full,
+}
+
+/// Which share of the windows a data-parallel rank takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This rank, `0..world_size`.
+    pub rank: u64,
+    /// Number of ranks.
+    pub world_size: u64,
+}
+
+impl Shard {
+    /// The whole sequence, for a single process.
+    pub const WHOLE: Self = Self {
+        rank: 0,
+        world_size: 1,
+    };
+
+    /// This rank's share of a sequence of `n` windows.
+    pub fn range(&self, n: u64) -> Range<u64> {
+        let at = |r: u64| (u128::from(n) * u128::from(r) / u128::from(self.world_size)) as u64;
+        at(self.rank)..at(self.rank + 1)
+    }
+}
+
+/// The random generator of one epoch, the same on every rank for `stream` 0.
+fn epoch_rng(seed: u64, epoch: u64, stream: u64) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(epoch.wrapping_mul(0x1_0000).wrapping_add(stream));
+    rng
+}
+
+/// A pseudo-random permutation of `0..n`: a balanced Feistel network over
+/// the next even power of two, walked until it lands inside `0..n`.
+#[derive(Debug, Clone)]
+pub struct Permutation {
+    n: u64,
+    half_bits: u32,
+    keys: [u64; 4],
+}
+
+impl Permutation {
+    /// The permutation of `0..n` for `seed` and `epoch`.
+    pub fn new(n: u64, seed: u64, epoch: u64) -> Self {
+        let bits = 64 - n.saturating_sub(1).leading_zeros();
+        let mut rng = epoch_rng(seed, epoch, 0);
+        Self {
+            n,
+            half_bits: bits.div_ceil(2).max(1),
+            keys: std::array::from_fn(|_| rng.random()),
+        }
+    }
+
+    /// The image of `i` (for `i < n`).
+    pub fn apply(&self, i: u64) -> u64 {
+        let mut x = i;
+        loop {
+            x = self.round_trip(x);
+            if x < self.n {
+                return x;
+            }
+        }
+    }
+
+    fn round_trip(&self, x: u64) -> u64 {
+        let mask = (1u64 << self.half_bits) - 1;
+        let (mut left, mut right) = (x >> self.half_bits, x & mask);
+        for key in self.keys {
+            let mixed = left ^ (splitmix(right ^ key) & mask);
+            left = right;
+            right = mixed;
+        }
+        (left << self.half_bits) | right
+    }
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A run of one block's valid windows (ranks within the block).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    /// The block.
+    pub block: usize,
+    /// Ranks of its valid windows.
+    pub ranks: Range<u64>,
+}
+
+/// This rank's segments for an epoch: blocks in epoch order, cut to the
+/// rank's share.
+pub fn segments(
+    index: &ValidIndex,
+    shuffle_blocks: bool,
+    seed: u64,
+    epoch: u64,
+    shard: Shard,
+) -> VecDeque<Segment> {
+    let mut order: Vec<usize> = (0..index.blocks.len()).collect();
+    if shuffle_blocks {
+        let mut rng = epoch_rng(seed, epoch, 0);
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
+        }
+    }
+    let share = shard.range(index.total);
+    let mut out = VecDeque::new();
+    let mut before = 0u64;
+    for block in order {
+        let count = index.blocks[block].count;
+        let start = share.start.max(before);
+        let end = share.end.min(before + count);
+        if start < end {
+            out.push_back(Segment {
+                block,
+                ranks: start - before..end - before,
+            });
+        }
+        before += count;
+        if before >= share.end {
+            break;
+        }
+    }
+    out
+}
+
+/// A block buffered for drawing: its slot and its remaining origins.
+#[derive(Debug)]
+pub struct Buffered<S> {
+    /// What the caller keeps with the block (its decoded data slot).
+    pub slot: S,
+    /// Local origin numbers not drawn yet (drawn from the end).
+    remaining: Vec<u32>,
+}
+
+/// Draws windows from a buffer of blocks, filled from segments.
+pub struct BlockSampler<S> {
+    segments: VecDeque<Segment>,
+    buffer: Vec<Buffered<S>>,
+    capacity: usize,
+    rng: Option<ChaCha8Rng>,
+}
+
+impl<S: Clone> BlockSampler<S> {
+    /// A sampler over `segments` holding up to `capacity` blocks; `rng`
+    /// `None` draws in order (one block at a time).
+    pub fn new(
+        segments: VecDeque<Segment>,
+        capacity: usize,
+        shuffle: Option<(u64, u64, u64)>,
+    ) -> Self {
+        let rng = shuffle.map(|(seed, epoch, rank)| epoch_rng(seed, epoch, rank + 1));
+        Self {
+            segments,
+            buffer: Vec::new(),
+            capacity: if rng.is_some() { capacity.max(1) } else { 1 },
+            rng,
+        }
+    }
+
+    /// Draws the next window, filling the buffer first; `open` makes the
+    /// slot of a block entering the buffer.
+    pub fn draw(
+        &mut self,
+        index: &ValidIndex,
+        mut open: impl FnMut(usize) -> S,
+    ) -> Option<(S, u32)> {
+        while self.buffer.len() < self.capacity {
+            let Some(segment) = self.segments.pop_front() else {
+                break;
+            };
+            let mut remaining = index.blocks[segment.block].origins(segment.ranks);
+            match &mut self.rng {
+                Some(rng) => {
+                    for i in (1..remaining.len()).rev() {
+                        remaining.swap(i, rng.random_range(0..=i));
+                    }
+                }
+                None => remaining.reverse(),
+            }
+            self.buffer.push(Buffered {
+                slot: open(segment.block),
+                remaining,
+            });
+        }
+        let total: usize = self.buffer.iter().map(|b| b.remaining.len()).sum();
+        if total == 0 {
+            return None;
+        }
+        let mut pick = match &mut self.rng {
+            Some(rng) => rng.random_range(0..total),
+            None => 0,
+        };
+        let which = self
+            .buffer
+            .iter()
+            .position(|b| {
+                if pick < b.remaining.len() {
+                    true
+                } else {
+                    pick -= b.remaining.len();
+                    false
+                }
+            })
+            .unwrap_or(0);
+        let entry = &mut self.buffer[which];
+        let local = entry.remaining.pop().unwrap_or_default();
+        let slot = entry.slot.clone();
+        if entry.remaining.is_empty() {
+            self.buffer.remove(which);
+        }
+        Some((slot, local))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::windows::index::BlockIndex;
+
+    #[test]
+    fn permutation_is_a_bijection() {
+        for n in [1u64, 2, 3, 7, 64, 1000, 4097] {
+            let p = Permutation::new(n, 42, 3);
+            let mut seen = vec![false; n as usize];
+            for i in 0..n {
+                let j = p.apply(i) as usize;
+                assert!(!seen[j], "n={n}: {j} twice");
+                seen[j] = true;
+            }
+        }
+        let a: Vec<u64> = (0..100)
+            .map(|i| Permutation::new(100, 1, 0).apply(i))
+            .collect();
+        let b: Vec<u64> = (0..100)
+            .map(|i| Permutation::new(100, 1, 1).apply(i))
+            .collect();
+        assert_ne!(a, b, "epochs permute differently");
+    }
+
+    #[test]
+    fn shards_split_segments_disjointly() {
+        let index = ValidIndex::from_blocks(vec![
+            BlockIndex::all(5),
+            BlockIndex::all(0),
+            BlockIndex::all(7),
+            BlockIndex::all(4),
+        ]);
+        for world in 1..=5 {
+            let mut total = 0;
+            for rank in 0..world {
+                let shard = Shard {
+                    rank,
+                    world_size: world,
+                };
+                let segs = segments(&index, true, 9, 2, shard);
+                total += segs
+                    .iter()
+                    .map(|s| s.ranks.end - s.ranks.start)
+                    .sum::<u64>();
+            }
+            assert_eq!(total, 16, "world {world}");
+        }
+    }
+
+    #[test]
+    fn sampler_draws_every_window_once() {
+        let index = ValidIndex::from_blocks(vec![BlockIndex::all(30), BlockIndex::all(20)]);
+        for shuffle in [None, Some((7, 0, 0))] {
+            let segs = segments(&index, shuffle.is_some(), 7, 0, Shard::WHOLE);
+            let mut sampler = BlockSampler::new(segs, 2, shuffle);
+            let mut seen = std::collections::HashSet::new();
+            while let Some((block, local)) = sampler.draw(&index, |b| b) {
+                assert!(seen.insert((block, local)));
+            }
+            assert_eq!(seen.len(), 50);
+        }
+    }
+}

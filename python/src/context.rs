@@ -1,0 +1,246 @@
+//! `SessionContext`: a zarrfusion session (memory budget, work directory,
+//! settings), its tables, SQL, and datasets opened for windowing.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef};
+use datafusion::common::ScalarValue;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::SessionContext;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict};
+use zarrfusion::table::{open_dataset, parse_dims, ZarrTable, ZarrTableOptions};
+use zarrfusion::ZarrContextExt;
+
+use crate::dataframe::PyDataFrame;
+use crate::errors::{datafusion_error, engine_error};
+use crate::runtime::wait_for;
+use crate::windows::PyDataset;
+
+/// A zarrfusion session: registered tables, settings and a memory budget.
+#[pyclass(name = "SessionContext", module = "zarrfusion._zarrfusion", frozen)]
+pub struct PySessionContext {
+    pub(crate) ctx: SessionContext,
+}
+
+/// A size given as a number of bytes or a string such as `"2GB"`.
+fn size_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if let Ok(bytes) = value.extract::<usize>() {
+        return Ok(bytes);
+    }
+    let text: String = value.extract().map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name}: expected a size like '2GB' or a number of bytes"
+        ))
+    })?;
+    zarrfusion::memory::parse_size(&text).map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
+}
+
+/// Whether coordinate values run from high to low (first above last).
+fn descends(values: &ArrayRef) -> bool {
+    let n = values.len();
+    if n < 2 {
+        return false;
+    }
+    match (
+        ScalarValue::try_from_array(values, 0),
+        ScalarValue::try_from_array(values, n - 1),
+    ) {
+        (Ok(first), Ok(last)) => first > last,
+        _ => false,
+    }
+}
+
+/// Keyword options as the strings SQL `OPTIONS` takes (`True` is `'true'`).
+pub(crate) fn string_options(
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    if let Some(options) = options {
+        for (key, value) in options.iter() {
+            let text = if value.is_instance_of::<PyBool>() {
+                value.extract::<bool>()?.to_string()
+            } else {
+                value.str()?.to_string()
+            };
+            out.insert(key.extract::<String>()?, text);
+        }
+    }
+    Ok(out)
+}
+
+#[pymethods]
+impl PySessionContext {
+    /// A session. `allowed_mem` bounds the memory of queries (`"4GB"`, or
+    /// bytes); `work_dir` holds intermediate files; `config` sets any
+    /// session setting (`{"zarrfusion.dense_reduction": "false"}`).
+    #[new]
+    #[pyo3(signature = (allowed_mem=None, work_dir=None, target_partitions=None, batch_size=None, config=None))]
+    fn new(
+        allowed_mem: Option<&Bound<'_, PyAny>>,
+        work_dir: Option<PathBuf>,
+        target_partitions: Option<usize>,
+        batch_size: Option<usize>,
+        config: Option<HashMap<String, String>>,
+    ) -> PyResult<Self> {
+        let mut builder = RuntimeEnvBuilder::new();
+        if let Some(limit) = allowed_mem {
+            builder = builder.with_memory_limit(size_argument("allowed_mem", limit)?, 1.0);
+        }
+        if let Some(dir) = &work_dir {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| PyValueError::new_err(format!("work_dir {}: {e}", dir.display())))?;
+            builder = builder.with_temp_file_path(dir);
+        }
+        let runtime = builder.build_arc().map_err(datafusion_error)?;
+        let mut session = zarrfusion::session_config();
+        if let Some(n) = target_partitions {
+            session = session.with_target_partitions(n.max(1));
+        }
+        if let Some(n) = batch_size {
+            session = session.with_batch_size(n.max(1));
+        }
+        for (key, value) in config.unwrap_or_default() {
+            session
+                .options_mut()
+                .set(&key, &value)
+                .map_err(|e| PyValueError::new_err(format!("config: {e}")))?;
+        }
+        Ok(Self {
+            ctx: zarrfusion::new_context_with(session, runtime),
+        })
+    }
+
+    /// Registers the Zarr store at `path` (a path or URL) as table `name`,
+    /// with the options of `CREATE EXTERNAL TABLE ... OPTIONS (...)`.
+    #[pyo3(signature = (name, path, **options))]
+    fn register_zarr(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        path: &str,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let options = string_options(options)?;
+        ZarrTableOptions::from_map(&options).map_err(engine_error)?;
+        wait_for(py, self.ctx.register_zarr(name, path, options))?.map_err(datafusion_error)
+    }
+
+    /// Plans a SQL statement; DDL and `SET` run at once.
+    fn sql(&self, py: Python<'_>, query: &str) -> PyResult<PyDataFrame> {
+        let df = wait_for(py, self.ctx.sql(query))?.map_err(datafusion_error)?;
+        Ok(PyDataFrame::new(df))
+    }
+
+    /// The whole of a registered table.
+    fn table(&self, py: Python<'_>, name: &str) -> PyResult<PyDataFrame> {
+        let df = wait_for(py, self.ctx.table(name))?.map_err(datafusion_error)?;
+        Ok(PyDataFrame::new(df))
+    }
+
+    /// Removes a table; `True` when it existed.
+    fn deregister_table(&self, name: &str) -> PyResult<bool> {
+        Ok(self
+            .ctx
+            .deregister_table(name)
+            .map_err(datafusion_error)?
+            .is_some())
+    }
+
+    /// Names of the tables in the default schema.
+    fn table_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .ctx
+            .catalog("datafusion")
+            .and_then(|c| c.schema("public"))
+            .map(|s| s.table_names())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The dimension and variable names of every registered Zarr table,
+    /// with their attributes as JSON and whether a dimension's coordinate
+    /// descends: `{column: (is_dimension, attrs_json, descending)}`.
+    fn _zarr_columns(&self, py: Python<'_>) -> PyResult<HashMap<String, (bool, String, bool)>> {
+        let ctx = self.ctx.clone();
+        wait_for(py, async move {
+            let mut out = HashMap::new();
+            for catalog_name in ctx.catalog_names() {
+                let Some(catalog) = ctx.catalog(&catalog_name) else {
+                    continue;
+                };
+                for schema_name in catalog.schema_names() {
+                    let Some(schema) = catalog.schema(&schema_name) else {
+                        continue;
+                    };
+                    for table_name in schema.table_names() {
+                        let Ok(Some(provider)) = schema.table(&table_name).await else {
+                            continue;
+                        };
+                        let Some(zarr) =
+                            (provider.as_ref() as &dyn Any).downcast_ref::<ZarrTable>()
+                        else {
+                            continue;
+                        };
+                        let grid = zarr.grid();
+                        for dim in &grid.dims {
+                            let attrs = serde_json::Value::Object(dim.attributes.clone());
+                            out.insert(
+                                dim.name.clone(),
+                                (true, attrs.to_string(), descends(&dim.values)),
+                            );
+                        }
+                        for var in &grid.variables {
+                            let attrs = serde_json::Value::Object(var.attributes().clone());
+                            out.entry(var.name().to_string()).or_insert((
+                                false,
+                                attrs.to_string(),
+                                false,
+                            ));
+                        }
+                    }
+                }
+            }
+            out
+        })
+    }
+
+    /// Opens a Zarr store for windowing: the variables (all that share the
+    /// chosen dimensions when `None`) of the dimension set `dims`.
+    #[pyo3(signature = (path, variables=None, dims=None, **options))]
+    fn open_zarr(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        variables: Option<Vec<String>>,
+        dims: Option<&Bound<'_, PyAny>>,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyDataset> {
+        let mut options =
+            ZarrTableOptions::from_map(&string_options(options)?).map_err(engine_error)?;
+        if let Some(dims) = dims {
+            options.dims = Some(match dims.extract::<String>() {
+                Ok(text) => parse_dims(&text).map_err(engine_error)?,
+                Err(_) => dims.extract::<Vec<String>>()?,
+            });
+        }
+        let dims = options.dims.clone();
+        let open = open_dataset(path.to_string(), options, self.ctx.runtime_env());
+        let dataset = wait_for(py, open)?.map_err(datafusion_error)?;
+        let table = dataset.table(dims.as_deref()).map_err(engine_error)?;
+        PyDataset::new(
+            Arc::new(table),
+            variables.unwrap_or_default(),
+            self.ctx.clone(),
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!("SessionContext(tables={:?})", self.table_names())
+    }
+}

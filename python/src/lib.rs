@@ -1,0 +1,35 @@
+//! Python bindings of zarrfusion: the `zarrfusion._zarrfusion` extension
+//! module. The Python package `zarrfusion` is a thin layer over it.
+//!
+//! | module | Python class |
+//! |---|---|
+//! | [`context`] | `SessionContext`: registering stores, SQL, opening datasets |
+//! | [`dataframe`] | `DataFrame`: building, running and exporting queries (Arrow C stream) |
+//! | [`windows`] | `Dataset`, `Windows`, `WindowLoader`: the ML window loader |
+//! | [`runtime`] | the Tokio runtime, waiting with the GIL released, Ctrl-C |
+
+mod context;
+mod dataframe;
+mod errors;
+mod runtime;
+mod windows;
+
+use pyo3::prelude::*;
+
+/// The extension module.
+#[pymodule]
+fn _zarrfusion(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add(
+        "ZarrFusionError",
+        m.py().get_type::<errors::ZarrFusionError>(),
+    )?;
+    m.add_class::<context::PySessionContext>()?;
+    m.add_class::<dataframe::PyDataFrame>()?;
+    m.add_class::<dataframe::PyRecordBatchStream>()?;
+    m.add_class::<windows::PyDataset>()?;
+    m.add_class::<windows::PyWindows>()?;
+    m.add_class::<windows::PyWindowLoader>()?;
+    m.add_class::<windows::PyBatchIterator>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! The Tokio runtime the bindings run queries on, and waiting for a future
+//! with the GIL released while still answering Ctrl-C.
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tokio::runtime::Runtime;
+
+use crate::errors::ZarrFusionError;
+
+/// The process-wide multi-threaded runtime.
+pub fn runtime() -> PyResult<&'static Runtime> {
+    static RUNTIME: OnceLock<std::io::Result<Runtime>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .thread_name("zarrfusion")
+                .build()
+        })
+        .as_ref()
+        .map_err(|e| ZarrFusionError::new_err(format!("cannot start the Tokio runtime: {e}")))
+}
+
+/// How often a waiting thread checks for Ctrl-C.
+pub const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+/// Runs `future` to completion with the GIL released. Every
+/// [`SIGNAL_CHECK`] the GIL is taken back briefly to run Python's signal
+/// handlers; a `KeyboardInterrupt` drops the future, which cancels the
+/// query, and is raised.
+pub fn wait_for<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    let runtime = runtime()?;
+    py.detach(|| {
+        runtime.block_on(async {
+            tokio::pin!(future);
+            loop {
+                tokio::select! {
+                    output = &mut future => return Ok(output),
+                    _ = tokio::time::sleep(SIGNAL_CHECK) => {
+                        Python::attach(|py| py.check_signals())?;
+                    }
+                }
+            }
+        })
+    })
+}

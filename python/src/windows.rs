@@ -1,0 +1,487 @@
+//! The window loader in Python: `Dataset.windows(...)` builds the index of
+//! valid windows, `Windows.loader(...)` yields batches as dicts of numpy
+//! arrays that own the buffers Rust filled (no copy).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, ArrayRef, AsArray, UInt64Array};
+use arrow::compute::{cast, take};
+use arrow::datatypes::{
+    DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, TimeUnit,
+    UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use datafusion::prelude::SessionContext;
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use zarrfusion::table::{GridTable, Selection};
+use zarrfusion::windows::{
+    select_where, BatchStream, LoaderOptions, Polled, Shard, Shuffle, Validity, Values,
+    WindowBatch, WindowLoader, WindowShape, Windows,
+};
+
+use crate::errors::window_error;
+use crate::runtime::SIGNAL_CHECK;
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+fn size_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(bytes) = value.extract::<u64>() {
+        return Ok(bytes);
+    }
+    let text: String = value.extract().map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name}: expected a size like '256MB' or a number of bytes"
+        ))
+    })?;
+    zarrfusion::memory::parse_size(&text)
+        .map(|n| n as u64)
+        .map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
+}
+
+/// `{dim: n}` as pairs, checking every value is a non-negative integer.
+fn dim_counts(name: &str, value: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(String, u64)>> {
+    let Some(dict) = value else {
+        return Ok(Vec::new());
+    };
+    dict.iter()
+        .map(|(k, v)| {
+            let dim: String = k.extract().map_err(|_| {
+                PyValueError::new_err(format!("{name}: keys must be dimension names"))
+            })?;
+            let n: u64 = v.extract().map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{name}: '{dim}' must map to a non-negative integer"
+                ))
+            })?;
+            Ok((dim, n))
+        })
+        .collect()
+}
+
+/// A Zarr store opened for windowing: one dimension set and its variables.
+#[pyclass(name = "Dataset", module = "zarrfusion._zarrfusion", frozen)]
+pub struct PyDataset {
+    table: Arc<GridTable>,
+    variables: Vec<String>,
+    ctx: SessionContext,
+}
+
+impl PyDataset {
+    /// A dataset of `variables` (all of the table's when empty).
+    pub fn new(
+        table: Arc<GridTable>,
+        variables: Vec<String>,
+        ctx: SessionContext,
+    ) -> PyResult<Self> {
+        let names: Vec<String> = table
+            .variables
+            .iter()
+            .map(|v| v.name().to_string())
+            .collect();
+        for v in &variables {
+            if !names.contains(v) {
+                return Err(PyValueError::new_err(format!(
+                    "variables: unknown variable '{v}' (variables over ({}): {})",
+                    table
+                        .dims
+                        .iter()
+                        .map(|d| d.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    names.join(", ")
+                )));
+            }
+        }
+        let variables = if variables.is_empty() {
+            names
+        } else {
+            variables
+        };
+        Ok(Self {
+            table,
+            variables,
+            ctx,
+        })
+    }
+}
+
+#[pymethods]
+impl PyDataset {
+    /// Dimension names, outermost first.
+    #[getter]
+    fn dims(&self) -> Vec<String> {
+        self.table.dims.iter().map(|d| d.name.clone()).collect()
+    }
+
+    /// Dimension lengths, as a dict.
+    #[getter]
+    fn sizes(&self) -> Vec<(String, u64)> {
+        self.table
+            .dims
+            .iter()
+            .map(|d| (d.name.clone(), d.len))
+            .collect()
+    }
+
+    /// The variables windows are cut from.
+    #[getter]
+    fn variables(&self) -> Vec<String> {
+        self.variables.clone()
+    }
+
+    /// The valid windows of `input_dims` (cells per window dimension) with
+    /// `input_overlap`, kept by `valid` (`"all"`, `"any"` or a fraction of
+    /// non-missing values) over the cells selected by `where` (SQL on
+    /// coordinates). Builds the valid-window index (one pass over the data).
+    #[pyo3(signature = (input_dims, input_overlap=None, valid=None, r#where=None, block_size=None, threads=None))]
+    fn windows(
+        &self,
+        py: Python<'_>,
+        input_dims: &Bound<'_, PyDict>,
+        input_overlap: Option<&Bound<'_, PyDict>>,
+        valid: Option<&Bound<'_, PyAny>>,
+        r#where: Option<String>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        threads: Option<usize>,
+    ) -> PyResult<PyWindows> {
+        let shape = WindowShape {
+            sizes: dim_counts("input_dims", Some(input_dims))?,
+            overlaps: dim_counts("input_overlap", input_overlap)?,
+        };
+        let validity = match valid {
+            None => Validity::All,
+            Some(v) => match v.extract::<f64>() {
+                Ok(f) if !v.is_instance_of::<pyo3::types::PyString>() => Validity::fraction(f),
+                _ => Validity::parse(&v.extract::<String>().map_err(|_| {
+                    PyValueError::new_err("valid: expected 'all', 'any' or a fraction")
+                })?),
+            }
+            .map_err(window_error)?,
+        };
+        let block_bytes = match block_size {
+            Some(b) => size_of("block_size", b)?,
+            None => 16 << 20,
+        };
+        let selection = match &r#where {
+            Some(predicate) => {
+                select_where(&self.table, predicate, &self.ctx).map_err(window_error)?
+            }
+            None => Selection::all(&self.table.shape()),
+        };
+        let table = Arc::clone(&self.table);
+        let variables = self.variables.clone();
+        let threads = threads.unwrap_or_else(default_threads).max(1);
+        let windows = py
+            .detach(move || {
+                Windows::new(
+                    table,
+                    &variables,
+                    selection,
+                    &shape,
+                    validity,
+                    block_bytes,
+                    threads,
+                )
+            })
+            .map_err(window_error)?;
+        Ok(PyWindows {
+            windows: Arc::new(windows),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Dataset(store={:?}, dims={:?}, variables={:?})",
+            self.table.store,
+            self.dims(),
+            self.variables
+        )
+    }
+}
+
+/// The valid windows of a dataset.
+#[pyclass(name = "Windows", module = "zarrfusion._zarrfusion", frozen)]
+pub struct PyWindows {
+    windows: Arc<Windows>,
+}
+
+#[pymethods]
+impl PyWindows {
+    /// Number of valid windows.
+    fn __len__(&self) -> usize {
+        self.windows.len() as usize
+    }
+
+    /// The variables in each batch.
+    #[getter]
+    fn variables(&self) -> Vec<String> {
+        self.windows
+            .variable_names()
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
+    /// The window dimensions and sizes, in array order.
+    #[getter]
+    fn window_shape(&self) -> Vec<(String, u64)> {
+        self.windows
+            .grid
+            .axes
+            .iter()
+            .filter(|a| a.window)
+            .map(|a| (a.name.clone(), a.size))
+            .collect()
+    }
+
+    /// A loader of batches. `shuffle`: `None`, `"block"` (a buffer of
+    /// `buffer_size` bytes of decoded blocks) or `"full"`; `shard`:
+    /// `(rank, world_size)`.
+    #[pyo3(signature = (batch_size=256, shuffle=Some("block".to_string()), seed=0, drop_last=false, prefetch=8, threads=None, shard=None, buffer_size=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn loader(
+        &self,
+        batch_size: usize,
+        shuffle: Option<String>,
+        seed: u64,
+        drop_last: bool,
+        prefetch: usize,
+        threads: Option<usize>,
+        shard: Option<(u64, u64)>,
+        buffer_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyWindowLoader> {
+        let buffer_bytes = match buffer_size {
+            Some(b) => size_of("buffer_size", b)?,
+            None => 256 << 20,
+        };
+        let shuffle = match shuffle.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None | Some("none") => Shuffle::None,
+            Some("block") => Shuffle::Block { buffer_bytes },
+            Some("full") => Shuffle::Full,
+            Some(other) => {
+                return Err(PyValueError::new_err(format!(
+                    "shuffle: '{other}' is not None, 'block' or 'full'"
+                )))
+            }
+        };
+        let shard = match shard {
+            Some((rank, world_size)) => Shard { rank, world_size },
+            None => Shard::WHOLE,
+        };
+        let options = LoaderOptions {
+            batch_size,
+            shuffle,
+            seed,
+            drop_last,
+            prefetch,
+            threads: threads.unwrap_or_else(default_threads),
+            shard,
+        };
+        let loader = WindowLoader::new(Arc::clone(&self.windows), options).map_err(window_error)?;
+        Ok(PyWindowLoader {
+            loader: Arc::new(loader),
+            windows: Arc::clone(&self.windows),
+            epoch: AtomicU64::new(0),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Windows(n={}, window={:?}, variables={:?})",
+            self.windows.len(),
+            self.window_shape(),
+            self.variables()
+        )
+    }
+}
+
+/// Batches of windows, epoch after epoch.
+#[pyclass(name = "WindowLoader", module = "zarrfusion._zarrfusion", frozen)]
+pub struct PyWindowLoader {
+    loader: Arc<WindowLoader>,
+    windows: Arc<Windows>,
+    epoch: AtomicU64,
+}
+
+#[pymethods]
+impl PyWindowLoader {
+    /// Batches per epoch (for this shard).
+    fn __len__(&self) -> usize {
+        self.loader.num_batches() as usize
+    }
+
+    /// Windows per epoch (for this shard).
+    #[getter]
+    fn num_samples(&self) -> u64 {
+        self.loader.num_samples()
+    }
+
+    /// The batch size.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.loader.options().batch_size
+    }
+
+    /// The epoch the next iteration runs (it seeds the shuffle).
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Sets the epoch of the next iteration.
+    fn set_epoch(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// Starts an epoch: the batches, assembled ahead on Rust threads.
+    fn __iter__(&self) -> PyBatchIterator {
+        PyBatchIterator {
+            stream: Mutex::new(self.loader.epoch(self.epoch())),
+            windows: Arc::clone(&self.windows),
+        }
+    }
+
+    /// Counters over all epochs: batches, samples, blocks read, bytes
+    /// decoded, decode/assembly thread time and time waited for batches.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.loader.stats();
+        let d = PyDict::new(py);
+        d.set_item("batches", s.batches)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("blocks_read", s.blocks_read)?;
+        d.set_item("bytes_read", s.bytes_decoded)?;
+        d.set_item("decode_time_s", s.decode_seconds)?;
+        d.set_item("assemble_time_s", s.assemble_seconds)?;
+        d.set_item("wait_time_s", s.wait_seconds)?;
+        Ok(d)
+    }
+}
+
+/// The batches of one epoch.
+#[pyclass(name = "BatchIterator", module = "zarrfusion._zarrfusion", frozen)]
+pub struct PyBatchIterator {
+    stream: Mutex<BatchStream>,
+    windows: Arc<Windows>,
+}
+
+#[pymethods]
+impl PyBatchIterator {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        loop {
+            let polled = py.detach(|| {
+                let mut stream = self
+                    .stream
+                    .lock()
+                    .map_err(|_| PyRuntimeError::new_err("the loader's lock is poisoned"))?;
+                stream.poll(SIGNAL_CHECK).map_err(window_error)
+            })?;
+            match polled {
+                Polled::Batch(batch) => return batch_dict(py, &self.windows, batch).map(Some),
+                Polled::Done => return Ok(None),
+                Polled::Waiting => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Number of batches in the epoch.
+    fn __len__(&self) -> PyResult<usize> {
+        let stream = self
+            .stream
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("the loader's lock is poisoned"))?;
+        Ok(stream.num_batches() as usize)
+    }
+}
+
+/// A batch as `{variable: array (n, *window), "coords": {dim: origins}, "index": {dim: origins}}`.
+fn batch_dict<'py>(
+    py: Python<'py>,
+    windows: &Windows,
+    batch: WindowBatch,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut shape = vec![batch.len];
+    shape.extend(windows.grid.window_sizes().iter().map(|&s| s as usize));
+    let out = PyDict::new(py);
+    for (name, values) in windows.variable_names().into_iter().zip(batch.variables) {
+        out.set_item(name, values_array(py, values, &shape)?)?;
+    }
+    let coords = PyDict::new(py);
+    let index = PyDict::new(py);
+    for (dim, origins) in windows.table.dims.iter().zip(batch.origins) {
+        let positions = UInt64Array::from(origins.clone());
+        let values = take(dim.values.as_ref(), &positions, None)
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        coords.set_item(&dim.name, arrow_to_numpy(py, &values)?)?;
+        let origins: Vec<i64> = origins.into_iter().map(|i| i as i64).collect();
+        index.set_item(&dim.name, PyArray1::from_vec(py, origins))?;
+    }
+    out.set_item("coords", coords)?;
+    out.set_item("index", index)?;
+    Ok(out)
+}
+
+/// Moves typed values into a numpy array of `shape` (no copy).
+fn values_array<'py>(
+    py: Python<'py>,
+    values: Values,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyAny>> {
+    macro_rules! to_numpy {
+        ($($variant:ident),*) => {
+            match values {
+                $(Values::$variant(v) => PyArray1::from_vec(py, v).reshape(shape.to_vec())?.into_any(),)*
+            }
+        };
+    }
+    Ok(to_numpy!(F32, F64, I8, I16, I32, I64, U8, U16, U32, U64))
+}
+
+/// A 1-D Arrow array (coordinates) as numpy: numbers as numbers, timestamps
+/// as `datetime64`, anything else as objects.
+fn arrow_to_numpy<'py>(py: Python<'py>, array: &ArrayRef) -> PyResult<Bound<'py, PyAny>> {
+    macro_rules! numbers {
+        ($t:ty) => {
+            PyArray1::from_vec(py, array.as_primitive::<$t>().values().to_vec()).into_any()
+        };
+    }
+    Ok(match array.data_type() {
+        DataType::Float32 => numbers!(Float32Type),
+        DataType::Float64 => numbers!(Float64Type),
+        DataType::Int8 => numbers!(Int8Type),
+        DataType::Int16 => numbers!(Int16Type),
+        DataType::Int32 => numbers!(Int32Type),
+        DataType::Int64 => numbers!(Int64Type),
+        DataType::UInt8 => numbers!(UInt8Type),
+        DataType::UInt16 => numbers!(UInt16Type),
+        DataType::UInt32 => numbers!(UInt32Type),
+        DataType::UInt64 => numbers!(UInt64Type),
+        DataType::Timestamp(unit, _) => {
+            let unit = match unit {
+                TimeUnit::Second => "s",
+                TimeUnit::Millisecond => "ms",
+                TimeUnit::Microsecond => "us",
+                TimeUnit::Nanosecond => "ns",
+            };
+            let raw = cast(array, &DataType::Int64)
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            let values = PyArray1::from_vec(py, raw.as_primitive::<Int64Type>().values().to_vec());
+            values.call_method1("view", (format!("datetime64[{unit}]"),))?
+        }
+        _ => {
+            let text =
+                cast(array, &DataType::Utf8).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            let strings: Vec<Option<&str>> = text.as_string::<i32>().iter().collect();
+            py.import("numpy")?
+                .call_method1("array", (strings, "object"))?
+        }
+    })
+}

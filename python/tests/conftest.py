@@ -1,0 +1,53 @@
+"""Shared fixtures of the Python tests: the committed zarr-python stores
+under tests/fixtures/data, and small stores written here by xarray."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "data"
+
+
+@pytest.fixture
+def fixtures() -> pathlib.Path:
+    return FIXTURES
+
+
+@pytest.fixture
+def ctx():
+    import zarrfusion as zf
+
+    return zf.SessionContext()
+
+
+@pytest.fixture(scope="session")
+def window_store(tmp_path_factory) -> pathlib.Path:
+    """A (time=7, lat=19, lon=23) store with two float32 variables, missing
+    values in both, and chunks (2, 6, 8) so windows cross chunk edges."""
+    import pandas as pd
+    import xarray as xr
+
+    rng = np.random.default_rng(12)
+    shape = (7, 19, 23)
+    a = rng.normal(size=shape).astype("float32")
+    b = rng.normal(size=shape).astype("float32")
+    a[rng.random(shape) < 0.01] = np.nan
+    b[rng.random(shape) < 0.01] = np.nan
+    a[:, 2:4, 17:20] = np.nan  # a hole every time step
+    b[5] = np.nan  # a time step without any valid window
+    ds = xr.Dataset(
+        {"a": (("time", "lat", "lon"), a), "b": (("time", "lat", "lon"), b)},
+        coords={
+            "time": pd.date_range("2020-01-01", periods=7, freq="6h"),
+            "lat": np.linspace(45.0, -45.0, 19).astype("float32"),
+            "lon": np.arange(23, dtype="float64") * 1.5,
+        },
+        attrs={"title": "window test"},
+    )
+    ds.a.attrs.update(units="K", long_name="variable a")
+    path = tmp_path_factory.mktemp("stores") / "windows.zarr"
+    ds.to_zarr(path, encoding={v: {"chunks": (2, 6, 8)} for v in ("a", "b")}, zarr_format=3)
+    return path

@@ -1,0 +1,128 @@
+"""SQL and DataFrame results against xarray and pandas, on the committed fixtures."""
+
+from __future__ import annotations
+
+import threading
+import _thread
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import xarray as xr
+
+import zarrfusion as zf
+
+
+def open_xr(path):
+    return xr.open_zarr(path, chunks=None).load()
+
+
+@pytest.mark.parametrize("store", ["v2_basic.zarr", "v3_basic.zarr"])
+def test_group_by_lat_equals_xarray(ctx, fixtures, store):
+    ctx.register_zarr("t", fixtures / store)
+    got = ctx.sql("SELECT lat, avg(t2m) AS t, max(u10) AS u FROM t GROUP BY lat ORDER BY lat").to_pandas()
+    ds = open_xr(fixtures / store)
+    want = pd.DataFrame(
+        {
+            "t": ds.t2m.mean(["time", "lon"]).to_series(),
+            "u": ds.u10.max(["time", "lon"]).to_series(),
+        }
+    ).sort_index()
+    assert got["lat"].to_numpy().tolist() == want.index.to_numpy().tolist()
+    np.testing.assert_allclose(got["t"], want["t"], rtol=1e-6)
+    np.testing.assert_allclose(got["u"], want["u"], rtol=1e-12)
+
+
+def test_dataframe_methods_equal_pandas(ctx, fixtures):
+    ctx.register_zarr("t", fixtures / "v3_basic.zarr")
+    ds = open_xr(fixtures / "v3_basic.zarr")
+    frame = ds.to_dataframe().reset_index()
+    df = (
+        ctx.table("t")
+        .filter("lat >= 15 AND t2m IS NOT NULL")
+        .select("time", "lat", "lon", "t2m * 2 AS t2")
+        .sort("lat DESC", "lon", "time")
+        .limit(7, offset=2)
+    )
+    got = df.to_pandas()
+    want = frame[(frame.lat >= 15) & frame.t2m.notna()].assign(t2=lambda f: f.t2m * 2)
+    want = want.sort_values(["lat", "lon", "time"], ascending=[False, True, True]).iloc[2:9]
+    assert df.columns == ["time", "lat", "lon", "t2"]
+    np.testing.assert_array_equal(got["lat"].to_numpy(), want["lat"].to_numpy())
+    np.testing.assert_array_equal(got["time"].to_numpy(), want["time"].to_numpy())
+    np.testing.assert_allclose(got["t2"], want["t2"], rtol=1e-6)
+
+    agg = ctx.table("t").aggregate(["lon"], ["count(t2m) AS n", "sum(u10) AS s"]).sort("lon").to_pandas()
+    want = frame.groupby("lon").agg(n=("t2m", "count"), s=("u10", "sum")).reset_index()
+    np.testing.assert_array_equal(agg["n"], want["n"])
+    np.testing.assert_allclose(agg["s"], want["s"], rtol=1e-12)
+    assert ctx.table("t").count() == frame.shape[0]
+
+
+def test_arrow_stream_and_schema(ctx, fixtures):
+    ctx.register_zarr("t", fixtures / "v3_basic.zarr")
+    df = ctx.sql("SELECT lat, lon, t2m FROM t WHERE time = TIMESTAMP '2020-01-01T00:00:00' ORDER BY lat, lon")
+    table = pa.table(df)
+    assert table.equals(df.to_arrow_table())
+    assert pa.schema(df).names == ["lat", "lon", "t2m"]
+    assert df.schema().field("t2m").type == pa.float32()
+    batches = df.collect()
+    assert sum(b.num_rows for b in batches) == table.num_rows == 20
+    reader = pa.RecordBatchReader.from_stream(df)
+    assert reader.read_all().num_rows == 20
+
+
+def test_polars_and_duckdb_read_the_stream(ctx, fixtures):
+    ctx.register_zarr("t", fixtures / "v3_basic.zarr")
+    df = ctx.sql("SELECT lat, count(*) AS n FROM t GROUP BY lat ORDER BY lat")
+    polars = pytest.importorskip("polars")
+    assert polars.from_arrow(pa.table(df))["n"].to_list() == [24] * 5
+
+
+def test_show_and_explain(ctx, fixtures, capsys):
+    ctx.register_zarr("t", fixtures / "v3_basic.zarr")
+    df = ctx.sql("SELECT lat, avg(t2m) FROM t GROUP BY lat")
+    df.show(3)
+    shown = capsys.readouterr().out
+    assert shown.count("\n") >= 5 and "lat" in shown
+    df.explain()
+    assert "DenseReduction" in capsys.readouterr().out
+
+
+def test_settings_and_memory_budget(fixtures):
+    ctx = zf.SessionContext(allowed_mem="64KB", config={"zarrfusion.dense_reduction": True})
+    ctx.register_zarr("t", fixtures / "v3_basic.zarr")
+    with pytest.raises(zf.ZarrFusionError, match="memory"):
+        ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
+    with pytest.raises(ValueError, match="allowed_mem"):
+        zf.SessionContext(allowed_mem="lots")
+    with pytest.raises(ValueError, match="config"):
+        zf.SessionContext(config={"zarrfusion.no_such_setting": "1"})
+
+
+def test_errors_are_exceptions_with_the_engine_message(ctx, fixtures):
+    with pytest.raises(zf.ZarrFusionError, match="SQL|sql|Expected"):
+        ctx.sql("SELEC 1")
+    with pytest.raises(zf.ZarrFusionError, match="nope"):
+        ctx.sql("SELECT * FROM nope")
+    with pytest.raises(zf.ZarrFusionError, match="does_not_exist"):
+        ctx.register_zarr("x", fixtures / "does_not_exist.zarr")
+    with pytest.raises(ValueError, match="unknown Zarr table option"):
+        ctx.register_zarr("x", fixtures / "v3_basic.zarr", colour="red")
+    ctx.register_zarr("bad", fixtures / "bad_corrupt_chunk.zarr")
+    with pytest.raises(zf.ZarrFusionError, match=r"bad_corrupt_chunk.zarr.*chunk"):
+        ctx.sql("SELECT * FROM bad").to_pandas()
+    with pytest.raises(ValueError, match="filter"):
+        ctx.sql("SELECT 1 AS a").filter("no_such_column > 1")
+
+
+def test_ctrl_c_cancels_a_running_query(ctx):
+    df = ctx.sql("SELECT sum(value) FROM generate_series(1, 100000000000)")
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            df.to_pandas()
+    finally:
+        timer.cancel()

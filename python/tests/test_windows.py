@@ -1,0 +1,197 @@
+"""The window loader against numpy: the same windows, the same counts,
+reproducible shuffles, disjoint shards, clear argument errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+from numpy.lib.stride_tricks import sliding_window_view
+
+import zarrfusion as zf
+
+SIZE = {"lat": 5, "lon": 4}
+
+
+def arrays(store):
+    ds = xr.open_zarr(store, chunks=None).load()
+    return ds, ds.a.values, ds.b.values
+
+
+def valid_origins(a, b, size, stride, min_fraction=None):
+    """(t, i, j) of every window kept, by numpy (stride 1 views, then stepped)."""
+    missing = np.isnan(a).astype(int) + np.isnan(b).astype(int)
+    counts = sliding_window_view(missing, size, axis=(1, 2)).sum(axis=(-2, -1))
+    counts = counts[:, :: stride[0], :: stride[1]]
+    cells = 2 * size[0] * size[1]
+    if min_fraction is None:
+        keep = counts == 0
+    else:
+        keep = (cells - counts) >= min_fraction * cells
+    t, i, j = np.nonzero(keep)
+    return {(int(x), int(y) * stride[0], int(z) * stride[1]) for x, y, z in zip(t, i, j)}
+
+
+def drain(loader):
+    seen = []
+    for batch in loader:
+        idx = batch["index"]
+        seen.extend(zip(idx["time"].tolist(), idx["lat"].tolist(), idx["lon"].tolist()))
+    return seen
+
+
+@pytest.mark.parametrize("overlap,valid", [({"lat": 4, "lon": 3}, "all"), ({"lat": 2, "lon": 0}, "all"), ({"lat": 4, "lon": 3}, 0.9), ({}, "any")])
+def test_count_and_windows_equal_numpy(ctx, window_store, overlap, valid):
+    ds, a, b = arrays(window_store)
+    windows = ctx.open_zarr(window_store, variables=["a", "b"]).windows(SIZE, overlap, valid=valid)
+    stride = (SIZE["lat"] - overlap.get("lat", 0), SIZE["lon"] - overlap.get("lon", 0))
+    if valid == "any":
+        t, i, j = np.meshgrid(
+            np.arange(7), np.arange(0, 19 - 5 + 1, stride[0]), np.arange(0, 23 - 4 + 1, stride[1]), indexing="ij"
+        )
+        expected = set(zip(t.ravel().tolist(), i.ravel().tolist(), j.ravel().tolist()))
+    else:
+        expected = valid_origins(a, b, (5, 4), stride, None if valid == "all" else valid)
+    assert len(windows) == len(expected)
+    loader = windows.loader(batch_size=10, shuffle=None)
+    assert len(loader) == -(-len(expected) // 10)
+    count = 0
+    for batch in loader:
+        assert batch["a"].shape[1:] == (5, 4) and batch["a"].dtype == np.float32
+        for k, (t, i, j) in enumerate(zip(batch["index"]["time"], batch["index"]["lat"], batch["index"]["lon"])):
+            assert (t, i, j) in expected
+            np.testing.assert_array_equal(batch["a"][k], a[t, i : i + 5, j : j + 4])
+            np.testing.assert_array_equal(batch["b"][k], b[t, i : i + 5, j : j + 4])
+            assert batch["coords"]["time"][k] == ds.time.values[t]
+            assert batch["coords"]["lat"][k] == ds.lat.values[i]
+            assert batch["coords"]["lon"][k] == ds.lon.values[j]
+            count += 1
+        if valid == "all":
+            assert not np.isnan(batch["a"]).any() and not np.isnan(batch["b"]).any()
+    assert count == len(expected)
+
+
+def test_window_size_changes_need_no_rewrite(ctx, window_store):
+    _, a, b = arrays(window_store)
+    dataset = ctx.open_zarr(window_store)
+    for size in (1, 3, 7):
+        windows = dataset.windows({"lat": size, "lon": size}, {"lat": size - 1, "lon": size - 1})
+        assert len(windows) == len(valid_origins(a, b, (size, size), (1, 1)))
+
+
+def test_where_selects_by_coordinates(ctx, window_store):
+    _, a, b = arrays(window_store)
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3}, where="time >= '2020-01-01T12:00:00' AND lat <= 30")
+    # time index >= 2; lat (45 .. -45 step 5) <= 30 from index 3.
+    sub_a, sub_b = a[2:, 3:], b[2:, 3:]
+    assert len(windows) == len(valid_origins(sub_a, sub_b, (5, 4), (1, 1)))
+    origins = drain(windows.loader(batch_size=64, shuffle=None))
+    assert min(t for t, _, _ in origins) >= 2 and min(i for _, i, _ in origins) >= 3
+
+
+@pytest.mark.parametrize("shuffle", ["block", "full"])
+def test_shuffles_are_seeded_and_cover_every_window(ctx, window_store, shuffle):
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    loader = windows.loader(batch_size=32, shuffle=shuffle, seed=3, buffer_size="20KB")
+    first = drain(loader)
+    again = drain(loader)
+    assert first == again
+    assert sorted(first) == sorted(drain(windows.loader(batch_size=32, shuffle=None)))
+    assert len(set(first)) == len(first) == len(windows)
+    loader.set_epoch(1)
+    assert drain(loader) != first
+    other_seed = windows.loader(batch_size=32, shuffle=shuffle, seed=4, buffer_size="20KB")
+    assert drain(other_seed) != first
+    assert first != sorted(first)
+
+
+@pytest.mark.parametrize("shuffle", [None, "block", "full"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_shards_are_disjoint_and_cover_everything(ctx, window_store, shuffle, world):
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    seen = []
+    for rank in range(world):
+        loader = windows.loader(batch_size=16, shuffle=shuffle, seed=1, shard=(rank, world))
+        loader.set_epoch(2)
+        got = drain(loader)
+        assert len(got) == loader.num_samples
+        seen.extend(got)
+    assert len(seen) == len(set(seen)) == len(windows)
+    counts = set()
+    for rank in range(world):
+        loader = windows.loader(batch_size=16, shuffle=shuffle, seed=1, shard=(rank, world), drop_last=True)
+        batches = list(loader)
+        assert all(len(b["index"]["lat"]) == 16 for b in batches)
+        assert len(batches) == len(loader)
+        counts.add(len(batches))
+    assert len(counts) == 1
+
+
+def test_batches_are_numpy_arrays_shared_without_copy(ctx, window_store):
+    windows = ctx.open_zarr(window_store, variables=["a"]).windows(SIZE, {"lat": 4, "lon": 3})
+    batch = next(iter(windows.loader(batch_size=8, seed=0)))
+    assert set(batch) == {"a", "coords", "index"}
+    x = batch["a"]
+    assert x.flags["C_CONTIGUOUS"] and x.flags["OWNDATA"] is False
+    y = np.from_dlpack(x)
+    assert np.shares_memory(x, y)
+    assert batch["coords"]["time"].dtype.kind == "M"
+
+
+def test_stats_count_batches_and_reads(ctx, window_store):
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    loader = windows.loader(batch_size=50, seed=0, prefetch=2, threads=2)
+    n = sum(1 for _ in loader)
+    stats = loader.stats()
+    assert stats["batches"] == n == len(loader)
+    assert stats["samples"] == len(windows)
+    assert stats["blocks_read"] > 0 and stats["bytes_read"] > 0
+    assert stats["wait_time_s"] >= 0 and stats["decode_time_s"] > 0
+
+
+def test_torch_iterable_dataset(ctx, window_store):
+    torch = pytest.importorskip("torch")
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    dataset = windows.loader(batch_size=16, seed=0).torch()
+    assert isinstance(dataset, torch.utils.data.IterableDataset)
+    batch = next(iter(torch.utils.data.DataLoader(dataset, batch_size=None)))
+    assert batch["a"].shape == (16, 5, 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs,argument",
+    [
+        ({"input_dims": {"lat": 5, "depth": 2}}, "input_dims"),
+        ({"input_dims": {"lat": 20}}, "input_dims"),
+        ({"input_dims": {"lat": 5}, "input_overlap": {"lat": 5}}, "input_overlap"),
+        ({"input_dims": {"lat": 5}, "input_overlap": {"lon": 1}}, "input_overlap"),
+        ({"input_dims": {"lat": 5}, "valid": "most"}, "valid"),
+        ({"input_dims": {"lat": 5}, "valid": 1.5}, "valid"),
+        ({"input_dims": {"lat": 5}, "where": "a > 0"}, "where"),
+        ({"input_dims": {"lat": 5}, "where": "lat >"}, "where"),
+    ],
+)
+def test_bad_window_arguments_name_the_argument(ctx, window_store, kwargs, argument):
+    with pytest.raises(ValueError, match=argument):
+        ctx.open_zarr(window_store).windows(**kwargs)
+
+
+def test_bad_loader_arguments_name_the_argument(ctx, window_store):
+    with pytest.raises(ValueError, match="variables"):
+        ctx.open_zarr(window_store, variables=["a", "nope"])
+    windows = ctx.open_zarr(window_store).windows(SIZE)
+    for kwargs, argument in [
+        ({"batch_size": 0}, "batch_size"),
+        ({"shuffle": "sometimes"}, "shuffle"),
+        ({"shard": (2, 2)}, "shard"),
+        ({"buffer_size": "huge"}, "buffer_size"),
+    ]:
+        with pytest.raises(ValueError, match=argument):
+            windows.loader(**kwargs)
+
+
+def test_corrupt_chunk_is_an_error_naming_it(ctx, fixtures):
+    windows_of = ctx.open_zarr(fixtures / "bad_corrupt_chunk.zarr")
+    with pytest.raises(zf.ZarrFusionError, match="chunk"):
+        windows = windows_of.windows({windows_of.dims[-1]: 1})
+        list(windows.loader(batch_size=4, shuffle=None))

@@ -1,0 +1,95 @@
+"""The session: tables, SQL, settings, and datasets opened for windowing."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from . import _zarrfusion
+from .dataframe import DataFrame
+from .loader import Dataset
+
+
+class SessionContext:
+    """A zarrfusion session.
+
+    ``allowed_mem`` bounds the memory queries may use (``"4GB"``, ``"512MB"``
+    or a number of bytes); ``work_dir`` is where intermediate files go;
+    ``config`` sets any session setting, e.g.
+    ``{"zarrfusion.dense_reduction": "false"}``.
+    """
+
+    def __init__(
+        self,
+        allowed_mem: str | int | None = None,
+        work_dir: str | os.PathLike | None = None,
+        *,
+        target_partitions: int | None = None,
+        batch_size: int | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        settings = None if config is None else {str(k): _setting(v) for k, v in config.items()}
+        self._raw = _zarrfusion.SessionContext(
+            allowed_mem=allowed_mem,
+            work_dir=None if work_dir is None else os.fspath(work_dir),
+            target_partitions=target_partitions,
+            batch_size=batch_size,
+            config=settings,
+        )
+
+    def register_zarr(self, name: str, path: str | os.PathLike, **options: Any) -> None:
+        """Registers a Zarr store (path or URL) as table ``name``.
+
+        Options are those of ``CREATE EXTERNAL TABLE ... STORED AS ZARR OPTIONS``:
+        ``dims="lat,lon"``, ``group=...``, ``pushdown=False``, ``aws.region=...``
+        (pass dotted keys with ``**{"aws.region": "us-west-2"}``).
+        """
+        self._raw.register_zarr(name, os.fspath(path), **options)
+
+    def sql(self, query: str) -> DataFrame:
+        """Plans a SQL statement (DDL and ``SET`` run at once)."""
+        return DataFrame(self._raw.sql(query), self)
+
+    def table(self, name: str) -> DataFrame:
+        """The whole of a registered table."""
+        return DataFrame(self._raw.table(name), self)
+
+    def deregister_table(self, name: str) -> bool:
+        """Removes a table; ``True`` when it existed."""
+        return self._raw.deregister_table(name)
+
+    def tables(self) -> list[str]:
+        """Names of the tables in the default schema."""
+        return self._raw.table_names()
+
+    def open_zarr(
+        self,
+        path: str | os.PathLike,
+        variables: Sequence[str] | None = None,
+        dims: str | Sequence[str] | None = None,
+        **options: Any,
+    ) -> Dataset:
+        """Opens a Zarr store for windowing (see :meth:`Dataset.windows`).
+
+        ``variables`` are the data variables to cut windows from (default:
+        every variable over the dimension set ``dims``, itself by default the
+        one with the most dimensions).
+        """
+        if isinstance(variables, str):
+            variables = [variables]
+        raw = self._raw.open_zarr(
+            os.fspath(path),
+            variables=None if variables is None else list(variables),
+            dims=dims if dims is None or isinstance(dims, str) else list(dims),
+            **options,
+        )
+        return Dataset(raw)
+
+    def __repr__(self) -> str:
+        return f"SessionContext(tables={self.tables()})"
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

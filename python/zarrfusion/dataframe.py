@@ -1,0 +1,119 @@
+"""Lazy queries: build with SQL-text expressions, run into Arrow, pandas or xarray.
+
+Every method that runs the query releases the GIL while it runs and can be
+interrupted with Ctrl-C (the query is cancelled and ``KeyboardInterrupt``
+raised). A ``DataFrame`` is an Arrow stream producer (``__arrow_c_stream__``),
+so ``pyarrow.table(df)``, ``polars.from_arrow(df)`` and DuckDB read it
+without a copy.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Sequence, TextIO
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas
+    import pyarrow
+    import xarray
+
+    from .context import SessionContext
+
+
+class DataFrame:
+    """A query over registered tables, planned but not run."""
+
+    def __init__(self, raw: Any, ctx: "SessionContext") -> None:
+        self._raw = raw
+        self._ctx = ctx
+
+    def _wrap(self, raw: Any) -> "DataFrame":
+        return DataFrame(raw, self._ctx)
+
+    # Building --------------------------------------------------------------
+    def select(self, *exprs: str) -> "DataFrame":
+        """Keeps SQL expressions: ``df.select("lat", "t2m - 273.15 AS t")``."""
+        return self._wrap(self._raw.select(*exprs))
+
+    def filter(self, predicate: str) -> "DataFrame":
+        """Keeps the rows where a SQL condition holds."""
+        return self._wrap(self._raw.filter(predicate))
+
+    def aggregate(self, group_by: Sequence[str], aggs: Sequence[str]) -> "DataFrame":
+        """Groups by expressions and aggregates: ``df.aggregate(["lat"], ["avg(t2m) AS t"])``."""
+        if isinstance(group_by, str):
+            group_by = [group_by]
+        if isinstance(aggs, str):
+            aggs = [aggs]
+        return self._wrap(self._raw.aggregate(list(group_by), list(aggs)))
+
+    def sort(self, *exprs: str) -> "DataFrame":
+        """Sorts: ``df.sort("lat DESC", "lon")`` (``NULLS FIRST``/``LAST`` allowed)."""
+        return self._wrap(self._raw.sort(*exprs))
+
+    def limit(self, count: int, offset: int = 0) -> "DataFrame":
+        """At most ``count`` rows after skipping ``offset``."""
+        return self._wrap(self._raw.limit(count, offset))
+
+    # Looking ---------------------------------------------------------------
+    @property
+    def columns(self) -> list[str]:
+        """Column names."""
+        return self._raw.columns
+
+    def schema(self) -> "pyarrow.Schema":
+        """The result's Arrow schema."""
+        import pyarrow as pa
+
+        return pa.schema(self._raw)
+
+    def explain(self, verbose: bool = False, analyze: bool = False, file: TextIO | None = None) -> None:
+        """Prints the plan; ``analyze=True`` runs the query and adds its metrics."""
+        print(self._raw._explain(verbose, analyze), file=file or sys.stdout)
+
+    def show(self, n: int = 20, file: TextIO | None = None) -> None:
+        """Prints the first ``n`` rows as a table."""
+        print(self._raw._show(n), file=file or sys.stdout)
+
+    def __repr__(self) -> str:
+        return f"DataFrame(columns={self.columns})"
+
+    # Running ---------------------------------------------------------------
+    def count(self) -> int:
+        """Number of rows."""
+        return self._raw.count()
+
+    def collect(self) -> list["pyarrow.RecordBatch"]:
+        """Runs the query; its record batches."""
+        return self.to_arrow_table().to_batches()
+
+    def to_arrow_table(self) -> "pyarrow.Table":
+        """Runs the query into a ``pyarrow.Table`` (the batches are not copied)."""
+        import pyarrow as pa
+
+        return pa.RecordBatchReader.from_stream(self._raw._collect()).read_all()
+
+    def to_pandas(self) -> "pandas.DataFrame":
+        """Runs the query into a ``pandas.DataFrame``."""
+        return self.to_arrow_table().to_pandas()
+
+    def to_xarray(self, dims: Sequence[str] | None = None) -> "xarray.Dataset":
+        """Runs the query and rebuilds a gridded ``xarray.Dataset``.
+
+        ``dims`` are the dimension columns (default: the result's columns that
+        are dimensions of a registered Zarr table, in column order); every
+        other column becomes a variable. Coordinates are sorted (descending
+        where the store's coordinate descends). Attributes of columns named like a
+        Zarr variable or coordinate are restored. A result whose dimension
+        columns do not form a grid (a missing or repeated combination) raises
+        ``ValueError``.
+        """
+        from .grid import table_to_xarray
+
+        return table_to_xarray(self.to_arrow_table(), self._ctx._raw._zarr_columns(), dims)
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        return self._raw.__arrow_c_stream__(requested_schema)
+
+    def __arrow_c_schema__(self) -> Any:
+        return self._raw.__arrow_c_schema__()

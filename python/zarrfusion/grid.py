@@ -1,0 +1,88 @@
+"""Rebuilding gridded xarray datasets from tabular results."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow
+    import xarray
+
+# Attributes xarray consumes when decoding (they live in `.encoding`, not `.attrs`).
+_ENCODING_ATTRS = {"_FillValue", "missing_value", "scale_factor", "add_offset", "_ARRAY_DIMENSIONS", "dtype"}
+_TIME_ENCODING_ATTRS = {"units", "calendar"}
+
+
+def _attrs(name: str, columns: Mapping[str, tuple], is_time: bool) -> dict:
+    if name not in columns:
+        return {}
+    attrs = json.loads(columns[name][1])
+    drop = _ENCODING_ATTRS | (_TIME_ENCODING_ATTRS if is_time else set())
+    return {k: v for k, v in attrs.items() if k not in drop}
+
+
+def table_to_xarray(
+    table: "pyarrow.Table",
+    columns: Mapping[str, tuple],
+    dims: Sequence[str] | None = None,
+) -> "xarray.Dataset":
+    """The grid an Arrow table holds, as an ``xarray.Dataset``.
+
+    ``columns`` maps the names of registered Zarr dimensions and variables to
+    ``(is_dimension, attributes as JSON, coordinate descends)``. Coordinates
+    come out sorted, descending where the store's coordinate descends.
+    """
+    import numpy as np
+    import pandas as pd
+    import xarray as xr
+
+    names = table.column_names
+    if dims is None:
+        dims = [n for n in names if columns.get(n, (False, "", False))[0]]
+        if not dims:
+            raise ValueError(
+                "to_xarray: none of the result's columns "
+                f"({', '.join(names)}) is a dimension of a registered Zarr table; pass dims=[...]"
+            )
+    else:
+        dims = [dims] if isinstance(dims, str) else list(dims)
+        for d in dims:
+            if d not in names:
+                raise ValueError(f"dims: '{d}' is not a column of the result ({', '.join(names)})")
+    frame = table.to_pandas()
+    codes = []
+    coords = {}
+    for d in dims:
+        column = frame[d]
+        if column.isna().any():
+            raise ValueError(f"to_xarray: dimension column '{d}' has NULLs, so the result is not a grid")
+        code, uniques = pd.factorize(column, sort=True)
+        uniques = np.asarray(uniques)
+        if columns.get(d, (False, "", False))[2]:  # the store's coordinate descends
+            code = len(uniques) - 1 - code
+            uniques = uniques[::-1]
+        codes.append(code)
+        coords[d] = uniques
+    sizes = tuple(len(coords[d]) for d in dims)
+    cells = int(np.prod(sizes, dtype=np.int64))
+    flat = np.ravel_multi_index(codes, sizes) if len(frame) else np.zeros(0, dtype=np.int64)
+    if len(frame) != cells or np.unique(flat).size != len(frame):
+        raise ValueError(
+            f"to_xarray: the result is not a grid over ({', '.join(dims)}): "
+            f"{len(frame)} rows for {cells} combinations of {len(sizes)} dimensions of sizes {sizes}; "
+            "every combination of dimension values must appear exactly once"
+        )
+    data_vars = {}
+    for name in names:
+        if name in dims:
+            continue
+        values = frame[name].to_numpy()
+        out = np.empty(cells, dtype=values.dtype)
+        out[flat] = values
+        is_time = np.issubdtype(values.dtype, np.datetime64)
+        data_vars[name] = (dims, out.reshape(sizes), _attrs(name, columns, is_time))
+    coord_vars = {
+        d: (d, coords[d], _attrs(d, columns, np.issubdtype(coords[d].dtype, np.datetime64))) for d in dims
+    }
+    return xr.Dataset(data_vars, coords=coord_vars)

@@ -1,0 +1,217 @@
+"""Training windows cut from Zarr just in time.
+
+``Dataset.windows`` builds an index of the valid windows (one pass over the
+data, no copy of it); ``Windows.loader`` yields batches as dicts of numpy
+arrays assembled on Rust threads::
+
+    {"t2m": array (batch, 5, 5), ..., "coords": {dim: origin coordinate},
+     "index": {dim: origin index}}
+
+The arrays own the memory Rust filled: nothing is copied on the way to
+Python, ``torch.from_numpy`` shares it, and DLPack consumers
+(``jax.numpy.from_dlpack``, ``cupy.from_dlpack``) take it as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+
+
+class Dataset:
+    """A Zarr store opened for windowing (``SessionContext.open_zarr``)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    @property
+    def dims(self) -> list[str]:
+        """Dimension names, outermost first."""
+        return self._raw.dims
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Dimension lengths."""
+        return dict(self._raw.sizes)
+
+    @property
+    def variables(self) -> list[str]:
+        """The variables windows are cut from."""
+        return self._raw.variables
+
+    def windows(
+        self,
+        input_dims: Mapping[str, int],
+        input_overlap: Mapping[str, int] | None = None,
+        valid: str | float = "all",
+        where: str | None = None,
+        *,
+        block_size: str | int | None = None,
+        threads: int | None = None,
+    ) -> "Windows":
+        """The valid windows of a shape (xbatcher's names).
+
+        - ``input_dims``: cells per window along each window dimension; every
+          other dimension is one cell per window (squeezed from batches).
+        - ``input_overlap``: cells shared by neighbouring windows; the stride
+          is ``size - overlap``.
+        - ``valid``: ``"all"`` keeps windows without a missing value in any
+          variable, ``"any"`` keeps every window, a fraction keeps windows
+          with at least that share of non-missing values.
+        - ``where``: a SQL condition on coordinates selecting the cells
+          windows are cut from (``"time >= '2020-01-01'"``).
+        - ``block_size``: decoded bytes of the blocks windows are read in.
+        """
+        return Windows(
+            self._raw.windows(
+                dict(input_dims),
+                None if input_overlap is None else dict(input_overlap),
+                valid,
+                where,
+                block_size,
+                threads,
+            )
+        )
+
+    def __repr__(self) -> str:
+        return repr(self._raw)
+
+
+class Windows:
+    """The valid windows of a dataset; ``len()`` is their number."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @property
+    def variables(self) -> list[str]:
+        """The variables in each batch."""
+        return self._raw.variables
+
+    @property
+    def window_shape(self) -> dict[str, int]:
+        """Window dimensions and sizes."""
+        return dict(self._raw.window_shape)
+
+    def loader(
+        self,
+        batch_size: int = 256,
+        shuffle: str | None = "block",
+        seed: int = 0,
+        drop_last: bool = False,
+        prefetch: int = 8,
+        threads: int | None = None,
+        shard: tuple[int, int] | None = None,
+        buffer_size: str | int = "256MB",
+    ) -> "WindowLoader":
+        """A loader of batches.
+
+        - ``shuffle``: ``None`` (storage order), ``"block"`` (blocks in random
+          order, windows drawn at random from ``buffer_size`` bytes of decoded
+          blocks) or ``"full"`` (a permutation of all windows; reads window by window).
+        - ``seed`` makes every order reproducible; ``set_epoch`` changes it per epoch.
+        - ``shard=(rank, world_size)`` takes this rank's disjoint share; with
+          ``drop_last`` every rank yields the same number of batches.
+        - ``prefetch`` batches are assembled ahead on ``threads`` Rust threads.
+        """
+        if shuffle is False:
+            shuffle = None
+        elif shuffle is True:
+            shuffle = "block"
+        raw = self._raw.loader(batch_size, shuffle, seed, drop_last, prefetch, threads, shard, buffer_size)
+        return WindowLoader(raw)
+
+    def __repr__(self) -> str:
+        return repr(self._raw)
+
+
+class WindowLoader:
+    """Batches of windows, epoch after epoch; ``len()`` is batches per epoch."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @property
+    def num_samples(self) -> int:
+        """Windows per epoch for this shard."""
+        return self._raw.num_samples
+
+    @property
+    def batch_size(self) -> int:
+        return self._raw.batch_size
+
+    @property
+    def epoch(self) -> int:
+        return self._raw.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Seeds the next iteration's order (as ``DistributedSampler.set_epoch``)."""
+        self._raw.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(self._raw)
+
+    def stats(self) -> dict:
+        """Batches, samples, blocks and bytes read, decode and assembly thread
+        time, and the time the consumer waited, over all epochs."""
+        return self._raw.stats()
+
+    def torch(self) -> Any:
+        """This loader as a ``torch.utils.data.IterableDataset`` yielding
+        tensors that share the batches' memory; use it with
+        ``DataLoader(loader.torch(), batch_size=None)`` or iterate it."""
+        return _torch_dataset_class()(self)
+
+
+def _as_tensors(batch: dict) -> dict:
+    import torch
+
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, dict):
+            out[key] = {
+                k: torch.from_numpy(v) if v.dtype.kind in "fiub" else v for k, v in value.items()
+            }
+        else:
+            out[key] = torch.from_numpy(value)
+    return out
+
+
+_TORCH_CLASS = None
+
+
+def _torch_dataset_class() -> type:
+    global _TORCH_CLASS
+    if _TORCH_CLASS is None:
+        try:
+            import torch.utils.data
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("WindowLoader.torch() needs PyTorch: pip install torch") from e
+
+        class TorchWindowLoader(torch.utils.data.IterableDataset):
+            """A window loader as a PyTorch iterable dataset of tensors."""
+
+            def __init__(self, loader: WindowLoader) -> None:
+                super().__init__()
+                self.loader = loader
+
+            def __iter__(self):
+                return (_as_tensors(b) for b in self.loader)
+
+            def __len__(self) -> int:
+                return len(self.loader)
+
+            def set_epoch(self, epoch: int) -> None:
+                self.loader.set_epoch(epoch)
+
+        _TORCH_CLASS = TorchWindowLoader
+    return _TORCH_CLASS
+
+
+__all__ = ["Dataset", "Windows", "WindowLoader"]
