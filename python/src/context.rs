@@ -28,7 +28,7 @@ pub struct PySessionContext {
 }
 
 /// A size given as a number of bytes or a string such as `"2GB"`.
-fn size_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+pub(crate) fn size_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
     if let Ok(bytes) = value.extract::<usize>() {
         return Ok(bytes);
     }

@@ -22,25 +22,12 @@ use zarrfusion::windows::{
     WindowBatch, WindowLoader, WindowShape, Windows,
 };
 
+use crate::context::size_argument;
 use crate::errors::window_error;
 use crate::runtime::SIGNAL_CHECK;
 
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
-}
-
-fn size_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    if let Ok(bytes) = value.extract::<u64>() {
-        return Ok(bytes);
-    }
-    let text: String = value.extract().map_err(|_| {
-        PyValueError::new_err(format!(
-            "{name}: expected a size like '256MB' or a number of bytes"
-        ))
-    })?;
-    zarrfusion::memory::parse_size(&text)
-        .map(|n| n as u64)
-        .map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
 }
 
 /// `{dim: n}` as pairs, checking every value is a non-negative integer.
@@ -164,7 +151,7 @@ impl PyDataset {
             .map_err(window_error)?,
         };
         let block_bytes = match block_size {
-            Some(b) => size_of("block_size", b)?,
+            Some(b) => size_argument("block_size", b)? as u64,
             None => 16 << 20,
         };
         let selection = match &r#where {
@@ -256,7 +243,7 @@ impl PyWindows {
         buffer_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyWindowLoader> {
         let buffer_bytes = match buffer_size {
-            Some(b) => size_of("buffer_size", b)?,
+            Some(b) => size_argument("buffer_size", b)? as u64,
             None => 256 << 20,
         };
         let shuffle = match shuffle.as_deref().map(str::to_ascii_lowercase).as_deref() {
