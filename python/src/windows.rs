@@ -18,8 +18,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use zarrfusion::table::{GridTable, Selection};
 use zarrfusion::windows::{
-    select_where, BatchStream, LoaderOptions, Polled, Shard, Shuffle, Validity, Values,
-    WindowBatch, WindowLoader, WindowShape, Windows,
+    select_where, BatchStream, IndexCache, IndexOptions, IndexSource, LoaderOptions, Polled, Shard,
+    Shuffle, Validity, Values, WindowBatch, WindowLoader, WindowShape, Windows,
 };
 
 use crate::context::size_argument;
@@ -48,6 +48,23 @@ fn dim_counts(name: &str, value: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(St
             Ok((dim, n))
         })
         .collect()
+}
+
+/// The `cache` argument: `None`/`True` for the default cache directory,
+/// `False` for none, or a directory.
+fn cache_argument(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<IndexCache>> {
+    let value = match value {
+        None => return Ok(IndexCache::default_location()),
+        Some(v) if v.is_none() => return Ok(IndexCache::default_location()),
+        Some(v) => v,
+    };
+    if let Ok(flag) = value.extract::<bool>() {
+        return Ok(flag.then(IndexCache::default_location).flatten());
+    }
+    let path: std::path::PathBuf = value
+        .extract()
+        .map_err(|_| PyValueError::new_err("cache: expected True, False or a directory path"))?;
+    Ok(Some(IndexCache::new(path)))
 }
 
 /// A Zarr store opened for windowing: one dimension set and its variables.
@@ -124,8 +141,11 @@ impl PyDataset {
     /// The valid windows of `input_dims` (cells per window dimension) with
     /// `input_overlap`, kept by `valid` (`"all"`, `"any"` or a fraction of
     /// non-missing values) over the cells selected by `where` (SQL on
-    /// coordinates). Builds the valid-window index (one pass over the data).
-    #[pyo3(signature = (input_dims, input_overlap=None, valid=None, r#where=None, block_size=None, threads=None))]
+    /// coordinates). Builds the valid-window index (one pass over the data),
+    /// or loads it from `cache` (`True`: the default cache directory, a path:
+    /// that directory, `False`: always build).
+    #[pyo3(signature = (input_dims, input_overlap=None, valid=None, r#where=None, block_size=None, threads=None, cache=None))]
+    #[allow(clippy::too_many_arguments)] // one per Python keyword
     fn windows(
         &self,
         py: Python<'_>,
@@ -135,6 +155,7 @@ impl PyDataset {
         r#where: Option<String>,
         block_size: Option<&Bound<'_, PyAny>>,
         threads: Option<usize>,
+        cache: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyWindows> {
         let shape = WindowShape {
             sizes: dim_counts("input_dims", Some(input_dims))?,
@@ -160,21 +181,15 @@ impl PyDataset {
             }
             None => Selection::all(&self.table.shape()),
         };
+        let options = IndexOptions {
+            block_bytes,
+            threads: threads.unwrap_or_else(default_threads).max(1),
+            cache: cache_argument(cache)?,
+        };
         let table = Arc::clone(&self.table);
         let variables = self.variables.clone();
-        let threads = threads.unwrap_or_else(default_threads).max(1);
         let windows = py
-            .detach(move || {
-                Windows::new(
-                    table,
-                    &variables,
-                    selection,
-                    &shape,
-                    validity,
-                    block_bytes,
-                    threads,
-                )
-            })
+            .detach(move || Windows::new(table, &variables, selection, &shape, validity, &options))
             .map_err(window_error)?;
         Ok(PyWindows {
             windows: Arc::new(windows),
@@ -212,6 +227,24 @@ impl PyWindows {
             .into_iter()
             .map(String::from)
             .collect()
+    }
+
+    /// Where the valid-window index came from: `"cache"`, or `"built"`.
+    #[getter]
+    fn index_source(&self) -> &'static str {
+        match self.windows.index_source {
+            IndexSource::Cached => "cache",
+            IndexSource::Built { .. } => "built",
+        }
+    }
+
+    /// Seconds spent building the index (0 when it came from the cache).
+    #[getter]
+    fn index_seconds(&self) -> f64 {
+        match self.windows.index_source {
+            IndexSource::Cached => 0.0,
+            IndexSource::Built { seconds } => seconds,
+        }
     }
 
     /// The window dimensions and sizes, in array order.

@@ -11,6 +11,16 @@ import pytest
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "data"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def index_cache_dir(tmp_path_factory) -> pathlib.Path:
+    """Keeps the window-index cache of the test run out of the user's home."""
+    import os
+
+    path = tmp_path_factory.mktemp("zarrfusion-cache")
+    os.environ["ZARRFUSION_CACHE_DIR"] = str(path)
+    return path
+
+
 @pytest.fixture
 def fixtures() -> pathlib.Path:
     return FIXTURES

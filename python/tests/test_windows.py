@@ -195,3 +195,40 @@ def test_corrupt_chunk_is_an_error_naming_it(ctx, fixtures):
     with pytest.raises(zf.ZarrFusionError, match="chunk"):
         windows = windows_of.windows({windows_of.dims[-1]: 1})
         list(windows.loader(batch_size=4, shuffle=None))
+
+
+def test_index_cache_is_reused_and_invalidated_by_a_rewrite(ctx, window_store, tmp_path):
+    import shutil
+
+    import zarr
+
+    store = tmp_path / "copy.zarr"
+    shutil.copytree(window_store, store)
+    cache = tmp_path / "cache"
+    overlap = {"lat": 4, "lon": 3}
+
+    def open_windows(**kwargs):
+        kwargs.setdefault("cache", cache)
+        return zf.SessionContext().open_zarr(store).windows(SIZE, overlap, **kwargs)
+
+    first = open_windows()
+    assert first.index_source == "built" and first.index_seconds > 0
+    again = open_windows()
+    assert again.index_source == "cache" and again.index_seconds == 0
+    assert len(again) == len(first)
+    assert drain(again.loader(batch_size=7, shuffle=None)) == drain(first.loader(batch_size=7, shuffle=None))
+    assert open_windows(cache=False).index_source == "built"
+    # Another rule or window shape is another index.
+    assert open_windows(valid=0.9).index_source == "built"
+    # Rewriting one chunk invalidates the cached index.
+    group = zarr.open_group(str(store), mode="r+")
+    group["a"][1, 8:12, 8:12] = np.nan
+    rebuilt = open_windows()
+    assert rebuilt.index_source == "built"
+    _, a, b = arrays(store)
+    assert len(rebuilt) == len(valid_origins(a, b, (5, 4), (1, 1))) < len(first)
+    # A corrupt cache file is a miss, not an error.
+    for f in cache.iterdir():
+        f.write_bytes(f.read_bytes()[:20])
+    damaged = open_windows()
+    assert damaged.index_source == "built" and len(damaged) == len(rebuilt)

@@ -14,6 +14,7 @@ Python, ``torch.from_numpy`` shares it, and DLPack consumers
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator, Mapping
 
 
@@ -48,6 +49,7 @@ class Dataset:
         *,
         block_size: str | int | None = None,
         threads: int | None = None,
+        cache: bool | str | os.PathLike | None = True,
     ) -> "Windows":
         """The valid windows of a shape (xbatcher's names).
 
@@ -61,6 +63,11 @@ class Dataset:
         - ``where``: a SQL condition on coordinates selecting the cells
           windows are cut from (``"time >= '2020-01-01'"``).
         - ``block_size``: decoded bytes of the blocks windows are read in.
+        - ``threads``: threads reading the data to build the index.
+        - ``cache``: keep the valid-window index on disk and reuse it while
+          the data, the window shape, ``where`` and ``valid`` are unchanged.
+          ``True`` uses ``$ZARRFUSION_CACHE_DIR`` or the user's cache
+          directory, a path uses that directory, ``False`` builds every time.
         """
         return Windows(
             self._raw.windows(
@@ -70,6 +77,7 @@ class Dataset:
                 where,
                 block_size,
                 threads,
+                cache,
             )
         )
 
@@ -95,6 +103,16 @@ class Windows:
     def window_shape(self) -> dict[str, int]:
         """Window dimensions and sizes."""
         return dict(self._raw.window_shape)
+
+    @property
+    def index_source(self) -> str:
+        """``"cache"`` when the valid-window index was loaded from the cache, else ``"built"``."""
+        return self._raw.index_source
+
+    @property
+    def index_seconds(self) -> float:
+        """Seconds spent building the valid-window index (0 when cached)."""
+        return self._raw.index_seconds
 
     def loader(
         self,

@@ -91,9 +91,15 @@ impl ZarrDataset {
         }
         let storage = open_storage(location, &resolved, &options.storage, runtime)?;
         let entries = discover_arrays(&storage, location, root_name(location))?;
+        let local_root = match &resolved {
+            StoreLocation::Local(path) => Some(path.clone()),
+            StoreLocation::Remote(_) => None,
+        };
         let arrays = entries
             .into_iter()
-            .map(|entry| ZarrArray::open(&storage, location, entry).map(Arc::new))
+            .map(|entry| {
+                ZarrArray::open(&storage, location, entry, local_root.clone()).map(Arc::new)
+            })
             .collect::<Result<Vec<_>>>()?;
         Self::from_arrays(location, arrays)
     }

@@ -65,6 +65,26 @@ impl Validity {
             Self::AtLeast(f) => (total - missing) as f64 >= f * total as f64,
         }
     }
+
+    /// The most missing values a kept window may hold, out of `total`.
+    pub fn max_missing(self, total: u64) -> u64 {
+        match self {
+            Self::All => 0,
+            Self::Any => total,
+            Self::AtLeast(f) => {
+                // Start from the real-valued bound and settle on the exact
+                // integer `keeps` agrees with (rounding may be off by one).
+                let mut m = ((1.0 - f) * total as f64).floor().clamp(0.0, total as f64) as u64;
+                while m > 0 && !self.keeps(m, total) {
+                    m -= 1;
+                }
+                while m < total && self.keeps(m + 1, total) {
+                    m += 1;
+                }
+                m
+            }
+        }
+    }
 }
 
 /// One dimension of the window grid.
@@ -415,5 +435,18 @@ mod tests {
         assert!(Validity::AtLeast(0.5).keeps(5, 10));
         assert!(!Validity::AtLeast(0.5).keeps(6, 10));
         assert!(!Validity::All.keeps(1, 10));
+        for total in [1u64, 7, 75, 6912] {
+            for v in [
+                Validity::All,
+                Validity::Any,
+                Validity::AtLeast(0.5),
+                Validity::AtLeast(0.9),
+                Validity::AtLeast(1.0 / 3.0),
+            ] {
+                let m = v.max_missing(total);
+                assert!(v.keeps(m, total), "{v:?} {total}");
+                assert!(m == total || !v.keeps(m + 1, total), "{v:?} {total}");
+            }
+        }
     }
 }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use datafusion::arrow::array::{Array, ArrayRef};
+use datafusion::arrow::buffer::BooleanBuffer;
 
 use super::geometry::{Validity, WindowBlock, WindowGrid};
 use super::WindowError;
@@ -51,6 +52,11 @@ impl BlockIndex {
             ranks,
             count,
         }
+    }
+
+    /// The bits, one per origin; `None` when every origin is valid.
+    pub fn bits(&self) -> Option<&[u64]> {
+        self.bits.as_deref()
     }
 
     /// The local origin number of the `rank`-th valid origin.
@@ -197,29 +203,32 @@ pub fn read_columns(
 }
 
 /// The valid origins of one block, from its decoded columns.
+///
+/// Missing values are counted per cell, summed over each window with
+/// sliding sums, and compared with the largest count the rule allows. Blocks
+/// without a missing value skip all of it.
 fn index_block(
     grid: &WindowGrid,
     block: &WindowBlock,
     columns: &[ArrayRef],
     validity: Validity,
 ) -> BlockIndex {
+    let total = grid.window_cells() * columns.len() as u64;
+    let any_missing = columns.iter().any(|c| c.null_count() > 0);
+    let allowed = validity.max_missing(total);
+    if !any_missing || allowed >= total {
+        return BlockIndex::all(block.num_origins());
+    }
     let mut shape: Vec<usize> = block
         .extent
         .iter()
         .map(|r| (r.end - r.start) as usize)
         .collect();
-    let cells: usize = shape.iter().product();
-    let mut missing = vec![0u32; cells];
-    for column in columns {
-        if let Some(nulls) = column.nulls().filter(|n| n.null_count() > 0) {
-            for (m, valid) in missing.iter_mut().zip(nulls.iter()) {
-                *m += u32::from(!valid);
-            }
+    let mut missing = vec![0u32; shape.iter().product()];
+    for nulls in columns.iter().filter_map(|c| c.nulls()) {
+        if nulls.null_count() > 0 {
+            count_missing(nulls.inner(), &mut missing);
         }
-    }
-    let any_missing = missing.iter().any(|&m| m > 0);
-    if !any_missing {
-        return BlockIndex::all(block.num_origins());
     }
     for (d, axis) in grid.axes.iter().enumerate() {
         if axis.window && axis.size > 1 {
@@ -227,7 +236,6 @@ fn index_block(
             shape[d] -= axis.size as usize - 1;
         }
     }
-    let total = grid.window_cells() * columns.len() as u64;
     let rank = shape.len();
     let mut strides = vec![1usize; rank];
     for d in (0..rank.saturating_sub(1)).rev() {
@@ -247,23 +255,51 @@ fn index_block(
                 .collect()
         })
         .collect();
+    let allowed = allowed as u32;
     let n = block.num_origins() as usize;
     let mut bits = vec![0u64; n.div_ceil(64)];
-    let mut position = vec![0usize; rank];
-    for (local, word) in (0..n).map(|i| (i, i / 64)) {
-        let offset: usize = (0..rank).map(|d| offsets[d][position[d]]).sum();
-        if validity.keeps(u64::from(missing[offset]), total) {
-            bits[word] |= 1 << (local % 64);
+    // Origins in C order, one row (the last dimension) at a time.
+    let (outer, inner) = offsets.split_at(rank - 1);
+    let inner = &inner[0];
+    let mut position = vec![0usize; outer.len()];
+    let mut local = 0usize;
+    while local < n {
+        let base: usize = outer.iter().zip(&position).map(|(o, &p)| o[p]).sum();
+        for &offset in inner {
+            if missing[base + offset] <= allowed {
+                bits[local / 64] |= 1 << (local % 64);
+            }
+            local += 1;
         }
-        for d in (0..rank).rev() {
+        for d in (0..outer.len()).rev() {
             position[d] += 1;
-            if position[d] < offsets[d].len() {
+            if position[d] < outer[d].len() {
                 break;
             }
             position[d] = 0;
         }
     }
     BlockIndex::from_bits(bits)
+}
+
+/// Adds one to `missing` at every unset bit of `validity` (an Arrow null
+/// buffer), 64 cells at a time.
+fn count_missing(validity: &BooleanBuffer, missing: &mut [u32]) {
+    let chunks = validity.bit_chunks();
+    let mut cell = 0usize;
+    for word in chunks.iter() {
+        let mut unset = !word;
+        while unset != 0 {
+            missing[cell + unset.trailing_zeros() as usize] += 1;
+            unset &= unset - 1;
+        }
+        cell += 64;
+    }
+    let mut unset = !chunks.remainder_bits() & ((1u64 << chunks.remainder_len()) - 1);
+    while unset != 0 {
+        missing[cell + unset.trailing_zeros() as usize] += 1;
+        unset &= unset - 1;
+    }
 }
 
 /// Sums of `size` consecutive cells along dimension `d` of a C-order box of
@@ -274,6 +310,17 @@ fn sliding_sum(values: &[u32], shape: &[usize], d: usize, size: usize) -> Vec<u3
     let inner: usize = shape[d + 1..].iter().product();
     let out_len = len + 1 - size;
     let mut out = vec![0u32; outer * out_len * inner];
+    if inner == 1 {
+        for (src, dst) in values.chunks_exact(len).zip(out.chunks_exact_mut(out_len)) {
+            let mut sum: u32 = src[..size].iter().sum();
+            dst[0] = sum;
+            for j in 1..out_len {
+                sum = sum + src[j + size - 1] - src[j - 1];
+                dst[j] = sum;
+            }
+        }
+        return out;
+    }
     for o in 0..outer {
         let src = &values[o * len * inner..(o + 1) * len * inner];
         let dst = &mut out[o * out_len * inner..(o + 1) * out_len * inner];

@@ -11,6 +11,7 @@
 //! |---|---|
 //! | [`geometry`] | window shapes, origins, chunk-aligned blocks of origins |
 //! | [`index`] | which origins hold a valid window |
+//! | [`cache`] | the index kept on disk between runs |
 //! | [`order`] | shuffling, sharding, epochs |
 //! | [`values`] | typed cell values and cutting windows out of them |
 //! | [`loader`] | the threads that decode blocks and assemble batches |
@@ -18,7 +19,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
-//! use zarrfusion::windows::{LoaderOptions, Validity, WindowShape, Windows};
+//! use zarrfusion::windows::{IndexOptions, LoaderOptions, Validity, WindowShape, Windows};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let runtime = datafusion::execution::runtime_env::RuntimeEnv::default();
@@ -29,7 +30,8 @@
 //!     overlaps: vec![("lat".into(), 4), ("lon".into(), 4)],
 //! };
 //! let selection = Selection::all(&table.shape());
-//! let windows = Windows::new(table, &["t2m".to_string()], selection, &shape, Validity::All, 16 << 20, 2)?;
+//! let options = IndexOptions::default();
+//! let windows = Windows::new(table, &["t2m".to_string()], selection, &shape, Validity::All, &options)?;
 //! println!("{} valid windows", windows.len());
 //! let loader = zarrfusion::windows::WindowLoader::new(Arc::new(windows), LoaderOptions::default())?;
 //! for batch in loader.epoch(0) {
@@ -40,6 +42,7 @@
 //! # }
 //! ```
 
+pub mod cache;
 pub mod geometry;
 pub mod index;
 pub mod loader;
@@ -48,6 +51,7 @@ pub mod values;
 
 use std::sync::Arc;
 
+pub use cache::IndexCache;
 pub use geometry::{Validity, WindowGrid, WindowShape};
 pub use index::ValidIndex;
 pub use loader::{BatchStream, LoaderOptions, LoaderStats, Polled, WindowBatch, WindowLoader};
@@ -94,6 +98,40 @@ impl WindowError {
     }
 }
 
+/// How the valid-window index is built.
+#[derive(Debug, Clone)]
+pub struct IndexOptions {
+    /// Decoded bytes a block of origins aims at.
+    pub block_bytes: u64,
+    /// Threads reading blocks while the index is built.
+    pub threads: usize,
+    /// Where indices are kept between runs; `None` builds every time.
+    pub cache: Option<IndexCache>,
+}
+
+impl Default for IndexOptions {
+    /// 16 MiB blocks, one thread per core, no cache.
+    fn default() -> Self {
+        Self {
+            block_bytes: 16 << 20,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cache: None,
+        }
+    }
+}
+
+/// Where a [`Windows`]' index came from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum IndexSource {
+    /// Built by reading the data, in this many seconds.
+    Built {
+        /// Seconds spent reading and indexing.
+        seconds: f64,
+    },
+    /// Loaded from the cache.
+    Cached,
+}
+
 /// The valid windows of some variables of a grid table.
 #[derive(Debug)]
 pub struct Windows {
@@ -105,21 +143,22 @@ pub struct Windows {
     pub grid: WindowGrid,
     /// Which origins hold a valid window.
     pub index: ValidIndex,
+    /// Whether the index was built or loaded from the cache.
+    pub index_source: IndexSource,
 }
 
 impl Windows {
     /// Plans windows of `shape` over `selection` of `table`, for the named
     /// variables (all of the table's when empty), and builds the index of
-    /// valid windows on `threads` threads. Blocks aim at `block_bytes`
-    /// decoded bytes.
+    /// valid windows, or loads it from `options.cache`. A cache that cannot
+    /// be written is reported in the log and otherwise ignored.
     pub fn new(
         table: Arc<GridTable>,
         variables: &[String],
         selection: Selection,
         shape: &WindowShape,
         validity: Validity,
-        block_bytes: u64,
-        threads: usize,
+        options: &IndexOptions,
     ) -> Result<Self, WindowError> {
         let names: Vec<&str> = table.variables.iter().map(|v| v.name()).collect();
         let variables: Vec<usize> = if variables.is_empty() {
@@ -160,13 +199,43 @@ impl Windows {
             .iter()
             .map(|&v| table.variables[v].element_size() as u64)
             .sum();
-        let grid = WindowGrid::new(&table, &selection, shape, bytes_per_cell, block_bytes)?;
-        let index = ValidIndex::build(&table, &variables, &grid, validity, threads)?;
+        let grid = WindowGrid::new(
+            &table,
+            &selection,
+            shape,
+            bytes_per_cell,
+            options.block_bytes,
+        )?;
+        let cached = match (&options.cache, validity) {
+            // Nothing to read, nothing to keep.
+            (_, Validity::Any) | (None, _) => None,
+            (Some(cache), _) => {
+                Some((cache, IndexCache::key(&table, &variables, &grid, validity)?))
+            }
+        };
+        if let Some(index) = cached.as_ref().and_then(|(c, key)| c.load(key, &grid)) {
+            return Ok(Self {
+                table,
+                variables,
+                grid,
+                index,
+                index_source: IndexSource::Cached,
+            });
+        }
+        let started = std::time::Instant::now();
+        let index = ValidIndex::build(&table, &variables, &grid, validity, options.threads)?;
+        let seconds = started.elapsed().as_secs_f64();
+        if let Some((cache, key)) = &cached {
+            if let Err(e) = cache.store(key, &index) {
+                log::warn!("window index not cached in {}: {e}", cache.dir().display());
+            }
+        }
         Ok(Self {
             table,
             variables,
             grid,
             index,
+            index_source: IndexSource::Built { seconds },
         })
     }
 

@@ -1,15 +1,18 @@
 //! One Zarr array: its dimensions, how its values decode, and reading
 //! rectangular subsets of it as Arrow columns.
 
+use std::io::Write;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::UNIX_EPOCH;
 
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::DataType;
 use serde_json::{Map, Value};
 use zarrs::array::{Array, ArrayBytes, ArraySubset};
 use zarrs::metadata::ArrayMetadata;
-use zarrs::storage::{ReadableListableStorage, ReadableListableStorageTraits};
+use zarrs::storage::{ReadableListableStorage, ReadableListableStorageTraits, StorePrefix};
 
 use super::decode::{ColumnDecoder, StoredType};
 use super::hierarchy::ArrayEntry;
@@ -22,12 +25,21 @@ pub struct ZarrArray {
     array: Array<dyn ReadableListableStorageTraits>,
     dims: Vec<String>,
     decoder: ColumnDecoder,
+    /// The directory the store's keys live under, for local stores.
+    local_root: Option<PathBuf>,
 }
 
 impl ZarrArray {
     /// Opens an array from its discovered metadata. Unknown codecs and data
-    /// types are reported here, naming the store and array.
-    pub fn open(storage: &ReadableListableStorage, store: &str, entry: ArrayEntry) -> Result<Self> {
+    /// types are reported here, naming the store and array. `local_root` is
+    /// the directory of a local store (it lets [`Self::fingerprint`] see
+    /// modification times).
+    pub fn open(
+        storage: &ReadableListableStorage,
+        store: &str,
+        entry: ArrayEntry,
+        local_root: Option<PathBuf>,
+    ) -> Result<Self> {
         let name = entry.name.clone();
         let fail = |message: String| ZarrFusionError::array(store, &name, message);
         let (attributes, v2_fill): (Map<String, Value>, Option<Value>) = match &entry.metadata {
@@ -57,6 +69,7 @@ impl ZarrArray {
             array,
             dims,
             decoder,
+            local_root,
         })
     }
 
@@ -102,6 +115,52 @@ impl ZarrArray {
     /// Bytes per stored element (an estimate for strings).
     pub fn element_size(&self) -> usize {
         self.array.data_type().fixed_size().unwrap_or(16)
+    }
+
+    /// Writes what identifies the array's stored state to `out`: its
+    /// metadata, the keys stored under it and their total size, and, in local
+    /// stores, each key's size and modification time. Rewriting the array
+    /// changes it; reading nothing but a listing, it costs no chunk read.
+    pub fn fingerprint(&self, out: &mut dyn Write) -> Result<()> {
+        let fail = |e: &dyn std::fmt::Display| {
+            ZarrFusionError::array(&self.store, &self.name, format!("cannot list: {e}"))
+        };
+        let metadata = serde_json::to_string(self.array.metadata()).map_err(|e| fail(&e))?;
+        let path = self.array.path().as_str().trim_matches('/');
+        let prefix = if path.is_empty() {
+            StorePrefix::root()
+        } else {
+            StorePrefix::new(format!("{path}/")).map_err(|e| fail(&e))?
+        };
+        let storage = self.array.storage();
+        let keys = storage.list_prefix(&prefix).map_err(|e| fail(&e))?;
+        let total = storage.size_prefix(&prefix).map_err(|e| fail(&e))?;
+        let write = |out: &mut dyn Write, text: &str| {
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.write_all(b"\n"))
+                .map_err(|e| fail(&e))
+        };
+        write(out, &metadata)?;
+        write(out, &format!("{} keys, {total} bytes", keys.len()))?;
+        for key in &keys {
+            let stat = self.local_root.as_ref().map(|root| {
+                std::fs::metadata(root.join(key.as_str())).map_or((0, 0), |m| {
+                    let modified = m
+                        .modified()
+                        .ok()
+                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_nanos());
+                    (m.len(), modified)
+                })
+            });
+            match stat {
+                Some((size, modified)) => {
+                    write(out, &format!("{} {size} {modified}", key.as_str()))?
+                }
+                None => write(out, key.as_str())?,
+            }
+        }
+        Ok(())
     }
 
     /// Reads and decodes the subset `ranges` (one range per dimension), in C order.

@@ -1,0 +1,253 @@
+//! The valid-window index kept on disk between runs.
+//!
+//! Building the index reads every block once; a training script that opens
+//! the same dataset with the same windows every run should pay that once.
+//! The index is stored in a cache directory under a key that digests all it
+//! depends on: the store, each variable's [fingerprint](crate::zarr::ZarrArray::fingerprint)
+//! (metadata, stored keys and sizes, local modification times), the window
+//! grid (selection, window sizes, strides, blocks) and the validity rule.
+//! Rewriting the data, changing the window or the rule gives another key.
+//!
+//! A cache file that is missing, truncated or does not match the grid is a
+//! miss, never an error; files are written to a temporary name and renamed,
+//! so a reader never sees half a file.
+//!
+//! File layout (little-endian): the magic `ZFWINDEX`, a format version
+//! (`u32`), the key (`u32` length and bytes), the block count (`u64`), then
+//! per block its valid count (`u64`) and word count (`u64`, `u64::MAX` when
+//! every origin is valid) followed by the words.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use md5::{Digest, Md5};
+
+use super::geometry::{Validity, WindowGrid};
+use super::index::{BlockIndex, ValidIndex};
+use super::WindowError;
+use crate::table::GridTable;
+
+const MAGIC: &[u8; 8] = b"ZFWINDEX";
+const VERSION: u32 = 1;
+const ALL_VALID: u64 = u64::MAX;
+
+/// A directory of persisted window indices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexCache {
+    dir: PathBuf,
+}
+
+impl IndexCache {
+    /// A cache in `dir` (created when the first index is stored).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The default cache: `$ZARRFUSION_CACHE_DIR/window-index`, else the
+    /// user's cache directory (`~/.cache/zarrfusion/window-index` on Linux).
+    pub fn default_location() -> Option<Self> {
+        let base = std::env::var_os("ZARRFUSION_CACHE_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| dirs::cache_dir().map(|d| d.join("zarrfusion")))?;
+        Some(Self::new(base.join("window-index")))
+    }
+
+    /// The cache's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The key of the index of `variables` of `table` over `grid` under
+    /// `validity`: a hex digest of everything the index depends on. Lists
+    /// the variables' stored keys; reads no chunk.
+    pub fn key(
+        table: &GridTable,
+        variables: &[usize],
+        grid: &WindowGrid,
+        validity: Validity,
+    ) -> Result<String, WindowError> {
+        let mut digest = Md5::new();
+        let text = format!(
+            "zarrfusion window index {VERSION}\n{}\n{validity:?}\n{:?}\n",
+            table.store, grid.axes
+        );
+        digest.update(text.as_bytes());
+        for &v in variables {
+            let variable = &table.variables[v];
+            digest.update(variable.name().as_bytes());
+            variable.fingerprint(&mut digest)?;
+        }
+        for block in &grid.blocks {
+            digest.update(format!("{:?} {:?}\n", block.origins, block.extent).as_bytes());
+        }
+        Ok(format!("{:x}", digest.finalize()))
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.idx"))
+    }
+
+    /// The index stored under `key`, when there is one that fits `grid`.
+    pub fn load(&self, key: &str, grid: &WindowGrid) -> Option<ValidIndex> {
+        let mut bytes = Vec::new();
+        std::fs::File::open(self.path(key))
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .ok()?;
+        decode(&bytes, key, grid)
+    }
+
+    /// Stores `index` under `key`, atomically (temporary file, then rename).
+    pub fn store(&self, key: &str, index: &ValidIndex) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let target = self.path(key);
+        let temporary = self.dir.join(format!(".{key}.{}.tmp", std::process::id()));
+        let written = std::fs::File::create(&temporary).and_then(|file| {
+            let mut out = std::io::BufWriter::new(file);
+            encode(&mut out, key, index)?;
+            out.into_inner().map_err(|e| e.into_error())?.sync_all()
+        });
+        match written.and_then(|()| std::fs::rename(&temporary, &target)) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = std::fs::remove_file(&temporary);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn encode(out: &mut impl Write, key: &str, index: &ValidIndex) -> std::io::Result<()> {
+    out.write_all(MAGIC)?;
+    out.write_all(&VERSION.to_le_bytes())?;
+    out.write_all(&(key.len() as u32).to_le_bytes())?;
+    out.write_all(key.as_bytes())?;
+    out.write_all(&(index.blocks.len() as u64).to_le_bytes())?;
+    for block in &index.blocks {
+        out.write_all(&block.count.to_le_bytes())?;
+        match block.bits() {
+            None => out.write_all(&ALL_VALID.to_le_bytes())?,
+            Some(words) => {
+                out.write_all(&(words.len() as u64).to_le_bytes())?;
+                for w in words {
+                    out.write_all(&w.to_le_bytes())?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads little-endian words from a byte slice, failing past its end.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+fn decode(bytes: &[u8], key: &str, grid: &WindowGrid) -> Option<ValidIndex> {
+    let mut r = Reader(bytes);
+    if r.take(MAGIC.len())? != MAGIC || r.u32()? != VERSION {
+        return None;
+    }
+    let key_len = r.u32()? as usize;
+    if r.take(key_len)? != key.as_bytes() || r.u64()? != grid.blocks.len() as u64 {
+        return None;
+    }
+    let mut blocks = Vec::with_capacity(grid.blocks.len());
+    for block in &grid.blocks {
+        let origins = block.num_origins();
+        let count = r.u64()?;
+        let words = r.u64()?;
+        let index = if words == ALL_VALID {
+            BlockIndex::all(origins)
+        } else {
+            if words != origins.div_ceil(64) {
+                return None;
+            }
+            let bits = (0..words).map(|_| r.u64()).collect::<Option<Vec<u64>>>()?;
+            BlockIndex::from_bits(bits)
+        };
+        // The count is stored to check the bits, and bits past the block's
+        // origins must be clear.
+        let tail_clear = index
+            .bits()
+            .and_then(|b| b.last())
+            .is_none_or(|&w| origins % 64 == 0 || w >> (origins % 64) == 0);
+        if index.count != count || !tail_clear {
+            return None;
+        }
+        blocks.push(index);
+    }
+    r.0.is_empty().then(|| ValidIndex::from_blocks(blocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::windows::geometry::WindowBlock;
+
+    fn grid(blocks: &[u64]) -> WindowGrid {
+        WindowGrid {
+            axes: Vec::new(),
+            blocks: blocks
+                .iter()
+                .map(|&n| WindowBlock {
+                    origins: vec![0..n],
+                    extent: vec![0..n],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn stored_index_loads_back_and_bad_files_are_misses() {
+        let dir = std::env::temp_dir().join(format!("zf-index-cache-{}", std::process::id()));
+        let cache = IndexCache::new(&dir);
+        let grid = grid(&[100, 64, 7]);
+        let index = ValidIndex::from_blocks(vec![
+            BlockIndex::from_bits(vec![0xF0F0_F0F0_F0F0_F0F0, 0x0F]),
+            BlockIndex::all(64),
+            BlockIndex::from_bits(vec![0b101]),
+        ]);
+        assert!(cache.load("k1", &grid).is_none());
+        cache.store("k1", &index).unwrap();
+        assert_eq!(cache.load("k1", &grid), Some(index.clone()));
+        // Another key, another grid, a truncated file: misses.
+        assert!(cache.load("k2", &grid).is_none());
+        assert!(cache.load("k1", &self::grid(&[100, 64])).is_none());
+        assert!(cache.load("k1", &self::grid(&[100, 64, 8])).is_some());
+        assert!(cache.load("k1", &self::grid(&[100, 64, 2])).is_none());
+        let path = cache.path("k1");
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(cache.load("k1", &grid).is_none());
+        let mut flipped = bytes.clone();
+        let last = flipped.len() - 8;
+        flipped[last] ^= 0x01;
+        std::fs::write(&path, &flipped).unwrap();
+        assert!(cache.load("k1", &grid).is_none());
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
