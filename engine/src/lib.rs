@@ -35,6 +35,7 @@ pub mod progress;
 pub mod session;
 pub mod table;
 pub mod windows;
+pub mod write;
 pub mod zarr;
 
 pub use config::ZarrConfig;

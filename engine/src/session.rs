@@ -18,11 +18,12 @@
 //! # }
 //! ```
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
+use datafusion::catalog::{CatalogProviderList, MemorySchemaProvider, SchemaProvider};
 use datafusion::common::{exec_err, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::SessionStateBuilder;
@@ -32,7 +33,10 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::array::{ArrayQueryPlanner, DenseReductionRule};
 use crate::config::ZarrConfig;
 use crate::progress::ScanProgress;
-use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
+use crate::table::{
+    open_dataset, GridTable, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions,
+};
+use crate::write::ZarrFormatFactory;
 
 /// The default session configuration: information schema on, zarrfusion
 /// settings and scan progress attached.
@@ -71,11 +75,41 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         .with_optimizer_rule(Arc::new(DenseReductionRule))
         .with_query_planner(Arc::new(ArrayQueryPlanner))
         .build();
+    let mut state = state;
+    // `COPY ... TO 'out.zarr'` (or `STORED AS ZARR`) writes a Zarr store.
+    if let Err(e) = state.register_file_format(Arc::new(ZarrFormatFactory), true) {
+        log::warn!("the Zarr write format could not be registered: {e}");
+    }
     let ctx = SessionContext::new_with_state(state);
     for udf in zarrfusion_udfs::all_scalar_functions() {
         ctx.register_udf(udf.as_ref().clone());
     }
     ctx
+}
+
+/// The Zarr tables registered in `catalogs` (every catalog and schema), as
+/// their grids: what COPY and `to_xarray` use to recognise dimension columns.
+pub async fn registered_zarr_tables(catalogs: &dyn CatalogProviderList) -> Vec<Arc<GridTable>> {
+    let mut out = Vec::new();
+    for catalog in catalogs.catalog_names() {
+        let Some(catalog) = catalogs.catalog(&catalog) else {
+            continue;
+        };
+        for schema in catalog.schema_names() {
+            let Some(schema) = catalog.schema(&schema) else {
+                continue;
+            };
+            for table in schema.table_names() {
+                let Ok(Some(provider)) = schema.table(&table).await else {
+                    continue;
+                };
+                if let Some(zarr) = (provider.as_ref() as &dyn Any).downcast_ref::<ZarrTable>() {
+                    out.push(Arc::clone(zarr.grid()));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Registering Zarr stores with a `SessionContext`.

@@ -1,19 +1,17 @@
 //! `SessionContext`: a zarrfusion session (memory budget, work directory,
 //! settings), its tables, SQL, and datasets opened for windowing.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef};
-use datafusion::common::ScalarValue;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict};
-use zarrfusion::table::{open_dataset, parse_dims, ZarrTable, ZarrTableOptions};
+use zarrfusion::session::registered_zarr_tables;
+use zarrfusion::table::{open_dataset, parse_dims, ZarrTableOptions};
 use zarrfusion::ZarrContextExt;
 
 use crate::dataframe::PyDataFrame;
@@ -38,21 +36,6 @@ pub(crate) fn size_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<us
         ))
     })?;
     zarrfusion::memory::parse_size(&text).map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
-}
-
-/// Whether coordinate values run from high to low (first above last).
-fn descends(values: &ArrayRef) -> bool {
-    let n = values.len();
-    if n < 2 {
-        return false;
-    }
-    match (
-        ScalarValue::try_from_array(values, 0),
-        ScalarValue::try_from_array(values, n - 1),
-    ) {
-        (Ok(first), Ok(last)) => first > last,
-        _ => false,
-    }
 }
 
 /// Keyword options as the strings SQL `OPTIONS` takes (`True` is `'true'`).
@@ -170,40 +153,15 @@ impl PySessionContext {
         let ctx = self.ctx.clone();
         wait_for(py, async move {
             let mut out = HashMap::new();
-            for catalog_name in ctx.catalog_names() {
-                let Some(catalog) = ctx.catalog(&catalog_name) else {
-                    continue;
-                };
-                for schema_name in catalog.schema_names() {
-                    let Some(schema) = catalog.schema(&schema_name) else {
-                        continue;
-                    };
-                    for table_name in schema.table_names() {
-                        let Ok(Some(provider)) = schema.table(&table_name).await else {
-                            continue;
-                        };
-                        let Some(zarr) =
-                            (provider.as_ref() as &dyn Any).downcast_ref::<ZarrTable>()
-                        else {
-                            continue;
-                        };
-                        let grid = zarr.grid();
-                        for dim in &grid.dims {
-                            let attrs = serde_json::Value::Object(dim.attributes.clone());
-                            out.insert(
-                                dim.name.clone(),
-                                (true, attrs.to_string(), descends(&dim.values)),
-                            );
-                        }
-                        for var in &grid.variables {
-                            let attrs = serde_json::Value::Object(var.attributes().clone());
-                            out.entry(var.name().to_string()).or_insert((
-                                false,
-                                attrs.to_string(),
-                                false,
-                            ));
-                        }
-                    }
+            for grid in registered_zarr_tables(ctx.state().catalog_list().as_ref()).await {
+                for dim in &grid.dims {
+                    let attrs = serde_json::Value::Object(dim.attributes.clone());
+                    out.insert(dim.name.clone(), (true, attrs.to_string(), dim.descends()));
+                }
+                for var in &grid.variables {
+                    let attrs = serde_json::Value::Object(var.attributes().clone());
+                    out.entry(var.name().to_string())
+                        .or_insert((false, attrs.to_string(), false));
                 }
             }
             out

@@ -5,20 +5,26 @@
 //! Expressions are SQL text, parsed against the frame's schema:
 //! `df.filter("lat > 10").select("lat", "t2m * 2 AS t").sort("lat DESC")`.
 
+use std::collections::HashMap;
 use std::ffi::CStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use arrow::array::AsArray;
 use arrow::datatypes::SchemaRef;
+use arrow::datatypes::UInt64Type;
 use arrow::error::ArrowError;
 use arrow::ffi::FFI_ArrowSchema;
 use arrow::ffi_stream::FFI_ArrowArrayStream;
 use arrow::record_batch::{RecordBatch, RecordBatchIterator};
 use arrow::util::pretty::pretty_format_batches;
-use datafusion::logical_expr::{Expr, SortExpr};
+use datafusion::datasource::file_format::format_as_file_type;
+use datafusion::logical_expr::{Expr, LogicalPlanBuilder, SortExpr};
 use datafusion::prelude::DataFrame;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
+
+use zarrfusion::write::{ZarrFormatFactory, ZarrWriteOptions};
 
 use crate::errors::datafusion_error;
 use crate::runtime::wait_for;
@@ -206,6 +212,37 @@ impl PyDataFrame {
         pretty_format_batches(&batches)
             .map(|t| t.to_string())
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Writes the result as a new Zarr store at `path` (`COPY ... STORED AS
+    /// ZARR` with `options`: chunks, codec, zarr_format, dims). Returns the
+    /// number of rows written.
+    fn _to_zarr(
+        &self,
+        py: Python<'_>,
+        path: String,
+        options: HashMap<String, String>,
+    ) -> PyResult<u64> {
+        let options: HashMap<String, String> = options
+            .into_iter()
+            .map(|(k, v)| (format!("format.{k}"), v))
+            .collect();
+        ZarrWriteOptions::from_map(&options).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let (state, plan) = self.df.clone().into_parts();
+        let copy = LogicalPlanBuilder::copy_to(
+            plan,
+            path,
+            format_as_file_type(Arc::new(ZarrFormatFactory)),
+            options,
+            Vec::new(),
+        )
+        .and_then(|b| b.build())
+        .map_err(datafusion_error)?;
+        let (_, batches) = Self::new(DataFrame::new(state, copy)).run(py)?;
+        Ok(batches
+            .first()
+            .and_then(|b| b.column(0).as_primitive_opt::<UInt64Type>())
+            .map_or(0, |c| c.value(0)))
     }
 
     fn __repr__(&self) -> String {

@@ -9,8 +9,9 @@ without a copy.
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import TYPE_CHECKING, Any, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -111,6 +112,33 @@ class DataFrame:
         from .grid import table_to_xarray
 
         return table_to_xarray(self.to_arrow_table(), self._ctx._raw._zarr_columns(), dims)
+
+    def to_zarr(
+        self,
+        path: str | os.PathLike,
+        *,
+        chunks: Mapping[str, int] | None = None,
+        codec: str = "zstd",
+        zarr_format: int = 3,
+        dims: Sequence[str] | None = None,
+    ) -> int:
+        """Runs the query and writes the result as a new Zarr store at ``path``
+        (``COPY ... STORED AS ZARR``); returns the number of rows written.
+
+        Dimension columns (``dims``, default: the result's columns that are
+        dimensions of a registered Zarr table) become dimensions with
+        coordinate arrays, every other column a variable; missing cells and
+        NULLs become NaN. ``chunks`` gives chunk lengths per dimension,
+        ``codec`` is ``"zstd"``, ``"gzip"``, ``"blosc"`` or ``"none"``. The
+        write is atomic: on an error or Ctrl-C nothing appears at ``path``,
+        and an existing ``path`` is never replaced.
+        """
+        options = {"codec": codec, "zarr_format": str(zarr_format)}
+        if chunks:
+            options["chunks"] = ",".join(f"{d}={int(n)}" for d, n in chunks.items())
+        if dims:
+            options["dims"] = ",".join(dims)
+        return self._raw._to_zarr(os.fspath(path), options)
 
     def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
         return self._raw.__arrow_c_stream__(requested_schema)

@@ -31,6 +31,24 @@ pub struct Dimension {
     pub attributes: serde_json::Map<String, serde_json::Value>,
 }
 
+impl Dimension {
+    /// Whether the coordinate runs from high to low (its first value is
+    /// larger than its last), as ERA5's latitude does.
+    pub fn descends(&self) -> bool {
+        let n = self.values.len();
+        if n < 2 {
+            return false;
+        }
+        match (
+            datafusion::common::ScalarValue::try_from_array(&self.values, 0),
+            datafusion::common::ScalarValue::try_from_array(&self.values, n - 1),
+        ) {
+            (Ok(first), Ok(last)) => first > last,
+            _ => false,
+        }
+    }
+}
+
 /// An opened Zarr group: dimensions and data variables.
 #[derive(Debug)]
 pub struct ZarrDataset {

@@ -208,8 +208,8 @@ mod tests {
             blocks: blocks
                 .iter()
                 .map(|&n| WindowBlock {
-                    origins: vec![0..n],
-                    extent: vec![0..n],
+                    origins: std::iter::once(0..n).collect(),
+                    extent: std::iter::once(0..n).collect(),
                 })
                 .collect(),
         }

@@ -1,0 +1,252 @@
+//! Registering Zarr as a DataFusion file format, so that `COPY ... TO
+//! 'out.zarr'` and `STORED AS ZARR` reach [`ZarrSink`]. Zarr stores are
+//! read as tables ([`crate::table`]), not through this format: its reading
+//! methods say so.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{not_impl_err, plan_err, GetExt, Result, Statistics};
+use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
+use datafusion::datasource::file_format::{FileFormat, FileFormatFactory};
+use datafusion::datasource::physical_plan::{
+    FileOpener, FileScanConfig, FileSinkConfig, FileSource,
+};
+use datafusion::datasource::sink::DataSinkExec;
+use datafusion::datasource::table_schema::TableSchema;
+use datafusion::execution::session_state::SessionState;
+use datafusion::physical_expr::{LexRequirement, PhysicalExpr};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::ExecutionPlan;
+use object_store::{ObjectMeta, ObjectStore};
+
+use super::options::ZarrWriteOptions;
+use super::sink::ZarrSink;
+use super::store::check_target;
+use crate::session::registered_zarr_tables;
+use crate::zarr::StoreLocation;
+
+const READ_HINT: &str = "Zarr stores are read with CREATE EXTERNAL TABLE ... STORED AS ZARR or read_zarr(...), not as files";
+
+/// Makes [`ZarrFormat`]s from COPY options.
+#[derive(Debug, Default)]
+pub struct ZarrFormatFactory;
+
+impl GetExt for ZarrFormatFactory {
+    fn get_ext(&self) -> String {
+        "zarr".into()
+    }
+}
+
+impl FileFormatFactory for ZarrFormatFactory {
+    fn create(
+        &self,
+        state: &dyn Session,
+        format_options: &HashMap<String, String>,
+    ) -> Result<Arc<dyn FileFormat>> {
+        let options = ZarrWriteOptions::from_map(format_options)?;
+        Ok(Arc::new(ZarrFormat {
+            options,
+            known_dims: session_dimensions(state),
+        }))
+    }
+
+    fn default(&self) -> Arc<dyn FileFormat> {
+        Arc::new(ZarrFormat {
+            options: ZarrWriteOptions::default(),
+            known_dims: BTreeMap::new(),
+        })
+    }
+}
+
+/// The dimensions of the Zarr tables registered in the session, with
+/// whether their coordinate descends: the columns COPY treats as
+/// dimensions when no `dims` option is given, and their order.
+fn session_dimensions(state: &dyn Session) -> BTreeMap<String, bool> {
+    let mut dims = BTreeMap::new();
+    let Some(state) = state.as_any().downcast_ref::<SessionState>() else {
+        return dims;
+    };
+    // Planning is synchronous here; the session's schemas answer at once.
+    let tables = futures::executor::block_on(registered_zarr_tables(state.catalog_list().as_ref()));
+    for grid in tables {
+        for d in &grid.dims {
+            *dims.entry(d.name.clone()).or_insert(false) |= d.descends();
+        }
+    }
+    dims
+}
+
+/// Zarr as a write format.
+#[derive(Debug)]
+pub struct ZarrFormat {
+    options: ZarrWriteOptions,
+    known_dims: BTreeMap<String, bool>,
+}
+
+impl ZarrFormat {
+    /// The dimension columns of `schema`: the `dims` option, else the
+    /// columns named like a registered Zarr table's dimensions.
+    fn dimension_columns(&self, schema: &SchemaRef) -> Result<Vec<usize>> {
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let dims: Vec<usize> = match &self.options.dims {
+            Some(dims) => dims
+                .iter()
+                .map(|d| match names.iter().position(|n| n == d) {
+                    Some(i) => Ok(i),
+                    None => plan_err!(
+                        "Zarr option 'dims' names '{d}', which is not a column of the result ({})",
+                        names.join(", ")
+                    ),
+                })
+                .collect::<Result<_>>()?,
+            None => (0..names.len())
+                .filter(|&i| self.known_dims.contains_key(names[i]))
+                .collect(),
+        };
+        if dims.is_empty() {
+            return plan_err!(
+                "cannot write Zarr: no column of the result ({}) is a dimension of a registered Zarr table; name them with OPTIONS ('dims' 'a,b')",
+                names.join(", ")
+            );
+        }
+        if dims.len() == names.len() {
+            return plan_err!(
+                "cannot write Zarr: the result has dimension columns but no variable"
+            );
+        }
+        Ok(dims)
+    }
+}
+
+#[async_trait]
+impl FileFormat for ZarrFormat {
+    fn get_ext(&self) -> String {
+        "zarr".into()
+    }
+
+    fn get_ext_with_compression(&self, _c: &FileCompressionType) -> Result<String> {
+        Ok("zarr".into())
+    }
+
+    fn compression_type(&self) -> Option<FileCompressionType> {
+        None
+    }
+
+    async fn infer_schema(
+        &self,
+        _state: &dyn Session,
+        _store: &Arc<dyn ObjectStore>,
+        _objects: &[ObjectMeta],
+    ) -> Result<SchemaRef> {
+        not_impl_err!("{READ_HINT}")
+    }
+
+    async fn infer_stats(
+        &self,
+        _state: &dyn Session,
+        _store: &Arc<dyn ObjectStore>,
+        _table_schema: SchemaRef,
+        _object: &ObjectMeta,
+    ) -> Result<Statistics> {
+        not_impl_err!("{READ_HINT}")
+    }
+
+    async fn create_physical_plan(
+        &self,
+        _state: &dyn Session,
+        _conf: FileScanConfig,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        not_impl_err!("{READ_HINT}")
+    }
+
+    async fn create_writer_physical_plan(
+        &self,
+        input: Arc<dyn ExecutionPlan>,
+        _state: &dyn Session,
+        conf: FileSinkConfig,
+        order_requirements: Option<LexRequirement>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !conf.table_partition_cols.is_empty() {
+            return not_impl_err!("COPY TO Zarr does not take PARTITIONED BY");
+        }
+        let target = match StoreLocation::parse(&conf.original_url)? {
+            StoreLocation::Local(path) => path,
+            StoreLocation::Remote(url) => {
+                return not_impl_err!(
+                    "COPY TO Zarr writes to local paths; '{url}' is an object-store URL (not supported yet)"
+                )
+            }
+        };
+        check_target(&target)?;
+        let schema = input.schema();
+        let dims = self.dimension_columns(&schema)?;
+        let descending = dims
+            .iter()
+            .map(|&d| {
+                let name = schema.field(d).name();
+                self.known_dims.get(name).copied().unwrap_or(false)
+            })
+            .collect();
+        let sink = ZarrSink::new(schema, target, dims, descending, self.options.clone());
+        Ok(Arc::new(DataSinkExec::new(
+            input,
+            Arc::new(sink),
+            order_requirements,
+        )))
+    }
+
+    fn file_source(&self, table_schema: TableSchema) -> Arc<dyn FileSource> {
+        Arc::new(NoZarrFileSource {
+            table_schema,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+}
+
+/// Zarr is not read as files; this source only refuses to open any.
+struct NoZarrFileSource {
+    table_schema: TableSchema,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl FileSource for NoZarrFileSource {
+    fn create_file_opener(
+        &self,
+        _object_store: Arc<dyn ObjectStore>,
+        _base_config: &FileScanConfig,
+        _partition: usize,
+    ) -> Result<Arc<dyn FileOpener>> {
+        not_impl_err!("{READ_HINT}")
+    }
+
+    fn table_schema(&self) -> &TableSchema {
+        &self.table_schema
+    }
+
+    fn with_batch_size(&self, _batch_size: usize) -> Arc<dyn FileSource> {
+        Arc::new(Self {
+            table_schema: self.table_schema.clone(),
+            metrics: self.metrics.clone(),
+        })
+    }
+
+    fn metrics(&self) -> &ExecutionPlanMetricsSet {
+        &self.metrics
+    }
+
+    fn file_type(&self) -> &str {
+        "zarr"
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+}

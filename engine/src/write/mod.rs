@@ -1,0 +1,30 @@
+//! Writing query results to Zarr: `COPY (query) TO 'out.zarr' STORED AS ZARR`.
+//!
+//! ```sql
+//! COPY (SELECT time, lat, lon, t2m - 273.15 AS t2m_c FROM era5)
+//! TO 'era5_celsius.zarr' STORED AS ZARR
+//! OPTIONS ('chunks' 'time=24,lat=721,lon=1440', 'codec' 'zstd', 'zarr_format' '3');
+//! ```
+//!
+//! Dimension columns become dimensions with coordinate arrays (timestamps
+//! as CF times), the other columns become variables, NULL becomes the fill
+//! value (NaN). The store is written beside the target and renamed into
+//! place when complete: a failed or cancelled write leaves nothing.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`options`] | `chunks`, `codec`, `zarr_format`, `dims` |
+//! | [`grid`] | laying rows out on a grid (coordinates, cells, not-a-grid errors) |
+//! | [`store`] | Zarr v2/v3 metadata and chunks, atomic rename |
+//! | [`sink`] | the DataFusion sink: memory budget, cancellation |
+//! | [`format`] | Zarr registered as a file format for `COPY` |
+
+pub mod format;
+pub mod grid;
+pub mod options;
+pub mod sink;
+pub mod store;
+
+pub use format::ZarrFormatFactory;
+pub use options::ZarrWriteOptions;
+pub use sink::ZarrSink;

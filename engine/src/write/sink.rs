@@ -1,0 +1,156 @@
+//! The physical side of `COPY ... STORED AS ZARR`: a DataFusion
+//! [`DataSink`] that collects the result inside the memory budget, lays it
+//! out as a grid and writes the store atomically.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::sink::DataSink;
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
+use futures::StreamExt;
+
+use super::grid::{assemble, grid_bytes};
+use super::options::ZarrWriteOptions;
+use super::store::write_store;
+
+/// Writes a query result to a new Zarr store.
+#[derive(Debug)]
+pub struct ZarrSink {
+    schema: SchemaRef,
+    target: PathBuf,
+    dims: Vec<usize>,
+    descending: Vec<bool>,
+    options: ZarrWriteOptions,
+}
+
+impl ZarrSink {
+    /// A sink writing rows of `schema` to `target`, with the columns `dims`
+    /// as dimensions (coordinates descending where `descending` says so).
+    pub fn new(
+        schema: SchemaRef,
+        target: PathBuf,
+        dims: Vec<usize>,
+        descending: Vec<bool>,
+        options: ZarrWriteOptions,
+    ) -> Self {
+        Self {
+            schema,
+            target,
+            dims,
+            descending,
+            options,
+        }
+    }
+}
+
+impl DisplayAs for ZarrSink {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let dims: Vec<&str> = self
+            .dims
+            .iter()
+            .map(|&d| self.schema.field(d).name().as_str())
+            .collect();
+        write!(
+            f,
+            "ZarrSink: target={}, dims=[{}], zarr_format={:?}, codec={:?}",
+            self.target.display(),
+            dims.join(", "),
+            self.options.zarr_format,
+            self.options.codec
+        )
+    }
+}
+
+/// Sets the flag when dropped: a cancelled query drops the writing future,
+/// and the blocking writer sees the flag and leaves nothing behind.
+struct CancelOnDrop(Arc<AtomicBool>, bool);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+#[async_trait]
+impl DataSink for ZarrSink {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    async fn write_all(
+        &self,
+        mut data: SendableRecordBatchStream,
+        context: &Arc<TaskContext>,
+    ) -> Result<u64> {
+        let budget = |e: DataFusionError, what: &str| {
+            DataFusionError::ResourcesExhausted(format!(
+                "COPY TO Zarr ('{}') holds the whole result in memory before writing it, and {what} does not fit in allowed_mem: {e}. Write a smaller selection (WHERE on dimensions) or raise allowed_mem",
+                self.target.display()
+            ))
+        };
+        let reservation = MemoryConsumer::new("ZarrSink").register(context.memory_pool());
+        let mut batches = Vec::new();
+        let mut rows = 0u64;
+        while let Some(batch) = data.next().await {
+            let batch = batch?;
+            reservation
+                .try_grow(batch.get_array_memory_size())
+                .map_err(|e| budget(e, "the result"))?;
+            rows += batch.num_rows() as u64;
+            batches.push(batch);
+        }
+        // The dense arrays are at most the rows times the widths when the
+        // grid is complete; a sparse grid is checked again once its shape is known.
+        let grid_estimate = grid_bytes(&self.schema, &self.dims, rows);
+        reservation
+            .try_grow(grid_estimate as usize)
+            .map_err(|e| budget(e, "the grid"))?;
+        let schema = Arc::clone(&self.schema);
+        let dims = self.dims.clone();
+        let descending = self.descending.clone();
+        let target = self.target.clone();
+        let options = self.options.clone();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
+        let pool_check = Arc::clone(context.memory_pool());
+        let written = tokio::task::spawn_blocking(move || {
+            let grid = assemble(&schema, &batches, &dims, &descending)?;
+            let cells: u64 = grid.shape().iter().product();
+            // A sparse grid holds more cells than rows: reserve the difference.
+            let _sparse = if cells > rows {
+                let extra = grid_bytes(&schema, &dims, cells - rows) as usize;
+                let more = MemoryConsumer::new("ZarrSink grid").register(&pool_check);
+                more.try_grow(extra).map_err(|e| {
+                    DataFusionError::ResourcesExhausted(format!(
+                        "COPY TO Zarr: the result covers {rows} of {cells} grid cells and the dense grid does not fit in allowed_mem: {e}"
+                    ))
+                })?;
+                Some(more)
+            } else {
+                None
+            };
+            drop(batches);
+            write_store(&grid, &target, &options, &cancelled)
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("the Zarr writer stopped: {e}")))??;
+        guard.1 = true;
+        drop(reservation);
+        log::info!(
+            "wrote {} cells ({} bytes uncompressed) to {}",
+            written.cells,
+            written.bytes,
+            self.target.display()
+        );
+        Ok(rows)
+    }
+}

@@ -1,0 +1,412 @@
+//! Writing a [`Grid`] as a Zarr store, atomically.
+//!
+//! Everything is written into a temporary directory beside the target,
+//! which is renamed onto the target only when complete: on an error or a
+//! cancellation the temporary directory is removed and nothing appears at
+//! the target. An existing target is refused, never overwritten.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::common::{exec_err, DataFusionError, Result};
+use serde_json::{json, Map, Value};
+use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
+use zarrs::filesystem::FilesystemStore;
+use zarrs::metadata::ArrayMetadata;
+
+use super::grid::Grid;
+use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
+
+/// Decoded bytes a chosen chunk aims at.
+const CHUNK_TARGET_BYTES: u64 = 8 << 20;
+
+/// What was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteSummary {
+    /// Cells in the grid.
+    pub cells: u64,
+    /// Uncompressed bytes of the variables and coordinates.
+    pub bytes: u64,
+}
+
+/// Fails when `target` exists: a write never replaces data.
+pub fn check_target(target: &Path) -> Result<()> {
+    if target.exists() {
+        return exec_err!(
+            "cannot write Zarr to '{}': it already exists (remove it first or choose another path)",
+            target.display()
+        );
+    }
+    Ok(())
+}
+
+/// Writes `grid` to `target` with `options`, stopping (and leaving nothing)
+/// when `cancelled` is set.
+pub fn write_store(
+    grid: &Grid,
+    target: &Path,
+    options: &ZarrWriteOptions,
+    cancelled: &AtomicBool,
+) -> Result<WriteSummary> {
+    check_target(target)?;
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !parent.is_dir() {
+        return exec_err!(
+            "cannot write Zarr to '{}': directory '{}' does not exist",
+            target.display(),
+            parent.display()
+        );
+    }
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out.zarr".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let temporary = parent.join(format!(
+        ".{name}.{}-{nanos}.zarrfusion-tmp",
+        std::process::id()
+    ));
+    let result = write_into(grid, &temporary, options, cancelled).and_then(|summary| {
+        if cancelled.load(Ordering::Relaxed) {
+            return exec_err!("the Zarr write to '{}' was cancelled", target.display());
+        }
+        check_target(target)?;
+        std::fs::rename(&temporary, target).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "cannot move the finished Zarr store into place at '{}': {e}",
+                target.display()
+            ))
+        })?;
+        Ok(summary)
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&temporary);
+    }
+    result
+}
+
+fn io_error(path: &Path, e: impl std::fmt::Display) -> DataFusionError {
+    DataFusionError::Execution(format!("cannot write Zarr at '{}': {e}", path.display()))
+}
+
+fn write_into(
+    grid: &Grid,
+    dir: &Path,
+    options: &ZarrWriteOptions,
+    cancelled: &AtomicBool,
+) -> Result<WriteSummary> {
+    std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+    let storage = Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+    let shape = grid.shape();
+    let chunks = chunk_shape(grid, options)?;
+    let mut consolidated = Map::new();
+    let mut bytes = 0u64;
+    let version = options.zarr_format;
+    // The group.
+    match version {
+        ZarrVersion::V3 => write_json(
+            &dir.join("zarr.json"),
+            &json!({"zarr_format": 3, "node_type": "group", "attributes": {}}),
+        )?,
+        ZarrVersion::V2 => {
+            let group = json!({"zarr_format": 2});
+            write_json(&dir.join(".zgroup"), &group)?;
+            write_json(&dir.join(".zattrs"), &json!({}))?;
+            consolidated.insert(".zgroup".into(), group);
+            consolidated.insert(".zattrs".into(), json!({}));
+        }
+    }
+    // Coordinates (their own length, one chunk), then variables.
+    let coordinates = grid.dims.iter().map(|d| {
+        let (values, attributes) = coordinate(&d.coords)?;
+        let len = vec![d.coords.len() as u64];
+        Ok((
+            d.name.as_str(),
+            values,
+            vec![d.name.clone()],
+            attributes,
+            len.clone(),
+            len,
+        ))
+    });
+    let variables = grid.variables.iter().map(|v| {
+        Ok((
+            v.name.as_str(),
+            Arc::clone(&v.values),
+            grid.dims.iter().map(|d| d.name.clone()).collect(),
+            Map::new(),
+            shape.clone(),
+            chunks.clone(),
+        ))
+    });
+    let arrays = coordinates.chain(variables).collect::<Result<Vec<_>>>()?;
+    for (name, values, dims, attributes, array_shape, chunk) in arrays {
+        if cancelled.load(Ordering::Relaxed) {
+            return exec_err!("the Zarr write was cancelled");
+        }
+        let metadata = array_metadata(
+            values.data_type(),
+            &array_shape,
+            &chunk,
+            &dims,
+            attributes,
+            options,
+        )?;
+        match version {
+            ZarrVersion::V2 => {
+                let mut zarray = metadata.clone();
+                let attrs = zarray
+                    .as_object_mut()
+                    .and_then(|m| m.remove("attributes"))
+                    .unwrap_or_else(|| json!({}));
+                consolidated.insert(format!("{name}/.zarray"), zarray);
+                consolidated.insert(format!("{name}/.zattrs"), attrs);
+            }
+            ZarrVersion::V3 => {
+                consolidated.insert(name.to_string(), metadata.clone());
+            }
+        }
+        let metadata: ArrayMetadata = match version {
+            ZarrVersion::V3 => serde_json::from_value(metadata).map(ArrayMetadata::V3),
+            ZarrVersion::V2 => serde_json::from_value(metadata).map(ArrayMetadata::V2),
+        }
+        .map_err(|e| io_error(dir, format!("array '{name}' metadata: {e}")))?;
+        let array =
+            ZarrsArray::new_with_metadata(Arc::clone(&storage), &format!("/{name}"), metadata)
+                .map_err(|e| io_error(dir, format!("array '{name}': {e}")))?;
+        array
+            .store_metadata()
+            .map_err(|e| io_error(dir, format!("array '{name}': {e}")))?;
+        bytes += write_values(&array, &values, &array_shape, &chunk, cancelled)
+            .map_err(|e| io_error(dir, format!("array '{name}': {e}")))?;
+    }
+    // Consolidated metadata, so readers open the store with one request.
+    match version {
+        ZarrVersion::V2 => write_json(
+            &dir.join(".zmetadata"),
+            &json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
+        )?,
+        ZarrVersion::V3 => write_json(
+            &dir.join("zarr.json"),
+            &json!({
+                "zarr_format": 3,
+                "node_type": "group",
+                "attributes": {},
+                "consolidated_metadata": {
+                    "kind": "inline",
+                    "must_understand": false,
+                    "metadata": consolidated,
+                },
+            }),
+        )?,
+    }
+    Ok(WriteSummary {
+        cells: shape.iter().product(),
+        bytes,
+    })
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<()> {
+    let text = serde_json::to_vec_pretty(value).map_err(|e| io_error(path, e))?;
+    std::fs::write(path, text).map_err(|e| io_error(path, e))
+}
+
+/// Writes `values` (C order over `shape`) one slab of chunks along the
+/// outermost dimension at a time; returns the bytes written (uncompressed).
+fn write_values(
+    array: &ZarrsArray<FilesystemStore>,
+    values: &ArrayRef,
+    shape: &[u64],
+    chunk: &[u64],
+    cancelled: &AtomicBool,
+) -> std::result::Result<u64, String> {
+    let data = values.to_data();
+    let width = data
+        .data_type()
+        .primitive_width()
+        .ok_or("not a primitive type")?;
+    let buffer = &data.buffers()[0];
+    let all = &buffer.as_slice()[data.offset() * width..(data.offset() + data.len()) * width];
+    if shape.is_empty() || shape.contains(&0) {
+        return Ok(0);
+    }
+    let row_bytes = (shape[1..].iter().product::<u64>() as usize) * width;
+    let mut start = 0u64;
+    while start < shape[0] {
+        if cancelled.load(Ordering::Relaxed) {
+            return Err("cancelled".into());
+        }
+        let end = (start + chunk[0]).min(shape[0]);
+        let ranges: Vec<std::ops::Range<u64>> = std::iter::once(start..end)
+            .chain(shape[1..].iter().map(|&n| 0..n))
+            .collect();
+        let subset = ArraySubset::new_with_ranges(&ranges);
+        let slab = &all[start as usize * row_bytes..end as usize * row_bytes];
+        array
+            .store_array_subset(&subset, ArrayBytes::new_flen(slab))
+            .map_err(|e| e.to_string())?;
+        start = end;
+    }
+    Ok(all.len() as u64)
+}
+
+/// A coordinate's stored values and attributes: times become CF numbers.
+fn coordinate(coords: &ArrayRef) -> Result<(ArrayRef, Map<String, Value>)> {
+    let mut attributes = Map::new();
+    let cf = |unit: &str| -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert(
+            "units".into(),
+            json!(format!("{unit} since 1970-01-01T00:00:00")),
+        );
+        m.insert("calendar".into(), json!("proleptic_gregorian"));
+        m
+    };
+    let values = match coords.data_type() {
+        DataType::Timestamp(unit, _) => {
+            attributes = cf(match unit {
+                TimeUnit::Second => "seconds",
+                TimeUnit::Millisecond => "milliseconds",
+                TimeUnit::Microsecond => "microseconds",
+                TimeUnit::Nanosecond => "nanoseconds",
+            });
+            cast(coords, &DataType::Int64)?
+        }
+        DataType::Date32 => {
+            attributes = cf("days");
+            cast(coords, &DataType::Int32)?
+        }
+        DataType::Date64 => {
+            attributes = cf("milliseconds");
+            cast(coords, &DataType::Int64)?
+        }
+        DataType::Float16 => cast(coords, &DataType::Float32)?,
+        t if t.is_numeric() => Arc::clone(coords),
+        other => return exec_err!("cannot write a Zarr coordinate of type {other}"),
+    };
+    Ok((values, attributes))
+}
+
+/// The Zarr v3 data type name and v2 dtype of an Arrow type.
+fn zarr_type(t: &DataType) -> Result<(&'static str, &'static str)> {
+    Ok(match t {
+        DataType::Float32 => ("float32", "<f4"),
+        DataType::Float64 => ("float64", "<f8"),
+        DataType::Int8 => ("int8", "|i1"),
+        DataType::Int16 => ("int16", "<i2"),
+        DataType::Int32 => ("int32", "<i4"),
+        DataType::Int64 => ("int64", "<i8"),
+        DataType::UInt8 => ("uint8", "|u1"),
+        DataType::UInt16 => ("uint16", "<u2"),
+        DataType::UInt32 => ("uint32", "<u4"),
+        DataType::UInt64 => ("uint64", "<u8"),
+        other => return exec_err!("cannot write Zarr values of type {other}"),
+    })
+}
+
+/// Metadata of one array as JSON (v2 with its attributes inline).
+fn array_metadata(
+    t: &DataType,
+    shape: &[u64],
+    chunks: &[u64],
+    dims: &[String],
+    mut attributes: Map<String, Value>,
+    options: &ZarrWriteOptions,
+) -> Result<Value> {
+    let (v3_type, v2_type) = zarr_type(t)?;
+    let float = matches!(t, DataType::Float32 | DataType::Float64);
+    let fill = if float { json!("NaN") } else { json!(0) };
+    let width = t.primitive_width().unwrap_or(1);
+    Ok(match options.zarr_format {
+        ZarrVersion::V3 => {
+            let mut codecs = vec![json!({"name": "bytes", "configuration": {"endian": "little"}})];
+            match options.codec {
+                Codec::Zstd => codecs.push(json!({"name": "zstd", "configuration": {"level": 3, "checksum": false}})),
+                Codec::Gzip => codecs.push(json!({"name": "gzip", "configuration": {"level": 5}})),
+                Codec::Blosc => codecs.push(json!({"name": "blosc", "configuration": {
+                    "cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": width, "blocksize": 0}})),
+                Codec::None => {}
+            }
+            json!({
+                "zarr_format": 3,
+                "node_type": "array",
+                "shape": shape,
+                "data_type": v3_type,
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+                "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+                "fill_value": fill,
+                "codecs": codecs,
+                "attributes": attributes,
+                "dimension_names": dims,
+            })
+        }
+        ZarrVersion::V2 => {
+            let compressor = match options.codec {
+                Codec::Zstd => json!({"id": "zstd", "level": 3}),
+                Codec::Gzip => json!({"id": "zlib", "level": 5}),
+                Codec::Blosc => {
+                    json!({"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0})
+                }
+                Codec::None => Value::Null,
+            };
+            attributes.insert("_ARRAY_DIMENSIONS".into(), json!(dims));
+            json!({
+                "zarr_format": 2,
+                "shape": shape,
+                "chunks": chunks,
+                "dtype": v2_type,
+                "compressor": compressor,
+                "fill_value": fill,
+                "order": "C",
+                "filters": null,
+                "dimension_separator": ".",
+                "attributes": attributes,
+            })
+        }
+    })
+}
+
+/// The variables' chunk shape: the lengths `options.chunks` gives, the
+/// others chosen so a chunk holds about [`CHUNK_TARGET_BYTES`].
+pub fn chunk_shape(grid: &Grid, options: &ZarrWriteOptions) -> Result<Vec<u64>> {
+    let names: Vec<&str> = grid.dims.iter().map(|d| d.name.as_str()).collect();
+    for (dim, _) in &options.chunks {
+        if !names.contains(&dim.as_str()) {
+            return exec_err!(
+                "Zarr option 'chunks' names '{dim}', which is not a dimension of the result ({})",
+                names.join(", ")
+            );
+        }
+    }
+    let shape = grid.shape();
+    let given = |d: &str| options.chunks.iter().find(|(n, _)| n == d).map(|(_, c)| *c);
+    let mut chunks: Vec<u64> = names
+        .iter()
+        .zip(&shape)
+        .map(|(d, &n)| given(d).unwrap_or(n).min(n).max(1))
+        .collect();
+    let width = grid
+        .variables
+        .iter()
+        .map(|v| v.values.data_type().primitive_width().unwrap_or(8) as u64)
+        .max()
+        .unwrap_or(8);
+    for d in 0..chunks.len() {
+        if given(names[d]).is_some() {
+            continue;
+        }
+        while chunks.iter().product::<u64>() * width > CHUNK_TARGET_BYTES && chunks[d] > 1 {
+            chunks[d] = chunks[d].div_ceil(2);
+        }
+    }
+    Ok(chunks)
+}

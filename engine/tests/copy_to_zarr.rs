@@ -1,0 +1,272 @@
+//! `COPY ... TO 'out.zarr' STORED AS ZARR`: the written store, read back,
+//! equals the query that wrote it (v2 and v3, every codec); gaps and NULLs
+//! become missing values; non-grids, existing targets, failures midway and
+//! a small memory budget leave nothing at the target.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::SessionContext;
+use zarrfusion::{new_context, new_context_with, session_config, ZarrContextExt};
+
+fn demo() -> String {
+    common::repo_root()
+        .join("demo/era5.zarr")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A fresh directory for one test's outputs.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("zf-copy-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn context() -> SessionContext {
+    let ctx = new_context();
+    ctx.register_zarr("era5", &demo(), HashMap::new())
+        .await
+        .unwrap();
+    ctx
+}
+
+async fn text(ctx: &SessionContext, sql: &str) -> String {
+    let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    pretty_format_batches(&batches).unwrap().to_string()
+}
+
+async fn copy(ctx: &SessionContext, sql: &str) -> datafusion::common::Result<()> {
+    ctx.sql(sql).await?.collect().await.map(|_| ())
+}
+
+/// Entries of `dir` (to check nothing is left behind).
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn written_stores_read_back_as_the_query_for_every_format_and_codec() {
+    let dir = scratch("roundtrip");
+    let ctx = context().await;
+    let query = "SELECT time, lat, lon, t2m, u10 * 2 AS u2 FROM era5 WHERE lat > 0";
+    let expected = text(&ctx, &format!("{query} ORDER BY time, lat, lon")).await;
+    for format in ["2", "3"] {
+        for codec in ["zstd", "gzip", "blosc", "none"] {
+            let out = dir.join(format!("out_v{format}_{codec}.zarr"));
+            copy(
+                &ctx,
+                &format!(
+                    "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('zarr_format' '{format}', 'codec' '{codec}', 'chunks' 'time=7,lat=5')",
+                    out.display()
+                ),
+            )
+            .await
+            .unwrap();
+            let name = format!("out_v{format}_{codec}");
+            ctx.register_zarr(&name, &out.to_string_lossy(), HashMap::new())
+                .await
+                .unwrap();
+            let got = text(
+                &ctx,
+                &format!("SELECT time, lat, lon, t2m, u2 FROM {name} ORDER BY time, lat, lon"),
+            )
+            .await;
+            assert_eq!(got, expected, "v{format} {codec}");
+        }
+    }
+    // The chunks option is applied.
+    let zarray: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("out_v2_zstd.zarr/t2m/.zarray")).unwrap())
+            .unwrap();
+    assert_eq!(zarray["chunks"], serde_json::json!([7, 5, 64]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn gaps_and_nulls_become_missing_values_and_aggregates_write_too() {
+    let dir = scratch("gaps");
+    let ctx = context().await;
+    let out = dir.join("gaps.zarr");
+    copy(
+        &ctx,
+        &format!(
+            "COPY (SELECT time, lat, lon, CASE WHEN lon > 100 THEN NULL ELSE t2m END AS t \
+             FROM era5 WHERE NOT (lat > 10 AND lon < 50)) TO '{}'",
+            out.display()
+        ),
+    )
+    .await
+    .unwrap();
+    ctx.register_zarr("gaps", &out.to_string_lossy(), HashMap::new())
+        .await
+        .unwrap();
+    let got = text(
+        &ctx,
+        "SELECT count(*) AS cells, count(t) AS values FROM gaps",
+    )
+    .await;
+    let expected = text(
+        &ctx,
+        "SELECT (SELECT count(*) FROM era5) AS cells, \
+         count(*) AS values FROM era5 WHERE NOT (lat > 10 AND lon < 50) AND lon <= 100",
+    )
+    .await;
+    assert_eq!(got, expected);
+    // A reduction result is a grid over the kept dimensions.
+    let mean = dir.join("mean.zarr");
+    copy(
+        &ctx,
+        &format!(
+            "COPY (SELECT lat, avg(t2m) AS t FROM era5 GROUP BY lat) TO '{}'",
+            mean.display()
+        ),
+    )
+    .await
+    .unwrap();
+    ctx.register_zarr("mean", &mean.to_string_lossy(), HashMap::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&ctx, "SELECT lat, t FROM mean ORDER BY lat").await,
+        text(
+            &ctx,
+            "SELECT lat, avg(t2m) AS t FROM era5 GROUP BY lat ORDER BY lat"
+        )
+        .await
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn bad_writes_are_refused_and_leave_nothing() {
+    let dir = scratch("bad");
+    let ctx = context().await;
+    let target = |name: &str| dir.join(name).display().to_string();
+    let cases = [
+        (
+            format!("COPY (SELECT lat, t2m FROM era5) TO '{}'", target("dup.zarr")),
+            "not a grid",
+        ),
+        (
+            format!("COPY (SELECT 1 AS a, 2.0 AS b) TO '{}'", target("nodims.zarr")),
+            "'dims'",
+        ),
+        (
+            format!(
+                "COPY (SELECT lat, t2m FROM era5) TO '{}' OPTIONS ('dims' 'height')",
+                target("baddim.zarr")
+            ),
+            "height",
+        ),
+        (
+            format!(
+                "COPY (SELECT time, lat, lon, t2m FROM era5) TO '{}' OPTIONS ('chunks' 'depth=3')",
+                target("badchunks.zarr")
+            ),
+            "depth",
+        ),
+        (
+            format!(
+                "COPY (SELECT time, lat, lon, t2m FROM era5) TO '{}' OPTIONS ('codec' 'lzma')",
+                target("badcodec.zarr")
+            ),
+            "lzma",
+        ),
+        // Fails at run time, after some batches were produced.
+        (
+            format!(
+                "COPY (SELECT time, lat, lon, CASE WHEN time > '2020-01-10' THEN CAST(concat('x', lon) AS DOUBLE) ELSE t2m END AS t FROM era5) TO '{}'",
+                target("midway.zarr")
+            ),
+            "cast",
+        ),
+    ];
+    for (sql, needle) in &cases {
+        let err = copy(&ctx, sql).await.unwrap_err().to_string();
+        assert!(
+            err.to_lowercase().contains(&needle.to_lowercase()),
+            "{sql}: {err}"
+        );
+    }
+    assert!(entries(&dir).is_empty(), "left behind: {:?}", entries(&dir));
+    // An existing target is never replaced.
+    let existing = dir.join("existing.zarr");
+    std::fs::create_dir(&existing).unwrap();
+    std::fs::write(existing.join("keep.txt"), "data").unwrap();
+    let err = copy(
+        &ctx,
+        &format!(
+            "COPY (SELECT time, lat, lon, t2m FROM era5) TO '{}'",
+            existing.display()
+        ),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(entries(&existing), vec!["keep.txt"]);
+    // Explicit dimensions make any table a grid.
+    copy(
+        &ctx,
+        &format!(
+            "COPY (SELECT * FROM (VALUES (1, 10.0), (2, 20.0), (4, 40.0)) AS v(a, b)) TO '{}' OPTIONS ('dims' 'a')",
+            target("values.zarr")
+        ),
+    )
+    .await
+    .unwrap();
+    ctx.register_zarr("vals", &target("values.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&ctx, "SELECT a, b FROM vals ORDER BY a").await,
+        text(
+            &ctx,
+            "SELECT * FROM (VALUES (1, 10.0), (2, 20.0), (4, 40.0)) AS v(a, b) ORDER BY a"
+        )
+        .await
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
+    let dir = scratch("budget");
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(256 << 10, 1.0)
+        .build_arc()
+        .unwrap();
+    let ctx = new_context_with(session_config(), Arc::clone(&runtime));
+    ctx.register_zarr("era5", &demo(), HashMap::new())
+        .await
+        .unwrap();
+    let out = dir.join("big.zarr");
+    let err = copy(
+        &ctx,
+        &format!(
+            "COPY (SELECT time, lat, lon, t2m, u10, v10 FROM era5) TO '{}'",
+            out.display()
+        ),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("allowed_mem") && err.contains("ZarrSink"),
+        "{err}"
+    );
+    assert!(entries(&dir).is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

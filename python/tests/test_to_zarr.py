@@ -1,0 +1,87 @@
+"""DataFrame.to_zarr and COPY ... STORED AS ZARR, read back by xarray."""
+
+from __future__ import annotations
+
+import threading
+import _thread
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import zarrfusion as zf
+
+
+def open_xr(path):
+    return xr.open_zarr(path, chunks=None).load()
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("store", ["v2_basic.zarr", "v3_basic.zarr"])
+def test_xarray_reads_what_to_zarr_wrote(ctx, fixtures, tmp_path, store, zarr_format):
+    ctx.register_zarr("t", fixtures / store)
+    src = open_xr(fixtures / store)
+    lat0 = float(src.lat.values[2])
+    out = tmp_path / "out.zarr"
+    rows = ctx.sql(f"SELECT time, lat, lon, t2m * 2 AS t2, u10 FROM t WHERE lat <= {lat0}").to_zarr(
+        out, chunks={"time": 4}, zarr_format=zarr_format, codec="blosc"
+    )
+    got = open_xr(out)
+    want = src.where(src.lat <= lat0, drop=True)
+    assert rows == want.t2m.size
+    assert got.t2.dims == ("time", "lat", "lon") and got.u10.dtype == want.u10.dtype
+    np.testing.assert_array_equal(got.time.values, want.time.values)
+    # Latitude descends in the store and in the output.
+    np.testing.assert_array_equal(got.lat.values, want.lat.values)
+    np.testing.assert_array_equal(got.lon.values, want.lon.values)
+    np.testing.assert_allclose(got.t2.values, (want.t2m * 2).values, rtol=1e-6)
+    np.testing.assert_array_equal(got.u10.values, want.u10.values)
+
+
+def test_copy_statement_writes_a_reduction(ctx, fixtures, tmp_path):
+    ctx.register_zarr("t", fixtures / "v2_basic.zarr")
+    out = tmp_path / "mean.zarr"
+    ctx.sql(f"COPY (SELECT lat, lon, avg(t2m) AS t FROM t GROUP BY lat, lon) TO '{out}' STORED AS ZARR").collect()
+    got = open_xr(out)
+    want = open_xr(fixtures / "v2_basic.zarr").t2m.mean("time")
+    np.testing.assert_allclose(got.t.sortby("lat").values, want.sortby("lat").values, rtol=1e-6)
+
+
+def test_any_table_with_named_dims(ctx, tmp_path):
+    out = tmp_path / "values.zarr"
+    ctx.sql("SELECT * FROM (VALUES (3, 2.5), (1, 1.5), (2, NULL)) AS v(x, y)").to_zarr(out, dims=["x"], zarr_format=2)
+    got = open_xr(out)
+    assert got.x.values.tolist() == [1, 2, 3]
+    np.testing.assert_array_equal(got.y.values, [1.5, np.nan, 2.5])
+
+
+def test_failed_and_refused_writes_leave_nothing(ctx, fixtures, tmp_path):
+    ctx.register_zarr("t", fixtures / "v2_basic.zarr")
+    with pytest.raises(zf.ZarrFusionError, match="not a grid"):
+        ctx.sql("SELECT lat, t2m FROM t").to_zarr(tmp_path / "dup.zarr")
+    with pytest.raises(zf.ZarrFusionError, match="(?i)cast"):
+        ctx.sql(
+            "SELECT time, lat, lon, CASE WHEN lat < 30 THEN CAST(concat('x', lon) AS DOUBLE) ELSE t2m END AS t FROM t"
+        ).to_zarr(tmp_path / "midway.zarr")
+    with pytest.raises(ValueError, match="codec"):
+        ctx.sql("SELECT time, lat, lon, t2m FROM t").to_zarr(tmp_path / "codec.zarr", codec="lzma")
+    assert list(tmp_path.iterdir()) == []
+    existing = tmp_path / "existing.zarr"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("data")
+    with pytest.raises(zf.ZarrFusionError, match="already exists"):
+        ctx.sql("SELECT time, lat, lon, t2m FROM t").to_zarr(existing)
+    assert [p.name for p in existing.iterdir()] == ["keep.txt"]
+
+
+def test_ctrl_c_cancels_a_write_and_leaves_nothing(ctx, tmp_path):
+    out = tmp_path / "slow.zarr"
+    df = ctx.sql("SELECT 1 AS x, sum(value) AS y FROM generate_series(1, 100000000000)")
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            df.to_zarr(out, dims=["x"])
+    finally:
+        timer.cancel()
+    assert list(tmp_path.iterdir()) == []
