@@ -28,10 +28,10 @@ use datafusion::common::{exec_err, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::planner::RelationPlanner;
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
 use crate::array::{ArrayQueryPlanner, DenseReductionRule};
-use crate::config::ZarrConfig;
+use crate::config::{translate_runtime_settings, ZarrConfig};
 use crate::progress::ScanProgress;
 use crate::table::{
     open_dataset, GridTable, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions,
@@ -85,6 +85,16 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         ctx.register_udf(udf.as_ref().clone());
     }
     ctx
+}
+
+/// Plans and runs one SQL statement as zarrfusion's front doors do: like
+/// `SessionContext::sql`, with `SET zarrfusion.allowed_mem` and
+/// `zarrfusion.work_dir` applied to the runtime
+/// ([`translate_runtime_settings`]).
+pub async fn sql(ctx: &SessionContext, text: &str) -> Result<DataFrame> {
+    let plan = ctx.state().create_logical_plan(text).await?;
+    ctx.execute_logical_plan(translate_runtime_settings(plan)?)
+        .await
 }
 
 /// The Zarr tables registered in `catalogs` (every catalog and schema), as

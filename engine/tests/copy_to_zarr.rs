@@ -270,3 +270,42 @@ async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     assert!(entries(&dir).is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn set_allowed_mem_resizes_the_budget_of_later_queries() {
+    let dir = scratch("set-budget");
+    let ctx = context().await;
+    let run = |sql: String| {
+        let ctx = ctx.clone();
+        async move { zarrfusion::session::sql(&ctx, &sql).await?.collect().await }
+    };
+    let out = dir.join("small.zarr");
+    let copy_sql = format!(
+        "COPY (SELECT time, lat, lon, t2m FROM era5) TO '{}'",
+        out.display()
+    );
+    run("SET zarrfusion.allowed_mem = '128kb'".into())
+        .await
+        .unwrap();
+    let err = run(copy_sql.clone()).await.unwrap_err().to_string();
+    assert!(err.contains("allowed_mem"), "{err}");
+    let err = run("SELECT lat, lon, avg(t2m) FROM era5 GROUP BY lat, lon".into())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("memory limit"), "{err}");
+    assert!(entries(&dir).is_empty());
+    let bad = run("SET zarrfusion.allowed_mem = 'lots'".into())
+        .await
+        .unwrap_err();
+    assert!(bad.to_string().contains("zarrfusion.allowed_mem"), "{bad}");
+    run("RESET zarrfusion.allowed_mem".into()).await.unwrap();
+    run(copy_sql).await.unwrap();
+    assert!(out.join("t2m").is_dir());
+    let work = dir.join("work");
+    run(format!("SET zarrfusion.work_dir = '{}'", work.display()))
+        .await
+        .unwrap();
+    assert!(work.is_dir());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -113,9 +113,11 @@ impl PySessionContext {
         wait_for(py, self.ctx.register_zarr(name, path, options))?.map_err(datafusion_error)
     }
 
-    /// Plans a SQL statement; DDL and `SET` run at once.
+    /// Plans a SQL statement; DDL and `SET` run at once (`SET
+    /// zarrfusion.allowed_mem = '2GB'` resizes the memory pool).
     fn sql(&self, py: Python<'_>, query: &str) -> PyResult<PyDataFrame> {
-        let df = wait_for(py, self.ctx.sql(query))?.map_err(datafusion_error)?;
+        let df =
+            wait_for(py, zarrfusion::session::sql(&self.ctx, query))?.map_err(datafusion_error)?;
         Ok(PyDataFrame::new(df))
     }
 

@@ -99,6 +99,14 @@ def test_settings_and_memory_budget(fixtures):
         zf.SessionContext(allowed_mem="lots")
     with pytest.raises(ValueError, match="config"):
         zf.SessionContext(config={"zarrfusion.no_such_setting": "1"})
+    # SET resizes the pool of the same session.
+    ctx.sql("SET zarrfusion.allowed_mem = '1GB'")
+    assert len(ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()) == 6 * 5 * 4
+    ctx.sql("SET zarrfusion.allowed_mem = '64kb'")
+    with pytest.raises(zf.ZarrFusionError, match="memory"):
+        ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
+    with pytest.raises(zf.ZarrFusionError, match="zarrfusion.allowed_mem"):
+        ctx.sql("SET zarrfusion.allowed_mem = 'lots'")
 
 
 def test_errors_are_exceptions_with_the_engine_message(ctx, fixtures):
