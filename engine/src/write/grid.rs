@@ -162,7 +162,17 @@ pub fn assemble(
         .map(|(&d, &desc)| column(d).and_then(|c| axis(&c, names[d], desc)))
         .collect::<Result<Vec<_>>>()?;
     let shape: Vec<usize> = axes.iter().map(|a| a.coords.len()).collect();
-    let cells: usize = shape.iter().product();
+    // Cells are addressed with u32 (as rows are): a larger grid is refused
+    // before any cell number is computed.
+    let Some(cells) = shape
+        .iter()
+        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+        .filter(|&c| c <= u32::MAX as usize)
+    else {
+        return exec_err!(
+            "cannot write Zarr: the grid {shape:?} has more cells than one write can hold"
+        );
+    };
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     // Cell of each row, in C order.
     let mut cell = vec![0u32; rows];
@@ -172,11 +182,6 @@ pub fn assemble(
             *c += *p * stride as u32;
         }
         stride *= len;
-    }
-    if cells > u32::MAX as usize {
-        return exec_err!(
-            "cannot write Zarr: the grid has {cells} cells, more than one write can hold"
-        );
     }
     // Which row fills each cell; a second row on a cell is not a grid.
     let mut source = vec![u32::MAX; cells];
