@@ -1,9 +1,10 @@
-//! The window loader in Python: `Dataset.windows(...)` builds the index of
-//! valid windows, `Windows.loader(...)` yields batches as dicts of numpy
+//! The window loader in Python: `Dataset.windows(...)` starts the index of
+//! valid windows (built in the background), `Windows.loader(...)` yields batches as dicts of numpy
 //! arrays that own the buffers Rust filled (no copy).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arrow::array::{Array, ArrayRef, AsArray, UInt64Array};
 use arrow::compute::{cast, take};
@@ -19,12 +20,31 @@ use pyo3::types::PyDict;
 use zarrfusion::table::{GridTable, Selection};
 use zarrfusion::windows::{
     select_where, BatchStream, IndexCache, IndexOptions, IndexSource, LoaderOptions, Polled, Shard,
-    Shuffle, Validity, Values, WindowBatch, WindowLoader, WindowShape, Windows,
+    Shuffle, ValidIndex, Validity, Values, WindowBatch, WindowLoader, WindowShape, Windows,
 };
 
 use crate::context::size_argument;
 use crate::errors::window_error;
 use crate::runtime::SIGNAL_CHECK;
+
+/// The whole index of valid windows, with the GIL released: indexes the
+/// blocks nobody has started in this thread, a block at a time, then waits
+/// for the last one, letting Ctrl-C interrupt in between.
+fn wait_index<'w>(py: Python<'_>, windows: &'w Windows) -> PyResult<&'w ValidIndex> {
+    let live = windows.live_index();
+    loop {
+        let found = py.detach(|| {
+            if live.index_next_block()? {
+                return Ok(None);
+            }
+            live.wait_index(SIGNAL_CHECK)
+        });
+        if let Some(index) = found.map_err(window_error)? {
+            return Ok(index);
+        }
+        py.check_signals()?;
+    }
+}
 
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -183,7 +203,7 @@ impl PyDataset {
         };
         let options = IndexOptions {
             block_bytes,
-            threads: threads.unwrap_or_else(default_threads).max(1),
+            threads: threads.unwrap_or_else(default_threads),
             cache: cache_argument(cache)?,
         };
         let table = Arc::clone(&self.table);
@@ -214,9 +234,16 @@ pub struct PyWindows {
 
 #[pymethods]
 impl PyWindows {
-    /// Number of valid windows.
-    fn __len__(&self) -> usize {
-        self.windows.len() as usize
+    /// Number of valid windows (waits for the index to be complete).
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(wait_index(py, &self.windows)?.total as usize)
+    }
+
+    /// Blocks of the index built so far, and in all (the index is built in
+    /// the background; a loader starts before it is complete).
+    #[getter]
+    fn index_progress(&self) -> (usize, usize) {
+        self.windows.live_index().progress()
     }
 
     /// The variables in each batch.
@@ -229,22 +256,26 @@ impl PyWindows {
             .collect()
     }
 
-    /// Where the valid-window index came from: `"cache"`, or `"built"`.
+    /// Where the valid-window index came from: `"cache"`, or `"built"`
+    /// (waits for the index to be complete).
     #[getter]
-    fn index_source(&self) -> &'static str {
-        match self.windows.index_source {
+    fn index_source(&self, py: Python<'_>) -> PyResult<&'static str> {
+        wait_index(py, &self.windows)?;
+        Ok(match self.windows.index_source().map_err(window_error)? {
             IndexSource::Cached => "cache",
             IndexSource::Built { .. } => "built",
-        }
+        })
     }
 
-    /// Seconds spent building the index (0 when it came from the cache).
+    /// Seconds spent building the index, 0 when it came from the cache
+    /// (waits for the index to be complete).
     #[getter]
-    fn index_seconds(&self) -> f64 {
-        match self.windows.index_source {
+    fn index_seconds(&self, py: Python<'_>) -> PyResult<f64> {
+        wait_index(py, &self.windows)?;
+        Ok(match self.windows.index_source().map_err(window_error)? {
             IndexSource::Cached => 0.0,
             IndexSource::Built { seconds } => seconds,
-        }
+        })
     }
 
     /// The window dimensions and sizes, in array order.
@@ -311,9 +342,13 @@ impl PyWindows {
     }
 
     fn __repr__(&self) -> String {
+        let n = match self.windows.live_index().wait_index(Duration::ZERO) {
+            Ok(Some(index)) => index.total.to_string(),
+            Ok(None) => "? (indexing)".to_string(),
+            Err(_) => "? (index failed)".to_string(),
+        };
         format!(
-            "Windows(n={}, window={:?}, variables={:?})",
-            self.windows.len(),
+            "Windows(n={n}, window={:?}, variables={:?})",
             self.window_shape(),
             self.variables()
         )
@@ -330,15 +365,17 @@ pub struct PyWindowLoader {
 
 #[pymethods]
 impl PyWindowLoader {
-    /// Batches per epoch (for this shard).
-    fn __len__(&self) -> usize {
-        self.loader.num_batches() as usize
+    /// Batches per epoch for this shard (waits for the index).
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        wait_index(py, &self.windows)?;
+        Ok(self.loader.num_batches().map_err(window_error)? as usize)
     }
 
-    /// Windows per epoch (for this shard).
+    /// Windows per epoch for this shard (waits for the index).
     #[getter]
-    fn num_samples(&self) -> u64 {
-        self.loader.num_samples()
+    fn num_samples(&self, py: Python<'_>) -> PyResult<u64> {
+        wait_index(py, &self.windows)?;
+        self.loader.num_samples().map_err(window_error)
     }
 
     /// The batch size.
@@ -362,6 +399,7 @@ impl PyWindowLoader {
     fn __iter__(&self) -> PyBatchIterator {
         PyBatchIterator {
             stream: Mutex::new(self.loader.epoch(self.epoch())),
+            loader: Arc::clone(&self.loader),
             windows: Arc::clone(&self.windows),
         }
     }
@@ -386,6 +424,7 @@ impl PyWindowLoader {
 #[pyclass(name = "BatchIterator", module = "zarrfusion._zarrfusion", frozen)]
 pub struct PyBatchIterator {
     stream: Mutex<BatchStream>,
+    loader: Arc<WindowLoader>,
     windows: Arc<Windows>,
 }
 
@@ -412,13 +451,10 @@ impl PyBatchIterator {
         }
     }
 
-    /// Number of batches in the epoch.
-    fn __len__(&self) -> PyResult<usize> {
-        let stream = self
-            .stream
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("the loader's lock is poisoned"))?;
-        Ok(stream.num_batches() as usize)
+    /// Number of batches in the epoch (waits for the index).
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        wait_index(py, &self.windows)?;
+        Ok(self.loader.num_batches().map_err(window_error)? as usize)
     }
 }
 

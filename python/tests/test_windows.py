@@ -105,6 +105,42 @@ def test_shuffles_are_seeded_and_cover_every_window(ctx, window_store, shuffle):
     assert first != sorted(first)
 
 
+@pytest.mark.parametrize("shuffle", [None, "block"])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_loader_starts_before_the_index_is_complete(ctx, window_store, shuffle, drop_last):
+    """threads=0: no background indexing, so before the first batch only the
+    blocks in the loader's buffer are indexed; the batches are the same as
+    from a complete index, and len() completes the index in the caller."""
+    _, a, b = arrays(window_store)
+    dataset = ctx.open_zarr(window_store)
+    options = dict(input_dims=SIZE, input_overlap={"lat": 4, "lon": 3}, cache=False, threads=0, block_size=1)
+    loader_options = dict(batch_size=8, shuffle=shuffle, seed=5, drop_last=drop_last, prefetch=1, buffer_size=1)
+
+    early = dataset.windows(**options)
+    assert "indexing" in repr(early)
+    batches = iter(early.loader(**loader_options))
+    first = next(batches)
+    done, blocks = early.index_progress
+    assert 0 < done < blocks
+    early_batches = [first, *batches]
+
+    complete = dataset.windows(**options)
+    expected = valid_origins(a, b, (5, 4), (1, 1))
+    assert len(complete) == len(expected)
+    assert complete.index_progress == (blocks, blocks)
+    assert len(early) == len(expected)
+    complete_batches = list(complete.loader(**loader_options))
+    assert len(early_batches) == len(complete_batches) == len(complete.loader(**loader_options))
+    for x, y in zip(early_batches, complete_batches):
+        for dim in ("time", "lat", "lon"):
+            np.testing.assert_array_equal(x["index"][dim], y["index"][dim])
+        np.testing.assert_array_equal(x["a"], y["a"])
+    seen = [o for batch in early_batches for o in zip(*(batch["index"][d].tolist() for d in ("time", "lat", "lon")))]
+    assert len(set(seen)) == len(seen)
+    assert set(seen) <= expected
+    assert len(seen) == (len(expected) // 8 * 8 if drop_last else len(expected))
+
+
 @pytest.mark.parametrize("shuffle", [None, "block", "full"])
 @pytest.mark.parametrize("world", [2, 3])
 def test_shards_are_disjoint_and_cover_everything(ctx, window_store, shuffle, world):

@@ -1,7 +1,8 @@
 """Training windows cut from Zarr just in time.
 
-``Dataset.windows`` builds an index of the valid windows (one pass over the
-data, no copy of it); ``Windows.loader`` yields batches as dicts of numpy
+``Dataset.windows`` starts building an index of the valid windows (one pass
+over the data in the background, no copy of it); ``Windows.loader`` yields
+batches, starting before the index is complete as dicts of numpy
 arrays assembled on Rust threads::
 
     {"t2m": array (batch, 5, 5), ..., "coords": {dim: origin coordinate},
@@ -63,7 +64,9 @@ class Dataset:
         - ``where``: a SQL condition on coordinates selecting the cells
           windows are cut from (``"time >= '2020-01-01'"``).
         - ``block_size``: decoded bytes of the blocks windows are read in.
-        - ``threads``: threads reading the data to build the index.
+        - ``threads``: threads building the index in the background, at the
+          lowest priority (0: blocks are indexed only as a loader reads them
+          and when ``len()`` is asked for).
         - ``cache``: keep the valid-window index on disk and reuse it while
           the data, the window shape, ``where`` and ``valid`` are unchanged.
           ``True`` uses ``$ZARRFUSION_CACHE_DIR`` or the user's cache
@@ -86,13 +89,23 @@ class Dataset:
 
 
 class Windows:
-    """The valid windows of a dataset; ``len()`` is their number."""
+    """The valid windows of a dataset; ``len()`` is their number.
+
+    The index of valid windows is built in the background: ``len()``, the
+    ``index_*`` properties, sharded loaders and ``shuffle="full"`` wait for
+    it; a single-process loader in block or storage order starts at once.
+    """
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
 
     def __len__(self) -> int:
         return len(self._raw)
+
+    @property
+    def index_progress(self) -> tuple[int, int]:
+        """Blocks of the valid-window index built so far, and in all."""
+        return tuple(self._raw.index_progress)
 
     @property
     def variables(self) -> list[str]:
@@ -106,12 +119,12 @@ class Windows:
 
     @property
     def index_source(self) -> str:
-        """``"cache"`` when the valid-window index was loaded from the cache, else ``"built"``."""
+        """``"cache"`` when the valid-window index was loaded from the cache, else ``"built"``; waits for it."""
         return self._raw.index_source
 
     @property
     def index_seconds(self) -> float:
-        """Seconds spent building the valid-window index (0 when cached)."""
+        """Seconds spent building the valid-window index (0 when cached); waits for it."""
         return self._raw.index_seconds
 
     def loader(

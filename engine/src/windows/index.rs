@@ -5,11 +5,11 @@
 //! window with sliding sums along the window dimensions (linear in the
 //! cells, whatever the window size), and compared with the rule. The index
 //! holds bits, not data: changing the window from 3x3 to 5x5 costs one pass
-//! over the data and no rewrite.
+//! over the data and no rewrite. The pass runs in the background
+//! ([`super::live_index`]).
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef};
 use datafusion::arrow::buffer::BooleanBuffer;
@@ -102,7 +102,7 @@ impl BlockIndex {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidIndex {
     /// Per block, in the grid's block order.
-    pub blocks: Vec<BlockIndex>,
+    pub blocks: Vec<Arc<BlockIndex>>,
     /// Valid origins before each block.
     before: Vec<u64>,
     /// Number of valid windows.
@@ -112,6 +112,11 @@ pub struct ValidIndex {
 impl ValidIndex {
     /// An index from per-block indices.
     pub fn from_blocks(blocks: Vec<BlockIndex>) -> Self {
+        Self::from_shared(blocks.into_iter().map(Arc::new).collect())
+    }
+
+    /// An index from shared per-block indices.
+    pub fn from_shared(blocks: Vec<Arc<BlockIndex>>) -> Self {
         let mut before = Vec::with_capacity(blocks.len());
         let mut total = 0;
         for b in &blocks {
@@ -129,64 +134,6 @@ impl ValidIndex {
     pub fn locate(&self, rank: u64) -> (usize, u64) {
         let b = self.before.partition_point(|&n| n <= rank) - 1;
         (b, self.blocks[b].select(rank - self.before[b]))
-    }
-
-    /// Builds the index by reading every block (on `threads` threads).
-    pub fn build(
-        table: &GridTable,
-        variables: &[usize],
-        grid: &WindowGrid,
-        validity: Validity,
-        threads: usize,
-    ) -> Result<Self, WindowError> {
-        if validity == Validity::Any {
-            return Ok(Self::from_blocks(
-                grid.blocks
-                    .iter()
-                    .map(|b| BlockIndex::all(b.num_origins()))
-                    .collect(),
-            ));
-        }
-        let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<Option<BlockIndex>>> = Mutex::new(vec![None; grid.blocks.len()]);
-        let failure: Mutex<Option<WindowError>> = Mutex::new(None);
-        std::thread::scope(|scope| {
-            for _ in 0..threads.clamp(1, grid.blocks.len().max(1)) {
-                scope.spawn(|| loop {
-                    let id = next.fetch_add(1, Ordering::Relaxed);
-                    if id >= grid.blocks.len() || failure.lock().is_ok_and(|f| f.is_some()) {
-                        return;
-                    }
-                    let block = &grid.blocks[id];
-                    match read_columns(table, variables, &block.extent) {
-                        Ok(columns) => {
-                            let index = index_block(grid, block, &columns, validity);
-                            if let Ok(mut r) = results.lock() {
-                                r[id] = Some(index);
-                            }
-                        }
-                        Err(e) => {
-                            if let Ok(mut f) = failure.lock() {
-                                f.get_or_insert(e);
-                            }
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        if let Some(e) = failure.into_inner().ok().flatten() {
-            return Err(e);
-        }
-        let blocks = results
-            .into_inner()
-            .map_err(|_| {
-                WindowError::Internal("a thread building the window index panicked".into())
-            })?
-            .into_iter()
-            .map(|b| b.ok_or_else(|| WindowError::Internal("a block was not indexed".into())))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self::from_blocks(blocks))
     }
 }
 
@@ -207,7 +154,7 @@ pub fn read_columns(
 /// Missing values are counted per cell, summed over each window with
 /// sliding sums, and compared with the largest count the rule allows. Blocks
 /// without a missing value skip all of it.
-fn index_block(
+pub(super) fn index_block(
     grid: &WindowGrid,
     block: &WindowBlock,
     columns: &[ArrayRef],

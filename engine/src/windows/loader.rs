@@ -16,8 +16,10 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::index::read_columns;
-use super::order::{segments, BlockSampler, Permutation, Shard, Shuffle};
+use super::index::{index_block, read_columns};
+use super::order::{
+    block_order, segments, whole_segments, BlockSampler, Permutation, Segment, Shard, Shuffle,
+};
 use super::values::Values;
 use super::{WindowError, Windows};
 
@@ -138,22 +140,15 @@ impl WindowLoader {
         &self.options
     }
 
-    /// Windows this rank yields per epoch.
-    pub fn num_samples(&self) -> u64 {
-        let total = self.windows.len();
-        let shard = self.options.shard;
-        if self.options.drop_last {
-            let b = self.options.batch_size as u64;
-            (total / shard.world_size) / b * b
-        } else {
-            let r = shard.range(total);
-            r.end - r.start
-        }
+    /// Windows this rank yields per epoch (waits for the index).
+    pub fn num_samples(&self) -> Result<u64, WindowError> {
+        Ok(samples_per_epoch(self.windows.len()?, &self.options))
     }
 
-    /// Batches this rank yields per epoch (the same on every rank with `drop_last`).
-    pub fn num_batches(&self) -> u64 {
-        self.num_samples().div_ceil(self.options.batch_size as u64)
+    /// Batches this rank yields per epoch, the same on every rank with
+    /// `drop_last` (waits for the index).
+    pub fn num_batches(&self) -> Result<u64, WindowError> {
+        Ok(self.num_samples()?.div_ceil(self.options.batch_size as u64))
     }
 
     /// What the loader has done so far.
@@ -190,20 +185,33 @@ impl WindowLoader {
         let planner = Planner {
             windows: Arc::clone(&self.windows),
             options: self.options.clone(),
-            samples: self.num_samples(),
             epoch,
             flow: Arc::clone(&flow),
             jobs: jobs_tx,
+            results: results_tx,
+            counters: Arc::clone(&self.counters),
         };
         std::thread::spawn(move || planner.run());
         BatchStream {
             results: results_rx,
             pending: BTreeMap::new(),
             next: 0,
-            expected: self.num_batches(),
+            end: None,
             flow,
             counters: Arc::clone(&self.counters),
         }
+    }
+}
+
+/// Windows a rank yields per epoch out of `total`.
+fn samples_per_epoch(total: u64, options: &LoaderOptions) -> u64 {
+    let shard = options.shard;
+    if options.drop_last {
+        let b = options.batch_size as u64;
+        (total / shard.world_size) / b * b
+    } else {
+        let r = shard.range(total);
+        r.end - r.start
     }
 }
 
@@ -211,24 +219,58 @@ impl WindowLoader {
 /// thread needs them first.
 struct Slot {
     block: usize,
+    /// Whether this is a whole block, whose index can be taken from it.
+    whole_block: bool,
     extent: Vec<Range<u64>>,
     data: OnceLock<Result<Vec<Values>, String>>,
 }
 
 impl Slot {
-    fn new(block: usize, extent: Vec<Range<u64>>) -> Arc<Self> {
+    /// The slot of block `block` of `windows`.
+    fn block(windows: &Windows, block: usize) -> Arc<Self> {
         Arc::new(Self {
             block,
-            extent,
+            whole_block: true,
+            extent: windows.grid.blocks[block].extent.clone(),
             data: OnceLock::new(),
         })
     }
 
+    /// The slot of the single window at `local` in block `block`.
+    fn window(windows: &Windows, block: usize, local: u64) -> Arc<Self> {
+        let origin = windows.grid.blocks[block].origin(local);
+        Arc::new(Self {
+            block,
+            whole_block: false,
+            extent: windows.grid.window_extent(&origin),
+            data: OnceLock::new(),
+        })
+    }
+
+    /// Decodes the values (once); a whole block not indexed yet is indexed
+    /// from them, and a block that cannot be read fails the index.
     fn values(&self, windows: &Windows, counters: &Counters) -> Result<&[Values], WindowError> {
         let data = self.data.get_or_init(|| {
             let started = Instant::now();
-            let columns = read_columns(&windows.table, &windows.variables, &self.extent)
-                .map_err(|e| e.to_string())?;
+            let live = windows.live_index();
+            if self.whole_block {
+                // Background threads skip it from now on.
+                live.claim(self.block);
+            }
+            let columns =
+                read_columns(&windows.table, &windows.variables, &self.extent).map_err(|e| {
+                    if self.whole_block {
+                        live.fail(e.to_string());
+                    }
+                    e.to_string()
+                })?;
+            if self.whole_block && live.ready_block(self.block).is_none() {
+                let block = &windows.grid.blocks[self.block];
+                live.publish(
+                    self.block,
+                    index_block(&windows.grid, block, &columns, windows.validity),
+                );
+            }
             let values: Vec<Values> = columns
                 .iter()
                 .map(|c| {
@@ -247,6 +289,27 @@ impl Slot {
             Ok(values)
         });
         data.as_deref().map_err(|e| WindowError::Read(e.clone()))
+    }
+
+    /// Local origin numbers of the valid windows of `segment` (this slot's
+    /// block); decodes the block first when it is not indexed yet.
+    fn origins(
+        &self,
+        segment: &Segment,
+        windows: &Windows,
+        counters: &Counters,
+    ) -> Result<Vec<u32>, WindowError> {
+        let live = windows.live_index();
+        let index = match live.ready_block(self.block) {
+            Some(index) => index,
+            None => live.with_priority(|| {
+                self.values(windows, counters)?;
+                live.ready_block(self.block).ok_or_else(|| {
+                    WindowError::Internal(format!("block {} was read but not indexed", self.block))
+                })
+            })?,
+        };
+        Ok(index.origins(segment.ranks.clone().unwrap_or(0..index.count)))
     }
 }
 
@@ -313,65 +376,124 @@ impl Flow {
 struct Planner {
     windows: Arc<Windows>,
     options: LoaderOptions,
-    samples: u64,
     epoch: u64,
     flow: Arc<Flow>,
     jobs: Sender<Job>,
+    results: Sender<Outcome>,
+    counters: Arc<Counters>,
 }
+
+/// What the threads of an epoch send the consumer.
+enum Outcome {
+    /// Batch number `.0`, or the error that stopped it.
+    Batch(u64, Result<WindowBatch, WindowError>),
+    /// The epoch has this many batches.
+    End(u64),
+}
+
+/// Draws the next window of an epoch: its slot and local origin number.
+type Draw<'a> = Box<dyn FnMut() -> Result<Option<(Arc<Slot>, u64)>, WindowError> + 'a>;
 
 impl Planner {
     fn run(self) {
+        let end = self.plan();
+        let _ = self.results.send(Outcome::End(end));
+    }
+
+    /// Sends the batches' plans to the workers (or the error that stops
+    /// one to the consumer); returns the number of batches.
+    fn plan(&self) -> u64 {
+        let failed = |seq: u64, e: WindowError| {
+            let _ = self.results.send(Outcome::Batch(seq, Err(e)));
+            seq + 1
+        };
         let o = &self.options;
-        let windows = &self.windows;
-        let mut draw: Box<dyn FnMut() -> Option<(Arc<Slot>, u64)> + '_> = match o.shuffle {
-            Shuffle::Full => {
-                let permutation = Permutation::new(windows.len(), o.seed, self.epoch);
-                let start = o.shard.range(windows.len()).start;
-                let mut i = 0u64;
-                Box::new(move || {
-                    let (block, local) = windows.index.locate(permutation.apply(start + i));
-                    i += 1;
-                    let origin = windows.grid.blocks[block].origin(local);
-                    Some((Slot::new(block, windows.grid.window_extent(&origin)), local))
-                })
+        // A single process in block or storage order starts before the index
+        // is complete; shards and the full shuffle need the total first.
+        let whole = o.shard == Shard::WHOLE && o.shuffle != Shuffle::Full;
+        let limit = if whole {
+            None
+        } else {
+            match self.windows.len() {
+                Ok(total) => Some(samples_per_epoch(total, o)),
+                Err(e) => return failed(0, e),
             }
-            Shuffle::None | Shuffle::Block { .. } => {
-                let shuffled = matches!(o.shuffle, Shuffle::Block { .. });
-                let segs = segments(&windows.index, shuffled, o.seed, self.epoch, o.shard);
-                let capacity = match o.shuffle {
-                    Shuffle::Block { buffer_bytes } => {
-                        (buffer_bytes / windows.block_bytes().max(1)).max(1) as usize
-                    }
-                    _ => 1,
-                };
-                let shuffle = shuffled.then_some((o.seed, self.epoch, o.shard.rank));
-                let mut sampler = BlockSampler::new(segs, capacity, shuffle);
-                let jobs = self.jobs.clone();
-                Box::new(move || {
-                    let (slot, local) = sampler.draw(&windows.index, |block| {
-                        let slot = Slot::new(block, windows.grid.blocks[block].extent.clone());
-                        let _ = jobs.send(Job::Warm(Arc::clone(&slot)));
-                        slot
-                    })?;
-                    Some((slot, u64::from(local)))
-                })
-            }
+        };
+        let mut draw = match self.draw() {
+            Ok(draw) => draw,
+            Err(e) => return failed(0, e),
         };
         let batch = o.batch_size as u64;
         let mut produced = 0u64;
         let mut seq = 0u64;
-        while produced < self.samples {
-            let n = batch.min(self.samples - produced);
-            let plan: Plan = (0..n).map_while(|_| draw()).collect();
-            if plan.len() as u64 != n || !self.flow.acquire() {
-                return;
+        loop {
+            let n = limit.map_or(batch, |l| batch.min(l - produced));
+            let mut plan: Plan = Vec::with_capacity(n as usize);
+            while (plan.len() as u64) < n {
+                match draw() {
+                    Ok(Some(window)) => plan.push(window),
+                    Ok(None) => break,
+                    Err(e) => return failed(seq, e),
+                }
             }
-            if self.jobs.send(Job::Assemble(seq, plan)).is_err() {
-                return;
+            let short = (plan.len() as u64) < batch;
+            if plan.is_empty() || (short && o.drop_last && limit.is_none()) {
+                return seq;
+            }
+            let len = plan.len() as u64;
+            if !self.flow.acquire() || self.jobs.send(Job::Assemble(seq, plan)).is_err() {
+                return seq;
             }
             seq += 1;
-            produced += n;
+            produced += len;
+            if limit.is_some_and(|l| produced >= l) {
+                return seq;
+            }
         }
+    }
+
+    fn draw(&self) -> Result<Draw<'_>, WindowError> {
+        let o = &self.options;
+        let windows = &self.windows;
+        if o.shuffle == Shuffle::Full {
+            let index = windows.index()?;
+            let permutation = Permutation::new(index.total, o.seed, self.epoch);
+            let start = o.shard.range(index.total).start;
+            let mut i = 0u64;
+            return Ok(Box::new(move || {
+                let (block, local) = index.locate(permutation.apply(start + i));
+                i += 1;
+                Ok(Some((Slot::window(windows, block, local), local)))
+            }));
+        }
+        let shuffled = matches!(o.shuffle, Shuffle::Block { .. });
+        let order = block_order(windows.grid.blocks.len(), shuffled, o.seed, self.epoch);
+        let segs = if o.shard == Shard::WHOLE {
+            whole_segments(order)
+        } else {
+            segments(windows.index()?, order, o.shard)
+        };
+        let capacity = match o.shuffle {
+            Shuffle::Block { buffer_bytes } => {
+                (buffer_bytes / windows.block_bytes().max(1)).max(1) as usize
+            }
+            _ => 1,
+        };
+        let shuffle = shuffled.then_some((o.seed, self.epoch, o.shard.rank));
+        let mut sampler = BlockSampler::new(segs, capacity, shuffle);
+        let jobs = self.jobs.clone();
+        let counters = &self.counters;
+        Ok(Box::new(move || {
+            let drawn = sampler.draw(
+                |block| {
+                    let slot = Slot::block(windows, block);
+                    let _ = jobs.send(Job::Warm(Arc::clone(&slot)));
+                    slot
+                },
+                |slot, segment| slot.origins(segment, windows, counters),
+            )?;
+            Ok(drawn.map(|(slot, local)| (slot, u64::from(local))))
+        }))
     }
 }
 
@@ -380,7 +502,7 @@ struct Worker {
     counters: Arc<Counters>,
     flow: Arc<Flow>,
     jobs: Arc<Mutex<Receiver<Job>>>,
-    results: Sender<(u64, Result<WindowBatch, WindowError>)>,
+    results: Sender<Outcome>,
 }
 
 impl Worker {
@@ -400,7 +522,7 @@ impl Worker {
                 }
                 Ok(Job::Assemble(seq, plan)) => {
                     let batch = self.assemble(&plan);
-                    if self.results.send((seq, batch)).is_err() {
+                    if self.results.send(Outcome::Batch(seq, batch)).is_err() {
                         return;
                     }
                 }
@@ -459,23 +581,23 @@ pub enum Polled {
 
 /// The batches of one epoch, in order. Dropping it stops the threads.
 pub struct BatchStream {
-    results: Receiver<(u64, Result<WindowBatch, WindowError>)>,
+    results: Receiver<Outcome>,
     pending: BTreeMap<u64, Result<WindowBatch, WindowError>>,
     next: u64,
-    expected: u64,
+    /// The number of batches, once the planner knows it.
+    end: Option<u64>,
     flow: Arc<Flow>,
     counters: Arc<Counters>,
 }
 
 impl BatchStream {
-    /// Number of batches in the epoch.
-    pub fn num_batches(&self) -> u64 {
-        self.expected
+    fn is_done(&self) -> bool {
+        self.end.is_some_and(|end| self.next >= end)
     }
 
     /// Waits up to `timeout` for the next batch.
     pub fn poll(&mut self, timeout: Duration) -> Result<Polled, WindowError> {
-        if self.next >= self.expected {
+        if self.is_done() {
             return Ok(Polled::Done);
         }
         let started = Instant::now();
@@ -492,22 +614,26 @@ impl BatchStream {
                         Ok(Polled::Batch(batch))
                     }
                     Err(e) => {
-                        self.next = self.expected;
+                        self.end = Some(self.next);
                         self.flow.cancel();
                         Err(e)
                     }
                 };
             }
+            if self.is_done() {
+                break Ok(Polled::Done);
+            }
             match self
                 .results
                 .recv_timeout(timeout.saturating_sub(started.elapsed()))
             {
-                Ok((seq, result)) => {
+                Ok(Outcome::Batch(seq, result)) => {
                     self.pending.insert(seq, result);
                 }
+                Ok(Outcome::End(batches)) => self.end = Some(batches),
                 Err(RecvTimeoutError::Timeout) => break Ok(Polled::Waiting),
                 Err(RecvTimeoutError::Disconnected) => {
-                    self.next = self.expected;
+                    self.end = Some(self.next);
                     break Err(WindowError::Internal(
                         "the loader's threads stopped before the epoch ended".into(),
                     ));

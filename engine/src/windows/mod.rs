@@ -11,6 +11,7 @@
 //! |---|---|
 //! | [`geometry`] | window shapes, origins, chunk-aligned blocks of origins |
 //! | [`index`] | which origins hold a valid window |
+//! | [`live_index`] | the index filling in while a loader starts |
 //! | [`cache`] | the index kept on disk between runs |
 //! | [`order`] | shuffling, sharding, epochs |
 //! | [`values`] | typed cell values and cutting windows out of them |
@@ -32,7 +33,7 @@
 //! let selection = Selection::all(&table.shape());
 //! let options = IndexOptions::default();
 //! let windows = Windows::new(table, &["t2m".to_string()], selection, &shape, Validity::All, &options)?;
-//! println!("{} valid windows", windows.len());
+//! println!("{} valid windows", windows.len()?);
 //! let loader = zarrfusion::windows::WindowLoader::new(Arc::new(windows), LoaderOptions::default())?;
 //! for batch in loader.epoch(0) {
 //!     let batch = batch?;
@@ -45,6 +46,7 @@
 pub mod cache;
 pub mod geometry;
 pub mod index;
+pub mod live_index;
 pub mod loader;
 pub mod order;
 pub mod values;
@@ -53,7 +55,10 @@ use std::sync::Arc;
 
 pub use cache::IndexCache;
 pub use geometry::{Validity, WindowGrid, WindowShape};
+use index::BlockIndex;
 pub use index::ValidIndex;
+use live_index::IndexJob;
+pub use live_index::LiveIndex;
 pub use loader::{BatchStream, LoaderOptions, LoaderStats, Polled, WindowBatch, WindowLoader};
 pub use order::{Shard, Shuffle};
 pub use values::Values;
@@ -103,7 +108,8 @@ impl WindowError {
 pub struct IndexOptions {
     /// Decoded bytes a block of origins aims at.
     pub block_bytes: u64,
-    /// Threads reading blocks while the index is built.
+    /// Threads indexing blocks in the background (0: only as loaders read
+    /// blocks and when the whole index is asked for).
     pub threads: usize,
     /// Where indices are kept between runs; `None` builds every time.
     pub cache: Option<IndexCache>,
@@ -133,6 +139,10 @@ pub enum IndexSource {
 }
 
 /// The valid windows of some variables of a grid table.
+///
+/// The index of valid windows fills in in the background ([`live_index`]):
+/// what needs all of it ([`Windows::len`], [`Windows::index`]) waits for the
+/// last block; a loader starts on the first blocks before.
 #[derive(Debug)]
 pub struct Windows {
     /// The table the windows are cut from.
@@ -140,18 +150,20 @@ pub struct Windows {
     /// The variables, as indices into `table.variables`.
     pub variables: Vec<usize>,
     /// Where the window origins are, grouped in blocks.
-    pub grid: WindowGrid,
-    /// Which origins hold a valid window.
-    pub index: ValidIndex,
-    /// Whether the index was built or loaded from the cache.
-    pub index_source: IndexSource,
+    pub grid: Arc<WindowGrid>,
+    /// The rule a window must meet.
+    pub validity: Validity,
+    /// Which origins hold a valid window, as far as known.
+    live: Arc<LiveIndex>,
 }
 
 impl Windows {
     /// Plans windows of `shape` over `selection` of `table`, for the named
-    /// variables (all of the table's when empty), and builds the index of
-    /// valid windows, or loads it from `options.cache`. A cache that cannot
-    /// be written is reported in the log and otherwise ignored.
+    /// variables (all of the table's when empty), and loads the index of
+    /// valid windows from `options.cache` or starts building it in the
+    /// background. Argument errors are returned here; a block that cannot
+    /// be read fails whatever waits for the index. A cache that cannot be
+    /// written is reported in the log and otherwise ignored.
     pub fn new(
         table: Arc<GridTable>,
         variables: &[String],
@@ -199,54 +211,74 @@ impl Windows {
             .iter()
             .map(|&v| table.variables[v].element_size() as u64)
             .sum();
-        let grid = WindowGrid::new(
+        let grid = Arc::new(WindowGrid::new(
             &table,
             &selection,
             shape,
             bytes_per_cell,
             options.block_bytes,
-        )?;
-        let cached = match (&options.cache, validity) {
-            // Nothing to read, nothing to keep.
-            (_, Validity::Any) | (None, _) => None,
-            (Some(cache), _) => {
-                Some((cache, IndexCache::key(&table, &variables, &grid, validity)?))
+        )?);
+        let live = if validity == Validity::Any {
+            // Every window is valid: nothing to read, nothing to keep.
+            let all = grid.blocks.iter().map(|b| BlockIndex::all(b.num_origins()));
+            LiveIndex::finished(
+                ValidIndex::from_blocks(all.collect()),
+                IndexSource::Built { seconds: 0.0 },
+            )
+        } else {
+            let cache = match &options.cache {
+                Some(cache) => Some((
+                    cache.clone(),
+                    IndexCache::key(&table, &variables, &grid, validity)?,
+                )),
+                None => None,
+            };
+            match cache.as_ref().and_then(|(c, key)| c.load(key, &grid)) {
+                Some(index) => LiveIndex::finished(index, IndexSource::Cached),
+                None => LiveIndex::build(
+                    IndexJob {
+                        table: Arc::clone(&table),
+                        variables: variables.clone(),
+                        grid: Arc::clone(&grid),
+                        validity,
+                    },
+                    options.threads,
+                    cache,
+                ),
             }
         };
-        if let Some(index) = cached.as_ref().and_then(|(c, key)| c.load(key, &grid)) {
-            return Ok(Self {
-                table,
-                variables,
-                grid,
-                index,
-                index_source: IndexSource::Cached,
-            });
-        }
-        let started = std::time::Instant::now();
-        let index = ValidIndex::build(&table, &variables, &grid, validity, options.threads)?;
-        let seconds = started.elapsed().as_secs_f64();
-        if let Some((cache, key)) = &cached {
-            if let Err(e) = cache.store(key, &index) {
-                log::warn!("window index not cached in {}: {e}", cache.dir().display());
-            }
-        }
         Ok(Self {
             table,
             variables,
             grid,
-            index,
-            index_source: IndexSource::Built { seconds },
+            validity,
+            live,
         })
     }
 
-    /// Number of valid windows.
-    pub fn len(&self) -> u64 {
-        self.index.total
+    /// Number of valid windows (waits for the index).
+    pub fn len(&self) -> Result<u64, WindowError> {
+        Ok(self.index()?.total)
     }
 
-    /// Whether there is no valid window.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Whether there is no valid window (waits for the index).
+    pub fn is_empty(&self) -> Result<bool, WindowError> {
+        Ok(self.len()? == 0)
+    }
+
+    /// The whole index of valid windows (waits for the last block).
+    pub fn index(&self) -> Result<&ValidIndex, WindowError> {
+        self.live.index()
+    }
+
+    /// The index as it fills in.
+    pub fn live_index(&self) -> &LiveIndex {
+        &self.live
+    }
+
+    /// Whether the index was built or loaded from the cache (waits for it).
+    pub fn index_source(&self) -> Result<IndexSource, WindowError> {
+        self.live.source()
     }
 
     /// Names of the variables, in batch order.
@@ -267,6 +299,13 @@ impl Windows {
         let blocks = self.grid.blocks.len().max(1) as u64;
         let cells: u64 = self.grid.blocks.iter().map(|b| b.num_cells()).sum();
         cells / blocks * per_cell
+    }
+}
+
+impl Drop for Windows {
+    /// Stops indexing: nobody can use the index any more.
+    fn drop(&mut self) {
+        self.live.cancel();
     }
 }
 

@@ -115,31 +115,41 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A run of one block's valid windows (ranks within the block).
+/// A run of one block's valid windows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
     /// The block.
     pub block: usize,
-    /// Ranks of its valid windows.
-    pub ranks: Range<u64>,
+    /// Ranks of its valid windows; `None`: all of them (known once the
+    /// block is indexed).
+    pub ranks: Option<Range<u64>>,
 }
 
-/// This rank's segments for an epoch: blocks in epoch order, cut to the
-/// rank's share.
-pub fn segments(
-    index: &ValidIndex,
-    shuffle_blocks: bool,
-    seed: u64,
-    epoch: u64,
-    shard: Shard,
-) -> VecDeque<Segment> {
-    let mut order: Vec<usize> = (0..index.blocks.len()).collect();
+/// The blocks of an epoch in order: shuffled by `seed` and `epoch`, or in
+/// storage order.
+pub fn block_order(blocks: usize, shuffle_blocks: bool, seed: u64, epoch: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..blocks).collect();
     if shuffle_blocks {
         let mut rng = epoch_rng(seed, epoch, 0);
         for i in (1..order.len()).rev() {
             order.swap(i, rng.random_range(0..=i));
         }
     }
+    order
+}
+
+/// Every block of `order`, whole: the segments of a single process, known
+/// before the index is.
+pub fn whole_segments(order: Vec<usize>) -> VecDeque<Segment> {
+    order
+        .into_iter()
+        .map(|block| Segment { block, ranks: None })
+        .collect()
+}
+
+/// This rank's segments for an epoch: blocks in `order`, cut to the rank's
+/// share of the whole index.
+pub fn segments(index: &ValidIndex, order: Vec<usize>, shard: Shard) -> VecDeque<Segment> {
     let share = shard.range(index.total);
     let mut out = VecDeque::new();
     let mut before = 0u64;
@@ -150,7 +160,7 @@ pub fn segments(
         if start < end {
             out.push_back(Segment {
                 block,
-                ranks: start - before..end - before,
+                ranks: Some(start - before..end - before),
             });
         }
         before += count;
@@ -163,23 +173,29 @@ pub fn segments(
 
 /// A block buffered for drawing: its slot and its remaining origins.
 #[derive(Debug)]
-pub struct Buffered<S> {
-    /// What the caller keeps with the block (its decoded data slot).
-    pub slot: S,
-    /// Local origin numbers not drawn yet (drawn from the end).
+struct Buffered<S> {
+    slot: S,
+    /// Local origin numbers not drawn yet.
     remaining: Vec<u32>,
 }
 
 /// Draws windows from a buffer of blocks, filled from segments.
+///
+/// With a generator, each draw picks uniformly among all windows left in
+/// the buffer (a block is picked in proportion to what it has left, then a
+/// window of it, removed by swapping with the last); without, windows come
+/// in order, one block at a time.
 pub struct BlockSampler<S> {
     segments: VecDeque<Segment>,
     buffer: Vec<Buffered<S>>,
+    /// Windows left in the buffer.
+    left: usize,
     capacity: usize,
     rng: Option<ChaCha8Rng>,
 }
 
 impl<S: Clone> BlockSampler<S> {
-    /// A sampler over `segments` holding up to `capacity` blocks; `rng`
+    /// A sampler over `segments` holding up to `capacity` blocks; `shuffle`
     /// `None` draws in order (one block at a time).
     pub fn new(
         segments: VecDeque<Segment>,
@@ -190,63 +206,70 @@ impl<S: Clone> BlockSampler<S> {
         Self {
             segments,
             buffer: Vec::new(),
+            left: 0,
             capacity: if rng.is_some() { capacity.max(1) } else { 1 },
             rng,
         }
     }
 
-    /// Draws the next window, filling the buffer first; `open` makes the
-    /// slot of a block entering the buffer.
-    pub fn draw(
+    /// Draws the next window, filling the buffer first: `open` makes the
+    /// slot of each block entering the buffer (all are opened before any is
+    /// waited on), then `origins` gives the local origin numbers of its
+    /// segment's windows.
+    pub fn draw<E>(
         &mut self,
-        index: &ValidIndex,
         mut open: impl FnMut(usize) -> S,
-    ) -> Option<(S, u32)> {
-        while self.buffer.len() < self.capacity {
+        mut origins: impl FnMut(&S, &Segment) -> Result<Vec<u32>, E>,
+    ) -> Result<Option<(S, u32)>, E> {
+        let mut entering = Vec::new();
+        while self.buffer.len() + entering.len() < self.capacity {
             let Some(segment) = self.segments.pop_front() else {
                 break;
             };
-            let mut remaining = index.blocks[segment.block].origins(segment.ranks);
-            match &mut self.rng {
-                Some(rng) => {
-                    for i in (1..remaining.len()).rev() {
-                        remaining.swap(i, rng.random_range(0..=i));
-                    }
-                }
-                None => remaining.reverse(),
+            entering.push((open(segment.block), segment));
+        }
+        for (slot, segment) in entering {
+            let mut remaining = origins(&slot, &segment)?;
+            if remaining.is_empty() {
+                continue;
             }
-            self.buffer.push(Buffered {
-                slot: open(segment.block),
-                remaining,
-            });
+            if self.rng.is_none() {
+                remaining.reverse();
+            }
+            self.left += remaining.len();
+            self.buffer.push(Buffered { slot, remaining });
         }
-        let total: usize = self.buffer.iter().map(|b| b.remaining.len()).sum();
-        if total == 0 {
-            return None;
+        if self.left == 0 {
+            return Ok(None);
         }
-        let mut pick = match &mut self.rng {
-            Some(rng) => rng.random_range(0..total),
-            None => 0,
+        let (which, local) = match &mut self.rng {
+            Some(rng) => {
+                let mut pick = rng.random_range(0..self.left);
+                let which = self
+                    .buffer
+                    .iter()
+                    .position(|b| {
+                        if pick < b.remaining.len() {
+                            true
+                        } else {
+                            pick -= b.remaining.len();
+                            false
+                        }
+                    })
+                    .unwrap_or(0);
+                let entry = &mut self.buffer[which];
+                let pick = pick.min(entry.remaining.len() - 1);
+                (which, entry.remaining.swap_remove(pick))
+            }
+            None => (0, self.buffer[0].remaining.pop().unwrap_or_default()),
         };
-        let which = self
-            .buffer
-            .iter()
-            .position(|b| {
-                if pick < b.remaining.len() {
-                    true
-                } else {
-                    pick -= b.remaining.len();
-                    false
-                }
-            })
-            .unwrap_or(0);
-        let entry = &mut self.buffer[which];
-        let local = entry.remaining.pop().unwrap_or_default();
+        self.left -= 1;
+        let entry = &self.buffer[which];
         let slot = entry.slot.clone();
         if entry.remaining.is_empty() {
             self.buffer.remove(which);
         }
-        Some((slot, local))
+        Ok(Some((slot, local)))
     }
 }
 
@@ -290,10 +313,10 @@ mod tests {
                     rank,
                     world_size: world,
                 };
-                let segs = segments(&index, true, 9, 2, shard);
+                let segs = segments(&index, block_order(4, true, 9, 2), shard);
                 total += segs
                     .iter()
-                    .map(|s| s.ranks.end - s.ranks.start)
+                    .map(|s| s.ranks.as_ref().map_or(0, |r| r.end - r.start))
                     .sum::<u64>();
             }
             assert_eq!(total, 16, "world {world}");
@@ -304,13 +327,20 @@ mod tests {
     fn sampler_draws_every_window_once() {
         let index = ValidIndex::from_blocks(vec![BlockIndex::all(30), BlockIndex::all(20)]);
         for shuffle in [None, Some((7, 0, 0))] {
-            let segs = segments(&index, shuffle.is_some(), 7, 0, Shard::WHOLE);
-            let mut sampler = BlockSampler::new(segs, 2, shuffle);
-            let mut seen = std::collections::HashSet::new();
-            while let Some((block, local)) = sampler.draw(&index, |b| b) {
-                assert!(seen.insert((block, local)));
+            let order = block_order(2, shuffle.is_some(), 7, 0);
+            let sharded = segments(&index, order.clone(), Shard::WHOLE);
+            for segs in [sharded, whole_segments(order)] {
+                let mut sampler = BlockSampler::new(segs, 2, shuffle);
+                let mut seen = std::collections::HashSet::new();
+                let origins = |b: &usize, s: &Segment| {
+                    let ranks = s.ranks.clone().unwrap_or(0..index.blocks[*b].count);
+                    Ok::<_, ()>(index.blocks[*b].origins(ranks))
+                };
+                while let Some((block, local)) = sampler.draw(|b| b, origins).unwrap() {
+                    assert!(seen.insert((block, local)));
+                }
+                assert_eq!(seen.len(), 50);
             }
-            assert_eq!(seen.len(), 50);
         }
     }
 }

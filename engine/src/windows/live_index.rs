@@ -1,0 +1,331 @@
+//! The valid-window index while it is being built: blocks fill in one by
+//! one, in the background, and a loader can start on the blocks it needs
+//! before the rest are read.
+//!
+//! Building the index reads the whole dataset once, which takes seconds to
+//! minutes. Nothing about the first batches needs all of it: with one rank
+//! and block (or no) shuffle, the loader only needs the index of the blocks
+//! entering its buffer, and it decodes those blocks anyway. So
+//! [`Windows::new`](super::Windows::new) returns at once and
+//!
+//! - background threads index the blocks in storage order, at the lowest
+//!   scheduling priority, so they use the cores a loader leaves idle;
+//! - a loader that needs a block not indexed yet decodes it itself and
+//!   publishes that block's index from the same decoded values (the
+//!   background threads skip blocks someone else has claimed, and pause
+//!   while a loader waits);
+//! - what needs the whole index (the number of windows, sharding, a full
+//!   shuffle, the index cache) indexes the blocks nobody has started in its
+//!   own thread, then waits for the last block.
+//!
+//! A block that cannot be read fails the whole index: everyone waiting gets
+//! the error, naming the store, array and chunk.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::cache::IndexCache;
+use super::geometry::{Validity, WindowGrid};
+use super::index::{index_block, read_columns, BlockIndex, ValidIndex};
+use super::{IndexSource, WindowError};
+use crate::table::GridTable;
+
+/// How often a paused background thread looks again.
+const PAUSE: Duration = Duration::from_millis(2);
+
+/// An index whose blocks fill in as they are read.
+pub struct LiveIndex {
+    blocks: Vec<OnceLock<Arc<BlockIndex>>>,
+    /// Set by whoever starts reading a block, so it is read once.
+    claimed: Vec<AtomicBool>,
+    progress: Mutex<Progress>,
+    changed: Condvar,
+    complete: OnceLock<ValidIndex>,
+    source: OnceLock<IndexSource>,
+    /// Loaders waiting for a block's index: background threads pause.
+    demand: AtomicUsize,
+    cancelled: AtomicBool,
+    started: Instant,
+    /// Where the finished index is kept, and its key.
+    cache: Option<(IndexCache, String)>,
+    /// What to read, while the index is incomplete.
+    job: Option<IndexJob>,
+    /// The next block in storage order not taken by the background threads.
+    next: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct Progress {
+    indexed: usize,
+    failure: Option<String>,
+}
+
+impl std::fmt::Debug for LiveIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (done, blocks) = self.progress();
+        f.debug_struct("LiveIndex")
+            .field("indexed", &done)
+            .field("blocks", &blocks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the background threads need to index blocks.
+pub struct IndexJob {
+    /// The table read.
+    pub table: Arc<GridTable>,
+    /// Variables read (indices into the table's variables).
+    pub variables: Vec<usize>,
+    /// The window grid.
+    pub grid: Arc<WindowGrid>,
+    /// The rule a window must meet.
+    pub validity: Validity,
+}
+
+impl LiveIndex {
+    /// An index that is already complete (loaded from the cache, or needing no read).
+    pub fn finished(index: ValidIndex, source: IndexSource) -> Arc<Self> {
+        let live = Self::pending(index.blocks.len(), None);
+        for (slot, block) in live.blocks.iter().zip(&index.blocks) {
+            let _ = slot.set(Arc::clone(block));
+        }
+        if let Ok(mut p) = live.progress.lock() {
+            p.indexed = index.blocks.len();
+        }
+        let _ = live.complete.set(index);
+        let _ = live.source.set(source);
+        Arc::new(live)
+    }
+
+    fn pending(blocks: usize, cache: Option<(IndexCache, String)>) -> Self {
+        Self {
+            blocks: (0..blocks).map(|_| OnceLock::new()).collect(),
+            claimed: (0..blocks).map(|_| AtomicBool::new(false)).collect(),
+            progress: Mutex::new(Progress::default()),
+            changed: Condvar::new(),
+            complete: OnceLock::new(),
+            source: OnceLock::new(),
+            demand: AtomicUsize::new(0),
+            cancelled: AtomicBool::new(false),
+            started: Instant::now(),
+            cache,
+            job: None,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Starts indexing `job`'s blocks on `threads` background threads (0:
+    /// only as loaders read blocks and when someone waits for the whole
+    /// index); the finished index goes to `cache` (directory and key)
+    /// before anyone sees it complete.
+    pub fn build(job: IndexJob, threads: usize, cache: Option<(IndexCache, String)>) -> Arc<Self> {
+        let blocks = job.grid.blocks.len();
+        let mut live = Self::pending(blocks, cache);
+        live.job = Some(job);
+        let live = Arc::new(live);
+        if blocks == 0 {
+            live.finish();
+        }
+        for _ in 0..threads.min(blocks) {
+            let live = Arc::clone(&live);
+            std::thread::spawn(move || {
+                lower_thread_priority();
+                live.index_in_background();
+            });
+        }
+        live
+    }
+
+    fn index_in_background(&self) {
+        loop {
+            while self.demand.load(Ordering::Acquire) > 0 && !self.is_cancelled() {
+                std::thread::sleep(PAUSE);
+            }
+            if self.is_cancelled() || !matches!(self.index_next_block(), Ok(true)) {
+                return;
+            }
+        }
+    }
+
+    /// Reads and indexes the next block nobody has claimed, in the calling
+    /// thread; `Ok(false)` when there is none left.
+    pub fn index_next_block(&self) -> Result<bool, WindowError> {
+        let Some(job) = &self.job else {
+            return Ok(false);
+        };
+        loop {
+            let id = self.next.fetch_add(1, Ordering::Relaxed);
+            if id >= job.grid.blocks.len() || self.has_failed() {
+                return Ok(false);
+            }
+            if !self.claim(id) {
+                continue;
+            }
+            let block = &job.grid.blocks[id];
+            return match read_columns(&job.table, &job.variables, &block.extent) {
+                Ok(columns) => {
+                    self.publish(id, index_block(&job.grid, block, &columns, job.validity));
+                    Ok(true)
+                }
+                Err(e) => {
+                    self.fail(e.to_string());
+                    Err(e)
+                }
+            };
+        }
+    }
+
+    /// Claims block `id` for reading; `false` when someone already has.
+    pub fn claim(&self, id: usize) -> bool {
+        !self.claimed[id].swap(true, Ordering::AcqRel) && self.blocks[id].get().is_none()
+    }
+
+    /// Records the index of block `id` (the first record wins; any other is
+    /// the same, from the same data).
+    pub fn publish(&self, id: usize, index: BlockIndex) {
+        if self.blocks[id].set(Arc::new(index)).is_err() {
+            return;
+        }
+        let last = match self.progress.lock() {
+            Ok(mut p) => {
+                p.indexed += 1;
+                p.indexed == self.blocks.len()
+            }
+            Err(_) => false,
+        };
+        if last {
+            self.finish();
+        }
+    }
+
+    /// Completes the index (every block is in), storing it in the cache first.
+    fn finish(&self) {
+        let blocks = self
+            .blocks
+            .iter()
+            .filter_map(|b| b.get().map(Arc::clone))
+            .collect();
+        let index = ValidIndex::from_shared(blocks);
+        if let Some((cache, key)) = &self.cache {
+            if let Err(e) = cache.store(key, &index) {
+                log::warn!("window index not cached in {}: {e}", cache.dir().display());
+            }
+        }
+        let seconds = self.started.elapsed().as_secs_f64();
+        // Under the lock, so no waiter misses the wake-up.
+        let guard = self.progress.lock();
+        let _ = self.source.set(IndexSource::Built { seconds });
+        let _ = self.complete.set(index);
+        drop(guard);
+        self.changed.notify_all();
+    }
+
+    /// Fails the index: a block could not be read.
+    pub fn fail(&self, message: String) {
+        if let Ok(mut p) = self.progress.lock() {
+            p.failure.get_or_insert(message);
+        }
+        self.changed.notify_all();
+    }
+
+    fn has_failed(&self) -> bool {
+        self.progress.lock().map_or(true, |p| p.failure.is_some())
+    }
+
+    /// Stops the background threads (the windows are gone).
+    pub fn cancel(&self) {
+        let guard = self.progress.lock();
+        self.cancelled.store(true, Ordering::Release);
+        drop(guard);
+        self.changed.notify_all();
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    /// The index of block `id` when it is known, without waiting.
+    pub fn ready_block(&self, id: usize) -> Option<Arc<BlockIndex>> {
+        self.blocks[id].get().map(Arc::clone)
+    }
+
+    /// Runs `read` (which publishes blocks) while background threads pause.
+    pub fn with_priority<T>(&self, read: impl FnOnce() -> T) -> T {
+        self.demand.fetch_add(1, Ordering::AcqRel);
+        let out = read();
+        self.demand.fetch_sub(1, Ordering::AcqRel);
+        out
+    }
+
+    /// The whole index, waiting up to `timeout` for the last block;
+    /// `Ok(None)` when it is not complete yet.
+    pub fn wait_index(&self, timeout: Duration) -> Result<Option<&ValidIndex>, WindowError> {
+        let deadline = Instant::now() + timeout;
+        let mut progress = self
+            .progress
+            .lock()
+            .map_err(|_| WindowError::Internal("the window index's lock is poisoned".into()))?;
+        loop {
+            if let Some(failure) = &progress.failure {
+                return Err(WindowError::Read(failure.clone()));
+            }
+            if let Some(index) = self.complete.get() {
+                return Ok(Some(index));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.is_cancelled() {
+                return Ok(None);
+            }
+            progress = self
+                .changed
+                .wait_timeout(progress, left)
+                .map_err(|_| WindowError::Internal("the window index's lock is poisoned".into()))?
+                .0;
+        }
+    }
+
+    /// The whole index: indexes the blocks nobody has started in the
+    /// calling thread, then waits for the last block.
+    pub fn index(&self) -> Result<&ValidIndex, WindowError> {
+        while self.index_next_block()? {}
+        loop {
+            if let Some(index) = self.wait_index(Duration::from_secs(3600))? {
+                return Ok(index);
+            }
+            if self.is_cancelled() {
+                return Err(WindowError::Internal(
+                    "the window index was cancelled".into(),
+                ));
+            }
+        }
+    }
+
+    /// Where the index came from (waits for it to be complete).
+    pub fn source(&self) -> Result<IndexSource, WindowError> {
+        self.index()?;
+        self.source
+            .get()
+            .copied()
+            .ok_or_else(|| WindowError::Internal("a complete index without a source".into()))
+    }
+
+    /// Blocks indexed so far, and in all.
+    pub fn progress(&self) -> (usize, usize) {
+        let done = self.progress.lock().map_or(0, |p| p.indexed);
+        (done, self.blocks.len())
+    }
+}
+
+/// Gives the calling thread the lowest scheduling priority (Linux: nice 19
+/// for this thread only), so background indexing yields to loader threads.
+fn lower_thread_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain system calls on the calling thread's own id.
+    unsafe {
+        let tid = libc::gettid();
+        if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19) != 0 {
+            log::debug!("window index threads keep the default priority");
+        }
+    }
+}
