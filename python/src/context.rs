@@ -5,13 +5,15 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict};
+use zarrfusion::array::rechunk::{rechunk_store_async, RechunkOptions};
 use zarrfusion::session::registered_zarr_tables;
-use zarrfusion::table::{open_dataset, parse_dims, ZarrTableOptions};
+use zarrfusion::table::{open_dataset, parse_dims, ZarrTable, ZarrTableOptions};
 use zarrfusion::ZarrContextExt;
 
 use crate::dataframe::PyDataFrame;
@@ -23,6 +25,8 @@ use crate::windows::PyDataset;
 #[pyclass(name = "SessionContext", module = "zarrfusion._zarrfusion", frozen)]
 pub struct PySessionContext {
     pub(crate) ctx: SessionContext,
+    /// Where intermediates go (`None`: the system's temporary directory).
+    work_dir: Option<PathBuf>,
 }
 
 /// A size given as a number of bytes or a string such as `"2GB"`.
@@ -95,6 +99,7 @@ impl PySessionContext {
         }
         Ok(Self {
             ctx: zarrfusion::new_context_with(session, runtime),
+            work_dir,
         })
     }
 
@@ -198,6 +203,74 @@ impl PySessionContext {
             variables.unwrap_or_default(),
             self.ctx.clone(),
         )
+    }
+
+    /// Rechunks the store at `source` (a path, a URL or a registered
+    /// table's name) into a new store at `target`, with `chunks`
+    /// (`{dim: length}`; other dimensions keep theirs), inside the
+    /// session's `allowed_mem` (2 GiB when unset), intermediates in its
+    /// `work_dir`. Returns what it did: per array the stages and projected
+    /// memory, bytes read and written, seconds.
+    #[pyo3(signature = (source, target, chunks, threads=None))]
+    fn rechunk<'py>(
+        &self,
+        py: Python<'py>,
+        source: String,
+        target: PathBuf,
+        chunks: HashMap<String, u64>,
+        threads: Option<usize>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let registered = if self.table_names().contains(&source) {
+            wait_for(py, self.ctx.table_provider(source.as_str()))?.ok()
+        } else {
+            None
+        };
+        let source = registered
+            .as_ref()
+            .and_then(|p| (p.as_ref() as &dyn std::any::Any).downcast_ref::<ZarrTable>())
+            .map_or(source.clone(), |t| t.grid().store.clone());
+        let runtime = self.ctx.runtime_env();
+        let mut options = RechunkOptions {
+            work_dir: self.work_dir.clone(),
+            ..RechunkOptions::default()
+        };
+        if let MemoryLimit::Finite(limit) = runtime.memory_pool.memory_limit() {
+            options.allowed_mem = limit as u64;
+        }
+        if let Some(threads) = threads {
+            options.threads = threads.max(1);
+        }
+        let chunks: Vec<(String, u64)> = chunks.into_iter().collect();
+        let run = rechunk_store_async(source, target, chunks, options, runtime);
+        let summary = wait_for(py, run)?.map_err(datafusion_error)?;
+        let out = PyDict::new(py);
+        let arrays = PyDict::new(py);
+        for a in &summary.arrays {
+            let d = PyDict::new(py);
+            d.set_item("dims", a.dims.clone())?;
+            d.set_item("stages", a.plan.stages.len())?;
+            d.set_item(
+                "chunks",
+                a.plan
+                    .stages
+                    .iter()
+                    .map(|s| s.to.clone())
+                    .collect::<Vec<_>>(),
+            )?;
+            d.set_item(
+                "tasks",
+                a.plan.stages.iter().map(|s| s.tasks).collect::<Vec<_>>(),
+            )?;
+            d.set_item("workers", a.plan.workers)?;
+            d.set_item("projected_memory", a.plan.projected_memory())?;
+            arrays.set_item(&a.name, d)?;
+        }
+        out.set_item("arrays", arrays)?;
+        out.set_item("bytes_read", summary.bytes_read)?;
+        out.set_item("bytes_written", summary.bytes_written)?;
+        out.set_item("target_bytes", summary.target_bytes)?;
+        out.set_item("seconds", summary.seconds)?;
+        Ok(out)
     }
 
     fn __repr__(&self) -> String {

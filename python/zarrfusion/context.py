@@ -85,6 +85,28 @@ class SessionContext:
         )
         return Dataset(raw)
 
+    def rechunk(
+        self,
+        source: str | os.PathLike,
+        target: str | os.PathLike,
+        chunks: Mapping[str, int],
+        *,
+        threads: int | None = None,
+    ) -> dict[str, Any]:
+        """Copies every array of the Zarr store ``source`` (a path, a URL or
+        a registered table's name) into a new store at ``target`` with the
+        chunk lengths ``chunks`` (``{"time": 240, "lat": 16}``; other
+        dimensions keep theirs), values and encoding unchanged.
+
+        Runs inside the session's ``allowed_mem`` (2 GiB when unset): a plan
+        that cannot fit is refused before anything is read; when one pass
+        would read the input over and over, it goes through intermediate
+        arrays in ``work_dir``, removed at the end. The target appears only
+        when complete. Returns per array the stages, chunk shapes, tasks and
+        projected memory, and the bytes read and written.
+        """
+        return self._raw.rechunk(os.fspath(source), os.fspath(target), dict(chunks), threads)
+
     def __repr__(self) -> str:
         return f"SessionContext(tables={self.tables()})"
 

@@ -5,9 +5,11 @@
 //! | module | owns |
 //! |---|---|
 //! | [`reduce`] | dense reductions over dimensions (`GROUP BY` dimensions) |
+//! | [`rechunk`] | copying a store into new chunk shapes within the budget |
 //! | [`planner`] | the query planner that knows the array nodes |
 
 pub mod planner;
+pub mod rechunk;
 pub mod reduce;
 
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};

@@ -70,7 +70,7 @@ impl DisplayAs for ZarrSink {
 
 /// Sets the flag when dropped: a cancelled query drops the writing future,
 /// and the blocking writer sees the flag and leaves nothing behind.
-struct CancelOnDrop(Arc<AtomicBool>, bool);
+pub(crate) struct CancelOnDrop(pub(crate) Arc<AtomicBool>, pub(crate) bool);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {

@@ -52,6 +52,20 @@ pub fn write_store(
     options: &ZarrWriteOptions,
     cancelled: &AtomicBool,
 ) -> Result<WriteSummary> {
+    write_atomically(target, cancelled, |dir| {
+        write_into(grid, dir, options, cancelled)
+    })
+}
+
+/// Runs `write` on a fresh temporary directory beside `target` and renames
+/// it onto `target` when `write` succeeds and `cancelled` is not set;
+/// otherwise removes it, so nothing appears at `target`. An existing
+/// `target` is refused. `write` creates the directory it is given.
+pub fn write_atomically<T>(
+    target: &Path,
+    cancelled: &AtomicBool,
+    write: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
     check_target(target)?;
     let parent = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -75,7 +89,7 @@ pub fn write_store(
         ".{name}.{}-{nanos}.zarrfusion-tmp",
         std::process::id()
     ));
-    let result = write_into(grid, &temporary, options, cancelled).and_then(|summary| {
+    let result = write(&temporary).and_then(|summary| {
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the Zarr write to '{}' was cancelled", target.display());
         }
@@ -94,7 +108,8 @@ pub fn write_store(
     result
 }
 
-fn io_error(path: &Path, e: impl std::fmt::Display) -> DataFusionError {
+/// An error writing at `path`.
+pub fn io_error(path: &Path, e: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Execution(format!("cannot write Zarr at '{}': {e}", path.display()))
 }
 
@@ -215,7 +230,8 @@ fn write_into(
     })
 }
 
-fn write_json(path: &Path, value: &Value) -> Result<()> {
+/// Writes `value` as pretty JSON at `path`.
+pub fn write_json(path: &Path, value: &Value) -> Result<()> {
     let text = serde_json::to_vec_pretty(value).map_err(|e| io_error(path, e))?;
     std::fs::write(path, text).map_err(|e| io_error(path, e))
 }

@@ -229,7 +229,7 @@ pub fn root_name(store: &str) -> &str {
 
 /// Dimension names from v3 `dimension_names` or v2 `_ARRAY_DIMENSIONS`,
 /// else `dim_0`, `dim_1`, ...
-fn dimension_names(
+pub(crate) fn dimension_names(
     array: &Array<dyn ReadableListableStorageTraits>,
     attributes: &Map<String, Value>,
 ) -> Vec<String> {

@@ -76,7 +76,8 @@ fn at_root(entry: ArrayEntry) -> ArrayEntry {
     }
 }
 
-fn read_json(
+/// The JSON document `file` of node `node`, `None` when absent.
+pub(crate) fn read_json(
     storage: &ReadableListableStorage,
     store: &str,
     node: &str,

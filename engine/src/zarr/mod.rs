@@ -6,7 +6,9 @@ mod decode;
 mod hierarchy;
 mod store;
 
+pub(crate) use array::dimension_names;
 pub use array::{root_name, ZarrArray};
 pub use decode::{ColumnDecoder, StoredType};
+pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
 pub use store::{open_storage, StoreLocation};

@@ -1,0 +1,137 @@
+//! Running one stage of a rechunk: tasks copy regions of whole output
+//! chunks from one Zarr array to another, on a few threads.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
+use zarrs::storage::{ReadableStorageTraits, ReadableWritableStorageTraits};
+
+use super::plan::StagePlan;
+
+/// What a stage did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StageCounts {
+    /// Tasks run.
+    pub tasks: u64,
+    /// Decoded bytes written.
+    pub bytes_written: u64,
+}
+
+/// The regions of a stage's tasks, in C order.
+fn region(plan: &StagePlan, shape: &[u64], task: u64) -> Vec<Range<u64>> {
+    let counts: Vec<u64> = shape
+        .iter()
+        .zip(&plan.region)
+        .map(|(&s, &r)| s.div_ceil(r))
+        .collect();
+    let mut rest = task;
+    let mut position = vec![0u64; shape.len()];
+    for d in (0..shape.len()).rev() {
+        position[d] = rest % counts[d];
+        rest /= counts[d];
+    }
+    position
+        .iter()
+        .zip(&plan.region)
+        .zip(shape)
+        .map(|((&p, &r), &s)| p * r..((p + 1) * r).min(s))
+        .collect()
+}
+
+/// Copies `input` into `output` (same shape and data type) task by task
+/// on `workers` threads; stops at the first error or when `cancelled` is
+/// set. Errors name the region that failed.
+pub fn run_stage<R, W>(
+    plan: &StagePlan,
+    input: &Array<R>,
+    output: &Array<W>,
+    workers: usize,
+    cancelled: &AtomicBool,
+) -> Result<StageCounts, String>
+where
+    R: ReadableStorageTraits + ?Sized + 'static,
+    W: ReadableWritableStorageTraits + ?Sized + 'static,
+{
+    let shape = input.shape().to_vec();
+    let next = AtomicUsize::new(0);
+    let written = AtomicU64::new(0);
+    let failure: Mutex<Option<String>> = Mutex::new(None);
+    // Each task decodes and encodes one chunk at a time: its memory is what
+    // the plan projected.
+    let options = CodecOptions::default().with_concurrent_target(1);
+    let failed = || failure.lock().map_or(true, |f| f.is_some());
+    std::thread::scope(|scope| {
+        for _ in 0..workers.max(1) {
+            scope.spawn(|| loop {
+                let task = next.fetch_add(1, Ordering::Relaxed) as u64;
+                if task >= plan.tasks || cancelled.load(Ordering::Relaxed) || failed() {
+                    return;
+                }
+                let ranges = region(plan, &shape, task);
+                let subset = ArraySubset::new_with_ranges(&ranges);
+                let copied = input
+                    .retrieve_array_subset_opt::<ArrayBytes<'static>>(&subset, &options)
+                    .map_err(|e| format!("reading {ranges:?}: {e}"))
+                    .and_then(|bytes| {
+                        let size = bytes.size() as u64;
+                        output
+                            .store_array_subset_opt(&subset, bytes, &options)
+                            .map(|()| size)
+                            .map_err(|e| format!("writing {ranges:?}: {e}"))
+                    });
+                match copied {
+                    Ok(size) => {
+                        written.fetch_add(size, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        if let Ok(mut f) = failure.lock() {
+                            f.get_or_insert(e);
+                        }
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failure.into_inner().ok().flatten() {
+        return Err(e);
+    }
+    if cancelled.load(Ordering::Relaxed) {
+        return Err("cancelled".into());
+    }
+    Ok(StageCounts {
+        tasks: plan.tasks,
+        bytes_written: written.into_inner(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_tile_the_array() {
+        let plan = StagePlan {
+            from: vec![1, 1],
+            to: vec![2, 3],
+            region: vec![4, 3],
+            tasks: 3 * 3,
+            task_memory: 0,
+            bytes_read: 0,
+            bytes_written: 0,
+        };
+        let shape = [10u64, 7];
+        let mut covered = [0u8; 70];
+        for task in 0..plan.tasks {
+            let r = region(&plan, &shape, task);
+            for i in r[0].clone() {
+                for j in r[1].clone() {
+                    covered[(i * 7 + j) as usize] += 1;
+                }
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1));
+    }
+}

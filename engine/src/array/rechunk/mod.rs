@@ -1,0 +1,448 @@
+//! Rechunk: a Zarr store's arrays copied into new chunk shapes inside a
+//! memory budget.
+//!
+//! Every array of the store is copied as stored (data type, fill value,
+//! codecs, attributes: no decoding), with the chunk length given for each
+//! named dimension and its own elsewhere. [`plan`] decides, per array, the
+//! stages and what each task copies, so that every task fits its share of
+//! `allowed_mem` and a plan that cannot is refused before anything is
+//! read; [`copy`] runs the stages. Intermediate arrays live under
+//! `work_dir` (uncompressed) and are removed when the rechunk ends,
+//! however it ends. The target is written beside itself and renamed into
+//! place when complete, so a failed or cancelled rechunk leaves nothing.
+//!
+//! ```no_run
+//! use std::sync::atomic::AtomicBool;
+//! use zarrfusion::array::rechunk::{rechunk_store, RechunkOptions};
+//!
+//! # fn main() -> datafusion::common::Result<()> {
+//! let runtime = datafusion::execution::runtime_env::RuntimeEnv::default();
+//! let options = RechunkOptions { allowed_mem: 500 << 20, ..RechunkOptions::default() };
+//! let chunks = vec![("time".to_string(), 240), ("lat".to_string(), 16), ("lon".to_string(), 16)];
+//! let summary = rechunk_store("era5.zarr", "era5_space.zarr".as_ref(), &chunks, &options,
+//!                             &runtime, &AtomicBool::new(false))?;
+//! println!("{} bytes written", summary.bytes_written);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod copy;
+pub mod plan;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::common::{exec_err, plan_err, DataFusionError, Result};
+use datafusion::execution::runtime_env::RuntimeEnv;
+use serde_json::{json, Map, Value};
+use zarrs::array::Array;
+use zarrs::filesystem::FilesystemStore;
+use zarrs::metadata::ArrayMetadata;
+use zarrs::storage::ReadableListableStorageTraits;
+
+pub use plan::{RechunkPlan, StagePlan};
+
+use crate::write::sink::CancelOnDrop;
+use crate::write::store::{io_error, write_atomically, write_json};
+
+use crate::zarr::{
+    dimension_names, discover_arrays, open_storage, read_json, root_name, ArrayEntry, StoreLocation,
+};
+
+/// Bytes planned per element of a variable-length data type.
+const VARIABLE_ITEMSIZE: u64 = 64;
+
+/// How a rechunk runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RechunkOptions {
+    /// Bytes all tasks together may hold.
+    pub allowed_mem: u64,
+    /// Where intermediate arrays go (a fresh directory inside it, removed
+    /// at the end); `None`: the system's temporary directory.
+    pub work_dir: Option<PathBuf>,
+    /// Most tasks at once.
+    pub threads: usize,
+}
+
+impl Default for RechunkOptions {
+    /// 2 GiB, the system's temporary directory, one task per core.
+    fn default() -> Self {
+        Self {
+            allowed_mem: 2 << 30,
+            work_dir: None,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// One array's rechunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArrayRechunk {
+    /// The array's name in the store.
+    pub name: String,
+    /// Its dimension names.
+    pub dims: Vec<String>,
+    /// Its stages, memory and bytes.
+    pub plan: RechunkPlan,
+}
+
+/// What a rechunk did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RechunkSummary {
+    /// Per array, the plan that ran.
+    pub arrays: Vec<ArrayRechunk>,
+    /// Decoded bytes read (a chunk read twice counts twice).
+    pub bytes_read: u64,
+    /// Decoded bytes written, intermediates included.
+    pub bytes_written: u64,
+    /// Decoded bytes written to the target.
+    pub target_bytes: u64,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+/// An array to rechunk: the opened source and its plan.
+struct Job {
+    entry: ArrayEntry,
+    source: Array<dyn ReadableListableStorageTraits>,
+    rechunk: ArrayRechunk,
+}
+
+/// Plans the rechunk of every array of the store at `source` to `chunks`
+/// (`(dimension, length)` pairs) under `options`, reading metadata only.
+/// Refuses unknown dimensions, sharded arrays and plans that do not fit
+/// `allowed_mem`.
+pub fn plan_store_rechunk(
+    source: &str,
+    chunks: &[(String, u64)],
+    options: &RechunkOptions,
+    runtime: &RuntimeEnv,
+) -> Result<Vec<ArrayRechunk>> {
+    Ok(open_jobs(source, chunks, options, runtime)?
+        .1
+        .into_iter()
+        .map(|job| job.rechunk)
+        .collect())
+}
+
+fn open_jobs(
+    source: &str,
+    chunks: &[(String, u64)],
+    options: &RechunkOptions,
+    runtime: &RuntimeEnv,
+) -> Result<(Arc<dyn ReadableListableStorageTraits>, Vec<Job>)> {
+    let location = StoreLocation::parse(source)?;
+    let storage = open_storage(source, &location, &HashMap::new(), runtime)?;
+    let entries = discover_arrays(&storage, source, root_name(source))?;
+    let fail = |array: &str, message: String| {
+        DataFusionError::Plan(format!(
+            "rechunk of store '{source}', array '{array}': {message}"
+        ))
+    };
+    let mut jobs = Vec::new();
+    let mut all_dims: Vec<String> = Vec::new();
+    for entry in entries {
+        let array =
+            Array::new_with_metadata(Arc::clone(&storage), &entry.path, entry.metadata.clone())
+                .map_err(|e| fail(&entry.name, format!("cannot open: {e}")))?;
+        if is_sharded(&entry.metadata) {
+            return Err(fail(
+                &entry.name,
+                "sharded arrays cannot be rechunked yet".into(),
+            ));
+        }
+        // Variable-length elements (strings) are planned at a nominal size.
+        let itemsize = array
+            .data_type()
+            .fixed_size()
+            .map_or(VARIABLE_ITEMSIZE, |n| n as u64);
+        let attributes = match &entry.metadata {
+            ArrayMetadata::V3(m) => m.attributes.clone(),
+            ArrayMetadata::V2(m) => m.attributes.clone(),
+        };
+        let dims = dimension_names(&array, &attributes);
+        let shape = array.shape().to_vec();
+        let origin = vec![0; shape.len()];
+        let source_chunks: Vec<u64> = match array.chunk_shape(&origin) {
+            Ok(c) => c.iter().map(|n| n.get()).collect(),
+            Err(_) => shape.clone(),
+        };
+        let target_chunks: Vec<u64> = dims
+            .iter()
+            .zip(&source_chunks)
+            .map(|(d, &c)| chunks.iter().find(|(n, _)| n == d).map_or(c, |(_, n)| *n))
+            .collect();
+        let plan = RechunkPlan::new(
+            &shape,
+            &source_chunks,
+            &target_chunks,
+            itemsize,
+            options.allowed_mem,
+            options.threads,
+        )
+        .map_err(|e| {
+            DataFusionError::ResourcesExhausted(format!(
+                "Rechunk of store '{source}', array '{}' from chunks {source_chunks:?} to \
+                 {target_chunks:?} cannot fit allowed_mem: {e}; raise allowed_mem or choose \
+                 smaller chunks",
+                entry.name
+            ))
+        })?;
+        for d in &dims {
+            if !all_dims.contains(d) {
+                all_dims.push(d.clone());
+            }
+        }
+        jobs.push(Job {
+            rechunk: ArrayRechunk {
+                name: entry.name.clone(),
+                dims,
+                plan,
+            },
+            entry,
+            source: array,
+        });
+    }
+    for (dim, len) in chunks {
+        if !all_dims.contains(dim) {
+            return plan_err!(
+                "rechunk of store '{source}': unknown dimension '{dim}' (dimensions: {})",
+                all_dims.join(", ")
+            );
+        }
+        if *len == 0 {
+            return plan_err!(
+                "rechunk of store '{source}': chunk length of '{dim}' must be positive"
+            );
+        }
+    }
+    Ok((storage, jobs))
+}
+
+fn is_sharded(metadata: &ArrayMetadata) -> bool {
+    match metadata {
+        ArrayMetadata::V3(m) => m.codecs.iter().any(|c| c.name() == "sharding_indexed"),
+        ArrayMetadata::V2(_) => false,
+    }
+}
+
+/// `metadata` with chunk shape `chunks`; `plain` also drops compression
+/// (for intermediate arrays).
+fn with_chunks(
+    metadata: &ArrayMetadata,
+    chunks: &[u64],
+    plain: bool,
+) -> Result<ArrayMetadata, String> {
+    let text = |e: serde_json::Error| e.to_string();
+    match metadata {
+        ArrayMetadata::V3(m) => {
+            let mut v = serde_json::to_value(m).map_err(text)?;
+            v["chunk_grid"] = json!({"name": "regular", "configuration": {"chunk_shape": chunks}});
+            if plain {
+                v["codecs"] = json!([{"name": "bytes", "configuration": {"endian": "little"}}]);
+            }
+            serde_json::from_value(v)
+                .map(ArrayMetadata::V3)
+                .map_err(text)
+        }
+        ArrayMetadata::V2(m) => {
+            let mut v = serde_json::to_value(m).map_err(text)?;
+            v["chunks"] = json!(chunks);
+            if plain {
+                v["compressor"] = Value::Null;
+                v["filters"] = Value::Null;
+            }
+            serde_json::from_value(v)
+                .map(ArrayMetadata::V2)
+                .map_err(text)
+        }
+    }
+}
+
+/// Removes a directory when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Rechunks every array of the store at `source` (local path or URL) into
+/// a new local store at `target` (which must not exist), with the chunk
+/// lengths `chunks` (`(dimension, length)` pairs; other dimensions keep
+/// theirs), inside `options.allowed_mem`. Stops, leaving nothing, when
+/// `cancelled` is set.
+pub fn rechunk_store(
+    source: &str,
+    target: &Path,
+    chunks: &[(String, u64)],
+    options: &RechunkOptions,
+    runtime: &RuntimeEnv,
+    cancelled: &AtomicBool,
+) -> Result<RechunkSummary> {
+    let started = Instant::now();
+    let (storage, jobs) = open_jobs(source, chunks, options, runtime)?;
+    let work_root = options.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let work = work_root.join(format!("zarrfusion-rechunk-{}-{nanos}", std::process::id()));
+    let mut summary = RechunkSummary {
+        arrays: Vec::new(),
+        bytes_read: 0,
+        bytes_written: 0,
+        target_bytes: 0,
+        seconds: 0.0,
+    };
+    let _cleanup = RemoveOnDrop(work.clone());
+    write_atomically(target, cancelled, |dir| {
+        std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+        let out = Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+        let mut consolidated = Map::new();
+        for job in &jobs {
+            let name = &job.rechunk.name;
+            let fail = |e: String| {
+                DataFusionError::Execution(format!(
+                    "rechunk of store '{source}', array '{name}': {e}"
+                ))
+            };
+            let plan = &job.rechunk.plan;
+            let last = plan.stages.len() - 1;
+            let metadata =
+                with_chunks(&job.entry.metadata, &plan.stages[last].to, false).map_err(&fail)?;
+            record(&mut consolidated, name, &metadata).map_err(&fail)?;
+            let output = Array::new_with_metadata(Arc::clone(&out), &job.entry.path, metadata)
+                .map_err(|e| fail(e.to_string()))?;
+            output.store_metadata().map_err(|e| fail(e.to_string()))?;
+            // Intermediates of this array; each is removed once read.
+            let scratch = work.join(summary.arrays.len().to_string());
+            let mut previous: Option<(Array<FilesystemStore>, PathBuf)> = None;
+            for (i, stage) in plan.stages.iter().enumerate() {
+                let counts = if i == last {
+                    match &previous {
+                        None => {
+                            copy::run_stage(stage, &job.source, &output, plan.workers, cancelled)
+                        }
+                        Some((p, _)) => copy::run_stage(stage, p, &output, plan.workers, cancelled),
+                    }
+                    .map_err(&fail)?
+                } else {
+                    let stage_dir = scratch.join(format!("stage{i}"));
+                    std::fs::create_dir_all(&stage_dir).map_err(|e| io_error(&stage_dir, e))?;
+                    let store = Arc::new(
+                        FilesystemStore::new(&stage_dir).map_err(|e| io_error(&stage_dir, e))?,
+                    );
+                    // Uncompressed, unless the elements need their own codec.
+                    let plain = job.source.data_type().fixed_size().is_some();
+                    let md = with_chunks(&job.entry.metadata, &stage.to, plain).map_err(&fail)?;
+                    let next = Array::new_with_metadata(store, "/", md)
+                        .map_err(|e| fail(e.to_string()))?;
+                    let counts = match &previous {
+                        None => copy::run_stage(stage, &job.source, &next, plan.workers, cancelled),
+                        Some((p, _)) => copy::run_stage(stage, p, &next, plan.workers, cancelled),
+                    }
+                    .map_err(&fail)?;
+                    if let Some((_, read_dir)) = previous.replace((next, stage_dir)) {
+                        let _ = std::fs::remove_dir_all(read_dir);
+                    }
+                    counts
+                };
+                summary.bytes_written += counts.bytes_written;
+                if i == last {
+                    summary.target_bytes += counts.bytes_written;
+                }
+            }
+            let _ = std::fs::remove_dir_all(&scratch);
+            summary.bytes_read += plan.bytes_read();
+            summary.arrays.push(job.rechunk.clone());
+        }
+        write_group(&storage, source, dir, &jobs, consolidated)?;
+        if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+            return exec_err!("the rechunk of '{source}' was cancelled");
+        }
+        Ok(())
+    })?;
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+/// [`rechunk_store`] on a blocking thread; dropping the future (a
+/// cancelled query, Ctrl-C) cancels the rechunk, which leaves nothing.
+pub async fn rechunk_store_async(
+    source: String,
+    target: PathBuf,
+    chunks: Vec<(String, u64)>,
+    options: RechunkOptions,
+    runtime: Arc<RuntimeEnv>,
+) -> Result<RechunkSummary> {
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
+    let summary = tokio::task::spawn_blocking(move || {
+        rechunk_store(&source, &target, &chunks, &options, &runtime, &cancelled)
+    })
+    .await
+    .map_err(|e| DataFusionError::Execution(format!("the rechunk stopped: {e}")))?;
+    guard.1 = true;
+    summary
+}
+
+/// Adds an array's metadata to the consolidated metadata.
+fn record(
+    consolidated: &mut Map<String, Value>,
+    name: &str,
+    metadata: &ArrayMetadata,
+) -> Result<(), String> {
+    let text = |e: serde_json::Error| e.to_string();
+    match metadata {
+        ArrayMetadata::V3(m) => {
+            consolidated.insert(name.to_string(), serde_json::to_value(m).map_err(text)?);
+        }
+        ArrayMetadata::V2(m) => {
+            let mut zarray = serde_json::to_value(m).map_err(text)?;
+            let attrs = zarray
+                .as_object_mut()
+                .and_then(|o| o.remove("attributes"))
+                .unwrap_or_else(|| json!({}));
+            consolidated.insert(format!("{name}/.zarray"), zarray);
+            consolidated.insert(format!("{name}/.zattrs"), attrs);
+        }
+    }
+    Ok(())
+}
+
+/// Writes the group's metadata (its attributes copied, consolidated
+/// metadata of the new arrays), unless the store's root is an array.
+fn write_group(
+    storage: &Arc<dyn ReadableListableStorageTraits>,
+    source: &str,
+    dir: &Path,
+    jobs: &[Job],
+    mut consolidated: Map<String, Value>,
+) -> Result<()> {
+    if jobs.iter().any(|j| j.entry.path == "/") {
+        return Ok(());
+    }
+    if let Some(mut root) = read_json(storage, source, "", "zarr.json")? {
+        root["consolidated_metadata"] = json!({
+            "kind": "inline",
+            "must_understand": false,
+            "metadata": consolidated,
+        });
+        return write_json(&dir.join("zarr.json"), &root);
+    }
+    let group =
+        read_json(storage, source, "", ".zgroup")?.unwrap_or_else(|| json!({"zarr_format": 2}));
+    let attrs = read_json(storage, source, "", ".zattrs")?.unwrap_or_else(|| json!({}));
+    write_json(&dir.join(".zgroup"), &group)?;
+    write_json(&dir.join(".zattrs"), &attrs)?;
+    consolidated.insert(".zgroup".into(), group);
+    consolidated.insert(".zattrs".into(), attrs);
+    write_json(
+        &dir.join(".zmetadata"),
+        &json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
+    )
+}

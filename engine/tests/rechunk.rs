@@ -1,0 +1,262 @@
+//! Rechunking stores written by zarr-python: the output holds the same
+//! values as the input (every array, every element, fill values included)
+//! in the requested chunks, for many chunk shapes with irregular edges,
+//! under budgets that force intermediate arrays; refusals and failures
+//! leave nothing behind.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use common::fixture;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use zarrfusion::array::rechunk::{plan_store_rechunk, rechunk_store, RechunkOptions};
+use zarrfusion::zarr::{discover_arrays, open_storage, root_name, StoreLocation};
+use zarrs::array::{Array, ArrayBytes};
+
+/// Per array: shape, chunk shape and every element's bytes (C order).
+type Contents = HashMap<String, (Vec<u64>, Vec<u64>, String)>;
+
+fn contents(store: &str) -> Contents {
+    let runtime = RuntimeEnv::default();
+    let location = StoreLocation::parse(store).unwrap();
+    let storage = open_storage(store, &location, &HashMap::new(), &runtime).unwrap();
+    let mut out = HashMap::new();
+    for entry in discover_arrays(&storage, store, root_name(store)).unwrap() {
+        let array =
+            Array::new_with_metadata(Arc::clone(&storage), &entry.path, entry.metadata).unwrap();
+        let all = array.subset_all();
+        let values = array
+            .retrieve_array_subset::<ArrayBytes<'static>>(&all)
+            .unwrap();
+        let chunks = array
+            .chunk_shape(&vec![0; array.shape().len()])
+            .unwrap()
+            .iter()
+            .map(|n| n.get())
+            .collect();
+        out.insert(
+            entry.name,
+            (array.shape().to_vec(), chunks, format!("{values:?}")),
+        );
+    }
+    out
+}
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("zf-rechunk-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("work")).unwrap();
+    dir
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn chunks(spec: &[(&str, u64)]) -> Vec<(String, u64)> {
+    spec.iter().map(|(d, n)| (d.to_string(), *n)).collect()
+}
+
+fn options(dir: &Path, allowed_mem: u64) -> RechunkOptions {
+    RechunkOptions {
+        allowed_mem,
+        work_dir: Some(dir.join("work")),
+        threads: 2,
+    }
+}
+
+/// Rechunks `source` and checks the output against the input.
+fn check_round_trip(source: &str, spec: &[(&str, u64)], allowed_mem: u64, dir: &Path) -> usize {
+    let target = dir.join("out.zarr");
+    let _ = std::fs::remove_dir_all(&target);
+    let summary = rechunk_store(
+        source,
+        &target,
+        &chunks(spec),
+        &options(dir, allowed_mem),
+        &RuntimeEnv::default(),
+        &AtomicBool::new(false),
+    )
+    .unwrap_or_else(|e| panic!("{source} to {spec:?} in {allowed_mem}: {e}"));
+    let before = contents(source);
+    let after = contents(target.to_str().unwrap());
+    assert_eq!(before.len(), after.len(), "{source}: arrays");
+    let mut stages = 0;
+    for plan in &summary.arrays {
+        let (shape, _, values) = &before[&plan.name];
+        let (out_shape, out_chunks, out_values) = &after[&plan.name];
+        assert_eq!(shape, out_shape, "{source} {}", plan.name);
+        assert!(
+            values == out_values,
+            "{source} {} to {spec:?}: values differ",
+            plan.name
+        );
+        for ((dim, &len), &chunk) in plan.dims.iter().zip(shape).zip(out_chunks) {
+            if let Some((_, want)) = spec.iter().find(|(d, _)| d == dim) {
+                assert_eq!(
+                    chunk,
+                    (*want).min(len),
+                    "{source} {} along {dim}",
+                    plan.name
+                );
+            }
+        }
+        assert!(plan.plan.projected_memory() <= allowed_mem);
+        stages = stages.max(plan.plan.stages.len());
+    }
+    assert!(
+        entries(&dir.join("work")).is_empty(),
+        "intermediates removed"
+    );
+    stages
+}
+
+#[test]
+fn every_fixture_store_round_trips() {
+    let dir = scratch("fixtures");
+    for store in [
+        "v2_basic.zarr",
+        "v3_basic.zarr",
+        "nan_holes.zarr",
+        "cf_time.zarr",
+        "cf_packed.zarr",
+        "cf_packed_v3.zarr",
+        "desc_lat.zarr",
+        "dtypes_v2.zarr",
+        "dtypes_v3.zarr",
+        "string_coords_v3.zarr",
+        "codec_v2_blosc_lz4.zarr",
+        "codec_v3_zstd.zarr",
+        "codec_v3_transpose.zarr",
+        "codec_v3_bytes_big_endian.zarr",
+        "two_dimsets.zarr",
+    ] {
+        let source = fixture(store);
+        // Every dimension of every array to 3: irregular edges everywhere.
+        let plans = plan_store_rechunk(
+            &source,
+            &[],
+            &RechunkOptions::default(),
+            &RuntimeEnv::default(),
+        )
+        .unwrap();
+        let mut all: Vec<(&str, u64)> = Vec::new();
+        for p in &plans {
+            for d in &p.dims {
+                if !all.iter().any(|(n, _)| n == d) {
+                    all.push((d.as_str(), 3));
+                }
+            }
+        }
+        check_round_trip(&source, &all, 64 << 20, &dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn chunk_shape_pairs_round_trip_through_intermediates() {
+    let dir = scratch("pairs");
+    let mut multistage = 0;
+    for store in ["rechunk_source.zarr", "rechunk_source_v2.zarr"] {
+        let source = fixture(store);
+        for (spec, tight) in [
+            (vec![("time", 37), ("lat", 4), ("lon", 4)], true),
+            (vec![("time", 5), ("lat", 7), ("lon", 3)], true),
+            (vec![("time", 37), ("lat", 1), ("lon", 1)], false),
+            (vec![("time", 2)], true),
+            (vec![("lat", 10), ("lon", 10)], false),
+            (vec![("time", 1), ("lat", 29), ("lon", 31)], false),
+        ] {
+            // A loose budget: one pass. A tight one: a few source chunks.
+            check_round_trip(&source, &spec, 256 << 20, &dir);
+            if tight && check_round_trip(&source, &spec, 160 << 10, &dir) > 1 {
+                multistage += 1;
+            }
+        }
+    }
+    assert!(multistage > 0, "no tight budget used an intermediate array");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_plan_that_cannot_fit_is_refused_before_anything_is_written() {
+    let dir = scratch("refused");
+    let target = dir.join("out.zarr");
+    let run = |source: &str, spec: &[(&str, u64)], mem: u64| {
+        rechunk_store(
+            &fixture(source),
+            &target,
+            &chunks(spec),
+            &options(&dir, mem),
+            &RuntimeEnv::default(),
+            &AtomicBool::new(false),
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    let small = run(
+        "rechunk_source.zarr",
+        &[("time", 37), ("lat", 29)],
+        64 << 10,
+    );
+    assert!(
+        small.contains("Rechunk") && small.contains("allowed_mem") && small.contains("65536"),
+        "{small}"
+    );
+    let unknown = run("rechunk_source.zarr", &[("level", 2)], 64 << 20);
+    assert!(unknown.contains("unknown dimension 'level'"), "{unknown}");
+    let sharded = run("codec_v3_sharded_unwritten.zarr", &[], 64 << 20);
+    assert!(sharded.contains("sharded"), "{sharded}");
+    assert!(!target.exists());
+    assert_eq!(entries(&dir), vec!["work".to_string()]);
+    // An existing target is never replaced.
+    std::fs::create_dir(&target).unwrap();
+    let existing = run("v2_basic.zarr", &[], 64 << 20);
+    assert!(existing.contains("already exists"), "{existing}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failing_rechunk_leaves_nothing() {
+    let dir = scratch("failing");
+    let target = dir.join("out.zarr");
+    for store in ["bad_corrupt_chunk.zarr", "bad_truncated_chunk.zarr"] {
+        let err = rechunk_store(
+            &fixture(store),
+            &target,
+            &[],
+            &options(&dir, 64 << 20),
+            &RuntimeEnv::default(),
+            &AtomicBool::new(false),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(store) && err.contains("array"), "{err}");
+        assert!(!target.exists(), "{store}");
+        assert_eq!(entries(&dir), vec!["work".to_string()], "{store}");
+        assert!(entries(&dir.join("work")).is_empty(), "{store}");
+    }
+    // Cancelled before it starts: nothing either.
+    let err = rechunk_store(
+        &fixture("v3_basic.zarr"),
+        &target,
+        &[],
+        &options(&dir, 64 << 20),
+        &RuntimeEnv::default(),
+        &AtomicBool::new(true),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("cancel"), "{err}");
+    assert_eq!(entries(&dir), vec!["work".to_string()]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

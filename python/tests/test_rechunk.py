@@ -1,0 +1,70 @@
+"""ctx.rechunk against xarray and zarr-python: the rechunked store holds the
+same dataset (values, coordinates, attributes, encoding) in the requested
+chunks, under a budget that forces intermediate arrays; failures and
+refusals leave nothing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import xarray as xr
+import zarr
+
+import zarrfusion as zf
+
+
+def leftovers(work):
+    """Intermediate stores left in a work directory (DataFusion keeps its own
+    spill directory there while the session lives)."""
+    return [n for n in os.listdir(work) if n.startswith("zarrfusion-rechunk")]
+
+
+@pytest.mark.parametrize("store", ["rechunk_source.zarr", "rechunk_source_v2.zarr"])
+@pytest.mark.parametrize("allowed_mem", ["256MB", "160KB"])
+def test_rechunk_keeps_the_dataset_and_applies_the_chunks(fixtures, tmp_path, store, allowed_mem):
+    work = tmp_path / "work"
+    ctx = zf.SessionContext(allowed_mem=allowed_mem, work_dir=work)
+    target = tmp_path / "out.zarr"
+    summary = ctx.rechunk(fixtures / store, target, {"time": 37, "lat": 4, "lon": 4})
+    source = xr.open_zarr(fixtures / store)
+    out = xr.open_zarr(target)
+    xr.testing.assert_identical(source.load(), out.load())
+    assert out.t.attrs["units"] == "K" and out.attrs["title"] == "rechunk source"
+    for name in ("t", "q"):
+        assert zarr.open_array(target, path=name).chunks == (37, 4, 4)
+        assert summary["arrays"][name]["chunks"][-1] == [37, 4, 4]
+    assert zarr.open_array(target, path="time").chunks == (37,)
+    if allowed_mem == "160KB":
+        # Time-chunked to space-chunked in a few source chunks of memory:
+        # through an intermediate array.
+        assert summary["arrays"]["t"]["stages"] > 1
+        assert all(a["projected_memory"] <= 160 * 1000 for a in summary["arrays"].values())
+    assert summary["target_bytes"] <= summary["bytes_written"]
+    assert leftovers(work) == []
+
+
+def test_rechunk_by_table_name_and_refusals(fixtures, tmp_path):
+    ctx = zf.SessionContext(allowed_mem="64KB")
+    ctx.register_zarr("src", fixtures / "rechunk_source.zarr")
+    target = tmp_path / "out.zarr"
+    with pytest.raises(zf.ZarrFusionError, match="Rechunk.*allowed_mem"):
+        ctx.rechunk("src", target, {"time": 37, "lat": 29})
+    with pytest.raises(zf.ZarrFusionError, match="unknown dimension 'level'"):
+        ctx.rechunk("src", target, {"level": 1})
+    assert not target.exists()
+    roomy = zf.SessionContext()
+    roomy.register_zarr("src", fixtures / "rechunk_source.zarr")
+    roomy.rechunk("src", target, {"time": 10})
+    assert zarr.open_array(target, path="t").chunks == (10, 29, 31)
+    with pytest.raises(zf.ZarrFusionError, match="already exists"):
+        zf.SessionContext().rechunk(fixtures / "rechunk_source.zarr", target, {"time": 5})
+    assert zarr.open_array(target, path="t").chunks == (10, 29, 31)
+
+
+def test_a_failing_rechunk_leaves_nothing(fixtures, tmp_path):
+    target = tmp_path / "out.zarr"
+    with pytest.raises(zf.ZarrFusionError, match="bad_corrupt_chunk"):
+        zf.SessionContext(work_dir=tmp_path / "work").rechunk(fixtures / "bad_corrupt_chunk.zarr", target, {})
+    assert sorted(os.listdir(tmp_path)) == ["work"]
+    assert leftovers(tmp_path / "work") == []
