@@ -36,9 +36,10 @@ def test_rechunk_keeps_the_dataset_and_applies_the_chunks(fixtures, tmp_path, st
         assert summary["arrays"][name]["chunks"][-1] == [37, 4, 4]
     assert zarr.open_array(target, path="time").chunks == (37,)
     if allowed_mem == "160KB":
-        # Time-chunked to space-chunked in a few source chunks of memory:
-        # through an intermediate array.
-        assert summary["arrays"]["t"]["stages"] > 1
+        # One time step per chunk to space chunks in a few source chunks of
+        # memory: through an intermediate array.
+        if store == "rechunk_source.zarr":
+            assert summary["arrays"]["t"]["stages"] > 1
         assert all(a["projected_memory"] <= 160 * 1000 for a in summary["arrays"].values())
     assert summary["target_bytes"] <= summary["bytes_written"]
     assert leftovers(work) == []

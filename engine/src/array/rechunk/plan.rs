@@ -7,7 +7,7 @@
 //! written (so no two tasks ever write the same chunk) and decode every
 //! chunk of the array read that touches the region, one at a time. A task
 //! holds the region, one decoded input chunk and one output chunk being
-//! encoded; regions grow, one output chunk at a time along the axis that
+//! encoded; regions grow, to one task fewer at a time along the axis that
 //! saves the most reading per byte, while they fit their share of the
 //! budget.
 //!
@@ -220,8 +220,14 @@ fn plan_stage(
             if region[d] >= shape[d] {
                 continue;
             }
+            // The next length giving one task fewer along `d` (a longer
+            // region with as many tasks reads no less), in whole chunks.
+            let fewer = shape[d].div_ceil(region[d]) - 1;
             let mut grown = region.clone();
-            grown[d] = (region[d] + to[d]).min(shape[d]);
+            grown[d] = shape[d]
+                .div_ceil(fewer.max(1))
+                .next_multiple_of(to[d])
+                .min(shape[d]);
             let grown_memory = task_memory(&grown, from, to, itemsize);
             if grown_memory > budget {
                 continue;
