@@ -40,7 +40,7 @@ def test_rechunk_keeps_the_dataset_and_applies_the_chunks(fixtures, tmp_path, st
         # memory: through an intermediate array.
         if store == "rechunk_source.zarr":
             assert summary["arrays"]["t"]["stages"] > 1
-        assert all(a["projected_memory"] <= 160 * 1000 for a in summary["arrays"].values())
+        assert all(a["projected_memory"] <= 160 * 1024 for a in summary["arrays"].values())
     assert summary["target_bytes"] <= summary["bytes_written"]
     assert leftovers(work) == []
 
