@@ -191,7 +191,13 @@ def test_torch_iterable_dataset(ctx, window_store):
     dataset = windows.loader(batch_size=16, seed=0).torch()
     assert isinstance(dataset, torch.utils.data.IterableDataset)
     batch = next(iter(torch.utils.data.DataLoader(dataset, batch_size=None)))
-    assert batch["a"].shape == (16, 5, 4)
+    assert batch["a"].shape == (16, 5, 4) and batch["a"].dtype == torch.float32
+    # The same windows as the numpy batches; times as int64 nanoseconds.
+    plain = next(iter(windows.loader(batch_size=16, seed=0)))
+    np.testing.assert_array_equal(batch["a"].numpy(), plain["a"])
+    assert batch["coords"]["time"].dtype == torch.int64
+    np.testing.assert_array_equal(batch["coords"]["time"].numpy(), plain["coords"]["time"].astype("int64"))
+    np.testing.assert_array_equal(batch["index"]["lat"].numpy(), plain["index"]["lat"])
 
 
 @pytest.mark.parametrize(

@@ -196,21 +196,31 @@ class WindowLoader:
     def torch(self) -> Any:
         """This loader as a ``torch.utils.data.IterableDataset`` yielding
         tensors that share the batches' memory; use it with
-        ``DataLoader(loader.torch(), batch_size=None)`` or iterate it."""
+        ``DataLoader(loader.torch(), batch_size=None)`` or iterate it.
+        Time coordinates become int64 tensors (nanoseconds since 1970)."""
         return _torch_dataset_class()(self)
 
 
-def _as_tensors(batch: dict) -> dict:
+def _as_tensor(value: Any) -> Any:
+    """A numpy array as a tensor sharing its memory; times (torch has no
+    datetime type) as int64 counts of their unit (nanoseconds since 1970
+    for CF times); strings stay numpy arrays."""
     import torch
 
+    if value.dtype.kind in "fiub":
+        return torch.from_numpy(value)
+    if value.dtype.kind in "mM":
+        return torch.from_numpy(value.view("int64"))
+    return value
+
+
+def _as_tensors(batch: dict) -> dict:
     out = {}
     for key, value in batch.items():
         if isinstance(value, dict):
-            out[key] = {
-                k: torch.from_numpy(v) if v.dtype.kind in "fiub" else v for k, v in value.items()
-            }
+            out[key] = {k: _as_tensor(v) for k, v in value.items()}
         else:
-            out[key] = torch.from_numpy(value)
+            out[key] = _as_tensor(value)
     return out
 
 
