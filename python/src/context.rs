@@ -25,8 +25,6 @@ use crate::windows::PyDataset;
 #[pyclass(name = "SessionContext", module = "zarrfusion._zarrfusion", frozen)]
 pub struct PySessionContext {
     pub(crate) ctx: SessionContext,
-    /// Where intermediates go (`None`: the system's temporary directory).
-    work_dir: Option<PathBuf>,
 }
 
 /// A size given as a number of bytes or a string such as `"2GB"`.
@@ -99,7 +97,6 @@ impl PySessionContext {
         }
         Ok(Self {
             ctx: zarrfusion::new_context_with(session, runtime),
-            work_dir,
         })
     }
 
@@ -230,8 +227,10 @@ impl PySessionContext {
             .and_then(|p| (p.as_ref() as &dyn std::any::Any).downcast_ref::<ZarrTable>())
             .map_or(source.clone(), |t| t.grid().store.clone());
         let runtime = self.ctx.runtime_env();
+        // The session's temporary directory (inside `work_dir`, following
+        // `SET zarrfusion.work_dir`), removed with the session.
         let mut options = RechunkOptions {
-            work_dir: self.work_dir.clone(),
+            work_dir: runtime.disk_manager.temp_dir_paths().into_iter().next(),
             ..RechunkOptions::default()
         };
         if let MemoryLimit::Finite(limit) = runtime.memory_pool.memory_limit() {

@@ -15,9 +15,9 @@ import zarrfusion as zf
 
 
 def leftovers(work):
-    """Intermediate stores left in a work directory (DataFusion keeps its own
-    spill directory there while the session lives)."""
-    return [n for n in os.listdir(work) if n.startswith("zarrfusion-rechunk")]
+    """Intermediate stores left anywhere under a work directory (the session
+    keeps its temporary directory there while it lives)."""
+    return [root for root, _, _ in os.walk(work) if "zarrfusion-rechunk" in root]
 
 
 @pytest.mark.parametrize("store", ["rechunk_source.zarr", "rechunk_source_v2.zarr"])
