@@ -6,9 +6,10 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use common::entries;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
@@ -44,16 +45,6 @@ async fn text(ctx: &SessionContext, sql: &str) -> String {
 
 async fn copy(ctx: &SessionContext, sql: &str) -> datafusion::common::Result<()> {
     ctx.sql(sql).await?.collect().await.map(|_| ())
-}
-
-/// Entries of `dir` (to check nothing is left behind).
-fn entries(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use common::fixture;
+use common::{entries, fixture};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use zarrfusion::array::rechunk::{plan_store_rechunk, rechunk_store, RechunkOptions};
 use zarrfusion::zarr::{discover_arrays, open_storage, root_name, StoreLocation};
@@ -52,15 +52,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("work")).unwrap();
     dir
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 fn chunks(spec: &[(&str, u64)]) -> Vec<(String, u64)> {

@@ -82,13 +82,7 @@ pub fn write_atomically<T>(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "out.zarr".into());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let temporary = parent.join(format!(
-        ".{name}.{}-{nanos}.zarrfusion-tmp",
-        std::process::id()
-    ));
+    let temporary = parent.join(format!(".{name}.{}.zarrfusion-tmp", unique_suffix()));
     let result = write(&temporary).and_then(|summary| {
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the Zarr write to '{}' was cancelled", target.display());
@@ -106,6 +100,32 @@ pub fn write_atomically<T>(
         let _ = std::fs::remove_dir_all(&temporary);
     }
     result
+}
+
+/// Adds array `name`'s metadata (its JSON, attributes inside) to a
+/// group's consolidated metadata: v3 under its name, v2 as `name/.zarray`
+/// and `name/.zattrs`.
+pub fn consolidate(consolidated: &mut Map<String, Value>, name: &str, metadata: Value, v2: bool) {
+    if !v2 {
+        consolidated.insert(name.to_string(), metadata);
+        return;
+    }
+    let mut zarray = metadata;
+    let attrs = zarray
+        .as_object_mut()
+        .and_then(|m| m.remove("attributes"))
+        .unwrap_or_else(|| json!({}));
+    consolidated.insert(format!("{name}/.zarray"), zarray);
+    consolidated.insert(format!("{name}/.zattrs"), attrs);
+}
+
+/// A name no other write of this process (or another) is using now:
+/// process id and clock nanoseconds.
+pub fn unique_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{}-{nanos}", std::process::id())
 }
 
 /// An error writing at `path`.
@@ -176,20 +196,12 @@ fn write_into(
             attributes,
             options,
         )?;
-        match version {
-            ZarrVersion::V2 => {
-                let mut zarray = metadata.clone();
-                let attrs = zarray
-                    .as_object_mut()
-                    .and_then(|m| m.remove("attributes"))
-                    .unwrap_or_else(|| json!({}));
-                consolidated.insert(format!("{name}/.zarray"), zarray);
-                consolidated.insert(format!("{name}/.zattrs"), attrs);
-            }
-            ZarrVersion::V3 => {
-                consolidated.insert(name.to_string(), metadata.clone());
-            }
-        }
+        consolidate(
+            &mut consolidated,
+            name,
+            metadata.clone(),
+            version == ZarrVersion::V2,
+        );
         let metadata: ArrayMetadata = match version {
             ZarrVersion::V3 => serde_json::from_value(metadata).map(ArrayMetadata::V3),
             ZarrVersion::V2 => serde_json::from_value(metadata).map(ArrayMetadata::V2),

@@ -46,7 +46,7 @@ use zarrs::storage::ReadableListableStorageTraits;
 pub use plan::{RechunkPlan, StagePlan};
 
 use crate::write::sink::CancelOnDrop;
-use crate::write::store::{io_error, write_atomically, write_json};
+use crate::write::store::{consolidate, io_error, unique_suffix, write_atomically, write_json};
 
 use crate::zarr::{
     dimension_names, discover_arrays, open_storage, read_json, root_name, ArrayEntry, StoreLocation,
@@ -287,10 +287,7 @@ pub fn rechunk_store(
     let started = Instant::now();
     let (storage, jobs) = open_jobs(source, chunks, options, runtime)?;
     let work_root = options.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let work = work_root.join(format!("zarrfusion-rechunk-{}-{nanos}", std::process::id()));
+    let work = work_root.join(format!("zarrfusion-rechunk-{}", unique_suffix()));
     let mut summary = RechunkSummary {
         arrays: Vec::new(),
         bytes_read: 0,
@@ -323,12 +320,14 @@ pub fn rechunk_store(
             let mut previous: Option<(Array<FilesystemStore>, PathBuf)> = None;
             for (i, stage) in plan.stages.iter().enumerate() {
                 let counts = if i == last {
-                    match &previous {
-                        None => {
-                            copy::run_stage(stage, &job.source, &output, plan.workers, cancelled)
-                        }
-                        Some((p, _)) => copy::run_stage(stage, p, &output, plan.workers, cancelled),
-                    }
+                    run_after(
+                        &previous,
+                        &job.source,
+                        stage,
+                        &output,
+                        plan.workers,
+                        cancelled,
+                    )
                     .map_err(&fail)?
                 } else {
                     let stage_dir = scratch.join(format!("stage{i}"));
@@ -341,10 +340,14 @@ pub fn rechunk_store(
                     let md = with_chunks(&job.entry.metadata, &stage.to, plain).map_err(&fail)?;
                     let next = Array::new_with_metadata(store, "/", md)
                         .map_err(|e| fail(e.to_string()))?;
-                    let counts = match &previous {
-                        None => copy::run_stage(stage, &job.source, &next, plan.workers, cancelled),
-                        Some((p, _)) => copy::run_stage(stage, p, &next, plan.workers, cancelled),
-                    }
+                    let counts = run_after(
+                        &previous,
+                        &job.source,
+                        stage,
+                        &next,
+                        plan.workers,
+                        cancelled,
+                    )
                     .map_err(&fail)?;
                     if let Some((_, read_dir)) = previous.replace((next, stage_dir)) {
                         let _ = std::fs::remove_dir_all(read_dir);
@@ -368,6 +371,25 @@ pub fn rechunk_store(
     })?;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// Runs `stage` into `output`, reading the previous stage's intermediate
+/// array, or the source for the first stage.
+fn run_after<W>(
+    previous: &Option<(Array<FilesystemStore>, PathBuf)>,
+    source: &Array<dyn ReadableListableStorageTraits>,
+    stage: &StagePlan,
+    output: &Array<W>,
+    workers: usize,
+    cancelled: &AtomicBool,
+) -> Result<copy::StageCounts, String>
+where
+    W: zarrs::storage::ReadableWritableStorageTraits + ?Sized + 'static,
+{
+    match previous {
+        None => copy::run_stage(stage, source, output, workers, cancelled),
+        Some((input, _)) => copy::run_stage(stage, input, output, workers, cancelled),
+    }
 }
 
 /// [`rechunk_store`] on a blocking thread; dropping the future (a
@@ -396,21 +418,11 @@ fn record(
     name: &str,
     metadata: &ArrayMetadata,
 ) -> Result<(), String> {
-    let text = |e: serde_json::Error| e.to_string();
-    match metadata {
-        ArrayMetadata::V3(m) => {
-            consolidated.insert(name.to_string(), serde_json::to_value(m).map_err(text)?);
-        }
-        ArrayMetadata::V2(m) => {
-            let mut zarray = serde_json::to_value(m).map_err(text)?;
-            let attrs = zarray
-                .as_object_mut()
-                .and_then(|o| o.remove("attributes"))
-                .unwrap_or_else(|| json!({}));
-            consolidated.insert(format!("{name}/.zarray"), zarray);
-            consolidated.insert(format!("{name}/.zattrs"), attrs);
-        }
-    }
+    let (json, v2) = match metadata {
+        ArrayMetadata::V3(m) => (serde_json::to_value(m), false),
+        ArrayMetadata::V2(m) => (serde_json::to_value(m), true),
+    };
+    consolidate(consolidated, name, json.map_err(|e| e.to_string())?, v2);
     Ok(())
 }
 
