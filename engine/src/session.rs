@@ -1,5 +1,5 @@
 //! The one place that builds a `SessionContext` with everything zarrfusion
-//! adds: `STORED AS ZARR`, `read_zarr`, the `zarrfusion.*` settings, scan
+//! adds: `STORED AS ZARR`, `read_zarr`, `rechunk`, the `zarrfusion.*` settings, scan
 //! progress, the array plan nodes with their optimizer rules and planner,
 //! and the functions of `zarrfusion-udfs`.
 //!
@@ -30,6 +30,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::planner::RelationPlanner;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
+use crate::array::rechunk::RechunkPlanner;
 use crate::array::{ArrayQueryPlanner, DenseReductionRule};
 use crate::config::{translate_runtime_settings, ZarrConfig};
 use crate::progress::ScanProgress;
@@ -68,7 +69,7 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
     let read_zarr: Arc<dyn RelationPlanner> = Arc::new(ReadZarrPlanner::new(Arc::clone(&runtime)));
     let state = SessionStateBuilder::new()
         .with_config(config)
-        .with_runtime_env(runtime)
+        .with_runtime_env(Arc::clone(&runtime))
         .with_default_features()
         .with_table_factory("ZARR".to_string(), Arc::new(ZarrTableFactory))
         .with_relation_planners(vec![read_zarr])
@@ -76,6 +77,12 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         .with_query_planner(Arc::new(ArrayQueryPlanner))
         .build();
     let mut state = state;
+    let catalogs = Arc::clone(state.catalog_list());
+    // `rechunk(...)` looks registered tables up in the session's catalogs.
+    let rechunk = Arc::new(RechunkPlanner::new(runtime, catalogs));
+    if let Err(e) = state.register_relation_planner(rechunk) {
+        log::warn!("the rechunk table function could not be registered: {e}");
+    }
     // `COPY ... TO 'out.zarr'` (or `STORED AS ZARR`) writes a Zarr store.
     if let Err(e) = state.register_file_format(Arc::new(ZarrFormatFactory), true) {
         log::warn!("the Zarr write format could not be registered: {e}");

@@ -251,3 +251,122 @@ fn a_failing_rechunk_leaves_nothing() {
     assert_eq!(entries(&dir), vec!["work".to_string()]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A session whose temporary files go under `dir/work`, with `allowed_mem`.
+fn sql_session(dir: &Path, allowed_mem: &str) -> datafusion::prelude::SessionContext {
+    let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+        .with_memory_limit(zarrfusion::memory::parse_size(allowed_mem).unwrap(), 1.0)
+        .with_temp_file_path(dir.join("work"))
+        .build_arc()
+        .unwrap();
+    zarrfusion::new_context_with(zarrfusion::session_config(), runtime)
+}
+
+/// Everything under `dir`, recursively, as paths relative to it.
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = e.path();
+            out.push(path.strip_prefix(dir).unwrap().display().to_string());
+            if path.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Checks that no rechunked store or intermediate is left in the work
+/// directory. Plans are dropped by the tasks that ran them, just after the
+/// result is returned: wait a little for them.
+async fn assert_no_rechunk_files(dir: &Path) {
+    let left = || -> Vec<String> {
+        tree(&dir.join("work"))
+            .into_iter()
+            .filter(|p| p.contains("zarrfusion-rechunk"))
+            .collect()
+    };
+    for _ in 0..50 {
+        if left().is_empty() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("left behind: {:?}", left());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rechunk_table_function_reads_the_source_in_new_chunks_and_cleans_up() {
+    use zarrfusion::ZarrContextExt;
+    let dir = scratch("table-function");
+    let ctx = sql_session(&dir, "256MB");
+    let source = fixture("rechunk_source.zarr");
+    ctx.register_zarr("src", &source, HashMap::new())
+        .await
+        .unwrap();
+    // The plan shows the rechunk; planning it wrote only metadata and
+    // coordinates, which go with the plan.
+    let explain = ctx
+        .sql("EXPLAIN SELECT * FROM rechunk('src', time => 5, lat => 7)")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&explain)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("RechunkExec: store="), "{text}");
+    assert!(text.contains("projected_memory="), "{text}");
+    assert!(text.contains("ZarrScanExec"), "{text}");
+    assert_no_rechunk_files(&dir).await;
+
+    // Same rows as the source, in the new chunks' order of partitions.
+    let sorted = |sql: &str| {
+        let ctx = ctx.clone();
+        let sql = sql.to_string();
+        async move {
+            let batches = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+            let mut rows = common::rows(&batches);
+            common::sort_rows(&mut rows, 3);
+            rows
+        }
+    };
+    let expected = sorted("SELECT * FROM src").await;
+    for (time, lat) in [(5, 7), (1, 1), (1000, 3)] {
+        let sql = format!("SELECT * FROM rechunk('src', time => {time}, lat => {lat})");
+        let actual = sorted(&sql).await;
+        common::assert_rows(&sql, &actual, &expected);
+    }
+    // A LIMIT stops early and still leaves nothing.
+    let limited = ctx
+        .sql("SELECT * FROM rechunk('src', lon => 3) LIMIT 5")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(limited.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
+    assert_no_rechunk_files(&dir).await;
+
+    // A budget the rechunk cannot fit is refused while planning.
+    let small = sql_session(&dir, "16KB");
+    small
+        .register_zarr("src", &source, HashMap::new())
+        .await
+        .unwrap();
+    let err = small
+        .sql("SELECT * FROM rechunk('src', time => 37, lat => 29)")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot fit allowed_mem"), "{err}");
+    assert_no_rechunk_files(&dir).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

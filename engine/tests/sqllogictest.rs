@@ -59,7 +59,8 @@ impl sqllogictest::AsyncDB for ZarrDb {
     type ColumnType = DefaultColumnType;
 
     async fn run(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, DataFusionError> {
-        let df = self.ctx.sql(sql).await?;
+        // As the front doors run SQL (`SET zarrfusion.allowed_mem` applied).
+        let df = zarrfusion::session::sql(&self.ctx, sql).await?;
         let schema = df.schema().inner().clone();
         let batches: Vec<RecordBatch> = df.collect().await?;
         if schema.fields().is_empty() {

@@ -39,6 +39,11 @@ impl ZarrTable {
         self
     }
 
+    /// Whether filters on dimensions are pushed into the scan.
+    pub fn pushdown(&self) -> bool {
+        self.pushdown
+    }
+
     /// The grid behind the table.
     pub fn grid(&self) -> &Arc<GridTable> {
         &self.table

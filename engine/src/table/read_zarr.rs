@@ -22,7 +22,7 @@ use datafusion::logical_expr::planner::{
     PlannedRelation, RelationPlanner, RelationPlannerContext, RelationPlanning,
 };
 use datafusion::logical_expr::{Expr, LogicalPlanBuilder};
-use datafusion::sql::sqlparser::ast::{FunctionArg, FunctionArgExpr, TableFactor};
+use datafusion::sql::sqlparser::ast::{FunctionArg, FunctionArgExpr, TableAlias, TableFactor};
 
 use super::factory::open_dataset_blocking;
 use super::options::ZarrTableOptions;
@@ -41,13 +41,77 @@ impl ReadZarrPlanner {
     }
 }
 
-fn string_value(expr: &Expr, what: &str) -> Result<String> {
+/// A table function's call as written in `FROM`: its positional arguments
+/// and its named arguments (literals, as strings).
+pub(crate) struct TableFunctionCall {
+    /// Positional arguments, in order.
+    pub positional: Vec<Expr>,
+    /// Named arguments (`name => value`), in order.
+    pub named: Vec<(String, String)>,
+    /// The alias the relation is given.
+    pub alias: Option<TableAlias>,
+}
+
+impl TableFunctionCall {
+    /// The call of `function` in `relation`, or `None` when `relation` is
+    /// something else.
+    pub(crate) fn parse(
+        relation: &TableFactor,
+        function: &str,
+        context: &mut dyn RelationPlannerContext,
+    ) -> Result<Option<Self>> {
+        let TableFactor::Table {
+            name,
+            alias,
+            args: Some(args),
+            ..
+        } = relation
+        else {
+            return Ok(None);
+        };
+        let matches = name.0.len() == 1
+            && name.0[0]
+                .as_ident()
+                .is_some_and(|i| i.value.eq_ignore_ascii_case(function));
+        if !matches {
+            return Ok(None);
+        }
+        let empty = DFSchema::empty();
+        let mut call = Self {
+            positional: Vec::new(),
+            named: Vec::new(),
+            alias: alias.clone(),
+        };
+        for arg in args.args.clone() {
+            match arg {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
+                    call.positional.push(context.sql_to_expr(e, &empty)?)
+                }
+                FunctionArg::Named {
+                    name,
+                    arg: FunctionArgExpr::Expr(e),
+                    ..
+                } => {
+                    let value = context.sql_to_expr(e, &empty)?;
+                    let text = literal_text(&value, function, &name.value)?;
+                    call.named.push((name.value.clone(), text));
+                }
+                other => return plan_err!("{function}: unsupported argument {other}"),
+            }
+        }
+        Ok(Some(call))
+    }
+}
+
+/// The text of a literal argument (strings as they are, numbers and
+/// booleans as SQL writes them).
+pub(crate) fn literal_text(expr: &Expr, function: &str, what: &str) -> Result<String> {
     match expr {
         Expr::Literal(ScalarValue::Utf8(Some(s)), _)
         | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _)
         | Expr::Literal(ScalarValue::Utf8View(Some(s)), _) => Ok(s.clone()),
         Expr::Literal(value, _) if !value.is_null() => Ok(value.to_string()),
-        other => plan_err!("read_zarr: {what} must be a literal, got {other}"),
+        other => plan_err!("{function}: {what} must be a literal, got {other}"),
     }
 }
 
@@ -57,46 +121,16 @@ impl RelationPlanner for ReadZarrPlanner {
         relation: TableFactor,
         context: &mut dyn RelationPlannerContext,
     ) -> Result<RelationPlanning> {
-        let TableFactor::Table {
-            name,
-            alias,
-            args: Some(args),
-            ..
-        } = &relation
-        else {
+        let Some(call) = TableFunctionCall::parse(&relation, "read_zarr", context)? else {
             return Ok(RelationPlanning::Original(Box::new(relation)));
         };
-        let is_read_zarr = name.0.len() == 1
-            && name.0[0]
-                .as_ident()
-                .is_some_and(|i| i.value.eq_ignore_ascii_case("read_zarr"));
-        if !is_read_zarr {
-            return Ok(RelationPlanning::Original(Box::new(relation)));
-        }
-        let empty = DFSchema::empty();
-        let mut positional = Vec::new();
-        let mut named = HashMap::new();
-        for arg in args.args.clone() {
-            match arg {
-                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
-                    positional.push(context.sql_to_expr(e, &empty)?)
-                }
-                FunctionArg::Named {
-                    name,
-                    arg: FunctionArgExpr::Expr(e),
-                    ..
-                } => {
-                    let value = context.sql_to_expr(e, &empty)?;
-                    named.insert(name.value.clone(), string_value(&value, &name.value)?);
-                }
-                other => return plan_err!("read_zarr: unsupported argument {other}"),
-            }
-        }
-        let location = match positional.as_slice() {
-            [location] => string_value(location, "the location")?,
+        let mut named: HashMap<String, String> = call.named.into_iter().collect();
+        let text = |e: &Expr, what: &str| literal_text(e, "read_zarr", what);
+        let location = match call.positional.as_slice() {
+            [location] => text(location, "the location")?,
             [location, dims] => {
-                named.insert("dims".to_string(), string_value(dims, "dims")?);
-                string_value(location, "the location")?
+                named.insert("dims".to_string(), text(dims, "dims")?);
+                text(location, "the location")?
             }
             _ => {
                 return plan_err!(
@@ -115,8 +149,7 @@ impl RelationPlanner for ReadZarrPlanner {
         )?
         .build()?;
         Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
-            plan,
-            alias.clone(),
+            plan, call.alias,
         ))))
     }
 }

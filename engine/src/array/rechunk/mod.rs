@@ -28,6 +28,7 @@
 
 pub mod copy;
 pub mod plan;
+pub mod table;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +45,7 @@ use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::ReadableListableStorageTraits;
 
 pub use plan::{RechunkPlan, StagePlan};
+pub use table::{rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
 use crate::write::sink::CancelOnDrop;
 use crate::write::store::{consolidate, io_error, unique_suffix, write_atomically, write_json};
@@ -284,37 +286,142 @@ pub fn rechunk_store(
     runtime: &RuntimeEnv,
     cancelled: &AtomicBool,
 ) -> Result<RechunkSummary> {
-    let started = Instant::now();
-    let (storage, jobs) = open_jobs(source, chunks, options, runtime)?;
-    let work_root = options.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let work = work_root.join(format!("zarrfusion-rechunk-{}", unique_suffix()));
-    let mut summary = RechunkSummary {
-        arrays: Vec::new(),
-        bytes_read: 0,
-        bytes_written: 0,
-        target_bytes: 0,
-        seconds: 0.0,
-    };
-    let _cleanup = RemoveOnDrop(work.clone());
+    let rechunk = PreparedRechunk::new(source, chunks, options, runtime)?;
+    let mut summary = None;
     write_atomically(target, cancelled, |dir| {
         std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+        rechunk.write_metadata(dir)?;
+        summary = Some(rechunk.copy_data(dir, cancelled)?);
+        Ok(())
+    })?;
+    summary.ok_or_else(|| DataFusionError::Internal("the rechunk wrote nothing".into()))
+}
+
+/// A planned rechunk of a store: its arrays opened and their plans made
+/// (metadata read, nothing copied yet). Writing it is two steps, so that
+/// the target's metadata can be opened (and scanned) before its data exists:
+/// [`write_metadata`](Self::write_metadata), then [`copy_data`](Self::copy_data).
+pub struct PreparedRechunk {
+    source: String,
+    storage: Arc<dyn ReadableListableStorageTraits>,
+    jobs: Vec<Job>,
+    work_root: PathBuf,
+}
+
+impl std::fmt::Debug for PreparedRechunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedRechunk")
+            .field("source", &self.source)
+            .field("arrays", &self.arrays().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl PreparedRechunk {
+    /// Plans the rechunk of every array of the store at `source` to
+    /// `chunks` under `options` (see [`plan_store_rechunk`]).
+    pub fn new(
+        source: &str,
+        chunks: &[(String, u64)],
+        options: &RechunkOptions,
+        runtime: &RuntimeEnv,
+    ) -> Result<Self> {
+        let (storage, jobs) = open_jobs(source, chunks, options, runtime)?;
+        Ok(Self {
+            source: source.to_string(),
+            storage,
+            jobs,
+            work_root: options.work_dir.clone().unwrap_or_else(std::env::temp_dir),
+        })
+    }
+
+    /// The store being rechunked, as given.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Each array's plan.
+    pub fn arrays(&self) -> impl Iterator<Item = &ArrayRechunk> {
+        self.jobs.iter().map(|job| &job.rechunk)
+    }
+
+    /// The most memory any array's tasks hold together.
+    pub fn projected_memory(&self) -> u64 {
+        self.arrays()
+            .map(|a| a.plan.projected_memory())
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn target_metadata(&self, job: &Job) -> Result<ArrayMetadata> {
+        let plan = &job.rechunk.plan;
+        let last = &plan.stages[plan.stages.len() - 1];
+        with_chunks(&job.entry.metadata, &last.to, false).map_err(|e| self.fail(job, e))
+    }
+
+    fn fail(&self, job: &Job, message: String) -> DataFusionError {
+        DataFusionError::Execution(format!(
+            "rechunk of store '{}', array '{}': {message}",
+            self.source, job.rechunk.name
+        ))
+    }
+
+    /// Writes the target's metadata (arrays in their new chunks, the
+    /// group's attributes, consolidated metadata) into the directory `dir`.
+    pub fn write_metadata(&self, dir: &Path) -> Result<()> {
         let out = Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
         let mut consolidated = Map::new();
-        for job in &jobs {
-            let name = &job.rechunk.name;
-            let fail = |e: String| {
-                DataFusionError::Execution(format!(
-                    "rechunk of store '{source}', array '{name}': {e}"
-                ))
-            };
+        for job in &self.jobs {
+            let metadata = self.target_metadata(job)?;
+            record(&mut consolidated, &job.rechunk.name, &metadata)
+                .map_err(|e| self.fail(job, e))?;
+            let output = Array::new_with_metadata(Arc::clone(&out), &job.entry.path, metadata)
+                .map_err(|e| self.fail(job, e.to_string()))?;
+            output
+                .store_metadata()
+                .map_err(|e| self.fail(job, e.to_string()))?;
+        }
+        write_group(&self.storage, &self.source, dir, &self.jobs, consolidated)
+    }
+
+    /// Copies every array's data into the store at `dir`, whose metadata
+    /// [`write_metadata`](Self::write_metadata) wrote, through intermediate
+    /// arrays in a fresh directory under the work directory (removed
+    /// however the copy ends). Stops with an error when `cancelled` is set.
+    pub fn copy_data(&self, dir: &Path, cancelled: &AtomicBool) -> Result<RechunkSummary> {
+        self.copy_arrays(dir, |_| true, cancelled)
+    }
+
+    /// [`copy_data`](Self::copy_data) for the arrays `which` accepts.
+    pub fn copy_arrays(
+        &self,
+        dir: &Path,
+        which: impl Fn(&ArrayRechunk) -> bool,
+        cancelled: &AtomicBool,
+    ) -> Result<RechunkSummary> {
+        let started = Instant::now();
+        let work = self
+            .work_root
+            .join(format!("zarrfusion-rechunk-{}", unique_suffix()));
+        let _cleanup = RemoveOnDrop(work.clone());
+        let out = Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+        let mut summary = RechunkSummary {
+            arrays: Vec::new(),
+            bytes_read: 0,
+            bytes_written: 0,
+            target_bytes: 0,
+            seconds: 0.0,
+        };
+        for job in self.jobs.iter().filter(|job| which(&job.rechunk)) {
+            let fail = |e: String| self.fail(job, e);
             let plan = &job.rechunk.plan;
             let last = plan.stages.len() - 1;
-            let metadata =
-                with_chunks(&job.entry.metadata, &plan.stages[last].to, false).map_err(&fail)?;
-            record(&mut consolidated, name, &metadata).map_err(&fail)?;
-            let output = Array::new_with_metadata(Arc::clone(&out), &job.entry.path, metadata)
-                .map_err(|e| fail(e.to_string()))?;
-            output.store_metadata().map_err(|e| fail(e.to_string()))?;
+            let output = Array::new_with_metadata(
+                Arc::clone(&out),
+                &job.entry.path,
+                self.target_metadata(job)?,
+            )
+            .map_err(|e| fail(e.to_string()))?;
             // Intermediates of this array; each is removed once read.
             let scratch = work.join(summary.arrays.len().to_string());
             let mut previous: Option<(Array<FilesystemStore>, PathBuf)> = None;
@@ -363,14 +470,12 @@ pub fn rechunk_store(
             summary.bytes_read += plan.bytes_read();
             summary.arrays.push(job.rechunk.clone());
         }
-        write_group(&storage, source, dir, &jobs, consolidated)?;
         if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
-            return exec_err!("the rechunk of '{source}' was cancelled");
+            return exec_err!("the rechunk of '{}' was cancelled", self.source);
         }
-        Ok(())
-    })?;
-    summary.seconds = started.elapsed().as_secs_f64();
-    Ok(summary)
+        summary.seconds = started.elapsed().as_secs_f64();
+        Ok(summary)
+    }
 }
 
 /// Runs `stage` into `output`, reading the previous stage's intermediate

@@ -1,0 +1,518 @@
+//! The `rechunk(...)` table function: a Zarr table read in new chunk shapes.
+//!
+//! ```sql
+//! SELECT * FROM rechunk('era5', time => 240, lat => 16, lon => 16);
+//! SELECT lat, lon, avg(t2m) FROM rechunk('demo/era5.zarr', time => 24) GROUP BY lat, lon;
+//! ```
+//!
+//! The first argument is a registered Zarr table or a store location; each
+//! named argument is a dimension and its new chunk length (other
+//! dimensions keep theirs). The result has the rows of the source table,
+//! and its partitions are the new chunks.
+//!
+//! When the query is planned ([`RechunkTable::scan`]), the rechunk is
+//! planned against the session's `allowed_mem` (refused if it cannot fit)
+//! and the rechunked store's metadata is written to a fresh directory in
+//! the session's `work_dir`; [`RechunkExec`] copies the data there the
+//! first time any partition runs (every array of the store, through
+//! intermediate arrays when one pass does not fit) and then scans it. The
+//! directory is removed when the plan is dropped, and a plan dropped
+//! mid-copy cancels the copy.
+
+use std::any::Any;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::CatalogProviderList;
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{
+    exec_err, human_readable_size, plan_err, DataFusionError, Result, Statistics, TableReference,
+};
+use datafusion::datasource::{provider_as_source, TableProvider, TableType};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::planner::{
+    PlannedRelation, RelationPlanner, RelationPlannerContext, RelationPlanning,
+};
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown,
+};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
+};
+use datafusion::sql::sqlparser::ast::TableFactor;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::{StreamExt, TryStreamExt};
+
+use super::{
+    unique_suffix, ArrayRechunk, PreparedRechunk, RechunkOptions, RechunkSummary, RemoveOnDrop,
+};
+use crate::table::{
+    literal_text, open_dataset, open_dataset_blocking, TableFunctionCall, ZarrTable,
+    ZarrTableOptions,
+};
+
+/// Plans `rechunk(...)` in `FROM` clauses.
+#[derive(Debug)]
+pub struct RechunkPlanner {
+    runtime: Arc<RuntimeEnv>,
+    catalogs: Arc<dyn CatalogProviderList>,
+}
+
+impl RechunkPlanner {
+    /// A planner finding registered tables in `catalogs` and opening
+    /// stores with `runtime`'s object stores.
+    pub fn new(runtime: Arc<RuntimeEnv>, catalogs: Arc<dyn CatalogProviderList>) -> Self {
+        Self { runtime, catalogs }
+    }
+
+    /// The Zarr table registered as `name`, if there is one. (Table
+    /// function arguments are not among the tables DataFusion resolves
+    /// before planning, so the catalogs are asked directly.)
+    fn registered(
+        &self,
+        name: &str,
+        context: &dyn RelationPlannerContext,
+    ) -> Option<Arc<dyn TableProvider>> {
+        let options = context.context_provider().options();
+        let reference = TableReference::parse_str(name).resolve(
+            &options.catalog.default_catalog,
+            &options.catalog.default_schema,
+        );
+        let schema = self
+            .catalogs
+            .catalog(&reference.catalog)?
+            .schema(&reference.schema)?;
+        // Zarr tables live in memory schemas, whose lookups do not wait.
+        futures::executor::block_on(schema.table(&reference.table))
+            .ok()
+            .flatten()
+            .filter(|p| (p.as_ref() as &dyn Any).is::<ZarrTable>())
+    }
+}
+
+impl RelationPlanner for RechunkPlanner {
+    fn plan_relation(
+        &self,
+        relation: TableFactor,
+        context: &mut dyn RelationPlannerContext,
+    ) -> Result<RelationPlanning> {
+        let Some(call) = TableFunctionCall::parse(&relation, "rechunk", context)? else {
+            return Ok(RelationPlanning::Original(Box::new(relation)));
+        };
+        let usage = "rechunk takes a table or store, then dimension => chunk length \
+                     (rechunk('era5', time => 240, lat => 16))";
+        let [source] = call.positional.as_slice() else {
+            return plan_err!("{usage}");
+        };
+        let source = literal_text(source, "rechunk", "the table or store")?;
+        if call.named.is_empty() {
+            return plan_err!("{usage}");
+        }
+        let mut chunks = Vec::new();
+        for (dim, text) in &call.named {
+            let Ok(len) = text.parse::<u64>() else {
+                return plan_err!(
+                    "rechunk: the chunk length of '{dim}' must be a positive integer, got '{text}'"
+                );
+            };
+            chunks.push((dim.clone(), len));
+        }
+        // A registered Zarr table, else a store location.
+        let table = match self.registered(&source, context) {
+            Some(provider) => provider,
+            None => {
+                let options = ZarrTableOptions::default();
+                let dataset = open_dataset_blocking(&source, &options, &self.runtime)?;
+                Arc::new(ZarrTable::new(dataset.table(None)?)) as Arc<dyn TableProvider>
+            }
+        };
+        let Some(zarr) = (table.as_ref() as &dyn Any).downcast_ref::<ZarrTable>() else {
+            return plan_err!("rechunk: '{source}' is not a Zarr table");
+        };
+        let plan = rechunk_scan(zarr, chunks)?;
+        Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
+            plan, call.alias,
+        ))))
+    }
+}
+
+/// A logical scan of `table` read in chunks `chunks` (`(dimension,
+/// length)` pairs): what `rechunk(...)` and `DataFrame.rechunk` plan.
+pub fn rechunk_scan(table: &ZarrTable, chunks: Vec<(String, u64)>) -> Result<LogicalPlan> {
+    LogicalPlanBuilder::scan(
+        TableReference::bare("rechunk()"),
+        provider_as_source(Arc::new(RechunkTable::new(table, chunks)?)),
+        None,
+    )?
+    .build()
+}
+
+/// A Zarr table in new chunk shapes (see the module docs).
+#[derive(Debug)]
+pub struct RechunkTable {
+    source: ZarrTable,
+    chunks: Vec<(String, u64)>,
+}
+
+impl RechunkTable {
+    /// `source` read in chunks `chunks`; every named dimension must be one
+    /// of the table's.
+    pub fn new(source: &ZarrTable, chunks: Vec<(String, u64)>) -> Result<Self> {
+        let grid = source.grid();
+        for (dim, len) in &chunks {
+            if !grid.dims.iter().any(|d| &d.name == dim) {
+                return plan_err!(
+                    "rechunk of '{}': unknown dimension '{dim}' (dimensions: {})",
+                    grid.store,
+                    grid.dims_name().replace('_', ", ")
+                );
+            }
+            if *len == 0 {
+                return plan_err!(
+                    "rechunk of '{}': the chunk length of '{dim}' must be positive",
+                    grid.store
+                );
+            }
+        }
+        Ok(Self {
+            source: source.clone(),
+            chunks,
+        })
+    }
+
+    /// The rechunk options of a session: its memory limit, its temporary
+    /// directory, one task per core.
+    fn options(runtime: &RuntimeEnv) -> RechunkOptions {
+        let mut options = RechunkOptions {
+            work_dir: runtime.disk_manager.temp_dir_paths().into_iter().next(),
+            ..RechunkOptions::default()
+        };
+        if let MemoryLimit::Finite(limit) = runtime.memory_pool.memory_limit() {
+            options.allowed_mem = limit as u64;
+        }
+        options
+    }
+}
+
+#[async_trait]
+impl TableProvider for RechunkTable {
+    fn schema(&self) -> SchemaRef {
+        self.source.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        // The rechunked store has the source's coordinates.
+        self.source.supports_filters_pushdown(filters)
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let runtime = Arc::clone(state.runtime_env());
+        let options = Self::options(&runtime);
+        let grid = self.source.grid();
+        let store = grid.store.clone();
+        let chunks = self.chunks.clone();
+        let work_root = options.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let dir = work_root.join(format!("zarrfusion-rechunked-{}.zarr", unique_suffix()));
+        let guard = Arc::new(RemoveOnDrop(dir.clone()));
+        let prepared = {
+            let runtime = Arc::clone(&runtime);
+            let dir = dir.clone();
+            tokio::task::spawn_blocking(move || {
+                let prepared = PreparedRechunk::new(&store, &chunks, &options, &runtime)?;
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| crate::write::store::io_error(&dir, e))?;
+                prepared.write_metadata(&dir)?;
+                // Coordinates now: opening the store reads them.
+                prepared.copy_arrays(&dir, is_coordinate, &AtomicBool::new(false))?;
+                Ok::<_, DataFusionError>(prepared)
+            })
+            .await
+            .map_err(|e| {
+                DataFusionError::Execution(format!("the rechunk planner stopped: {e}"))
+            })??
+        };
+        let dims: Vec<String> = grid.dims.iter().map(|d| d.name.clone()).collect();
+        let table_options = ZarrTableOptions {
+            dims: Some(dims),
+            ..ZarrTableOptions::default()
+        };
+        let dataset = open_dataset(path_text(&dir)?, table_options.clone(), runtime).await?;
+        let rechunked = ZarrTable::new(dataset.table(table_options.dims.as_deref())?)
+            .with_pushdown(self.source.pushdown());
+        if rechunked.schema().fields() != self.source.schema().fields() {
+            return exec_err!(
+                "rechunk of '{}': the rechunked store's columns ({}) differ from the source's ({})",
+                grid.store,
+                rechunked.schema(),
+                self.source.schema()
+            );
+        }
+        let scan = rechunked.scan(state, projection, filters, limit).await?;
+        let job = Arc::new(CopyJob {
+            prepared: Arc::new(prepared),
+            store: guard,
+            cancelled: Arc::new(AtomicBool::new(false)),
+            copy: OnceLock::new(),
+        });
+        Ok(Arc::new(RechunkExec::new(job, scan)))
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        self.source.statistics()
+    }
+}
+
+/// Whether an array is a coordinate (a 1-D array named after its dimension).
+fn is_coordinate(array: &ArrayRechunk) -> bool {
+    array.dims.len() == 1 && array.dims[0] == array.name
+}
+
+fn path_text(path: &Path) -> Result<String> {
+    match path.to_str() {
+        Some(text) => Ok(text.to_string()),
+        None => exec_err!("the work directory {} is not valid UTF-8", path.display()),
+    }
+}
+
+/// The copy's outcome, shared by every partition waiting for it.
+type CopyOutcome = Result<Arc<RechunkSummary>, Arc<DataFusionError>>;
+
+/// The copy into the rechunked store, started once by whichever partition
+/// runs first. Dropping the job (the plan) cancels a copy in flight; the
+/// store's directory goes when both the plan and the copy are done with it.
+struct CopyJob {
+    prepared: Arc<PreparedRechunk>,
+    store: Arc<RemoveOnDrop>,
+    cancelled: Arc<AtomicBool>,
+    copy: OnceLock<Shared<BoxFuture<'static, CopyOutcome>>>,
+}
+
+impl fmt::Debug for CopyJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CopyJob")
+            .field("prepared", &self.prepared)
+            .field("store", &self.store.0)
+            .finish()
+    }
+}
+
+impl Drop for CopyJob {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+impl CopyJob {
+    /// Starts the copy unless it has started, and waits for it. The copy
+    /// reserves its projected memory in the session's memory pool.
+    async fn run(&self, context: &TaskContext) -> Result<Arc<RechunkSummary>> {
+        let copy = self.copy.get_or_init(|| {
+            let projected = self.prepared.projected_memory();
+            let reservation = MemoryConsumer::new("RechunkExec").register(context.memory_pool());
+            let reserved = reservation.try_grow(projected as usize).map_err(|e| {
+                Arc::new(DataFusionError::ResourcesExhausted(format!(
+                    "RechunkExec of '{}' needs {} for its tasks and the memory pool cannot \
+                     give it: {e}",
+                    self.prepared.source(),
+                    human_readable_size(projected as usize)
+                )))
+            });
+            let prepared = Arc::clone(&self.prepared);
+            let store = Arc::clone(&self.store);
+            let cancelled = Arc::clone(&self.cancelled);
+            let handle = reserved.map(|()| {
+                tokio::task::spawn_blocking(move || {
+                    let variables = |a: &ArrayRechunk| !is_coordinate(a);
+                    let summary = prepared.copy_arrays(&store.0, variables, &cancelled);
+                    drop(reservation);
+                    summary
+                })
+            });
+            async move {
+                let summary = handle?
+                    .await
+                    .map_err(|e| DataFusionError::Execution(format!("the rechunk stopped: {e}")))
+                    .and_then(|s| s);
+                summary.map(Arc::new).map_err(Arc::new)
+            }
+            .boxed()
+            .shared()
+        });
+        copy.clone().await.map_err(DataFusionError::Shared)
+    }
+}
+
+/// Copies the source into the rechunked store on first execution, then
+/// runs its child, the scan of the rechunked store.
+#[derive(Debug)]
+pub struct RechunkExec {
+    job: Arc<CopyJob>,
+    scan: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl RechunkExec {
+    fn new(job: Arc<CopyJob>, scan: Arc<dyn ExecutionPlan>) -> Self {
+        Self {
+            job,
+            properties: Arc::clone(scan.properties()),
+            scan,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// The rechunk's plan per array.
+    pub fn arrays(&self) -> impl Iterator<Item = &ArrayRechunk> {
+        self.job.prepared.arrays()
+    }
+
+    /// Where the rechunked store is written.
+    pub fn store_path(&self) -> &PathBuf {
+        &self.job.store.0
+    }
+}
+
+impl DisplayAs for RechunkExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let prepared = &self.job.prepared;
+        write!(
+            f,
+            "RechunkExec: store={}, projected_memory={}, arrays=[",
+            prepared.source(),
+            human_readable_size(prepared.projected_memory() as usize)
+        )?;
+        for (i, array) in prepared.arrays().enumerate() {
+            let plan = &array.plan;
+            let chunks: Vec<String> = plan.stages.iter().map(|s| format!("{:?}", s.to)).collect();
+            let tasks: Vec<String> = plan.stages.iter().map(|s| s.tasks.to_string()).collect();
+            write!(
+                f,
+                "{}{}: {:?} -> {} in {} stage{} (tasks {}, workers {}, read {}, write {})",
+                if i == 0 { "" } else { ", " },
+                array.name,
+                plan.stages[0].from,
+                chunks.join(" -> "),
+                plan.stages.len(),
+                if plan.stages.len() == 1 { "" } else { "s" },
+                tasks.join("+"),
+                plan.workers,
+                human_readable_size(plan.bytes_read() as usize),
+                human_readable_size(plan.bytes_written() as usize),
+            )?;
+        }
+        write!(f, "]")
+    }
+}
+
+impl ExecutionPlan for RechunkExec {
+    fn name(&self) -> &str {
+        "RechunkExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.scan]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [scan] = children.as_slice() else {
+            return exec_err!("RechunkExec takes one child, got {}", children.len());
+        };
+        Ok(Arc::new(Self::new(Arc::clone(&self.job), Arc::clone(scan))))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let job = Arc::clone(&self.job);
+        let scan = Arc::clone(&self.scan);
+        let bytes_read = MetricBuilder::new(&self.metrics).counter("bytes_read", partition);
+        let bytes_written = MetricBuilder::new(&self.metrics).counter("bytes_written", partition);
+        let copy_time = MetricBuilder::new(&self.metrics).subset_time("copy_time", partition);
+        // The stream keeps the job (and so the rechunked store) alive: the
+        // plan may be dropped once its streams exist.
+        let keep = Arc::clone(&self.job);
+        let stream = futures::stream::once(async move {
+            let timer = copy_time.timer();
+            let summary = job.run(&context).await?;
+            timer.done();
+            // Counted once, by partition 0.
+            if partition == 0 {
+                bytes_read.add(summary.bytes_read as usize);
+                bytes_written.add(summary.bytes_written as usize);
+            }
+            scan.execute(partition, context)
+        })
+        .try_flatten()
+        .map(move |batch| {
+            let _store = &keep.store;
+            batch
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.scan.schema(),
+            stream.boxed(),
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        match input_stats {
+            [stats] => Ok(Arc::clone(stats)),
+            _ => Ok(Arc::new(Statistics::new_unknown(&self.scan.schema()))),
+        }
+    }
+}
