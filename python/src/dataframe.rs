@@ -24,6 +24,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
+use zarrfusion::array::rechunk::rechunk_plan;
 use zarrfusion::write::{ZarrFormatFactory, ZarrWriteOptions};
 
 use crate::errors::datafusion_error;
@@ -137,6 +138,15 @@ impl PyDataFrame {
     #[pyo3(signature = (count, offset=0))]
     fn limit(&self, count: usize, offset: usize) -> PyResult<Self> {
         self.derive(self.df.clone().limit(offset, Some(count)))
+    }
+
+    /// The same rows read in new chunks: `chunks` maps dimensions to chunk
+    /// lengths (see the `rechunk(...)` table function).
+    fn rechunk(&self, chunks: HashMap<String, u64>) -> PyResult<Self> {
+        let (state, plan) = self.df.clone().into_parts();
+        let chunks: Vec<(String, u64)> = chunks.into_iter().collect();
+        let plan = rechunk_plan(plan, chunks).map_err(datafusion_error)?;
+        Ok(Self::new(DataFrame::new(state, plan)))
     }
 
     /// Column names.

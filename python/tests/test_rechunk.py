@@ -69,3 +69,45 @@ def test_a_failing_rechunk_leaves_nothing(fixtures, tmp_path):
         zf.SessionContext(work_dir=tmp_path / "work").rechunk(fixtures / "bad_corrupt_chunk.zarr", target, {})
     assert sorted(os.listdir(tmp_path)) == ["work"]
     assert leftovers(tmp_path / "work") == []
+
+
+@pytest.mark.parametrize("allowed_mem", ["256MB", "160KB"])
+def test_dataframe_rechunk_and_sql_rechunk_read_the_same_dataset(fixtures, tmp_path, allowed_mem):
+    """df.rechunk and SQL rechunk(...) against xarray on the source; the
+    temporary copy goes once the results are read."""
+    work = tmp_path / "work"
+    ctx = zf.SessionContext(allowed_mem=allowed_mem, work_dir=work)
+    ctx.register_zarr("src", fixtures / "rechunk_source.zarr")
+    expected = xr.open_zarr(fixtures / "rechunk_source.zarr")[["t", "q"]].load()
+    chunks = {"time": 37, "lat": 4, "lon": 4}
+    frames = {
+        "dataframe": ctx.table("src").rechunk(chunks),
+        "sql": ctx.sql("SELECT * FROM rechunk('src', time => 37, lat => 4, lon => 4)"),
+    }
+    for df in frames.values():
+        got = df.to_xarray()
+        xr.testing.assert_allclose(got[["t", "q"]], expected, rtol=0, atol=0)
+    plan = ctx.sql("EXPLAIN SELECT * FROM rechunk('src', time => 37, lat => 4, lon => 4)").to_pandas()
+    assert plan["plan"].str.contains(r"RechunkExec.*t: \[1, \d+, \d+\] -> .*\[37, 4, 4\]").any()
+    # Row-wise operations before the rechunk are kept.
+    box = ctx.table("src").filter("lat > 0").select("time", "lat", "lon", "t").rechunk({"lat": 3})
+    got = box.to_xarray().t
+    xr.testing.assert_allclose(got, expected.t.where(expected.lat > 0, drop=True), rtol=0, atol=0)
+    del frames, box, got
+    import gc
+
+    gc.collect()
+    assert leftovers(work) == []
+
+
+def test_dataframe_rechunk_refuses_what_it_cannot_do(fixtures, tmp_path):
+    ctx = zf.SessionContext(work_dir=tmp_path / "work")
+    ctx.register_zarr("src", fixtures / "rechunk_source.zarr")
+    with pytest.raises(zf.ZarrFusionError, match="row-wise operations"):
+        ctx.table("src").aggregate(["lat"], ["avg(t) AS t"]).rechunk({"lat": 2})
+    with pytest.raises(zf.ZarrFusionError, match="unknown dimension 'level'"):
+        ctx.table("src").rechunk({"level": 2})
+    small = zf.SessionContext(allowed_mem="16KB", work_dir=tmp_path / "work")
+    small.register_zarr("src", fixtures / "rechunk_source.zarr")
+    with pytest.raises(zf.ZarrFusionError, match="cannot fit allowed_mem"):
+        small.table("src").rechunk({"time": 37, "lat": 29}).collect()

@@ -56,6 +56,20 @@ class DataFrame:
         """At most ``count`` rows after skipping ``offset``."""
         return self._wrap(self._raw.limit(count, offset))
 
+    def rechunk(self, chunks: Mapping[str, int]) -> "DataFrame":
+        """The same rows, read in new chunks: ``df.rechunk({"time": 240,
+        "lat": 16, "lon": 16})`` (SQL ``rechunk('table', time => 240, ...)``).
+
+        Applies to a Zarr table and row-wise operations on it (``select``,
+        ``filter``, ``limit``). When the frame runs, the store is copied into
+        the new chunks inside the session's ``allowed_mem`` (through
+        intermediate arrays in ``work_dir`` when one pass does not fit; a
+        rechunk that cannot fit is refused before it starts), then read;
+        the copy is removed when the frame's results are done. To keep the
+        rechunked store, use ``ctx.rechunk(source, target, chunks)``.
+        """
+        return self._wrap(self._raw.rechunk({str(d): int(n) for d, n in chunks.items()}))
+
     # Looking ---------------------------------------------------------------
     @property
     def columns(self) -> list[str]:

@@ -45,7 +45,7 @@ use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::ReadableListableStorageTraits;
 
 pub use plan::{RechunkPlan, StagePlan};
-pub use table::{rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
+pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
 use crate::write::sink::CancelOnDrop;
 use crate::write::store::{consolidate, io_error, unique_suffix, write_atomically, write_json};

@@ -29,11 +29,11 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::CatalogProviderList;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{
     exec_err, human_readable_size, plan_err, DataFusionError, Result, Statistics, TableReference,
 };
-use datafusion::datasource::{provider_as_source, TableProvider, TableType};
+use datafusion::datasource::{provider_as_source, source_as_provider, TableProvider, TableType};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -41,7 +41,7 @@ use datafusion::logical_expr::planner::{
     PlannedRelation, RelationPlanner, RelationPlannerContext, RelationPlanning,
 };
 use datafusion::logical_expr::{
-    Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown,
+    Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown, TableScanBuilder,
 };
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
@@ -155,6 +155,54 @@ pub fn rechunk_scan(table: &ZarrTable, chunks: Vec<(String, u64)>) -> Result<Log
         None,
     )?
     .build()
+}
+
+/// `plan` reading its Zarr table in chunks `chunks`: what
+/// `DataFrame.rechunk` does. The plan must be row-wise operations
+/// (projections, filters, limits, aliases) over one scan of a Zarr table;
+/// the scan is replaced by a scan of the rechunked table, which has the
+/// same columns and rows.
+pub fn rechunk_plan(plan: LogicalPlan, chunks: Vec<(String, u64)>) -> Result<LogicalPlan> {
+    let mut scans = 0;
+    let mut row_wise = true;
+    plan.apply(|node| {
+        match node {
+            LogicalPlan::TableScan(_) => scans += 1,
+            LogicalPlan::Projection(_)
+            | LogicalPlan::Filter(_)
+            | LogicalPlan::Limit(_)
+            | LogicalPlan::SubqueryAlias(_) => {}
+            _ => row_wise = false,
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if scans != 1 || !row_wise {
+        return plan_err!(
+            "rechunk applies to a Zarr table and row-wise operations on it (select, filter, \
+             limit); write a computed result in new chunks with to_zarr(path, chunks=...)"
+        );
+    }
+    plan.transform_up(|node| {
+        let LogicalPlan::TableScan(scan) = node else {
+            return Ok(Transformed::no(node));
+        };
+        let provider = source_as_provider(&scan.source)?;
+        let Some(zarr) = (provider.as_ref() as &dyn Any).downcast_ref::<ZarrTable>() else {
+            return plan_err!(
+                "rechunk applies to Zarr tables; '{}' is not one",
+                scan.table_name
+            );
+        };
+        let source = provider_as_source(Arc::new(RechunkTable::new(zarr, chunks.clone())?));
+        let scan = TableScanBuilder::new(scan.table_name, source)
+            .with_projection(scan.projection)
+            .with_filters(scan.filters)
+            .with_fetch(scan.fetch)
+            .with_statistics_requests(scan.statistics_requests)
+            .build()?;
+        Ok(Transformed::yes(LogicalPlan::TableScan(scan)))
+    })
+    .map(|t| t.data)
 }
 
 /// A Zarr table in new chunk shapes (see the module docs).
