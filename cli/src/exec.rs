@@ -38,6 +38,9 @@ impl Shell {
                 commands::Outcome::Done => return Ok(()),
                 commands::Outcome::Quit => std::process::exit(0),
                 commands::Outcome::Sql(sql) => sql,
+                commands::Outcome::Draw { sql, analyze, svg } => {
+                    return self.draw(&sql, analyze, svg.as_deref()).await;
+                }
             }
         } else {
             text.to_string()
@@ -45,6 +48,28 @@ impl Shell {
         let statements = DFParser::parse_sql(&sql).map_err(|e| e.to_string())?;
         for statement in statements {
             self.run_statement(statement).await?;
+        }
+        Ok(())
+    }
+
+    /// Prints the plan of `sql` as DOT, or writes it as SVG to `svg`.
+    async fn draw(&self, sql: &str, analyze: bool, svg: Option<&str>) -> Result<(), String> {
+        let df = zarrfusion::session::sql(&self.ctx, sql)
+            .await
+            .map_err(|e| describe_error(&e))?;
+        let dot = zarrfusion::explain::plan_dot(df, analyze)
+            .await
+            .map_err(|e| describe_error(&e))?;
+        match svg {
+            None => println!("{dot}"),
+            Some(path) => {
+                let image =
+                    zarrfusion::explain::render_svg(&dot).map_err(|e| describe_error(&e))?;
+                std::fs::write(path, image).map_err(|e| format!("cannot write '{path}': {e}"))?;
+                if !self.quiet {
+                    println!("plan drawn in {path}");
+                }
+            }
         }
         Ok(())
     }

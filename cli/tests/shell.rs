@@ -183,6 +183,34 @@ fn backslash_commands_describe_tables() {
 }
 
 #[test]
+fn dot_draws_the_plan_with_metrics_after_running_it() {
+    let create = "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'";
+    let query = "SELECT lat, avg(t2m) FROM era5 GROUP BY lat";
+    let plain = zarrfusion(&["-q", "-c", create, "-c", &format!("\\dot {query}")]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let text = stdout(&plain);
+    assert!(
+        text.starts_with("digraph plan {") && text.trim_end().ends_with('}'),
+        "{text}"
+    );
+    assert!(
+        text.contains("DenseReductionExec: store=demo/era5.zarr"),
+        "{text}"
+    );
+    assert!(text.contains("projected_memory="), "{text}");
+    assert!(!text.contains("metrics:"), "{text}");
+    let analyzed = zarrfusion(&["-q", "-c", create, "-c", &format!("\\dot analyze {query};")]);
+    assert!(analyzed.status.success(), "{}", stderr(&analyzed));
+    let text = stdout(&analyzed);
+    assert!(text.contains("metrics: output_rows=33"), "{text}");
+    assert!(text.contains("blocks_read="), "{text}");
+    // Edges go from each input to the operator reading it.
+    assert!(text.contains("n1 -> n0;"), "{text}");
+    let missing = zarrfusion(&["-c", "\\dot"]);
+    assert_eq!(missing.status.code(), Some(1));
+}
+
+#[test]
 fn errors_go_to_stderr_with_exit_status_one() {
     for (args, needle) in [
         (vec!["-c", "SELECT * FROM read_zarr('no/such/store.zarr')"], "no/such/store.zarr"),

@@ -13,7 +13,8 @@
 //! |---|---|
 //! | [`zarr`] | opening stores, discovering arrays, decoding values |
 //! | [`table`] | the table mapping, the scan, pushdown, registration |
-//! | [`array`] | array operations as plan nodes (dense reductions) |
+//! | [`array`] | array operations as plan nodes (dense reductions, rechunk) |
+//! | [`explain`] | drawing plans (Graphviz DOT, SVG) |
 //! | [`memory`] | sizes and the memory budget |
 //! | [`session`] | building a `SessionContext` with all of the above |
 //! | [`windows`] | training windows cut from Zarr just in time (the ML loader) |
@@ -30,6 +31,7 @@
 pub mod array;
 pub mod config;
 pub mod error;
+pub mod explain;
 pub mod memory;
 pub mod progress;
 pub mod session;

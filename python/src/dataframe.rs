@@ -25,6 +25,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
 use zarrfusion::array::rechunk::rechunk_plan;
+use zarrfusion::explain::{plan_dot, render_svg};
 use zarrfusion::write::{ZarrFormatFactory, ZarrWriteOptions};
 
 use crate::errors::datafusion_error;
@@ -222,6 +223,20 @@ impl PyDataFrame {
         pretty_format_batches(&batches)
             .map(|t| t.to_string())
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// The physical plan as Graphviz DOT (`analyze` runs the query and adds
+    /// each operator's metrics).
+    #[pyo3(signature = (analyze=false))]
+    fn _explain_dot(&self, py: Python<'_>, analyze: bool) -> PyResult<String> {
+        wait_for(py, plan_dot(self.df.clone(), analyze))?.map_err(datafusion_error)
+    }
+
+    /// DOT text rendered as SVG by Graphviz's `dot`.
+    #[staticmethod]
+    fn _render_svg(py: Python<'_>, dot: String) -> PyResult<String> {
+        let svg = py.detach(|| render_svg(&dot)).map_err(datafusion_error)?;
+        Ok(String::from_utf8_lossy(&svg).into_owned())
     }
 
     /// Writes the result as a new Zarr store at `path` (`COPY ... STORED AS

@@ -90,6 +90,27 @@ def test_show_and_explain(ctx, fixtures, capsys):
     assert "DenseReduction" in capsys.readouterr().out
 
 
+def test_the_plan_drawn_as_dot_and_svg(ctx, fixtures, tmp_path, monkeypatch):
+    import shutil
+
+    ctx.register_zarr("t", fixtures / "v3_basic.zarr")
+    df = ctx.sql("SELECT lat, avg(t2m) FROM t GROUP BY lat")
+    dot = df.explain_dot()
+    assert dot.startswith("digraph plan {") and "DenseReductionExec" in dot
+    assert "projected_memory=" in dot and "metrics:" not in dot
+    analyzed = df.explain_dot(analyze=True)
+    assert "metrics: output_rows=" in analyzed and "blocks_read=" in analyzed
+    if shutil.which("dot"):
+        svg = df.explain_svg(tmp_path / "plan.svg")
+        assert "<svg" in svg and (tmp_path / "plan.svg").read_text() == svg
+    else:
+        print("Graphviz's dot is not installed: SVG not drawn")
+    # Without Graphviz, a clear error.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(zf.ZarrFusionError, match="install Graphviz"):
+        df.explain_svg()
+
+
 def test_settings_and_memory_budget(fixtures):
     ctx = zf.SessionContext(allowed_mem="64KB", config={"zarrfusion.dense_reduction": True})
     ctx.register_zarr("t", fixtures / "v3_basic.zarr")

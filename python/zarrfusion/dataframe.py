@@ -86,6 +86,23 @@ class DataFrame:
         """Prints the plan; ``analyze=True`` runs the query and adds its metrics."""
         print(self._raw._explain(verbose, analyze), file=file or sys.stdout)
 
+    def explain_dot(self, analyze: bool = False) -> str:
+        """The physical plan as Graphviz DOT: one box per operator with what
+        ``explain`` shows of it (chunk grids, tasks, projected memory);
+        ``analyze=True`` runs the query first and adds each operator's
+        metrics (rows, bytes, times)."""
+        return self._raw._explain_dot(analyze)
+
+    def explain_svg(self, path: str | os.PathLike | None = None, analyze: bool = False) -> str:
+        """The plan drawn as SVG (needs Graphviz's ``dot`` on ``PATH``);
+        written to ``path`` when given. In Jupyter,
+        ``IPython.display.SVG(df.explain_svg())`` shows it."""
+        svg = self._raw._render_svg(self.explain_dot(analyze))
+        if path is not None:
+            with open(os.fspath(path), "w", encoding="utf-8") as out:
+                out.write(svg)
+        return svg
+
     def show(self, n: int = 20, file: TextIO | None = None) -> None:
         """Prints the first ``n`` rows as a table."""
         print(self._raw._show(n), file=file or sys.stdout)

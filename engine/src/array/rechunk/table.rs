@@ -14,7 +14,7 @@
 //! planned against the session's `allowed_mem` (refused if it cannot fit)
 //! and the rechunked store's metadata is written to a fresh directory in
 //! the session's `work_dir`; [`RechunkExec`] copies the data there the
-//! first time any partition runs (every array of the store, through
+//! first time any partition runs (the variables the query reads, through
 //! intermediate arrays when one pass does not fit) and then scans it. The
 //! directory is removed when the plan is dropped, and a plan dropped
 //! mid-copy cancels the copy.
@@ -319,8 +319,18 @@ impl TableProvider for RechunkTable {
             );
         }
         let scan = rechunked.scan(state, projection, filters, limit).await?;
+        // Only the variables the query reads are copied.
+        let schema = self.source.schema();
+        let variables = match projection {
+            Some(columns) => columns
+                .iter()
+                .map(|&i| schema.field(i).name().clone())
+                .collect(),
+            None => schema.fields().iter().map(|f| f.name().clone()).collect(),
+        };
         let job = Arc::new(CopyJob {
             prepared: Arc::new(prepared),
+            variables,
             store: guard,
             cancelled: Arc::new(AtomicBool::new(false)),
             copy: OnceLock::new(),
@@ -338,6 +348,12 @@ fn is_coordinate(array: &ArrayRechunk) -> bool {
     array.dims.len() == 1 && array.dims[0] == array.name
 }
 
+/// Whether the copy of a query reading the columns `variables` includes
+/// `array` (coordinates are copied while planning).
+fn copied(array: &ArrayRechunk, variables: &[String]) -> bool {
+    !is_coordinate(array) && variables.contains(&array.name)
+}
+
 fn path_text(path: &Path) -> Result<String> {
     match path.to_str() {
         Some(text) => Ok(text.to_string()),
@@ -353,6 +369,8 @@ type CopyOutcome = Result<Arc<RechunkSummary>, Arc<DataFusionError>>;
 /// store's directory goes when both the plan and the copy are done with it.
 struct CopyJob {
     prepared: Arc<PreparedRechunk>,
+    /// The columns the query reads: the arrays to copy.
+    variables: Vec<String>,
     store: Arc<RemoveOnDrop>,
     cancelled: Arc<AtomicBool>,
     copy: OnceLock<Shared<BoxFuture<'static, CopyOutcome>>>,
@@ -374,11 +392,29 @@ impl Drop for CopyJob {
 }
 
 impl CopyJob {
+    /// Whether the copy includes `array` (coordinates were copied while planning).
+    fn copies(&self, array: &ArrayRechunk) -> bool {
+        copied(array, &self.variables)
+    }
+
+    /// The plans of the arrays the copy includes.
+    fn arrays(&self) -> impl Iterator<Item = &ArrayRechunk> {
+        self.prepared.arrays().filter(|a| self.copies(a))
+    }
+
+    /// The most memory the copy's tasks hold together.
+    fn projected_memory(&self) -> u64 {
+        self.arrays()
+            .map(|a| a.plan.projected_memory())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Starts the copy unless it has started, and waits for it. The copy
     /// reserves its projected memory in the session's memory pool.
     async fn run(&self, context: &TaskContext) -> Result<Arc<RechunkSummary>> {
         let copy = self.copy.get_or_init(|| {
-            let projected = self.prepared.projected_memory();
+            let projected = self.projected_memory();
             let reservation = MemoryConsumer::new("RechunkExec").register(context.memory_pool());
             let reserved = reservation.try_grow(projected as usize).map_err(|e| {
                 Arc::new(DataFusionError::ResourcesExhausted(format!(
@@ -391,10 +427,11 @@ impl CopyJob {
             let prepared = Arc::clone(&self.prepared);
             let store = Arc::clone(&self.store);
             let cancelled = Arc::clone(&self.cancelled);
+            let variables = self.variables.clone();
             let handle = reserved.map(|()| {
                 tokio::task::spawn_blocking(move || {
-                    let variables = |a: &ArrayRechunk| !is_coordinate(a);
-                    let summary = prepared.copy_arrays(&store.0, variables, &cancelled);
+                    let copies = |a: &ArrayRechunk| copied(a, &variables);
+                    let summary = prepared.copy_arrays(&store.0, copies, &cancelled);
                     drop(reservation);
                     summary
                 })
@@ -433,9 +470,9 @@ impl RechunkExec {
         }
     }
 
-    /// The rechunk's plan per array.
+    /// The plans of the arrays this query copies (the variables it reads).
     pub fn arrays(&self) -> impl Iterator<Item = &ArrayRechunk> {
-        self.job.prepared.arrays()
+        self.job.arrays()
     }
 
     /// Where the rechunked store is written.
@@ -451,9 +488,9 @@ impl DisplayAs for RechunkExec {
             f,
             "RechunkExec: store={}, projected_memory={}, arrays=[",
             prepared.source(),
-            human_readable_size(prepared.projected_memory() as usize)
+            human_readable_size(self.job.projected_memory() as usize)
         )?;
-        for (i, array) in prepared.arrays().enumerate() {
+        for (i, array) in self.job.arrays().enumerate() {
             let plan = &array.plan;
             let chunks: Vec<String> = plan.stages.iter().map(|s| format!("{:?}", s.to)).collect();
             let tasks: Vec<String> = plan.stages.iter().map(|s| s.tasks.to_string()).collect();

@@ -1,0 +1,100 @@
+//! Drawing plans: the DOT text has a box per operator with what EXPLAIN
+//! shows of it, edges from inputs to their readers, metrics after running;
+//! SVG through Graphviz where it is installed, a clear error where not.
+
+use zarrfusion::explain::{plan_dot, render_svg};
+
+async fn demo_session() -> datafusion::prelude::SessionContext {
+    let ctx = zarrfusion::new_context();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let store = root.join("demo/era5.zarr");
+    ctx.sql(&format!(
+        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION '{}'",
+        store.display()
+    ))
+    .await
+    .unwrap();
+    ctx
+}
+
+/// Node ids and edges of DOT text written by `plan_dot`.
+fn graph(dot: &str) -> (Vec<String>, Vec<(String, String)>) {
+    let mut nodes = Vec::new();
+    let mut edges = Vec::new();
+    for line in dot.lines().map(str::trim) {
+        if let Some((id, _)) = line.split_once(" [label=") {
+            nodes.push(id.to_string());
+        } else if let Some((from, to)) = line.trim_end_matches(';').split_once(" -> ") {
+            edges.push((from.to_string(), to.to_string()));
+        }
+    }
+    (nodes, edges)
+}
+
+#[tokio::test]
+async fn the_dot_graph_has_every_operator_and_its_inputs() {
+    let ctx = demo_session().await;
+    let sql = "SELECT lat, avg(t2m) FROM rechunk('era5', time => 48) WHERE lon < 30 GROUP BY lat";
+    let df = ctx.sql(sql).await.unwrap();
+    let indent = datafusion::physical_plan::displayable(
+        df.clone().create_physical_plan().await.unwrap().as_ref(),
+    )
+    .indent(false)
+    .to_string();
+    let dot = plan_dot(df, false).await.unwrap();
+    assert!(
+        dot.starts_with("digraph plan {") && dot.ends_with("}\n"),
+        "{dot}"
+    );
+    let (nodes, edges) = graph(&dot);
+    // One node per line of the indented plan, a tree: one edge fewer.
+    assert_eq!(nodes.len(), indent.lines().count(), "{dot}\n{indent}");
+    assert_eq!(edges.len(), nodes.len() - 1, "{dot}");
+    for (from, to) in &edges {
+        assert!(nodes.contains(from) && nodes.contains(to), "{dot}");
+    }
+    assert!(dot.contains("RechunkExec: store="), "{dot}");
+    assert!(dot.contains("t2m: [24, 33, 64] -> [48, 33, 64]"), "{dot}");
+    assert!(!dot.contains("metrics:"), "{dot}");
+    // Quotes in labels are escaped.
+    let quoted = ctx
+        .sql("SELECT lat AS \"a \"\"quoted\"\" name\" FROM era5 LIMIT 1")
+        .await
+        .unwrap();
+    let dot = plan_dot(quoted, false).await.unwrap();
+    assert!(
+        dot.contains("\\\"\\\"quoted") || dot.contains("\\\"quoted"),
+        "{dot}"
+    );
+    for line in dot.lines().filter(|l| l.contains("[label=")) {
+        let label = line.split_once("[label=\"").unwrap().1;
+        let body = label.strip_suffix("\"];").unwrap();
+        assert!(!body.replace("\\\"", "").contains('"'), "{line}");
+    }
+}
+
+#[tokio::test]
+async fn analyze_runs_the_query_and_shows_metrics() {
+    let ctx = demo_session().await;
+    let df = ctx
+        .sql("SELECT lat, avg(t2m) FROM era5 GROUP BY lat")
+        .await
+        .unwrap();
+    let dot = plan_dot(df, true).await.unwrap();
+    assert!(dot.contains("DenseReductionExec"), "{dot}");
+    assert!(dot.contains("metrics: output_rows=33"), "{dot}");
+    assert!(dot.contains("blocks_read=2"), "{dot}");
+}
+
+#[test]
+fn svg_needs_graphviz() {
+    let dot = "digraph plan {\n  n0 [label=\"x\"];\n}\n";
+    match render_svg(dot) {
+        Ok(svg) => assert!(String::from_utf8_lossy(&svg).contains("<svg"), "{svg:?}"),
+        Err(e) => {
+            let text = e.to_string();
+            println!("Graphviz is not installed: {text}");
+            assert!(text.contains("install Graphviz"), "{text}");
+        }
+    }
+}
