@@ -84,6 +84,9 @@ async fn analyze_runs_the_query_and_shows_metrics() {
     assert!(dot.contains("DenseReductionExec"), "{dot}");
     assert!(dot.contains("metrics: output_rows=33"), "{dot}");
     assert!(dot.contains("blocks_read=2"), "{dot}");
+    // t2m is float32: 4 bytes for each of the 96 * 33 * 64 cells.
+    assert!(dot.contains("bytes_decoded=811.0 K"), "{dot}");
+    assert!(dot.contains("memory_reserved="), "{dot}");
 }
 
 #[test]

@@ -50,6 +50,18 @@ impl<'a> BoxCells<'a> {
         })
     }
 
+    /// Bytes of the variables as stored, decoded (cells times element size).
+    pub fn decoded_bytes(&self) -> u64 {
+        let n_dims = self.table.dims.len();
+        self.columns
+            .iter()
+            .zip(&self.variables)
+            .filter(|(_, values)| values.is_some())
+            .map(|(&i, _)| self.table.variables[i - n_dims].element_size() as u64)
+            .sum::<u64>()
+            * self.num_cells()
+    }
+
     /// Number of cells in the box.
     pub fn num_cells(&self) -> u64 {
         self.shape.iter().product()

@@ -179,6 +179,7 @@ impl ExecutionPlan for ZarrScanExec {
         let blocks_read = MetricBuilder::new(&self.metrics).counter("blocks_read", partition);
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let decode_time = MetricBuilder::new(&self.metrics).subset_time("decode_time", partition);
+        let bytes_decoded = MetricBuilder::new(&self.metrics).counter("bytes_decoded", partition);
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
         let tx = builder.tx();
         builder.spawn_blocking(move || {
@@ -188,7 +189,12 @@ impl ExecutionPlan for ZarrScanExec {
                 }
                 let extent = grid.block(id);
                 for b in boxes_in_block(&reader.selection, &extent) {
-                    let sent = reader.read_box(&b, &mut remaining, &tx, &output_rows, &decode_time);
+                    let meters = ScanMeters {
+                        output_rows: &output_rows,
+                        decode_time: &decode_time,
+                        bytes_decoded: &bytes_decoded,
+                    };
+                    let sent = reader.read_box(&b, &mut remaining, &tx, &meters);
                     if !sent? {
                         return Ok(());
                     }
@@ -220,6 +226,13 @@ impl ExecutionPlan for ZarrScanExec {
     }
 }
 
+/// The metrics a partition's reader reports to.
+struct ScanMeters<'a> {
+    output_rows: &'a Count,
+    decode_time: &'a Time,
+    bytes_decoded: &'a Count,
+}
+
 /// Reads boxes of one table and turns them into record batches.
 struct BlockReader {
     table: Arc<GridTable>,
@@ -237,12 +250,13 @@ impl BlockReader {
         b: &[Range<u64>],
         remaining: &mut Option<u64>,
         tx: &Sender<Result<RecordBatch>>,
-        output_rows: &Count,
-        decode_time: &Time,
+        meters: &ScanMeters<'_>,
     ) -> Result<bool> {
-        let timer = decode_time.timer();
+        let timer = meters.decode_time.timer();
         let cells = BoxCells::read(&self.table, &self.projection, b)?;
         timer.done();
+        meters.bytes_decoded.add(cells.decoded_bytes() as usize);
+        let output_rows = meters.output_rows;
         let mut n = cells.num_cells();
         if let Some(left) = remaining {
             n = n.min(*left);

@@ -561,6 +561,7 @@ impl ExecutionPlan for RechunkExec {
         let bytes_read = MetricBuilder::new(&self.metrics).counter("bytes_read", partition);
         let bytes_written = MetricBuilder::new(&self.metrics).counter("bytes_written", partition);
         let copy_time = MetricBuilder::new(&self.metrics).subset_time("copy_time", partition);
+        let reserved = MetricBuilder::new(&self.metrics).gauge("memory_reserved", partition);
         // The stream keeps the job (and so the rechunked store) alive: the
         // plan may be dropped once its streams exist.
         let keep = Arc::clone(&self.job);
@@ -570,6 +571,7 @@ impl ExecutionPlan for RechunkExec {
             timer.done();
             // Counted once, by partition 0.
             if partition == 0 {
+                reserved.set(job.projected_memory() as usize);
                 bytes_read.add(summary.bytes_read as usize);
                 bytes_written.add(summary.bytes_written as usize);
             }

@@ -275,6 +275,7 @@ impl Reduction {
                 let timer = meters.decode_time.timer();
                 let cells = BoxCells::read(&self.table, &self.columns, &extent)?;
                 timer.done();
+                meters.bytes_decoded.add(cells.decoded_bytes() as usize);
                 let _compute = meters.fold_time.timer();
                 let n = cells.num_cells();
                 let mut start = 0;
@@ -385,6 +386,7 @@ fn merge_tree(
 /// Metrics and progress a worker reports to.
 struct Meters {
     blocks_read: Count,
+    bytes_decoded: Count,
     decode_time: Time,
     fold_time: Time,
     progress: Option<Arc<ScanProgress>>,
@@ -494,12 +496,16 @@ impl ExecutionPlan for DenseReductionExec {
         let batch_size = context.session_config().batch_size().max(1);
         let reservation = MemoryConsumer::new("DenseReductionExec").register(context.memory_pool());
         reservation.try_grow(self.projected_memory())?;
+        MetricBuilder::new(&self.metrics)
+            .gauge("memory_reserved", 0)
+            .set(self.projected_memory());
         let progress = context.session_config().get_extension::<ScanProgress>();
         if let Some(progress) = &progress {
             progress.add_planned(reduction.blocks.num_blocks());
         }
         let meters = Arc::new(Meters {
             blocks_read: MetricBuilder::new(&self.metrics).counter("blocks_read", 0),
+            bytes_decoded: MetricBuilder::new(&self.metrics).counter("bytes_decoded", 0),
             decode_time: MetricBuilder::new(&self.metrics).subset_time("decode_time", 0),
             fold_time: MetricBuilder::new(&self.metrics).subset_time("fold_time", 0),
             progress,
