@@ -34,13 +34,13 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from measure import parse_mem, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "bench/data/quad.zarr"
@@ -116,53 +116,14 @@ def child(arm: str, store: str, mem: str, work: str, threads: int, out: str) -> 
     return result
 
 
-def tree_rss(proc) -> int:
-    import psutil
-
-    try:
-        ps = [proc] + proc.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for p in ps:
-        try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def run_arm(arm: str, a, scratch: Path) -> dict:
-    import psutil
-
     work = scratch / f"{arm}-work"
     work.mkdir()
     out = scratch / f"{arm}.npy"
     cmd = [sys.executable, __file__, "--child", arm, a.store, a.allowed_mem, str(work), str(a.threads), str(out)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc = psutil.Process(p.pid)
-    peak = 0
-    started = time.perf_counter()
-    while p.poll() is None:
-        peak = max(peak, tree_rss(proc))
-        time.sleep(0.05)
-        if time.perf_counter() - started > a.timeout:
-            p.kill()
-    stdout, stderr = p.communicate()
-    if p.returncode != 0:
-        return {"arm": arm, "error": (stderr.strip().splitlines() or ["?"])[-1][:300]}
-    r = json.loads(stdout.strip().splitlines()[-1])
-    r.update(arm=arm, peak_rss=peak, means=str(out))
+    r = run_child(cmd, a.timeout)
+    r.update(arm=arm, means=str(out))
     return r
-
-
-def parse_mem(text: str) -> int:
-    units = {"kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
-    t = text.strip().lower()
-    for u, m in units.items():
-        if t.endswith(u):
-            return int(float(t[: -len(u)]) * m)
-    return int(t)
 
 
 def main() -> None:

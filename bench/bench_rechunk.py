@@ -31,25 +31,16 @@ import datetime as dt
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from measure import parse_mem, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ["zarrfusion", "cubed-threads", "cubed-processes", "dask"]
-
-
-def parse_mem(text: str) -> int:
-    units = {"kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
-    t = text.strip().lower()
-    for u, m in units.items():
-        if t.endswith(u):
-            return int(float(t[: -len(u)]) * m)
-    return int(t)
 
 
 def child(arm: str, src: str, dst: str, var: str, target: tuple, mem: str, work: str, threads: int) -> dict:
@@ -87,22 +78,6 @@ def child(arm: str, src: str, dst: str, var: str, target: tuple, mem: str, work:
     return out
 
 
-def tree_rss(proc) -> int:
-    import psutil
-
-    try:
-        ps = [proc] + proc.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for p in ps:
-        try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -123,27 +98,15 @@ def check(src: str, dst: Path, var: str, target: tuple, seed: int = 0) -> str:
 
 
 def run_arm(arm: str, a, target: tuple, scratch: Path) -> dict:
-    import psutil
-
     dst = scratch / f"{arm}.zarr"
     work = scratch / f"{arm}-work"
     work.mkdir()
     cmd = [sys.executable, __file__, "--child", arm, a.store, str(dst), a.var, ",".join(map(str, target)),
            a.allowed_mem, str(work), str(a.threads)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc = psutil.Process(p.pid)
-    peak = 0
-    started = time.perf_counter()
-    while p.poll() is None:
-        peak = max(peak, tree_rss(proc))
-        time.sleep(0.05)
-        if time.perf_counter() - started > a.timeout:
-            p.kill()
-    stdout, stderr = p.communicate()
-    if p.returncode != 0:
-        return {"arm": arm, "error": (stderr.strip().splitlines() or ["?"])[-1][:300]}
-    r = json.loads(stdout.strip().splitlines()[-1])
-    r.update(arm=arm, peak_rss=peak, bytes_on_disk=du(dst), check=check(a.store, dst, a.var, target))
+    r = run_child(cmd, a.timeout)
+    r["arm"] = arm
+    if "error" not in r:
+        r.update(bytes_on_disk=du(dst), check=check(a.store, dst, a.var, target))
     shutil.rmtree(dst, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
     return r

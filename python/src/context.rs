@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
 use pyo3::exceptions::PyValueError;
@@ -229,13 +228,7 @@ impl PySessionContext {
         let runtime = self.ctx.runtime_env();
         // The session's temporary directory (inside `work_dir`, following
         // `SET zarrfusion.work_dir`), removed with the session.
-        let mut options = RechunkOptions {
-            work_dir: runtime.disk_manager.temp_dir_paths().into_iter().next(),
-            ..RechunkOptions::default()
-        };
-        if let MemoryLimit::Finite(limit) = runtime.memory_pool.memory_limit() {
-            options.allowed_mem = limit as u64;
-        }
+        let mut options = RechunkOptions::for_runtime(&runtime);
         if let Some(threads) = threads {
             options.threads = threads.max(1);
         }

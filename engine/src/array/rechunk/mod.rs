@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::common::{exec_err, plan_err, DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use serde_json::{json, Map, Value};
 use zarrs::array::Array;
@@ -77,6 +78,22 @@ impl Default for RechunkOptions {
             work_dir: None,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
+    }
+}
+
+impl RechunkOptions {
+    /// The options a session's runtime implies: its memory limit (2 GiB
+    /// when unlimited), its temporary directory (inside `work_dir`), one
+    /// task per core.
+    pub fn for_runtime(runtime: &RuntimeEnv) -> Self {
+        let mut options = Self {
+            work_dir: runtime.disk_manager.temp_dir_paths().into_iter().next(),
+            ..Self::default()
+        };
+        if let MemoryLimit::Finite(limit) = runtime.memory_pool.memory_limit() {
+            options.allowed_mem = limit as u64;
+        }
+        options
     }
 }
 

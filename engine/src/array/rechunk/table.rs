@@ -21,7 +21,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -34,7 +34,7 @@ use datafusion::common::{
     exec_err, human_readable_size, plan_err, DataFusionError, Result, Statistics, TableReference,
 };
 use datafusion::datasource::{provider_as_source, source_as_provider, TableProvider, TableType};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::planner::{
@@ -237,19 +237,6 @@ impl RechunkTable {
             chunks,
         })
     }
-
-    /// The rechunk options of a session: its memory limit, its temporary
-    /// directory, one task per core.
-    fn options(runtime: &RuntimeEnv) -> RechunkOptions {
-        let mut options = RechunkOptions {
-            work_dir: runtime.disk_manager.temp_dir_paths().into_iter().next(),
-            ..RechunkOptions::default()
-        };
-        if let MemoryLimit::Finite(limit) = runtime.memory_pool.memory_limit() {
-            options.allowed_mem = limit as u64;
-        }
-        options
-    }
 }
 
 #[async_trait]
@@ -278,7 +265,7 @@ impl TableProvider for RechunkTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let runtime = Arc::clone(state.runtime_env());
-        let options = Self::options(&runtime);
+        let options = RechunkOptions::for_runtime(&runtime);
         let grid = self.source.grid();
         let store = grid.store.clone();
         let chunks = self.chunks.clone();
@@ -473,11 +460,6 @@ impl RechunkExec {
     /// The plans of the arrays this query copies (the variables it reads).
     pub fn arrays(&self) -> impl Iterator<Item = &ArrayRechunk> {
         self.job.arrays()
-    }
-
-    /// Where the rechunked store is written.
-    pub fn store_path(&self) -> &PathBuf {
-        &self.job.store.0
     }
 }
 
