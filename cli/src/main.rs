@@ -23,6 +23,12 @@ use datafusion::prelude::SessionContext;
 use crate::args::Args;
 use crate::exec::Shell;
 
+/// mimalloc keeps freed chunk buffers for reuse instead of handing them back
+/// to the system at once, so decoding a store does not page-fault on every
+/// chunk (as in the Python module).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // A bug must never print a Rust backtrace at a user: one line, exit 1.
     std::panic::set_hook(Box::new(|info| {

@@ -8,6 +8,12 @@
 //! as Arrow does. Variances fold shifted sums (the shift is the group's
 //! first value, which keeps them accurate far from zero) and merge partial
 //! results with Chan's formula.
+//!
+//! The rows of each group are counted once per reduction (see
+//! [`count_rows`]), not once per aggregate: an accumulator records only the
+//! rows it skipped because its argument was NULL, and learns the rows
+//! counted when it merges and finishes. Arguments without NULLs, the common
+//! case, then cost no counting at all.
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -143,10 +149,14 @@ fn min_max<T: ArrowPrimitiveType<Native: Wide> + Debug>(
 }
 
 /// Per-group state of one aggregate, updated with batches of argument values.
+///
+/// `rows` arguments are the rows counted into each group (by
+/// [`count_rows`], with the same lines and mask) for the state they go with.
 pub trait DenseAccumulator: Send + Debug {
     /// Folds the rows of `lines`. `values` holds the argument for every row
     /// of the batch (`None`: an argument that is never NULL, as in
-    /// `count(*)`); only rows set in `mask` (when given) count.
+    /// `count(*)`); only rows set in `mask` (when given) count, and those
+    /// whose argument is NULL are recorded as skipped.
     fn update(
         &mut self,
         values: Option<&ArrayRef>,
@@ -154,11 +164,17 @@ pub trait DenseAccumulator: Send + Debug {
         mask: Option<&BooleanBuffer>,
     ) -> Result<()>;
 
-    /// Adds the state of another accumulator of the same kind and groups.
-    fn merge(&mut self, other: Box<dyn DenseAccumulator>) -> Result<()>;
+    /// Adds the state of another accumulator of the same kind and groups;
+    /// `rows` were counted for this one, `other_rows` for the other.
+    fn merge(
+        &mut self,
+        other: Box<dyn DenseAccumulator>,
+        rows: &[u64],
+        other_rows: &[u64],
+    ) -> Result<()>;
 
     /// The result for every group.
-    fn finish(&self) -> Result<ArrayRef>;
+    fn finish(&self, rows: &[u64]) -> Result<ArrayRef>;
 
     /// The accumulator as `Any`, to merge two of the same kind.
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
@@ -174,8 +190,9 @@ fn valid_rows(nulls: Option<&NullBuffer>, mask: Option<&BooleanBuffer>) -> Optio
     }
 }
 
-/// Counts of rows per group, the state every accumulator starts from.
-fn count_rows(counts: &mut [u64], lines: &[Line], valid: Option<&BooleanBuffer>) {
+/// Adds to `counts` the rows of each group in `lines` (only those set in
+/// `valid`, when given).
+pub fn count_rows(counts: &mut [u64], lines: &[Line], valid: Option<&BooleanBuffer>) {
     for line in lines {
         match (valid, line.spread) {
             (None, false) => counts[line.group] += line.len as u64,
@@ -194,22 +211,48 @@ fn count_rows(counts: &mut [u64], lines: &[Line], valid: Option<&BooleanBuffer>)
     }
 }
 
+/// Adds to `skipped` the rows of `lines` in `mask` whose argument is NULL
+/// (nothing without NULLs).
+fn count_skipped(
+    skipped: &mut [u64],
+    lines: &[Line],
+    nulls: Option<&NullBuffer>,
+    mask: Option<&BooleanBuffer>,
+) {
+    let Some(nulls) = nulls.filter(|n| n.null_count() > 0) else {
+        return;
+    };
+    let null_rows = !nulls.inner();
+    let null_rows = match mask {
+        Some(mask) => &null_rows & mask,
+        None => null_rows,
+    };
+    count_rows(skipped, lines, Some(&null_rows));
+}
+
+/// Values folded into group `g`: its rows less those skipped.
+fn folded(rows: &[u64], skipped: &[u64], g: usize) -> u64 {
+    rows[g] - skipped[g]
+}
+
 /// Validity of a result: a group is NULL when no value was folded into it.
-fn nulls_where_empty(counts: &[u64]) -> Option<NullBuffer> {
-    let validity = NullBuffer::new(BooleanBuffer::from_iter(counts.iter().map(|&c| c > 0)));
+fn nulls_where_empty(rows: &[u64], skipped: &[u64]) -> Option<NullBuffer> {
+    let validity = NullBuffer::new(BooleanBuffer::from_iter(
+        (0..skipped.len()).map(|g| folded(rows, skipped, g) > 0),
+    ));
     (validity.null_count() > 0).then_some(validity)
 }
 
 /// `count`: only the validity of the argument matters.
 #[derive(Debug)]
 struct CountAccumulator {
-    counts: Vec<u64>,
+    skipped: Vec<u64>,
 }
 
 impl CountAccumulator {
     fn new(groups: usize) -> Self {
         Self {
-            counts: vec![0; groups],
+            skipped: vec![0; groups],
         }
     }
 }
@@ -222,27 +265,28 @@ impl DenseAccumulator for CountAccumulator {
         mask: Option<&BooleanBuffer>,
     ) -> Result<()> {
         let nulls = values.and_then(|v| v.logical_nulls());
-        count_rows(
-            &mut self.counts,
-            lines,
-            valid_rows(nulls.as_ref(), mask).as_ref(),
-        );
+        count_skipped(&mut self.skipped, lines, nulls.as_ref(), mask);
         Ok(())
     }
 
-    fn merge(&mut self, other: Box<dyn DenseAccumulator>) -> Result<()> {
+    fn merge(
+        &mut self,
+        other: Box<dyn DenseAccumulator>,
+        _rows: &[u64],
+        _other_rows: &[u64],
+    ) -> Result<()> {
         let Ok(other) = other.into_any().downcast::<Self>() else {
             return internal_err!("merging count with another accumulator");
         };
-        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+        for (a, b) in self.skipped.iter_mut().zip(&other.skipped) {
             *a += b;
         }
         Ok(())
     }
 
-    fn finish(&self) -> Result<ArrayRef> {
+    fn finish(&self, rows: &[u64]) -> Result<ArrayRef> {
         Ok(Arc::new(PrimitiveArray::<Int64Type>::from_iter_values(
-            self.counts.iter().map(|&c| c as i64),
+            (0..self.skipped.len()).map(|g| folded(rows, &self.skipped, g) as i64),
         )))
     }
 
@@ -314,8 +358,8 @@ trait Fold: Send + Debug + Sized + 'static {
     /// The domain values are folded in.
     type T: ArrowPrimitiveType<Native: Wide>;
 
-    /// Rows folded into each group so far.
-    fn counts(&mut self) -> &mut [u64];
+    /// Rows of each group skipped so far (their argument was NULL).
+    fn skipped(&mut self) -> &mut [u64];
 
     /// Folds one value into group `g` (without counting it).
     fn fold_one(&mut self, g: usize, v: WideOf<Self>);
@@ -330,11 +374,23 @@ trait Fold: Send + Debug + Sized + 'static {
         }
     }
 
-    /// Adds another fold's state.
-    fn merge(&mut self, other: &Self);
+    /// Folds `values[i]` into group `g + i`, for every `i` (without
+    /// counting them).
+    fn fold_spread<S: Copy>(&mut self, g: usize, values: &[S])
+    where
+        WideOf<Self>: WideFrom<S>,
+    {
+        for (i, &v) in values.iter().enumerate() {
+            self.fold_one(g + i, WideOf::<Self>::wide_from(v));
+        }
+    }
+
+    /// Adds another fold's state (`rows`, `other_rows`: see
+    /// [`DenseAccumulator`]).
+    fn merge(&mut self, other: &Self, rows: &[u64], other_rows: &[u64]);
 
     /// The result per group.
-    fn finish(&self) -> Result<ArrayRef>;
+    fn finish(&self, rows: &[u64]) -> Result<ArrayRef>;
 }
 
 /// Drives a [`Fold`] over lines of rows.
@@ -351,19 +407,15 @@ impl<F: Fold> Folded<F> {
     ) where
         WideOf<F>: WideFrom<S::Native>,
     {
+        count_skipped(self.0.skipped(), lines, values.nulls(), mask);
         let valid = valid_rows(values.nulls(), mask);
-        count_rows(self.0.counts(), lines, valid.as_ref());
         let all = values.values();
         let widen = WideOf::<F>::wide_from;
         for line in lines {
             let run = &all[line.offset..line.offset + line.len];
             match (&valid, line.spread) {
                 (None, false) => self.0.fold_run(line.group, run),
-                (None, true) => {
-                    for (i, &v) in run.iter().enumerate() {
-                        self.0.fold_one(line.group + i, widen(v));
-                    }
-                }
+                (None, true) => self.0.fold_spread(line.group, run),
                 (Some(valid), spread) => {
                     for i in valid.slice(line.offset, line.len).set_indices() {
                         let g = if spread { line.group + i } else { line.group };
@@ -415,16 +467,21 @@ impl<F: Fold> DenseAccumulator for Folded<F> {
         Ok(())
     }
 
-    fn merge(&mut self, other: Box<dyn DenseAccumulator>) -> Result<()> {
+    fn merge(
+        &mut self,
+        other: Box<dyn DenseAccumulator>,
+        rows: &[u64],
+        other_rows: &[u64],
+    ) -> Result<()> {
         let Ok(other) = other.into_any().downcast::<Self>() else {
             return internal_err!("merging dense accumulators of different kinds");
         };
-        self.0.merge(&other.0);
+        self.0.merge(&other.0, rows, other_rows);
         Ok(())
     }
 
-    fn finish(&self) -> Result<ArrayRef> {
-        self.0.finish()
+    fn finish(&self, rows: &[u64]) -> Result<ArrayRef> {
+        self.0.finish(rows)
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
@@ -455,14 +512,14 @@ fn run_sum<W: Wide + WideFrom<S>, S: Copy>(values: &[S]) -> W {
 /// `sum`, in the argument's wide type.
 #[derive(Debug)]
 struct SumFold<T: ArrowPrimitiveType> {
-    counts: Vec<u64>,
+    skipped: Vec<u64>,
     sums: Vec<T::Native>,
 }
 
 impl<T: ArrowPrimitiveType> SumFold<T> {
     fn new(groups: usize) -> Self {
         Self {
-            counts: vec![0; groups],
+            skipped: vec![0; groups],
             sums: vec![T::Native::ZERO; groups],
         }
     }
@@ -471,8 +528,8 @@ impl<T: ArrowPrimitiveType> SumFold<T> {
 impl<T: ArrowPrimitiveType<Native: Wide> + Debug> Fold for SumFold<T> {
     type T = T;
 
-    fn counts(&mut self) -> &mut [u64] {
-        &mut self.counts
+    fn skipped(&mut self) -> &mut [u64] {
+        &mut self.skipped
     }
 
     fn fold_one(&mut self, g: usize, v: T::Native) {
@@ -486,17 +543,28 @@ impl<T: ArrowPrimitiveType<Native: Wide> + Debug> Fold for SumFold<T> {
         self.sums[g] = self.sums[g].add_wrapping(run_sum::<T::Native, S>(values));
     }
 
-    fn merge(&mut self, other: &Self) {
+    fn fold_spread<S: Copy>(&mut self, g: usize, values: &[S])
+    where
+        T::Native: WideFrom<S>,
+    {
+        // Slices rather than indices: no bounds checks, so the loop vectorizes.
+        let sums = &mut self.sums[g..g + values.len()];
+        for (sum, &v) in sums.iter_mut().zip(values) {
+            *sum = sum.add_wrapping(T::Native::wide_from(v));
+        }
+    }
+
+    fn merge(&mut self, other: &Self, _rows: &[u64], _other_rows: &[u64]) {
         for g in 0..self.sums.len() {
-            self.counts[g] += other.counts[g];
+            self.skipped[g] += other.skipped[g];
             self.sums[g] = self.sums[g].add_wrapping(other.sums[g]);
         }
     }
 
-    fn finish(&self) -> Result<ArrayRef> {
+    fn finish(&self, rows: &[u64]) -> Result<ArrayRef> {
         Ok(Arc::new(PrimitiveArray::<T>::new(
             self.sums.clone().into(),
-            nulls_where_empty(&self.counts),
+            nulls_where_empty(rows, &self.skipped),
         )))
     }
 }
@@ -518,8 +586,8 @@ impl MeanFold {
 impl Fold for MeanFold {
     type T = Float64Type;
 
-    fn counts(&mut self) -> &mut [u64] {
-        &mut self.sum.counts
+    fn skipped(&mut self) -> &mut [u64] {
+        &mut self.sum.skipped
     }
 
     fn fold_one(&mut self, g: usize, v: f64) {
@@ -533,20 +601,27 @@ impl Fold for MeanFold {
         self.sum.fold_run(g, values);
     }
 
-    fn merge(&mut self, other: &Self) {
-        self.sum.merge(&other.sum);
+    fn fold_spread<S: Copy>(&mut self, g: usize, values: &[S])
+    where
+        f64: WideFrom<S>,
+    {
+        self.sum.fold_spread(g, values);
     }
 
-    fn finish(&self) -> Result<ArrayRef> {
-        let means =
-            self.sum
-                .sums
-                .iter()
-                .zip(&self.sum.counts)
-                .map(|(&s, &c)| if c > 0 { s / c as f64 } else { 0.0 });
+    fn merge(&mut self, other: &Self, rows: &[u64], other_rows: &[u64]) {
+        self.sum.merge(&other.sum, rows, other_rows);
+    }
+
+    fn finish(&self, rows: &[u64]) -> Result<ArrayRef> {
+        let means = self.sum.sums.iter().enumerate().map(|(g, &s)| {
+            match folded(rows, &self.sum.skipped, g) {
+                0 => 0.0,
+                n => s / n as f64,
+            }
+        });
         Ok(Arc::new(Float64Array::new(
             means.collect(),
-            nulls_where_empty(&self.sum.counts),
+            nulls_where_empty(rows, &self.sum.skipped),
         )))
     }
 }
@@ -555,7 +630,7 @@ impl Fold for MeanFold {
 /// back to the argument's type at the end.
 #[derive(Debug)]
 struct MinMaxFold<T: ArrowPrimitiveType, const MAX: bool> {
-    counts: Vec<u64>,
+    skipped: Vec<u64>,
     values: Vec<T::Native>,
     output: DataType,
 }
@@ -563,7 +638,7 @@ struct MinMaxFold<T: ArrowPrimitiveType, const MAX: bool> {
 impl<T: ArrowPrimitiveType, const MAX: bool> MinMaxFold<T, MAX> {
     fn new(groups: usize, output: DataType) -> Self {
         Self {
-            counts: vec![0; groups],
+            skipped: vec![0; groups],
             // The identity of the fold: nothing is below (above) it.
             values: vec![
                 if MAX {
@@ -590,8 +665,8 @@ impl<T: ArrowPrimitiveType, const MAX: bool> MinMaxFold<T, MAX> {
 impl<T: ArrowPrimitiveType<Native: Wide> + Debug, const MAX: bool> Fold for MinMaxFold<T, MAX> {
     type T = T;
 
-    fn counts(&mut self) -> &mut [u64] {
-        &mut self.counts
+    fn skipped(&mut self) -> &mut [u64] {
+        &mut self.skipped
     }
 
     fn fold_one(&mut self, g: usize, v: T::Native) {
@@ -615,19 +690,19 @@ impl<T: ArrowPrimitiveType<Native: Wide> + Debug, const MAX: bool> Fold for MinM
         self.values[g] = extreme;
     }
 
-    fn merge(&mut self, other: &Self) {
+    fn merge(&mut self, other: &Self, _rows: &[u64], _other_rows: &[u64]) {
         for g in 0..self.values.len() {
             if Self::better(other.values[g], self.values[g]) {
                 self.values[g] = other.values[g];
             }
-            self.counts[g] += other.counts[g];
+            self.skipped[g] += other.skipped[g];
         }
     }
 
-    fn finish(&self) -> Result<ArrayRef> {
+    fn finish(&self, rows: &[u64]) -> Result<ArrayRef> {
         let wide: ArrayRef = Arc::new(PrimitiveArray::<T>::new(
             self.values.clone().into(),
-            nulls_where_empty(&self.counts),
+            nulls_where_empty(rows, &self.skipped),
         ));
         Ok(cast(&wide, &self.output)?)
     }
@@ -636,7 +711,7 @@ impl<T: ArrowPrimitiveType<Native: Wide> + Debug, const MAX: bool> Fold for MinM
 /// Variance and standard deviation (sample or population), in `f64`.
 #[derive(Debug)]
 struct VarianceFold {
-    counts: Vec<u64>,
+    skipped: Vec<u64>,
     shift: Vec<f64>,
     s1: Vec<f64>,
     s2: Vec<f64>,
@@ -647,7 +722,7 @@ struct VarianceFold {
 impl VarianceFold {
     fn new(groups: usize, population: bool, sqrt: bool) -> Self {
         Self {
-            counts: vec![0; groups],
+            skipped: vec![0; groups],
             shift: vec![f64::NAN; groups],
             s1: vec![0.0; groups],
             s2: vec![0.0; groups],
@@ -657,11 +732,12 @@ impl VarianceFold {
     }
 
     /// Count, mean and sum of squared deviations of group `g`.
-    fn moments(&self, g: usize) -> (f64, f64, f64) {
-        let n = self.counts[g] as f64;
-        if self.counts[g] == 0 {
+    fn moments(&self, g: usize, rows: &[u64]) -> (f64, f64, f64) {
+        let n = folded(rows, &self.skipped, g);
+        if n == 0 {
             return (0.0, 0.0, 0.0);
         }
+        let n = n as f64;
         let mean = self.shift[g] + self.s1[g] / n;
         let m2 = (self.s2[g] - self.s1[g] * self.s1[g] / n).max(0.0);
         (n, mean, m2)
@@ -671,8 +747,8 @@ impl VarianceFold {
 impl Fold for VarianceFold {
     type T = Float64Type;
 
-    fn counts(&mut self) -> &mut [u64] {
-        &mut self.counts
+    fn skipped(&mut self) -> &mut [u64] {
+        &mut self.skipped
     }
 
     fn fold_one(&mut self, g: usize, v: f64) {
@@ -703,29 +779,27 @@ impl Fold for VarianceFold {
         self.s2[g] += s2;
     }
 
-    fn merge(&mut self, other: &Self) {
-        for g in 0..self.counts.len() {
-            if other.counts[g] == 0 {
-                continue;
+    fn merge(&mut self, other: &Self, rows: &[u64], other_rows: &[u64]) {
+        for g in 0..self.skipped.len() {
+            // Both sides' moments first: this side's count changes below.
+            if folded(other_rows, &other.skipped, g) > 0 {
+                let (na, ma, m2a) = self.moments(g, rows);
+                let (nb, mb, m2b) = other.moments(g, other_rows);
+                let n = na + nb;
+                let delta = mb - ma;
+                self.shift[g] = ma + delta * nb / n;
+                self.s1[g] = 0.0;
+                self.s2[g] = m2a + m2b + delta * delta * na * nb / n;
             }
-            let (na, ma, m2a) = self.moments(g);
-            let (nb, mb, m2b) = other.moments(g);
-            let n = na + nb;
-            let delta = mb - ma;
-            let mean = ma + delta * nb / n;
-            let m2 = m2a + m2b + delta * delta * na * nb / n;
-            self.counts[g] += other.counts[g];
-            self.shift[g] = mean;
-            self.s1[g] = 0.0;
-            self.s2[g] = m2;
+            self.skipped[g] += other.skipped[g];
         }
     }
 
-    fn finish(&self) -> Result<ArrayRef> {
-        let mut valid = Vec::with_capacity(self.counts.len());
-        let values: Vec<f64> = (0..self.counts.len())
+    fn finish(&self, rows: &[u64]) -> Result<ArrayRef> {
+        let mut valid = Vec::with_capacity(self.skipped.len());
+        let values: Vec<f64> = (0..self.skipped.len())
             .map(|g| {
-                let (n, _, m2) = self.moments(g);
+                let (n, _, m2) = self.moments(g, rows);
                 let divisor = if self.population { n } else { n - 1.0 };
                 let defined = divisor > 0.0 || (self.population && n == 1.0);
                 valid.push(defined && n > 0.0);
@@ -777,16 +851,21 @@ mod tests {
         let half = groups.len() / 2;
         let mut a = op.accumulator(values.data_type(), &output, n).unwrap();
         let mut b = op.accumulator(values.data_type(), &output, n).unwrap();
-        a.update(Some(&values.slice(0, half)), &lines(&groups[..half]), None)
+        let (mut rows_a, mut rows_b) = (vec![0; n], vec![0; n]);
+        let (lines_a, lines_b) = (lines(&groups[..half]), lines(&groups[half..]));
+        a.update(Some(&values.slice(0, half)), &lines_a, None)
             .unwrap();
+        count_rows(&mut rows_a, &lines_a, None);
         b.update(
             Some(&values.slice(half, groups.len() - half)),
-            &lines(&groups[half..]),
+            &lines_b,
             None,
         )
         .unwrap();
-        a.merge(b).unwrap();
-        a.finish().unwrap()
+        count_rows(&mut rows_b, &lines_b, None);
+        a.merge(b, &rows_a, &rows_b).unwrap();
+        let rows: Vec<u64> = rows_a.iter().zip(&rows_b).map(|(a, b)| a + b).collect();
+        a.finish(&rows).unwrap()
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter, take};
-use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -41,7 +41,7 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::PhysicalPlanner;
 use futures::{StreamExt, TryStreamExt};
 
-use super::accumulators::{DenseAccumulator, ReduceOp};
+use super::accumulators::{count_rows, DenseAccumulator};
 use super::groups::{GroupSpace, Line};
 use super::node::{DenseReduction, ReduceExpr};
 use crate::progress::ScanProgress;
@@ -221,21 +221,24 @@ impl Reduction {
             .sum()
     }
 
-    fn state_bytes(&self) -> usize {
-        let per_group: usize = self
-            .aggregates
+    /// Bytes of accumulator state per group.
+    fn state_per_group(&self) -> usize {
+        // The aggregates' state and the row count they share.
+        self.aggregates
             .iter()
             .map(|a| a.expr.op.state_bytes())
             .sum::<usize>()
-            + if self.predicate.is_some() { 8 } else { 0 };
-        per_group * self.space.num_groups()
+            + 8
     }
 
-    /// Fresh accumulators: one per aggregate, then a row counter when a
-    /// predicate can leave groups empty.
-    fn accumulators(&self) -> Result<Vec<Box<dyn DenseAccumulator>>> {
+    fn state_bytes(&self) -> usize {
+        self.state_per_group() * self.space.num_groups()
+    }
+
+    /// A fresh partial state: no rows, and one accumulator per aggregate.
+    fn partial(&self) -> Result<Partial> {
         let groups = self.space.num_groups();
-        let mut accumulators = self
+        let accumulators = self
             .aggregates
             .iter()
             .map(|a| {
@@ -250,26 +253,20 @@ impl Reduction {
                     })
             })
             .collect::<Result<Vec<_>>>()?;
-        if self.predicate.is_some() {
-            let rows = ReduceOp::Count.accumulator(&DataType::Null, &DataType::Int64, groups);
-            accumulators.extend(rows);
-        }
-        Ok(accumulators)
+        Ok(Partial {
+            rows: vec![0; groups],
+            accumulators,
+        })
     }
 
     /// Folds blocks taken from `next` until none are left (or `stop`).
-    fn run_worker(
-        &self,
-        next: &AtomicU64,
-        stop: &AtomicBool,
-        meters: &Meters,
-    ) -> Result<Vec<Box<dyn DenseAccumulator>>> {
-        let mut accumulators = self.accumulators()?;
+    fn run_worker(&self, next: &AtomicU64, stop: &AtomicBool, meters: &Meters) -> Result<Partial> {
+        let mut partial = self.partial()?;
         let mut lines: Vec<Line> = Vec::new();
         loop {
             let id = next.fetch_add(1, Ordering::Relaxed);
             if id >= self.blocks.num_blocks() || stop.load(Ordering::Relaxed) {
-                return Ok(accumulators);
+                return Ok(partial);
             }
             for extent in boxes_in_block(&self.selection, &self.blocks.block(id)) {
                 let timer = meters.decode_time.timer();
@@ -277,15 +274,18 @@ impl Reduction {
                 timer.done();
                 meters.bytes_decoded.add(cells.decoded_bytes() as usize);
                 let _compute = meters.fold_time.timer();
-                let n = cells.num_cells();
-                let mut start = 0;
-                while start < n {
-                    let len = RUN_ROWS.min(n - start);
-                    let batch = cells.batch(&self.input_schema, start, len)?;
-                    lines.clear();
-                    self.space.lines(&extent, start, len, &mut lines);
-                    self.fold(&batch, &lines, &mut accumulators)?;
-                    start += len;
+                let shape: Vec<u64> = extent.iter().map(|r| r.end - r.start).collect();
+                // Runs of a tile one after the other: each is a batch of its
+                // own (a slice, no copy), and together they reuse the state of
+                // the tile's groups while it is in cache.
+                for tile in self.space.tiles(&shape, RUN_ROWS, self.state_per_group()) {
+                    for run in tile {
+                        let len = run.end - run.start;
+                        let batch = cells.batch(&self.input_schema, run.start, len)?;
+                        lines.clear();
+                        self.space.lines(&extent, run.start, len, &mut lines);
+                        self.fold(&batch, &lines, &mut partial)?;
+                    }
                 }
             }
             meters.blocks_read.add(1);
@@ -295,13 +295,8 @@ impl Reduction {
         }
     }
 
-    /// Folds one batch of rows into the accumulators.
-    fn fold(
-        &self,
-        batch: &RecordBatch,
-        lines: &[Line],
-        accumulators: &mut [Box<dyn DenseAccumulator>],
-    ) -> Result<()> {
+    /// Folds one batch of rows into a partial state.
+    fn fold(&self, batch: &RecordBatch, lines: &[Line], partial: &mut Partial) -> Result<()> {
         let rows = batch.num_rows();
         let mask = match &self.predicate {
             Some(predicate) => {
@@ -318,7 +313,8 @@ impl Reduction {
             }
             None => None,
         };
-        for (i, accumulator) in accumulators.iter_mut().enumerate() {
+        count_rows(&mut partial.rows, lines, mask.as_ref());
+        for (i, accumulator) in partial.accumulators.iter_mut().enumerate() {
             let values = match self.aggregates.get(i).and_then(|a| a.arg.as_ref()) {
                 Some(arg) => Some(match arg.evaluate(batch)? {
                     ColumnarValue::Array(values) => values,
@@ -332,49 +328,54 @@ impl Reduction {
     }
 
     /// The result rows: group coordinates, then the aggregates.
-    fn finish(
-        &self,
-        accumulators: Vec<Box<dyn DenseAccumulator>>,
-        schema: &SchemaRef,
-    ) -> Result<RecordBatch> {
+    fn finish(&self, partial: Partial, schema: &SchemaRef) -> Result<RecordBatch> {
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
         for &d in &self.group_dims {
             let indices = UInt64Array::from(self.space.coordinate_indices(d));
             columns.push(take(self.table.dims[d].values.as_ref(), &indices, None)?);
         }
-        for accumulator in accumulators.iter().take(self.aggregates.len()) {
-            columns.push(accumulator.finish()?);
+        for accumulator in &partial.accumulators {
+            columns.push(accumulator.finish(&partial.rows)?);
         }
         let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
         // With a predicate, groups where no row passed do not exist (with
         // no GROUP BY, the one group always does).
-        match accumulators.get(self.aggregates.len()) {
-            Some(rows) if !self.group_dims.is_empty() => {
-                let rows = rows.finish()?;
-                let present: BooleanArray = rows
-                    .as_primitive::<Int64Type>()
-                    .iter()
-                    .map(|c| Some(c.unwrap_or(0) > 0))
-                    .collect();
-                Ok(filter_record_batch(&batch, &present)?)
-            }
-            _ => Ok(batch),
+        if self.predicate.is_some() && !self.group_dims.is_empty() {
+            let present: BooleanArray = partial.rows.iter().map(|&n| Some(n > 0)).collect();
+            return Ok(filter_record_batch(&batch, &present)?);
         }
+        Ok(batch)
+    }
+}
+
+/// What one worker folded: rows per group and the aggregates' state.
+#[derive(Debug)]
+struct Partial {
+    rows: Vec<u64>,
+    accumulators: Vec<Box<dyn DenseAccumulator>>,
+}
+
+impl Partial {
+    /// Adds another partial state of the same reduction.
+    fn merge(&mut self, other: Partial) -> Result<()> {
+        for (a, b) in self.accumulators.iter_mut().zip(other.accumulators) {
+            a.merge(b, &self.rows, &other.rows)?;
+        }
+        for (a, b) in self.rows.iter_mut().zip(&other.rows) {
+            *a += b;
+        }
+        Ok(())
     }
 }
 
 /// Merges partial states pairwise, level by level, into one.
-fn merge_tree(
-    mut partials: Vec<Vec<Box<dyn DenseAccumulator>>>,
-) -> Result<Option<Vec<Box<dyn DenseAccumulator>>>> {
+fn merge_tree(mut partials: Vec<Partial>) -> Result<Option<Partial>> {
     while partials.len() > 1 {
         let mut next = Vec::with_capacity(partials.len().div_ceil(2));
         let mut level = partials.into_iter();
         while let Some(mut left) = level.next() {
             if let Some(right) = level.next() {
-                for (a, b) in left.iter_mut().zip(right) {
-                    a.merge(b)?;
-                }
+                left.merge(right)?;
             }
             next.push(left);
         }
@@ -542,7 +543,7 @@ impl ExecutionPlan for DenseReductionExec {
             }
             let merged = match merge_tree(partials)? {
                 Some(merged) => merged,
-                None => reduction.accumulators()?,
+                None => reduction.partial()?,
             };
             let batch = reduction.finish(merged, &schema)?;
             drop(reservation);

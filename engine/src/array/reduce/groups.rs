@@ -9,6 +9,15 @@
 //! is kept). [`GroupSpace::lines`] describes a run of rows as such lines,
 //! merged where consecutive lines continue each other, so accumulators
 //! work on slices instead of looking up a group per row.
+//!
+//! When a box's outer dimensions are reduced away and its inner ones kept
+//! (time-chunked data grouped by space, as in `GROUP BY lat, lon`), every
+//! outer step sweeps the state of all the box's groups; once that state is
+//! larger than a cache, folding row runs in order streams it through memory
+//! once per step. [`GroupSpace::tiles`] then cuts the box into tiles: a
+//! narrow range of inner positions over several outer steps, whose groups'
+//! state stays in cache while the tile's runs are folded one after the
+//! other.
 
 use std::ops::Range;
 
@@ -27,6 +36,17 @@ pub struct Line {
     /// every row to `group` (`false`).
     pub spread: bool,
 }
+
+/// Row ranges of a box (C order) folded one after the other.
+pub type Tile = Vec<Range<u64>>;
+
+/// Group state a box may have before [`GroupSpace::tiles`] tiles it: about
+/// what a core's L2 cache holds.
+pub const TILE_STATE_BYTES: u64 = 512 * 1024;
+
+/// The fewest inner positions a tile spans, so that its row ranges stay
+/// long enough to copy and fold efficiently.
+pub const MIN_TILE_RUN: u64 = 1024;
 
 /// The groups of a reduction over some dimensions of a selection.
 #[derive(Debug, Clone)]
@@ -94,6 +114,47 @@ impl GroupSpace {
         (0..self.num_groups)
             .map(|g| by_position[(g / stride) % self.counts[d]])
             .collect()
+    }
+
+    /// Cuts the rows of a box of `shape` into tiles of at most `max_rows`
+    /// rows, each a list of row ranges (C order) to fold one after the
+    /// other. Boxes whose groups' state (`state_per_group` bytes each)
+    /// fits in [`TILE_STATE_BYTES`], or whose outer dimensions are kept, are
+    /// cut into consecutive runs; the others into tiles of [`MIN_TILE_RUN`]
+    /// or more inner positions over as many outer steps as fit in `max_rows`,
+    /// inner ranges outermost, so consecutive tiles reuse the same state.
+    pub fn tiles(&self, shape: &[u64], max_rows: u64, state_per_group: usize) -> Vec<Tile> {
+        let max_rows = max_rows.max(1);
+        let total: u64 = shape.iter().product();
+        // Leading dimensions reduced away, and the rest.
+        let p = self.strides.iter().take_while(|s| s.is_none()).count();
+        let outer: u64 = shape[..p].iter().product();
+        let inner: u64 = shape[p..].iter().product();
+        let groups_in_box: u64 = (0..shape.len())
+            .filter(|&d| self.strides[d].is_some())
+            .map(|d| shape[d])
+            .product();
+        let state = groups_in_box.saturating_mul(state_per_group as u64);
+        if outer <= 1 || p == shape.len() || state <= TILE_STATE_BYTES || total <= max_rows {
+            return (0..total)
+                .step_by(max_rows as usize)
+                .map(|start| std::iter::once(start..(start + max_rows).min(total)).collect())
+                .collect();
+        }
+        let width = (max_rows / outer).max(MIN_TILE_RUN).min(inner);
+        let steps = (max_rows / width).clamp(1, outer);
+        let mut tiles = Vec::new();
+        for a in (0..inner).step_by(width as usize) {
+            let b = (a + width).min(inner);
+            for o in (0..outer).step_by(steps as usize) {
+                tiles.push(
+                    (o..(o + steps).min(outer))
+                        .map(|o| o * inner + a..o * inner + b)
+                        .collect(),
+                );
+            }
+        }
+        tiles
     }
 
     /// Appends to `out` the lines of rows `start..start + len` of a box
@@ -233,6 +294,41 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn tiles_cover_every_row_once_and_their_lines_follow_the_rows() {
+        let shape = [6u64, 1, 40, 50];
+        let extent: Vec<Range<u64>> = shape.iter().map(|&n| 0..n).collect();
+        let selection = Selection::all(&shape);
+        for (grouped, state, max_rows, tiled) in [
+            // Reduced outer dimension, kept inner ones, large state: tiled.
+            (vec![2, 3], TILE_STATE_BYTES as usize, 3000, true),
+            (vec![1, 2, 3], TILE_STATE_BYTES as usize, 1 << 20, false),
+            // Small state, or the outer dimension kept: consecutive runs.
+            (vec![2, 3], 8, 3000, false),
+            (vec![0, 2], TILE_STATE_BYTES as usize, 3000, false),
+            (vec![], TILE_STATE_BYTES as usize, 3000, false),
+        ] {
+            let space = GroupSpace::new(&selection, &grouped);
+            let want = naive_groups(&grouped, &selection, &extent);
+            let tiles = space.tiles(&shape, max_rows, state);
+            let mut seen = vec![0u8; want.len()];
+            for tile in &tiles {
+                let rows: u64 = tile.iter().map(|r| r.end - r.start).sum();
+                assert!(rows <= max_rows.max(MIN_TILE_RUN), "{tile:?}");
+                for run in tile {
+                    let mut lines = Vec::new();
+                    space.lines(&extent, run.start, run.end - run.start, &mut lines);
+                    let rows = run.start as usize..run.end as usize;
+                    assert_eq!(expand(&lines), want[rows.clone()], "grouped {grouped:?}");
+                    rows.for_each(|row| seen[row] += 1);
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "grouped {grouped:?}");
+            let runs_per_tile = tiles.iter().map(Vec::len).max().unwrap();
+            assert_eq!(runs_per_tile > 1, tiled, "grouped {grouped:?}: {tiles:?}");
         }
     }
 
