@@ -235,8 +235,10 @@ async fn bad_writes_are_refused_and_leave_nothing() {
 #[tokio::test]
 async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     let dir = scratch("budget");
+    // Enough for the scan (two blocks per partition, about 6 MB), not for
+    // the whole result the sink holds.
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(256 << 10, 1.0)
+        .with_memory_limit(8 << 20, 1.0)
         .build_arc()
         .unwrap();
     let ctx = new_context_with(session_config(), Arc::clone(&runtime));

@@ -8,8 +8,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{assert_rows, fixture, repo_root, rows, sort_rows};
-use datafusion::arrow::util::pretty::pretty_format_batches;
+use common::{assert_rows, explain_text, fixture, repo_root, rows, sort_rows};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
 use serde_json::Value;
@@ -30,18 +29,6 @@ async fn context(store: &str, dense: bool, pushdown: bool) -> SessionContext {
         .await
         .unwrap();
     ctx
-}
-
-/// The physical plan of `sql`, as text.
-async fn physical_plan(ctx: &SessionContext, sql: &str) -> String {
-    let batches = ctx
-        .sql(&format!("EXPLAIN {sql}"))
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    pretty_format_batches(&batches).unwrap().to_string()
 }
 
 async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
@@ -69,12 +56,12 @@ async fn group_by_dimensions_is_planned_as_a_dense_reduction() {
         let store = q["store"].as_str().unwrap();
         let sql = q["sql"].as_str().unwrap();
         for pushdown in [true, false] {
-            let dense = physical_plan(&context(store, true, pushdown).await, sql).await;
+            let dense = explain_text(&context(store, true, pushdown).await, sql).await;
             assert!(
                 dense.contains("DenseReductionExec") && !dense.contains("AggregateExec"),
                 "{name} (pushdown={pushdown}) should be a dense reduction:\n{dense}"
             );
-            let hashed = physical_plan(&context(store, false, pushdown).await, sql).await;
+            let hashed = explain_text(&context(store, false, pushdown).await, sql).await;
             assert!(
                 !hashed.contains("DenseReductionExec"),
                 "{name}: the rule is off:\n{hashed}"
@@ -101,7 +88,7 @@ async fn other_aggregates_stay_hash_aggregations_with_the_same_answers() {
     let dense = context("v2_basic.zarr", true, true).await;
     let hashed = context("v2_basic.zarr", false, true).await;
     for sql in cases {
-        let plan = physical_plan(&dense, sql).await;
+        let plan = explain_text(&dense, sql).await;
         assert!(
             !plan.contains("DenseReductionExec"),
             "{sql} must not be rewritten:\n{plan}"
@@ -192,7 +179,7 @@ async fn tiled_reductions_equal_the_hash_aggregation() {
             ctx.register_zarr("g", store.to_str().unwrap(), HashMap::new())
                 .await
                 .unwrap();
-            let plan = physical_plan(&ctx, sql).await;
+            let plan = explain_text(&ctx, sql).await;
             assert_eq!(plan.contains("DenseReductionExec"), dense, "{plan}");
             let mut r = run(&ctx, sql).await;
             sort_rows(&mut r, 2);
@@ -243,9 +230,7 @@ async fn a_reduction_over_the_memory_limit_is_refused_before_it_runs() {
 async fn a_corrupt_chunk_fails_the_reduction_with_its_name() {
     let ctx = context("bad_corrupt_chunk.zarr", true, true).await;
     let sql = "SELECT lat, avg(t2m) FROM t GROUP BY lat";
-    assert!(physical_plan(&ctx, sql)
-        .await
-        .contains("DenseReductionExec"));
+    assert!(explain_text(&ctx, sql).await.contains("DenseReductionExec"));
     let error = ctx
         .sql(sql)
         .await

@@ -2,6 +2,8 @@
 //! shows of it, edges from inputs to their readers, metrics after running;
 //! SVG through Graphviz where it is installed, a clear error where not.
 
+mod common;
+
 use zarrfusion::explain::{plan_dot, render_svg};
 
 async fn demo_session() -> datafusion::prelude::SessionContext {
@@ -107,4 +109,36 @@ fn svg_needs_graphviz() {
             assert!(text.contains("install Graphviz"), "{text}");
         }
     }
+}
+
+/// The scan's `projected_memory` in the EXPLAIN of `sql`, in bytes.
+async fn scan_projected_memory(ctx: &datafusion::prelude::SessionContext, sql: &str) -> f64 {
+    let text = common::explain_text(ctx, sql).await;
+    let line = text
+        .lines()
+        .find(|l| l.contains("ZarrScanExec:"))
+        .unwrap_or_else(|| panic!("no scan in {text}"));
+    let size = line.split("projected_memory=").nth(1).unwrap();
+    let mut words = size.split_whitespace();
+    let number: f64 = words.next().unwrap().parse().unwrap();
+    let unit = match words.next().unwrap().trim_end_matches(['|', ',']) {
+        "B" => 1.0,
+        "KB" => 1024.0,
+        "MB" => 1024.0 * 1024.0,
+        other => panic!("unit {other} in {line}"),
+    };
+    number * unit
+}
+
+#[tokio::test]
+async fn the_scan_states_its_projected_memory_and_reserves_it() {
+    let ctx = demo_session().await;
+    // t2m is float32, u10 and v10 too: three variables hold about three
+    // times the decoded blocks of one (the batches in flight add a little).
+    let one = scan_projected_memory(&ctx, "SELECT t2m FROM era5").await;
+    let three = scan_projected_memory(&ctx, "SELECT t2m, u10, v10 FROM era5").await;
+    assert!(one > 0.0 && three > 2.0 * one, "{one} then {three}");
+    let df = ctx.sql("SELECT t2m FROM era5").await.unwrap();
+    let dot = plan_dot(df, true).await.unwrap().replace("\\l    ", " ");
+    assert!(dot.contains("memory_reserved="), "{dot}");
 }

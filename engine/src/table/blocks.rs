@@ -87,12 +87,15 @@ impl BlockGrid {
 
     /// Plans the blocks that read `columns` (indices into the table's
     /// schema) of `table` over `selection`, with the session's target
-    /// partition bytes and parallelism.
+    /// partition bytes and parallelism, and blocks of at most
+    /// `max_block_bytes` stored bytes where given (a block is still at least
+    /// one chunk).
     pub fn for_columns(
         table: &GridTable,
         columns: &[usize],
         selection: &Selection,
         options: &ConfigOptions,
+        max_block_bytes: Option<usize>,
     ) -> Self {
         let n_dims = table.dims.len();
         let bytes_per_cell: u64 = columns
@@ -104,7 +107,8 @@ impl BlockGrid {
             .extensions
             .get::<ZarrConfig>()
             .map(|c| c.target_partition_bytes)
-            .unwrap_or_else(|| ZarrConfig::default().target_partition_bytes);
+            .unwrap_or_else(|| ZarrConfig::default().target_partition_bytes)
+            .min(max_block_bytes.unwrap_or(usize::MAX));
         Self::plan(
             &table.shape(),
             &table.chunk_shape(),

@@ -8,6 +8,7 @@ use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
 use datafusion::common::{Result, Statistics};
 use datafusion::datasource::{TableProvider, TableType};
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -84,22 +85,36 @@ impl TableProvider for ZarrTable {
             .cloned()
             .unwrap_or_else(|| (0..self.table.schema.fields().len()).collect());
         let selection = select(filters, &self.table, state)?;
+        let memory_limit = match state.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let parallelism = state.config().options().execution.target_partitions.max(1);
+        // Under a memory limit, blocks shrink (to whole chunks at least) so
+        // that each partition's two blocks, decoded, take at most about half
+        // of its share of the limit.
         let blocks = BlockGrid::for_columns(
             &self.table,
             &projection,
             &selection,
             state.config().options(),
+            memory_limit.map(|bytes| bytes / (8 * parallelism)),
         );
-        let parallelism = state.config().options().execution.target_partitions;
-        let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism.max(1));
-        Ok(Arc::new(ZarrScanExec::new(
+        let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism);
+        let mut scan = ZarrScanExec::new(
             Arc::clone(&self.table),
             projection,
             selection,
             blocks,
             partitions,
             limit,
-        )?))
+            state.config().batch_size(),
+        )?;
+        if let Some(bytes) = memory_limit {
+            scan = scan.fit_batches(bytes);
+            scan.check_memory(bytes)?;
+        }
+        Ok(Arc::new(scan))
     }
 
     fn statistics(&self) -> Option<Statistics> {

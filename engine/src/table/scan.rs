@@ -4,8 +4,12 @@
 //! one block at a time (only the projected arrays, only the selected boxes)
 //! and streams record batches of the session's batch size through a small
 //! bounded channel, so decoding overlaps with the consumer and memory stays
-//! at about one block per partition. Dimension columns are generated from
-//! the coordinates, never stored per cell.
+//! at about two blocks per partition (batches are slices of their block, so
+//! the block the channel still holds stays alive while the next one is
+//! decoded): that is the scan's projected memory, and a scan whose
+//! projected memory exceeds the session's memory limit is refused while
+//! planning. Dimension columns are generated from the coordinates, never
+//! stored per cell.
 
 use std::fmt;
 use std::ops::Range;
@@ -15,7 +19,8 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Result, Statistics};
+use datafusion::common::{human_readable_size, plan_err, Result, Statistics};
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -35,6 +40,9 @@ use super::dataset::GridTable;
 use super::selection::Selection;
 use crate::progress::ScanProgress;
 
+/// The smallest batch [`ZarrScanExec::fit_batches`] shrinks batches to.
+pub const MIN_BATCH_ROWS: usize = 64;
+
 /// The physical scan of a Zarr table.
 #[derive(Debug)]
 pub struct ZarrScanExec {
@@ -44,12 +52,15 @@ pub struct ZarrScanExec {
     selection: Arc<Selection>,
     blocks: Arc<BlockGrid>,
     limit: Option<usize>,
+    /// Rows per batch, as planned.
+    batch_size: usize,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl ZarrScanExec {
-    /// A scan of `projection` (indices into the table's schema) over `selection`.
+    /// A scan of `projection` (indices into the table's schema) over
+    /// `selection`, in batches of `batch_size` rows.
     pub fn new(
         table: Arc<GridTable>,
         projection: Vec<usize>,
@@ -57,6 +68,7 @@ impl ZarrScanExec {
         blocks: BlockGrid,
         partitions: usize,
         limit: Option<usize>,
+        batch_size: usize,
     ) -> Result<Self> {
         let schema = Arc::new(table.schema.project(&projection)?);
         let properties = Arc::new(PlanProperties::new(
@@ -72,9 +84,87 @@ impl ZarrScanExec {
             selection: Arc::new(selection),
             blocks: Arc::new(blocks),
             limit,
+            batch_size: batch_size.max(1),
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// Memory one partition holds at its peak: two decoded blocks of the
+    /// projected variables (stored and decoded bytes) and the dimension
+    /// columns of the batches in flight (the channel's two and the one being
+    /// built; variables in a batch are slices of its block).
+    pub fn per_partition_memory(&self) -> usize {
+        self.block_memory() + 3 * self.batch_size * self.dimension_row_bytes()
+    }
+
+    /// Two decoded blocks of the projected variables.
+    fn block_memory(&self) -> usize {
+        let n_dims = self.table.dims.len();
+        let block_cells = self.blocks.block_shape().iter().product::<u64>() as usize;
+        let block_bytes: usize = self
+            .projection
+            .iter()
+            .filter(|&&i| i >= n_dims)
+            .map(|&i| self.table.variables[i - n_dims].peak_bytes_per_cell())
+            .sum::<usize>()
+            * block_cells;
+        2 * block_bytes
+    }
+
+    /// Bytes per row of the projected dimension columns.
+    fn dimension_row_bytes(&self) -> usize {
+        let n_dims = self.table.dims.len();
+        self.projection
+            .iter()
+            .filter(|&&i| i < n_dims)
+            .map(|&i| {
+                self.table
+                    .schema
+                    .field(i)
+                    .data_type()
+                    .primitive_width()
+                    .unwrap_or(16)
+            })
+            .sum()
+    }
+
+    /// Lowers the batch size (to [`MIN_BATCH_ROWS`] at least) so that the
+    /// batches in flight fit what `limit` leaves beside the blocks.
+    pub fn fit_batches(mut self, limit: usize) -> Self {
+        let partitions = self.properties.partitioning.partition_count();
+        let share = limit / partitions.max(1);
+        let row_bytes = 3 * self.dimension_row_bytes();
+        if row_bytes > 0 && self.per_partition_memory() > share {
+            let room = share.saturating_sub(self.block_memory()) / row_bytes;
+            self.batch_size = room.clamp(MIN_BATCH_ROWS, self.batch_size);
+        }
+        self
+    }
+
+    /// Memory the whole scan is projected to hold at its peak.
+    pub fn projected_memory(&self) -> usize {
+        self.properties.partitioning.partition_count() * self.per_partition_memory()
+    }
+
+    /// Refuses the scan when its projected memory exceeds `limit`.
+    pub fn check_memory(&self, limit: usize) -> Result<()> {
+        let projected = self.projected_memory();
+        if projected <= limit {
+            return Ok(());
+        }
+        plan_err!(
+            "ZarrScanExec over {} needs {} ({} partitions x {} per partition: two blocks of \
+             shape {:?} and the batches in flight) but the memory limit (allowed_mem) is {}; \
+             raise it, read fewer columns, or rechunk the store to smaller chunks (a block \
+             is at least one chunk)",
+            self.table.store,
+            human_readable_size(projected),
+            self.properties.partitioning.partition_count(),
+            human_readable_size(self.per_partition_memory()),
+            self.blocks.block_shape(),
+            human_readable_size(limit)
+        )
     }
 
     /// Rows the scan produces.
@@ -104,13 +194,15 @@ impl DisplayAs for ZarrScanExec {
             .collect();
         write!(
             f,
-            "ZarrScanExec: store={}, dims=[{}], projection=[{}], rows={}, blocks={} of shape {:?}",
+            "ZarrScanExec: store={}, dims=[{}], projection=[{}], rows={}, blocks={} of shape {:?}, \
+             projected_memory={}",
             self.table.store,
             self.table.dims_name().replace('_', ", "),
             columns.join(", "),
             self.selection.num_cells(),
             self.blocks.num_blocks(),
             self.blocks.block_shape(),
+            human_readable_size(self.projected_memory()),
         )?;
         if let Some(limit) = self.limit {
             write!(f, ", limit={limit}")?;
@@ -172,8 +264,15 @@ impl ExecutionPlan for ZarrScanExec {
             projection: self.projection.clone(),
             schema: Arc::clone(&self.schema),
             selection: Arc::clone(&self.selection),
-            batch_size: context.session_config().batch_size().max(1),
+            batch_size: self.batch_size,
         };
+        // The partition's projected memory, held in the pool while it runs.
+        let reservation = MemoryConsumer::new(format!("ZarrScanExec[{partition}]"))
+            .register(context.memory_pool());
+        reservation.try_grow(self.per_partition_memory())?;
+        MetricBuilder::new(&self.metrics)
+            .gauge("memory_reserved", partition)
+            .set(self.per_partition_memory());
         let grid = Arc::clone(&self.blocks);
         let mut remaining = self.limit.map(|l| l as u64);
         let blocks_read = MetricBuilder::new(&self.metrics).counter("blocks_read", partition);
@@ -183,6 +282,7 @@ impl ExecutionPlan for ZarrScanExec {
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
         let tx = builder.tx();
         builder.spawn_blocking(move || {
+            let _reservation = reservation;
             for id in blocks {
                 if remaining == Some(0) {
                     break;

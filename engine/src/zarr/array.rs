@@ -117,6 +117,11 @@ impl ZarrArray {
         self.array.data_type().fixed_size().unwrap_or(16)
     }
 
+    /// Bytes a cell holds at the peak of decoding it: stored and decoded.
+    pub fn peak_bytes_per_cell(&self) -> usize {
+        self.decoder.peak_bytes_per_cell(self.element_size())
+    }
+
     /// Writes what identifies the array's stored state to `out`: its
     /// metadata, the keys stored under it and their total size, and, in local
     /// stores, each key's size and modification time. Rewriting the array

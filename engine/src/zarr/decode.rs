@@ -293,6 +293,40 @@ impl ColumnDecoder {
         &self.data_type
     }
 
+    /// Bytes a decoded cell holds at the peak of decoding: the stored
+    /// element (`stored_size` bytes) and, when decoding converts rather
+    /// than adopting the stored buffer, the Arrow value as well.
+    pub fn peak_bytes_per_cell(&self, stored_size: usize) -> usize {
+        let adopted = match (self.meaning, self.stored) {
+            (Meaning::Plain, stored) => {
+                stored.is_numeric() && !matches!(stored, StoredType::Float16)
+            }
+            (
+                Meaning::Unpacked {
+                    scale,
+                    offset,
+                    wide,
+                },
+                stored,
+            ) => {
+                scale == 1.0
+                    && offset == 0.0
+                    && self.missing.iter().all(|m| m.is_nan())
+                    && matches!(
+                        (stored, wide),
+                        (StoredType::Float32, false) | (StoredType::Float64, true)
+                    )
+            }
+            _ => false,
+        };
+        let width = self.data_type.primitive_width().unwrap_or(16);
+        if adopted {
+            stored_size.max(width)
+        } else {
+            stored_size + width
+        }
+    }
+
     /// Decodes native-endian fixed-size element bytes into a column.
     ///
     /// Plain numbers become the column's buffer without a copy when the

@@ -147,3 +147,17 @@ pub fn sort_rows(rows: &mut [Vec<Value>], keys: usize) {
         std::cmp::Ordering::Equal
     });
 }
+
+/// The text of `EXPLAIN sql` (logical and physical plans), as a table.
+pub async fn explain_text(ctx: &datafusion::prelude::SessionContext, sql: &str) -> String {
+    let batches = ctx
+        .sql(&format!("EXPLAIN {sql}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string()
+}

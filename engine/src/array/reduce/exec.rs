@@ -140,7 +140,7 @@ impl DenseReductionExec {
         let predicate = node.predicate.as_ref().map(physical).transpose()?;
 
         let options = session.config().options();
-        let blocks = BlockGrid::for_columns(&table, &columns, &selection, options);
+        let blocks = BlockGrid::for_columns(&table, &columns, &selection, options, None);
         let mut sorted_dims = node.group_dims.clone();
         sorted_dims.sort_unstable();
         let space = GroupSpace::new(&selection, &sorted_dims);
