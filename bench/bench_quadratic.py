@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from measure import parse_mem, run_child
+from measure import parse_mem, report, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "bench/data/quad.zarr"
@@ -200,11 +200,7 @@ def main() -> None:
         lines.append(f"| {r['arm']} | {r['seconds']:.2f} | {ratio} | {r['peak_rss'] / 2**20:.0f} | "
                      f"{max(0, r['peak_rss'] - budget) / 2**20:.0f} | {r.get('check', '')} | {note} |")
     lines.append("")
-    text = "\n".join(lines)
-    print(text)
-    if not a.no_write:
-        with open(ROOT / "bench/RESULTS.md", "a") as f:
-            f.write("\n" + text + "\n")
+    report(lines, ROOT / "bench/RESULTS.md", write=not a.no_write)
 
 
 if __name__ == "__main__":

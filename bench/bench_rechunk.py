@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from measure import parse_mem, run_child
+from measure import parse_mem, report, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ["zarrfusion", "cubed-threads", "cubed-processes", "dask"]
@@ -168,11 +168,7 @@ def main() -> None:
                      f"{max(0, r['peak_rss'] - budget) / 2**20:.0f} | {r['bytes_on_disk'] / 1e9:.2f} | {r['check']} | "
                      f"{r.get('note', '')} |")
     lines.append("")
-    text = "\n".join(lines)
-    print(text)
-    if not a.no_write:
-        with open(ROOT / "bench/RESULTS.md", "a") as f:
-            f.write("\n" + text + "\n")
+    report(lines, ROOT / "bench/RESULTS.md", write=not a.no_write)
 
 
 if __name__ == "__main__":

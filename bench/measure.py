@@ -5,6 +5,7 @@ process tree, sampled every 0.05 s."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import time
 
@@ -56,3 +57,12 @@ def run_child(cmd: list[str], timeout: float) -> dict:
     result = json.loads(stdout.strip().splitlines()[-1])
     result["peak_rss"] = peak
     return result
+
+
+def report(lines: list[str], results: Path, write: bool) -> None:
+    """Prints a results section and, when ``write``, appends it to ``results``."""
+    text = "\n".join(lines)
+    print(text)
+    if write:
+        with open(results, "a") as f:
+            f.write("\n" + text + "\n")

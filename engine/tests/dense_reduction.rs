@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use common::{assert_rows, explain_text, fixture, repo_root, rows, sort_rows};
@@ -26,6 +27,22 @@ async fn context(store: &str, dense: bool, pushdown: bool) -> SessionContext {
         options.insert("pushdown".to_string(), "false".to_string());
     }
     ctx.register_zarr("t", &fixture(store), options)
+        .await
+        .unwrap();
+    ctx
+}
+
+/// A session with the dense rule on or off, `settings` run, and `store`
+/// registered as `name`.
+async fn session(name: &str, store: &Path, dense: bool, settings: &[&str]) -> SessionContext {
+    let ctx = new_context();
+    ctx.sql(&format!("SET zarrfusion.dense_reduction = {dense}"))
+        .await
+        .unwrap();
+    for setting in settings {
+        ctx.sql(setting).await.unwrap();
+    }
+    ctx.register_zarr(name, store.to_str().unwrap(), HashMap::new())
         .await
         .unwrap();
     ctx
@@ -116,17 +133,9 @@ async fn results_equal_the_hash_aggregation_on_the_demo_store() {
     for sql in queries {
         let mut results = Vec::new();
         for dense in [true, false] {
-            let ctx = new_context();
-            ctx.sql(&format!("SET zarrfusion.dense_reduction = {dense}"))
-                .await
-                .unwrap();
             // Small blocks, so many blocks are folded and merged.
-            ctx.sql("SET zarrfusion.target_partition_bytes = 65536")
-                .await
-                .unwrap();
-            ctx.register_zarr("era5", store.to_str().unwrap(), HashMap::new())
-                .await
-                .unwrap();
+            let small_blocks = "SET zarrfusion.target_partition_bytes = 65536";
+            let ctx = session("era5", &store, dense, &[small_blocks]).await;
             let mut r = run(&ctx, sql).await;
             sort_rows(&mut r, 2);
             results.push(r);
@@ -172,13 +181,7 @@ async fn tiled_reductions_equal_the_hash_aggregation() {
     for sql in queries {
         let mut results = Vec::new();
         for dense in [true, false] {
-            let ctx = new_context();
-            ctx.sql(&format!("SET zarrfusion.dense_reduction = {dense}"))
-                .await
-                .unwrap();
-            ctx.register_zarr("g", store.to_str().unwrap(), HashMap::new())
-                .await
-                .unwrap();
+            let ctx = session("g", &store, dense, &[]).await;
             let plan = explain_text(&ctx, sql).await;
             assert_eq!(plan.contains("DenseReductionExec"), dense, "{plan}");
             let mut r = run(&ctx, sql).await;
