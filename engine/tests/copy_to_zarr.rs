@@ -24,10 +24,7 @@ fn demo() -> String {
 
 /// A fresh directory for one test's outputs.
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("zf-copy-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch(&format!("copy-{name}"))
 }
 
 async fn context() -> SessionContext {

@@ -10,10 +10,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{assert_rows, explain_text, fixture, repo_root, rows, sort_rows};
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::prelude::SessionContext;
 use serde_json::Value;
-use zarrfusion::{new_context, new_context_with, session_config, ZarrContextExt};
+use zarrfusion::{
+    new_context, new_context_with, session_config, ZarrContextExt, ZarrDataset, ZarrTableOptions,
+};
 
 async fn context(store: &str, dense: bool, pushdown: bool) -> SessionContext {
     let ctx = new_context();
@@ -149,53 +151,64 @@ async fn results_equal_the_hash_aggregation_on_the_demo_store() {
 async fn tiled_reductions_equal_the_hash_aggregation() {
     // Time-chunked data grouped by space with more group state than a
     // cache holds: blocks are folded in tiles (a few inner positions over
-    // every time step of the block). 30,000 groups, chunks of 5 time steps
+    // every time step of the block). 80,000 groups, chunks of 5 time steps
     // (the last one 2), NULLs scattered so that the aggregates skip
-    // different rows.
-    let dir = std::env::temp_dir().join(format!("zf-dense-tiled-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = dir.join("grid.zarr");
-    let ctx = new_context();
-    let grid = "SELECT t, j, i, \
-         CASE WHEN (t * 7 + j * 3 + i) % 11 = 0 THEN NULL ELSE cos(t + j * 0.1 + i * 0.01) END AS u, \
-         CASE WHEN (t + j + i) % 5 = 0 THEN NULL ELSE CAST(sin(t * 0.3 + i) AS FLOAT) END AS v \
-         FROM (SELECT unnest(range(12)) AS t) \
-         CROSS JOIN (SELECT unnest(range(150)) AS j) \
-         CROSS JOIN (SELECT unnest(range(200)) AS i)";
-    ctx.sql(&format!(
-        "COPY ({grid}) TO '{}' STORED AS ZARR OPTIONS ('dims' 't,j,i', 'chunks' 't=5,j=150,i=200')",
-        store.display()
-    ))
-    .await
-    .unwrap()
-    .collect()
-    .await
-    .unwrap();
-    let queries = [
-        "SELECT j, i, avg(u * u) AS uu, avg(v * v) AS vv, avg(u * v) AS uv FROM g GROUP BY j, i",
-        "SELECT j, i, count(u) AS n, sum(v) AS s, var(u) AS var, min(v) AS lo, max(u) AS hi \
-         FROM g GROUP BY j, i",
-        "SELECT j, i, stddev_pop(u + v) AS s, count(*) AS n FROM g WHERE t > 1 AND u > 0 GROUP BY j, i",
-    ];
-    for sql in queries {
-        let mut results = Vec::new();
-        for dense in [true, false] {
-            let ctx = session("g", &store, dense, &[]).await;
-            let plan = explain_text(&ctx, sql).await;
-            assert_eq!(plan.contains("DenseReductionExec"), dense, "{plan}");
-            let mut r = run(&ctx, sql).await;
-            sort_rows(&mut r, 2);
-            results.push(r);
+    // different rows. Uncompressed, the chunks are read straight from their
+    // files, in parts of a few MB cut along a grouped dimension.
+    for codec in ["zstd", "none"] {
+        let dir = common::scratch(&format!("dense-tiled-{codec}"));
+        let store = dir.join("grid.zarr");
+        let ctx = new_context();
+        let grid = "SELECT t, j, i, \
+             CASE WHEN (t * 7 + j * 3 + i) % 11 = 0 THEN NULL ELSE cos(t + j * 0.1 + i * 0.01) END AS u, \
+             CASE WHEN (t + j + i) % 5 = 0 THEN NULL ELSE CAST(sin(t * 0.3 + i) AS FLOAT) END AS v \
+             FROM (SELECT unnest(range(12)) AS t) \
+             CROSS JOIN (SELECT unnest(range(400)) AS j) \
+             CROSS JOIN (SELECT unnest(range(200)) AS i)";
+        ctx.sql(&format!(
+            "COPY ({grid}) TO '{}' STORED AS ZARR \
+             OPTIONS ('dims' 't,j,i', 'chunks' 't=5,j=400,i=200', 'codec' '{codec}')",
+            store.display()
+        ))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+        let dataset = ZarrDataset::open(
+            store.to_str().unwrap(),
+            &ZarrTableOptions::default(),
+            &RuntimeEnv::default(),
+        )
+        .unwrap();
+        for variable in &dataset.table(None).unwrap().variables {
+            assert_eq!(variable.reads_chunk_files(), codec == "none", "{codec}");
         }
-        assert!(
-            results[0].len() > 20_000,
-            "{sql}: {} rows",
-            results[0].len()
-        );
-        assert_rows(sql, &results[0], &results[1]);
+        let queries = [
+            "SELECT j, i, avg(u * u) AS uu, avg(v * v) AS vv, avg(u * v) AS uv FROM g GROUP BY j, i",
+            "SELECT j, i, count(u) AS n, sum(v) AS s, var(u) AS var, min(v) AS lo, max(u) AS hi \
+             FROM g GROUP BY j, i",
+            "SELECT j, i, stddev_pop(u + v) AS s, count(*) AS n FROM g WHERE t > 1 AND u > 0 GROUP BY j, i",
+        ];
+        for sql in queries {
+            let mut results = Vec::new();
+            for dense in [true, false] {
+                let ctx = session("g", &store, dense, &[]).await;
+                let plan = explain_text(&ctx, sql).await;
+                assert_eq!(plan.contains("DenseReductionExec"), dense, "{plan}");
+                let mut r = run(&ctx, sql).await;
+                sort_rows(&mut r, 2);
+                results.push(r);
+            }
+            assert!(
+                results[0].len() > 40_000,
+                "{sql}: {} rows",
+                results[0].len()
+            );
+            assert_rows(sql, &results[0], &results[1]);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

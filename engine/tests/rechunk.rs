@@ -46,10 +46,9 @@ fn contents(store: &str) -> Contents {
     out
 }
 
-/// A fresh scratch directory for one test.
+/// A fresh scratch directory for one test, with a `work` directory in it.
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("zf-rechunk-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = common::scratch(&format!("rechunk-{name}"));
     std::fs::create_dir_all(dir.join("work")).unwrap();
     dir
 }

@@ -14,6 +14,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 
 use super::dataset::GridTable;
+use crate::zarr::ChunkBufferPool;
 
 /// The decoded columns of one box: variables read, dimensions on demand.
 pub struct BoxCells<'a> {
@@ -26,18 +27,20 @@ pub struct BoxCells<'a> {
 
 impl<'a> BoxCells<'a> {
     /// Reads the variables among `columns` (indices into the table's
-    /// schema) over `extent`, one range per dimension.
+    /// schema) over `extent`, one range per dimension, into buffers of `pool`
+    /// where chunks are read straight from files.
     pub fn read(
         table: &'a GridTable,
         columns: &'a [usize],
         extent: &'a [Range<u64>],
+        pool: &ChunkBufferPool,
     ) -> crate::error::Result<Self> {
         let n_dims = table.dims.len();
         let variables = columns
             .iter()
             .map(|&i| {
                 (i >= n_dims)
-                    .then(|| table.variables[i - n_dims].read(extent))
+                    .then(|| table.variables[i - n_dims].read(extent, pool))
                     .transpose()
             })
             .collect::<crate::error::Result<_>>()?;

@@ -14,7 +14,9 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 
 use super::options::ZarrTableOptions;
 use crate::error::{Result, ZarrFusionError};
-use crate::zarr::{discover_arrays, open_storage, root_name, StoreLocation, ZarrArray};
+use crate::zarr::{
+    discover_arrays, open_storage, root_name, ChunkBufferPool, StoreLocation, ZarrArray,
+};
 
 /// One dimension of a dataset.
 #[derive(Debug)]
@@ -129,7 +131,7 @@ impl ZarrDataset {
         for array in arrays.iter().filter(|a| is_coordinate(a)) {
             let len = array.shape()[0];
             let whole = 0..len;
-            let values = array.read(std::slice::from_ref(&whole))?;
+            let values = array.read(std::slice::from_ref(&whole), &ChunkBufferPool::new())?;
             let dim = Dimension {
                 name: array.name().to_string(),
                 len,

@@ -39,6 +39,7 @@ use super::cells::BoxCells;
 use super::dataset::GridTable;
 use super::selection::Selection;
 use crate::progress::ScanProgress;
+use crate::zarr::ChunkBufferPool;
 
 /// The smallest batch [`ZarrScanExec::fit_batches`] shrinks batches to.
 pub const MIN_BATCH_ROWS: usize = 64;
@@ -265,6 +266,7 @@ impl ExecutionPlan for ZarrScanExec {
             schema: Arc::clone(&self.schema),
             selection: Arc::clone(&self.selection),
             batch_size: self.batch_size,
+            buffers: ChunkBufferPool::new(),
         };
         // The partition's projected memory, held in the pool while it runs.
         let reservation = MemoryConsumer::new(format!("ZarrScanExec[{partition}]"))
@@ -340,6 +342,9 @@ struct BlockReader {
     schema: SchemaRef,
     selection: Arc<Selection>,
     batch_size: usize,
+    /// Buffers the partition's chunks are read into, reused once the
+    /// batches made from them are dropped.
+    buffers: ChunkBufferPool,
 }
 
 impl BlockReader {
@@ -353,7 +358,7 @@ impl BlockReader {
         meters: &ScanMeters<'_>,
     ) -> Result<bool> {
         let timer = meters.decode_time.timer();
-        let cells = BoxCells::read(&self.table, &self.projection, b)?;
+        let cells = BoxCells::read(&self.table, &self.projection, b, &self.buffers)?;
         timer.done();
         meters.bytes_decoded.add(cells.decoded_bytes() as usize);
         let output_rows = meters.output_rows;

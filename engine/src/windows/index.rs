@@ -17,6 +17,7 @@ use datafusion::arrow::buffer::BooleanBuffer;
 use super::geometry::{Validity, WindowBlock, WindowGrid};
 use super::WindowError;
 use crate::table::GridTable;
+use crate::zarr::ChunkBufferPool;
 
 /// The valid origins of one block.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,15 +138,21 @@ impl ValidIndex {
     }
 }
 
-/// Reads `variables` (indices into the table's variables) over `extent`.
+/// Reads `variables` (indices into the table's variables) over `extent`,
+/// into buffers of `pool` where chunks are read straight from files.
 pub fn read_columns(
     table: &GridTable,
     variables: &[usize],
     extent: &[Range<u64>],
+    pool: &ChunkBufferPool,
 ) -> Result<Vec<ArrayRef>, WindowError> {
     variables
         .iter()
-        .map(|&v| table.variables[v].read(extent).map_err(WindowError::Data))
+        .map(|&v| {
+            table.variables[v]
+                .read(extent, pool)
+                .map_err(WindowError::Data)
+        })
         .collect()
 }
 

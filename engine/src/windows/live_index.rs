@@ -30,6 +30,7 @@ use super::geometry::{Validity, WindowGrid};
 use super::index::{index_block, read_columns, BlockIndex, ValidIndex};
 use super::{IndexSource, WindowError};
 use crate::table::GridTable;
+use crate::zarr::ChunkBufferPool;
 
 /// How often a paused background thread looks again.
 const PAUSE: Duration = Duration::from_millis(2);
@@ -53,6 +54,9 @@ pub struct LiveIndex {
     job: Option<IndexJob>,
     /// The next block in storage order not taken by the background threads.
     next: AtomicUsize,
+    /// Buffers the blocks of this dataset are read into, shared by the
+    /// index threads and the loaders.
+    buffers: ChunkBufferPool,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +116,7 @@ impl LiveIndex {
             cache,
             job: None,
             next: AtomicUsize::new(0),
+            buffers: ChunkBufferPool::new(),
         }
     }
 
@@ -163,7 +168,7 @@ impl LiveIndex {
                 continue;
             }
             let block = &job.grid.blocks[id];
-            return match read_columns(&job.table, &job.variables, &block.extent) {
+            return match read_columns(&job.table, &job.variables, &block.extent, &self.buffers) {
                 Ok(columns) => {
                     self.publish(id, index_block(&job.grid, block, &columns, job.validity));
                     Ok(true)
@@ -174,6 +179,11 @@ impl LiveIndex {
                 }
             };
         }
+    }
+
+    /// The buffers blocks of this dataset are read into.
+    pub fn buffers(&self) -> &ChunkBufferPool {
+        &self.buffers
     }
 
     /// Claims block `id` for reading; `false` when someone already has.

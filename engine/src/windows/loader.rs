@@ -257,13 +257,18 @@ impl Slot {
                 // Background threads skip it from now on.
                 live.claim(self.block);
             }
-            let columns =
-                read_columns(&windows.table, &windows.variables, &self.extent).map_err(|e| {
-                    if self.whole_block {
-                        live.fail(e.to_string());
-                    }
-                    e.to_string()
-                })?;
+            let columns = read_columns(
+                &windows.table,
+                &windows.variables,
+                &self.extent,
+                live.buffers(),
+            )
+            .map_err(|e| {
+                if self.whole_block {
+                    live.fail(e.to_string());
+                }
+                e.to_string()
+            })?;
             if self.whole_block && live.ready_block(self.block).is_none() {
                 let block = &windows.grid.blocks[self.block];
                 live.publish(

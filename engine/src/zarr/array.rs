@@ -14,8 +14,10 @@ use zarrs::array::{Array, ArrayBytes, ArraySubset};
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{ReadableListableStorage, ReadableListableStorageTraits, StorePrefix};
 
+use super::buffer_pool::ChunkBufferPool;
 use super::decode::{ColumnDecoder, StoredType};
 use super::hierarchy::ArrayEntry;
+use super::raw_chunks::{RawChunkError, RawChunks};
 use crate::error::{Result, ZarrFusionError};
 
 /// A Zarr array opened for reading, with its CF decoding.
@@ -27,13 +29,16 @@ pub struct ZarrArray {
     decoder: ColumnDecoder,
     /// The directory the store's keys live under, for local stores.
     local_root: Option<PathBuf>,
+    /// How to read chunk files directly, when they are uncompressed and local.
+    raw: Option<RawChunks>,
 }
 
 impl ZarrArray {
     /// Opens an array from its discovered metadata. Unknown codecs and data
     /// types are reported here, naming the store and array. `local_root` is
     /// the directory of a local store (it lets [`Self::fingerprint`] see
-    /// modification times).
+    /// modification times, and [`Self::read`] read uncompressed chunks
+    /// straight from their files).
     pub fn open(
         storage: &ReadableListableStorage,
         store: &str,
@@ -63,6 +68,7 @@ impl ZarrArray {
                 array.shape().len()
             )));
         }
+        let raw = RawChunks::detect(&array, local_root.as_deref(), decoder.nan_scan());
         Ok(Self {
             store: store.to_string(),
             name,
@@ -70,6 +76,7 @@ impl ZarrArray {
             dims,
             decoder,
             local_root,
+            raw,
         })
     }
 
@@ -168,8 +175,44 @@ impl ZarrArray {
         Ok(())
     }
 
-    /// Reads and decodes the subset `ranges` (one range per dimension), in C order.
-    pub fn read(&self, ranges: &[Range<u64>]) -> Result<ArrayRef> {
+    /// Reads and decodes the subset `ranges` (one range per dimension), in C
+    /// order. Uncompressed chunks of local stores are read into buffers of
+    /// `pool`, which get them back when the column is dropped.
+    pub fn read(&self, ranges: &[Range<u64>], pool: &ChunkBufferPool) -> Result<ArrayRef> {
+        let raw = match &self.raw {
+            Some(raw) => raw.read(&self.array, ranges, pool).map_err(
+                |RawChunkError {
+                     chunk,
+                     key,
+                     message,
+                 }| ZarrFusionError::Chunk {
+                    store: self.store.clone(),
+                    array: self.name.clone(),
+                    chunk,
+                    key,
+                    message,
+                },
+            )?,
+            None => None,
+        };
+        match raw {
+            Some(raw) => self
+                .decoder
+                .decode_buffer(raw.buffer, raw.has_nan)
+                .map_err(|message| ZarrFusionError::array(&self.store, &self.name, message)),
+            None => self.read_through_codecs(ranges),
+        }
+    }
+
+    /// Whether chunks are read straight from files (uncompressed, local):
+    /// then a box smaller than a chunk costs only its own bytes.
+    pub fn reads_chunk_files(&self) -> bool {
+        self.raw.is_some()
+    }
+
+    /// Reads and decodes `ranges` through zarrs' codec pipeline, whatever
+    /// the codecs: what [`Self::read`] does when it cannot read chunk files.
+    pub fn read_through_codecs(&self, ranges: &[Range<u64>]) -> Result<ArrayRef> {
         let subset = ArraySubset::new_with_ranges(ranges);
         let decoded = match self.decoder.stored() {
             StoredType::String => self

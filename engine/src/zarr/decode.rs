@@ -297,27 +297,9 @@ impl ColumnDecoder {
     /// element (`stored_size` bytes) and, when decoding converts rather
     /// than adopting the stored buffer, the Arrow value as well.
     pub fn peak_bytes_per_cell(&self, stored_size: usize) -> usize {
-        let adopted = match (self.meaning, self.stored) {
-            (Meaning::Plain, stored) => {
-                stored.is_numeric() && !matches!(stored, StoredType::Float16)
-            }
-            (
-                Meaning::Unpacked {
-                    scale,
-                    offset,
-                    wide,
-                },
-                stored,
-            ) => {
-                scale == 1.0
-                    && offset == 0.0
-                    && self.missing.iter().all(|m| m.is_nan())
-                    && matches!(
-                        (stored, wide),
-                        (StoredType::Float32, false) | (StoredType::Float64, true)
-                    )
-            }
-            _ => false,
+        let adopted = match self.meaning {
+            Meaning::Plain => self.stored.is_numeric() && self.stored != StoredType::Float16,
+            _ => self.nan_scan().is_some(),
         };
         let width = self.data_type.primitive_width().unwrap_or(16);
         if adopted {
@@ -332,25 +314,56 @@ impl ColumnDecoder {
     /// Plain numbers become the column's buffer without a copy when the
     /// allocation is aligned for their type.
     pub fn decode_fixed(&self, owned: Vec<u8>) -> Result<ArrayRef, String> {
-        let bytes = owned.as_slice();
-        match self.meaning {
-            Meaning::Plain => self.decode_plain(owned),
+        let buffer = if owned.as_ptr().align_offset(8) == 0 {
+            Buffer::from_vec(owned)
+        } else {
+            Buffer::from_slice_ref(&owned)
+        };
+        self.decode_buffer(buffer, None)
+    }
+
+    /// The stored float type whose NaNs become NULLs in a column that adopts
+    /// the stored buffer, if that is how this array decodes: a reader that
+    /// scans the bytes while they are in cache passes what it found to
+    /// [`Self::decode_buffer`].
+    pub fn nan_scan(&self) -> Option<StoredType> {
+        let adopts = match self.meaning {
+            Meaning::Plain => true,
             Meaning::Unpacked {
                 scale,
                 offset,
                 wide,
             } => {
-                let plain =
-                    scale == 1.0 && offset == 0.0 && self.missing.iter().all(|m| m.is_nan());
-                // A float whose only missing value is NaN: NaN as NULL, no copy.
-                match (self.stored, wide) {
-                    (StoredType::Float32, false) if plain => {
-                        return Ok(nan_as_null::<Float32Type>(owned, f32::is_nan))
-                    }
-                    (StoredType::Float64, true) if plain => {
-                        return Ok(nan_as_null::<Float64Type>(owned, f64::is_nan))
-                    }
-                    _ => {}
+                scale == 1.0
+                    && offset == 0.0
+                    && self.missing.iter().all(|m| m.is_nan())
+                    && wide == (self.stored == StoredType::Float64)
+            }
+            _ => false,
+        };
+        (adopts && matches!(self.stored, StoredType::Float32 | StoredType::Float64))
+            .then_some(self.stored)
+    }
+
+    /// Decodes native-endian fixed-size element bytes, aligned for 8-byte
+    /// types, into a column. `has_nan` is what a scan for NaN found (see
+    /// [`Self::nan_scan`]); `None` scans here.
+    pub fn decode_buffer(&self, buffer: Buffer, has_nan: Option<bool>) -> Result<ArrayRef, String> {
+        let bytes = buffer.as_slice();
+        match self.meaning {
+            Meaning::Plain => self.decode_plain(buffer, has_nan),
+            Meaning::Unpacked {
+                scale,
+                offset,
+                wide,
+            } => {
+                if self.nan_scan().is_some() {
+                    return Ok(match self.stored {
+                        StoredType::Float32 => {
+                            nan_as_null::<Float32Type>(buffer, has_nan, f32::is_nan)
+                        }
+                        _ => nan_as_null::<Float64Type>(buffer, has_nan, f64::is_nan),
+                    });
                 }
                 let values = self.to_f64(bytes);
                 let valid =
@@ -479,20 +492,20 @@ impl ColumnDecoder {
         }
     }
 
-    fn decode_plain(&self, owned: Vec<u8>) -> Result<ArrayRef, String> {
-        let bytes = owned.as_slice();
+    fn decode_plain(&self, buffer: Buffer, has_nan: Option<bool>) -> Result<ArrayRef, String> {
+        let bytes = buffer.as_slice();
         Ok(match self.stored {
             StoredType::Bool => Arc::new(BooleanArray::from(
                 bytes.iter().map(|b| *b != 0).collect::<Vec<_>>(),
             )),
-            StoredType::Int8 => primitive::<Int8Type>(owned),
-            StoredType::Int16 => primitive::<Int16Type>(owned),
-            StoredType::Int32 => primitive::<Int32Type>(owned),
-            StoredType::Int64 => primitive::<Int64Type>(owned),
-            StoredType::UInt8 => primitive::<UInt8Type>(owned),
-            StoredType::UInt16 => primitive::<UInt16Type>(owned),
-            StoredType::UInt32 => primitive::<UInt32Type>(owned),
-            StoredType::UInt64 => primitive::<UInt64Type>(owned),
+            StoredType::Int8 => primitive::<Int8Type>(buffer.clone()),
+            StoredType::Int16 => primitive::<Int16Type>(buffer.clone()),
+            StoredType::Int32 => primitive::<Int32Type>(buffer.clone()),
+            StoredType::Int64 => primitive::<Int64Type>(buffer.clone()),
+            StoredType::UInt8 => primitive::<UInt8Type>(buffer.clone()),
+            StoredType::UInt16 => primitive::<UInt16Type>(buffer.clone()),
+            StoredType::UInt32 => primitive::<UInt32Type>(buffer.clone()),
+            StoredType::UInt64 => primitive::<UInt64Type>(buffer.clone()),
             StoredType::Float16 => Arc::new(
                 bytes
                     .chunks_exact(2)
@@ -502,8 +515,8 @@ impl ColumnDecoder {
                     })
                     .collect::<Float32Array>(),
             ),
-            StoredType::Float32 => nan_as_null::<Float32Type>(owned, f32::is_nan),
-            StoredType::Float64 => nan_as_null::<Float64Type>(owned, f64::is_nan),
+            StoredType::Float32 => nan_as_null::<Float32Type>(buffer.clone(), has_nan, f32::is_nan),
+            StoredType::Float64 => nan_as_null::<Float64Type>(buffer.clone(), has_nan, f64::is_nan),
             StoredType::DateTime64(nanos) => Arc::new(
                 self.nat_as_null(bytes, nanos)?
                     .collect::<TimestampNanosecondArray>(),
@@ -576,31 +589,31 @@ fn duration_unit(units: Option<&str>, attributes: &Map<String, Value>) -> Option
     }
 }
 
-/// Native-endian bytes as a buffer of `T`: the same allocation when it is
-/// aligned for `T` (allocators align large blocks), else a copy.
-fn typed_buffer<T: ArrowNativeType>(bytes: Vec<u8>) -> ScalarBuffer<T> {
-    let n = bytes.len() / std::mem::size_of::<T>();
-    let buffer = if bytes.as_ptr().align_offset(std::mem::align_of::<T>()) == 0 {
-        Buffer::from_vec(bytes)
-    } else {
-        Buffer::from_slice_ref(&bytes)
-    };
+/// Native-endian bytes, aligned for `T`, as a buffer of `T` (no copy).
+fn typed_buffer<T: ArrowNativeType>(buffer: Buffer) -> ScalarBuffer<T> {
+    let n = buffer.len() / std::mem::size_of::<T>();
     ScalarBuffer::new(buffer, 0, n)
 }
 
-fn primitive<T: ArrowPrimitiveType>(bytes: Vec<u8>) -> ArrayRef {
-    Arc::new(PrimitiveArray::<T>::new(typed_buffer(bytes), None))
+fn primitive<T: ArrowPrimitiveType>(buffer: Buffer) -> ArrayRef {
+    Arc::new(PrimitiveArray::<T>::new(typed_buffer(buffer), None))
+}
+
+/// Whether any of `values` is NaN.
+pub fn any_nan<T: Copy>(values: &[T], is_nan: impl Fn(T) -> bool) -> bool {
+    // Blocks of lanes without an early exit inside, so the scan vectorizes.
+    values
+        .chunks(64)
+        .any(|block| block.iter().fold(false, |nan, v| nan | is_nan(*v)))
 }
 
 fn nan_as_null<T: ArrowPrimitiveType>(
-    bytes: Vec<u8>,
-    is_nan: impl Fn(T::Native) -> bool,
+    buffer: Buffer,
+    has_nan: Option<bool>,
+    is_nan: impl Fn(T::Native) -> bool + Copy,
 ) -> ArrayRef {
-    let values = typed_buffer::<T::Native>(bytes);
-    // Blocks of lanes without an early exit inside, so the scan vectorizes.
-    let has_nan = values
-        .chunks(64)
-        .any(|block| block.iter().fold(false, |nan, v| nan | is_nan(*v)));
+    let values = typed_buffer::<T::Native>(buffer);
+    let has_nan = has_nan.unwrap_or_else(|| any_nan(&values, is_nan));
     let nulls = has_nan.then(|| {
         NullBuffer::new(BooleanBuffer::collect_bool(values.len(), |i| {
             !is_nan(values[i])

@@ -2,12 +2,15 @@
 //! and decoding their values the way xarray does.
 
 mod array;
+mod buffer_pool;
 mod decode;
 mod hierarchy;
+mod raw_chunks;
 mod store;
 
 pub(crate) use array::dimension_names;
 pub use array::{root_name, ZarrArray};
+pub use buffer_pool::{ChunkBufferPool, PooledBytes};
 pub use decode::{ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};

@@ -28,6 +28,14 @@ pub fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
+/// A fresh, empty directory for one test (named after `name` and the process).
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("zf-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A fixture store's path.
 pub fn fixture(name: &str) -> String {
     repo_root()

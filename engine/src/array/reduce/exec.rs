@@ -12,6 +12,7 @@
 //! [`DenseReduction`]: super::DenseReduction
 
 use std::fmt;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -46,9 +47,17 @@ use super::groups::{GroupSpace, Line};
 use super::node::{DenseReduction, ReduceExpr};
 use crate::progress::ScanProgress;
 use crate::table::{boxes_in_block, select, BlockGrid, BoxCells, GridTable, Selection};
+use crate::zarr::ChunkBufferPool;
 
 /// Rows evaluated and folded at a time.
 const RUN_ROWS: u64 = 1 << 16;
+
+/// Bytes of variables in one part of a box, when parts are read one by one
+/// from chunk files: a part is folded while its read left it in cache.
+const PART_BYTES: u64 = 4 << 20;
+
+/// A part's contiguous runs in its chunk files are at least this long.
+const MIN_PART_RUN_BYTES: u64 = 64 << 10;
 
 /// One aggregate, planned.
 #[derive(Debug)]
@@ -209,6 +218,47 @@ impl DenseReductionExec {
 }
 
 impl Reduction {
+    /// `extent` cut into parts of about [`PART_BYTES`] along one dimension
+    /// when every variable read comes straight from chunk files (a part then
+    /// costs only its own bytes, and is still in cache when folded); else
+    /// `extent` whole. A grouped dimension is cut first, so that each part
+    /// holds every reduced step of its groups; a dimension is cut only where
+    /// the parts' runs in the chunk files stay long.
+    fn parts(&self, extent: &[Range<u64>]) -> Vec<Vec<Range<u64>>> {
+        let n_dims = self.table.dims.len();
+        let sizes: Vec<u64> = self
+            .columns
+            .iter()
+            .filter(|&&c| c >= n_dims)
+            .map(|&c| &self.table.variables[c - n_dims])
+            .map(|v| v.reads_chunk_files().then_some(v.element_size() as u64))
+            .collect::<Option<_>>()
+            .unwrap_or_default();
+        let cells: u64 = extent.iter().map(|r| r.end - r.start).product();
+        let pieces = (cells * sizes.iter().sum::<u64>()).div_ceil(PART_BYTES);
+        let smallest = sizes.iter().copied().min().unwrap_or(1);
+        let mut grouped = self.group_dims.clone();
+        grouped.sort_unstable();
+        let cut = grouped.into_iter().chain(0..extent.len()).find_map(|d| {
+            let len = extent[d].end - extent[d].start;
+            let step = len.div_ceil(pieces.max(1));
+            let row: u64 = extent[d + 1..].iter().map(|r| r.end - r.start).product();
+            (len > 1 && step * row * smallest >= MIN_PART_RUN_BYTES).then_some((d, step))
+        });
+        match cut {
+            Some((d, step)) if pieces > 1 && !sizes.is_empty() => extent[d]
+                .clone()
+                .step_by(step as usize)
+                .map(|start| {
+                    let mut part = extent.to_vec();
+                    part[d] = start..(start + step).min(extent[d].end);
+                    part
+                })
+                .collect(),
+            _ => vec![extent.to_vec()],
+        }
+    }
+
     fn block_cells(&self) -> u64 {
         self.blocks.block_shape().iter().product()
     }
@@ -263,14 +313,17 @@ impl Reduction {
     fn run_worker(&self, next: &AtomicU64, stop: &AtomicBool, meters: &Meters) -> Result<Partial> {
         let mut partial = self.partial()?;
         let mut lines: Vec<Line> = Vec::new();
+        // Each block is dropped before the next is read, into the same buffers.
+        let buffers = ChunkBufferPool::new();
         loop {
             let id = next.fetch_add(1, Ordering::Relaxed);
             if id >= self.blocks.num_blocks() || stop.load(Ordering::Relaxed) {
                 return Ok(partial);
             }
-            for extent in boxes_in_block(&self.selection, &self.blocks.block(id)) {
+            let boxes = boxes_in_block(&self.selection, &self.blocks.block(id));
+            for extent in boxes.iter().flat_map(|b| self.parts(b)) {
                 let timer = meters.decode_time.timer();
-                let cells = BoxCells::read(&self.table, &self.columns, &extent)?;
+                let cells = BoxCells::read(&self.table, &self.columns, &extent, &buffers)?;
                 timer.done();
                 meters.bytes_decoded.add(cells.decoded_bytes() as usize);
                 let _compute = meters.fold_time.timer();
