@@ -3,6 +3,7 @@
 //! ```sql
 //! SET zarrfusion.target_partition_bytes = 16777216;
 //! SET zarrfusion.dense_reduction = false;
+//! SET zarrfusion.aligned_join = false;
 //! SET zarrfusion.allowed_mem = '2GB';        -- the session's memory pool
 //! SET zarrfusion.work_dir = '/scratch/zf';   -- where intermediates and spills go
 //! ```
@@ -27,6 +28,10 @@ extensions_options! {
         /// reduction (accumulators indexed by coordinate position) instead
         /// of a hash aggregation.
         pub dense_reduction: bool, default = true
+        /// Plan a join of two Zarr tables on all their dimensions, over the
+        /// same coordinates, as one scan of their aligned blocks instead of
+        /// a hash join.
+        pub aligned_join: bool, default = true
     }
 }
 

@@ -31,7 +31,7 @@ use datafusion::logical_expr::planner::RelationPlanner;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
 use crate::array::rechunk::RechunkPlanner;
-use crate::array::{ArrayQueryPlanner, DenseReductionRule};
+use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule};
 use crate::config::{translate_runtime_settings, ZarrConfig};
 use crate::progress::ScanProgress;
 use crate::table::{
@@ -73,6 +73,7 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         .with_default_features()
         .with_table_factory("ZARR".to_string(), Arc::new(ZarrTableFactory))
         .with_relation_planners(vec![read_zarr])
+        .with_optimizer_rule(Arc::new(AlignedJoinRule))
         .with_optimizer_rule(Arc::new(DenseReductionRule))
         .with_query_planner(Arc::new(ArrayQueryPlanner))
         .build();

@@ -156,3 +156,22 @@ def test_ctrl_c_cancels_a_running_query(ctx):
             df.to_pandas()
     finally:
         timer.cancel()
+
+
+def test_a_join_on_all_dimensions_equals_xarray(ctx, fixtures):
+    # Two stores on the same grid (chunked differently, v2 and v3): the join
+    # is a zip of aligned blocks, then a dense reduction, not a hash join.
+    ctx.register_zarr("a", fixtures / "raw_v2.zarr")
+    ctx.register_zarr("b", fixtures / "raw_v3.zarr")
+    sql = (
+        "SELECT a.lat, avg(a.t - b.q) AS d, count(b.n) AS n FROM a JOIN b "
+        "ON a.time = b.time AND a.lat = b.lat AND a.lon = b.lon GROUP BY a.lat ORDER BY a.lat"
+    )
+    plan = "\n".join(ctx.sql("EXPLAIN " + sql).to_pandas()["plan"])
+    assert "HashJoinExec" not in plan and "DenseReductionExec" in plan, plan
+    got = ctx.sql(sql).to_pandas()
+    a, b = open_xr(fixtures / "raw_v2.zarr"), open_xr(fixtures / "raw_v3.zarr")
+    want = (a.t - b.q).mean(["time", "lon"]).to_series().sort_index()
+    assert got["lat"].to_numpy().tolist() == want.index.to_numpy().tolist()
+    np.testing.assert_allclose(got["d"], want.to_numpy(), rtol=1e-6)
+    assert got["n"].tolist() == [int(b.n.sizes["time"] * b.n.sizes["lon"])] * len(got)

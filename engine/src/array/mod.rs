@@ -6,11 +6,15 @@
 //! |---|---|
 //! | [`reduce`] | dense reductions over dimensions (`GROUP BY` dimensions) |
 //! | [`rechunk`] | copying a store into new chunk shapes within the budget |
+//! | [`zip`] | joins of two Zarr tables on all their dimensions, as one scan of aligned blocks |
 //! | [`planner`] | the query planner that knows the array nodes |
 
 pub mod planner;
 pub mod rechunk;
 pub mod reduce;
+mod scan_path;
+pub mod zip;
 
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};
 pub use reduce::{DenseReduction, DenseReductionExec, DenseReductionRule};
+pub use zip::AlignedJoinRule;

@@ -16,9 +16,8 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{Column, DFSchema, Result};
-use datafusion::datasource::source_as_provider;
+use datafusion::common::tree_node::Transformed;
+use datafusion::common::{DFSchema, Result};
 use datafusion::functions_aggregate::average::Avg;
 use datafusion::functions_aggregate::count::Count;
 use datafusion::functions_aggregate::min_max::{Max, Min};
@@ -27,15 +26,13 @@ use datafusion::functions_aggregate::sum::Sum;
 use datafusion::functions_aggregate::variance::{VariancePopulation, VarianceSample};
 use datafusion::logical_expr::expr::{AggregateFunction, Cast};
 use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::{
-    Aggregate, Expr, ExprSchemable, Extension, LogicalPlan, Projection, SubqueryAlias,
-};
+use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, Extension, LogicalPlan};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 use super::accumulators::{numeric_domain, ReduceOp};
 use super::node::{DenseReduction, ReduceExpr};
+use crate::array::scan_path::down_to_scan;
 use crate::config::ZarrConfig;
-use crate::table::ZarrTable;
 
 /// The most memory the per-worker group state of a dense reduction may
 /// take (an upper bound, before filters); larger reductions keep
@@ -92,55 +89,20 @@ fn dense_reduction(aggregate: &Aggregate, workers: usize) -> Result<Option<Dense
         };
         aggregates.push(reduce);
     }
-    let mut predicates: Vec<Expr> = Vec::new();
-
-    // Walk down to the scan, rewriting every expression into its columns.
-    let mut input = aggregate.input.as_ref();
-    let scan = loop {
-        let rewrite: Box<dyn Fn(Expr) -> Result<Expr>> = match input {
-            LogicalPlan::Projection(p) => Box::new(move |e| inline_projection(e, p)),
-            LogicalPlan::SubqueryAlias(a) => Box::new(move |e| inline_alias(e, a)),
-            LogicalPlan::Filter(f) => {
-                predicates.push(f.predicate.clone());
-                input = f.input.as_ref();
-                continue;
-            }
-            LogicalPlan::TableScan(scan) => break scan,
-            _ => return Ok(None),
-        };
-        group = group.into_iter().map(&rewrite).collect::<Result<_>>()?;
-        predicates = predicates
-            .into_iter()
-            .map(&rewrite)
-            .collect::<Result<_>>()?;
-        for a in &mut aggregates {
-            a.arg = a.arg.take().map(&rewrite).transpose()?;
-        }
-        input = match input {
-            LogicalPlan::Projection(p) => p.input.as_ref(),
-            LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
-            _ => unreachable!("only projections and aliases are rewritten through"),
-        };
-    };
-    if scan.fetch.is_some() {
-        return Ok(None);
-    }
-    let Ok(provider) = source_as_provider(&scan.source) else {
+    // Walk down to the scan, rewriting every expression into its columns:
+    // the grouping expressions, then the aggregates' arguments.
+    let n_group = group.len();
+    let args: Vec<Expr> = aggregates.iter().filter_map(|a| a.arg.clone()).collect();
+    group.extend(args);
+    let Some(path) = down_to_scan(&aggregate.input, group)? else {
         return Ok(None);
     };
-    let provider: &dyn Any = provider.as_ref();
-    let Some(zarr) = provider.downcast_ref::<ZarrTable>() else {
-        return Ok(None);
-    };
-    let table = zarr.grid();
-
-    let all_exprs = group
-        .iter()
-        .chain(&predicates)
-        .chain(aggregates.iter().filter_map(|a| a.arg.as_ref()));
-    for expr in all_exprs {
-        if expr.is_volatile() || has_subquery(expr) {
-            return Ok(None);
+    let (scan, table, predicates) = (path.scan, path.table.grid(), path.predicates);
+    let mut rewritten = path.exprs.into_iter();
+    let group: Vec<Expr> = rewritten.by_ref().take(n_group).collect();
+    for a in &mut aggregates {
+        if a.arg.is_some() {
+            a.arg = rewritten.next();
         }
     }
 
@@ -247,45 +209,4 @@ fn strip_widening_cast(op: ReduceOp, arg: Expr, schema: &DFSchema) -> Result<Exp
         }
     }
     Ok(arg)
-}
-
-fn has_subquery(expr: &Expr) -> bool {
-    expr.exists(|e| {
-        Ok(matches!(
-            e,
-            Expr::ScalarSubquery(_)
-                | Expr::Exists(_)
-                | Expr::InSubquery(_)
-                | Expr::OuterReferenceColumn(..)
-        ))
-    })
-    .unwrap_or(true)
-}
-
-/// Replaces the columns of `schema` in `expr` by `replace(index)`.
-fn replace_columns(expr: Expr, schema: &DFSchema, replace: impl Fn(usize) -> Expr) -> Result<Expr> {
-    expr.transform(|e| match e {
-        Expr::Column(c) => {
-            let i = schema.index_of_column(&c)?;
-            Ok(Transformed::yes(replace(i)))
-        }
-        other => Ok(Transformed::no(other)),
-    })
-    .data()
-}
-
-/// `expr` over a projection's output, rewritten over the projection's input.
-fn inline_projection(expr: Expr, projection: &Projection) -> Result<Expr> {
-    replace_columns(expr, &projection.schema, |i| {
-        projection.expr[i].clone().unalias()
-    })
-}
-
-/// `expr` over an alias's output, rewritten over the aliased plan.
-fn inline_alias(expr: Expr, alias: &SubqueryAlias) -> Result<Expr> {
-    let inner = alias.input.schema();
-    replace_columns(expr, &alias.schema, |i| {
-        let (qualifier, field) = inner.qualified_field(i);
-        Expr::Column(Column::new(qualifier.cloned(), field.name()))
-    })
 }

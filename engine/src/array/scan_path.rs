@@ -1,0 +1,129 @@
+//! Seeing through a logical plan down to the Zarr table scan it reads.
+//!
+//! The optimizer rules that turn plain SQL into array operations match a
+//! Zarr table scan under any projections, aliases and filters. A
+//! [`ScanPath`] is that walk: the scan, its table, the filters met on the
+//! way, and expressions over the plan's output rewritten over the scan's
+//! columns.
+
+use std::any::Any;
+
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{Column, DFSchema, Result};
+use datafusion::datasource::source_as_provider;
+use datafusion::logical_expr::{Expr, LogicalPlan, Projection, SubqueryAlias, TableScan};
+
+use crate::table::ZarrTable;
+
+/// A plan's way down to a Zarr table scan.
+pub(crate) struct ScanPath<'a> {
+    /// The scan at the bottom (without a `LIMIT`).
+    pub scan: &'a TableScan,
+    /// The scanned table.
+    pub table: ZarrTable,
+    /// The expressions asked for, over the scan's columns.
+    pub exprs: Vec<Expr>,
+    /// The filters met on the way, over the scan's columns.
+    pub predicates: Vec<Expr>,
+}
+
+/// Walks `plan` down to a Zarr table scan through projections, aliases and
+/// filters, rewriting `exprs` (over `plan`'s output) as it goes; `None`
+/// when something else is in the way, the scan has a `LIMIT`, or an
+/// expression is volatile or holds a subquery.
+pub(crate) fn down_to_scan(plan: &LogicalPlan, exprs: Vec<Expr>) -> Result<Option<ScanPath<'_>>> {
+    let mut exprs = exprs;
+    let mut predicates: Vec<Expr> = Vec::new();
+    let mut input = plan;
+    let scan = loop {
+        let rewrite: Box<dyn Fn(Expr) -> Result<Expr>> = match input {
+            LogicalPlan::Projection(p) => Box::new(move |e| inline_projection(e, p)),
+            LogicalPlan::SubqueryAlias(a) => Box::new(move |e| inline_alias(e, a)),
+            LogicalPlan::Filter(f) => {
+                predicates.push(f.predicate.clone());
+                input = f.input.as_ref();
+                continue;
+            }
+            LogicalPlan::TableScan(scan) => break scan,
+            _ => return Ok(None),
+        };
+        exprs = exprs.into_iter().map(&rewrite).collect::<Result<_>>()?;
+        predicates = predicates
+            .into_iter()
+            .map(&rewrite)
+            .collect::<Result<_>>()?;
+        input = match input {
+            LogicalPlan::Projection(p) => p.input.as_ref(),
+            LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
+            _ => unreachable!("only projections and aliases are rewritten through"),
+        };
+    };
+    if scan.fetch.is_some() {
+        return Ok(None);
+    }
+    let Ok(provider) = source_as_provider(&scan.source) else {
+        return Ok(None);
+    };
+    let provider: &dyn Any = provider.as_ref();
+    let Some(table) = provider.downcast_ref::<ZarrTable>().cloned() else {
+        return Ok(None);
+    };
+    if exprs
+        .iter()
+        .chain(&predicates)
+        .any(|e| e.is_volatile() || has_subquery(e))
+    {
+        return Ok(None);
+    }
+    Ok(Some(ScanPath {
+        scan,
+        table,
+        exprs,
+        predicates,
+    }))
+}
+
+fn has_subquery(expr: &Expr) -> bool {
+    expr.exists(|e| {
+        Ok(matches!(
+            e,
+            Expr::ScalarSubquery(_)
+                | Expr::Exists(_)
+                | Expr::InSubquery(_)
+                | Expr::OuterReferenceColumn(..)
+        ))
+    })
+    .unwrap_or(true)
+}
+
+/// Replaces the columns of `schema` in `expr` by `replace(index)`.
+pub(crate) fn replace_columns(
+    expr: Expr,
+    schema: &DFSchema,
+    replace: impl Fn(usize) -> Expr,
+) -> Result<Expr> {
+    expr.transform(|e| match e {
+        Expr::Column(c) => {
+            let i = schema.index_of_column(&c)?;
+            Ok(Transformed::yes(replace(i)))
+        }
+        other => Ok(Transformed::no(other)),
+    })
+    .data()
+}
+
+/// `expr` over a projection's output, rewritten over the projection's input.
+fn inline_projection(expr: Expr, projection: &Projection) -> Result<Expr> {
+    replace_columns(expr, &projection.schema, |i| {
+        projection.expr[i].clone().unalias()
+    })
+}
+
+/// `expr` over an alias's output, rewritten over the aliased plan.
+fn inline_alias(expr: Expr, alias: &SubqueryAlias) -> Result<Expr> {
+    let inner = alias.input.schema();
+    replace_columns(expr, &alias.schema, |i| {
+        let (qualifier, field) = inner.qualified_field(i);
+        Expr::Column(Column::new(qualifier.cloned(), field.name()))
+    })
+}

@@ -1,0 +1,311 @@
+//! `AlignedJoinRule`: a join of two Zarr tables on all their dimensions,
+//! over the same coordinates, becomes one scan of both tables' variables
+//! (a zip of aligned blocks) instead of a hash join.
+//!
+//! Two tables whose dimensions have the same coordinates, position by
+//! position, share one grid: every cell of one meets exactly one cell of the
+//! other, the one at the same position. So
+//!
+//! ```sql
+//! SELECT a.time, a.lat, a.lon, a.t2m - b.t2m
+//! FROM era5 a JOIN era5_forecast b
+//!   ON a.time = b.time AND a.lat = b.lat AND a.lon = b.lon
+//! ```
+//!
+//! reads the same block of `a` and `b` together and puts their columns side
+//! by side: no hash table, no shuffle, and memory of one block per side.
+//! The rule rewrites the join into a scan of a [`GridTable`] holding the
+//! variables of both (each read from its own store), under a projection
+//! giving the join's columns and a filter with whatever the two sides
+//! filtered on. The scan then gets every Zarr optimization: filters on
+//! dimensions pushed down, blocks, projected memory, and a `GROUP BY`
+//! over its dimensions becomes a dense reduction.
+//!
+//! It applies to inner joins whose equality pairs link each dimension of
+//! one table to the dimension at the same position in the other, when the
+//! coordinates are equal, strictly monotonic and without NULL or NaN (so
+//! each value matches once). Any other join stays DataFusion's.
+//! `SET zarrfusion.aligned_join = false` turns the rule off.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::compute::kernels::cmp::{gt, lt};
+use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{Column, Result};
+use datafusion::datasource::provider_as_source;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, Filter, JoinType, LogicalPlan, Projection, TableScanBuilder};
+use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+
+use super::scan_path::{down_to_scan, replace_columns, ScanPath};
+use crate::config::ZarrConfig;
+use crate::table::{GridTable, ZarrTable};
+
+/// Rewrites joins of two Zarr tables on all their dimensions into a scan of
+/// both tables' aligned blocks.
+#[derive(Debug, Default)]
+pub struct AlignedJoinRule;
+
+impl OptimizerRule for AlignedJoinRule {
+    fn name(&self) -> &str {
+        "zarrfusion_aligned_join"
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        Some(ApplyOrder::BottomUp)
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        config: &dyn OptimizerConfig,
+    ) -> Result<Transformed<LogicalPlan>> {
+        let enabled = config
+            .options()
+            .extensions
+            .get::<ZarrConfig>()
+            .map(|c| c.aligned_join)
+            .unwrap_or(true);
+        if !enabled {
+            return Ok(Transformed::no(plan));
+        }
+        match aligned_zip(&plan)? {
+            Some(zipped) => Ok(Transformed::yes(zipped)),
+            None => Ok(Transformed::no(plan)),
+        }
+    }
+}
+
+/// The zip computing `plan`, if it is an aligned join of two Zarr tables.
+fn aligned_zip(plan: &LogicalPlan) -> Result<Option<LogicalPlan>> {
+    let LogicalPlan::Join(join) = plan else {
+        return Ok(None);
+    };
+    if join.join_type != JoinType::Inner || join.null_aware || join.on.is_empty() {
+        return Ok(None);
+    }
+    // Each side's output columns, then its halves of the equality pairs.
+    let side = |input: &Arc<LogicalPlan>, keys: Vec<Expr>| {
+        let mut exprs: Vec<Expr> = input
+            .schema()
+            .columns()
+            .into_iter()
+            .map(Expr::Column)
+            .collect();
+        exprs.extend(keys);
+        exprs
+    };
+    let left_keys: Vec<Expr> = join.on.iter().map(|(l, _)| l.clone()).collect();
+    let right_keys: Vec<Expr> = join.on.iter().map(|(_, r)| r.clone()).collect();
+    let Some(left) = down_to_scan(&join.left, side(&join.left, left_keys))? else {
+        return Ok(None);
+    };
+    let Some(right) = down_to_scan(&join.right, side(&join.right, right_keys))? else {
+        return Ok(None);
+    };
+    let (a, b) = (left.table.grid(), right.table.grid());
+    if !keys_pair_all_dimensions(&left, &right, join.on.len()) || !same_coordinates(a, b) {
+        return Ok(None);
+    }
+
+    let zipped = Zipped::new(a, b);
+    let name = format!(
+        "{}_{}",
+        left.scan.table_name.table(),
+        right.scan.table_name.table()
+    );
+    // A column of a side's table (by name: a table's names are unique; a
+    // filter pushed into a scan may name columns it does not project) as
+    // the zipped table's column.
+    let n_dims = zipped.table.dims.len();
+    let to_zipped = |path: &ScanPath<'_>, offset: usize, exprs: Vec<Expr>| {
+        let schema = path.table.grid().schema.clone();
+        exprs
+            .into_iter()
+            .map(|e| {
+                e.transform(|e| match e {
+                    Expr::Column(c) => {
+                        let index = schema.index_of(&c.name)?;
+                        let at = if index < n_dims {
+                            index
+                        } else {
+                            index + offset
+                        };
+                        let zipped_name = zipped.table.schema.field(at).name();
+                        Ok(Transformed::yes(Expr::Column(Column::new(
+                            Some(name.clone()),
+                            zipped_name,
+                        ))))
+                    }
+                    other => Ok(Transformed::no(other)),
+                })
+                .data()
+            })
+            .collect::<Result<Vec<Expr>>>()
+    };
+    let left_width = join.left.schema().fields().len();
+    let right_width = join.right.schema().fields().len();
+    let mut outputs = to_zipped(&left, 0, left.exprs[..left_width].to_vec())?;
+    outputs.extend(to_zipped(
+        &right,
+        zipped.right_offset,
+        right.exprs[..right_width].to_vec(),
+    )?);
+    let mut filters = to_zipped(&left, 0, left.scan.filters.clone())?;
+    filters.extend(to_zipped(
+        &right,
+        zipped.right_offset,
+        right.scan.filters.clone(),
+    )?);
+    let mut predicates = to_zipped(&left, 0, left.predicates.clone())?;
+    predicates.extend(to_zipped(
+        &right,
+        zipped.right_offset,
+        right.predicates.clone(),
+    )?);
+    if let Some(filter) = &join.filter {
+        // The join's own condition is over both sides' outputs.
+        let over_outputs = replace_columns(filter.clone(), &join.schema, |i| outputs[i].clone())?;
+        predicates.push(over_outputs);
+    }
+
+    // A filter on a join key reaches both sides: keep one.
+    let mut seen = HashSet::new();
+    filters.retain(|f| seen.insert(f.clone()));
+    let mut seen = HashSet::new();
+    predicates.retain(|p| seen.insert(p.clone()));
+
+    let pushdown = left.table.pushdown() && right.table.pushdown();
+    let provider = ZarrTable::new(zipped.table).with_pushdown(pushdown);
+    let scan = TableScanBuilder::new(name.as_str(), provider_as_source(Arc::new(provider)))
+        .with_filters(filters)
+        .build()?;
+    let mut input = LogicalPlan::TableScan(scan);
+    if let Some(predicate) = conjunction(predicates) {
+        input = LogicalPlan::Filter(Filter::try_new(predicate, Arc::new(input))?);
+    }
+    let exprs = outputs
+        .into_iter()
+        .zip(join.schema.iter())
+        .map(|(e, (qualifier, field))| e.alias_qualified(qualifier.cloned(), field.name()))
+        .collect();
+    Ok(Some(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(input),
+    )?)))
+}
+
+/// Whether the equality pairs (the last `n` expressions of each path) link
+/// every dimension of one table to the dimension at the same position of
+/// the other, and nothing else.
+fn keys_pair_all_dimensions(left: &ScanPath<'_>, right: &ScanPath<'_>, n: usize) -> bool {
+    let (a, b) = (left.table.grid(), right.table.grid());
+    let rank = a.dims.len();
+    if rank == 0 || b.dims.len() != rank {
+        return false;
+    }
+    let position = |table: &GridTable, e: &Expr| match e {
+        Expr::Column(c) => table.dims.iter().position(|d| d.name == c.name),
+        _ => None,
+    };
+    let keys = left.exprs[left.exprs.len() - n..]
+        .iter()
+        .zip(&right.exprs[right.exprs.len() - n..]);
+    let mut paired = HashSet::new();
+    for (l, r) in keys {
+        match (position(a, l), position(b, r)) {
+            (Some(i), Some(j)) if i == j => {
+                paired.insert(i);
+            }
+            _ => return false,
+        }
+    }
+    paired.len() == rank
+}
+
+/// Whether both tables' coordinates are equal, dimension by dimension, and
+/// each matches once: strictly monotonic, no NULL, no NaN.
+fn same_coordinates(a: &GridTable, b: &GridTable) -> bool {
+    a.dims.iter().zip(&b.dims).all(|(x, y)| {
+        x.len == y.len
+            && x.values.data_type() == y.values.data_type()
+            && x.values.to_data() == y.values.to_data()
+            && matches_once(&x.values)
+    })
+}
+
+/// Whether every value of a coordinate is distinct and comparable:
+/// strictly increasing or decreasing, without NULL or NaN.
+fn matches_once(values: &ArrayRef) -> bool {
+    if values.null_count() > 0 {
+        return false;
+    }
+    let has_nan = match values.data_type() {
+        DataType::Float32 => values
+            .as_primitive::<Float32Type>()
+            .values()
+            .iter()
+            .any(|v| v.is_nan()),
+        DataType::Float64 => values
+            .as_primitive::<Float64Type>()
+            .values()
+            .iter()
+            .any(|v| v.is_nan()),
+        _ => false,
+    };
+    let n = values.len();
+    if has_nan || n < 2 {
+        return !has_nan;
+    }
+    let (head, tail) = (values.slice(0, n - 1), values.slice(1, n - 1));
+    let all = |result: Result<datafusion::arrow::array::BooleanArray, _>| {
+        result.is_ok_and(|r| r.true_count() == n - 1)
+    };
+    all(gt(&tail, &head)) || all(lt(&tail, &head))
+}
+
+/// The grid of two aligned tables: the first's dimensions, then the
+/// variables of both (the second's renamed where names clash).
+struct Zipped {
+    table: GridTable,
+    /// Where the second table's variables start, past the first's.
+    right_offset: usize,
+}
+
+impl Zipped {
+    fn new(a: &GridTable, b: &GridTable) -> Self {
+        let n_dims = a.dims.len();
+        let mut names: HashSet<String> =
+            a.schema.fields().iter().map(|f| f.name().clone()).collect();
+        let mut fields: Vec<Field> = a
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        for field in b.schema.fields().iter().skip(n_dims) {
+            let mut name = field.name().clone();
+            let mut n = 1;
+            while names.contains(&name) {
+                name = format!("{}_{n}", field.name());
+                n += 1;
+            }
+            names.insert(name.clone());
+            fields.push(field.as_ref().clone().with_name(name));
+        }
+        let mut variables = a.variables.clone();
+        variables.extend(b.variables.iter().cloned());
+        Self {
+            right_offset: a.variables.len(),
+            table: GridTable {
+                store: format!("{} + {}", a.store, b.store),
+                dims: a.dims.clone(),
+                variables,
+                schema: Arc::new(Schema::new(fields)),
+            },
+        }
+    }
+}
