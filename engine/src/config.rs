@@ -13,7 +13,7 @@
 //! `datafusion.runtime.memory_limit` and `datafusion.runtime.temp_directory`,
 //! with sizes written as `2GB`, `2G`, `512MB`, `100KB` (any case).
 
-use datafusion::common::config::ConfigExtension;
+use datafusion::common::config::{ConfigExtension, ConfigOptions};
 use datafusion::common::{extensions_options, plan_err, Result};
 use datafusion::logical_expr::{LogicalPlan, ResetVariable, SetVariable, Statement};
 
@@ -37,6 +37,18 @@ extensions_options! {
 
 impl ConfigExtension for ZarrConfig {
     const PREFIX: &'static str = "zarrfusion";
+}
+
+impl ZarrConfig {
+    /// The zarrfusion settings of a session's options (the defaults where
+    /// the session has none).
+    pub fn of(options: &ConfigOptions) -> ZarrConfig {
+        options
+            .extensions
+            .get::<ZarrConfig>()
+            .cloned()
+            .unwrap_or_default()
+    }
 }
 
 /// The runtime setting a zarrfusion setting stands for.

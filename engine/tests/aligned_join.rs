@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::{assert_rows, explain_text, repo_root, rows, scratch, sort_rows};
+use common::{assert_rows, explain_text, repo_root, scratch, sort_rows};
 use datafusion::prelude::SessionContext;
 use serde_json::Value;
 use zarrfusion::{new_context, ZarrContextExt};
@@ -51,14 +51,7 @@ async fn session(dir: &Path, aligned: bool) -> SessionContext {
 }
 
 async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
-    let batches = ctx
-        .sql(sql)
-        .await
-        .unwrap_or_else(|e| panic!("planning {sql}: {e}"))
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("running {sql}: {e}"));
-    rows(&batches)
+    common::query_rows(ctx, "query", sql).await
 }
 
 /// Runs `sql` with the rule on and off: the same rows, and a hash join

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{assert_rows, explain_text, fixture, repo_root, rows, sort_rows};
+use common::{assert_rows, explain_text, fixture, repo_root, sort_rows};
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::prelude::SessionContext;
 use serde_json::Value;
@@ -51,14 +51,7 @@ async fn session(name: &str, store: &Path, dense: bool, settings: &[&str]) -> Se
 }
 
 async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
-    let batches = ctx
-        .sql(sql)
-        .await
-        .unwrap_or_else(|e| panic!("planning {sql}: {e}"))
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("running {sql}: {e}"));
-    rows(&batches)
+    common::query_rows(ctx, "query", sql).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

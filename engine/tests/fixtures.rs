@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{assert_rows, fixture, repo_root, rows, sort_rows};
+use common::{assert_rows, fixture, query_rows, repo_root, sort_rows};
 use serde_json::Value;
 use zarrfusion::{new_context, ZarrContextExt};
 
@@ -79,14 +79,7 @@ async fn query(store: &str, dims: Option<&Value>, mode: Mode, sql: &str) -> Vec<
     ctx.register_zarr("t", &fixture(store), options)
         .await
         .unwrap_or_else(|e| panic!("registering {store}: {e}"));
-    let batches = ctx
-        .sql(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{store}: planning {sql}: {e}"))
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{store}: running {sql}: {e}"));
-    rows(&batches)
+    query_rows(&ctx, store, sql).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,13 +63,7 @@ impl OptimizerRule for AlignedJoinRule {
         plan: LogicalPlan,
         config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        let enabled = config
-            .options()
-            .extensions
-            .get::<ZarrConfig>()
-            .map(|c| c.aligned_join)
-            .unwrap_or(true);
-        if !enabled {
+        if !ZarrConfig::of(&config.options()).aligned_join {
             return Ok(Transformed::no(plan));
         }
         match aligned_zip(&plan)? {

@@ -103,11 +103,8 @@ impl BlockGrid {
             .filter(|&&i| i >= n_dims)
             .map(|&i| table.variables[i - n_dims].element_size() as u64)
             .sum();
-        let target_bytes = options
-            .extensions
-            .get::<ZarrConfig>()
-            .map(|c| c.target_partition_bytes)
-            .unwrap_or_else(|| ZarrConfig::default().target_partition_bytes)
+        let target_bytes = ZarrConfig::of(options)
+            .target_partition_bytes
             .min(max_block_bytes.unwrap_or(usize::MAX));
         Self::plan(
             &table.shape(),

@@ -156,6 +156,23 @@ pub fn sort_rows(rows: &mut [Vec<Value>], keys: usize) {
     });
 }
 
+/// The rows of `sql` as JSON values; panics naming `sql` (and `context`,
+/// such as the store) when it fails.
+pub async fn query_rows(
+    ctx: &datafusion::prelude::SessionContext,
+    context: &str,
+    sql: &str,
+) -> Vec<Vec<Value>> {
+    let batches = ctx
+        .sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{context}: planning {sql}: {e}"))
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{context}: running {sql}: {e}"));
+    rows(&batches)
+}
+
 /// The text of `EXPLAIN sql` (logical and physical plans), as a table.
 pub async fn explain_text(ctx: &datafusion::prelude::SessionContext, sql: &str) -> String {
     let batches = ctx

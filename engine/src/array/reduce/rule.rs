@@ -58,15 +58,10 @@ impl OptimizerRule for DenseReductionRule {
         config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
         let options = config.options();
-        let enabled = options
-            .extensions
-            .get::<ZarrConfig>()
-            .map(|c| c.dense_reduction)
-            .unwrap_or(true);
         let LogicalPlan::Aggregate(aggregate) = &plan else {
             return Ok(Transformed::no(plan));
         };
-        if !enabled {
+        if !ZarrConfig::of(&options).dense_reduction {
             return Ok(Transformed::no(plan));
         }
         let workers = options.execution.target_partitions.max(1);
