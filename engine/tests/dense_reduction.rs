@@ -146,15 +146,18 @@ async fn tiled_reductions_equal_the_hash_aggregation() {
     // cache holds: blocks are folded in tiles (a few inner positions over
     // every time step of the block). 80,000 groups, chunks of 5 time steps
     // (the last one 2), NULLs scattered so that the aggregates skip
-    // different rows. Uncompressed, the chunks are read straight from their
-    // files, in parts of a few MB cut along a grouped dimension.
+    // different rows, and two variables without NULLs whose arithmetic is
+    // evaluated fused (w float64, x float32 widened). Uncompressed, the
+    // chunks are read straight from their files, in parts of a few MB cut
+    // along a grouped dimension.
     for codec in ["zstd", "none"] {
         let dir = common::scratch(&format!("dense-tiled-{codec}"));
         let store = dir.join("grid.zarr");
         let ctx = new_context();
         let grid = "SELECT t, j, i, \
              CASE WHEN (t * 7 + j * 3 + i) % 11 = 0 THEN NULL ELSE cos(t + j * 0.1 + i * 0.01) END AS u, \
-             CASE WHEN (t + j + i) % 5 = 0 THEN NULL ELSE CAST(sin(t * 0.3 + i) AS FLOAT) END AS v \
+             CASE WHEN (t + j + i) % 5 = 0 THEN NULL ELSE CAST(sin(t * 0.3 + i) AS FLOAT) END AS v, \
+             t * 0.5 + sin(j * 0.7) * i AS w, CAST(cos(t + i * 0.3) AS FLOAT) AS x \
              FROM (SELECT unnest(range(12)) AS t) \
              CROSS JOIN (SELECT unnest(range(400)) AS j) \
              CROSS JOIN (SELECT unnest(range(200)) AS i)";
@@ -182,6 +185,9 @@ async fn tiled_reductions_equal_the_hash_aggregation() {
             "SELECT j, i, count(u) AS n, sum(v) AS s, var(u) AS var, min(v) AS lo, max(u) AS hi \
              FROM g GROUP BY j, i",
             "SELECT j, i, stddev_pop(u + v) AS s, count(*) AS n FROM g WHERE t > 1 AND u > 0 GROUP BY j, i",
+            "SELECT j, i, avg(w * w) AS ww, sum(w / (x + 2.0)) AS q, var(-w + x * 3.0) AS var, \
+             min(w - x) AS lo, max(x) AS hi, avg(u * w) AS uw FROM g GROUP BY j, i",
+            "SELECT j, i, avg(w * x) AS wx, count(*) AS n FROM g WHERE t > 2 GROUP BY j, i",
         ];
         for sql in queries {
             let mut results = Vec::new();
@@ -189,6 +195,10 @@ async fn tiled_reductions_equal_the_hash_aggregation() {
                 let ctx = session("g", &store, dense, &[]).await;
                 let plan = explain_text(&ctx, sql).await;
                 assert_eq!(plan.contains("DenseReductionExec"), dense, "{plan}");
+                if dense && sql.contains("w * w") {
+                    // All but max(x), which folds float32 as it is.
+                    assert_eq!(plan.matches("(fused)").count(), 5, "{plan}");
+                }
                 let mut r = run(&ctx, sql).await;
                 sort_rows(&mut r, 2);
                 results.push(r);

@@ -16,6 +16,7 @@
 //! case, then cost no counting at all.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ use datafusion::arrow::datatypes::{
 };
 use datafusion::common::{internal_err, Result};
 
+use super::elementwise::PIECE;
 use super::groups::Line;
 
 /// An aggregate function a dense reduction computes.
@@ -164,6 +166,19 @@ pub trait DenseAccumulator: Send + Debug {
         mask: Option<&BooleanBuffer>,
     ) -> Result<()>;
 
+    /// Folds the rows of `lines`, none masked and no argument NULL, whose
+    /// `float64` arguments `eval(row, out)` writes for rows `row..row +
+    /// out.len()` (at most [`PIECE`] at a time), each piece folded before
+    /// the next is evaluated. Only accumulators folding in `f64` support it.
+    fn update_fused(
+        &mut self,
+        lines: &[Line],
+        eval: &mut dyn FnMut(usize, &mut [f64]),
+    ) -> Result<()> {
+        let _ = (lines, eval);
+        internal_err!("{self:?} does not fold fused arguments")
+    }
+
     /// Adds the state of another accumulator of the same kind and groups;
     /// `rows` were counted for this one, `other_rows` for the other.
     fn merge(
@@ -192,7 +207,7 @@ fn valid_rows(nulls: Option<&NullBuffer>, mask: Option<&BooleanBuffer>) -> Optio
 
 /// Adds to `counts` the rows of each group in `lines` (only those set in
 /// `valid`, when given).
-pub fn count_rows(counts: &mut [u64], lines: &[Line], valid: Option<&BooleanBuffer>) {
+fn count_rows(counts: &mut [u64], lines: &[Line], valid: Option<&BooleanBuffer>) {
     for line in lines {
         match (valid, line.spread) {
             (None, false) => counts[line.group] += line.len as u64,
@@ -207,6 +222,72 @@ pub fn count_rows(counts: &mut [u64], lines: &[Line], valid: Option<&BooleanBuff
                     counts[line.group + i] += 1;
                 }
             }
+        }
+    }
+}
+
+/// Spread lines at least this long are counted once per distinct line.
+const MIN_DEFERRED_LINE: usize = 64;
+
+/// Distinct lines [`RowCounts`] holds before it adds them up.
+const MAX_DEFERRED_LINES: usize = 1 << 12;
+
+/// Rows counted into each group of a partial state.
+///
+/// The unmasked spread lines of a reduction over outer dimensions repeat
+/// (the same groups, once per outer step): rather than adding one to each
+/// of a line's groups every time, each distinct line is counted in a small
+/// map and added to the groups when the counts are read.
+#[derive(Debug)]
+pub struct RowCounts {
+    counts: Vec<u64>,
+    deferred: HashMap<(usize, usize), u64>,
+}
+
+impl RowCounts {
+    /// No rows in any of `groups` groups.
+    pub fn new(groups: usize) -> Self {
+        Self {
+            counts: vec![0; groups],
+            deferred: HashMap::new(),
+        }
+    }
+
+    /// Counts the rows of `lines` (only those set in `mask`, when given).
+    pub fn add(&mut self, lines: &[Line], mask: Option<&BooleanBuffer>) {
+        if mask.is_some() {
+            return count_rows(&mut self.counts, lines, mask);
+        }
+        for line in lines {
+            if line.spread && line.len >= MIN_DEFERRED_LINE {
+                *self.deferred.entry((line.group, line.len)).or_default() += 1;
+            } else {
+                count_rows(&mut self.counts, std::slice::from_ref(line), None);
+            }
+        }
+        if self.deferred.len() > MAX_DEFERRED_LINES {
+            self.settle();
+        }
+    }
+
+    /// The rows of each group.
+    pub fn settled(&mut self) -> &[u64] {
+        self.settle();
+        &self.counts
+    }
+
+    /// Adds the rows of another partial state's groups.
+    pub fn add_counts(&mut self, other: &[u64]) {
+        for (a, b) in self.counts.iter_mut().zip(other) {
+            *a += b;
+        }
+    }
+
+    fn settle(&mut self) {
+        for ((group, len), n) in self.deferred.drain() {
+            self.counts[group..group + len]
+                .iter_mut()
+                .for_each(|c| *c += n);
         }
     }
 }
@@ -428,6 +509,29 @@ impl<F: Fold> Folded<F> {
 }
 
 impl<F: Fold> DenseAccumulator for Folded<F> {
+    fn update_fused(
+        &mut self,
+        lines: &[Line],
+        eval: &mut dyn FnMut(usize, &mut [f64]),
+    ) -> Result<()> {
+        if F::T::DATA_TYPE != DataType::Float64 {
+            return internal_err!("fused float64 arguments folded in {}", F::T::DATA_TYPE);
+        }
+        let mut piece = [0.0; PIECE];
+        for line in lines {
+            for start in (0..line.len).step_by(PIECE) {
+                let values = &mut piece[..PIECE.min(line.len - start)];
+                eval(line.offset + start, values);
+                if line.spread {
+                    self.0.fold_spread(line.group + start, values);
+                } else {
+                    self.0.fold_run(line.group, values);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn update(
         &mut self,
         values: Option<&ArrayRef>,
@@ -932,6 +1036,55 @@ mod tests {
                 .values(),
             &[7, i32::MAX]
         );
+    }
+
+    #[test]
+    fn deferred_row_counts_equal_counting_every_row() {
+        let groups = 5000;
+        let mut direct = vec![0; groups];
+        let mut deferred = RowCounts::new(groups);
+        // Lines of every kind, repeated as outer steps repeat them, more
+        // distinct ones than are held before they are added up.
+        for step in 0..3 {
+            for start in (0..groups - 300).step_by(7) {
+                let lines = [
+                    Line {
+                        offset: 0,
+                        len: 200 + start % 90,
+                        group: start,
+                        spread: true,
+                    },
+                    Line {
+                        offset: 0,
+                        len: 3 + step,
+                        group: start + 1,
+                        spread: true,
+                    },
+                    Line {
+                        offset: 0,
+                        len: 100,
+                        group: start + 2,
+                        spread: false,
+                    },
+                ];
+                count_rows(&mut direct, &lines, None);
+                deferred.add(&lines, None);
+            }
+            let mask = BooleanBuffer::from_iter((0..300).map(|i| i % 3 != step));
+            let lines = [Line {
+                offset: 10,
+                len: 250,
+                group: 4000,
+                spread: true,
+            }];
+            count_rows(&mut direct, &lines, Some(&mask));
+            deferred.add(&lines, Some(&mask));
+        }
+        assert_eq!(deferred.settled(), direct);
+        let mut merged = RowCounts::new(groups);
+        merged.add_counts(&direct);
+        merged.add_counts(deferred.settled());
+        assert_eq!(merged.settled()[4100], 2 * direct[4100]);
     }
 
     #[test]

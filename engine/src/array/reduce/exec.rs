@@ -42,7 +42,8 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::PhysicalPlanner;
 use futures::{StreamExt, TryStreamExt};
 
-use super::accumulators::{count_rows, DenseAccumulator};
+use super::accumulators::{DenseAccumulator, ReduceOp, RowCounts};
+use super::elementwise::FusedExpr;
 use super::groups::{GroupSpace, Line};
 use super::node::{DenseReduction, ReduceExpr};
 use crate::progress::ScanProgress;
@@ -64,6 +65,8 @@ const MIN_PART_RUN_BYTES: u64 = 64 << 10;
 struct PhysicalReduce {
     expr: ReduceExpr,
     arg: Option<Arc<dyn PhysicalExpr>>,
+    /// The argument as a fused expression, when it is `float64` arithmetic.
+    fused: Option<FusedExpr>,
     arg_type: DataType,
     output_type: DataType,
 }
@@ -139,9 +142,16 @@ impl DenseReductionExec {
                 Some(e) => e.data_type(&input_schema)?,
                 None => DataType::Null,
             };
+            // Only accumulators folding in f64 take fused arguments; count
+            // needs no values at all where there are no NULLs.
+            let fused = match (&arg, a.op) {
+                (Some(arg), op) if op != ReduceOp::Count => FusedExpr::compile(arg, &input_schema),
+                _ => None,
+            };
             aggregates.push(PhysicalReduce {
                 expr: a.clone(),
                 arg,
+                fused,
                 arg_type,
                 output_type: node.schema.field(n_groups + i).data_type().clone(),
             });
@@ -304,7 +314,7 @@ impl Reduction {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Partial {
-            rows: vec![0; groups],
+            rows: RowCounts::new(groups),
             accumulators,
         })
     }
@@ -366,8 +376,21 @@ impl Reduction {
             }
             None => None,
         };
-        count_rows(&mut partial.rows, lines, mask.as_ref());
+        partial.rows.add(lines, mask.as_ref());
         for (i, accumulator) in partial.accumulators.iter_mut().enumerate() {
+            // Fused arithmetic, piece by piece, where no row is masked and
+            // no input is NULL.
+            let fused = self.aggregates.get(i).and_then(|a| a.fused.as_ref());
+            if let Some((fused, inputs)) = fused
+                .filter(|_| mask.is_none())
+                .and_then(|f| Some((f, f.inputs(batch)?)))
+            {
+                let mut scratch = fused.scratch();
+                accumulator.update_fused(lines, &mut |row, out| {
+                    fused.eval(&inputs, row, out, &mut scratch)
+                })?;
+                continue;
+            }
             let values = match self.aggregates.get(i).and_then(|a| a.arg.as_ref()) {
                 Some(arg) => Some(match arg.evaluate(batch)? {
                     ColumnarValue::Array(values) => values,
@@ -381,20 +404,21 @@ impl Reduction {
     }
 
     /// The result rows: group coordinates, then the aggregates.
-    fn finish(&self, partial: Partial, schema: &SchemaRef) -> Result<RecordBatch> {
+    fn finish(&self, mut partial: Partial, schema: &SchemaRef) -> Result<RecordBatch> {
+        let rows = partial.rows.settled();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
         for &d in &self.group_dims {
             let indices = UInt64Array::from(self.space.coordinate_indices(d));
             columns.push(take(self.table.dims[d].values.as_ref(), &indices, None)?);
         }
         for accumulator in &partial.accumulators {
-            columns.push(accumulator.finish(&partial.rows)?);
+            columns.push(accumulator.finish(rows)?);
         }
         let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
         // With a predicate, groups where no row passed do not exist (with
         // no GROUP BY, the one group always does).
         if self.predicate.is_some() && !self.group_dims.is_empty() {
-            let present: BooleanArray = partial.rows.iter().map(|&n| Some(n > 0)).collect();
+            let present: BooleanArray = rows.iter().map(|&n| Some(n > 0)).collect();
             return Ok(filter_record_batch(&batch, &present)?);
         }
         Ok(batch)
@@ -404,19 +428,23 @@ impl Reduction {
 /// What one worker folded: rows per group and the aggregates' state.
 #[derive(Debug)]
 struct Partial {
-    rows: Vec<u64>,
+    rows: RowCounts,
     accumulators: Vec<Box<dyn DenseAccumulator>>,
 }
 
 impl Partial {
     /// Adds another partial state of the same reduction.
     fn merge(&mut self, other: Partial) -> Result<()> {
-        for (a, b) in self.accumulators.iter_mut().zip(other.accumulators) {
-            a.merge(b, &self.rows, &other.rows)?;
+        let Partial {
+            rows: mut other_rows,
+            accumulators: other_accumulators,
+        } = other;
+        let other_rows = other_rows.settled();
+        let rows = self.rows.settled();
+        for (a, b) in self.accumulators.iter_mut().zip(other_accumulators) {
+            a.merge(b, rows, other_rows)?;
         }
-        for (a, b) in self.rows.iter_mut().zip(&other.rows) {
-            *a += b;
-        }
+        self.rows.add_counts(other_rows);
         Ok(())
     }
 }
@@ -463,7 +491,15 @@ impl DisplayAs for DenseReductionExec {
             .iter()
             .map(|&d| r.table.dims[d].name.as_str())
             .collect();
-        let aggregates: Vec<String> = r.aggregates.iter().map(|a| a.expr.to_string()).collect();
+        // "(fused)": the argument is evaluated piece by piece as it is folded.
+        let aggregates: Vec<String> = r
+            .aggregates
+            .iter()
+            .map(|a| match a.fused {
+                Some(_) => format!("{} (fused)", a.expr),
+                None => a.expr.to_string(),
+            })
+            .collect();
         write!(
             f,
             "DenseReductionExec: store={}, group=[{}], aggr=[{}], groups={}, rows={}, \

@@ -8,6 +8,7 @@
 //! | `exec` | [`DenseReductionExec`], the operator: fused decode, evaluate and fold, then a tree merge |
 //! | `groups` | the dense group space and how rows of a box map onto it |
 //! | `accumulators` | per-group state of `count`, `sum`, `avg`, `min`, `max`, `var`, `stddev` |
+//! | `elementwise` | `float64` arithmetic arguments evaluated in cache-sized pieces, folded as they are made |
 //!
 //! ```no_run
 //! # async fn example() -> datafusion::error::Result<()> {
@@ -21,6 +22,7 @@
 //! ```
 
 mod accumulators;
+mod elementwise;
 mod exec;
 mod groups;
 mod node;
