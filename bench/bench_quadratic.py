@@ -2,7 +2,7 @@
 """Quadratic Means benchmark (issue 4), the workload of the "Optimizing Cubed"
 seed: for u, v of shape (T, 1, 987, 1920) float64 in chunks (10, 1, 987, 1920),
 
-    SELECT j, i, avg(u*u), avg(v*v), avg(u*v) FROM quad GROUP BY j, i
+    SELECT j, i, avg(u*u), avg(v*v), avg(u*v) FROM quad GROUP BY j, i ORDER BY j, i
 
 that is, the means of u*u, v*v and u*v over time, under a 2 GB budget.
 
@@ -10,7 +10,9 @@ Arms, each in a fresh subprocess (so its peak RSS is its own), same store:
 
 * zarrfusion:  the SQL above through ``SessionContext(allowed_mem=...)`` (a
   dense reduction: elementwise products and the first level of the means in
-  one pass over each block), the result as an Arrow table;
+  one pass over each block), the result as gridded ``xarray`` variables
+  (``to_xarray``: the rows come in C order of (j, i), so they are reshaped
+  without a scatter);
 * numpy:  u and v read whole into memory with zarr-python, then
   ``(u*u).mean(axis=0)`` etc.; its time is reported twice, end to end and the
   compute alone (data already in memory);
@@ -19,7 +21,7 @@ Arms, each in a fresh subprocess (so its peak RSS is its own), same store:
   ``Spec(work_dir, allowed_mem)`` and ``xp.mean`` of the products, computed
   together with each executor.
 
-Per arm: wall time (imports excluded), peak RSS of the process tree sampled
+Per arm: wall time (imports, and 0.5 s for their side effects to settle, excluded), peak RSS of the process tree sampled
 every 0.05 s, and a check against the numpy arm's means (relative 1e-9).
 
     .venv/bin/python bench/bench_quadratic.py --make      # writes bench/data/quad.zarr (T=200: 6 GB)
@@ -45,7 +47,7 @@ from measure import parse_mem, report, run_child
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "bench/data/quad.zarr"
 ARMS = ["zarrfusion", "numpy", "dask", "cubed-threads", "cubed-processes"]
-SQL = "SELECT j, i, avg(u*u) AS uu, avg(v*v) AS vv, avg(u*v) AS uv FROM quad GROUP BY j, i"
+SQL = "SELECT j, i, avg(u*u) AS uu, avg(v*v) AS vv, avg(u*v) AS uv FROM quad GROUP BY j, i ORDER BY j, i"
 NAMES = ("uu", "vv", "uv")
 
 
@@ -69,7 +71,12 @@ def make(store: Path, t: int) -> None:
 def child(arm: str, store: str, mem: str, work: str, threads: int, out: str) -> dict:
     # Imports before the clock starts.
     if arm == "zarrfusion":
+        import xarray
         import zarrfusion as zf
+
+        # xarray imports its duck-array modules (dask among them) when it
+        # makes its first variable.
+        xarray.Dataset({"x": ("d", np.zeros(1))})
     elif arm == "numpy":
         import zarr
     elif arm == "dask":
@@ -79,19 +86,16 @@ def child(arm: str, store: str, mem: str, work: str, threads: int, out: str) -> 
         import cubed
         import cubed.array_api as xp
         from cubed.runtime.executors.local import ProcessesExecutor, ThreadsExecutor
+    # Let import side effects settle: OpenBLAS's threads, started when numpy
+    # loads, spin for about 0.1 s of CPU before they sleep.
+    time.sleep(0.5)
     result: dict = {}
     t0 = time.perf_counter()
     if arm == "zarrfusion":
         ctx = zf.SessionContext(allowed_mem=mem, work_dir=work)
         ctx.register_zarr("quad", store)
-        table = ctx.sql(SQL).to_arrow_table()
-        j = table["j"].to_numpy()
-        i = table["i"].to_numpy()
-        means = []
-        for name in NAMES:
-            grid = np.full((987, 1920), np.nan)
-            grid[j, i] = table[name].to_numpy()
-            means.append(grid)
+        grids = ctx.sql(SQL).to_xarray()
+        means = [grids[name].values for name in NAMES]
     elif arm == "numpy":
         u = zarr.open_array(store, path="u", mode="r")[:]
         v = zarr.open_array(store, path="v", mode="r")[:]

@@ -141,6 +141,38 @@ async fn results_equal_the_hash_aggregation_on_the_demo_store() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_by_the_grouped_dimensions_needs_no_sort() {
+    // The reduction's rows come in C order of the grouped dimensions, so an
+    // ORDER BY that follows the coordinates (latitude descends in the demo
+    // store) is already satisfied; any other order is sorted. Rows are
+    // compared in the order they come, against the hash aggregation sorted
+    // by DataFusion.
+    let era5 = repo_root().join("demo/era5.zarr");
+    let stations = Path::new(&fixture("string_coords_v2.zarr")).to_path_buf();
+    let cases = [
+        (&era5, "SELECT lat, lon, avg(t2m) AS a FROM era5 GROUP BY lon, lat ORDER BY lat DESC, lon", false),
+        (&era5, "SELECT lon, lat, max(sp) AS m FROM era5 WHERE lon > 100 GROUP BY lat, lon ORDER BY lat DESC, lon LIMIT 70", false),
+        (&era5, "SELECT time, lat, count(sst) AS n FROM era5 GROUP BY time, lat ORDER BY time, lat DESC", false),
+        (&era5, "SELECT time, avg(t2m) AS a FROM era5 WHERE lat < 0 GROUP BY time ORDER BY time DESC", true),
+        (&era5, "SELECT lat, lon, avg(t2m) AS a FROM era5 GROUP BY lon, lat ORDER BY lat, lon", true),
+        (&era5, "SELECT lat, lon, avg(t2m) AS a FROM era5 GROUP BY lon, lat ORDER BY lon, lat DESC", true),
+        // Station names are not sorted in the store.
+        (&stations, "SELECT station, time, avg(temperature) AS a FROM era5 GROUP BY station, time ORDER BY station, time", true),
+        (&stations, "SELECT time, avg(temperature) AS a FROM era5 GROUP BY time ORDER BY time", false),
+    ];
+    for (store, sql, sorts) in cases {
+        let dense = session("era5", store, true, &[]).await;
+        let plan = explain_text(&dense, sql).await;
+        assert!(plan.contains("DenseReductionExec"), "{sql}:\n{plan}");
+        assert_eq!(plan.contains("SortExec"), sorts, "{sql}:\n{plan}");
+        let got = run(&dense, sql).await;
+        let want = run(&session("era5", store, false, &[]).await, sql).await;
+        assert!(!got.is_empty(), "{sql}: no rows");
+        assert_rows(sql, &got, &want);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiled_reductions_equal_the_hash_aggregation() {
     // Time-chunked data grouped by space with more group state than a
     // cache holds: blocks are folded in tiles (a few inner positions over

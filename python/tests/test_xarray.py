@@ -39,3 +39,21 @@ def test_not_a_grid_is_a_clear_error(ctx, fixtures):
         ctx.sql("SELECT t2m FROM t").to_xarray()
     with pytest.raises(ValueError, match="dims"):
         ctx.sql("SELECT lat FROM t").to_xarray(dims=["nope"])
+
+
+@pytest.mark.parametrize("order", ["lat DESC, lon", "lon DESC, lat", "lat, lon DESC"])
+def test_any_row_order_gives_the_same_grid(ctx, fixtures, order):
+    # desc_lat's latitude descends: "lat DESC, lon" is the grid's C order
+    # (reshaped as it is), the others are scattered into place.
+    ctx.register_zarr("t", fixtures / "desc_lat.zarr")
+    got = ctx.sql(f"SELECT lat, lon, v FROM t ORDER BY {order}").to_xarray()
+    want = xr.open_zarr(fixtures / "desc_lat.zarr", chunks=None).load()
+    xr.testing.assert_equal(got, want)
+    assert got.v.values.flags.writeable
+
+
+def test_a_repeated_combination_is_not_a_grid(ctx):
+    # As many rows as cells, but (1, 1) twice and (1, 2) missing.
+    rows = "VALUES (1.0, 1.0, 5.0), (1.0, 1.0, 6.0), (2.0, 1.0, 7.0), (2.0, 2.0, 8.0)"
+    with pytest.raises(ValueError, match="exactly once"):
+        ctx.sql(f"SELECT column1 AS y, column2 AS x, column3 AS v FROM ({rows})").to_xarray(dims=["y", "x"])

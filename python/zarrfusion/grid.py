@@ -67,19 +67,29 @@ def table_to_xarray(
     sizes = tuple(len(coords[d]) for d in dims)
     cells = int(np.prod(sizes, dtype=np.int64))
     flat = np.ravel_multi_index(codes, sizes) if len(frame) else np.zeros(0, dtype=np.int64)
-    if len(frame) != cells or np.unique(flat).size != len(frame):
+    # As many rows as cells, each cell hit: every combination exactly once.
+    if len(frame) == cells:
+        hit = np.zeros(cells, dtype=bool)
+        hit[flat] = True
+    if len(frame) != cells or not hit.all():
         raise ValueError(
             f"to_xarray: the result is not a grid over ({', '.join(dims)}): "
             f"{len(frame)} rows for {cells} combinations of {len(sizes)} dimensions of sizes {sizes}; "
             "every combination of dimension values must appear exactly once"
         )
+    # Rows already in C order of the grid (a dense reduction's result, an
+    # ORDER BY of the dimensions) are reshaped as they are.
+    in_order = bool((flat == np.arange(cells)).all())
     data_vars = {}
     for name in names:
         if name in dims:
             continue
         values = frame[name].to_numpy()
-        out = np.empty(cells, dtype=values.dtype)
-        out[flat] = values
+        if in_order:
+            out = values if values.flags.writeable else values.copy()
+        else:
+            out = np.empty(cells, dtype=values.dtype)
+            out[flat] = values
         is_time = np.issubdtype(values.dtype, np.datetime64)
         data_vars[name] = (dims, out.reshape(sizes), _attrs(name, columns, is_time))
     coord_vars = {

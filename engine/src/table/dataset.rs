@@ -49,6 +49,33 @@ impl Dimension {
             _ => false,
         }
     }
+
+    /// The order of the coordinate values along the dimension, when they
+    /// are strictly monotonic without NULLs: `Some(false)` ascending,
+    /// `Some(true)` descending; `None` for repeated, unordered or NULL
+    /// values. Rows that follow the dimension's index order follow this
+    /// order of its values too.
+    pub fn strict_order(&self) -> Option<bool> {
+        use datafusion::arrow::compute::kernels::cmp::{gt, lt};
+        let n = self.values.len();
+        if self.values.null_count() > 0 {
+            return None;
+        }
+        if n < 2 {
+            return Some(false);
+        }
+        let (before, after) = (self.values.slice(0, n - 1), self.values.slice(1, n - 1));
+        let all = |holds: Result<datafusion::arrow::array::BooleanArray, _>| {
+            holds.is_ok_and(|h| h.true_count() == n - 1)
+        };
+        if all(lt(&before, &after)) {
+            Some(false)
+        } else if all(gt(&before, &after)) {
+            Some(true)
+        } else {
+            None
+        }
+    }
 }
 
 /// An opened Zarr group: dimensions and data variables.

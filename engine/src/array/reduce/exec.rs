@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
@@ -29,7 +30,8 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::ColumnarValue;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
@@ -167,7 +169,15 @@ impl DenseReductionExec {
             (blocks.num_blocks() as usize).clamp(1, options.execution.target_partitions.max(1));
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
+            EquivalenceProperties::new_with_orderings(
+                Arc::clone(&schema),
+                [output_ordering(
+                    &schema,
+                    &table,
+                    &node.group_dims,
+                    &sorted_dims,
+                )],
+            ),
             Partitioning::UnknownPartitioning(1),
             EmissionType::Final,
             Boundedness::Bounded,
@@ -425,6 +435,33 @@ impl Reduction {
     }
 }
 
+/// The order of the result rows: C order of the grouped dimensions taken in
+/// the table's order, which sorts them by the coordinate values of each
+/// dimension as far as those values are strictly monotonic (ascending or
+/// descending). Declared so that an `ORDER BY` of the grouped dimensions
+/// costs no sort.
+fn output_ordering(
+    schema: &SchemaRef,
+    table: &GridTable,
+    group_dims: &[usize],
+    sorted_dims: &[usize],
+) -> Vec<PhysicalSortExpr> {
+    let mut ordering = Vec::new();
+    for d in sorted_dims {
+        let Some(column) = group_dims.iter().position(|g| g == d) else {
+            break;
+        };
+        let Some(descending) = table.dims[*d].strict_order() else {
+            break;
+        };
+        ordering.push(PhysicalSortExpr::new(
+            Arc::new(Column::new(schema.field(column).name(), column)),
+            SortOptions::new(descending, descending),
+        ));
+    }
+    ordering
+}
+
 /// What one worker folded: rows per group and the aggregates' state.
 #[derive(Debug)]
 struct Partial {
@@ -516,6 +553,9 @@ impl DisplayAs for DenseReductionExec {
         )?;
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
+        }
+        if let Some(ordering) = self.properties.output_ordering() {
+            write!(f, ", output_ordering=[{ordering}]")?;
         }
         Ok(())
     }
