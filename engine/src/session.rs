@@ -37,6 +37,7 @@ use crate::progress::ScanProgress;
 use crate::table::{
     open_dataset, GridTable, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions,
 };
+use crate::write::array_copy::WholeTableCopyRule;
 use crate::write::ZarrFormatFactory;
 
 /// The default session configuration: information schema on, zarrfusion
@@ -75,6 +76,7 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         .with_relation_planners(vec![read_zarr])
         .with_optimizer_rule(Arc::new(AlignedJoinRule))
         .with_optimizer_rule(Arc::new(DenseReductionRule))
+        .with_optimizer_rule(Arc::new(WholeTableCopyRule))
         .with_query_planner(Arc::new(ArrayQueryPlanner))
         .build();
     let mut state = state;

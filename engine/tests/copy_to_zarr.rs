@@ -233,7 +233,8 @@ async fn bad_writes_are_refused_and_leave_nothing() {
 async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     let dir = scratch("budget");
     // Enough for the scan (two blocks per partition, about 6 MB), not for
-    // the whole result the sink holds.
+    // the whole result the sink holds. (A computed column: the table as it
+    // is would be copied array by array, inside the budget.)
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_limit(8 << 20, 1.0)
         .build_arc()
@@ -246,7 +247,7 @@ async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     let err = copy(
         &ctx,
         &format!(
-            "COPY (SELECT time, lat, lon, t2m, u10, v10 FROM era5) TO '{}'",
+            "COPY (SELECT time, lat, lon, t2m, u10 * 2 AS u2, v10 FROM era5) TO '{}'",
             out.display()
         ),
     )
@@ -297,5 +298,150 @@ async fn set_allowed_mem_resizes_the_budget_of_later_queries() {
         .await
         .unwrap();
     assert!(work.is_dir());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_whole_table_is_copied_array_by_array_inside_a_small_budget() {
+    let dir = scratch("whole");
+    // 1 MB: less than the scan's two blocks per partition (5 MB) and the
+    // rows (8 MB) the sink would hold.
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(1 << 20, 1.0)
+        .build_arc()
+        .unwrap();
+    let small = new_context_with(session_config(), runtime);
+    small
+        .register_zarr("era5", &demo(), HashMap::new())
+        .await
+        .unwrap();
+    let ctx = context().await;
+    // (COPY, the query it equals, a metadata file, its chunks, its compression, the store's entries)
+    let cases = [
+        (
+            "COPY era5 TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=96,lat=4,lon=4')",
+            "SELECT * FROM era5",
+            "t2m/zarr.json",
+            [96, 4, 4],
+            "zstd",
+            "lat lon sp sst t2m time u10 v10 zarr.json",
+        ),
+        (
+            "COPY (SELECT time, lat, lon, sp, t2m FROM era5) TO '{out}' STORED AS ZARR \
+             OPTIONS ('zarr_format' '2', 'codec' 'gzip')",
+            "SELECT time, lat, lon, sp, t2m FROM era5",
+            "sp/.zarray",
+            [24, 33, 64],
+            "zlib",
+            ".zattrs .zgroup .zmetadata lat lon sp t2m time",
+        ),
+        (
+            "COPY (SELECT * FROM (SELECT time, lat, lon, u10 FROM era5) AS s) TO '{out}' \
+             STORED AS ZARR OPTIONS ('chunks' 'lat=11', 'codec' 'none')",
+            "SELECT time, lat, lon, u10 FROM era5",
+            "u10/zarr.json",
+            [24, 11, 64],
+            "bytes",
+            "lat lon time u10 zarr.json",
+        ),
+    ];
+    for (i, (copy_sql, query, metadata, chunks, compression, names)) in cases.iter().enumerate() {
+        let out = dir.join(format!("whole{i}.zarr"));
+        let sql = copy_sql.replace("{out}", &out.to_string_lossy());
+        let plan = text(&small, &format!("EXPLAIN {sql}")).await;
+        assert!(plan.contains("ArrayCopyExec"), "{plan}");
+        assert!(text(&small, &sql).await.contains("202752"), "{sql}");
+        let name = format!("whole{i}");
+        ctx.register_zarr(&name, &out.to_string_lossy(), HashMap::new())
+            .await
+            .unwrap();
+        let got = text(
+            &ctx,
+            &format!("SELECT * FROM {name} ORDER BY time, lat, lon"),
+        )
+        .await;
+        let want = text(&ctx, &format!("{query} ORDER BY time, lat, lon")).await;
+        assert_eq!(got, want, "{sql}");
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join(metadata)).unwrap()).unwrap();
+        let shape = if json["zarr_format"] == 3 {
+            &json["chunk_grid"]["configuration"]["chunk_shape"]
+        } else {
+            &json["chunks"]
+        };
+        assert_eq!(shape, &serde_json::json!(chunks), "{sql}");
+        let codecs = json.to_string();
+        assert!(
+            codecs.contains(&format!("\"{compression}\"")),
+            "{sql}: {codecs}"
+        );
+        assert_eq!(entries(&out).join(" "), *names, "{sql}");
+    }
+    // A filter or a computed column writes rows.
+    for sql in [
+        "COPY (SELECT * FROM era5 WHERE lat > 0) TO '{out}' STORED AS ZARR",
+        "COPY (SELECT time, lat, lon, t2m + 1 AS t2m FROM era5) TO '{out}' STORED AS ZARR",
+        "COPY (SELECT lat, time, lon, t2m FROM era5) TO '{out}' STORED AS ZARR",
+    ] {
+        let sql = sql.replace("{out}", &dir.join("rows.zarr").to_string_lossy());
+        let plan = text(&ctx, &format!("EXPLAIN {sql}")).await;
+        assert!(
+            !plan.contains("ArrayCopy") && plan.contains("ZarrSink"),
+            "{plan}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_whole_v3_table_copies_as_v3_and_writes_rows_as_v2() {
+    let dir = scratch("whole-v3");
+    let ctx = new_context();
+    ctx.register_zarr("v3", &common::fixture("v3_basic.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let want = text(&ctx, "SELECT * FROM v3 ORDER BY time, lat, lon").await;
+    for (format, array_copy) in [("3", true), ("2", false)] {
+        let out = dir.join(format!("v{format}.zarr"));
+        let sql = format!(
+            "COPY v3 TO '{}' STORED AS ZARR OPTIONS ('zarr_format' '{format}')",
+            out.display()
+        );
+        let plan = text(&ctx, &format!("EXPLAIN {sql}")).await;
+        assert_eq!(plan.contains("ArrayCopyExec"), array_copy, "{plan}");
+        copy(&ctx, &sql).await.unwrap();
+        let name = format!("out{format}");
+        ctx.register_zarr(&name, &out.to_string_lossy(), HashMap::new())
+            .await
+            .unwrap();
+        let got = text(
+            &ctx,
+            &format!("SELECT * FROM {name} ORDER BY time, lat, lon"),
+        )
+        .await;
+        assert_eq!(got, want, "v{format}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_whole_table_copy_that_fails_midway_leaves_nothing() {
+    let dir = scratch("whole-corrupt");
+    let ctx = new_context();
+    let store = common::fixture("bad_corrupt_chunk.zarr");
+    ctx.register_zarr("bad", &store, HashMap::new())
+        .await
+        .unwrap();
+    let out = dir.join("out.zarr");
+    let sql = format!("COPY bad TO '{}' STORED AS ZARR", out.display());
+    assert!(text(&ctx, &format!("EXPLAIN {sql}"))
+        .await
+        .contains("ArrayCopyExec"));
+    let err = copy(&ctx, &sql).await.unwrap_err().to_string();
+    assert!(
+        err.contains("bad_corrupt_chunk.zarr") && err.contains("t2m"),
+        "{err}"
+    );
+    assert!(entries(&dir).is_empty(), "{:?}", entries(&dir));
     std::fs::remove_dir_all(&dir).unwrap();
 }

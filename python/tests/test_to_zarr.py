@@ -85,3 +85,37 @@ def test_ctrl_c_cancels_a_write_and_leaves_nothing(ctx, tmp_path):
     finally:
         timer.cancel()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "store,zarr_format",
+    [
+        ("v2_basic.zarr", 3),
+        ("v2_basic.zarr", 2),
+        ("v3_basic.zarr", 3),
+        ("cf_packed.zarr", 3),
+        ("cf_packed_v3.zarr", 3),
+        ("cf_time.zarr", 3),
+    ],
+)
+def test_a_whole_table_is_copied_as_stored(fixtures, tmp_path, store, zarr_format):
+    # The table as it is: its arrays are copied chunk by chunk (packed
+    # values stay packed, times CF-encoded), so xarray decodes the same
+    # dataset, rechunked, within a budget smaller than the table's rows.
+    ctx = zf.SessionContext(allowed_mem="1MB")
+    ctx.register_zarr("t", fixtures / store)
+    df = ctx.table("t")
+    plan = ctx.sql(f"EXPLAIN COPY t TO '{tmp_path / 'unused.zarr'}' STORED AS ZARR").to_arrow_table()
+    assert "ArrayCopyExec" in " ".join(plan["plan"].to_pylist())
+    src = open_xr(fixtures / store)
+    dim = [c for c in df.columns if c in src.dims][-1]
+    out = tmp_path / "out.zarr"
+    rows = df.to_zarr(out, chunks={dim: 2}, zarr_format=zarr_format, codec="gzip")
+    got = open_xr(out)
+    variables = [c for c in df.columns if c not in src.dims]
+    assert sorted(got.data_vars) == sorted(variables)
+    want = src[variables]
+    assert rows == want[variables[0]].size
+    xr.testing.assert_identical(got, want)
+    for name in variables:
+        assert got[name].encoding["chunks"][list(got[name].dims).index(dim)] == 2

@@ -162,7 +162,10 @@ class DataFrame:
         NULLs become NaN. ``chunks`` gives chunk lengths per dimension,
         ``codec`` is ``"zstd"``, ``"gzip"``, ``"blosc"`` or ``"none"``. The
         write is atomic: on an error or Ctrl-C nothing appears at ``path``,
-        and an existing ``path`` is never replaced.
+        and an existing ``path`` is never replaced. A whole Zarr table as it
+        is (``ctx.table("era5")``, or a selection of its dimensions and
+        variables) is copied array by array, as stored, inside
+        ``allowed_mem`` however large it is.
         """
         options = {"codec": codec, "zarr_format": str(zarr_format)}
         if chunks:

@@ -12,7 +12,7 @@
 pub mod planner;
 pub mod rechunk;
 pub mod reduce;
-mod scan_path;
+pub(crate) mod scan_path;
 pub mod zip;
 
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};

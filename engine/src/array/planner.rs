@@ -16,6 +16,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 
 use super::reduce::{DenseReduction, DenseReductionExec};
+use crate::write::array_copy::ArrayCopy;
 
 /// Plans the array nodes of `engine::array`.
 #[derive(Debug, Default)]
@@ -35,6 +36,9 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
         if let Some(reduction) = node.as_any().downcast_ref::<DenseReduction>() {
             let exec = DenseReductionExec::plan(reduction, planner, session, planning)?;
             return Ok(Some(Arc::new(exec)));
+        }
+        if let Some(copy) = node.as_any().downcast_ref::<ArrayCopy>() {
+            return Ok(Some(Arc::new(copy.plan(session).await?)));
         }
         Ok(None)
     }

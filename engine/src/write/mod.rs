@@ -9,7 +9,10 @@
 //! Dimension columns become dimensions with coordinate arrays (timestamps
 //! as CF times), the other columns become variables, NULL becomes the fill
 //! value (NaN). The store is written beside the target and renamed into
-//! place when complete: a failed or cancelled write leaves nothing.
+//! place when complete: a failed or cancelled write leaves nothing. A
+//! query that reads a whole Zarr table as it is (`COPY era5 TO ...`) is
+//! copied array by array instead ([`array_copy`]), inside the memory budget
+//! however large the table.
 //!
 //! | module | owns |
 //! |---|---|
@@ -18,7 +21,9 @@
 //! | [`store`] | Zarr v2/v3 metadata and chunks, atomic rename |
 //! | [`sink`] | the DataFusion sink: memory budget, cancellation |
 //! | [`format`] | Zarr registered as a file format for `COPY` |
+//! | [`array_copy`] | `COPY` of a whole Zarr table, array by array, inside the budget |
 
+pub mod array_copy;
 pub mod format;
 pub mod grid;
 pub mod options;

@@ -341,6 +341,32 @@ fn zarr_type(t: &DataType) -> Result<(&'static str, &'static str)> {
     })
 }
 
+/// The Zarr v3 bytes-to-bytes codec of `codec` (none for [`Codec::None`]),
+/// for elements of `width` bytes.
+pub(crate) fn v3_compressor(codec: Codec, width: usize) -> Option<Value> {
+    match codec {
+        Codec::Zstd => {
+            Some(json!({"name": "zstd", "configuration": {"level": 3, "checksum": false}}))
+        }
+        Codec::Gzip => Some(json!({"name": "gzip", "configuration": {"level": 5}})),
+        Codec::Blosc => Some(json!({"name": "blosc", "configuration": {
+            "cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": width, "blocksize": 0}})),
+        Codec::None => None,
+    }
+}
+
+/// The Zarr v2 `compressor` of `codec` (null for [`Codec::None`]).
+pub(crate) fn v2_compressor(codec: Codec) -> Value {
+    match codec {
+        Codec::Zstd => json!({"id": "zstd", "level": 3}),
+        Codec::Gzip => json!({"id": "zlib", "level": 5}),
+        Codec::Blosc => {
+            json!({"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0})
+        }
+        Codec::None => Value::Null,
+    }
+}
+
 /// Metadata of one array as JSON (v2 with its attributes inline).
 fn array_metadata(
     t: &DataType,
@@ -357,13 +383,7 @@ fn array_metadata(
     Ok(match options.zarr_format {
         ZarrVersion::V3 => {
             let mut codecs = vec![json!({"name": "bytes", "configuration": {"endian": "little"}})];
-            match options.codec {
-                Codec::Zstd => codecs.push(json!({"name": "zstd", "configuration": {"level": 3, "checksum": false}})),
-                Codec::Gzip => codecs.push(json!({"name": "gzip", "configuration": {"level": 5}})),
-                Codec::Blosc => codecs.push(json!({"name": "blosc", "configuration": {
-                    "cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": width, "blocksize": 0}})),
-                Codec::None => {}
-            }
+            codecs.extend(v3_compressor(options.codec, width));
             json!({
                 "zarr_format": 3,
                 "node_type": "array",
@@ -378,14 +398,7 @@ fn array_metadata(
             })
         }
         ZarrVersion::V2 => {
-            let compressor = match options.codec {
-                Codec::Zstd => json!({"id": "zstd", "level": 3}),
-                Codec::Gzip => json!({"id": "zlib", "level": 5}),
-                Codec::Blosc => {
-                    json!({"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0})
-                }
-                Codec::None => Value::Null,
-            };
+            let compressor = v2_compressor(options.codec);
             attributes.insert("_ARRAY_DIMENSIONS".into(), json!(dims));
             json!({
                 "zarr_format": 2,

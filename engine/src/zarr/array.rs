@@ -85,6 +85,11 @@ impl ZarrArray {
         &self.name
     }
 
+    /// Whether the array is stored as Zarr v3 (else v2).
+    pub fn is_v3(&self) -> bool {
+        matches!(self.array.metadata(), ArrayMetadata::V3(_))
+    }
+
     /// The store this array belongs to.
     pub fn store(&self) -> &str {
         &self.store

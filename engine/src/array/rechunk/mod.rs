@@ -36,7 +36,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use datafusion::common::{exec_err, plan_err, DataFusionError, Result};
+use datafusion::common::{exec_err, human_readable_size, plan_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use serde_json::{json, Map, Value};
@@ -48,8 +48,12 @@ use zarrs::storage::ReadableListableStorageTraits;
 pub use plan::{RechunkPlan, StagePlan};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
+use crate::write::options::{Codec, ZarrVersion};
 use crate::write::sink::CancelOnDrop;
-use crate::write::store::{consolidate, io_error, unique_suffix, write_atomically, write_json};
+use crate::write::store::{
+    consolidate, io_error, unique_suffix, v2_compressor, v3_compressor, write_atomically,
+    write_json,
+};
 
 use crate::zarr::{
     dimension_names, discover_arrays, open_storage, read_json, root_name, ArrayEntry, StoreLocation,
@@ -97,6 +101,16 @@ impl RechunkOptions {
     }
 }
 
+/// How the target's arrays are encoded when not as the source's are: the
+/// format version and the compression (`COPY ... STORED AS ZARR` options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetEncoding {
+    /// The compression of every target array.
+    pub codec: Codec,
+    /// The target's format version (a v3 source cannot be written as v2).
+    pub zarr_format: ZarrVersion,
+}
+
 /// One array's rechunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArrayRechunk {
@@ -123,6 +137,34 @@ pub struct RechunkSummary {
     pub seconds: f64,
 }
 
+/// Writes each array's plan for `EXPLAIN`: chunks of every stage, tasks,
+/// workers and bytes read and written, separated by commas.
+pub fn fmt_array_plans<'a>(
+    f: &mut std::fmt::Formatter<'_>,
+    arrays: impl Iterator<Item = &'a ArrayRechunk>,
+) -> std::fmt::Result {
+    for (i, array) in arrays.enumerate() {
+        let plan = &array.plan;
+        let chunks: Vec<String> = plan.stages.iter().map(|s| format!("{:?}", s.to)).collect();
+        let tasks: Vec<String> = plan.stages.iter().map(|s| s.tasks.to_string()).collect();
+        write!(
+            f,
+            "{}{}: {:?} -> {} in {} stage{} (tasks {}, workers {}, read {}, write {})",
+            if i == 0 { "" } else { ", " },
+            array.name,
+            plan.stages[0].from,
+            chunks.join(" -> "),
+            plan.stages.len(),
+            if plan.stages.len() == 1 { "" } else { "s" },
+            tasks.join("+"),
+            plan.workers,
+            human_readable_size(plan.bytes_read() as usize),
+            human_readable_size(plan.bytes_written() as usize),
+        )?;
+    }
+    Ok(())
+}
+
 /// An array to rechunk: the opened source and its plan.
 struct Job {
     entry: ArrayEntry,
@@ -140,22 +182,28 @@ pub fn plan_store_rechunk(
     options: &RechunkOptions,
     runtime: &RuntimeEnv,
 ) -> Result<Vec<ArrayRechunk>> {
-    Ok(open_jobs(source, chunks, options, runtime)?
+    Ok(open_jobs(source, chunks, None, options, runtime)?
         .1
         .into_iter()
         .map(|job| job.rechunk)
         .collect())
 }
 
+/// Opens and plans the arrays of the store at `source` (only those named
+/// in `arrays`, when given).
 fn open_jobs(
     source: &str,
     chunks: &[(String, u64)],
+    arrays: Option<&[String]>,
     options: &RechunkOptions,
     runtime: &RuntimeEnv,
 ) -> Result<(Arc<dyn ReadableListableStorageTraits>, Vec<Job>)> {
     let location = StoreLocation::parse(source)?;
     let storage = open_storage(source, &location, &HashMap::new(), runtime)?;
-    let entries = discover_arrays(&storage, source, root_name(source))?;
+    let mut entries = discover_arrays(&storage, source, root_name(source))?;
+    if let Some(names) = arrays {
+        entries.retain(|entry| names.contains(&entry.name));
+    }
     let fail = |array: &str, message: String| {
         DataFusionError::Plan(format!(
             "rechunk of store '{source}', array '{array}': {message}"
@@ -281,6 +329,107 @@ fn with_chunks(
     }
 }
 
+/// `metadata` in the format and compression of `encoding`: a v2 array
+/// becomes v3 (its `_ARRAY_DIMENSIONS` becoming `dimension_names`, chunk
+/// keys the v3 default), and the codecs after the array-to-bytes codec (or
+/// the v2 compressor) are replaced by `encoding.codec`; filters and
+/// array-to-array codecs stay. `dims` are the array's dimension names,
+/// `width` its element size.
+fn encode_as(
+    metadata: ArrayMetadata,
+    encoding: TargetEncoding,
+    dims: &[String],
+    width: usize,
+) -> Result<ArrayMetadata, String> {
+    let text = |e: serde_json::Error| e.to_string();
+    let v3 = match (metadata, encoding.zarr_format) {
+        (ArrayMetadata::V2(m), ZarrVersion::V2) => {
+            let mut v = serde_json::to_value(&m).map_err(text)?;
+            v["compressor"] = v2_compressor(encoding.codec);
+            return serde_json::from_value(v)
+                .map(ArrayMetadata::V2)
+                .map_err(text);
+        }
+        (ArrayMetadata::V3(_), ZarrVersion::V2) => {
+            return Err("a Zarr v3 array cannot be written as Zarr v2".into())
+        }
+        (ArrayMetadata::V2(m), ZarrVersion::V3) => {
+            let v2 = serde_json::to_value(&m).map_err(text)?;
+            let m = zarrs::convert::array_metadata_v2_to_v3(&m).map_err(|e| e.to_string())?;
+            let mut v = serde_json::to_value(&m).map_err(text)?;
+            v["chunk_key_encoding"] =
+                json!({"name": "default", "configuration": {"separator": "/"}});
+            v["dimension_names"] = json!(dims);
+            if !v["attributes"].is_object() {
+                v["attributes"] = json!({});
+            }
+            let attributes = v["attributes"].as_object_mut().expect("an object");
+            attributes.remove("_ARRAY_DIMENSIONS");
+            // Readers mask a v2 array's fill value, but only a v3 array's
+            // `_FillValue` attribute: keep the mask.
+            if let Some(fill) = fill_value_attribute(&v2) {
+                attributes.entry("_FillValue").or_insert(fill);
+            }
+            v
+        }
+        (ArrayMetadata::V3(m), ZarrVersion::V3) => serde_json::to_value(&m).map_err(text)?,
+    };
+    let mut v = v3;
+    let codecs = v["codecs"].as_array().cloned().unwrap_or_default();
+    // The array-to-bytes codec: the one that is neither an array-to-array
+    // codec before it nor a compressor after it.
+    const ARRAY_TO_BYTES: [&str; 5] = ["bytes", "vlen-utf8", "vlen-bytes", "vlen_utf8", "packbits"];
+    let Some(at) = codecs
+        .iter()
+        .position(|c| ARRAY_TO_BYTES.contains(&c["name"].as_str().unwrap_or_default()))
+    else {
+        return Err(format!(
+            "cannot change the compression of codecs {}",
+            Value::Array(codecs)
+        ));
+    };
+    let mut kept: Vec<Value> = codecs[..=at].to_vec();
+    kept.extend(v3_compressor(encoding.codec, width));
+    v["codecs"] = Value::Array(kept);
+    serde_json::from_value(v)
+        .map(ArrayMetadata::V3)
+        .map_err(text)
+}
+
+/// The `_FillValue` attribute xarray writes for the fill value of the v2
+/// array metadata `v2` (as JSON): the number for integers, the base64 text
+/// of the little-endian float64 bytes for floats; `None` without a fill
+/// value.
+fn fill_value_attribute(v2: &Value) -> Option<Value> {
+    use base64::Engine;
+    let fill = &v2["fill_value"];
+    if fill.is_null() {
+        return None;
+    }
+    let dtype = v2["dtype"].as_str()?;
+    let kind = dtype.trim_start_matches(['<', '>', '|', '=']);
+    let Some(width) = kind.strip_prefix('f') else {
+        return Some(fill.clone());
+    };
+    let value = match fill {
+        Value::Number(n) => n.as_f64()?,
+        Value::String(s) => match s.as_str() {
+            "NaN" => f64::NAN,
+            "Infinity" => f64::INFINITY,
+            "-Infinity" => f64::NEG_INFINITY,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    if !["2", "4", "8"].contains(&width) {
+        return None;
+    }
+    // xarray writes (and reads) every float fill value as 8 bytes.
+    Some(json!(
+        base64::engine::general_purpose::STANDARD.encode(value.to_le_bytes())
+    ))
+}
+
 /// Removes a directory when dropped.
 struct RemoveOnDrop(PathBuf);
 
@@ -323,6 +472,7 @@ pub struct PreparedRechunk {
     storage: Arc<dyn ReadableListableStorageTraits>,
     jobs: Vec<Job>,
     work_root: PathBuf,
+    encoding: Option<TargetEncoding>,
 }
 
 impl std::fmt::Debug for PreparedRechunk {
@@ -343,13 +493,32 @@ impl PreparedRechunk {
         options: &RechunkOptions,
         runtime: &RuntimeEnv,
     ) -> Result<Self> {
-        let (storage, jobs) = open_jobs(source, chunks, options, runtime)?;
-        Ok(Self {
+        Self::new_for(source, chunks, None, None, options, runtime)
+    }
+
+    /// [`new`](Self::new) for the arrays named in `arrays` only (all when
+    /// `None`), written with `encoding` instead of the source's codecs and
+    /// format when given. Refuses to write a v3 array as v2.
+    pub fn new_for(
+        source: &str,
+        chunks: &[(String, u64)],
+        arrays: Option<&[String]>,
+        encoding: Option<TargetEncoding>,
+        options: &RechunkOptions,
+        runtime: &RuntimeEnv,
+    ) -> Result<Self> {
+        let (storage, jobs) = open_jobs(source, chunks, arrays, options, runtime)?;
+        let prepared = Self {
             source: source.to_string(),
             storage,
             jobs,
             work_root: options.work_dir.clone().unwrap_or_else(std::env::temp_dir),
-        })
+            encoding,
+        };
+        for job in &prepared.jobs {
+            prepared.target_metadata(job)?;
+        }
+        Ok(prepared)
     }
 
     /// The store being rechunked, as given.
@@ -373,7 +542,16 @@ impl PreparedRechunk {
     fn target_metadata(&self, job: &Job) -> Result<ArrayMetadata> {
         let plan = &job.rechunk.plan;
         let last = &plan.stages[plan.stages.len() - 1];
-        with_chunks(&job.entry.metadata, &last.to, false).map_err(|e| self.fail(job, e))
+        let metadata =
+            with_chunks(&job.entry.metadata, &last.to, false).map_err(|e| self.fail(job, e))?;
+        match self.encoding {
+            None => Ok(metadata),
+            Some(encoding) => {
+                let width = job.source.data_type().fixed_size().unwrap_or(1);
+                encode_as(metadata, encoding, &job.rechunk.dims, width)
+                    .map_err(|e| self.fail(job, e))
+            }
+        }
     }
 
     fn fail(&self, job: &Job, message: String) -> DataFusionError {
@@ -398,7 +576,15 @@ impl PreparedRechunk {
                 .store_metadata()
                 .map_err(|e| self.fail(job, e.to_string()))?;
         }
-        write_group(&self.storage, &self.source, dir, &self.jobs, consolidated)
+        let v3 = self.encoding.map(|e| e.zarr_format == ZarrVersion::V3);
+        write_group(
+            &self.storage,
+            &self.source,
+            dir,
+            &self.jobs,
+            v3,
+            consolidated,
+        )
     }
 
     /// Copies every array's data into the store at `dir`, whose metadata
@@ -550,17 +736,30 @@ fn record(
 
 /// Writes the group's metadata (its attributes copied, consolidated
 /// metadata of the new arrays), unless the store's root is an array.
+///
+/// The group is written in the source's format, or as v3 when `v3` says so
+/// (a v2 group's attributes then become the v3 group's).
 fn write_group(
     storage: &Arc<dyn ReadableListableStorageTraits>,
     source: &str,
     dir: &Path,
     jobs: &[Job],
+    v3: Option<bool>,
     mut consolidated: Map<String, Value>,
 ) -> Result<()> {
     if jobs.iter().any(|j| j.entry.path == "/") {
         return Ok(());
     }
-    if let Some(mut root) = read_json(storage, source, "", "zarr.json")? {
+    let source_v3 = read_json(storage, source, "", "zarr.json")?;
+    let attrs = match &source_v3 {
+        Some(root) => root.get("attributes").cloned(),
+        None => read_json(storage, source, "", ".zattrs")?,
+    }
+    .unwrap_or_else(|| json!({}));
+    if v3.unwrap_or(source_v3.is_some()) {
+        let mut root = source_v3.unwrap_or_else(
+            || json!({"zarr_format": 3, "node_type": "group", "attributes": attrs}),
+        );
         root["consolidated_metadata"] = json!({
             "kind": "inline",
             "must_understand": false,
@@ -570,7 +769,6 @@ fn write_group(
     }
     let group =
         read_json(storage, source, "", ".zgroup")?.unwrap_or_else(|| json!({"zarr_format": 2}));
-    let attrs = read_json(storage, source, "", ".zattrs")?.unwrap_or_else(|| json!({}));
     write_json(&dir.join(".zgroup"), &group)?;
     write_json(&dir.join(".zattrs"), &attrs)?;
     consolidated.insert(".zgroup".into(), group);
@@ -579,4 +777,22 @@ fn write_group(
         &dir.join(".zmetadata"),
         &json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v2_fill_values_become_the_fill_value_attributes_xarray_writes() {
+        let attribute = |dtype: &str, fill: Value| {
+            fill_value_attribute(&json!({"dtype": dtype, "fill_value": fill}))
+        };
+        assert_eq!(attribute("<i2", json!(-32767)), Some(json!(-32767)));
+        assert_eq!(attribute("|u1", json!(255)), Some(json!(255)));
+        // float64 bytes, whatever the float's width (as xarray decodes them).
+        assert_eq!(attribute("<f4", json!("NaN")), Some(json!("AAAAAAAA+H8=")));
+        assert_eq!(attribute("<f8", json!(1.5)), Some(json!("AAAAAAAA+D8=")));
+        assert_eq!(attribute("<f8", Value::Null), None);
+    }
 }

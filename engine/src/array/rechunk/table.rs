@@ -54,7 +54,8 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::{
-    unique_suffix, ArrayRechunk, PreparedRechunk, RechunkOptions, RechunkSummary, RemoveOnDrop,
+    fmt_array_plans, unique_suffix, ArrayRechunk, PreparedRechunk, RechunkOptions, RechunkSummary,
+    RemoveOnDrop,
 };
 use crate::table::{
     literal_text, open_dataset, open_dataset_blocking, TableFunctionCall, ZarrTable,
@@ -472,25 +473,7 @@ impl DisplayAs for RechunkExec {
             prepared.source(),
             human_readable_size(self.job.projected_memory() as usize)
         )?;
-        for (i, array) in self.job.arrays().enumerate() {
-            let plan = &array.plan;
-            let chunks: Vec<String> = plan.stages.iter().map(|s| format!("{:?}", s.to)).collect();
-            let tasks: Vec<String> = plan.stages.iter().map(|s| s.tasks.to_string()).collect();
-            write!(
-                f,
-                "{}{}: {:?} -> {} in {} stage{} (tasks {}, workers {}, read {}, write {})",
-                if i == 0 { "" } else { ", " },
-                array.name,
-                plan.stages[0].from,
-                chunks.join(" -> "),
-                plan.stages.len(),
-                if plan.stages.len() == 1 { "" } else { "s" },
-                tasks.join("+"),
-                plan.workers,
-                human_readable_size(plan.bytes_read() as usize),
-                human_readable_size(plan.bytes_written() as usize),
-            )?;
-        }
+        fmt_array_plans(f, self.job.arrays())?;
         write!(f, "]")
     }
 }

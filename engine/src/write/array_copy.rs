@@ -1,0 +1,427 @@
+//! `COPY` of a whole Zarr table, array by array: when the query is a plain
+//! scan of every cell of a registered Zarr table (its dimensions and some
+//! of its variables, no filter, no `LIMIT`, no computed column), the
+//! result is those arrays themselves. They are copied chunk by chunk
+//! through the rechunk planner ([`crate::array::rechunk`]) into the chunks
+//! the `chunks` option asks for, inside `allowed_mem` (through intermediate
+//! arrays in `work_dir` when one pass would read too much), instead of
+//! collecting every row in memory first. Values are copied as stored
+//! (packed integers stay packed, times stay CF-encoded, attributes stay),
+//! so readers decode the same values; the `codec` and `zarr_format`
+//! options re-encode them.
+//!
+//! ```sql
+//! COPY era5 TO 'era5_space.zarr' STORED AS ZARR
+//! OPTIONS ('chunks' 'time=240,lat=16,lon=16');
+//! ```
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::{
+    exec_err, human_readable_size, DFSchemaRef, DataFusionError, Result, Statistics,
+};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::dml::CopyTo;
+use datafusion::logical_expr::{Expr, Extension, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
+};
+
+use super::options::{ZarrVersion, ZarrWriteOptions};
+use super::sink::CancelOnDrop;
+use super::store::{check_target, io_error, write_atomically};
+use crate::array::rechunk::{fmt_array_plans, PreparedRechunk, RechunkOptions, TargetEncoding};
+use crate::array::scan_path::down_to_scan;
+use crate::table::GridTable;
+use crate::zarr::StoreLocation;
+
+/// Rewrites a `COPY ... STORED AS ZARR` of a whole Zarr table into an
+/// [`ArrayCopy`].
+#[derive(Debug, Default)]
+pub struct WholeTableCopyRule;
+
+impl OptimizerRule for WholeTableCopyRule {
+    fn name(&self) -> &str {
+        "zarrfusion_whole_table_copy"
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        // COPY is always the root of its plan.
+        None
+    }
+
+    fn supports_rewrite(&self) -> bool {
+        true
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        _config: &dyn OptimizerConfig,
+    ) -> Result<Transformed<LogicalPlan>> {
+        let LogicalPlan::Copy(copy) = &plan else {
+            return Ok(Transformed::no(plan));
+        };
+        match whole_table_copy(copy)? {
+            Some(node) => Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+                node: Arc::new(node),
+            }))),
+            None => Ok(Transformed::no(plan)),
+        }
+    }
+}
+
+/// The [`ArrayCopy`] that `copy` is, when it writes Zarr to a local path
+/// from a plain scan of every cell of a Zarr table: the table's dimensions
+/// (in its order, as the `dims` option names them when given) and at least
+/// one variable, under projections and aliases that only pick columns, with
+/// no filter and no `LIMIT`; and when the arrays can be written as asked
+/// (not a v3 array as v2).
+fn whole_table_copy(copy: &CopyTo) -> Result<Option<ArrayCopy>> {
+    if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
+        return Ok(None);
+    }
+    let StoreLocation::Local(target) = StoreLocation::parse(&copy.output_url)? else {
+        return Ok(None);
+    };
+    let options = ZarrWriteOptions::from_map(&copy.options)?;
+    let columns = copy.input.schema().columns();
+    let exprs = columns.iter().cloned().map(Expr::Column).collect();
+    let Some(path) = down_to_scan(&copy.input, exprs)? else {
+        return Ok(None);
+    };
+    if !path.predicates.is_empty() || !path.scan.filters.is_empty() {
+        return Ok(None);
+    }
+    // Each output column is a scan column under its own name.
+    let picks_columns = path
+        .exprs
+        .iter()
+        .zip(&columns)
+        .all(|(expr, column)| matches!(expr, Expr::Column(c) if c.name == column.name));
+    if !picks_columns {
+        return Ok(None);
+    }
+    let table = Arc::clone(path.table.grid());
+    let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
+    if let Some(given) = &options.dims {
+        if given.iter().map(String::as_str).ne(dims.iter().copied()) {
+            return Ok(None);
+        }
+    }
+    let mut variables = Vec::new();
+    let mut dims_seen = Vec::new();
+    for column in &columns {
+        let name = column.name.as_str();
+        if dims.contains(&name) {
+            dims_seen.push(name);
+        } else if table.variables.iter().any(|v| v.name() == name) {
+            variables.push(name.to_string());
+        } else {
+            return Ok(None);
+        }
+    }
+    // Every dimension once, in the table's order, and a variable.
+    if dims_seen != dims || variables.is_empty() {
+        return Ok(None);
+    }
+    if options.zarr_format == ZarrVersion::V2 && table.variables.iter().any(|v| v.is_v3()) {
+        return Ok(None);
+    }
+    Ok(Some(ArrayCopy {
+        table,
+        variables,
+        target,
+        options,
+        schema: Arc::clone(&copy.output_schema),
+    }))
+}
+
+/// `COPY` of a whole Zarr table: its arrays copied into a new store. A leaf
+/// node (it reads the table itself) whose output is the row count.
+#[derive(Debug, Clone)]
+pub struct ArrayCopy {
+    /// The table copied.
+    pub table: Arc<GridTable>,
+    /// The variables copied (with the coordinate arrays of the table's dimensions).
+    pub variables: Vec<String>,
+    /// The new store's local path.
+    pub target: PathBuf,
+    /// The write options (chunks, codec, format).
+    pub options: ZarrWriteOptions,
+    /// One column, `count`.
+    pub schema: DFSchemaRef,
+}
+
+impl ArrayCopy {
+    fn key(&self) -> (&str, &Vec<String>, &PathBuf) {
+        (&self.table.store, &self.variables, &self.target)
+    }
+
+    /// Plans the copy (reading the source's metadata): refused when the
+    /// target exists or its tasks cannot fit the session's memory budget.
+    pub async fn plan(&self, session: &dyn Session) -> Result<ArrayCopyExec> {
+        check_target(&self.target)?;
+        let mut arrays = self.variables.clone();
+        arrays.extend(
+            self.table
+                .dims
+                .iter()
+                .filter(|d| d.has_coordinate)
+                .map(|d| d.name.clone()),
+        );
+        let encoding = TargetEncoding {
+            codec: self.options.codec,
+            zarr_format: self.options.zarr_format,
+        };
+        let runtime = Arc::clone(session.runtime_env());
+        let source = self.table.store.clone();
+        let chunks = self.options.chunks.clone();
+        let prepared = tokio::task::spawn_blocking(move || {
+            let rechunk = RechunkOptions::for_runtime(&runtime);
+            PreparedRechunk::new_for(
+                &source,
+                &chunks,
+                Some(&arrays),
+                Some(encoding),
+                &rechunk,
+                &runtime,
+            )
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("the COPY planner stopped: {e}")))??;
+        Ok(ArrayCopyExec::new(
+            prepared,
+            self.target.clone(),
+            self.table.shape().iter().product(),
+            self.variables.clone(),
+        ))
+    }
+}
+
+impl PartialEq for ArrayCopy {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.table, &other.table)
+            && self.key() == other.key()
+            && self.options == other.options
+    }
+}
+
+impl Eq for ArrayCopy {}
+
+impl Hash for ArrayCopy {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+impl PartialOrd for ArrayCopy {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        if self == other {
+            return Some(Ordering::Equal);
+        }
+        None
+    }
+}
+
+impl UserDefinedLogicalNodeCore for ArrayCopy {
+    fn name(&self) -> &str {
+        "ArrayCopy"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "ArrayCopy: store={}, target={}, dims=[{}], variables=[{}], chunks={:?}, codec={:?}, zarr_format={:?}",
+            self.table.store,
+            self.target.display(),
+            self.table.dims_name().replace('_', ", "),
+            self.variables.join(", "),
+            self.options.chunks,
+            self.options.codec,
+            self.options.zarr_format,
+        )
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, _inputs: Vec<LogicalPlan>) -> Result<Self> {
+        Ok(self.clone())
+    }
+}
+
+/// Copies a Zarr table's arrays into a new store and returns the number of
+/// rows (cells) written, as `COPY` does.
+#[derive(Debug)]
+pub struct ArrayCopyExec {
+    prepared: Arc<PreparedRechunk>,
+    target: PathBuf,
+    rows: u64,
+    variables: Vec<String>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl ArrayCopyExec {
+    fn new(prepared: PreparedRechunk, target: PathBuf, rows: u64, variables: Vec<String>) -> Self {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "count",
+            DataType::UInt64,
+            false,
+        )]));
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Self {
+            prepared: Arc::new(prepared),
+            target,
+            rows,
+            variables,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for ArrayCopyExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "ArrayCopyExec: store={}, target={}, variables=[{}], projected_memory={}, arrays=[",
+            self.prepared.source(),
+            self.target.display(),
+            self.variables.join(", "),
+            human_readable_size(self.prepared.projected_memory() as usize)
+        )?;
+        fmt_array_plans(f, self.prepared.arrays())?;
+        write!(f, "]")
+    }
+}
+
+impl ExecutionPlan for ArrayCopyExec {
+    fn name(&self) -> &str {
+        "ArrayCopyExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return exec_err!("ArrayCopyExec takes no children");
+        }
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return exec_err!("ArrayCopyExec has one partition, asked for {partition}");
+        }
+        let prepared = Arc::clone(&self.prepared);
+        let target = self.target.clone();
+        let rows = self.rows;
+        let schema = Arc::clone(self.properties.eq_properties.schema());
+        let projected = prepared.projected_memory() as usize;
+        let reservation = MemoryConsumer::new("ArrayCopyExec").register(context.memory_pool());
+        reservation.try_grow(projected).map_err(|e| {
+            DataFusionError::ResourcesExhausted(format!(
+                "ArrayCopyExec of '{}' needs {} for its tasks and the memory pool cannot give it: {e}",
+                prepared.source(),
+                human_readable_size(projected)
+            ))
+        })?;
+        MetricBuilder::new(&self.metrics)
+            .gauge("memory_reserved", 0)
+            .set(projected);
+        let bytes_read = MetricBuilder::new(&self.metrics).counter("bytes_read", 0);
+        let bytes_written = MetricBuilder::new(&self.metrics).counter("bytes_written", 0);
+        let copy_time = MetricBuilder::new(&self.metrics).subset_time("copy_time", 0);
+        let output_rows = MetricBuilder::new(&self.metrics).output_rows(0);
+        let batch_schema = Arc::clone(&schema);
+        let stream = futures::stream::once(async move {
+            let timer = copy_time.timer();
+            let cancelled = Arc::new(AtomicBool::new(false));
+            let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
+            let summary = tokio::task::spawn_blocking(move || {
+                let mut summary = None;
+                write_atomically(&target, &cancelled, |dir| {
+                    std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+                    prepared.write_metadata(dir)?;
+                    summary = Some(prepared.copy_data(dir, &cancelled)?);
+                    Ok(())
+                })?;
+                summary.ok_or_else(|| DataFusionError::Internal("the copy wrote nothing".into()))
+            })
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("the Zarr copy stopped: {e}")))??;
+            guard.1 = true;
+            drop(reservation);
+            timer.done();
+            bytes_read.add(summary.bytes_read as usize);
+            bytes_written.add(summary.bytes_written as usize);
+            output_rows.add(1);
+            let count = UInt64Array::from(vec![rows]);
+            Ok(RecordBatch::try_new(batch_schema, vec![Arc::new(count)])?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(Arc::new(Statistics::new_unknown(&self.schema())))
+    }
+}
