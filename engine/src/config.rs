@@ -6,6 +6,7 @@
 //! SET zarrfusion.aligned_join = false;
 //! SET zarrfusion.allowed_mem = '2GB';        -- the session's memory pool
 //! SET zarrfusion.work_dir = '/scratch/zf';   -- where intermediates and spills go
+//! SET zarrfusion.work_dir = 's3://bucket/zf'; -- intermediates in an object store
 //! ```
 //!
 //! `allowed_mem` and `work_dir` live on DataFusion's runtime (its memory
@@ -16,8 +17,10 @@
 use datafusion::common::config::{ConfigExtension, ConfigOptions};
 use datafusion::common::{extensions_options, plan_err, Result};
 use datafusion::logical_expr::{LogicalPlan, ResetVariable, SetVariable, Statement};
+use datafusion::prelude::SessionContext;
 
 use crate::memory::parse_size;
+use crate::zarr::StoreLocation;
 
 extensions_options! {
     /// Settings of the Zarr scan and the array operators.
@@ -32,6 +35,12 @@ extensions_options! {
         /// same coordinates, as one scan of their aligned blocks instead of
         /// a hash join.
         pub aligned_join: bool, default = true
+        /// Where intermediate arrays go (a rechunk's stages, the rechunked
+        /// copy a query scans): a local path or an object-store URL; empty:
+        /// the runtime's temporary directory. Set it with
+        /// `SET zarrfusion.work_dir`, which also moves DataFusion's spill
+        /// files to a local path.
+        pub work_dir: String, default = String::new()
     }
 }
 
@@ -60,10 +69,46 @@ fn runtime_name(variable: &str) -> Option<&'static str> {
     }
 }
 
+/// Applies `SET`/`RESET zarrfusion.allowed_mem` and `zarrfusion.work_dir`
+/// to `ctx` as zarrfusion's front doors do: `work_dir` (a path or an
+/// object-store URL) is recorded in the session's [`ZarrConfig`] at once,
+/// and the plan is rewritten into the DataFusion runtime settings the
+/// values stand for ([`translate_runtime_settings`]).
+pub fn apply_runtime_settings(ctx: &SessionContext, plan: LogicalPlan) -> Result<LogicalPlan> {
+    let work_dir = match &plan {
+        LogicalPlan::Statement(Statement::SetVariable(SetVariable { variable, value }))
+            if is_work_dir(variable) =>
+        {
+            Some(value.clone())
+        }
+        LogicalPlan::Statement(Statement::ResetVariable(ResetVariable { variable }))
+            if is_work_dir(variable) =>
+        {
+            Some(String::new())
+        }
+        _ => None,
+    };
+    let plan = translate_runtime_settings(plan)?;
+    if let Some(value) = work_dir {
+        ctx.state_ref()
+            .write()
+            .config_mut()
+            .options_mut()
+            .set("zarrfusion.work_dir", &value)?;
+    }
+    Ok(plan)
+}
+
+fn is_work_dir(variable: &str) -> bool {
+    variable.trim().eq_ignore_ascii_case("zarrfusion.work_dir")
+}
+
 /// Rewrites `SET`/`RESET zarrfusion.allowed_mem` and `zarrfusion.work_dir`
-/// into the DataFusion runtime settings they stand for; other plans pass
-/// through. A size that does not parse, or a work directory that cannot be
-/// created, is an error naming the setting.
+/// into the DataFusion runtime settings they stand for (an object-store
+/// `work_dir` stays a zarrfusion setting: DataFusion spills to local
+/// disk only); other plans pass through. A size that does not parse, or a
+/// local work directory that cannot be created, is an error naming the
+/// setting.
 pub fn translate_runtime_settings(plan: LogicalPlan) -> Result<LogicalPlan> {
     match plan {
         LogicalPlan::Statement(Statement::SetVariable(SetVariable { variable, value })) => {
@@ -72,6 +117,13 @@ pub fn translate_runtime_settings(plan: LogicalPlan) -> Result<LogicalPlan> {
                     SetVariable { variable, value },
                 )));
             };
+            if !runtime.ends_with("memory_limit") {
+                if let Ok(StoreLocation::Remote(_)) = StoreLocation::parse(&value) {
+                    return Ok(LogicalPlan::Statement(Statement::SetVariable(
+                        SetVariable { variable, value },
+                    )));
+                }
+            }
             let value = if runtime.ends_with("memory_limit") {
                 let bytes = match parse_size(&value) {
                     Ok(b) => b,

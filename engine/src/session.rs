@@ -32,7 +32,7 @@ use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
 use crate::array::rechunk::RechunkPlanner;
 use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule};
-use crate::config::{translate_runtime_settings, ZarrConfig};
+use crate::config::{apply_runtime_settings, ZarrConfig};
 use crate::progress::ScanProgress;
 use crate::table::{
     open_dataset, GridTable, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions,
@@ -100,10 +100,10 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
 /// Plans and runs one SQL statement as zarrfusion's front doors do: like
 /// `SessionContext::sql`, with `SET zarrfusion.allowed_mem` and
 /// `zarrfusion.work_dir` applied to the runtime
-/// ([`translate_runtime_settings`]).
+/// ([`apply_runtime_settings`]).
 pub async fn sql(ctx: &SessionContext, text: &str) -> Result<DataFrame> {
     let plan = ctx.state().create_logical_plan(text).await?;
-    ctx.execute_logical_plan(translate_runtime_settings(plan)?)
+    ctx.execute_logical_plan(apply_runtime_settings(ctx, plan)?)
         .await
 }
 

@@ -60,7 +60,7 @@ fn chunks(spec: &[(&str, u64)]) -> Vec<(String, u64)> {
 fn options(dir: &Path, allowed_mem: u64) -> RechunkOptions {
     RechunkOptions {
         allowed_mem,
-        work_dir: Some(dir.join("work")),
+        work_dir: Some(StoreLocation::Local(dir.join("work"))),
         threads: 2,
     }
 }
@@ -366,6 +366,120 @@ async fn the_rechunk_table_function_reads_the_source_in_new_chunks_and_cleans_up
         .unwrap_err()
         .to_string();
     assert!(err.contains("cannot fit allowed_mem"), "{err}");
+    assert_no_rechunk_files(&dir).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_store_work_dir_holds_the_intermediates_and_is_emptied() {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    use zarrfusion::ZarrContextExt;
+    let dir = scratch("object-work");
+    // An object store registered for memory:// URLs, as an s3:// one would be.
+    let memory = Arc::new(object_store::memory::InMemory::new());
+    let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+        .with_memory_limit(160 << 10, 1.0)
+        .build_arc()
+        .unwrap();
+    runtime.register_object_store(
+        &url::Url::parse("memory://scratch").unwrap(),
+        Arc::clone(&memory) as Arc<dyn ObjectStore>,
+    );
+    let ctx = zarrfusion::new_context_with(zarrfusion::session_config(), runtime);
+    let source = fixture("rechunk_source.zarr");
+    ctx.register_zarr("src", &source, HashMap::new())
+        .await
+        .unwrap();
+    let run = |sql: String| {
+        let ctx = ctx.clone();
+        async move {
+            let batches = zarrfusion::session::sql(&ctx, &sql)
+                .await?
+                .collect()
+                .await?;
+            let mut rows = common::rows(&batches);
+            common::sort_rows(&mut rows, 3);
+            Ok::<_, datafusion::common::DataFusionError>(rows)
+        }
+    };
+    let left = || async {
+        memory
+            .list(None)
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.location.to_string())
+            .collect::<Vec<_>>()
+    };
+    run("SET zarrfusion.work_dir = 'memory://scratch/zf'".into())
+        .await
+        .unwrap();
+
+    // A COPY whose tight budget needs an intermediate array.
+    let out = dir.join("out.zarr");
+    let copy = format!(
+        "COPY src TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=37,lat=4,lon=4')",
+        out.display()
+    );
+    let plan = run(format!("EXPLAIN {copy}")).await.unwrap();
+    assert!(format!("{plan:?}").contains("2 stages"), "{plan:?}");
+    run(copy.clone()).await.unwrap();
+    // Read back without the tight budget.
+    let reader = zarrfusion::new_context();
+    reader
+        .register_zarr("src", &source, HashMap::new())
+        .await
+        .unwrap();
+    reader
+        .register_zarr("out", out.to_str().unwrap(), HashMap::new())
+        .await
+        .unwrap();
+    let read = |sql: &str| {
+        let reader = reader.clone();
+        let sql = sql.to_string();
+        async move {
+            let batches = reader.sql(&sql).await.unwrap().collect().await.unwrap();
+            let mut rows = common::rows(&batches);
+            common::sort_rows(&mut rows, 3);
+            rows
+        }
+    };
+    let expected = read("SELECT * FROM src").await;
+    common::assert_rows("copy", &read("SELECT * FROM out").await, &expected);
+    assert!(left().await.is_empty(), "{:?}", left().await);
+
+    // The rechunked store a query scans lives in the work directory too.
+    let sql = "SELECT * FROM rechunk('src', time => 37, lat => 4, lon => 4)".to_string();
+    common::assert_rows(&sql, &run(sql.clone()).await.unwrap(), &expected);
+    for _ in 0..50 {
+        if left().await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(left().await.is_empty(), "{:?}", left().await);
+
+    // Nothing went to the local temporary directory's rechunk folders
+    // either way: an unknown object store fails where the intermediates go.
+    run("SET zarrfusion.work_dir = 'nowhere://bucket/zf'".into())
+        .await
+        .unwrap();
+    let err = run(copy.replace("out.zarr", "out2.zarr"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("work_dir") && err.contains("nowhere"), "{err}");
+    assert!(!dir.join("out2.zarr").exists());
+    let err = run(sql.clone()).await.unwrap_err().to_string();
+    assert!(err.contains("work_dir") && err.contains("nowhere"), "{err}");
+    // Back to a local path.
+    let work = dir.join("work");
+    run(format!("SET zarrfusion.work_dir = '{}'", work.display()))
+        .await
+        .unwrap();
+    run(copy.replace("out.zarr", "out3.zarr")).await.unwrap();
     assert_no_rechunk_files(&dir).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,6 +13,7 @@ use pyo3::types::{PyBool, PyDict};
 use zarrfusion::array::rechunk::{rechunk_store_async, RechunkOptions};
 use zarrfusion::session::registered_zarr_tables;
 use zarrfusion::table::{open_dataset, parse_dims, ZarrTable, ZarrTableOptions};
+use zarrfusion::zarr::StoreLocation;
 use zarrfusion::ZarrContextExt;
 
 use crate::dataframe::PyDataFrame;
@@ -66,7 +67,7 @@ impl PySessionContext {
     #[pyo3(signature = (allowed_mem=None, work_dir=None, target_partitions=None, batch_size=None, config=None))]
     fn new(
         allowed_mem: Option<&Bound<'_, PyAny>>,
-        work_dir: Option<PathBuf>,
+        work_dir: Option<String>,
         target_partitions: Option<usize>,
         batch_size: Option<usize>,
         config: Option<HashMap<String, String>>,
@@ -75,11 +76,20 @@ impl PySessionContext {
         if let Some(limit) = allowed_mem {
             builder = builder.with_memory_limit(size_argument("allowed_mem", limit)?, 1.0);
         }
-        if let Some(dir) = &work_dir {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| PyValueError::new_err(format!("work_dir {}: {e}", dir.display())))?;
-            builder = builder.with_temp_file_path(dir);
-        }
+        // A local work_dir also takes DataFusion's spill files; an
+        // object-store URL takes the intermediate arrays only.
+        let remote_work_dir = match work_dir.as_deref().map(StoreLocation::parse).transpose() {
+            Ok(Some(StoreLocation::Local(dir))) => {
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    PyValueError::new_err(format!("work_dir {}: {e}", dir.display()))
+                })?;
+                builder = builder.with_temp_file_path(dir);
+                None
+            }
+            Ok(Some(StoreLocation::Remote(url))) => Some(url),
+            Ok(None) => None,
+            Err(e) => return Err(PyValueError::new_err(format!("work_dir: {e}"))),
+        };
         let runtime = builder.build_arc().map_err(datafusion_error)?;
         let mut session = zarrfusion::session_config();
         if let Some(n) = target_partitions {
@@ -87,6 +97,12 @@ impl PySessionContext {
         }
         if let Some(n) = batch_size {
             session = session.with_batch_size(n.max(1));
+        }
+        if let Some(url) = remote_work_dir {
+            session
+                .options_mut()
+                .set("zarrfusion.work_dir", url.as_str())
+                .map_err(|e| PyValueError::new_err(format!("work_dir: {e}")))?;
         }
         for (key, value) in config.unwrap_or_default() {
             session
@@ -226,9 +242,10 @@ impl PySessionContext {
             .and_then(|p| (p.as_ref() as &dyn std::any::Any).downcast_ref::<ZarrTable>())
             .map_or(source.clone(), |t| t.grid().store.clone());
         let runtime = self.ctx.runtime_env();
-        // The session's temporary directory (inside `work_dir`, following
-        // `SET zarrfusion.work_dir`), removed with the session.
-        let mut options = RechunkOptions::for_runtime(&runtime);
+        // `zarrfusion.work_dir` (a path or an object-store URL) when set,
+        // else the session's temporary directory, removed with the session.
+        let mut options = RechunkOptions::for_session(self.ctx.state().config_options(), &runtime)
+            .map_err(datafusion_error)?;
         if let Some(threads) = threads {
             options.threads = threads.max(1);
         }

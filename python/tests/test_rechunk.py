@@ -111,3 +111,16 @@ def test_dataframe_rechunk_refuses_what_it_cannot_do(fixtures, tmp_path):
     small.register_zarr("src", fixtures / "rechunk_source.zarr")
     with pytest.raises(zf.ZarrFusionError, match="cannot fit allowed_mem"):
         small.table("src").rechunk({"time": 37, "lat": 29}).collect()
+
+
+def test_an_object_store_work_dir_is_used_for_intermediates(fixtures, tmp_path):
+    # An unregistered URL scheme: the rechunk fails where its intermediate
+    # arrays go (the engine's tests run the same through an in-memory store).
+    ctx = zf.SessionContext(allowed_mem="160KB", work_dir="nowhere://bucket/scratch")
+    with pytest.raises(Exception, match="work_dir.*nowhere"):
+        ctx.rechunk(fixtures / "rechunk_source.zarr", tmp_path / "out.zarr", {"time": 37, "lat": 4, "lon": 4})
+    assert not (tmp_path / "out.zarr").exists()
+    # One pass needs no intermediates: no work_dir is touched.
+    ctx = zf.SessionContext(work_dir="nowhere://bucket/scratch")
+    ctx.rechunk(fixtures / "rechunk_source.zarr", tmp_path / "one.zarr", {"lat": 7})
+    assert (tmp_path / "one.zarr").is_dir()

@@ -14,7 +14,9 @@ class SessionContext:
     """A zarrfusion session.
 
     ``allowed_mem`` bounds the memory queries may use (``"4GB"``, ``"512MB"``
-    or a number of bytes); ``work_dir`` is where intermediate files go;
+    or a number of bytes); ``work_dir`` is where intermediate files go: a
+    local path (DataFusion's spill files go there too) or an object-store
+    URL (``"s3://bucket/scratch"``: a rechunk's intermediate arrays);
     ``config`` sets any session setting, e.g.
     ``{"zarrfusion.dense_reduction": "false"}``.
     """

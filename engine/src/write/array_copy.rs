@@ -44,7 +44,7 @@ use datafusion::physical_plan::{
 
 use super::options::{ZarrVersion, ZarrWriteOptions};
 use super::sink::CancelOnDrop;
-use super::store::{check_target, io_error, write_atomically};
+use super::store::check_target;
 use crate::array::rechunk::{fmt_array_plans, PreparedRechunk, RechunkOptions, TargetEncoding};
 use crate::array::scan_path::down_to_scan;
 use crate::table::GridTable;
@@ -190,10 +190,10 @@ impl ArrayCopy {
             zarr_format: self.options.zarr_format,
         };
         let runtime = Arc::clone(session.runtime_env());
+        let rechunk = RechunkOptions::for_session(session.config_options(), &runtime)?;
         let source = self.table.store.clone();
         let chunks = self.options.chunks.clone();
         let prepared = tokio::task::spawn_blocking(move || {
-            let rechunk = RechunkOptions::for_runtime(&runtime);
             PreparedRechunk::new_for(
                 &source,
                 &chunks,
@@ -389,18 +389,12 @@ impl ExecutionPlan for ArrayCopyExec {
             let timer = copy_time.timer();
             let cancelled = Arc::new(AtomicBool::new(false));
             let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
-            let summary = tokio::task::spawn_blocking(move || {
-                let mut summary = None;
-                write_atomically(&target, &cancelled, |dir| {
-                    std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-                    prepared.write_metadata(dir)?;
-                    summary = Some(prepared.copy_data(dir, &cancelled)?);
-                    Ok(())
-                })?;
-                summary.ok_or_else(|| DataFusionError::Internal("the copy wrote nothing".into()))
-            })
-            .await
-            .map_err(|e| DataFusionError::Execution(format!("the Zarr copy stopped: {e}")))??;
+            let summary =
+                tokio::task::spawn_blocking(move || prepared.write_local(&target, &cancelled))
+                    .await
+                    .map_err(|e| {
+                        DataFusionError::Execution(format!("the Zarr copy stopped: {e}"))
+                    })??;
             guard.1 = true;
             drop(reservation);
             timer.done();

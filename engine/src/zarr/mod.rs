@@ -14,4 +14,4 @@ pub use buffer_pool::{ChunkBufferPool, PooledBytes};
 pub use decode::{ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
-pub use store::{open_storage, StoreLocation};
+pub use store::{open_storage, open_writable_storage, StoreLocation};

@@ -27,7 +27,7 @@ use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::storage_adapter::async_to_sync::{
     AsyncToSyncBlockOn, AsyncToSyncStorageAdapter,
 };
-use zarrs::storage::ReadableListableStorage;
+use zarrs::storage::{ReadableListableStorage, ReadableWritableListableStorage};
 use zarrs_object_store::AsyncObjectStore;
 
 use crate::error::{Result, ZarrFusionError};
@@ -83,6 +83,16 @@ impl StoreLocation {
     }
 }
 
+impl std::fmt::Display for StoreLocation {
+    /// The path, or the URL.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Local(path) => write!(f, "{}", path.display()),
+            Self::Remote(url) => write!(f, "{url}"),
+        }
+    }
+}
+
 /// Opens the storage of a store for reading and listing.
 ///
 /// Must run outside an async context (remote stores block on the runtime).
@@ -108,24 +118,53 @@ pub fn open_storage(
                 FilesystemStore::new(path).map_err(|e| ZarrFusionError::store(display, e))?;
             Ok(Arc::new(store))
         }
-        StoreLocation::Remote(url) => {
-            let handle = tokio::runtime::Handle::try_current().map_err(|_| {
-                ZarrFusionError::store(display, "remote stores need a Tokio runtime")
-            })?;
-            let object_store = object_store_for(display, url, options, runtime)?;
-            let prefix = url.path().trim_matches('/').to_string();
-            let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
-                object_store
-            } else {
-                Arc::new(PrefixStore::new(object_store, prefix))
-            };
-            let adapter = AsyncToSyncStorageAdapter::new(
-                Arc::new(AsyncObjectStore::new(store)),
-                TokioBlockOn(handle),
-            );
-            Ok(Arc::new(adapter))
-        }
+        StoreLocation::Remote(url) => Ok(remote_storage(display, url, options, runtime)?),
     }
+}
+
+/// Opens the store at `location` for writing: a local directory (created
+/// with its parents) or an object-store URL.
+pub fn open_writable_storage(
+    display: &str,
+    location: &StoreLocation,
+    runtime: &RuntimeEnv,
+) -> Result<ReadableWritableListableStorage> {
+    match location {
+        StoreLocation::Local(path) => {
+            std::fs::create_dir_all(path).map_err(|e| ZarrFusionError::store(display, e))?;
+            let store =
+                FilesystemStore::new(path).map_err(|e| ZarrFusionError::store(display, e))?;
+            Ok(Arc::new(store))
+        }
+        StoreLocation::Remote(url) => Ok(remote_storage(display, url, &HashMap::new(), runtime)?),
+    }
+}
+
+/// An object store as synchronous zarrs storage.
+type RemoteStorage =
+    AsyncToSyncStorageAdapter<AsyncObjectStore<Arc<dyn ObjectStore>>, TokioBlockOn>;
+
+/// The object store serving `url`, rooted at its path, as synchronous
+/// zarrs storage (futures run on the current Tokio runtime).
+fn remote_storage(
+    display: &str,
+    url: &Url,
+    options: &HashMap<String, String>,
+    runtime: &RuntimeEnv,
+) -> Result<Arc<RemoteStorage>> {
+    let handle = tokio::runtime::Handle::try_current()
+        .map_err(|_| ZarrFusionError::store(display, "remote stores need a Tokio runtime"))?;
+    let object_store = object_store_for(display, url, options, runtime)?;
+    let prefix = url.path().trim_matches('/').to_string();
+    let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+        object_store
+    } else {
+        Arc::new(PrefixStore::new(object_store, prefix))
+    };
+    Ok(Arc::new(AsyncToSyncStorageAdapter::new(
+        Arc::new(AsyncObjectStore::new(store)),
+        TokioBlockOn(handle),
+    )))
 }
 
 /// The session's object store for `url`, or a new one built from the

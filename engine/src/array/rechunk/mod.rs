@@ -28,6 +28,7 @@
 
 pub mod copy;
 pub mod plan;
+pub mod scratch;
 pub mod table;
 
 use std::collections::HashMap;
@@ -36,6 +37,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::{exec_err, human_readable_size, plan_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -43,17 +45,19 @@ use serde_json::{json, Map, Value};
 use zarrs::array::Array;
 use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
-use zarrs::storage::ReadableListableStorageTraits;
+use zarrs::storage::{
+    ReadableListableStorageTraits, ReadableWritableListableStorage,
+    ReadableWritableListableStorageTraits, StoreKey,
+};
 
 pub use plan::{RechunkPlan, StagePlan};
+pub use scratch::{default_work_dir, ScratchStore};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
+use crate::config::ZarrConfig;
 use crate::write::options::{Codec, ZarrVersion};
 use crate::write::sink::CancelOnDrop;
-use crate::write::store::{
-    consolidate, io_error, unique_suffix, v2_compressor, v3_compressor, write_atomically,
-    write_json,
-};
+use crate::write::store::{consolidate, io_error, v2_compressor, v3_compressor, write_atomically};
 
 use crate::zarr::{
     dimension_names, discover_arrays, open_storage, read_json, root_name, ArrayEntry, StoreLocation,
@@ -67,9 +71,10 @@ const VARIABLE_ITEMSIZE: u64 = 64;
 pub struct RechunkOptions {
     /// Bytes all tasks together may hold.
     pub allowed_mem: u64,
-    /// Where intermediate arrays go (a fresh directory inside it, removed
-    /// at the end); `None`: the system's temporary directory.
-    pub work_dir: Option<PathBuf>,
+    /// Where intermediate arrays go (a fresh directory or object-store
+    /// prefix inside it, removed at the end); `None`: the system's
+    /// temporary directory.
+    pub work_dir: Option<StoreLocation>,
     /// Most tasks at once.
     pub threads: usize,
 }
@@ -91,13 +96,29 @@ impl RechunkOptions {
     /// task per core.
     pub fn for_runtime(runtime: &RuntimeEnv) -> Self {
         let mut options = Self {
-            work_dir: runtime.disk_manager.temp_dir_paths().into_iter().next(),
+            work_dir: runtime
+                .disk_manager
+                .temp_dir_paths()
+                .into_iter()
+                .next()
+                .map(StoreLocation::Local),
             ..Self::default()
         };
         if let MemoryLimit::Finite(limit) = runtime.memory_pool.memory_limit() {
             options.allowed_mem = limit as u64;
         }
         options
+    }
+
+    /// The options of a session: [`for_runtime`](Self::for_runtime), with
+    /// `zarrfusion.work_dir` (a path or an object-store URL) when set.
+    pub fn for_session(config: &ConfigOptions, runtime: &RuntimeEnv) -> Result<Self> {
+        let mut options = Self::for_runtime(runtime);
+        let work_dir = ZarrConfig::of(config).work_dir;
+        if !work_dir.is_empty() {
+            options.work_dir = Some(StoreLocation::parse(&work_dir)?);
+        }
+        Ok(options)
     }
 }
 
@@ -430,15 +451,6 @@ fn fill_value_attribute(v2: &Value) -> Option<Value> {
     ))
 }
 
-/// Removes a directory when dropped.
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Rechunks every array of the store at `source` (local path or URL) into
 /// a new local store at `target` (which must not exist), with the chunk
 /// lengths `chunks` (`(dimension, length)` pairs; other dimensions keep
@@ -452,15 +464,7 @@ pub fn rechunk_store(
     runtime: &RuntimeEnv,
     cancelled: &AtomicBool,
 ) -> Result<RechunkSummary> {
-    let rechunk = PreparedRechunk::new(source, chunks, options, runtime)?;
-    let mut summary = None;
-    write_atomically(target, cancelled, |dir| {
-        std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-        rechunk.write_metadata(dir)?;
-        summary = Some(rechunk.copy_data(dir, cancelled)?);
-        Ok(())
-    })?;
-    summary.ok_or_else(|| DataFusionError::Internal("the rechunk wrote nothing".into()))
+    PreparedRechunk::new(source, chunks, options, runtime)?.write_local(target, cancelled)
 }
 
 /// A planned rechunk of a store: its arrays opened and their plans made
@@ -471,7 +475,8 @@ pub struct PreparedRechunk {
     source: String,
     storage: Arc<dyn ReadableListableStorageTraits>,
     jobs: Vec<Job>,
-    work_root: PathBuf,
+    work_dir: StoreLocation,
+    runtime: Arc<RuntimeEnv>,
     encoding: Option<TargetEncoding>,
 }
 
@@ -512,7 +517,8 @@ impl PreparedRechunk {
             source: source.to_string(),
             storage,
             jobs,
-            work_root: options.work_dir.clone().unwrap_or_else(std::env::temp_dir),
+            work_dir: options.work_dir.clone().unwrap_or_else(default_work_dir),
+            runtime: Arc::new(runtime.clone()),
             encoding,
         };
         for job in &prepared.jobs {
@@ -561,16 +567,31 @@ impl PreparedRechunk {
         ))
     }
 
+    /// Writes the whole target into a new local store at `target` (which
+    /// must not exist), atomically: beside it, renamed into place when
+    /// complete; nothing is left when it fails or `cancelled` is set.
+    pub fn write_local(&self, target: &Path, cancelled: &AtomicBool) -> Result<RechunkSummary> {
+        let mut summary = None;
+        write_atomically(target, cancelled, |dir| {
+            std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+            let out: ReadableWritableListableStorage =
+                Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+            self.write_metadata(&out)?;
+            summary = Some(self.copy_data(&out, cancelled)?);
+            Ok(())
+        })?;
+        summary.ok_or_else(|| DataFusionError::Internal("the rechunk wrote nothing".into()))
+    }
+
     /// Writes the target's metadata (arrays in their new chunks, the
-    /// group's attributes, consolidated metadata) into the directory `dir`.
-    pub fn write_metadata(&self, dir: &Path) -> Result<()> {
-        let out = Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+    /// group's attributes, consolidated metadata) into the store `out`.
+    pub fn write_metadata(&self, out: &ReadableWritableListableStorage) -> Result<()> {
         let mut consolidated = Map::new();
         for job in &self.jobs {
             let metadata = self.target_metadata(job)?;
             record(&mut consolidated, &job.rechunk.name, &metadata)
                 .map_err(|e| self.fail(job, e))?;
-            let output = Array::new_with_metadata(Arc::clone(&out), &job.entry.path, metadata)
+            let output = Array::new_with_metadata(Arc::clone(out), &job.entry.path, metadata)
                 .map_err(|e| self.fail(job, e.to_string()))?;
             output
                 .store_metadata()
@@ -580,34 +601,35 @@ impl PreparedRechunk {
         write_group(
             &self.storage,
             &self.source,
-            dir,
+            out,
             &self.jobs,
             v3,
             consolidated,
         )
     }
 
-    /// Copies every array's data into the store at `dir`, whose metadata
+    /// Copies every array's data into the store `out`, whose metadata
     /// [`write_metadata`](Self::write_metadata) wrote, through intermediate
-    /// arrays in a fresh directory under the work directory (removed
+    /// arrays in a fresh scratch store under the work directory (erased
     /// however the copy ends). Stops with an error when `cancelled` is set.
-    pub fn copy_data(&self, dir: &Path, cancelled: &AtomicBool) -> Result<RechunkSummary> {
-        self.copy_arrays(dir, |_| true, cancelled)
+    pub fn copy_data(
+        &self,
+        out: &ReadableWritableListableStorage,
+        cancelled: &AtomicBool,
+    ) -> Result<RechunkSummary> {
+        self.copy_arrays(out, |_| true, cancelled)
     }
 
     /// [`copy_data`](Self::copy_data) for the arrays `which` accepts.
     pub fn copy_arrays(
         &self,
-        dir: &Path,
+        out: &ReadableWritableListableStorage,
         which: impl Fn(&ArrayRechunk) -> bool,
         cancelled: &AtomicBool,
     ) -> Result<RechunkSummary> {
         let started = Instant::now();
-        let work = self
-            .work_root
-            .join(format!("zarrfusion-rechunk-{}", unique_suffix()));
-        let _cleanup = RemoveOnDrop(work.clone());
-        let out = Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+        // Created on the first intermediate array.
+        let mut scratch: Option<ScratchStore> = None;
         let mut summary = RechunkSummary {
             arrays: Vec::new(),
             bytes_read: 0,
@@ -620,14 +642,15 @@ impl PreparedRechunk {
             let plan = &job.rechunk.plan;
             let last = plan.stages.len() - 1;
             let output = Array::new_with_metadata(
-                Arc::clone(&out),
+                Arc::clone(out),
                 &job.entry.path,
                 self.target_metadata(job)?,
             )
             .map_err(|e| fail(e.to_string()))?;
-            // Intermediates of this array; each is removed once read.
-            let scratch = work.join(summary.arrays.len().to_string());
-            let mut previous: Option<(Array<FilesystemStore>, PathBuf)> = None;
+            // Intermediates of this array; each is erased once read.
+            let array_dir = format!("/{}", summary.arrays.len());
+            let mut previous: Option<(Array<dyn ReadableWritableListableStorageTraits>, String)> =
+                None;
             for (i, stage) in plan.stages.iter().enumerate() {
                 let counts = if i == last {
                     run_after(
@@ -640,16 +663,22 @@ impl PreparedRechunk {
                     )
                     .map_err(&fail)?
                 } else {
-                    let stage_dir = scratch.join(format!("stage{i}"));
-                    std::fs::create_dir_all(&stage_dir).map_err(|e| io_error(&stage_dir, e))?;
-                    let store = Arc::new(
-                        FilesystemStore::new(&stage_dir).map_err(|e| io_error(&stage_dir, e))?,
-                    );
+                    if scratch.is_none() {
+                        scratch = Some(ScratchStore::create(
+                            &self.work_dir,
+                            "zarrfusion-rechunk",
+                            "",
+                            &self.runtime,
+                        )?);
+                    }
+                    let work = scratch.as_ref().expect("created above");
+                    let stage_path = format!("{array_dir}/stage{i}");
                     // Uncompressed, unless the elements need their own codec.
                     let plain = job.source.data_type().fixed_size().is_some();
                     let md = with_chunks(&job.entry.metadata, &stage.to, plain).map_err(&fail)?;
-                    let next = Array::new_with_metadata(store, "/", md)
-                        .map_err(|e| fail(e.to_string()))?;
+                    let next =
+                        Array::new_with_metadata(Arc::clone(work.storage()), &stage_path, md)
+                            .map_err(|e| fail(e.to_string()))?;
                     let counts = run_after(
                         &previous,
                         &job.source,
@@ -659,8 +688,8 @@ impl PreparedRechunk {
                         cancelled,
                     )
                     .map_err(&fail)?;
-                    if let Some((_, read_dir)) = previous.replace((next, stage_dir)) {
-                        let _ = std::fs::remove_dir_all(read_dir);
+                    if let Some((_, read_path)) = previous.replace((next, stage_path)) {
+                        work.erase(&read_path);
                     }
                     counts
                 };
@@ -669,7 +698,9 @@ impl PreparedRechunk {
                     summary.target_bytes += counts.bytes_written;
                 }
             }
-            let _ = std::fs::remove_dir_all(&scratch);
+            if let Some(work) = &scratch {
+                work.erase(&array_dir);
+            }
             summary.bytes_read += plan.bytes_read();
             summary.arrays.push(job.rechunk.clone());
         }
@@ -684,7 +715,7 @@ impl PreparedRechunk {
 /// Runs `stage` into `output`, reading the previous stage's intermediate
 /// array, or the source for the first stage.
 fn run_after<W>(
-    previous: &Option<(Array<FilesystemStore>, PathBuf)>,
+    previous: &Option<(Array<dyn ReadableWritableListableStorageTraits>, String)>,
     source: &Array<dyn ReadableListableStorageTraits>,
     stage: &StagePlan,
     output: &Array<W>,
@@ -742,7 +773,7 @@ fn record(
 fn write_group(
     storage: &Arc<dyn ReadableListableStorageTraits>,
     source: &str,
-    dir: &Path,
+    out: &ReadableWritableListableStorage,
     jobs: &[Job],
     v3: Option<bool>,
     mut consolidated: Map<String, Value>,
@@ -765,18 +796,29 @@ fn write_group(
             "must_understand": false,
             "metadata": consolidated,
         });
-        return write_json(&dir.join("zarr.json"), &root);
+        return set_json(out, "zarr.json", &root);
     }
     let group =
         read_json(storage, source, "", ".zgroup")?.unwrap_or_else(|| json!({"zarr_format": 2}));
-    write_json(&dir.join(".zgroup"), &group)?;
-    write_json(&dir.join(".zattrs"), &attrs)?;
+    set_json(out, ".zgroup", &group)?;
+    set_json(out, ".zattrs", &attrs)?;
     consolidated.insert(".zgroup".into(), group);
     consolidated.insert(".zattrs".into(), attrs);
-    write_json(
-        &dir.join(".zmetadata"),
+    set_json(
+        out,
+        ".zmetadata",
         &json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
     )
+}
+
+/// Writes `value` as indented JSON at `key` of the store `out`.
+fn set_json(out: &ReadableWritableListableStorage, key: &str, value: &Value) -> Result<()> {
+    let text = serde_json::to_vec_pretty(value)
+        .map_err(|e| DataFusionError::Execution(format!("cannot write {key}: {e}")))?;
+    let key = StoreKey::new(key)
+        .map_err(|e| DataFusionError::Execution(format!("cannot write {key}: {e}")))?;
+    out.set(&key, text.into())
+        .map_err(|e| DataFusionError::Execution(format!("cannot write {key}: {e}")))
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -54,8 +53,8 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::{
-    fmt_array_plans, unique_suffix, ArrayRechunk, PreparedRechunk, RechunkOptions, RechunkSummary,
-    RemoveOnDrop,
+    default_work_dir, fmt_array_plans, ArrayRechunk, PreparedRechunk, RechunkOptions,
+    RechunkSummary, ScratchStore,
 };
 use crate::table::{
     literal_text, open_dataset, open_dataset_blocking, TableFunctionCall, ZarrTable,
@@ -266,24 +265,21 @@ impl TableProvider for RechunkTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let runtime = Arc::clone(state.runtime_env());
-        let options = RechunkOptions::for_runtime(&runtime);
+        let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
         let grid = self.source.grid();
         let store = grid.store.clone();
         let chunks = self.chunks.clone();
-        let work_root = options.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-        let dir = work_root.join(format!("zarrfusion-rechunked-{}.zarr", unique_suffix()));
-        let guard = Arc::new(RemoveOnDrop(dir.clone()));
-        let prepared = {
+        let (prepared, guard) = {
             let runtime = Arc::clone(&runtime);
-            let dir = dir.clone();
             tokio::task::spawn_blocking(move || {
                 let prepared = PreparedRechunk::new(&store, &chunks, &options, &runtime)?;
-                std::fs::create_dir_all(&dir)
-                    .map_err(|e| crate::write::store::io_error(&dir, e))?;
-                prepared.write_metadata(&dir)?;
+                let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
+                let scratch =
+                    ScratchStore::create(&work_dir, "zarrfusion-rechunked", ".zarr", &runtime)?;
+                prepared.write_metadata(scratch.storage())?;
                 // Coordinates now: opening the store reads them.
-                prepared.copy_arrays(&dir, is_coordinate, &AtomicBool::new(false))?;
-                Ok::<_, DataFusionError>(prepared)
+                prepared.copy_arrays(scratch.storage(), is_coordinate, &AtomicBool::new(false))?;
+                Ok::<_, DataFusionError>((prepared, Arc::new(scratch)))
             })
             .await
             .map_err(|e| {
@@ -295,7 +291,8 @@ impl TableProvider for RechunkTable {
             dims: Some(dims),
             ..ZarrTableOptions::default()
         };
-        let dataset = open_dataset(path_text(&dir)?, table_options.clone(), runtime).await?;
+        let location = guard.location().to_string();
+        let dataset = open_dataset(location, table_options.clone(), runtime).await?;
         let rechunked = ZarrTable::new(dataset.table(table_options.dims.as_deref())?)
             .with_pushdown(self.source.pushdown());
         if rechunked.schema().fields() != self.source.schema().fields() {
@@ -342,13 +339,6 @@ fn copied(array: &ArrayRechunk, variables: &[String]) -> bool {
     !is_coordinate(array) && variables.contains(&array.name)
 }
 
-fn path_text(path: &Path) -> Result<String> {
-    match path.to_str() {
-        Some(text) => Ok(text.to_string()),
-        None => exec_err!("the work directory {} is not valid UTF-8", path.display()),
-    }
-}
-
 /// The copy's outcome, shared by every partition waiting for it.
 type CopyOutcome = Result<Arc<RechunkSummary>, Arc<DataFusionError>>;
 
@@ -359,7 +349,7 @@ struct CopyJob {
     prepared: Arc<PreparedRechunk>,
     /// The columns the query reads: the arrays to copy.
     variables: Vec<String>,
-    store: Arc<RemoveOnDrop>,
+    store: Arc<ScratchStore>,
     cancelled: Arc<AtomicBool>,
     copy: OnceLock<Shared<BoxFuture<'static, CopyOutcome>>>,
 }
@@ -368,7 +358,7 @@ impl fmt::Debug for CopyJob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CopyJob")
             .field("prepared", &self.prepared)
-            .field("store", &self.store.0)
+            .field("store", self.store.location())
             .finish()
     }
 }
@@ -419,7 +409,7 @@ impl CopyJob {
             let handle = reserved.map(|()| {
                 tokio::task::spawn_blocking(move || {
                     let copies = |a: &ArrayRechunk| copied(a, &variables);
-                    let summary = prepared.copy_arrays(&store.0, copies, &cancelled);
+                    let summary = prepared.copy_arrays(store.storage(), copies, &cancelled);
                     drop(reservation);
                     summary
                 })

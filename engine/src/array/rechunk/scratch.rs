@@ -1,0 +1,85 @@
+//! Scratch stores: Zarr stores that exist only while an operation uses
+//! them (a rechunk's intermediate arrays, the rechunked copy a query
+//! scans), in `work_dir`, a local directory or an object-store URL.
+
+use std::sync::Arc;
+
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::runtime_env::RuntimeEnv;
+use zarrs::storage::{ReadableWritableListableStorage, StorePrefix};
+
+use crate::write::store::unique_suffix;
+use crate::zarr::{open_writable_storage, StoreLocation};
+
+/// The work directory when `work_dir` is not set: the system's temporary
+/// directory.
+pub fn default_work_dir() -> StoreLocation {
+    StoreLocation::Local(std::env::temp_dir())
+}
+
+/// A fresh store under a work directory, erased (everything under its
+/// root) when dropped.
+pub struct ScratchStore {
+    storage: ReadableWritableListableStorage,
+    location: StoreLocation,
+}
+
+impl std::fmt::Debug for ScratchStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScratchStore")
+            .field("location", &self.location)
+            .finish()
+    }
+}
+
+impl ScratchStore {
+    /// Creates `<work_dir>/<stem>-<unique suffix><extension>` (a directory,
+    /// or a prefix of the object store).
+    pub fn create(
+        work_dir: &StoreLocation,
+        stem: &str,
+        extension: &str,
+        runtime: &RuntimeEnv,
+    ) -> Result<Self> {
+        let location = work_dir.join(&format!("{stem}-{}{extension}", unique_suffix()));
+        let display = location.to_string();
+        let storage = open_writable_storage(&display, &location, runtime)
+            .map_err(|e| DataFusionError::Execution(format!("work_dir: {e}")))?;
+        Ok(Self { storage, location })
+    }
+
+    /// The store, for reading and writing.
+    pub fn storage(&self) -> &ReadableWritableListableStorage {
+        &self.storage
+    }
+
+    /// Where it is: a path or a URL that opens it again.
+    pub fn location(&self) -> &StoreLocation {
+        &self.location
+    }
+
+    /// Erases the node at `path` (an intermediate array, once read).
+    pub fn erase(&self, path: &str) {
+        let prefix = format!("{}/", path.trim_matches('/'));
+        if let Ok(prefix) = StorePrefix::new(prefix) {
+            let _ = self.storage.erase_prefix(&prefix);
+        }
+    }
+}
+
+impl Drop for ScratchStore {
+    fn drop(&mut self) {
+        match &self.location {
+            StoreLocation::Local(dir) => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            // Object-store calls block on the runtime, which must not
+            // happen on one of its own threads: erase from a thread of our own.
+            StoreLocation::Remote(_) => {
+                let storage = Arc::clone(&self.storage);
+                let _ =
+                    std::thread::spawn(move || storage.erase_prefix(&StorePrefix::root())).join();
+            }
+        }
+    }
+}
