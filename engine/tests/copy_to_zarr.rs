@@ -445,3 +445,71 @@ async fn a_whole_table_copy_that_fails_midway_leaves_nothing() {
     assert!(entries(&dir).is_empty(), "{:?}", entries(&dir));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_table_is_copied_to_an_object_store() {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    // An object store registered for memory:// URLs, as an s3:// one would be.
+    let memory = Arc::new(object_store::memory::InMemory::new());
+    let runtime = RuntimeEnvBuilder::new().build_arc().unwrap();
+    runtime.register_object_store(
+        &url::Url::parse("memory://out").unwrap(),
+        Arc::clone(&memory) as Arc<dyn ObjectStore>,
+    );
+    let ctx = new_context_with(session_config(), runtime);
+    ctx.register_zarr("era5", &demo(), HashMap::new())
+        .await
+        .unwrap();
+    let keys = |prefix: &'static str| {
+        let memory = Arc::clone(&memory);
+        async move {
+            let prefix = object_store::path::Path::from(prefix);
+            memory
+                .list(Some(&prefix))
+                .try_collect::<Vec<_>>()
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    let sql = "COPY era5 TO 'memory://out/era5.zarr' STORED AS ZARR \
+               OPTIONS ('chunks' 'time=96,lat=8,lon=8')";
+    assert!(text(&ctx, sql).await.contains("202752"));
+    assert!(keys("era5.zarr").await > 8);
+    ctx.register_zarr("back", "memory://out/era5.zarr", HashMap::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&ctx, "SELECT * FROM back ORDER BY time, lat, lon").await,
+        text(&ctx, "SELECT * FROM era5 ORDER BY time, lat, lon").await
+    );
+    // An existing target is refused, and stays.
+    let before = keys("era5.zarr").await;
+    let err = copy(&ctx, sql).await.unwrap_err().to_string();
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(keys("era5.zarr").await, before);
+    // A copy that fails midway erases what it wrote.
+    ctx.register_zarr(
+        "bad",
+        &common::fixture("bad_corrupt_chunk.zarr"),
+        HashMap::new(),
+    )
+    .await
+    .unwrap();
+    let err = copy(&ctx, "COPY bad TO 'memory://out/bad.zarr' STORED AS ZARR")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad_corrupt_chunk.zarr"), "{err}");
+    assert_eq!(keys("bad.zarr").await, 0);
+    // Rows (not a whole table) are written to local paths only.
+    let err = copy(
+        &ctx,
+        "COPY (SELECT * FROM era5 WHERE lat > 0) TO 'memory://out/north.zarr' STORED AS ZARR",
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("object-store URL"), "{err}");
+}

@@ -18,7 +18,6 @@
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -41,14 +40,17 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
 };
+use zarrs::storage::StorePrefix;
 
 use super::options::{ZarrVersion, ZarrWriteOptions};
 use super::sink::CancelOnDrop;
 use super::store::check_target;
-use crate::array::rechunk::{fmt_array_plans, PreparedRechunk, RechunkOptions, TargetEncoding};
+use crate::array::rechunk::{
+    fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkSummary, TargetEncoding,
+};
 use crate::array::scan_path::down_to_scan;
 use crate::table::GridTable;
-use crate::zarr::StoreLocation;
+use crate::zarr::{open_writable_storage, StoreLocation};
 
 /// Rewrites a `COPY ... STORED AS ZARR` of a whole Zarr table into an
 /// [`ArrayCopy`].
@@ -96,9 +98,7 @@ fn whole_table_copy(copy: &CopyTo) -> Result<Option<ArrayCopy>> {
     if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
         return Ok(None);
     }
-    let StoreLocation::Local(target) = StoreLocation::parse(&copy.output_url)? else {
-        return Ok(None);
-    };
+    let target = StoreLocation::parse(&copy.output_url)?;
     let options = ZarrWriteOptions::from_map(&copy.options)?;
     let columns = copy.input.schema().columns();
     let exprs = columns.iter().cloned().map(Expr::Column).collect();
@@ -160,8 +160,8 @@ pub struct ArrayCopy {
     pub table: Arc<GridTable>,
     /// The variables copied (with the coordinate arrays of the table's dimensions).
     pub variables: Vec<String>,
-    /// The new store's local path.
-    pub target: PathBuf,
+    /// The new store: a local path or an object-store URL.
+    pub target: StoreLocation,
     /// The write options (chunks, codec, format).
     pub options: ZarrWriteOptions,
     /// One column, `count`.
@@ -169,14 +169,16 @@ pub struct ArrayCopy {
 }
 
 impl ArrayCopy {
-    fn key(&self) -> (&str, &Vec<String>, &PathBuf) {
+    fn key(&self) -> (&str, &Vec<String>, &StoreLocation) {
         (&self.table.store, &self.variables, &self.target)
     }
 
     /// Plans the copy (reading the source's metadata): refused when the
     /// target exists or its tasks cannot fit the session's memory budget.
     pub async fn plan(&self, session: &dyn Session) -> Result<ArrayCopyExec> {
-        check_target(&self.target)?;
+        if let StoreLocation::Local(path) = &self.target {
+            check_target(path)?;
+        }
         let mut arrays = self.variables.clone();
         arrays.extend(
             self.table
@@ -261,7 +263,7 @@ impl UserDefinedLogicalNodeCore for ArrayCopy {
             f,
             "ArrayCopy: store={}, target={}, dims=[{}], variables=[{}], chunks={:?}, codec={:?}, zarr_format={:?}",
             self.table.store,
-            self.target.display(),
+            self.target,
             self.table.dims_name().replace('_', ", "),
             self.variables.join(", "),
             self.options.chunks,
@@ -280,7 +282,7 @@ impl UserDefinedLogicalNodeCore for ArrayCopy {
 #[derive(Debug)]
 pub struct ArrayCopyExec {
     prepared: Arc<PreparedRechunk>,
-    target: PathBuf,
+    target: StoreLocation,
     rows: u64,
     variables: Vec<String>,
     properties: Arc<PlanProperties>,
@@ -288,7 +290,12 @@ pub struct ArrayCopyExec {
 }
 
 impl ArrayCopyExec {
-    fn new(prepared: PreparedRechunk, target: PathBuf, rows: u64, variables: Vec<String>) -> Self {
+    fn new(
+        prepared: PreparedRechunk,
+        target: StoreLocation,
+        rows: u64,
+        variables: Vec<String>,
+    ) -> Self {
         let schema = Arc::new(Schema::new(vec![Field::new(
             "count",
             DataType::UInt64,
@@ -317,13 +324,37 @@ impl DisplayAs for ArrayCopyExec {
             f,
             "ArrayCopyExec: store={}, target={}, variables=[{}], projected_memory={}, arrays=[",
             self.prepared.source(),
-            self.target.display(),
+            self.target,
             self.variables.join(", "),
             human_readable_size(self.prepared.projected_memory() as usize)
         )?;
         fmt_array_plans(f, self.prepared.arrays())?;
         write!(f, "]")
     }
+}
+
+/// Writes the copy to `target`: renamed into place when local; data, then
+/// metadata, into an empty object-store prefix otherwise.
+fn write_target(
+    prepared: &PreparedRechunk,
+    target: &StoreLocation,
+    cancelled: &AtomicBool,
+) -> Result<RechunkSummary> {
+    let path = match target {
+        StoreLocation::Local(path) => return prepared.write_local(path, cancelled),
+        StoreLocation::Remote(_) => target.to_string(),
+    };
+    let storage = open_writable_storage(&path, target, prepared.runtime())
+        .map_err(|e| DataFusionError::Execution(e.to_string()))?;
+    let existing = storage
+        .list_prefix(&StorePrefix::root())
+        .map_err(|e| DataFusionError::Execution(format!("cannot write Zarr to '{path}': {e}")))?;
+    if !existing.is_empty() {
+        return exec_err!(
+            "cannot write Zarr to '{path}': it already exists (remove it first or choose another path)"
+        );
+    }
+    prepared.write_last_metadata(&storage, cancelled)
 }
 
 impl ExecutionPlan for ArrayCopyExec {
@@ -390,7 +421,7 @@ impl ExecutionPlan for ArrayCopyExec {
             let cancelled = Arc::new(AtomicBool::new(false));
             let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
             let summary =
-                tokio::task::spawn_blocking(move || prepared.write_local(&target, &cancelled))
+                tokio::task::spawn_blocking(move || write_target(&prepared, &target, &cancelled))
                     .await
                     .map_err(|e| {
                         DataFusionError::Execution(format!("the Zarr copy stopped: {e}"))

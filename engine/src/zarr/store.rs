@@ -42,7 +42,7 @@ impl AsyncToSyncBlockOn for TokioBlockOn {
 }
 
 /// Where a store lives, resolved from what the user wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StoreLocation {
     /// A directory on this machine.
     Local(PathBuf),

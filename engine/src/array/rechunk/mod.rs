@@ -47,7 +47,7 @@ use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{
     ReadableListableStorageTraits, ReadableWritableListableStorage,
-    ReadableWritableListableStorageTraits, StoreKey,
+    ReadableWritableListableStorageTraits, StoreKey, StorePrefix,
 };
 
 pub use plan::{RechunkPlan, StagePlan};
@@ -527,6 +527,11 @@ impl PreparedRechunk {
         Ok(prepared)
     }
 
+    /// The runtime the rechunk opens stores with.
+    pub fn runtime(&self) -> &RuntimeEnv {
+        &self.runtime
+    }
+
     /// The store being rechunked, as given.
     pub fn source(&self) -> &str {
         &self.source
@@ -581,6 +586,25 @@ impl PreparedRechunk {
             Ok(())
         })?;
         summary.ok_or_else(|| DataFusionError::Internal("the rechunk wrote nothing".into()))
+    }
+
+    /// Writes the whole target into the store `out` (an object store, where
+    /// nothing can be renamed into place), which must be empty: the data
+    /// first, the metadata last, so that readers see no store until it is
+    /// complete; everything written is erased when the copy fails or
+    /// `cancelled` is set.
+    pub fn write_last_metadata(
+        &self,
+        out: &ReadableWritableListableStorage,
+        cancelled: &AtomicBool,
+    ) -> Result<RechunkSummary> {
+        let written = self
+            .copy_data(out, cancelled)
+            .and_then(|summary| self.write_metadata(out).map(|()| summary));
+        if written.is_err() {
+            let _ = out.erase_prefix(&StorePrefix::root());
+        }
+        written
     }
 
     /// Writes the target's metadata (arrays in their new chunks, the
