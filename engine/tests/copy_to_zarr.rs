@@ -40,6 +40,24 @@ async fn text(ctx: &SessionContext, sql: &str) -> String {
     pretty_format_batches(&batches).unwrap().to_string()
 }
 
+/// Registers the store written at `path` as `name` and returns its
+/// `columns` in (time, lat, lon) order, as text.
+async fn read_back(
+    ctx: &SessionContext,
+    name: &str,
+    path: &std::path::Path,
+    columns: &str,
+) -> String {
+    ctx.register_zarr(name, &path.to_string_lossy(), HashMap::new())
+        .await
+        .unwrap();
+    text(
+        ctx,
+        &format!("SELECT {columns} FROM {name} ORDER BY time, lat, lon"),
+    )
+    .await
+}
+
 async fn copy(ctx: &SessionContext, sql: &str) -> datafusion::common::Result<()> {
     ctx.sql(sql).await?.collect().await.map(|_| ())
 }
@@ -63,14 +81,7 @@ async fn written_stores_read_back_as_the_query_for_every_format_and_codec() {
             .await
             .unwrap();
             let name = format!("out_v{format}_{codec}");
-            ctx.register_zarr(&name, &out.to_string_lossy(), HashMap::new())
-                .await
-                .unwrap();
-            let got = text(
-                &ctx,
-                &format!("SELECT time, lat, lon, t2m, u2 FROM {name} ORDER BY time, lat, lon"),
-            )
-            .await;
+            let got = read_back(&ctx, &name, &out, "time, lat, lon, t2m, u2").await;
             assert_eq!(got, expected, "v{format} {codec}");
         }
     }
@@ -351,15 +362,7 @@ async fn a_whole_table_is_copied_array_by_array_inside_a_small_budget() {
         let plan = text(&small, &format!("EXPLAIN {sql}")).await;
         assert!(plan.contains("ArrayCopyExec"), "{plan}");
         assert!(text(&small, &sql).await.contains("202752"), "{sql}");
-        let name = format!("whole{i}");
-        ctx.register_zarr(&name, &out.to_string_lossy(), HashMap::new())
-            .await
-            .unwrap();
-        let got = text(
-            &ctx,
-            &format!("SELECT * FROM {name} ORDER BY time, lat, lon"),
-        )
-        .await;
+        let got = read_back(&ctx, &format!("whole{i}"), &out, "*").await;
         let want = text(&ctx, &format!("{query} ORDER BY time, lat, lon")).await;
         assert_eq!(got, want, "{sql}");
         let json: serde_json::Value =
@@ -410,15 +413,7 @@ async fn a_whole_v3_table_copies_as_v3_and_writes_rows_as_v2() {
         let plan = text(&ctx, &format!("EXPLAIN {sql}")).await;
         assert_eq!(plan.contains("ArrayCopyExec"), array_copy, "{plan}");
         copy(&ctx, &sql).await.unwrap();
-        let name = format!("out{format}");
-        ctx.register_zarr(&name, &out.to_string_lossy(), HashMap::new())
-            .await
-            .unwrap();
-        let got = text(
-            &ctx,
-            &format!("SELECT * FROM {name} ORDER BY time, lat, lon"),
-        )
-        .await;
+        let got = read_back(&ctx, &format!("out{format}"), &out, "*").await;
         assert_eq!(got, want, "v{format}");
     }
     std::fs::remove_dir_all(&dir).unwrap();

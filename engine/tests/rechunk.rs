@@ -261,6 +261,17 @@ fn sql_session(dir: &Path, allowed_mem: &str) -> datafusion::prelude::SessionCon
     zarrfusion::new_context_with(zarrfusion::session_config(), runtime)
 }
 
+/// The rows of `sql`, sorted by their first three columns.
+async fn sorted_rows(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+) -> Vec<Vec<serde_json::Value>> {
+    let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let mut rows = common::rows(&batches);
+    common::sort_rows(&mut rows, 3);
+    rows
+}
+
 /// Everything under `dir`, recursively, as paths relative to it.
 fn tree(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
@@ -324,20 +335,10 @@ async fn the_rechunk_table_function_reads_the_source_in_new_chunks_and_cleans_up
     assert_no_rechunk_files(&dir).await;
 
     // Same rows as the source, in the new chunks' order of partitions.
-    let sorted = |sql: &str| {
-        let ctx = ctx.clone();
-        let sql = sql.to_string();
-        async move {
-            let batches = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
-            let mut rows = common::rows(&batches);
-            common::sort_rows(&mut rows, 3);
-            rows
-        }
-    };
-    let expected = sorted("SELECT * FROM src").await;
+    let expected = sorted_rows(&ctx, "SELECT * FROM src").await;
     for (time, lat) in [(5, 7), (1, 1), (1000, 3)] {
         let sql = format!("SELECT * FROM rechunk('src', time => {time}, lat => {lat})");
-        let actual = sorted(&sql).await;
+        let actual = sorted_rows(&ctx, &sql).await;
         common::assert_rows(&sql, &actual, &expected);
     }
     // A LIMIT stops early and still leaves nothing.
@@ -436,18 +437,9 @@ async fn an_object_store_work_dir_holds_the_intermediates_and_is_emptied() {
         .register_zarr("out", out.to_str().unwrap(), HashMap::new())
         .await
         .unwrap();
-    let read = |sql: &str| {
-        let reader = reader.clone();
-        let sql = sql.to_string();
-        async move {
-            let batches = reader.sql(&sql).await.unwrap().collect().await.unwrap();
-            let mut rows = common::rows(&batches);
-            common::sort_rows(&mut rows, 3);
-            rows
-        }
-    };
-    let expected = read("SELECT * FROM src").await;
-    common::assert_rows("copy", &read("SELECT * FROM out").await, &expected);
+    let expected = sorted_rows(&reader, "SELECT * FROM src").await;
+    let copied = sorted_rows(&reader, "SELECT * FROM out").await;
+    common::assert_rows("copy", &copied, &expected);
     assert!(left().await.is_empty(), "{:?}", left().await);
 
     // The rechunked store a query scans lives in the work directory too.
