@@ -243,11 +243,11 @@ async fn bad_writes_are_refused_and_leave_nothing() {
 #[tokio::test]
 async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     let dir = scratch("budget");
-    // Enough for the scan (two blocks per partition, about 6 MB), not for
-    // the whole result the sink holds. (A computed column: the table as it
-    // is would be copied array by array, inside the budget.)
+    // Enough for the scan (two blocks per partition, 5.4 MB), not for the
+    // whole result the sink holds (8 MB). (A computed column: the table as
+    // it is would be copied array by array, inside the budget.)
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(8 << 20, 1.0)
+        .with_memory_limit(7 << 20, 1.0)
         .build_arc()
         .unwrap();
     let ctx = new_context_with(session_config(), Arc::clone(&runtime));
@@ -255,10 +255,27 @@ async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
         .await
         .unwrap();
     let out = dir.join("big.zarr");
+    // Refused while planning: the scan knows its row count.
+    let err = ctx
+        .sql(&format!(
+            "COPY (SELECT time, lat, lon, t2m, u10 * 2 AS u2, v10 FROM era5) TO '{}'",
+            out.display()
+        ))
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("allowed_mem") && err.contains("ZarrSink") && err.contains("202752 rows"),
+        "{err}"
+    );
+    // Of unknown size (a value filter): refused as the rows arrive.
     let err = copy(
         &ctx,
         &format!(
-            "COPY (SELECT time, lat, lon, t2m, u10 * 2 AS u2, v10 FROM era5) TO '{}'",
+            "COPY (SELECT time, lat, lon, t2m, u10 * 2 AS u2, v10 FROM era5 WHERE t2m > 0) TO '{}'",
             out.display()
         ),
     )

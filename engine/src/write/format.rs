@@ -9,8 +9,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{not_impl_err, plan_err, GetExt, Result, Statistics};
+use datafusion::common::{human_readable_size, not_impl_err, plan_err, GetExt, Result, Statistics};
 use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
 use datafusion::datasource::file_format::{FileFormat, FileFormatFactory};
 use datafusion::datasource::physical_plan::{
@@ -18,12 +19,15 @@ use datafusion::datasource::physical_plan::{
 };
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::table_schema::TableSchema;
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::session_state::SessionState;
 use datafusion::physical_expr::{LexRequirement, PhysicalExpr};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::statistics::StatisticsContext;
+use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs};
 use object_store::{ObjectMeta, ObjectStore};
 
+use super::grid::grid_bytes;
 use super::options::ZarrWriteOptions;
 use super::sink::ZarrSink;
 use super::store::check_target;
@@ -167,7 +171,7 @@ impl FileFormat for ZarrFormat {
     async fn create_writer_physical_plan(
         &self,
         input: Arc<dyn ExecutionPlan>,
-        _state: &dyn Session,
+        state: &dyn Session,
         conf: FileSinkConfig,
         order_requirements: Option<LexRequirement>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
@@ -192,6 +196,7 @@ impl FileFormat for ZarrFormat {
                 self.known_dims.get(name).copied().unwrap_or(false)
             })
             .collect();
+        refuse_if_too_large(&input, &dims, &target, state)?;
         let sink = ZarrSink::new(schema, target, dims, descending, self.options.clone());
         Ok(Arc::new(DataSinkExec::new(
             input,
@@ -206,6 +211,49 @@ impl FileFormat for ZarrFormat {
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
+}
+
+/// Refuses, before anything runs, a COPY whose result the sink could not
+/// hold: the input's row count (where its statistics know it) times the
+/// bytes of a row as batches, plus the dense grid, over the memory limit.
+/// (Results whose size is not known exactly are checked as their rows arrive.)
+fn refuse_if_too_large(
+    input: &Arc<dyn ExecutionPlan>,
+    dims: &[usize],
+    target: &std::path::Path,
+    state: &dyn Session,
+) -> Result<()> {
+    let MemoryLimit::Finite(limit) = state.runtime_env().memory_pool.memory_limit() else {
+        return Ok(());
+    };
+    let stats = StatisticsContext::new().compute(input.as_ref(), &StatisticsArgs::new())?;
+    // Only a known count: an estimate could refuse a result that fits.
+    let Precision::Exact(rows) = stats.num_rows else {
+        return Ok(());
+    };
+    let schema = input.schema();
+    let row_bytes: u64 = schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type().primitive_width().unwrap_or(16) as u64)
+        .sum();
+    let rows_bytes = rows as u64 * row_bytes;
+    let grid = grid_bytes(&schema, dims, rows as u64);
+    let needed = rows_bytes + grid;
+    if needed > limit as u64 {
+        return plan_err!(
+            "ZarrSink: COPY TO Zarr ('{}') holds the whole result in memory before writing it: \
+             about {rows} rows need {} as batches plus {} as the grid ({} in all), but \
+             allowed_mem is {}. Write a smaller selection (WHERE on dimensions), copy the \
+             table as it is (COPY t TO ..., which copies array by array), or raise allowed_mem",
+            target.display(),
+            human_readable_size(rows_bytes as usize),
+            human_readable_size(grid as usize),
+            human_readable_size(needed as usize),
+            human_readable_size(limit)
+        );
+    }
+    Ok(())
 }
 
 /// Zarr is not read as files; this source only refuses to open any.
