@@ -451,7 +451,7 @@ async fn a_whole_table_copy_that_fails_midway_leaves_nothing() {
         .contains("ArrayCopyExec"));
     let err = copy(&ctx, &sql).await.unwrap_err().to_string();
     assert!(
-        err.contains("bad_corrupt_chunk.zarr") && err.contains("t2m"),
+        err.contains("bad_corrupt_chunk.zarr") && err.contains("chunk 't2m/"),
         "{err}"
     );
     assert!(entries(&dir).is_empty(), "{:?}", entries(&dir));

@@ -231,7 +231,10 @@ fn a_failing_rechunk_leaves_nothing() {
         )
         .unwrap_err()
         .to_string();
-        assert!(err.contains(store) && err.contains("array"), "{err}");
+        assert!(
+            err.contains(store) && err.contains("array") && err.contains("reading chunk '"),
+            "{err}"
+        );
         assert!(!target.exists(), "{store}");
         assert_eq!(entries(&dir), vec!["work".to_string()], "{store}");
         assert!(entries(&dir.join("work")).is_empty(), "{store}");

@@ -73,7 +73,7 @@ where
                 let subset = ArraySubset::new_with_ranges(&ranges);
                 let copied = input
                     .retrieve_array_subset_opt::<ArrayBytes<'static>>(&subset, &options)
-                    .map_err(|e| format!("reading {ranges:?}: {e}"))
+                    .map_err(|e| read_error(input, &subset, &options, e.to_string()))
                     .and_then(|bytes| {
                         let size = bytes.size() as u64;
                         output
@@ -105,6 +105,30 @@ where
         tasks: plan.tasks,
         bytes_written: written.into_inner(),
     })
+}
+
+/// What failed while reading `subset`: the first of its chunks that
+/// fails alone, by its key and indices (else the region), and why.
+fn read_error<R>(
+    input: &Array<R>,
+    subset: &ArraySubset,
+    options: &CodecOptions,
+    region_error: String,
+) -> String
+where
+    R: ReadableStorageTraits + ?Sized + 'static,
+{
+    if let Ok(Some(chunks)) = input.chunks_in_array_subset(subset) {
+        for indices in &chunks.indices() {
+            if let Err(e) = input.retrieve_chunk_opt::<ArrayBytes<'static>>(&indices, options) {
+                return format!(
+                    "reading chunk '{}' (chunk {indices:?}): {e}",
+                    input.chunk_key(&indices)
+                );
+            }
+        }
+    }
+    format!("reading {:?}: {region_error}", subset.to_ranges())
 }
 
 #[cfg(test)]
