@@ -38,6 +38,7 @@ use crate::table::{
     open_dataset, GridTable, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions,
 };
 use crate::write::array_copy::WholeTableCopyRule;
+use crate::write::selection_copy::SelectionCopyRule;
 use crate::write::ZarrFormatFactory;
 
 /// The default session configuration: information schema on, zarrfusion
@@ -77,6 +78,7 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         .with_optimizer_rule(Arc::new(AlignedJoinRule))
         .with_optimizer_rule(Arc::new(DenseReductionRule))
         .with_optimizer_rule(Arc::new(WholeTableCopyRule))
+        .with_optimizer_rule(Arc::new(SelectionCopyRule))
         .with_query_planner(Arc::new(ArrayQueryPlanner))
         .build();
     let mut state = state;

@@ -244,8 +244,9 @@ async fn bad_writes_are_refused_and_leave_nothing() {
 async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     let dir = scratch("budget");
     // Enough for the scan (two blocks per partition, 5.4 MB), not for the
-    // whole result the sink holds (8 MB). (A computed column: the table as
-    // it is would be copied array by array, inside the budget.)
+    // whole result the sink holds (8 MB). (An integer column: the table as
+    // it is, or float variables, would be written chunk by chunk, inside
+    // the budget.)
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_limit(7 << 20, 1.0)
         .build_arc()
@@ -258,7 +259,7 @@ async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     // Refused while planning: the scan knows its row count.
     let err = ctx
         .sql(&format!(
-            "COPY (SELECT time, lat, lon, t2m, u10 * 2 AS u2, v10 FROM era5) TO '{}'",
+            "COPY (SELECT time, lat, lon, t2m, CAST(u10 * 2 AS INT) AS u2, v10 FROM era5) TO '{}'",
             out.display()
         ))
         .await
@@ -275,7 +276,7 @@ async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     let err = copy(
         &ctx,
         &format!(
-            "COPY (SELECT time, lat, lon, t2m, u10 * 2 AS u2, v10 FROM era5 WHERE t2m > 0) TO '{}'",
+            "COPY (SELECT time, lat, lon, t2m, CAST(u10 * 2 AS INT) AS u2, v10 FROM era5 WHERE t2m > 0) TO '{}'",
             out.display()
         ),
     )
@@ -397,16 +398,19 @@ async fn a_whole_table_is_copied_array_by_array_inside_a_small_budget() {
         );
         assert_eq!(entries(&out).join(" "), *names, "{sql}");
     }
-    // A filter or a computed column writes rows.
+    // A filter on values, an integer column or dimensions out of order
+    // write rows.
     for sql in [
-        "COPY (SELECT * FROM era5 WHERE lat > 0) TO '{out}' STORED AS ZARR",
-        "COPY (SELECT time, lat, lon, t2m + 1 AS t2m FROM era5) TO '{out}' STORED AS ZARR",
+        "COPY (SELECT * FROM era5 WHERE t2m > 280) TO '{out}' STORED AS ZARR",
+        "COPY (SELECT time, lat, lon, CAST(t2m AS INT) AS t2m FROM era5) TO '{out}' STORED AS ZARR",
         "COPY (SELECT lat, time, lon, t2m FROM era5) TO '{out}' STORED AS ZARR",
     ] {
         let sql = sql.replace("{out}", &dir.join("rows.zarr").to_string_lossy());
         let plan = text(&ctx, &format!("EXPLAIN {sql}")).await;
         assert!(
-            !plan.contains("ArrayCopy") && plan.contains("ZarrSink"),
+            !plan.contains("ArrayCopy")
+                && !plan.contains("SelectionCopy")
+                && plan.contains("ZarrSink"),
             "{plan}"
         );
     }
@@ -414,21 +418,22 @@ async fn a_whole_table_is_copied_array_by_array_inside_a_small_budget() {
 }
 
 #[tokio::test]
-async fn a_whole_v3_table_copies_as_v3_and_writes_rows_as_v2() {
+async fn a_whole_v3_table_copies_as_stored_as_v3_and_decoded_as_v2() {
     let dir = scratch("whole-v3");
     let ctx = new_context();
     ctx.register_zarr("v3", &common::fixture("v3_basic.zarr"), HashMap::new())
         .await
         .unwrap();
     let want = text(&ctx, "SELECT * FROM v3 ORDER BY time, lat, lon").await;
-    for (format, array_copy) in [("3", true), ("2", false)] {
+    // As v2, its float variables are decoded and written chunk by chunk.
+    for (format, exec) in [("3", "ArrayCopyExec"), ("2", "SelectionCopyExec")] {
         let out = dir.join(format!("v{format}.zarr"));
         let sql = format!(
             "COPY v3 TO '{}' STORED AS ZARR OPTIONS ('zarr_format' '{format}')",
             out.display()
         );
         let plan = text(&ctx, &format!("EXPLAIN {sql}")).await;
-        assert_eq!(plan.contains("ArrayCopyExec"), array_copy, "{plan}");
+        assert!(plan.contains(exec), "{plan}");
         copy(&ctx, &sql).await.unwrap();
         let got = read_back(&ctx, &format!("out{format}"), &out, "*").await;
         assert_eq!(got, want, "v{format}");
@@ -515,13 +520,108 @@ async fn a_whole_table_is_copied_to_an_object_store() {
         .to_string();
     assert!(err.contains("bad_corrupt_chunk.zarr"), "{err}");
     assert_eq!(keys("bad.zarr").await, 0);
-    // Rows (not a whole table) are written to local paths only.
+    // A selection with computed variables goes chunk by chunk too.
+    let north = "SELECT time, lat, lon, t2m - 273.15 AS t2m_c FROM era5 WHERE lat > 0";
+    copy(
+        &ctx,
+        &format!("COPY ({north}) TO 'memory://out/north.zarr' STORED AS ZARR"),
+    )
+    .await
+    .unwrap();
+    ctx.register_zarr("north", "memory://out/north.zarr", HashMap::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&ctx, "SELECT * FROM north ORDER BY time, lat, lon").await,
+        text(&ctx, &format!("{north} ORDER BY time, lat, lon")).await
+    );
+    // Rows (a filter on values) are written to local paths only.
     let err = copy(
         &ctx,
-        "COPY (SELECT * FROM era5 WHERE lat > 0) TO 'memory://out/north.zarr' STORED AS ZARR",
+        "COPY (SELECT * FROM era5 WHERE t2m > 280) TO 'memory://out/warm.zarr' STORED AS ZARR",
     )
     .await
     .unwrap_err()
     .to_string();
     assert!(err.contains("object-store URL"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selection_with_computed_variables_is_written_chunk_by_chunk() {
+    let dir = scratch("selection");
+    // 5 MB: the scan alone would need 5.4 MB and the rows 8 MB.
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(5 << 20, 1.0)
+        .build_arc()
+        .unwrap();
+    let small = new_context_with(session_config(), runtime);
+    small
+        .register_zarr("era5", &demo(), HashMap::new())
+        .await
+        .unwrap();
+    let ctx = context().await;
+    let cases = [
+        // A box, time and (descending) latitude cut mid-chunk.
+        (
+            "SELECT time, lat, lon, t2m - 273.15 AS t2m_c, u10 * 2 AS u2, sst FROM era5 \
+             WHERE lat BETWEEN -31 AND 47 AND time >= TIMESTAMP '2020-01-03T06:00:00'",
+            "'chunks' 'time=7,lat=5', 'codec' 'zstd'",
+        ),
+        // Scattered longitudes and a v2 target.
+        (
+            "SELECT time, lat, lon, sqrt(u10 * u10 + v10 * v10) AS wind FROM era5 \
+             WHERE lon IN (0, 5.625, 90, 354.375) OR lon > 300",
+            "'zarr_format' '2', 'codec' 'blosc'",
+        ),
+        // Every cell, a computed variable and a variable as it is.
+        (
+            "SELECT time, lat, lon, t2m, sp / 100.0 AS sp_hpa FROM era5",
+            "'chunks' 'time=96,lat=4,lon=4'",
+        ),
+    ];
+    for (i, (query, options)) in cases.iter().enumerate() {
+        let out = dir.join(format!("sel{i}.zarr"));
+        let sql = format!(
+            "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ({options})",
+            out.display()
+        );
+        let plan = text(&small, &format!("EXPLAIN {sql}")).await;
+        assert!(plan.contains("SelectionCopyExec"), "{plan}");
+        copy(&small, &sql).await.unwrap();
+        let columns = query
+            .split(" FROM ")
+            .next()
+            .unwrap()
+            .trim_start_matches("SELECT ");
+        let names: Vec<&str> = columns
+            .split(", ")
+            .map(|c| c.rsplit(" AS ").next().unwrap())
+            .collect();
+        let got = read_back(&ctx, &format!("sel{i}"), &out, &names.join(", ")).await;
+        let want = text(&ctx, &format!("{query} ORDER BY time, lat, lon")).await;
+        assert_eq!(got, want, "{sql}");
+    }
+    // Nothing stays in the work directory, and a failure leaves no target.
+    let bad = new_context();
+    bad.register_zarr(
+        "bad",
+        &common::fixture("bad_corrupt_chunk.zarr"),
+        HashMap::new(),
+    )
+    .await
+    .unwrap();
+    let out = dir.join("bad.zarr");
+    let err = copy(
+        &bad,
+        &format!(
+            "COPY (SELECT time, lat, lon, t2m * 2 AS t2 FROM bad) TO '{}'",
+            out.display()
+        ),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("bad_corrupt_chunk.zarr"), "{err}");
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
 }

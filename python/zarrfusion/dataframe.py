@@ -163,9 +163,10 @@ class DataFrame:
         ``codec`` is ``"zstd"``, ``"gzip"``, ``"blosc"`` or ``"none"``. The
         write is atomic: on an error or Ctrl-C nothing appears at ``path``,
         and an existing ``path`` is never replaced. A whole Zarr table as it
-        is (``ctx.table("era5")``, or a selection of its dimensions and
-        variables) is copied array by array, as stored, inside
-        ``allowed_mem`` however large it is.
+        is (``ctx.table("era5")``) is copied array by array, as stored, and
+        a selection of one by its dimensions with computed float variables
+        is written chunk by chunk: both inside ``allowed_mem`` however large
+        they are.
         """
         options = {"codec": codec, "zarr_format": str(zarr_format)}
         if chunks:

@@ -17,6 +17,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 
 use super::reduce::{DenseReduction, DenseReductionExec};
 use crate::write::array_copy::ArrayCopy;
+use crate::write::selection_copy::SelectionCopy;
 
 /// Plans the array nodes of `engine::array`.
 #[derive(Debug, Default)]
@@ -39,6 +40,9 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
         }
         if let Some(copy) = node.as_any().downcast_ref::<ArrayCopy>() {
             return Ok(Some(Arc::new(copy.plan(session).await?)));
+        }
+        if let Some(copy) = node.as_any().downcast_ref::<SelectionCopy>() {
+            return Ok(Some(Arc::new(copy.plan(planner, session, planning)?)));
         }
         Ok(None)
     }

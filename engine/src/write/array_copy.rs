@@ -335,7 +335,7 @@ impl DisplayAs for ArrayCopyExec {
 
 /// Writes the copy to `target`: renamed into place when local; data, then
 /// metadata, into an empty object-store prefix otherwise.
-fn write_target(
+pub(crate) fn write_target(
     prepared: &PreparedRechunk,
     target: &StoreLocation,
     cancelled: &AtomicBool,

@@ -22,11 +22,13 @@
 //! | [`sink`] | the DataFusion sink: memory budget, cancellation |
 //! | [`format`] | Zarr registered as a file format for `COPY` |
 //! | [`array_copy`] | `COPY` of a whole Zarr table, array by array, inside the budget |
+//! | [`selection_copy`] | `COPY` of a selection with computed variables: blockwise, then rechunked |
 
 pub mod array_copy;
 pub mod format;
 pub mod grid;
 pub mod options;
+pub mod selection_copy;
 pub mod sink;
 pub mod store;
 

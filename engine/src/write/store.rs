@@ -288,7 +288,7 @@ fn write_values(
 }
 
 /// A coordinate's stored values and attributes: times become CF numbers.
-fn coordinate(coords: &ArrayRef) -> Result<(ArrayRef, Map<String, Value>)> {
+pub(crate) fn coordinate(coords: &ArrayRef) -> Result<(ArrayRef, Map<String, Value>)> {
     let mut attributes = Map::new();
     let cf = |unit: &str| -> Map<String, Value> {
         let mut m = Map::new();
@@ -368,7 +368,7 @@ pub(crate) fn v2_compressor(codec: Codec) -> Value {
 }
 
 /// Metadata of one array as JSON (v2 with its attributes inline).
-fn array_metadata(
+pub(crate) fn array_metadata(
     t: &DataType,
     shape: &[u64],
     chunks: &[u64],
@@ -420,6 +420,24 @@ fn array_metadata(
 /// others chosen so a chunk holds about [`CHUNK_TARGET_BYTES`].
 pub fn chunk_shape(grid: &Grid, options: &ZarrWriteOptions) -> Result<Vec<u64>> {
     let names: Vec<&str> = grid.dims.iter().map(|d| d.name.as_str()).collect();
+    let width = grid
+        .variables
+        .iter()
+        .map(|v| v.values.data_type().primitive_width().unwrap_or(8) as u64)
+        .max()
+        .unwrap_or(8);
+    chunk_lengths(&names, &grid.shape(), width, options)
+}
+
+/// The chunk shape of variables of `width`-byte elements over dimensions
+/// `names` of lengths `shape`: the lengths `options.chunks` gives, the
+/// others chosen so a chunk holds about [`CHUNK_TARGET_BYTES`].
+pub(crate) fn chunk_lengths(
+    names: &[&str],
+    shape: &[u64],
+    width: u64,
+    options: &ZarrWriteOptions,
+) -> Result<Vec<u64>> {
     for (dim, _) in &options.chunks {
         if !names.contains(&dim.as_str()) {
             return exec_err!(
@@ -428,19 +446,12 @@ pub fn chunk_shape(grid: &Grid, options: &ZarrWriteOptions) -> Result<Vec<u64>> 
             );
         }
     }
-    let shape = grid.shape();
     let given = |d: &str| options.chunks.iter().find(|(n, _)| n == d).map(|(_, c)| *c);
     let mut chunks: Vec<u64> = names
         .iter()
-        .zip(&shape)
+        .zip(shape)
         .map(|(d, &n)| given(d).unwrap_or(n).min(n).max(1))
         .collect();
-    let width = grid
-        .variables
-        .iter()
-        .map(|v| v.values.data_type().primitive_width().unwrap_or(8) as u64)
-        .max()
-        .unwrap_or(8);
     for d in 0..chunks.len() {
         if given(names[d]).is_some() {
             continue;

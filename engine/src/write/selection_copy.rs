@@ -1,0 +1,925 @@
+//! `COPY` of a selection of a Zarr table with computed variables, chunk by
+//! chunk: when the query is a scan of a Zarr table under dimension filters
+//! only, with every dimension as it is (in the table's order) and
+//! variables that are `float32`/`float64` expressions of the table's
+//! columns, the result is a grid known before anything is read: the
+//! selected coordinates. It is written in two steps, as Cubed lowers work
+//! to blockwise and rechunk:
+//!
+//! 1. *blockwise*: one task per chunk of an intermediate store in
+//!    `work_dir` (chunks as long as the source's): it reads the source
+//!    cells the chunk covers, evaluates the expressions and writes the
+//!    chunk (NULL as NaN);
+//! 2. *rechunk*: the intermediate store is rechunked into the target by
+//!    [`crate::array::rechunk`], in the requested chunks, codec and format.
+//!
+//! Both steps run inside `allowed_mem` whatever the size of the result;
+//! a plan whose tasks cannot fit is refused before it runs.
+//!
+//! ```sql
+//! COPY (SELECT time, lat, lon, t2m - 273.15 AS t2m_c FROM era5 WHERE lat > 0)
+//! TO 'era5_north.zarr' STORED AS ZARR OPTIONS ('chunks' 'time=240,lat=16,lon=16');
+//! ```
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{Array as _, ArrayRef, AsArray, RecordBatch, UInt64Array};
+use datafusion::arrow::compute::{cast, take};
+use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema, SchemaRef};
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::{
+    exec_err, human_readable_size, plan_err, DFSchema, DFSchemaRef, DataFusionError, Result,
+    Statistics,
+};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::dml::CopyTo;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{
+    Expr, ExprSchemable, Extension, LogicalPlan, TableProviderFilterPushDown,
+    UserDefinedLogicalNodeCore,
+};
+use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
+};
+use datafusion::physical_planner::PhysicalPlanner;
+use serde_json::{json, Map, Value};
+use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
+use zarrs::metadata::ArrayMetadata;
+use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
+
+use super::array_copy::write_target;
+use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
+use super::sink::CancelOnDrop;
+use super::store::{array_metadata, check_target, chunk_lengths, consolidate, coordinate};
+use crate::array::rechunk::{
+    default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
+};
+use crate::array::scan_path::down_to_scan;
+use crate::table::{classify_filters, select, BoxCells, GridTable, Selection};
+use crate::zarr::{ChunkBufferPool, StoreLocation};
+
+/// Rewrites a `COPY ... STORED AS ZARR` of a selection of a Zarr table with
+/// computed float variables into a [`SelectionCopy`].
+#[derive(Debug, Default)]
+pub struct SelectionCopyRule;
+
+impl OptimizerRule for SelectionCopyRule {
+    fn name(&self) -> &str {
+        "zarrfusion_selection_copy"
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        // COPY is always the root of its plan.
+        None
+    }
+
+    fn supports_rewrite(&self) -> bool {
+        true
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        _config: &dyn OptimizerConfig,
+    ) -> Result<Transformed<LogicalPlan>> {
+        let LogicalPlan::Copy(copy) = &plan else {
+            return Ok(Transformed::no(plan));
+        };
+        match selection_copy(copy)? {
+            Some(node) => Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+                node: Arc::new(node),
+            }))),
+            None => Ok(Transformed::no(plan)),
+        }
+    }
+}
+
+/// The [`SelectionCopy`] that `copy` is, when it writes Zarr from a scan of
+/// a Zarr table under dimension filters only, whose columns are the
+/// table's dimensions (as they are, in the table's order; each coordinate
+/// strictly monotonic) and at least one `float32`/`float64` expression.
+fn selection_copy(copy: &CopyTo) -> Result<Option<SelectionCopy>> {
+    if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
+        return Ok(None);
+    }
+    let target = StoreLocation::parse(&copy.output_url)?;
+    let options = ZarrWriteOptions::from_map(&copy.options)?;
+    let columns = copy.input.schema().columns();
+    let exprs = columns.iter().cloned().map(Expr::Column).collect();
+    let Some(path) = down_to_scan(&copy.input, exprs)? else {
+        return Ok(None);
+    };
+    let table = Arc::clone(path.table.grid());
+    let mut filters = path.scan.filters.clone();
+    filters.extend(path.predicates.iter().cloned());
+    let refs: Vec<&Expr> = filters.iter().collect();
+    if classify_filters(&refs, &table)
+        .iter()
+        .any(|c| *c != TableProviderFilterPushDown::Exact)
+    {
+        return Ok(None);
+    }
+    let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
+    if let Some(given) = &options.dims {
+        if given.iter().map(String::as_str).ne(dims.iter().copied()) {
+            return Ok(None);
+        }
+    }
+    if table.dims.iter().any(|d| d.strict_order().is_none()) {
+        return Ok(None);
+    }
+    let input_schema = Arc::new(DFSchema::try_from_qualified_schema(
+        path.scan.table_name.clone(),
+        &table.schema,
+    )?);
+    let mut dims_seen = Vec::new();
+    let mut outputs = Vec::new();
+    for (column, expr) in columns.iter().zip(&path.exprs) {
+        let name = column.name.as_str();
+        if dims.contains(&name) {
+            if !matches!(expr, Expr::Column(c) if c.name == name) {
+                return Ok(None);
+            }
+            dims_seen.push(name);
+            continue;
+        }
+        let data_type = expr.get_type(&input_schema)?;
+        if !matches!(data_type, DataType::Float32 | DataType::Float64) {
+            return Ok(None);
+        }
+        outputs.push(OutputVariable {
+            name: name.to_string(),
+            expr: expr.clone(),
+            data_type,
+        });
+    }
+    if dims_seen != dims || outputs.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(SelectionCopy {
+        table,
+        input_schema,
+        filters,
+        outputs,
+        target,
+        options,
+        schema: Arc::clone(&copy.output_schema),
+    }))
+}
+
+/// One variable of the written store: its name and the expression of the
+/// table's columns that computes it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub struct OutputVariable {
+    /// The variable's name.
+    pub name: String,
+    /// Its values, over the table's columns.
+    pub expr: Expr,
+    /// `Float32` or `Float64`.
+    pub data_type: DataType,
+}
+
+/// `COPY` of a selection of a Zarr table with computed variables. A leaf
+/// node (it reads the table itself) whose output is the row count.
+#[derive(Debug, Clone)]
+pub struct SelectionCopy {
+    /// The table read.
+    pub table: Arc<GridTable>,
+    /// The table's columns, qualified as the expressions name them.
+    pub input_schema: DFSchemaRef,
+    /// Filters on single dimensions: the selection.
+    pub filters: Vec<Expr>,
+    /// The variables written.
+    pub outputs: Vec<OutputVariable>,
+    /// The new store: a local path or an object-store URL.
+    pub target: StoreLocation,
+    /// The write options (chunks, codec, format).
+    pub options: ZarrWriteOptions,
+    /// One column, `count`.
+    pub schema: DFSchemaRef,
+}
+
+impl SelectionCopy {
+    fn key(&self) -> (&Vec<Expr>, &Vec<OutputVariable>, &StoreLocation) {
+        (&self.filters, &self.outputs, &self.target)
+    }
+
+    /// Plans the copy: the selection, the expressions, the chunks of both
+    /// steps and their memory; refused when the target exists, the
+    /// selection is empty or a step cannot fit the memory budget.
+    pub fn plan(
+        &self,
+        planner: &dyn PhysicalPlanner,
+        session: &dyn Session,
+        planning: &PhysicalPlanningContext,
+    ) -> Result<SelectionCopyExec> {
+        if let StoreLocation::Local(path) = &self.target {
+            check_target(path)?;
+        }
+        let table = Arc::clone(&self.table);
+        let selection = select(&self.filters, &table, session)?;
+        let shape: Vec<u64> = (0..table.dims.len())
+            .map(|d| selection.ranges(d).iter().map(|r| r.end - r.start).sum())
+            .collect();
+        if shape.contains(&0) {
+            return plan_err!(
+                "COPY TO Zarr: the filters select no cell of '{}'",
+                table.store
+            );
+        }
+        // The columns the expressions read, in the table's order.
+        let mut referenced = BTreeSet::new();
+        for output in &self.outputs {
+            referenced.extend(
+                output
+                    .expr
+                    .column_refs()
+                    .into_iter()
+                    .map(|c| c.name.clone()),
+            );
+        }
+        let mut fields = Vec::new();
+        let mut columns = Vec::new();
+        for (i, (qualifier, field)) in self.input_schema.iter().enumerate() {
+            if referenced.contains(field.name()) {
+                fields.push((qualifier.cloned(), Arc::clone(field)));
+                columns.push(i);
+            }
+        }
+        let input_df = DFSchema::new_with_metadata(fields, Default::default())?;
+        let exprs = self
+            .outputs
+            .iter()
+            .map(|o| planner.create_physical_expr(&o.expr, &input_df, session, planning))
+            .collect::<Result<Vec<_>>>()?;
+        let batch_schema: SchemaRef = Arc::new(input_df.as_arrow().clone());
+
+        // Step 1 writes chunks as long as the source's.
+        let n_dims = table.dims.len();
+        let read_variables: Vec<usize> =
+            columns.iter().filter(|&&i| i >= n_dims).copied().collect();
+        let block: Vec<u64> = (0..n_dims)
+            .map(|d| {
+                read_variables
+                    .iter()
+                    .map(|&i| table.variables[i - n_dims].chunk_shape()[d])
+                    .max()
+                    .unwrap_or(shape[d])
+                    .clamp(1, shape[d])
+            })
+            .collect();
+        let names: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
+        let width = self
+            .outputs
+            .iter()
+            .map(|o| o.data_type.primitive_width().unwrap_or(8) as u64)
+            .max()
+            .unwrap_or(8);
+        let target_chunks = chunk_lengths(&names, &shape, width, &self.options)?;
+        let tasks: u64 = shape
+            .iter()
+            .zip(&block)
+            .map(|(n, c)| n.div_ceil(*c))
+            .product();
+        let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
+        let workers = (rechunk.threads as u64).clamp(1, tasks) as usize;
+        // A task's source box: the longest source span a chunk covers.
+        let spans: Vec<u64> = (0..n_dims)
+            .map(|d| max_span(selection.ranges(d), shape[d], block[d]))
+            .collect();
+        let box_cells: u64 = spans.iter().product();
+        let read_bytes: u64 = read_variables
+            .iter()
+            .map(|&i| table.variables[i - n_dims].peak_bytes_per_cell() as u64)
+            .sum::<u64>()
+            + columns.iter().filter(|&&i| i < n_dims).count() as u64 * 8;
+        let out_bytes: u64 = self.outputs.len() as u64 * 2 * 8;
+        let task_memory = box_cells * (read_bytes + out_bytes);
+        let projected = workers as u64 * task_memory;
+        let stage2 = RechunkPlan::new(
+            &shape,
+            &block,
+            &target_chunks,
+            width,
+            rechunk.allowed_mem,
+            rechunk.threads,
+        );
+        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
+            if projected > limit as u64 {
+                return plan_err!(
+                    "SelectionCopyExec over {} needs {} ({} workers x {} per task: a source box \
+                     of {box_cells} cells and the computed chunk) but the memory limit is {}; \
+                     raise the limit or rechunk the source to smaller chunks",
+                    table.store,
+                    human_readable_size(projected as usize),
+                    workers,
+                    human_readable_size(task_memory as usize),
+                    human_readable_size(limit)
+                );
+            }
+        }
+        let stage2 = stage2.map_err(|e| {
+            DataFusionError::ResourcesExhausted(format!(
+                "COPY TO Zarr of a selection of '{}': the rechunk from chunks {block:?} to \
+                 {target_chunks:?} cannot fit allowed_mem: {e}; raise allowed_mem or choose \
+                 smaller chunks",
+                table.store
+            ))
+        })?;
+        Ok(SelectionCopyExec::new(Arc::new(Blockwise {
+            table,
+            selection,
+            shape,
+            block,
+            columns,
+            batch_schema,
+            names: self.outputs.iter().map(|o| o.name.clone()).collect(),
+            types: self.outputs.iter().map(|o| o.data_type.clone()).collect(),
+            exprs,
+            workers,
+            task_memory,
+            target: self.target.clone(),
+            target_chunks,
+            options: self.options.clone(),
+            rechunk,
+            stage2_memory: stage2.projected_memory(),
+        })))
+    }
+}
+
+/// The longest run of source indices that `chunk`-long pieces of the
+/// compact positions of `ranges` (`n` positions in all) span.
+fn max_span(ranges: &[Range<u64>], n: u64, chunk: u64) -> u64 {
+    let mut longest = 0;
+    let mut start = 0;
+    while start < n {
+        let end = (start + chunk).min(n);
+        let first = source_index(ranges, start);
+        let last = source_index(ranges, end - 1);
+        longest = longest.max(last - first + 1);
+        start = end;
+    }
+    longest
+}
+
+/// The source index of compact position `p` of the selected `ranges`.
+fn source_index(ranges: &[Range<u64>], mut p: u64) -> u64 {
+    for r in ranges {
+        let len = r.end - r.start;
+        if p < len {
+            return r.start + p;
+        }
+        p -= len;
+    }
+    unreachable!("a position inside the selection")
+}
+
+impl PartialEq for SelectionCopy {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.table, &other.table)
+            && self.key() == other.key()
+            && self.options == other.options
+    }
+}
+
+impl Eq for SelectionCopy {}
+
+impl Hash for SelectionCopy {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.table.store.hash(state);
+        self.key().hash(state);
+    }
+}
+
+impl PartialOrd for SelectionCopy {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        if self == other {
+            return Some(CmpOrdering::Equal);
+        }
+        None
+    }
+}
+
+impl UserDefinedLogicalNodeCore for SelectionCopy {
+    fn name(&self) -> &str {
+        "SelectionCopy"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let outputs: Vec<String> = self
+            .outputs
+            .iter()
+            .map(|o| format!("{} AS {}", o.expr, o.name))
+            .collect();
+        let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
+        write!(
+            f,
+            "SelectionCopy: store={}, target={}, variables=[{}], dimension_filters=[{}]",
+            self.table.store,
+            self.target,
+            outputs.join(", "),
+            filters.join(", ")
+        )
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, _inputs: Vec<LogicalPlan>) -> Result<Self> {
+        Ok(self.clone())
+    }
+}
+
+/// Everything the two steps need, planned.
+struct Blockwise {
+    table: Arc<GridTable>,
+    selection: Selection,
+    /// The written grid's shape (selected positions per dimension).
+    shape: Vec<u64>,
+    /// Chunks of the intermediate store.
+    block: Vec<u64>,
+    /// Table columns read (indices into its schema).
+    columns: Vec<usize>,
+    batch_schema: SchemaRef,
+    names: Vec<String>,
+    types: Vec<DataType>,
+    exprs: Vec<Arc<dyn PhysicalExpr>>,
+    workers: usize,
+    task_memory: u64,
+    target: StoreLocation,
+    target_chunks: Vec<u64>,
+    options: ZarrWriteOptions,
+    rechunk: RechunkOptions,
+    stage2_memory: u64,
+}
+
+impl Blockwise {
+    fn tasks(&self) -> u64 {
+        self.shape
+            .iter()
+            .zip(&self.block)
+            .map(|(n, c)| n.div_ceil(*c))
+            .product()
+    }
+
+    fn projected_memory(&self) -> u64 {
+        (self.workers as u64 * self.task_memory).max(self.stage2_memory)
+    }
+
+    /// The compact ranges of task `task`'s chunk (C order of chunks).
+    fn chunk(&self, mut task: u64) -> Vec<Range<u64>> {
+        let mut ranges = vec![0..0; self.shape.len()];
+        for d in (0..self.shape.len()).rev() {
+            let n = self.shape[d].div_ceil(self.block[d]);
+            let i = task % n;
+            task /= n;
+            let start = i * self.block[d];
+            ranges[d] = start..(start + self.block[d]).min(self.shape[d]);
+        }
+        ranges
+    }
+
+    /// Runs both steps; returns the cells written.
+    fn run(
+        &self,
+        runtime: &datafusion::execution::runtime_env::RuntimeEnv,
+        cancelled: &AtomicBool,
+    ) -> Result<u64> {
+        let work_dir = self
+            .rechunk
+            .work_dir
+            .clone()
+            .unwrap_or_else(default_work_dir);
+        let scratch = ScratchStore::create(&work_dir, "zarrfusion-copy", ".zarr", runtime)?;
+        let arrays = self.write_metadata(scratch.storage())?;
+        self.write_chunks(&arrays, cancelled)?;
+        let chunks: Vec<(String, u64)> = self
+            .table
+            .dims
+            .iter()
+            .zip(&self.target_chunks)
+            .map(|(d, &c)| (d.name.clone(), c))
+            .collect();
+        let encoding = TargetEncoding {
+            codec: self.options.codec,
+            zarr_format: self.options.zarr_format,
+        };
+        let prepared = PreparedRechunk::new_for(
+            &scratch.location().to_string(),
+            &chunks,
+            None,
+            Some(encoding),
+            &self.rechunk,
+            runtime,
+        )?;
+        write_target(&prepared, &self.target, cancelled)?;
+        Ok(self.shape.iter().product())
+    }
+
+    /// Writes the intermediate store's group, coordinates (the selected
+    /// values) and variables' metadata (uncompressed, in the target's
+    /// format); returns the variables' arrays.
+    fn write_metadata(
+        &self,
+        storage: &ReadableWritableListableStorage,
+    ) -> Result<Vec<ZarrsArray<dyn ReadableWritableListableStorageTraits>>> {
+        let plain = ZarrWriteOptions {
+            codec: Codec::None,
+            ..self.options.clone()
+        };
+        let v2 = self.options.zarr_format == ZarrVersion::V2;
+        let fail = |e: String| DataFusionError::Execution(format!("COPY TO Zarr: {e}"));
+        let mut consolidated = Map::new();
+        let names: Vec<String> = self.table.dims.iter().map(|d| d.name.clone()).collect();
+        let store_array = |name: &str, metadata: Value, consolidated: &mut Map<String, Value>| {
+            consolidate(consolidated, name, metadata.clone(), v2);
+            let metadata: ArrayMetadata = if v2 {
+                serde_json::from_value(metadata).map(ArrayMetadata::V2)
+            } else {
+                serde_json::from_value(metadata).map(ArrayMetadata::V3)
+            }
+            .map_err(|e| fail(format!("array '{name}': {e}")))?;
+            let array =
+                ZarrsArray::new_with_metadata(Arc::clone(storage), &format!("/{name}"), metadata)
+                    .map_err(|e| fail(format!("array '{name}': {e}")))?;
+            array
+                .store_metadata()
+                .map_err(|e| fail(format!("array '{name}': {e}")))?;
+            Ok::<_, DataFusionError>(array)
+        };
+        for (d, dim) in self.table.dims.iter().enumerate() {
+            let indices: Vec<u64> = self
+                .selection
+                .ranges(d)
+                .iter()
+                .flat_map(|r| r.clone())
+                .collect();
+            let coords = take(dim.values.as_ref(), &UInt64Array::from(indices), None)?;
+            let (values, attributes) = coordinate(&coords)?;
+            let len = [values.len() as u64];
+            let metadata = array_metadata(
+                values.data_type(),
+                &len,
+                &len,
+                std::slice::from_ref(&dim.name),
+                attributes,
+                &plain,
+            )?;
+            let array = store_array(&dim.name, metadata, &mut consolidated)?;
+            let data = values.to_data();
+            let width = data.data_type().primitive_width().unwrap_or(8);
+            let bytes = &data.buffers()[0].as_slice()
+                [data.offset() * width..(data.offset() + data.len()) * width];
+            array
+                .store_array_subset(
+                    &ArraySubset::new_with_shape(len.to_vec()),
+                    ArrayBytes::new_flen(bytes),
+                )
+                .map_err(|e| fail(format!("coordinate '{}': {e}", dim.name)))?;
+        }
+        let mut arrays = Vec::new();
+        for (name, data_type) in self.names.iter().zip(&self.types) {
+            let metadata = array_metadata(
+                data_type,
+                &self.shape,
+                &self.block,
+                &names,
+                Map::new(),
+                &plain,
+            )?;
+            arrays.push(store_array(name, metadata, &mut consolidated)?);
+        }
+        let set = |key: &str, value: &Value| {
+            let key = zarrs::storage::StoreKey::new(key).map_err(|e| fail(e.to_string()))?;
+            let text = serde_json::to_vec_pretty(value).map_err(|e| fail(e.to_string()))?;
+            storage
+                .set(&key, text.into())
+                .map_err(|e| fail(e.to_string()))
+        };
+        if v2 {
+            set(".zgroup", &json!({"zarr_format": 2}))?;
+            set(".zattrs", &json!({}))?;
+            consolidated.insert(".zgroup".into(), json!({"zarr_format": 2}));
+            consolidated.insert(".zattrs".into(), json!({}));
+            set(
+                ".zmetadata",
+                &json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
+            )?;
+        } else {
+            set(
+                "zarr.json",
+                &json!({
+                    "zarr_format": 3,
+                    "node_type": "group",
+                    "attributes": {},
+                    "consolidated_metadata": {
+                        "kind": "inline",
+                        "must_understand": false,
+                        "metadata": consolidated,
+                    },
+                }),
+            )?;
+        }
+        Ok(arrays)
+    }
+
+    /// Step 1: every chunk of the intermediate variables, on `workers` threads.
+    fn write_chunks(
+        &self,
+        arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        cancelled: &AtomicBool,
+    ) -> Result<()> {
+        let next = AtomicUsize::new(0);
+        let failure: Mutex<Option<DataFusionError>> = Mutex::new(None);
+        let tasks = self.tasks();
+        std::thread::scope(|scope| {
+            for _ in 0..self.workers {
+                scope.spawn(|| {
+                    let pool = ChunkBufferPool::new();
+                    loop {
+                        let task = next.fetch_add(1, Ordering::Relaxed) as u64;
+                        let failed = failure.lock().map_or(true, |f| f.is_some());
+                        if task >= tasks || failed || cancelled.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        if let Err(e) = self.write_chunk(task, arrays, &pool) {
+                            if let Ok(mut f) = failure.lock() {
+                                f.get_or_insert(e);
+                            }
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failure.into_inner().ok().flatten() {
+            return Err(e);
+        }
+        if cancelled.load(Ordering::Relaxed) {
+            return exec_err!("the COPY of '{}' was cancelled", self.table.store);
+        }
+        Ok(())
+    }
+
+    /// One chunk: reads the source box it covers, evaluates the
+    /// expressions, keeps the selected cells and writes them.
+    fn write_chunk(
+        &self,
+        task: u64,
+        arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        pool: &ChunkBufferPool,
+    ) -> Result<()> {
+        let compact = self.chunk(task);
+        // Per dimension: the source indices of the chunk's positions.
+        let sources: Vec<Vec<u64>> = compact
+            .iter()
+            .enumerate()
+            .map(|(d, r)| {
+                r.clone()
+                    .map(|p| source_index(self.selection.ranges(d), p))
+                    .collect()
+            })
+            .collect();
+        let extent: Vec<Range<u64>> = sources.iter().map(|s| s[0]..s[s.len() - 1] + 1).collect();
+        let cells = BoxCells::read(&self.table, &self.columns, &extent, pool)
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let batch: RecordBatch = cells.batch(&self.batch_schema, 0, cells.num_cells())?;
+        // Positions of the selected cells in the box, unless all are.
+        let box_shape: Vec<u64> = extent.iter().map(|r| r.end - r.start).collect();
+        let gaps = sources
+            .iter()
+            .zip(&box_shape)
+            .any(|(s, &n)| s.len() as u64 != n);
+        let keep = gaps.then(|| selected_positions(&sources, &extent, &box_shape));
+        let subset = ArraySubset::new_with_ranges(&compact);
+        for ((expr, array), data_type) in self.exprs.iter().zip(arrays).zip(&self.types) {
+            let values = expr.evaluate(&batch)?.into_array(batch.num_rows())?;
+            let values = match &keep {
+                Some(keep) => take(values.as_ref(), keep, None)?,
+                None => values,
+            };
+            let values = cast(&values, data_type)?;
+            let bytes = nan_filled_bytes(&values)?;
+            array
+                .store_array_subset(&subset, ArrayBytes::new_flen(bytes))
+                .map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "COPY TO Zarr: writing {compact:?} of '{}': {e}",
+                        array.path()
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+}
+
+/// Flat positions (C order) in a box of `box_shape` starting at `extent`
+/// of the cells whose per-dimension source indices are `sources`.
+fn selected_positions(
+    sources: &[Vec<u64>],
+    extent: &[Range<u64>],
+    box_shape: &[u64],
+) -> UInt64Array {
+    let mut positions = vec![0u64];
+    for (d, s) in sources.iter().enumerate() {
+        let mut next = Vec::with_capacity(positions.len() * s.len());
+        for p in &positions {
+            for i in s {
+                next.push(p * box_shape[d] + (i - extent[d].start));
+            }
+        }
+        positions = next;
+    }
+    UInt64Array::from(positions)
+}
+
+/// Little-endian bytes of a float column, NULL as NaN.
+fn nan_filled_bytes(values: &ArrayRef) -> Result<Vec<u8>> {
+    Ok(match values.data_type() {
+        DataType::Float64 => values
+            .as_primitive::<Float64Type>()
+            .iter()
+            .flat_map(|v| v.unwrap_or(f64::NAN).to_le_bytes())
+            .collect(),
+        DataType::Float32 => values
+            .as_primitive::<Float32Type>()
+            .iter()
+            .flat_map(|v| v.unwrap_or(f32::NAN).to_le_bytes())
+            .collect(),
+        other => return exec_err!("COPY TO Zarr: cannot write {other} chunk by chunk"),
+    })
+}
+
+/// Writes a selection of a Zarr table with computed variables: blockwise
+/// into an intermediate store in `work_dir`, then rechunked into the target.
+pub struct SelectionCopyExec {
+    blockwise: Arc<Blockwise>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl fmt::Debug for SelectionCopyExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SelectionCopyExec")
+            .field("store", &self.blockwise.table.store)
+            .field("target", &self.blockwise.target)
+            .finish()
+    }
+}
+
+impl SelectionCopyExec {
+    fn new(blockwise: Arc<Blockwise>) -> Self {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "count",
+            DataType::UInt64,
+            false,
+        )]));
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Self {
+            blockwise,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for SelectionCopyExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let b = &self.blockwise;
+        let names: Vec<String> = b
+            .names
+            .iter()
+            .zip(&b.exprs)
+            .map(|(n, e)| format!("{e} AS {n}"))
+            .collect();
+        write!(
+            f,
+            "SelectionCopyExec: store={}, target={}, variables=[{}], shape={:?}, \
+             blockwise chunks {:?} ({} tasks, {} workers, {} per task) -> rechunk to {:?}, \
+             projected_memory={}",
+            b.table.store,
+            b.target,
+            names.join(", "),
+            b.shape,
+            b.block,
+            b.tasks(),
+            b.workers,
+            human_readable_size(b.task_memory as usize),
+            b.target_chunks,
+            human_readable_size(b.projected_memory() as usize)
+        )
+    }
+}
+
+impl ExecutionPlan for SelectionCopyExec {
+    fn name(&self) -> &str {
+        "SelectionCopyExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return exec_err!("SelectionCopyExec takes no children");
+        }
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return exec_err!("SelectionCopyExec has one partition, asked for {partition}");
+        }
+        let blockwise = Arc::clone(&self.blockwise);
+        let schema = Arc::clone(self.properties.eq_properties.schema());
+        let projected = blockwise.projected_memory() as usize;
+        let reservation = MemoryConsumer::new("SelectionCopyExec").register(context.memory_pool());
+        reservation.try_grow(projected).map_err(|e| {
+            DataFusionError::ResourcesExhausted(format!(
+                "SelectionCopyExec of '{}' needs {} for its tasks and the memory pool cannot give it: {e}",
+                blockwise.table.store,
+                human_readable_size(projected)
+            ))
+        })?;
+        MetricBuilder::new(&self.metrics)
+            .gauge("memory_reserved", 0)
+            .set(projected);
+        let copy_time = MetricBuilder::new(&self.metrics).subset_time("copy_time", 0);
+        let output_rows = MetricBuilder::new(&self.metrics).output_rows(0);
+        let runtime = context.runtime_env();
+        let batch_schema = Arc::clone(&schema);
+        let stream = futures::stream::once(async move {
+            let timer = copy_time.timer();
+            let cancelled = Arc::new(AtomicBool::new(false));
+            let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
+            let rows = tokio::task::spawn_blocking(move || blockwise.run(&runtime, &cancelled))
+                .await
+                .map_err(|e| DataFusionError::Execution(format!("the Zarr copy stopped: {e}")))??;
+            guard.1 = true;
+            drop(reservation);
+            timer.done();
+            output_rows.add(1);
+            let count = UInt64Array::from(vec![rows]);
+            Ok(RecordBatch::try_new(batch_schema, vec![Arc::new(count)])?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(Arc::new(Statistics::new_unknown(&self.schema())))
+    }
+}
