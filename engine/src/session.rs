@@ -37,8 +37,7 @@ use crate::progress::ScanProgress;
 use crate::table::{
     open_dataset, GridTable, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions,
 };
-use crate::write::array_copy::WholeTableCopyRule;
-use crate::write::selection_copy::SelectionCopyRule;
+use crate::write::array_copy::CopyToArraysRule;
 use crate::write::ZarrFormatFactory;
 
 /// The default session configuration: information schema on, zarrfusion
@@ -77,8 +76,7 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         .with_relation_planners(vec![read_zarr])
         .with_optimizer_rule(Arc::new(AlignedJoinRule))
         .with_optimizer_rule(Arc::new(DenseReductionRule))
-        .with_optimizer_rule(Arc::new(WholeTableCopyRule))
-        .with_optimizer_rule(Arc::new(SelectionCopyRule))
+        .with_optimizer_rule(Arc::new(CopyToArraysRule))
         .with_query_planner(Arc::new(ArrayQueryPlanner))
         .build();
     let mut state = state;

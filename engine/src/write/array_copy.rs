@@ -21,45 +21,46 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{RecordBatch, UInt64Array};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::Column;
 use datafusion::common::{
     exec_err, human_readable_size, DFSchemaRef, DataFusionError, Result, Statistics,
 };
-use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
-use datafusion::logical_expr::{Expr, Extension, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::logical_expr::{
+    Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
 };
 use zarrs::storage::StorePrefix;
 
 use super::options::{ZarrVersion, ZarrWriteOptions};
-use super::sink::CancelOnDrop;
+use super::selection_copy::selection_copy;
 use super::store::check_target;
+use super::write_job::{count_properties, WriteJob, Written};
 use crate::array::rechunk::{
     fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkSummary, TargetEncoding,
 };
-use crate::array::scan_path::down_to_scan;
+use crate::array::scan_path::{down_to_scan, ScanPath};
 use crate::table::GridTable;
 use crate::zarr::{open_writable_storage, StoreLocation};
 
-/// Rewrites a `COPY ... STORED AS ZARR` of a whole Zarr table into an
-/// [`ArrayCopy`].
+/// Rewrites a `COPY ... STORED AS ZARR` that reads a Zarr table into an
+/// array plan: an [`ArrayCopy`] for the whole table as it is, else a
+/// [`SelectionCopy`](super::selection_copy::SelectionCopy) for a selection
+/// with computed float variables.
 #[derive(Debug, Default)]
-pub struct WholeTableCopyRule;
+pub struct CopyToArraysRule;
 
-impl OptimizerRule for WholeTableCopyRule {
+impl OptimizerRule for CopyToArraysRule {
     fn name(&self) -> &str {
-        "zarrfusion_whole_table_copy"
+        "zarrfusion_copy_to_arrays"
     }
 
     fn apply_order(&self) -> Option<ApplyOrder> {
@@ -79,32 +80,80 @@ impl OptimizerRule for WholeTableCopyRule {
         let LogicalPlan::Copy(copy) = &plan else {
             return Ok(Transformed::no(plan));
         };
-        match whole_table_copy(copy)? {
-            Some(node) => Ok(Transformed::yes(LogicalPlan::Extension(Extension {
-                node: Arc::new(node),
-            }))),
-            None => Ok(Transformed::no(plan)),
-        }
+        let Some(scan) = CopyScan::of(copy)? else {
+            return Ok(Transformed::no(plan));
+        };
+        let node: Arc<dyn UserDefinedLogicalNode> = if let Some(node) = whole_table_copy(&scan)? {
+            Arc::new(node)
+        } else if let Some(node) = selection_copy(&scan)? {
+            Arc::new(node)
+        } else {
+            return Ok(Transformed::no(plan));
+        };
+        Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })))
     }
 }
 
-/// The [`ArrayCopy`] that `copy` is, when it writes Zarr to a local path
-/// from a plain scan of every cell of a Zarr table: the table's dimensions
-/// (in its order, as the `dims` option names them when given) and at least
-/// one variable, under projections and aliases that only pick columns, with
-/// no filter and no `LIMIT`; and when the arrays can be written as asked
-/// (not a v3 array as v2).
-fn whole_table_copy(copy: &CopyTo) -> Result<Option<ArrayCopy>> {
-    if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
-        return Ok(None);
+/// A `COPY ... STORED AS ZARR` (without `PARTITIONED BY`) whose input is a
+/// Zarr table seen through projections, aliases and filters.
+pub(crate) struct CopyScan<'a> {
+    /// The new store.
+    pub target: StoreLocation,
+    /// The write options.
+    pub options: ZarrWriteOptions,
+    /// The COPY's columns.
+    pub columns: Vec<Column>,
+    /// The way down to the scan, with the columns' expressions over it.
+    pub path: ScanPath<'a>,
+    /// The table read.
+    pub table: Arc<GridTable>,
+    /// The COPY's output: one column, `count`.
+    pub schema: DFSchemaRef,
+}
+
+impl<'a> CopyScan<'a> {
+    fn of(copy: &'a CopyTo) -> Result<Option<Self>> {
+        if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
+            return Ok(None);
+        }
+        let target = StoreLocation::parse(&copy.output_url)?;
+        let options = ZarrWriteOptions::from_map(&copy.options)?;
+        let columns = copy.input.schema().columns();
+        let exprs = columns.iter().cloned().map(Expr::Column).collect();
+        let Some(path) = down_to_scan(&copy.input, exprs)? else {
+            return Ok(None);
+        };
+        let table = Arc::clone(path.table.grid());
+        if let Some(given) = &options.dims {
+            if given.iter().ne(table.dims.iter().map(|d| &d.name)) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(Self {
+            target,
+            options,
+            columns,
+            path,
+            table,
+            schema: Arc::clone(&copy.output_schema),
+        }))
     }
-    let target = StoreLocation::parse(&copy.output_url)?;
-    let options = ZarrWriteOptions::from_map(&copy.options)?;
-    let columns = copy.input.schema().columns();
-    let exprs = columns.iter().cloned().map(Expr::Column).collect();
-    let Some(path) = down_to_scan(&copy.input, exprs)? else {
-        return Ok(None);
-    };
+}
+
+/// The [`ArrayCopy`] that a COPY is, when it reads every cell of a Zarr
+/// table: the table's dimensions (in its order) and at least one variable,
+/// under projections and aliases that only pick columns, with no filter
+/// and no `LIMIT`; and when the arrays can be written as asked (not a v3
+/// array as v2).
+fn whole_table_copy(scan: &CopyScan<'_>) -> Result<Option<ArrayCopy>> {
+    let CopyScan {
+        target,
+        options,
+        columns,
+        path,
+        table,
+        ..
+    } = scan;
     if !path.predicates.is_empty() || !path.scan.filters.is_empty() {
         return Ok(None);
     }
@@ -112,21 +161,15 @@ fn whole_table_copy(copy: &CopyTo) -> Result<Option<ArrayCopy>> {
     let picks_columns = path
         .exprs
         .iter()
-        .zip(&columns)
+        .zip(columns)
         .all(|(expr, column)| matches!(expr, Expr::Column(c) if c.name == column.name));
     if !picks_columns {
         return Ok(None);
     }
-    let table = Arc::clone(path.table.grid());
     let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
-    if let Some(given) = &options.dims {
-        if given.iter().map(String::as_str).ne(dims.iter().copied()) {
-            return Ok(None);
-        }
-    }
     let mut variables = Vec::new();
     let mut dims_seen = Vec::new();
-    for column in &columns {
+    for column in columns {
         let name = column.name.as_str();
         if dims.contains(&name) {
             dims_seen.push(name);
@@ -144,11 +187,11 @@ fn whole_table_copy(copy: &CopyTo) -> Result<Option<ArrayCopy>> {
         return Ok(None);
     }
     Ok(Some(ArrayCopy {
-        table,
+        table: Arc::clone(table),
         variables,
-        target,
-        options,
-        schema: Arc::clone(&copy.output_schema),
+        target: target.clone(),
+        options: options.clone(),
+        schema: Arc::clone(&scan.schema),
     }))
 }
 
@@ -296,17 +339,7 @@ impl ArrayCopyExec {
         rows: u64,
         variables: Vec<String>,
     ) -> Self {
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            "count",
-            DataType::UInt64,
-            false,
-        )]));
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
+        let properties = count_properties();
         Self {
             prepared: Arc::new(prepared),
             target,
@@ -392,50 +425,25 @@ impl ExecutionPlan for ArrayCopyExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return exec_err!("ArrayCopyExec has one partition, asked for {partition}");
-        }
         let prepared = Arc::clone(&self.prepared);
         let target = self.target.clone();
         let rows = self.rows;
-        let schema = Arc::clone(self.properties.eq_properties.schema());
-        let projected = prepared.projected_memory() as usize;
-        let reservation = MemoryConsumer::new("ArrayCopyExec").register(context.memory_pool());
-        reservation.try_grow(projected).map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
-                "ArrayCopyExec of '{}' needs {} for its tasks and the memory pool cannot give it: {e}",
-                prepared.source(),
-                human_readable_size(projected)
-            ))
-        })?;
-        MetricBuilder::new(&self.metrics)
-            .gauge("memory_reserved", 0)
-            .set(projected);
-        let bytes_read = MetricBuilder::new(&self.metrics).counter("bytes_read", 0);
-        let bytes_written = MetricBuilder::new(&self.metrics).counter("bytes_written", 0);
-        let copy_time = MetricBuilder::new(&self.metrics).subset_time("copy_time", 0);
-        let output_rows = MetricBuilder::new(&self.metrics).output_rows(0);
-        let batch_schema = Arc::clone(&schema);
-        let stream = futures::stream::once(async move {
-            let timer = copy_time.timer();
-            let cancelled = Arc::new(AtomicBool::new(false));
-            let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
-            let summary =
-                tokio::task::spawn_blocking(move || write_target(&prepared, &target, &cancelled))
-                    .await
-                    .map_err(|e| {
-                        DataFusionError::Execution(format!("the Zarr copy stopped: {e}"))
-                    })??;
-            guard.1 = true;
-            drop(reservation);
-            timer.done();
-            bytes_read.add(summary.bytes_read as usize);
-            bytes_written.add(summary.bytes_written as usize);
-            output_rows.add(1);
-            let count = UInt64Array::from(vec![rows]);
-            Ok(RecordBatch::try_new(batch_schema, vec![Arc::new(count)])?)
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+        let job = WriteJob {
+            operator: "ArrayCopyExec",
+            store: prepared.source(),
+            projected: prepared.projected_memory() as usize,
+            metrics: &self.metrics,
+            properties: &self.properties,
+        };
+        let writer = Arc::clone(&prepared);
+        job.run(partition, &context, move |cancelled| {
+            let summary = write_target(&writer, &target, cancelled)?;
+            Ok(Written {
+                rows,
+                bytes_read: summary.bytes_read,
+                bytes_written: summary.bytes_written,
+            })
+        })
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

@@ -1,5 +1,5 @@
 //! `COPY` of a selection of a Zarr table with computed variables, chunk by
-//! chunk: when the query is a scan of a Zarr table under dimension filters
+//! chunk (planned by [`super::array_copy::CopyToArraysRule`]): when the query is a scan of a Zarr table under dimension filters
 //! only, with every dimension as it is (in the table's order) and
 //! variables that are `float32`/`float64` expressions of the table's
 //! columns, the result is a grid known before anything is read: the
@@ -31,28 +31,23 @@ use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{Array as _, ArrayRef, AsArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::{cast, take};
-use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     exec_err, human_readable_size, plan_err, DFSchema, DFSchemaRef, DataFusionError, Result,
     Statistics,
 };
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
-    Expr, ExprSchemable, Extension, LogicalPlan, TableProviderFilterPushDown,
-    UserDefinedLogicalNodeCore,
+    Expr, ExprSchemable, LogicalPlan, TableProviderFilterPushDown, UserDefinedLogicalNodeCore,
 };
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
 };
 use datafusion::physical_planner::PhysicalPlanner;
 use serde_json::{json, Map, Value};
@@ -60,87 +55,42 @@ use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
-use super::array_copy::write_target;
+use super::array_copy::{write_target, CopyScan};
 use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
-use super::sink::CancelOnDrop;
 use super::store::{array_metadata, check_target, chunk_lengths, consolidate, coordinate};
+use super::write_job::{count_properties, WriteJob, Written};
 use crate::array::rechunk::{
     default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
 };
-use crate::array::scan_path::down_to_scan;
 use crate::table::{classify_filters, select, BoxCells, GridTable, Selection};
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
-/// Rewrites a `COPY ... STORED AS ZARR` of a selection of a Zarr table with
-/// computed float variables into a [`SelectionCopy`].
-#[derive(Debug, Default)]
-pub struct SelectionCopyRule;
-
-impl OptimizerRule for SelectionCopyRule {
-    fn name(&self) -> &str {
-        "zarrfusion_selection_copy"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        // COPY is always the root of its plan.
-        None
-    }
-
-    fn supports_rewrite(&self) -> bool {
-        true
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        _config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        let LogicalPlan::Copy(copy) = &plan else {
-            return Ok(Transformed::no(plan));
-        };
-        match selection_copy(copy)? {
-            Some(node) => Ok(Transformed::yes(LogicalPlan::Extension(Extension {
-                node: Arc::new(node),
-            }))),
-            None => Ok(Transformed::no(plan)),
-        }
-    }
-}
-
-/// The [`SelectionCopy`] that `copy` is, when it writes Zarr from a scan of
-/// a Zarr table under dimension filters only, whose columns are the
-/// table's dimensions (as they are, in the table's order; each coordinate
-/// strictly monotonic) and at least one `float32`/`float64` expression.
-fn selection_copy(copy: &CopyTo) -> Result<Option<SelectionCopy>> {
-    if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
-        return Ok(None);
-    }
-    let target = StoreLocation::parse(&copy.output_url)?;
-    let options = ZarrWriteOptions::from_map(&copy.options)?;
-    let columns = copy.input.schema().columns();
-    let exprs = columns.iter().cloned().map(Expr::Column).collect();
-    let Some(path) = down_to_scan(&copy.input, exprs)? else {
-        return Ok(None);
-    };
-    let table = Arc::clone(path.table.grid());
+/// The [`SelectionCopy`] that a COPY is, when it reads a Zarr table under
+/// dimension filters only, with the table's dimensions as they are (in its
+/// order; each coordinate strictly monotonic) and at least one
+/// `float32`/`float64` expression of its columns.
+pub(crate) fn selection_copy(scan: &CopyScan<'_>) -> Result<Option<SelectionCopy>> {
+    let CopyScan {
+        target,
+        options,
+        columns,
+        path,
+        table,
+        schema,
+    } = scan;
     let mut filters = path.scan.filters.clone();
     filters.extend(path.predicates.iter().cloned());
     let refs: Vec<&Expr> = filters.iter().collect();
-    if classify_filters(&refs, &table)
+    if classify_filters(&refs, table)
         .iter()
         .any(|c| *c != TableProviderFilterPushDown::Exact)
     {
         return Ok(None);
     }
-    let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
-    if let Some(given) = &options.dims {
-        if given.iter().map(String::as_str).ne(dims.iter().copied()) {
-            return Ok(None);
-        }
-    }
     if table.dims.iter().any(|d| d.strict_order().is_none()) {
         return Ok(None);
     }
+    let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
     let input_schema = Arc::new(DFSchema::try_from_qualified_schema(
         path.scan.table_name.clone(),
         &table.schema,
@@ -170,13 +120,13 @@ fn selection_copy(copy: &CopyTo) -> Result<Option<SelectionCopy>> {
         return Ok(None);
     }
     Ok(Some(SelectionCopy {
-        table,
+        table: Arc::clone(table),
         input_schema,
         filters,
         outputs,
-        target,
-        options,
-        schema: Arc::clone(&copy.output_schema),
+        target: target.clone(),
+        options: options.clone(),
+        schema: Arc::clone(schema),
     }))
 }
 
@@ -501,12 +451,12 @@ impl Blockwise {
         ranges
     }
 
-    /// Runs both steps; returns the cells written.
+    /// Runs both steps.
     fn run(
         &self,
         runtime: &datafusion::execution::runtime_env::RuntimeEnv,
         cancelled: &AtomicBool,
-    ) -> Result<u64> {
+    ) -> Result<Written> {
         let work_dir = self
             .rechunk
             .work_dir
@@ -534,8 +484,14 @@ impl Blockwise {
             &self.rechunk,
             runtime,
         )?;
-        write_target(&prepared, &self.target, cancelled)?;
-        Ok(self.shape.iter().product())
+        let summary = write_target(&prepared, &self.target, cancelled)?;
+        let cells: u64 = self.shape.iter().product();
+        let step1 = cells * self.types.len() as u64 * width_of(&self.types);
+        Ok(Written {
+            rows: cells,
+            bytes_read: summary.bytes_read,
+            bytes_written: step1 + summary.bytes_written,
+        })
     }
 
     /// Writes the intermediate store's group, coordinates (the selected
@@ -735,6 +691,15 @@ impl Blockwise {
     }
 }
 
+/// The widest element of `types`, in bytes.
+fn width_of(types: &[DataType]) -> u64 {
+    types
+        .iter()
+        .map(|t| t.primitive_width().unwrap_or(8) as u64)
+        .max()
+        .unwrap_or(8)
+}
+
 /// Flat positions (C order) in a box of `box_shape` starting at `extent`
 /// of the cells whose per-dimension source indices are `sources`.
 fn selected_positions(
@@ -791,17 +756,7 @@ impl fmt::Debug for SelectionCopyExec {
 
 impl SelectionCopyExec {
     fn new(blockwise: Arc<Blockwise>) -> Self {
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            "count",
-            DataType::UInt64,
-            false,
-        )]));
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
+        let properties = count_properties();
         Self {
             blockwise,
             properties,
@@ -873,42 +828,19 @@ impl ExecutionPlan for SelectionCopyExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return exec_err!("SelectionCopyExec has one partition, asked for {partition}");
-        }
         let blockwise = Arc::clone(&self.blockwise);
-        let schema = Arc::clone(self.properties.eq_properties.schema());
-        let projected = blockwise.projected_memory() as usize;
-        let reservation = MemoryConsumer::new("SelectionCopyExec").register(context.memory_pool());
-        reservation.try_grow(projected).map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
-                "SelectionCopyExec of '{}' needs {} for its tasks and the memory pool cannot give it: {e}",
-                blockwise.table.store,
-                human_readable_size(projected)
-            ))
-        })?;
-        MetricBuilder::new(&self.metrics)
-            .gauge("memory_reserved", 0)
-            .set(projected);
-        let copy_time = MetricBuilder::new(&self.metrics).subset_time("copy_time", 0);
-        let output_rows = MetricBuilder::new(&self.metrics).output_rows(0);
         let runtime = context.runtime_env();
-        let batch_schema = Arc::clone(&schema);
-        let stream = futures::stream::once(async move {
-            let timer = copy_time.timer();
-            let cancelled = Arc::new(AtomicBool::new(false));
-            let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
-            let rows = tokio::task::spawn_blocking(move || blockwise.run(&runtime, &cancelled))
-                .await
-                .map_err(|e| DataFusionError::Execution(format!("the Zarr copy stopped: {e}")))??;
-            guard.1 = true;
-            drop(reservation);
-            timer.done();
-            output_rows.add(1);
-            let count = UInt64Array::from(vec![rows]);
-            Ok(RecordBatch::try_new(batch_schema, vec![Arc::new(count)])?)
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+        let job = WriteJob {
+            operator: "SelectionCopyExec",
+            store: &blockwise.table.store,
+            projected: blockwise.projected_memory() as usize,
+            metrics: &self.metrics,
+            properties: &self.properties,
+        };
+        let writer = Arc::clone(&blockwise);
+        job.run(partition, &context, move |cancelled| {
+            writer.run(&runtime, cancelled)
+        })
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

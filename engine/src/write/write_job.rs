@@ -1,0 +1,112 @@
+//! Running a Zarr write as a plan operator whose output is COPY's row
+//! count: its plan properties, and the stream that runs the write on a
+//! blocking thread inside a memory reservation (cancelled, leaving
+//! nothing, when the stream is dropped).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::{exec_err, human_readable_size, DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{Partitioning, PlanProperties};
+
+use super::sink::CancelOnDrop;
+
+/// Plan properties of an operator whose output is one `count` row.
+pub(crate) fn count_properties() -> Arc<PlanProperties> {
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "count",
+        DataType::UInt64,
+        false,
+    )]));
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        Partitioning::UnknownPartitioning(1),
+        EmissionType::Final,
+        Boundedness::Bounded,
+    ))
+}
+
+/// What a write did.
+pub(crate) struct Written {
+    /// Rows (cells) of the result written.
+    pub rows: u64,
+    /// Decoded bytes read.
+    pub bytes_read: u64,
+    /// Decoded bytes written, intermediates included.
+    pub bytes_written: u64,
+}
+
+/// A write run by an operator.
+pub(crate) struct WriteJob<'a> {
+    /// The operator's name, for messages.
+    pub operator: &'static str,
+    /// The store read, for messages.
+    pub store: &'a str,
+    /// Memory its tasks hold together.
+    pub projected: usize,
+    /// The operator's metrics.
+    pub metrics: &'a ExecutionPlanMetricsSet,
+    /// Its plan properties (from [`count_properties`]).
+    pub properties: &'a PlanProperties,
+}
+
+impl WriteJob<'_> {
+    /// Reserves the projected memory, then runs `write` (given the
+    /// cancellation flag) on a blocking thread; the stream yields the row
+    /// count.
+    pub fn run(
+        self,
+        partition: usize,
+        context: &TaskContext,
+        write: impl FnOnce(&AtomicBool) -> Result<Written> + Send + 'static,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return exec_err!("{} has one partition, asked for {partition}", self.operator);
+        }
+        let reservation = MemoryConsumer::new(self.operator).register(context.memory_pool());
+        reservation.try_grow(self.projected).map_err(|e| {
+            DataFusionError::ResourcesExhausted(format!(
+                "{} of '{}' needs {} for its tasks and the memory pool cannot give it: {e}",
+                self.operator,
+                self.store,
+                human_readable_size(self.projected)
+            ))
+        })?;
+        MetricBuilder::new(self.metrics)
+            .gauge("memory_reserved", 0)
+            .set(self.projected);
+        let bytes_read = MetricBuilder::new(self.metrics).counter("bytes_read", 0);
+        let bytes_written = MetricBuilder::new(self.metrics).counter("bytes_written", 0);
+        let copy_time = MetricBuilder::new(self.metrics).subset_time("copy_time", 0);
+        let output_rows = MetricBuilder::new(self.metrics).output_rows(0);
+        let schema = Arc::clone(self.properties.eq_properties.schema());
+        let batch_schema = Arc::clone(&schema);
+        let stream = futures::stream::once(async move {
+            let timer = copy_time.timer();
+            let cancelled = Arc::new(AtomicBool::new(false));
+            let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
+            let written = tokio::task::spawn_blocking(move || write(&cancelled))
+                .await
+                .map_err(|e| {
+                    DataFusionError::Execution(format!("the Zarr write stopped: {e}"))
+                })??;
+            guard.1 = true;
+            drop(reservation);
+            timer.done();
+            bytes_read.add(written.bytes_read as usize);
+            bytes_written.add(written.bytes_written as usize);
+            output_rows.add(1);
+            let count = UInt64Array::from(vec![written.rows]);
+            Ok(RecordBatch::try_new(batch_schema, vec![Arc::new(count)])?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
