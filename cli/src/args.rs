@@ -37,9 +37,10 @@ pub struct Args {
     #[arg(short = 'm', long = "memory-limit")]
     pub memory_limit: Option<String>,
 
-    /// Directory for intermediate files (spills).
+    /// Where intermediates go: a directory (also for spills) or an
+    /// object-store URL (intermediate arrays).
     #[arg(long = "work-dir")]
-    pub work_dir: Option<PathBuf>,
+    pub work_dir: Option<String>,
 
     /// Rows per record batch.
     #[arg(long = "batch-size")]

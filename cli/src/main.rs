@@ -81,12 +81,25 @@ fn build_context(args: &Args) -> Result<SessionContext, String> {
             zarrfusion::memory::parse_size(limit).map_err(|e| format!("--memory-limit: {e}"))?;
         builder = builder.with_memory_limit(bytes, 1.0);
     }
+    let mut config = zarrfusion::session_config();
+    // A local directory also takes DataFusion's spill files; an
+    // object-store URL takes the intermediate arrays only.
     if let Some(dir) = &args.work_dir {
-        std::fs::create_dir_all(dir).map_err(|e| format!("--work-dir {}: {e}", dir.display()))?;
-        builder = builder.with_temp_file_path(dir);
+        match zarrfusion::zarr::StoreLocation::parse(dir).map_err(|e| format!("--work-dir: {e}"))? {
+            zarrfusion::zarr::StoreLocation::Local(path) => {
+                std::fs::create_dir_all(&path)
+                    .map_err(|e| format!("--work-dir {}: {e}", path.display()))?;
+                builder = builder.with_temp_file_path(path);
+            }
+            zarrfusion::zarr::StoreLocation::Remote(url) => {
+                config
+                    .options_mut()
+                    .set("zarrfusion.work_dir", url.as_str())
+                    .map_err(|e| format!("--work-dir: {e}"))?;
+            }
+        }
     }
     let runtime = builder.build_arc().map_err(|e| e.to_string())?;
-    let mut config = zarrfusion::session_config();
     if let Some(batch_size) = args.batch_size {
         config = config.with_batch_size(batch_size);
     }

@@ -221,6 +221,19 @@ fn errors_go_to_stderr_with_exit_status_one() {
         ),
         (vec!["--memory-limit", "lots", "-c", "SELECT 1"], "--memory-limit"),
         (vec!["-c", "\\nope"], "unknown command"),
+        // An object-store work_dir takes the intermediates: an unknown
+        // store fails where they go.
+        (
+            vec![
+                "--work-dir",
+                "nowhere://bucket/scratch",
+                "-c",
+                "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
+                "-c",
+                "SELECT count(*) FROM rechunk('era5', lat => 4)",
+            ],
+            "nowhere",
+        ),
     ] {
         let output = zarrfusion(&args);
         assert_eq!(output.status.code(), Some(1), "{args:?}: {}", stderr(&output));
