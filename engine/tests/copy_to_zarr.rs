@@ -35,6 +35,19 @@ async fn context() -> SessionContext {
     ctx
 }
 
+/// A session whose memory pool holds `bytes`, with the demo store as `era5`.
+async fn budget_context(bytes: usize) -> SessionContext {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(bytes, 1.0)
+        .build_arc()
+        .unwrap();
+    let ctx = new_context_with(session_config(), runtime);
+    ctx.register_zarr("era5", &demo(), HashMap::new())
+        .await
+        .unwrap();
+    ctx
+}
+
 async fn text(ctx: &SessionContext, sql: &str) -> String {
     let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
     pretty_format_batches(&batches).unwrap().to_string()
@@ -247,14 +260,7 @@ async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     // whole result the sink holds (8 MB). (An integer column: the table as
     // it is, or float variables, would be written chunk by chunk, inside
     // the budget.)
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(7 << 20, 1.0)
-        .build_arc()
-        .unwrap();
-    let ctx = new_context_with(session_config(), Arc::clone(&runtime));
-    ctx.register_zarr("era5", &demo(), HashMap::new())
-        .await
-        .unwrap();
+    let ctx = budget_context(7 << 20).await;
     let out = dir.join("big.zarr");
     // Refused while planning: the scan knows its row count.
     let err = ctx
@@ -335,15 +341,7 @@ async fn a_whole_table_is_copied_array_by_array_inside_a_small_budget() {
     let dir = scratch("whole");
     // 1 MB: less than the scan's two blocks per partition (5 MB) and the
     // rows (8 MB) the sink would hold.
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(1 << 20, 1.0)
-        .build_arc()
-        .unwrap();
-    let small = new_context_with(session_config(), runtime);
-    small
-        .register_zarr("era5", &demo(), HashMap::new())
-        .await
-        .unwrap();
+    let small = budget_context(1 << 20).await;
     let ctx = context().await;
     // (COPY, the query it equals, a metadata file, its chunks, its compression, the store's entries)
     let cases = [
@@ -550,15 +548,7 @@ async fn a_whole_table_is_copied_to_an_object_store() {
 async fn a_selection_with_computed_variables_is_written_chunk_by_chunk() {
     let dir = scratch("selection");
     // 5 MB: the scan alone would need 5.4 MB and the rows 8 MB.
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(5 << 20, 1.0)
-        .build_arc()
-        .unwrap();
-    let small = new_context_with(session_config(), runtime);
-    small
-        .register_zarr("era5", &demo(), HashMap::new())
-        .await
-        .unwrap();
+    let small = budget_context(5 << 20).await;
     let ctx = context().await;
     let cases = [
         // A box, time and (descending) latitude cut mid-chunk.
