@@ -14,6 +14,7 @@
 //! | [`zarr`] | opening stores, discovering arrays, decoding values |
 //! | [`table`] | the table mapping, the scan, pushdown, registration |
 //! | [`array`] | array operations as plan nodes (dense reductions, rechunk) |
+//! | [`device`] | kernels (FFT) on the CPU, and on GPUs behind the `gpu` feature |
 //! | [`explain`] | drawing plans (Graphviz DOT, SVG) |
 //! | [`memory`] | sizes and the memory budget |
 //! | [`session`] | building a `SessionContext` with all of the above |
@@ -30,6 +31,7 @@
 
 pub mod array;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod explain;
 pub mod memory;
