@@ -30,6 +30,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::planner::RelationPlanner;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
+use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
 use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule};
 use crate::config::{apply_runtime_settings, ZarrConfig};
@@ -81,10 +82,22 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         .build();
     let mut state = state;
     let catalogs = Arc::clone(state.catalog_list());
-    // `rechunk(...)` looks registered tables up in the session's catalogs.
-    let rechunk = Arc::new(RechunkPlanner::new(runtime, catalogs));
-    if let Err(e) = state.register_relation_planner(rechunk) {
-        log::warn!("the rechunk table function could not be registered: {e}");
+    // `rechunk(...)`, `fft(...)` and `ifft(...)` look registered tables up
+    // in the session's catalogs.
+    let planners: [(&str, Arc<dyn RelationPlanner>); 2] = [
+        (
+            "rechunk",
+            Arc::new(RechunkPlanner::new(
+                Arc::clone(&runtime),
+                Arc::clone(&catalogs),
+            )),
+        ),
+        ("fft", Arc::new(FftPlanner::new(runtime, catalogs))),
+    ];
+    for (name, planner) in planners {
+        if let Err(e) = state.register_relation_planner(planner) {
+            log::warn!("the {name} table function could not be registered: {e}");
+        }
     }
     // `COPY ... TO 'out.zarr'` (or `STORED AS ZARR`) writes a Zarr store.
     if let Err(e) = state.register_file_format(Arc::new(ZarrFormatFactory), true) {

@@ -4,7 +4,8 @@
 //! pure conversions (CF time first) and exposes them as DataFusion functions.
 //! The engine reuses the conversions when it decodes coordinates and
 //! registers the functions with every session, the way DataFusion's core
-//! registers its own functions crates.
+//! registers its own functions crates. Complex numbers are Arrow structs
+//! of `re` and `im` ([`complex`]).
 //!
 //! | function | what it does |
 //! |---|---|
@@ -12,6 +13,7 @@
 
 pub mod cf_time;
 mod cf_time_udf;
+pub mod complex;
 
 pub use cf_time_udf::CfTimeFunc;
 

@@ -4,11 +4,13 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`fft`] | FFTs along dimensions (`fft(...)`, `ifft(...)`), xrft's semantics |
 //! | [`reduce`] | dense reductions over dimensions (`GROUP BY` dimensions) |
 //! | [`rechunk`] | copying a store into new chunk shapes within the budget |
 //! | [`zip`] | joins of two Zarr tables on all their dimensions, as one scan of aligned blocks |
 //! | [`planner`] | the query planner that knows the array nodes |
 
+pub mod fft;
 pub mod planner;
 pub mod rechunk;
 pub mod reduce;

@@ -185,7 +185,11 @@ impl<T: FftNum + Default> CpuFft<T> {
         let (n_in, n_out) = pass.kind.lengths(pass.len);
         match (values, pass.kind) {
             (BlockValues::Real(v), LineKind::RealForward) => {
-                let plan = self.real.lock().map_err(poisoned)?.plan_fft_forward(pass.len);
+                let plan = self
+                    .real
+                    .lock()
+                    .map_err(poisoned)?
+                    .plan_fft_forward(pass.len);
                 let scratch = plan.get_scratch_len();
                 let pre = |k: usize, x: T| match &pass.pre {
                     Some(f) => x * f[k].re,
@@ -212,7 +216,11 @@ impl<T: FftNum + Default> CpuFft<T> {
                 Ok(BlockValues::Complex(out))
             }
             (BlockValues::Complex(v), LineKind::RealInverse) => {
-                let plan = self.real.lock().map_err(poisoned)?.plan_fft_inverse(pass.len);
+                let plan = self
+                    .real
+                    .lock()
+                    .map_err(poisoned)?
+                    .plan_fft_inverse(pass.len);
                 let scratch = plan.get_scratch_len();
                 let post = |q: usize, x: T| match &pass.post {
                     Some(f) => x * f[q].re,

@@ -107,7 +107,13 @@ impl<'a> BoxCells<'a> {
 /// dimension that starts at `offset`, has `n` cells in the box and repeats
 /// each value `stride` times (the product of the inner dimensions). Runs are
 /// filled whole, with one division per run rather than per row.
-fn dimension_indices(offset: u64, n: u64, stride: u64, start: u64, len: u64) -> Vec<u32> {
+pub(crate) fn dimension_indices(
+    offset: u64,
+    n: u64,
+    stride: u64,
+    start: u64,
+    len: u64,
+) -> Vec<u32> {
     let mut out = Vec::with_capacity(len as usize);
     let end = start + len;
     let mut row = start;

@@ -3,7 +3,7 @@
 //! `read_zarr`, `register_zarr`).
 
 mod blocks;
-mod cells;
+pub(crate) mod cells;
 mod dataset;
 mod factory;
 mod options;
@@ -15,11 +15,10 @@ mod selection;
 pub use blocks::{boxes_in_block, BlockGrid};
 pub use cells::BoxCells;
 pub use dataset::{Dimension, GridTable, ZarrDataset};
-pub(crate) use factory::open_dataset_blocking;
 pub use factory::{open_dataset, ZarrTableFactory};
 pub use options::{parse_dims, ZarrTableOptions};
 pub use provider::ZarrTable;
 pub use read_zarr::ReadZarrPlanner;
-pub(crate) use read_zarr::{literal_text, TableFunctionCall};
+pub(crate) use read_zarr::{literal_text, zarr_source, TableFunctionCall};
 pub use scan::ZarrScanExec;
 pub use selection::{classify_filters, select, Selection};

@@ -12,9 +12,11 @@
 //! second positional argument is `dims`, and named arguments are table
 //! options (`dims`, `group`, `pushdown`, `aws.*`, ...).
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use datafusion::catalog::CatalogProviderList;
 use datafusion::common::{plan_err, DFSchema, Result, ScalarValue, TableReference};
 use datafusion::datasource::provider_as_source;
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -100,6 +102,41 @@ impl TableFunctionCall {
             }
         }
         Ok(Some(call))
+    }
+}
+
+/// The Zarr table a table function's first argument names: a Zarr table
+/// registered in `catalogs` under that name, else the store at that
+/// location (opened with `runtime`'s object stores, its largest dimension
+/// set). Table function arguments are not among the tables DataFusion
+/// resolves before planning, so the catalogs are asked directly.
+pub(crate) fn zarr_source(
+    source: &str,
+    catalogs: &Arc<dyn CatalogProviderList>,
+    runtime: &Arc<RuntimeEnv>,
+    context: &dyn RelationPlannerContext,
+) -> Result<ZarrTable> {
+    let options = context.context_provider().options();
+    let reference = TableReference::parse_str(source).resolve(
+        &options.catalog.default_catalog,
+        &options.catalog.default_schema,
+    );
+    let registered = catalogs
+        .catalog(&reference.catalog)
+        .and_then(|c| c.schema(&reference.schema))
+        // Zarr tables live in memory schemas, whose lookups do not wait.
+        .and_then(|schema| futures::executor::block_on(schema.table(&reference.table)).ok())
+        .flatten();
+    match registered {
+        Some(provider) => match (provider.as_ref() as &dyn Any).downcast_ref::<ZarrTable>() {
+            Some(zarr) => Ok(zarr.clone()),
+            None => plan_err!("'{source}' is a table but not a Zarr table"),
+        },
+        None => {
+            let options = ZarrTableOptions::default();
+            let dataset = open_dataset_blocking(source, &options, runtime)?;
+            Ok(ZarrTable::new(dataset.table(None)?))
+        }
     }
 }
 

@@ -57,8 +57,7 @@ use super::{
     RechunkSummary, ScratchStore,
 };
 use crate::table::{
-    literal_text, open_dataset, open_dataset_blocking, TableFunctionCall, ZarrTable,
-    ZarrTableOptions,
+    literal_text, open_dataset, zarr_source, TableFunctionCall, ZarrTable, ZarrTableOptions,
 };
 
 /// Plans `rechunk(...)` in `FROM` clauses.
@@ -73,30 +72,6 @@ impl RechunkPlanner {
     /// stores with `runtime`'s object stores.
     pub fn new(runtime: Arc<RuntimeEnv>, catalogs: Arc<dyn CatalogProviderList>) -> Self {
         Self { runtime, catalogs }
-    }
-
-    /// The Zarr table registered as `name`, if there is one. (Table
-    /// function arguments are not among the tables DataFusion resolves
-    /// before planning, so the catalogs are asked directly.)
-    fn registered(
-        &self,
-        name: &str,
-        context: &dyn RelationPlannerContext,
-    ) -> Option<Arc<dyn TableProvider>> {
-        let options = context.context_provider().options();
-        let reference = TableReference::parse_str(name).resolve(
-            &options.catalog.default_catalog,
-            &options.catalog.default_schema,
-        );
-        let schema = self
-            .catalogs
-            .catalog(&reference.catalog)?
-            .schema(&reference.schema)?;
-        // Zarr tables live in memory schemas, whose lookups do not wait.
-        futures::executor::block_on(schema.table(&reference.table))
-            .ok()
-            .flatten()
-            .filter(|p| (p.as_ref() as &dyn Any).is::<ZarrTable>())
     }
 }
 
@@ -127,19 +102,8 @@ impl RelationPlanner for RechunkPlanner {
             };
             chunks.push((dim.clone(), len));
         }
-        // A registered Zarr table, else a store location.
-        let table = match self.registered(&source, context) {
-            Some(provider) => provider,
-            None => {
-                let options = ZarrTableOptions::default();
-                let dataset = open_dataset_blocking(&source, &options, &self.runtime)?;
-                Arc::new(ZarrTable::new(dataset.table(None)?)) as Arc<dyn TableProvider>
-            }
-        };
-        let Some(zarr) = (table.as_ref() as &dyn Any).downcast_ref::<ZarrTable>() else {
-            return plan_err!("rechunk: '{source}' is not a Zarr table");
-        };
-        let plan = rechunk_scan(zarr, chunks)?;
+        let zarr = zarr_source(&source, &self.catalogs, &self.runtime, context)?;
+        let plan = rechunk_scan(&zarr, chunks)?;
         Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
             plan, call.alias,
         ))))

@@ -1,0 +1,158 @@
+//! Trends removed before a forward transform, as xrft removes them: the
+//! mean over the transformed dimensions (`constant`), or the least-squares
+//! line along one dimension or plane over two (`linear`, in index
+//! positions, as `scipy.signal.detrend` and xrft's 2-D fit do).
+//!
+//! A block holds whole lines along the transformed axes, so every group of
+//! cells sharing the other axes' positions is detrended on its own.
+
+use rustfft::num_complex::Complex;
+use rustfft::num_traits::Float;
+use rustfft::FftNum;
+
+use super::options::Detrend;
+use crate::device::fft_cpu::BlockValues;
+
+/// Removes `detrend` over `axes` of `values` (shape `shape`). Linear
+/// trends take one or two axes (refused before, when the plan is made).
+pub fn detrend_block<T: FftNum + Float>(
+    values: &mut BlockValues<T>,
+    shape: &[usize],
+    axes: &[usize],
+    detrend: Detrend,
+) {
+    let narrow = |x: f64| T::from_f64(x).unwrap_or_else(T::nan);
+    let wide = |x: T| x.to_f64().unwrap_or(f64::NAN);
+    match values {
+        BlockValues::Real(v) => detrend_values(
+            v,
+            shape,
+            axes,
+            detrend,
+            |x| Complex::new(wide(x), 0.0),
+            |x, fit| x - narrow(fit.re),
+        ),
+        BlockValues::Complex(v) => detrend_values(
+            v,
+            shape,
+            axes,
+            detrend,
+            |x| Complex::new(wide(x.re), wide(x.im)),
+            |x, fit| Complex::new(x.re - narrow(fit.re), x.im - narrow(fit.im)),
+        ),
+    }
+}
+
+/// The cells of `shape` in C order, each with its group (the index of its
+/// positions along the axes not in `axes`) and its positions along `axes`.
+fn for_each_cell(shape: &[usize], axes: &[usize], mut f: impl FnMut(usize, usize, &[usize])) {
+    let rank = shape.len();
+    let mut index = vec![0usize; rank];
+    let mut along = vec![0usize; axes.len()];
+    let total: usize = shape.iter().product();
+    for cell in 0..total {
+        let mut group = 0;
+        for d in 0..rank {
+            match axes.iter().position(|&a| a == d) {
+                Some(i) => along[i] = index[d],
+                None => group = group * shape[d] + index[d],
+            }
+        }
+        f(cell, group, &along);
+        for d in (0..rank).rev() {
+            index[d] += 1;
+            if index[d] < shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+}
+
+/// Removes the trend from `values`, read as complex `f64` by `widen` and
+/// written back by `minus(value, fit)`.
+fn detrend_values<V: Copy>(
+    values: &mut [V],
+    shape: &[usize],
+    axes: &[usize],
+    detrend: Detrend,
+    widen: impl Fn(V) -> Complex<f64>,
+    minus: impl Fn(V, Complex<f64>) -> V,
+) {
+    let groups: usize = (0..shape.len())
+        .filter(|d| !axes.contains(d))
+        .map(|d| shape[d])
+        .product();
+    let lengths: Vec<usize> = axes.iter().map(|&a| shape[a]).collect();
+    let cells_per_group: usize = lengths.iter().product();
+    // Positions centred on their mean: on a full grid the intercept and
+    // the slopes of a least-squares fit are then independent.
+    let centred = |i: usize, n: usize| i as f64 - (n as f64 - 1.0) / 2.0;
+    let linear = detrend == Detrend::Linear;
+    // Per group: the sum of values, and of values times each centred position.
+    let slopes = if linear { axes.len() } else { 0 };
+    let zero = Complex::new(0.0, 0.0);
+    let mut sums = vec![zero; groups * (1 + slopes)];
+    for_each_cell(shape, axes, |cell, group, along| {
+        let v = widen(values[cell]);
+        let s = &mut sums[group * (1 + slopes)..(group + 1) * (1 + slopes)];
+        s[0] += v;
+        for (i, &p) in along.iter().enumerate().take(slopes) {
+            s[1 + i] += v * centred(p, lengths[i]);
+        }
+    });
+    // Sum of squared centred positions along each axis, over a group.
+    let squares: Vec<f64> = lengths
+        .iter()
+        .map(|&n| {
+            let per_line: f64 = (0..n).map(|i| centred(i, n).powi(2)).sum();
+            per_line * (cells_per_group / n) as f64
+        })
+        .collect();
+    for_each_cell(shape, axes, |cell, group, along| {
+        let s = &sums[group * (1 + slopes)..(group + 1) * (1 + slopes)];
+        let mut fit = s[0] / cells_per_group as f64;
+        for (i, &p) in along.iter().enumerate().take(slopes) {
+            if squares[i] > 0.0 {
+                fit += s[1 + i] / squares[i] * centred(p, lengths[i]);
+            }
+        }
+        values[cell] = minus(values[cell], fit);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plane_is_removed_exactly() {
+        // shape (time 2, y 3, x 4): a plane over (y, x) per time, plus a constant.
+        let shape = [2usize, 3, 4];
+        let mut values = Vec::new();
+        for t in 0..2 {
+            for y in 0..3 {
+                for x in 0..4 {
+                    values.push(5.0 * t as f64 + 2.0 * y as f64 - 0.5 * x as f64 + 1.0);
+                }
+            }
+        }
+        let mut block = BlockValues::Real(values);
+        detrend_block(&mut block, &shape, &[1, 2], Detrend::Linear);
+        let BlockValues::Real(v) = block else {
+            unreachable!()
+        };
+        assert!(v.iter().all(|x| x.abs() < 1e-12), "{v:?}");
+    }
+
+    #[test]
+    fn constant_removes_each_groups_mean() {
+        // shape (x 3, t 2), detrended along x: each column loses its mean.
+        let mut block = BlockValues::Real(vec![1.0f32, 10.0, 2.0, 20.0, 6.0, 30.0]);
+        detrend_block(&mut block, &[3, 2], &[0], Detrend::Constant);
+        let BlockValues::Real(v) = block else {
+            unreachable!()
+        };
+        assert_eq!(v, [-2.0, -10.0, -1.0, 0.0, 3.0, 10.0]);
+    }
+}
