@@ -1,0 +1,224 @@
+//! `fft(...)` and `ifft(...)` against xrft: every case of
+//! `tests/fixtures/fft/cases.json` (written with xrft by
+//! `tests/fixtures/fft/make_fft_fixtures.py`) is run through SQL and
+//! compared, coordinates and values, with the expected store; plus the
+//! errors a bad call gets and the memory refusal.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{explain_text, repo_root};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::arrow::datatypes::{DataType, Float64Type};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::SessionContext;
+use serde_json::Value;
+use zarrfusion::{new_context, new_context_with, session_config};
+
+/// The rows of `sql`, as one batch.
+async fn collect(ctx: &SessionContext, sql: &str) -> RecordBatch {
+    let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    concat_batches(&schema, &batches).unwrap()
+}
+
+/// A column as numbers (times as nanoseconds).
+fn numbers(column: &ArrayRef) -> Vec<f64> {
+    let column = match column.data_type() {
+        DataType::Timestamp(_, _) => cast(column, &DataType::Int64).unwrap(),
+        _ => Arc::clone(column),
+    };
+    let column = cast(&column, &DataType::Float64).unwrap();
+    column.as_primitive::<Float64Type>().values().to_vec()
+}
+
+/// The real and imaginary parts of a value column (complex structs, or
+/// real numbers with zero imaginary parts).
+fn parts(column: &ArrayRef) -> (Vec<f64>, Vec<f64>) {
+    match column.data_type() {
+        DataType::Struct(_) => {
+            let s = column.as_struct();
+            (numbers(s.column(0)), numbers(s.column(1)))
+        }
+        _ => {
+            let re = numbers(column);
+            let im = vec![0.0; re.len()];
+            (re, im)
+        }
+    }
+}
+
+fn sql_call(case: &Value) -> String {
+    let mut args = vec![
+        format!("'{}'", case["store"].as_str().unwrap()),
+        format!("'{}'", case["variable"].as_str().unwrap()),
+    ];
+    for (k, v) in case["args"].as_object().unwrap() {
+        args.push(format!("{k} => '{}'", v.as_str().unwrap()));
+    }
+    format!(
+        "{}({})",
+        case["function"].as_str().unwrap(),
+        args.join(", ")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_matches_xrft() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let cases: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/fft/cases.json").unwrap())
+            .unwrap();
+    assert!(cases.len() >= 20, "the fixture lists {} cases", cases.len());
+    // Small batches and partitions: several blocks and batches per case.
+    let ctx = new_context();
+    ctx.sql("SET datafusion.execution.batch_size = 7")
+        .await
+        .unwrap();
+    ctx.sql("SET zarrfusion.target_partition_bytes = 2000")
+        .await
+        .unwrap();
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let dims: Vec<&str> = case["dims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap())
+            .collect();
+        let order = dims.join(", ");
+        let got = collect(
+            &ctx,
+            &format!("SELECT * FROM {} ORDER BY {order}", sql_call(case)),
+        )
+        .await;
+        let expected = collect(
+            &ctx,
+            &format!(
+                "SELECT {order}, re, im FROM read_zarr('{}') ORDER BY {order}",
+                case["expected"].as_str().unwrap()
+            ),
+        )
+        .await;
+        assert_eq!(got.num_rows(), expected.num_rows(), "{name}: rows");
+        for (i, dim) in dims.iter().enumerate() {
+            assert_eq!(got.schema().field(i).name(), dim, "{name}: column {i}");
+            let (a, b) = (numbers(got.column(i)), numbers(expected.column(i)));
+            for (x, y) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 1e-9 * y.abs().max(1.0),
+                    "{name}: coordinate {dim}: {x} != {y}"
+                );
+            }
+        }
+        let (re, im) = parts(got.column(dims.len()));
+        let (ere, eim) = (
+            numbers(expected.column(dims.len())),
+            numbers(expected.column(dims.len() + 1)),
+        );
+        let largest = ere
+            .iter()
+            .zip(&eim)
+            .map(|(r, i)| r.hypot(*i))
+            .fold(0.0, f64::max);
+        let tolerance = case["rtol"].as_f64().unwrap() * largest.max(1e-300);
+        for row in 0..re.len() {
+            let error = (re[row] - ere[row]).hypot(im[row] - eim[row]);
+            assert!(
+                error <= tolerance,
+                "{name}: row {row}: {}+{}i != {}+{}i (tolerance {tolerance})",
+                re[row],
+                im[row],
+                ere[row],
+                eim[row]
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_calls_are_refused_with_the_store_and_variable_named() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let ctx = new_context();
+    let store = "tests/fixtures/fft/data/grid.zarr";
+    for (call, message) in [
+        (
+            format!("fft('{store}', 'nope', dims => 'lat')"),
+            "unknown variable 'nope'",
+        ),
+        (
+            format!("fft('{store}', 'z', dims => 'height')"),
+            "unknown dimension 'height'",
+        ),
+        (format!("fft('{store}', 'z')"), "no dimension to transform"),
+        (
+            format!("fft('{store}', dims => 'lat')"),
+            "name the variable",
+        ),
+        (
+            format!("fft('{store}', 'z', dims => 'lat', window => 'kaiser')"),
+            "unknown window 'kaiser'",
+        ),
+        (
+            format!("fft('{store}', 'z', dims => 'lat', lag => 3)"),
+            "lag applies to inverse",
+        ),
+        (
+            format!("fft('{store}', 'z', dims => 'time,lat,lon', detrend => 'linear')"),
+            "one or two dimensions",
+        ),
+        (
+            format!("ifft('{store}', 'z', dims => 'lat')"),
+            "not centred on zero frequency",
+        ),
+        (
+            format!("ifft('{store}', 'z', dims => 'lat', lag => '1,2')"),
+            "2 lags for 1 dimension",
+        ),
+    ] {
+        let sql = format!("SELECT * FROM {call}");
+        let err = match ctx.sql(&sql).await {
+            Ok(df) => df.collect().await.map(|_| ()).unwrap_err(),
+            Err(e) => e,
+        }
+        .to_string();
+        assert!(err.contains(message), "{sql}: {err}");
+        // Options are checked before the store is opened.
+        if !message.contains("window") && !message.contains("lag applies") {
+            assert!(err.contains(store), "{sql}: the store is not named: {err}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_shows_the_strategy_and_memory_and_a_small_budget_is_refused() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let sql = "SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat')";
+    let text = explain_text(&new_context(), sql).await;
+    assert!(
+        text.contains("FftExec")
+            && text.contains("strategy=whole lines")
+            && text.contains("projected_memory="),
+        "{text}"
+    );
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(64 << 10, 1.0)
+        .build_arc()
+        .unwrap();
+    let ctx = new_context_with(session_config(), runtime);
+    let err = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("FftExec") && err.contains("allowed_mem") && err.contains("grid.zarr"),
+        "{err}"
+    );
+}
