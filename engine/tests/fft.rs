@@ -171,7 +171,7 @@ async fn bad_calls_are_refused_with_the_store_and_variable_named() {
             "one or two dimensions",
         ),
         (
-            format!("ifft('{store}', 'z', dims => 'lat')"),
+            format!("ifft('{store}', 'z', dims => 'lon')"),
             "not centred on zero frequency",
         ),
         (
