@@ -490,7 +490,7 @@ mod tests {
             let strides = [20usize, 4, 1];
             // Every line along `axis` against the definition.
             for start in 0..60usize {
-                if (start / strides[axis]) % shape[axis] != 0 {
+                if !(start / strides[axis]).is_multiple_of(shape[axis]) {
                     continue;
                 }
                 let idx = |k: usize| start + k * strides[axis];

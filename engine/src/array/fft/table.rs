@@ -270,10 +270,11 @@ impl FftTable {
         }
         let output_dims = transform.output_dims();
         if output_dims.contains(&array.name().to_string()) {
-            return Err(fail(format!(
+            return Err(fail(
                 "an output dimension is named like the variable; choose another prefix \
                  (prefix => 'k_')"
-            )));
+                    .to_string(),
+            ));
         }
         fields.push(Field::new(array.name(), value_type, true));
         Ok(Self {
