@@ -32,6 +32,7 @@ use super::options::ZarrWriteOptions;
 use super::sink::ZarrSink;
 use super::store::check_target;
 use crate::session::registered_zarr_tables;
+use crate::write::grid::ZARR_DIMENSION;
 use crate::zarr::StoreLocation;
 
 const READ_HINT: &str = "Zarr stores are read with CREATE EXTERNAL TABLE ... STORED AS ZARR or read_zarr(...), not as files";
@@ -94,7 +95,9 @@ pub struct ZarrFormat {
 
 impl ZarrFormat {
     /// The dimension columns of `schema`: the `dims` option, else the
-    /// columns named like a registered Zarr table's dimensions.
+    /// columns named like a registered Zarr table's dimensions or marked
+    /// as dimensions in their field metadata ([`ZARR_DIMENSION`]: the
+    /// output of `fft(...)`).
     fn dimension_columns(&self, schema: &SchemaRef) -> Result<Vec<usize>> {
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         let dims: Vec<usize> = match &self.options.dims {
@@ -109,7 +112,10 @@ impl ZarrFormat {
                 })
                 .collect::<Result<_>>()?,
             None => (0..names.len())
-                .filter(|&i| self.known_dims.contains_key(names[i]))
+                .filter(|&i| {
+                    self.known_dims.contains_key(names[i])
+                        || schema.field(i).metadata().contains_key(ZARR_DIMENSION)
+                })
                 .collect(),
         };
         if dims.is_empty() {
@@ -192,8 +198,11 @@ impl FileFormat for ZarrFormat {
         let descending = dims
             .iter()
             .map(|&d| {
-                let name = schema.field(d).name();
-                self.known_dims.get(name).copied().unwrap_or(false)
+                let field = schema.field(d);
+                match field.metadata().get(ZARR_DIMENSION) {
+                    Some(order) => order == "descending",
+                    None => self.known_dims.get(field.name()).copied().unwrap_or(false),
+                }
             })
             .collect();
         refuse_if_too_large(&input, &dims, &target, state)?;

@@ -12,6 +12,7 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Arra
 use datafusion::arrow::compute::{cast, concat, sort_to_indices, take, SortOptions};
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef, UInt32Type};
 use datafusion::common::{exec_err, plan_err, Result};
+use zarrfusion_udfs::complex::{complex_array, complex_part};
 
 /// One dimension of the grid.
 #[derive(Debug)]
@@ -20,7 +21,20 @@ pub struct GridDimension {
     pub name: String,
     /// Its coordinate values, in grid order (the column's type).
     pub coords: ArrayRef,
+    /// Attributes its coordinate array gets: the JSON object in the
+    /// column's field metadata under [`ZARR_ATTRIBUTES`] (xrft's
+    /// `direct_lag` and `spacing` of a frequency coordinate), else none.
+    pub attributes: serde_json::Map<String, serde_json::Value>,
 }
+
+/// The field metadata key whose value (a JSON object) becomes a written
+/// coordinate's Zarr attributes.
+pub const ZARR_ATTRIBUTES: &str = "zarr.attributes";
+
+/// The field metadata key marking a column as a dimension for `COPY ...
+/// STORED AS ZARR`; its value is the coordinate's order, `ascending` or
+/// `descending`.
+pub const ZARR_DIMENSION: &str = "zarr.dimension";
 
 /// A dense variable over the grid.
 #[derive(Debug)]
@@ -61,6 +75,9 @@ pub fn grid_bytes(schema: &SchemaRef, dims: &[usize], cells: u64) -> u64 {
 
 /// Bytes per value a column is written with.
 fn stored_width(t: &DataType) -> u64 {
+    if let Some(part) = complex_part(t) {
+        return 2 * stored_width(part);
+    }
     match t {
         DataType::Float32 | DataType::Int32 | DataType::UInt32 => 4,
         DataType::Int8 | DataType::UInt8 | DataType::Boolean => 1,
@@ -224,6 +241,7 @@ pub fn assemble(
         let target = match field.data_type() {
             DataType::Float32 | DataType::Float64 => field.data_type().clone(),
             DataType::Float16 => DataType::Float32,
+            t if complex_part(t).is_some() => t.clone(),
             DataType::Boolean if complete && values.null_count() == 0 => DataType::UInt8,
             t if t.is_integer() && complete && values.null_count() == 0 => t.clone(),
             t if t.is_integer() || *t == DataType::Boolean => DataType::Float64,
@@ -251,15 +269,39 @@ pub fn assemble(
         .map(|(&d, a)| GridDimension {
             name: names[d].to_string(),
             coords: a.coords,
+            attributes: schema
+                .field(d)
+                .metadata()
+                .get(ZARR_ATTRIBUTES)
+                .and_then(|text| serde_json::from_str(text).ok())
+                .unwrap_or_default(),
         })
         .collect();
     Ok(Grid { dims, variables })
 }
 
-/// Replaces NULLs of a float array by NaN (the Zarr fill value).
+/// Replaces NULLs of a float or complex array by NaN (the Zarr fill value).
 fn fill_nan(values: &ArrayRef) -> Result<ArrayRef> {
     use datafusion::arrow::array::{Float32Array, Float64Array};
     Ok(match values.data_type() {
+        t if complex_part(t).is_some() => {
+            // A NULL complex value: both parts NaN.
+            let parts = values.as_struct();
+            let nan_where_null = |part: &ArrayRef| -> Result<ArrayRef> {
+                let part = datafusion::arrow::array::make_array(
+                    part.to_data()
+                        .into_builder()
+                        .nulls(parts.nulls().cloned())
+                        .build()?,
+                );
+                fill_nan(&part)
+            };
+            std::sync::Arc::new(complex_array(
+                nan_where_null(parts.column(0))?,
+                nan_where_null(parts.column(1))?,
+                None,
+            ))
+        }
         DataType::Float32 => std::sync::Arc::new(Float32Array::from_iter_values(
             values
                 .as_primitive::<datafusion::arrow::datatypes::Float32Type>()

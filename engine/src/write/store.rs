@@ -9,11 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, TimeUnit};
 use datafusion::common::{exec_err, DataFusionError, Result};
 use serde_json::{json, Map, Value};
+use zarrfusion_udfs::complex::complex_part;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
@@ -162,7 +164,8 @@ fn write_into(
     }
     // Coordinates (their own length, one chunk), then variables.
     let coordinates = grid.dims.iter().map(|d| {
-        let (values, attributes) = coordinate(&d.coords)?;
+        let (values, mut attributes) = coordinate(&d.coords)?;
+        attributes.extend(d.attributes.clone());
         let len = vec![d.coords.len() as u64];
         Ok((
             d.name.as_str(),
@@ -257,13 +260,8 @@ fn write_values(
     chunk: &[u64],
     cancelled: &AtomicBool,
 ) -> std::result::Result<u64, String> {
-    let data = values.to_data();
-    let width = data
-        .data_type()
-        .primitive_width()
-        .ok_or("not a primitive type")?;
-    let buffer = &data.buffers()[0];
-    let all = &buffer.as_slice()[data.offset() * width..(data.offset() + data.len()) * width];
+    let (all, width) = value_bytes(values)?;
+    let all = all.as_slice();
     if shape.is_empty() || shape.contains(&0) {
         return Ok(0);
     }
@@ -285,6 +283,36 @@ fn write_values(
         start = end;
     }
     Ok(all.len() as u64)
+}
+
+/// The values' bytes in C order as Zarr stores them (complex numbers as
+/// interleaved real and imaginary parts), and the bytes per value.
+fn value_bytes(values: &ArrayRef) -> std::result::Result<(Buffer, usize), String> {
+    if complex_part(values.data_type()).is_some() {
+        let parts = values.as_struct();
+        let (re, im) = (parts.column(0).to_data(), parts.column(1).to_data());
+        let width = re
+            .data_type()
+            .primitive_width()
+            .ok_or("not a primitive type")?;
+        let slice = |d: &datafusion::arrow::array::ArrayData| {
+            d.buffers()[0].as_slice()[d.offset() * width..(d.offset() + d.len()) * width].to_vec()
+        };
+        let (re, im) = (slice(&re), slice(&im));
+        let mut bytes = Vec::with_capacity(2 * re.len());
+        for (r, i) in re.chunks_exact(width).zip(im.chunks_exact(width)) {
+            bytes.extend_from_slice(r);
+            bytes.extend_from_slice(i);
+        }
+        return Ok((Buffer::from_vec(bytes), 2 * width));
+    }
+    let data = values.to_data();
+    let width = data
+        .data_type()
+        .primitive_width()
+        .ok_or("not a primitive type")?;
+    let bytes = data.buffers()[0].slice_with_length(data.offset() * width, data.len() * width);
+    Ok((bytes, width))
 }
 
 /// A coordinate's stored values and attributes: times become CF numbers.
@@ -337,7 +365,11 @@ fn zarr_type(t: &DataType) -> Result<(&'static str, &'static str)> {
         DataType::UInt16 => ("uint16", "<u2"),
         DataType::UInt32 => ("uint32", "<u4"),
         DataType::UInt64 => ("uint64", "<u8"),
-        other => return exec_err!("cannot write Zarr values of type {other}"),
+        t => match complex_part(t) {
+            Some(DataType::Float32) => ("complex64", "<c8"),
+            Some(DataType::Float64) => ("complex128", "<c16"),
+            _ => return exec_err!("cannot write Zarr values of type {t}"),
+        },
     })
 }
 
@@ -378,8 +410,16 @@ pub(crate) fn array_metadata(
 ) -> Result<Value> {
     let (v3_type, v2_type) = zarr_type(t)?;
     let float = matches!(t, DataType::Float32 | DataType::Float64);
-    let fill = if float { json!("NaN") } else { json!(0) };
-    let width = t.primitive_width().unwrap_or(1);
+    let complex = complex_part(t);
+    let fill = match (float, complex) {
+        (_, Some(_)) => json!(["NaN", "NaN"]),
+        (true, None) => json!("NaN"),
+        (false, None) => json!(0),
+    };
+    let width = match complex {
+        Some(part) => 2 * part.primitive_width().unwrap_or(8),
+        None => t.primitive_width().unwrap_or(1),
+    };
     Ok(match options.zarr_format {
         ZarrVersion::V3 => {
             let mut codecs = vec![json!({"name": "bytes", "configuration": {"endian": "little"}})];

@@ -12,6 +12,7 @@
 //! | numpy datetime64 / timedelta64 | | Timestamp(ns) / Duration(ns), NaT as NULL |
 //! | integers, bool | | themselves |
 //! | string, fixed-length UTF-32 | | Utf8 |
+//! | complex64 / complex128 | | `Struct<re, im>` of Float32 / Float64 ([`zarrfusion_udfs::complex`]) |
 
 use std::sync::Arc;
 
@@ -26,11 +27,12 @@ use datafusion::arrow::datatypes::{
 };
 use serde_json::{Map, Value};
 use zarrfusion_udfs::cf_time::{is_supported_calendar, CfTime, TimeUnit};
+use zarrfusion_udfs::complex::{complex_array, complex_type};
 use zarrs::array::data_type::{
-    BoolDataType, FixedLengthUTF32DataType, Float16DataType, Float32DataType, Float64DataType,
-    Int16DataType, Int32DataType, Int64DataType, Int8DataType, NumpyDateTime64DataType,
-    NumpyTimeDelta64DataType, NumpyTimeUnit, StringDataType, UInt16DataType, UInt32DataType,
-    UInt64DataType, UInt8DataType,
+    BoolDataType, Complex128DataType, Complex64DataType, FixedLengthUTF32DataType, Float16DataType,
+    Float32DataType, Float64DataType, Int16DataType, Int32DataType, Int64DataType, Int8DataType,
+    NumpyDateTime64DataType, NumpyTimeDelta64DataType, NumpyTimeUnit, StringDataType,
+    UInt16DataType, UInt32DataType, UInt64DataType, UInt8DataType,
 };
 use zarrs::array::DataType as ZarrDataType;
 
@@ -61,6 +63,10 @@ pub enum StoredType {
     Float32,
     /// `float64`
     Float64,
+    /// `complex64`: two float32.
+    Complex64,
+    /// `complex128`: two float64.
+    Complex128,
     /// numpy `datetime64`, with nanoseconds per stored unit.
     DateTime64(i64),
     /// numpy `timedelta64`, with nanoseconds per stored unit.
@@ -92,6 +98,8 @@ impl StoredType {
             Float16DataType => Self::Float16,
             Float32DataType => Self::Float32,
             Float64DataType => Self::Float64,
+            Complex64DataType => Self::Complex64,
+            Complex128DataType => Self::Complex128,
             StringDataType => Self::String,
         );
         if let Some(dt) = data_type.downcast_ref::<FixedLengthUTF32DataType>() {
@@ -111,6 +119,8 @@ impl StoredType {
         !matches!(
             self,
             Self::Bool
+                | Self::Complex64
+                | Self::Complex128
                 | Self::String
                 | Self::FixedUtf32(_)
                 | Self::DateTime64(_)
@@ -271,6 +281,8 @@ impl ColumnDecoder {
                 StoredType::UInt64 => DataType::UInt64,
                 StoredType::Float16 | StoredType::Float32 => DataType::Float32,
                 StoredType::Float64 => DataType::Float64,
+                StoredType::Complex64 => complex_type(DataType::Float32),
+                StoredType::Complex128 => complex_type(DataType::Float64),
                 StoredType::String | StoredType::FixedUtf32(_) => DataType::Utf8,
                 StoredType::DateTime64(_) | StoredType::TimeDelta64(_) => unreachable!(),
             },
@@ -517,6 +529,12 @@ impl ColumnDecoder {
             ),
             StoredType::Float32 => nan_as_null::<Float32Type>(buffer.clone(), has_nan, f32::is_nan),
             StoredType::Float64 => nan_as_null::<Float64Type>(buffer.clone(), has_nan, f64::is_nan),
+            StoredType::Complex64 => {
+                complex_column::<Float32Type>(bytes, |b| f32::from_ne_bytes(b.try_into().unwrap()))
+            }
+            StoredType::Complex128 => {
+                complex_column::<Float64Type>(bytes, |b| f64::from_ne_bytes(b.try_into().unwrap()))
+            }
             StoredType::DateTime64(nanos) => Arc::new(
                 self.nat_as_null(bytes, nanos)?
                     .collect::<TimestampNanosecondArray>(),
@@ -593,6 +611,23 @@ fn duration_unit(units: Option<&str>, attributes: &Map<String, Value>) -> Option
 fn typed_buffer<T: ArrowNativeType>(buffer: Buffer) -> ScalarBuffer<T> {
     let n = buffer.len() / std::mem::size_of::<T>();
     ScalarBuffer::new(buffer, 0, n)
+}
+
+/// Interleaved (real, imaginary) pairs as a complex struct column, each
+/// part read from its native-endian bytes by `read`.
+fn complex_column<T: ArrowPrimitiveType>(
+    bytes: &[u8],
+    read: impl Fn(&[u8]) -> T::Native,
+) -> ArrayRef {
+    let width = std::mem::size_of::<T::Native>();
+    let part = |offset: usize| {
+        let values: Vec<T::Native> = bytes
+            .chunks_exact(2 * width)
+            .map(|pair| read(&pair[offset..offset + width]))
+            .collect();
+        Arc::new(PrimitiveArray::<T>::new(ScalarBuffer::from(values), None)) as ArrayRef
+    };
+    Arc::new(complex_array(part(0), part(width), None))
 }
 
 fn primitive<T: ArrowPrimitiveType>(buffer: Buffer) -> ArrayRef {

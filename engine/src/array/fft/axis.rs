@@ -367,6 +367,6 @@ mod tests {
             assert!((a - b).abs() < 1e-15);
         }
         // The lag of a descending coordinate is the middle of its increasing order.
-        assert_eq!(axis.lag, 2.0);
+        assert_eq!(axis.lag, 6.0);
     }
 }

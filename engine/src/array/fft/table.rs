@@ -22,6 +22,7 @@
 //! `allowed_mem` while planning: fewer tasks run at once when that fits,
 //! and a plan that cannot fit with one task is refused.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -71,6 +72,7 @@ use crate::table::{
     literal_text, zarr_source, BlockGrid, Dimension, GridTable, Selection, TableFunctionCall,
     ZarrTable,
 };
+use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
 use crate::zarr::{ChunkBufferPool, ZarrArray};
 
 /// Plans `fft(...)` and `ifft(...)` in `FROM` clauses.
@@ -255,15 +257,43 @@ impl FftTable {
         for (d, dim) in grid.dims.iter().enumerate() {
             match transform.axes.iter().find(|(a, _)| *a == d) {
                 Some((_, axis)) => {
-                    fields.push(Field::new(&axis.output_name, DataType::Float64, false));
+                    // xrft's attributes of the output coordinate, kept by
+                    // `COPY ... STORED AS ZARR` (an ifft of the copy finds its lag).
+                    let mut attributes = serde_json::Map::new();
+                    if !options.inverse {
+                        attributes.insert("direct_lag".into(), axis.lag.into());
+                    }
+                    attributes.insert("spacing".into(), axis.spacing.into());
+                    let metadata = HashMap::from([
+                        (
+                            ZARR_ATTRIBUTES.to_string(),
+                            serde_json::Value::Object(attributes).to_string(),
+                        ),
+                        (ZARR_DIMENSION.to_string(), "ascending".to_string()),
+                    ]);
+                    fields.push(
+                        Field::new(&axis.output_name, DataType::Float64, false)
+                            .with_metadata(metadata),
+                    );
                     coords.push(Arc::new(Float64Array::from(axis.coords.clone())) as ArrayRef);
                 }
                 None => {
-                    fields.push(Field::new(
-                        &dim.name,
-                        dim.values.data_type().clone(),
-                        dim.values.null_count() > 0,
-                    ));
+                    let order = if dim.descends() {
+                        "descending"
+                    } else {
+                        "ascending"
+                    };
+                    fields.push(
+                        Field::new(
+                            &dim.name,
+                            dim.values.data_type().clone(),
+                            dim.values.null_count() > 0,
+                        )
+                        .with_metadata(HashMap::from([(
+                            ZARR_DIMENSION.to_string(),
+                            order.to_string(),
+                        )])),
+                    );
                     coords.push(Arc::clone(&dim.values));
                 }
             }
