@@ -24,6 +24,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
+use zarrfusion::array::fft::{fft_plan, FftOptions};
 use zarrfusion::array::rechunk::rechunk_plan;
 use zarrfusion::explain::{plan_dot, render_svg};
 use zarrfusion::write::{ZarrFormatFactory, ZarrWriteOptions};
@@ -147,6 +148,26 @@ impl PyDataFrame {
         let (state, plan) = self.df.clone().into_parts();
         let chunks: Vec<(String, u64)> = chunks.into_iter().collect();
         let plan = rechunk_plan(plan, chunks).map_err(datafusion_error)?;
+        Ok(Self::new(DataFrame::new(state, plan)))
+    }
+
+    /// The forward (`inverse` false) or inverse FFT of `variable`, with
+    /// the SQL functions' `name => value` options (see `fft(...)`).
+    #[pyo3(signature = (variable, inverse, options))]
+    fn fft(
+        &self,
+        variable: Option<String>,
+        inverse: bool,
+        options: Vec<(String, String)>,
+    ) -> PyResult<Self> {
+        let (state, plan) = self.df.clone().into_parts();
+        let (mut fft, function) = if inverse {
+            (FftOptions::inverse(Vec::new()), "ifft")
+        } else {
+            (FftOptions::forward(Vec::new()), "fft")
+        };
+        fft.set(&options, function).map_err(datafusion_error)?;
+        let plan = fft_plan(plan, variable.as_deref(), fft).map_err(datafusion_error)?;
         Ok(Self::new(DataFrame::new(state, plan)))
     }
 

@@ -70,6 +70,69 @@ class DataFrame:
         """
         return self._wrap(self._raw.rechunk({str(d): int(n) for d, n in chunks.items()}))
 
+    def fft(
+        self,
+        variable: str | None = None,
+        *,
+        dims: str | Sequence[str],
+        real_dim: str | None = None,
+        shift: bool = True,
+        detrend: str | None = None,
+        window: str | None = None,
+        true_phase: bool = True,
+        true_amplitude: bool = True,
+        spacing_tol: float = 1e-3,
+        prefix: str = "freq_",
+    ) -> "DataFrame":
+        """The FFT of ``variable`` along ``dims``, as ``xrft.fft`` computes it
+        (SQL ``fft('table', 'variable', dims => 'lat', ...)``): one row per
+        output cell, the transformed dimensions renamed ``freq_<dim>`` with
+        xrft's frequencies, the values complex (``{"re", "im"}`` structs;
+        ``to_xarray()`` gives a complex array).
+
+        Applies to a Zarr table or to another transform's output. Options are
+        xrft's: ``real_dim`` (real transform along that dimension), ``shift``,
+        ``detrend`` (``"constant"``, ``"linear"``), ``window`` (``"hann"``,
+        ``"hamming"``, ``"blackman"``, ``"tukey"``, ...), ``true_phase``,
+        ``true_amplitude``, ``spacing_tol``, ``prefix``. Runs block by block
+        inside the session's ``allowed_mem``.
+        """
+        options = _fft_options(
+            dims=dims, real_dim=real_dim, shift=shift, detrend=detrend, window=window,
+            true_phase=true_phase, true_amplitude=true_amplitude,
+            spacing_tol=spacing_tol, prefix=prefix,
+        )
+        return self._wrap(self._raw.fft(variable, False, options))
+
+    def ifft(
+        self,
+        variable: str | None = None,
+        *,
+        dims: str | Sequence[str],
+        real_dim: str | None = None,
+        shift: bool = True,
+        true_phase: bool = True,
+        true_amplitude: bool = True,
+        lag: float | Sequence[float] | None = None,
+        spacing_tol: float = 1e-3,
+        prefix: str = "freq_",
+    ) -> "DataFrame":
+        """The inverse FFT of ``variable`` along the frequency dimensions
+        ``dims``, as ``xrft.ifft`` computes it (SQL ``ifft(...)``): the
+        ``freq_`` prefix is removed from the dimensions' names, positions are
+        offset by ``lag`` (one per dimension; default each coordinate's
+        ``direct_lag``, which ``fft`` sets, else 0).
+
+        ``spec = df.fft("t2m", dims=["lat"]); back = spec.ifft("t2m",
+        dims=["freq_lat"], lag=45)`` runs both transforms block by block
+        without storing the spectrum.
+        """
+        options = _fft_options(
+            dims=dims, real_dim=real_dim, shift=shift, true_phase=true_phase,
+            true_amplitude=true_amplitude, lag=lag, spacing_tol=spacing_tol, prefix=prefix,
+        )
+        return self._wrap(self._raw.fft(variable, True, options))
+
     # Looking ---------------------------------------------------------------
     @property
     def columns(self) -> list[str]:
@@ -180,3 +243,21 @@ class DataFrame:
 
     def __arrow_c_schema__(self) -> Any:
         return self._raw.__arrow_c_schema__()
+
+
+def _fft_options(**options: Any) -> list[tuple[str, str]]:
+    """Keyword arguments as the SQL functions' ``name => value`` pairs."""
+    pairs = []
+    for name, value in options.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = value
+        elif isinstance(value, (list, tuple)):
+            text = ",".join(str(v) for v in value)
+        else:
+            text = str(value)
+        pairs.append((name, text))
+    return pairs

@@ -30,13 +30,34 @@ def table_to_xarray(
     """The grid an Arrow table holds, as an ``xarray.Dataset``.
 
     ``columns`` maps the names of registered Zarr dimensions and variables to
-    ``(is_dimension, attributes as JSON, coordinate descends)``. Coordinates
-    come out sorted, descending where the store's coordinate descends.
+    ``(is_dimension, attributes as JSON, coordinate descends)``; columns whose
+    Arrow field metadata marks them as dimensions (``zarr.dimension``, as
+    ``fft`` results do) are dimensions too, with the attributes in
+    ``zarr.attributes``. Coordinates come out sorted, descending where the
+    coordinate descends. Complex columns (``{re, im}`` structs) become
+    complex arrays.
     """
     import numpy as np
     import pandas as pd
+    import pyarrow as pa
     import xarray as xr
 
+    columns = dict(columns)
+    for field in table.schema:
+        meta = field.metadata or {}
+        if b"zarr.dimension" in meta and field.name not in columns:
+            attrs = meta.get(b"zarr.attributes", b"{}").decode()
+            columns[field.name] = (True, attrs, meta[b"zarr.dimension"] == b"descending")
+    complex_columns = {}
+    for field in table.schema:
+        t = field.type
+        if pa.types.is_struct(t) and [t.field(i).name for i in range(t.num_fields)] == ["re", "im"]:
+            column = table.column(field.name)
+            re = column.combine_chunks().field("re").to_numpy(zero_copy_only=False)
+            im = column.combine_chunks().field("im").to_numpy(zero_copy_only=False)
+            complex_columns[field.name] = re + 1j * im if re.dtype == np.float64 else (re + 1j * im).astype(np.complex64)
+    if complex_columns:
+        table = table.drop_columns(list(complex_columns))
     names = table.column_names
     if dims is None:
         dims = [n for n in names if columns.get(n, (False, "", False))[0]]
@@ -81,10 +102,10 @@ def table_to_xarray(
     # ORDER BY of the dimensions) are reshaped as they are.
     in_order = bool((flat == np.arange(cells)).all())
     data_vars = {}
-    for name in names:
+    for name in names + list(complex_columns):
         if name in dims:
             continue
-        values = frame[name].to_numpy()
+        values = complex_columns[name] if name in complex_columns else frame[name].to_numpy()
         if in_order:
             out = values if values.flags.writeable else values.copy()
         else:

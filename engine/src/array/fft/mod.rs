@@ -7,7 +7,9 @@
 //! | [`window`] | window functions as scipy computes them |
 //! | [`detrend`] | trends removed before a forward transform |
 //! | [`transform`] | a whole transform of a block |
-//! | [`table`] | the `fft(...)`/`ifft(...)` table functions and their operator |
+//! | [`source`] | what a transform reads: a Zarr variable or another transform's output |
+//! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
+//! | [`exec`] | `FftExec`, the operator |
 //!
 //! `fft('era5', 't2m', dims => 'lat')` gives what
 //! `xrft.fft(ds.t2m, dim='lat')` gives (xrft 1.0's defaults: `true_phase`,
@@ -15,12 +17,16 @@
 
 pub mod axis;
 pub mod detrend;
+pub mod exec;
 pub mod options;
+pub mod source;
 pub mod table;
 pub mod transform;
 pub mod window;
 
+pub use exec::FftExec;
 pub use options::{Detrend, FftOptions};
-pub use table::{fft_scan, FftExec, FftPlanner, FftTable};
+pub use source::ArraySource;
+pub use table::{fft_plan, fft_scan, FftPlanner, FftTable};
 pub use transform::FftTransform;
 pub use window::Window;

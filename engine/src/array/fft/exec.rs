@@ -1,0 +1,503 @@
+//! `FftExec`: transforms blocks of a source whole along the transformed
+//! dimensions and streams their rows.
+//!
+//! Blocks align to the source's chunks along the other dimensions and grow
+//! toward `zarrfusion.target_partition_bytes`; each partition owns a run of
+//! blocks, reads and transforms one at a time on a blocking thread (the
+//! kernel spreads the lines of a block over all cores) and sends batches
+//! through a small channel. The projected memory (per task: a block read,
+//! its values before and after a pass, the batches in flight; plus the
+//! kernel threads' line buffers) is checked against `allowed_mem` while
+//! planning: fewer tasks run at once when that fits, and a transform that
+//! cannot fit with one task is refused with the numbers. A query that reads
+//! only dimension columns reads and transforms nothing.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, PrimitiveArray, RecordBatch, RecordBatchOptions, UInt32Array,
+};
+use datafusion::arrow::compute::take;
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, Float32Type, Float64Type, SchemaRef};
+use datafusion::catalog::TableProvider;
+use datafusion::common::stats::Precision as Exactness;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{
+    exec_err, human_readable_size, plan_err, DataFusionError, Result, Statistics,
+};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
+};
+use zarrfusion_udfs::complex::complex_array;
+
+use super::source::{ArraySource, Kernels, Precision};
+use super::table::FftTable;
+use super::transform::FftTransform;
+use crate::config::ZarrConfig;
+use crate::device::fft_cpu::BlockValues;
+use crate::table::cells::dimension_indices;
+use crate::table::{BlockGrid, Selection};
+use crate::zarr::ChunkBufferPool;
+
+/// What every partition of an [`FftExec`] shares.
+#[derive(Debug)]
+struct FftJob {
+    table: Arc<FftTable>,
+    /// Output dimensions' values, outermost first.
+    coords: Vec<ArrayRef>,
+    /// Output columns (indices into the table's schema).
+    projection: Vec<usize>,
+    schema: SchemaRef,
+    blocks: BlockGrid,
+    batch_size: usize,
+    limit: Option<usize>,
+    kernels: Kernels,
+}
+
+impl FftJob {
+    fn transform(&self) -> &FftTransform {
+        self.table.transform()
+    }
+
+    fn source(&self) -> &ArraySource {
+        self.table.source()
+    }
+
+    /// Whether the query reads the transformed values (else only the
+    /// dimension columns, which cost no read and no transform).
+    fn reads_values(&self) -> bool {
+        self.projection.contains(&self.coords.len())
+    }
+
+    /// Bytes of one output row of the projected columns.
+    fn row_bytes(&self) -> usize {
+        self.projection
+            .iter()
+            .map(|&i| match self.coords.get(i) {
+                Some(values) => values.data_type().primitive_width().unwrap_or(16),
+                None => self.table.complex_bytes(),
+            })
+            .sum()
+    }
+
+    /// Memory one task holds at its peak: a block read and decoded, its
+    /// values before and after a pass (complex), and the batches in flight.
+    fn per_task_memory(&self) -> usize {
+        let batches = 3 * self.batch_size * self.row_bytes();
+        if !self.reads_values() {
+            return batches;
+        }
+        let in_cells = self.blocks.block_shape().iter().product::<u64>() as usize;
+        let out_cells = self
+            .transform()
+            .output_shape(self.blocks.block_shape())
+            .iter()
+            .product::<u64>() as usize;
+        let read = in_cells * self.source().peak_bytes_per_cell();
+        read + 2 * in_cells.max(out_cells) * self.table.complex_bytes() + batches
+    }
+
+    /// Memory the kernel's threads hold besides the blocks: per thread, a
+    /// group of lines gathered and transformed.
+    fn kernel_memory(&self) -> usize {
+        if !self.reads_values() {
+            return 0;
+        }
+        let longest = self
+            .transform()
+            .axes
+            .iter()
+            .map(|(_, a)| a.len)
+            .max()
+            .unwrap_or(0);
+        rayon::current_num_threads() * 3 * longest.max(1 << 14) * self.table.complex_bytes()
+    }
+
+    /// The transformed values of the block `extent` (whole along the
+    /// transformed dimensions), in precision `P`.
+    fn transform_block<P: Precision>(
+        &self,
+        extent: &[Range<u64>],
+        pool: &ChunkBufferPool,
+    ) -> std::result::Result<BlockValues<P>, String> {
+        let shape: Vec<usize> = extent.iter().map(|r| (r.end - r.start) as usize).collect();
+        let values = self.source().read::<P>(extent, pool, &self.kernels)?;
+        let (out, _) = self
+            .transform()
+            .apply(P::kernel(&self.kernels), values, &shape)?;
+        Ok(out)
+    }
+
+    /// Reads, transforms and sends the rows of block `id`. Returns
+    /// `Ok(false)` once the receiver is gone.
+    fn run_block(
+        &self,
+        id: u64,
+        remaining: &mut Option<u64>,
+        pool: &ChunkBufferPool,
+        tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    ) -> Result<bool> {
+        let extent = self.blocks.block(id);
+        let values = if self.reads_values() {
+            let fail = |message: String| {
+                DataFusionError::Execution(format!(
+                    "{} of '{}' variable '{}', block {extent:?}: {message}",
+                    if self.transform().options.inverse {
+                        "ifft"
+                    } else {
+                        "fft"
+                    },
+                    self.source().store(),
+                    self.source().variable()
+                ))
+            };
+            Some(if self.table.single_precision() {
+                OutputValues::Single(self.transform_block::<f32>(&extent, pool).map_err(fail)?)
+            } else {
+                OutputValues::Double(self.transform_block::<f64>(&extent, pool).map_err(fail)?)
+            })
+        } else {
+            None
+        };
+        let out_shape = self
+            .transform()
+            .output_shape(&extent.iter().map(|r| r.end - r.start).collect::<Vec<_>>());
+        let offsets: Vec<u64> = extent
+            .iter()
+            .enumerate()
+            .map(|(d, r)| {
+                if self.transform().transforms(d) {
+                    0
+                } else {
+                    r.start
+                }
+            })
+            .collect();
+        let mut n: u64 = out_shape.iter().product();
+        if let Some(left) = remaining {
+            n = n.min(*left);
+        }
+        let n_dims = self.coords.len();
+        let mut start = 0u64;
+        while start < n {
+            let len = (self.batch_size as u64).min(n - start);
+            let columns = self
+                .projection
+                .iter()
+                .map(|&i| {
+                    if i < n_dims {
+                        let stride = out_shape[i + 1..].iter().product();
+                        let indices = UInt32Array::from(dimension_indices(
+                            offsets[i],
+                            out_shape[i],
+                            stride,
+                            start,
+                            len,
+                        ));
+                        Ok(take(self.coords[i].as_ref(), &indices, None)?)
+                    } else {
+                        let range = start as usize..(start + len) as usize;
+                        Ok(match &values {
+                            Some(OutputValues::Single(v)) => values_column::<Float32Type>(v, range),
+                            Some(OutputValues::Double(v)) => values_column::<Float64Type>(v, range),
+                            None => return exec_err!("the transformed values were not computed"),
+                        })
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let options = RecordBatchOptions::new().with_row_count(Some(len as usize));
+            let batch =
+                RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+            if tx.blocking_send(Ok(batch)).is_err() {
+                return Ok(false);
+            }
+            start += len;
+        }
+        if let Some(left) = remaining {
+            *left -= n;
+        }
+        Ok(true)
+    }
+}
+
+/// A transformed block, in its precision.
+enum OutputValues {
+    Single(BlockValues<f32>),
+    Double(BlockValues<f64>),
+}
+
+/// Rows `range` of transformed values as an Arrow column (complex structs,
+/// or numbers for a real output).
+fn values_column<P>(values: &BlockValues<P::Native>, range: std::ops::Range<usize>) -> ArrayRef
+where
+    P: ArrowPrimitiveType,
+{
+    match values {
+        BlockValues::Real(v) => Arc::new(PrimitiveArray::<P>::from_iter_values(
+            v[range].iter().copied(),
+        )),
+        BlockValues::Complex(v) => {
+            let v = &v[range];
+            let re = PrimitiveArray::<P>::from_iter_values(v.iter().map(|c| c.re));
+            let im = PrimitiveArray::<P>::from_iter_values(v.iter().map(|c| c.im));
+            Arc::new(complex_array(Arc::new(re), Arc::new(im), None))
+        }
+    }
+}
+
+/// Transforms blocks of a Zarr variable and streams their rows (see the
+/// module docs).
+#[derive(Debug)]
+pub struct FftExec {
+    job: Arc<FftJob>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl FftExec {
+    /// Plans the transform of `table` for the columns `projection`:
+    /// blocks whole along the transformed dimensions, as many tasks at
+    /// once as `memory_limit` allows (refused when one does not fit).
+    pub(crate) fn try_new(
+        table: &FftTable,
+        projection: Vec<usize>,
+        limit: Option<usize>,
+        options: &datafusion::common::config::ConfigOptions,
+        memory_limit: Option<usize>,
+    ) -> Result<Self> {
+        let source = table.source();
+        let shape = source.shape();
+        let mut chunk = source.chunk_shape();
+        for (axis, _) in &table.transform().axes {
+            chunk[*axis] = shape[*axis];
+        }
+        let parallelism = options.execution.target_partitions.max(1);
+        let bytes_per_cell = (source.peak_bytes_per_cell() + 2 * table.complex_bytes()) as u64;
+        let mut target = ZarrConfig::of(options).target_partition_bytes;
+        if let Some(limit) = memory_limit {
+            target = target.min(limit / (4 * parallelism));
+        }
+        let blocks = BlockGrid::plan(
+            &shape,
+            &chunk,
+            &Selection::all(&shape),
+            bytes_per_cell,
+            target as u64,
+            parallelism as u64,
+        );
+        let full_schema = table.schema();
+        let schema = Arc::new(full_schema.project(&projection)?);
+        let job = FftJob {
+            coords: table.output_dims().into_iter().map(|d| d.values).collect(),
+            table: Arc::new(table.clone()),
+            projection,
+            schema: Arc::clone(&schema),
+            batch_size: usize::from(options.execution.batch_size).max(1),
+            limit,
+            blocks,
+            kernels: Kernels::default(),
+        };
+        let mut partitions = (job.blocks.num_blocks() as usize).clamp(1, parallelism);
+        if let Some(limit) = memory_limit {
+            let fits = |p: usize| p * job.per_task_memory() + job.kernel_memory() <= limit;
+            while partitions > 1 && !fits(partitions) {
+                partitions -= 1;
+            }
+            if !fits(partitions) {
+                return plan_err!(
+                    "FftExec of '{}' variable '{}' needs {} for one task (a block of shape {:?}, \
+                     whole along the transformed dimensions, read, transformed and turned into \
+                     rows) plus {} for the kernel's threads, but the memory limit \
+                     (allowed_mem) is {}; raise it, or rechunk the store to smaller chunks along \
+                     the other dimensions (transforms of lines larger than memory are not \
+                     supported yet)",
+                    source.store(),
+                    source.variable(),
+                    human_readable_size(job.per_task_memory()),
+                    job.blocks.block_shape(),
+                    human_readable_size(job.kernel_memory()),
+                    human_readable_size(limit)
+                );
+            }
+        }
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            job: Arc::new(job),
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// Memory the whole operator is projected to hold at its peak.
+    pub fn projected_memory(&self) -> usize {
+        self.partitions() * self.job.per_task_memory() + self.job.kernel_memory()
+    }
+
+    fn partitions(&self) -> usize {
+        self.properties.partitioning.partition_count()
+    }
+
+    fn partition_blocks(&self, partition: usize) -> std::ops::Range<u64> {
+        let n = self.partitions() as u64;
+        let total = self.job.blocks.num_blocks();
+        let p = partition as u64;
+        (p * total / n)..((p + 1) * total / n)
+    }
+}
+
+impl DisplayAs for FftExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let job = &self.job;
+        let options = &job.transform().options;
+        let dims: Vec<&str> = job
+            .transform()
+            .axes
+            .iter()
+            .map(|(_, a)| a.dim.as_str())
+            .collect();
+        let mut flags = Vec::new();
+        if let Some(real) = &options.real_dim {
+            flags.push(format!("real_dim={real}"));
+        }
+        for (set, name) in [
+            (options.true_phase, "true_phase"),
+            (options.true_amplitude, "true_amplitude"),
+            (options.shift, "shift"),
+        ] {
+            if set {
+                flags.push(name.to_string());
+            }
+        }
+        if let Some(d) = options.detrend {
+            flags.push(format!("detrend={d:?}").to_lowercase());
+        }
+        if let Some(w) = options.window {
+            flags.push(format!("window={w:?}").to_lowercase());
+        }
+        write!(
+            f,
+            "FftExec: store={}, variable={}, {} along [{}] ({}), strategy=whole lines (blocks \
+             of shape {:?}, {} blocks, {} tasks), device=cpu, precision={}, \
+             projected_memory={}, read={}",
+            job.source().store(),
+            job.source().variable(),
+            if options.inverse { "ifft" } else { "fft" },
+            dims.join(", "),
+            flags.join(", "),
+            job.blocks.block_shape(),
+            job.blocks.num_blocks(),
+            self.partitions(),
+            if job.table.single_precision() {
+                "complex64"
+            } else {
+                "complex128"
+            },
+            human_readable_size(self.projected_memory()),
+            human_readable_size(if job.reads_values() {
+                job.source().shape().iter().product::<u64>() as usize * job.source().element_size()
+            } else {
+                0
+            }),
+        )
+    }
+}
+
+impl ExecutionPlan for FftExec {
+    fn name(&self) -> &str {
+        "FftExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return exec_err!("FftExec has no children, got {}", children.len());
+        }
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let blocks = self.partition_blocks(partition);
+        let job = Arc::clone(&self.job);
+        let memory = job.per_task_memory() + job.kernel_memory() / self.partitions();
+        let reservation =
+            MemoryConsumer::new(format!("FftExec[{partition}]")).register(context.memory_pool());
+        reservation.try_grow(memory)?;
+        MetricBuilder::new(&self.metrics)
+            .gauge("memory_reserved", partition)
+            .set(memory);
+        let blocks_done = MetricBuilder::new(&self.metrics).counter("blocks", partition);
+        let transform_time = MetricBuilder::new(&self.metrics).subset_time("block_time", partition);
+        let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&job.schema), 2);
+        let tx = builder.tx();
+        builder.spawn_blocking(move || {
+            let _reservation = reservation;
+            let pool = ChunkBufferPool::new();
+            let mut remaining = job.limit.map(|l| l as u64);
+            for id in blocks {
+                if remaining == Some(0) {
+                    break;
+                }
+                let timer = transform_time.timer();
+                let sent = job.run_block(id, &mut remaining, &pool, &tx)?;
+                timer.done();
+                blocks_done.add(1);
+                if !sent {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        Ok(builder.build())
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let mut stats = Statistics::new_unknown(&self.job.schema);
+        if args.partition().is_none() && self.job.limit.is_none() {
+            let rows = self.job.table.output_shape().iter().product::<u64>();
+            stats.num_rows = Exactness::Exact(rows as usize);
+        }
+        Ok(Arc::new(stats))
+    }
+}

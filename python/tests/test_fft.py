@@ -1,0 +1,94 @@
+"""DataFrame.fft / DataFrame.ifft against xrft's outputs (the expected stores
+under tests/fixtures/fft, written by make_fft_fixtures.py with xrft), the
+round trip without storing the spectrum, and the spectrum through Zarr as
+xarray reads it (complex)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import zarrfusion as zf
+
+FFT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "fft"
+
+
+def expected(name: str) -> xr.DataArray:
+    ds = xr.open_zarr(FFT / "expected" / f"{name}.zarr", consolidated=False).load()
+    return ds.re + 1j * ds.im
+
+
+def close(got: xr.DataArray, want: xr.DataArray, rtol: float) -> None:
+    # Both in increasing coordinates (xrft leaves unshifted frequencies in
+    # numpy's order; to_xarray sorts).
+    want = want.sortby(list(want.dims))
+    got = got.transpose(*want.dims).sortby(list(want.dims))
+    for d in want.dims:
+        np.testing.assert_allclose(got[d].values.astype(float), want[d].values.astype(float), rtol=1e-9)
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(got.values, want.values, rtol=0, atol=rtol * scale)
+
+
+@pytest.fixture
+def grid(ctx):
+    ctx.register_zarr("grid", FFT / "data" / "grid.zarr")
+    return ctx
+
+
+@pytest.mark.parametrize(
+    "name, variable, kwargs, rtol",
+    [
+        ("lat_f64", "z", {"dims": ["lat"]}, 1e-9),
+        ("lat_f32", "t2m", {"dims": "lat"}, 1e-4),
+        ("lat_lon", "z", {"dims": ["lat", "lon"]}, 1e-9),
+        ("real_lon", "z", {"dims": ["lat", "lon"], "real_dim": "lon"}, 1e-9),
+        ("window_hann", "z", {"dims": ["lat", "lon"], "window": "hann"}, 1e-9),
+        ("detrend_linear_1d", "z", {"dims": "lon", "detrend": "linear"}, 1e-9),
+        ("lon_numpy", "z", {"dims": "lon", "true_phase": False, "true_amplitude": False}, 1e-9),
+    ],
+)
+def test_fft_matches_xrft(grid, name, variable, kwargs, rtol):
+    ds = grid.table("grid").fft(variable, **kwargs).to_xarray()
+    got = ds[variable]
+    assert np.iscomplexobj(got.values)
+    assert got.dtype == (np.complex64 if variable == "t2m" else np.complex128)
+    close(got, expected(name), rtol)
+
+
+def test_ifft_of_a_real_signal_matches_xrft(ctx):
+    ctx.register_zarr("s", FFT / "data" / "spectrum_like.zarr")
+    got = ctx.table("s").ifft("s", dims=["freq_x"], lag=45).to_xarray()["s"]
+    close(got, expected("ifft_lag"), 1e-9)
+
+
+def test_fft_then_ifft_returns_the_input_without_storing_the_spectrum(grid):
+    spec = grid.table("grid").fft("z", dims=["lat", "lon"])
+    assert "freq_lat" in spec.columns and "freq_lon" in spec.columns
+    back = spec.ifft("z", dims=["freq_lat", "freq_lon"]).to_xarray()["z"].sortby("lat")
+    original = xr.open_zarr(FFT / "data" / "grid.zarr", consolidated=False).z.load().sortby("lat")
+    np.testing.assert_allclose(back.lat.values, original.lat.values, atol=1e-9)
+    np.testing.assert_allclose(back.lon.values, original.lon.values, atol=1e-9)
+    np.testing.assert_allclose(back.values.real, original.values, atol=1e-9 * float(np.abs(original).max()))
+    np.testing.assert_allclose(back.values.imag, 0, atol=1e-9 * float(np.abs(original).max()))
+
+
+def test_a_spectrum_written_to_zarr_reads_back_as_complex_in_xarray(grid, tmp_path):
+    target = tmp_path / "spec.zarr"
+    grid.table("grid").fft("t2m", dims="lat").to_zarr(target)
+    ds = xr.open_zarr(target)
+    assert ds.t2m.dtype == np.complex64
+    assert ds.freq_lat.attrs["direct_lag"] == 0.0
+    assert ds.freq_lat.attrs["spacing"] == pytest.approx(1 / (9 * 20.0))
+    close(ds.t2m.load(), expected("lat_f32"), 1e-4)
+
+
+def test_bad_fft_calls_name_the_problem(grid):
+    with pytest.raises(Exception, match="unknown window 'kaiser'"):
+        grid.table("grid").fft("z", dims="lat", window="kaiser")
+    with pytest.raises(Exception, match="unknown dimension 'height'"):
+        grid.table("grid").fft("z", dims="height")
+    with pytest.raises(Exception, match="applies to a Zarr table or to an fft/ifft result"):
+        grid.table("grid").filter("lat > 0").fft("z", dims="lon")
