@@ -288,3 +288,56 @@ async fn a_spectrum_copied_to_zarr_transforms_back_to_the_input() {
     // complex64 through Zarr.
     round_trip("t2m", 1e-5).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_of_a_transform_is_written_block_by_block_in_the_chunks_asked() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let spec = common::scratch("fft_copy_chunks").join("spec.zarr");
+    let spec = spec.to_str().unwrap();
+    let copy = format!(
+        "COPY (SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat')) \
+         TO '{spec}' STORED AS ZARR OPTIONS ('chunks' 'time=1,lon=5', 'zarr_format' '2')"
+    );
+    let ctx = new_context();
+    ctx.sql("SET zarrfusion.target_partition_bytes = 2000")
+        .await
+        .unwrap();
+    let text = explain_text(&ctx, &copy).await;
+    assert!(
+        text.contains("FftCopyExec") && text.contains("chunks=[1, 9, 5]"),
+        "{text}"
+    );
+    ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+    let zarray: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{spec}/z/.zarray")).unwrap())
+            .unwrap();
+    assert_eq!(zarray["chunks"], serde_json::json!([1, 9, 5]));
+    assert_eq!(zarray["dtype"], "<c16");
+    // The copy holds xrft's spectrum.
+    let got = collect(
+        &ctx,
+        &format!(
+            "SELECT time, freq_lat, lon, z FROM read_zarr('{spec}') ORDER BY time, freq_lat, lon"
+        ),
+    )
+    .await;
+    let expected = collect(
+        &ctx,
+        "SELECT time, freq_lat, lon, re, im FROM read_zarr('tests/fixtures/fft/expected/lat_f64.zarr') \
+         ORDER BY time, freq_lat, lon",
+    )
+    .await;
+    let (re, im) = parts(got.column(3));
+    let (ere, eim) = (numbers(expected.column(3)), numbers(expected.column(4)));
+    let largest = ere
+        .iter()
+        .zip(&eim)
+        .map(|(r, i)| r.hypot(*i))
+        .fold(0.0, f64::max);
+    for row in 0..re.len() {
+        assert!(
+            (re[row] - ere[row]).hypot(im[row] - eim[row]) <= 1e-9 * largest,
+            "row {row}"
+        );
+    }
+}

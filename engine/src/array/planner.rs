@@ -15,6 +15,7 @@ use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 
+use super::fft::FftCopy;
 use super::reduce::{DenseReduction, DenseReductionExec};
 use crate::write::array_copy::ArrayCopy;
 use crate::write::selection_copy::SelectionCopy;
@@ -40,6 +41,9 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
         }
         if let Some(copy) = node.as_any().downcast_ref::<ArrayCopy>() {
             return Ok(Some(Arc::new(copy.plan(session).await?)));
+        }
+        if let Some(copy) = node.as_any().downcast_ref::<FftCopy>() {
+            return Ok(Some(Arc::new(copy.plan(session)?)));
         }
         if let Some(copy) = node.as_any().downcast_ref::<SelectionCopy>() {
             return Ok(Some(Arc::new(copy.plan(planner, session, planning)?)));

@@ -44,6 +44,7 @@ use super::options::{ZarrVersion, ZarrWriteOptions};
 use super::selection_copy::selection_copy;
 use super::store::check_target;
 use super::write_job::{count_properties, WriteJob, Written};
+use crate::array::fft::copy::fft_copy;
 use crate::array::rechunk::{
     fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkSummary, TargetEncoding,
 };
@@ -52,7 +53,8 @@ use crate::table::GridTable;
 use crate::zarr::{open_writable_storage, StoreLocation};
 
 /// Rewrites a `COPY ... STORED AS ZARR` that reads a Zarr table into an
-/// array plan: an [`ArrayCopy`] for the whole table as it is, else a
+/// array plan: an [`FftCopy`](crate::array::fft::FftCopy) for a whole
+/// `fft(...)` result, an [`ArrayCopy`] for the whole table as it is, else a
 /// [`SelectionCopy`](super::selection_copy::SelectionCopy) for a selection
 /// with computed float variables.
 #[derive(Debug, Default)]
@@ -80,6 +82,10 @@ impl OptimizerRule for CopyToArraysRule {
         let LogicalPlan::Copy(copy) = &plan else {
             return Ok(Transformed::no(plan));
         };
+        if let Some(node) = fft_copy(copy)? {
+            let node: Arc<dyn UserDefinedLogicalNode> = Arc::new(node);
+            return Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })));
+        }
         let Some(scan) = CopyScan::of(copy)? else {
             return Ok(Transformed::no(plan));
         };

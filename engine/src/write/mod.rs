@@ -31,7 +31,7 @@ pub mod options;
 pub mod selection_copy;
 pub mod sink;
 pub mod store;
-mod write_job;
+pub(crate) mod write_job;
 
 pub use format::ZarrFormatFactory;
 pub use options::ZarrWriteOptions;

@@ -50,14 +50,13 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
 };
 use datafusion::physical_planner::PhysicalPlanner;
-use serde_json::{json, Map, Value};
+use serde_json::Map;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
-use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
 use super::array_copy::{write_target, CopyScan};
-use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
-use super::store::{array_metadata, check_target, chunk_lengths, consolidate, coordinate};
+use super::options::{Codec, ZarrWriteOptions};
+use super::store::{check_target, chunk_lengths, write_group, GroupCoordinate, GroupVariable};
 use super::write_job::{count_properties, WriteJob, Written};
 use crate::array::rechunk::{
     default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
@@ -505,26 +504,7 @@ impl Blockwise {
             codec: Codec::None,
             ..self.options.clone()
         };
-        let v2 = self.options.zarr_format == ZarrVersion::V2;
-        let fail = |e: String| DataFusionError::Execution(format!("COPY TO Zarr: {e}"));
-        let mut consolidated = Map::new();
-        let names: Vec<String> = self.table.dims.iter().map(|d| d.name.clone()).collect();
-        let store_array = |name: &str, metadata: Value, consolidated: &mut Map<String, Value>| {
-            consolidate(consolidated, name, metadata.clone(), v2);
-            let metadata: ArrayMetadata = if v2 {
-                serde_json::from_value(metadata).map(ArrayMetadata::V2)
-            } else {
-                serde_json::from_value(metadata).map(ArrayMetadata::V3)
-            }
-            .map_err(|e| fail(format!("array '{name}': {e}")))?;
-            let array =
-                ZarrsArray::new_with_metadata(Arc::clone(storage), &format!("/{name}"), metadata)
-                    .map_err(|e| fail(format!("array '{name}': {e}")))?;
-            array
-                .store_metadata()
-                .map_err(|e| fail(format!("array '{name}': {e}")))?;
-            Ok::<_, DataFusionError>(array)
-        };
+        let mut coordinates = Vec::new();
         for (d, dim) in self.table.dims.iter().enumerate() {
             let indices: Vec<u64> = self
                 .selection
@@ -533,72 +513,24 @@ impl Blockwise {
                 .flat_map(|r| r.clone())
                 .collect();
             let coords = take(dim.values.as_ref(), &UInt64Array::from(indices), None)?;
-            let (values, attributes) = coordinate(&coords)?;
-            let len = [values.len() as u64];
-            let metadata = array_metadata(
-                values.data_type(),
-                &len,
-                &len,
-                std::slice::from_ref(&dim.name),
-                attributes,
-                &plain,
-            )?;
-            let array = store_array(&dim.name, metadata, &mut consolidated)?;
-            let data = values.to_data();
-            let width = data.data_type().primitive_width().unwrap_or(8);
-            let bytes = &data.buffers()[0].as_slice()
-                [data.offset() * width..(data.offset() + data.len()) * width];
-            array
-                .store_array_subset(
-                    &ArraySubset::new_with_shape(len.to_vec()),
-                    ArrayBytes::new_flen(bytes),
-                )
-                .map_err(|e| fail(format!("coordinate '{}': {e}", dim.name)))?;
+            coordinates.push(GroupCoordinate {
+                name: dim.name.clone(),
+                values: coords,
+                attributes: Map::new(),
+            });
         }
-        let mut arrays = Vec::new();
-        for (name, data_type) in self.names.iter().zip(&self.types) {
-            let metadata = array_metadata(
-                data_type,
-                &self.shape,
-                &self.block,
-                &names,
-                Map::new(),
-                &plain,
-            )?;
-            arrays.push(store_array(name, metadata, &mut consolidated)?);
-        }
-        let set = |key: &str, value: &Value| {
-            let key = zarrs::storage::StoreKey::new(key).map_err(|e| fail(e.to_string()))?;
-            let text = serde_json::to_vec_pretty(value).map_err(|e| fail(e.to_string()))?;
-            storage
-                .set(&key, text.into())
-                .map_err(|e| fail(e.to_string()))
-        };
-        if v2 {
-            set(".zgroup", &json!({"zarr_format": 2}))?;
-            set(".zattrs", &json!({}))?;
-            consolidated.insert(".zgroup".into(), json!({"zarr_format": 2}));
-            consolidated.insert(".zattrs".into(), json!({}));
-            set(
-                ".zmetadata",
-                &json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
-            )?;
-        } else {
-            set(
-                "zarr.json",
-                &json!({
-                    "zarr_format": 3,
-                    "node_type": "group",
-                    "attributes": {},
-                    "consolidated_metadata": {
-                        "kind": "inline",
-                        "must_understand": false,
-                        "metadata": consolidated,
-                    },
-                }),
-            )?;
-        }
-        Ok(arrays)
+        let variables: Vec<GroupVariable> = self
+            .names
+            .iter()
+            .zip(&self.types)
+            .map(|(name, data_type)| GroupVariable {
+                name: name.clone(),
+                data_type: data_type.clone(),
+                shape: self.shape.clone(),
+                chunks: self.block.clone(),
+            })
+            .collect();
+        write_group(storage, &coordinates, &variables, &plain)
     }
 
     /// Step 1: every chunk of the intermediate variables, on `workers` threads.

@@ -19,6 +19,9 @@ use zarrfusion_udfs::complex::complex_part;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
+use zarrs::storage::{
+    ReadableWritableListableStorage, ReadableWritableListableStorageTraits, StoreKey,
+};
 
 use super::grid::Grid;
 use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
@@ -287,7 +290,7 @@ fn write_values(
 
 /// The values' bytes in C order as Zarr stores them (complex numbers as
 /// interleaved real and imaginary parts), and the bytes per value.
-fn value_bytes(values: &ArrayRef) -> std::result::Result<(Buffer, usize), String> {
+pub(crate) fn value_bytes(values: &ArrayRef) -> std::result::Result<(Buffer, usize), String> {
     if complex_part(values.data_type()).is_some() {
         let parts = values.as_struct();
         let (re, im) = (parts.column(0).to_data(), parts.column(1).to_data());
@@ -501,4 +504,125 @@ pub(crate) fn chunk_lengths(
         }
     }
     Ok(chunks)
+}
+
+/// A coordinate array of a group [`write_group`] writes.
+pub(crate) struct GroupCoordinate {
+    /// The dimension's name.
+    pub name: String,
+    /// Its values (times become CF numbers).
+    pub values: ArrayRef,
+    /// Attributes besides the CF time ones.
+    pub attributes: Map<String, Value>,
+}
+
+/// A variable of a group [`write_group`] writes (metadata only).
+pub(crate) struct GroupVariable {
+    /// The variable's name.
+    pub name: String,
+    /// The Arrow type of its values.
+    pub data_type: DataType,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// Its chunk shape.
+    pub chunks: Vec<u64>,
+}
+
+/// Writes a group into `storage`: each coordinate (values included, one
+/// chunk), each variable's metadata over all the coordinates' dimensions,
+/// and the group with its consolidated metadata, in the format and codec
+/// of `options`. Returns the variables' arrays, for their chunks to be
+/// stored.
+pub(crate) fn write_group(
+    storage: &ReadableWritableListableStorage,
+    coordinates: &[GroupCoordinate],
+    variables: &[GroupVariable],
+    options: &ZarrWriteOptions,
+) -> Result<Vec<ZarrsArray<dyn ReadableWritableListableStorageTraits>>> {
+    let v2 = options.zarr_format == ZarrVersion::V2;
+    let fail = |e: String| DataFusionError::Execution(format!("COPY TO Zarr: {e}"));
+    let mut consolidated = Map::new();
+    let dims: Vec<String> = coordinates.iter().map(|c| c.name.clone()).collect();
+    let store_array = |name: &str, metadata: Value, consolidated: &mut Map<String, Value>| {
+        consolidate(consolidated, name, metadata.clone(), v2);
+        let metadata: ArrayMetadata = if v2 {
+            serde_json::from_value(metadata).map(ArrayMetadata::V2)
+        } else {
+            serde_json::from_value(metadata).map(ArrayMetadata::V3)
+        }
+        .map_err(|e| fail(format!("array '{name}': {e}")))?;
+        let array =
+            ZarrsArray::new_with_metadata(Arc::clone(storage), &format!("/{name}"), metadata)
+                .map_err(|e| fail(format!("array '{name}': {e}")))?;
+        array
+            .store_metadata()
+            .map_err(|e| fail(format!("array '{name}': {e}")))?;
+        Ok::<_, DataFusionError>(array)
+    };
+    for coordinate_array in coordinates {
+        let (values, mut attributes) = coordinate(&coordinate_array.values)?;
+        attributes.extend(coordinate_array.attributes.clone());
+        let len = [values.len() as u64];
+        let name = &coordinate_array.name;
+        let metadata = array_metadata(
+            values.data_type(),
+            &len,
+            &len,
+            std::slice::from_ref(name),
+            attributes,
+            options,
+        )?;
+        let array = store_array(name, metadata, &mut consolidated)?;
+        let (bytes, _) = value_bytes(&values).map_err(fail)?;
+        array
+            .store_array_subset(
+                &ArraySubset::new_with_shape(len.to_vec()),
+                ArrayBytes::new_flen(bytes.as_slice()),
+            )
+            .map_err(|e| fail(format!("coordinate '{name}': {e}")))?;
+    }
+    let mut arrays = Vec::new();
+    for variable in variables {
+        let metadata = array_metadata(
+            &variable.data_type,
+            &variable.shape,
+            &variable.chunks,
+            &dims,
+            Map::new(),
+            options,
+        )?;
+        arrays.push(store_array(&variable.name, metadata, &mut consolidated)?);
+    }
+    let set = |key: &str, value: &Value| {
+        let key = StoreKey::new(key).map_err(|e| fail(e.to_string()))?;
+        let text = serde_json::to_vec_pretty(value).map_err(|e| fail(e.to_string()))?;
+        storage
+            .set(&key, text.into())
+            .map_err(|e| fail(e.to_string()))
+    };
+    if v2 {
+        set(".zgroup", &json!({"zarr_format": 2}))?;
+        set(".zattrs", &json!({}))?;
+        consolidated.insert(".zgroup".into(), json!({"zarr_format": 2}));
+        consolidated.insert(".zattrs".into(), json!({}));
+        set(
+            ".zmetadata",
+            &json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
+        )?;
+    } else {
+        set(
+            "zarr.json",
+            &json!({
+                "zarr_format": 3,
+                "node_type": "group",
+                "attributes": {},
+                "consolidated_metadata": {
+                    "kind": "inline",
+                    "must_understand": false,
+                    "metadata": consolidated,
+                },
+            }),
+        )?;
+    }
+    Ok(arrays)
 }

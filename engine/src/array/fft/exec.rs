@@ -111,29 +111,16 @@ impl FftJob {
         if !self.reads_values() {
             return 0;
         }
-        let longest = self
-            .transform()
-            .axes
-            .iter()
-            .map(|(_, a)| a.len)
-            .max()
-            .unwrap_or(0);
-        rayon::current_num_threads() * 3 * longest.max(1 << 14) * self.table.complex_bytes()
+        kernel_memory(&self.table)
     }
 
-    /// The transformed values of the block `extent` (whole along the
-    /// transformed dimensions), in precision `P`.
+    /// The transformed values of the block `extent`.
     fn transform_block<P: Precision>(
         &self,
         extent: &[Range<u64>],
         pool: &ChunkBufferPool,
     ) -> std::result::Result<BlockValues<P>, String> {
-        let shape: Vec<usize> = extent.iter().map(|r| (r.end - r.start) as usize).collect();
-        let values = self.source().read::<P>(extent, pool, &self.kernels)?;
-        let (out, _) = self
-            .transform()
-            .apply(P::kernel(&self.kernels), values, &shape)?;
-        Ok(out)
+        transformed_block(&self.table, &self.kernels, extent, pool)
     }
 
     /// Reads, transforms and sends the rows of block `id`. Returns
@@ -228,6 +215,62 @@ impl FftJob {
     }
 }
 
+/// The transformed values of block `extent` of `table`'s source (whole
+/// along the transformed dimensions), in precision `P`.
+pub(crate) fn transformed_block<P: Precision>(
+    table: &FftTable,
+    kernels: &Kernels,
+    extent: &[Range<u64>],
+    pool: &ChunkBufferPool,
+) -> std::result::Result<BlockValues<P>, String> {
+    let shape: Vec<usize> = extent.iter().map(|r| (r.end - r.start) as usize).collect();
+    let values = table.source().read::<P>(extent, pool, kernels)?;
+    let (out, _) = table
+        .transform()
+        .apply(P::kernel(kernels), values, &shape)?;
+    Ok(out)
+}
+
+/// The blocks of a transform of `table`: aligned to `chunk` (whole along
+/// the transformed dimensions), grown toward the session's target
+/// partition bytes, smaller under a memory limit.
+pub(crate) fn plan_blocks(
+    table: &FftTable,
+    chunk: &[u64],
+    options: &datafusion::common::config::ConfigOptions,
+    memory_limit: Option<usize>,
+) -> BlockGrid {
+    let source = table.source();
+    let shape = source.shape();
+    let parallelism = options.execution.target_partitions.max(1);
+    let bytes_per_cell = (source.peak_bytes_per_cell() + 2 * table.complex_bytes()) as u64;
+    let mut target = ZarrConfig::of(options).target_partition_bytes;
+    if let Some(limit) = memory_limit {
+        target = target.min(limit / (4 * parallelism));
+    }
+    BlockGrid::plan(
+        &shape,
+        chunk,
+        &Selection::all(&shape),
+        bytes_per_cell,
+        target as u64,
+        parallelism as u64,
+    )
+}
+
+/// Memory the kernel's threads hold besides the blocks: per thread, a group
+/// of lines gathered and transformed.
+pub(crate) fn kernel_memory(table: &FftTable) -> usize {
+    let longest = table
+        .transform()
+        .axes
+        .iter()
+        .map(|(_, a)| a.len)
+        .max()
+        .unwrap_or(0);
+    rayon::current_num_threads() * 3 * longest.max(1 << 14) * table.complex_bytes()
+}
+
 /// A transformed block, in its precision.
 enum OutputValues {
     Single(BlockValues<f32>),
@@ -273,26 +316,13 @@ impl FftExec {
         options: &datafusion::common::config::ConfigOptions,
         memory_limit: Option<usize>,
     ) -> Result<Self> {
-        let source = table.source();
-        let shape = source.shape();
-        let mut chunk = source.chunk_shape();
+        let mut chunk = table.source().chunk_shape();
         for (axis, _) in &table.transform().axes {
-            chunk[*axis] = shape[*axis];
+            chunk[*axis] = table.source().shape()[*axis];
         }
         let parallelism = options.execution.target_partitions.max(1);
-        let bytes_per_cell = (source.peak_bytes_per_cell() + 2 * table.complex_bytes()) as u64;
-        let mut target = ZarrConfig::of(options).target_partition_bytes;
-        if let Some(limit) = memory_limit {
-            target = target.min(limit / (4 * parallelism));
-        }
-        let blocks = BlockGrid::plan(
-            &shape,
-            &chunk,
-            &Selection::all(&shape),
-            bytes_per_cell,
-            target as u64,
-            parallelism as u64,
-        );
+        let blocks = plan_blocks(table, &chunk, options, memory_limit);
+        let source = table.source();
         let full_schema = table.schema();
         let schema = Arc::new(full_schema.project(&projection)?);
         let job = FftJob {

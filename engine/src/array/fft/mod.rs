@@ -10,12 +10,14 @@
 //! | [`source`] | what a transform reads: a Zarr variable or another transform's output |
 //! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
 //! | [`exec`] | `FftExec`, the operator |
+//! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`) |
 //!
 //! `fft('era5', 't2m', dims => 'lat')` gives what
 //! `xrft.fft(ds.t2m, dim='lat')` gives (xrft 1.0's defaults: `true_phase`,
 //! `true_amplitude`, `shift`), as rows; `ifft` what `xrft.ifft` gives.
 
 pub mod axis;
+pub mod copy;
 pub mod detrend;
 pub mod exec;
 pub mod options;
@@ -24,6 +26,7 @@ pub mod table;
 pub mod transform;
 pub mod window;
 
+pub use copy::{FftCopy, FftCopyExec};
 pub use exec::FftExec;
 pub use options::{Detrend, FftOptions};
 pub use source::ArraySource;

@@ -92,7 +92,7 @@ pub struct Kernels {
 
 /// A precision transforms compute in: `f32` (complex64) or `f64`
 /// (complex128).
-pub trait Precision: FftNum + Float + Default {
+pub trait Precision: FftNum + Float + Default + bytemuck::Pod {
     /// The Arrow type of a part.
     type Arrow: ArrowPrimitiveType<Native = Self>;
     /// This precision's kernel.

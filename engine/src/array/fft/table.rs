@@ -275,6 +275,11 @@ impl FftTable {
         })
     }
 
+    /// The output schema: the dimensions, then the variable.
+    pub fn schema_ref(&self) -> &SchemaRef {
+        &self.schema
+    }
+
     /// What the transform reads.
     pub fn source(&self) -> &ArraySource {
         &self.source

@@ -1,0 +1,515 @@
+//! `COPY` of a transform to Zarr, block by block: when a COPY's input is
+//! a whole `fft(...)`/`ifft(...)` result (every column, no filter, no
+//! `LIMIT`), each block is transformed and its values stored straight
+//! into the new store's chunks, inside `allowed_mem`, instead of rows
+//! gathered in memory first.
+//!
+//! ```sql
+//! COPY (SELECT * FROM fft('era5', 't2m', dims => 'lat')) TO 'spectrum.zarr' STORED AS ZARR;
+//! ```
+//!
+//! The store has the output dimensions' coordinates (frequencies with
+//! xrft's `direct_lag` and `spacing` attributes) and the variable as
+//! complex64/complex128 (real for an inverse with a real dimension). Its
+//! chunks are the `chunks` option's lengths where given, else whole along
+//! the transformed dimensions and the blocks' lengths along the others;
+//! blocks align to them, so every chunk is written once, by one task. The
+//! store is written beside the target and renamed into place when
+//! complete.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{
+    exec_err, human_readable_size, plan_err, DFSchemaRef, DataFusionError, Result, Statistics,
+};
+use datafusion::datasource::source_as_provider;
+use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::dml::CopyTo;
+use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
+};
+use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
+use zarrs::filesystem::FilesystemStore;
+use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
+
+use super::exec::{kernel_memory, plan_blocks, transformed_block};
+use super::source::{Kernels, Precision};
+use super::table::FftTable;
+use crate::device::fft_cpu::BlockValues;
+use crate::table::BlockGrid;
+use crate::write::grid::ZARR_ATTRIBUTES;
+use crate::write::options::ZarrWriteOptions;
+use crate::write::store::{
+    check_target, io_error, write_atomically, write_group, GroupCoordinate, GroupVariable,
+};
+use crate::write::write_job::{count_properties, WriteJob, Written};
+use crate::zarr::{ChunkBufferPool, StoreLocation};
+
+/// The [`FftCopy`] a COPY is, when its input is a whole transform result:
+/// a scan of an `fft(...)`/`ifft(...)` table under aliases and projections
+/// that keep every column as it is, to a local Zarr target.
+pub(crate) fn fft_copy(copy: &CopyTo) -> Result<Option<FftCopy>> {
+    if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
+        return Ok(None);
+    }
+    let mut node = copy.input.as_ref();
+    loop {
+        node = match node {
+            LogicalPlan::SubqueryAlias(alias) => alias.input.as_ref(),
+            LogicalPlan::Projection(projection) => {
+                let input_schema = projection.input.schema();
+                let keeps = projection.expr.len() == input_schema.fields().len()
+                    && projection.expr.iter().zip(input_schema.columns()).all(
+                        |(expr, column)| matches!(expr, Expr::Column(c) if c.name == column.name),
+                    );
+                if !keeps {
+                    return Ok(None);
+                }
+                projection.input.as_ref()
+            }
+            _ => break,
+        };
+    }
+    let LogicalPlan::TableScan(scan) = node else {
+        return Ok(None);
+    };
+    if !scan.filters.is_empty() || scan.fetch.is_some() {
+        return Ok(None);
+    }
+    let provider = source_as_provider(&scan.source)?;
+    let Some(table) = (provider.as_ref() as &dyn std::any::Any).downcast_ref::<FftTable>() else {
+        return Ok(None);
+    };
+    let all_columns = (0..table.schema_ref().fields().len()).collect::<Vec<_>>();
+    if scan.projection.as_ref().is_some_and(|p| *p != all_columns) {
+        return Ok(None);
+    }
+    let StoreLocation::Local(target) = StoreLocation::parse(&copy.output_url)? else {
+        return Ok(None);
+    };
+    let options = ZarrWriteOptions::from_map(&copy.options)?;
+    let names: Vec<String> = table.output_dims().into_iter().map(|d| d.name).collect();
+    if options.dims.as_ref().is_some_and(|dims| *dims != names) {
+        return Ok(None);
+    }
+    Ok(Some(FftCopy {
+        table: Arc::new(table.clone()),
+        target,
+        options,
+        schema: Arc::clone(&copy.output_schema),
+    }))
+}
+
+/// `COPY` of a transform result to a new Zarr store (see the module
+/// docs). A leaf node whose output is the row count.
+#[derive(Debug, Clone)]
+pub struct FftCopy {
+    table: Arc<FftTable>,
+    target: PathBuf,
+    options: ZarrWriteOptions,
+    schema: DFSchemaRef,
+}
+
+impl FftCopy {
+    /// Plans the copy: blocks aligned to the target's chunks, as many
+    /// tasks as the session's memory limit allows; refused when the target
+    /// exists, the chunks are bad, or one task does not fit.
+    pub fn plan(&self, session: &dyn Session) -> Result<FftCopyExec> {
+        check_target(&self.target)?;
+        let table = &self.table;
+        let dims = table.output_dims();
+        let shape = table.output_shape();
+        for (dim, _) in &self.options.chunks {
+            if !dims.iter().any(|d| &d.name == dim) {
+                return plan_err!(
+                    "Zarr option 'chunks' names '{dim}', which is not a dimension of the result ({})",
+                    dims.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
+        let given = |d: usize| {
+            self.options
+                .chunks
+                .iter()
+                .find(|(n, _)| *n == dims[d].name)
+                .map(|(_, c)| (*c).clamp(1, shape[d].max(1)))
+        };
+        // Blocks align to the target's chunks along the other dimensions.
+        let mut align = table.source().chunk_shape();
+        for (d, length) in align.iter_mut().enumerate() {
+            if table.transform().transforms(d) {
+                *length = table.source().shape()[d];
+            } else if let Some(c) = given(d) {
+                *length = c;
+            }
+        }
+        let options = session.config_options();
+        let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let blocks = plan_blocks(table, &align, options, memory_limit);
+        let block_out = table.transform().output_shape(blocks.block_shape());
+        let chunks: Vec<u64> = (0..dims.len())
+            .map(|d| given(d).unwrap_or(block_out[d]).max(1))
+            .collect();
+        let in_cells = blocks.block_shape().iter().product::<u64>() as usize;
+        let out_cells = block_out.iter().product::<u64>() as usize;
+        // A block read, its values before and after a pass, and its
+        // encoded chunks.
+        let task_memory = in_cells * table.source().peak_bytes_per_cell()
+            + 3 * in_cells.max(out_cells) * table.complex_bytes();
+        let kernel = kernel_memory(table);
+        let mut workers =
+            (blocks.num_blocks() as usize).clamp(1, options.execution.target_partitions.max(1));
+        if let Some(limit) = memory_limit {
+            let fits = |w: usize| w * task_memory + kernel <= limit;
+            while workers > 1 && !fits(workers) {
+                workers -= 1;
+            }
+            if !fits(workers) {
+                return plan_err!(
+                    "FftCopyExec of '{}' variable '{}' needs {} for one task (a block of shape \
+                     {:?} read, transformed and encoded) plus {} for the kernel's threads, but \
+                     the memory limit (allowed_mem) is {}; raise it, or give smaller chunks \
+                     along the other dimensions",
+                    table.source().store(),
+                    table.source().variable(),
+                    human_readable_size(task_memory),
+                    blocks.block_shape(),
+                    human_readable_size(kernel),
+                    human_readable_size(limit)
+                );
+            }
+        }
+        Ok(FftCopyExec {
+            job: Arc::new(CopyJob {
+                table: Arc::clone(table),
+                blocks,
+                chunks,
+                workers,
+                target: self.target.clone(),
+                options: self.options.clone(),
+                projected: workers * task_memory + kernel,
+                kernels: Kernels::default(),
+            }),
+            properties: count_properties(),
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+}
+
+impl PartialEq for FftCopy {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.table, &other.table)
+            && self.target == other.target
+            && self.options == other.options
+    }
+}
+
+impl Eq for FftCopy {}
+
+impl Hash for FftCopy {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.target.hash(state);
+    }
+}
+
+impl PartialOrd for FftCopy {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        (self == other).then_some(CmpOrdering::Equal)
+    }
+}
+
+impl UserDefinedLogicalNodeCore for FftCopy {
+    fn name(&self) -> &str {
+        "FftCopy"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "FftCopy: store={}, variable={}, target={}, chunks={:?}, codec={:?}, zarr_format={:?}",
+            self.table.source().store(),
+            self.table.source().variable(),
+            self.target.display(),
+            self.options.chunks,
+            self.options.codec,
+            self.options.zarr_format
+        )
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, _inputs: Vec<LogicalPlan>) -> Result<Self> {
+        Ok(self.clone())
+    }
+}
+
+/// The copy, planned.
+#[derive(Debug)]
+struct CopyJob {
+    table: Arc<FftTable>,
+    blocks: BlockGrid,
+    /// The target variable's chunk shape.
+    chunks: Vec<u64>,
+    workers: usize,
+    target: PathBuf,
+    options: ZarrWriteOptions,
+    projected: usize,
+    kernels: Kernels,
+}
+
+type Arrays = [ZarrsArray<dyn ReadableWritableListableStorageTraits>];
+
+impl CopyJob {
+    /// Writes the store atomically: the group, the coordinates and the
+    /// variable's metadata, then every block.
+    fn write(&self, cancelled: &AtomicBool) -> Result<Written> {
+        write_atomically(&self.target, cancelled, |dir| {
+            std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+            let storage: ReadableWritableListableStorage =
+                Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+            let dims = self.table.output_dims();
+            let schema = self.table.schema_ref();
+            let coordinates: Vec<GroupCoordinate> = dims
+                .iter()
+                .enumerate()
+                .map(|(d, dim)| GroupCoordinate {
+                    name: dim.name.clone(),
+                    values: Arc::clone(&dim.values),
+                    attributes: schema
+                        .field(d)
+                        .metadata()
+                        .get(ZARR_ATTRIBUTES)
+                        .and_then(|text| serde_json::from_str(text).ok())
+                        .unwrap_or_default(),
+                })
+                .collect();
+            let variable = GroupVariable {
+                name: self.table.source().variable().to_string(),
+                data_type: self.table.value_type(),
+                shape: self.table.output_shape(),
+                chunks: self.chunks.clone(),
+            };
+            let arrays = write_group(&storage, &coordinates, &[variable], &self.options)?;
+            self.write_blocks(&arrays, cancelled)
+        })
+    }
+
+    /// Every block, on `workers` threads.
+    fn write_blocks(&self, arrays: &Arrays, cancelled: &AtomicBool) -> Result<Written> {
+        let next = AtomicUsize::new(0);
+        let failure: Mutex<Option<DataFusionError>> = Mutex::new(None);
+        let bytes = AtomicUsize::new(0);
+        let blocks = self.blocks.num_blocks();
+        std::thread::scope(|scope| {
+            for _ in 0..self.workers {
+                scope.spawn(|| {
+                    let pool = ChunkBufferPool::new();
+                    loop {
+                        let id = next.fetch_add(1, Ordering::Relaxed) as u64;
+                        let failed = failure.lock().map_or(true, |f| f.is_some());
+                        if id >= blocks || failed || cancelled.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        match self.write_block(id, arrays, &pool) {
+                            Ok(written) => {
+                                bytes.fetch_add(written, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                if let Ok(mut f) = failure.lock() {
+                                    f.get_or_insert(e);
+                                }
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failure.into_inner().ok().flatten() {
+            return Err(e);
+        }
+        if cancelled.load(Ordering::Relaxed) {
+            return exec_err!(
+                "the COPY of '{}' was cancelled",
+                self.table.source().store()
+            );
+        }
+        let source = self.table.source();
+        Ok(Written {
+            rows: self.table.output_shape().iter().product(),
+            bytes_read: source.shape().iter().product::<u64>() * source.element_size() as u64,
+            bytes_written: bytes.into_inner() as u64,
+        })
+    }
+
+    /// Transforms block `id` and stores it; returns the bytes stored.
+    fn write_block(&self, id: u64, arrays: &Arrays, pool: &ChunkBufferPool) -> Result<usize> {
+        let extent = self.blocks.block(id);
+        let fail = |message: String| {
+            DataFusionError::Execution(format!(
+                "COPY of the transform of '{}' variable '{}', block {extent:?}: {message}",
+                self.table.source().store(),
+                self.table.source().variable()
+            ))
+        };
+        let bytes = if self.table.single_precision() {
+            block_bytes(transformed_block::<f32>(
+                &self.table,
+                &self.kernels,
+                &extent,
+                pool,
+            ))
+        } else {
+            block_bytes(transformed_block::<f64>(
+                &self.table,
+                &self.kernels,
+                &extent,
+                pool,
+            ))
+        }
+        .map_err(fail)?;
+        let transform = self.table.transform();
+        let out_extent: Vec<Range<u64>> = extent
+            .iter()
+            .enumerate()
+            .map(
+                |(d, r)| match transform.axes.iter().find(|(a, _)| *a == d) {
+                    Some((_, axis)) => 0..axis.output_len() as u64,
+                    None => r.clone(),
+                },
+            )
+            .collect();
+        arrays[0]
+            .store_array_subset(
+                &ArraySubset::new_with_ranges(&out_extent),
+                ArrayBytes::new_flen(bytes.as_slice()),
+            )
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(bytes.len())
+    }
+}
+
+/// A transformed block's values as Zarr stores them (complex numbers as
+/// interleaved parts), native-endian.
+fn block_bytes<P: Precision>(
+    values: std::result::Result<BlockValues<P>, String>,
+) -> std::result::Result<Vec<u8>, String> {
+    Ok(match values? {
+        BlockValues::Real(v) => bytemuck::cast_slice(&v).to_vec(),
+        BlockValues::Complex(v) => bytemuck::cast_slice(&v).to_vec(),
+    })
+}
+
+/// Transforms blocks of a source and stores them in a new Zarr store;
+/// its output is the row count, as `COPY` gives.
+#[derive(Debug)]
+pub struct FftCopyExec {
+    job: Arc<CopyJob>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl DisplayAs for FftCopyExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let job = &self.job;
+        write!(
+            f,
+            "FftCopyExec: store={}, variable={}, target={}, blocks={} of shape {:?}, chunks={:?}, \
+             workers={}, device=cpu, projected_memory={}",
+            job.table.source().store(),
+            job.table.source().variable(),
+            job.target.display(),
+            job.blocks.num_blocks(),
+            job.blocks.block_shape(),
+            job.chunks,
+            job.workers,
+            human_readable_size(job.projected)
+        )
+    }
+}
+
+impl ExecutionPlan for FftCopyExec {
+    fn name(&self) -> &str {
+        "FftCopyExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return exec_err!("FftCopyExec has no children, got {}", children.len());
+        }
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let job = Arc::clone(&self.job);
+        WriteJob {
+            operator: "FftCopyExec",
+            store: self.job.table.source().store(),
+            projected: self.job.projected,
+            metrics: &self.metrics,
+            properties: &self.properties,
+        }
+        .run(partition, &context, move |cancelled| job.write(cancelled))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(Arc::new(Statistics::new_unknown(
+            &self.properties.eq_properties.schema(),
+        )))
+    }
+}
