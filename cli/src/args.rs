@@ -42,6 +42,11 @@ pub struct Args {
     #[arg(long = "work-dir")]
     pub work_dir: Option<String>,
 
+    /// Where FFTs run: auto (a GPU when one is usable, else the CPU), cpu
+    /// or cuda (`SET zarrfusion.device`).
+    #[arg(long = "device")]
+    pub device: Option<String>,
+
     /// Rows per record batch.
     #[arg(long = "batch-size")]
     pub batch_size: Option<usize>,

@@ -99,6 +99,12 @@ fn build_context(args: &Args) -> Result<SessionContext, String> {
             }
         }
     }
+    if let Some(device) = &args.device {
+        config
+            .options_mut()
+            .set("zarrfusion.device", device)
+            .map_err(|e| format!("--device: {e}"))?;
+    }
     let runtime = builder.build_arc().map_err(|e| e.to_string())?;
     if let Some(batch_size) = args.batch_size {
         config = config.with_batch_size(batch_size);

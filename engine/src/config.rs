@@ -7,6 +7,7 @@
 //! SET zarrfusion.allowed_mem = '2GB';        -- the session's memory pool
 //! SET zarrfusion.work_dir = '/scratch/zf';   -- where intermediates and spills go
 //! SET zarrfusion.work_dir = 's3://bucket/zf'; -- intermediates in an object store
+//! SET zarrfusion.device = 'cpu';             -- where FFTs run: auto, cpu, cuda
 //! ```
 //!
 //! `allowed_mem` and `work_dir` live on DataFusion's runtime (its memory
@@ -41,6 +42,10 @@ extensions_options! {
         /// `SET zarrfusion.work_dir`, which also moves DataFusion's spill
         /// files to a local path.
         pub work_dir: String, default = String::new()
+        /// Where FFTs run: `auto` (a GPU when the probe finds one usable,
+        /// else the CPU, said in a log line), `cpu`, or `cuda` (refused
+        /// when no GPU is usable).
+        pub device: String, default = "auto".to_string()
     }
 }
 

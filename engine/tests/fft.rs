@@ -341,3 +341,50 @@ async fn copy_of_a_transform_is_written_block_by_block_in_the_chunks_asked() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_setting_chooses_where_transforms_run() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let sql = "SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat')";
+    let ctx = new_context();
+    for (setting, outcome) in [
+        ("auto", Ok("device=cpu")),
+        ("cpu", Ok("device=cpu")),
+        ("cuda", Err("no GPU is usable")),
+        ("tpu", Err("must be 'auto', 'cpu' or 'cuda'")),
+    ] {
+        ctx.sql(&format!("SET zarrfusion.device = '{setting}'"))
+            .await
+            .unwrap();
+        let planned = match ctx.sql(sql).await {
+            Ok(df) => df.collect().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(shown) => {
+                let text = explain_text(&ctx, sql).await;
+                assert!(text.contains(shown), "{setting}: {text}");
+            }
+            Err(message) => {
+                let err = planned.expect_err(setting).to_string();
+                assert!(
+                    err.contains(message) && err.contains("grid.zarr"),
+                    "{setting}: {err}"
+                );
+            }
+        }
+    }
+}
+
+/// GPU runs need a usable GPU: with `REQUIRE_GPU=1` its absence fails;
+/// without, the test says it skipped.
+#[test]
+fn a_gpu_is_there_when_required() {
+    match zarrfusion::device::gpu_probe() {
+        Ok(found) => println!("GPU: {found}"),
+        Err(why) if std::env::var("REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("REQUIRE_GPU=1 but no GPU is usable: {why}")
+        }
+        Err(why) => println!("skipped: no GPU is usable ({why})"),
+    }
+}

@@ -92,3 +92,13 @@ def test_bad_fft_calls_name_the_problem(grid):
         grid.table("grid").fft("z", dims="height")
     with pytest.raises(Exception, match="applies to a Zarr table or to an fft/ifft result"):
         grid.table("grid").filter("lat > 0").fft("z", dims="lon")
+
+
+def test_the_device_argument_chooses_where_transforms_run():
+    ctx = zf.SessionContext(device="cpu")
+    ctx.register_zarr("grid", FFT / "data" / "grid.zarr")
+    assert ctx.table("grid").fft("z", dims="lat").count() == 4 * 9 * 12
+    ctx = zf.SessionContext(device="cuda")
+    ctx.register_zarr("grid", FFT / "data" / "grid.zarr")
+    with pytest.raises(Exception, match="no GPU is usable"):
+        ctx.table("grid").fft("z", dims="lat").count()

@@ -17,8 +17,9 @@ class SessionContext:
     or a number of bytes); ``work_dir`` is where intermediate files go: a
     local path (DataFusion's spill files go there too) or an object-store
     URL (``"s3://bucket/scratch"``: a rechunk's intermediate arrays);
-    ``config`` sets any session setting, e.g.
-    ``{"zarrfusion.dense_reduction": "false"}``.
+    ``device`` is where FFTs run: ``"auto"`` (a GPU when one is usable, else
+    the CPU), ``"cpu"`` or ``"cuda"``; ``config`` sets any session setting,
+    e.g. ``{"zarrfusion.dense_reduction": "false"}``.
     """
 
     def __init__(
@@ -28,9 +29,12 @@ class SessionContext:
         *,
         target_partitions: int | None = None,
         batch_size: int | None = None,
+        device: str | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> None:
         settings = None if config is None else {str(k): _setting(v) for k, v in config.items()}
+        if device is not None:
+            settings = {**(settings or {}), "zarrfusion.device": str(device)}
         self._raw = _zarrfusion.SessionContext(
             allowed_mem=allowed_mem,
             work_dir=None if work_dir is None else os.fspath(work_dir),

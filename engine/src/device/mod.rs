@@ -4,6 +4,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`fft_cpu`] | FFTs along axes of C-ordered blocks with `rustfft`/`realfft`, lines in parallel |
+//! | this module | choosing the device (`zarrfusion.device`) and probing for a GPU |
 //!
 //! A kernel sees blocks (flat C-ordered buffers and their shape), never
 //! Zarr stores or Arrow batches: the operators in `engine::array` read the
@@ -11,4 +12,63 @@
 
 pub mod fft_cpu;
 
+use std::fmt;
+use std::sync::OnceLock;
+
 pub use fft_cpu::{AxisPass, CpuFft, LineKind};
+
+/// Where a kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU, on all cores.
+    Cpu,
+    /// An NVIDIA GPU, through CUDA.
+    Cuda,
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+        })
+    }
+}
+
+/// Whether a GPU is usable, probed once per process: `Ok` with what was
+/// found, or `Err` with why not. A build without the `gpu` feature has no
+/// GPU support; the probe never panics.
+pub fn gpu_probe() -> &'static Result<String, String> {
+    static PROBE: OnceLock<Result<String, String>> = OnceLock::new();
+    PROBE.get_or_init(|| {
+        Err("this build of zarrfusion has no GPU support (the `gpu` feature)".to_string())
+    })
+}
+
+/// The device the setting `zarrfusion.device` chooses: `cpu`; `cuda`,
+/// refused when no GPU is usable; `auto`, a GPU when one is usable, else
+/// the CPU (logged once). No GPU kernel runs yet, so `auto` runs on the CPU.
+pub fn choose_device(setting: &str) -> Result<Device, String> {
+    match setting.trim().to_ascii_lowercase().as_str() {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" | "gpu" => {
+            let why = match gpu_probe() {
+                Ok(found) => format!("{found} was found, but this build has no GPU kernels"),
+                Err(why) => why.clone(),
+            };
+            Err(format!(
+                "zarrfusion.device = 'cuda' but no GPU is usable: {why}"
+            ))
+        }
+        "auto" | "" => {
+            static LOGGED: OnceLock<()> = OnceLock::new();
+            if let Err(why) = gpu_probe() {
+                LOGGED.get_or_init(|| log::info!("no usable GPU ({why}); FFTs run on the CPU"));
+            }
+            Ok(Device::Cpu)
+        }
+        other => Err(format!(
+            "zarrfusion.device must be 'auto', 'cpu' or 'cuda', got '{other}'"
+        )),
+    }
+}

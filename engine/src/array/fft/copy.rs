@@ -47,7 +47,9 @@ use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableSt
 use super::exec::{kernel_memory, plan_blocks, transformed_block};
 use super::source::{Kernels, Precision};
 use super::table::FftTable;
+use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
+use crate::device::{choose_device, Device};
 use crate::table::BlockGrid;
 use crate::write::grid::ZARR_ATTRIBUTES;
 use crate::write::options::ZarrWriteOptions;
@@ -160,6 +162,13 @@ impl FftCopy {
             MemoryLimit::Finite(bytes) => Some(bytes),
             _ => None,
         };
+        let device = choose_device(&ZarrConfig::of(options).device).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "FftCopyExec of '{}' variable '{}': {e}",
+                table.source().store(),
+                table.source().variable()
+            ))
+        })?;
         let blocks = plan_blocks(table, &align, options, memory_limit);
         let block_out = table.transform().output_shape(blocks.block_shape());
         let chunks: Vec<u64> = (0..dims.len())
@@ -204,6 +213,7 @@ impl FftCopy {
                 options: self.options.clone(),
                 projected: workers * task_memory + kernel,
                 kernels: Kernels::default(),
+                device,
             }),
             properties: count_properties(),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -280,6 +290,8 @@ struct CopyJob {
     options: ZarrWriteOptions,
     projected: usize,
     kernels: Kernels,
+    /// Where the transforms run.
+    device: Device,
 }
 
 type Arrays = [ZarrsArray<dyn ReadableWritableListableStorageTraits>];
@@ -440,7 +452,7 @@ impl DisplayAs for FftCopyExec {
         write!(
             f,
             "FftCopyExec: store={}, variable={}, target={}, blocks={} of shape {:?}, chunks={:?}, \
-             workers={}, device=cpu, projected_memory={}",
+             workers={}, device={}, projected_memory={}",
             job.table.source().store(),
             job.table.source().variable(),
             job.target.display(),
@@ -448,6 +460,7 @@ impl DisplayAs for FftCopyExec {
             job.blocks.block_shape(),
             job.chunks,
             job.workers,
+            job.device,
             human_readable_size(job.projected)
         )
     }
@@ -509,7 +522,7 @@ impl ExecutionPlan for FftCopyExec {
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
         Ok(Arc::new(Statistics::new_unknown(
-            &self.properties.eq_properties.schema(),
+            self.properties.eq_properties.schema(),
         )))
     }
 }

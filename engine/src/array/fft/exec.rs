@@ -43,6 +43,7 @@ use super::table::FftTable;
 use super::transform::FftTransform;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
+use crate::device::{choose_device, Device};
 use crate::table::cells::dimension_indices;
 use crate::table::{BlockGrid, Selection};
 use crate::zarr::ChunkBufferPool;
@@ -60,6 +61,8 @@ struct FftJob {
     batch_size: usize,
     limit: Option<usize>,
     kernels: Kernels,
+    /// Where the transforms run.
+    device: Device,
 }
 
 impl FftJob {
@@ -323,6 +326,13 @@ impl FftExec {
         let parallelism = options.execution.target_partitions.max(1);
         let blocks = plan_blocks(table, &chunk, options, memory_limit);
         let source = table.source();
+        let device = choose_device(&ZarrConfig::of(options).device).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "FftExec of '{}' variable '{}': {e}",
+                source.store(),
+                source.variable()
+            ))
+        })?;
         let full_schema = table.schema();
         let schema = Arc::new(full_schema.project(&projection)?);
         let job = FftJob {
@@ -334,6 +344,7 @@ impl FftExec {
             limit,
             blocks,
             kernels: Kernels::default(),
+            device,
         };
         let mut partitions = (job.blocks.num_blocks() as usize).clamp(1, parallelism);
         if let Some(limit) = memory_limit {
@@ -420,7 +431,7 @@ impl DisplayAs for FftExec {
         write!(
             f,
             "FftExec: store={}, variable={}, {} along [{}] ({}), strategy=whole lines (blocks \
-             of shape {:?}, {} blocks, {} tasks), device=cpu, precision={}, \
+             of shape {:?}, {} blocks, {} tasks), device={}, precision={}, \
              projected_memory={}, read={}",
             job.source().store(),
             job.source().variable(),
@@ -430,6 +441,7 @@ impl DisplayAs for FftExec {
             job.blocks.block_shape(),
             job.blocks.num_blocks(),
             self.partitions(),
+            job.device,
             if job.table.single_precision() {
                 "complex64"
             } else {
