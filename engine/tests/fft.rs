@@ -388,3 +388,61 @@ fn a_gpu_is_there_when_required() {
         Err(why) => println!("skipped: no GPU is usable ({why})"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_on_other_dimensions_choose_the_blocks_transformed() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let ctx = new_context();
+    // One block per time chunk (time chunks of 2).
+    ctx.sql("SET zarrfusion.target_partition_bytes = 100")
+        .await
+        .unwrap();
+    let call = "fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat')";
+    let filter = "time = TIMESTAMP '2020-01-01T06:00:00' AND freq_lat > -0.01";
+    let filtered = collect(
+        &ctx,
+        &format!("SELECT * FROM {call} WHERE {filter} ORDER BY freq_lat, lon"),
+    )
+    .await;
+    // xrft's spectrum, read with its own pushdown.
+    let expected = collect(
+        &ctx,
+        &format!(
+            "SELECT time, freq_lat, lon, re, im FROM \
+             read_zarr('tests/fixtures/fft/expected/lat_f64.zarr') WHERE {filter} \
+             ORDER BY freq_lat, lon"
+        ),
+    )
+    .await;
+    assert_eq!(filtered.num_rows(), 6 * 12);
+    assert_eq!(expected.num_rows(), 6 * 12);
+    let (re, im) = parts(filtered.column(3));
+    let (ere, eim) = (numbers(expected.column(3)), numbers(expected.column(4)));
+    for row in 0..re.len() {
+        let error = (re[row] - ere[row]).hypot(im[row] - eim[row]);
+        assert!(
+            error <= 1e-9 * ere[row].hypot(eim[row]).max(1.0),
+            "row {row}"
+        );
+    }
+    let plan = ctx
+        .sql(&format!("SELECT count(z) FROM {call} WHERE {filter}"))
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
+        .await
+        .unwrap();
+    let text =
+        datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(plan.as_ref())
+            .indent(true)
+            .to_string();
+    // Blocks of (time 2, lat 9, lon 5): of the 2 x 3, the filter keeps the
+    // 3 of the time chunk holding 06:00.
+    assert!(
+        text.contains("FftExec") && text.contains("blocks=3,"),
+        "{text}"
+    );
+}

@@ -15,6 +15,7 @@ pub mod planner;
 pub mod rechunk;
 pub mod reduce;
 pub(crate) mod scan_path;
+pub(crate) mod tasks;
 pub mod zip;
 
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};

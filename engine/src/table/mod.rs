@@ -21,4 +21,5 @@ pub use provider::ZarrTable;
 pub use read_zarr::ReadZarrPlanner;
 pub(crate) use read_zarr::{literal_text, zarr_source, TableFunctionCall};
 pub use scan::ZarrScanExec;
+pub(crate) use selection::single_dimension;
 pub use selection::{classify_filters, select, Selection};

@@ -94,7 +94,7 @@ impl Selection {
 
 /// The dimension a filter is about, if it references exactly one dimension
 /// column and nothing volatile.
-fn single_dimension(filter: &Expr, table: &GridTable) -> Option<usize> {
+pub(crate) fn single_dimension(filter: &Expr, table: &GridTable) -> Option<usize> {
     if filter.is_volatile() {
         return None;
     }

@@ -31,6 +31,18 @@ pub struct GridDimension {
 /// coordinate's Zarr attributes.
 pub const ZARR_ATTRIBUTES: &str = "zarr.attributes";
 
+/// The Zarr attributes a column's field metadata gives its coordinate
+/// ([`ZARR_ATTRIBUTES`]), none when it gives none.
+pub fn field_attributes(
+    field: &datafusion::arrow::datatypes::Field,
+) -> serde_json::Map<String, serde_json::Value> {
+    field
+        .metadata()
+        .get(ZARR_ATTRIBUTES)
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default()
+}
+
 /// The field metadata key marking a column as a dimension for `COPY ...
 /// STORED AS ZARR`; its value is the coordinate's order, `ascending` or
 /// `descending`.
@@ -269,12 +281,7 @@ pub fn assemble(
         .map(|(&d, a)| GridDimension {
             name: names[d].to_string(),
             coords: a.coords,
-            attributes: schema
-                .field(d)
-                .metadata()
-                .get(ZARR_ATTRIBUTES)
-                .and_then(|text| serde_json::from_str(text).ok())
-                .unwrap_or_default(),
+            attributes: field_attributes(schema.field(d)),
         })
         .collect();
     Ok(Grid { dims, variables })

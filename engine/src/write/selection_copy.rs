@@ -26,8 +26,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use datafusion::arrow::array::{Array as _, ArrayRef, AsArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::{cast, take};
@@ -61,6 +61,7 @@ use super::write_job::{count_properties, WriteJob, Written};
 use crate::array::rechunk::{
     default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
 };
+use crate::array::tasks::run_tasks;
 use crate::table::{classify_filters, select, BoxCells, GridTable, Selection};
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
@@ -539,32 +540,13 @@ impl Blockwise {
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         cancelled: &AtomicBool,
     ) -> Result<()> {
-        let next = AtomicUsize::new(0);
-        let failure: Mutex<Option<DataFusionError>> = Mutex::new(None);
-        let tasks = self.tasks();
-        std::thread::scope(|scope| {
-            for _ in 0..self.workers {
-                scope.spawn(|| {
-                    let pool = ChunkBufferPool::new();
-                    loop {
-                        let task = next.fetch_add(1, Ordering::Relaxed) as u64;
-                        let failed = failure.lock().map_or(true, |f| f.is_some());
-                        if task >= tasks || failed || cancelled.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        if let Err(e) = self.write_chunk(task, arrays, &pool) {
-                            if let Ok(mut f) = failure.lock() {
-                                f.get_or_insert(e);
-                            }
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        if let Some(e) = failure.into_inner().ok().flatten() {
-            return Err(e);
-        }
+        run_tasks(
+            self.tasks(),
+            self.workers,
+            cancelled,
+            ChunkBufferPool::new,
+            |pool, task| self.write_chunk(task, arrays, pool).map(|()| 0),
+        )?;
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the COPY of '{}' was cancelled", self.table.store);
         }

@@ -145,102 +145,41 @@ fn write_into(
     cancelled: &AtomicBool,
 ) -> Result<WriteSummary> {
     std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-    let storage = Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+    let storage: ReadableWritableListableStorage =
+        Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
     let shape = grid.shape();
     let chunks = chunk_shape(grid, options)?;
-    let mut consolidated = Map::new();
-    let mut bytes = 0u64;
-    let version = options.zarr_format;
-    // The group.
-    match version {
-        ZarrVersion::V3 => write_json(
-            &dir.join("zarr.json"),
-            &json!({"zarr_format": 3, "node_type": "group", "attributes": {}}),
-        )?,
-        ZarrVersion::V2 => {
-            let group = json!({"zarr_format": 2});
-            write_json(&dir.join(".zgroup"), &group)?;
-            write_json(&dir.join(".zattrs"), &json!({}))?;
-            consolidated.insert(".zgroup".into(), group);
-            consolidated.insert(".zattrs".into(), json!({}));
-        }
-    }
-    // Coordinates (their own length, one chunk), then variables.
-    let coordinates = grid.dims.iter().map(|d| {
-        let (values, mut attributes) = coordinate(&d.coords)?;
-        attributes.extend(d.attributes.clone());
-        let len = vec![d.coords.len() as u64];
-        Ok((
-            d.name.as_str(),
-            values,
-            vec![d.name.clone()],
-            attributes,
-            len.clone(),
-            len,
-        ))
-    });
-    let variables = grid.variables.iter().map(|v| {
-        Ok((
-            v.name.as_str(),
-            Arc::clone(&v.values),
-            grid.dims.iter().map(|d| d.name.clone()).collect(),
-            Map::new(),
-            shape.clone(),
-            chunks.clone(),
-        ))
-    });
-    let arrays = coordinates.chain(variables).collect::<Result<Vec<_>>>()?;
-    for (name, values, dims, attributes, array_shape, chunk) in arrays {
+    let coordinates: Vec<GroupCoordinate> = grid
+        .dims
+        .iter()
+        .map(|d| GroupCoordinate {
+            name: d.name.clone(),
+            values: Arc::clone(&d.coords),
+            attributes: d.attributes.clone(),
+        })
+        .collect();
+    let variables: Vec<GroupVariable> = grid
+        .variables
+        .iter()
+        .map(|v| GroupVariable {
+            name: v.name.clone(),
+            data_type: v.values.data_type().clone(),
+            shape: shape.clone(),
+            chunks: chunks.clone(),
+        })
+        .collect();
+    let arrays = write_group(&storage, &coordinates, &variables, options)?;
+    let mut bytes: u64 = grid
+        .dims
+        .iter()
+        .map(|d| (d.coords.len() * d.coords.data_type().primitive_width().unwrap_or(8)) as u64)
+        .sum();
+    for (array, variable) in arrays.iter().zip(&grid.variables) {
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the Zarr write was cancelled");
         }
-        let metadata = array_metadata(
-            values.data_type(),
-            &array_shape,
-            &chunk,
-            &dims,
-            attributes,
-            options,
-        )?;
-        consolidate(
-            &mut consolidated,
-            name,
-            metadata.clone(),
-            version == ZarrVersion::V2,
-        );
-        let metadata: ArrayMetadata = match version {
-            ZarrVersion::V3 => serde_json::from_value(metadata).map(ArrayMetadata::V3),
-            ZarrVersion::V2 => serde_json::from_value(metadata).map(ArrayMetadata::V2),
-        }
-        .map_err(|e| io_error(dir, format!("array '{name}' metadata: {e}")))?;
-        let array =
-            ZarrsArray::new_with_metadata(Arc::clone(&storage), &format!("/{name}"), metadata)
-                .map_err(|e| io_error(dir, format!("array '{name}': {e}")))?;
-        array
-            .store_metadata()
-            .map_err(|e| io_error(dir, format!("array '{name}': {e}")))?;
-        bytes += write_values(&array, &values, &array_shape, &chunk, cancelled)
-            .map_err(|e| io_error(dir, format!("array '{name}': {e}")))?;
-    }
-    // Consolidated metadata, so readers open the store with one request.
-    match version {
-        ZarrVersion::V2 => write_json(
-            &dir.join(".zmetadata"),
-            &json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
-        )?,
-        ZarrVersion::V3 => write_json(
-            &dir.join("zarr.json"),
-            &json!({
-                "zarr_format": 3,
-                "node_type": "group",
-                "attributes": {},
-                "consolidated_metadata": {
-                    "kind": "inline",
-                    "must_understand": false,
-                    "metadata": consolidated,
-                },
-            }),
-        )?,
+        bytes += write_values(array, &variable.values, &shape, &chunks, cancelled)
+            .map_err(|e| io_error(dir, format!("array '{}': {e}", variable.name)))?;
     }
     Ok(WriteSummary {
         cells: shape.iter().product(),
@@ -257,7 +196,7 @@ pub fn write_json(path: &Path, value: &Value) -> Result<()> {
 /// Writes `values` (C order over `shape`) one slab of chunks along the
 /// outermost dimension at a time; returns the bytes written (uncompressed).
 fn write_values(
-    array: &ZarrsArray<FilesystemStore>,
+    array: &ZarrsArray<dyn ReadableWritableListableStorageTraits>,
     values: &ArrayRef,
     shape: &[u64],
     chunk: &[u64],

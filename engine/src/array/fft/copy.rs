@@ -22,8 +22,8 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -47,11 +47,12 @@ use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableSt
 use super::exec::{kernel_memory, plan_blocks, transformed_block};
 use super::source::{Kernels, Precision};
 use super::table::FftTable;
+use crate::array::tasks::run_tasks;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, Device};
-use crate::table::BlockGrid;
-use crate::write::grid::ZARR_ATTRIBUTES;
+use crate::table::{BlockGrid, Selection};
+use crate::write::grid::field_attributes;
 use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
     check_target, io_error, write_atomically, write_group, GroupCoordinate, GroupVariable,
@@ -169,7 +170,8 @@ impl FftCopy {
                 table.source().variable()
             ))
         })?;
-        let blocks = plan_blocks(table, &align, options, memory_limit);
+        let all = Selection::all(&table.source().shape());
+        let blocks = plan_blocks(table, &align, &all, options, memory_limit);
         let block_out = table.transform().output_shape(blocks.block_shape());
         let chunks: Vec<u64> = (0..dims.len())
             .map(|d| given(d).unwrap_or(block_out[d]).max(1))
@@ -312,12 +314,7 @@ impl CopyJob {
                 .map(|(d, dim)| GroupCoordinate {
                     name: dim.name.clone(),
                     values: Arc::clone(&dim.values),
-                    attributes: schema
-                        .field(d)
-                        .metadata()
-                        .get(ZARR_ATTRIBUTES)
-                        .and_then(|text| serde_json::from_str(text).ok())
-                        .unwrap_or_default(),
+                    attributes: field_attributes(schema.field(d)),
                 })
                 .collect();
             let variable = GroupVariable {
@@ -333,38 +330,13 @@ impl CopyJob {
 
     /// Every block, on `workers` threads.
     fn write_blocks(&self, arrays: &Arrays, cancelled: &AtomicBool) -> Result<Written> {
-        let next = AtomicUsize::new(0);
-        let failure: Mutex<Option<DataFusionError>> = Mutex::new(None);
-        let bytes = AtomicUsize::new(0);
-        let blocks = self.blocks.num_blocks();
-        std::thread::scope(|scope| {
-            for _ in 0..self.workers {
-                scope.spawn(|| {
-                    let pool = ChunkBufferPool::new();
-                    loop {
-                        let id = next.fetch_add(1, Ordering::Relaxed) as u64;
-                        let failed = failure.lock().map_or(true, |f| f.is_some());
-                        if id >= blocks || failed || cancelled.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        match self.write_block(id, arrays, &pool) {
-                            Ok(written) => {
-                                bytes.fetch_add(written, Ordering::Relaxed);
-                            }
-                            Err(e) => {
-                                if let Ok(mut f) = failure.lock() {
-                                    f.get_or_insert(e);
-                                }
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        if let Some(e) = failure.into_inner().ok().flatten() {
-            return Err(e);
-        }
+        let bytes = run_tasks(
+            self.blocks.num_blocks(),
+            self.workers,
+            cancelled,
+            ChunkBufferPool::new,
+            |pool, id| self.write_block(id, arrays, pool),
+        )?;
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!(
                 "the COPY of '{}' was cancelled",
@@ -375,12 +347,12 @@ impl CopyJob {
         Ok(Written {
             rows: self.table.output_shape().iter().product(),
             bytes_read: source.shape().iter().product::<u64>() * source.element_size() as u64,
-            bytes_written: bytes.into_inner() as u64,
+            bytes_written: bytes,
         })
     }
 
     /// Transforms block `id` and stores it; returns the bytes stored.
-    fn write_block(&self, id: u64, arrays: &Arrays, pool: &ChunkBufferPool) -> Result<usize> {
+    fn write_block(&self, id: u64, arrays: &Arrays, pool: &ChunkBufferPool) -> Result<u64> {
         let extent = self.blocks.block(id);
         let fail = |message: String| {
             DataFusionError::Execution(format!(
@@ -422,7 +394,7 @@ impl CopyJob {
                 ArrayBytes::new_flen(bytes.as_slice()),
             )
             .map_err(|e| fail(e.to_string()))?;
-        Ok(bytes.len())
+        Ok(bytes.len() as u64)
     }
 }
 

@@ -63,6 +63,9 @@ struct FftJob {
     kernels: Kernels,
     /// Where the transforms run.
     device: Device,
+    /// Whether filters chose the blocks (rows are then a superset of the
+    /// answer, filtered above).
+    filtered: bool,
 }
 
 impl FftJob {
@@ -234,12 +237,14 @@ pub(crate) fn transformed_block<P: Precision>(
     Ok(out)
 }
 
-/// The blocks of a transform of `table`: aligned to `chunk` (whole along
-/// the transformed dimensions), grown toward the session's target
-/// partition bytes, smaller under a memory limit.
+/// The blocks of a transform of `table` that meet `selection` (of the
+/// other dimensions): aligned to `chunk` (whole along the transformed
+/// dimensions), grown toward the session's target partition bytes,
+/// smaller under a memory limit.
 pub(crate) fn plan_blocks(
     table: &FftTable,
     chunk: &[u64],
+    selection: &Selection,
     options: &datafusion::common::config::ConfigOptions,
     memory_limit: Option<usize>,
 ) -> BlockGrid {
@@ -254,7 +259,7 @@ pub(crate) fn plan_blocks(
     BlockGrid::plan(
         &shape,
         chunk,
-        &Selection::all(&shape),
+        selection,
         bytes_per_cell,
         target as u64,
         parallelism as u64,
@@ -315,6 +320,7 @@ impl FftExec {
     pub(crate) fn try_new(
         table: &FftTable,
         projection: Vec<usize>,
+        selection: Option<Selection>,
         limit: Option<usize>,
         options: &datafusion::common::config::ConfigOptions,
         memory_limit: Option<usize>,
@@ -324,7 +330,9 @@ impl FftExec {
             chunk[*axis] = table.source().shape()[*axis];
         }
         let parallelism = options.execution.target_partitions.max(1);
-        let blocks = plan_blocks(table, &chunk, options, memory_limit);
+        let filtered = selection.is_some();
+        let selection = selection.unwrap_or_else(|| Selection::all(&table.source().shape()));
+        let blocks = plan_blocks(table, &chunk, &selection, options, memory_limit);
         let source = table.source();
         let device = choose_device(&ZarrConfig::of(options).device).map_err(|e| {
             DataFusionError::Plan(format!(
@@ -345,6 +353,7 @@ impl FftExec {
             blocks,
             kernels: Kernels::default(),
             device,
+            filtered,
         };
         let mut partitions = (job.blocks.num_blocks() as usize).clamp(1, parallelism);
         if let Some(limit) = memory_limit {
@@ -536,7 +545,7 @@ impl ExecutionPlan for FftExec {
         args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
         let mut stats = Statistics::new_unknown(&self.job.schema);
-        if args.partition().is_none() && self.job.limit.is_none() {
+        if args.partition().is_none() && self.job.limit.is_none() && !self.job.filtered {
             let rows = self.job.table.output_shape().iter().product::<u64>();
             stats.num_rows = Exactness::Exact(rows as usize);
         }

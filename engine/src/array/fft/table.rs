@@ -41,7 +41,9 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::planner::{
     PlannedRelation, RelationPlanner, RelationPlannerContext, RelationPlanning,
 };
-use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown,
+};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::sqlparser::ast::TableFactor;
 use zarrfusion_udfs::complex::{complex_part, complex_type};
@@ -50,7 +52,9 @@ use super::exec::FftExec;
 use super::options::FftOptions;
 use super::source::{ArraySource, SourceDimension};
 use super::transform::FftTransform;
-use crate::table::{literal_text, zarr_source, TableFunctionCall, ZarrTable};
+use crate::table::{
+    literal_text, select, single_dimension, zarr_source, TableFunctionCall, ZarrTable,
+};
 use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
 
 /// Plans `fft(...)` and `ifft(...)` in `FROM` clauses.
@@ -280,6 +284,16 @@ impl FftTable {
         &self.schema
     }
 
+    /// The dimension (of a Zarr source) a filter restricts, when it
+    /// restricts one dimension the transform does not touch: such filters
+    /// select the blocks read.
+    fn pushed_dimension(&self, filter: &Expr) -> Option<usize> {
+        let ArraySource::Zarr { grid, .. } = &self.source else {
+            return None;
+        };
+        single_dimension(filter, grid).filter(|&d| !self.transform.transforms(d))
+    }
+
     /// What the transform reads.
     pub fn source(&self) -> &ArraySource {
         &self.source
@@ -331,13 +345,41 @@ impl TableProvider for FftTable {
         TableType::Temporary
     }
 
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| match self.pushed_dimension(f) {
+                // Blocks outside the filter are not read; rows of the blocks
+                // read are filtered above.
+                Some(_) => TableProviderFilterPushDown::Inexact,
+                None => TableProviderFilterPushDown::Unsupported,
+            })
+            .collect())
+    }
+
     async fn scan(
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        let selection = match &self.source {
+            ArraySource::Zarr { grid, .. } => {
+                let pushed: Vec<Expr> = filters
+                    .iter()
+                    .filter(|f| self.pushed_dimension(f).is_some())
+                    .cloned()
+                    .collect();
+                (!pushed.is_empty())
+                    .then(|| select(&pushed, grid, state))
+                    .transpose()?
+            }
+            ArraySource::Transformed(_) => None,
+        };
         let projection = projection
             .cloned()
             .unwrap_or_else(|| (0..self.schema.fields().len()).collect());
@@ -348,6 +390,7 @@ impl TableProvider for FftTable {
         let exec = FftExec::try_new(
             self,
             projection,
+            selection,
             limit,
             state.config_options(),
             memory_limit,

@@ -2,13 +2,13 @@
 //! chunks from one Zarr array to another, on a few threads.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
 use zarrs::storage::{ReadableStorageTraits, ReadableWritableStorageTraits};
 
 use super::plan::StagePlan;
+use crate::array::tasks::run_tasks;
 
 /// What a stage did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -55,55 +55,33 @@ where
     W: ReadableWritableStorageTraits + ?Sized + 'static,
 {
     let shape = input.shape().to_vec();
-    let next = AtomicUsize::new(0);
-    let written = AtomicU64::new(0);
-    let failure: Mutex<Option<String>> = Mutex::new(None);
     // Each task decodes and encodes one chunk at a time: its memory is what
     // the plan projected.
     let options = CodecOptions::default().with_concurrent_target(1);
-    let failed = || failure.lock().map_or(true, |f| f.is_some());
-    std::thread::scope(|scope| {
-        for _ in 0..workers.max(1) {
-            scope.spawn(|| loop {
-                let task = next.fetch_add(1, Ordering::Relaxed) as u64;
-                if task >= plan.tasks || cancelled.load(Ordering::Relaxed) || failed() {
-                    return;
-                }
-                let ranges = region(plan, &shape, task);
-                let subset = ArraySubset::new_with_ranges(&ranges);
-                let copied = input
-                    .retrieve_array_subset_opt::<ArrayBytes<'static>>(&subset, &options)
-                    .map_err(|e| read_error(input, &subset, &options, e.to_string()))
-                    .and_then(|bytes| {
-                        let size = bytes.size() as u64;
-                        output
-                            .store_array_subset_opt(&subset, bytes, &options)
-                            .map(|()| size)
-                            .map_err(|e| format!("writing {ranges:?}: {e}"))
-                    });
-                match copied {
-                    Ok(size) => {
-                        written.fetch_add(size, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        if let Ok(mut f) = failure.lock() {
-                            f.get_or_insert(e);
-                        }
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failure.into_inner().ok().flatten() {
-        return Err(e);
-    }
+    let written = run_tasks(
+        plan.tasks,
+        workers,
+        cancelled,
+        || (),
+        |_, task| {
+            let ranges = region(plan, &shape, task);
+            let subset = ArraySubset::new_with_ranges(&ranges);
+            let bytes = input
+                .retrieve_array_subset_opt::<ArrayBytes<'static>>(&subset, &options)
+                .map_err(|e| read_error(input, &subset, &options, e.to_string()))?;
+            let size = bytes.size() as u64;
+            output
+                .store_array_subset_opt(&subset, bytes, &options)
+                .map_err(|e| format!("writing {ranges:?}: {e}"))?;
+            Ok::<u64, String>(size)
+        },
+    )?;
     if cancelled.load(Ordering::Relaxed) {
         return Err("cancelled".into());
     }
     Ok(StageCounts {
         tasks: plan.tasks,
-        bytes_written: written.into_inner(),
+        bytes_written: written,
     })
 }
 

@@ -1,0 +1,85 @@
+//! Running numbered tasks on a fixed number of worker threads: each worker
+//! takes the next task until all are taken, the first error stops them,
+//! and so does cancellation. The rechunk's stages and the blockwise writes
+//! (`COPY` of a selection, of a transform) run their chunks this way, so
+//! at most `workers` tasks hold memory at once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Runs tasks `0..tasks` on `workers` threads (at least one). Each worker
+/// makes its state with `init` and runs `task(state, number)`, which
+/// returns a count (bytes written); the counts are summed. Returns the
+/// first error, or the sum; when `cancelled` is set the workers stop
+/// taking tasks and the sum covers the tasks that ran (the caller checks
+/// the flag).
+pub(crate) fn run_tasks<S, E: Send>(
+    tasks: u64,
+    workers: usize,
+    cancelled: &AtomicBool,
+    init: impl Fn() -> S + Sync,
+    task: impl Fn(&mut S, u64) -> Result<u64, E> + Sync,
+) -> Result<u64, E> {
+    let next = AtomicUsize::new(0);
+    let total = AtomicU64::new(0);
+    let failure: Mutex<Option<E>> = Mutex::new(None);
+    let failed = || failure.lock().map_or(true, |f| f.is_some());
+    std::thread::scope(|scope| {
+        for _ in 0..workers.max(1) {
+            scope.spawn(|| {
+                let mut state = init();
+                loop {
+                    let number = next.fetch_add(1, Ordering::Relaxed) as u64;
+                    if number >= tasks || cancelled.load(Ordering::Relaxed) || failed() {
+                        return;
+                    }
+                    match task(&mut state, number) {
+                        Ok(count) => {
+                            total.fetch_add(count, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            if let Ok(mut f) = failure.lock() {
+                                f.get_or_insert(e);
+                            }
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    match failure.into_inner() {
+        Ok(Some(e)) => Err(e),
+        _ => Ok(total.into_inner()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once_and_the_first_error_stops_the_rest() {
+        let cancelled = AtomicBool::new(false);
+        let sum = run_tasks(100, 3, &cancelled, || (), |_, n| Ok::<_, String>(n)).unwrap();
+        assert_eq!(sum, (0..100).sum::<u64>());
+        let ran = AtomicU64::new(0);
+        let err = run_tasks(
+            1000,
+            2,
+            &cancelled,
+            || (),
+            |_, n| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                if n == 5 {
+                    Err(format!("task {n} failed"))
+                } else {
+                    Ok(1)
+                }
+            },
+        )
+        .unwrap_err();
+        assert_eq!(err, "task 5 failed");
+        assert!(ran.into_inner() < 1000);
+    }
+}
