@@ -15,6 +15,7 @@ mod selection;
 pub use blocks::{boxes_in_block, BlockGrid};
 pub use cells::BoxCells;
 pub use dataset::{Dimension, GridTable, ZarrDataset};
+pub(crate) use factory::open_dataset_blocking;
 pub use factory::{open_dataset, ZarrTableFactory};
 pub use options::{parse_dims, ZarrTableOptions};
 pub use provider::ZarrTable;

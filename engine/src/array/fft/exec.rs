@@ -101,14 +101,7 @@ impl FftJob {
         if !self.reads_values() {
             return batches;
         }
-        let in_cells = self.blocks.block_shape().iter().product::<u64>() as usize;
-        let out_cells = self
-            .transform()
-            .output_shape(self.blocks.block_shape())
-            .iter()
-            .product::<u64>() as usize;
-        let read = in_cells * self.source().peak_bytes_per_cell();
-        read + 2 * in_cells.max(out_cells) * self.table.complex_bytes() + batches
+        block_memory(&self.table, self.blocks.block_shape()) + batches
     }
 
     /// Memory the kernel's threads hold besides the blocks: per thread, a
@@ -264,6 +257,19 @@ pub(crate) fn plan_blocks(
         target as u64,
         parallelism as u64,
     )
+}
+
+/// Memory a block of shape `block` takes read, decoded and transformed:
+/// the source's peak per cell, and the values before and after a pass.
+pub(crate) fn block_memory(table: &FftTable, block: &[u64]) -> usize {
+    let in_cells = block.iter().product::<u64>() as usize;
+    let out_cells = table
+        .transform()
+        .output_shape(block)
+        .iter()
+        .product::<u64>() as usize;
+    in_cells * table.source().peak_bytes_per_cell()
+        + 2 * in_cells.max(out_cells) * table.complex_bytes()
 }
 
 /// Memory the kernel's threads hold besides the blocks: per thread, a group
@@ -439,7 +445,7 @@ impl DisplayAs for FftExec {
         }
         write!(
             f,
-            "FftExec: store={}, variable={}, {} along [{}] ({}), strategy=whole lines (blocks \
+            "FftExec: store={}, variable={}, {} along [{}] ({}), strategy={}whole lines (blocks \
              of shape {:?}, {} blocks, {} tasks), device={}, precision={}, \
              projected_memory={}, read={}",
             job.source().store(),
@@ -447,6 +453,14 @@ impl DisplayAs for FftExec {
             if options.inverse { "ifft" } else { "fft" },
             dims.join(", "),
             flags.join(", "),
+            match job.source() {
+                ArraySource::Rechunked(copy) => format!(
+                    "rechunked to {:?} in work_dir ({}), then ",
+                    copy.chunk_shape(),
+                    human_readable_size(copy.projected_memory() as usize)
+                ),
+                _ => String::new(),
+            },
             job.blocks.block_shape(),
             job.blocks.num_blocks(),
             self.partitions(),

@@ -7,7 +7,8 @@
 //! of its source that is whole along the inner transformed dimensions and
 //! transforms it, so chained transforms run block by block too.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::buffer::NullBuffer;
@@ -16,6 +17,7 @@ use datafusion::arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int64Type, TimeUnit,
 };
 use datafusion::common::plan_err;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use rustfft::num_complex::Complex;
 use rustfft::num_traits::{Float, FromPrimitive, Zero};
 use rustfft::FftNum;
@@ -24,9 +26,10 @@ use zarrfusion_udfs::complex::complex_part;
 
 use super::table::FftTable;
 use super::transform::InputCoordinate;
+use crate::array::rechunk::{default_work_dir, PreparedRechunk, RechunkOptions, ScratchStore};
 use crate::device::fft_cpu::BlockValues;
 use crate::device::CpuFft;
-use crate::table::GridTable;
+use crate::table::{open_dataset_blocking, GridTable, ZarrTableOptions};
 use crate::zarr::{ChunkBufferPool, ZarrArray};
 
 /// One dimension of a source.
@@ -125,6 +128,124 @@ pub enum ArraySource {
     },
     /// The output of another transform.
     Transformed(Arc<FftTable>),
+    /// A variable of a Zarr table, read from a copy of it in new chunks
+    /// (whole along the transformed dimensions) in `work_dir`, made before
+    /// the first block is read: when a block of whole lines in the store's
+    /// own chunks does not fit the budget.
+    Rechunked(Arc<RechunkedVariable>),
+}
+
+/// A variable copied into new chunks in `work_dir` (see
+/// [`ArraySource::Rechunked`]). The copy runs once, on the first read;
+/// the directory goes when the last plan holding it is dropped, and
+/// dropping it mid-copy cancels the copy.
+pub struct RechunkedVariable {
+    /// The store the values come from.
+    pub store: String,
+    /// The copy, opened (its metadata and coordinates are written when
+    /// planned).
+    pub grid: Arc<GridTable>,
+    /// Index of the variable in `grid.variables`.
+    pub variable: usize,
+    prepared: PreparedRechunk,
+    scratch: ScratchStore,
+    copied: OnceLock<Result<(), String>>,
+    cancelled: AtomicBool,
+}
+
+impl std::fmt::Debug for RechunkedVariable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RechunkedVariable")
+            .field("store", &self.store)
+            .field("copy", self.scratch.location())
+            .finish()
+    }
+}
+
+impl Drop for RechunkedVariable {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+impl RechunkedVariable {
+    /// Plans the copy of `variable` of `grid` into `chunks` (`(dimension,
+    /// length)` pairs) under `options` (refused when it cannot fit), writes
+    /// its metadata and coordinates into a fresh store in `work_dir` and
+    /// opens it. Blocking.
+    pub fn prepare(
+        grid: &GridTable,
+        variable: usize,
+        chunks: &[(String, u64)],
+        options: &RechunkOptions,
+        runtime: &Arc<RuntimeEnv>,
+    ) -> datafusion::common::Result<Self> {
+        let name = grid.variables[variable].name().to_string();
+        let mut arrays = vec![name.clone()];
+        arrays.extend(
+            grid.dims
+                .iter()
+                .filter(|d| d.has_coordinate)
+                .map(|d| d.name.clone()),
+        );
+        let prepared =
+            PreparedRechunk::new_for(&grid.store, chunks, Some(&arrays), None, options, runtime)?;
+        let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
+        let scratch =
+            ScratchStore::create(&work_dir, "zarrfusion-fft-rechunked", ".zarr", runtime)?;
+        prepared.write_metadata(scratch.storage())?;
+        // Coordinates now: opening the copy reads them.
+        prepared.copy_arrays(
+            scratch.storage(),
+            |a| a.name != name,
+            &AtomicBool::new(false),
+        )?;
+        let dims: Vec<String> = grid.dims.iter().map(|d| d.name.clone()).collect();
+        let table_options = ZarrTableOptions {
+            dims: Some(dims.clone()),
+            ..ZarrTableOptions::default()
+        };
+        let location = scratch.location().to_string();
+        let copy = open_dataset_blocking(&location, &table_options, runtime)?.table(Some(&dims))?;
+        let Some(index) = copy.variables.iter().position(|v| v.name() == name) else {
+            return datafusion::common::exec_err!(
+                "the rechunked copy of '{}' lacks variable '{name}'",
+                grid.store
+            );
+        };
+        Ok(Self {
+            store: grid.store.clone(),
+            grid: Arc::new(copy),
+            variable: index,
+            prepared,
+            scratch,
+            copied: OnceLock::new(),
+            cancelled: AtomicBool::new(false),
+        })
+    }
+
+    /// The most memory the copy's tasks hold together.
+    pub fn projected_memory(&self) -> u64 {
+        self.prepared.projected_memory()
+    }
+
+    /// The copy's chunks along every dimension.
+    pub fn chunk_shape(&self) -> Vec<u64> {
+        self.grid.variables[self.variable].chunk_shape()
+    }
+
+    /// Copies the variable unless done; every caller waits for the copy.
+    fn ensure_copied(&self) -> Result<(), String> {
+        self.copied
+            .get_or_init(|| {
+                let name = self.grid.variables[self.variable].name();
+                self.prepared
+                    .copy_arrays(self.scratch.storage(), |a| a.name == name, &self.cancelled)
+                    .map(|_| ())
+                    .map_err(|e| format!("rechunking '{}' into work_dir: {e}", self.store))
+            })
+            .clone()
+    }
 }
 
 impl ArraySource {
@@ -164,26 +285,38 @@ impl ArraySource {
         }
     }
 
+    /// The Zarr array read and its table, or the inner transform.
+    fn origin(&self) -> Origin<'_> {
+        match self {
+            Self::Zarr { grid, variable } => Origin::Array(grid, &grid.variables[*variable]),
+            Self::Rechunked(copy) => Origin::Array(&copy.grid, &copy.grid.variables[copy.variable]),
+            Self::Transformed(inner) => Origin::Transform(inner),
+        }
+    }
+
     /// The store the values come from.
     pub fn store(&self) -> &str {
         match self {
-            Self::Zarr { grid, .. } => &grid.store,
-            Self::Transformed(inner) => inner.source().store(),
+            Self::Rechunked(copy) => &copy.store,
+            _ => match self.origin() {
+                Origin::Array(grid, _) => &grid.store,
+                Origin::Transform(inner) => inner.source().store(),
+            },
         }
     }
 
     /// The variable's name.
     pub fn variable(&self) -> &str {
-        match self {
-            Self::Zarr { grid, variable } => grid.variables[*variable].name(),
-            Self::Transformed(inner) => inner.source().variable(),
+        match self.origin() {
+            Origin::Array(_, array) => array.name(),
+            Origin::Transform(inner) => inner.source().variable(),
         }
     }
 
     /// The dimensions, outermost first.
     pub fn dims(&self) -> Vec<SourceDimension> {
-        match self {
-            Self::Zarr { grid, .. } => grid
+        match self.origin() {
+            Origin::Array(grid, _) => grid
                 .dims
                 .iter()
                 .map(|d| SourceDimension {
@@ -193,15 +326,15 @@ impl ArraySource {
                     descends: d.descends(),
                 })
                 .collect(),
-            Self::Transformed(inner) => inner.output_dims(),
+            Origin::Transform(inner) => inner.output_dims(),
         }
     }
 
     /// The shape.
     pub fn shape(&self) -> Vec<u64> {
-        match self {
-            Self::Zarr { grid, .. } => grid.shape(),
-            Self::Transformed(inner) => inner.output_shape(),
+        match self.origin() {
+            Origin::Array(grid, _) => grid.shape(),
+            Origin::Transform(inner) => inner.output_shape(),
         }
     }
 
@@ -209,9 +342,9 @@ impl ArraySource {
     /// transform's output its source's, whole along its transformed
     /// dimensions.
     pub fn chunk_shape(&self) -> Vec<u64> {
-        match self {
-            Self::Zarr { grid, variable } => grid.variables[*variable].chunk_shape(),
-            Self::Transformed(inner) => {
+        match self.origin() {
+            Origin::Array(_, array) => array.chunk_shape(),
+            Origin::Transform(inner) => {
                 let mut chunk = inner.source().chunk_shape();
                 let shape = inner.output_shape();
                 for (axis, _) in &inner.transform().axes {
@@ -224,9 +357,9 @@ impl ArraySource {
 
     /// The Arrow type of the values.
     pub fn value_type(&self) -> DataType {
-        match self {
-            Self::Zarr { grid, variable } => grid.variables[*variable].data_type().clone(),
-            Self::Transformed(inner) => inner.value_type(),
+        match self.origin() {
+            Origin::Array(_, array) => array.data_type().clone(),
+            Origin::Transform(inner) => inner.value_type(),
         }
     }
 
@@ -234,9 +367,9 @@ impl ArraySource {
     /// transform's output: its source's, and the values before and after
     /// a pass).
     pub fn peak_bytes_per_cell(&self) -> usize {
-        match self {
-            Self::Zarr { grid, variable } => grid.variables[*variable].peak_bytes_per_cell(),
-            Self::Transformed(inner) => {
+        match self.origin() {
+            Origin::Array(_, array) => array.peak_bytes_per_cell(),
+            Origin::Transform(inner) => {
                 inner.source().peak_bytes_per_cell() + 2 * inner.complex_bytes()
             }
         }
@@ -244,9 +377,9 @@ impl ArraySource {
 
     /// Bytes per stored value of the variable read.
     pub fn element_size(&self) -> usize {
-        match self {
-            Self::Zarr { grid, variable } => grid.variables[*variable].element_size(),
-            Self::Transformed(inner) => inner.source().element_size(),
+        match self.origin() {
+            Origin::Array(_, array) => array.element_size(),
+            Origin::Transform(inner) => inner.source().element_size(),
         }
     }
 
@@ -257,13 +390,15 @@ impl ArraySource {
         pool: &ChunkBufferPool,
         kernels: &Kernels,
     ) -> Result<BlockValues<P>, String> {
-        match self {
-            Self::Zarr { grid, variable } => {
-                let array: &ZarrArray = &grid.variables[*variable];
+        if let Self::Rechunked(copy) = self {
+            copy.ensure_copied()?;
+        }
+        match self.origin() {
+            Origin::Array(_, array) => {
                 let read = array.read(extent, pool).map_err(|e| e.to_string())?;
                 block_values::<P::Arrow>(&read)
             }
-            Self::Transformed(inner) => {
+            Origin::Transform(inner) => {
                 let source_shape = inner.source().shape();
                 let transform = inner.transform();
                 let source_extent: Vec<Range<u64>> = extent
@@ -287,6 +422,13 @@ impl ArraySource {
             }
         }
     }
+}
+
+/// Where a source's values come from: a Zarr array (of a table), or a
+/// transform.
+enum Origin<'a> {
+    Array(&'a Arc<GridTable>, &'a ZarrArray),
+    Transform(&'a Arc<FftTable>),
 }
 
 /// The values of a block read as Arrow (numbers, or complex structs) in

@@ -34,7 +34,9 @@ use datafusion::arrow::array::{Array, ArrayRef, Float64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{CatalogProviderList, Session};
 use datafusion::common::stats::Precision as Exactness;
-use datafusion::common::{plan_err, DataFusionError, Result, Statistics, TableReference};
+use datafusion::common::{
+    human_readable_size, plan_err, DataFusionError, Result, Statistics, TableReference,
+};
 use datafusion::datasource::{provider_as_source, source_as_provider, TableProvider, TableType};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -48,10 +50,11 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::sqlparser::ast::TableFactor;
 use zarrfusion_udfs::complex::{complex_part, complex_type};
 
-use super::exec::FftExec;
+use super::exec::{block_memory, kernel_memory, FftExec};
 use super::options::FftOptions;
-use super::source::{ArraySource, SourceDimension};
+use super::source::{ArraySource, RechunkedVariable, SourceDimension};
 use super::transform::FftTransform;
+use crate::array::rechunk::RechunkOptions;
 use crate::table::{
     literal_text, select, single_dimension, zarr_source, TableFunctionCall, ZarrTable,
 };
@@ -294,6 +297,84 @@ impl FftTable {
         single_dimension(filter, grid).filter(|&d| !self.transform.transforms(d))
     }
 
+    /// Whether one task over the smallest block of whole lines in the
+    /// source's chunks (and the kernel's threads) fits `limit`.
+    fn block_fits(&self, limit: usize) -> bool {
+        let mut block = self.source.chunk_shape();
+        let shape = self.source.shape();
+        for (axis, _) in &self.transform.axes {
+            block[*axis] = shape[*axis];
+        }
+        block_memory(self, &block) + kernel_memory(self) <= limit
+    }
+
+    /// This transform reading a copy of its Zarr variable in chunks small
+    /// enough along the other dimensions (and whole along the transformed
+    /// ones) for a block to fit `limit` twice over: the copy's metadata and
+    /// coordinates are written to `work_dir` now (the rechunk refused if it
+    /// cannot fit), its values on the first read. Refused when even a
+    /// single line does not fit, or the source is not a Zarr variable.
+    async fn rechunked(&self, state: &dyn Session, limit: usize) -> Result<FftTable> {
+        let ArraySource::Zarr { grid, variable } = &self.source else {
+            return plan_err!(
+                "FftExec of '{}' variable '{}': a block of whole lines does not fit the memory \
+                 limit (allowed_mem) of {}, and only a Zarr variable can be rechunked for it",
+                self.source.store(),
+                self.source.variable(),
+                human_readable_size(limit)
+            );
+        };
+        let shape = grid.shape();
+        let mut block = self.source.chunk_shape();
+        for (axis, _) in &self.transform.axes {
+            block[*axis] = shape[*axis];
+        }
+        let room = limit.saturating_sub(kernel_memory(self)) / 2;
+        for d in 0..block.len() {
+            while !self.transform.transforms(d) && block[d] > 1 && block_memory(self, &block) > room
+            {
+                block[d] = block[d].div_ceil(2);
+            }
+        }
+        if block_memory(self, &block) > room {
+            let dims: Vec<&str> = self
+                .transform
+                .axes
+                .iter()
+                .map(|(_, a)| a.dim.as_str())
+                .collect();
+            return plan_err!(
+                "FftExec of '{}' variable '{}': one line along [{}] needs {} read and \
+                 transformed, more than half of what the memory limit (allowed_mem) of {} \
+                 leaves beside the kernel's threads; raise the limit (transforms of lines \
+                 larger than memory, the four-step path, are not supported yet)",
+                grid.store,
+                self.source.variable(),
+                dims.join(", "),
+                human_readable_size(block_memory(self, &block)),
+                human_readable_size(limit)
+            );
+        }
+        let chunks: Vec<(String, u64)> = grid
+            .dims
+            .iter()
+            .zip(&block)
+            .map(|(d, &c)| (d.name.clone(), c))
+            .collect();
+        let runtime = Arc::clone(state.runtime_env());
+        let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
+        let (grid, variable) = (Arc::clone(grid), *variable);
+        let copy = tokio::task::spawn_blocking(move || {
+            RechunkedVariable::prepare(&grid, variable, &chunks, &options, &runtime)
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("the FFT planner stopped: {e}")))??;
+        Ok(Self {
+            source: ArraySource::Rechunked(Arc::new(copy)),
+            ..self.clone()
+        })
+    }
+
     /// What the transform reads.
     pub fn source(&self) -> &ArraySource {
         &self.source
@@ -378,7 +459,8 @@ impl TableProvider for FftTable {
                     .then(|| select(&pushed, grid, state))
                     .transpose()?
             }
-            ArraySource::Transformed(_) => None,
+            // A rechunked source is made while scanning, after this.
+            ArraySource::Transformed(_) | ArraySource::Rechunked(_) => None,
         };
         let projection = projection
             .cloned()
@@ -387,8 +469,12 @@ impl TableProvider for FftTable {
             MemoryLimit::Finite(bytes) => Some(bytes),
             _ => None,
         };
+        let rechunked = match memory_limit {
+            Some(limit) if !self.block_fits(limit) => Some(self.rechunked(state, limit).await?),
+            _ => None,
+        };
         let exec = FftExec::try_new(
-            self,
+            rechunked.as_ref().unwrap_or(self),
             projection,
             selection,
             limit,
