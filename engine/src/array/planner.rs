@@ -43,7 +43,7 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
             return Ok(Some(Arc::new(copy.plan(session).await?)));
         }
         if let Some(copy) = node.as_any().downcast_ref::<FftCopy>() {
-            return Ok(Some(Arc::new(copy.plan(session)?)));
+            return Ok(Some(Arc::new(copy.plan(session).await?)));
         }
         if let Some(copy) = node.as_any().downcast_ref::<SelectionCopy>() {
             return Ok(Some(Arc::new(copy.plan(planner, session, planning)?)));

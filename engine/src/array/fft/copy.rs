@@ -129,9 +129,9 @@ impl FftCopy {
     /// Plans the copy: blocks aligned to the target's chunks, as many
     /// tasks as the session's memory limit allows; refused when the target
     /// exists, the chunks are bad, or one task does not fit.
-    pub fn plan(&self, session: &dyn Session) -> Result<FftCopyExec> {
+    pub async fn plan(&self, session: &dyn Session) -> Result<FftCopyExec> {
         check_target(&self.target)?;
-        let table = &self.table;
+        let table = &self.table.fitted(session).await?;
         let dims = table.output_dims();
         let shape = table.output_shape();
         for (dim, _) in &self.options.chunks {

@@ -297,6 +297,18 @@ impl FftTable {
         single_dimension(filter, grid).filter(|&d| !self.transform.transforms(d))
     }
 
+    /// This transform as it runs in `session`: itself, or over a rechunked
+    /// copy of its variable when a block of whole lines in the store's
+    /// chunks does not fit the memory limit.
+    pub(crate) async fn fitted(&self, session: &dyn Session) -> Result<Arc<Self>> {
+        match session.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(limit) if !self.block_fits(limit) => {
+                Ok(Arc::new(self.rechunked(session, limit).await?))
+            }
+            _ => Ok(Arc::new(self.clone())),
+        }
+    }
+
     /// Whether one task over the smallest block of whole lines in the
     /// source's chunks (and the kernel's threads) fits `limit`.
     fn block_fits(&self, limit: usize) -> bool {
@@ -469,12 +481,9 @@ impl TableProvider for FftTable {
             MemoryLimit::Finite(bytes) => Some(bytes),
             _ => None,
         };
-        let rechunked = match memory_limit {
-            Some(limit) if !self.block_fits(limit) => Some(self.rechunked(state, limit).await?),
-            _ => None,
-        };
+        let fitted = self.fitted(state).await?;
         let exec = FftExec::try_new(
-            rechunked.as_ref().unwrap_or(self),
+            &fitted,
             projection,
             selection,
             limit,
