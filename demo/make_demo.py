@@ -286,6 +286,16 @@ def write_expected():
     m = e.lsm.values
     write_csv("08_land_sea_mask", ["cells", "land_cells"], [[m.size, float(np.asarray(m, "float64").sum())]])
 
+    # 09_zonal_spectrum: numpy's rfft along lon times the spacing (xrft's
+    # true amplitude; the true phase leaves the power as it is), |F|^2
+    # averaged over time and lat, in float64.
+    lon = e.lon.values.astype("float64")
+    spacing = float(lon[1] - lon[0])
+    spectrum = np.fft.rfft(e.t2m.values.astype("float64"), axis=2) * spacing
+    power = (np.abs(spectrum) ** 2).mean(axis=(0, 1))
+    freqs = np.fft.rfftfreq(lon.size, spacing)
+    write_csv("09_zonal_spectrum", ["freq_lon", "power"], [[f, p] for f, p in zip(freqs, power)])
+
 
 def main():
     for p in (ERA5, PRECIP, EXPECTED):

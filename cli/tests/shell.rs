@@ -33,12 +33,21 @@ fn csv(text: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn same_cell(actual: &str, expected: &str) -> bool {
+/// The relative tolerance an example states in a `-- tolerance: 1e-5` line
+/// (results computed in single precision), else 1e-6.
+fn tolerance(sql: &str) -> f64 {
+    sql.lines()
+        .find_map(|l| l.strip_prefix("-- tolerance:"))
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(1e-6)
+}
+
+fn same_cell(actual: &str, expected: &str, tolerance: f64) -> bool {
     if actual == expected {
         return true;
     }
     match (actual.parse::<f64>(), expected.parse::<f64>()) {
-        (Ok(a), Ok(e)) => (a - e).abs() <= 1e-6 * e.abs().max(1.0),
+        (Ok(a), Ok(e)) => (a - e).abs() <= tolerance * e.abs().max(1.0),
         _ => {
             actual
                 .trim_end_matches(".000000000")
@@ -59,6 +68,7 @@ fn check_example(sql: &Path, expected: &Path) {
     );
     let got = csv(&stdout(&output));
     let want = csv(&std::fs::read_to_string(expected).unwrap());
+    let tolerance = tolerance(&std::fs::read_to_string(sql).unwrap());
     assert_eq!(
         got.len(),
         want.len(),
@@ -71,7 +81,7 @@ fn check_example(sql: &Path, expected: &Path) {
         assert_eq!(g.len(), w.len(), "{}: row {i}", sql.display());
         for (a, e) in g.iter().zip(w) {
             assert!(
-                same_cell(a, e),
+                same_cell(a, e, tolerance),
                 "{}: row {i}: got {g:?}, expected {w:?}",
                 sql.display()
             );
