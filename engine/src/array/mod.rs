@@ -11,6 +11,7 @@
 //! | [`planner`] | the query planner that knows the array nodes |
 
 pub mod fft;
+pub(crate) mod leaf_plan;
 pub mod planner;
 pub mod rechunk;
 pub mod reduce;

@@ -203,14 +203,10 @@ impl<T: FftNum + Default> CpuFft<T> {
                     pre,
                     complex_post(pass),
                     |lines, out| {
-                        let mut scratch = vec![Complex::new(T::zero(), T::zero()); scratch];
-                        for (line, result) in lines
-                            .chunks_exact_mut(n_in)
-                            .zip(out.chunks_exact_mut(n_out))
-                        {
+                        each_line(lines, out, (n_in, n_out), scratch, |line, result, s| {
                             // The lengths match the plan's: no error is possible.
-                            let _ = plan.process_with_scratch(line, result, &mut scratch);
-                        }
+                            let _ = plan.process_with_scratch(line, result, s);
+                        })
                     },
                 );
                 Ok(BlockValues::Complex(out))
@@ -234,15 +230,11 @@ impl<T: FftNum + Default> CpuFft<T> {
                     complex_pre(pass),
                     post,
                     |lines, out| {
-                        let mut scratch = vec![Complex::new(T::zero(), T::zero()); scratch];
-                        for (line, result) in lines
-                            .chunks_exact_mut(n_in)
-                            .zip(out.chunks_exact_mut(n_out))
-                        {
+                        each_line(lines, out, (n_in, n_out), scratch, |line, result, s| {
                             // Non-zero imaginary parts the output cannot hold are
                             // reported after the transform ran; numpy ignores them too.
-                            let _ = plan.process_with_scratch(line, result, &mut scratch);
-                        }
+                            let _ = plan.process_with_scratch(line, result, s);
+                        })
                     },
                 );
                 Ok(BlockValues::Real(out))
@@ -284,6 +276,25 @@ impl<T: FftNum + Default> CpuFft<T> {
                 pass.axis
             )),
         }
+    }
+}
+
+/// Runs `transform(line, result, scratch)` over the lines of `lines` and
+/// their results in `out` (`n_in` and `n_out` values per line),
+/// with one scratch buffer of `scratch` values.
+fn each_line<T: FftNum, I, O>(
+    lines: &mut [I],
+    out: &mut [O],
+    (n_in, n_out): (usize, usize),
+    scratch: usize,
+    transform: impl Fn(&mut [I], &mut [O], &mut [Complex<T>]),
+) {
+    let mut scratch = vec![Complex::new(T::zero(), T::zero()); scratch];
+    for (line, result) in lines
+        .chunks_exact_mut(n_in)
+        .zip(out.chunks_exact_mut(n_out))
+    {
+        transform(line, result, &mut scratch);
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::Column;
 use datafusion::common::{
     exec_err, human_readable_size, DFSchemaRef, DataFusionError, Result, Statistics,
@@ -33,7 +33,6 @@ use datafusion::logical_expr::{
     Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
@@ -45,6 +44,7 @@ use super::selection_copy::selection_copy;
 use super::store::check_target;
 use super::write_job::{count_properties, WriteJob, Written};
 use crate::array::fft::copy::fft_copy;
+use crate::array::leaf_plan::leaf_plan_methods;
 use crate::array::rechunk::{
     fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkSummary, TargetEncoding,
 };
@@ -397,34 +397,7 @@ pub(crate) fn write_target(
 }
 
 impl ExecutionPlan for ArrayCopyExec {
-    fn name(&self) -> &str {
-        "ArrayCopyExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return exec_err!("ArrayCopyExec takes no children");
-        }
-        Ok(self)
-    }
+    leaf_plan_methods!("ArrayCopyExec");
 
     fn execute(
         &self,

@@ -33,7 +33,6 @@ use datafusion::arrow::array::{Array as _, ArrayRef, AsArray, RecordBatch, UInt6
 use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     exec_err, human_readable_size, plan_err, DFSchema, DFSchemaRef, DataFusionError, Result,
     Statistics,
@@ -58,6 +57,7 @@ use super::array_copy::{write_target, CopyScan};
 use super::options::{Codec, ZarrWriteOptions};
 use super::store::{check_target, chunk_lengths, write_group, GroupCoordinate, GroupVariable};
 use super::write_job::{count_properties, WriteJob, Written};
+use crate::array::leaf_plan::leaf_plan_methods;
 use crate::array::rechunk::{
     default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
 };
@@ -708,34 +708,7 @@ impl DisplayAs for SelectionCopyExec {
 }
 
 impl ExecutionPlan for SelectionCopyExec {
-    fn name(&self) -> &str {
-        "SelectionCopyExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return exec_err!("SelectionCopyExec takes no children");
-        }
-        Ok(self)
-    }
+    leaf_plan_methods!("SelectionCopyExec");
 
     fn execute(
         &self,

@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     exec_err, human_readable_size, plan_err, DFSchemaRef, DataFusionError, Result, Statistics,
 };
@@ -35,7 +34,6 @@ use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
@@ -47,6 +45,7 @@ use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableSt
 use super::exec::{kernel_memory, plan_blocks, transformed_block};
 use super::source::{Kernels, Precision};
 use super::table::FftTable;
+use crate::array::leaf_plan::leaf_plan_methods;
 use crate::array::tasks::run_tasks;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
@@ -439,34 +438,7 @@ impl DisplayAs for FftCopyExec {
 }
 
 impl ExecutionPlan for FftCopyExec {
-    fn name(&self) -> &str {
-        "FftCopyExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return exec_err!("FftCopyExec has no children, got {}", children.len());
-        }
-        Ok(self)
-    }
+    leaf_plan_methods!("FftCopyExec");
 
     fn execute(
         &self,

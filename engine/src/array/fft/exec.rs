@@ -23,13 +23,12 @@ use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::common::stats::Precision as Exactness;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     exec_err, human_readable_size, plan_err, DataFusionError, Result, Statistics,
 };
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
@@ -41,6 +40,7 @@ use zarrfusion_udfs::complex::complex_array;
 use super::source::{ArraySource, Kernels, Precision};
 use super::table::FftTable;
 use super::transform::FftTransform;
+use crate::array::leaf_plan::leaf_plan_methods;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, Device};
@@ -481,34 +481,7 @@ impl DisplayAs for FftExec {
 }
 
 impl ExecutionPlan for FftExec {
-    fn name(&self) -> &str {
-        "FftExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return exec_err!("FftExec has no children, got {}", children.len());
-        }
-        Ok(self)
-    }
+    leaf_plan_methods!("FftExec");
 
     fn execute(
         &self,
