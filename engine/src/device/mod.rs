@@ -37,17 +37,51 @@ impl fmt::Display for Device {
 
 /// Whether a GPU is usable, probed once per process: `Ok` with what was
 /// found, or `Err` with why not. A build without the `gpu` feature has no
-/// GPU support; the probe never panics.
+/// GPU support; the probe never panics (a missing library is an `Err`).
 pub fn gpu_probe() -> &'static Result<String, String> {
     static PROBE: OnceLock<Result<String, String>> = OnceLock::new();
-    PROBE.get_or_init(|| {
-        Err("this build of zarrfusion has no GPU support (the `gpu` feature)".to_string())
-    })
+    PROBE.get_or_init(probe)
+}
+
+/// Looks for a usable GPU: the CUDA driver and cuFFT libraries present, a
+/// device the driver sees and a context on it. cudarc's loaders panic
+/// when a library is missing, so the libraries are looked for first and
+/// the whole probe runs under `catch_unwind`.
+#[cfg(feature = "gpu")]
+fn probe() -> Result<String, String> {
+    use cudarc::driver::CudaContext;
+    let found = std::panic::catch_unwind(|| {
+        // SAFETY: these only try to open the libraries by name.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err("the CUDA driver library (libcuda) was not found".to_string());
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::cufft::sys::is_culib_present() } {
+            return Err("the cuFFT library (libcufft) was not found".to_string());
+        }
+        let count =
+            CudaContext::device_count().map_err(|e| format!("the CUDA driver failed: {e}"))?;
+        if count < 1 {
+            return Err("the CUDA driver sees no device".to_string());
+        }
+        let context = CudaContext::new(0).map_err(|e| format!("no context on device 0: {e}"))?;
+        let name = context.name().unwrap_or_else(|_| "unnamed".to_string());
+        Ok(format!("{count} CUDA device(s); device 0 is {name}"))
+    });
+    found.unwrap_or_else(|_| Err("probing CUDA panicked".to_string()))
+}
+
+/// Without the `gpu` feature there is nothing to probe.
+#[cfg(not(feature = "gpu"))]
+fn probe() -> Result<String, String> {
+    Err("this build of zarrfusion has no GPU support (the `gpu` feature)".to_string())
 }
 
 /// The device the setting `zarrfusion.device` chooses: `cpu`; `cuda`,
 /// refused when no GPU is usable; `auto`, a GPU when one is usable, else
-/// the CPU (logged once). No GPU kernel runs yet, so `auto` runs on the CPU.
+/// the CPU (logged once). No GPU kernel runs yet (the probe is built with
+/// the `gpu` feature, the cuFFT kernel is to come), so `auto` runs on the
+/// CPU and `cuda` is refused.
 pub fn choose_device(setting: &str) -> Result<Device, String> {
     match setting.trim().to_ascii_lowercase().as_str() {
         "cpu" => Ok(Device::Cpu),
