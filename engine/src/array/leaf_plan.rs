@@ -1,6 +1,8 @@
-//! What every leaf operator of zarrfusion writes the same way in its
-//! `ExecutionPlan`: its name, its `properties` field, no children, no
-//! expressions, and refusing to be given children.
+//! What every leaf node of zarrfusion writes the same way: in its
+//! `ExecutionPlan` (an operator) its name, its `properties` field, no
+//! children, no expressions, refusing to be given children; in its
+//! `UserDefinedLogicalNodeCore` (a logical node that reads its table
+//! itself) its name, its `schema` field, no inputs and no expressions.
 
 /// Expands, inside `impl ExecutionPlan for T`, to `name` (the literal
 /// given), `properties` (the struct's `properties: Arc<PlanProperties>`
@@ -51,4 +53,36 @@ macro_rules! leaf_plan_methods {
     };
 }
 
-pub(crate) use leaf_plan_methods;
+/// Expands, inside `impl UserDefinedLogicalNodeCore for T` (`T: Clone`),
+/// to `name` (the literal given), `schema` (the struct's `schema:
+/// DFSchemaRef` field), `inputs` and `expressions` (none) and
+/// `with_exprs_and_inputs` (a clone).
+macro_rules! leaf_node_methods {
+    ($name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn inputs(&self) -> Vec<&datafusion::logical_expr::LogicalPlan> {
+            vec![]
+        }
+
+        fn schema(&self) -> &datafusion::common::DFSchemaRef {
+            &self.schema
+        }
+
+        fn expressions(&self) -> Vec<datafusion::logical_expr::Expr> {
+            vec![]
+        }
+
+        fn with_exprs_and_inputs(
+            &self,
+            _exprs: Vec<datafusion::logical_expr::Expr>,
+            _inputs: Vec<datafusion::logical_expr::LogicalPlan>,
+        ) -> datafusion::common::Result<Self> {
+            Ok(self.clone())
+        }
+    };
+}
+
+pub(crate) use {leaf_node_methods, leaf_plan_methods};

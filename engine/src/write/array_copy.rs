@@ -44,7 +44,7 @@ use super::selection_copy::selection_copy;
 use super::store::check_target;
 use super::write_job::{count_properties, WriteJob, Written};
 use crate::array::fft::copy::fft_copy;
-use crate::array::leaf_plan::leaf_plan_methods;
+use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
     fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkSummary, TargetEncoding,
 };
@@ -291,21 +291,7 @@ impl PartialOrd for ArrayCopy {
 }
 
 impl UserDefinedLogicalNodeCore for ArrayCopy {
-    fn name(&self) -> &str {
-        "ArrayCopy"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
+    leaf_node_methods!("ArrayCopy");
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
@@ -319,10 +305,6 @@ impl UserDefinedLogicalNodeCore for ArrayCopy {
             self.options.codec,
             self.options.zarr_format,
         )
-    }
-
-    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, _inputs: Vec<LogicalPlan>) -> Result<Self> {
-        Ok(self.clone())
     }
 }
 

@@ -41,7 +41,7 @@ use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
-    Expr, ExprSchemable, LogicalPlan, TableProviderFilterPushDown, UserDefinedLogicalNodeCore,
+    Expr, ExprSchemable, TableProviderFilterPushDown, UserDefinedLogicalNodeCore,
 };
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
@@ -57,7 +57,7 @@ use super::array_copy::{write_target, CopyScan};
 use super::options::{Codec, ZarrWriteOptions};
 use super::store::{check_target, chunk_lengths, write_group, GroupCoordinate, GroupVariable};
 use super::write_job::{count_properties, WriteJob, Written};
-use crate::array::leaf_plan::leaf_plan_methods;
+use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
     default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
 };
@@ -364,21 +364,7 @@ impl PartialOrd for SelectionCopy {
 }
 
 impl UserDefinedLogicalNodeCore for SelectionCopy {
-    fn name(&self) -> &str {
-        "SelectionCopy"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
+    leaf_node_methods!("SelectionCopy");
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let outputs: Vec<String> = self
@@ -395,10 +381,6 @@ impl UserDefinedLogicalNodeCore for SelectionCopy {
             outputs.join(", "),
             filters.join(", ")
         )
-    }
-
-    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, _inputs: Vec<LogicalPlan>) -> Result<Self> {
-        Ok(self.clone())
     }
 }
 

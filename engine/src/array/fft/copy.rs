@@ -45,7 +45,7 @@ use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableSt
 use super::exec::{kernel_memory, plan_blocks, transformed_block};
 use super::source::{Kernels, Precision};
 use super::table::FftTable;
-use crate::array::leaf_plan::leaf_plan_methods;
+use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::tasks::run_tasks;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
@@ -245,21 +245,7 @@ impl PartialOrd for FftCopy {
 }
 
 impl UserDefinedLogicalNodeCore for FftCopy {
-    fn name(&self) -> &str {
-        "FftCopy"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
+    leaf_node_methods!("FftCopy");
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
@@ -272,10 +258,6 @@ impl UserDefinedLogicalNodeCore for FftCopy {
             self.options.codec,
             self.options.zarr_format
         )
-    }
-
-    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, _inputs: Vec<LogicalPlan>) -> Result<Self> {
-        Ok(self.clone())
     }
 }
 

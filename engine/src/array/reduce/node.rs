@@ -5,10 +5,11 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use datafusion::common::{DFSchemaRef, Result};
-use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::common::DFSchemaRef;
+use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 
 use super::accumulators::ReduceOp;
+use crate::array::leaf_plan::leaf_node_methods;
 use crate::table::GridTable;
 
 /// One aggregate of a reduction.
@@ -91,21 +92,7 @@ impl PartialOrd for DenseReduction {
 }
 
 impl UserDefinedLogicalNodeCore for DenseReduction {
-    fn name(&self) -> &str {
-        "DenseReduction"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
+    leaf_node_methods!("DenseReduction");
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let group: Vec<&str> = self
@@ -130,9 +117,5 @@ impl UserDefinedLogicalNodeCore for DenseReduction {
             write!(f, ", predicate={predicate}")?;
         }
         Ok(())
-    }
-
-    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, _inputs: Vec<LogicalPlan>) -> Result<Self> {
-        Ok(self.clone())
     }
 }
