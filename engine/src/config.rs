@@ -46,6 +46,12 @@ extensions_options! {
         /// else the CPU, said in a log line), `cpu`, or `cuda` (refused
         /// when no GPU is usable).
         pub device: String, default = "auto".to_string()
+        /// How FFTs handle lines: `auto` (whole lines when one fits
+        /// `allowed_mem`, rechunking the variable if its chunks split them;
+        /// the four-step path when one does not), `whole_lines`, or
+        /// `four_step` (lines split into blocks and intermediates in
+        /// `work_dir`, whatever their length).
+        pub fft_strategy: String, default = "auto".to_string()
     }
 }
 

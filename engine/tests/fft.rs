@@ -82,60 +82,92 @@ async fn every_case_matches_xrft() {
         .await
         .unwrap();
     for case in &cases {
-        let name = case["name"].as_str().unwrap();
-        let dims: Vec<&str> = case["dims"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_str().unwrap())
-            .collect();
-        let order = dims.join(", ");
-        let got = collect(
-            &ctx,
-            &format!("SELECT * FROM {} ORDER BY {order}", sql_call(case)),
-        )
-        .await;
-        let expected = collect(
-            &ctx,
-            &format!(
-                "SELECT {order}, re, im FROM read_zarr('{}') ORDER BY {order}",
-                case["expected"].as_str().unwrap()
-            ),
-        )
-        .await;
-        assert_eq!(got.num_rows(), expected.num_rows(), "{name}: rows");
-        for (i, dim) in dims.iter().enumerate() {
-            assert_eq!(got.schema().field(i).name(), dim, "{name}: column {i}");
-            let (a, b) = (numbers(got.column(i)), numbers(expected.column(i)));
-            for (x, y) in a.iter().zip(&b) {
-                assert!(
-                    (x - y).abs() <= 1e-9 * y.abs().max(1.0),
-                    "{name}: coordinate {dim}: {x} != {y}"
-                );
-            }
+        check_case(&ctx, case).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_dimension_cases_match_xrft_by_the_four_step_path() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let cases: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/fft/cases.json").unwrap())
+            .unwrap();
+    let ctx = new_context();
+    ctx.sql("SET datafusion.execution.batch_size = 7")
+        .await
+        .unwrap();
+    ctx.sql("SET zarrfusion.fft_strategy = 'four_step'")
+        .await
+        .unwrap();
+    let mut ran = 0;
+    for case in &cases {
+        let args = case["args"].as_object().unwrap();
+        if args["dims"].as_str().unwrap().contains(',') || args.contains_key("detrend") {
+            continue;
         }
-        let (re, im) = parts(got.column(dims.len()));
-        let (ere, eim) = (
-            numbers(expected.column(dims.len())),
-            numbers(expected.column(dims.len() + 1)),
-        );
-        let largest = ere
-            .iter()
-            .zip(&eim)
-            .map(|(r, i)| r.hypot(*i))
-            .fold(0.0, f64::max);
-        let tolerance = case["rtol"].as_f64().unwrap() * largest.max(1e-300);
-        for row in 0..re.len() {
-            let error = (re[row] - ere[row]).hypot(im[row] - eim[row]);
+        let plan = explain_text(&ctx, &format!("SELECT * FROM {}", sql_call(case))).await;
+        assert!(plan.contains("strategy=four-step"), "{plan}");
+        check_case(&ctx, case).await;
+        ran += 1;
+    }
+    assert!(ran >= 10, "{ran} cases ran");
+}
+
+/// Runs `case` in `ctx` and compares coordinates and values with xrft's.
+async fn check_case(ctx: &SessionContext, case: &Value) {
+    let name = case["name"].as_str().unwrap();
+    let dims: Vec<&str> = case["dims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    let order = dims.join(", ");
+    let got = collect(
+        ctx,
+        &format!("SELECT * FROM {} ORDER BY {order}", sql_call(case)),
+    )
+    .await;
+    let expected = collect(
+        ctx,
+        &format!(
+            "SELECT {order}, re, im FROM read_zarr('{}') ORDER BY {order}",
+            case["expected"].as_str().unwrap()
+        ),
+    )
+    .await;
+    assert_eq!(got.num_rows(), expected.num_rows(), "{name}: rows");
+    for (i, dim) in dims.iter().enumerate() {
+        assert_eq!(got.schema().field(i).name(), dim, "{name}: column {i}");
+        let (a, b) = (numbers(got.column(i)), numbers(expected.column(i)));
+        for (x, y) in a.iter().zip(&b) {
             assert!(
-                error <= tolerance,
-                "{name}: row {row}: {}+{}i != {}+{}i (tolerance {tolerance})",
-                re[row],
-                im[row],
-                ere[row],
-                eim[row]
+                (x - y).abs() <= 1e-9 * y.abs().max(1.0),
+                "{name}: coordinate {dim}: {x} != {y}"
             );
         }
+    }
+    let (re, im) = parts(got.column(dims.len()));
+    let (ere, eim) = (
+        numbers(expected.column(dims.len())),
+        numbers(expected.column(dims.len() + 1)),
+    );
+    let largest = ere
+        .iter()
+        .zip(&eim)
+        .map(|(r, i)| r.hypot(*i))
+        .fold(0.0, f64::max);
+    let tolerance = case["rtol"].as_f64().unwrap() * largest.max(1e-300);
+    for row in 0..re.len() {
+        let error = (re[row] - ere[row]).hypot(im[row] - eim[row]);
+        assert!(
+            error <= tolerance,
+            "{name}: row {row}: {}+{}i != {}+{}i (tolerance {tolerance})",
+            re[row],
+            im[row],
+            ere[row],
+            eim[row]
+        );
     }
 }
 

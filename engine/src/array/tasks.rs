@@ -4,6 +4,7 @@
 //! (`COPY` of a selection, of a transform) run their chunks this way, so
 //! at most `workers` tasks hold memory at once.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -52,6 +53,30 @@ pub(crate) fn run_tasks<S, E: Send>(
         Ok(Some(e)) => Err(e),
         _ => Ok(total.into_inner()),
     }
+}
+
+/// The number of cells of a grid of `step`-sized cells over `shape`.
+pub(crate) fn grid_cells(shape: &[u64], step: &[u64]) -> u64 {
+    shape
+        .iter()
+        .zip(step)
+        .map(|(&s, &r)| s.div_ceil(r.max(1)))
+        .product()
+}
+
+/// Cell `index` (in C order) of a grid of `step`-sized cells over `shape`,
+/// as ranges (the last cells along a dimension cut at its end).
+pub(crate) fn grid_cell(shape: &[u64], step: &[u64], index: u64) -> Vec<Range<u64>> {
+    let mut rest = index;
+    let mut cell = vec![0..0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        let r = step[d].max(1);
+        let count = shape[d].div_ceil(r).max(1);
+        let p = rest % count;
+        rest /= count;
+        cell[d] = p * r..((p + 1) * r).min(shape[d]);
+    }
+    cell
 }
 
 #[cfg(test)]

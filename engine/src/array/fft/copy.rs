@@ -20,7 +20,6 @@
 use std::cmp::Ordering as CmpOrdering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,7 +41,7 @@ use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
-use super::exec::{kernel_memory, plan_blocks, transformed_block};
+use super::exec::{block_memory, kernel_memory, plan_blocks, transformed_block};
 use super::source::{Kernels, Precision};
 use super::table::FftTable;
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
@@ -149,16 +148,19 @@ impl FftCopy {
                 .map(|(_, c)| (*c).clamp(1, shape[d].max(1)))
         };
         // Blocks align to the target's chunks along the other dimensions.
-        let mut align = table.source().chunk_shape();
+        // (Along the transformed dimensions, blocks are whole lines, or for
+        // the four-step path the target's chunks.)
+        let mut align = table.block_chunk();
         for (d, length) in align.iter_mut().enumerate() {
-            if table.transform().transforms(d) {
-                *length = table.source().shape()[d];
-            } else if let Some(c) = given(d) {
+            let whole = table.transform().transforms(d) && table.four_step().is_none();
+            if let (false, Some(c)) = (whole, given(d)) {
                 *length = c;
             }
         }
         let options = session.config_options();
         let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
+            // The four-step passes hold half the limit while blocks are written.
+            MemoryLimit::Finite(bytes) if table.four_step().is_some() => Some(bytes / 2),
             MemoryLimit::Finite(bytes) => Some(bytes),
             _ => None,
         };
@@ -169,18 +171,20 @@ impl FftCopy {
                 table.source().variable()
             ))
         })?;
-        let all = Selection::all(&table.source().shape());
+        let all = Selection::all(&table.block_space());
         let blocks = plan_blocks(table, &align, &all, options, memory_limit);
-        let block_out = table.transform().output_shape(blocks.block_shape());
+        let block_out: Vec<u64> = table
+            .output_extent(&blocks.block(0))
+            .iter()
+            .map(|r| r.end - r.start)
+            .collect();
         let chunks: Vec<u64> = (0..dims.len())
             .map(|d| given(d).unwrap_or(block_out[d]).max(1))
             .collect();
-        let in_cells = blocks.block_shape().iter().product::<u64>() as usize;
         let out_cells = block_out.iter().product::<u64>() as usize;
-        // A block read, its values before and after a pass, and its
-        // encoded chunks.
-        let task_memory = in_cells * table.source().peak_bytes_per_cell()
-            + 3 * in_cells.max(out_cells) * table.complex_bytes();
+        // A block read and transformed, and its encoded chunks.
+        let task_memory =
+            block_memory(table, blocks.block_shape()) + out_cells * table.complex_bytes();
         let kernel = kernel_memory(table);
         let mut workers =
             (blocks.num_blocks() as usize).clamp(1, options.execution.target_partitions.max(1));
@@ -358,17 +362,7 @@ impl CopyJob {
             ))
         }
         .map_err(fail)?;
-        let transform = self.table.transform();
-        let out_extent: Vec<Range<u64>> = extent
-            .iter()
-            .enumerate()
-            .map(
-                |(d, r)| match transform.axes.iter().find(|(a, _)| *a == d) {
-                    Some((_, axis)) => 0..axis.output_len() as u64,
-                    None => r.clone(),
-                },
-            )
-            .collect();
+        let out_extent = self.table.output_extent(&extent);
         arrays[0]
             .store_array_subset(
                 &ArraySubset::new_with_ranges(&out_extent),

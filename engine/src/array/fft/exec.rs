@@ -153,20 +153,9 @@ impl FftJob {
         } else {
             None
         };
-        let out_shape = self
-            .transform()
-            .output_shape(&extent.iter().map(|r| r.end - r.start).collect::<Vec<_>>());
-        let offsets: Vec<u64> = extent
-            .iter()
-            .enumerate()
-            .map(|(d, r)| {
-                if self.transform().transforms(d) {
-                    0
-                } else {
-                    r.start
-                }
-            })
-            .collect();
+        let out_extent = self.table.output_extent(&extent);
+        let out_shape: Vec<u64> = out_extent.iter().map(|r| r.end - r.start).collect();
+        let offsets: Vec<u64> = out_extent.iter().map(|r| r.start).collect();
         let mut n: u64 = out_shape.iter().product();
         if let Some(left) = remaining {
             n = n.min(*left);
@@ -215,13 +204,18 @@ impl FftJob {
 }
 
 /// The transformed values of block `extent` of `table`'s source (whole
-/// along the transformed dimensions), in precision `P`.
+/// along the transformed dimensions), in precision `P`; for the four-step
+/// path, the output positions `extent` (the passes run first if not yet).
 pub(crate) fn transformed_block<P: Precision>(
     table: &FftTable,
     kernels: &Kernels,
     extent: &[Range<u64>],
     pool: &ChunkBufferPool,
 ) -> std::result::Result<BlockValues<P>, String> {
+    if let (Some(four_step), [(_, axis)]) = (table.four_step(), table.transform().axes.as_slice()) {
+        four_step.ensure_done::<P>(table.source(), axis, kernels)?;
+        return four_step.read_output::<P>(axis, extent);
+    }
     let shape: Vec<usize> = extent.iter().map(|r| (r.end - r.start) as usize).collect();
     let values = table.source().read::<P>(extent, pool, kernels)?;
     let (out, _) = table
@@ -242,7 +236,7 @@ pub(crate) fn plan_blocks(
     memory_limit: Option<usize>,
 ) -> BlockGrid {
     let source = table.source();
-    let shape = source.shape();
+    let shape = table.block_space();
     let parallelism = options.execution.target_partitions.max(1);
     let bytes_per_cell = (source.peak_bytes_per_cell() + 2 * table.complex_bytes()) as u64;
     let mut target = ZarrConfig::of(options).target_partition_bytes;
@@ -262,6 +256,13 @@ pub(crate) fn plan_blocks(
 /// Memory a block of shape `block` takes read, decoded and transformed:
 /// the source's peak per cell, and the values before and after a pass.
 pub(crate) fn block_memory(table: &FftTable, block: &[u64]) -> usize {
+    if let Some(four_step) = table.four_step() {
+        // Output positions: spectrum rows read (a row more at each end of
+        // a run) and the values taken from them.
+        let cells = block.iter().product::<u64>() as usize;
+        let lines = cells / block[four_step.plan.axis].max(1) as usize;
+        return (2 * cells + 4 * lines * four_step.plan.rows) * table.complex_bytes();
+    }
     let in_cells = block.iter().product::<u64>() as usize;
     let out_cells = table
         .transform()
@@ -275,6 +276,11 @@ pub(crate) fn block_memory(table: &FftTable, block: &[u64]) -> usize {
 /// Memory the kernel's threads hold besides the blocks: per thread, a group
 /// of lines gathered and transformed.
 pub(crate) fn kernel_memory(table: &FftTable) -> usize {
+    if table.four_step().is_some() {
+        // Reading the four-step output transforms nothing (the passes
+        // budget their own kernels).
+        return 0;
+    }
     let longest = table
         .transform()
         .axes
@@ -331,13 +337,10 @@ impl FftExec {
         options: &datafusion::common::config::ConfigOptions,
         memory_limit: Option<usize>,
     ) -> Result<Self> {
-        let mut chunk = table.source().chunk_shape();
-        for (axis, _) in &table.transform().axes {
-            chunk[*axis] = table.source().shape()[*axis];
-        }
+        let chunk = table.block_chunk();
         let parallelism = options.execution.target_partitions.max(1);
         let filtered = selection.is_some();
-        let selection = selection.unwrap_or_else(|| Selection::all(&table.source().shape()));
+        let selection = selection.unwrap_or_else(|| Selection::all(&table.block_space()));
         let blocks = plan_blocks(table, &chunk, &selection, options, memory_limit);
         let source = table.source();
         let device = choose_device(&ZarrConfig::of(options).device).map_err(|e| {
@@ -373,8 +376,7 @@ impl FftExec {
                      whole along the transformed dimensions, read, transformed and turned into \
                      rows) plus {} for the kernel's threads, but the memory limit \
                      (allowed_mem) is {}; raise it, or rechunk the store to smaller chunks along \
-                     the other dimensions (transforms of lines larger than memory are not \
-                     supported yet)",
+                     the other dimensions",
                     source.store(),
                     source.variable(),
                     human_readable_size(job.per_task_memory()),
@@ -445,21 +447,21 @@ impl DisplayAs for FftExec {
         }
         write!(
             f,
-            "FftExec: store={}, variable={}, {} along [{}] ({}), strategy={}whole lines (blocks \
-             of shape {:?}, {} blocks, {} tasks), device={}, precision={}, \
-             projected_memory={}, read={}",
+            "FftExec: store={}, variable={}, {} along [{}] ({}), strategy={} (blocks of shape \
+             {:?}, {} blocks, {} tasks), device={}, precision={}, projected_memory={}, read={}",
             job.source().store(),
             job.source().variable(),
             if options.inverse { "ifft" } else { "fft" },
             dims.join(", "),
             flags.join(", "),
-            match job.source() {
-                ArraySource::Rechunked(copy) => format!(
-                    "rechunked to {:?} in work_dir ({}), then ",
+            match (job.table.four_step(), job.source()) {
+                (Some(four_step), _) => four_step.describe(job.source()),
+                (None, ArraySource::Rechunked(copy)) => format!(
+                    "rechunked to {:?} in work_dir ({}), then whole lines",
                     copy.chunk_shape(),
                     human_readable_size(copy.projected_memory() as usize)
                 ),
-                _ => String::new(),
+                _ => "whole lines".to_string(),
             },
             job.blocks.block_shape(),
             job.blocks.num_blocks(),

@@ -9,6 +9,7 @@
 //! | [`transform`] | a whole transform of a block |
 //! | [`source`] | what a transform reads: a Zarr variable or another transform's output |
 //! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
+//! | [`four_step`] | the four-step (Bailey) path for lines larger than memory |
 //! | [`exec`] | `FftExec`, the operator |
 //! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`) |
 //!
@@ -20,6 +21,7 @@ pub mod axis;
 pub mod copy;
 pub mod detrend;
 pub mod exec;
+pub mod four_step;
 pub mod options;
 pub mod source;
 pub mod table;

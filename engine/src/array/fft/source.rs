@@ -23,7 +23,9 @@ use rustfft::num_traits::{Float, FromPrimitive, Zero};
 use rustfft::FftNum;
 use std::ops::Range;
 use zarrfusion_udfs::complex::complex_part;
+use zarrs::array::{ArrayError, ArraySubset};
 
+use super::four_step::ScratchArray;
 use super::table::FftTable;
 use super::transform::InputCoordinate;
 use crate::array::rechunk::{default_work_dir, PreparedRechunk, RechunkOptions, ScratchStore};
@@ -100,6 +102,36 @@ pub trait Precision: FftNum + Float + Default + bytemuck::Pod {
     type Arrow: ArrowPrimitiveType<Native = Self>;
     /// This precision's kernel.
     fn kernel(kernels: &Kernels) -> &CpuFft<Self>;
+    /// Complex values of this precision read from `subset` of `array`.
+    fn retrieve_complex(
+        array: &ScratchArray,
+        subset: &ArraySubset,
+    ) -> Result<Vec<Complex<Self>>, ArrayError>;
+    /// Complex values of this precision written to `subset` of `array`.
+    fn store_complex(
+        array: &ScratchArray,
+        subset: &ArraySubset,
+        values: &[Complex<Self>],
+    ) -> Result<(), ArrayError>;
+}
+
+/// [`Precision`]'s reads and writes of complex values, alike for both.
+macro_rules! complex_io {
+    () => {
+        fn retrieve_complex(
+            array: &ScratchArray,
+            subset: &ArraySubset,
+        ) -> Result<Vec<Complex<Self>>, ArrayError> {
+            array.retrieve_array_subset(subset)
+        }
+        fn store_complex(
+            array: &ScratchArray,
+            subset: &ArraySubset,
+            values: &[Complex<Self>],
+        ) -> Result<(), ArrayError> {
+            array.store_array_subset(subset, values)
+        }
+    };
 }
 
 impl Precision for f32 {
@@ -107,6 +139,7 @@ impl Precision for f32 {
     fn kernel(kernels: &Kernels) -> &CpuFft<f32> {
         &kernels.single
     }
+    complex_io!();
 }
 
 impl Precision for f64 {
@@ -114,6 +147,7 @@ impl Precision for f64 {
     fn kernel(kernels: &Kernels) -> &CpuFft<f64> {
         &kernels.double
     }
+    complex_io!();
 }
 
 /// What a transform reads (see the module docs).

@@ -27,6 +27,7 @@
 //! and a plan that cannot fit with one task is refused.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -51,10 +52,12 @@ use datafusion::sql::sqlparser::ast::TableFactor;
 use zarrfusion_udfs::complex::{complex_part, complex_type};
 
 use super::exec::{block_memory, kernel_memory, FftExec};
+use super::four_step::{FourStep, FourStepInput, FourStepPlan};
 use super::options::FftOptions;
 use super::source::{ArraySource, RechunkedVariable, SourceDimension};
 use super::transform::FftTransform;
-use crate::array::rechunk::RechunkOptions;
+use crate::array::rechunk::{default_work_dir, RechunkOptions};
+use crate::config::ZarrConfig;
 use crate::table::{
     literal_text, select, single_dimension, zarr_source, TableFunctionCall, ZarrTable,
 };
@@ -184,6 +187,8 @@ pub struct FftTable {
     /// Output dimensions, outermost first.
     dims: Vec<SourceDimension>,
     schema: SchemaRef,
+    /// The four-step transform, when lines go that way (set by `fitted`).
+    four_step: Option<Arc<FourStep>>,
 }
 
 impl FftTable {
@@ -229,7 +234,7 @@ impl FftTable {
             let output = match transform.axes.iter().find(|(a, _)| *a == d) {
                 Some((_, axis)) => SourceDimension {
                     name: axis.output_name.clone(),
-                    values: Arc::new(Float64Array::from(axis.coords.clone())) as ArrayRef,
+                    values: Arc::new(Float64Array::from(axis.coords())) as ArrayRef,
                     direct_lag: (!options.inverse).then_some(axis.lag),
                     descends: false,
                 },
@@ -279,6 +284,7 @@ impl FftTable {
             transform: Arc::new(transform),
             dims,
             schema: Arc::new(Schema::new(fields)),
+            four_step: None,
         })
     }
 
@@ -297,12 +303,31 @@ impl FftTable {
         single_dimension(filter, grid).filter(|&d| !self.transform.transforms(d))
     }
 
-    /// This transform as it runs in `session`: itself, or over a rechunked
-    /// copy of its variable when a block of whole lines in the store's
-    /// chunks does not fit the memory limit.
+    /// This transform as it runs in `session` (`zarrfusion.fft_strategy`):
+    /// itself; over a rechunked copy of its variable when a block of whole
+    /// lines in the store's chunks does not fit the memory limit; or by the
+    /// four-step path when a single line does not.
     pub(crate) async fn fitted(&self, session: &dyn Session) -> Result<Arc<Self>> {
-        match session.runtime_env().memory_pool.memory_limit() {
-            MemoryLimit::Finite(limit) if !self.block_fits(limit) => {
+        let limit = match session.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(limit) => Some(limit),
+            _ => None,
+        };
+        let strategy = ZarrConfig::of(session.config_options()).fft_strategy;
+        let four_step = match strategy.trim().to_ascii_lowercase().as_str() {
+            "four_step" => true,
+            "whole_lines" => false,
+            "auto" => limit.is_some_and(|l| !self.line_fits(l)),
+            other => {
+                return plan_err!(
+                    "zarrfusion.fft_strategy is '{other}'; it takes auto, whole_lines or four_step"
+                )
+            }
+        };
+        if four_step {
+            return Ok(Arc::new(self.four_stepped(session, limit).await?));
+        }
+        match limit {
+            Some(limit) if !self.block_fits(limit) => {
                 Ok(Arc::new(self.rechunked(session, limit).await?))
             }
             _ => Ok(Arc::new(self.clone())),
@@ -318,6 +343,83 @@ impl FftTable {
             block[*axis] = shape[*axis];
         }
         block_memory(self, &block) + kernel_memory(self) <= limit
+    }
+
+    /// Whether one line (one position of every other dimension) fits half
+    /// of what `limit` leaves beside the kernel's threads, as a rechunked
+    /// block must.
+    fn line_fits(&self, limit: usize) -> bool {
+        let mut line = vec![1; self.source.shape().len()];
+        for (axis, _) in &self.transform.axes {
+            line[*axis] = self.source.shape()[*axis];
+        }
+        block_memory(self, &line) <= limit.saturating_sub(kernel_memory(self)) / 2
+    }
+
+    /// This transform by the four-step path, its intermediates planned for
+    /// `limit` (1 GiB without one) and created in `work_dir` (computed on
+    /// the first read). Refused for more than one dimension, a detrend,
+    /// or a source that is another transform.
+    async fn four_stepped(&self, state: &dyn Session, limit: Option<usize>) -> Result<FftTable> {
+        let fail = |message: String| {
+            DataFusionError::Plan(format!(
+                "FftExec of '{}' variable '{}': {message}",
+                self.source.store(),
+                self.source.variable()
+            ))
+        };
+        let [(axis, axis_transform)] = self.transform.axes.as_slice() else {
+            return Err(fail(format!(
+                "the four-step path (for lines larger than memory) transforms one dimension \
+                 at a time, not {}; transform them one after the other",
+                self.transform.axes.len()
+            )));
+        };
+        if self.transform.options.detrend.is_some() {
+            return Err(fail(
+                "the four-step path (for lines larger than memory) does not detrend; detrend \
+                 before the transform, or give it the memory for whole lines"
+                    .into(),
+            ));
+        }
+        if matches!(self.source, ArraySource::Transformed(_)) {
+            return Err(fail(
+                "the four-step path (for lines larger than memory) reads Zarr variables; write \
+                 the transform it applies to to Zarr first (COPY ... or to_zarr)"
+                    .into(),
+            ));
+        }
+        let limit = limit.unwrap_or(1 << 30);
+        let input = FourStepInput {
+            shape: self.source.shape(),
+            chunk: self.source.chunk_shape(),
+            peak_bytes_per_cell: self.source.peak_bytes_per_cell(),
+            single: self.single_precision(),
+        };
+        // Half the limit for the passes, half for the operator reading
+        // their output (which holds its memory while they run).
+        let plan = FourStepPlan::new(
+            *axis,
+            axis_transform,
+            &input,
+            limit,
+            limit / 2,
+            rayon::current_num_threads(),
+        )
+        .map_err(fail)?;
+        let runtime = Arc::clone(state.runtime_env());
+        let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
+        let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
+        let (shape, single) = (input.shape, input.single);
+        let four_step = tokio::task::spawn_blocking(move || {
+            FourStep::create(plan, &shape, single, &work_dir, &runtime)
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("the FFT planner stopped: {e}")))??;
+        Ok(Self {
+            four_step: Some(Arc::new(four_step)),
+            ..self.clone()
+        })
     }
 
     /// This transform reading a copy of its Zarr variable in chunks small
@@ -385,6 +487,59 @@ impl FftTable {
             source: ArraySource::Rechunked(Arc::new(copy)),
             ..self.clone()
         })
+    }
+
+    /// The four-step transform, when lines take that path.
+    pub fn four_step(&self) -> Option<&Arc<FourStep>> {
+        self.four_step.as_ref()
+    }
+
+    /// The shape blocks of the operator index: the source's (blocks whole
+    /// along the transformed dimensions), or for the four-step path the
+    /// output's.
+    pub(crate) fn block_space(&self) -> Vec<u64> {
+        match &self.four_step {
+            Some(_) => self.output_shape(),
+            None => self.source.shape(),
+        }
+    }
+
+    /// The chunk blocks align to: the source's chunks, whole along the
+    /// transformed dimensions; or for the four-step path its batches of
+    /// lines and output chunks.
+    pub(crate) fn block_chunk(&self) -> Vec<u64> {
+        match &self.four_step {
+            Some(four_step) => {
+                let mut chunk = four_step.plan.batch.clone();
+                chunk[four_step.plan.axis] = four_step.plan.output_chunk();
+                chunk
+            }
+            None => {
+                let mut chunk = self.source.chunk_shape();
+                let shape = self.source.shape();
+                for (axis, _) in &self.transform.axes {
+                    chunk[*axis] = shape[*axis];
+                }
+                chunk
+            }
+        }
+    }
+
+    /// The output positions of block `extent` (see [`Self::block_space`]).
+    pub(crate) fn output_extent(&self, extent: &[Range<u64>]) -> Vec<Range<u64>> {
+        if self.four_step.is_some() {
+            return extent.to_vec();
+        }
+        extent
+            .iter()
+            .enumerate()
+            .map(
+                |(d, r)| match self.transform.axes.iter().find(|(a, _)| *a == d) {
+                    Some((_, axis)) => 0..axis.output_len() as u64,
+                    None => r.clone(),
+                },
+            )
+            .collect()
     }
 
     /// What the transform reads.
@@ -477,11 +632,18 @@ impl TableProvider for FftTable {
         let projection = projection
             .cloned()
             .unwrap_or_else(|| (0..self.schema.fields().len()).collect());
-        let memory_limit = match state.runtime_env().memory_pool.memory_limit() {
+        let mut memory_limit = match state.runtime_env().memory_pool.memory_limit() {
             MemoryLimit::Finite(bytes) => Some(bytes),
             _ => None,
         };
         let fitted = self.fitted(state).await?;
+        let mut selection = selection;
+        if fitted.four_step.is_some() {
+            // The passes run for every line; filters apply above. They hold
+            // half the limit while the operator reads their output.
+            selection = None;
+            memory_limit = memory_limit.map(|l| l / 2);
+        }
         let exec = FftExec::try_new(
             &fitted,
             projection,

@@ -71,19 +71,22 @@ impl Window {
     /// The `n` values of the periodic window (scipy's `sym=False`: the
     /// symmetric window of `n + 1` points without its last).
     pub fn values(self, n: usize) -> Vec<f64> {
-        if n == 0 {
-            return Vec::new();
-        }
-        if n == 1 {
-            return vec![1.0];
+        (0..n).map(|i| self.value(i, n)).collect()
+    }
+
+    /// Value `i` of the periodic window of `n` points (see [`Self::values`]),
+    /// computed alone, so windows of lines larger than memory need no table.
+    pub fn value(self, i: usize, n: usize) -> f64 {
+        if n <= 1 {
+            return 1.0;
         }
         let m = n + 1;
-        let mut w: Vec<f64> = match self {
-            Self::Hann => cosine_sum(&[0.5, 0.5], m),
-            Self::Hamming => cosine_sum(&[0.54, 0.46], m),
-            Self::Blackman => cosine_sum(&[0.42, 0.50, 0.08], m),
-            Self::BlackmanHarris => cosine_sum(&[0.35875, 0.48829, 0.14128, 0.01168], m),
-            Self::Nuttall => cosine_sum(&[0.3635819, 0.4891775, 0.1365995, 0.0106411], m),
+        match self {
+            Self::Hann => cosine_sum(&[0.5, 0.5], i, m),
+            Self::Hamming => cosine_sum(&[0.54, 0.46], i, m),
+            Self::Blackman => cosine_sum(&[0.42, 0.50, 0.08], i, m),
+            Self::BlackmanHarris => cosine_sum(&[0.35875, 0.48829, 0.14128, 0.01168], i, m),
+            Self::Nuttall => cosine_sum(&[0.3635819, 0.4891775, 0.1365995, 0.0106411], i, m),
             Self::Flattop => cosine_sum(
                 &[
                     0.21557895,
@@ -92,65 +95,52 @@ impl Window {
                     0.083578947,
                     0.006947368,
                 ],
+                i,
                 m,
             ),
-            Self::Tukey(alpha) => tukey(alpha, m),
-            Self::Boxcar => vec![1.0; m],
-            Self::Bartlett => (0..m)
-                .map(|i| {
-                    let x = 2.0 * i as f64 / (m - 1) as f64;
-                    if x <= 1.0 {
-                        x
-                    } else {
-                        2.0 - x
-                    }
-                })
-                .collect(),
-            Self::Cosine => (0..m)
-                .map(|i| (PI / m as f64 * (i as f64 + 0.5)).sin())
-                .collect(),
-        };
-        w.truncate(n);
-        w
+            Self::Tukey(alpha) => tukey(alpha, i, m),
+            Self::Boxcar => 1.0,
+            Self::Bartlett => {
+                let x = 2.0 * i as f64 / (m - 1) as f64;
+                if x <= 1.0 {
+                    x
+                } else {
+                    2.0 - x
+                }
+            }
+            Self::Cosine => (PI / m as f64 * (i as f64 + 0.5)).sin(),
+        }
     }
 }
 
-/// scipy's `general_cosine(m, a, sym=True)`: `sum_k a[k] cos(k x)` for `x`
-/// evenly from -pi to pi.
-fn cosine_sum(a: &[f64], m: usize) -> Vec<f64> {
-    (0..m)
-        .map(|i| {
-            let x = -PI + 2.0 * PI * i as f64 / (m - 1) as f64;
-            a.iter()
-                .enumerate()
-                .map(|(k, c)| c * (k as f64 * x).cos())
-                .sum()
-        })
-        .collect()
+/// Value `i` of scipy's `general_cosine(m, a, sym=True)`: `sum_k a[k]
+/// cos(k x)` for `x` evenly from -pi to pi.
+fn cosine_sum(a: &[f64], i: usize, m: usize) -> f64 {
+    let x = -PI + 2.0 * PI * i as f64 / (m - 1) as f64;
+    a.iter()
+        .enumerate()
+        .map(|(k, c)| c * (k as f64 * x).cos())
+        .sum()
 }
 
-/// scipy's `tukey(m, alpha, sym=True)`.
-fn tukey(alpha: f64, m: usize) -> Vec<f64> {
+/// Value `i` of scipy's `tukey(m, alpha, sym=True)`.
+fn tukey(alpha: f64, i: usize, m: usize) -> f64 {
     if alpha <= 0.0 {
-        return vec![1.0; m];
+        return 1.0;
     }
     if alpha >= 1.0 {
-        return cosine_sum(&[0.5, 0.5], m);
+        return cosine_sum(&[0.5, 0.5], i, m);
     }
     let last = (m - 1) as f64;
     let width = (alpha * last / 2.0).floor() as usize;
-    (0..m)
-        .map(|i| {
-            let n = i as f64;
-            if i <= width {
-                0.5 * (1.0 + (PI * (-1.0 + 2.0 * n / alpha / last)).cos())
-            } else if i < m - width - 1 {
-                1.0
-            } else {
-                0.5 * (1.0 + (PI * (-2.0 / alpha + 1.0 + 2.0 * n / alpha / last)).cos())
-            }
-        })
-        .collect()
+    let n = i as f64;
+    if i <= width {
+        0.5 * (1.0 + (PI * (-1.0 + 2.0 * n / alpha / last)).cos())
+    } else if i < m - width - 1 {
+        1.0
+    } else {
+        0.5 * (1.0 + (PI * (-2.0 / alpha + 1.0 + 2.0 * n / alpha / last)).cos())
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
 use zarrs::storage::{ReadableStorageTraits, ReadableWritableStorageTraits};
 
 use super::plan::StagePlan;
-use crate::array::tasks::run_tasks;
+use crate::array::tasks::{grid_cell, run_tasks};
 
 /// What a stage did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -21,23 +21,7 @@ pub struct StageCounts {
 
 /// The regions of a stage's tasks, in C order.
 fn region(plan: &StagePlan, shape: &[u64], task: u64) -> Vec<Range<u64>> {
-    let counts: Vec<u64> = shape
-        .iter()
-        .zip(&plan.region)
-        .map(|(&s, &r)| s.div_ceil(r))
-        .collect();
-    let mut rest = task;
-    let mut position = vec![0u64; shape.len()];
-    for d in (0..shape.len()).rev() {
-        position[d] = rest % counts[d];
-        rest /= counts[d];
-    }
-    position
-        .iter()
-        .zip(&plan.region)
-        .zip(shape)
-        .map(|((&p, &r), &s)| p * r..((p + 1) * r).min(s))
-        .collect()
+    grid_cell(shape, &plan.region, task)
 }
 
 /// Copies `input` into `output` (same shape and data type) task by task

@@ -1,0 +1,733 @@
+//! The four-step (Bailey) FFT of lines larger than memory.
+//!
+//! A line of length `L = N1 × N2` is seen as a matrix: input position
+//! `j = j1 + N1·j2`, output position `f = f2 + N2·f1`. Then
+//!
+//! ```text
+//! F[f2 + N2·f1] = Σ_j1 ω_N1^(j1·f1) · ω_L^(j1·f2) · Σ_j2 z[j1 + N1·j2] · ω_N2^(j2·f2)
+//! ```
+//!
+//! and the transform runs in two passes over blocks that fit the memory
+//! limit, with two intermediate Zarr arrays in `work_dir`:
+//!
+//! 1. **across chunks**: a block of `c1` columns (`j1`) is read from the
+//!    source at stride `N1` (every position the column block meets, with
+//!    xrft's flips, shifts, windows and phases applied on the way in); each
+//!    column is transformed (length `N2`) and multiplied by the twiddle
+//!    factors `ω_L^(j1·f2)`; the block goes to `columns` (`[.., N1, N2]`,
+//!    chunks of `c1 × r`);
+//! 2. **within chunks**: a block of `r` rows (`f2`) of `columns` is read,
+//!    each row transformed (length `N1`), and written to `spectrum`
+//!    (`[.., N1, N2]` again, chunks of `q × r`), whose C order is the
+//!    natural order of `F`;
+//! 3. the operator then reads any range of output positions from
+//!    `spectrum` as contiguous runs of `F` (taking xrft's output shift and
+//!    factors on the way out), so the output comes in natural order.
+//!
+//! Other dimensions ride along in batches of the source's chunks (smaller
+//! when memory asks). Each pass runs its blocks on as many workers as the
+//! memory limit allows; the passes run once, on the first read, and the
+//! intermediates go when the plan is dropped. Real-input transforms run as
+//! complex ones; real-output ones (`irfft`) extend their input to its
+//! Hermitian whole and keep the real part.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use datafusion::common::human_readable_size;
+use rayon::prelude::*;
+use rustfft::num_complex::Complex;
+use rustfft::{Fft, FftDirection, FftPlanner};
+use zarrs::array::{Array, ArrayBuilder, ArraySubset};
+use zarrs::storage::ReadableWritableListableStorageTraits;
+
+use super::axis::AxisTransform;
+use super::source::{ArraySource, Kernels, Precision};
+use crate::array::rechunk::ScratchStore;
+use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
+use crate::device::fft_cpu::BlockValues;
+use crate::device::LineKind;
+use crate::zarr::{ChunkBufferPool, StoreLocation};
+
+/// An intermediate array in `work_dir`.
+pub type ScratchArray = Array<dyn ReadableWritableListableStorageTraits>;
+
+/// The shape of a four-step transform (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FourStepPlan {
+    /// The transformed axis of the source.
+    pub axis: usize,
+    /// The transform's length `L`.
+    pub len: usize,
+    /// `N1`: the length of the second pass's transforms (within chunks).
+    pub columns: usize,
+    /// `N2`: the length of the first pass's transforms (across chunks).
+    pub rows: usize,
+    /// `c1`: columns per block of the first pass.
+    pub column_block: usize,
+    /// `r`: rows per block of the second pass.
+    pub row_block: usize,
+    /// `q`: rows of the spectrum (each `N2` outputs) per output chunk.
+    pub spectrum_rows: usize,
+    /// Extents of the other dimensions per batch (1 along the axis).
+    pub batch: Vec<u64>,
+    /// Workers of the first and second passes.
+    pub workers: [usize; 2],
+    /// Memory of one block of the first and second passes.
+    pub task_memory: [usize; 2],
+}
+
+/// Bytes of one complex value in precision `single` or not.
+fn complex_size(single: bool) -> usize {
+    if single {
+        8
+    } else {
+        16
+    }
+}
+
+/// The divisors of `n`, increasing.
+fn divisors(n: usize) -> Vec<usize> {
+    let mut low = Vec::new();
+    let mut high = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            low.push(d);
+            if d * d != n {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low
+}
+
+/// The largest divisor of `n` for which `fits` holds (divisors only grow
+/// the memory `fits` checks).
+fn largest_divisor(n: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
+    divisors(n).into_iter().rev().find(|&d| fits(d))
+}
+
+/// What planning a four-step transform needs to know of the source.
+#[derive(Debug, Clone)]
+pub struct FourStepInput {
+    /// The source's shape.
+    pub shape: Vec<u64>,
+    /// The source's chunk shape.
+    pub chunk: Vec<u64>,
+    /// Bytes a source cell holds at the peak of a read.
+    pub peak_bytes_per_cell: usize,
+    /// Whether the transform computes in single precision.
+    pub single: bool,
+}
+
+impl FourStepPlan {
+    /// Plans the transform `axis_transform` along `axis` of `input` so
+    /// that the passes' blocks, on their workers, fit `limit` bytes beside
+    /// `reserved` (the operator reading the output); `threads` caps the
+    /// workers. Errors say what does not fit, with the numbers.
+    pub fn new(
+        axis: usize,
+        axis_transform: &AxisTransform,
+        input: &FourStepInput,
+        limit: usize,
+        reserved: usize,
+        threads: usize,
+    ) -> Result<Self, String> {
+        let len = axis_transform.len;
+        let cb = complex_size(input.single);
+        let room = limit.saturating_sub(reserved);
+        let factors: Vec<usize> = divisors(len)
+            .into_iter()
+            .filter(|&d| d > 1 && d < len)
+            .collect();
+        if factors.is_empty() {
+            return Err(format!(
+                "the four-step path splits a line of length {len} into rows and columns, and \
+                 {len} has no factors; pad or trim the dimension to a length with small factors"
+            ));
+        }
+        // Chunks of the source along the axis read per column block: one
+        // decoded chunk at a time.
+        let mut chunk_cells = input.chunk.clone();
+        chunk_cells[axis] = chunk_cells[axis].min(input.shape[axis]);
+        let read_memory = |batch: u64| {
+            (chunk_cells[axis] * batch) as usize * input.peak_bytes_per_cell
+                + chunk_cells[axis] as usize * batch as usize * cb
+        };
+        // Other dimensions: the source's chunks, halved until a batch fits.
+        let mut batch = input.chunk.clone();
+        batch[axis] = 1;
+        for (d, b) in batch.iter_mut().enumerate() {
+            *b = (*b).min(input.shape[d]).max(1);
+        }
+        loop {
+            let lines = batch.iter().product::<u64>();
+            let second = |n1: usize, r: usize| 3 * lines as usize * r * n1 * cb;
+            let first =
+                |n2: usize, c1: usize| 2 * lines as usize * c1 * n2 * cb + read_memory(lines);
+            // The longest rows that fit, so columns are short and their
+            // blocks wide (fewer, larger reads of the source).
+            let columns = largest_divisor(len, |n1| {
+                n1 < len && second(n1, 1) <= room && first(len / n1, 1) <= room
+            })
+            .filter(|&n1| n1 > 1);
+            if let Some(n1) = columns {
+                let n2 = len / n1;
+                let c1 = largest_divisor(n1, |c| first(n2, c) <= room).unwrap_or(1);
+                let r = largest_divisor(n2, |r| second(n1, r) <= room).unwrap_or(1);
+                // Output chunks near 8 MiB of spectrum rows.
+                let q =
+                    largest_divisor(n1, |q| q * n2 * lines as usize * cb <= 8 << 20).unwrap_or(1);
+                let task_memory = [first(n2, c1), second(n1, r)];
+                let workers = task_memory.map(|m| (room / m.max(1)).clamp(1, threads.max(1)));
+                return Ok(Self {
+                    axis,
+                    len,
+                    columns: n1,
+                    rows: n2,
+                    column_block: c1,
+                    row_block: r,
+                    spectrum_rows: q,
+                    batch,
+                    workers,
+                    task_memory,
+                });
+            }
+            match batch.iter().position(|&b| b > 1) {
+                Some(d) => batch[d] = batch[d].div_ceil(2),
+                None => {
+                    let n1 = factors[factors.len() / 2];
+                    return Err(format!(
+                        "even split into rows and columns ({n1} × {}), a line of length {len} \
+                         needs {} per block of the second pass and {} per block of the first, \
+                         more than the {} the memory limit (allowed_mem) leaves",
+                        len / n1,
+                        human_readable_size(3 * n1 * cb),
+                        human_readable_size(2 * (len / n1) * cb + read_memory(1)),
+                        human_readable_size(room)
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Output positions per chunk of the output.
+    pub fn output_chunk(&self) -> u64 {
+        (self.spectrum_rows * self.rows) as u64
+    }
+
+    /// Bytes written to `work_dir` (and read back) for `lines` lines.
+    pub fn intermediate_bytes(&self, lines: u64, single: bool) -> u64 {
+        2 * lines * self.len as u64 * complex_size(single) as u64
+    }
+}
+
+/// A four-step transform of a source: its plan, its intermediates in
+/// `work_dir`, computed once on the first read (see the module docs).
+pub struct FourStep {
+    /// The plan.
+    pub plan: FourStepPlan,
+    /// Whether it computes in single precision.
+    single: bool,
+    scratch: ScratchStore,
+    columns: ScratchArray,
+    spectrum: ScratchArray,
+    done: OnceLock<Result<(), String>>,
+    cancelled: AtomicBool,
+}
+
+impl std::fmt::Debug for FourStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FourStep")
+            .field("plan", &self.plan)
+            .field("work_dir", self.scratch.location())
+            .finish()
+    }
+}
+
+impl Drop for FourStep {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The shape of the intermediates of a source of shape `shape`: the other
+/// dimensions, then `[N1, N2]`.
+fn intermediate_shape(plan: &FourStepPlan, shape: &[u64]) -> Vec<u64> {
+    let mut out: Vec<u64> = shape
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| *d != plan.axis)
+        .map(|(_, &s)| s)
+        .collect();
+    out.extend([plan.columns as u64, plan.rows as u64]);
+    out
+}
+
+/// The other dimensions of `extent` (`extent` without the axis).
+fn others(plan: &FourStepPlan, extent: &[Range<u64>]) -> Vec<Range<u64>> {
+    extent
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| *d != plan.axis)
+        .map(|(_, r)| r.clone())
+        .collect()
+}
+
+/// How a block with `axis` among its dimensions lays out: lines are
+/// `outer × inner`; value `p` of line `b` is at `(o·len + p)·inner + i`.
+#[derive(Debug, Clone, Copy)]
+struct LineLayout {
+    inner: usize,
+    len: usize,
+}
+
+impl LineLayout {
+    fn of(extent: &[Range<u64>], axis: usize) -> Self {
+        Self {
+            inner: extent[axis + 1..]
+                .iter()
+                .map(|r| (r.end - r.start) as usize)
+                .product(),
+            len: (extent[axis].end - extent[axis].start) as usize,
+        }
+    }
+
+    fn index(self, line: usize, p: usize) -> usize {
+        let (o, i) = (line / self.inner, line % self.inner);
+        (o * self.len + p) * self.inner + i
+    }
+}
+
+/// The runs of `positions(0..n)`: maximal stretches stepping by +1 or -1
+/// (with the same `tag`), as `(start index, count)`.
+fn runs(n: usize, position: impl Fn(usize) -> (usize, bool)) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    let mut k = 0;
+    while k < n {
+        let (p0, t0) = position(k);
+        let mut count = 1;
+        if k + 1 < n {
+            let (p1, t1) = position(k + 1);
+            let step = p1 as i64 - p0 as i64;
+            if t1 == t0 && step.abs() == 1 {
+                count = 2;
+                while k + count < n {
+                    let (p, t) = position(k + count);
+                    if t != t0 || p as i64 != p0 as i64 + step * count as i64 {
+                        break;
+                    }
+                    count += 1;
+                }
+            }
+        }
+        out.push((k, count));
+        k += count;
+    }
+    out
+}
+
+impl FourStep {
+    /// Creates the intermediates (metadata only) of `plan` over a source of
+    /// shape `shape` in a fresh store in `work_dir`.
+    pub fn create(
+        plan: FourStepPlan,
+        shape: &[u64],
+        single: bool,
+        work_dir: &StoreLocation,
+        runtime: &datafusion::execution::runtime_env::RuntimeEnv,
+    ) -> datafusion::common::Result<Self> {
+        let scratch = ScratchStore::create(work_dir, "zarrfusion-fft-four-step", ".zarr", runtime)?;
+        let full = intermediate_shape(&plan, shape);
+        let mut batch: Vec<u64> = plan
+            .batch
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| *d != plan.axis)
+            .map(|(_, &b)| b)
+            .collect();
+        let data_type = if single {
+            zarrs::array::data_type::complex64()
+        } else {
+            zarrs::array::data_type::complex128()
+        };
+        let make = |name: &str, chunk: &[u64]| {
+            let array = ArrayBuilder::new(
+                full.clone(),
+                chunk,
+                data_type.clone(),
+                zarrs::array::FillValue::new(vec![0u8; complex_size(single)]),
+            )
+            .build(Arc::clone(scratch.storage()), name)
+            .map_err(|e| datafusion::common::DataFusionError::Execution(e.to_string()))?;
+            array
+                .store_metadata()
+                .map_err(|e| datafusion::common::DataFusionError::Execution(e.to_string()))?;
+            Ok::<_, datafusion::common::DataFusionError>(array)
+        };
+        batch.extend([plan.column_block as u64, plan.row_block as u64]);
+        let columns = make("/columns", &batch)?;
+        let n = batch.len();
+        batch[n - 2] = plan.spectrum_rows as u64;
+        let spectrum = make("/spectrum", &batch)?;
+        Ok(Self {
+            plan,
+            single,
+            scratch,
+            columns,
+            spectrum,
+            done: OnceLock::new(),
+            cancelled: AtomicBool::new(false),
+        })
+    }
+
+    /// Where the intermediates are.
+    pub fn location(&self) -> &StoreLocation {
+        self.scratch.location()
+    }
+
+    /// The path as `EXPLAIN` shows it: the split, the blocks, their
+    /// memory and the bytes each pass moves.
+    pub fn describe(&self, source: &ArraySource) -> String {
+        let plan = &self.plan;
+        let shape = source.shape();
+        let cells: u64 = shape.iter().product();
+        let lines = cells / shape[plan.axis].max(1);
+        let single = self.single;
+        let chunk = source.chunk_shape()[plan.axis].min(shape[plan.axis]).max(1);
+        // Column blocks narrower than the source's chunks decode each
+        // chunk once per block that meets it.
+        let reread = chunk.div_ceil(plan.column_block as u64).max(1);
+        let once = cells * source.element_size() as u64;
+        let intermediates = plan.intermediate_bytes(lines, single);
+        format!(
+            "four-step in {} (length {} = {} × {}: columns of {} in blocks of {} across chunks, \
+             then rows of {} in blocks of {} within chunks; batches of {:?}; {} and {} workers, \
+             {} and {} per block; reads {} from the store (one pass: {}), writes and reads {} \
+             in work_dir), then output",
+            self.scratch.location(),
+            plan.len,
+            plan.columns,
+            plan.rows,
+            plan.rows,
+            plan.column_block,
+            plan.columns,
+            plan.row_block,
+            plan.batch,
+            plan.workers[0],
+            plan.workers[1],
+            human_readable_size(plan.task_memory[0]),
+            human_readable_size(plan.task_memory[1]),
+            human_readable_size((once * reread) as usize),
+            human_readable_size(once as usize),
+            human_readable_size(intermediates as usize),
+        )
+    }
+
+    /// Runs both passes unless done; every caller waits for them.
+    pub fn ensure_done<P: Precision>(
+        &self,
+        source: &ArraySource,
+        transform: &AxisTransform,
+        kernels: &Kernels,
+    ) -> Result<(), String> {
+        self.done
+            .get_or_init(|| {
+                self.across_chunks::<P>(source, transform, kernels)?;
+                self.within_chunks::<P>(transform)
+            })
+            .clone()
+    }
+
+    /// The batches of lines: cells of the other dimensions.
+    fn batches(&self, shape: &[u64]) -> (Vec<u64>, Vec<u64>, u64) {
+        let other_shape: Vec<u64> =
+            others(&self.plan, &shape.iter().map(|&s| 0..s).collect::<Vec<_>>())
+                .iter()
+                .map(|r| r.end)
+                .collect();
+        let step = others(
+            &self.plan,
+            &self.plan.batch.iter().map(|&b| 0..b).collect::<Vec<_>>(),
+        )
+        .iter()
+        .map(|r| r.end)
+        .collect::<Vec<_>>();
+        let count = grid_cells(&other_shape, &step);
+        (other_shape, step, count)
+    }
+
+    /// The first pass: column blocks read at stride `N1`, transformed along
+    /// the columns, twiddled, written to `columns`.
+    fn across_chunks<P: Precision>(
+        &self,
+        source: &ArraySource,
+        transform: &AxisTransform,
+        kernels: &Kernels,
+    ) -> Result<(), String> {
+        let plan = &self.plan;
+        let (n1, n2, c1) = (plan.columns, plan.rows, plan.column_block);
+        let shape = source.shape();
+        let (other_shape, step, batches) = self.batches(&shape);
+        let blocks = (n1 / c1) as u64;
+        let direction = direction(transform.kind);
+        let fft = FftPlanner::<P>::new().plan_fft(n2, direction);
+        let n_in = transform.input_len();
+        let len = plan.len;
+        // The source position, whether it is conjugated, and the factor of
+        // transform input `j`.
+        let input = |j: usize| {
+            if j < n_in {
+                (transform.gather(j), false)
+            } else {
+                (transform.gather(len - j), true)
+            }
+        };
+        let factor = |j: usize| {
+            let k = if j < n_in { j } else { len - j };
+            transform.pre(k)
+        };
+        let has_pre = transform.has_pre();
+        run_tasks(
+            batches * blocks,
+            plan.workers[0],
+            &self.cancelled,
+            ChunkBufferPool::new,
+            |pool, task| {
+                let cells = grid_cell(&other_shape, &step, task / blocks);
+                let a = (task % blocks) as usize * c1;
+                let lines: usize = cells.iter().map(|r| (r.end - r.start) as usize).product();
+                let mut z = vec![Complex::<P>::default(); lines * c1 * n2];
+                for j2 in 0..n2 {
+                    let base = a + n1 * j2;
+                    for (start, count) in runs(c1, |jl| input(base + jl)) {
+                        let (first, conj) = input(base + start);
+                        let (last, _) = input(base + start + count - 1);
+                        let (lo, hi) = (first.min(last), first.max(last) + 1);
+                        let mut extent = cells.clone();
+                        extent.insert(plan.axis, lo as u64..hi as u64);
+                        let values = source.read::<P>(&extent, pool, kernels)?;
+                        let layout = LineLayout::of(&extent, plan.axis);
+                        for jl in start..start + count {
+                            let j = base + jl;
+                            let (p, _) = input(j);
+                            let f = has_pre.then(|| factor(j));
+                            for b in 0..lines {
+                                let at = layout.index(b, p - lo);
+                                let mut v = match &values {
+                                    BlockValues::Real(v) => Complex::new(v[at], P::zero()),
+                                    BlockValues::Complex(v) => v[at],
+                                };
+                                if let Some(f) = f {
+                                    v = complex_times(v, f);
+                                }
+                                if conj {
+                                    v = v.conj();
+                                }
+                                z[(b * c1 + jl) * n2 + j2] = v;
+                            }
+                        }
+                    }
+                }
+                transform_rows(fft.as_ref(), &mut z, n2);
+                // Twiddles ω_L^(j1·f2), in double precision.
+                let sign = if direction == FftDirection::Forward {
+                    -1.0
+                } else {
+                    1.0
+                };
+                z.par_chunks_mut(n2).enumerate().for_each(|(row, values)| {
+                    let j1 = a + row % c1;
+                    for (f2, v) in values.iter_mut().enumerate() {
+                        let turn = ((j1 * f2) % len) as f64 / len as f64;
+                        let w = Complex::from_polar(1.0, sign * 2.0 * std::f64::consts::PI * turn);
+                        *v = complex_times(*v, w);
+                    }
+                });
+                let mut subset = cells.clone();
+                subset.extend([a as u64..(a + c1) as u64, 0..n2 as u64]);
+                P::store_complex(&self.columns, &ArraySubset::new_with_ranges(&subset), &z)
+                    .map_err(|e| format!("writing columns {subset:?} to work_dir: {e}"))?;
+                Ok::<u64, String>((z.len() * std::mem::size_of::<Complex<P>>()) as u64)
+            },
+        )?;
+        self.check_cancelled()
+    }
+
+    /// The second pass: row blocks of `columns` transformed along the rows
+    /// and written to `spectrum` in natural order.
+    fn within_chunks<P: Precision>(&self, transform: &AxisTransform) -> Result<(), String> {
+        let plan = &self.plan;
+        let (n1, n2, r) = (plan.columns, plan.rows, plan.row_block);
+        let full = self.columns.shape().to_vec();
+        let other_shape = &full[..full.len() - 2];
+        let step: Vec<u64> = others(plan, &plan.batch.iter().map(|&b| 0..b).collect::<Vec<_>>())
+            .iter()
+            .map(|r| r.end)
+            .collect();
+        let batches = grid_cells(other_shape, &step);
+        let blocks = (n2 / r) as u64;
+        let fft = FftPlanner::<P>::new().plan_fft(n1, direction(transform.kind));
+        run_tasks(
+            batches * blocks,
+            plan.workers[1],
+            &self.cancelled,
+            || (),
+            |_, task| {
+                let mut subset = grid_cell(other_shape, &step, task / blocks);
+                let s = (task % blocks) as usize * r;
+                subset.extend([0..n1 as u64, s as u64..(s + r) as u64]);
+                let region = ArraySubset::new_with_ranges(&subset);
+                let mut read = P::retrieve_complex(&self.columns, &region)
+                    .map_err(|e| format!("reading columns {subset:?} from work_dir: {e}"))?;
+                let lines = read.len() / (n1 * r);
+                // [line][j1][f2] to [line][f2][j1]: rows contiguous.
+                let mut rows = vec![Complex::<P>::default(); read.len()];
+                for b in 0..lines {
+                    let (from, to) = (
+                        &read[b * n1 * r..(b + 1) * n1 * r],
+                        &mut rows[b * n1 * r..(b + 1) * n1 * r],
+                    );
+                    for j1 in 0..n1 {
+                        for f2 in 0..r {
+                            to[f2 * n1 + j1] = from[j1 * r + f2];
+                        }
+                    }
+                }
+                transform_rows(fft.as_ref(), &mut rows, n1);
+                for b in 0..lines {
+                    let (from, to) = (
+                        &rows[b * n1 * r..(b + 1) * n1 * r],
+                        &mut read[b * n1 * r..(b + 1) * n1 * r],
+                    );
+                    for f2 in 0..r {
+                        for f1 in 0..n1 {
+                            to[f1 * r + f2] = from[f2 * n1 + f1];
+                        }
+                    }
+                }
+                P::store_complex(&self.spectrum, &region, &read)
+                    .map_err(|e| format!("writing spectrum {subset:?} to work_dir: {e}"))?;
+                Ok::<u64, String>((read.len() * std::mem::size_of::<Complex<P>>()) as u64)
+            },
+        )?;
+        self.check_cancelled()
+    }
+
+    fn check_cancelled(&self) -> Result<(), String> {
+        if self.cancelled.load(Ordering::Relaxed) {
+            Err("cancelled".into())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The output values of `extent` (output positions along the axis),
+    /// read from the spectrum with xrft's output order and factors.
+    pub fn read_output<P: Precision>(
+        &self,
+        transform: &AxisTransform,
+        extent: &[Range<u64>],
+    ) -> Result<BlockValues<P>, String> {
+        let plan = &self.plan;
+        let n2 = plan.rows;
+        let layout = LineLayout::of(extent, plan.axis);
+        let cells = others(plan, extent);
+        let lines: usize = cells.iter().map(|r| (r.end - r.start) as usize).product();
+        let start = extent[plan.axis].start as usize;
+        let count = layout.len;
+        let mut out = vec![Complex::<P>::default(); lines * count];
+        let convert = |c: Complex<f64>| {
+            Complex::new(
+                P::from_f64(c.re).unwrap_or_else(P::zero),
+                P::from_f64(c.im).unwrap_or_else(P::zero),
+            )
+        };
+        let has_post = transform.has_post();
+        for (first, length) in runs(count, |ql| (transform.take(start + ql), false)) {
+            let f_a = transform.take(start + first);
+            let f_b = transform.take(start + first + length - 1);
+            let (lo, hi) = (f_a.min(f_b), f_a.max(f_b));
+            let (row_lo, row_hi) = (lo / n2, hi / n2 + 1);
+            let mut subset = cells.clone();
+            subset.extend([row_lo as u64..row_hi as u64, 0..n2 as u64]);
+            let spectrum =
+                P::retrieve_complex(&self.spectrum, &ArraySubset::new_with_ranges(&subset))
+                    .map_err(|e| format!("reading the spectrum {subset:?} from work_dir: {e}"))?;
+            let per_line = (row_hi - row_lo) * n2;
+            for ql in first..first + length {
+                let q = start + ql;
+                let f = transform.take(q) - row_lo * n2;
+                let factor = has_post.then(|| convert(transform.post(q)));
+                for b in 0..lines {
+                    let v = spectrum[b * per_line + f];
+                    out[layout.index(b, ql)] = match factor {
+                        Some(w) => v * w,
+                        None => v,
+                    };
+                }
+            }
+        }
+        Ok(if transform.kind == LineKind::RealInverse {
+            BlockValues::Real(out.into_iter().map(|c| c.re).collect())
+        } else {
+            BlockValues::Complex(out)
+        })
+    }
+}
+
+/// The direction of the complex transforms a line kind runs.
+fn direction(kind: LineKind) -> FftDirection {
+    match kind {
+        LineKind::Forward | LineKind::RealForward => FftDirection::Forward,
+        LineKind::Inverse | LineKind::RealInverse => FftDirection::Inverse,
+    }
+}
+
+/// `v × w`, `w` in double precision.
+fn complex_times<P: Precision>(v: Complex<P>, w: Complex<f64>) -> Complex<P> {
+    let re = v.re.to_f64().unwrap_or(f64::NAN);
+    let im = v.im.to_f64().unwrap_or(f64::NAN);
+    let product = Complex::new(re, im) * w;
+    Complex::new(
+        P::from_f64(product.re).unwrap_or_else(P::zero),
+        P::from_f64(product.im).unwrap_or_else(P::zero),
+    )
+}
+
+/// Transforms every row (of length `n`) of `values` in place, rows in
+/// parallel in groups.
+fn transform_rows<P: Precision>(fft: &dyn Fft<P>, values: &mut [Complex<P>], n: usize) {
+    let group = n * (1usize << 16).div_ceil(n).max(1);
+    values.par_chunks_mut(group).for_each(|rows| {
+        let mut scratch = vec![Complex::<P>::default(); fft.get_inplace_scratch_len()];
+        fft.process_with_scratch(rows, &mut scratch);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divisors_and_runs() {
+        assert_eq!(divisors(12), [1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(16), [1, 2, 4, 8, 16]);
+        assert_eq!(largest_divisor(12, |d| d <= 5), Some(4));
+        // 0 1 2 | 9 8 | 4
+        let positions = [0, 1, 2, 9, 8, 4];
+        assert_eq!(runs(6, |k| (positions[k], false)), [(0, 3), (3, 2), (5, 1)]);
+    }
+
+    #[test]
+    fn layouts_index_lines_around_the_axis() {
+        // Shape [2, 3, 4], axis 1: lines are 2 × 4.
+        let layout = LineLayout::of(&[0..2, 0..3, 0..4], 1);
+        assert_eq!(layout.index(0, 0), 0);
+        assert_eq!(layout.index(5, 2), 12 + 2 * 4 + 1);
+    }
+}
