@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::{Array, ArrayRef, AsArray, UInt64Array};
-use arrow::compute::{cast, take};
+use arrow::compute::cast;
 use arrow::datatypes::{
     DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, TimeUnit,
     UInt16Type, UInt32Type, UInt64Type, UInt8Type,
@@ -474,7 +474,9 @@ fn batch_dict<'py>(
     let index = PyDict::new(py);
     for (dim, origins) in windows.table.dims.iter().zip(batch.origins) {
         let positions = UInt64Array::from(origins.clone());
-        let values = take(dim.values.as_ref(), &positions, None)
+        let values = dim
+            .coordinate
+            .take(&positions)
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         coords.set_item(&dim.name, arrow_to_numpy(py, &values)?)?;
         let origins: Vec<i64> = origins.into_iter().map(|i| i as i64).collect();

@@ -136,3 +136,68 @@ def test_a_block_of_whole_lines_larger_than_the_budget_is_rechunked_first(tmp_pa
     stored = xr.open_zarr(tmp_path / "spec.zarr").v.transpose("time", "freq_x").values
     np.testing.assert_allclose(stored, want, atol=1e-9 * np.abs(want).max())
     assert not list(work.rglob("*fft-rechunked*"))
+
+
+def test_a_line_larger_than_the_budget_takes_the_four_step_path_and_matches_numpy(tmp_path):
+    """A 1-D complex64 signal of 2^26 values (512 MB) written by zarr-python,
+    transformed under allowed_mem 256 MB: no line fits, so the planner
+    chooses the four-step path (EXPLAIN says so), the spectrum is written to
+    Zarr block by block with the peak memory of the process growing by less
+    than the budget, and every chunk of it matches numpy.fft.fft."""
+    import json
+    import subprocess
+    import sys
+
+    import zarr
+
+    n, chunk = 1 << 26, 1 << 20
+    rng = np.random.default_rng(26)
+    signal = zarr.create_array(
+        tmp_path / "long.zarr",
+        name="s",
+        shape=(n,),
+        chunks=(chunk,),
+        dtype="complex64",
+        compressors=None,
+        dimension_names=["t"],
+        fill_value=0,
+    )
+    for start in range(0, n, 8 * chunk):
+        size = 8 * chunk
+        part = rng.standard_normal(size, dtype=np.float32) + 1j * rng.standard_normal(size, dtype=np.float32)
+        signal[start : start + size] = part.astype(np.complex64)
+
+    # In a fresh process, so its peak resident memory is the transform's.
+    script = f"""
+import io, json, resource
+import zarrfusion as zf
+ctx = zf.SessionContext(allowed_mem="256MB", work_dir={str(tmp_path / "work")!r})
+ctx.register_zarr("long", {str(tmp_path / "long.zarr")!r})
+spec = ctx.table("long").fft("s", dims="t", true_phase=False, true_amplitude=False, shift=False)
+plan = io.StringIO()
+spec.explain(file=plan)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rows = spec.to_zarr({str(tmp_path / "spec.zarr")!r}, codec="none")
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({{"plan": plan.getvalue(), "rows": rows, "grown_kb": after - before}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert "strategy=four-step" in report["plan"], report["plan"]
+    assert report["rows"] == n
+    assert report["grown_kb"] * 1024 < 256e6, f"peak memory grew by {report['grown_kb'] / 1024:.0f} MiB"
+
+    want = np.fft.fft(signal[:])
+    stored = zarr.open_group(tmp_path / "spec.zarr", mode="r")
+    got = stored["s"]
+    assert got.dtype == np.complex64 and got.shape == (n,)
+    np.testing.assert_allclose(stored["freq_t"][: 1 << 16], np.fft.fftfreq(n)[: 1 << 16], rtol=1e-12)
+    np.testing.assert_allclose(stored["freq_t"][-(1 << 16) :], np.fft.fftfreq(n)[-(1 << 16) :], rtol=1e-12)
+    # float32 input: rustfft and numpy round differently; the error of an FFT
+    # of length n grows like log2(n) * eps32 * the largest magnitude.
+    atol = 1e-5 * np.abs(want).max()
+    for start in range(0, n, 8 * chunk):
+        np.testing.assert_allclose(got[start : start + 8 * chunk], want[start : start + 8 * chunk], rtol=0, atol=atol)
+    # The scratch arrays of the four steps are gone once the query ends.
+    assert not list((tmp_path / "work").rglob("*four-step*"))

@@ -42,7 +42,7 @@ use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 use super::scan_path::{down_to_scan, replace_columns, ScanPath};
 use crate::config::ZarrConfig;
-use crate::table::{GridTable, ZarrTable};
+use crate::table::{Coordinate, GridTable, ZarrTable};
 
 /// Rewrites joins of two Zarr tables on all their dimensions into a scan of
 /// both tables' aligned blocks.
@@ -225,9 +225,11 @@ fn keys_pair_all_dimensions(left: &ScanPath<'_>, right: &ScanPath<'_>, n: usize)
 fn same_coordinates(a: &GridTable, b: &GridTable) -> bool {
     a.dims.iter().zip(&b.dims).all(|(x, y)| {
         x.len == y.len
-            && x.values.data_type() == y.values.data_type()
-            && x.values.to_data() == y.values.to_data()
-            && matches_once(&x.values)
+            && x.coordinate.same_values(&y.coordinate)
+            && match &x.coordinate {
+                Coordinate::Index(_) => true,
+                coordinate => matches_once(&coordinate.to_array()),
+            }
     })
 }
 

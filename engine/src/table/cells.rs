@@ -9,7 +9,6 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
-use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 
@@ -99,7 +98,7 @@ impl<'a> BoxCells<'a> {
             start,
             len,
         ));
-        Ok(take(self.table.dims[d].values.as_ref(), &indices, None)?)
+        Ok(self.table.dims[d].coordinate.take(&indices)?)
     }
 }
 

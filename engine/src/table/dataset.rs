@@ -8,10 +8,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Int64Array};
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::execution::runtime_env::RuntimeEnv;
 
+use super::coordinate::Coordinate;
 use super::options::ZarrTableOptions;
 use crate::error::{Result, ZarrFusionError};
 use crate::zarr::{
@@ -25,56 +25,29 @@ pub struct Dimension {
     pub name: String,
     /// Its length.
     pub len: u64,
-    /// Coordinate values (decoded), or the integer index when there is no coordinate array.
-    pub values: ArrayRef,
-    /// Whether `values` came from a coordinate array.
-    pub has_coordinate: bool,
+    /// Coordinate values (decoded), or the integer index (computed) when
+    /// there is no coordinate array.
+    pub coordinate: Coordinate,
     /// The coordinate array's attributes (empty without one).
     pub attributes: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Dimension {
+    /// Whether the dimension has a coordinate array.
+    pub fn has_coordinate(&self) -> bool {
+        !matches!(self.coordinate, Coordinate::Index(_))
+    }
+
     /// Whether the coordinate runs from high to low (its first value is
     /// larger than its last), as ERA5's latitude does.
     pub fn descends(&self) -> bool {
-        let n = self.values.len();
-        if n < 2 {
-            return false;
-        }
-        match (
-            datafusion::common::ScalarValue::try_from_array(&self.values, 0),
-            datafusion::common::ScalarValue::try_from_array(&self.values, n - 1),
-        ) {
-            (Ok(first), Ok(last)) => first > last,
-            _ => false,
-        }
+        self.coordinate.descends()
     }
 
-    /// The order of the coordinate values along the dimension, when they
-    /// are strictly monotonic without NULLs: `Some(false)` ascending,
-    /// `Some(true)` descending; `None` for repeated, unordered or NULL
-    /// values. Rows that follow the dimension's index order follow this
-    /// order of its values too.
+    /// The order of the coordinate values along the dimension (see
+    /// [`Coordinate::strict_order`]).
     pub fn strict_order(&self) -> Option<bool> {
-        use datafusion::arrow::compute::kernels::cmp::{gt, lt};
-        let n = self.values.len();
-        if self.values.null_count() > 0 {
-            return None;
-        }
-        if n < 2 {
-            return Some(false);
-        }
-        let (before, after) = (self.values.slice(0, n - 1), self.values.slice(1, n - 1));
-        let all = |holds: Result<datafusion::arrow::array::BooleanArray, _>| {
-            holds.is_ok_and(|h| h.true_count() == n - 1)
-        };
-        if all(lt(&before, &after)) {
-            Some(false)
-        } else if all(gt(&before, &after)) {
-            Some(true)
-        } else {
-            None
-        }
+        self.coordinate.strict_order()
     }
 }
 
@@ -162,8 +135,7 @@ impl ZarrDataset {
             let dim = Dimension {
                 name: array.name().to_string(),
                 len,
-                values,
-                has_coordinate: true,
+                coordinate: Coordinate::Values(values),
                 attributes: array.attributes().clone(),
             };
             dims.insert(dim.name.clone(), Arc::new(dim));
@@ -199,12 +171,10 @@ impl ZarrDataset {
             }
         }
         for (name, (len, _)) in index_lengths {
-            let values: ArrayRef = Arc::new(Int64Array::from_iter_values(0..len as i64));
             let dim = Dimension {
                 name: name.clone(),
                 len,
-                values,
-                has_coordinate: false,
+                coordinate: Coordinate::Index(len),
                 attributes: serde_json::Map::new(),
             };
             dims.insert(name, Arc::new(dim));
@@ -299,13 +269,7 @@ impl ZarrDataset {
             .collect();
         let mut fields: Vec<Field> = dims
             .iter()
-            .map(|d| {
-                Field::new(
-                    &d.name,
-                    d.values.data_type().clone(),
-                    d.values.null_count() > 0,
-                )
-            })
+            .map(|d| Field::new(&d.name, d.coordinate.data_type(), d.coordinate.nullable()))
             .collect();
         fields.extend(
             variables

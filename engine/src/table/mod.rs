@@ -4,6 +4,7 @@
 
 mod blocks;
 pub(crate) mod cells;
+mod coordinate;
 mod dataset;
 mod factory;
 mod options;
@@ -14,6 +15,7 @@ mod selection;
 
 pub use blocks::{boxes_in_block, BlockGrid};
 pub use cells::BoxCells;
+pub use coordinate::{Coordinate, CoordinateFormula};
 pub use dataset::{Dimension, GridTable, ZarrDataset};
 pub(crate) use factory::open_dataset_blocking;
 pub use factory::{open_dataset, ZarrTableFactory};

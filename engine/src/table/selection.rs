@@ -128,7 +128,7 @@ pub fn select(filters: &[Expr], table: &GridTable, session: &dyn Session) -> Res
         let dim = &table.dims[d];
         let schema = Arc::new(Schema::new(vec![Field::new(
             &dim.name,
-            dim.values.data_type().clone(),
+            dim.coordinate.data_type(),
             true,
         )]));
         let unqualified = filter
@@ -144,7 +144,7 @@ pub fn select(filters: &[Expr], table: &GridTable, session: &dyn Session) -> Res
             .data;
         let df_schema = DFSchema::try_from(Arc::clone(&schema))?;
         let predicate = session.create_physical_expr(unqualified, &df_schema)?;
-        let batch = RecordBatch::try_new(schema, vec![Arc::clone(&dim.values)])?;
+        let batch = RecordBatch::try_new(schema, vec![dim.coordinate.to_array()])?;
         let result = predicate.evaluate(&batch)?.into_array(batch.num_rows())?;
         let mask = result
             .as_any()

@@ -233,7 +233,7 @@ impl ArrayCopy {
             self.table
                 .dims
                 .iter()
-                .filter(|d| d.has_coordinate)
+                .filter(|d| d.has_coordinate())
                 .map(|d| d.name.clone()),
         );
         let encoding = TargetEncoding {

@@ -62,7 +62,7 @@ use crate::array::rechunk::{
     default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
 };
 use crate::array::tasks::run_tasks;
-use crate::table::{classify_filters, select, BoxCells, GridTable, Selection};
+use crate::table::{classify_filters, select, BoxCells, Coordinate, GridTable, Selection};
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
 /// The [`SelectionCopy`] that a COPY is, when it reads a Zarr table under
@@ -495,10 +495,10 @@ impl Blockwise {
                 .iter()
                 .flat_map(|r| r.clone())
                 .collect();
-            let coords = take(dim.values.as_ref(), &UInt64Array::from(indices), None)?;
+            let coords = dim.coordinate.take(&UInt64Array::from(indices))?;
             coordinates.push(GroupCoordinate {
                 name: dim.name.clone(),
-                values: coords,
+                values: Coordinate::Values(coords),
                 attributes: Map::new(),
             });
         }

@@ -25,6 +25,7 @@ use zarrs::storage::{
 
 use super::grid::Grid;
 use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
+use crate::table::Coordinate;
 
 /// Decoded bytes a chosen chunk aims at.
 const CHUNK_TARGET_BYTES: u64 = 8 << 20;
@@ -154,7 +155,7 @@ fn write_into(
         .iter()
         .map(|d| GroupCoordinate {
             name: d.name.clone(),
-            values: Arc::clone(&d.coords),
+            values: Coordinate::Values(Arc::clone(&d.coords)),
             attributes: d.attributes.clone(),
         })
         .collect();
@@ -450,7 +451,7 @@ pub(crate) struct GroupCoordinate {
     /// The dimension's name.
     pub name: String,
     /// Its values (times become CF numbers).
-    pub values: ArrayRef,
+    pub values: Coordinate,
     /// Attributes besides the CF time ones.
     pub attributes: Map<String, Value>,
 }
@@ -467,7 +468,12 @@ pub(crate) struct GroupVariable {
     pub chunks: Vec<u64>,
 }
 
-/// Writes a group into `storage`: each coordinate (values included, one
+/// Positions per chunk of a written coordinate array: one chunk up to
+/// 8 MiB of `f64`, so the usual coordinate is one read.
+const COORDINATE_CHUNK: u64 = 1 << 20;
+
+/// Writes a group into `storage`: each coordinate (values included, in
+/// chunks of [`COORDINATE_CHUNK`] positions, a computed one made chunk by
 /// chunk), each variable's metadata over all the coordinates' dimensions,
 /// and the group with its consolidated metadata, in the format and codec
 /// of `options`. Returns the variables' arrays, for their chunks to be
@@ -499,26 +505,47 @@ pub(crate) fn write_group(
         Ok::<_, DataFusionError>(array)
     };
     for coordinate_array in coordinates {
-        let (values, mut attributes) = coordinate(&coordinate_array.values)?;
+        // Held values as stored (times become CF numbers); computed ones
+        // are numbers already.
+        let (held, mut attributes) = match &coordinate_array.values {
+            Coordinate::Values(values) => {
+                let (values, attributes) = coordinate(values)?;
+                (Some(values), attributes)
+            }
+            Coordinate::Index(_) | Coordinate::Computed(_) => (None, Map::new()),
+        };
         attributes.extend(coordinate_array.attributes.clone());
-        let len = [values.len() as u64];
+        let len = coordinate_array.values.len();
+        let data_type = held
+            .as_ref()
+            .map(|v| v.data_type().clone())
+            .unwrap_or_else(|| coordinate_array.values.data_type());
         let name = &coordinate_array.name;
+        let chunk = len.clamp(1, COORDINATE_CHUNK);
         let metadata = array_metadata(
-            values.data_type(),
-            &len,
-            &len,
+            &data_type,
+            &[len],
+            &[chunk],
             std::slice::from_ref(name),
             attributes,
             options,
         )?;
         let array = store_array(name, metadata, &mut consolidated)?;
-        let (bytes, _) = value_bytes(&values).map_err(fail)?;
-        array
-            .store_array_subset(
-                &ArraySubset::new_with_shape(len.to_vec()),
-                ArrayBytes::new_flen(bytes.as_slice()),
-            )
-            .map_err(|e| fail(format!("coordinate '{name}': {e}")))?;
+        for start in (0..len).step_by(chunk as usize) {
+            let count = chunk.min(len - start);
+            let values = match &held {
+                Some(values) => values.slice(start as usize, count as usize),
+                None => coordinate_array.values.slice(start, count),
+            };
+            let (bytes, _) = value_bytes(&values).map_err(fail)?;
+            array
+                .store_array_subset(
+                    &ArraySubset::new_with_start_shape(vec![start], vec![count])
+                        .map_err(|e| fail(e.to_string()))?,
+                    ArrayBytes::new_flen(bytes.as_slice()),
+                )
+                .map_err(|e| fail(format!("coordinate '{name}': {e}")))?;
+        }
     }
     let mut arrays = Vec::new();
     for variable in variables {

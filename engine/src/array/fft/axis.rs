@@ -21,6 +21,7 @@ use rustfft::FftNum;
 use super::options::FftOptions;
 use super::window::Window;
 use crate::device::{AxisPass, LineKind};
+use crate::table::{Coordinate, CoordinateFormula};
 
 /// A transformed dimension (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
@@ -119,37 +120,61 @@ fn ifftshift_source(q: usize, n: usize) -> usize {
     (q + n / 2) % n
 }
 
-/// Whether the differences of `coords` are all within `tol` (relative,
-/// numpy's `allclose` with its absolute 1e-8) of `reference`.
-fn evenly_spaced(coords: &[f64], reference: f64, tol: f64) -> bool {
-    evenly_spaced_by(coords.len(), |i| coords[i], reference, tol)
-}
-
-/// [`evenly_spaced`] of the `n` values `value(0..n)`.
+/// Whether the differences of the `n` values `value(0..n)` are all within
+/// `tol` (relative, numpy's `allclose` with its absolute 1e-8) of
+/// `reference`.
 fn evenly_spaced_by(n: usize, value: impl Fn(usize) -> f64, reference: f64, tol: f64) -> bool {
     (1..n).all(|i| ((value(i) - value(i - 1)) - reference).abs() <= 1e-8 + tol * reference.abs())
 }
 
-/// xrft's lag of a coordinate: its middle value once in increasing order.
-fn lag_of(coords: &[f64]) -> f64 {
-    let n = coords.len();
-    if coords[n - 1] > coords[0] {
-        coords[n / 2]
+/// xrft's lag of the `n` values `coords(0..n)`: their middle value once in
+/// increasing order.
+fn lag_of(n: usize, coords: impl Fn(usize) -> f64) -> f64 {
+    if coords(n - 1) > coords(0) {
+        coords(n / 2)
     } else {
-        coords[n - 1 - n / 2]
+        coords(n - 1 - n / 2)
+    }
+}
+
+/// A coordinate's value at a position, as a number: held `Float64`
+/// values, the index, or computed ones (no copy of any).
+fn numbers(coords: &Coordinate) -> Result<Box<dyn Fn(usize) -> f64 + '_>, String> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::Float64Type;
+    Ok(match coords {
+        Coordinate::Values(values) => {
+            let values = values.as_primitive_opt::<Float64Type>().ok_or_else(|| {
+                format!("coordinate values are {}, not Float64", values.data_type())
+            })?;
+            Box::new(move |i| values.value(i))
+        }
+        Coordinate::Index(_) => Box::new(|i| i as f64),
+        Coordinate::Computed(formula) => Box::new(move |i| formula.value_at(i as u64)),
+    })
+}
+
+/// The output coordinate, computed per position (see [`AxisTransform::coord`]).
+impl CoordinateFormula for AxisTransform {
+    fn positions(&self) -> u64 {
+        self.output_len() as u64
+    }
+    fn value_at(&self, position: u64) -> f64 {
+        self.coord(position as usize)
     }
 }
 
 impl AxisTransform {
     /// The forward transform (`xrft.fft`) of dimension `dim` with
-    /// coordinate `coords`, real (`rfft`) when `real`.
+    /// coordinate `coordinate` (numbers), real (`rfft`) when `real`.
     pub fn forward(
         dim: &str,
-        coords: &[f64],
+        coordinate: &Coordinate,
         real: bool,
         options: &FftOptions,
     ) -> Result<Self, String> {
-        let n = coords.len();
+        let n = coordinate.len() as usize;
+        let coords = numbers(coordinate)?;
         if n < 2 {
             return Err(format!(
                 "dimension '{dim}' has {n} point{}; a transform needs at least 2 to know the \
@@ -157,8 +182,8 @@ impl AxisTransform {
                 if n == 1 { "" } else { "s" }
             ));
         }
-        let first = coords[1] - coords[0];
-        if !evenly_spaced(coords, first, options.spacing_tol) {
+        let first = coords(1) - coords(0);
+        if !evenly_spaced_by(n, &coords, first, options.spacing_tol) {
             return Err(format!(
                 "coordinate '{dim}' is not evenly spaced (spacing_tol {})",
                 options.spacing_tol
@@ -179,11 +204,11 @@ impl AxisTransform {
             kind,
             len: n,
             spacing: f64::NAN,
-            lag: lag_of(coords),
+            lag: lag_of(n, &coords),
             positions: Positions::Forward {
                 n,
                 delta,
-                descending: coords[n - 1] < coords[0],
+                descending: coords(n - 1) < coords(0),
                 true_phase: options.true_phase,
                 true_amplitude: options.true_amplitude,
                 // xrft never shifts a transform with a real dimension.
@@ -196,47 +221,48 @@ impl AxisTransform {
     }
 
     /// The inverse transform (`xrft.ifft`) of frequency dimension `dim`
-    /// with coordinate `coords` (in increasing or `fftfreq` order, centred
-    /// on zero), real (`irfft`) when `real`, its output coordinate offset by
-    /// `lag`.
+    /// with coordinate `coordinate` (numbers in increasing or `fftfreq`
+    /// order, centred on zero), real (`irfft`) when `real`, its output
+    /// coordinate offset by `lag`.
     pub fn inverse(
         dim: &str,
-        coords: &[f64],
+        coordinate: &Coordinate,
         real: bool,
         lag: f64,
         options: &FftOptions,
     ) -> Result<Self, String> {
-        let n = coords.len();
+        let n = coordinate.len() as usize;
+        let coords = numbers(coordinate)?;
         if n < 2 {
             return Err(format!(
                 "dimension '{dim}' has {n} point{}; a transform needs at least 2",
                 if n == 1 { "" } else { "s" }
             ));
         }
-        let delta = (coords[1] - coords[0]).abs();
+        let delta = (coords(1) - coords(0)).abs();
         let tol = options.spacing_tol;
         // xrft sorts a coordinate that is not evenly increasing (an
         // unshifted or descending frequency axis) and checks it again.
-        let order = if evenly_spaced(coords, delta, tol) {
+        let order = if evenly_spaced_by(n, &coords, delta, tol) {
             InputOrder::Increasing
-        } else if evenly_spaced_by(n, |i| coords[fftshift_source(i, n)], delta, tol) {
+        } else if evenly_spaced_by(n, |i| coords(fftshift_source(i, n)), delta, tol) {
             InputOrder::Unshifted
-        } else if evenly_spaced_by(n, |i| coords[n - 1 - i], delta, tol) {
+        } else if evenly_spaced_by(n, |i| coords(n - 1 - i), delta, tol) {
             InputOrder::Decreasing
         } else {
             let mut order: Vec<usize> = (0..n).collect();
-            order.sort_by(|&a, &b| coords[a].total_cmp(&coords[b]));
-            let step = coords[order[1]] - coords[order[0]];
-            if !evenly_spaced_by(n, |i| coords[order[i]], step, tol) {
+            order.sort_by(|&a, &b| coords(a).total_cmp(&coords(b)));
+            let step = coords(order[1]) - coords(order[0]);
+            if !evenly_spaced_by(n, |i| coords(order[i]), step, tol) {
                 return Err(format!(
                     "coordinate '{dim}' is not evenly spaced (spacing_tol {tol})"
                 ));
             }
             InputOrder::Sorted(Arc::new(order))
         };
-        let sorted = |i: usize| coords[order.position(i, n)];
+        let sorted = |i: usize| coords(order.position(i, n));
         let centre = if real && order == InputOrder::Increasing {
-            coords[0]
+            coords(0)
         } else {
             sorted(n / 2)
         };
@@ -444,11 +470,6 @@ impl AxisTransform {
         }
     }
 
-    /// Every output coordinate, in output order.
-    pub fn coords(&self) -> Vec<f64> {
-        (0..self.output_len()).map(|q| self.coord(q)).collect()
-    }
-
     /// The kernel pass along block axis `axis`, in precision `T`: the
     /// formulas tabulated for whole lines.
     pub fn pass<T: FftNum>(&self, axis: usize) -> AxisPass<T> {
@@ -477,7 +498,13 @@ impl AxisTransform {
 
 #[cfg(test)]
 mod tests {
+    use datafusion::arrow::array::Float64Array;
+
     use super::*;
+
+    fn held(values: &[f64]) -> Coordinate {
+        Coordinate::Values(Arc::new(Float64Array::from(values.to_vec())))
+    }
 
     #[test]
     fn frequencies_match_numpy() {
@@ -494,13 +521,14 @@ mod tests {
     #[test]
     fn uneven_and_single_point_coordinates_are_refused() {
         let options = FftOptions::forward(vec!["x".into()]);
-        let err = AxisTransform::forward("x", &[0.0, 1.0, 3.0], false, &options).unwrap_err();
+        let err =
+            AxisTransform::forward("x", &held(&[0.0, 1.0, 3.0]), false, &options).unwrap_err();
         assert!(err.contains("not evenly spaced"), "{err}");
-        let err = AxisTransform::forward("x", &[2.0], false, &options).unwrap_err();
+        let err = AxisTransform::forward("x", &held(&[2.0]), false, &options).unwrap_err();
         assert!(err.contains("at least 2"), "{err}");
         let inverse = FftOptions::inverse(vec!["freq_x".into()]);
-        let err =
-            AxisTransform::inverse("freq_x", &[1.0, 2.0, 3.0], false, 0.0, &inverse).unwrap_err();
+        let err = AxisTransform::inverse("freq_x", &held(&[1.0, 2.0, 3.0]), false, 0.0, &inverse)
+            .unwrap_err();
         assert!(err.contains("not centred on zero"), "{err}");
     }
 
@@ -508,11 +536,11 @@ mod tests {
     fn forward_coordinates_follow_xrft() {
         let options = FftOptions::forward(vec!["x".into()]);
         let coords: Vec<f64> = (0..6).map(|i| 10.0 - 2.0 * i as f64).collect();
-        let axis = AxisTransform::forward("x", &coords, false, &options).unwrap();
+        let axis = AxisTransform::forward("x", &held(&coords), false, &options).unwrap();
         assert_eq!(axis.output_name, "freq_x");
         // fftshift(fftfreq(6, 2))
         let expected = [-0.25, -1.0 / 6.0, -1.0 / 12.0, 0.0, 1.0 / 12.0, 1.0 / 6.0];
-        for (a, b) in axis.coords().iter().zip(expected) {
+        for (a, b) in (0..6).map(|q| axis.coord(q)).zip(expected) {
             assert!((a - b).abs() < 1e-15);
         }
         // The lag of a descending coordinate is the middle of its increasing order.

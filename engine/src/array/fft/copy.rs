@@ -298,7 +298,7 @@ impl CopyJob {
                 .enumerate()
                 .map(|(d, dim)| GroupCoordinate {
                     name: dim.name.clone(),
-                    values: Arc::clone(&dim.values),
+                    values: dim.coordinate.clone(),
                     attributes: field_attributes(schema.field(d)),
                 })
                 .collect();

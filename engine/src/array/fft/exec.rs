@@ -19,7 +19,6 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     ArrayRef, PrimitiveArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
-use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::common::stats::Precision as Exactness;
@@ -45,7 +44,7 @@ use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, Device};
 use crate::table::cells::dimension_indices;
-use crate::table::{BlockGrid, Selection};
+use crate::table::{BlockGrid, Coordinate, Selection};
 use crate::zarr::ChunkBufferPool;
 
 /// What every partition of an [`FftExec`] shares.
@@ -53,7 +52,7 @@ use crate::zarr::ChunkBufferPool;
 struct FftJob {
     table: Arc<FftTable>,
     /// Output dimensions' values, outermost first.
-    coords: Vec<ArrayRef>,
+    coords: Vec<Coordinate>,
     /// Output columns (indices into the table's schema).
     projection: Vec<usize>,
     schema: SchemaRef,
@@ -177,7 +176,7 @@ impl FftJob {
                             start,
                             len,
                         ));
-                        Ok(take(self.coords[i].as_ref(), &indices, None)?)
+                        Ok(self.coords[i].take(&indices)?)
                     } else {
                         let range = start as usize..(start + len) as usize;
                         Ok(match &values {
@@ -353,7 +352,11 @@ impl FftExec {
         let full_schema = table.schema();
         let schema = Arc::new(full_schema.project(&projection)?);
         let job = FftJob {
-            coords: table.output_dims().into_iter().map(|d| d.values).collect(),
+            coords: table
+                .output_dims()
+                .into_iter()
+                .map(|d| d.coordinate)
+                .collect(),
             table: Arc::new(table.clone()),
             projection,
             schema: Arc::clone(&schema),

@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
@@ -31,7 +31,7 @@ use super::transform::InputCoordinate;
 use crate::array::rechunk::{default_work_dir, PreparedRechunk, RechunkOptions, ScratchStore};
 use crate::device::fft_cpu::BlockValues;
 use crate::device::CpuFft;
-use crate::table::{open_dataset_blocking, GridTable, ZarrTableOptions};
+use crate::table::{open_dataset_blocking, Coordinate, GridTable, ZarrTableOptions};
 use crate::zarr::{ChunkBufferPool, ZarrArray};
 
 /// One dimension of a source.
@@ -40,7 +40,7 @@ pub struct SourceDimension {
     /// The name.
     pub name: String,
     /// The coordinate values (the index without a coordinate array).
-    pub values: ArrayRef,
+    pub coordinate: Coordinate,
     /// xrft's `direct_lag` of a frequency coordinate, when known.
     pub direct_lag: Option<f64>,
     /// Whether the coordinate descends.
@@ -50,11 +50,19 @@ pub struct SourceDimension {
 impl SourceDimension {
     /// The coordinate as numbers (times in seconds, as xrft converts them).
     pub fn input_coordinate(&self) -> Result<InputCoordinate, String> {
-        let values = &self.values;
+        let values = match &self.coordinate {
+            Coordinate::Values(values) => values,
+            computed => {
+                return Ok(InputCoordinate {
+                    numbers: computed.clone(),
+                    direct_lag: self.direct_lag,
+                })
+            }
+        };
         if values.null_count() > 0 {
             return Err(format!("coordinate '{}' has missing values", self.name));
         }
-        let numbers: Vec<f64> = match values.data_type() {
+        let numbers: ArrayRef = match values.data_type() {
             DataType::Timestamp(unit, _) => {
                 let per_second = match unit {
                     TimeUnit::Second => 1.0,
@@ -63,17 +71,14 @@ impl SourceDimension {
                     TimeUnit::Nanosecond => 1e9,
                 };
                 let ints = cast(values, &DataType::Int64).map_err(|e| e.to_string())?;
-                ints.as_primitive::<Int64Type>()
-                    .values()
-                    .iter()
-                    .map(|&v| v as f64 / per_second)
-                    .collect()
+                Arc::new(Float64Array::from_iter_values(
+                    ints.as_primitive::<Int64Type>()
+                        .values()
+                        .iter()
+                        .map(|&v| v as f64 / per_second),
+                ))
             }
-            t if t.is_numeric() => cast(values, &DataType::Float64)
-                .map_err(|e| e.to_string())?
-                .as_primitive::<Float64Type>()
-                .values()
-                .to_vec(),
+            t if t.is_numeric() => cast(values, &DataType::Float64).map_err(|e| e.to_string())?,
             other => {
                 return Err(format!(
                     "coordinate '{}' is {other}, not numbers or times",
@@ -82,7 +87,7 @@ impl SourceDimension {
             }
         };
         Ok(InputCoordinate {
-            values: numbers,
+            numbers: Coordinate::Values(numbers),
             direct_lag: self.direct_lag,
         })
     }
@@ -219,7 +224,7 @@ impl RechunkedVariable {
         arrays.extend(
             grid.dims
                 .iter()
-                .filter(|d| d.has_coordinate)
+                .filter(|d| d.has_coordinate())
                 .map(|d| d.name.clone()),
         );
         let prepared =
@@ -355,7 +360,7 @@ impl ArraySource {
                 .iter()
                 .map(|d| SourceDimension {
                     name: d.name.clone(),
-                    values: Arc::clone(&d.values),
+                    coordinate: d.coordinate.clone(),
                     direct_lag: d.attributes.get("direct_lag").and_then(|v| v.as_f64()),
                     descends: d.descends(),
                 })

@@ -31,7 +31,6 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, ArrayRef, Float64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{CatalogProviderList, Session};
 use datafusion::common::stats::Precision as Exactness;
@@ -59,7 +58,7 @@ use super::transform::FftTransform;
 use crate::array::rechunk::{default_work_dir, RechunkOptions};
 use crate::config::ZarrConfig;
 use crate::table::{
-    literal_text, select, single_dimension, zarr_source, TableFunctionCall, ZarrTable,
+    literal_text, select, single_dimension, zarr_source, Coordinate, TableFunctionCall, ZarrTable,
 };
 use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
 
@@ -234,7 +233,7 @@ impl FftTable {
             let output = match transform.axes.iter().find(|(a, _)| *a == d) {
                 Some((_, axis)) => SourceDimension {
                     name: axis.output_name.clone(),
-                    values: Arc::new(Float64Array::from(axis.coords())) as ArrayRef,
+                    coordinate: Coordinate::Computed(Arc::new(axis.clone())),
                     direct_lag: (!options.inverse).then_some(axis.lag),
                     descends: false,
                 },
@@ -263,8 +262,8 @@ impl FftTable {
             fields.push(
                 Field::new(
                     &output.name,
-                    output.values.data_type().clone(),
-                    output.values.null_count() > 0,
+                    output.coordinate.data_type(),
+                    output.coordinate.nullable(),
                 )
                 .with_metadata(metadata),
             );

@@ -9,13 +9,14 @@ use super::detrend::detrend_block;
 use super::options::{Detrend, FftOptions};
 use crate::device::fft_cpu::BlockValues;
 use crate::device::CpuFft;
+use crate::table::Coordinate;
 
 /// The input coordinate of a transformed dimension, as numbers (seconds
 /// for times), and its `direct_lag` attribute when it has one.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct InputCoordinate {
-    /// The values.
-    pub values: Vec<f64>,
+    /// The values: `Float64` values held, the index, or computed.
+    pub numbers: Coordinate,
     /// The `direct_lag` attribute of a frequency coordinate xrft (or
     /// zarrfusion) wrote.
     pub direct_lag: Option<f64>,
@@ -90,9 +91,9 @@ impl FftTransform {
                     .map(|l| l[i])
                     .or(coordinate.direct_lag)
                     .unwrap_or(0.0);
-                AxisTransform::inverse(dim, &coordinate.values, real, lag, options)?
+                AxisTransform::inverse(dim, &coordinate.numbers, real, lag, options)?
             } else {
-                AxisTransform::forward(dim, &coordinate.values, real, options)?
+                AxisTransform::forward(dim, &coordinate.numbers, real, options)?
             };
             axes.push((axis_of(dim)?, transform));
         }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::SortOptions;
-use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter, take};
+use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
@@ -419,7 +419,7 @@ impl Reduction {
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
         for &d in &self.group_dims {
             let indices = UInt64Array::from(self.space.coordinate_indices(d));
-            columns.push(take(self.table.dims[d].values.as_ref(), &indices, None)?);
+            columns.push(self.table.dims[d].coordinate.take(&indices)?);
         }
         for accumulator in &partial.accumulators {
             columns.push(accumulator.finish(rows)?);
