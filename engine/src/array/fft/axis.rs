@@ -59,6 +59,7 @@ enum InputOrder {
 
 impl InputOrder {
     /// The position of the `rank`-th smallest coordinate value.
+    #[inline]
     fn position(&self, rank: usize, n: usize) -> usize {
         match self {
             Self::Increasing => rank,
@@ -100,6 +101,7 @@ enum Positions {
 
 /// Value `i` of `numpy.fft.fftfreq(n, d)`, computed as numpy does (an
 /// integer times `1 / (n d)`), so coordinates match to the last bit.
+#[inline]
 fn fftfreq_at(i: usize, n: usize, d: f64) -> f64 {
     let step = 1.0 / (n as f64 * d);
     let k = if i < n.div_ceil(2) {
@@ -111,11 +113,13 @@ fn fftfreq_at(i: usize, n: usize, d: f64) -> f64 {
 }
 
 /// Position `q` of `fftshift(x)` is `x[fftshift_source(q, n)]`.
+#[inline]
 fn fftshift_source(q: usize, n: usize) -> usize {
     (q + n - n / 2) % n
 }
 
 /// Position `q` of `ifftshift(x)` is `x[ifftshift_source(q, n)]`.
+#[inline]
 fn ifftshift_source(q: usize, n: usize) -> usize {
     (q + n / 2) % n
 }
@@ -183,7 +187,9 @@ impl AxisTransform {
             ));
         }
         let first = coords(1) - coords(0);
-        if !evenly_spaced_by(n, &coords, first, options.spacing_tol) {
+        // The index is evenly spaced by construction (and may be long).
+        let index = matches!(coordinate, Coordinate::Index(_));
+        if !index && !evenly_spaced_by(n, &coords, first, options.spacing_tol) {
             return Err(format!(
                 "coordinate '{dim}' is not evenly spaced (spacing_tol {})",
                 options.spacing_tol
@@ -333,6 +339,7 @@ impl AxisTransform {
     }
 
     /// The input position the transform reads at its position `k`.
+    #[inline]
     pub fn gather(&self, k: usize) -> usize {
         match &self.positions {
             Positions::Forward {
@@ -357,6 +364,7 @@ impl AxisTransform {
 
     /// The rank (in increasing coordinate order) of the input an inverse
     /// transform reads at its position `k`.
+    #[inline]
     fn inverse_rank(&self, k: usize) -> usize {
         match &self.positions {
             Positions::Inverse { n, .. } if self.kind == LineKind::Inverse => {
@@ -395,6 +403,7 @@ impl AxisTransform {
     }
 
     /// The transform output that output position `q` takes.
+    #[inline]
     pub fn take(&self, q: usize) -> usize {
         let m = self.output_len();
         match &self.positions {
@@ -452,6 +461,7 @@ impl AxisTransform {
     }
 
     /// The output coordinate at output position `q`.
+    #[inline]
     pub fn coord(&self, q: usize) -> f64 {
         let m = self.output_len();
         match &self.positions {

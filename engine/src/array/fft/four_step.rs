@@ -14,15 +14,19 @@
 //!    source at stride `N1` (every position the column block meets, with
 //!    xrft's flips, shifts, windows and phases applied on the way in); each
 //!    column is transformed (length `N2`) and multiplied by the twiddle
-//!    factors `ω_L^(j1·f2)`; the block goes to `columns` (`[.., N1, N2]`,
-//!    chunks of `c1 × r`);
+//!    factors `ω_L^(j1·f2)`; the block goes to `columns` (`[.., N2, N1]`,
+//!    rows `f2` of `j1`, chunks of `r × c1`);
 //! 2. **within chunks**: a block of `r` rows (`f2`) of `columns` is read,
-//!    each row transformed (length `N1`), and written to `spectrum`
-//!    (`[.., N1, N2]` again, chunks of `q × r`), whose C order is the
-//!    natural order of `F`;
+//!    each row transformed in place (length `N1`), and written to
+//!    `spectrum` (`[.., N2, N1]`, rows `f2` of `f1`, chunks of `r × q`);
 //! 3. the operator then reads any range of output positions from
-//!    `spectrum` as contiguous runs of `F` (taking xrft's output shift and
-//!    factors on the way out), so the output comes in natural order.
+//!    `spectrum`: positions `f2 + N2·f1` for `f1` in a range are the
+//!    columns of that range, read whole chunks at a time and transposed in
+//!    memory (taking xrft's output shift and factors on the way out), so
+//!    the output comes in natural order.
+//!
+//! Both arrays are laid out so that every read and write of a pass is a
+//! set of whole chunks or of contiguous runs of `c1` or `q` values.
 //!
 //! Other dimensions ride along in batches of the source's chunks (smaller
 //! when memory asks). Each pass runs its blocks on as many workers as the
@@ -168,7 +172,7 @@ impl FourStepPlan {
             let lines = batch.iter().product::<u64>();
             let second = |n1: usize, r: usize| 3 * lines as usize * r * n1 * cb;
             let first =
-                |n2: usize, c1: usize| 2 * lines as usize * c1 * n2 * cb + read_memory(lines);
+                |n2: usize, c1: usize| 3 * lines as usize * c1 * n2 * cb + read_memory(lines);
             // The longest rows that fit, so columns are short and their
             // blocks wide (fewer, larger reads of the source).
             let columns = largest_divisor(len, |n1| {
@@ -207,7 +211,7 @@ impl FourStepPlan {
                          more than the {} the memory limit (allowed_mem) leaves",
                         len / n1,
                         human_readable_size(3 * n1 * cb),
-                        human_readable_size(2 * (len / n1) * cb + read_memory(1)),
+                        human_readable_size(3 * (len / n1) * cb + read_memory(1)),
                         human_readable_size(room)
                     ));
                 }
@@ -264,7 +268,7 @@ fn intermediate_shape(plan: &FourStepPlan, shape: &[u64]) -> Vec<u64> {
         .filter(|(d, _)| *d != plan.axis)
         .map(|(_, &s)| s)
         .collect();
-    out.extend([plan.columns as u64, plan.rows as u64]);
+    out.extend([plan.rows as u64, plan.columns as u64]);
     out
 }
 
@@ -369,10 +373,10 @@ impl FourStep {
                 .map_err(|e| datafusion::common::DataFusionError::Execution(e.to_string()))?;
             Ok::<_, datafusion::common::DataFusionError>(array)
         };
-        batch.extend([plan.column_block as u64, plan.row_block as u64]);
+        batch.extend([plan.row_block as u64, plan.column_block as u64]);
         let columns = make("/columns", &batch)?;
         let n = batch.len();
-        batch[n - 2] = plan.spectrum_rows as u64;
+        batch[n - 1] = plan.spectrum_rows as u64;
         let spectrum = make("/spectrum", &batch)?;
         Ok(Self {
             plan,
@@ -534,25 +538,37 @@ impl FourStep {
                     }
                 }
                 transform_rows(fft.as_ref(), &mut z, n2);
-                // Twiddles ω_L^(j1·f2), in double precision.
+                // Rows f2 of the block's columns j1, times the twiddles
+                // ω_L^(j1·f2) in double precision: a rotation by
+                // ω_L^f2 per column, made exact every 64 columns.
                 let sign = if direction == FftDirection::Forward {
                     -1.0
                 } else {
                     1.0
                 };
-                z.par_chunks_mut(n2).enumerate().for_each(|(row, values)| {
-                    let j1 = a + row % c1;
-                    for (f2, v) in values.iter_mut().enumerate() {
-                        let turn = ((j1 * f2) % len) as f64 / len as f64;
-                        let w = Complex::from_polar(1.0, sign * 2.0 * std::f64::consts::PI * turn);
-                        *v = complex_times(*v, w);
+                let twiddle = |turns: usize| {
+                    let turn = (turns % len) as f64 / len as f64;
+                    Complex::from_polar(1.0, sign * 2.0 * std::f64::consts::PI * turn)
+                };
+                let mut rows = vec![Complex::<P>::default(); z.len()];
+                rows.par_chunks_mut(c1).enumerate().for_each(|(row, out)| {
+                    let (b, f2) = (row / n2, row % n2);
+                    let step = twiddle(f2);
+                    let mut w = Complex::new(1.0, 0.0);
+                    for (jl, value) in out.iter_mut().enumerate() {
+                        if jl % 64 == 0 {
+                            w = twiddle((a + jl) * f2);
+                        }
+                        *value = complex_times(z[(b * c1 + jl) * n2 + f2], w);
+                        w *= step;
                     }
                 });
+                drop(z);
                 let mut subset = cells.clone();
-                subset.extend([a as u64..(a + c1) as u64, 0..n2 as u64]);
-                P::store_complex(&self.columns, &ArraySubset::new_with_ranges(&subset), &z)
+                subset.extend([0..n2 as u64, a as u64..(a + c1) as u64]);
+                P::store_complex(&self.columns, &ArraySubset::new_with_ranges(&subset), &rows)
                     .map_err(|e| format!("writing columns {subset:?} to work_dir: {e}"))?;
-                Ok::<u64, String>((z.len() * std::mem::size_of::<Complex<P>>()) as u64)
+                Ok::<u64, String>((rows.len() * std::mem::size_of::<Complex<P>>()) as u64)
             },
         )?;
         self.check_cancelled()
@@ -580,36 +596,12 @@ impl FourStep {
             |_, task| {
                 let mut subset = grid_cell(other_shape, &step, task / blocks);
                 let s = (task % blocks) as usize * r;
-                subset.extend([0..n1 as u64, s as u64..(s + r) as u64]);
+                subset.extend([s as u64..(s + r) as u64, 0..n1 as u64]);
                 let region = ArraySubset::new_with_ranges(&subset);
                 let mut read = P::retrieve_complex(&self.columns, &region)
                     .map_err(|e| format!("reading columns {subset:?} from work_dir: {e}"))?;
-                let lines = read.len() / (n1 * r);
-                // [line][j1][f2] to [line][f2][j1]: rows contiguous.
-                let mut rows = vec![Complex::<P>::default(); read.len()];
-                for b in 0..lines {
-                    let (from, to) = (
-                        &read[b * n1 * r..(b + 1) * n1 * r],
-                        &mut rows[b * n1 * r..(b + 1) * n1 * r],
-                    );
-                    for j1 in 0..n1 {
-                        for f2 in 0..r {
-                            to[f2 * n1 + j1] = from[j1 * r + f2];
-                        }
-                    }
-                }
-                transform_rows(fft.as_ref(), &mut rows, n1);
-                for b in 0..lines {
-                    let (from, to) = (
-                        &rows[b * n1 * r..(b + 1) * n1 * r],
-                        &mut read[b * n1 * r..(b + 1) * n1 * r],
-                    );
-                    for f2 in 0..r {
-                        for f1 in 0..n1 {
-                            to[f1 * r + f2] = from[f2 * n1 + f1];
-                        }
-                    }
-                }
+                // [line][f2][j1]: rows of j1 are contiguous.
+                transform_rows(fft.as_ref(), &mut read, n1);
                 P::store_complex(&self.spectrum, &region, &read)
                     .map_err(|e| format!("writing spectrum {subset:?} to work_dir: {e}"))?;
                 Ok::<u64, String>((read.len() * std::mem::size_of::<Complex<P>>()) as u64)
@@ -652,19 +644,23 @@ impl FourStep {
             let f_a = transform.take(start + first);
             let f_b = transform.take(start + first + length - 1);
             let (lo, hi) = (f_a.min(f_b), f_a.max(f_b));
-            let (row_lo, row_hi) = (lo / n2, hi / n2 + 1);
+            // Positions f2 + N2·f1 for f1 in lo / N2 ..= hi / N2: those
+            // columns of every row f2.
+            let (f1_lo, f1_hi) = (lo / n2, hi / n2 + 1);
+            let width = f1_hi - f1_lo;
             let mut subset = cells.clone();
-            subset.extend([row_lo as u64..row_hi as u64, 0..n2 as u64]);
+            subset.extend([0..n2 as u64, f1_lo as u64..f1_hi as u64]);
             let spectrum =
                 P::retrieve_complex(&self.spectrum, &ArraySubset::new_with_ranges(&subset))
                     .map_err(|e| format!("reading the spectrum {subset:?} from work_dir: {e}"))?;
-            let per_line = (row_hi - row_lo) * n2;
+            let per_line = n2 * width;
             for ql in first..first + length {
                 let q = start + ql;
-                let f = transform.take(q) - row_lo * n2;
+                let f = transform.take(q);
+                let at = (f % n2) * width + f / n2 - f1_lo;
                 let factor = has_post.then(|| convert(transform.post(q)));
                 for b in 0..lines {
-                    let v = spectrum[b * per_line + f];
+                    let v = spectrum[b * per_line + at];
                     out[layout.index(b, ql)] = match factor {
                         Some(w) => v * w,
                         None => v,
