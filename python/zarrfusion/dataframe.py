@@ -95,7 +95,9 @@ class DataFrame:
         ``detrend`` (``"constant"``, ``"linear"``), ``window`` (``"hann"``,
         ``"hamming"``, ``"blackman"``, ``"tukey"``, ...), ``true_phase``,
         ``true_amplitude``, ``spacing_tol``, ``prefix``. Runs block by block
-        inside the session's ``allowed_mem``.
+        inside the session's ``allowed_mem``; a line larger than the budget
+        takes the four-step path through ``work_dir`` (one dimension, no
+        ``detrend``; ``config={"zarrfusion.fft_strategy": ...}`` chooses).
         """
         options = _fft_options(
             dims=dims, real_dim=real_dim, shift=shift, detrend=detrend, window=window,
