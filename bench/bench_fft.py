@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shutil
 import sys
@@ -39,7 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from measure import parse_mem, report, run_child
+from measure import arm_arguments, parse_mem, report, run_arms, run_child_arm
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "bench/data/fft_era5.zarr"
@@ -166,16 +165,8 @@ def du(path: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nt", type=int, default=1008)
-    ap.add_argument("--allowed-mem", default="1GB")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        arm, dst, mem, work, threads = a.child
-        print(json.dumps(child(arm, dst, mem, work, int(threads))))
+    a = arm_arguments(ap, ARMS, "1GB")
+    if run_child_arm(a, child):
         return
     make_store(a.nt)
     import zarr
@@ -184,25 +175,8 @@ def main() -> None:
     raw = src.nbytes
     print(f"{STORE.name} t2m {src.shape} {src.dtype} chunks {src.chunks}, {raw / 1e9:.2f} GB raw, "
           f"allowed_mem {a.allowed_mem}", flush=True)
-    results = []
     with tempfile.TemporaryDirectory(prefix="zf-bench-fft-", dir=ROOT / "bench/data") as tmp:
-        for arm in a.arms.split(","):
-            dst = Path(tmp) / f"{arm}.zarr"
-            work = Path(tmp) / f"{arm}-work"
-            work.mkdir()
-            cmd = [sys.executable, __file__, "--child", arm, str(dst), a.allowed_mem, str(work), str(a.threads)]
-            r = run_child(cmd, a.timeout)
-            r["arm"] = arm
-            if "error" not in r:
-                r.update(bytes_on_disk=du(dst), check=check(arm, dst))
-            shutil.rmtree(dst, ignore_errors=True)
-            shutil.rmtree(work, ignore_errors=True)
-            results.append(r)
-            if "error" in r:
-                print(f"{arm}: ERROR {r['error']}", flush=True)
-            else:
-                print(f"{arm}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB, "
-                      f"check {r['check']} {r.get('note', '')}", flush=True)
+        results = run_arms(__file__, a, Path(tmp), check, lambda arm, dst: {"bytes_on_disk": du(dst)})
     ok = {r["arm"]: r for r in results if "error" not in r}
     base = ok.get("zarrfusion")
     budget = parse_mem(a.allowed_mem)

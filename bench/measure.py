@@ -66,3 +66,61 @@ def report(lines: list[str], results: Path, write: bool) -> None:
     if write:
         with open(results, "a") as f:
             f.write("\n" + text + "\n")
+
+
+def arm_arguments(ap, arms: list[str], allowed_mem: str):
+    """Adds the options every per-arm benchmark takes to ``ap`` and parses
+    them; ``--child ARM DST MEM WORK THREADS`` is how an arm's subprocess is
+    started (see :func:`run_arms`)."""
+    import os
+
+    ap.add_argument("--allowed-mem", default=allowed_mem)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--arms", default=",".join(arms))
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--child", nargs=5, help="==SUPPRESS==")
+    return ap.parse_args()
+
+
+def run_child_arm(a, child) -> bool:
+    """In an arm's subprocess (``a.child`` set): runs ``child(arm, dst,
+    mem, work, threads)`` and prints its JSON result; returns whether it did."""
+    if not a.child:
+        return False
+    arm, dst, mem, work, threads = a.child
+    print(json.dumps(child(arm, dst, mem, work, int(threads))))
+    return True
+
+
+def run_arms(script: str, a, tmp: Path, check, extra=None) -> list[dict]:
+    """Runs each arm of ``a.arms`` as ``script --child ...`` in its own
+    subprocess with a fresh output path and work_dir under ``tmp``; adds
+    ``check(arm, dst)`` (and ``extra(arm, dst)``'s fields) to each result,
+    removes the outputs and prints a line per arm."""
+    import shutil
+    import sys
+
+    results = []
+    for arm in a.arms.split(","):
+        dst = tmp / f"{arm}.zarr"
+        work = tmp / f"{arm}-work"
+        work.mkdir()
+        cmd = [sys.executable, script, "--child", arm, str(dst), a.allowed_mem, str(work), str(a.threads)]
+        r = run_child(cmd, a.timeout)
+        r["arm"] = arm
+        if "error" not in r:
+            r.update(extra(arm, dst) if extra else {}, check=check(arm, dst))
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+        for f in tmp.glob(f"{arm}.*.npy"):
+            f.unlink()
+        results.append(r)
+        if "error" in r:
+            print(f"{arm}: ERROR {r['error']}", flush=True)
+        else:
+            io = (f", read {r['read_bytes'] / 2**30:.2f} GiB, written {r['written_bytes'] / 2**30:.2f} GiB"
+                  if "read_bytes" in r else "")
+            print(f"{arm}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB{io}, "
+                  f"check {r['check']} {r.get('note', '')}", flush=True)
+    return results
