@@ -72,6 +72,7 @@ def arm_arguments(ap, arms: list[str], allowed_mem: str):
     """Adds the options every per-arm benchmark takes to ``ap`` and parses
     them; ``--child ARM DST MEM WORK THREADS`` is how an arm's subprocess is
     started (see :func:`run_arms`)."""
+    import argparse
     import os
 
     ap.add_argument("--allowed-mem", default=allowed_mem)
@@ -79,7 +80,7 @@ def arm_arguments(ap, arms: list[str], allowed_mem: str):
     ap.add_argument("--arms", default=",".join(arms))
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--child", nargs=5, help="==SUPPRESS==")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
