@@ -379,10 +379,18 @@ async fn the_device_setting_chooses_where_transforms_run() {
     std::env::set_current_dir(repo_root()).unwrap();
     let sql = "SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat')";
     let ctx = new_context();
+    // A build with the `gpu` feature on a machine with a GPU runs `auto`
+    // and `cuda` there.
+    let gpu = zarrfusion::device::choose_device("cuda").is_ok();
+    let (auto, cuda) = if gpu {
+        (Ok("device=cuda"), Ok("device=cuda"))
+    } else {
+        (Ok("device=cpu"), Err("no GPU is usable"))
+    };
     for (setting, outcome) in [
-        ("auto", Ok("device=cpu")),
+        ("auto", auto),
         ("cpu", Ok("device=cpu")),
-        ("cuda", Err("no GPU is usable")),
+        ("cuda", cuda),
         ("tpu", Err("must be 'auto', 'cpu' or 'cuda'")),
     ] {
         ctx.sql(&format!("SET zarrfusion.device = '{setting}'"))
@@ -418,6 +426,35 @@ fn a_gpu_is_there_when_required() {
             panic!("REQUIRE_GPU=1 but no GPU is usable: {why}")
         }
         Err(why) => println!("skipped: no GPU is usable ({why})"),
+    }
+}
+
+/// Every xrft case with the transforms on the GPU (cuFFT), within the same
+/// tolerances as on the CPU; skipped with a notice without a usable GPU,
+/// failed under `REQUIRE_GPU=1`.
+#[cfg(feature = "gpu")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_matches_xrft_on_the_gpu() {
+    if let Err(why) = zarrfusion::device::choose_device("cuda") {
+        if std::env::var("REQUIRE_GPU").as_deref() == Ok("1") {
+            panic!("REQUIRE_GPU=1 but {why}");
+        }
+        println!("skipped: {why}");
+        return;
+    }
+    std::env::set_current_dir(repo_root()).unwrap();
+    let cases: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/fft/cases.json").unwrap())
+            .unwrap();
+    let ctx = new_context();
+    ctx.sql("SET zarrfusion.device = 'cuda'").await.unwrap();
+    ctx.sql("SET zarrfusion.target_partition_bytes = 2000")
+        .await
+        .unwrap();
+    for case in &cases {
+        let plan = explain_text(&ctx, &format!("SELECT * FROM {}", sql_call(case))).await;
+        assert!(plan.contains("device=cuda"), "{plan}");
+        check_case(&ctx, case).await;
     }
 }
 

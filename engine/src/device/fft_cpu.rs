@@ -304,7 +304,7 @@ fn poisoned<E: std::fmt::Display>(e: E) -> String {
 }
 
 /// The `pre` factors of a complex-input pass, as a function.
-fn complex_pre<T: FftNum>(
+pub(crate) fn complex_pre<T: FftNum>(
     pass: &AxisPass<T>,
 ) -> impl Fn(usize, Complex<T>) -> Complex<T> + Sync + '_ {
     move |k, x| match &pass.pre {
@@ -314,7 +314,7 @@ fn complex_pre<T: FftNum>(
 }
 
 /// The `post` factors of a complex-output pass, as a function.
-fn complex_post<T: FftNum>(
+pub(crate) fn complex_post<T: FftNum>(
     pass: &AxisPass<T>,
 ) -> impl Fn(usize, Complex<T>) -> Complex<T> + Sync + '_ {
     move |q, x| match &pass.post {
@@ -324,7 +324,7 @@ fn complex_post<T: FftNum>(
 }
 
 /// Checks that `pass` fits a block of shape `shape`.
-fn check_pass<T>(pass: &AxisPass<T>, shape: &[usize]) -> Result<(), String> {
+pub(crate) fn check_pass<T>(pass: &AxisPass<T>, shape: &[usize]) -> Result<(), String> {
     let Some(&n) = shape.get(pass.axis) else {
         return Err(format!(
             "an FFT along axis {} of a {}-D block",

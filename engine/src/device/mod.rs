@@ -4,18 +4,60 @@
 //! | module | owns |
 //! |---|---|
 //! | [`fft_cpu`] | FFTs along axes of C-ordered blocks with `rustfft`/`realfft`, lines in parallel |
-//! | this module | choosing the device (`zarrfusion.device`) and probing for a GPU |
+//! | `fft_cuda` (feature `gpu`) | the same passes with cuFFT: batched plans, page-locked staging, two streams |
+//! | this module | the [`FftKernel`] trait, choosing the device (`zarrfusion.device`) and probing for a GPU |
 //!
 //! A kernel sees blocks (flat C-ordered buffers and their shape), never
 //! Zarr stores or Arrow batches: the operators in `engine::array` read the
 //! blocks and turn results into rows.
 
 pub mod fft_cpu;
+#[cfg(feature = "gpu")]
+pub mod fft_cuda;
 
 use std::fmt;
 use std::sync::OnceLock;
 
-pub use fft_cpu::{AxisPass, CpuFft, LineKind};
+use rustfft::FftNum;
+
+pub use fft_cpu::{AxisPass, BlockValues, CpuFft, LineKind};
+
+/// A kernel that runs the passes of a transform over a block, on some
+/// device: [`CpuFft`], or `fft_cuda::CudaKernel` with the `gpu` feature.
+pub trait FftKernel<T>: Send + Sync {
+    /// Runs `passes`, in order, over `values` of shape `shape`; returns the
+    /// result and its shape. Errors name a pass that does not fit the block,
+    /// or what failed on the device.
+    fn transform(
+        &self,
+        values: BlockValues<T>,
+        shape: &[usize],
+        passes: &[AxisPass<T>],
+    ) -> Result<(BlockValues<T>, Vec<usize>), String>;
+}
+
+impl<T: FftNum + Default> FftKernel<T> for CpuFft<T> {
+    fn transform(
+        &self,
+        values: BlockValues<T>,
+        shape: &[usize],
+        passes: &[AxisPass<T>],
+    ) -> Result<(BlockValues<T>, Vec<usize>), String> {
+        CpuFft::transform(self, values, shape, passes)
+    }
+}
+
+/// Page-locked host memory the GPU kernel's staging holds besides the
+/// blocks on `device` (none on the CPU).
+pub fn staging_memory(device: Device) -> usize {
+    match device {
+        Device::Cpu => 0,
+        #[cfg(feature = "gpu")]
+        Device::Cuda => 2 * fft_cuda::STAGING_BYTES,
+        #[cfg(not(feature = "gpu"))]
+        Device::Cuda => 0,
+    }
+}
 
 /// Where a kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +113,19 @@ fn probe() -> Result<String, String> {
     found.unwrap_or_else(|_| Err("probing CUDA panicked".to_string()))
 }
 
+/// Whether the GPU kernel can run: the probe found a GPU and the kernel
+/// was made on it.
+#[cfg(feature = "gpu")]
+fn usable_gpu() -> Result<(), String> {
+    fft_cuda::CudaKernel::shared().map(|_| ())
+}
+
+/// Without the `gpu` feature no GPU is usable.
+#[cfg(not(feature = "gpu"))]
+fn usable_gpu() -> Result<(), String> {
+    gpu_probe().clone().map(|_| ())
+}
+
 /// Without the `gpu` feature there is nothing to probe.
 #[cfg(not(feature = "gpu"))]
 fn probe() -> Result<String, String> {
@@ -78,28 +133,24 @@ fn probe() -> Result<String, String> {
 }
 
 /// The device the setting `zarrfusion.device` chooses: `cpu`; `cuda`,
-/// refused when no GPU is usable; `auto`, a GPU when one is usable, else
-/// the CPU (logged once). No GPU kernel runs yet (the probe is built with
-/// the `gpu` feature, the cuFFT kernel is to come), so `auto` runs on the
-/// CPU and `cuda` is refused.
+/// refused with the reason when no GPU is usable; `auto`, a GPU when one is
+/// usable, else the CPU (with a log line, once). Without the `gpu` feature
+/// no GPU is ever usable.
 pub fn choose_device(setting: &str) -> Result<Device, String> {
     match setting.trim().to_ascii_lowercase().as_str() {
         "cpu" => Ok(Device::Cpu),
-        "cuda" | "gpu" => {
-            let why = match gpu_probe() {
-                Ok(found) => format!("{found} was found, but this build has no GPU kernels"),
-                Err(why) => why.clone(),
-            };
-            Err(format!(
-                "zarrfusion.device = 'cuda' but no GPU is usable: {why}"
-            ))
-        }
+        "cuda" | "gpu" => usable_gpu()
+            .map(|()| Device::Cuda)
+            .map_err(|why| format!("zarrfusion.device = 'cuda' but no GPU is usable: {why}")),
         "auto" | "" => {
             static LOGGED: OnceLock<()> = OnceLock::new();
-            if let Err(why) = gpu_probe() {
-                LOGGED.get_or_init(|| log::info!("no usable GPU ({why}); FFTs run on the CPU"));
+            match usable_gpu() {
+                Ok(()) => Ok(Device::Cuda),
+                Err(why) => {
+                    LOGGED.get_or_init(|| log::info!("no usable GPU ({why}); FFTs run on the CPU"));
+                    Ok(Device::Cpu)
+                }
             }
-            Ok(Device::Cpu)
         }
         other => Err(format!(
             "zarrfusion.device must be 'auto', 'cpu' or 'cuda', got '{other}'"

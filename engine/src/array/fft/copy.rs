@@ -48,7 +48,7 @@ use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::tasks::run_tasks;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
-use crate::device::{choose_device, Device};
+use crate::device::{choose_device, staging_memory, Device};
 use crate::table::{BlockGrid, Selection};
 use crate::write::grid::field_attributes;
 use crate::write::options::ZarrWriteOptions;
@@ -185,7 +185,7 @@ impl FftCopy {
         // A block read and transformed, and its encoded chunks.
         let task_memory =
             block_memory(table, blocks.block_shape()) + out_cells * table.complex_bytes();
-        let kernel = kernel_memory(table);
+        let kernel = kernel_memory(table) + staging_memory(device);
         let mut workers =
             (blocks.num_blocks() as usize).clamp(1, options.execution.target_partitions.max(1));
         if let Some(limit) = memory_limit {
@@ -217,7 +217,7 @@ impl FftCopy {
                 target: self.target.clone(),
                 options: self.options.clone(),
                 projected: workers * task_memory + kernel,
-                kernels: Kernels::default(),
+                kernels: Kernels::on(device),
                 device,
             }),
             properties: count_properties(),

@@ -42,7 +42,7 @@ use super::transform::FftTransform;
 use crate::array::leaf_plan::leaf_plan_methods;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
-use crate::device::{choose_device, Device};
+use crate::device::{choose_device, staging_memory, Device};
 use crate::table::cells::dimension_indices;
 use crate::table::{BlockGrid, Coordinate, Selection};
 use crate::zarr::ChunkBufferPool;
@@ -103,13 +103,14 @@ impl FftJob {
         block_memory(&self.table, self.blocks.block_shape()) + batches
     }
 
-    /// Memory the kernel's threads hold besides the blocks: per thread, a
-    /// group of lines gathered and transformed.
+    /// Memory the kernel holds besides the blocks: per CPU thread, a group
+    /// of lines gathered and transformed; on a GPU, the page-locked
+    /// staging buffers too.
     fn kernel_memory(&self) -> usize {
         if !self.reads_values() {
             return 0;
         }
-        kernel_memory(&self.table)
+        kernel_memory(&self.table) + staging_memory(self.device)
     }
 
     /// The transformed values of the block `extent`.
@@ -363,7 +364,7 @@ impl FftExec {
             batch_size: usize::from(options.execution.batch_size).max(1),
             limit,
             blocks,
-            kernels: Kernels::default(),
+            kernels: Kernels::on(device),
             device,
             filtered,
         };

@@ -30,7 +30,7 @@ use super::table::FftTable;
 use super::transform::InputCoordinate;
 use crate::array::rechunk::{default_work_dir, PreparedRechunk, RechunkOptions, ScratchStore};
 use crate::device::fft_cpu::BlockValues;
-use crate::device::CpuFft;
+use crate::device::{CpuFft, Device, FftKernel};
 use crate::table::{open_dataset_blocking, Coordinate, GridTable, ZarrTableOptions};
 use crate::zarr::{ChunkBufferPool, ZarrArray};
 
@@ -93,11 +93,45 @@ impl SourceDimension {
     }
 }
 
-/// The CPU kernels of both precisions, shared by the tasks of a query.
+/// The kernels of both precisions on the query's device, shared by its
+/// tasks: the CPU's, or (feature `gpu`) the process's CUDA kernel.
 #[derive(Debug, Default)]
 pub struct Kernels {
     single: CpuFft<f32>,
     double: CpuFft<f64>,
+    #[cfg(feature = "gpu")]
+    cuda: Option<Arc<crate::device::fft_cuda::CudaKernel>>,
+}
+
+impl Kernels {
+    /// The kernels of `device` (chosen by `choose_device`, so a GPU is
+    /// usable when it is `Cuda`).
+    pub fn on(device: Device) -> Self {
+        match device {
+            Device::Cpu => Self::default(),
+            #[cfg(feature = "gpu")]
+            Device::Cuda => Self {
+                cuda: crate::device::fft_cuda::CudaKernel::shared().ok(),
+                ..Self::default()
+            },
+            #[cfg(not(feature = "gpu"))]
+            Device::Cuda => Self::default(),
+        }
+    }
+}
+
+/// The CUDA kernel of `kernels`, as the kernel of precision `T`, when
+/// there is one.
+#[cfg(feature = "gpu")]
+fn cuda_kernel<T: crate::device::fft_cuda::CudaPrecision>(
+    kernels: &Kernels,
+) -> Option<&dyn FftKernel<T>> {
+    kernels.cuda.as_deref().map(|k| k as &dyn FftKernel<T>)
+}
+
+#[cfg(not(feature = "gpu"))]
+fn cuda_kernel<T>(_: &Kernels) -> Option<&dyn FftKernel<T>> {
+    None
 }
 
 /// A precision transforms compute in: `f32` (complex64) or `f64`
@@ -106,7 +140,7 @@ pub trait Precision: FftNum + Float + Default + bytemuck::Pod {
     /// The Arrow type of a part.
     type Arrow: ArrowPrimitiveType<Native = Self>;
     /// This precision's kernel.
-    fn kernel(kernels: &Kernels) -> &CpuFft<Self>;
+    fn kernel(kernels: &Kernels) -> &dyn FftKernel<Self>;
     /// Complex values of this precision read from `subset` of `array`.
     fn retrieve_complex(
         array: &ScratchArray,
@@ -141,16 +175,16 @@ macro_rules! complex_io {
 
 impl Precision for f32 {
     type Arrow = Float32Type;
-    fn kernel(kernels: &Kernels) -> &CpuFft<f32> {
-        &kernels.single
+    fn kernel(kernels: &Kernels) -> &dyn FftKernel<f32> {
+        cuda_kernel(kernels).unwrap_or(&kernels.single)
     }
     complex_io!();
 }
 
 impl Precision for f64 {
     type Arrow = Float64Type;
-    fn kernel(kernels: &Kernels) -> &CpuFft<f64> {
-        &kernels.double
+    fn kernel(kernels: &Kernels) -> &dyn FftKernel<f64> {
+        cuda_kernel(kernels).unwrap_or(&kernels.double)
     }
     complex_io!();
 }

@@ -8,7 +8,7 @@ use super::axis::AxisTransform;
 use super::detrend::detrend_block;
 use super::options::{Detrend, FftOptions};
 use crate::device::fft_cpu::BlockValues;
-use crate::device::CpuFft;
+use crate::device::FftKernel;
 use crate::table::Coordinate;
 
 /// The input coordinate of a transformed dimension, as numbers (seconds
@@ -137,7 +137,7 @@ impl FftTransform {
     /// dimension) with `kernel`.
     pub fn apply<T: FftNum + Float + Default>(
         &self,
-        kernel: &CpuFft<T>,
+        kernel: &dyn FftKernel<T>,
         mut values: BlockValues<T>,
         shape: &[usize],
     ) -> Result<(BlockValues<T>, Vec<usize>), String> {

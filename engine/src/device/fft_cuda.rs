@@ -1,0 +1,659 @@
+//! FFTs along the axes of a C-ordered block on an NVIDIA GPU, with cuFFT
+//! through `cudarc` (feature `gpu`; the CUDA libraries are loaded at run
+//! time, so the build needs no CUDA toolkit).
+//!
+//! A pass means what it means on the CPU ([`super::fft_cpu`]): gather each
+//! line along the axis (in the pass's order, with its input factors),
+//! transform, scatter (in the output order, with the output factors). Here
+//! the gather and scatter run on all CPU cores, and the transforms on the
+//! GPU:
+//!
+//! - every line of the block goes into one host buffer, then to the device
+//!   in batches, each transformed by one batched cuFFT plan
+//!   (`cufftPlanMany`; plans are kept per length, kind, batch and stream);
+//! - batches are staged through page-locked host buffers and alternate
+//!   between two streams, so one batch's copies to and from the device
+//!   overlap the other's transform;
+//! - memory is budgeted on both sides: a stream's input and output buffers
+//!   hold at most [`LANE_BYTES`] (and an eighth of the device memory free
+//!   when the kernel was made, the rest left to cuFFT's work areas and other
+//!   users), so the page-locked staging of a precision is at most
+//!   [`STAGING_BYTES`] of host memory, counted in the operators' projected
+//!   memory; a line that does not fit is an error, never an allocation
+//!   failure.
+//!
+//! One block uses the GPU at a time (the staging buffers are shared); the
+//! operators' tasks gather and scatter on the CPU meanwhile.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cufft::sys::{cufftType, double2, float2};
+use cudarc::cufft::{CudaFft as CufftPlan, FftDirection};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
+};
+use rayon::prelude::*;
+use rustfft::num_complex::Complex;
+use rustfft::num_traits::Float;
+use rustfft::FftNum;
+
+use super::fft_cpu::{check_pass, complex_post, complex_pre, AxisPass, BlockValues, LineKind};
+use super::FftKernel;
+
+/// Bytes of input and output buffers one stream holds at most.
+pub const LANE_BYTES: usize = 32 << 20;
+
+/// Page-locked host bytes the staging of one precision holds at most (two
+/// streams).
+pub const STAGING_BYTES: usize = 2 * LANE_BYTES;
+
+/// A precision cuFFT computes in: `f32` (C2C, R2C, C2R) or `f64` (Z2Z,
+/// D2Z, Z2D).
+pub trait CudaPrecision: FftNum + Float + Default + DeviceRepr + ValidAsZeroBits {
+    /// cuFFT's complex value of this precision.
+    type Pair: DeviceRepr + ValidAsZeroBits + Copy + Send + Sync;
+    /// The plan type of complex, real-input and real-output transforms.
+    const PLAN_TYPES: [cufftType; 3];
+    /// A complex value as cuFFT holds it.
+    fn pair(value: Complex<Self>) -> Self::Pair;
+    /// A cuFFT complex value.
+    fn unpair(value: Self::Pair) -> Complex<Self>;
+    /// Runs `plan` (of kind `kind`) from `input` to `output`.
+    fn exec(
+        plan: &CufftPlan,
+        kind: LineKind,
+        input: &mut DeviceLines<Self>,
+        output: &mut DeviceLines<Self>,
+    ) -> Result<(), String>;
+    /// The kernel's staging state of this precision.
+    fn staging(kernel: &CudaKernel) -> &Mutex<Staging<Self>>;
+}
+
+/// Lines on the device: real or complex values.
+pub enum DeviceLines<T: CudaPrecision> {
+    /// Real values.
+    Real(CudaSlice<T>),
+    /// Complex values.
+    Complex(CudaSlice<T::Pair>),
+}
+
+/// Lines in page-locked host memory.
+enum HostLines<T: CudaPrecision> {
+    Real(PinnedHostSlice<T>),
+    Complex(PinnedHostSlice<T::Pair>),
+}
+
+/// One stream's buffers and plans.
+struct Lane<T: CudaPrecision> {
+    stream: Arc<CudaStream>,
+    host_in: Option<HostLines<T>>,
+    host_out: Option<HostLines<T>>,
+    device_in: Option<DeviceLines<T>>,
+    device_out: Option<DeviceLines<T>>,
+    /// Plans by (type, length, batch).
+    plans: HashMap<(cufftType, usize, usize), CufftPlan>,
+    /// The lines whose results are on their way back: (first line, count).
+    pending: Option<(usize, usize)>,
+}
+
+/// The staging state of one precision: two lanes (streams).
+pub struct Staging<T: CudaPrecision> {
+    lanes: Vec<Lane<T>>,
+}
+
+/// The GPU FFT kernel of the process (see the module docs).
+pub struct CudaKernel {
+    context: Arc<CudaContext>,
+    /// Bytes of input and output buffers one stream may hold.
+    lane_budget: usize,
+    single: Mutex<Staging<f32>>,
+    double: Mutex<Staging<f64>>,
+}
+
+impl std::fmt::Debug for CudaKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaKernel")
+            .field("lane_budget", &self.lane_budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failure of the CUDA driver or cuFFT, as text.
+fn cuda<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
+    move |e| format!("CUDA: {what} failed: {e:?}")
+}
+
+impl CudaKernel {
+    /// The kernel of the process on device 0, made on first use; `Err`
+    /// says why no GPU is usable (see [`super::gpu_probe`]).
+    pub fn shared() -> Result<Arc<CudaKernel>, String> {
+        static KERNEL: OnceLock<Result<Arc<CudaKernel>, String>> = OnceLock::new();
+        KERNEL
+            .get_or_init(|| {
+                super::gpu_probe().clone()?;
+                std::panic::catch_unwind(CudaKernel::new)
+                    .unwrap_or_else(|_| Err("making the CUDA kernel panicked".to_string()))
+                    .map(Arc::new)
+            })
+            .clone()
+    }
+
+    fn new() -> Result<Self, String> {
+        let context = CudaContext::new(0).map_err(cuda("creating a context"))?;
+        let (free, _total) = context.mem_get_info().map_err(cuda("querying memory"))?;
+        Ok(Self {
+            single: staging(&context)?,
+            double: staging(&context)?,
+            lane_budget: (free / 8).min(LANE_BYTES),
+            context,
+        })
+    }
+
+    /// Transforms `count` contiguous lines (`lines`, of `kind` and length
+    /// `len`) on the device, batch by batch; returns their results,
+    /// contiguous too.
+    fn run_lines<T: CudaPrecision>(
+        &self,
+        kind: LineKind,
+        len: usize,
+        lines: &BlockValues<T>,
+        count: usize,
+    ) -> Result<BlockValues<T>, String> {
+        let (n_in, n_out) = kind.lengths(len);
+        let real_in = kind == LineKind::RealForward;
+        let real_out = kind == LineKind::RealInverse;
+        let value = std::mem::size_of::<T>();
+        let line_bytes = n_in * value * if real_in { 1 } else { 2 }
+            + n_out * value * if real_out { 1 } else { 2 };
+        if line_bytes > self.lane_budget {
+            return Err(format!(
+                "CUDA: one line of length {len} needs {line_bytes} bytes on the device, more \
+                 than the {} a stream may use; set zarrfusion.device = 'cpu'",
+                self.lane_budget
+            ));
+        }
+        let batch = (self.lane_budget / line_bytes).clamp(1, count.max(1));
+        let plan_type = T::PLAN_TYPES[match kind {
+            LineKind::Forward | LineKind::Inverse => 0,
+            LineKind::RealForward => 1,
+            LineKind::RealInverse => 2,
+        }];
+        let mut out = if real_out {
+            BlockValues::Real(vec![T::zero(); count * n_out])
+        } else {
+            BlockValues::Complex(vec![Complex::new(T::zero(), T::zero()); count * n_out])
+        };
+        let mut staging = T::staging(self)
+            .lock()
+            .map_err(|_| "CUDA: the kernel failed earlier".to_string())?;
+        self.context
+            .bind_to_thread()
+            .map_err(cuda("binding the context"))?;
+        for (b, first) in (0..count).step_by(batch).enumerate() {
+            let lane = &mut staging.lanes[b % 2];
+            // The lane's previous batch is back: keep its results.
+            collect(lane, &mut out, n_out)?;
+            let lines_here = batch.min(count - first);
+            prepare(lane, &self.context, batch, n_in, n_out, real_in, real_out)?;
+            // Input lines into the page-locked buffer (the rest of a last,
+            // shorter batch keeps old values; its results are not read).
+            match (lane.host_in.as_mut(), lines) {
+                (Some(HostLines::Real(host)), BlockValues::Real(v)) => {
+                    let host = host.as_mut_slice().map_err(cuda("staging"))?;
+                    host[..lines_here * n_in]
+                        .copy_from_slice(&v[first * n_in..(first + lines_here) * n_in]);
+                }
+                (Some(HostLines::Complex(host)), BlockValues::Complex(v)) => {
+                    let host = host.as_mut_slice().map_err(cuda("staging"))?;
+                    host[..lines_here * n_in]
+                        .par_iter_mut()
+                        .zip(&v[first * n_in..(first + lines_here) * n_in])
+                        .for_each(|(h, &c)| *h = T::pair(c));
+                }
+                _ => return Err("CUDA: staging buffers of the wrong kind".to_string()),
+            }
+            let stream = Arc::clone(&lane.stream);
+            match (lane.host_in.as_ref(), lane.device_in.as_mut()) {
+                (Some(HostLines::Real(h)), Some(DeviceLines::Real(d))) => stream
+                    .memcpy_htod(h, d)
+                    .map_err(cuda("copying to the device"))?,
+                (Some(HostLines::Complex(h)), Some(DeviceLines::Complex(d))) => stream
+                    .memcpy_htod(h, d)
+                    .map_err(cuda("copying to the device"))?,
+                _ => return Err("CUDA: staging buffers of the wrong kind".to_string()),
+            }
+            let key = (plan_type, len, batch);
+            if let Entry::Vacant(entry) = lane.plans.entry(key) {
+                entry.insert(
+                    CufftPlan::plan_many(
+                        &[len as i32],
+                        None,
+                        1,
+                        n_in as i32,
+                        None,
+                        1,
+                        n_out as i32,
+                        plan_type,
+                        batch as i32,
+                        Arc::clone(&stream),
+                    )
+                    .map_err(cuda("planning"))?,
+                );
+            }
+            let (Some(plan), Some(input), Some(output)) = (
+                lane.plans.get(&key),
+                lane.device_in.as_mut(),
+                lane.device_out.as_mut(),
+            ) else {
+                return Err("CUDA: a plan or buffer went missing".to_string());
+            };
+            T::exec(plan, kind, input, output)?;
+            match (lane.device_out.as_ref(), lane.host_out.as_mut()) {
+                (Some(DeviceLines::Real(d)), Some(HostLines::Real(h))) => {
+                    stream.memcpy_dtoh(d, h).map_err(cuda("copying back"))?
+                }
+                (Some(DeviceLines::Complex(d)), Some(HostLines::Complex(h))) => {
+                    stream.memcpy_dtoh(d, h).map_err(cuda("copying back"))?
+                }
+                _ => return Err("CUDA: staging buffers of the wrong kind".to_string()),
+            }
+            lane.pending = Some((first, lines_here));
+        }
+        for lane in staging.lanes.iter_mut() {
+            collect(lane, &mut out, n_out)?;
+        }
+        Ok(out)
+    }
+
+    fn run_pass<T: CudaPrecision>(
+        &self,
+        values: BlockValues<T>,
+        shape: &[usize],
+        pass: &AxisPass<T>,
+    ) -> Result<BlockValues<T>, String> {
+        let (_, n_out) = pass.kind.lengths(pass.len);
+        let count = line_count(shape, pass.axis);
+        match (values, pass.kind) {
+            (BlockValues::Real(v), LineKind::RealForward) => {
+                let pre = |k: usize, x: T| match &pass.pre {
+                    Some(f) => x * f[k].re,
+                    None => x,
+                };
+                let lines = BlockValues::Real(gather_lines(&v, shape, pass, pre));
+                drop(v);
+                let results = self.run_lines(pass.kind, pass.len, &lines, count)?;
+                drop(lines);
+                let BlockValues::Complex(results) = results else {
+                    return Err("CUDA: a real-input FFT gave real values".to_string());
+                };
+                Ok(BlockValues::Complex(scatter_lines(
+                    &results,
+                    shape,
+                    pass,
+                    n_out,
+                    complex_post(pass),
+                )))
+            }
+            (BlockValues::Complex(v), LineKind::RealInverse) => {
+                let lines = BlockValues::Complex(gather_lines(&v, shape, pass, complex_pre(pass)));
+                drop(v);
+                let results = self.run_lines(pass.kind, pass.len, &lines, count)?;
+                drop(lines);
+                let BlockValues::Real(results) = results else {
+                    return Err("CUDA: a real-output FFT gave complex values".to_string());
+                };
+                let post = |q: usize, x: T| match &pass.post {
+                    Some(f) => x * f[q].re,
+                    None => x,
+                };
+                Ok(BlockValues::Real(scatter_lines(
+                    &results, shape, pass, n_out, post,
+                )))
+            }
+            (BlockValues::Real(v), LineKind::Forward | LineKind::Inverse) => {
+                let v = v.into_iter().map(|x| Complex::new(x, T::zero())).collect();
+                self.run_pass(BlockValues::Complex(v), shape, pass)
+            }
+            (BlockValues::Complex(v), LineKind::Forward | LineKind::Inverse) => {
+                let lines = BlockValues::Complex(gather_lines(&v, shape, pass, complex_pre(pass)));
+                drop(v);
+                let results = self.run_lines(pass.kind, pass.len, &lines, count)?;
+                drop(lines);
+                let BlockValues::Complex(results) = results else {
+                    return Err("CUDA: a complex FFT gave real values".to_string());
+                };
+                Ok(BlockValues::Complex(scatter_lines(
+                    &results,
+                    shape,
+                    pass,
+                    n_out,
+                    complex_post(pass),
+                )))
+            }
+            (BlockValues::Complex(_), LineKind::RealForward) => Err(format!(
+                "a real-input FFT along axis {} of complex values",
+                pass.axis
+            )),
+            (BlockValues::Real(_), LineKind::RealInverse) => Err(format!(
+                "a real-output inverse FFT along axis {} of real values",
+                pass.axis
+            )),
+        }
+    }
+}
+
+impl<T: CudaPrecision> FftKernel<T> for CudaKernel {
+    fn transform(
+        &self,
+        mut values: BlockValues<T>,
+        shape: &[usize],
+        passes: &[AxisPass<T>],
+    ) -> Result<(BlockValues<T>, Vec<usize>), String> {
+        let mut shape = shape.to_vec();
+        if values.len() != shape.iter().product::<usize>() {
+            return Err(format!(
+                "a block of {} values does not have shape {shape:?}",
+                values.len()
+            ));
+        }
+        for pass in passes {
+            check_pass(pass, &shape)?;
+            values = self.run_pass(values, &shape, pass)?;
+            shape[pass.axis] = pass.take.len();
+        }
+        Ok((values, shape))
+    }
+}
+
+/// The staging state of one precision on `context`: two lanes, each
+/// with its own stream, no buffers yet.
+fn staging<T: CudaPrecision>(context: &Arc<CudaContext>) -> Result<Mutex<Staging<T>>, String> {
+    let lanes = (0..2)
+        .map(|_| {
+            Ok(Lane {
+                stream: context.new_stream().map_err(cuda("creating a stream"))?,
+                host_in: None,
+                host_out: None,
+                device_in: None,
+                device_out: None,
+                plans: HashMap::new(),
+                pending: None,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Mutex::new(Staging { lanes }))
+}
+
+/// Makes the lane's buffers hold `batch` lines of `n_in` inputs and
+/// `n_out` outputs of the kinds asked, reusing them when they do.
+fn prepare<T: CudaPrecision>(
+    lane: &mut Lane<T>,
+    context: &Arc<CudaContext>,
+    batch: usize,
+    n_in: usize,
+    n_out: usize,
+    real_in: bool,
+    real_out: bool,
+) -> Result<(), String> {
+    let host_fits = |h: &Option<HostLines<T>>, len: usize, real: bool| match h {
+        Some(HostLines::Real(s)) => real && s.len() == len,
+        Some(HostLines::Complex(s)) => !real && s.len() == len,
+        None => false,
+    };
+    let device_fits = |d: &Option<DeviceLines<T>>, len: usize, real: bool| match d {
+        Some(DeviceLines::Real(s)) => real && s.len() == len,
+        Some(DeviceLines::Complex(s)) => !real && s.len() == len,
+        None => false,
+    };
+    let pinned = |len: usize, real: bool, flags: u32| -> Result<HostLines<T>, String> {
+        // SAFETY: the buffers are zeroed before any read (below).
+        Ok(if real {
+            let mut s = unsafe { context.alloc_pinned_with_flags::<T>(len, flags) }
+                .map_err(cuda("allocating page-locked memory"))?;
+            zero(s.as_mut_ptr().map_err(cuda("staging"))?, len);
+            HostLines::Real(s)
+        } else {
+            let mut s = unsafe { context.alloc_pinned_with_flags::<T::Pair>(len, flags) }
+                .map_err(cuda("allocating page-locked memory"))?;
+            zero(s.as_mut_ptr().map_err(cuda("staging"))?, len);
+            HostLines::Complex(s)
+        })
+    };
+    let stream = Arc::clone(&lane.stream);
+    let device = |len: usize, real: bool| -> Result<DeviceLines<T>, String> {
+        Ok(if real {
+            DeviceLines::Real(
+                stream
+                    .alloc_zeros::<T>(len)
+                    .map_err(cuda("allocating device memory"))?,
+            )
+        } else {
+            DeviceLines::Complex(
+                stream
+                    .alloc_zeros::<T::Pair>(len)
+                    .map_err(cuda("allocating device memory"))?,
+            )
+        })
+    };
+    let write_combined = cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+    if !host_fits(&lane.host_in, batch * n_in, real_in) {
+        let buffer = pinned(batch * n_in, real_in, write_combined)?;
+        lane.host_in = Some(buffer);
+    }
+    if !host_fits(&lane.host_out, batch * n_out, real_out) {
+        let buffer = pinned(batch * n_out, real_out, 0)?;
+        lane.host_out = Some(buffer);
+    }
+    if !device_fits(&lane.device_in, batch * n_in, real_in) {
+        lane.device_in = None;
+        let buffer = device(batch * n_in, real_in)?;
+        lane.device_in = Some(buffer);
+    }
+    if !device_fits(&lane.device_out, batch * n_out, real_out) {
+        lane.device_out = None;
+        let buffer = device(batch * n_out, real_out)?;
+        lane.device_out = Some(buffer);
+    }
+    Ok(())
+}
+
+/// Zeroes `len` values at `ptr` (page-locked memory just allocated).
+fn zero<V>(ptr: *mut V, len: usize) {
+    // SAFETY: `ptr` holds `len` values of `V` (its allocation), and every
+    // `V` here (f32, f64, float2, double2) is valid as zero bits.
+    unsafe { std::ptr::write_bytes(ptr, 0, len) };
+}
+
+/// Waits for the lane's pending batch and copies its results into `out`.
+fn collect<T: CudaPrecision>(
+    lane: &mut Lane<T>,
+    out: &mut BlockValues<T>,
+    n_out: usize,
+) -> Result<(), String> {
+    let Some((first, count)) = lane.pending.take() else {
+        return Ok(());
+    };
+    lane.stream
+        .synchronize()
+        .map_err(cuda("waiting for the stream"))?;
+    let range = first * n_out..(first + count) * n_out;
+    match (lane.host_out.as_ref(), out) {
+        (Some(HostLines::Real(h)), BlockValues::Real(o)) => {
+            let h = h.as_slice().map_err(cuda("reading results"))?;
+            o[range].copy_from_slice(&h[..count * n_out]);
+        }
+        (Some(HostLines::Complex(h)), BlockValues::Complex(o)) => {
+            let h = h.as_slice().map_err(cuda("reading results"))?;
+            o[range]
+                .par_iter_mut()
+                .zip(&h[..count * n_out])
+                .for_each(|(o, &p)| *o = T::unpair(p));
+        }
+        _ => return Err("CUDA: staging buffers of the wrong kind".to_string()),
+    }
+    Ok(())
+}
+
+/// The number of lines along `axis` of a block of shape `shape`.
+fn line_count(shape: &[usize], axis: usize) -> usize {
+    shape
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| *d != axis)
+        .map(|(_, &n)| n)
+        .product()
+}
+
+/// Every line of `input` (shape `shape`) along `pass.axis`, gathered with
+/// `pre`, contiguous: line `o·stride + j` for outer index `o` and inner
+/// position `j`.
+fn gather_lines<I: Copy + Send + Sync + Default>(
+    input: &[I],
+    shape: &[usize],
+    pass: &AxisPass<impl Sync>,
+    pre: impl Fn(usize, I) -> I + Sync,
+) -> Vec<I> {
+    let axis = pass.axis;
+    let n = shape[axis];
+    let stride: usize = shape[axis + 1..].iter().product();
+    let g = pass.gather.len();
+    let mut lines = vec![I::default(); line_count(shape, axis) * g];
+    if g == 0 {
+        return lines;
+    }
+    lines.par_chunks_mut(g).enumerate().for_each(|(l, line)| {
+        let (o, j) = (l / stride, l % stride);
+        let base = o * n * stride + j;
+        for (k, (value, &p)) in line.iter_mut().zip(&pass.gather).enumerate() {
+            *value = pre(k, input[base + p * stride]);
+        }
+    });
+    lines
+}
+
+/// The block made of the transformed `results` (`n_out` per line, lines as
+/// [`gather_lines`] orders them), taken and scaled with `post`.
+fn scatter_lines<O: Copy + Send + Sync + Default>(
+    results: &[O],
+    shape: &[usize],
+    pass: &AxisPass<impl Sync>,
+    n_out: usize,
+    post: impl Fn(usize, O) -> O + Sync,
+) -> Vec<O> {
+    let axis = pass.axis;
+    let stride: usize = shape[axis + 1..].iter().product();
+    let m = pass.take.len();
+    let outer: usize = shape[..axis].iter().product();
+    let mut output = vec![O::default(); outer * m * stride];
+    if output.is_empty() {
+        return output;
+    }
+    output
+        .par_chunks_mut(m * stride)
+        .enumerate()
+        .for_each(|(o, block)| {
+            for j in 0..stride {
+                let line = &results[(o * stride + j) * n_out..(o * stride + j + 1) * n_out];
+                for (q, &i) in pass.take.iter().enumerate() {
+                    block[q * stride + j] = post(q, line[i]);
+                }
+            }
+        });
+    output
+}
+
+/// [`CudaPrecision::exec`] of one precision: the complex, real-input and
+/// real-output calls of cuFFT.
+macro_rules! cuda_exec {
+    ($c2c:ident, $r2c:ident, $c2r:ident) => {
+        fn exec(
+            plan: &CufftPlan,
+            kind: LineKind,
+            input: &mut DeviceLines<Self>,
+            output: &mut DeviceLines<Self>,
+        ) -> Result<(), String> {
+            match (kind, input, output) {
+                (LineKind::Forward, DeviceLines::Complex(i), DeviceLines::Complex(o)) => {
+                    plan.$c2c(i, o, FftDirection::Forward)
+                }
+                (LineKind::Inverse, DeviceLines::Complex(i), DeviceLines::Complex(o)) => {
+                    plan.$c2c(i, o, FftDirection::Inverse)
+                }
+                (LineKind::RealForward, DeviceLines::Real(i), DeviceLines::Complex(o)) => {
+                    plan.$r2c(i, o)
+                }
+                (LineKind::RealInverse, DeviceLines::Complex(i), DeviceLines::Real(o)) => {
+                    plan.$c2r(i, o)
+                }
+                _ => return Err("CUDA: buffers of the wrong kind for the transform".to_string()),
+            }
+            .map_err(cuda("running a transform"))
+        }
+    };
+}
+
+impl CudaPrecision for f32 {
+    type Pair = float2;
+    const PLAN_TYPES: [cufftType; 3] = [
+        cufftType::CUFFT_C2C,
+        cufftType::CUFFT_R2C,
+        cufftType::CUFFT_C2R,
+    ];
+    fn pair(value: Complex<f32>) -> float2 {
+        float2 {
+            x: value.re,
+            y: value.im,
+        }
+    }
+    fn unpair(value: float2) -> Complex<f32> {
+        Complex::new(value.x, value.y)
+    }
+    cuda_exec!(exec_c2c, exec_r2c, exec_c2r);
+    fn staging(kernel: &CudaKernel) -> &Mutex<Staging<f32>> {
+        &kernel.single
+    }
+}
+
+impl CudaPrecision for f64 {
+    type Pair = double2;
+    const PLAN_TYPES: [cufftType; 3] = [
+        cufftType::CUFFT_Z2Z,
+        cufftType::CUFFT_D2Z,
+        cufftType::CUFFT_Z2D,
+    ];
+    fn pair(value: Complex<f64>) -> double2 {
+        double2 {
+            x: value.re,
+            y: value.im,
+        }
+    }
+    fn unpair(value: double2) -> Complex<f64> {
+        Complex::new(value.x, value.y)
+    }
+    cuda_exec!(exec_z2z, exec_d2z, exec_z2d);
+    fn staging(kernel: &CudaKernel) -> &Mutex<Staging<f64>> {
+        &kernel.double
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_gathered_and_scattered_back_are_the_block() {
+        // Shape [2, 3, 4] along axis 1: 8 lines of 3, with a reversal.
+        let shape = [2usize, 3, 4];
+        let values: Vec<f64> = (0..24).map(f64::from).collect();
+        let mut pass = AxisPass::<f64>::plain(1, LineKind::Forward, 3);
+        pass.gather = vec![2, 1, 0];
+        pass.take = vec![2, 1, 0];
+        let lines = gather_lines(&values, &shape, &pass, |_, x| x);
+        // Line (o = 1, j = 2): positions 12 + 2 + 4·p, reversed.
+        assert_eq!(&lines[(4 + 2) * 3..(4 + 3) * 3], &[22.0, 18.0, 14.0]);
+        let back = scatter_lines(&lines, &shape, &pass, 3, |_, x| x);
+        assert_eq!(back, values);
+    }
+}
