@@ -157,23 +157,11 @@ impl<T: FftNum + Default> CpuFft<T> {
     /// complex values or the reverse).
     pub fn transform(
         &self,
-        mut values: BlockValues<T>,
+        values: BlockValues<T>,
         shape: &[usize],
         passes: &[AxisPass<T>],
     ) -> Result<(BlockValues<T>, Vec<usize>), String> {
-        let mut shape = shape.to_vec();
-        if values.len() != shape.iter().product::<usize>() {
-            return Err(format!(
-                "a block of {} values does not have shape {shape:?}",
-                values.len()
-            ));
-        }
-        for pass in passes {
-            check_pass(pass, &shape)?;
-            values = self.run_pass(values, &shape, pass)?;
-            shape[pass.axis] = pass.take.len();
-        }
-        Ok((values, shape))
+        run_passes(values, shape, passes, |v, s, p| self.run_pass(v, s, p))
     }
 
     fn run_pass(
@@ -279,6 +267,30 @@ impl<T: FftNum + Default> CpuFft<T> {
     }
 }
 
+/// Runs `passes`, in order, over `values` of shape `shape` with
+/// `run_pass(values, shape, pass)` after checking that each pass fits;
+/// returns the result and its shape. Any kernel's `transform`.
+pub(crate) fn run_passes<T>(
+    mut values: BlockValues<T>,
+    shape: &[usize],
+    passes: &[AxisPass<T>],
+    mut run_pass: impl FnMut(BlockValues<T>, &[usize], &AxisPass<T>) -> Result<BlockValues<T>, String>,
+) -> Result<(BlockValues<T>, Vec<usize>), String> {
+    let mut shape = shape.to_vec();
+    if values.len() != shape.iter().product::<usize>() {
+        return Err(format!(
+            "a block of {} values does not have shape {shape:?}",
+            values.len()
+        ));
+    }
+    for pass in passes {
+        check_pass(pass, &shape)?;
+        values = run_pass(values, &shape, pass)?;
+        shape[pass.axis] = pass.take.len();
+    }
+    Ok((values, shape))
+}
+
 /// Runs `transform(line, result, scratch)` over the lines of `lines` and
 /// their results in `out` (`n_in` and `n_out` values per line),
 /// with one scratch buffer of `scratch` values.
@@ -324,7 +336,7 @@ pub(crate) fn complex_post<T: FftNum>(
 }
 
 /// Checks that `pass` fits a block of shape `shape`.
-pub(crate) fn check_pass<T>(pass: &AxisPass<T>, shape: &[usize]) -> Result<(), String> {
+fn check_pass<T>(pass: &AxisPass<T>, shape: &[usize]) -> Result<(), String> {
     let Some(&n) = shape.get(pass.axis) else {
         return Err(format!(
             "an FFT along axis {} of a {}-D block",

@@ -39,7 +39,7 @@ use rustfft::num_complex::Complex;
 use rustfft::num_traits::Float;
 use rustfft::FftNum;
 
-use super::fft_cpu::{check_pass, complex_post, complex_pre, AxisPass, BlockValues, LineKind};
+use super::fft_cpu::{complex_post, complex_pre, run_passes, AxisPass, BlockValues, LineKind};
 use super::FftKernel;
 
 /// Bytes of input and output buffers one stream holds at most.
@@ -267,70 +267,89 @@ impl CudaKernel {
         Ok(out)
     }
 
+    /// One pass of `v` through the device: its lines gathered with `pre`
+    /// (as `wrap` makes them), transformed, their results (as `unwrap`
+    /// finds them) scattered with `post`. Each copy is dropped once the
+    /// next is made.
+    #[allow(clippy::too_many_arguments)]
+    fn through_device<T: CudaPrecision, I, O>(
+        &self,
+        v: Vec<I>,
+        shape: &[usize],
+        pass: &AxisPass<T>,
+        pre: impl Fn(usize, I) -> I + Sync,
+        post: impl Fn(usize, O) -> O + Sync,
+        wrap: fn(Vec<I>) -> BlockValues<T>,
+        unwrap: fn(BlockValues<T>) -> Option<Vec<O>>,
+    ) -> Result<Vec<O>, String>
+    where
+        I: Copy + Send + Sync + Default,
+        O: Copy + Send + Sync + Default,
+    {
+        let (_, n_out) = pass.kind.lengths(pass.len);
+        let lines = wrap(gather_lines(&v, shape, pass, pre));
+        drop(v);
+        let results = self.run_lines(pass.kind, pass.len, &lines, line_count(shape, pass.axis))?;
+        drop(lines);
+        let results = unwrap(results)
+            .ok_or_else(|| "CUDA: a transform gave values of the wrong kind".to_string())?;
+        Ok(scatter_lines(&results, shape, pass, n_out, post))
+    }
+
     fn run_pass<T: CudaPrecision>(
         &self,
         values: BlockValues<T>,
         shape: &[usize],
         pass: &AxisPass<T>,
     ) -> Result<BlockValues<T>, String> {
-        let (_, n_out) = pass.kind.lengths(pass.len);
-        let count = line_count(shape, pass.axis);
         match (values, pass.kind) {
             (BlockValues::Real(v), LineKind::RealForward) => {
                 let pre = |k: usize, x: T| match &pass.pre {
                     Some(f) => x * f[k].re,
                     None => x,
                 };
-                let lines = BlockValues::Real(gather_lines(&v, shape, pass, pre));
-                drop(v);
-                let results = self.run_lines(pass.kind, pass.len, &lines, count)?;
-                drop(lines);
-                let BlockValues::Complex(results) = results else {
-                    return Err("CUDA: a real-input FFT gave real values".to_string());
-                };
-                Ok(BlockValues::Complex(scatter_lines(
-                    &results,
+                let out = self.through_device(
+                    v,
                     shape,
                     pass,
-                    n_out,
+                    pre,
                     complex_post(pass),
-                )))
+                    BlockValues::Real,
+                    complex_values,
+                )?;
+                Ok(BlockValues::Complex(out))
             }
             (BlockValues::Complex(v), LineKind::RealInverse) => {
-                let lines = BlockValues::Complex(gather_lines(&v, shape, pass, complex_pre(pass)));
-                drop(v);
-                let results = self.run_lines(pass.kind, pass.len, &lines, count)?;
-                drop(lines);
-                let BlockValues::Real(results) = results else {
-                    return Err("CUDA: a real-output FFT gave complex values".to_string());
-                };
                 let post = |q: usize, x: T| match &pass.post {
                     Some(f) => x * f[q].re,
                     None => x,
                 };
-                Ok(BlockValues::Real(scatter_lines(
-                    &results, shape, pass, n_out, post,
-                )))
+                let out = self.through_device(
+                    v,
+                    shape,
+                    pass,
+                    complex_pre(pass),
+                    post,
+                    BlockValues::Complex,
+                    real_values,
+                )?;
+                Ok(BlockValues::Real(out))
             }
             (BlockValues::Real(v), LineKind::Forward | LineKind::Inverse) => {
                 let v = v.into_iter().map(|x| Complex::new(x, T::zero())).collect();
                 self.run_pass(BlockValues::Complex(v), shape, pass)
             }
             (BlockValues::Complex(v), LineKind::Forward | LineKind::Inverse) => {
-                let lines = BlockValues::Complex(gather_lines(&v, shape, pass, complex_pre(pass)));
-                drop(v);
-                let results = self.run_lines(pass.kind, pass.len, &lines, count)?;
-                drop(lines);
-                let BlockValues::Complex(results) = results else {
-                    return Err("CUDA: a complex FFT gave real values".to_string());
-                };
-                Ok(BlockValues::Complex(scatter_lines(
-                    &results,
+                let out = self.through_device(
+                    v,
                     shape,
                     pass,
-                    n_out,
+                    complex_pre(pass),
                     complex_post(pass),
-                )))
+                    BlockValues::Complex,
+                    complex_values,
+                )?;
+                Ok(BlockValues::Complex(out))
             }
             (BlockValues::Complex(_), LineKind::RealForward) => Err(format!(
                 "a real-input FFT along axis {} of complex values",
@@ -347,23 +366,11 @@ impl CudaKernel {
 impl<T: CudaPrecision> FftKernel<T> for CudaKernel {
     fn transform(
         &self,
-        mut values: BlockValues<T>,
+        values: BlockValues<T>,
         shape: &[usize],
         passes: &[AxisPass<T>],
     ) -> Result<(BlockValues<T>, Vec<usize>), String> {
-        let mut shape = shape.to_vec();
-        if values.len() != shape.iter().product::<usize>() {
-            return Err(format!(
-                "a block of {} values does not have shape {shape:?}",
-                values.len()
-            ));
-        }
-        for pass in passes {
-            check_pass(pass, &shape)?;
-            values = self.run_pass(values, &shape, pass)?;
-            shape[pass.axis] = pass.take.len();
-        }
-        Ok((values, shape))
+        run_passes(values, shape, passes, |v, s, p| self.run_pass(v, s, p))
     }
 }
 
@@ -496,6 +503,22 @@ fn collect<T: CudaPrecision>(
     Ok(())
 }
 
+/// The values of a real block.
+fn real_values<T>(values: BlockValues<T>) -> Option<Vec<T>> {
+    match values {
+        BlockValues::Real(v) => Some(v),
+        BlockValues::Complex(_) => None,
+    }
+}
+
+/// The values of a complex block.
+fn complex_values<T>(values: BlockValues<T>) -> Option<Vec<Complex<T>>> {
+    match values {
+        BlockValues::Complex(v) => Some(v),
+        BlockValues::Real(_) => None,
+    }
+}
+
 /// The number of lines along `axis` of a block of shape `shape`.
 fn line_count(shape: &[usize], axis: usize) -> usize {
     shape
@@ -564,79 +587,77 @@ fn scatter_lines<O: Copy + Send + Sync + Default>(
     output
 }
 
-/// [`CudaPrecision::exec`] of one precision: the complex, real-input and
-/// real-output calls of cuFFT.
-macro_rules! cuda_exec {
-    ($c2c:ident, $r2c:ident, $c2r:ident) => {
-        fn exec(
-            plan: &CufftPlan,
-            kind: LineKind,
-            input: &mut DeviceLines<Self>,
-            output: &mut DeviceLines<Self>,
-        ) -> Result<(), String> {
-            match (kind, input, output) {
-                (LineKind::Forward, DeviceLines::Complex(i), DeviceLines::Complex(o)) => {
-                    plan.$c2c(i, o, FftDirection::Forward)
+/// [`CudaPrecision`] of one precision: its cuFFT complex type, plan types
+/// and calls, and staging.
+macro_rules! cuda_precision {
+    ($t:ty, $pair:ident, [$c2c_type:ident, $r2c_type:ident, $c2r_type:ident],
+     $c2c:ident, $r2c:ident, $c2r:ident, $staging:ident) => {
+        impl CudaPrecision for $t {
+            type Pair = $pair;
+            const PLAN_TYPES: [cufftType; 3] = [
+                cufftType::$c2c_type,
+                cufftType::$r2c_type,
+                cufftType::$c2r_type,
+            ];
+            fn pair(value: Complex<$t>) -> $pair {
+                $pair {
+                    x: value.re,
+                    y: value.im,
                 }
-                (LineKind::Inverse, DeviceLines::Complex(i), DeviceLines::Complex(o)) => {
-                    plan.$c2c(i, o, FftDirection::Inverse)
-                }
-                (LineKind::RealForward, DeviceLines::Real(i), DeviceLines::Complex(o)) => {
-                    plan.$r2c(i, o)
-                }
-                (LineKind::RealInverse, DeviceLines::Complex(i), DeviceLines::Real(o)) => {
-                    plan.$c2r(i, o)
-                }
-                _ => return Err("CUDA: buffers of the wrong kind for the transform".to_string()),
             }
-            .map_err(cuda("running a transform"))
+            fn unpair(value: $pair) -> Complex<$t> {
+                Complex::new(value.x, value.y)
+            }
+            fn exec(
+                plan: &CufftPlan,
+                kind: LineKind,
+                input: &mut DeviceLines<Self>,
+                output: &mut DeviceLines<Self>,
+            ) -> Result<(), String> {
+                match (kind, input, output) {
+                    (LineKind::Forward, DeviceLines::Complex(i), DeviceLines::Complex(o)) => {
+                        plan.$c2c(i, o, FftDirection::Forward)
+                    }
+                    (LineKind::Inverse, DeviceLines::Complex(i), DeviceLines::Complex(o)) => {
+                        plan.$c2c(i, o, FftDirection::Inverse)
+                    }
+                    (LineKind::RealForward, DeviceLines::Real(i), DeviceLines::Complex(o)) => {
+                        plan.$r2c(i, o)
+                    }
+                    (LineKind::RealInverse, DeviceLines::Complex(i), DeviceLines::Real(o)) => {
+                        plan.$c2r(i, o)
+                    }
+                    _ => {
+                        return Err("CUDA: buffers of the wrong kind for the transform".to_string())
+                    }
+                }
+                .map_err(cuda("running a transform"))
+            }
+            fn staging(kernel: &CudaKernel) -> &Mutex<Staging<$t>> {
+                &kernel.$staging
+            }
         }
     };
 }
 
-impl CudaPrecision for f32 {
-    type Pair = float2;
-    const PLAN_TYPES: [cufftType; 3] = [
-        cufftType::CUFFT_C2C,
-        cufftType::CUFFT_R2C,
-        cufftType::CUFFT_C2R,
-    ];
-    fn pair(value: Complex<f32>) -> float2 {
-        float2 {
-            x: value.re,
-            y: value.im,
-        }
-    }
-    fn unpair(value: float2) -> Complex<f32> {
-        Complex::new(value.x, value.y)
-    }
-    cuda_exec!(exec_c2c, exec_r2c, exec_c2r);
-    fn staging(kernel: &CudaKernel) -> &Mutex<Staging<f32>> {
-        &kernel.single
-    }
-}
-
-impl CudaPrecision for f64 {
-    type Pair = double2;
-    const PLAN_TYPES: [cufftType; 3] = [
-        cufftType::CUFFT_Z2Z,
-        cufftType::CUFFT_D2Z,
-        cufftType::CUFFT_Z2D,
-    ];
-    fn pair(value: Complex<f64>) -> double2 {
-        double2 {
-            x: value.re,
-            y: value.im,
-        }
-    }
-    fn unpair(value: double2) -> Complex<f64> {
-        Complex::new(value.x, value.y)
-    }
-    cuda_exec!(exec_z2z, exec_d2z, exec_z2d);
-    fn staging(kernel: &CudaKernel) -> &Mutex<Staging<f64>> {
-        &kernel.double
-    }
-}
+cuda_precision!(
+    f32,
+    float2,
+    [CUFFT_C2C, CUFFT_R2C, CUFFT_C2R],
+    exec_c2c,
+    exec_r2c,
+    exec_c2r,
+    single
+);
+cuda_precision!(
+    f64,
+    double2,
+    [CUFFT_Z2Z, CUFFT_D2Z, CUFFT_Z2D],
+    exec_z2z,
+    exec_d2z,
+    exec_z2d,
+    double
+);
 
 #[cfg(test)]
 mod tests {
