@@ -42,7 +42,6 @@ use std::sync::{Arc, OnceLock};
 use datafusion::common::human_readable_size;
 use rayon::prelude::*;
 use rustfft::num_complex::Complex;
-use rustfft::{Fft, FftDirection, FftPlanner};
 use zarrs::array::{Array, ArrayBuilder, ArraySubset};
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
@@ -51,7 +50,7 @@ use super::source::{ArraySource, Kernels, Precision};
 use crate::array::rechunk::ScratchStore;
 use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
 use crate::device::fft_cpu::BlockValues;
-use crate::device::LineKind;
+use crate::device::{AxisPass, FftKernel, LineKind};
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
 /// An intermediate array in `work_dir`.
@@ -442,7 +441,7 @@ impl FourStep {
         self.done
             .get_or_init(|| {
                 self.across_chunks::<P>(source, transform, kernels)?;
-                self.within_chunks::<P>(transform)
+                self.within_chunks::<P>(transform, kernels)
             })
             .clone()
     }
@@ -478,8 +477,8 @@ impl FourStep {
         let shape = source.shape();
         let (other_shape, step, batches) = self.batches(&shape);
         let blocks = (n1 / c1) as u64;
-        let direction = direction(transform.kind);
-        let fft = FftPlanner::<P>::new().plan_fft(n2, direction);
+        let direction = complex_kind(transform.kind);
+        let kernel = P::kernel(kernels);
         let n_in = transform.input_len();
         let len = plan.len;
         // The source position, whether it is conjugated, and the factor of
@@ -537,11 +536,11 @@ impl FourStep {
                         }
                     }
                 }
-                transform_rows(fft.as_ref(), &mut z, n2);
+                let z = transform_rows(kernel, z, n2, direction)?;
                 // Rows f2 of the block's columns j1, times the twiddles
                 // ω_L^(j1·f2) in double precision: a rotation by
                 // ω_L^f2 per column, made exact every 64 columns.
-                let sign = if direction == FftDirection::Forward {
+                let sign = if direction == LineKind::Forward {
                     -1.0
                 } else {
                     1.0
@@ -576,7 +575,11 @@ impl FourStep {
 
     /// The second pass: row blocks of `columns` transformed along the rows
     /// and written to `spectrum` in natural order.
-    fn within_chunks<P: Precision>(&self, transform: &AxisTransform) -> Result<(), String> {
+    fn within_chunks<P: Precision>(
+        &self,
+        transform: &AxisTransform,
+        kernels: &Kernels,
+    ) -> Result<(), String> {
         let plan = &self.plan;
         let (n1, n2, r) = (plan.columns, plan.rows, plan.row_block);
         let full = self.columns.shape().to_vec();
@@ -587,7 +590,7 @@ impl FourStep {
             .collect();
         let batches = grid_cells(other_shape, &step);
         let blocks = (n2 / r) as u64;
-        let fft = FftPlanner::<P>::new().plan_fft(n1, direction(transform.kind));
+        let (kernel, direction) = (P::kernel(kernels), complex_kind(transform.kind));
         run_tasks(
             batches * blocks,
             plan.workers[1],
@@ -598,10 +601,10 @@ impl FourStep {
                 let s = (task % blocks) as usize * r;
                 subset.extend([s as u64..(s + r) as u64, 0..n1 as u64]);
                 let region = ArraySubset::new_with_ranges(&subset);
-                let mut read = P::retrieve_complex(&self.columns, &region)
+                let read = P::retrieve_complex(&self.columns, &region)
                     .map_err(|e| format!("reading columns {subset:?} from work_dir: {e}"))?;
                 // [line][f2][j1]: rows of j1 are contiguous.
-                transform_rows(fft.as_ref(), &mut read, n1);
+                let read = transform_rows(kernel, read, n1, direction)?;
                 P::store_complex(&self.spectrum, &region, &read)
                     .map_err(|e| format!("writing spectrum {subset:?} to work_dir: {e}"))?;
                 Ok::<u64, String>((read.len() * std::mem::size_of::<Complex<P>>()) as u64)
@@ -676,11 +679,11 @@ impl FourStep {
     }
 }
 
-/// The direction of the complex transforms a line kind runs.
-fn direction(kind: LineKind) -> FftDirection {
+/// The complex transforms (forward or inverse) a line kind runs as.
+fn complex_kind(kind: LineKind) -> LineKind {
     match kind {
-        LineKind::Forward | LineKind::RealForward => FftDirection::Forward,
-        LineKind::Inverse | LineKind::RealInverse => FftDirection::Inverse,
+        LineKind::Forward | LineKind::RealForward => LineKind::Forward,
+        LineKind::Inverse | LineKind::RealInverse => LineKind::Inverse,
     }
 }
 
@@ -695,14 +698,21 @@ fn complex_times<P: Precision>(v: Complex<P>, w: Complex<f64>) -> Complex<P> {
     )
 }
 
-/// Transforms every row (of length `n`) of `values` in place, rows in
-/// parallel in groups.
-fn transform_rows<P: Precision>(fft: &dyn Fft<P>, values: &mut [Complex<P>], n: usize) {
-    let group = n * (1usize << 16).div_ceil(n).max(1);
-    values.par_chunks_mut(group).for_each(|rows| {
-        let mut scratch = vec![Complex::<P>::default(); fft.get_inplace_scratch_len()];
-        fft.process_with_scratch(rows, &mut scratch);
-    });
+/// Every row (of length `n`) of `values` transformed (`kind`: forward or
+/// inverse) by `kernel`: the query's device, so the passes run on a GPU
+/// when the query does.
+fn transform_rows<P: Precision>(
+    kernel: &dyn FftKernel<P>,
+    values: Vec<Complex<P>>,
+    n: usize,
+    kind: LineKind,
+) -> Result<Vec<Complex<P>>, String> {
+    let rows = values.len() / n.max(1);
+    let pass = AxisPass::plain(1, kind, n);
+    match kernel.transform(BlockValues::Complex(values), &[rows, n], &[pass])? {
+        (BlockValues::Complex(out), _) => Ok(out),
+        (BlockValues::Real(_), _) => Err("a complex FFT gave real values".to_string()),
+    }
 }
 
 #[cfg(test)]

@@ -57,6 +57,7 @@ use super::source::{ArraySource, RechunkedVariable, SourceDimension};
 use super::transform::FftTransform;
 use crate::array::rechunk::{default_work_dir, RechunkOptions};
 use crate::config::ZarrConfig;
+use crate::device::{choose_device, staging_memory};
 use crate::table::{
     literal_text, select, single_dimension, zarr_source, Coordinate, TableFunctionCall, ZarrTable,
 };
@@ -307,11 +308,15 @@ impl FftTable {
     /// lines in the store's chunks does not fit the memory limit; or by the
     /// four-step path when a single line does not.
     pub(crate) async fn fitted(&self, session: &dyn Session) -> Result<Arc<Self>> {
+        let config = ZarrConfig::of(session.config_options());
+        // The GPU's page-locked staging comes out of the limit first (an
+        // unknown device is refused by the operator, with its name).
+        let staging = choose_device(&config.device).map_or(0, staging_memory);
         let limit = match session.runtime_env().memory_pool.memory_limit() {
-            MemoryLimit::Finite(limit) => Some(limit),
+            MemoryLimit::Finite(limit) => Some(limit.saturating_sub(staging)),
             _ => None,
         };
-        let strategy = ZarrConfig::of(session.config_options()).fft_strategy;
+        let strategy = config.fft_strategy;
         let four_step = match strategy.trim().to_ascii_lowercase().as_str() {
             "four_step" => true,
             "whole_lines" => false,
