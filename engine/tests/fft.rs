@@ -515,3 +515,60 @@ async fn filters_on_other_dimensions_choose_the_blocks_transformed() {
         "{text}"
     );
 }
+
+/// The `transform_time` of the operator `operator` in `EXPLAIN ANALYZE
+/// sql`, as seconds, and the wall time of the whole statement.
+async fn transform_time(ctx: &SessionContext, sql: &str, operator: &str) -> (f64, f64) {
+    let started = std::time::Instant::now();
+    let batches = ctx
+        .sql(&format!("EXPLAIN ANALYZE {sql}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let wall = started.elapsed().as_secs_f64();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("{operator}:")))
+        .unwrap_or_else(|| panic!("no {operator} in {text}"));
+    let value = line
+        .split("transform_time=")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no transform_time in {line}"));
+    let value: String = value
+        .chars()
+        .take_while(|c| !matches!(c, ',' | ']' | ' '))
+        .collect();
+    let unit_at = value.find(|c: char| c.is_alphabetic()).unwrap();
+    let number: f64 = value[..unit_at].parse().unwrap();
+    let scale = match &value[unit_at..] {
+        "ns" => 1e-9,
+        "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        other => panic!("unit {other} in {line}"),
+    };
+    (number * scale, wall)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_times_the_transform_phase_apart() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let ctx = new_context();
+    let select =
+        "SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => ['lat', 'lon'])";
+    let spec = common::scratch("fft_transform_time").join("spec.zarr");
+    let copy = format!("COPY ({select}) TO '{}' STORED AS ZARR", spec.display());
+    for (sql, operator) in [(select.to_string(), "FftExec"), (copy, "FftCopyExec")] {
+        let (transform, wall) = transform_time(&ctx, &sql, operator).await;
+        // Some time in the kernels, and less than the whole statement.
+        assert!(
+            transform > 0.0 && transform < wall,
+            "{operator}: transform_time {transform} s of {wall} s"
+        );
+    }
+}

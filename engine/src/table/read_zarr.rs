@@ -141,13 +141,22 @@ pub(crate) fn zarr_source(
 }
 
 /// The text of a literal argument (strings as they are, numbers and
-/// booleans as SQL writes them).
+/// booleans as SQL writes them, a list of literals such as `['lat',
+/// 'lon']` as its items joined by commas).
 pub(crate) fn literal_text(expr: &Expr, function: &str, what: &str) -> Result<String> {
     match expr {
         Expr::Literal(ScalarValue::Utf8(Some(s)), _)
         | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _)
         | Expr::Literal(ScalarValue::Utf8View(Some(s)), _) => Ok(s.clone()),
         Expr::Literal(value, _) if !value.is_null() => Ok(value.to_string()),
+        Expr::ScalarFunction(call) if call.name() == "make_array" && !call.args.is_empty() => {
+            let items: Result<Vec<String>> = call
+                .args
+                .iter()
+                .map(|item| literal_text(item, function, what))
+                .collect();
+            Ok(items?.join(","))
+        }
         other => plan_err!("{function}: {what} must be a literal, got {other}"),
     }
 }

@@ -66,8 +66,8 @@ impl OptimizerRule for CopyToArraysRule {
     }
 
     fn apply_order(&self) -> Option<ApplyOrder> {
-        // COPY is always the root of its plan.
-        None
+        // COPY is the root of its plan, or the input of EXPLAIN ANALYZE.
+        Some(ApplyOrder::TopDown)
     }
 
     fn supports_rewrite(&self) -> bool {

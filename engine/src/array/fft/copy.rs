@@ -42,7 +42,8 @@ use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
 use super::exec::{block_memory, kernel_memory, plan_blocks, transformed_block};
-use super::source::{Kernels, Precision};
+use super::kernels::{Kernels, TransformClock};
+use super::source::Precision;
 use super::table::FftTable;
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::tasks::run_tasks;
@@ -208,6 +209,7 @@ impl FftCopy {
                 );
             }
         }
+        let metrics = ExecutionPlanMetricsSet::new();
         Ok(FftCopyExec {
             job: Arc::new(CopyJob {
                 table: Arc::clone(table),
@@ -217,11 +219,11 @@ impl FftCopy {
                 target: self.target.clone(),
                 options: self.options.clone(),
                 projected: workers * task_memory + kernel,
-                kernels: Kernels::on(device),
+                kernels: Kernels::on(device, TransformClock::in_metrics(&metrics)),
                 device,
             }),
             properties: count_properties(),
-            metrics: ExecutionPlanMetricsSet::new(),
+            metrics,
         })
     }
 }

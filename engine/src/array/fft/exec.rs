@@ -36,7 +36,8 @@ use datafusion::physical_plan::{
 };
 use zarrfusion_udfs::complex::complex_array;
 
-use super::source::{ArraySource, Kernels, Precision};
+use super::kernels::{Kernels, TransformClock};
+use super::source::{ArraySource, Precision};
 use super::table::FftTable;
 use super::transform::FftTransform;
 use crate::array::leaf_plan::leaf_plan_methods;
@@ -220,7 +221,7 @@ pub(crate) fn transformed_block<P: Precision>(
     let values = table.source().read::<P>(extent, pool, kernels)?;
     let (out, _) = table
         .transform()
-        .apply(P::kernel(kernels), values, &shape)?;
+        .apply(&kernels.timed::<P>(), values, &shape)?;
     Ok(out)
 }
 
@@ -352,6 +353,7 @@ impl FftExec {
         })?;
         let full_schema = table.schema();
         let schema = Arc::new(full_schema.project(&projection)?);
+        let metrics = ExecutionPlanMetricsSet::new();
         let job = FftJob {
             coords: table
                 .output_dims()
@@ -364,7 +366,7 @@ impl FftExec {
             batch_size: usize::from(options.execution.batch_size).max(1),
             limit,
             blocks,
-            kernels: Kernels::on(device),
+            kernels: Kernels::on(device, TransformClock::in_metrics(&metrics)),
             device,
             filtered,
         };
@@ -399,7 +401,7 @@ impl FftExec {
         Ok(Self {
             job: Arc::new(job),
             properties,
-            metrics: ExecutionPlanMetricsSet::new(),
+            metrics,
         })
     }
 

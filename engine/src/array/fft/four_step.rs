@@ -46,7 +46,8 @@ use zarrs::array::{Array, ArrayBuilder, ArraySubset};
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
 use super::axis::AxisTransform;
-use super::source::{ArraySource, Kernels, Precision};
+use super::kernels::Kernels;
+use super::source::{ArraySource, Precision};
 use crate::array::rechunk::ScratchStore;
 use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
 use crate::device::fft_cpu::BlockValues;
@@ -478,7 +479,7 @@ impl FourStep {
         let (other_shape, step, batches) = self.batches(&shape);
         let blocks = (n1 / c1) as u64;
         let direction = complex_kind(transform.kind);
-        let kernel = P::kernel(kernels);
+        let kernel = kernels.timed::<P>();
         let n_in = transform.input_len();
         let len = plan.len;
         // The source position, whether it is conjugated, and the factor of
@@ -536,7 +537,7 @@ impl FourStep {
                         }
                     }
                 }
-                let z = transform_rows(kernel, z, n2, direction)?;
+                let z = transform_rows(&kernel, z, n2, direction)?;
                 // Rows f2 of the block's columns j1, times the twiddles
                 // ω_L^(j1·f2) in double precision: a rotation by
                 // ω_L^f2 per column, made exact every 64 columns.
@@ -590,7 +591,7 @@ impl FourStep {
             .collect();
         let batches = grid_cells(other_shape, &step);
         let blocks = (n2 / r) as u64;
-        let (kernel, direction) = (P::kernel(kernels), complex_kind(transform.kind));
+        let (kernel, direction) = (kernels.timed::<P>(), complex_kind(transform.kind));
         run_tasks(
             batches * blocks,
             plan.workers[1],
@@ -604,7 +605,7 @@ impl FourStep {
                 let read = P::retrieve_complex(&self.columns, &region)
                     .map_err(|e| format!("reading columns {subset:?} from work_dir: {e}"))?;
                 // [line][f2][j1]: rows of j1 are contiguous.
-                let read = transform_rows(kernel, read, n1, direction)?;
+                let read = transform_rows(&kernel, read, n1, direction)?;
                 P::store_complex(&self.spectrum, &region, &read)
                     .map_err(|e| format!("writing spectrum {subset:?} to work_dir: {e}"))?;
                 Ok::<u64, String>((read.len() * std::mem::size_of::<Complex<P>>()) as u64)

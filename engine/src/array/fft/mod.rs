@@ -7,6 +7,7 @@
 //! | [`window`] | window functions as scipy computes them |
 //! | [`detrend`] | trends removed before a forward transform |
 //! | [`transform`] | a whole transform of a block |
+//! | [`kernels`] | the query's kernels and the clock of its transform phase (`transform_time`) |
 //! | [`source`] | what a transform reads: a Zarr variable or another transform's output |
 //! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
 //! | [`four_step`] | the four-step (Bailey) path for lines larger than memory |
@@ -22,6 +23,7 @@ pub mod copy;
 pub mod detrend;
 pub mod exec;
 pub mod four_step;
+pub mod kernels;
 pub mod options;
 pub mod source;
 pub mod table;

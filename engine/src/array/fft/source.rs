@@ -26,11 +26,12 @@ use zarrfusion_udfs::complex::complex_part;
 use zarrs::array::{ArrayError, ArraySubset};
 
 use super::four_step::ScratchArray;
+use super::kernels::{cuda_kernel, Kernels};
 use super::table::FftTable;
 use super::transform::InputCoordinate;
 use crate::array::rechunk::{default_work_dir, PreparedRechunk, RechunkOptions, ScratchStore};
 use crate::device::fft_cpu::BlockValues;
-use crate::device::{CpuFft, Device, FftKernel};
+use crate::device::FftKernel;
 use crate::table::{open_dataset_blocking, Coordinate, GridTable, ZarrTableOptions};
 use crate::zarr::{ChunkBufferPool, ZarrArray};
 
@@ -91,47 +92,6 @@ impl SourceDimension {
             direct_lag: self.direct_lag,
         })
     }
-}
-
-/// The kernels of both precisions on the query's device, shared by its
-/// tasks: the CPU's, or (feature `gpu`) the process's CUDA kernel.
-#[derive(Debug, Default)]
-pub struct Kernels {
-    single: CpuFft<f32>,
-    double: CpuFft<f64>,
-    #[cfg(feature = "gpu")]
-    cuda: Option<Arc<crate::device::fft_cuda::CudaKernel>>,
-}
-
-impl Kernels {
-    /// The kernels of `device` (chosen by `choose_device`, so a GPU is
-    /// usable when it is `Cuda`).
-    pub fn on(device: Device) -> Self {
-        match device {
-            Device::Cpu => Self::default(),
-            #[cfg(feature = "gpu")]
-            Device::Cuda => Self {
-                cuda: crate::device::fft_cuda::CudaKernel::shared().ok(),
-                ..Self::default()
-            },
-            #[cfg(not(feature = "gpu"))]
-            Device::Cuda => Self::default(),
-        }
-    }
-}
-
-/// The CUDA kernel of `kernels`, as the kernel of precision `T`, when
-/// there is one.
-#[cfg(feature = "gpu")]
-fn cuda_kernel<T: crate::device::fft_cuda::CudaPrecision>(
-    kernels: &Kernels,
-) -> Option<&dyn FftKernel<T>> {
-    kernels.cuda.as_deref().map(|k| k as &dyn FftKernel<T>)
-}
-
-#[cfg(not(feature = "gpu"))]
-fn cuda_kernel<T>(_: &Kernels) -> Option<&dyn FftKernel<T>> {
-    None
 }
 
 /// A precision transforms compute in: `f32` (complex64) or `f64`
@@ -490,7 +450,7 @@ impl ArraySource {
                     .map(|r| (r.end - r.start) as usize)
                     .collect();
                 let values = inner.source().read::<P>(&source_extent, pool, kernels)?;
-                let (out, _) = transform.apply(P::kernel(kernels), values, &shape)?;
+                let (out, _) = transform.apply(&kernels.timed::<P>(), values, &shape)?;
                 Ok(out)
             }
         }

@@ -1,0 +1,171 @@
+//! The kernels a transform runs on, and the clock of its transform phase.
+//!
+//! [`Kernels`] holds the query's kernels of both precisions (the CPU's, or
+//! with the `gpu` feature the process's CUDA kernel) and a
+//! [`TransformClock`]: every block a task hands to a kernel goes through
+//! [`Kernels::timed`], so the operator's `transform_time` metric (`EXPLAIN
+//! ANALYZE`) is the wall time during which at least one block was being
+//! transformed, apart from the reads, decodes and writes around it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, Time};
+
+use super::source::Precision;
+use crate::device::{AxisPass, BlockValues, CpuFft, Device, FftKernel};
+
+/// The kernels of both precisions on the query's device, shared by its
+/// tasks, and the clock of their transform phase.
+#[derive(Debug, Default)]
+pub struct Kernels {
+    pub(super) single: CpuFft<f32>,
+    pub(super) double: CpuFft<f64>,
+    #[cfg(feature = "gpu")]
+    pub(super) cuda: Option<Arc<crate::device::fft_cuda::CudaKernel>>,
+    clock: TransformClock,
+}
+
+impl Kernels {
+    /// The kernels of `device` (chosen by `choose_device`, so a GPU is
+    /// usable when it is `Cuda`), timed by `clock`.
+    pub fn on(device: Device, clock: TransformClock) -> Self {
+        let cpu = Self {
+            clock,
+            ..Self::default()
+        };
+        match device {
+            Device::Cpu => cpu,
+            #[cfg(feature = "gpu")]
+            Device::Cuda => Self {
+                cuda: crate::device::fft_cuda::CudaKernel::shared().ok(),
+                ..cpu
+            },
+            #[cfg(not(feature = "gpu"))]
+            Device::Cuda => cpu,
+        }
+    }
+
+    /// The kernel of precision `P`, its calls timed by this clock.
+    pub fn timed<P: Precision>(&self) -> TimedKernel<'_, P> {
+        TimedKernel {
+            kernel: P::kernel(self),
+            clock: &self.clock,
+        }
+    }
+}
+
+/// The CUDA kernel of `kernels`, as the kernel of precision `T`, when
+/// there is one.
+#[cfg(feature = "gpu")]
+pub(super) fn cuda_kernel<T: crate::device::fft_cuda::CudaPrecision>(
+    kernels: &Kernels,
+) -> Option<&dyn FftKernel<T>> {
+    kernels.cuda.as_deref().map(|k| k as &dyn FftKernel<T>)
+}
+
+/// The CUDA kernel of `kernels` (none without the `gpu` feature).
+#[cfg(not(feature = "gpu"))]
+pub(super) fn cuda_kernel<T>(_: &Kernels) -> Option<&dyn FftKernel<T>> {
+    None
+}
+
+/// A kernel whose calls add to a [`TransformClock`].
+pub struct TimedKernel<'a, P> {
+    kernel: &'a dyn FftKernel<P>,
+    clock: &'a TransformClock,
+}
+
+impl<P> FftKernel<P> for TimedKernel<'_, P> {
+    fn transform(
+        &self,
+        values: BlockValues<P>,
+        shape: &[usize],
+        passes: &[AxisPass<P>],
+    ) -> Result<(BlockValues<P>, Vec<usize>), String> {
+        let _running = self.clock.start();
+        self.kernel.transform(values, shape, passes)
+    }
+}
+
+/// Wall time during which at least one block is in a kernel, however many
+/// tasks transform at once, added to a [`Time`] metric as each busy
+/// stretch ends.
+#[derive(Debug, Clone, Default)]
+pub struct TransformClock {
+    /// Blocks in a kernel now, and since when one has been.
+    running: Arc<Mutex<(usize, Option<Instant>)>>,
+    time: Time,
+}
+
+impl TransformClock {
+    /// A clock adding to the metric `transform_time` of `metrics`.
+    pub fn in_metrics(metrics: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            running: Arc::default(),
+            time: MetricBuilder::new(metrics).subset_time("transform_time", 0),
+        }
+    }
+
+    /// Counts a block in a kernel until the guard is dropped.
+    fn start(&self) -> Running<'_> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if running.0 == 0 {
+            running.1 = Some(Instant::now());
+        }
+        running.0 += 1;
+        Running(self)
+    }
+}
+
+/// A block in a kernel (see [`TransformClock::start`]).
+struct Running<'a>(&'a TransformClock);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut running = self.0.running.lock().unwrap_or_else(|e| e.into_inner());
+        running.0 -= 1;
+        if running.0 == 0 {
+            if let Some(since) = running.1.take() {
+                self.0.time.add_duration(since.elapsed());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn overlapping_blocks_count_once_and_gaps_not_at_all() {
+        let clock = TransformClock::default();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let _running = clock.start();
+                    std::thread::sleep(Duration::from_millis(40));
+                });
+            }
+        });
+        let busy = Duration::from_nanos(clock.time.value() as u64);
+        std::thread::sleep(Duration::from_millis(60));
+        {
+            let _running = clock.start();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let total = Duration::from_nanos(clock.time.value() as u64);
+        // Four overlapping 40 ms blocks: at least 40 ms, far from 160.
+        assert!(
+            busy >= Duration::from_millis(40) && busy < Duration::from_millis(120),
+            "{busy:?}"
+        );
+        // The 60 ms gap is not counted, the 20 ms block is.
+        let added = total - busy;
+        assert!(
+            added >= Duration::from_millis(20) && added < Duration::from_millis(55),
+            "{added:?}"
+        );
+    }
+}
