@@ -172,13 +172,27 @@ impl<T: FftNum + Default> CpuFft<T> {
     ) -> Result<BlockValues<T>, String> {
         let (n_in, n_out) = pass.kind.lengths(pass.len);
         match (values, pass.kind) {
-            (BlockValues::Real(v), LineKind::RealForward) => {
+            (BlockValues::Real(v), LineKind::Inverse) => {
+                self.run_pass(complex_values(v), shape, pass)
+            }
+            (BlockValues::Real(v), LineKind::Forward) if !real_factors(&pass.pre) => {
+                self.run_pass(complex_values(v), shape, pass)
+            }
+            // Real input: a real-to-complex transform; for a complex
+            // forward pass with real factors, its other half filled in as
+            // the conjugates (half the work of a complex transform).
+            (BlockValues::Real(v), kind @ (LineKind::RealForward | LineKind::Forward)) => {
                 let plan = self
                     .real
                     .lock()
                     .map_err(poisoned)?
                     .plan_fft_forward(pass.len);
-                let scratch = plan.get_scratch_len();
+                let half = if kind == LineKind::Forward {
+                    pass.len / 2 + 1
+                } else {
+                    0
+                };
+                let scratch = half + plan.get_scratch_len();
                 let pre = |k: usize, x: T| match &pass.pre {
                     Some(f) => x * f[k].re,
                     None => x,
@@ -193,7 +207,13 @@ impl<T: FftNum + Default> CpuFft<T> {
                     |lines, out| {
                         each_line(lines, out, (n_in, n_out), scratch, |line, result, s| {
                             // The lengths match the plan's: no error is possible.
-                            let _ = plan.process_with_scratch(line, result, s);
+                            if half == 0 {
+                                let _ = plan.process_with_scratch(line, result, s);
+                            } else {
+                                let (spectrum, s) = s.split_at_mut(half);
+                                let _ = plan.process_with_scratch(line, spectrum, s);
+                                hermitian_fill(spectrum, result);
+                            }
                         })
                     },
                 );
@@ -226,10 +246,6 @@ impl<T: FftNum + Default> CpuFft<T> {
                     },
                 );
                 Ok(BlockValues::Real(out))
-            }
-            (BlockValues::Real(v), LineKind::Forward | LineKind::Inverse) => {
-                let v = v.into_iter().map(|x| Complex::new(x, T::zero())).collect();
-                self.run_pass(BlockValues::Complex(v), shape, pass)
             }
             (BlockValues::Complex(v), kind @ (LineKind::Forward | LineKind::Inverse)) => {
                 let plan = {
@@ -307,6 +323,33 @@ fn each_line<T: FftNum, I, O>(
         .zip(out.chunks_exact_mut(n_out))
     {
         transform(line, result, &mut scratch);
+    }
+}
+
+/// Real values as complex ones.
+fn complex_values<T: FftNum>(values: Vec<T>) -> BlockValues<T> {
+    BlockValues::Complex(
+        values
+            .into_iter()
+            .map(|x| Complex::new(x, T::zero()))
+            .collect(),
+    )
+}
+
+/// Whether `factors` are all real (or there are none).
+fn real_factors<T: FftNum>(factors: &Option<Vec<Complex<T>>>) -> bool {
+    factors
+        .as_ref()
+        .is_none_or(|f| f.iter().all(|c| c.im == T::zero()))
+}
+
+/// The whole spectrum of a real line from its first half (`rfft`):
+/// position `k` past the half is the conjugate of position `n - k`.
+fn hermitian_fill<T: FftNum>(half: &[Complex<T>], full: &mut [Complex<T>]) {
+    let (n, h) = (full.len(), half.len());
+    full[..h].copy_from_slice(half);
+    for k in h..n {
+        full[k] = half[n - k].conj();
     }
 }
 
@@ -548,6 +591,33 @@ mod tests {
             };
             for (a, b) in back.iter().zip(&values) {
                 assert!((a - b).abs() < 1e-12);
+            }
+        }
+    }
+
+    #[test]
+    fn real_input_with_real_or_complex_factors_matches_the_definition() {
+        let fft = CpuFft::<f64>::default();
+        for n in [6usize, 9] {
+            let x: Vec<f64> = (0..n).map(|i| (i as f64 * 1.3).cos() + 0.2).collect();
+            // Real factors take the real-to-complex path, complex ones the
+            // complex transform.
+            for factors in [
+                (0..n)
+                    .map(|k| Complex::new(0.5 + k as f64, 0.0))
+                    .collect::<Vec<_>>(),
+                (0..n).map(|k| Complex::new(1.0, k as f64 * 0.1)).collect(),
+            ] {
+                let mut pass = AxisPass::plain(0, LineKind::Forward, n);
+                pass.pre = Some(factors.clone());
+                let (out, _) = fft
+                    .transform(BlockValues::Real(x.clone()), &[n], &[pass])
+                    .unwrap();
+                let BlockValues::Complex(out) = out else {
+                    panic!("complex expected")
+                };
+                let line: Vec<Complex<f64>> = x.iter().zip(&factors).map(|(&v, f)| f * v).collect();
+                close(&out, &dft(&line, false));
             }
         }
     }
