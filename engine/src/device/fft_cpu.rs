@@ -475,35 +475,35 @@ where
                 let j0 = u * lines_per_unit;
                 (o, o + 1, j0, (j0 + lines_per_unit).min(stride))
             };
-            let count = (o1 - o0) * (j1 - j0);
+            // Line t of the unit is (o0 + t / w, j0 + t % w); each
+            // position's values of the unit's lines are contiguous in the
+            // block (a run of w), so gathers and scatters go by position.
+            let w = j1 - j0;
+            let count = (o1 - o0) * w;
             lines.clear();
-            lines.reserve(count * g);
+            lines.resize(count * g, I::default());
             for o in o0..o1 {
-                let base = o * n * stride;
-                for j in j0..j1 {
-                    lines.extend(
-                        gather
-                            .iter()
-                            .enumerate()
-                            .map(|(k, &p)| pre(k, input[base + p * stride + j])),
-                    );
+                let (base, first) = (o * n * stride, (o - o0) * w);
+                for (k, &p) in gather.iter().enumerate() {
+                    let run = &input[base + p * stride + j0..base + p * stride + j1];
+                    for (t, &x) in run.iter().enumerate() {
+                        lines[(first + t) * g + k] = pre(k, x);
+                    }
                 }
             }
             results.clear();
             results.resize(count * n_out, O::default());
             transform(lines, results);
-            let mut t = 0;
             for o in o0..o1 {
-                let base = o * m * stride;
-                for j in j0..j1 {
-                    let line = &results[t * n_out..(t + 1) * n_out];
-                    for (q, &i) in take.iter().enumerate() {
+                let (base, first) = (o * m * stride, (o - o0) * w);
+                for (q, &i) in take.iter().enumerate() {
+                    for t in 0..w {
+                        let value = post(q, results[(first + t) * n_out + i]);
                         // SAFETY: (o, j) pairs belong to one unit only, so
                         // every index base + q * stride + j is written once,
                         // and it is within `output` (o < outer, q < m, j < stride).
-                        unsafe { *shared.0.add(base + q * stride + j) = post(q, line[i]) };
+                        unsafe { *shared.0.add(base + q * stride + j0 + t) = value };
                     }
-                    t += 1;
                 }
             }
         },
