@@ -13,6 +13,9 @@ in-memory ones, writes it to a new Zarr store:
   dims => 'lat', true_phase => false, true_amplitude => false, shift =>
   false)) TO ...` in `allowed_mem` (the transform phase is the operator's
   `transform_time` metric: wall time with a block in the kernel);
+- zarrfusion-serial: the same with one task (`target_partitions = 1`), so
+  no read, decode or write runs beside a transform and the transform
+  phase is the kernel's time on all cores alone;
 - io-once: the one-pass lower bound, zarr-python reading each slab of 8
   time steps and writing it back as complex64 (no transform);
 - scipy / numpy: `scipy.fft.fft(a, axis=1, workers=2)` / `numpy.fft.fft`
@@ -43,7 +46,7 @@ from measure import arm_arguments, parse_mem, report, run_arms, run_child_arm
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "bench/data/fft_era5.zarr"
-ARMS = ["zarrfusion", "io-once", "scipy", "numpy", "xrft-dask", "cubed"]
+ARMS = ["zarrfusion", "zarrfusion-serial", "io-once", "scipy", "numpy", "xrft-dask", "cubed"]
 CHUNKS = (8, 145, 1440)
 
 
@@ -81,7 +84,7 @@ def child(arm: str, dst: str, mem: str, work: str, threads: int) -> dict:
     # Imports before the clock starts.
     import zarr
 
-    if arm == "zarrfusion":
+    if arm.startswith("zarrfusion"):
         import zarrfusion as zf
     elif arm == "scipy":
         import scipy.fft
@@ -94,8 +97,10 @@ def child(arm: str, dst: str, mem: str, work: str, threads: int) -> dict:
         from cubed.runtime.executors.local import ThreadsExecutor
     t0 = time.perf_counter()
     out: dict = {}
-    if arm == "zarrfusion":
+    if arm.startswith("zarrfusion"):
         ctx = zf.SessionContext(allowed_mem=mem, work_dir=work)
+        if arm == "zarrfusion-serial":
+            ctx.sql("SET datafusion.execution.target_partitions = 1").collect()
         ctx.register_zarr("era5", str(STORE))
         # EXPLAIN ANALYZE runs the COPY and gives the operator's metrics.
         plan = ctx.sql(

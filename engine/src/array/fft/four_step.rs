@@ -42,11 +42,12 @@ use std::sync::{Arc, OnceLock};
 use datafusion::common::human_readable_size;
 use rayon::prelude::*;
 use rustfft::num_complex::Complex;
+use rustfft::{Fft, FftDirection, FftPlanner};
 use zarrs::array::{Array, ArrayBuilder, ArraySubset};
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
 use super::axis::AxisTransform;
-use super::kernels::Kernels;
+use super::kernels::{Kernels, TimedKernel};
 use super::source::{ArraySource, Precision};
 use crate::array::rechunk::ScratchStore;
 use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
@@ -479,7 +480,7 @@ impl FourStep {
         let (other_shape, step, batches) = self.batches(&shape);
         let blocks = (n1 / c1) as u64;
         let direction = complex_kind(transform.kind);
-        let kernel = kernels.timed::<P>();
+        let rows = RowTransform::<P>::new(kernels, n2, direction);
         let n_in = transform.input_len();
         let len = plan.len;
         // The source position, whether it is conjugated, and the factor of
@@ -537,7 +538,7 @@ impl FourStep {
                         }
                     }
                 }
-                let z = transform_rows(&kernel, z, n2, direction)?;
+                let z = rows.apply(z)?;
                 // Rows f2 of the block's columns j1, times the twiddles
                 // ω_L^(j1·f2) in double precision: a rotation by
                 // ω_L^f2 per column, made exact every 64 columns.
@@ -591,7 +592,7 @@ impl FourStep {
             .collect();
         let batches = grid_cells(other_shape, &step);
         let blocks = (n2 / r) as u64;
-        let (kernel, direction) = (kernels.timed::<P>(), complex_kind(transform.kind));
+        let rows = RowTransform::<P>::new(kernels, n1, complex_kind(transform.kind));
         run_tasks(
             batches * blocks,
             plan.workers[1],
@@ -605,7 +606,7 @@ impl FourStep {
                 let read = P::retrieve_complex(&self.columns, &region)
                     .map_err(|e| format!("reading columns {subset:?} from work_dir: {e}"))?;
                 // [line][f2][j1]: rows of j1 are contiguous.
-                let read = transform_rows(&kernel, read, n1, direction)?;
+                let read = rows.apply(read)?;
                 P::store_complex(&self.spectrum, &region, &read)
                     .map_err(|e| format!("writing spectrum {subset:?} to work_dir: {e}"))?;
                 Ok::<u64, String>((read.len() * std::mem::size_of::<Complex<P>>()) as u64)
@@ -699,20 +700,49 @@ fn complex_times<P: Precision>(v: Complex<P>, w: Complex<f64>) -> Complex<P> {
     )
 }
 
-/// Every row (of length `n`) of `values` transformed (`kind`: forward or
-/// inverse) by `kernel`: the query's device, so the passes run on a GPU
-/// when the query does.
-fn transform_rows<P: Precision>(
-    kernel: &dyn FftKernel<P>,
-    values: Vec<Complex<P>>,
-    n: usize,
-    kind: LineKind,
-) -> Result<Vec<Complex<P>>, String> {
-    let rows = values.len() / n.max(1);
-    let pass = AxisPass::plain(1, kind, n);
-    match kernel.transform(BlockValues::Complex(values), &[rows, n], &[pass])? {
-        (BlockValues::Complex(out), _) => Ok(out),
-        (BlockValues::Real(_), _) => Err("a complex FFT gave real values".to_string()),
+/// The rows (of length `n`) of a pass's blocks transformed: in place with
+/// rustfft on the CPU (no copy beside the block, as the plan's memory
+/// counts), or by the query's GPU kernel.
+enum RowTransform<'a, P: Precision> {
+    InPlace(Arc<dyn Fft<P>>, usize, &'a Kernels),
+    Device(TimedKernel<'a, P>, usize, LineKind),
+}
+
+impl<'a, P: Precision> RowTransform<'a, P> {
+    /// Transforms of length `n`, `kind` forward or inverse, on `kernels`' device.
+    fn new(kernels: &'a Kernels, n: usize, kind: LineKind) -> Self {
+        if kernels.on_gpu() {
+            return Self::Device(kernels.timed::<P>(), n, kind);
+        }
+        let direction = if kind == LineKind::Forward {
+            FftDirection::Forward
+        } else {
+            FftDirection::Inverse
+        };
+        Self::InPlace(FftPlanner::<P>::new().plan_fft(n, direction), n, kernels)
+    }
+
+    /// Every row of `values` transformed.
+    fn apply(&self, mut values: Vec<Complex<P>>) -> Result<Vec<Complex<P>>, String> {
+        match self {
+            Self::InPlace(fft, n, kernels) => {
+                let _running = kernels.running();
+                let group = n * (1usize << 16).div_ceil(*n).max(1);
+                values.par_chunks_mut(group).for_each(|rows| {
+                    let mut scratch = vec![Complex::<P>::default(); fft.get_inplace_scratch_len()];
+                    fft.process_with_scratch(rows, &mut scratch);
+                });
+                Ok(values)
+            }
+            Self::Device(kernel, n, kind) => {
+                let rows = values.len() / n.max(&1);
+                let pass = AxisPass::plain(1, *kind, *n);
+                match kernel.transform(BlockValues::Complex(values), &[rows, *n], &[pass])? {
+                    (BlockValues::Complex(out), _) => Ok(out),
+                    (BlockValues::Real(_), _) => Err("a complex FFT gave real values".to_string()),
+                }
+            }
+        }
     }
 }
 

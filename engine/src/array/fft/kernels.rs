@@ -46,6 +46,20 @@ impl Kernels {
         }
     }
 
+    /// Whether the kernels run on a GPU.
+    pub fn on_gpu(&self) -> bool {
+        #[cfg(feature = "gpu")]
+        return self.cuda.is_some();
+        #[cfg(not(feature = "gpu"))]
+        false
+    }
+
+    /// Counts work done outside the kernels (the four-step path's in-place
+    /// CPU passes) in the transform phase until the guard is dropped.
+    pub(super) fn running(&self) -> impl Drop + '_ {
+        self.clock.start()
+    }
+
     /// The kernel of precision `P`, its calls timed by this clock.
     pub fn timed<P: Precision>(&self) -> TimedKernel<'_, P> {
         TimedKernel {
