@@ -98,17 +98,8 @@ def child(arm: str, dst: str, mem: str, work: str, threads: int) -> dict:
     t0 = time.perf_counter()
     out: dict = {}
     if arm.startswith("zarrfusion"):
-        ctx = zf.SessionContext(allowed_mem=mem, work_dir=work)
-        if arm == "zarrfusion-serial":
-            ctx.sql("SET datafusion.execution.target_partitions = 1").collect()
-        ctx.register_zarr("era5", str(STORE))
-        # EXPLAIN ANALYZE runs the COPY and gives the operator's metrics.
-        plan = ctx.sql(
-            "EXPLAIN ANALYZE COPY (SELECT * FROM fft('era5', 't2m', dims => 'lat', true_phase => false, "
-            f"true_amplitude => false, shift => false)) TO '{dst}' STORED AS ZARR"
-        ).to_arrow_table()
-        out["transform_seconds"] = metric_seconds(" ".join(plan.column("plan").to_pylist()), "transform_time")
-        out["note"] = f"transform phase {out['transform_seconds']:.1f} s (transform_time)"
+        serial = ["SET datafusion.execution.target_partitions = 1"] if arm == "zarrfusion-serial" else []
+        out.update(zarrfusion_copy(zf, mem, work, dst, serial))
     elif arm == "io-once":
         src = zarr.open_array(STORE, path="t2m", mode="r")
         out_array = zarr.create_array(dst, shape=src.shape, chunks=(CHUNKS[0], 721, 1440), dtype="complex64")
@@ -140,6 +131,43 @@ def child(arm: str, dst: str, mem: str, work: str, threads: int) -> dict:
         raise SystemExit(f"unknown arm {arm}")
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def zarrfusion_copy(zf, mem: str, work: str, dst: str, settings: list[str]) -> dict:
+    """The zarrfusion arms: `settings` (SET statements), then the FFT along
+    lat copied to `dst` under EXPLAIN ANALYZE, which runs the COPY and gives
+    the operator's `transform_time`."""
+    ctx = zf.SessionContext(allowed_mem=mem, work_dir=work)
+    for setting in settings:
+        ctx.sql(setting).collect()
+    ctx.register_zarr("era5", str(STORE))
+    plan = ctx.sql(
+        "EXPLAIN ANALYZE COPY (SELECT * FROM fft('era5', 't2m', dims => 'lat', true_phase => false, "
+        f"true_amplitude => false, shift => false)) TO '{dst}' STORED AS ZARR"
+    ).to_arrow_table()
+    seconds = metric_seconds(" ".join(plan.column("plan").to_pylist()), "transform_time")
+    return {"transform_seconds": seconds, "note": f"transform phase {seconds:.1f} s (transform_time)"}
+
+
+def run_era5_arms(script: str, arms: list[str], child, describe) -> tuple:
+    """A benchmark over this store: parses the options (``--nt`` and
+    :func:`arm_arguments`'), runs ``child`` when in an arm's subprocess
+    (then returns None), else writes the store when missing, prints
+    ``describe(a, src)`` and runs every arm. Returns ``(a, src, results)``."""
+    ap = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nt", type=int, default=1008)
+    a = arm_arguments(ap, arms, "1GB")
+    if run_child_arm(a, child):
+        return None
+    make_store(a.nt)
+    import zarr
+
+    src = zarr.open_array(STORE, path="t2m", mode="r")
+    print(describe(a, src), flush=True)
+    with tempfile.TemporaryDirectory(prefix=f"zf-{Path(script).stem}-", dir=ROOT / "bench/data") as tmp:
+        results = run_arms(script, a, Path(tmp), check, lambda arm, dst: {"bytes_on_disk": du(dst)})
+    return a, src, results
 
 
 def metric_seconds(plan: str, name: str) -> float:
@@ -183,20 +211,13 @@ def du(path: Path) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nt", type=int, default=1008)
-    a = arm_arguments(ap, ARMS, "1GB")
-    if run_child_arm(a, child):
+    run = run_era5_arms(__file__, ARMS, child, lambda a, src: (
+        f"{STORE.name} t2m {src.shape} {src.dtype} chunks {src.chunks}, {src.nbytes / 1e9:.2f} GB raw, "
+        f"allowed_mem {a.allowed_mem}"))
+    if run is None:
         return
-    make_store(a.nt)
-    import zarr
-
-    src = zarr.open_array(STORE, path="t2m", mode="r")
+    a, src, results = run
     raw = src.nbytes
-    print(f"{STORE.name} t2m {src.shape} {src.dtype} chunks {src.chunks}, {raw / 1e9:.2f} GB raw, "
-          f"allowed_mem {a.allowed_mem}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="zf-bench-fft-", dir=ROOT / "bench/data") as tmp:
-        results = run_arms(__file__, a, Path(tmp), check, lambda arm, dst: {"bytes_on_disk": du(dst)})
     ok = {r["arm"]: r for r in results if "error" not in r}
     base = ok.get("zarrfusion")
     budget = parse_mem(a.allowed_mem)

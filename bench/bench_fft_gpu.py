@@ -32,18 +32,16 @@ with zarr-python's wheels (see bench/README.md, "Benchmark 3"):
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from bench_fft import STORE, check, du, make_store, metric_seconds
-from measure import arm_arguments, parse_mem, report, run_arms, run_child_arm
+from bench_fft import STORE, run_era5_arms, zarrfusion_copy
+from measure import parse_mem, report
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ["zarrfusion-cuda", "zarrfusion-cpu", "cupy", "jax"]
@@ -63,15 +61,7 @@ def child(arm: str, dst: str, mem: str, work: str, threads: int) -> dict:
     t0 = time.perf_counter()
     out: dict = {}
     if arm.startswith("zarrfusion"):
-        ctx = zf.SessionContext(allowed_mem=mem, work_dir=work)
-        ctx.sql(f"SET zarrfusion.device = '{arm.split('-')[1]}'").collect()
-        ctx.register_zarr("era5", str(STORE))
-        plan = ctx.sql(
-            "EXPLAIN ANALYZE COPY (SELECT * FROM fft('era5', 't2m', dims => 'lat', true_phase => false, "
-            f"true_amplitude => false, shift => false)) TO '{dst}' STORED AS ZARR"
-        ).to_arrow_table()
-        out["transform_seconds"] = metric_seconds(" ".join(plan.column("plan").to_pylist()), "transform_time")
-        out["note"] = f"transform phase {out['transform_seconds']:.1f} s (transform_time)"
+        out.update(zarrfusion_copy(zf, mem, work, dst, [f"SET zarrfusion.device = '{arm.split('-')[1]}'"]))
     elif arm in ("cupy", "jax"):
         a = zarr.open_array(STORE, path="t2m", mode="r")[:]
         loaded = time.perf_counter()
@@ -120,19 +110,12 @@ def gpu_name() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nt", type=int, default=1008)
-    a = arm_arguments(ap, ARMS, "1GB")
-    if run_child_arm(a, child):
+    run = run_era5_arms(__file__, ARMS, child, lambda a, src: (
+        f"{STORE.name} t2m {src.shape} {src.dtype}, {src.nbytes / 1e9:.2f} GB raw; GPU: {gpu_name()}"))
+    if run is None:
         return
-    make_store(a.nt)
-    import zarr
-
-    src = zarr.open_array(STORE, path="t2m", mode="r")
+    a, src, results = run
     raw = src.nbytes
-    print(f"{STORE.name} t2m {src.shape} {src.dtype}, {raw / 1e9:.2f} GB raw; GPU: {gpu_name()}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="zf-bench-fft-gpu-", dir=ROOT / "bench/data") as tmp:
-        results = run_arms(__file__, a, Path(tmp), check, lambda arm, dst: {"bytes_on_disk": du(dst)})
     ok = {r["arm"]: r for r in results if "error" not in r}
     base = ok.get("zarrfusion-cuda")
     budget = parse_mem(a.allowed_mem)
