@@ -173,10 +173,10 @@ impl<T: FftNum + Default> CpuFft<T> {
         let (n_in, n_out) = pass.kind.lengths(pass.len);
         match (values, pass.kind) {
             (BlockValues::Real(v), LineKind::Inverse) => {
-                self.run_pass(complex_values(v), shape, pass)
+                self.run_pass(real_as_complex(v), shape, pass)
             }
             (BlockValues::Real(v), LineKind::Forward) if !real_factors(&pass.pre) => {
-                self.run_pass(complex_values(v), shape, pass)
+                self.run_pass(real_as_complex(v), shape, pass)
             }
             // Real input: a real-to-complex transform; for a complex
             // forward pass with real factors, its other half filled in as
@@ -271,14 +271,8 @@ impl<T: FftNum + Default> CpuFft<T> {
                 );
                 Ok(BlockValues::Complex(out))
             }
-            (BlockValues::Complex(_), LineKind::RealForward) => Err(format!(
-                "a real-input FFT along axis {} of complex values",
-                pass.axis
-            )),
-            (BlockValues::Real(_), LineKind::RealInverse) => Err(format!(
-                "a real-output inverse FFT along axis {} of real values",
-                pass.axis
-            )),
+            (BlockValues::Complex(_), LineKind::RealForward)
+            | (BlockValues::Real(_), LineKind::RealInverse) => Err(wrong_values(pass)),
         }
     }
 }
@@ -327,13 +321,29 @@ fn each_line<T: FftNum, I, O>(
 }
 
 /// Real values as complex ones.
-fn complex_values<T: FftNum>(values: Vec<T>) -> BlockValues<T> {
+pub(crate) fn real_as_complex<T: FftNum>(values: Vec<T>) -> BlockValues<T> {
     BlockValues::Complex(
         values
             .into_iter()
             .map(|x| Complex::new(x, T::zero()))
             .collect(),
     )
+}
+
+/// The error of a real pass given values of the other kind: complex
+/// values to a real-input pass, real ones to a real-output inverse.
+pub(crate) fn wrong_values<T>(pass: &AxisPass<T>) -> String {
+    if pass.kind == LineKind::RealForward {
+        format!(
+            "a real-input FFT along axis {} of complex values",
+            pass.axis
+        )
+    } else {
+        format!(
+            "a real-output inverse FFT along axis {} of real values",
+            pass.axis
+        )
+    }
 }
 
 /// Whether `factors` are all real (or there are none).

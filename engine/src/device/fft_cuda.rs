@@ -39,7 +39,10 @@ use rustfft::num_complex::Complex;
 use rustfft::num_traits::Float;
 use rustfft::FftNum;
 
-use super::fft_cpu::{complex_post, complex_pre, run_passes, AxisPass, BlockValues, LineKind};
+use super::fft_cpu::{
+    complex_post, complex_pre, real_as_complex, run_passes, wrong_values, AxisPass, BlockValues,
+    LineKind,
+};
 use super::FftKernel;
 
 /// Bytes of input and output buffers one stream holds at most.
@@ -336,8 +339,7 @@ impl CudaKernel {
                 Ok(BlockValues::Real(out))
             }
             (BlockValues::Real(v), LineKind::Forward | LineKind::Inverse) => {
-                let v = v.into_iter().map(|x| Complex::new(x, T::zero())).collect();
-                self.run_pass(BlockValues::Complex(v), shape, pass)
+                self.run_pass(real_as_complex(v), shape, pass)
             }
             (BlockValues::Complex(v), LineKind::Forward | LineKind::Inverse) => {
                 let out = self.through_device(
@@ -351,14 +353,8 @@ impl CudaKernel {
                 )?;
                 Ok(BlockValues::Complex(out))
             }
-            (BlockValues::Complex(_), LineKind::RealForward) => Err(format!(
-                "a real-input FFT along axis {} of complex values",
-                pass.axis
-            )),
-            (BlockValues::Real(_), LineKind::RealInverse) => Err(format!(
-                "a real-output inverse FFT along axis {} of real values",
-                pass.axis
-            )),
+            (BlockValues::Complex(_), LineKind::RealForward)
+            | (BlockValues::Real(_), LineKind::RealInverse) => Err(wrong_values(pass)),
         }
     }
 }
