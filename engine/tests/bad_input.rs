@@ -203,3 +203,62 @@ async fn filters_never_read_chunks_outside_them() {
         }
     }
 }
+
+/// An FFT over a corrupt or truncated chunk fails by either path (whole
+/// lines, four-step) with the store, variable and chunk named, and its
+/// `COPY TO` leaves neither an output store nor scratch arrays behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_chunk_fails_a_transform_by_either_path_and_writes_nothing() {
+    let cases = [
+        ("bad_corrupt_chunk.zarr", "t2m/c/0/0/0"),
+        ("bad_truncated_chunk.zarr", "t2m/0.0.0"),
+    ];
+    for (store, key) in cases {
+        for strategy in ["whole_lines", "four_step"] {
+            let dir = common::scratch(&format!("fft-bad-{strategy}"));
+            let work = dir.join("work");
+            std::fs::create_dir_all(&work).unwrap();
+            let ctx = new_context();
+            ctx.register_zarr("t", &fixture(store), HashMap::new())
+                .await
+                .unwrap();
+            for set in [
+                format!("SET zarrfusion.fft_strategy = '{strategy}'"),
+                format!("SET zarrfusion.work_dir = '{}'", work.display()),
+            ] {
+                ctx.sql(&set).await.unwrap();
+            }
+            // time has 6 = 2 × 3 values: the four-step path can split it.
+            let fft = "fft('t', 't2m', dims => 'time')";
+            let out = dir.join("spec.zarr");
+            for sql in [
+                format!("SELECT * FROM {fft}"),
+                format!(
+                    "COPY (SELECT * FROM {fft}) TO '{}' STORED AS ZARR",
+                    out.display()
+                ),
+            ] {
+                let result = match ctx.sql(&sql).await {
+                    Ok(df) => df.collect().await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                let message = result
+                    .err()
+                    .unwrap_or_else(|| panic!("{store} {strategy}: {sql} succeeded"))
+                    .to_string();
+                let context = format!("{store} {strategy}: {sql}");
+                assert_mentions(&context, &message, &[store, "t2m", key]);
+            }
+            assert!(
+                !out.exists(),
+                "{store} {strategy}: a failed COPY left {out:?}"
+            );
+            assert_eq!(
+                common::entries(&work),
+                Vec::<String>::new(),
+                "{store} {strategy}: scratch left in work_dir"
+            );
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+}

@@ -139,8 +139,8 @@ def test_a_block_of_whole_lines_larger_than_the_budget_is_rechunked_first(tmp_pa
 
 
 def test_a_line_larger_than_the_budget_takes_the_four_step_path_and_matches_numpy(tmp_path):
-    """A 1-D complex64 signal of 2^24 values (128 MB) written by zarr-python,
-    transformed under allowed_mem 64 MB: no line fits, so the planner
+    """A 1-D complex64 signal of 2^26 values (512 MB) written by zarr-python,
+    transformed under allowed_mem 256 MB: no line fits, so the planner
     chooses the four-step path (EXPLAIN says so), the spectrum is written to
     Zarr block by block with the peak memory of the process growing by less
     than the budget, and every chunk of it matches numpy.fft.fft."""
@@ -150,34 +150,35 @@ def test_a_line_larger_than_the_budget_takes_the_four_step_path_and_matches_nump
 
     import zarr
 
-    n, chunk = 1 << 24, 1 << 18
-    rng = np.random.default_rng(24)
+    n, chunk = 1 << 26, 1 << 20
+    rng = np.random.default_rng(26)
     signal = zarr.create_array(
         tmp_path / "long.zarr",
         name="s",
         shape=(n,),
         chunks=(chunk,),
         dtype="complex64",
-        compressors=None,
         dimension_names=["t"],
         fill_value=0,
     )
+    # Small integers, which zstd stores in a fraction of their 512 MB: the
+    # test's disk footprint (input, spectrum, scratch) stays near 1.2 GB.
     for start in range(0, n, 8 * chunk):
         size = 8 * chunk
-        part = rng.standard_normal(size, dtype=np.float32) + 1j * rng.standard_normal(size, dtype=np.float32)
+        part = rng.integers(-8, 8, size).astype(np.float32) + 1j * rng.integers(-8, 8, size).astype(np.float32)
         signal[start : start + size] = part.astype(np.complex64)
 
     # In a fresh process, so its peak resident memory is the transform's.
     script = f"""
 import io, json, resource
 import zarrfusion as zf
-ctx = zf.SessionContext(allowed_mem="64MB", work_dir={str(tmp_path / "work")!r})
+ctx = zf.SessionContext(allowed_mem="256MB", work_dir={str(tmp_path / "work")!r})
 ctx.register_zarr("long", {str(tmp_path / "long.zarr")!r})
 spec = ctx.table("long").fft("s", dims="t", true_phase=False, true_amplitude=False, shift=False)
 plan = io.StringIO()
 spec.explain(file=plan)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-rows = spec.to_zarr({str(tmp_path / "spec.zarr")!r}, codec="none")
+rows = spec.to_zarr({str(tmp_path / "spec.zarr")!r})
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({{"plan": plan.getvalue(), "rows": rows, "grown_kb": after - before}}))
 """
@@ -186,7 +187,7 @@ print(json.dumps({{"plan": plan.getvalue(), "rows": rows, "grown_kb": after - be
     report = json.loads(done.stdout.splitlines()[-1])
     assert "strategy=four-step" in report["plan"], report["plan"]
     assert report["rows"] == n
-    assert report["grown_kb"] * 1024 < 64e6, f"peak memory grew by {report['grown_kb'] / 1024:.0f} MiB"
+    assert report["grown_kb"] * 1024 < 256e6, f"peak memory grew by {report['grown_kb'] / 1024:.0f} MiB"
 
     want = np.fft.fft(signal[:])
     stored = zarr.open_group(tmp_path / "spec.zarr", mode="r")

@@ -85,9 +85,6 @@ fn detrend_values<V: Copy>(
         .product();
     let lengths: Vec<usize> = axes.iter().map(|&a| shape[a]).collect();
     let cells_per_group: usize = lengths.iter().product();
-    // Positions centred on their mean: on a full grid the intercept and
-    // the slopes of a least-squares fit are then independent.
-    let centred = |i: usize, n: usize| i as f64 - (n as f64 - 1.0) / 2.0;
     let linear = detrend == Detrend::Linear;
     // Per group: the sum of values, and of values times each centred position.
     let slopes = if linear { axes.len() } else { 0 };
@@ -119,6 +116,52 @@ fn detrend_values<V: Copy>(
         }
         values[cell] = minus(values[cell], fit);
     });
+}
+
+/// The position `i` of a line of length `n` centred on the line's mean
+/// position: on a full grid the intercept and the slope of a
+/// least-squares fit are then independent.
+fn centred(i: usize, n: usize) -> f64 {
+    i as f64 - (n as f64 - 1.0) / 2.0
+}
+
+/// The sums a detrend of one line fits, gathered piece by piece where a
+/// line does not fit in memory (the four-step path): Σ x and Σ x·c(p), `c`
+/// the centred position.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LineSums {
+    total: Complex<f64>,
+    moment: Complex<f64>,
+}
+
+impl LineSums {
+    /// Adds `value`, at `position` of a line of length `len`.
+    pub fn add(&mut self, value: Complex<f64>, position: usize, len: usize) {
+        self.total += value;
+        self.moment += value * centred(position, len);
+    }
+
+    /// Adds the sums of another piece of the same line.
+    pub fn merge(&mut self, other: &LineSums) {
+        self.total += other.total;
+        self.moment += other.moment;
+    }
+
+    /// The trend `detrend` removes at `position` of the line (of length
+    /// `len`), as [`detrend_block`] removes it from a whole line.
+    pub fn fit(&self, detrend: Detrend, position: usize, len: usize) -> Complex<f64> {
+        let n = len as f64;
+        let mean = self.total / n;
+        match detrend {
+            Detrend::Constant => mean,
+            Detrend::Linear if len > 1 => {
+                // Σ c(p)² over the line.
+                let squares = n * (n * n - 1.0) / 12.0;
+                mean + self.moment * (centred(position, len) / squares)
+            }
+            Detrend::Linear => mean,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -154,5 +197,38 @@ mod tests {
             unreachable!()
         };
         assert_eq!(v, [-2.0, -10.0, -1.0, 0.0, 3.0, 10.0]);
+    }
+
+    #[test]
+    fn line_sums_gathered_in_pieces_remove_what_a_whole_line_detrend_removes() {
+        let len = 37;
+        let line: Vec<Complex<f64>> = (0..len)
+            .map(|i| Complex::new((i as f64 * 0.7).sin() + 0.3 * i as f64, (i as f64).cos()))
+            .collect();
+        for detrend in [Detrend::Constant, Detrend::Linear] {
+            let mut whole = BlockValues::Complex(line.clone());
+            detrend_block(&mut whole, &[len], &[0], detrend);
+            let BlockValues::Complex(want) = whole else {
+                unreachable!()
+            };
+            let mut sums = LineSums::default();
+            for piece in line
+                .chunks(10)
+                .enumerate()
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+            {
+                let mut part = LineSums::default();
+                for (k, v) in piece.1.iter().enumerate() {
+                    part.add(*v, piece.0 * 10 + k, len);
+                }
+                sums.merge(&part);
+            }
+            for (p, (v, w)) in line.iter().zip(&want).enumerate() {
+                let got = v - sums.fit(detrend, p, len);
+                assert!((got - w).norm() < 1e-12, "{detrend:?} at {p}: {got} != {w}");
+            }
+        }
     }
 }

@@ -51,7 +51,7 @@ use datafusion::sql::sqlparser::ast::TableFactor;
 use zarrfusion_udfs::complex::{complex_part, complex_type};
 
 use super::exec::{block_memory, kernel_memory, FftExec};
-use super::four_step::{FourStep, FourStepInput, FourStepPlan};
+use super::four_step::{FourStep, FourStepInput, FourStepPlan, LineTrends};
 use super::options::FftOptions;
 use super::source::{ArraySource, RechunkedVariable, SourceDimension};
 use super::transform::FftTransform;
@@ -362,8 +362,8 @@ impl FftTable {
 
     /// This transform by the four-step path, its intermediates planned for
     /// `limit` (1 GiB without one) and created in `work_dir` (computed on
-    /// the first read). Refused for more than one dimension, a detrend,
-    /// or a source that is another transform.
+    /// the first read). Refused for more than one dimension or a source
+    /// that is another transform.
     async fn four_stepped(&self, state: &dyn Session, limit: Option<usize>) -> Result<FftTable> {
         let fail = |message: String| {
             DataFusionError::Plan(format!(
@@ -379,13 +379,6 @@ impl FftTable {
                 self.transform.axes.len()
             )));
         };
-        if self.transform.options.detrend.is_some() {
-            return Err(fail(
-                "the four-step path (for lines larger than memory) does not detrend; detrend \
-                 before the transform, or give it the memory for whole lines"
-                    .into(),
-            ));
-        }
         if matches!(self.source, ArraySource::Transformed(_)) {
             return Err(fail(
                 "the four-step path (for lines larger than memory) reads Zarr variables; write \
@@ -401,13 +394,17 @@ impl FftTable {
             single: self.single_precision(),
         };
         // Half the limit for the passes, half for the operator reading
-        // their output (which holds its memory while they run).
+        // their output (which holds its memory while they run); a detrend
+        // holds every line's sums through the first pass.
+        let detrend = self.transform.options.detrend;
+        let lines = input.shape.iter().product::<u64>() / input.shape[*axis].max(1);
+        let sums = detrend.map_or(0, |_| LineTrends::bytes(lines));
         let plan = FourStepPlan::new(
             *axis,
             axis_transform,
             &input,
             limit,
-            limit / 2,
+            limit / 2 + sums,
             rayon::current_num_threads(),
         )
         .map_err(fail)?;
@@ -416,7 +413,7 @@ impl FftTable {
         let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
         let (shape, single) = (input.shape, input.single);
         let four_step = tokio::task::spawn_blocking(move || {
-            FourStep::create(plan, &shape, single, &work_dir, &runtime)
+            FourStep::create(plan, &shape, single, detrend, &work_dir, &runtime)
         })
         .await
         .map_err(|e| DataFusionError::Execution(format!("the FFT planner stopped: {e}")))??;
@@ -464,8 +461,9 @@ impl FftTable {
             return plan_err!(
                 "FftExec of '{}' variable '{}': one line along [{}] needs {} read and \
                  transformed, more than half of what the memory limit (allowed_mem) of {} \
-                 leaves beside the kernel's threads; raise the limit (transforms of lines \
-                 larger than memory, the four-step path, are not supported yet)",
+                 leaves beside the kernel's threads; raise the limit, or transform one \
+                 dimension at a time by the four-step path (SET zarrfusion.fft_strategy = \
+                 'auto' or 'four_step')",
                 grid.store,
                 self.source.variable(),
                 dims.join(", "),
