@@ -50,7 +50,9 @@ extensions_options! {
         /// `allowed_mem`, rechunking the variable if its chunks split them;
         /// the four-step path when one does not), `whole_lines`, or
         /// `four_step` (lines split into blocks and intermediates in
-        /// `work_dir`, whatever their length).
+        /// `work_dir`, whatever their length). Under `auto` or
+        /// `four_step`, a transform along several dimensions whose blocks
+        /// do not fit runs one dimension at a time (staged in `work_dir`).
         pub fft_strategy: String, default = "auto".to_string()
     }
 }

@@ -161,7 +161,7 @@ impl FftCopy {
         let options = session.config_options();
         let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
             // The four-step passes hold half the limit while blocks are written.
-            MemoryLimit::Finite(bytes) if table.four_step().is_some() => Some(bytes / 2),
+            MemoryLimit::Finite(bytes) if table.runs_passes_first() => Some(bytes / 2),
             MemoryLimit::Finite(bytes) => Some(bytes),
             _ => None,
         };
@@ -377,7 +377,7 @@ impl CopyJob {
 
 /// A transformed block's values as Zarr stores them (complex numbers as
 /// interleaved parts), native-endian.
-fn block_bytes<P: Precision>(
+pub(crate) fn block_bytes<P: Precision>(
     values: std::result::Result<BlockValues<P>, String>,
 ) -> std::result::Result<Vec<u8>, String> {
     Ok(match values? {

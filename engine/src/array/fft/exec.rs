@@ -292,6 +292,49 @@ pub(crate) fn kernel_memory(table: &FftTable) -> usize {
     rayon::current_num_threads() * 3 * longest.max(1 << 14) * table.complex_bytes()
 }
 
+/// How `table` runs, as `EXPLAIN` shows it: by whole lines (of the store's
+/// chunks, or of a rechunked copy), by the four-step path, or staged, the
+/// first stage's own strategy first.
+fn strategy(table: &FftTable) -> String {
+    let source = table.source();
+    let before = match source {
+        ArraySource::Rechunked(copy) => format!(
+            "rechunked to {:?} in work_dir ({}), then ",
+            copy.chunk_shape(),
+            human_readable_size(copy.projected_memory() as usize)
+        ),
+        ArraySource::Staged(stage) => {
+            let inner = &stage.inner;
+            let dims: Vec<&str> = inner
+                .transform()
+                .axes
+                .iter()
+                .map(|(_, a)| a.dim.as_str())
+                .collect();
+            format!(
+                "staged: along [{}] by {} ({}) into {} in chunks of {:?}, then along [{}] by ",
+                dims.join(", "),
+                strategy(inner),
+                stage.describe_tasks(),
+                stage.location(),
+                stage.chunk_shape(),
+                table
+                    .transform()
+                    .axes
+                    .iter()
+                    .map(|(_, a)| a.dim.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+        _ => String::new(),
+    };
+    match table.four_step() {
+        Some(four_step) => format!("{before}{}", four_step.describe(source)),
+        None => format!("{before}whole lines"),
+    }
+}
+
 /// A transformed block, in its precision.
 enum OutputValues {
     Single(BlockValues<f32>),
@@ -425,13 +468,9 @@ impl FftExec {
 impl DisplayAs for FftExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let job = &self.job;
-        let options = &job.transform().options;
-        let dims: Vec<&str> = job
-            .transform()
-            .axes
-            .iter()
-            .map(|(_, a)| a.dim.as_str())
-            .collect();
+        let asked = job.table.asked_transform();
+        let options = &asked.options;
+        let dims: Vec<&str> = asked.axes.iter().map(|(_, a)| a.dim.as_str()).collect();
         let mut flags = Vec::new();
         if let Some(real) = &options.real_dim {
             flags.push(format!("real_dim={real}"));
@@ -460,15 +499,7 @@ impl DisplayAs for FftExec {
             if options.inverse { "ifft" } else { "fft" },
             dims.join(", "),
             flags.join(", "),
-            match (job.table.four_step(), job.source()) {
-                (Some(four_step), _) => four_step.describe(job.source()),
-                (None, ArraySource::Rechunked(copy)) => format!(
-                    "rechunked to {:?} in work_dir ({}), then whole lines",
-                    copy.chunk_shape(),
-                    human_readable_size(copy.projected_memory() as usize)
-                ),
-                _ => "whole lines".to_string(),
-            },
+            strategy(&job.table),
             job.blocks.block_shape(),
             job.blocks.num_blocks(),
             self.partitions(),

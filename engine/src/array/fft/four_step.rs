@@ -97,7 +97,7 @@ fn complex_size(single: bool) -> usize {
 }
 
 /// The divisors of `n`, increasing.
-fn divisors(n: usize) -> Vec<usize> {
+pub(crate) fn divisors(n: usize) -> Vec<usize> {
     let mut low = Vec::new();
     let mut high = Vec::new();
     let mut d = 1;

@@ -11,6 +11,7 @@
 //! | [`source`] | what a transform reads: a Zarr variable or another transform's output |
 //! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
 //! | [`four_step`] | the four-step (Bailey) path for lines larger than memory |
+//! | [`staged`] | transforms along several dimensions, one dimension at a time, when blocks of whole lines do not fit |
 //! | [`exec`] | `FftExec`, the operator |
 //! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`) |
 //!
@@ -26,6 +27,7 @@ pub mod four_step;
 pub mod kernels;
 pub mod options;
 pub mod source;
+pub mod staged;
 pub mod table;
 pub mod transform;
 pub mod window;

@@ -27,6 +27,7 @@ use zarrs::array::{ArrayError, ArraySubset};
 
 use super::four_step::ScratchArray;
 use super::kernels::{cuda_kernel, Kernels};
+use super::staged::StagedTransform;
 use super::table::FftTable;
 use super::transform::InputCoordinate;
 use crate::array::rechunk::{default_work_dir, PreparedRechunk, RechunkOptions, ScratchStore};
@@ -166,6 +167,10 @@ pub enum ArraySource {
     /// the first block is read: when a block of whole lines in the store's
     /// own chunks does not fit the budget.
     Rechunked(Arc<RechunkedVariable>),
+    /// The output of a transform along one dimension stored in `work_dir`
+    /// before the first block is read: the first stage of a transform
+    /// along several dimensions whose blocks do not fit the budget.
+    Staged(Arc<StagedTransform>),
 }
 
 /// A variable copied into new chunks in `work_dir` (see
@@ -323,6 +328,9 @@ impl ArraySource {
         match self {
             Self::Zarr { grid, variable } => Origin::Array(grid, &grid.variables[*variable]),
             Self::Rechunked(copy) => Origin::Array(&copy.grid, &copy.grid.variables[copy.variable]),
+            Self::Staged(stage) => {
+                Origin::Array(&stage.grid, &stage.grid.variables[stage.variable])
+            }
             Self::Transformed(inner) => Origin::Transform(inner),
         }
     }
@@ -331,6 +339,7 @@ impl ArraySource {
     pub fn store(&self) -> &str {
         match self {
             Self::Rechunked(copy) => &copy.store,
+            Self::Staged(stage) => stage.inner.source().store(),
             _ => match self.origin() {
                 Origin::Array(grid, _) => &grid.store,
                 Origin::Transform(inner) => inner.source().store(),
@@ -423,8 +432,10 @@ impl ArraySource {
         pool: &ChunkBufferPool,
         kernels: &Kernels,
     ) -> Result<BlockValues<P>, String> {
-        if let Self::Rechunked(copy) = self {
-            copy.ensure_copied()?;
+        match self {
+            Self::Rechunked(copy) => copy.ensure_copied()?,
+            Self::Staged(stage) => stage.ensure_written(kernels)?,
+            _ => {}
         }
         match self.origin() {
             Origin::Array(_, array) => {

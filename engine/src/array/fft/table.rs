@@ -48,18 +48,21 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::sqlparser::ast::TableFactor;
+use futures::future::BoxFuture;
 use zarrfusion_udfs::complex::{complex_part, complex_type};
 
-use super::exec::{block_memory, kernel_memory, FftExec};
-use super::four_step::{FourStep, FourStepInput, FourStepPlan, LineTrends};
+use super::exec::{block_memory, kernel_memory, plan_blocks, FftExec};
+use super::four_step::{divisors, FourStep, FourStepInput, FourStepPlan, LineTrends};
 use super::options::FftOptions;
 use super::source::{ArraySource, RechunkedVariable, SourceDimension};
+use super::staged::{StageTasks, StagedTransform};
 use super::transform::FftTransform;
 use crate::array::rechunk::{default_work_dir, RechunkOptions};
 use crate::config::ZarrConfig;
 use crate::device::{choose_device, staging_memory};
 use crate::table::{
-    literal_text, select, single_dimension, zarr_source, Coordinate, TableFunctionCall, ZarrTable,
+    literal_text, select, single_dimension, zarr_source, Coordinate, Selection, TableFunctionCall,
+    ZarrTable,
 };
 use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
 
@@ -189,6 +192,9 @@ pub struct FftTable {
     schema: SchemaRef,
     /// The four-step transform, when lines go that way (set by `fitted`).
     four_step: Option<Arc<FourStep>>,
+    /// The transform as asked, when this one runs only its last stage
+    /// (set by `fitted` for a staged transform).
+    asked: Option<Arc<FftTransform>>,
 }
 
 impl FftTable {
@@ -285,6 +291,7 @@ impl FftTable {
             dims,
             schema: Arc::new(Schema::new(fields)),
             four_step: None,
+            asked: None,
         })
     }
 
@@ -316,26 +323,210 @@ impl FftTable {
             MemoryLimit::Finite(limit) => Some(limit.saturating_sub(staging)),
             _ => None,
         };
-        let strategy = config.fft_strategy;
-        let four_step = match strategy.trim().to_ascii_lowercase().as_str() {
-            "four_step" => true,
-            "whole_lines" => false,
-            "auto" => limit.is_some_and(|l| !self.line_fits(l)),
-            other => {
-                return plan_err!(
-                    "zarrfusion.fft_strategy is '{other}'; it takes auto, whole_lines or four_step"
-                )
+        Ok(Arc::new(self.fit(session, limit).await?))
+    }
+
+    /// [`Self::fitted`] within `limit`: a transform along several
+    /// dimensions whose lines do not fit is staged, one dimension at a
+    /// time, each stage fitted in turn.
+    fn fit<'a>(
+        &'a self,
+        session: &'a dyn Session,
+        limit: Option<usize>,
+    ) -> BoxFuture<'a, Result<Self>> {
+        Box::pin(async move {
+            let strategy = ZarrConfig::of(session.config_options()).fft_strategy;
+            let four_step = match strategy.trim().to_ascii_lowercase().as_str() {
+                "four_step" => true,
+                "whole_lines" => false,
+                "auto" => limit.is_some_and(|l| !self.line_fits(l)),
+                other => {
+                    return plan_err!(
+                        "zarrfusion.fft_strategy is '{other}'; it takes auto, whole_lines or \
+                         four_step"
+                    )
+                }
+            };
+            match limit {
+                _ if four_step && self.transform.axes.len() > 1 => {
+                    self.staged(session, limit).await
+                }
+                _ if four_step => self.four_stepped(session, limit).await,
+                Some(limit) if !self.block_fits(limit) => self.rechunked(session, limit).await,
+                _ => Ok(self.clone()),
             }
+        })
+    }
+
+    /// Whether passes run before the operator reads its blocks (the
+    /// four-step path, or the first stage of a staged transform), holding
+    /// half the memory limit while the operator holds the other half.
+    pub(crate) fn runs_passes_first(&self) -> bool {
+        self.four_step.is_some() || matches!(self.source, ArraySource::Staged(_))
+    }
+
+    /// The transform as asked, for `EXPLAIN` (a staged transform runs
+    /// only its last dimensions itself).
+    pub(crate) fn asked_transform(&self) -> &FftTransform {
+        self.asked.as_deref().unwrap_or(&self.transform)
+    }
+
+    /// This transform staged (see [`super::staged`]): along its first
+    /// dimension within half of `limit` (1 GiB without one), stored in
+    /// `work_dir`, then along the others, reading that store, within the
+    /// other half. Refused for a detrend (fitted over all the dimensions at
+    /// once).
+    async fn staged(&self, state: &dyn Session, limit: Option<usize>) -> Result<FftTable> {
+        let fail = |message: String| {
+            DataFusionError::Plan(format!(
+                "FftExec of '{}' variable '{}': {message}",
+                self.source.store(),
+                self.source.variable()
+            ))
         };
-        if four_step {
-            return Ok(Arc::new(self.four_stepped(session, limit).await?));
+        let axes = &self.transform.axes;
+        let dims: Vec<String> = axes.iter().map(|(_, a)| a.dim.clone()).collect();
+        if self.transform.options.detrend.is_some() {
+            return Err(fail(format!(
+                "blocks of whole lines along [{}] do not fit the memory limit, so the transform \
+                 runs one dimension at a time, and a detrend is fitted over all of them at once; \
+                 detrend first, or raise allowed_mem",
+                dims.join(", ")
+            )));
         }
-        match limit {
-            Some(limit) if !self.block_fits(limit) => {
-                Ok(Arc::new(self.rechunked(session, limit).await?))
+        let half = limit.unwrap_or(1 << 30) / 2;
+        let lags: Vec<f64> = axes.iter().map(|(_, a)| a.lag).collect();
+        let options = &self.transform.options;
+        let stage_options = |range: std::ops::Range<usize>| {
+            let mut stage = options.clone();
+            stage.dims = dims[range.clone()].to_vec();
+            stage.real_dim = stage.real_dim.filter(|r| stage.dims.contains(r));
+            // xrft never shifts a forward transform with a real dimension,
+            // even along the stages without it.
+            if !stage.inverse && options.real_dim.is_some() {
+                stage.shift = false;
             }
-            _ => Ok(Arc::new(self.clone())),
+            if stage.inverse {
+                // The lags as resolved (given, or the coordinates'
+                // direct_lag, which the stored first stage does not keep).
+                stage.lag = Some(lags[range].to_vec());
+            }
+            stage
+        };
+        let inner = FftTable::new(self.source.clone(), stage_options(0..1))?;
+        let inner = Arc::new(inner.fit(state, Some(half)).await?);
+        let config = state.config_options();
+        let staging = choose_device(&ZarrConfig::of(config).device).map_or(0, staging_memory);
+        // The first stage's tasks read the four-step output with half of
+        // their half, like the operator does.
+        let stage_limit = if inner.four_step.is_some() {
+            half / 2
+        } else {
+            half
+        };
+        let blocks = plan_blocks(
+            &inner,
+            &inner.block_chunk(),
+            &Selection::all(&inner.block_space()),
+            config,
+            Some(stage_limit),
+        );
+        let block_out: Vec<u64> = inner
+            .output_extent(&blocks.block(0))
+            .iter()
+            .map(|r| r.end - r.start)
+            .collect();
+        let task = block_memory(&inner, blocks.block_shape())
+            + block_out.iter().product::<u64>() as usize * inner.complex_bytes();
+        let kernel = kernel_memory(&inner) + staging;
+        let mut workers =
+            (blocks.num_blocks() as usize).clamp(1, config.execution.target_partitions.max(1));
+        while workers > 1 && workers * task + kernel > stage_limit {
+            workers -= 1;
         }
+        if workers * task + kernel > stage_limit {
+            return Err(fail(format!(
+                "the first stage (along [{}]) needs {} for one task (a block of shape {:?}) \
+                 plus {} for the kernel's threads, more than the {} it has (half of the memory \
+                 limit, allowed_mem); raise the limit",
+                dims[0],
+                human_readable_size(task),
+                blocks.block_shape(),
+                human_readable_size(kernel),
+                human_readable_size(stage_limit)
+            )));
+        }
+        let chunks = self.stage_chunks(&inner, &block_out, half.saturating_sub(staging));
+        let tasks = StageTasks {
+            blocks,
+            workers,
+            projected: workers * task + kernel,
+        };
+        let runtime = Arc::clone(state.runtime_env());
+        let work_dir = RechunkOptions::for_session(config, &runtime)?
+            .work_dir
+            .unwrap_or_else(default_work_dir);
+        let stage = tokio::task::spawn_blocking(move || {
+            StagedTransform::prepare(inner, tasks, chunks, &work_dir, &runtime)
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("the FFT planner stopped: {e}")))??;
+        let outer = FftTable::new(
+            ArraySource::Staged(Arc::new(stage)),
+            stage_options(1..dims.len()),
+        )?;
+        let outer = outer.fit(state, Some(half)).await?;
+        // The output is this transform's: its coordinates and attributes.
+        Ok(FftTable {
+            dims: self.dims.clone(),
+            schema: Arc::clone(&self.schema),
+            asked: Some(Arc::clone(&self.transform)),
+            ..outer
+        })
+    }
+
+    /// The chunks of a staged transform's first stage output (blocks of
+    /// `block_out` values): its blocks subdivided along the dimensions the
+    /// rest of the transform does not touch until a block whole along the
+    /// ones it does (read, transformed, and its kernel's threads) fits
+    /// `limit`. The next stage then reads whole chunks.
+    fn stage_chunks(&self, inner: &FftTable, block_out: &[u64], limit: usize) -> Vec<u64> {
+        let later = &self.transform.axes[1..];
+        let shape = inner.output_shape();
+        let bytes = inner.complex_bytes();
+        let longest = later.iter().map(|(_, a)| a.len).max().unwrap_or(0);
+        let kernel = rayon::current_num_threads() * 3 * longest.max(1 << 14) * bytes;
+        // A block read (at the peak of a read of an uncompressed complex
+        // chunk: the stored bytes and 16 more per value), its
+        // values before and after a pass, as `block_memory` counts, and
+        // its output encoded (a COPY's tasks hold that too).
+        let memory = |chunk: &[u64]| {
+            let (mut block, mut out) = (chunk.to_vec(), chunk.to_vec());
+            for (axis, transform) in later {
+                block[*axis] = shape[*axis];
+                out[*axis] = transform.output_len() as u64;
+            }
+            let (cells, out) = (
+                block.iter().product::<u64>() as usize,
+                out.iter().product::<u64>() as usize,
+            );
+            cells * (bytes + 16) + 2 * cells.max(out) * bytes + out * bytes + kernel
+        };
+        let mut chunk = block_out.to_vec();
+        while memory(&chunk) > limit {
+            let Some(d) = (0..chunk.len())
+                .filter(|d| chunk[*d] > 1 && !later.iter().any(|(a, _)| a == d))
+                .max_by_key(|d| chunk[*d])
+            else {
+                break;
+            };
+            chunk[d] = divisors(block_out[d] as usize)
+                .into_iter()
+                .rev()
+                .find(|&c| (c as u64) < chunk[d])
+                .unwrap_or(1) as u64;
+        }
+        chunk
     }
 
     /// Whether one task over the smallest block of whole lines in the
@@ -629,7 +820,9 @@ impl TableProvider for FftTable {
                     .transpose()?
             }
             // A rechunked source is made while scanning, after this.
-            ArraySource::Transformed(_) | ArraySource::Rechunked(_) => None,
+            ArraySource::Transformed(_) | ArraySource::Rechunked(_) | ArraySource::Staged(_) => {
+                None
+            }
         };
         let projection = projection
             .cloned()
@@ -640,7 +833,7 @@ impl TableProvider for FftTable {
         };
         let fitted = self.fitted(state).await?;
         let mut selection = selection;
-        if fitted.four_step.is_some() {
+        if fitted.runs_passes_first() {
             // The passes run for every line; filters apply above. They hold
             // half the limit while the operator reads their output.
             selection = None;

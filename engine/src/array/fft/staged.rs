@@ -1,0 +1,222 @@
+//! Transforms along several dimensions whose blocks of whole lines do not
+//! fit the memory limit, one dimension at a time.
+//!
+//! An FFT along `[lat, lon]` needs blocks whole along both: a whole plane
+//! per block. When a plane does not fit `allowed_mem`, the transform is
+//! staged, as distributed FFTs do with their transposes: the first
+//! dimension's transform (with its window, phase, amplitude and shift
+//! factors, which xrft applies per dimension) runs by itself, by whole
+//! lines or the four-step path, and its output is stored, uncompressed, in
+//! `work_dir`; the rest of the transform reads that store. The store's
+//! chunks subdivide the first stage's blocks (so every chunk is written
+//! once, by one task) and are small enough along the other dimensions that
+//! a block whole along the remaining transformed dimensions fits the
+//! memory the next stage has, so it reads whole chunks only. Each stage
+//! has half the limit: the first runs while the operator reading the last
+//! holds its blocks.
+//!
+//! The store is written once, on the first read; it goes when the last
+//! plan holding it is dropped, and dropping it mid-write cancels the
+//! write. A detrend is not staged: it is fitted over all the transformed
+//! dimensions at once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use datafusion::common::Result;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use zarrs::array::{ArrayBytes, ArraySubset};
+
+use super::copy::block_bytes;
+use super::exec::transformed_block;
+use super::four_step::ScratchArray;
+use super::kernels::Kernels;
+use super::table::FftTable;
+use crate::array::rechunk::ScratchStore;
+use crate::array::tasks::run_tasks;
+use crate::table::{open_dataset_blocking, BlockGrid, GridTable, ZarrTableOptions};
+use crate::write::grid::field_attributes;
+use crate::write::options::{Codec, ZarrWriteOptions};
+use crate::write::store::{write_group, GroupCoordinate, GroupVariable};
+use crate::zarr::{ChunkBufferPool, StoreLocation};
+
+/// The first stage of a staged transform and its output in `work_dir`
+/// (see the module docs).
+pub struct StagedTransform {
+    /// The first stage: a transform along one dimension, fitted to its
+    /// half of the memory limit.
+    pub inner: Arc<FftTable>,
+    /// The stored output, opened (metadata and coordinates are written
+    /// when planned, values on the first read).
+    pub grid: Arc<GridTable>,
+    /// Index of the variable in `grid.variables`.
+    pub variable: usize,
+    /// The first stage's blocks.
+    blocks: BlockGrid,
+    /// Tasks writing them at once.
+    workers: usize,
+    /// The most memory those tasks hold together.
+    projected: usize,
+    array: ScratchArray,
+    scratch: ScratchStore,
+    written: OnceLock<std::result::Result<(), String>>,
+    cancelled: AtomicBool,
+}
+
+impl std::fmt::Debug for StagedTransform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedTransform")
+            .field("store", &self.inner.source().store())
+            .field("work_dir", self.scratch.location())
+            .finish()
+    }
+}
+
+impl Drop for StagedTransform {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+/// How the first stage runs: its blocks, its tasks and their memory.
+#[derive(Debug, Clone)]
+pub struct StageTasks {
+    /// The blocks.
+    pub blocks: BlockGrid,
+    /// Tasks at once.
+    pub workers: usize,
+    /// The most memory the tasks hold together.
+    pub projected: usize,
+}
+
+impl StagedTransform {
+    /// Writes the metadata and coordinates of `inner`'s output, in chunks
+    /// of `chunks` (dividing its blocks' output extents), into a fresh
+    /// store in `work_dir`, and opens it. Blocking.
+    pub fn prepare(
+        inner: Arc<FftTable>,
+        tasks: StageTasks,
+        chunks: Vec<u64>,
+        work_dir: &StoreLocation,
+        runtime: &Arc<RuntimeEnv>,
+    ) -> Result<Self> {
+        let scratch = ScratchStore::create(work_dir, "zarrfusion-fft-staged", ".zarr", runtime)?;
+        let dims = inner.output_dims();
+        let schema = inner.schema_ref();
+        let coordinates: Vec<GroupCoordinate> = dims
+            .iter()
+            .enumerate()
+            .map(|(d, dim)| GroupCoordinate {
+                name: dim.name.clone(),
+                values: dim.coordinate.clone(),
+                attributes: field_attributes(schema.field(d)),
+            })
+            .collect();
+        let name = inner.source().variable().to_string();
+        let variable = GroupVariable {
+            name: name.clone(),
+            data_type: inner.value_type(),
+            shape: inner.output_shape(),
+            chunks,
+        };
+        // Uncompressed: written once and read once, right away.
+        let options = ZarrWriteOptions {
+            codec: Codec::None,
+            ..ZarrWriteOptions::default()
+        };
+        let mut arrays = write_group(scratch.storage(), &coordinates, &[variable], &options)?;
+        let array = arrays.remove(0);
+        let names: Vec<String> = dims.iter().map(|d| d.name.clone()).collect();
+        let table_options = ZarrTableOptions {
+            dims: Some(names.clone()),
+            ..ZarrTableOptions::default()
+        };
+        let location = scratch.location().to_string();
+        let grid =
+            open_dataset_blocking(&location, &table_options, runtime)?.table(Some(&names))?;
+        let Some(index) = grid.variables.iter().position(|v| v.name() == name) else {
+            return datafusion::common::exec_err!(
+                "the staged transform of '{}' lacks variable '{name}'",
+                inner.source().store()
+            );
+        };
+        Ok(Self {
+            inner,
+            grid: Arc::new(grid),
+            variable: index,
+            blocks: tasks.blocks,
+            workers: tasks.workers,
+            projected: tasks.projected,
+            array,
+            scratch,
+            written: OnceLock::new(),
+            cancelled: AtomicBool::new(false),
+        })
+    }
+
+    /// Where the stored output is.
+    pub fn location(&self) -> &StoreLocation {
+        self.scratch.location()
+    }
+
+    /// The stored output's chunks.
+    pub fn chunk_shape(&self) -> Vec<u64> {
+        self.grid.variables[self.variable].chunk_shape()
+    }
+
+    /// The first stage's blocks, tasks and their memory, as `EXPLAIN`
+    /// shows them.
+    pub fn describe_tasks(&self) -> String {
+        format!(
+            "blocks of shape {:?}, {} blocks, {} tasks, {}",
+            self.blocks.block_shape(),
+            self.blocks.num_blocks(),
+            self.workers,
+            datafusion::common::human_readable_size(self.projected)
+        )
+    }
+
+    /// Runs the first stage unless done (its kernels `kernels`); every
+    /// caller waits for it.
+    pub fn ensure_written(&self, kernels: &Kernels) -> std::result::Result<(), String> {
+        self.written
+            .get_or_init(|| {
+                run_tasks(
+                    self.blocks.num_blocks(),
+                    self.workers,
+                    &self.cancelled,
+                    ChunkBufferPool::new,
+                    |pool, id| self.write_block(id, kernels, pool),
+                )?;
+                if self.cancelled.load(Ordering::Relaxed) {
+                    return Err("cancelled".to_string());
+                }
+                Ok(())
+            })
+            .clone()
+    }
+
+    /// Transforms block `id` of the first stage and stores it.
+    fn write_block(
+        &self,
+        id: u64,
+        kernels: &Kernels,
+        pool: &ChunkBufferPool,
+    ) -> std::result::Result<u64, String> {
+        let extent = self.blocks.block(id);
+        let inner = &self.inner;
+        let bytes = if inner.single_precision() {
+            block_bytes(transformed_block::<f32>(inner, kernels, &extent, pool))
+        } else {
+            block_bytes(transformed_block::<f64>(inner, kernels, &extent, pool))
+        }?;
+        let out = inner.output_extent(&extent);
+        self.array
+            .store_array_subset(
+                &ArraySubset::new_with_ranges(&out),
+                ArrayBytes::new_flen(bytes.as_slice()),
+            )
+            .map_err(|e| format!("writing block {out:?} of the first stage to work_dir: {e}"))?;
+        Ok(bytes.len() as u64)
+    }
+}
