@@ -66,12 +66,26 @@ fn sql_call(case: &Value) -> String {
     )
 }
 
+/// The cases of `tests/fixtures/fft/cases.json` (the working directory
+/// set to the repository's root, where their paths start).
+fn cases() -> Vec<Value> {
+    std::env::set_current_dir(repo_root()).unwrap();
+    serde_json::from_str(&std::fs::read_to_string("tests/fixtures/fft/cases.json").unwrap())
+        .unwrap()
+}
+
+/// A session with `settings` (`SET ...` statements) run.
+async fn context_with(settings: &[&str]) -> SessionContext {
+    let ctx = new_context();
+    for set in settings {
+        ctx.sql(set).await.unwrap();
+    }
+    ctx
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_case_matches_xrft() {
-    std::env::set_current_dir(repo_root()).unwrap();
-    let cases: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/fft/cases.json").unwrap())
-            .unwrap();
+    let cases = cases();
     assert!(cases.len() >= 20, "the fixture lists {} cases", cases.len());
     // Small batches and partitions: several blocks and batches per case.
     let ctx = new_context();
@@ -88,17 +102,12 @@ async fn every_case_matches_xrft() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_dimension_cases_match_xrft_by_the_four_step_path() {
-    std::env::set_current_dir(repo_root()).unwrap();
-    let cases: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/fft/cases.json").unwrap())
-            .unwrap();
-    let ctx = new_context();
-    ctx.sql("SET datafusion.execution.batch_size = 7")
-        .await
-        .unwrap();
-    ctx.sql("SET zarrfusion.fft_strategy = 'four_step'")
-        .await
-        .unwrap();
+    let cases = cases();
+    let ctx = context_with(&[
+        "SET datafusion.execution.batch_size = 7",
+        "SET zarrfusion.fft_strategy = 'four_step'",
+    ])
+    .await;
     let mut ran = 0;
     for case in &cases {
         let args = case["args"].as_object().unwrap();
@@ -115,14 +124,8 @@ async fn one_dimension_cases_match_xrft_by_the_four_step_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_dimension_cases_match_xrft_when_staged() {
-    std::env::set_current_dir(repo_root()).unwrap();
-    let cases: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/fft/cases.json").unwrap())
-            .unwrap();
-    let ctx = new_context();
-    ctx.sql("SET zarrfusion.fft_strategy = 'four_step'")
-        .await
-        .unwrap();
+    let cases = cases();
+    let ctx = context_with(&["SET zarrfusion.fft_strategy = 'four_step'"]).await;
     let mut ran = 0;
     for case in &cases {
         let args = case["args"].as_object().unwrap();
@@ -480,15 +483,12 @@ async fn every_case_matches_xrft_on_the_gpu() {
         println!("skipped: {why}");
         return;
     }
-    std::env::set_current_dir(repo_root()).unwrap();
-    let cases: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/fft/cases.json").unwrap())
-            .unwrap();
-    let ctx = new_context();
-    ctx.sql("SET zarrfusion.device = 'cuda'").await.unwrap();
-    ctx.sql("SET zarrfusion.target_partition_bytes = 2000")
-        .await
-        .unwrap();
+    let cases = cases();
+    let ctx = context_with(&[
+        "SET zarrfusion.device = 'cuda'",
+        "SET zarrfusion.target_partition_bytes = 2000",
+    ])
+    .await;
     for case in &cases {
         let plan = explain_text(&ctx, &format!("SELECT * FROM {}", sql_call(case))).await;
         assert!(plan.contains("device=cuda"), "{plan}");

@@ -16,22 +16,38 @@ import zarrfusion as zf
 FFT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "fft"
 
 
-# Code for a child process measuring its own peak resident memory from a
-# point on: ru_maxrss would carry the parent's peak across exec; VmHWM does
-# not, and writing 5 to clear_refs resets it to the current size.
-PEAK_PROBE = """
-def _status(key):
+def transform_in_child(tmp_path: pathlib.Path, allowed_mem: str, store: pathlib.Path, call: str) -> dict:
+    """Runs `ctx.table("t").<call>` over `store` under `allowed_mem` in a
+    fresh process and writes it to `tmp_path / "spec.zarr"`; returns its
+    EXPLAIN text (`plan`), the rows written (`rows`) and how many bytes its
+    peak resident memory grew by while writing (`grown`). The peak is
+    VmHWM, reset first: ru_maxrss would carry the parent's peak across exec."""
+    import json
+    import subprocess
+    import sys
+
+    script = f"""
+import io, json
+import zarrfusion as zf
+def status(key):
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
-def reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status("VmRSS")
-def peak():
-    return _status("VmHWM")
+ctx = zf.SessionContext(allowed_mem={allowed_mem!r}, work_dir={str(tmp_path / "work")!r})
+ctx.register_zarr("t", {str(store)!r})
+spec = ctx.table("t").{call}
+plan = io.StringIO()
+spec.explain(file=plan)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS")
+rows = spec.to_zarr({str(tmp_path / "spec.zarr")!r})
+print(json.dumps({{"plan": plan.getvalue(), "rows": rows, "grown": status("VmHWM") - before}}))
 """
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def expected(name: str) -> xr.DataArray:
@@ -162,10 +178,6 @@ def test_a_line_larger_than_the_budget_takes_the_four_step_path_and_matches_nump
     chooses the four-step path (EXPLAIN says so), the spectrum is written to
     Zarr block by block with the peak memory of the process growing by less
     than the budget, and every chunk of it matches numpy.fft.fft."""
-    import json
-    import subprocess
-    import sys
-
     import zarr
 
     n, chunk = 1 << 26, 1 << 20
@@ -187,21 +199,8 @@ def test_a_line_larger_than_the_budget_takes_the_four_step_path_and_matches_nump
         signal[start : start + size] = part.astype(np.complex64)
 
     # In a fresh process, so its peak resident memory is the transform's.
-    script = PEAK_PROBE + f"""
-import io, json
-import zarrfusion as zf
-ctx = zf.SessionContext(allowed_mem="256MB", work_dir={str(tmp_path / "work")!r})
-ctx.register_zarr("long", {str(tmp_path / "long.zarr")!r})
-spec = ctx.table("long").fft("s", dims="t", true_phase=False, true_amplitude=False, shift=False)
-plan = io.StringIO()
-spec.explain(file=plan)
-before = reset_peak()
-rows = spec.to_zarr({str(tmp_path / "spec.zarr")!r})
-print(json.dumps({{"plan": plan.getvalue(), "rows": rows, "grown": peak() - before}}))
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.splitlines()[-1])
+    call = 'fft("s", dims="t", true_phase=False, true_amplitude=False, shift=False)'
+    report = transform_in_child(tmp_path, "256MB", tmp_path / "long.zarr", call)
     assert "strategy=four-step" in report["plan"], report["plan"]
     assert report["rows"] == n
     assert report["grown"] < 256e6, f"peak memory grew by {report['grown'] / 2**20:.0f} MiB"
@@ -228,10 +227,6 @@ def test_a_plane_larger_than_the_budget_is_transformed_one_dimension_at_a_time(t
     stages the transform (EXPLAIN says so): along lat into work_dir, then
     along lon from there, with the process's peak memory growing by less
     than the budget; the stored spectrum matches numpy.fft.fft2."""
-    import json
-    import subprocess
-    import sys
-
     import zarr
 
     shape, chunks = (3, 2048, 2048), (1, 256, 256)
@@ -247,21 +242,8 @@ def test_a_plane_larger_than_the_budget_is_transformed_one_dimension_at_a_time(t
         fill_value=0,
     )
     z[:] = values
-    script = PEAK_PROBE + f"""
-import io, json
-import zarrfusion as zf
-ctx = zf.SessionContext(allowed_mem="96MB", work_dir={str(tmp_path / "work")!r})
-ctx.register_zarr("planes", {str(tmp_path / "planes.zarr")!r})
-spec = ctx.table("planes").fft("v", dims=["lat", "lon"], true_phase=False, true_amplitude=False, shift=False)
-plan = io.StringIO()
-spec.explain(file=plan)
-before = reset_peak()
-rows = spec.to_zarr({str(tmp_path / "spec.zarr")!r})
-print(json.dumps({{"plan": plan.getvalue(), "rows": rows, "grown": peak() - before}}))
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.splitlines()[-1])
+    call = 'fft("v", dims=["lat", "lon"], true_phase=False, true_amplitude=False, shift=False)'
+    report = transform_in_child(tmp_path, "96MB", tmp_path / "planes.zarr", call)
     assert "strategy=staged: along [lat]" in report["plan"], report["plan"]
     assert report["rows"] == values.size
     assert report["grown"] < 96e6, f"peak memory grew by {report['grown'] / 2**20:.0f} MiB"

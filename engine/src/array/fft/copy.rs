@@ -293,23 +293,7 @@ impl CopyJob {
             std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
             let storage: ReadableWritableListableStorage =
                 Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
-            let dims = self.table.output_dims();
-            let schema = self.table.schema_ref();
-            let coordinates: Vec<GroupCoordinate> = dims
-                .iter()
-                .enumerate()
-                .map(|(d, dim)| GroupCoordinate {
-                    name: dim.name.clone(),
-                    values: dim.coordinate.clone(),
-                    attributes: field_attributes(schema.field(d)),
-                })
-                .collect();
-            let variable = GroupVariable {
-                name: self.table.source().variable().to_string(),
-                data_type: self.table.value_type(),
-                shape: self.table.output_shape(),
-                chunks: self.chunks.clone(),
-            };
+            let (coordinates, variable) = output_group(&self.table, self.chunks.clone());
             let arrays = write_group(&storage, &coordinates, &[variable], &self.options)?;
             self.write_blocks(&arrays, cancelled)
         })
@@ -373,6 +357,32 @@ impl CopyJob {
             .map_err(|e| fail(e.to_string()))?;
         Ok(bytes.len() as u64)
     }
+}
+
+/// The coordinates (with xrft's attributes) and the variable (in chunks
+/// of `chunks`) of a store holding `table`'s output.
+pub(crate) fn output_group(
+    table: &FftTable,
+    chunks: Vec<u64>,
+) -> (Vec<GroupCoordinate>, GroupVariable) {
+    let schema = table.schema_ref();
+    let coordinates = table
+        .output_dims()
+        .into_iter()
+        .enumerate()
+        .map(|(d, dim)| GroupCoordinate {
+            name: dim.name,
+            values: dim.coordinate,
+            attributes: field_attributes(schema.field(d)),
+        })
+        .collect();
+    let variable = GroupVariable {
+        name: table.source().variable().to_string(),
+        data_type: table.value_type(),
+        shape: table.output_shape(),
+        chunks,
+    };
+    (coordinates, variable)
 }
 
 /// A transformed block's values as Zarr stores them (complex numbers as

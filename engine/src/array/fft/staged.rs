@@ -27,7 +27,7 @@ use datafusion::common::Result;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use zarrs::array::{ArrayBytes, ArraySubset};
 
-use super::copy::block_bytes;
+use super::copy::{block_bytes, output_group};
 use super::exec::transformed_block;
 use super::four_step::ScratchArray;
 use super::kernels::Kernels;
@@ -35,9 +35,8 @@ use super::table::FftTable;
 use crate::array::rechunk::ScratchStore;
 use crate::array::tasks::run_tasks;
 use crate::table::{open_dataset_blocking, BlockGrid, GridTable, ZarrTableOptions};
-use crate::write::grid::field_attributes;
 use crate::write::options::{Codec, ZarrWriteOptions};
-use crate::write::store::{write_group, GroupCoordinate, GroupVariable};
+use crate::write::store::write_group;
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
 /// The first stage of a staged transform and its output in `work_dir`
@@ -101,24 +100,8 @@ impl StagedTransform {
         runtime: &Arc<RuntimeEnv>,
     ) -> Result<Self> {
         let scratch = ScratchStore::create(work_dir, "zarrfusion-fft-staged", ".zarr", runtime)?;
-        let dims = inner.output_dims();
-        let schema = inner.schema_ref();
-        let coordinates: Vec<GroupCoordinate> = dims
-            .iter()
-            .enumerate()
-            .map(|(d, dim)| GroupCoordinate {
-                name: dim.name.clone(),
-                values: dim.coordinate.clone(),
-                attributes: field_attributes(schema.field(d)),
-            })
-            .collect();
-        let name = inner.source().variable().to_string();
-        let variable = GroupVariable {
-            name: name.clone(),
-            data_type: inner.value_type(),
-            shape: inner.output_shape(),
-            chunks,
-        };
+        let (coordinates, variable) = output_group(&inner, chunks);
+        let name = variable.name.clone();
         // Uncompressed: written once and read once, right away.
         let options = ZarrWriteOptions {
             codec: Codec::None,
@@ -126,7 +109,7 @@ impl StagedTransform {
         };
         let mut arrays = write_group(scratch.storage(), &coordinates, &[variable], &options)?;
         let array = arrays.remove(0);
-        let names: Vec<String> = dims.iter().map(|d| d.name.clone()).collect();
+        let names: Vec<String> = coordinates.iter().map(|c| c.name.clone()).collect();
         let table_options = ZarrTableOptions {
             dims: Some(names.clone()),
             ..ZarrTableOptions::default()
