@@ -182,43 +182,35 @@ impl FftCopy {
         let chunks: Vec<u64> = (0..dims.len())
             .map(|d| given(d).unwrap_or(block_out[d]).max(1))
             .collect();
-        let out_cells = block_out.iter().product::<u64>() as usize;
-        // A block read and transformed, and its encoded chunks.
-        let task_memory =
-            block_memory(table, blocks.block_shape()) + out_cells * table.complex_bytes();
-        let kernel = kernel_memory(table) + staging_memory(device);
-        let mut workers =
-            (blocks.num_blocks() as usize).clamp(1, options.execution.target_partitions.max(1));
-        if let Some(limit) = memory_limit {
-            let fits = |w: usize| w * task_memory + kernel <= limit;
-            while workers > 1 && !fits(workers) {
-                workers -= 1;
-            }
-            if !fits(workers) {
-                return plan_err!(
-                    "FftCopyExec of '{}' variable '{}' needs {} for one task (a block of shape \
-                     {:?} read, transformed and encoded) plus {} for the kernel's threads, but \
-                     the memory limit (allowed_mem) is {}; raise it, or give smaller chunks \
-                     along the other dimensions",
-                    table.source().store(),
-                    table.source().variable(),
-                    human_readable_size(task_memory),
-                    blocks.block_shape(),
-                    human_readable_size(kernel),
-                    human_readable_size(limit)
-                );
-            }
+        let tasks = WriteTasks::plan(
+            table,
+            blocks,
+            staging_memory(device),
+            memory_limit,
+            options.execution.target_partitions,
+        );
+        if let (false, Some(limit)) = (tasks.fits(memory_limit), memory_limit) {
+            return plan_err!(
+                "FftCopyExec of '{}' variable '{}' needs {} for one task (a block of shape \
+                 {:?} read, transformed and encoded) plus {} for the kernel's threads, but \
+                 the memory limit (allowed_mem) is {}; raise it, or give smaller chunks \
+                 along the other dimensions",
+                table.source().store(),
+                table.source().variable(),
+                human_readable_size(tasks.task_memory),
+                tasks.blocks.block_shape(),
+                human_readable_size(tasks.kernel_memory),
+                human_readable_size(limit)
+            );
         }
         let metrics = ExecutionPlanMetricsSet::new();
         Ok(FftCopyExec {
             job: Arc::new(CopyJob {
                 table: Arc::clone(table),
-                blocks,
+                tasks,
                 chunks,
-                workers,
                 target: self.target.clone(),
                 options: self.options.clone(),
-                projected: workers * task_memory + kernel,
                 kernels: Kernels::on(device, TransformClock::in_metrics(&metrics)),
                 device,
             }),
@@ -271,13 +263,12 @@ impl UserDefinedLogicalNodeCore for FftCopy {
 #[derive(Debug)]
 struct CopyJob {
     table: Arc<FftTable>,
-    blocks: BlockGrid,
+    /// The blocks and the tasks writing them.
+    tasks: WriteTasks,
     /// The target variable's chunk shape.
     chunks: Vec<u64>,
-    workers: usize,
     target: PathBuf,
     options: ZarrWriteOptions,
-    projected: usize,
     kernels: Kernels,
     /// Where the transforms run.
     device: Device,
@@ -302,8 +293,8 @@ impl CopyJob {
     /// Every block, on `workers` threads.
     fn write_blocks(&self, arrays: &Arrays, cancelled: &AtomicBool) -> Result<Written> {
         let bytes = run_tasks(
-            self.blocks.num_blocks(),
-            self.workers,
+            self.tasks.blocks.num_blocks(),
+            self.tasks.workers,
             cancelled,
             ChunkBufferPool::new,
             |pool, id| self.write_block(id, arrays, pool),
@@ -324,7 +315,7 @@ impl CopyJob {
 
     /// Transforms block `id` and stores it; returns the bytes stored.
     fn write_block(&self, id: u64, arrays: &Arrays, pool: &ChunkBufferPool) -> Result<u64> {
-        let extent = self.blocks.block(id);
+        let extent = self.tasks.blocks.block(id);
         let fail = |message: String| {
             DataFusionError::Execution(format!(
                 "COPY of the transform of '{}' variable '{}', block {extent:?}: {message}",
@@ -356,6 +347,60 @@ impl CopyJob {
             )
             .map_err(|e| fail(e.to_string()))?;
         Ok(bytes.len() as u64)
+    }
+}
+
+/// The tasks writing the blocks of a transform to Zarr: each holds a block
+/// read, transformed and encoded, beside the kernel's threads.
+#[derive(Debug, Clone)]
+pub struct WriteTasks {
+    /// The blocks.
+    pub blocks: BlockGrid,
+    /// Tasks at once.
+    pub workers: usize,
+    /// Memory of one task.
+    pub task_memory: usize,
+    /// Memory of the kernel's threads and the GPU's staging.
+    pub kernel_memory: usize,
+}
+
+impl WriteTasks {
+    /// As many tasks over `blocks` of `table` (at most `partitions`) as
+    /// fit `limit` beside the kernel's threads and `staging` (the GPU's
+    /// page-locked buffers); one when not even one fits ([`Self::fits`]).
+    pub(crate) fn plan(
+        table: &FftTable,
+        blocks: BlockGrid,
+        staging: usize,
+        limit: Option<usize>,
+        partitions: usize,
+    ) -> Self {
+        let out_cells = table
+            .output_extent(&blocks.block(0))
+            .iter()
+            .map(|r| r.end - r.start)
+            .product::<u64>() as usize;
+        let mut tasks = Self {
+            task_memory: block_memory(table, blocks.block_shape())
+                + out_cells * table.complex_bytes(),
+            kernel_memory: kernel_memory(table) + staging,
+            workers: (blocks.num_blocks() as usize).clamp(1, partitions.max(1)),
+            blocks,
+        };
+        while tasks.workers > 1 && !tasks.fits(limit) {
+            tasks.workers -= 1;
+        }
+        tasks
+    }
+
+    /// The most memory the tasks hold together.
+    pub fn projected(&self) -> usize {
+        self.workers * self.task_memory + self.kernel_memory
+    }
+
+    /// Whether they fit `limit`.
+    pub fn fits(&self, limit: Option<usize>) -> bool {
+        limit.is_none_or(|l| self.projected() <= l)
     }
 }
 
@@ -415,12 +460,12 @@ impl DisplayAs for FftCopyExec {
             job.table.source().store(),
             job.table.source().variable(),
             job.target.display(),
-            job.blocks.num_blocks(),
-            job.blocks.block_shape(),
+            job.tasks.blocks.num_blocks(),
+            job.tasks.blocks.block_shape(),
             job.chunks,
-            job.workers,
+            job.tasks.workers,
             job.device,
-            human_readable_size(job.projected)
+            human_readable_size(job.tasks.projected())
         )
     }
 }
@@ -437,7 +482,7 @@ impl ExecutionPlan for FftCopyExec {
         WriteJob {
             operator: "FftCopyExec",
             store: self.job.table.source().store(),
-            projected: self.job.projected,
+            projected: self.job.tasks.projected(),
             metrics: &self.metrics,
             properties: &self.properties,
         }

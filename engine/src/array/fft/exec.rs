@@ -289,7 +289,13 @@ pub(crate) fn kernel_memory(table: &FftTable) -> usize {
         .map(|(_, a)| a.len)
         .max()
         .unwrap_or(0);
-    rayon::current_num_threads() * 3 * longest.max(1 << 14) * table.complex_bytes()
+    kernel_lines_memory(longest, table.complex_bytes())
+}
+
+/// [`kernel_memory`] of transforms whose longest line is `longest`
+/// complex values of `complex_bytes` each.
+pub(crate) fn kernel_lines_memory(longest: usize, complex_bytes: usize) -> usize {
+    rayon::current_num_threads() * 3 * longest.max(1 << 14) * complex_bytes
 }
 
 /// How `table` runs, as `EXPLAIN` shows it: by whole lines (of the store's

@@ -27,14 +27,14 @@ use datafusion::common::Result;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use zarrs::array::{ArrayBytes, ArraySubset};
 
-use super::copy::{block_bytes, output_group};
+use super::copy::{block_bytes, output_group, WriteTasks};
 use super::exec::transformed_block;
 use super::four_step::ScratchArray;
 use super::kernels::Kernels;
 use super::table::FftTable;
 use crate::array::rechunk::ScratchStore;
 use crate::array::tasks::run_tasks;
-use crate::table::{open_dataset_blocking, BlockGrid, GridTable, ZarrTableOptions};
+use crate::table::{open_dataset_blocking, GridTable, ZarrTableOptions};
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::store::write_group;
 use crate::zarr::{ChunkBufferPool, StoreLocation};
@@ -50,12 +50,8 @@ pub struct StagedTransform {
     pub grid: Arc<GridTable>,
     /// Index of the variable in `grid.variables`.
     pub variable: usize,
-    /// The first stage's blocks.
-    blocks: BlockGrid,
-    /// Tasks writing them at once.
-    workers: usize,
-    /// The most memory those tasks hold together.
-    projected: usize,
+    /// The tasks writing the first stage's blocks.
+    tasks: WriteTasks,
     array: ScratchArray,
     scratch: ScratchStore,
     written: OnceLock<std::result::Result<(), String>>,
@@ -77,24 +73,13 @@ impl Drop for StagedTransform {
     }
 }
 
-/// How the first stage runs: its blocks, its tasks and their memory.
-#[derive(Debug, Clone)]
-pub struct StageTasks {
-    /// The blocks.
-    pub blocks: BlockGrid,
-    /// Tasks at once.
-    pub workers: usize,
-    /// The most memory the tasks hold together.
-    pub projected: usize,
-}
-
 impl StagedTransform {
     /// Writes the metadata and coordinates of `inner`'s output, in chunks
     /// of `chunks` (dividing its blocks' output extents), into a fresh
     /// store in `work_dir`, and opens it. Blocking.
     pub fn prepare(
         inner: Arc<FftTable>,
-        tasks: StageTasks,
+        tasks: WriteTasks,
         chunks: Vec<u64>,
         work_dir: &StoreLocation,
         runtime: &Arc<RuntimeEnv>,
@@ -127,9 +112,7 @@ impl StagedTransform {
             inner,
             grid: Arc::new(grid),
             variable: index,
-            blocks: tasks.blocks,
-            workers: tasks.workers,
-            projected: tasks.projected,
+            tasks,
             array,
             scratch,
             written: OnceLock::new(),
@@ -152,10 +135,10 @@ impl StagedTransform {
     pub fn describe_tasks(&self) -> String {
         format!(
             "blocks of shape {:?}, {} blocks, {} tasks, {}",
-            self.blocks.block_shape(),
-            self.blocks.num_blocks(),
-            self.workers,
-            datafusion::common::human_readable_size(self.projected)
+            self.tasks.blocks.block_shape(),
+            self.tasks.blocks.num_blocks(),
+            self.tasks.workers,
+            datafusion::common::human_readable_size(self.tasks.projected())
         )
     }
 
@@ -165,8 +148,8 @@ impl StagedTransform {
         self.written
             .get_or_init(|| {
                 run_tasks(
-                    self.blocks.num_blocks(),
-                    self.workers,
+                    self.tasks.blocks.num_blocks(),
+                    self.tasks.workers,
                     &self.cancelled,
                     ChunkBufferPool::new,
                     |pool, id| self.write_block(id, kernels, pool),
@@ -186,7 +169,7 @@ impl StagedTransform {
         kernels: &Kernels,
         pool: &ChunkBufferPool,
     ) -> std::result::Result<u64, String> {
-        let extent = self.blocks.block(id);
+        let extent = self.tasks.blocks.block(id);
         let inner = &self.inner;
         let bytes = if inner.single_precision() {
             block_bytes(transformed_block::<f32>(inner, kernels, &extent, pool))

@@ -51,11 +51,12 @@ use datafusion::sql::sqlparser::ast::TableFactor;
 use futures::future::BoxFuture;
 use zarrfusion_udfs::complex::{complex_part, complex_type};
 
-use super::exec::{block_memory, kernel_memory, plan_blocks, FftExec};
+use super::copy::WriteTasks;
+use super::exec::{block_memory, kernel_lines_memory, kernel_memory, plan_blocks, FftExec};
 use super::four_step::{divisors, FourStep, FourStepInput, FourStepPlan, LineTrends};
 use super::options::FftOptions;
 use super::source::{ArraySource, RechunkedVariable, SourceDimension};
-use super::staged::{StageTasks, StagedTransform};
+use super::staged::StagedTransform;
 use super::transform::FftTransform;
 use crate::array::rechunk::{default_work_dir, RechunkOptions};
 use crate::config::ZarrConfig;
@@ -371,23 +372,26 @@ impl FftTable {
         self.asked.as_deref().unwrap_or(&self.transform)
     }
 
+    /// A planning error of this transform's operator, naming the store and
+    /// variable.
+    fn plan_error(&self, message: String) -> DataFusionError {
+        DataFusionError::Plan(format!(
+            "FftExec of '{}' variable '{}': {message}",
+            self.source.store(),
+            self.source.variable()
+        ))
+    }
+
     /// This transform staged (see [`super::staged`]): along its first
     /// dimension within half of `limit` (1 GiB without one), stored in
     /// `work_dir`, then along the others, reading that store, within the
     /// other half. Refused for a detrend (fitted over all the dimensions at
     /// once).
     async fn staged(&self, state: &dyn Session, limit: Option<usize>) -> Result<FftTable> {
-        let fail = |message: String| {
-            DataFusionError::Plan(format!(
-                "FftExec of '{}' variable '{}': {message}",
-                self.source.store(),
-                self.source.variable()
-            ))
-        };
         let axes = &self.transform.axes;
         let dims: Vec<String> = axes.iter().map(|(_, a)| a.dim.clone()).collect();
         if self.transform.options.detrend.is_some() {
-            return Err(fail(format!(
+            return Err(self.plan_error(format!(
                 "blocks of whole lines along [{}] do not fit the memory limit, so the transform \
                  runs one dimension at a time, and a detrend is fitted over all of them at once; \
                  detrend first, or raise allowed_mem",
@@ -431,37 +435,31 @@ impl FftTable {
             config,
             Some(stage_limit),
         );
-        let block_out: Vec<u64> = inner
-            .output_extent(&blocks.block(0))
-            .iter()
-            .map(|r| r.end - r.start)
-            .collect();
-        let task = block_memory(&inner, blocks.block_shape())
-            + block_out.iter().product::<u64>() as usize * inner.complex_bytes();
-        let kernel = kernel_memory(&inner) + staging;
-        let mut workers =
-            (blocks.num_blocks() as usize).clamp(1, config.execution.target_partitions.max(1));
-        while workers > 1 && workers * task + kernel > stage_limit {
-            workers -= 1;
-        }
-        if workers * task + kernel > stage_limit {
-            return Err(fail(format!(
+        let tasks = WriteTasks::plan(
+            &inner,
+            blocks,
+            staging,
+            Some(stage_limit),
+            config.execution.target_partitions,
+        );
+        if !tasks.fits(Some(stage_limit)) {
+            return Err(self.plan_error(format!(
                 "the first stage (along [{}]) needs {} for one task (a block of shape {:?}) \
                  plus {} for the kernel's threads, more than the {} it has (half of the memory \
                  limit, allowed_mem); raise the limit",
                 dims[0],
-                human_readable_size(task),
-                blocks.block_shape(),
-                human_readable_size(kernel),
+                human_readable_size(tasks.task_memory),
+                tasks.blocks.block_shape(),
+                human_readable_size(tasks.kernel_memory),
                 human_readable_size(stage_limit)
             )));
         }
+        let block_out: Vec<u64> = inner
+            .output_extent(&tasks.blocks.block(0))
+            .iter()
+            .map(|r| r.end - r.start)
+            .collect();
         let chunks = self.stage_chunks(&inner, &block_out, half.saturating_sub(staging));
-        let tasks = StageTasks {
-            blocks,
-            workers,
-            projected: workers * task + kernel,
-        };
         let runtime = Arc::clone(state.runtime_env());
         let work_dir = RechunkOptions::for_session(config, &runtime)?
             .work_dir
@@ -495,7 +493,7 @@ impl FftTable {
         let shape = inner.output_shape();
         let bytes = inner.complex_bytes();
         let longest = later.iter().map(|(_, a)| a.len).max().unwrap_or(0);
-        let kernel = rayon::current_num_threads() * 3 * longest.max(1 << 14) * bytes;
+        let kernel = kernel_lines_memory(longest, bytes);
         // A block read (at the peak of a read of an uncompressed complex
         // chunk: the stored bytes and 16 more per value), its
         // values before and after a pass, as `block_memory` counts, and
@@ -556,22 +554,15 @@ impl FftTable {
     /// the first read). Refused for more than one dimension or a source
     /// that is another transform.
     async fn four_stepped(&self, state: &dyn Session, limit: Option<usize>) -> Result<FftTable> {
-        let fail = |message: String| {
-            DataFusionError::Plan(format!(
-                "FftExec of '{}' variable '{}': {message}",
-                self.source.store(),
-                self.source.variable()
-            ))
-        };
         let [(axis, axis_transform)] = self.transform.axes.as_slice() else {
-            return Err(fail(format!(
+            return Err(self.plan_error(format!(
                 "the four-step path (for lines larger than memory) transforms one dimension \
                  at a time, not {}; transform them one after the other",
                 self.transform.axes.len()
             )));
         };
         if matches!(self.source, ArraySource::Transformed(_)) {
-            return Err(fail(
+            return Err(self.plan_error(
                 "the four-step path (for lines larger than memory) reads Zarr variables; write \
                  the transform it applies to to Zarr first (COPY ... or to_zarr)"
                     .into(),
@@ -598,7 +589,7 @@ impl FftTable {
             limit / 2 + sums,
             rayon::current_num_threads(),
         )
-        .map_err(fail)?;
+        .map_err(|e| self.plan_error(e))?;
         let runtime = Arc::clone(state.runtime_env());
         let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
         let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
