@@ -7,7 +7,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use common::entries;
 use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -463,31 +462,13 @@ async fn a_whole_table_copy_that_fails_midway_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_table_is_copied_to_an_object_store() {
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
-    // An object store registered for memory:// URLs, as an s3:// one would be.
-    let memory = Arc::new(object_store::memory::InMemory::new());
     let runtime = RuntimeEnvBuilder::new().build_arc().unwrap();
-    runtime.register_object_store(
-        &url::Url::parse("memory://out").unwrap(),
-        Arc::clone(&memory) as Arc<dyn ObjectStore>,
-    );
+    let memory = common::memory_store(&runtime, "out");
     let ctx = new_context_with(session_config(), runtime);
     ctx.register_zarr("era5", &demo(), HashMap::new())
         .await
         .unwrap();
-    let keys = |prefix: &'static str| {
-        let memory = Arc::clone(&memory);
-        async move {
-            let prefix = object_store::path::Path::from(prefix);
-            memory
-                .list(Some(&prefix))
-                .try_collect::<Vec<_>>()
-                .await
-                .unwrap()
-                .len()
-        }
-    };
+    let keys = |prefix: &'static str| common::objects(&memory, prefix);
     let sql = "COPY era5 TO 'memory://out/era5.zarr' STORED AS ZARR \
                OPTIONS ('chunks' 'time=96,lat=8,lon=8')";
     assert!(text(&ctx, sql).await.contains("202752"));

@@ -472,18 +472,65 @@ pub(crate) struct GroupVariable {
 /// 8 MiB of `f64`, so the usual coordinate is one read.
 const COORDINATE_CHUNK: u64 = 1 << 20;
 
-/// Writes a group into `storage`: each coordinate (values included, in
-/// chunks of [`COORDINATE_CHUNK`] positions, a computed one made chunk by
-/// chunk), each variable's metadata over all the coordinates' dimensions,
-/// and the group with its consolidated metadata, in the format and codec
-/// of `options`. Returns the variables' arrays, for their chunks to be
-/// stored.
+/// A group whose arrays' data are being written: its coordinates' values
+/// are stored, its variables' chunks are the caller's to store, and its
+/// metadata (arrays, group, consolidated) is stored by
+/// [`Self::store_metadata`]: first for a local store written beside its
+/// target, last for an object store (readers see no store until it is
+/// complete).
+pub(crate) struct GroupWrite {
+    /// The variables' arrays, for their chunks to be stored.
+    pub variables: Vec<ZarrsArray<dyn ReadableWritableListableStorageTraits>>,
+    coordinates: Vec<ZarrsArray<dyn ReadableWritableListableStorageTraits>>,
+    /// The group's documents: key and JSON.
+    group: Vec<(String, Value)>,
+    storage: ReadableWritableListableStorage,
+}
+
+impl GroupWrite {
+    /// Stores every array's metadata, then the group's.
+    pub fn store_metadata(&self) -> Result<()> {
+        let fail = |e: String| DataFusionError::Execution(format!("COPY TO Zarr: {e}"));
+        for array in self.coordinates.iter().chain(&self.variables) {
+            array
+                .store_metadata()
+                .map_err(|e| fail(format!("array '{}': {e}", array.path())))?;
+        }
+        for (key, value) in &self.group {
+            let key = StoreKey::new(key).map_err(|e| fail(e.to_string()))?;
+            let text = serde_json::to_vec_pretty(value).map_err(|e| fail(e.to_string()))?;
+            self.storage
+                .set(&key, text.into())
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes a group into `storage` (see [`prepare_group`]), its metadata
+/// first. Returns the variables' arrays, for their chunks to be stored.
 pub(crate) fn write_group(
     storage: &ReadableWritableListableStorage,
     coordinates: &[GroupCoordinate],
     variables: &[GroupVariable],
     options: &ZarrWriteOptions,
 ) -> Result<Vec<ZarrsArray<dyn ReadableWritableListableStorageTraits>>> {
+    let group = prepare_group(storage, coordinates, variables, options)?;
+    group.store_metadata()?;
+    Ok(group.variables)
+}
+
+/// Starts writing a group into `storage`: each coordinate's values (in
+/// chunks of [`COORDINATE_CHUNK`] positions, a computed one made chunk by
+/// chunk), each variable's array over all the coordinates' dimensions, and
+/// the group with its consolidated metadata, in the format and codec of
+/// `options`; no metadata is stored yet.
+pub(crate) fn prepare_group(
+    storage: &ReadableWritableListableStorage,
+    coordinates: &[GroupCoordinate],
+    variables: &[GroupVariable],
+    options: &ZarrWriteOptions,
+) -> Result<GroupWrite> {
     let v2 = options.zarr_format == ZarrVersion::V2;
     let fail = |e: String| DataFusionError::Execution(format!("COPY TO Zarr: {e}"));
     let mut consolidated = Map::new();
@@ -496,14 +543,10 @@ pub(crate) fn write_group(
             serde_json::from_value(metadata).map(ArrayMetadata::V3)
         }
         .map_err(|e| fail(format!("array '{name}': {e}")))?;
-        let array =
-            ZarrsArray::new_with_metadata(Arc::clone(storage), &format!("/{name}"), metadata)
-                .map_err(|e| fail(format!("array '{name}': {e}")))?;
-        array
-            .store_metadata()
-            .map_err(|e| fail(format!("array '{name}': {e}")))?;
-        Ok::<_, DataFusionError>(array)
+        ZarrsArray::new_with_metadata(Arc::clone(storage), &format!("/{name}"), metadata)
+            .map_err(|e| fail(format!("array '{name}': {e}")))
     };
+    let mut coordinate_arrays = Vec::with_capacity(coordinates.len());
     for coordinate_array in coordinates {
         // Held values as stored (times become CF numbers); computed ones
         // are numbers already.
@@ -546,6 +589,7 @@ pub(crate) fn write_group(
                 )
                 .map_err(|e| fail(format!("coordinate '{name}': {e}")))?;
         }
+        coordinate_arrays.push(array);
     }
     let mut arrays = Vec::new();
     for variable in variables {
@@ -559,26 +603,21 @@ pub(crate) fn write_group(
         )?;
         arrays.push(store_array(&variable.name, metadata, &mut consolidated)?);
     }
-    let set = |key: &str, value: &Value| {
-        let key = StoreKey::new(key).map_err(|e| fail(e.to_string()))?;
-        let text = serde_json::to_vec_pretty(value).map_err(|e| fail(e.to_string()))?;
-        storage
-            .set(&key, text.into())
-            .map_err(|e| fail(e.to_string()))
-    };
-    if v2 {
-        set(".zgroup", &json!({"zarr_format": 2}))?;
-        set(".zattrs", &json!({}))?;
+    let group = if v2 {
         consolidated.insert(".zgroup".into(), json!({"zarr_format": 2}));
         consolidated.insert(".zattrs".into(), json!({}));
-        set(
-            ".zmetadata",
-            &json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
-        )?;
+        vec![
+            (".zgroup".to_string(), json!({"zarr_format": 2})),
+            (".zattrs".to_string(), json!({})),
+            (
+                ".zmetadata".to_string(),
+                json!({"zarr_consolidated_format": 1, "metadata": consolidated}),
+            ),
+        ]
     } else {
-        set(
-            "zarr.json",
-            &json!({
+        vec![(
+            "zarr.json".to_string(),
+            json!({
                 "zarr_format": 3,
                 "node_type": "group",
                 "attributes": {},
@@ -588,7 +627,12 @@ pub(crate) fn write_group(
                     "metadata": consolidated,
                 },
             }),
-        )?;
-    }
-    Ok(arrays)
+        )]
+    };
+    Ok(GroupWrite {
+        variables: arrays,
+        coordinates: coordinate_arrays,
+        group,
+        storage: Arc::clone(storage),
+    })
 }

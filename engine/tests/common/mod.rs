@@ -186,3 +186,42 @@ pub async fn explain_text(ctx: &datafusion::prelude::SessionContext, sql: &str) 
         .unwrap()
         .to_string()
 }
+
+/// The error `sql` fails with, while planning or running, as text.
+pub async fn error_text(ctx: &datafusion::prelude::SessionContext, sql: &str) -> String {
+    let result = match ctx.sql(sql).await {
+        Ok(df) => df.collect().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    result
+        .err()
+        .unwrap_or_else(|| panic!("{sql} succeeded"))
+        .to_string()
+}
+
+/// An in-memory object store registered with `runtime` for
+/// `memory://{bucket}` URLs, as an s3:// one would be.
+pub fn memory_store(
+    runtime: &datafusion::execution::runtime_env::RuntimeEnv,
+    bucket: &str,
+) -> std::sync::Arc<object_store::memory::InMemory> {
+    let memory = std::sync::Arc::new(object_store::memory::InMemory::new());
+    runtime.register_object_store(
+        &url::Url::parse(&format!("memory://{bucket}")).unwrap(),
+        std::sync::Arc::clone(&memory) as std::sync::Arc<dyn object_store::ObjectStore>,
+    );
+    memory
+}
+
+/// How many objects `memory` holds under `prefix`.
+pub async fn objects(memory: &object_store::memory::InMemory, prefix: &str) -> usize {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let prefix = object_store::path::Path::from(prefix);
+    memory
+        .list(Some(&prefix))
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap()
+        .len()
+}

@@ -13,14 +13,14 @@
 //! complex64/complex128 (real for an inverse with a real dimension). Its
 //! chunks are the `chunks` option's lengths where given, else whole along
 //! the transformed dimensions and the blocks' lengths along the others;
-//! blocks align to them, so every chunk is written once, by one task. The
-//! store is written beside the target and renamed into place when
-//! complete.
+//! blocks align to them, so every chunk is written once, by one task. A
+//! local store is written beside the target and renamed into place when
+//! complete; an object-store target (which must be empty) gets its chunks
+//! first and its metadata last, and is erased when the copy fails.
 
 use std::cmp::Ordering as CmpOrdering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -30,6 +30,7 @@ use datafusion::common::{
 };
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
@@ -39,7 +40,9 @@ use datafusion::physical_plan::{
 };
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
-use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
+use zarrs::storage::{
+    ReadableWritableListableStorage, ReadableWritableListableStorageTraits, StorePrefix,
+};
 
 use super::exec::{block_memory, kernel_memory, plan_blocks, transformed_block};
 use super::kernels::{Kernels, TransformClock};
@@ -54,14 +57,15 @@ use crate::table::{BlockGrid, Selection};
 use crate::write::grid::field_attributes;
 use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
-    check_target, io_error, write_atomically, write_group, GroupCoordinate, GroupVariable,
+    check_target, io_error, prepare_group, write_atomically, write_group, GroupCoordinate,
+    GroupVariable,
 };
 use crate::write::write_job::{count_properties, WriteJob, Written};
-use crate::zarr::{ChunkBufferPool, StoreLocation};
+use crate::zarr::{open_writable_storage, ChunkBufferPool, StoreLocation};
 
 /// The [`FftCopy`] a COPY is, when its input is a whole transform result:
 /// a scan of an `fft(...)`/`ifft(...)` table under aliases and projections
-/// that keep every column as it is, to a local Zarr target.
+/// that keep every column as it is, to a Zarr target (local or object store).
 pub(crate) fn fft_copy(copy: &CopyTo) -> Result<Option<FftCopy>> {
     if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
         return Ok(None);
@@ -98,9 +102,7 @@ pub(crate) fn fft_copy(copy: &CopyTo) -> Result<Option<FftCopy>> {
     if scan.projection.as_ref().is_some_and(|p| *p != all_columns) {
         return Ok(None);
     }
-    let StoreLocation::Local(target) = StoreLocation::parse(&copy.output_url)? else {
-        return Ok(None);
-    };
+    let target = StoreLocation::parse(&copy.output_url)?;
     let options = ZarrWriteOptions::from_map(&copy.options)?;
     let names: Vec<String> = table.output_dims().into_iter().map(|d| d.name).collect();
     if options.dims.as_ref().is_some_and(|dims| *dims != names) {
@@ -119,7 +121,7 @@ pub(crate) fn fft_copy(copy: &CopyTo) -> Result<Option<FftCopy>> {
 #[derive(Debug, Clone)]
 pub struct FftCopy {
     table: Arc<FftTable>,
-    target: PathBuf,
+    target: StoreLocation,
     options: ZarrWriteOptions,
     schema: DFSchemaRef,
 }
@@ -129,7 +131,9 @@ impl FftCopy {
     /// tasks as the session's memory limit allows; refused when the target
     /// exists, the chunks are bad, or one task does not fit.
     pub async fn plan(&self, session: &dyn Session) -> Result<FftCopyExec> {
-        check_target(&self.target)?;
+        if let StoreLocation::Local(path) = &self.target {
+            check_target(path)?;
+        }
         let table = &self.table.fitted(session).await?;
         let dims = table.output_dims();
         let shape = table.output_shape();
@@ -210,6 +214,7 @@ impl FftCopy {
                 tasks,
                 chunks,
                 target: self.target.clone(),
+                runtime: Arc::clone(session.runtime_env()),
                 options: self.options.clone(),
                 kernels: Kernels::on(device, TransformClock::in_metrics(&metrics)),
                 device,
@@ -251,7 +256,7 @@ impl UserDefinedLogicalNodeCore for FftCopy {
             "FftCopy: store={}, variable={}, target={}, chunks={:?}, codec={:?}, zarr_format={:?}",
             self.table.source().store(),
             self.table.source().variable(),
-            self.target.display(),
+            self.target,
             self.options.chunks,
             self.options.codec,
             self.options.zarr_format
@@ -267,7 +272,9 @@ struct CopyJob {
     tasks: WriteTasks,
     /// The target variable's chunk shape.
     chunks: Vec<u64>,
-    target: PathBuf,
+    target: StoreLocation,
+    /// Where an object-store target's credentials are registered.
+    runtime: Arc<RuntimeEnv>,
     options: ZarrWriteOptions,
     kernels: Kernels,
     /// Where the transforms run.
@@ -277,17 +284,46 @@ struct CopyJob {
 type Arrays = [ZarrsArray<dyn ReadableWritableListableStorageTraits>];
 
 impl CopyJob {
-    /// Writes the store atomically: the group, the coordinates and the
-    /// variable's metadata, then every block.
+    /// Writes the store atomically: a local one beside the target (the
+    /// group, the coordinates and the variable's metadata, then every
+    /// block), renamed into place; an object-store one (which must be
+    /// empty) with its metadata last, erased when the copy fails.
     fn write(&self, cancelled: &AtomicBool) -> Result<Written> {
-        write_atomically(&self.target, cancelled, |dir| {
-            std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-            let storage: ReadableWritableListableStorage =
-                Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+        let path = match &self.target {
+            StoreLocation::Local(target) => {
+                return write_atomically(target, cancelled, |dir| {
+                    std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+                    let storage: ReadableWritableListableStorage =
+                        Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+                    let (coordinates, variable) = output_group(&self.table, self.chunks.clone());
+                    let arrays = write_group(&storage, &coordinates, &[variable], &self.options)?;
+                    self.write_blocks(&arrays, cancelled)
+                })
+            }
+            StoreLocation::Remote(_) => self.target.to_string(),
+        };
+        let storage = open_writable_storage(&path, &self.target, &self.runtime)
+            .map_err(|e| DataFusionError::Execution(e.to_string()))?;
+        let existing = storage.list_prefix(&StorePrefix::root()).map_err(|e| {
+            DataFusionError::Execution(format!("cannot write Zarr to '{path}': {e}"))
+        })?;
+        if !existing.is_empty() {
+            return exec_err!(
+                "cannot write Zarr to '{path}': it already exists (remove it first or choose \
+                 another path)"
+            );
+        }
+        let written = (|| {
             let (coordinates, variable) = output_group(&self.table, self.chunks.clone());
-            let arrays = write_group(&storage, &coordinates, &[variable], &self.options)?;
-            self.write_blocks(&arrays, cancelled)
-        })
+            let group = prepare_group(&storage, &coordinates, &[variable], &self.options)?;
+            let written = self.write_blocks(&group.variables, cancelled)?;
+            group.store_metadata()?;
+            Ok(written)
+        })();
+        if written.is_err() {
+            let _ = storage.erase_prefix(&StorePrefix::root());
+        }
+        written
     }
 
     /// Every block, on `workers` threads.
@@ -459,7 +495,7 @@ impl DisplayAs for FftCopyExec {
              workers={}, device={}, projected_memory={}",
             job.table.source().store(),
             job.table.source().variable(),
-            job.target.display(),
+            job.target,
             job.tasks.blocks.num_blocks(),
             job.tasks.blocks.block_shape(),
             job.chunks,

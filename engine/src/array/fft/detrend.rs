@@ -4,7 +4,9 @@
 //! positions, as `scipy.signal.detrend` and xrft's 2-D fit do).
 //!
 //! A block holds whole lines along the transformed axes, so every group of
-//! cells sharing the other axes' positions is detrended on its own.
+//! cells sharing the other axes' positions is detrended on its own; where
+//! a block does not hold whole groups, [`TrendSums`] gathers a group's fit
+//! piece by piece (see [`super::detrended`]).
 
 use rustfft::num_complex::Complex;
 use rustfft::num_traits::Float;
@@ -125,42 +127,51 @@ fn centred(i: usize, n: usize) -> f64 {
     i as f64 - (n as f64 - 1.0) / 2.0
 }
 
-/// The sums a detrend of one line fits, gathered piece by piece where a
-/// line does not fit in memory (the four-step path): Σ x and Σ x·c(p), `c`
-/// the centred position.
+/// The sums a detrend fits over one group of cells (the cells sharing
+/// their positions along the other dimensions), gathered piece by piece
+/// where a group does not fit in one block (the four-step path, staged
+/// transforms): Σ x, and Σ x·c(p) along each of the (at most two)
+/// transformed dimensions a linear trend takes, `c` the centred position.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LineSums {
+pub struct TrendSums {
     total: Complex<f64>,
-    moment: Complex<f64>,
+    moments: [Complex<f64>; 2],
 }
 
-impl LineSums {
-    /// Adds `value`, at `position` of a line of length `len`.
-    pub fn add(&mut self, value: Complex<f64>, position: usize, len: usize) {
+impl TrendSums {
+    /// Adds `value`, at `positions` along the transformed dimensions
+    /// (whose lengths are `lengths`).
+    pub fn add(&mut self, value: Complex<f64>, positions: &[usize], lengths: &[usize]) {
         self.total += value;
-        self.moment += value * centred(position, len);
-    }
-
-    /// Adds the sums of another piece of the same line.
-    pub fn merge(&mut self, other: &LineSums) {
-        self.total += other.total;
-        self.moment += other.moment;
-    }
-
-    /// The trend `detrend` removes at `position` of the line (of length
-    /// `len`), as [`detrend_block`] removes it from a whole line.
-    pub fn fit(&self, detrend: Detrend, position: usize, len: usize) -> Complex<f64> {
-        let n = len as f64;
-        let mean = self.total / n;
-        match detrend {
-            Detrend::Constant => mean,
-            Detrend::Linear if len > 1 => {
-                // Σ c(p)² over the line.
-                let squares = n * (n * n - 1.0) / 12.0;
-                mean + self.moment * (centred(position, len) / squares)
-            }
-            Detrend::Linear => mean,
+        for (moment, (&p, &n)) in self.moments.iter_mut().zip(positions.iter().zip(lengths)) {
+            *moment += value * centred(p, n);
         }
+    }
+
+    /// Adds the sums of another piece of the same group.
+    pub fn merge(&mut self, other: &TrendSums) {
+        self.total += other.total;
+        for (moment, other) in self.moments.iter_mut().zip(&other.moments) {
+            *moment += other;
+        }
+    }
+
+    /// The trend `detrend` removes at `positions` of the group (of
+    /// `lengths`), as [`detrend_block`] removes it from a whole group.
+    pub fn fit(&self, detrend: Detrend, positions: &[usize], lengths: &[usize]) -> Complex<f64> {
+        let cells: f64 = lengths.iter().map(|&n| n as f64).product();
+        let mut fit = self.total / cells;
+        if detrend == Detrend::Linear {
+            for (moment, (&p, &n)) in self.moments.iter().zip(positions.iter().zip(lengths)) {
+                if n > 1 {
+                    // Σ c(p)² over the group: per line, times its lines.
+                    let n = n as f64;
+                    let squares = n * (n * n - 1.0) / 12.0 * (cells / n);
+                    fit += moment * (centred(p, n as usize) / squares);
+                }
+            }
+        }
+        fit
     }
 }
 
@@ -200,34 +211,48 @@ mod tests {
     }
 
     #[test]
-    fn line_sums_gathered_in_pieces_remove_what_a_whole_line_detrend_removes() {
-        let len = 37;
-        let line: Vec<Complex<f64>> = (0..len)
-            .map(|i| Complex::new((i as f64 * 0.7).sin() + 0.3 * i as f64, (i as f64).cos()))
+    fn sums_gathered_in_pieces_remove_what_a_whole_group_detrend_removes() {
+        // shape (y 5, x 7) detrended over both, and along x alone (groups
+        // of y), the cells added in an order no block would read them.
+        let shape = [5usize, 7];
+        let values: Vec<Complex<f64>> = (0..35)
+            .map(|i| {
+                let (y, x) = ((i / 7) as f64, (i % 7) as f64);
+                Complex::new((i as f64 * 0.7).sin() + 0.3 * x - 0.2 * y, (i as f64).cos())
+            })
             .collect();
         for detrend in [Detrend::Constant, Detrend::Linear] {
-            let mut whole = BlockValues::Complex(line.clone());
-            detrend_block(&mut whole, &[len], &[0], detrend);
-            let BlockValues::Complex(want) = whole else {
-                unreachable!()
-            };
-            let mut sums = LineSums::default();
-            for piece in line
-                .chunks(10)
-                .enumerate()
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-            {
-                let mut part = LineSums::default();
-                for (k, v) in piece.1.iter().enumerate() {
-                    part.add(*v, piece.0 * 10 + k, len);
+            for axes in [vec![0usize, 1], vec![1]] {
+                let mut whole = BlockValues::Complex(values.clone());
+                detrend_block(&mut whole, &shape, &axes, detrend);
+                let BlockValues::Complex(want) = whole else {
+                    unreachable!()
+                };
+                let lengths: Vec<usize> = axes.iter().map(|&a| shape[a]).collect();
+                let group = |i: usize| if axes.len() == 2 { 0 } else { i / 7 };
+                let positions = |i: usize| -> Vec<usize> {
+                    axes.iter()
+                        .map(|&a| if a == 0 { i / 7 } else { i % 7 })
+                        .collect()
+                };
+                let mut sums = vec![TrendSums::default(); 5];
+                for piece in (0..35).collect::<Vec<_>>().chunks(6).rev() {
+                    let mut part = vec![TrendSums::default(); 5];
+                    for &i in piece {
+                        part[group(i)].add(values[i], &positions(i), &lengths);
+                    }
+                    for (s, p) in sums.iter_mut().zip(&part) {
+                        s.merge(p);
+                    }
                 }
-                sums.merge(&part);
-            }
-            for (p, (v, w)) in line.iter().zip(&want).enumerate() {
-                let got = v - sums.fit(detrend, p, len);
-                assert!((got - w).norm() < 1e-12, "{detrend:?} at {p}: {got} != {w}");
+                for i in 0..35 {
+                    let got = values[i] - sums[group(i)].fit(detrend, &positions(i), &lengths);
+                    assert!(
+                        (got - want[i]).norm() < 1e-12,
+                        "{detrend:?} {axes:?} at {i}: {got} != {}",
+                        want[i]
+                    );
+                }
             }
         }
     }

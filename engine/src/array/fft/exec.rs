@@ -299,8 +299,9 @@ pub(crate) fn kernel_lines_memory(longest: usize, complex_bytes: usize) -> usize
 }
 
 /// How `table` runs, as `EXPLAIN` shows it: by whole lines (of the store's
-/// chunks, or of a rechunked copy), by the four-step path, or staged, the
-/// first stage's own strategy first.
+/// chunks, or of a rechunked copy), by the four-step path, or staged or
+/// chained (through a store in `work_dir`), the first stage's or inner
+/// transform's own strategy first.
 fn strategy(table: &FftTable) -> String {
     let source = table.source();
     let before = match source {
@@ -312,13 +313,19 @@ fn strategy(table: &FftTable) -> String {
         ArraySource::Staged(stage) => {
             let inner = &stage.inner;
             let dims: Vec<&str> = inner
-                .transform()
+                .asked_transform()
                 .axes
                 .iter()
                 .map(|(_, a)| a.dim.as_str())
                 .collect();
+            let (kind, function) = if stage.chained {
+                let inverse = inner.transform().options.inverse;
+                ("chained", if inverse { "ifft " } else { "fft " })
+            } else {
+                ("staged", "")
+            };
             format!(
-                "staged: along [{}] by {} ({}) into {} in chunks of {:?}, then along [{}] by ",
+                "{kind}: {function}along [{}] by {} ({}) into {} in chunks of {:?}, then along [{}] by ",
                 dims.join(", "),
                 strategy(inner),
                 stage.describe_tasks(),

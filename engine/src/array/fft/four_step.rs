@@ -39,7 +39,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use datafusion::common::human_readable_size;
 use rayon::prelude::*;
@@ -49,9 +49,7 @@ use zarrs::array::{Array, ArrayBuilder, ArraySubset};
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
 use super::axis::AxisTransform;
-use super::detrend::LineSums;
 use super::kernels::{Kernels, TimedKernel};
-use super::options::Detrend;
 use super::source::{ArraySource, Precision};
 use crate::array::rechunk::ScratchStore;
 use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
@@ -242,9 +240,6 @@ pub struct FourStep {
     pub plan: FourStepPlan,
     /// Whether it computes in single precision.
     single: bool,
-    /// The trend removed from every line first (one more pass over the
-    /// source gathers each line's sums).
-    detrend: Option<Detrend>,
     scratch: ScratchStore,
     columns: ScratchArray,
     spectrum: ScratchArray,
@@ -343,36 +338,13 @@ fn runs(n: usize, position: impl Fn(usize) -> (usize, bool)) -> Vec<(usize, usiz
     out
 }
 
-/// Every line's detrend sums, per batch of lines (in block order).
-pub(crate) struct LineTrends {
-    detrend: Detrend,
-    len: usize,
-    sums: Vec<Vec<LineSums>>,
-}
-
-impl LineTrends {
-    /// The trend of line `line` of batch `batch` at position `p`.
-    fn fit<P: Precision>(&self, batch: u64, line: usize, p: usize) -> Complex<P> {
-        let fit = self.sums[batch as usize][line].fit(self.detrend, p, self.len);
-        let narrow = |x: f64| P::from_f64(x).unwrap_or_else(P::nan);
-        Complex::new(narrow(fit.re), narrow(fit.im))
-    }
-
-    /// Bytes the sums of `lines` lines hold.
-    pub(crate) fn bytes(lines: u64) -> usize {
-        lines as usize * std::mem::size_of::<LineSums>()
-    }
-}
-
 impl FourStep {
     /// Creates the intermediates (metadata only) of `plan` over a source of
-    /// shape `shape` in a fresh store in `work_dir`; `detrend` is removed
-    /// from every line before the transform.
+    /// shape `shape` in a fresh store in `work_dir`.
     pub fn create(
         plan: FourStepPlan,
         shape: &[u64],
         single: bool,
-        detrend: Option<Detrend>,
         work_dir: &StoreLocation,
         runtime: &datafusion::execution::runtime_env::RuntimeEnv,
     ) -> datafusion::common::Result<Self> {
@@ -412,7 +384,6 @@ impl FourStep {
         Ok(Self {
             plan,
             single,
-            detrend,
             scratch,
             columns,
             spectrum,
@@ -441,12 +412,9 @@ impl FourStep {
         let once = cells * source.element_size() as u64;
         let intermediates = plan.intermediate_bytes(lines, single);
         // A detrend reads the source once more, first.
-        let (detrend, detrend_reads) = match self.detrend {
-            Some(d) => (
-                format!("{d:?} detrend sums of every line, then ").to_lowercase(),
-                once,
-            ),
-            None => (String::new(), 0),
+        let (detrend, detrend_reads) = match source {
+            ArraySource::Detrended(detrended) => (format!("{}, then ", detrended.describe()), once),
+            _ => (String::new(), 0),
         };
         format!(
             "four-step in {} (length {} = {} × {}: {detrend}columns of {} in blocks of {} across chunks, \
@@ -482,11 +450,7 @@ impl FourStep {
     ) -> Result<(), String> {
         self.done
             .get_or_init(|| {
-                let trends = match self.detrend {
-                    Some(detrend) => Some(self.line_trends::<P>(source, detrend, kernels)?),
-                    None => None,
-                };
-                self.across_chunks::<P>(source, transform, trends.as_ref(), kernels)?;
+                self.across_chunks::<P>(source, transform, kernels)?;
                 self.within_chunks::<P>(transform, kernels)
             })
             .clone()
@@ -510,83 +474,12 @@ impl FourStep {
         (other_shape, step, count)
     }
 
-    /// The pass before the first when lines are detrended: every line's
-    /// sums, read a chunk along the axis at a time.
-    fn line_trends<P: Precision>(
-        &self,
-        source: &ArraySource,
-        detrend: Detrend,
-        kernels: &Kernels,
-    ) -> Result<LineTrends, String> {
-        let axis = self.plan.axis;
-        let shape = source.shape();
-        let (other_shape, step, batches) = self.batches(&shape);
-        let len = shape[axis];
-        let chunk = source.chunk_shape()[axis].clamp(1, len.max(1));
-        let pieces = len.div_ceil(chunk);
-        let sums: Vec<Mutex<Vec<LineSums>>> = (0..batches)
-            .map(|batch| {
-                let cells = grid_cell(&other_shape, &step, batch);
-                let lines: u64 = cells.iter().map(|r| r.end - r.start).product();
-                Mutex::new(vec![LineSums::default(); lines as usize])
-            })
-            .collect();
-        let wide = |x: P| x.to_f64().unwrap_or(f64::NAN);
-        run_tasks(
-            batches * pieces,
-            self.plan.workers[0],
-            &self.cancelled,
-            ChunkBufferPool::new,
-            |pool, task| {
-                let batch = task / pieces;
-                let lo = (task % pieces) * chunk;
-                let mut extent = grid_cell(&other_shape, &step, batch);
-                extent.insert(axis, lo..(lo + chunk).min(len));
-                let values = source.read::<P>(&extent, pool, kernels)?;
-                let layout = LineLayout::of(&extent, axis);
-                let lines = values.len() / layout.len.max(1);
-                let mut part = vec![LineSums::default(); lines];
-                for (line, sums) in part.iter_mut().enumerate() {
-                    for p in 0..layout.len {
-                        let at = layout.index(line, p);
-                        let v = match &values {
-                            BlockValues::Real(v) => Complex::new(wide(v[at]), 0.0),
-                            BlockValues::Complex(v) => Complex::new(wide(v[at].re), wide(v[at].im)),
-                        };
-                        sums.add(v, lo as usize + p, len as usize);
-                    }
-                }
-                let mut total = sums[batch as usize]
-                    .lock()
-                    .map_err(|_| "a detrend task failed".to_string())?;
-                for (t, p) in total.iter_mut().zip(&part) {
-                    t.merge(p);
-                }
-                Ok::<u64, String>(0)
-            },
-        )?;
-        self.check_cancelled()?;
-        let sums = sums
-            .into_iter()
-            .map(|m| {
-                m.into_inner()
-                    .map_err(|_| "a detrend task failed".to_string())
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(LineTrends {
-            detrend,
-            len: len as usize,
-            sums,
-        })
-    }
-
     /// The first pass: column blocks read at stride `N1`, transformed along
     /// the columns, twiddled, written to `columns`.
     fn across_chunks<P: Precision>(
         &self,
         source: &ArraySource,
         transform: &AxisTransform,
-        trends: Option<&LineTrends>,
         kernels: &Kernels,
     ) -> Result<(), String> {
         let plan = &self.plan;
@@ -643,9 +536,6 @@ impl FourStep {
                                     BlockValues::Real(v) => Complex::new(v[at], P::zero()),
                                     BlockValues::Complex(v) => v[at],
                                 };
-                                if let Some(trends) = trends {
-                                    v = v - trends.fit::<P>(batch, b, p);
-                                }
                                 if let Some(f) = f {
                                     v = complex_times(v, f);
                                 }

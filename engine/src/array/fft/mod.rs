@@ -6,6 +6,7 @@
 //! | [`axis`] | one transformed dimension: output coordinates and the kernel pass |
 //! | [`window`] | window functions as scipy computes them |
 //! | [`detrend`] | trends removed before a forward transform |
+//! | [`detrended`] | a source with its trend removed, fitted in a pass first (four-step and staged paths) |
 //! | [`transform`] | a whole transform of a block |
 //! | [`kernels`] | the query's kernels and the clock of its transform phase (`transform_time`) |
 //! | [`source`] | what a transform reads: a Zarr variable or another transform's output |
@@ -22,6 +23,7 @@
 pub mod axis;
 pub mod copy;
 pub mod detrend;
+pub mod detrended;
 pub mod exec;
 pub mod four_step;
 pub mod kernels;

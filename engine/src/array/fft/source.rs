@@ -25,6 +25,7 @@ use std::ops::Range;
 use zarrfusion_udfs::complex::complex_part;
 use zarrs::array::{ArrayError, ArraySubset};
 
+use super::detrended::DetrendedSource;
 use super::four_step::ScratchArray;
 use super::kernels::{cuda_kernel, Kernels};
 use super::staged::StagedTransform;
@@ -171,6 +172,10 @@ pub enum ArraySource {
     /// before the first block is read: the first stage of a transform
     /// along several dimensions whose blocks do not fit the budget.
     Staged(Arc<StagedTransform>),
+    /// Another source with a trend fitted over whole groups removed, for
+    /// paths whose blocks do not hold whole groups (see
+    /// [`super::detrended`]).
+    Detrended(Arc<DetrendedSource>),
 }
 
 /// A variable copied into new chunks in `work_dir` (see
@@ -332,6 +337,7 @@ impl ArraySource {
                 Origin::Array(&stage.grid, &stage.grid.variables[stage.variable])
             }
             Self::Transformed(inner) => Origin::Transform(inner),
+            Self::Detrended(detrended) => detrended.source.origin(),
         }
     }
 
@@ -340,6 +346,7 @@ impl ArraySource {
         match self {
             Self::Rechunked(copy) => &copy.store,
             Self::Staged(stage) => stage.inner.source().store(),
+            Self::Detrended(detrended) => detrended.source.store(),
             _ => match self.origin() {
                 Origin::Array(grid, _) => &grid.store,
                 Origin::Transform(inner) => inner.source().store(),
@@ -435,6 +442,7 @@ impl ArraySource {
         match self {
             Self::Rechunked(copy) => copy.ensure_copied()?,
             Self::Staged(stage) => stage.ensure_written(kernels)?,
+            Self::Detrended(detrended) => return detrended.read(extent, pool, kernels),
             _ => {}
         }
         match self.origin() {

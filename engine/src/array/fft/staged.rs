@@ -19,6 +19,12 @@
 //! plan holding it is dropped, and dropping it mid-write cancels the
 //! write. A detrend is not staged: it is fitted over all the transformed
 //! dimensions at once.
+//!
+//! A transform of another transform's output (`df.fft(...).ifft(...)`)
+//! reads the inner one block by block while a block whole along both fits;
+//! when it does not, the inner transform is stored the same way first (a
+//! *chain*), and the outer one reads the store by whole lines or the
+//! four-step path.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -50,6 +56,9 @@ pub struct StagedTransform {
     pub grid: Arc<GridTable>,
     /// Index of the variable in `grid.variables`.
     pub variable: usize,
+    /// Whether `inner` is a whole transform whose output another one
+    /// reads (a chain), rather than the first dimension of a staged one.
+    pub chained: bool,
     /// The tasks writing the first stage's blocks.
     tasks: WriteTasks,
     array: ScratchArray,
@@ -76,9 +85,11 @@ impl Drop for StagedTransform {
 impl StagedTransform {
     /// Writes the metadata and coordinates of `inner`'s output, in chunks
     /// of `chunks` (dividing its blocks' output extents), into a fresh
-    /// store in `work_dir`, and opens it. Blocking.
+    /// store in `work_dir`, and opens it; `chained` when `inner` is a
+    /// whole transform another one reads. Blocking.
     pub fn prepare(
         inner: Arc<FftTable>,
+        chained: bool,
         tasks: WriteTasks,
         chunks: Vec<u64>,
         work_dir: &StoreLocation,
@@ -112,6 +123,7 @@ impl StagedTransform {
             inner,
             grid: Arc::new(grid),
             variable: index,
+            chained,
             tasks,
             array,
             scratch,

@@ -51,9 +51,11 @@ use datafusion::sql::sqlparser::ast::TableFactor;
 use futures::future::BoxFuture;
 use zarrfusion_udfs::complex::{complex_part, complex_type};
 
+use super::axis::AxisTransform;
 use super::copy::WriteTasks;
+use super::detrended::DetrendedSource;
 use super::exec::{block_memory, kernel_lines_memory, kernel_memory, plan_blocks, FftExec};
-use super::four_step::{divisors, FourStep, FourStepInput, FourStepPlan, LineTrends};
+use super::four_step::{divisors, FourStep, FourStepInput, FourStepPlan};
 use super::options::FftOptions;
 use super::source::{ArraySource, RechunkedVariable, SourceDimension};
 use super::staged::StagedTransform;
@@ -329,7 +331,8 @@ impl FftTable {
 
     /// [`Self::fitted`] within `limit`: a transform along several
     /// dimensions whose lines do not fit is staged, one dimension at a
-    /// time, each stage fitted in turn.
+    /// time, each stage fitted in turn; a transform of another one's output
+    /// that does not fit block by block stores that output first.
     fn fit<'a>(
         &'a self,
         session: &'a dyn Session,
@@ -348,7 +351,11 @@ impl FftTable {
                     )
                 }
             };
+            let chained = matches!(self.source, ArraySource::Transformed(_));
             match limit {
+                _ if chained && (four_step || limit.is_some_and(|l| !self.block_fits(l))) => {
+                    self.chained(session, limit).await
+                }
                 _ if four_step && self.transform.axes.len() > 1 => {
                     self.staged(session, limit).await
                 }
@@ -385,25 +392,26 @@ impl FftTable {
     /// This transform staged (see [`super::staged`]): along its first
     /// dimension within half of `limit` (1 GiB without one), stored in
     /// `work_dir`, then along the others, reading that store, within the
-    /// other half. Refused for a detrend (fitted over all the dimensions at
-    /// once).
+    /// other half. A detrend (fitted over all the dimensions at once) is
+    /// removed from the source read by the first stage.
     async fn staged(&self, state: &dyn Session, limit: Option<usize>) -> Result<FftTable> {
         let axes = &self.transform.axes;
         let dims: Vec<String> = axes.iter().map(|(_, a)| a.dim.clone()).collect();
-        if self.transform.options.detrend.is_some() {
-            return Err(self.plan_error(format!(
-                "blocks of whole lines along [{}] do not fit the memory limit, so the transform \
-                 runs one dimension at a time, and a detrend is fitted over all of them at once; \
-                 detrend first, or raise allowed_mem",
-                dims.join(", ")
-            )));
-        }
         let half = limit.unwrap_or(1 << 30) / 2;
+        // A detrend is fitted over all the dimensions at once: by a pass
+        // over the source before the first stage, its sums held throughout.
+        let positions: Vec<usize> = axes.iter().map(|(a, _)| *a).collect();
+        let sums = self.transform.options.detrend.map_or(0, |_| {
+            DetrendedSource::sums_memory(&self.source.shape(), &positions)
+        });
+        let half_first = half.saturating_sub(sums);
+        let source = self.detrended_source(positions, half_first)?;
         let lags: Vec<f64> = axes.iter().map(|(_, a)| a.lag).collect();
         let options = &self.transform.options;
         let stage_options = |range: std::ops::Range<usize>| {
             let mut stage = options.clone();
             stage.dims = dims[range.clone()].to_vec();
+            stage.detrend = None;
             stage.real_dim = stage.real_dim.filter(|r| stage.dims.contains(r));
             // xrft never shifts a forward transform with a real dimension,
             // even along the stages without it.
@@ -417,8 +425,66 @@ impl FftTable {
             }
             stage
         };
-        let inner = FftTable::new(self.source.clone(), stage_options(0..1))?;
+        let inner = FftTable::new(source, stage_options(0..1))?;
+        self.through_work_dir(
+            state,
+            inner,
+            stage_options(1..dims.len()),
+            &self.transform.axes[1..],
+            [half_first, half],
+            false,
+        )
+        .await
+    }
+
+    /// This transform of another transform's output whose blocks of whole
+    /// lines do not fit `limit` (or that takes the four-step path): the
+    /// inner transform runs first within half of `limit` (1 GiB without
+    /// one) and its output is stored in `work_dir`; this one reads that
+    /// store within the other half, by whole lines or the four-step path.
+    async fn chained(&self, state: &dyn Session, limit: Option<usize>) -> Result<FftTable> {
+        let ArraySource::Transformed(inner) = &self.source else {
+            return Err(self.plan_error("only a transform's output is stored first".into()));
+        };
+        let mut options = self.transform.options.clone();
+        if options.inverse {
+            // The lags as resolved from the inner transform's coordinates.
+            options.lag = Some(self.transform.axes.iter().map(|(_, a)| a.lag).collect());
+        }
+        let half = limit.unwrap_or(1 << 30) / 2;
+        self.through_work_dir(
+            state,
+            (**inner).clone(),
+            options,
+            &self.transform.axes,
+            [half, half],
+            true,
+        )
+        .await
+    }
+
+    /// `inner` fitted to `memory[0]` bytes, its output stored in
+    /// `work_dir` in chunks that let a block whole along `later` (this
+    /// transform's axes still to run) fit `memory[1]`, then transformed as
+    /// `options` say from there within `memory[1]`: a staged transform's
+    /// first stage, or the inner transform of a chain (`chained`).
+    async fn through_work_dir(
+        &self,
+        state: &dyn Session,
+        inner: FftTable,
+        options: FftOptions,
+        later: &[(usize, AxisTransform)],
+        memory: [usize; 2],
+        chained: bool,
+    ) -> Result<FftTable> {
+        let [half, rest] = memory;
         let inner = Arc::new(inner.fit(state, Some(half)).await?);
+        let inner_dims: Vec<&str> = inner
+            .transform
+            .axes
+            .iter()
+            .map(|(_, a)| a.dim.as_str())
+            .collect();
         let config = state.config_options();
         let staging = choose_device(&ZarrConfig::of(config).device).map_or(0, staging_memory);
         // The first stage's tasks read the four-step output with half of
@@ -443,11 +509,16 @@ impl FftTable {
             config.execution.target_partitions,
         );
         if !tasks.fits(Some(stage_limit)) {
+            let stage = if chained {
+                "the inner transform"
+            } else {
+                "the first stage"
+            };
             return Err(self.plan_error(format!(
-                "the first stage (along [{}]) needs {} for one task (a block of shape {:?}) \
+                "{stage} (along [{}]) needs {} for one task (a block of shape {:?}) \
                  plus {} for the kernel's threads, more than the {} it has (half of the memory \
                  limit, allowed_mem); raise the limit",
-                dims[0],
+                inner_dims.join(", "),
                 human_readable_size(tasks.task_memory),
                 tasks.blocks.block_shape(),
                 human_readable_size(tasks.kernel_memory),
@@ -459,21 +530,18 @@ impl FftTable {
             .iter()
             .map(|r| r.end - r.start)
             .collect();
-        let chunks = self.stage_chunks(&inner, &block_out, half.saturating_sub(staging));
+        let chunks = Self::stage_chunks(&inner, later, &block_out, rest.saturating_sub(staging));
         let runtime = Arc::clone(state.runtime_env());
         let work_dir = RechunkOptions::for_session(config, &runtime)?
             .work_dir
             .unwrap_or_else(default_work_dir);
         let stage = tokio::task::spawn_blocking(move || {
-            StagedTransform::prepare(inner, tasks, chunks, &work_dir, &runtime)
+            StagedTransform::prepare(inner, chained, tasks, chunks, &work_dir, &runtime)
         })
         .await
         .map_err(|e| DataFusionError::Execution(format!("the FFT planner stopped: {e}")))??;
-        let outer = FftTable::new(
-            ArraySource::Staged(Arc::new(stage)),
-            stage_options(1..dims.len()),
-        )?;
-        let outer = outer.fit(state, Some(half)).await?;
+        let outer = FftTable::new(ArraySource::Staged(Arc::new(stage)), options)?;
+        let outer = outer.fit(state, Some(rest)).await?;
         // The output is this transform's: its coordinates and attributes.
         Ok(FftTable {
             dims: self.dims.clone(),
@@ -483,13 +551,17 @@ impl FftTable {
         })
     }
 
-    /// The chunks of a staged transform's first stage output (blocks of
-    /// `block_out` values): its blocks subdivided along the dimensions the
-    /// rest of the transform does not touch until a block whole along the
-    /// ones it does (read, transformed, and its kernel's threads) fits
+    /// The chunks of the stored output of `inner` (blocks of `block_out`
+    /// values): its blocks subdivided along the dimensions `later` (the
+    /// transforms still to run) do not touch until a block whole along the
+    /// ones they do (read, transformed, and its kernel's threads) fits
     /// `limit`. The next stage then reads whole chunks.
-    fn stage_chunks(&self, inner: &FftTable, block_out: &[u64], limit: usize) -> Vec<u64> {
-        let later = &self.transform.axes[1..];
+    fn stage_chunks(
+        inner: &FftTable,
+        later: &[(usize, AxisTransform)],
+        block_out: &[u64],
+        limit: usize,
+    ) -> Vec<u64> {
         let shape = inner.output_shape();
         let bytes = inner.complex_bytes();
         let longest = later.iter().map(|(_, a)| a.len).max().unwrap_or(0);
@@ -551,8 +623,8 @@ impl FftTable {
 
     /// This transform by the four-step path, its intermediates planned for
     /// `limit` (1 GiB without one) and created in `work_dir` (computed on
-    /// the first read). Refused for more than one dimension or a source
-    /// that is another transform.
+    /// the first read). Refused for more than one dimension (those are
+    /// staged first).
     async fn four_stepped(&self, state: &dyn Session, limit: Option<usize>) -> Result<FftTable> {
         let [(axis, axis_transform)] = self.transform.axes.as_slice() else {
             return Err(self.plan_error(format!(
@@ -561,13 +633,6 @@ impl FftTable {
                 self.transform.axes.len()
             )));
         };
-        if matches!(self.source, ArraySource::Transformed(_)) {
-            return Err(self.plan_error(
-                "the four-step path (for lines larger than memory) reads Zarr variables; write \
-                 the transform it applies to to Zarr first (COPY ... or to_zarr)"
-                    .into(),
-            ));
-        }
         let limit = limit.unwrap_or(1 << 30);
         let input = FourStepInput {
             shape: self.source.shape(),
@@ -578,9 +643,9 @@ impl FftTable {
         // Half the limit for the passes, half for the operator reading
         // their output (which holds its memory while they run); a detrend
         // holds every line's sums through the first pass.
-        let detrend = self.transform.options.detrend;
-        let lines = input.shape.iter().product::<u64>() / input.shape[*axis].max(1);
-        let sums = detrend.map_or(0, |_| LineTrends::bytes(lines));
+        let sums = self.transform.options.detrend.map_or(0, |_| {
+            DetrendedSource::sums_memory(&input.shape, std::slice::from_ref(axis))
+        });
         let plan = FourStepPlan::new(
             *axis,
             axis_transform,
@@ -590,19 +655,49 @@ impl FftTable {
             rayon::current_num_threads(),
         )
         .map_err(|e| self.plan_error(e))?;
+        let source =
+            self.detrended_source(vec![*axis], (limit - limit / 2).saturating_sub(sums))?;
         let runtime = Arc::clone(state.runtime_env());
         let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
         let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
         let (shape, single) = (input.shape, input.single);
         let four_step = tokio::task::spawn_blocking(move || {
-            FourStep::create(plan, &shape, single, detrend, &work_dir, &runtime)
+            FourStep::create(plan, &shape, single, &work_dir, &runtime)
         })
         .await
         .map_err(|e| DataFusionError::Execution(format!("the FFT planner stopped: {e}")))??;
         Ok(Self {
+            source,
             four_step: Some(Arc::new(four_step)),
             ..self.clone()
         })
+    }
+
+    /// The source with this transform's detrend (if any) removed over
+    /// `axes` by a pass gathering the fit first (see
+    /// [`super::detrended`]), its tasks within `room` bytes: for paths
+    /// whose blocks do not hold whole groups along `axes`.
+    fn detrended_source(&self, axes: Vec<usize>, room: usize) -> Result<ArraySource> {
+        let Some(detrend) = self.transform.options.detrend else {
+            return Ok(self.source.clone());
+        };
+        let task = DetrendedSource::task_memory(&self.source);
+        if task > room {
+            return Err(self.plan_error(format!(
+                "the {} detrend is fitted in a pass over the source first, a chunk at a time, \
+                 and a chunk needs {}, more than the {} the memory limit (allowed_mem) leaves it",
+                format!("{detrend:?}").to_lowercase(),
+                human_readable_size(task),
+                human_readable_size(room)
+            )));
+        }
+        let workers = (room / task.max(1)).clamp(1, rayon::current_num_threads().max(1));
+        Ok(ArraySource::Detrended(Arc::new(DetrendedSource::new(
+            self.source.clone(),
+            axes,
+            detrend,
+            workers,
+        ))))
     }
 
     /// This transform reading a copy of its Zarr variable in chunks small
@@ -811,9 +906,10 @@ impl TableProvider for FftTable {
                     .transpose()?
             }
             // A rechunked source is made while scanning, after this.
-            ArraySource::Transformed(_) | ArraySource::Rechunked(_) | ArraySource::Staged(_) => {
-                None
-            }
+            ArraySource::Transformed(_)
+            | ArraySource::Rechunked(_)
+            | ArraySource::Staged(_)
+            | ArraySource::Detrended(_) => None,
         };
         let projection = projection
             .cloned()

@@ -1,0 +1,249 @@
+//! A source with its trend removed, for transforms whose blocks do not
+//! hold whole groups of the transformed dimensions: the four-step path
+//! (pieces of one line) and staged transforms (one dimension at a time,
+//! while xrft fits a detrend over all of them at once).
+//!
+//! Before the first block is read, one pass over the source (a chunk at a
+//! time, on as many workers as the memory limit allows) gathers each
+//! group's [`TrendSums`]; every block read afterwards has the fitted trend
+//! at its cells' positions subtracted, so the transform sees what
+//! [`super::detrend::detrend_block`] would have given over whole groups.
+//! The sums (48 bytes a group) are held for the whole query and counted in
+//! its plan.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use rustfft::num_complex::Complex;
+
+use super::detrend::TrendSums;
+use super::kernels::Kernels;
+use super::options::Detrend;
+use super::source::{ArraySource, Precision};
+use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
+use crate::device::fft_cpu::BlockValues;
+use crate::zarr::ChunkBufferPool;
+
+/// A source detrended over `axes` (see the module docs).
+pub struct DetrendedSource {
+    /// The source.
+    pub source: ArraySource,
+    /// The dimensions the trend is fitted over.
+    axes: Vec<usize>,
+    detrend: Detrend,
+    /// Workers of the pass gathering the sums.
+    workers: usize,
+    sums: OnceLock<Result<Vec<TrendSums>, String>>,
+    cancelled: AtomicBool,
+}
+
+impl std::fmt::Debug for DetrendedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DetrendedSource")
+            .field("store", &self.source.store())
+            .field("axes", &self.axes)
+            .field("detrend", &self.detrend)
+            .finish()
+    }
+}
+
+impl Drop for DetrendedSource {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The cells of `extent` (C order) with their group (the C-order index of
+/// their positions along the dimensions not in `axes`, within `shape`),
+/// that group's index among the extent's groups, and their positions
+/// along `axes`.
+fn for_each_cell(
+    extent: &[Range<u64>],
+    shape: &[u64],
+    axes: &[usize],
+    mut f: impl FnMut(usize, [usize; 2], &[usize]),
+) {
+    let mut index: Vec<u64> = extent.iter().map(|r| r.start).collect();
+    let mut along = vec![0usize; axes.len()];
+    let cells: u64 = extent.iter().map(|r| r.end - r.start).product();
+    for cell in 0..cells as usize {
+        let (mut group, mut local) = (0usize, 0usize);
+        for (d, &i) in index.iter().enumerate() {
+            match axes.iter().position(|&a| a == d) {
+                Some(k) => along[k] = i as usize,
+                None => {
+                    group = group * shape[d] as usize + i as usize;
+                    let r = &extent[d];
+                    local = local * (r.end - r.start) as usize + (i - r.start) as usize;
+                }
+            }
+        }
+        f(cell, [group, local], &along);
+        for d in (0..index.len()).rev() {
+            index[d] += 1;
+            if index[d] < extent[d].end {
+                break;
+            }
+            index[d] = extent[d].start;
+        }
+    }
+}
+
+impl DetrendedSource {
+    /// `source` with `detrend` removed over `axes`, its sums gathered by
+    /// `workers` tasks reading a chunk each.
+    pub fn new(source: ArraySource, axes: Vec<usize>, detrend: Detrend, workers: usize) -> Self {
+        Self {
+            source,
+            axes,
+            detrend,
+            workers: workers.max(1),
+            sums: OnceLock::new(),
+            cancelled: AtomicBool::new(false),
+        }
+    }
+
+    /// Bytes one task of the pass gathering the sums holds: a chunk of a
+    /// source read.
+    pub fn task_memory(source: &ArraySource) -> usize {
+        let shape = source.shape();
+        let cells: u64 = source
+            .chunk_shape()
+            .iter()
+            .zip(&shape)
+            .map(|(&c, &s)| c.min(s).max(1))
+            .product();
+        cells as usize * (source.peak_bytes_per_cell() + 2 * std::mem::size_of::<TrendSums>())
+    }
+
+    /// Bytes the sums of a source of `shape` detrended over `axes` hold.
+    pub fn sums_memory(shape: &[u64], axes: &[usize]) -> usize {
+        let groups: u64 = (0..shape.len())
+            .filter(|d| !axes.contains(d))
+            .map(|d| shape[d])
+            .product();
+        groups as usize * std::mem::size_of::<TrendSums>()
+    }
+
+    /// The trend, for `EXPLAIN`.
+    pub fn describe(&self) -> String {
+        let dims = self.source.dims();
+        let names: Vec<&str> = self.axes.iter().map(|&a| dims[a].name.as_str()).collect();
+        format!(
+            "{} detrend over [{}] fitted in a pass over the source first ({} workers, {} of sums)",
+            self.kind(),
+            names.join(", "),
+            self.workers,
+            datafusion::common::human_readable_size(Self::sums_memory(
+                &self.source.shape(),
+                &self.axes
+            )),
+        )
+    }
+
+    /// `constant` or `linear`.
+    fn kind(&self) -> String {
+        format!("{:?}", self.detrend).to_lowercase()
+    }
+
+    /// The lengths of the source along `axes`.
+    fn lengths(&self) -> Vec<usize> {
+        let shape = self.source.shape();
+        self.axes.iter().map(|&a| shape[a] as usize).collect()
+    }
+
+    /// Every group's sums, gathered once; every caller waits for them.
+    fn sums<P: Precision>(&self, kernels: &Kernels) -> Result<&[TrendSums], String> {
+        let sums = self.sums.get_or_init(|| {
+            let shape = self.source.shape();
+            let chunk = self.source.chunk_shape();
+            let lengths = self.lengths();
+            let groups = Self::sums_memory(&shape, &self.axes) / std::mem::size_of::<TrendSums>();
+            let total = Mutex::new(vec![TrendSums::default(); groups]);
+            let wide = |x: P| x.to_f64().unwrap_or(f64::NAN);
+            run_tasks(
+                grid_cells(&shape, &chunk),
+                self.workers,
+                &self.cancelled,
+                ChunkBufferPool::new,
+                |pool, task| {
+                    let extent = grid_cell(&shape, &chunk, task);
+                    let values = self.source.read::<P>(&extent, pool, kernels)?;
+                    // The block's groups, and their index in the source.
+                    let local_groups: u64 = (0..shape.len())
+                        .filter(|d| !self.axes.contains(d))
+                        .map(|d| extent[d].end - extent[d].start)
+                        .product();
+                    let mut part = vec![(0, TrendSums::default()); local_groups as usize];
+                    for_each_cell(
+                        &extent,
+                        &shape,
+                        &self.axes,
+                        |cell, [group, local], along| {
+                            let v = match &values {
+                                BlockValues::Real(v) => Complex::new(wide(v[cell]), 0.0),
+                                BlockValues::Complex(v) => {
+                                    Complex::new(wide(v[cell].re), wide(v[cell].im))
+                                }
+                            };
+                            part[local].0 = group;
+                            part[local].1.add(v, along, &lengths);
+                        },
+                    );
+                    let mut total = total
+                        .lock()
+                        .map_err(|_| "a detrend task failed".to_string())?;
+                    for (group, sums) in &part {
+                        total[*group].merge(sums);
+                    }
+                    Ok::<u64, String>(0)
+                },
+            )?;
+            if self.cancelled.load(Ordering::Relaxed) {
+                return Err("cancelled".to_string());
+            }
+            total
+                .into_inner()
+                .map_err(|_| "a detrend task failed".to_string())
+        });
+        sums.as_deref().map_err(|e| {
+            format!(
+                "fitting the {} detrend of '{}' variable '{}': {e}",
+                self.kind(),
+                self.source.store(),
+                self.source.variable()
+            )
+        })
+    }
+
+    /// The values of block `extent` in precision `P`, the trend removed.
+    pub fn read<P: Precision>(
+        &self,
+        extent: &[Range<u64>],
+        pool: &ChunkBufferPool,
+        kernels: &Kernels,
+    ) -> Result<BlockValues<P>, String> {
+        let sums = self.sums::<P>(kernels)?;
+        let shape = self.source.shape();
+        let lengths = self.lengths();
+        let narrow = |x: f64| P::from_f64(x).unwrap_or_else(P::nan);
+        let mut values = self.source.read::<P>(extent, pool, kernels)?;
+        match &mut values {
+            BlockValues::Real(v) => {
+                for_each_cell(extent, &shape, &self.axes, |cell, [group, _], along| {
+                    let fit = sums[group].fit(self.detrend, along, &lengths);
+                    v[cell] = v[cell] - narrow(fit.re);
+                })
+            }
+            BlockValues::Complex(v) => {
+                for_each_cell(extent, &shape, &self.axes, |cell, [group, _], along| {
+                    let fit = sums[group].fit(self.detrend, along, &lengths);
+                    v[cell] =
+                        Complex::new(v[cell].re - narrow(fit.re), v[cell].im - narrow(fit.im));
+                })
+            }
+        }
+        Ok(values)
+    }
+}
