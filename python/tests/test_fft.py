@@ -229,14 +229,14 @@ def test_a_chain_larger_than_the_budget_stores_the_inner_transform_first(tmp_pat
     the result is the input, and work_dir is emptied."""
     import zarr
 
-    n, chunk = 1 << 24, 1 << 18
+    n, chunk = 1 << 24, 1 << 16
     rng = np.random.default_rng(24)
     signal = zarr.create_array(
         tmp_path / "long.zarr", name="s", shape=(n,), chunks=(chunk,), dtype="complex64",
         dimension_names=["t"], fill_value=0,
     )
-    for start in range(0, n, 16 * chunk):
-        size = 16 * chunk
+    for start in range(0, n, 64 * chunk):
+        size = 64 * chunk
         part = rng.integers(-8, 8, size).astype(np.float32) + 1j * rng.integers(-8, 8, size).astype(np.float32)
         signal[start : start + size] = part.astype(np.complex64)
     plain = "true_phase=False, true_amplitude=False"
@@ -249,8 +249,8 @@ def test_a_chain_larger_than_the_budget_stores_the_inner_transform_first(tmp_pat
     back = zarr.open_group(tmp_path / "spec.zarr", mode="r")
     np.testing.assert_allclose(back["t"][: 1 << 10], np.arange(1 << 10), atol=1e-9)
     got, want = back["s"], signal
-    for start in range(0, n, 16 * chunk):
-        np.testing.assert_allclose(got[start : start + 16 * chunk], want[start : start + 16 * chunk], rtol=0, atol=1e-4)
+    for start in range(0, n, 64 * chunk):
+        np.testing.assert_allclose(got[start : start + 64 * chunk], want[start : start + 64 * chunk], rtol=0, atol=1e-4)
     assert not list((tmp_path / "work").rglob("*.zarr"))
 
 

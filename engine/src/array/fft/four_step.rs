@@ -186,9 +186,12 @@ impl FourStepPlan {
                 let n2 = len / n1;
                 let c1 = largest_divisor(n1, |c| first(n2, c) <= room).unwrap_or(1);
                 let r = largest_divisor(n2, |r| second(n1, r) <= room).unwrap_or(1);
-                // Output chunks near 8 MiB of spectrum rows.
-                let q =
-                    largest_divisor(n1, |q| q * n2 * lines as usize * cb <= 8 << 20).unwrap_or(1);
+                // Output chunks near 8 MiB of spectrum rows, and small
+                // enough that the operator reading them (which holds a
+                // block about three times over) fits what is reserved.
+                let chunk_bytes = (8usize << 20).min(reserved / 4);
+                let q = largest_divisor(n1, |q| q * n2 * lines as usize * cb <= chunk_bytes)
+                    .unwrap_or(1);
                 let task_memory = [first(n2, c1), second(n1, r)];
                 let workers = task_memory.map(|m| (room / m.max(1)).clamp(1, threads.max(1)));
                 return Ok(Self {
@@ -395,6 +398,14 @@ impl FourStep {
     /// Where the intermediates are.
     pub fn location(&self) -> &StoreLocation {
         self.scratch.location()
+    }
+
+    /// Erases the intermediates, once everything that reads the output has
+    /// read it (the first stage of a staged transform or the inner
+    /// transform of a chain, once stored).
+    pub fn release(&self) {
+        self.scratch.erase("columns");
+        self.scratch.erase("spectrum");
     }
 
     /// The path as `EXPLAIN` shows it: the split, the blocks, their

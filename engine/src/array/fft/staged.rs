@@ -17,8 +17,9 @@
 //!
 //! The store is written once, on the first read; it goes when the last
 //! plan holding it is dropped, and dropping it mid-write cancels the
-//! write. A detrend is not staged: it is fitted over all the transformed
-//! dimensions at once.
+//! write. A detrend, fitted over all the transformed dimensions at once,
+//! is removed from what the first stage reads (see [`super::detrended`]);
+//! the first stage's own four-step intermediates go once it is stored.
 //!
 //! A transform of another transform's output (`df.fft(...).ifft(...)`)
 //! reads the inner one block by block while a block whole along both fits;
@@ -168,6 +169,10 @@ impl StagedTransform {
                 )?;
                 if self.cancelled.load(Ordering::Relaxed) {
                     return Err("cancelled".to_string());
+                }
+                // Nothing reads the stage's four-step intermediates again.
+                if let Some(four_step) = self.inner.four_step() {
+                    four_step.release();
                 }
                 Ok(())
             })

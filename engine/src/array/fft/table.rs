@@ -582,6 +582,13 @@ impl FftTable {
             );
             cells * (bytes + 16) + 2 * cells.max(out) * bytes + out * bytes + kernel
         };
+        let smaller = |chunk: &mut Vec<u64>, d: usize| {
+            chunk[d] = divisors(block_out[d] as usize)
+                .into_iter()
+                .rev()
+                .find(|&c| (c as u64) < chunk[d])
+                .unwrap_or(1) as u64;
+        };
         let mut chunk = block_out.to_vec();
         while memory(&chunk) > limit {
             let Some(d) = (0..chunk.len())
@@ -590,11 +597,23 @@ impl FftTable {
             else {
                 break;
             };
-            chunk[d] = divisors(block_out[d] as usize)
-                .into_iter()
-                .rev()
-                .find(|&c| (c as u64) < chunk[d])
-                .unwrap_or(1) as u64;
+            smaller(&mut chunk, d);
+        }
+        if memory(&chunk) > limit {
+            // Not even one line fits: the rest goes by the four-step path,
+            // whose passes read runs of chunks and hold one chunk read per
+            // task, so chunks along the remaining dimensions are made
+            // small too (an eighth of the limit at the peak of a read).
+            let read = |chunk: &[u64]| chunk.iter().product::<u64>() as usize * (2 * bytes + 16);
+            while read(&chunk) > limit / 8 {
+                let Some(d) = (0..chunk.len())
+                    .filter(|d| chunk[*d] > 1)
+                    .max_by_key(|d| chunk[*d])
+                else {
+                    break;
+                };
+                smaller(&mut chunk, d);
+            }
         }
         chunk
     }
