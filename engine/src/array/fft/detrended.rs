@@ -66,11 +66,15 @@ fn for_each_cell(
 ) {
     let mut index: Vec<u64> = extent.iter().map(|r| r.start).collect();
     let mut along = vec![0usize; axes.len()];
+    // Each dimension's place among `axes`, looked up once.
+    let place: Vec<Option<usize>> = (0..extent.len())
+        .map(|d| axes.iter().position(|&a| a == d))
+        .collect();
     let cells: u64 = extent.iter().map(|r| r.end - r.start).product();
     for cell in 0..cells as usize {
         let (mut group, mut local) = (0usize, 0usize);
         for (d, &i) in index.iter().enumerate() {
-            match axes.iter().position(|&a| a == d) {
+            match place[d] {
                 Some(k) => along[k] = i as usize,
                 None => {
                     group = group * shape[d] as usize + i as usize;

@@ -401,11 +401,8 @@ impl FftTable {
         // A detrend is fitted over all the dimensions at once: by a pass
         // over the source before the first stage, its sums held throughout.
         let positions: Vec<usize> = axes.iter().map(|(a, _)| *a).collect();
-        let sums = self.transform.options.detrend.map_or(0, |_| {
-            DetrendedSource::sums_memory(&self.source.shape(), &positions)
-        });
+        let (source, sums) = self.detrended_source(positions, half)?;
         let half_first = half.saturating_sub(sums);
-        let source = self.detrended_source(positions, half_first)?;
         let lags: Vec<f64> = axes.iter().map(|(_, a)| a.lag).collect();
         let options = &self.transform.options;
         let stage_options = |range: std::ops::Range<usize>| {
@@ -662,9 +659,7 @@ impl FftTable {
         // Half the limit for the passes, half for the operator reading
         // their output (which holds its memory while they run); a detrend
         // holds every line's sums through the first pass.
-        let sums = self.transform.options.detrend.map_or(0, |_| {
-            DetrendedSource::sums_memory(&input.shape, std::slice::from_ref(axis))
-        });
+        let (source, sums) = self.detrended_source(vec![*axis], limit - limit / 2)?;
         let plan = FourStepPlan::new(
             *axis,
             axis_transform,
@@ -674,8 +669,6 @@ impl FftTable {
             rayon::current_num_threads(),
         )
         .map_err(|e| self.plan_error(e))?;
-        let source =
-            self.detrended_source(vec![*axis], (limit - limit / 2).saturating_sub(sums))?;
         let runtime = Arc::clone(state.runtime_env());
         let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
         let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
@@ -694,12 +687,15 @@ impl FftTable {
 
     /// The source with this transform's detrend (if any) removed over
     /// `axes` by a pass gathering the fit first (see
-    /// [`super::detrended`]), its tasks within `room` bytes: for paths
-    /// whose blocks do not hold whole groups along `axes`.
-    fn detrended_source(&self, axes: Vec<usize>, room: usize) -> Result<ArraySource> {
+    /// [`super::detrended`]), and the bytes its sums hold: for paths whose
+    /// blocks do not hold whole groups along `axes`. The pass's tasks and
+    /// the sums fit `room` bytes.
+    fn detrended_source(&self, axes: Vec<usize>, room: usize) -> Result<(ArraySource, usize)> {
         let Some(detrend) = self.transform.options.detrend else {
-            return Ok(self.source.clone());
+            return Ok((self.source.clone(), 0));
         };
+        let sums = DetrendedSource::sums_memory(&self.source.shape(), &axes);
+        let room = room.saturating_sub(sums);
         let task = DetrendedSource::task_memory(&self.source);
         if task > room {
             return Err(self.plan_error(format!(
@@ -711,12 +707,8 @@ impl FftTable {
             )));
         }
         let workers = (room / task.max(1)).clamp(1, rayon::current_num_threads().max(1));
-        Ok(ArraySource::Detrended(Arc::new(DetrendedSource::new(
-            self.source.clone(),
-            axes,
-            detrend,
-            workers,
-        ))))
+        let source = DetrendedSource::new(self.source.clone(), axes, detrend, workers);
+        Ok((ArraySource::Detrended(Arc::new(source)), sums))
     }
 
     /// This transform reading a copy of its Zarr variable in chunks small
