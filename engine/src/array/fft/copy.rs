@@ -295,7 +295,8 @@ impl CopyJob {
                     std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
                     let storage: ReadableWritableListableStorage =
                         Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
-                    let (coordinates, variable) = output_group(&self.table, self.chunks.clone());
+                    let (coordinates, variable) =
+                        output_group(&self.table, self.chunks.clone(), true);
                     let arrays = write_group(&storage, &coordinates, &[variable], &self.options)?;
                     self.write_blocks(&arrays, cancelled)
                 })
@@ -314,7 +315,7 @@ impl CopyJob {
             );
         }
         let written = (|| {
-            let (coordinates, variable) = output_group(&self.table, self.chunks.clone());
+            let (coordinates, variable) = output_group(&self.table, self.chunks.clone(), true);
             let group = prepare_group(&storage, &coordinates, &[variable], &self.options)?;
             let written = self.write_blocks(&group.variables, cancelled)?;
             group.store_metadata()?;
@@ -440,11 +441,13 @@ impl WriteTasks {
     }
 }
 
-/// The coordinates (with xrft's attributes) and the variable (in chunks
-/// of `chunks`) of a store holding `table`'s output.
+/// The coordinates (with xrft's attributes; their values stored as
+/// coordinate arrays when `stored`) and the variable (in chunks of
+/// `chunks`) of a store holding `table`'s output.
 pub(crate) fn output_group(
     table: &FftTable,
     chunks: Vec<u64>,
+    stored: bool,
 ) -> (Vec<GroupCoordinate>, GroupVariable) {
     let schema = table.schema_ref();
     let coordinates = table
@@ -455,6 +458,7 @@ pub(crate) fn output_group(
             name: dim.name,
             values: dim.coordinate,
             attributes: field_attributes(schema.field(d)),
+            stored,
         })
         .collect();
     let variable = GroupVariable {

@@ -41,7 +41,7 @@ use super::kernels::Kernels;
 use super::table::FftTable;
 use crate::array::rechunk::ScratchStore;
 use crate::array::tasks::run_tasks;
-use crate::table::{open_dataset_blocking, GridTable, ZarrTableOptions};
+use crate::table::{open_dataset_blocking, Dimension, GridTable, ZarrTableOptions};
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::store::write_group;
 use crate::zarr::{ChunkBufferPool, StoreLocation};
@@ -97,7 +97,10 @@ impl StagedTransform {
         runtime: &Arc<RuntimeEnv>,
     ) -> Result<Self> {
         let scratch = ScratchStore::create(work_dir, "zarrfusion-fft-staged", ".zarr", runtime)?;
-        let (coordinates, variable) = output_group(&inner, chunks);
+        // No coordinate arrays: the next stage takes the coordinates from
+        // `inner` (computed frequencies need no memory; read back from the
+        // store they would need as much as a line of values).
+        let (coordinates, variable) = output_group(&inner, chunks, false);
         let name = variable.name.clone();
         // Uncompressed: written once and read once, right away.
         let options = ZarrWriteOptions {
@@ -112,8 +115,20 @@ impl StagedTransform {
             ..ZarrTableOptions::default()
         };
         let location = scratch.location().to_string();
-        let grid =
-            open_dataset_blocking(&location, &table_options, runtime)?.table(Some(&names))?;
+        let dims = coordinates
+            .into_iter()
+            .map(|c| {
+                Arc::new(Dimension {
+                    name: c.name,
+                    len: c.values.len(),
+                    coordinate: c.values,
+                    attributes: c.attributes,
+                })
+            })
+            .collect();
+        let grid = open_dataset_blocking(&location, &table_options, runtime)?
+            .table(Some(&names))?
+            .with_dimensions(dims)?;
         let Some(index) = grid.variables.iter().position(|v| v.name() == name) else {
             return datafusion::common::exec_err!(
                 "the staged transform of '{}' lacks variable '{name}'",

@@ -6,9 +6,10 @@
 //! SELECT * FROM ifft('spectrum', 't2m', dims => 'freq_lat', lag => 45);
 //! ```
 //!
-//! The first argument is a registered Zarr table or a store location, the
-//! second the variable (optional when the table has one); named arguments
-//! are [`FftOptions`]. The result has one column per output dimension
+//! The first argument is a registered Zarr table, a view of a transform
+//! (`CREATE VIEW spectrum AS SELECT * FROM fft(...)`: how SQL chains
+//! transforms) or a store location, the second the variable (optional when
+//! the table has one); named arguments are [`FftOptions`]. The result has one column per output dimension
 //! (the transformed ones renamed `freq_<dim>` forward and back without the
 //! prefix, with xrft's coordinates) and the transformed variable: complex
 //! numbers as `Struct<re, im>` (complex64 from float32 input, complex128
@@ -37,7 +38,9 @@ use datafusion::common::stats::Precision as Exactness;
 use datafusion::common::{
     human_readable_size, plan_err, DataFusionError, Result, Statistics, TableReference,
 };
-use datafusion::datasource::{provider_as_source, source_as_provider, TableProvider, TableType};
+use datafusion::datasource::{
+    provider_as_source, source_as_provider, TableProvider, TableType, ViewTable,
+};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::planner::{
@@ -64,8 +67,8 @@ use crate::array::rechunk::{default_work_dir, RechunkOptions};
 use crate::config::ZarrConfig;
 use crate::device::{choose_device, staging_memory};
 use crate::table::{
-    literal_text, select, single_dimension, zarr_source, Coordinate, Selection, TableFunctionCall,
-    ZarrTable,
+    literal_text, registered_table, select, single_dimension, zarr_source, Coordinate, Selection,
+    TableFunctionCall, ZarrTable,
 };
 use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
 
@@ -116,10 +119,26 @@ impl RelationPlanner for FftPlanner {
             FftOptions::forward(Vec::new())
         };
         options.set(&call.named, function)?;
-        let table = zarr_source(&source, &self.catalogs, &self.runtime, context)?;
-        let source =
-            ArraySource::zarr_variable(Arc::clone(table.grid()), variable.as_deref(), function)?;
-        let plan = fft_scan(source, options)?;
+        // A registered table (a Zarr table, or a view of a transform: how
+        // SQL chains them) is transformed as a DataFrame of it would be;
+        // anything else names a store.
+        let plan = match registered_table(&source, &self.catalogs, context) {
+            Some(provider) => {
+                let scan =
+                    LogicalPlanBuilder::scan(source.as_str(), provider_as_source(provider), None)?
+                        .build()?;
+                fft_plan(scan, variable.as_deref(), options)?
+            }
+            None => {
+                let table = zarr_source(&source, &self.catalogs, &self.runtime, context)?;
+                let source = ArraySource::zarr_variable(
+                    Arc::clone(table.grid()),
+                    variable.as_deref(),
+                    function,
+                )?;
+                fft_scan(source, options)?
+            }
+        };
         Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
             plan, call.alias,
         ))))
@@ -139,18 +158,16 @@ pub fn fft_scan(source: ArraySource, options: FftOptions) -> Result<LogicalPlan>
 }
 
 /// `plan` transformed: what `DataFrame.fft` and `DataFrame.ifft` do. The
-/// plan must be a scan of a Zarr table (or of one under aliases) or of
-/// another transform's output.
+/// plan must be a scan of a Zarr table or of another transform's output,
+/// as it is or under aliases, views and projections of all its columns
+/// (`SELECT *`).
 pub fn fft_plan(
     plan: LogicalPlan,
     variable: Option<&str>,
     options: FftOptions,
 ) -> Result<LogicalPlan> {
     let function = if options.inverse { "ifft" } else { "fft" };
-    let mut node = &plan;
-    while let LogicalPlan::SubqueryAlias(alias) = node {
-        node = alias.input.as_ref();
-    }
+    let node = underlying_scan(&plan);
     let LogicalPlan::TableScan(scan) = node else {
         return plan_err!(
             "{function} applies to a Zarr table or to an fft/ifft result, not to other \
@@ -164,6 +181,9 @@ pub fn fft_plan(
     }
     let provider = source_as_provider(&scan.source)?;
     let any = provider.as_ref() as &dyn std::any::Any;
+    if let Some(view) = any.downcast_ref::<ViewTable>() {
+        return fft_plan(view.logical_plan().clone(), variable, options);
+    }
     let source = if let Some(zarr) = any.downcast_ref::<ZarrTable>() {
         ArraySource::zarr_variable(Arc::clone(zarr.grid()), variable, function)?
     } else if let Some(inner) = any.downcast_ref::<FftTable>() {
@@ -183,6 +203,36 @@ pub fn fft_plan(
         );
     };
     fft_scan(source, options)
+}
+
+/// The node under `plan`'s aliases and projections that keep every
+/// column as it is (in any order): the scan a transform can read when
+/// `plan` is one.
+fn underlying_scan(plan: &LogicalPlan) -> &LogicalPlan {
+    match plan {
+        LogicalPlan::SubqueryAlias(alias) => underlying_scan(&alias.input),
+        LogicalPlan::Projection(projection) => {
+            let input = projection.input.schema();
+            let columns: Vec<_> = projection
+                .expr
+                .iter()
+                .filter_map(|e| match e {
+                    Expr::Column(c) => input.index_of_column(c).ok(),
+                    _ => None,
+                })
+                .collect();
+            let mut kept = columns.clone();
+            kept.sort_unstable();
+            kept.dedup();
+            let all = columns.len() == projection.expr.len() && kept.len() == input.fields().len();
+            if all {
+                underlying_scan(&projection.input)
+            } else {
+                plan
+            }
+        }
+        _ => plan,
+    }
 }
 
 /// A variable transformed along dimensions (see the module docs).
