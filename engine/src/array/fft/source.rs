@@ -224,32 +224,24 @@ impl RechunkedVariable {
         runtime: &Arc<RuntimeEnv>,
     ) -> datafusion::common::Result<Self> {
         let name = grid.variables[variable].name().to_string();
-        let mut arrays = vec![name.clone()];
-        arrays.extend(
-            grid.dims
-                .iter()
-                .filter(|d| d.has_coordinate())
-                .map(|d| d.name.clone()),
-        );
+        // The variable only: the copy's coordinates are the source's, held
+        // already (reading them back would hold them twice).
+        let arrays = vec![name.clone()];
         let prepared =
             PreparedRechunk::new_for(&grid.store, chunks, Some(&arrays), None, options, runtime)?;
         let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
         let scratch =
             ScratchStore::create(&work_dir, "zarrfusion-fft-rechunked", ".zarr", runtime)?;
         prepared.write_metadata(scratch.storage())?;
-        // Coordinates now: opening the copy reads them.
-        prepared.copy_arrays(
-            scratch.storage(),
-            |a| a.name != name,
-            &AtomicBool::new(false),
-        )?;
         let dims: Vec<String> = grid.dims.iter().map(|d| d.name.clone()).collect();
         let table_options = ZarrTableOptions {
             dims: Some(dims.clone()),
             ..ZarrTableOptions::default()
         };
         let location = scratch.location().to_string();
-        let copy = open_dataset_blocking(&location, &table_options, runtime)?.table(Some(&dims))?;
+        let copy = open_dataset_blocking(&location, &table_options, runtime)?
+            .table(Some(&dims))?
+            .with_dimensions(grid.dims.clone())?;
         let Some(index) = copy.variables.iter().position(|v| v.name() == name) else {
             return datafusion::common::exec_err!(
                 "the rechunked copy of '{}' lacks variable '{name}'",
