@@ -33,6 +33,15 @@ pub struct Dimension {
 }
 
 impl Dimension {
+    /// The dimension's column.
+    pub fn field(&self) -> Field {
+        Field::new(
+            &self.name,
+            self.coordinate.data_type(),
+            self.coordinate.nullable(),
+        )
+    }
+
     /// Whether the dimension has a coordinate array.
     pub fn has_coordinate(&self) -> bool {
         !matches!(self.coordinate, Coordinate::Index(_))
@@ -113,10 +122,7 @@ impl GridTable {
                 ),
             ));
         }
-        let mut fields: Vec<Field> = dims
-            .iter()
-            .map(|d| Field::new(&d.name, d.coordinate.data_type(), d.coordinate.nullable()))
-            .collect();
+        let mut fields: Vec<Field> = dims.iter().map(|d| d.field()).collect();
         fields.extend(
             self.schema.fields()[self.dims.len()..]
                 .iter()
@@ -310,10 +316,7 @@ impl ZarrDataset {
             .filter(|v| v.dims() == set)
             .cloned()
             .collect();
-        let mut fields: Vec<Field> = dims
-            .iter()
-            .map(|d| Field::new(&d.name, d.coordinate.data_type(), d.coordinate.nullable()))
-            .collect();
+        let mut fields: Vec<Field> = dims.iter().map(|d| d.field()).collect();
         fields.extend(
             variables
                 .iter()

@@ -22,7 +22,9 @@ pub use factory::{open_dataset, ZarrTableFactory};
 pub use options::{parse_dims, ZarrTableOptions};
 pub use provider::ZarrTable;
 pub use read_zarr::ReadZarrPlanner;
-pub(crate) use read_zarr::{literal_text, registered_table, zarr_source, TableFunctionCall};
+pub(crate) use read_zarr::{
+    literal_text, registered_table, store_table, zarr_source, TableFunctionCall,
+};
 pub use scan::ZarrScanExec;
 pub(crate) use selection::single_dimension;
 pub use selection::{classify_filters, select, Selection};

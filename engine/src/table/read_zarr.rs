@@ -128,10 +128,18 @@ pub(crate) fn registered_table(
         .flatten()
 }
 
+/// The store at `location` as a table (opened with `runtime`'s object
+/// stores, its largest dimension set): what a table function's first
+/// argument names when no table is registered under it.
+pub(crate) fn store_table(location: &str, runtime: &Arc<RuntimeEnv>) -> Result<ZarrTable> {
+    let options = ZarrTableOptions::default();
+    let dataset = open_dataset_blocking(location, &options, runtime)?;
+    Ok(ZarrTable::new(dataset.table(None)?))
+}
+
 /// The Zarr table a table function's first argument names: a Zarr table
 /// registered in `catalogs` under that name, else the store at that
-/// location (opened with `runtime`'s object stores, its largest dimension
-/// set).
+/// location ([`store_table`]).
 pub(crate) fn zarr_source(
     source: &str,
     catalogs: &Arc<dyn CatalogProviderList>,
@@ -143,11 +151,7 @@ pub(crate) fn zarr_source(
             Some(zarr) => Ok(zarr.clone()),
             None => plan_err!("'{source}' is a table but not a Zarr table"),
         },
-        None => {
-            let options = ZarrTableOptions::default();
-            let dataset = open_dataset_blocking(source, &options, runtime)?;
-            Ok(ZarrTable::new(dataset.table(None)?))
-        }
+        None => store_table(source, runtime),
     }
 }
 

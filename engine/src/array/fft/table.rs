@@ -67,7 +67,7 @@ use crate::array::rechunk::{default_work_dir, RechunkOptions};
 use crate::config::ZarrConfig;
 use crate::device::{choose_device, staging_memory};
 use crate::table::{
-    literal_text, registered_table, select, single_dimension, zarr_source, Coordinate, Selection,
+    literal_text, registered_table, select, single_dimension, store_table, Coordinate, Selection,
     TableFunctionCall, ZarrTable,
 };
 use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
@@ -130,7 +130,7 @@ impl RelationPlanner for FftPlanner {
                 fft_plan(scan, variable.as_deref(), options)?
             }
             None => {
-                let table = zarr_source(&source, &self.catalogs, &self.runtime, context)?;
+                let table = store_table(&source, &self.runtime)?;
                 let source = ArraySource::zarr_variable(
                     Arc::clone(table.grid()),
                     variable.as_deref(),
@@ -213,22 +213,25 @@ fn underlying_scan(plan: &LogicalPlan) -> &LogicalPlan {
         LogicalPlan::SubqueryAlias(alias) => underlying_scan(&alias.input),
         LogicalPlan::Projection(projection) => {
             let input = projection.input.schema();
-            let columns: Vec<_> = projection
+            let columns: Option<Vec<usize>> = projection
                 .expr
                 .iter()
-                .filter_map(|e| match e {
+                .map(|e| match e {
                     Expr::Column(c) => input.index_of_column(c).ok(),
                     _ => None,
                 })
                 .collect();
-            let mut kept = columns.clone();
-            kept.sort_unstable();
-            kept.dedup();
-            let all = columns.len() == projection.expr.len() && kept.len() == input.fields().len();
-            if all {
-                underlying_scan(&projection.input)
-            } else {
-                plan
+            match columns {
+                Some(mut kept) => {
+                    kept.sort_unstable();
+                    kept.dedup();
+                    if kept.len() == input.fields().len() {
+                        underlying_scan(&projection.input)
+                    } else {
+                        plan
+                    }
+                }
+                None => plan,
             }
         }
         _ => plan,
