@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use common::{assert_rows, fixture, query_rows, repo_root, sort_rows};
 use serde_json::Value;
-use zarrfusion::{new_context, ZarrContextExt};
+use zarrfusion::{new_context, ZarrContextExt, ZarrTableOptions};
 
 fn expected_files() -> Vec<(String, Value)> {
     let dir = repo_root().join("tests/fixtures/expected");
@@ -119,4 +119,51 @@ async fn every_oracle_query_matches_with_and_without_pushdown_and_dense_reductio
             assert_rows(&format!("{name} ({mode:?})"), &got, &want);
         }
     }
+}
+
+/// The regular coordinates xarray wrote (`pandas.date_range`,
+/// `numpy.linspace`, `numpy.arange` in float32 and float64, int64 steps)
+/// are held as formulas, and text coordinates as values; the tests above
+/// check that both give xarray's values in every row.
+#[test]
+fn regular_fixture_coordinates_are_held_as_formulas() {
+    use datafusion::execution::runtime_env::RuntimeEnv;
+    use zarrfusion::table::Coordinate;
+    let runtime = RuntimeEnv::default();
+    let kinds = |store: &str| {
+        let dataset =
+            zarrfusion::ZarrDataset::open(&fixture(store), &ZarrTableOptions::default(), &runtime)
+                .unwrap();
+        let table = dataset.table(None).unwrap();
+        table
+            .dims
+            .iter()
+            .map(|d| {
+                let kind = match &d.coordinate {
+                    Coordinate::Values(_) => "values",
+                    Coordinate::Regular(_) => "formula",
+                    Coordinate::Index(_) => "index",
+                    Coordinate::Computed(_) => "computed",
+                };
+                (d.name.clone(), kind)
+            })
+            .collect::<Vec<_>>()
+    };
+    let pairs = |p: &[(&str, &'static str)]| {
+        p.iter()
+            .map(|(n, k)| (n.to_string(), *k))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        kinds("rechunk_source.zarr"),
+        pairs(&[("time", "formula"), ("lat", "formula"), ("lon", "formula")])
+    );
+    assert_eq!(
+        kinds("string_coords_v3.zarr"),
+        pairs(&[("station", "values"), ("time", "formula")])
+    );
+    assert_eq!(
+        kinds("codec_v2_zstd.zarr"),
+        pairs(&[("y", "index"), ("x_dim", "index")])
+    );
 }

@@ -31,7 +31,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
-use datafusion::arrow::compute::kernels::cmp::{gt, lt};
 use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema};
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{Column, Result};
@@ -224,22 +223,15 @@ fn keys_pair_all_dimensions(left: &ScanPath<'_>, right: &ScanPath<'_>, n: usize)
 /// each matches once: strictly monotonic, no NULL, no NaN.
 fn same_coordinates(a: &GridTable, b: &GridTable) -> bool {
     a.dims.iter().zip(&b.dims).all(|(x, y)| {
-        x.len == y.len
-            && x.coordinate.same_values(&y.coordinate)
-            && match &x.coordinate {
-                Coordinate::Index(_) => true,
-                coordinate => matches_once(&coordinate.to_array()),
-            }
+        x.len == y.len && x.coordinate.same_values(&y.coordinate) && matches_once(&x.coordinate)
     })
 }
 
 /// Whether every value of a coordinate is distinct and comparable:
-/// strictly increasing or decreasing, without NULL or NaN.
-fn matches_once(values: &ArrayRef) -> bool {
-    if values.null_count() > 0 {
-        return false;
-    }
-    let has_nan = match values.data_type() {
+/// strictly increasing or decreasing, without NULL or NaN (looked for a
+/// piece of values at a time).
+fn matches_once(coordinate: &Coordinate) -> bool {
+    let has_nan = |values: &ArrayRef| match values.data_type() {
         DataType::Float32 => values
             .as_primitive::<Float32Type>()
             .values()
@@ -252,15 +244,11 @@ fn matches_once(values: &ArrayRef) -> bool {
             .any(|v| v.is_nan()),
         _ => false,
     };
-    let n = values.len();
-    if has_nan || n < 2 {
-        return !has_nan;
-    }
-    let (head, tail) = (values.slice(0, n - 1), values.slice(1, n - 1));
-    let all = |result: Result<datafusion::arrow::array::BooleanArray, _>| {
-        result.is_ok_and(|r| r.true_count() == n - 1)
-    };
-    all(gt(&tail, &head)) || all(lt(&tail, &head))
+    !coordinate.nullable()
+        && coordinate.strict_order().is_some()
+        && coordinate
+            .pieces(1 << 20)
+            .all(|piece| piece.is_ok_and(|values| !has_nan(&values)))
 }
 
 /// The grid of two aligned tables: the first's dimensions, then the

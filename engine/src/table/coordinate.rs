@@ -1,20 +1,26 @@
 //! The values of a dimension column.
 //!
 //! A dimension's coordinate is either decoded from its coordinate array and
-//! held in memory, or computed position by position: the index of a
-//! dimension without a coordinate array, the frequencies of a transformed
-//! dimension. A computed coordinate costs nothing until rows are made, so a
-//! 1-D signal of 2^30 samples is registered, transformed and copied without
-//! 8 bytes per position held anywhere. Rows take their values with
+//! held in memory, held as the formula its stored values follow (a regular
+//! coordinate array, see [`RegularCoordinate`]), or computed position by
+//! position: the index of a dimension without a coordinate array, the
+//! frequencies of a transformed dimension. Only the first costs memory
+//! beside the rows made from it, so a 1-D signal of 2^30 samples with a
+//! regular time axis is registered, transformed and copied without 8 bytes
+//! per position held anywhere. Rows take their values with
 //! [`Coordinate::take`] or [`Coordinate::slice`]; [`Coordinate::to_array`]
-//! makes all of them, for the few callers that need the whole column (a
-//! filter evaluated over it).
+//! makes all of them, for the few callers that need the whole column.
 
 use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, Float64Array, Int64Array, PrimitiveArray};
 use datafusion::arrow::compute::take;
+
+pub use super::regular::RegularCoordinate;
+
+/// Positions compared at a time by [`Coordinate::strict_order`].
+const COMPARED_PIECE: u64 = 1 << 20;
 use datafusion::arrow::datatypes::{ArrowNativeType, ArrowPrimitiveType, DataType};
 use datafusion::arrow::error::ArrowError;
 
@@ -31,6 +37,8 @@ pub trait CoordinateFormula: fmt::Debug + Send + Sync {
 pub enum Coordinate {
     /// Values decoded from a coordinate array, held in memory.
     Values(ArrayRef),
+    /// A coordinate array's values, held as the formula they follow.
+    Regular(Arc<RegularCoordinate>),
     /// The index `0..len` (`Int64`) of a dimension without a coordinate
     /// array.
     Index(u64),
@@ -43,6 +51,7 @@ impl Coordinate {
     pub fn len(&self) -> u64 {
         match self {
             Self::Values(values) => values.len() as u64,
+            Self::Regular(regular) => regular.len(),
             Self::Index(len) => *len,
             Self::Computed(formula) => formula.positions(),
         }
@@ -57,6 +66,7 @@ impl Coordinate {
     pub fn data_type(&self) -> DataType {
         match self {
             Self::Values(values) => values.data_type().clone(),
+            Self::Regular(regular) => regular.data_type().clone(),
             Self::Index(_) => DataType::Int64,
             Self::Computed(_) => DataType::Float64,
         }
@@ -66,7 +76,7 @@ impl Coordinate {
     pub fn nullable(&self) -> bool {
         match self {
             Self::Values(values) => values.null_count() > 0,
-            Self::Index(_) | Self::Computed(_) => false,
+            Self::Regular(_) | Self::Index(_) | Self::Computed(_) => false,
         }
     }
 
@@ -78,6 +88,7 @@ impl Coordinate {
         let positions_iter = || positions.values().iter().map(|p| p.as_usize() as u64);
         Ok(match self {
             Self::Values(values) => take(values.as_ref(), positions, None)?,
+            Self::Regular(regular) => regular.take(&positions_iter().collect::<Vec<_>>())?,
             Self::Index(_) => Arc::new(Int64Array::from_iter_values(
                 positions_iter().map(|p| p as i64),
             )),
@@ -88,22 +99,32 @@ impl Coordinate {
     }
 
     /// The `len` values from position `offset` on.
-    pub fn slice(&self, offset: u64, len: u64) -> ArrayRef {
-        match self {
+    pub fn slice(&self, offset: u64, len: u64) -> Result<ArrayRef, ArrowError> {
+        Ok(match self {
             Self::Values(values) => values.slice(offset as usize, len as usize),
+            Self::Regular(regular) => regular.slice(offset, len)?,
             Self::Index(_) => Arc::new(Int64Array::from_iter_values(
                 offset as i64..(offset + len) as i64,
             )),
             Self::Computed(formula) => Arc::new(Float64Array::from_iter_values(
                 (offset..offset + len).map(|p| formula.value_at(p)),
             )),
-        }
+        })
     }
 
-    /// Every value, made now when the coordinate is computed (8 bytes a
-    /// position).
-    pub fn to_array(&self) -> ArrayRef {
+    /// Every value, made now unless held (8 bytes a position for most
+    /// types).
+    pub fn to_array(&self) -> Result<ArrayRef, ArrowError> {
         self.slice(0, self.len())
+    }
+
+    /// The values in pieces of at most `piece` positions, from the first;
+    /// each piece is made when the iterator reaches it.
+    pub fn pieces(&self, piece: u64) -> impl Iterator<Item = Result<ArrayRef, ArrowError>> + '_ {
+        let piece = piece.max(1);
+        (0..self.len())
+            .step_by(piece as usize)
+            .map(move |offset| self.slice(offset, piece.min(self.len() - offset)))
     }
 
     /// The value at `position` as a number, when it is one (integers and
@@ -112,8 +133,8 @@ impl Coordinate {
         use datafusion::arrow::array::AsArray;
         use datafusion::arrow::compute::cast;
         match self {
-            Self::Values(values) => {
-                let one = values.slice(position as usize, 1);
+            Self::Values(_) | Self::Regular(_) => {
+                let one = self.slice(position, 1).ok()?;
                 if !one.data_type().is_numeric() || one.null_count() > 0 {
                     return None;
                 }
@@ -137,13 +158,17 @@ impl Coordinate {
             return false;
         }
         match self {
-            Self::Values(values) => match (
-                datafusion::common::ScalarValue::try_from_array(values, 0),
-                datafusion::common::ScalarValue::try_from_array(values, n as usize - 1),
-            ) {
-                (Ok(first), Ok(last)) => first > last,
-                _ => false,
-            },
+            Self::Values(_) | Self::Regular(_) => {
+                let end = |position| {
+                    self.slice(position, 1).ok().and_then(|one| {
+                        datafusion::common::ScalarValue::try_from_array(&one, 0).ok()
+                    })
+                };
+                match (end(0), end(n - 1)) {
+                    (Some(first), Some(last)) => first > last,
+                    _ => false,
+                }
+            }
             Self::Index(_) => false,
             Self::Computed(formula) => formula.value_at(0) > formula.value_at(n - 1),
         }
@@ -155,7 +180,6 @@ impl Coordinate {
     /// follow the dimension's index order follow this order of its values
     /// too.
     pub fn strict_order(&self) -> Option<bool> {
-        use datafusion::arrow::compute::kernels::cmp::{gt, lt};
         let n = self.len();
         if self.nullable() {
             return None;
@@ -164,21 +188,9 @@ impl Coordinate {
             return Some(false);
         }
         match self {
-            Self::Values(values) => {
-                let n = n as usize;
-                let (before, after) = (values.slice(0, n - 1), values.slice(1, n - 1));
-                let all = |holds: Result<datafusion::arrow::array::BooleanArray, _>| {
-                    holds.is_ok_and(|h| h.true_count() == n - 1)
-                };
-                if all(lt(&before, &after)) {
-                    Some(false)
-                } else if all(gt(&before, &after)) {
-                    Some(true)
-                } else {
-                    None
-                }
-            }
             Self::Index(_) => Some(false),
+            Self::Regular(regular) => regular.formula_order().or_else(|| self.compared_order()),
+            Self::Values(_) => self.compared_order(),
             Self::Computed(formula) => {
                 let steps = || (1..n).map(|p| (formula.value_at(p - 1), formula.value_at(p)));
                 if steps().all(|(a, b)| a < b) {
@@ -192,6 +204,34 @@ impl Coordinate {
         }
     }
 
+    /// [`Coordinate::strict_order`] by comparing each value with the next,
+    /// a piece of values at a time (of at least two values).
+    fn compared_order(&self) -> Option<bool> {
+        use datafusion::arrow::compute::kernels::cmp::{gt, lt};
+        let n = self.len();
+        let (mut ascending, mut descending) = (true, true);
+        let mut offset = 0;
+        while offset + 1 < n && (ascending || descending) {
+            let len = COMPARED_PIECE.min(n - offset);
+            let values = self.slice(offset, len).ok()?;
+            let pairs = len as usize - 1;
+            let (before, after) = (values.slice(0, pairs), values.slice(1, pairs));
+            let all = |holds: Result<datafusion::arrow::array::BooleanArray, _>| {
+                holds.is_ok_and(|h| h.true_count() == pairs)
+            };
+            ascending = ascending && all(lt(&before, &after));
+            descending = descending && all(gt(&before, &after));
+            offset += len - 1;
+        }
+        if ascending {
+            Some(false)
+        } else if descending {
+            Some(true)
+        } else {
+            None
+        }
+    }
+
     /// Whether both have the same values, of the same type.
     pub fn same_values(&self, other: &Self) -> bool {
         match (self, other) {
@@ -199,10 +239,17 @@ impl Coordinate {
             (Self::Values(a), Self::Values(b)) => {
                 a.data_type() == b.data_type() && a.to_data() == b.to_data()
             }
+            (Self::Regular(a), Self::Regular(b)) if a.same_formula(b) => true,
             _ => {
                 self.len() == other.len()
                     && self.data_type() == other.data_type()
-                    && self.to_array().to_data() == other.to_array().to_data()
+                    && self
+                        .pieces(COMPARED_PIECE)
+                        .zip(other.pieces(COMPARED_PIECE))
+                        .all(|pair| match pair {
+                            (Ok(a), Ok(b)) => a.to_data() == b.to_data(),
+                            _ => false,
+                        })
             }
         }
     }
@@ -236,7 +283,10 @@ mod tests {
             held.take(&positions).unwrap().to_data(),
             computed.take(&positions).unwrap().to_data()
         );
-        assert_eq!(held.slice(1, 2).to_data(), computed.slice(1, 2).to_data());
+        assert_eq!(
+            held.slice(1, 2).unwrap().to_data(),
+            computed.slice(1, 2).unwrap().to_data()
+        );
         assert_eq!(held.strict_order(), Some(true));
         assert_eq!(computed.strict_order(), Some(true));
         assert!(held.descends() && computed.descends());

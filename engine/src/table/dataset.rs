@@ -8,11 +8,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::execution::runtime_env::RuntimeEnv;
 
 use super::coordinate::Coordinate;
 use super::options::ZarrTableOptions;
+use super::regular::RegularCoordinateCheck;
 use crate::error::{Result, ZarrFusionError};
 use crate::zarr::{
     discover_arrays, open_storage, root_name, ChunkBufferPool, StoreLocation, ZarrArray,
@@ -178,13 +180,10 @@ impl ZarrDataset {
             |a: &ZarrArray| a.dims().len() == 1 && a.dims()[0] == a.name() && a.name() != "";
         let mut dims = BTreeMap::new();
         for array in arrays.iter().filter(|a| is_coordinate(a)) {
-            let len = array.shape()[0];
-            let whole = 0..len;
-            let values = array.read(std::slice::from_ref(&whole), &ChunkBufferPool::new())?;
             let dim = Dimension {
                 name: array.name().to_string(),
-                len,
-                coordinate: Coordinate::Values(values),
+                len: array.shape()[0],
+                coordinate: read_coordinate(array)?,
                 attributes: array.attributes().clone(),
             };
             dims.insert(dim.name.clone(), Arc::new(dim));
@@ -328,5 +327,55 @@ impl ZarrDataset {
             variables,
             schema: Arc::new(Schema::new(fields)),
         }
+    }
+}
+
+/// Positions of a coordinate array read at a time when it is checked for a
+/// formula (rounded up to whole chunks).
+const COORDINATE_PIECE: u64 = 1 << 18;
+
+/// A coordinate array's values: held as their formula when they follow
+/// one (see [`super::RegularCoordinate`]), else decoded and held. Reads
+/// the array a piece at a time while it is checked, so a regular one is
+/// never whole in memory.
+fn read_coordinate(array: &ZarrArray) -> Result<Coordinate> {
+    let len = array.shape()[0];
+    let pool = ChunkBufferPool::new();
+    let read = |range: std::ops::Range<u64>| array.read(std::slice::from_ref(&range), &pool);
+    let chunk = array.chunk_shape()[0].max(1);
+    let piece = COORDINATE_PIECE.div_ceil(chunk) * chunk;
+    if piece >= len {
+        return Ok(regular(read(0..len)?));
+    }
+    // The first two values and the last suggest the formulas; then every
+    // value is checked, one piece in memory at a time.
+    if let Some(mut check) = RegularCoordinateCheck::new(&read(0..2)?, &read(len - 1..len)?, len) {
+        let (mut holds, mut offset) = (true, 0);
+        while holds && offset < len {
+            holds = check.check(&read(offset..len.min(offset + piece))?);
+            offset += piece;
+        }
+        if let Some(regular) = check.finish() {
+            return Ok(Coordinate::Regular(Arc::new(regular)));
+        }
+    }
+    Ok(Coordinate::Values(read(0..len)?))
+}
+
+/// Coordinate values read whole, held as their formula when they follow
+/// one.
+fn regular(values: ArrayRef) -> Coordinate {
+    if values.len() < 2 {
+        return Coordinate::Values(values);
+    }
+    let last = values.slice(values.len() - 1, 1);
+    let formula =
+        RegularCoordinateCheck::new(&values, &last, values.len() as u64).and_then(|mut check| {
+            check.check(&values);
+            check.finish()
+        });
+    match formula {
+        Some(formula) => Coordinate::Regular(Arc::new(formula)),
+        None => Coordinate::Values(values),
     }
 }

@@ -10,12 +10,13 @@ mod factory;
 mod options;
 mod provider;
 mod read_zarr;
+mod regular;
 mod scan;
 mod selection;
 
 pub use blocks::{boxes_in_block, BlockGrid};
 pub use cells::BoxCells;
-pub use coordinate::{Coordinate, CoordinateFormula};
+pub use coordinate::{Coordinate, CoordinateFormula, RegularCoordinate};
 pub use dataset::{Dimension, GridTable, ZarrDataset};
 pub(crate) use factory::open_dataset_blocking;
 pub use factory::{open_dataset, ZarrTableFactory};

@@ -11,14 +11,18 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, BooleanArray, RecordBatch};
-use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
+use datafusion::arrow::compute::concat;
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, DFSchema, Result};
+use datafusion::common::{internal_err, Column, DFSchema, Result};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 
 use super::dataset::GridTable;
+
+/// Coordinate positions a pushed-down filter is evaluated over at a time.
+const FILTERED_PIECE: u64 = 1 << 16;
 
 /// The selected indices of each dimension, as sorted, disjoint ranges.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,17 +148,24 @@ pub fn select(filters: &[Expr], table: &GridTable, session: &dyn Session) -> Res
             .data;
         let df_schema = DFSchema::try_from(Arc::clone(&schema))?;
         let predicate = session.create_physical_expr(unqualified, &df_schema)?;
-        let batch = RecordBatch::try_new(schema, vec![dim.coordinate.to_array()])?;
-        let result = predicate.evaluate(&batch)?.into_array(batch.num_rows())?;
-        let mask = result
-            .as_any()
-            .downcast_ref::<BooleanArray>()
-            .ok_or_else(|| {
-                datafusion::error::DataFusionError::Internal(format!(
-                    "filter {filter} did not evaluate to booleans"
-                ))
-            })?;
-        selection.restrict(d, mask);
+        // A piece of the coordinate at a time, so that a coordinate held
+        // as its formula is never made whole.
+        let mut masks: Vec<ArrayRef> = Vec::new();
+        for piece in dim.coordinate.pieces(FILTERED_PIECE) {
+            let batch = RecordBatch::try_new(Arc::clone(&schema), vec![piece?])?;
+            let result = predicate.evaluate(&batch)?.into_array(batch.num_rows())?;
+            if result.data_type() != &DataType::Boolean {
+                return internal_err!("filter {filter} did not evaluate to booleans");
+            }
+            masks.push(result);
+        }
+        let parts: Vec<&dyn Array> = masks.iter().map(|m| m.as_ref()).collect();
+        let mask = match parts.as_slice() {
+            [] => Arc::new(BooleanArray::from(Vec::<bool>::new())) as ArrayRef,
+            [one] => one.slice(0, one.len()),
+            _ => concat(&parts)?,
+        };
+        selection.restrict(d, mask.as_boolean());
     }
     Ok(selection)
 }

@@ -553,21 +553,13 @@ pub(crate) fn prepare_group(
     };
     let mut coordinate_arrays = Vec::with_capacity(coordinates.len());
     for coordinate_array in coordinates.iter().filter(|c| c.stored) {
-        // Held values as stored (times become CF numbers); computed ones
-        // are numbers already.
-        let (held, mut attributes) = match &coordinate_array.values {
-            Coordinate::Values(values) => {
-                let (values, attributes) = coordinate(values)?;
-                (Some(values), attributes)
-            }
-            Coordinate::Index(_) | Coordinate::Computed(_) => (None, Map::new()),
-        };
+        // Values as stored (times become CF numbers), made a chunk at a
+        // time from coordinates held as formulas or computed.
+        let values = &coordinate_array.values;
+        let (empty, mut attributes) = coordinate(&values.slice(0, 0)?)?;
         attributes.extend(coordinate_array.attributes.clone());
-        let len = coordinate_array.values.len();
-        let data_type = held
-            .as_ref()
-            .map(|v| v.data_type().clone())
-            .unwrap_or_else(|| coordinate_array.values.data_type());
+        let len = values.len();
+        let data_type = empty.data_type().clone();
         let name = &coordinate_array.name;
         let chunk = len.clamp(1, COORDINATE_CHUNK);
         let metadata = array_metadata(
@@ -581,10 +573,7 @@ pub(crate) fn prepare_group(
         let array = store_array(name, metadata, &mut consolidated)?;
         for start in (0..len).step_by(chunk as usize) {
             let count = chunk.min(len - start);
-            let values = match &held {
-                Some(values) => values.slice(start as usize, count as usize),
-                None => coordinate_array.values.slice(start, count),
-            };
+            let (values, _) = coordinate(&values.slice(start, count)?)?;
             let (bytes, _) = value_bytes(&values).map_err(fail)?;
             array
                 .store_array_subset(

@@ -142,7 +142,8 @@ fn lag_of(n: usize, coords: impl Fn(usize) -> f64) -> f64 {
 }
 
 /// A coordinate's value at a position, as a number: held `Float64`
-/// values, the index, or computed ones (no copy of any).
+/// values, a numeric formula's, the index, or computed ones (no copy of
+/// any).
 fn numbers(coords: &Coordinate) -> Result<Box<dyn Fn(usize) -> f64 + '_>, String> {
     use datafusion::arrow::array::AsArray;
     use datafusion::arrow::datatypes::Float64Type;
@@ -152,6 +153,15 @@ fn numbers(coords: &Coordinate) -> Result<Box<dyn Fn(usize) -> f64 + '_>, String
                 format!("coordinate values are {}, not Float64", values.data_type())
             })?;
             Box::new(move |i| values.value(i))
+        }
+        Coordinate::Regular(regular) if regular.data_type().is_numeric() => {
+            Box::new(move |i| regular.number_at(i as u64))
+        }
+        Coordinate::Regular(regular) => {
+            return Err(format!(
+                "coordinate values are {}, not numbers",
+                regular.data_type()
+            ))
         }
         Coordinate::Index(_) => Box::new(|i| i as f64),
         Coordinate::Computed(formula) => Box::new(move |i| formula.value_at(i as u64)),

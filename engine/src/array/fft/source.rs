@@ -34,7 +34,10 @@ use super::transform::InputCoordinate;
 use crate::array::rechunk::{default_work_dir, PreparedRechunk, RechunkOptions, ScratchStore};
 use crate::device::fft_cpu::BlockValues;
 use crate::device::FftKernel;
-use crate::table::{open_dataset_blocking, Coordinate, GridTable, ZarrTableOptions};
+use crate::table::{
+    open_dataset_blocking, Coordinate, CoordinateFormula, GridTable, RegularCoordinate,
+    ZarrTableOptions,
+};
 use crate::zarr::{ChunkBufferPool, ZarrArray};
 
 /// One dimension of a source.
@@ -55,6 +58,25 @@ impl SourceDimension {
     pub fn input_coordinate(&self) -> Result<InputCoordinate, String> {
         let values = match &self.coordinate {
             Coordinate::Values(values) => values,
+            Coordinate::Regular(regular) => {
+                let per_second = match regular.data_type() {
+                    DataType::Timestamp(unit, _) => per_second(unit),
+                    t if t.is_numeric() => 1.0,
+                    other => {
+                        return Err(format!(
+                            "coordinate '{}' is {other}, not numbers or times",
+                            self.name
+                        ))
+                    }
+                };
+                return Ok(InputCoordinate {
+                    numbers: Coordinate::Computed(Arc::new(RegularNumbers {
+                        values: Arc::clone(regular),
+                        per_second,
+                    })),
+                    direct_lag: self.direct_lag,
+                });
+            }
             computed => {
                 return Ok(InputCoordinate {
                     numbers: computed.clone(),
@@ -67,12 +89,7 @@ impl SourceDimension {
         }
         let numbers: ArrayRef = match values.data_type() {
             DataType::Timestamp(unit, _) => {
-                let per_second = match unit {
-                    TimeUnit::Second => 1.0,
-                    TimeUnit::Millisecond => 1e3,
-                    TimeUnit::Microsecond => 1e6,
-                    TimeUnit::Nanosecond => 1e9,
-                };
+                let per_second = per_second(unit);
                 let ints = cast(values, &DataType::Int64).map_err(|e| e.to_string())?;
                 Arc::new(Float64Array::from_iter_values(
                     ints.as_primitive::<Int64Type>()
@@ -93,6 +110,34 @@ impl SourceDimension {
             numbers: Coordinate::Values(numbers),
             direct_lag: self.direct_lag,
         })
+    }
+}
+
+/// Ticks of a time `unit` per second.
+fn per_second(unit: &TimeUnit) -> f64 {
+    match unit {
+        TimeUnit::Second => 1.0,
+        TimeUnit::Millisecond => 1e3,
+        TimeUnit::Microsecond => 1e6,
+        TimeUnit::Nanosecond => 1e9,
+    }
+}
+
+/// A regular coordinate's values as numbers (times in seconds, as xrft
+/// converts them), computed per position.
+#[derive(Debug)]
+struct RegularNumbers {
+    values: Arc<RegularCoordinate>,
+    per_second: f64,
+}
+
+impl CoordinateFormula for RegularNumbers {
+    fn positions(&self) -> u64 {
+        self.values.len()
+    }
+
+    fn value_at(&self, position: u64) -> f64 {
+        self.values.number_at(position) / self.per_second
     }
 }
 
