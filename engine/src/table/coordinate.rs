@@ -88,7 +88,7 @@ impl Coordinate {
         let positions_iter = || positions.values().iter().map(|p| p.as_usize() as u64);
         Ok(match self {
             Self::Values(values) => take(values.as_ref(), positions, None)?,
-            Self::Regular(regular) => regular.take(&positions_iter().collect::<Vec<_>>())?,
+            Self::Regular(regular) => regular.take(positions_iter())?,
             Self::Index(_) => Arc::new(Int64Array::from_iter_values(
                 positions_iter().map(|p| p as i64),
             )),

@@ -18,7 +18,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int64Array};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Float32Array, Float64Array, Int64Array,
+};
 use datafusion::arrow::compute::kernels::cmp::eq;
 use datafusion::arrow::compute::{can_cast_types, cast, concat, interleave};
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
@@ -38,15 +40,28 @@ enum Formula {
 }
 
 impl Formula {
-    /// The formula's values at `positions`, as `Int64` or `Float64`.
-    fn values(&self, positions: impl Iterator<Item = u64>) -> ArrayRef {
-        match *self {
-            Self::Integer { first, step } => Arc::new(Int64Array::from_iter_values(
-                positions.map(|p| first.wrapping_add((p as i64).wrapping_mul(step))),
+    /// The formula's values at `positions`, of `data_type`: made in that
+    /// type for floats (float32 rounded from float64, as a cast would),
+    /// else as `Int64` and cast.
+    fn values(
+        &self,
+        positions: impl Iterator<Item = u64>,
+        data_type: &DataType,
+    ) -> Result<ArrayRef, ArrowError> {
+        match (*self, data_type) {
+            (Self::Integer { first, step }, _) => cast(
+                &Int64Array::from_iter_values(
+                    positions.map(|p| first.wrapping_add((p as i64).wrapping_mul(step))),
+                ),
+                data_type,
+            ),
+            (Self::Real { first, step }, DataType::Float32) => Ok(Arc::new(
+                Float32Array::from_iter_values(positions.map(|p| (first + p as f64 * step) as f32)),
             )),
-            Self::Real { first, step } => Arc::new(Float64Array::from_iter_values(
-                positions.map(|p| first + p as f64 * step),
-            )),
+            (Self::Real { first, step }, _) => cast(
+                &Float64Array::from_iter_values(positions.map(|p| first + p as f64 * step)),
+                data_type,
+            ),
         }
     }
 }
@@ -127,33 +142,31 @@ impl RegularCoordinate {
     }
 
     /// The values at `positions` (each below [`RegularCoordinate::len`]).
-    pub fn take(&self, positions: &[u64]) -> Result<ArrayRef, ArrowError> {
-        let values = cast(
-            &self.formula.values(positions.iter().copied()),
-            &self.data_type,
-        )?;
+    pub fn take(
+        &self,
+        positions: impl ExactSizeIterator<Item = u64> + Clone,
+    ) -> Result<ArrayRef, ArrowError> {
+        let values = self.formula.values(positions.clone(), &self.data_type)?;
         if self.exception_positions.is_empty() {
             return Ok(values);
         }
-        let picks: Vec<(usize, usize)> = positions
-            .iter()
-            .enumerate()
-            .map(
-                |(row, position)| match self.exception_positions.binary_search(position) {
-                    Ok(k) => (1, k),
-                    Err(_) => (0, row),
-                },
-            )
-            .collect();
-        if picks.iter().all(|&(source, _)| source == 0) {
+        let exception = |position: &u64| self.exception_positions.binary_search(position).ok();
+        if !positions.clone().any(|p| exception(&p).is_some()) {
             return Ok(values);
         }
+        let picks: Vec<(usize, usize)> = positions
+            .enumerate()
+            .map(|(row, position)| match exception(&position) {
+                Some(k) => (1, k),
+                None => (0, row),
+            })
+            .collect();
         interleave(&[values.as_ref(), self.exception_values.as_ref()], &picks)
     }
 
     /// The `len` values from position `offset` on.
     pub fn slice(&self, offset: u64, len: u64) -> Result<ArrayRef, ArrowError> {
-        let values = cast(&self.formula.values(offset..offset + len), &self.data_type)?;
+        let values = self.formula.values(offset..offset + len, &self.data_type)?;
         let from = self.exception_positions.partition_point(|&p| p < offset);
         let to = self
             .exception_positions
@@ -299,10 +312,10 @@ impl RegularCoordinateCheck {
         self.checked += n;
         let most = self.most;
         self.candidates.retain_mut(|candidate| {
-            let Ok(formula) = cast(
-                &candidate.formula.values(offset..offset + n),
-                values.data_type(),
-            ) else {
+            let Ok(formula) = candidate
+                .formula
+                .values(offset..offset + n, values.data_type())
+            else {
                 return false;
             };
             let Ok(same) = eq(&formula, values) else {
@@ -365,9 +378,7 @@ fn differing(same: &BooleanArray) -> impl Iterator<Item = u64> + '_ {
 
 #[cfg(test)]
 mod tests {
-    use datafusion::arrow::array::{
-        Float32Array, Int32Array, TimestampNanosecondArray, UInt64Array,
-    };
+    use datafusion::arrow::array::{Int32Array, TimestampNanosecondArray, UInt64Array};
     use datafusion::arrow::compute::take;
 
     use super::*;
@@ -400,7 +411,7 @@ mod tests {
         );
         let positions: Vec<u64> = (0..n).rev().step_by(7).chain([n - 1, 0, n - 1]).collect();
         assert_eq!(
-            regular.take(&positions).unwrap().to_data(),
+            regular.take(positions.iter().copied()).unwrap().to_data(),
             take(values, &UInt64Array::from(positions.clone()), None)
                 .unwrap()
                 .to_data()
