@@ -247,7 +247,7 @@ fn matches_once(coordinate: &Coordinate) -> bool {
     !coordinate.nullable()
         && coordinate.strict_order().is_some()
         && coordinate
-            .pieces(1 << 20)
+            .pieces(Coordinate::PIECE)
             .all(|piece| piece.is_ok_and(|values| !has_nan(&values)))
 }
 

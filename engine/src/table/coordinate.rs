@@ -19,8 +19,6 @@ use datafusion::arrow::compute::take;
 
 pub use super::regular::RegularCoordinate;
 
-/// Positions compared at a time by [`Coordinate::strict_order`].
-const COMPARED_PIECE: u64 = 1 << 20;
 use datafusion::arrow::datatypes::{ArrowNativeType, ArrowPrimitiveType, DataType};
 use datafusion::arrow::error::ArrowError;
 
@@ -47,6 +45,10 @@ pub enum Coordinate {
 }
 
 impl Coordinate {
+    /// Positions made at a time by whoever goes through a whole coordinate
+    /// (order checks, comparisons, filters): 512 KB of float64.
+    pub const PIECE: u64 = 1 << 16;
+
     /// The number of positions.
     pub fn len(&self) -> u64 {
         match self {
@@ -212,7 +214,7 @@ impl Coordinate {
         let (mut ascending, mut descending) = (true, true);
         let mut offset = 0;
         while offset + 1 < n && (ascending || descending) {
-            let len = COMPARED_PIECE.min(n - offset);
+            let len = Self::PIECE.min(n - offset);
             let values = self.slice(offset, len).ok()?;
             let pairs = len as usize - 1;
             let (before, after) = (values.slice(0, pairs), values.slice(1, pairs));
@@ -243,13 +245,12 @@ impl Coordinate {
             _ => {
                 self.len() == other.len()
                     && self.data_type() == other.data_type()
-                    && self
-                        .pieces(COMPARED_PIECE)
-                        .zip(other.pieces(COMPARED_PIECE))
-                        .all(|pair| match pair {
+                    && self.pieces(Self::PIECE).zip(other.pieces(Self::PIECE)).all(
+                        |pair| match pair {
                             (Ok(a), Ok(b)) => a.to_data() == b.to_data(),
                             _ => false,
-                        })
+                        },
+                    )
             }
         }
     }

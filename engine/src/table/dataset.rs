@@ -3,7 +3,9 @@
 //!
 //! Following xarray: a 1-D array named like its dimension is that
 //! dimension's coordinate; every other array is a data variable. Variables
-//! with the same dimensions (in the same order) form one table.
+//! with the same dimensions (in the same order) form one table. Coordinate
+//! arrays are read when the group is opened, a piece at a time, and held
+//! as their formula when they follow one (see [`super::RegularCoordinate`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -27,8 +29,8 @@ pub struct Dimension {
     pub name: String,
     /// Its length.
     pub len: u64,
-    /// Coordinate values (decoded), or the integer index (computed) when
-    /// there is no coordinate array.
+    /// Coordinate values (decoded, or their formula), or the integer index
+    /// (computed) when there is no coordinate array.
     pub coordinate: Coordinate,
     /// The coordinate array's attributes (empty without one).
     pub attributes: serde_json::Map<String, serde_json::Value>,

@@ -26,8 +26,7 @@ use datafusion::arrow::compute::{can_cast_types, cast, concat, interleave};
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
 use datafusion::arrow::error::ArrowError;
 
-/// Values compared with a formula at a time.
-const CHECKED_PIECE: usize = 1 << 16;
+use super::coordinate::Coordinate;
 
 /// The arithmetic a regular coordinate's values follow.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -295,7 +294,7 @@ impl RegularCoordinateCheck {
         let n = values.len();
         let mut start = 0;
         while start < n && !self.candidates.is_empty() {
-            let len = CHECKED_PIECE.min(n - start);
+            let len = (Coordinate::PIECE as usize).min(n - start);
             self.check_piece(&values.slice(start, len));
             start += len;
         }

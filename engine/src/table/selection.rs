@@ -19,10 +19,8 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{internal_err, Column, DFSchema, Result};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 
+use super::coordinate::Coordinate;
 use super::dataset::GridTable;
-
-/// Coordinate positions a pushed-down filter is evaluated over at a time.
-const FILTERED_PIECE: u64 = 1 << 16;
 
 /// The selected indices of each dimension, as sorted, disjoint ranges.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,7 +149,7 @@ pub fn select(filters: &[Expr], table: &GridTable, session: &dyn Session) -> Res
         // A piece of the coordinate at a time, so that a coordinate held
         // as its formula is never made whole.
         let mut masks: Vec<ArrayRef> = Vec::new();
-        for piece in dim.coordinate.pieces(FILTERED_PIECE) {
+        for piece in dim.coordinate.pieces(Coordinate::PIECE) {
             let batch = RecordBatch::try_new(Arc::clone(&schema), vec![piece?])?;
             let result = predicate.evaluate(&batch)?.into_array(batch.num_rows())?;
             if result.data_type() != &DataType::Boolean {
