@@ -29,7 +29,7 @@ use datafusion::arrow::error::ArrowError;
 use super::coordinate::Coordinate;
 
 /// The arithmetic a regular coordinate's values follow.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 enum Formula {
     /// `first + position × step` in `i64` (integers, times, dates,
     /// durations: their stored integers).
@@ -61,6 +61,22 @@ impl Formula {
                 &Float64Array::from_iter_values(positions.map(|p| first + p as f64 * step)),
                 data_type,
             ),
+        }
+    }
+}
+
+/// Formulas are the same when they give the same bits (`-0.0` is not
+/// `0.0` here).
+impl PartialEq for Formula {
+    fn eq(&self, other: &Self) -> bool {
+        match (*self, *other) {
+            (Self::Integer { first: a, step: s }, Self::Integer { first: b, step: t }) => {
+                a == b && s == t
+            }
+            (Self::Real { first: a, step: s }, Self::Real { first: b, step: t }) => {
+                a.to_bits() == b.to_bits() && s.to_bits() == t.to_bits()
+            }
+            _ => false,
         }
     }
 }
@@ -494,6 +510,26 @@ mod tests {
         assert!(checked(&missing, 2).is_none());
         let text: ArrayRef = Arc::new(datafusion::arrow::array::StringArray::from(vec!["a", "b"]));
         assert!(checked(&text, 2).is_none());
+    }
+
+    #[test]
+    fn formulas_are_the_same_only_when_every_bit_is() {
+        let real = |first: f64| Formula::Real { first, step: 0.5 };
+        assert_eq!(real(0.0), real(0.0));
+        assert_ne!(real(0.0), real(-0.0));
+        assert_ne!(real(0.0), Formula::Integer { first: 0, step: 1 });
+        // A coordinate starting at -0.0 keeps that value as an exception
+        // (-0.0 + 0 × 0.5 is 0.0), so it is not the one starting at 0.0.
+        let from = |first: f64| -> ArrayRef {
+            Arc::new(Float64Array::from_iter_values(
+                std::iter::once(first).chain((1..100).map(|i| i as f64 * 0.5)),
+            ))
+        };
+        let coordinate =
+            |values: &ArrayRef| Coordinate::Regular(Arc::new(checked(values, 30).unwrap()));
+        assert!(coordinate(&from(0.0)).same_values(&coordinate(&from(0.0))));
+        assert!(!coordinate(&from(0.0)).same_values(&coordinate(&from(-0.0))));
+        assert!(coordinate(&from(-0.0)).same_values(&Coordinate::Values(from(-0.0))));
     }
 
     #[test]
