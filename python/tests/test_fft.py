@@ -20,34 +20,22 @@ def transform_in_child(tmp_path: pathlib.Path, allowed_mem: str, store: pathlib.
     """Runs `ctx.table("t").<call>` over `store` under `allowed_mem` in a
     fresh process and writes it to `tmp_path / "spec.zarr"`; returns its
     EXPLAIN text (`plan`), the rows written (`rows`) and how many bytes its
-    peak resident memory grew by while writing (`grown`). The peak is
-    VmHWM, reset first: ru_maxrss would carry the parent's peak across exec."""
-    import json
-    import subprocess
-    import sys
+    peak resident memory grew by while writing (`grown`, see peak_memory)."""
+    from peak_memory import run_child
 
     script = f"""
-import io, json
+import io
 import zarrfusion as zf
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
 ctx = zf.SessionContext(allowed_mem={allowed_mem!r}, work_dir={str(tmp_path / "work")!r})
 ctx.register_zarr("t", {str(store)!r})
 spec = ctx.table("t").{call}
 plan = io.StringIO()
 spec.explain(file=plan)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before = status("VmRSS")
+before = reset_peak()
 rows = spec.to_zarr({str(tmp_path / "spec.zarr")!r})
 print(json.dumps({{"plan": plan.getvalue(), "rows": rows, "grown": status("VmHWM") - before}}))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.splitlines()[-1])
+    return run_child(script)
 
 
 def expected(name: str) -> xr.DataArray:

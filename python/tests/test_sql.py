@@ -186,9 +186,7 @@ def test_a_long_regular_coordinate_is_never_held_whole(tmp_path):
     query (by more than the 128 MB coordinate when that was held; measured
     after a first query, whose ~60 MB of runtime set-up is not the
     coordinate's), and the answer is numpy's."""
-    import json
-    import subprocess
-    import sys
+    from peak_memory import run_child
 
     n, chunk = 1 << 24, 1 << 20
     t = np.arange(n) * 1e-3
@@ -198,26 +196,16 @@ def test_a_long_regular_coordinate_is_never_held_whole(tmp_path):
     ds.to_zarr(tmp_path / "long.zarr", encoding=encoding, zarr_format=3, consolidated=False)
     lo, hi = 1000.0, 2000.0
     script = f"""
-import json
 import zarrfusion as zf
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
 ctx = zf.SessionContext(allowed_mem="48MB")
 ctx.sql("SELECT 1").to_arrow_table()  # the process's first query costs ~60 MB of its own
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before = status("VmRSS")
+before = reset_peak()
 ctx.register_zarr("long", {str(tmp_path / "long.zarr")!r})
 got = ctx.sql("SELECT count(*) AS n, min(t) AS lo, max(t) AS hi, sum(CAST(v AS DOUBLE)) AS s "
               "FROM long WHERE t >= {lo} AND t < {hi}").to_arrow_table().to_pydict()
 print(json.dumps({{"got": {{k: c[0] for k, c in got.items()}}, "grown": status("VmHWM") - before}}))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.splitlines()[-1])
+    report = run_child(script)
     inside = (t >= lo) & (t < hi)
     got = report["got"]
     assert got["n"] == inside.sum()

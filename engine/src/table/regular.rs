@@ -86,18 +86,10 @@ impl PartialEq for Formula {
 fn arithmetic(data_type: &DataType) -> Option<DataType> {
     let class = match data_type {
         DataType::Float32 | DataType::Float64 => DataType::Float64,
-        DataType::Int8
-        | DataType::Int16
-        | DataType::Int32
-        | DataType::Int64
-        | DataType::UInt8
-        | DataType::UInt16
-        | DataType::UInt32
-        | DataType::UInt64
-        | DataType::Timestamp(_, _)
-        | DataType::Date32
-        | DataType::Date64
-        | DataType::Duration(_) => DataType::Int64,
+        t if t.is_integer() => DataType::Int64,
+        DataType::Timestamp(_, _) | DataType::Date32 | DataType::Date64 | DataType::Duration(_) => {
+            DataType::Int64
+        }
         _ => return None,
     };
     (can_cast_types(data_type, &class) && can_cast_types(&class, data_type)).then_some(class)
