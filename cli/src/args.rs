@@ -47,6 +47,11 @@ pub struct Args {
     #[arg(long = "device")]
     pub device: Option<String>,
 
+    /// Object-store reads kept in flight ahead of the decoders, per
+    /// operator (`SET zarrfusion.io_concurrency`; default 64; 0: none).
+    #[arg(long = "io-concurrency")]
+    pub io_concurrency: Option<u64>,
+
     /// Rows per record batch.
     #[arg(long = "batch-size")]
     pub batch_size: Option<usize>,

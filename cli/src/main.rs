@@ -105,6 +105,12 @@ fn build_context(args: &Args) -> Result<SessionContext, String> {
             .set("zarrfusion.device", device)
             .map_err(|e| format!("--device: {e}"))?;
     }
+    if let Some(n) = args.io_concurrency {
+        config
+            .options_mut()
+            .set("zarrfusion.io_concurrency", &n.to_string())
+            .map_err(|e| format!("--io-concurrency: {e}"))?;
+    }
     let runtime = builder.build_arc().map_err(|e| e.to_string())?;
     if let Some(batch_size) = args.batch_size {
         config = config.with_batch_size(batch_size);

@@ -8,6 +8,7 @@
 //! SET zarrfusion.work_dir = '/scratch/zf';   -- where intermediates and spills go
 //! SET zarrfusion.work_dir = 's3://bucket/zf'; -- intermediates in an object store
 //! SET zarrfusion.device = 'cpu';             -- where FFTs run: auto, cpu, cuda
+//! SET zarrfusion.io_concurrency = 64;        -- object-store reads in flight per query
 //! ```
 //!
 //! `allowed_mem` and `work_dir` live on DataFusion's runtime (its memory
@@ -54,6 +55,12 @@ extensions_options! {
         /// `four_step`, a transform along several dimensions whose blocks
         /// do not fit runs one dimension at a time (staged in `work_dir`).
         pub fft_strategy: String, default = "auto".to_string()
+        /// Object-store reads an operator keeps in flight ahead of its
+        /// decoders (shared among its partitions), each holding up to a
+        /// chunk counted in the operator's memory; fewer when `allowed_mem`
+        /// leaves less room; 0 turns reading ahead off. Local stores do
+        /// not read ahead.
+        pub io_concurrency: usize, default = 64
     }
 }
 

@@ -23,7 +23,9 @@ type Contents = HashMap<String, (Vec<u64>, Vec<u64>, String)>;
 fn contents(store: &str) -> Contents {
     let runtime = RuntimeEnv::default();
     let location = StoreLocation::parse(store).unwrap();
-    let storage = open_storage(store, &location, &HashMap::new(), &runtime).unwrap();
+    let storage = open_storage(store, &location, &HashMap::new(), &runtime)
+        .unwrap()
+        .storage;
     let mut out = HashMap::new();
     for entry in discover_arrays(&storage, store, root_name(store)).unwrap() {
         let array =

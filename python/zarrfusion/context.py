@@ -18,7 +18,9 @@ class SessionContext:
     local path (DataFusion's spill files go there too) or an object-store
     URL (``"s3://bucket/scratch"``: a rechunk's intermediate arrays);
     ``device`` is where FFTs run: ``"auto"`` (a GPU when one is usable, else
-    the CPU), ``"cpu"`` or ``"cuda"``; ``config`` sets any session setting,
+    the CPU), ``"cpu"`` or ``"cuda"``; ``io_concurrency`` is how many
+    object-store reads an operator keeps in flight ahead of its decoders
+    (default 64, 0 for none; their chunks count in ``allowed_mem``); ``config`` sets any session setting,
     e.g. ``{"zarrfusion.dense_reduction": "false"}``.
     """
 
@@ -30,11 +32,16 @@ class SessionContext:
         target_partitions: int | None = None,
         batch_size: int | None = None,
         device: str | None = None,
+        io_concurrency: int | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> None:
         settings = None if config is None else {str(k): _setting(v) for k, v in config.items()}
         if device is not None:
             settings = {**(settings or {}), "zarrfusion.device": str(device)}
+        if io_concurrency is not None:
+            if isinstance(io_concurrency, bool) or not isinstance(io_concurrency, int) or io_concurrency < 0:
+                raise ValueError(f"io_concurrency must be a non-negative integer, got {io_concurrency!r}")
+            settings = {**(settings or {}), "zarrfusion.io_concurrency": str(io_concurrency)}
         self._raw = _zarrfusion.SessionContext(
             allowed_mem=allowed_mem,
             work_dir=None if work_dir is None else os.fspath(work_dir),

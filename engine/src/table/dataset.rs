@@ -162,16 +162,12 @@ impl ZarrDataset {
         if let Some(group) = &options.group {
             resolved = resolved.join(group);
         }
-        let storage = open_storage(location, &resolved, &options.storage, runtime)?;
-        let entries = discover_arrays(&storage, location, root_name(location))?;
-        let local_root = match &resolved {
-            StoreLocation::Local(path) => Some(path.clone()),
-            StoreLocation::Remote(_) => None,
-        };
+        let opened = open_storage(location, &resolved, &options.storage, runtime)?;
+        let entries = discover_arrays(&opened.storage, location, root_name(location))?;
         let arrays = entries
             .into_iter()
             .map(|entry| {
-                ZarrArray::open(&storage, location, entry, local_root.clone()).map(Arc::new)
+                ZarrArray::open(&opened.storage, location, entry, &opened.access).map(Arc::new)
             })
             .collect::<Result<Vec<_>>>()?;
         Self::from_arrays(location, arrays)

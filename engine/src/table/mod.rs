@@ -9,6 +9,7 @@ mod dataset;
 mod factory;
 mod options;
 mod provider;
+mod read_ahead;
 mod read_zarr;
 mod regular;
 mod scan;
@@ -22,6 +23,7 @@ pub(crate) use factory::open_dataset_blocking;
 pub use factory::{open_dataset, ZarrTableFactory};
 pub use options::{parse_dims, ZarrTableOptions};
 pub use provider::ZarrTable;
+pub use read_ahead::{ReadAheadPlan, TableReadAhead};
 pub use read_zarr::ReadZarrPlanner;
 pub(crate) use read_zarr::{
     literal_text, registered_table, store_table, zarr_source, TableFunctionCall,

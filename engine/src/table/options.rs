@@ -7,6 +7,7 @@
 //! | `group` | a group inside the store, e.g. `'atmosphere/surface'` |
 //! | `pushdown` | `'false'` turns filter pushdown off (for checking results; default `'true'`) |
 //! | `aws.*`, `gcp.*`, `azure.*`, `http.*` | object-store settings, as in `datafusion-cli` |
+//! | `retry.*`, `client.*` | the object store's retries and HTTP client: `retry.max_retries`, `retry.retry_timeout`, `retry.backoff.init_backoff`, `retry.backoff.max_backoff`, `retry.backoff.base`, `client.timeout`, `client.connect_timeout`, ... |
 
 use std::collections::HashMap;
 
@@ -36,8 +37,8 @@ impl Default for ZarrTableOptions {
     }
 }
 
-const STORAGE_PREFIXES: [&str; 8] = [
-    "aws.", "s3.", "gcp.", "gcs.", "google.", "azure.", "az.", "http.",
+const STORAGE_PREFIXES: [&str; 10] = [
+    "aws.", "s3.", "gcp.", "gcs.", "google.", "azure.", "az.", "http.", "retry.", "client.",
 ];
 
 impl ZarrTableOptions {
@@ -65,7 +66,7 @@ impl ZarrTableOptions {
                 }
                 _ => {
                     return Err(ZarrFusionError::Invalid(format!(
-                        "unknown Zarr table option '{short}' (known: dims, group, pushdown, aws.*, gcp.*, azure.*, http.*)"
+                        "unknown Zarr table option '{short}' (known: dims, group, pushdown, aws.*, gcp.*, azure.*, http.*, retry.*, client.*)"
                     )))
                 }
             }

@@ -16,6 +16,7 @@ use super::blocks::BlockGrid;
 use super::dataset::GridTable;
 use super::scan::ZarrScanExec;
 use super::selection::{classify_filters, select};
+use crate::config::ZarrConfig;
 
 /// A table over the variables of one dimension set: one column per
 /// dimension, one per variable, one row per grid cell.
@@ -109,9 +110,10 @@ impl TableProvider for ZarrTable {
             partitions,
             limit,
             state.config().batch_size(),
+            ZarrConfig::of(state.config().options()).io_concurrency,
         )?;
         if let Some(bytes) = memory_limit {
-            scan = scan.fit_batches(bytes);
+            scan = scan.fit_batches(bytes).fit_read_ahead(bytes);
             scan.check_memory(bytes)?;
         }
         Ok(Arc::new(scan))

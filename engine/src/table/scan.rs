@@ -6,10 +6,12 @@
 //! bounded channel, so decoding overlaps with the consumer and memory stays
 //! at about two blocks per partition (batches are slices of their block, so
 //! the block the channel still holds stays alive while the next one is
-//! decoded): that is the scan's projected memory, and a scan whose
-//! projected memory exceeds the session's memory limit is refused while
-//! planning. Dimension columns are generated from the coordinates, never
-//! stored per cell.
+//! decoded), plus, over an object store, the chunks its read-ahead window
+//! holds ([`ReadAheadPlan`]: reads in flight ahead of the decoder, in the
+//! order the partition reads its blocks): that is the scan's projected
+//! memory, and a scan whose projected memory exceeds the session's memory
+//! limit is refused while planning. Dimension columns are generated from
+//! the coordinates, never stored per cell.
 
 use std::fmt;
 use std::ops::Range;
@@ -37,6 +39,7 @@ use tokio::sync::mpsc::Sender;
 use super::blocks::{boxes_in_block, BlockGrid};
 use super::cells::BoxCells;
 use super::dataset::GridTable;
+use super::read_ahead::ReadAheadPlan;
 use super::selection::Selection;
 use crate::progress::ScanProgress;
 use crate::zarr::ChunkBufferPool;
@@ -55,13 +58,18 @@ pub struct ZarrScanExec {
     limit: Option<usize>,
     /// Rows per batch, as planned.
     batch_size: usize,
+    /// Each partition's reads ahead of its decoder (remote stores).
+    read_ahead: ReadAheadPlan,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl ZarrScanExec {
     /// A scan of `projection` (indices into the table's schema) over
-    /// `selection`, in batches of `batch_size` rows.
+    /// `selection`, in batches of `batch_size` rows, keeping up to
+    /// `io_concurrency` reads in flight (shared among the partitions) when
+    /// the store is remote.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         table: Arc<GridTable>,
         projection: Vec<usize>,
@@ -70,7 +78,11 @@ impl ZarrScanExec {
         partitions: usize,
         limit: Option<usize>,
         batch_size: usize,
+        io_concurrency: usize,
     ) -> Result<Self> {
+        let read_ahead =
+            ReadAheadPlan::new(&table, &projection, io_concurrency, blocks.block_shape(), 1)
+                .split(partitions.max(1));
         let schema = Arc::new(table.schema.project(&projection)?);
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
@@ -86,17 +98,21 @@ impl ZarrScanExec {
             blocks: Arc::new(blocks),
             limit,
             batch_size: batch_size.max(1),
+            read_ahead,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 
     /// Memory one partition holds at its peak: two decoded blocks of the
-    /// projected variables (stored and decoded bytes) and the dimension
+    /// projected variables (stored and decoded bytes), the dimension
     /// columns of the batches in flight (the channel's two and the one being
-    /// built; variables in a batch are slices of its block).
+    /// built; variables in a batch are slices of its block) and the chunks
+    /// read ahead.
     pub fn per_partition_memory(&self) -> usize {
-        self.block_memory() + 3 * self.batch_size * self.dimension_row_bytes()
+        self.block_memory()
+            + 3 * self.batch_size * self.dimension_row_bytes()
+            + self.read_ahead.memory()
     }
 
     /// Two decoded blocks of the projected variables.
@@ -143,6 +159,17 @@ impl ZarrScanExec {
         self
     }
 
+    /// Lowers the reads ahead of each partition's decoder so that the
+    /// chunks they hold fit what `limit` leaves beside the blocks and
+    /// batches (none when nothing is left).
+    pub fn fit_read_ahead(mut self, limit: usize) -> Self {
+        let partitions = self.properties.partitioning.partition_count();
+        let share = limit / partitions.max(1);
+        let room = share.saturating_sub(self.per_partition_memory() - self.read_ahead.memory());
+        self.read_ahead = self.read_ahead.within(room);
+        self
+    }
+
     /// Memory the whole scan is projected to hold at its peak.
     pub fn projected_memory(&self) -> usize {
         self.properties.partitioning.partition_count() * self.per_partition_memory()
@@ -156,7 +183,7 @@ impl ZarrScanExec {
         }
         plan_err!(
             "ZarrScanExec over {} needs {} ({} partitions x {} per partition: two blocks of \
-             shape {:?} and the batches in flight) but the memory limit (allowed_mem) is {}; \
+             shape {:?} and the batches in flight{}) but the memory limit (allowed_mem) is {}; \
              raise it, read fewer columns, or rechunk the store to smaller chunks (a block \
              is at least one chunk)",
             self.table.store,
@@ -164,6 +191,10 @@ impl ZarrScanExec {
             self.properties.partitioning.partition_count(),
             human_readable_size(self.per_partition_memory()),
             self.blocks.block_shape(),
+            match self.read_ahead.depth() {
+                0 => String::new(),
+                n => format!(", and {n} chunks read ahead"),
+            },
             human_readable_size(limit)
         )
     }
@@ -196,7 +227,7 @@ impl DisplayAs for ZarrScanExec {
         write!(
             f,
             "ZarrScanExec: store={}, dims=[{}], projection=[{}], rows={}, blocks={} of shape {:?}, \
-             projected_memory={}",
+             projected_memory={}{}",
             self.table.store,
             self.table.dims_name().replace('_', ", "),
             columns.join(", "),
@@ -204,6 +235,7 @@ impl DisplayAs for ZarrScanExec {
             self.blocks.num_blocks(),
             self.blocks.block_shape(),
             human_readable_size(self.projected_memory()),
+            self.read_ahead,
         )?;
         if let Some(limit) = self.limit {
             write!(f, ", limit={limit}")?;
@@ -281,6 +313,17 @@ impl ExecutionPlan for ZarrScanExec {
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let decode_time = MetricBuilder::new(&self.metrics).subset_time("decode_time", partition);
         let bytes_decoded = MetricBuilder::new(&self.metrics).counter("bytes_decoded", partition);
+        let read_ahead = {
+            let selection = Arc::clone(&self.selection);
+            let grid = Arc::clone(&self.blocks);
+            self.read_ahead.start(
+                &self.table,
+                &self.projection,
+                blocks.clone(),
+                1,
+                move |id| boxes_in_block(&selection, &grid.block(id)),
+            )
+        };
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
         let tx = builder.tx();
         builder.spawn_blocking(move || {
@@ -300,6 +343,9 @@ impl ExecutionPlan for ZarrScanExec {
                     if !sent? {
                         return Ok(());
                     }
+                }
+                if let Some(read_ahead) = &read_ahead {
+                    read_ahead.done_with(id);
                 }
                 blocks_read.add(1);
                 if let Some(progress) = &progress {

@@ -12,12 +12,16 @@ use datafusion::arrow::datatypes::DataType;
 use serde_json::{Map, Value};
 use zarrs::array::{Array, ArrayBytes, ArraySubset};
 use zarrs::metadata::ArrayMetadata;
-use zarrs::storage::{ReadableListableStorage, ReadableListableStorageTraits, StorePrefix};
+use zarrs::storage::{
+    ReadableListableStorage, ReadableListableStorageTraits, StoreKey, StorePrefix,
+};
 
 use super::buffer_pool::ChunkBufferPool;
 use super::decode::{ColumnDecoder, StoredType};
 use super::hierarchy::ArrayEntry;
 use super::raw_chunks::{RawChunkError, RawChunks};
+use super::remote::RemoteStorage;
+use super::store::StoreAccess;
 use crate::error::{Result, ZarrFusionError};
 
 /// A Zarr array opened for reading, with its CF decoding.
@@ -29,22 +33,29 @@ pub struct ZarrArray {
     decoder: ColumnDecoder,
     /// The directory the store's keys live under, for local stores.
     local_root: Option<PathBuf>,
+    /// The object store of a remote store (its read-ahead windows).
+    remote: Option<Arc<RemoteStorage>>,
     /// How to read chunk files directly, when they are uncompressed and local.
     raw: Option<RawChunks>,
 }
 
 impl ZarrArray {
     /// Opens an array from its discovered metadata. Unknown codecs and data
-    /// types are reported here, naming the store and array. `local_root` is
-    /// the directory of a local store (it lets [`Self::fingerprint`] see
-    /// modification times, and [`Self::read`] read uncompressed chunks
-    /// straight from their files).
+    /// types are reported here, naming the store and array. `access` says
+    /// where the bytes are: a local directory lets [`Self::fingerprint`]
+    /// see modification times and [`Self::read`] read uncompressed chunks
+    /// straight from their files; an object store lets operators read
+    /// ahead ([`Self::chunk_keys`]).
     pub fn open(
         storage: &ReadableListableStorage,
         store: &str,
         entry: ArrayEntry,
-        local_root: Option<PathBuf>,
+        access: &StoreAccess,
     ) -> Result<Self> {
+        let (local_root, remote) = match access {
+            StoreAccess::Local(path) => (Some(path.clone()), None),
+            StoreAccess::Remote(remote) => (None, Some(Arc::clone(remote))),
+        };
         let name = entry.name.clone();
         let fail = |message: String| ZarrFusionError::array(store, &name, message);
         let (attributes, v2_fill): (Map<String, Value>, Option<Value>) = match &entry.metadata {
@@ -76,8 +87,40 @@ impl ZarrArray {
             dims,
             decoder,
             local_root,
+            remote,
             raw,
         })
+    }
+
+    /// The object store this array is read from, when it is remote.
+    pub fn remote(&self) -> Option<&Arc<RemoteStorage>> {
+        self.remote.as_ref()
+    }
+
+    /// The keys of the stored chunks (shards when sharded) that reading
+    /// `ranges` fetches whole, in the order of the chunk grid; empty when
+    /// the array is sharded (reads of shards are ranged) or `ranges` holds
+    /// no chunk. What a read-ahead window is given.
+    pub fn chunk_keys(&self, ranges: &[Range<u64>]) -> Vec<StoreKey> {
+        if is_sharded(self.array.metadata()) {
+            return Vec::new();
+        }
+        let subset = ArraySubset::new_with_ranges(ranges);
+        match self.array.chunks_in_array_subset(&subset) {
+            Ok(Some(chunks)) => chunks
+                .indices()
+                .into_iter()
+                .map(|indices| self.array.chunk_key(&indices))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Bytes of the largest stored chunk, decoded: what one read-ahead
+    /// chunk is counted as (encoded chunks are rarely larger).
+    pub fn chunk_bytes(&self) -> usize {
+        let cells: u64 = self.chunk_shape().iter().product();
+        (cells as usize).saturating_mul(self.element_size())
     }
 
     /// The array's name inside its group.
@@ -239,18 +282,27 @@ impl ZarrArray {
         }
     }
 
-    /// Finds which chunk of `subset` fails to decode, to name it in the error.
+    /// Finds which chunk of `subset` fails, to name it in the error: the
+    /// chunk whose key a failed read names (object stores: no request is
+    /// sent again), else the first chunk that fails to read on its own.
     fn locate_error(&self, subset: &ArraySubset, message: String) -> ZarrFusionError {
+        let chunk_error = |indices: &[u64], message: String| ZarrFusionError::Chunk {
+            store: self.store.clone(),
+            array: self.name.clone(),
+            key: self.array.chunk_key(indices).to_string(),
+            chunk: indices.to_vec(),
+            message,
+        };
         if let Ok(Some(chunks)) = self.array.chunks_in_array_subset(subset) {
+            let named = chunks.indices().into_iter().find(|indices| {
+                message.contains(&format!("'{}'", self.array.chunk_key(indices).as_str()))
+            });
+            if let Some(indices) = named {
+                return chunk_error(&indices, message);
+            }
             for indices in &chunks.indices() {
                 if let Err(e) = self.array.retrieve_chunk::<ArrayBytes<'static>>(&indices) {
-                    return ZarrFusionError::Chunk {
-                        store: self.store.clone(),
-                        array: self.name.clone(),
-                        key: self.array.chunk_key(&indices).to_string(),
-                        chunk: indices.to_vec(),
-                        message: e.to_string(),
-                    };
+                    return chunk_error(&indices, e.to_string());
                 }
             }
         }
@@ -267,6 +319,14 @@ impl std::fmt::Debug for ZarrArray {
             .field("dims", &self.dims)
             .field("decoder", &self.decoder)
             .finish()
+    }
+}
+
+/// Whether an array's stored chunks are shards (the sharding codec).
+pub(crate) fn is_sharded(metadata: &ArrayMetadata) -> bool {
+    match metadata {
+        ArrayMetadata::V3(m) => m.codecs.iter().any(|c| c.name() == "sharding_indexed"),
+        ArrayMetadata::V2(_) => false,
     }
 }
 

@@ -6,12 +6,16 @@ mod buffer_pool;
 mod decode;
 mod hierarchy;
 mod raw_chunks;
+mod remote;
 mod store;
 
-pub(crate) use array::dimension_names;
+pub(crate) use array::{dimension_names, is_sharded};
 pub use array::{root_name, ZarrArray};
 pub use buffer_pool::{ChunkBufferPool, PooledBytes};
 pub use decode::{ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
-pub use store::{open_storage, open_writable_storage, StoreLocation};
+pub use remote::{IoCounters, ReadAhead, RemoteStorage, UpcomingKeys};
+pub use store::{
+    open_storage, open_writable_storage, retry_config, OpenedStore, StoreAccess, StoreLocation,
+};

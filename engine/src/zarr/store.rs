@@ -7,7 +7,15 @@
 //! credentials apply), otherwise one is built from the environment and the
 //! table's `OPTIONS`, as `datafusion-cli` does (`aws.region`,
 //! `aws.access_key_id`, `aws.skip_signature`, `gcp.service_account_path`,
-//! `azure.account_name`, ...), and registered for later queries.
+//! `azure.account_name`, ...), and registered for later queries. A table
+//! that gives object-store options gets a store built from them (and
+//! registered in place of the one before), so its settings apply to it.
+//!
+//! Retries and time-outs are the object store's, set with `retry.*` and
+//! `client.*` options in the ecosystem's naming ([`retry_config`]):
+//! `retry.max_retries`, `retry.retry_timeout`, `retry.backoff.init_backoff`,
+//! `retry.backoff.max_backoff`, `retry.backoff.base`, `client.timeout`,
+//! `client.connect_timeout` and every other `object_store` client key.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,25 +29,13 @@ use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::http::HttpBuilder;
 use object_store::prefix::PrefixStore;
-use object_store::{ClientConfigKey, ObjectStore};
+use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, RetryConfig};
 use url::Url;
 use zarrs::filesystem::FilesystemStore;
-use zarrs::storage::storage_adapter::async_to_sync::{
-    AsyncToSyncBlockOn, AsyncToSyncStorageAdapter,
-};
 use zarrs::storage::{ReadableListableStorage, ReadableWritableListableStorage};
-use zarrs_object_store::AsyncObjectStore;
 
+use super::remote::RemoteStorage;
 use crate::error::{Result, ZarrFusionError};
-
-/// Runs object-store futures from the blocking threads that decode chunks.
-struct TokioBlockOn(tokio::runtime::Handle);
-
-impl AsyncToSyncBlockOn for TokioBlockOn {
-    fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
-        self.0.block_on(future)
-    }
-}
 
 /// Where a store lives, resolved from what the user wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -93,6 +89,23 @@ impl std::fmt::Display for StoreLocation {
     }
 }
 
+/// How a store's bytes are reached, beside its zarrs storage.
+#[derive(Debug, Clone)]
+pub enum StoreAccess {
+    /// Files under this directory.
+    Local(PathBuf),
+    /// An object store, with its read-ahead and counters.
+    Remote(Arc<RemoteStorage>),
+}
+
+/// A store opened for reading: its zarrs storage and how it is reached.
+pub struct OpenedStore {
+    /// The storage zarrs reads through.
+    pub storage: ReadableListableStorage,
+    /// The directory or the object store behind it.
+    pub access: StoreAccess,
+}
+
 /// Opens the storage of a store for reading and listing.
 ///
 /// Must run outside an async context (remote stores block on the runtime).
@@ -101,7 +114,7 @@ pub fn open_storage(
     location: &StoreLocation,
     options: &HashMap<String, String>,
     runtime: &RuntimeEnv,
-) -> Result<ReadableListableStorage> {
+) -> Result<OpenedStore> {
     match location {
         StoreLocation::Local(path) => {
             if !path.is_dir() {
@@ -116,9 +129,18 @@ pub fn open_storage(
             }
             let store =
                 FilesystemStore::new(path).map_err(|e| ZarrFusionError::store(display, e))?;
-            Ok(Arc::new(store))
+            Ok(OpenedStore {
+                storage: Arc::new(store),
+                access: StoreAccess::Local(path.clone()),
+            })
         }
-        StoreLocation::Remote(url) => Ok(remote_storage(display, url, options, runtime)?),
+        StoreLocation::Remote(url) => {
+            let remote = remote_storage(display, url, options, runtime)?;
+            Ok(OpenedStore {
+                storage: Arc::clone(&remote) as ReadableListableStorage,
+                access: StoreAccess::Remote(remote),
+            })
+        }
     }
 }
 
@@ -140,10 +162,6 @@ pub fn open_writable_storage(
     }
 }
 
-/// An object store as synchronous zarrs storage.
-type RemoteStorage =
-    AsyncToSyncStorageAdapter<AsyncObjectStore<Arc<dyn ObjectStore>>, TokioBlockOn>;
-
 /// The object store serving `url`, rooted at its path, as synchronous
 /// zarrs storage (futures run on the current Tokio runtime).
 fn remote_storage(
@@ -161,14 +179,12 @@ fn remote_storage(
     } else {
         Arc::new(PrefixStore::new(object_store, prefix))
     };
-    Ok(Arc::new(AsyncToSyncStorageAdapter::new(
-        Arc::new(AsyncObjectStore::new(store)),
-        TokioBlockOn(handle),
-    )))
+    Ok(Arc::new(RemoteStorage::new(store, handle)))
 }
 
-/// The session's object store for `url`, or a new one built from the
-/// environment and `options` and registered with the runtime.
+/// The session's object store for `url` when `options` set nothing, else
+/// a new one built from the environment and `options` and registered with
+/// the runtime (in place of the one before).
 fn object_store_for(
     display: &str,
     url: &Url,
@@ -177,10 +193,14 @@ fn object_store_for(
 ) -> Result<Arc<dyn ObjectStore>> {
     let root = ObjectStoreUrl::parse(format!("{}://{}", url.scheme(), url.authority()))
         .map_err(|e| ZarrFusionError::store(display, e))?;
-    if let Ok(store) = runtime.object_store(&root) {
-        return Ok(store);
+    if options.is_empty() {
+        if let Ok(store) = runtime.object_store(&root) {
+            return Ok(store);
+        }
     }
     let err = |e: &dyn std::fmt::Display| ZarrFusionError::store(display, e);
+    let retry = retry_config(options).map_err(|e| err(&e))?;
+    let client = client_options(options).map_err(|e| err(&e))?;
     let scoped = |prefixes: &[&str]| -> Vec<(String, String)> {
         options
             .iter()
@@ -200,7 +220,10 @@ fn object_store_for(
                 let key = AmazonS3ConfigKey::from_str(&key).map_err(|e| err(&e))?;
                 builder = builder.with_config(key, value);
             }
-            Arc::new(builder.build().map_err(|e| err(&e))?)
+            for (key, value) in &client {
+                builder = builder.with_config(AmazonS3ConfigKey::Client(*key), value);
+            }
+            Arc::new(builder.with_retry(retry).build().map_err(|e| err(&e))?)
         }
         "gs" | "gcs" => {
             let mut builder = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
@@ -208,7 +231,10 @@ fn object_store_for(
                 let key = GoogleConfigKey::from_str(&key).map_err(|e| err(&e))?;
                 builder = builder.with_config(key, value);
             }
-            Arc::new(builder.build().map_err(|e| err(&e))?)
+            for (key, value) in &client {
+                builder = builder.with_config(GoogleConfigKey::Client(*key), value);
+            }
+            Arc::new(builder.with_retry(retry).build().map_err(|e| err(&e))?)
         }
         "az" | "azure" | "abfs" | "abfss" | "adl" => {
             let mut builder = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
@@ -216,7 +242,10 @@ fn object_store_for(
                 let key = AzureConfigKey::from_str(&key).map_err(|e| err(&e))?;
                 builder = builder.with_config(key, value);
             }
-            Arc::new(builder.build().map_err(|e| err(&e))?)
+            for (key, value) in &client {
+                builder = builder.with_config(AzureConfigKey::Client(*key), value);
+            }
+            Arc::new(builder.with_retry(retry).build().map_err(|e| err(&e))?)
         }
         "http" | "https" => {
             let mut builder = HttpBuilder::new().with_url(root.as_str());
@@ -228,7 +257,10 @@ fn object_store_for(
                 let key = ClientConfigKey::from_str(&key).map_err(|e| err(&e))?;
                 builder = builder.with_config(key, value);
             }
-            Arc::new(builder.build().map_err(|e| err(&e))?)
+            for (key, value) in &client {
+                builder = builder.with_config(*key, value);
+            }
+            Arc::new(builder.with_retry(retry).build().map_err(|e| err(&e))?)
         }
         other => {
             return Err(ZarrFusionError::store(
@@ -239,6 +271,77 @@ fn object_store_for(
     };
     runtime.register_object_store(root.as_ref(), Arc::clone(&store));
     Ok(store)
+}
+
+/// The retry settings among `options` (`retry.*`), over object_store's
+/// defaults (10 retries within 3 minutes, backoff from 100 ms doubling up
+/// to 15 s).
+pub fn retry_config(options: &HashMap<String, String>) -> std::result::Result<RetryConfig, String> {
+    let mut retry = RetryConfig::default();
+    let mut backoff = BackoffConfig::default();
+    for (key, value) in options {
+        let Some(name) = key
+            .to_ascii_lowercase()
+            .strip_prefix("retry.")
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let bad = |what: &str| format!("option {key} must be {what}, got '{value}'");
+        match name.as_str() {
+            "max_retries" => {
+                retry.max_retries = value.trim().parse().map_err(|_| bad("a count"))?
+            }
+            "retry_timeout" => retry.retry_timeout = parse_duration(value).map_err(|e| bad(&e))?,
+            "backoff.init_backoff" => {
+                backoff.init_backoff = parse_duration(value).map_err(|e| bad(&e))?
+            }
+            "backoff.max_backoff" => {
+                backoff.max_backoff = parse_duration(value).map_err(|e| bad(&e))?
+            }
+            "backoff.base" => {
+                backoff.base = value
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|b| b.is_finite() && *b >= 1.0)
+                    .ok_or_else(|| bad("a number of at least 1"))?
+            }
+            _ => {
+                return Err(format!(
+                    "unknown option {key} (known: retry.max_retries, retry.retry_timeout, \
+                     retry.backoff.init_backoff, retry.backoff.max_backoff, retry.backoff.base)"
+                ))
+            }
+        }
+    }
+    retry.backoff = backoff;
+    Ok(retry)
+}
+
+/// A duration written as `10ms`, `2s`, `1min` (humantime's syntax).
+fn parse_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("a duration such as 10ms or 2s ({e})"))
+}
+
+/// The HTTP client settings among `options` (`client.timeout`,
+/// `client.connect_timeout`, ...: object_store's client keys).
+fn client_options(
+    options: &HashMap<String, String>,
+) -> std::result::Result<Vec<(ClientConfigKey, String)>, String> {
+    options
+        .iter()
+        .filter_map(|(key, value)| {
+            let name = key.to_ascii_lowercase();
+            let name = name.strip_prefix("client.")?.to_string();
+            Some(
+                ClientConfigKey::from_str(&name)
+                    .map(|k| (k, value.clone()))
+                    .map_err(|e| format!("option {key}: {e}")),
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -262,5 +365,47 @@ mod tests {
             StoreLocation::parse("s3://bucket/era5.zarr/group").unwrap()
         );
         assert!(StoreLocation::parse("  ").is_err());
+    }
+
+    #[test]
+    fn retry_settings_parse_in_the_ecosystems_naming() {
+        let options: HashMap<String, String> = [
+            ("retry.max_retries", "3"),
+            ("retry.retry_timeout", "20s"),
+            ("retry.backoff.init_backoff", "10ms"),
+            ("retry.backoff.max_backoff", "1s"),
+            ("retry.backoff.base", "3"),
+            ("aws.region", "us-east-1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let retry = retry_config(&options).unwrap();
+        assert_eq!(retry.max_retries, 3);
+        assert_eq!(retry.retry_timeout, std::time::Duration::from_secs(20));
+        assert_eq!(
+            retry.backoff.init_backoff,
+            std::time::Duration::from_millis(10)
+        );
+        assert_eq!(retry.backoff.max_backoff, std::time::Duration::from_secs(1));
+        assert_eq!(retry.backoff.base, 3.0);
+        let bad = |k: &str, v: &str| {
+            retry_config(&HashMap::from([(k.to_string(), v.to_string())])).unwrap_err()
+        };
+        assert!(bad("retry.max_retries", "-1").contains("retry.max_retries"));
+        assert!(bad("retry.backoff.base", "0.5").contains("at least 1"));
+        assert!(bad("retry.retry_timeout", "soon").contains("retry.retry_timeout"));
+        assert!(bad("retry.tries", "3").contains("unknown option retry.tries"));
+        let client = client_options(&HashMap::from([
+            ("client.timeout".to_string(), "5s".to_string()),
+            ("client.connect_timeout".to_string(), "1s".to_string()),
+        ]))
+        .unwrap();
+        assert_eq!(client.len(), 2);
+        assert!(client_options(&HashMap::from([(
+            "client.speed".to_string(),
+            "fast".to_string()
+        )]))
+        .is_err());
     }
 }

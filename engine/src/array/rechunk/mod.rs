@@ -60,7 +60,8 @@ use crate::write::sink::CancelOnDrop;
 use crate::write::store::{consolidate, io_error, v2_compressor, v3_compressor, write_atomically};
 
 use crate::zarr::{
-    dimension_names, discover_arrays, open_storage, read_json, root_name, ArrayEntry, StoreLocation,
+    dimension_names, discover_arrays, is_sharded, open_storage, read_json, root_name, ArrayEntry,
+    StoreLocation,
 };
 
 /// Bytes planned per element of a variable-length data type.
@@ -220,7 +221,7 @@ fn open_jobs(
     runtime: &RuntimeEnv,
 ) -> Result<(Arc<dyn ReadableListableStorageTraits>, Vec<Job>)> {
     let location = StoreLocation::parse(source)?;
-    let storage = open_storage(source, &location, &HashMap::new(), runtime)?;
+    let storage = open_storage(source, &location, &HashMap::new(), runtime)?.storage;
     let mut entries = discover_arrays(&storage, source, root_name(source))?;
     if let Some(names) = arrays {
         entries.retain(|entry| names.contains(&entry.name));
@@ -308,13 +309,6 @@ fn open_jobs(
         }
     }
     Ok((storage, jobs))
-}
-
-fn is_sharded(metadata: &ArrayMetadata) -> bool {
-    match metadata {
-        ArrayMetadata::V3(m) => m.codecs.iter().any(|c| c.name() == "sharding_indexed"),
-        ArrayMetadata::V2(_) => false,
-    }
 }
 
 /// `metadata` with chunk shape `chunks`; `plain` also drops compression

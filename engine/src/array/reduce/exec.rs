@@ -48,8 +48,12 @@ use super::accumulators::{DenseAccumulator, ReduceOp, RowCounts};
 use super::elementwise::FusedExpr;
 use super::groups::{GroupSpace, Line};
 use super::node::{DenseReduction, ReduceExpr};
+use crate::config::ZarrConfig;
 use crate::progress::ScanProgress;
-use crate::table::{boxes_in_block, select, BlockGrid, BoxCells, GridTable, Selection};
+use crate::table::{
+    boxes_in_block, select, BlockGrid, BoxCells, GridTable, ReadAheadPlan, Selection,
+    TableReadAhead,
+};
 use crate::zarr::ChunkBufferPool;
 
 /// Rows evaluated and folded at a time.
@@ -93,6 +97,8 @@ struct Reduction {
 pub struct DenseReductionExec {
     reduction: Arc<Reduction>,
     workers: usize,
+    /// Reads ahead of the workers (remote stores), one window for all.
+    read_ahead: ReadAheadPlan,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -167,6 +173,13 @@ impl DenseReductionExec {
         let space = GroupSpace::new(&selection, &sorted_dims);
         let workers =
             (blocks.num_blocks() as usize).clamp(1, options.execution.target_partitions.max(1));
+        let read_ahead = ReadAheadPlan::new(
+            &table,
+            &columns,
+            ZarrConfig::of(options).io_concurrency,
+            blocks.block_shape(),
+            workers,
+        );
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new_with_orderings(
@@ -182,7 +195,7 @@ impl DenseReductionExec {
             EmissionType::Final,
             Boundedness::Bounded,
         ));
-        let exec = Self {
+        let mut exec = Self {
             reduction: Arc::new(Reduction {
                 table,
                 selection,
@@ -195,11 +208,14 @@ impl DenseReductionExec {
                 predicate,
             }),
             workers,
+            read_ahead,
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         };
         if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
+            let room = limit.saturating_sub(exec.projected_memory() - exec.read_ahead.memory());
+            exec.read_ahead = exec.read_ahead.within(room);
             let projected = exec.projected_memory();
             if projected > limit {
                 return plan_err!(
@@ -229,11 +245,12 @@ impl DenseReductionExec {
         block + scratch + r.state_bytes()
     }
 
-    /// Memory the whole reduction is projected to hold at its peak.
+    /// Memory the whole reduction is projected to hold at its peak: the
+    /// workers', the output and the chunks read ahead.
     pub fn projected_memory(&self) -> usize {
         let r = &self.reduction;
         let output = r.space.num_groups() * 8 * (r.group_dims.len() + r.aggregates.len());
-        self.workers * self.per_worker_memory() + output
+        self.workers * self.per_worker_memory() + output + self.read_ahead.memory()
     }
 }
 
@@ -329,8 +346,15 @@ impl Reduction {
         })
     }
 
-    /// Folds blocks taken from `next` until none are left (or `stop`).
-    fn run_worker(&self, next: &AtomicU64, stop: &AtomicBool, meters: &Meters) -> Result<Partial> {
+    /// Folds blocks taken from `next` until none are left (or `stop`),
+    /// telling `read_ahead` when each block is done.
+    fn run_worker(
+        &self,
+        next: &AtomicU64,
+        stop: &AtomicBool,
+        meters: &Meters,
+        read_ahead: Option<&TableReadAhead>,
+    ) -> Result<Partial> {
         let mut partial = self.partial()?;
         let mut lines: Vec<Line> = Vec::new();
         // Each block is dropped before the next is read, into the same buffers.
@@ -360,6 +384,9 @@ impl Reduction {
                         self.fold(&batch, &lines, &mut partial)?;
                     }
                 }
+            }
+            if let Some(read_ahead) = read_ahead {
+                read_ahead.done_with(id);
             }
             meters.blocks_read.add(1);
             if let Some(progress) = &meters.progress {
@@ -540,7 +567,7 @@ impl DisplayAs for DenseReductionExec {
         write!(
             f,
             "DenseReductionExec: store={}, group=[{}], aggr=[{}], groups={}, rows={}, \
-             blocks={} of shape {:?}, workers={}, projected_memory={}",
+             blocks={} of shape {:?}, workers={}, projected_memory={}{}",
             r.table.store,
             group.join(", "),
             aggregates.join(", "),
@@ -550,6 +577,7 @@ impl DisplayAs for DenseReductionExec {
             r.blocks.block_shape(),
             self.workers,
             human_readable_size(self.projected_memory()),
+            self.read_ahead,
         )?;
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
@@ -643,19 +671,35 @@ impl ExecutionPlan for DenseReductionExec {
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(0);
         let next = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        // Workers take blocks in order from `next`: the window reads ahead
+        // in that order, the blocks the workers read at once interleaved.
+        let read_ahead = {
+            let r = Arc::clone(&reduction);
+            self.read_ahead
+                .start(
+                    &reduction.table,
+                    &reduction.columns,
+                    0..reduction.blocks.num_blocks(),
+                    workers,
+                    move |id| boxes_in_block(&r.selection, &r.blocks.block(id)),
+                )
+                .map(Arc::new)
+        };
 
         let result = async move {
             let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
             let handles: Vec<_> = (0..workers)
                 .map(|_| {
-                    let (reduction, next, stop, meters) = (
+                    let (reduction, next, stop, meters, read_ahead) = (
                         Arc::clone(&reduction),
                         Arc::clone(&next),
                         Arc::clone(&stop),
                         Arc::clone(&meters),
+                        read_ahead.clone(),
                     );
                     tokio::task::spawn_blocking(move || {
-                        let partial = reduction.run_worker(&next, &stop, &meters);
+                        let partial =
+                            reduction.run_worker(&next, &stop, &meters, read_ahead.as_deref());
                         if partial.is_err() {
                             stop.store(true, Ordering::Relaxed);
                         }

@@ -1,0 +1,240 @@
+//! Reading ahead of the decoders on remote stores.
+//!
+//! An operator over a table in an object store plans how far it reads
+//! ahead of its decoders ([`ReadAheadPlan`]): every chunk of the blocks its
+//! workers are decoding, plus as many again as the session's
+//! `zarrfusion.io_concurrency` (shared among the operator's partitions),
+//! with at most that many reads in flight at once, and no more than its
+//! memory leaves room for (each read holds up to a chunk until it is
+//! decoded). Decoders take a block's chunks in any order (zarrs splits a
+//! block among threads), so a block's reads are all sent before it is
+//! decoded. When it runs, it hands the
+//! chunk keys of its blocks, in the order it reads them, to a
+//! [`ReadAhead`] window of that depth (one per store, sharing the depth,
+//! when the table's variables come from several: an aligned join). Local
+//! stores do not read ahead.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use datafusion::common::human_readable_size;
+
+use super::dataset::GridTable;
+use zarrs::storage::StoreKey;
+
+use crate::zarr::{ReadAhead, RemoteStorage, ZarrArray};
+
+/// How far an operator reads ahead of its decoders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadAheadPlan {
+    /// Chunks held: requested and not yet decoded.
+    depth: usize,
+    /// Reads in flight at once.
+    concurrency: usize,
+    chunk_bytes: usize,
+}
+
+impl ReadAheadPlan {
+    /// Reading ahead when a variable among `columns` (indices into the
+    /// table's schema) is in an object store, nothing otherwise: the chunks
+    /// of `readers` blocks of shape `block` and `concurrency` more, at most
+    /// `concurrency` in flight (0: no reading ahead).
+    pub fn new(
+        table: &GridTable,
+        columns: &[usize],
+        concurrency: usize,
+        block: &[u64],
+        readers: usize,
+    ) -> Self {
+        let remote = remote_variables(table, columns);
+        let chunk_bytes = remote.iter().map(|v| v.chunk_bytes()).max().unwrap_or(0);
+        let block_chunks: usize = remote
+            .iter()
+            .map(|v| {
+                v.chunk_shape()
+                    .iter()
+                    .zip(block)
+                    .map(|(&c, &b)| b.div_ceil(c.max(1)) as usize)
+                    .fold(1usize, usize::saturating_mul)
+            })
+            .fold(0usize, usize::saturating_add);
+        let depth = match (remote.is_empty(), concurrency) {
+            (true, _) | (_, 0) => 0,
+            _ => block_chunks
+                .saturating_mul(readers.max(1))
+                .saturating_add(concurrency),
+        };
+        Self {
+            depth,
+            concurrency,
+            chunk_bytes,
+        }
+    }
+
+    /// The reads kept in flight ahead of the decoders.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// This plan's reads in flight split among `parts` readers (each with
+    /// its own window; the chunks of each one's block stay its own).
+    pub fn split(self, parts: usize) -> Self {
+        let parts = parts.max(1);
+        let share = self.concurrency.div_ceil(parts);
+        Self {
+            depth: self.depth.saturating_sub(self.concurrency - share),
+            concurrency: share,
+            ..self
+        }
+    }
+
+    /// Memory the read-ahead holds at its peak: a chunk per read.
+    pub fn memory(&self) -> usize {
+        self.depth.saturating_mul(self.chunk_bytes)
+    }
+
+    /// This plan with no more chunks held than `room` bytes hold.
+    pub fn within(self, room: usize) -> Self {
+        let fit = room.checked_div(self.chunk_bytes).unwrap_or(self.depth);
+        let depth = self.depth.min(fit);
+        Self {
+            depth,
+            concurrency: self.concurrency.min(depth),
+            ..self
+        }
+    }
+
+    /// Opens the windows over the chunk keys that reading `columns` of
+    /// `table` block by block fetches: `blocks` in the order they are read
+    /// by `readers` workers (each taking the next block: the keys of the
+    /// `readers` blocks read at once are interleaved), `boxes` giving each
+    /// block's boxes. `None` without read-ahead. The readers say when they
+    /// are done with a block ([`TableReadAhead::done_with`], the block's
+    /// number).
+    pub fn start<I, B>(
+        &self,
+        table: &GridTable,
+        columns: &[usize],
+        blocks: I,
+        readers: usize,
+        boxes: B,
+    ) -> Option<TableReadAhead>
+    where
+        I: Iterator<Item = u64> + Clone + Send + 'static,
+        B: Fn(u64) -> Vec<Vec<Range<u64>>> + Clone + Send + 'static,
+    {
+        let mut stores: Vec<(Arc<RemoteStorage>, Vec<Arc<ZarrArray>>)> = Vec::new();
+        for variable in remote_variables(table, columns) {
+            let Some(storage) = variable.remote() else {
+                continue;
+            };
+            match stores.iter_mut().find(|(s, _)| Arc::ptr_eq(s, storage)) {
+                Some((_, variables)) => variables.push(variable),
+                None => stores.push((Arc::clone(storage), vec![variable])),
+            }
+        }
+        let depth = self.depth / stores.len().max(1);
+        let concurrency = (self.concurrency / stores.len().max(1)).max(1);
+        if depth == 0 {
+            return None;
+        }
+        let windows = stores
+            .into_iter()
+            .map(|(storage, variables)| {
+                let boxes = boxes.clone();
+                let block_keys = move |id: u64| {
+                    let mut keys = Vec::new();
+                    for b in boxes(id) {
+                        for variable in &variables {
+                            keys.extend(variable.chunk_keys(&b).into_iter().map(|k| (id, k)));
+                        }
+                    }
+                    keys
+                };
+                let mut blocks = blocks.clone();
+                let readers = readers.max(1);
+                let keys = std::iter::from_fn(move || {
+                    let group: Vec<Vec<(u64, StoreKey)>> =
+                        blocks.by_ref().take(readers).map(&block_keys).collect();
+                    (!group.is_empty()).then(|| interleave(group))
+                })
+                .flatten();
+                ReadAhead::new(storage, Box::new(keys), depth, concurrency)
+            })
+            .collect();
+        Some(TableReadAhead { windows })
+    }
+}
+
+/// The read-ahead windows of one reader of a table, one per store.
+pub struct TableReadAhead {
+    windows: Vec<ReadAhead>,
+}
+
+impl TableReadAhead {
+    /// Says the reader is done with block `number` (see
+    /// [`ReadAhead::done_with`]).
+    pub fn done_with(&self, number: u64) {
+        for window in &self.windows {
+            window.done_with(number);
+        }
+    }
+}
+
+impl std::fmt::Display for ReadAheadPlan {
+    /// `read_ahead=N chunks (SIZE)`, or nothing without read-ahead.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.depth > 0 {
+            write!(
+                f,
+                ", read_ahead={} chunks ({}), {} reads in flight",
+                self.depth,
+                human_readable_size(self.memory()),
+                self.concurrency
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The keys of blocks read at once, one of each in turn.
+fn interleave(group: Vec<Vec<(u64, StoreKey)>>) -> Vec<(u64, StoreKey)> {
+    let longest = group.iter().map(Vec::len).max().unwrap_or(0);
+    let mut lists: Vec<_> = group.into_iter().map(Vec::into_iter).collect();
+    let mut keys = Vec::new();
+    for _ in 0..longest {
+        keys.extend(lists.iter_mut().filter_map(Iterator::next));
+    }
+    keys
+}
+
+/// The variables among `columns` read from an object store.
+fn remote_variables(table: &GridTable, columns: &[usize]) -> Vec<Arc<ZarrArray>> {
+    let n_dims = table.dims.len();
+    columns
+        .iter()
+        .filter(|&&i| i >= n_dims)
+        .map(|&i| &table.variables[i - n_dims])
+        .filter(|v| v.remote().is_some())
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_read_at_once_have_their_keys_interleaved() {
+        let key = |s: &str| StoreKey::new(s).unwrap();
+        let group = vec![
+            vec![(0, key("a0")), (0, key("a1")), (0, key("a2"))],
+            vec![(1, key("b0"))],
+        ];
+        let order: Vec<String> = interleave(group)
+            .into_iter()
+            .map(|(_, k)| k.as_str().to_string())
+            .collect();
+        assert_eq!(order, ["a0", "b0", "a1", "a2"]);
+    }
+}

@@ -1,0 +1,696 @@
+//! Object-store storage for zarrs: one request per read, many in flight.
+//!
+//! [`RemoteStorage`] serves zarrs' synchronous storage traits from an
+//! `object_store` store, blocking the calling (decode) thread on the Tokio
+//! runtime. A whole-object read is one `GET` (zarrs' own adapter asks for
+//! the object's size with a `HEAD` first: two round trips per chunk), and
+//! byte ranges are read without knowing the size, bounded ranges of one
+//! object coalesced by `object_store::ObjectStore::get_ranges`.
+//!
+//! Latency is hidden by [`ReadAhead`]: an operator that knows which chunk
+//! keys it will read, in order, hands them to a read-ahead window before it
+//! reads. The window keeps up to `depth` keys requested ahead of the
+//! decoder, each fetched by its own task on the runtime, many in flight at
+//! once and apart from the decode threads; when zarrs then asks for one of
+//! those keys, the bytes are taken from the window (waiting for the request
+//! if it is still in flight) and the window requests the next key. The bytes
+//! the window may hold are `depth` times the largest chunk, which the
+//! operator counts in its projected memory. Keys the decoder never asked
+//! for are dropped when the operator says it is done with their box, and
+//! everything outstanding is dropped (requests aborted) with the window.
+//!
+//! Errors name the key: `cannot read 'KEY': ...`, with the object store's
+//! message (the HTTP status and the retries made) after it.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+
+use futures::future::try_join_all;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStore};
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+use tokio::task::AbortHandle;
+use zarrs::storage::byte_range::{ByteRange, ByteRangeIterator};
+use zarrs::storage::storage_adapter::async_to_sync::{
+    AsyncToSyncBlockOn, AsyncToSyncStorageAdapter,
+};
+use zarrs::storage::{
+    Bytes, ListableStorageTraits, MaybeBytes, MaybeBytesIterator, OffsetBytesIterator,
+    ReadableStorageTraits, StorageError, StoreKey, StoreKeys, StoreKeysPrefixes, StorePrefix,
+    WritableStorageTraits,
+};
+use zarrs_object_store::AsyncObjectStore;
+
+/// Runs object-store futures from the blocking threads that decode chunks.
+struct TokioBlockOn(Handle);
+
+impl AsyncToSyncBlockOn for TokioBlockOn {
+    fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.0.block_on(future)
+    }
+}
+
+/// What went over the network for a store, counted since it was opened.
+#[derive(Debug, Default)]
+pub struct IoCounters {
+    /// Requests sent (each `GET`, ranged or whole; retries inside the
+    /// object store's client not counted).
+    pub requests: AtomicU64,
+    /// Bytes received in answers.
+    pub bytes: AtomicU64,
+    /// Reads served from a read-ahead window.
+    pub read_ahead_hits: AtomicU64,
+    /// Read-ahead requests sent.
+    pub read_ahead_requests: AtomicU64,
+    /// Requests in flight now.
+    in_flight: AtomicUsize,
+    /// The most requests seen in flight at once.
+    pub max_in_flight: AtomicUsize,
+}
+
+impl IoCounters {
+    fn start(&self) -> InFlight<'_> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::Relaxed);
+        InFlight(self)
+    }
+}
+
+/// A request in flight, counted until dropped.
+struct InFlight<'a>(&'a IoCounters);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A read-ahead request: pending, then its answer, until taken.
+struct Slot {
+    answer: Mutex<Option<Result<MaybeBytes, String>>>,
+    filled: Condvar,
+    owner: Weak<Window>,
+    abort: Mutex<Option<AbortHandle>>,
+}
+
+impl Slot {
+    fn fill(&self, answer: Result<MaybeBytes, String>) {
+        *lock(&self.answer) = Some(answer);
+        self.filled.notify_all();
+    }
+
+    /// Waits for the answer (the request runs on the runtime, not here).
+    fn wait(&self) -> Result<MaybeBytes, String> {
+        let mut answer = lock(&self.answer);
+        loop {
+            if let Some(answer) = answer.take() {
+                return answer;
+            }
+            answer = self
+                .filled
+                .wait(answer)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    fn abort(&self) {
+        if let Some(handle) = lock(&self.abort).take() {
+            handle.abort();
+        }
+    }
+}
+
+/// Answers a read-ahead request whose task ends without an answer (the
+/// runtime shutting down), so that no reader waits for it for ever.
+struct FillOnDrop(Option<Arc<Slot>>);
+
+impl FillOnDrop {
+    fn fill(mut self, answer: Result<MaybeBytes, String>) {
+        if let Some(slot) = self.0.take() {
+            slot.fill(answer);
+        }
+    }
+}
+
+impl Drop for FillOnDrop {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0.take() {
+            slot.fill(Err("the read was cancelled".to_string()));
+        }
+    }
+}
+
+/// Locks a mutex whose data stays valid if a holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Zarr storage over an object store (see the module docs).
+pub struct RemoteStorage {
+    store: Arc<dyn ObjectStore>,
+    runtime: Handle,
+    /// Listing, writing and erasing, through zarrs' adapter.
+    adapter: AsyncToSyncStorageAdapter<AsyncObjectStore<Arc<dyn ObjectStore>>, TokioBlockOn>,
+    /// Keys requested ahead of the decoder, by key.
+    slots: Mutex<HashMap<StoreKey, Arc<Slot>>>,
+    counters: IoCounters,
+}
+
+impl std::fmt::Debug for RemoteStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteStorage")
+            .field("store", &self.store.to_string())
+            .finish()
+    }
+}
+
+impl RemoteStorage {
+    /// Storage over `store` (rooted where the Zarr store is), running its
+    /// requests on `runtime`.
+    pub fn new(store: Arc<dyn ObjectStore>, runtime: Handle) -> Self {
+        let adapter = AsyncToSyncStorageAdapter::new(
+            Arc::new(AsyncObjectStore::new(Arc::clone(&store))),
+            TokioBlockOn(runtime.clone()),
+        );
+        Self {
+            store,
+            runtime,
+            adapter,
+            slots: Mutex::new(HashMap::new()),
+            counters: IoCounters::default(),
+        }
+    }
+
+    /// What went over the network so far.
+    pub fn counters(&self) -> &IoCounters {
+        &self.counters
+    }
+
+    /// The read-ahead request for `key`, taken out of its window.
+    fn take_slot(&self, key: &StoreKey) -> Option<Arc<Slot>> {
+        let slot = lock(&self.slots).remove(key)?;
+        if let Some(window) = slot.owner.upgrade() {
+            window.taken(key);
+        }
+        self.counters
+            .read_ahead_hits
+            .fetch_add(1, Ordering::Relaxed);
+        Some(slot)
+    }
+
+    /// Reads a whole object: `None` when it does not exist.
+    async fn fetch(
+        store: &dyn ObjectStore,
+        counters: &IoCounters,
+        key: &StoreKey,
+    ) -> Result<MaybeBytes, String> {
+        let _in_flight = counters.start();
+        let answer = match store.get_opts(&path(key), GetOptions::default()).await {
+            Ok(result) => result.bytes().await.map(Some),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        };
+        let bytes = answer.map_err(|e| read_error(key, &e))?;
+        if let Some(bytes) = &bytes {
+            counters
+                .bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+        Ok(bytes)
+    }
+
+    /// Reads ranges of one object, coalescing bounded ones; `None` when it
+    /// does not exist.
+    async fn fetch_ranges(
+        &self,
+        key: &StoreKey,
+        ranges: &[ByteRange],
+    ) -> Result<Option<Vec<Bytes>>, String> {
+        let location = path(key);
+        let bounded: Option<Vec<Range<u64>>> = ranges
+            .iter()
+            .map(|r| match r {
+                ByteRange::FromStart(offset, Some(len)) => Some(*offset..offset + len),
+                _ => None,
+            })
+            .collect();
+        let answer = match bounded {
+            Some(bounded) if bounded.len() > 1 => {
+                let _in_flight = self.counters.start();
+                self.store.get_ranges(&location, &bounded).await
+            }
+            _ => {
+                try_join_all(ranges.iter().map(|range| {
+                    let options = GetOptions {
+                        range: Some(get_range(range)),
+                        ..GetOptions::default()
+                    };
+                    let location = &location;
+                    async move {
+                        let _in_flight = self.counters.start();
+                        self.store.get_opts(location, options).await?.bytes().await
+                    }
+                }))
+                .await
+            }
+        };
+        match answer {
+            Ok(parts) => {
+                let total: usize = parts.iter().map(Bytes::len).sum();
+                self.counters
+                    .bytes
+                    .fetch_add(total as u64, Ordering::Relaxed);
+                Ok(Some(parts))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(read_error(key, &e)),
+        }
+    }
+
+    /// Starts fetching `key` for `window` (once one of `permits` is free),
+    /// unless it is already wanted.
+    fn request(
+        self: &Arc<Self>,
+        key: StoreKey,
+        window: &Arc<Window>,
+        permits: &Arc<Semaphore>,
+    ) -> bool {
+        let slot = {
+            let mut slots = lock(&self.slots);
+            if slots.contains_key(&key) {
+                return false;
+            }
+            let slot = Arc::new(Slot {
+                answer: Mutex::new(None),
+                filled: Condvar::new(),
+                owner: Arc::downgrade(window),
+                abort: Mutex::new(None),
+            });
+            slots.insert(key.clone(), Arc::clone(&slot));
+            slot
+        };
+        self.counters
+            .read_ahead_requests
+            .fetch_add(1, Ordering::Relaxed);
+        let storage = Arc::clone(self);
+        let filled = Arc::clone(&slot);
+        let permits = Arc::clone(permits);
+        let task = self.runtime.spawn(async move {
+            let guard = FillOnDrop(Some(filled));
+            // Permits are handed out in the order they are asked for: reads
+            // start in the order the keys were requested.
+            let _permit = permits.acquire_owned().await;
+            let answer = Self::fetch(storage.store.as_ref(), &storage.counters, &key).await;
+            guard.fill(answer);
+        });
+        *lock(&slot.abort) = Some(task.abort_handle());
+        true
+    }
+
+    /// Drops the read-ahead request for `key` if `window` still owns it.
+    fn release(&self, key: &StoreKey, window: &Window) {
+        let mut slots = lock(&self.slots);
+        let owned = slots
+            .get(key)
+            .is_some_and(|slot| std::ptr::eq(slot.owner.as_ptr(), window));
+        if owned {
+            if let Some(slot) = slots.remove(key) {
+                slot.abort();
+            }
+        }
+    }
+}
+
+/// The object path of a store key.
+fn path(key: &StoreKey) -> Path {
+    Path::from(key.as_str())
+}
+
+/// An object-store range for a zarrs byte range.
+fn get_range(range: &ByteRange) -> GetRange {
+    match *range {
+        ByteRange::FromStart(offset, Some(len)) => GetRange::Bounded(offset..offset + len),
+        ByteRange::FromStart(offset, None) => GetRange::Offset(offset),
+        ByteRange::Suffix(len) => GetRange::Suffix(len),
+    }
+}
+
+/// The message of a failed read, naming the key first.
+fn read_error(key: &StoreKey, error: &object_store::Error) -> String {
+    format!("cannot read '{}': {error}", key.as_str())
+}
+
+/// Cuts `ranges` out of a whole object.
+fn slice_ranges(bytes: &Bytes, ranges: &[ByteRange]) -> Result<Vec<Bytes>, StorageError> {
+    let size = bytes.len() as u64;
+    ranges
+        .iter()
+        .map(|range| {
+            let start = range.start(size);
+            let end = range.end(size);
+            if start > end || end > size {
+                return Err(StorageError::Other(format!(
+                    "byte range {range} out of an object of {size} bytes"
+                )));
+            }
+            Ok(bytes.slice(start as usize..end as usize))
+        })
+        .collect()
+}
+
+impl ReadableStorageTraits for RemoteStorage {
+    fn get(&self, key: &StoreKey) -> Result<MaybeBytes, StorageError> {
+        if let Some(slot) = self.take_slot(key) {
+            return slot.wait().map_err(StorageError::Other);
+        }
+        self.runtime
+            .block_on(Self::fetch(self.store.as_ref(), &self.counters, key))
+            .map_err(StorageError::Other)
+    }
+
+    fn get_partial_many<'a>(
+        &'a self,
+        key: &StoreKey,
+        byte_ranges: ByteRangeIterator<'a>,
+    ) -> Result<MaybeBytesIterator<'a>, StorageError> {
+        let ranges: Vec<ByteRange> = byte_ranges.collect();
+        let parts = match self.take_slot(key) {
+            Some(slot) => match slot.wait().map_err(StorageError::Other)? {
+                Some(bytes) => Some(slice_ranges(&bytes, &ranges)?),
+                None => None,
+            },
+            None => self
+                .runtime
+                .block_on(self.fetch_ranges(key, &ranges))
+                .map_err(StorageError::Other)?,
+        };
+        Ok(parts
+            .map(|parts| Box::new(parts.into_iter().map(Ok)) as Box<dyn Iterator<Item = _> + 'a>))
+    }
+
+    fn size_key(&self, key: &StoreKey) -> Result<Option<u64>, StorageError> {
+        self.adapter.size_key(key)
+    }
+
+    fn supports_get_partial(&self) -> bool {
+        true
+    }
+}
+
+impl ListableStorageTraits for RemoteStorage {
+    fn list(&self) -> Result<StoreKeys, StorageError> {
+        self.adapter.list()
+    }
+
+    fn list_prefix(&self, prefix: &StorePrefix) -> Result<StoreKeys, StorageError> {
+        self.adapter.list_prefix(prefix)
+    }
+
+    fn list_dir(&self, prefix: &StorePrefix) -> Result<StoreKeysPrefixes, StorageError> {
+        self.adapter.list_dir(prefix)
+    }
+
+    fn size_prefix(&self, prefix: &StorePrefix) -> Result<u64, StorageError> {
+        self.adapter.size_prefix(prefix)
+    }
+}
+
+impl WritableStorageTraits for RemoteStorage {
+    fn set(&self, key: &StoreKey, value: Bytes) -> Result<(), StorageError> {
+        self.adapter.set(key, value)
+    }
+
+    fn set_partial_many(
+        &self,
+        key: &StoreKey,
+        offset_values: OffsetBytesIterator,
+    ) -> Result<(), StorageError> {
+        self.adapter.set_partial_many(key, offset_values)
+    }
+
+    fn erase(&self, key: &StoreKey) -> Result<(), StorageError> {
+        self.adapter.erase(key)
+    }
+
+    fn erase_many(&self, keys: &[StoreKey]) -> Result<(), StorageError> {
+        self.adapter.erase_many(keys)
+    }
+
+    fn erase_prefix(&self, prefix: &StorePrefix) -> Result<(), StorageError> {
+        self.adapter.erase_prefix(prefix)
+    }
+
+    fn supports_set_partial(&self) -> bool {
+        self.adapter.supports_set_partial()
+    }
+}
+
+/// Keys an operator will read, box by box, in the order it reads them:
+/// `(box number, key)`, box numbers counting up from 0.
+pub type UpcomingKeys = Box<dyn Iterator<Item = (u64, StoreKey)> + Send>;
+
+/// A read-ahead window over one store (see the module docs). Dropping it
+/// drops what it holds and aborts its requests.
+pub struct ReadAhead {
+    window: Arc<Window>,
+}
+
+/// The shared state of a [`ReadAhead`], reached from its requests.
+struct Window {
+    storage: Arc<RemoteStorage>,
+    depth: usize,
+    /// Reads in flight at once.
+    permits: Arc<Semaphore>,
+    state: Mutex<WindowState>,
+}
+
+struct WindowState {
+    upcoming: UpcomingKeys,
+    /// Keys requested and not yet taken or released, with their box.
+    held: VecDeque<(u64, StoreKey)>,
+    /// Boxes below this are done: their keys are not requested any more.
+    done_below: u64,
+    /// Boxes above `done_below` that are done.
+    done: BTreeSet<u64>,
+}
+
+impl WindowState {
+    fn mark_done(&mut self, number: u64) {
+        if number >= self.done_below {
+            self.done.insert(number);
+        }
+        while self.done.remove(&self.done_below) {
+            self.done_below += 1;
+        }
+    }
+
+    fn is_done(&self, number: u64) -> bool {
+        number < self.done_below || self.done.contains(&number)
+    }
+}
+
+impl ReadAhead {
+    /// A window holding up to `depth` keys of `upcoming` requested ahead
+    /// of the reader, from `storage`, with up to `concurrency` of them in
+    /// flight at once.
+    pub fn new(
+        storage: Arc<RemoteStorage>,
+        upcoming: UpcomingKeys,
+        depth: usize,
+        concurrency: usize,
+    ) -> Self {
+        let window = Arc::new(Window {
+            storage,
+            depth: depth.max(1),
+            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            state: Mutex::new(WindowState {
+                upcoming,
+                held: VecDeque::new(),
+                done_below: 0,
+                done: BTreeSet::new(),
+            }),
+        });
+        window.fill();
+        Self { window }
+    }
+
+    /// Says the reader is done with box `number`: keys of its still held
+    /// are dropped (the reader did not need them), none of its keys are
+    /// requested any more, and the window moves on. Boxes may be done in
+    /// any order (workers taking boxes from a shared counter).
+    pub fn done_with(&self, number: u64) {
+        let released: Vec<StoreKey> = {
+            let mut state = lock(&self.window.state);
+            state.mark_done(number);
+            let (released, kept) = std::mem::take(&mut state.held)
+                .into_iter()
+                .partition(|(b, _)| *b == number);
+            state.held = kept;
+            released.into_iter().map(|(_, key)| key).collect()
+        };
+        for key in &released {
+            self.window.storage.release(key, &self.window);
+        }
+        self.window.fill();
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        let held: Vec<StoreKey> = lock(&self.window.state)
+            .held
+            .drain(..)
+            .map(|(_, key)| key)
+            .collect();
+        for key in &held {
+            self.window.storage.release(key, &self.window);
+        }
+    }
+}
+
+impl Window {
+    /// Requests keys until `depth` are held or none are left.
+    fn fill(self: &Arc<Self>) {
+        let mut state = lock(&self.state);
+        while state.held.len() < self.depth {
+            let Some((number, key)) = state.upcoming.next() else {
+                break;
+            };
+            if state.is_done(number) {
+                continue;
+            }
+            if self.storage.request(key.clone(), self, &self.permits) {
+                state.held.push_back((number, key));
+            }
+        }
+    }
+
+    /// The reader took `key`: it is no longer held here.
+    fn taken(self: &Arc<Self>, key: &StoreKey) {
+        {
+            let mut state = lock(&self.state);
+            if let Some(i) = state.held.iter().position(|(_, k)| k == key) {
+                state.held.remove(i);
+            }
+        }
+        self.fill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use object_store::{ObjectStoreExt, PutPayload};
+
+    fn key(name: &str) -> StoreKey {
+        StoreKey::new(name).unwrap()
+    }
+
+    fn storage(runtime: &tokio::runtime::Runtime, objects: &[(&str, &[u8])]) -> Arc<RemoteStorage> {
+        let store = Arc::new(InMemory::new());
+        runtime.block_on(async {
+            for (name, bytes) in objects {
+                store
+                    .put(&Path::from(*name), PutPayload::from(bytes.to_vec()))
+                    .await
+                    .unwrap();
+            }
+        });
+        Arc::new(RemoteStorage::new(store, runtime.handle().clone()))
+    }
+
+    #[test]
+    fn reads_whole_objects_ranges_and_missing_keys() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage(&runtime, &[("a/c/0", b"0123456789")]);
+        assert_eq!(
+            storage.get(&key("a/c/0")).unwrap().unwrap().as_ref(),
+            b"0123456789"
+        );
+        assert!(storage.get(&key("a/c/1")).unwrap().is_none());
+        let ranges = [
+            ByteRange::FromStart(1, Some(2)),
+            ByteRange::FromStart(5, Some(3)),
+        ];
+        let parts: Vec<Bytes> = storage
+            .get_partial_many(&key("a/c/0"), Box::new(ranges.into_iter()))
+            .unwrap()
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            parts,
+            [Bytes::from_static(b"12"), Bytes::from_static(b"567")]
+        );
+        let suffix = storage
+            .get_partial(&key("a/c/0"), ByteRange::Suffix(4))
+            .unwrap()
+            .unwrap();
+        assert_eq!(suffix.as_ref(), b"6789");
+        let from = storage
+            .get_partial(&key("a/c/0"), ByteRange::FromStart(7, None))
+            .unwrap()
+            .unwrap();
+        assert_eq!(from.as_ref(), b"789");
+        // One request a read: no HEAD before a GET.
+        assert_eq!(storage.counters().requests.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_window_reads_ahead_in_order_and_serves_the_reader() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let names: Vec<String> = (0..10).map(|i| format!("v/c/{i}")).collect();
+        let objects: Vec<(&str, &[u8])> =
+            names.iter().map(|n| (n.as_str(), n.as_bytes())).collect();
+        let storage = storage(&runtime, &objects);
+        let upcoming = names
+            .clone()
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| (i as u64, key(&n)));
+        let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming), 3, 2);
+        assert_eq!(lock(&storage.slots).len(), 3);
+        for (i, name) in names.iter().enumerate() {
+            let bytes = storage.get(&key(name)).unwrap().unwrap();
+            assert_eq!(bytes.as_ref(), name.as_bytes());
+            window.done_with(i as u64);
+            assert!(lock(&storage.slots).len() <= 3);
+        }
+        let counters = storage.counters();
+        assert_eq!(counters.read_ahead_hits.load(Ordering::Relaxed), 10);
+        assert_eq!(counters.requests.load(Ordering::Relaxed), 10);
+        assert!(counters.max_in_flight.load(Ordering::Relaxed) <= 2);
+        assert!(lock(&storage.slots).is_empty());
+    }
+
+    #[test]
+    fn keys_not_read_are_released_with_their_box_and_the_window() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage(&runtime, &[("x/0", b"a"), ("x/1", b"b"), ("x/2", b"c")]);
+        let upcoming = vec![(0, key("x/0")), (0, key("x/1")), (1, key("x/2"))];
+        let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming.into_iter()), 8, 8);
+        assert_eq!(lock(&storage.slots).len(), 3);
+        // Box 1 is done first (another worker), box 0 later: each releases
+        // only its own keys.
+        window.done_with(1);
+        assert_eq!(lock(&storage.slots).len(), 2);
+        window.done_with(0);
+        assert!(lock(&storage.slots).is_empty());
+        drop(window);
+        // Dropping a window drops what it still holds.
+        let upcoming = vec![(0, key("x/0")), (1, key("x/1"))];
+        let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming.into_iter()), 8, 8);
+        assert_eq!(lock(&storage.slots).len(), 2);
+        drop(window);
+        assert!(lock(&storage.slots).is_empty());
+        // A key no window holds is read directly.
+        assert_eq!(storage.get(&key("x/2")).unwrap().unwrap().as_ref(), b"c");
+    }
+}
