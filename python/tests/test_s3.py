@@ -1,0 +1,192 @@
+"""Stores in a real S3 server (moto's, on 127.0.0.1, with a fault-injecting
+proxy in front: tests/s3/s3_server.py) answer exactly as the same stores on
+disk; transient faults are retried to the same answers, exhausted retries
+fail naming store, array, chunk key and HTTP status, and latency is hidden
+by reading ahead."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import zarrfusion as zf
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "s3"))
+import s3_server  # noqa: E402
+from conftest import FIXTURES  # noqa: E402
+
+STORES = [
+    "v2_basic.zarr",
+    "v3_basic.zarr",
+    "codec_v3_zstd.zarr",
+    "codec_v2_blosc_lz4.zarr",
+    "codec_v2_zlib.zarr",
+    "cf_packed.zarr",
+    "cf_packed_v3.zarr",
+    "raw_v3.zarr",
+    "raw_v2.zarr",
+    "nan_holes.zarr",
+    "codec_v3_sharded_unwritten.zarr",
+]
+# Retries come fast in the tests.
+FAST_RETRIES = {"retry.backoff.init_backoff": "5ms", "retry.backoff.max_backoff": "20ms"}
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The server, with the fixture stores and a 'many chunks' store."""
+    import xarray as xr
+
+    many = tmp_path_factory.mktemp("s3") / "many.zarr"
+    rng = np.random.default_rng(3)
+    ds = xr.Dataset(
+        {"t": (("time", "lat", "lon"), rng.normal(size=(8, 48, 64)).astype("float32"))},
+        coords={
+            "time": np.arange(8),
+            "lat": np.linspace(60.0, -60.0, 48),
+            "lon": np.arange(64) * 1.0,
+        },
+    )
+    ds.to_zarr(many, encoding={"t": {"chunks": (2, 12, 16)}}, consolidated=True, zarr_format=2)
+    uploads = {name: FIXTURES / name for name in STORES}
+    uploads["many.zarr"] = many
+    server = s3_server.start(uploads, bucket="fixtures")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def quiet_proxy(s3):
+    s3.proxy.configure()
+    s3.proxy.reset()
+
+
+def rows(ctx: zf.SessionContext, location: str, options: dict, sql: str) -> list[tuple]:
+    ctx.register_zarr("t", location, **options)
+    table = ctx.sql(sql).to_arrow_table()
+    ctx.deregister_table("t")
+    return [tuple(r.values()) for r in table.to_pylist()]
+
+
+def same(a: list[tuple], b: list[tuple]) -> bool:
+    """Equal rows, NaN equal to NaN."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        for u, v in zip(x, y):
+            if isinstance(u, float) and isinstance(v, float) and np.isnan(u) and np.isnan(v):
+                continue
+            if u != v:
+                return False
+    return True
+
+
+def queries(fixtures: pathlib.Path, store: str) -> list[str]:
+    """A full ordered scan, a reduction over the first dimension and a
+    filtered scan of the store's table, whose dimensions and columns the
+    xarray oracle of the Rust tests lists."""
+    oracle = sorted((fixtures.parent / "expected").glob(f"{store.removesuffix('.zarr')}__*.json"))[0]
+    expected = json.loads(oracle.read_text())
+    dims = [f'"{d}"' for d in expected["dims"]]
+    value = next(f'"{c["name"]}"' for c in expected["columns"] if c["name"] not in expected["dims"])
+    order, first = ", ".join(dims), dims[0]
+    return [
+        f"SELECT * FROM t ORDER BY {order}",
+        f"SELECT {first}, avg({value}) AS m, count({value}) AS n FROM t GROUP BY {first} ORDER BY {first}",
+        f"SELECT * FROM t WHERE {first} > (SELECT min({first}) FROM t) ORDER BY {order} LIMIT 7",
+    ]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_stores_in_s3_answer_as_on_disk(s3, fixtures, store):
+    ctx = zf.SessionContext()
+    for sql in queries(fixtures, store):
+        want = rows(ctx, str(fixtures / store), {}, sql)
+        assert want, sql
+        got = rows(ctx, f"s3://fixtures/{store}", s3.options(), sql)
+        assert same(got, want), f"{store}: {sql}"
+    assert s3.proxy.stats()["requests"] > 0
+
+
+def test_an_s3_store_equals_xarray(s3, fixtures):
+    import xarray as xr
+
+    ctx = zf.SessionContext()
+    ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **s3.options())
+    got = ctx.sql("SELECT lat, avg(t2m) AS m FROM t GROUP BY lat ORDER BY lat").to_pandas()
+    want = xr.open_zarr(fixtures / "v3_basic.zarr").t2m.mean(["time", "lon"]).sortby("lat")
+    np.testing.assert_allclose(got["m"].to_numpy(), want.to_numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("fault", ["500", "503", "429", "reset", "truncate"])
+def test_transient_faults_are_retried_to_the_same_answer(s3, fixtures, fault):
+    ctx = zf.SessionContext()
+    sql = "SELECT * FROM t ORDER BY time, lat, lon"
+    want = rows(ctx, str(fixtures / "v3_basic.zarr"), {}, sql)
+    s3.proxy.configure(fault=fault, first_n=2)
+    got = rows(ctx, "s3://fixtures/v3_basic.zarr", s3.options(**FAST_RETRIES), sql)
+    assert same(got, want)
+    stats = s3.proxy.stats()
+    # Every object read was refused twice first.
+    assert stats["faults"].get(fault, 0) >= 2 * 8, stats
+
+
+def test_exhausted_retries_fail_naming_store_array_chunk_and_status(s3):
+    ctx = zf.SessionContext()
+    s3.proxy.configure(fault="503", match=r"/t2m/c/0/1/0$")
+    options = s3.options(**FAST_RETRIES, **{"retry.max_retries": "2"})
+    ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **options)
+    start = time.monotonic()
+    with pytest.raises(Exception) as failure:
+        ctx.sql("SELECT sum(t2m) FROM t").to_arrow_table()
+    assert time.monotonic() - start < 20
+    message = str(failure.value)
+    for part in ["s3://fixtures/v3_basic.zarr", "t2m", "t2m/c/0/1/0", "503", "after 2 retries"]:
+        assert part in message, message
+    # The first attempt and two retries, nothing more.
+    assert s3.proxy.stats()["faults"]["503"] == 3
+
+
+def test_reads_run_ahead_of_the_decoder_one_get_per_chunk(s3):
+    """64 chunks at 30 ms a request: read ahead, many requests are in flight
+    at once and each chunk is one GET (no HEAD); reading on demand, at most
+    a decode thread's worth are."""
+    sql = "SELECT lat, avg(t) AS m FROM t GROUP BY lat ORDER BY lat"
+    answers, stats = {}, {}
+    for concurrency in (0, 32):
+        ctx = zf.SessionContext(io_concurrency=concurrency, target_partitions=2)
+        ctx.register_zarr("t", "s3://fixtures/many.zarr", **s3.options())
+        s3.proxy.configure(latency_ms=30)
+        s3.proxy.reset()
+        start = time.monotonic()
+        answers[concurrency] = ctx.sql(sql).to_arrow_table().to_pylist()
+        stats[concurrency] = (time.monotonic() - start, s3.proxy.stats())
+    assert answers[0] == answers[32]
+    ahead = stats[32][1]
+    assert ahead["methods"] == {"GET": 64}, ahead
+    assert ahead["max_in_flight"] >= 16, ahead
+    assert stats[0][1]["max_in_flight"] <= 4, stats[0]
+    assert stats[32][0] < stats[0][0], stats
+
+
+def test_explain_shows_the_read_ahead(s3, fixtures):
+    ctx = zf.SessionContext(io_concurrency=16)
+    ctx.register_zarr("t", "s3://fixtures/many.zarr", **s3.options())
+    plan = ctx.sql("EXPLAIN SELECT lat, avg(t) FROM t GROUP BY lat").to_pandas().to_string()
+    assert "16 reads in flight" in plan, plan
+    ctx.register_zarr("local", str(fixtures / "v3_basic.zarr"))
+    plan = ctx.sql("EXPLAIN SELECT lat, avg(t2m) FROM local GROUP BY lat").to_pandas().to_string()
+    assert "read_ahead" not in plan, plan
+
+
+def test_bad_retry_options_are_clear_errors(s3):
+    ctx = zf.SessionContext()
+    with pytest.raises(Exception, match="retry.max_retries"):
+        ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **s3.options(**{"retry.max_retries": "many"}))
+    with pytest.raises(Exception, match="unknown option retry.tries"):
+        ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **s3.options(**{"retry.tries": "3"}))

@@ -1,0 +1,330 @@
+"""A real S3 server for the tests: moto's server on 127.0.0.1, the fixture
+stores uploaded to a bucket, and a fault-injecting proxy in front of it.
+
+As a module (pytest)::
+
+    server = start({"v3_basic.zarr": path}, bucket="fixtures")
+    server.endpoint, server.proxy_endpoint          # http://127.0.0.1:PORT
+    server.proxy.configure(latency_ms=100, fault="503", first_n=2)
+    server.proxy.stats()                            # {"requests": ..., "faults": {...}, ...}
+    server.stop()
+
+As a program (the Rust tests spawn it)::
+
+    python tests/s3/s3_server.py --bucket fixtures --upload-dir-contents tests/fixtures/data
+
+prints one JSON line (``endpoint``, ``proxy``, ``bucket``, ``access_key_id``,
+``secret_access_key``, ``region``), then serves until its standard input
+closes, it is killed, or ``--max-seconds`` pass. The proxy is configured
+over HTTP at ``PROXY/__proxy__/config?latency_ms=...&fault=...`` (the same
+keys as :meth:`FaultProxy.configure`), read at ``PROXY/__proxy__/stats``
+and reset at ``PROXY/__proxy__/reset``; those paths are never forwarded.
+
+Everything binds 127.0.0.1 and stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import http.client
+import json
+import pathlib
+import random
+import re
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+ACCESS_KEY = "testing"
+SECRET_KEY = "testing"
+REGION = "us-east-1"
+FAULTS = ("500", "503", "429", "reset", "truncate")
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+
+
+class FaultProxy:
+    """Forwards HTTP to ``upstream``, adding latency and failing requests.
+
+    Which GETs fail (with ``fault``, one of 500, 503, 429 (S3 SlowDown),
+    reset (the connection closed with no answer) or truncate (the status
+    and full Content-Length, then half the body)): the first ``first_n`` of
+    each path, every one whose path matches ``match`` (a regex), and a
+    ``rate`` of the rest drawn from a generator seeded with ``seed``.
+    """
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.upstream = upstream
+        self._lock = threading.Lock()
+        self.configure()
+        self.reset()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _any(self):
+                proxy._handle(self)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _any
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def configure(
+        self,
+        latency_ms: float = 0,
+        fault: str = "503",
+        first_n: int = 0,
+        match: str | None = None,
+        rate: float = 0.0,
+        seed: int = 0,
+        methods: str = "GET",
+    ) -> None:
+        """Sets the latency and faults (see the class docs); the counts of
+        ``first_n`` start again."""
+        if fault not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
+        with self._lock:
+            self.latency = float(latency_ms) / 1000
+            self.fault = fault
+            self.first_n = int(first_n)
+            self.match = re.compile(match) if match else None
+            self.rate = float(rate)
+            self.random = random.Random(int(seed))
+            self.methods = {m.strip().upper() for m in methods.split(",")}
+            self.seen: dict[str, int] = {}
+
+    def reset(self) -> None:
+        """Zeroes the statistics."""
+        with self._lock:
+            self._stats = {"requests": 0, "methods": {}, "faults": {}, "bytes": 0, "max_in_flight": 0}
+            self._in_flight = 0
+
+    def stats(self) -> dict:
+        """Requests by method, faults by kind, body bytes sent, and the most
+        requests seen in flight at once."""
+        with self._lock:
+            return json.loads(json.dumps(self._stats))
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _fault_for(self, method: str, path: str) -> str | None:
+        with self._lock:
+            if method not in self.methods:
+                return None
+            count = self.seen.get(path, 0)
+            self.seen[path] = count + 1
+            fail = (
+                count < self.first_n
+                or (self.match is not None and self.match.search(path) is not None)
+                or (self.rate > 0 and self.random.random() < self.rate)
+            )
+            if fail:
+                faults = self._stats["faults"]
+                faults[self.fault] = faults.get(self.fault, 0) + 1
+                return self.fault
+            return None
+
+    def _handle(self, request: BaseHTTPRequestHandler) -> None:
+        path = request.path
+        if urlsplit(path).path.startswith("/__proxy__/"):
+            self._control(request)
+            return
+        length = int(request.headers.get("Content-Length") or 0)
+        body = request.rfile.read(length) if length else None
+        with self._lock:
+            self._stats["requests"] += 1
+            methods = self._stats["methods"]
+            methods[request.command] = methods.get(request.command, 0) + 1
+            self._in_flight += 1
+            self._stats["max_in_flight"] = max(self._stats["max_in_flight"], self._in_flight)
+        try:
+            if self.latency:
+                time.sleep(self.latency)
+            fault = self._fault_for(request.command, urlsplit(path).path)
+            if fault == "reset":
+                request.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                request.close_connection = True
+                request.connection.close()
+                return
+            if fault in ("500", "503", "429"):
+                payload = SLOW_DOWN if fault == "429" else f"injected {fault}".encode()
+                request.send_response(int(fault))
+                request.send_header("Content-Length", str(len(payload)))
+                request.end_headers()
+                request.wfile.write(payload)
+                return
+            self._forward(request, body, truncate=fault == "truncate")
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _forward(self, request: BaseHTTPRequestHandler, body: bytes | None, truncate: bool) -> None:
+        upstream = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+            upstream.request(request.command, request.path, body=body, headers=headers)
+            answer = upstream.getresponse()
+            data = answer.read()
+        finally:
+            upstream.close()
+        request.send_response(answer.status, answer.reason)
+        for key, value in answer.getheaders():
+            if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
+                request.send_header(key, value)
+        request.send_header("Content-Length", str(len(data)))
+        request.end_headers()
+        if request.command == "HEAD":
+            return
+        sent = data[: len(data) // 2] if truncate and data else data
+        request.wfile.write(sent)
+        with self._lock:
+            self._stats["bytes"] += len(sent)
+        if truncate and data:
+            request.wfile.flush()
+            request.close_connection = True
+            request.connection.shutdown(socket.SHUT_RDWR)
+
+    def _control(self, request: BaseHTTPRequestHandler) -> None:
+        url = urlsplit(request.path)
+        status, answer = 200, {}
+        try:
+            if url.path == "/__proxy__/config":
+                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                self.configure(**query)
+            elif url.path == "/__proxy__/reset":
+                self.reset()
+            elif url.path == "/__proxy__/stats":
+                answer = self.stats()
+            else:
+                status, answer = 404, {"error": f"unknown control path {url.path}"}
+        except (TypeError, ValueError) as e:
+            status, answer = 400, {"error": str(e)}
+        payload = json.dumps(answer).encode()
+        request.send_response(status)
+        request.send_header("Content-Type", "application/json")
+        request.send_header("Content-Length", str(len(payload)))
+        request.end_headers()
+        request.wfile.write(payload)
+
+
+class Server:
+    """moto's S3 server, a bucket with the uploaded stores, and the proxy."""
+
+    def __init__(self, bucket: str):
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self.bucket = bucket
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._moto.start()
+        host, port = self._moto.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.proxy = FaultProxy((host, port))
+        self.proxy_endpoint = self.proxy.endpoint
+        self.client().create_bucket(Bucket=bucket)
+
+    def client(self):
+        """A boto3 S3 client of the server (not through the proxy)."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
+
+    def upload(self, name: str, directory: pathlib.Path) -> None:
+        """Uploads every file under ``directory`` (dotfiles too) to ``name/...``."""
+        client = self.client()
+        for path in sorted(pathlib.Path(directory).rglob("*")):
+            if path.is_file():
+                key = f"{name}/{path.relative_to(directory).as_posix()}"
+                client.put_object(Bucket=self.bucket, Key=key, Body=path.read_bytes())
+
+    def keys(self, prefix: str) -> list[str]:
+        """The keys under ``prefix`` in the bucket."""
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    def options(self, through_proxy: bool = True, **extra: str) -> dict[str, str]:
+        """zarrfusion table options reaching this server."""
+        options = {
+            "aws.endpoint": self.proxy_endpoint if through_proxy else self.endpoint,
+            "aws.allow_http": "true",
+            "aws.access_key_id": ACCESS_KEY,
+            "aws.secret_access_key": SECRET_KEY,
+            "aws.region": REGION,
+        }
+        options.update(extra)
+        return options
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self._moto.stop()
+
+
+def start(upload: dict[str, pathlib.Path] | None = None, bucket: str = "fixtures") -> Server:
+    """Starts the server and proxy, and uploads ``{name: directory}``."""
+    server = Server(bucket)
+    for name, directory in (upload or {}).items():
+        server.upload(name, directory)
+    return server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bucket", default="fixtures")
+    parser.add_argument("--upload", action="append", default=[], metavar="NAME=DIR")
+    parser.add_argument("--upload-dir-contents", action="append", default=[], metavar="DIR")
+    parser.add_argument("--max-seconds", type=float, default=1800)
+    args = parser.parse_args()
+    uploads = {}
+    for item in args.upload:
+        name, _, directory = item.partition("=")
+        uploads[name] = pathlib.Path(directory)
+    for parent in args.upload_dir_contents:
+        for child in sorted(pathlib.Path(parent).iterdir()):
+            if child.is_dir():
+                uploads[child.name] = child
+    server = start(uploads, args.bucket)
+    print(
+        json.dumps(
+            {
+                "endpoint": server.endpoint,
+                "proxy": server.proxy_endpoint,
+                "bucket": args.bucket,
+                "access_key_id": ACCESS_KEY,
+                "secret_access_key": SECRET_KEY,
+                "region": REGION,
+            }
+        ),
+        flush=True,
+    )
+    # Serve until stdin closes (the parent went away) or time runs out.
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    done.wait(args.max_seconds)
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()
