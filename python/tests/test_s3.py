@@ -190,3 +190,28 @@ def test_bad_retry_options_are_clear_errors(s3):
         ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **s3.options(**{"retry.max_retries": "many"}))
     with pytest.raises(Exception, match="unknown option retry.tries"):
         ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **s3.options(**{"retry.tries": "3"}))
+
+
+def test_the_loader_opens_from_s3_without_listing_chunks(s3, tmp_path):
+    """Windows from the bucket equal windows from disk; opening (the
+    window-index cache key included) lists nothing, and a second open
+    takes the index from the cache."""
+    local = zf.SessionContext().open_zarr(FIXTURES / "raw_v3.zarr").windows({"lat": 2, "lon": 2}, cache=False)
+    cache = tmp_path / "cache"
+
+    def remote():
+        return (
+            zf.SessionContext()
+            .open_zarr("s3://fixtures/raw_v3.zarr", **s3.options())
+            .windows({"lat": 2, "lon": 2}, cache=cache)
+        )
+
+    s3.proxy.reset()
+    first = remote()
+    assert first.index_source == "built"
+    assert len(first) == len(local)
+    again = remote()
+    assert again.index_source == "cache" and len(again) == len(first)
+    stats = s3.proxy.stats()
+    assert stats["lists"] == 0, stats
+    assert stats["methods"].get("HEAD", 0) > 0, stats

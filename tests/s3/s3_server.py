@@ -111,12 +111,12 @@ class FaultProxy:
     def reset(self) -> None:
         """Zeroes the statistics."""
         with self._lock:
-            self._stats = {"requests": 0, "methods": {}, "faults": {}, "bytes": 0, "max_in_flight": 0}
+            self._stats = {"requests": 0, "methods": {}, "lists": 0, "faults": {}, "bytes": 0, "max_in_flight": 0}
             self._in_flight = 0
 
     def stats(self) -> dict:
-        """Requests by method, faults by kind, body bytes sent, and the most
-        requests seen in flight at once."""
+        """Requests by method, LIST requests among them, faults by kind,
+        body bytes sent, and the most requests seen in flight at once."""
         with self._lock:
             return json.loads(json.dumps(self._stats))
 
@@ -152,6 +152,8 @@ class FaultProxy:
             self._stats["requests"] += 1
             methods = self._stats["methods"]
             methods[request.command] = methods.get(request.command, 0) + 1
+            if "list-type=" in urlsplit(path).query:
+                self._stats["lists"] += 1
             self._in_flight += 1
             self._stats["max_in_flight"] = max(self._stats["max_in_flight"], self._in_flight)
         try:

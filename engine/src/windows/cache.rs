@@ -4,7 +4,9 @@
 //! the same dataset with the same windows every run should pay that once.
 //! The index is stored in a cache directory under a key that digests all it
 //! depends on: the store, each variable's [fingerprint](crate::zarr::ZarrArray::fingerprint)
-//! (metadata, stored keys and sizes, local modification times), the window
+//! (metadata; in local stores the stored keys, sizes and modification
+//! times; in object stores the metadata objects' size, ETag and
+//! modification time only, so opening costs no listing), the window
 //! grid (selection, window sizes, strides, blocks) and the validity rule.
 //! Rewriting the data, changing the window or the rule gives another key.
 //!
@@ -60,7 +62,8 @@ impl IndexCache {
 
     /// The key of the index of `variables` of `table` over `grid` under
     /// `validity`: a hex digest of everything the index depends on. Lists
-    /// the variables' stored keys; reads no chunk.
+    /// the variables' stored keys in local stores, reads their metadata
+    /// objects' attributes in object stores; reads no chunk.
     pub fn key(
         table: &GridTable,
         variables: &[usize],

@@ -178,15 +178,44 @@ impl ZarrArray {
     }
 
     /// Writes what identifies the array's stored state to `out`: its
-    /// metadata, the keys stored under it and their total size, and, in local
-    /// stores, each key's size and modification time. Rewriting the array
-    /// changes it; reading nothing but a listing, it costs no chunk read.
+    /// metadata, and, in local stores, the keys stored under it with their
+    /// sizes and modification times (a listing, no chunk read); in object
+    /// stores, the size, ETag and modification time of its metadata objects
+    /// only (a HEAD each: nothing lists chunk keys, whose number has no
+    /// bound; a chunk rewritten without its metadata is not seen).
     pub fn fingerprint(&self, out: &mut dyn Write) -> Result<()> {
         let fail = |e: &dyn std::fmt::Display| {
             ZarrFusionError::array(&self.store, &self.name, format!("cannot list: {e}"))
         };
         let metadata = serde_json::to_string(self.array.metadata()).map_err(|e| fail(&e))?;
         let path = self.array.path().as_str().trim_matches('/');
+        let write = |out: &mut dyn Write, text: &str| {
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.write_all(b"\n"))
+                .map_err(|e| fail(&e))
+        };
+        if let Some(remote) = &self.remote {
+            write(out, &metadata)?;
+            let names: &[&str] = if self.is_v3() {
+                &["zarr.json"]
+            } else {
+                &[".zarray", ".zattrs"]
+            };
+            for name in names {
+                let key = if path.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{path}/{name}")
+                };
+                let key = StoreKey::new(key).map_err(|e| fail(&e))?;
+                let stat = remote.stat(&key).map_err(|e| fail(&e))?;
+                write(
+                    out,
+                    &format!("{} {}", key.as_str(), stat.as_deref().unwrap_or("absent")),
+                )?;
+            }
+            return Ok(());
+        }
         let prefix = if path.is_empty() {
             StorePrefix::root()
         } else {
@@ -195,11 +224,6 @@ impl ZarrArray {
         let storage = self.array.storage();
         let keys = storage.list_prefix(&prefix).map_err(|e| fail(&e))?;
         let total = storage.size_prefix(&prefix).map_err(|e| fail(&e))?;
-        let write = |out: &mut dyn Write, text: &str| {
-            out.write_all(text.as_bytes())
-                .and_then(|()| out.write_all(b"\n"))
-                .map_err(|e| fail(&e))
-        };
         write(out, &metadata)?;
         write(out, &format!("{} keys, {total} bytes", keys.len()))?;
         for key in &keys {

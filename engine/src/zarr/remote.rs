@@ -29,7 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use futures::future::try_join_all;
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, ObjectStore};
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio::task::AbortHandle;
@@ -190,6 +190,22 @@ impl RemoteStorage {
     /// What went over the network so far.
     pub fn counters(&self) -> &IoCounters {
         &self.counters
+    }
+
+    /// What identifies the stored state of `key` without reading it: its
+    /// size, ETag and last modification (one HEAD), or `None` when absent.
+    pub fn stat(&self, key: &StoreKey) -> Result<Option<String>, String> {
+        let _in_flight = self.counters.start();
+        match self.runtime.block_on(self.store.head(&path(key))) {
+            Ok(meta) => Ok(Some(format!(
+                "{} {} {}",
+                meta.size,
+                meta.e_tag.unwrap_or_default(),
+                meta.last_modified.to_rfc3339()
+            ))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(read_error(key, &e)),
+        }
     }
 
     /// The read-ahead request for `key`, taken out of its window.
