@@ -9,20 +9,29 @@
 //! SET zarrfusion.work_dir = 's3://bucket/zf'; -- intermediates in an object store
 //! SET zarrfusion.device = 'cpu';             -- where FFTs run: auto, cpu, cuda
 //! SET zarrfusion.io_concurrency = 64;        -- object-store reads in flight per query
+//! SET zarrfusion.retry.max_retries = 3;      -- retries of stores opened from now on
+//! SET zarrfusion.client.timeout = '10s';     -- their HTTP client's time-out a request
 //! ```
+//!
+//! The `retry.*` and `client.*` settings are the session's defaults for
+//! the object stores zarrfusion builds after they are set (a table's own
+//! `OPTIONS` win over them); a store already registered for a bucket is
+//! reused as it is by tables that give no object-store options.
 //!
 //! `allowed_mem` and `work_dir` live on DataFusion's runtime (its memory
 //! pool and disk manager): [`translate_runtime_settings`] turns them into
 //! `datafusion.runtime.memory_limit` and `datafusion.runtime.temp_directory`,
 //! with sizes written as `2GB`, `2G`, `512MB`, `100KB` (any case).
 
+use std::collections::HashMap;
+
 use datafusion::common::config::{ConfigExtension, ConfigOptions};
-use datafusion::common::{extensions_options, plan_err, Result};
+use datafusion::common::{config_namespace, extensions_options, plan_err, Result};
 use datafusion::logical_expr::{LogicalPlan, ResetVariable, SetVariable, Statement};
 use datafusion::prelude::SessionContext;
 
 use crate::memory::parse_size;
-use crate::zarr::StoreLocation;
+use crate::zarr::{parse_duration, retry_config, StoreLocation};
 
 extensions_options! {
     /// Settings of the Zarr scan and the array operators.
@@ -61,6 +70,49 @@ extensions_options! {
         /// leaves less room; 0 turns reading ahead off. Local stores do
         /// not read ahead.
         pub io_concurrency: usize, default = 64
+        /// Retries of failed object-store requests, for stores built from
+        /// now on (`retry.max_retries`, `retry.retry_timeout`,
+        /// `retry.backoff.*`, as the table options).
+        pub retry: RetrySettings, default = RetrySettings::default()
+        /// The HTTP client of object stores built from now on
+        /// (`client.timeout`, `client.connect_timeout`).
+        pub client: ClientSettings, default = ClientSettings::default()
+    }
+}
+
+config_namespace! {
+    /// Session defaults of object stores' retries (object_store's
+    /// `RetryConfig`); unset: object_store's defaults.
+    pub struct RetrySettings {
+        /// Retries of one request (object_store: 10).
+        pub max_retries: Option<usize>, default = None
+        /// No retry starts after this long since the first attempt, e.g.
+        /// `'3min'` (object_store: 3 minutes).
+        pub retry_timeout: Option<String>, default = None
+        /// The waits between attempts.
+        pub backoff: BackoffSettings, default = BackoffSettings::default()
+    }
+}
+
+config_namespace! {
+    /// Session defaults of the waits between retries.
+    pub struct BackoffSettings {
+        /// The first wait, e.g. `'100ms'`.
+        pub init_backoff: Option<String>, default = None
+        /// The longest wait, e.g. `'15s'`.
+        pub max_backoff: Option<String>, default = None
+        /// How much each wait grows, e.g. `2`.
+        pub base: Option<String>, default = None
+    }
+}
+
+config_namespace! {
+    /// Session defaults of object stores' HTTP client.
+    pub struct ClientSettings {
+        /// Time-out of one request, body included, e.g. `'30s'`.
+        pub timeout: Option<String>, default = None
+        /// Time-out of connecting, e.g. `'5s'`.
+        pub connect_timeout: Option<String>, default = None
     }
 }
 
@@ -77,6 +129,48 @@ impl ZarrConfig {
             .get::<ZarrConfig>()
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// The object-store options the session's `retry.*` and `client.*`
+    /// settings stand for, named as table options (`retry.max_retries`).
+    pub fn object_store_defaults(&self) -> HashMap<String, String> {
+        let (retry, backoff, client) = (&self.retry, &self.retry.backoff, &self.client);
+        [
+            (
+                "retry.max_retries",
+                retry.max_retries.map(|n| n.to_string()),
+            ),
+            ("retry.retry_timeout", retry.retry_timeout.clone()),
+            ("retry.backoff.init_backoff", backoff.init_backoff.clone()),
+            ("retry.backoff.max_backoff", backoff.max_backoff.clone()),
+            ("retry.backoff.base", backoff.base.clone()),
+            ("client.timeout", client.timeout.clone()),
+            ("client.connect_timeout", client.connect_timeout.clone()),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| value.map(|v| (key.to_string(), v)))
+        .collect()
+    }
+}
+
+/// Checks a `SET zarrfusion.retry.*` or `zarrfusion.client.*` value the way
+/// the table option of the same name is checked, so that a bad value is
+/// refused when it is set.
+fn check_object_store_setting(variable: &str, value: &str) -> Result<()> {
+    let lower = variable.trim().to_ascii_lowercase();
+    let Some(key) = lower.strip_prefix("zarrfusion.") else {
+        return Ok(());
+    };
+    if !(key.starts_with("retry.") || key.starts_with("client.")) {
+        return Ok(());
+    }
+    let checked = match key.strip_prefix("client.") {
+        Some(_) => parse_duration(value).map(|_| ()),
+        None => retry_config(&HashMap::from([(key.to_string(), value.to_string())])).map(|_| ()),
+    };
+    match checked {
+        Ok(()) => Ok(()),
+        Err(e) => plan_err!("{variable}: {e}"),
     }
 }
 
@@ -132,6 +226,7 @@ fn is_work_dir(variable: &str) -> bool {
 pub fn translate_runtime_settings(plan: LogicalPlan) -> Result<LogicalPlan> {
     match plan {
         LogicalPlan::Statement(Statement::SetVariable(SetVariable { variable, value })) => {
+            check_object_store_setting(&variable, &value)?;
             let Some(runtime) = runtime_name(&variable) else {
                 return Ok(LogicalPlan::Statement(Statement::SetVariable(
                     SetVariable { variable, value },

@@ -23,7 +23,7 @@ type Contents = HashMap<String, (Vec<u64>, Vec<u64>, String)>;
 fn contents(store: &str) -> Contents {
     let runtime = RuntimeEnv::default();
     let location = StoreLocation::parse(store).unwrap();
-    let storage = open_storage(store, &location, &HashMap::new(), &runtime)
+    let storage = open_storage(store, &location, &HashMap::new(), &HashMap::new(), &runtime)
         .unwrap()
         .storage;
     let mut out = HashMap::new();
@@ -64,6 +64,7 @@ fn options(dir: &Path, allowed_mem: u64) -> RechunkOptions {
         allowed_mem,
         work_dir: Some(StoreLocation::Local(dir.join("work"))),
         threads: 2,
+        ..RechunkOptions::default()
     }
 }
 

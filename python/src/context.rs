@@ -198,8 +198,9 @@ impl PySessionContext {
         dims: Option<&Bound<'_, PyAny>>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyDataset> {
-        let mut options =
-            ZarrTableOptions::from_map(&string_options(options)?).map_err(engine_error)?;
+        let mut options = ZarrTableOptions::from_map(&string_options(options)?)
+            .map_err(engine_error)?
+            .with_session(self.ctx.state().config().options());
         if let Some(dims) = dims {
             options.dims = Some(match dims.extract::<String>() {
                 Ok(text) => parse_dims(&text).map_err(engine_error)?,
@@ -271,7 +272,7 @@ impl PySessionContext {
                 a.plan.stages.iter().map(|s| s.tasks).collect::<Vec<_>>(),
             )?;
             d.set_item("workers", a.plan.workers)?;
-            d.set_item("projected_memory", a.plan.projected_memory())?;
+            d.set_item("projected_memory", a.projected_memory())?;
             arrays.set_item(&a.name, d)?;
         }
         out.set_item("arrays", arrays)?;

@@ -17,6 +17,7 @@ use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use zarrfusion::config::ZarrConfig;
 use zarrfusion::table::{GridTable, Selection};
 use zarrfusion::windows::{
     select_where, BatchStream, IndexCache, IndexOptions, IndexSource, LoaderOptions, Polled, Shard,
@@ -201,10 +202,12 @@ impl PyDataset {
             }
             None => Selection::all(&self.table.shape()),
         };
+        let io_concurrency = ZarrConfig::of(self.ctx.state().config().options()).io_concurrency;
         let options = IndexOptions {
             block_bytes,
             threads: threads.unwrap_or_else(default_threads),
             cache: cache_argument(cache)?,
+            io_concurrency,
         };
         let table = Arc::clone(&self.table);
         let variables = self.variables.clone();
@@ -213,6 +216,7 @@ impl PyDataset {
             .map_err(window_error)?;
         Ok(PyWindows {
             windows: Arc::new(windows),
+            io_concurrency,
         })
     }
 
@@ -230,6 +234,8 @@ impl PyDataset {
 #[pyclass(name = "Windows", module = "zarrfusion._zarrfusion", frozen)]
 pub struct PyWindows {
     windows: Arc<Windows>,
+    /// The session's `zarrfusion.io_concurrency`, for its loaders.
+    io_concurrency: usize,
 }
 
 #[pymethods]
@@ -332,6 +338,7 @@ impl PyWindows {
             prefetch,
             threads: threads.unwrap_or_else(default_threads),
             shard,
+            io_concurrency: self.io_concurrency,
         };
         let loader = WindowLoader::new(Arc::clone(&self.windows), options).map_err(window_error)?;
         Ok(PyWindowLoader {

@@ -38,8 +38,8 @@ FAST_RETRIES = {"retry.backoff.init_backoff": "5ms", "retry.backoff.max_backoff"
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """The server, with the fixture stores and a 'many chunks' store."""
+def many_store(tmp_path_factory) -> pathlib.Path:
+    """A store of 64 chunks, written by xarray."""
     import xarray as xr
 
     many = tmp_path_factory.mktemp("s3") / "many.zarr"
@@ -53,8 +53,14 @@ def s3(tmp_path_factory):
         },
     )
     ds.to_zarr(many, encoding={"t": {"chunks": (2, 12, 16)}}, consolidated=True, zarr_format=2)
+    return many
+
+
+@pytest.fixture(scope="module")
+def s3(many_store):
+    """The server, with the fixture stores and the 'many chunks' store."""
     uploads = {name: FIXTURES / name for name in STORES}
-    uploads["many.zarr"] = many
+    uploads["many.zarr"] = many_store
     server = s3_server.start(uploads, bucket="fixtures")
     yield server
     server.stop()
@@ -215,3 +221,153 @@ def test_the_loader_opens_from_s3_without_listing_chunks(s3, tmp_path):
     stats = s3.proxy.stats()
     assert stats["lists"] == 0, stats
     assert stats["methods"].get("HEAD", 0) > 0, stats
+
+
+def download(s3, prefix: str, into: pathlib.Path) -> pathlib.Path:
+    """Copies every object under ``prefix/`` into the directory ``into``."""
+    client = s3.client()
+    for key in s3.keys(prefix + "/"):
+        path = into / key[len(prefix) + 1 :]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    return into
+
+
+def test_opening_asks_for_metadata_and_coordinates_together(s3):
+    """Registration costs round trips, not requests one after another: the
+    candidate metadata documents are asked for together, then every
+    coordinate array's chunks."""
+    ctx = zf.SessionContext()
+    s3.proxy.configure(latency_ms=60)
+    s3.proxy.reset()
+    ctx.register_zarr("t", "s3://fixtures/many.zarr", **s3.options())
+    stats = s3.proxy.stats()
+    # zarr.json and .zmetadata, then the chunks of time, lat and lon.
+    assert stats["max_in_flight"] >= 3, stats
+    assert stats["lists"] == 0, stats
+    assert ctx.sql("SELECT count(*) AS n FROM t").to_arrow_table().to_pylist() == [{"n": 8 * 48 * 64}]
+
+
+def test_copy_to_s3_writes_a_store_xarray_reads(s3, tmp_path):
+    """A COPY of a selection with a computed variable from a bucket to a
+    bucket: read ahead from the source, written chunks first and metadata
+    last; zarr-python reads the written store (downloaded) as xarray
+    computes it from the source."""
+    import xarray as xr
+
+    ctx = zf.SessionContext(io_concurrency=16, work_dir=str(tmp_path / "work"))
+    ctx.register_zarr("t", "s3://fixtures/many.zarr", **s3.options())
+    s3.proxy.configure(latency_ms=20)
+    s3.proxy.reset()
+    ctx.sql(
+        "COPY (SELECT time, lat, lon, t * 2 + 1 AS u FROM t WHERE lat > 0) "
+        "TO 's3://fixtures/copies/north.zarr' STORED AS ZARR OPTIONS ('chunks' 'time=4,lat=8,lon=32')"
+    ).collect()
+    stats = s3.proxy.stats()
+    # The source's 64 chunks were read ahead (several in flight), each once.
+    assert stats["max_in_flight"] >= 4, stats
+    got = xr.open_zarr(download(s3, "copies/north.zarr", tmp_path / "north.zarr"))
+    source = xr.open_zarr(download(s3, "many.zarr", tmp_path / "many.zarr"))
+    want = (source.t * 2 + 1).sel(lat=source.lat > 0)
+    np.testing.assert_allclose(got.u.to_numpy(), want.to_numpy().astype("float64"), rtol=1e-6)
+    np.testing.assert_array_equal(got.lat.to_numpy(), want.lat.to_numpy())
+    assert got.u.encoding["chunks"] == (4, 8, 32)
+
+
+def test_a_failed_copy_to_s3_leaves_no_object_under_the_prefix(s3):
+    """Every write of one chunk is refused: the COPY fails with the server's
+    status after its retries, and erases what it wrote, so nothing is left
+    under the target prefix (nor its metadata, written last)."""
+    ctx = zf.SessionContext()
+    options = s3.options(**FAST_RETRIES, **{"retry.max_retries": "1"})
+    ctx.register_zarr("t", "s3://fixtures/many.zarr", **options)
+    s3.proxy.configure(fault="503", methods="PUT", match=r"/copies/failed\.zarr/t/c/1/")
+    with pytest.raises(Exception) as failure:
+        ctx.sql(
+            "COPY (SELECT * FROM t) TO 's3://fixtures/copies/failed.zarr' STORED AS ZARR "
+            "OPTIONS ('chunks' 'time=2,lat=12,lon=16', 'zarr_format' '3')"
+        ).collect()
+    assert "503" in str(failure.value), failure.value
+    assert s3.proxy.stats()["faults"].get("503", 0) >= 2
+    assert s3.keys("copies/failed.zarr/") == []
+    # The same COPY goes through once the server takes writes again.
+    s3.proxy.configure()
+    ctx.sql(
+        "COPY (SELECT * FROM t) TO 's3://fixtures/copies/failed.zarr' STORED AS ZARR "
+        "OPTIONS ('chunks' 'time=2,lat=12,lon=16', 'zarr_format' '3')"
+    ).collect()
+    assert "copies/failed.zarr/zarr.json" in s3.keys("copies/failed.zarr/")
+
+
+def test_rechunk_from_s3_reads_ahead_of_its_tasks(s3, tmp_path):
+    """ctx.rechunk of a store in the bucket: many chunk reads in flight,
+    each chunk one GET, and the rechunked store holds the source's values
+    (zarr-python reads both)."""
+    import xarray as xr
+
+    answers = {}
+    for concurrency in (0, 16):
+        ctx = zf.SessionContext(io_concurrency=concurrency)
+        ctx.register_zarr("t", "s3://fixtures/many.zarr", **s3.options())
+        s3.proxy.configure(latency_ms=30)
+        s3.proxy.reset()
+        target = tmp_path / f"out{concurrency}.zarr"
+        ctx.rechunk("s3://fixtures/many.zarr", target, {"time": 8, "lat": 6, "lon": 64}, threads=2)
+        answers[concurrency] = s3.proxy.stats()
+        got = xr.open_zarr(target)
+        assert got.t.encoding["chunks"] == (8, 6, 64)
+    source = xr.open_zarr(download(s3, "many.zarr", tmp_path / "many.zarr"))
+    np.testing.assert_array_equal(got.t.to_numpy(), source.t.to_numpy())
+    ahead, demand = answers[16], answers[0]
+    assert ahead["methods"]["GET"] == demand["methods"]["GET"], answers
+    assert ahead["max_in_flight"] >= 8, ahead
+    assert demand["max_in_flight"] <= 4, demand
+
+
+def test_the_loader_reads_blocks_ahead_from_s3(s3, many_store):
+    """Batches from the bucket equal batches from disk, with many chunk
+    reads in flight ahead of the loader's threads."""
+    local = many_store
+
+    def batches(location, **options):
+        ds = zf.SessionContext(io_concurrency=16).open_zarr(location, **options)
+        windows = ds.windows({"lat": 6, "lon": 6}, block_size="64KB", cache=False)
+        loader = windows.loader(batch_size=64, seed=3, threads=2, buffer_size="256KB")
+        return [(b["t"].copy(), {k: v.copy() for k, v in b["index"].items()}) for b in loader]
+
+    want = batches(local)
+    s3.proxy.configure(latency_ms=30)
+    s3.proxy.reset()
+    got = batches("s3://fixtures/many.zarr", **s3.options())
+    stats = s3.proxy.stats()
+    assert len(got) == len(want) > 0
+    for (a, ia), (b, ib) in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+        for k in ia:
+            np.testing.assert_array_equal(ia[k], ib[k])
+    assert stats["max_in_flight"] >= 8, stats
+
+
+def test_session_retry_settings_apply_to_stores_built_after_them(s3):
+    """SET zarrfusion.retry.* gives the retries of the stores built from
+    then on; a table's own retry option wins; bad values are refused when
+    set."""
+    s3.proxy.configure(fault="503", match=r"/t2m/c/0/1/0$")
+    ctx = zf.SessionContext()
+    ctx.sql("SET zarrfusion.retry.max_retries = 1").collect()
+    ctx.sql("SET zarrfusion.retry.backoff.init_backoff = '5ms'").collect()
+    ctx.sql("SET zarrfusion.client.timeout = '20s'").collect()
+    ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **s3.options())
+    with pytest.raises(Exception, match="after 1 retries"):
+        ctx.sql("SELECT sum(t2m) FROM t").collect()
+    assert s3.proxy.stats()["faults"]["503"] == 2
+    s3.proxy.reset()
+    ctx.register_zarr("u", "s3://fixtures/v3_basic.zarr", **s3.options(**{"retry.max_retries": "3"}))
+    with pytest.raises(Exception, match="after 3 retries"):
+        ctx.sql("SELECT sum(t2m) FROM u").collect()
+    assert s3.proxy.stats()["faults"]["503"] == 4
+    for setting in ["zarrfusion.retry.retry_timeout = 'soon'", "zarrfusion.client.connect_timeout = 'never'"]:
+        with pytest.raises(Exception, match="duration"):
+            ctx.sql(f"SET {setting}").collect()
+    with pytest.raises(Exception):
+        ctx.sql("SET zarrfusion.retry.max_retries = 'many'").collect()

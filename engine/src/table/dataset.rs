@@ -6,6 +6,12 @@
 //! with the same dimensions (in the same order) form one table. Coordinate
 //! arrays are read when the group is opened, a piece at a time, and held
 //! as their formula when they follow one (see [`super::RegularCoordinate`]).
+//!
+//! From an object store, opening costs a few round trips whatever the
+//! number of arrays: the candidate metadata documents (`zarr.json`,
+//! `.zmetadata`) are requested together, then the chunks of every
+//! coordinate array are requested ahead of their reading
+//! ([`OPENING_READ_AHEAD`] at once).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -18,8 +24,11 @@ use super::coordinate::Coordinate;
 use super::options::ZarrTableOptions;
 use super::regular::RegularCoordinateCheck;
 use crate::error::{Result, ZarrFusionError};
+use zarrs::storage::StoreKey;
+
 use crate::zarr::{
-    discover_arrays, open_storage, root_name, ChunkBufferPool, StoreLocation, ZarrArray,
+    discover_arrays, open_storage, root_name, ChunkBufferPool, ReadAhead, StoreAccess,
+    StoreLocation, ZarrArray,
 };
 
 /// One dimension of a dataset.
@@ -162,20 +171,64 @@ impl ZarrDataset {
         if let Some(group) = &options.group {
             resolved = resolved.join(group);
         }
-        let opened = open_storage(location, &resolved, &options.storage, runtime)?;
+        let opened = open_storage(
+            location,
+            &resolved,
+            &options.storage,
+            &options.storage_defaults,
+            runtime,
+        )?;
+        let remote = match &opened.access {
+            StoreAccess::Remote(remote) => Some(Arc::clone(remote)),
+            StoreAccess::Local(_) => None,
+        };
+        // A v3 store has `zarr.json`, a consolidated v2 store `.zmetadata`:
+        // both are asked for at once.
+        let metadata = remote.as_ref().map(|remote| {
+            let keys = ["zarr.json", ".zmetadata"]
+                .into_iter()
+                .filter_map(|k| StoreKey::new(k).ok())
+                .map(|k| (0, k))
+                .collect::<Vec<_>>();
+            ReadAhead::new(Arc::clone(remote), Box::new(keys.into_iter()), 2, 2)
+        });
         let entries = discover_arrays(&opened.storage, location, root_name(location))?;
+        drop(metadata);
         let arrays = entries
             .into_iter()
             .map(|entry| {
                 ZarrArray::open(&opened.storage, location, entry, &opened.access).map(Arc::new)
             })
             .collect::<Result<Vec<_>>>()?;
+        // The coordinates' chunks, in the order they are read.
+        let _coordinates = remote.map(|remote| {
+            let keys: Vec<(u64, StoreKey)> = arrays
+                .iter()
+                .filter(|a| is_coordinate(a))
+                .flat_map(|a| {
+                    let mut keys = a.chunk_keys(std::slice::from_ref(&(0..a.shape()[0])));
+                    // The first and last chunks are read first.
+                    if keys.len() > 2 {
+                        let last = keys.remove(keys.len() - 1);
+                        keys.insert(1, last);
+                    }
+                    keys
+                })
+                .map(|k| (0, k))
+                .collect();
+            let largest = arrays
+                .iter()
+                .filter(|a| is_coordinate(a))
+                .map(|a| a.chunk_bytes())
+                .max()
+                .unwrap_or(0);
+            let depth = (OPENING_READ_AHEAD_BYTES / largest.max(1)).clamp(1, OPENING_READ_AHEAD);
+            ReadAhead::new(remote, Box::new(keys.into_iter()), depth, depth)
+        });
         Self::from_arrays(location, arrays)
     }
 
     fn from_arrays(store: &str, arrays: Vec<Arc<ZarrArray>>) -> Result<Self> {
-        let is_coordinate =
-            |a: &ZarrArray| a.dims().len() == 1 && a.dims()[0] == a.name() && a.name() != "";
         let mut dims = BTreeMap::new();
         for array in arrays.iter().filter(|a| is_coordinate(a)) {
             let dim = Dimension {
@@ -331,6 +384,18 @@ impl ZarrDataset {
 /// Positions of a coordinate array read at a time when it is checked for a
 /// formula (rounded up to whole chunks).
 const COORDINATE_PIECE: u64 = 1 << 18;
+
+/// Chunks of coordinate arrays requested at once while a remote store is
+/// opened.
+const OPENING_READ_AHEAD: usize = 16;
+
+/// Most bytes those chunks hold (decoded sizes).
+const OPENING_READ_AHEAD_BYTES: usize = 64 << 20;
+
+/// Whether `array` is its dimension's coordinate (1-D, named like it).
+fn is_coordinate(array: &ZarrArray) -> bool {
+    array.dims().len() == 1 && array.dims()[0] == array.name() && !array.name().is_empty()
+}
 
 /// A coordinate array's values: held as their formula when they follow
 /// one (see [`super::RegularCoordinate`]), else decoded and held. Reads

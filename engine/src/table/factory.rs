@@ -41,7 +41,8 @@ impl TableProviderFactory for ZarrTableFactory {
                 return plan_err!("a Zarr table has exactly one LOCATION, got {}", other.len())
             }
         };
-        let options = ZarrTableOptions::from_map(&cmd.options)?;
+        let options =
+            ZarrTableOptions::from_map(&cmd.options)?.with_session(state.config_options());
         let (dims, pushdown) = (options.dims.clone(), options.pushdown);
         let dataset = open_dataset(location, options, Arc::clone(state.runtime_env())).await?;
         Ok(Arc::new(

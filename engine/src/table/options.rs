@@ -11,6 +11,9 @@
 
 use std::collections::HashMap;
 
+use datafusion::common::config::ConfigOptions;
+
+use crate::config::ZarrConfig;
 use crate::error::{Result, ZarrFusionError};
 
 /// Parsed table options.
@@ -24,6 +27,9 @@ pub struct ZarrTableOptions {
     pub pushdown: bool,
     /// Object-store settings (`aws.region`, ...), passed through.
     pub storage: HashMap<String, String>,
+    /// The session's object-store settings (`zarrfusion.retry.*`,
+    /// `zarrfusion.client.*`), under `storage` when a store is built.
+    pub storage_defaults: HashMap<String, String>,
 }
 
 impl Default for ZarrTableOptions {
@@ -33,6 +39,7 @@ impl Default for ZarrTableOptions {
             group: None,
             pushdown: true,
             storage: HashMap::new(),
+            storage_defaults: HashMap::new(),
         }
     }
 }
@@ -72,6 +79,13 @@ impl ZarrTableOptions {
             }
         }
         Ok(parsed)
+    }
+
+    /// These options with the session's object-store settings as
+    /// defaults (see [`ZarrConfig::object_store_defaults`]).
+    pub fn with_session(mut self, config: &ConfigOptions) -> Self {
+        self.storage_defaults = ZarrConfig::of(config).object_store_defaults();
+        self
     }
 }
 

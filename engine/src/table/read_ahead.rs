@@ -47,6 +47,9 @@ impl ReadAheadPlan {
         readers: usize,
     ) -> Self {
         let remote = remote_variables(table, columns);
+        if remote.is_empty() {
+            return Self::for_chunks(0, 0, readers, 0);
+        }
         let chunk_bytes = remote.iter().map(|v| v.chunk_bytes()).max().unwrap_or(0);
         let block_chunks: usize = remote
             .iter()
@@ -58,8 +61,22 @@ impl ReadAheadPlan {
                     .fold(1usize, usize::saturating_mul)
             })
             .fold(0usize, usize::saturating_add);
-        let depth = match (remote.is_empty(), concurrency) {
-            (true, _) | (_, 0) => 0,
+        Self::for_chunks(chunk_bytes, block_chunks, readers, concurrency)
+    }
+
+    /// Reading ahead of `readers` workers that each decode `block_chunks`
+    /// chunks of up to `chunk_bytes` at once (0 for workers that decode
+    /// their chunks one after another, in the order they were requested):
+    /// those chunks and `concurrency` more, at most `concurrency` in flight
+    /// (0: no reading ahead).
+    pub fn for_chunks(
+        chunk_bytes: usize,
+        block_chunks: usize,
+        readers: usize,
+        concurrency: usize,
+    ) -> Self {
+        let depth = match concurrency {
+            0 => 0,
             _ => block_chunks
                 .saturating_mul(readers.max(1))
                 .saturating_add(concurrency),
@@ -133,36 +150,69 @@ impl ReadAheadPlan {
                 None => stores.push((Arc::clone(storage), vec![variable])),
             }
         }
-        let depth = self.depth / stores.len().max(1);
-        let concurrency = (self.concurrency / stores.len().max(1)).max(1);
-        if depth == 0 {
-            return None;
-        }
-        let windows = stores
+        let share = Self {
+            depth: self.depth / stores.len().max(1),
+            concurrency: (self.concurrency / stores.len().max(1)).max(1),
+            ..*self
+        };
+        let windows: Vec<ReadAhead> = stores
             .into_iter()
-            .map(|(storage, variables)| {
+            .filter_map(|(storage, variables)| {
                 let boxes = boxes.clone();
-                let block_keys = move |id: u64| {
+                share.start_keys(storage, blocks.clone(), readers, move |id| {
                     let mut keys = Vec::new();
                     for b in boxes(id) {
                         for variable in &variables {
-                            keys.extend(variable.chunk_keys(&b).into_iter().map(|k| (id, k)));
+                            keys.extend(variable.chunk_keys(&b));
                         }
                     }
                     keys
-                };
-                let mut blocks = blocks.clone();
-                let readers = readers.max(1);
-                let keys = std::iter::from_fn(move || {
-                    let group: Vec<Vec<(u64, StoreKey)>> =
-                        blocks.by_ref().take(readers).map(&block_keys).collect();
-                    (!group.is_empty()).then(|| interleave(group))
                 })
-                .flatten();
-                ReadAhead::new(storage, Box::new(keys), depth, concurrency)
             })
             .collect();
+        if windows.is_empty() {
+            return None;
+        }
         Some(TableReadAhead { windows })
+    }
+
+    /// Opens a window over `storage` for keys read block by block:
+    /// `blocks` in the order `readers` workers take them (each taking the
+    /// next; the keys of the blocks read at once are interleaved),
+    /// `block_keys` giving each block's keys in the order it reads them.
+    /// `None` without read-ahead. The readers say when they are done with
+    /// a block ([`ReadAhead::done_with`], the block's number).
+    pub fn start_keys<I, K>(
+        &self,
+        storage: Arc<RemoteStorage>,
+        blocks: I,
+        readers: usize,
+        block_keys: K,
+    ) -> Option<ReadAhead>
+    where
+        I: Iterator<Item = u64> + Send + 'static,
+        K: Fn(u64) -> Vec<StoreKey> + Send + 'static,
+    {
+        if self.depth == 0 {
+            return None;
+        }
+        let mut blocks = blocks;
+        let readers = readers.max(1);
+        let keys = std::iter::from_fn(move || {
+            let group: Vec<Vec<(u64, StoreKey)>> = blocks
+                .by_ref()
+                .take(readers)
+                .map(|id| block_keys(id).into_iter().map(|k| (id, k)).collect())
+                .collect();
+            (!group.is_empty()).then(|| interleave(group))
+        })
+        .flatten();
+        Some(ReadAhead::new(
+            storage,
+            Box::new(keys),
+            self.depth,
+            self.concurrency,
+        ))
     }
 }
 

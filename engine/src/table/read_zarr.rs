@@ -199,7 +199,8 @@ impl RelationPlanner for ReadZarrPlanner {
                 )
             }
         };
-        let options = ZarrTableOptions::from_map(&named)?;
+        let options =
+            ZarrTableOptions::from_map(&named)?.with_session(context.context_provider().options());
         let dataset = open_dataset_blocking(&location, &options, &self.runtime)?;
         let table =
             ZarrTable::new(dataset.table(options.dims.as_deref())?).with_pushdown(options.pushdown);

@@ -20,6 +20,10 @@
 //!
 //! A block that cannot be read fails the whole index: everyone waiting gets
 //! the error, naming the store, array and chunk.
+//!
+//! From an object store, the chunks of the blocks the background threads
+//! will read are requested ahead of them, in storage order
+//! ([`crate::table::ReadAheadPlan`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -29,8 +33,31 @@ use super::cache::IndexCache;
 use super::geometry::{Validity, WindowGrid};
 use super::index::{index_block, read_columns, BlockIndex, ValidIndex};
 use super::{IndexSource, WindowError};
-use crate::table::GridTable;
+use crate::table::{GridTable, ReadAheadPlan, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
+
+/// A window reading the chunks of `job`'s blocks in storage order ahead
+/// of `threads` index threads, when its store is remote.
+fn read_ahead(job: &IndexJob, threads: usize) -> Option<TableReadAhead> {
+    let columns: Vec<usize> = job
+        .variables
+        .iter()
+        .map(|&v| job.table.dims.len() + v)
+        .collect();
+    let largest = job
+        .grid
+        .blocks
+        .iter()
+        .map(|b| b.extent.iter().map(|r| r.end - r.start).collect::<Vec<_>>())
+        .max_by_key(|shape| shape.iter().product::<u64>())?;
+    let readers = threads.max(1);
+    let plan = ReadAheadPlan::new(&job.table, &columns, job.io_concurrency, &largest, readers);
+    let grid = Arc::clone(&job.grid);
+    let count = grid.blocks.len() as u64;
+    plan.start(&job.table, &columns, 0..count, readers, move |id| {
+        vec![grid.blocks[id as usize].extent.clone()]
+    })
+}
 
 /// How often a paused background thread looks again.
 const PAUSE: Duration = Duration::from_millis(2);
@@ -57,6 +84,9 @@ pub struct LiveIndex {
     /// Buffers the blocks of this dataset are read into, shared by the
     /// index threads and the loaders.
     buffers: ChunkBufferPool,
+    /// The chunks of the blocks in storage order, read ahead of the index
+    /// threads (remote stores).
+    read_ahead: Option<TableReadAhead>,
 }
 
 #[derive(Debug, Default)]
@@ -85,6 +115,9 @@ pub struct IndexJob {
     pub grid: Arc<WindowGrid>,
     /// The rule a window must meet.
     pub validity: Validity,
+    /// Chunk reads kept in flight ahead of the index threads (a remote
+    /// store).
+    pub io_concurrency: usize,
 }
 
 impl LiveIndex {
@@ -117,6 +150,7 @@ impl LiveIndex {
             job: None,
             next: AtomicUsize::new(0),
             buffers: ChunkBufferPool::new(),
+            read_ahead: None,
         }
     }
 
@@ -127,6 +161,7 @@ impl LiveIndex {
     pub fn build(job: IndexJob, threads: usize, cache: Option<(IndexCache, String)>) -> Arc<Self> {
         let blocks = job.grid.blocks.len();
         let mut live = Self::pending(blocks, cache);
+        live.read_ahead = read_ahead(&job, threads);
         live.job = Some(job);
         let live = Arc::new(live);
         if blocks == 0 {
@@ -165,10 +200,13 @@ impl LiveIndex {
                 return Ok(false);
             }
             if !self.claim(id) {
+                self.done_reading(id);
                 continue;
             }
             let block = &job.grid.blocks[id];
-            return match read_columns(&job.table, &job.variables, &block.extent, &self.buffers) {
+            let columns = read_columns(&job.table, &job.variables, &block.extent, &self.buffers);
+            self.done_reading(id);
+            return match columns {
                 Ok(columns) => {
                     self.publish(id, index_block(&job.grid, block, &columns, job.validity));
                     Ok(true)
@@ -178,6 +216,13 @@ impl LiveIndex {
                     Err(e)
                 }
             };
+        }
+    }
+
+    /// Says the read-ahead window block `id` is read (or skipped).
+    fn done_reading(&self, id: usize) {
+        if let Some(read_ahead) = &self.read_ahead {
+            read_ahead.done_with(id as u64);
         }
     }
 

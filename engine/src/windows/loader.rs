@@ -8,6 +8,12 @@
 //! with it, so memory is bounded by the buffer and the prefetch depth,
 //! whatever the dataset's size. Batches come out in plan order, so a seed
 //! gives the same batches whatever the number of threads.
+//!
+//! From an object store, the chunks of the blocks about to enter the
+//! shuffle buffer are requested ahead of the workers, in the order the
+//! epoch's plan takes the blocks (`io_concurrency` reads in flight, beside
+//! the chunks of the blocks the workers decode at once), so that decoding
+//! never waits a round trip per chunk.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -22,6 +28,7 @@ use super::order::{
 };
 use super::values::Values;
 use super::{WindowError, Windows};
+use crate::table::{ReadAheadPlan, TableReadAhead};
 
 /// How a loader batches, orders and prefetches windows.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +47,11 @@ pub struct LoaderOptions {
     pub threads: usize,
     /// This process's share of the windows.
     pub shard: Shard,
+    /// Chunk reads kept in flight ahead of the workers when the store is
+    /// in an object store (`zarrfusion.io_concurrency`; 0: on demand only).
+    /// Whole blocks are read ahead; the full shuffle's single windows are
+    /// read on demand.
+    pub io_concurrency: usize,
 }
 
 impl Default for LoaderOptions {
@@ -54,6 +66,7 @@ impl Default for LoaderOptions {
             prefetch: 8,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             shard: Shard::WHOLE,
+            io_concurrency: 64,
         }
     }
 }
@@ -223,16 +236,25 @@ struct Slot {
     whole_block: bool,
     extent: Vec<Range<u64>>,
     data: OnceLock<Result<Vec<Values>, String>>,
+    /// The window reading this block's chunks ahead, and the block's
+    /// number in it (its place in the epoch's order).
+    read_ahead: Option<(Arc<TableReadAhead>, u64)>,
 }
 
 impl Slot {
-    /// The slot of block `block` of `windows`.
-    fn block(windows: &Windows, block: usize) -> Arc<Self> {
+    /// The slot of block `block` of `windows`, read ahead by `read_ahead`
+    /// when given.
+    fn block(
+        windows: &Windows,
+        block: usize,
+        read_ahead: Option<(Arc<TableReadAhead>, u64)>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             block,
             whole_block: true,
             extent: windows.grid.blocks[block].extent.clone(),
             data: OnceLock::new(),
+            read_ahead,
         })
     }
 
@@ -244,6 +266,7 @@ impl Slot {
             whole_block: false,
             extent: windows.grid.window_extent(&origin),
             data: OnceLock::new(),
+            read_ahead: None,
         })
     }
 
@@ -262,8 +285,9 @@ impl Slot {
                 &windows.variables,
                 &self.extent,
                 live.buffers(),
-            )
-            .map_err(|e| {
+            );
+            self.done_reading();
+            let columns = columns.map_err(|e| {
                 if self.whole_block {
                     live.fail(e.to_string());
                 }
@@ -296,6 +320,13 @@ impl Slot {
         data.as_deref().map_err(|e| WindowError::Read(e.clone()))
     }
 
+    /// Says the read-ahead window this block is done with.
+    fn done_reading(&self) {
+        if let Some((read_ahead, number)) = &self.read_ahead {
+            read_ahead.done_with(*number);
+        }
+    }
+
     /// Local origin numbers of the valid windows of `segment` (this slot's
     /// block); decodes the block first when it is not indexed yet.
     fn origins(
@@ -315,6 +346,13 @@ impl Slot {
             })?,
         };
         Ok(index.origins(segment.ranks.clone().unwrap_or(0..index.count)))
+    }
+}
+
+impl Drop for Slot {
+    /// A block that was never decoded (no valid window in it) is done too.
+    fn drop(&mut self) {
+        self.done_reading();
     }
 }
 
@@ -485,13 +523,18 @@ impl Planner {
             _ => 1,
         };
         let shuffle = shuffled.then_some((o.seed, self.epoch, o.shard.rank));
+        let read_ahead = self.read_ahead(segs.iter().map(|s| s.block).collect());
         let mut sampler = BlockSampler::new(segs, capacity, shuffle);
         let jobs = self.jobs.clone();
         let counters = &self.counters;
+        let mut entered = 0u64;
         Ok(Box::new(move || {
             let drawn = sampler.draw(
                 |block| {
-                    let slot = Slot::block(windows, block);
+                    let number = entered;
+                    entered += 1;
+                    let read_ahead = read_ahead.as_ref().map(|r| (Arc::clone(r), number));
+                    let slot = Slot::block(windows, block, read_ahead);
                     let _ = jobs.send(Job::Warm(Arc::clone(&slot)));
                     slot
                 },
@@ -499,6 +542,39 @@ impl Planner {
             )?;
             Ok(drawn.map(|(slot, local)| (slot, u64::from(local))))
         }))
+    }
+}
+
+impl Planner {
+    /// A window reading the chunks of `blocks` (in the order they enter
+    /// the shuffle buffer) ahead of the workers, when the store is remote.
+    fn read_ahead(&self, blocks: Vec<usize>) -> Option<Arc<TableReadAhead>> {
+        let windows = &self.windows;
+        let table = &windows.table;
+        let columns: Vec<usize> = windows
+            .variables
+            .iter()
+            .map(|&v| table.dims.len() + v)
+            .collect();
+        let largest = windows
+            .grid
+            .blocks
+            .iter()
+            .map(|b| b.extent.iter().map(|r| r.end - r.start).collect::<Vec<_>>())
+            .max_by_key(|shape| shape.iter().product::<u64>())?;
+        let plan = ReadAheadPlan::new(
+            table,
+            &columns,
+            self.options.io_concurrency,
+            &largest,
+            self.options.threads,
+        );
+        let grid = Arc::clone(&windows.grid);
+        let count = blocks.len() as u64;
+        plan.start(table, &columns, 0..count, 1, move |number| {
+            vec![grid.blocks[blocks[number as usize]].extent.clone()]
+        })
+        .map(Arc::new)
     }
 }
 

@@ -113,6 +113,10 @@ pub struct IndexOptions {
     pub threads: usize,
     /// Where indices are kept between runs; `None` builds every time.
     pub cache: Option<IndexCache>,
+    /// Chunk reads the index threads keep in flight ahead of them when the
+    /// store is in an object store (`zarrfusion.io_concurrency`; 0: on
+    /// demand only).
+    pub io_concurrency: usize,
 }
 
 impl Default for IndexOptions {
@@ -122,6 +126,7 @@ impl Default for IndexOptions {
             block_bytes: 16 << 20,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cache: None,
+            io_concurrency: 64,
         }
     }
 }
@@ -241,6 +246,7 @@ impl Windows {
                         variables: variables.clone(),
                         grid: Arc::clone(&grid),
                         validity,
+                        io_concurrency: options.io_concurrency,
                     },
                     options.threads,
                     cache,

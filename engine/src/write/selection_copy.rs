@@ -61,8 +61,10 @@ use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
     default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
 };
-use crate::array::tasks::run_tasks;
-use crate::table::{classify_filters, select, BoxCells, Coordinate, GridTable, Selection};
+use crate::array::tasks::{grid_cell, run_tasks};
+use crate::table::{
+    classify_filters, select, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection,
+};
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
 /// The [`SelectionCopy`] that a COPY is, when it reads a Zarr table under
@@ -259,6 +261,10 @@ impl SelectionCopy {
         let out_bytes: u64 = self.outputs.len() as u64 * 2 * 8;
         let task_memory = box_cells * (read_bytes + out_bytes);
         let projected = workers as u64 * task_memory;
+        // Each worker decodes a source box at once: its chunks are read
+        // ahead whole, in the fewer chunks the memory left holds.
+        let mut read_ahead =
+            ReadAheadPlan::new(&table, &columns, rechunk.io_concurrency, &spans, workers);
         let stage2 = RechunkPlan::new(
             &shape,
             &block,
@@ -280,6 +286,8 @@ impl SelectionCopy {
                     human_readable_size(limit)
                 );
             }
+            read_ahead =
+                read_ahead.within(usize::try_from(limit as u64 - projected).unwrap_or(usize::MAX));
         }
         let stage2 = stage2.map_err(|e| {
             DataFusionError::ResourcesExhausted(format!(
@@ -301,6 +309,7 @@ impl SelectionCopy {
             exprs,
             workers,
             task_memory,
+            read_ahead,
             target: self.target.clone(),
             target_chunks,
             options: self.options.clone(),
@@ -400,6 +409,8 @@ struct Blockwise {
     exprs: Vec<Arc<dyn PhysicalExpr>>,
     workers: usize,
     task_memory: u64,
+    /// The source chunks read ahead of the workers (a remote source).
+    read_ahead: ReadAheadPlan,
     target: StoreLocation,
     target_chunks: Vec<u64>,
     options: ZarrWriteOptions,
@@ -417,20 +428,13 @@ impl Blockwise {
     }
 
     fn projected_memory(&self) -> u64 {
-        (self.workers as u64 * self.task_memory).max(self.stage2_memory)
+        (self.workers as u64 * self.task_memory + self.read_ahead.memory() as u64)
+            .max(self.stage2_memory)
     }
 
     /// The compact ranges of task `task`'s chunk (C order of chunks).
-    fn chunk(&self, mut task: u64) -> Vec<Range<u64>> {
-        let mut ranges = vec![0..0; self.shape.len()];
-        for d in (0..self.shape.len()).rev() {
-            let n = self.shape[d].div_ceil(self.block[d]);
-            let i = task % n;
-            task /= n;
-            let start = i * self.block[d];
-            ranges[d] = start..(start + self.block[d]).min(self.shape[d]);
-        }
-        ranges
+    fn chunk(&self, task: u64) -> Vec<Range<u64>> {
+        grid_cell(&self.shape, &self.block, task)
     }
 
     /// Runs both steps.
@@ -523,12 +527,35 @@ impl Blockwise {
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         cancelled: &AtomicBool,
     ) -> Result<()> {
+        let read_ahead = {
+            let (selection, shape, block) = (
+                self.selection.clone(),
+                self.shape.clone(),
+                self.block.clone(),
+            );
+            self.read_ahead.start(
+                &self.table,
+                &self.columns,
+                0..self.tasks(),
+                self.workers,
+                move |task| {
+                    let compact = grid_cell(&shape, &block, task);
+                    vec![source_box(&source_indices(&selection, &compact))]
+                },
+            )
+        };
         run_tasks(
             self.tasks(),
             self.workers,
             cancelled,
             ChunkBufferPool::new,
-            |pool, task| self.write_chunk(task, arrays, pool).map(|()| 0),
+            |pool, task| {
+                let written = self.write_chunk(task, arrays, pool);
+                if let Some(read_ahead) = &read_ahead {
+                    read_ahead.done_with(task);
+                }
+                written.map(|()| 0)
+            },
         )?;
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the COPY of '{}' was cancelled", self.table.store);
@@ -545,17 +572,8 @@ impl Blockwise {
         pool: &ChunkBufferPool,
     ) -> Result<()> {
         let compact = self.chunk(task);
-        // Per dimension: the source indices of the chunk's positions.
-        let sources: Vec<Vec<u64>> = compact
-            .iter()
-            .enumerate()
-            .map(|(d, r)| {
-                r.clone()
-                    .map(|p| source_index(self.selection.ranges(d), p))
-                    .collect()
-            })
-            .collect();
-        let extent: Vec<Range<u64>> = sources.iter().map(|s| s[0]..s[s.len() - 1] + 1).collect();
+        let sources = source_indices(&self.selection, &compact);
+        let extent = source_box(&sources);
         let cells = BoxCells::read(&self.table, &self.columns, &extent, pool)
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let batch: RecordBatch = cells.batch(&self.batch_schema, 0, cells.num_cells())?;
@@ -586,6 +604,28 @@ impl Blockwise {
         }
         Ok(())
     }
+}
+
+/// Per dimension, the source indices of the compact positions `compact`
+/// of `selection`.
+fn source_indices(selection: &Selection, compact: &[Range<u64>]) -> Vec<Vec<u64>> {
+    compact
+        .iter()
+        .enumerate()
+        .map(|(d, r)| {
+            r.clone()
+                .map(|p| source_index(selection.ranges(d), p))
+                .collect()
+        })
+        .collect()
+}
+
+/// The source box that per-dimension source indices span.
+fn source_box(sources: &[Vec<u64>]) -> Vec<Range<u64>> {
+    sources
+        .iter()
+        .map(|s| s.first().map_or(0..0, |&first| first..s[s.len() - 1] + 1))
+        .collect()
 }
 
 /// The widest element of `types`, in bytes.
@@ -674,7 +714,7 @@ impl DisplayAs for SelectionCopyExec {
         write!(
             f,
             "SelectionCopyExec: store={}, target={}, variables=[{}], shape={:?}, \
-             blockwise chunks {:?} ({} tasks, {} workers, {} per task) -> rechunk to {:?}, \
+             blockwise chunks {:?} ({} tasks, {} workers, {} per task{}) -> rechunk to {:?}, \
              projected_memory={}",
             b.table.store,
             b.target,
@@ -684,6 +724,7 @@ impl DisplayAs for SelectionCopyExec {
             b.tasks(),
             b.workers,
             human_readable_size(b.task_memory as usize),
+            b.read_ahead,
             b.target_chunks,
             human_readable_size(b.projected_memory() as usize)
         )

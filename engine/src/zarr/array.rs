@@ -102,18 +102,7 @@ impl ZarrArray {
     /// the array is sharded (reads of shards are ranged) or `ranges` holds
     /// no chunk. What a read-ahead window is given.
     pub fn chunk_keys(&self, ranges: &[Range<u64>]) -> Vec<StoreKey> {
-        if is_sharded(self.array.metadata()) {
-            return Vec::new();
-        }
-        let subset = ArraySubset::new_with_ranges(ranges);
-        match self.array.chunks_in_array_subset(&subset) {
-            Ok(Some(chunks)) => chunks
-                .indices()
-                .into_iter()
-                .map(|indices| self.array.chunk_key(&indices))
-                .collect(),
-            _ => Vec::new(),
-        }
+        chunk_keys(&self.array, ranges)
     }
 
     /// Bytes of the largest stored chunk, decoded: what one read-ahead
@@ -343,6 +332,24 @@ impl std::fmt::Debug for ZarrArray {
             .field("dims", &self.dims)
             .field("decoder", &self.decoder)
             .finish()
+    }
+}
+
+/// The keys of the stored chunks of `array` (shards when sharded: none,
+/// their reads are ranged) that reading `ranges` fetches whole, in the
+/// order of the chunk grid (C order): what a read-ahead window is given.
+pub fn chunk_keys<T: ?Sized>(array: &Array<T>, ranges: &[Range<u64>]) -> Vec<StoreKey> {
+    if is_sharded(array.metadata()) {
+        return Vec::new();
+    }
+    let subset = ArraySubset::new_with_ranges(ranges);
+    match array.chunks_in_array_subset(&subset) {
+        Ok(Some(chunks)) => chunks
+            .indices()
+            .into_iter()
+            .map(|indices| array.chunk_key(&indices))
+            .collect(),
+        _ => Vec::new(),
     }
 }
 

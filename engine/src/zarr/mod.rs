@@ -9,13 +9,14 @@ mod raw_chunks;
 mod remote;
 mod store;
 
+pub use array::{chunk_keys, root_name, ZarrArray};
 pub(crate) use array::{dimension_names, is_sharded};
-pub use array::{root_name, ZarrArray};
 pub use buffer_pool::{ChunkBufferPool, PooledBytes};
 pub use decode::{ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
 pub use remote::{IoCounters, ReadAhead, RemoteStorage, UpcomingKeys};
+pub(crate) use store::parse_duration;
 pub use store::{
     open_storage, open_writable_storage, retry_config, OpenedStore, StoreAccess, StoreLocation,
 };

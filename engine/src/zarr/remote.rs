@@ -18,11 +18,14 @@
 //! operator counts in its projected memory. Keys the decoder never asked
 //! for are dropped when the operator says it is done with their box, and
 //! everything outstanding is dropped (requests aborted) with the window.
+//! A key a decoder read before its window requested it (the decoder ran
+//! ahead of the window) is remembered while windows are open, so that the
+//! window skips it instead of reading it a second time.
 //!
 //! Errors name the key: `cannot read 'KEY': ...`, with the object store's
 //! message (the HTTP status and the retries made) after it.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -157,9 +160,25 @@ pub struct RemoteStorage {
     runtime: Handle,
     /// Listing, writing and erasing, through zarrs' adapter.
     adapter: AsyncToSyncStorageAdapter<AsyncObjectStore<Arc<dyn ObjectStore>>, TokioBlockOn>,
-    /// Keys requested ahead of the decoder, by key.
-    slots: Mutex<HashMap<StoreKey, Arc<Slot>>>,
+    /// Keys requested ahead of the decoder, and keys read before a window
+    /// asked for them.
+    wanted: Mutex<Wanted>,
+    /// Read-ahead windows open over this storage.
+    windows: AtomicUsize,
     counters: IoCounters,
+}
+
+/// Most keys remembered as read before their window asked for them.
+const MISSED_KEYS: usize = 1 << 16;
+
+/// The keys windows want, and those read before they did.
+#[derive(Default)]
+struct Wanted {
+    /// Keys requested ahead of the decoder, by key.
+    slots: HashMap<StoreKey, Arc<Slot>>,
+    /// Keys read on demand while windows were open: a window does not
+    /// request them afterwards.
+    missed: HashSet<StoreKey>,
 }
 
 impl std::fmt::Debug for RemoteStorage {
@@ -182,7 +201,8 @@ impl RemoteStorage {
             store,
             runtime,
             adapter,
-            slots: Mutex::new(HashMap::new()),
+            wanted: Mutex::new(Wanted::default()),
+            windows: AtomicUsize::new(0),
             counters: IoCounters::default(),
         }
     }
@@ -208,9 +228,23 @@ impl RemoteStorage {
         }
     }
 
-    /// The read-ahead request for `key`, taken out of its window.
+    /// The read-ahead request for `key`, taken out of its window; `None`
+    /// when no window has requested it, which is remembered (while windows
+    /// are open) so that none does later.
     fn take_slot(&self, key: &StoreKey) -> Option<Arc<Slot>> {
-        let slot = lock(&self.slots).remove(key)?;
+        let slot = {
+            let mut wanted = lock(&self.wanted);
+            match wanted.slots.remove(key) {
+                Some(slot) => slot,
+                None => {
+                    if self.windows.load(Ordering::Acquire) > 0 && wanted.missed.len() < MISSED_KEYS
+                    {
+                        wanted.missed.insert(key.clone());
+                    }
+                    return None;
+                }
+            }
+        };
         if let Some(window) = slot.owner.upgrade() {
             window.taken(key);
         }
@@ -298,8 +332,8 @@ impl RemoteStorage {
         permits: &Arc<Semaphore>,
     ) -> bool {
         let slot = {
-            let mut slots = lock(&self.slots);
-            if slots.contains_key(&key) {
+            let mut wanted = lock(&self.wanted);
+            if wanted.missed.remove(&key) || wanted.slots.contains_key(&key) {
                 return false;
             }
             let slot = Arc::new(Slot {
@@ -308,7 +342,7 @@ impl RemoteStorage {
                 owner: Arc::downgrade(window),
                 abort: Mutex::new(None),
             });
-            slots.insert(key.clone(), Arc::clone(&slot));
+            wanted.slots.insert(key.clone(), Arc::clone(&slot));
             slot
         };
         self.counters
@@ -331,12 +365,13 @@ impl RemoteStorage {
 
     /// Drops the read-ahead request for `key` if `window` still owns it.
     fn release(&self, key: &StoreKey, window: &Window) {
-        let mut slots = lock(&self.slots);
-        let owned = slots
+        let mut wanted = lock(&self.wanted);
+        let owned = wanted
+            .slots
             .get(key)
             .is_some_and(|slot| std::ptr::eq(slot.owner.as_ptr(), window));
         if owned {
-            if let Some(slot) = slots.remove(key) {
+            if let Some(slot) = wanted.slots.remove(key) {
                 slot.abort();
             }
         }
@@ -521,6 +556,7 @@ impl ReadAhead {
         depth: usize,
         concurrency: usize,
     ) -> Self {
+        storage.windows.fetch_add(1, Ordering::AcqRel);
         let window = Arc::new(Window {
             storage,
             depth: depth.max(1),
@@ -566,6 +602,10 @@ impl Drop for ReadAhead {
             .collect();
         for key in &held {
             self.window.storage.release(key, &self.window);
+        }
+        let storage = &self.window.storage;
+        if storage.windows.fetch_sub(1, Ordering::AcqRel) == 1 {
+            lock(&storage.wanted).missed.clear();
         }
     }
 }
@@ -672,18 +712,40 @@ mod tests {
             .enumerate()
             .map(|(i, n)| (i as u64, key(&n)));
         let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming), 3, 2);
-        assert_eq!(lock(&storage.slots).len(), 3);
+        assert_eq!(lock(&storage.wanted).slots.len(), 3);
         for (i, name) in names.iter().enumerate() {
             let bytes = storage.get(&key(name)).unwrap().unwrap();
             assert_eq!(bytes.as_ref(), name.as_bytes());
             window.done_with(i as u64);
-            assert!(lock(&storage.slots).len() <= 3);
+            assert!(lock(&storage.wanted).slots.len() <= 3);
         }
         let counters = storage.counters();
         assert_eq!(counters.read_ahead_hits.load(Ordering::Relaxed), 10);
         assert_eq!(counters.requests.load(Ordering::Relaxed), 10);
         assert!(counters.max_in_flight.load(Ordering::Relaxed) <= 2);
-        assert!(lock(&storage.slots).is_empty());
+        assert!(lock(&storage.wanted).slots.is_empty());
+    }
+
+    #[test]
+    fn a_key_read_before_its_window_asked_is_not_read_again() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage(&runtime, &[("k/0", b"a"), ("k/1", b"b"), ("k/2", b"c")]);
+        let upcoming = vec![(0, key("k/0")), (0, key("k/1")), (0, key("k/2"))];
+        // One key held at a time: k/2 is read before the window reaches it.
+        let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming.into_iter()), 1, 1);
+        assert_eq!(storage.get(&key("k/2")).unwrap().unwrap().as_ref(), b"c");
+        assert_eq!(storage.get(&key("k/0")).unwrap().unwrap().as_ref(), b"a");
+        assert_eq!(storage.get(&key("k/1")).unwrap().unwrap().as_ref(), b"b");
+        window.done_with(0);
+        let counters = storage.counters();
+        assert_eq!(counters.requests.load(Ordering::Relaxed), 3);
+        assert_eq!(counters.read_ahead_hits.load(Ordering::Relaxed), 2);
+        assert!(lock(&storage.wanted).slots.is_empty());
+        drop(window);
+        // With no window open, nothing is remembered.
+        assert!(lock(&storage.wanted).missed.is_empty());
+        storage.get(&key("k/0")).unwrap();
+        assert!(lock(&storage.wanted).missed.is_empty());
     }
 
     #[test]
@@ -692,20 +754,20 @@ mod tests {
         let storage = storage(&runtime, &[("x/0", b"a"), ("x/1", b"b"), ("x/2", b"c")]);
         let upcoming = vec![(0, key("x/0")), (0, key("x/1")), (1, key("x/2"))];
         let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming.into_iter()), 8, 8);
-        assert_eq!(lock(&storage.slots).len(), 3);
+        assert_eq!(lock(&storage.wanted).slots.len(), 3);
         // Box 1 is done first (another worker), box 0 later: each releases
         // only its own keys.
         window.done_with(1);
-        assert_eq!(lock(&storage.slots).len(), 2);
+        assert_eq!(lock(&storage.wanted).slots.len(), 2);
         window.done_with(0);
-        assert!(lock(&storage.slots).is_empty());
+        assert!(lock(&storage.wanted).slots.is_empty());
         drop(window);
         // Dropping a window drops what it still holds.
         let upcoming = vec![(0, key("x/0")), (1, key("x/1"))];
         let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming.into_iter()), 8, 8);
-        assert_eq!(lock(&storage.slots).len(), 2);
+        assert_eq!(lock(&storage.wanted).slots.len(), 2);
         drop(window);
-        assert!(lock(&storage.slots).is_empty());
+        assert!(lock(&storage.wanted).slots.is_empty());
         // A key no window holds is read directly.
         assert_eq!(storage.get(&key("x/2")).unwrap().unwrap().as_ref(), b"c");
     }

@@ -106,13 +106,17 @@ pub struct OpenedStore {
     pub access: StoreAccess,
 }
 
-/// Opens the storage of a store for reading and listing.
+/// Opens the storage of a store for reading and listing. A remote store
+/// uses the object store registered for its bucket when `options` (the
+/// table's object-store options) are empty, else one built from the
+/// environment, `defaults` (the session's settings) and `options`.
 ///
 /// Must run outside an async context (remote stores block on the runtime).
 pub fn open_storage(
     display: &str,
     location: &StoreLocation,
     options: &HashMap<String, String>,
+    defaults: &HashMap<String, String>,
     runtime: &RuntimeEnv,
 ) -> Result<OpenedStore> {
     match location {
@@ -135,7 +139,7 @@ pub fn open_storage(
             })
         }
         StoreLocation::Remote(url) => {
-            let remote = remote_storage(display, url, options, runtime)?;
+            let remote = remote_storage(display, url, options, defaults, runtime)?;
             Ok(OpenedStore {
                 storage: Arc::clone(&remote) as ReadableListableStorage,
                 access: StoreAccess::Remote(remote),
@@ -145,7 +149,8 @@ pub fn open_storage(
 }
 
 /// Opens the store at `location` for writing: a local directory (created
-/// with its parents) or an object-store URL.
+/// with its parents) or an object-store URL (through the object store
+/// registered for its bucket, else one built from the environment).
 pub fn open_writable_storage(
     display: &str,
     location: &StoreLocation,
@@ -158,7 +163,13 @@ pub fn open_writable_storage(
                 FilesystemStore::new(path).map_err(|e| ZarrFusionError::store(display, e))?;
             Ok(Arc::new(store))
         }
-        StoreLocation::Remote(url) => Ok(remote_storage(display, url, &HashMap::new(), runtime)?),
+        StoreLocation::Remote(url) => Ok(remote_storage(
+            display,
+            url,
+            &HashMap::new(),
+            &HashMap::new(),
+            runtime,
+        )?),
     }
 }
 
@@ -168,11 +179,12 @@ fn remote_storage(
     display: &str,
     url: &Url,
     options: &HashMap<String, String>,
+    defaults: &HashMap<String, String>,
     runtime: &RuntimeEnv,
 ) -> Result<Arc<RemoteStorage>> {
     let handle = tokio::runtime::Handle::try_current()
         .map_err(|_| ZarrFusionError::store(display, "remote stores need a Tokio runtime"))?;
-    let object_store = object_store_for(display, url, options, runtime)?;
+    let object_store = object_store_for(display, url, options, defaults, runtime)?;
     let prefix = url.path().trim_matches('/').to_string();
     let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
         object_store
@@ -183,12 +195,14 @@ fn remote_storage(
 }
 
 /// The session's object store for `url` when `options` set nothing, else
-/// a new one built from the environment and `options` and registered with
-/// the runtime (in place of the one before).
+/// a new one built from the environment, `defaults` (the session's
+/// settings) and `options` (which win), and registered with the runtime
+/// (in place of the one before).
 fn object_store_for(
     display: &str,
     url: &Url,
     options: &HashMap<String, String>,
+    defaults: &HashMap<String, String>,
     runtime: &RuntimeEnv,
 ) -> Result<Arc<dyn ObjectStore>> {
     let root = ObjectStoreUrl::parse(format!("{}://{}", url.scheme(), url.authority()))
@@ -198,6 +212,9 @@ fn object_store_for(
             return Ok(store);
         }
     }
+    let mut merged = defaults.clone();
+    merged.extend(options.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let options = &merged;
     let err = |e: &dyn std::fmt::Display| ZarrFusionError::store(display, e);
     let retry = retry_config(options).map_err(|e| err(&e))?;
     let client = client_options(options).map_err(|e| err(&e))?;
@@ -320,7 +337,7 @@ pub fn retry_config(options: &HashMap<String, String>) -> std::result::Result<Re
 }
 
 /// A duration written as `10ms`, `2s`, `1min` (humantime's syntax).
-fn parse_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
     humantime::parse_duration(text.trim())
         .map_err(|e| format!("a duration such as 10ms or 2s ({e})"))
 }

@@ -9,6 +9,7 @@ use zarrs::storage::{ReadableStorageTraits, ReadableWritableStorageTraits};
 
 use super::plan::StagePlan;
 use crate::array::tasks::{grid_cell, run_tasks};
+use crate::zarr::ReadAhead;
 
 /// What a stage did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -25,13 +26,15 @@ fn region(plan: &StagePlan, shape: &[u64], task: u64) -> Vec<Range<u64>> {
 }
 
 /// Copies `input` into `output` (same shape and data type) task by task
-/// on `workers` threads; stops at the first error or when `cancelled` is
-/// set. Errors name the region that failed.
+/// on `workers` threads, telling `read_ahead` (a window over the input's
+/// chunks, task by task) when each task is done; stops at the first error
+/// or when `cancelled` is set. Errors name the region that failed.
 pub fn run_stage<R, W>(
     plan: &StagePlan,
     input: &Array<R>,
     output: &Array<W>,
     workers: usize,
+    read_ahead: Option<&ReadAhead>,
     cancelled: &AtomicBool,
 ) -> Result<StageCounts, String>
 where
@@ -54,6 +57,9 @@ where
                 .retrieve_array_subset_opt::<ArrayBytes<'static>>(&subset, &options)
                 .map_err(|e| read_error(input, &subset, &options, e.to_string()))?;
             let size = bytes.size() as u64;
+            if let Some(read_ahead) = read_ahead {
+                read_ahead.done_with(task);
+            }
             output
                 .store_array_subset_opt(&subset, bytes, &options)
                 .map_err(|e| format!("writing {ranges:?}: {e}"))?;

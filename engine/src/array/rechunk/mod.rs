@@ -59,9 +59,11 @@ use crate::write::options::{Codec, ZarrVersion};
 use crate::write::sink::CancelOnDrop;
 use crate::write::store::{consolidate, io_error, v2_compressor, v3_compressor, write_atomically};
 
+use crate::array::tasks::grid_cell;
+use crate::table::ReadAheadPlan;
 use crate::zarr::{
-    dimension_names, discover_arrays, is_sharded, open_storage, read_json, root_name, ArrayEntry,
-    StoreLocation,
+    chunk_keys, dimension_names, discover_arrays, is_sharded, open_storage, read_json, root_name,
+    ArrayEntry, ReadAhead, RemoteStorage, StoreAccess, StoreLocation,
 };
 
 /// Bytes planned per element of a variable-length data type.
@@ -78,6 +80,12 @@ pub struct RechunkOptions {
     pub work_dir: Option<StoreLocation>,
     /// Most tasks at once.
     pub threads: usize,
+    /// Chunk reads kept in flight ahead of the tasks when the source is in
+    /// an object store (`zarrfusion.io_concurrency`; 0: on demand only).
+    pub io_concurrency: usize,
+    /// The session's object-store settings, for a source in a bucket with
+    /// no store registered yet.
+    pub storage_defaults: HashMap<String, String>,
 }
 
 impl Default for RechunkOptions {
@@ -87,6 +95,8 @@ impl Default for RechunkOptions {
             allowed_mem: 2 << 30,
             work_dir: None,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            io_concurrency: ZarrConfig::default().io_concurrency,
+            storage_defaults: HashMap::new(),
         }
     }
 }
@@ -115,10 +125,12 @@ impl RechunkOptions {
     /// `zarrfusion.work_dir` (a path or an object-store URL) when set.
     pub fn for_session(config: &ConfigOptions, runtime: &RuntimeEnv) -> Result<Self> {
         let mut options = Self::for_runtime(runtime);
-        let work_dir = ZarrConfig::of(config).work_dir;
-        if !work_dir.is_empty() {
-            options.work_dir = Some(StoreLocation::parse(&work_dir)?);
+        let zarr = ZarrConfig::of(config);
+        if !zarr.work_dir.is_empty() {
+            options.work_dir = Some(StoreLocation::parse(&zarr.work_dir)?);
         }
+        options.io_concurrency = zarr.io_concurrency;
+        options.storage_defaults = zarr.object_store_defaults();
         Ok(options)
     }
 }
@@ -142,6 +154,16 @@ pub struct ArrayRechunk {
     pub dims: Vec<String>,
     /// Its stages, memory and bytes.
     pub plan: RechunkPlan,
+    /// The first stage's reads ahead of its tasks (a source in an object
+    /// store), counted beside the plan's memory.
+    pub read_ahead: ReadAheadPlan,
+}
+
+impl ArrayRechunk {
+    /// Memory its tasks and reads ahead hold together at their peak.
+    pub fn projected_memory(&self) -> u64 {
+        self.plan.projected_memory() + self.read_ahead.memory() as u64
+    }
 }
 
 /// What a rechunk did.
@@ -171,7 +193,7 @@ pub fn fmt_array_plans<'a>(
         let tasks: Vec<String> = plan.stages.iter().map(|s| s.tasks.to_string()).collect();
         write!(
             f,
-            "{}{}: {:?} -> {} in {} stage{} (tasks {}, workers {}, read {}, write {})",
+            "{}{}: {:?} -> {} in {} stage{} (tasks {}, workers {}, read {}, write {}{})",
             if i == 0 { "" } else { ", " },
             array.name,
             plan.stages[0].from,
@@ -182,6 +204,7 @@ pub fn fmt_array_plans<'a>(
             plan.workers,
             human_readable_size(plan.bytes_read() as usize),
             human_readable_size(plan.bytes_written() as usize),
+            array.read_ahead,
         )?;
     }
     Ok(())
@@ -205,11 +228,19 @@ pub fn plan_store_rechunk(
     runtime: &RuntimeEnv,
 ) -> Result<Vec<ArrayRechunk>> {
     Ok(open_jobs(source, chunks, None, options, runtime)?
-        .1
+        .2
         .into_iter()
         .map(|job| job.rechunk)
         .collect())
 }
+
+/// A store's storage, its object store when it is remote, and its arrays
+/// opened and planned.
+type OpenedJobs = (
+    Arc<dyn ReadableListableStorageTraits>,
+    Option<Arc<RemoteStorage>>,
+    Vec<Job>,
+);
 
 /// Opens and plans the arrays of the store at `source` (only those named
 /// in `arrays`, when given).
@@ -219,9 +250,20 @@ fn open_jobs(
     arrays: Option<&[String]>,
     options: &RechunkOptions,
     runtime: &RuntimeEnv,
-) -> Result<(Arc<dyn ReadableListableStorageTraits>, Vec<Job>)> {
+) -> Result<OpenedJobs> {
     let location = StoreLocation::parse(source)?;
-    let storage = open_storage(source, &location, &HashMap::new(), runtime)?.storage;
+    let opened = open_storage(
+        source,
+        &location,
+        &HashMap::new(),
+        &options.storage_defaults,
+        runtime,
+    )?;
+    let storage = opened.storage;
+    let remote = match opened.access {
+        StoreAccess::Remote(remote) => Some(remote),
+        StoreAccess::Local(_) => None,
+    };
     let mut entries = discover_arrays(&storage, source, root_name(source))?;
     if let Some(names) = arrays {
         entries.retain(|entry| names.contains(&entry.name));
@@ -264,12 +306,28 @@ fn open_jobs(
             .zip(&source_chunks)
             .map(|(d, &c)| chunks.iter().find(|(n, _)| n == d).map_or(c, |(_, n)| *n))
             .collect();
+        // Reads ahead of the first stage's tasks (each decodes its chunks
+        // one after another) take at most a quarter of the budget.
+        let chunk_bytes = source_chunks
+            .iter()
+            .product::<u64>()
+            .saturating_mul(itemsize);
+        let read_ahead = match &remote {
+            Some(_) => ReadAheadPlan::for_chunks(
+                usize::try_from(chunk_bytes).unwrap_or(usize::MAX),
+                0,
+                options.threads,
+                options.io_concurrency,
+            )
+            .within(usize::try_from(options.allowed_mem / 4).unwrap_or(usize::MAX)),
+            None => ReadAheadPlan::for_chunks(0, 0, 1, 0),
+        };
         let plan = RechunkPlan::new(
             &shape,
             &source_chunks,
             &target_chunks,
             itemsize,
-            options.allowed_mem,
+            options.allowed_mem - read_ahead.memory() as u64,
             options.threads,
         )
         .map_err(|e| {
@@ -290,6 +348,7 @@ fn open_jobs(
                 name: entry.name.clone(),
                 dims,
                 plan,
+                read_ahead,
             },
             entry,
             source: array,
@@ -308,7 +367,7 @@ fn open_jobs(
             );
         }
     }
-    Ok((storage, jobs))
+    Ok((storage, remote, jobs))
 }
 
 /// `metadata` with chunk shape `chunks`; `plain` also drops compression
@@ -468,6 +527,8 @@ pub fn rechunk_store(
 pub struct PreparedRechunk {
     source: String,
     storage: Arc<dyn ReadableListableStorageTraits>,
+    /// The source's object store, when it is remote (its reads ahead).
+    remote: Option<Arc<RemoteStorage>>,
     jobs: Vec<Job>,
     work_dir: StoreLocation,
     runtime: Arc<RuntimeEnv>,
@@ -506,10 +567,11 @@ impl PreparedRechunk {
         options: &RechunkOptions,
         runtime: &RuntimeEnv,
     ) -> Result<Self> {
-        let (storage, jobs) = open_jobs(source, chunks, arrays, options, runtime)?;
+        let (storage, remote, jobs) = open_jobs(source, chunks, arrays, options, runtime)?;
         let prepared = Self {
             source: source.to_string(),
             storage,
+            remote,
             jobs,
             work_dir: options.work_dir.clone().unwrap_or_else(default_work_dir),
             runtime: Arc::new(runtime.clone()),
@@ -539,7 +601,7 @@ impl PreparedRechunk {
     /// The most memory any array's tasks hold together.
     pub fn projected_memory(&self) -> u64 {
         self.arrays()
-            .map(|a| a.plan.projected_memory())
+            .map(ArrayRechunk::projected_memory)
             .max()
             .unwrap_or(0)
     }
@@ -670,6 +732,29 @@ impl PreparedRechunk {
             let mut previous: Option<(Array<dyn ReadableWritableListableStorageTraits>, String)> =
                 None;
             for (i, stage) in plan.stages.iter().enumerate() {
+                // The first stage reads the source: ahead of its tasks when
+                // it is remote.
+                let read_ahead = match (&previous, &self.remote) {
+                    (None, Some(remote)) => {
+                        // The keys are found by the window's own copy of the
+                        // source (an array opens from its metadata alone).
+                        let source = Array::new_with_metadata(
+                            Arc::clone(&self.storage),
+                            &job.entry.path,
+                            job.entry.metadata.clone(),
+                        )
+                        .map_err(|e| fail(e.to_string()))?;
+                        let (shape, region) = (source.shape().to_vec(), stage.region.clone());
+                        job.rechunk.read_ahead.start_keys(
+                            Arc::clone(remote),
+                            0..stage.tasks,
+                            plan.workers,
+                            move |task| chunk_keys(&source, &grid_cell(&shape, &region, task)),
+                        )
+                    }
+                    _ => None,
+                };
+                let read_ahead = read_ahead.as_ref();
                 let counts = if i == last {
                     run_after(
                         &previous,
@@ -677,6 +762,7 @@ impl PreparedRechunk {
                         stage,
                         &output,
                         plan.workers,
+                        read_ahead,
                         cancelled,
                     )
                     .map_err(&fail)?
@@ -703,6 +789,7 @@ impl PreparedRechunk {
                         stage,
                         &next,
                         plan.workers,
+                        read_ahead,
                         cancelled,
                     )
                     .map_err(&fail)?;
@@ -731,21 +818,22 @@ impl PreparedRechunk {
 }
 
 /// Runs `stage` into `output`, reading the previous stage's intermediate
-/// array, or the source for the first stage.
+/// array, or the source for the first stage (with `read_ahead`).
 fn run_after<W>(
     previous: &Option<(Array<dyn ReadableWritableListableStorageTraits>, String)>,
     source: &Array<dyn ReadableListableStorageTraits>,
     stage: &StagePlan,
     output: &Array<W>,
     workers: usize,
+    read_ahead: Option<&ReadAhead>,
     cancelled: &AtomicBool,
 ) -> Result<copy::StageCounts, String>
 where
     W: zarrs::storage::ReadableWritableStorageTraits + ?Sized + 'static,
 {
     match previous {
-        None => copy::run_stage(stage, source, output, workers, cancelled),
-        Some((input, _)) => copy::run_stage(stage, input, output, workers, cancelled),
+        None => copy::run_stage(stage, source, output, workers, read_ahead, cancelled),
+        Some((input, _)) => copy::run_stage(stage, input, output, workers, None, cancelled),
     }
 }
 

@@ -347,7 +347,7 @@ impl CopyJob {
     /// The most memory the copy's tasks hold together.
     fn projected_memory(&self) -> u64 {
         self.arrays()
-            .map(|a| a.plan.projected_memory())
+            .map(ArrayRechunk::projected_memory)
             .max()
             .unwrap_or(0)
     }
