@@ -72,6 +72,42 @@ def read_io(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
+def xarray_answer(ds, what: str, t_lo: str, t_hi: str) -> dict:
+    """The xarray/numpy equivalent of query ``what`` on ``ds`` (opened with chunks=None)."""
+    import numpy as np
+
+    t2m = ds["t2m"]
+    if what == "Q1":
+        m = t2m.mean(("time", "lon"))
+        order = np.argsort(m["lat"].values, kind="stable")
+        return {"lat": m["lat"].values[order], "v": m.values[order]}
+    if what == "Q2":
+        lo = np.datetime64(t_lo, "ns")
+        hi = np.datetime64(t_hi, "ns") - np.timedelta64(1, "ns")  # time < t_hi
+        box = t2m.sel(lat=slice(60, 30), lon=slice(0, 40), time=slice(lo, hi))
+        vals = box.values
+        return {"count": np.array([vals.size]), "v": np.array([float(np.nanmean(vals))])}
+    if what == "Q3":
+        m = (t2m**2).mean("time")
+        lat2, lon2 = np.meshgrid(m["lat"].values, m["lon"].values, indexing="ij")
+        return {"lat": lat2.ravel(), "lon": lon2.ravel(), "v": m.values.ravel()}
+    raise SystemExit(f"unknown query {what}")
+
+
+def arrow_answer(tbl, what: str) -> dict:
+    """A SQL answer (pyarrow table of the query's columns, in order) as the arrays compare() takes."""
+    cols = [c.to_numpy() for c in tbl.columns]
+    if what == "Q1":
+        return {"lat": cols[0], "v": cols[1]}
+    if what == "Q2":
+        return {"count": cols[0], "v": cols[1]}
+    if what == "Q3":
+        return {"lat": cols[0], "lon": cols[1], "v": cols[2]}
+    if what == "count":
+        return {"count": cols[0]}
+    raise SystemExit(f"unknown query {what}")
+
+
 # ======================================================================================
 # child side: one peer, one query, one process
 # ======================================================================================
@@ -96,23 +132,7 @@ def child(args) -> int:
     info: dict = {}
 
     if peer == "xarray":
-        t2m = ds["t2m"]
-        if what == "Q1":
-            m = t2m.mean(("time", "lon"))
-            order = np.argsort(m["lat"].values, kind="stable")
-            res = {"lat": m["lat"].values[order], "v": m.values[order]}
-        elif what == "Q2":
-            lo = np.datetime64(args.t_lo, "ns")
-            hi = np.datetime64(args.t_hi, "ns") - np.timedelta64(1, "ns")  # time < t_hi
-            box = t2m.sel(lat=slice(60, 30), lon=slice(0, 40), time=slice(lo, hi))
-            vals = box.values
-            res = {"count": np.array([vals.size]), "v": np.array([float(np.nanmean(vals))])}
-        elif what == "Q3":
-            m = (t2m**2).mean("time")
-            lat2, lon2 = np.meshgrid(m["lat"].values, m["lon"].values, indexing="ij")
-            res = {"lat": lat2.ravel(), "lon": lon2.ravel(), "v": m.values.ravel()}
-        else:
-            raise SystemExit(f"unknown query {what}")
+        res = xarray_answer(ds, what, args.t_lo, args.t_hi)
         t_reg = 0.0
     elif peer == "xarray-sql":
         t1 = time.perf_counter()
@@ -121,18 +141,8 @@ def child(args) -> int:
         ctx.from_dataset(args.table, ds, chunks=chunks)
         t_reg = time.perf_counter() - t1
         tbl = ctx.sql(args.sql).to_arrow_table()
-        cols = [c.to_numpy() for c in tbl.columns]
         info["columns"] = tbl.column_names
-        if what == "Q1":
-            res = {"lat": cols[0], "v": cols[1]}
-        elif what == "Q2":
-            res = {"count": cols[0], "v": cols[1]}
-        elif what == "Q3":
-            res = {"lat": cols[0], "lon": cols[1], "v": cols[2]}
-        elif what == "count":
-            res = {"count": cols[0]}
-        else:
-            raise SystemExit(f"unknown query {what}")
+        res = arrow_answer(tbl, what)
     else:
         raise SystemExit(f"unknown peer {peer}")
     t_total = time.perf_counter() - t0

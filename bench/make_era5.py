@@ -95,11 +95,12 @@ class Field:
         return t.astype("float32")
 
 
-def make_era5(nt: int, block: int = 24) -> None:
+def make_era5(nt: int, block: int = 24, path: Path = ERA5) -> None:
+    """Writes the store to ``path`` (bench_s3.py --make-store writes smaller ones elsewhere)."""
     time, lat, lon = grid(nt)
     field = Field(lat, lon)
     comp = (numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE),)
-    tmp = ERA5.with_name(ERA5.name + ".tmp")
+    tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     t_start = _time.time()
     for i0 in range(0, nt, block):
@@ -128,8 +129,8 @@ def make_era5(nt: int, block: int = 24) -> None:
         else:
             ds.to_zarr(tmp, zarr_format=2, consolidated=True, mode="a", append_dim="time")
         print(f"  era5: wrote time steps {i0}..{i1 - 1} of {nt} ({_time.time() - t_start:.1f} s)", flush=True)
-    shutil.rmtree(ERA5, ignore_errors=True)
-    tmp.rename(ERA5)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
 
 
 def make_million(n: int = 1_000_000) -> None:
