@@ -371,3 +371,24 @@ def test_session_retry_settings_apply_to_stores_built_after_them(s3):
             ctx.sql(f"SET {setting}").collect()
     with pytest.raises(Exception):
         ctx.sql("SET zarrfusion.retry.max_retries = 'many'").collect()
+
+
+def test_an_fft_from_s3_reads_ahead_and_equals_the_local_one(s3, many_store):
+    """fft(...) over a variable in the bucket: the blocks' chunks are read
+    ahead (EXPLAIN says so, many GETs in flight) and the spectrum equals the
+    one of the same store on disk."""
+    sql = "SELECT * FROM fft('t', 't', dims => 'lon') ORDER BY time, lat, freq_lon"
+    local = zf.SessionContext()
+    local.register_zarr("t", str(many_store))
+    want = local.sql(sql).to_arrow_table()
+    ctx = zf.SessionContext(io_concurrency=16)
+    ctx.register_zarr("t", "s3://fixtures/many.zarr", **s3.options())
+    plan = ctx.sql("EXPLAIN " + sql).to_pandas().to_string()
+    assert "reads in flight" in plan, plan
+    s3.proxy.configure(latency_ms=30)
+    s3.proxy.reset()
+    got = ctx.sql(sql).to_arrow_table()
+    stats = s3.proxy.stats()
+    assert got.equals(want)
+    assert stats["methods"] == {"GET": 64}, stats
+    assert stats["max_in_flight"] >= 8, stats

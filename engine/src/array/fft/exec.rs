@@ -45,7 +45,7 @@ use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
 use crate::table::cells::dimension_indices;
-use crate::table::{BlockGrid, Coordinate, Selection};
+use crate::table::{BlockGrid, Coordinate, ReadAheadPlan, Selection};
 use crate::zarr::ChunkBufferPool;
 
 /// What every partition of an [`FftExec`] shares.
@@ -66,6 +66,9 @@ struct FftJob {
     /// Whether filters chose the blocks (rows are then a superset of the
     /// answer, filtered above).
     filtered: bool,
+    /// Each task's reads ahead of it (a variable read from an object store
+    /// block by block).
+    read_ahead: ReadAheadPlan,
 }
 
 impl FftJob {
@@ -425,6 +428,7 @@ impl FftExec {
             kernels: Kernels::on(device, TransformClock::in_metrics(&metrics)),
             device,
             filtered,
+            read_ahead: ReadAheadPlan::for_chunks(0, 0, 1, 0),
         };
         let mut partitions = (job.blocks.num_blocks() as usize).clamp(1, parallelism);
         if let Some(limit) = memory_limit {
@@ -448,6 +452,27 @@ impl FftExec {
                 );
             }
         }
+        // Blocks of a variable read as they are: their chunks are read
+        // ahead, in what memory the tasks leave.
+        let mut job = job;
+        if let (ArraySource::Zarr { grid, variable }, None, true) =
+            (table.source(), table.four_step(), job.reads_values())
+        {
+            let column = grid.dims.len() + variable;
+            let mut plan = ReadAheadPlan::new(
+                grid,
+                &[column],
+                ZarrConfig::of(options).io_concurrency,
+                job.blocks.block_shape(),
+                1,
+            )
+            .split(partitions);
+            if let Some(limit) = memory_limit {
+                let used = partitions * job.per_task_memory() + job.kernel_memory();
+                plan = plan.within(limit.saturating_sub(used) / partitions);
+            }
+            job.read_ahead = plan;
+        }
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema),
             Partitioning::UnknownPartitioning(partitions),
@@ -463,7 +488,8 @@ impl FftExec {
 
     /// Memory the whole operator is projected to hold at its peak.
     pub fn projected_memory(&self) -> usize {
-        self.partitions() * self.job.per_task_memory() + self.job.kernel_memory()
+        self.partitions() * (self.job.per_task_memory() + self.job.read_ahead.memory())
+            + self.job.kernel_memory()
     }
 
     fn partitions(&self) -> usize {
@@ -506,7 +532,7 @@ impl DisplayAs for FftExec {
         write!(
             f,
             "FftExec: store={}, variable={}, {} along [{}] ({}), strategy={} (blocks of shape \
-             {:?}, {} blocks, {} tasks), device={}, precision={}, projected_memory={}, read={}",
+             {:?}, {} blocks, {} tasks{}), device={}, precision={}, projected_memory={}, read={}",
             job.source().store(),
             job.source().variable(),
             if options.inverse { "ifft" } else { "fft" },
@@ -516,6 +542,7 @@ impl DisplayAs for FftExec {
             job.blocks.block_shape(),
             job.blocks.num_blocks(),
             self.partitions(),
+            job.read_ahead,
             job.device,
             if job.table.single_precision() {
                 "complex64"
@@ -542,7 +569,9 @@ impl ExecutionPlan for FftExec {
     ) -> Result<SendableRecordBatchStream> {
         let blocks = self.partition_blocks(partition);
         let job = Arc::clone(&self.job);
-        let memory = job.per_task_memory() + job.kernel_memory() / self.partitions();
+        let memory = job.per_task_memory()
+            + job.read_ahead.memory()
+            + job.kernel_memory() / self.partitions();
         let reservation =
             MemoryConsumer::new(format!("FftExec[{partition}]")).register(context.memory_pool());
         reservation.try_grow(memory)?;
@@ -553,6 +582,19 @@ impl ExecutionPlan for FftExec {
         let transform_time = MetricBuilder::new(&self.metrics).subset_time("block_time", partition);
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&job.schema), 2);
         let tx = builder.tx();
+        let read_ahead = match job.source() {
+            ArraySource::Zarr { grid, variable } => {
+                let reader = Arc::clone(&job);
+                job.read_ahead.start(
+                    grid,
+                    &[grid.dims.len() + variable],
+                    blocks.clone(),
+                    1,
+                    move |id| vec![reader.blocks.block(id)],
+                )
+            }
+            _ => None,
+        };
         builder.spawn_blocking(move || {
             let _reservation = reservation;
             let pool = ChunkBufferPool::new();
@@ -562,7 +604,11 @@ impl ExecutionPlan for FftExec {
                     break;
                 }
                 let timer = transform_time.timer();
-                let sent = job.run_block(id, &mut remaining, &pool, &tx)?;
+                let sent = job.run_block(id, &mut remaining, &pool, &tx);
+                if let Some(read_ahead) = &read_ahead {
+                    read_ahead.done_with(id);
+                }
+                let sent = sent?;
                 timer.done();
                 blocks_done.add(1);
                 if !sent {
