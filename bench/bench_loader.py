@@ -124,7 +124,8 @@ class NumpyBlockLoader:
         import numpy as np
         import zarr
 
-        g = zarr.open_group(str(store), mode="r")
+        # a path, or a zarr-python store object (bench_s3_loader.py: a bucket through obstore)
+        g = zarr.open_group(str(store) if isinstance(store, (str, os.PathLike)) else store, mode="r")
         self.arrs = [g[v] for v in VARS]
         self.nt, self.nlat, self.nlon = self.arrs[0].shape
         self.ct = self.arrs[0].chunks[0]
@@ -237,6 +238,48 @@ class NumpyGlobalLoader:
             yield out
 
 
+def timed_phases(it, a, count_t, t0: float, on_batch=None) -> dict:
+    """After the first batch: samples/s over ``a.batches`` batches with no training step, then
+    ``a.warmup`` batches with the simulated step, then the time ``next()`` blocks over
+    ``a.wait_batches`` batches with the step (``time.sleep(STEP_S)`` between batches).
+    ``count_t(batch)`` -> (samples, distinct time steps); ``on_batch(batch)`` sees every batch."""
+    import numpy as np
+
+    on_batch = on_batch or (lambda b: None)
+    nb = a.batches
+    n, tsets = 0, []
+    t1 = time.perf_counter()
+    for _ in range(nb):
+        b = next(it)
+        on_batch(b)
+        k, tb = count_t(b)
+        n += k
+        tsets.append(tb)
+    t_thr = time.perf_counter() - t1
+    for _ in range(a.warmup):
+        on_batch(next(it))
+        time.sleep(STEP_S)
+    waits = []
+    for _ in range(a.wait_batches):
+        tw = time.perf_counter()
+        b = next(it)
+        waits.append(time.perf_counter() - tw)
+        on_batch(b)
+        time.sleep(STEP_S)
+    t_all = time.perf_counter() - t0
+    tk = [x for x in tsets if x is not None]
+    return {
+        "batches": nb, "samples": n, "t_thr": t_thr,
+        "samples_s": n / t_thr if t_thr > 0 else None,
+        "mean_batch": n / nb if nb else None,
+        "t_per_batch": float(np.mean(tk)) if tk else None,
+        "wait_median_ms": float(np.median(waits)) * 1e3 if waits else None,
+        "wait_p95_ms": float(np.percentile(waits, 95)) * 1e3 if waits else None,
+        "wait_max_ms": float(np.max(waits)) * 1e3 if waits else None,
+        "wait_n": len(waits), "warmup": a.warmup, "t_all": t_all,
+    }
+
+
 def child(a) -> int:
     import numpy as np
 
@@ -347,37 +390,8 @@ def child(a) -> int:
             check = f"shape {tuple(x.shape)} or NaN"
     info["check"] = check
 
-    # ---- throughput, no training step ----
-    nb = a.batches
-    n, tsets = 0, []
-    t1 = time.perf_counter()
-    for _ in range(nb):
-        b = next(it)
-        k, tb = count_t(b)
-        n += k
-        tsets.append(tb)
-    t_thr = time.perf_counter() - t1
-    # ---- waits with a simulated 10 ms training step ----
-    for _ in range(a.warmup):
-        next(it)
-        time.sleep(STEP_S)
-    waits = []
-    for _ in range(a.wait_batches):
-        tw = time.perf_counter()
-        b = next(it)
-        waits.append(time.perf_counter() - tw)
-        time.sleep(STEP_S)
-    t_all = time.perf_counter() - t0
-    info.update({
-        "t_first": t_first, "first_n": n0, "batches": nb, "samples": n, "t_thr": t_thr,
-        "samples_s": n / t_thr if t_thr > 0 else None,
-        "mean_batch": n / nb if nb else None,
-        "t_per_batch": float(np.mean(tk)) if (tk := [x for x in tsets if x is not None]) else None,
-        "wait_median_ms": float(np.median(waits)) * 1e3 if waits else None,
-        "wait_p95_ms": float(np.percentile(waits, 95)) * 1e3 if waits else None,
-        "wait_max_ms": float(np.max(waits)) * 1e3 if waits else None,
-        "wait_n": len(waits), "warmup": a.warmup, "t_all": t_all,
-    })
+    info.update({"t_first": t_first, "first_n": n0})
+    info.update(timed_phases(it, a, count_t, t0))
     if arm.startswith("zarrfusion"):
         info["index"] = f"{windows.index_source} ({windows.index_seconds:.2f} s)"
         if isinstance(zf_cache, str):

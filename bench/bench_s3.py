@@ -37,6 +37,9 @@ reset before each run; "MB needed" is the on-disk size of the chunks that inters
 query. Answers are checked against xarray on the local store (bench_sql.compare). A
 physical-limit line times one GET of every chunk object through the proxy, 64 at once
 (obstore), at each latency, and one at a time at 0 ms (the server's own cost per GET).
+
+Parts 2 and 3 of the issue (the window loader, Quadratic Means under allowed_mem) are
+bench_s3_loader.py and bench_s3_quadratic.py, on this module's Server and run_proc.
 """
 
 from __future__ import annotations
@@ -275,12 +278,16 @@ class Server:
         """Runs one measurement (run_proc) with the proxy's counts and the server's CPU time."""
         self.settle()
         self.proxy.reset()
+        with self.proxy._lock:  # the per-path GET counts (the proxy keeps them for its faults)
+            self.proxy.seen = {}
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         r = run_proc(argv, timeout, mem_limit_gb, stdout)
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         r["server_cpu_s"] = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         self.settle()
         r["proxy"] = self.proxy.stats()
+        with self.proxy._lock:
+            r["proxy"]["get_objects"] = len(self.proxy.seen)  # distinct paths GET asked for
         r["ok"] = r["rc"] == 0 and not r["killed"]
         return r
 
