@@ -16,7 +16,7 @@ use datafusion::arrow::buffer::BooleanBuffer;
 
 use super::geometry::{Validity, WindowBlock, WindowGrid};
 use super::WindowError;
-use crate::table::GridTable;
+use crate::table::{GridTable, ReadAheadPlan, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
 
 /// The valid origins of one block.
@@ -154,6 +154,38 @@ pub fn read_columns(
                 .map_err(WindowError::Data)
         })
         .collect()
+}
+
+/// A window reading the chunks of `variables` (indices into the table's
+/// variables) over the blocks `order` of `grid` ahead of `decoders` threads,
+/// when the store is remote: up to `io_concurrency` reads in flight, the
+/// keys of `interleave` blocks read at once interleaved. Block number `i`
+/// of the window is `order[i]`.
+pub(super) fn read_blocks_ahead(
+    table: &GridTable,
+    variables: &[usize],
+    grid: &Arc<WindowGrid>,
+    order: Vec<usize>,
+    io_concurrency: usize,
+    decoders: usize,
+    interleave: usize,
+) -> Option<TableReadAhead> {
+    let columns: Vec<usize> = variables.iter().map(|&v| table.dims.len() + v).collect();
+    let largest = grid
+        .blocks
+        .iter()
+        .map(|b| b.extent.iter().map(|r| r.end - r.start).collect::<Vec<_>>())
+        .max_by_key(|shape| shape.iter().product::<u64>())?;
+    let plan = ReadAheadPlan::new(table, &columns, io_concurrency, &largest, decoders.max(1));
+    let grid = Arc::clone(grid);
+    let count = order.len() as u64;
+    plan.start(
+        table,
+        &columns,
+        0..count,
+        interleave.max(1),
+        move |number| vec![grid.blocks[order[number as usize]].extent.clone()],
+    )
 }
 
 /// The valid origins of one block, from its decoded columns.

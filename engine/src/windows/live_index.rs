@@ -31,33 +31,10 @@ use std::time::{Duration, Instant};
 
 use super::cache::IndexCache;
 use super::geometry::{Validity, WindowGrid};
-use super::index::{index_block, read_columns, BlockIndex, ValidIndex};
+use super::index::{index_block, read_blocks_ahead, read_columns, BlockIndex, ValidIndex};
 use super::{IndexSource, WindowError};
-use crate::table::{GridTable, ReadAheadPlan, TableReadAhead};
+use crate::table::{GridTable, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
-
-/// A window reading the chunks of `job`'s blocks in storage order ahead
-/// of `threads` index threads, when its store is remote.
-fn read_ahead(job: &IndexJob, threads: usize) -> Option<TableReadAhead> {
-    let columns: Vec<usize> = job
-        .variables
-        .iter()
-        .map(|&v| job.table.dims.len() + v)
-        .collect();
-    let largest = job
-        .grid
-        .blocks
-        .iter()
-        .map(|b| b.extent.iter().map(|r| r.end - r.start).collect::<Vec<_>>())
-        .max_by_key(|shape| shape.iter().product::<u64>())?;
-    let readers = threads.max(1);
-    let plan = ReadAheadPlan::new(&job.table, &columns, job.io_concurrency, &largest, readers);
-    let grid = Arc::clone(&job.grid);
-    let count = grid.blocks.len() as u64;
-    plan.start(&job.table, &columns, 0..count, readers, move |id| {
-        vec![grid.blocks[id as usize].extent.clone()]
-    })
-}
 
 /// How often a paused background thread looks again.
 const PAUSE: Duration = Duration::from_millis(2);
@@ -161,7 +138,15 @@ impl LiveIndex {
     pub fn build(job: IndexJob, threads: usize, cache: Option<(IndexCache, String)>) -> Arc<Self> {
         let blocks = job.grid.blocks.len();
         let mut live = Self::pending(blocks, cache);
-        live.read_ahead = read_ahead(&job, threads);
+        live.read_ahead = read_blocks_ahead(
+            &job.table,
+            &job.variables,
+            &job.grid,
+            (0..blocks).collect(),
+            job.io_concurrency,
+            threads,
+            threads,
+        );
         live.job = Some(job);
         let live = Arc::new(live);
         if blocks == 0 {

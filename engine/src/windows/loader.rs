@@ -22,13 +22,13 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::index::{index_block, read_columns};
+use super::index::{index_block, read_blocks_ahead, read_columns};
 use super::order::{
     block_order, segments, whole_segments, BlockSampler, Permutation, Segment, Shard, Shuffle,
 };
 use super::values::Values;
 use super::{WindowError, Windows};
-use crate::table::{ReadAheadPlan, TableReadAhead};
+use crate::table::TableReadAhead;
 
 /// How a loader batches, orders and prefetches windows.
 #[derive(Debug, Clone, PartialEq)]
@@ -523,7 +523,18 @@ impl Planner {
             _ => 1,
         };
         let shuffle = shuffled.then_some((o.seed, self.epoch, o.shard.rank));
-        let read_ahead = self.read_ahead(segs.iter().map(|s| s.block).collect());
+        // The chunks of the blocks, in the order they enter the shuffle
+        // buffer, read ahead of the workers (a remote store).
+        let read_ahead = read_blocks_ahead(
+            &windows.table,
+            &windows.variables,
+            &windows.grid,
+            segs.iter().map(|s| s.block).collect(),
+            o.io_concurrency,
+            o.threads,
+            1,
+        )
+        .map(Arc::new);
         let mut sampler = BlockSampler::new(segs, capacity, shuffle);
         let jobs = self.jobs.clone();
         let counters = &self.counters;
@@ -542,39 +553,6 @@ impl Planner {
             )?;
             Ok(drawn.map(|(slot, local)| (slot, u64::from(local))))
         }))
-    }
-}
-
-impl Planner {
-    /// A window reading the chunks of `blocks` (in the order they enter
-    /// the shuffle buffer) ahead of the workers, when the store is remote.
-    fn read_ahead(&self, blocks: Vec<usize>) -> Option<Arc<TableReadAhead>> {
-        let windows = &self.windows;
-        let table = &windows.table;
-        let columns: Vec<usize> = windows
-            .variables
-            .iter()
-            .map(|&v| table.dims.len() + v)
-            .collect();
-        let largest = windows
-            .grid
-            .blocks
-            .iter()
-            .map(|b| b.extent.iter().map(|r| r.end - r.start).collect::<Vec<_>>())
-            .max_by_key(|shape| shape.iter().product::<u64>())?;
-        let plan = ReadAheadPlan::new(
-            table,
-            &columns,
-            self.options.io_concurrency,
-            &largest,
-            self.options.threads,
-        );
-        let grid = Arc::clone(&windows.grid);
-        let count = blocks.len() as u64;
-        plan.start(table, &columns, 0..count, 1, move |number| {
-            vec![grid.blocks[blocks[number as usize]].extent.clone()]
-        })
-        .map(Arc::new)
     }
 }
 
