@@ -57,10 +57,33 @@ def many_store(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="module")
-def s3(many_store):
-    """The server, with the fixture stores and the 'many chunks' store."""
+def sharded_store(tmp_path_factory) -> pathlib.Path:
+    """A Zarr v3 store of 16 shards (2, 24, 32), each of 8 inner chunks
+    (1, 12, 16), written by xarray."""
+    import xarray as xr
+
+    sharded = tmp_path_factory.mktemp("s3") / "sharded.zarr"
+    rng = np.random.default_rng(5)
+    ds = xr.Dataset(
+        {"t": (("time", "lat", "lon"), rng.normal(size=(8, 48, 64)).astype("float32"))},
+        coords={
+            "time": np.arange(8),
+            "lat": np.linspace(60.0, -60.0, 48),
+            "lon": np.arange(64) * 1.0,
+        },
+    )
+    encoding = {"t": {"chunks": (1, 12, 16), "shards": (2, 24, 32)}}
+    ds.to_zarr(sharded, encoding=encoding, consolidated=False, zarr_format=3)
+    return sharded
+
+
+@pytest.fixture(scope="module")
+def s3(many_store, sharded_store):
+    """The server, with the fixture stores, the 'many chunks' store and the
+    sharded one."""
     uploads = {name: FIXTURES / name for name in STORES}
     uploads["many.zarr"] = many_store
+    uploads["sharded.zarr"] = sharded_store
     server = s3_server.start(uploads, bucket="fixtures")
     yield server
     server.stop()
@@ -178,6 +201,69 @@ def test_reads_run_ahead_of_the_decoder_one_get_per_chunk(s3):
     assert ahead["max_in_flight"] >= 16, ahead
     assert stats[0][1]["max_in_flight"] <= 4, stats[0]
     assert stats[32][0] < stats[0][0], stats
+
+
+@pytest.mark.parametrize(
+    "where, shards",
+    [
+        # Every shard whole: one GET each.
+        ("", 16),
+        # Three quarters of the lat rows of the first shard row (lat > 15:
+        # 18 of its 24): those 8 shards are fetched whole, once each, and
+        # their index and inner chunks cut out of that one answer.
+        ("WHERE lat > 15", 8),
+    ],
+)
+def test_shards_are_read_ahead_whole_one_get_each(s3, sharded_store, where, shards):
+    """A sharded store from the bucket at 30 ms a request: the shards a
+    query covers at least half of are requested ahead of the decoder, many
+    at once, each with one GET (not its index and then its inner chunks),
+    and the answers are xarray's."""
+    import xarray as xr
+
+    sql = f"SELECT lat, avg(t) AS m, count(t) AS n FROM t {where} GROUP BY lat ORDER BY lat"
+    answers, stats = {}, {}
+    for concurrency in (0, 32):
+        ctx = zf.SessionContext(io_concurrency=concurrency, target_partitions=2)
+        ctx.register_zarr("t", "s3://fixtures/sharded.zarr", **s3.options())
+        s3.proxy.configure(latency_ms=30)
+        s3.proxy.reset()
+        start = time.monotonic()
+        answers[concurrency] = ctx.sql(sql).to_pandas()
+        stats[concurrency] = (time.monotonic() - start, s3.proxy.stats())
+    ahead = stats[32][1]
+    assert ahead["methods"] == {"GET": shards}, ahead
+    assert ahead["max_in_flight"] >= min(shards, 8), ahead
+    assert stats[32][0] < stats[0][0], stats
+    t = xr.open_zarr(sharded_store, consolidated=False).t
+    if where:
+        t = t.where(t.lat > 15, drop=True)
+    want = t.mean(["time", "lon"]).sortby("lat")
+    for got in answers.values():
+        np.testing.assert_allclose(got["lat"].to_numpy(), want.lat.to_numpy())
+        np.testing.assert_allclose(got["m"].to_numpy(), want.to_numpy(), rtol=1e-5, atol=1e-6)
+        assert (got["n"] == 8 * 64).all()
+
+
+def test_a_small_part_of_each_shard_is_read_by_ranges(s3, sharded_store):
+    """A box covering little of each shard it touches reads that shard's
+    index and the inner chunks it needs by ranges, not the whole shard:
+    fewer bytes than the shards hold, the answer xarray's."""
+    import xarray as xr
+
+    ctx = zf.SessionContext(io_concurrency=32)
+    ctx.register_zarr("t", "s3://fixtures/sharded.zarr", **s3.options())
+    s3.proxy.reset()
+    sql = "SELECT time, avg(t) AS m FROM t WHERE lat > 50 AND lon < 10 GROUP BY time ORDER BY time"
+    got = ctx.sql(sql).to_pandas()
+    stats = s3.proxy.stats()
+    shard_bytes = sum(
+        p.stat().st_size for p in (sharded_store / "t" / "c").rglob("*") if p.is_file()
+    )
+    assert 0 < stats["bytes"] < shard_bytes / 8, (stats, shard_bytes)
+    t = xr.open_zarr(sharded_store, consolidated=False).t
+    want = t.where((t.lat > 50) & (t.lon < 10), drop=True).mean(["lat", "lon"])
+    np.testing.assert_allclose(got["m"].to_numpy(), want.to_numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_explain_shows_the_read_ahead(s3, fixtures):
@@ -322,6 +408,37 @@ def test_rechunk_from_s3_reads_ahead_of_its_tasks(s3, tmp_path):
     assert ahead["methods"]["GET"] == demand["methods"]["GET"], answers
     assert ahead["max_in_flight"] >= 8, ahead
     assert demand["max_in_flight"] <= 4, demand
+
+
+def test_rechunk_stages_read_a_work_dir_in_s3_ahead(s3, fixtures, tmp_path):
+    """A rechunk through intermediate arrays in a work_dir in the bucket:
+    the later stages read the stage before ahead of their tasks (several
+    requests in flight, inside the read-ahead's share of allowed_mem),
+    nothing is left under the work_dir, and the target holds the source's
+    values."""
+    import xarray as xr
+
+    source = fixtures / "rechunk_source.zarr"
+    stats, summaries = {}, {}
+    for concurrency in (0, 16):
+        ctx = zf.SessionContext(
+            allowed_mem="160KB", io_concurrency=concurrency, work_dir=f"s3://fixtures/work{concurrency}"
+        )
+        # The bucket's store, with the server's endpoint and keys.
+        ctx.register_zarr("any", "s3://fixtures/many.zarr", **s3.options())
+        s3.proxy.configure(latency_ms=30)
+        s3.proxy.reset()
+        target = tmp_path / f"out{concurrency}.zarr"
+        summaries[concurrency] = ctx.rechunk(source, target, {"time": 37, "lat": 4, "lon": 4}, threads=2)
+        stats[concurrency] = s3.proxy.stats()
+        xr.testing.assert_identical(xr.open_zarr(source).load(), xr.open_zarr(target).load())
+        assert s3.keys(f"work{concurrency}/") == []
+    assert summaries[16]["arrays"]["t"]["stages"] > 1, summaries[16]
+    ahead, demand = stats[16], stats[0]
+    # The second stage's reads ahead: a quarter of 160KB holds 6 of its
+    # input chunks; reading on demand, each of the 2 workers waits for its own.
+    assert ahead["max_in_flight"] >= 5, ahead
+    assert demand["max_in_flight"] <= 3, demand
 
 
 def test_the_loader_reads_blocks_ahead_from_s3(s3, many_store):

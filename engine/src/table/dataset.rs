@@ -27,7 +27,7 @@ use crate::error::{Result, ZarrFusionError};
 use zarrs::storage::StoreKey;
 
 use crate::zarr::{
-    discover_arrays, open_storage, root_name, ChunkBufferPool, ReadAhead, StoreAccess,
+    discover_arrays, open_storage, root_name, ChunkBufferPool, RangedReads, ReadAhead, StoreAccess,
     StoreLocation, ZarrArray,
 };
 
@@ -190,7 +190,13 @@ impl ZarrDataset {
                 .filter_map(|k| StoreKey::new(k).ok())
                 .map(|k| (0, k))
                 .collect::<Vec<_>>();
-            ReadAhead::new(Arc::clone(remote), Box::new(keys.into_iter()), 2, 2)
+            ReadAhead::new(
+                Arc::clone(remote),
+                Box::new(keys.into_iter()),
+                2,
+                2,
+                RangedReads::Take,
+            )
         });
         let entries = discover_arrays(&opened.storage, location, root_name(location))?;
         drop(metadata);
@@ -223,7 +229,15 @@ impl ZarrDataset {
                 .max()
                 .unwrap_or(0);
             let depth = (OPENING_READ_AHEAD_BYTES / largest.max(1)).clamp(1, OPENING_READ_AHEAD);
-            ReadAhead::new(remote, Box::new(keys.into_iter()), depth, depth)
+            // A coordinate is read a piece at a time: a piece of a chunk
+            // takes it, as the window runs on.
+            ReadAhead::new(
+                remote,
+                Box::new(keys.into_iter()),
+                depth,
+                depth,
+                RangedReads::Take,
+            )
         });
         Self::from_arrays(location, arrays)
     }

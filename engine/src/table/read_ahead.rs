@@ -22,7 +22,7 @@ use datafusion::common::human_readable_size;
 use super::dataset::GridTable;
 use zarrs::storage::StoreKey;
 
-use crate::zarr::{ReadAhead, RemoteStorage, ZarrArray};
+use crate::zarr::{RangedReads, ReadAhead, RemoteStorage, ZarrArray};
 
 /// How far an operator reads ahead of its decoders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,10 @@ pub struct ReadAheadPlan {
     /// Reads in flight at once.
     concurrency: usize,
     chunk_bytes: usize,
+    /// Whether the readers decode blocks of chunks at once (a key read by
+    /// ranges stays held until its block is done) or chunks one after
+    /// another (it is taken).
+    ranges: RangedReads,
 }
 
 impl ReadAheadPlan {
@@ -81,10 +85,15 @@ impl ReadAheadPlan {
                 .saturating_mul(readers.max(1))
                 .saturating_add(concurrency),
         };
+        let ranges = match block_chunks {
+            0 => RangedReads::Take,
+            _ => RangedReads::Keep,
+        };
         Self {
             depth,
             concurrency,
             chunk_bytes,
+            ranges,
         }
     }
 
@@ -103,6 +112,17 @@ impl ReadAheadPlan {
             concurrency: share,
             ..self
         }
+    }
+
+    /// This plan for chunks of `chunk_bytes` each, in the memory this one
+    /// holds (the reads of another array with this plan's budget).
+    pub fn for_chunk_bytes(self, chunk_bytes: usize) -> Self {
+        let room = self.memory();
+        Self {
+            chunk_bytes,
+            ..self
+        }
+        .within(room)
     }
 
     /// Memory the read-ahead holds at its peak: a chunk per read.
@@ -212,6 +232,7 @@ impl ReadAheadPlan {
             Box::new(keys),
             self.depth,
             self.concurrency,
+            self.ranges,
         ))
     }
 }

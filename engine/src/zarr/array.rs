@@ -98,9 +98,8 @@ impl ZarrArray {
     }
 
     /// The keys of the stored chunks (shards when sharded) that reading
-    /// `ranges` fetches whole, in the order of the chunk grid; empty when
-    /// the array is sharded (reads of shards are ranged) or `ranges` holds
-    /// no chunk. What a read-ahead window is given.
+    /// `ranges` fetches whole, in the order of the chunk grid (see
+    /// [`chunk_keys`]): what a read-ahead window is given.
     pub fn chunk_keys(&self, ranges: &[Range<u64>]) -> Vec<StoreKey> {
         chunk_keys(&self.array, ranges)
     }
@@ -335,22 +334,39 @@ impl std::fmt::Debug for ZarrArray {
     }
 }
 
-/// The keys of the stored chunks of `array` (shards when sharded: none,
-/// their reads are ranged) that reading `ranges` fetches whole, in the
-/// order of the chunk grid (C order): what a read-ahead window is given.
+/// The keys of the stored chunks of `array` that reading `ranges` fetches
+/// whole, in the order of the chunk grid (C order): what a read-ahead
+/// window is given. A shard is fetched whole when `ranges` covers at least
+/// half of its cells (inside the array): its index and inner chunks are
+/// then cut out of the one answer; a shard covered less is read by ranges
+/// (its index, then the inner chunks needed) and left out.
 pub fn chunk_keys<T: ?Sized>(array: &Array<T>, ranges: &[Range<u64>]) -> Vec<StoreKey> {
-    if is_sharded(array.metadata()) {
-        return Vec::new();
-    }
     let subset = ArraySubset::new_with_ranges(ranges);
-    match array.chunks_in_array_subset(&subset) {
-        Ok(Some(chunks)) => chunks
-            .indices()
-            .into_iter()
-            .map(|indices| array.chunk_key(&indices))
-            .collect(),
-        _ => Vec::new(),
+    let Ok(Some(chunks)) = array.chunks_in_array_subset(&subset) else {
+        return Vec::new();
+    };
+    let sharded = is_sharded(array.metadata());
+    chunks
+        .indices()
+        .into_iter()
+        .filter(|indices| !sharded || mostly_covered(array, indices, ranges))
+        .map(|indices| array.chunk_key(&indices))
+        .collect()
+}
+
+/// Whether `ranges` covers at least half of the cells the chunk at
+/// `indices` has inside the array.
+fn mostly_covered<T: ?Sized>(array: &Array<T>, indices: &[u64], ranges: &[Range<u64>]) -> bool {
+    let Ok(chunk) = array.chunk_subset_bounded(indices) else {
+        return false;
+    };
+    let (mut inside, mut covered) = (1u128, 1u128);
+    for ((start, shape), range) in chunk.start().iter().zip(chunk.shape()).zip(ranges) {
+        let end = start + shape;
+        inside *= u128::from(*shape);
+        covered *= u128::from(end.min(range.end).saturating_sub(*start.max(&range.start)));
     }
+    covered * 2 >= inside
 }
 
 /// Whether an array's stored chunks are shards (the sharding codec).

@@ -15,8 +15,9 @@ pub use buffer_pool::{ChunkBufferPool, PooledBytes};
 pub use decode::{ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
-pub use remote::{IoCounters, ReadAhead, RemoteStorage, UpcomingKeys};
+pub use remote::{IoCounters, RangedReads, ReadAhead, RemoteStorage, UpcomingKeys};
 pub(crate) use store::parse_duration;
 pub use store::{
-    open_storage, open_writable_storage, retry_config, OpenedStore, StoreAccess, StoreLocation,
+    open_storage, open_writable_remote, open_writable_storage, retry_config, OpenedStore,
+    StoreAccess, StoreLocation,
 };

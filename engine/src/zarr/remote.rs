@@ -13,7 +13,10 @@
 //! decoder, each fetched by its own task on the runtime, many in flight at
 //! once and apart from the decode threads; when zarrs then asks for one of
 //! those keys, the bytes are taken from the window (waiting for the request
-//! if it is still in flight) and the window requests the next key. The bytes
+//! if it is still in flight) and the window requests the next key; a read
+//! of ranges of such a key (a shard's index, then its inner chunks) is cut
+//! out of the answer, which stays in the window until the operator is done
+//! with its box, for the ranges read after it. The bytes
 //! the window may hold are `depth` times the largest chunk, which the
 //! operator counts in its projected memory. Keys the decoder never asked
 //! for are dropped when the operator says it is done with their box, and
@@ -92,11 +95,10 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// A read-ahead request: pending, then its answer, until taken.
+/// A read-ahead request: pending, then its answer, until taken or released.
 struct Slot {
     answer: Mutex<Option<Result<MaybeBytes, String>>>,
     filled: Condvar,
-    owner: Weak<Window>,
     abort: Mutex<Option<AbortHandle>>,
 }
 
@@ -106,12 +108,13 @@ impl Slot {
         self.filled.notify_all();
     }
 
-    /// Waits for the answer (the request runs on the runtime, not here).
+    /// Waits for the answer (the request runs on the runtime, not here);
+    /// it stays in the slot for later readers of ranges of it.
     fn wait(&self) -> Result<MaybeBytes, String> {
         let mut answer = lock(&self.answer);
         loop {
-            if let Some(answer) = answer.take() {
-                return answer;
+            if let Some(answer) = answer.as_ref() {
+                return answer.clone();
             }
             answer = self
                 .filled
@@ -168,6 +171,17 @@ pub struct RemoteStorage {
     counters: IoCounters,
 }
 
+/// A key requested ahead of the decoders, and the windows that want it.
+struct Wish {
+    slot: Arc<Slot>,
+    /// The windows holding the key, once per box of theirs that reads it.
+    /// When several boxes do (of two windows: the loader and its index
+    /// threads reading the same block; or of one: tasks sharing a chunk),
+    /// the answer stays until the last of them is done: each reader takes
+    /// it from the one request.
+    owners: Vec<Weak<Window>>,
+}
+
 /// Most keys remembered as read before their window asked for them.
 const MISSED_KEYS: usize = 1 << 16;
 
@@ -175,7 +189,7 @@ const MISSED_KEYS: usize = 1 << 16;
 #[derive(Default)]
 struct Wanted {
     /// Keys requested ahead of the decoder, by key.
-    slots: HashMap<StoreKey, Arc<Slot>>,
+    slots: HashMap<StoreKey, Wish>,
     /// Keys read on demand while windows were open: a window does not
     /// request them afterwards.
     missed: HashSet<StoreKey>,
@@ -228,24 +242,40 @@ impl RemoteStorage {
         }
     }
 
-    /// The read-ahead request for `key`, taken out of its window; `None`
-    /// when no window has requested it, which is remembered (while windows
-    /// are open) so that none does later.
-    fn take_slot(&self, key: &StoreKey) -> Option<Arc<Slot>> {
-        let slot = {
+    /// The read-ahead request for `key`, taken out of its window when one
+    /// box wants it and it is read whole (or by ranges, by a window that
+    /// takes them: [`RangedReads`]); else left there, for the reads of
+    /// ranges of it that follow (a shard's index, then its inner chunks) or
+    /// the readers of the other boxes that want it, until they are done. `None` when no
+    /// window has requested it, which is remembered (while windows are
+    /// open) so that none does later.
+    fn find_slot(&self, key: &StoreKey, whole: bool) -> Option<Arc<Slot>> {
+        let (slot, taken_from) = {
             let mut wanted = lock(&self.wanted);
-            match wanted.slots.remove(key) {
-                Some(slot) => slot,
-                None => {
-                    if self.windows.load(Ordering::Acquire) > 0 && wanted.missed.len() < MISSED_KEYS
-                    {
-                        wanted.missed.insert(key.clone());
-                    }
-                    return None;
+            let take = wanted.slots.get(key).is_some_and(|w| match &w.owners[..] {
+                [owner] => {
+                    whole
+                        || owner
+                            .upgrade()
+                            .is_some_and(|w| w.ranges == RangedReads::Take)
                 }
+                _ => false,
+            });
+            match take {
+                true => wanted
+                    .slots
+                    .remove(key)
+                    .map(|wish| (wish.slot, wish.owners.into_iter().next())),
+                false => wanted.slots.get(key).map(|w| (Arc::clone(&w.slot), None)),
             }
+            .or_else(|| {
+                if self.windows.load(Ordering::Acquire) > 0 && wanted.missed.len() < MISSED_KEYS {
+                    wanted.missed.insert(key.clone());
+                }
+                None
+            })?
         };
-        if let Some(window) = slot.owner.upgrade() {
+        if let Some(window) = taken_from.and_then(|w| w.upgrade()) {
             window.taken(key);
         }
         self.counters
@@ -323,8 +353,9 @@ impl RemoteStorage {
         }
     }
 
-    /// Starts fetching `key` for `window` (once one of `permits` is free),
-    /// unless it is already wanted.
+    /// Starts fetching `key` for `window` (once one of `permits` is free);
+    /// when another window already wants it, `window` shares that request.
+    /// `false` when the key was read on demand before any window asked.
     fn request(
         self: &Arc<Self>,
         key: StoreKey,
@@ -333,16 +364,23 @@ impl RemoteStorage {
     ) -> bool {
         let slot = {
             let mut wanted = lock(&self.wanted);
-            if wanted.missed.remove(&key) || wanted.slots.contains_key(&key) {
+            if wanted.missed.remove(&key) {
                 return false;
+            }
+            if let Some(wish) = wanted.slots.get_mut(&key) {
+                wish.owners.push(Arc::downgrade(window));
+                return true;
             }
             let slot = Arc::new(Slot {
                 answer: Mutex::new(None),
                 filled: Condvar::new(),
-                owner: Arc::downgrade(window),
                 abort: Mutex::new(None),
             });
-            wanted.slots.insert(key.clone(), Arc::clone(&slot));
+            let wish = Wish {
+                slot: Arc::clone(&slot),
+                owners: vec![Arc::downgrade(window)],
+            };
+            wanted.slots.insert(key.clone(), wish);
             slot
         };
         self.counters
@@ -363,16 +401,25 @@ impl RemoteStorage {
         true
     }
 
-    /// Drops the read-ahead request for `key` if `window` still owns it.
+    /// `window` no longer wants `key`: the read-ahead request is dropped
+    /// (aborted if still in flight) when no other window wants it.
     fn release(&self, key: &StoreKey, window: &Window) {
         let mut wanted = lock(&self.wanted);
-        let owned = wanted
-            .slots
-            .get(key)
-            .is_some_and(|slot| std::ptr::eq(slot.owner.as_ptr(), window));
-        if owned {
-            if let Some(slot) = wanted.slots.remove(key) {
-                slot.abort();
+        let Some(wish) = wanted.slots.get_mut(key) else {
+            return;
+        };
+        // One hold of it: a window holds a key once per box that reads it.
+        let Some(i) = wish
+            .owners
+            .iter()
+            .position(|w| std::ptr::eq(w.as_ptr(), window))
+        else {
+            return;
+        };
+        wish.owners.swap_remove(i);
+        if wish.owners.is_empty() {
+            if let Some(wish) = wanted.slots.remove(key) {
+                wish.slot.abort();
             }
         }
     }
@@ -417,7 +464,7 @@ fn slice_ranges(bytes: &Bytes, ranges: &[ByteRange]) -> Result<Vec<Bytes>, Stora
 
 impl ReadableStorageTraits for RemoteStorage {
     fn get(&self, key: &StoreKey) -> Result<MaybeBytes, StorageError> {
-        if let Some(slot) = self.take_slot(key) {
+        if let Some(slot) = self.find_slot(key, true) {
             return slot.wait().map_err(StorageError::Other);
         }
         self.runtime
@@ -431,7 +478,7 @@ impl ReadableStorageTraits for RemoteStorage {
         byte_ranges: ByteRangeIterator<'a>,
     ) -> Result<MaybeBytesIterator<'a>, StorageError> {
         let ranges: Vec<ByteRange> = byte_ranges.collect();
-        let parts = match self.take_slot(key) {
+        let parts = match self.find_slot(key, false) {
             Some(slot) => match slot.wait().map_err(StorageError::Other)? {
                 Some(bytes) => Some(slice_ranges(&bytes, &ranges)?),
                 None => None,
@@ -512,10 +559,24 @@ pub struct ReadAhead {
     window: Arc<Window>,
 }
 
+/// What a read of ranges of a key a window holds does with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangedReads {
+    /// Leaves it held until the reader is done with its box, for the
+    /// ranges read after it (a shard's index, then its inner chunks):
+    /// readers that decode a block's chunks at once, which the window's
+    /// depth holds.
+    Keep,
+    /// Takes it, as a whole read does: readers that decode chunks one
+    /// after another, which the window runs ahead of.
+    Take,
+}
+
 /// The shared state of a [`ReadAhead`], reached from its requests.
 struct Window {
     storage: Arc<RemoteStorage>,
     depth: usize,
+    ranges: RangedReads,
     /// Reads in flight at once.
     permits: Arc<Semaphore>,
     state: Mutex<WindowState>,
@@ -549,17 +610,19 @@ impl WindowState {
 impl ReadAhead {
     /// A window holding up to `depth` keys of `upcoming` requested ahead
     /// of the reader, from `storage`, with up to `concurrency` of them in
-    /// flight at once.
+    /// flight at once, `ranges` saying what a read of ranges of one does.
     pub fn new(
         storage: Arc<RemoteStorage>,
         upcoming: UpcomingKeys,
         depth: usize,
         concurrency: usize,
+        ranges: RangedReads,
     ) -> Self {
         storage.windows.fetch_add(1, Ordering::AcqRel);
         let window = Arc::new(Window {
             storage,
             depth: depth.max(1),
+            ranges,
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
             state: Mutex::new(WindowState {
                 upcoming,
@@ -711,7 +774,13 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(i, n)| (i as u64, key(&n)));
-        let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming), 3, 2);
+        let window = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(upcoming),
+            3,
+            2,
+            RangedReads::Keep,
+        );
         assert_eq!(lock(&storage.wanted).slots.len(), 3);
         for (i, name) in names.iter().enumerate() {
             let bytes = storage.get(&key(name)).unwrap().unwrap();
@@ -732,7 +801,13 @@ mod tests {
         let storage = storage(&runtime, &[("k/0", b"a"), ("k/1", b"b"), ("k/2", b"c")]);
         let upcoming = vec![(0, key("k/0")), (0, key("k/1")), (0, key("k/2"))];
         // One key held at a time: k/2 is read before the window reaches it.
-        let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming.into_iter()), 1, 1);
+        let window = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(upcoming.into_iter()),
+            1,
+            1,
+            RangedReads::Keep,
+        );
         assert_eq!(storage.get(&key("k/2")).unwrap().unwrap().as_ref(), b"c");
         assert_eq!(storage.get(&key("k/0")).unwrap().unwrap().as_ref(), b"a");
         assert_eq!(storage.get(&key("k/1")).unwrap().unwrap().as_ref(), b"b");
@@ -749,11 +824,166 @@ mod tests {
     }
 
     #[test]
+    fn ranges_of_a_key_read_ahead_come_from_one_request_until_its_box_is_done() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage(&runtime, &[("s/0", b"0123456789"), ("s/1", b"abcdef")]);
+        let upcoming = vec![(0, key("s/0")), (1, key("s/1"))];
+        let window = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(upcoming.into_iter()),
+            8,
+            8,
+            RangedReads::Keep,
+        );
+        let read = |name: &str, range: ByteRange| {
+            storage
+                .get_partial(&key(name), range)
+                .unwrap()
+                .unwrap()
+                .to_vec()
+        };
+        // A shard's index (its last bytes), then two of its inner chunks.
+        assert_eq!(read("s/0", ByteRange::Suffix(2)), b"89");
+        assert_eq!(read("s/0", ByteRange::FromStart(0, Some(3))), b"012");
+        assert_eq!(read("s/0", ByteRange::FromStart(4, Some(2))), b"45");
+        let counters = storage.counters();
+        assert_eq!(counters.read_ahead_hits.load(Ordering::Relaxed), 3);
+        // A whole read of a key takes it out of the window.
+        assert_eq!(
+            storage.get(&key("s/1")).unwrap().unwrap().as_ref(),
+            b"abcdef"
+        );
+        assert_eq!(counters.requests.load(Ordering::Relaxed), 2);
+        // The answer stays until its box is done, then it is dropped.
+        window.done_with(0);
+        assert!(lock(&storage.wanted).slots.is_empty());
+        assert_eq!(read("s/0", ByteRange::FromStart(8, None)), b"89");
+        assert_eq!(counters.requests.load(Ordering::Relaxed), 3);
+        drop(window);
+    }
+
+    #[test]
+    fn a_window_of_one_chunk_at_a_time_readers_is_taken_by_ranges() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage(&runtime, &[("u/0", b"0123"), ("u/1", b"4567")]);
+        let upcoming = vec![(0, key("u/0")), (0, key("u/1"))];
+        // One key held: a range of the first takes it, and the window
+        // moves on to the second.
+        let window = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(upcoming.into_iter()),
+            1,
+            1,
+            RangedReads::Take,
+        );
+        let part = storage
+            .get_partial(&key("u/0"), ByteRange::FromStart(1, Some(2)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(part.as_ref(), b"12");
+        let part = storage
+            .get_partial(&key("u/1"), ByteRange::FromStart(0, Some(1)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(part.as_ref(), b"4");
+        let counters = storage.counters();
+        assert_eq!(counters.read_ahead_hits.load(Ordering::Relaxed), 2);
+        assert_eq!(counters.requests.load(Ordering::Relaxed), 2);
+        drop(window);
+    }
+
+    #[test]
+    fn windows_wanting_the_same_key_share_one_request() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage(&runtime, &[("b/0", b"a"), ("b/1", b"b")]);
+        let keys = || vec![(0, key("b/0")), (1, key("b/1"))].into_iter();
+        // An index thread's window and a loader's, over the same blocks.
+        let index = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(keys()),
+            8,
+            8,
+            RangedReads::Keep,
+        );
+        let loader = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(keys()),
+            8,
+            8,
+            RangedReads::Keep,
+        );
+        // b/0: the loader reads it and is done with it before the index
+        // thread reads it; b/1: the other way round.
+        assert_eq!(storage.get(&key("b/0")).unwrap().unwrap().as_ref(), b"a");
+        loader.done_with(0);
+        assert_eq!(storage.get(&key("b/0")).unwrap().unwrap().as_ref(), b"a");
+        index.done_with(0);
+        assert_eq!(storage.get(&key("b/1")).unwrap().unwrap().as_ref(), b"b");
+        index.done_with(1);
+        assert_eq!(storage.get(&key("b/1")).unwrap().unwrap().as_ref(), b"b");
+        loader.done_with(1);
+        let counters = storage.counters();
+        assert_eq!(counters.requests.load(Ordering::Relaxed), 2);
+        assert_eq!(counters.read_ahead_hits.load(Ordering::Relaxed), 4);
+        assert!(lock(&storage.wanted).slots.is_empty());
+        // A key one window no longer wants stays for the other; it is
+        // dropped with the last.
+        let index = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(keys()),
+            8,
+            8,
+            RangedReads::Keep,
+        );
+        let loader = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(keys()),
+            8,
+            8,
+            RangedReads::Keep,
+        );
+        index.done_with(0);
+        assert_eq!(storage.get(&key("b/0")).unwrap().unwrap().as_ref(), b"a");
+        drop(loader);
+        assert_eq!(lock(&storage.wanted).slots.len(), 1);
+        drop(index);
+        assert!(lock(&storage.wanted).slots.is_empty());
+    }
+
+    #[test]
+    fn a_key_two_boxes_read_is_requested_once() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage(&runtime, &[("c/0", b"a")]);
+        // Two tasks whose regions share a chunk.
+        let upcoming = vec![(0, key("c/0")), (1, key("c/0"))];
+        let window = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(upcoming.into_iter()),
+            8,
+            8,
+            RangedReads::Keep,
+        );
+        assert_eq!(storage.get(&key("c/0")).unwrap().unwrap().as_ref(), b"a");
+        window.done_with(0);
+        assert_eq!(storage.get(&key("c/0")).unwrap().unwrap().as_ref(), b"a");
+        window.done_with(1);
+        assert_eq!(storage.counters().requests.load(Ordering::Relaxed), 1);
+        assert!(lock(&storage.wanted).slots.is_empty());
+        assert!(lock(&window.window.state).held.is_empty());
+    }
+
+    #[test]
     fn keys_not_read_are_released_with_their_box_and_the_window() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let storage = storage(&runtime, &[("x/0", b"a"), ("x/1", b"b"), ("x/2", b"c")]);
         let upcoming = vec![(0, key("x/0")), (0, key("x/1")), (1, key("x/2"))];
-        let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming.into_iter()), 8, 8);
+        let window = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(upcoming.into_iter()),
+            8,
+            8,
+            RangedReads::Keep,
+        );
         assert_eq!(lock(&storage.wanted).slots.len(), 3);
         // Box 1 is done first (another worker), box 0 later: each releases
         // only its own keys.
@@ -764,7 +994,13 @@ mod tests {
         drop(window);
         // Dropping a window drops what it still holds.
         let upcoming = vec![(0, key("x/0")), (1, key("x/1"))];
-        let window = ReadAhead::new(Arc::clone(&storage), Box::new(upcoming.into_iter()), 8, 8);
+        let window = ReadAhead::new(
+            Arc::clone(&storage),
+            Box::new(upcoming.into_iter()),
+            8,
+            8,
+            RangedReads::Keep,
+        );
         assert_eq!(lock(&storage.wanted).slots.len(), 2);
         drop(window);
         assert!(lock(&storage.wanted).slots.is_empty());

@@ -163,14 +163,18 @@ pub fn open_writable_storage(
                 FilesystemStore::new(path).map_err(|e| ZarrFusionError::store(display, e))?;
             Ok(Arc::new(store))
         }
-        StoreLocation::Remote(url) => Ok(remote_storage(
-            display,
-            url,
-            &HashMap::new(),
-            &HashMap::new(),
-            runtime,
-        )?),
+        StoreLocation::Remote(url) => Ok(open_writable_remote(display, url, runtime)?),
     }
+}
+
+/// The store at `url` for reading and writing, as [`open_writable_storage`]
+/// opens it, with its object store (for read-ahead windows).
+pub fn open_writable_remote(
+    display: &str,
+    url: &Url,
+    runtime: &RuntimeEnv,
+) -> Result<Arc<RemoteStorage>> {
+    remote_storage(display, url, &HashMap::new(), &HashMap::new(), runtime)
 }
 
 /// The object store serving `url`, rooted at its path, as synchronous

@@ -154,8 +154,9 @@ pub struct ArrayRechunk {
     pub dims: Vec<String>,
     /// Its stages, memory and bytes.
     pub plan: RechunkPlan,
-    /// The first stage's reads ahead of its tasks (a source in an object
-    /// store), counted beside the plan's memory.
+    /// The reads ahead of the tasks (of the first stage: a source in an
+    /// object store; of the later ones: a `work_dir` in one, in the same
+    /// memory), counted beside the plan's memory.
     pub read_ahead: ReadAheadPlan,
 }
 
@@ -306,21 +307,24 @@ fn open_jobs(
             .zip(&source_chunks)
             .map(|(d, &c)| chunks.iter().find(|(n, _)| n == d).map_or(c, |(_, n)| *n))
             .collect();
-        // Reads ahead of the first stage's tasks (each decodes its chunks
-        // one after another) take at most a quarter of the budget.
+        // Reads ahead of the tasks (each decodes its chunks one after
+        // another) of the first stage (a source in an object store) and of
+        // the later ones (a work_dir in one) take at most a quarter of the
+        // budget.
         let chunk_bytes = source_chunks
             .iter()
             .product::<u64>()
             .saturating_mul(itemsize);
-        let read_ahead = match &remote {
-            Some(_) => ReadAheadPlan::for_chunks(
+        let remote_work_dir = matches!(options.work_dir, Some(StoreLocation::Remote(_)));
+        let read_ahead = match remote.is_some() || remote_work_dir {
+            true => ReadAheadPlan::for_chunks(
                 usize::try_from(chunk_bytes).unwrap_or(usize::MAX),
                 0,
                 options.threads,
                 options.io_concurrency,
             )
             .within(usize::try_from(options.allowed_mem / 4).unwrap_or(usize::MAX)),
-            None => ReadAheadPlan::for_chunks(0, 0, 1, 0),
+            false => ReadAheadPlan::for_chunks(0, 0, 1, 0),
         };
         let plan = RechunkPlan::new(
             &shape,
@@ -732,10 +736,11 @@ impl PreparedRechunk {
             let mut previous: Option<(Array<dyn ReadableWritableListableStorageTraits>, String)> =
                 None;
             for (i, stage) in plan.stages.iter().enumerate() {
-                // The first stage reads the source: ahead of its tasks when
-                // it is remote.
-                let read_ahead = match (&previous, &self.remote) {
-                    (None, Some(remote)) => {
+                // The first stage reads the source, the others the stage
+                // before in work_dir: ahead of their tasks when remote.
+                let scratch_remote = scratch.as_ref().and_then(ScratchStore::remote);
+                let read_ahead = match (&previous, &self.remote, scratch_remote) {
+                    (None, Some(remote), _) => {
                         // The keys are found by the window's own copy of the
                         // source (an array opens from its metadata alone).
                         let source = Array::new_with_metadata(
@@ -751,6 +756,26 @@ impl PreparedRechunk {
                             plan.workers,
                             move |task| chunk_keys(&source, &grid_cell(&shape, &region, task)),
                         )
+                    }
+                    (Some((input, _)), _, Some(remote)) => {
+                        let input = Array::new_with_metadata(
+                            Arc::clone(remote) as Arc<dyn ReadableListableStorageTraits>,
+                            input.path().as_str(),
+                            input.metadata().clone(),
+                        )
+                        .map_err(|e| fail(e.to_string()))?;
+                        let cells: u64 = stage.from.iter().product();
+                        let chunk_bytes = cells.saturating_mul(job.rechunk.plan.itemsize);
+                        let (shape, region) = (input.shape().to_vec(), stage.region.clone());
+                        job.rechunk
+                            .read_ahead
+                            .for_chunk_bytes(usize::try_from(chunk_bytes).unwrap_or(usize::MAX))
+                            .start_keys(
+                                Arc::clone(remote),
+                                0..stage.tasks,
+                                plan.workers,
+                                move |task| chunk_keys(&input, &grid_cell(&shape, &region, task)),
+                            )
                     }
                     _ => None,
                 };
@@ -818,7 +843,7 @@ impl PreparedRechunk {
 }
 
 /// Runs `stage` into `output`, reading the previous stage's intermediate
-/// array, or the source for the first stage (with `read_ahead`).
+/// array, or the source for the first stage, with `read_ahead`.
 fn run_after<W>(
     previous: &Option<(Array<dyn ReadableWritableListableStorageTraits>, String)>,
     source: &Array<dyn ReadableListableStorageTraits>,
@@ -833,7 +858,7 @@ where
 {
     match previous {
         None => copy::run_stage(stage, source, output, workers, read_ahead, cancelled),
-        Some((input, _)) => copy::run_stage(stage, input, output, workers, None, cancelled),
+        Some((input, _)) => copy::run_stage(stage, input, output, workers, read_ahead, cancelled),
     }
 }
 

@@ -9,7 +9,7 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use zarrs::storage::{ReadableWritableListableStorage, StorePrefix};
 
 use crate::write::store::unique_suffix;
-use crate::zarr::{open_writable_storage, StoreLocation};
+use crate::zarr::{open_writable_remote, open_writable_storage, RemoteStorage, StoreLocation};
 
 /// The work directory when `work_dir` is not set: the system's temporary
 /// directory.
@@ -22,6 +22,8 @@ pub fn default_work_dir() -> StoreLocation {
 pub struct ScratchStore {
     storage: ReadableWritableListableStorage,
     location: StoreLocation,
+    /// The object store, when `work_dir` is one (for reading ahead).
+    remote: Option<Arc<RemoteStorage>>,
 }
 
 impl std::fmt::Debug for ScratchStore {
@@ -43,9 +45,29 @@ impl ScratchStore {
     ) -> Result<Self> {
         let location = work_dir.join(&format!("{stem}-{}{extension}", unique_suffix()));
         let display = location.to_string();
-        let storage = open_writable_storage(&display, &location, runtime)
-            .map_err(|e| DataFusionError::Execution(format!("work_dir: {e}")))?;
-        Ok(Self { storage, location })
+        let failed =
+            |e: crate::error::ZarrFusionError| DataFusionError::Execution(format!("work_dir: {e}"));
+        let (storage, remote): (ReadableWritableListableStorage, _) = match &location {
+            StoreLocation::Remote(url) => {
+                let remote = open_writable_remote(&display, url, runtime).map_err(failed)?;
+                (Arc::clone(&remote) as _, Some(remote))
+            }
+            StoreLocation::Local(_) => (
+                open_writable_storage(&display, &location, runtime).map_err(failed)?,
+                None,
+            ),
+        };
+        Ok(Self {
+            storage,
+            location,
+            remote,
+        })
+    }
+
+    /// The object store, when the store is in one: what reading ahead of
+    /// the arrays in it goes through.
+    pub fn remote(&self) -> Option<&Arc<RemoteStorage>> {
+        self.remote.as_ref()
     }
 
     /// The store, for reading and writing.
