@@ -9,6 +9,7 @@ use datafusion::error::DataFusionError;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement};
 use futures::StreamExt;
+use zarrfusion::zarr::NetworkStats;
 
 use crate::args::Format;
 use crate::commands;
@@ -76,6 +77,7 @@ impl Shell {
 
     async fn run_statement(&mut self, statement: Statement) -> Result<(), String> {
         let start = Instant::now();
+        let network_before = zarrfusion::zarr::network_stats();
         let progress =
             ProgressBar::start(&self.ctx, !self.quiet && std::io::stderr().is_terminal());
         let result = tokio::select! {
@@ -95,9 +97,16 @@ impl Shell {
         }
         if !self.quiet {
             let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+            let network = zarrfusion::zarr::network_stats().since(&network_before);
+            let requests = match network {
+                NetworkStats { requests: 0, .. } => String::new(),
+                NetworkStats { requests, errors } => format!(
+                    " {requests} request(s) to object storage, {errors} failed and retried."
+                ),
+            };
             let _ = writeln!(
                 stdout,
-                "{rows} row(s) fetched. Elapsed {:.3} seconds.\n",
+                "{rows} row(s) fetched. Elapsed {:.3} seconds.{requests}\n",
                 start.elapsed().as_secs_f64()
             );
         }

@@ -22,6 +22,15 @@ use pyo3::prelude::*;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// HTTP requests sent to object stores since the process started, and
+/// those answered with an error the client retried (5xx, 429, 408, or a
+/// failure in transport): `{"requests": n, "errors": m}`.
+#[pyfunction]
+fn network_stats() -> std::collections::HashMap<&'static str, u64> {
+    let stats = zarrfusion::zarr::network_stats();
+    [("requests", stats.requests), ("errors", stats.errors)].into()
+}
+
 /// The extension module.
 #[pymodule]
 fn _zarrfusion(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -36,6 +45,7 @@ fn _zarrfusion(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<windows::PyWindows>()?;
     m.add_class::<windows::PyWindowLoader>()?;
     m.add_class::<windows::PyBatchIterator>()?;
+    m.add_function(wrap_pyfunction!(network_stats, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -165,6 +165,22 @@ def test_transient_faults_are_retried_to_the_same_answer(s3, fixtures, fault):
     assert stats["faults"].get(fault, 0) >= 2 * 8, stats
 
 
+@pytest.mark.parametrize("fault", ["503", "429", "reset"])
+def test_network_stats_count_every_request_and_retried_error(s3, fault):
+    """zf.network_stats() counts what the proxy saw: every request sent,
+    retries included, and every answer the client retried."""
+    ctx = zf.SessionContext()
+    s3.proxy.configure(fault=fault, first_n=1)
+    before = zf.network_stats()
+    ctx.register_zarr("t", "s3://fixtures/v2_basic.zarr", **s3.options(**FAST_RETRIES))
+    ctx.sql("SELECT lat, avg(t2m) FROM t GROUP BY lat").collect()
+    after = zf.network_stats()
+    stats = s3.proxy.stats()
+    assert stats["faults"][fault] > 0, stats
+    assert after["requests"] - before["requests"] == stats["requests"], (before, after, stats)
+    assert after["errors"] - before["errors"] == stats["faults"][fault], (before, after, stats)
+
+
 def test_exhausted_retries_fail_naming_store_array_chunk_and_status(s3):
     ctx = zf.SessionContext()
     s3.proxy.configure(fault="503", match=r"/t2m/c/0/1/0$")

@@ -15,7 +15,7 @@ A thin Python layer over the Rust engine (``zarrfusion._zarrfusion``)::
         batch["t2m"]  # numpy array (256, 5, 5)
 """
 
-from ._zarrfusion import ZarrFusionError, __version__
+from ._zarrfusion import ZarrFusionError, __version__, network_stats
 from .context import SessionContext
 from .dataframe import DataFrame
 from .loader import Dataset, WindowLoader, Windows
@@ -28,4 +28,5 @@ __all__ = [
     "Windows",
     "ZarrFusionError",
     "__version__",
+    "network_stats",
 ]

@@ -5,6 +5,7 @@ mod array;
 mod buffer_pool;
 mod decode;
 mod hierarchy;
+mod network;
 mod raw_chunks;
 mod remote;
 mod store;
@@ -15,6 +16,7 @@ pub use buffer_pool::{ChunkBufferPool, PooledBytes};
 pub use decode::{ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
+pub use network::{network_stats, NetworkStats};
 pub use remote::{IoCounters, RangedReads, ReadAhead, RemoteStorage, UpcomingKeys};
 pub(crate) use store::parse_duration;
 pub use store::{

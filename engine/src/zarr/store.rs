@@ -34,6 +34,7 @@ use url::Url;
 use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableListableStorage, ReadableWritableListableStorage};
 
+use super::network::CountingConnector;
 use super::remote::RemoteStorage;
 use crate::error::{Result, ZarrFusionError};
 
@@ -244,7 +245,13 @@ fn object_store_for(
             for (key, value) in &client {
                 builder = builder.with_config(AmazonS3ConfigKey::Client(*key), value);
             }
-            Arc::new(builder.with_retry(retry).build().map_err(|e| err(&e))?)
+            Arc::new(
+                builder
+                    .with_retry(retry)
+                    .with_http_connector(CountingConnector::default())
+                    .build()
+                    .map_err(|e| err(&e))?,
+            )
         }
         "gs" | "gcs" => {
             let mut builder = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
@@ -255,7 +262,13 @@ fn object_store_for(
             for (key, value) in &client {
                 builder = builder.with_config(GoogleConfigKey::Client(*key), value);
             }
-            Arc::new(builder.with_retry(retry).build().map_err(|e| err(&e))?)
+            Arc::new(
+                builder
+                    .with_retry(retry)
+                    .with_http_connector(CountingConnector::default())
+                    .build()
+                    .map_err(|e| err(&e))?,
+            )
         }
         "az" | "azure" | "abfs" | "abfss" | "adl" => {
             let mut builder = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
@@ -266,7 +279,13 @@ fn object_store_for(
             for (key, value) in &client {
                 builder = builder.with_config(AzureConfigKey::Client(*key), value);
             }
-            Arc::new(builder.with_retry(retry).build().map_err(|e| err(&e))?)
+            Arc::new(
+                builder
+                    .with_retry(retry)
+                    .with_http_connector(CountingConnector::default())
+                    .build()
+                    .map_err(|e| err(&e))?,
+            )
         }
         "http" | "https" => {
             let mut builder = HttpBuilder::new().with_url(root.as_str());
@@ -281,7 +300,13 @@ fn object_store_for(
             for (key, value) in &client {
                 builder = builder.with_config(*key, value);
             }
-            Arc::new(builder.with_retry(retry).build().map_err(|e| err(&e))?)
+            Arc::new(
+                builder
+                    .with_retry(retry)
+                    .with_http_connector(CountingConnector::default())
+                    .build()
+                    .map_err(|e| err(&e))?,
+            )
         }
         other => {
             return Err(ZarrFusionError::store(
