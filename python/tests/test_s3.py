@@ -37,14 +37,12 @@ STORES = [
 FAST_RETRIES = {"retry.backoff.init_backoff": "5ms", "retry.backoff.max_backoff": "20ms"}
 
 
-@pytest.fixture(scope="module")
-def many_store(tmp_path_factory) -> pathlib.Path:
-    """A store of 64 chunks, written by xarray."""
+def grid(seed: int):
+    """t(time 8, lat 48, lon 64) of random float32 values."""
     import xarray as xr
 
-    many = tmp_path_factory.mktemp("s3") / "many.zarr"
-    rng = np.random.default_rng(3)
-    ds = xr.Dataset(
+    rng = np.random.default_rng(seed)
+    return xr.Dataset(
         {"t": (("time", "lat", "lon"), rng.normal(size=(8, 48, 64)).astype("float32"))},
         coords={
             "time": np.arange(8),
@@ -52,7 +50,13 @@ def many_store(tmp_path_factory) -> pathlib.Path:
             "lon": np.arange(64) * 1.0,
         },
     )
-    ds.to_zarr(many, encoding={"t": {"chunks": (2, 12, 16)}}, consolidated=True, zarr_format=2)
+
+
+@pytest.fixture(scope="module")
+def many_store(tmp_path_factory) -> pathlib.Path:
+    """A store of 64 chunks, written by xarray."""
+    many = tmp_path_factory.mktemp("s3") / "many.zarr"
+    grid(3).to_zarr(many, encoding={"t": {"chunks": (2, 12, 16)}}, consolidated=True, zarr_format=2)
     return many
 
 
@@ -60,20 +64,9 @@ def many_store(tmp_path_factory) -> pathlib.Path:
 def sharded_store(tmp_path_factory) -> pathlib.Path:
     """A Zarr v3 store of 16 shards (2, 24, 32), each of 8 inner chunks
     (1, 12, 16), written by xarray."""
-    import xarray as xr
-
     sharded = tmp_path_factory.mktemp("s3") / "sharded.zarr"
-    rng = np.random.default_rng(5)
-    ds = xr.Dataset(
-        {"t": (("time", "lat", "lon"), rng.normal(size=(8, 48, 64)).astype("float32"))},
-        coords={
-            "time": np.arange(8),
-            "lat": np.linspace(60.0, -60.0, 48),
-            "lon": np.arange(64) * 1.0,
-        },
-    )
     encoding = {"t": {"chunks": (1, 12, 16), "shards": (2, 24, 32)}}
-    ds.to_zarr(sharded, encoding=encoding, consolidated=False, zarr_format=3)
+    grid(5).to_zarr(sharded, encoding=encoding, consolidated=False, zarr_format=3)
     return sharded
 
 

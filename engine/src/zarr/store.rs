@@ -235,6 +235,18 @@ fn object_store_for(
             })
             .collect()
     };
+    // Every builder takes the retries and counts its requests.
+    macro_rules! finish {
+        ($builder:expr) => {
+            Arc::new(
+                $builder
+                    .with_retry(retry)
+                    .with_http_connector(CountingConnector::default())
+                    .build()
+                    .map_err(|e| err(&e))?,
+            )
+        };
+    }
     let store: Arc<dyn ObjectStore> = match url.scheme() {
         "s3" | "s3a" => {
             let mut builder = AmazonS3Builder::from_env().with_url(url.as_str());
@@ -245,13 +257,7 @@ fn object_store_for(
             for (key, value) in &client {
                 builder = builder.with_config(AmazonS3ConfigKey::Client(*key), value);
             }
-            Arc::new(
-                builder
-                    .with_retry(retry)
-                    .with_http_connector(CountingConnector::default())
-                    .build()
-                    .map_err(|e| err(&e))?,
-            )
+finish!(builder)
         }
         "gs" | "gcs" => {
             let mut builder = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
@@ -262,13 +268,7 @@ fn object_store_for(
             for (key, value) in &client {
                 builder = builder.with_config(GoogleConfigKey::Client(*key), value);
             }
-            Arc::new(
-                builder
-                    .with_retry(retry)
-                    .with_http_connector(CountingConnector::default())
-                    .build()
-                    .map_err(|e| err(&e))?,
-            )
+finish!(builder)
         }
         "az" | "azure" | "abfs" | "abfss" | "adl" => {
             let mut builder = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
@@ -279,13 +279,7 @@ fn object_store_for(
             for (key, value) in &client {
                 builder = builder.with_config(AzureConfigKey::Client(*key), value);
             }
-            Arc::new(
-                builder
-                    .with_retry(retry)
-                    .with_http_connector(CountingConnector::default())
-                    .build()
-                    .map_err(|e| err(&e))?,
-            )
+finish!(builder)
         }
         "http" | "https" => {
             let mut builder = HttpBuilder::new().with_url(root.as_str());
@@ -300,13 +294,7 @@ fn object_store_for(
             for (key, value) in &client {
                 builder = builder.with_config(*key, value);
             }
-            Arc::new(
-                builder
-                    .with_retry(retry)
-                    .with_http_connector(CountingConnector::default())
-                    .build()
-                    .map_err(|e| err(&e))?,
-            )
+finish!(builder)
         }
         other => {
             return Err(ZarrFusionError::store(
