@@ -190,21 +190,29 @@ def test_exhausted_retries_fail_naming_store_array_chunk_and_status(s3):
     assert s3.proxy.stats()["faults"]["503"] == 3
 
 
+def on_demand_and_ahead(s3, location: str, sql: str) -> tuple[dict, dict]:
+    """``sql`` over the table at ``location``, at 30 ms a request, reading on
+    demand (io_concurrency 0) and ahead (32): the answers (pandas) and the
+    (seconds, proxy statistics) of each, by io_concurrency."""
+    answers, stats = {}, {}
+    for concurrency in (0, 32):
+        ctx = zf.SessionContext(io_concurrency=concurrency, target_partitions=2)
+        ctx.register_zarr("t", location, **s3.options())
+        s3.proxy.configure(latency_ms=30)
+        s3.proxy.reset()
+        start = time.monotonic()
+        answers[concurrency] = ctx.sql(sql).to_pandas()
+        stats[concurrency] = (time.monotonic() - start, s3.proxy.stats())
+    return answers, stats
+
+
 def test_reads_run_ahead_of_the_decoder_one_get_per_chunk(s3):
     """64 chunks at 30 ms a request: read ahead, many requests are in flight
     at once and each chunk is one GET (no HEAD); reading on demand, at most
     a decode thread's worth are."""
     sql = "SELECT lat, avg(t) AS m FROM t GROUP BY lat ORDER BY lat"
-    answers, stats = {}, {}
-    for concurrency in (0, 32):
-        ctx = zf.SessionContext(io_concurrency=concurrency, target_partitions=2)
-        ctx.register_zarr("t", "s3://fixtures/many.zarr", **s3.options())
-        s3.proxy.configure(latency_ms=30)
-        s3.proxy.reset()
-        start = time.monotonic()
-        answers[concurrency] = ctx.sql(sql).to_arrow_table().to_pylist()
-        stats[concurrency] = (time.monotonic() - start, s3.proxy.stats())
-    assert answers[0] == answers[32]
+    answers, stats = on_demand_and_ahead(s3, "s3://fixtures/many.zarr", sql)
+    assert answers[0].equals(answers[32])
     ahead = stats[32][1]
     assert ahead["methods"] == {"GET": 64}, ahead
     assert ahead["max_in_flight"] >= 16, ahead
@@ -231,15 +239,7 @@ def test_shards_are_read_ahead_whole_one_get_each(s3, sharded_store, where, shar
     import xarray as xr
 
     sql = f"SELECT lat, avg(t) AS m, count(t) AS n FROM t {where} GROUP BY lat ORDER BY lat"
-    answers, stats = {}, {}
-    for concurrency in (0, 32):
-        ctx = zf.SessionContext(io_concurrency=concurrency, target_partitions=2)
-        ctx.register_zarr("t", "s3://fixtures/sharded.zarr", **s3.options())
-        s3.proxy.configure(latency_ms=30)
-        s3.proxy.reset()
-        start = time.monotonic()
-        answers[concurrency] = ctx.sql(sql).to_pandas()
-        stats[concurrency] = (time.monotonic() - start, s3.proxy.stats())
+    answers, stats = on_demand_and_ahead(s3, "s3://fixtures/sharded.zarr", sql)
     ahead = stats[32][1]
     assert ahead["methods"] == {"GET": shards}, ahead
     assert ahead["max_in_flight"] >= min(shards, 8), ahead
