@@ -708,6 +708,23 @@ mod tests {
     use object_store::memory::InMemory;
     use object_store::{ObjectStoreExt, PutPayload};
 
+    /// A window over `upcoming` that keeps keys read by ranges.
+    fn keep(
+        storage: &Arc<RemoteStorage>,
+        upcoming: impl Iterator<Item = (u64, StoreKey)> + Send + 'static,
+        depth: usize,
+        concurrency: usize,
+    ) -> ReadAhead {
+        let upcoming = Box::new(upcoming);
+        ReadAhead::new(
+            Arc::clone(storage),
+            upcoming,
+            depth,
+            concurrency,
+            RangedReads::Keep,
+        )
+    }
+
     fn key(name: &str) -> StoreKey {
         StoreKey::new(name).unwrap()
     }
@@ -774,13 +791,7 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(i, n)| (i as u64, key(&n)));
-        let window = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(upcoming),
-            3,
-            2,
-            RangedReads::Keep,
-        );
+        let window = keep(&storage, upcoming, 3, 2);
         assert_eq!(lock(&storage.wanted).slots.len(), 3);
         for (i, name) in names.iter().enumerate() {
             let bytes = storage.get(&key(name)).unwrap().unwrap();
@@ -801,13 +812,7 @@ mod tests {
         let storage = storage(&runtime, &[("k/0", b"a"), ("k/1", b"b"), ("k/2", b"c")]);
         let upcoming = vec![(0, key("k/0")), (0, key("k/1")), (0, key("k/2"))];
         // One key held at a time: k/2 is read before the window reaches it.
-        let window = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(upcoming.into_iter()),
-            1,
-            1,
-            RangedReads::Keep,
-        );
+        let window = keep(&storage, upcoming.into_iter(), 1, 1);
         assert_eq!(storage.get(&key("k/2")).unwrap().unwrap().as_ref(), b"c");
         assert_eq!(storage.get(&key("k/0")).unwrap().unwrap().as_ref(), b"a");
         assert_eq!(storage.get(&key("k/1")).unwrap().unwrap().as_ref(), b"b");
@@ -828,13 +833,7 @@ mod tests {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let storage = storage(&runtime, &[("s/0", b"0123456789"), ("s/1", b"abcdef")]);
         let upcoming = vec![(0, key("s/0")), (1, key("s/1"))];
-        let window = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(upcoming.into_iter()),
-            8,
-            8,
-            RangedReads::Keep,
-        );
+        let window = keep(&storage, upcoming.into_iter(), 8, 8);
         let read = |name: &str, range: ByteRange| {
             storage
                 .get_partial(&key(name), range)
@@ -898,20 +897,8 @@ mod tests {
         let storage = storage(&runtime, &[("b/0", b"a"), ("b/1", b"b")]);
         let keys = || vec![(0, key("b/0")), (1, key("b/1"))].into_iter();
         // An index thread's window and a loader's, over the same blocks.
-        let index = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(keys()),
-            8,
-            8,
-            RangedReads::Keep,
-        );
-        let loader = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(keys()),
-            8,
-            8,
-            RangedReads::Keep,
-        );
+        let index = keep(&storage, keys(), 8, 8);
+        let loader = keep(&storage, keys(), 8, 8);
         // b/0: the loader reads it and is done with it before the index
         // thread reads it; b/1: the other way round.
         assert_eq!(storage.get(&key("b/0")).unwrap().unwrap().as_ref(), b"a");
@@ -928,20 +915,8 @@ mod tests {
         assert!(lock(&storage.wanted).slots.is_empty());
         // A key one window no longer wants stays for the other; it is
         // dropped with the last.
-        let index = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(keys()),
-            8,
-            8,
-            RangedReads::Keep,
-        );
-        let loader = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(keys()),
-            8,
-            8,
-            RangedReads::Keep,
-        );
+        let index = keep(&storage, keys(), 8, 8);
+        let loader = keep(&storage, keys(), 8, 8);
         index.done_with(0);
         assert_eq!(storage.get(&key("b/0")).unwrap().unwrap().as_ref(), b"a");
         drop(loader);
@@ -956,13 +931,7 @@ mod tests {
         let storage = storage(&runtime, &[("c/0", b"a")]);
         // Two tasks whose regions share a chunk.
         let upcoming = vec![(0, key("c/0")), (1, key("c/0"))];
-        let window = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(upcoming.into_iter()),
-            8,
-            8,
-            RangedReads::Keep,
-        );
+        let window = keep(&storage, upcoming.into_iter(), 8, 8);
         assert_eq!(storage.get(&key("c/0")).unwrap().unwrap().as_ref(), b"a");
         window.done_with(0);
         assert_eq!(storage.get(&key("c/0")).unwrap().unwrap().as_ref(), b"a");
@@ -977,13 +946,7 @@ mod tests {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let storage = storage(&runtime, &[("x/0", b"a"), ("x/1", b"b"), ("x/2", b"c")]);
         let upcoming = vec![(0, key("x/0")), (0, key("x/1")), (1, key("x/2"))];
-        let window = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(upcoming.into_iter()),
-            8,
-            8,
-            RangedReads::Keep,
-        );
+        let window = keep(&storage, upcoming.into_iter(), 8, 8);
         assert_eq!(lock(&storage.wanted).slots.len(), 3);
         // Box 1 is done first (another worker), box 0 later: each releases
         // only its own keys.
@@ -994,13 +957,7 @@ mod tests {
         drop(window);
         // Dropping a window drops what it still holds.
         let upcoming = vec![(0, key("x/0")), (1, key("x/1"))];
-        let window = ReadAhead::new(
-            Arc::clone(&storage),
-            Box::new(upcoming.into_iter()),
-            8,
-            8,
-            RangedReads::Keep,
-        );
+        let window = keep(&storage, upcoming.into_iter(), 8, 8);
         assert_eq!(lock(&storage.wanted).slots.len(), 2);
         drop(window);
         assert!(lock(&storage.wanted).slots.is_empty());
