@@ -518,3 +518,61 @@ def test_an_fft_from_s3_reads_ahead_and_equals_the_local_one(s3, many_store):
     assert got.equals(want)
     assert stats["methods"] == {"GET": 64}, stats
     assert stats["max_in_flight"] >= 8, stats
+
+
+def test_an_fft_rechunked_into_a_work_dir_in_s3_reads_the_copy_ahead(s3, tmp_path):
+    """fft along x of a variable whose blocks of whole x lines do not fit
+    the budget: the variable is copied into smaller chunks in a work_dir in
+    the bucket first, then the transform (and the COPY of it) reads the
+    copy's chunks ahead of its task, as many GETs in flight as EXPLAIN
+    plans where reading on demand has one or two. Both answers are numpy's,
+    and nothing is left under the work_dir."""
+    import os
+    import re
+
+    import xarray as xr
+
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal((24000, 64))
+    store = tmp_path / "long.zarr"
+    xr.Dataset(
+        {"v": (("time", "x"), values)}, coords={"time": np.arange(24000.0), "x": np.arange(64) * 0.5}
+    ).to_zarr(store, encoding={"v": {"chunks": (24000, 16)}})
+    want = np.fft.fft(values, axis=1)
+    kernel = (os.cpu_count() or 1) * 3 * 16384 * 16
+    fft = "fft('long', 'v', dims => 'x', true_phase => false, true_amplitude => false, shift => false)"
+    stats, planned = {}, {}
+    for concurrency in (0, 16):
+        work = f"s3://fixtures/fftwork{concurrency}"
+        ctx = zf.SessionContext(allowed_mem=kernel + (8 << 20), io_concurrency=concurrency, work_dir=work)
+        # The bucket's endpoint and keys, for the work_dir.
+        ctx.register_zarr("any", "s3://fixtures/many.zarr", **s3.options())
+        ctx.register_zarr("long", store)
+        out = tmp_path / f"spec{concurrency}.zarr"
+        for name, sql in (("select", f"SELECT * FROM {fft}"), ("copy", f"COPY (SELECT * FROM {fft}) TO '{out}' STORED AS ZARR")):
+            plan = ctx.sql("EXPLAIN " + sql).to_pandas().to_string()
+            assert "rechunked to [" in plan or name == "copy", plan
+            found = re.search(r"(\d+) reads in flight", plan)
+            assert (found is not None) == (concurrency > 0), plan
+            planned[name] = int(found.group(1)) if found else 0
+            s3.proxy.configure(latency_ms=30)
+            s3.proxy.reset()
+            if name == "select":
+                spec = ctx.table("long").fft("v", dims="x", true_phase=False, true_amplitude=False, shift=False)
+                got = spec.to_xarray()["v"].transpose("time", "freq_x").values
+                order = np.argsort(np.fft.fftfreq(64, 0.5))
+                np.testing.assert_allclose(got, want[:, order], atol=1e-9 * np.abs(want).max())
+                del spec
+            else:
+                ctx.sql(sql).collect()
+                stored = xr.open_zarr(out).v.transpose("time", "freq_x").values
+                np.testing.assert_allclose(stored, want, atol=1e-9 * np.abs(want).max())
+            stats[(name, concurrency)] = s3.proxy.stats()
+            assert s3.keys(f"fftwork{concurrency}/") == []
+        if concurrency:
+            assert min(planned.values()) >= 3, planned
+    for name in ("select", "copy"):
+        ahead, demand = stats[(name, 16)], stats[(name, 0)]
+        assert ahead["methods"]["GET"] == demand["methods"]["GET"], stats
+        assert ahead["max_in_flight_by_method"]["GET"] >= planned[name], (name, planned, ahead)
+        assert demand["max_in_flight_by_method"]["GET"] <= 2, (name, demand)

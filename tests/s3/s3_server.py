@@ -120,12 +120,22 @@ class FaultProxy:
     def reset(self) -> None:
         """Zeroes the statistics."""
         with self._lock:
-            self._stats = {"requests": 0, "methods": {}, "lists": 0, "faults": {}, "bytes": 0, "max_in_flight": 0}
+            self._stats = {
+                "requests": 0,
+                "methods": {},
+                "lists": 0,
+                "faults": {},
+                "bytes": 0,
+                "max_in_flight": 0,
+                "max_in_flight_by_method": {},
+            }
             self._in_flight = 0
+            self._in_flight_by_method: dict[str, int] = {}
 
     def stats(self) -> dict:
         """Requests by method, LIST requests among them, faults by kind,
-        body bytes sent, and the most requests seen in flight at once."""
+        body bytes sent, and the most requests seen in flight at once (in
+        all, and of each method)."""
         with self._lock:
             return json.loads(json.dumps(self._stats))
 
@@ -165,6 +175,10 @@ class FaultProxy:
                 self._stats["lists"] += 1
             self._in_flight += 1
             self._stats["max_in_flight"] = max(self._stats["max_in_flight"], self._in_flight)
+            by_method = self._in_flight_by_method
+            by_method[request.command] = by_method.get(request.command, 0) + 1
+            most = self._stats["max_in_flight_by_method"]
+            most[request.command] = max(most.get(request.command, 0), by_method[request.command])
         try:
             if self.latency:
                 time.sleep(self.latency)
@@ -185,6 +199,7 @@ class FaultProxy:
         finally:
             with self._lock:
                 self._in_flight -= 1
+                self._in_flight_by_method[request.command] -= 1
 
     def _forward(self, request: BaseHTTPRequestHandler, body: bytes | None, truncate: bool) -> None:
         upstream = http.client.HTTPConnection(*self.upstream, timeout=60)

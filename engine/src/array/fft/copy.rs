@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use datafusion::catalog::Session;
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::{
     exec_err, human_readable_size, plan_err, DFSchemaRef, DataFusionError, Result, Statistics,
 };
@@ -44,7 +45,9 @@ use zarrs::storage::{
     ReadableWritableListableStorage, ReadableWritableListableStorageTraits, StorePrefix,
 };
 
-use super::exec::{block_memory, kernel_memory, plan_blocks, transformed_block};
+use super::exec::{
+    block_memory, kernel_memory, plan_blocks, read_ahead_plan, start_read_ahead, transformed_block,
+};
 use super::kernels::{Kernels, TransformClock};
 use super::source::Precision;
 use super::table::FftTable;
@@ -53,7 +56,7 @@ use crate::array::tasks::run_tasks;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
-use crate::table::{BlockGrid, Selection};
+use crate::table::{BlockGrid, ReadAheadPlan, Selection};
 use crate::write::grid::field_attributes;
 use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
@@ -186,13 +189,7 @@ impl FftCopy {
         let chunks: Vec<u64> = (0..dims.len())
             .map(|d| given(d).unwrap_or(block_out[d]).max(1))
             .collect();
-        let tasks = WriteTasks::plan(
-            table,
-            blocks,
-            staging_memory(device),
-            memory_limit,
-            options.execution.target_partitions,
-        );
+        let tasks = WriteTasks::plan(table, blocks, staging_memory(device), memory_limit, options);
         if let (false, Some(limit)) = (tasks.fits(memory_limit), memory_limit) {
             return plan_err!(
                 "FftCopyExec of '{}' variable '{}' needs {} for one task (a block of shape \
@@ -329,13 +326,19 @@ impl CopyJob {
 
     /// Every block, on `workers` threads.
     fn write_blocks(&self, arrays: &Arrays, cancelled: &AtomicBool) -> Result<Written> {
-        let bytes = run_tasks(
-            self.tasks.blocks.num_blocks(),
-            self.tasks.workers,
-            cancelled,
-            ChunkBufferPool::new,
-            |pool, id| self.write_block(id, arrays, pool),
-        )?;
+        let bytes = self
+            .tasks
+            .run(&self.table, &self.kernels, cancelled, |pool, id| {
+                self.write_block(id, arrays, pool)
+            })
+            .map_err(|e| match e {
+                TaskError::Source(e) => DataFusionError::Execution(format!(
+                    "COPY of the transform of '{}' variable '{}': {e}",
+                    self.table.source().store(),
+                    self.table.source().variable()
+                )),
+                TaskError::Task(e) => e,
+            })?;
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!(
                 "the COPY of '{}' was cancelled",
@@ -388,7 +391,9 @@ impl CopyJob {
 }
 
 /// The tasks writing the blocks of a transform to Zarr: each holds a block
-/// read, transformed and encoded, beside the kernel's threads.
+/// read, transformed and encoded, beside the kernel's threads; from an
+/// object store, the blocks' chunks are read ahead of them in what memory
+/// they leave.
 #[derive(Debug, Clone)]
 pub struct WriteTasks {
     /// The blocks.
@@ -399,19 +404,33 @@ pub struct WriteTasks {
     pub task_memory: usize,
     /// Memory of the kernel's threads and the GPU's staging.
     pub kernel_memory: usize,
+    /// Reading the blocks' chunks ahead of the tasks (one window for all).
+    pub read_ahead: ReadAheadPlan,
+}
+
+/// Why [`WriteTasks::run`] failed: the source could not be made (a copy
+/// in `work_dir`), or a task failed.
+pub(crate) enum TaskError<E> {
+    /// The source's copy in `work_dir` failed.
+    Source(String),
+    /// A task's error.
+    Task(E),
 }
 
 impl WriteTasks {
-    /// As many tasks over `blocks` of `table` (at most `partitions`) as
-    /// fit `limit` beside the kernel's threads and `staging` (the GPU's
-    /// page-locked buffers); one when not even one fits ([`Self::fits`]).
+    /// As many tasks over `blocks` of `table` (at most the session's
+    /// target partitions) as fit `limit` beside the kernel's threads and
+    /// `staging` (the GPU's page-locked buffers); one when not even one
+    /// fits ([`Self::fits`]). The read-ahead (the session's
+    /// `io_concurrency`) gets what memory the tasks leave.
     pub(crate) fn plan(
         table: &FftTable,
         blocks: BlockGrid,
         staging: usize,
         limit: Option<usize>,
-        partitions: usize,
+        options: &ConfigOptions,
     ) -> Self {
+        let partitions = options.execution.target_partitions;
         let out_cells = table
             .output_extent(&blocks.block(0))
             .iter()
@@ -423,16 +442,65 @@ impl WriteTasks {
             kernel_memory: kernel_memory(table) + staging,
             workers: (blocks.num_blocks() as usize).clamp(1, partitions.max(1)),
             blocks,
+            read_ahead: ReadAheadPlan::for_chunks(0, 0, 1, 0),
         };
         while tasks.workers > 1 && !tasks.fits(limit) {
             tasks.workers -= 1;
         }
+        let io_concurrency = ZarrConfig::of(options).io_concurrency;
+        let plan = read_ahead_plan(
+            table,
+            tasks.blocks.block_shape(),
+            io_concurrency,
+            tasks.workers,
+        );
+        tasks.read_ahead = match limit {
+            Some(limit) => plan.within(limit.saturating_sub(tasks.projected())),
+            None => plan,
+        };
         tasks
     }
 
-    /// The most memory the tasks hold together.
+    /// The most memory the tasks hold together, their read-ahead included.
     pub fn projected(&self) -> usize {
-        self.workers * self.task_memory + self.kernel_memory
+        self.workers * self.task_memory + self.kernel_memory + self.read_ahead.memory()
+    }
+
+    /// Runs `task` on every block (its number), on the workers, with the
+    /// blocks' chunks read ahead of them when planned (the source made
+    /// first: a copy in `work_dir`); returns the sum of what the tasks
+    /// return.
+    pub(crate) fn run<E: Send>(
+        &self,
+        table: &FftTable,
+        kernels: &Kernels,
+        cancelled: &AtomicBool,
+        task: impl Fn(&mut ChunkBufferPool, u64) -> std::result::Result<u64, E> + Sync,
+    ) -> std::result::Result<u64, TaskError<E>> {
+        let blocks = self.blocks.num_blocks();
+        let read_ahead = start_read_ahead(
+            table,
+            &self.read_ahead,
+            kernels,
+            &self.blocks,
+            0..blocks,
+            self.workers,
+        )
+        .map_err(TaskError::Source)?;
+        run_tasks(
+            blocks,
+            self.workers,
+            cancelled,
+            ChunkBufferPool::new,
+            |pool, id| {
+                let done = task(pool, id);
+                if let Some(read_ahead) = &read_ahead {
+                    read_ahead.done_with(id);
+                }
+                done
+            },
+        )
+        .map_err(TaskError::Task)
     }
 
     /// Whether they fit `limit`.
@@ -496,7 +564,7 @@ impl DisplayAs for FftCopyExec {
         write!(
             f,
             "FftCopyExec: store={}, variable={}, target={}, blocks={} of shape {:?}, chunks={:?}, \
-             workers={}, device={}, projected_memory={}",
+             workers={}{}, device={}, projected_memory={}",
             job.table.source().store(),
             job.table.source().variable(),
             job.target,
@@ -504,6 +572,7 @@ impl DisplayAs for FftCopyExec {
             job.tasks.blocks.block_shape(),
             job.chunks,
             job.tasks.workers,
+            job.tasks.read_ahead,
             job.device,
             human_readable_size(job.tasks.projected())
         )

@@ -45,7 +45,7 @@ use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
 use crate::table::cells::dimension_indices;
-use crate::table::{BlockGrid, Coordinate, ReadAheadPlan, Selection};
+use crate::table::{BlockGrid, Coordinate, ReadAheadPlan, Selection, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
 
 /// What every partition of an [`FftExec`] shares.
@@ -226,6 +226,60 @@ pub(crate) fn transformed_block<P: Precision>(
         .transform()
         .apply(&kernels.timed::<P>(), values, &shape)?;
     Ok(out)
+}
+
+/// How far tasks reading blocks of shape `block` of `table`'s source read
+/// ahead of themselves, `readers` of them sharing one window: the chunks
+/// of their blocks and `io_concurrency` more when the source is a stored
+/// array ([`ArraySource::stored`]) in an object store read block by block;
+/// nothing otherwise (a local store, the four-step path, a computed
+/// source). Callers fit it to the memory their tasks leave.
+pub(crate) fn read_ahead_plan(
+    table: &FftTable,
+    block: &[u64],
+    io_concurrency: usize,
+    readers: usize,
+) -> ReadAheadPlan {
+    match (table.source().stored(), table.four_step()) {
+        (Some((grid, variable)), None) => ReadAheadPlan::new(
+            grid,
+            &[grid.dims.len() + variable],
+            io_concurrency,
+            block,
+            readers,
+        ),
+        _ => ReadAheadPlan::for_chunks(0, 0, 1, 0),
+    }
+}
+
+/// Starts reading ahead (`plan`, from [`read_ahead_plan`]) the chunks of
+/// the blocks `ids` of `blocks`, taken in order by `readers` tasks, once
+/// the source exists: a copy in `work_dir` is made first (with
+/// `kernels`). `None` without read-ahead; the tasks say when they are
+/// done with a block.
+pub(crate) fn start_read_ahead(
+    table: &FftTable,
+    plan: &ReadAheadPlan,
+    kernels: &Kernels,
+    blocks: &BlockGrid,
+    ids: std::ops::Range<u64>,
+    readers: usize,
+) -> std::result::Result<Option<TableReadAhead>, String> {
+    let Some((grid, variable)) = table.source().stored() else {
+        return Ok(None);
+    };
+    if plan.depth() == 0 {
+        return Ok(None);
+    }
+    table.source().prepare(kernels)?;
+    let blocks = blocks.clone();
+    Ok(plan.start(
+        grid,
+        &[grid.dims.len() + variable],
+        ids,
+        readers,
+        move |id| vec![blocks.block(id)],
+    ))
 }
 
 /// The blocks of a transform of `table` that meet `selection` (of the
@@ -452,21 +506,14 @@ impl FftExec {
                 );
             }
         }
-        // Blocks of a variable read as they are: their chunks are read
+        // Blocks of a stored array read as they are (the variable, or its
+        // rechunked copy or first stage in work_dir): their chunks are read
         // ahead, in what memory the tasks leave.
         let mut job = job;
-        if let (ArraySource::Zarr { grid, variable }, None, true) =
-            (table.source(), table.four_step(), job.reads_values())
-        {
-            let column = grid.dims.len() + variable;
-            let mut plan = ReadAheadPlan::new(
-                grid,
-                &[column],
-                ZarrConfig::of(options).io_concurrency,
-                job.blocks.block_shape(),
-                1,
-            )
-            .split(partitions);
+        if job.reads_values() {
+            let io_concurrency = ZarrConfig::of(options).io_concurrency;
+            let mut plan = read_ahead_plan(table, job.blocks.block_shape(), io_concurrency, 1)
+                .split(partitions);
             if let Some(limit) = memory_limit {
                 let used = partitions * job.per_task_memory() + job.kernel_memory();
                 plan = plan.within(limit.saturating_sub(used) / partitions);
@@ -582,21 +629,25 @@ impl ExecutionPlan for FftExec {
         let transform_time = MetricBuilder::new(&self.metrics).subset_time("block_time", partition);
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&job.schema), 2);
         let tx = builder.tx();
-        let read_ahead = match job.source() {
-            ArraySource::Zarr { grid, variable } => {
-                let reader = Arc::clone(&job);
-                job.read_ahead.start(
-                    grid,
-                    &[grid.dims.len() + variable],
-                    blocks.clone(),
-                    1,
-                    move |id| vec![reader.blocks.block(id)],
-                )
-            }
-            _ => None,
-        };
         builder.spawn_blocking(move || {
             let _reservation = reservation;
+            // The blocks' chunks, read ahead once they exist (a copy in
+            // work_dir is made first).
+            let read_ahead = start_read_ahead(
+                &job.table,
+                &job.read_ahead,
+                &job.kernels,
+                &job.blocks,
+                blocks.clone(),
+                1,
+            )
+            .map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "fft of '{}' variable '{}': {e}",
+                    job.source().store(),
+                    job.source().variable()
+                ))
+            })?;
             let pool = ChunkBufferPool::new();
             let mut remaining = job.limit.map(|l| l as u64);
             for id in blocks {

@@ -365,6 +365,32 @@ impl ArraySource {
         }
     }
 
+    /// Makes what the values are read from, unless made: the rechunked
+    /// copy or the first stage's output in `work_dir` (nothing for the
+    /// other sources). Every caller waits for it; [`read`](Self::read)
+    /// calls it first.
+    pub fn prepare(&self, kernels: &Kernels) -> Result<(), String> {
+        match self {
+            Self::Rechunked(copy) => copy.ensure_copied(),
+            Self::Staged(stage) => stage.ensure_written(kernels),
+            _ => Ok(()),
+        }
+    }
+
+    /// The table and variable (index into its variables) whose chunks a
+    /// block read decodes as they are stored: the Zarr variable, the
+    /// rechunked copy or the first stage's output in `work_dir` (readable
+    /// once [`prepare`](Self::prepare)d); `None` for the output of another
+    /// transform or a detrended source, whose reads are computed.
+    pub fn stored(&self) -> Option<(&Arc<GridTable>, usize)> {
+        match self {
+            Self::Zarr { grid, variable } => Some((grid, *variable)),
+            Self::Rechunked(copy) => Some((&copy.grid, copy.variable)),
+            Self::Staged(stage) => Some((&stage.grid, stage.variable)),
+            Self::Transformed(_) | Self::Detrended(_) => None,
+        }
+    }
+
     /// The Zarr array read and its table, or the inner transform.
     fn origin(&self) -> Origin<'_> {
         match self {
@@ -476,12 +502,10 @@ impl ArraySource {
         pool: &ChunkBufferPool,
         kernels: &Kernels,
     ) -> Result<BlockValues<P>, String> {
-        match self {
-            Self::Rechunked(copy) => copy.ensure_copied()?,
-            Self::Staged(stage) => stage.ensure_written(kernels)?,
-            Self::Detrended(detrended) => return detrended.read(extent, pool, kernels),
-            _ => {}
+        if let Self::Detrended(detrended) = self {
+            return detrended.read(extent, pool, kernels);
         }
+        self.prepare(kernels)?;
         match self.origin() {
             Origin::Array(_, array) => {
                 let read = array.read(extent, pool).map_err(|e| e.to_string())?;

@@ -34,13 +34,12 @@ use datafusion::common::Result;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use zarrs::array::{ArrayBytes, ArraySubset};
 
-use super::copy::{block_bytes, output_group, WriteTasks};
+use super::copy::{block_bytes, output_group, TaskError, WriteTasks};
 use super::exec::transformed_block;
 use super::four_step::ScratchArray;
 use super::kernels::Kernels;
 use super::table::FftTable;
 use crate::array::rechunk::ScratchStore;
-use crate::array::tasks::run_tasks;
 use crate::table::{open_dataset_blocking, Dimension, GridTable, ZarrTableOptions};
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::store::write_group;
@@ -162,10 +161,11 @@ impl StagedTransform {
     /// shows them.
     pub fn describe_tasks(&self) -> String {
         format!(
-            "blocks of shape {:?}, {} blocks, {} tasks, {}",
+            "blocks of shape {:?}, {} blocks, {} tasks{}, {}",
             self.tasks.blocks.block_shape(),
             self.tasks.blocks.num_blocks(),
             self.tasks.workers,
+            self.tasks.read_ahead,
             datafusion::common::human_readable_size(self.tasks.projected())
         )
     }
@@ -175,13 +175,13 @@ impl StagedTransform {
     pub fn ensure_written(&self, kernels: &Kernels) -> std::result::Result<(), String> {
         self.written
             .get_or_init(|| {
-                run_tasks(
-                    self.tasks.blocks.num_blocks(),
-                    self.tasks.workers,
-                    &self.cancelled,
-                    ChunkBufferPool::new,
-                    |pool, id| self.write_block(id, kernels, pool),
-                )?;
+                self.tasks
+                    .run(&self.inner, kernels, &self.cancelled, |pool, id| {
+                        self.write_block(id, kernels, pool)
+                    })
+                    .map_err(|e| match e {
+                        TaskError::Source(e) | TaskError::Task(e) => e,
+                    })?;
                 if self.cancelled.load(Ordering::Relaxed) {
                     return Err("cancelled".to_string());
                 }

@@ -551,13 +551,7 @@ impl FftTable {
             config,
             Some(stage_limit),
         );
-        let tasks = WriteTasks::plan(
-            &inner,
-            blocks,
-            staging,
-            Some(stage_limit),
-            config.execution.target_partitions,
-        );
+        let tasks = WriteTasks::plan(&inner, blocks, staging, Some(stage_limit), config);
         if !tasks.fits(Some(stage_limit)) {
             let stage = if chained {
                 "the inner transform"
