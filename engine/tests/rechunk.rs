@@ -23,11 +23,11 @@ type Contents = HashMap<String, (Vec<u64>, Vec<u64>, String)>;
 fn contents(store: &str) -> Contents {
     let runtime = RuntimeEnv::default();
     let location = StoreLocation::parse(store).unwrap();
-    let storage = open_storage(store, &location, &HashMap::new(), &HashMap::new(), &runtime)
-        .unwrap()
-        .storage;
+    let opened =
+        open_storage(store, &location, &HashMap::new(), &HashMap::new(), &runtime).unwrap();
+    let storage = Arc::clone(&opened.storage);
     let mut out = HashMap::new();
-    for entry in discover_arrays(&storage, store, root_name(store)).unwrap() {
+    for entry in discover_arrays(&opened, store, root_name(store)).unwrap() {
         let array =
             Array::new_with_metadata(Arc::clone(&storage), &entry.path, entry.metadata).unwrap();
         let all = array.subset_all();

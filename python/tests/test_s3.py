@@ -343,6 +343,36 @@ def test_opening_asks_for_metadata_and_coordinates_together(s3):
     assert ctx.sql("SELECT count(*) AS n FROM t").to_arrow_table().to_pylist() == [{"n": 8 * 48 * 64}]
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_group_without_consolidated_metadata_opens_in_a_few_round_trips(s3, tmp_path, zarr_format):
+    """A group of 12 variables written by xarray without consolidated
+    metadata: one LIST of the group, then the metadata documents of all 15
+    children asked for together (not one round trip per array); the
+    variables' sums equal xarray's."""
+    import xarray as xr
+
+    base = grid(7)
+    ds = xr.Dataset({f"v{i:02d}": base.t * (i + 1) for i in range(12)}, coords=base.coords)
+    local = tmp_path / "wide.zarr"
+    ds.to_zarr(local, consolidated=False, zarr_format=zarr_format)
+    name = f"wide_v{zarr_format}.zarr"
+    s3.upload(name, local)
+    ctx = zf.SessionContext()
+    s3.proxy.configure(latency_ms=60)
+    s3.proxy.reset()
+    ctx.register_zarr("w", f"s3://fixtures/{name}", **s3.options())
+    stats = s3.proxy.stats()
+    assert stats["lists"] == 1, stats
+    # 15 children: zarr.json each (v3), .zarray and .zattrs each (v2), asked
+    # for together (one after another, one would be in flight).
+    assert stats["max_in_flight_by_method"]["GET"] >= 12, stats
+    sums = ", ".join(f"sum(CAST(v{i:02d} AS DOUBLE)) AS v{i:02d}" for i in range(12))
+    got = ctx.sql(f"SELECT {sums} FROM w").to_arrow_table().to_pylist()[0]
+    for i in range(12):
+        want = float(ds[f"v{i:02d}"].astype("float64").sum())
+        assert got[f"v{i:02d}"] == pytest.approx(want, rel=1e-9)
+
+
 def test_copy_to_s3_writes_a_store_xarray_reads(s3, tmp_path):
     """A COPY of a selection with a computed variable from a bucket to a
     bucket: read ahead from the source, written chunks first and metadata
@@ -576,3 +606,49 @@ def test_an_fft_rechunked_into_a_work_dir_in_s3_reads_the_copy_ahead(s3, tmp_pat
         assert ahead["methods"]["GET"] == demand["methods"]["GET"], stats
         assert ahead["max_in_flight_by_method"]["GET"] >= planned[name], (name, planned, ahead)
         assert demand["max_in_flight_by_method"]["GET"] <= 2, (name, demand)
+
+
+def test_the_four_step_path_with_a_work_dir_in_s3_reads_its_second_pass_ahead(s3, tmp_path):
+    """A 1-D complex64 signal of 2^20 values written by zarr-python, under an
+    allowed_mem no line fits: the four-step path keeps its intermediates in a
+    work_dir in the bucket, its second pass reads them ahead (more GETs in
+    flight than reading on demand), the spectrum is numpy's both ways, and
+    nothing is left under the work_dir."""
+    import zarr
+
+    n = 1 << 20
+    rng = np.random.default_rng(20)
+    values = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
+    signal = zarr.create_array(
+        tmp_path / "signal.zarr", name="s", shape=(n,), chunks=(1 << 16,), dtype="complex64",
+        dimension_names=["t"], fill_value=0,
+    )
+    signal[:] = values
+    want = np.fft.fft(values.astype(np.complex128))
+    stats = {}
+    for concurrency in (0, 16):
+        ctx = zf.SessionContext(
+            allowed_mem="12MB", io_concurrency=concurrency, work_dir=f"s3://fixtures/fourwork{concurrency}"
+        )
+        ctx.register_zarr("any", "s3://fixtures/many.zarr", **s3.options())
+        ctx.register_zarr("t", tmp_path / "signal.zarr")
+        spec = ctx.table("t").fft("s", dims="t", true_phase=False, true_amplitude=False, shift=False)
+        plan = ctx.sql(
+            "EXPLAIN SELECT * FROM fft('t', 's', dims => 't', true_phase => false, "
+            "true_amplitude => false, shift => false)"
+        ).to_pandas().to_string()
+        assert "strategy=four-step" in plan, plan
+        s3.proxy.configure(latency_ms=30)
+        s3.proxy.reset()
+        out = tmp_path / f"spec{concurrency}.zarr"
+        spec.to_zarr(out)
+        stats[concurrency] = s3.proxy.stats()
+        got = zarr.open_group(out, mode="r")["s"][:]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+        del spec
+        assert s3.keys(f"fourwork{concurrency}/") == []
+    # (The two plans differ: with reading ahead, an eighth of allowed_mem is
+    # set aside for it, and the passes' blocks are smaller.)
+    ahead, demand = stats[16], stats[0]
+    assert ahead["max_in_flight_by_method"]["GET"] >= 4, stats
+    assert demand["max_in_flight_by_method"]["GET"] <= 2, stats

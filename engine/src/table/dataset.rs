@@ -198,7 +198,7 @@ impl ZarrDataset {
                 RangedReads::Take,
             )
         });
-        let entries = discover_arrays(&opened.storage, location, root_name(location))?;
+        let entries = discover_arrays(&opened, location, root_name(location))?;
         drop(metadata);
         let arrays = entries
             .into_iter()

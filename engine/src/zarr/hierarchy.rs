@@ -3,7 +3,12 @@
 //! In order of preference: consolidated metadata (v3 `consolidated_metadata`
 //! in `zarr.json`, v2 `.zmetadata`), else one directory listing of the group
 //! and one metadata read per child. The cost grows with the number of arrays,
-//! never with the number of chunks.
+//! never with the number of chunks. From an object store, the children's
+//! metadata documents are requested together (up to
+//! [`LISTING_READ_AHEAD`] at once), so a group without consolidated metadata
+//! opens in a few round trips, not one per array.
+
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use zarrs::metadata::v2::ArrayMetadataV2;
@@ -11,7 +16,13 @@ use zarrs::metadata::v3::ArrayMetadataV3;
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{ReadableListableStorage, StoreKey, StorePrefix};
 
+use super::remote::{RangedReads, ReadAhead};
+use super::store::{OpenedStore, StoreAccess};
 use crate::error::{Result, ZarrFusionError};
+
+/// Metadata documents of a group's children requested at once from an
+/// object store while they are read.
+pub const LISTING_READ_AHEAD: usize = 64;
 
 /// One array of a group: its name (path relative to the group) and metadata.
 #[derive(Debug, Clone)]
@@ -24,14 +35,15 @@ pub struct ArrayEntry {
     pub metadata: ArrayMetadata,
 }
 
-/// The direct child arrays of the group at the root of `storage`.
+/// The direct child arrays of the group at the root of `opened`.
 ///
 /// A store whose root is itself an array yields that one array, named `root_name`.
 pub fn discover_arrays(
-    storage: &ReadableListableStorage,
+    opened: &OpenedStore,
     store: &str,
     root_name: &str,
 ) -> Result<Vec<ArrayEntry>> {
+    let storage = &opened.storage;
     if let Some(root) = read_json(storage, store, "", "zarr.json")? {
         return match root.get("node_type").and_then(Value::as_str) {
             Some("array") => Ok(vec![at_root(parse_v3(store, root_name, root)?)]),
@@ -41,7 +53,7 @@ pub fn discover_arrays(
                 .and_then(Value::as_object)
             {
                 Some(consolidated) => from_consolidated_v3(store, consolidated),
-                None => from_listing(storage, store),
+                None => from_listing(opened, store, &["zarr.json"]),
             },
             _ => Err(ZarrFusionError::store(
                 store,
@@ -57,7 +69,7 @@ pub fn discover_arrays(
         return from_consolidated_v2(store, entries);
     }
     if read_json(storage, store, "", ".zgroup")?.is_some() {
-        return from_listing(storage, store);
+        return from_listing(opened, store, &[".zarray", ".zattrs"]);
     }
     if let Some(zarray) = read_json(storage, store, "", ".zarray")? {
         let attrs = read_json(storage, store, "", ".zattrs")?;
@@ -159,16 +171,42 @@ fn from_consolidated_v2(store: &str, entries: &Map<String, Value>) -> Result<Vec
     Ok(arrays)
 }
 
-fn from_listing(storage: &ReadableListableStorage, store: &str) -> Result<Vec<ArrayEntry>> {
+/// The arrays among the children of the group, from a listing of it and
+/// each child's metadata; from an object store, the documents `files` of
+/// every child (those of an array in the group's format) are requested
+/// together, ahead of their reading.
+fn from_listing(opened: &OpenedStore, store: &str, files: &[&str]) -> Result<Vec<ArrayEntry>> {
+    let storage = &opened.storage;
     let listing = storage
         .list_dir(&StorePrefix::root())
         .map_err(|e| ZarrFusionError::store(store, format!("cannot list the group: {e}")))?;
-    let mut arrays = Vec::new();
-    for prefix in listing.prefixes() {
-        let name = prefix.as_str().trim_end_matches('/');
-        if name.starts_with('.') {
-            continue;
+    let children: Vec<&str> = listing
+        .prefixes()
+        .iter()
+        .map(|prefix| prefix.as_str().trim_end_matches('/'))
+        .filter(|name| !name.starts_with('.'))
+        .collect();
+    let _ahead = match &opened.access {
+        StoreAccess::Remote(remote) => {
+            let keys: Vec<(u64, StoreKey)> = children
+                .iter()
+                .flat_map(|name| files.iter().map(move |file| format!("{name}/{file}")))
+                .filter_map(|key| StoreKey::new(key).ok())
+                .map(|key| (0, key))
+                .collect();
+            let depth = keys.len().clamp(1, LISTING_READ_AHEAD);
+            Some(ReadAhead::new(
+                Arc::clone(remote),
+                Box::new(keys.into_iter()),
+                depth,
+                depth,
+                RangedReads::Take,
+            ))
         }
+        StoreAccess::Local(_) => None,
+    };
+    let mut arrays = Vec::new();
+    for &name in &children {
         if let Some(json) = read_json(storage, store, name, "zarr.json")? {
             if json.get("node_type").and_then(Value::as_str) == Some("array") {
                 arrays.push(parse_v3(store, name, json)?);

@@ -46,7 +46,7 @@ use rayon::prelude::*;
 use rustfft::num_complex::Complex;
 use rustfft::{Fft, FftDirection, FftPlanner};
 use zarrs::array::{Array, ArrayBuilder, ArraySubset};
-use zarrs::storage::ReadableWritableListableStorageTraits;
+use zarrs::storage::{ReadableListableStorageTraits, ReadableWritableListableStorageTraits};
 
 use super::axis::AxisTransform;
 use super::kernels::{Kernels, TimedKernel};
@@ -55,7 +55,8 @@ use crate::array::rechunk::ScratchStore;
 use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{AxisPass, FftKernel, LineKind};
-use crate::zarr::{ChunkBufferPool, StoreLocation};
+use crate::table::ReadAheadPlan;
+use crate::zarr::{chunk_keys, ChunkBufferPool, ReadAhead, StoreLocation};
 
 /// An intermediate array in `work_dir`.
 pub type ScratchArray = Array<dyn ReadableWritableListableStorageTraits>;
@@ -246,6 +247,11 @@ pub struct FourStep {
     scratch: ScratchStore,
     columns: ScratchArray,
     spectrum: ScratchArray,
+    /// Reads kept in flight ahead of the second pass when `work_dir` is an
+    /// object store (`zarrfusion.io_concurrency`), and the memory they may
+    /// hold (set aside from the passes' share when planning).
+    io_concurrency: usize,
+    read_ahead_bytes: usize,
     done: OnceLock<Result<(), String>>,
     cancelled: AtomicBool,
 }
@@ -343,12 +349,16 @@ fn runs(n: usize, position: impl Fn(usize) -> (usize, bool)) -> Vec<(usize, usiz
 
 impl FourStep {
     /// Creates the intermediates (metadata only) of `plan` over a source of
-    /// shape `shape` in a fresh store in `work_dir`.
+    /// shape `shape` in a fresh store in `work_dir`; the second pass reads
+    /// its blocks ahead, up to `io_concurrency` reads in flight holding
+    /// `read_ahead_bytes` at most, when `work_dir` is an object store.
     pub fn create(
         plan: FourStepPlan,
         shape: &[u64],
         single: bool,
         work_dir: &StoreLocation,
+        io_concurrency: usize,
+        read_ahead_bytes: usize,
         runtime: &datafusion::execution::runtime_env::RuntimeEnv,
     ) -> datafusion::common::Result<Self> {
         let scratch = ScratchStore::create(work_dir, "zarrfusion-fft-four-step", ".zarr", runtime)?;
@@ -390,6 +400,8 @@ impl FourStep {
             scratch,
             columns,
             spectrum,
+            io_concurrency,
+            read_ahead_bytes,
             done: OnceLock::new(),
             cancelled: AtomicBool::new(false),
         })
@@ -613,15 +625,21 @@ impl FourStep {
         let batches = grid_cells(other_shape, &step);
         let blocks = (n2 / r) as u64;
         let rows = RowTransform::<P>::new(kernels, n1, complex_kind(transform.kind));
+        let other_shape = other_shape.to_vec();
+        let block = move |task: u64| {
+            let mut subset = grid_cell(&other_shape, &step, task / blocks);
+            let s = (task % blocks) as usize * r;
+            subset.extend([s as u64..(s + r) as u64, 0..n1 as u64]);
+            subset
+        };
+        let read_ahead = self.read_ahead_second_pass(batches * blocks, block.clone())?;
         run_tasks(
             batches * blocks,
             plan.workers[1],
             &self.cancelled,
             || (),
             |_, task| {
-                let mut subset = grid_cell(other_shape, &step, task / blocks);
-                let s = (task % blocks) as usize * r;
-                subset.extend([s as u64..(s + r) as u64, 0..n1 as u64]);
+                let subset = block(task);
                 let region = ArraySubset::new_with_ranges(&subset);
                 let read = P::retrieve_complex(&self.columns, &region)
                     .map_err(|e| format!("reading columns {subset:?} from work_dir: {e}"))?;
@@ -641,10 +659,53 @@ impl FourStep {
                         .erase_chunks(&chunks)
                         .map_err(|e| format!("erasing columns {subset:?} from work_dir: {e}"))?;
                 }
+                if let Some(read_ahead) = &read_ahead {
+                    read_ahead.done_with(task);
+                }
                 Ok::<u64, String>((read.len() * std::mem::size_of::<Complex<P>>()) as u64)
             },
         )?;
         self.check_cancelled()
+    }
+
+    /// From an object-store `work_dir`: the chunks of `columns` the second
+    /// pass reads, its `tasks` blocks (`block` gives each one's region) in
+    /// the order its workers take them, read ahead in the memory set aside
+    /// for it (each worker's block's chunks are held, as read, until it is
+    /// done, and as many more as fit).
+    fn read_ahead_second_pass(
+        &self,
+        tasks: u64,
+        block: impl Fn(u64) -> Vec<Range<u64>> + Send + 'static,
+    ) -> Result<Option<ReadAhead>, String> {
+        let Some(remote) = self.scratch.remote() else {
+            return Ok(None);
+        };
+        let plan = &self.plan;
+        // A chunk: a batch of lines (the other dimensions), `r` rows of `c1`.
+        let lines = plan.batch.iter().product::<u64>() as usize;
+        let chunk_bytes = lines * plan.row_block * plan.column_block * complex_size(self.single);
+        let block_chunks = plan.columns / plan.column_block;
+        let read_ahead = ReadAheadPlan::for_chunks(
+            chunk_bytes,
+            block_chunks,
+            plan.workers[1],
+            self.io_concurrency,
+        )
+        .within(self.read_ahead_bytes);
+        // The keys are found by the window's own copy of the array (an
+        // array opens from its metadata alone).
+        let columns = Array::new_with_metadata(
+            Arc::clone(remote) as Arc<dyn ReadableListableStorageTraits>,
+            self.columns.path().as_str(),
+            self.columns.metadata().clone(),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(
+            read_ahead.start_keys(Arc::clone(remote), 0..tasks, plan.workers[1], move |task| {
+                chunk_keys(&columns, &block(task))
+            }),
+        )
     }
 
     fn check_cancelled(&self) -> Result<(), String> {

@@ -71,6 +71,7 @@ use crate::table::{
     TableFunctionCall, ZarrTable,
 };
 use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
+use crate::zarr::StoreLocation;
 
 /// Plans `fft(...)` and `ifft(...)` in `FROM` clauses.
 #[derive(Debug)]
@@ -707,21 +708,36 @@ impl FftTable {
         // their output (which holds its memory while they run); a detrend
         // holds every line's sums through the first pass.
         let (source, sums) = self.detrended_source(vec![*axis], limit - limit / 2)?;
+        let runtime = Arc::clone(state.runtime_env());
+        let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
+        let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
+        // Intermediates in an object store: a quarter of the passes' half
+        // goes to reading the second pass's blocks ahead.
+        let io_concurrency = ZarrConfig::of(state.config_options()).io_concurrency;
+        let read_ahead = match (&work_dir, io_concurrency) {
+            (StoreLocation::Remote(_), 1..) => limit / 8,
+            _ => 0,
+        };
         let plan = FourStepPlan::new(
             *axis,
             axis_transform,
             &input,
             limit,
-            limit / 2 + sums,
+            limit / 2 + sums + read_ahead,
             rayon::current_num_threads(),
         )
         .map_err(|e| self.plan_error(e))?;
-        let runtime = Arc::clone(state.runtime_env());
-        let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
-        let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
         let (shape, single) = (input.shape, input.single);
         let four_step = tokio::task::spawn_blocking(move || {
-            FourStep::create(plan, &shape, single, &work_dir, &runtime)
+            FourStep::create(
+                plan,
+                &shape,
+                single,
+                &work_dir,
+                io_concurrency,
+                read_ahead,
+                &runtime,
+            )
         })
         .await
         .map_err(|e| DataFusionError::Execution(format!("the FFT planner stopped: {e}")))??;

@@ -260,12 +260,12 @@ fn open_jobs(
         &options.storage_defaults,
         runtime,
     )?;
+    let mut entries = discover_arrays(&opened, source, root_name(source))?;
     let storage = opened.storage;
     let remote = match opened.access {
         StoreAccess::Remote(remote) => Some(remote),
         StoreAccess::Local(_) => None,
     };
-    let mut entries = discover_arrays(&storage, source, root_name(source))?;
     if let Some(names) = arrays {
         entries.retain(|entry| names.contains(&entry.name));
     }
