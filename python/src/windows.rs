@@ -12,6 +12,7 @@ use arrow::datatypes::{
     DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, TimeUnit,
     UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::prelude::SessionContext;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -203,6 +204,10 @@ impl PyDataset {
             None => Selection::all(&self.table.shape()),
         };
         let io_concurrency = ZarrConfig::of(self.ctx.state().config().options()).io_concurrency;
+        let memory_limit = match self.ctx.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(limit) => Some(limit),
+            _ => None,
+        };
         let options = IndexOptions {
             block_bytes,
             threads: threads.unwrap_or_else(default_threads),
@@ -217,6 +222,7 @@ impl PyDataset {
         Ok(PyWindows {
             windows: Arc::new(windows),
             io_concurrency,
+            memory_limit,
         })
     }
 
@@ -236,6 +242,8 @@ pub struct PyWindows {
     windows: Arc<Windows>,
     /// The session's `zarrfusion.io_concurrency`, for its loaders.
     io_concurrency: usize,
+    /// The session's `allowed_mem`, for its loaders.
+    memory_limit: Option<usize>,
 }
 
 #[pymethods]
@@ -339,6 +347,7 @@ impl PyWindows {
             threads: threads.unwrap_or_else(default_threads),
             shard,
             io_concurrency: self.io_concurrency,
+            memory_limit: self.memory_limit,
         };
         let loader = WindowLoader::new(Arc::clone(&self.windows), options).map_err(window_error)?;
         Ok(PyWindowLoader {
@@ -409,6 +418,23 @@ impl PyWindowLoader {
             loader: Arc::clone(&self.loader),
             windows: Arc::clone(&self.windows),
         }
+    }
+
+    /// The memory an epoch holds at its peak, in bytes, by part: `buffer`
+    /// (decoded blocks the windows are drawn from), `batches` (prefetched
+    /// and being planned), `decoding` (a block per thread as it is
+    /// decoded), `read_ahead` (chunks read ahead from an object store, in
+    /// what the rest leaves of the session's `allowed_mem`) and `total`.
+    #[getter]
+    fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.loader.memory();
+        let d = PyDict::new(py);
+        d.set_item("buffer", m.buffer)?;
+        d.set_item("batches", m.batches)?;
+        d.set_item("decoding", m.decoding)?;
+        d.set_item("read_ahead", m.read_ahead)?;
+        d.set_item("total", m.total())?;
+        Ok(d)
     }
 
     /// Counters over all epochs: batches, samples, blocks read, bytes

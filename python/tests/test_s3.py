@@ -504,6 +504,42 @@ def test_the_loader_reads_blocks_ahead_from_s3(s3, many_store):
     assert stats["max_in_flight"] >= 8, stats
 
 
+def test_the_loaders_read_ahead_fits_allowed_mem(s3, many_store):
+    """Under allowed_mem, a loader's chunks read ahead get what its buffer,
+    batches and decoding threads leave: room for 6 chunks plans at most 6
+    (16 and more without a limit), the whole within allowed_mem, with the
+    same batches; a loader whose buffer does not fit is refused with the
+    numbers."""
+
+    def run(**session):
+        ctx = zf.SessionContext(io_concurrency=16, **session)
+        ds = ctx.open_zarr("s3://fixtures/many.zarr", **s3.options())
+        windows = ds.windows({"lat": 6, "lon": 6}, block_size="64KB", cache=False, threads=0)
+        loader = windows.loader(batch_size=64, seed=3, threads=2, buffer_size="256KB")
+        s3.proxy.configure(latency_ms=30)
+        s3.proxy.reset()
+        batches = [b["t"].copy() for b in loader]
+        return loader.memory, batches, s3.proxy.stats()
+
+    free, want, free_stats = run()
+    assert free_stats["max_in_flight_by_method"]["GET"] >= 12, free_stats
+    fixed = free["buffer"] + free["batches"] + free["decoding"]
+    chunk = 2 * 12 * 16 * 4  # a float32 chunk of t
+    memory, got, _ = run(allowed_mem=fixed + 6 * chunk)
+    assert memory["buffer"] == free["buffer"] and memory["read_ahead"] <= 6 * chunk, (memory, free)
+    assert memory["total"] <= fixed + 6 * chunk, memory
+    assert free["read_ahead"] >= 16 * chunk, free
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    ctx = zf.SessionContext(allowed_mem=fixed // 2)
+    windows = ctx.open_zarr("s3://fixtures/many.zarr", **s3.options()).windows(
+        {"lat": 6, "lon": 6}, block_size="64KB", cache=False, threads=0
+    )
+    with pytest.raises(ValueError, match=r"allowed_mem: the loader needs .* \(buffer_size\)"):
+        windows.loader(batch_size=64, threads=2, buffer_size="256KB")
+
+
 def test_session_retry_settings_apply_to_stores_built_after_them(s3):
     """SET zarrfusion.retry.* gives the retries of the stores built from
     then on; a table's own retry option wins; bad values are refused when

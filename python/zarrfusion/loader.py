@@ -147,6 +147,11 @@ class Windows:
         - ``shard=(rank, world_size)`` takes this rank's disjoint share; with
           ``drop_last`` every rank yields the same number of batches.
         - ``prefetch`` batches are assembled ahead on ``threads`` Rust threads.
+
+        Under the session's ``allowed_mem``, a loader whose buffer, batches
+        and decoding threads do not fit is refused (``ValueError`` with the
+        numbers), and chunks read ahead from an object store get what they
+        leave (``loader.memory``).
         """
         if shuffle is False:
             shuffle = None
@@ -187,6 +192,15 @@ class WindowLoader:
 
     def __iter__(self) -> Iterator[dict]:
         return iter(self._raw)
+
+    @property
+    def memory(self) -> dict:
+        """The bytes an epoch holds at its peak, by part: ``buffer`` (decoded
+        blocks windows are drawn from), ``batches`` (prefetched and being
+        planned), ``decoding`` (a block per thread), ``read_ahead`` (chunks
+        read ahead from an object store, fitted to what the rest leaves of
+        ``allowed_mem``) and ``total``."""
+        return self._raw.memory
 
     def stats(self) -> dict:
         """Batches, samples, blocks and bytes read, decode and assembly thread

@@ -156,20 +156,19 @@ pub fn read_columns(
         .collect()
 }
 
-/// A window reading the chunks of `variables` (indices into the table's
-/// variables) over the blocks `order` of `grid` ahead of `decoders` threads,
-/// when the store is remote: up to `io_concurrency` reads in flight, the
-/// keys of `interleave` blocks read at once interleaved. Block number `i`
-/// of the window is `order[i]`.
-pub(super) fn read_blocks_ahead(
+/// How far reading the chunks of `variables` (indices into the table's
+/// variables) over the blocks of `grid` reads ahead of `decoders` threads
+/// when the store is remote: the chunks of their blocks and up to
+/// `io_concurrency` more, in flight at once, no more than `room` bytes
+/// hold (`None`: no limit). `None` without blocks.
+pub(super) fn block_read_ahead(
     table: &GridTable,
     variables: &[usize],
-    grid: &Arc<WindowGrid>,
-    order: Vec<usize>,
+    grid: &WindowGrid,
     io_concurrency: usize,
     decoders: usize,
-    interleave: usize,
-) -> Option<TableReadAhead> {
+    room: Option<usize>,
+) -> Option<ReadAheadPlan> {
     let columns: Vec<usize> = variables.iter().map(|&v| table.dims.len() + v).collect();
     let largest = grid
         .blocks
@@ -177,6 +176,26 @@ pub(super) fn read_blocks_ahead(
         .map(|b| b.extent.iter().map(|r| r.end - r.start).collect::<Vec<_>>())
         .max_by_key(|shape| shape.iter().product::<u64>())?;
     let plan = ReadAheadPlan::new(table, &columns, io_concurrency, &largest, decoders.max(1));
+    Some(match room {
+        Some(room) => plan.within(room),
+        None => plan,
+    })
+}
+
+/// A window reading the chunks of `variables` (indices into the table's
+/// variables) over the blocks `order` of `grid` as `plan` (from
+/// [`block_read_ahead`]) says, when the store is remote, the keys of
+/// `interleave` blocks read at once interleaved. Block number `i` of the
+/// window is `order[i]`.
+pub(super) fn read_blocks_ahead(
+    table: &GridTable,
+    variables: &[usize],
+    grid: &Arc<WindowGrid>,
+    order: Vec<usize>,
+    plan: ReadAheadPlan,
+    interleave: usize,
+) -> Option<TableReadAhead> {
+    let columns: Vec<usize> = variables.iter().map(|&v| table.dims.len() + v).collect();
     let grid = Arc::clone(grid);
     let count = order.len() as u64;
     plan.start(

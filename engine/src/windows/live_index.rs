@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 
 use super::cache::IndexCache;
 use super::geometry::{Validity, WindowGrid};
-use super::index::{index_block, read_blocks_ahead, read_columns, BlockIndex, ValidIndex};
+use super::index::{
+    block_read_ahead, index_block, read_blocks_ahead, read_columns, BlockIndex, ValidIndex,
+};
 use super::{IndexSource, WindowError};
 use crate::table::{GridTable, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
@@ -138,15 +140,24 @@ impl LiveIndex {
     pub fn build(job: IndexJob, threads: usize, cache: Option<(IndexCache, String)>) -> Arc<Self> {
         let blocks = job.grid.blocks.len();
         let mut live = Self::pending(blocks, cache);
-        live.read_ahead = read_blocks_ahead(
+        live.read_ahead = block_read_ahead(
             &job.table,
             &job.variables,
             &job.grid,
-            (0..blocks).collect(),
             job.io_concurrency,
             threads,
-            threads,
-        );
+            None,
+        )
+        .and_then(|plan| {
+            read_blocks_ahead(
+                &job.table,
+                &job.variables,
+                &job.grid,
+                (0..blocks).collect(),
+                plan,
+                threads,
+            )
+        });
         live.job = Some(job);
         let live = Arc::new(live);
         if blocks == 0 {

@@ -22,13 +22,15 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::index::{index_block, read_blocks_ahead, read_columns};
+use super::index::{block_read_ahead, index_block, read_blocks_ahead, read_columns};
 use super::order::{
     block_order, segments, whole_segments, BlockSampler, Permutation, Segment, Shard, Shuffle,
 };
 use super::values::Values;
 use super::{WindowError, Windows};
-use crate::table::TableReadAhead;
+use datafusion::common::human_readable_size;
+
+use crate::table::{ReadAheadPlan, TableReadAhead};
 
 /// How a loader batches, orders and prefetches windows.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +54,10 @@ pub struct LoaderOptions {
     /// Whole blocks are read ahead; the full shuffle's single windows are
     /// read on demand.
     pub io_concurrency: usize,
+    /// The session's `allowed_mem`: a loader whose buffer and batches do
+    /// not fit it is refused, and its read-ahead gets what they leave
+    /// (`None`: no limit).
+    pub memory_limit: Option<usize>,
 }
 
 impl Default for LoaderOptions {
@@ -67,7 +73,41 @@ impl Default for LoaderOptions {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             shard: Shard::WHOLE,
             io_concurrency: 64,
+            memory_limit: None,
         }
+    }
+}
+
+/// The memory an epoch of a loader holds at its peak, by part (bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoaderMemory {
+    /// Decoded values the planner draws windows from: the shuffle buffer's
+    /// blocks (`buffer_size`, at least one block), the one block read in
+    /// storage order, or a full shuffle's single windows of the batches in
+    /// flight.
+    pub buffer: usize,
+    /// The batches assembled ahead of the consumer (`prefetch`) and the one
+    /// being planned.
+    pub batches: usize,
+    /// A block's columns as each thread decodes them, before they become
+    /// the block's values.
+    pub decoding: usize,
+    /// Chunks read ahead from an object store, in what the rest leaves of
+    /// `allowed_mem`.
+    pub read_ahead: usize,
+}
+
+impl LoaderMemory {
+    /// All the parts.
+    pub fn total(&self) -> usize {
+        self.fixed().saturating_add(self.read_ahead)
+    }
+
+    /// All but the read-ahead: what `allowed_mem` must hold.
+    pub fn fixed(&self) -> usize {
+        self.buffer
+            .saturating_add(self.batches)
+            .saturating_add(self.decoding)
     }
 }
 
@@ -138,14 +178,42 @@ impl WindowLoader {
         if options.prefetch == 0 {
             return Err(WindowError::argument("prefetch", "must be at least 1"));
         }
-        Ok(Self {
+        let loader = Self {
             windows,
             options: LoaderOptions {
                 threads: options.threads.max(1),
                 ..options
             },
             counters: Arc::default(),
-        })
+        };
+        let memory = loader.memory();
+        if let Some(limit) = loader.options.memory_limit {
+            if memory.fixed() > limit {
+                return Err(WindowError::argument(
+                    "allowed_mem",
+                    format!(
+                        "the loader needs {} for its buffer of decoded blocks (buffer_size), {} \
+                         for {} batches of {} windows (prefetch + 1) and {} for {} threads \
+                         decoding a block each, more than the {} allowed; lower buffer_size, \
+                         prefetch, batch_size or threads, or raise allowed_mem",
+                        human_readable_size(memory.buffer),
+                        human_readable_size(memory.batches),
+                        loader.options.prefetch + 1,
+                        loader.options.batch_size,
+                        human_readable_size(memory.decoding),
+                        loader.options.threads,
+                        human_readable_size(limit)
+                    ),
+                ));
+            }
+        }
+        Ok(loader)
+    }
+
+    /// The memory an epoch holds at its peak, by part: the read-ahead
+    /// gets what the buffer and batches leave of `memory_limit`.
+    pub fn memory(&self) -> LoaderMemory {
+        loader_memory(&self.windows, &self.options)
     }
 
     /// The options in use.
@@ -214,6 +282,68 @@ impl WindowLoader {
             counters: Arc::clone(&self.counters),
         }
     }
+}
+
+/// The memory an epoch of a loader of `windows` with options `o` holds at
+/// its peak (see [`WindowLoader::memory`]).
+fn loader_memory(windows: &Windows, o: &LoaderOptions) -> LoaderMemory {
+    let window_bytes = windows
+        .grid
+        .window_cells()
+        .saturating_mul(windows.cell_bytes());
+    let block_bytes = windows.largest_block_bytes();
+    let buffer = match o.shuffle {
+        Shuffle::Block { buffer_bytes } => {
+            (buffer_blocks(windows, buffer_bytes) as u64).saturating_mul(block_bytes)
+        }
+        Shuffle::None => block_bytes,
+        Shuffle::Full => (o.prefetch as u64 + 1)
+            .saturating_mul(o.batch_size as u64)
+            .saturating_mul(window_bytes),
+    };
+    let batches = (o.prefetch as u64 + 1)
+        .saturating_mul(o.batch_size as u64)
+        .saturating_mul(window_bytes);
+    // A full shuffle decodes single windows.
+    let decoded = match o.shuffle {
+        Shuffle::Full => window_bytes,
+        _ => block_bytes,
+    };
+    let mut memory = LoaderMemory {
+        buffer: clamp(buffer),
+        batches: clamp(batches),
+        decoding: clamp((o.threads as u64).saturating_mul(decoded)),
+        read_ahead: 0,
+    };
+    if o.shuffle != Shuffle::Full {
+        memory.read_ahead =
+            loader_read_ahead(windows, o, memory.fixed()).map_or(0, |plan| plan.memory());
+    }
+    memory
+}
+
+/// How far a loader reads the blocks' chunks ahead of its threads, in what
+/// `used` bytes leave of its memory limit.
+fn loader_read_ahead(windows: &Windows, o: &LoaderOptions, used: usize) -> Option<ReadAheadPlan> {
+    block_read_ahead(
+        &windows.table,
+        &windows.variables,
+        &windows.grid,
+        o.io_concurrency,
+        o.threads,
+        o.memory_limit.map(|limit| limit.saturating_sub(used)),
+    )
+}
+
+/// Blocks a shuffle buffer of `buffer_bytes` holds: as many as it holds of
+/// the average block of `windows`, at least one.
+fn buffer_blocks(windows: &Windows, buffer_bytes: u64) -> usize {
+    (buffer_bytes / windows.block_bytes().max(1)).max(1) as usize
+}
+
+/// `bytes` as `usize`, the largest when it does not fit.
+fn clamp(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
 /// Windows a rank yields per epoch out of `total`.
@@ -517,24 +647,24 @@ impl Planner {
             segments(windows.index()?, order, o.shard)
         };
         let capacity = match o.shuffle {
-            Shuffle::Block { buffer_bytes } => {
-                (buffer_bytes / windows.block_bytes().max(1)).max(1) as usize
-            }
+            Shuffle::Block { buffer_bytes } => buffer_blocks(windows, buffer_bytes),
             _ => 1,
         };
         let shuffle = shuffled.then_some((o.seed, self.epoch, o.shard.rank));
         // The chunks of the blocks, in the order they enter the shuffle
         // buffer, read ahead of the workers (a remote store).
-        let read_ahead = read_blocks_ahead(
-            &windows.table,
-            &windows.variables,
-            &windows.grid,
-            segs.iter().map(|s| s.block).collect(),
-            o.io_concurrency,
-            o.threads,
-            1,
-        )
-        .map(Arc::new);
+        let read_ahead = loader_read_ahead(windows, o, loader_memory(windows, o).fixed())
+            .and_then(|plan| {
+                read_blocks_ahead(
+                    &windows.table,
+                    &windows.variables,
+                    &windows.grid,
+                    segs.iter().map(|s| s.block).collect(),
+                    plan,
+                    1,
+                )
+            })
+            .map(Arc::new);
         let mut sampler = BlockSampler::new(segs, capacity, shuffle);
         let jobs = self.jobs.clone();
         let counters = &self.counters;

@@ -59,7 +59,9 @@ use index::BlockIndex;
 pub use index::ValidIndex;
 use live_index::IndexJob;
 pub use live_index::LiveIndex;
-pub use loader::{BatchStream, LoaderOptions, LoaderStats, Polled, WindowBatch, WindowLoader};
+pub use loader::{
+    BatchStream, LoaderMemory, LoaderOptions, LoaderStats, Polled, WindowBatch, WindowLoader,
+};
 pub use order::{Shard, Shuffle};
 pub use values::Values;
 
@@ -297,14 +299,23 @@ impl Windows {
 
     /// Decoded bytes of an average block (what one shuffle-buffer entry costs).
     pub fn block_bytes(&self) -> u64 {
-        let per_cell: u64 = self
-            .variables
-            .iter()
-            .map(|&v| self.table.variables[v].element_size() as u64)
-            .sum();
         let blocks = self.grid.blocks.len().max(1) as u64;
         let cells: u64 = self.grid.blocks.iter().map(|b| b.num_cells()).sum();
-        cells / blocks * per_cell
+        (cells / blocks).saturating_mul(self.cell_bytes())
+    }
+
+    /// Decoded bytes of the largest block.
+    pub fn largest_block_bytes(&self) -> u64 {
+        let cells = self.grid.blocks.iter().map(|b| b.num_cells()).max();
+        cells.unwrap_or(0).saturating_mul(self.cell_bytes())
+    }
+
+    /// Decoded bytes of one cell of every variable.
+    pub fn cell_bytes(&self) -> u64 {
+        self.variables
+            .iter()
+            .map(|&v| self.table.variables[v].element_size() as u64)
+            .sum()
     }
 }
 
