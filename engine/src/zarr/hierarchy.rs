@@ -206,22 +206,67 @@ fn from_listing(opened: &OpenedStore, store: &str, files: &[&str]) -> Result<Vec
         StoreAccess::Local(_) => None,
     };
     let mut arrays = Vec::new();
+    // A child's metadata in the group's format first (what was asked for
+    // ahead), then in the other.
+    let v3_first = files.first() == Some(&"zarr.json");
     for &name in &children {
-        if let Some(json) = read_json(storage, store, name, "zarr.json")? {
-            if json.get("node_type").and_then(Value::as_str) == Some("array") {
-                arrays.push(parse_v3(store, name, json)?);
+        let child = match v3_first {
+            true => match v3_child(storage, store, name)? {
+                Child::Missing => v2_child(storage, store, name)?,
+                found => found,
+            },
+            false => match v2_child(storage, store, name)? {
+                Child::Missing => v3_child(storage, store, name)?,
+                found => found,
+            },
+        };
+        match child {
+            Child::Array(entry) => arrays.push(*entry),
+            Child::Other => {}
+            Child::Missing => {
+                return Err(ZarrFusionError::array(
+                    store,
+                    name,
+                    "no metadata (zarr.json or .zarray) for this child of the group",
+                ))
             }
-        } else if let Some(zarray) = read_json(storage, store, name, ".zarray")? {
-            let attrs = read_json(storage, store, name, ".zattrs")?;
-            arrays.push(parse_v2(store, name, zarray, attrs)?);
-        } else if read_json(storage, store, name, ".zgroup")?.is_none() {
-            return Err(ZarrFusionError::array(
-                store,
-                name,
-                "no metadata (zarr.json or .zarray) for this child of the group",
-            ));
         }
     }
     arrays.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(arrays)
+}
+
+/// What a child of a group is, from its metadata.
+enum Child {
+    /// An array (boxed: metadata is large beside the other variants).
+    Array(Box<ArrayEntry>),
+    /// Another node (a group).
+    Other,
+    /// No metadata in the format asked.
+    Missing,
+}
+
+/// Child `name` read as a Zarr v3 node (`zarr.json`).
+fn v3_child(storage: &ReadableListableStorage, store: &str, name: &str) -> Result<Child> {
+    Ok(match read_json(storage, store, name, "zarr.json")? {
+        Some(json) if json.get("node_type").and_then(Value::as_str) == Some("array") => {
+            Child::Array(Box::new(parse_v3(store, name, json)?))
+        }
+        Some(_) => Child::Other,
+        None => Child::Missing,
+    })
+}
+
+/// Child `name` read as a Zarr v2 node (`.zarray` and `.zattrs`, or `.zgroup`).
+fn v2_child(storage: &ReadableListableStorage, store: &str, name: &str) -> Result<Child> {
+    if let Some(zarray) = read_json(storage, store, name, ".zarray")? {
+        let attrs = read_json(storage, store, name, ".zattrs")?;
+        return Ok(Child::Array(Box::new(parse_v2(
+            store, name, zarray, attrs,
+        )?)));
+    }
+    Ok(match read_json(storage, store, name, ".zgroup")? {
+        Some(_) => Child::Other,
+        None => Child::Missing,
+    })
 }
