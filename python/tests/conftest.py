@@ -27,6 +27,25 @@ def fixtures() -> pathlib.Path:
 
 
 @pytest.fixture
+def long_store(tmp_path):
+    """Writes, with xarray, v(time, x 64) of random normals (seed 3) with
+    time in one chunk and x in chunks of 16 (blocks of whole x lines span
+    every time step): ``long_store(rows)`` returns the store's path and
+    the values."""
+    import xarray as xr
+
+    def write(rows: int) -> tuple[pathlib.Path, np.ndarray]:
+        values = np.random.default_rng(3).standard_normal((rows, 64))
+        store = tmp_path / "long.zarr"
+        xr.Dataset(
+            {"v": (("time", "x"), values)}, coords={"time": np.arange(float(rows)), "x": np.arange(64) * 0.5}
+        ).to_zarr(store, encoding={"v": {"chunks": (rows, 16)}})
+        return store, values
+
+    return write
+
+
+@pytest.fixture
 def ctx():
     import zarrfusion as zf
 

@@ -143,7 +143,7 @@ def test_the_device_argument_chooses_where_transforms_run():
         ctx.table("grid").fft("z", dims="lat").count()
 
 
-def test_a_block_of_whole_lines_larger_than_the_budget_is_rechunked_first(tmp_path):
+def test_a_block_of_whole_lines_larger_than_the_budget_is_rechunked_first(tmp_path, long_store):
     """(time 6000, x 64) with time in one chunk: a block of whole x lines in
     the store's chunks takes ~15 MB; under a budget leaving 4 MB beside the
     kernel's threads, the variable is copied into smaller time chunks in
@@ -151,12 +151,7 @@ def test_a_block_of_whole_lines_larger_than_the_budget_is_rechunked_first(tmp_pa
     import io
     import os
 
-    rng = np.random.default_rng(3)
-    values = rng.standard_normal((6000, 64))
-    store = tmp_path / "long.zarr"
-    xr.Dataset(
-        {"v": (("time", "x"), values)}, coords={"time": np.arange(6000.0), "x": np.arange(64) * 0.5}
-    ).to_zarr(store, encoding={"v": {"chunks": (6000, 16)}})
+    store, values = long_store(6000)
     kernel = (os.cpu_count() or 1) * 3 * 16384 * 16
     work = tmp_path / "work"
     ctx = zf.SessionContext(allowed_mem=kernel + (4 << 20), work_dir=work)

@@ -589,7 +589,7 @@ def test_an_fft_from_s3_reads_ahead_and_equals_the_local_one(s3, many_store):
     assert stats["max_in_flight"] >= 8, stats
 
 
-def test_an_fft_rechunked_into_a_work_dir_in_s3_reads_the_copy_ahead(s3, tmp_path):
+def test_an_fft_rechunked_into_a_work_dir_in_s3_reads_the_copy_ahead(s3, tmp_path, long_store):
     """fft along x of a variable whose blocks of whole x lines do not fit
     the budget: the variable is copied into smaller chunks in a work_dir in
     the bucket first, then the transform (and the COPY of it) reads the
@@ -601,12 +601,7 @@ def test_an_fft_rechunked_into_a_work_dir_in_s3_reads_the_copy_ahead(s3, tmp_pat
 
     import xarray as xr
 
-    rng = np.random.default_rng(3)
-    values = rng.standard_normal((24000, 64))
-    store = tmp_path / "long.zarr"
-    xr.Dataset(
-        {"v": (("time", "x"), values)}, coords={"time": np.arange(24000.0), "x": np.arange(64) * 0.5}
-    ).to_zarr(store, encoding={"v": {"chunks": (24000, 16)}})
+    store, values = long_store(24000)
     want = np.fft.fft(values, axis=1)
     kernel = (os.cpu_count() or 1) * 3 * 16384 * 16
     fft = "fft('long', 'v', dims => 'x', true_phase => false, true_amplitude => false, shift => false)"
