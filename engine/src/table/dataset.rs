@@ -27,7 +27,7 @@ use crate::error::{Result, ZarrFusionError};
 use zarrs::storage::StoreKey;
 
 use crate::zarr::{
-    discover_arrays, open_storage, root_name, ChunkBufferPool, RangedReads, ReadAhead, StoreAccess,
+    discover_arrays, open_storage, root_name, ChunkBufferPool, ReadAhead, StoreAccess,
     StoreLocation, ZarrArray,
 };
 
@@ -188,15 +188,8 @@ impl ZarrDataset {
             let keys = ["zarr.json", ".zmetadata"]
                 .into_iter()
                 .filter_map(|k| StoreKey::new(k).ok())
-                .map(|k| (0, k))
-                .collect::<Vec<_>>();
-            ReadAhead::new(
-                Arc::clone(remote),
-                Box::new(keys.into_iter()),
-                2,
-                2,
-                RangedReads::Take,
-            )
+                .collect();
+            ReadAhead::keys(Arc::clone(remote), keys, 2)
         });
         let entries = discover_arrays(&opened, location, root_name(location))?;
         drop(metadata);
@@ -208,7 +201,7 @@ impl ZarrDataset {
             .collect::<Result<Vec<_>>>()?;
         // The coordinates' chunks, in the order they are read.
         let _coordinates = remote.map(|remote| {
-            let keys: Vec<(u64, StoreKey)> = arrays
+            let keys: Vec<StoreKey> = arrays
                 .iter()
                 .filter(|a| is_coordinate(a))
                 .flat_map(|a| {
@@ -220,7 +213,6 @@ impl ZarrDataset {
                     }
                     keys
                 })
-                .map(|k| (0, k))
                 .collect();
             let largest = arrays
                 .iter()
@@ -231,13 +223,7 @@ impl ZarrDataset {
             let depth = (OPENING_READ_AHEAD_BYTES / largest.max(1)).clamp(1, OPENING_READ_AHEAD);
             // A coordinate is read a piece at a time: a piece of a chunk
             // takes it, as the window runs on.
-            ReadAhead::new(
-                remote,
-                Box::new(keys.into_iter()),
-                depth,
-                depth,
-                RangedReads::Take,
-            )
+            ReadAhead::keys(remote, keys, depth)
         });
         Self::from_arrays(location, arrays)
     }

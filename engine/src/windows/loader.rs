@@ -54,9 +54,9 @@ pub struct LoaderOptions {
     /// Whole blocks are read ahead; the full shuffle's single windows are
     /// read on demand.
     pub io_concurrency: usize,
-    /// The session's `allowed_mem`: a loader whose buffer and batches do
-    /// not fit it is refused, and its read-ahead gets what they leave
-    /// (`None`: no limit).
+    /// The session's `allowed_mem`: a loader whose buffer, batches and
+    /// decoding threads do not fit it is refused, and its read-ahead gets
+    /// what they leave (`None`: no limit; see [`LoaderMemory`]).
     pub memory_limit: Option<usize>,
 }
 

@@ -16,7 +16,7 @@ use zarrs::metadata::v3::ArrayMetadataV3;
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{ReadableListableStorage, StoreKey, StorePrefix};
 
-use super::remote::{RangedReads, ReadAhead};
+use super::remote::ReadAhead;
 use super::store::{OpenedStore, StoreAccess};
 use crate::error::{Result, ZarrFusionError};
 
@@ -53,7 +53,7 @@ pub fn discover_arrays(
                 .and_then(Value::as_object)
             {
                 Some(consolidated) => from_consolidated_v3(store, consolidated),
-                None => from_listing(opened, store, &["zarr.json"]),
+                None => from_listing(opened, store, true),
             },
             _ => Err(ZarrFusionError::store(
                 store,
@@ -69,7 +69,7 @@ pub fn discover_arrays(
         return from_consolidated_v2(store, entries);
     }
     if read_json(storage, store, "", ".zgroup")?.is_some() {
-        return from_listing(opened, store, &[".zarray", ".zattrs"]);
+        return from_listing(opened, store, false);
     }
     if let Some(zarray) = read_json(storage, store, "", ".zarray")? {
         let attrs = read_json(storage, store, "", ".zattrs")?;
@@ -171,12 +171,16 @@ fn from_consolidated_v2(store: &str, entries: &Map<String, Value>) -> Result<Vec
     Ok(arrays)
 }
 
-/// The arrays among the children of the group, from a listing of it and
-/// each child's metadata; from an object store, the documents `files` of
-/// every child (those of an array in the group's format) are requested
-/// together, ahead of their reading.
-fn from_listing(opened: &OpenedStore, store: &str, files: &[&str]) -> Result<Vec<ArrayEntry>> {
+/// The arrays among the children of the group (Zarr v3 when `v3`, else
+/// v2), from a listing of it and each child's metadata; from an object
+/// store, the documents of an array in the group's format are requested
+/// for every child together, ahead of their reading.
+fn from_listing(opened: &OpenedStore, store: &str, v3: bool) -> Result<Vec<ArrayEntry>> {
     let storage = &opened.storage;
+    let files: &[&str] = match v3 {
+        true => &["zarr.json"],
+        false => &[".zarray", ".zattrs"],
+    };
     let listing = storage
         .list_dir(&StorePrefix::root())
         .map_err(|e| ZarrFusionError::store(store, format!("cannot list the group: {e}")))?;
@@ -188,29 +192,21 @@ fn from_listing(opened: &OpenedStore, store: &str, files: &[&str]) -> Result<Vec
         .collect();
     let _ahead = match &opened.access {
         StoreAccess::Remote(remote) => {
-            let keys: Vec<(u64, StoreKey)> = children
+            let keys: Vec<StoreKey> = children
                 .iter()
                 .flat_map(|name| files.iter().map(move |file| format!("{name}/{file}")))
                 .filter_map(|key| StoreKey::new(key).ok())
-                .map(|key| (0, key))
                 .collect();
             let depth = keys.len().clamp(1, LISTING_READ_AHEAD);
-            Some(ReadAhead::new(
-                Arc::clone(remote),
-                Box::new(keys.into_iter()),
-                depth,
-                depth,
-                RangedReads::Take,
-            ))
+            Some(ReadAhead::keys(Arc::clone(remote), keys, depth))
         }
         StoreAccess::Local(_) => None,
     };
     let mut arrays = Vec::new();
     // A child's metadata in the group's format first (what was asked for
     // ahead), then in the other.
-    let v3_first = files.first() == Some(&"zarr.json");
     for &name in &children {
-        let child = match v3_first {
+        let child = match v3 {
             true => match v3_child(storage, store, name)? {
                 Child::Missing => v2_child(storage, store, name)?,
                 found => found,

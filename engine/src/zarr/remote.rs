@@ -635,6 +635,14 @@ impl ReadAhead {
         Self { window }
     }
 
+    /// A window over `keys`, read in that order by one reader, each taken
+    /// when read (metadata documents, coordinate chunks): up to `depth` of
+    /// them requested ahead and in flight at once.
+    pub fn keys(storage: Arc<RemoteStorage>, keys: Vec<StoreKey>, depth: usize) -> Self {
+        let upcoming = keys.into_iter().map(|key| (0, key));
+        Self::new(storage, Box::new(upcoming), depth, depth, RangedReads::Take)
+    }
+
     /// Says the reader is done with box `number`: keys of its still held
     /// are dropped (the reader did not need them), none of its keys are
     /// requested any more, and the window moves on. Boxes may be done in

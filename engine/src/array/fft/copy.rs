@@ -326,19 +326,20 @@ impl CopyJob {
 
     /// Every block, on `workers` threads.
     fn write_blocks(&self, arrays: &Arrays, cancelled: &AtomicBool) -> Result<Written> {
-        let bytes = self
-            .tasks
-            .run(&self.table, &self.kernels, cancelled, |pool, id| {
-                self.write_block(id, arrays, pool)
-            })
-            .map_err(|e| match e {
-                TaskError::Source(e) => DataFusionError::Execution(format!(
-                    "COPY of the transform of '{}' variable '{}': {e}",
-                    self.table.source().store(),
-                    self.table.source().variable()
-                )),
-                TaskError::Task(e) => e,
-            })?;
+        let source_failed = |e: String| {
+            DataFusionError::Execution(format!(
+                "COPY of the transform of '{}' variable '{}': {e}",
+                self.table.source().store(),
+                self.table.source().variable()
+            ))
+        };
+        let bytes = self.tasks.run(
+            &self.table,
+            &self.kernels,
+            cancelled,
+            source_failed,
+            |pool, id| self.write_block(id, arrays, pool),
+        )?;
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!(
                 "the COPY of '{}' was cancelled",
@@ -408,15 +409,6 @@ pub struct WriteTasks {
     pub read_ahead: ReadAheadPlan,
 }
 
-/// Why [`WriteTasks::run`] failed: the source could not be made (a copy
-/// in `work_dir`), or a task failed.
-pub(crate) enum TaskError<E> {
-    /// The source's copy in `work_dir` failed.
-    Source(String),
-    /// A task's error.
-    Task(E),
-}
-
 impl WriteTasks {
     /// As many tasks over `blocks` of `table` (at most the session's
     /// target partitions) as fit `limit` beside the kernel's threads and
@@ -468,15 +460,16 @@ impl WriteTasks {
 
     /// Runs `task` on every block (its number), on the workers, with the
     /// blocks' chunks read ahead of them when planned (the source made
-    /// first: a copy in `work_dir`); returns the sum of what the tasks
-    /// return.
+    /// first: a copy in `work_dir`, whose failure `source_failed` turns
+    /// into the tasks' error); returns the sum of what the tasks return.
     pub(crate) fn run<E: Send>(
         &self,
         table: &FftTable,
         kernels: &Kernels,
         cancelled: &AtomicBool,
+        source_failed: impl FnOnce(String) -> E,
         task: impl Fn(&mut ChunkBufferPool, u64) -> std::result::Result<u64, E> + Sync,
-    ) -> std::result::Result<u64, TaskError<E>> {
+    ) -> std::result::Result<u64, E> {
         let blocks = self.blocks.num_blocks();
         let read_ahead = start_read_ahead(
             table,
@@ -486,7 +479,7 @@ impl WriteTasks {
             0..blocks,
             self.workers,
         )
-        .map_err(TaskError::Source)?;
+        .map_err(source_failed)?;
         run_tasks(
             blocks,
             self.workers,
@@ -500,7 +493,6 @@ impl WriteTasks {
                 done
             },
         )
-        .map_err(TaskError::Task)
     }
 
     /// Whether they fit `limit`.

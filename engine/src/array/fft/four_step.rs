@@ -684,7 +684,9 @@ impl FourStep {
         let plan = &self.plan;
         // A chunk: a batch of lines (the other dimensions), `r` rows of `c1`.
         let lines = plan.batch.iter().product::<u64>() as usize;
-        let chunk_bytes = lines * plan.row_block * plan.column_block * complex_size(self.single);
+        let chunk_bytes = [plan.row_block, plan.column_block, complex_size(self.single)]
+            .into_iter()
+            .fold(lines, usize::saturating_mul);
         let block_chunks = plan.columns / plan.column_block;
         let read_ahead = ReadAheadPlan::for_chunks(
             chunk_bytes,

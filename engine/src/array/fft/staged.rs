@@ -34,7 +34,7 @@ use datafusion::common::Result;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use zarrs::array::{ArrayBytes, ArraySubset};
 
-use super::copy::{block_bytes, output_group, TaskError, WriteTasks};
+use super::copy::{block_bytes, output_group, WriteTasks};
 use super::exec::transformed_block;
 use super::four_step::ScratchArray;
 use super::kernels::Kernels;
@@ -175,13 +175,13 @@ impl StagedTransform {
     pub fn ensure_written(&self, kernels: &Kernels) -> std::result::Result<(), String> {
         self.written
             .get_or_init(|| {
-                self.tasks
-                    .run(&self.inner, kernels, &self.cancelled, |pool, id| {
-                        self.write_block(id, kernels, pool)
-                    })
-                    .map_err(|e| match e {
-                        TaskError::Source(e) | TaskError::Task(e) => e,
-                    })?;
+                self.tasks.run(
+                    &self.inner,
+                    kernels,
+                    &self.cancelled,
+                    |e| e,
+                    |pool, id| self.write_block(id, kernels, pool),
+                )?;
                 if self.cancelled.load(Ordering::Relaxed) {
                     return Err("cancelled".to_string());
                 }
