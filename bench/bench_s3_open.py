@@ -5,6 +5,11 @@ and after a change), at 0 and 100 ms added to every request.
 
     .venv/bin/python bench/bench_s3_open.py --binary before=/tmp/zf-old --binary after=~/.cache/zarrfusion-target/debug/zarrfusion
 
+Peer: xarray + zarr-python over obstore (``xr.open_zarr(..., consolidated=False)`` on
+``zarr.storage.ObjectStore``, then the number of cells of a variable, from the metadata and
+the coordinates as zarrfusion's count), in a fresh process whose imports are excluded
+(zarrfusion's time is its whole process).
+
 The group: 12 float32 variables (time 8, lat 48, lon 64) and their 3 coordinates, written by
 xarray with ``consolidated=False`` as Zarr v2 and v3. Each cell of the table is the best of
 3 fresh processes (the whole process: start, registration, the count); GETs, LISTs and the
@@ -25,6 +30,33 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "s3"))
 
 import s3_server  # noqa: E402
+
+
+PEER = """
+import json, sys, time
+import xarray as xr, zarr
+from obstore.store import S3Store
+conn = json.loads(sys.argv[1])
+t0 = time.perf_counter()
+s3 = S3Store("bench", prefix=conn["prefix"], endpoint=conn["endpoint"], access_key_id=conn["key"],
+             secret_access_key=conn["secret"], region=conn["region"], client_options={"allow_http": True})
+ds = xr.open_zarr(zarr.storage.ObjectStore(s3, read_only=True), consolidated=False)
+cells = int(ds["v00"].size)
+print(json.dumps({"seconds": time.perf_counter() - t0, "cells": cells}))
+"""
+
+
+def run_peer(conn: dict) -> float:
+    """xarray + zarr-python (obstore) opening the group in a fresh process: seconds, imports excluded."""
+    import json
+
+    done = subprocess.run([sys.executable, "-c", PEER, json.dumps(conn)], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-400:])
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    if answer["cells"] != 8 * 48 * 64:
+        raise RuntimeError(f"xarray counted {answer['cells']} cells")
+    return answer["seconds"]
 
 
 def main() -> int:
@@ -54,10 +86,17 @@ def main() -> int:
         for latency in (float(x) for x in a.latencies.split(",")):
             server.proxy.configure(latency_ms=latency)
             for fmt in (2, 3):
-                for name, binary in binaries:
+                conn = {"prefix": f"wide_v{fmt}.zarr", "endpoint": server.proxy_endpoint, "key": s3_server.ACCESS_KEY,
+                        "secret": s3_server.SECRET_KEY, "region": s3_server.REGION}
+                for name, binary in binaries + [("xarray + zarr-python (obstore)", None)]:
                     best = None
                     for _ in range(a.repeat):
                         server.proxy.reset()
+                        if binary is None:
+                            seconds = run_peer(conn)
+                            if best is None or seconds < best[0]:
+                                best = (seconds, server.proxy.stats())
+                            continue
                         t0 = time.perf_counter()
                         done = subprocess.run(
                             [binary, "-q", "--format", "csv", "-c",
