@@ -179,29 +179,46 @@ class FaultProxy:
             by_method[request.command] = by_method.get(request.command, 0) + 1
             most = self._stats["max_in_flight_by_method"]
             most[request.command] = max(most.get(request.command, 0), by_method[request.command])
+        left = False
+
+        def leave() -> None:
+            # A request stops counting as in flight before its answer is
+            # sent: a client that sends its next request as soon as one is
+            # answered must not be seen with both in flight.
+            nonlocal left
+            if not left:
+                left = True
+                with self._lock:
+                    self._in_flight -= 1
+                    self._in_flight_by_method[request.command] -= 1
+
         try:
             if self.latency:
                 time.sleep(self.latency)
             fault = self._fault_for(request.command, urlsplit(path).path)
             if fault == "reset":
+                leave()
                 request.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                 request.close_connection = True
                 request.connection.close()
                 return
             if fault in ("500", "503", "429"):
                 payload = SLOW_DOWN if fault == "429" else f"injected {fault}".encode()
+                leave()
                 request.send_response(int(fault))
                 request.send_header("Content-Length", str(len(payload)))
                 request.end_headers()
                 request.wfile.write(payload)
                 return
-            self._forward(request, body, truncate=fault == "truncate")
+            self._forward(request, body, truncate=fault == "truncate", answered=leave)
         finally:
-            with self._lock:
-                self._in_flight -= 1
-                self._in_flight_by_method[request.command] -= 1
+            leave()
 
-    def _forward(self, request: BaseHTTPRequestHandler, body: bytes | None, truncate: bool) -> None:
+    def _forward(
+        self, request: BaseHTTPRequestHandler, body: bytes | None, truncate: bool, answered
+    ) -> None:
+        """Sends the request upstream and its answer back, calling
+        ``answered`` just before the answer is sent."""
         upstream = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
             headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -210,6 +227,7 @@ class FaultProxy:
             data = answer.read()
         finally:
             upstream.close()
+        answered()
         request.send_response(answer.status, answer.reason)
         for key, value in answer.getheaders():
             if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
