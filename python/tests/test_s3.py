@@ -686,3 +686,45 @@ def test_the_four_step_path_with_a_work_dir_in_s3_reads_its_second_pass_ahead(s3
     ahead, demand = stats[16], stats[0]
     assert ahead["max_in_flight_by_method"]["GET"] >= 4, stats
     assert demand["max_in_flight_by_method"]["GET"] <= 2, stats
+
+
+def test_the_four_step_path_reads_a_source_in_s3_ahead(s3, tmp_path):
+    """A 1-D complex64 signal of 2^20 values in 128 chunks, written by
+    zarr-python and uploaded to the bucket, under an allowed_mem no line
+    fits: the four-step path's first pass reads the source's chunks ahead
+    (EXPLAIN says how far; more GETs in flight than reading on demand, and
+    no more GETs), and the spectrum is numpy's both ways."""
+    import zarr
+
+    n = 1 << 20
+    rng = np.random.default_rng(21)
+    values = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
+    local = tmp_path / "signal.zarr"
+    signal = zarr.create_array(
+        local, name="s", shape=(n,), chunks=(1 << 13,), dtype="complex64", dimension_names=["t"], fill_value=0,
+    )
+    signal[:] = values
+    s3.upload("four_step_signal.zarr", local)
+    want = np.fft.fft(values.astype(np.complex128))
+    stats = {}
+    for concurrency in (0, 16):
+        ctx = zf.SessionContext(allowed_mem="12MB", io_concurrency=concurrency, work_dir=tmp_path / f"work{concurrency}")
+        ctx.register_zarr("t", "s3://fixtures/four_step_signal.zarr", **s3.options())
+        args = "'t', 's', dims => 't', true_phase => false, true_amplitude => false, shift => false"
+        plan = ctx.sql(f"EXPLAIN SELECT * FROM fft({args})").to_pandas().to_string()
+        assert "strategy=four-step" in plan, plan
+        assert ("the first pass reads the source, read_ahead=" in plan) == (concurrency > 0), plan
+        spec = ctx.table("t").fft("s", dims="t", true_phase=False, true_amplitude=False, shift=False)
+        s3.proxy.configure(latency_ms=30)
+        s3.proxy.reset()
+        out = tmp_path / f"spec{concurrency}.zarr"
+        spec.to_zarr(out)
+        stats[concurrency] = s3.proxy.stats()
+        s3.proxy.configure(latency_ms=0)
+        got = zarr.open_group(out, mode="r")["s"][:]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    ahead, demand = stats[16], stats[0]
+    assert demand["methods"]["GET"] >= 128, stats
+    assert ahead["methods"]["GET"] <= demand["methods"]["GET"], stats
+    assert ahead["max_in_flight_by_method"]["GET"] >= 6, stats
+    assert demand["max_in_flight_by_method"]["GET"] <= 2, stats

@@ -213,17 +213,34 @@ impl ReadAheadPlan {
         I: Iterator<Item = u64> + Send + 'static,
         K: Fn(u64) -> Vec<StoreKey> + Send + 'static,
     {
+        self.start_numbered(storage, blocks, readers, move |id| {
+            block_keys(id).into_iter().map(|k| (id, k)).collect()
+        })
+    }
+
+    /// As [`start_keys`](Self::start_keys), for readers done with the keys
+    /// of a block part by part: `block_keys` gives each key of a block
+    /// with the number of its part (numbers counting up from 0 across the
+    /// blocks, each of which the readers say they are done with once).
+    pub fn start_numbered<I, K>(
+        &self,
+        storage: Arc<RemoteStorage>,
+        blocks: I,
+        readers: usize,
+        block_keys: K,
+    ) -> Option<ReadAhead>
+    where
+        I: Iterator<Item = u64> + Send + 'static,
+        K: Fn(u64) -> Vec<(u64, StoreKey)> + Send + 'static,
+    {
         if self.depth == 0 {
             return None;
         }
         let mut blocks = blocks;
         let readers = readers.max(1);
         let keys = std::iter::from_fn(move || {
-            let group: Vec<Vec<(u64, StoreKey)>> = blocks
-                .by_ref()
-                .take(readers)
-                .map(|id| block_keys(id).into_iter().map(|k| (id, k)).collect())
-                .collect();
+            let group: Vec<Vec<(u64, StoreKey)>> =
+                blocks.by_ref().take(readers).map(&block_keys).collect();
             (!group.is_empty()).then(|| interleave(group))
         })
         .flatten();

@@ -12,7 +12,9 @@
 //!
 //! 1. **across chunks**: a block of `c1` columns (`j1`) is read from the
 //!    source at stride `N1` (every position the column block meets, with
-//!    xrft's flips, shifts, windows and phases applied on the way in); each
+//!    xrft's flips, shifts, windows and phases applied on the way in; the
+//!    rows that fall in one chunk of the source are read together, so a
+//!    block decodes each chunk it meets once); each
 //!    column is transformed (length `N2`) and multiplied by the twiddle
 //!    factors `ω_L^(j1·f2)`; the block goes to `columns` (`[.., N2, N1]`,
 //!    rows `f2` of `j1`, chunks of `r × c1`);
@@ -29,6 +31,11 @@
 //!
 //! Both arrays are laid out so that every read and write of a pass is a
 //! set of whole chunks or of contiguous runs of `c1` or `q` values.
+//!
+//! From an object store, the first pass reads the source's chunks ahead in
+//! the order its blocks read them, and the second pass its blocks of
+//! `columns` (when `work_dir` is one), many reads in flight, in memory set
+//! aside for it when planning.
 //!
 //! Other dimensions ride along in batches of the source's chunks (smaller
 //! when memory asks). Each pass runs its blocks on as many workers as the
@@ -56,7 +63,7 @@ use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{AxisPass, FftKernel, LineKind};
 use crate::table::ReadAheadPlan;
-use crate::zarr::{chunk_keys, ChunkBufferPool, ReadAhead, StoreLocation};
+use crate::zarr::{chunk_keys, ChunkBufferPool, ReadAhead, StoreLocation, ZarrArray};
 
 /// An intermediate array in `work_dir`.
 pub type ScratchArray = Array<dyn ReadableWritableListableStorageTraits>;
@@ -247,9 +254,10 @@ pub struct FourStep {
     scratch: ScratchStore,
     columns: ScratchArray,
     spectrum: ScratchArray,
-    /// Reads kept in flight ahead of the second pass when `work_dir` is an
-    /// object store (`zarrfusion.io_concurrency`), and the memory they may
-    /// hold (set aside from the passes' share when planning).
+    /// Reads kept in flight ahead of the first pass when the source is in
+    /// an object store, and of the second when `work_dir` is
+    /// (`zarrfusion.io_concurrency`), and the memory they may hold (set
+    /// aside from the passes' share when planning).
     io_concurrency: usize,
     read_ahead_bytes: usize,
     done: OnceLock<Result<(), String>>,
@@ -347,11 +355,80 @@ fn runs(n: usize, position: impl Fn(usize) -> (usize, bool)) -> Vec<(usize, usiz
     out
 }
 
+/// The source position of transform input `j` of `transform` (length
+/// `len`), and whether its value is conjugated (the Hermitian half of a
+/// real-output transform's input).
+fn input_position(transform: &AxisTransform, len: usize, j: usize) -> (usize, bool) {
+    if j < transform.input_len() {
+        (transform.gather(j), false)
+    } else {
+        (transform.gather(len - j), true)
+    }
+}
+
+/// A read of the first pass: source positions `lo..hi` along the axis, and
+/// the runs of its column block's rows they hold, as `(j2, first column,
+/// count)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ColumnRead {
+    lo: usize,
+    hi: usize,
+    runs: Vec<(usize, usize, usize)>,
+}
+
+impl ColumnRead {
+    /// The row (`j2`) of its first run: the read's number within its block
+    /// for reading ahead.
+    fn first_row(&self) -> usize {
+        self.runs.first().map_or(0, |r| r.0)
+    }
+}
+
+/// The reads of the column block starting at column `a` of `plan`, in
+/// order: the rows' runs of source positions (`position` of a transform
+/// input), those that fall in one chunk of `chunk` positions of the source
+/// read together, so that a block decodes each chunk it meets once rather
+/// than once per row.
+fn column_reads(
+    plan: &FourStepPlan,
+    a: usize,
+    chunk: usize,
+    position: impl Fn(usize) -> (usize, bool),
+) -> Vec<ColumnRead> {
+    let (n1, n2, c1) = (plan.columns, plan.rows, plan.column_block);
+    let chunk = chunk.max(1);
+    let mut reads: Vec<ColumnRead> = Vec::new();
+    for j2 in 0..n2 {
+        let base = a + n1 * j2;
+        for (start, count) in runs(c1, |jl| position(base + jl)) {
+            let (first, _) = position(base + start);
+            let (last, _) = position(base + start + count - 1);
+            let (lo, hi) = (first.min(last), first.max(last) + 1);
+            if let Some(read) = reads.last_mut() {
+                let (l, h) = (read.lo.min(lo), read.hi.max(hi));
+                if l / chunk == (h - 1) / chunk {
+                    read.lo = l;
+                    read.hi = h;
+                    read.runs.push((j2, start, count));
+                    continue;
+                }
+            }
+            reads.push(ColumnRead {
+                lo,
+                hi,
+                runs: vec![(j2, start, count)],
+            });
+        }
+    }
+    reads
+}
+
 impl FourStep {
     /// Creates the intermediates (metadata only) of `plan` over a source of
-    /// shape `shape` in a fresh store in `work_dir`; the second pass reads
-    /// its blocks ahead, up to `io_concurrency` reads in flight holding
-    /// `read_ahead_bytes` at most, when `work_dir` is an object store.
+    /// shape `shape` in a fresh store in `work_dir`. The first pass reads
+    /// the source's chunks ahead when they are in an object store, and the
+    /// second pass its blocks when `work_dir` is one: up to
+    /// `io_concurrency` reads in flight holding `read_ahead_bytes` at most.
     pub fn create(
         plan: FourStepPlan,
         shape: &[u64],
@@ -429,9 +506,13 @@ impl FourStep {
         let lines = cells / shape[plan.axis].max(1);
         let single = self.single;
         let chunk = source.chunk_shape()[plan.axis].min(shape[plan.axis]).max(1);
-        // Column blocks narrower than the source's chunks decode each
-        // chunk once per block that meets it.
-        let reread = chunk.div_ceil(plan.column_block as u64).max(1);
+        // Each block decodes each chunk it meets once (the rows it reads
+        // from one chunk are read together): a chunk is met by the blocks
+        // of the columns it holds.
+        let reread = chunk
+            .min(plan.columns as u64)
+            .div_ceil(plan.column_block as u64)
+            .max(1);
         let once = cells * source.element_size() as u64;
         let intermediates = plan.intermediate_bytes(lines, single);
         // A detrend reads the source once more, first.
@@ -439,11 +520,18 @@ impl FourStep {
             ArraySource::Detrended(detrended) => (format!("{}, then ", detrended.describe()), once),
             _ => (String::new(), 0),
         };
+        let mut ahead = String::new();
+        if let Some((_, read_ahead)) = self.first_pass_read_ahead(source) {
+            ahead.push_str(&format!("; the first pass reads the source{read_ahead}"));
+        }
+        if let Some(read_ahead) = self.second_pass_read_ahead() {
+            ahead.push_str(&format!("; the second pass reads columns{read_ahead}"));
+        }
         format!(
             "four-step in {} (length {} = {} × {}: {detrend}columns of {} in blocks of {} across chunks, \
              then rows of {} in blocks of {} within chunks; batches of {:?}; {} and {} workers, \
              {} and {} per block; reads {} from the store (one pass: {}), writes and reads {} \
-             in work_dir, at most {} there at once), then output",
+             in work_dir, at most {} there at once{ahead}), then output",
             self.scratch.location(),
             plan.len,
             plan.columns,
@@ -512,24 +600,41 @@ impl FourStep {
         let blocks = (n1 / c1) as u64;
         let direction = complex_kind(transform.kind);
         let rows = RowTransform::<P>::new(kernels, n2, direction);
-        let n_in = transform.input_len();
         let len = plan.len;
-        // The source position, whether it is conjugated, and the factor of
-        // transform input `j`.
-        let input = |j: usize| {
-            if j < n_in {
-                (transform.gather(j), false)
-            } else {
-                (transform.gather(len - j), true)
-            }
-        };
+        let input = |j: usize| input_position(transform, len, j);
         let factor = |j: usize| {
-            let k = if j < n_in { j } else { len - j };
+            let k = if j < transform.input_len() {
+                j
+            } else {
+                len - j
+            };
             transform.pre(k)
         };
         let has_pre = transform.has_pre();
+        let chunk = shape[plan.axis].min(source.chunk_shape()[plan.axis]) as usize;
+        let tasks = batches * blocks;
+        // The source exists (a copy in work_dir is made) before its chunks
+        // are read ahead.
+        source.prepare(kernels)?;
+        let read_ahead = {
+            let (other_shape, step) = (other_shape.clone(), step.clone());
+            let transform = transform.clone();
+            let plan = plan.clone();
+            self.read_ahead_first_pass(source, tasks, move |task| {
+                let cells = grid_cell(&other_shape, &step, task / blocks);
+                let a = (task % blocks) as usize * plan.column_block;
+                column_reads(&plan, a, chunk, |j| input_position(&transform, len, j))
+                    .into_iter()
+                    .map(|read| {
+                        let mut extent = cells.clone();
+                        extent.insert(plan.axis, read.lo as u64..read.hi as u64);
+                        (task * n2 as u64 + read.first_row() as u64, extent)
+                    })
+                    .collect()
+            })
+        };
         run_tasks(
-            batches * blocks,
+            tasks,
             plan.workers[0],
             &self.cancelled,
             ChunkBufferPool::new,
@@ -539,22 +644,20 @@ impl FourStep {
                 let a = (task % blocks) as usize * c1;
                 let lines: usize = cells.iter().map(|r| (r.end - r.start) as usize).product();
                 let mut z = vec![Complex::<P>::default(); lines * c1 * n2];
-                for j2 in 0..n2 {
-                    let base = a + n1 * j2;
-                    for (start, count) in runs(c1, |jl| input(base + jl)) {
-                        let (first, conj) = input(base + start);
-                        let (last, _) = input(base + start + count - 1);
-                        let (lo, hi) = (first.min(last), first.max(last) + 1);
-                        let mut extent = cells.clone();
-                        extent.insert(plan.axis, lo as u64..hi as u64);
-                        let values = source.read::<P>(&extent, pool, kernels)?;
-                        let layout = LineLayout::of(&extent, plan.axis);
+                let reads = column_reads(plan, a, chunk, input);
+                for (i, read) in reads.iter().enumerate() {
+                    let mut extent = cells.clone();
+                    extent.insert(plan.axis, read.lo as u64..read.hi as u64);
+                    let values = source.read::<P>(&extent, pool, kernels)?;
+                    let layout = LineLayout::of(&extent, plan.axis);
+                    for &(j2, start, count) in &read.runs {
+                        let base = a + n1 * j2;
                         for jl in start..start + count {
                             let j = base + jl;
-                            let (p, _) = input(j);
+                            let (p, conj) = input(j);
                             let f = has_pre.then(|| factor(j));
                             for b in 0..lines {
-                                let at = layout.index(b, p - lo);
+                                let at = layout.index(b, p - read.lo);
                                 let mut v = match &values {
                                     BlockValues::Real(v) => Complex::new(v[at], P::zero()),
                                     BlockValues::Complex(v) => v[at],
@@ -567,6 +670,14 @@ impl FourStep {
                                 }
                                 z[(b * c1 + jl) * n2 + j2] = v;
                             }
+                        }
+                    }
+                    // Done with the rows up to the next read's first (the
+                    // read-ahead's numbers of this block's reads).
+                    if let Some(read_ahead) = &read_ahead {
+                        let next = reads.get(i + 1).map_or(n2, ColumnRead::first_row);
+                        for row in read.first_row()..next {
+                            read_ahead.done_with(task * n2 as u64 + row as u64);
                         }
                     }
                 }
@@ -678,9 +789,32 @@ impl FourStep {
         tasks: u64,
         block: impl Fn(u64) -> Vec<Range<u64>> + Send + 'static,
     ) -> Result<Option<ReadAhead>, String> {
-        let Some(remote) = self.scratch.remote() else {
+        let (Some(remote), Some(read_ahead)) =
+            (self.scratch.remote(), self.second_pass_read_ahead())
+        else {
             return Ok(None);
         };
+        let plan = &self.plan;
+        // The keys are found by the window's own copy of the array (an
+        // array opens from its metadata alone).
+        let columns = Array::new_with_metadata(
+            Arc::clone(remote) as Arc<dyn ReadableListableStorageTraits>,
+            self.columns.path().as_str(),
+            self.columns.metadata().clone(),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(
+            read_ahead.start_keys(Arc::clone(remote), 0..tasks, plan.workers[1], move |task| {
+                chunk_keys(&columns, &block(task))
+            }),
+        )
+    }
+
+    /// How far the second pass reads `columns` ahead when `work_dir` is an
+    /// object store: each worker's block's chunks held, as read, until it
+    /// is done, and as many more as fit the memory set aside.
+    fn second_pass_read_ahead(&self) -> Option<ReadAheadPlan> {
+        self.scratch.remote()?;
         let plan = &self.plan;
         // A chunk: a batch of lines (the other dimensions), `r` rows of `c1`.
         let lines = plan.batch.iter().product::<u64>() as usize;
@@ -695,19 +829,54 @@ impl FourStep {
             self.io_concurrency,
         )
         .within(self.read_ahead_bytes);
-        // The keys are found by the window's own copy of the array (an
-        // array opens from its metadata alone).
-        let columns = Array::new_with_metadata(
-            Arc::clone(remote) as Arc<dyn ReadableListableStorageTraits>,
-            self.columns.path().as_str(),
-            self.columns.metadata().clone(),
+        (read_ahead.depth() > 0).then_some(read_ahead)
+    }
+
+    /// The source array the first pass reads from an object store, and
+    /// how far it reads it ahead: its chunks taken one after another, in
+    /// the memory set aside for reading ahead. `None` for a source not in
+    /// an object store (or computed), or without reading ahead.
+    fn first_pass_read_ahead(
+        &self,
+        source: &ArraySource,
+    ) -> Option<(Arc<ZarrArray>, ReadAheadPlan)> {
+        let (grid, variable) = source.stored()?;
+        let array = &grid.variables[variable];
+        array.remote()?;
+        let plan = ReadAheadPlan::for_chunks(
+            array.chunk_bytes(),
+            0,
+            self.plan.workers[0],
+            self.io_concurrency,
         )
-        .map_err(|e| e.to_string())?;
-        Ok(
-            read_ahead.start_keys(Arc::clone(remote), 0..tasks, plan.workers[1], move |task| {
-                chunk_keys(&columns, &block(task))
-            }),
-        )
+        .within(self.read_ahead_bytes);
+        (plan.depth() > 0).then(|| (Arc::clone(array), plan))
+    }
+
+    /// Reads the source's chunks ahead of the first pass
+    /// ([`first_pass_read_ahead`](Self::first_pass_read_ahead)): its
+    /// `tasks` blocks in the order its workers take them, `reads` giving
+    /// each block's reads (extents of the source) numbered as the workers
+    /// say they are done with them.
+    fn read_ahead_first_pass(
+        &self,
+        source: &ArraySource,
+        tasks: u64,
+        reads: impl Fn(u64) -> Vec<(u64, Vec<Range<u64>>)> + Send + 'static,
+    ) -> Option<ReadAhead> {
+        let (array, plan) = self.first_pass_read_ahead(source)?;
+        let remote = Arc::clone(array.remote()?);
+        plan.start_numbered(remote, 0..tasks, self.plan.workers[0], move |task| {
+            reads(task)
+                .into_iter()
+                .flat_map(|(number, extent)| {
+                    array
+                        .chunk_keys(&extent)
+                        .into_iter()
+                        .map(move |key| (number, key))
+                })
+                .collect()
+        })
     }
 
     fn check_cancelled(&self) -> Result<(), String> {
@@ -853,6 +1022,81 @@ mod tests {
         // 0 1 2 | 9 8 | 4
         let positions = [0, 1, 2, 9, 8, 4];
         assert_eq!(runs(6, |k| (positions[k], false)), [(0, 3), (3, 2), (5, 1)]);
+    }
+
+    fn plan(n1: usize, n2: usize, c1: usize) -> FourStepPlan {
+        FourStepPlan {
+            axis: 0,
+            len: n1 * n2,
+            columns: n1,
+            rows: n2,
+            column_block: c1,
+            row_block: 1,
+            spectrum_rows: 1,
+            batch: vec![1],
+            workers: [1, 1],
+            task_memory: [0, 0],
+        }
+    }
+
+    /// Checks that `reads` give every column of the block at `a` of every
+    /// row once, inside their read, a read within one chunk unless it is
+    /// a single run; returns the chunks each read meets.
+    fn check_reads(
+        p: &FourStepPlan,
+        a: usize,
+        chunk: usize,
+        position: impl Fn(usize) -> (usize, bool),
+        reads: &[ColumnRead],
+    ) -> Vec<Range<usize>> {
+        let mut seen = vec![0; p.rows * p.column_block];
+        for read in reads {
+            for &(j2, start, count) in &read.runs {
+                for jl in start..start + count {
+                    seen[j2 * p.column_block + jl] += 1;
+                    let (at, _) = position(a + p.columns * j2 + jl);
+                    assert!((read.lo..read.hi).contains(&at), "{at} in {read:?}");
+                }
+            }
+            assert!(read.lo / chunk == (read.hi - 1) / chunk || read.runs.len() == 1);
+        }
+        assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+        reads
+            .iter()
+            .map(|r| r.lo / chunk..(r.hi - 1) / chunk + 1)
+            .collect()
+    }
+
+    #[test]
+    fn a_column_block_reads_each_chunk_it_meets_once() {
+        // L = 64 = 8 columns × 8 rows, blocks of 2 columns.
+        let p = plan(8, 8, 2);
+        let identity = |j: usize| (j, false);
+        // Chunks of 16 positions hold two rows each: one read per chunk.
+        let reads = column_reads(&p, 2, 16, identity);
+        let chunks = check_reads(&p, 2, 16, identity, &reads);
+        assert_eq!(chunks, [0..1, 1..2, 2..3, 3..4]);
+        for (k, read) in reads.iter().enumerate() {
+            assert_eq!(read.runs, [(2 * k, 0, 2), (2 * k + 1, 0, 2)]);
+            assert_eq!(read.first_row(), 2 * k);
+        }
+        // Chunks of 4 positions, shorter than a row: a read per row.
+        let reads = column_reads(&p, 2, 4, identity);
+        assert_eq!(check_reads(&p, 2, 4, identity, &reads).len(), 8);
+        // A block straddling chunks of 3 positions: its runs span two.
+        let reads = column_reads(&p, 2, 3, identity);
+        check_reads(&p, 2, 3, identity, &reads);
+        // A Hermitian half read backwards (conjugated): rows 4 (32, then
+        // 31 back in chunk 1) and 6 (16, 15: a run across two chunks)
+        // start new reads; a shifted start wraps around once.
+        let hermitian = |j: usize| if j <= 32 { (j, false) } else { (64 - j, true) };
+        let reads = column_reads(&p, 0, 16, hermitian);
+        let chunks = check_reads(&p, 0, 16, hermitian, &reads);
+        assert_eq!(chunks, [0..1, 1..2, 2..3, 1..2, 0..2, 0..1]);
+        let shifted = |j: usize| ((j + 32) % 64, false);
+        let reads = column_reads(&p, 6, 16, shifted);
+        let chunks = check_reads(&p, 6, 16, shifted, &reads);
+        assert_eq!(chunks, [2..3, 3..4, 0..1, 1..2]);
     }
 
     #[test]

@@ -711,11 +711,16 @@ impl FftTable {
         let runtime = Arc::clone(state.runtime_env());
         let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
         let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
-        // Intermediates in an object store: a quarter of the passes' half
-        // goes to reading the second pass's blocks ahead.
+        // A source or intermediates in an object store: a quarter of the
+        // passes' half goes to reading ahead (the source's chunks in the
+        // first pass, the intermediate's in the second).
         let io_concurrency = ZarrConfig::of(state.config_options()).io_concurrency;
-        let read_ahead = match (&work_dir, io_concurrency) {
-            (StoreLocation::Remote(_), 1..) => limit / 8,
+        let remote_source = source
+            .stored()
+            .is_some_and(|(grid, variable)| grid.variables[variable].remote().is_some());
+        let remote_work_dir = matches!(work_dir, StoreLocation::Remote(_));
+        let read_ahead = match io_concurrency {
+            1.. if remote_source || remote_work_dir => limit / 8,
             _ => 0,
         };
         let plan = FourStepPlan::new(
