@@ -128,14 +128,17 @@ class FaultProxy:
                 "bytes": 0,
                 "max_in_flight": 0,
                 "max_in_flight_by_method": {},
+                "max_gets_in_flight_by_array": {},
             }
             self._in_flight = 0
             self._in_flight_by_method: dict[str, int] = {}
+            self._gets_in_flight_by_array: dict[str, int] = {}
 
     def stats(self) -> dict:
         """Requests by method, LIST requests among them, faults by kind,
         body bytes sent, and the most requests seen in flight at once (in
-        all, and of each method)."""
+        all, of each method, and GETs of each array: a chunk key's path
+        without its chunk index, see :func:`array_of`)."""
         with self._lock:
             return json.loads(json.dumps(self._stats))
 
@@ -179,6 +182,12 @@ class FaultProxy:
             by_method[request.command] = by_method.get(request.command, 0) + 1
             most = self._stats["max_in_flight_by_method"]
             most[request.command] = max(most.get(request.command, 0), by_method[request.command])
+            array = array_of(urlsplit(path).path) if request.command == "GET" else None
+            if array is not None:
+                gets = self._gets_in_flight_by_array
+                gets[array] = gets.get(array, 0) + 1
+                most = self._stats["max_gets_in_flight_by_array"]
+                most[array] = max(most.get(array, 0), gets[array])
         left = False
 
         def leave() -> None:
@@ -190,7 +199,11 @@ class FaultProxy:
                 left = True
                 with self._lock:
                     self._in_flight -= 1
-                    self._in_flight_by_method[request.command] -= 1
+                    by_method = self._in_flight_by_method
+                    by_method[request.command] = by_method.get(request.command, 0) - 1
+                    if array is not None:
+                        gets = self._gets_in_flight_by_array
+                        gets[array] = gets.get(array, 0) - 1
 
         try:
             if self.latency:
@@ -266,6 +279,19 @@ class FaultProxy:
         request.send_header("Content-Length", str(len(payload)))
         request.end_headers()
         request.wfile.write(payload)
+
+
+CHUNK_INDEX = re.compile(r"^(c|\d+(\.\d+)*)$")
+
+
+def array_of(path: str) -> str:
+    """The array a request's path reads: the path without its chunk index
+    (``/bucket/store.zarr/v/c/0/1`` and ``/bucket/store.zarr/v/0.1`` are
+    ``/bucket/store.zarr/v``)."""
+    parts = path.rstrip("/").split("/")
+    while len(parts) > 1 and CHUNK_INDEX.match(parts[-1]):
+        parts.pop()
+    return "/".join(parts)
 
 
 class Server:

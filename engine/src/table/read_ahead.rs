@@ -259,6 +259,15 @@ pub struct TableReadAhead {
     windows: Vec<ReadAhead>,
 }
 
+impl From<ReadAhead> for TableReadAhead {
+    /// The reads ahead of one window.
+    fn from(window: ReadAhead) -> Self {
+        Self {
+            windows: vec![window],
+        }
+    }
+}
+
 impl TableReadAhead {
     /// Says the reader is done with block `number` (see
     /// [`ReadAhead::done_with`]).

@@ -459,9 +459,10 @@ impl WriteTasks {
     }
 
     /// Runs `task` on every block (its number), on the workers, with the
-    /// blocks' chunks read ahead of them when planned (the source made
-    /// first: a copy in `work_dir`, whose failure `source_failed` turns
-    /// into the tasks' error); returns the sum of what the tasks return.
+    /// blocks' chunks read ahead of them when planned (what they read
+    /// made first: a copy in `work_dir`, or the four-step path's spectrum,
+    /// whose failure `source_failed` turns into the tasks' error); returns
+    /// the sum of what the tasks return.
     pub(crate) fn run<E: Send>(
         &self,
         table: &FftTable,

@@ -231,9 +231,10 @@ pub(crate) fn transformed_block<P: Precision>(
 /// How far tasks reading blocks of shape `block` of `table`'s source read
 /// ahead of themselves, `readers` of them sharing one window: the chunks
 /// of their blocks and `io_concurrency` more when the source is a stored
-/// array ([`ArraySource::stored`]) in an object store read block by block;
-/// nothing otherwise (a local store, the four-step path, a computed
-/// source). Callers fit it to the memory their tasks leave.
+/// array ([`ArraySource::stored`]) in an object store read block by block,
+/// or, on the four-step path, when its spectrum is in an object-store
+/// `work_dir`; nothing otherwise (a local store, a computed source).
+/// Callers fit it to the memory their tasks leave.
 pub(crate) fn read_ahead_plan(
     table: &FftTable,
     block: &[u64],
@@ -241,6 +242,7 @@ pub(crate) fn read_ahead_plan(
     readers: usize,
 ) -> ReadAheadPlan {
     match (table.source().stored(), table.four_step()) {
+        (_, Some(four_step)) => four_step.output_read_ahead(block, io_concurrency, readers),
         (Some((grid, variable)), None) => ReadAheadPlan::new(
             grid,
             &[grid.dims.len() + variable],
@@ -254,9 +256,10 @@ pub(crate) fn read_ahead_plan(
 
 /// Starts reading ahead (`plan`, from [`read_ahead_plan`]) the chunks of
 /// the blocks `ids` of `blocks`, taken in order by `readers` tasks, once
-/// the source exists: a copy in `work_dir` is made first (with
-/// `kernels`). `None` without read-ahead; the tasks say when they are
-/// done with a block.
+/// the source exists: a copy in `work_dir` is made first, and the
+/// four-step path's passes write the spectrum first (with `kernels`).
+/// `None` without read-ahead; the tasks say when they are done with a
+/// block.
 pub(crate) fn start_read_ahead(
     table: &FftTable,
     plan: &ReadAheadPlan,
@@ -265,12 +268,23 @@ pub(crate) fn start_read_ahead(
     ids: std::ops::Range<u64>,
     readers: usize,
 ) -> std::result::Result<Option<TableReadAhead>, String> {
-    let Some((grid, variable)) = table.source().stored() else {
-        return Ok(None);
-    };
     if plan.depth() == 0 {
         return Ok(None);
     }
+    if let (Some(four_step), [(_, axis)]) = (table.four_step(), table.transform().axes.as_slice()) {
+        if table.single_precision() {
+            four_step.ensure_done::<f32>(table.source(), axis, kernels)?;
+        } else {
+            four_step.ensure_done::<f64>(table.source(), axis, kernels)?;
+        }
+        let blocks = blocks.clone();
+        let window =
+            four_step.start_output_read_ahead(plan, axis, ids, readers, move |id| blocks.block(id));
+        return Ok(window.map(TableReadAhead::from));
+    }
+    let Some((grid, variable)) = table.source().stored() else {
+        return Ok(None);
+    };
     table.source().prepare(kernels)?;
     let blocks = blocks.clone();
     Ok(plan.start(

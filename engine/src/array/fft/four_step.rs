@@ -35,7 +35,9 @@
 //! From an object store, the first pass reads the source's chunks ahead in
 //! the order its blocks read them, and the second pass its blocks of
 //! `columns` (when `work_dir` is one), many reads in flight, in memory set
-//! aside for it when planning.
+//! aside for it when planning; the operator reading the output reads the
+//! spectrum's chunks of its blocks ahead the same way, once the passes
+//! have written it.
 //!
 //! Other dimensions ride along in batches of the source's chunks (smaller
 //! when memory asks). Each pass runs its blocks on as many workers as the
@@ -364,6 +366,15 @@ fn input_position(transform: &AxisTransform, len: usize, j: usize) -> (usize, bo
     } else {
         (transform.gather(len - j), true)
     }
+}
+
+/// A read of the output from the spectrum: output positions `first..first
+/// + count` of an extent (indices into it), from `subset` of the spectrum
+/// (every row `f2`, the columns `f1` they meet, last).
+struct OutputRead {
+    first: usize,
+    count: usize,
+    subset: Vec<Range<u64>>,
 }
 
 /// A read of the first pass: source positions `lo..hi` along the axis, and
@@ -887,6 +898,103 @@ impl FourStep {
         }
     }
 
+    /// The reads of the spectrum that give the output positions `extent`
+    /// (along the axis), in order: a run of them stepping by one position
+    /// of the spectrum each.
+    fn output_reads(&self, transform: &AxisTransform, extent: &[Range<u64>]) -> Vec<OutputRead> {
+        let plan = &self.plan;
+        let n2 = plan.rows;
+        let cells = others(plan, extent);
+        let start = extent[plan.axis].start as usize;
+        let count = (extent[plan.axis].end - extent[plan.axis].start) as usize;
+        runs(count, |ql| (transform.take(start + ql), false))
+            .into_iter()
+            .map(|(first, length)| {
+                let f_a = transform.take(start + first);
+                let f_b = transform.take(start + first + length - 1);
+                let (lo, hi) = (f_a.min(f_b), f_a.max(f_b));
+                // Positions f2 + N2·f1 for f1 in lo / N2 ..= hi / N2: those
+                // columns of every row f2.
+                let mut subset = cells.clone();
+                subset.extend([0..n2 as u64, (lo / n2) as u64..(hi / n2 + 1) as u64]);
+                OutputRead {
+                    first,
+                    count: length,
+                    subset,
+                }
+            })
+            .collect()
+    }
+
+    /// How far the operator reading the output reads the spectrum ahead
+    /// when `work_dir` is an object store: the chunks of `readers` blocks
+    /// of shape `block` (output positions along the axis) and
+    /// `io_concurrency` more; nothing otherwise.
+    pub fn output_read_ahead(
+        &self,
+        block: &[u64],
+        io_concurrency: usize,
+        readers: usize,
+    ) -> ReadAheadPlan {
+        if self.scratch.remote().is_none() {
+            return ReadAheadPlan::for_chunks(0, 0, readers, 0);
+        }
+        let plan = &self.plan;
+        // A chunk of the spectrum: a batch of lines, `r` rows of `q`.
+        let lines = plan.batch.iter().product::<u64>() as usize;
+        let chunk_bytes = [
+            plan.row_block,
+            plan.spectrum_rows,
+            complex_size(self.single),
+        ]
+        .into_iter()
+        .fold(lines, usize::saturating_mul);
+        // A block's: its batches of lines, every row, and the columns its
+        // output positions meet (one more at each end when not aligned).
+        let batches = block
+            .iter()
+            .zip(&plan.batch)
+            .enumerate()
+            .filter(|(d, _)| *d != plan.axis)
+            .map(|(_, (&b, &step))| b.div_ceil(step.max(1)) as usize)
+            .fold(1usize, usize::saturating_mul);
+        let columns = (block[plan.axis] as usize)
+            .div_ceil(plan.rows)
+            .saturating_add(1)
+            .div_ceil(plan.spectrum_rows)
+            .saturating_add(1);
+        let block_chunks = [plan.rows.div_ceil(plan.row_block), columns]
+            .into_iter()
+            .fold(batches, usize::saturating_mul);
+        ReadAheadPlan::for_chunks(chunk_bytes, block_chunks, readers, io_concurrency)
+    }
+
+    /// Reads the spectrum ahead of the operator reading the output
+    /// (`read_ahead`, from [`output_read_ahead`](Self::output_read_ahead)),
+    /// once the passes have written it: the blocks `ids`, taken in order by
+    /// `readers` tasks, `block` giving each one's extent of output
+    /// positions. `None` without reading ahead; the tasks say when they are
+    /// done with a block.
+    pub fn start_output_read_ahead(
+        self: &Arc<Self>,
+        read_ahead: &ReadAheadPlan,
+        transform: &AxisTransform,
+        ids: Range<u64>,
+        readers: usize,
+        block: impl Fn(u64) -> Vec<Range<u64>> + Send + 'static,
+    ) -> Option<ReadAhead> {
+        let remote = Arc::clone(self.scratch.remote()?);
+        let four_step = Arc::clone(self);
+        let transform = transform.clone();
+        read_ahead.start_keys(remote, ids, readers, move |id| {
+            four_step
+                .output_reads(&transform, &block(id))
+                .iter()
+                .flat_map(|read| chunk_keys(&four_step.spectrum, &read.subset))
+                .collect()
+        })
+    }
+
     /// The output values of `extent` (output positions along the axis),
     /// read from the spectrum with xrft's output order and factors.
     pub fn read_output<P: Precision>(
@@ -909,16 +1017,10 @@ impl FourStep {
             )
         };
         let has_post = transform.has_post();
-        for (first, length) in runs(count, |ql| (transform.take(start + ql), false)) {
-            let f_a = transform.take(start + first);
-            let f_b = transform.take(start + first + length - 1);
-            let (lo, hi) = (f_a.min(f_b), f_a.max(f_b));
-            // Positions f2 + N2·f1 for f1 in lo / N2 ..= hi / N2: those
-            // columns of every row f2.
-            let (f1_lo, f1_hi) = (lo / n2, hi / n2 + 1);
-            let width = f1_hi - f1_lo;
-            let mut subset = cells.clone();
-            subset.extend([0..n2 as u64, f1_lo as u64..f1_hi as u64]);
+        for read in self.output_reads(transform, extent) {
+            let (first, length, subset) = (read.first, read.count, read.subset);
+            let f1 = &subset[subset.len() - 1];
+            let (f1_lo, width) = (f1.start as usize, (f1.end - f1.start) as usize);
             let spectrum =
                 P::retrieve_complex(&self.spectrum, &ArraySubset::new_with_ranges(&subset))
                     .map_err(|e| format!("reading the spectrum {subset:?} from work_dir: {e}"))?;
