@@ -240,6 +240,13 @@ impl FourStepPlan {
         (self.spectrum_rows * self.rows) as u64
     }
 
+    /// What the blocks of each pass, on their workers, leave of `room`.
+    pub fn left_over(&self, room: usize) -> [usize; 2] {
+        [0, 1].map(|pass| {
+            room.saturating_sub(self.workers[pass].saturating_mul(self.task_memory[pass]))
+        })
+    }
+
     /// Bytes written to `work_dir` (and read back) for `lines` lines.
     pub fn intermediate_bytes(&self, lines: u64, single: bool) -> u64 {
         2 * lines * self.len as u64 * complex_size(single) as u64
@@ -261,7 +268,7 @@ pub struct FourStep {
     /// (`zarrfusion.io_concurrency`), and the memory they may hold (set
     /// aside from the passes' share when planning).
     io_concurrency: usize,
-    read_ahead_bytes: usize,
+    read_ahead_bytes: [usize; 2],
     done: OnceLock<Result<(), String>>,
     cancelled: AtomicBool,
 }
@@ -439,14 +446,15 @@ impl FourStep {
     /// shape `shape` in a fresh store in `work_dir`. The first pass reads
     /// the source's chunks ahead when they are in an object store, and the
     /// second pass its blocks when `work_dir` is one: up to
-    /// `io_concurrency` reads in flight holding `read_ahead_bytes` at most.
+    /// `io_concurrency` reads in flight holding `read_ahead_bytes` at most
+    /// (of the first pass, then of the second).
     pub fn create(
         plan: FourStepPlan,
         shape: &[u64],
         single: bool,
         work_dir: &StoreLocation,
         io_concurrency: usize,
-        read_ahead_bytes: usize,
+        read_ahead_bytes: [usize; 2],
         runtime: &datafusion::execution::runtime_env::RuntimeEnv,
     ) -> datafusion::common::Result<Self> {
         let scratch = ScratchStore::create(work_dir, "zarrfusion-fft-four-step", ".zarr", runtime)?;
@@ -839,7 +847,7 @@ impl FourStep {
             plan.workers[1],
             self.io_concurrency,
         )
-        .within(self.read_ahead_bytes);
+        .within(self.read_ahead_bytes[1]);
         (read_ahead.depth() > 0).then_some(read_ahead)
     }
 
@@ -860,7 +868,7 @@ impl FourStep {
             self.plan.workers[0],
             self.io_concurrency,
         )
-        .within(self.read_ahead_bytes);
+        .within(self.read_ahead_bytes[0]);
         (plan.depth() > 0).then(|| (Arc::clone(array), plan))
     }
 

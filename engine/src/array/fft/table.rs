@@ -711,27 +711,42 @@ impl FftTable {
         let runtime = Arc::clone(state.runtime_env());
         let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
         let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
-        // A source or intermediates in an object store: a quarter of the
-        // passes' half goes to reading ahead (the source's chunks in the
-        // first pass, the intermediate's in the second).
+        // A source or intermediates in an object store are read ahead in
+        // what the passes' blocks leave of their half when that is at
+        // least a sixteenth of the limit; else a quarter of their half is
+        // set aside for it (smaller blocks: a chunk of the source is read
+        // by more of them).
         let io_concurrency = ZarrConfig::of(state.config_options()).io_concurrency;
         let remote_source = source
             .stored()
             .is_some_and(|(grid, variable)| grid.variables[variable].remote().is_some());
         let remote_work_dir = matches!(work_dir, StoreLocation::Remote(_));
-        let read_ahead = match io_concurrency {
-            1.. if remote_source || remote_work_dir => limit / 8,
-            _ => 0,
+        let reads_ahead = [remote_source, remote_work_dir].map(|r| r && io_concurrency > 0);
+        let reserved = limit / 2 + sums;
+        let plan_with = |set_aside: usize| {
+            FourStepPlan::new(
+                *axis,
+                axis_transform,
+                &input,
+                limit,
+                reserved + set_aside,
+                rayon::current_num_threads(),
+            )
+            .map_err(|e| self.plan_error(e))
         };
-        let plan = FourStepPlan::new(
-            *axis,
-            axis_transform,
-            &input,
-            limit,
-            limit / 2 + sums + read_ahead,
-            rayon::current_num_threads(),
-        )
-        .map_err(|e| self.plan_error(e))?;
+        let mut plan = plan_with(0)?;
+        let mut read_ahead = [0, 0];
+        if reads_ahead.contains(&true) {
+            let room = limit.saturating_sub(reserved);
+            let enough = |left: [usize; 2]| {
+                (0..2).all(|pass| !reads_ahead[pass] || left[pass] >= limit / 16)
+            };
+            if !enough(plan.left_over(room)) {
+                plan = plan_with(limit / 8)?;
+            }
+            let left = plan.left_over(room);
+            read_ahead = [0, 1].map(|pass| if reads_ahead[pass] { left[pass] } else { 0 });
+        }
         let (shape, single) = (input.shape, input.single);
         let four_step = tokio::task::spawn_blocking(move || {
             FourStep::create(
