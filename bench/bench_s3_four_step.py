@@ -12,8 +12,10 @@ spectrum (imports excluded). Peer: numpy + zarr-python over obstore (the whole l
 memory, then ``np.fft.fft`` in complex128, written to a local Zarr store): it does the same
 work but not inside the budget (it holds the line and its spectrum, several times
 ``allowed_mem``), so it is a reference, not a like-for-like peer. Every run's spectrum is
-checked against numpy's on the local copy. GETs and the most GETs in flight come from the
-proxy. Prints a Markdown table (for bench/RESULTS.md).
+checked against numpy's on the local copy. Peak RSS is each process's own (``VmHWM`` of
+/proc/self/status: not the parent's, which ``ru_maxrss`` keeps across exec; the interpreter and
+imports included; in brackets the RSS after the imports, before the work). Peak RssAnon (anonymous memory: heap and buffers, not code or mapped
+files) is sampled every 5 ms in the process. GETs and the most GETs in flight come from the proxy. Prints a Markdown table (for bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -37,22 +39,44 @@ import s3_server  # noqa: E402
 ZF = """
 import json, sys, time
 import zarrfusion as zf
+import threading
+anon = [0]
+def sample():
+    while True:
+        for l in open("/proc/self/status"):
+            if l.startswith("RssAnon:"):
+                anon[0] = max(anon[0], int(l.split()[1]) * 1024)
+        time.sleep(0.005)
+threading.Thread(target=sample, daemon=True).start()
 a = json.loads(sys.argv[1])
+start = [l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0]
 t0 = time.perf_counter()
 ctx = zf.SessionContext(allowed_mem=a["mem"], io_concurrency=a["io"], work_dir=a["work"])
 ctx.register_zarr("t", "s3://bench/signal.zarr", **a["options"])
 plan = ctx.sql("EXPLAIN SELECT * FROM fft('t', 's', dims => 't', true_phase => false, "
                "true_amplitude => false, shift => false)").to_pandas().to_string()
 ctx.table("t").fft("s", dims="t", true_phase=False, true_amplitude=False, shift=False).to_zarr(a["out"])
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
 print(json.dumps({"seconds": time.perf_counter() - t0, "four_step": "strategy=four-step" in plan,
-                  "ahead": "the first pass reads the source, read_ahead=" in plan}))
+                  "ahead": "the first pass reads the source, read_ahead=" in plan,
+                  "peak_rss": int(hwm.split()[1]) * 1024, "start_rss": int(start.split()[1]) * 1024, "anon": anon[0]}))
 """
 
 PEER = """
 import json, sys, time
 import numpy as np, zarr
 from obstore.store import S3Store
+import threading
+anon = [0]
+def sample():
+    while True:
+        for l in open("/proc/self/status"):
+            if l.startswith("RssAnon:"):
+                anon[0] = max(anon[0], int(l.split()[1]) * 1024)
+        time.sleep(0.005)
+threading.Thread(target=sample, daemon=True).start()
 a = json.loads(sys.argv[1])
+start = [l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0]
 t0 = time.perf_counter()
 s3 = S3Store("bench", prefix="signal.zarr", endpoint=a["endpoint"], access_key_id=a["key"],
              secret_access_key=a["secret"], region=a["region"], client_options={"allow_http": True})
@@ -60,7 +84,9 @@ z = zarr.open_group(zarr.storage.ObjectStore(s3, read_only=True), mode="r")["s"]
 spec = np.fft.fft(z[:].astype(np.complex128)).astype(np.complex64)
 out = zarr.create_array(a["out"], name="s", shape=spec.shape, chunks=z.chunks, dtype="complex64", fill_value=0)
 out[:] = spec
-print(json.dumps({"seconds": time.perf_counter() - t0}))
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss": int(hwm.split()[1]) * 1024,
+                  "start_rss": int(start.split()[1]) * 1024, "anon": anon[0]}))
 """
 
 
@@ -130,12 +156,12 @@ def main() -> None:
     print(f"Line: 2^{a.log2n} complex64 values ({n * 8 / 2**20:.0f} MiB), chunks of 2^{a.log2chunk} "
           f"({n >> a.log2chunk} objects, {stored / 1e6:.1f} MB stored, zstd); allowed_mem {a.mem}; best of {a.repeat}.")
     print()
-    print("| latency ms | who | io_concurrency | s | GET | MB fetched | most GETs in flight | EXPLAIN |")
-    print("|---:|---|---:|---:|---:|---:|---:|---|")
+    print("| latency ms | who | io_concurrency | s | peak RSS MB (after imports) | peak RssAnon MB | GET | MB fetched | most GETs in flight | EXPLAIN |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for latency, who, io, seconds, stats, answer in rows:
         explain = "" if io is None else ("four-step" if answer["four_step"] else "NOT four-step") + (
             ", first pass reads ahead" if answer["ahead"] else "")
-        print(f"| {latency} | {who} | {'' if io is None else io} | {seconds:.2f} | {stats['methods'].get('GET', 0)} | "
+        print(f"| {latency} | {who} | {'' if io is None else io} | {seconds:.2f} | {answer['peak_rss'] / 2**20:.0f} ({answer['start_rss'] / 2**20:.0f}) | {answer['anon'] / 2**20:.0f} | {stats['methods'].get('GET', 0)} | "
               f"{stats['bytes'] / 1e6:.1f} | {stats['max_in_flight_by_method'].get('GET', 0)} | {explain} |")
 
 
