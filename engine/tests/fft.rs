@@ -104,10 +104,16 @@ async fn every_case_matches_xrft() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_dimension_cases_match_xrft_by_the_four_step_path() {
+    four_step_cases("cpu").await;
+}
+
+/// Every one-dimension case by the four-step path on `device`.
+async fn four_step_cases(device: &str) {
     let cases = cases();
     let ctx = context_with(&[
         "SET datafusion.execution.batch_size = 7",
         "SET zarrfusion.fft_strategy = 'four_step'",
+        &format!("SET zarrfusion.device = '{device}'"),
     ])
     .await;
     let mut ran = 0;
@@ -125,6 +131,7 @@ async fn one_dimension_cases_match_xrft_by_the_four_step_path() {
             None => "strategy=four-step",
         };
         assert!(plan.contains(path), "{plan}");
+        assert!(plan.contains(&format!("device={device}")), "{plan}");
         check_case(&ctx, case).await;
         ran += 1;
     }
@@ -133,8 +140,18 @@ async fn one_dimension_cases_match_xrft_by_the_four_step_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_dimension_cases_match_xrft_when_staged() {
+    staged_cases("cpu").await;
+}
+
+/// Every multi-dimension case staged, each stage by the four-step path on
+/// `device`.
+async fn staged_cases(device: &str) {
     let cases = cases();
-    let ctx = context_with(&["SET zarrfusion.fft_strategy = 'four_step'"]).await;
+    let ctx = context_with(&[
+        "SET zarrfusion.fft_strategy = 'four_step'",
+        &format!("SET zarrfusion.device = '{device}'"),
+    ])
+    .await;
     let mut ran = 0;
     for case in &cases {
         let args = case["args"].as_object().unwrap();
@@ -144,6 +161,7 @@ async fn multi_dimension_cases_match_xrft_when_staged() {
         create_views(&ctx, case).await;
         let sql = format!("SELECT * FROM {}", sql_call(case));
         let plan = explain_text(&ctx, &sql).await;
+        assert!(plan.contains(&format!("device={device}")), "{plan}");
         if case.get("views").is_some() {
             // The forward transform stored first (staged), then read by the
             // inverse's stages.
@@ -664,11 +682,7 @@ fn a_gpu_is_there_when_required() {
 #[cfg(feature = "gpu")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_case_matches_xrft_on_the_gpu() {
-    if let Err(why) = zarrfusion::device::choose_device("cuda") {
-        if std::env::var("REQUIRE_GPU").as_deref() == Ok("1") {
-            panic!("REQUIRE_GPU=1 but {why}");
-        }
-        println!("skipped: {why}");
+    if !gpu_usable() {
         return;
     }
     let cases = cases();
@@ -678,9 +692,46 @@ async fn every_case_matches_xrft_on_the_gpu() {
     ])
     .await;
     for case in &cases {
+        create_views(&ctx, case).await;
         let plan = explain_text(&ctx, &format!("SELECT * FROM {}", sql_call(case))).await;
         assert!(plan.contains("device=cuda"), "{plan}");
         check_case(&ctx, case).await;
+    }
+}
+
+/// Whether a GPU is usable: without one the test says it skipped, and under
+/// `REQUIRE_GPU=1` it fails.
+#[cfg(feature = "gpu")]
+fn gpu_usable() -> bool {
+    match zarrfusion::device::choose_device("cuda") {
+        Ok(_) => true,
+        Err(why) if std::env::var("REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("REQUIRE_GPU=1 but {why}")
+        }
+        Err(why) => {
+            println!("skipped: {why}");
+            false
+        }
+    }
+}
+
+/// The four-step path's row and column passes with cuFFT: every
+/// one-dimension case within the CPU's tolerances.
+#[cfg(feature = "gpu")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_dimension_cases_match_xrft_by_the_four_step_path_on_the_gpu() {
+    if gpu_usable() {
+        four_step_cases("cuda").await;
+    }
+}
+
+/// Staged multi-dimension transforms with cuFFT: every multi-dimension
+/// case within the CPU's tolerances.
+#[cfg(feature = "gpu")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_dimension_cases_match_xrft_when_staged_on_the_gpu() {
+    if gpu_usable() {
+        staged_cases("cuda").await;
     }
 }
 

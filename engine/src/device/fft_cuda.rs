@@ -15,12 +15,13 @@
 //!   between two streams, so one batch's copies to and from the device
 //!   overlap the other's transform;
 //! - memory is budgeted on both sides: a stream's input and output buffers
-//!   hold at most [`LANE_BYTES`] (and an eighth of the device memory free
-//!   when the kernel was made, the rest left to cuFFT's work areas and other
-//!   users), so the page-locked staging of a precision is at most
-//!   [`STAGING_BYTES`] of host memory, counted in the operators' projected
-//!   memory; a line that does not fit is an error, never an allocation
-//!   failure.
+//!   hold at most [`LANE_BYTES`], half of what a query's plan set aside
+//!   for staging ([`staging_bytes`]: an eighth of `allowed_mem`, at most
+//!   [`STAGING_BYTES`], counted in the operators' projected memory) and an
+//!   eighth of the device memory free when the kernel was made (the rest
+//!   left to cuFFT's work areas and other users). The buffers are sized to
+//!   a block's batches, so a small block stages little; a line that does
+//!   not fit is an error, never an allocation failure.
 //!
 //! One block uses the GPU at a time (the staging buffers are shared); the
 //! operators' tasks gather and scatter on the CPU meanwhile.
@@ -51,6 +52,12 @@ pub const LANE_BYTES: usize = 32 << 20;
 /// Page-locked host bytes the staging of one precision holds at most (two
 /// streams).
 pub const STAGING_BYTES: usize = 2 * LANE_BYTES;
+
+/// Page-locked host bytes a query under `memory_limit` (`allowed_mem`)
+/// stages through: an eighth of it, at most [`STAGING_BYTES`].
+pub fn staging_bytes(memory_limit: Option<usize>) -> usize {
+    memory_limit.map_or(STAGING_BYTES, |limit| (limit / 8).min(STAGING_BYTES))
+}
 
 /// A precision cuFFT computes in: `f32` (C2C, R2C, C2R) or `f64` (Z2Z,
 /// D2Z, Z2D).
@@ -159,6 +166,7 @@ impl CudaKernel {
     /// contiguous too.
     fn run_lines<T: CudaPrecision>(
         &self,
+        lane_bytes: usize,
         kind: LineKind,
         len: usize,
         lines: &BlockValues<T>,
@@ -170,14 +178,16 @@ impl CudaKernel {
         let value = std::mem::size_of::<T>();
         let line_bytes = n_in * value * if real_in { 1 } else { 2 }
             + n_out * value * if real_out { 1 } else { 2 };
-        if line_bytes > self.lane_budget {
+        let lane_budget = self.lane_budget.min(lane_bytes);
+        if line_bytes > lane_budget {
             return Err(format!(
-                "CUDA: one line of length {len} needs {line_bytes} bytes on the device, more \
-                 than the {} a stream may use; set zarrfusion.device = 'cpu'",
-                self.lane_budget
+                "CUDA: one line of length {len} needs {line_bytes} bytes of staging, more than \
+                 the {lane_budget} a stream may use (a sixteenth of allowed_mem, at most \
+                 {LANE_BYTES}, and an eighth of the device memory free); raise allowed_mem or \
+                 set zarrfusion.device = 'cpu'"
             ));
         }
-        let batch = (self.lane_budget / line_bytes).clamp(1, count.max(1));
+        let batch = (lane_budget / line_bytes).clamp(1, count.max(1));
         let plan_type = T::PLAN_TYPES[match kind {
             LineKind::Forward | LineKind::Inverse => 0,
             LineKind::RealForward => 1,
@@ -277,6 +287,7 @@ impl CudaKernel {
     #[allow(clippy::too_many_arguments)]
     fn through_device<T: CudaPrecision, I, O>(
         &self,
+        lane_bytes: usize,
         v: Vec<I>,
         shape: &[usize],
         pass: &AxisPass<T>,
@@ -292,7 +303,13 @@ impl CudaKernel {
         let (_, n_out) = pass.kind.lengths(pass.len);
         let lines = wrap(gather_lines(&v, shape, pass, pre));
         drop(v);
-        let results = self.run_lines(pass.kind, pass.len, &lines, line_count(shape, pass.axis))?;
+        let results = self.run_lines(
+            lane_bytes,
+            pass.kind,
+            pass.len,
+            &lines,
+            line_count(shape, pass.axis),
+        )?;
         drop(lines);
         let results = unwrap(results)
             .ok_or_else(|| "CUDA: a transform gave values of the wrong kind".to_string())?;
@@ -301,6 +318,7 @@ impl CudaKernel {
 
     fn run_pass<T: CudaPrecision>(
         &self,
+        lane_bytes: usize,
         values: BlockValues<T>,
         shape: &[usize],
         pass: &AxisPass<T>,
@@ -312,6 +330,7 @@ impl CudaKernel {
                     None => x,
                 };
                 let out = self.through_device(
+                    lane_bytes,
                     v,
                     shape,
                     pass,
@@ -328,6 +347,7 @@ impl CudaKernel {
                     None => x,
                 };
                 let out = self.through_device(
+                    lane_bytes,
                     v,
                     shape,
                     pass,
@@ -339,10 +359,11 @@ impl CudaKernel {
                 Ok(BlockValues::Real(out))
             }
             (BlockValues::Real(v), LineKind::Forward | LineKind::Inverse) => {
-                self.run_pass(real_as_complex(v), shape, pass)
+                self.run_pass(lane_bytes, real_as_complex(v), shape, pass)
             }
             (BlockValues::Complex(v), LineKind::Forward | LineKind::Inverse) => {
                 let out = self.through_device(
+                    lane_bytes,
                     v,
                     shape,
                     pass,
@@ -359,14 +380,35 @@ impl CudaKernel {
     }
 }
 
-impl<T: CudaPrecision> FftKernel<T> for CudaKernel {
+/// The process's CUDA kernel as one query runs it: with the page-locked
+/// staging its plan set aside ([`staging_bytes`]).
+#[derive(Debug, Clone)]
+pub struct CudaLanes {
+    kernel: Arc<CudaKernel>,
+    /// Bytes of input and output buffers one stream may hold.
+    lane_bytes: usize,
+}
+
+impl CudaLanes {
+    /// `kernel` staging through at most `staging` page-locked bytes.
+    pub fn new(kernel: Arc<CudaKernel>, staging: usize) -> Self {
+        Self {
+            kernel,
+            lane_bytes: staging / 2,
+        }
+    }
+}
+
+impl<T: CudaPrecision> FftKernel<T> for CudaLanes {
     fn transform(
         &self,
         values: BlockValues<T>,
         shape: &[usize],
         passes: &[AxisPass<T>],
     ) -> Result<(BlockValues<T>, Vec<usize>), String> {
-        run_passes(values, shape, passes, |v, s, p| self.run_pass(v, s, p))
+        run_passes(values, shape, passes, |v, s, p| {
+            self.kernel.run_pass(self.lane_bytes, v, s, p)
+        })
     }
 }
 

@@ -23,7 +23,7 @@ use rustfft::FftNum;
 pub use fft_cpu::{AxisPass, BlockValues, CpuFft, LineKind};
 
 /// A kernel that runs the passes of a transform over a block, on some
-/// device: [`CpuFft`], or `fft_cuda::CudaKernel` with the `gpu` feature.
+/// device: [`CpuFft`], or `fft_cuda::CudaLanes` with the `gpu` feature.
 pub trait FftKernel<T>: Send + Sync {
     /// Runs `passes`, in order, over `values` of shape `shape`; returns the
     /// result and its shape. Errors name a pass that does not fit the block,
@@ -47,15 +47,19 @@ impl<T: FftNum + Default> FftKernel<T> for CpuFft<T> {
     }
 }
 
-/// Page-locked host memory the GPU kernel's staging holds besides the
-/// blocks on `device` (none on the CPU).
-pub fn staging_memory(device: Device) -> usize {
+/// Page-locked host memory the GPU kernel stages a query's blocks through
+/// on `device` under `memory_limit` (none on the CPU; see
+/// `fft_cuda::staging_bytes`).
+pub fn staging_memory(device: Device, memory_limit: Option<usize>) -> usize {
     match device {
         Device::Cpu => 0,
         #[cfg(feature = "gpu")]
-        Device::Cuda => 2 * fft_cuda::STAGING_BYTES,
+        Device::Cuda => fft_cuda::staging_bytes(memory_limit),
         #[cfg(not(feature = "gpu"))]
-        Device::Cuda => 0,
+        Device::Cuda => {
+            let _ = memory_limit;
+            0
+        }
     }
 }
 

@@ -189,7 +189,8 @@ impl FftCopy {
         let chunks: Vec<u64> = (0..dims.len())
             .map(|d| given(d).unwrap_or(block_out[d]).max(1))
             .collect();
-        let tasks = WriteTasks::plan(table, blocks, staging_memory(device), memory_limit, options);
+        let staging = staging_memory(device, memory_limit);
+        let tasks = WriteTasks::plan(table, blocks, staging, memory_limit, options);
         if let (false, Some(limit)) = (tasks.fits(memory_limit), memory_limit) {
             return plan_err!(
                 "FftCopyExec of '{}' variable '{}' needs {} for one task (a block of shape \
@@ -213,7 +214,7 @@ impl FftCopy {
                 target: self.target.clone(),
                 runtime: Arc::clone(session.runtime_env()),
                 options: self.options.clone(),
-                kernels: Kernels::on(device, TransformClock::in_metrics(&metrics)),
+                kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
                 device,
             }),
             properties: count_properties(),

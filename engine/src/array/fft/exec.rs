@@ -63,6 +63,8 @@ struct FftJob {
     kernels: Kernels,
     /// Where the transforms run.
     device: Device,
+    /// Page-locked bytes the kernels stage through on a GPU.
+    staging: usize,
     /// Whether filters chose the blocks (rows are then a superset of the
     /// answer, filtered above).
     filtered: bool,
@@ -114,7 +116,7 @@ impl FftJob {
         if !self.reads_values() {
             return 0;
         }
-        kernel_memory(&self.table) + staging_memory(self.device)
+        kernel_memory(&self.table) + self.staging
     }
 
     /// The transformed values of the block `extent`.
@@ -481,6 +483,7 @@ impl FftExec {
         let full_schema = table.schema();
         let schema = Arc::new(full_schema.project(&projection)?);
         let metrics = ExecutionPlanMetricsSet::new();
+        let staging = staging_memory(device, memory_limit);
         let job = FftJob {
             coords: table
                 .output_dims()
@@ -493,8 +496,9 @@ impl FftExec {
             batch_size: usize::from(options.execution.batch_size).max(1),
             limit,
             blocks,
-            kernels: Kernels::on(device, TransformClock::in_metrics(&metrics)),
+            kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
             device,
+            staging,
             filtered,
             read_ahead: ReadAheadPlan::for_chunks(0, 0, 1, 0),
         };

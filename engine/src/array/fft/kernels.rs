@@ -22,14 +22,15 @@ pub struct Kernels {
     pub(super) single: CpuFft<f32>,
     pub(super) double: CpuFft<f64>,
     #[cfg(feature = "gpu")]
-    pub(super) cuda: Option<Arc<crate::device::fft_cuda::CudaKernel>>,
+    pub(super) cuda: Option<crate::device::fft_cuda::CudaLanes>,
     clock: TransformClock,
 }
 
 impl Kernels {
     /// The kernels of `device` (chosen by `choose_device`, so a GPU is
-    /// usable when it is `Cuda`), timed by `clock`.
-    pub fn on(device: Device, clock: TransformClock) -> Self {
+    /// usable when it is `Cuda`), staging through at most `staging`
+    /// page-locked bytes on a GPU (`staging_memory`), timed by `clock`.
+    pub fn on(device: Device, staging: usize, clock: TransformClock) -> Self {
         let cpu = Self {
             clock,
             ..Self::default()
@@ -38,11 +39,16 @@ impl Kernels {
             Device::Cpu => cpu,
             #[cfg(feature = "gpu")]
             Device::Cuda => Self {
-                cuda: crate::device::fft_cuda::CudaKernel::shared().ok(),
+                cuda: crate::device::fft_cuda::CudaKernel::shared()
+                    .ok()
+                    .map(|kernel| crate::device::fft_cuda::CudaLanes::new(kernel, staging)),
                 ..cpu
             },
             #[cfg(not(feature = "gpu"))]
-            Device::Cuda => cpu,
+            Device::Cuda => {
+                let _ = staging;
+                cpu
+            }
         }
     }
 
@@ -75,7 +81,7 @@ impl Kernels {
 pub(super) fn cuda_kernel<T: crate::device::fft_cuda::CudaPrecision>(
     kernels: &Kernels,
 ) -> Option<&dyn FftKernel<T>> {
-    kernels.cuda.as_deref().map(|k| k as &dyn FftKernel<T>)
+    kernels.cuda.as_ref().map(|k| k as &dyn FftKernel<T>)
 }
 
 /// The CUDA kernel of `kernels` (none without the `gpu` feature).

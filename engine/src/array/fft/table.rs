@@ -375,11 +375,12 @@ impl FftTable {
         let config = ZarrConfig::of(session.config_options());
         // The GPU's page-locked staging comes out of the limit first (an
         // unknown device is refused by the operator, with its name).
-        let staging = choose_device(&config.device).map_or(0, staging_memory);
         let limit = match session.runtime_env().memory_pool.memory_limit() {
-            MemoryLimit::Finite(limit) => Some(limit.saturating_sub(staging)),
+            MemoryLimit::Finite(limit) => Some(limit),
             _ => None,
         };
+        let staging = choose_device(&config.device).map_or(0, |d| staging_memory(d, limit));
+        let limit = limit.map(|limit| limit.saturating_sub(staging));
         Ok(Arc::new(self.fit(session, limit).await?))
     }
 
@@ -537,7 +538,6 @@ impl FftTable {
             .map(|(_, a)| a.dim.as_str())
             .collect();
         let config = state.config_options();
-        let staging = choose_device(&ZarrConfig::of(config).device).map_or(0, staging_memory);
         // The first stage's tasks read the four-step output with half of
         // their half, like the operator does.
         let stage_limit = if inner.four_step.is_some() {
@@ -545,6 +545,8 @@ impl FftTable {
         } else {
             half
         };
+        let staging = choose_device(&ZarrConfig::of(config).device)
+            .map_or(0, |d| staging_memory(d, Some(stage_limit)));
         let blocks = plan_blocks(
             &inner,
             &inner.block_chunk(),
