@@ -8,12 +8,15 @@
 //! the gather and scatter run on all CPU cores, and the transforms on the
 //! GPU:
 //!
-//! - every line of the block goes into one host buffer, then to the device
-//!   in batches, each transformed by one batched cuFFT plan
-//!   (`cufftPlanMany`; plans are kept per length, kind, batch and stream);
-//! - batches are staged through page-locked host buffers and alternate
-//!   between two streams, so one batch's copies to and from the device
-//!   overlap the other's transform;
+//! - the block's lines go to the device in batches, each gathered on all
+//!   cores straight into a page-locked host buffer (with its input factors,
+//!   real values made complex on the way) and transformed by one batched
+//!   cuFFT plan (`cufftPlanMany`; plans are kept per length, kind, batch
+//!   and stream); its results are scattered straight out of the page-locked
+//!   output buffer into the new block, so a pass copies each value once on
+//!   the way up and once on the way back;
+//! - batches alternate between two streams, so one batch's gathering,
+//!   copies and transform overlap the other's;
 //! - memory is budgeted on both sides: a stream's input and output buffers
 //!   hold at most [`LANE_BYTES`], half of what a query's plan set aside
 //!   for staging ([`staging_bytes`]: an eighth of `allowed_mem`, at most
@@ -28,6 +31,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cufft::sys::{cufftType, double2, float2};
@@ -41,8 +45,7 @@ use rustfft::num_traits::Float;
 use rustfft::FftNum;
 
 use super::fft_cpu::{
-    complex_post, complex_pre, real_as_complex, run_passes, wrong_values, AxisPass, BlockValues,
-    LineKind,
+    complex_post, complex_pre, run_passes, wrong_values, AxisPass, BlockValues, LineKind,
 };
 use super::FftKernel;
 
@@ -89,6 +92,12 @@ pub enum DeviceLines<T: CudaPrecision> {
     Complex(CudaSlice<T::Pair>),
 }
 
+/// Writes lines of a block into a batch's page-locked input buffer.
+type Fill<'a, T> = dyn Fn(&mut HostLines<T>, Range<usize>) -> Result<(), String> + 'a;
+
+/// Takes the results of lines out of a batch's page-locked output buffer.
+type Take<'a, T> = dyn FnMut(&HostLines<T>, Range<usize>) -> Result<(), String> + 'a;
+
 /// Lines in page-locked host memory.
 enum HostLines<T: CudaPrecision> {
     Real(PinnedHostSlice<T>),
@@ -104,8 +113,8 @@ struct Lane<T: CudaPrecision> {
     device_out: Option<DeviceLines<T>>,
     /// Plans by (type, length, batch).
     plans: HashMap<(cufftType, usize, usize), CufftPlan>,
-    /// The lines whose results are on their way back: (first line, count).
-    pending: Option<(usize, usize)>,
+    /// The lines whose results are on their way back.
+    pending: Option<Range<usize>>,
 }
 
 /// The staging state of one precision: two lanes (streams).
@@ -161,17 +170,21 @@ impl CudaKernel {
         })
     }
 
-    /// Transforms `count` contiguous lines (`lines`, of `kind` and length
-    /// `len`) on the device, batch by batch; returns their results,
-    /// contiguous too.
+    /// Transforms the `count` lines of a pass (`kind`, length `len`) on
+    /// the device, batch by batch through the page-locked buffers: `fill`
+    /// writes lines `first..first + n` into a batch's input buffer, and
+    /// `take` reads their results out of its output buffer, while the other
+    /// stream's batch is on the device.
+    #[allow(clippy::too_many_arguments)]
     fn run_lines<T: CudaPrecision>(
         &self,
         lane_bytes: usize,
         kind: LineKind,
         len: usize,
-        lines: &BlockValues<T>,
         count: usize,
-    ) -> Result<BlockValues<T>, String> {
+        fill: &Fill<'_, T>,
+        take: &mut Take<'_, T>,
+    ) -> Result<(), String> {
         let (n_in, n_out) = kind.lengths(len);
         let real_in = kind == LineKind::RealForward;
         let real_out = kind == LineKind::RealInverse;
@@ -193,11 +206,6 @@ impl CudaKernel {
             LineKind::RealForward => 1,
             LineKind::RealInverse => 2,
         }];
-        let mut out = if real_out {
-            BlockValues::Real(vec![T::zero(); count * n_out])
-        } else {
-            BlockValues::Complex(vec![Complex::new(T::zero(), T::zero()); count * n_out])
-        };
         let mut staging = T::staging(self)
             .lock()
             .map_err(|_| "CUDA: the kernel failed earlier".to_string())?;
@@ -206,27 +214,18 @@ impl CudaKernel {
             .map_err(cuda("binding the context"))?;
         for (b, first) in (0..count).step_by(batch).enumerate() {
             let lane = &mut staging.lanes[b % 2];
-            // The lane's previous batch is back: keep its results.
-            collect(lane, &mut out, n_out)?;
+            // The lane's previous batch is back: take its results.
+            collect(lane, take)?;
             let lines_here = batch.min(count - first);
             prepare(lane, &self.context, batch, n_in, n_out, real_in, real_out)?;
-            // Input lines into the page-locked buffer (the rest of a last,
-            // shorter batch keeps old values; its results are not read).
-            match (lane.host_in.as_mut(), lines) {
-                (Some(HostLines::Real(host)), BlockValues::Real(v)) => {
-                    let host = host.as_mut_slice().map_err(cuda("staging"))?;
-                    host[..lines_here * n_in]
-                        .copy_from_slice(&v[first * n_in..(first + lines_here) * n_in]);
-                }
-                (Some(HostLines::Complex(host)), BlockValues::Complex(v)) => {
-                    let host = host.as_mut_slice().map_err(cuda("staging"))?;
-                    host[..lines_here * n_in]
-                        .par_iter_mut()
-                        .zip(&v[first * n_in..(first + lines_here) * n_in])
-                        .for_each(|(h, &c)| *h = T::pair(c));
-                }
-                _ => return Err("CUDA: staging buffers of the wrong kind".to_string()),
-            }
+            // Input lines straight into the page-locked buffer (the rest of
+            // a last, shorter batch keeps old values; its results are not
+            // read).
+            let host_in = lane
+                .host_in
+                .as_mut()
+                .ok_or_else(|| "CUDA: a staging buffer went missing".to_string())?;
+            fill(host_in, first..first + lines_here)?;
             let stream = Arc::clone(&lane.stream);
             match (lane.host_in.as_ref(), lane.device_in.as_mut()) {
                 (Some(HostLines::Real(h)), Some(DeviceLines::Real(d))) => stream
@@ -272,48 +271,70 @@ impl CudaKernel {
                 }
                 _ => return Err("CUDA: staging buffers of the wrong kind".to_string()),
             }
-            lane.pending = Some((first, lines_here));
+            lane.pending = Some(first..first + lines_here);
         }
         for lane in staging.lanes.iter_mut() {
-            collect(lane, &mut out, n_out)?;
+            collect(lane, take)?;
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// One pass of `v` through the device: its lines gathered with `pre`
-    /// (as `wrap` makes them), transformed, their results (as `unwrap`
-    /// finds them) scattered with `post`. Each copy is dropped once the
-    /// next is made.
+    /// One pass of the block `v` (shape `shape`) through the device: each
+    /// line gathered straight into the page-locked input buffer as `up`
+    /// stages its values (`up(k, x)` for input position `k`), and each
+    /// result scattered straight out of the output buffer into the new
+    /// block as `down` finds it (`down(q, y)` for output position `q`).
     #[allow(clippy::too_many_arguments)]
-    fn through_device<T: CudaPrecision, I, O>(
+    fn through_device<T: CudaPrecision, I, U, D, O>(
         &self,
         lane_bytes: usize,
-        v: Vec<I>,
+        v: &[I],
         shape: &[usize],
         pass: &AxisPass<T>,
-        pre: impl Fn(usize, I) -> I + Sync,
-        post: impl Fn(usize, O) -> O + Sync,
-        wrap: fn(Vec<I>) -> BlockValues<T>,
-        unwrap: fn(BlockValues<T>) -> Option<Vec<O>>,
+        up: impl Fn(usize, I) -> U + Sync,
+        down: impl Fn(usize, D) -> O + Sync,
+        staged_in: fn(&mut HostLines<T>) -> Option<&mut PinnedHostSlice<U>>,
+        staged_out: fn(&HostLines<T>) -> Option<&PinnedHostSlice<D>>,
     ) -> Result<Vec<O>, String>
     where
-        I: Copy + Send + Sync + Default,
+        I: Copy + Sync,
+        U: Send + ValidAsZeroBits,
+        D: Copy + Sync + ValidAsZeroBits,
         O: Copy + Send + Sync + Default,
     {
-        let (_, n_out) = pass.kind.lengths(pass.len);
-        let lines = wrap(gather_lines(&v, shape, pass, pre));
-        drop(v);
-        let results = self.run_lines(
+        let (n_in, n_out) = pass.kind.lengths(pass.len);
+        let stride: usize = shape[pass.axis + 1..].iter().product();
+        let outer: usize = shape[..pass.axis].iter().product();
+        let mut output = vec![O::default(); outer * pass.take.len() * stride];
+        let wrong = || "CUDA: staging buffers of the wrong kind".to_string();
+        let fill = |host: &mut HostLines<T>, lines: Range<usize>| {
+            let host = staged_in(host).ok_or_else(wrong)?;
+            let host = host.as_mut_slice().map_err(cuda("staging"))?;
+            gather_into(
+                v,
+                shape,
+                pass,
+                lines.clone(),
+                &mut host[..lines.len() * n_in],
+                &up,
+            );
+            Ok(())
+        };
+        let mut take = |host: &HostLines<T>, lines: Range<usize>| {
+            let host = staged_out(host).ok_or_else(wrong)?;
+            let host = host.as_slice().map_err(cuda("reading results"))?;
+            let results = &host[..lines.len() * n_out];
+            scatter_from(results, n_out, shape, pass, lines, &mut output, &down)
+        };
+        self.run_lines(
             lane_bytes,
             pass.kind,
             pass.len,
-            &lines,
             line_count(shape, pass.axis),
+            &fill,
+            &mut take,
         )?;
-        drop(lines);
-        let results = unwrap(results)
-            .ok_or_else(|| "CUDA: a transform gave values of the wrong kind".to_string())?;
-        Ok(scatter_lines(&results, shape, pass, n_out, post))
+        Ok(output)
     }
 
     fn run_pass<T: CudaPrecision>(
@@ -323,54 +344,74 @@ impl CudaKernel {
         shape: &[usize],
         pass: &AxisPass<T>,
     ) -> Result<BlockValues<T>, String> {
+        let pre = complex_pre(pass);
+        let post = complex_post(pass);
         match (values, pass.kind) {
             (BlockValues::Real(v), LineKind::RealForward) => {
-                let pre = |k: usize, x: T| match &pass.pre {
+                let up = |k: usize, x: T| match &pass.pre {
                     Some(f) => x * f[k].re,
                     None => x,
                 };
+                let down = |q: usize, y: T::Pair| post(q, T::unpair(y));
                 let out = self.through_device(
                     lane_bytes,
-                    v,
+                    &v,
                     shape,
                     pass,
-                    pre,
-                    complex_post(pass),
-                    BlockValues::Real,
-                    complex_values,
+                    up,
+                    down,
+                    real_lines,
+                    complex_lines_ref,
                 )?;
                 Ok(BlockValues::Complex(out))
             }
             (BlockValues::Complex(v), LineKind::RealInverse) => {
-                let post = |q: usize, x: T| match &pass.post {
-                    Some(f) => x * f[q].re,
-                    None => x,
+                let up = |k: usize, x: Complex<T>| T::pair(pre(k, x));
+                let down = |q: usize, y: T| match &pass.post {
+                    Some(f) => y * f[q].re,
+                    None => y,
                 };
                 let out = self.through_device(
                     lane_bytes,
-                    v,
+                    &v,
                     shape,
                     pass,
-                    complex_pre(pass),
-                    post,
-                    BlockValues::Complex,
-                    real_values,
+                    up,
+                    down,
+                    complex_lines,
+                    real_lines_ref,
                 )?;
                 Ok(BlockValues::Real(out))
             }
             (BlockValues::Real(v), LineKind::Forward | LineKind::Inverse) => {
-                self.run_pass(lane_bytes, real_as_complex(v), shape, pass)
-            }
-            (BlockValues::Complex(v), LineKind::Forward | LineKind::Inverse) => {
+                // Real values go up as complex ones, converted as they are
+                // gathered.
+                let up = |k: usize, x: T| T::pair(pre(k, Complex::new(x, T::zero())));
+                let down = |q: usize, y: T::Pair| post(q, T::unpair(y));
                 let out = self.through_device(
                     lane_bytes,
-                    v,
+                    &v,
                     shape,
                     pass,
-                    complex_pre(pass),
-                    complex_post(pass),
-                    BlockValues::Complex,
-                    complex_values,
+                    up,
+                    down,
+                    complex_lines,
+                    complex_lines_ref,
+                )?;
+                Ok(BlockValues::Complex(out))
+            }
+            (BlockValues::Complex(v), LineKind::Forward | LineKind::Inverse) => {
+                let up = |k: usize, x: Complex<T>| T::pair(pre(k, x));
+                let down = |q: usize, y: T::Pair| post(q, T::unpair(y));
+                let out = self.through_device(
+                    lane_bytes,
+                    &v,
+                    shape,
+                    pass,
+                    up,
+                    down,
+                    complex_lines,
+                    complex_lines_ref,
                 )?;
                 Ok(BlockValues::Complex(out))
             }
@@ -511,49 +552,52 @@ fn zero<V>(ptr: *mut V, len: usize) {
     unsafe { std::ptr::write_bytes(ptr, 0, len) };
 }
 
-/// Waits for the lane's pending batch and copies its results into `out`.
-fn collect<T: CudaPrecision>(
-    lane: &mut Lane<T>,
-    out: &mut BlockValues<T>,
-    n_out: usize,
-) -> Result<(), String> {
-    let Some((first, count)) = lane.pending.take() else {
+/// Waits for the lane's pending batch and hands its results to `take`.
+fn collect<T: CudaPrecision>(lane: &mut Lane<T>, take: &mut Take<'_, T>) -> Result<(), String> {
+    let Some(lines) = lane.pending.take() else {
         return Ok(());
     };
     lane.stream
         .synchronize()
         .map_err(cuda("waiting for the stream"))?;
-    let range = first * n_out..(first + count) * n_out;
-    match (lane.host_out.as_ref(), out) {
-        (Some(HostLines::Real(h)), BlockValues::Real(o)) => {
-            let h = h.as_slice().map_err(cuda("reading results"))?;
-            o[range].copy_from_slice(&h[..count * n_out]);
-        }
-        (Some(HostLines::Complex(h)), BlockValues::Complex(o)) => {
-            let h = h.as_slice().map_err(cuda("reading results"))?;
-            o[range]
-                .par_iter_mut()
-                .zip(&h[..count * n_out])
-                .for_each(|(o, &p)| *o = T::unpair(p));
-        }
-        _ => return Err("CUDA: staging buffers of the wrong kind".to_string()),
-    }
-    Ok(())
+    let host = lane
+        .host_out
+        .as_ref()
+        .ok_or_else(|| "CUDA: a staging buffer went missing".to_string())?;
+    take(host, lines)
 }
 
-/// The values of a real block.
-fn real_values<T>(values: BlockValues<T>) -> Option<Vec<T>> {
-    match values {
-        BlockValues::Real(v) => Some(v),
-        BlockValues::Complex(_) => None,
+/// The page-locked buffer of real values, if `host` holds them.
+fn real_lines<T: CudaPrecision>(host: &mut HostLines<T>) -> Option<&mut PinnedHostSlice<T>> {
+    match host {
+        HostLines::Real(h) => Some(h),
+        HostLines::Complex(_) => None,
     }
 }
 
-/// The values of a complex block.
-fn complex_values<T>(values: BlockValues<T>) -> Option<Vec<Complex<T>>> {
-    match values {
-        BlockValues::Complex(v) => Some(v),
-        BlockValues::Real(_) => None,
+/// The page-locked buffer of complex values, if `host` holds them.
+fn complex_lines<T: CudaPrecision>(
+    host: &mut HostLines<T>,
+) -> Option<&mut PinnedHostSlice<T::Pair>> {
+    match host {
+        HostLines::Complex(h) => Some(h),
+        HostLines::Real(_) => None,
+    }
+}
+
+/// [`real_lines`], to read.
+fn real_lines_ref<T: CudaPrecision>(host: &HostLines<T>) -> Option<&PinnedHostSlice<T>> {
+    match host {
+        HostLines::Real(h) => Some(h),
+        HostLines::Complex(_) => None,
+    }
+}
+
+/// [`complex_lines`], to read.
+fn complex_lines_ref<T: CudaPrecision>(host: &HostLines<T>) -> Option<&PinnedHostSlice<T::Pair>> {
+    match host {
+        HostLines::Complex(h) => Some(h),
+        HostLines::Real(_) => None,
     }
 }
 
@@ -567,62 +611,93 @@ fn line_count(shape: &[usize], axis: usize) -> usize {
         .product()
 }
 
-/// Every line of `input` (shape `shape`) along `pass.axis`, gathered with
-/// `pre`, contiguous: line `o·stride + j` for outer index `o` and inner
-/// position `j`.
-fn gather_lines<I: Copy + Send + Sync + Default>(
+/// The lines `lines` of `input` (shape `shape`) along `pass.axis`, staged
+/// by `up` into `out`, one after the other. Line `o·stride + j` (outer
+/// index `o`, inner position `j`) holds input position `k` of the
+/// transform at block position `pass.gather[k]` along the axis.
+fn gather_into<I: Copy + Sync, U: Send>(
     input: &[I],
     shape: &[usize],
     pass: &AxisPass<impl Sync>,
-    pre: impl Fn(usize, I) -> I + Sync,
-) -> Vec<I> {
+    lines: Range<usize>,
+    out: &mut [U],
+    up: &(impl Fn(usize, I) -> U + Sync),
+) {
     let axis = pass.axis;
     let n = shape[axis];
     let stride: usize = shape[axis + 1..].iter().product();
     let g = pass.gather.len();
-    let mut lines = vec![I::default(); line_count(shape, axis) * g];
     if g == 0 {
-        return lines;
+        return;
     }
-    lines.par_chunks_mut(g).enumerate().for_each(|(l, line)| {
-        let (o, j) = (l / stride, l % stride);
-        let base = o * n * stride + j;
-        for (k, (value, &p)) in line.iter_mut().zip(&pass.gather).enumerate() {
-            *value = pre(k, input[base + p * stride]);
-        }
-    });
-    lines
-}
-
-/// The block made of the transformed `results` (`n_out` per line, lines as
-/// [`gather_lines`] orders them), taken and scaled with `post`.
-fn scatter_lines<O: Copy + Send + Sync + Default>(
-    results: &[O],
-    shape: &[usize],
-    pass: &AxisPass<impl Sync>,
-    n_out: usize,
-    post: impl Fn(usize, O) -> O + Sync,
-) -> Vec<O> {
-    let axis = pass.axis;
-    let stride: usize = shape[axis + 1..].iter().product();
-    let m = pass.take.len();
-    let outer: usize = shape[..axis].iter().product();
-    let mut output = vec![O::default(); outer * m * stride];
-    if output.is_empty() {
-        return output;
-    }
-    output
-        .par_chunks_mut(m * stride)
-        .enumerate()
-        .for_each(|(o, block)| {
-            for j in 0..stride {
-                let line = &results[(o * stride + j) * n_out..(o * stride + j + 1) * n_out];
-                for (q, &i) in pass.take.iter().enumerate() {
-                    block[q * stride + j] = post(q, line[i]);
-                }
+    out.par_chunks_mut(g)
+        .zip(lines.into_par_iter())
+        .for_each(|(line, l)| {
+            let (o, j) = (l / stride, l % stride);
+            let base = o * n * stride + j;
+            for (k, (value, &p)) in line.iter_mut().zip(&pass.gather).enumerate() {
+                *value = up(k, input[base + p * stride]);
             }
         });
-    output
+}
+
+/// Writes the transformed `results` of the lines `lines` (`n_out` each,
+/// as [`gather_into`] orders lines) into `output`, the block after the
+/// pass (shape `shape` with `pass.take.len()` positions along the axis),
+/// each taken by `down`.
+fn scatter_from<D: Copy + Sync, O: Copy + Send>(
+    results: &[D],
+    n_out: usize,
+    shape: &[usize],
+    pass: &AxisPass<impl Sync>,
+    lines: Range<usize>,
+    output: &mut [O],
+    down: &(impl Fn(usize, D) -> O + Sync),
+) -> Result<(), String> {
+    let stride: usize = shape[pass.axis + 1..].iter().product();
+    let m = pass.take.len();
+    if n_out == 0 || m == 0 {
+        return Ok(());
+    }
+    if lines.end > output.len() / m || results.len() < lines.len() * n_out {
+        return Err(format!(
+            "CUDA: results of lines {lines:?} do not fit a block of {} values",
+            output.len()
+        ));
+    }
+    let out = SharedOut(output.as_mut_ptr());
+    results
+        .par_chunks(n_out)
+        .zip(lines.into_par_iter())
+        .for_each(|(line, l)| {
+            let (o, j) = (l / stride, l % stride);
+            let base = o * m * stride + j;
+            for (q, &i) in pass.take.iter().enumerate() {
+                // SAFETY: `base + q·stride` is inside `output` (`l` is a line
+                // of the block, checked above, and `q < m`), and it is
+                // written by line `l` alone: lines differ in `o` or `j`.
+                unsafe { out.write(base + q * stride, down(q, line[i])) };
+            }
+        });
+    Ok(())
+}
+
+/// The block after a pass, written by many lines at once, each at its own
+/// positions (see [`scatter_from`]).
+struct SharedOut<O>(*mut O);
+
+// SAFETY: the lines write disjoint positions of one live buffer.
+unsafe impl<O: Send> Sync for SharedOut<O> {}
+
+impl<O> SharedOut<O> {
+    /// Writes `value` at `at`.
+    ///
+    /// # Safety
+    /// `at` is inside the buffer, and no other thread touches it meanwhile.
+    unsafe fn write(&self, at: usize, value: O) {
+        // SAFETY: as the caller promises.
+        unsafe { self.0.add(at).write(value) };
+    }
 }
 
 /// [`CudaPrecision`] of one precision: its cuFFT complex type, plan types
@@ -703,16 +778,24 @@ mod tests {
 
     #[test]
     fn lines_gathered_and_scattered_back_are_the_block() {
-        // Shape [2, 3, 4] along axis 1: 8 lines of 3, with a reversal.
+        // Shape [2, 3, 4] along axis 1: 8 lines of 3, with a reversal,
+        // gathered and scattered in two batches of lines.
         let shape = [2usize, 3, 4];
         let values: Vec<f64> = (0..24).map(f64::from).collect();
         let mut pass = AxisPass::<f64>::plain(1, LineKind::Forward, 3);
         pass.gather = vec![2, 1, 0];
         pass.take = vec![2, 1, 0];
-        let lines = gather_lines(&values, &shape, &pass, |_, x| x);
+        let mut lines = [0.0; 8 * 3];
+        let (first, second) = lines.split_at_mut(5 * 3);
+        gather_into(&values, &shape, &pass, 0..5, first, &|_, x| x);
+        gather_into(&values, &shape, &pass, 5..8, second, &|_, x| x);
         // Line (o = 1, j = 2): positions 12 + 2 + 4·p, reversed.
         assert_eq!(&lines[(4 + 2) * 3..(4 + 3) * 3], &[22.0, 18.0, 14.0]);
-        let back = scatter_lines(&lines, &shape, &pass, 3, |_, x| x);
-        assert_eq!(back, values);
+        let mut back = [0.0; 24];
+        scatter_from(&lines[..9], 3, &shape, &pass, 0..3, &mut back, &|_, x| x).unwrap();
+        scatter_from(&lines[9..], 3, &shape, &pass, 3..8, &mut back, &|_, x| x).unwrap();
+        // Lines past the block are refused.
+        assert!(scatter_from(&lines[..9], 3, &shape, &pass, 6..9, &mut back, &|_, x| x).is_err());
+        assert_eq!(back.to_vec(), values);
     }
 }
