@@ -10,19 +10,30 @@ use tokio::runtime::Runtime;
 
 use crate::errors::ZarrFusionError;
 
-/// The process-wide multi-threaded runtime.
+/// The process-wide multi-threaded runtime. A process forked from the one
+/// that started it has none of its threads, so it is refused there (with
+/// the way out) instead of waiting for them forever.
 pub fn runtime() -> PyResult<&'static Runtime> {
-    static RUNTIME: OnceLock<std::io::Result<Runtime>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .thread_name("zarrfusion")
-                .build()
-        })
+    static RUNTIME: OnceLock<(u32, std::io::Result<Runtime>)> = OnceLock::new();
+    let (pid, runtime) = RUNTIME.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("zarrfusion")
+            .build();
+        (std::process::id(), runtime)
+    });
+    if *pid != std::process::id() {
+        return Err(ZarrFusionError::new_err(FORKED));
+    }
+    runtime
         .as_ref()
         .map_err(|e| ZarrFusionError::new_err(format!("cannot start the Tokio runtime: {e}")))
 }
+
+/// Why zarrfusion refuses to run in a forked process.
+pub const FORKED: &str = "this process was forked from one that had started zarrfusion, whose \
+    threads do not survive fork(); start worker processes with 'spawn' or 'forkserver' (for a \
+    DataLoader: multiprocessing_context='spawn')";
 
 /// How often a waiting thread checks for Ctrl-C.
 pub const SIGNAL_CHECK: Duration = Duration::from_millis(100);

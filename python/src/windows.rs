@@ -306,8 +306,8 @@ impl PyWindows {
 
     /// A loader of batches. `shuffle`: `None`, `"block"` (a buffer of
     /// `buffer_size` bytes of decoded blocks) or `"full"`; `shard`:
-    /// `(rank, world_size)`.
-    #[pyo3(signature = (batch_size=256, shuffle=Some("block".to_string()), seed=0, drop_last=false, prefetch=8, threads=None, shard=None, buffer_size=None))]
+    /// `(rank, world_size)`; `worker`: `(id, workers)` of a `DataLoader`.
+    #[pyo3(signature = (batch_size=256, shuffle=Some("block".to_string()), seed=0, drop_last=false, prefetch=8, threads=None, shard=None, buffer_size=None, worker=None))]
     #[allow(clippy::too_many_arguments)]
     fn loader(
         &self,
@@ -319,6 +319,7 @@ impl PyWindows {
         threads: Option<usize>,
         shard: Option<(u64, u64)>,
         buffer_size: Option<&Bound<'_, PyAny>>,
+        worker: Option<(u64, u64)>,
     ) -> PyResult<PyWindowLoader> {
         let buffer_bytes = match buffer_size {
             Some(b) => size_argument("buffer_size", b)? as u64,
@@ -338,6 +339,10 @@ impl PyWindows {
             Some((rank, world_size)) => Shard { rank, world_size },
             None => Shard::WHOLE,
         };
+        let worker = match worker {
+            Some((rank, world_size)) => Shard { rank, world_size },
+            None => Shard::WHOLE,
+        };
         let options = LoaderOptions {
             batch_size,
             shuffle,
@@ -346,6 +351,7 @@ impl PyWindows {
             prefetch,
             threads: threads.unwrap_or_else(default_threads),
             shard,
+            worker,
             io_concurrency: self.io_concurrency,
             memory_limit: self.memory_limit,
         };
@@ -354,6 +360,8 @@ impl PyWindows {
             loader: Arc::new(loader),
             windows: Arc::clone(&self.windows),
             epoch: AtomicU64::new(0),
+            skip: AtomicU64::new(0),
+            position: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -377,6 +385,10 @@ pub struct PyWindowLoader {
     loader: Arc<WindowLoader>,
     windows: Arc<Windows>,
     epoch: AtomicU64,
+    /// Batches the next iteration skips (to resume).
+    skip: AtomicU64,
+    /// Batches of the current epoch yielded so far (skipped ones included).
+    position: Arc<AtomicU64>,
 }
 
 #[pymethods]
@@ -406,17 +418,39 @@ impl PyWindowLoader {
         self.epoch.load(Ordering::Relaxed)
     }
 
-    /// Sets the epoch of the next iteration.
+    /// Sets the epoch of the next iteration (from its start).
     fn set_epoch(&self, epoch: u64) {
         self.epoch.store(epoch, Ordering::Relaxed);
+        self.skip.store(0, Ordering::Relaxed);
+        self.position.store(0, Ordering::Relaxed);
     }
 
-    /// Starts an epoch: the batches, assembled ahead on Rust threads.
+    /// Batches of the current epoch yielded so far, those a resumed
+    /// iteration skipped included.
+    #[getter]
+    fn position(&self) -> u64 {
+        self.position.load(Ordering::Relaxed)
+    }
+
+    /// Makes the next iteration run epoch `epoch` from its batch `batches`
+    /// on: the batches an uninterrupted epoch yields after its first
+    /// `batches`.
+    fn resume_at(&self, epoch: u64, batches: u64) {
+        self.epoch.store(epoch, Ordering::Relaxed);
+        self.skip.store(batches, Ordering::Relaxed);
+        self.position.store(batches, Ordering::Relaxed);
+    }
+
+    /// Starts an epoch: the batches, assembled ahead on Rust threads (after
+    /// those skipped to resume, once).
     fn __iter__(&self) -> PyBatchIterator {
+        let skip = self.skip.swap(0, Ordering::Relaxed);
+        self.position.store(skip, Ordering::Relaxed);
         PyBatchIterator {
-            stream: Mutex::new(self.loader.epoch(self.epoch())),
+            stream: Mutex::new(self.loader.epoch_from(self.epoch(), skip)),
             loader: Arc::clone(&self.loader),
             windows: Arc::clone(&self.windows),
+            position: Arc::clone(&self.position),
         }
     }
 
@@ -459,6 +493,8 @@ pub struct PyBatchIterator {
     stream: Mutex<BatchStream>,
     loader: Arc<WindowLoader>,
     windows: Arc<Windows>,
+    /// The loader's count of batches yielded in the epoch.
+    position: Arc<AtomicU64>,
 }
 
 #[pymethods]
@@ -477,7 +513,10 @@ impl PyBatchIterator {
                 stream.poll(SIGNAL_CHECK).map_err(window_error)
             })?;
             match polled {
-                Polled::Batch(batch) => return batch_dict(py, &self.windows, batch).map(Some),
+                Polled::Batch(batch) => {
+                    self.position.fetch_add(1, Ordering::Relaxed);
+                    return batch_dict(py, &self.windows, batch).map(Some);
+                }
                 Polled::Done => return Ok(None),
                 Polled::Waiting => py.check_signals()?,
             }

@@ -274,3 +274,176 @@ def test_index_cache_is_reused_and_invalidated_by_a_rewrite(ctx, window_store, t
         f.write_bytes(f.read_bytes()[:20])
     damaged = open_windows()
     assert damaged.index_source == "built" and len(damaged) == len(rebuilt)
+
+
+@pytest.mark.parametrize("shuffle", [None, "block", "full"])
+@pytest.mark.parametrize("shard", [None, (1, 3)])
+def test_resume_continues_the_epoch_exactly(ctx, window_store, shuffle, shard):
+    """A loader restored from ``state_dict()`` mid-epoch yields exactly the
+    batches an uninterrupted run yields after that point, then the next
+    epoch as usual."""
+    import pickle
+
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    options = dict(batch_size=9, shuffle=shuffle, seed=11, shard=shard, buffer_size="20KB")
+    whole = windows.loader(**options)
+    whole.set_epoch(3)
+    uninterrupted = [batch["index"] for batch in whole]
+    assert len(uninterrupted) > 4
+
+    first = windows.loader(**options)
+    first.set_epoch(3)
+    consumed = []
+    for batch in first:
+        consumed.append(batch["index"])
+        if len(consumed) == 4:
+            break
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    assert state["epoch"] == 3 and state["batches"] == 4
+
+    resumed = windows.loader(**options)
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 3
+    rest = [batch["index"] for batch in resumed]
+    assert len(consumed) + len(rest) == len(uninterrupted)
+    for got, want in zip(consumed + rest, uninterrupted):
+        for dim in ("time", "lat", "lon"):
+            np.testing.assert_array_equal(got[dim], want[dim])
+    # Resuming is for one iteration: the next starts the epoch afresh.
+    assert len(drain(resumed)) == whole.num_samples
+
+
+def test_a_state_of_other_options_is_refused_naming_them(ctx, window_store):
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    state = windows.loader(batch_size=16, seed=1).state_dict()
+    for kwargs, argument in [
+        ({"batch_size": 8, "seed": 1}, "batch_size"),
+        ({"batch_size": 16, "seed": 2}, "seed"),
+        ({"batch_size": 16, "seed": 1, "shuffle": "full"}, "shuffle"),
+        ({"batch_size": 16, "seed": 1, "shard": (0, 2)}, "shard"),
+    ]:
+        with pytest.raises(ValueError, match=argument):
+            windows.loader(**kwargs).load_state_dict(state)
+    with pytest.raises(ValueError, match="batches"):
+        windows.loader(batch_size=16, seed=1).load_state_dict({**state, "batches": -1})
+
+
+def test_a_loader_pickles_by_its_description(ctx, window_store):
+    """Pickled (as DataLoader workers started by spawn receive it), a loader
+    reopens its store and yields the same batches."""
+    import pickle
+
+    windows = ctx.open_zarr(window_store, variables=["a"]).windows(SIZE, {"lat": 4, "lon": 3})
+    loader = windows.loader(batch_size=10, seed=4)
+    copy = pickle.loads(pickle.dumps(loader))
+    assert drain(copy) == drain(loader)
+    assert copy.batch_size == 10
+
+
+def _dataloader_windows(dataset, workers, context, **kwargs):
+    import torch
+
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=workers, multiprocessing_context=context if workers else None, **kwargs
+    )
+    seen = []
+    for batch in loader:
+        idx = batch["index"]
+        seen.append(list(zip(idx["time"].tolist(), idx["lat"].tolist(), idx["lon"].tolist())))
+    return seen
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+@pytest.mark.parametrize("shuffle", ["block", "full"])
+def test_dataloader_workers_split_the_windows(ctx, window_store, context, shuffle):
+    """Real DataLoader worker processes: together they yield every window
+    once (none yields another's), with the batch sizes of one loader."""
+    pytest.importorskip("torch")
+    _, a, b = arrays(window_store)
+    expected = valid_origins(a, b, (5, 4), (1, 1))
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    loader = windows.loader(batch_size=16, shuffle=shuffle, seed=2)
+    batches = _dataloader_windows(loader.torch(), 3, context)
+    seen = [w for batch in batches for w in batch]
+    assert len(seen) == len(set(seen)) == len(expected)
+    assert set(seen) == expected
+    assert len(batches) == len(loader) and all(len(batch) == 16 for batch in batches[:-1])
+
+
+def test_a_forked_dataloader_worker_says_to_use_spawn(ctx, window_store):
+    """fork() copies the loader but not its threads: the worker raises an
+    error naming the way out instead of waiting forever."""
+    pytest.importorskip("torch")
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    with pytest.raises(RuntimeError, match="spawn"):
+        _dataloader_windows(windows.loader(batch_size=16).torch(), 2, "fork")
+
+
+def test_dataloader_workers_and_ranks_are_disjoint_complete_and_equal(ctx, window_store):
+    """Two ranks of two workers each, drop_last: every rank yields the same
+    number of full batches, and no window comes twice."""
+    pytest.importorskip("torch")
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    counts, seen = set(), []
+    for rank in range(2):
+        loader = windows.loader(batch_size=8, seed=2, shard=(rank, 2), drop_last=True)
+        batches = _dataloader_windows(loader.torch(), 2, "spawn")
+        counts.add(len(batches))
+        assert len(batches) == len(loader)
+        assert all(len(batch) == 8 for batch in batches)
+        seen.extend(w for batch in batches for w in batch)
+    assert len(counts) == 1
+    assert len(seen) == len(set(seen)) == len(windows) // 2 // 8 * 8 * 2
+
+
+def test_dataloader_resumes_under_workers(ctx, window_store):
+    """Consume some batches through workers, save the state with the count
+    consumed, restore it in a new loader: the workers yield the rest of the
+    epoch exactly."""
+    pytest.importorskip("torch")
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    options = dict(batch_size=7, seed=9, shuffle="block")
+    uninterrupted = _dataloader_windows(windows.loader(**options).torch(), 3, "spawn")
+    loader = windows.loader(**options)
+    state = loader.state_dict(batches=5)
+    resumed = windows.loader(**options)
+    resumed.load_state_dict(state)
+    rest = _dataloader_windows(resumed.torch(), 3, "spawn")
+    assert rest == uninterrupted[5:]
+
+
+def _rank_windows(rank, world, port, store, out):
+    """One rank of test_shard_auto_takes_the_rank_of_torch_distributed."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        windows = zf.SessionContext().open_zarr(store).windows(SIZE, {"lat": 4, "lon": 3})
+        loader = windows.loader(batch_size=8, seed=3, shard="auto", drop_last=True)
+        with open(out / f"rank{rank}.json", "w") as f:
+            json.dump({"batches": len(loader), "windows": drain(loader)}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_shard_auto_takes_the_rank_of_torch_distributed(window_store, tmp_path):
+    """Two real torch.distributed ranks (gloo on 127.0.0.1) with
+    shard="auto": disjoint shares, as many batches each."""
+    import json
+    import socket
+
+    torch = pytest.importorskip("torch")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_rank_windows, args=(2, port, window_store, tmp_path), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["batches"] == ranks[1]["batches"] > 0
+    seen = [tuple(w) for r in ranks for w in r["windows"]]
+    assert len(seen) == len(set(seen)) == 2 * ranks[0]["batches"] * 8
+    windows = zf.SessionContext().open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    assert len(seen) == len(windows) // 2 // 8 * 8 * 2
+    # Without torch.distributed initialized, "auto" is the whole.
+    assert len(windows.loader(batch_size=8, shard="auto")) == len(windows.loader(batch_size=8))

@@ -35,6 +35,17 @@ class SessionContext:
         io_concurrency: int | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> None:
+        # How to open this session again (a loader pickled for DataLoader
+        # workers reopens its store in a session made with these).
+        self._arguments = dict(
+            allowed_mem=allowed_mem,
+            work_dir=None if work_dir is None else os.fspath(work_dir),
+            target_partitions=target_partitions,
+            batch_size=batch_size,
+            device=device,
+            io_concurrency=io_concurrency,
+            config=None if config is None else dict(config),
+        )
         settings = None if config is None else {str(k): _setting(v) for k, v in config.items()}
         if device is not None:
             settings = {**(settings or {}), "zarrfusion.device": str(device)}
@@ -90,13 +101,17 @@ class SessionContext:
         """
         if isinstance(variables, str):
             variables = [variables]
-        raw = self._raw.open_zarr(
-            os.fspath(path),
+        description = dict(
+            session=self._arguments,
+            path=os.fspath(path),
             variables=None if variables is None else list(variables),
             dims=dims if dims is None or isinstance(dims, str) else list(dims),
-            **options,
+            options=dict(options),
         )
-        return Dataset(raw)
+        raw = self._raw.open_zarr(
+            description["path"], variables=description["variables"], dims=description["dims"], **options
+        )
+        return Dataset(raw, description)
 
     def rechunk(
         self,

@@ -11,20 +11,26 @@ arrays assembled on Rust threads::
 The arrays own the memory Rust filled: nothing is copied on the way to
 Python, ``torch.from_numpy`` shares it, and DLPack consumers
 (``jax.numpy.from_dlpack``, ``cupy.from_dlpack``) take it as is.
+
+A loader resumes mid-epoch (``state_dict``/``load_state_dict``), pickles
+as the description it was opened with (a ``DataLoader`` worker started by
+``spawn`` reopens the store), and under ``DataLoader(num_workers=k)`` its
+workers split the epoch between them (``WindowLoader.torch``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Iterator, Mapping
-
 
 
 class Dataset:
     """A Zarr store opened for windowing (``SessionContext.open_zarr``)."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, description: dict) -> None:
         self._raw = raw
+        self._description = description
 
     @property
     def dims(self) -> list[str]:
@@ -72,17 +78,17 @@ class Dataset:
           ``True`` uses ``$ZARRFUSION_CACHE_DIR`` or the user's cache
           directory, a path uses that directory, ``False`` builds every time.
         """
-        return Windows(
-            self._raw.windows(
-                dict(input_dims),
-                None if input_overlap is None else dict(input_overlap),
-                valid,
-                where,
-                block_size,
-                threads,
-                cache,
-            )
+        arguments = dict(
+            input_dims=dict(input_dims),
+            input_overlap=None if input_overlap is None else dict(input_overlap),
+            valid=valid,
+            where=where,
+            block_size=block_size,
+            threads=threads,
+            cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
         )
+        raw = self._raw.windows(*arguments.values())
+        return Windows(raw, {**self._description, "windows": arguments})
 
     def __repr__(self) -> str:
         return repr(self._raw)
@@ -96,8 +102,9 @@ class Windows:
     it; a single-process loader in block or storage order starts at once.
     """
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, description: dict) -> None:
         self._raw = raw
+        self._description = description
 
     def __len__(self) -> int:
         return len(self._raw)
@@ -135,7 +142,7 @@ class Windows:
         drop_last: bool = False,
         prefetch: int = 8,
         threads: int | None = None,
-        shard: tuple[int, int] | None = None,
+        shard: tuple[int, int] | str | None = None,
         buffer_size: str | int = "256MB",
     ) -> "WindowLoader":
         """A loader of batches.
@@ -146,6 +153,9 @@ class Windows:
         - ``seed`` makes every order reproducible; ``set_epoch`` changes it per epoch.
         - ``shard=(rank, world_size)`` takes this rank's disjoint share; with
           ``drop_last`` every rank yields the same number of batches.
+          ``shard="auto"`` takes the rank and world size of
+          ``torch.distributed`` when it is initialized (else of JAX's
+          processes, else the whole).
         - ``prefetch`` batches are assembled ahead on ``threads`` Rust threads.
 
         Under the session's ``allowed_mem``, a loader whose buffer, batches
@@ -157,8 +167,21 @@ class Windows:
             shuffle = None
         elif shuffle is True:
             shuffle = "block"
-        raw = self._raw.loader(batch_size, shuffle, seed, drop_last, prefetch, threads, shard, buffer_size)
-        return WindowLoader(raw)
+        if isinstance(shard, str):
+            if shard != "auto":
+                raise ValueError(f"shard: {shard!r} is not (rank, world_size), 'auto' or None")
+            shard = _auto_shard()
+        arguments = dict(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            threads=threads,
+            shard=None if shard is None else tuple(shard),
+            buffer_size=buffer_size,
+        )
+        return WindowLoader(self._raw.loader(*arguments.values()), {**self._description, "loader": arguments})
 
     def __repr__(self) -> str:
         return repr(self._raw)
@@ -167,8 +190,15 @@ class Windows:
 class WindowLoader:
     """Batches of windows, epoch after epoch; ``len()`` is batches per epoch."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, description: dict, worker: tuple[int, int] | None = None) -> None:
         self._raw = raw
+        self._description = description
+        self._worker = worker
+        # The process this loader's threads run in (see _torch).
+        self._pid = os.getpid()
+        # The position load_state_dict restored, for DataLoader workers
+        # (epoch, batches consumed); cleared by set_epoch.
+        self._resume: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self._raw)
@@ -187,11 +217,79 @@ class WindowLoader:
         return self._raw.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Seeds the next iteration's order (as ``DistributedSampler.set_epoch``)."""
+        """Seeds the next iteration's order (as ``DistributedSampler.set_epoch``);
+        the next iteration starts that epoch from its beginning."""
         self._raw.set_epoch(epoch)
+        self._resume = None
 
     def __iter__(self) -> Iterator[dict]:
         return iter(self._raw)
+
+    def state_dict(self, batches: int | None = None) -> dict:
+        """Where the training loop is: the epoch and how many of its batches
+        it consumed (``batches``; by default, how many this loader yielded:
+        pass the count when the batches came through ``DataLoader``
+        workers), with the options that fix the order. Plain values: it
+        pickles and goes into a checkpoint as is."""
+        a = self._description["loader"]
+        return {
+            "epoch": self.epoch,
+            "batches": self._raw.position if batches is None else int(batches),
+            "batch_size": a["batch_size"],
+            "shuffle": a["shuffle"],
+            "seed": a["seed"],
+            "drop_last": a["drop_last"],
+            "shard": None if a["shard"] is None else list(a["shard"]),
+            "buffer_size": a["buffer_size"],
+            "windows": _windows_key(self._description),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues the epoch of ``state`` after the batches it consumed:
+        the next iteration (or, through ``torch()``, the next iterations of
+        ``DataLoader`` workers, until ``set_epoch``) yields exactly the
+        batches an uninterrupted epoch would have yielded after them. The
+        options that fix the order must be the same (``ValueError`` names
+        the first that is not)."""
+        mine = self.state_dict()
+        for key in ("windows", "batch_size", "shuffle", "seed", "drop_last", "shard", "buffer_size"):
+            if key not in state:
+                raise ValueError(f"load_state_dict: the state has no {key!r}")
+            if _normalized(state[key]) != _normalized(mine[key]):
+                raise ValueError(
+                    f"load_state_dict: {key} is {state[key]!r} in the state but {mine[key]!r} in this loader"
+                )
+        epoch, batches = state.get("epoch"), state.get("batches")
+        for key, value in (("epoch", epoch), ("batches", batches)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"load_state_dict: {key} must be a non-negative integer, got {value!r}")
+        self._restore(epoch, batches)
+
+    def _restore(self, epoch: int, batches: int) -> None:
+        """Resumes epoch ``epoch`` after its first ``batches`` batches."""
+        self._raw.resume_at(epoch, batches)
+        self._resume = (epoch, batches)
+
+    def __reduce__(self):
+        # Pickled as its description (for DataLoader workers started by
+        # spawn or forkserver): reopened where it is unpickled.
+        return (_reopen_loader, (self._description, self._worker, self.epoch, self._resume))
+
+    def _for_worker(self, worker: int, workers: int) -> "WindowLoader":
+        """This loader's share for DataLoader worker ``worker`` of
+        ``workers``, opened afresh (in the worker's process), at the epoch
+        and resumed position of this one."""
+        if self._resume is None:
+            return _reopen_loader(self._description, (worker, workers), self.epoch, None)
+        # Batch j of the epoch is the share of worker j mod workers, and the
+        # DataLoader takes batches from its workers in turn from worker 0:
+        # to go on at batch `consumed`, worker w takes the share of worker
+        # (w + consumed) mod workers, after the batches of it consumed.
+        epoch, consumed = self._resume
+        share = (worker + consumed) % workers
+        loader = _reopen_loader(self._description, (share, workers), epoch, None)
+        loader._raw.resume_at(epoch, consumed // workers + (1 if share < consumed % workers else 0))
+        return loader
 
     @property
     def memory(self) -> dict:
@@ -211,62 +309,86 @@ class WindowLoader:
         """This loader as a ``torch.utils.data.IterableDataset`` yielding
         tensors that share the batches' memory; use it with
         ``DataLoader(loader.torch(), batch_size=None)`` or iterate it.
-        Time coordinates become int64 tensors (nanoseconds since 1970)."""
-        return _torch_dataset_class()(self)
+        Time coordinates become int64 tensors (nanoseconds since 1970).
+
+        Under ``DataLoader(num_workers=k)`` each worker process reopens the
+        store and yields its own runs of whole batches of the epoch (batch
+        ``j`` of the loader's epoch counts for worker ``j mod k``, which is
+        the worker the DataLoader takes batch ``j`` from), so no window
+        comes twice, none is missing, and a sharded rank yields as many
+        batches as without workers. The workers need the complete index of
+        valid windows (from the cache when this process built it), like
+        shards do; they share the cores (``threads`` defaults to the
+        cores over ``k``). Start them with ``spawn`` or ``forkserver``
+        (``multiprocessing_context="spawn"``): the loader's threads do not
+        survive ``fork``, so a forked worker raises an error saying so."""
+        from ._torch import TorchWindowLoader
+
+        return TorchWindowLoader(self)
+
+def _auto_shard() -> tuple[int, int] | None:
+    """The rank and world size of torch.distributed when it is initialized,
+    else of JAX's processes when there are several, else None."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.process_count() > 1:
+        return jax.process_index(), jax.process_count()
+    return None
 
 
-def _as_tensor(value: Any) -> Any:
-    """A numpy array as a tensor sharing its memory; times (torch has no
-    datetime type) as int64 counts of their unit (nanoseconds since 1970
-    for CF times); strings stay numpy arrays."""
-    import torch
+def _windows_key(description: dict) -> dict:
+    """What makes the windows of a loader: store, variables, shape, rules."""
+    w = description["windows"]
+    return {
+        "path": description["path"],
+        "variables": description["variables"],
+        "dims": description["dims"],
+        "input_dims": w["input_dims"],
+        "input_overlap": w["input_overlap"],
+        "valid": w["valid"],
+        "where": w["where"],
+    }
 
-    if value.dtype.kind in "fiub":
-        return torch.from_numpy(value)
-    if value.dtype.kind in "mM":
-        return torch.from_numpy(value.view("int64"))
+
+def _normalized(value: Any) -> Any:
+    """Tuples as lists, dicts recursively: a state survives JSON."""
+    if isinstance(value, (list, tuple)):
+        return [_normalized(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normalized(v) for k, v in value.items()}
     return value
 
 
-def _as_tensors(batch: dict) -> dict:
-    out = {}
-    for key, value in batch.items():
-        if isinstance(value, dict):
-            out[key] = {k: _as_tensor(v) for k, v in value.items()}
-        else:
-            out[key] = _as_tensor(value)
-    return out
+def _reopen_loader(
+    description: dict, worker: tuple[int, int] | None, epoch: int, resume: tuple[int, int] | None
+) -> WindowLoader:
+    """A loader opened again from its description: session, store, windows
+    (their index from the cache when the first process saved it), loader,
+    with a DataLoader worker's share when ``worker`` is given."""
+    from .context import SessionContext
 
-
-_TORCH_CLASS = None
-
-
-def _torch_dataset_class() -> type:
-    global _TORCH_CLASS
-    if _TORCH_CLASS is None:
-        try:
-            import torch.utils.data
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError("WindowLoader.torch() needs PyTorch: pip install torch") from e
-
-        class TorchWindowLoader(torch.utils.data.IterableDataset):
-            """A window loader as a PyTorch iterable dataset of tensors."""
-
-            def __init__(self, loader: WindowLoader) -> None:
-                super().__init__()
-                self.loader = loader
-
-            def __iter__(self):
-                return (_as_tensors(b) for b in self.loader)
-
-            def __len__(self) -> int:
-                return len(self.loader)
-
-            def set_epoch(self, epoch: int) -> None:
-                self.loader.set_epoch(epoch)
-
-        _TORCH_CLASS = TorchWindowLoader
-    return _TORCH_CLASS
+    ctx = SessionContext(**description["session"])
+    dataset = ctx.open_zarr(
+        description["path"], variables=description["variables"], dims=description["dims"], **description["options"]
+    )
+    windows = dataset.windows(**description["windows"])
+    arguments = dict(description["loader"])
+    if worker is None:
+        loader = windows.loader(**arguments)
+    else:
+        if arguments["threads"] is None:
+            # The workers share the machine's cores.
+            arguments["threads"] = max(1, (os.cpu_count() or 1) // worker[1])
+        raw = windows._raw.loader(*arguments.values(), tuple(worker))
+        loader = WindowLoader(raw, {**windows._description, "loader": description["loader"]}, tuple(worker))
+    loader.set_epoch(epoch)
+    if resume is not None:
+        loader._restore(*resume)
+    return loader
 
 
 __all__ = ["Dataset", "Windows", "WindowLoader"]

@@ -15,16 +15,19 @@
 //! the chunks of the blocks the workers decode at once), so that decoding
 //! never waits a round trip per chunk.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::index::{block_read_ahead, index_block, read_blocks_ahead, read_columns};
 use super::order::{
-    block_order, segments, whole_segments, BlockSampler, Permutation, Segment, Shard, Shuffle,
+    block_order, segments, share, whole_segments, BlockSampler, Permutation, Segment, Shard,
+    Shuffle,
 };
 use super::values::Values;
 use super::{WindowError, Windows};
@@ -49,6 +52,12 @@ pub struct LoaderOptions {
     pub threads: usize,
     /// This process's share of the windows.
     pub shard: Shard,
+    /// This worker's share of the rank's windows, for a loader split among
+    /// the worker processes of a `DataLoader` (`rank` is the worker's id):
+    /// runs of whole batches, the rank's batch `j` counting for worker `j
+    /// mod world_size` (see [`super::order::share`]). Like shards, it needs
+    /// the complete index.
+    pub worker: Shard,
     /// Chunk reads kept in flight ahead of the workers when the store is
     /// in an object store (`zarrfusion.io_concurrency`; 0: on demand only).
     /// Whole blocks are read ahead; the full shuffle's single windows are
@@ -72,6 +81,7 @@ impl Default for LoaderOptions {
             prefetch: 8,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             shard: Shard::WHOLE,
+            worker: Shard::WHOLE,
             io_concurrency: 64,
             memory_limit: None,
         }
@@ -175,6 +185,15 @@ impl WindowLoader {
                 ),
             ));
         }
+        if options.worker.world_size == 0 || options.worker.rank >= options.worker.world_size {
+            return Err(WindowError::argument(
+                "worker",
+                format!(
+                    "worker {} is not in 0..{} (workers)",
+                    options.worker.rank, options.worker.world_size
+                ),
+            ));
+        }
         if options.prefetch == 0 {
             return Err(WindowError::argument("prefetch", "must be at least 1"));
         }
@@ -249,6 +268,14 @@ impl WindowLoader {
 
     /// Starts the threads of one epoch and returns its batches.
     pub fn epoch(&self, epoch: u64) -> BatchStream {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// Starts the threads of one epoch and returns its batches after the
+    /// first `skip` ones: exactly those an uninterrupted epoch yields after
+    /// them (to resume). The skipped batches are planned, not assembled,
+    /// and their blocks are not decoded unless the index needs them.
+    pub fn epoch_from(&self, epoch: u64, skip: u64) -> BatchStream {
         let flow = Arc::new(Flow::new(self.options.prefetch));
         let (jobs_tx, jobs_rx) = channel::<Job>();
         let (results_tx, results_rx) = channel();
@@ -267,6 +294,7 @@ impl WindowLoader {
             windows: Arc::clone(&self.windows),
             options: self.options.clone(),
             epoch,
+            skip,
             flow: Arc::clone(&flow),
             jobs: jobs_tx,
             results: results_tx,
@@ -276,7 +304,7 @@ impl WindowLoader {
         BatchStream {
             results: results_rx,
             pending: BTreeMap::new(),
-            next: 0,
+            next: skip,
             end: None,
             flow,
             counters: Arc::clone(&self.counters),
@@ -346,16 +374,16 @@ fn clamp(bytes: u64) -> usize {
     usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
-/// Windows a rank yields per epoch out of `total`.
+/// The positions of an epoch's sequence of `total` windows this loader
+/// yields (its rank's and worker's share).
+fn share_of(total: u64, o: &LoaderOptions) -> Range<u64> {
+    share(total, o.shard, o.worker, o.batch_size as u64, o.drop_last)
+}
+
+/// Windows a loader yields per epoch out of `total`.
 fn samples_per_epoch(total: u64, options: &LoaderOptions) -> u64 {
-    let shard = options.shard;
-    if options.drop_last {
-        let b = options.batch_size as u64;
-        (total / shard.world_size) / b * b
-    } else {
-        let r = shard.range(total);
-        r.end - r.start
-    }
+    let r = share_of(total, options);
+    r.end - r.start
 }
 
 /// The decoded values of a block (or a window), decoded once by whichever
@@ -550,6 +578,8 @@ struct Planner {
     windows: Arc<Windows>,
     options: LoaderOptions,
     epoch: u64,
+    /// Batches planned but not assembled (see [`WindowLoader::epoch_from`]).
+    skip: u64,
     flow: Arc<Flow>,
     jobs: Sender<Job>,
     results: Sender<Outcome>,
@@ -576,14 +606,18 @@ impl Planner {
     /// Sends the batches' plans to the workers (or the error that stops
     /// one to the consumer); returns the number of batches.
     fn plan(&self) -> u64 {
+        // An error while skipping is the first batch the consumer waits for.
         let failed = |seq: u64, e: WindowError| {
+            let seq = seq.max(self.skip);
             let _ = self.results.send(Outcome::Batch(seq, Err(e)));
             seq + 1
         };
         let o = &self.options;
         // A single process in block or storage order starts before the index
-        // is complete; shards and the full shuffle need the total first.
-        let whole = o.shard == Shard::WHOLE && o.shuffle != Shuffle::Full;
+        // is complete; shards, workers and the full shuffle need the total
+        // first.
+        let whole =
+            o.shard == Shard::WHOLE && o.worker == Shard::WHOLE && o.shuffle != Shuffle::Full;
         let limit = if whole {
             None
         } else {
@@ -592,7 +626,8 @@ impl Planner {
                 Err(e) => return failed(0, e),
             }
         };
-        let mut draw = match self.draw() {
+        let skipping = Rc::new(Cell::new(self.skip > 0));
+        let mut draw = match self.draw(Rc::clone(&skipping)) {
             Ok(draw) => draw,
             Err(e) => return failed(0, e),
         };
@@ -600,6 +635,7 @@ impl Planner {
         let mut produced = 0u64;
         let mut seq = 0u64;
         loop {
+            skipping.set(seq < self.skip);
             let n = limit.map_or(batch, |l| batch.min(l - produced));
             let mut plan: Plan = Vec::with_capacity(n as usize);
             while (plan.len() as u64) < n {
@@ -614,7 +650,9 @@ impl Planner {
                 return seq;
             }
             let len = plan.len() as u64;
-            if !self.flow.acquire() || self.jobs.send(Job::Assemble(seq, plan)).is_err() {
+            if seq >= self.skip
+                && (!self.flow.acquire() || self.jobs.send(Job::Assemble(seq, plan)).is_err())
+            {
                 return seq;
             }
             seq += 1;
@@ -625,13 +663,16 @@ impl Planner {
         }
     }
 
-    fn draw(&self) -> Result<Draw<'_>, WindowError> {
+    /// The draws of the epoch. While `skipping`, blocks entering the
+    /// buffer are not decoded ahead; those still in it when skipping ends
+    /// are.
+    fn draw(&self, skipping: Rc<Cell<bool>>) -> Result<Draw<'_>, WindowError> {
         let o = &self.options;
         let windows = &self.windows;
         if o.shuffle == Shuffle::Full {
             let index = windows.index()?;
             let permutation = Permutation::new(index.total, o.seed, self.epoch);
-            let start = o.shard.range(index.total).start;
+            let start = share_of(index.total, o).start;
             let mut i = 0u64;
             return Ok(Box::new(move || {
                 let (block, local) = index.locate(permutation.apply(start + i));
@@ -641,16 +682,19 @@ impl Planner {
         }
         let shuffled = matches!(o.shuffle, Shuffle::Block { .. });
         let order = block_order(windows.grid.blocks.len(), shuffled, o.seed, self.epoch);
-        let segs = if o.shard == Shard::WHOLE {
+        let segs = if o.shard == Shard::WHOLE && o.worker == Shard::WHOLE {
             whole_segments(order)
         } else {
-            segments(windows.index()?, order, o.shard)
+            let index = windows.index()?;
+            segments(index, order, share_of(index.total, o))
         };
         let capacity = match o.shuffle {
             Shuffle::Block { buffer_bytes } => buffer_blocks(windows, buffer_bytes),
             _ => 1,
         };
-        let shuffle = shuffled.then_some((o.seed, self.epoch, o.shard.rank));
+        // Each rank's worker draws with its own generator.
+        let stream = o.shard.rank * o.worker.world_size + o.worker.rank;
+        let shuffle = shuffled.then_some((o.seed, self.epoch, stream));
         // The chunks of the blocks, in the order they enter the shuffle
         // buffer, read ahead of the workers (a remote store).
         let read_ahead = loader_read_ahead(windows, o, loader_memory(windows, o).fixed())
@@ -669,14 +713,24 @@ impl Planner {
         let jobs = self.jobs.clone();
         let counters = &self.counters;
         let mut entered = 0u64;
+        let mut not_warmed: Vec<Weak<Slot>> = Vec::new();
         Ok(Box::new(move || {
+            if !skipping.get() {
+                for slot in not_warmed.drain(..).filter_map(|s| s.upgrade()) {
+                    let _ = jobs.send(Job::Warm(slot));
+                }
+            }
             let drawn = sampler.draw(
                 |block| {
                     let number = entered;
                     entered += 1;
                     let read_ahead = read_ahead.as_ref().map(|r| (Arc::clone(r), number));
                     let slot = Slot::block(windows, block, read_ahead);
-                    let _ = jobs.send(Job::Warm(Arc::clone(&slot)));
+                    if skipping.get() {
+                        not_warmed.push(Arc::downgrade(&slot));
+                    } else {
+                        let _ = jobs.send(Job::Warm(Arc::clone(&slot)));
+                    }
                     slot
                 },
                 |slot, segment| slot.origins(segment, windows, counters),

@@ -57,6 +57,33 @@ impl Shard {
     }
 }
 
+/// The positions of an epoch's sequence of `total` windows that one worker
+/// of one rank yields, in batches of `batch`: the rank's share
+/// ([`Shard::range`], cut to whole batches, as many on every rank, with
+/// `drop_last`), then the worker's run of it: the rank's batch `j` counts
+/// for worker `j mod workers`, so the workers' runs hold whole batches,
+/// and a `DataLoader` taking one batch from each worker in turn yields as
+/// many batches as the rank alone.
+pub fn share(total: u64, shard: Shard, worker: Shard, batch: u64, drop_last: bool) -> Range<u64> {
+    let rank = shard.range(total);
+    let len = if drop_last {
+        (total / shard.world_size) / batch * batch
+    } else {
+        rank.end - rank.start
+    };
+    let batches = if drop_last {
+        len / batch
+    } else {
+        len.div_ceil(batch)
+    };
+    let (each, extra) = (batches / worker.world_size, batches % worker.world_size);
+    let before = worker.rank * each + worker.rank.min(extra);
+    let own = each + u64::from(worker.rank < extra);
+    let start = (before * batch).min(len);
+    let end = ((before + own) * batch).min(len);
+    rank.start + start..rank.start + end
+}
+
 /// The random generator of one epoch, the same on every rank for `stream` 0.
 fn epoch_rng(seed: u64, epoch: u64, stream: u64) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -147,10 +174,9 @@ pub fn whole_segments(order: Vec<usize>) -> VecDeque<Segment> {
         .collect()
 }
 
-/// This rank's segments for an epoch: blocks in `order`, cut to the rank's
-/// share of the whole index.
-pub fn segments(index: &ValidIndex, order: Vec<usize>, shard: Shard) -> VecDeque<Segment> {
-    let share = shard.range(index.total);
+/// The segments of the positions `share` of an epoch's sequence (see
+/// [`share`]): blocks in `order`, cut to those positions.
+pub fn segments(index: &ValidIndex, order: Vec<usize>, share: Range<u64>) -> VecDeque<Segment> {
     let mut out = VecDeque::new();
     let mut before = 0u64;
     for block in order {
@@ -313,7 +339,8 @@ mod tests {
                     rank,
                     world_size: world,
                 };
-                let segs = segments(&index, block_order(4, true, 9, 2), shard);
+                let range = share(16, shard, Shard::WHOLE, 1, false);
+                let segs = segments(&index, block_order(4, true, 9, 2), range);
                 total += segs
                     .iter()
                     .map(|s| s.ranks.as_ref().map_or(0, |r| r.end - r.start))
@@ -324,11 +351,55 @@ mod tests {
     }
 
     #[test]
+    fn workers_share_whole_batches_of_their_rank() {
+        for (total, world, drop_last) in [(100u64, 3u64, false), (100, 3, true), (7, 2, false)] {
+            for rank in 0..world {
+                let shard = Shard {
+                    rank,
+                    world_size: world,
+                };
+                let whole = share(total, shard, Shard::WHOLE, 8, drop_last);
+                for workers in 1..=4u64 {
+                    let mut next = whole.start;
+                    let mut batches = Vec::new();
+                    for w in 0..workers {
+                        let worker = Shard {
+                            rank: w,
+                            world_size: workers,
+                        };
+                        let run = share(total, shard, worker, 8, drop_last);
+                        // Contiguous runs covering the rank's share, in order.
+                        assert_eq!(run.start, next, "{total} {rank}/{world} {w}/{workers}");
+                        next = run.end;
+                        batches.push((run.end - run.start).div_ceil(8));
+                        // Only the last run of the rank may end in a short batch.
+                        if run.end != whole.end {
+                            assert_eq!((run.end - run.start) % 8, 0);
+                        }
+                    }
+                    assert_eq!(next, whole.end);
+                    // Batch j of the rank counts for worker j mod workers.
+                    let rank_batches = (whole.end - whole.start).div_ceil(8);
+                    for (w, &n) in batches.iter().enumerate() {
+                        let want = (0..rank_batches)
+                            .filter(|j| j % workers == w as u64)
+                            .count();
+                        assert_eq!(n, want as u64);
+                    }
+                }
+                if drop_last {
+                    assert_eq!(whole.end - whole.start, total / world / 8 * 8);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn sampler_draws_every_window_once() {
         let index = ValidIndex::from_blocks(vec![BlockIndex::all(30), BlockIndex::all(20)]);
         for shuffle in [None, Some((7, 0, 0))] {
             let order = block_order(2, shuffle.is_some(), 7, 0);
-            let sharded = segments(&index, order.clone(), Shard::WHOLE);
+            let sharded = segments(&index, order.clone(), 0..index.total);
             for segs in [sharded, whole_segments(order)] {
                 let mut sampler = BlockSampler::new(segs, 2, shuffle);
                 let mut seen = std::collections::HashSet::new();
