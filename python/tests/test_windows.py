@@ -447,3 +447,22 @@ def test_shard_auto_takes_the_rank_of_torch_distributed(window_store, tmp_path):
     assert len(seen) == len(windows) // 2 // 8 * 8 * 2
     # Without torch.distributed initialized, "auto" is the whole.
     assert len(windows.loader(batch_size=8, shard="auto")) == len(windows.loader(batch_size=8))
+
+
+def test_dataloader_pins_batches_when_asked(ctx, window_store):
+    """pin_memory=True: the batches arrive in page-locked memory, equal to
+    the loader's (needs a CUDA device; skipped without one)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device to pin memory for")
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    loader = windows.loader(batch_size=16, seed=0)
+    dataloader = torch.utils.data.DataLoader(
+        loader.torch(), batch_size=None, num_workers=2, multiprocessing_context="spawn", pin_memory=True
+    )
+    batches = list(dataloader)
+    assert all(b["a"].is_pinned() and b["index"]["lat"].is_pinned() for b in batches)
+    plain = list(windows.loader(batch_size=16, seed=0).torch())
+    assert len(batches) == len(plain) == len(loader)
+    seen = {w for b in batches for w in zip(*(b["index"][d].tolist() for d in ("time", "lat", "lon")))}
+    assert seen == {w for b in plain for w in zip(*(b["index"][d].tolist() for d in ("time", "lat", "lon")))}
