@@ -345,25 +345,13 @@ impl CudaKernel {
         pass: &AxisPass<T>,
     ) -> Result<BlockValues<T>, String> {
         let pre = complex_pre(pass);
-        let post = complex_post(pass);
         match (values, pass.kind) {
             (BlockValues::Real(v), LineKind::RealForward) => {
                 let up = |k: usize, x: T| match &pass.pre {
                     Some(f) => x * f[k].re,
                     None => x,
                 };
-                let down = |q: usize, y: T::Pair| post(q, T::unpair(y));
-                let out = self.through_device(
-                    lane_bytes,
-                    &v,
-                    shape,
-                    pass,
-                    up,
-                    down,
-                    real_lines,
-                    complex_lines_ref,
-                )?;
-                Ok(BlockValues::Complex(out))
+                self.to_complex(lane_bytes, &v, shape, pass, up, real_lines)
             }
             (BlockValues::Complex(v), LineKind::RealInverse) => {
                 let up = |k: usize, x: Complex<T>| T::pair(pre(k, x));
@@ -387,37 +375,42 @@ impl CudaKernel {
                 // Real values go up as complex ones, converted as they are
                 // gathered.
                 let up = |k: usize, x: T| T::pair(pre(k, Complex::new(x, T::zero())));
-                let down = |q: usize, y: T::Pair| post(q, T::unpair(y));
-                let out = self.through_device(
-                    lane_bytes,
-                    &v,
-                    shape,
-                    pass,
-                    up,
-                    down,
-                    complex_lines,
-                    complex_lines_ref,
-                )?;
-                Ok(BlockValues::Complex(out))
+                self.to_complex(lane_bytes, &v, shape, pass, up, complex_lines)
             }
             (BlockValues::Complex(v), LineKind::Forward | LineKind::Inverse) => {
                 let up = |k: usize, x: Complex<T>| T::pair(pre(k, x));
-                let down = |q: usize, y: T::Pair| post(q, T::unpair(y));
-                let out = self.through_device(
-                    lane_bytes,
-                    &v,
-                    shape,
-                    pass,
-                    up,
-                    down,
-                    complex_lines,
-                    complex_lines_ref,
-                )?;
-                Ok(BlockValues::Complex(out))
+                self.to_complex(lane_bytes, &v, shape, pass, up, complex_lines)
             }
             (BlockValues::Complex(_), LineKind::RealForward)
             | (BlockValues::Real(_), LineKind::RealInverse) => Err(wrong_values(pass)),
         }
+    }
+
+    /// A pass with complex results ([`Self::through_device`]): values
+    /// staged by `up` into the buffers `staged_in` finds, results taken with
+    /// the pass's output factors.
+    fn to_complex<T: CudaPrecision, I: Copy + Sync, U: Send + ValidAsZeroBits>(
+        &self,
+        lane_bytes: usize,
+        v: &[I],
+        shape: &[usize],
+        pass: &AxisPass<T>,
+        up: impl Fn(usize, I) -> U + Sync,
+        staged_in: fn(&mut HostLines<T>) -> Option<&mut PinnedHostSlice<U>>,
+    ) -> Result<BlockValues<T>, String> {
+        let post = complex_post(pass);
+        let down = |q: usize, y: T::Pair| post(q, T::unpair(y));
+        let out = self.through_device(
+            lane_bytes,
+            v,
+            shape,
+            pass,
+            up,
+            down,
+            staged_in,
+            complex_lines_ref,
+        )?;
+        Ok(BlockValues::Complex(out))
     }
 }
 

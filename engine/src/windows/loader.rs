@@ -176,23 +176,16 @@ impl WindowLoader {
         if options.batch_size == 0 {
             return Err(WindowError::argument("batch_size", "must be at least 1"));
         }
-        if options.shard.world_size == 0 || options.shard.rank >= options.shard.world_size {
-            return Err(WindowError::argument(
-                "shard",
-                format!(
-                    "rank {} is not in 0..{} (world size)",
-                    options.shard.rank, options.shard.world_size
-                ),
-            ));
-        }
-        if options.worker.world_size == 0 || options.worker.rank >= options.worker.world_size {
-            return Err(WindowError::argument(
-                "worker",
-                format!(
-                    "worker {} is not in 0..{} (workers)",
-                    options.worker.rank, options.worker.world_size
-                ),
-            ));
+        for (argument, share, of) in [
+            ("shard", options.shard, "rank"),
+            ("worker", options.worker, "worker"),
+        ] {
+            if share.rank >= share.world_size {
+                return Err(WindowError::argument(
+                    argument,
+                    format!("{of} {} is not in 0..{}", share.rank, share.world_size),
+                ));
+            }
         }
         if options.prefetch == 0 {
             return Err(WindowError::argument("prefetch", "must be at least 1"));
