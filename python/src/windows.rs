@@ -21,13 +21,14 @@ use pyo3::types::PyDict;
 use zarrfusion::config::ZarrConfig;
 use zarrfusion::table::{GridTable, Selection};
 use zarrfusion::windows::{
-    select_where, BatchStream, IndexCache, IndexOptions, IndexSource, LoaderOptions, Polled, Shard,
-    Shuffle, ValidIndex, Validity, Values, WindowBatch, WindowLoader, WindowShape, Windows,
+    select_where, statistics, BatchStream, IndexCache, IndexOptions, IndexSource, LoaderOptions,
+    Polled, SampleSpec, Scale, Shard, Shuffle, ValidIndex, Validity, Values, WindowBatch,
+    WindowLoader, WindowShape, Windows,
 };
 
 use crate::context::size_argument;
 use crate::errors::window_error;
-use crate::runtime::SIGNAL_CHECK;
+use crate::runtime::{wait_for, SIGNAL_CHECK};
 
 /// The whole index of valid windows, with the GIL released: indexes the
 /// blocks nobody has started in this thread, a block at a time, then waits
@@ -68,6 +69,67 @@ fn dim_counts(name: &str, value: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(St
                 ))
             })?;
             Ok((dim, n))
+        })
+        .collect()
+}
+
+/// One validity rule: `"all"`, `"any"` or a fraction.
+fn validity_rule(v: &Bound<'_, PyAny>) -> PyResult<Validity> {
+    match v.extract::<f64>() {
+        Ok(f) if !v.is_instance_of::<pyo3::types::PyString>() => Validity::fraction(f),
+        _ => Validity::parse(&v.extract::<String>().map_err(|_| {
+            PyValueError::new_err("valid: expected 'all', 'any', a fraction, or a dict of them by role ('inputs', 'targets')")
+        })?),
+    }
+    .map_err(window_error)
+}
+
+/// The `valid` argument: one rule for every role, or `{role: rule}`
+/// (a role left out keeps `"all"`). Returns the inputs' and targets' rules.
+fn validity_argument(valid: Option<&Bound<'_, PyAny>>) -> PyResult<(Validity, Validity)> {
+    let Some(valid) = valid.filter(|v| !v.is_none()) else {
+        return Ok((Validity::All, Validity::All));
+    };
+    let Ok(dict) = valid.cast::<PyDict>() else {
+        let rule = validity_rule(valid)?;
+        return Ok((rule, rule));
+    };
+    let (mut inputs, mut targets) = (Validity::All, Validity::All);
+    for (k, v) in dict.iter() {
+        let role: String = k.extract()?;
+        match role.as_str() {
+            "inputs" => inputs = validity_rule(&v)?,
+            "targets" => targets = validity_rule(&v)?,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "valid: unknown role '{other}' (roles: inputs, targets)"
+                )))
+            }
+        }
+    }
+    Ok((inputs, targets))
+}
+
+/// The `targets` argument: `{variable: lead}` or `{variable: [leads]}`.
+fn targets_argument(targets: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(String, Vec<String>)>> {
+    let Some(targets) = targets else {
+        return Ok(Vec::new());
+    };
+    targets
+        .iter()
+        .map(|(k, v)| {
+            let variable: String = k
+                .extract()
+                .map_err(|_| PyValueError::new_err("targets: keys must be variable names"))?;
+            let leads: Vec<String> = match v.extract::<String>() {
+                Ok(one) => vec![one],
+                Err(_) => v.extract::<Vec<String>>().map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "targets: '{variable}' must map to a lead time ('+6h', '+1') or a list of them"
+                    ))
+                })?,
+            };
+            Ok((variable, leads))
         })
         .collect()
 }
@@ -162,11 +224,14 @@ impl PyDataset {
 
     /// The valid windows of `input_dims` (cells per window dimension) with
     /// `input_overlap`, kept by `valid` (`"all"`, `"any"` or a fraction of
-    /// non-missing values) over the cells selected by `where` (SQL on
-    /// coordinates). Builds the valid-window index (one pass over the data),
-    /// or loads it from `cache` (`True`: the default cache directory, a path:
-    /// that directory, `False`: always build).
-    #[pyo3(signature = (input_dims, input_overlap=None, valid=None, r#where=None, block_size=None, threads=None, cache=None))]
+    /// non-missing values, or `{role: rule}`) over the cells selected by
+    /// `where` (SQL on coordinates); with `history` (`{dim: steps}`),
+    /// `targets` (`{variable: lead or [leads]}`), `inputs` (variables) and
+    /// `jitter` (`{dim: cells}`), samples of inputs and targets. Builds the
+    /// valid-window index (one pass over the data), or loads it from
+    /// `cache` (`True`: the default cache directory, a path: that
+    /// directory, `False`: always build).
+    #[pyo3(signature = (input_dims, input_overlap=None, valid=None, r#where=None, block_size=None, threads=None, cache=None, history=None, targets=None, inputs=None, jitter=None))]
     #[allow(clippy::too_many_arguments)] // one per Python keyword
     fn windows(
         &self,
@@ -178,20 +243,34 @@ impl PyDataset {
         block_size: Option<&Bound<'_, PyAny>>,
         threads: Option<usize>,
         cache: Option<&Bound<'_, PyAny>>,
+        history: Option<&Bound<'_, PyDict>>,
+        targets: Option<&Bound<'_, PyDict>>,
+        inputs: Option<Vec<String>>,
+        jitter: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyWindows> {
         let shape = WindowShape {
             sizes: dim_counts("input_dims", Some(input_dims))?,
             overlaps: dim_counts("input_overlap", input_overlap)?,
         };
-        let validity = match valid {
-            None => Validity::All,
-            Some(v) => match v.extract::<f64>() {
-                Ok(f) if !v.is_instance_of::<pyo3::types::PyString>() => Validity::fraction(f),
-                _ => Validity::parse(&v.extract::<String>().map_err(|_| {
-                    PyValueError::new_err("valid: expected 'all', 'any' or a fraction")
-                })?),
+        let (valid_inputs, valid_targets) = validity_argument(valid)?;
+        let history = dim_counts("history", history)?;
+        let (lead_dim, history) = match history.as_slice() {
+            [] => (None, 1),
+            [(dim, steps)] => (Some(dim.clone()), *steps),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "history: give one dimension ({'time': steps})",
+                ))
             }
-            .map_err(window_error)?,
+        };
+        let sample = SampleSpec {
+            lead_dim,
+            history,
+            inputs: inputs.unwrap_or_default(),
+            targets: targets_argument(targets)?,
+            valid_inputs,
+            valid_targets,
+            jitter: dim_counts("jitter", jitter)?,
         };
         let block_bytes = match block_size {
             Some(b) => size_argument("block_size", b)? as u64,
@@ -208,21 +287,27 @@ impl PyDataset {
             MemoryLimit::Finite(limit) => Some(limit),
             _ => None,
         };
+        let cache = cache_argument(cache)?;
         let options = IndexOptions {
             block_bytes,
             threads: threads.unwrap_or_else(default_threads),
-            cache: cache_argument(cache)?,
+            cache: cache.clone(),
             io_concurrency,
         };
         let table = Arc::clone(&self.table);
         let variables = self.variables.clone();
+        let kept = selection.clone();
         let windows = py
-            .detach(move || Windows::new(table, &variables, selection, &shape, validity, &options))
+            .detach(move || Windows::new(table, &variables, kept, &shape, &sample, &options))
             .map_err(window_error)?;
         Ok(PyWindows {
             windows: Arc::new(windows),
             io_concurrency,
             memory_limit,
+            ctx: self.ctx.clone(),
+            predicate: r#where,
+            selection,
+            cache,
         })
     }
 
@@ -244,6 +329,13 @@ pub struct PyWindows {
     io_concurrency: usize,
     /// The session's `allowed_mem`, for its loaders.
     memory_limit: Option<usize>,
+    /// The session, for statistics.
+    ctx: SessionContext,
+    /// The `where` condition, and the cells it selects.
+    predicate: Option<String>,
+    selection: Selection,
+    /// Where the index and statistics are kept.
+    cache: Option<IndexCache>,
 }
 
 #[pymethods]
@@ -304,10 +396,67 @@ impl PyWindows {
             .collect()
     }
 
+    /// Per variable (in the windows' order): count, mean, std, min and max
+    /// over the selected cells, by the engine's dense reduction, kept in
+    /// the cache beside the index.
+    fn statistics(&self, py: Python<'_>) -> PyResult<Vec<(String, [f64; 5])>> {
+        let table = Arc::clone(&self.windows.table);
+        let run = {
+            let ctx = self.ctx.clone();
+            let variables = self.windows.variables.clone();
+            let predicate = self.predicate.clone();
+            let selection = self.selection.clone();
+            let cache = self.cache.clone();
+            async move {
+                statistics(
+                    &ctx,
+                    &table,
+                    &variables,
+                    predicate.as_deref(),
+                    &selection,
+                    cache.as_ref(),
+                )
+                .await
+            }
+        };
+        let moments = wait_for(py, run)?.map_err(window_error)?;
+        Ok(self
+            .windows
+            .variable_names()
+            .into_iter()
+            .zip(moments)
+            .map(|(name, m)| {
+                (
+                    name.to_string(),
+                    [m.count as f64, m.mean, m.std, m.min, m.max],
+                )
+            })
+            .collect())
+    }
+
+    /// Per role (`inputs`, then `targets` when given): its channels, in
+    /// batch order, as `(variable, step)` pairs (steps from the sample's
+    /// own along the lead dimension).
+    #[getter]
+    fn channels(&self) -> Vec<(String, Vec<(String, i64)>)> {
+        role_channels(&self.windows)
+    }
+
+    /// The lead dimension (history and lead times), when there is one.
+    #[getter]
+    fn lead_dim(&self) -> Option<String> {
+        self.windows
+            .layout
+            .lead
+            .map(|l| self.windows.table.dims[l.axis].name.clone())
+    }
+
     /// A loader of batches. `shuffle`: `None`, `"block"` (a buffer of
     /// `buffer_size` bytes of decoded blocks) or `"full"`; `shard`:
-    /// `(rank, world_size)`; `worker`: `(id, workers)` of a `DataLoader`.
-    #[pyo3(signature = (batch_size=256, shuffle=Some("block".to_string()), seed=0, drop_last=false, prefetch=8, threads=None, shard=None, buffer_size=None, worker=None))]
+    /// `(rank, world_size)`; `worker`: `(id, workers)` of a `DataLoader`;
+    /// `stack`: one float32 array of channels per role; `normalize`:
+    /// `(mean, std)` per variable, in the windows' order.
+    #[pyo3(signature = (batch_size=256, shuffle=Some("block".to_string()), seed=0, drop_last=false, prefetch=8, threads=None, shard=None, buffer_size=None, worker=None, stack=false, normalize=None))]
     #[allow(clippy::too_many_arguments)]
     fn loader(
         &self,
@@ -320,6 +469,8 @@ impl PyWindows {
         shard: Option<(u64, u64)>,
         buffer_size: Option<&Bound<'_, PyAny>>,
         worker: Option<(u64, u64)>,
+        stack: bool,
+        normalize: Option<Vec<(f64, f64)>>,
     ) -> PyResult<PyWindowLoader> {
         let buffer_bytes = match buffer_size {
             Some(b) => size_argument("buffer_size", b)? as u64,
@@ -354,6 +505,12 @@ impl PyWindows {
             worker,
             io_concurrency: self.io_concurrency,
             memory_limit: self.memory_limit,
+            stack,
+            normalize: normalize.map(|n| {
+                n.into_iter()
+                    .map(|(mean, std)| Scale { mean, std })
+                    .collect()
+            }),
         };
         let loader = WindowLoader::new(Arc::clone(&self.windows), options).map_err(window_error)?;
         Ok(PyWindowLoader {
@@ -404,6 +561,12 @@ impl PyWindowLoader {
     fn num_samples(&self, py: Python<'_>) -> PyResult<u64> {
         wait_index(py, &self.windows)?;
         self.loader.num_samples().map_err(window_error)
+    }
+
+    /// Per role, its channels as `(variable, step)` pairs.
+    #[getter]
+    fn channels(&self) -> Vec<(String, Vec<(String, i64)>)> {
+        role_channels(&self.windows)
     }
 
     /// The batch size.
@@ -487,6 +650,24 @@ impl PyWindowLoader {
     }
 }
 
+/// Per role of `windows`, its channels as `(variable, step)` pairs.
+fn role_channels(windows: &Windows) -> Vec<(String, Vec<(String, i64)>)> {
+    let names = windows.variable_names();
+    windows
+        .layout
+        .roles
+        .iter()
+        .map(|r| {
+            let channels = r
+                .channels
+                .iter()
+                .map(|c| (names[c.variable].to_string(), c.step))
+                .collect();
+            (r.name.to_string(), channels)
+        })
+        .collect()
+}
+
 /// The batches of one epoch.
 #[pyclass(name = "BatchIterator", module = "zarrfusion._zarrfusion", frozen)]
 pub struct PyBatchIterator {
@@ -515,7 +696,7 @@ impl PyBatchIterator {
             match polled {
                 Polled::Batch(batch) => {
                     self.position.fetch_add(1, Ordering::Relaxed);
-                    return batch_dict(py, &self.windows, batch).map(Some);
+                    return batch_dict(py, &self.loader, &self.windows, batch).map(Some);
                 }
                 Polled::Done => return Ok(None),
                 Polled::Waiting => py.check_signals()?,
@@ -530,17 +711,42 @@ impl PyBatchIterator {
     }
 }
 
-/// A batch as `{variable: array (n, *window), "coords": {dim: origins}, "index": {dim: origins}}`.
+/// A batch as a dict: the classic windows as `{variable: array (n,
+/// *window)}`; samples with roles as `{role: array (n, channels, *plane)}`
+/// (stacked) or `{role: {variable: array (n, steps, *plane)}}`; then
+/// `"coords"` and `"index"` (`{dim: per sample}`: the first cell, or the
+/// sample's own step along the lead dimension) and, with jitter,
+/// `"jitter"` (`{dim: offsets}`).
 fn batch_dict<'py>(
     py: Python<'py>,
+    loader: &WindowLoader,
     windows: &Windows,
     batch: WindowBatch,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut shape = vec![batch.len];
-    shape.extend(windows.grid.window_sizes().iter().map(|&s| s as usize));
     let out = PyDict::new(py);
-    for (name, values) in windows.variable_names().into_iter().zip(batch.variables) {
-        out.set_item(name, values_array(py, values, &shape)?)?;
+    let layout = &windows.layout;
+    let names = windows.variable_names();
+    let by_role = layout.roles_given || loader.options().stack;
+    for (output, values) in loader.outputs().iter().zip(batch.arrays) {
+        let mut shape = vec![batch.len];
+        shape.extend(zarrfusion::windows::assemble::sample_shape(windows, output));
+        let array = values_array(py, values, &shape)?;
+        let role = layout.roles[output.role].name;
+        match output.variable {
+            Some(v) if by_role => {
+                let group = match out.get_item(role)? {
+                    Some(group) => group.cast_into::<PyDict>()?,
+                    None => {
+                        let group = PyDict::new(py);
+                        out.set_item(role, &group)?;
+                        group
+                    }
+                };
+                group.set_item(names[v], array)?;
+            }
+            Some(v) => out.set_item(names[v], array)?,
+            None => out.set_item(role, array)?,
+        }
     }
     let coords = PyDict::new(py);
     let index = PyDict::new(py);
@@ -556,6 +762,15 @@ fn batch_dict<'py>(
     }
     out.set_item("coords", coords)?;
     out.set_item("index", index)?;
+    if layout.jittered() {
+        let jitter = PyDict::new(py);
+        for (dim, offsets) in windows.table.dims.iter().zip(batch.jitter) {
+            if !offsets.is_empty() {
+                jitter.set_item(&dim.name, PyArray1::from_vec(py, offsets))?;
+            }
+        }
+        out.set_item("jitter", jitter)?;
+    }
     Ok(out)
 }
 

@@ -80,3 +80,34 @@ def window_store(tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("stores") / "windows.zarr"
     ds.to_zarr(path, encoding={v: {"chunks": (2, 6, 8)} for v in ("a", "b")}, zarr_format=3)
     return path
+
+
+@pytest.fixture(scope="session")
+def forecast_store(tmp_path_factory) -> pathlib.Path:
+    """A (time=40 every 6 h, lat=21, lon=26) store for samples of inputs
+    and targets: t2m and u10 (float32) and precip (float64), missing values
+    scattered in each plus a hole in t2m at time 9, chunks (8, 8, 8) so
+    history, lead times and windows cross chunk edges."""
+    import pandas as pd
+    import xarray as xr
+
+    rng = np.random.default_rng(24)
+    shape = (40, 21, 26)
+    t2m = (280 + 10 * rng.normal(size=shape)).astype("float32")
+    u10 = rng.normal(size=shape).astype("float32")
+    precip = rng.gamma(0.5, 2.0, size=shape)
+    for v, share in ((t2m, 0.002), (u10, 0.004), (precip, 0.003)):
+        v[rng.random(shape) < share] = np.nan
+    t2m[9, 5:9, 10:14] = np.nan
+    ds = xr.Dataset(
+        {"t2m": (("time", "lat", "lon"), t2m), "u10": (("time", "lat", "lon"), u10),
+         "precip": (("time", "lat", "lon"), precip)},
+        coords={
+            "time": pd.date_range("2021-03-01", periods=40, freq="6h"),
+            "lat": np.linspace(50.0, 30.0, 21).astype("float32"),
+            "lon": np.arange(26, dtype="float64") * 0.25,
+        },
+    )
+    path = tmp_path_factory.mktemp("stores") / "forecast.zarr"
+    ds.to_zarr(path, encoding={v: {"chunks": (8, 8, 8)} for v in ds.data_vars}, zarr_format=3)
+    return path

@@ -8,6 +8,12 @@ arrays assembled on Rust threads::
     {"t2m": array (batch, 5, 5), ..., "coords": {dim: origin coordinate},
      "index": {dim: origin index}}
 
+With ``history`` and ``targets`` (lead times) a sample has inputs and
+targets, each a stack of channels (``stack="channels"``)::
+
+    {"inputs": array (batch, channels, 64, 64), "targets": array (batch, channels', 64, 64),
+     "coords": {...}, "index": {...}, "jitter": {dim: offsets}}
+
 The arrays own the memory Rust filled: nothing is copied on the way to
 Python, ``torch.from_numpy`` shares it, and DLPack consumers
 (``jax.numpy.from_dlpack``, ``cupy.from_dlpack``) take it as is.
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 
 class Dataset:
@@ -54,11 +60,16 @@ class Dataset:
         valid: str | float = "all",
         where: str | None = None,
         *,
+        history: Mapping[str, int] | None = None,
+        targets: Mapping[str, str | Sequence[str]] | None = None,
+        inputs: Sequence[str] | None = None,
+        jitter: Mapping[str, int] | None = None,
         block_size: str | int | None = None,
         threads: int | None = None,
         cache: bool | str | os.PathLike | None = True,
     ) -> "Windows":
-        """The valid windows of a shape (xbatcher's names).
+        """The valid windows of a shape (xbatcher's names), or samples of
+        inputs and targets.
 
         - ``input_dims``: cells per window along each window dimension; every
           other dimension is one cell per window (squeezed from batches).
@@ -66,7 +77,24 @@ class Dataset:
           is ``size - overlap``.
         - ``valid``: ``"all"`` keeps windows without a missing value in any
           variable, ``"any"`` keeps every window, a fraction keeps windows
-          with at least that share of non-missing values.
+          with at least that share of non-missing values; with targets, a
+          rule per role: ``{"inputs": 0.9, "targets": "all"}`` (each
+          counted over that role's channels).
+        - ``history``: ``{dim: steps}``, the input steps along ``dim`` (the
+          *lead dimension*, usually ``time``) ending at the sample's own.
+        - ``targets``: ``{variable: lead}`` or ``{variable: [leads]}``, lead
+          times along the lead dimension in steps (``"+1"``) or in its
+          coordinate's units (``"+6h"``, ``"+30min"``, ``"+1d"``: a whole
+          number of its evenly spaced steps). Without ``history`` the lead
+          dimension is the only one outside ``input_dims`` holding times.
+          Every step a sample uses lies in the selection (``where``).
+        - ``inputs``: the input variables (default: all of the dataset's).
+        - ``jitter``: ``{dim: cells}``, a random offset per sample and
+          epoch along window dimensions within ``±cells`` (and the
+          selection), the same for every channel of the sample; seeded by
+          the loader's ``seed``, reported in ``batch["jitter"]``. An offset
+          whose window breaks a validity rule is drawn again (8 times at
+          most, then none).
         - ``where``: a SQL condition on coordinates selecting the cells
           windows are cut from (``"time >= '2020-01-01'"``).
         - ``block_size``: decoded bytes of the blocks windows are read in.
@@ -78,14 +106,20 @@ class Dataset:
           ``True`` uses ``$ZARRFUSION_CACHE_DIR`` or the user's cache
           directory, a path uses that directory, ``False`` builds every time.
         """
+        if isinstance(inputs, str):
+            inputs = [inputs]
         arguments = dict(
             input_dims=dict(input_dims),
             input_overlap=None if input_overlap is None else dict(input_overlap),
-            valid=valid,
+            valid=dict(valid) if isinstance(valid, Mapping) else valid,
             where=where,
             block_size=block_size,
             threads=threads,
             cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
+            history=None if history is None else dict(history),
+            targets=None if targets is None else {k: v if isinstance(v, str) else list(v) for k, v in targets.items()},
+            inputs=None if inputs is None else list(inputs),
+            jitter=None if jitter is None else dict(jitter),
         )
         raw = self._raw.windows(*arguments.values())
         return Windows(raw, {**self._description, "windows": arguments})
@@ -121,8 +155,36 @@ class Windows:
 
     @property
     def window_shape(self) -> dict[str, int]:
-        """Window dimensions and sizes."""
+        """Window dimensions and sizes (the lead dimension spans every step a sample uses)."""
         return dict(self._raw.window_shape)
+
+    @property
+    def lead_dim(self) -> str | None:
+        """The dimension of history and lead times, when there is one."""
+        return self._raw.lead_dim
+
+    @property
+    def channels(self) -> dict[str, list[dict]]:
+        """Per role (``inputs``, then ``targets``), its channels in batch
+        order: ``{"variable": name, "step": steps from the sample's own}``.
+        Steps come outermost (oldest first), then the variables in
+        ``variables`` order, so a stacked ``(B, C, ...)`` array reshapes to
+        ``(B, steps, variables, ...)`` when every step has the same
+        variables."""
+        return {
+            role: [{"variable": v, "step": step} for v, step in channels] for role, channels in self._raw.channels
+        }
+
+    def statistics(self) -> dict[str, dict[str, float]]:
+        """Per variable: ``count``, ``mean``, ``std`` (population), ``min``,
+        ``max`` of the non-missing values in the selected cells (``where``),
+        computed by the engine's dense reduction inside ``allowed_mem`` and
+        kept in the cache beside the window index (``cache``)."""
+        keys = ("count", "mean", "std", "min", "max")
+        return {
+            name: {k: (int(v) if k == "count" else v) for k, v in zip(keys, values)}
+            for name, values in self._raw.statistics()
+        }
 
     @property
     def index_source(self) -> str:
@@ -144,6 +206,8 @@ class Windows:
         threads: int | None = None,
         shard: tuple[int, int] | str | None = None,
         buffer_size: str | int = "256MB",
+        stack: str | None = None,
+        normalize: bool | Mapping[str, Mapping[str, float]] | None = None,
     ) -> "WindowLoader":
         """A loader of batches.
 
@@ -157,6 +221,14 @@ class Windows:
           ``torch.distributed`` when it is initialized (else of JAX's
           processes, else the whole).
         - ``prefetch`` batches are assembled ahead on ``threads`` Rust threads.
+        - ``stack="channels"``: one contiguous float32 array per role,
+          ``(batch, channels, *window)``, channels as ``Windows.channels``
+          lists them; otherwise one array per variable (per role with
+          targets: ``(batch, steps, *window)``).
+        - ``normalize``: ``True`` (``Windows.statistics()``) or a dict like
+          it, ``{variable: {"mean": m, "std": s}}``: ``(x - mean) / std``
+          is applied in Rust while assembling (float32 out; a variable with
+          ``std`` 0 is only centered).
 
         Under the session's ``allowed_mem``, a loader whose buffer, batches
         and decoding threads do not fit is refused (``ValueError`` with the
@@ -171,6 +243,25 @@ class Windows:
             if shard != "auto":
                 raise ValueError(f"shard: {shard!r} is not (rank, world_size), 'auto' or None")
             shard = _auto_shard()
+        if stack not in (None, "channels"):
+            raise ValueError(f"stack: {stack!r} is not 'channels' or None")
+        if normalize is True:
+            normalize = self.statistics()
+        elif normalize is False:
+            normalize = None
+        scales = None
+        if normalize is not None:
+            if not isinstance(normalize, Mapping):
+                raise ValueError("normalize: expected True or {variable: {'mean': m, 'std': s}}")
+            scales = []
+            for name in self.variables:
+                if name not in normalize:
+                    raise ValueError(f"normalize: no statistics for variable {name!r}")
+                try:
+                    scales.append((float(normalize[name]["mean"]), float(normalize[name]["std"])))
+                except (KeyError, TypeError, ValueError):
+                    raise ValueError(f"normalize: {name!r} needs numbers 'mean' and 'std'") from None
+            normalize = {name: {"mean": m, "std": sd} for name, (m, sd) in zip(self.variables, scales)}
         arguments = dict(
             batch_size=batch_size,
             shuffle=shuffle,
@@ -180,8 +271,10 @@ class Windows:
             threads=threads,
             shard=None if shard is None else tuple(shard),
             buffer_size=buffer_size,
+            stack=stack,
+            normalize=normalize,
         )
-        return WindowLoader(self._raw.loader(*arguments.values()), {**self._description, "loader": arguments})
+        return WindowLoader(_raw_loader(self._raw, arguments), {**self._description, "loader": arguments})
 
     def __repr__(self) -> str:
         return repr(self._raw)
@@ -202,6 +295,13 @@ class WindowLoader:
 
     def __len__(self) -> int:
         return len(self._raw)
+
+    @property
+    def channels(self) -> dict[str, list[dict]]:
+        """Per role, the channels of its arrays in batch order (``Windows.channels``)."""
+        return {
+            role: [{"variable": v, "step": step} for v, step in channels] for role, channels in self._raw.channels
+        }
 
     @property
     def num_samples(self) -> int:
@@ -340,17 +440,25 @@ def _auto_shard() -> tuple[int, int] | None:
     return None
 
 
+def _raw_loader(raw_windows: Any, arguments: dict, worker: tuple[int, int] | None = None) -> Any:
+    """The engine's loader of ``arguments`` (``Windows.loader``'s, checked)."""
+    a = dict(arguments)
+    normalize = a.pop("normalize")
+    scales = None if normalize is None else [(s["mean"], s["std"]) for s in normalize.values()]
+    return raw_windows.loader(
+        a["batch_size"], a["shuffle"], a["seed"], a["drop_last"], a["prefetch"], a["threads"], a["shard"],
+        a["buffer_size"], worker, a["stack"] == "channels", scales,
+    )
+
+
 def _windows_key(description: dict) -> dict:
-    """What makes the windows of a loader: store, variables, shape, rules."""
+    """What makes the windows of a loader: store, variables, shape, rules, samples."""
     w = description["windows"]
     return {
         "path": description["path"],
         "variables": description["variables"],
         "dims": description["dims"],
-        "input_dims": w["input_dims"],
-        "input_overlap": w["input_overlap"],
-        "valid": w["valid"],
-        "where": w["where"],
+        **{k: w.get(k) for k in ("input_dims", "input_overlap", "valid", "where", "history", "targets", "inputs", "jitter")},
     }
 
 
@@ -383,7 +491,7 @@ def _reopen_loader(
         if arguments["threads"] is None:
             # The workers share the machine's cores.
             arguments["threads"] = max(1, (os.cpu_count() or 1) // worker[1])
-        raw = windows._raw.loader(*arguments.values(), tuple(worker))
+        raw = _raw_loader(windows._raw, arguments, tuple(worker))
         loader = WindowLoader(raw, {**windows._description, "loader": description["loader"]}, tuple(worker))
     loader.set_epoch(epoch)
     if resume is not None:

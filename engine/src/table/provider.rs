@@ -35,6 +35,14 @@ impl ZarrTable {
         }
     }
 
+    /// A table over a grid already shared elsewhere (a loader's windows).
+    pub fn shared(table: Arc<GridTable>) -> Self {
+        Self {
+            table,
+            pushdown: true,
+        }
+    }
+
     /// Turns filter pushdown on or off (off: DataFusion filters every row).
     pub fn with_pushdown(mut self, pushdown: bool) -> Self {
         self.pushdown = pushdown;

@@ -7,7 +7,8 @@
 //! (metadata; in local stores the stored keys, sizes and modification
 //! times; in object stores the metadata objects' size, ETag and
 //! modification time only, so opening costs no listing), the window
-//! grid (selection, window sizes, strides, blocks) and the validity rule.
+//! grid (selection, window sizes, strides, blocks) and the samples' roles
+//! and validity rules.
 //! Rewriting the data, changing the window or the rule gives another key.
 //!
 //! A cache file that is missing, truncated or does not match the grid is a
@@ -24,8 +25,9 @@ use std::path::{Path, PathBuf};
 
 use md5::{Digest, Md5};
 
-use super::geometry::{Validity, WindowGrid};
+use super::geometry::WindowGrid;
 use super::index::{BlockIndex, ValidIndex};
+use super::sample::SampleLayout;
 use super::WindowError;
 use crate::table::GridTable;
 
@@ -60,20 +62,22 @@ impl IndexCache {
         &self.dir
     }
 
-    /// The key of the index of `variables` of `table` over `grid` under
-    /// `validity`: a hex digest of everything the index depends on. Lists
+    /// The key of the index of `variables` of `table` over `grid` for
+    /// samples of `layout` (its rules): a hex digest of everything the index depends on. Lists
     /// the variables' stored keys in local stores, reads their metadata
     /// objects' attributes in object stores; reads no chunk.
     pub fn key(
         table: &GridTable,
         variables: &[usize],
         grid: &WindowGrid,
-        validity: Validity,
+        layout: &SampleLayout,
     ) -> Result<String, WindowError> {
         let mut digest = Md5::new();
         let text = format!(
-            "zarrfusion window index {VERSION}\n{}\n{validity:?}\n{:?}\n",
-            table.store, grid.axes
+            "zarrfusion window index {VERSION}\n{}\n{}\n{:?}\n",
+            table.store,
+            layout.rule(),
+            grid.axes
         );
         digest.update(text.as_bytes());
         for &v in variables {
@@ -102,15 +106,26 @@ impl IndexCache {
 
     /// Stores `index` under `key`, atomically (temporary file, then rename).
     pub fn store(&self, key: &str, index: &ValidIndex) -> std::io::Result<()> {
+        let mut bytes = Vec::new();
+        encode(&mut bytes, key, index)?;
+        self.write_atomically(&self.path(key), &bytes)
+    }
+
+    /// Writes `bytes` to `target` in the cache's directory: to a temporary
+    /// file first, synced, then renamed, so a reader never sees half a file.
+    pub fn write_atomically(&self, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
-        let target = self.path(key);
-        let temporary = self.dir.join(format!(".{key}.{}.tmp", std::process::id()));
-        let written = std::fs::File::create(&temporary).and_then(|file| {
-            let mut out = std::io::BufWriter::new(file);
-            encode(&mut out, key, index)?;
-            out.into_inner().map_err(|e| e.into_error())?.sync_all()
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned());
+        let temporary = self.dir.join(format!(
+            ".{}.{}.tmp",
+            name.unwrap_or_default(),
+            std::process::id()
+        ));
+        let written = std::fs::File::create(&temporary).and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
         });
-        match written.and_then(|()| std::fs::rename(&temporary, &target)) {
+        match written.and_then(|()| std::fs::rename(&temporary, target)) {
             Ok(()) => Ok(()),
             Err(e) => {
                 let _ = std::fs::remove_file(&temporary);

@@ -104,10 +104,12 @@ pub struct Axis {
     before: Vec<u64>,
     /// Number of origins along this dimension.
     pub count: u64,
+    /// Largest random offset of a window along it (window dimensions).
+    pub jitter: u64,
 }
 
 impl Axis {
-    fn window(name: &str, range: Range<u64>, size: u64, stride: u64) -> Self {
+    fn window(name: &str, range: Range<u64>, size: u64, stride: u64, jitter: u64) -> Self {
         let len = range.end - range.start;
         let count = if len >= size {
             (len - size) / stride + 1
@@ -122,6 +124,7 @@ impl Axis {
             ranges: vec![range],
             before: vec![0],
             count,
+            jitter,
         }
     }
 
@@ -140,6 +143,7 @@ impl Axis {
             ranges,
             before,
             count,
+            jitter: 0,
         }
     }
 
@@ -175,6 +179,25 @@ impl Axis {
             .max()
             .unwrap_or(0)
             .min(self.count)
+    }
+
+    /// The selected cells along a window dimension.
+    pub fn range(&self) -> Range<u64> {
+        self.ranges.first().cloned().unwrap_or(0..0)
+    }
+
+    /// `cells` widened by the largest jitter either side, within the selection.
+    fn reach(&self, cells: Range<u64>) -> Range<u64> {
+        if self.jitter == 0 {
+            return cells;
+        }
+        let within = self.range();
+        cells.start.saturating_sub(self.jitter).max(within.start)
+            ..cells
+                .end
+                .saturating_add(self.jitter)
+                .min(within.end)
+                .max(cells.end)
     }
 
     /// The origins whose index lies in `extent`.
@@ -237,11 +260,14 @@ pub struct WindowShape {
 impl WindowGrid {
     /// Plans the origins of windows of `shape` over `selection` of `table`,
     /// grouped in blocks of about `block_bytes` decoded bytes (`bytes_per_cell`
-    /// for the variables read).
+    /// for the variables read). `jitter` (per dimension; empty: none) widens
+    /// each block's extent by the windows' largest random offsets, within
+    /// the selection.
     pub fn new(
         table: &GridTable,
         selection: &Selection,
         shape: &WindowShape,
+        jitter: &[u64],
         bytes_per_cell: u64,
         block_bytes: u64,
     ) -> Result<Self, WindowError> {
@@ -332,7 +358,8 @@ impl WindowGrid {
                     ),
                 ));
             }
-            axes.push(Axis::window(name, range, size, size - overlap));
+            let jitter = jitter.get(d).copied().unwrap_or(0);
+            axes.push(Axis::window(name, range, size, size - overlap, jitter));
         }
         let grid = BlockGrid::plan(
             &table.shape(),
@@ -351,6 +378,31 @@ impl WindowGrid {
     /// Cells per window (the product of window sizes).
     pub fn window_cells(&self) -> u64 {
         self.axes.iter().map(|a| a.size).product()
+    }
+
+    /// Cells a window's reach spans: the window and its largest jitter
+    /// either side (within the selection).
+    pub fn reach_cells(&self) -> u64 {
+        self.axes
+            .iter()
+            .map(|a| {
+                let len = a.range().end - a.range().start;
+                a.size
+                    .saturating_add(a.jitter.saturating_mul(2))
+                    .min(len.max(a.size))
+            })
+            .product()
+    }
+
+    /// The cells the window at `origin` may read with its jitter: its
+    /// extent widened by the largest offset along each dimension, within
+    /// the selection.
+    pub fn window_reach(&self, origin: &[u64]) -> Vec<Range<u64>> {
+        self.window_extent(origin)
+            .into_iter()
+            .zip(&self.axes)
+            .map(|(r, a)| a.reach(r))
+            .collect()
     }
 
     /// Window sizes along the window dimensions, in table order.
@@ -389,7 +441,7 @@ fn block_of(axes: &[Axis], block: &[Range<u64>], shape: &[u64]) -> Option<Window
         .iter()
         .zip(&origins)
         .zip(shape)
-        .map(|((a, r), &len)| a.index(r.start)..(a.index(r.end - 1) + a.size).min(len))
+        .map(|((a, r), &len)| a.reach(a.index(r.start)..(a.index(r.end - 1) + a.size).min(len)))
         .collect();
     Some(WindowBlock { origins, extent })
 }
@@ -400,7 +452,7 @@ mod tests {
 
     #[test]
     fn window_axis_counts_origins() {
-        let a = Axis::window("x", 2..12, 4, 3);
+        let a = Axis::window("x", 2..12, 4, 3, 0);
         // origins at 2, 5, 8 (8 + 4 = 12 fits), not 11.
         assert_eq!(a.count, 3);
         assert_eq!(

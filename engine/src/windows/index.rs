@@ -14,7 +14,8 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef};
 use datafusion::arrow::buffer::BooleanBuffer;
 
-use super::geometry::{Validity, WindowBlock, WindowGrid};
+use super::geometry::{WindowBlock, WindowGrid};
+use super::sample::SampleLayout;
 use super::WindowError;
 use crate::table::{GridTable, ReadAheadPlan, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
@@ -207,44 +208,42 @@ pub(super) fn read_blocks_ahead(
     )
 }
 
-/// The valid origins of one block, from its decoded columns.
+/// The valid origins of one block, from its decoded columns (one per
+/// variable of the windows, in their order).
 ///
-/// Missing values are counted per cell, summed over each window with
-/// sliding sums, and compared with the largest count the rule allows. Blocks
-/// without a missing value skip all of it.
+/// Per role, missing values are counted per cell over the variables of
+/// each step the role uses, summed over each window's plane with sliding
+/// sums, added up over the role's steps, and compared with the largest
+/// count the role's rule allows. Blocks without a missing value skip all
+/// of it.
 pub(super) fn index_block(
     grid: &WindowGrid,
     block: &WindowBlock,
     columns: &[ArrayRef],
-    validity: Validity,
+    layout: &SampleLayout,
 ) -> BlockIndex {
-    let total = grid.window_cells() * columns.len() as u64;
+    let n = block.num_origins() as usize;
     let any_missing = columns.iter().any(|c| c.null_count() > 0);
-    let allowed = validity.max_missing(total);
-    if !any_missing || allowed >= total {
-        return BlockIndex::all(block.num_origins());
+    if !any_missing || layout.keeps_everything() {
+        return BlockIndex::all(n as u64);
     }
-    let mut shape: Vec<usize> = block
+    let lead = layout.lead.map(|l| l.axis);
+    let shape: Vec<usize> = block
         .extent
         .iter()
         .map(|r| (r.end - r.start) as usize)
         .collect();
-    let mut missing = vec![0u32; shape.iter().product()];
-    for nulls in columns.iter().filter_map(|c| c.nulls()) {
-        if nulls.null_count() > 0 {
-            count_missing(nulls.inner(), &mut missing);
-        }
-    }
+    // The box of plane sums: sliding along window axes but the lead axis.
+    let mut summed = shape.clone();
     for (d, axis) in grid.axes.iter().enumerate() {
-        if axis.window && axis.size > 1 {
-            missing = sliding_sum(&missing, &shape, d, axis.size as usize);
-            shape[d] -= axis.size as usize - 1;
+        if axis.window && Some(d) != lead {
+            summed[d] -= axis.size as usize - 1;
         }
     }
     let rank = shape.len();
     let mut strides = vec![1usize; rank];
     for d in (0..rank.saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1];
+        strides[d] = strides[d + 1] * summed[d + 1];
     }
     // Offset of each origin along each dimension, within the summed box.
     let offsets: Vec<Vec<usize>> = grid
@@ -260,20 +259,75 @@ pub(super) fn index_block(
                 .collect()
         })
         .collect();
-    let allowed = allowed as u32;
-    let n = block.num_origins() as usize;
-    let mut bits = vec![0u64; n.div_ceil(64)];
-    // Origins in C order, one row (the last dimension) at a time.
-    let (outer, inner) = offsets.split_at(rank - 1);
-    let inner = &inner[0];
+    let plane_cells: u64 = grid
+        .axes
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| Some(*d) != lead)
+        .map(|(_, a)| a.size)
+        .product();
+    let mut bits = vec![!0u64; n.div_ceil(64)];
+    if !n.is_multiple_of(64) {
+        if let Some(last) = bits.last_mut() {
+            *last = (1u64 << (n % 64)) - 1;
+        }
+    }
+    for role in &layout.roles {
+        let total = plane_cells * role.channels.len() as u64;
+        let allowed = role.validity.max_missing(total);
+        if allowed >= total {
+            continue;
+        }
+        let mut counts = vec![0u32; n];
+        let mut slots: Vec<u64> = role.channels.iter().map(|c| c.slot).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        for slot in slots {
+            let mut missing: Option<Vec<u32>> = None;
+            for c in role.channels.iter().filter(|c| c.slot == slot) {
+                if let Some(nulls) = columns[c.variable].nulls().filter(|n| n.null_count() > 0) {
+                    let cells = missing.get_or_insert_with(|| vec![0u32; shape.iter().product()]);
+                    count_missing(nulls.inner(), cells);
+                }
+            }
+            let Some(mut missing) = missing else {
+                continue;
+            };
+            let mut box_shape = shape.clone();
+            for (d, axis) in grid.axes.iter().enumerate() {
+                if axis.window && axis.size > 1 && Some(d) != lead {
+                    missing = sliding_sum(&missing, &box_shape, d, axis.size as usize);
+                    box_shape[d] -= axis.size as usize - 1;
+                }
+            }
+            let shift = lead.map_or(0, |d| slot as usize * strides[d]);
+            for_each_origin(&offsets, |local, base| {
+                counts[local] += missing[base + shift];
+            });
+        }
+        let allowed = allowed as u32;
+        for (local, &count) in counts.iter().enumerate() {
+            if count > allowed {
+                bits[local / 64] &= !(1u64 << (local % 64));
+            }
+        }
+    }
+    BlockIndex::from_bits(bits)
+}
+
+/// Calls `f(local, offset)` for each origin of a block in C order, with its
+/// offset: the sum of its per-dimension offsets (`offsets[d][k]`).
+fn for_each_origin(offsets: &[Vec<usize>], mut f: impl FnMut(usize, usize)) {
+    let Some((inner, outer)) = offsets.split_last() else {
+        return;
+    };
+    let n: usize = offsets.iter().map(Vec::len).product();
     let mut position = vec![0usize; outer.len()];
     let mut local = 0usize;
     while local < n {
         let base: usize = outer.iter().zip(&position).map(|(o, &p)| o[p]).sum();
         for &offset in inner {
-            if missing[base + offset] <= allowed {
-                bits[local / 64] |= 1 << (local % 64);
-            }
+            f(local, base + offset);
             local += 1;
         }
         for d in (0..outer.len()).rev() {
@@ -284,7 +338,6 @@ pub(super) fn index_block(
             position[d] = 0;
         }
     }
-    BlockIndex::from_bits(bits)
 }
 
 /// Adds one to `missing` at every unset bit of `validity` (an Arrow null

@@ -30,10 +30,11 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::cache::IndexCache;
-use super::geometry::{Validity, WindowGrid};
+use super::geometry::WindowGrid;
 use super::index::{
     block_read_ahead, index_block, read_blocks_ahead, read_columns, BlockIndex, ValidIndex,
 };
+use super::sample::SampleLayout;
 use super::{IndexSource, WindowError};
 use crate::table::{GridTable, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
@@ -92,8 +93,8 @@ pub struct IndexJob {
     pub variables: Vec<usize>,
     /// The window grid.
     pub grid: Arc<WindowGrid>,
-    /// The rule a window must meet.
-    pub validity: Validity,
+    /// What a sample holds, and the rules it must meet.
+    pub layout: Arc<SampleLayout>,
     /// Chunk reads kept in flight ahead of the index threads (a remote
     /// store).
     pub io_concurrency: usize,
@@ -204,7 +205,7 @@ impl LiveIndex {
             self.done_reading(id);
             return match columns {
                 Ok(columns) => {
-                    self.publish(id, index_block(&job.grid, block, &columns, job.validity));
+                    self.publish(id, index_block(&job.grid, block, &columns, &job.layout));
                     Ok(true)
                 }
                 Err(e) => {

@@ -24,12 +24,13 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use super::assemble::{outputs, sample_bytes, Cutter, Decoded, Filling, Output};
 use super::index::{block_read_ahead, index_block, read_blocks_ahead, read_columns};
 use super::order::{
     block_order, segments, share, whole_segments, BlockSampler, Permutation, Segment, Shard,
     Shuffle,
 };
-use super::values::Values;
+use super::values::{Scale, Values};
 use super::{WindowError, Windows};
 use datafusion::common::human_readable_size;
 
@@ -67,6 +68,12 @@ pub struct LoaderOptions {
     /// decoding threads do not fit it is refused, and its read-ahead gets
     /// what they leave (`None`: no limit; see [`LoaderMemory`]).
     pub memory_limit: Option<usize>,
+    /// One `float32` array per role with every channel stacked, instead of
+    /// an array per variable (see [`super::assemble`]).
+    pub stack: bool,
+    /// Scales of the windows' variables (in their order), applied while
+    /// assembling; the arrays are then `float32`.
+    pub normalize: Option<Vec<Scale>>,
 }
 
 impl Default for LoaderOptions {
@@ -84,6 +91,8 @@ impl Default for LoaderOptions {
             worker: Shard::WHOLE,
             io_concurrency: 64,
             memory_limit: None,
+            stack: false,
+            normalize: None,
         }
     }
 }
@@ -121,15 +130,19 @@ impl LoaderMemory {
     }
 }
 
-/// One batch: the windows of every variable, and where each window starts.
+/// One batch: its arrays, and where each sample is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WindowBatch {
-    /// Number of windows.
+    /// Number of samples.
     pub len: usize,
-    /// Per variable (in the loader's order): `len` windows, each in C order.
-    pub variables: Vec<Values>,
-    /// Per dimension: the array index of each window's first cell.
+    /// One per [`Output`] of the loader (one per variable for the classic
+    /// windows): `len` samples, each in C order.
+    pub arrays: Vec<Values>,
+    /// Per dimension: the array index of each sample's first cell (jitter
+    /// included), or of its own step along the lead dimension.
     pub origins: Vec<Vec<u64>>,
+    /// Per dimension: each sample's jitter offset (empty where there is none).
+    pub jitter: Vec<Vec<i64>>,
 }
 
 /// Counters of a loader, over all its epochs.
@@ -167,6 +180,7 @@ pub struct LoaderStats {
 pub struct WindowLoader {
     windows: Arc<Windows>,
     options: LoaderOptions,
+    outputs: Arc<Vec<Output>>,
     counters: Arc<Counters>,
 }
 
@@ -190,12 +204,30 @@ impl WindowLoader {
         if options.prefetch == 0 {
             return Err(WindowError::argument("prefetch", "must be at least 1"));
         }
+        if let Some(scales) = &options.normalize {
+            if scales.len() != windows.variables.len() {
+                return Err(WindowError::argument(
+                    "normalize",
+                    format!(
+                        "{} scales for {} variables",
+                        scales.len(),
+                        windows.variables.len()
+                    ),
+                ));
+            }
+        }
+        let outputs = Arc::new(outputs(
+            &windows.layout,
+            options.stack,
+            options.normalize.is_some(),
+        ));
         let loader = Self {
             windows,
             options: LoaderOptions {
                 threads: options.threads.max(1),
                 ..options
             },
+            outputs,
             counters: Arc::default(),
         };
         let memory = loader.memory();
@@ -225,7 +257,12 @@ impl WindowLoader {
     /// The memory an epoch holds at its peak, by part: the read-ahead
     /// gets what the buffer and batches leave of `memory_limit`.
     pub fn memory(&self) -> LoaderMemory {
-        loader_memory(&self.windows, &self.options)
+        loader_memory(&self.windows, &self.outputs, &self.options)
+    }
+
+    /// The arrays of each batch, in order.
+    pub fn outputs(&self) -> &[Output] {
+        &self.outputs
     }
 
     /// The options in use.
@@ -276,6 +313,10 @@ impl WindowLoader {
         for _ in 0..self.options.threads {
             let worker = Worker {
                 windows: Arc::clone(&self.windows),
+                outputs: Arc::clone(&self.outputs),
+                scales: self.options.normalize.clone(),
+                seed: self.options.seed,
+                epoch,
                 counters: Arc::clone(&self.counters),
                 flow: Arc::clone(&flow),
                 jobs: Arc::clone(&jobs_rx),
@@ -285,6 +326,7 @@ impl WindowLoader {
         }
         let planner = Planner {
             windows: Arc::clone(&self.windows),
+            outputs: Arc::clone(&self.outputs),
             options: self.options.clone(),
             epoch,
             skip,
@@ -305,13 +347,15 @@ impl WindowLoader {
     }
 }
 
-/// The memory an epoch of a loader of `windows` with options `o` holds at
-/// its peak (see [`WindowLoader::memory`]).
-fn loader_memory(windows: &Windows, o: &LoaderOptions) -> LoaderMemory {
+/// The memory an epoch of a loader of `windows` with options `o`, making
+/// batches of `outputs`, holds at its peak (see [`WindowLoader::memory`]).
+fn loader_memory(windows: &Windows, outputs: &[Output], o: &LoaderOptions) -> LoaderMemory {
+    // A full shuffle decodes each window with its jitter's reach.
     let window_bytes = windows
         .grid
-        .window_cells()
+        .reach_cells()
         .saturating_mul(windows.cell_bytes());
+    let sample_bytes = sample_bytes(windows, outputs);
     let block_bytes = windows.largest_block_bytes();
     let buffer = match o.shuffle {
         Shuffle::Block { buffer_bytes } => {
@@ -324,7 +368,7 @@ fn loader_memory(windows: &Windows, o: &LoaderOptions) -> LoaderMemory {
     };
     let batches = (o.prefetch as u64 + 1)
         .saturating_mul(o.batch_size as u64)
-        .saturating_mul(window_bytes);
+        .saturating_mul(sample_bytes);
     // A full shuffle decodes single windows.
     let decoded = match o.shuffle {
         Shuffle::Full => window_bytes,
@@ -386,7 +430,7 @@ struct Slot {
     /// Whether this is a whole block, whose index can be taken from it.
     whole_block: bool,
     extent: Vec<Range<u64>>,
-    data: OnceLock<Result<Vec<Values>, String>>,
+    data: OnceLock<Result<Decoded, String>>,
     /// The window reading this block's chunks ahead, and the block's
     /// number in it (its place in the epoch's order).
     read_ahead: Option<(Arc<TableReadAhead>, u64)>,
@@ -415,7 +459,7 @@ impl Slot {
         Arc::new(Self {
             block,
             whole_block: false,
-            extent: windows.grid.window_extent(&origin),
+            extent: windows.grid.window_reach(&origin),
             data: OnceLock::new(),
             read_ahead: None,
         })
@@ -423,7 +467,7 @@ impl Slot {
 
     /// Decodes the values (once); a whole block not indexed yet is indexed
     /// from them, and a block that cannot be read fails the index.
-    fn values(&self, windows: &Windows, counters: &Counters) -> Result<&[Values], WindowError> {
+    fn values(&self, windows: &Windows, counters: &Counters) -> Result<&Decoded, WindowError> {
         let data = self.data.get_or_init(|| {
             let started = Instant::now();
             let live = windows.live_index();
@@ -448,9 +492,19 @@ impl Slot {
                 let block = &windows.grid.blocks[self.block];
                 live.publish(
                     self.block,
-                    index_block(&windows.grid, block, &columns, windows.validity),
+                    index_block(&windows.grid, block, &columns, &windows.layout),
                 );
             }
+            // Jittered samples are checked against the rules from the nulls.
+            let checks = windows.layout.jittered() && !windows.layout.keeps_everything();
+            let nulls = columns
+                .iter()
+                .map(|c| {
+                    c.nulls()
+                        .filter(|n| checks && n.null_count() > 0)
+                        .map(|n| n.inner().clone())
+                })
+                .collect();
             let values: Vec<Values> = columns
                 .iter()
                 .map(|c| {
@@ -466,9 +520,9 @@ impl Slot {
             counters
                 .decode_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            Ok(values)
+            Ok(Decoded { values, nulls })
         });
-        data.as_deref().map_err(|e| WindowError::Read(e.clone()))
+        data.as_ref().map_err(|e| WindowError::Read(e.clone()))
     }
 
     /// Says the read-ahead window this block is done with.
@@ -569,6 +623,7 @@ impl Flow {
 
 struct Planner {
     windows: Arc<Windows>,
+    outputs: Arc<Vec<Output>>,
     options: LoaderOptions,
     epoch: u64,
     /// Batches planned but not assembled (see [`WindowLoader::epoch_from`]).
@@ -690,7 +745,8 @@ impl Planner {
         let shuffle = shuffled.then_some((o.seed, self.epoch, stream));
         // The chunks of the blocks, in the order they enter the shuffle
         // buffer, read ahead of the workers (a remote store).
-        let read_ahead = loader_read_ahead(windows, o, loader_memory(windows, o).fixed())
+        let fixed = loader_memory(windows, &self.outputs, o).fixed();
+        let read_ahead = loader_read_ahead(windows, o, fixed)
             .and_then(|plan| {
                 read_blocks_ahead(
                     &windows.table,
@@ -735,6 +791,10 @@ impl Planner {
 
 struct Worker {
     windows: Arc<Windows>,
+    outputs: Arc<Vec<Output>>,
+    scales: Option<Vec<Scale>>,
+    seed: u64,
+    epoch: u64,
     counters: Arc<Counters>,
     flow: Arc<Flow>,
     jobs: Arc<Mutex<Receiver<Job>>>,
@@ -768,38 +828,31 @@ impl Worker {
     }
 
     fn assemble(&self, plan: &Plan) -> Result<WindowBatch, WindowError> {
-        let windows = &self.windows;
-        let cells = windows.grid.window_cells() as usize;
-        let rank = windows.grid.axes.len();
-        let mut variables: Option<Vec<Values>> = None;
-        let mut origins = vec![Vec::with_capacity(plan.len()); rank];
+        let cutter = Cutter::new(
+            &self.windows,
+            &self.outputs,
+            self.scales.as_deref(),
+            self.seed,
+            self.epoch,
+        );
+        let mut batch: Option<Filling> = None;
         let mut assemble_ns = 0u64;
         for (slot, local) in plan {
-            let values = slot.values(windows, &self.counters)?;
+            let data = slot.values(&self.windows, &self.counters)?;
             let started = Instant::now();
-            let out = variables.get_or_insert_with(|| {
-                values
-                    .iter()
-                    .map(|v| v.empty_like(plan.len() * cells))
-                    .collect()
-            });
-            let origin = windows.grid.blocks[slot.block].origin(*local);
-            let window = windows.grid.window_extent(&origin);
-            for (v, o) in values.iter().zip(out.iter_mut()) {
-                v.append_window(&slot.extent, &window, o);
-            }
-            for (d, r) in window.iter().enumerate() {
-                origins[d].push(r.start);
-            }
+            let filling = batch.get_or_insert_with(|| cutter.start(data, plan.len()));
+            cutter.cut(data, &slot.extent, slot.block, *local, filling);
             assemble_ns += started.elapsed().as_nanos() as u64;
         }
         self.counters
             .assemble_ns
             .fetch_add(assemble_ns, Ordering::Relaxed);
+        let batch = batch.ok_or_else(|| WindowError::Internal("an empty batch".into()))?;
         Ok(WindowBatch {
             len: plan.len(),
-            variables: variables.unwrap_or_default(),
-            origins,
+            arrays: batch.arrays,
+            origins: batch.origins,
+            jitter: batch.jitter,
         })
     }
 }

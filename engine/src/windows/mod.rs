@@ -13,14 +13,17 @@
 //! | [`index`] | which origins hold a valid window |
 //! | [`live_index`] | the index filling in while a loader starts |
 //! | [`cache`] | the index kept on disk between runs |
+//! | [`sample`] | what a sample holds: inputs, targets, lead times, channels, jitter |
 //! | [`order`] | shuffling, sharding, epochs |
 //! | [`values`] | typed cell values and cutting windows out of them |
+//! | [`statistics`] | per-variable mean, std, min, max for normalization |
+//! | [`assemble`] | cutting samples into a batch's arrays: channels, jitter, normalization |
 //! | [`loader`] | the threads that decode blocks and assemble batches |
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
-//! use zarrfusion::windows::{IndexOptions, LoaderOptions, Validity, WindowShape, Windows};
+//! use zarrfusion::windows::{IndexOptions, LoaderOptions, SampleSpec, WindowShape, Windows};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let runtime = datafusion::execution::runtime_env::RuntimeEnv::default();
@@ -32,7 +35,8 @@
 //! };
 //! let selection = Selection::all(&table.shape());
 //! let options = IndexOptions::default();
-//! let windows = Windows::new(table, &["t2m".to_string()], selection, &shape, Validity::All, &options)?;
+//! let sample = SampleSpec::default();
+//! let windows = Windows::new(table, &["t2m".to_string()], selection, &shape, &sample, &options)?;
 //! println!("{} valid windows", windows.len()?);
 //! let loader = zarrfusion::windows::WindowLoader::new(Arc::new(windows), LoaderOptions::default())?;
 //! for batch in loader.epoch(0) {
@@ -43,16 +47,20 @@
 //! # }
 //! ```
 
+pub mod assemble;
 pub mod cache;
 pub mod geometry;
 pub mod index;
 pub mod live_index;
 pub mod loader;
 pub mod order;
+pub mod sample;
+pub mod statistics;
 pub mod values;
 
 use std::sync::Arc;
 
+pub use assemble::Output;
 pub use cache::IndexCache;
 pub use geometry::{Validity, WindowGrid, WindowShape};
 use index::BlockIndex;
@@ -63,7 +71,9 @@ pub use loader::{
     BatchStream, LoaderMemory, LoaderOptions, LoaderStats, Polled, WindowBatch, WindowLoader,
 };
 pub use order::{Shard, Shuffle};
-pub use values::Values;
+pub use sample::{Channel, Role, SampleLayout, SampleSpec};
+pub use statistics::{statistics, Moments};
+pub use values::{Scale, Values};
 
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::utils::split_conjunction_owned;
@@ -158,15 +168,16 @@ pub struct Windows {
     pub variables: Vec<usize>,
     /// Where the window origins are, grouped in blocks.
     pub grid: Arc<WindowGrid>,
-    /// The rule a window must meet.
-    pub validity: Validity,
+    /// What a sample holds (roles and channels) and the rules it meets.
+    pub layout: Arc<SampleLayout>,
     /// Which origins hold a valid window, as far as known.
     live: Arc<LiveIndex>,
 }
 
 impl Windows {
     /// Plans windows of `shape` over `selection` of `table`, for the named
-    /// variables (all of the table's when empty), and loads the index of
+    /// variables (all of the table's when empty), holding what `sample`
+    /// says (inputs, targets at lead times, validity rules, jitter), and loads the index of
     /// valid windows from `options.cache` or starts building it in the
     /// background. Argument errors are returned here; a block that cannot
     /// be read fails whatever waits for the index. A cache that cannot be
@@ -176,7 +187,7 @@ impl Windows {
         variables: &[String],
         selection: Selection,
         shape: &WindowShape,
-        validity: Validity,
+        sample: &SampleSpec,
         options: &IndexOptions,
     ) -> Result<Self, WindowError> {
         let names: Vec<&str> = table.variables.iter().map(|v| v.name()).collect();
@@ -218,14 +229,19 @@ impl Windows {
             .iter()
             .map(|&v| table.variables[v].element_size() as u64)
             .sum();
+        let variable_names: Vec<&str> = variables.iter().map(|&v| names[v]).collect();
+        let (layout, grid_shape) =
+            SampleLayout::resolve(&table, &variable_names, &selection, shape, sample)?;
+        let layout = Arc::new(layout);
         let grid = Arc::new(WindowGrid::new(
             &table,
             &selection,
-            shape,
+            &grid_shape,
+            &layout.jitter,
             bytes_per_cell,
             options.block_bytes,
         )?);
-        let live = if validity == Validity::Any {
+        let live = if layout.keeps_everything() {
             // Every window is valid: nothing to read, nothing to keep.
             let all = grid.blocks.iter().map(|b| BlockIndex::all(b.num_origins()));
             LiveIndex::finished(
@@ -236,7 +252,7 @@ impl Windows {
             let cache = match &options.cache {
                 Some(cache) => Some((
                     cache.clone(),
-                    IndexCache::key(&table, &variables, &grid, validity)?,
+                    IndexCache::key(&table, &variables, &grid, &layout)?,
                 )),
                 None => None,
             };
@@ -247,7 +263,7 @@ impl Windows {
                         table: Arc::clone(&table),
                         variables: variables.clone(),
                         grid: Arc::clone(&grid),
-                        validity,
+                        layout: Arc::clone(&layout),
                         io_concurrency: options.io_concurrency,
                     },
                     options.threads,
@@ -259,7 +275,7 @@ impl Windows {
             table,
             variables,
             grid,
-            validity,
+            layout,
             live,
         })
     }

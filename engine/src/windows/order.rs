@@ -135,7 +135,8 @@ impl Permutation {
     }
 }
 
-fn splitmix(mut z: u64) -> u64 {
+/// A 64-bit mix (SplitMix64's finalizer): a seeded hash of `z`.
+pub(super) fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -7,6 +7,7 @@
 use std::ops::Range;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
     Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
@@ -137,6 +138,29 @@ impl Values {
         }
         copy!(F32, F64, I8, I16, I32, I64, U8, U16, U32, U64)
     }
+
+    /// Appends the cells of `window` (a box inside `extent`) to `out` as
+    /// `float32`, scaled by `scale` when given.
+    // `as f32` converts every type but float32 itself (one body for all).
+    #[allow(clippy::unnecessary_cast)]
+    pub fn append_window_f32(
+        &self,
+        extent: &[Range<u64>],
+        window: &[Range<u64>],
+        scale: Option<Scale>,
+        out: &mut Vec<f32>,
+    ) {
+        let (offset, factor) = scale.map_or((0.0, 1.0), Scale::coefficients);
+        let plain = scale.is_none();
+        each_variant!(self, src => for_each_run(extent, window, |start, run| {
+            let cells = src[start..start + run].iter();
+            if plain {
+                out.extend(cells.map(|&x| x as f32));
+            } else {
+                out.extend(cells.map(|&x| (x as f32 - offset) * factor));
+            }
+        }))
+    }
 }
 
 fn element_size_of<T>(_: &[T]) -> usize {
@@ -151,13 +175,21 @@ pub fn copy_box<T: Copy>(
     window: &[Range<u64>],
     dst: &mut Vec<T>,
 ) {
+    for_each_run(extent, window, |start, run| {
+        dst.extend_from_slice(&src[start..start + run]);
+    });
+}
+
+/// Calls `f(start, len)` for each contiguous run of the box `window` in a
+/// C-order box covering `extent`, in order (the innermost dimensions the
+/// window spans whole make one run).
+pub fn for_each_run(extent: &[Range<u64>], window: &[Range<u64>], mut f: impl FnMut(usize, usize)) {
     let rank = extent.len();
     let shape: Vec<usize> = extent.iter().map(|r| (r.end - r.start) as usize).collect();
     let mut strides = vec![1usize; rank];
     for d in (0..rank.saturating_sub(1)).rev() {
         strides[d] = strides[d + 1] * shape[d + 1];
     }
-    // Innermost dimensions the window spans whole are one contiguous run.
     let mut inner = rank;
     let mut run = 1usize;
     while inner > 0 {
@@ -169,6 +201,9 @@ pub fn copy_box<T: Copy>(
             break;
         }
     }
+    if run == 0 {
+        return;
+    }
     let offset = |index: &[u64]| -> usize {
         (0..rank)
             .map(|d| (index[d] - extent[d].start) as usize * strides[d])
@@ -176,8 +211,7 @@ pub fn copy_box<T: Copy>(
     };
     let mut index: Vec<u64> = window.iter().map(|r| r.start).collect();
     loop {
-        let start = offset(&index);
-        dst.extend_from_slice(&src[start..start + run]);
+        f(offset(&index), run);
         // Advance the outer dimensions (those before `inner`), last fastest.
         let mut d = inner;
         loop {
@@ -191,6 +225,42 @@ pub fn copy_box<T: Copy>(
             }
             index[d] = window[d].start;
         }
+    }
+}
+
+/// Missing cells (unset bits of `validity`, the Arrow validity of a
+/// column covering `extent`) in the box `window`.
+pub fn count_missing_in(
+    validity: &BooleanBuffer,
+    extent: &[Range<u64>],
+    window: &[Range<u64>],
+) -> u64 {
+    let mut missing = 0u64;
+    for_each_run(extent, window, |start, run| {
+        missing += (run - validity.slice(start, run).count_set_bits()) as u64;
+    });
+    missing
+}
+
+/// `(x - mean) / std` for each value, as `float32`; a channel with no
+/// spread (`std` 0) is only centered.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scale {
+    /// Subtracted from each value.
+    pub mean: f64,
+    /// Divides the centered value.
+    pub std: f64,
+}
+
+impl Scale {
+    /// `(offset, factor)` in `float32`: `(x - offset) * factor`.
+    fn coefficients(self) -> (f32, f32) {
+        let factor = if self.std > 0.0 && self.std.is_finite() {
+            (1.0 / self.std) as f32
+        } else {
+            1.0
+        };
+        (self.mean as f32, factor)
     }
 }
 

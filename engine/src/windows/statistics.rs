@@ -1,0 +1,201 @@
+//! Per-variable statistics of the cells windows are cut from, for
+//! normalization: count, mean, standard deviation, minimum and maximum.
+//!
+//! They are computed by the engine's dense reduction (a SQL aggregate over
+//! the table, the selection pushed into its scan), so they stream through
+//! the data inside `allowed_mem` like any query, and are kept beside the
+//! window index under a key that digests the store's fingerprints, the
+//! variables and the selection (a miss recomputes; a cache that cannot be
+//! written is ignored).
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Float64Type};
+use datafusion::functions_aggregate::expr_fn::{avg, count, max, min, stddev_pop};
+use datafusion::prelude::{col, SessionContext};
+use md5::{Digest, Md5};
+
+use super::values::Scale;
+use super::{IndexCache, WindowError};
+use crate::table::{GridTable, Selection, ZarrTable};
+
+/// Statistics of one variable over the selected cells (missing values left out).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moments {
+    /// Non-missing cells.
+    pub count: u64,
+    /// Their mean.
+    pub mean: f64,
+    /// Their population standard deviation.
+    pub std: f64,
+    /// The smallest.
+    pub min: f64,
+    /// The largest.
+    pub max: f64,
+}
+
+impl Moments {
+    /// The scale normalizing by these statistics: `(x - mean) / std`.
+    pub fn scale(&self) -> Scale {
+        Scale {
+            mean: self.mean,
+            std: self.std,
+        }
+    }
+}
+
+/// Statistics of `variables` (indices into `table.variables`) over the
+/// cells `predicate` (a SQL condition on coordinates, `selection` once
+/// parsed) selects, from `cache` when it holds them.
+pub async fn statistics(
+    ctx: &SessionContext,
+    table: &Arc<GridTable>,
+    variables: &[usize],
+    predicate: Option<&str>,
+    selection: &Selection,
+    cache: Option<&IndexCache>,
+) -> Result<Vec<Moments>, WindowError> {
+    let key = match cache {
+        Some(_) => Some(key(table, variables, selection)?),
+        None => None,
+    };
+    if let (Some(cache), Some(key)) = (cache, &key) {
+        if let Some(found) = load(cache, key, variables.len()) {
+            return Ok(found);
+        }
+    }
+    let computed = compute(ctx, table, variables, predicate).await?;
+    if let (Some(cache), Some(key)) = (cache, &key) {
+        if let Err(e) = store(cache, key, &computed) {
+            log::warn!(
+                "statistics of {} not kept in {}: {e}",
+                table.store,
+                cache.dir().display()
+            );
+        }
+    }
+    Ok(computed)
+}
+
+/// Runs the aggregate: one row of count, mean, std, min, max per variable.
+async fn compute(
+    ctx: &SessionContext,
+    table: &Arc<GridTable>,
+    variables: &[usize],
+    predicate: Option<&str>,
+) -> Result<Vec<Moments>, WindowError> {
+    let data = |e: datafusion::error::DataFusionError| {
+        WindowError::Data(crate::error::ZarrFusionError::store(
+            &table.store,
+            e.to_string(),
+        ))
+    };
+    let mut frame = ctx
+        .read_table(Arc::new(ZarrTable::shared(Arc::clone(table))))
+        .map_err(data)?;
+    if let Some(predicate) = predicate {
+        let schema = frame.schema().clone();
+        let expr = ctx
+            .parse_sql_expr(predicate, &schema)
+            .map_err(|e| WindowError::argument("where", e))?;
+        frame = frame.filter(expr).map_err(data)?;
+    }
+    let mut aggregates = Vec::with_capacity(variables.len() * 5);
+    for &v in variables {
+        let name = table.variables[v].name();
+        let c = col(format!("\"{name}\""));
+        aggregates.push(count(c.clone()).alias(format!("{name}.count")));
+        aggregates.push(avg(c.clone()).alias(format!("{name}.mean")));
+        aggregates.push(stddev_pop(c.clone()).alias(format!("{name}.std")));
+        aggregates.push(min(c.clone()).alias(format!("{name}.min")));
+        aggregates.push(max(c).alias(format!("{name}.max")));
+    }
+    let batches = frame
+        .aggregate(vec![], aggregates)
+        .map_err(data)?
+        .collect()
+        .await
+        .map_err(data)?;
+    let Some(row) = batches.iter().find(|b| b.num_rows() > 0) else {
+        return Err(WindowError::Internal(
+            "the statistics query returned no row".into(),
+        ));
+    };
+    let number = |i: usize| -> Result<f64, WindowError> {
+        let column = cast(row.column(i), &DataType::Float64)
+            .map_err(|e| WindowError::Internal(e.to_string()))?;
+        let values = column.as_primitive::<Float64Type>();
+        Ok(if values.is_null(0) {
+            f64::NAN
+        } else {
+            values.value(0)
+        })
+    };
+    (0..variables.len())
+        .map(|k| {
+            Ok(Moments {
+                count: number(5 * k)? as u64,
+                mean: number(5 * k + 1)?,
+                std: number(5 * k + 2)?,
+                min: number(5 * k + 3)?,
+                max: number(5 * k + 4)?,
+            })
+        })
+        .collect()
+}
+
+/// The cache key of the statistics of `variables` of `table` over `selection`.
+fn key(
+    table: &GridTable,
+    variables: &[usize],
+    selection: &Selection,
+) -> Result<String, WindowError> {
+    let mut digest = Md5::new();
+    digest.update(format!("zarrfusion statistics 1\n{}\n{selection:?}\n", table.store).as_bytes());
+    for &v in variables {
+        let variable = &table.variables[v];
+        digest.update(variable.name().as_bytes());
+        variable.fingerprint(&mut digest)?;
+    }
+    Ok(format!("{:x}", digest.finalize()))
+}
+
+fn path(cache: &IndexCache, key: &str) -> std::path::PathBuf {
+    cache.dir().join(format!("{key}.stats.json"))
+}
+
+/// The statistics stored under `key`, when they are whole.
+fn load(cache: &IndexCache, key: &str, n: usize) -> Option<Vec<Moments>> {
+    let text = std::fs::read_to_string(path(cache, key)).ok()?;
+    let rows: Vec<Vec<f64>> = serde_json::from_str(&text).ok()?;
+    if rows.len() != n || rows.iter().any(|r| r.len() != 5) {
+        return None;
+    }
+    Some(
+        rows.iter()
+            .map(|r| Moments {
+                count: r[0] as u64,
+                mean: r[1],
+                std: r[2],
+                min: r[3],
+                max: r[4],
+            })
+            .collect(),
+    )
+}
+
+/// Stores `moments` under `key`, atomically (`NaN`, of a variable with no
+/// value, is not JSON: such statistics are not kept).
+fn store(cache: &IndexCache, key: &str, moments: &[Moments]) -> std::io::Result<()> {
+    let rows: Vec<[f64; 5]> = moments
+        .iter()
+        .map(|m| [m.count as f64, m.mean, m.std, m.min, m.max])
+        .collect();
+    if rows.iter().flatten().any(|x| !x.is_finite()) {
+        return Ok(());
+    }
+    let text = serde_json::to_string(&rows).map_err(std::io::Error::other)?;
+    cache.write_atomically(&path(cache, key), text.as_bytes())
+}

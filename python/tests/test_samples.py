@@ -1,0 +1,245 @@
+"""Samples of inputs and targets against numpy: history and lead times,
+validity per role, channel order, jitter, statistics and normalization,
+and clear errors for bad arguments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+VARIABLES = ["t2m", "u10", "precip"]
+SIZE = 8
+STRIDE = 4
+
+
+def load(store):
+    ds = xr.open_zarr(store, chunks=None).load()
+    return ds, {v: ds[v].values for v in VARIABLES}
+
+
+def expected_samples(data, history, targets, valid_inputs, valid_targets, nt=40, ny=21, nx=26):
+    """(t, i, j) -> (inputs, targets) stacked as the loader documents:
+    steps outermost, then variables; targets sorted by lead, then variable."""
+    leads = sorted({(lead, v) for v, ls in targets.items() for lead in ls}, key=lambda p: (p[0], VARIABLES.index(p[1])))
+    first = min([1 - history] + [lead for lead, _ in leads])
+    last = max([0] + [lead for lead, _ in leads])
+    out = {}
+    for t in range(-first, nt - last):
+        for i in range(0, ny - SIZE + 1, STRIDE):
+            for j in range(0, nx - SIZE + 1, STRIDE):
+                box = (slice(i, i + SIZE), slice(j, j + SIZE))
+                inputs = np.stack([data[v][(t + s, *box)] for s in range(1 - history, 1) for v in VARIABLES])
+                target = np.stack([data[v][(t + lead, *box)] for lead, v in leads]) if leads else None
+                ok = np.isnan(inputs).sum() <= (1 - valid_inputs) * inputs.size + 1e-9
+                if target is not None:
+                    ok &= np.isnan(target).sum() <= (1 - valid_targets) * target.size + 1e-9
+                if ok:
+                    out[(t, i, j)] = (inputs, target)
+    return out
+
+
+def samples_of(loader):
+    got = {}
+    for batch in loader:
+        idx = batch["index"]
+        for k, key in enumerate(zip(idx["time"].tolist(), idx["lat"].tolist(), idx["lon"].tolist())):
+            assert key not in got
+            got[key] = (batch["inputs"][k], batch["targets"][k] if "targets" in batch else None)
+    return got
+
+
+def open_windows(ctx, store, **kwargs):
+    kwargs.setdefault("cache", False)
+    return ctx.open_zarr(store, variables=VARIABLES).windows(
+        {"lat": SIZE, "lon": SIZE}, {"lat": SIZE - STRIDE, "lon": SIZE - STRIDE}, **kwargs
+    )
+
+
+@pytest.mark.parametrize("shuffle", [None, "block", "full"])
+def test_history_and_lead_times_equal_numpy(ctx, forecast_store, shuffle):
+    ds, data = load(forecast_store)
+    windows = open_windows(
+        ctx, forecast_store, history={"time": 2}, targets={"t2m": "+6h", "precip": ["+6h", "+12h"]},
+        valid={"inputs": 0.99, "targets": "all"},
+    )
+    expected = expected_samples(data, 2, {"t2m": [1], "precip": [1, 2]}, 0.99, 1.0)
+    assert len(windows) == len(expected)
+    assert windows.lead_dim == "time"
+    assert windows.channels == {
+        "inputs": [{"variable": v, "step": s} for s in (-1, 0) for v in VARIABLES],
+        "targets": [{"variable": "t2m", "step": 1}, {"variable": "precip", "step": 1}, {"variable": "precip", "step": 2}],
+    }
+    loader = windows.loader(batch_size=16, shuffle=shuffle, stack="channels", seed=3)
+    got = samples_of(loader)
+    assert got.keys() == expected.keys()
+    for key, (inputs, targets) in got.items():
+        assert inputs.dtype == np.float32 and inputs.shape == (6, SIZE, SIZE)
+        np.testing.assert_array_equal(inputs, expected[key][0].astype(np.float32))
+        np.testing.assert_array_equal(targets, expected[key][1].astype(np.float32))
+    # The time reported is the sample's own step, with its coordinate.
+    batch = next(iter(windows.loader(batch_size=4, shuffle=None, stack="channels")))
+    t = batch["index"]["time"]
+    assert (batch["coords"]["time"] == ds.time.values[t]).all()
+
+
+def test_per_variable_arrays_keep_their_type(ctx, forecast_store):
+    _, data = load(forecast_store)
+    windows = open_windows(ctx, forecast_store, history={"time": 3}, targets={"precip": "+1"}, valid="any")
+    batch = next(iter(windows.loader(batch_size=5, shuffle="block", seed=1)))
+    assert set(batch["inputs"]) == set(VARIABLES) and set(batch["targets"]) == {"precip"}
+    assert batch["inputs"]["t2m"].shape == (5, 3, SIZE, SIZE) and batch["inputs"]["t2m"].dtype == np.float32
+    assert batch["inputs"]["precip"].dtype == np.float64
+    assert batch["targets"]["precip"].shape == (5, 1, SIZE, SIZE)
+    for k in range(5):
+        t, i, j = (int(batch["index"][d][k]) for d in ("time", "lat", "lon"))
+        box = (slice(i, i + SIZE), slice(j, j + SIZE))
+        for v in VARIABLES:
+            np.testing.assert_array_equal(batch["inputs"][v][k], data[v][(slice(t - 2, t + 1), *box)])
+        np.testing.assert_array_equal(batch["targets"]["precip"][k, 0], data["precip"][(t + 1, *box)])
+
+
+def test_lead_times_in_steps_and_in_hours_agree(ctx, forecast_store):
+    a = open_windows(ctx, forecast_store, targets={"u10": "+12h"}, inputs=["t2m"])
+    b = open_windows(ctx, forecast_store, targets={"u10": "+2"}, inputs=["t2m"])
+    assert len(a) == len(b)
+    assert a.channels == b.channels == {
+        "inputs": [{"variable": "t2m", "step": 0}],
+        "targets": [{"variable": "u10", "step": 2}],
+    }
+    ga = samples_of(a.loader(batch_size=32, shuffle=None, stack="channels"))
+    gb = samples_of(b.loader(batch_size=32, shuffle=None, stack="channels"))
+    assert ga.keys() == gb.keys()
+    for key in ga:
+        np.testing.assert_array_equal(ga[key][1], gb[key][1])
+
+
+def test_jitter_is_seeded_reported_and_keeps_the_rules(ctx, forecast_store):
+    _, data = load(forecast_store)
+    windows = open_windows(
+        ctx, forecast_store, history={"time": 2}, targets={"t2m": "+6h"}, valid={"inputs": 0.99, "targets": "all"},
+        jitter={"lat": 3, "lon": 2},
+    )
+    anchors = expected_samples(data, 2, {"t2m": [1]}, 0.99, 1.0)
+
+    def epoch(seed, e):
+        loader = windows.loader(batch_size=20, shuffle=None, seed=seed, stack="channels")
+        loader.set_epoch(e)
+        seen = []
+        for batch in loader:
+            for k in range(len(batch["inputs"])):
+                t, i, j = (int(batch["index"][d][k]) for d in ("time", "lat", "lon"))
+                di, dj = int(batch["jitter"]["lat"][k]), int(batch["jitter"]["lon"][k])
+                assert abs(di) <= 3 and abs(dj) <= 2
+                assert (t, i - di, j - dj) in anchors
+                assert 0 <= i and i + SIZE <= 21 and 0 <= j and j + SIZE <= 26
+                box = (slice(i, i + SIZE), slice(j, j + SIZE))
+                inputs = np.stack([data[v][(t + s, *box)] for s in (-1, 0) for v in VARIABLES])
+                np.testing.assert_array_equal(batch["inputs"][k], inputs.astype(np.float32))
+                target = data["t2m"][(t + 1, *box)]
+                np.testing.assert_array_equal(batch["targets"][k, 0], target)
+                assert not np.isnan(target).any()
+                assert np.isnan(inputs).sum() <= 0.01 * inputs.size
+                seen.append((t, i, j, di, dj))
+        return seen
+
+    first = epoch(5, 0)
+    assert len(first) == len(anchors)
+    assert epoch(5, 0) == first
+    other = epoch(5, 1)
+    assert [s[:3] for s in other] != [s[:3] for s in first]
+    offsets = {(s[3], s[4]) for s in first}
+    assert len(offsets) > 10  # offsets spread over the bounds
+
+
+def test_statistics_and_normalization_equal_numpy(ctx, forecast_store, tmp_path):
+    _, data = load(forecast_store)
+    windows = open_windows(
+        ctx, forecast_store, history={"time": 2}, targets={"t2m": "+6h"}, valid="any",
+        where="time >= '2021-03-03'", cache=tmp_path,
+    )
+    stats = windows.statistics()
+    part = {v: data[v][8:] for v in VARIABLES}  # 2021-03-03 is the ninth step
+    for v in VARIABLES:
+        values = part[v][~np.isnan(part[v])].astype(np.float64)
+        assert stats[v]["count"] == values.size
+        np.testing.assert_allclose(stats[v]["mean"], values.mean(), rtol=1e-9)
+        np.testing.assert_allclose(stats[v]["std"], values.std(), rtol=1e-7)
+        assert stats[v]["min"] == pytest.approx(values.min()) and stats[v]["max"] == pytest.approx(values.max())
+    assert list(tmp_path.glob("*.stats.json"))
+    assert windows.statistics() == stats  # from the cache
+    loader = windows.loader(batch_size=8, shuffle=None, stack="channels", normalize=True)
+    batch = next(iter(loader))
+    for k in range(8):
+        t, i, j = (int(batch["index"][d][k]) for d in ("time", "lat", "lon"))
+        box = (slice(i, i + SIZE), slice(j, j + SIZE))
+        for c, (s, v) in enumerate((s, v) for s in (-1, 0) for v in VARIABLES):
+            expected = (data[v][(t + s, *box)] - stats[v]["mean"]) / stats[v]["std"]
+            np.testing.assert_allclose(batch["inputs"][k, c], expected, rtol=2e-5, atol=2e-5)
+        expected = (data["t2m"][(t + 1, *box)] - stats["t2m"]["mean"]) / stats["t2m"]["std"]
+        np.testing.assert_allclose(batch["targets"][k, 0], expected, rtol=2e-5, atol=2e-5)
+    # Given statistics, and per-variable arrays normalized to float32.
+    given = {v: {"mean": 1.0, "std": 2.0} for v in VARIABLES}
+    batch = next(iter(windows.loader(batch_size=2, shuffle=None, normalize=given)))
+    t, i, j = (int(batch["index"][d][0]) for d in ("time", "lat", "lon"))
+    assert batch["inputs"]["precip"].dtype == np.float32
+    np.testing.assert_allclose(
+        batch["inputs"]["precip"][0, 1], (data["precip"][t, i : i + SIZE, j : j + SIZE] - 1.0) / 2.0, rtol=1e-6, atol=1e-6
+    )
+
+
+def test_resume_with_targets_and_jitter_is_exact(ctx, forecast_store):
+    windows = open_windows(ctx, forecast_store, history={"time": 2}, targets={"t2m": "+1"}, valid=0.9, jitter={"lon": 2})
+    loader = windows.loader(batch_size=7, shuffle="block", seed=9, stack="channels", buffer_size="64KB")
+    loader.set_epoch(2)
+    whole = [(b["inputs"].copy(), b["index"]["time"].copy(), b["jitter"]["lon"].copy()) for b in loader]
+    resumed = windows.loader(batch_size=7, shuffle="block", seed=9, stack="channels", buffer_size="64KB")
+    resumed.load_state_dict({**loader.state_dict(), "epoch": 2, "batches": 5})
+    rest = [(b["inputs"], b["index"]["time"], b["jitter"]["lon"]) for b in resumed]
+    assert len(rest) == len(whole) - 5
+    for (a, ta, ja), (b, tb, jb) in zip(whole[5:], rest):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(ta, tb)
+        np.testing.assert_array_equal(ja, jb)
+
+
+def test_torch_tensors_of_roles(ctx, forecast_store):
+    torch = pytest.importorskip("torch")
+    windows = open_windows(ctx, forecast_store, history={"time": 2}, targets={"t2m": "+6h"}, valid="any")
+    batch = next(iter(windows.loader(batch_size=4, stack="channels").torch()))
+    assert isinstance(batch["inputs"], torch.Tensor) and batch["inputs"].shape == (4, 6, SIZE, SIZE)
+    assert batch["targets"].shape == (4, 1, SIZE, SIZE) and batch["targets"].dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs,argument,words",
+    [
+        (dict(targets={"sst": "+6h"}), "targets", "unknown variable 'sst'"),
+        (dict(targets={"t2m": "+20d"}), "targets", "spans"),
+        (dict(targets={"t2m": "+3h"}), "targets", "whole number"),
+        (dict(targets={"t2m": "+6 parsecs"}), "targets", "lead time"),
+        (dict(history={"lat": 2}), "history", "window dimension"),
+        (dict(history={"level": 2}), "history", "unknown dimension"),
+        (dict(history={"time": 0}), "history", "at least 1"),
+        (dict(history={"time": 41}), "history", "spans"),
+        (dict(jitter={"time": 1}), "jitter", "not a window dimension"),
+        (dict(valid={"outputs": "all"}), "valid", "unknown role"),
+        (dict(inputs=["t2m", "t2m"]), "inputs", "twice"),
+        (dict(inputs=["sst"]), "inputs", "unknown variable"),
+        (dict(targets={"t2m": "+1"}, where="time < '2021-03-01T06:00:00'"), "targets", "spans"),
+    ],
+)
+def test_bad_sample_arguments_name_the_argument(ctx, forecast_store, kwargs, argument, words):
+    with pytest.raises(ValueError, match=argument) as error:
+        open_windows(ctx, forecast_store, **kwargs)
+    assert words in str(error.value)
+
+
+def test_bad_loader_arguments_for_samples(ctx, forecast_store):
+    windows = open_windows(ctx, forecast_store, targets={"t2m": "+1"})
+    with pytest.raises(ValueError, match="stack"):
+        windows.loader(stack="variables")
+    with pytest.raises(ValueError, match="normalize: no statistics for variable 'u10'"):
+        windows.loader(normalize={"t2m": {"mean": 0, "std": 1}, "precip": {"mean": 0, "std": 1}})
+    with pytest.raises(ValueError, match="normalize"):
+        windows.loader(normalize={v: {"mean": "warm"} for v in VARIABLES})
