@@ -187,14 +187,15 @@ impl PySessionContext {
         })
     }
 
-    /// Opens a Zarr store for windowing: the variables (all that share the
-    /// chosen dimensions when `None`) of the dimension set `dims`.
-    #[pyo3(signature = (path, variables=None, dims=None, **options))]
+    /// Opens Zarr stores for windowing: `sources` are `(name, path,
+    /// variables)`; each store gives its variables (all that share the
+    /// dimension set `dims`, by default the largest, when `None`), one
+    /// source per dimension set they span. The first is the reference.
+    #[pyo3(signature = (sources, dims=None, **options))]
     fn open_zarr(
         &self,
         py: Python<'_>,
-        path: &str,
-        variables: Option<Vec<String>>,
+        sources: Vec<(String, String, Option<Vec<String>>)>,
         dims: Option<&Bound<'_, PyAny>>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyDataset> {
@@ -208,14 +209,48 @@ impl PySessionContext {
             });
         }
         let dims = options.dims.clone();
-        let open = open_dataset(path.to_string(), options, self.ctx.runtime_env());
-        let dataset = wait_for(py, open)?.map_err(datafusion_error)?;
-        let table = dataset.table(dims.as_deref()).map_err(engine_error)?;
-        PyDataset::new(
-            Arc::new(table),
-            variables.unwrap_or_default(),
-            self.ctx.clone(),
-        )
+        let mut opened = Vec::new();
+        for (name, path, variables) in sources {
+            let open = open_dataset(path.clone(), options.clone(), self.ctx.runtime_env());
+            let dataset = wait_for(py, open)?.map_err(datafusion_error)?;
+            let variables = match variables {
+                Some(v) if dims.is_none() => v,
+                variables => {
+                    let table = dataset.table(dims.as_deref()).map_err(engine_error)?;
+                    opened.push((name, Arc::new(table), variables.unwrap_or_default()));
+                    continue;
+                }
+            };
+            // The variables' dimension sets, in the order they come first.
+            let mut tables: Vec<Option<_>> = dataset.tables().into_iter().map(Some).collect();
+            let mut groups: Vec<(usize, Vec<String>)> = Vec::new();
+            for v in variables {
+                let Some(t) = tables.iter().position(|t| {
+                    t.as_ref()
+                        .is_some_and(|t| t.variables.iter().any(|a| a.name() == v))
+                }) else {
+                    let all: Vec<String> = tables
+                        .iter()
+                        .flatten()
+                        .flat_map(|t| t.variables.iter().map(|a| a.name().to_string()))
+                        .collect();
+                    return Err(PyValueError::new_err(format!(
+                        "variables: unknown variable '{v}' of '{name}' (variables: {})",
+                        all.join(", ")
+                    )));
+                };
+                match groups.iter_mut().find(|(g, _)| *g == t) {
+                    Some((_, names)) => names.push(v),
+                    None => groups.push((t, vec![v])),
+                }
+            }
+            for (t, names) in groups {
+                if let Some(table) = tables[t].take() {
+                    opened.push((name.clone(), Arc::new(table), names));
+                }
+            }
+        }
+        PyDataset::new(opened, self.ctx.clone())
     }
 
     /// Rechunks the store at `source` (a path, a URL or a registered

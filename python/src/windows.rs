@@ -21,9 +21,9 @@ use pyo3::types::PyDict;
 use zarrfusion::config::ZarrConfig;
 use zarrfusion::table::{GridTable, Selection};
 use zarrfusion::windows::{
-    select_where, statistics, BatchStream, IndexCache, IndexOptions, IndexSource, LoaderOptions,
-    Polled, SampleSpec, Scale, Shard, Shuffle, ValidIndex, Validity, Values, WindowBatch,
-    WindowLoader, WindowShape, Windows,
+    select_where_each, statistics, BatchStream, IndexCache, IndexOptions, IndexSource,
+    LoaderOptions, Polled, SampleSpec, Scale, Shard, Shuffle, Source, ValidIndex, Validity, Values,
+    WindowBatch, WindowLoader, WindowShape, Windows,
 };
 
 use crate::context::size_argument;
@@ -151,75 +151,102 @@ fn cache_argument(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<IndexCach
     Ok(Some(IndexCache::new(path)))
 }
 
-/// A Zarr store opened for windowing: one dimension set and its variables.
+/// Zarr stores opened for windowing: sources of variables over one
+/// dimension set each, the first the reference.
 #[pyclass(name = "Dataset", module = "zarrfusion._zarrfusion", frozen)]
 pub struct PyDataset {
-    table: Arc<GridTable>,
-    variables: Vec<String>,
+    /// `(name, table, variables)` per source.
+    sources: Vec<(String, Arc<GridTable>, Vec<String>)>,
     ctx: SessionContext,
 }
 
 impl PyDataset {
-    /// A dataset of `variables` (all of the table's when empty).
+    /// A dataset of `sources`: `(name, table, variables)`, all of a
+    /// table's variables when empty.
     pub fn new(
-        table: Arc<GridTable>,
-        variables: Vec<String>,
+        sources: Vec<(String, Arc<GridTable>, Vec<String>)>,
         ctx: SessionContext,
     ) -> PyResult<Self> {
-        let names: Vec<String> = table
-            .variables
-            .iter()
-            .map(|v| v.name().to_string())
-            .collect();
-        for v in &variables {
-            if !names.contains(v) {
-                return Err(PyValueError::new_err(format!(
-                    "variables: unknown variable '{v}' (variables over ({}): {})",
-                    table
-                        .dims
-                        .iter()
-                        .map(|d| d.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    names.join(", ")
-                )));
-            }
+        if sources.is_empty() {
+            return Err(PyValueError::new_err("sources: no store given"));
         }
-        let variables = if variables.is_empty() {
-            names
-        } else {
-            variables
-        };
+        let mut checked = Vec::with_capacity(sources.len());
+        for (name, table, variables) in sources {
+            let names: Vec<String> = table
+                .variables
+                .iter()
+                .map(|v| v.name().to_string())
+                .collect();
+            for v in &variables {
+                if !names.contains(v) {
+                    return Err(PyValueError::new_err(format!(
+                        "variables: unknown variable '{v}' of '{name}' (variables over ({}): {})",
+                        table
+                            .dims
+                            .iter()
+                            .map(|d| d.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        names.join(", ")
+                    )));
+                }
+            }
+            let variables = if variables.is_empty() {
+                names
+            } else {
+                variables
+            };
+            checked.push((name, table, variables));
+        }
         Ok(Self {
-            table,
-            variables,
+            sources: checked,
             ctx,
         })
+    }
+
+    /// The reference source's table.
+    fn table(&self) -> &Arc<GridTable> {
+        &self.sources[0].1
     }
 }
 
 #[pymethods]
 impl PyDataset {
-    /// Dimension names, outermost first.
+    /// Dimension names of the reference source, outermost first.
     #[getter]
     fn dims(&self) -> Vec<String> {
-        self.table.dims.iter().map(|d| d.name.clone()).collect()
+        self.table().dims.iter().map(|d| d.name.clone()).collect()
     }
 
-    /// Dimension lengths, as a dict.
+    /// Dimension lengths of the reference source, as a dict.
     #[getter]
     fn sizes(&self) -> Vec<(String, u64)> {
-        self.table
+        self.table()
             .dims
             .iter()
             .map(|d| (d.name.clone(), d.len))
             .collect()
     }
 
-    /// The variables windows are cut from.
+    /// The variables windows are cut from, source after source.
     #[getter]
     fn variables(&self) -> Vec<String> {
-        self.variables.clone()
+        self.sources
+            .iter()
+            .flat_map(|(_, _, v)| v.iter().cloned())
+            .collect()
+    }
+
+    /// Per source: its name, dimensions and variables.
+    #[getter]
+    fn sources(&self) -> Vec<(String, Vec<String>, Vec<String>)> {
+        self.sources
+            .iter()
+            .map(|(name, table, variables)| {
+                let dims = table.dims.iter().map(|d| d.name.clone()).collect();
+                (name.clone(), dims, variables.clone())
+            })
+            .collect()
     }
 
     /// The valid windows of `input_dims` (cells per window dimension) with
@@ -276,12 +303,22 @@ impl PyDataset {
             Some(b) => size_argument("block_size", b)? as u64,
             None => 16 << 20,
         };
-        let selection = match &r#where {
+        let tables: Vec<&GridTable> = self.sources.iter().map(|(_, t, _)| t.as_ref()).collect();
+        let selections = match &r#where {
             Some(predicate) => {
-                select_where(&self.table, predicate, &self.ctx).map_err(window_error)?
+                select_where_each(&tables, predicate, &self.ctx).map_err(window_error)?
             }
-            None => Selection::all(&self.table.shape()),
+            None => tables.iter().map(|t| Selection::all(&t.shape())).collect(),
         };
+        let sources = self
+            .sources
+            .iter()
+            .zip(selections)
+            .map(|((name, table, variables), selection)| {
+                Source::new(name, Arc::clone(table), variables, selection)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(window_error)?;
         let io_concurrency = ZarrConfig::of(self.ctx.state().config().options()).io_concurrency;
         let memory_limit = match self.ctx.runtime_env().memory_pool.memory_limit() {
             MemoryLimit::Finite(limit) => Some(limit),
@@ -294,30 +331,20 @@ impl PyDataset {
             cache: cache.clone(),
             io_concurrency,
         };
-        let table = Arc::clone(&self.table);
-        let variables = self.variables.clone();
-        let kept = selection.clone();
         let windows = py
-            .detach(move || Windows::new(table, &variables, kept, &shape, &sample, &options))
+            .detach(move || Windows::of_sources(sources, &shape, &sample, &options))
             .map_err(window_error)?;
         Ok(PyWindows {
             windows: Arc::new(windows),
             io_concurrency,
             memory_limit,
             ctx: self.ctx.clone(),
-            predicate: r#where,
-            selection,
             cache,
         })
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "Dataset(store={:?}, dims={:?}, variables={:?})",
-            self.table.store,
-            self.dims(),
-            self.variables
-        )
+        format!("Dataset(sources={:?})", self.sources())
     }
 }
 
@@ -331,9 +358,6 @@ pub struct PyWindows {
     memory_limit: Option<usize>,
     /// The session, for statistics.
     ctx: SessionContext,
-    /// The `where` condition, and the cells it selects.
-    predicate: Option<String>,
-    selection: Selection,
     /// Where the index and statistics are kept.
     cache: Option<IndexCache>,
 }
@@ -400,24 +424,11 @@ impl PyWindows {
     /// over the selected cells, by the engine's dense reduction, kept in
     /// the cache beside the index.
     fn statistics(&self, py: Python<'_>) -> PyResult<Vec<(String, [f64; 5])>> {
-        let table = Arc::clone(&self.windows.table);
         let run = {
             let ctx = self.ctx.clone();
-            let variables = self.windows.variables.clone();
-            let predicate = self.predicate.clone();
-            let selection = self.selection.clone();
+            let sources = Arc::clone(&self.windows.sources);
             let cache = self.cache.clone();
-            async move {
-                statistics(
-                    &ctx,
-                    &table,
-                    &variables,
-                    predicate.as_deref(),
-                    &selection,
-                    cache.as_ref(),
-                )
-                .await
-            }
+            async move { statistics(&ctx, &sources, cache.as_ref()).await }
         };
         let moments = wait_for(py, run)?.map_err(window_error)?;
         Ok(self
@@ -438,7 +449,7 @@ impl PyWindows {
     /// batch order, as `(variable, step)` pairs (steps from the sample's
     /// own along the lead dimension).
     #[getter]
-    fn channels(&self) -> Vec<(String, Vec<(String, i64)>)> {
+    fn channels(&self) -> Vec<(String, Vec<Channel>)> {
         role_channels(&self.windows)
     }
 
@@ -565,7 +576,7 @@ impl PyWindowLoader {
 
     /// Per role, its channels as `(variable, step)` pairs.
     #[getter]
-    fn channels(&self) -> Vec<(String, Vec<(String, i64)>)> {
+    fn channels(&self) -> Vec<(String, Vec<Channel>)> {
         role_channels(&self.windows)
     }
 
@@ -650,9 +661,11 @@ impl PyWindowLoader {
     }
 }
 
-/// Per role of `windows`, its channels as `(variable, step)` pairs.
-fn role_channels(windows: &Windows) -> Vec<(String, Vec<(String, i64)>)> {
-    let names = windows.variable_names();
+/// Per role of `windows`, its channels as `(variable, step, [(dimension,
+/// coordinate)])`: the coordinate of each channel dimension (`level`) as a
+/// number (its index when it is not one).
+fn role_channels(windows: &Windows) -> Vec<(String, Vec<Channel>)> {
+    let sources = &windows.sources;
     windows
         .layout
         .roles
@@ -661,12 +674,30 @@ fn role_channels(windows: &Windows) -> Vec<(String, Vec<(String, i64)>)> {
             let channels = r
                 .channels
                 .iter()
-                .map(|c| (names[c.variable].to_string(), c.step))
+                .map(|c| {
+                    let (s, _) = sources.flat[c.variable];
+                    let table = &sources.list[s].table;
+                    let at = c
+                        .fixed
+                        .iter()
+                        .map(|&(d, k)| {
+                            let dim = &table.dims[d];
+                            (
+                                dim.name.clone(),
+                                dim.coordinate.number(k).unwrap_or(k as f64),
+                            )
+                        })
+                        .collect();
+                    (sources.variable_name(c.variable).to_string(), c.step, at)
+                })
                 .collect();
             (r.name.to_string(), channels)
         })
         .collect()
 }
+
+/// A channel for Python: variable, step, and the coordinate of each channel dimension.
+type Channel = (String, i64, Vec<(String, f64)>);
 
 /// The batches of one epoch.
 #[pyclass(name = "BatchIterator", module = "zarrfusion._zarrfusion", frozen)]
@@ -750,7 +781,10 @@ fn batch_dict<'py>(
     }
     let coords = PyDict::new(py);
     let index = PyDict::new(py);
-    for (dim, origins) in windows.table.dims.iter().zip(batch.origins) {
+    for (d, (dim, origins)) in windows.table.dims.iter().zip(batch.origins).enumerate() {
+        if layout.channel_axes.contains(&d) {
+            continue;
+        }
         let positions = UInt64Array::from(origins.clone());
         let values = dim
             .coordinate

@@ -111,3 +111,49 @@ def forecast_store(tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("stores") / "forecast.zarr"
     ds.to_zarr(path, encoding={v: {"chunks": (8, 8, 8)} for v in ds.data_vars}, zarr_format=3)
     return path
+
+
+@pytest.fixture(scope="session")
+def two_sources(tmp_path_factory) -> dict:
+    """Two stores on one grid, written by xarray: ``era5`` every 6 h with
+    t2m (time, lat, lon), z (time, level=3, lat, lon) and a static lsm
+    (lat, lon); ``imerg`` every 3 h with precip (time, lat, lon) on a
+    larger grid around era5's (two more rows on each side), chunked
+    differently. Returns their paths and the numpy values."""
+    import pandas as pd
+    import xarray as xr
+
+    rng = np.random.default_rng(31)
+    nt, ny, nx = 24, 21, 26
+    lat = np.linspace(50.0, 30.0, ny)
+    lon = np.arange(nx) * 0.25
+    t2m = (280 + 8 * rng.normal(size=(nt, ny, nx))).astype("float32")
+    z = (np.array([5000.0, 15000.0, 50000.0])[None, :, None, None] + 100 * rng.normal(size=(nt, 3, ny, nx))).astype("float32")
+    lsm = rng.random((ny, nx)).astype("float32")
+    t2m[rng.random(t2m.shape) < 0.002] = np.nan
+    z[rng.random(z.shape) < 0.001] = np.nan
+    era5 = xr.Dataset(
+        {"t2m": (("time", "lat", "lon"), t2m), "z": (("time", "level", "lat", "lon"), z), "lsm": (("lat", "lon"), lsm)},
+        coords={"time": pd.date_range("2022-01-01", periods=nt, freq="6h"), "level": [1000, 850, 500],
+                "lat": lat, "lon": lon},
+    )
+    big_lat = np.linspace(50.0 + 2 * 1.0, 30.0 - 2 * 1.0, ny + 4)  # the same 1-degree rows, two more each side
+    precip = rng.gamma(0.4, 2.0, size=(2 * nt, ny + 4, nx)).astype("float32")
+    precip[rng.random(precip.shape) < 0.003] = np.nan
+    imerg = xr.Dataset(
+        {"precip": (("time", "lat", "lon"), precip)},
+        coords={"time": pd.date_range("2022-01-01", periods=2 * nt, freq="3h"), "lat": big_lat, "lon": lon},
+    )
+    root = tmp_path_factory.mktemp("sources")
+    era5.to_zarr(root / "era5.zarr", encoding={"t2m": {"chunks": (5, 8, 8)}, "z": {"chunks": (4, 2, 9, 9)}}, zarr_format=3)
+    imerg.to_zarr(root / "imerg.zarr", encoding={"precip": {"chunks": (7, 10, 13)}}, zarr_format=3)
+    # A source on another grid, and one every 4 hours, for the errors.
+    imerg.assign_coords(lat=big_lat + 0.5).to_zarr(root / "shifted.zarr", zarr_format=3)
+    imerg.isel(time=slice(0, 36)).assign_coords(
+        time=pd.date_range("2022-01-01", periods=36, freq="4h")
+    ).to_zarr(root / "four_hourly.zarr", zarr_format=3)
+    return {
+        "era5": root / "era5.zarr", "imerg": root / "imerg.zarr", "shifted": root / "shifted.zarr",
+        "four_hourly": root / "four_hourly.zarr",
+        "t2m": t2m, "z": z, "lsm": lsm, "precip": precip,
+    }

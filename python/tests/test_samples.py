@@ -243,3 +243,106 @@ def test_bad_loader_arguments_for_samples(ctx, forecast_store):
         windows.loader(normalize={"t2m": {"mean": 0, "std": 1}, "precip": {"mean": 0, "std": 1}})
     with pytest.raises(ValueError, match="normalize"):
         windows.loader(normalize={v: {"mean": "warm"} for v in VARIABLES})
+
+
+# Several sources: era5 (6-hourly; surface, pressure levels and a static
+# field) and imerg (3-hourly, on a larger grid around era5's).
+
+SOURCES_VARIABLES = {"era5": ["t2m", "z", "lsm"], "imerg": ["precip"]}
+
+
+def open_sources(ctx, two, **kwargs):
+    kwargs.setdefault("cache", False)
+    ds = ctx.open_zarr({"era5": two["era5"], "imerg": two["imerg"]}, variables=SOURCES_VARIABLES)
+    return ds, ds.windows({"lat": SIZE, "lon": SIZE}, {"lat": SIZE - STRIDE, "lon": SIZE - STRIDE}, **kwargs)
+
+
+def planes(two, t, i, j):
+    """The input channels of era5 step t at (i, j), in documented order:
+    t2m, z at each level, lsm, precip (imerg's step 2t, rows i + 2)."""
+    box = (slice(i, i + SIZE), slice(j, j + SIZE))
+    return [two["t2m"][(t, *box)], *[two["z"][(t, k, *box)] for k in range(3)], two["lsm"][box],
+            two["precip"][(2 * t, slice(i + 2, i + 2 + SIZE), box[1])]]
+
+
+def test_two_sources_join_on_coordinates(ctx, two_sources):
+    two = two_sources
+    ds, windows = open_sources(
+        ctx, two, history={"time": 2}, targets={"t2m": "+6h", "precip": "+6h"},
+        valid={"inputs": 0.99, "targets": "all"},
+    )
+    assert [s["name"] for s in ds.sources] == ["era5", "era5", "era5", "imerg"]
+    assert ds.variables == ["t2m", "z", "lsm", "precip"]
+    per_step = ["t2m", "z", "z", "z", "lsm", "precip"]
+    channels = windows.channels
+    assert [c["variable"] for c in channels["inputs"]] == per_step * 2
+    assert [c["step"] for c in channels["inputs"]] == [-1] * 6 + [0] * 6
+    assert [c.get("level") for c in channels["inputs"][:6]] == [None, 1000, 850, 500, None, None]
+    assert [(c["variable"], c["step"]) for c in channels["targets"]] == [("t2m", 1), ("precip", 1)]
+    expected = {}
+    for t in range(1, 23):
+        for i in range(0, 21 - SIZE + 1, STRIDE):
+            for j in range(0, 26 - SIZE + 1, STRIDE):
+                inputs = np.stack(planes(two, t - 1, i, j) + planes(two, t, i, j))
+                box = (slice(i, i + SIZE), slice(j, j + SIZE))
+                targets = np.stack([two["t2m"][(t + 1, *box)], two["precip"][(2 * t + 2, slice(i + 2, i + 2 + SIZE), box[1])]])
+                if np.isnan(inputs).sum() <= 0.01 * inputs.size and not np.isnan(targets).any():
+                    expected[(t, i, j)] = (inputs, targets)
+    assert len(windows) == len(expected)
+    got = samples_of(windows.loader(batch_size=10, shuffle="block", seed=2, stack="channels", buffer_size="100KB"))
+    assert got.keys() == expected.keys()
+    for key, (inputs, targets) in got.items():
+        assert inputs.shape == (12, SIZE, SIZE)
+        np.testing.assert_array_equal(inputs, expected[key][0])
+        np.testing.assert_array_equal(targets, expected[key][1])
+    # Per variable: z keeps its levels as channels, one array per variable.
+    batch = next(iter(windows.loader(batch_size=3, shuffle=None)))
+    assert batch["inputs"]["z"].shape == (3, 6, SIZE, SIZE)
+    assert batch["inputs"]["lsm"].shape == (3, 2, SIZE, SIZE)
+    assert "level" not in batch["index"]
+
+
+def test_statistics_of_several_sources(ctx, two_sources):
+    two = two_sources
+    _, windows = open_sources(ctx, two, history={"time": 2}, valid="any", where="time >= '2022-01-02T00:00:00'")
+    stats = windows.statistics()
+    # era5 from its fifth step, imerg from its ninth (the same time).
+    for name, values in (("t2m", two["t2m"][4:]), ("z", two["z"][4:]), ("lsm", two["lsm"]), ("precip", two["precip"][8:])):
+        v = values[~np.isnan(values)].astype(np.float64)
+        assert stats[name]["count"] == v.size, name
+        np.testing.assert_allclose(stats[name]["mean"], v.mean(), rtol=1e-9)
+        np.testing.assert_allclose(stats[name]["std"], v.std(), rtol=1e-7)
+
+
+def test_sources_on_other_grids_or_steps_are_refused(ctx, two_sources):
+    two = two_sources
+    shifted = ctx.open_zarr({"era5": two["era5"], "shifted": two["shifted"]}, variables={"era5": ["t2m"], "shifted": ["precip"]})
+    with pytest.raises(ValueError, match="sources: source 'shifted': its 'lat' .* is not the grid of 'era5'"):
+        shifted.windows({"lat": SIZE, "lon": SIZE}, history={"time": 2}, cache=False)
+    four = ctx.open_zarr({"era5": two["era5"], "imerg": two["four_hourly"]}, variables={"era5": ["t2m"], "imerg": ["precip"]})
+    with pytest.raises(ValueError, match="source 'imerg': has no time 2022-01-01T06:00:00"):
+        four.windows({"lat": SIZE, "lon": SIZE}, history={"time": 2}, cache=False)
+    # Selecting the steps both have makes it work.
+    ok = four.windows({"lat": SIZE, "lon": SIZE}, cache=False, valid="any", where="time <= '2022-01-01T00:00:00'")
+    assert len(ok) == 2 * 3  # one step, windows of 8 every 8 cells
+    with pytest.raises(ValueError, match="no source named 'era'"):
+        ctx.open_zarr({"era5": two["era5"]}, variables={"era": ["t2m"]})
+    with pytest.raises(ValueError, match="unknown variable 'sst' of 'imerg'"):
+        ctx.open_zarr({"era5": two["era5"], "imerg": two["imerg"]}, variables={"era5": ["t2m"], "imerg": ["sst"]})
+    both = ctx.open_zarr({"a": two["imerg"], "b": two["imerg"]}, variables={"a": ["precip"], "b": ["precip"]})
+    with pytest.raises(ValueError, match="'precip' is a variable of 'a' and of 'b'"):
+        both.windows({"lat": SIZE, "lon": SIZE}, cache=False)
+
+
+def test_several_sources_resume_and_pickle(ctx, two_sources):
+    import pickle
+
+    _, windows = open_sources(ctx, two_sources, history={"time": 2}, targets={"t2m": "+1"}, valid="any", jitter={"lat": 2})
+    loader = windows.loader(batch_size=9, shuffle="block", seed=4, stack="channels")
+    whole = [b["inputs"].copy() for b in loader]
+    again = pickle.loads(pickle.dumps(loader))
+    again.load_state_dict({**loader.state_dict(), "batches": 3})
+    rest = [b["inputs"] for b in again]
+    assert len(rest) == len(whole) - 3
+    for a, b in zip(whole[3:], rest):
+        np.testing.assert_array_equal(a, b)

@@ -88,29 +88,52 @@ class SessionContext:
 
     def open_zarr(
         self,
-        path: str | os.PathLike,
-        variables: Sequence[str] | None = None,
+        path: str | os.PathLike | Mapping[str, str | os.PathLike],
+        variables: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
         dims: str | Sequence[str] | None = None,
         **options: Any,
     ) -> Dataset:
-        """Opens a Zarr store for windowing (see :meth:`Dataset.windows`).
+        """Opens Zarr stores for windowing (see :meth:`Dataset.windows`).
 
-        ``variables`` are the data variables to cut windows from (default:
-        every variable over the dimension set ``dims``, itself by default the
-        one with the most dimensions).
+        ``path`` is one store, or ``{name: store}`` for several sources
+        joined on their coordinates (the first is the reference whose grid
+        the windows follow). ``variables`` are the data variables to cut
+        windows from (``{name: [...]}`` per source); by default every
+        variable over the dimension set ``dims``, itself by default the one
+        with the most dimensions. Variables of one store over several
+        dimension sets (surface fields beside pressure levels) become one
+        source each.
         """
         if isinstance(variables, str):
             variables = [variables]
+        if isinstance(path, Mapping):
+            stores = {str(k): os.fspath(v) for k, v in path.items()}
+            if isinstance(variables, Mapping):
+                unknown = set(variables) - set(stores)
+                if unknown:
+                    raise ValueError(f"variables: no source named {sorted(unknown)[0]!r} (sources: {', '.join(stores)})")
+                per = {k: None if variables.get(k) is None else list(variables[k]) for k in stores}
+            elif variables is None:
+                per = {k: None for k in stores}
+            else:
+                raise ValueError("variables: give {source: [variables]} for several sources")
+            description_path: Any = stores
+            description_variables: Any = per
+            sources = [(k, stores[k], per[k]) for k in stores]
+        else:
+            if isinstance(variables, Mapping):
+                raise ValueError("variables: a dict needs several sources ({name: store} as path)")
+            description_path = os.fspath(path)
+            description_variables = None if variables is None else list(variables)
+            sources = [(description_path, description_path, description_variables)]
         description = dict(
             session=self._arguments,
-            path=os.fspath(path),
-            variables=None if variables is None else list(variables),
+            path=description_path,
+            variables=description_variables,
             dims=dims if dims is None or isinstance(dims, str) else list(dims),
             options=dict(options),
         )
-        raw = self._raw.open_zarr(
-            description["path"], variables=description["variables"], dims=description["dims"], **options
-        )
+        raw = self._raw.open_zarr(sources, dims=description["dims"], **options)
         return Dataset(raw, description)
 
     def rechunk(

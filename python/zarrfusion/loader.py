@@ -50,8 +50,14 @@ class Dataset:
 
     @property
     def variables(self) -> list[str]:
-        """The variables windows are cut from."""
+        """The variables windows are cut from, source after source."""
         return self._raw.variables
+
+    @property
+    def sources(self) -> list[dict]:
+        """Each source (a store's variables over one dimension set; the
+        first is the reference): ``{"name", "dims", "variables"}``."""
+        return [{"name": n, "dims": d, "variables": v} for n, d, v in self._raw.sources]
 
     def windows(
         self,
@@ -166,14 +172,13 @@ class Windows:
     @property
     def channels(self) -> dict[str, list[dict]]:
         """Per role (``inputs``, then ``targets``), its channels in batch
-        order: ``{"variable": name, "step": steps from the sample's own}``.
+        order: ``{"variable": name, "step": steps from the sample's own}``,
+        with the coordinate of each channel dimension (``"level": 500.0``).
         Steps come outermost (oldest first), then the variables in
         ``variables`` order, so a stacked ``(B, C, ...)`` array reshapes to
         ``(B, steps, variables, ...)`` when every step has the same
         variables."""
-        return {
-            role: [{"variable": v, "step": step} for v, step in channels] for role, channels in self._raw.channels
-        }
+        return _channels(self._raw.channels)
 
     def statistics(self) -> dict[str, dict[str, float]]:
         """Per variable: ``count``, ``mean``, ``std`` (population), ``min``,
@@ -299,9 +304,7 @@ class WindowLoader:
     @property
     def channels(self) -> dict[str, list[dict]]:
         """Per role, the channels of its arrays in batch order (``Windows.channels``)."""
-        return {
-            role: [{"variable": v, "step": step} for v, step in channels] for role, channels in self._raw.channels
-        }
+        return _channels(self._raw.channels)
 
     @property
     def num_samples(self) -> int:
@@ -438,6 +441,13 @@ def _auto_shard() -> tuple[int, int] | None:
     if jax is not None and jax.process_count() > 1:
         return jax.process_index(), jax.process_count()
     return None
+
+
+def _channels(raw: list) -> dict[str, list[dict]]:
+    """Per role, its channels as dicts (a channel dimension's coordinate under its name)."""
+    return {
+        role: [{"variable": v, "step": step, **dict(at)} for v, step, at in channels] for role, channels in raw
+    }
 
 
 def _raw_loader(raw_windows: Any, arguments: dict, worker: tuple[int, int] | None = None) -> Any:

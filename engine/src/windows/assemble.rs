@@ -12,7 +12,7 @@ use std::ops::Range;
 use datafusion::arrow::buffer::BooleanBuffer;
 
 use super::order::splitmix;
-use super::sample::SampleLayout;
+use super::sample::{Channel, SampleLayout};
 use super::values::{count_missing_in, Scale, Values};
 use super::Windows;
 
@@ -97,9 +97,7 @@ pub fn sample_bytes(windows: &Windows, outputs: &[Output]) -> u64 {
         .map(|o| {
             let cells: u64 = sample_shape(windows, o).iter().map(|&s| s as u64).product();
             let element = match o.variable {
-                Some(v) if !o.float32 => {
-                    windows.table.variables[windows.variables[v]].element_size() as u64
-                }
+                Some(v) if !o.float32 => windows.sources.element_size(v),
                 _ => 4,
             };
             cells.saturating_mul(element)
@@ -115,6 +113,8 @@ pub struct Decoded {
     /// Each variable's validity (one bit per cell), kept where jittered
     /// samples are checked against the rules; `None`: nothing missing.
     pub nulls: Vec<Option<BooleanBuffer>>,
+    /// Per source: the box its values cover.
+    pub extents: Vec<Vec<Range<u64>>>,
 }
 
 /// Cuts the samples of one epoch into batches.
@@ -193,20 +193,13 @@ impl<'a> Cutter<'a> {
 
     /// Appends the sample at origin `local` of block `block` to `batch`,
     /// from `data` (decoded over `extent`).
-    pub fn cut(
-        &self,
-        data: &Decoded,
-        extent: &[Range<u64>],
-        block: usize,
-        local: u64,
-        batch: &mut Filling,
-    ) {
+    pub fn cut(&self, data: &Decoded, block: usize, local: u64, batch: &mut Filling) {
         let windows = self.windows;
         let layout = &windows.layout;
         let origin = windows.grid.blocks[block].origin(local);
         let mut window = windows.grid.window_extent(&origin);
         if layout.jittered() {
-            let offsets = self.jitter(data, extent, block, local, &window);
+            let offsets = self.jitter(data, block, local, &window);
             for (d, &offset) in offsets.iter().enumerate() {
                 if layout.jitter[d] > 0 {
                     let r = &mut window[d];
@@ -219,7 +212,7 @@ impl<'a> Cutter<'a> {
             let role = &layout.roles[output.role];
             for &c in &output.channels {
                 let channel = &role.channels[c];
-                let plane = layout.plane(&window, channel);
+                let (extent, plane) = self.plane(data, &window, channel);
                 let values = &data.values[channel.variable];
                 if output.float32 {
                     if let Values::F32(out) = &mut *array {
@@ -245,14 +238,7 @@ impl<'a> Cutter<'a> {
     /// own seeded stream within the bounds and the selection, again while
     /// the moved window breaks a role's rule, none after
     /// [`JITTER_DRAWS`] tries (the window itself is valid).
-    fn jitter(
-        &self,
-        data: &Decoded,
-        extent: &[Range<u64>],
-        block: usize,
-        local: u64,
-        window: &[Range<u64>],
-    ) -> Vec<i64> {
+    fn jitter(&self, data: &Decoded, block: usize, local: u64, window: &[Range<u64>]) -> Vec<i64> {
         let layout = &self.windows.layout;
         let axes = &self.windows.grid.axes;
         let mut state = splitmix(self.seed ^ splitmix(self.epoch ^ splitmix(block as u64)));
@@ -275,21 +261,30 @@ impl<'a> Cutter<'a> {
                     0
                 };
             }
-            if layout.keeps_everything() || self.valid(data, extent, window, &offsets) {
+            if layout.keeps_everything() || self.valid(data, window, &offsets) {
                 return offsets;
             }
         }
         vec![0; window.len()]
     }
 
-    /// Whether the window at `window` moved by `offsets` meets every role's rule.
-    fn valid(
+    /// The box `channel` reads of its source for the reference window
+    /// `window`, and the box the source's decoded values cover.
+    fn plane<'d>(
         &self,
-        data: &Decoded,
-        extent: &[Range<u64>],
+        data: &'d Decoded,
         window: &[Range<u64>],
-        offsets: &[i64],
-    ) -> bool {
+        channel: &Channel,
+    ) -> (&'d [Range<u64>], Vec<Range<u64>>) {
+        let windows = self.windows;
+        let (s, _) = windows.sources.flat[channel.variable];
+        let reference = windows.layout.plane(window, channel);
+        let plane = windows.sources.source_box(s, &reference, &channel.fixed);
+        (&data.extents[s], plane)
+    }
+
+    /// Whether the window at `window` moved by `offsets` meets every role's rule.
+    fn valid(&self, data: &Decoded, window: &[Range<u64>], offsets: &[i64]) -> bool {
         let layout = &self.windows.layout;
         let moved: Vec<Range<u64>> = window
             .iter()
@@ -300,7 +295,7 @@ impl<'a> Cutter<'a> {
             let mut missing = 0u64;
             let mut total = 0u64;
             for channel in &role.channels {
-                let plane = layout.plane(&moved, channel);
+                let (extent, plane) = self.plane(data, &moved, channel);
                 total += plane.iter().map(|r| r.end - r.start).product::<u64>();
                 if let Some(nulls) = &data.nulls[channel.variable] {
                     missing += count_missing_in(nulls, extent, &plane);

@@ -28,8 +28,8 @@ use md5::{Digest, Md5};
 use super::geometry::WindowGrid;
 use super::index::{BlockIndex, ValidIndex};
 use super::sample::SampleLayout;
+use super::sources::Sources;
 use super::WindowError;
-use crate::table::GridTable;
 
 const MAGIC: &[u8; 8] = b"ZFWINDEX";
 const VERSION: u32 = 1;
@@ -62,28 +62,30 @@ impl IndexCache {
         &self.dir
     }
 
-    /// The key of the index of `variables` of `table` over `grid` for
-    /// samples of `layout` (its rules): a hex digest of everything the index depends on. Lists
-    /// the variables' stored keys in local stores, reads their metadata
-    /// objects' attributes in object stores; reads no chunk.
+    /// The key of the index of the windows of `sources` over `grid` for
+    /// samples of `layout` (its rules): a hex digest of everything the
+    /// index depends on. Lists the variables' stored keys in local stores,
+    /// reads their metadata objects' attributes in object stores; reads no
+    /// chunk.
     pub fn key(
-        table: &GridTable,
-        variables: &[usize],
+        sources: &Sources,
         grid: &WindowGrid,
         layout: &SampleLayout,
     ) -> Result<String, WindowError> {
         let mut digest = Md5::new();
         let text = format!(
-            "zarrfusion window index {VERSION}\n{}\n{}\n{:?}\n",
-            table.store,
+            "zarrfusion window index {VERSION}\n{}\n{:?}\n",
             layout.rule(),
             grid.axes
         );
         digest.update(text.as_bytes());
-        for &v in variables {
-            let variable = &table.variables[v];
-            digest.update(variable.name().as_bytes());
-            variable.fingerprint(&mut digest)?;
+        for (source, links) in sources.list.iter().zip(&sources.links) {
+            digest.update(format!("{}\n{links:?}\n", source.table.store).as_bytes());
+            for &v in &source.variables {
+                let variable = &source.table.variables[v];
+                digest.update(variable.name().as_bytes());
+                variable.fingerprint(&mut digest)?;
+            }
         }
         for block in &grid.blocks {
             digest.update(format!("{:?} {:?}\n", block.origins, block.extent).as_bytes());

@@ -380,20 +380,6 @@ impl WindowGrid {
         self.axes.iter().map(|a| a.size).product()
     }
 
-    /// Cells a window's reach spans: the window and its largest jitter
-    /// either side (within the selection).
-    pub fn reach_cells(&self) -> u64 {
-        self.axes
-            .iter()
-            .map(|a| {
-                let len = a.range().end - a.range().start;
-                a.size
-                    .saturating_add(a.jitter.saturating_mul(2))
-                    .min(len.max(a.size))
-            })
-            .product()
-    }
-
     /// The cells the window at `origin` may read with its jitter: its
     /// extent widened by the largest offset along each dimension, within
     /// the selection.

@@ -16,6 +16,7 @@ use datafusion::arrow::buffer::BooleanBuffer;
 
 use super::geometry::{WindowBlock, WindowGrid};
 use super::sample::SampleLayout;
+use super::sources::{BlockData, Sources};
 use super::WindowError;
 use crate::table::{GridTable, ReadAheadPlan, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
@@ -208,8 +209,8 @@ pub(super) fn read_blocks_ahead(
     )
 }
 
-/// The valid origins of one block, from its decoded columns (one per
-/// variable of the windows, in their order).
+/// The valid origins of one block, from its decoded columns (`data`, of
+/// every source, read for the block's extent).
 ///
 /// Per role, missing values are counted per cell over the variables of
 /// each step the role uses, summed over each window's plane with sliding
@@ -219,11 +220,12 @@ pub(super) fn read_blocks_ahead(
 pub(super) fn index_block(
     grid: &WindowGrid,
     block: &WindowBlock,
-    columns: &[ArrayRef],
+    data: &BlockData,
     layout: &SampleLayout,
+    sources: &Sources,
 ) -> BlockIndex {
     let n = block.num_origins() as usize;
-    let any_missing = columns.iter().any(|c| c.null_count() > 0);
+    let any_missing = data.columns.iter().any(|c| c.null_count() > 0);
     if !any_missing || layout.keeps_everything() {
         return BlockIndex::all(n as u64);
     }
@@ -263,7 +265,7 @@ pub(super) fn index_block(
         .axes
         .iter()
         .enumerate()
-        .filter(|(d, _)| Some(*d) != lead)
+        .filter(|(d, _)| layout.in_plane(*d))
         .map(|(_, a)| a.size)
         .product();
     let mut bits = vec![!0u64; n.div_ceil(64)];
@@ -283,11 +285,25 @@ pub(super) fn index_block(
         slots.sort_unstable();
         slots.dedup();
         for slot in slots {
+            // A variable's channels of one step are counted together
+            // (over its channel dimensions).
+            let mut variables: Vec<usize> = role
+                .channels
+                .iter()
+                .filter(|c| c.slot == slot)
+                .map(|c| c.variable)
+                .collect();
+            variables.sort_unstable();
+            variables.dedup();
             let mut missing: Option<Vec<u32>> = None;
-            for c in role.channels.iter().filter(|c| c.slot == slot) {
-                if let Some(nulls) = columns[c.variable].nulls().filter(|n| n.null_count() > 0) {
-                    let cells = missing.get_or_insert_with(|| vec![0u32; shape.iter().product()]);
-                    count_missing(nulls.inner(), cells);
+            for f in variables {
+                let Some(counts) = sources.missing(f, data, &block.extent, &layout.channel_axes)
+                else {
+                    continue;
+                };
+                match &mut missing {
+                    None => missing = Some(counts),
+                    Some(sum) => sum.iter_mut().zip(counts).for_each(|(a, b)| *a += b),
                 }
             }
             let Some(mut missing) = missing else {
@@ -342,7 +358,7 @@ fn for_each_origin(offsets: &[Vec<usize>], mut f: impl FnMut(usize, usize)) {
 
 /// Adds one to `missing` at every unset bit of `validity` (an Arrow null
 /// buffer), 64 cells at a time.
-fn count_missing(validity: &BooleanBuffer, missing: &mut [u32]) {
+pub(super) fn count_missing(validity: &BooleanBuffer, missing: &mut [u32]) {
     let chunks = validity.bit_chunks();
     let mut cell = 0usize;
     for word in chunks.iter() {

@@ -31,12 +31,11 @@ use std::time::{Duration, Instant};
 
 use super::cache::IndexCache;
 use super::geometry::WindowGrid;
-use super::index::{
-    block_read_ahead, index_block, read_blocks_ahead, read_columns, BlockIndex, ValidIndex,
-};
+use super::index::{block_read_ahead, index_block, read_blocks_ahead, BlockIndex, ValidIndex};
 use super::sample::SampleLayout;
+use super::sources::Sources;
 use super::{IndexSource, WindowError};
-use crate::table::{GridTable, TableReadAhead};
+use crate::table::TableReadAhead;
 use crate::zarr::ChunkBufferPool;
 
 /// How often a paused background thread looks again.
@@ -87,10 +86,8 @@ impl std::fmt::Debug for LiveIndex {
 
 /// What the background threads need to index blocks.
 pub struct IndexJob {
-    /// The table read.
-    pub table: Arc<GridTable>,
-    /// Variables read (indices into the table's variables).
-    pub variables: Vec<usize>,
+    /// The sources read (the reference's chunks are read ahead).
+    pub sources: Arc<Sources>,
     /// The window grid.
     pub grid: Arc<WindowGrid>,
     /// What a sample holds, and the rules it must meet.
@@ -141,9 +138,11 @@ impl LiveIndex {
     pub fn build(job: IndexJob, threads: usize, cache: Option<(IndexCache, String)>) -> Arc<Self> {
         let blocks = job.grid.blocks.len();
         let mut live = Self::pending(blocks, cache);
+        // The reference's chunks are read ahead (the other sources' on demand).
+        let reference = job.sources.reference();
         live.read_ahead = block_read_ahead(
-            &job.table,
-            &job.variables,
+            &reference.table,
+            &reference.variables,
             &job.grid,
             job.io_concurrency,
             threads,
@@ -151,8 +150,8 @@ impl LiveIndex {
         )
         .and_then(|plan| {
             read_blocks_ahead(
-                &job.table,
-                &job.variables,
+                &reference.table,
+                &reference.variables,
                 &job.grid,
                 (0..blocks).collect(),
                 plan,
@@ -201,11 +200,12 @@ impl LiveIndex {
                 continue;
             }
             let block = &job.grid.blocks[id];
-            let columns = read_columns(&job.table, &job.variables, &block.extent, &self.buffers);
+            let data = job.sources.read(&block.extent, &self.buffers);
             self.done_reading(id);
-            return match columns {
-                Ok(columns) => {
-                    self.publish(id, index_block(&job.grid, block, &columns, &job.layout));
+            return match data {
+                Ok(data) => {
+                    let index = index_block(&job.grid, block, &data, &job.layout, &job.sources);
+                    self.publish(id, index);
                     Ok(true)
                 }
                 Err(e) => {

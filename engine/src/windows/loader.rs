@@ -25,7 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::assemble::{outputs, sample_bytes, Cutter, Decoded, Filling, Output};
-use super::index::{block_read_ahead, index_block, read_blocks_ahead, read_columns};
+use super::index::{block_read_ahead, index_block, read_blocks_ahead};
 use super::order::{
     block_order, segments, share, whole_segments, BlockSampler, Permutation, Segment, Shard,
     Shuffle,
@@ -351,10 +351,7 @@ impl WindowLoader {
 /// batches of `outputs`, holds at its peak (see [`WindowLoader::memory`]).
 fn loader_memory(windows: &Windows, outputs: &[Output], o: &LoaderOptions) -> LoaderMemory {
     // A full shuffle decodes each window with its jitter's reach.
-    let window_bytes = windows
-        .grid
-        .reach_cells()
-        .saturating_mul(windows.cell_bytes());
+    let window_bytes = windows.window_bytes();
     let sample_bytes = sample_bytes(windows, outputs);
     let block_bytes = windows.largest_block_bytes();
     let buffer = match o.shuffle {
@@ -475,14 +472,9 @@ impl Slot {
                 // Background threads skip it from now on.
                 live.claim(self.block);
             }
-            let columns = read_columns(
-                &windows.table,
-                &windows.variables,
-                &self.extent,
-                live.buffers(),
-            );
+            let data = windows.sources.read(&self.extent, live.buffers());
             self.done_reading();
-            let columns = columns.map_err(|e| {
+            let data = data.map_err(|e| {
                 if self.whole_block {
                     live.fail(e.to_string());
                 }
@@ -490,11 +482,16 @@ impl Slot {
             })?;
             if self.whole_block && live.ready_block(self.block).is_none() {
                 let block = &windows.grid.blocks[self.block];
-                live.publish(
-                    self.block,
-                    index_block(&windows.grid, block, &columns, &windows.layout),
+                let index = index_block(
+                    &windows.grid,
+                    block,
+                    &data,
+                    &windows.layout,
+                    &windows.sources,
                 );
+                live.publish(self.block, index);
             }
+            let columns = &data.columns;
             // Jittered samples are checked against the rules from the nulls.
             let checks = windows.layout.jittered() && !windows.layout.keeps_everything();
             let nulls = columns
@@ -520,7 +517,11 @@ impl Slot {
             counters
                 .decode_ns
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            Ok(Decoded { values, nulls })
+            Ok(Decoded {
+                values,
+                nulls,
+                extents: data.extents,
+            })
         });
         data.as_ref().map_err(|e| WindowError::Read(e.clone()))
     }
@@ -841,7 +842,7 @@ impl Worker {
             let data = slot.values(&self.windows, &self.counters)?;
             let started = Instant::now();
             let filling = batch.get_or_insert_with(|| cutter.start(data, plan.len()));
-            cutter.cut(data, &slot.extent, slot.block, *local, filling);
+            cutter.cut(data, slot.block, *local, filling);
             assemble_ns += started.elapsed().as_nanos() as u64;
         }
         self.counters

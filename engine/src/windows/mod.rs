@@ -14,6 +14,7 @@
 //! | [`live_index`] | the index filling in while a loader starts |
 //! | [`cache`] | the index kept on disk between runs |
 //! | [`sample`] | what a sample holds: inputs, targets, lead times, channels, jitter |
+//! | [`sources`] | several stores and dimension sets joined on coordinates |
 //! | [`order`] | shuffling, sharding, epochs |
 //! | [`values`] | typed cell values and cutting windows out of them |
 //! | [`statistics`] | per-variable mean, std, min, max for normalization |
@@ -55,6 +56,7 @@ pub mod live_index;
 pub mod loader;
 pub mod order;
 pub mod sample;
+pub mod sources;
 pub mod statistics;
 pub mod values;
 
@@ -72,6 +74,7 @@ pub use loader::{
 };
 pub use order::{Shard, Shuffle};
 pub use sample::{Channel, Role, SampleLayout, SampleSpec};
+pub use sources::{Link, Source, Sources};
 pub use statistics::{statistics, Moments};
 pub use values::{Scale, Values};
 
@@ -162,10 +165,12 @@ pub enum IndexSource {
 /// last block; a loader starts on the first blocks before.
 #[derive(Debug)]
 pub struct Windows {
-    /// The table the windows are cut from.
+    /// The table the windows are cut from (the reference source's).
     pub table: Arc<GridTable>,
-    /// The variables, as indices into `table.variables`.
+    /// The reference's variables, as indices into `table.variables`.
     pub variables: Vec<usize>,
+    /// Every source (the reference first) and how they join.
+    pub sources: Arc<Sources>,
     /// Where the window origins are, grouped in blocks.
     pub grid: Arc<WindowGrid>,
     /// What a sample holds (roles and channels) and the rules it meets.
@@ -177,11 +182,7 @@ pub struct Windows {
 impl Windows {
     /// Plans windows of `shape` over `selection` of `table`, for the named
     /// variables (all of the table's when empty), holding what `sample`
-    /// says (inputs, targets at lead times, validity rules, jitter), and loads the index of
-    /// valid windows from `options.cache` or starts building it in the
-    /// background. Argument errors are returned here; a block that cannot
-    /// be read fails whatever waits for the index. A cache that cannot be
-    /// written is reported in the log and otherwise ignored.
+    /// says: [`Windows::of_sources`] with one source.
     pub fn new(
         table: Arc<GridTable>,
         variables: &[String],
@@ -190,52 +191,67 @@ impl Windows {
         sample: &SampleSpec,
         options: &IndexOptions,
     ) -> Result<Self, WindowError> {
-        let names: Vec<&str> = table.variables.iter().map(|v| v.name()).collect();
-        let variables: Vec<usize> = if variables.is_empty() {
-            (0..names.len()).collect()
+        let name = table.store.clone();
+        let source = Source::new(&name, table, variables, selection)?;
+        Self::of_sources(vec![source], shape, sample, options)
+    }
+
+    /// Plans windows of `shape` over the grid of the first of `sources`
+    /// (the reference; the others are joined to it on their coordinates,
+    /// see [`sources`]), holding what `sample` says (inputs, targets at
+    /// lead times, validity rules, jitter), and loads the index of valid
+    /// windows from `options.cache` or starts building it in the
+    /// background. Argument errors are returned here; a block that cannot
+    /// be read fails whatever waits for the index. A cache that cannot be
+    /// written is reported in the log and otherwise ignored.
+    pub fn of_sources(
+        sources: Vec<Source>,
+        shape: &WindowShape,
+        sample: &SampleSpec,
+        options: &IndexOptions,
+    ) -> Result<Self, WindowError> {
+        let mut sources = sources.into_iter();
+        let reference = sources
+            .next()
+            .ok_or_else(|| WindowError::argument("sources", "no source given"))?;
+        let others: Vec<Source> = sources.collect();
+        let table = Arc::clone(&reference.table);
+        let variables = reference.variables.clone();
+        let several = !others.is_empty();
+        let lead = if sample.has_roles() || several {
+            sample::lead_dimension(&table, shape, sample)?
         } else {
-            variables
-                .iter()
-                .map(|v| {
-                    names.iter().position(|n| n == v).ok_or_else(|| {
-                        WindowError::argument(
-                            "variables",
-                            format!("unknown variable '{v}' (variables: {})", names.join(", ")),
-                        )
-                    })
-                })
-                .collect::<Result<_, _>>()?
+            None
         };
-        if variables.is_empty() {
-            return Err(WindowError::argument(
-                "variables",
-                "the table has no variables",
-            ));
-        }
-        for &v in &variables {
-            let var = &table.variables[v];
-            if !values::is_supported(var.data_type()) {
+        let window_dims: Vec<String> = shape.sizes.iter().map(|(d, _)| d.clone()).collect();
+        let sources = Arc::new(Sources::join(reference, others, &window_dims, lead)?);
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for (f, &(s, _)) in sources.flat.iter().enumerate() {
+            let name = sources.variable_name(f);
+            let source = sources.list[s].name.as_str();
+            if let Some((_, other)) = seen.iter().find(|(n, _)| *n == name) {
                 return Err(WindowError::argument(
                     "variables",
-                    format!(
-                        "variable '{}' has type {}; windows need integers or float32/float64",
-                        var.name(),
-                        var.data_type()
-                    ),
+                    format!("'{name}' is a variable of '{other}' and of '{source}'; keep it in one source"),
                 ));
             }
+            seen.push((name, source));
         }
-        let bytes_per_cell: u64 = variables
-            .iter()
-            .map(|&v| table.variables[v].element_size() as u64)
-            .sum();
-        let variable_names: Vec<&str> = variables.iter().map(|&v| names[v]).collect();
-        let (layout, grid_shape) =
-            SampleLayout::resolve(&table, &variable_names, &selection, shape, sample)?;
+        let (layout, grid_shape) = SampleLayout::resolve(&sources, shape, sample, lead)?;
         let layout = Arc::new(layout);
+        let selection = &sources.reference().selection;
+        // Decoded bytes of every source per reference cell, for the blocks' size.
+        let whole: Vec<std::ops::Range<u64>> = (0..table.dims.len())
+            .map(|d| match selection.ranges(d) {
+                [] => 0..0,
+                ranges => ranges[0].start..ranges[ranges.len() - 1].end,
+            })
+            .collect();
+        let cells: u64 = whole.iter().map(|r| r.end - r.start).product();
+        let bytes_per_cell = sources.decoded_bytes(&whole).div_ceil(cells.max(1)).max(1);
         let grid = Arc::new(WindowGrid::new(
             &table,
-            &selection,
+            selection,
             &grid_shape,
             &layout.jitter,
             bytes_per_cell,
@@ -250,18 +266,14 @@ impl Windows {
             )
         } else {
             let cache = match &options.cache {
-                Some(cache) => Some((
-                    cache.clone(),
-                    IndexCache::key(&table, &variables, &grid, &layout)?,
-                )),
+                Some(cache) => Some((cache.clone(), IndexCache::key(&sources, &grid, &layout)?)),
                 None => None,
             };
             match cache.as_ref().and_then(|(c, key)| c.load(key, &grid)) {
                 Some(index) => LiveIndex::finished(index, IndexSource::Cached),
                 None => LiveIndex::build(
                     IndexJob {
-                        table: Arc::clone(&table),
-                        variables: variables.clone(),
+                        sources: Arc::clone(&sources),
                         grid: Arc::clone(&grid),
                         layout: Arc::clone(&layout),
                         io_concurrency: options.io_concurrency,
@@ -274,6 +286,7 @@ impl Windows {
         Ok(Self {
             table,
             variables,
+            sources,
             grid,
             layout,
             live,
@@ -305,33 +318,47 @@ impl Windows {
         self.live.source()
     }
 
-    /// Names of the variables, in batch order.
+    /// Names of the variables of every source, in batch order.
     pub fn variable_names(&self) -> Vec<&str> {
-        self.variables
-            .iter()
-            .map(|&v| self.table.variables[v].name())
+        (0..self.sources.flat.len())
+            .map(|f| self.sources.variable_name(f))
             .collect()
     }
 
     /// Decoded bytes of an average block (what one shuffle-buffer entry costs).
     pub fn block_bytes(&self) -> u64 {
         let blocks = self.grid.blocks.len().max(1) as u64;
-        let cells: u64 = self.grid.blocks.iter().map(|b| b.num_cells()).sum();
-        (cells / blocks).saturating_mul(self.cell_bytes())
+        let bytes: u64 = self
+            .grid
+            .blocks
+            .iter()
+            .map(|b| self.sources.decoded_bytes(&b.extent))
+            .sum();
+        bytes / blocks
     }
 
     /// Decoded bytes of the largest block.
     pub fn largest_block_bytes(&self) -> u64 {
-        let cells = self.grid.blocks.iter().map(|b| b.num_cells()).max();
-        cells.unwrap_or(0).saturating_mul(self.cell_bytes())
+        self.grid
+            .blocks
+            .iter()
+            .map(|b| self.sources.decoded_bytes(&b.extent))
+            .max()
+            .unwrap_or(0)
     }
 
-    /// Decoded bytes of one cell of every variable.
-    pub fn cell_bytes(&self) -> u64 {
-        self.variables
+    /// Decoded bytes of the largest single window a full shuffle reads
+    /// (its reach, with jitter, in every source).
+    pub fn window_bytes(&self) -> u64 {
+        self.grid
+            .blocks
             .iter()
-            .map(|&v| self.table.variables[v].element_size() as u64)
-            .sum()
+            .map(|b| {
+                let origin = b.origin(0);
+                self.sources.decoded_bytes(&self.grid.window_reach(&origin))
+            })
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -349,19 +376,55 @@ pub fn select_where(
     predicate: &str,
     ctx: &SessionContext,
 ) -> Result<Selection, WindowError> {
+    let mut selections = select_where_each(&[table], predicate, ctx)?;
+    selections
+        .pop()
+        .ok_or_else(|| WindowError::Internal("no selection".into()))
+}
+
+/// The cells of each of `tables` (the sources of some windows) selected
+/// by `predicate`: each condition on one coordinate applies to every
+/// table with that dimension, and must apply to one at least.
+pub fn select_where_each(
+    tables: &[&GridTable],
+    predicate: &str,
+    ctx: &SessionContext,
+) -> Result<Vec<Selection>, WindowError> {
     let where_error = |e: &dyn std::fmt::Display| WindowError::argument("where", e);
-    let schema = DFSchema::try_from(Arc::clone(&table.schema)).map_err(|e| where_error(&e))?;
+    // Every dimension column, the first table's first.
+    let mut fields: Vec<datafusion::arrow::datatypes::Field> = Vec::new();
+    for table in tables {
+        for dim in &table.dims {
+            if !fields.iter().any(|f| f.name() == &dim.name) {
+                fields.push(dim.field());
+            }
+        }
+    }
+    let schema = DFSchema::try_from(datafusion::arrow::datatypes::Schema::new(fields))
+        .map_err(|e| where_error(&e))?;
     let expr = ctx
         .parse_sql_expr(predicate, &schema)
         .map_err(|e| where_error(&e))?;
     let conjuncts = split_conjunction_owned(expr);
-    let refs: Vec<&Expr> = conjuncts.iter().collect();
-    for (conjunct, how) in conjuncts.iter().zip(classify_filters(&refs, table)) {
-        if how != TableProviderFilterPushDown::Exact {
+    for conjunct in &conjuncts {
+        let applies = tables.iter().any(|table| {
+            classify_filters(&[conjunct], table) == [TableProviderFilterPushDown::Exact]
+        });
+        if !applies {
             return Err(where_error(&format!(
                 "'{conjunct}' is not a condition on one coordinate; windows are selected by coordinates only"
             )));
         }
     }
-    select(&conjuncts, table, &ctx.state()).map_err(|e| where_error(&e))
+    tables
+        .iter()
+        .map(|table| {
+            let own: Vec<Expr> = conjuncts
+                .iter()
+                .filter(|c| classify_filters(&[c], table) == [TableProviderFilterPushDown::Exact])
+                .cloned()
+                .collect();
+            select(&own, table, &ctx.state()).map_err(|e| where_error(&e))
+        })
+        .collect()
 }

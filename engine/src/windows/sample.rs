@@ -27,8 +27,9 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit};
 
 use super::geometry::{Validity, WindowShape};
+use super::sources::{Link, Sources};
 use super::WindowError;
-use crate::table::{GridTable, Selection};
+use crate::table::GridTable;
 
 /// What a sample holds, as the user asks for it.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,7 +74,8 @@ impl SampleSpec {
     }
 }
 
-/// One channel of a role: a variable at one step of the lead dimension.
+/// One channel of a role: a variable at one step of the lead dimension
+/// (and one index of each of its source's channel dimensions, `level`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Channel {
     /// The variable, as a position among the windows' variables.
@@ -82,6 +84,8 @@ pub struct Channel {
     pub step: i64,
     /// Position along the window's lead axis (0 without a lead dimension).
     pub slot: u64,
+    /// `(dimension of the variable's source, index)` of its channel dimensions.
+    pub fixed: Vec<(usize, u64)>,
 }
 
 /// The inputs or the targets of a sample.
@@ -117,19 +121,28 @@ pub struct SampleLayout {
     pub roles: Vec<Role>,
     /// Largest offset per table dimension (0: none).
     pub jitter: Vec<u64>,
+    /// The reference's channel dimensions (window axes spanning their
+    /// whole selection, each index a channel of every variable).
+    pub channel_axes: Vec<usize>,
 }
 
 impl SampleLayout {
-    /// Resolves `spec` for windows of `shape` over `selection` of `table`
-    /// with `variables` (names, in the windows' order). Returns the layout
-    /// and the window shape of the grid, with the lead dimension added.
+    /// Resolves `spec` for windows of `shape` over `sources` (their
+    /// reference's grid), `lead` the reference's lead dimension (see
+    /// [`lead_dimension`]). Returns the layout and the window shape of the
+    /// grid, with the lead and channel dimensions added.
     pub fn resolve(
-        table: &GridTable,
-        variables: &[&str],
-        selection: &Selection,
+        sources: &Sources,
         shape: &WindowShape,
         spec: &SampleSpec,
+        lead: Option<usize>,
     ) -> Result<(Self, WindowShape), WindowError> {
+        let reference = sources.reference();
+        let table = &reference.table;
+        let selection = &reference.selection;
+        let variables: Vec<&str> = (0..sources.flat.len())
+            .map(|f| sources.variable_name(f))
+            .collect();
         let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
         let mut jitter = vec![0u64; dims.len()];
         for (dim, bound) in &spec.jitter {
@@ -181,7 +194,7 @@ impl SampleLayout {
         if spec.history == 0 {
             return Err(WindowError::argument("history", "must be at least 1 step"));
         }
-        if !spec.has_roles() {
+        if !spec.has_roles() && sources.list.len() == 1 {
             let layout = Self {
                 roles_given: false,
                 lead: None,
@@ -194,14 +207,105 @@ impl SampleLayout {
                             variable,
                             step: 0,
                             slot: 0,
+                            fixed: Vec::new(),
                         })
                         .collect(),
                 }],
                 jitter,
+                channel_axes: Vec::new(),
             };
             return Ok((layout, shape.clone()));
         }
-        let d = lead_dimension(table, shape, spec)?;
+        // The reference's dimensions outside the windows and the lead
+        // dimension: every selected index a channel.
+        let mut grid_shape = shape.clone();
+        let mut channel_axes = Vec::new();
+        for (d, name) in dims.iter().enumerate() {
+            if Some(d) == lead || shape.sizes.iter().any(|(w, _)| w == name) {
+                continue;
+            }
+            let len = match selection.ranges(d) {
+                [one] => one.end - one.start,
+                [] => 0,
+                _ => {
+                    return Err(WindowError::argument(
+                        "where",
+                        format!("selects separate ranges along '{name}', whose every index becomes channels; select one range"),
+                    ))
+                }
+            };
+            if len == 0 {
+                return Err(WindowError::argument(
+                    "where",
+                    format!("selects nothing along '{name}'"),
+                ));
+            }
+            grid_shape.sizes.push((name.to_string(), len));
+            grid_shape.overlaps.push((name.to_string(), len - 1));
+            channel_axes.push(d);
+        }
+        // Each variable's channel indices: its source's channel dimensions,
+        // in C order.
+        let fixed_of: Vec<Vec<Vec<(usize, u64)>>> = (0..sources.flat.len())
+            .map(|f| {
+                let (s, _) = sources.flat[f];
+                let mut tuples: Vec<Vec<(usize, u64)>> = vec![Vec::new()];
+                for (sd, link) in sources.links[s].iter().enumerate() {
+                    let indices: Vec<u64> = if s == 0 && channel_axes.contains(&sd) {
+                        selection
+                            .ranges(sd)
+                            .iter()
+                            .flat_map(|r| r.clone())
+                            .collect()
+                    } else if let Link::Channel { indices } = link {
+                        indices.clone()
+                    } else {
+                        continue;
+                    };
+                    tuples = tuples
+                        .iter()
+                        .flat_map(|t| {
+                            indices.iter().map(move |&k| {
+                                let mut t = t.clone();
+                                t.push((sd, k));
+                                t
+                            })
+                        })
+                        .collect();
+                }
+                tuples
+            })
+            .collect();
+        let channels_of = |variable: usize, step: i64, slot: u64| {
+            fixed_of[variable]
+                .iter()
+                .map(move |fixed| Channel {
+                    variable,
+                    step,
+                    slot,
+                    fixed: fixed.clone(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let Some(d) = lead else {
+            if spec.history > 1 || !spec.targets.is_empty() {
+                return Err(WindowError::Internal(
+                    "history or targets without a lead dimension".into(),
+                ));
+            }
+            let layout = Self {
+                roles_given: true,
+                lead: None,
+                roles: vec![Role {
+                    name: "inputs",
+                    validity: spec.valid_inputs,
+                    channels: inputs.iter().flat_map(|&v| channels_of(v, 0, 0)).collect(),
+                }],
+                jitter,
+                channel_axes,
+            };
+            return Ok((layout, grid_shape));
+        };
         let lead_name = dims[d];
         let ranges = selection.ranges(d);
         let range = match ranges {
@@ -266,11 +370,7 @@ impl SampleLayout {
         let mut input_channels = Vec::new();
         for s in (1 - history)..=0 {
             for &variable in &inputs {
-                input_channels.push(Channel {
-                    variable,
-                    step: s,
-                    slot: slot(s),
-                });
+                input_channels.extend(channels_of(variable, s, slot(s)));
             }
         }
         let mut roles = vec![Role {
@@ -285,15 +385,10 @@ impl SampleLayout {
                 validity: spec.valid_targets,
                 channels: targets
                     .into_iter()
-                    .map(|(variable, s)| Channel {
-                        variable,
-                        step: s,
-                        slot: slot(s),
-                    })
+                    .flat_map(|(variable, s)| channels_of(variable, s, slot(s)))
                     .collect(),
             });
         }
-        let mut grid_shape = shape.clone();
         grid_shape.sizes.push((lead_name.to_string(), span));
         grid_shape.overlaps.push((lead_name.to_string(), span - 1));
         Ok((
@@ -306,6 +401,7 @@ impl SampleLayout {
                 }),
                 roles,
                 jitter,
+                channel_axes,
             },
             grid_shape,
         ))
@@ -332,12 +428,18 @@ impl SampleLayout {
         plane
     }
 
+    /// Whether grid axis `d` is a plane's: a window dimension that is
+    /// neither the lead dimension nor a channel dimension.
+    pub fn in_plane(&self, d: usize) -> bool {
+        self.lead.is_none_or(|l| l.axis != d) && !self.channel_axes.contains(&d)
+    }
+
     /// The sizes of a channel's plane: the window sizes along window
-    /// dimensions but the lead dimension.
+    /// dimensions but the lead and channel dimensions.
     pub fn plane_sizes(&self, window_sizes: &[(usize, u64)]) -> Vec<u64> {
         window_sizes
             .iter()
-            .filter(|(d, _)| self.lead.is_none_or(|l| l.axis != *d))
+            .filter(|(d, _)| self.in_plane(*d))
             .map(|&(_, s)| s)
             .collect()
     }
@@ -352,7 +454,7 @@ impl SampleLayout {
                 let channels: Vec<String> = r
                     .channels
                     .iter()
-                    .map(|c| format!("{}@{}", c.variable, c.slot))
+                    .map(|c| format!("{}@{}{:?}", c.variable, c.slot, c.fixed))
                     .collect();
                 format!("{}:{:?}:[{}]", r.name, r.validity, channels.join(","))
             })
@@ -361,13 +463,15 @@ impl SampleLayout {
     }
 }
 
-/// The lead dimension's number in `table`: the one named, else the only
-/// dimension outside the window dimensions whose coordinate holds times.
-fn lead_dimension(
+/// The lead dimension's number in `table` (the reference's): the one
+/// named, else the only dimension outside the window dimensions whose
+/// coordinate holds times; `None` when there is no such dimension and
+/// neither history nor targets need one.
+pub fn lead_dimension(
     table: &GridTable,
     shape: &WindowShape,
     spec: &SampleSpec,
-) -> Result<usize, WindowError> {
+) -> Result<Option<usize>, WindowError> {
     let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
     let in_window = |name: &str| shape.sizes.iter().any(|(d, _)| d == name);
     if let Some(name) = &spec.lead_dim {
@@ -386,7 +490,7 @@ fn lead_dimension(
                 format!("'{name}' is a window dimension (in input_dims); history and lead times run along a dimension outside input_dims"),
             ));
         }
-        return Ok(d);
+        return Ok(Some(d));
     }
     let times: Vec<usize> = (0..dims.len())
         .filter(|&d| {
@@ -397,8 +501,10 @@ fn lead_dimension(
                 )
         })
         .collect();
+    let needed = spec.history > 1 || !spec.targets.is_empty();
     match times.as_slice() {
-        [d] => Ok(*d),
+        [d] => Ok(Some(*d)),
+        [] if !needed => Ok(None),
         _ => Err(WindowError::argument(
             "history",
             format!(

@@ -13,10 +13,13 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type};
+use datafusion::common::{Column, ScalarValue};
 use datafusion::functions_aggregate::expr_fn::{avg, count, max, min, stddev_pop};
-use datafusion::prelude::{col, SessionContext};
+use datafusion::logical_expr::Expr;
+use datafusion::prelude::{col, lit, SessionContext};
 use md5::{Digest, Md5};
 
+use super::sources::{Source, Sources};
 use super::values::Scale;
 use super::{IndexCache, WindowError};
 use crate::table::{GridTable, Selection, ZarrTable};
@@ -46,27 +49,37 @@ impl Moments {
     }
 }
 
-/// Statistics of `variables` (indices into `table.variables`) over the
-/// cells `predicate` (a SQL condition on coordinates, `selection` once
-/// parsed) selects, from `cache` when it holds them.
+/// Statistics of every variable of `sources` (flat order) over each
+/// source's selection, from `cache` when it holds them.
 pub async fn statistics(
     ctx: &SessionContext,
-    table: &Arc<GridTable>,
-    variables: &[usize],
-    predicate: Option<&str>,
-    selection: &Selection,
+    sources: &Sources,
     cache: Option<&IndexCache>,
 ) -> Result<Vec<Moments>, WindowError> {
+    let mut out = Vec::with_capacity(sources.flat.len());
+    for source in &sources.list {
+        out.extend(source_statistics(ctx, source, cache).await?);
+    }
+    Ok(out)
+}
+
+/// Statistics of the variables of one source over its selection.
+async fn source_statistics(
+    ctx: &SessionContext,
+    source: &Source,
+    cache: Option<&IndexCache>,
+) -> Result<Vec<Moments>, WindowError> {
+    let table = &source.table;
     let key = match cache {
-        Some(_) => Some(key(table, variables, selection)?),
+        Some(_) => Some(key(table, &source.variables, &source.selection)?),
         None => None,
     };
     if let (Some(cache), Some(key)) = (cache, &key) {
-        if let Some(found) = load(cache, key, variables.len()) {
+        if let Some(found) = load(cache, key, source.variables.len()) {
             return Ok(found);
         }
     }
-    let computed = compute(ctx, table, variables, predicate).await?;
+    let computed = compute(ctx, table, &source.variables, &source.selection).await?;
     if let (Some(cache), Some(key)) = (cache, &key) {
         if let Err(e) = store(cache, key, &computed) {
             log::warn!(
@@ -79,12 +92,51 @@ pub async fn statistics(
     Ok(computed)
 }
 
+/// Conditions on coordinates selecting `selection` of `table`: per
+/// dimension not wholly selected, its ranges as `BETWEEN` first and last
+/// coordinate (either way round, for descending coordinates).
+fn selection_filter(table: &GridTable, selection: &Selection) -> Result<Vec<Expr>, WindowError> {
+    let mut filters = Vec::new();
+    for (d, dim) in table.dims.iter().enumerate() {
+        let ranges = selection.ranges(d);
+        if ranges.len() == 1 && ranges[0] == (0..dim.len) {
+            continue;
+        }
+        let value = |i: u64| -> Result<Expr, WindowError> {
+            let one = dim
+                .coordinate
+                .slice(i, 1)
+                .map_err(|e| WindowError::Internal(e.to_string()))?;
+            let scalar = ScalarValue::try_from_array(&one, 0)
+                .map_err(|e| WindowError::Internal(e.to_string()))?;
+            Ok(lit(scalar))
+        };
+        let column = col(Column::new_unqualified(&dim.name));
+        let mut any: Option<Expr> = None;
+        for r in ranges.iter().filter(|r| !r.is_empty()) {
+            let (a, b) = (value(r.start)?, value(r.end - 1)?);
+            let low = column
+                .clone()
+                .gt_eq(a.clone())
+                .and(column.clone().lt_eq(b.clone()));
+            let high = column.clone().gt_eq(b).and(column.clone().lt_eq(a));
+            let one = low.or(high);
+            any = Some(match any {
+                None => one,
+                Some(e) => e.or(one),
+            });
+        }
+        filters.push(any.unwrap_or_else(|| lit(false)));
+    }
+    Ok(filters)
+}
+
 /// Runs the aggregate: one row of count, mean, std, min, max per variable.
 async fn compute(
     ctx: &SessionContext,
     table: &Arc<GridTable>,
     variables: &[usize],
-    predicate: Option<&str>,
+    selection: &Selection,
 ) -> Result<Vec<Moments>, WindowError> {
     let data = |e: datafusion::error::DataFusionError| {
         WindowError::Data(crate::error::ZarrFusionError::store(
@@ -95,12 +147,8 @@ async fn compute(
     let mut frame = ctx
         .read_table(Arc::new(ZarrTable::shared(Arc::clone(table))))
         .map_err(data)?;
-    if let Some(predicate) = predicate {
-        let schema = frame.schema().clone();
-        let expr = ctx
-            .parse_sql_expr(predicate, &schema)
-            .map_err(|e| WindowError::argument("where", e))?;
-        frame = frame.filter(expr).map_err(data)?;
+    for filter in selection_filter(table, selection)? {
+        frame = frame.filter(filter).map_err(data)?;
     }
     let mut aggregates = Vec::with_capacity(variables.len() * 5);
     for &v in variables {
