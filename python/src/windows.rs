@@ -420,27 +420,55 @@ impl PyWindows {
             .collect()
     }
 
-    /// Per variable (in the windows' order): count, mean, std, min and max
-    /// over the selected cells, by the engine's dense reduction, kept in
-    /// the cache beside the index.
-    fn statistics(&self, py: Python<'_>) -> PyResult<Vec<(String, [f64; 5])>> {
+    /// Per variable (in the windows' order), per part of it (one index of
+    /// each channel dimension, such as a level: `[(dim, coordinate)]`):
+    /// count, mean, std, min and max over the selected cells, by the
+    /// engine's dense reduction, kept in the cache beside the index.
+    #[allow(clippy::type_complexity)] // plain values for Python
+    fn statistics(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<Vec<(String, Vec<(Vec<(String, f64)>, [f64; 5])>)>> {
         let run = {
             let ctx = self.ctx.clone();
-            let sources = Arc::clone(&self.windows.sources);
+            let windows = Arc::clone(&self.windows);
             let cache = self.cache.clone();
-            async move { statistics(&ctx, &sources, cache.as_ref()).await }
+            async move {
+                statistics(
+                    &ctx,
+                    &windows.sources,
+                    &windows.layout.parts,
+                    cache.as_ref(),
+                )
+                .await
+            }
         };
         let moments = wait_for(py, run)?.map_err(window_error)?;
-        Ok(self
-            .windows
-            .variable_names()
+        let sources = &self.windows.sources;
+        Ok(moments
             .into_iter()
-            .zip(moments)
-            .map(|(name, m)| {
-                (
-                    name.to_string(),
-                    [m.count as f64, m.mean, m.std, m.min, m.max],
-                )
+            .enumerate()
+            .map(|(f, per_part)| {
+                let (s, _) = sources.flat[f];
+                let table = &sources.list[s].table;
+                let parts = self.windows.layout.parts[f]
+                    .iter()
+                    .zip(per_part)
+                    .map(|(fixed, m)| {
+                        let at = fixed
+                            .iter()
+                            .map(|&(d, k)| {
+                                let dim = &table.dims[d];
+                                (
+                                    dim.name.clone(),
+                                    dim.coordinate.number(k).unwrap_or(k as f64),
+                                )
+                            })
+                            .collect();
+                        (at, [m.count as f64, m.mean, m.std, m.min, m.max])
+                    })
+                    .collect();
+                (sources.variable_name(f).to_string(), parts)
             })
             .collect())
     }
@@ -451,6 +479,12 @@ impl PyWindows {
     #[getter]
     fn channels(&self) -> Vec<(String, Vec<Channel>)> {
         role_channels(&self.windows)
+    }
+
+    /// Channels per step of each variable (its levels; 1 without channel
+    /// dimensions), in the windows' order.
+    fn statistics_parts(&self) -> Vec<usize> {
+        self.windows.layout.parts.iter().map(Vec::len).collect()
     }
 
     /// The lead dimension (history and lead times), when there is one.
@@ -466,7 +500,7 @@ impl PyWindows {
     /// `buffer_size` bytes of decoded blocks) or `"full"`; `shard`:
     /// `(rank, world_size)`; `worker`: `(id, workers)` of a `DataLoader`;
     /// `stack`: one float32 array of channels per role; `normalize`:
-    /// `(mean, std)` per variable, in the windows' order.
+    /// `(mean, std)` per variable (in the windows' order) and part of it.
     #[pyo3(signature = (batch_size=256, shuffle=Some("block".to_string()), seed=0, drop_last=false, prefetch=8, threads=None, shard=None, buffer_size=None, worker=None, stack=false, normalize=None))]
     #[allow(clippy::too_many_arguments)]
     fn loader(
@@ -481,7 +515,7 @@ impl PyWindows {
         buffer_size: Option<&Bound<'_, PyAny>>,
         worker: Option<(u64, u64)>,
         stack: bool,
-        normalize: Option<Vec<(f64, f64)>>,
+        normalize: Option<Vec<Vec<(f64, f64)>>>,
     ) -> PyResult<PyWindowLoader> {
         let buffer_bytes = match buffer_size {
             Some(b) => size_argument("buffer_size", b)? as u64,
@@ -519,7 +553,12 @@ impl PyWindows {
             stack,
             normalize: normalize.map(|n| {
                 n.into_iter()
-                    .map(|(mean, std)| Scale { mean, std })
+                    .map(|parts| {
+                        parts
+                            .into_iter()
+                            .map(|(mean, std)| Scale { mean, std })
+                            .collect()
+                    })
                     .collect()
             }),
         };

@@ -307,11 +307,30 @@ def test_statistics_of_several_sources(ctx, two_sources):
     _, windows = open_sources(ctx, two, history={"time": 2}, valid="any", where="time >= '2022-01-02T00:00:00'")
     stats = windows.statistics()
     # era5 from its fifth step, imerg from its ninth (the same time).
-    for name, values in (("t2m", two["t2m"][4:]), ("z", two["z"][4:]), ("lsm", two["lsm"]), ("precip", two["precip"][8:])):
+    for name, values in (("t2m", two["t2m"][4:]), ("lsm", two["lsm"]), ("precip", two["precip"][8:])):
         v = values[~np.isnan(values)].astype(np.float64)
         assert stats[name]["count"] == v.size, name
         np.testing.assert_allclose(stats[name]["mean"], v.mean(), rtol=1e-9)
         np.testing.assert_allclose(stats[name]["std"], v.std(), rtol=1e-7)
+    # Per level: z's channels each have their own.
+    assert stats["z"]["level"] == [1000, 850, 500]
+    for k in range(3):
+        v = two["z"][4:, k]
+        v = v[~np.isnan(v)].astype(np.float64)
+        assert stats["z"]["count"][k] == v.size
+        np.testing.assert_allclose(stats["z"]["mean"][k], v.mean(), rtol=1e-9)
+        np.testing.assert_allclose(stats["z"]["std"][k], v.std(), rtol=1e-7)
+    # Normalized per channel, levels by their own statistics.
+    batch = next(iter(windows.loader(batch_size=2, shuffle=None, stack="channels", normalize=True)))
+    t, i, j = (int(batch["index"][d][0]) for d in ("time", "lat", "lon"))
+    box = (slice(i, i + SIZE), slice(j, j + SIZE))
+    for k in range(3):  # the sample's own step: channels 6 + 1 + k
+        expected = (two["z"][(t, k, *box)] - stats["z"]["mean"][k]) / stats["z"]["std"][k]
+        np.testing.assert_allclose(batch["inputs"][0, 7 + k], expected, rtol=1e-4, atol=1e-4)
+    expected = (two["precip"][(2 * t, slice(i + 2, i + 2 + SIZE), box[1])] - stats["precip"]["mean"]) / stats["precip"]["std"]
+    np.testing.assert_allclose(batch["inputs"][0, 11], expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="'z' has 3 channels per step, not 2 means"):
+        windows.loader(normalize={**stats, "z": {"mean": [1, 2], "std": [1, 1]}})
 
 
 def test_sources_on_other_grids_or_steps_are_refused(ctx, two_sources):

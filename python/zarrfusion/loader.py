@@ -180,26 +180,28 @@ class Windows:
         variables."""
         return _channels(self._raw.channels)
 
-    def statistics(self) -> dict[str, dict[str, float]]:
+    def statistics(self) -> dict[str, dict[str, Any]]:
         """Per variable: ``count``, ``mean``, ``std`` (population), ``min``,
         ``max`` of the non-missing values in the selected cells (``where``),
         computed by the engine's dense reduction inside ``allowed_mem`` and
-        kept in the cache beside the window index (``cache``)."""
+        kept in the cache beside the window index (``cache``). A variable
+        whose channels run along a dimension (pressure levels) has one
+        value per channel: lists, with that dimension's coordinates under
+        its name (``{"level": [1000, 850, 500], "mean": [...], ...}``)."""
         keys = ("count", "mean", "std", "min", "max")
-        return {
-            name: {k: (int(v) if k == "count" else v) for k, v in zip(keys, values)}
-            for name, values in self._raw.statistics()
-        }
-
-    @property
-    def index_source(self) -> str:
-        """``"cache"`` when the valid-window index was loaded from the cache, else ``"built"``; waits for it."""
-        return self._raw.index_source
-
-    @property
-    def index_seconds(self) -> float:
-        """Seconds spent building the valid-window index (0 when cached); waits for it."""
-        return self._raw.index_seconds
+        out = {}
+        for name, parts in self._raw.statistics():
+            if len(parts) == 1 and not parts[0][0]:
+                values = parts[0][1]
+                out[name] = {k: (int(v) if k == "count" else v) for k, v in zip(keys, values)}
+                continue
+            entry: dict[str, Any] = {}
+            for dim, _ in parts[0][0]:
+                entry[dim] = [dict(at)[dim] for at, _ in parts]
+            for i, k in enumerate(keys):
+                entry[k] = [int(values[i]) if k == "count" else values[i] for _, values in parts]
+            out[name] = entry
+        return out
 
     def loader(
         self,
@@ -254,19 +256,8 @@ class Windows:
             normalize = self.statistics()
         elif normalize is False:
             normalize = None
-        scales = None
         if normalize is not None:
-            if not isinstance(normalize, Mapping):
-                raise ValueError("normalize: expected True or {variable: {'mean': m, 'std': s}}")
-            scales = []
-            for name in self.variables:
-                if name not in normalize:
-                    raise ValueError(f"normalize: no statistics for variable {name!r}")
-                try:
-                    scales.append((float(normalize[name]["mean"]), float(normalize[name]["std"])))
-                except (KeyError, TypeError, ValueError):
-                    raise ValueError(f"normalize: {name!r} needs numbers 'mean' and 'std'") from None
-            normalize = {name: {"mean": m, "std": sd} for name, (m, sd) in zip(self.variables, scales)}
+            normalize = _scales(normalize, self.variables, self._raw.statistics_parts())
         arguments = dict(
             batch_size=batch_size,
             shuffle=shuffle,
@@ -443,6 +434,34 @@ def _auto_shard() -> tuple[int, int] | None:
     return None
 
 
+def _listed(value: Any) -> list[float]:
+    """A scalar as a one-item list; a list as floats."""
+    if isinstance(value, (list, tuple)):
+        return [float(v) for v in value]
+    return [float(value)]
+
+
+def _scales(normalize: Mapping, variables: list[str], parts: list[int]) -> dict:
+    """``normalize`` checked: per variable, ``mean`` and ``std`` as numbers,
+    or lists of one per part (level) when the variable has several."""
+    if not isinstance(normalize, Mapping):
+        raise ValueError("normalize: expected True or {variable: {'mean': m, 'std': s}}")
+    out = {}
+    for name, n in zip(variables, parts):
+        if name not in normalize:
+            raise ValueError(f"normalize: no statistics for variable {name!r}")
+        try:
+            means, stds = _listed(normalize[name]["mean"]), _listed(normalize[name]["std"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"normalize: {name!r} needs numbers 'mean' and 'std'") from None
+        if len(means) == 1 and n > 1:
+            means, stds = means * n, stds * n
+        if len(means) != n or len(stds) != n:
+            raise ValueError(f"normalize: {name!r} has {n} channels per step, not {len(means)} means and {len(stds)} stds")
+        out[name] = {"mean": means, "std": stds}
+    return out
+
+
 def _channels(raw: list) -> dict[str, list[dict]]:
     """Per role, its channels as dicts (a channel dimension's coordinate under its name)."""
     return {
@@ -454,7 +473,9 @@ def _raw_loader(raw_windows: Any, arguments: dict, worker: tuple[int, int] | Non
     """The engine's loader of ``arguments`` (``Windows.loader``'s, checked)."""
     a = dict(arguments)
     normalize = a.pop("normalize")
-    scales = None if normalize is None else [(s["mean"], s["std"]) for s in normalize.values()]
+    scales = None
+    if normalize is not None:
+        scales = [list(zip(_listed(s["mean"]), _listed(s["std"]))) for s in normalize.values()]
     return raw_windows.loader(
         a["batch_size"], a["shuffle"], a["seed"], a["drop_last"], a["prefetch"], a["threads"], a["shard"],
         a["buffer_size"], worker, a["stack"] == "channels", scales,

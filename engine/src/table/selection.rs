@@ -65,6 +65,12 @@ impl Selection {
             .collect()
     }
 
+    /// This selection with only index `k` selected along dimension `d`.
+    pub fn only(mut self, d: usize, k: u64) -> Self {
+        self.ranges[d] = std::iter::once(k..k + 1).collect();
+        self
+    }
+
     /// Replaces the selected ranges of dimension `d` (sorted, disjoint).
     #[cfg(test)]
     pub(crate) fn restrict_ranges(&mut self, d: usize, ranges: Vec<Range<u64>>) {

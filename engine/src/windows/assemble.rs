@@ -121,8 +121,8 @@ pub struct Decoded {
 pub struct Cutter<'a> {
     windows: &'a Windows,
     outputs: &'a [Output],
-    /// Per variable of the windows, when normalizing.
-    scales: Option<&'a [Scale]>,
+    /// Per variable of the windows and part of it, when normalizing.
+    scales: Option<&'a [Vec<Scale>]>,
     seed: u64,
     epoch: u64,
 }
@@ -143,7 +143,7 @@ impl<'a> Cutter<'a> {
     pub fn new(
         windows: &'a Windows,
         outputs: &'a [Output],
-        scales: Option<&'a [Scale]>,
+        scales: Option<&'a [Vec<Scale>]>,
         seed: u64,
         epoch: u64,
     ) -> Self {
@@ -216,7 +216,7 @@ impl<'a> Cutter<'a> {
                 let values = &data.values[channel.variable];
                 if output.float32 {
                     if let Values::F32(out) = &mut *array {
-                        let scale = self.scales.map(|s| s[channel.variable]);
+                        let scale = self.scales.map(|s| s[channel.variable][channel.part]);
                         values.append_window_f32(extent, &plane, scale, out);
                     }
                 } else {

@@ -71,9 +71,10 @@ pub struct LoaderOptions {
     /// One `float32` array per role with every channel stacked, instead of
     /// an array per variable (see [`super::assemble`]).
     pub stack: bool,
-    /// Scales of the windows' variables (in their order), applied while
+    /// Scales of the windows' variables (in their order), one per part
+    /// of each ([`super::SampleLayout::parts`]: per level), applied while
     /// assembling; the arrays are then `float32`.
-    pub normalize: Option<Vec<Scale>>,
+    pub normalize: Option<Vec<Vec<Scale>>>,
 }
 
 impl Default for LoaderOptions {
@@ -205,13 +206,18 @@ impl WindowLoader {
             return Err(WindowError::argument("prefetch", "must be at least 1"));
         }
         if let Some(scales) = &options.normalize {
-            if scales.len() != windows.variables.len() {
+            let parts = &windows.layout.parts;
+            let fits = scales.len() == parts.len()
+                && scales.iter().zip(parts).all(|(s, p)| s.len() == p.len());
+            if !fits {
                 return Err(WindowError::argument(
                     "normalize",
                     format!(
-                        "{} scales for {} variables",
+                        "scales for {} variables ({:?} parts), not {} variables ({:?} parts)",
                         scales.len(),
-                        windows.variables.len()
+                        scales.iter().map(Vec::len).collect::<Vec<_>>(),
+                        parts.len(),
+                        parts.iter().map(Vec::len).collect::<Vec<_>>()
                     ),
                 ));
             }
@@ -793,7 +799,7 @@ impl Planner {
 struct Worker {
     windows: Arc<Windows>,
     outputs: Arc<Vec<Output>>,
-    scales: Option<Vec<Scale>>,
+    scales: Option<Vec<Vec<Scale>>>,
     seed: u64,
     epoch: u64,
     counters: Arc<Counters>,

@@ -86,6 +86,8 @@ pub struct Channel {
     pub slot: u64,
     /// `(dimension of the variable's source, index)` of its channel dimensions.
     pub fixed: Vec<(usize, u64)>,
+    /// Which of the variable's [`SampleLayout::parts`] `fixed` is.
+    pub part: usize,
 }
 
 /// The inputs or the targets of a sample.
@@ -124,6 +126,10 @@ pub struct SampleLayout {
     /// The reference's channel dimensions (window axes spanning their
     /// whole selection, each index a channel of every variable).
     pub channel_axes: Vec<usize>,
+    /// Per variable (flat order): its channels at one step, as the
+    /// `(source dimension, index)` of each channel dimension (one empty
+    /// part for a variable without channel dimensions), in C order.
+    pub parts: Vec<Vec<Vec<(usize, u64)>>>,
 }
 
 impl SampleLayout {
@@ -208,11 +214,13 @@ impl SampleLayout {
                             step: 0,
                             slot: 0,
                             fixed: Vec::new(),
+                            part: 0,
                         })
                         .collect(),
                 }],
                 jitter,
                 channel_axes: Vec::new(),
+                parts: vec![vec![Vec::new()]; variables.len()],
             };
             return Ok((layout, shape.clone()));
         }
@@ -279,11 +287,13 @@ impl SampleLayout {
         let channels_of = |variable: usize, step: i64, slot: u64| {
             fixed_of[variable]
                 .iter()
-                .map(move |fixed| Channel {
+                .enumerate()
+                .map(move |(part, fixed)| Channel {
                     variable,
                     step,
                     slot,
                     fixed: fixed.clone(),
+                    part,
                 })
                 .collect::<Vec<_>>()
         };
@@ -303,6 +313,7 @@ impl SampleLayout {
                 }],
                 jitter,
                 channel_axes,
+                parts: fixed_of,
             };
             return Ok((layout, grid_shape));
         };
@@ -402,6 +413,7 @@ impl SampleLayout {
                 roles,
                 jitter,
                 channel_axes,
+                parts: fixed_of,
             },
             grid_shape,
         ))

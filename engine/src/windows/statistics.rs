@@ -50,28 +50,47 @@ impl Moments {
 }
 
 /// Statistics of every variable of `sources` (flat order) over each
-/// source's selection, from `cache` when it holds them.
+/// source's selection, per part of the variable (`parts`, from
+/// [`super::SampleLayout::parts`]: one index of each of its channel
+/// dimensions, such as one pressure level), from `cache` when it holds them.
 pub async fn statistics(
     ctx: &SessionContext,
     sources: &Sources,
+    parts: &[Vec<Vec<(usize, u64)>>],
     cache: Option<&IndexCache>,
-) -> Result<Vec<Moments>, WindowError> {
-    let mut out = Vec::with_capacity(sources.flat.len());
-    for source in &sources.list {
-        out.extend(source_statistics(ctx, source, cache).await?);
+) -> Result<Vec<Vec<Moments>>, WindowError> {
+    let mut out: Vec<Vec<Moments>> = vec![Vec::new(); sources.flat.len()];
+    for (s, source) in sources.list.iter().enumerate() {
+        let flat: Vec<usize> = (0..sources.flat.len())
+            .filter(|&f| sources.flat[f].0 == s)
+            .collect();
+        // Every variable of a source has the same channel dimensions.
+        let Some(source_parts) = flat.first().map(|&f| &parts[f]) else {
+            continue;
+        };
+        for part in source_parts {
+            let selection = part
+                .iter()
+                .fold(source.selection.clone(), |sel, &(d, k)| sel.only(d, k));
+            let moments = source_statistics(ctx, source, &selection, cache).await?;
+            for (&f, m) in flat.iter().zip(moments) {
+                out[f].push(m);
+            }
+        }
     }
     Ok(out)
 }
 
-/// Statistics of the variables of one source over its selection.
+/// Statistics of the variables of one source over `selection`.
 async fn source_statistics(
     ctx: &SessionContext,
     source: &Source,
+    selection: &Selection,
     cache: Option<&IndexCache>,
 ) -> Result<Vec<Moments>, WindowError> {
     let table = &source.table;
     let key = match cache {
-        Some(_) => Some(key(table, &source.variables, &source.selection)?),
+        Some(_) => Some(key(table, &source.variables, selection)?),
         None => None,
     };
     if let (Some(cache), Some(key)) = (cache, &key) {
@@ -79,7 +98,7 @@ async fn source_statistics(
             return Ok(found);
         }
     }
-    let computed = compute(ctx, table, &source.variables, &source.selection).await?;
+    let computed = compute(ctx, table, &source.variables, selection).await?;
     if let (Some(cache), Some(key)) = (cache, &key) {
         if let Err(e) = store(cache, key, &computed) {
             log::warn!(
