@@ -203,6 +203,16 @@ class Windows:
             out[name] = entry
         return out
 
+    @property
+    def index_source(self) -> str:
+        """``"cache"`` when the valid-window index was loaded from the cache, else ``"built"``; waits for it."""
+        return self._raw.index_source
+
+    @property
+    def index_seconds(self) -> float:
+        """Seconds spent building the valid-window index (0 when cached); waits for it."""
+        return self._raw.index_seconds
+
     def loader(
         self,
         batch_size: int = 256,

@@ -269,6 +269,14 @@ impl From<ReadAhead> for TableReadAhead {
 }
 
 impl TableReadAhead {
+    /// The windows of several tables read block by block together (the
+    /// sources of a window loader): one reader, one block numbering.
+    pub fn merge(parts: Vec<TableReadAhead>) -> Self {
+        Self {
+            windows: parts.into_iter().flat_map(|p| p.windows).collect(),
+        }
+    }
+
     /// Says the reader is done with block `number` (see
     /// [`ReadAhead::done_with`]).
     pub fn done_with(&self, number: u64) {

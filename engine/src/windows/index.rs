@@ -158,55 +158,92 @@ pub fn read_columns(
         .collect()
 }
 
-/// How far reading the chunks of `variables` (indices into the table's
-/// variables) over the blocks of `grid` reads ahead of `decoders` threads
-/// when the store is remote: the chunks of their blocks and up to
-/// `io_concurrency` more, in flight at once, no more than `room` bytes
-/// hold (`None`: no limit). `None` without blocks.
+/// How far reading the chunks of every source over the blocks of `grid`
+/// reads ahead of `decoders` threads when a store is remote, per source:
+/// the chunks of their blocks and up to `io_concurrency` more (shared
+/// among the sources), in flight at once, no more than `room` bytes hold
+/// in all (`None`: no limit). `None` without blocks.
 pub(super) fn block_read_ahead(
-    table: &GridTable,
-    variables: &[usize],
+    sources: &Sources,
     grid: &WindowGrid,
     io_concurrency: usize,
     decoders: usize,
     room: Option<usize>,
-) -> Option<ReadAheadPlan> {
-    let columns: Vec<usize> = variables.iter().map(|&v| table.dims.len() + v).collect();
+) -> Option<Vec<ReadAheadPlan>> {
+    let parts = sources.list.len();
     let largest = grid
         .blocks
         .iter()
-        .map(|b| b.extent.iter().map(|r| r.end - r.start).collect::<Vec<_>>())
-        .max_by_key(|shape| shape.iter().product::<u64>())?;
-    let plan = ReadAheadPlan::new(table, &columns, io_concurrency, &largest, decoders.max(1));
-    Some(match room {
-        Some(room) => plan.within(room),
-        None => plan,
-    })
+        .max_by_key(|b| b.num_cells())
+        .map(|b| b.extent.clone())?;
+    Some(
+        sources
+            .list
+            .iter()
+            .enumerate()
+            .map(|(s, source)| {
+                let table = &source.table;
+                let columns: Vec<usize> = source
+                    .variables
+                    .iter()
+                    .map(|&v| table.dims.len() + v)
+                    .collect();
+                let shape: Vec<u64> = sources
+                    .source_box(s, &largest, &[])
+                    .iter()
+                    .map(|r| r.end - r.start)
+                    .collect();
+                let plan =
+                    ReadAheadPlan::new(table, &columns, io_concurrency, &shape, decoders.max(1))
+                        .split(parts);
+                match room {
+                    Some(room) => plan.within(room / parts),
+                    None => plan,
+                }
+            })
+            .collect(),
+    )
 }
 
-/// A window reading the chunks of `variables` (indices into the table's
-/// variables) over the blocks `order` of `grid` as `plan` (from
-/// [`block_read_ahead`]) says, when the store is remote, the keys of
-/// `interleave` blocks read at once interleaved. Block number `i` of the
-/// window is `order[i]`.
+/// A window reading the chunks of every source over the blocks `order` of
+/// `grid` as `plans` (from [`block_read_ahead`]) say, where a store is
+/// remote, the keys of `interleave` blocks read at once interleaved.
+/// Block number `i` of the window is `order[i]`.
 pub(super) fn read_blocks_ahead(
-    table: &GridTable,
-    variables: &[usize],
+    sources: &Arc<Sources>,
     grid: &Arc<WindowGrid>,
     order: Vec<usize>,
-    plan: ReadAheadPlan,
+    plans: Vec<ReadAheadPlan>,
     interleave: usize,
 ) -> Option<TableReadAhead> {
-    let columns: Vec<usize> = variables.iter().map(|&v| table.dims.len() + v).collect();
-    let grid = Arc::clone(grid);
     let count = order.len() as u64;
-    plan.start(
-        table,
-        &columns,
-        0..count,
-        interleave.max(1),
-        move |number| vec![grid.blocks[order[number as usize]].extent.clone()],
-    )
+    let order = Arc::new(order);
+    let parts: Vec<TableReadAhead> = plans
+        .into_iter()
+        .enumerate()
+        .filter_map(|(s, plan)| {
+            let source = &sources.list[s];
+            let table = &source.table;
+            let columns: Vec<usize> = source
+                .variables
+                .iter()
+                .map(|&v| table.dims.len() + v)
+                .collect();
+            let (sources, grid, order) =
+                (Arc::clone(sources), Arc::clone(grid), Arc::clone(&order));
+            plan.start(
+                table,
+                &columns,
+                0..count,
+                interleave.max(1),
+                move |number| {
+                    let extent = &grid.blocks[order[number as usize]].extent;
+                    vec![sources.source_box(s, extent, &[])]
+                },
+            )
+        })
+        .collect();
+    (!parts.is_empty()).then(|| TableReadAhead::merge(parts))
 }
 
 /// The valid origins of one block, from its decoded columns (`data`, of

@@ -138,26 +138,18 @@ impl LiveIndex {
     pub fn build(job: IndexJob, threads: usize, cache: Option<(IndexCache, String)>) -> Arc<Self> {
         let blocks = job.grid.blocks.len();
         let mut live = Self::pending(blocks, cache);
-        // The reference's chunks are read ahead (the other sources' on demand).
-        let reference = job.sources.reference();
-        live.read_ahead = block_read_ahead(
-            &reference.table,
-            &reference.variables,
-            &job.grid,
-            job.io_concurrency,
-            threads,
-            None,
-        )
-        .and_then(|plan| {
-            read_blocks_ahead(
-                &reference.table,
-                &reference.variables,
-                &job.grid,
-                (0..blocks).collect(),
-                plan,
-                threads,
-            )
-        });
+        live.read_ahead =
+            block_read_ahead(&job.sources, &job.grid, job.io_concurrency, threads, None).and_then(
+                |plans| {
+                    read_blocks_ahead(
+                        &job.sources,
+                        &job.grid,
+                        (0..blocks).collect(),
+                        plans,
+                        threads,
+                    )
+                },
+            );
         live.job = Some(job);
         let live = Arc::new(live);
         if blocks == 0 {

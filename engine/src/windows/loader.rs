@@ -36,6 +36,10 @@ use datafusion::common::human_readable_size;
 
 use crate::table::{ReadAheadPlan, TableReadAhead};
 
+/// Blocks decoded ahead of the shuffle buffer (or of the block read in
+/// storage order), counted in the buffer's memory.
+const AHEAD: usize = 2;
+
 /// How a loader batches, orders and prefetches windows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoaderOptions {
@@ -102,9 +106,9 @@ impl Default for LoaderOptions {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoaderMemory {
     /// Decoded values the planner draws windows from: the shuffle buffer's
-    /// blocks (`buffer_size`, at least one block), the one block read in
-    /// storage order, or a full shuffle's single windows of the batches in
-    /// flight.
+    /// blocks (`buffer_size`, at least one block) or the one block read in
+    /// storage order, with the blocks decoded ahead of them; or a full
+    /// shuffle's single windows of the batches in flight.
     pub buffer: usize,
     /// The batches assembled ahead of the consumer (`prefetch`) and the one
     /// being planned.
@@ -362,9 +366,9 @@ fn loader_memory(windows: &Windows, outputs: &[Output], o: &LoaderOptions) -> Lo
     let block_bytes = windows.largest_block_bytes();
     let buffer = match o.shuffle {
         Shuffle::Block { buffer_bytes } => {
-            (buffer_blocks(windows, buffer_bytes) as u64).saturating_mul(block_bytes)
+            (buffer_blocks(windows, buffer_bytes) as u64 + AHEAD as u64).saturating_mul(block_bytes)
         }
-        Shuffle::None => block_bytes,
+        Shuffle::None => (1 + AHEAD as u64).saturating_mul(block_bytes),
         Shuffle::Full => (o.prefetch as u64 + 1)
             .saturating_mul(o.batch_size as u64)
             .saturating_mul(window_bytes),
@@ -384,18 +388,21 @@ fn loader_memory(windows: &Windows, outputs: &[Output], o: &LoaderOptions) -> Lo
         read_ahead: 0,
     };
     if o.shuffle != Shuffle::Full {
-        memory.read_ahead =
-            loader_read_ahead(windows, o, memory.fixed()).map_or(0, |plan| plan.memory());
+        memory.read_ahead = loader_read_ahead(windows, o, memory.fixed())
+            .map_or(0, |plans| plans.iter().map(ReadAheadPlan::memory).sum());
     }
     memory
 }
 
-/// How far a loader reads the blocks' chunks ahead of its threads, in what
-/// `used` bytes leave of its memory limit.
-fn loader_read_ahead(windows: &Windows, o: &LoaderOptions, used: usize) -> Option<ReadAheadPlan> {
+/// How far a loader reads the blocks' chunks ahead of its threads, per
+/// source, in what `used` bytes leave of its memory limit.
+fn loader_read_ahead(
+    windows: &Windows,
+    o: &LoaderOptions,
+    used: usize,
+) -> Option<Vec<ReadAheadPlan>> {
     block_read_ahead(
-        &windows.table,
-        &windows.variables,
+        &windows.sources,
         &windows.grid,
         o.io_concurrency,
         o.threads,
@@ -754,18 +761,20 @@ impl Planner {
         // buffer, read ahead of the workers (a remote store).
         let fixed = loader_memory(windows, &self.outputs, o).fixed();
         let read_ahead = loader_read_ahead(windows, o, fixed)
-            .and_then(|plan| {
+            .and_then(|plans| {
                 read_blocks_ahead(
-                    &windows.table,
-                    &windows.variables,
+                    &windows.sources,
                     &windows.grid,
                     segs.iter().map(|s| s.block).collect(),
-                    plan,
+                    plans,
                     1,
                 )
             })
             .map(Arc::new);
-        let mut sampler = BlockSampler::new(segs, capacity, shuffle);
+        // Blocks are opened (decoded) this many before the buffer takes
+        // them, and the buffer grows by a block a batch: the first batch
+        // waits for one block, not a buffer's worth.
+        let mut sampler = BlockSampler::new(segs, capacity, AHEAD, o.batch_size as u64, shuffle);
         let jobs = self.jobs.clone();
         let counters = &self.counters;
         let mut entered = 0u64;

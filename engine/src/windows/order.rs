@@ -212,29 +212,47 @@ struct Buffered<S> {
 /// the buffer (a block is picked in proportion to what it has left, then a
 /// window of it, removed by swapping with the last); without, windows come
 /// in order, one block at a time.
+///
+/// Blocks are opened (their decoding started) `ahead` blocks before they
+/// join the buffer, so that draws rarely wait for one; and the buffer
+/// grows by a block every `ramp` draws up to its capacity, so that the
+/// first draws need one block, not a whole buffer. Both depend on the
+/// number of draws only: the same seed gives the same windows.
 pub struct BlockSampler<S> {
     segments: VecDeque<Segment>,
+    /// Opened blocks not in the buffer yet.
+    staged: VecDeque<(S, Segment)>,
     buffer: Vec<Buffered<S>>,
     /// Windows left in the buffer.
     left: usize,
     capacity: usize,
+    ahead: usize,
+    ramp: u64,
+    drawn: u64,
     rng: Option<ChaCha8Rng>,
 }
 
 impl<S: Clone> BlockSampler<S> {
-    /// A sampler over `segments` holding up to `capacity` blocks; `shuffle`
-    /// `None` draws in order (one block at a time).
+    /// A sampler over `segments` holding up to `capacity` blocks, growing
+    /// to it by a block every `ramp` draws (0: full at once), with `ahead`
+    /// more opened; `shuffle` `None` draws in order (one block at a time).
     pub fn new(
         segments: VecDeque<Segment>,
         capacity: usize,
+        ahead: usize,
+        ramp: u64,
         shuffle: Option<(u64, u64, u64)>,
     ) -> Self {
         let rng = shuffle.map(|(seed, epoch, rank)| epoch_rng(seed, epoch, rank + 1));
         Self {
             segments,
+            staged: VecDeque::new(),
             buffer: Vec::new(),
             left: 0,
             capacity: if rng.is_some() { capacity.max(1) } else { 1 },
+            ahead,
+            ramp,
+            drawn: 0,
             rng,
         }
     }
@@ -248,14 +266,24 @@ impl<S: Clone> BlockSampler<S> {
         mut open: impl FnMut(usize) -> S,
         mut origins: impl FnMut(&S, &Segment) -> Result<Vec<u32>, E>,
     ) -> Result<Option<(S, u32)>, E> {
-        let mut entering = Vec::new();
-        while self.buffer.len() + entering.len() < self.capacity {
-            let Some(segment) = self.segments.pop_front() else {
+        let target = match self.ramp {
+            0 => self.capacity,
+            ramp => self
+                .capacity
+                .min(usize::try_from(1 + self.drawn / ramp).unwrap_or(usize::MAX)),
+        };
+        while self.buffer.len() < target {
+            // Open what the buffer takes now and `ahead` more, before
+            // waiting on any.
+            while self.buffer.len() + self.staged.len() < target + self.ahead {
+                let Some(segment) = self.segments.pop_front() else {
+                    break;
+                };
+                self.staged.push_back((open(segment.block), segment));
+            }
+            let Some((slot, segment)) = self.staged.pop_front() else {
                 break;
             };
-            entering.push((open(segment.block), segment));
-        }
-        for (slot, segment) in entering {
             let mut remaining = origins(&slot, &segment)?;
             if remaining.is_empty() {
                 continue;
@@ -269,6 +297,7 @@ impl<S: Clone> BlockSampler<S> {
         if self.left == 0 {
             return Ok(None);
         }
+        self.drawn += 1;
         let (which, local) = match &mut self.rng {
             Some(rng) => {
                 let mut pick = rng.random_range(0..self.left);
@@ -402,7 +431,7 @@ mod tests {
             let order = block_order(2, shuffle.is_some(), 7, 0);
             let sharded = segments(&index, order.clone(), 0..index.total);
             for segs in [sharded, whole_segments(order)] {
-                let mut sampler = BlockSampler::new(segs, 2, shuffle);
+                let mut sampler = BlockSampler::new(segs, 2, 1, 7, shuffle);
                 let mut seen = std::collections::HashSet::new();
                 let origins = |b: &usize, s: &Segment| {
                     let ranks = s.ranks.clone().unwrap_or(0..index.blocks[*b].count);
