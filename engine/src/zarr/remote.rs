@@ -145,10 +145,15 @@ impl FillOnDrop {
 impl Drop for FillOnDrop {
     fn drop(&mut self) {
         if let Some(slot) = self.0.take() {
-            slot.fill(Err("the read was cancelled".to_string()));
+            slot.fill(Err(CANCELLED.to_string()));
         }
     }
 }
+
+/// The answer of a read-ahead request that was aborted: every window that
+/// wanted the key released it (or the runtime shut down). A reader that
+/// found the request in flight without owning it reads the key itself.
+const CANCELLED: &str = "the read was cancelled";
 
 /// Locks a mutex whose data stays valid if a holder panicked.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -465,7 +470,10 @@ fn slice_ranges(bytes: &Bytes, ranges: &[ByteRange]) -> Result<Vec<Bytes>, Stora
 impl ReadableStorageTraits for RemoteStorage {
     fn get(&self, key: &StoreKey) -> Result<MaybeBytes, StorageError> {
         if let Some(slot) = self.find_slot(key, true) {
-            return slot.wait().map_err(StorageError::Other);
+            match slot.wait() {
+                Err(e) if e == CANCELLED => {}
+                answer => return answer.map_err(StorageError::Other),
+            }
         }
         self.runtime
             .block_on(Self::fetch(self.store.as_ref(), &self.counters, key))
@@ -478,11 +486,16 @@ impl ReadableStorageTraits for RemoteStorage {
         byte_ranges: ByteRangeIterator<'a>,
     ) -> Result<MaybeBytesIterator<'a>, StorageError> {
         let ranges: Vec<ByteRange> = byte_ranges.collect();
-        let parts = match self.find_slot(key, false) {
-            Some(slot) => match slot.wait().map_err(StorageError::Other)? {
-                Some(bytes) => Some(slice_ranges(&bytes, &ranges)?),
-                None => None,
+        let found = match self.find_slot(key, false) {
+            Some(slot) => match slot.wait() {
+                Err(e) if e == CANCELLED => None,
+                answer => Some(answer.map_err(StorageError::Other)?),
             },
+            None => None,
+        };
+        let parts = match found {
+            Some(Some(bytes)) => Some(slice_ranges(&bytes, &ranges)?),
+            Some(None) => None,
             None => self
                 .runtime
                 .block_on(self.fetch_ranges(key, &ranges))
@@ -785,6 +798,35 @@ mod tests {
         assert_eq!(from.as_ref(), b"789");
         // One request a read: no HEAD before a GET.
         assert_eq!(storage.counters().requests.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_reader_of_a_request_cancelled_under_it_reads_the_key_itself() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage(&runtime, &[("k/0", b"0123")]);
+        // A request another window made, then released (aborted) while this
+        // reader waited on it.
+        let cancelled = || Wish {
+            slot: Arc::new(Slot {
+                answer: Mutex::new(Some(Err(CANCELLED.to_string()))),
+                filled: Condvar::new(),
+                abort: Mutex::new(None),
+            }),
+            owners: Vec::new(),
+        };
+        lock(&storage.wanted).slots.insert(key("k/0"), cancelled());
+        assert_eq!(storage.get(&key("k/0")).unwrap().unwrap().as_ref(), b"0123");
+        lock(&storage.wanted).slots.insert(key("k/0"), cancelled());
+        let parts: Vec<Bytes> = storage
+            .get_partial_many(
+                &key("k/0"),
+                Box::new([ByteRange::FromStart(1, Some(2))].into_iter()),
+            )
+            .unwrap()
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(parts, [Bytes::from_static(b"12")]);
     }
 
     #[test]
