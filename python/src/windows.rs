@@ -449,22 +449,12 @@ impl PyWindows {
             .into_iter()
             .enumerate()
             .map(|(f, per_part)| {
-                let (s, _) = sources.flat[f];
-                let table = &sources.list[s].table;
+                let source = &sources.list[sources.flat[f].0];
                 let parts = self.windows.layout.parts[f]
                     .iter()
                     .zip(per_part)
                     .map(|(fixed, m)| {
-                        let at = fixed
-                            .iter()
-                            .map(|&(d, k)| {
-                                let dim = &table.dims[d];
-                                (
-                                    dim.name.clone(),
-                                    dim.coordinate.number(k).unwrap_or(k as f64),
-                                )
-                            })
-                            .collect();
+                        let at = source.coordinates(fixed);
                         (at, [m.count as f64, m.mean, m.std, m.min, m.max])
                     })
                     .collect();
@@ -714,19 +704,7 @@ fn role_channels(windows: &Windows) -> Vec<(String, Vec<Channel>)> {
                 .channels
                 .iter()
                 .map(|c| {
-                    let (s, _) = sources.flat[c.variable];
-                    let table = &sources.list[s].table;
-                    let at = c
-                        .fixed
-                        .iter()
-                        .map(|&(d, k)| {
-                            let dim = &table.dims[d];
-                            (
-                                dim.name.clone(),
-                                dim.coordinate.number(k).unwrap_or(k as f64),
-                            )
-                        })
-                        .collect();
+                    let at = sources.list[sources.flat[c.variable].0].coordinates(&c.fixed);
                     (sources.variable_name(c.variable).to_string(), c.step, at)
                 })
                 .collect();

@@ -265,7 +265,8 @@ def planes(two, t, i, j):
             two["precip"][(2 * t, slice(i + 2, i + 2 + SIZE), box[1])]]
 
 
-def test_two_sources_join_on_coordinates(ctx, two_sources):
+@pytest.mark.parametrize("shuffle", ["block", "full"])
+def test_two_sources_join_on_coordinates(ctx, two_sources, shuffle):
     two = two_sources
     ds, windows = open_sources(
         ctx, two, history={"time": 2}, targets={"t2m": "+6h", "precip": "+6h"},
@@ -289,7 +290,7 @@ def test_two_sources_join_on_coordinates(ctx, two_sources):
                 if np.isnan(inputs).sum() <= 0.01 * inputs.size and not np.isnan(targets).any():
                     expected[(t, i, j)] = (inputs, targets)
     assert len(windows) == len(expected)
-    got = samples_of(windows.loader(batch_size=10, shuffle="block", seed=2, stack="channels", buffer_size="100KB"))
+    got = samples_of(windows.loader(batch_size=10, shuffle=shuffle, seed=2, stack="channels", buffer_size="100KB"))
     assert got.keys() == expected.keys()
     for key, (inputs, targets) in got.items():
         assert inputs.shape == (12, SIZE, SIZE)
@@ -365,3 +366,17 @@ def test_several_sources_resume_and_pickle(ctx, two_sources):
     assert len(rest) == len(whole) - 3
     for a, b in zip(whole[3:], rest):
         np.testing.assert_array_equal(a, b)
+
+
+def test_shards_of_several_sources_are_disjoint_and_complete(ctx, two_sources):
+    _, windows = open_sources(ctx, two_sources, history={"time": 2}, targets={"precip": "+1"}, valid=0.99)
+    everything = set(samples_of(windows.loader(batch_size=16, shuffle=None, stack="channels")))
+    seen = []
+    for rank in range(3):
+        loader = windows.loader(batch_size=16, shuffle="block", seed=5, shard=(rank, 3), stack="channels")
+        keys = list(samples_of(loader))
+        assert len(keys) == loader.num_samples
+        seen.extend(keys)
+    assert len(seen) == len(set(seen)) == len(everything)
+    assert set(seen) == everything
+

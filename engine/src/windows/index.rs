@@ -183,11 +183,7 @@ pub(super) fn block_read_ahead(
             .enumerate()
             .map(|(s, source)| {
                 let table = &source.table;
-                let columns: Vec<usize> = source
-                    .variables
-                    .iter()
-                    .map(|&v| table.dims.len() + v)
-                    .collect();
+                let columns = source.columns();
                 let shape: Vec<u64> = sources
                     .source_box(s, &largest, &[])
                     .iter()
@@ -224,11 +220,7 @@ pub(super) fn read_blocks_ahead(
         .filter_map(|(s, plan)| {
             let source = &sources.list[s];
             let table = &source.table;
-            let columns: Vec<usize> = source
-                .variables
-                .iter()
-                .map(|&v| table.dims.len() + v)
-                .collect();
+            let columns = source.columns();
             let (sources, grid, order) =
                 (Arc::clone(sources), Arc::clone(grid), Arc::clone(&order));
             plan.start(

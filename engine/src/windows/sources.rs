@@ -101,6 +101,29 @@ impl Source {
     }
 }
 
+impl Source {
+    /// The schema columns of its variables (after the dimension columns).
+    pub fn columns(&self) -> Vec<usize> {
+        let dims = self.table.dims.len();
+        self.variables.iter().map(|&v| dims + v).collect()
+    }
+
+    /// `(dimension name, coordinate)` of each `(dimension, index)` of
+    /// `fixed`, the coordinate as a number (its index when it is not one).
+    pub fn coordinates(&self, fixed: &[(usize, u64)]) -> Vec<(String, f64)> {
+        fixed
+            .iter()
+            .map(|&(d, k)| {
+                let dim = &self.table.dims[d];
+                (
+                    dim.name.clone(),
+                    dim.coordinate.number(k).unwrap_or(k as f64),
+                )
+            })
+            .collect()
+    }
+}
+
 /// Where one dimension of a source finds its index, given the reference's.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Link {
