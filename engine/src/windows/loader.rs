@@ -40,6 +40,13 @@ use crate::table::{ReadAheadPlan, TableReadAhead};
 /// storage order), counted in the buffer's memory.
 const AHEAD: usize = 2;
 
+/// Blocks that left the buffer but are still held by batches waiting to
+/// be assembled: the planner waits for them before opening more blocks,
+/// so the buffer's memory holds them too (except those of the one batch
+/// being planned: a batch drawing from more exhausted blocks than this
+/// holds them until it is sent).
+const RETIRED: usize = 2;
+
 /// How a loader batches, orders and prefetches windows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoaderOptions {
@@ -366,9 +373,10 @@ fn loader_memory(windows: &Windows, outputs: &[Output], o: &LoaderOptions) -> Lo
     let block_bytes = windows.largest_block_bytes();
     let buffer = match o.shuffle {
         Shuffle::Block { buffer_bytes } => {
-            (buffer_blocks(windows, buffer_bytes) as u64 + AHEAD as u64).saturating_mul(block_bytes)
+            ((buffer_blocks(windows, buffer_bytes) + AHEAD + RETIRED) as u64)
+                .saturating_mul(block_bytes)
         }
-        Shuffle::None => (1 + AHEAD as u64).saturating_mul(block_bytes),
+        Shuffle::None => ((1 + AHEAD + RETIRED) as u64).saturating_mul(block_bytes),
         Shuffle::Full => (o.prefetch as u64 + 1)
             .saturating_mul(o.batch_size as u64)
             .saturating_mul(window_bytes),
@@ -444,6 +452,43 @@ struct Slot {
     /// The window reading this block's chunks ahead, and the block's
     /// number in it (its place in the epoch's order).
     read_ahead: Option<(Arc<TableReadAhead>, u64)>,
+    /// The count of the epoch's live blocks, this one among them.
+    alive: Option<Arc<Alive>>,
+}
+
+/// The blocks of an epoch alive at once (in the buffer, opened ahead of it,
+/// or held by batches not assembled yet).
+#[derive(Default)]
+struct Alive {
+    count: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Alive {
+    /// Waits until fewer than `limit` blocks are alive or no batch sent to
+    /// the workers is waiting (the blocks over the limit are then held by
+    /// the batch being planned), then counts one more; `false` when `flow`
+    /// is cancelled meanwhile.
+    fn enter(&self, limit: usize, flow: &Flow) -> bool {
+        let Ok(mut n) = self.count.lock() else {
+            return false;
+        };
+        while *n >= limit && flow.in_flight() > 0 && !flow.is_cancelled() {
+            n = match self.freed.wait_timeout(n, Duration::from_millis(100)) {
+                Ok((n, _)) => n,
+                Err(_) => return false,
+            };
+        }
+        *n += 1;
+        !flow.is_cancelled()
+    }
+
+    fn leave(&self) {
+        if let Ok(mut n) = self.count.lock() {
+            *n = n.saturating_sub(1);
+        }
+        self.freed.notify_all();
+    }
 }
 
 impl Slot {
@@ -453,6 +498,7 @@ impl Slot {
         windows: &Windows,
         block: usize,
         read_ahead: Option<(Arc<TableReadAhead>, u64)>,
+        alive: Arc<Alive>,
     ) -> Arc<Self> {
         Arc::new(Self {
             block,
@@ -460,6 +506,7 @@ impl Slot {
             extent: windows.grid.blocks[block].extent.clone(),
             data: OnceLock::new(),
             read_ahead,
+            alive: Some(alive),
         })
     }
 
@@ -472,6 +519,7 @@ impl Slot {
             extent: windows.grid.window_reach(&origin),
             data: OnceLock::new(),
             read_ahead: None,
+            alive: None,
         })
     }
 
@@ -572,6 +620,9 @@ impl Drop for Slot {
     /// A block that was never decoded (no valid window in it) is done too.
     fn drop(&mut self) {
         self.done_reading();
+        if let Some(alive) = &self.alive {
+            alive.leave();
+        }
     }
 }
 
@@ -628,6 +679,11 @@ impl Flow {
     fn cancel(&self) {
         self.cancelled.store(true, Ordering::Relaxed);
         self.changed.notify_all();
+    }
+
+    /// Batches sent and not handed to the consumer yet.
+    fn in_flight(&self) -> usize {
+        self.in_flight.lock().map_or(0, |n| *n)
     }
 
     fn is_cancelled(&self) -> bool {
@@ -779,6 +835,11 @@ impl Planner {
         let counters = &self.counters;
         let mut entered = 0u64;
         let mut not_warmed: Vec<Weak<Slot>> = Vec::new();
+        // Blocks alive at once: the buffer's, those opened ahead and a few
+        // retired ones still held by batches (see `loader_memory`).
+        let alive = Arc::new(Alive::default());
+        let limit = capacity + AHEAD + RETIRED;
+        let flow = &self.flow;
         Ok(Box::new(move || {
             if !skipping.get() {
                 for slot in not_warmed.drain(..).filter_map(|s| s.upgrade()) {
@@ -790,7 +851,10 @@ impl Planner {
                     let number = entered;
                     entered += 1;
                     let read_ahead = read_ahead.as_ref().map(|r| (Arc::clone(r), number));
-                    let slot = Slot::block(windows, block, read_ahead);
+                    // Waits for batches to free retired blocks (a cancelled
+                    // epoch stops at its next batch).
+                    alive.enter(limit, flow);
+                    let slot = Slot::block(windows, block, read_ahead, Arc::clone(&alive));
                     if skipping.get() {
                         not_warmed.push(Arc::downgrade(&slot));
                     } else {
