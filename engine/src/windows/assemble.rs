@@ -246,7 +246,7 @@ impl<'a> Cutter<'a> {
         let mut offsets = vec![0i64; window.len()];
         for _ in 0..JITTER_DRAWS {
             for (d, r) in window.iter().enumerate() {
-                let bound = layout.jitter[d] as i64;
+                let bound = i64::try_from(layout.jitter[d]).unwrap_or(i64::MAX);
                 if bound == 0 {
                     continue;
                 }
