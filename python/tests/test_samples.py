@@ -380,3 +380,38 @@ def test_shards_of_several_sources_are_disjoint_and_complete(ctx, two_sources):
     assert len(seen) == len(set(seen)) == len(everything)
     assert set(seen) == everything
 
+
+
+def test_several_sources_from_s3_equal_the_same_on_disk(ctx, two_sources):
+    """Both stores in the real S3 server (moto behind the latency proxy): the
+    same batches as from disk, every source's chunks read ahead."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "s3"))
+    import s3_server
+
+    two = two_sources
+    server = s3_server.start({"era5.zarr": two["era5"], "imerg.zarr": two["imerg"]}, bucket="sources")
+    try:
+        server.proxy.configure(latency_ms=20)
+        kwargs = dict(history={"time": 2}, targets={"precip": "+6h"}, valid={"inputs": 0.99, "targets": "all"},
+                      jitter={"lon": 2}, cache=False)
+
+        def batches(stores, **options):
+            ds = ctx.open_zarr(stores, variables=SOURCES_VARIABLES, **options)
+            windows = ds.windows({"lat": SIZE, "lon": SIZE}, {"lat": SIZE - STRIDE, "lon": SIZE - STRIDE}, **kwargs)
+            loader = windows.loader(batch_size=12, shuffle="block", seed=8, stack="channels", buffer_size="200KB")
+            return [(b["inputs"], b["targets"], b["index"]["time"]) for b in loader]
+
+        local = batches({"era5": two["era5"], "imerg": two["imerg"]})
+        remote = batches({"era5": "s3://sources/era5.zarr", "imerg": "s3://sources/imerg.zarr"}, **server.options())
+        assert len(local) == len(remote) > 10
+        for (a, b, c), (x, y, z) in zip(local, remote):
+            np.testing.assert_array_equal(a, x)
+            np.testing.assert_array_equal(b, y)
+            np.testing.assert_array_equal(c, z)
+        in_flight = server.proxy.stats()["max_gets_in_flight_by_array"]
+        assert in_flight.get("/sources/imerg.zarr/precip", 0) > 1, in_flight
+    finally:
+        server.stop()
