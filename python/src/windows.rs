@@ -590,17 +590,40 @@ pub struct PyWindowLoader {
 
 #[pymethods]
 impl PyWindowLoader {
-    /// Batches per epoch for this shard (waits for the index).
+    /// Batches of the next epoch for this shard (waits for the index).
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         wait_index(py, &self.windows)?;
-        Ok(self.loader.num_batches().map_err(window_error)? as usize)
+        Ok(self
+            .loader
+            .num_batches(self.epoch())
+            .map_err(window_error)? as usize)
     }
 
-    /// Windows per epoch for this shard (waits for the index).
+    /// Windows of the next epoch for this shard (waits for the index).
     #[getter]
     fn num_samples(&self, py: Python<'_>) -> PyResult<u64> {
         wait_index(py, &self.windows)?;
-        self.loader.num_samples().map_err(window_error)
+        self.loader.num_samples(self.epoch()).map_err(window_error)
+    }
+
+    /// Where each of `workers` `DataLoader` workers resumes epoch `epoch`
+    /// after the `consumed` batches the `DataLoader` took from them: per
+    /// worker, `(share, skip)`: the worker share it yields and the batches
+    /// of it to skip (may wait for the index).
+    fn resume_workers(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        consumed: u64,
+        workers: u64,
+    ) -> PyResult<Vec<(u64, u64)>> {
+        let o = self.loader.options();
+        if !o.drop_last && o.shuffle != Shuffle::Full {
+            wait_index(py, &self.windows)?;
+        }
+        self.loader
+            .resume_workers(epoch, consumed, workers)
+            .map_err(window_error)
     }
 
     /// Per role, its channels as `(variable, step)` pairs.
@@ -654,6 +677,7 @@ impl PyWindowLoader {
             loader: Arc::clone(&self.loader),
             windows: Arc::clone(&self.windows),
             position: Arc::clone(&self.position),
+            epoch: self.epoch(),
         }
     }
 
@@ -724,6 +748,8 @@ pub struct PyBatchIterator {
     windows: Arc<Windows>,
     /// The loader's count of batches yielded in the epoch.
     position: Arc<AtomicU64>,
+    /// The epoch.
+    epoch: u64,
 }
 
 #[pymethods]
@@ -755,7 +781,7 @@ impl PyBatchIterator {
     /// Number of batches in the epoch (waits for the index).
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         wait_index(py, &self.windows)?;
-        Ok(self.loader.num_batches().map_err(window_error)? as usize)
+        Ok(self.loader.num_batches(self.epoch).map_err(window_error)? as usize)
     }
 }
 

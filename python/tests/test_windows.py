@@ -141,6 +141,35 @@ def test_loader_starts_before_the_index_is_complete(ctx, window_store, shuffle, 
     assert len(seen) == (len(expected) // 8 * 8 if drop_last else len(expected))
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shards_and_workers_start_before_the_index_is_complete(ctx, window_store, drop_last):
+    """threads=0: no background indexing. A rank's worker starts on its own
+    blocks (with drop_last, once every stream's first blocks are indexed),
+    and yields the same batches as from a complete index."""
+    from zarrfusion.loader import _raw_loader
+
+    dataset = ctx.open_zarr(window_store)
+    options = dict(input_dims=SIZE, input_overlap={"lat": 4, "lon": 3}, cache=False, threads=0, block_size=1)
+    loader_options = dict(batch_size=4, shuffle="block", seed=5, drop_last=drop_last, prefetch=1, threads=1,
+                          buffer_size=1, shard=(1, 2), stack=None, normalize=None)
+
+    # Worker 1 of 2 of rank 1 of 2, over these windows.
+    early = dataset.windows(**options)
+    batches = iter(_raw_loader(early._raw, loader_options, (1, 2)))
+    first = next(batches)
+    done, blocks = early.index_progress
+    assert 0 < done < blocks
+    early_batches = [first, *batches]
+
+    complete = dataset.windows(**options)
+    assert len(complete) > 0
+    complete_batches = list(_raw_loader(complete._raw, loader_options, (1, 2)))
+    assert len(early_batches) == len(complete_batches) > 1
+    for x, y in zip(early_batches, complete_batches):
+        for dim in ("time", "lat", "lon"):
+            np.testing.assert_array_equal(x["index"][dim], y["index"][dim])
+
+
 @pytest.mark.parametrize("shuffle", [None, "block", "full"])
 @pytest.mark.parametrize("world", [2, 3])
 def test_shards_are_disjoint_and_cover_everything(ctx, window_store, shuffle, world):
@@ -156,11 +185,19 @@ def test_shards_are_disjoint_and_cover_everything(ctx, window_store, shuffle, wo
     counts = set()
     for rank in range(world):
         loader = windows.loader(batch_size=16, shuffle=shuffle, seed=1, shard=(rank, world), drop_last=True)
+        loader.set_epoch(2)
         batches = list(loader)
         assert all(len(b["index"]["lat"]) == 16 for b in batches)
         assert len(batches) == len(loader)
         counts.add(len(batches))
-    assert len(counts) == 1
+    # As many batches on every rank: the whole batches of the smallest share.
+    if shuffle == "full":
+        assert counts == {len(windows) // world // 16}
+    else:
+        shares = [windows.loader(batch_size=16, shuffle=shuffle, seed=1, shard=(r, world)) for r in range(world)]
+        for share in shares:
+            share.set_epoch(2)
+        assert counts == {min(share.num_samples for share in shares) // 16}
 
 
 def test_batches_are_numpy_arrays_shared_without_copy(ctx, window_store):
@@ -367,7 +404,14 @@ def test_dataloader_workers_split_the_windows(ctx, window_store, context, shuffl
     seen = [w for batch in batches for w in batch]
     assert len(seen) == len(set(seen)) == len(expected)
     assert set(seen) == expected
-    assert len(batches) == len(loader) and all(len(batch) == 16 for batch in batches[:-1])
+    if shuffle == "full":
+        # Runs of whole batches of one sequence: as one loader's batches.
+        assert len(batches) == len(loader) and all(len(batch) == 16 for batch in batches[:-1])
+    else:
+        # A stream per worker, each ending in its own short batch.
+        streams = [loader._for_worker(w, 3) for w in range(3)]
+        assert len(batches) == sum(len(stream) for stream in streams)
+        assert sum(len(batch) < 16 for batch in batches) <= 3
 
 
 def test_a_forked_dataloader_worker_says_to_use_spawn(ctx, window_store):
@@ -384,32 +428,46 @@ def test_dataloader_workers_and_ranks_are_disjoint_complete_and_equal(ctx, windo
     number of full batches, and no window comes twice."""
     pytest.importorskip("torch")
     windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    # Each worker of each rank is a stream; without drop_last the streams
+    # hold every window once; with it each yields the whole batches the
+    # fewest-windowed stream fills, a prefix of its windows.
+    streams = {}
+    for rank in range(2):
+        whole = windows.loader(batch_size=8, seed=2, shard=(rank, 2))
+        for worker in range(2):
+            streams[rank, worker] = drain(whole._for_worker(worker, 2))
+    everything = [w for stream in streams.values() for w in stream]
+    assert len(everything) == len(set(everything)) == len(windows)
+    quota = min(len(stream) for stream in streams.values()) // 8
+    assert quota > 0
     counts, seen = set(), []
     for rank in range(2):
         loader = windows.loader(batch_size=8, seed=2, shard=(rank, 2), drop_last=True)
+        for worker in range(2):
+            assert drain(loader._for_worker(worker, 2)) == streams[rank, worker][: quota * 8]
         batches = _dataloader_windows(loader.torch(), 2, "spawn")
         counts.add(len(batches))
-        assert len(batches) == len(loader)
         assert all(len(batch) == 8 for batch in batches)
         seen.extend(w for batch in batches for w in batch)
-    assert len(counts) == 1
-    assert len(seen) == len(set(seen)) == len(windows) // 2 // 8 * 8 * 2
+    assert counts == {2 * quota}
+    assert len(seen) == len(set(seen)) == 4 * quota * 8
 
 
-def test_dataloader_resumes_under_workers(ctx, window_store):
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_dataloader_resumes_under_workers(ctx, window_store, drop_last):
     """Consume some batches through workers, save the state with the count
     consumed, restore it in a new loader: the workers yield the rest of the
-    epoch exactly."""
+    epoch exactly, also past the end of a worker's stream."""
     pytest.importorskip("torch")
     windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
-    options = dict(batch_size=7, seed=9, shuffle="block")
+    options = dict(batch_size=7, seed=9, shuffle="block", drop_last=drop_last)
     uninterrupted = _dataloader_windows(windows.loader(**options).torch(), 3, "spawn")
-    loader = windows.loader(**options)
-    state = loader.state_dict(batches=5)
-    resumed = windows.loader(**options)
-    resumed.load_state_dict(state)
-    rest = _dataloader_windows(resumed.torch(), 3, "spawn")
-    assert rest == uninterrupted[5:]
+    for consumed in (5, len(uninterrupted) - 2):
+        state = windows.loader(**options).state_dict(batches=consumed)
+        resumed = windows.loader(**options)
+        resumed.load_state_dict(state)
+        rest = _dataloader_windows(resumed.torch(), 3, "spawn")
+        assert rest == uninterrupted[consumed:]
 
 
 def _rank_windows(rank, world, port, store, out):
@@ -444,7 +502,8 @@ def test_shard_auto_takes_the_rank_of_torch_distributed(window_store, tmp_path):
     seen = [tuple(w) for r in ranks for w in r["windows"]]
     assert len(seen) == len(set(seen)) == 2 * ranks[0]["batches"] * 8
     windows = zf.SessionContext().open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
-    assert len(seen) == len(windows) // 2 // 8 * 8 * 2
+    fewest = min(windows.loader(batch_size=8, seed=3, shard=(r, 2)).num_samples for r in range(2))
+    assert len(seen) == fewest // 8 * 8 * 2
     # Without torch.distributed initialized, "auto" is the whole.
     assert len(windows.loader(batch_size=8, shard="auto")) == len(windows.loader(batch_size=8))
 

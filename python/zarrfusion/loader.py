@@ -385,14 +385,14 @@ class WindowLoader:
         and resumed position of this one."""
         if self._resume is None:
             return _reopen_loader(self._description, (worker, workers), self.epoch, None)
-        # Batch j of the epoch is the share of worker j mod workers, and the
-        # DataLoader takes batches from its workers in turn from worker 0:
-        # to go on at batch `consumed`, worker w takes the share of worker
-        # (w + consumed) mod workers, after the batches of it consumed.
+        # The DataLoader takes batches from its workers in turn from worker
+        # 0, skipping those that ended: worker w goes on with the share the
+        # next batch would have come from after `consumed` (and those
+        # after it in turn), past the batches of it consumed.
         epoch, consumed = self._resume
-        share = (worker + consumed) % workers
+        share, skip = self._raw.resume_workers(epoch, consumed, workers)[worker]
         loader = _reopen_loader(self._description, (share, workers), epoch, None)
-        loader._raw.resume_at(epoch, consumed // workers + (1 if share < consumed % workers else 0))
+        loader._raw.resume_at(epoch, skip)
         return loader
 
     @property
@@ -416,16 +416,20 @@ class WindowLoader:
         Time coordinates become int64 tensors (nanoseconds since 1970).
 
         Under ``DataLoader(num_workers=k)`` each worker process reopens the
-        store and yields its own runs of whole batches of the epoch (batch
-        ``j`` of the loader's epoch counts for worker ``j mod k``, which is
-        the worker the DataLoader takes batch ``j`` from), so no window
-        comes twice, none is missing, and a sharded rank yields as many
-        batches as without workers. The workers need the complete index of
-        valid windows (from the cache when this process built it), like
-        shards do; they share the cores (``threads`` defaults to the
-        cores over ``k``). Start them with ``spawn`` or ``forkserver``
-        (``multiprocessing_context="spawn"``): the loader's threads do not
-        survive ``fork``, so a forked worker raises an error saying so."""
+        store and yields its own stream of the epoch: in block or storage
+        order, a contiguous run of the epoch's blocks of its own (each
+        worker of each rank is a stream, see ``docs/loader.md``), so
+        workers decode disjoint blocks and start at once; under the full
+        shuffle, runs of whole batches of the rank's share. No window comes
+        twice, none is missing; with ``drop_last`` every worker of every
+        rank yields as many batches, so ranks stay equal. ``len()`` counts
+        the batches without workers: with ``k`` workers each ends its own
+        stream with a short batch (without ``drop_last``), or the streams
+        drop up to a batch each (with it). They share the cores
+        (``threads`` defaults to the cores over ``k``). Start them with
+        ``spawn`` or ``forkserver`` (``multiprocessing_context="spawn"``):
+        the loader's threads do not survive ``fork``, so a forked worker
+        raises an error saying so."""
         from ._torch import TorchWindowLoader
 
         return TorchWindowLoader(self)

@@ -75,29 +75,52 @@ impl BlockIndex {
         w as u64 * 64 + u64::from(word.trailing_zeros())
     }
 
-    /// Local origin numbers of the valid origins whose ranks are in `ranks`.
-    pub fn origins(&self, ranks: Range<u64>) -> Vec<u32> {
+    /// Local origin numbers of the valid origins among `local` (local
+    /// origin numbers, valid or not), in order.
+    pub fn origins_in(&self, local: Range<u64>) -> Vec<u32> {
         let Some(bits) = &self.bits else {
-            return ranks.map(|r| r as u32).collect();
+            return local.map(|r| r as u32).collect();
         };
-        let mut out = Vec::with_capacity((ranks.end - ranks.start) as usize);
-        if ranks.is_empty() {
-            return out;
-        }
-        let first = self.select(ranks.start);
-        let mut seen = ranks.start;
-        let mut w = (first / 64) as usize;
-        let mut word = bits[w] & (!0u64 << (first % 64));
-        while seen < ranks.end {
-            while word == 0 {
-                w += 1;
-                word = bits[w];
+        let mut out = Vec::new();
+        for_words(bits, &local, |w, word| {
+            let mut word = word;
+            while word != 0 {
+                out.push((w as u64 * 64 + u64::from(word.trailing_zeros())) as u32);
+                word &= word - 1;
             }
-            out.push((w as u64 * 64 + u64::from(word.trailing_zeros())) as u32);
-            word &= word - 1;
-            seen += 1;
-        }
+        });
         out
+    }
+
+    /// Number of valid origins among `local` (local origin numbers).
+    pub fn count_in(&self, local: Range<u64>) -> u64 {
+        let Some(bits) = &self.bits else {
+            return local.end.saturating_sub(local.start);
+        };
+        let mut count = 0u64;
+        for_words(bits, &local, |_, word| {
+            count += u64::from(word.count_ones())
+        });
+        count
+    }
+}
+
+/// Calls `each` with every word of `bits` overlapping `local`, masked to it.
+fn for_words(bits: &[u64], local: &Range<u64>, mut each: impl FnMut(usize, u64)) {
+    let end = local.end.min(bits.len() as u64 * 64);
+    if local.start >= end {
+        return;
+    }
+    let (first, last) = ((local.start / 64) as usize, ((end - 1) / 64) as usize);
+    for (w, &word) in bits.iter().enumerate().take(last + 1).skip(first) {
+        let mut word = word;
+        if w == first {
+            word &= !0u64 << (local.start % 64);
+        }
+        if w == last && !end.is_multiple_of(64) {
+            word &= (1u64 << (end % 64)) - 1;
+        }
+        each(w, word);
     }
 }
 
@@ -451,6 +474,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn origins_and_counts_in_a_local_range_match_the_bits() {
+        let bits: Vec<u64> = vec![0xF0F0_0000_0000_0F0F, 0, !0, 0x8000_0000_0000_0001];
+        let index = BlockIndex::from_bits(bits.clone());
+        let valid = |i: u64| bits[(i / 64) as usize] >> (i % 64) & 1 == 1;
+        for (a, b) in [
+            (0, 256),
+            (3, 9),
+            (60, 130),
+            (64, 128),
+            (127, 129),
+            (200, 256),
+            (5, 5),
+            (250, 300),
+        ] {
+            let want: Vec<u32> = (a..b.min(256))
+                .filter(|&i| valid(i))
+                .map(|i| i as u32)
+                .collect();
+            assert_eq!(index.origins_in(a..b), want, "{a}..{b}");
+            assert_eq!(index.count_in(a..b), want.len() as u64, "{a}..{b}");
+        }
+        assert_eq!(BlockIndex::all(10).origins_in(2..5), vec![2, 3, 4]);
+        assert_eq!(BlockIndex::all(10).count_in(2..5), 3);
+    }
+
+    #[test]
     fn sliding_sum_matches_naive() {
         let shape = [3usize, 7, 4];
         let values: Vec<u32> = (0..84).map(|i| (i * 7 % 5) as u32).collect();
@@ -478,7 +527,7 @@ mod tests {
     }
 
     #[test]
-    fn select_and_origins_follow_the_bits() {
+    fn select_and_origins_in_follow_the_bits() {
         let mut bits = vec![0u64; 3];
         let set = [1u64, 5, 63, 64, 100, 130, 191];
         for &i in &set {
@@ -489,8 +538,8 @@ mod tests {
         for (rank, &i) in set.iter().enumerate() {
             assert_eq!(index.select(rank as u64), i);
         }
-        assert_eq!(index.origins(2..6), vec![63, 64, 100, 130]);
-        assert_eq!(index.origins(0..7).len(), 7);
+        assert_eq!(index.origins_in(60..131), vec![63, 64, 100, 130]);
+        assert_eq!(index.origins_in(0..192).len(), 7);
         let all = ValidIndex::from_blocks(vec![BlockIndex::all(3), index]);
         assert_eq!(all.total, 10);
         assert_eq!(all.locate(2), (0, 2));

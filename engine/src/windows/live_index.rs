@@ -8,7 +8,8 @@
 //! entering its buffer, and it decodes those blocks anyway. So
 //! [`Windows::new`](super::Windows::new) returns at once and
 //!
-//! - background threads index the blocks in storage order, at the lowest
+//! - background threads index the blocks in storage order (after those a
+//!   sharded loader asks for first, [`LiveIndex::prefer`]), at the lowest
 //!   scheduling priority, so they use the cores a loader leaves idle;
 //! - a loader that needs a block not indexed yet decodes it itself and
 //!   publishes that block's index from the same decoded values (the
@@ -25,6 +26,7 @@
 //! will read are requested ahead of them, in storage order
 //! ([`crate::table::ReadAheadPlan`]).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -60,6 +62,8 @@ pub struct LiveIndex {
     job: Option<IndexJob>,
     /// The next block in storage order not taken by the background threads.
     next: AtomicUsize,
+    /// Blocks to index before the rest, in order (see [`Self::prefer`]).
+    preferred: Mutex<VecDeque<usize>>,
     /// Buffers the blocks of this dataset are read into, shared by the
     /// index threads and the loaders.
     buffers: ChunkBufferPool,
@@ -126,6 +130,7 @@ impl LiveIndex {
             cache,
             job: None,
             next: AtomicUsize::new(0),
+            preferred: Mutex::default(),
             buffers: ChunkBufferPool::new(),
             read_ahead: None,
         }
@@ -176,19 +181,41 @@ impl LiveIndex {
         }
     }
 
-    /// Reads and indexes the next block nobody has claimed, in the calling
-    /// thread; `Ok(false)` when there is none left.
+    /// Makes the blocks the index reads next `blocks`, in order (those not
+    /// indexed yet), before the rest in storage order: what a sharded
+    /// loader needs to know first (see [`super::order::Quota`]).
+    pub fn prefer(&self, blocks: Vec<usize>) {
+        if self.complete.get().is_some() {
+            return;
+        }
+        if let Ok(mut preferred) = self.preferred.lock() {
+            *preferred = blocks
+                .into_iter()
+                .filter(|&b| b < self.blocks.len() && self.blocks[b].get().is_none())
+                .collect();
+        }
+    }
+
+    /// Reads and indexes the next block nobody has claimed (a preferred
+    /// one first), in the calling thread; `Ok(false)` when there is none
+    /// left.
     pub fn index_next_block(&self) -> Result<bool, WindowError> {
         let Some(job) = &self.job else {
             return Ok(false);
         };
         loop {
-            let id = self.next.fetch_add(1, Ordering::Relaxed);
+            let preferred = self.preferred.lock().ok().and_then(|mut p| p.pop_front());
+            let id = match preferred {
+                Some(id) => id,
+                None => self.next.fetch_add(1, Ordering::Relaxed),
+            };
             if id >= job.grid.blocks.len() || self.has_failed() {
                 return Ok(false);
             }
             if !self.claim(id) {
-                self.done_reading(id);
+                if preferred.is_none() {
+                    self.done_reading(id);
+                }
                 continue;
             }
             let block = &job.grid.blocks[id];
@@ -240,6 +267,8 @@ impl LiveIndex {
         };
         if last {
             self.finish();
+        } else {
+            self.changed.notify_all();
         }
     }
 
@@ -326,6 +355,30 @@ impl LiveIndex {
                 .wait_timeout(progress, left)
                 .map_err(|_| WindowError::Internal("the window index's lock is poisoned".into()))?
                 .0;
+        }
+    }
+
+    /// Waits up to `timeout` for another block to be indexed (or the index
+    /// to fail or be cancelled).
+    pub fn wait_block(&self, timeout: Duration) -> Result<(), WindowError> {
+        let progress = self
+            .progress
+            .lock()
+            .map_err(|_| WindowError::Internal("the window index's lock is poisoned".into()))?;
+        if let Some(failure) = &progress.failure {
+            return Err(WindowError::Read(failure.clone()));
+        }
+        if self.complete.get().is_some() || self.is_cancelled() {
+            return Ok(());
+        }
+        let progress = self
+            .changed
+            .wait_timeout(progress, timeout)
+            .map_err(|_| WindowError::Internal("the window index's lock is poisoned".into()))?
+            .0;
+        match &progress.failure {
+            Some(failure) => Err(WindowError::Read(failure.clone())),
+            None => Ok(()),
         }
     }
 

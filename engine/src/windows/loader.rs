@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use super::assemble::{outputs, sample_bytes, Cutter, Decoded, Filling, Output};
 use super::index::{block_read_ahead, index_block, read_blocks_ahead};
 use super::order::{
-    block_order, segments, share, whole_segments, BlockSampler, Permutation, Segment, Shard,
-    Shuffle,
+    block_order, resume_in_turn, share, stream_of, stream_segments, BlockSampler, Permutation,
+    Quota, Segment, Shard, Shuffle,
 };
 use super::values::{Scale, Values};
 use super::{WindowError, Windows};
@@ -66,9 +66,10 @@ pub struct LoaderOptions {
     pub shard: Shard,
     /// This worker's share of the rank's windows, for a loader split among
     /// the worker processes of a `DataLoader` (`rank` is the worker's id):
-    /// runs of whole batches, the rank's batch `j` counting for worker `j
-    /// mod world_size` (see [`super::order::share`]). Like shards, it needs
-    /// the complete index.
+    /// each worker of each rank is a stream of its own (see
+    /// [`super::order`]); under the full shuffle, runs of whole batches of
+    /// the rank's share, its batch `j` counting for worker `j mod
+    /// world_size` (see [`super::order::share`]).
     pub worker: Shard,
     /// Chunk reads kept in flight ahead of the workers when the store is
     /// in an object store (`zarrfusion.io_concurrency`; 0: on demand only).
@@ -287,15 +288,91 @@ impl WindowLoader {
         &self.options
     }
 
-    /// Windows this rank yields per epoch (waits for the index).
-    pub fn num_samples(&self) -> Result<u64, WindowError> {
-        Ok(samples_per_epoch(self.windows.len()?, &self.options))
+    /// Windows this loader yields in epoch `epoch` (waits for the index).
+    pub fn num_samples(&self, epoch: u64) -> Result<u64, WindowError> {
+        let o = &self.options;
+        let index = self.windows.index()?;
+        if o.shuffle == Shuffle::Full {
+            let r = share(
+                index.total,
+                o.shard,
+                o.worker,
+                o.batch_size as u64,
+                o.drop_last,
+            );
+            return Ok(r.end - r.start);
+        }
+        let origins = block_origins(&self.windows);
+        let order = epoch_order(&self.windows, o, epoch);
+        let count = |stream: Shard| -> u64 {
+            stream_segments(&origins, &order, stream)
+                .iter()
+                .map(|s| index.blocks[s.block].count_in(s.range(origins[s.block])))
+                .sum()
+        };
+        let stream = stream_of(o.shard, o.worker);
+        if !o.drop_last {
+            return Ok(count(stream));
+        }
+        let fewest = (0..stream.world_size)
+            .map(|rank| count(Shard { rank, ..stream }))
+            .min()
+            .unwrap_or(0);
+        let batch = o.batch_size as u64;
+        Ok(fewest / batch * batch)
     }
 
-    /// Batches this rank yields per epoch, the same on every rank with
-    /// `drop_last` (waits for the index).
-    pub fn num_batches(&self) -> Result<u64, WindowError> {
-        Ok(self.num_samples()?.div_ceil(self.options.batch_size as u64))
+    /// Batches this loader yields in epoch `epoch`, the same on every rank
+    /// with `drop_last` (waits for the index).
+    pub fn num_batches(&self, epoch: u64) -> Result<u64, WindowError> {
+        Ok(self
+            .num_samples(epoch)?
+            .div_ceil(self.options.batch_size as u64))
+    }
+
+    /// Where each of the `workers` workers of a `DataLoader` resumes epoch
+    /// `epoch` after the first `consumed` batches it took from them (in
+    /// turn, from worker 0): per worker, the share (`worker` option) it
+    /// takes and the batches of it to skip. Without `drop_last` the
+    /// workers' shares end at different batches, which takes the index.
+    pub fn resume_workers(
+        &self,
+        epoch: u64,
+        consumed: u64,
+        workers: u64,
+    ) -> Result<Vec<(u64, u64)>, WindowError> {
+        if workers == 0 {
+            return Err(WindowError::argument("workers", "must be at least 1"));
+        }
+        let o = &self.options;
+        let lengths = if o.drop_last || o.shuffle == Shuffle::Full {
+            // As many batches each (the full shuffle's last may be one
+            // short, after every batch of the others).
+            vec![u64::MAX; workers as usize]
+        } else {
+            (0..workers)
+                .map(|rank| {
+                    let worker = Shard {
+                        rank,
+                        world_size: workers,
+                    };
+                    let loader = Self {
+                        options: LoaderOptions {
+                            worker,
+                            ..o.clone()
+                        },
+                        windows: Arc::clone(&self.windows),
+                        outputs: Arc::clone(&self.outputs),
+                        counters: Arc::default(),
+                    };
+                    loader.num_batches(epoch)
+                })
+                .collect::<Result<_, _>>()?
+        };
+        Ok(resume_in_turn(&lengths, consumed)
+            .into_iter()
+            .map(|(worker, skip)| (worker as u64, skip))
+            .collect())
     }
 
     /// What the loader has done so far.
@@ -429,16 +506,20 @@ fn clamp(bytes: u64) -> usize {
     usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
-/// The positions of an epoch's sequence of `total` windows this loader
-/// yields (its rank's and worker's share).
-fn share_of(total: u64, o: &LoaderOptions) -> Range<u64> {
-    share(total, o.shard, o.worker, o.batch_size as u64, o.drop_last)
+/// The number of window origins (valid or not) of each block.
+fn block_origins(windows: &Windows) -> Vec<u64> {
+    windows
+        .grid
+        .blocks
+        .iter()
+        .map(|b| b.num_origins())
+        .collect()
 }
 
-/// Windows a loader yields per epoch out of `total`.
-fn samples_per_epoch(total: u64, options: &LoaderOptions) -> u64 {
-    let r = share_of(total, options);
-    r.end - r.start
+/// The blocks of epoch `epoch` in the order the loader takes them.
+fn epoch_order(windows: &Windows, o: &LoaderOptions, epoch: u64) -> Vec<usize> {
+    let shuffled = matches!(o.shuffle, Shuffle::Block { .. });
+    block_order(windows.grid.blocks.len(), shuffled, o.seed, epoch)
 }
 
 /// The decoded values of a block (or a window), decoded once by whichever
@@ -612,7 +693,8 @@ impl Slot {
                 })
             })?,
         };
-        Ok(index.origins(segment.ranks.clone().unwrap_or(0..index.count)))
+        let origins = windows.grid.blocks[self.block].num_origins();
+        Ok(index.origins_in(segment.range(origins)))
     }
 }
 
@@ -731,21 +813,34 @@ impl Planner {
             seq + 1
         };
         let o = &self.options;
-        // A single process in block or storage order starts before the index
-        // is complete; shards, workers and the full shuffle need the total
-        // first.
-        let whole =
-            o.shard == Shard::WHOLE && o.worker == Shard::WHOLE && o.shuffle != Shuffle::Full;
-        let limit = if whole {
-            None
-        } else {
+        // The full shuffle needs the total first; in block or storage
+        // order each stream starts at once (with `drop_last`, each batch
+        // waits until every stream is known to fill it).
+        let full = o.shuffle == Shuffle::Full;
+        let limit = if full {
             match self.windows.len() {
-                Ok(total) => Some(samples_per_epoch(total, o)),
+                Ok(total) => {
+                    let r = share(total, o.shard, o.worker, o.batch_size as u64, o.drop_last);
+                    Some(r.end - r.start)
+                }
                 Err(e) => return failed(0, e),
             }
+        } else {
+            None
         };
+        let streams = stream_of(o.shard, o.worker).world_size;
+        let origins = block_origins(&self.windows);
+        let mut quota = (!full && o.drop_last && streams > 1).then(|| {
+            let quota = Quota::new(
+                &origins,
+                &epoch_order(&self.windows, o, self.epoch),
+                streams,
+            );
+            self.windows.live_index().prefer(quota.blocks());
+            quota
+        });
         let skipping = Rc::new(Cell::new(self.skip > 0));
-        let mut draw = match self.draw(Rc::clone(&skipping)) {
+        let mut draw = match self.draw(Rc::clone(&skipping), &origins) {
             Ok(draw) => draw,
             Err(e) => return failed(0, e),
         };
@@ -768,10 +863,17 @@ impl Planner {
                 return seq;
             }
             let len = plan.len() as u64;
-            if seq >= self.skip
-                && (!self.flow.acquire() || self.jobs.send(Job::Assemble(seq, plan)).is_err())
-            {
-                return seq;
+            if seq >= self.skip {
+                if let Some(quota) = &mut quota {
+                    match self.wait_quota(quota, (seq + 1) * batch, &origins) {
+                        Ok(true) => {}
+                        Ok(false) => return seq,
+                        Err(e) => return failed(seq, e),
+                    }
+                }
+                if !self.flow.acquire() || self.jobs.send(Job::Assemble(seq, plan)).is_err() {
+                    return seq;
+                }
             }
             seq += 1;
             produced += len;
@@ -781,16 +883,51 @@ impl Planner {
         }
     }
 
+    /// Whether every stream of the epoch holds `windows` windows (see
+    /// [`Quota`]), indexing the blocks that tells in this thread or
+    /// waiting for the index threads; `false` also when the epoch is
+    /// cancelled.
+    fn wait_quota(
+        &self,
+        quota: &mut Quota,
+        windows: u64,
+        origins: &[u64],
+    ) -> Result<bool, WindowError> {
+        let live = self.windows.live_index();
+        loop {
+            if let Some(holds) = quota.holds(windows, |b| live.ready_block(b), origins) {
+                return Ok(holds);
+            }
+            if self.flow.is_cancelled() {
+                return Ok(false);
+            }
+            if !live.index_next_block()? {
+                live.wait_block(Duration::from_millis(20))?;
+            }
+        }
+    }
+
     /// The draws of the epoch. While `skipping`, blocks entering the
     /// buffer are not decoded ahead; those still in it when skipping ends
     /// are.
-    fn draw(&self, skipping: Rc<Cell<bool>>) -> Result<Draw<'_>, WindowError> {
+    fn draw<'a>(
+        &'a self,
+        skipping: Rc<Cell<bool>>,
+        origins: &[u64],
+    ) -> Result<Draw<'a>, WindowError> {
         let o = &self.options;
         let windows = &self.windows;
         if o.shuffle == Shuffle::Full {
             let index = windows.index()?;
             let permutation = Permutation::new(index.total, o.seed, self.epoch);
-            let start = share_of(index.total, o).start;
+            let start = share(
+                index.total,
+                o.shard,
+                o.worker,
+                o.batch_size as u64,
+                o.drop_last,
+            )
+            .start;
             let mut i = 0u64;
             return Ok(Box::new(move || {
                 let (block, local) = index.locate(permutation.apply(start + i));
@@ -799,20 +936,14 @@ impl Planner {
             }));
         }
         let shuffled = matches!(o.shuffle, Shuffle::Block { .. });
-        let order = block_order(windows.grid.blocks.len(), shuffled, o.seed, self.epoch);
-        let segs = if o.shard == Shard::WHOLE && o.worker == Shard::WHOLE {
-            whole_segments(order)
-        } else {
-            let index = windows.index()?;
-            segments(index, order, share_of(index.total, o))
-        };
+        let stream = stream_of(o.shard, o.worker);
+        let segs = stream_segments(origins, &epoch_order(windows, o, self.epoch), stream);
         let capacity = match o.shuffle {
             Shuffle::Block { buffer_bytes } => buffer_blocks(windows, buffer_bytes),
             _ => 1,
         };
-        // Each rank's worker draws with its own generator.
-        let stream = o.shard.rank * o.worker.world_size + o.worker.rank;
-        let shuffle = shuffled.then_some((o.seed, self.epoch, stream));
+        // Each stream draws with its own generator.
+        let shuffle = shuffled.then_some((o.seed, self.epoch, stream.rank));
         // The chunks of the blocks, in the order they enter the shuffle
         // buffer, read ahead of the workers (a remote store).
         let fixed = loader_memory(windows, &self.outputs, o).fixed();

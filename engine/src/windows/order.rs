@@ -1,15 +1,24 @@
 //! The order windows come out in: shuffling, sharding and epochs.
 //!
-//! All ranks agree on one global sequence of the valid windows per epoch
-//! and each takes a contiguous, disjoint share of it, so shards never
-//! overlap and together cover every window.
+//! In block or storage order, an epoch's windows are dealt to *streams*,
+//! one per data-parallel rank and `DataLoader` worker: the blocks in the
+//! epoch's order (the same on every rank) line up their window origins,
+//! valid or not, and each stream takes a contiguous, equal run of them
+//! (cutting at most the blocks at its ends). What a stream yields is the
+//! valid windows of its run, so it starts at once, without the index of
+//! the whole dataset; streams never overlap and together cover every
+//! window. With `drop_last` every stream yields the same number of whole
+//! batches (the fewest any stream fills, see [`Quota`]), so every rank
+//! yields as many batches.
 //!
 //! - `None`: blocks in order, windows in order.
 //! - `Block`: blocks in a seeded random order; windows drawn at random from a
 //!   buffer of decoded blocks, each draw weighted by what is left in a
 //!   block, so the buffer mixes like a uniform sample of its windows.
 //! - `Full`: a seeded pseudo-random permutation of all valid windows,
-//!   computed (a Feistel network with cycle walking), never stored.
+//!   computed (a Feistel network with cycle walking), never stored; each
+//!   rank takes a contiguous share of it ([`share`]), which needs the
+//!   complete index.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -17,7 +26,9 @@ use std::ops::Range;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::index::ValidIndex;
+use std::sync::Arc;
+
+use super::index::BlockIndex;
 
 /// How windows are shuffled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,14 +154,20 @@ pub(super) fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A run of one block's valid windows.
+/// A run of one block's windows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
     /// The block.
     pub block: usize,
-    /// Ranks of its valid windows; `None`: all of them (known once the
-    /// block is indexed).
-    pub ranks: Option<Range<u64>>,
+    /// Its local origin numbers in the run (valid or not); `None`: all.
+    pub local: Option<Range<u64>>,
+}
+
+impl Segment {
+    /// The local origin numbers of the run, out of the block's `origins`.
+    pub fn range(&self, origins: u64) -> Range<u64> {
+        self.local.clone().unwrap_or(0..origins)
+    }
 }
 
 /// The blocks of an epoch in order: shuffled by `seed` and `epoch`, or in
@@ -166,36 +183,174 @@ pub fn block_order(blocks: usize, shuffle_blocks: bool, seed: u64, epoch: u64) -
     order
 }
 
-/// Every block of `order`, whole: the segments of a single process, known
-/// before the index is.
-pub fn whole_segments(order: Vec<usize>) -> VecDeque<Segment> {
-    order
-        .into_iter()
-        .map(|block| Segment { block, ranks: None })
-        .collect()
+/// The stream of worker `worker` of rank `shard`, among all of them.
+pub fn stream_of(shard: Shard, worker: Shard) -> Shard {
+    Shard {
+        rank: shard.rank * worker.world_size + worker.rank,
+        world_size: shard.world_size * worker.world_size,
+    }
 }
 
-/// The segments of the positions `share` of an epoch's sequence (see
-/// [`share`]): blocks in `order`, cut to those positions.
-pub fn segments(index: &ValidIndex, order: Vec<usize>, share: Range<u64>) -> VecDeque<Segment> {
+/// The segments of `stream`: with the blocks in `order` lined up, each
+/// with `origins[block]` window origins, the stream's contiguous share
+/// ([`Shard::range`]) of them.
+pub fn stream_segments(origins: &[u64], order: &[usize], stream: Shard) -> VecDeque<Segment> {
+    let total = order
+        .iter()
+        .fold(0u64, |sum, &b| sum.saturating_add(origins[b]));
+    let share = stream.range(total);
     let mut out = VecDeque::new();
     let mut before = 0u64;
-    for block in order {
-        let count = index.blocks[block].count;
-        let start = share.start.max(before);
-        let end = share.end.min(before + count);
+    for &block in order {
+        let n = origins[block];
+        let (start, end) = (share.start.max(before), share.end.min(before + n));
         if start < end {
+            let local = (start - before, end - before);
             out.push_back(Segment {
                 block,
-                ranks: Some(start - before..end - before),
+                local: (local != (0, n)).then_some(local.0..local.1),
             });
         }
-        before += count;
+        before += n;
         if before >= share.end {
             break;
         }
     }
     out
+}
+
+/// Whether every stream of an epoch holds enough valid windows for a
+/// batch, with `drop_last`: each yields as many whole batches as the one
+/// with the fewest valid windows fills, so every rank yields as many.
+///
+/// A stream knows its own windows as it reads them; the others' come from
+/// the index as it fills in. Batch `j` may go once every stream is known to
+/// hold `(j + 1) * batch` windows; the epoch ends at the first batch some
+/// stream cannot fill, once the index is complete.
+#[derive(Debug)]
+pub struct Quota {
+    streams: Vec<Counted>,
+}
+
+/// One stream's segments, and the valid windows of those indexed so far.
+#[derive(Debug)]
+struct Counted {
+    segments: Vec<Segment>,
+    /// Segments counted (a prefix).
+    next: usize,
+    known: u64,
+}
+
+impl Quota {
+    /// The quota of the `streams` streams of an epoch.
+    pub fn new(origins: &[u64], order: &[usize], streams: u64) -> Self {
+        let streams = (0..streams)
+            .map(|rank| Counted {
+                segments: stream_segments(
+                    origins,
+                    order,
+                    Shard {
+                        rank,
+                        world_size: streams,
+                    },
+                )
+                .into(),
+                next: 0,
+                known: 0,
+            })
+            .collect();
+        Self { streams }
+    }
+
+    /// The blocks whose index the quota needs, in the order it needs them:
+    /// the first block of every stream, then the second, and so on.
+    pub fn blocks(&self) -> Vec<usize> {
+        let mut seen = std::collections::HashSet::new();
+        let longest = self.streams.iter().map(|s| s.segments.len()).max();
+        (0..longest.unwrap_or(0))
+            .flat_map(|k| self.streams.iter().filter_map(move |s| s.segments.get(k)))
+            .map(|s| s.block)
+            .filter(|b| seen.insert(*b))
+            .collect()
+    }
+
+    /// Whether every stream holds `windows` valid windows: `Some(true)`,
+    /// `Some(false)` (one does not, and all are indexed), or `None` (not
+    /// known yet). `index` gives a block's index when it is known, and its
+    /// number of origins.
+    pub fn holds(
+        &mut self,
+        windows: u64,
+        index: impl Fn(usize) -> Option<Arc<BlockIndex>>,
+        origins: &[u64],
+    ) -> Option<bool> {
+        let mut known = true;
+        for stream in &mut self.streams {
+            while stream.known < windows {
+                let Some(segment) = stream.segments.get(stream.next) else {
+                    break;
+                };
+                let Some(block) = index(segment.block) else {
+                    break;
+                };
+                stream.known += block.count_in(segment.range(origins[segment.block]));
+                stream.next += 1;
+            }
+            if stream.known < windows {
+                if stream.next == stream.segments.len() {
+                    return Some(false);
+                }
+                known = false;
+            }
+        }
+        known.then_some(true)
+    }
+}
+
+/// Where each of `lengths.len()` workers a `DataLoader` takes batches from
+/// in turn (skipping those that have ended) resumes after `consumed`
+/// batches: per new worker, the old worker whose batches it yields and how
+/// many of them were consumed. The new workers start from the old worker
+/// the next batch comes from, so the `DataLoader` takes them in the same
+/// order.
+pub fn resume_in_turn(lengths: &[u64], consumed: u64) -> Vec<(usize, u64)> {
+    // Batches in the rounds before round `r` (round `r` takes batch `r` of
+    // every worker that has one).
+    let before = |r: u64| {
+        lengths
+            .iter()
+            .fold(0u64, |sum, &n| sum.saturating_add(n.min(r)))
+    };
+    // The round of the next batch: the last whose start is not past it.
+    let (mut round, mut hi) = (0u64, lengths.iter().copied().max().unwrap_or(0));
+    while round < hi {
+        let mid = round + (hi - round).div_ceil(2);
+        if before(mid) <= consumed {
+            round = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let mut taken: Vec<u64> = lengths.iter().map(|&n| n.min(round)).collect();
+    let mut left = consumed.saturating_sub(before(round));
+    let mut next = 0;
+    for (w, &n) in lengths.iter().enumerate() {
+        if left == 0 {
+            break;
+        }
+        if n > round {
+            taken[w] += 1;
+            left -= 1;
+            next = w + 1;
+        }
+    }
+    let k = lengths.len();
+    (0..k)
+        .map(|i| {
+            let old = (next + i) % k;
+            (old, taken[old])
+        })
+        .collect()
 }
 
 /// A block buffered for drawing: its slot and its remaining origins.
@@ -332,7 +487,7 @@ impl<S: Clone> BlockSampler<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::windows::index::BlockIndex;
+    use crate::windows::index::ValidIndex;
 
     #[test]
     fn permutation_is_a_bijection() {
@@ -355,28 +510,138 @@ mod tests {
     }
 
     #[test]
-    fn shards_split_segments_disjointly() {
-        let index = ValidIndex::from_blocks(vec![
-            BlockIndex::all(5),
-            BlockIndex::all(0),
-            BlockIndex::all(7),
-            BlockIndex::all(4),
-        ]);
-        for world in 1..=5 {
-            let mut total = 0;
-            for rank in 0..world {
-                let shard = Shard {
+    fn streams_take_equal_disjoint_runs_of_every_origin() {
+        let origins = [5u64, 0, 7, 4, 9];
+        for streams in 1..=7u64 {
+            let order = block_order(origins.len(), true, 9, 2);
+            let mut seen = std::collections::HashSet::new();
+            let mut sizes = Vec::new();
+            for rank in 0..streams {
+                let stream = Shard {
                     rank,
-                    world_size: world,
+                    world_size: streams,
                 };
-                let range = share(16, shard, Shard::WHOLE, 1, false);
-                let segs = segments(&index, block_order(4, true, 9, 2), range);
-                total += segs
-                    .iter()
-                    .map(|s| s.ranks.as_ref().map_or(0, |r| r.end - r.start))
-                    .sum::<u64>();
+                let mut size = 0;
+                for segment in stream_segments(&origins, &order, stream) {
+                    for local in segment.range(origins[segment.block]) {
+                        assert!(seen.insert((segment.block, local)), "{streams}: twice");
+                        size += 1;
+                    }
+                }
+                sizes.push(size);
             }
-            assert_eq!(total, 16, "world {world}");
+            assert_eq!(seen.len(), 25, "{streams} streams cover everything");
+            let (min, max) = (sizes.iter().min(), sizes.iter().max());
+            assert!(max.zip(min).is_some_and(|(a, b)| a - b <= 1), "{sizes:?}");
+        }
+        let two = stream_of(
+            Shard {
+                rank: 1,
+                world_size: 2,
+            },
+            Shard {
+                rank: 2,
+                world_size: 3,
+            },
+        );
+        assert_eq!((two.rank, two.world_size), (5, 6));
+    }
+
+    /// Blocks of `origins` origins, every third one invalid.
+    fn thirds(origins: &[u64]) -> Vec<Arc<BlockIndex>> {
+        origins
+            .iter()
+            .map(|&n| {
+                let mut bits = vec![0u64; (n as usize).div_ceil(64)];
+                for i in (0..n).filter(|i| i % 3 != 0) {
+                    bits[(i / 64) as usize] |= 1 << (i % 64);
+                }
+                Arc::new(BlockIndex::from_bits(bits))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_quota_is_the_fewest_windows_any_stream_holds() {
+        let origins = [50u64, 80, 10, 130, 70, 3];
+        let blocks = thirds(&origins);
+        let order = block_order(origins.len(), true, 3, 1);
+        for streams in [1u64, 2, 3, 5] {
+            let counts: Vec<u64> = (0..streams)
+                .map(|rank| {
+                    stream_segments(
+                        &origins,
+                        &order,
+                        Shard {
+                            rank,
+                            world_size: streams,
+                        },
+                    )
+                    .iter()
+                    .map(|s| blocks[s.block].count_in(s.range(origins[s.block])))
+                    .sum()
+                })
+                .collect();
+            let fewest = counts.iter().copied().min().unwrap_or(0);
+            let mut quota = Quota::new(&origins, &order, streams);
+            // Nothing indexed: not known, unless nothing is asked.
+            assert_eq!(quota.holds(1, |_| None, &origins), None);
+            assert_eq!(quota.holds(0, |_| None, &origins), Some(true));
+            for windows in [1, fewest, fewest + 1] {
+                let mut quota = Quota::new(&origins, &order, streams);
+                let known = quota.holds(windows, |b| Some(Arc::clone(&blocks[b])), &origins);
+                assert_eq!(known, Some(windows <= fewest), "{streams} {windows}");
+            }
+            // The blocks it needs come first block of every stream first.
+            let needed = quota.blocks();
+            let mut sorted = needed.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), needed.len());
+            assert!(needed.len() <= origins.len());
+        }
+    }
+
+    #[test]
+    fn resuming_in_turn_continues_the_same_sequence() {
+        for lengths in [
+            vec![3u64, 3, 3],
+            vec![4, 1, 0, 6],
+            vec![2],
+            vec![0, 0],
+            vec![5, 2, 7],
+        ] {
+            // The DataLoader's order: in turn, skipping workers that ended.
+            let sequence = |lengths: &[u64], start: &[u64], map: &dyn Fn(usize) -> usize| {
+                let mut taken = start.to_vec();
+                let mut out = Vec::new();
+                loop {
+                    let mut any = false;
+                    for w in 0..lengths.len() {
+                        let old = map(w);
+                        if taken[old] < lengths[old] {
+                            out.push((old, taken[old]));
+                            taken[old] += 1;
+                            any = true;
+                        }
+                    }
+                    if !any {
+                        return out;
+                    }
+                }
+            };
+            let zeros = vec![0; lengths.len()];
+            let whole = sequence(&lengths, &zeros, &|w| w);
+            for consumed in 0..=whole.len() as u64 + 2 {
+                let resumed = resume_in_turn(&lengths, consumed);
+                let mut start = zeros.clone();
+                for &(old, skip) in &resumed {
+                    start[old] = skip;
+                }
+                let rest = sequence(&lengths, &start, &|w| resumed[w].0);
+                let want = &whole[(consumed as usize).min(whole.len())..];
+                assert_eq!(rest, want, "{lengths:?} after {consumed}");
+            }
         }
     }
 
@@ -429,13 +694,24 @@ mod tests {
         let index = ValidIndex::from_blocks(vec![BlockIndex::all(30), BlockIndex::all(20)]);
         for shuffle in [None, Some((7, 0, 0))] {
             let order = block_order(2, shuffle.is_some(), 7, 0);
-            let sharded = segments(&index, order.clone(), 0..index.total);
-            for segs in [sharded, whole_segments(order)] {
+            let counts = [30u64, 20];
+            let halves = [0u64, 1].map(|rank| {
+                stream_segments(
+                    &counts,
+                    &order,
+                    Shard {
+                        rank,
+                        world_size: 2,
+                    },
+                )
+            });
+            let whole = stream_segments(&counts, &order, Shard::WHOLE);
+            assert!(whole.iter().all(|s| s.local.is_none()));
+            for segs in [whole, halves[0].iter().chain(&halves[1]).cloned().collect()] {
                 let mut sampler = BlockSampler::new(segs, 2, 1, 7, shuffle);
                 let mut seen = std::collections::HashSet::new();
                 let origins = |b: &usize, s: &Segment| {
-                    let ranks = s.ranks.clone().unwrap_or(0..index.blocks[*b].count);
-                    Ok::<_, ()>(index.blocks[*b].origins(ranks))
+                    Ok::<_, ()>(index.blocks[*b].origins_in(s.range(counts[*b])))
                 };
                 while let Some((block, local)) = sampler.draw(|b| b, origins).unwrap() {
                     assert!(seen.insert((block, local)));
