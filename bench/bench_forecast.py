@@ -14,7 +14,11 @@ shuffle=True)``, as xbatcher's torch loader does); the plain loader draws random
 
 The zarrfusion arm keeps every window, as the peers do; "zarrfusion (valid rules)" builds the
 validity index in the background while it loads (inputs at least 90 % present, targets complete:
-fewer windows, not comparable one for one). The stores are read once before the arms (every arm reads them from the page cache). Per arm, in
+fewer windows, not comparable one for one). The "rank 1/4" arms load rank 1 of 4 with those rules
+and ``drop_last`` (every rank as many batches), in this process or through ``DataLoader`` workers
+(``--workers``, spawned; each reopens the stores), from a cold index: the first batch waits until
+every rank's and worker's first blocks are indexed, not for the whole index. ``--cache DIR``
+keeps the index there: a second run with it starts from the cached index. The stores are read once before the arms (every arm reads them from the page cache). Per arm, in
 its own process: time to the first batch (from opening the stores), samples/s over
 the following batches, the wait per batch with a simulated 10 ms training step (p50, p95), and
 the peak RSS of the process tree. Run:
@@ -113,7 +117,7 @@ def check_shapes(batch) -> None:
     assert tuple(y.shape) == (BATCH, 2, WIN, WIN), y.shape
 
 
-def arm_zarrfusion(a, valid="any") -> dict:
+def arm_zarrfusion(a, valid="any", shard=None, workers=0) -> dict:
     import zarrfusion as zf
 
     started = time.perf_counter()
@@ -126,8 +130,14 @@ def arm_zarrfusion(a, valid="any") -> dict:
         options = conn["options"]
     src = ctx.open_zarr(stores, variables={"era5": ["t2m", "u10", "v10", "z"], "imerg": ["precip"]}, **options)
     w = src.windows({"lat": WIN, "lon": WIN}, {"lat": WIN - STRIDE, "lon": WIN - STRIDE}, history={"time": 2},
-                    targets={"t2m": "+6h", "precip": "+6h"}, valid=valid, cache=False)
-    loader = w.loader(batch_size=BATCH, shuffle="block", seed=0, stack="channels")
+                    targets={"t2m": "+6h", "precip": "+6h"}, valid=valid, cache=a.cache or False)
+    loader = w.loader(batch_size=BATCH, shuffle="block", seed=0, stack="channels", shard=shard,
+                      drop_last=shard is not None)
+    if workers:
+        import torch.utils.data
+
+        loader = torch.utils.data.DataLoader(loader.torch(), batch_size=None, num_workers=workers,
+                                             multiprocessing_context="spawn")
     result = timed(((b["inputs"], b["targets"]) for b in loader), started, a.batches, a.wait_batches)
     result["windows"] = len(w)
     return result
@@ -210,7 +220,17 @@ def arm_zarrfusion_valid(a) -> dict:
     return arm_zarrfusion(a, valid={"inputs": 0.9, "targets": "all"})
 
 
+def arm_zarrfusion_rank(a) -> dict:
+    return arm_zarrfusion(a, valid={"inputs": 0.9, "targets": "all"}, shard=(1, 4))
+
+
+def arm_zarrfusion_rank_workers(a) -> dict:
+    return arm_zarrfusion(a, valid={"inputs": 0.9, "targets": "all"}, shard=(1, 4), workers=a.workers)
+
+
 ARMS = {"zarrfusion": arm_zarrfusion, "zarrfusion (valid rules)": arm_zarrfusion_valid,
+        "zarrfusion rank 1/4 drop_last (valid rules)": arm_zarrfusion_rank,
+        "zarrfusion rank 1/4 drop_last in DataLoader workers (valid rules)": arm_zarrfusion_rank_workers,
         "xbatcher+DataLoader": arm_xbatcher, "xarray random windows": arm_xarray}
 
 
@@ -226,6 +246,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers for xbatcher")
     ap.add_argument("--nt", type=int, default=NT, help=f"ERA5 steps (default {NT}: 2.2 GB; others in data/forecast-NT)")
     ap.add_argument("--s3-latency", type=float, default=None, help="read from the local S3 server with this latency (ms)")
+    ap.add_argument("--cache", help="the window index's cache directory (default: none, every arm builds it)")
     ap.add_argument("--conn", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -260,7 +281,7 @@ def main() -> int:
         for arm in a.arms.split(","):
             cmd = [sys.executable, __file__, "--child", arm] + extra + [
                 f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-                if k in ("batches", "wait_batches", "peer_batches", "peer_wait_batches", "workers", "nt")]
+                if k in ("batches", "wait_batches", "peer_batches", "peer_wait_batches", "workers", "nt", "cache") and v is not None]
             rows[arm] = run_child(cmd, timeout=1800)
             print(arm, rows[arm], flush=True)
     finally:
