@@ -29,8 +29,9 @@ the peak RSS of the process tree. Run:
 
 With ``--s3-latency MS`` the stores are uploaded to the tests' S3 server (moto, on 127.0.0.1,
 tests/s3/s3_server.py) and read through its proxy adding MS milliseconds to every request; the
-zarrfusion arms open ``s3://`` URLs. The peers are not run from S3 here (their local rates are
-already 50-100x lower; reading through zarr-python's object store would only lower them).
+zarrfusion arms open ``s3://`` URLs, the peers zarr-python's ``ObjectStore`` over obstore (the
+xbatcher arm's DataLoader workers then start with ``spawn``: obstore's runtime does not survive
+``fork``).
 """
 
 from __future__ import annotations
@@ -143,20 +144,41 @@ def arm_zarrfusion(a, valid="any", shard=None, workers=0) -> dict:
     return result
 
 
+def peer_store(name: str, conn: str | None):
+    """What the peers open for store ``name``: the local path, or with ``conn`` (from the S3
+    server) zarr-python's ObjectStore over obstore through the latency proxy."""
+    if not conn:
+        return DATA / f"{name}.zarr"
+    import zarr
+    from obstore.store import S3Store
+
+    c = json.loads(conn)
+    o = c["options"]
+    s3 = S3Store(c["bucket"], prefix=f"{name}.zarr", endpoint=o["aws.endpoint"], access_key_id=o["aws.access_key_id"],
+                 secret_access_key=o["aws.secret_access_key"], region=o["aws.region"],
+                 client_options={"allow_http": True})
+    return zarr.storage.ObjectStore(s3, read_only=True)
+
+
 class XbatcherDataset:
     """xbatcher's windows of the merged sources as a map-style torch dataset: inputs (14, 64, 64)
     and targets (2, 64, 64) per window, as xbatcher.loaders.torch.MapDataset does."""
 
-    def __init__(self) -> None:
+    def __init__(self, conn: str | None = None) -> None:
         self.gen = None
+        self.conn = conn
+
+    def __getstate__(self):
+        # Workers open the stores themselves (an object store's client does not cross processes).
+        return {"gen": None, "conn": self.conn}
 
     def _generator(self):
         if self.gen is None:
             import xarray as xr
             import xbatcher
 
-            era5 = xr.open_zarr(DATA / "era5.zarr", chunks=None)
-            imerg = xr.open_zarr(DATA / "imerg.zarr", chunks=None)
+            era5 = xr.open_zarr(peer_store("era5", self.conn), chunks=None)
+            imerg = xr.open_zarr(peer_store("imerg", self.conn), chunks=None)
             merged = xr.merge([era5[["t2m", "u10", "v10", "z"]], imerg.precip.sel(time=era5.time)])
             targets = merged[["t2m", "precip"]].shift(time=-1).rename(t2m="t2m_next", precip="precip_next")
             ds = xr.merge([merged, targets]).isel(time=slice(0, NT - 1))
@@ -179,10 +201,12 @@ def arm_xbatcher(a) -> dict:
     import torch
 
     started = time.perf_counter()
-    dataset = XbatcherDataset()
+    dataset = XbatcherDataset(a.conn)
     n = len(dataset)
+    # From S3 the workers are spawned: obstore's runtime does not survive fork.
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=a.workers,
-                                         generator=torch.Generator().manual_seed(0))
+                                         generator=torch.Generator().manual_seed(0),
+                                         multiprocessing_context="spawn" if a.conn else None)
     result = timed(loader, started, a.peer_batches, a.peer_wait_batches)
     result["windows"] = n
     return result
@@ -192,8 +216,8 @@ def arm_xarray(a) -> dict:
     import xarray as xr
 
     started = time.perf_counter()
-    era5 = xr.open_zarr(DATA / "era5.zarr", chunks=None)
-    imerg = xr.open_zarr(DATA / "imerg.zarr", chunks=None)
+    era5 = xr.open_zarr(peer_store("era5", a.conn), chunks=None)
+    imerg = xr.open_zarr(peer_store("imerg", a.conn), chunks=None)
     everything = anchors()
     rng = np.random.default_rng(0)
 

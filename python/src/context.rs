@@ -209,10 +209,15 @@ impl PySessionContext {
             });
         }
         let dims = options.dims.clone();
+        // Every store opened at once (from an object store, each open is
+        // a few round trips).
+        let opens = sources.iter().map(|(_, path, _)| {
+            open_dataset(path.clone(), options.clone(), self.ctx.runtime_env())
+        });
+        let datasets =
+            wait_for(py, futures::future::try_join_all(opens))?.map_err(datafusion_error)?;
         let mut opened = Vec::new();
-        for (name, path, variables) in sources {
-            let open = open_dataset(path.clone(), options.clone(), self.ctx.runtime_env());
-            let dataset = wait_for(py, open)?.map_err(datafusion_error)?;
+        for ((name, _, variables), dataset) in sources.into_iter().zip(datasets) {
             let variables = match variables {
                 Some(v) if dims.is_none() => v,
                 variables => {

@@ -369,7 +369,8 @@ struct Buffered<S> {
 /// in order, one block at a time.
 ///
 /// Blocks are opened (their decoding started) `ahead` blocks before they
-/// join the buffer, so that draws rarely wait for one; and the buffer
+/// join the buffer (from the first draw on), so that draws rarely wait for
+/// one; and the buffer
 /// grows by a block every `ramp` draws up to its capacity, so that the
 /// first draws need one block, not a whole buffer. Both depend on the
 /// number of draws only: the same seed gives the same windows.
@@ -429,8 +430,10 @@ impl<S: Clone> BlockSampler<S> {
         };
         while self.buffer.len() < target {
             // Open what the buffer takes now and `ahead` more, before
-            // waiting on any.
-            while self.buffer.len() + self.staged.len() < target + self.ahead {
+            // waiting on any; none more before the first draw, so that the
+            // first batch waits for one block alone.
+            let ahead = if self.drawn == 0 { 0 } else { self.ahead };
+            while self.buffer.len() + self.staged.len() < target + ahead {
                 let Some(segment) = self.segments.pop_front() else {
                     break;
                 };
