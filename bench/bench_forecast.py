@@ -28,7 +28,9 @@ the peak RSS of the process tree. Run:
     python bench/bench_forecast.py --s3-latency 100 --arms zarrfusion   # from the local S3 server
 
 With ``--s3-latency MS`` the stores are uploaded to the tests' S3 server (moto, on 127.0.0.1,
-tests/s3/s3_server.py) and read through its proxy adding MS milliseconds to every request; the
+tests/s3/s3_server.py; ``--s3-server s3s`` for the s3s-fs binary, which unlike moto does not spend
+~12 ms of Python CPU per GET on the benchmark's own cores) and read through its proxy adding MS
+milliseconds to every request; the
 zarrfusion arms open ``s3://`` URLs, the peers zarr-python's ``ObjectStore`` over obstore (the
 xbatcher arm's DataLoader workers then start with ``spawn``: obstore's runtime does not survive
 ``fork``).
@@ -256,13 +258,16 @@ ARMS = {"zarrfusion": arm_zarrfusion, "zarrfusion (valid rules)": arm_zarrfusion
         "zarrfusion rank 1/4 drop_last (valid rules)": arm_zarrfusion_rank,
         "zarrfusion rank 1/4 drop_last in DataLoader workers (valid rules)": arm_zarrfusion_rank_workers,
         "xbatcher+DataLoader": arm_xbatcher, "xarray random windows": arm_xarray}
+DEFAULT_ARMS = [arm for arm in ARMS if "rank" not in arm]
 
 
 def main() -> int:
     global NT, DATA
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--make", action="store_true", help="write the stores and stop")
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                    help="comma-separated (default: the single-process arms and the peers; the rank arms "
+                         "yield an epoch of a quarter of the windows: pass --batches 150 --wait-batches 100)")
     ap.add_argument("--batches", type=int, default=300, help="zarrfusion batches timed for the rate")
     ap.add_argument("--wait-batches", type=int, default=200, help="zarrfusion batches waited for after a 10 ms step")
     ap.add_argument("--peer-batches", type=int, default=6, help="peer batches timed for the rate")
@@ -270,6 +275,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers for xbatcher")
     ap.add_argument("--nt", type=int, default=NT, help=f"ERA5 steps (default {NT}: 2.2 GB; others in data/forecast-NT)")
     ap.add_argument("--s3-latency", type=float, default=None, help="read from the local S3 server with this latency (ms)")
+    ap.add_argument("--s3-server", choices=("moto", "s3s"), default="moto",
+                    help="the S3 server: moto (Python) or s3s-fs (Rust; ZARRFUSION_S3S_FS or PATH)")
     ap.add_argument("--cache", help="the window index's cache directory (default: none, every arm builds it)")
     ap.add_argument("--conn", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -297,7 +304,8 @@ def main() -> int:
         sys.path.insert(0, str(HERE.parent / "tests" / "s3"))
         import s3_server
 
-        server = s3_server.start({"era5.zarr": DATA / "era5.zarr", "imerg.zarr": DATA / "imerg.zarr"}, bucket="bench")
+        server = s3_server.start({"era5.zarr": DATA / "era5.zarr", "imerg.zarr": DATA / "imerg.zarr"}, bucket="bench",
+                                 backend=a.s3_server)
         server.proxy.configure(latency_ms=a.s3_latency)
         extra = ["--conn", json.dumps({"bucket": "bench", "options": server.options()})]
     rows = {}
@@ -314,7 +322,8 @@ def main() -> int:
     zf = rows.get("zarrfusion", {})
     lines = [
         f"## Forecast loader run {time.strftime('%Y-%m-%d %H:%M')} (issue 24: two sources, history 2, target +6h"
-        + (f", from the local S3 server at {a.s3_latency:g} ms a request)" if server is not None else ", local files)"),
+        + (f", from the local S3 server ({a.s3_server}) at {a.s3_latency:g} ms a request)" if server is not None
+           else ", local files)"),
         "",
         f"- Command: `python bench/bench_forecast.py {shlex.join(sys.argv[1:])}`".replace(" `", "`"),
         f"- Machine: {os.cpu_count()} cores; stores `{DATA.relative_to(HERE.parent)}/` {size / 1e9:.2f} GB on disk "

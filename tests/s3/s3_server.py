@@ -29,11 +29,15 @@ import argparse
 import logging
 import http.client
 import json
+import os
 import pathlib
 import random
 import re
+import shutil
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -295,16 +299,29 @@ def array_of(path: str) -> str:
 
 
 class Server:
-    """moto's S3 server, a bucket with the uploaded stores, and the proxy."""
+    """An S3 server (moto's, or ``backend="s3s"``: the s3s-fs binary serving
+    a directory), a bucket with the uploaded stores, and the proxy.
 
-    def __init__(self, bucket: str):
-        from moto.server import ThreadedMotoServer
+    moto is Python and spends ~12 ms of CPU per GET, on the machine's own
+    cores: the benchmarks can use s3s-fs (Rust, ``cargo install s3s-fs
+    --features binary``; its path in ``ZARRFUSION_S3S_FS`` or on ``PATH``),
+    to which stores are "uploaded" as hard links (copies across file
+    systems)."""
 
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    def __init__(self, bucket: str, backend: str = "moto"):
         self.bucket = bucket
-        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._moto.start()
-        host, port = self._moto.get_host_and_port()
+        self._moto = self._s3s = self._root = None
+        if backend == "moto":
+            from moto.server import ThreadedMotoServer
+
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)
+            self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            self._moto.start()
+            host, port = self._moto.get_host_and_port()
+        elif backend == "s3s":
+            host, port = self._start_s3s()
+        else:
+            raise ValueError(f"backend: {backend!r} is not 'moto' or 's3s'")
         self.endpoint = f"http://{host}:{port}"
         self.proxy = FaultProxy((host, port))
         self.proxy_endpoint = self.proxy.endpoint
@@ -322,8 +339,43 @@ class Server:
             region_name=REGION,
         )
 
+    def _start_s3s(self) -> tuple[str, int]:
+        """Starts s3s-fs on a free port of 127.0.0.1 over a fresh directory."""
+        binary = os.environ.get("ZARRFUSION_S3S_FS") or shutil.which("s3s-fs")
+        if not binary:
+            raise RuntimeError("backend 's3s': no s3s-fs binary (cargo install s3s-fs --features binary; "
+                               "ZARRFUSION_S3S_FS=path)")
+        self._root = pathlib.Path(tempfile.mkdtemp(prefix="zarrfusion-s3s-"))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self._s3s = subprocess.Popen(
+            [binary, "--host", "127.0.0.1", "--port", str(port), "--access-key", ACCESS_KEY,
+             "--secret-key", SECRET_KEY, str(self._root)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return "127.0.0.1", port
+            except OSError:
+                if self._s3s.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"s3s-fs did not start on port {port}") from None
+                time.sleep(0.05)
+
     def upload(self, name: str, directory: pathlib.Path) -> None:
         """Uploads every file under ``directory`` (dotfiles too) to ``name/...``."""
+        if self._root is not None:
+            def link(src, dst):
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copy2(src, dst)
+
+            shutil.copytree(directory, self._root / self.bucket / name, copy_function=link)
+            return
         client = self.client()
         for path in sorted(pathlib.Path(directory).rglob("*")):
             if path.is_file():
@@ -348,13 +400,24 @@ class Server:
         return options
 
     def stop(self) -> None:
-        self.proxy.stop()
-        self._moto.stop()
+        if getattr(self, "proxy", None) is not None:
+            self.proxy.stop()
+        if self._moto is not None:
+            self._moto.stop()
+        if self._s3s is not None:
+            self._s3s.terminate()
+            try:
+                self._s3s.wait(10)
+            except subprocess.TimeoutExpired:
+                self._s3s.kill()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
 
 
-def start(upload: dict[str, pathlib.Path] | None = None, bucket: str = "fixtures") -> Server:
-    """Starts the server and proxy, and uploads ``{name: directory}``."""
-    server = Server(bucket)
+def start(upload: dict[str, pathlib.Path] | None = None, bucket: str = "fixtures", backend: str = "moto") -> Server:
+    """Starts the server (``backend`` ``"moto"`` or ``"s3s"``) and proxy, and
+    uploads ``{name: directory}``."""
+    server = Server(bucket, backend)
     for name, directory in (upload or {}).items():
         server.upload(name, directory)
     return server

@@ -67,9 +67,11 @@ pub struct LiveIndex {
     /// Buffers the blocks of this dataset are read into, shared by the
     /// index threads and the loaders.
     buffers: ChunkBufferPool,
-    /// The chunks of the blocks in storage order, read ahead of the index
-    /// threads (remote stores).
-    read_ahead: Option<TableReadAhead>,
+    /// The chunks of the blocks in the order the index threads take them
+    /// (preferred, then storage order), read ahead of them (remote stores).
+    read_ahead: Mutex<Option<Arc<IndexReadAhead>>>,
+    /// Threads reading the index in the background.
+    threads: usize,
 }
 
 #[derive(Debug, Default)]
@@ -132,7 +134,8 @@ impl LiveIndex {
             next: AtomicUsize::new(0),
             preferred: Mutex::default(),
             buffers: ChunkBufferPool::new(),
-            read_ahead: None,
+            read_ahead: Mutex::default(),
+            threads: 0,
         }
     }
 
@@ -143,18 +146,8 @@ impl LiveIndex {
     pub fn build(job: IndexJob, threads: usize, cache: Option<(IndexCache, String)>) -> Arc<Self> {
         let blocks = job.grid.blocks.len();
         let mut live = Self::pending(blocks, cache);
-        live.read_ahead =
-            block_read_ahead(&job.sources, &job.grid, job.io_concurrency, threads, None).and_then(
-                |plans| {
-                    read_blocks_ahead(
-                        &job.sources,
-                        &job.grid,
-                        (0..blocks).collect(),
-                        plans,
-                        threads,
-                    )
-                },
-            );
+        live.threads = threads;
+        live.read_ahead = Mutex::new(IndexReadAhead::new(&job, (0..blocks).collect(), threads));
         live.job = Some(job);
         let live = Arc::new(live);
         if blocks == 0 {
@@ -188,11 +181,27 @@ impl LiveIndex {
         if self.complete.get().is_some() {
             return;
         }
+        let blocks: VecDeque<usize> = blocks
+            .into_iter()
+            .filter(|&b| b < self.blocks.len() && self.blocks[b].get().is_none())
+            .collect();
+        // The chunks read ahead follow: the preferred blocks, then those
+        // left in storage order.
+        if let (Some(job), Ok(mut read_ahead)) = (&self.job, self.read_ahead.lock()) {
+            if read_ahead.is_some() {
+                let next = self.next.load(Ordering::Relaxed);
+                let preferred: std::collections::HashSet<usize> = blocks.iter().copied().collect();
+                let order = blocks
+                    .iter()
+                    .copied()
+                    .chain((next..self.blocks.len()).filter(|b| !preferred.contains(b)))
+                    .filter(|&b| !self.claimed[b].load(Ordering::Acquire))
+                    .collect();
+                *read_ahead = IndexReadAhead::new(job, order, self.threads);
+            }
+        }
         if let Ok(mut preferred) = self.preferred.lock() {
-            *preferred = blocks
-                .into_iter()
-                .filter(|&b| b < self.blocks.len() && self.blocks[b].get().is_none())
-                .collect();
+            *preferred = blocks;
         }
     }
 
@@ -213,9 +222,8 @@ impl LiveIndex {
                 return Ok(false);
             }
             if !self.claim(id) {
-                if preferred.is_none() {
-                    self.done_reading(id);
-                }
+                // Read by someone else: the read-ahead moves past it.
+                self.done_reading(id);
                 continue;
             }
             let block = &job.grid.blocks[id];
@@ -237,8 +245,9 @@ impl LiveIndex {
 
     /// Says the read-ahead window block `id` is read (or skipped).
     fn done_reading(&self, id: usize) {
-        if let Some(read_ahead) = &self.read_ahead {
-            read_ahead.done_with(id as u64);
+        let read_ahead = self.read_ahead.lock().ok().and_then(|r| r.clone());
+        if let Some(read_ahead) = read_ahead {
+            read_ahead.done_with(id);
         }
     }
 
@@ -411,6 +420,34 @@ impl LiveIndex {
     pub fn progress(&self) -> (usize, usize) {
         let done = self.progress.lock().map_or(0, |p| p.indexed);
         (done, self.blocks.len())
+    }
+}
+
+/// The chunks of blocks read ahead of the index threads, in the order
+/// they take the blocks.
+struct IndexReadAhead {
+    window: TableReadAhead,
+    /// Each block's number in the window's order (`u64::MAX`: not in it).
+    number: Vec<u64>,
+}
+
+impl IndexReadAhead {
+    /// The read-ahead of `order`'s blocks (`None` for local stores).
+    fn new(job: &IndexJob, order: Vec<usize>, threads: usize) -> Option<Arc<Self>> {
+        let plans = block_read_ahead(&job.sources, &job.grid, job.io_concurrency, threads, None)?;
+        let mut number = vec![u64::MAX; job.grid.blocks.len()];
+        for (n, &b) in order.iter().enumerate() {
+            number[b] = n as u64;
+        }
+        let window = read_blocks_ahead(&job.sources, &job.grid, order, plans, threads)?;
+        Some(Arc::new(Self { window, number }))
+    }
+
+    /// Block `id` is read (or skipped).
+    fn done_with(&self, id: usize) {
+        if let Some(&n) = self.number.get(id).filter(|&&n| n != u64::MAX) {
+            self.window.done_with(n);
+        }
     }
 }
 
