@@ -290,36 +290,7 @@ impl WindowLoader {
 
     /// Windows this loader yields in epoch `epoch` (waits for the index).
     pub fn num_samples(&self, epoch: u64) -> Result<u64, WindowError> {
-        let o = &self.options;
-        let index = self.windows.index()?;
-        if o.shuffle == Shuffle::Full {
-            let r = share(
-                index.total,
-                o.shard,
-                o.worker,
-                o.batch_size as u64,
-                o.drop_last,
-            );
-            return Ok(r.end - r.start);
-        }
-        let origins = block_origins(&self.windows);
-        let order = epoch_order(&self.windows, o, epoch);
-        let count = |stream: Shard| -> u64 {
-            stream_segments(&origins, &order, stream)
-                .iter()
-                .map(|s| index.blocks[s.block].count_in(s.range(origins[s.block])))
-                .sum()
-        };
-        let stream = stream_of(o.shard, o.worker);
-        if !o.drop_last {
-            return Ok(count(stream));
-        }
-        let fewest = (0..stream.world_size)
-            .map(|rank| count(Shard { rank, ..stream }))
-            .min()
-            .unwrap_or(0);
-        let batch = o.batch_size as u64;
-        Ok(fewest / batch * batch)
+        samples_per_epoch(&self.windows, &self.options, epoch)
     }
 
     /// Batches this loader yields in epoch `epoch`, the same on every rank
@@ -350,24 +321,20 @@ impl WindowLoader {
             // short, after every batch of the others).
             vec![u64::MAX; workers as usize]
         } else {
+            let batch = o.batch_size as u64;
             (0..workers)
                 .map(|rank| {
                     let worker = Shard {
                         rank,
                         world_size: workers,
                     };
-                    let loader = Self {
-                        options: LoaderOptions {
-                            worker,
-                            ..o.clone()
-                        },
-                        windows: Arc::clone(&self.windows),
-                        outputs: Arc::clone(&self.outputs),
-                        counters: Arc::default(),
+                    let options = LoaderOptions {
+                        worker,
+                        ..o.clone()
                     };
-                    loader.num_batches(epoch)
+                    Ok(samples_per_epoch(&self.windows, &options, epoch)?.div_ceil(batch))
                 })
-                .collect::<Result<_, _>>()?
+                .collect::<Result<_, WindowError>>()?
         };
         Ok(resume_in_turn(&lengths, consumed)
             .into_iter()
@@ -504,6 +471,41 @@ fn buffer_blocks(windows: &Windows, buffer_bytes: u64) -> usize {
 /// `bytes` as `usize`, the largest when it does not fit.
 fn clamp(bytes: u64) -> usize {
     usize::try_from(bytes).unwrap_or(usize::MAX)
+}
+
+/// Windows a loader of options `o` yields in epoch `epoch` (waits for the
+/// index): its stream's valid windows, with `drop_last` the whole batches
+/// of the stream with the fewest; under the full shuffle, its share.
+fn samples_per_epoch(windows: &Windows, o: &LoaderOptions, epoch: u64) -> Result<u64, WindowError> {
+    let index = windows.index()?;
+    if o.shuffle == Shuffle::Full {
+        let r = share_of(index.total, o);
+        return Ok(r.end - r.start);
+    }
+    let origins = block_origins(windows);
+    let order = epoch_order(windows, o, epoch);
+    let count = |stream: Shard| -> u64 {
+        stream_segments(&origins, &order, stream)
+            .iter()
+            .map(|s| index.blocks[s.block].count_in(s.range(origins[s.block])))
+            .sum()
+    };
+    let stream = stream_of(o.shard, o.worker);
+    if !o.drop_last {
+        return Ok(count(stream));
+    }
+    let fewest = (0..stream.world_size)
+        .map(|rank| count(Shard { rank, ..stream }))
+        .min()
+        .unwrap_or(0);
+    let batch = o.batch_size as u64;
+    Ok(fewest / batch * batch)
+}
+
+/// The positions of an epoch's sequence of `total` windows a loader under
+/// the full shuffle yields (its rank's and worker's share).
+fn share_of(total: u64, o: &LoaderOptions) -> Range<u64> {
+    share(total, o.shard, o.worker, o.batch_size as u64, o.drop_last)
 }
 
 /// The number of window origins (valid or not) of each block.
@@ -820,7 +822,7 @@ impl Planner {
         let limit = if full {
             match self.windows.len() {
                 Ok(total) => {
-                    let r = share(total, o.shard, o.worker, o.batch_size as u64, o.drop_last);
+                    let r = share_of(total, o);
                     Some(r.end - r.start)
                 }
                 Err(e) => return failed(0, e),
@@ -920,14 +922,7 @@ impl Planner {
         if o.shuffle == Shuffle::Full {
             let index = windows.index()?;
             let permutation = Permutation::new(index.total, o.seed, self.epoch);
-            let start = share(
-                index.total,
-                o.shard,
-                o.worker,
-                o.batch_size as u64,
-                o.drop_last,
-            )
-            .start;
+            let start = share_of(index.total, o).start;
             let mut i = 0u64;
             return Ok(Box::new(move || {
                 let (block, local) = index.locate(permutation.apply(start + i));

@@ -203,7 +203,10 @@ pub fn stream_segments(origins: &[u64], order: &[usize], stream: Shard) -> VecDe
     let mut before = 0u64;
     for &block in order {
         let n = origins[block];
-        let (start, end) = (share.start.max(before), share.end.min(before + n));
+        let (start, end) = (
+            share.start.max(before),
+            share.end.min(before.saturating_add(n)),
+        );
         if start < end {
             let local = (start - before, end - before);
             out.push_back(Segment {
@@ -211,7 +214,7 @@ pub fn stream_segments(origins: &[u64], order: &[usize], stream: Shard) -> VecDe
                 local: (local != (0, n)).then_some(local.0..local.1),
             });
         }
-        before += n;
+        before = before.saturating_add(n);
         if before >= share.end {
             break;
         }
