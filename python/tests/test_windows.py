@@ -350,6 +350,17 @@ def test_resume_continues_the_epoch_exactly(ctx, window_store, shuffle, shard):
     assert len(drain(resumed)) == whole.num_samples
 
 
+def test_an_absurd_world_size_is_refused_naming_shard(ctx, window_store):
+    """Every rank and worker is a stream the loader keeps a count of: a
+    world size beyond a million streams is an error, not an allocation."""
+    windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
+    with pytest.raises(ValueError, match="shard"):
+        windows.loader(batch_size=8, shard=(0, 10**15), drop_last=True)
+    loader = windows.loader(batch_size=8, shard=(0, 2**20), drop_last=True)
+    with pytest.raises(ValueError, match="workers"):
+        loader._raw.resume_workers(0, 0, 2)
+
+
 def test_a_state_of_other_options_is_refused_naming_them(ctx, window_store):
     windows = ctx.open_zarr(window_store).windows(SIZE, {"lat": 4, "lon": 3})
     state = windows.loader(batch_size=16, seed=1).state_dict()

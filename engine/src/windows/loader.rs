@@ -47,6 +47,27 @@ const AHEAD: usize = 2;
 /// holds them until it is sent).
 const RETIRED: usize = 2;
 
+/// The most streams (ranks x DataLoader workers) an epoch is dealt to:
+/// `drop_last` keeps a count per stream.
+const MAX_STREAMS: u64 = 1 << 20;
+
+/// The streams of `world_size` ranks of `workers` workers each, refused
+/// (naming `argument`) beyond [`MAX_STREAMS`].
+fn checked_streams(world_size: u64, workers: u64, argument: &str) -> Result<u64, WindowError> {
+    world_size
+        .checked_mul(workers)
+        .filter(|&n| n <= MAX_STREAMS)
+        .ok_or_else(|| {
+            WindowError::argument(
+                argument,
+                format!(
+                    "{world_size} ranks of {workers} workers each are more than the \
+                     {MAX_STREAMS} streams a loader deals an epoch to"
+                ),
+            )
+        })
+}
+
 /// How a loader batches, orders and prefetches windows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoaderOptions {
@@ -214,6 +235,7 @@ impl WindowLoader {
                 ));
             }
         }
+        checked_streams(options.shard.world_size, options.worker.world_size, "shard")?;
         if options.prefetch == 0 {
             return Err(WindowError::argument("prefetch", "must be at least 1"));
         }
@@ -315,6 +337,7 @@ impl WindowLoader {
         if workers == 0 {
             return Err(WindowError::argument("workers", "must be at least 1"));
         }
+        checked_streams(self.options.shard.world_size, workers, "workers")?;
         let o = &self.options;
         let lengths = if o.drop_last || o.shuffle == Shuffle::Full {
             // As many batches each (the full shuffle's last may be one
