@@ -699,7 +699,8 @@ impl PyWindowLoader {
     }
 
     /// Counters over all epochs: batches, samples, blocks read, bytes
-    /// decoded, decode/assembly thread time and time waited for batches.
+    /// decoded, decode/assembly thread time and time waited for batches;
+    /// and what the sources' object stores fetched since they were opened.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.loader.stats();
         let d = PyDict::new(py);
@@ -710,6 +711,11 @@ impl PyWindowLoader {
         d.set_item("decode_time_s", s.decode_seconds)?;
         d.set_item("assemble_time_s", s.assemble_seconds)?;
         d.set_item("wait_time_s", s.wait_seconds)?;
+        d.set_item("requests", s.network.requests)?;
+        d.set_item("bytes_fetched", s.network.bytes)?;
+        d.set_item("read_ahead_hits", s.network.read_ahead_hits)?;
+        d.set_item("read_ahead_misses", s.network.read_ahead_misses)?;
+        d.set_item("read_ahead_requests", s.network.read_ahead_requests)?;
         Ok(d)
     }
 }

@@ -71,12 +71,26 @@ def sharded_store(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="module")
-def s3(many_store, sharded_store):
-    """The server, with the fixture stores, the 'many chunks' store and the
-    sharded one."""
+def holes_store(tmp_path_factory) -> pathlib.Path:
+    """t(time 24, lat 48, lon 64) in 192 chunks (2, 12, 16), a tenth of the
+    values missing, written by xarray."""
+    holes = tmp_path_factory.mktemp("s3") / "holes.zarr"
+    ds = grid(11)
+    ds = ds.isel(time=np.arange(24) % 8).assign_coords(time=np.arange(24))
+    rng = np.random.default_rng(11)
+    ds["t"] = ds.t.where(rng.random(ds.t.shape) > 0.1)
+    ds.to_zarr(holes, encoding={"t": {"chunks": (2, 12, 16)}}, consolidated=True, zarr_format=2)
+    return holes
+
+
+@pytest.fixture(scope="module")
+def s3(many_store, sharded_store, holes_store):
+    """The server, with the fixture stores, the 'many chunks' store, the
+    sharded one and one with holes."""
     uploads = {name: FIXTURES / name for name in STORES}
     uploads["many.zarr"] = many_store
     uploads["sharded.zarr"] = sharded_store
+    uploads["holes.zarr"] = holes_store
     server = s3_server.start(uploads, bucket="fixtures")
     yield server
     server.stop()
@@ -505,6 +519,40 @@ def test_the_loader_reads_blocks_ahead_from_s3(s3, many_store):
         for k in ia:
             np.testing.assert_array_equal(ia[k], ib[k])
     assert stats["max_in_flight"] >= 8, stats
+
+
+def test_a_sharded_loader_builds_the_index_from_s3_through_the_read_ahead(s3, holes_store):
+    """Rank 1 of 4 with drop_last and validity rules, its index built while
+    it loads (two index threads already reading when the loader asks for
+    the blocks it needs first): the same batches as from disk, and every
+    chunk the index threads, the loader's planner and its threads read was
+    requested ahead of them (before, preferring blocks dropped the requests
+    of the blocks being read, each of whose chunks then cost a round trip)."""
+
+    def batches(location, **options):
+        ds = zf.SessionContext(io_concurrency=16).open_zarr(location, **options)
+        windows = ds.windows({"lat": 6, "lon": 6}, history={"time": 2}, valid=0.95, block_size="16KB",
+                             cache=False, threads=2)
+        loader = windows.loader(batch_size=8, seed=5, threads=2, shard=(1, 4), drop_last=True)
+        got = [(b["inputs"]["t"].copy(), b["index"]["time"].copy(), b["index"]["lat"].copy()) for b in loader]
+        return got, loader.stats()
+
+    want, local = batches(holes_store)
+    assert local["requests"] == local["read_ahead_hits"] == local["read_ahead_misses"] == 0, local
+    s3.proxy.configure(latency_ms=20)
+    s3.proxy.reset()
+    got, stats = batches("s3://fixtures/holes.zarr", **s3.options())
+    proxy = s3.proxy.stats()
+    assert len(got) == len(want) > 0
+    for (a, ta, la), (b, tb, lb) in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(ta, tb)
+        np.testing.assert_array_equal(la, lb)
+    assert stats["read_ahead_hits"] >= 192, stats
+    assert stats["read_ahead_misses"] <= 2, stats
+    # What the stores counted went over the wire.
+    assert 0 < stats["requests"] <= sum(proxy["methods"].values()), (stats, proxy)
+    assert stats["bytes_fetched"] <= proxy["bytes"], (stats, proxy)
 
 
 def test_the_loaders_read_ahead_fits_allowed_mem(s3, many_store):

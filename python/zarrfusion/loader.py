@@ -406,7 +406,13 @@ class WindowLoader:
 
     def stats(self) -> dict:
         """Batches, samples, blocks and bytes read, decode and assembly thread
-        time, and the time the consumer waited, over all epochs."""
+        time, and the time the consumer waited, over all epochs; and what the
+        sources' object stores fetched since they were opened (by every loader
+        of these windows and the window index): ``requests``,
+        ``bytes_fetched``, ``read_ahead_hits`` (reads served from chunks
+        requested ahead), ``read_ahead_misses`` (reads of chunks nobody had
+        requested ahead, each a round trip waited for) and
+        ``read_ahead_requests``. Zero for local files."""
         return self._raw.stats()
 
     def torch(self) -> Any:

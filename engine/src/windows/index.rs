@@ -224,19 +224,22 @@ pub(super) fn block_read_ahead(
     )
 }
 
-/// A window reading the chunks of every source over the blocks `order` of
-/// `grid` as `plans` (from [`block_read_ahead`]) say, where a store is
-/// remote, the keys of `interleave` blocks read at once interleaved.
-/// Block number `i` of the window is `order[i]`.
-pub(super) fn read_blocks_ahead(
+/// A window reading the chunks of every source over blocks of `grid`, as
+/// `plans` (from [`block_read_ahead`]) say, where a store is remote, the
+/// keys of `interleave` blocks read at once interleaved. Block number `i`
+/// of the window is `block_at(i)`, asked for as the window gets there; the
+/// window ends at the first number without a block or at `count`.
+pub(super) fn read_blocks_ahead<F>(
     sources: &Arc<Sources>,
     grid: &Arc<WindowGrid>,
-    order: Vec<usize>,
+    count: u64,
+    block_at: F,
     plans: Vec<ReadAheadPlan>,
     interleave: usize,
-) -> Option<TableReadAhead> {
-    let count = order.len() as u64;
-    let order = Arc::new(order);
+) -> Option<TableReadAhead>
+where
+    F: Fn(u64) -> Option<usize> + Clone + Send + 'static,
+{
     let parts: Vec<TableReadAhead> = plans
         .into_iter()
         .enumerate()
@@ -244,16 +247,17 @@ pub(super) fn read_blocks_ahead(
             let source = &sources.list[s];
             let table = &source.table;
             let columns = source.columns();
-            let (sources, grid, order) =
-                (Arc::clone(sources), Arc::clone(grid), Arc::clone(&order));
+            let (sources, grid) = (Arc::clone(sources), Arc::clone(grid));
+            let (known, boxes) = (block_at.clone(), block_at.clone());
             plan.start(
                 table,
                 &columns,
-                0..count,
+                (0..count).take_while(move |&n| known(n).is_some()),
                 interleave.max(1),
                 move |number| {
-                    let extent = &grid.blocks[order[number as usize]].extent;
-                    vec![sources.source_box(s, extent, &[])]
+                    boxes(number)
+                        .map(|b| vec![sources.source_box(s, &grid.blocks[b].extent, &[])])
+                        .unwrap_or_default()
                 },
             )
         })

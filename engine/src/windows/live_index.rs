@@ -22,13 +22,17 @@
 //! A block that cannot be read fails the whole index: everyone waiting gets
 //! the error, naming the store, array and chunk.
 //!
-//! From an object store, the chunks of the blocks the background threads
-//! will read are requested ahead of them, in storage order
-//! ([`crate::table::ReadAheadPlan`]).
+//! The background threads take blocks in one order, decided block by
+//! block as the first of them gets there ([`Schedule`]): preferred blocks
+//! first, then storage order, skipping blocks someone has claimed. From an
+//! object store, the chunks of the blocks next in that order are requested
+//! ahead of the threads ([`crate::table::ReadAheadPlan`]); the read-ahead
+//! decides the order as it gets there, so the threads then take the blocks
+//! it read, and blocks preferred later follow those already requested.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::cache::IndexCache;
@@ -46,8 +50,6 @@ const PAUSE: Duration = Duration::from_millis(2);
 /// An index whose blocks fill in as they are read.
 pub struct LiveIndex {
     blocks: Vec<OnceLock<Arc<BlockIndex>>>,
-    /// Set by whoever starts reading a block, so it is read once.
-    claimed: Vec<AtomicBool>,
     progress: Mutex<Progress>,
     changed: Condvar,
     complete: OnceLock<ValidIndex>,
@@ -60,18 +62,15 @@ pub struct LiveIndex {
     cache: Option<(IndexCache, String)>,
     /// What to read, while the index is incomplete.
     job: Option<IndexJob>,
-    /// The next block in storage order not taken by the background threads.
-    next: AtomicUsize,
-    /// Blocks to index before the rest, in order (see [`Self::prefer`]).
-    preferred: Mutex<VecDeque<usize>>,
+    /// The order the blocks are indexed in, and who has claimed which.
+    schedule: Arc<Schedule>,
     /// Buffers the blocks of this dataset are read into, shared by the
     /// index threads and the loaders.
     buffers: ChunkBufferPool,
-    /// The chunks of the blocks in the order the index threads take them
-    /// (preferred, then storage order), read ahead of them (remote stores).
-    read_ahead: Mutex<Option<Arc<IndexReadAhead>>>,
-    /// Threads reading the index in the background.
-    threads: usize,
+    /// The chunks of the blocks next in the schedule, read ahead of the
+    /// threads that index them (remote stores), until the index is
+    /// complete.
+    read_ahead: Mutex<Option<TableReadAhead>>,
 }
 
 #[derive(Debug, Default)]
@@ -121,7 +120,6 @@ impl LiveIndex {
     fn pending(blocks: usize, cache: Option<(IndexCache, String)>) -> Self {
         Self {
             blocks: (0..blocks).map(|_| OnceLock::new()).collect(),
-            claimed: (0..blocks).map(|_| AtomicBool::new(false)).collect(),
             progress: Mutex::new(Progress::default()),
             changed: Condvar::new(),
             complete: OnceLock::new(),
@@ -131,11 +129,9 @@ impl LiveIndex {
             started: Instant::now(),
             cache,
             job: None,
-            next: AtomicUsize::new(0),
-            preferred: Mutex::default(),
+            schedule: Arc::new(Schedule::new(blocks)),
             buffers: ChunkBufferPool::new(),
             read_ahead: Mutex::default(),
-            threads: 0,
         }
     }
 
@@ -146,8 +142,27 @@ impl LiveIndex {
     pub fn build(job: IndexJob, threads: usize, cache: Option<(IndexCache, String)>) -> Arc<Self> {
         let blocks = job.grid.blocks.len();
         let mut live = Self::pending(blocks, cache);
-        live.threads = threads;
-        live.read_ahead = Mutex::new(IndexReadAhead::new(&job, (0..blocks).collect(), threads));
+        // The index threads and a loader waiting for the blocks it needs
+        // (see [`Self::index_next_block`]) read at once.
+        let read_ahead = block_read_ahead(
+            &job.sources,
+            &job.grid,
+            job.io_concurrency,
+            threads.saturating_add(1),
+            None,
+        )
+        .and_then(|plans| {
+            let schedule = Arc::clone(&live.schedule);
+            read_blocks_ahead(
+                &job.sources,
+                &job.grid,
+                blocks as u64,
+                move |n| schedule.block_at(n),
+                plans,
+                threads.saturating_add(1),
+            )
+        });
+        live.read_ahead = Mutex::new(read_ahead);
         live.job = Some(job);
         let live = Arc::new(live);
         if blocks == 0 {
@@ -174,61 +189,42 @@ impl LiveIndex {
         }
     }
 
-    /// Makes the blocks the index reads next `blocks`, in order (those not
-    /// indexed yet), before the rest in storage order: what a sharded
-    /// loader needs to know first (see [`super::order::Quota`]).
+    /// Makes `blocks`, in order (those not indexed yet), the next the index
+    /// reads after those already next in its schedule (read ahead, or being
+    /// read), before the rest in storage order: what a sharded loader needs
+    /// to know first (see [`super::order::Quota`]).
     pub fn prefer(&self, blocks: Vec<usize>) {
         if self.complete.get().is_some() {
             return;
         }
-        let blocks: VecDeque<usize> = blocks
-            .into_iter()
-            .filter(|&b| b < self.blocks.len() && self.blocks[b].get().is_none())
-            .collect();
-        // The chunks read ahead follow: the preferred blocks, then those
-        // left in storage order.
-        if let (Some(job), Ok(mut read_ahead)) = (&self.job, self.read_ahead.lock()) {
-            if read_ahead.is_some() {
-                let next = self.next.load(Ordering::Relaxed);
-                let preferred: std::collections::HashSet<usize> = blocks.iter().copied().collect();
-                let order = blocks
-                    .iter()
-                    .copied()
-                    .chain((next..self.blocks.len()).filter(|b| !preferred.contains(b)))
-                    .filter(|&b| !self.claimed[b].load(Ordering::Acquire))
-                    .collect();
-                *read_ahead = IndexReadAhead::new(job, order, self.threads);
-            }
-        }
-        if let Ok(mut preferred) = self.preferred.lock() {
-            *preferred = blocks;
-        }
+        self.schedule.prefer(
+            blocks
+                .into_iter()
+                .filter(|&b| self.blocks.get(b).is_some_and(|b| b.get().is_none())),
+        );
     }
 
-    /// Reads and indexes the next block nobody has claimed (a preferred
-    /// one first), in the calling thread; `Ok(false)` when there is none
-    /// left.
+    /// Reads and indexes the next block of the schedule nobody has claimed,
+    /// in the calling thread; `Ok(false)` when there is none left.
     pub fn index_next_block(&self) -> Result<bool, WindowError> {
         let Some(job) = &self.job else {
             return Ok(false);
         };
         loop {
-            let preferred = self.preferred.lock().ok().and_then(|mut p| p.pop_front());
-            let id = match preferred {
-                Some(id) => id,
-                None => self.next.fetch_add(1, Ordering::Relaxed),
-            };
-            if id >= job.grid.blocks.len() || self.has_failed() {
+            if self.has_failed() {
                 return Ok(false);
             }
+            let Some((number, id)) = self.schedule.take() else {
+                return Ok(false);
+            };
             if !self.claim(id) {
                 // Read by someone else: the read-ahead moves past it.
-                self.done_reading(id);
+                self.done_reading(number);
                 continue;
             }
             let block = &job.grid.blocks[id];
             let data = job.sources.read(&block.extent, &self.buffers);
-            self.done_reading(id);
+            self.done_reading(number);
             return match data {
                 Ok(data) => {
                     let index = index_block(&job.grid, block, &data, &job.layout, &job.sources);
@@ -243,12 +239,18 @@ impl LiveIndex {
         }
     }
 
-    /// Says the read-ahead window block `id` is read (or skipped).
-    fn done_reading(&self, id: usize) {
-        let read_ahead = self.read_ahead.lock().ok().and_then(|r| r.clone());
-        if let Some(read_ahead) = read_ahead {
-            read_ahead.done_with(id);
+    /// Says the read-ahead the block of number `number` in the schedule is
+    /// read (or skipped).
+    fn done_reading(&self, number: u64) {
+        if let Some(read_ahead) = lock(&self.read_ahead).as_ref() {
+            read_ahead.done_with(number);
         }
+    }
+
+    /// Drops what is read ahead (the index is complete, failed or cancelled).
+    fn stop_reading_ahead(&self) {
+        let read_ahead = lock(&self.read_ahead).take();
+        drop(read_ahead);
     }
 
     /// The buffers blocks of this dataset are read into.
@@ -258,7 +260,7 @@ impl LiveIndex {
 
     /// Claims block `id` for reading; `false` when someone already has.
     pub fn claim(&self, id: usize) -> bool {
-        !self.claimed[id].swap(true, Ordering::AcqRel) && self.blocks[id].get().is_none()
+        self.schedule.claim(id) && self.blocks[id].get().is_none()
     }
 
     /// Records the index of block `id` (the first record wins; any other is
@@ -294,6 +296,7 @@ impl LiveIndex {
                 log::warn!("window index not cached in {}: {e}", cache.dir().display());
             }
         }
+        self.stop_reading_ahead();
         let seconds = self.started.elapsed().as_secs_f64();
         // Under the lock, so no waiter misses the wake-up.
         let guard = self.progress.lock();
@@ -308,6 +311,7 @@ impl LiveIndex {
         if let Ok(mut p) = self.progress.lock() {
             p.failure.get_or_insert(message);
         }
+        self.stop_reading_ahead();
         self.changed.notify_all();
     }
 
@@ -320,6 +324,7 @@ impl LiveIndex {
         let guard = self.progress.lock();
         self.cancelled.store(true, Ordering::Release);
         drop(guard);
+        self.stop_reading_ahead();
         self.changed.notify_all();
     }
 
@@ -423,32 +428,107 @@ impl LiveIndex {
     }
 }
 
-/// The chunks of blocks read ahead of the index threads, in the order
-/// they take the blocks.
-struct IndexReadAhead {
-    window: TableReadAhead,
-    /// Each block's number in the window's order (`u64::MAX`: not in it).
-    number: Vec<u64>,
+/// The order blocks are indexed in, decided block by block as the first
+/// reader (or the read-ahead before them) gets there: the preferred blocks,
+/// then the rest in storage order, each block once, skipping blocks someone
+/// has claimed.
+struct Schedule {
+    /// Set by whoever starts reading a block, so it is read once.
+    claimed: Vec<AtomicBool>,
+    order: Mutex<Order>,
 }
 
-impl IndexReadAhead {
-    /// The read-ahead of `order`'s blocks (`None` for local stores).
-    fn new(job: &IndexJob, order: Vec<usize>, threads: usize) -> Option<Arc<Self>> {
-        let plans = block_read_ahead(&job.sources, &job.grid, job.io_concurrency, threads, None)?;
-        let mut number = vec![u64::MAX; job.grid.blocks.len()];
-        for (n, &b) in order.iter().enumerate() {
-            number[b] = n as u64;
+#[derive(Debug, Default)]
+struct Order {
+    /// The blocks decided so far, by number.
+    blocks: Vec<usize>,
+    /// Whether each block is in `blocks`.
+    decided: Vec<bool>,
+    /// Numbers below this are taken by readers.
+    taken: usize,
+    /// Blocks to decide before the rest, in order.
+    preferred: VecDeque<usize>,
+    /// The next block in storage order not decided.
+    next: usize,
+}
+
+impl Schedule {
+    fn new(blocks: usize) -> Self {
+        Self {
+            claimed: (0..blocks).map(|_| AtomicBool::new(false)).collect(),
+            order: Mutex::new(Order {
+                decided: vec![false; blocks],
+                ..Order::default()
+            }),
         }
-        let window = read_blocks_ahead(&job.sources, &job.grid, order, plans, threads)?;
-        Some(Arc::new(Self { window, number }))
     }
 
-    /// Block `id` is read (or skipped).
-    fn done_with(&self, id: usize) {
-        if let Some(&n) = self.number.get(id).filter(|&&n| n != u64::MAX) {
-            self.window.done_with(n);
-        }
+    /// Claims block `id` for reading; `false` when someone already has.
+    fn claim(&self, id: usize) -> bool {
+        self.claimed
+            .get(id)
+            .is_some_and(|c| !c.swap(true, Ordering::AcqRel))
     }
+
+    /// Block number `n` of the order, deciding it (and those before it)
+    /// when nobody has yet; `None` when there are fewer blocks left.
+    fn block_at(&self, n: u64) -> Option<usize> {
+        let n = usize::try_from(n).ok()?;
+        let mut order = lock(&self.order);
+        while order.blocks.len() <= n {
+            self.decide(&mut order)?;
+        }
+        order.blocks.get(n).copied()
+    }
+
+    /// The next block for a reader, with its number in the order.
+    fn take(&self) -> Option<(u64, usize)> {
+        let mut order = lock(&self.order);
+        if order.taken == order.blocks.len() {
+            self.decide(&mut order)?;
+        }
+        let n = order.taken;
+        order.taken += 1;
+        Some((n as u64, order.blocks[n]))
+    }
+
+    /// Decides the next block of the order: the first preferred one, else
+    /// the next in storage order, that is neither decided nor claimed.
+    fn decide(&self, order: &mut Order) -> Option<()> {
+        let open =
+            |order: &Order, b: usize| !order.decided[b] && !self.claimed[b].load(Ordering::Acquire);
+        let block = loop {
+            match order.preferred.pop_front() {
+                Some(b) if open(order, b) => break b,
+                Some(_) => continue,
+                None => {}
+            }
+            while order.next < order.decided.len() && !open(order, order.next) {
+                order.next += 1;
+            }
+            if order.next == order.decided.len() {
+                return None;
+            }
+            break order.next;
+        };
+        order.decided[block] = true;
+        order.blocks.push(block);
+        Some(())
+    }
+
+    /// Makes `blocks` the next decided, in order.
+    fn prefer(&self, blocks: impl Iterator<Item = usize>) {
+        let mut order = lock(&self.order);
+        let total = order.decided.len();
+        order.preferred = blocks.filter(|&b| b < total).collect();
+    }
+}
+
+/// Locks a mutex whose data stays valid if a holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Gives the calling thread the lowest scheduling priority (Linux: nice 19

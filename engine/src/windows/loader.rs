@@ -35,6 +35,7 @@ use super::{WindowError, Windows};
 use datafusion::common::human_readable_size;
 
 use crate::table::{ReadAheadPlan, TableReadAhead};
+use crate::zarr::IoTotals;
 
 /// Blocks decoded ahead of the shuffle buffer (or of the block read in
 /// storage order), counted in the buffer's memory.
@@ -208,6 +209,10 @@ pub struct LoaderStats {
     pub assemble_seconds: f64,
     /// Time the consumer waited for batches, in seconds.
     pub wait_seconds: f64,
+    /// What the sources' object stores fetched since they were opened (for
+    /// every loader over the same windows, and their index): requests,
+    /// bytes and reads served from a read-ahead window.
+    pub network: IoTotals,
 }
 
 /// A loader of batches of windows, for any number of epochs.
@@ -377,6 +382,7 @@ impl WindowLoader {
             decode_seconds: secs(&c.decode_ns),
             assemble_seconds: secs(&c.assemble_ns),
             wait_seconds: secs(&c.wait_ns),
+            network: self.windows.sources.network(),
         }
     }
 
@@ -967,10 +973,12 @@ impl Planner {
         let fixed = loader_memory(windows, &self.outputs, o).fixed();
         let read_ahead = loader_read_ahead(windows, o, fixed)
             .and_then(|plans| {
+                let order: Arc<Vec<usize>> = Arc::new(segs.iter().map(|s| s.block).collect());
                 read_blocks_ahead(
                     &windows.sources,
                     &windows.grid,
-                    segs.iter().map(|s| s.block).collect(),
+                    order.len() as u64,
+                    move |n| order.get(n as usize).copied(),
                     plans,
                     1,
                 )

@@ -29,7 +29,7 @@ use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 use super::index::read_columns;
 use super::WindowError;
 use crate::table::{GridTable, Selection};
-use crate::zarr::ChunkBufferPool;
+use crate::zarr::{ChunkBufferPool, IoTotals, RemoteStorage};
 
 /// Some variables of one dimension set of a store, under a name.
 #[derive(Debug, Clone)]
@@ -203,6 +203,23 @@ impl Sources {
             joined.list.push(source);
         }
         Ok(joined)
+    }
+
+    /// What the object stores the sources read from fetched since they
+    /// were opened (each store once, however many sources and variables
+    /// share it): zero for local files.
+    pub fn network(&self) -> IoTotals {
+        let mut stores: Vec<&Arc<RemoteStorage>> = Vec::new();
+        for source in &self.list {
+            for storage in source.table.variables.iter().filter_map(|v| v.remote()) {
+                if !stores.iter().any(|s| Arc::ptr_eq(s, storage)) {
+                    stores.push(storage);
+                }
+            }
+        }
+        stores
+            .iter()
+            .fold(IoTotals::default(), |sum, s| sum + s.counters().totals())
     }
 
     /// The reference source.

@@ -17,7 +17,7 @@ pub use decode::{ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
 pub use network::{network_stats, NetworkStats};
-pub use remote::{IoCounters, RangedReads, ReadAhead, RemoteStorage, UpcomingKeys};
+pub use remote::{IoCounters, IoTotals, RangedReads, ReadAhead, RemoteStorage, UpcomingKeys};
 pub(crate) use store::parse_duration;
 pub use store::{
     open_storage, open_writable_remote, open_writable_storage, retry_config, OpenedStore,

@@ -69,6 +69,9 @@ pub struct IoCounters {
     pub bytes: AtomicU64,
     /// Reads served from a read-ahead window.
     pub read_ahead_hits: AtomicU64,
+    /// Reads of keys no window had requested, while windows were open
+    /// (each a request the reader waited for).
+    pub read_ahead_misses: AtomicU64,
     /// Read-ahead requests sent.
     pub read_ahead_requests: AtomicU64,
     /// Requests in flight now.
@@ -77,7 +80,47 @@ pub struct IoCounters {
     pub max_in_flight: AtomicUsize,
 }
 
+/// A reading of [`IoCounters`] (or a sum of several stores').
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IoTotals {
+    /// Requests sent.
+    pub requests: u64,
+    /// Bytes received in answers.
+    pub bytes: u64,
+    /// Reads served from a read-ahead window.
+    pub read_ahead_hits: u64,
+    /// Reads of keys no window had requested, while windows were open.
+    pub read_ahead_misses: u64,
+    /// Read-ahead requests sent.
+    pub read_ahead_requests: u64,
+}
+
+impl std::ops::Add for IoTotals {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            requests: self.requests + other.requests,
+            bytes: self.bytes + other.bytes,
+            read_ahead_hits: self.read_ahead_hits + other.read_ahead_hits,
+            read_ahead_misses: self.read_ahead_misses + other.read_ahead_misses,
+            read_ahead_requests: self.read_ahead_requests + other.read_ahead_requests,
+        }
+    }
+}
+
 impl IoCounters {
+    /// The counts now.
+    pub fn totals(&self) -> IoTotals {
+        IoTotals {
+            requests: self.requests.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            read_ahead_hits: self.read_ahead_hits.load(Ordering::Relaxed),
+            read_ahead_misses: self.read_ahead_misses.load(Ordering::Relaxed),
+            read_ahead_requests: self.read_ahead_requests.load(Ordering::Relaxed),
+        }
+    }
+
     fn start(&self) -> InFlight<'_> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
@@ -274,8 +317,13 @@ impl RemoteStorage {
                 false => wanted.slots.get(key).map(|w| (Arc::clone(&w.slot), None)),
             }
             .or_else(|| {
-                if self.windows.load(Ordering::Acquire) > 0 && wanted.missed.len() < MISSED_KEYS {
-                    wanted.missed.insert(key.clone());
+                if self.windows.load(Ordering::Acquire) > 0 {
+                    self.counters
+                        .read_ahead_misses
+                        .fetch_add(1, Ordering::Relaxed);
+                    if wanted.missed.len() < MISSED_KEYS {
+                        wanted.missed.insert(key.clone());
+                    }
                 }
                 None
             })?
