@@ -632,6 +632,13 @@ impl PyWindowLoader {
         role_channels(&self.windows)
     }
 
+    /// Stops this process's background index threads (the loader is handed
+    /// to DataLoader workers, which index what they need): the index still
+    /// fills in when this process reads blocks or waits for it.
+    fn stop_background_index(&self) {
+        self.windows.live_index().stop_background();
+    }
+
     /// The batch size.
     #[getter]
     fn batch_size(&self) -> usize {

@@ -555,6 +555,31 @@ def test_a_sharded_loader_builds_the_index_from_s3_through_the_read_ahead(s3, ho
     assert stats["bytes_fetched"] <= proxy["bytes"], (stats, proxy)
 
 
+def test_a_loader_handed_to_workers_stops_this_process_indexing(s3, holes_store):
+    """Pickling a loader (what a DataLoader does for its spawned workers,
+    which index what they need) stops the background index threads of
+    this process after the blocks they are reading; the index still
+    completes here when asked for, in the asking thread, to the same
+    windows as from disk."""
+    import pickle
+
+    want = len(zf.SessionContext().open_zarr(holes_store).windows({"lat": 6, "lon": 6}, valid=0.95, cache=False))
+    s3.proxy.configure(latency_ms=20)
+    ds = zf.SessionContext(io_concurrency=4).open_zarr("s3://fixtures/holes.zarr", **s3.options())
+    windows = ds.windows({"lat": 6, "lon": 6}, valid=0.95, block_size="16KB", cache=False, threads=2)
+    loader = windows.loader(batch_size=8, seed=5, shard=(1, 4), drop_last=True)
+    deadline = time.monotonic() + 30
+    while windows.index_progress[0] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pickle.dumps(loader)
+    stopped, blocks = windows.index_progress
+    time.sleep(1.0)
+    later, _ = windows.index_progress
+    # The two threads finish the blocks they were reading, and stop.
+    assert 2 <= stopped and later <= stopped + 2 < blocks, (stopped, later, blocks)
+    assert len(windows) == want > 0
+
+
 def test_the_loaders_read_ahead_fits_allowed_mem(s3, many_store):
     """Under allowed_mem, a loader's chunks read ahead get what its buffer,
     batches and decoding threads leave: room for 6 chunks plans at most 6

@@ -376,7 +376,11 @@ class WindowLoader:
 
     def __reduce__(self):
         # Pickled as its description (for DataLoader workers started by
-        # spawn or forkserver): reopened where it is unpickled.
+        # spawn or forkserver): reopened where it is unpickled. The workers
+        # index what they need; this process's background index threads
+        # stop, so as not to take their cores (what this process asks of the
+        # index later it indexes in the asking thread).
+        self._raw.stop_background_index()
         return (_reopen_loader, (self._description, self._worker, self.epoch, self._resume))
 
     def _for_worker(self, worker: int, workers: int) -> "WindowLoader":

@@ -57,6 +57,8 @@ pub struct LiveIndex {
     /// Loaders waiting for a block's index: background threads pause.
     demand: AtomicUsize,
     cancelled: AtomicBool,
+    /// The background threads stop (see [`Self::stop_background`]).
+    foreground_only: AtomicBool,
     started: Instant,
     /// Where the finished index is kept, and its key.
     cache: Option<(IndexCache, String)>,
@@ -126,6 +128,7 @@ impl LiveIndex {
             source: OnceLock::new(),
             demand: AtomicUsize::new(0),
             cancelled: AtomicBool::new(false),
+            foreground_only: AtomicBool::new(false),
             started: Instant::now(),
             cache,
             job: None,
@@ -183,7 +186,10 @@ impl LiveIndex {
             while self.demand.load(Ordering::Acquire) > 0 && !self.is_cancelled() {
                 std::thread::sleep(PAUSE);
             }
-            if self.is_cancelled() || !matches!(self.index_next_block(), Ok(true)) {
+            if self.is_cancelled()
+                || self.foreground_only.load(Ordering::Acquire)
+                || !matches!(self.index_next_block(), Ok(true))
+            {
                 return;
             }
         }
@@ -317,6 +323,16 @@ impl LiveIndex {
 
     fn has_failed(&self) -> bool {
         self.progress.lock().map_or(true, |p| p.failure.is_some())
+    }
+
+    /// Stops the background threads after the blocks they are reading, and
+    /// what they read ahead: the index fills in only as loaders read
+    /// blocks or someone waits for it, in their own threads (a process
+    /// whose loader runs in DataLoader workers, which index what they
+    /// need themselves).
+    pub fn stop_background(&self) {
+        self.foreground_only.store(true, Ordering::Release);
+        self.stop_reading_ahead();
     }
 
     /// Stops the background threads (the windows are gone).
