@@ -559,8 +559,8 @@ def test_a_loader_handed_to_workers_stops_this_process_indexing(s3, holes_store)
     """Pickling a loader (what a DataLoader does for its spawned workers,
     which index what they need) stops the background index threads of
     this process after the blocks they are reading; the index still
-    completes here when asked for, in the asking thread, to the same
-    windows as from disk."""
+    completes here when asked for, in the asking thread, its chunks read
+    ahead, to the same windows as from disk."""
     import pickle
 
     want = len(zf.SessionContext().open_zarr(holes_store).windows({"lat": 6, "lon": 6}, valid=0.95, cache=False))
@@ -577,7 +577,12 @@ def test_a_loader_handed_to_workers_stops_this_process_indexing(s3, holes_store)
     later, _ = windows.index_progress
     # The two threads finish the blocks they were reading, and stop.
     assert 2 <= stopped and later <= stopped + 2 < blocks, (stopped, later, blocks)
+    before = loader.stats()
     assert len(windows) == want > 0
+    after = loader.stats()
+    # Indexed here, the chunks still read ahead of the asking thread.
+    assert after["read_ahead_hits"] >= before["read_ahead_hits"] + blocks - later, (before, after)
+    assert after["read_ahead_misses"] <= before["read_ahead_misses"] + 2, (before, after)
 
 
 def test_the_loaders_read_ahead_fits_allowed_mem(s3, many_store):

@@ -325,14 +325,13 @@ impl LiveIndex {
         self.progress.lock().map_or(true, |p| p.failure.is_some())
     }
 
-    /// Stops the background threads after the blocks they are reading, and
-    /// what they read ahead: the index fills in only as loaders read
-    /// blocks or someone waits for it, in their own threads (a process
-    /// whose loader runs in DataLoader workers, which index what they
-    /// need themselves).
+    /// Stops the background threads after the blocks they are reading: the
+    /// index fills in only as loaders read blocks or someone waits for it,
+    /// in their own threads, the chunks of the blocks next in the schedule
+    /// still read ahead of them (a process whose loader runs in DataLoader
+    /// workers, which index what they need themselves).
     pub fn stop_background(&self) {
         self.foreground_only.store(true, Ordering::Release);
-        self.stop_reading_ahead();
     }
 
     /// Stops the background threads (the windows are gone).
