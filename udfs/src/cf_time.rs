@@ -156,9 +156,12 @@ fn parse_reference(text: &str) -> Option<NaiveDateTime> {
     } else {
         parse_time_of_day(time_part)?
     };
-    Some(date.and_time(time) - chrono::Duration::minutes(offset_minutes))
+    date.and_time(time)
+        .checked_sub_signed(chrono::TimeDelta::try_minutes(offset_minutes)?)
 }
 
+/// Splits a numeric timezone offset (`+00:00`, `-0530`, `+5`) off a time
+/// of day: the time and the offset in minutes (at most a day either way).
 fn split_offset(text: &str) -> Option<(&str, i64)> {
     let Some(i) = text.rfind(['+', '-']) else {
         return Some((text, 0));
@@ -166,11 +169,17 @@ fn split_offset(text: &str) -> Option<(&str, i64)> {
     let (time, offset) = (text[..i].trim(), &text[i..]);
     let sign = if offset.starts_with('-') { -1 } else { 1 };
     let digits = offset[1..].trim();
-    let (hours, minutes) = match digits.split_once(':') {
-        Some((h, m)) => (h.parse::<i64>().ok()?, m.parse::<i64>().ok()?),
-        None if digits.len() == 4 => (digits[..2].parse().ok()?, digits[2..].parse().ok()?),
+    let (hours, minutes): (i64, i64) = match digits.split_once(':') {
+        Some((h, m)) => (h.parse().ok()?, m.parse().ok()?),
+        None if digits.len() == 4 => (
+            digits.get(..2)?.parse().ok()?,
+            digits.get(2..)?.parse().ok()?,
+        ),
         None => (digits.parse().ok()?, 0),
     };
+    if !(0..=24).contains(&hours) || !(0..60).contains(&minutes) {
+        return None;
+    }
     Some((time, sign * (hours * 60 + minutes)))
 }
 
@@ -232,5 +241,75 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(t.decode_i64(i64::MAX / 2).is_err());
+    }
+
+    #[test]
+    fn hostile_offsets_are_invalid_units_not_panics() {
+        for units in [
+            "days since 2000-01-01 00:00 +99999999999999999:00",
+            "days since 2000-01-01 00:00 +153722867280912930",
+            "days since 2000-01-01 00:00 -9223372036854775807",
+            "days since 2000-01-01 00:00 +1\u{e9}2",
+            "days since 2000-01-01 00:00 +25:00",
+            "days since 2000-01-01 00:00 +00:60",
+        ] {
+            assert!(
+                matches!(
+                    CfTime::parse(units, None),
+                    Err(CfTimeError::InvalidUnits(_))
+                ),
+                "{units}"
+            );
+        }
+        // The largest offsets still shift the instant.
+        let east = CfTime::parse("hours since 2000-01-02 00:00 +24:00", None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(east.decode_i64(0).unwrap(), ts("2000-01-01 00:00:00"));
+        let india = CfTime::parse("hours since 2000-01-01 05:30 +0530", None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(india.decode_i64(0).unwrap(), ts("2000-01-01 00:00:00"));
+    }
+
+    #[test]
+    fn reference_dates_at_the_ends_of_the_calendar_are_errors() {
+        for units in [
+            "days since -262143-01-01 00:00 +01:00",
+            "days since 262142-12-31 23:59 -01:00",
+            "days since 9999999999-01-01",
+        ] {
+            assert!(CfTime::parse(units, None).is_err(), "{units}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text parses to an encoding, `None` or an error, and any
+        /// value decodes to a time or an error: never a panic.
+        #[test]
+        fn any_units_text_parses_without_panicking(units in "\\PC*", calendar in proptest::option::of("\\PC{0,12}"), value in proptest::num::f64::ANY, count in proptest::num::i64::ANY) {
+            if let Ok(Some(t)) = CfTime::parse(&units, calendar.as_deref()) {
+                let _ = t.decode_f64(value);
+                let _ = t.decode_i64(count);
+            }
+        }
+
+        /// Units shaped like CF's: dates near and past the ends of the
+        /// calendar, fields just out of range, offsets of any length.
+        #[test]
+        fn cf_shaped_units_parse_without_panicking(
+            unit in "(days|hours|minutes|seconds|milliseconds|weeks|d|h|s|[a-z]{0,6})",
+            year in -400_000i64..400_000, month in 0i64..14, day in 0i64..33,
+            hour in -1i64..26, minute in -1i64..62, second in proptest::num::f64::ANY,
+            zone in "( ?[+-][0-9]{0,20}(:[0-9]{0,20})?| ?UTC| ?Z|)",
+            separator in "[T ]",
+            value in proptest::num::f64::ANY, count in proptest::num::i64::ANY,
+        ) {
+            let units = format!("{unit} since {year}-{month}-{day}{separator}{hour}:{minute}:{second}{zone}");
+            if let Ok(Some(t)) = CfTime::parse(&units, Some("standard")) {
+                let _ = t.decode_f64(value);
+                let _ = t.decode_i64(count);
+            }
+        }
     }
 }
