@@ -330,6 +330,7 @@ impl PyDataset {
             threads: threads.unwrap_or_else(default_threads),
             cache: cache.clone(),
             io_concurrency,
+            memory_limit,
         };
         let windows = py
             .detach(move || Windows::of_sources(sources, &shape, &sample, &options))
@@ -374,6 +375,22 @@ impl PyWindows {
     #[getter]
     fn index_progress(&self) -> (usize, usize) {
         self.windows.live_index().progress()
+    }
+
+    /// What building the index in the background holds while it is
+    /// incomplete, in bytes: `threads` indexing blocks (as many as half of
+    /// the session's `allowed_mem` holds), `decoding` (a block per
+    /// thread), `read_ahead` (chunks read ahead of them from an object
+    /// store) and `total`; zeros once the index is complete.
+    #[getter]
+    fn index_memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.windows.index_memory();
+        let d = PyDict::new(py);
+        d.set_item("threads", m.threads)?;
+        d.set_item("decoding", m.decoding)?;
+        d.set_item("read_ahead", m.read_ahead)?;
+        d.set_item("total", m.total())?;
+        Ok(d)
     }
 
     /// The variables in each batch.
@@ -691,8 +708,9 @@ impl PyWindowLoader {
     /// The memory an epoch holds at its peak, in bytes, by part: `buffer`
     /// (decoded blocks the windows are drawn from), `batches` (prefetched
     /// and being planned), `decoding` (a block per thread as it is
-    /// decoded), `read_ahead` (chunks read ahead from an object store, in
-    /// what the rest leaves of the session's `allowed_mem`) and `total`.
+    /// decoded), `index` (the window index being built beside it, until it
+    /// is complete), `read_ahead` (chunks read ahead from an object store,
+    /// in what the rest leaves of the session's `allowed_mem`) and `total`.
     #[getter]
     fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let m = self.loader.memory();
@@ -700,6 +718,7 @@ impl PyWindowLoader {
         d.set_item("buffer", m.buffer)?;
         d.set_item("batches", m.batches)?;
         d.set_item("decoding", m.decoding)?;
+        d.set_item("index", m.index)?;
         d.set_item("read_ahead", m.read_ahead)?;
         d.set_item("total", m.total())?;
         Ok(d)

@@ -587,7 +587,7 @@ def test_a_loader_handed_to_workers_stops_this_process_indexing(s3, holes_store)
 
 def test_the_loaders_read_ahead_fits_allowed_mem(s3, many_store):
     """Under allowed_mem, a loader's chunks read ahead get what its buffer,
-    batches and decoding threads leave: room for 6 chunks plans at most 6
+    batches and decoding threads leave (its index complete): room for 6 chunks plans at most 6
     (16 and more without a limit), the whole within allowed_mem, with the
     same batches; a loader whose buffer does not fit is refused with the
     numbers."""
@@ -596,6 +596,7 @@ def test_the_loaders_read_ahead_fits_allowed_mem(s3, many_store):
         ctx = zf.SessionContext(io_concurrency=16, **session)
         ds = ctx.open_zarr("s3://fixtures/many.zarr", **s3.options())
         windows = ds.windows({"lat": 6, "lon": 6}, block_size="64KB", cache=False, threads=0)
+        len(windows)  # the index complete: it holds nothing beside the loader
         loader = windows.loader(batch_size=64, seed=3, threads=2, buffer_size="256KB")
         s3.proxy.configure(latency_ms=30)
         s3.proxy.reset()
@@ -619,6 +620,61 @@ def test_the_loaders_read_ahead_fits_allowed_mem(s3, many_store):
     )
     with pytest.raises(ValueError, match=r"allowed_mem: the loader needs .* \(buffer_size\)"):
         windows.loader(batch_size=64, threads=2, buffer_size="256KB")
+
+
+def test_the_index_being_built_holds_at_most_half_of_allowed_mem(s3, holes_store):
+    """While the window index is built from a bucket, its threads and their
+    read-ahead take at most half of allowed_mem: as many threads as blocks
+    fit, the chunks read ahead (and GETs in flight) in what they leave; a
+    loader counts what the index holds until it is complete, and one that
+    fits only without it is refused, naming it; the windows are those from
+    disk."""
+    want = len(zf.SessionContext().open_zarr(holes_store).windows({"lat": 6, "lon": 6}, valid=0.95, cache=False))
+    chunk = 2 * 12 * 16 * 4  # a float32 chunk of t
+
+    def windows_of(**session):
+        ctx = zf.SessionContext(io_concurrency=16, **session)
+        ds = ctx.open_zarr("s3://fixtures/holes.zarr", **s3.options())
+        return ds.windows({"lat": 6, "lon": 6}, valid=0.95, block_size="16KB", cache=False, threads=8)
+
+    s3.proxy.configure(latency_ms=30)
+    s3.proxy.reset()
+    free = windows_of()
+    m = free.index_memory
+    block = m["decoding"] // 8
+    assert m["threads"] == 8 and block > 0 and m["read_ahead"] >= 16 * chunk, m
+    assert len(free) == want
+    assert free.index_memory == {"threads": 0, "decoding": 0, "read_ahead": 0, "total": 0}
+    assert s3.proxy.stats()["max_in_flight_by_method"]["GET"] >= 12, s3.proxy.stats()
+    loader_fixed = sum(free.loader(batch_size=4, threads=1, buffer_size="16KB").memory[k]
+                       for k in ("buffer", "batches", "decoding"))
+
+    # Half of the limit holds the loader's fixed part: fewer index threads.
+    limit = 2 * max(loader_fixed, 2 * block + block // 2)
+    s3.proxy.reset()
+    tight = windows_of(allowed_mem=limit)
+    m = tight.index_memory
+    assert m["threads"] == min(8, (limit // 2) // block) < 8, (m, block, limit)
+    assert m["decoding"] == m["threads"] * block and m["total"] <= limit // 2, (m, limit)
+    assert 0 < m["read_ahead"] <= limit // 2 - m["decoding"], (m, limit)
+    loader = tight.loader(batch_size=4, threads=1, buffer_size="16KB")
+    memory = loader.memory
+    if tight.index_progress[0] < tight.index_progress[1]:
+        assert memory["index"] == m["total"], (memory, m)
+    assert memory["total"] <= limit, (memory, limit)
+    assert len(tight) == want
+    ahead = m["read_ahead"] // chunk
+    got = s3.proxy.stats()["max_in_flight_by_method"]["GET"]
+    assert got <= ahead + m["threads"] + 2, (got, ahead, m)
+
+    # A loader that fits beside a complete index, not beside one being built.
+    limit = loader_fixed + block // 2
+    refused = windows_of(allowed_mem=limit)
+    assert refused.index_memory["total"] > block // 2, refused.index_memory
+    with pytest.raises(ValueError, match=r"allowed_mem: .* held by the window index being built"):
+        refused.loader(batch_size=4, threads=1, buffer_size="16KB")
+    assert len(refused) == want
+    assert refused.loader(batch_size=4, threads=1, buffer_size="16KB").memory["index"] == 0
 
 
 def test_session_retry_settings_apply_to_stores_built_after_them(s3):

@@ -155,6 +155,17 @@ class Windows:
         return tuple(self._raw.index_progress)
 
     @property
+    def index_memory(self) -> dict:
+        """The bytes building the index in the background holds while it is
+        incomplete: ``threads`` indexing blocks (as many as half of the
+        session's ``allowed_mem`` holds; none when one block does not fit,
+        and blocks are then indexed by the loaders that read them),
+        ``decoding`` (a block per thread), ``read_ahead`` (chunks read ahead
+        of them from an object store) and ``total``; zeros once complete.
+        A loader counts it in its ``memory``."""
+        return self._raw.index_memory
+
+    @property
     def variables(self) -> list[str]:
         """The variables in each batch."""
         return self._raw.variables
@@ -403,9 +414,11 @@ class WindowLoader:
     def memory(self) -> dict:
         """The bytes an epoch holds at its peak, by part: ``buffer`` (decoded
         blocks windows are drawn from), ``batches`` (prefetched and being
-        planned), ``decoding`` (a block per thread), ``read_ahead`` (chunks
-        read ahead from an object store, fitted to what the rest leaves of
-        ``allowed_mem``) and ``total``."""
+        planned), ``decoding`` (a block per thread), ``index`` (the window
+        index being built beside it, until complete: see
+        :attr:`Windows.index_memory`), ``read_ahead`` (chunks read ahead from
+        an object store, fitted to what the rest leaves of ``allowed_mem``)
+        and ``total``."""
         return self._raw.memory
 
     def stats(self) -> dict:

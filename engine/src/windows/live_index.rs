@@ -41,7 +41,7 @@ use super::index::{block_read_ahead, index_block, read_blocks_ahead, BlockIndex,
 use super::sample::SampleLayout;
 use super::sources::Sources;
 use super::{IndexSource, WindowError};
-use crate::table::TableReadAhead;
+use crate::table::{ReadAheadPlan, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
 
 /// How often a paused background thread looks again.
@@ -73,6 +73,75 @@ pub struct LiveIndex {
     /// threads that index them (remote stores), until the index is
     /// complete.
     read_ahead: Mutex<Option<TableReadAhead>>,
+    /// What the threads and the read-ahead hold while the index is built.
+    memory: IndexMemory,
+}
+
+/// The memory the background indexing holds at its peak while the index
+/// is being built (none once it is complete), by part (bytes).
+///
+/// Under a memory limit the indexing takes at most half of it
+/// ([`IndexMemory::plan`]): as many threads as blocks fit (none when one
+/// does not: blocks are then indexed only by the loaders that read them
+/// and by whoever waits for the whole index), and a read-ahead in what the
+/// threads leave of that half.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexMemory {
+    /// Background threads indexing blocks.
+    pub threads: usize,
+    /// A block of every source decoded by each thread.
+    pub decoding: usize,
+    /// Chunks read ahead of the threads from an object store.
+    pub read_ahead: usize,
+}
+
+impl IndexMemory {
+    /// All the parts.
+    pub fn total(&self) -> usize {
+        self.decoding.saturating_add(self.read_ahead)
+    }
+
+    /// The threads (of `threads` asked for) and read-ahead that indexing
+    /// `job`'s blocks can have within half of `memory_limit` (`None`: no
+    /// limit), and the read-ahead's plans (`None` when nothing is read
+    /// ahead).
+    fn plan(
+        job: &IndexJob,
+        threads: usize,
+        memory_limit: Option<usize>,
+    ) -> (Self, Option<Vec<ReadAheadPlan>>) {
+        let block = job
+            .grid
+            .blocks
+            .iter()
+            .map(|b| job.sources.decoded_bytes(&b.extent))
+            .max()
+            .map_or(0, |bytes| usize::try_from(bytes).unwrap_or(usize::MAX));
+        let room = memory_limit.map(|limit| limit / 2);
+        let threads = match room {
+            Some(room) => threads.min(room.checked_div(block).unwrap_or(threads)),
+            None => threads,
+        };
+        let decoding = threads.saturating_mul(block);
+        // The index threads and a loader waiting for the blocks it needs
+        // (see [`LiveIndex::index_next_block`]) read at once.
+        let plans = block_read_ahead(
+            &job.sources,
+            &job.grid,
+            job.io_concurrency,
+            threads.saturating_add(1),
+            room.map(|room| room.saturating_sub(decoding)),
+        );
+        let read_ahead = plans
+            .as_ref()
+            .map_or(0, |plans| plans.iter().map(ReadAheadPlan::memory).sum());
+        let memory = Self {
+            threads,
+            decoding,
+            read_ahead,
+        };
+        (memory, plans)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -135,26 +204,26 @@ impl LiveIndex {
             schedule: Arc::new(Schedule::new(blocks)),
             buffers: ChunkBufferPool::new(),
             read_ahead: Mutex::default(),
+            memory: IndexMemory::default(),
         }
     }
 
-    /// Starts indexing `job`'s blocks on `threads` background threads (0:
-    /// only as loaders read blocks and when someone waits for the whole
-    /// index); the finished index goes to `cache` (directory and key)
-    /// before anyone sees it complete.
-    pub fn build(job: IndexJob, threads: usize, cache: Option<(IndexCache, String)>) -> Arc<Self> {
+    /// Starts indexing `job`'s blocks on up to `threads` background
+    /// threads (0: only as loaders read blocks and when someone waits for
+    /// the whole index), as many as half of `memory_limit` holds with their
+    /// read-ahead (see [`IndexMemory`]); the finished index goes to `cache`
+    /// (directory and key) before anyone sees it complete.
+    pub fn build(
+        job: IndexJob,
+        threads: usize,
+        memory_limit: Option<usize>,
+        cache: Option<(IndexCache, String)>,
+    ) -> Arc<Self> {
         let blocks = job.grid.blocks.len();
         let mut live = Self::pending(blocks, cache);
-        // The index threads and a loader waiting for the blocks it needs
-        // (see [`Self::index_next_block`]) read at once.
-        let read_ahead = block_read_ahead(
-            &job.sources,
-            &job.grid,
-            job.io_concurrency,
-            threads.saturating_add(1),
-            None,
-        )
-        .and_then(|plans| {
+        let (memory, plans) = IndexMemory::plan(&job, threads, memory_limit);
+        let threads = memory.threads;
+        let read_ahead = plans.and_then(|plans| {
             let schedule = Arc::clone(&live.schedule);
             read_blocks_ahead(
                 &job.sources,
@@ -166,6 +235,7 @@ impl LiveIndex {
             )
         });
         live.read_ahead = Mutex::new(read_ahead);
+        live.memory = memory;
         live.job = Some(job);
         let live = Arc::new(live);
         if blocks == 0 {
@@ -257,6 +327,15 @@ impl LiveIndex {
     fn stop_reading_ahead(&self) {
         let read_ahead = lock(&self.read_ahead).take();
         drop(read_ahead);
+    }
+
+    /// What the background indexing holds at its peak while the index is
+    /// built; nothing once it is complete.
+    pub fn memory(&self) -> IndexMemory {
+        match self.complete.get() {
+            Some(_) => IndexMemory::default(),
+            None => self.memory,
+        }
     }
 
     /// The buffers blocks of this dataset are read into.

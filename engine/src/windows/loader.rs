@@ -146,6 +146,10 @@ pub struct LoaderMemory {
     /// A block's columns as each thread decodes them, before they become
     /// the block's values.
     pub decoding: usize,
+    /// What building the window index in the background holds while it
+    /// is incomplete, beside the loader (see [`super::IndexMemory`]; none
+    /// once the index is complete or came from the cache).
+    pub index: usize,
     /// Chunks read ahead from an object store, in what the rest leaves of
     /// `allowed_mem`.
     pub read_ahead: usize,
@@ -162,6 +166,7 @@ impl LoaderMemory {
         self.buffer
             .saturating_add(self.batches)
             .saturating_add(self.decoding)
+            .saturating_add(self.index)
     }
 }
 
@@ -283,7 +288,7 @@ impl WindowLoader {
                     format!(
                         "the loader needs {} for its buffer of decoded blocks (buffer_size), {} \
                          for {} batches of {} windows (prefetch + 1) and {} for {} threads \
-                         decoding a block each, more than the {} allowed; lower buffer_size, \
+                         decoding a block each{}, more than the {} allowed; lower buffer_size, \
                          prefetch, batch_size or threads, or raise allowed_mem",
                         human_readable_size(memory.buffer),
                         human_readable_size(memory.batches),
@@ -291,6 +296,14 @@ impl WindowLoader {
                         loader.options.batch_size,
                         human_readable_size(memory.decoding),
                         loader.options.threads,
+                        match memory.index {
+                            0 => String::new(),
+                            index => format!(
+                                ", beside {} held by the window index being built in the \
+                                 background until it is complete (cached indices hold none)",
+                                human_readable_size(index)
+                            ),
+                        },
                         human_readable_size(limit)
                     ),
                 ));
@@ -466,6 +479,7 @@ fn loader_memory(windows: &Windows, outputs: &[Output], o: &LoaderOptions) -> Lo
         buffer: clamp(buffer),
         batches: clamp(batches),
         decoding: clamp((o.threads as u64).saturating_mul(decoded)),
+        index: windows.index_memory().total(),
         read_ahead: 0,
     };
     if o.shuffle != Shuffle::Full {

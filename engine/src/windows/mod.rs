@@ -68,7 +68,7 @@ pub use geometry::{Validity, WindowGrid, WindowShape};
 use index::BlockIndex;
 pub use index::ValidIndex;
 use live_index::IndexJob;
-pub use live_index::LiveIndex;
+pub use live_index::{IndexMemory, LiveIndex};
 pub use loader::{
     BatchStream, LoaderMemory, LoaderOptions, LoaderStats, Polled, WindowBatch, WindowLoader,
 };
@@ -132,16 +132,22 @@ pub struct IndexOptions {
     /// store is in an object store (`zarrfusion.io_concurrency`; 0: on
     /// demand only).
     pub io_concurrency: usize,
+    /// The session's `allowed_mem`: while the index is built, its threads
+    /// and read-ahead take at most half of it, fewer threads when their
+    /// blocks do not fit (see [`IndexMemory`]); a loader counts what they
+    /// take (`None`: no limit).
+    pub memory_limit: Option<usize>,
 }
 
 impl Default for IndexOptions {
-    /// 16 MiB blocks, one thread per core, no cache.
+    /// 16 MiB blocks, one thread per core, no cache, no memory limit.
     fn default() -> Self {
         Self {
             block_bytes: 16 << 20,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cache: None,
             io_concurrency: 64,
+            memory_limit: None,
         }
     }
 }
@@ -279,6 +285,7 @@ impl Windows {
                         io_concurrency: options.io_concurrency,
                     },
                     options.threads,
+                    options.memory_limit,
                     cache,
                 ),
             }
@@ -335,6 +342,12 @@ impl Windows {
             .map(|b| self.sources.decoded_bytes(&b.extent))
             .sum();
         bytes / blocks
+    }
+
+    /// What building the index in the background holds at its peak while
+    /// it is incomplete (nothing once complete or loaded from the cache).
+    pub fn index_memory(&self) -> IndexMemory {
+        self.live.memory()
     }
 
     /// Decoded bytes of the largest block.

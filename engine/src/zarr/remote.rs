@@ -62,8 +62,10 @@ impl AsyncToSyncBlockOn for TokioBlockOn {
 /// What went over the network for a store, counted since it was opened.
 #[derive(Debug, Default)]
 pub struct IoCounters {
-    /// Requests sent (each `GET`, ranged or whole; retries inside the
-    /// object store's client not counted).
+    /// Requests answered, with data or an error (each `GET`, ranged or
+    /// whole, and `HEAD`; retries inside the object store's client not
+    /// counted, nor requests cancelled before their answer: a read-ahead
+    /// dropped with requests in flight).
     pub requests: AtomicU64,
     /// Bytes received in answers.
     pub bytes: AtomicU64,
@@ -83,7 +85,7 @@ pub struct IoCounters {
 /// A reading of [`IoCounters`] (or a sum of several stores').
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct IoTotals {
-    /// Requests sent.
+    /// Requests answered (see [`IoCounters::requests`]).
     pub requests: u64,
     /// Bytes received in answers.
     pub bytes: u64,
@@ -122,7 +124,6 @@ impl IoCounters {
     }
 
     fn start(&self) -> InFlight<'_> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.max_in_flight.fetch_max(now, Ordering::Relaxed);
         InFlight(self)
@@ -131,6 +132,13 @@ impl IoCounters {
 
 /// A request in flight, counted until dropped.
 struct InFlight<'a>(&'a IoCounters);
+
+impl InFlight<'_> {
+    /// The request was answered (with data or an error).
+    fn answered(&self) {
+        self.0.requests.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -277,8 +285,10 @@ impl RemoteStorage {
     /// What identifies the stored state of `key` without reading it: its
     /// size, ETag and last modification (one HEAD), or `None` when absent.
     pub fn stat(&self, key: &StoreKey) -> Result<Option<String>, String> {
-        let _in_flight = self.counters.start();
-        match self.runtime.block_on(self.store.head(&path(key))) {
+        let in_flight = self.counters.start();
+        let answer = self.runtime.block_on(self.store.head(&path(key)));
+        in_flight.answered();
+        match answer {
             Ok(meta) => Ok(Some(format!(
                 "{} {} {}",
                 meta.size,
@@ -343,8 +353,10 @@ impl RemoteStorage {
         counters: &IoCounters,
         key: &StoreKey,
     ) -> Result<MaybeBytes, String> {
-        let _in_flight = counters.start();
-        let answer = match store.get_opts(&path(key), GetOptions::default()).await {
+        let in_flight = counters.start();
+        let answer = store.get_opts(&path(key), GetOptions::default()).await;
+        in_flight.answered();
+        let answer = match answer {
             Ok(result) => result.bytes().await.map(Some),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -375,8 +387,10 @@ impl RemoteStorage {
             .collect();
         let answer = match bounded {
             Some(bounded) if bounded.len() > 1 => {
-                let _in_flight = self.counters.start();
-                self.store.get_ranges(&location, &bounded).await
+                let in_flight = self.counters.start();
+                let answer = self.store.get_ranges(&location, &bounded).await;
+                in_flight.answered();
+                answer
             }
             _ => {
                 try_join_all(ranges.iter().map(|range| {
@@ -386,8 +400,10 @@ impl RemoteStorage {
                     };
                     let location = &location;
                     async move {
-                        let _in_flight = self.counters.start();
-                        self.store.get_opts(location, options).await?.bytes().await
+                        let in_flight = self.counters.start();
+                        let answer = self.store.get_opts(location, options).await;
+                        in_flight.answered();
+                        answer?.bytes().await
                     }
                 }))
                 .await
