@@ -77,3 +77,65 @@ impl From<ZarrFusionError> for DataFusionError {
         DataFusionError::External(Box::new(e))
     }
 }
+
+/// A panic caught in a worker thread (a bug), turned into an error for
+/// whoever waits on that thread's work, instead of a hang or an abort.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("internal error: a {what} panicked: {message}")]
+pub struct Panicked {
+    /// The work that panicked (`"loader thread"`, `"task"`).
+    pub what: String,
+    /// The panic's message.
+    pub message: String,
+}
+
+impl From<Panicked> for String {
+    fn from(p: Panicked) -> Self {
+        p.to_string()
+    }
+}
+
+impl From<Panicked> for ZarrFusionError {
+    fn from(p: Panicked) -> Self {
+        Self::Invalid(p.to_string())
+    }
+}
+
+impl From<Panicked> for DataFusionError {
+    fn from(p: Panicked) -> Self {
+        DataFusionError::Internal(p.to_string())
+    }
+}
+
+/// Runs `work`, turning a panic in it into [`Panicked`] naming `what`.
+pub fn catch_panic<T>(what: &str, work: impl FnOnce() -> T) -> Result<T, Panicked> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_string());
+        Panicked {
+            what: what.to_string(),
+            message,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_error_naming_the_work_and_the_message() {
+        assert_eq!(catch_panic("task", || 7), Ok(7));
+        let index = 9;
+        let err = catch_panic("task", || -> u8 { panic!("index {index} out of range") });
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "internal error: a task panicked: index 9 out of range"
+        );
+        let err = catch_panic("loader thread", || -> u8 { std::panic::panic_any(3u8) });
+        assert_eq!(err.unwrap_err().message, "(no message)");
+    }
+}

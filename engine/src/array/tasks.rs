@@ -8,13 +8,15 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crate::error::{catch_panic, Panicked};
+
 /// Runs tasks `0..tasks` on `workers` threads (at least one). Each worker
 /// makes its state with `init` and runs `task(state, number)`, which
 /// returns a count (bytes written); the counts are summed. Returns the
-/// first error, or the sum; when `cancelled` is set the workers stop
-/// taking tasks and the sum covers the tasks that ran (the caller checks
-/// the flag).
-pub(crate) fn run_tasks<S, E: Send>(
+/// first error (a task that panics is an error naming it), or the sum;
+/// when `cancelled` is set the workers stop taking tasks and the sum
+/// covers the tasks that ran (the caller checks the flag).
+pub(crate) fn run_tasks<S, E: Send + From<Panicked>>(
     tasks: u64,
     workers: usize,
     cancelled: &AtomicBool,
@@ -28,13 +30,24 @@ pub(crate) fn run_tasks<S, E: Send>(
     std::thread::scope(|scope| {
         for _ in 0..workers.max(1) {
             scope.spawn(|| {
-                let mut state = init();
+                let mut state = match catch_panic("task runner", &init) {
+                    Ok(state) => state,
+                    Err(p) => {
+                        if let Ok(mut f) = failure.lock() {
+                            f.get_or_insert(p.into());
+                        }
+                        return;
+                    }
+                };
                 loop {
                     let number = next.fetch_add(1, Ordering::Relaxed) as u64;
                     if number >= tasks || cancelled.load(Ordering::Relaxed) || failed() {
                         return;
                     }
-                    match task(&mut state, number) {
+                    let outcome = catch_panic(&format!("task ({number} of {tasks})"), || {
+                        task(&mut state, number)
+                    });
+                    match outcome.unwrap_or_else(|p| Err(p.into())) {
                         Ok(count) => {
                             total.fetch_add(count, Ordering::Relaxed);
                         }
@@ -106,5 +119,35 @@ mod tests {
         .unwrap_err();
         assert_eq!(err, "task 5 failed");
         assert!(ran.into_inner() < 1000);
+    }
+
+    #[test]
+    fn a_task_or_state_that_panics_is_an_error_naming_it() {
+        let cancelled = AtomicBool::new(false);
+        let err = run_tasks(
+            1000,
+            2,
+            &cancelled,
+            || (),
+            |_, n| {
+                // A bug at task 7: an index out of bounds.
+                let sizes: Vec<u64> = if n == 7 { Vec::new() } else { vec![1] };
+                Ok::<_, String>(sizes[0])
+            },
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("internal error: a task (7 of 1000) panicked: index out of bounds"),
+            "{err}"
+        );
+        let err = run_tasks(
+            3,
+            2,
+            &cancelled,
+            || -> u8 { panic!("no state") },
+            |_, _| Ok::<_, String>(1),
+        )
+        .unwrap_err();
+        assert_eq!(err, "internal error: a task runner panicked: no state");
     }
 }

@@ -41,6 +41,7 @@ use super::index::{block_read_ahead, index_block, read_blocks_ahead, BlockIndex,
 use super::sample::SampleLayout;
 use super::sources::Sources;
 use super::{IndexSource, WindowError};
+use crate::error::catch_panic;
 use crate::table::{ReadAheadPlan, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
 
@@ -245,7 +246,9 @@ impl LiveIndex {
             let live = Arc::clone(&live);
             std::thread::spawn(move || {
                 lower_thread_priority();
-                live.index_in_background();
+                if let Err(p) = catch_panic("window index thread", || live.index_in_background()) {
+                    live.fail(p.to_string());
+                }
             });
         }
         live

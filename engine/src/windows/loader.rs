@@ -34,6 +34,7 @@ use super::values::{Scale, Values};
 use super::{WindowError, Windows};
 use datafusion::common::human_readable_size;
 
+use crate::error::{catch_panic, Panicked};
 use crate::table::{ReadAheadPlan, TableReadAhead};
 use crate::zarr::IoTotals;
 
@@ -837,6 +838,8 @@ enum Outcome {
     Batch(u64, Result<WindowBatch, WindowError>),
     /// The epoch has this many batches.
     End(u64),
+    /// The planner stopped (it panicked): the epoch ends with this error.
+    Failed(WindowError),
 }
 
 /// Draws the next window of an epoch: its slot and local origin number.
@@ -844,8 +847,15 @@ type Draw<'a> = Box<dyn FnMut() -> Result<Option<(Arc<Slot>, u64)>, WindowError>
 
 impl Planner {
     fn run(self) {
-        let end = self.plan();
-        let _ = self.results.send(Outcome::End(end));
+        match catch_panic("loader's planner thread", || self.plan()) {
+            Ok(end) => {
+                let _ = self.results.send(Outcome::End(end));
+            }
+            // The consumer gets the error in place of the next batch.
+            Err(p) => {
+                let _ = self.results.send(Outcome::Failed(p.into()));
+            }
+        }
     }
 
     /// Sends the batches' plans to the workers (or the error that stops
@@ -1065,10 +1075,19 @@ impl Worker {
             match job {
                 Ok(Job::Warm(slot)) => {
                     // An error here is reported by the batch that needs the block.
-                    let _ = slot.values(&self.windows, &self.counters);
+                    let warmed = catch_panic("loader thread", || {
+                        slot.values(&self.windows, &self.counters).map(|_| ())
+                    });
+                    if let Err(p) = warmed {
+                        self.panicked(p);
+                    }
                 }
                 Ok(Job::Assemble(seq, plan)) => {
-                    let batch = self.assemble(&plan);
+                    let batch =
+                        catch_panic(&format!("loader thread assembling batch {seq}"), || {
+                            self.assemble(&plan)
+                        })
+                        .unwrap_or_else(|p| Err(self.panicked(p)));
                     if self.results.send(Outcome::Batch(seq, batch)).is_err() {
                         return;
                     }
@@ -1076,6 +1095,14 @@ impl Worker {
                 Err(_) => return,
             }
         }
+    }
+
+    /// A panic in this thread (a bug): the index fails with it too (a
+    /// block claimed for it may never be published), so nobody waits for
+    /// it; the error for the batch.
+    fn panicked(&self, p: Panicked) -> WindowError {
+        self.windows.live_index().fail(p.to_string());
+        p.into()
     }
 
     fn assemble(&self, plan: &Plan) -> Result<WindowBatch, WindowError> {
@@ -1171,6 +1198,11 @@ impl BatchStream {
                     self.pending.insert(seq, result);
                 }
                 Ok(Outcome::End(batches)) => self.end = Some(batches),
+                Ok(Outcome::Failed(e)) => {
+                    self.end = Some(self.next);
+                    self.flow.cancel();
+                    break Err(e);
+                }
                 Err(RecvTimeoutError::Timeout) => break Ok(Polled::Waiting),
                 Err(RecvTimeoutError::Disconnected) => {
                     self.end = Some(self.next);

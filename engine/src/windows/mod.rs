@@ -108,6 +108,12 @@ pub enum WindowError {
     Internal(String),
 }
 
+impl From<crate::error::Panicked> for WindowError {
+    fn from(p: crate::error::Panicked) -> Self {
+        Self::Internal(format!("a {} panicked: {}", p.what, p.message))
+    }
+}
+
 impl WindowError {
     /// An error about argument `argument`.
     pub fn argument(argument: &str, message: impl std::fmt::Display) -> Self {

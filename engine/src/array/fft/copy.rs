@@ -464,7 +464,7 @@ impl WriteTasks {
     /// made first: a copy in `work_dir`, or the four-step path's spectrum,
     /// whose failure `source_failed` turns into the tasks' error); returns
     /// the sum of what the tasks return.
-    pub(crate) fn run<E: Send>(
+    pub(crate) fn run<E: Send + From<crate::error::Panicked>>(
         &self,
         table: &FftTable,
         kernels: &Kernels,
