@@ -34,10 +34,6 @@ fn network_stats() -> std::collections::HashMap<&'static str, u64> {
 /// The extension module.
 #[pymodule]
 fn _zarrfusion(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add(
-        "ZarrFusionError",
-        m.py().get_type::<errors::ZarrFusionError>(),
-    )?;
     m.add_class::<context::PySessionContext>()?;
     m.add_class::<dataframe::PyDataFrame>()?;
     m.add_class::<dataframe::PyRecordBatchStream>()?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
 
-use crate::errors::ZarrFusionError;
+use crate::errors::general_error;
 
 /// The process-wide multi-threaded runtime. A process forked from the one
 /// that started it has none of its threads, so it is refused there (with
@@ -23,11 +23,11 @@ pub fn runtime() -> PyResult<&'static Runtime> {
         (std::process::id(), runtime)
     });
     if *pid != std::process::id() {
-        return Err(ZarrFusionError::new_err(FORKED));
+        return Err(general_error(FORKED));
     }
     runtime
         .as_ref()
-        .map_err(|e| ZarrFusionError::new_err(format!("cannot start the Tokio runtime: {e}")))
+        .map_err(|e| general_error(format!("cannot start the Tokio runtime: {e}")))
 }
 
 /// Why zarrfusion refuses to run in a forked process.

@@ -194,12 +194,14 @@ def test_exhausted_retries_fail_naming_store_array_chunk_and_status(s3):
     options = s3.options(**FAST_RETRIES, **{"retry.max_retries": "2"})
     ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **options)
     start = time.monotonic()
-    with pytest.raises(Exception) as failure:
+    with pytest.raises(zf.ZarrDataError) as failure:
         ctx.sql("SELECT sum(t2m) FROM t").to_arrow_table()
     assert time.monotonic() - start < 20
     message = str(failure.value)
     for part in ["s3://fixtures/v3_basic.zarr", "t2m", "t2m/c/0/1/0", "503", "after 2 retries"]:
         assert part in message, message
+    e = failure.value
+    assert isinstance(e, OSError) and (e.store, e.array, e.key) == ("s3://fixtures/v3_basic.zarr", "t2m", "t2m/c/0/1/0")
     # The first attempt and two retries, nothing more.
     assert s3.proxy.stats()["faults"]["503"] == 3
 

@@ -147,6 +147,35 @@ def test_errors_are_exceptions_with_the_engine_message(ctx, fixtures):
         ctx.sql("SELECT 1 AS a").filter("no_such_column > 1")
 
 
+def test_errors_are_typed_and_say_where(fixtures, tmp_path):
+    """A corrupt chunk is a ZarrDataError (an OSError) naming store, array,
+    chunk and key as attributes; a missing store a ZarrDataError naming the
+    store; a refusal for allowed_mem a ZarrMemoryError (a MemoryError); bad
+    SQL a plain ZarrFusionError without a location; all ZarrFusionErrors."""
+    ctx = zf.SessionContext()
+    ctx.register_zarr("bad", fixtures / "bad_corrupt_chunk.zarr")
+    with pytest.raises(zf.ZarrDataError) as caught:
+        ctx.sql("SELECT * FROM bad").to_pandas()
+    e = caught.value
+    assert isinstance(e, OSError) and isinstance(e, zf.ZarrFusionError)
+    assert e.store.endswith("bad_corrupt_chunk.zarr") and e.array, vars(e)
+    assert isinstance(e.chunk, list) and all(isinstance(i, int) for i in e.chunk), vars(e)
+    # The key is the corrupt chunk's object in the store.
+    assert e.key.startswith(e.array + "/") and (fixtures / "bad_corrupt_chunk.zarr" / e.key).is_file(), vars(e)
+    assert e.array in str(e) and e.key in str(e)
+    with pytest.raises(zf.ZarrDataError) as caught:
+        ctx.register_zarr("x", fixtures / "does_not_exist.zarr")
+    assert caught.value.store.endswith("does_not_exist.zarr") and caught.value.chunk is None
+    small = zf.SessionContext(allowed_mem="64KB")
+    small.register_zarr("src", fixtures / "rechunk_source.zarr")
+    with pytest.raises(zf.ZarrMemoryError, match="allowed_mem") as caught:
+        small.rechunk("src", tmp_path / "out.zarr", {"time": 37, "lat": 29})
+    assert isinstance(caught.value, MemoryError) and caught.value.store is None
+    with pytest.raises(zf.ZarrFusionError) as caught:
+        ctx.sql("SELEC 1")
+    assert type(caught.value) is zf.ZarrFusionError and caught.value.store is None
+
+
 def test_ctrl_c_cancels_a_running_query(ctx):
     df = ctx.sql("SELECT sum(value) FROM generate_series(1, 100000000000)")
     timer = threading.Timer(0.5, _thread.interrupt_main)

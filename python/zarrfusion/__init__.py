@@ -15,9 +15,10 @@ A thin Python layer over the Rust engine (``zarrfusion._zarrfusion``)::
         batch["t2m"]  # numpy array (256, 5, 5)
 """
 
-from ._zarrfusion import ZarrFusionError, __version__, network_stats
+from ._zarrfusion import __version__, network_stats
 from .context import SessionContext
 from .dataframe import DataFrame
+from .errors import ZarrDataError, ZarrFusionError, ZarrMemoryError
 from .loader import Dataset, WindowLoader, Windows
 
 __all__ = [
@@ -26,7 +27,9 @@ __all__ = [
     "SessionContext",
     "WindowLoader",
     "Windows",
+    "ZarrDataError",
     "ZarrFusionError",
+    "ZarrMemoryError",
     "__version__",
     "network_stats",
 ]
