@@ -115,7 +115,7 @@ def test_the_plan_drawn_as_dot_and_svg(ctx, fixtures, tmp_path, monkeypatch):
 def test_settings_and_memory_budget(fixtures):
     ctx = zf.SessionContext(allowed_mem="64KB", config={"zarrfusion.dense_reduction": True})
     ctx.register_zarr("t", fixtures / "v3_basic.zarr")
-    with pytest.raises(zf.ZarrFusionError, match="memory"):
+    with pytest.raises(zf.ZarrMemoryError, match="memory"):
         ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
     with pytest.raises(ValueError, match="allowed_mem"):
         zf.SessionContext(allowed_mem="lots")

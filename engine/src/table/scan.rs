@@ -21,7 +21,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{human_readable_size, plan_err, Result, Statistics};
+use datafusion::common::{human_readable_size, resources_err, Result, Statistics};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
@@ -181,7 +181,7 @@ impl ZarrScanExec {
         if projected <= limit {
             return Ok(());
         }
-        plan_err!(
+        resources_err!(
             "ZarrScanExec over {} needs {} ({} partitions x {} per partition: two blocks of \
              shape {:?} and the batches in flight{}) but the memory limit (allowed_mem) is {}; \
              raise it, read fewer columns, or rechunk the store to smaller chunks (a block \

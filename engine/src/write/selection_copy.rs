@@ -34,8 +34,8 @@ use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{
-    exec_err, human_readable_size, plan_err, DFSchema, DFSchemaRef, DataFusionError, Result,
-    Statistics,
+    exec_err, human_readable_size, plan_err, resources_err, DFSchema, DFSchemaRef, DataFusionError,
+    Result, Statistics,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -275,7 +275,7 @@ impl SelectionCopy {
         );
         if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
             if projected > limit as u64 {
-                return plan_err!(
+                return resources_err!(
                     "SelectionCopyExec over {} needs {} ({} workers x {} per task: a source box \
                      of {box_cells} cells and the computed chunk) but the memory limit is {}; \
                      raise the limit or rechunk the source to smaller chunks",

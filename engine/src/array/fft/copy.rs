@@ -27,7 +27,8 @@ use std::sync::Arc;
 use datafusion::catalog::Session;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::{
-    exec_err, human_readable_size, plan_err, DFSchemaRef, DataFusionError, Result, Statistics,
+    exec_err, human_readable_size, plan_err, resources_err, DFSchemaRef, DataFusionError, Result,
+    Statistics,
 };
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -192,7 +193,7 @@ impl FftCopy {
         let staging = staging_memory(device, memory_limit);
         let tasks = WriteTasks::plan(table, blocks, staging, memory_limit, options);
         if let (false, Some(limit)) = (tasks.fits(memory_limit), memory_limit) {
-            return plan_err!(
+            return resources_err!(
                 "FftCopyExec of '{}' variable '{}' needs {} for one task (a block of shape \
                  {:?} read, transformed and encoded) plus {} for the kernel's threads, but \
                  the memory limit (allowed_mem) is {}; raise it, or give smaller chunks \

@@ -23,7 +23,7 @@ use datafusion::arrow::datatypes::{ArrowPrimitiveType, Float32Type, Float64Type,
 use datafusion::catalog::TableProvider;
 use datafusion::common::stats::Precision as Exactness;
 use datafusion::common::{
-    exec_err, human_readable_size, plan_err, DataFusionError, Result, Statistics,
+    exec_err, human_readable_size, resources_err, DataFusionError, Result, Statistics,
 };
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -509,7 +509,7 @@ impl FftExec {
                 partitions -= 1;
             }
             if !fits(partitions) {
-                return plan_err!(
+                return resources_err!(
                     "FftExec of '{}' variable '{}' needs {} for one task (a block of shape {:?}, \
                      whole along the transformed dimensions, read, transformed and turned into \
                      rows) plus {} for the kernel's threads, but the memory limit \

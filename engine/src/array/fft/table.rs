@@ -36,7 +36,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{CatalogProviderList, Session};
 use datafusion::common::stats::Precision as Exactness;
 use datafusion::common::{
-    human_readable_size, plan_err, DataFusionError, Result, Statistics, TableReference,
+    human_readable_size, plan_err, resources_err, DataFusionError, Result, Statistics,
+    TableReference,
 };
 use datafusion::datasource::{
     provider_as_source, source_as_provider, TableProvider, TableType, ViewTable,
@@ -831,7 +832,7 @@ impl FftTable {
                 .iter()
                 .map(|(_, a)| a.dim.as_str())
                 .collect();
-            return plan_err!(
+            return resources_err!(
                 "FftExec of '{}' variable '{}': one line along [{}] needs {} read and \
                  transformed, more than half of what the memory limit (allowed_mem) of {} \
                  leaves beside the kernel's threads; raise the limit, or transform one \

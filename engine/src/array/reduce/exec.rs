@@ -24,7 +24,7 @@ use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
-    human_readable_size, plan_err, DFSchema, DataFusionError, Result, Statistics,
+    human_readable_size, resources_err, DFSchema, DataFusionError, Result, Statistics,
 };
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -218,7 +218,7 @@ impl DenseReductionExec {
             exec.read_ahead = exec.read_ahead.within(room);
             let projected = exec.projected_memory();
             if projected > limit {
-                return plan_err!(
+                return resources_err!(
                     "DenseReductionExec over {} needs {} ({} workers x {} per worker: a block \
                      of {} decoded cells, {} of group state) but the memory limit is {}; \
                      raise the limit, group by fewer dimensions or lower \
