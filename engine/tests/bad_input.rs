@@ -262,3 +262,103 @@ async fn a_bad_chunk_fails_a_transform_by_either_path_and_writes_nothing() {
         }
     }
 }
+
+/// Writes a v3 group at `dir` with a coordinate `x` of `len` `float64`
+/// values in chunks of `chunk` (none stored, or `values` as chunk 0) and a
+/// variable `t(x)`.
+fn store_with_coordinate(dir: &std::path::Path, len: u64, chunk: u64, values: Option<&[f64]>) {
+    let array = |shape: u64, dtype: &str, fill: &str| {
+        format!(
+            r#"{{"zarr_format":3,"node_type":"array","shape":[{shape}],"data_type":"{dtype}",
+            "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[{chunk}]}}}},
+            "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
+            "fill_value":{fill},"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}],
+            "dimension_names":["x"],"attributes":{{}}}}"#
+        )
+    };
+    std::fs::create_dir_all(dir.join("x/c")).unwrap();
+    std::fs::create_dir_all(dir.join("t")).unwrap();
+    std::fs::write(
+        dir.join("zarr.json"),
+        r#"{"zarr_format":3,"node_type":"group","attributes":{}}"#,
+    )
+    .unwrap();
+    std::fs::write(dir.join("x/zarr.json"), array(len, "float64", "0.0")).unwrap();
+    std::fs::write(dir.join("t/zarr.json"), array(len, "float32", "0.0")).unwrap();
+    if let Some(values) = values {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(dir.join("x/c/0"), bytes).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinate_too_long_to_read_or_hold_is_refused_with_the_numbers() {
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use zarrfusion::session::new_context_with;
+
+    // Metadata declaring 2^62 positions: refused at once, nothing read
+    // (before, opening read fill values piece after piece for ever).
+    let dir = common::scratch("huge-coordinate");
+    store_with_coordinate(&dir, 1 << 62, 1000, None);
+    let started = std::time::Instant::now();
+    let path = dir.to_string_lossy().into_owned();
+    let message = match new_context()
+        .register_zarr("t", &path, HashMap::new())
+        .await
+    {
+        Err(e) => e.to_string(),
+        Ok(()) => panic!("a coordinate of 2^62 values was accepted"),
+    };
+    assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
+    assert_mentions(
+        "huge-coordinate",
+        &message,
+        &[&path, "'x'", "4611686018427387904 values", "4.0 GB"],
+    );
+
+    // 4096 values (32 KB decoded) that follow no formula: held whole, so
+    // they must fit allowed_mem.
+    let dir = common::scratch("held-coordinate");
+    let values: Vec<f64> = (0..4096u32).map(|i| f64::from(i * i % 977)).collect();
+    store_with_coordinate(&dir, 4096, 4096, Some(&values));
+    let path = dir.to_string_lossy().into_owned();
+    let runtime = |bytes: usize| {
+        RuntimeEnvBuilder::new()
+            .with_memory_limit(bytes, 1.0)
+            .build_arc()
+            .unwrap()
+    };
+    let small = new_context_with(datafusion::prelude::SessionConfig::new(), runtime(16 << 10));
+    let message = match small.register_zarr("t", &path, HashMap::new()).await {
+        Err(e) => e.to_string(),
+        Ok(()) => panic!("a coordinate of 32 KB was held under allowed_mem 16 KB"),
+    };
+    assert_mentions(
+        "held-coordinate",
+        &message,
+        &[
+            &path,
+            "'x'",
+            "4096 values",
+            "32.0 KB",
+            "allowed_mem",
+            "16.0 KB",
+        ],
+    );
+    let roomy = new_context_with(datafusion::prelude::SessionConfig::new(), runtime(64 << 20));
+    roomy
+        .register_zarr("t", &path, HashMap::new())
+        .await
+        .unwrap();
+    let batches = roomy
+        .sql("SELECT max(x) FROM t")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let max = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    assert!(max.contains("976"), "{max}");
+}

@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::common::human_readable_size;
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 
 use super::coordinate::Coordinate;
@@ -225,16 +227,24 @@ impl ZarrDataset {
             // takes it, as the window runs on.
             ReadAhead::keys(remote, keys, depth)
         });
-        Self::from_arrays(location, arrays)
+        let memory_limit = match runtime.memory_pool.memory_limit() {
+            MemoryLimit::Finite(limit) => Some(limit as u64),
+            _ => None,
+        };
+        Self::from_arrays(location, arrays, memory_limit)
     }
 
-    fn from_arrays(store: &str, arrays: Vec<Arc<ZarrArray>>) -> Result<Self> {
+    fn from_arrays(
+        store: &str,
+        arrays: Vec<Arc<ZarrArray>>,
+        memory_limit: Option<u64>,
+    ) -> Result<Self> {
         let mut dims = BTreeMap::new();
         for array in arrays.iter().filter(|a| is_coordinate(a)) {
             let dim = Dimension {
                 name: array.name().to_string(),
                 len: array.shape()[0],
-                coordinate: read_coordinate(array)?,
+                coordinate: read_coordinate(array, memory_limit)?,
                 attributes: array.attributes().clone(),
             };
             dims.insert(dim.name.clone(), Arc::new(dim));
@@ -385,6 +395,13 @@ impl ZarrDataset {
 /// formula (rounded up to whole chunks).
 const COORDINATE_PIECE: u64 = 1 << 18;
 
+/// Most decoded bytes of one coordinate array (512 Mi `float64` values):
+/// every coordinate is read when its store is opened, so a larger one
+/// (metadata declaring an absurd length) is refused before anything is
+/// read. A coordinate that does not follow a formula is also held whole,
+/// so it must fit the memory limit besides.
+const COORDINATE_READ_BYTES: u64 = 4 << 30;
+
 /// Chunks of coordinate arrays requested at once while a remote store is
 /// opened.
 const OPENING_READ_AHEAD: usize = 16;
@@ -401,13 +418,41 @@ fn is_coordinate(array: &ZarrArray) -> bool {
 /// one (see [`super::RegularCoordinate`]), else decoded and held. Reads
 /// the array a piece at a time while it is checked, so a regular one is
 /// never whole in memory.
-fn read_coordinate(array: &ZarrArray) -> Result<Coordinate> {
+fn read_coordinate(array: &ZarrArray, memory_limit: Option<u64>) -> Result<Coordinate> {
     let len = array.shape()[0];
+    let bytes = len.saturating_mul(array.element_size() as u64);
+    let refuse = |what: String| {
+        ZarrFusionError::array(
+            array.store(),
+            array.name(),
+            format!(
+                "the coordinate has {len} values ({} decoded), more than {what}; coordinates \
+                 are read when a store is opened",
+                human_readable_size(usize::try_from(bytes).unwrap_or(usize::MAX))
+            ),
+        )
+    };
+    if bytes > COORDINATE_READ_BYTES {
+        return Err(refuse(format!(
+            "the {} a coordinate may have",
+            human_readable_size(COORDINATE_READ_BYTES as usize)
+        )));
+    }
     let pool = ChunkBufferPool::new();
     let read = |range: std::ops::Range<u64>| array.read(std::slice::from_ref(&range), &pool);
     let chunk = array.chunk_shape()[0].max(1);
     let piece = COORDINATE_PIECE.div_ceil(chunk) * chunk;
+    // Read whole (a short one), or held whole (one that follows no
+    // formula): it must fit the memory limit.
+    let held_whole = || match memory_limit.filter(|&limit| bytes > limit) {
+        Some(limit) => Err(refuse(format!(
+            "the memory limit (allowed_mem) of {} holds",
+            human_readable_size(usize::try_from(limit).unwrap_or(usize::MAX))
+        ))),
+        None => Ok(()),
+    };
     if piece >= len {
+        held_whole()?;
         return Ok(regular(read(0..len)?));
     }
     // The first two values and the last suggest the formulas; then every
@@ -422,6 +467,7 @@ fn read_coordinate(array: &ZarrArray) -> Result<Coordinate> {
             return Ok(Coordinate::Regular(Arc::new(regular)));
         }
     }
+    held_whole()?;
     Ok(Coordinate::Values(read(0..len)?))
 }
 
