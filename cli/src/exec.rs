@@ -100,8 +100,19 @@ impl Shell {
             let network = zarrfusion::zarr::network_stats().since(&network_before);
             let requests = match network {
                 NetworkStats { requests: 0, .. } => String::new(),
-                NetworkStats { requests, errors } => format!(
+                NetworkStats {
+                    requests,
+                    errors,
+                    not_modified: 0,
+                } => format!(
                     " {requests} request(s) to object storage, {errors} failed and retried."
+                ),
+                NetworkStats {
+                    requests,
+                    errors,
+                    not_modified,
+                } => format!(
+                    " {requests} request(s) to object storage, {errors} failed and retried, {not_modified} found unchanged (cached)."
                 ),
             };
             let _ = writeln!(

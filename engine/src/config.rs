@@ -9,6 +9,7 @@
 //! SET zarrfusion.work_dir = 's3://bucket/zf'; -- intermediates in an object store
 //! SET zarrfusion.device = 'cpu';             -- where FFTs run: auto, cpu, cuda
 //! SET zarrfusion.io_concurrency = 64;        -- object-store reads in flight per query
+//! SET zarrfusion.open_cache = false;         -- open object-store tables without the cache
 //! SET zarrfusion.retry.max_retries = 3;      -- retries of stores opened from now on
 //! SET zarrfusion.client.timeout = '10s';     -- their HTTP client's time-out a request
 //! ```
@@ -70,6 +71,13 @@ extensions_options! {
         /// leaves less room; 0 turns reading ahead off. Local stores do
         /// not read ahead.
         pub io_concurrency: usize, default = 64
+        /// Keep the metadata and coordinates read when opening an
+        /// object-store table in the cache directory
+        /// (`$ZARRFUSION_CACHE_DIR/opening`, else
+        /// `~/.cache/zarrfusion/opening`), and at the next opening of the
+        /// store request them all at once, each only if it changed (one
+        /// round trip instead of two or three).
+        pub open_cache: bool, default = true
         /// Retries of failed object-store requests, for stores built from
         /// now on (`retry.max_retries`, `retry.retry_timeout`,
         /// `retry.backoff.*`, as the table options).

@@ -24,11 +24,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// HTTP requests sent to object stores since the process started, and
 /// those answered with an error the client retried (5xx, 429, 408, or a
-/// failure in transport): `{"requests": n, "errors": m}`.
+/// failure in transport), and those answered `304 Not Modified` (objects
+/// an opening took from its cache): `{"requests": n, "errors": m,
+/// "not_modified": k}`.
 #[pyfunction]
 fn network_stats() -> std::collections::HashMap<&'static str, u64> {
     let stats = zarrfusion::zarr::network_stats();
-    [("requests", stats.requests), ("errors", stats.errors)].into()
+    [
+        ("requests", stats.requests),
+        ("errors", stats.errors),
+        ("not_modified", stats.not_modified),
+    ]
+    .into()
 }
 
 /// The extension module.

@@ -359,6 +359,79 @@ def test_opening_asks_for_metadata_and_coordinates_together(s3):
     assert ctx.sql("SELECT count(*) AS n FROM t").to_arrow_table().to_pylist() == [{"n": 8 * 48 * 64}]
 
 
+def test_a_store_opened_before_opens_in_one_round_trip_and_sees_every_change(s3, tmp_path, monkeypatch):
+    """The second opening of a store asks for its metadata documents and
+    coordinate chunks all at once, each only if it changed (the server
+    answers 304 for those that did not): one round trip instead of two. A
+    coordinate rewritten between openings is read again, never taken stale
+    from the cache; a damaged cache file is a miss; with the cache turned
+    off, opening reads as it did without one."""
+    import xarray as xr
+
+    monkeypatch.setenv("ZARRFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    local = tmp_path / "reopened.zarr"
+    ds = grid(13)
+    ds.to_zarr(local, encoding={"lat": {"chunks": (12,)}}, consolidated=True, zarr_format=2)
+    s3.upload("reopened.zarr", local)
+    sql = "SELECT min(lat) AS lo, max(lat) AS hi, avg(CAST(t AS DOUBLE)) AS m FROM t"
+
+    def opened(settings: dict | None = None) -> tuple[dict, dict, int]:
+        ctx = zf.SessionContext(config=settings)
+        s3.proxy.configure(latency_ms=150)
+        s3.proxy.reset()
+        before = zf.network_stats()["not_modified"]
+        ctx.register_zarr("t", "s3://fixtures/reopened.zarr", **s3.options())
+        stats = s3.proxy.stats()
+        not_modified = zf.network_stats()["not_modified"] - before
+        s3.proxy.configure()
+        return ctx.sql(sql).to_arrow_table().to_pylist()[0], stats, not_modified
+
+    def want(ds) -> dict:
+        return {"lo": float(ds.lat.min()), "hi": float(ds.lat.max()), "m": float(ds.t.astype("float64").mean())}
+
+    def check(got: dict, ds) -> None:
+        expected = want(ds)
+        assert got["lo"] == expected["lo"] and got["hi"] == expected["hi"], (got, expected)
+        assert got["m"] == pytest.approx(expected["m"], rel=1e-12)
+
+    # zarr.json (absent), .zmetadata, then time (1 chunk), lat (4), lon (1).
+    first, cold, none = opened()
+    check(first, ds)
+    gets = cold["methods"]["GET"]
+    assert gets == 8 and none == 0, cold
+    assert cold["max_in_flight"] < gets, cold
+    assert list((tmp_path / "cache" / "opening").iterdir()), "nothing was kept"
+
+    second, warm, not_modified = opened()
+    check(second, ds)
+    assert warm["methods"] == {"GET": gets}, warm
+    # All at once: one round trip.
+    assert warm["max_in_flight"] == gets, warm
+    # Everything but the absent zarr.json came back "not modified".
+    assert warm["statuses"].get("304") == gets - 1 == not_modified, warm
+
+    # Two of lat's chunks change: they are read again, the rest is not.
+    moved = ds.assign_coords(lat=ds.lat.values + np.where(np.arange(48) < 24, 0.25, 0.0))
+    moved.to_zarr(local, mode="w", encoding={"lat": {"chunks": (12,)}}, consolidated=True, zarr_format=2)
+    s3.upload("reopened.zarr", local)
+    third, changed, not_modified = opened()
+    check(third, moved)
+    assert changed["max_in_flight"] == gets, changed
+    assert changed["statuses"].get("304") == not_modified == gets - 3, changed
+
+    # A damaged cache file: the opening reads as the first did.
+    for file in (tmp_path / "cache" / "opening").iterdir():
+        file.write_bytes(file.read_bytes()[:40])
+    fourth, damaged, not_modified = opened()
+    check(fourth, moved)
+    assert not_modified == 0 and damaged["max_in_flight"] < gets, damaged
+
+    # Turned off: no conditional request, two round trips.
+    fifth, off, not_modified = opened({"zarrfusion.open_cache": "false"})
+    check(fifth, moved)
+    assert not_modified == 0 and off["max_in_flight"] < gets and "304" not in off["statuses"], off
+
+
 @pytest.mark.parametrize("zarr_format", [2, 3])
 def test_a_group_without_consolidated_metadata_opens_in_a_few_round_trips(s3, tmp_path, zarr_format):
     """A group of 12 variables written by xarray without consolidated

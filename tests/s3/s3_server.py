@@ -129,6 +129,7 @@ class FaultProxy:
                 "methods": {},
                 "lists": 0,
                 "faults": {},
+                "statuses": {},
                 "bytes": 0,
                 "max_in_flight": 0,
                 "max_in_flight_by_method": {},
@@ -140,7 +141,8 @@ class FaultProxy:
 
     def stats(self) -> dict:
         """Requests by method, LIST requests among them, faults by kind,
-        body bytes sent, and the most requests seen in flight at once (in
+        the server's answers by status (``{"200": n, "304": m}``), body
+        bytes sent, and the most requests seen in flight at once (in
         all, of each method, and GETs of each array: a chunk key's path
         without its chunk index, see :func:`array_of`)."""
         with self._lock:
@@ -245,6 +247,9 @@ class FaultProxy:
         finally:
             upstream.close()
         answered()
+        with self._lock:
+            statuses = self._stats["statuses"]
+            statuses[str(answer.status)] = statuses.get(str(answer.status), 0) + 1
         request.send_response(answer.status, answer.reason)
         for key, value in answer.getheaders():
             if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":

@@ -11,7 +11,9 @@
 //! number of arrays: the candidate metadata documents (`zarr.json`,
 //! `.zmetadata`) are requested together, then the chunks of every
 //! coordinate array are requested ahead of their reading
-//! ([`OPENING_READ_AHEAD`] at once).
+//! ([`OPENING_READ_AHEAD`] at once). A store opened before is opened in
+//! one round trip: everything the last opening read is requested at once,
+//! each object only if it changed ([`crate::zarr::Opening`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -29,8 +31,8 @@ use crate::error::{Result, ZarrFusionError};
 use zarrs::storage::StoreKey;
 
 use crate::zarr::{
-    discover_arrays, open_storage, root_name, ChunkBufferPool, ReadAhead, StoreAccess,
-    StoreLocation, ZarrArray,
+    discover_arrays, open_storage, root_name, ChunkBufferPool, Opening, OpeningCache, ReadAhead,
+    StoreAccess, StoreLocation, ZarrArray,
 };
 
 /// One dimension of a dataset.
@@ -185,16 +187,20 @@ impl ZarrDataset {
             StoreAccess::Local(_) => None,
         };
         // A v3 store has `zarr.json`, a consolidated v2 store `.zmetadata`:
-        // both are asked for at once.
-        let metadata = remote.as_ref().map(|remote| {
+        // both are asked for at once; with the opening cache, so is
+        // everything the last opening of the store read.
+        let opening = remote.as_ref().map(|remote| {
             let keys = ["zarr.json", ".zmetadata"]
                 .into_iter()
                 .filter_map(|k| StoreKey::new(k).ok())
                 .collect();
-            ReadAhead::keys(Arc::clone(remote), keys, 2)
+            let cache = options
+                .uses_open_cache()
+                .then(OpeningCache::default_location)
+                .flatten();
+            Opening::start(Arc::clone(remote), cache, keys)
         });
         let entries = discover_arrays(&opened, location, root_name(location))?;
-        drop(metadata);
         let arrays = entries
             .into_iter()
             .map(|entry| {
@@ -231,7 +237,11 @@ impl ZarrDataset {
             MemoryLimit::Finite(limit) => Some(limit as u64),
             _ => None,
         };
-        Self::from_arrays(location, arrays, memory_limit)
+        let dataset = Self::from_arrays(location, arrays, memory_limit)?;
+        if let Some(opening) = opening {
+            opening.finish();
+        }
+        Ok(dataset)
     }
 
     fn from_arrays(

@@ -6,6 +6,7 @@
 //! | `dims` | the dimension set to expose, e.g. `'lat,lon'` (default: the one with the most dimensions) |
 //! | `group` | a group inside the store, e.g. `'atmosphere/surface'` |
 //! | `pushdown` | `'false'` turns filter pushdown off (for checking results; default `'true'`) |
+//! | `open_cache` | `'false'` opens an object-store table without the opening cache (default: the session's `zarrfusion.open_cache`, `true`) |
 //! | `aws.*`, `gcp.*`, `azure.*`, `http.*` | object-store settings, as in `datafusion-cli` |
 //! | `retry.*`, `client.*` | the object store's retries and HTTP client: `retry.max_retries`, `retry.retry_timeout`, `retry.backoff.init_backoff`, `retry.backoff.max_backoff`, `retry.backoff.base`, `client.timeout`, `client.connect_timeout`, ... |
 
@@ -25,6 +26,9 @@ pub struct ZarrTableOptions {
     pub group: Option<String>,
     /// Whether filters on dimensions are pushed into the scan.
     pub pushdown: bool,
+    /// Whether an object-store table is opened with the opening cache
+    /// ([`crate::zarr::Opening`]); `None`: the session's setting.
+    pub open_cache: Option<bool>,
     /// Object-store settings (`aws.region`, ...), passed through.
     pub storage: HashMap<String, String>,
     /// The session's object-store settings (`zarrfusion.retry.*`,
@@ -38,6 +42,7 @@ impl Default for ZarrTableOptions {
             dims: None,
             group: None,
             pushdown: true,
+            open_cache: None,
             storage: HashMap::new(),
             storage_defaults: HashMap::new(),
         }
@@ -68,12 +73,19 @@ impl ZarrTableOptions {
                         ))
                     })?
                 }
+                "open_cache" => {
+                    parsed.open_cache = Some(value.parse().map_err(|_| {
+                        ZarrFusionError::Invalid(format!(
+                            "option open_cache must be 'true' or 'false', got '{value}'"
+                        ))
+                    })?)
+                }
                 _ if STORAGE_PREFIXES.iter().any(|p| lower.starts_with(p)) => {
                     parsed.storage.insert(lower.clone(), value.clone());
                 }
                 _ => {
                     return Err(ZarrFusionError::Invalid(format!(
-                        "unknown Zarr table option '{short}' (known: dims, group, pushdown, aws.*, gcp.*, azure.*, http.*, retry.*, client.*)"
+                        "unknown Zarr table option '{short}' (known: dims, group, pushdown, open_cache, aws.*, gcp.*, azure.*, http.*, retry.*, client.*)"
                     )))
                 }
             }
@@ -81,11 +93,19 @@ impl ZarrTableOptions {
         Ok(parsed)
     }
 
-    /// These options with the session's object-store settings as
-    /// defaults (see [`ZarrConfig::object_store_defaults`]).
+    /// These options with the session's object-store settings and opening
+    /// cache as defaults (see [`ZarrConfig::object_store_defaults`]).
     pub fn with_session(mut self, config: &ConfigOptions) -> Self {
-        self.storage_defaults = ZarrConfig::of(config).object_store_defaults();
+        let zarr = ZarrConfig::of(config);
+        self.storage_defaults = zarr.object_store_defaults();
+        self.open_cache = self.open_cache.or(Some(zarr.open_cache));
         self
+    }
+
+    /// Whether the opening cache is used: the table's option, else the
+    /// session's setting, else yes.
+    pub fn uses_open_cache(&self) -> bool {
+        self.open_cache.unwrap_or(true)
     }
 }
 

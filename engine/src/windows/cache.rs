@@ -30,6 +30,7 @@ use super::index::{BlockIndex, ValidIndex};
 use super::sample::SampleLayout;
 use super::sources::Sources;
 use super::WindowError;
+use crate::zarr::cache_root;
 
 const MAGIC: &[u8; 8] = b"ZFWINDEX";
 const VERSION: u32 = 1;
@@ -50,11 +51,7 @@ impl IndexCache {
     /// The default cache: `$ZARRFUSION_CACHE_DIR/window-index`, else the
     /// user's cache directory (`~/.cache/zarrfusion/window-index` on Linux).
     pub fn default_location() -> Option<Self> {
-        let base = std::env::var_os("ZARRFUSION_CACHE_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| dirs::cache_dir().map(|d| d.join("zarrfusion")))?;
-        Some(Self::new(base.join("window-index")))
+        cache_root().map(|root| Self::new(root.join("window-index")))
     }
 
     /// The cache's directory.

@@ -6,6 +6,7 @@ mod buffer_pool;
 mod decode;
 mod hierarchy;
 mod network;
+mod opening;
 mod raw_chunks;
 mod remote;
 mod store;
@@ -17,7 +18,10 @@ pub use decode::{ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
 pub use network::{network_stats, NetworkStats};
-pub use remote::{IoCounters, IoTotals, RangedReads, ReadAhead, RemoteStorage, UpcomingKeys};
+pub use opening::{cache_root, Opening, OpeningCache, OPENING_CACHE_BYTES};
+pub use remote::{
+    IoCounters, IoTotals, OpenedObject, RangedReads, ReadAhead, RemoteStorage, UpcomingKeys,
+};
 pub(crate) use store::parse_duration;
 pub use store::{
     open_storage, open_writable_remote, open_writable_storage, retry_config, OpenedStore,

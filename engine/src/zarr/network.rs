@@ -22,11 +22,13 @@ use object_store::ClientOptions;
 static COUNTERS: Counters = Counters {
     requests: AtomicU64::new(0),
     errors: AtomicU64::new(0),
+    not_modified: AtomicU64::new(0),
 };
 
 struct Counters {
     requests: AtomicU64,
     errors: AtomicU64,
+    not_modified: AtomicU64,
 }
 
 /// HTTP requests sent to object stores since the process started.
@@ -37,6 +39,9 @@ pub struct NetworkStats {
     /// Requests answered with an error the client retries (5xx, 429, 408)
     /// or failed in transport.
     pub errors: u64,
+    /// Requests answered `304 Not Modified`: conditional requests of an
+    /// opening whose objects had not changed ([`crate::zarr::Opening`]).
+    pub not_modified: u64,
 }
 
 impl NetworkStats {
@@ -45,6 +50,7 @@ impl NetworkStats {
         NetworkStats {
             requests: self.requests.saturating_sub(earlier.requests),
             errors: self.errors.saturating_sub(earlier.errors),
+            not_modified: self.not_modified.saturating_sub(earlier.not_modified),
         }
     }
 }
@@ -55,6 +61,7 @@ pub fn network_stats() -> NetworkStats {
     NetworkStats {
         requests: COUNTERS.requests.load(Ordering::Relaxed),
         errors: COUNTERS.errors.load(Ordering::Relaxed),
+        not_modified: COUNTERS.not_modified.load(Ordering::Relaxed),
     }
 }
 
@@ -79,6 +86,9 @@ impl HttpService for CountingService {
         let retried = match &answer {
             Ok(response) => {
                 let status = response.status();
+                if status.as_u16() == 304 {
+                    COUNTERS.not_modified.fetch_add(1, Ordering::Relaxed);
+                }
                 status.is_server_error() || matches!(status.as_u16(), 408 | 429)
             }
             Err(_) => true,

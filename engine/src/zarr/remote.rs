@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use futures::future::try_join_all;
@@ -76,6 +76,9 @@ pub struct IoCounters {
     pub read_ahead_misses: AtomicU64,
     /// Read-ahead requests sent.
     pub read_ahead_requests: AtomicU64,
+    /// Conditional requests answered "not modified": objects an opening
+    /// took from its cache ([`crate::zarr::Opening`]).
+    pub unchanged: AtomicU64,
     /// Requests in flight now.
     in_flight: AtomicUsize,
     /// The most requests seen in flight at once.
@@ -95,6 +98,8 @@ pub struct IoTotals {
     pub read_ahead_misses: u64,
     /// Read-ahead requests sent.
     pub read_ahead_requests: u64,
+    /// Conditional requests answered "not modified".
+    pub unchanged: u64,
 }
 
 impl std::ops::Add for IoTotals {
@@ -107,6 +112,7 @@ impl std::ops::Add for IoTotals {
             read_ahead_hits: self.read_ahead_hits + other.read_ahead_hits,
             read_ahead_misses: self.read_ahead_misses + other.read_ahead_misses,
             read_ahead_requests: self.read_ahead_requests + other.read_ahead_requests,
+            unchanged: self.unchanged + other.unchanged,
         }
     }
 }
@@ -120,6 +126,7 @@ impl IoCounters {
             read_ahead_hits: self.read_ahead_hits.load(Ordering::Relaxed),
             read_ahead_misses: self.read_ahead_misses.load(Ordering::Relaxed),
             read_ahead_requests: self.read_ahead_requests.load(Ordering::Relaxed),
+            unchanged: self.unchanged.load(Ordering::Relaxed),
         }
     }
 
@@ -225,6 +232,41 @@ pub struct RemoteStorage {
     /// Read-ahead windows open over this storage.
     windows: AtomicUsize,
     counters: IoCounters,
+    /// What identifies the store among stores with the same keys (its URL
+    /// and endpoint), for caches kept between runs.
+    identity: String,
+    /// Whether an opening records what it reads ([`crate::zarr::Opening`]).
+    opening_active: AtomicBool,
+    /// What the opening under way knows and has read.
+    opening: Mutex<OpeningState>,
+}
+
+/// The reads of an opening (see [`RemoteStorage::begin_opening`]).
+#[derive(Default)]
+struct OpeningState {
+    /// Objects the opening may already hold, by key: their ETag and
+    /// bytes. Requests for them ask for the object only if it changed.
+    validators: HashMap<StoreKey, (String, Bytes)>,
+    /// The ETag of each object fetched whole while opening.
+    etags: HashMap<StoreKey, String>,
+    /// The objects read whole, in the order first read (`None`: absent).
+    read: Vec<(StoreKey, Option<Bytes>)>,
+    /// The keys in `read`.
+    read_keys: HashSet<StoreKey>,
+}
+
+/// An object read whole while a store was opened, as [`crate::zarr::Opening`] keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenedObject {
+    /// It exists: its ETag and bytes.
+    Present {
+        /// The ETag the store gave it.
+        etag: String,
+        /// Its bytes.
+        bytes: Bytes,
+    },
+    /// It did not exist.
+    Absent,
 }
 
 /// A key requested ahead of the decoders, and the windows that want it.
@@ -263,6 +305,7 @@ impl RemoteStorage {
     /// Storage over `store` (rooted where the Zarr store is), running its
     /// requests on `runtime`.
     pub fn new(store: Arc<dyn ObjectStore>, runtime: Handle) -> Self {
+        let identity = store.to_string();
         let adapter = AsyncToSyncStorageAdapter::new(
             Arc::new(AsyncObjectStore::new(Arc::clone(&store))),
             TokioBlockOn(runtime.clone()),
@@ -274,6 +317,72 @@ impl RemoteStorage {
             wanted: Mutex::new(Wanted::default()),
             windows: AtomicUsize::new(0),
             counters: IoCounters::default(),
+            identity,
+            opening_active: AtomicBool::new(false),
+            opening: Mutex::new(OpeningState::default()),
+        }
+    }
+
+    /// This storage, identified by `identity` (the store's URL and
+    /// endpoint) in caches kept between runs.
+    pub fn with_identity(mut self, identity: String) -> Self {
+        self.identity = identity;
+        self
+    }
+
+    /// What identifies the store in caches kept between runs.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Starts recording the objects read whole (until
+    /// [`end_opening`](Self::end_opening)), with `known` objects (key, ETag,
+    /// bytes) that a request asks for only if they changed: answered "not
+    /// modified", the read gives the known bytes.
+    pub fn begin_opening(&self, known: Vec<(StoreKey, String, Bytes)>) {
+        let mut opening = lock(&self.opening);
+        *opening = OpeningState {
+            validators: known
+                .into_iter()
+                .map(|(key, etag, bytes)| (key, (etag, bytes)))
+                .collect(),
+            ..OpeningState::default()
+        };
+        self.opening_active.store(true, Ordering::Release);
+    }
+
+    /// Stops recording: the objects read whole since
+    /// [`begin_opening`](Self::begin_opening), in the order first read,
+    /// those whose ETag is unknown left out. Empty when no opening was
+    /// under way.
+    pub fn end_opening(&self) -> Vec<(StoreKey, OpenedObject)> {
+        self.opening_active.store(false, Ordering::Release);
+        let opening = std::mem::take(&mut *lock(&self.opening));
+        let mut etags = opening.etags;
+        opening
+            .read
+            .into_iter()
+            .filter_map(|(key, bytes)| {
+                let object = match bytes {
+                    Some(bytes) => OpenedObject::Present {
+                        etag: etags.remove(&key)?,
+                        bytes,
+                    },
+                    None => OpenedObject::Absent,
+                };
+                Some((key, object))
+            })
+            .collect()
+    }
+
+    /// Records a whole read of `key` while an opening is under way.
+    fn note_read(&self, key: &StoreKey, answer: &MaybeBytes) {
+        if !self.opening_active.load(Ordering::Acquire) {
+            return;
+        }
+        let mut opening = lock(&self.opening);
+        if opening.read_keys.insert(key.clone()) {
+            opening.read.push((key.clone(), answer.clone()));
         }
     }
 
@@ -347,25 +456,39 @@ impl RemoteStorage {
         Some(slot)
     }
 
-    /// Reads a whole object: `None` when it does not exist.
-    async fn fetch(
-        store: &dyn ObjectStore,
-        counters: &IoCounters,
-        key: &StoreKey,
-    ) -> Result<MaybeBytes, String> {
-        let in_flight = counters.start();
-        let answer = store.get_opts(&path(key), GetOptions::default()).await;
-        in_flight.answered();
-        let answer = match answer {
-            Ok(result) => result.bytes().await.map(Some),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
+    /// Reads a whole object: `None` when it does not exist. While an
+    /// opening is under way, an object it already holds is asked for only
+    /// if it changed, and the ETag of what comes back is kept.
+    async fn fetch(&self, key: &StoreKey) -> Result<MaybeBytes, String> {
+        let known = match self.opening_active.load(Ordering::Acquire) {
+            true => lock(&self.opening).validators.get(key).cloned(),
+            false => None,
         };
-        let bytes = answer.map_err(|e| read_error(key, &e))?;
-        if let Some(bytes) = &bytes {
-            counters
-                .bytes
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let options = GetOptions {
+            if_none_match: known.as_ref().map(|(etag, _)| etag.clone()),
+            ..GetOptions::default()
+        };
+        let in_flight = self.counters.start();
+        let answer = self.store.get_opts(&path(key), options).await;
+        in_flight.answered();
+        let (bytes, etag) = match (answer, known) {
+            (Ok(result), _) => {
+                let etag = result.meta.e_tag.clone();
+                let bytes = result.bytes().await.map_err(|e| read_error(key, &e))?;
+                self.counters
+                    .bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                (Some(bytes), etag)
+            }
+            (Err(object_store::Error::NotModified { .. }), Some((etag, bytes))) => {
+                self.counters.unchanged.fetch_add(1, Ordering::Relaxed);
+                (Some(bytes), Some(etag))
+            }
+            (Err(object_store::Error::NotFound { .. }), _) => (None, None),
+            (Err(e), _) => return Err(read_error(key, &e)),
+        };
+        if let Some(etag) = etag.filter(|_| self.opening_active.load(Ordering::Acquire)) {
+            lock(&self.opening).etags.insert(key.clone(), etag);
         }
         Ok(bytes)
     }
@@ -463,7 +586,7 @@ impl RemoteStorage {
             // Permits are handed out in the order they are asked for: reads
             // start in the order the keys were requested.
             let _permit = permits.acquire_owned().await;
-            let answer = Self::fetch(storage.store.as_ref(), &storage.counters, &key).await;
+            let answer = storage.fetch(&key).await;
             guard.fill(answer);
         });
         *lock(&slot.abort) = Some(task.abort_handle());
@@ -533,15 +656,17 @@ fn slice_ranges(bytes: &Bytes, ranges: &[ByteRange]) -> Result<Vec<Bytes>, Stora
 
 impl ReadableStorageTraits for RemoteStorage {
     fn get(&self, key: &StoreKey) -> Result<MaybeBytes, StorageError> {
-        if let Some(slot) = self.find_slot(key, true) {
-            match slot.wait() {
-                Err(e) if e == CANCELLED => {}
-                answer => return answer.map_err(StorageError::Other),
-            }
-        }
-        self.runtime
-            .block_on(Self::fetch(self.store.as_ref(), &self.counters, key))
-            .map_err(StorageError::Other)
+        let found = self
+            .find_slot(key, true)
+            .and_then(|slot| match slot.wait() {
+                Err(e) if e == CANCELLED => None,
+                answer => Some(answer),
+            });
+        let answer = found
+            .unwrap_or_else(|| self.runtime.block_on(self.fetch(key)))
+            .map_err(StorageError::Other)?;
+        self.note_read(key, &answer);
+        Ok(answer)
     }
 
     fn get_partial_many<'a>(
@@ -557,6 +682,9 @@ impl ReadableStorageTraits for RemoteStorage {
             },
             None => None,
         };
+        if let Some(answer) = &found {
+            self.note_read(key, answer);
+        }
         let parts = match found {
             Some(Some(bytes)) => Some(slice_ranges(&bytes, &ranges)?),
             Some(None) => None,

@@ -190,13 +190,41 @@ fn remote_storage(
     let handle = tokio::runtime::Handle::try_current()
         .map_err(|_| ZarrFusionError::store(display, "remote stores need a Tokio runtime"))?;
     let object_store = object_store_for(display, url, options, defaults, runtime)?;
+    let identity = identity(url, options, defaults, object_store.as_ref());
     let prefix = url.path().trim_matches('/').to_string();
     let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
         object_store
     } else {
         Arc::new(PrefixStore::new(object_store, prefix))
     };
-    Ok(Arc::new(RemoteStorage::new(store, handle)))
+    Ok(Arc::new(
+        RemoteStorage::new(store, handle).with_identity(identity),
+    ))
+}
+
+/// What tells the store at `url` from another with the same URL, for
+/// caches kept between runs: the endpoint it is reached at (from the
+/// options, the session's settings or the environment) and the object
+/// store serving it.
+fn identity(
+    url: &Url,
+    options: &HashMap<String, String>,
+    defaults: &HashMap<String, String>,
+    store: &dyn ObjectStore,
+) -> String {
+    let mut endpoints: Vec<String> = defaults
+        .iter()
+        .chain(options)
+        .filter(|(key, _)| key.to_ascii_lowercase().contains("endpoint"))
+        .map(|(key, value)| format!("{key}={value}"))
+        .chain(
+            ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+                .into_iter()
+                .filter_map(|var| Some(format!("{var}={}", std::env::var(var).ok()?))),
+        )
+        .collect();
+    endpoints.sort();
+    format!("{url}\n{}\n{store}", endpoints.join("\n"))
 }
 
 /// The session's object store for `url` when `options` set nothing, else

@@ -281,6 +281,8 @@ impl RechunkedVariable {
         let dims: Vec<String> = grid.dims.iter().map(|d| d.name.clone()).collect();
         let table_options = ZarrTableOptions {
             dims: Some(dims.clone()),
+            // A scratch store is opened once: nothing to keep for later.
+            open_cache: Some(false),
             ..ZarrTableOptions::default()
         };
         let location = scratch.location().to_string();

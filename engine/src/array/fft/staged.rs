@@ -111,6 +111,8 @@ impl StagedTransform {
         let names: Vec<String> = coordinates.iter().map(|c| c.name.clone()).collect();
         let table_options = ZarrTableOptions {
             dims: Some(names.clone()),
+            // A scratch store is opened once: nothing to keep for later.
+            open_cache: Some(false),
             ..ZarrTableOptions::default()
         };
         let location = scratch.location().to_string();

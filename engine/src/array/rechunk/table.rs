@@ -253,6 +253,8 @@ impl TableProvider for RechunkTable {
         let dims: Vec<String> = grid.dims.iter().map(|d| d.name.clone()).collect();
         let table_options = ZarrTableOptions {
             dims: Some(dims),
+            // A scratch store is opened once: nothing to keep for later.
+            open_cache: Some(false),
             ..ZarrTableOptions::default()
         };
         let location = guard.location().to_string();
