@@ -102,7 +102,10 @@ def main() -> int:
                             [binary, "-q", "--format", "csv", "-c",
                              f"CREATE EXTERNAL TABLE w STORED AS ZARR LOCATION 's3://bench/wide_v{fmt}.zarr' "
                              f"OPTIONS ({options})", "-c", "SELECT count(*) FROM w"],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300,
+                            # Cold every time: an empty opening cache (bench_s3_reopen.py
+                            # measures openings with the cache).
+                            env=dict(os.environ, ZARRFUSION_CACHE_DIR=tempfile.mkdtemp(prefix="zf_open_")))
                         seconds = time.perf_counter() - t0
                         if done.returncode != 0 or str(8 * 48 * 64) not in done.stdout:
                             print(f"{name} failed: {done.stderr[-400:]}", file=sys.stderr)

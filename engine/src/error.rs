@@ -47,6 +47,10 @@ pub enum ZarrFusionError {
     /// The user asked for something the store does not have (a dimension set, an option).
     #[error("{0}")]
     Invalid(String),
+    /// A bug in zarrfusion, not in the input: a worker thread panicked
+    /// ([`Panicked`]).
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl ZarrFusionError {
@@ -97,7 +101,7 @@ impl From<Panicked> for String {
 
 impl From<Panicked> for ZarrFusionError {
     fn from(p: Panicked) -> Self {
-        Self::Invalid(p.to_string())
+        Self::Internal(p.to_string())
     }
 }
 

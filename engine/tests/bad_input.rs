@@ -296,10 +296,10 @@ async fn a_coordinate_too_long_to_read_or_hold_is_refused_with_the_numbers() {
     use datafusion::execution::runtime_env::RuntimeEnvBuilder;
     use zarrfusion::session::new_context_with;
 
-    // Metadata declaring 2^62 positions: refused at once, nothing read
+    // Metadata declaring 2^50 positions: refused at once, nothing read
     // (before, opening read fill values piece after piece for ever).
     let dir = common::scratch("huge-coordinate");
-    store_with_coordinate(&dir, 1 << 62, 1000, None);
+    store_with_coordinate(&dir, 1 << 50, 1000, None);
     let started = std::time::Instant::now();
     let path = dir.to_string_lossy().into_owned();
     let message = match new_context()
@@ -307,13 +307,13 @@ async fn a_coordinate_too_long_to_read_or_hold_is_refused_with_the_numbers() {
         .await
     {
         Err(e) => e.to_string(),
-        Ok(()) => panic!("a coordinate of 2^62 values was accepted"),
+        Ok(()) => panic!("a coordinate of 2^50 values was accepted"),
     };
     assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
     assert_mentions(
         "huge-coordinate",
         &message,
-        &[&path, "'x'", "4611686018427387904 values", "4.0 GB"],
+        &[&path, "'x'", "1125899906842624 values", "4.0 GB"],
     );
 
     // 4096 values (32 KB decoded) that follow no formula: held whole, so
@@ -361,4 +361,87 @@ async fn a_coordinate_too_long_to_read_or_hold_is_refused_with_the_numbers() {
         .unwrap()
         .to_string();
     assert!(max.contains("976"), "{max}");
+}
+
+/// Writes a v3 store whose one array `v` has `shape` and `chunk` (both
+/// JSON arrays) and elements of `dtype`.
+fn store_with_array(dir: &std::path::Path, shape: &str, chunk: &str, dtype: &str) {
+    std::fs::create_dir_all(dir.join("v")).unwrap();
+    std::fs::write(
+        dir.join("zarr.json"),
+        r#"{"zarr_format":3,"node_type":"group","attributes":{}}"#,
+    )
+    .unwrap();
+    let dims: Vec<String> = (0..shape.split(',').count())
+        .map(|i| format!("\"d{i}\""))
+        .collect();
+    let metadata = format!(
+        r#"{{"zarr_format":3,"node_type":"array","shape":{shape},"data_type":"{dtype}",
+        "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":{chunk}}}}},
+        "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
+        "fill_value":0,"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}],
+        "dimension_names":[{}],"attributes":{{}}}}"#,
+        dims.join(",")
+    );
+    std::fs::write(dir.join("v/zarr.json"), metadata).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shapes_and_chunks_declaring_more_than_64_pib_are_refused_at_open() {
+    // Each case: its shape and chunk shape, element type, and the numbers
+    // the error gives. Products that wrap u64 (2^80 cells; 2^61 cells of
+    // 8 bytes) were computed modulo 2^64 before.
+    let cases = [
+        (
+            "[1099511627776,1099511627776]",
+            "[1024,1024]",
+            "float32",
+            "its shape",
+            "4835703278458516698824704 bytes",
+        ),
+        (
+            "[2305843009213693952]",
+            "[1000]",
+            "float64",
+            "its shape",
+            "18446744073709551616 bytes",
+        ),
+        (
+            "[10,10]",
+            "[4294967296,4294967296]",
+            "uint8",
+            "its chunk shape",
+            "18446744073709551616 bytes",
+        ),
+        (
+            "[72057594037927937]",
+            "[1024]",
+            "uint8",
+            "its shape",
+            "72057594037927937 bytes",
+        ),
+    ];
+    for (i, (shape, chunk, dtype, what, bytes)) in cases.into_iter().enumerate() {
+        let dir = common::scratch(&format!("huge-array-{i}"));
+        store_with_array(&dir, shape, chunk, dtype);
+        let path = dir.to_string_lossy().into_owned();
+        let started = std::time::Instant::now();
+        let message = match new_context()
+            .register_zarr("t", &path, HashMap::new())
+            .await
+        {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("{shape} / {chunk} of {dtype} was accepted"),
+        };
+        assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
+        assert_mentions(shape, &message, &[&path, "'v'", what, bytes, "64 PiB"]);
+    }
+    // At the limit itself the array opens (and is not read).
+    let dir = common::scratch("huge-array-at-limit");
+    store_with_array(&dir, "[72057594037927936]", "[1024]", "uint8");
+    let path = dir.to_string_lossy().into_owned();
+    new_context()
+        .register_zarr("t", &path, HashMap::new())
+        .await
+        .unwrap();
 }

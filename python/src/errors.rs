@@ -64,7 +64,7 @@ impl Location {
                 chunk: Some(chunk.clone()),
                 key: Some(key.clone()),
             },
-            ZarrFusionError::Invalid(_) => Self::default(),
+            ZarrFusionError::Invalid(_) | ZarrFusionError::Internal(_) => Self::default(),
         }
     }
 }
@@ -117,7 +117,7 @@ fn is_memory_refusal(e: &DataFusionError) -> bool {
 /// The Python class of a zarrfusion error.
 fn kind_of(e: &ZarrFusionError) -> Kind {
     match e {
-        ZarrFusionError::Invalid(_) => Kind::General,
+        ZarrFusionError::Invalid(_) | ZarrFusionError::Internal(_) => Kind::General,
         _ => Kind::Data,
     }
 }

@@ -194,8 +194,7 @@ impl ZarrDataset {
                 .into_iter()
                 .filter_map(|k| StoreKey::new(k).ok())
                 .collect();
-            let cache = options
-                .uses_open_cache()
+            let cache = (options.uses_open_cache() && resolved.is_networked())
                 .then(OpeningCache::default_location)
                 .flatten();
             Opening::start(Arc::clone(remote), cache, keys)

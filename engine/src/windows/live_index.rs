@@ -111,13 +111,8 @@ impl IndexMemory {
         threads: usize,
         memory_limit: Option<usize>,
     ) -> (Self, Option<Vec<ReadAheadPlan>>) {
-        let block = job
-            .grid
-            .blocks
-            .iter()
-            .map(|b| job.sources.decoded_bytes(&b.extent))
-            .max()
-            .map_or(0, |bytes| usize::try_from(bytes).unwrap_or(usize::MAX));
+        let block =
+            usize::try_from(job.sources.largest_block_bytes(&job.grid)).unwrap_or(usize::MAX);
         let room = memory_limit.map(|limit| limit / 2);
         let threads = match room {
             Some(room) => threads.min(room.checked_div(block).unwrap_or(threads)),

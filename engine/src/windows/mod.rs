@@ -358,12 +358,7 @@ impl Windows {
 
     /// Decoded bytes of the largest block.
     pub fn largest_block_bytes(&self) -> u64 {
-        self.grid
-            .blocks
-            .iter()
-            .map(|b| self.sources.decoded_bytes(&b.extent))
-            .max()
-            .unwrap_or(0)
+        self.sources.largest_block_bytes(&self.grid)
     }
 
     /// Decoded bytes of the largest single window a full shuffle reads

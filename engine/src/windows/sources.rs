@@ -26,6 +26,7 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 
+use super::geometry::WindowGrid;
 use super::index::read_columns;
 use super::WindowError;
 use crate::table::{GridTable, Selection};
@@ -297,6 +298,16 @@ impl Sources {
             extents.push(cells);
         }
         Ok(BlockData { extents, columns })
+    }
+
+    /// Decoded bytes of every source's variables for the largest block of
+    /// `grid`: what one block read holds.
+    pub fn largest_block_bytes(&self, grid: &WindowGrid) -> u64 {
+        grid.blocks
+            .iter()
+            .map(|b| self.decoded_bytes(&b.extent))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Decoded bytes of every source's variables for the reference box `extent`.

@@ -24,6 +24,48 @@ use super::remote::RemoteStorage;
 use super::store::StoreAccess;
 use crate::error::{Result, ZarrFusionError};
 
+/// Most bytes an array, or one of its chunks, may declare (its shape's
+/// cells times its element size; 16 bytes for variable-length elements):
+/// 2^56 bytes, 64 PiB. Metadata declaring more is refused when the array is
+/// opened, so that no product of its sizes computed later can wrap.
+pub const MAX_ARRAY_BYTES: u64 = 1 << 56;
+
+/// The bytes `shape` declares in elements of `element` bytes, when they
+/// are at most [`MAX_ARRAY_BYTES`] (0 when a dimension is empty).
+fn declared_bytes(shape: &[u64], element: usize) -> Option<u64> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape
+        .iter()
+        .try_fold(element as u64, |bytes, &n| bytes.checked_mul(n))
+        .filter(|&bytes| bytes <= MAX_ARRAY_BYTES)
+}
+
+/// Refuses an array whose shape or chunk shape declares more than
+/// [`MAX_ARRAY_BYTES`], with the numbers.
+fn check_declared_sizes(
+    shape: &[u64],
+    chunk: &[u64],
+    element: usize,
+) -> std::result::Result<(), String> {
+    for (what, dims) in [("shape", shape), ("chunk shape", chunk)] {
+        if declared_bytes(dims, element).is_none() {
+            let exact = dims
+                .iter()
+                .try_fold(element as u128, |bytes, &n| {
+                    bytes.checked_mul(u128::from(n))
+                })
+                .map_or_else(|| "more than 2^128".to_string(), |b| b.to_string());
+            return Err(format!(
+                "its {what} {dims:?} of {element}-byte elements declares {exact} bytes, over the {} bytes (64 PiB) an array or chunk may have",
+                MAX_ARRAY_BYTES
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A Zarr array opened for reading, with its CF decoding.
 pub struct ZarrArray {
     store: String,
@@ -79,17 +121,25 @@ impl ZarrArray {
                 array.shape().len()
             )));
         }
-        let raw = RawChunks::detect(&array, local_root.as_deref(), decoder.nan_scan());
-        Ok(Self {
+        let mut opened = Self {
             store: store.to_string(),
-            name,
+            name: entry.name,
             array,
             dims,
             decoder,
             local_root,
             remote,
-            raw,
-        })
+            raw: None,
+        };
+        // Before anything is sized from the metadata.
+        check_declared_sizes(opened.shape(), &opened.chunk_shape(), opened.element_size())
+            .map_err(&fail)?;
+        opened.raw = RawChunks::detect(
+            &opened.array,
+            opened.local_root.as_deref(),
+            opened.decoder.nan_scan(),
+        );
+        Ok(opened)
     }
 
     /// The object store this array is read from, when it is remote.

@@ -18,6 +18,11 @@
 //! are saved. Keys the store's new metadata no longer names are dropped
 //! unread; keys it newly names are read as they would be without a cache.
 //!
+//! Only stores reached over the network (S3, GCS, Azure, HTTP) use it:
+//! their ETags tell versions of an object apart, and an opening's identity
+//! names the URL and endpoint, so one store's objects are never taken for
+//! another's. An in-process store (`memory://`) has no round trip to save.
+//!
 //! The cache holds at most [`OPENING_CACHE_BYTES`] a store (what an
 //! opening may hold at once); objects past it are not kept. A cache file
 //! that is missing, truncated or for another store is a miss, never an

@@ -65,6 +65,17 @@ impl StoreLocation {
         }
     }
 
+    /// Whether the store is reached over the network by an object store
+    /// zarrfusion builds (S3, GCS, Azure, HTTP), whose ETags tell versions
+    /// of an object apart; not a local path, nor a store registered for
+    /// another scheme (`memory://`).
+    pub fn is_networked(&self) -> bool {
+        matches!(self, Self::Remote(url) if matches!(
+            url.scheme(),
+            "s3" | "s3a" | "gs" | "gcs" | "az" | "azure" | "abfs" | "abfss" | "adl" | "http" | "https"
+        ))
+    }
+
     /// Appends a sub-path (a group inside the store).
     pub fn join(&self, sub_path: &str) -> Self {
         let sub_path = sub_path.trim_matches('/');
@@ -422,6 +433,13 @@ mod tests {
         );
         let remote = StoreLocation::parse("s3://bucket/era5.zarr").unwrap();
         assert!(matches!(remote, StoreLocation::Remote(ref u) if u.host_str() == Some("bucket")));
+        assert!(remote.is_networked());
+        assert!(!StoreLocation::parse("memory://bucket/a.zarr")
+            .unwrap()
+            .is_networked());
+        assert!(!StoreLocation::parse("demo/era5.zarr")
+            .unwrap()
+            .is_networked());
         assert_eq!(
             remote.join("group"),
             StoreLocation::parse("s3://bucket/era5.zarr/group").unwrap()
