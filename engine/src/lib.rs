@@ -29,6 +29,13 @@
 //! # }
 //! ```
 
+// Input must never panic: no unwrap, expect or panic outside tests;
+// an invariant proven where it is used is written without them.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 pub mod array;
 pub mod config;
 pub mod device;

@@ -8,6 +8,13 @@
 //! | [`windows`] | `Dataset`, `Windows`, `WindowLoader`: the ML window loader |
 //! | [`runtime`] | the Tokio runtime, waiting with the GIL released, Ctrl-C |
 
+// Input must never panic: no unwrap, expect or panic outside tests;
+// an invariant proven where it is used is written without them.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 mod context;
 mod dataframe;
 mod errors;

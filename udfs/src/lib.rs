@@ -11,6 +11,13 @@
 //! |---|---|
 //! | `cf_time(value, units [, calendar])` | numbers in CF units (`hours since 1900-01-01`) to timestamps |
 
+// Input must never panic: no unwrap, expect or panic outside tests;
+// an invariant proven where it is used is written without them.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 pub mod cf_time;
 mod cf_time_udf;
 pub mod complex;

@@ -472,8 +472,10 @@ impl ColumnDecoder {
             StoredType::UInt32 => convert!(u32),
             StoredType::UInt64 => convert!(u64),
             StoredType::Float16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_ne_bytes(c.try_into().unwrap()).to_f64())
+                .as_chunks::<2>()
+                .0
+                .iter()
+                .map(|c| half::f16::from_ne_bytes(*c).to_f64())
                 .collect(),
             StoredType::Float32 => convert!(f32),
             StoredType::Float64 => convert!(f64),
@@ -520,21 +522,19 @@ impl ColumnDecoder {
             StoredType::UInt64 => primitive::<UInt64Type>(buffer.clone()),
             StoredType::Float16 => Arc::new(
                 bytes
-                    .chunks_exact(2)
+                    .as_chunks::<2>()
+                    .0
+                    .iter()
                     .map(|c| {
-                        let v = half::f16::from_ne_bytes(c.try_into().unwrap()).to_f32();
+                        let v = half::f16::from_ne_bytes(*c).to_f32();
                         (!v.is_nan()).then_some(v)
                     })
                     .collect::<Float32Array>(),
             ),
             StoredType::Float32 => nan_as_null::<Float32Type>(buffer.clone(), has_nan, f32::is_nan),
             StoredType::Float64 => nan_as_null::<Float64Type>(buffer.clone(), has_nan, f64::is_nan),
-            StoredType::Complex64 => {
-                complex_column::<Float32Type>(bytes, |b| f32::from_ne_bytes(b.try_into().unwrap()))
-            }
-            StoredType::Complex128 => {
-                complex_column::<Float64Type>(bytes, |b| f64::from_ne_bytes(b.try_into().unwrap()))
-            }
+            StoredType::Complex64 => complex_column::<Float32Type, 4>(bytes, f32::from_ne_bytes),
+            StoredType::Complex128 => complex_column::<Float64Type, 8>(bytes, f64::from_ne_bytes),
             StoredType::DateTime64(nanos) => Arc::new(
                 self.nat_as_null(bytes, nanos)?
                     .collect::<TimestampNanosecondArray>(),
@@ -547,8 +547,10 @@ impl ColumnDecoder {
                 let strings: Vec<String> = bytes
                     .chunks_exact(item_bytes.max(4))
                     .map(|item| {
-                        item.chunks_exact(4)
-                            .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+                        item.as_chunks::<4>()
+                            .0
+                            .iter()
+                            .map(|c| u32::from_ne_bytes(*c))
                             .take_while(|c| *c != 0)
                             .map(|c| char::from_u32(c).unwrap_or('\u{fffd}'))
                             .collect()
@@ -566,8 +568,10 @@ impl ColumnDecoder {
         nanos: i64,
     ) -> Result<impl Iterator<Item = Option<i64>> + 'a, String> {
         let values: Vec<Option<i64>> = bytes
-            .chunks_exact(8)
-            .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+            .as_chunks::<8>()
+            .0
+            .iter()
+            .map(|c| i64::from_ne_bytes(*c))
             .map(|v| {
                 if v == i64::MIN {
                     Ok(None)
@@ -615,19 +619,24 @@ fn typed_buffer<T: ArrowNativeType>(buffer: Buffer) -> ScalarBuffer<T> {
 
 /// Interleaved (real, imaginary) pairs as a complex struct column, each
 /// part read from its native-endian bytes by `read`.
-fn complex_column<T: ArrowPrimitiveType>(
+fn complex_column<T: ArrowPrimitiveType, const WIDTH: usize>(
     bytes: &[u8],
-    read: impl Fn(&[u8]) -> T::Native,
+    read: impl Fn([u8; WIDTH]) -> T::Native,
 ) -> ArrayRef {
-    let width = std::mem::size_of::<T::Native>();
+    // Values of WIDTH bytes, real and imaginary parts in turn (a trailing
+    // half pair ignored).
+    let (values, _) = bytes.as_chunks::<WIDTH>();
+    let values = &values[..values.len() / 2 * 2];
     let part = |offset: usize| {
-        let values: Vec<T::Native> = bytes
-            .chunks_exact(2 * width)
-            .map(|pair| read(&pair[offset..offset + width]))
+        let values: Vec<T::Native> = values
+            .iter()
+            .skip(offset)
+            .step_by(2)
+            .map(|v| read(*v))
             .collect();
         Arc::new(PrimitiveArray::<T>::new(ScalarBuffer::from(values), None)) as ArrayRef
     };
-    Arc::new(complex_array(part(0), part(width), None))
+    Arc::new(complex_array(part(0), part(1), None))
 }
 
 fn primitive<T: ArrowPrimitiveType>(buffer: Buffer) -> ArrayRef {

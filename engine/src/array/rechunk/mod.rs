@@ -438,16 +438,17 @@ fn encode_as(
             v["chunk_key_encoding"] =
                 json!({"name": "default", "configuration": {"separator": "/"}});
             v["dimension_names"] = json!(dims);
-            if !v["attributes"].is_object() {
-                v["attributes"] = json!({});
-            }
-            let attributes = v["attributes"].as_object_mut().expect("an object");
+            let mut attributes = match v["attributes"].take() {
+                serde_json::Value::Object(attributes) => attributes,
+                _ => serde_json::Map::new(),
+            };
             attributes.remove("_ARRAY_DIMENSIONS");
             // Readers mask a v2 array's fill value, but only a v3 array's
             // `_FillValue` attribute: keep the mask.
             if let Some(fill) = fill_value_attribute(&v2) {
                 attributes.entry("_FillValue").or_insert(fill);
             }
+            v["attributes"] = serde_json::Value::Object(attributes);
             v
         }
         (ArrayMetadata::V3(m), ZarrVersion::V3) => serde_json::to_value(&m).map_err(text)?,
@@ -792,15 +793,15 @@ impl PreparedRechunk {
                     )
                     .map_err(&fail)?
                 } else {
-                    if scratch.is_none() {
-                        scratch = Some(ScratchStore::create(
+                    let work = match &mut scratch {
+                        Some(work) => work,
+                        None => scratch.insert(ScratchStore::create(
                             &self.work_dir,
                             "zarrfusion-rechunk",
                             "",
                             &self.runtime,
-                        )?);
-                    }
-                    let work = scratch.as_ref().expect("created above");
+                        )?),
+                    };
                     let stage_path = format!("{array_dir}/stage{i}");
                     // Uncompressed, unless the elements need their own codec.
                     let plain = job.source.data_type().fixed_size().is_some();
