@@ -47,6 +47,11 @@ fn main() -> ExitCode {
     };
     let result =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(run(args))));
+    // The runtime is not shut down on the way out: a statement cancelled
+    // with Ctrl-C may leave blocking work behind it (a store being opened,
+    // waiting on the network), which would fail on a runtime shutting down
+    // (or keep the process waiting for it); the process ends at once.
+    std::mem::forget(runtime);
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(message)) => {

@@ -285,3 +285,53 @@ fn a_closed_pipe_ends_the_shell_quietly() {
     assert!(output.status.success(), "exit status {:?}", output.status);
     assert_eq!(stderr(&output), "");
 }
+
+/// A server on 127.0.0.1 that accepts connections and never answers: a
+/// store behind it takes for ever to open. Its port; it lives as long as
+/// the test process.
+fn silent_server() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    port
+}
+
+#[test]
+fn ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let port = silent_server();
+    let create = format!(
+        "CREATE EXTERNAL TABLE t STORED AS ZARR LOCATION 'http://127.0.0.1:{port}/store.zarr' \
+         OPTIONS ('client.timeout' '120s', 'retry.max_retries' '0')"
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_zarrfusion"))
+        .args(["-q", "-c", &create, "-c", "SELECT 1"])
+        .current_dir(repo_root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the zarrfusion binary runs");
+    std::thread::sleep(Duration::from_millis(1500));
+    let interrupted = Instant::now();
+    // The shell's builtin `kill`: no procps needed.
+    let kill = Command::new("sh")
+        .args(["-c", &format!("kill -INT {}", child.id())])
+        .status()
+        .expect("sh runs");
+    assert!(kill.success());
+    let output = child.wait_with_output().unwrap();
+    let waited = interrupted.elapsed();
+    assert!(
+        waited < Duration::from_secs(2),
+        "cancelled after {waited:?}"
+    );
+    let err = stderr(&output);
+    assert!(err.contains("cancelled"), "stderr was {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

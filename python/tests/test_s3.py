@@ -712,7 +712,9 @@ def test_the_index_being_built_holds_at_most_half_of_allowed_mem(s3, holes_store
         ds = ctx.open_zarr("s3://fixtures/holes.zarr", **s3.options())
         return ds.windows({"lat": 6, "lon": 6}, valid=0.95, block_size="16KB", cache=False, threads=8)
 
-    s3.proxy.configure(latency_ms=30)
+    # Long enough a wait that GETs pile up in flight even when the server
+    # (moto, in this process) answers slowly on a loaded machine.
+    s3.proxy.configure(latency_ms=100)
     s3.proxy.reset()
     free = windows_of()
     m = free.index_memory

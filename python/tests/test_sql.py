@@ -269,3 +269,28 @@ def test_complex_and_half_precision_values_equal_numpy(tmp_path, dtype):
             assert r["z"] is None
         else:
             assert r["z"] == float(want)
+
+
+def test_ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer():
+    """A store behind a server that accepts connections and never answers:
+    Ctrl-C interrupts ``register_zarr`` within two seconds."""
+    import socket
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    port = server.getsockname()[1]
+    ctx = zf.SessionContext()
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ctx.register_zarr(
+                "t", f"http://127.0.0.1:{port}/store.zarr", **{"client.timeout": "20s", "retry.max_retries": "0"}
+            )
+        assert time.monotonic() - started < 2.5
+    finally:
+        timer.cancel()
+        server.close()
