@@ -244,22 +244,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The objects of `read` an opening cache keeps: those up to
-/// [`OPENING_CACHE_BYTES`] in all, in order.
-fn to_keep(read: Remembered) -> Remembered {
-    let mut total = 0u64;
-    read.into_iter()
-        .filter(|(_, object)| {
-            let size = match object {
-                OpenedObject::Present { bytes, .. } => bytes.len() as u64,
-                OpenedObject::Absent => 0,
-            };
-            total = total.saturating_add(size);
-            total <= OPENING_CACHE_BYTES
-        })
-        .collect()
-}
-
 /// What identifies a cache's version of an object: key and ETag.
 fn versions(objects: &Remembered) -> Vec<(&StoreKey, Option<&str>)> {
     objects
@@ -311,7 +295,7 @@ impl Opening {
             })
             .collect();
         if cache.is_some() {
-            storage.begin_opening(known);
+            storage.begin_opening(known, OPENING_CACHE_BYTES);
         }
         let versions = versions(&remembered)
             .into_iter()
@@ -338,7 +322,7 @@ impl Opening {
     /// it differs from what was kept). A cache that cannot be written is
     /// left as it was (the next opening reads as if it had none).
     pub fn finish(self) {
-        let read = to_keep(self.storage.end_opening());
+        let read = self.storage.end_opening();
         let Some(cache) = &self.cache else {
             return;
         };
@@ -554,21 +538,5 @@ mod tests {
         assert_eq!(cache.load("a"), object(1));
         assert!(cache.load("b").is_empty());
         assert_eq!(cache.load("c"), object(1));
-    }
-
-    #[test]
-    fn objects_past_the_cache_bytes_are_not_kept() {
-        let big = Bytes::from(vec![0u8; (OPENING_CACHE_BYTES / 2 + 1) as usize]);
-        let object = |etag: &str| OpenedObject::Present {
-            etag: etag.to_string(),
-            bytes: big.clone(),
-        };
-        let kept = to_keep(vec![
-            (key("a"), object("1")),
-            (key("b"), OpenedObject::Absent),
-            (key("c"), object("2")),
-        ]);
-        let keys: Vec<&str> = kept.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(keys, ["a", "b"]);
     }
 }

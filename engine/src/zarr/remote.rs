@@ -251,8 +251,12 @@ struct OpeningState {
     etags: HashMap<StoreKey, String>,
     /// The objects read whole, in the order first read (`None`: absent).
     read: Vec<(StoreKey, Option<Bytes>)>,
-    /// The keys in `read`.
+    /// The keys in `read`, and those left out of it.
     read_keys: HashSet<StoreKey>,
+    /// Most bytes of objects `read` keeps: those past it are left out.
+    keep_bytes: u64,
+    /// Bytes of the objects in `read`.
+    kept_bytes: u64,
 }
 
 /// An object read whole while a store was opened, as [`crate::zarr::Opening`] keeps it.
@@ -336,16 +340,18 @@ impl RemoteStorage {
     }
 
     /// Starts recording the objects read whole (until
-    /// [`end_opening`](Self::end_opening)), with `known` objects (key, ETag,
-    /// bytes) that a request asks for only if they changed: answered "not
-    /// modified", the read gives the known bytes.
-    pub fn begin_opening(&self, known: Vec<(StoreKey, String, Bytes)>) {
+    /// [`end_opening`](Self::end_opening)), up to `keep_bytes` of them in
+    /// all (an object that would pass it is left out, and not held), with
+    /// `known` objects (key, ETag, bytes) that a request asks for only if
+    /// they changed: answered "not modified", the read gives the known bytes.
+    pub fn begin_opening(&self, known: Vec<(StoreKey, String, Bytes)>, keep_bytes: u64) {
         let mut opening = lock(&self.opening);
         *opening = OpeningState {
             validators: known
                 .into_iter()
                 .map(|(key, etag, bytes)| (key, (etag, bytes)))
                 .collect(),
+            keep_bytes,
             ..OpeningState::default()
         };
         self.opening_active.store(true, Ordering::Release);
@@ -381,7 +387,13 @@ impl RemoteStorage {
             return;
         }
         let mut opening = lock(&self.opening);
-        if opening.read_keys.insert(key.clone()) {
+        if !opening.read_keys.insert(key.clone()) {
+            return;
+        }
+        let size = answer.as_ref().map_or(0, |bytes| bytes.len() as u64);
+        let kept = opening.kept_bytes.saturating_add(size);
+        if kept <= opening.keep_bytes {
+            opening.kept_bytes = kept;
             opening.read.push((key.clone(), answer.clone()));
         }
     }
@@ -953,6 +965,36 @@ mod tests {
             }
         });
         Arc::new(RemoteStorage::new(store, runtime.handle().clone()))
+    }
+
+    #[test]
+    fn an_opening_keeps_the_objects_read_up_to_its_bytes() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage(
+            &runtime,
+            &[("a", b"12345"), ("b", b"123456"), ("c", b"1234")],
+        );
+        storage.begin_opening(Vec::new(), 10);
+        for name in ["a", "b", "missing", "c", "a"] {
+            storage.get(&key(name)).unwrap();
+        }
+        let kept: Vec<(String, Option<usize>)> = storage
+            .end_opening()
+            .into_iter()
+            .map(|(key, object)| {
+                let size = match object {
+                    OpenedObject::Present { bytes, .. } => Some(bytes.len()),
+                    OpenedObject::Absent => None,
+                };
+                (key.as_str().to_string(), size)
+            })
+            .collect();
+        // "b" would pass 10 bytes: left out; "c" still fits after it.
+        let want = [("a", Some(5)), ("missing", None), ("c", Some(4))];
+        assert_eq!(kept, want.map(|(k, s)| (k.to_string(), s)));
+        // Nothing is recorded once the opening ended.
+        storage.get(&key("a")).unwrap();
+        assert!(storage.end_opening().is_empty());
     }
 
     #[test]
