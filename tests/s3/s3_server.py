@@ -122,8 +122,11 @@ class FaultProxy:
             self.seen: dict[str, int] = {}
 
     def reset(self) -> None:
-        """Zeroes the statistics."""
+        """Zeroes the statistics. Requests in flight from before (a
+        previous test's background threads) are not counted after it, in
+        flight or when they end."""
         with self._lock:
+            self._generation = getattr(self, "_generation", 0) + 1
             self._stats = {
                 "requests": 0,
                 "methods": {},
@@ -177,6 +180,7 @@ class FaultProxy:
         length = int(request.headers.get("Content-Length") or 0)
         body = request.rfile.read(length) if length else None
         with self._lock:
+            generation = self._generation
             self._stats["requests"] += 1
             methods = self._stats["methods"]
             methods[request.command] = methods.get(request.command, 0) + 1
@@ -204,6 +208,8 @@ class FaultProxy:
             if not left:
                 left = True
                 with self._lock:
+                    if generation != self._generation:
+                        return
                     self._in_flight -= 1
                     by_method = self._in_flight_by_method
                     by_method[request.command] = by_method.get(request.command, 0) - 1
