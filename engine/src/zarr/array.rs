@@ -11,7 +11,8 @@ use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::DataType;
 use serde_json::{Map, Value};
 use zarrs::array::{Array, ArrayBytes, ArraySubset};
-use zarrs::metadata::ArrayMetadata;
+use zarrs::metadata::v2::DataTypeMetadataV2;
+use zarrs::metadata::{ArrayMetadata, FillValueMetadata};
 use zarrs::storage::{
     ReadableListableStorage, ReadableListableStorageTraits, StoreKey, StorePrefix,
 };
@@ -66,6 +67,27 @@ fn check_declared_sizes(
     Ok(())
 }
 
+/// A v2 complex array with a `null` fill value (as zarr-python and xarray
+/// write them) with zero instead: zarrs maps a `null` fill to the scalar
+/// `0`, which complex types refuse. The fill only gives the values of
+/// chunks never written; masking follows the metadata as written.
+fn with_complex_null_fill_as_zero(metadata: ArrayMetadata) -> ArrayMetadata {
+    match metadata {
+        ArrayMetadata::V2(mut m)
+            if m.fill_value.is_null()
+                && matches!(&m.dtype, DataTypeMetadataV2::Simple(d)
+                    if d.trim_start_matches(['<', '>', '|', '=']).starts_with('c')) =>
+        {
+            m.fill_value = FillValueMetadata::Array(vec![
+                FillValueMetadata::from(0.0),
+                FillValueMetadata::from(0.0),
+            ]);
+            ArrayMetadata::V2(m)
+        }
+        other => other,
+    }
+}
+
 /// A Zarr array opened for reading, with its CF decoding.
 pub struct ZarrArray {
     store: String,
@@ -109,8 +131,12 @@ impl ZarrArray {
                     .filter(|v| !v.is_null()),
             ),
         };
-        let array = Array::new_with_metadata(Arc::clone(storage), &entry.path, entry.metadata)
-            .map_err(|e| fail(format!("cannot open: {e}")))?;
+        let array = Array::new_with_metadata(
+            Arc::clone(storage),
+            &entry.path,
+            with_complex_null_fill_as_zero(entry.metadata),
+        )
+        .map_err(|e| fail(format!("cannot open: {e}")))?;
         let stored = StoredType::from_zarr(array.data_type()).map_err(&fail)?;
         let decoder = ColumnDecoder::new(stored, &attributes, v2_fill.as_ref()).map_err(&fail)?;
         let dims = dimension_names(&array, &attributes);
