@@ -30,7 +30,7 @@ use super::index::{BlockIndex, ValidIndex};
 use super::sample::SampleLayout;
 use super::sources::Sources;
 use super::WindowError;
-use crate::zarr::cache_root;
+use crate::zarr::{cache_root, write_file_atomically};
 
 const MAGIC: &[u8; 8] = b"ZFWINDEX";
 const VERSION: u32 = 1;
@@ -114,23 +114,7 @@ impl IndexCache {
     /// file first, synced, then renamed, so a reader never sees half a file.
     pub fn write_atomically(&self, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
-        let name = target.file_name().map(|n| n.to_string_lossy().into_owned());
-        let temporary = self.dir.join(format!(
-            ".{}.{}.tmp",
-            name.unwrap_or_default(),
-            std::process::id()
-        ));
-        let written = std::fs::File::create(&temporary).and_then(|mut file| {
-            file.write_all(bytes)?;
-            file.sync_all()
-        });
-        match written.and_then(|()| std::fs::rename(&temporary, target)) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let _ = std::fs::remove_file(&temporary);
-                Err(e)
-            }
-        }
+        write_file_atomically(target, bytes)
     }
 }
 

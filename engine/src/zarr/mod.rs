@@ -18,7 +18,7 @@ pub use decode::{ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
 pub use network::{network_stats, NetworkStats};
-pub use opening::{cache_root, Opening, OpeningCache, OPENING_CACHE_BYTES};
+pub use opening::{cache_root, write_file_atomically, Opening, OpeningCache, OPENING_CACHE_BYTES};
 pub use remote::{
     IoCounters, IoTotals, OpenedObject, RangedReads, ReadAhead, RemoteStorage, UpcomingKeys,
 };

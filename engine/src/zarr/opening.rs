@@ -36,6 +36,7 @@
 //! (`u32` length and UTF-8; `u32::MAX` for an absent object, which has no
 //! bytes) and its bytes (`u64` length and the bytes).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -65,6 +66,29 @@ pub fn cache_root() -> Option<PathBuf> {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| dirs::cache_dir().map(|d| d.join("zarrfusion")))
+}
+
+/// Writes `bytes` to the file `target`: to a temporary file beside it
+/// first, synced, then renamed, so a reader never sees half a file (the
+/// caches kept between runs).
+pub fn write_file_atomically(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned());
+    let temporary = target.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.unwrap_or_default(),
+        std::process::id()
+    ));
+    let written = std::fs::File::create(&temporary).and_then(|mut file| {
+        file.write_all(bytes)?;
+        file.sync_all()
+    });
+    match written.and_then(|()| std::fs::rename(&temporary, target)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&temporary);
+            Err(e)
+        }
+    }
 }
 
 /// A directory of the objects read when stores were opened, a file per
@@ -123,14 +147,7 @@ impl OpeningCache {
         objects: &[(StoreKey, OpenedObject)],
     ) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
-        let file = self.file(identity);
-        let temporary = file.with_extension(format!("tmp{}", std::process::id()));
-        let written = std::fs::write(&temporary, serialize(identity, objects))
-            .and_then(|()| std::fs::rename(&temporary, &file));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temporary);
-        }
-        written?;
+        write_file_atomically(&self.file(identity), &serialize(identity, objects))?;
         self.sweep(OPENING_CACHE_DIR_BYTES);
         Ok(())
     }
