@@ -445,3 +445,35 @@ async fn shapes_and_chunks_declaring_more_than_64_pib_are_refused_at_open() {
         .await
         .unwrap();
 }
+
+/// Found by the fuzz targets (tests/fuzz.rs): a v2 `vlen-utf8` chunk whose
+/// string length is corrupt made zarrs' codec index past its buffer and
+/// panic; the query got "task panicked". Now the error names the chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_string_chunk_with_a_corrupt_length_is_an_error_naming_the_chunk() {
+    let dir = common::scratch("corrupt-vlen");
+    let store = dir.join("s.zarr");
+    let from = std::path::PathBuf::from(fixture("string_coords_v2.zarr"));
+    copy_tree(&from, &store);
+    let chunk = store.join("station/0");
+    let mut bytes = std::fs::read(&chunk).unwrap();
+    bytes[42..46].copy_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&chunk, bytes).unwrap();
+    let path = store.to_string_lossy().into_owned();
+    let message = error_of(&path, &[]).await;
+    assert_mentions("corrupt vlen", &message, &["'station'", "station/0"]);
+    assert!(!message.contains("panicked"), "{message}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        match entry.file_type().unwrap().is_dir() {
+            true => copy_tree(&entry.path(), &target),
+            false => drop(std::fs::copy(entry.path(), target).unwrap()),
+        }
+    }
+}

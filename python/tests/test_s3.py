@@ -311,8 +311,9 @@ def test_bad_retry_options_are_clear_errors(s3):
 
 def test_the_loader_opens_from_s3_without_listing_chunks(s3, tmp_path):
     """Windows from the bucket equal windows from disk; opening (the
-    window-index cache key included) lists nothing, and a second open
-    takes the index from the cache."""
+    window-index cache key included) lists nothing, asks for the versions
+    of every variable's metadata object at once (one round trip, not one
+    per variable), and a second open takes the index from the cache."""
     local = zf.SessionContext().open_zarr(FIXTURES / "raw_v3.zarr").windows({"lat": 2, "lon": 2}, cache=False)
     cache = tmp_path / "cache"
 
@@ -323,6 +324,7 @@ def test_the_loader_opens_from_s3_without_listing_chunks(s3, tmp_path):
             .windows({"lat": 2, "lon": 2}, cache=cache)
         )
 
+    s3.proxy.configure(latency_ms=60)
     s3.proxy.reset()
     first = remote()
     assert first.index_source == "built"
@@ -331,7 +333,10 @@ def test_the_loader_opens_from_s3_without_listing_chunks(s3, tmp_path):
     assert again.index_source == "cache" and len(again) == len(first)
     stats = s3.proxy.stats()
     assert stats["lists"] == 0, stats
-    assert stats["methods"].get("HEAD", 0) > 0, stats
+    heads = stats["methods"].get("HEAD", 0)
+    # raw_v3's variables, a zarr.json each, asked for once an opening.
+    assert heads >= 4 and heads % 2 == 0, stats
+    assert stats["max_in_flight_by_method"]["HEAD"] == heads // 2, stats
 
 
 def download(s3, prefix: str, into: pathlib.Path) -> pathlib.Path:

@@ -3,10 +3,11 @@
 //! Building the index reads every block once; a training script that opens
 //! the same dataset with the same windows every run should pay that once.
 //! The index is stored in a cache directory under a key that digests all it
-//! depends on: the store, each variable's [fingerprint](crate::zarr::ZarrArray::fingerprint)
+//! depends on: the store, its variables' [fingerprints](crate::zarr::ZarrArray::fingerprint_all)
 //! (metadata; in local stores the stored keys, sizes and modification
 //! times; in object stores the metadata objects' size, ETag and
-//! modification time only, so opening costs no listing), the window
+//! modification time only, one round trip a store, so opening costs no
+//! listing), the window
 //! grid (selection, window sizes, strides, blocks) and the samples' roles
 //! and validity rules.
 //! Rewriting the data, changing the window or the rule gives another key.
@@ -30,7 +31,7 @@ use super::index::{BlockIndex, ValidIndex};
 use super::sample::SampleLayout;
 use super::sources::Sources;
 use super::WindowError;
-use crate::zarr::{cache_root, write_file_atomically};
+use crate::zarr::{cache_root, write_file_atomically, ZarrArray};
 
 const MAGIC: &[u8; 8] = b"ZFWINDEX";
 const VERSION: u32 = 1;
@@ -78,11 +79,10 @@ impl IndexCache {
         digest.update(text.as_bytes());
         for (source, links) in sources.list.iter().zip(&sources.links) {
             digest.update(format!("{}\n{links:?}\n", source.table.store).as_bytes());
-            for &v in &source.variables {
-                let variable = &source.table.variables[v];
-                digest.update(variable.name().as_bytes());
-                variable.fingerprint(&mut digest)?;
-            }
+            let variables: Vec<&ZarrArray> = (source.variables.iter())
+                .map(|&v| &*source.table.variables[v])
+                .collect();
+            ZarrArray::fingerprint_all(&variables, &mut digest)?;
         }
         for block in &grid.blocks {
             digest.update(format!("{:?} {:?}\n", block.origins, block.extent).as_bytes());

@@ -23,6 +23,7 @@ use super::sources::{Source, Sources};
 use super::values::Scale;
 use super::{IndexCache, WindowError};
 use crate::table::{GridTable, Selection, ZarrTable};
+use crate::zarr::ZarrArray;
 
 /// Statistics of one variable over the selected cells (missing values left out).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -221,11 +222,8 @@ fn key(
 ) -> Result<String, WindowError> {
     let mut digest = Md5::new();
     digest.update(format!("zarrfusion statistics 1\n{}\n{selection:?}\n", table.store).as_bytes());
-    for &v in variables {
-        let variable = &table.variables[v];
-        digest.update(variable.name().as_bytes());
-        variable.fingerprint(&mut digest)?;
-    }
+    let variables: Vec<&ZarrArray> = variables.iter().map(|&v| &*table.variables[v]).collect();
+    ZarrArray::fingerprint_all(&variables, &mut digest)?;
     Ok(format!("{:x}", digest.finalize()))
 }
 

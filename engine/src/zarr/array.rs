@@ -10,7 +10,7 @@ use std::time::UNIX_EPOCH;
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::DataType;
 use serde_json::{Map, Value};
-use zarrs::array::{Array, ArrayBytes, ArraySubset};
+use zarrs::array::{Array, ArrayBytes, ArrayError, ArraySubset};
 use zarrs::metadata::v2::DataTypeMetadataV2;
 use zarrs::metadata::{ArrayMetadata, FillValueMetadata};
 use zarrs::storage::{
@@ -23,7 +23,7 @@ use super::hierarchy::ArrayEntry;
 use super::raw_chunks::{RawChunkError, RawChunks};
 use super::remote::RemoteStorage;
 use super::store::StoreAccess;
-use crate::error::{Result, ZarrFusionError};
+use crate::error::{catch_panic, Result, ZarrFusionError};
 
 /// Most bytes an array, or one of its chunks, may declare (its shape's
 /// cells times its element size; 16 bytes for variable-length elements):
@@ -106,7 +106,7 @@ pub struct ZarrArray {
 impl ZarrArray {
     /// Opens an array from its discovered metadata. Unknown codecs and data
     /// types are reported here, naming the store and array. `access` says
-    /// where the bytes are: a local directory lets [`Self::fingerprint`]
+    /// where the bytes are: a local directory lets [`Self::fingerprint_all`]
     /// see modification times and [`Self::read`] read uncompressed chunks
     /// straight from their files; an object store lets operators read
     /// ahead ([`Self::chunk_keys`]).
@@ -241,45 +241,93 @@ impl ZarrArray {
         self.decoder.peak_bytes_per_cell(self.element_size())
     }
 
-    /// Writes what identifies the array's stored state to `out`: its
-    /// metadata, and, in local stores, the keys stored under it with their
-    /// sizes and modification times (a listing, no chunk read); in object
-    /// stores, the size, ETag and modification time of its metadata objects
-    /// only (a HEAD each: nothing lists chunk keys, whose number has no
-    /// bound; a chunk rewritten without its metadata is not seen).
-    pub fn fingerprint(&self, out: &mut dyn Write) -> Result<()> {
-        let fail = |e: &dyn std::fmt::Display| {
-            ZarrFusionError::array(&self.store, &self.name, format!("cannot list: {e}"))
-        };
-        let metadata = serde_json::to_string(self.array.metadata()).map_err(|e| fail(&e))?;
+    /// Writes what identifies the stored state of each of `arrays` to
+    /// `out`, one after another: its name and metadata, and, in local
+    /// stores, the keys stored under it with their sizes and modification
+    /// times (a listing, no chunk read); in object stores, the size, ETag
+    /// and modification time of its metadata objects only (nothing lists
+    /// chunk keys, whose number has no bound; a chunk rewritten without its
+    /// metadata is not seen). The metadata objects of all the arrays of one
+    /// object store are asked for at once (one round trip, not one per
+    /// array and object).
+    pub fn fingerprint_all(arrays: &[&ZarrArray], out: &mut dyn Write) -> Result<()> {
+        let mut versions: Vec<Option<Vec<String>>> = vec![None; arrays.len()];
+        for (i, array) in arrays.iter().enumerate() {
+            let Some(remote) = &array.remote else {
+                continue;
+            };
+            if versions[i].is_some() {
+                continue;
+            }
+            let same: Vec<usize> = (i..arrays.len())
+                .filter(|&j| (arrays[j].remote.as_ref()).is_some_and(|r| Arc::ptr_eq(r, remote)))
+                .collect();
+            let keys = (same.iter())
+                .map(|&j| arrays[j].metadata_keys())
+                .collect::<Result<Vec<_>>>()?;
+            let all: Vec<StoreKey> = keys.iter().flatten().cloned().collect();
+            let mut answers = all.iter().zip(remote.stat_all(&all));
+            for (&j, keys) in same.iter().zip(&keys) {
+                let lines = (answers.by_ref().take(keys.len()))
+                    .map(|(key, answer)| match answer {
+                        Ok(stat) => Ok(format!(
+                            "{} {}",
+                            key.as_str(),
+                            stat.as_deref().unwrap_or("absent")
+                        )),
+                        Err(e) => Err(arrays[j].fingerprint_error(&e)),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                versions[j] = Some(lines);
+            }
+        }
+        for (array, versions) in arrays.iter().zip(versions) {
+            array.fingerprint(out, versions)?;
+        }
+        Ok(())
+    }
+
+    fn fingerprint_error(&self, e: &dyn std::fmt::Display) -> ZarrFusionError {
+        ZarrFusionError::array(&self.store, &self.name, format!("cannot list: {e}"))
+    }
+
+    /// The keys of this array's own metadata objects.
+    fn metadata_keys(&self) -> Result<Vec<StoreKey>> {
         let path = self.array.path().as_str().trim_matches('/');
+        let names: &[&str] = match self.is_v3() {
+            true => &["zarr.json"],
+            false => &[".zarray", ".zattrs"],
+        };
+        (names.iter())
+            .map(|name| {
+                let key = match path.is_empty() {
+                    true => name.to_string(),
+                    false => format!("{path}/{name}"),
+                };
+                StoreKey::new(key).map_err(|e| self.fingerprint_error(&e))
+            })
+            .collect()
+    }
+
+    /// One array's part of [`Self::fingerprint_all`]: `versions` are its
+    /// metadata objects' lines when it is in an object store.
+    fn fingerprint(&self, out: &mut dyn Write, versions: Option<Vec<String>>) -> Result<()> {
+        let fail = |e: &dyn std::fmt::Display| self.fingerprint_error(e);
+        let metadata = serde_json::to_string(self.array.metadata()).map_err(|e| fail(&e))?;
         let write = |out: &mut dyn Write, text: &str| {
             out.write_all(text.as_bytes())
                 .and_then(|()| out.write_all(b"\n"))
                 .map_err(|e| fail(&e))
         };
-        if let Some(remote) = &self.remote {
-            write(out, &metadata)?;
-            let names: &[&str] = if self.is_v3() {
-                &["zarr.json"]
-            } else {
-                &[".zarray", ".zattrs"]
-            };
-            for name in names {
-                let key = if path.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{path}/{name}")
-                };
-                let key = StoreKey::new(key).map_err(|e| fail(&e))?;
-                let stat = remote.stat(&key).map_err(|e| fail(&e))?;
-                write(
-                    out,
-                    &format!("{} {}", key.as_str(), stat.as_deref().unwrap_or("absent")),
-                )?;
+        write(out, &self.name)?;
+        write(out, &metadata)?;
+        if let Some(versions) = versions {
+            for line in versions {
+                write(out, &line)?;
             }
             return Ok(());
         }
+        let path = self.array.path().as_str().trim_matches('/');
         let prefix = if path.is_empty() {
             StorePrefix::root()
         } else {
@@ -288,7 +336,6 @@ impl ZarrArray {
         let storage = self.array.storage();
         let keys = storage.list_prefix(&prefix).map_err(|e| fail(&e))?;
         let total = storage.size_prefix(&prefix).map_err(|e| fail(&e))?;
-        write(out, &metadata)?;
         write(out, &format!("{} keys, {total} bytes", keys.len()))?;
         for key in &keys {
             let stat = self.local_root.as_ref().map(|root| {
@@ -351,13 +398,11 @@ impl ZarrArray {
     pub fn read_through_codecs(&self, ranges: &[Range<u64>]) -> Result<ArrayRef> {
         let subset = ArraySubset::new_with_ranges(ranges);
         let decoded = match self.decoder.stored() {
-            StoredType::String => self
-                .array
-                .retrieve_array_subset::<Vec<String>>(&subset)
-                .map(|strings| Ok(self.decoder.decode_strings(strings))),
-            _ => self
-                .array
-                .retrieve_array_subset::<ArrayBytes<'static>>(&subset)
+            StoredType::String => {
+                codec_read(|| self.array.retrieve_array_subset::<Vec<String>>(&subset))
+                    .map(|strings| Ok(self.decoder.decode_strings(strings)))
+            }
+            _ => codec_read(|| (self.array).retrieve_array_subset::<ArrayBytes<'static>>(&subset))
                 .map(|bytes| match bytes.into_fixed() {
                     Ok(raw) => self.decoder.decode_fixed(raw.into_owned()),
                     Err(e) => Err(e.to_string()),
@@ -366,7 +411,7 @@ impl ZarrArray {
         match decoded {
             Ok(Ok(column)) => Ok(column),
             Ok(Err(message)) => Err(ZarrFusionError::array(&self.store, &self.name, message)),
-            Err(e) => Err(self.locate_error(&subset, e.to_string())),
+            Err(message) => Err(self.locate_error(&subset, message)),
         }
     }
 
@@ -389,8 +434,10 @@ impl ZarrArray {
                 return chunk_error(&indices, message);
             }
             for indices in &chunks.indices() {
-                if let Err(e) = self.array.retrieve_chunk::<ArrayBytes<'static>>(&indices) {
-                    return chunk_error(&indices, e.to_string());
+                let read =
+                    codec_read(|| self.array.retrieve_chunk::<ArrayBytes<'static>>(&indices));
+                if let Err(message) = read {
+                    return chunk_error(&indices, message);
                 }
             }
         }
@@ -407,6 +454,19 @@ impl std::fmt::Debug for ZarrArray {
             .field("dims", &self.dims)
             .field("decoder", &self.decoder)
             .finish()
+    }
+}
+
+/// Runs a read through zarrs' codec pipeline, its failure as text. A
+/// panic of a codec on damaged bytes (one indexing past its buffer, as
+/// zarrs' `vlen-utf8` v2 codec does on a corrupt length) is such a failure
+/// too, not the end of the query or of the process.
+pub fn codec_read<T>(
+    read: impl FnOnce() -> std::result::Result<T, ArrayError>,
+) -> std::result::Result<T, String> {
+    match catch_panic("codec", read) {
+        Ok(answer) => answer.map_err(|e| e.to_string()),
+        Err(p) => Err(format!("the codec failed on these bytes: {}", p.message)),
     }
 }
 

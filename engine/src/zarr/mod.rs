@@ -11,7 +11,7 @@ mod raw_chunks;
 mod remote;
 mod store;
 
-pub use array::{chunk_keys, root_name, ZarrArray, MAX_ARRAY_BYTES};
+pub use array::{chunk_keys, codec_read, root_name, ZarrArray, MAX_ARRAY_BYTES};
 pub(crate) use array::{dimension_names, is_sharded};
 pub use buffer_pool::{ChunkBufferPool, PooledBytes};
 pub use decode::{ColumnDecoder, StoredType};

@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use futures::future::try_join_all;
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use tokio::runtime::Handle;
@@ -284,6 +285,9 @@ struct Wish {
     owners: Vec<Weak<Window>>,
 }
 
+/// Most HEADs in flight at once in [`RemoteStorage::stat_all`].
+const STAT_CONCURRENCY: usize = 64;
+
 /// Most keys remembered as read before their window asked for them.
 const MISSED_KEYS: usize = 1 << 16;
 
@@ -403,22 +407,31 @@ impl RemoteStorage {
         &self.counters
     }
 
-    /// What identifies the stored state of `key` without reading it: its
-    /// size, ETag and last modification (one HEAD), or `None` when absent.
-    pub fn stat(&self, key: &StoreKey) -> Result<Option<String>, String> {
-        let in_flight = self.counters.start();
-        let answer = self.runtime.block_on(self.store.head(&path(key)));
-        in_flight.answered();
-        match answer {
-            Ok(meta) => Ok(Some(format!(
-                "{} {} {}",
-                meta.size,
-                meta.e_tag.unwrap_or_default(),
-                meta.last_modified.to_rfc3339()
-            ))),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(read_error(key, &e)),
-        }
+    /// What identifies the stored state of each of `keys` without reading
+    /// it: its size, ETag and last modification (one HEAD each, all in
+    /// flight at once, up to the object store's usual concurrency), or
+    /// `None` when absent; in the order of `keys`.
+    pub fn stat_all(&self, keys: &[StoreKey]) -> Vec<Result<Option<String>, String>> {
+        let heads = keys.iter().map(|key| async move {
+            let in_flight = self.counters.start();
+            let answer = self.store.head(&path(key)).await;
+            in_flight.answered();
+            match answer {
+                Ok(meta) => Ok(Some(format!(
+                    "{} {} {}",
+                    meta.size,
+                    meta.e_tag.unwrap_or_default(),
+                    meta.last_modified.to_rfc3339()
+                ))),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(read_error(key, &e)),
+            }
+        });
+        self.runtime.block_on(
+            futures::stream::iter(heads)
+                .buffered(STAT_CONCURRENCY)
+                .collect(),
+        )
     }
 
     /// The read-ahead request for `key`, taken out of its window when one

@@ -9,7 +9,7 @@ use zarrs::storage::{ReadableStorageTraits, ReadableWritableStorageTraits};
 
 use super::plan::StagePlan;
 use crate::array::tasks::{grid_cell, run_tasks};
-use crate::zarr::ReadAhead;
+use crate::zarr::{codec_read, ReadAhead};
 
 /// What a stage did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -53,9 +53,10 @@ where
         |_, task| {
             let ranges = region(plan, &shape, task);
             let subset = ArraySubset::new_with_ranges(&ranges);
-            let bytes = input
-                .retrieve_array_subset_opt::<ArrayBytes<'static>>(&subset, &options)
-                .map_err(|e| read_error(input, &subset, &options, e.to_string()))?;
+            let bytes = codec_read(|| {
+                input.retrieve_array_subset_opt::<ArrayBytes<'static>>(&subset, &options)
+            })
+            .map_err(|e| read_error(input, &subset, &options, e))?;
             let size = bytes.size() as u64;
             if let Some(read_ahead) = read_ahead {
                 read_ahead.done_with(task);
@@ -88,7 +89,9 @@ where
 {
     if let Ok(Some(chunks)) = input.chunks_in_array_subset(subset) {
         for indices in &chunks.indices() {
-            if let Err(e) = input.retrieve_chunk_opt::<ArrayBytes<'static>>(&indices, options) {
+            let read =
+                codec_read(|| input.retrieve_chunk_opt::<ArrayBytes<'static>>(&indices, options));
+            if let Err(e) = read {
                 return format!(
                     "reading chunk '{}' (chunk {indices:?}): {e}",
                     input.chunk_key(&indices)
