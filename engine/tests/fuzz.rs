@@ -17,7 +17,7 @@
 //! filter pushed down to the coordinates gives the rows DataFusion's own
 //! filter gives over the unfiltered table.
 //!
-//! CI runs `ZARRFUSION_FUZZ_CASES` cases a target (default 48) from a fixed
+//! CI runs `ZARRFUSION_FUZZ_CASES` cases a target (default 128) from a fixed
 //! seed (`ZARRFUSION_FUZZ_SEED`, `random` for a fresh one). Longer runs, and
 //! how many inputs they tried, are recorded in `docs/bad-input.md`; a
 //! failure's input is shrunk by proptest, kept in
@@ -48,7 +48,7 @@ fn cases() -> u32 {
     std::env::var("ZARRFUSION_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(48)
+        .unwrap_or(128)
 }
 
 /// The seed, from `ZARRFUSION_FUZZ_SEED` (a number, or `random`).
