@@ -454,7 +454,7 @@ async fn a_string_chunk_with_a_corrupt_length_is_an_error_naming_the_chunk() {
     let dir = common::scratch("corrupt-vlen");
     let store = dir.join("s.zarr");
     let from = std::path::PathBuf::from(fixture("string_coords_v2.zarr"));
-    copy_tree(&from, &store);
+    common::copy_dir(&from, &store);
     let chunk = store.join("station/0");
     let mut bytes = std::fs::read(&chunk).unwrap();
     bytes[42..46].copy_from_slice(&1u32.to_le_bytes());
@@ -464,16 +464,4 @@ async fn a_string_chunk_with_a_corrupt_length_is_an_error_naming_the_chunk() {
     assert_mentions("corrupt vlen", &message, &["'station'", "station/0"]);
     assert!(!message.contains("panicked"), "{message}");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        match entry.file_type().unwrap().is_dir() {
-            true => copy_tree(&entry.path(), &target),
-            false => drop(std::fs::copy(entry.path(), target).unwrap()),
-        }
-    }
 }

@@ -79,7 +79,7 @@ fn compressed_and_big_endian_chunks_go_through_the_codecs() {
 #[test]
 fn a_chunk_file_of_the_wrong_size_names_the_chunk() {
     let copy = scratch("chunk-files").join("raw.zarr");
-    copy_dir(&repo_root().join("tests/fixtures/data/raw_v3.zarr"), &copy);
+    common::copy_dir(&repo_root().join("tests/fixtures/data/raw_v3.zarr"), &copy);
     let chunk = copy.join("q/c/1/0/1");
     let bytes = std::fs::read(&chunk).unwrap();
     std::fs::write(&chunk, &bytes[..bytes.len() - 4]).unwrap();
@@ -94,17 +94,4 @@ fn a_chunk_file_of_the_wrong_size_names_the_chunk() {
     assert!(message.contains("truncated or corrupt"), "{message}");
     // A box that does not touch that chunk reads.
     assert!(q.read(&[0..2, 0..9, 0..4], &ChunkBufferPool::new()).is_ok());
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
 }

@@ -170,7 +170,7 @@ impl Playground {
         let root = base.join(format!("zf-fuzz-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         for store in stores {
-            copy_dir(Path::new(&common::fixture(store)), &root.join(store));
+            common::copy_dir(Path::new(&common::fixture(store)), &root.join(store));
         }
         Playground { root }
     }
@@ -230,19 +230,6 @@ struct Restore {
 impl Drop for Restore {
     fn drop(&mut self) {
         std::fs::write(&self.path, &self.original).unwrap();
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
     }
 }
 
@@ -1423,6 +1410,17 @@ fn sql_case() -> impl Strategy<Value = SqlCase> {
     ]
 }
 
+/// ` OPTIONS ('k' 'v', ...)`, or nothing without options.
+fn options_clause(options: &[(&str, String)]) -> String {
+    let options: Vec<String> = (options.iter())
+        .map(|(k, v)| format!("'{k}' {}", quoted(v)))
+        .collect();
+    match options.is_empty() {
+        true => String::new(),
+        false => format!(" OPTIONS ({})", options.join(", ")),
+    }
+}
+
 /// An option's value as `OPTIONS` takes it (a quoted string).
 fn quoted(literal: &str) -> String {
     if literal.starts_with('\'') {
@@ -1460,15 +1458,7 @@ impl SqlCase {
                 "SELECT count(*), avg(t2m) FROM t GROUP BY lat".to_string(),
             ],
             SqlCase::Copy { options } => {
-                let options: Vec<String> = options
-                    .iter()
-                    .map(|(k, v)| format!("'{k}' {}", quoted(v)))
-                    .collect();
-                let with = if options.is_empty() {
-                    String::new()
-                } else {
-                    format!(" OPTIONS ({})", options.join(", "))
-                };
+                let with = options_clause(options);
                 vec![format!("COPY t TO '{out}' STORED AS ZARR{with}")]
             }
             SqlCase::CfTime {
@@ -1480,15 +1470,7 @@ impl SqlCase {
                 None => format!("SELECT cf_time({value}, {units})"),
             }],
             SqlCase::Create { options } => {
-                let options: Vec<String> = options
-                    .iter()
-                    .map(|(k, v)| format!("'{k}' {}", quoted(v)))
-                    .collect();
-                let with = if options.is_empty() {
-                    String::new()
-                } else {
-                    format!(" OPTIONS ({})", options.join(", "))
-                };
+                let with = options_clause(options);
                 vec![
                     format!("CREATE EXTERNAL TABLE c STORED AS ZARR LOCATION '{store}'{with}"),
                     "SELECT * FROM c LIMIT 5".to_string(),

@@ -36,6 +36,20 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// Copies the directory tree `from` to `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
 /// A fixture store's path.
 pub fn fixture(name: &str) -> String {
     repo_root()
