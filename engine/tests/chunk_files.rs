@@ -78,7 +78,8 @@ fn compressed_and_big_endian_chunks_go_through_the_codecs() {
 
 #[test]
 fn a_chunk_file_of_the_wrong_size_names_the_chunk() {
-    let copy = scratch("chunk-files").join("raw.zarr");
+    let dir = scratch("chunk-files");
+    let copy = dir.join("raw.zarr");
     common::copy_dir(&repo_root().join("tests/fixtures/data/raw_v3.zarr"), &copy);
     let chunk = copy.join("q/c/1/0/1");
     let bytes = std::fs::read(&chunk).unwrap();

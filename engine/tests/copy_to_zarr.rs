@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use common::entries;
 use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -22,7 +21,7 @@ fn demo() -> String {
 }
 
 /// A fresh directory for one test's outputs.
-fn scratch(name: &str) -> PathBuf {
+fn scratch(name: &str) -> common::Scratch {
     common::scratch(&format!("copy-{name}"))
 }
 

@@ -348,7 +348,8 @@ async fn explain_shows_the_strategy_and_memory_and_a_small_budget_is_refused() {
 /// and compares with the input; both transforms by `strategy`.
 async fn round_trip(variable: &str, rtol: f64, strategy: &str) {
     std::env::set_current_dir(repo_root()).unwrap();
-    let spec = common::scratch(&format!("fft_round_trip_{variable}_{strategy}")).join("spec.zarr");
+    let dir = common::scratch(&format!("fft_round_trip_{variable}_{strategy}"));
+    let spec = dir.join("spec.zarr");
     let spec = spec.to_str().unwrap();
     let store = "tests/fixtures/fft/data/grid.zarr";
     let ctx = new_context();
@@ -529,7 +530,8 @@ async fn a_spectrum_copied_to_zarr_transforms_back_to_the_input() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copy_of_a_transform_is_written_block_by_block_in_the_chunks_asked() {
     std::env::set_current_dir(repo_root()).unwrap();
-    let spec = common::scratch("fft_copy_chunks").join("spec.zarr");
+    let dir = common::scratch("fft_copy_chunks");
+    let spec = dir.join("spec.zarr");
     let spec = spec.to_str().unwrap();
     let copy = format!(
         "COPY (SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat')) \
@@ -838,7 +840,8 @@ async fn explain_analyze_times_the_transform_phase_apart() {
     let ctx = new_context();
     let select =
         "SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => ['lat', 'lon'])";
-    let spec = common::scratch("fft_transform_time").join("spec.zarr");
+    let dir = common::scratch("fft_transform_time");
+    let spec = dir.join("spec.zarr");
     let copy = format!("COPY ({select}) TO '{}' STORED AS ZARR", spec.display());
     for (sql, operator) in [(select.to_string(), "FftExec"), (copy, "FftCopyExec")] {
         let (transform, wall) = transform_time(&ctx, &sql, operator).await;

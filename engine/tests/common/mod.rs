@@ -28,12 +28,37 @@ pub fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
-/// A fresh, empty directory for one test (named after `name` and the process).
-pub fn scratch(name: &str) -> PathBuf {
+/// A fresh, empty directory for one test (named after `name` and the
+/// process), removed with everything in it when dropped.
+pub fn scratch(name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("zf-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
+}
+
+/// A test's scratch directory: a path while it lives, gone once dropped
+/// (also when the test fails), so test runs leave nothing in the temp dir.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Copies the directory tree `from` to `to`.
