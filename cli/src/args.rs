@@ -52,6 +52,12 @@ pub struct Args {
     #[arg(long = "io-concurrency")]
     pub io_concurrency: Option<u64>,
 
+    /// Restrict the locations statements may read, write and work in to
+    /// these directories and URL prefixes (repeatable; default: any), for
+    /// a shell that runs SQL written by others. SQL cannot change it.
+    #[arg(long = "allow", value_name = "LOCATION")]
+    pub allow: Vec<String>,
+
     /// Rows per record batch.
     #[arg(long = "batch-size")]
     pub batch_size: Option<usize>,

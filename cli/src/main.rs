@@ -116,6 +116,14 @@ fn build_context(args: &Args) -> Result<SessionContext, String> {
             .set("zarrfusion.io_concurrency", &n.to_string())
             .map_err(|e| format!("--io-concurrency: {e}"))?;
     }
+    if !args.allow.is_empty() {
+        let list = args.allow.join(",");
+        zarrfusion::zarr::AllowedLocations::parse(&list).map_err(|e| format!("--allow: {e}"))?;
+        config
+            .options_mut()
+            .set("zarrfusion.allowed_locations", &list)
+            .map_err(|e| format!("--allow: {e}"))?;
+    }
     let runtime = builder.build_arc().map_err(|e| e.to_string())?;
     if let Some(batch_size) = args.batch_size {
         config = config.with_batch_size(batch_size);

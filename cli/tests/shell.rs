@@ -255,6 +255,33 @@ fn errors_go_to_stderr_with_exit_status_one() {
 }
 
 #[test]
+fn allow_restricts_the_locations_statements_reach() {
+    // demo/ is allowed: the demo store answers as without --allow.
+    let count = "SELECT count(*) AS n FROM read_zarr('demo/era5.zarr')";
+    let open = zarrfusion(&["--format", "csv", "-q", "-c", count]);
+    assert!(open.status.success(), "{}", stderr(&open));
+    let allowed = zarrfusion(&["--allow", "demo", "--format", "csv", "-q", "-c", count]);
+    assert!(allowed.status.success(), "{}", stderr(&allowed));
+    assert_eq!(stdout(&allowed), stdout(&open));
+    // The same store reached through a path outside, and writes outside.
+    for sql in [
+        "SELECT count(*) FROM read_zarr('sql-examples/../demo/../tests/fixtures/data/v3_basic.zarr')",
+        "COPY (SELECT 1 AS x) TO 'not-allowed.csv' STORED AS CSV",
+        "SET zarrfusion.allowed_locations = ''",
+    ] {
+        let output = zarrfusion(&["--allow", "demo", "-c", sql]);
+        assert_eq!(output.status.code(), Some(1), "{sql}: {}", stderr(&output));
+        let err = stderr(&output);
+        assert!(err.contains("allowed_locations"), "{sql}: stderr was {err}");
+        assert!(!err.contains("panicked"), "{sql}: {err}");
+    }
+    assert!(!repo_root().join("not-allowed.csv").exists());
+    let bad = zarrfusion(&["--allow", "s3://", "-c", "SELECT 1"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("--allow"), "{}", stderr(&bad));
+}
+
+#[test]
 fn a_closed_pipe_ends_the_shell_quietly() {
     use std::io::Read;
     use std::process::Stdio;
@@ -334,4 +361,56 @@ fn ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer() {
     let err = stderr(&output);
     assert!(err.contains("cancelled"), "stderr was {err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_copy_killed_midway_leaves_no_target_and_the_next_copy_sweeps_its_leftovers() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let dir = std::env::temp_dir().join(format!("zf-killed-copy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("out.zarr");
+    // A grid of 36 million cells: written for long enough to be caught.
+    let copy = format!(
+        "COPY (SELECT a.value AS x, b.value AS y, CAST(a.value * b.value AS DOUBLE) AS v \
+         FROM range(0, 6000) AS a CROSS JOIN range(0, 6000) AS b) \
+         TO '{}' STORED AS ZARR OPTIONS ('dims' 'x,y', 'codec' 'none')",
+        target.display()
+    );
+    let leftovers = || -> Vec<String> {
+        (std::fs::read_dir(&dir).unwrap().flatten())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".zarrfusion-tmp"))
+            .collect()
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zarrfusion"))
+        .args(["-q", "-c", &copy])
+        .current_dir(repo_root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the zarrfusion binary runs");
+    let started = Instant::now();
+    while leftovers().is_empty() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the COPY ended before its temporary store was seen"
+        );
+        assert!(started.elapsed() < Duration::from_secs(120));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL: nothing of the process runs after it.
+    child.wait().unwrap();
+    let left = leftovers();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(!target.exists(), "a killed COPY left a target");
+
+    // A clean re-run: the target written whole, the killed run's
+    // temporary store removed.
+    let output = zarrfusion(&["-q", "-c", &copy.replace("6000", "300")]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(target.join("zarr.json").exists());
+    assert_eq!(leftovers(), Vec::<String>::new());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -28,11 +28,11 @@ use std::collections::HashMap;
 
 use datafusion::common::config::{ConfigExtension, ConfigOptions};
 use datafusion::common::{config_namespace, extensions_options, plan_err, Result};
-use datafusion::logical_expr::{LogicalPlan, ResetVariable, SetVariable, Statement};
+use datafusion::logical_expr::{DdlStatement, LogicalPlan, ResetVariable, SetVariable, Statement};
 use datafusion::prelude::SessionContext;
 
 use crate::memory::parse_size;
-use crate::zarr::{parse_duration, retry_config, StoreLocation};
+use crate::zarr::{parse_duration, retry_config, AllowedLocations, StoreLocation};
 
 extensions_options! {
     /// Settings of the Zarr scan and the array operators.
@@ -78,6 +78,11 @@ extensions_options! {
         /// store request them all at once, each only if it changed (one
         /// round trip instead of two or three).
         pub open_cache: bool, default = true
+        /// The locations statements may read, write and work in: a
+        /// comma-separated list of directories and URL prefixes (see
+        /// [`AllowedLocations`]); empty: everywhere. Set when the session
+        /// is built; `SET` and `RESET` refuse it.
+        pub allowed_locations: String, default = String::new()
         /// Retries of failed object-store requests, for stores built from
         /// now on (`retry.max_retries`, `retry.retry_timeout`,
         /// `retry.backoff.*`, as the table options).
@@ -139,6 +144,11 @@ impl ZarrConfig {
             .unwrap_or_default()
     }
 
+    /// The locations the session may reach (`allowed_locations`).
+    pub fn allowed(&self) -> crate::error::Result<AllowedLocations> {
+        AllowedLocations::parse(&self.allowed_locations)
+    }
+
     /// The object-store options the session's `retry.*` and `client.*`
     /// settings stand for, named as table options (`retry.max_retries`).
     pub fn object_store_defaults(&self) -> HashMap<String, String> {
@@ -197,6 +207,10 @@ fn runtime_name(variable: &str) -> Option<&'static str> {
 /// and the plan is rewritten into the DataFusion runtime settings the
 /// values stand for ([`translate_runtime_settings`]).
 pub fn apply_runtime_settings(ctx: &SessionContext, plan: LogicalPlan) -> Result<LogicalPlan> {
+    check_locations(
+        &ZarrConfig::of(ctx.state().config_options()).allowed()?,
+        &plan,
+    )?;
     let work_dir = match &plan {
         LogicalPlan::Statement(Statement::SetVariable(SetVariable { variable, value }))
             if is_work_dir(variable) =>
@@ -219,6 +233,40 @@ pub fn apply_runtime_settings(ctx: &SessionContext, plan: LogicalPlan) -> Result
             .set("zarrfusion.work_dir", &value)?;
     }
     Ok(plan)
+}
+
+/// Holds a statement to the session's allowed locations: the list itself
+/// cannot be set or reset from SQL; work and temporary directories, the
+/// locations of `CREATE EXTERNAL TABLE` and the targets of `COPY` (of any
+/// format) must be under it.
+fn check_locations(allowed: &AllowedLocations, plan: &LogicalPlan) -> Result<()> {
+    let is_list =
+        |variable: &str| (variable.trim()).eq_ignore_ascii_case("zarrfusion.allowed_locations");
+    match plan {
+        LogicalPlan::Statement(Statement::SetVariable(SetVariable { variable, .. }))
+        | LogicalPlan::Statement(Statement::ResetVariable(ResetVariable { variable }))
+            if is_list(variable) =>
+        {
+            plan_err!(
+                "zarrfusion.allowed_locations is set when the session is built                  (Rust: its config; Python: SessionContext(allowed_locations=...);                  the shell: --allow), not from SQL"
+            )
+        }
+        _ if !allowed.is_restricted() => Ok(()),
+        LogicalPlan::Statement(Statement::SetVariable(SetVariable { variable, value }))
+            if is_work_dir(variable)
+                || (variable.trim()).eq_ignore_ascii_case("datafusion.runtime.temp_directory") =>
+        {
+            Ok(allowed.check_text(value)?)
+        }
+        LogicalPlan::Ddl(DdlStatement::CreateExternalTable(table)) => {
+            for location in &table.locations {
+                allowed.check_text(location)?;
+            }
+            Ok(())
+        }
+        LogicalPlan::Copy(copy) => Ok(allowed.check_text(&copy.output_url)?),
+        _ => Ok(()),
+    }
 }
 
 fn is_work_dir(variable: &str) -> bool {

@@ -44,6 +44,16 @@ pub enum ZarrFusionError {
         /// What went wrong.
         message: String,
     },
+    /// A location the session may not reach
+    /// (`zarrfusion.allowed_locations`), or an option that would reach
+    /// past the locations it may.
+    #[error("location '{location}': {message}")]
+    Forbidden {
+        /// The location as the user gave it.
+        location: String,
+        /// Why it was refused.
+        message: String,
+    },
     /// The user asked for something the store does not have (a dimension set, an option).
     #[error("{0}")]
     Invalid(String),
@@ -54,6 +64,14 @@ pub enum ZarrFusionError {
 }
 
 impl ZarrFusionError {
+    /// A location refused to the session.
+    pub fn forbidden(location: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        Self::Forbidden {
+            location: location.into(),
+            message: message.to_string(),
+        }
+    }
+
     /// An error about the whole store.
     pub fn store(store: impl Into<String>, message: impl std::fmt::Display) -> Self {
         Self::Store {

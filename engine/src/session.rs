@@ -171,7 +171,7 @@ impl ZarrContextExt for SessionContext {
         options: HashMap<String, String>,
     ) -> Result<()> {
         let options =
-            ZarrTableOptions::from_map(&options)?.with_session(self.state().config().options());
+            ZarrTableOptions::from_map(&options)?.with_session(self.state().config().options())?;
         let (dims, pushdown) = (options.dims.clone(), options.pushdown);
         let dataset = open_dataset(url.to_string(), options, self.runtime_env()).await?;
         let default_table = dataset.table(dims.as_deref())?;

@@ -1361,6 +1361,8 @@ const COPY_OPTIONS: &[&str] = &[
     "zarr_format",
     "dims",
     "level",
+    "aws.region",
+    "retry.max_retries",
     "nonsense",
 ];
 
@@ -1432,7 +1434,21 @@ fn quoted(literal: &str) -> String {
 
 impl SqlCase {
     /// The statements, in order; the last one's outcome is the case's.
-    fn statements(&self, store: &str, out: &str) -> Vec<String> {
+    /// Whatever they write (the COPY target, work directories) goes under
+    /// `dir`.
+    fn statements(&self, store: &str, dir: &Path) -> Vec<String> {
+        let out = dir.join("out.zarr");
+        let out = out.to_string_lossy();
+        // A local work directory is created where it is set: any value but
+        // an object-store URL names one under `dir`, never outside it.
+        let work_dir = |literal: &str| {
+            let name = literal.trim_matches('\'').replace("''", "'");
+            if name.contains("://") && !name.starts_with("file:") {
+                return literal.to_string();
+            }
+            let name = name.replace("..", "_");
+            quoted(&dir.join(name.trim_start_matches('/')).to_string_lossy())
+        };
         match self {
             SqlCase::TableFunction { name, args } => {
                 let mut all = vec![if *name == "read_zarr" {
@@ -1446,6 +1462,9 @@ impl SqlCase {
                 for (i, (key, value)) in args.iter().enumerate() {
                     // The first positional argument is sometimes replaced.
                     match key {
+                        Some(key @ "work_dir") => {
+                            all.push(format!("\"{key}\" => {}", work_dir(value)))
+                        }
                         Some(key) => all.push(format!("\"{key}\" => {value}")),
                         None if i == 0 => all[0] = value.clone(),
                         None => all.push(value.clone()),
@@ -1454,7 +1473,10 @@ impl SqlCase {
                 vec![format!("SELECT * FROM {name}({}) LIMIT 5", all.join(", "))]
             }
             SqlCase::Setting { name, value } => vec![
-                format!("SET {name} = {value}"),
+                match *name {
+                    "zarrfusion.work_dir" => format!("SET {name} = {}", work_dir(value)),
+                    _ => format!("SET {name} = {value}"),
+                },
                 "SELECT count(*), avg(t2m) FROM t GROUP BY lat".to_string(),
             ],
             SqlCase::Copy { options } => {
@@ -1470,7 +1492,13 @@ impl SqlCase {
                 None => format!("SELECT cf_time({value}, {units})"),
             }],
             SqlCase::Create { options } => {
-                let with = options_clause(options);
+                let options: Vec<(&str, String)> = (options.iter())
+                    .map(|(k, v)| match *k {
+                        "work_dir" => (*k, work_dir(v)),
+                        _ => (*k, v.clone()),
+                    })
+                    .collect();
+                let with = options_clause(&options);
                 vec![
                     format!("CREATE EXTERNAL TABLE c STORED AS ZARR LOCATION '{store}'{with}"),
                     "SELECT * FROM c LIMIT 5".to_string(),
@@ -1488,13 +1516,8 @@ proptest! {
     #[test]
     fn any_sql_arguments_end_in_an_answer_or_a_clear_error(case in sql_case()) {
         let store = common::fixture("v3_basic.zarr");
-        let out = std::env::temp_dir().join(format!(
-            "zf-fuzz-sql-{}-{:?}.zarr",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&out);
-        let statements = case.statements(&store, &out.to_string_lossy());
+        let dir = common::scratch(&format!("fuzz-sql-{:?}", std::thread::current().id()));
+        let statements = case.statements(&store, &dir);
         let context = statements.join("; ");
         let outcome = run(&context, async {
             let ctx = session().await;
@@ -1510,7 +1533,7 @@ proptest! {
             }
             last
         })?;
-        let _ = std::fs::remove_dir_all(&out);
+        drop(dir);
         if let Outcome::Refused(message) = outcome {
             check_error(&context, &message)?;
         }

@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -49,7 +49,7 @@ fn contents(store: &str) -> Contents {
 }
 
 /// A fresh scratch directory for one test, with a `work` directory in it.
-fn scratch(name: &str) -> PathBuf {
+fn scratch(name: &str) -> common::Scratch {
     let dir = common::scratch(&format!("rechunk-{name}"));
     std::fs::create_dir_all(dir.join("work")).unwrap();
     dir
@@ -375,6 +375,36 @@ async fn the_rechunk_table_function_reads_the_source_in_new_chunks_and_cleans_up
     assert!(err.contains("cannot fit allowed_mem"), "{err}");
     assert_no_rechunk_files(&dir).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scratch_stores_a_killed_process_left_are_swept_by_the_next_rechunk() {
+    use zarrfusion::ZarrContextExt;
+    let dir = scratch("swept");
+    let work = dir.join("work");
+    // This machine's name, as stamps carry it.
+    let stamp = zarrfusion::write::stamp::unique_suffix();
+    let host = stamp.splitn(3, '-').nth(2).unwrap().to_string();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let gone = child.id();
+    child.wait().unwrap();
+    let ours = std::process::id();
+    let dead = work.join(format!("zarrfusion-rechunked-{gone}-1-{host}.zarr"));
+    let running = work.join(format!("zarrfusion-rechunked-{ours}-2-{host}.zarr"));
+    let elsewhere = work.join(format!("zarrfusion-rechunked-{gone}-3-x{host}.zarr"));
+    for left in [&dead, &running, &elsewhere] {
+        std::fs::create_dir_all(left.join("t2m")).unwrap();
+    }
+    let ctx = sql_session(&dir, "256MB");
+    let source = fixture("rechunk_source.zarr");
+    ctx.register_zarr("src", &source, HashMap::new())
+        .await
+        .unwrap();
+    let expected = sorted_rows(&ctx, "SELECT * FROM src").await;
+    let actual = sorted_rows(&ctx, "SELECT * FROM rechunk('src', time => 5)").await;
+    common::assert_rows("rechunk", &actual, &expected);
+    assert!(!dead.exists(), "a dead process's scratch store was kept");
+    assert!(running.exists() && elsewhere.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

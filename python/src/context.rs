@@ -13,7 +13,7 @@ use pyo3::types::{PyBool, PyDict};
 use zarrfusion::array::rechunk::{rechunk_store_async, RechunkOptions};
 use zarrfusion::session::registered_zarr_tables;
 use zarrfusion::table::{open_dataset, parse_dims, ZarrTable, ZarrTableOptions};
-use zarrfusion::zarr::StoreLocation;
+use zarrfusion::zarr::{AllowedLocations, StoreLocation};
 use zarrfusion::ZarrContextExt;
 
 use crate::dataframe::PyDataFrame;
@@ -61,16 +61,19 @@ pub(crate) fn string_options(
 #[pymethods]
 impl PySessionContext {
     /// A session. `allowed_mem` bounds the memory of queries (`"4GB"`, or
-    /// bytes); `work_dir` holds intermediate files; `config` sets any
-    /// session setting (`{"zarrfusion.dense_reduction": "false"}`).
+    /// bytes); `work_dir` holds intermediate files; `allowed_locations`
+    /// (directories and URL prefixes) restricts where statements may read,
+    /// write and work (SQL cannot change it); `config` sets any session
+    /// setting (`{"zarrfusion.dense_reduction": "false"}`).
     #[new]
-    #[pyo3(signature = (allowed_mem=None, work_dir=None, target_partitions=None, batch_size=None, config=None))]
+    #[pyo3(signature = (allowed_mem=None, work_dir=None, target_partitions=None, batch_size=None, config=None, allowed_locations=None))]
     fn new(
         allowed_mem: Option<&Bound<'_, PyAny>>,
         work_dir: Option<String>,
         target_partitions: Option<usize>,
         batch_size: Option<usize>,
         config: Option<HashMap<String, String>>,
+        allowed_locations: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let mut builder = RuntimeEnvBuilder::new();
         if let Some(limit) = allowed_mem {
@@ -109,6 +112,14 @@ impl PySessionContext {
                 .options_mut()
                 .set(&key, &value)
                 .map_err(|e| PyValueError::new_err(format!("config: {e}")))?;
+        }
+        if let Some(locations) = allowed_locations {
+            let list = locations.join(",");
+            AllowedLocations::parse(&list).map_err(engine_error)?;
+            session
+                .options_mut()
+                .set("zarrfusion.allowed_locations", &list)
+                .map_err(|e| PyValueError::new_err(format!("allowed_locations: {e}")))?;
         }
         Ok(Self {
             ctx: zarrfusion::new_context_with(session, runtime),
@@ -201,7 +212,8 @@ impl PySessionContext {
     ) -> PyResult<PyDataset> {
         let mut options = ZarrTableOptions::from_map(&string_options(options)?)
             .map_err(engine_error)?
-            .with_session(self.ctx.state().config().options());
+            .with_session(self.ctx.state().config().options())
+            .map_err(engine_error)?;
         if let Some(dims) = dims {
             options.dims = Some(match dims.extract::<String>() {
                 Ok(text) => parse_dims(&text).map_err(engine_error)?,

@@ -1,7 +1,9 @@
 //! Engine errors as Python exceptions (the classes of
 //! `zarrfusion.errors`): bad arguments are `ValueError`; an unreadable
 //! store, array or chunk is `ZarrDataError` (an `OSError`); a plan refused
-//! for `allowed_mem` is `ZarrMemoryError` (a `MemoryError`); the rest is
+//! for `allowed_mem` is `ZarrMemoryError` (a `MemoryError`); a location
+//! the session may not reach is `ZarrPermissionError` (a
+//! `PermissionError`, its `store` the location); the rest is
 //! `ZarrFusionError`. Each carries the engine's message and, where the
 //! engine knows them, `store`, `array`, `chunk` and `key`.
 
@@ -19,6 +21,7 @@ enum Kind {
     General,
     Data,
     Memory,
+    Permission,
 }
 
 impl Kind {
@@ -27,6 +30,7 @@ impl Kind {
             Kind::General => "ZarrFusionError",
             Kind::Data => "ZarrDataError",
             Kind::Memory => "ZarrMemoryError",
+            Kind::Permission => "ZarrPermissionError",
         }
     }
 }
@@ -63,6 +67,10 @@ impl Location {
                 array: Some(array.clone()),
                 chunk: Some(chunk.clone()),
                 key: Some(key.clone()),
+            },
+            ZarrFusionError::Forbidden { location, .. } => Self {
+                store: Some(location.clone()),
+                ..Self::default()
             },
             ZarrFusionError::Invalid(_) | ZarrFusionError::Internal(_) => Self::default(),
         }
@@ -118,6 +126,7 @@ fn is_memory_refusal(e: &DataFusionError) -> bool {
 fn kind_of(e: &ZarrFusionError) -> Kind {
     match e {
         ZarrFusionError::Invalid(_) | ZarrFusionError::Internal(_) => Kind::General,
+        ZarrFusionError::Forbidden { .. } => Kind::Permission,
         _ => Kind::Data,
     }
 }

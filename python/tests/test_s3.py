@@ -496,6 +496,109 @@ def test_copy_to_s3_writes_a_store_xarray_reads(s3, tmp_path):
     assert got.u.encoding["chunks"] == (4, 8, 32)
 
 
+def test_a_copy_to_s3_writes_with_the_options_it_is_given(s3, tmp_path):
+    """The table is read straight from the server; the COPY's own OPTIONS
+    name the proxy's endpoint: every write goes through the proxy (the
+    bucket's registered store, the table's, would have bypassed it), and
+    xarray reads back the source's values. Object-store options with a
+    local target are refused, not ignored."""
+    import xarray as xr
+
+    ctx = zf.SessionContext()
+    ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **s3.options(through_proxy=False))
+    s3.proxy.reset()
+    through_proxy = ", ".join(f"'{k}' '{v}'" for k, v in s3.options().items())
+    ctx.sql(f"COPY t TO 's3://fixtures/copies/own.zarr' STORED AS ZARR OPTIONS ({through_proxy})").collect()
+    puts = s3.proxy.stats()["methods"].get("PUT", 0)
+    written = s3.keys("copies/own.zarr/")
+    assert written and puts >= len(written), (puts, written)
+    got = xr.open_zarr(download(s3, "copies/own.zarr", tmp_path / "own.zarr"))
+    want = xr.open_zarr(FIXTURES / "v3_basic.zarr")
+    np.testing.assert_array_equal(got.t2m.to_numpy(), want.t2m.to_numpy())
+    with pytest.raises(zf.ZarrFusionError, match="local path"):
+        ctx.sql(f"COPY t TO '{tmp_path / 'local.zarr'}' STORED AS ZARR OPTIONS ('aws.region' 'x')").collect()
+    assert not (tmp_path / "local.zarr").exists()
+
+
+def _host() -> str:
+    """This machine's name as zarrfusion's claims carry it."""
+    import re
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())
+
+
+def test_two_copies_to_one_prefix_at_once_write_one_store_and_erase_nothing_of_it(s3, tmp_path):
+    """Two sessions COPY a table to one prefix at once (60 ms a request, so
+    that both are under way together): one writes the store, the other is
+    refused before it writes (the prefix is claimed, or already written)
+    and erases nothing of it; xarray reads the store whole, and no claim is
+    left."""
+    import threading
+
+    import xarray as xr
+
+    s3.proxy.configure(latency_ms=60)
+    outcomes: dict[int, str | None] = {}
+
+    def copy(i: int) -> None:
+        ctx = zf.SessionContext()
+        ctx.register_zarr("t", "s3://fixtures/many.zarr", **s3.options())
+        try:
+            ctx.sql("COPY t TO 's3://fixtures/copies/race.zarr' STORED AS ZARR").collect()
+            outcomes[i] = None
+        except zf.ZarrFusionError as e:
+            outcomes[i] = str(e)
+
+    threads = [threading.Thread(target=copy, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    refused = [e for e in outcomes.values() if e is not None]
+    assert len(outcomes) == 2 and len(refused) == 1, outcomes
+    assert "another write holds it" in refused[0] or "already exists" in refused[0], refused
+    s3.proxy.configure()
+    keys = s3.keys("copies/race.zarr/")
+    assert not any(k.endswith(".zarrfusion-write") for k in keys), keys
+    got = xr.open_zarr(download(s3, "copies/race.zarr", tmp_path / "race.zarr"))
+    want = xr.open_zarr(download(s3, "many.zarr", tmp_path / "many.zarr"))
+    for name in want.data_vars:
+        np.testing.assert_array_equal(got[name].to_numpy(), want[name].to_numpy())
+
+
+def test_a_copy_takes_over_a_killed_writers_prefix_of_this_machine_only(s3, tmp_path):
+    """A claim and chunks left by a process of this machine that is gone
+    (killed mid-copy) are erased by the next COPY to the prefix, which
+    writes the store; a claim of another machine's writer is reported, and
+    nothing under its prefix is touched."""
+    import json
+    import subprocess
+
+    import xarray as xr
+
+    client = s3.client()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for prefix, host in (("copies/killed.zarr", _host()), ("copies/elsewhere.zarr", "x" + _host())):
+        claim = {"pid": gone.pid, "host": host, "started": 1}
+        client.put_object(Bucket=s3.bucket, Key=f"{prefix}/.zarrfusion-write", Body=json.dumps(claim).encode())
+        client.put_object(Bucket=s3.bucket, Key=f"{prefix}/t2m/c/9/9/9", Body=b"left by the killed write")
+    ctx = zf.SessionContext()
+    ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **s3.options())
+    ctx.sql("COPY t TO 's3://fixtures/copies/killed.zarr' STORED AS ZARR").collect()
+    keys = s3.keys("copies/killed.zarr/")
+    assert "copies/killed.zarr/t2m/c/9/9/9" not in keys and "copies/killed.zarr/.zarrfusion-write" not in keys, keys
+    got = xr.open_zarr(download(s3, "copies/killed.zarr", tmp_path / "killed.zarr"))
+    want = xr.open_zarr(FIXTURES / "v3_basic.zarr")
+    np.testing.assert_array_equal(got.t2m.to_numpy(), want.t2m.to_numpy())
+
+    before = sorted(s3.keys("copies/elsewhere.zarr/"))
+    with pytest.raises(zf.ZarrFusionError, match="another write holds it"):
+        ctx.sql("COPY t TO 's3://fixtures/copies/elsewhere.zarr' STORED AS ZARR").collect()
+    assert sorted(s3.keys("copies/elsewhere.zarr/")) == before
+
+
 def test_a_failed_copy_to_s3_leaves_no_object_under_the_prefix(s3):
     """Every write of one chunk is refused: the COPY fails with the server's
     status after its retries, and erases what it wrote, so nothing is left

@@ -18,7 +18,7 @@ A thin Python layer over the Rust engine (``zarrfusion._zarrfusion``)::
 from ._zarrfusion import __version__, network_stats
 from .context import SessionContext
 from .dataframe import DataFrame
-from .errors import ZarrDataError, ZarrFusionError, ZarrMemoryError
+from .errors import ZarrDataError, ZarrFusionError, ZarrMemoryError, ZarrPermissionError
 from .loader import Dataset, WindowLoader, Windows
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "ZarrDataError",
     "ZarrFusionError",
     "ZarrMemoryError",
+    "ZarrPermissionError",
     "__version__",
     "network_stats",
 ]

@@ -20,8 +20,12 @@ class SessionContext:
     ``device`` is where FFTs run: ``"auto"`` (a GPU when one is usable, else
     the CPU), ``"cpu"`` or ``"cuda"``; ``io_concurrency`` is how many
     object-store reads an operator keeps in flight ahead of its decoders
-    (default 64, 0 for none; their chunks count in ``allowed_mem``); ``config`` sets any session setting,
-    e.g. ``{"zarrfusion.dense_reduction": "false"}``.
+    (default 64, 0 for none; their chunks count in ``allowed_mem``);
+    ``allowed_locations`` restricts the stores, work directories and
+    ``COPY``/``CREATE EXTERNAL TABLE`` locations statements may reach to
+    these directories and URL prefixes (for a service running SQL written
+    by others; SQL cannot change it; see docs/security.md); ``config`` sets
+    any session setting, e.g. ``{"zarrfusion.dense_reduction": "false"}``.
     """
 
     def __init__(
@@ -34,7 +38,10 @@ class SessionContext:
         device: str | None = None,
         io_concurrency: int | None = None,
         config: Mapping[str, Any] | None = None,
+        allowed_locations: Sequence[str | os.PathLike] | None = None,
     ) -> None:
+        if isinstance(allowed_locations, (str, os.PathLike)):
+            raise TypeError("allowed_locations must be a list of directories and URLs, not one string")
         # How to open this session again (a loader pickled for DataLoader
         # workers reopens its store in a session made with these).
         self._arguments = dict(
@@ -45,6 +52,7 @@ class SessionContext:
             device=device,
             io_concurrency=io_concurrency,
             config=None if config is None else dict(config),
+            allowed_locations=None if allowed_locations is None else [os.fspath(p) for p in allowed_locations],
         )
         settings = None if config is None else {str(k): _setting(v) for k, v in config.items()}
         if device is not None:
@@ -59,6 +67,7 @@ class SessionContext:
             target_partitions=target_partitions,
             batch_size=batch_size,
             config=settings,
+            allowed_locations=self._arguments["allowed_locations"],
         )
 
     def register_zarr(self, name: str, path: str | os.PathLike, **options: Any) -> None:

@@ -41,4 +41,10 @@ class ZarrMemoryError(ZarrFusionError, MemoryError):
     has the numbers); also a ``MemoryError``."""
 
 
-__all__ = ["ZarrDataError", "ZarrFusionError", "ZarrMemoryError"]
+class ZarrPermissionError(ZarrFusionError, PermissionError):
+    """A location the session may not reach (not under its
+    ``allowed_locations``), or an option that would reach past them;
+    ``store`` is the location as given. Also a ``PermissionError``."""
+
+
+__all__ = ["ZarrDataError", "ZarrFusionError", "ZarrMemoryError", "ZarrPermissionError"]

@@ -175,6 +175,8 @@ impl ZarrDataset {
         if let Some(group) = &options.group {
             resolved = resolved.join(group);
         }
+        options.allowed.check(&resolved, location)?;
+        options.allowed.check_options(&options.storage, location)?;
         let opened = open_storage(
             location,
             &resolved,

@@ -42,7 +42,7 @@ impl TableProviderFactory for ZarrTableFactory {
             }
         };
         let options =
-            ZarrTableOptions::from_map(&cmd.options)?.with_session(state.config_options());
+            ZarrTableOptions::from_map(&cmd.options)?.with_session(state.config_options())?;
         let (dims, pushdown) = (options.dims.clone(), options.pushdown);
         let dataset = open_dataset(location, options, Arc::clone(state.runtime_env())).await?;
         Ok(Arc::new(

@@ -16,6 +16,7 @@ use datafusion::common::config::ConfigOptions;
 
 use crate::config::ZarrConfig;
 use crate::error::{Result, ZarrFusionError};
+use crate::zarr::{is_object_store_option, AllowedLocations};
 
 /// Parsed table options.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +35,8 @@ pub struct ZarrTableOptions {
     /// The session's object-store settings (`zarrfusion.retry.*`,
     /// `zarrfusion.client.*`), under `storage` when a store is built.
     pub storage_defaults: HashMap<String, String>,
+    /// The locations the session may reach (`zarrfusion.allowed_locations`).
+    pub allowed: AllowedLocations,
 }
 
 impl Default for ZarrTableOptions {
@@ -45,13 +48,10 @@ impl Default for ZarrTableOptions {
             open_cache: None,
             storage: HashMap::new(),
             storage_defaults: HashMap::new(),
+            allowed: AllowedLocations::default(),
         }
     }
 }
-
-const STORAGE_PREFIXES: [&str; 10] = [
-    "aws.", "s3.", "gcp.", "gcs.", "google.", "azure.", "az.", "http.", "retry.", "client.",
-];
 
 impl ZarrTableOptions {
     /// Parses options given as key/value pairs. Unknown keys are an error.
@@ -80,7 +80,7 @@ impl ZarrTableOptions {
                         ))
                     })?)
                 }
-                _ if STORAGE_PREFIXES.iter().any(|p| lower.starts_with(p)) => {
+                _ if is_object_store_option(&lower) => {
                     parsed.storage.insert(lower.clone(), value.clone());
                 }
                 _ => {
@@ -94,12 +94,14 @@ impl ZarrTableOptions {
     }
 
     /// These options with the session's object-store settings and opening
-    /// cache as defaults (see [`ZarrConfig::object_store_defaults`]).
-    pub fn with_session(mut self, config: &ConfigOptions) -> Self {
+    /// cache as defaults (see [`ZarrConfig::object_store_defaults`]), held
+    /// to the session's allowed locations.
+    pub fn with_session(mut self, config: &ConfigOptions) -> Result<Self> {
         let zarr = ZarrConfig::of(config);
         self.storage_defaults = zarr.object_store_defaults();
         self.open_cache = self.open_cache.or(Some(zarr.open_cache));
-        self
+        self.allowed = zarr.allowed()?;
+        Ok(self)
     }
 
     /// Whether the opening cache is used: the table's option, else the

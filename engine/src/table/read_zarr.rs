@@ -129,10 +129,15 @@ pub(crate) fn registered_table(
 }
 
 /// The store at `location` as a table (opened with `runtime`'s object
-/// stores, its largest dimension set): what a table function's first
-/// argument names when no table is registered under it.
-pub(crate) fn store_table(location: &str, runtime: &Arc<RuntimeEnv>) -> Result<ZarrTable> {
-    let options = ZarrTableOptions::default();
+/// stores and the session's settings, its largest dimension set): what a
+/// table function's first argument names when no table is registered under
+/// it.
+pub(crate) fn store_table(
+    location: &str,
+    runtime: &Arc<RuntimeEnv>,
+    context: &dyn RelationPlannerContext,
+) -> Result<ZarrTable> {
+    let options = ZarrTableOptions::default().with_session(context.context_provider().options())?;
     let dataset = open_dataset_blocking(location, &options, runtime)?;
     Ok(ZarrTable::new(dataset.table(None)?))
 }
@@ -151,7 +156,7 @@ pub(crate) fn zarr_source(
             Some(zarr) => Ok(zarr.clone()),
             None => plan_err!("'{source}' is a table but not a Zarr table"),
         },
-        None => store_table(source, runtime),
+        None => store_table(source, runtime, context),
     }
 }
 
@@ -199,8 +204,8 @@ impl RelationPlanner for ReadZarrPlanner {
                 )
             }
         };
-        let options =
-            ZarrTableOptions::from_map(&named)?.with_session(context.context_provider().options());
+        let options = ZarrTableOptions::from_map(&named)?
+            .with_session(context.context_provider().options())?;
         let dataset = open_dataset_blocking(&location, &options, &self.runtime)?;
         let table =
             ZarrTable::new(dataset.table(options.dims.as_deref())?).with_pushdown(options.pushdown);

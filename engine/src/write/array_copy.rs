@@ -16,6 +16,7 @@
 //! ```
 
 use std::cmp::Ordering;
+use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::AtomicBool;
@@ -24,9 +25,7 @@ use std::sync::Arc;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::Column;
-use datafusion::common::{
-    exec_err, human_readable_size, DFSchemaRef, DataFusionError, Result, Statistics,
-};
+use datafusion::common::{human_readable_size, DFSchemaRef, DataFusionError, Result, Statistics};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::{
@@ -37,7 +36,6 @@ use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
 };
-use zarrs::storage::StorePrefix;
 
 use super::options::{ZarrVersion, ZarrWriteOptions};
 use super::selection_copy::selection_copy;
@@ -49,8 +47,10 @@ use crate::array::rechunk::{
     fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkSummary, TargetEncoding,
 };
 use crate::array::scan_path::{down_to_scan, ScanPath};
+use crate::config::ZarrConfig;
 use crate::table::GridTable;
-use crate::zarr::{open_writable_storage, StoreLocation};
+use crate::write::store::write_claimed;
+use crate::zarr::StoreLocation;
 
 /// Rewrites a `COPY ... STORED AS ZARR` that reads a Zarr table into an
 /// array plan: an [`FftCopy`](crate::array::fft::FftCopy) for a whole
@@ -77,11 +77,20 @@ impl OptimizerRule for CopyToArraysRule {
     fn rewrite(
         &self,
         plan: LogicalPlan,
-        _config: &dyn OptimizerConfig,
+        config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
         let LogicalPlan::Copy(copy) = &plan else {
             return Ok(Transformed::no(plan));
         };
+        // Every COPY, of any format and from any front door, goes through
+        // here: its target is held to the session's allowed locations.
+        let allowed = ZarrConfig::of(&config.options()).allowed()?;
+        allowed.check_text(&copy.output_url)?;
+        if copy.file_type.get_ext() == "zarr" {
+            allowed.check_options(&copy.options, &copy.output_url)?;
+            let target = StoreLocation::parse(&copy.output_url)?;
+            ZarrWriteOptions::from_map(&copy.options)?.check_target(&target)?;
+        }
         if let Some(node) = fft_copy(copy)? {
             let node: Arc<dyn UserDefinedLogicalNode> = Arc::new(node);
             return Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })));
@@ -259,6 +268,7 @@ impl ArrayCopy {
         Ok(ArrayCopyExec::new(
             prepared,
             self.target.clone(),
+            self.options.storage.clone(),
             self.table.shape().iter().product(),
             self.variables.clone(),
         ))
@@ -314,6 +324,8 @@ impl UserDefinedLogicalNodeCore for ArrayCopy {
 pub struct ArrayCopyExec {
     prepared: Arc<PreparedRechunk>,
     target: StoreLocation,
+    /// The object-store settings the COPY gave for its target.
+    storage: HashMap<String, String>,
     rows: u64,
     variables: Vec<String>,
     properties: Arc<PlanProperties>,
@@ -324,6 +336,7 @@ impl ArrayCopyExec {
     fn new(
         prepared: PreparedRechunk,
         target: StoreLocation,
+        storage: HashMap<String, String>,
         rows: u64,
         variables: Vec<String>,
     ) -> Self {
@@ -331,6 +344,7 @@ impl ArrayCopyExec {
         Self {
             prepared: Arc::new(prepared),
             target,
+            storage,
             rows,
             variables,
             properties,
@@ -355,27 +369,24 @@ impl DisplayAs for ArrayCopyExec {
 }
 
 /// Writes the copy to `target`: renamed into place when local; data, then
-/// metadata, into an empty object-store prefix otherwise.
+/// metadata, into an empty object-store prefix otherwise (through a client
+/// built from `storage`, the COPY's object-store settings, when it gave
+/// any).
 pub(crate) fn write_target(
     prepared: &PreparedRechunk,
     target: &StoreLocation,
+    storage: &HashMap<String, String>,
     cancelled: &AtomicBool,
 ) -> Result<RechunkSummary> {
-    let path = match target {
-        StoreLocation::Local(path) => return prepared.write_local(path, cancelled),
-        StoreLocation::Remote(_) => target.to_string(),
-    };
-    let storage = open_writable_storage(&path, target, prepared.runtime())
-        .map_err(|e| DataFusionError::Execution(e.to_string()))?;
-    let existing = storage
-        .list_prefix(&StorePrefix::root())
-        .map_err(|e| DataFusionError::Execution(format!("cannot write Zarr to '{path}': {e}")))?;
-    if !existing.is_empty() {
-        return exec_err!(
-            "cannot write Zarr to '{path}': it already exists (remove it first or choose another path)"
-        );
+    match target {
+        StoreLocation::Local(path) => prepared.write_local(path, cancelled),
+        StoreLocation::Remote(url) => {
+            let display = target.to_string();
+            write_claimed(&display, url, storage, prepared.runtime(), |out| {
+                prepared.write_last_metadata(out, cancelled)
+            })
+        }
     }
-    prepared.write_last_metadata(&storage, cancelled)
 }
 
 impl ExecutionPlan for ArrayCopyExec {
@@ -388,6 +399,7 @@ impl ExecutionPlan for ArrayCopyExec {
     ) -> Result<SendableRecordBatchStream> {
         let prepared = Arc::clone(&self.prepared);
         let target = self.target.clone();
+        let storage = self.storage.clone();
         let rows = self.rows;
         let job = WriteJob {
             operator: "ArrayCopyExec",
@@ -398,7 +410,7 @@ impl ExecutionPlan for ArrayCopyExec {
         };
         let writer = Arc::clone(&prepared);
         job.run(partition, &context, move |cancelled| {
-            let summary = write_target(&writer, &target, cancelled)?;
+            let summary = write_target(&writer, &target, &storage, cancelled)?;
             Ok(Written {
                 rows,
                 bytes_read: summary.bytes_read,

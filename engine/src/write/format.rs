@@ -31,6 +31,7 @@ use super::grid::grid_bytes;
 use super::options::ZarrWriteOptions;
 use super::sink::ZarrSink;
 use super::store::check_target;
+use crate::config::ZarrConfig;
 use crate::session::registered_zarr_tables;
 use crate::write::grid::ZARR_DIMENSION;
 use crate::zarr::StoreLocation;
@@ -184,7 +185,10 @@ impl FileFormat for ZarrFormat {
         if !conf.table_partition_cols.is_empty() {
             return not_impl_err!("COPY TO Zarr does not take PARTITIONED BY");
         }
-        let target = match StoreLocation::parse(&conf.original_url)? {
+        let location = StoreLocation::parse(&conf.original_url)?;
+        let allowed = ZarrConfig::of(state.config_options()).allowed()?;
+        allowed.check(&location, &conf.original_url)?;
+        let target = match location {
             StoreLocation::Local(path) => path,
             StoreLocation::Remote(url) => {
                 return not_impl_err!(

@@ -16,9 +16,10 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`options`] | `chunks`, `codec`, `zarr_format`, `dims` |
+//! | [`options`] | `chunks`, `codec`, `zarr_format`, `dims`, an object-store target's settings |
 //! | [`grid`] | laying rows out on a grid (coordinates, cells, not-a-grid errors) |
 //! | [`store`] | Zarr v2/v3 metadata and chunks, atomic rename |
+//! | [`stamp`] | the owner stamp on temporary targets and scratch stores, and the sweep of a killed process's |
 //! | [`sink`] | the DataFusion sink: memory budget, cancellation |
 //! | [`format`] | Zarr registered as a file format for `COPY` |
 //! | [`array_copy`] | `COPY` of a whole Zarr table, array by array, inside the budget |
@@ -30,6 +31,7 @@ pub mod grid;
 pub mod options;
 pub mod selection_copy;
 pub mod sink;
+pub mod stamp;
 pub mod store;
 pub(crate) mod write_job;
 

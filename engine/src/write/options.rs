@@ -6,10 +6,13 @@
 //! | `codec` | `zstd`, `gzip`, `blosc`, `none` | `zstd` |
 //! | `zarr_format` | `2`, `3` | `3` |
 //! | `dims` | `dim,dim,...`: the dimension columns, in order | the session's Zarr dimensions |
+//! | `aws.*`, `gcp.*`, `azure.*`, `http.*`, `retry.*`, `client.*` | the object store's settings, as a table's `OPTIONS` (an object-store target only) | the bucket's store registered in the session, else one from the environment |
 
 use std::collections::HashMap;
 
 use datafusion::common::{plan_err, Result};
+
+use crate::zarr::{is_object_store_option, StoreLocation};
 
 /// How chunks are compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +47,9 @@ pub struct ZarrWriteOptions {
     pub zarr_format: ZarrVersion,
     /// The dimension columns, outermost first, when given.
     pub dims: Option<Vec<String>>,
+    /// Object-store settings of an object-store target (`aws.region`,
+    /// `retry.max_retries`, ...): the write gets a client built from them.
+    pub storage: HashMap<String, String>,
 }
 
 impl Default for ZarrWriteOptions {
@@ -53,11 +59,13 @@ impl Default for ZarrWriteOptions {
             codec: Codec::Zstd,
             zarr_format: ZarrVersion::V3,
             dims: None,
+            storage: HashMap::new(),
         }
     }
 }
 
-const KNOWN: &str = "chunks, codec, zarr_format, dims";
+const KNOWN: &str =
+    "chunks, codec, zarr_format, dims, and for object stores aws.*, gcp.*, azure.*, http.*, retry.*, client.*";
 
 impl ZarrWriteOptions {
     /// Parses options as COPY hands them over (keys may carry the `format.` prefix).
@@ -103,10 +111,29 @@ impl ZarrWriteOptions {
                     }
                     options.dims = Some(dims);
                 }
+                lower if is_object_store_option(lower) => {
+                    options.storage.insert(lower.to_string(), value.to_string());
+                }
                 _ => return plan_err!("unknown Zarr write option '{name}' (options: {KNOWN})"),
             }
         }
         Ok(options)
+    }
+}
+
+impl ZarrWriteOptions {
+    /// Refuses object-store settings for a local target (they would be
+    /// ignored).
+    pub fn check_target(&self, target: &StoreLocation) -> Result<()> {
+        if matches!(target, StoreLocation::Local(_)) && !self.storage.is_empty() {
+            let mut keys: Vec<&str> = self.storage.keys().map(String::as_str).collect();
+            keys.sort_unstable();
+            return plan_err!(
+                "Zarr write options {} are object-store settings; '{target}' is a local path",
+                keys.join(", ")
+            );
+        }
+        Ok(())
     }
 }
 

@@ -470,7 +470,7 @@ impl Blockwise {
             &self.rechunk,
             runtime,
         )?;
-        let summary = write_target(&prepared, &self.target, cancelled)?;
+        let summary = write_target(&prepared, &self.target, &self.options.storage, cancelled)?;
         let cells: u64 = self.shape.iter().product();
         let step1 = cells * self.types.len() as u64 * width_of(&self.types);
         Ok(Written {

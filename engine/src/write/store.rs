@@ -1,9 +1,11 @@
 //! Writing a [`Grid`] as a Zarr store, atomically.
 //!
 //! Everything is written into a temporary directory beside the target,
-//! which is renamed onto the target only when complete: on an error or a
+//! flushed to disk and renamed onto the target only when complete: on an error or a
 //! cancellation the temporary directory is removed and nothing appears at
-//! the target. An existing target is refused, never overwritten.
+//! the target. An existing target is refused, never overwritten. What a
+//! killed process left beside a target is removed by the next write there
+//! ([`super::stamp`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,12 +22,14 @@ use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{
-    ReadableWritableListableStorage, ReadableWritableListableStorageTraits, StoreKey,
+    ReadableWritableListableStorage, ReadableWritableListableStorageTraits, StoreKey, StorePrefix,
 };
 
 use super::grid::Grid;
 use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
+use super::stamp::{host, is_gone, sweep, unique_suffix, Leftover};
 use crate::table::Coordinate;
+use crate::zarr::open_writable_remote;
 
 /// Decoded bytes a chosen chunk aims at.
 const CHUNK_TARGET_BYTES: u64 = 8 << 20;
@@ -88,24 +92,147 @@ pub fn write_atomically<T>(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "out.zarr".into());
+    // What killed writers left beside their targets goes first.
+    sweep(&parent, Leftover::TemporaryTarget);
     let temporary = parent.join(format!(".{name}.{}.zarrfusion-tmp", unique_suffix()));
     let result = write(&temporary).and_then(|summary| {
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the Zarr write to '{}' was cancelled", target.display());
         }
         check_target(target)?;
+        // On disk before it is in place: a crash after the rename never
+        // shows a store with missing or empty chunks.
+        sync_tree(&temporary)?;
         std::fs::rename(&temporary, target).map_err(|e| {
             DataFusionError::Execution(format!(
                 "cannot move the finished Zarr store into place at '{}': {e}",
                 target.display()
             ))
         })?;
+        sync_directory(&parent);
         Ok(summary)
     });
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&temporary);
     }
     result
+}
+
+/// The object at the root of an object-store target while a write holds
+/// it: who holds it (`{"pid", "host", "started"}`).
+pub const CLAIM_KEY: &str = ".zarrfusion-write";
+
+/// Runs `write` on the empty object-store prefix at `url` (reached with
+/// the write's object-store `options`), held for it alone: the claim
+/// object is created first with a conditional `PUT` (so two writes to one
+/// prefix cannot both start: the second is refused, naming the first), a
+/// prefix that holds anything else is refused, and the claim is removed
+/// last. When `write` fails, everything under the prefix (this write's
+/// alone, since it held it) is erased, the claim last. A claim left by a
+/// process of this machine that is gone (killed) is taken over: its
+/// leftovers are erased first; one of another machine is reported with
+/// the key to remove.
+pub fn write_claimed<T>(
+    display: &str,
+    url: &url::Url,
+    options: &std::collections::HashMap<String, String>,
+    runtime: &datafusion::execution::runtime_env::RuntimeEnv,
+    write: impl FnOnce(&ReadableWritableListableStorage) -> Result<T>,
+) -> Result<T> {
+    let failed = |e: &dyn std::fmt::Display| {
+        DataFusionError::Execution(format!("cannot write Zarr to '{display}': {e}"))
+    };
+    let remote = open_writable_remote(display, url, options, runtime).map_err(|e| failed(&e))?;
+    let storage: ReadableWritableListableStorage = remote.clone();
+    let claim = StoreKey::new(CLAIM_KEY).map_err(|e| failed(&e))?;
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mine = json!({
+        "pid": std::process::id(),
+        "host": host().unwrap_or("unknown"),
+        "started": started,
+    })
+    .to_string();
+    let everything_but_claim = |storage: &ReadableWritableListableStorage| {
+        (storage.list_prefix(&StorePrefix::root()))
+            .map(|keys| keys.into_iter().filter(|k| *k != claim).collect::<Vec<_>>())
+            .map_err(|e| failed(&e))
+    };
+    let mut taken_over = false;
+    while !remote
+        .put_if_absent(&claim, mine.clone().into_bytes().into())
+        .map_err(|e| failed(&e))?
+    {
+        let holder: Value = (storage.get(&claim).ok().flatten())
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or(Value::Null);
+        let pid = holder["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
+        let here = holder["host"].as_str().is_some_and(|h| Some(h) == host());
+        match pid {
+            Some(pid) if here && is_gone(pid) && !taken_over => {
+                log::info!("'{display}': taking over the write of process {pid}, which is gone");
+                let left = everything_but_claim(&storage)?;
+                storage.erase_many(&left).map_err(|e| failed(&e))?;
+                storage.erase(&claim).map_err(|e| failed(&e))?;
+                taken_over = true;
+            }
+            _ => {
+                return Err(failed(&format!(
+                    "another write holds it ({holder}); if that write was killed, remove                      '{CLAIM_KEY}' under it and what that write left"
+                )))
+            }
+        }
+    }
+    // Held: erases what this write made when it fails, the claim last.
+    let give_up = |error: DataFusionError| {
+        if let Ok(left) = everything_but_claim(&storage) {
+            let _ = storage.erase_many(&left);
+        }
+        let _ = storage.erase(&claim);
+        error
+    };
+    match everything_but_claim(&storage) {
+        Ok(existing) if existing.is_empty() => {}
+        Ok(_) => {
+            // Nothing of this write's to erase: the claim only.
+            let _ = storage.erase(&claim);
+            return Err(failed(
+                &"it already exists (remove it first or choose another path)",
+            ));
+        }
+        Err(e) => return Err(give_up(e)),
+    }
+    let written = write(&storage).map_err(give_up)?;
+    storage.erase(&claim).map_err(|e| failed(&e))?;
+    Ok(written)
+}
+
+/// Flushes every file under `dir` to disk, then the directories (their
+/// entries). A file that cannot be flushed fails the write.
+fn sync_tree(dir: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| io_error(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io_error(dir, e))?;
+        let path = entry.path();
+        let kind = entry.file_type().map_err(|e| io_error(&path, e))?;
+        if kind.is_dir() {
+            sync_tree(&path)?;
+        } else if kind.is_file() {
+            (std::fs::File::open(&path))
+                .and_then(|file| file.sync_all())
+                .map_err(|e| io_error(&path, format!("cannot flush it to disk: {e}")))?;
+        }
+    }
+    sync_directory(dir);
+    Ok(())
+}
+
+/// Flushes a directory's entries (where the file system allows it).
+fn sync_directory(dir: &Path) {
+    if let Ok(handle) = std::fs::File::open(dir) {
+        let _ = handle.sync_all();
+    }
 }
 
 /// Adds array `name`'s metadata (its JSON, attributes inside) to a
@@ -123,15 +250,6 @@ pub fn consolidate(consolidated: &mut Map<String, Value>, name: &str, metadata: 
         .unwrap_or_else(|| json!({}));
     consolidated.insert(format!("{name}/.zarray"), zarray);
     consolidated.insert(format!("{name}/.zattrs"), attrs);
-}
-
-/// A name no other write of this process (or another) is using now:
-/// process id and clock nanoseconds.
-pub fn unique_suffix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{}-{nanos}", std::process::id())
 }
 
 /// An error writing at `path`.

@@ -1,6 +1,7 @@
 //! Reading Zarr: opening stores (zarrs + object_store), discovering arrays,
 //! and decoding their values the way xarray does.
 
+mod allowed;
 mod array;
 mod buffer_pool;
 mod decode;
@@ -11,6 +12,7 @@ mod raw_chunks;
 mod remote;
 mod store;
 
+pub use allowed::AllowedLocations;
 pub use array::{chunk_keys, codec_read, root_name, ZarrArray, MAX_ARRAY_BYTES};
 pub(crate) use array::{dimension_names, is_sharded};
 pub use buffer_pool::{ChunkBufferPool, PooledBytes};
@@ -24,6 +26,6 @@ pub use remote::{
 };
 pub(crate) use store::parse_duration;
 pub use store::{
-    open_storage, open_writable_remote, open_writable_storage, retry_config, OpenedStore,
-    StoreAccess, StoreLocation,
+    is_object_store_option, open_storage, open_writable_remote, open_writable_storage,
+    retry_config, OpenedStore, StoreAccess, StoreLocation,
 };

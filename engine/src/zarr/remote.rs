@@ -434,6 +434,40 @@ impl RemoteStorage {
         )
     }
 
+    /// Writes `value` at `key` only if no object is there (a conditional
+    /// `PUT`, atomic on the server): `Ok(true)` when written, `Ok(false)`
+    /// when an object was already there. A store that cannot put
+    /// conditionally is asked whether the key exists first (not atomic).
+    pub fn put_if_absent(&self, key: &StoreKey, value: Bytes) -> Result<bool, String> {
+        let location = path(key);
+        let options = object_store::PutOptions {
+            mode: object_store::PutMode::Create,
+            ..Default::default()
+        };
+        let payload = object_store::PutPayload::from_bytes(value.clone());
+        let answer = self
+            .runtime
+            .block_on(self.store.put_opts(&location, payload, options));
+        match answer {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => Ok(false),
+            Err(object_store::Error::NotImplemented { .. }) => {
+                match self.runtime.block_on(self.store.head(&location)) {
+                    Ok(_) => Ok(false),
+                    Err(object_store::Error::NotFound { .. }) => {
+                        let payload = object_store::PutPayload::from_bytes(value);
+                        (self.runtime.block_on(self.store.put(&location, payload)))
+                            .map(|_| true)
+                            .map_err(|e| format!("cannot write '{}': {e}", key.as_str()))
+                    }
+                    Err(e) => Err(read_error(key, &e)),
+                }
+            }
+            Err(e) => Err(format!("cannot write '{}': {e}", key.as_str())),
+        }
+    }
+
     /// The read-ahead request for `key`, taken out of its window when one
     /// box wants it and it is read whole (or by ranges, by a window that
     /// takes them: [`RangedReads`]); else left there, for the reads of

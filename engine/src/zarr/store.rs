@@ -161,11 +161,14 @@ pub fn open_storage(
 }
 
 /// Opens the store at `location` for writing: a local directory (created
-/// with its parents) or an object-store URL (through the object store
-/// registered for its bucket, else one built from the environment).
+/// with its parents) or an object-store URL (through a client built from
+/// `options`, the write's object-store settings, when it gives any; else
+/// the object store registered for its bucket, else one built from the
+/// environment).
 pub fn open_writable_storage(
     display: &str,
     location: &StoreLocation,
+    options: &HashMap<String, String>,
     runtime: &RuntimeEnv,
 ) -> Result<ReadableWritableListableStorage> {
     match location {
@@ -175,7 +178,7 @@ pub fn open_writable_storage(
                 FilesystemStore::new(path).map_err(|e| ZarrFusionError::store(display, e))?;
             Ok(Arc::new(store))
         }
-        StoreLocation::Remote(url) => Ok(open_writable_remote(display, url, runtime)?),
+        StoreLocation::Remote(url) => Ok(open_writable_remote(display, url, options, runtime)?),
     }
 }
 
@@ -184,9 +187,10 @@ pub fn open_writable_storage(
 pub fn open_writable_remote(
     display: &str,
     url: &Url,
+    options: &HashMap<String, String>,
     runtime: &RuntimeEnv,
 ) -> Result<Arc<RemoteStorage>> {
-    remote_storage(display, url, &HashMap::new(), &HashMap::new(), runtime)
+    remote_storage(display, url, options, &HashMap::new(), runtime)
 }
 
 /// The object store serving `url`, rooted at its path, as synchronous
@@ -344,6 +348,17 @@ finish!(builder)
     };
     runtime.register_object_store(root.as_ref(), Arc::clone(&store));
     Ok(store)
+}
+
+/// Whether an option (lowercase) is an object store's: `aws.*`, `s3.*`,
+/// `gcp.*`, `gcs.*`, `google.*`, `azure.*`, `az.*`, `http.*`, `retry.*`,
+/// `client.*`.
+pub fn is_object_store_option(key: &str) -> bool {
+    [
+        "aws.", "s3.", "gcp.", "gcs.", "google.", "azure.", "az.", "http.", "retry.", "client.",
+    ]
+    .iter()
+    .any(|prefix| key.starts_with(prefix))
 }
 
 /// The retry settings among `options` (`retry.*`), over object_store's

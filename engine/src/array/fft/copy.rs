@@ -42,9 +42,7 @@ use datafusion::physical_plan::{
 };
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
-use zarrs::storage::{
-    ReadableWritableListableStorage, ReadableWritableListableStorageTraits, StorePrefix,
-};
+use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
 use super::exec::{
     block_memory, kernel_memory, plan_blocks, read_ahead_plan, start_read_ahead, transformed_block,
@@ -61,11 +59,11 @@ use crate::table::{BlockGrid, ReadAheadPlan, Selection};
 use crate::write::grid::field_attributes;
 use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
-    check_target, io_error, prepare_group, write_atomically, write_group, GroupCoordinate,
-    GroupVariable,
+    check_target, io_error, prepare_group, write_atomically, write_claimed, write_group,
+    GroupCoordinate, GroupVariable,
 };
 use crate::write::write_job::{count_properties, WriteJob, Written};
-use crate::zarr::{open_writable_storage, ChunkBufferPool, StoreLocation};
+use crate::zarr::{ChunkBufferPool, StoreLocation};
 
 /// The [`FftCopy`] a COPY is, when its input is a whole transform result:
 /// a scan of an `fft(...)`/`ifft(...)` table under aliases and projections
@@ -300,30 +298,22 @@ impl CopyJob {
                     self.write_blocks(&arrays, cancelled)
                 })
             }
-            StoreLocation::Remote(_) => self.target.to_string(),
+            StoreLocation::Remote(url) => (self.target.to_string(), url),
         };
-        let storage = open_writable_storage(&path, &self.target, &self.runtime)
-            .map_err(|e| DataFusionError::Execution(e.to_string()))?;
-        let existing = storage.list_prefix(&StorePrefix::root()).map_err(|e| {
-            DataFusionError::Execution(format!("cannot write Zarr to '{path}': {e}"))
-        })?;
-        if !existing.is_empty() {
-            return exec_err!(
-                "cannot write Zarr to '{path}': it already exists (remove it first or choose \
-                 another path)"
-            );
-        }
-        let written = (|| {
-            let (coordinates, variable) = output_group(&self.table, self.chunks.clone(), true);
-            let group = prepare_group(&storage, &coordinates, &[variable], &self.options)?;
-            let written = self.write_blocks(&group.variables, cancelled)?;
-            group.store_metadata()?;
-            Ok(written)
-        })();
-        if written.is_err() {
-            let _ = storage.erase_prefix(&StorePrefix::root());
-        }
-        written
+        let (path, url) = path;
+        write_claimed(
+            &path,
+            url,
+            &self.options.storage,
+            &self.runtime,
+            |storage| {
+                let (coordinates, variable) = output_group(&self.table, self.chunks.clone(), true);
+                let group = prepare_group(storage, &coordinates, &[variable], &self.options)?;
+                let written = self.write_blocks(&group.variables, cancelled)?;
+                group.store_metadata()?;
+                Ok(written)
+            },
+        )
     }
 
     /// Every block, on `workers` threads.

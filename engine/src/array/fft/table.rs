@@ -132,7 +132,7 @@ impl RelationPlanner for FftPlanner {
                 fft_plan(scan, variable.as_deref(), options)?
             }
             None => {
-                let table = store_table(&source, &self.runtime)?;
+                let table = store_table(&source, &self.runtime, context)?;
                 let source = ArraySource::zarr_variable(
                     Arc::clone(table.grid()),
                     variable.as_deref(),

@@ -47,7 +47,7 @@ use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{
     ReadableListableStorageTraits, ReadableWritableListableStorage,
-    ReadableWritableListableStorageTraits, StoreKey, StorePrefix,
+    ReadableWritableListableStorageTraits, StoreKey,
 };
 
 pub use plan::{RechunkPlan, StagePlan};
@@ -63,7 +63,7 @@ use crate::array::tasks::grid_cell;
 use crate::table::ReadAheadPlan;
 use crate::zarr::{
     chunk_keys, dimension_names, discover_arrays, is_sharded, open_storage, read_json, root_name,
-    ArrayEntry, ReadAhead, RemoteStorage, StoreAccess, StoreLocation,
+    AllowedLocations, ArrayEntry, ReadAhead, RemoteStorage, StoreAccess, StoreLocation,
 };
 
 /// Bytes planned per element of a variable-length data type.
@@ -86,6 +86,9 @@ pub struct RechunkOptions {
     /// The session's object-store settings, for a source in a bucket with
     /// no store registered yet.
     pub storage_defaults: HashMap<String, String>,
+    /// The locations the session may reach: the source, the target and the
+    /// work directory must be under them.
+    pub allowed: AllowedLocations,
 }
 
 impl Default for RechunkOptions {
@@ -97,22 +100,28 @@ impl Default for RechunkOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             io_concurrency: ZarrConfig::default().io_concurrency,
             storage_defaults: HashMap::new(),
+            allowed: AllowedLocations::default(),
         }
     }
 }
 
 impl RechunkOptions {
     /// The options a session's runtime implies: its memory limit (2 GiB
-    /// when unlimited), its temporary directory (inside `work_dir`), one
-    /// task per core.
+    /// when unlimited), the directory its temporary files go to (`work_dir`,
+    /// not the `datafusion-*` directory DataFusion makes in it for one
+    /// process: there the scratch stores a killed process left would never
+    /// be swept), one task per core.
     pub fn for_runtime(runtime: &RuntimeEnv) -> Self {
+        let work_dir = (runtime.disk_manager.temp_dir_paths().into_iter().next()).map(|dir| {
+            let per_process = (dir.file_name())
+                .is_some_and(|name| name.to_string_lossy().starts_with("datafusion-"));
+            match (per_process, dir.parent()) {
+                (true, Some(parent)) => parent.to_path_buf(),
+                _ => dir,
+            }
+        });
         let mut options = Self {
-            work_dir: runtime
-                .disk_manager
-                .temp_dir_paths()
-                .into_iter()
-                .next()
-                .map(StoreLocation::Local),
+            work_dir: work_dir.map(StoreLocation::Local),
             ..Self::default()
         };
         if let MemoryLimit::Finite(limit) = runtime.memory_pool.memory_limit() {
@@ -126,8 +135,11 @@ impl RechunkOptions {
     pub fn for_session(config: &ConfigOptions, runtime: &RuntimeEnv) -> Result<Self> {
         let mut options = Self::for_runtime(runtime);
         let zarr = ZarrConfig::of(config);
+        options.allowed = zarr.allowed()?;
         if !zarr.work_dir.is_empty() {
-            options.work_dir = Some(StoreLocation::parse(&zarr.work_dir)?);
+            let work_dir = StoreLocation::parse(&zarr.work_dir)?;
+            options.allowed.check(&work_dir, &zarr.work_dir)?;
+            options.work_dir = Some(work_dir);
         }
         options.io_concurrency = zarr.io_concurrency;
         options.storage_defaults = zarr.object_store_defaults();
@@ -253,6 +265,7 @@ fn open_jobs(
     runtime: &RuntimeEnv,
 ) -> Result<OpenedJobs> {
     let location = StoreLocation::parse(source)?;
+    options.allowed.check(&location, source)?;
     let opened = open_storage(
         source,
         &location,
@@ -522,6 +535,8 @@ pub fn rechunk_store(
     runtime: &RuntimeEnv,
     cancelled: &AtomicBool,
 ) -> Result<RechunkSummary> {
+    let display = target.to_string_lossy();
+    (options.allowed).check(&StoreLocation::Local(target.to_path_buf()), &display)?;
     PreparedRechunk::new(source, chunks, options, runtime)?.write_local(target, cancelled)
 }
 
@@ -650,22 +665,18 @@ impl PreparedRechunk {
     }
 
     /// Writes the whole target into the store `out` (an object store, where
-    /// nothing can be renamed into place), which must be empty: the data
+    /// nothing can be renamed into place, held by
+    /// [`write_claimed`](crate::write::store::write_claimed), which erases
+    /// what was written when this fails or `cancelled` is set): the data
     /// first, the metadata last, so that readers see no store until it is
-    /// complete; everything written is erased when the copy fails or
-    /// `cancelled` is set.
+    /// complete.
     pub fn write_last_metadata(
         &self,
         out: &ReadableWritableListableStorage,
         cancelled: &AtomicBool,
     ) -> Result<RechunkSummary> {
-        let written = self
-            .copy_data(out, cancelled)
-            .and_then(|summary| self.write_metadata(out).map(|()| summary));
-        if written.is_err() {
-            let _ = out.erase_prefix(&StorePrefix::root());
-        }
-        written
+        self.copy_data(out, cancelled)
+            .and_then(|summary| self.write_metadata(out).map(|()| summary))
     }
 
     /// Writes the target's metadata (arrays in their new chunks, the

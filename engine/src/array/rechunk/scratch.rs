@@ -2,13 +2,14 @@
 //! them (a rechunk's intermediate arrays, the rechunked copy a query
 //! scans), in `work_dir`, a local directory or an object-store URL.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use zarrs::storage::{ReadableWritableListableStorage, StorePrefix};
 
-use crate::write::store::unique_suffix;
+use crate::write::stamp::{sweep, unique_suffix, Leftover};
 use crate::zarr::{open_writable_remote, open_writable_storage, RemoteStorage, StoreLocation};
 
 /// The work directory when `work_dir` is not set: the system's temporary
@@ -43,17 +44,23 @@ impl ScratchStore {
         extension: &str,
         runtime: &RuntimeEnv,
     ) -> Result<Self> {
+        // What killed processes left in a local work directory goes first.
+        if let StoreLocation::Local(dir) = work_dir {
+            sweep(dir, Leftover::Scratch);
+        }
         let location = work_dir.join(&format!("{stem}-{}{extension}", unique_suffix()));
         let display = location.to_string();
         let failed =
             |e: crate::error::ZarrFusionError| DataFusionError::Execution(format!("work_dir: {e}"));
         let (storage, remote): (ReadableWritableListableStorage, _) = match &location {
             StoreLocation::Remote(url) => {
-                let remote = open_writable_remote(&display, url, runtime).map_err(failed)?;
+                let remote = open_writable_remote(&display, url, &HashMap::new(), runtime)
+                    .map_err(failed)?;
                 (Arc::clone(&remote) as _, Some(remote))
             }
             StoreLocation::Local(_) => (
-                open_writable_storage(&display, &location, runtime).map_err(failed)?,
+                open_writable_storage(&display, &location, &HashMap::new(), runtime)
+                    .map_err(failed)?,
                 None,
             ),
         };
