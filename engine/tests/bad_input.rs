@@ -465,3 +465,24 @@ async fn a_string_chunk_with_a_corrupt_length_is_an_error_naming_the_chunk() {
     assert!(!message.contains("panicked"), "{message}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_declaring_billions_of_cells_past_the_array_is_an_error_not_an_abort() {
+    // Found by the metadata fuzz target: raw_v3's `t` with a chunk shape of
+    // 335544320 along lon (10 shifted by 25 bits) over a [7, 9, 10] array.
+    // Naming the chunk of a failed read decoded whole chunks: 30 GB
+    // allocated, and the process aborted.
+    let dir = common::scratch("huge-chunk-shape");
+    let store = dir.join("s.zarr");
+    common::copy_dir(&std::path::PathBuf::from(fixture("raw_v3.zarr")), &store);
+    let metadata = store.join("zarr.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&metadata).unwrap()).unwrap();
+    let grid = &mut doc["consolidated_metadata"]["metadata"]["t"]["chunk_grid"];
+    let shape = grid["configuration"]["chunk_shape"].as_array_mut().unwrap();
+    *shape.last_mut().unwrap() = 335_544_320u64.into();
+    std::fs::write(&metadata, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let message = error_of(&store.to_string_lossy(), &[("pushdown", "false")]).await;
+    assert_mentions("huge chunk shape", &message, &["'t'"]);
+    assert!(!message.contains("panicked"), "{message}");
+}

@@ -417,7 +417,8 @@ impl ZarrArray {
 
     /// Finds which chunk of `subset` fails, to name it in the error: the
     /// chunk whose key a failed read names (object stores: no request is
-    /// sent again), else the first chunk that fails to read on its own.
+    /// sent again), else the first chunk whose part inside `subset` fails
+    /// to read on its own.
     fn locate_error(&self, subset: &ArraySubset, message: String) -> ZarrFusionError {
         let chunk_error = |indices: &[u64], message: String| ZarrFusionError::Chunk {
             store: self.store.clone(),
@@ -434,8 +435,20 @@ impl ZarrArray {
                 return chunk_error(&indices, message);
             }
             for indices in &chunks.indices() {
-                let read =
-                    codec_read(|| self.array.retrieve_chunk::<ArrayBytes<'static>>(&indices));
+                // Only the chunk's cells inside the block (within the
+                // budget the block was planned in): a chunk may declare
+                // far more cells than the array has, and decoding it whole
+                // would allocate them all.
+                let inside = (self.array.chunk_subset(&indices).ok()).and_then(|chunk| {
+                    (chunk.overlap(subset).ok())
+                        .and_then(|part| part.relative_to(chunk.start()).ok())
+                });
+                let Some(inside) = inside else {
+                    continue;
+                };
+                let read = codec_read(|| {
+                    (self.array).retrieve_chunk_subset::<ArrayBytes<'static>>(&indices, &inside)
+                });
                 if let Err(message) = read {
                     return chunk_error(&indices, message);
                 }
