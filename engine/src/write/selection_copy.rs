@@ -55,7 +55,10 @@ use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableSt
 
 use super::array_copy::{write_target, CopyScan};
 use super::options::{Codec, ZarrWriteOptions};
-use super::store::{check_target, chunk_lengths, write_group, GroupCoordinate, GroupVariable};
+use super::store::{
+    check_target, chunk_lengths, write_group, GroupCoordinate, GroupVariable,
+    COORDINATE_WRITE_MEMORY,
+};
 use super::write_job::{count_properties, WriteJob, Written};
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
@@ -240,13 +243,21 @@ impl SelectionCopy {
             .map(|o| o.data_type.primitive_width().unwrap_or(8) as u64)
             .max()
             .unwrap_or(8);
-        let target_chunks = chunk_lengths(&names, &shape, width, &self.options)?;
         let tasks: u64 = shape
             .iter()
             .zip(&block)
             .map(|(n, c)| n.div_ceil(*c))
             .product();
         let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
+        // Chunks chosen here (not given) are small enough for the rechunk
+        // of step 2 to hold one beside a source chunk and its encoding.
+        let target_chunks = chunk_lengths(
+            &names,
+            &shape,
+            width,
+            &self.options,
+            rechunk.allowed_mem / 8,
+        )?;
         let workers = (rechunk.threads as u64).clamp(1, tasks) as usize;
         // A task's source box: the longest source span a chunk covers.
         let spans: Vec<u64> = (0..n_dims)
@@ -430,6 +441,7 @@ impl Blockwise {
     fn projected_memory(&self) -> u64 {
         (self.workers as u64 * self.task_memory + self.read_ahead.memory() as u64)
             .max(self.stage2_memory)
+            .max(COORDINATE_WRITE_MEMORY)
     }
 
     /// The compact ranges of task `task`'s chunk (C order of chunks).

@@ -528,18 +528,22 @@ pub fn chunk_shape(grid: &Grid, options: &ZarrWriteOptions) -> Result<Vec<u64>> 
         .map(|v| v.values.data_type().primitive_width().unwrap_or(8) as u64)
         .max()
         .unwrap_or(8);
-    chunk_lengths(&names, &grid.shape(), width, options)
+    chunk_lengths(&names, &grid.shape(), width, options, u64::MAX)
 }
 
 /// The chunk shape of variables of `width`-byte elements over dimensions
 /// `names` of lengths `shape`: the lengths `options.chunks` gives, the
-/// others chosen so a chunk holds about [`CHUNK_TARGET_BYTES`].
+/// others chosen so a chunk holds about [`CHUNK_TARGET_BYTES`], and at most
+/// `max_bytes` (what the writer's memory leaves a chunk) while they can
+/// shrink.
 pub(crate) fn chunk_lengths(
     names: &[&str],
     shape: &[u64],
     width: u64,
     options: &ZarrWriteOptions,
+    max_bytes: u64,
 ) -> Result<Vec<u64>> {
+    let target = CHUNK_TARGET_BYTES.min(max_bytes);
     for (dim, _) in &options.chunks {
         if !names.contains(&dim.as_str()) {
             return exec_err!(
@@ -558,7 +562,7 @@ pub(crate) fn chunk_lengths(
         if given(names[d]).is_some() {
             continue;
         }
-        while chunks.iter().product::<u64>() * width > CHUNK_TARGET_BYTES && chunks[d] > 1 {
+        while chunks.iter().product::<u64>().saturating_mul(width) > target && chunks[d] > 1 {
             chunks[d] = chunks[d].div_ceil(2);
         }
     }
@@ -591,9 +595,16 @@ pub(crate) struct GroupVariable {
     pub chunks: Vec<u64>,
 }
 
-/// Positions per chunk of a written coordinate array: one chunk up to
-/// 8 MiB of `f64`, so the usual coordinate is one read.
-const COORDINATE_CHUNK: u64 = 1 << 20;
+/// Positions per chunk of a written coordinate array: 1 MiB of `f64`, so
+/// the usual coordinate (up to 131,072 values) is one read, and writing one
+/// stays small beside any `allowed_mem`.
+const COORDINATE_CHUNK: u64 = 1 << 17;
+
+/// The most memory writing a group's coordinates holds at once: a chunk of
+/// values (8 bytes each at most) as computed, as stored and encoded, and the
+/// compressor's state. The writers that call [`prepare_group`] count it in
+/// their projected memory (it is written before their tasks run).
+pub(crate) const COORDINATE_WRITE_MEMORY: u64 = 4 * 8 * COORDINATE_CHUNK;
 
 /// A group whose arrays' data are being written: its coordinates' values
 /// are stored, its variables' chunks are the caller's to store, and its

@@ -60,7 +60,7 @@ use crate::write::grid::field_attributes;
 use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
     check_target, io_error, prepare_group, write_atomically, write_claimed, write_group,
-    GroupCoordinate, GroupVariable,
+    GroupCoordinate, GroupVariable, COORDINATE_WRITE_MEMORY,
 };
 use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::{ChunkBufferPool, StoreLocation};
@@ -281,6 +281,14 @@ struct CopyJob {
 type Arrays = [ZarrsArray<dyn ReadableWritableListableStorageTraits>];
 
 impl CopyJob {
+    /// The most memory the write holds: its tasks', or its coordinates'
+    /// (written before the tasks run).
+    fn projected(&self) -> usize {
+        self.tasks
+            .projected()
+            .max(usize::try_from(COORDINATE_WRITE_MEMORY).unwrap_or(usize::MAX))
+    }
+
     /// Writes the store atomically: a local one beside the target (the
     /// group, the coordinates and the variable's metadata, then every
     /// block), renamed into place; an object-store one (which must be
@@ -559,7 +567,7 @@ impl DisplayAs for FftCopyExec {
             job.tasks.workers,
             job.tasks.read_ahead,
             job.device,
-            human_readable_size(job.tasks.projected())
+            human_readable_size(job.projected())
         )
     }
 }
@@ -576,7 +584,7 @@ impl ExecutionPlan for FftCopyExec {
         WriteJob {
             operator: "FftCopyExec",
             store: self.job.table.source().store(),
-            projected: self.job.tasks.projected(),
+            projected: self.job.projected(),
             metrics: &self.metrics,
             properties: &self.properties,
         }

@@ -167,12 +167,26 @@ impl DenseReductionExec {
         let predicate = node.predicate.as_ref().map(physical).transpose()?;
 
         let options = session.config().options();
-        let blocks = BlockGrid::for_columns(&table, &columns, &selection, options, None);
+        // Under a memory limit, blocks shrink (to whole chunks at least) so
+        // that each worker's block takes at most about a quarter of its
+        // share of the limit (the rest: its temporaries, group state and
+        // the read-ahead).
+        let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let parallelism = options.execution.target_partitions.max(1);
+        let blocks = BlockGrid::for_columns(
+            &table,
+            &columns,
+            &selection,
+            options,
+            memory_limit.map(|bytes| bytes / (4 * parallelism)),
+        );
         let mut sorted_dims = node.group_dims.clone();
         sorted_dims.sort_unstable();
         let space = GroupSpace::new(&selection, &sorted_dims);
-        let workers =
-            (blocks.num_blocks() as usize).clamp(1, options.execution.target_partitions.max(1));
+        let workers = (blocks.num_blocks() as usize).clamp(1, parallelism);
         let read_ahead = ReadAheadPlan::new(
             &table,
             &columns,
@@ -213,7 +227,7 @@ impl DenseReductionExec {
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         };
-        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
+        if let Some(limit) = memory_limit {
             let room = limit.saturating_sub(exec.projected_memory() - exec.read_ahead.memory());
             exec.read_ahead = exec.read_ahead.within(room);
             let projected = exec.projected_memory();

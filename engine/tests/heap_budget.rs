@@ -1,0 +1,298 @@
+//! The memory promise, measured: this test binary counts every byte the
+//! process allocates (its global allocator wraps the system's), and each
+//! test runs an operation over a store larger than `allowed_mem` and
+//! checks that the bytes live at once never exceeded `allowed_mem`
+//! (beyond what was live before it started; the allocator's own free
+//! pages, which RSS also shows, are not counted: see docs/memory.md).
+//!
+//! The stores are written here with zarrs; the answers are checked
+//! elsewhere (fft.rs, rechunk.rs, copy_to_zarr.rs against xarray and
+//! numpy): these tests check the memory only, and that the operation ran.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::Path;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::SessionContext;
+use futures::StreamExt;
+use zarrfusion::{new_context_with, session_config};
+use zarrs::array::{Array, ArrayBytes, ArraySubset};
+use zarrs::filesystem::FilesystemStore;
+
+/// Counts the bytes live and the most live at once since the last reset.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+fn grew(bytes: isize) {
+    let now = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+// SAFETY: every call is passed to the system allocator as it came; the
+// counters only observe the sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size() as isize);
+        // SAFETY: the caller's layout, as GlobalAlloc requires.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size() as isize);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: `ptr` came from this allocator with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        grew(new_size as isize - layout.size() as isize);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// One measured operation at a time (the counters are the process's).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The most bytes live at once while `run` ran, over those live when it
+/// started.
+fn peak_during(run: impl FnOnce()) -> u64 {
+    let start = LIVE.load(Ordering::Relaxed);
+    PEAK.store(start, Ordering::Relaxed);
+    run();
+    (PEAK.load(Ordering::Relaxed) - start).max(0) as u64
+}
+
+/// Writes a Zarr v3 group at `dir` holding one uncompressed array `name`
+/// of `data_type` over `dims` (no coordinate arrays), filled with `bytes`.
+fn write_store(
+    dir: &Path,
+    name: &str,
+    data_type: &str,
+    fill_value: serde_json::Value,
+    dims: &[&str],
+    shape: &[u64],
+    chunks: &[u64],
+    bytes: &[u8],
+) {
+    std::fs::create_dir_all(dir.join(name)).unwrap();
+    let group = serde_json::json!({"zarr_format": 3, "node_type": "group", "attributes": {}});
+    std::fs::write(dir.join("zarr.json"), group.to_string()).unwrap();
+    let array = serde_json::json!({
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": shape,
+        "data_type": data_type,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill_value,
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        "dimension_names": dims,
+        "attributes": {},
+    });
+    std::fs::write(dir.join(name).join("zarr.json"), array.to_string()).unwrap();
+    let storage = Arc::new(FilesystemStore::new(dir).unwrap());
+    let array = Array::open(storage, &format!("/{name}")).unwrap();
+    let all = ArraySubset::new_with_shape(shape.to_vec());
+    array
+        .store_array_subset(&all, ArrayBytes::new_flen(bytes))
+        .unwrap();
+}
+
+/// Pseudo-random values (a linear congruential sequence), as f32 bytes.
+fn values(count: usize) -> Vec<u8> {
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut out = Vec::with_capacity(count * 4);
+    for _ in 0..count {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let v = ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5;
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// A session whose memory pool holds `allowed_mem` bytes, with its
+/// scratch in `work`.
+fn session(runtime: &tokio::runtime::Runtime, allowed_mem: usize, work: &Path) -> SessionContext {
+    let env = RuntimeEnvBuilder::new()
+        .with_memory_limit(allowed_mem, 1.0)
+        .build_arc()
+        .unwrap();
+    let ctx = new_context_with(session_config(), env);
+    let work = work.display().to_string();
+    runtime.block_on(async {
+        ctx.sql(&format!("SET zarrfusion.work_dir = '{work}'"))
+            .await
+            .unwrap();
+    });
+    ctx
+}
+
+/// Runs `sql` to the end, a batch at a time, in `runtime`; returns the rows.
+fn run_sql(runtime: &tokio::runtime::Runtime, ctx: &SessionContext, sql: &str) -> usize {
+    runtime.block_on(async {
+        let mut stream = ctx
+            .sql(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .execute_stream()
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut rows = 0;
+        while let Some(batch) = stream.next().await {
+            rows += batch.unwrap_or_else(|e| panic!("{sql}: {e}")).num_rows();
+        }
+        rows
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Fails naming the operation when `peak` exceeds `allowed_mem`.
+fn assert_within(what: &str, peak: u64, allowed_mem: usize) {
+    eprintln!(
+        "{what}: {:.2} MiB live at most under {:.2} MiB",
+        peak as f64 / (1 << 20) as f64,
+        allowed_mem as f64 / (1 << 20) as f64
+    );
+    assert!(
+        peak <= allowed_mem as u64,
+        "{what}: {peak} bytes live at once ({:.1} MiB) under allowed_mem {allowed_mem} \
+         ({:.1} MiB)",
+        peak as f64 / (1 << 20) as f64,
+        allowed_mem as f64 / (1 << 20) as f64
+    );
+}
+
+/// The FFT of a complex64 line of 2^21 values (16 MiB) written to Zarr
+/// under 8 MiB: the four-step path, then the spectrum and its frequency
+/// coordinate (2^21 float64 values) written chunk by chunk.
+#[test]
+fn an_fft_copy_of_a_line_twice_allowed_mem_stays_within_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::scratch("heap-fft");
+    let n: u64 = 1 << 21;
+    let store = dir.join("signal.zarr");
+    write_store(
+        &store,
+        "s",
+        "complex64",
+        serde_json::json!([0.0, 0.0]),
+        &["t"],
+        &[n],
+        &[1 << 14],
+        &values(2 * n as usize),
+    );
+    let allowed_mem = 8 << 20;
+    let runtime = runtime();
+    let ctx = session(&runtime, allowed_mem, &dir.join("work"));
+    let out = dir.join("spectrum.zarr");
+    let call = format!(
+        "fft('{}', 's', dims => 't', true_phase => false, true_amplitude => false, \
+         shift => false)",
+        store.display()
+    );
+    let plan = runtime.block_on(common::explain_text(&ctx, &format!("SELECT * FROM {call}")));
+    assert!(plan.contains("strategy=four-step"), "{plan}");
+    let sql = format!(
+        "COPY (SELECT * FROM {call}) TO '{}' STORED AS ZARR",
+        out.display()
+    );
+    let mut rows = 0;
+    let peak = peak_during(|| rows = run_sql(&runtime, &ctx, &sql));
+    assert_eq!(rows, 1, "COPY answers one row");
+    assert!(out.join("s").is_dir(), "the spectrum was written");
+    assert_within("FFT copy (four-step)", peak, allowed_mem);
+}
+
+/// A grid t(64, 180, 360) of float32 (16.6 MB) in chunks (8, 90, 90),
+/// under 8 MiB: a scan streamed to the end, a dense reduction, a COPY of
+/// a selection with a computed variable, a rechunk streamed to the end and
+/// a COPY of the table in new chunks.
+#[test]
+fn scans_reductions_copies_and_rechunks_of_a_grid_twice_allowed_mem_stay_within_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::scratch("heap-grid");
+    let shape = [64u64, 180, 360];
+    let store = dir.join("grid.zarr");
+    write_store(
+        &store,
+        "t",
+        "float32",
+        serde_json::json!("NaN"),
+        &["time", "lat", "lon"],
+        &shape,
+        &[8, 90, 90],
+        &values(shape.iter().product::<u64>() as usize),
+    );
+    let allowed_mem = 8 << 20;
+    let runtime = runtime();
+    let ctx = session(&runtime, allowed_mem, &dir.join("work"));
+    let location = store.display().to_string();
+    runtime.block_on(async {
+        ctx.sql(&format!(
+            "CREATE EXTERNAL TABLE grid STORED AS ZARR LOCATION '{location}'"
+        ))
+        .await
+        .unwrap();
+    });
+    let out = |name: &str| dir.join(name).display().to_string();
+    let cases = [
+        ("scan", "SELECT * FROM grid".to_string(), 64 * 180 * 360),
+        (
+            "dense reduction",
+            "SELECT lat, avg(t) FROM grid GROUP BY lat".to_string(),
+            180,
+        ),
+        (
+            "COPY of a selection",
+            format!(
+                "COPY (SELECT time, lat, lon, t * 2 AS u FROM grid WHERE lat < 120) TO '{}' \
+                 STORED AS ZARR",
+                out("selection.zarr")
+            ),
+            1,
+        ),
+        (
+            "rechunk",
+            "SELECT * FROM rechunk('grid', time => 64, lat => 10, lon => 10)".to_string(),
+            64 * 180 * 360,
+        ),
+        (
+            "COPY of a table in new chunks",
+            format!(
+                "COPY grid TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=64,lat=10,lon=10')",
+                out("rechunked.zarr")
+            ),
+            1,
+        ),
+    ];
+    for (what, sql, want_rows) in cases {
+        let mut rows = 0;
+        let peak = peak_during(|| rows = run_sql(&runtime, &ctx, &sql));
+        assert_eq!(rows, want_rows, "{what}: {sql}");
+        assert_within(what, peak, allowed_mem);
+    }
+}
