@@ -77,37 +77,39 @@ fn peak_during(run: impl FnOnce()) -> u64 {
     (PEAK.load(Ordering::Relaxed) - start).max(0) as u64
 }
 
-/// Writes a Zarr v3 group at `dir` holding one uncompressed array `name`
-/// of `data_type` over `dims` (no coordinate arrays), filled with `bytes`.
-fn write_store(
-    dir: &Path,
-    name: &str,
-    data_type: &str,
+/// An array [`write_store`] writes.
+struct ArraySpec<'a> {
+    name: &'a str,
+    data_type: &'a str,
     fill_value: serde_json::Value,
-    dims: &[&str],
-    shape: &[u64],
-    chunks: &[u64],
-    bytes: &[u8],
-) {
+    dims: &'a [&'a str],
+    shape: &'a [u64],
+    chunks: &'a [u64],
+}
+
+/// Writes a Zarr v3 group at `dir` holding one uncompressed array (no
+/// coordinate arrays), filled with `bytes`.
+fn write_store(dir: &Path, spec: &ArraySpec, bytes: &[u8]) {
+    let name = spec.name;
     std::fs::create_dir_all(dir.join(name)).unwrap();
     let group = serde_json::json!({"zarr_format": 3, "node_type": "group", "attributes": {}});
     std::fs::write(dir.join("zarr.json"), group.to_string()).unwrap();
     let array = serde_json::json!({
         "zarr_format": 3,
         "node_type": "array",
-        "shape": shape,
-        "data_type": data_type,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+        "shape": spec.shape,
+        "data_type": spec.data_type,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": spec.chunks}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": fill_value,
+        "fill_value": spec.fill_value,
         "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-        "dimension_names": dims,
+        "dimension_names": spec.dims,
         "attributes": {},
     });
     std::fs::write(dir.join(name).join("zarr.json"), array.to_string()).unwrap();
     let storage = Arc::new(FilesystemStore::new(dir).unwrap());
     let array = Array::open(storage, &format!("/{name}")).unwrap();
-    let all = ArraySubset::new_with_shape(shape.to_vec());
+    let all = ArraySubset::new_with_shape(spec.shape.to_vec());
     array
         .store_array_subset(&all, ArrayBytes::new_flen(bytes))
         .unwrap();
@@ -195,16 +197,15 @@ fn an_fft_copy_of_a_line_twice_allowed_mem_stays_within_it() {
     let dir = common::scratch("heap-fft");
     let n: u64 = 1 << 21;
     let store = dir.join("signal.zarr");
-    write_store(
-        &store,
-        "s",
-        "complex64",
-        serde_json::json!([0.0, 0.0]),
-        &["t"],
-        &[n],
-        &[1 << 14],
-        &values(2 * n as usize),
-    );
+    let spec = ArraySpec {
+        name: "s",
+        data_type: "complex64",
+        fill_value: serde_json::json!([0.0, 0.0]),
+        dims: &["t"],
+        shape: &[n],
+        chunks: &[1 << 14],
+    };
+    write_store(&store, &spec, &values(2 * n as usize));
     let allowed_mem = 8 << 20;
     let runtime = runtime();
     let ctx = session(&runtime, allowed_mem, &dir.join("work"));
@@ -237,14 +238,17 @@ fn scans_reductions_copies_and_rechunks_of_a_grid_twice_allowed_mem_stay_within_
     let dir = common::scratch("heap-grid");
     let shape = [64u64, 180, 360];
     let store = dir.join("grid.zarr");
+    let spec = ArraySpec {
+        name: "t",
+        data_type: "float32",
+        fill_value: serde_json::json!("NaN"),
+        dims: &["time", "lat", "lon"],
+        shape: &shape,
+        chunks: &[8, 90, 90],
+    };
     write_store(
         &store,
-        "t",
-        "float32",
-        serde_json::json!("NaN"),
-        &["time", "lat", "lon"],
-        &shape,
-        &[8, 90, 90],
+        &spec,
         &values(shape.iter().product::<u64>() as usize),
     );
     let allowed_mem = 8 << 20;

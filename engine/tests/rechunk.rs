@@ -407,6 +407,104 @@ async fn scratch_stores_a_killed_process_left_are_swept_by_the_next_rechunk() {
     assert!(running.exists() && elsewhere.exists());
 }
 
+/// In an object-store work dir, a scratch store is swept only when its
+/// marker names this boot of this machine and a process that is gone: a
+/// host name alone (two machines may share one) is not enough.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scratch_stores_a_killed_process_left_in_an_object_store_are_swept_by_its_boot() {
+    use futures::TryStreamExt;
+    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+    use zarrfusion::ZarrContextExt;
+    let runtime = Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default());
+    let memory = common::memory_store(&runtime, "sweep");
+    let stamp = zarrfusion::write::stamp::unique_suffix();
+    let host = stamp.splitn(3, '-').nth(2).unwrap().to_string();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let gone = child.id();
+    child.wait().unwrap();
+    let ours = std::process::id();
+    let marker = |pid: u32, boot: &str| {
+        serde_json::json!({"pid": pid, "host": host, "boot": boot, "started": 1}).to_string()
+    };
+    // name -> (marker, whether the sweep removes it)
+    let left = [
+        (
+            format!("zarrfusion-rechunked-{gone}-1-{host}.zarr"),
+            Some(marker(gone, &boot)),
+            true,
+        ),
+        (
+            format!("zarrfusion-rechunked-{ours}-2-{host}.zarr"),
+            Some(marker(ours, &boot)),
+            false,
+        ),
+        (
+            format!("zarrfusion-rechunked-{gone}-3-{host}.zarr"),
+            Some(marker(gone, "another-boot")),
+            false,
+        ),
+        (
+            format!("zarrfusion-rechunked-{gone}-4-{host}.zarr"),
+            None,
+            false,
+        ),
+        (
+            format!("zarrfusion-rechunked-{gone}-5-x{host}.zarr"),
+            Some(marker(gone, &boot)),
+            false,
+        ),
+    ];
+    for (name, marker, _) in &left {
+        let chunk = object_store::path::Path::from(format!("work/{name}/t2m/c/0/0/0"));
+        memory
+            .put(&chunk, PutPayload::from_static(b"chunk"))
+            .await
+            .unwrap();
+        if let Some(marker) = marker {
+            let key = object_store::path::Path::from(format!("work/{name}/.zarrfusion-scratch"));
+            memory
+                .put(&key, PutPayload::from(marker.clone().into_bytes()))
+                .await
+                .unwrap();
+        }
+    }
+    let ctx = zarrfusion::new_context_with(zarrfusion::session_config(), runtime);
+    ctx.sql("SET zarrfusion.work_dir = 'memory://sweep/work'")
+        .await
+        .unwrap();
+    let source = fixture("rechunk_source.zarr");
+    ctx.register_zarr("src", &source, HashMap::new())
+        .await
+        .unwrap();
+    let expected = sorted_rows(&ctx, "SELECT * FROM src").await;
+    let actual = sorted_rows(&ctx, "SELECT * FROM rechunk('src', time => 5)").await;
+    common::assert_rows("rechunk", &actual, &expected);
+    let keys: Vec<String> = memory
+        .list(None)
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    for (name, _, swept) in &left {
+        let kept = keys
+            .iter()
+            .filter(|k| k.starts_with(&format!("work/{name}/")))
+            .count();
+        assert_eq!(kept == 0, *swept, "{name}: {keys:?}");
+    }
+    // The query's own scratch store, marker included, is gone too.
+    assert!(
+        keys.iter().all(|k| left
+            .iter()
+            .any(|(name, _, _)| k.starts_with(&format!("work/{name}/")))),
+        "{keys:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_store_work_dir_holds_the_intermediates_and_is_emptied() {
     use futures::TryStreamExt;

@@ -568,10 +568,11 @@ def test_two_copies_to_one_prefix_at_once_write_one_store_and_erase_nothing_of_i
 
 
 def test_a_copy_takes_over_a_killed_writers_prefix_of_this_machine_only(s3, tmp_path):
-    """A claim and chunks left by a process of this machine that is gone
-    (killed mid-copy) are erased by the next COPY to the prefix, which
-    writes the store; a claim of another machine's writer is reported, and
-    nothing under its prefix is touched."""
+    """A claim and chunks left by a process of this boot of this machine
+    that is gone (killed mid-copy) are erased by the next COPY to the
+    prefix, which writes the store; a claim of another machine's writer, or
+    of a machine with the same host name but another boot id, is reported,
+    and nothing under its prefix is touched."""
     import json
     import subprocess
 
@@ -580,8 +581,14 @@ def test_a_copy_takes_over_a_killed_writers_prefix_of_this_machine_only(s3, tmp_
     client = s3.client()
     gone = subprocess.Popen(["true"])
     gone.wait()
-    for prefix, host in (("copies/killed.zarr", _host()), ("copies/elsewhere.zarr", "x" + _host())):
-        claim = {"pid": gone.pid, "host": host, "started": 1}
+    boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    claims = (
+        ("copies/killed.zarr", _host(), boot),
+        ("copies/elsewhere.zarr", "x" + _host(), boot),
+        ("copies/same-name.zarr", _host(), "another-boot"),
+    )
+    for prefix, host, their_boot in claims:
+        claim = {"pid": gone.pid, "host": host, "boot": their_boot, "started": 1}
         client.put_object(Bucket=s3.bucket, Key=f"{prefix}/.zarrfusion-write", Body=json.dumps(claim).encode())
         client.put_object(Bucket=s3.bucket, Key=f"{prefix}/t2m/c/9/9/9", Body=b"left by the killed write")
     ctx = zf.SessionContext()
@@ -593,10 +600,11 @@ def test_a_copy_takes_over_a_killed_writers_prefix_of_this_machine_only(s3, tmp_
     want = xr.open_zarr(FIXTURES / "v3_basic.zarr")
     np.testing.assert_array_equal(got.t2m.to_numpy(), want.t2m.to_numpy())
 
-    before = sorted(s3.keys("copies/elsewhere.zarr/"))
-    with pytest.raises(zf.ZarrFusionError, match="another write holds it"):
-        ctx.sql("COPY t TO 's3://fixtures/copies/elsewhere.zarr' STORED AS ZARR").collect()
-    assert sorted(s3.keys("copies/elsewhere.zarr/")) == before
+    for prefix in ("copies/elsewhere.zarr", "copies/same-name.zarr"):
+        before = sorted(s3.keys(f"{prefix}/"))
+        with pytest.raises(zf.ZarrFusionError, match="another write holds it"):
+            ctx.sql(f"COPY t TO 's3://fixtures/{prefix}' STORED AS ZARR").collect()
+        assert sorted(s3.keys(f"{prefix}/")) == before
 
 
 def test_a_failed_copy_to_s3_leaves_no_object_under_the_prefix(s3):

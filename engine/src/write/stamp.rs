@@ -10,11 +10,22 @@
 //! The stamp says whose they are: `<pid>-<nanos>-<host>`. The next write
 //! into the same directory removes those of processes of this machine that
 //! are gone ([`sweep`]); those of running processes and of other machines
-//! (a shared file system) are left alone. Object-store prefixes are not
-//! swept: no process table tells whether their writer still runs.
+//! (a shared file system) are left alone.
+//!
+//! In an object store, a bucket many machines share, a name is not enough
+//! (two machines can have one host name): a scratch store there holds a
+//! marker object ([`SCRATCH_MARKER`], as a COPY target holds its claim)
+//! naming its process, machine and *boot* (the kernel's boot id). The first
+//! scratch store a process makes in an object-store work directory removes
+//! those whose marker names this boot and a process that is gone
+//! ([`sweep_remote`]); without a marker, or of another boot, they are left.
 
+use std::collections::HashSet;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::{json, Value};
+use zarrs::storage::{ReadableWritableListableStorageTraits, StoreKey, StorePrefix};
 
 /// What the sweep looks for in a directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +50,96 @@ pub(crate) fn host() -> Option<&'static str> {
         (!name.is_empty()).then_some(name)
     })
     .as_deref()
+}
+
+/// This boot of this machine (`/proc/sys/kernel/random/boot_id`), or
+/// `None` where there is none (then nothing in an object store is swept or
+/// taken over).
+pub(crate) fn boot() -> Option<&'static str> {
+    static BOOT: OnceLock<Option<String>> = OnceLock::new();
+    BOOT.get_or_init(|| {
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let id = id.trim();
+        (!id.is_empty()).then(|| id.to_string())
+    })
+    .as_deref()
+}
+
+/// Who this process is, as markers and claims in object stores record it:
+/// `{"pid", "host", "boot", "started"}` (seconds since 1970).
+pub(crate) fn owner_record() -> Value {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    json!({
+        "pid": std::process::id(),
+        "host": host().unwrap_or("unknown"),
+        "boot": boot().unwrap_or("unknown"),
+        "started": started,
+    })
+}
+
+/// The process a record ([`owner_record`]) names, when it ran in this boot
+/// of this machine and is gone; `None` for a running one, another
+/// machine's or boot's, or a record without a boot.
+pub(crate) fn gone_owner(record: &Value) -> Option<u32> {
+    let pid = record["pid"].as_u64().and_then(|p| u32::try_from(p).ok())?;
+    let here = record["host"].as_str().is_some_and(|h| Some(h) == host());
+    let this_boot = record["boot"].as_str().is_some_and(|b| Some(b) == boot());
+    (here && this_boot && is_gone(pid)).then_some(pid)
+}
+
+/// The object at the root of a scratch store in an object store: its
+/// maker's [`owner_record`].
+pub const SCRATCH_MARKER: &str = ".zarrfusion-scratch";
+
+/// Removes the scratch stores under the object-store work directory
+/// `storage` (`display` for messages) whose marker names a process of this
+/// boot that is gone; returns how many. Runs once per process and work
+/// directory (a listing of the directory's top level, one GET per scratch
+/// store of this machine). Errors are ignored: a sweep never fails the
+/// operation that runs it.
+pub fn sweep_remote(display: &str, storage: &dyn ReadableWritableListableStorageTraits) -> usize {
+    static SWEPT: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    {
+        let mut swept = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
+        if !swept
+            .get_or_insert_with(HashSet::new)
+            .insert(display.to_string())
+        {
+            return 0;
+        }
+    }
+    let Ok(top) = storage.list_dir(&StorePrefix::root()) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for prefix in top.prefixes() {
+        let name = prefix.as_str().trim_end_matches('/');
+        if owner(name, Leftover::Scratch).is_none() {
+            continue;
+        }
+        let Ok(marker) = StoreKey::new(format!("{name}/{SCRATCH_MARKER}")) else {
+            continue;
+        };
+        let record: Value = (storage.get(&marker).ok().flatten())
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or(Value::Null);
+        let Some(pid) = gone_owner(&record) else {
+            continue;
+        };
+        // Everything but the marker, then the marker: a sweep cut short
+        // leaves it to the next.
+        let Ok(keys) = storage.list_prefix(prefix) else {
+            continue;
+        };
+        let rest: Vec<StoreKey> = keys.into_iter().filter(|k| *k != marker).collect();
+        if storage.erase_many(&rest).is_ok() && storage.erase(&marker).is_ok() {
+            log::info!("removed '{display}/{name}', left by process {pid}, which is gone");
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// A name no other write of this process (or another, or another

@@ -27,7 +27,7 @@ use zarrs::storage::{
 
 use super::grid::Grid;
 use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
-use super::stamp::{host, is_gone, sweep, unique_suffix, Leftover};
+use super::stamp::{gone_owner, owner_record, sweep, unique_suffix, Leftover};
 use crate::table::Coordinate;
 use crate::zarr::open_writable_remote;
 
@@ -119,7 +119,7 @@ pub fn write_atomically<T>(
 }
 
 /// The object at the root of an object-store target while a write holds
-/// it: who holds it (`{"pid", "host", "started"}`).
+/// it: who holds it (`{"pid", "host", "boot", "started"}`).
 pub const CLAIM_KEY: &str = ".zarrfusion-write";
 
 /// Runs `write` on the empty object-store prefix at `url` (reached with
@@ -129,9 +129,10 @@ pub const CLAIM_KEY: &str = ".zarrfusion-write";
 /// prefix that holds anything else is refused, and the claim is removed
 /// last. When `write` fails, everything under the prefix (this write's
 /// alone, since it held it) is erased, the claim last. A claim left by a
-/// process of this machine that is gone (killed) is taken over: its
-/// leftovers are erased first; one of another machine is reported with
-/// the key to remove.
+/// process of this boot of this machine that is gone (killed) is taken
+/// over: its leftovers are erased first; one of another machine or boot
+/// (two machines may share a host name; a boot id they do not) is reported
+/// with the key to remove.
 pub fn write_claimed<T>(
     display: &str,
     url: &url::Url,
@@ -145,15 +146,7 @@ pub fn write_claimed<T>(
     let remote = open_writable_remote(display, url, options, runtime).map_err(|e| failed(&e))?;
     let storage: ReadableWritableListableStorage = remote.clone();
     let claim = StoreKey::new(CLAIM_KEY).map_err(|e| failed(&e))?;
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let mine = json!({
-        "pid": std::process::id(),
-        "host": host().unwrap_or("unknown"),
-        "started": started,
-    })
-    .to_string();
+    let mine = owner_record().to_string();
     let everything_but_claim = |storage: &ReadableWritableListableStorage| {
         (storage.list_prefix(&StorePrefix::root()))
             .map(|keys| keys.into_iter().filter(|k| *k != claim).collect::<Vec<_>>())
@@ -167,10 +160,8 @@ pub fn write_claimed<T>(
         let holder: Value = (storage.get(&claim).ok().flatten())
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .unwrap_or(Value::Null);
-        let pid = holder["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
-        let here = holder["host"].as_str().is_some_and(|h| Some(h) == host());
-        match pid {
-            Some(pid) if here && is_gone(pid) && !taken_over => {
+        match gone_owner(&holder) {
+            Some(pid) if !taken_over => {
                 log::info!("'{display}': taking over the write of process {pid}, which is gone");
                 let left = everything_but_claim(&storage)?;
                 storage.erase_many(&left).map_err(|e| failed(&e))?;

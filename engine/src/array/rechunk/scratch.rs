@@ -7,9 +7,13 @@ use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
-use zarrs::storage::{ReadableWritableListableStorage, StorePrefix};
+use zarrs::storage::{
+    ReadableWritableListableStorage, StoreKey, StorePrefix, WritableStorageTraits,
+};
 
-use crate::write::stamp::{sweep, unique_suffix, Leftover};
+use crate::write::stamp::{
+    owner_record, sweep, sweep_remote, unique_suffix, Leftover, SCRATCH_MARKER,
+};
 use crate::zarr::{open_writable_remote, open_writable_storage, RemoteStorage, StoreLocation};
 
 /// The work directory when `work_dir` is not set: the system's temporary
@@ -44,18 +48,36 @@ impl ScratchStore {
         extension: &str,
         runtime: &RuntimeEnv,
     ) -> Result<Self> {
-        // What killed processes left in a local work directory goes first.
-        if let StoreLocation::Local(dir) = work_dir {
-            sweep(dir, Leftover::Scratch);
+        let failed =
+            |e: crate::error::ZarrFusionError| DataFusionError::Execution(format!("work_dir: {e}"));
+        // What killed processes left in the work directory goes first.
+        match work_dir {
+            StoreLocation::Local(dir) => {
+                sweep(dir, Leftover::Scratch);
+            }
+            StoreLocation::Remote(url) => {
+                let display = work_dir.to_string();
+                let parent = open_writable_remote(&display, url, &HashMap::new(), runtime)
+                    .map_err(failed)?;
+                sweep_remote(&display, parent.as_ref());
+            }
         }
         let location = work_dir.join(&format!("{stem}-{}{extension}", unique_suffix()));
         let display = location.to_string();
-        let failed =
-            |e: crate::error::ZarrFusionError| DataFusionError::Execution(format!("work_dir: {e}"));
         let (storage, remote): (ReadableWritableListableStorage, _) = match &location {
             StoreLocation::Remote(url) => {
                 let remote = open_writable_remote(&display, url, &HashMap::new(), runtime)
                     .map_err(failed)?;
+                // Whose it is, for the sweep of another process when this
+                // one is killed.
+                let marker = StoreKey::new(SCRATCH_MARKER).map_err(|e| {
+                    DataFusionError::Execution(format!("work_dir '{display}': {e}"))
+                })?;
+                remote
+                    .set(&marker, owner_record().to_string().into_bytes().into())
+                    .map_err(|e| {
+                        DataFusionError::Execution(format!("work_dir '{display}': {e}"))
+                    })?;
                 (Arc::clone(&remote) as _, Some(remote))
             }
             StoreLocation::Local(_) => (
