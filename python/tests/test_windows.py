@@ -269,6 +269,58 @@ def test_bad_loader_arguments_name_the_argument(ctx, window_store):
             windows.loader(**kwargs)
 
 
+HOSTILE_NUMBERS = [2**64, 2**64 - 1, 2**63, 2**62, 2**31, -1, 0]
+
+
+@pytest.mark.parametrize("n", HOSTILE_NUMBERS)
+def test_absurd_sizes_and_counts_are_refused_or_bounded_never_a_crash(ctx, window_store, n):
+    """Every size, count and position a user passes to the window API,
+    from 0 and -1 to 2^64: refused with a Python exception naming what is
+    wrong (ValueError; OverflowError where it does not fit the argument's
+    integer type), or taken (a jitter or block size larger than the data is
+    bounded by it); never a crash, a hang or an allocation of the size
+    asked for (the loader's memory check refuses batches that large)."""
+    import itertools
+
+    ds = ctx.open_zarr(window_store)
+
+    def first_batches(windows, **kwargs):
+        loader = windows.loader(**kwargs)
+        return sum(1 for _ in itertools.islice(loader, 2))
+
+    attempts = [
+        ("input_dims", lambda: len(ds.windows({"lat": n, "lon": 2}, cache=False))),
+        ("input_overlap", lambda: len(ds.windows({"lat": 3, "lon": 2}, {"lat": n}, cache=False))),
+        ("history", lambda: len(ds.windows({"lat": 3, "lon": 2}, history={"time": n}, cache=False))),
+        ("jitter", lambda: len(ds.windows({"lat": 3, "lon": 2}, jitter={"lat": n}, cache=False))),
+        ("block_size", lambda: len(ds.windows({"lat": 3, "lon": 2}, block_size=n, cache=False))),
+        ("targets", lambda: len(ds.windows({"lat": 3, "lon": 2}, targets={"a": f"+{n}"}, cache=False))),
+        ("batch_size", lambda: first_batches(ds.windows(SIZE, cache=False), batch_size=n)),
+        ("prefetch", lambda: first_batches(ds.windows(SIZE, cache=False), prefetch=n)),
+        ("seed", lambda: first_batches(ds.windows(SIZE, cache=False), seed=n)),
+        ("shard", lambda: first_batches(ds.windows(SIZE, cache=False), shard=(n, 4))),
+        ("shard", lambda: first_batches(ds.windows(SIZE, cache=False), shard=(0, n))),
+    ]
+    for argument, attempt in attempts:
+        try:
+            attempt()
+        except OverflowError:
+            assert n < 0 or n >= 2**63, (argument, n)
+        except ValueError as e:
+            assert argument in str(e) or "allowed_mem" in str(e), (argument, n, str(e))
+    loader = ds.windows(SIZE, cache=False).loader()
+    state = loader.state_dict()
+    for key in ("epoch", "batches"):
+        resumed = ds.windows(SIZE, cache=False).loader()
+        try:
+            resumed.load_state_dict({**state, key: n})
+            sum(1 for _ in itertools.islice(resumed, 2))
+        except OverflowError:
+            assert n < 0 or n >= 2**63, (key, n)
+        except ValueError as e:
+            assert "load_state_dict" in str(e), (key, n, str(e))
+
+
 def test_corrupt_chunk_is_an_error_naming_it(ctx, fixtures):
     windows_of = ctx.open_zarr(fixtures / "bad_corrupt_chunk.zarr")
     with pytest.raises(zf.ZarrFusionError, match="chunk"):

@@ -53,6 +53,10 @@ const RETIRED: usize = 2;
 /// `drop_last` keeps a count per stream.
 const MAX_STREAMS: u64 = 1 << 20;
 
+/// The most windows a batch's plan makes room for before drawing them (it
+/// grows past that as they come): a batch size is the user's, unbounded.
+const PLAN_ROOM: usize = 1 << 16;
+
 /// The streams of `world_size` ranks of `workers` workers each, refused
 /// (naming `argument`) beyond [`MAX_STREAMS`].
 fn checked_streams(world_size: u64, workers: u64, argument: &str) -> Result<u64, WindowError> {
@@ -905,7 +909,8 @@ impl Planner {
         loop {
             skipping.set(seq < self.skip);
             let n = limit.map_or(batch, |l| batch.min(l - produced));
-            let mut plan: Plan = Vec::with_capacity(n as usize);
+            let mut plan: Plan =
+                Vec::with_capacity(usize::try_from(n).unwrap_or(usize::MAX).min(PLAN_ROOM));
             while (plan.len() as u64) < n {
                 match draw() {
                     Ok(Some(window)) => plan.push(window),
