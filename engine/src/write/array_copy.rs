@@ -89,7 +89,7 @@ impl OptimizerRule for CopyToArraysRule {
         if copy.file_type.get_ext() == "zarr" {
             allowed.check_options(&copy.options, &copy.output_url)?;
             let target = StoreLocation::parse(&copy.output_url)?;
-            ZarrWriteOptions::from_map(&copy.options)?.check_target(&target)?;
+            ZarrWriteOptions::from_map(&copy.options)?.check_storage_target(&target)?;
         }
         if let Some(node) = fft_copy(copy)? {
             let node: Arc<dyn UserDefinedLogicalNode> = Arc::new(node);

@@ -124,7 +124,7 @@ impl ZarrWriteOptions {
 impl ZarrWriteOptions {
     /// Refuses object-store settings for a local target (they would be
     /// ignored).
-    pub fn check_target(&self, target: &StoreLocation) -> Result<()> {
+    pub fn check_storage_target(&self, target: &StoreLocation) -> Result<()> {
         if matches!(target, StoreLocation::Local(_)) && !self.storage.is_empty() {
             let mut keys: Vec<&str> = self.storage.keys().map(String::as_str).collect();
             keys.sort_unstable();
