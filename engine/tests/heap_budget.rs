@@ -300,3 +300,81 @@ fn scans_reductions_copies_and_rechunks_of_a_grid_twice_allowed_mem_stay_within_
         assert_within(what, peak, allowed_mem);
     }
 }
+
+/// The window loader over the same grid, blocks of 512 KiB, a shuffle
+/// buffer of 1 MiB: an epoch of 5x5 windows in batches of 64, the index
+/// built beside it (at most half of the budget).
+#[test]
+fn a_loader_epoch_over_a_grid_twice_allowed_mem_stays_within_it() {
+    use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
+    use zarrfusion::windows::{
+        IndexOptions, LoaderOptions, SampleSpec, Shuffle, WindowLoader, WindowShape, Windows,
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::scratch("heap-loader");
+    let shape = [64u64, 180, 360];
+    let store = dir.join("grid.zarr");
+    let spec = ArraySpec {
+        name: "t",
+        data_type: "float32",
+        fill_value: serde_json::json!("NaN"),
+        dims: &["time", "lat", "lon"],
+        shape: &shape,
+        chunks: &[8, 90, 90],
+    };
+    write_store(
+        &store,
+        &spec,
+        &values(shape.iter().product::<u64>() as usize),
+    );
+    let allowed_mem: usize = 8 << 20;
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let env = datafusion::execution::runtime_env::RuntimeEnv::default();
+    let mut windows_seen = 0u64;
+    let peak = peak_during(|| {
+        let dataset = ZarrDataset::open(
+            &store.display().to_string(),
+            &ZarrTableOptions::default(),
+            &env,
+        )
+        .unwrap();
+        let table = Arc::new(dataset.table(None).unwrap());
+        let window_shape = WindowShape {
+            sizes: vec![("lat".into(), 5), ("lon".into(), 5)],
+            overlaps: vec![],
+        };
+        let selection = Selection::all(&table.shape());
+        let index = IndexOptions {
+            block_bytes: (allowed_mem / 16) as u64,
+            threads: 1,
+            memory_limit: Some(allowed_mem / 2),
+            ..IndexOptions::default()
+        };
+        let windows = Windows::new(
+            table,
+            &["t".to_string()],
+            selection,
+            &window_shape,
+            &SampleSpec::default(),
+            &index,
+        )
+        .unwrap();
+        let options = LoaderOptions {
+            batch_size: 64,
+            shuffle: Shuffle::Block {
+                buffer_bytes: 1 << 20,
+            },
+            prefetch: 2,
+            threads: 2,
+            memory_limit: Some(allowed_mem),
+            ..LoaderOptions::default()
+        };
+        let loader = WindowLoader::new(Arc::new(windows), options).unwrap();
+        for batch in loader.epoch(0) {
+            windows_seen += batch.unwrap().len as u64;
+        }
+    });
+    assert_eq!(windows_seen, 64 * 36 * 72, "every window of the epoch");
+    assert_within("loader epoch", peak, allowed_mem);
+}
