@@ -51,10 +51,21 @@ fn cases() -> u32 {
         .unwrap_or(128)
 }
 
-/// The seed, from `ZARRFUSION_FUZZ_SEED` (a number, or `random`).
+/// The seed, from `ZARRFUSION_FUZZ_SEED` (a number, or `random`: a fresh
+/// one, printed so that the run can be made again, also when an abort
+/// loses proptest's report).
 fn seed() -> RngSeed {
     match std::env::var("ZARRFUSION_FUZZ_SEED").ok().as_deref() {
-        Some("random") => RngSeed::Random,
+        Some("random") => {
+            use std::hash::BuildHasher;
+            static FRESH: OnceLock<u64> = OnceLock::new();
+            let seed = *FRESH.get_or_init(|| {
+                let seed = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+                eprintln!("fuzz: ZARRFUSION_FUZZ_SEED={seed}");
+                seed
+            });
+            RngSeed::Fixed(seed)
+        }
         Some(n) => RngSeed::Fixed(n.parse().unwrap_or(0x2025)),
         None => RngSeed::Fixed(0x2025),
     }
