@@ -486,3 +486,30 @@ async fn a_chunk_declaring_billions_of_cells_past_the_array_is_an_error_not_an_a
     assert_mentions("huge chunk shape", &message, &["'t'"]);
     assert!(!message.contains("panicked"), "{message}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_declaring_half_a_billion_inner_chunks_is_refused_not_an_abort() {
+    // Found by the metadata fuzz target: the sharded fixture's `z` with a
+    // shard shape of [6, 2^30] (8 shifted by 27 bits) in inner chunks of
+    // [3, 4]: an index of 536,870,912 entries, 8 GiB that zarrs allocated
+    // to read it, whatever the array's [10, 12] extent; the process aborted.
+    let dir = common::scratch("huge-shard-index");
+    let store = dir.join("s.zarr");
+    common::copy_dir(
+        &std::path::PathBuf::from(fixture("codec_v3_sharded_unwritten.zarr")),
+        &store,
+    );
+    let metadata = store.join("zarr.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&metadata).unwrap()).unwrap();
+    let grid = &mut doc["consolidated_metadata"]["metadata"]["z"]["chunk_grid"];
+    grid["configuration"]["chunk_shape"] = serde_json::json!([6, 1u64 << 30]);
+    std::fs::write(&metadata, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let message = error_of(&store.to_string_lossy(), &[("pushdown", "true")]).await;
+    assert_mentions(
+        "huge shard index",
+        &message,
+        &["'z'", "8589934592 bytes", "shard index"],
+    );
+    assert!(!message.contains("panicked"), "{message}");
+}

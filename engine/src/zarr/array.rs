@@ -67,6 +67,52 @@ fn check_declared_sizes(
     Ok(())
 }
 
+/// Most bytes a shard's index may take: 2^28 (256 MiB, 16,777,216 inner
+/// chunks). The index is read whole before any part of its shard, sized by
+/// the shard's declared inner chunks whatever the array's extent.
+pub const MAX_SHARD_INDEX_BYTES: u64 = 1 << 28;
+
+/// Refuses sharding whose index (16 bytes per inner chunk of a shard, at
+/// every level of nested sharding) would take more than
+/// [`MAX_SHARD_INDEX_BYTES`], with the numbers.
+fn check_shard_indexes(
+    metadata: &ArrayMetadata,
+    storage_chunk: &[u64],
+) -> std::result::Result<(), String> {
+    let ArrayMetadata::V3(m) = metadata else {
+        return Ok(());
+    };
+    let mut outer = storage_chunk.to_vec();
+    let mut codecs: Vec<Value> = (m.codecs.iter())
+        .filter_map(|c| serde_json::to_value(c).ok())
+        .collect();
+    loop {
+        let Some(sharding) = codecs.iter().find(|c| c["name"] == "sharding_indexed") else {
+            return Ok(());
+        };
+        let config = sharding["configuration"].clone();
+        let inner: Option<Vec<u64>> = (config["chunk_shape"].as_array())
+            .and_then(|dims| dims.iter().map(Value::as_u64).collect());
+        // Shapes zarrs refuses (rank, zeros) are its errors to give.
+        let Some(inner) = inner.filter(|i| i.len() == outer.len() && !i.contains(&0)) else {
+            return Ok(());
+        };
+        let entries = (outer.iter().zip(&inner))
+            .try_fold(1u128, |n, (o, i)| n.checked_mul(u128::from(o.div_ceil(*i))));
+        let bytes = entries.and_then(|n| n.checked_mul(16));
+        if bytes.is_none_or(|b| b > u128::from(MAX_SHARD_INDEX_BYTES)) {
+            let said = bytes.map_or_else(|| "more than 2^128".to_string(), |b| b.to_string());
+            return Err(format!(
+                "its shards of {outer:?} in inner chunks of {inner:?} have an index of {said} \
+                 bytes, read whole for any read of a shard, over the {MAX_SHARD_INDEX_BYTES} \
+                 bytes (256 MiB) a shard index may have"
+            ));
+        }
+        outer = inner;
+        codecs = config["codecs"].as_array().cloned().unwrap_or_default();
+    }
+}
+
 /// A v2 complex array with a `null` fill value (as zarr-python and xarray
 /// write them) with zero instead: zarrs maps a `null` fill to the scalar
 /// `0`, which complex types refuse. The fill only gives the values of
@@ -160,6 +206,7 @@ impl ZarrArray {
         // Before anything is sized from the metadata.
         check_declared_sizes(opened.shape(), &opened.chunk_shape(), opened.element_size())
             .map_err(&fail)?;
+        check_shard_indexes(opened.array.metadata(), &opened.chunk_shape()).map_err(&fail)?;
         opened.raw = RawChunks::detect(
             &opened.array,
             opened.local_root.as_deref(),
