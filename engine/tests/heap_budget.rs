@@ -115,6 +115,27 @@ fn write_store(dir: &Path, spec: &ArraySpec, bytes: &[u8]) {
         .unwrap();
 }
 
+/// Writes t(64, 180, 360) of float32 (16.6 MB) in chunks (8, 90, 90)
+/// under `dir`; returns its path.
+fn grid_store(dir: &Path) -> std::path::PathBuf {
+    let shape = [64u64, 180, 360];
+    let store = dir.join("grid.zarr");
+    let spec = ArraySpec {
+        name: "t",
+        data_type: "float32",
+        fill_value: serde_json::json!("NaN"),
+        dims: &["time", "lat", "lon"],
+        shape: &shape,
+        chunks: &[8, 90, 90],
+    };
+    write_store(
+        &store,
+        &spec,
+        &values(shape.iter().product::<u64>() as usize),
+    );
+    store
+}
+
 /// Pseudo-random values (a linear congruential sequence), as f32 bytes.
 fn values(count: usize) -> Vec<u8> {
     let mut state: u64 = 0x2545_f491_4f6c_dd1d;
@@ -236,21 +257,7 @@ fn an_fft_copy_of_a_line_twice_allowed_mem_stays_within_it() {
 fn scans_reductions_copies_and_rechunks_of_a_grid_twice_allowed_mem_stay_within_it() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = common::scratch("heap-grid");
-    let shape = [64u64, 180, 360];
-    let store = dir.join("grid.zarr");
-    let spec = ArraySpec {
-        name: "t",
-        data_type: "float32",
-        fill_value: serde_json::json!("NaN"),
-        dims: &["time", "lat", "lon"],
-        shape: &shape,
-        chunks: &[8, 90, 90],
-    };
-    write_store(
-        &store,
-        &spec,
-        &values(shape.iter().product::<u64>() as usize),
-    );
+    let store = grid_store(&dir);
     let allowed_mem = 8 << 20;
     let runtime = runtime();
     let ctx = session(&runtime, allowed_mem, &dir.join("work"));
@@ -312,21 +319,7 @@ fn a_loader_epoch_over_a_grid_twice_allowed_mem_stays_within_it() {
     };
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = common::scratch("heap-loader");
-    let shape = [64u64, 180, 360];
-    let store = dir.join("grid.zarr");
-    let spec = ArraySpec {
-        name: "t",
-        data_type: "float32",
-        fill_value: serde_json::json!("NaN"),
-        dims: &["time", "lat", "lon"],
-        shape: &shape,
-        chunks: &[8, 90, 90],
-    };
-    write_store(
-        &store,
-        &spec,
-        &values(shape.iter().product::<u64>() as usize),
-    );
+    let store = grid_store(&dir);
     let allowed_mem: usize = 8 << 20;
     let runtime = runtime();
     let _entered = runtime.enter();

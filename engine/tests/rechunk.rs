@@ -377,9 +377,21 @@ async fn the_rechunk_table_function_reads_the_source_in_new_chunks_and_cleans_up
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Registers the rechunk fixture as `src` and checks that
+/// `rechunk('src', time => 5)` gives its rows.
+async fn rechunk_the_fixture_as_it_is(ctx: &datafusion::prelude::SessionContext) {
+    use zarrfusion::ZarrContextExt;
+    let source = fixture("rechunk_source.zarr");
+    ctx.register_zarr("src", &source, HashMap::new())
+        .await
+        .unwrap();
+    let expected = sorted_rows(ctx, "SELECT * FROM src").await;
+    let actual = sorted_rows(ctx, "SELECT * FROM rechunk('src', time => 5)").await;
+    common::assert_rows("rechunk", &actual, &expected);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scratch_stores_a_killed_process_left_are_swept_by_the_next_rechunk() {
-    use zarrfusion::ZarrContextExt;
     let dir = scratch("swept");
     let work = dir.join("work");
     // This machine's name, as stamps carry it.
@@ -396,13 +408,7 @@ async fn scratch_stores_a_killed_process_left_are_swept_by_the_next_rechunk() {
         std::fs::create_dir_all(left.join("t2m")).unwrap();
     }
     let ctx = sql_session(&dir, "256MB");
-    let source = fixture("rechunk_source.zarr");
-    ctx.register_zarr("src", &source, HashMap::new())
-        .await
-        .unwrap();
-    let expected = sorted_rows(&ctx, "SELECT * FROM src").await;
-    let actual = sorted_rows(&ctx, "SELECT * FROM rechunk('src', time => 5)").await;
-    common::assert_rows("rechunk", &actual, &expected);
+    rechunk_the_fixture_as_it_is(&ctx).await;
     assert!(!dead.exists(), "a dead process's scratch store was kept");
     assert!(running.exists() && elsewhere.exists());
 }
@@ -414,7 +420,6 @@ async fn scratch_stores_a_killed_process_left_are_swept_by_the_next_rechunk() {
 async fn scratch_stores_a_killed_process_left_in_an_object_store_are_swept_by_its_boot() {
     use futures::TryStreamExt;
     use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-    use zarrfusion::ZarrContextExt;
     let runtime = Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default());
     let memory = common::memory_store(&runtime, "sweep");
     let stamp = zarrfusion::write::stamp::unique_suffix();
@@ -476,13 +481,7 @@ async fn scratch_stores_a_killed_process_left_in_an_object_store_are_swept_by_it
     ctx.sql("SET zarrfusion.work_dir = 'memory://sweep/work'")
         .await
         .unwrap();
-    let source = fixture("rechunk_source.zarr");
-    ctx.register_zarr("src", &source, HashMap::new())
-        .await
-        .unwrap();
-    let expected = sorted_rows(&ctx, "SELECT * FROM src").await;
-    let actual = sorted_rows(&ctx, "SELECT * FROM rechunk('src', time => 5)").await;
-    common::assert_rows("rechunk", &actual, &expected);
+    rechunk_the_fixture_as_it_is(&ctx).await;
     let keys: Vec<String> = memory
         .list(None)
         .map_ok(|m| m.location.to_string())
