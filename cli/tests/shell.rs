@@ -328,23 +328,22 @@ fn silent_server() -> u16 {
     port
 }
 
-#[test]
-fn ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer() {
+/// Runs the shell with `args`, sends it SIGINT after `delay`, and returns
+/// its output and how long it took to end after the signal.
+fn interrupted_after(
+    args: &[&str],
+    delay: std::time::Duration,
+) -> (std::process::Output, std::time::Duration) {
     use std::process::Stdio;
-    use std::time::{Duration, Instant};
-    let port = silent_server();
-    let create = format!(
-        "CREATE EXTERNAL TABLE t STORED AS ZARR LOCATION 'http://127.0.0.1:{port}/store.zarr' \
-         OPTIONS ('client.timeout' '120s', 'retry.max_retries' '0')"
-    );
+    use std::time::Instant;
     let child = Command::new(env!("CARGO_BIN_EXE_zarrfusion"))
-        .args(["-q", "-c", &create, "-c", "SELECT 1"])
+        .args(args)
         .current_dir(repo_root())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("the zarrfusion binary runs");
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(delay);
     let interrupted = Instant::now();
     // The shell's builtin `kill`: no procps needed.
     let kill = Command::new("sh")
@@ -353,14 +352,72 @@ fn ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer() {
         .expect("sh runs");
     assert!(kill.success());
     let output = child.wait_with_output().unwrap();
-    let waited = interrupted.elapsed();
+    (output, interrupted.elapsed())
+}
+
+/// Asserts that an interrupted run ended within 2 s, cancelled, without
+/// a panic.
+fn assert_cancelled(output: &std::process::Output, waited: std::time::Duration) {
     assert!(
-        waited < Duration::from_secs(2),
+        waited < std::time::Duration::from_secs(2),
         "cancelled after {waited:?}"
     );
-    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{:?}", output.status);
+    let err = stderr(output);
     assert!(err.contains("cancelled"), "stderr was {err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer() {
+    let port = silent_server();
+    let create = format!(
+        "CREATE EXTERNAL TABLE t STORED AS ZARR LOCATION 'http://127.0.0.1:{port}/store.zarr' \
+         OPTIONS ('client.timeout' '120s', 'retry.max_retries' '0')"
+    );
+    let (output, waited) = interrupted_after(
+        &["-q", "-c", &create, "-c", "SELECT 1"],
+        std::time::Duration::from_millis(1500),
+    );
+    assert_cancelled(&output, waited);
+}
+
+/// A v3 store in a new directory whose one array `t` runs along a dimension
+/// `x` of 10^12 positions with no coordinate array (nothing written: every
+/// chunk is the fill value).
+fn trillion_positions() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("zf-trillion-{}.zarr", std::process::id()));
+    std::fs::create_dir_all(dir.join("t")).unwrap();
+    std::fs::write(
+        dir.join("zarr.json"),
+        r#"{"zarr_format":3,"node_type":"group","attributes":{}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("t/zarr.json"),
+        r#"{"zarr_format":3,"node_type":"array","shape":[1000000000000],"data_type":"float32",
+            "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1000000]}},
+            "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+            "fill_value":0.0,"codecs":[{"name":"bytes","configuration":{"endian":"little"}}],
+            "dimension_names":["x"],"attributes":{}}"#,
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn ctrl_c_cancels_a_filter_over_a_dimension_of_a_trillion_positions() {
+    let dir = trillion_positions();
+    let store = dir.to_string_lossy().into_owned();
+    // Not a comparison with literals: every position goes through the
+    // filter (hours of work), which SIGINT must stop.
+    let query = format!("SELECT count(*) FROM read_zarr('{store}') WHERE x % 7 = 3");
+    let (output, waited) = interrupted_after(
+        &["-q", "-c", &query],
+        std::time::Duration::from_millis(1500),
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_cancelled(&output, waited);
 }
 
 #[test]

@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt64Array};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 
@@ -91,7 +91,7 @@ impl<'a> BoxCells<'a> {
 
     /// The values of dimension `d` for rows `start..start + len`.
     fn dimension_column(&self, d: usize, start: u64, len: u64) -> Result<ArrayRef> {
-        let indices = UInt32Array::from(dimension_indices(
+        let indices = UInt64Array::from(dimension_indices(
             self.extent[d].start,
             self.shape[d],
             self.shape[d + 1..].iter().product(),
@@ -105,14 +105,16 @@ impl<'a> BoxCells<'a> {
 /// Coordinate indices of rows `start..start + len` of a box, along a
 /// dimension that starts at `offset`, has `n` cells in the box and repeats
 /// each value `stride` times (the product of the inner dimensions). Runs are
-/// filled whole, with one division per run rather than per row.
+/// filled whole, with one division per run rather than per row. Indices are
+/// 64-bit: a dimension may be longer than 2^32 (a signal, an index without
+/// a coordinate array).
 pub(crate) fn dimension_indices(
     offset: u64,
     n: u64,
     stride: u64,
     start: u64,
     len: u64,
-) -> Vec<u32> {
+) -> Vec<u64> {
     let mut out = Vec::with_capacity(len as usize);
     let end = start + len;
     let mut row = start;
@@ -120,7 +122,7 @@ pub(crate) fn dimension_indices(
         let mut pos = row % n;
         while row < end {
             let count = (n - pos).min(end - row);
-            out.extend((offset + pos..offset + pos + count).map(|i| i as u32));
+            out.extend(offset + pos..offset + pos + count);
             row += count;
             pos = 0;
         }
@@ -129,7 +131,7 @@ pub(crate) fn dimension_indices(
     while row < end {
         let run = row / stride;
         let run_end = ((run + 1) * stride).min(end);
-        let index = (offset + run % n) as u32;
+        let index = offset + run % n;
         out.extend(std::iter::repeat_n(index, (run_end - row) as usize));
         row = run_end;
     }
@@ -148,8 +150,8 @@ mod tests {
         for (start, len) in [(0, 24), (3, 7), (7, 1), (23, 1), (9, 15)] {
             for d in 0..3 {
                 let stride: u64 = shape[d + 1..].iter().product();
-                let expected: Vec<u32> = (start..start + len)
-                    .map(|r| (offsets[d] + (r / stride) % shape[d]) as u32)
+                let expected: Vec<u64> = (start..start + len)
+                    .map(|r| offsets[d] + (r / stride) % shape[d])
                     .collect();
                 assert_eq!(
                     dimension_indices(offsets[d], shape[d], stride, start, len),

@@ -152,6 +152,17 @@ impl Coordinate {
         }
     }
 
+    /// Whether the values never turn back along the dimension (they rise,
+    /// or fall, or repeat), known without going through them: the index,
+    /// and a regular coordinate without exceptions to its formula.
+    pub fn monotone(&self) -> bool {
+        match self {
+            Self::Index(_) => true,
+            Self::Regular(regular) => regular.monotone(),
+            Self::Values(_) | Self::Computed(_) => false,
+        }
+    }
+
     /// Whether the values run from high to low (the first is larger than
     /// the last), as ERA5's latitude does.
     pub fn descends(&self) -> bool {

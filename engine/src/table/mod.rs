@@ -29,5 +29,5 @@ pub(crate) use read_zarr::{
     literal_text, registered_table, store_table, zarr_source, TableFunctionCall,
 };
 pub use scan::ZarrScanExec;
-pub(crate) use selection::single_dimension;
+pub(crate) use selection::pushed_dimension;
 pub use selection::{classify_filters, select, Selection};

@@ -197,6 +197,20 @@ impl RegularCoordinate {
             && self.exception_values.to_data() == other.exception_values.to_data()
     }
 
+    /// Whether the values never turn back (rise, fall or repeat): no
+    /// exceptions, and a formula that stays within its type (an integer
+    /// formula that does not overflow; a real one whose last value is
+    /// finite: rounding repeats values but never reverses them).
+    pub(crate) fn monotone(&self) -> bool {
+        self.exception_positions.is_empty()
+            && match self.formula {
+                Formula::Integer { step, .. } => step == 0 || self.formula_order().is_some(),
+                Formula::Real { first, step } => {
+                    (first + (self.len.max(1) - 1) as f64 * step).is_finite()
+                }
+            }
+    }
+
     /// The order of the values when the formula alone tells it: integer
     /// formulas without exceptions that do not overflow strictly increase
     /// (`Some(false)`) or decrease (`Some(true)`) with a nonzero step.

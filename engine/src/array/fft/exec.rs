@@ -17,7 +17,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    ArrayRef, PrimitiveArray, RecordBatch, RecordBatchOptions, UInt32Array,
+    ArrayRef, PrimitiveArray, RecordBatch, RecordBatchOptions, UInt64Array,
 };
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::TableProvider;
@@ -176,7 +176,7 @@ impl FftJob {
                 .map(|&i| {
                     if i < n_dims {
                         let stride = out_shape[i + 1..].iter().product();
-                        let indices = UInt32Array::from(dimension_indices(
+                        let indices = UInt64Array::from(dimension_indices(
                             offsets[i],
                             out_shape[i],
                             stride,

@@ -68,7 +68,7 @@ use crate::array::rechunk::{default_work_dir, RechunkOptions};
 use crate::config::ZarrConfig;
 use crate::device::{choose_device, staging_memory};
 use crate::table::{
-    literal_text, registered_table, select, single_dimension, store_table, Coordinate, Selection,
+    literal_text, pushed_dimension, registered_table, select, store_table, Coordinate, Selection,
     TableFunctionCall, ZarrTable,
 };
 use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
@@ -365,7 +365,7 @@ impl FftTable {
         let ArraySource::Zarr { grid, .. } = &self.source else {
             return None;
         };
-        single_dimension(filter, grid).filter(|&d| !self.transform.transforms(d))
+        pushed_dimension(filter, grid).filter(|&d| !self.transform.transforms(d))
     }
 
     /// This transform as it runs in `session` (`zarrfusion.fft_strategy`):
