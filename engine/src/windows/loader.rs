@@ -664,6 +664,8 @@ impl Slot {
                 // Background threads skip it from now on.
                 live.claim(self.block);
             }
+            #[cfg(test)]
+            tests::inject_decoding();
             let data = windows.sources.read(&self.extent, live.buffers());
             self.done_reading();
             let data = data.map_err(|e| {
@@ -851,7 +853,11 @@ type Draw<'a> = Box<dyn FnMut() -> Result<Option<(Arc<Slot>, u64)>, WindowError>
 
 impl Planner {
     fn run(self) {
-        match catch_panic("loader's planner thread", || self.plan()) {
+        match catch_panic("loader's planner thread", || {
+            #[cfg(test)]
+            tests::inject(self.options.seed, tests::PANIC_PLANNING);
+            self.plan()
+        }) {
             Ok(end) => {
                 let _ = self.results.send(Outcome::End(end));
             }
@@ -1090,6 +1096,10 @@ impl Worker {
                 Ok(Job::Assemble(seq, plan)) => {
                     let batch =
                         catch_panic(&format!("loader thread assembling batch {seq}"), || {
+                            #[cfg(test)]
+                            if seq == 2 {
+                                tests::inject(self.seed, tests::PANIC_ASSEMBLING);
+                            }
                             self.assemble(&plan)
                         })
                         .unwrap_or_else(|p| Err(self.panicked(p)));
@@ -1242,5 +1252,142 @@ impl Iterator for BatchStream {
 impl Drop for BatchStream {
     fn drop(&mut self) {
         self.flow.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::table::{Selection, ZarrDataset, ZarrTableOptions};
+    use crate::windows::{IndexOptions, SampleSpec, WindowShape};
+
+    /// Seeds that make a test build's loader panic: in its planner, in the
+    /// thread assembling batch 2.
+    pub(super) const PANIC_PLANNING: u64 = 0xdead_0001;
+    pub(super) const PANIC_ASSEMBLING: u64 = 0xdead_0003;
+
+    /// While set, every thread that starts decoding a block panics (after
+    /// claiming it from the index's background threads). Only the test
+    /// below sets it, and no other test of this crate runs a loader.
+    static PANIC_DECODING: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+
+    pub(super) fn inject_decoding() {
+        if PANIC_DECODING.load(Ordering::SeqCst) {
+            panic!("injected panic (decoding)");
+        }
+    }
+
+    /// Panics when a loader seeded with `seed` reaches the point `at`
+    /// (the panic-injection tests' hook; absent from other builds).
+    pub(super) fn inject(seed: u64, at: u64) {
+        if seed == at {
+            panic!("injected panic ({at:#x})");
+        }
+    }
+
+    /// 3x3 windows over the raw_v3 fixture's `t` (7 x 9 x 10; those
+    /// without a missing value).
+    fn windows() -> Arc<Windows> {
+        let store = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/data/raw_v3.zarr"
+        );
+        let env = datafusion::execution::runtime_env::RuntimeEnv::default();
+        let dataset = ZarrDataset::open(store, &ZarrTableOptions::default(), &env).unwrap();
+        let table = Arc::new(dataset.table(None).unwrap());
+        let shape = WindowShape {
+            sizes: vec![("lat".into(), 3), ("lon".into(), 3)],
+            overlaps: vec![],
+        };
+        let selection = Selection::all(&table.shape());
+        let windows = Windows::new(
+            table,
+            &["t".to_string()],
+            selection,
+            &shape,
+            &SampleSpec::default(),
+            &IndexOptions::default(),
+        )
+        .unwrap();
+        Arc::new(windows)
+    }
+
+    /// The batches of an epoch of a loader seeded with `seed`, or their
+    /// errors' texts, taken on another thread: the test fails (rather than
+    /// hangs) when the epoch does not end within 30 s.
+    fn epoch(windows: &Arc<Windows>, seed: u64, shuffle: Shuffle) -> Vec<Result<u64, String>> {
+        let options = LoaderOptions {
+            batch_size: 4,
+            shuffle,
+            seed,
+            threads: 2,
+            prefetch: 2,
+            ..LoaderOptions::default()
+        };
+        let loader = WindowLoader::new(Arc::clone(windows), options).unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for batch in loader.epoch(0) {
+                let _ = tx.send(batch.map(|b| b.len as u64).map_err(|e| e.to_string()));
+            }
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut out = Vec::new();
+        loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+                Ok(item) => out.push(item),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return out,
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!("the epoch hung after {out:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_panic_in_any_loader_thread_is_an_error_for_the_consumer_not_a_hang() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let _entered = runtime.enter();
+        let windows = windows();
+        let block = Shuffle::Block {
+            buffer_bytes: 1 << 10,
+        };
+        let whole: Vec<_> = epoch(&windows, 7, block);
+        let count: u64 = whole.iter().map(|b| b.clone().unwrap()).sum();
+        assert_eq!(count, windows.len().unwrap());
+        assert!(whole.len() > 3, "{whole:?}");
+        let first_error = |batches: &[Result<u64, String>], injected: &str| {
+            let Some(first) = batches.iter().position(Result::is_err) else {
+                panic!("{injected}: no error in {batches:?}");
+            };
+            let message = batches[first].clone().unwrap_err();
+            assert!(
+                message.contains("panicked") && message.contains(injected),
+                "{injected}: {message}"
+            );
+            first
+        };
+        for (seed, shuffle) in [
+            (PANIC_PLANNING, block),
+            (PANIC_ASSEMBLING, block),
+            (PANIC_ASSEMBLING, Shuffle::None),
+        ] {
+            let batches = epoch(&windows, seed, shuffle);
+            let first = first_error(&batches, &format!("injected panic ({seed:#x})"));
+            if seed == PANIC_ASSEMBLING {
+                assert_eq!(first, 2, "{shuffle:?}: {batches:?}");
+            }
+        }
+        // A panic in the middle of decoding a block (claimed, never
+        // published): the batches that need it fail; nothing waits on it.
+        PANIC_DECODING.store(true, Ordering::SeqCst);
+        let batches = epoch(&windows, 7, block);
+        PANIC_DECODING.store(false, Ordering::SeqCst);
+        first_error(&batches, "injected panic (decoding)");
     }
 }
