@@ -27,7 +27,10 @@ use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{internal_err, Column, DFSchema, Result};
+use datafusion::common::{
+    human_readable_size, internal_err, resources_err, Column, DFSchema, Result,
+};
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::expr::{Between, BinaryExpr, Cast, InList, TryCast};
 use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_expr::PhysicalExpr;
@@ -105,28 +108,6 @@ impl Selection {
                     break;
                 }
                 k.next();
-            }
-        }
-        self.ranges[d] = out;
-    }
-
-    fn restrict(&mut self, d: usize, mask: &BooleanArray) {
-        let keep = |i: u64| mask.is_valid(i as usize) && mask.value(i as usize);
-        let mut out = Vec::new();
-        for range in &self.ranges[d] {
-            let mut start = None;
-            for i in range.clone() {
-                match (keep(i), start) {
-                    (true, None) => start = Some(i),
-                    (false, Some(s)) => {
-                        out.push(s..i);
-                        start = None;
-                    }
-                    _ => {}
-                }
-            }
-            if let Some(s) = start {
-                out.push(s..range.end);
             }
         }
         self.ranges[d] = out;
@@ -266,7 +247,32 @@ fn select_within(
             [one] => one.slice(0, one.len()),
             _ => concat(&parts)?,
         };
-        selection.restrict(d, mask.as_boolean());
+        // NULL selects nothing; each run of selected positions is a range.
+        let mask = mask.as_boolean();
+        let mask = match mask.nulls() {
+            Some(valid) => mask.values() & valid.inner(),
+            None => mask.values().clone(),
+        };
+        let runs = mask.set_slices().count();
+        let bytes = runs.saturating_mul(std::mem::size_of::<Range<u64>>());
+        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
+            if bytes > limit / 8 {
+                return resources_err!(
+                    "the filter {filter} on '{}' of {} selects {runs} separate runs of positions, \
+                     {} to hold, over an eighth of allowed_mem ({}); filter on a coarser \
+                     condition (a range) or raise allowed_mem",
+                    dim.name,
+                    table.store,
+                    human_readable_size(bytes),
+                    human_readable_size(limit)
+                );
+            }
+        }
+        let kept: Vec<Range<u64>> = mask
+            .set_slices()
+            .map(|(start, end)| start as u64..end as u64)
+            .collect();
+        selection.restrict_to(d, &kept);
     }
     Ok(selection)
 }
@@ -548,6 +554,36 @@ mod tests {
         }
     }
 
+    /// A filter selecting runs too many to hold in allowed_mem is refused
+    /// with the numbers; without a limit, every run is kept.
+    #[test]
+    fn runs_over_allowed_mem_are_refused_with_the_numbers() {
+        use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        use datafusion::prelude::SessionConfig;
+        let table = table_of(Coordinate::Index(1 << 20));
+        let f = filter(&table, "x % 2 = 0");
+        let unlimited = select(
+            std::slice::from_ref(&f),
+            &table,
+            &SessionContext::new().state(),
+        );
+        assert_eq!(unlimited.unwrap().ranges(0).len(), 1 << 19);
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(16 << 20, 1.0)
+            .build_arc()
+            .unwrap();
+        let limited = SessionContext::new_with_config_rt(SessionConfig::new(), runtime).state();
+        let message = select(&[f], &table, &limited).unwrap_err().to_string();
+        for needle in [
+            "524288 separate runs",
+            "'x'",
+            "8.0 MB",
+            "allowed_mem (16.0 MB)",
+        ] {
+            assert!(message.contains(needle), "{needle}: {message}");
+        }
+    }
+
     /// On a long dimension, filters that are not comparisons with literals
     /// are left to DataFusion; comparisons are bisected at once.
     #[test]
@@ -576,21 +612,14 @@ mod tests {
     }
 
     #[test]
-    fn restrict_builds_ranges() {
-        let mut s = Selection::all(&[6, 3]);
-        let mask = BooleanArray::from(vec![
-            Some(true),
-            Some(true),
-            Some(false),
-            None,
-            Some(true),
-            Some(true),
-        ]);
-        s.restrict(0, &mask);
-        assert_eq!(s.ranges(0), &[0..2, 4..6]);
-        assert_eq!(s.num_cells(), 12);
-        assert_eq!(s.bounding_box(), Some(vec![0..6, 0..3]));
-        s.restrict(1, &BooleanArray::from(vec![false, false, false]));
+    fn restricting_keeps_what_both_select() {
+        let mut s = Selection::all(&[20, 3]);
+        s.restrict_to(0, &[0..2, 4..9, 12..20]);
+        s.restrict_to(0, &[1..5, 8..13, 15..16, 19..30]);
+        assert_eq!(s.ranges(0), &[1..2, 4..5, 8..9, 12..13, 15..16, 19..20]);
+        assert_eq!(s.num_cells(), 18);
+        assert_eq!(s.bounding_box(), Some(vec![1..20, 0..3]));
+        s.restrict_to(1, &[]);
         assert_eq!(s.num_cells(), 0);
         assert_eq!(s.bounding_box(), None);
     }
