@@ -18,27 +18,24 @@
 //! # }
 //! ```
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::catalog::{CatalogProviderList, MemorySchemaProvider, SchemaProvider};
+use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::common::{exec_err, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::planner::RelationPlanner;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
+use crate::array::copy::CopyToArraysRule;
 use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
 use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule};
 use crate::config::{apply_runtime_settings, ZarrConfig};
 use crate::progress::ScanProgress;
-use crate::table::{
-    open_dataset, GridTable, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions,
-};
-use crate::write::array_copy::CopyToArraysRule;
+use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
 use crate::write::ZarrFormatFactory;
 
 /// The default session configuration: information schema on, zarrfusion
@@ -118,31 +115,6 @@ pub async fn sql(ctx: &SessionContext, text: &str) -> Result<DataFrame> {
     let plan = ctx.state().create_logical_plan(text).await?;
     ctx.execute_logical_plan(apply_runtime_settings(ctx, plan)?)
         .await
-}
-
-/// The Zarr tables registered in `catalogs` (every catalog and schema), as
-/// their grids: what COPY and `to_xarray` use to recognise dimension columns.
-pub async fn registered_zarr_tables(catalogs: &dyn CatalogProviderList) -> Vec<Arc<GridTable>> {
-    let mut out = Vec::new();
-    for catalog in catalogs.catalog_names() {
-        let Some(catalog) = catalogs.catalog(&catalog) else {
-            continue;
-        };
-        for schema in catalog.schema_names() {
-            let Some(schema) = catalog.schema(&schema) else {
-                continue;
-            };
-            for table in schema.table_names() {
-                let Ok(Some(provider)) = schema.table(&table).await else {
-                    continue;
-                };
-                if let Some(zarr) = (provider.as_ref() as &dyn Any).downcast_ref::<ZarrTable>() {
-                    out.push(Arc::clone(zarr.grid()));
-                }
-            }
-        }
-    }
-    out
 }
 
 /// Registering Zarr stores with a `SessionContext`.

@@ -11,7 +11,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict};
 use zarrfusion::array::rechunk::{rechunk_store_async, RechunkOptions};
-use zarrfusion::session::registered_zarr_tables;
+use zarrfusion::table::registered_zarr_tables;
 use zarrfusion::table::{open_dataset, parse_dims, ZarrTable, ZarrTableOptions};
 use zarrfusion::zarr::{AllowedLocations, StoreLocation};
 use zarrfusion::ZarrContextExt;

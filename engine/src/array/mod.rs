@@ -4,12 +4,14 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`copy`] | `COPY ... STORED AS ZARR` of a table's selection, block by block |
 //! | [`fft`] | FFTs along dimensions (`fft(...)`, `ifft(...)`), xrft's semantics |
 //! | [`reduce`] | dense reductions over dimensions (`GROUP BY` dimensions) |
 //! | [`rechunk`] | copying a store into new chunk shapes within the budget |
 //! | [`zip`] | joins of two Zarr tables on all their dimensions, as one scan of aligned blocks |
 //! | [`planner`] | the query planner that knows the array nodes |
 
+pub mod copy;
 pub mod fft;
 pub(crate) mod leaf_plan;
 pub mod planner;

@@ -17,8 +17,8 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 
 use super::fft::FftCopy;
 use super::reduce::{DenseReduction, DenseReductionExec};
-use crate::write::array_copy::ArrayCopy;
-use crate::write::selection_copy::SelectionCopy;
+use crate::array::copy::selection::SelectionCopy;
+use crate::array::copy::ArrayCopy;
 
 /// Plans the array nodes of `engine::array`.
 #[derive(Debug, Default)]

@@ -22,7 +22,7 @@ pub use dataset::{Dimension, GridTable, ZarrDataset};
 pub(crate) use factory::open_dataset_blocking;
 pub use factory::{open_dataset, ZarrTableFactory};
 pub use options::{parse_dims, ZarrTableOptions};
-pub use provider::ZarrTable;
+pub use provider::{registered_zarr_tables, ZarrTable};
 pub use read_ahead::{ReadAheadPlan, TableReadAhead};
 pub use read_zarr::ReadZarrPlanner;
 pub(crate) use read_zarr::{

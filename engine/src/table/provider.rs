@@ -1,10 +1,11 @@
 //! `ZarrTable`: one dimension set of a Zarr group as a DataFusion table.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::Session;
+use datafusion::catalog::{CatalogProviderList, Session};
 use datafusion::common::stats::Precision;
 use datafusion::common::{Result, Statistics};
 use datafusion::datasource::{TableProvider, TableType};
@@ -132,4 +133,29 @@ impl TableProvider for ZarrTable {
         stats.num_rows = Precision::Exact(self.table.num_rows() as usize);
         Some(stats)
     }
+}
+
+/// The Zarr tables registered in `catalogs` (every catalog and schema), as
+/// their grids: what COPY and `to_xarray` use to recognise dimension columns.
+pub async fn registered_zarr_tables(catalogs: &dyn CatalogProviderList) -> Vec<Arc<GridTable>> {
+    let mut out = Vec::new();
+    for catalog in catalogs.catalog_names() {
+        let Some(catalog) = catalogs.catalog(&catalog) else {
+            continue;
+        };
+        for schema in catalog.schema_names() {
+            let Some(schema) = catalog.schema(&schema) else {
+                continue;
+            };
+            for table in schema.table_names() {
+                let Ok(Some(provider)) = schema.table(&table).await else {
+                    continue;
+                };
+                if let Some(zarr) = (provider.as_ref() as &dyn Any).downcast_ref::<ZarrTable>() {
+                    out.push(Arc::clone(zarr.grid()));
+                }
+            }
+        }
+    }
+    out
 }

@@ -32,7 +32,7 @@ use super::options::ZarrWriteOptions;
 use super::sink::ZarrSink;
 use super::store::check_target;
 use crate::config::ZarrConfig;
-use crate::session::registered_zarr_tables;
+use crate::table::registered_zarr_tables;
 use crate::write::grid::ZARR_DIMENSION;
 use crate::zarr::StoreLocation;
 

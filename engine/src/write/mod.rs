@@ -10,9 +10,10 @@
 //! as CF times), the other columns become variables, NULL becomes the fill
 //! value (NaN). The store is written beside the target and renamed into
 //! place when complete: a failed or cancelled write leaves nothing. A
-//! query that reads a whole Zarr table as it is (`COPY era5 TO ...`) is
-//! copied array by array instead ([`array_copy`]), inside the memory budget
-//! however large the table.
+//! query that reads a Zarr table's selection (`COPY era5 TO ...`) is
+//! copied block by block instead, by the array operations of
+//! [`crate::array::copy`], which write through this module: it is the
+//! writer, below every operator that writes Zarr.
 //!
 //! | module | owns |
 //! |---|---|
@@ -22,14 +23,10 @@
 //! | [`stamp`] | the owner stamp on temporary targets and scratch stores, and the sweep of a killed process's |
 //! | [`sink`] | the DataFusion sink: memory budget, cancellation |
 //! | [`format`] | Zarr registered as a file format for `COPY` |
-//! | [`array_copy`] | `COPY` of a whole Zarr table, array by array, inside the budget |
-//! | [`selection_copy`] | `COPY` of a selection with computed variables: blockwise, then rechunked |
 
-pub mod array_copy;
 pub mod format;
 pub mod grid;
 pub mod options;
-pub mod selection_copy;
 pub mod sink;
 pub mod stamp;
 pub mod store;

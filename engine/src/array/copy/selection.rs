@@ -53,13 +53,7 @@ use serde_json::Map;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
-use super::array_copy::{write_target, CopyScan};
-use super::options::{Codec, ZarrWriteOptions};
-use super::store::{
-    check_target, chunk_lengths, write_group, GroupCoordinate, GroupVariable,
-    COORDINATE_WRITE_MEMORY,
-};
-use super::write_job::{count_properties, WriteJob, Written};
+use super::whole::{write_target, CopyScan};
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
     default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
@@ -68,6 +62,12 @@ use crate::array::tasks::{grid_cell, run_tasks};
 use crate::table::{
     classify_filters, select, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection,
 };
+use crate::write::options::{Codec, ZarrWriteOptions};
+use crate::write::store::{
+    check_target, chunk_lengths, write_group, GroupCoordinate, GroupVariable,
+    COORDINATE_WRITE_MEMORY,
+};
+use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
 /// The [`SelectionCopy`] that a COPY is, when it reads a Zarr table under

@@ -37,10 +37,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
 };
 
-use super::options::{ZarrVersion, ZarrWriteOptions};
-use super::selection_copy::selection_copy;
-use super::store::check_target;
-use super::write_job::{count_properties, WriteJob, Written};
+use super::selection::selection_copy;
 use crate::array::fft::copy::fft_copy;
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
@@ -49,7 +46,10 @@ use crate::array::rechunk::{
 use crate::array::scan_path::{down_to_scan, ScanPath};
 use crate::config::ZarrConfig;
 use crate::table::GridTable;
+use crate::write::options::{ZarrVersion, ZarrWriteOptions};
+use crate::write::store::check_target;
 use crate::write::store::write_claimed;
+use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
 
 /// Rewrites a `COPY ... STORED AS ZARR` that reads a Zarr table into an

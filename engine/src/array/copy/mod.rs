@@ -1,0 +1,17 @@
+//! `COPY ... STORED AS ZARR` as array operations: what the optimizer rule
+//! [`CopyToArraysRule`] turns a COPY into when its query is a Zarr table's
+//! selection, so that it runs block by block inside the memory budget
+//! rather than through DataFusion's sink (which holds the result).
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`whole`] | a whole table (or an FFT) copied array by array: the rechunk primitive into the target's chunks |
+//! | [`selection`] | a selection with computed variables: blockwise into a scratch store, then the rechunk primitive |
+//!
+//! Both write through the writer below the operators ([`crate::write`]):
+//! its options, its claimed or atomic targets, its write jobs.
+
+pub mod selection;
+pub mod whole;
+
+pub use whole::{ArrayCopy, CopyToArraysRule};
