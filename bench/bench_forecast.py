@@ -18,7 +18,8 @@ fewer windows, not comparable one for one). The "rank 1/4" arms load rank 1 of 4
 and ``drop_last`` (every rank as many batches), in this process or through ``DataLoader`` workers
 (``--workers``, spawned; each reopens the stores), from a cold index: the first batch waits until
 every rank's and worker's first blocks are indexed, not for the whole index. ``--cache DIR``
-keeps the index there: a second run with it starts from the cached index. The stores are read once before the arms (every arm reads them from the page cache). Per arm, in
+keeps the index there: a second run with it starts from the cached index; ``--cache fresh`` gives
+each arm an empty cache directory of its own (a cold index whose blocks the arm's processes share). The stores are read once before the arms (every arm reads them from the page cache). Per arm, in
 its own process: time to the first batch (from opening the stores), samples/s over
 the following batches, the wait per batch with a simulated 10 ms training step (p50, p95), and
 the peak RSS of the process tree. Run:
@@ -132,8 +133,15 @@ def arm_zarrfusion(a, valid="any", shard=None, workers=0) -> dict:
         stores = {k: f"s3://{conn['bucket']}/{k}.zarr" for k in stores}
         options = conn["options"]
     src = ctx.open_zarr(stores, variables={"era5": ["t2m", "u10", "v10", "z"], "imerg": ["precip"]}, **options)
+    cache = a.cache or False
+    if cache == "fresh":
+        # An empty cache directory of this arm's own: the index is built
+        # cold, and the processes building it share its blocks there.
+        import tempfile
+
+        cache = tempfile.mkdtemp(prefix="zf-forecast-cache-")
     w = src.windows({"lat": WIN, "lon": WIN}, {"lat": WIN - STRIDE, "lon": WIN - STRIDE}, history={"time": 2},
-                    targets={"t2m": "+6h", "precip": "+6h"}, valid=valid, cache=a.cache or False)
+                    targets={"t2m": "+6h", "precip": "+6h"}, valid=valid, cache=cache)
     loader = w.loader(batch_size=BATCH, shuffle="block", seed=0, stack="channels", shard=shard,
                       drop_last=shard is not None)
     if workers:
@@ -143,6 +151,10 @@ def arm_zarrfusion(a, valid="any", shard=None, workers=0) -> dict:
                                              multiprocessing_context="spawn")
     result = timed(((b["inputs"], b["targets"]) for b in loader), started, a.batches, a.wait_batches)
     result["windows"] = len(w)
+    if a.cache == "fresh":
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
     return result
 
 
@@ -277,7 +289,8 @@ def main() -> int:
     ap.add_argument("--s3-latency", type=float, default=None, help="read from the local S3 server with this latency (ms)")
     ap.add_argument("--s3-server", choices=("moto", "s3s"), default="moto",
                     help="the S3 server: moto (Python) or s3s-fs (Rust; ZARRFUSION_S3S_FS or PATH)")
-    ap.add_argument("--cache", help="the window index's cache directory (default: none, every arm builds it)")
+    ap.add_argument("--cache", help="the window index's cache directory (default: none, every arm builds it; "
+                    "'fresh': an empty directory per arm, shared by its processes)")
     ap.add_argument("--conn", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -377,6 +377,21 @@ impl PyWindows {
         self.windows.live_index().progress()
     }
 
+    /// Where the index's blocks came from so far: `blocks` (in all),
+    /// `indexed`, `read` (from values this process read) and
+    /// `from_other_processes` (indexed by other processes building the
+    /// same index in the same cache directory).
+    #[getter]
+    fn index_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let counts = self.windows.live_index().counts();
+        let dict = PyDict::new(py);
+        dict.set_item("blocks", counts.blocks)?;
+        dict.set_item("indexed", counts.indexed)?;
+        dict.set_item("read", counts.read)?;
+        dict.set_item("from_other_processes", counts.from_other_processes)?;
+        Ok(dict)
+    }
+
     /// What building the index in the background holds while it is
     /// incomplete, in bytes: `threads` indexing blocks (as many as half of
     /// the session's `allowed_mem` holds), `decoding` (a block per

@@ -3,6 +3,8 @@ reproducible shuffles, disjoint shards, clear argument errors."""
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -363,6 +365,111 @@ def test_index_cache_is_reused_and_invalidated_by_a_rewrite(ctx, window_store, t
         f.write_bytes(f.read_bytes()[:20])
     damaged = open_windows()
     assert damaged.index_source == "built" and len(damaged) == len(rebuilt)
+
+
+SHARED_CHILD = """
+import json, pathlib, sys, time
+import zarrfusion as zf
+store, cache, ready, go = sys.argv[1:5]
+w = zf.SessionContext().open_zarr(store).windows(
+    {"lat": 5, "lon": 4}, {"lat": 4, "lon": 3}, cache=cache, threads=0, block_size=1)
+pathlib.Path(ready).touch()
+while not pathlib.Path(go).exists():
+    time.sleep(0.001)
+n = len(w)
+print(json.dumps({"len": n, **w.index_counts}))
+"""
+
+
+def test_processes_building_one_index_share_its_blocks(window_store, tmp_path):
+    """Two processes building the same index with the same cache directory
+    (as DataLoader workers and ranks on one machine do) read each block
+    once between them, and both get the whole index, equal to numpy's."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    _, a, b = arrays(window_store)
+    expected = len(valid_origins(a, b, (5, 4), (1, 1)))
+    cache, go = tmp_path / "cache", tmp_path / "go"
+    ready = [tmp_path / f"ready{k}" for k in range(2)]
+    children = [
+        subprocess.Popen([sys.executable, "-c", SHARED_CHILD, str(window_store), str(cache), str(r), str(go)],
+                         stdout=subprocess.PIPE, text=True)
+        for r in ready
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(r.exists() for r in ready):
+            assert time.monotonic() < deadline and all(c.poll() is None for c in children)
+            time.sleep(0.01)
+        go.touch()
+        results = [json.loads(c.communicate(timeout=60)[0]) for c in children]
+    finally:
+        for c in children:
+            c.kill()
+    blocks = results[0]["blocks"]
+    assert blocks > 20, results
+    for r in results:
+        assert r["len"] == expected and r["indexed"] == blocks, results
+        assert r["read"] + r["from_other_processes"] == blocks, results
+    # Every block read once in all (each process alone would read all).
+    assert sum(r["read"] for r in results) == blocks, results
+    # The finished index is in the cache, and nothing else is left there.
+    assert [p.suffix for p in cache.iterdir()] == [".idx"]
+
+
+def test_a_killed_process_s_claims_are_taken_over(window_store, tmp_path):
+    """Blocks left claimed by a process that is gone (killed while reading)
+    are read by the next process instead of waited for, and blocks an
+    unfinished build wrote are reused."""
+    import gc
+    import json
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    cache = tmp_path / "cache"
+
+    def open_windows():
+        return zf.SessionContext().open_zarr(window_store).windows(
+            SIZE, {"lat": 4, "lon": 3}, cache=cache, threads=0, block_size=1
+        )
+
+    # An unfinished build: one batch, then the windows are dropped.
+    first = open_windows()
+    batches = iter(first.loader(batch_size=2, shuffle=None, prefetch=1))
+    next(batches)
+    blocks = first.index_counts["blocks"]
+    del batches, first
+    gc.collect()
+    (shared,) = cache.glob("*.blocks")
+    listing = None
+    while listing != sorted(shared.iterdir()):  # until the loader's threads are done
+        listing = sorted(shared.iterdir())
+        time.sleep(0.2)
+    written = {p.stem for p in shared.glob("*.block")}
+    assert written and not list(shared.glob("*.claim.*"))
+    # Every other block claimed by a process of this machine that is gone.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    host = "".join(c if c.isalnum() else "_" for c in pathlib.Path("/proc/sys/kernel/hostname").read_text().strip())
+    for k in range(blocks):
+        if str(k) not in written:
+            (shared / f"{k}.claim").write_text(json.dumps({"pid": gone.pid, "host": host, "boot": boot, "nonce": "x"}))
+    again = open_windows()
+    counts = {}
+    thread = threading.Thread(target=lambda: counts.update(len=len(again), **again.index_counts), daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "waited for a process that is gone"
+    _, a, b = arrays(window_store)
+    assert counts["len"] == len(valid_origins(a, b, (5, 4), (1, 1)))
+    assert counts["from_other_processes"] == len(written)
+    assert counts["read"] == blocks - len(written)
 
 
 @pytest.mark.parametrize("shuffle", [None, "block", "full"])

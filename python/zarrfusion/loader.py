@@ -155,6 +155,15 @@ class Windows:
         return tuple(self._raw.index_progress)
 
     @property
+    def index_counts(self) -> dict:
+        """Where the index's blocks came from so far: ``blocks`` (in all),
+        ``indexed``, ``read`` (from values this process read) and
+        ``from_other_processes``: processes building the same index with
+        the same cache directory (DataLoader workers, ranks on one machine)
+        share its blocks there, each block read by one of them."""
+        return self._raw.index_counts
+
+    @property
     def index_memory(self) -> dict:
         """The bytes building the index in the background holds while it is
         incomplete: ``threads`` indexing blocks (as many as half of the

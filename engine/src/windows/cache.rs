@@ -125,14 +125,21 @@ fn encode(out: &mut impl Write, key: &str, index: &ValidIndex) -> std::io::Resul
     out.write_all(key.as_bytes())?;
     out.write_all(&(index.blocks.len() as u64).to_le_bytes())?;
     for block in &index.blocks {
-        out.write_all(&block.count.to_le_bytes())?;
-        match block.bits() {
-            None => out.write_all(&ALL_VALID.to_le_bytes())?,
-            Some(words) => {
-                out.write_all(&(words.len() as u64).to_le_bytes())?;
-                for w in words {
-                    out.write_all(&w.to_le_bytes())?;
-                }
+        encode_block(out, block)?;
+    }
+    Ok(())
+}
+
+/// Writes one block's index: its valid count, then its word count
+/// (`u64::MAX` when every origin is valid) and words.
+pub(super) fn encode_block(out: &mut impl Write, block: &BlockIndex) -> std::io::Result<()> {
+    out.write_all(&block.count.to_le_bytes())?;
+    match block.bits() {
+        None => out.write_all(&ALL_VALID.to_le_bytes())?,
+        Some(words) => {
+            out.write_all(&(words.len() as u64).to_le_bytes())?;
+            for w in words {
+                out.write_all(&w.to_le_bytes())?;
             }
         }
     }
@@ -140,10 +147,10 @@ fn encode(out: &mut impl Write, key: &str, index: &ValidIndex) -> std::io::Resul
 }
 
 /// Reads little-endian words from a byte slice, failing past its end.
-struct Reader<'a>(&'a [u8]);
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
+    pub(super) fn take(&mut self, n: usize) -> Option<&[u8]> {
         if self.0.len() < n {
             return None;
         }
@@ -152,11 +159,11 @@ impl Reader<'_> {
         Some(head)
     }
 
-    fn u32(&mut self) -> Option<u32> {
+    pub(super) fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
 
-    fn u64(&mut self) -> Option<u64> {
+    pub(super) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
 }
@@ -172,30 +179,32 @@ fn decode(bytes: &[u8], key: &str, grid: &WindowGrid) -> Option<ValidIndex> {
     }
     let mut blocks = Vec::with_capacity(grid.blocks.len());
     for block in &grid.blocks {
-        let origins = block.num_origins();
-        let count = r.u64()?;
-        let words = r.u64()?;
-        let index = if words == ALL_VALID {
-            BlockIndex::all(origins)
-        } else {
-            if words != origins.div_ceil(64) {
-                return None;
-            }
-            let bits = (0..words).map(|_| r.u64()).collect::<Option<Vec<u64>>>()?;
-            BlockIndex::from_bits(bits)
-        };
-        // The count is stored to check the bits, and bits past the block's
-        // origins must be clear.
-        let tail_clear = index
-            .bits()
-            .and_then(|b| b.last())
-            .is_none_or(|&w| origins % 64 == 0 || w >> (origins % 64) == 0);
-        if index.count != count || !tail_clear {
-            return None;
-        }
-        blocks.push(index);
+        blocks.push(decode_block(&mut r, block.num_origins())?);
     }
     r.0.is_empty().then(|| ValidIndex::from_blocks(blocks))
+}
+
+/// Reads one block's index ([`encode_block`]) of a block of `origins`
+/// window origins; `None` when it does not fit them.
+pub(super) fn decode_block(r: &mut Reader<'_>, origins: u64) -> Option<BlockIndex> {
+    let count = r.u64()?;
+    let words = r.u64()?;
+    let index = if words == ALL_VALID {
+        BlockIndex::all(origins)
+    } else {
+        if words != origins.div_ceil(64) {
+            return None;
+        }
+        let bits = (0..words).map(|_| r.u64()).collect::<Option<Vec<u64>>>()?;
+        BlockIndex::from_bits(bits)
+    };
+    // The count is stored to check the bits, and bits past the block's
+    // origins must be clear.
+    let tail_clear = index
+        .bits()
+        .and_then(|b| b.last())
+        .is_none_or(|&w| origins.is_multiple_of(64) || w >> (origins % 64) == 0);
+    (index.count == count && tail_clear).then_some(index)
 }
 
 #[cfg(test)]

@@ -22,6 +22,11 @@
 //! A block that cannot be read fails the whole index: everyone waiting gets
 //! the error, naming the store, array and chunk.
 //!
+//! With a cache directory, processes building the same index (DataLoader
+//! workers, ranks on one machine) share its blocks ([`super::shared`]): a
+//! block another process has claimed is not read again but waited for,
+//! polled every few milliseconds by whoever waits for blocks.
+//!
 //! The background threads take blocks in one order, decided block by
 //! block as the first of them gets there ([`Schedule`]): preferred blocks
 //! first, then storage order, skipping blocks someone has claimed. From an
@@ -39,6 +44,7 @@ use super::cache::IndexCache;
 use super::geometry::WindowGrid;
 use super::index::{block_read_ahead, index_block, read_blocks_ahead, BlockIndex, ValidIndex};
 use super::sample::SampleLayout;
+use super::shared::{Claim, SharedBlocks};
 use super::sources::Sources;
 use super::{IndexSource, WindowError};
 use crate::error::catch_panic;
@@ -47,6 +53,17 @@ use crate::zarr::ChunkBufferPool;
 
 /// How often a paused background thread looks again.
 const PAUSE: Duration = Duration::from_millis(2);
+
+/// How often a waiter looks for blocks other processes are reading.
+const POLL: Duration = Duration::from_millis(5);
+
+/// How often a waiter checks that the processes reading the blocks it
+/// waits for are still running.
+const OWNER_CHECK: Duration = Duration::from_millis(250);
+
+/// Blocks other processes read that a waiter looks for at a time (the
+/// first it needs).
+const POLLED: usize = 16;
 
 /// An index whose blocks fill in as they are read.
 pub struct LiveIndex {
@@ -76,6 +93,35 @@ pub struct LiveIndex {
     read_ahead: Mutex<Option<TableReadAhead>>,
     /// What the threads and the read-ahead hold while the index is built.
     memory: IndexMemory,
+    /// Blocks shared with other processes building the same index.
+    shared: Option<SharedBlocks>,
+    /// Blocks other processes are reading, in the order they were met.
+    remote: Mutex<Remote>,
+    /// Blocks indexed from values this process read, and taken from other
+    /// processes.
+    read: AtomicUsize,
+    from_others: AtomicUsize,
+}
+
+/// The blocks other processes are reading, and when their owners were
+/// last checked.
+#[derive(Debug, Default)]
+struct Remote {
+    blocks: Vec<usize>,
+    owners_checked: Option<Instant>,
+}
+
+/// Where the blocks of an index came from so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexCounts {
+    /// Blocks in all.
+    pub blocks: usize,
+    /// Blocks indexed (from any source).
+    pub indexed: usize,
+    /// Blocks indexed from values this process read.
+    pub read: usize,
+    /// Blocks indexed by other processes sharing the cache directory.
+    pub from_other_processes: usize,
 }
 
 /// The memory the background indexing holds at its peak while the index
@@ -201,6 +247,10 @@ impl LiveIndex {
             buffers: ChunkBufferPool::new(),
             read_ahead: Mutex::default(),
             memory: IndexMemory::default(),
+            shared: None,
+            remote: Mutex::default(),
+            read: AtomicUsize::new(0),
+            from_others: AtomicUsize::new(0),
         }
     }
 
@@ -208,7 +258,8 @@ impl LiveIndex {
     /// threads (0: only as loaders read blocks and when someone waits for
     /// the whole index), as many as half of `memory_limit` holds with their
     /// read-ahead (see [`IndexMemory`]); the finished index goes to `cache`
-    /// (directory and key) before anyone sees it complete.
+    /// (directory and key) before anyone sees it complete, and its blocks
+    /// are shared there with other processes building it meanwhile.
     pub fn build(
         job: IndexJob,
         threads: usize,
@@ -216,7 +267,11 @@ impl LiveIndex {
         cache: Option<(IndexCache, String)>,
     ) -> Arc<Self> {
         let blocks = job.grid.blocks.len();
+        let shared = (cache.as_ref())
+            .filter(|_| blocks > 0)
+            .and_then(|(cache, key)| SharedBlocks::open(cache.dir(), key));
         let mut live = Self::pending(blocks, cache);
+        live.shared = shared;
         let (memory, plans) = IndexMemory::plan(&job, threads, memory_limit);
         let threads = memory.threads;
         let read_ahead = plans.and_then(|plans| {
@@ -279,11 +334,16 @@ impl LiveIndex {
     }
 
     /// Reads and indexes the next block of the schedule nobody has claimed,
-    /// in the calling thread; `Ok(false)` when there is none left.
+    /// in the calling thread, or takes blocks other processes have indexed
+    /// meanwhile (those needed first come first); `Ok(false)` when there is
+    /// none left.
     pub fn index_next_block(&self) -> Result<bool, WindowError> {
         let Some(job) = &self.job else {
             return Ok(false);
         };
+        if self.awaits_remote() && self.poll_remote()? {
+            return Ok(true);
+        }
         loop {
             if self.has_failed() {
                 return Ok(false);
@@ -291,26 +351,144 @@ impl LiveIndex {
             let Some((number, id)) = self.schedule.take() else {
                 return Ok(false);
             };
-            if !self.claim(id) {
+            if !self.claim_here(id) {
                 // Read by someone else: the read-ahead moves past it.
                 self.done_reading(number);
                 continue;
             }
-            let block = &job.grid.blocks[id];
-            let data = job.sources.read(&block.extent, &self.buffers);
-            self.done_reading(number);
-            return match data {
-                Ok(data) => {
-                    let index = index_block(&job.grid, block, &data, &job.layout, &job.sources);
-                    self.publish(id, index);
-                    Ok(true)
+            match self.claim_shared(job, id) {
+                Shared::Read => {}
+                Shared::Known => {
+                    self.done_reading(number);
+                    return Ok(true);
                 }
-                Err(e) => {
-                    self.fail(e.to_string());
-                    Err(e)
+                Shared::Elsewhere => {
+                    self.done_reading(number);
+                    lock(&self.remote).blocks.push(id);
+                    continue;
                 }
-            };
+            }
+            return self.read_block(job, id, Some(number));
         }
+    }
+
+    /// Reads and indexes block `id` in the calling thread (`number`: its
+    /// number in the schedule, for the read-ahead).
+    fn read_block(
+        &self,
+        job: &IndexJob,
+        id: usize,
+        number: Option<u64>,
+    ) -> Result<bool, WindowError> {
+        let block = &job.grid.blocks[id];
+        let data = job.sources.read(&block.extent, &self.buffers);
+        if let Some(number) = number {
+            self.done_reading(number);
+        }
+        match data {
+            Ok(data) => {
+                let index = index_block(&job.grid, block, &data, &job.layout, &job.sources);
+                self.publish(id, index);
+                Ok(true)
+            }
+            Err(e) => {
+                self.fail(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// What to do with block `id`, claimed in this process, given the other
+    /// processes sharing the index: read it, or nothing (another process
+    /// has indexed it, or the whole index came from the cache), or wait for
+    /// another process reading it.
+    fn claim_shared(&self, job: &IndexJob, id: usize) -> Shared {
+        let Some(shared) = &self.shared else {
+            return Shared::Read;
+        };
+        let origins = job.grid.blocks[id].num_origins();
+        if let Some(index) = shared.load(id, origins) {
+            self.record(id, index, true);
+            return Shared::Known;
+        }
+        if !shared.exists() && self.adopt_cached(job) {
+            return Shared::Known;
+        }
+        match shared.claim(id) {
+            // Written between the look and the claim (then taken over).
+            Claim::Ours => match shared.load(id, origins) {
+                Some(index) => {
+                    self.record(id, index, true);
+                    Shared::Known
+                }
+                None => Shared::Read,
+            },
+            Claim::Theirs => Shared::Elsewhere,
+            Claim::Finished if self.adopt_cached(job) => Shared::Known,
+            Claim::Finished => Shared::Read,
+        }
+    }
+
+    /// Takes every block from the whole index another process finished and
+    /// stored in the cache; `false` when it is not there.
+    fn adopt_cached(&self, job: &IndexJob) -> bool {
+        let Some(index) = (self.cache.as_ref()).and_then(|(cache, key)| cache.load(key, &job.grid))
+        else {
+            return false;
+        };
+        for (id, block) in index.blocks.iter().enumerate() {
+            if self.blocks[id].get().is_none() {
+                self.record(id, Arc::clone(block), true);
+            }
+        }
+        true
+    }
+
+    /// Looks for the blocks other processes are reading (the first
+    /// [`POLLED`] not indexed yet): takes those written, and reads those
+    /// whose process is gone. `true` when a block was indexed.
+    fn poll_remote(&self) -> Result<bool, WindowError> {
+        let (Some(shared), Some(job)) = (&self.shared, &self.job) else {
+            return Ok(false);
+        };
+        let (pending, check_owners) = {
+            let mut remote = lock(&self.remote);
+            remote.blocks.retain(|&b| self.blocks[b].get().is_none());
+            if remote.blocks.is_empty() {
+                return Ok(false);
+            }
+            let check = remote
+                .owners_checked
+                .is_none_or(|at| at.elapsed() >= OWNER_CHECK);
+            if check {
+                remote.owners_checked = Some(Instant::now());
+            }
+            let pending: Vec<usize> = remote.blocks.iter().take(POLLED).copied().collect();
+            (pending, check)
+        };
+        if !shared.exists() {
+            return Ok(self.adopt_cached(job));
+        }
+        let mut indexed = false;
+        for id in pending {
+            if let Some(index) = shared.load(id, job.grid.blocks[id].num_origins()) {
+                self.record(id, index, true);
+                indexed = true;
+            } else if check_owners {
+                match self.claim_shared(job, id) {
+                    Shared::Elsewhere => {}
+                    Shared::Known => indexed = true,
+                    // Its process is gone: read it here.
+                    Shared::Read => indexed |= self.read_block(job, id, None)?,
+                }
+            }
+        }
+        Ok(indexed)
+    }
+
+    /// Whether blocks other processes are reading are awaited.
+    fn awaits_remote(&self) -> bool {
+        self.shared.is_some() && !lock(&self.remote).blocks.is_empty()
     }
 
     /// Says the read-ahead the block of number `number` in the schedule is
@@ -341,17 +519,45 @@ impl LiveIndex {
         &self.buffers
     }
 
-    /// Claims block `id` for reading; `false` when someone already has.
+    /// Claims block `id` for reading; `false` when someone already has
+    /// (in this process; other processes sharing the index are told this
+    /// one reads it).
     pub fn claim(&self, id: usize) -> bool {
+        let claimed = self.claim_here(id);
+        if let (true, Some(shared)) = (claimed, &self.shared) {
+            shared.claim(id);
+        }
+        claimed
+    }
+
+    fn claim_here(&self, id: usize) -> bool {
         self.schedule.claim(id) && self.blocks[id].get().is_none()
     }
 
-    /// Records the index of block `id` (the first record wins; any other is
-    /// the same, from the same data).
+    /// Records the index of block `id`, read by this process (the first
+    /// record wins; any other is the same, from the same data), and shares
+    /// it with other processes.
     pub fn publish(&self, id: usize, index: BlockIndex) {
-        if self.blocks[id].set(Arc::new(index)).is_err() {
+        if self.blocks[id].get().is_some() {
             return;
         }
+        if let Some(shared) = &self.shared {
+            shared.store(id, &index);
+        }
+        self.record(id, index, false);
+    }
+
+    /// Records the index of block `id`, from another process or not.
+    fn record(&self, id: usize, index: impl Into<Arc<BlockIndex>>, from_others: bool) {
+        if self.blocks[id].set(index.into()).is_err() {
+            return;
+        }
+        let counter = if from_others {
+            &self.from_others
+        } else {
+            &self.read
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         let last = match self.progress.lock() {
             Ok(mut p) => {
                 p.indexed += 1;
@@ -375,8 +581,10 @@ impl LiveIndex {
             .collect();
         let index = ValidIndex::from_shared(blocks);
         if let Some((cache, key)) = &self.cache {
-            if let Err(e) = cache.store(key, &index) {
-                log::warn!("window index not cached in {}: {e}", cache.dir().display());
+            match cache.store(key, &index) {
+                // Whoever still waits for a block finds the whole index.
+                Ok(()) => self.shared.iter().for_each(SharedBlocks::remove),
+                Err(e) => log::warn!("window index not cached in {}: {e}", cache.dir().display()),
             }
         }
         self.stop_reading_ahead();
@@ -394,6 +602,7 @@ impl LiveIndex {
         if let Ok(mut p) = self.progress.lock() {
             p.failure.get_or_insert(message);
         }
+        self.shared.iter().for_each(SharedBlocks::release);
         self.stop_reading_ahead();
         self.changed.notify_all();
     }
@@ -416,6 +625,7 @@ impl LiveIndex {
         let guard = self.progress.lock();
         self.cancelled.store(true, Ordering::Release);
         drop(guard);
+        self.shared.iter().for_each(SharedBlocks::release);
         self.stop_reading_ahead();
         self.changed.notify_all();
     }
@@ -441,11 +651,16 @@ impl LiveIndex {
     /// `Ok(None)` when it is not complete yet.
     pub fn wait_index(&self, timeout: Duration) -> Result<Option<&ValidIndex>, WindowError> {
         let deadline = Instant::now() + timeout;
-        let mut progress = self
-            .progress
-            .lock()
-            .map_err(|_| WindowError::Internal("the window index's lock is poisoned".into()))?;
         loop {
+            // Outside the lock: taking a block locks it.
+            let polling = self.awaits_remote();
+            if polling {
+                self.poll_remote()?;
+            }
+            let progress = self
+                .progress
+                .lock()
+                .map_err(|_| WindowError::Internal("the window index's lock is poisoned".into()))?;
             if let Some(failure) = &progress.failure {
                 return Err(WindowError::Read(failure.clone()));
             }
@@ -456,17 +671,24 @@ impl LiveIndex {
             if left.is_zero() || self.is_cancelled() {
                 return Ok(None);
             }
-            progress = self
-                .changed
-                .wait_timeout(progress, left)
-                .map_err(|_| WindowError::Internal("the window index's lock is poisoned".into()))?
-                .0;
+            let wait = if polling { left.min(POLL) } else { left };
+            drop(self.changed.wait_timeout(progress, wait).map_err(|_| {
+                WindowError::Internal("the window index's lock is poisoned".into())
+            })?);
         }
     }
 
     /// Waits up to `timeout` for another block to be indexed (or the index
     /// to fail or be cancelled).
     pub fn wait_block(&self, timeout: Duration) -> Result<(), WindowError> {
+        let timeout = if self.awaits_remote() {
+            if self.poll_remote()? {
+                return Ok(());
+            }
+            timeout.min(POLL)
+        } else {
+            timeout
+        };
         let progress = self
             .progress
             .lock()
@@ -518,6 +740,27 @@ impl LiveIndex {
         let done = self.progress.lock().map_or(0, |p| p.indexed);
         (done, self.blocks.len())
     }
+
+    /// Where the blocks indexed so far came from.
+    pub fn counts(&self) -> IndexCounts {
+        let (indexed, blocks) = self.progress();
+        IndexCounts {
+            blocks,
+            indexed,
+            read: self.read.load(Ordering::Relaxed),
+            from_other_processes: self.from_others.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What [`LiveIndex::claim_shared`] says to do with a block.
+enum Shared {
+    /// Read it here.
+    Read,
+    /// Nothing: it is indexed.
+    Known,
+    /// Wait: another process is reading it.
+    Elsewhere,
 }
 
 /// The order blocks are indexed in, decided block by block as the first

@@ -13,6 +13,7 @@
 //! | [`index`] | which origins hold a valid window |
 //! | [`live_index`] | the index filling in while a loader starts |
 //! | [`cache`] | the index kept on disk between runs |
+//! | [`shared`] | blocks of an index shared by the processes building it |
 //! | [`sample`] | what a sample holds: inputs, targets, lead times, channels, jitter |
 //! | [`sources`] | several stores and dimension sets joined on coordinates |
 //! | [`order`] | shuffling, sharding, epochs |
@@ -56,6 +57,7 @@ pub mod live_index;
 pub mod loader;
 pub mod order;
 pub mod sample;
+pub mod shared;
 pub mod sources;
 pub mod statistics;
 pub mod values;
