@@ -123,6 +123,9 @@ def check_shapes(batch) -> None:
 
 def arm_zarrfusion(a, valid="any", shard=None, workers=0) -> dict:
     import zarrfusion as zf
+    if workers:
+        # Imports are not timed (a training script has imported torch).
+        import torch.utils.data
 
     started = time.perf_counter()
     ctx = zf.SessionContext()
@@ -145,8 +148,6 @@ def arm_zarrfusion(a, valid="any", shard=None, workers=0) -> dict:
     loader = w.loader(batch_size=BATCH, shuffle="block", seed=0, stack="channels", shard=shard,
                       drop_last=shard is not None)
     if workers:
-        import torch.utils.data
-
         loader = torch.utils.data.DataLoader(loader.torch(), batch_size=None, num_workers=workers,
                                              multiprocessing_context="spawn")
     result = timed(((b["inputs"], b["targets"]) for b in loader), started, a.batches, a.wait_batches)

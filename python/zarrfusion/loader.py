@@ -458,7 +458,11 @@ class WindowLoader:
         the batches without workers: with ``k`` workers each ends its own
         stream with a short batch (without ``drop_last``), or the streams
         drop up to a batch each (with it). They share the cores
-        (``threads`` defaults to the cores over ``k``). Start them with
+        (``threads`` defaults to the cores over ``k``, the windows' background
+        index threads to half that, none on 2 cores). With a cache directory
+        (the default) the workers, and ranks on the same machine, share the
+        blocks of an index they build: each block is read by one of them.
+        Start them with
         ``spawn`` or ``forkserver`` (``multiprocessing_context="spawn"``):
         the loader's threads do not survive ``fork``, so a forked worker
         raises an error saying so."""
@@ -560,7 +564,14 @@ def _reopen_loader(
     dataset = ctx.open_zarr(
         description["path"], variables=description["variables"], dims=description["dims"], **description["options"]
     )
-    windows = dataset.windows(**description["windows"])
+    windows_arguments = dict(description["windows"])
+    if worker is not None and windows_arguments.get("threads") is None:
+        # The workers share the machine's cores: half of a worker's share
+        # builds the index in the background, beside its loader's threads
+        # (none on a few cores, where the blocks a worker's batches need
+        # first are read faster without them).
+        windows_arguments["threads"] = (os.cpu_count() or 1) // worker[1] // 2
+    windows = dataset.windows(**windows_arguments)
     arguments = dict(description["loader"])
     if worker is None:
         loader = windows.loader(**arguments)
