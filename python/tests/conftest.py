@@ -157,3 +157,22 @@ def two_sources(tmp_path_factory) -> dict:
         "four_hourly": root / "four_hourly.zarr",
         "t2m": t2m, "z": z, "lsm": lsm, "precip": precip,
     }
+
+
+@pytest.fixture
+def trillion_store(tmp_path) -> pathlib.Path:
+    """A v3 store whose one array ``t`` runs along ``x``: 10^12 positions,
+    no coordinate array, nothing written (every chunk the fill value)."""
+    import json
+
+    path = tmp_path / "long.zarr"
+    (path / "t").mkdir(parents=True)
+    (path / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    (path / "t" / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [10**12], "data_type": "float32",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [10**6]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0.0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        "dimension_names": ["x"], "attributes": {},
+    }))
+    return path

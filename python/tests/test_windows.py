@@ -695,3 +695,17 @@ def test_dataloader_pins_batches_when_asked(ctx, window_store):
     assert len(batches) == len(plain) == len(loader)
     seen = {w for b in batches for w in zip(*(b["index"][d].tolist() for d in ("time", "lat", "lon")))}
     assert seen == {w for b in plain for w in zip(*(b["index"][d].tolist() for d in ("time", "lat", "lon")))}
+
+
+def test_where_on_a_dimension_of_a_trillion_positions(trillion_store):
+    """Over a dimension longer than 2^26 positions ``where`` takes
+    comparisons with literals (selected at once, however long the
+    dimension); any other condition is refused saying why."""
+    ds = zf.SessionContext().open_zarr(trillion_store)
+    windows = ds.windows({"x": 10}, where="x >= 999999999900", cache=False)
+    # Windows of 10 every 10 positions (no overlap) over the last 100.
+    assert len(windows) == 10
+    batch = next(iter(windows.loader(batch_size=100, shuffle=None)))
+    assert sorted(batch["index"]["x"].tolist()) == list(range(999999999900, 10**12, 10))
+    with pytest.raises(ValueError, match=r"where.*x % Int64\(7\) = Int64\(3\).*'x' has 1000000000000 positions.*comparisons with literals"):
+        ds.windows({"x": 10}, where="x % 7 = 3", cache=False)

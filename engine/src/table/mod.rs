@@ -30,4 +30,4 @@ pub(crate) use read_zarr::{
 };
 pub use scan::ZarrScanExec;
 pub(crate) use selection::pushed_dimension;
-pub use selection::{classify_filters, select, Selection};
+pub use selection::{classify_filters, long_dimension_refusal, select, Selection};

@@ -157,6 +157,30 @@ fn pushed_within(filter: &Expr, table: &GridTable, evaluated: u64) -> Option<usi
     pushed.then_some(d)
 }
 
+/// Why a filter on one dimension of `table` is not pushed down, when that
+/// is the dimension's length (longer than [`EVALUATED_POSITIONS`], and the
+/// filter is not a comparison with literals over ordered values); `None`
+/// when it is pushed down or not about one dimension.
+pub fn long_dimension_refusal(filter: &Expr, table: &GridTable) -> Option<String> {
+    let d = single_dimension(filter, table)?;
+    if pushed_dimension(filter, table).is_some() {
+        return None;
+    }
+    let dim = &table.dims[d];
+    let ordered = if dim.coordinate.monotone() {
+        ""
+    } else {
+        " (and its values are not ordered by construction: an index or a regular coordinate)"
+    };
+    Some(format!(
+        "'{}' has {} positions, more than the {EVALUATED_POSITIONS} a condition is evaluated over; \
+         over it only comparisons with literals are applied (=, <>, <, <=, >, >=, BETWEEN, IN; \
+         at most {MAX_CROSSING_LITERALS} literals){ordered}",
+        dim.name,
+        dim.coordinate.len()
+    ))
+}
+
 /// How each filter is pushed down: `Exact` for the filters
 /// [`pushed_dimension`] takes.
 pub fn classify_filters(filters: &[&Expr], table: &GridTable) -> Vec<TableProviderFilterPushDown> {

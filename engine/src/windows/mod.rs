@@ -86,7 +86,7 @@ use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::prelude::SessionContext;
 
 use crate::error::ZarrFusionError;
-use crate::table::{classify_filters, select, GridTable, Selection};
+use crate::table::{classify_filters, long_dimension_refusal, select, GridTable, Selection};
 
 /// An error making or reading windows.
 #[derive(Debug, thiserror::Error)]
@@ -427,9 +427,13 @@ pub fn select_where_each(
             classify_filters(&[conjunct], table) == [TableProviderFilterPushDown::Exact]
         });
         if !applies {
-            return Err(where_error(&format!(
-                "'{conjunct}' is not a condition on one coordinate; windows are selected by coordinates only"
-            )));
+            let long = (tables.iter()).find_map(|table| long_dimension_refusal(conjunct, table));
+            return Err(where_error(&match long {
+                Some(reason) => format!("'{conjunct}' cannot select windows: {reason}"),
+                None => format!(
+                    "'{conjunct}' is not a condition on one coordinate; windows are selected by coordinates only"
+                ),
+            }));
         }
     }
     tables
