@@ -16,9 +16,10 @@
 //!   temporary name and renamed);
 //! - a process that finds a block claimed by a running process of this
 //!   machine waits for its `.block` (polling); a claim of a process that is
-//!   gone, of another boot or machine, or unreadable is taken over, so a
-//!   killed process never leaves the others waiting, and a block read on
-//!   another machine (a shared file system) is at worst read twice;
+//!   gone, of another boot or machine, unreadable, or older than
+//!   [`STALE_CLAIM`] is taken over, so a killed (or hung) process never
+//!   leaves the others waiting for ever, and a block read on another
+//!   machine (a shared file system) is at worst read twice;
 //! - claims whose block was not written are removed when their index fails
 //!   or is dropped; the directory goes once the whole index is in the cache
 //!   (whoever then still waits finds the whole index there).
@@ -31,6 +32,7 @@ use std::collections::HashSet;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -41,6 +43,10 @@ use crate::zarr::write_file_atomically;
 
 const MAGIC: &[u8; 8] = b"ZFWBLOCK";
 const VERSION: u32 = 1;
+
+/// A claim older than this whose block was not written is taken over:
+/// reading one block takes seconds, so its process is hung or stopped.
+pub const STALE_CLAIM: Duration = Duration::from_secs(300);
 
 /// Who holds a block's claim, as [`SharedBlocks::claim`] finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +180,10 @@ impl SharedBlocks {
             // Gone since (written and dropped): try again.
             Err(_) => return Claimant::Gone,
         };
+        let stale = (std::fs::metadata(path).and_then(|m| m.modified()))
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|age| age > STALE_CLAIM);
         if record["nonce"].as_str() == Some(self.nonce.as_str()) {
             return Claimant::Us;
         }
@@ -181,7 +191,7 @@ impl SharedBlocks {
         let here = record["host"].as_str().is_some_and(|h| Some(h) == host());
         let this_boot = record["boot"].as_str().is_some_and(|b| Some(b) == boot());
         match pid {
-            Some(pid) if here && this_boot && !is_gone(pid) => Claimant::Running,
+            Some(pid) if here && this_boot && !is_gone(pid) && !stale => Claimant::Running,
             _ => Claimant::Gone,
         }
     }
@@ -216,8 +226,8 @@ enum Claimant {
     Us,
     /// A running process of this machine and boot.
     Running,
-    /// A process that is gone, of another machine or boot, or a claim
-    /// that cannot be read.
+    /// A process that is gone, of another machine or boot, a claim that
+    /// cannot be read, or one older than [`STALE_CLAIM`].
     Gone,
 }
 
@@ -288,10 +298,19 @@ mod tests {
             (3, "{not json".to_string(), Claim::Ours),
             // A running process of this machine (this one, another index).
             (4, mine(std::process::id(), h, b), Claim::Theirs),
+            // The same, but claimed longer ago than a block can take.
+            (5, mine(std::process::id(), h, b), Claim::Ours),
         ];
         for (id, record, _) in &claims {
             std::fs::write(dir.join(format!("k.blocks/{id}.claim")), record).unwrap();
         }
+        let old = std::time::SystemTime::now() - STALE_CLAIM - Duration::from_secs(1);
+        (std::fs::File::options()
+            .write(true)
+            .open(dir.join("k.blocks/5.claim")))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
         for (id, _, expected) in claims {
             assert_eq!(shared.claim(id), expected, "block {id}");
         }
