@@ -144,6 +144,14 @@ pub fn catch_panic<T>(what: &str, work: impl FnOnce() -> T) -> Result<T, Panicke
     })
 }
 
+/// Locks a mutex whose data stays valid if a holder panicked (a panic is
+/// turned into an error elsewhere; the data behind the lock is whole).
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

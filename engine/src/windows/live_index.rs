@@ -37,7 +37,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::cache::IndexCache;
@@ -47,7 +47,7 @@ use super::sample::SampleLayout;
 use super::shared::{Claim, SharedBlocks};
 use super::sources::Sources;
 use super::{IndexSource, WindowError};
-use crate::error::catch_panic;
+use crate::error::{catch_panic, lock};
 use crate::table::{ReadAheadPlan, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
 
@@ -857,13 +857,6 @@ impl Schedule {
         let total = order.decided.len();
         order.preferred = blocks.filter(|&b| b < total).collect();
     }
-}
-
-/// Locks a mutex whose data stays valid if a holder panicked.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Gives the calling thread the lowest scheduling priority (Linux: nice 19

@@ -38,6 +38,7 @@ use serde_json::Value;
 
 use super::cache::{decode_block, encode_block, Reader};
 use super::index::BlockIndex;
+use crate::error::lock;
 use crate::write::stamp::{boot, host, is_gone, owner_record, unique_suffix};
 use crate::zarr::write_file_atomically;
 
@@ -229,12 +230,6 @@ enum Claimant {
     /// A process that is gone, of another machine or boot, a claim that
     /// cannot be read, or one older than [`STALE_CLAIM`].
     Gone,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

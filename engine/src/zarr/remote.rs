@@ -31,7 +31,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+
+use crate::error::lock;
 
 use futures::future::try_join_all;
 use futures::StreamExt;
@@ -213,13 +215,6 @@ impl Drop for FillOnDrop {
 /// wanted the key released it (or the runtime shut down). A reader that
 /// found the request in flight without owning it reads the key itself.
 const CANCELLED: &str = "the read was cancelled";
-
-/// Locks a mutex whose data stays valid if a holder panicked.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// Zarr storage over an object store (see the module docs).
 pub struct RemoteStorage {
