@@ -371,3 +371,91 @@ fn a_loader_epoch_over_a_grid_twice_allowed_mem_stays_within_it() {
     assert_eq!(windows_seen, 64 * 36 * 72, "every window of the epoch");
     assert_within("loader epoch", peak, allowed_mem);
 }
+
+/// A batch drawing from many more blocks than the shuffle buffer holds:
+/// 8x15x15 windows over chunks of 8x90x90 missing everywhere but one
+/// window's patch each (the other 35 windows of a chunk dropped by the
+/// default rule), batches of 32. The blocks a batch exhausts must not all
+/// stay alive until it is sent.
+#[test]
+fn a_batch_drawing_from_many_blocks_stays_within_allowed_mem() {
+    use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
+    use zarrfusion::windows::{
+        IndexOptions, LoaderOptions, SampleSpec, Shuffle, WindowLoader, WindowShape, Windows,
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::scratch("heap-loader-sparse");
+    let shape = [64u64, 180, 360];
+    let store = dir.join("sparse.zarr");
+    let spec = ArraySpec {
+        name: "t",
+        data_type: "float32",
+        fill_value: serde_json::json!("NaN"),
+        dims: &["time", "lat", "lon"],
+        shape: &shape,
+        chunks: &[8, 90, 90],
+    };
+    let mut bytes = values(shape.iter().product::<u64>() as usize);
+    for (i, cell) in bytes.chunks_exact_mut(4).enumerate() {
+        let (lat, lon) = ((i / 360) % 180, i % 360);
+        if lat % 90 >= 15 || lon % 90 >= 15 {
+            cell.copy_from_slice(&f32::NAN.to_le_bytes());
+        }
+    }
+    write_store(&store, &spec, &bytes);
+    let allowed_mem: usize = 8 << 20;
+    let runtime = runtime();
+    let _entered = runtime.enter();
+    let env = datafusion::execution::runtime_env::RuntimeEnv::default();
+    let dataset = ZarrDataset::open(
+        &store.display().to_string(),
+        &ZarrTableOptions::default(),
+        &env,
+    )
+    .unwrap();
+    let table = Arc::new(dataset.table(None).unwrap());
+    let window_shape = WindowShape {
+        sizes: vec![("time".into(), 8), ("lat".into(), 15), ("lon".into(), 15)],
+        overlaps: vec![],
+    };
+    let selection = Selection::all(&table.shape());
+    let index = IndexOptions {
+        block_bytes: 512 << 10,
+        threads: 1,
+        cache: None,
+        ..IndexOptions::default()
+    };
+    let windows = Windows::new(
+        table,
+        &["t".to_string()],
+        selection,
+        &window_shape,
+        &SampleSpec::default(),
+        &index,
+    )
+    .unwrap();
+    // Indexed first: nothing is built beside the epoch.
+    let total = windows.index().unwrap().total;
+    assert_eq!(total, 8 * 2 * 4, "one window a chunk");
+    let options = LoaderOptions {
+        batch_size: 32,
+        shuffle: Shuffle::Block {
+            buffer_bytes: 512 << 10,
+        },
+        prefetch: 1,
+        threads: 2,
+        memory_limit: Some(allowed_mem),
+        ..LoaderOptions::default()
+    };
+    let loader = WindowLoader::new(Arc::new(windows), options).unwrap();
+    let mut windows_seen = 0u64;
+    let peak = peak_during(|| {
+        for batch in loader.epoch(0) {
+            windows_seen += batch.unwrap().len as u64;
+        }
+    });
+    assert_eq!(windows_seen, total, "every window of the epoch");
+    assert_within("loader epoch, batches over many blocks", peak, allowed_mem);
+    let projected = loader.memory().total();
+    assert_within("the same epoch, against its projection", peak, projected);
+}

@@ -44,9 +44,9 @@ const AHEAD: usize = 2;
 
 /// Blocks that left the buffer but are still held by batches waiting to
 /// be assembled: the planner waits for them before opening more blocks,
-/// so the buffer's memory holds them too (except those of the one batch
-/// being planned: a batch drawing from more exhausted blocks than this
-/// holds them until it is sent).
+/// so the buffer's memory holds them too. A batch being planned that
+/// holds them (drawing from more blocks than the buffer holds) has the
+/// windows drawn so far cut into it by the planner, which frees them.
 const RETIRED: usize = 2;
 
 /// The most streams (ranks x DataLoader workers) an epoch is dealt to:
@@ -596,15 +596,30 @@ struct Alive {
 }
 
 impl Alive {
-    /// Waits until fewer than `limit` blocks are alive or no batch sent to
-    /// the workers is waiting (the blocks over the limit are then held by
-    /// the batch being planned), then counts one more; `false` when `flow`
-    /// is cancelled meanwhile.
-    fn enter(&self, limit: usize, flow: &Flow) -> bool {
+    /// Counts one more block once fewer than `limit` are alive: at the
+    /// limit, first has the batch being planned free the blocks it holds
+    /// (`make_room`: its windows so far cut into it), then waits for the
+    /// batches sent to the workers to free theirs (while any is waiting);
+    /// `false` when `flow` is cancelled meanwhile.
+    fn enter(&self, limit: usize, flow: &Flow, make_room: &mut dyn FnMut()) -> bool {
         let Ok(mut n) = self.count.lock() else {
             return false;
         };
-        while *n >= limit && flow.in_flight() > 0 && !flow.is_cancelled() {
+        let mut made_room = false;
+        while *n >= limit && !flow.is_cancelled() {
+            if !made_room {
+                made_room = true;
+                drop(n);
+                make_room();
+                n = match self.count.lock() {
+                    Ok(n) => n,
+                    Err(_) => return false,
+                };
+                continue;
+            }
+            if flow.in_flight() == 0 {
+                break;
+            }
             n = match self.freed.wait_timeout(n, Duration::from_millis(100)) {
                 Ok((n, _)) => n,
                 Err(_) => return false,
@@ -760,8 +775,45 @@ impl Drop for Slot {
     }
 }
 
-/// The windows of one batch: slots and local origin numbers.
-type Plan = Vec<(Arc<Slot>, u64)>;
+/// The windows of one batch, in order: the first `cut` already cut into
+/// `head` (by the planner, to free the blocks they came from), then the
+/// rest, as slots and local origin numbers.
+#[derive(Default)]
+struct Plan {
+    head: Option<Filling>,
+    cut: usize,
+    windows: Vec<(Arc<Slot>, u64)>,
+}
+
+impl Plan {
+    fn len(&self) -> usize {
+        self.cut + self.windows.len()
+    }
+}
+
+/// Cuts `todo` (slots and local origin numbers) into `batch` in order,
+/// starting it with room for `capacity` samples if need be.
+fn cut_windows(
+    windows: &Windows,
+    cutter: &Cutter,
+    todo: &[(Arc<Slot>, u64)],
+    batch: &mut Option<Filling>,
+    capacity: usize,
+    counters: &Counters,
+) -> Result<(), WindowError> {
+    let mut assemble_ns = 0u64;
+    for (slot, local) in todo {
+        let data = slot.values(windows, counters)?;
+        let started = Instant::now();
+        let filling = batch.get_or_insert_with(|| cutter.start(data, capacity));
+        cutter.cut(data, slot.block, *local, filling);
+        assemble_ns += started.elapsed().as_nanos() as u64;
+    }
+    counters
+        .assemble_ns
+        .fetch_add(assemble_ns, Ordering::Relaxed);
+    Ok(())
+}
 
 enum Job {
     /// Decode a block that entered the shuffle buffer.
@@ -848,8 +900,11 @@ enum Outcome {
     Failed(WindowError),
 }
 
-/// Draws the next window of an epoch: its slot and local origin number.
-type Draw<'a> = Box<dyn FnMut() -> Result<Option<(Arc<Slot>, u64)>, WindowError> + 'a>;
+/// Draws the next window of an epoch: its slot and local origin number;
+/// before opening a block at the limit of blocks alive, calls its argument
+/// to free those the batch being planned holds (see [`Alive::enter`]).
+type Draw<'a> =
+    Box<dyn FnMut(&mut dyn FnMut()) -> Result<Option<(Arc<Slot>, u64)>, WindowError> + 'a>;
 
 impl Planner {
     fn run(self) {
@@ -915,17 +970,29 @@ impl Planner {
         loop {
             skipping.set(seq < self.skip);
             let n = limit.map_or(batch, |l| batch.min(l - produced));
-            let mut plan: Plan =
-                Vec::with_capacity(usize::try_from(n).unwrap_or(usize::MAX).min(PLAN_ROOM));
+            let capacity = usize::try_from(n).unwrap_or(usize::MAX);
+            let mut plan = Plan {
+                windows: Vec::with_capacity(capacity.min(PLAN_ROOM)),
+                ..Plan::default()
+            };
             while (plan.len() as u64) < n {
-                match draw() {
-                    Ok(Some(window)) => plan.push(window),
+                let mut cut_failed = None;
+                let drawn = draw(&mut || {
+                    if let Err(e) = self.cut_ahead(&mut plan, capacity, seq < self.skip) {
+                        cut_failed = Some(e);
+                    }
+                });
+                if let Some(e) = cut_failed {
+                    return failed(seq, e);
+                }
+                match drawn {
+                    Ok(Some(window)) => plan.windows.push(window),
                     Ok(None) => break,
                     Err(e) => return failed(seq, e),
                 }
             }
             let short = (plan.len() as u64) < batch;
-            if plan.is_empty() || (short && o.drop_last && limit.is_none()) {
+            if plan.len() == 0 || (short && o.drop_last && limit.is_none()) {
                 return seq;
             }
             let len = plan.len() as u64;
@@ -947,6 +1014,37 @@ impl Planner {
                 return seq;
             }
         }
+    }
+
+    /// Cuts the windows `plan` holds so far into it (a batch of
+    /// `capacity`), dropping their slots: the blocks only it held are
+    /// freed. A batch that is `skipped` drops them uncut.
+    fn cut_ahead(
+        &self,
+        plan: &mut Plan,
+        capacity: usize,
+        skipped: bool,
+    ) -> Result<(), WindowError> {
+        let todo = std::mem::take(&mut plan.windows);
+        plan.cut += todo.len();
+        if skipped || todo.is_empty() {
+            return Ok(());
+        }
+        let cutter = Cutter::new(
+            &self.windows,
+            &self.outputs,
+            self.options.normalize.as_deref(),
+            self.options.seed,
+            self.epoch,
+        );
+        cut_windows(
+            &self.windows,
+            &cutter,
+            &todo,
+            &mut plan.head,
+            capacity,
+            &self.counters,
+        )
     }
 
     /// Whether every stream of the epoch holds `windows` windows (see
@@ -988,7 +1086,7 @@ impl Planner {
             let permutation = Permutation::new(index.total, o.seed, self.epoch);
             let start = share_of(index.total, o).start;
             let mut i = 0u64;
-            return Ok(Box::new(move || {
+            return Ok(Box::new(move |_| {
                 let (block, local) = index.locate(permutation.apply(start + i));
                 i += 1;
                 Ok(Some((Slot::window(windows, block, local), local)))
@@ -1032,7 +1130,7 @@ impl Planner {
         let alive = Arc::new(Alive::default());
         let limit = capacity + AHEAD + RETIRED;
         let flow = &self.flow;
-        Ok(Box::new(move || {
+        Ok(Box::new(move |make_room| {
             if !skipping.get() {
                 for slot in not_warmed.drain(..).filter_map(|s| s.upgrade()) {
                     let _ = jobs.send(Job::Warm(slot));
@@ -1045,7 +1143,7 @@ impl Planner {
                     let read_ahead = read_ahead.as_ref().map(|r| (Arc::clone(r), number));
                     // Waits for batches to free retired blocks (a cancelled
                     // epoch stops at its next batch).
-                    alive.enter(limit, flow);
+                    alive.enter(limit, flow, make_room);
                     let slot = Slot::block(windows, block, read_ahead, Arc::clone(&alive));
                     if skipping.get() {
                         not_warmed.push(Arc::downgrade(&slot));
@@ -1100,7 +1198,7 @@ impl Worker {
                             if seq == 2 {
                                 tests::inject(self.seed, tests::PANIC_ASSEMBLING);
                             }
-                            self.assemble(&plan)
+                            self.assemble(plan)
                         })
                         .unwrap_or_else(|p| Err(self.panicked(p)));
                     if self.results.send(Outcome::Batch(seq, batch)).is_err() {
@@ -1120,7 +1218,7 @@ impl Worker {
         p.into()
     }
 
-    fn assemble(&self, plan: &Plan) -> Result<WindowBatch, WindowError> {
+    fn assemble(&self, plan: Plan) -> Result<WindowBatch, WindowError> {
         let cutter = Cutter::new(
             &self.windows,
             &self.outputs,
@@ -1128,21 +1226,20 @@ impl Worker {
             self.seed,
             self.epoch,
         );
-        let mut batch: Option<Filling> = None;
-        let mut assemble_ns = 0u64;
-        for (slot, local) in plan {
-            let data = slot.values(&self.windows, &self.counters)?;
-            let started = Instant::now();
-            let filling = batch.get_or_insert_with(|| cutter.start(data, plan.len()));
-            cutter.cut(data, slot.block, *local, filling);
-            assemble_ns += started.elapsed().as_nanos() as u64;
-        }
-        self.counters
-            .assemble_ns
-            .fetch_add(assemble_ns, Ordering::Relaxed);
+        let len = plan.len();
+        let mut batch = plan.head;
+        cut_windows(
+            &self.windows,
+            &cutter,
+            &plan.windows,
+            &mut batch,
+            len,
+            &self.counters,
+        )?;
+        drop(plan.windows);
         let batch = batch.ok_or_else(|| WindowError::Internal("an empty batch".into()))?;
         Ok(WindowBatch {
-            len: plan.len(),
+            len,
             arrays: batch.arrays,
             origins: batch.origins,
             jitter: batch.jitter,
