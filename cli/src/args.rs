@@ -1,8 +1,9 @@
 //! Command-line arguments.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -65,4 +66,28 @@ pub struct Args {
     /// Print results only: no banner, row counts, timing or progress.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+
+    /// Run queries on these workers (`zarrfusion worker` processes):
+    /// comma-separated `host:port` or URLs.
+    #[arg(long = "workers", value_name = "HOST:PORT,...")]
+    pub workers: Option<String>,
+
+    /// What to run (default: the shell).
+    #[command(subcommand)]
+    pub mode: Option<Mode>,
+}
+
+/// What the binary runs besides the shell.
+#[derive(Debug, Subcommand)]
+pub enum Mode {
+    /// Serve a cluster's tasks (datafusion-distributed over gRPC) until
+    /// Ctrl-C or SIGTERM. The protocol is unauthenticated: listen on a
+    /// private network. --memory-limit is this worker's allowed_mem,
+    /// --allow its allowed locations (the sender's are not used).
+    Worker {
+        /// Address to listen on, like 0.0.0.0:50051 (port 0: any free port;
+        /// the address is printed on stdout once listening).
+        #[arg(long, value_name = "ADDR")]
+        listen: SocketAddr,
+    },
 }

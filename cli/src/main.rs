@@ -4,6 +4,8 @@
 //! zarrfusion                                 # interactive shell
 //! zarrfusion -c "SELECT 1" -c "SELECT 2"     # run commands and exit
 //! zarrfusion -f sql-examples/02_zonal_mean.sql --format csv -q
+//! zarrfusion worker --listen 0.0.0.0:50051   # serve a cluster's tasks
+//! zarrfusion --workers host1:50051,host2:50051 -c "SELECT ..."
 //! ```
 
 mod args;
@@ -13,14 +15,16 @@ mod output;
 mod progress;
 mod repl;
 
+use std::io::Write;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::prelude::SessionContext;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::prelude::{SessionConfig, SessionContext};
 
-use crate::args::Args;
+use crate::args::{Args, Mode};
 use crate::exec::Shell;
 
 /// mimalloc keeps freed chunk buffers for reuse instead of handing them back
@@ -63,6 +67,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    if let Some(Mode::Worker { listen }) = &args.mode {
+        return run_worker(&args, *listen).await;
+    }
     let ctx = build_context(&args)?;
     let mut shell = Shell::new(ctx, args.format, args.quiet);
     if args.command.is_empty() && args.file.is_empty() {
@@ -79,7 +86,56 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// Serves a cluster's tasks on `listen` until Ctrl-C or SIGTERM.
+async fn run_worker(args: &Args, listen: SocketAddr) -> Result<(), String> {
+    if args.workers.is_some() || !args.command.is_empty() || !args.file.is_empty() {
+        return Err("a worker runs no SQL of its own: --workers, -c and -f are the shell's".into());
+    }
+    let (config, runtime) = settings(args)?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    println!("zarrfusion worker listening on {address}");
+    let _ = std::io::stdout().flush();
+    let zarr = zarrfusion::ZarrConfig::of(config.options());
+    zarrfusion::distributed::serve_worker(listener, zarr, runtime, stop_signal())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Completes at Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
 fn build_context(args: &Args) -> Result<SessionContext, String> {
+    let (config, runtime) = settings(args)?;
+    Ok(match &args.workers {
+        Some(list) => {
+            let workers = zarrfusion::distributed::parse_workers(list)
+                .map_err(|e| format!("--workers: {e}"))?;
+            zarrfusion::distributed_context(config, runtime, workers)
+        }
+        None => zarrfusion::new_context_with(config, runtime),
+    })
+}
+
+/// The session's configuration and runtime the arguments ask for.
+fn settings(args: &Args) -> Result<(SessionConfig, Arc<RuntimeEnv>), String> {
     let mut builder = RuntimeEnvBuilder::new();
     if let Some(limit) = &args.memory_limit {
         let bytes =
@@ -128,5 +184,5 @@ fn build_context(args: &Args) -> Result<SessionContext, String> {
     if let Some(batch_size) = args.batch_size {
         config = config.with_batch_size(batch_size);
     }
-    Ok(zarrfusion::new_context_with(config, Arc::clone(&runtime)))
+    Ok((config, runtime))
 }

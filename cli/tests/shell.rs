@@ -1,6 +1,7 @@
 //! The `zarrfusion` binary: the SQL examples give the answers xarray gives
-//! (`sql-examples/expected/*.csv`, written by `demo/make_demo.py`), output
-//! formats, backslash commands, and errors (message on stderr, exit 1, no panic).
+//! (`sql-examples/expected/*.csv`, written by `demo/make_demo.py`), also
+//! through two `zarrfusion worker` processes; output formats, backslash
+//! commands, and errors (message on stderr, exit 1, no panic).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -58,7 +59,15 @@ fn same_cell(actual: &str, expected: &str, tolerance: f64) -> bool {
 }
 
 fn check_example(sql: &Path, expected: &Path) {
-    let output = zarrfusion(&["-q", "--format", "csv", "-f", sql.to_str().unwrap()]);
+    check_example_with(sql, expected, &[]);
+}
+
+/// [`check_example`] with more arguments before the file.
+fn check_example_with(sql: &Path, expected: &Path, before: &[&str]) {
+    let mut args = vec!["-q", "--format", "csv"];
+    args.extend_from_slice(before);
+    args.extend(["-f", sql.to_str().unwrap()]);
+    let output = zarrfusion(&args);
     assert!(
         output.status.success(),
         "{}: exit {:?}\n{}",
@@ -470,4 +479,124 @@ fn a_copy_killed_midway_leaves_no_target_and_the_next_copy_sweeps_its_leftovers(
     assert!(target.join("zarr.json").exists());
     assert_eq!(leftovers(), Vec::<String>::new());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `zarrfusion worker` process on 127.0.0.1, killed when dropped.
+struct WorkerProcess {
+    child: std::process::Child,
+    address: String,
+}
+
+impl WorkerProcess {
+    /// Starts a worker on a free port and waits (up to 60 s) for the line
+    /// saying where it listens.
+    fn start() -> Self {
+        use std::io::{BufRead, BufReader};
+        use std::process::Stdio;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_zarrfusion"))
+            .args(["worker", "--listen", "127.0.0.1:0"])
+            .current_dir(repo_root())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the zarrfusion binary runs");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the worker says where it listens within 60 s");
+        let address = line
+            .trim()
+            .strip_prefix("zarrfusion worker listening on ")
+            .unwrap_or_else(|| panic!("the worker printed {line:?}"))
+            .to_string();
+        Self { child, address }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn sql_examples_give_the_same_answers_through_two_worker_processes() {
+    let workers = [WorkerProcess::start(), WorkerProcess::start()];
+    let list = format!("{},{}", workers[0].address, workers[1].address);
+    let dir = repo_root().join("sql-examples");
+    // Every scan split into a task per block.
+    let before = [
+        "--workers",
+        &list,
+        "-c",
+        "SET zarrfusion.bytes_per_task = 1",
+    ];
+    let mut checked = 0;
+    for name in [
+        "02_zonal_mean",
+        "03_box_time_filter",
+        "04_cf_packed",
+        "05_wind_speed",
+        "06_join",
+        "07_sst_holes",
+        "08_land_sea_mask",
+    ] {
+        let sql = dir.join(format!("{name}.sql"));
+        let expected = dir.join("expected").join(format!("{name}.csv"));
+        check_example_with(&sql, &expected, &before);
+        checked += 1;
+    }
+    assert_eq!(checked, 7);
+    // The plan did go to the workers: its scans are split into tasks.
+    let explain = zarrfusion(&[
+        "-q",
+        "--workers",
+        &list,
+        "-c",
+        "SET zarrfusion.bytes_per_task = 1",
+        "-c",
+        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
+        "-c",
+        "EXPLAIN SELECT lat, avg(t2m) FROM era5 GROUP BY lat",
+    ]);
+    let plan = stdout(&explain);
+    assert!(explain.status.success(), "{}", stderr(&explain));
+    assert!(plan.contains("tasks="), "{plan}");
+}
+
+#[test]
+fn a_query_on_a_dead_worker_fails_at_once_naming_it() {
+    let alive = WorkerProcess::start();
+    let dead = WorkerProcess::start();
+    let dead_address = dead.address.clone();
+    drop(dead);
+    let list = format!("{},{}", alive.address, dead_address);
+    let started = std::time::Instant::now();
+    let output = zarrfusion(&[
+        "-q",
+        "--workers",
+        &list,
+        "-c",
+        "SET zarrfusion.bytes_per_task = 1",
+        "-c",
+        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
+        "-c",
+        "SELECT lat, avg(t2m) FROM era5 GROUP BY lat",
+    ]);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(err.contains(&dead_address), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

@@ -71,6 +71,11 @@ extensions_options! {
         /// leaves less room; 0 turns reading ahead off. Local stores do
         /// not read ahead.
         pub io_concurrency: usize, default = 64
+        /// Decoded bytes of a Zarr scan each task of a cluster reads (a
+        /// session with workers, see [`crate::distributed`]): the scan's
+        /// stage runs on as many tasks as this divides its bytes into (at
+        /// most one per block, at most the engine's limit).
+        pub bytes_per_task: usize, default = 256 * 1024 * 1024
         /// Keep the metadata and coordinates read when opening an
         /// object-store table in the cache directory
         /// (`$ZARRFUSION_CACHE_DIR/opening`, else

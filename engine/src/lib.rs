@@ -17,6 +17,7 @@
 //! | [`device`] | kernels (FFT) on the CPU, and on GPUs behind the `gpu` feature |
 //! | [`explain`] | drawing plans (Graphviz DOT, SVG) |
 //! | [`memory`] | sizes and the memory budget |
+//! | [`distributed`] | the same plans on a cluster of workers (datafusion-distributed) |
 //! | [`session`] | building a `SessionContext` with all of the above |
 //! | [`windows`] | training windows cut from Zarr just in time (the ML loader) |
 //!
@@ -39,6 +40,7 @@
 pub mod array;
 pub mod config;
 pub mod device;
+pub mod distributed;
 pub mod error;
 pub mod explain;
 pub mod memory;
@@ -52,5 +54,7 @@ pub mod zarr;
 pub use config::ZarrConfig;
 pub use error::{Result, ZarrFusionError};
 pub use progress::ScanProgress;
-pub use session::{new_context, new_context_with, session_config, ZarrContextExt};
+pub use session::{
+    distributed_context, new_context, new_context_with, session_config, ZarrContextExt,
+};
 pub use table::{ZarrDataset, ZarrTable, ZarrTableOptions};

@@ -28,12 +28,14 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::planner::RelationPlanner;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
+use url::Url;
 
 use crate::array::copy::CopyToArraysRule;
 use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
 use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule};
 use crate::config::{apply_runtime_settings, ZarrConfig};
+use crate::distributed::distribute;
 use crate::progress::ScanProgress;
 use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
 use crate::write::ZarrFormatFactory;
@@ -55,6 +57,28 @@ pub fn new_context() -> SessionContext {
 /// A session with a given configuration (see [`session_config`]) and runtime
 /// (memory pool, object stores, disk manager).
 pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> SessionContext {
+    build_context(config, runtime, None)
+}
+
+/// A session whose queries run on `workers` (`zarrfusion worker`
+/// processes; see [`crate::distributed`]): the stages of each physical plan
+/// are handed to them, Zarr scans split into tasks by their bytes. Dense
+/// reductions and aligned joins are planned as DataFusion's partial and
+/// final aggregates and hash joins over distributed scans
+/// (`zarrfusion.dense_reduction` and `zarrfusion.aligned_join` are off).
+pub fn distributed_context(
+    config: SessionConfig,
+    runtime: Arc<RuntimeEnv>,
+    workers: Vec<Url>,
+) -> SessionContext {
+    build_context(config, runtime, Some(workers))
+}
+
+fn build_context(
+    config: SessionConfig,
+    runtime: Arc<RuntimeEnv>,
+    workers: Option<Vec<Url>>,
+) -> SessionContext {
     let config = if config.get_extension::<ScanProgress>().is_none() {
         config.with_extension(Arc::new(ScanProgress::default()))
     } else {
@@ -65,8 +89,15 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
     } else {
         config
     };
+    let mut config = config;
+    if workers.is_some() {
+        if let Some(zarr) = config.options_mut().extensions.get_mut::<ZarrConfig>() {
+            zarr.dense_reduction = false;
+            zarr.aligned_join = false;
+        }
+    }
     let read_zarr: Arc<dyn RelationPlanner> = Arc::new(ReadZarrPlanner::new(Arc::clone(&runtime)));
-    let state = SessionStateBuilder::new()
+    let builder = SessionStateBuilder::new()
         .with_config(config)
         .with_runtime_env(Arc::clone(&runtime))
         .with_default_features()
@@ -75,9 +106,12 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
         .with_optimizer_rule(Arc::new(AlignedJoinRule))
         .with_optimizer_rule(Arc::new(DenseReductionRule))
         .with_optimizer_rule(Arc::new(CopyToArraysRule))
-        .with_query_planner(Arc::new(ArrayQueryPlanner))
-        .build();
-    let mut state = state;
+        .with_query_planner(Arc::new(ArrayQueryPlanner));
+    let builder = match workers {
+        Some(workers) => distribute(builder, workers),
+        None => builder,
+    };
+    let mut state = builder.build();
     let catalogs = Arc::clone(state.catalog_list());
     // `rechunk(...)`, `fft(...)` and `ifft(...)` look registered tables up
     // in the session's catalogs.

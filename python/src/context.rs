@@ -64,9 +64,11 @@ impl PySessionContext {
     /// bytes); `work_dir` holds intermediate files; `allowed_locations`
     /// (directories and URL prefixes) restricts where statements may read,
     /// write and work (SQL cannot change it); `config` sets any session
-    /// setting (`{"zarrfusion.dense_reduction": "false"}`).
+    /// setting (`{"zarrfusion.dense_reduction": "false"}`); `workers`
+    /// (`host:port` addresses) runs queries on `zarrfusion worker`s.
     #[new]
-    #[pyo3(signature = (allowed_mem=None, work_dir=None, target_partitions=None, batch_size=None, config=None, allowed_locations=None))]
+    #[pyo3(signature = (allowed_mem=None, work_dir=None, target_partitions=None, batch_size=None, config=None, allowed_locations=None, workers=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         allowed_mem: Option<&Bound<'_, PyAny>>,
         work_dir: Option<String>,
@@ -74,6 +76,7 @@ impl PySessionContext {
         batch_size: Option<usize>,
         config: Option<HashMap<String, String>>,
         allowed_locations: Option<Vec<String>>,
+        workers: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let mut builder = RuntimeEnvBuilder::new();
         if let Some(limit) = allowed_mem {
@@ -121,9 +124,15 @@ impl PySessionContext {
                 .set("zarrfusion.allowed_locations", &list)
                 .map_err(|e| PyValueError::new_err(format!("allowed_locations: {e}")))?;
         }
-        Ok(Self {
-            ctx: zarrfusion::new_context_with(session, runtime),
-        })
+        let ctx = match workers {
+            Some(workers) => {
+                let workers = zarrfusion::distributed::parse_workers(&workers.join(","))
+                    .map_err(|e| PyValueError::new_err(format!("workers: {e}")))?;
+                zarrfusion::distributed_context(session, runtime, workers)
+            }
+            None => zarrfusion::new_context_with(session, runtime),
+        };
+        Ok(Self { ctx })
     }
 
     /// Registers the Zarr store at `path` (a path or URL) as table `name`,

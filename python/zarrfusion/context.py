@@ -25,7 +25,10 @@ class SessionContext:
     ``COPY``/``CREATE EXTERNAL TABLE`` locations statements may reach to
     these directories and URL prefixes (for a service running SQL written
     by others; SQL cannot change it; see docs/security.md); ``config`` sets
-    any session setting, e.g. ``{"zarrfusion.dense_reduction": "false"}``.
+    any session setting, e.g. ``{"zarrfusion.dense_reduction": "false"}``;
+    ``workers`` runs queries on a cluster of ``zarrfusion worker``
+    processes (``["host1:50051", "host2:50051"]``; see docs/distributed.md):
+    each worker's ``allowed_mem`` is its own ``--memory-limit``.
     """
 
     def __init__(
@@ -39,9 +42,12 @@ class SessionContext:
         io_concurrency: int | None = None,
         config: Mapping[str, Any] | None = None,
         allowed_locations: Sequence[str | os.PathLike] | None = None,
+        workers: Sequence[str] | None = None,
     ) -> None:
         if isinstance(allowed_locations, (str, os.PathLike)):
             raise TypeError("allowed_locations must be a list of directories and URLs, not one string")
+        if isinstance(workers, str):
+            raise TypeError("workers must be a list of host:port addresses, not one string")
         # How to open this session again (a loader pickled for DataLoader
         # workers reopens its store in a session made with these).
         self._arguments = dict(
@@ -53,6 +59,7 @@ class SessionContext:
             io_concurrency=io_concurrency,
             config=None if config is None else dict(config),
             allowed_locations=None if allowed_locations is None else [os.fspath(p) for p in allowed_locations],
+            workers=None if workers is None else [str(w) for w in workers],
         )
         settings = None if config is None else {str(k): _setting(v) for k, v in config.items()}
         if device is not None:
@@ -68,6 +75,7 @@ class SessionContext:
             batch_size=batch_size,
             config=settings,
             allowed_locations=self._arguments["allowed_locations"],
+            workers=self._arguments["workers"],
         )
 
     def register_zarr(self, name: str, path: str | os.PathLike, **options: Any) -> None:

@@ -286,6 +286,7 @@ impl Zipped {
             right_offset: a.variables.len(),
             table: GridTable {
                 store: format!("{} + {}", a.store, b.store),
+                source: None,
                 dims: a.dims.clone(),
                 variables,
                 schema: Arc::new(Schema::new(fields)),

@@ -68,6 +68,12 @@ impl BlockGrid {
             block_shape[d] = chunk[d] * m;
             factor /= m;
         }
+        Self::over(shape, block_shape, bounding)
+    }
+
+    /// Blocks of `block_shape` over the box `bounding` (none when `None`).
+    fn over(shape: &[u64], block_shape: Vec<u64>, bounding: Option<Vec<Range<u64>>>) -> Self {
+        let rank = shape.len();
         let (first, counts) = match bounding {
             Some(b) => (0..rank)
                 .map(|d| {
@@ -83,6 +89,25 @@ impl BlockGrid {
             first,
             counts,
         }
+    }
+
+    /// Blocks of `block_shape` (as another process planned them) over
+    /// `selection` of a grid of `shape`; an error when the shape does not
+    /// fit the grid.
+    pub fn with_block_shape(
+        shape: &[u64],
+        block_shape: Vec<u64>,
+        selection: &Selection,
+    ) -> std::result::Result<Self, String> {
+        let fits = block_shape.len() == shape.len()
+            && selection.rank() == shape.len()
+            && block_shape.iter().all(|&b| b >= 1);
+        if !fits {
+            return Err(format!(
+                "blocks of shape {block_shape:?} over a grid of shape {shape:?}"
+            ));
+        }
+        Ok(Self::over(shape, block_shape, selection.bounding_box()))
     }
 
     /// Plans the blocks that read `columns` (indices into the table's

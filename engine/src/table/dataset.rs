@@ -83,6 +83,18 @@ pub struct ZarrDataset {
     store: String,
     dims: BTreeMap<String, Arc<Dimension>>,
     variables: Vec<Arc<ZarrArray>>,
+    /// How it was opened.
+    source: Option<TableSource>,
+}
+
+/// How a table was opened: enough for another process (a cluster's
+/// worker) to open it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableSource {
+    /// The location, as the user wrote it.
+    pub location: String,
+    /// The options it was opened with (`dims`: the table's dimensions).
+    pub options: ZarrTableOptions,
 }
 
 /// The variables of one dimension set, ready to be a table.
@@ -90,6 +102,9 @@ pub struct ZarrDataset {
 pub struct GridTable {
     /// The store, as the user wrote it.
     pub store: String,
+    /// How to open this table again (`None`: a table made here, such as a
+    /// join's or a staged transform's).
+    pub source: Option<TableSource>,
     /// Dimensions, outermost first.
     pub dims: Vec<Arc<Dimension>>,
     /// Data variables, sorted by name.
@@ -145,9 +160,11 @@ impl GridTable {
                 .iter()
                 .map(|f| f.as_ref().clone()),
         );
+        // Opened again, the store would give its own coordinates.
         Ok(GridTable {
             dims,
             schema: Arc::new(Schema::new(fields)),
+            source: None,
             ..self
         })
     }
@@ -238,7 +255,11 @@ impl ZarrDataset {
             MemoryLimit::Finite(limit) => Some(limit as u64),
             _ => None,
         };
-        let dataset = Self::from_arrays(location, arrays, memory_limit)?;
+        let mut dataset = Self::from_arrays(location, arrays, memory_limit)?;
+        dataset.source = Some(TableSource {
+            location: location.to_string(),
+            options: options.clone(),
+        });
         if let Some(opening) = opening {
             opening.finish();
         }
@@ -303,6 +324,7 @@ impl ZarrDataset {
             store: store.to_string(),
             dims,
             variables,
+            source: None,
         })
     }
 
@@ -393,8 +415,16 @@ impl ZarrDataset {
                 .iter()
                 .map(|v| Field::new(v.name(), v.data_type().clone(), true)),
         );
+        let source = self.source.as_ref().map(|source| TableSource {
+            location: source.location.clone(),
+            options: ZarrTableOptions {
+                dims: Some(set.to_vec()),
+                ..source.options.clone()
+            },
+        });
         GridTable {
             store: self.store.clone(),
+            source,
             dims,
             variables,
             schema: Arc::new(Schema::new(fields)),

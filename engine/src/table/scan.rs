@@ -21,7 +21,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{human_readable_size, resources_err, Result, Statistics};
+use datafusion::common::{exec_err, human_readable_size, resources_err, Result, Statistics};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
@@ -34,6 +34,7 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
     PlanProperties, ReplaceChildrenOptions, StatisticsArgs,
 };
+use datafusion_distributed::DistributedTaskContext;
 use tokio::sync::mpsc::Sender;
 
 use super::blocks::{boxes_in_block, BlockGrid};
@@ -60,6 +61,11 @@ pub struct ZarrScanExec {
     batch_size: usize,
     /// Each partition's reads ahead of its decoder (remote stores).
     read_ahead: ReadAheadPlan,
+    /// Chunk reads the scan may keep in flight (`zarrfusion.io_concurrency`).
+    io_concurrency: usize,
+    /// The tasks of a cluster's stage the blocks are dealt to (1: one
+    /// process reads them all; see [`Self::with_tasks`]).
+    tasks: usize,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -99,9 +105,85 @@ impl ZarrScanExec {
             limit,
             batch_size: batch_size.max(1),
             read_ahead,
+            io_concurrency,
+            tasks: 1,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// This scan with its blocks dealt to `tasks` tasks of a cluster's
+    /// stage in contiguous runs: each task (its index from the task's
+    /// `DistributedTaskContext`) reads its own run, split among its
+    /// partitions.
+    pub fn with_tasks(&self, tasks: usize) -> Self {
+        Self {
+            table: Arc::clone(&self.table),
+            projection: self.projection.clone(),
+            schema: Arc::clone(&self.schema),
+            selection: Arc::clone(&self.selection),
+            blocks: Arc::clone(&self.blocks),
+            limit: self.limit,
+            batch_size: self.batch_size,
+            read_ahead: self.read_ahead,
+            io_concurrency: self.io_concurrency,
+            tasks: tasks.max(1),
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// The tasks the blocks are dealt to.
+    pub fn tasks(&self) -> usize {
+        self.tasks
+    }
+
+    /// The table scanned.
+    pub fn table(&self) -> &Arc<GridTable> {
+        &self.table
+    }
+
+    /// The columns read (indices into the table's schema).
+    pub fn projection(&self) -> &[usize] {
+        &self.projection
+    }
+
+    /// The cells read.
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+
+    /// The blocks read.
+    pub fn blocks(&self) -> &BlockGrid {
+        &self.blocks
+    }
+
+    /// The most rows produced.
+    pub fn limit(&self) -> Option<usize> {
+        self.limit
+    }
+
+    /// Rows per batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Chunk reads kept in flight, as planned.
+    pub fn io_concurrency(&self) -> usize {
+        self.io_concurrency
+    }
+
+    /// Decoded bytes of every block's projected variables (what a cluster
+    /// sizes the scan's tasks by).
+    pub fn decoded_bytes(&self) -> u64 {
+        let n_dims = self.table.dims.len();
+        let per_cell: u64 = self
+            .projection
+            .iter()
+            .filter(|&&i| i >= n_dims)
+            .map(|&i| self.table.variables[i - n_dims].element_size() as u64)
+            .sum();
+        self.selection.num_cells().saturating_mul(per_cell.max(1))
     }
 
     /// Memory one partition holds at its peak: two decoded blocks of the
@@ -208,12 +290,21 @@ impl ZarrScanExec {
         }
     }
 
-    fn partition_blocks(&self, partition: usize) -> Range<u64> {
-        let n = self.properties.partitioning.partition_count() as u64;
+    /// The blocks partition `partition` of task `task` reads.
+    fn partition_blocks(&self, task: usize, partition: usize) -> Range<u64> {
         let total = self.blocks.num_blocks();
+        let (t, tasks) = (task as u64, self.tasks as u64);
+        let (start, end) = (share(total, t, tasks), share(total, t + 1, tasks));
+        let n = self.properties.partitioning.partition_count() as u64;
         let p = partition as u64;
-        (p * total / n)..((p + 1) * total / n)
+        (start + share(end - start, p, n))..(start + share(end - start, p + 1, n))
     }
+}
+
+/// The start of share `i` of `n` equal shares of `total` (`i * total / n`,
+/// without overflow).
+fn share(total: u64, i: u64, n: u64) -> u64 {
+    (u128::from(total) * u128::from(i) / u128::from(n.max(1))) as u64
 }
 
 impl DisplayAs for ZarrScanExec {
@@ -239,6 +330,9 @@ impl DisplayAs for ZarrScanExec {
         )?;
         if let Some(limit) = self.limit {
             write!(f, ", limit={limit}")?;
+        }
+        if self.tasks > 1 {
+            write!(f, ", tasks={}", self.tasks)?;
         }
         Ok(())
     }
@@ -287,7 +381,23 @@ impl ExecutionPlan for ZarrScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let blocks = self.partition_blocks(partition);
+        let task = match self.tasks {
+            1 => 0,
+            tasks => {
+                let ctx = DistributedTaskContext::from_ctx(&context);
+                if ctx.task_count != tasks || ctx.task_index >= tasks {
+                    return exec_err!(
+                        "ZarrScanExec over {} was planned for {tasks} tasks, but runs as task {} \
+                         of {}",
+                        self.table.store,
+                        ctx.task_index,
+                        ctx.task_count
+                    );
+                }
+                ctx.task_index
+            }
+        };
+        let blocks = self.partition_blocks(task, partition);
         let progress = context.session_config().get_extension::<ScanProgress>();
         if let Some(progress) = &progress {
             progress.add_planned(blocks.end - blocks.start);

@@ -55,6 +55,36 @@ impl Selection {
         }
     }
 
+    /// The selection of `ranges` (per dimension: sorted, disjoint and not
+    /// empty, within `shape`), as another process sent it; an error says
+    /// what does not hold.
+    pub fn from_ranges(
+        ranges: Vec<Vec<Range<u64>>>,
+        shape: &[u64],
+    ) -> std::result::Result<Self, String> {
+        if ranges.len() != shape.len() {
+            return Err(format!(
+                "a selection of {} dimensions over a grid of {}",
+                ranges.len(),
+                shape.len()
+            ));
+        }
+        for (d, (runs, &len)) in ranges.iter().zip(shape).enumerate() {
+            let mut end = 0u64;
+            for (i, r) in runs.iter().enumerate() {
+                if r.start >= r.end || r.end > len || (i > 0 && r.start <= end) {
+                    return Err(format!(
+                        "dimension {d}: range {}..{} is empty, out of 0..{len} or not after \
+                         the one before it",
+                        r.start, r.end
+                    ));
+                }
+                end = r.end;
+            }
+        }
+        Ok(Self { ranges })
+    }
+
     /// Ranges selected along dimension `d`.
     pub fn ranges(&self, d: usize) -> &[Range<u64>] {
         &self.ranges[d]
@@ -473,6 +503,7 @@ mod tests {
         )]));
         GridTable {
             store: "test".into(),
+            source: None,
             dims: vec![Arc::new(Dimension {
                 name: "x".into(),
                 len: coordinate.len(),

@@ -1,0 +1,73 @@
+//! A session's side of a cluster: where its workers are, and the
+//! distributed planner with zarrfusion's codec and task handlers.
+
+use datafusion::common::{plan_err, Result};
+use datafusion::execution::SessionStateBuilder;
+use datafusion_distributed::{DistributedExt, SessionStateBuilderExt, WorkerResolver};
+use url::Url;
+
+use super::codec::ZarrCodec;
+use super::tasks::{deal_scan_blocks, scan_tasks};
+
+/// Workers at fixed addresses.
+#[derive(Debug, Clone)]
+struct FixedWorkers(Vec<Url>);
+
+impl WorkerResolver for FixedWorkers {
+    fn get_urls(&self) -> Result<Vec<Url>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// Parses a comma-separated list of workers, each `host:port` or an
+/// `http://host:port` URL.
+pub fn parse_workers(list: &str) -> Result<Vec<Url>> {
+    let mut workers = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let text = if item.contains("://") {
+            item.to_string()
+        } else {
+            format!("http://{item}")
+        };
+        let url = match Url::parse(&text) {
+            Ok(url) if url.host().is_some() && url.port_or_known_default().is_some() => url,
+            Ok(_) => return plan_err!("worker '{item}' names no host and port"),
+            Err(e) => return plan_err!("worker '{item}' is not host:port or a URL: {e}"),
+        };
+        if url.scheme() != "http" && url.scheme() != "https" {
+            return plan_err!("worker '{item}': only http:// and https:// workers are reached");
+        }
+        workers.push(url);
+    }
+    if workers.is_empty() {
+        return plan_err!("no worker in '{list}'");
+    }
+    Ok(workers)
+}
+
+/// `builder` planning its queries for `workers`: stages of the physical
+/// plan run on them, zarrfusion's nodes serialized by [`ZarrCodec`] and
+/// Zarr scans split into tasks by their bytes.
+pub fn distribute(builder: SessionStateBuilder, workers: Vec<Url>) -> SessionStateBuilder {
+    builder
+        .with_distributed_worker_resolver(FixedWorkers(workers))
+        .with_distributed_planner()
+        .with_distributed_user_codec(ZarrCodec::default())
+        .with_distributed_desired_task_count_handler(scan_tasks)
+        .with_distributed_scale_up_leaf_node_handler(deal_scan_blocks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_are_host_port_pairs_or_urls() {
+        let parsed = parse_workers("127.0.0.1:50051, http://node2:7000").unwrap();
+        let as_text: Vec<String> = parsed.iter().map(Url::to_string).collect();
+        assert_eq!(as_text, ["http://127.0.0.1:50051/", "http://node2:7000/"]);
+        for bad in ["", " , ", "ftp://x:1", "http://:1"] {
+            assert!(parse_workers(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

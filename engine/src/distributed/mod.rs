@@ -1,0 +1,49 @@
+//! The same plans on a cluster: a session with workers hands the stages of
+//! its physical plans to `zarrfusion worker` processes through
+//! [datafusion-distributed](https://github.com/datafusion-contrib/datafusion-distributed)
+//! (Arrow Flight over gRPC); zarrfusion adds no protocol or scheduler of
+//! its own.
+//!
+//! - [`codec`]: how zarrfusion's plan nodes cross the network. A Zarr scan
+//!   travels as the location and options of its table, its projection,
+//!   selection and blocks; the worker opens the table again (with its own
+//!   `allowed_locations`) and checks everything it was sent.
+//! - [`tasks`]: how many tasks a scan's stage gets (its decoded bytes over
+//!   `zarrfusion.bytes_per_task`) and how its blocks are dealt to them.
+//! - [`cluster`]: a session's side: the workers' addresses and the
+//!   distributed planner, added to the session state ([`crate::session`]
+//!   builds it).
+//! - [`worker`]: a worker's side: the session each query gets (zarrfusion's
+//!   functions, settings and codec, the worker's memory limit) and the gRPC
+//!   server.
+//!
+//! ```no_run
+//! # async fn example() -> datafusion::error::Result<()> {
+//! use zarrfusion::distributed::parse_workers;
+//! use zarrfusion::{distributed_context, session_config, ZarrContextExt};
+//! use std::collections::HashMap;
+//! use std::sync::Arc;
+//!
+//! // `zarrfusion worker --listen 127.0.0.1:50051` runs on each machine.
+//! let workers = parse_workers("127.0.0.1:50051,127.0.0.1:50052")?;
+//! let runtime = Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default());
+//! let ctx = distributed_context(session_config(), runtime, workers);
+//! ctx.register_zarr("era5", "s3://bucket/era5.zarr", HashMap::new()).await?;
+//! ctx.sql("SELECT lat, avg(t2m) FROM era5 GROUP BY lat").await?.show().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The protocol is unauthenticated: workers must listen on a private
+//! network (or behind a TLS-terminating proxy), and a plan carries its
+//! tables' options, credentials given in `OPTIONS` included (credentials
+//! from the workers' own environment travel nowhere).
+
+pub mod cluster;
+pub mod codec;
+pub mod tasks;
+pub mod worker;
+
+pub use cluster::{distribute, parse_workers};
+pub use codec::ZarrCodec;
+pub use worker::{serve_worker, worker_session};

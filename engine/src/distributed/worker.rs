@@ -1,0 +1,63 @@
+//! A worker's side of a cluster: the session each query gets and the gRPC
+//! server (`zarrfusion worker --listen ADDR` runs [`serve_worker`]).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use datafusion::common::{exec_datafusion_err, Result};
+use datafusion::execution::registry::FunctionRegistry;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::SessionState;
+use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext};
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+
+use super::codec::ZarrCodec;
+use crate::config::ZarrConfig;
+
+/// The session a worker runs one query's tasks in: the engine's settings
+/// as the query sent them, the worker's own zarrfusion settings (`config`:
+/// `allowed_locations` and the rest, never taken from the sender),
+/// zarrfusion's functions and codec.
+pub fn worker_session(ctx: WorkerQueryContext, config: &ZarrConfig) -> SessionState {
+    let mut builder = ctx.builder;
+    if let Some(session) = builder.config().as_mut() {
+        session.options_mut().extensions.insert(config.clone());
+    }
+    let mut state = builder
+        .with_distributed_user_codec(ZarrCodec::default())
+        .build();
+    for udf in zarrfusion_udfs::all_scalar_functions() {
+        if let Err(e) = state.register_udf(udf) {
+            log::warn!("a worker could not register a zarrfusion function: {e}");
+        }
+    }
+    state
+}
+
+/// Serves tasks on `listener` until `shutdown` completes, each query in a
+/// [`worker_session`] with `config`, over `runtime` (its memory pool is
+/// the worker's `allowed_mem`).
+pub async fn serve_worker(
+    listener: TcpListener,
+    config: ZarrConfig,
+    runtime: Arc<RuntimeEnv>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let address = listener.local_addr().ok();
+    let config = Arc::new(config);
+    let worker = Worker::from_session_builder(move |ctx: WorkerQueryContext| {
+        let config = Arc::clone(&config);
+        async move { Ok(worker_session(ctx, &config)) }
+    })
+    .with_runtime_env(runtime);
+    Server::builder()
+        .add_service(worker.into_worker_server())
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+        .await
+        .map_err(|e| match address {
+            Some(address) => exec_datafusion_err!("the worker on {address} stopped: {e}"),
+            None => exec_datafusion_err!("the worker stopped: {e}"),
+        })
+}

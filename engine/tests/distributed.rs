@@ -1,0 +1,206 @@
+//! The same queries on a cluster: workers serving datafusion-distributed's
+//! gRPC protocol on 127.0.0.1 (real servers and connections, in this
+//! process), a session planning for them with Zarr scans split into many
+//! tasks. Every oracle query must give xarray's answer
+//! (`tests/fixtures/expected/queries.json`, written by `make_fixtures.py`);
+//! zarrfusion's codec must carry a scan whole and refuse a malformed one
+//! with an error. Real worker processes (`zarrfusion worker`) are started
+//! by the shell's tests (`cli/tests/worker.rs`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::{assert_rows, fixture, query_rows, repo_root};
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use url::Url;
+use zarrfusion::distributed::{serve_worker, ZarrCodec};
+use zarrfusion::table::ZarrScanExec;
+use zarrfusion::{distributed_context, new_context, session_config, ZarrConfig, ZarrContextExt};
+
+/// Workers on 127.0.0.1, stopped when dropped.
+struct Workers {
+    urls: Vec<Url>,
+    _stop: Vec<oneshot::Sender<()>>,
+}
+
+async fn start_workers(n: usize) -> Workers {
+    let mut urls = Vec::new();
+    let mut stop = Vec::new();
+    for _ in 0..n {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(serve_worker(
+            listener,
+            ZarrConfig::default(),
+            Arc::new(RuntimeEnv::default()),
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        urls.push(Url::parse(&format!("http://{address}")).unwrap());
+        stop.push(tx);
+    }
+    Workers { urls, _stop: stop }
+}
+
+fn table_options(dims: Option<&Value>) -> HashMap<String, String> {
+    let mut options = HashMap::new();
+    if let Some(Value::Array(dims)) = dims {
+        let names: Vec<&str> = dims.iter().map(|d| d.as_str().unwrap()).collect();
+        options.insert("dims".to_string(), names.join(","));
+    }
+    options
+}
+
+/// A session planning for `workers`, every few bytes of a scan a task of
+/// its own (each block its own task).
+async fn cluster_session(workers: &Workers) -> datafusion::prelude::SessionContext {
+    let ctx = distributed_context(
+        session_config(),
+        Arc::new(RuntimeEnv::default()),
+        workers.urls.clone(),
+    );
+    ctx.sql("SET zarrfusion.bytes_per_task = 1").await.unwrap();
+    ctx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
+    let workers = start_workers(2).await;
+    let path = repo_root().join("tests/fixtures/expected/queries.json");
+    let queries: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(queries.len() >= 15);
+    let mut distributed = 0;
+    for q in &queries {
+        let name = q["name"].as_str().unwrap();
+        let store = q["store"].as_str().unwrap();
+        let sql = q["sql"].as_str().unwrap();
+        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        let ctx = cluster_session(&workers).await;
+        ctx.register_zarr("t", &fixture(store), table_options(q.get("dims")))
+            .await
+            .unwrap_or_else(|e| panic!("registering {store}: {e}"));
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        if shown.contains("tasks=") && shown.contains("Network") {
+            distributed += 1;
+        }
+        let got = query_rows(&ctx, &format!("{name} through workers"), sql).await;
+        assert_rows(&format!("{name} through workers"), &got, &want);
+    }
+    assert!(
+        distributed * 2 >= queries.len(),
+        "only {distributed} of {} queries had a scan split over workers",
+        queries.len()
+    );
+}
+
+/// The scan of a filtered query, as the session planned it.
+async fn planned_scan(sql: &str) -> (datafusion::prelude::SessionContext, Arc<dyn ExecutionPlan>) {
+    let ctx = new_context();
+    ctx.register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let mut scans = Vec::new();
+    find_scans(&plan, &mut scans);
+    assert_eq!(scans.len(), 1, "one scan in {sql}");
+    (ctx, scans.remove(0))
+}
+
+fn find_scans(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<Arc<dyn ExecutionPlan>>) {
+    if plan.downcast_ref::<ZarrScanExec>().is_some() {
+        out.push(Arc::clone(plan));
+    }
+    for child in plan.children() {
+        find_scans(child, out);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_round_trips_through_the_codec_with_the_same_plan_and_rows() {
+    let sql = "SELECT * FROM t WHERE lat > 10 LIMIT 7";
+    let (ctx, scan) = planned_scan(sql).await;
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&scan), &codec).unwrap();
+    let task = ctx.task_ctx();
+    let back = physical_plan_from_bytes_with_extension_codec(&bytes, &task, &codec).unwrap();
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    assert_eq!(show(&back), show(&scan));
+    let want = collect(scan, Arc::clone(&task)).await.unwrap();
+    let got = collect(back, task).await.unwrap();
+    assert_eq!(got, want);
+    assert!(want.iter().map(|b| b.num_rows()).sum::<usize>() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
+    let (ctx, scan) = planned_scan("SELECT * FROM t WHERE lat > 10").await;
+    let codec = ZarrCodec::default();
+    let proto = datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {};
+    let mut buf = Vec::new();
+    use datafusion_proto::physical_plan::PhysicalExtensionCodec;
+    codec.try_encode(scan, &mut buf, &proto).unwrap();
+    let sent: Value = serde_json::from_slice(&buf).unwrap();
+    let task = ctx.task_ctx();
+    let decode = |v: &Value| {
+        codec
+            .try_decode(&serde_json::to_vec(v).unwrap(), &[], &task, &proto)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    decode(&sent).expect("the scan as sent");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("partitions", Value::from(u64::MAX), "partitions"),
+        ("partitions", Value::from(0), "partitions"),
+        ("tasks", Value::from(1u64 << 40), "tasks"),
+        ("batch_size", Value::from(0), "batch_size"),
+        ("projection", serde_json::json!([0, 99]), "column 99"),
+        ("selection", serde_json::json!([[{"start": 5, "end": 2}]]), "selection"),
+        (
+            "selection",
+            serde_json::json!([[{"start": 0, "end": 1}], [{"start": 0, "end": 1000000}], [{"start": 0, "end": 1}]]),
+            "selection",
+        ),
+        ("block_shape", serde_json::json!([0, 1, 1]), "blocks"),
+        ("block_shape", serde_json::json!([1]), "blocks"),
+        ("columns", serde_json::json!([["x", "Int8"]]), "changed"),
+    ];
+    for (field, value, says) in cases {
+        let mut bad = sent.clone();
+        bad[field] = value.clone();
+        let err = decode(&bad).expect_err(&format!("{field} = {value} accepted"));
+        assert!(err.contains(says), "{field} = {value}: {err}");
+    }
+    for garbage in [&b""[..], b"{", b"{\"node\":\"nothing\"}", b"\xff\xfe"] {
+        let err = codec
+            .try_decode(garbage, &[], &task, &proto)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("malformed zarrfusion plan node"), "{err}");
+    }
+}
