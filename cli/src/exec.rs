@@ -130,8 +130,7 @@ impl Shell {
         statement: Statement,
     ) -> Result<(datafusion::arrow::datatypes::SchemaRef, Vec<RecordBatch>), DataFusionError> {
         let plan = self.ctx.state().statement_to_plan(statement).await?;
-        let plan = zarrfusion::config::apply_runtime_settings(&self.ctx, plan)?;
-        let df = self.ctx.execute_logical_plan(plan).await?;
+        let df = zarrfusion::session::execute_plan(&self.ctx, plan).await?;
         let schema = df.schema().inner().clone();
         let mut stream = df.execute_stream().await?;
         let mut batches = Vec::new();

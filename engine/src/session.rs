@@ -22,12 +22,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray};
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::common::{exec_err, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::planner::RelationPlanner;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
+use datafusion_distributed::display_plan_ascii;
 use url::Url;
 
 use crate::array::copy::CopyToArraysRule;
@@ -35,7 +38,7 @@ use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
 use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule};
 use crate::config::{apply_runtime_settings, ZarrConfig};
-use crate::distributed::distribute;
+use crate::distributed::{distribute, ClusterWorkers};
 use crate::progress::ScanProgress;
 use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
 use crate::write::ZarrFormatFactory;
@@ -147,8 +150,55 @@ fn build_context(
 /// ([`apply_runtime_settings`]).
 pub async fn sql(ctx: &SessionContext, text: &str) -> Result<DataFrame> {
     let plan = ctx.state().create_logical_plan(text).await?;
+    execute_plan(ctx, plan).await
+}
+
+/// Runs a planned statement as [`sql`] does (for front doors that parse
+/// statements themselves): runtime settings applied, `EXPLAIN` in a session
+/// with workers showing the distributed plan.
+pub async fn execute_plan(ctx: &SessionContext, plan: LogicalPlan) -> Result<DataFrame> {
+    if let Some(explained) = explain_distributed(ctx, &plan).await? {
+        return Ok(explained);
+    }
     ctx.execute_logical_plan(apply_runtime_settings(ctx, plan)?)
         .await
+}
+
+/// `EXPLAIN` (not `ANALYZE`) in a session with workers: the logical plan
+/// and the distributed plan (stages, their tasks, what crosses the
+/// network), which DataFusion's own `EXPLAIN` does not plan.
+async fn explain_distributed(
+    ctx: &SessionContext,
+    plan: &LogicalPlan,
+) -> Result<Option<DataFrame>> {
+    let LogicalPlan::Explain(explain) = plan else {
+        return Ok(None);
+    };
+    if ctx
+        .state()
+        .config()
+        .get_extension::<ClusterWorkers>()
+        .is_none()
+    {
+        return Ok(None);
+    }
+    let state = ctx.state();
+    let physical = state.create_physical_plan(&explain.plan).await?;
+    let logical = state.optimize(&explain.plan)?;
+    let batch = RecordBatch::try_from_iter([
+        (
+            "plan_type",
+            Arc::new(StringArray::from(vec!["logical_plan", "distributed_plan"])) as ArrayRef,
+        ),
+        (
+            "plan",
+            Arc::new(StringArray::from(vec![
+                logical.display_indent().to_string(),
+                display_plan_ascii(physical.as_ref(), false),
+            ])) as ArrayRef,
+        ),
+    ])?;
+    ctx.read_batch(batch).map(Some)
 }
 
 /// Registering Zarr stores with a `SessionContext`.

@@ -179,7 +179,11 @@ async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
         ("tasks", Value::from(1u64 << 40), "tasks"),
         ("batch_size", Value::from(0), "batch_size"),
         ("projection", serde_json::json!([0, 99]), "column 99"),
-        ("selection", serde_json::json!([[{"start": 5, "end": 2}]]), "selection"),
+        (
+            "selection",
+            serde_json::json!([[{"start": 5, "end": 2}]]),
+            "selection",
+        ),
         (
             "selection",
             serde_json::json!([[{"start": 0, "end": 1}], [{"start": 0, "end": 1000000}], [{"start": 0, "end": 1}]]),

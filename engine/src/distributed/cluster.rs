@@ -1,6 +1,8 @@
 //! A session's side of a cluster: where its workers are, and the
 //! distributed planner with zarrfusion's codec and task handlers.
 
+use std::sync::Arc;
+
 use datafusion::common::{plan_err, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion_distributed::{DistributedExt, SessionStateBuilderExt, WorkerResolver};
@@ -12,6 +14,10 @@ use super::tasks::{deal_scan_blocks, scan_tasks};
 /// Workers at fixed addresses.
 #[derive(Debug, Clone)]
 struct FixedWorkers(Vec<Url>);
+
+/// The workers of a session with workers (a session config extension).
+#[derive(Debug, Clone)]
+pub struct ClusterWorkers(pub Vec<Url>);
 
 impl WorkerResolver for FixedWorkers {
     fn get_urls(&self) -> Result<Vec<Url>> {
@@ -48,7 +54,10 @@ pub fn parse_workers(list: &str) -> Result<Vec<Url>> {
 /// `builder` planning its queries for `workers`: stages of the physical
 /// plan run on them, zarrfusion's nodes serialized by [`ZarrCodec`] and
 /// Zarr scans split into tasks by their bytes.
-pub fn distribute(builder: SessionStateBuilder, workers: Vec<Url>) -> SessionStateBuilder {
+pub fn distribute(mut builder: SessionStateBuilder, workers: Vec<Url>) -> SessionStateBuilder {
+    if let Some(config) = builder.config().as_mut() {
+        config.set_extension(Arc::new(ClusterWorkers(workers.clone())));
+    }
     builder
         .with_distributed_worker_resolver(FixedWorkers(workers))
         .with_distributed_planner()

@@ -44,6 +44,6 @@ pub mod codec;
 pub mod tasks;
 pub mod worker;
 
-pub use cluster::{distribute, parse_workers};
+pub use cluster::{distribute, parse_workers, ClusterWorkers};
 pub use codec::ZarrCodec;
 pub use worker::{serve_worker, worker_session};
