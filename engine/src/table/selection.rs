@@ -55,9 +55,9 @@ impl Selection {
         }
     }
 
-    /// The selection of `ranges` (per dimension: sorted, disjoint and not
-    /// empty, within `shape`), as another process sent it; an error says
-    /// what does not hold.
+    /// The selection of `ranges` (per dimension: sorted, not overlapping,
+    /// not empty, within `shape`), as another process sent it; an error
+    /// says what does not hold.
     pub fn from_ranges(
         ranges: Vec<Vec<Range<u64>>>,
         shape: &[u64],
@@ -72,9 +72,9 @@ impl Selection {
         for (d, (runs, &len)) in ranges.iter().zip(shape).enumerate() {
             let mut end = 0u64;
             for (i, r) in runs.iter().enumerate() {
-                if r.start >= r.end || r.end > len || (i > 0 && r.start <= end) {
+                if r.start >= r.end || r.end > len || (i > 0 && r.start < end) {
                     return Err(format!(
-                        "dimension {d}: range {}..{} is empty, out of 0..{len} or not after \
+                        "dimension {d}: range {}..{} is empty, out of 0..{len} or overlaps \
                          the one before it",
                         r.start, r.end
                     ));
