@@ -569,6 +569,48 @@ fn sql_examples_give_the_same_answers_through_two_worker_processes() {
     let plan = stdout(&explain);
     assert!(explain.status.success(), "{}", stderr(&explain));
     assert!(plan.contains("tasks="), "{plan}");
+    // After running: each stage's metrics, and only the partial
+    // aggregates' states cross the shuffle (a row per latitude and task),
+    // not the scanned rows.
+    let analyze = zarrfusion(&[
+        "-q",
+        "--format",
+        "csv",
+        "--workers",
+        &list,
+        "-c",
+        "SET zarrfusion.bytes_per_task = 1",
+        "-c",
+        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
+        "-c",
+        "EXPLAIN ANALYZE SELECT lat, avg(t2m) FROM era5 GROUP BY lat",
+    ]);
+    let plan = stdout(&analyze);
+    assert!(analyze.status.success(), "{}", stderr(&analyze));
+    let number_after = |line: &str, key: &str| -> u64 {
+        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
+        rest.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    };
+    let shuffle = plan
+        .lines()
+        .find(|l| l.contains("NetworkShuffleExec") && l.contains("metrics="))
+        .unwrap_or_else(|| panic!("no shuffle with metrics in {plan}"));
+    let scan = plan
+        .lines()
+        .find(|l| l.contains("ZarrScanExec"))
+        .unwrap_or_else(|| panic!("no scan in {plan}"));
+    let (shuffled, scanned) = (
+        number_after(shuffle, "output_rows="),
+        number_after(scan, "rows="),
+    );
+    assert!(
+        shuffled > 0 && shuffled * 100 < scanned,
+        "{shuffled} of {scanned} rows shuffled"
+    );
 }
 
 #[test]
