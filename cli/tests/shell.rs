@@ -526,6 +526,24 @@ impl Drop for WorkerProcess {
     }
 }
 
+/// Runs `sql` over the demo's era5 on `workers` (every block a task of its
+/// own), printing CSV.
+fn on_workers(workers: &str, sql: &str) -> Output {
+    zarrfusion(&[
+        "-q",
+        "--format",
+        "csv",
+        "--workers",
+        workers,
+        "-c",
+        "SET zarrfusion.bytes_per_task = 1",
+        "-c",
+        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
+        "-c",
+        sql,
+    ])
+}
+
 #[test]
 fn sql_examples_give_the_same_answers_through_two_worker_processes() {
     let workers = [WorkerProcess::start(), WorkerProcess::start()];
@@ -555,36 +573,17 @@ fn sql_examples_give_the_same_answers_through_two_worker_processes() {
     }
     assert_eq!(checked, 7);
     // The plan did go to the workers: its scans are split into tasks.
-    let explain = zarrfusion(&[
-        "-q",
-        "--workers",
-        &list,
-        "-c",
-        "SET zarrfusion.bytes_per_task = 1",
-        "-c",
-        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
-        "-c",
-        "EXPLAIN SELECT lat, avg(t2m) FROM era5 GROUP BY lat",
-    ]);
+    let explain = on_workers(&list, "EXPLAIN SELECT lat, avg(t2m) FROM era5 GROUP BY lat");
     let plan = stdout(&explain);
     assert!(explain.status.success(), "{}", stderr(&explain));
     assert!(plan.contains("tasks="), "{plan}");
     // After running: each stage's metrics, and only the partial
     // aggregates' states cross the shuffle (a row per latitude and task),
     // not the scanned rows.
-    let analyze = zarrfusion(&[
-        "-q",
-        "--format",
-        "csv",
-        "--workers",
+    let analyze = on_workers(
         &list,
-        "-c",
-        "SET zarrfusion.bytes_per_task = 1",
-        "-c",
-        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
-        "-c",
         "EXPLAIN ANALYZE SELECT lat, avg(t2m) FROM era5 GROUP BY lat",
-    ]);
+    );
     let plan = stdout(&analyze);
     assert!(analyze.status.success(), "{}", stderr(&analyze));
     let number_after = |line: &str, key: &str| -> u64 {
@@ -621,17 +620,7 @@ fn a_query_on_a_dead_worker_fails_at_once_naming_it() {
     drop(dead);
     let list = format!("{},{}", alive.address, dead_address);
     let started = std::time::Instant::now();
-    let output = zarrfusion(&[
-        "-q",
-        "--workers",
-        &list,
-        "-c",
-        "SET zarrfusion.bytes_per_task = 1",
-        "-c",
-        "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
-        "-c",
-        "SELECT lat, avg(t2m) FROM era5 GROUP BY lat",
-    ]);
+    let output = on_workers(&list, "SELECT lat, avg(t2m) FROM era5 GROUP BY lat");
     let err = stderr(&output);
     assert_eq!(output.status.code(), Some(1), "{err}");
     assert!(

@@ -91,13 +91,7 @@ async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
         ctx.register_zarr("t", &fixture(store), table_options(q.get("dims")))
             .await
             .unwrap_or_else(|e| panic!("registering {store}: {e}"));
-        let plan = ctx
-            .sql(sql)
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
+        let plan = physical_plan(&ctx, sql).await;
         let shown = displayable(plan.as_ref()).indent(true).to_string();
         if shown.contains("tasks=") && shown.contains("Network") {
             distributed += 1;
@@ -112,19 +106,26 @@ async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
     );
 }
 
+/// The physical plan `ctx` makes of `sql`.
+async fn physical_plan(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+) -> Arc<dyn ExecutionPlan> {
+    ctx.sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap()
+}
+
 /// The scan of a filtered query, as the session planned it.
 async fn planned_scan(sql: &str) -> (datafusion::prelude::SessionContext, Arc<dyn ExecutionPlan>) {
     let ctx = new_context();
     ctx.register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
         .await
         .unwrap();
-    let plan = ctx
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
+    let plan = physical_plan(&ctx, sql).await;
     let mut scans = Vec::new();
     find_scans(&plan, &mut scans);
     assert_eq!(scans.len(), 1, "one scan in {sql}");

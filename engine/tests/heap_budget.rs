@@ -308,15 +308,45 @@ fn scans_reductions_copies_and_rechunks_of_a_grid_twice_allowed_mem_stay_within_
     }
 }
 
+/// Windows of `sizes` over variable `t` of the store at `store`, every
+/// window of its default table, indexed with `index`.
+fn windows_of_t(
+    store: &Path,
+    env: &datafusion::execution::runtime_env::RuntimeEnv,
+    sizes: &[(&str, u64)],
+    index: &zarrfusion::windows::IndexOptions,
+) -> zarrfusion::windows::Windows {
+    use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
+    use zarrfusion::windows::{SampleSpec, WindowShape, Windows};
+    let dataset = ZarrDataset::open(
+        &store.display().to_string(),
+        &ZarrTableOptions::default(),
+        env,
+    )
+    .unwrap();
+    let table = Arc::new(dataset.table(None).unwrap());
+    let window_shape = WindowShape {
+        sizes: sizes.iter().map(|&(d, n)| (d.to_string(), n)).collect(),
+        overlaps: vec![],
+    };
+    let selection = Selection::all(&table.shape());
+    Windows::new(
+        table,
+        &["t".to_string()],
+        selection,
+        &window_shape,
+        &SampleSpec::default(),
+        index,
+    )
+    .unwrap()
+}
+
 /// The window loader over the same grid, blocks of 512 KiB, a shuffle
 /// buffer of 1 MiB: an epoch of 5x5 windows in batches of 64, the index
 /// built beside it (at most half of the budget).
 #[test]
 fn a_loader_epoch_over_a_grid_twice_allowed_mem_stays_within_it() {
-    use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
-    use zarrfusion::windows::{
-        IndexOptions, LoaderOptions, SampleSpec, Shuffle, WindowLoader, WindowShape, Windows,
-    };
+    use zarrfusion::windows::{IndexOptions, LoaderOptions, Shuffle, WindowLoader};
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = common::scratch("heap-loader");
     let store = grid_store(&dir);
@@ -326,33 +356,13 @@ fn a_loader_epoch_over_a_grid_twice_allowed_mem_stays_within_it() {
     let env = datafusion::execution::runtime_env::RuntimeEnv::default();
     let mut windows_seen = 0u64;
     let peak = peak_during(|| {
-        let dataset = ZarrDataset::open(
-            &store.display().to_string(),
-            &ZarrTableOptions::default(),
-            &env,
-        )
-        .unwrap();
-        let table = Arc::new(dataset.table(None).unwrap());
-        let window_shape = WindowShape {
-            sizes: vec![("lat".into(), 5), ("lon".into(), 5)],
-            overlaps: vec![],
-        };
-        let selection = Selection::all(&table.shape());
         let index = IndexOptions {
             block_bytes: (allowed_mem / 16) as u64,
             threads: 1,
             memory_limit: Some(allowed_mem / 2),
             ..IndexOptions::default()
         };
-        let windows = Windows::new(
-            table,
-            &["t".to_string()],
-            selection,
-            &window_shape,
-            &SampleSpec::default(),
-            &index,
-        )
-        .unwrap();
+        let windows = windows_of_t(&store, &env, &[("lat", 5), ("lon", 5)], &index);
         let options = LoaderOptions {
             batch_size: 64,
             shuffle: Shuffle::Block {
@@ -379,10 +389,7 @@ fn a_loader_epoch_over_a_grid_twice_allowed_mem_stays_within_it() {
 /// stay alive until it is sent.
 #[test]
 fn a_batch_drawing_from_many_blocks_stays_within_allowed_mem() {
-    use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
-    use zarrfusion::windows::{
-        IndexOptions, LoaderOptions, SampleSpec, Shuffle, WindowLoader, WindowShape, Windows,
-    };
+    use zarrfusion::windows::{IndexOptions, LoaderOptions, Shuffle, WindowLoader};
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = common::scratch("heap-loader-sparse");
     let shape = [64u64, 180, 360];
@@ -407,33 +414,18 @@ fn a_batch_drawing_from_many_blocks_stays_within_allowed_mem() {
     let runtime = runtime();
     let _entered = runtime.enter();
     let env = datafusion::execution::runtime_env::RuntimeEnv::default();
-    let dataset = ZarrDataset::open(
-        &store.display().to_string(),
-        &ZarrTableOptions::default(),
-        &env,
-    )
-    .unwrap();
-    let table = Arc::new(dataset.table(None).unwrap());
-    let window_shape = WindowShape {
-        sizes: vec![("time".into(), 8), ("lat".into(), 15), ("lon".into(), 15)],
-        overlaps: vec![],
-    };
-    let selection = Selection::all(&table.shape());
     let index = IndexOptions {
         block_bytes: 512 << 10,
         threads: 1,
         cache: None,
         ..IndexOptions::default()
     };
-    let windows = Windows::new(
-        table,
-        &["t".to_string()],
-        selection,
-        &window_shape,
-        &SampleSpec::default(),
+    let windows = windows_of_t(
+        &store,
+        &env,
+        &[("time", 8), ("lat", 15), ("lon", 15)],
         &index,
-    )
-    .unwrap();
+    );
     // Indexed first: nothing is built beside the epoch.
     let total = windows.index().unwrap().total;
     assert_eq!(total, 8 * 2 * 4, "one window a chunk");

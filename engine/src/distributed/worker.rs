@@ -22,9 +22,12 @@ use crate::config::ZarrConfig;
 /// zarrfusion's functions and codec.
 pub fn worker_session(ctx: WorkerQueryContext, config: &ZarrConfig) -> SessionState {
     let mut builder = ctx.builder;
-    if let Some(session) = builder.config().as_mut() {
-        session.options_mut().extensions.insert(config.clone());
-    }
+    builder
+        .config()
+        .get_or_insert_default()
+        .options_mut()
+        .extensions
+        .insert(config.clone());
     let mut state = builder
         .with_distributed_user_codec(ZarrCodec::default())
         .build();
