@@ -520,6 +520,49 @@ def test_a_copy_to_s3_writes_with_the_options_it_is_given(s3, tmp_path):
     assert not (tmp_path / "local.zarr").exists()
 
 
+def test_a_bucket_given_disagreeing_options_refuses_statements_without_options(s3, tmp_path):
+    """Two tables reach one bucket through different endpoints (the proxy,
+    and the server straight): each reads with its own client and answers
+    as xarray does, and a COPY or a table on the bucket without options is
+    refused naming the differing key (never a value), writing nothing,
+    instead of using whichever table came last. Options differing only in
+    retries leave the bucket's client usable."""
+    import xarray as xr
+
+    want = xr.open_zarr(FIXTURES / "v3_basic.zarr").t2m.to_numpy()
+    agreeing = zf.SessionContext()
+    agreeing.register_zarr("a", "s3://fixtures/v3_basic.zarr", **s3.options())
+    agreeing.register_zarr("b", "s3://fixtures/v3_basic.zarr", **s3.options(**{"retry.max_retries": "2"}))
+    agreeing.sql("COPY a TO 's3://fixtures/copies/agreeing.zarr' STORED AS ZARR").collect()
+    got = xr.open_zarr(download(s3, "copies/agreeing.zarr", tmp_path / "agreeing.zarr"))
+    np.testing.assert_array_equal(got.t2m.to_numpy(), want)
+
+    ctx = zf.SessionContext()
+    ctx.register_zarr("proxied", "s3://fixtures/v3_basic.zarr", **s3.options())
+    ctx.register_zarr("straight", "s3://fixtures/v3_basic.zarr", **s3.options(through_proxy=False))
+    s3.proxy.reset()
+    gets = []
+    for table in ("proxied", "straight"):
+        total = ctx.sql(f"SELECT sum(t2m) AS s, count(t2m) AS n FROM {table}").to_arrow_table().to_pydict()
+        assert total["n"][0] == np.isfinite(want).sum()
+        assert total["s"][0] == pytest.approx(float(np.nansum(want.astype("float64"))), rel=1e-6)
+        gets.append(s3.proxy.stats()["methods"].get("GET", 0))
+    # Each read with its own client: only the proxied table's went through the proxy.
+    assert gets[0] > 0 and gets[1] == gets[0], gets
+    with pytest.raises(zf.ZarrFusionError, match="aws.endpoint") as refused:
+        ctx.sql("COPY proxied TO 's3://fixtures/copies/ambiguous.zarr' STORED AS ZARR").collect()
+    assert "cannot tell which" in str(refused.value)
+    assert s3.proxy_endpoint not in str(refused.value) and s3.endpoint not in str(refused.value)
+    assert s3.keys("copies/ambiguous.zarr/") == []
+    with pytest.raises(zf.ZarrFusionError, match="cannot tell which"):
+        ctx.register_zarr("bare", "s3://fixtures/v3_basic.zarr")
+    # With its own options the COPY goes through.
+    options = ", ".join(f"'{k}' '{v}'" for k, v in s3.options().items())
+    ctx.sql(f"COPY straight TO 's3://fixtures/copies/ambiguous.zarr' STORED AS ZARR OPTIONS ({options})").collect()
+    got = xr.open_zarr(download(s3, "copies/ambiguous.zarr", tmp_path / "ambiguous.zarr"))
+    np.testing.assert_array_equal(got.t2m.to_numpy(), want)
+
+
 def _host() -> str:
     """This machine's name as zarrfusion's claims carry it."""
     import re

@@ -114,6 +114,16 @@ pub struct GridTable {
 }
 
 impl GridTable {
+    /// The object-store options the table was opened with (its `OPTIONS`;
+    /// empty for a local store or a table made here), for reading its
+    /// store again with the same client.
+    pub fn storage_options(&self) -> HashMap<String, String> {
+        self.source
+            .as_ref()
+            .map(|s| s.options.storage.clone())
+            .unwrap_or_default()
+    }
+
     /// The grid's shape.
     pub fn shape(&self) -> Vec<u64> {
         self.dims.iter().map(|d| d.len).collect()

@@ -3,6 +3,7 @@
 
 mod allowed;
 mod array;
+mod bucket;
 mod buffer_pool;
 mod decode;
 mod hierarchy;

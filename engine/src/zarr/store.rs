@@ -8,8 +8,10 @@
 //! table's `OPTIONS`, as `datafusion-cli` does (`aws.region`,
 //! `aws.access_key_id`, `aws.skip_signature`, `gcp.service_account_path`,
 //! `azure.account_name`, ...), and registered for later queries. A table
-//! that gives object-store options gets a store built from them (and
-//! registered in place of the one before), so its settings apply to it.
+//! that gives object-store options gets a store built from them, so its
+//! settings apply to it; two statements that give a bucket options reaching
+//! different servers or principals leave it ambiguous for statements
+//! without options (see `bucket.rs`).
 //!
 //! Retries and time-outs are the object store's, set with `retry.*` and
 //! `client.*` options in the ecosystem's naming ([`retry_config`]):
@@ -34,6 +36,7 @@ use url::Url;
 use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableListableStorage, ReadableWritableListableStorage};
 
+use super::bucket::{self, ClientOptions};
 use super::network::CountingConnector;
 use super::remote::RemoteStorage;
 use crate::error::{Result, ZarrFusionError};
@@ -242,10 +245,11 @@ fn identity(
     format!("{url}\n{}\n{store}", endpoints.join("\n"))
 }
 
-/// The session's object store for `url` when `options` set nothing, else
-/// a new one built from the environment, `defaults` (the session's
-/// settings) and `options` (which win), and registered with the runtime
-/// (in place of the one before).
+/// The client the bucket's statements without options use when `options`
+/// set nothing (refused when statements disagreed about the bucket), else
+/// one built from the environment, `defaults` (the session's settings) and
+/// `options` (which win), shared with statements giving the same options
+/// ([`bucket`] says which one the bucket's registration then is).
 fn object_store_for(
     display: &str,
     url: &Url,
@@ -256,13 +260,27 @@ fn object_store_for(
     let root = ObjectStoreUrl::parse(format!("{}://{}", url.scheme(), url.authority()))
         .map_err(|e| ZarrFusionError::store(display, e))?;
     if options.is_empty() {
-        if let Ok(store) = runtime.object_store(&root) {
+        if let Some(store) = bucket::registered_client(&root, runtime)
+            .map_err(|e| ZarrFusionError::store(display, e))?
+        {
             return Ok(store);
         }
     }
     let mut merged = defaults.clone();
     merged.extend(options.iter().map(|(k, v)| (k.clone(), v.clone())));
-    let options = &merged;
+    bucket::client_for(&root, ClientOptions::new(&merged), runtime, || {
+        build_object_store(display, url, &root, &merged)
+    })
+}
+
+/// A client for the bucket of `url` built from the environment and
+/// `options`.
+fn build_object_store(
+    display: &str,
+    url: &Url,
+    root: &ObjectStoreUrl,
+    options: &HashMap<String, String>,
+) -> Result<Arc<dyn ObjectStore>> {
     let err = |e: &dyn std::fmt::Display| ZarrFusionError::store(display, e);
     let retry = retry_config(options).map_err(|e| err(&e))?;
     let client = client_options(options).map_err(|e| err(&e))?;
@@ -346,7 +364,6 @@ finish!(builder)
             ))
         }
     };
-    runtime.register_object_store(root.as_ref(), Arc::clone(&store));
     Ok(store)
 }
 

@@ -250,7 +250,8 @@ impl ArrayCopy {
             zarr_format: self.options.zarr_format,
         };
         let runtime = Arc::clone(session.runtime_env());
-        let rechunk = RechunkOptions::for_session(session.config_options(), &runtime)?;
+        let mut rechunk = RechunkOptions::for_session(session.config_options(), &runtime)?;
+        rechunk.source_storage = self.table.storage_options();
         let source = self.table.store.clone();
         let chunks = self.options.chunks.clone();
         let prepared = tokio::task::spawn_blocking(move || {

@@ -272,6 +272,10 @@ impl RechunkedVariable {
         // The variable only: the copy's coordinates are the source's, held
         // already (reading them back would hold them twice).
         let arrays = vec![name.clone()];
+        let options = &RechunkOptions {
+            source_storage: grid.storage_options(),
+            ..options.clone()
+        };
         let prepared =
             PreparedRechunk::new_for(&grid.store, chunks, Some(&arrays), None, options, runtime)?;
         let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);

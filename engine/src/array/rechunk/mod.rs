@@ -86,6 +86,9 @@ pub struct RechunkOptions {
     /// The session's object-store settings, for a source in a bucket with
     /// no store registered yet.
     pub storage_defaults: HashMap<String, String>,
+    /// The source's own object-store options (the `OPTIONS` of the table
+    /// it is read for); empty: the client registered for its bucket.
+    pub source_storage: HashMap<String, String>,
     /// The locations the session may reach: the source, the target and the
     /// work directory must be under them.
     pub allowed: AllowedLocations,
@@ -100,6 +103,7 @@ impl Default for RechunkOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             io_concurrency: ZarrConfig::default().io_concurrency,
             storage_defaults: HashMap::new(),
+            source_storage: HashMap::new(),
             allowed: AllowedLocations::default(),
         }
     }
@@ -269,7 +273,7 @@ fn open_jobs(
     let opened = open_storage(
         source,
         &location,
-        &HashMap::new(),
+        &options.source_storage,
         &options.storage_defaults,
         runtime,
     )?;

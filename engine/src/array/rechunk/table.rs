@@ -229,8 +229,9 @@ impl TableProvider for RechunkTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let runtime = Arc::clone(state.runtime_env());
-        let options = RechunkOptions::for_session(state.config_options(), &runtime)?;
+        let mut options = RechunkOptions::for_session(state.config_options(), &runtime)?;
         let grid = self.source.grid();
+        options.source_storage = grid.storage_options();
         let store = grid.store.clone();
         let chunks = self.chunks.clone();
         let (prepared, guard) = {
