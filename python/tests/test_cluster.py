@@ -7,7 +7,11 @@ from __future__ import annotations
 import os
 import pathlib
 import select
+import signal
 import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pandas as pd
@@ -16,20 +20,23 @@ import xarray as xr
 
 import zarrfusion as zf
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "s3"))
+import s3_server  # noqa: E402
+
 
 def _binary() -> pathlib.Path:
     target = os.environ.get("CARGO_TARGET_DIR") or pathlib.Path.home() / ".cache" / "zarrfusion-target"
     return pathlib.Path(target) / "debug" / "zarrfusion"
 
 
-@pytest.fixture(scope="module")
-def workers():
+def _start_workers(n: int) -> tuple[list[subprocess.Popen], list[str]]:
+    """``n`` worker processes on free loopback ports, and their addresses."""
     binary = _binary()
     if not binary.exists():
         pytest.fail(f"{binary} is not built: run `cargo build --workspace` first")
     processes, addresses = [], []
     try:
-        for _ in range(2):
+        for _ in range(n):
             p = subprocess.Popen(
                 [str(binary), "worker", "--listen", "127.0.0.1:0"],
                 stdout=subprocess.PIPE,
@@ -42,11 +49,24 @@ def workers():
             line = p.stdout.readline().strip()
             assert line.startswith("zarrfusion worker listening on "), line
             addresses.append(line.rsplit(" ", 1)[-1])
-        yield addresses
-    finally:
-        for p in processes:
-            p.terminate()
-            p.wait(timeout=30)
+    except BaseException:
+        _stop(processes)
+        raise
+    return processes, addresses
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    for p in processes:
+        p.terminate()
+    for p in processes:
+        p.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    processes, addresses = _start_workers(2)
+    yield addresses
+    _stop(processes)
 
 
 @pytest.mark.parametrize("store", ["v2_basic.zarr", "v3_basic.zarr"])
@@ -82,3 +102,62 @@ def test_workers_are_a_list_of_addresses():
         zf.SessionContext(workers="127.0.0.1:50051")
     with pytest.raises(ValueError, match="workers"):
         zf.SessionContext(workers=["ftp://node:1"])
+
+
+def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_nothing(fixtures, tmp_path):
+    """Two workers read a bucket through the tests' proxy at 1.5 s a
+    request, so the query is in flight for seconds; one worker is killed
+    (SIGKILL) one second in, or stopped (SIGSTOP). The query fails within 60 s (no hang, no
+    partial result) with an error naming the killed worker and its stage,
+    and so does a COPY of a GROUP BY (its partial aggregates computed on
+    the workers) to Zarr, leaving nothing in the target's directory."""
+    server = s3_server.start({"v3_basic.zarr": fixtures / "v3_basic.zarr"}, bucket="cluster")
+    processes, addresses = _start_workers(2)
+    try:
+        for case in ("query", "copy", "stopped"):
+            ctx = zf.SessionContext(workers=addresses, config={"zarrfusion.bytes_per_task": 1})
+            ctx.register_zarr("t", "s3://cluster/v3_basic.zarr", **server.options())
+            server.proxy.configure(latency_ms=1500)
+            out = tmp_path / case
+            out.mkdir()
+            sql = {
+                "query": "SELECT lat, avg(t2m) FROM t GROUP BY lat",
+                "stopped": "SELECT lat, avg(t2m) FROM t GROUP BY lat",
+                "copy": f"COPY (SELECT lat, avg(t2m) AS t FROM t GROUP BY lat) TO '{out / 'means.zarr'}' STORED AS ZARR",
+            }[case]
+            outcome: dict = {}
+
+            def run() -> None:
+                try:
+                    outcome["rows"] = ctx.sql(sql).to_pandas()
+                except Exception as e:  # the failure this test waits for
+                    outcome["error"] = e
+
+            started = time.monotonic()
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            time.sleep(1.0)
+            assert thread.is_alive(), f"{case}: done before the worker was killed: {outcome}"
+            if case == "stopped":
+                # Alive but silent (SIGSTOP): its connections stay open, so
+                # only the keep-alive pings (20 s unanswered) end the wait.
+                os.kill(processes[1].pid, signal.SIGSTOP)
+                thread.join(timeout=60)
+                processes[1].kill()
+            else:
+                processes[1].kill()
+                thread.join(timeout=60)
+            processes[1].wait(timeout=30)
+            elapsed = time.monotonic() - started
+            assert not thread.is_alive(), f"{case}: still running 60 s after the worker was killed"
+            assert "error" in outcome, f"{case}: answered without a worker: {outcome}"
+            message = str(outcome["error"])
+            print(f"{case}: failed after {elapsed:.1f} s: {message}")
+            assert f"worker http://{addresses[1]}" in message and "stage" in message, message
+            assert list(out.iterdir()) == [], f"{case}: left {list(out.rglob('*'))}"
+            server.proxy.configure()
+            processes_left, addresses_left = _start_workers(1)
+            processes[1], addresses[1] = processes_left[0], addresses_left[0]
+    finally:
+        _stop(processes)
+        server.stop()

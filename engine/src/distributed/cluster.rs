@@ -8,6 +8,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion_distributed::{DistributedExt, SessionStateBuilderExt, WorkerResolver};
 use url::Url;
 
+use super::channel::WorkerChannels;
 use super::codec::ZarrCodec;
 use super::tasks::{deal_scan_blocks, scan_tasks};
 
@@ -52,14 +53,16 @@ pub fn parse_workers(list: &str) -> Result<Vec<Url>> {
 }
 
 /// `builder` planning its queries for `workers`: stages of the physical
-/// plan run on them, zarrfusion's nodes serialized by [`ZarrCodec`] and
-/// Zarr scans split into tasks by their bytes.
+/// plan run on them, zarrfusion's nodes serialized by [`ZarrCodec`], Zarr
+/// scans split into tasks by their bytes, workers reached through
+/// [`WorkerChannels`] (errors naming worker, stage and task).
 pub fn distribute(mut builder: SessionStateBuilder, workers: Vec<Url>) -> SessionStateBuilder {
     if let Some(config) = builder.config().as_mut() {
         config.set_extension(Arc::new(ClusterWorkers(workers.clone())));
     }
     builder
         .with_distributed_worker_resolver(FixedWorkers(workers))
+        .with_distributed_channel_resolver(WorkerChannels::default())
         .with_distributed_planner()
         .with_distributed_user_codec(ZarrCodec::default())
         .with_distributed_desired_task_count_handler(scan_tasks)

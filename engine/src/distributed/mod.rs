@@ -13,6 +13,8 @@
 //! - [`cluster`]: a session's side: the workers' addresses and the
 //!   distributed planner, added to the session state ([`crate::session`]
 //!   builds it).
+//! - [`channel`]: how workers are reached: keep-alive pings that notice a
+//!   worker gone quiet, errors naming the worker, stage and task.
 //! - [`worker`]: a worker's side: the session each query gets (zarrfusion's
 //!   functions, settings and codec, the worker's memory limit) and the gRPC
 //!   server.
@@ -39,6 +41,7 @@
 //! tables' options, credentials given in `OPTIONS` included (credentials
 //! from the workers' own environment travel nowhere).
 
+pub mod channel;
 pub mod cluster;
 pub mod codec;
 pub mod tasks;

@@ -13,14 +13,20 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
+use super::channel::WorkerChannels;
 use super::codec::ZarrCodec;
 use crate::config::ZarrConfig;
 
 /// The session a worker runs one query's tasks in: the engine's settings
 /// as the query sent them, the worker's own zarrfusion settings (`config`:
 /// `allowed_locations` and the rest, never taken from the sender),
-/// zarrfusion's functions and codec.
-pub fn worker_session(ctx: WorkerQueryContext, config: &ZarrConfig) -> SessionState {
+/// zarrfusion's functions and codec, and `channels` to reach the other
+/// workers (for shuffles).
+pub fn worker_session(
+    ctx: WorkerQueryContext,
+    config: &ZarrConfig,
+    channels: &WorkerChannels,
+) -> SessionState {
     let mut builder = ctx.builder;
     builder
         .config()
@@ -30,6 +36,7 @@ pub fn worker_session(ctx: WorkerQueryContext, config: &ZarrConfig) -> SessionSt
         .insert(config.clone());
     let mut state = builder
         .with_distributed_user_codec(ZarrCodec::default())
+        .with_distributed_channel_resolver(channels.clone())
         .build();
     for udf in zarrfusion_udfs::all_scalar_functions() {
         if let Err(e) = state.register_udf(udf) {
@@ -50,9 +57,11 @@ pub async fn serve_worker(
 ) -> Result<()> {
     let address = listener.local_addr().ok();
     let config = Arc::new(config);
+    let channels = WorkerChannels::default();
     let worker = Worker::from_session_builder(move |ctx: WorkerQueryContext| {
         let config = Arc::clone(&config);
-        async move { Ok(worker_session(ctx, &config)) }
+        let channels = channels.clone();
+        async move { Ok(worker_session(ctx, &config, &channels)) }
     })
     .with_runtime_env(runtime);
     Server::builder()
