@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{assert_rows, fixture, query_rows, repo_root};
-use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::physical_plan::{collect_partitioned, displayable, ExecutionPlan};
 use datafusion_proto::bytes::{
     physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
@@ -33,6 +33,12 @@ struct Workers {
 }
 
 async fn start_workers(n: usize) -> Workers {
+    start_workers_in(n, || Arc::new(RuntimeEnv::default())).await
+}
+
+/// Workers each with the runtime `runtime` makes (its memory pool is the
+/// worker's allowed_mem).
+async fn start_workers_in(n: usize, runtime: impl Fn() -> Arc<RuntimeEnv>) -> Workers {
     let mut urls = Vec::new();
     let mut stop = Vec::new();
     for _ in 0..n {
@@ -42,7 +48,7 @@ async fn start_workers(n: usize) -> Workers {
         tokio::spawn(serve_worker(
             listener,
             ZarrConfig::default(),
-            Arc::new(RuntimeEnv::default()),
+            runtime(),
             async move {
                 let _ = rx.await;
             },
@@ -209,4 +215,57 @@ async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
             .to_string();
         assert!(err.contains("malformed zarrfusion plan node"), "{err}");
     }
+}
+
+/// A runtime whose memory pool (allowed_mem) is `bytes`.
+fn limited(bytes: usize) -> Arc<RuntimeEnv> {
+    RuntimeEnvBuilder::new()
+        .with_memory_limit(bytes, 1.0)
+        .build_arc()
+        .unwrap()
+}
+
+/// The session's allowed_mem stands for each worker's: a scan whose task
+/// cannot fit it is refused while the session plans, before any worker is
+/// asked; a worker with less memory than the session assumed refuses the
+/// task it receives before reading, naming itself, the stage and the
+/// numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
+    let sql = "SELECT lat, avg(t2m) FROM t GROUP BY lat";
+    let workers = start_workers(2).await;
+    let small = distributed_context(session_config(), limited(1024), workers.urls.clone());
+    small
+        .sql("SET zarrfusion.bytes_per_task = 1")
+        .await
+        .unwrap();
+    small
+        .register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let refused = small.sql(sql).await.unwrap().create_physical_plan().await;
+    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        message.contains("allowed_mem") && message.contains("needs"),
+        "planned a scan that cannot fit 1 KiB: {message}"
+    );
+
+    let tight = start_workers_in(2, || limited(1024)).await;
+    let ctx = cluster_session(&tight).await;
+    ctx.register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let plan = physical_plan(&ctx, sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(shown.contains("tasks=2"), "{shown}");
+    let failed = datafusion::physical_plan::collect(plan, ctx.task_ctx()).await;
+    let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
+    let named = tight
+        .urls
+        .iter()
+        .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
+    assert!(
+        named && message.contains("stage") && message.contains("allowed_mem"),
+        "a worker with 1 KiB ran the task, or its refusal does not say so: {message}"
+    );
 }

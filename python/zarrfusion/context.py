@@ -28,7 +28,9 @@ class SessionContext:
     any session setting, e.g. ``{"zarrfusion.dense_reduction": "false"}``;
     ``workers`` runs queries on a cluster of ``zarrfusion worker``
     processes (``["host1:50051", "host2:50051"]``; see docs/distributed.md):
-    each worker's ``allowed_mem`` is its own ``--memory-limit``.
+    each worker's ``allowed_mem`` is its own ``--memory-limit``, and this
+    session's ``allowed_mem`` stands for it while planning (a task that
+    cannot fit it is refused before any worker is asked).
     """
 
     def __init__(
