@@ -35,12 +35,12 @@ pub struct Args {
     pub format: Format,
 
     /// Memory the query engine may use, like 2GB or 512MB.
-    #[arg(short = 'm', long = "memory-limit")]
+    #[arg(short = 'm', long = "memory-limit", global = true)]
     pub memory_limit: Option<String>,
 
     /// Where intermediates go: a directory (also for spills) or an
     /// object-store URL (intermediate arrays).
-    #[arg(long = "work-dir")]
+    #[arg(long = "work-dir", global = true)]
     pub work_dir: Option<String>,
 
     /// Where FFTs run: auto (a GPU when one is usable, else the CPU), cpu
@@ -56,7 +56,7 @@ pub struct Args {
     /// Restrict the locations statements may read, write and work in to
     /// these directories and URL prefixes (repeatable; default: any), for
     /// a shell that runs SQL written by others. SQL cannot change it.
-    #[arg(long = "allow", value_name = "LOCATION")]
+    #[arg(long = "allow", value_name = "LOCATION", global = true)]
     pub allow: Vec<String>,
 
     /// Rows per record batch.
@@ -83,7 +83,8 @@ pub enum Mode {
     /// Serve a cluster's tasks (datafusion-distributed over gRPC) until
     /// Ctrl-C or SIGTERM. The protocol is unauthenticated: listen on a
     /// private network. --memory-limit is this worker's allowed_mem,
-    /// --allow its allowed locations (the sender's are not used).
+    /// --allow its allowed locations (the sender's are not used), --work-dir
+    /// where it spills; they may come before or after `worker`.
     Worker {
         /// Address to listen on, like 0.0.0.0:50051 (port 0: any free port;
         /// the address is printed on stdout once listening).

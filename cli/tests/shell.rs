@@ -491,10 +491,16 @@ impl WorkerProcess {
     /// Starts a worker on a free port and waits (up to 60 s) for the line
     /// saying where it listens.
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start) with more arguments after `worker --listen`.
+    fn start_with(more: &[&str]) -> Self {
         use std::io::{BufRead, BufReader};
         use std::process::Stdio;
         let mut child = Command::new(env!("CARGO_BIN_EXE_zarrfusion"))
             .args(["worker", "--listen", "127.0.0.1:0"])
+            .args(more)
             .current_dir(repo_root())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -630,4 +636,26 @@ fn a_query_on_a_dead_worker_fails_at_once_naming_it() {
     );
     assert!(err.contains(&dead_address), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `--memory-limit` after `worker` (as docs/distributed.md writes it) is
+/// the worker's allowed_mem: workers of 1 KB refuse their tasks before
+/// reading, and the query fails naming a worker, its stage and allowed_mem.
+#[test]
+fn a_worker_s_memory_limit_refuses_a_task_that_cannot_fit_it() {
+    let workers = [
+        WorkerProcess::start_with(&["--memory-limit", "1KB"]),
+        WorkerProcess::start_with(&["--memory-limit", "1KB"]),
+    ];
+    let list = format!("{},{}", workers[0].address, workers[1].address);
+    let out = on_workers(&list, "SELECT lat, avg(t2m) FROM era5 GROUP BY lat");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "ran on workers of 1 KB");
+    let named = workers
+        .iter()
+        .any(|w| stderr.contains(&format!("worker http://{}", w.address)));
+    assert!(
+        named && stderr.contains("stage") && stderr.contains("allowed_mem"),
+        "{stderr}"
+    );
 }

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Scale-out benchmark (issue 27): the same queries on one core in one process, and on two
+``zarrfusion worker`` processes each pinned to its own core, on this machine.
+
+    python bench/bench_cluster.py [--repeat 3] [--queries Q1,Q3] [--store bench/data/era5_1gb.zarr]
+
+Arms (every run a fresh shell process; workers started fresh for each run, not timed):
+
+* ``local 1 core (dense)``: ``taskset -c 0 zarrfusion ...``, zarrfusion's dense reduction
+  (the best single-node plan);
+* ``local 1 core (hash)``: the same with ``zarrfusion.dense_reduction = false``: the plan a
+  cluster runs (DataFusion's partial and final aggregates), on one core;
+* ``local 2 cores (hash)``: that plan in one process on both cores;
+* ``2 workers``: workers pinned to cores 0 and 1 (``taskset``), the session unpinned and
+  ``zarrfusion.bytes_per_task`` such that the scan gets one task per worker.
+
+A session with one worker runs a one-task stage in its own process (datafusion-distributed's
+routing), so "one worker" is the ``local 1 core (hash)`` arm. Times are the shell's wall time
+(process start to exit, the store's opening included); peak RSS is ``ru_maxrss`` of the
+shell and ``VmHWM`` of each worker. Network bytes are the ``output_bytes`` of every network
+boundary in one ``EXPLAIN ANALYZE`` run; bytes read are the scanned chunks' bytes on disk and
+decoded. Appends a section to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import re
+import select
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUERIES = {
+    "Q1": "SELECT lat, avg(t2m) FROM era5 GROUP BY lat ORDER BY lat",
+    "Q3": "SELECT lat, lon, avg(t2m*t2m) FROM era5 GROUP BY lat, lon",
+}
+UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+
+
+def binary() -> Path:
+    target = os.environ.get("CARGO_TARGET_DIR") or Path.home() / ".cache" / "zarrfusion-target"
+    return Path(os.environ.get("ZARRFUSION_BIN", Path(target) / "debug" / "zarrfusion"))
+
+
+def start_worker(core: int, memory: str) -> tuple[subprocess.Popen, str]:
+    p = subprocess.Popen(
+        ["taskset", "-c", str(core), str(binary()), "worker", "--listen", "127.0.0.1:0", "--memory-limit", memory],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    ready, _, _ = select.select([p.stdout], [], [], 60)
+    if not ready:
+        p.kill()
+        raise RuntimeError("a worker did not start within 60 s")
+    line = p.stdout.readline().strip()
+    return p, line.rsplit(" ", 1)[-1]
+
+
+def vm_hwm(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_child_rss(args: list[str], pin: str | None) -> tuple[float, int, str]:
+    """The shell's wall time, its own peak RSS (wait4) and stdout."""
+    argv = (["taskset", "-c", pin] if pin else []) + [str(binary()), *args]
+    out_path = Path("/tmp/bench_cluster.out")
+    with open(out_path, "w") as out, open("/tmp/bench_cluster.err", "w") as err:
+        start = time.perf_counter()
+        p = subprocess.Popen(argv, stdout=out, stderr=err)
+        _, status, usage = os.wait4(p.pid, 0)
+        elapsed = time.perf_counter() - start
+    if status != 0:
+        raise RuntimeError(f"{argv} failed: {Path('/tmp/bench_cluster.err').read_text()[-2000:]}")
+    return elapsed, usage.ru_maxrss * 1024, out_path.read_text()
+
+
+def network_bytes(explain: str) -> tuple[float, float]:
+    """Bytes out of every network boundary and rows scanned, from EXPLAIN ANALYZE."""
+    total = 0.0
+    for line in explain.splitlines():
+        if "Network" in line and "output_bytes=" in line:
+            m = re.search(r"output_bytes=([\d.]+) ?([KMG]?B)", line)
+            if m:
+                total += float(m.group(1)) * UNITS[m.group(2)]
+    scanned = 0.0
+    for line in explain.splitlines():
+        if "ZarrScanExec" in line and "output_rows=" in line:
+            m = re.search(r"output_rows=([\d.]+) ?([KMB]?)", line)
+            if m:
+                scanned = float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "B": 1e9}[m.group(2)]
+    return total, scanned
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--queries", default="Q1,Q3")
+    ap.add_argument("--store", default=str(ROOT / "bench" / "data" / "era5_1gb.zarr"))
+    ap.add_argument("--memory", default="2GB", help="each worker's and the session's allowed_mem")
+    ap.add_argument("--no-record", action="store_true")
+    args = ap.parse_args()
+    if not binary().exists():
+        sys.exit(f"{binary()} is not built: cargo build --workspace")
+    store = args.store
+    on_disk = sum(f.stat().st_size for f in Path(store, "t2m").rglob("*") if f.is_file() and not f.name.startswith("."))
+    create = f"CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION '{store}'"
+    hash_plan = "SET zarrfusion.dense_reduction = false"
+    rows = []
+    for q in args.queries.split(","):
+        sql = QUERIES[q]
+        arms = {
+            "local 1 core (dense)": (None, "0", [create, sql]),
+            "local 1 core (hash)": (None, "0", [hash_plan, create, sql]),
+            "local 2 cores (hash)": (None, None, [hash_plan, create, sql]),
+            "2 workers": (2, None, [create, sql]),
+        }
+        answers = {}
+        explain_net = None
+        for arm, (workers, pin, statements) in arms.items():
+            times, rss, worker_rss = [], [], []
+            for i in range(args.repeat + 1):
+                procs = []
+                extra = ["-m", args.memory]
+                if workers:
+                    started = [start_worker(core, args.memory) for core in range(workers)]
+                    procs = [p for p, _ in started]
+                    extra += ["--workers", ",".join(a for _, a in started)]
+                    # One task per worker: the scan's decoded bytes over the workers.
+                    statements_run = ["SET zarrfusion.bytes_per_task = 1", *statements]
+                else:
+                    statements_run = statements
+                try:
+                    cmd = [*extra, "-q", "--format", "csv"]
+                    for s in statements_run:
+                        cmd += ["-c", s]
+                    elapsed, peak, out = run_child_rss(cmd, pin)
+                    if workers and i == 0:
+                        explain = run_child_rss(
+                            [*extra, "-q", "-c", statements_run[0], "-c", create, "-c", f"EXPLAIN ANALYZE {sql}"], None
+                        )[2]
+                        explain_net = network_bytes(explain)
+                    hwm = [vm_hwm(p.pid) for p in procs]
+                finally:
+                    for p in procs:
+                        p.terminate()
+                    for p in procs:
+                        p.wait(timeout=30)
+                answers[arm] = sorted(out.strip().splitlines()[1:])
+                if i == 0:
+                    continue  # warm-up: page cache
+                times.append(elapsed)
+                rss.append(peak)
+                if hwm:
+                    worker_rss.append(max(hwm))
+                print(f"{q} {arm} run {i}: {elapsed:.2f} s, RSS {peak / 2**20:.0f} MiB"
+                      + (f", workers {', '.join(f'{h / 2**20:.0f}' for h in hwm)} MiB" if hwm else ""), flush=True)
+            rows.append((q, arm, min(times), statistics.median(times), max(rss), max(worker_rss) if worker_rss else None))
+        same = len({"\n".join(_round(a) for a in v) for v in answers.values()}) == 1
+        rows.append((q, "answers identical (6 significant digits)", same, None, None, None))
+        if explain_net:
+            rows.append((q, "network", explain_net, on_disk, None, None))
+    report(rows, args, store, on_disk)
+
+
+def _round(line: str) -> str:
+    out = []
+    for cell in line.split(","):
+        try:
+            out.append(f"{float(cell):.6g}")
+        except ValueError:
+            out.append(cell)
+    return ",".join(out)
+
+
+def report(rows, args, store, on_disk) -> None:
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    load = os.getloadavg()
+    lines = [
+        f"## Cluster benchmark {now} (issue 27: one core vs two pinned workers)",
+        "",
+        f"- Command: `python bench/bench_cluster.py --repeat {args.repeat} --queries {args.queries}`",
+        f"- Machine: {os.cpu_count()} cores; load average {load[0]:.2f} at the end. zarrfusion: `{binary()}`.",
+        f"- Store: `{store}` (t2m chunks {on_disk / 1e6:.1f} MB on disk). allowed_mem {args.memory} (the session's and each worker's).",
+        f"- Each arm: a warm-up run, then {args.repeat} runs; best and median of the shell's wall time.",
+        "",
+        "| query | arm | best s | median s | vs 1 core (hash) | shell peak RSS MiB | worker peak RSS MiB |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    base = {q: best for q, arm, best, *_ in rows if arm == "local 1 core (hash)"}
+    notes = []
+    for q, arm, a, b, c, d in rows:
+        if arm.startswith("answers"):
+            notes.append(f"- {q}: answers identical across arms (6 significant digits): {'yes' if a else 'NO'}")
+        elif arm == "network":
+            net, scanned = a
+            notes.append(
+                f"- {q}, 2 workers: {net / 1e3:.1f} kB crossed the network (every network boundary's output) for "
+                f"{scanned / 1e6:.1f} M rows scanned ({scanned * 4 / 1e6:.0f} MB of t2m decoded, {b / 1e6:.0f} MB on disk): "
+                f"{100 * net / b:.4f} % of the bytes on disk"
+            )
+        else:
+            ratio = base[q] / a if q in base else float("nan")
+            lines.append(
+                f"| {q} | {arm} | {a:.2f} | {b:.2f} | {ratio:.2f}x | {c / 2**20:.0f} | {'' if d is None else f'{d / 2**20:.0f}'} |"
+            )
+    lines += ["", *notes, ""]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_record:
+        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
+            f.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
