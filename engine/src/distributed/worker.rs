@@ -17,23 +17,26 @@ use super::channel::WorkerChannels;
 use super::codec::ZarrCodec;
 use crate::config::ZarrConfig;
 
-/// The session a worker runs one query's tasks in: the engine's settings
-/// as the query sent them, the worker's own zarrfusion settings (`config`:
+/// The session a worker runs one query's tasks in: DataFusion's defaults
+/// with datafusion-distributed's settings as the query sent them (the
+/// sender's other DataFusion settings do not travel; what a node needs
+/// travels in the node), the worker's own zarrfusion settings (`config`:
 /// `allowed_locations` and the rest, never taken from the sender),
 /// zarrfusion's functions and codec, and `channels` to reach the other
-/// workers (for shuffles).
+/// workers (for shuffles). Partial aggregates are never skipped here:
+/// their states are what crosses the network, and DataFusion would
+/// otherwise pass the rows on when the groups come near their number.
 pub fn worker_session(
     ctx: WorkerQueryContext,
     config: &ZarrConfig,
     channels: &WorkerChannels,
 ) -> SessionState {
     let mut builder = ctx.builder;
-    builder
-        .config()
-        .get_or_insert_default()
-        .options_mut()
-        .extensions
-        .insert(config.clone());
+    let options = builder.config().get_or_insert_default().options_mut();
+    options.extensions.insert(config.clone());
+    options
+        .execution
+        .skip_partial_aggregation_probe_ratio_threshold = 1.0;
     let mut state = builder
         .with_distributed_user_codec(ZarrCodec::default())
         .with_distributed_channel_resolver(channels.clone())
