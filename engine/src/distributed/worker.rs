@@ -76,3 +76,33 @@ pub async fn serve_worker(
             None => exec_datafusion_err!("the worker stopped: {e}"),
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::execution::SessionStateBuilder;
+    use tonic::codegen::http::HeaderMap;
+
+    /// What a worker's session holds whatever the sender set: the worker's
+    /// own zarrfusion settings, and partial aggregates that never skip
+    /// themselves (their states, not the rows, must cross the network).
+    #[test]
+    fn a_worker_session_keeps_its_own_settings_and_its_partial_aggregates() {
+        let config = ZarrConfig {
+            allowed_locations: "/data/".to_string(),
+            ..ZarrConfig::default()
+        };
+        let ctx = WorkerQueryContext {
+            builder: SessionStateBuilder::new(),
+            headers: HeaderMap::new(),
+        };
+        let state = worker_session(ctx, &config, &WorkerChannels::default());
+        let options = state.config_options();
+        assert_eq!(ZarrConfig::of(options).allowed_locations, "/data/");
+        let threshold = options
+            .execution
+            .skip_partial_aggregation_probe_ratio_threshold;
+        // The skip happens when groups / rows > threshold: never above 1.
+        assert!(threshold >= 1.0, "{threshold}");
+    }
+}
