@@ -38,7 +38,7 @@ use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
 use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule};
 use crate::config::{apply_runtime_settings, ZarrConfig};
-use crate::distributed::{distribute, ClusterWorkers};
+use crate::distributed::{distribute, keep_partial_aggregates, ClusterWorkers};
 use crate::progress::ScanProgress;
 use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
 use crate::write::ZarrFormatFactory;
@@ -98,16 +98,7 @@ fn build_context(
             zarr.dense_reduction = false;
             zarr.aligned_join = false;
         }
-        // Partial aggregates are never skipped on a cluster (here, for a
-        // stage run in this process, and in `worker_session`): their states
-        // are what crosses the network. DataFusion skips them when the
-        // groups come near the rows (`GROUP BY lat, lon` over a time slice
-        // per chunk), and the rows themselves would be shuffled instead
-        // (6.1 GB for 650 MB on disk, measured).
-        config
-            .options_mut()
-            .execution
-            .skip_partial_aggregation_probe_ratio_threshold = 1.0;
+        keep_partial_aggregates(config.options_mut());
     }
     let read_zarr: Arc<dyn RelationPlanner> = Arc::new(ReadZarrPlanner::new(Arc::clone(&runtime)));
     let builder = SessionStateBuilder::new()

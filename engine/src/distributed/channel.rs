@@ -73,13 +73,9 @@ impl WorkerChannels {
 #[async_trait]
 impl ChannelResolver for WorkerChannels {
     async fn get_worker_client_for_url(&self, url: &Url) -> Result<Box<dyn WorkerChannel>> {
-        let channel = self.channel(url).await;
-        if channel.is_err() {
-            crate::error::lock(&self.channels).remove(url);
-        }
         Ok(Box::new(NamedWorker {
             url: url.clone(),
-            inner: create_worker_client(channel?),
+            inner: create_worker_client(self.channel(url).await?),
         }))
     }
 }

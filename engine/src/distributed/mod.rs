@@ -47,6 +47,7 @@ pub mod codec;
 pub mod tasks;
 pub mod worker;
 
+pub(crate) use cluster::keep_partial_aggregates;
 pub use cluster::{distribute, parse_workers, ClusterWorkers};
 pub use codec::ZarrCodec;
 pub use worker::{serve_worker, worker_session};

@@ -14,6 +14,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 use super::channel::WorkerChannels;
+use super::cluster::keep_partial_aggregates;
 use super::codec::ZarrCodec;
 use crate::config::ZarrConfig;
 
@@ -23,9 +24,8 @@ use crate::config::ZarrConfig;
 /// travels in the node), the worker's own zarrfusion settings (`config`:
 /// `allowed_locations` and the rest, never taken from the sender),
 /// zarrfusion's functions and codec, and `channels` to reach the other
-/// workers (for shuffles). Partial aggregates are never skipped here:
-/// their states are what crosses the network, and DataFusion would
-/// otherwise pass the rows on when the groups come near their number.
+/// workers (for shuffles). Partial aggregates are never skipped here
+/// ([`keep_partial_aggregates`]).
 pub fn worker_session(
     ctx: WorkerQueryContext,
     config: &ZarrConfig,
@@ -34,9 +34,7 @@ pub fn worker_session(
     let mut builder = ctx.builder;
     let options = builder.config().get_or_insert_default().options_mut();
     options.extensions.insert(config.clone());
-    options
-        .execution
-        .skip_partial_aggregation_probe_ratio_threshold = 1.0;
+    keep_partial_aggregates(options);
     let mut state = builder
         .with_distributed_user_codec(ZarrCodec::default())
         .with_distributed_channel_resolver(channels.clone())
