@@ -65,10 +65,10 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
 
 /// A session whose queries run on `workers` (`zarrfusion worker`
 /// processes; see [`crate::distributed`]): the stages of each physical plan
-/// are handed to them, Zarr scans split into tasks by their bytes. Dense
-/// reductions and aligned joins are planned as DataFusion's partial and
-/// final aggregates and hash joins over distributed scans
-/// (`zarrfusion.dense_reduction` and `zarrfusion.aligned_join` are off).
+/// are handed to them, Zarr scans and dense reductions split into tasks by
+/// their bytes (a dense reduction's tasks give partial states, merged by
+/// DataFusion's final aggregate). Aligned joins are planned as DataFusion's
+/// hash joins over distributed scans (`zarrfusion.aligned_join` is off).
 pub fn distributed_context(
     config: SessionConfig,
     runtime: Arc<RuntimeEnv>,
@@ -95,7 +95,6 @@ fn build_context(
     let mut config = config;
     if workers.is_some() {
         if let Some(zarr) = config.options_mut().extensions.get_mut::<ZarrConfig>() {
-            zarr.dense_reduction = false;
             zarr.aligned_join = false;
         }
         keep_partial_aggregates(config.options_mut());

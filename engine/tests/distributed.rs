@@ -3,8 +3,8 @@
 //! process), a session planning for them with Zarr scans split into many
 //! tasks. Every oracle query must give xarray's answer
 //! (`tests/fixtures/expected/queries.json`, written by `make_fixtures.py`);
-//! zarrfusion's codec must carry a scan whole and refuse a malformed one
-//! with an error. Real worker processes (`zarrfusion worker`) are started
+//! zarrfusion's codec must carry a scan and a dense reduction's partial
+//! states whole and refuse malformed ones with an error. Real worker processes (`zarrfusion worker`) are started
 //! by the shell's tests (`cli/tests/worker.rs`).
 
 mod common;
@@ -22,6 +22,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use url::Url;
+use zarrfusion::array::DenseReductionExec;
 use zarrfusion::distributed::{serve_worker, ZarrCodec};
 use zarrfusion::table::ZarrScanExec;
 use zarrfusion::{distributed_context, new_context, session_config, ZarrConfig, ZarrContextExt};
@@ -88,6 +89,7 @@ async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert!(queries.len() >= 15);
     let mut distributed = 0;
+    let mut reductions = [0, 0];
     for q in &queries {
         let name = q["name"].as_str().unwrap();
         let store = q["store"].as_str().unwrap();
@@ -101,6 +103,12 @@ async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
         let shown = displayable(plan.as_ref()).indent(true).to_string();
         if shown.contains("tasks=") && shown.contains("Network") {
             distributed += 1;
+            // Dense reductions on workers: partial states under DataFusion's
+            // final aggregate, with and without GROUP BY.
+            if shown.contains("emits=partial states") {
+                let grouped = !shown.contains("gby=[]");
+                reductions[usize::from(grouped)] += 1;
+            }
         }
         let got = query_rows(&ctx, &format!("{name} through workers"), sql).await;
         assert_rows(&format!("{name} through workers"), &got, &want);
@@ -109,6 +117,12 @@ async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
         distributed * 2 >= queries.len(),
         "only {distributed} of {} queries had a scan split over workers",
         queries.len()
+    );
+    assert!(
+        reductions[0] >= 3 && reductions[1] >= 10,
+        "dense reductions split over workers: {} without GROUP BY, {} with",
+        reductions[0],
+        reductions[1]
     );
 }
 
@@ -217,6 +231,159 @@ async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
     }
 }
 
+/// The partial states of the dense reduction of `sql` as a cluster runs
+/// them (one task), the reduction as one machine runs it, and a session.
+async fn planned_states(
+    sql: &str,
+) -> (
+    datafusion::prelude::SessionContext,
+    Arc<dyn ExecutionPlan>,
+    Arc<dyn ExecutionPlan>,
+    Arc<dyn ExecutionPlan>,
+) {
+    let ctx = new_context();
+    ctx.register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let plan = physical_plan(&ctx, sql).await;
+    let find = |plan: &Arc<dyn ExecutionPlan>| {
+        let mut stack = vec![Arc::clone(plan)];
+        while let Some(node) = stack.pop() {
+            if node.downcast_ref::<DenseReductionExec>().is_some() {
+                return node;
+            }
+            stack.extend(node.children().into_iter().cloned());
+        }
+        panic!("no dense reduction in {sql}");
+    };
+    let whole = find(&plan);
+    let reduction = whole.downcast_ref::<DenseReductionExec>().unwrap();
+    let cluster = reduction.on_cluster(2).unwrap();
+    let states = find(&cluster);
+    (ctx, whole, cluster, states)
+}
+
+/// Rows of every partition of `plan`, sorted (as text).
+async fn sorted_rows(
+    plan: Arc<dyn ExecutionPlan>,
+    ctx: &datafusion::prelude::SessionContext,
+) -> Vec<String> {
+    let batches = collect_partitioned(plan, ctx.task_ctx()).await.unwrap();
+    let batches: Vec<_> = batches.into_iter().flatten().collect();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    let mut rows: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with("| "))
+        .map(String::from)
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// A dense reduction's partial states cross the codec whole, and DataFusion's
+/// final aggregate over them gives the rows the dense reduction gives alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dense_reduction_s_states_round_trip_and_merge_to_its_answer() {
+    let sql = "SELECT lat, avg(t2m), var(u10), min(t2m), max(u10), sum(t2m), count(*) \
+               FROM t WHERE t2m > 270 GROUP BY lat";
+    let (ctx, whole, cluster, states) = planned_states(sql).await;
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&states), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    assert_eq!(show(&back), show(&states));
+    // Workers take blocks as they come: sums may differ in the last bits.
+    let (got, sent) = (
+        sorted_rows(back, &ctx).await,
+        sorted_rows(states, &ctx).await,
+    );
+    assert_close(&got, &sent);
+    let want = sorted_rows(whole, &ctx).await;
+    assert!(want.len() > 1, "{want:?}");
+    assert_close(&sorted_rows(cluster, &ctx).await, &want);
+}
+
+/// Rows of text equal cell by cell, numbers within a relative 1e-9.
+fn assert_close(got: &[String], want: &[String]) {
+    assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        let cells = |r: &str| {
+            r.split('|')
+                .map(|c| c.trim().to_string())
+                .collect::<Vec<_>>()
+        };
+        for (a, b) in cells(g).iter().zip(cells(w)) {
+            let close = match (a.parse::<f64>(), b.parse::<f64>()) {
+                (Ok(x), Ok(y)) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1e-300),
+                _ => *a == b,
+            };
+            assert!(close, "{g} vs {w}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_dense_reduction_is_an_error_naming_what_is_wrong() {
+    let sql = "SELECT lat, avg(t2m), count(*) FROM t WHERE t2m > 270 GROUP BY lat";
+    let (ctx, _, _, states) = planned_states(sql).await;
+    let codec = ZarrCodec::default();
+    let proto = datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {};
+    let mut buf = Vec::new();
+    use datafusion_proto::physical_plan::PhysicalExtensionCodec;
+    codec.try_encode(states, &mut buf, &proto).unwrap();
+    let sent: Value = serde_json::from_slice(&buf).unwrap();
+    let task = ctx.task_ctx();
+    let decode = |v: &Value| {
+        codec
+            .try_decode(&serde_json::to_vec(v).unwrap(), &[], &task, &proto)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    decode(&sent).expect("the reduction as sent");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("group_dims", serde_json::json!([1, 1]), "twice"),
+        ("group_dims", serde_json::json!([7]), "dimension 7"),
+        ("read", serde_json::json!([99]), "column 99"),
+        ("tasks", Value::from(0), "tasks"),
+        ("tasks", Value::from(1u64 << 40), "tasks"),
+        ("states", serde_json::json!([]), "partial states"),
+        (
+            "states",
+            serde_json::json!([["lat", "NoSuchType", true]]),
+            "NoSuchType",
+        ),
+        ("predicate", Value::from("not base64!"), "base64"),
+        ("predicate", Value::from("/////w=="), "malformed expression"),
+        ("block_shape", serde_json::json!([0, 1, 1]), "blocks"),
+        ("columns", serde_json::json!([["x", "Int8"]]), "changed"),
+    ];
+    for (field, value, says) in cases {
+        let mut bad = sent.clone();
+        bad[field] = value.clone();
+        let err = decode(&bad).expect_err(&format!("{field} = {value} accepted"));
+        assert!(err.contains(says), "{field} = {value}: {err}");
+    }
+    let aggregate_cases: Vec<(&str, Value, &str)> = vec![
+        ("op", Value::from("median"), "unknown"),
+        ("output", Value::from("Utf8"), "cannot compute avg"),
+        ("arg", Value::from("AAAA"), "expression"),
+    ];
+    for (field, value, says) in aggregate_cases {
+        let mut bad = sent.clone();
+        bad["aggregates"][0][field] = value.clone();
+        let err = decode(&bad).expect_err(&format!("aggregate {field} = {value} accepted"));
+        assert!(err.contains(says), "aggregate {field} = {value}: {err}");
+    }
+    let mut many = sent.clone();
+    let one = many["aggregates"][0].clone();
+    many["aggregates"] = Value::Array(vec![one; 5000]);
+    let err = decode(&many).expect_err("5000 aggregates accepted");
+    assert!(err.contains("aggregates"), "{err}");
+}
+
 /// A runtime whose memory pool (allowed_mem) is `bytes`.
 fn limited(bytes: usize) -> Arc<RuntimeEnv> {
     RuntimeEnvBuilder::new()
@@ -225,47 +392,55 @@ fn limited(bytes: usize) -> Arc<RuntimeEnv> {
         .unwrap()
 }
 
-/// The session's allowed_mem stands for each worker's: a scan whose task
-/// cannot fit it is refused while the session plans, before any worker is
-/// asked; a worker with less memory than the session assumed refuses the
-/// task it receives before reading, naming itself, the stage and the
-/// numbers.
+/// The session's allowed_mem stands for each worker's: a scan or a dense
+/// reduction whose task cannot fit it is refused while the session plans,
+/// before any worker is asked; a worker with less memory than the session
+/// assumed refuses the task it receives before reading, naming itself, the
+/// stage and the numbers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
-    let sql = "SELECT lat, avg(t2m) FROM t GROUP BY lat";
     let workers = start_workers(2).await;
-    let small = distributed_context(session_config(), limited(1024), workers.urls.clone());
-    small
-        .sql("SET zarrfusion.bytes_per_task = 1")
-        .await
-        .unwrap();
-    small
-        .register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
-        .await
-        .unwrap();
-    let refused = small.sql(sql).await.unwrap().create_physical_plan().await;
-    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(
-        message.contains("allowed_mem") && message.contains("needs"),
-        "planned a scan that cannot fit 1 KiB: {message}"
-    );
-
     let tight = start_workers_in(2, || limited(1024)).await;
-    let ctx = cluster_session(&tight).await;
-    ctx.register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
-        .await
-        .unwrap();
-    let plan = physical_plan(&ctx, sql).await;
-    let shown = displayable(plan.as_ref()).indent(true).to_string();
-    assert!(shown.contains("tasks=2"), "{shown}");
-    let failed = datafusion::physical_plan::collect(plan, ctx.task_ctx()).await;
-    let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
-    let named = tight
-        .urls
-        .iter()
-        .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
-    assert!(
-        named && message.contains("stage") && message.contains("allowed_mem"),
-        "a worker with 1 KiB ran the task, or its refusal does not say so: {message}"
-    );
+    let queries = [
+        (
+            "SELECT lat, avg(t2m) FROM t GROUP BY lat",
+            "DenseReductionExec",
+        ),
+        ("SELECT lat, t2m FROM t WHERE t2m > 0", "ZarrScanExec"),
+    ];
+    for (sql, node) in queries {
+        let small = distributed_context(session_config(), limited(1024), workers.urls.clone());
+        small
+            .sql("SET zarrfusion.bytes_per_task = 1")
+            .await
+            .unwrap();
+        small
+            .register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
+            .await
+            .unwrap();
+        let refused = small.sql(sql).await.unwrap().create_physical_plan().await;
+        let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            message.contains(node) && message.contains("allowed_mem") && message.contains("needs"),
+            "planned {sql} although it cannot fit 1 KiB: {message}"
+        );
+
+        let ctx = cluster_session(&tight).await;
+        ctx.register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
+            .await
+            .unwrap();
+        let plan = physical_plan(&ctx, sql).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(shown.contains(node) && shown.contains("tasks=2"), "{shown}");
+        let failed = datafusion::physical_plan::collect(plan, ctx.task_ctx()).await;
+        let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
+        let named = tight
+            .urls
+            .iter()
+            .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
+        assert!(
+            named && message.contains("stage") && message.contains("allowed_mem"),
+            "a worker with 1 KiB ran the task of {sql}, or its refusal does not say so: {message}"
+        );
+    }
 }

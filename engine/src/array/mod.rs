@@ -22,5 +22,7 @@ pub(crate) mod tasks;
 pub mod zip;
 
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};
-pub use reduce::{DenseReduction, DenseReductionExec, DenseReductionRule};
+pub use reduce::{
+    DenseReduction, DenseReductionExec, DenseReductionRule, ReduceOp, ReduceSpec, ReductionParts,
+};
 pub use zip::AlignedJoinRule;

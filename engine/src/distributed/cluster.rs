@@ -11,6 +11,7 @@ use url::Url;
 
 use super::channel::WorkerChannels;
 use super::codec::ZarrCodec;
+use super::reductions::rules_with_cluster_reductions;
 use super::tasks::{deal_scan_blocks, scan_tasks};
 
 /// Workers at fixed addresses.
@@ -68,13 +69,16 @@ pub fn parse_workers(list: &str) -> Result<Vec<Url>> {
 
 /// `builder` planning its queries for `workers`: stages of the physical
 /// plan run on them, zarrfusion's nodes serialized by [`ZarrCodec`], Zarr
-/// scans split into tasks by their bytes, workers reached through
-/// [`WorkerChannels`] (errors naming worker, stage and task).
+/// scans and dense reductions split into tasks by their bytes (a dense
+/// reduction's tasks give partial states: [`super::reductions`]), workers
+/// reached through [`WorkerChannels`] (errors naming worker, stage and
+/// task).
 pub fn distribute(mut builder: SessionStateBuilder, workers: Vec<Url>) -> SessionStateBuilder {
     if let Some(config) = builder.config().as_mut() {
         config.set_extension(Arc::new(ClusterWorkers(workers.clone())));
     }
     builder
+        .with_physical_optimizer_rules(rules_with_cluster_reductions())
         .with_distributed_worker_resolver(FixedWorkers(workers))
         .with_distributed_channel_resolver(WorkerChannels::default())
         .with_distributed_planner()

@@ -8,18 +8,35 @@
 //! plan was made for and that every number fits the table, fits the scan
 //! to its own `allowed_mem`, and refuses a scan that cannot fit it. A node
 //! the codec does not know is an error naming it.
+//!
+//! A [`DenseReductionExec`] giving a task's partial states travels the
+//! same way, with the columns it reads, its grouped dimensions, its
+//! aggregates (their arguments and row filter as DataFusion's protobuf
+//! physical expressions) and the schema of its states. The worker checks
+//! them as a scan's, bounds the group state as the planner does
+//! ([`MAX_STATE_BYTES`]), and fits the reduction to its own `allowed_mem`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{exec_datafusion_err, not_impl_err, plan_err, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
+use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::protobuf::PhysicalExprNode;
+use prost::Message;
 use serde::{Deserialize, Serialize};
 
+use crate::array::reduce::MAX_STATE_BYTES;
+use crate::array::{DenseReductionExec, ReduceOp, ReduceSpec, ReductionParts};
 use crate::config::ZarrConfig;
 use crate::error::lock;
 use crate::table::{
@@ -32,6 +49,8 @@ use crate::table::{
 const MAX_PARTITIONS: usize = 1 << 12;
 const MAX_TASKS: usize = 1 << 16;
 const MAX_BATCH_ROWS: usize = 1 << 24;
+/// The most aggregates a received reduction may have.
+const MAX_AGGREGATES: usize = 1 << 10;
 
 /// zarrfusion's `PhysicalExtensionCodec`: registered on the session that
 /// plans a distributed query and on every worker.
@@ -46,6 +65,7 @@ pub struct ZarrCodec {
 #[serde(tag = "node", rename_all = "snake_case")]
 enum Node {
     Scan(Scan),
+    Reduction(Reduction),
 }
 
 /// How to open a table again.
@@ -74,6 +94,38 @@ struct Scan {
     batch_size: usize,
     io_concurrency: usize,
     tasks: usize,
+}
+
+/// A dense reduction's partial states as they travel.
+#[derive(Debug, Serialize, Deserialize)]
+struct Reduction {
+    source: Source,
+    /// The table's columns when the plan was made: names and types.
+    columns: Vec<(String, String)>,
+    /// The table columns the expressions read (their input, in order).
+    read: Vec<usize>,
+    selection: Vec<Vec<Range<u64>>>,
+    block_shape: Vec<u64>,
+    group_dims: Vec<usize>,
+    aggregates: Vec<Aggregate>,
+    /// The row filter, a protobuf physical expression in base64.
+    predicate: Option<String>,
+    /// The states' columns: name, type, nullable.
+    states: Vec<(String, String, bool)>,
+    io_concurrency: usize,
+    tasks: usize,
+}
+
+/// One aggregate of a reduction as it travels.
+#[derive(Debug, Serialize, Deserialize)]
+struct Aggregate {
+    op: String,
+    /// The argument, a protobuf physical expression in base64 (`None`:
+    /// `count(*)`).
+    arg: Option<String>,
+    output: String,
+    /// How it is shown.
+    label: String,
 }
 
 impl Source {
@@ -182,6 +234,173 @@ impl ZarrCodec {
     }
 }
 
+impl ZarrCodec {
+    /// `expr` as it travels.
+    fn encode_expr(&self, expr: &Arc<dyn PhysicalExpr>) -> Result<String> {
+        Ok(BASE64.encode(serialize_physical_expr(expr, self)?.encode_to_vec()))
+    }
+
+    /// An expression as it travelled, over `schema`.
+    fn decode_expr(
+        &self,
+        text: &str,
+        ctx: &TaskContext,
+        schema: &Schema,
+    ) -> Result<Arc<dyn PhysicalExpr>> {
+        let bytes = BASE64
+            .decode(text)
+            .map_err(|e| exec_datafusion_err!("an expression that is not base64: {e}"))?;
+        let proto = PhysicalExprNode::decode(bytes.as_slice())
+            .map_err(|e| exec_datafusion_err!("a malformed expression: {e}"))?;
+        parse_physical_expr(&proto, ctx, schema, self)
+    }
+
+    fn encode_reduction(&self, r: &DenseReductionExec, tasks: usize) -> Result<Node> {
+        let table = r.table();
+        let selection = r.selection();
+        let mut aggregates = Vec::new();
+        for a in r.aggregates() {
+            aggregates.push(Aggregate {
+                op: a.op.name().to_string(),
+                arg: a.arg.as_ref().map(|e| self.encode_expr(e)).transpose()?,
+                output: a.output.to_string(),
+                label: a.label,
+            });
+        }
+        let states = r.schema();
+        Ok(Node::Reduction(Reduction {
+            source: Source::of(table)?,
+            columns: columns_of(table),
+            read: r.columns().to_vec(),
+            selection: (0..selection.rank())
+                .map(|d| selection.ranges(d).to_vec())
+                .collect(),
+            block_shape: r.blocks().block_shape().to_vec(),
+            group_dims: r.group_dims().to_vec(),
+            aggregates,
+            predicate: r.predicate().map(|e| self.encode_expr(e)).transpose()?,
+            states: states
+                .fields()
+                .iter()
+                .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
+                .collect(),
+            io_concurrency: r.io_concurrency(),
+            tasks,
+        }))
+    }
+
+    fn decode_reduction(
+        &self,
+        reduction: Reduction,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = self.open(&reduction.source, ctx)?;
+        let store = &table.store;
+        if columns_of(&table) != reduction.columns {
+            return plan_err!(
+                "the Zarr table over {store} has changed since the query was planned: its \
+                 columns are now {:?}, the plan expects {:?}",
+                columns_of(&table),
+                reduction.columns
+            );
+        }
+        let width = table.schema.fields().len();
+        if let Some(bad) = reduction.read.iter().find(|&&i| i >= width) {
+            return plan_err!("a reduction of {store} reads column {bad} of {width}");
+        }
+        let n_dims = table.dims.len();
+        let mut seen = vec![false; n_dims];
+        for &d in &reduction.group_dims {
+            if d >= n_dims || std::mem::replace(&mut seen[d], true) {
+                return plan_err!(
+                    "a reduction of {store} groups by dimension {d} (of {n_dims}) or twice"
+                );
+            }
+        }
+        let n = reduction.aggregates.len();
+        if n > MAX_AGGREGATES || reduction.tasks == 0 || reduction.tasks > MAX_TASKS {
+            return plan_err!(
+                "a reduction of {store} has {n} aggregates (at most {MAX_AGGREGATES}) over {} \
+                 tasks (1 to {MAX_TASKS})",
+                reduction.tasks
+            );
+        }
+        let shape = table.shape();
+        let selection = Selection::from_ranges(reduction.selection, &shape)
+            .map_err(|e| exec_datafusion_err!("a reduction of {store}: its selection: {e}"))?;
+        let groups = reduction.group_dims.iter().fold(1u128, |n, &d| {
+            let len: u64 = selection.ranges(d).iter().map(|r| r.end - r.start).sum();
+            n.saturating_mul(u128::from(len))
+        });
+        let state = groups.saturating_mul(8 + 32 * n as u128);
+        if state > MAX_STATE_BYTES as u128 {
+            return plan_err!(
+                "a reduction of {store} has {groups} groups: their state would exceed {} bytes",
+                MAX_STATE_BYTES
+            );
+        }
+        let blocks = BlockGrid::with_block_shape(&shape, reduction.block_shape, &selection)
+            .map_err(|e| exec_datafusion_err!("a reduction of {store}: {e}"))?;
+        let input = Schema::new(
+            reduction
+                .read
+                .iter()
+                .map(|&c| table.schema.field(c).clone())
+                .collect::<Vec<_>>(),
+        );
+        let parse_type = |text: &str| {
+            text.parse::<DataType>()
+                .map_err(|e| exec_datafusion_err!("a reduction of {store}: type {text:?}: {e}"))
+        };
+        let mut aggregates = Vec::with_capacity(n);
+        for a in reduction.aggregates {
+            let Some(op) = ReduceOp::from_name(&a.op) else {
+                return plan_err!("a reduction of {store} computes {:?}, unknown", a.op);
+            };
+            aggregates.push(ReduceSpec {
+                op,
+                arg: a
+                    .arg
+                    .map(|e| self.decode_expr(&e, ctx, &input))
+                    .transpose()?,
+                output: parse_type(&a.output)?,
+                label: a.label,
+            });
+        }
+        let predicate = reduction
+            .predicate
+            .map(|e| self.decode_expr(&e, ctx, &input))
+            .transpose()?;
+        let mut fields = Vec::with_capacity(reduction.states.len());
+        for (name, data_type, nullable) in &reduction.states {
+            fields.push(Field::new(name, parse_type(data_type)?, *nullable));
+        }
+        let schema: SchemaRef = Arc::new(Schema::new(fields));
+        let memory_limit = match ctx.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let parts = ReductionParts {
+            table,
+            selection,
+            blocks,
+            columns: reduction.read,
+            group_dims: reduction.group_dims,
+            aggregates,
+            predicate,
+            schema,
+            tasks: reduction.tasks,
+            io_concurrency: reduction.io_concurrency,
+        };
+        let parallelism = ctx.session_config().target_partitions();
+        Ok(Arc::new(DenseReductionExec::states_of(
+            parts,
+            parallelism,
+            memory_limit,
+        )?))
+    }
+}
+
 impl PhysicalExtensionCodec for ZarrCodec {
     fn try_decode(
         &self,
@@ -199,6 +418,12 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 }
                 self.decode_scan(scan, ctx)
             }
+            Node::Reduction(reduction) => {
+                if !inputs.is_empty() {
+                    return plan_err!("a dense reduction has no inputs, got {}", inputs.len());
+                }
+                self.decode_reduction(reduction, ctx)
+            }
         }
     }
 
@@ -208,9 +433,20 @@ impl PhysicalExtensionCodec for ZarrCodec {
         buf: &mut Vec<u8>,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
+        if let Some(reduction) = node.downcast_ref::<DenseReductionExec>() {
+            let Some(tasks) = reduction.tasks() else {
+                return not_impl_err!(
+                    "a dense reduction runs on a cluster's workers as partial states only"
+                );
+            };
+            let encoded = self.encode_reduction(reduction, tasks)?;
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a dense reduction: {e}"));
+        }
         let Some(scan) = node.downcast_ref::<ZarrScanExec>() else {
             return not_impl_err!(
-                "{} cannot run on a cluster's workers yet (zarrfusion distributes Zarr scans)",
+                "{} cannot run on a cluster's workers yet (zarrfusion distributes Zarr scans \
+                 and dense reductions)",
                 node.name()
             );
         };

@@ -6,10 +6,14 @@
 //!
 //! - [`codec`]: how zarrfusion's plan nodes cross the network. A Zarr scan
 //!   travels as the location and options of its table, its projection,
-//!   selection and blocks; the worker opens the table again (with its own
+//!   selection and blocks (a dense reduction's partial states: also its
+//!   groups and aggregates, their expressions in DataFusion's protobuf
+//!   form); the worker opens the table again (with its own
 //!   `allowed_locations`) and checks everything it was sent.
 //! - [`tasks`]: how many tasks a scan's stage gets (its decoded bytes over
 //!   `zarrfusion.bytes_per_task`) and how its blocks are dealt to them.
+//! - [`reductions`]: a dense reduction on a cluster: each task's partial
+//!   states, merged by DataFusion's final aggregate after a shuffle.
 //! - [`cluster`]: a session's side: the workers' addresses and the
 //!   distributed planner, added to the session state ([`crate::session`]
 //!   builds it).
@@ -44,6 +48,7 @@
 pub mod channel;
 pub mod cluster;
 pub mod codec;
+pub mod reductions;
 pub mod tasks;
 pub mod worker;
 

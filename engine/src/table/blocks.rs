@@ -165,6 +165,15 @@ impl BlockGrid {
     }
 }
 
+/// Share `i` of `n` contiguous, near-equal shares of `range` (a task's
+/// or a partition's run of blocks).
+pub fn share_of(range: Range<u64>, i: u64, n: u64) -> Range<u64> {
+    let len = u128::from(range.end.saturating_sub(range.start));
+    let n = u128::from(n.max(1));
+    let at = |i: u64| range.start + (len * u128::from(i).min(n) / n) as u64;
+    at(i)..at(i.saturating_add(1))
+}
+
 /// The boxes of `selection` inside `extent`: the Cartesian product of the
 /// selected ranges of each dimension, clipped to the block.
 pub fn boxes_in_block(selection: &Selection, extent: &[Range<u64>]) -> Vec<Vec<Range<u64>>> {

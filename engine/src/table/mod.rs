@@ -15,7 +15,7 @@ mod regular;
 mod scan;
 mod selection;
 
-pub use blocks::{boxes_in_block, BlockGrid};
+pub use blocks::{boxes_in_block, share_of, BlockGrid};
 pub use cells::BoxCells;
 pub use coordinate::{Coordinate, CoordinateFormula, RegularCoordinate};
 pub use dataset::{Dimension, GridTable, TableSource, ZarrDataset};

@@ -37,7 +37,7 @@ use datafusion::physical_plan::{
 use datafusion_distributed::DistributedTaskContext;
 use tokio::sync::mpsc::Sender;
 
-use super::blocks::{boxes_in_block, BlockGrid};
+use super::blocks::{boxes_in_block, share_of, BlockGrid};
 use super::cells::BoxCells;
 use super::dataset::GridTable;
 use super::read_ahead::ReadAheadPlan;
@@ -293,18 +293,10 @@ impl ZarrScanExec {
     /// The blocks partition `partition` of task `task` reads.
     fn partition_blocks(&self, task: usize, partition: usize) -> Range<u64> {
         let total = self.blocks.num_blocks();
-        let (t, tasks) = (task as u64, self.tasks as u64);
-        let (start, end) = (share(total, t, tasks), share(total, t + 1, tasks));
+        let run = share_of(0..total, task as u64, self.tasks as u64);
         let n = self.properties.partitioning.partition_count() as u64;
-        let p = partition as u64;
-        (start + share(end - start, p, n))..(start + share(end - start, p + 1, n))
+        share_of(run, partition as u64, n)
     }
-}
-
-/// The start of share `i` of `n` equal shares of `total` (`i * total / n`,
-/// without overflow).
-fn share(total: u64, i: u64, n: u64) -> u64 {
-    (u128::from(total) * u128::from(i) / u128::from(n.max(1))) as u64
 }
 
 impl DisplayAs for ZarrScanExec {

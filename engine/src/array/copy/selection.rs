@@ -288,7 +288,7 @@ impl SelectionCopy {
             if projected > limit as u64 {
                 return resources_err!(
                     "SelectionCopyExec over {} needs {} ({} workers x {} per task: a source box \
-                     of {box_cells} cells and the computed chunk) but the memory limit is {}; \
+                     of {box_cells} cells and the computed chunk) but the memory limit (allowed_mem) is {}; \
                      raise the limit or rechunk the source to smaller chunks",
                     table.store,
                     human_readable_size(projected as usize),

@@ -71,6 +71,39 @@ impl ReduceOp {
         }
     }
 
+    /// The operation named `name` (as [`ReduceOp::name`] gives it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            Self::Count,
+            Self::Sum,
+            Self::Avg,
+            Self::Min,
+            Self::Max,
+            Self::Var,
+            Self::VarPop,
+            Self::Stddev,
+            Self::StddevPop,
+        ]
+        .into_iter()
+        .find(|op| op.name() == name)
+    }
+
+    /// The types of the columns of [`DenseAccumulator::state`] for an
+    /// aggregate giving `output`: those of DataFusion's own function's
+    /// state (`count`: the count; `sum`, `min`, `max`: the value; `avg`:
+    /// count and sum; variances and deviations: count, mean and the sum of
+    /// squared deviations).
+    pub fn state_types(self, output: &DataType) -> Vec<DataType> {
+        match self {
+            Self::Count => vec![DataType::Int64],
+            Self::Sum | Self::Min | Self::Max => vec![output.clone()],
+            Self::Avg => vec![DataType::UInt64, DataType::Float64],
+            Self::Var | Self::VarPop | Self::Stddev | Self::StddevPop => {
+                vec![DataType::UInt64, DataType::Float64, DataType::Float64]
+            }
+        }
+    }
+
     /// Bytes of state per group.
     pub fn state_bytes(self) -> usize {
         match self {
@@ -190,6 +223,11 @@ pub trait DenseAccumulator: Send + Debug {
 
     /// The result for every group.
     fn finish(&self, rows: &[u64]) -> Result<ArrayRef>;
+
+    /// The partial state of every group, as the columns of DataFusion's
+    /// own aggregate function's state (see [`ReduceOp::state_types`]), for
+    /// DataFusion's final aggregate to merge (on a cluster).
+    fn state(&self, rows: &[u64]) -> Result<Vec<ArrayRef>>;
 
     /// The accumulator as `Any`, to merge two of the same kind.
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
@@ -371,6 +409,10 @@ impl DenseAccumulator for CountAccumulator {
         )))
     }
 
+    fn state(&self, rows: &[u64]) -> Result<Vec<ArrayRef>> {
+        Ok(vec![self.finish(rows)?])
+    }
+
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
@@ -472,6 +514,11 @@ trait Fold: Send + Debug + Sized + 'static {
 
     /// The result per group.
     fn finish(&self, rows: &[u64]) -> Result<ArrayRef>;
+
+    /// The partial state per group (see [`DenseAccumulator::state`]).
+    fn state(&self, rows: &[u64]) -> Result<Vec<ArrayRef>> {
+        Ok(vec![self.finish(rows)?])
+    }
 }
 
 /// Drives a [`Fold`] over lines of rows.
@@ -586,6 +633,10 @@ impl<F: Fold> DenseAccumulator for Folded<F> {
 
     fn finish(&self, rows: &[u64]) -> Result<ArrayRef> {
         self.0.finish(rows)
+    }
+
+    fn state(&self, rows: &[u64]) -> Result<Vec<ArrayRef>> {
+        self.0.state(rows)
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
@@ -727,6 +778,15 @@ impl Fold for MeanFold {
             means.collect(),
             nulls_where_empty(rows, &self.sum.skipped),
         )))
+    }
+
+    /// DataFusion's `avg` state: the values' count and sum.
+    fn state(&self, rows: &[u64]) -> Result<Vec<ArrayRef>> {
+        let counts = (0..self.sum.sums.len()).map(|g| folded(rows, &self.sum.skipped, g));
+        Ok(vec![
+            Arc::new(PrimitiveArray::<UInt64Type>::from_iter_values(counts)),
+            Arc::new(Float64Array::from(self.sum.sums.clone())),
+        ])
     }
 }
 
@@ -923,6 +983,19 @@ impl Fold for VarianceFold {
             values.into(),
             (nulls.null_count() > 0).then_some(nulls),
         )))
+    }
+
+    /// DataFusion's variance state: count, mean and sum of squared
+    /// deviations (a group without values: all zero, which it skips).
+    fn state(&self, rows: &[u64]) -> Result<Vec<ArrayRef>> {
+        let groups = self.skipped.len();
+        let moments: Vec<(f64, f64, f64)> = (0..groups).map(|g| self.moments(g, rows)).collect();
+        let counts = (0..groups).map(|g| folded(rows, &self.skipped, g));
+        Ok(vec![
+            Arc::new(PrimitiveArray::<UInt64Type>::from_iter_values(counts)),
+            Arc::new(Float64Array::from_iter_values(moments.iter().map(|m| m.1))),
+            Arc::new(Float64Array::from_iter_values(moments.iter().map(|m| m.2))),
+        ])
     }
 }
 

@@ -42,16 +42,17 @@ use datafusion::physical_plan::{
     PlanProperties, ReplaceChildrenOptions, StatisticsArgs,
 };
 use datafusion::physical_planner::PhysicalPlanner;
+use datafusion_distributed::DistributedTaskContext;
 use futures::{StreamExt, TryStreamExt};
 
 use super::accumulators::{DenseAccumulator, ReduceOp, RowCounts};
 use super::elementwise::FusedExpr;
 use super::groups::{GroupSpace, Line};
-use super::node::{DenseReduction, ReduceExpr};
+use super::node::DenseReduction;
 use crate::config::ZarrConfig;
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, select, BlockGrid, BoxCells, GridTable, ReadAheadPlan, Selection,
+    boxes_in_block, select, share_of, BlockGrid, BoxCells, GridTable, ReadAheadPlan, Selection,
     TableReadAhead,
 };
 use crate::zarr::ChunkBufferPool;
@@ -69,7 +70,9 @@ const MIN_PART_RUN_BYTES: u64 = 64 << 10;
 /// One aggregate, planned.
 #[derive(Debug)]
 struct PhysicalReduce {
-    expr: ReduceExpr,
+    op: ReduceOp,
+    /// How it is shown (`avg(t2m)`).
+    label: String,
     arg: Option<Arc<dyn PhysicalExpr>>,
     /// The argument as a fused expression, when it is `float64` arithmetic.
     fused: Option<FusedExpr>,
@@ -92,11 +95,64 @@ struct Reduction {
     predicate: Option<Arc<dyn PhysicalExpr>>,
 }
 
+/// What a dense reduction gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Emit {
+    /// One row per group: the aggregates' results.
+    Results,
+    /// On a cluster: the partial states of one task's run of the blocks,
+    /// the blocks dealt to `tasks` tasks (see `partial`).
+    States { tasks: usize },
+}
+
+/// One aggregate of a dense reduction, as it crosses the network: what it
+/// computes, its argument over the columns read and its result's type.
+#[derive(Debug, Clone)]
+pub struct ReduceSpec {
+    /// What it computes.
+    pub op: ReduceOp,
+    /// Its argument (`None`: `count(*)`).
+    pub arg: Option<Arc<dyn PhysicalExpr>>,
+    /// The type of its result.
+    pub output: DataType,
+    /// How it is shown (`avg(t2m)`).
+    pub label: String,
+}
+
+/// A dense reduction's parts, as a worker receives them: it plans them
+/// with [`DenseReductionExec::states_of`].
+#[derive(Debug)]
+pub struct ReductionParts {
+    /// The table reduced.
+    pub table: Arc<GridTable>,
+    /// The cells reduced.
+    pub selection: Selection,
+    /// The blocks the cells are read in.
+    pub blocks: BlockGrid,
+    /// Table columns the expressions read.
+    pub columns: Vec<usize>,
+    /// Dimensions grouped by, in the order of the output columns.
+    pub group_dims: Vec<usize>,
+    /// The aggregates.
+    pub aggregates: Vec<ReduceSpec>,
+    /// A row filter, if any.
+    pub predicate: Option<Arc<dyn PhysicalExpr>>,
+    /// The schema of the states (group columns, then each aggregate's
+    /// state columns).
+    pub schema: SchemaRef,
+    /// Tasks the blocks are dealt to.
+    pub tasks: usize,
+    /// Chunk requests in flight at once (remote stores).
+    pub io_concurrency: usize,
+}
+
 /// The physical dense reduction.
 #[derive(Debug)]
 pub struct DenseReductionExec {
     reduction: Arc<Reduction>,
+    emit: Emit,
     workers: usize,
+    io_concurrency: usize,
     /// Reads ahead of the workers (remote stores), one window for all.
     read_ahead: ReadAheadPlan,
     schema: SchemaRef,
@@ -157,7 +213,8 @@ impl DenseReductionExec {
                 _ => None,
             };
             aggregates.push(PhysicalReduce {
-                expr: a.clone(),
+                op: a.op,
+                label: a.to_string(),
                 arg,
                 fused,
                 arg_type,
@@ -183,45 +240,136 @@ impl DenseReductionExec {
             options,
             memory_limit.map(|bytes| bytes / (4 * parallelism)),
         );
-        let mut sorted_dims = node.group_dims.clone();
-        sorted_dims.sort_unstable();
-        let space = GroupSpace::new(&selection, &sorted_dims);
-        let workers = (blocks.num_blocks() as usize).clamp(1, parallelism);
-        let read_ahead = ReadAheadPlan::new(
-            &table,
-            &columns,
-            ZarrConfig::of(options).io_concurrency,
-            blocks.block_shape(),
-            workers,
+        let reduction = Reduction::new(
+            table,
+            selection,
+            blocks,
+            columns,
+            input_schema,
+            node.group_dims.clone(),
+            aggregates,
+            predicate,
         );
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new_with_orderings(
-                Arc::clone(&schema),
-                [output_ordering(
+        Self::assemble(
+            Arc::new(reduction),
+            Emit::Results,
+            schema,
+            ZarrConfig::of(options).io_concurrency,
+            parallelism,
+            memory_limit,
+        )
+    }
+
+    /// The reduction of `parts` a worker runs on a cluster: its task's
+    /// partial states, with at most `parallelism` threads, refused (before
+    /// anything runs) if it cannot fit `memory_limit`.
+    pub fn states_of(
+        parts: ReductionParts,
+        parallelism: usize,
+        memory_limit: Option<usize>,
+    ) -> Result<Self> {
+        let fields = parts
+            .columns
+            .iter()
+            .map(|&c| parts.table.schema.field(c).clone());
+        let input_schema: SchemaRef = Arc::new(datafusion::arrow::datatypes::Schema::new(
+            fields.collect::<Vec<_>>(),
+        ));
+        let mut aggregates = Vec::with_capacity(parts.aggregates.len());
+        for a in parts.aggregates {
+            let arg_type = match &a.arg {
+                Some(e) => e.data_type(&input_schema)?,
+                None => DataType::Null,
+            };
+            let fused = match &a.arg {
+                Some(arg) if a.op != ReduceOp::Count => FusedExpr::compile(arg, &input_schema),
+                _ => None,
+            };
+            if a.op.accumulator(&arg_type, &a.output, 0).is_none() {
+                return datafusion::common::plan_err!(
+                    "a dense reduction over {} cannot compute {} of {arg_type} as {}",
+                    parts.table.store,
+                    a.op.name(),
+                    a.output
+                );
+            }
+            aggregates.push(PhysicalReduce {
+                op: a.op,
+                label: a.label,
+                arg: a.arg,
+                fused,
+                arg_type,
+                output_type: a.output,
+            });
+        }
+        let reduction = Reduction::new(
+            parts.table,
+            parts.selection,
+            parts.blocks,
+            parts.columns,
+            input_schema,
+            parts.group_dims,
+            aggregates,
+            parts.predicate,
+        );
+        reduction.check_states(&parts.schema)?;
+        Self::assemble(
+            Arc::new(reduction),
+            Emit::States {
+                tasks: parts.tasks.max(1),
+            },
+            parts.schema,
+            parts.io_concurrency,
+            parallelism.max(1),
+            memory_limit,
+        )
+    }
+
+    /// The operator over `reduction` giving `emit` as `schema`, with at
+    /// most `parallelism` workers, refused if it cannot fit
+    /// `memory_limit`.
+    fn assemble(
+        reduction: Arc<Reduction>,
+        emit: Emit,
+        schema: SchemaRef,
+        io_concurrency: usize,
+        parallelism: usize,
+        memory_limit: Option<usize>,
+    ) -> Result<Self> {
+        let workers = (reduction.blocks.num_blocks() as usize).clamp(1, parallelism);
+        let read_ahead = ReadAheadPlan::new(
+            &reduction.table,
+            &reduction.columns,
+            io_concurrency,
+            reduction.blocks.block_shape(),
+            workers,
+        );
+        let ordering = match emit {
+            Emit::Results => {
+                let mut sorted_dims = reduction.group_dims.clone();
+                sorted_dims.sort_unstable();
+                output_ordering(
                     &schema,
-                    &table,
-                    &node.group_dims,
+                    &reduction.table,
+                    &reduction.group_dims,
                     &sorted_dims,
-                )],
-            ),
+                )
+            }
+            // States are shuffled by their groups' hash on a cluster.
+            Emit::States { .. } => Vec::new(),
+        };
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new_with_orderings(Arc::clone(&schema), [ordering]),
             Partitioning::UnknownPartitioning(1),
             EmissionType::Final,
             Boundedness::Bounded,
         ));
         let mut exec = Self {
-            reduction: Arc::new(Reduction {
-                table,
-                selection,
-                blocks,
-                space,
-                columns,
-                input_schema,
-                group_dims: node.group_dims.clone(),
-                aggregates,
-                predicate,
-            }),
+            reduction,
+            emit,
             workers,
+            io_concurrency,
             read_ahead,
             schema,
             properties,
@@ -234,7 +382,7 @@ impl DenseReductionExec {
             if projected > limit {
                 return resources_err!(
                     "DenseReductionExec over {} needs {} ({} workers x {} per worker: a block \
-                     of {} decoded cells, {} of group state) but the memory limit is {}; \
+                     of {} decoded cells, {} of group state) but the memory limit (allowed_mem) is {}; \
                      raise the limit, group by fewer dimensions or lower \
                      zarrfusion.target_partition_bytes",
                     exec.reduction.table.store,
@@ -250,12 +398,125 @@ impl DenseReductionExec {
         Ok(exec)
     }
 
+    /// This reduction giving the partial states of its tasks' runs of the
+    /// blocks as `schema` (see `partial`).
+    pub(super) fn with_states(&self, schema: SchemaRef, tasks: usize) -> Result<Self> {
+        self.reduction.check_states(&schema)?;
+        let mut exec = Self::assemble(
+            Arc::clone(&self.reduction),
+            Emit::States {
+                tasks: tasks.max(1),
+            },
+            schema,
+            self.io_concurrency,
+            self.workers,
+            None,
+        )?;
+        exec.read_ahead = self.read_ahead;
+        Ok(exec)
+    }
+
+    /// This reduction with its blocks dealt to `tasks` tasks of a cluster's
+    /// stage in contiguous runs (when it gives partial states).
+    pub fn with_tasks(&self, tasks: usize) -> Result<Self> {
+        self.with_states(Arc::clone(&self.schema), tasks)
+    }
+
+    /// The tasks the blocks are dealt to (`None`: the reduction gives its
+    /// results, on one machine).
+    pub fn tasks(&self) -> Option<usize> {
+        match self.emit {
+            Emit::Results => None,
+            Emit::States { tasks } => Some(tasks),
+        }
+    }
+
+    /// The table reduced.
+    pub fn table(&self) -> &Arc<GridTable> {
+        &self.reduction.table
+    }
+
+    /// The cells reduced.
+    pub fn selection(&self) -> &Selection {
+        &self.reduction.selection
+    }
+
+    /// The blocks the cells are read in.
+    pub fn blocks(&self) -> &BlockGrid {
+        &self.reduction.blocks
+    }
+
+    /// Table columns the expressions read.
+    pub fn columns(&self) -> &[usize] {
+        &self.reduction.columns
+    }
+
+    /// Dimensions grouped by, in the order of the output columns.
+    pub fn group_dims(&self) -> &[usize] {
+        &self.reduction.group_dims
+    }
+
+    /// The aggregates.
+    pub fn aggregates(&self) -> Vec<ReduceSpec> {
+        let r = &self.reduction;
+        r.aggregates
+            .iter()
+            .map(|a| ReduceSpec {
+                op: a.op,
+                arg: a.arg.clone(),
+                output: a.output_type.clone(),
+                label: a.label.clone(),
+            })
+            .collect()
+    }
+
+    /// The row filter, if any.
+    pub fn predicate(&self) -> Option<&Arc<dyn PhysicalExpr>> {
+        self.reduction.predicate.as_ref()
+    }
+
+    /// Chunk requests in flight at once (remote stores).
+    pub fn io_concurrency(&self) -> usize {
+        self.io_concurrency
+    }
+
+    /// Bytes of the columns read, decoded.
+    pub fn decoded_bytes(&self) -> u64 {
+        let r = &self.reduction;
+        r.selection
+            .num_cells()
+            .saturating_mul(r.bytes_per_cell() as u64)
+    }
+
+    /// The blocks this execution folds: all of them, or on a cluster the
+    /// run of the task it runs as (from its `DistributedTaskContext`).
+    fn blocks_of_task(&self, context: &Arc<TaskContext>) -> Result<Range<u64>> {
+        let all = 0..self.reduction.blocks.num_blocks();
+        let tasks = match self.emit {
+            Emit::Results | Emit::States { tasks: 1 } => return Ok(all),
+            Emit::States { tasks } => tasks,
+        };
+        let ctx = DistributedTaskContext::from_ctx(context);
+        if ctx.task_count != tasks || ctx.task_index >= tasks {
+            return datafusion::common::exec_err!(
+                "DenseReductionExec over {} was planned for {tasks} tasks, but runs as task {} \
+                 of {}",
+                self.reduction.table.store,
+                ctx.task_index,
+                ctx.task_count
+            );
+        }
+        Ok(share_of(all, ctx.task_index as u64, tasks as u64))
+    }
+
     /// Memory one worker holds: a decoded block, the temporaries of one run
     /// of rows, and its group state.
     fn per_worker_memory(&self) -> usize {
         let r = &self.reduction;
         let block = r.block_cells() as usize * r.bytes_per_cell();
-        let scratch = RUN_ROWS as usize * 8 * (r.aggregates.len() + r.columns.len() + 2);
+        // Runs of rows are at most a block long.
+        let run = RUN_ROWS.min(r.block_cells().max(1)) as usize;
+        let scratch = run * 8 * (r.aggregates.len() + r.columns.len() + 2);
         block + scratch + r.state_bytes()
     }
 
@@ -269,6 +530,58 @@ impl DenseReductionExec {
 }
 
 impl Reduction {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        table: Arc<GridTable>,
+        selection: Selection,
+        blocks: BlockGrid,
+        columns: Vec<usize>,
+        input_schema: SchemaRef,
+        group_dims: Vec<usize>,
+        aggregates: Vec<PhysicalReduce>,
+        predicate: Option<Arc<dyn PhysicalExpr>>,
+    ) -> Self {
+        let mut sorted_dims = group_dims.clone();
+        sorted_dims.sort_unstable();
+        let space = GroupSpace::new(&selection, &sorted_dims);
+        Self {
+            table,
+            selection,
+            blocks,
+            space,
+            columns,
+            input_schema,
+            group_dims,
+            aggregates,
+            predicate,
+        }
+    }
+
+    /// Checks that `schema` is the group columns, then each aggregate's
+    /// state columns ([`ReduceOp::state_types`]).
+    fn check_states(&self, schema: &SchemaRef) -> Result<()> {
+        let mut expected: Vec<DataType> = self
+            .group_dims
+            .iter()
+            .map(|&d| self.table.dims[d].coordinate.data_type().clone())
+            .collect();
+        for a in &self.aggregates {
+            expected.extend(a.op.state_types(&a.output_type));
+        }
+        let got: Vec<DataType> = schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        if got != expected {
+            return datafusion::common::plan_err!(
+                "the partial states of a dense reduction over {} are {expected:?}, not {got:?}",
+                self.table.store
+            );
+        }
+        Ok(())
+    }
+
     /// `extent` cut into parts of about [`PART_BYTES`] along one dimension
     /// when every variable read comes straight from chunk files (a part then
     /// costs only its own bytes, and is still in cache when folded); else
@@ -327,7 +640,7 @@ impl Reduction {
         // The aggregates' state and the row count they share.
         self.aggregates
             .iter()
-            .map(|a| a.expr.op.state_bytes())
+            .map(|a| a.op.state_bytes())
             .sum::<usize>()
             + 8
     }
@@ -343,13 +656,11 @@ impl Reduction {
             .aggregates
             .iter()
             .map(|a| {
-                a.expr
-                    .op
-                    .accumulator(&a.arg_type, &a.output_type, groups)
+                a.op.accumulator(&a.arg_type, &a.output_type, groups)
                     .ok_or_else(|| {
                         DataFusionError::Internal(format!(
                             "no dense accumulator for {} of {}",
-                            a.expr, a.arg_type
+                            a.label, a.arg_type
                         ))
                     })
             })
@@ -360,11 +671,12 @@ impl Reduction {
         })
     }
 
-    /// Folds blocks taken from `next` until none are left (or `stop`),
+    /// Folds blocks taken from `next` until it reaches `end` (or `stop`),
     /// telling `read_ahead` when each block is done.
     fn run_worker(
         &self,
         next: &AtomicU64,
+        end: u64,
         stop: &AtomicBool,
         meters: &Meters,
         read_ahead: Option<&TableReadAhead>,
@@ -375,7 +687,7 @@ impl Reduction {
         let buffers = ChunkBufferPool::new();
         loop {
             let id = next.fetch_add(1, Ordering::Relaxed);
-            if id >= self.blocks.num_blocks() || stop.load(Ordering::Relaxed) {
+            if id >= end || stop.load(Ordering::Relaxed) {
                 return Ok(partial);
             }
             let boxes = boxes_in_block(&self.selection, &self.blocks.block(id));
@@ -454,14 +766,20 @@ impl Reduction {
         Ok(())
     }
 
-    /// The result rows: group coordinates, then the aggregates.
-    fn finish(&self, mut partial: Partial, schema: &SchemaRef) -> Result<RecordBatch> {
-        let rows = partial.rows.settled();
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    /// The coordinates of every group, a column per grouped dimension.
+    fn group_columns(&self) -> Result<Vec<ArrayRef>> {
+        let mut columns = Vec::with_capacity(self.group_dims.len());
         for &d in &self.group_dims {
             let indices = UInt64Array::from(self.space.coordinate_indices(d));
             columns.push(self.table.dims[d].coordinate.take(&indices)?);
         }
+        Ok(columns)
+    }
+
+    /// The result rows: group coordinates, then the aggregates.
+    fn finish(&self, mut partial: Partial, schema: &SchemaRef) -> Result<RecordBatch> {
+        let rows = partial.rows.settled();
+        let mut columns = self.group_columns()?;
         for accumulator in &partial.accumulators {
             columns.push(accumulator.finish(rows)?);
         }
@@ -473,6 +791,23 @@ impl Reduction {
             return Ok(filter_record_batch(&batch, &present)?);
         }
         Ok(batch)
+    }
+
+    /// The partial states: group coordinates, then each aggregate's state
+    /// columns, for the groups this task's rows fell in (with no GROUP BY,
+    /// the one group always).
+    fn states(&self, mut partial: Partial, schema: &SchemaRef) -> Result<RecordBatch> {
+        let rows = partial.rows.settled();
+        let mut columns = self.group_columns()?;
+        for accumulator in &partial.accumulators {
+            columns.extend(accumulator.state(rows)?);
+        }
+        let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
+        if self.group_dims.is_empty() {
+            return Ok(batch);
+        }
+        let present: BooleanArray = rows.iter().map(|&n| Some(n > 0)).collect();
+        Ok(filter_record_batch(&batch, &present)?)
     }
 }
 
@@ -574,8 +909,8 @@ impl DisplayAs for DenseReductionExec {
             .aggregates
             .iter()
             .map(|a| match a.fused {
-                Some(_) => format!("{} (fused)", a.expr),
-                None => a.expr.to_string(),
+                Some(_) => format!("{} (fused)", a.label),
+                None => a.label.clone(),
             })
             .collect();
         write!(
@@ -595,6 +930,9 @@ impl DisplayAs for DenseReductionExec {
         )?;
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
+        }
+        if let Emit::States { tasks } = self.emit {
+            write!(f, ", emits=partial states, tasks={tasks}")?;
         }
         if let Some(ordering) = self.properties.output_ordering() {
             write!(f, ", output_ordering=[{ordering}]")?;
@@ -664,6 +1002,8 @@ impl ExecutionPlan for DenseReductionExec {
         }
         let reduction = Arc::clone(&self.reduction);
         let schema = Arc::clone(&self.schema);
+        let emit = self.emit;
+        let run = self.blocks_of_task(&context)?;
         let workers = self.workers;
         let batch_size = context.session_config().batch_size().max(1);
         let reservation = MemoryConsumer::new("DenseReductionExec").register(context.memory_pool());
@@ -673,7 +1013,7 @@ impl ExecutionPlan for DenseReductionExec {
             .set(self.projected_memory());
         let progress = context.session_config().get_extension::<ScanProgress>();
         if let Some(progress) = &progress {
-            progress.add_planned(reduction.blocks.num_blocks());
+            progress.add_planned(run.end - run.start);
         }
         let meters = Arc::new(Meters {
             blocks_read: MetricBuilder::new(&self.metrics).counter("blocks_read", 0),
@@ -683,7 +1023,8 @@ impl ExecutionPlan for DenseReductionExec {
             progress,
         });
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(0);
-        let next = Arc::new(AtomicU64::new(0));
+        let next = Arc::new(AtomicU64::new(run.start));
+        let end = run.end;
         let stop = Arc::new(AtomicBool::new(false));
         // Workers take blocks in order from `next`: the window reads ahead
         // in that order, the blocks the workers read at once interleaved.
@@ -693,7 +1034,7 @@ impl ExecutionPlan for DenseReductionExec {
                 .start(
                     &reduction.table,
                     &reduction.columns,
-                    0..reduction.blocks.num_blocks(),
+                    run,
                     workers,
                     move |id| boxes_in_block(&r.selection, &r.blocks.block(id)),
                 )
@@ -713,7 +1054,7 @@ impl ExecutionPlan for DenseReductionExec {
                     );
                     tokio::task::spawn_blocking(move || {
                         let partial =
-                            reduction.run_worker(&next, &stop, &meters, read_ahead.as_deref());
+                            reduction.run_worker(&next, end, &stop, &meters, read_ahead.as_deref());
                         if partial.is_err() {
                             stop.store(true, Ordering::Relaxed);
                         }
@@ -732,7 +1073,10 @@ impl ExecutionPlan for DenseReductionExec {
                 Some(merged) => merged,
                 None => reduction.partial()?,
             };
-            let batch = reduction.finish(merged, &schema)?;
+            let batch = match emit {
+                Emit::Results => reduction.finish(merged, &schema)?,
+                Emit::States { .. } => reduction.states(merged, &schema)?,
+            };
             drop(reservation);
             output_rows.add(batch.num_rows());
             let batches: Vec<Result<RecordBatch>> = (0..batch.num_rows().max(1))
@@ -759,7 +1103,8 @@ impl ExecutionPlan for DenseReductionExec {
     ) -> Result<Arc<Statistics>> {
         let mut stats = Statistics::new_unknown(&self.schema);
         let r = &self.reduction;
-        if args.partition().unwrap_or(0) == 0 && r.predicate.is_none() {
+        if args.partition().unwrap_or(0) == 0 && r.predicate.is_none() && self.emit == Emit::Results
+        {
             stats.num_rows = Precision::Exact(r.space.num_groups());
         }
         Ok(Arc::new(stats))

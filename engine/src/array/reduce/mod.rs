@@ -6,6 +6,7 @@
 //! | `rule` | [`DenseReductionRule`], which finds such aggregates in plain SQL |
 //! | `node` | [`DenseReduction`], the logical plan node |
 //! | `exec` | [`DenseReductionExec`], the operator: fused decode, evaluate and fold, then a tree merge |
+//! | `partial` | the same on a cluster: each task's partial states, merged by DataFusion's final aggregate |
 //! | `groups` | the dense group space and how rows of a box map onto it |
 //! | `accumulators` | per-group state of `count`, `sum`, `avg`, `min`, `max`, `var`, `stddev` |
 //! | `elementwise` | `float64` arithmetic arguments evaluated in cache-sized pieces, folded as they are made |
@@ -26,10 +27,11 @@ mod elementwise;
 mod exec;
 mod groups;
 mod node;
+mod partial;
 mod rule;
 
 pub use accumulators::{numeric_domain, DenseAccumulator, ReduceOp};
-pub use exec::DenseReductionExec;
+pub use exec::{DenseReductionExec, ReduceSpec, ReductionParts};
 pub use groups::{GroupSpace, Line};
 pub use node::{DenseReduction, ReduceExpr};
 pub use rule::{DenseReductionRule, MAX_STATE_BYTES};

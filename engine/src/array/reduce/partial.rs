@@ -1,0 +1,169 @@
+//! A dense reduction on a cluster: partial states per task, merged by
+//! DataFusion's final aggregate.
+//!
+//! Each task of the reduction's stage folds its run of the blocks into
+//! dense per-group state, as on one machine, and sends that state as rows:
+//! the group's coordinates, then each aggregate's state in the layout of
+//! DataFusion's own aggregate function (`avg`: count and sum; `var`:
+//! count, mean and sum of squared deviations, ...; see
+//! [`ReduceOp::state_types`]). DataFusion's final aggregate merges them,
+//! after a hash shuffle of the groups (or gathered, without `GROUP BY`):
+//! what crosses the network is one row per group per task, never the
+//! cells.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::{internal_err, Result, ScalarValue};
+use datafusion::functions_aggregate::average::avg_udaf;
+use datafusion::functions_aggregate::count::count_udaf;
+use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
+use datafusion::functions_aggregate::stddev::{stddev_pop_udaf, stddev_udaf};
+use datafusion::functions_aggregate::sum::sum_udaf;
+use datafusion::functions_aggregate::variance::{var_pop_udaf, var_samp_udaf};
+use datafusion::logical_expr::AggregateUDF;
+use datafusion::physical_expr::aggregate::AggregateExprBuilder;
+use datafusion::physical_expr::expressions::{cast, lit, Column};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning};
+
+use super::accumulators::{numeric_domain, ReduceOp};
+use super::exec::DenseReductionExec;
+
+/// DataFusion's aggregate function computing `op`.
+fn function(op: ReduceOp) -> Arc<AggregateUDF> {
+    match op {
+        ReduceOp::Count => count_udaf(),
+        ReduceOp::Sum => sum_udaf(),
+        ReduceOp::Avg => avg_udaf(),
+        ReduceOp::Min => min_udaf(),
+        ReduceOp::Max => max_udaf(),
+        ReduceOp::Var => var_samp_udaf(),
+        ReduceOp::VarPop => var_pop_udaf(),
+        ReduceOp::Stddev => stddev_udaf(),
+        ReduceOp::StddevPop => stddev_pop_udaf(),
+    }
+}
+
+impl DenseReductionExec {
+    /// This reduction as a cluster runs it: the reduction giving the
+    /// partial states of each task's blocks, under DataFusion's final
+    /// aggregate (`FinalPartitioned` over a hash shuffle of the groups into
+    /// `target_partitions`, gathered into one partition; `Final` over the
+    /// gathered states without `GROUP BY`). Same columns, same rows; the
+    /// rows' order is not kept (a sort above it stays).
+    pub fn on_cluster(&self, target_partitions: usize) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = self.table();
+        let group_dims = self.group_dims();
+        let n_groups = group_dims.len();
+        let output = self.schema();
+
+        // The aggregates' input: the columns read, then the grouped
+        // dimensions (the arguments' column indices stay valid).
+        let mut fields: Vec<Field> = self
+            .columns()
+            .iter()
+            .map(|&c| table.schema.field(c).clone())
+            .collect();
+        let mut group_by = Vec::with_capacity(n_groups);
+        for (i, &d) in group_dims.iter().enumerate() {
+            let name = &table.dims[d].name;
+            let index = match fields.iter().position(|f| f.name() == name) {
+                Some(index) => index,
+                None => {
+                    fields.push(table.schema.field(d).clone());
+                    fields.len() - 1
+                }
+            };
+            let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new(name, index));
+            group_by.push((column, output.field(i).name().clone()));
+        }
+        let input: SchemaRef = Arc::new(Schema::new(fields));
+
+        let mut aggregates = Vec::new();
+        for (i, a) in self.aggregates().into_iter().enumerate() {
+            let arg = match a.arg {
+                Some(arg) => arg,
+                // `count(*)`.
+                None => lit(ScalarValue::Int64(Some(1))),
+            };
+            // The rule took off the cast to the fold's domain that type
+            // coercion had put on the argument: DataFusion's function gets
+            // it back.
+            let arg_type = arg.data_type(&input)?;
+            let folds_wide = !matches!(a.op, ReduceOp::Count | ReduceOp::Min | ReduceOp::Max);
+            let arg = match numeric_domain(&arg_type) {
+                Some(domain) if folds_wide && domain != arg_type => cast(arg, &input, domain)?,
+                _ => arg,
+            };
+            let expr = AggregateExprBuilder::new(function(a.op), vec![arg])
+                .schema(Arc::clone(&input))
+                .alias(output.field(n_groups + i).name())
+                .build()?;
+            aggregates.push(Arc::new(expr));
+        }
+        let filters = vec![None; aggregates.len()];
+        let partial = AggregateExec::try_new(
+            AggregateMode::Partial,
+            PhysicalGroupBy::new_single(group_by),
+            aggregates,
+            filters,
+            Arc::new(EmptyExec::new(Arc::clone(&input))),
+            Arc::clone(&input),
+        )?;
+
+        let states: Arc<dyn ExecutionPlan> = Arc::new(self.with_states(partial.schema(), 1)?);
+        let (mode, gathered): (_, Arc<dyn ExecutionPlan>) = if n_groups == 0 {
+            (
+                AggregateMode::Final,
+                Arc::new(CoalescePartitionsExec::new(states)),
+            )
+        } else {
+            let keys: Vec<Arc<dyn PhysicalExpr>> = (0..n_groups)
+                .map(|i| {
+                    let name = partial.schema().field(i).name().clone();
+                    Arc::new(Column::new(&name, i)) as Arc<dyn PhysicalExpr>
+                })
+                .collect();
+            let partitioning = Partitioning::Hash(keys, target_partitions.max(1));
+            (
+                AggregateMode::FinalPartitioned,
+                Arc::new(RepartitionExec::try_new(states, partitioning)?),
+            )
+        };
+        let merged: Arc<dyn ExecutionPlan> = Arc::new(AggregateExec::try_new(
+            mode,
+            partial.group_expr().as_final(),
+            partial.aggr_expr().to_vec(),
+            partial.filter_expr().to_vec(),
+            gathered,
+            input,
+        )?);
+        let merged = match n_groups {
+            0 => merged,
+            _ => Arc::new(CoalescePartitionsExec::new(merged)),
+        };
+        let same = |a: &Schema, b: &Schema| {
+            let shape = |s: &Schema| -> Vec<(String, DataType)> {
+                let fields = s.fields().iter();
+                fields
+                    .map(|f| (f.name().clone(), f.data_type().clone()))
+                    .collect()
+            };
+            shape(a) == shape(b)
+        };
+        if !same(&merged.schema(), &output) {
+            return internal_err!(
+                "a dense reduction over {} on a cluster gives {:?}, not {:?}",
+                table.store,
+                merged.schema(),
+                output
+            );
+        }
+        Ok(merged)
+    }
+}

@@ -1,0 +1,105 @@
+//! Dense reductions on a cluster: physical optimizer rules of sessions
+//! with workers. [`ClusterReductions`] plans each dense reduction as
+//! partial states per task under DataFusion's final aggregate
+//! ([`DenseReductionExec::on_cluster`]); [`GatherStates`] keeps the
+//! gathering of the states of a reduction without `GROUP BY`, which
+//! DataFusion drops as one partition needs none. The distributed planner
+//! then puts a network shuffle (or gather) between the two, and the
+//! reduction's stage is split into tasks by its decoded bytes like a
+//! scan's ([`super::tasks`]).
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::Result;
+use datafusion::config::ConfigOptions;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::array::DenseReductionExec;
+
+/// Plans every dense reduction of a plan for a cluster.
+#[derive(Debug, Default)]
+pub struct ClusterReductions;
+
+impl PhysicalOptimizerRule for ClusterReductions {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let partitions = config.execution.target_partitions;
+        plan.transform_up(|node| match node.downcast_ref::<DenseReductionExec>() {
+            Some(reduction) if reduction.tasks().is_none() => {
+                Ok(Transformed::yes(reduction.on_cluster(partitions)?))
+            }
+            _ => Ok(Transformed::no(node)),
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "zarrfusion_cluster_reductions"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// Gathers the partial states of a dense reduction without `GROUP BY`
+/// under its final aggregate: the gathering is where the distributed
+/// planner puts the network boundary that sends the reduction's tasks to
+/// the workers.
+#[derive(Debug, Default)]
+pub struct GatherStates;
+
+impl PhysicalOptimizerRule for GatherStates {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(aggregate) = node.downcast_ref::<AggregateExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            let states = aggregate.input();
+            let gives_states = states
+                .downcast_ref::<DenseReductionExec>()
+                .is_some_and(|r| r.tasks().is_some());
+            if *aggregate.mode() != AggregateMode::Final || !gives_states {
+                return Ok(Transformed::no(node));
+            }
+            let gathered = Arc::new(CoalescePartitionsExec::new(Arc::clone(states)));
+            Ok(Transformed::yes(node.with_new_children(vec![gathered])?))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "zarrfusion_gather_states"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// DataFusion's physical optimizer rules with [`ClusterReductions`] first
+/// (before the rule that places repartitions and sorts, which then places
+/// them for the final aggregate as for any other) and [`GatherStates`]
+/// right after that rule.
+pub fn rules_with_cluster_reductions() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules = PhysicalOptimizer::new().rules;
+    let requirements = rules
+        .iter()
+        .position(|r| r.name() == "EnsureRequirements")
+        .map_or(rules.len(), |i| i + 1);
+    rules.insert(requirements, Arc::new(GatherStates));
+    rules.insert(0, Arc::new(ClusterReductions));
+    rules
+}
