@@ -17,7 +17,7 @@ use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 
 use crate::array::DenseReductionExec;
 
@@ -75,7 +75,10 @@ impl PhysicalOptimizerRule for GatherStates {
                 return Ok(Transformed::no(node));
             }
             let gathered = Arc::new(CoalescePartitionsExec::new(Arc::clone(states)));
-            Ok(Transformed::yes(node.with_new_children(vec![gathered])?))
+            let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+            Ok(Transformed::yes(
+                node.replace_children(vec![gathered], options)?,
+            ))
         })
         .map(|t| t.data)
     }
