@@ -7,15 +7,17 @@
 Arms (every run a fresh shell process; workers started fresh for each run, not timed):
 
 * ``local 1 core (dense)``: ``taskset -c 0 zarrfusion ...``, zarrfusion's dense reduction
-  (the best single-node plan);
-* ``local 1 core (hash)``: the same with ``zarrfusion.dense_reduction = false``: the plan a
-  cluster runs (DataFusion's partial and final aggregates), on one core;
-* ``local 2 cores (hash)``: that plan in one process on both cores;
-* ``2 workers``: workers pinned to cores 0 and 1 (``taskset``), the session unpinned and
-  ``zarrfusion.bytes_per_task`` such that the scan gets one task per worker.
+  (the best single-node plan; the ratios' base);
+* ``local 2 cores (dense)``: the same in one process on both cores;
+* ``2 workers (dense)``: workers pinned to cores 0 and 1 (``taskset``), the session unpinned and
+  ``zarrfusion.bytes_per_task`` such that the reduction gets one task per worker: each task
+  folds its blocks into partial states, merged by DataFusion's final aggregate;
+* ``2 workers (hash)``: the same with ``zarrfusion.dense_reduction = false``: DataFusion's
+  partial and final aggregates over distributed scans (the cluster's plan before the dense
+  reduction ran on workers).
 
 A session with one worker runs a one-task stage in its own process (datafusion-distributed's
-routing), so "one worker" is the ``local 1 core (hash)`` arm. Times are the shell's wall time
+routing), so "one worker" is the ``local 1 core`` arm. Times are the shell's wall time
 (process start to exit, the store's opening included); peak RSS is ``ru_maxrss`` of the
 shell and ``VmHWM`` of each worker. Network bytes are the ``output_bytes`` of every network
 boundary in one ``EXPLAIN ANALYZE`` run; bytes read are the scanned chunks' bytes on disk and
@@ -120,12 +122,12 @@ def main() -> None:
         sql = QUERIES[q]
         arms = {
             "local 1 core (dense)": (None, "0", [create, sql]),
-            "local 1 core (hash)": (None, "0", [hash_plan, create, sql]),
-            "local 2 cores (hash)": (None, None, [hash_plan, create, sql]),
-            "2 workers": (2, None, [create, sql]),
+            "local 2 cores (dense)": (None, None, [create, sql]),
+            "2 workers (dense)": (2, None, [create, sql]),
+            "2 workers (hash)": (2, None, [hash_plan, create, sql]),
         }
         answers = {}
-        explain_net = None
+        explain_net = {}
         for arm, (workers, pin, statements) in arms.items():
             times, rss, worker_rss = [], [], []
             for i in range(args.repeat + 1):
@@ -145,10 +147,9 @@ def main() -> None:
                         cmd += ["-c", s]
                     elapsed, peak, out = run_child_rss(cmd, pin)
                     if workers and i == 0:
-                        explain = run_child_rss(
-                            [*extra, "-q", "-c", statements_run[0], "-c", create, "-c", f"EXPLAIN ANALYZE {sql}"], None
-                        )[2]
-                        explain_net = network_bytes(explain)
+                        setup = [x for s in statements_run[:-1] for x in ("-c", s)]
+                        explain = run_child_rss([*extra, "-q", *setup, "-c", f"EXPLAIN ANALYZE {sql}"], None)[2]
+                        explain_net[arm] = network_bytes(explain)
                     hwm = [vm_hwm(p.pid) for p in procs]
                 finally:
                     for p in procs:
@@ -167,8 +168,8 @@ def main() -> None:
             rows.append((q, arm, min(times), statistics.median(times), max(rss), max(worker_rss) if worker_rss else None))
         same = len({"\n".join(_round(a) for a in v) for v in answers.values()}) == 1
         rows.append((q, "answers identical (6 significant digits)", same, None, None, None))
-        if explain_net:
-            rows.append((q, "network", explain_net, on_disk, None, None))
+        for arm, net in explain_net.items():
+            rows.append((q, "network", (arm, *net), on_disk, None, None))
     report(rows, args, store, on_disk)
 
 
@@ -186,27 +187,28 @@ def report(rows, args, store, on_disk) -> None:
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     load = os.getloadavg()
     lines = [
-        f"## Cluster benchmark {now} (issue 27: one core vs two pinned workers)",
+        f"## Cluster benchmark {now} (issue 27: one core vs two pinned workers, dense reduction on workers)",
         "",
         f"- Command: `python bench/bench_cluster.py --repeat {args.repeat} --queries {args.queries}`",
         f"- Machine: {os.cpu_count()} cores; load average {load[0]:.2f} at the end. zarrfusion: `{binary()}`.",
         f"- Store: `{store}` (t2m chunks {on_disk / 1e6:.1f} MB on disk). allowed_mem {args.memory} (the session's and each worker's).",
         f"- Each arm: a warm-up run, then {args.repeat} runs; best and median of the shell's wall time.",
         "",
-        "| query | arm | best s | median s | vs 1 core (hash) | shell peak RSS MiB | worker peak RSS MiB |",
+        "| query | arm | best s | median s | vs 1 core (dense) | shell peak RSS MiB | worker peak RSS MiB |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    base = {q: best for q, arm, best, *_ in rows if arm == "local 1 core (hash)"}
+    base = {q: best for q, arm, best, *_ in rows if arm == "local 1 core (dense)"}
     notes = []
     for q, arm, a, b, c, d in rows:
         if arm.startswith("answers"):
             notes.append(f"- {q}: answers identical across arms (6 significant digits): {'yes' if a else 'NO'}")
         elif arm == "network":
-            net, scanned = a
+            which, net, scanned = a
+            rows_scanned = (f"{scanned / 1e6:.1f} M rows scanned" if scanned
+                            else "no rows scanned as rows (the cells folded where they are decoded)")
             notes.append(
-                f"- {q}, 2 workers: {net / 1e3:.1f} kB crossed the network (every network boundary's output) for "
-                f"{scanned / 1e6:.1f} M rows scanned ({scanned * 4 / 1e6:.0f} MB of t2m decoded, {b / 1e6:.0f} MB on disk): "
-                f"{100 * net / b:.4f} % of the bytes on disk"
+                f"- {q}, {which}: {net / 1e3:.1f} kB crossed the network (every network boundary's output), "
+                f"{rows_scanned}, {b / 1e6:.0f} MB on disk: {100 * net / b:.4f} % of the bytes on disk"
             )
         else:
             ratio = base[q] / a if q in base else float("nan")

@@ -578,14 +578,17 @@ fn sql_examples_give_the_same_answers_through_two_worker_processes() {
         checked += 1;
     }
     assert_eq!(checked, 7);
-    // The plan did go to the workers: its scans are split into tasks.
+    // The plan did go to the workers: the dense reduction is split into
+    // tasks giving partial states.
     let explain = on_workers(&list, "EXPLAIN SELECT lat, avg(t2m) FROM era5 GROUP BY lat");
     let plan = stdout(&explain);
     assert!(explain.status.success(), "{}", stderr(&explain));
-    assert!(plan.contains("tasks="), "{plan}");
-    // After running: each stage's metrics, and only the partial
-    // aggregates' states cross the shuffle (a row per latitude and task),
-    // not the scanned rows.
+    assert!(
+        plan.contains("tasks=") && plan.contains("emits=partial states"),
+        "{plan}"
+    );
+    // After running: each stage's metrics, and only the partial states
+    // cross the shuffle (a row per latitude and task), not the cells.
     let analyze = on_workers(
         &list,
         "EXPLAIN ANALYZE SELECT lat, avg(t2m) FROM era5 GROUP BY lat",
@@ -606,8 +609,8 @@ fn sql_examples_give_the_same_answers_through_two_worker_processes() {
         .unwrap_or_else(|| panic!("no shuffle with metrics in {plan}"));
     let scan = plan
         .lines()
-        .find(|l| l.contains("ZarrScanExec"))
-        .unwrap_or_else(|| panic!("no scan in {plan}"));
+        .find(|l| l.contains("DenseReductionExec"))
+        .unwrap_or_else(|| panic!("no dense reduction in {plan}"));
     let (shuffled, scanned) = (
         number_after(shuffle, "output_rows="),
         number_after(scan, "rows="),
