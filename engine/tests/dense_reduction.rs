@@ -249,7 +249,7 @@ async fn tiled_reductions_equal_the_hash_aggregation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reduction_over_the_memory_limit_is_refused_before_it_runs() {
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(512 * 1024, 1.0)
+        .with_memory_limit(1024, 1.0)
         .build()
         .unwrap();
     let ctx = new_context_with(session_config(), Arc::new(runtime));
@@ -262,12 +262,12 @@ async fn a_reduction_over_the_memory_limit_is_refused_before_it_runs() {
         .unwrap()
         .create_physical_plan()
         .await
-        .expect_err("the plan does not fit in 512 KB")
+        .expect_err("the plan does not fit in 1 KiB")
         .to_string();
     for needle in [
         "DenseReductionExec",
         "memory limit",
-        "512.0 KB",
+        "1024.0 B",
         "v2_basic.zarr",
     ] {
         assert!(
