@@ -18,6 +18,7 @@ use datafusion::physical_plan::{collect_partitioned, displayable, ExecutionPlan}
 use datafusion_proto::bytes::{
     physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
 };
+use datafusion_proto::physical_plan::{DefaultPhysicalProtoConverter, PhysicalExtensionCodec};
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -178,22 +179,47 @@ async fn a_scan_round_trips_through_the_codec_with_the_same_plan_and_rows() {
     assert!(want.iter().flatten().map(|b| b.num_rows()).sum::<usize>() > 0);
 }
 
+/// zarrfusion's codec on both ends of the wire: a node as it is sent
+/// (JSON), and a worker's decoding of such JSON (`Err`: the error's text).
+struct Wire {
+    codec: ZarrCodec,
+    task: Arc<datafusion::execution::TaskContext>,
+}
+
+impl Wire {
+    fn new(ctx: &datafusion::prelude::SessionContext) -> Self {
+        Self {
+            codec: ZarrCodec::default(),
+            task: ctx.task_ctx(),
+        }
+    }
+
+    fn encode(&self, plan: Arc<dyn ExecutionPlan>) -> Value {
+        let mut buf = Vec::new();
+        self.codec.try_encode(plan, &mut buf, &CONVERTER).unwrap();
+        serde_json::from_slice(&buf).unwrap()
+    }
+
+    fn decode_bytes(&self, bytes: &[u8]) -> Result<(), String> {
+        self.codec
+            .try_decode(bytes, &[], &self.task, &CONVERTER)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn decode(&self, sent: &Value) -> Result<(), String> {
+        self.decode_bytes(&serde_json::to_vec(sent).unwrap())
+    }
+}
+
+const CONVERTER: DefaultPhysicalProtoConverter = DefaultPhysicalProtoConverter {};
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
     let (ctx, scan) = planned_scan("SELECT * FROM t WHERE lat > 10").await;
-    let codec = ZarrCodec::default();
-    let proto = datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {};
-    let mut buf = Vec::new();
-    use datafusion_proto::physical_plan::PhysicalExtensionCodec;
-    codec.try_encode(scan, &mut buf, &proto).unwrap();
-    let sent: Value = serde_json::from_slice(&buf).unwrap();
-    let task = ctx.task_ctx();
-    let decode = |v: &Value| {
-        codec
-            .try_decode(&serde_json::to_vec(v).unwrap(), &[], &task, &proto)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    };
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(scan);
+    let decode = |v: &Value| wire.decode(v);
     decode(&sent).expect("the scan as sent");
     let cases: Vec<(&str, Value, &str)> = vec![
         ("partitions", Value::from(u64::MAX), "partitions"),
@@ -222,11 +248,7 @@ async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
         assert!(err.contains(says), "{field} = {value}: {err}");
     }
     for garbage in [&b""[..], b"{", b"{\"node\":\"nothing\"}", b"\xff\xfe"] {
-        let err = codec
-            .try_decode(garbage, &[], &task, &proto)
-            .map(|_| ())
-            .unwrap_err()
-            .to_string();
+        let err = wire.decode_bytes(garbage).unwrap_err();
         assert!(err.contains("malformed zarrfusion plan node"), "{err}");
     }
 }
@@ -329,19 +351,9 @@ fn assert_close(got: &[String], want: &[String]) {
 async fn a_malformed_dense_reduction_is_an_error_naming_what_is_wrong() {
     let sql = "SELECT lat, avg(t2m), count(*) FROM t WHERE t2m > 270 GROUP BY lat";
     let (ctx, _, _, states) = planned_states(sql).await;
-    let codec = ZarrCodec::default();
-    let proto = datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {};
-    let mut buf = Vec::new();
-    use datafusion_proto::physical_plan::PhysicalExtensionCodec;
-    codec.try_encode(states, &mut buf, &proto).unwrap();
-    let sent: Value = serde_json::from_slice(&buf).unwrap();
-    let task = ctx.task_ctx();
-    let decode = |v: &Value| {
-        codec
-            .try_decode(&serde_json::to_vec(v).unwrap(), &[], &task, &proto)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    };
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(states);
+    let decode = |v: &Value| wire.decode(v);
     decode(&sent).expect("the reduction as sent");
     let cases: Vec<(&str, Value, &str)> = vec![
         ("group_dims", serde_json::json!([1, 1]), "twice"),

@@ -185,17 +185,29 @@ impl ZarrCodec {
         Ok(table)
     }
 
-    fn decode_scan(&self, scan: Scan, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-        let table = self.open(&scan.source, ctx)?;
-        let store = &table.store;
-        if columns_of(&table) != scan.columns {
+    /// The table `source` names, opened on this worker, checked to have
+    /// the `columns` the plan was made for.
+    fn open_checked(
+        &self,
+        source: &Source,
+        columns: &[(String, String)],
+        ctx: &TaskContext,
+    ) -> Result<Arc<GridTable>> {
+        let table = self.open(source, ctx)?;
+        if columns_of(&table) != columns {
             return plan_err!(
-                "the Zarr table over {store} has changed since the query was planned: its \
-                 columns are now {:?}, the plan expects {:?}",
+                "the Zarr table over {} has changed since the query was planned: its columns \
+                 are now {:?}, the plan expects {columns:?}",
+                table.store,
                 columns_of(&table),
-                scan.columns
             );
         }
+        Ok(table)
+    }
+
+    fn decode_scan(&self, scan: Scan, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = self.open_checked(&scan.source, &scan.columns, ctx)?;
+        let store = &table.store;
         let width = table.schema.fields().len();
         if let Some(bad) = scan.projection.iter().find(|&&i| i >= width) {
             return plan_err!("a scan of {store} projects column {bad} of {width}");
@@ -294,16 +306,8 @@ impl ZarrCodec {
         reduction: Reduction,
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let table = self.open(&reduction.source, ctx)?;
+        let table = self.open_checked(&reduction.source, &reduction.columns, ctx)?;
         let store = &table.store;
-        if columns_of(&table) != reduction.columns {
-            return plan_err!(
-                "the Zarr table over {store} has changed since the query was planned: its \
-                 columns are now {:?}, the plan expects {:?}",
-                columns_of(&table),
-                reduction.columns
-            );
-        }
         let width = table.schema.fields().len();
         if let Some(bad) = reduction.read.iter().find(|&&i| i >= width) {
             return plan_err!("a reduction of {store} reads column {bad} of {width}");
