@@ -113,7 +113,7 @@ def test_the_plan_drawn_as_dot_and_svg(ctx, fixtures, tmp_path, monkeypatch):
 
 
 def test_settings_and_memory_budget(fixtures):
-    ctx = zf.SessionContext(allowed_mem="64KB", config={"zarrfusion.dense_reduction": True})
+    ctx = zf.SessionContext(allowed_mem="4KB", config={"zarrfusion.dense_reduction": True})
     ctx.register_zarr("t", fixtures / "v3_basic.zarr")
     with pytest.raises(zf.ZarrMemoryError, match="memory"):
         ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
@@ -124,7 +124,7 @@ def test_settings_and_memory_budget(fixtures):
     # SET resizes the pool of the same session.
     ctx.sql("SET zarrfusion.allowed_mem = '1GB'")
     assert len(ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()) == 6 * 5 * 4
-    ctx.sql("SET zarrfusion.allowed_mem = '64kb'")
+    ctx.sql("SET zarrfusion.allowed_mem = '4kb'")
     with pytest.raises(zf.ZarrFusionError, match="memory"):
         ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
     with pytest.raises(zf.ZarrFusionError, match="zarrfusion.allowed_mem"):
