@@ -199,7 +199,7 @@ impl ZarrCodec {
                 "the Zarr table over {} has changed since the query was planned: its columns \
                  are now {:?}, the plan expects {columns:?}",
                 table.store,
-                columns_of(&table),
+                columns_of(&table)
             );
         }
         Ok(table)
