@@ -210,6 +210,19 @@ impl Wire {
     fn decode(&self, sent: &Value) -> Result<(), String> {
         self.decode_bytes(&serde_json::to_vec(sent).unwrap())
     }
+
+    /// `sent` with each `(field, value)` put in is refused with an error
+    /// saying `says`.
+    fn refuses(&self, sent: &Value, cases: Vec<(&str, Value, &str)>) {
+        for (field, value, says) in cases {
+            let mut bad = sent.clone();
+            bad[field] = value.clone();
+            let err = self
+                .decode(&bad)
+                .expect_err(&format!("{field} = {value} accepted"));
+            assert!(err.contains(says), "{field} = {value}: {err}");
+        }
+    }
 }
 
 const CONVERTER: DefaultPhysicalProtoConverter = DefaultPhysicalProtoConverter {};
@@ -219,8 +232,7 @@ async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
     let (ctx, scan) = planned_scan("SELECT * FROM t WHERE lat > 10").await;
     let wire = Wire::new(&ctx);
     let sent = wire.encode(scan);
-    let decode = |v: &Value| wire.decode(v);
-    decode(&sent).expect("the scan as sent");
+    wire.decode(&sent).expect("the scan as sent");
     let cases: Vec<(&str, Value, &str)> = vec![
         ("partitions", Value::from(u64::MAX), "partitions"),
         ("partitions", Value::from(0), "partitions"),
@@ -241,12 +253,7 @@ async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
         ("block_shape", serde_json::json!([1]), "blocks"),
         ("columns", serde_json::json!([["x", "Int8"]]), "changed"),
     ];
-    for (field, value, says) in cases {
-        let mut bad = sent.clone();
-        bad[field] = value.clone();
-        let err = decode(&bad).expect_err(&format!("{field} = {value} accepted"));
-        assert!(err.contains(says), "{field} = {value}: {err}");
-    }
+    wire.refuses(&sent, cases);
     for garbage in [&b""[..], b"{", b"{\"node\":\"nothing\"}", b"\xff\xfe"] {
         let err = wire.decode_bytes(garbage).unwrap_err();
         assert!(err.contains("malformed zarrfusion plan node"), "{err}");
@@ -353,8 +360,7 @@ async fn a_malformed_dense_reduction_is_an_error_naming_what_is_wrong() {
     let (ctx, _, _, states) = planned_states(sql).await;
     let wire = Wire::new(&ctx);
     let sent = wire.encode(states);
-    let decode = |v: &Value| wire.decode(v);
-    decode(&sent).expect("the reduction as sent");
+    wire.decode(&sent).expect("the reduction as sent");
     let cases: Vec<(&str, Value, &str)> = vec![
         ("group_dims", serde_json::json!([1, 1]), "twice"),
         ("group_dims", serde_json::json!([7]), "dimension 7"),
@@ -372,12 +378,7 @@ async fn a_malformed_dense_reduction_is_an_error_naming_what_is_wrong() {
         ("block_shape", serde_json::json!([0, 1, 1]), "blocks"),
         ("columns", serde_json::json!([["x", "Int8"]]), "changed"),
     ];
-    for (field, value, says) in cases {
-        let mut bad = sent.clone();
-        bad[field] = value.clone();
-        let err = decode(&bad).expect_err(&format!("{field} = {value} accepted"));
-        assert!(err.contains(says), "{field} = {value}: {err}");
-    }
+    wire.refuses(&sent, cases);
     let aggregate_cases: Vec<(&str, Value, &str)> = vec![
         ("op", Value::from("median"), "unknown"),
         ("output", Value::from("Utf8"), "cannot compute avg"),
@@ -386,13 +387,15 @@ async fn a_malformed_dense_reduction_is_an_error_naming_what_is_wrong() {
     for (field, value, says) in aggregate_cases {
         let mut bad = sent.clone();
         bad["aggregates"][0][field] = value.clone();
-        let err = decode(&bad).expect_err(&format!("aggregate {field} = {value} accepted"));
+        let err = wire
+            .decode(&bad)
+            .expect_err(&format!("aggregate {field} = {value} accepted"));
         assert!(err.contains(says), "aggregate {field} = {value}: {err}");
     }
     let mut many = sent.clone();
     let one = many["aggregates"][0].clone();
     many["aggregates"] = Value::Array(vec![one; 5000]);
-    let err = decode(&many).expect_err("5000 aggregates accepted");
+    let err = wire.decode(&many).expect_err("5000 aggregates accepted");
     assert!(err.contains("aggregates"), "{err}");
 }
 
