@@ -43,6 +43,11 @@ extensions_options! {
         /// reduction (accumulators indexed by coordinate position) instead
         /// of a hash aggregation.
         pub dense_reduction: bool, default = true
+        /// Let the dense reduction group by deterministic functions of one
+        /// dimension's coordinate (`date_trunc('day', time)`,
+        /// `extract(month FROM time)`, `floor(lat / 2)`): resampling,
+        /// climatologies and coarsening. Off: only dimension columns.
+        pub dense_group_functions: bool, default = true
         /// Plan a join of two Zarr tables on all their dimensions, over the
         /// same coordinates, as one scan of their aligned blocks instead of
         /// a hash join.

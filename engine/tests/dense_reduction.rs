@@ -87,13 +87,11 @@ async fn group_by_dimensions_is_planned_as_a_dense_reduction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_aggregates_stay_hash_aggregations_with_the_same_answers() {
     let cases = [
-        // DISTINCT, an unsupported function, grouping by a variable, an
-        // aggregate FILTER, a string argument to min, LIMIT below the aggregate.
-        "SELECT lat, count(DISTINCT lon) AS n FROM t GROUP BY lat",
+        // An unsupported function, grouping by a variable, an aggregate
+        // FILTER, a string argument to min, LIMIT below the aggregate.
         "SELECT lat, median(t2m) AS m FROM t GROUP BY lat",
         "SELECT t2m, count(*) AS n FROM t GROUP BY t2m",
         "SELECT lat, avg(t2m) FILTER (WHERE lon > 100) AS m FROM t GROUP BY lat",
-        "SELECT lat + 1 AS l, avg(t2m) AS m FROM t GROUP BY lat + 1",
         "SELECT lat, max(CAST(lon AS VARCHAR)) AS m FROM t GROUP BY lat",
         "SELECT lat, avg(t2m) AS m FROM (SELECT * FROM t ORDER BY time, lat, lon LIMIT 50) s GROUP BY lat",
     ];
@@ -296,4 +294,126 @@ async fn a_corrupt_chunk_fails_the_reduction_with_its_name() {
             "error should mention {needle}: {error}"
         );
     }
+}
+
+/// The queries of `tests/fixtures/expected/climate_queries.json`: SQL and
+/// answers computed with xarray (`resample`, `groupby("time.month")`,
+/// `coarsen`) or pandas from the stores read back by xarray.
+fn climate_queries() -> Vec<Value> {
+    let path = repo_root().join("tests/fixtures/expected/climate_queries.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resampling_climatologies_and_coarsening_are_dense_reductions_with_xarray_s_answers() {
+    let queries = climate_queries();
+    assert!(queries.len() >= 10, "{} climate queries", queries.len());
+    for q in &queries {
+        let (name, store, sql) = (
+            q["name"].as_str().unwrap(),
+            q["store"].as_str().unwrap(),
+            q["sql"].as_str().unwrap(),
+        );
+        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        assert!(!want.is_empty(), "{name}: no expected rows");
+        for (dense, small_blocks) in [(true, false), (true, true), (false, false)] {
+            let settings: &[&str] = match small_blocks {
+                // Blocks of a few chunks: keys are folded across blocks and
+                // workers, and a day's steps fall in two blocks.
+                true => &["SET zarrfusion.target_partition_bytes = 1024"],
+                false => &[],
+            };
+            let ctx = session("t", Path::new(&fixture(store)), dense, settings).await;
+            let plan = explain_text(&ctx, sql).await;
+            assert_eq!(
+                plan.contains("DenseReductionExec") && !plan.contains("AggregateExec"),
+                dense,
+                "{name} (dense={dense}):\n{plan}"
+            );
+            let got = run(&ctx, sql).await;
+            assert_rows(&format!("{name} (dense={dense})"), &got, &want);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_that_are_not_of_one_dimension_stay_hash_aggregations() {
+    let cases = [
+        // Two dimensions, a variable, a volatile function.
+        "SELECT floor(lat + lon) AS k, avg(t2m) AS m FROM t GROUP BY 1",
+        "SELECT date_trunc('day', time) AS d, round(t2m) AS r, count(*) AS n FROM t GROUP BY 1, 2",
+        "SELECT floor(lat * random()) AS k, count(*) AS n FROM t GROUP BY 1",
+    ];
+    let store = fixture("climate.zarr");
+    let dense = session("t", Path::new(&store), true, &[]).await;
+    let hashed = session("t", Path::new(&store), false, &[]).await;
+    for sql in cases {
+        let plan = explain_text(&dense, sql).await;
+        assert!(
+            !plan.contains("DenseReductionExec"),
+            "{sql} must not be rewritten:\n{plan}"
+        );
+        if sql.contains("random") {
+            continue;
+        }
+        let mut got = run(&dense, sql).await;
+        let mut want = run(&hashed, sql).await;
+        sort_rows(&mut got, 2);
+        sort_rows(&mut want, 2);
+        assert_rows(sql, &got, &want);
+    }
+    // Functions of one dimension that were hash aggregations before: a
+    // shifted coordinate, and DISTINCT (DataFusion groups by the distinct
+    // column below the count, which is now a dense reduction).
+    let v2 = fixture("v2_basic.zarr");
+    for sql in [
+        "SELECT lat + 1 AS l, avg(t2m) AS m FROM t GROUP BY lat + 1",
+        "SELECT lat, count(DISTINCT lon) AS n FROM t GROUP BY lat",
+    ] {
+        let dense = session("t", Path::new(&v2), true, &[]).await;
+        let plan = explain_text(&dense, sql).await;
+        assert!(plan.contains("DenseReductionExec"), "{sql}:\n{plan}");
+        let mut got = run(&dense, sql).await;
+        let mut want = run(&session("t", Path::new(&v2), false, &[]).await, sql).await;
+        sort_rows(&mut got, 1);
+        sort_rows(&mut want, 1);
+        assert_eq!(got.len(), 5, "{sql}");
+        assert_rows(sql, &got, &want);
+    }
+    // Keys come sorted: ordering by them needs no sort.
+    for sql in [
+        "SELECT extract(month FROM time) AS mo, avg(t2m) AS m FROM t GROUP BY 1 ORDER BY 1",
+        "SELECT date_trunc('day', time) AS d, lat, avg(t2m) AS m FROM t GROUP BY 1, 2 ORDER BY 1, 2 DESC",
+    ] {
+        let plan = explain_text(&dense, sql).await;
+        assert!(
+            plan.contains("DenseReductionExec") && !plan.contains("SortExec"),
+            "{sql}:\n{plan}"
+        );
+    }
+    // The setting keeps the dense reduction to dimension columns.
+    let plain = session(
+        "t",
+        Path::new(&store),
+        true,
+        &["SET zarrfusion.dense_group_functions = false"],
+    )
+    .await;
+    let by_month = "SELECT extract(month FROM time) AS mo, avg(t2m) AS m FROM t GROUP BY 1";
+    assert!(!explain_text(&plain, by_month)
+        .await
+        .contains("DenseReductionExec"));
+    assert!(
+        explain_text(&plain, "SELECT lat, avg(t2m) FROM t GROUP BY lat")
+            .await
+            .contains("DenseReductionExec")
+    );
+    // EXPLAIN names the functions grouped by.
+    let sql = "SELECT date_trunc('month', time) AS m, lat, avg(t2m) FROM t GROUP BY 1, 2";
+    let plan = explain_text(&dense, sql).await;
+    assert!(
+        plan.contains("group=[date_trunc(Utf8(\"month\"), t.time), lat]")
+            || plan.contains("group=[date_trunc(Utf8(\"month\"), time), lat]"),
+        "{plan}"
+    );
 }

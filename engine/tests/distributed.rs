@@ -85,13 +85,19 @@ async fn cluster_session(workers: &Workers) -> datafusion::prelude::SessionConte
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
     let workers = start_workers(2).await;
-    let path = repo_root().join("tests/fixtures/expected/queries.json");
-    let queries: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let read = |name: &str| -> Vec<Value> {
+        let path = repo_root().join("tests/fixtures/expected").join(name);
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let queries = read("queries.json");
     assert!(queries.len() >= 15);
+    // Resampling, climatologies and coarsening: grouped by functions of a
+    // coordinate, which travel with the reduction.
+    let climate = read("climate_queries.json");
     let mut distributed = 0;
     let mut reductions = [0, 0];
-    for q in &queries {
+    let mut keyed = 0;
+    for q in queries.iter().chain(&climate) {
         let name = q["name"].as_str().unwrap();
         let store = q["store"].as_str().unwrap();
         let sql = q["sql"].as_str().unwrap();
@@ -109,15 +115,21 @@ async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
             if shown.contains("emits=partial states") {
                 let grouped = !shown.contains("gby=[]");
                 reductions[usize::from(grouped)] += 1;
+                keyed += usize::from(climate.contains(q));
             }
         }
         let got = query_rows(&ctx, &format!("{name} through workers"), sql).await;
         assert_rows(&format!("{name} through workers"), &got, &want);
     }
     assert!(
-        distributed * 2 >= queries.len(),
+        distributed * 2 >= queries.len() + climate.len(),
         "only {distributed} of {} queries had a scan split over workers",
-        queries.len()
+        queries.len() + climate.len()
+    );
+    assert!(
+        keyed == climate.len(),
+        "only {keyed} of {} climate queries ran as partial states on workers",
+        climate.len()
     );
     assert!(
         reductions[0] >= 3 && reductions[1] >= 10,
@@ -362,8 +374,21 @@ async fn a_malformed_dense_reduction_is_an_error_naming_what_is_wrong() {
     let sent = wire.encode(states);
     wire.decode(&sent).expect("the reduction as sent");
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("group_dims", serde_json::json!([1, 1]), "twice"),
-        ("group_dims", serde_json::json!([7]), "dimension 7"),
+        (
+            "groups",
+            serde_json::json!([{"dim": 1, "expr": null}, {"dim": 1, "expr": null}]),
+            "twice",
+        ),
+        (
+            "groups",
+            serde_json::json!([{"dim": 7, "expr": null}]),
+            "dimension 7",
+        ),
+        (
+            "groups",
+            serde_json::json!([{"dim": 1, "expr": "not base64!"}]),
+            "base64",
+        ),
         ("read", serde_json::json!([99]), "column 99"),
         ("tasks", Value::from(0), "tasks"),
         ("tasks", Value::from(1u64 << 40), "tasks"),

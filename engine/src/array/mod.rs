@@ -23,6 +23,7 @@ pub mod zip;
 
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};
 pub use reduce::{
-    DenseReduction, DenseReductionExec, DenseReductionRule, ReduceOp, ReduceSpec, ReductionParts,
+    key_schema, DenseReduction, DenseReductionExec, DenseReductionRule, GroupKey, KeySpec,
+    ReduceOp, ReduceSpec, ReductionParts,
 };
 pub use zip::AlignedJoinRule;

@@ -36,7 +36,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::array::reduce::MAX_STATE_BYTES;
-use crate::array::{DenseReductionExec, ReduceOp, ReduceSpec, ReductionParts};
+use crate::array::{key_schema, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec, ReductionParts};
 use crate::config::ZarrConfig;
 use crate::error::lock;
 use crate::table::{
@@ -106,7 +106,7 @@ struct Reduction {
     read: Vec<usize>,
     selection: Vec<Vec<Range<u64>>>,
     block_shape: Vec<u64>,
-    group_dims: Vec<usize>,
+    groups: Vec<GroupKey>,
     aggregates: Vec<Aggregate>,
     /// The row filter, a protobuf physical expression in base64.
     predicate: Option<String>,
@@ -114,6 +114,15 @@ struct Reduction {
     states: Vec<(String, String, bool)>,
     io_concurrency: usize,
     tasks: usize,
+}
+
+/// One grouping column of a reduction as it travels: a dimension, or a
+/// function of its coordinate (a protobuf physical expression over the
+/// dimension's column alone, in base64).
+#[derive(Debug, Serialize, Deserialize)]
+struct GroupKey {
+    dim: usize,
+    expr: Option<String>,
 }
 
 /// One aggregate of a reduction as it travels.
@@ -288,7 +297,16 @@ impl ZarrCodec {
                 .map(|d| selection.ranges(d).to_vec())
                 .collect(),
             block_shape: r.blocks().block_shape().to_vec(),
-            group_dims: r.group_dims().to_vec(),
+            groups: r
+                .group_keys()
+                .iter()
+                .map(|k| {
+                    Ok(GroupKey {
+                        dim: k.dim,
+                        expr: k.expr.as_ref().map(|e| self.encode_expr(e)).transpose()?,
+                    })
+                })
+                .collect::<Result<_>>()?,
             aggregates,
             predicate: r.predicate().map(|e| self.encode_expr(e)).transpose()?,
             states: states
@@ -313,13 +331,30 @@ impl ZarrCodec {
             return plan_err!("a reduction of {store} reads column {bad} of {width}");
         }
         let n_dims = table.dims.len();
-        let mut seen = vec![false; n_dims];
-        for &d in &reduction.group_dims {
-            if d >= n_dims || std::mem::replace(&mut seen[d], true) {
+        // Per dimension: grouped by its coordinate, or by functions of it.
+        let mut plain = vec![0usize; n_dims];
+        let mut functions = vec![0usize; n_dims];
+        for key in &reduction.groups {
+            let d = key.dim;
+            if d >= n_dims {
+                return plan_err!("a reduction of {store} groups by dimension {d} of {n_dims}");
+            }
+            match key.expr {
+                None => plain[d] += 1,
+                Some(_) => functions[d] += 1,
+            }
+            if plain[d] > 1 || (plain[d] > 0 && functions[d] > 0) {
                 return plan_err!(
-                    "a reduction of {store} groups by dimension {d} (of {n_dims}) or twice"
+                    "a reduction of {store} groups by dimension {d} twice, or by it and by \
+                     functions of it"
                 );
             }
+        }
+        if reduction.groups.len() > MAX_AGGREGATES {
+            return plan_err!(
+                "a reduction of {store} has {} grouping columns (at most {MAX_AGGREGATES})",
+                reduction.groups.len()
+            );
         }
         let n = reduction.aggregates.len();
         if n > MAX_AGGREGATES || reduction.tasks == 0 || reduction.tasks > MAX_TASKS {
@@ -332,10 +367,12 @@ impl ZarrCodec {
         let shape = table.shape();
         let selection = Selection::from_ranges(reduction.selection, &shape)
             .map_err(|e| exec_datafusion_err!("a reduction of {store}: its selection: {e}"))?;
-        let groups = reduction.group_dims.iter().fold(1u128, |n, &d| {
-            let len: u64 = selection.ranges(d).iter().map(|r| r.end - r.start).sum();
-            n.saturating_mul(u128::from(len))
-        });
+        let groups = (0..n_dims)
+            .filter(|&d| plain[d] + functions[d] > 0)
+            .fold(1u128, |n, d| {
+                let len: u64 = selection.ranges(d).iter().map(|r| r.end - r.start).sum();
+                n.saturating_mul(u128::from(len))
+            });
         let state = groups.saturating_mul(8 + 32 * n as u128);
         if state > MAX_STATE_BYTES as u128 {
             return plan_err!(
@@ -375,6 +412,19 @@ impl ZarrCodec {
             .predicate
             .map(|e| self.decode_expr(&e, ctx, &input))
             .transpose()?;
+        let groups = reduction
+            .groups
+            .into_iter()
+            .map(|k| {
+                let schema = key_schema(&table.dims[k.dim]);
+                Ok(KeySpec {
+                    dim: k.dim,
+                    expr: (k.expr)
+                        .map(|e| self.decode_expr(&e, ctx, &schema))
+                        .transpose()?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut fields = Vec::with_capacity(reduction.states.len());
         for (name, data_type, nullable) in &reduction.states {
             fields.push(Field::new(name, parse_type(data_type)?, *nullable));
@@ -389,7 +439,7 @@ impl ZarrCodec {
             selection,
             blocks,
             columns: reduction.read,
-            group_dims: reduction.group_dims,
+            groups,
             aggregates,
             predicate,
             schema,

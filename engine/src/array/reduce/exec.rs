@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::SortOptions;
-use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter};
+use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
@@ -48,6 +48,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::accumulators::{DenseAccumulator, ReduceOp, RowCounts};
 use super::elementwise::FusedExpr;
 use super::groups::{GroupSpace, Line};
+use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYTES};
 use super::node::DenseReduction;
 use crate::config::ZarrConfig;
 use crate::progress::ScanProgress;
@@ -90,7 +91,15 @@ struct Reduction {
     /// Table columns the expressions read, and their schema.
     columns: Vec<usize>,
     input_schema: SchemaRef,
-    group_dims: Vec<usize>,
+    /// What is grouped by, in the order of the output columns.
+    keys: Vec<KeySpec>,
+    /// The grouped dimensions, in table order.
+    dims: Vec<usize>,
+    /// Per table dimension grouped by functions of its coordinate: the
+    /// value of each function (in the order of `keys`) for each key.
+    key_values: Vec<Option<Vec<ArrayRef>>>,
+    /// Bytes the keys' maps and values hold.
+    key_bytes: usize,
     aggregates: Vec<PhysicalReduce>,
     predicate: Option<Arc<dyn PhysicalExpr>>,
 }
@@ -131,8 +140,8 @@ pub struct ReductionParts {
     pub blocks: BlockGrid,
     /// Table columns the expressions read.
     pub columns: Vec<usize>,
-    /// Dimensions grouped by, in the order of the output columns.
-    pub group_dims: Vec<usize>,
+    /// What is grouped by, in the order of the output columns.
+    pub groups: Vec<KeySpec>,
     /// The aggregates.
     pub aggregates: Vec<ReduceSpec>,
     /// A row filter, if any.
@@ -198,7 +207,21 @@ impl DenseReductionExec {
             planner.create_physical_expr(e, &input_df, session, planning)
         };
 
-        let n_groups = node.group_dims.len();
+        let n_groups = node.groups.len();
+        let props = session.execution_props();
+        let keys = node
+            .groups
+            .iter()
+            .map(|g| {
+                let expr = g.expr.as_ref();
+                Ok(KeySpec {
+                    dim: g.dim,
+                    expr: expr
+                        .map(|e| physical_key(e, &table.dims[g.dim], props))
+                        .transpose()?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut aggregates = Vec::with_capacity(node.aggregates.len());
         for (i, a) in node.aggregates.iter().enumerate() {
             let arg = a.arg.as_ref().map(physical).transpose()?;
@@ -246,10 +269,10 @@ impl DenseReductionExec {
             blocks,
             columns,
             input_schema,
-            node.group_dims.clone(),
+            keys,
             aggregates,
             predicate,
-        );
+        )?;
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         Self::assemble(
             Arc::new(reduction),
@@ -309,10 +332,10 @@ impl DenseReductionExec {
             parts.blocks,
             parts.columns,
             input_schema,
-            parts.group_dims,
+            parts.groups,
             aggregates,
             parts.predicate,
-        );
+        )?;
         reduction.check_states(&parts.schema)?;
         Self::assemble(
             Arc::new(reduction),
@@ -346,16 +369,7 @@ impl DenseReductionExec {
             workers,
         );
         let ordering = match emit {
-            Emit::Results => {
-                let mut sorted_dims = reduction.group_dims.clone();
-                sorted_dims.sort_unstable();
-                output_ordering(
-                    &schema,
-                    &reduction.table,
-                    &reduction.group_dims,
-                    &sorted_dims,
-                )
-            }
+            Emit::Results => output_ordering(&schema, &reduction.table, &reduction.keys),
             // States are shuffled by their groups' hash on a cluster.
             Emit::States { .. } => Vec::new(),
         };
@@ -451,9 +465,9 @@ impl DenseReductionExec {
         &self.reduction.columns
     }
 
-    /// Dimensions grouped by, in the order of the output columns.
-    pub fn group_dims(&self) -> &[usize] {
-        &self.reduction.group_dims
+    /// What is grouped by, in the order of the output columns.
+    pub fn group_keys(&self) -> &[KeySpec] {
+        &self.reduction.keys
     }
 
     /// The aggregates.
@@ -524,8 +538,8 @@ impl DenseReductionExec {
     /// workers', the output and the chunks read ahead.
     pub fn projected_memory(&self) -> usize {
         let r = &self.reduction;
-        let output = r.space.num_groups() * 8 * (r.group_dims.len() + r.aggregates.len());
-        self.workers * self.per_worker_memory() + output + self.read_ahead.memory()
+        let output = r.space.num_groups() * 8 * (r.keys.len() + r.aggregates.len());
+        self.workers * self.per_worker_memory() + output + r.key_bytes + self.read_ahead.memory()
     }
 }
 
@@ -537,34 +551,67 @@ impl Reduction {
         blocks: BlockGrid,
         columns: Vec<usize>,
         input_schema: SchemaRef,
-        group_dims: Vec<usize>,
+        keys: Vec<KeySpec>,
         aggregates: Vec<PhysicalReduce>,
         predicate: Option<Arc<dyn PhysicalExpr>>,
-    ) -> Self {
-        let mut sorted_dims = group_dims.clone();
-        sorted_dims.sort_unstable();
-        let space = GroupSpace::new(&selection, &sorted_dims);
-        Self {
+    ) -> Result<Self> {
+        let mut dims: Vec<usize> = keys.iter().map(|k| k.dim).collect();
+        dims.sort_unstable();
+        dims.dedup();
+        // Dimensions grouped by functions of their coordinate: their keys
+        // over the selected positions.
+        let mut key_values = vec![None; table.dims.len()];
+        let mut mapped = Vec::new();
+        let mut key_bytes = 0usize;
+        for &d in &dims {
+            let exprs: Vec<Arc<dyn PhysicalExpr>> = keys
+                .iter()
+                .filter(|k| k.dim == d)
+                .filter_map(|k| k.expr.clone())
+                .collect();
+            if exprs.is_empty() {
+                continue;
+            }
+            let evaluated = DimKeys::evaluate(&table, d, selection.ranges(d), &exprs)?;
+            key_bytes += evaluated.map.keys.len() * KEYED_POSITION_BYTES
+                + (evaluated.values.iter())
+                    .map(|v| v.get_array_memory_size())
+                    .sum::<usize>();
+            key_values[d] = Some(evaluated.values);
+            mapped.push((d, evaluated.map));
+        }
+        let space = GroupSpace::new(&selection, &dims, mapped);
+        Ok(Self {
             table,
             selection,
             blocks,
             space,
             columns,
             input_schema,
-            group_dims,
+            keys,
+            dims,
+            key_values,
+            key_bytes,
             aggregates,
             predicate,
-        }
+        })
+    }
+
+    /// The type of each group column.
+    fn key_types(&self) -> Result<Vec<DataType>> {
+        self.keys
+            .iter()
+            .map(|k| match &k.expr {
+                Some(expr) => expr.data_type(&key_schema(&self.table.dims[k.dim])),
+                None => Ok(self.table.dims[k.dim].coordinate.data_type()),
+            })
+            .collect()
     }
 
     /// Checks that `schema` is the group columns, then each aggregate's
     /// state columns ([`ReduceOp::state_types`]).
     fn check_states(&self, schema: &SchemaRef) -> Result<()> {
-        let mut expected: Vec<DataType> = self
-            .group_dims
-            .iter()
-            .map(|&d| self.table.dims[d].coordinate.data_type().clone())
-            .collect();
+        let mut expected = self.key_types()?;
         for a in &self.aggregates {
             expected.extend(a.op.state_types(&a.output_type));
         }
@@ -601,14 +648,17 @@ impl Reduction {
         let cells: u64 = extent.iter().map(|r| r.end - r.start).product();
         let pieces = (cells * sizes.iter().sum::<u64>()).div_ceil(PART_BYTES);
         let smallest = sizes.iter().copied().min().unwrap_or(1);
-        let mut grouped = self.group_dims.clone();
-        grouped.sort_unstable();
-        let cut = grouped.into_iter().chain(0..extent.len()).find_map(|d| {
-            let len = extent[d].end - extent[d].start;
-            let step = len.div_ceil(pieces.max(1));
-            let row: u64 = extent[d + 1..].iter().map(|r| r.end - r.start).product();
-            (len > 1 && step * row * smallest >= MIN_PART_RUN_BYTES).then_some((d, step))
-        });
+        let cut = self
+            .dims
+            .iter()
+            .copied()
+            .chain(0..extent.len())
+            .find_map(|d| {
+                let len = extent[d].end - extent[d].start;
+                let step = len.div_ceil(pieces.max(1));
+                let row: u64 = extent[d + 1..].iter().map(|r| r.end - r.start).product();
+                (len > 1 && step * row * smallest >= MIN_PART_RUN_BYTES).then_some((d, step))
+            });
         match cut {
             Some((d, step)) if pieces > 1 && !sizes.is_empty() => extent[d]
                 .clone()
@@ -766,12 +816,23 @@ impl Reduction {
         Ok(())
     }
 
-    /// The coordinates of every group, a column per grouped dimension.
+    /// The keys of every group, a column per grouping column.
     fn group_columns(&self) -> Result<Vec<ArrayRef>> {
-        let mut columns = Vec::with_capacity(self.group_dims.len());
-        for &d in &self.group_dims {
-            let indices = UInt64Array::from(self.space.coordinate_indices(d));
-            columns.push(self.table.dims[d].coordinate.take(&indices)?);
+        let mut columns = Vec::with_capacity(self.keys.len());
+        for (i, k) in self.keys.iter().enumerate() {
+            let d = k.dim;
+            match &self.key_values[d] {
+                Some(values) => {
+                    // Which of the dimension's functions this column is.
+                    let slot = self.keys[..i].iter().filter(|o| o.dim == d).count();
+                    let indices = UInt64Array::from(self.space.key_indices(d));
+                    columns.push(take(values[slot].as_ref(), &indices, None)?);
+                }
+                None => {
+                    let indices = UInt64Array::from(self.space.coordinate_indices(d));
+                    columns.push(self.table.dims[d].coordinate.take(&indices)?);
+                }
+            }
         }
         Ok(columns)
     }
@@ -786,7 +847,7 @@ impl Reduction {
         let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
         // With a predicate, groups where no row passed do not exist (with
         // no GROUP BY, the one group always does).
-        if self.predicate.is_some() && !self.group_dims.is_empty() {
+        if self.predicate.is_some() && !self.keys.is_empty() {
             let present: BooleanArray = rows.iter().map(|&n| Some(n > 0)).collect();
             return Ok(filter_record_batch(&batch, &present)?);
         }
@@ -803,7 +864,7 @@ impl Reduction {
             columns.extend(accumulator.state(rows)?);
         }
         let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
-        if self.group_dims.is_empty() {
+        if self.keys.is_empty() {
             return Ok(batch);
         }
         let present: BooleanArray = rows.iter().map(|&n| Some(n > 0)).collect();
@@ -813,25 +874,37 @@ impl Reduction {
 
 /// The order of the result rows: C order of the grouped dimensions taken in
 /// the table's order, which sorts them by the coordinate values of each
-/// dimension as far as those values are strictly monotonic (ascending or
-/// descending). Declared so that an `ORDER BY` of the grouped dimensions
-/// costs no sort.
+/// dimension grouped by its coordinate as far as those values are strictly
+/// monotonic (ascending or descending), and by the values of the functions
+/// of a dimension grouped by them (ascending, NULLs first, in the order
+/// grouped by: their keys are sorted so). Declared so that an `ORDER BY` of
+/// the grouping columns costs no sort.
 fn output_ordering(
     schema: &SchemaRef,
     table: &GridTable,
-    group_dims: &[usize],
-    sorted_dims: &[usize],
+    keys: &[KeySpec],
 ) -> Vec<PhysicalSortExpr> {
+    let mut dims: Vec<usize> = keys.iter().map(|k| k.dim).collect();
+    dims.sort_unstable();
+    dims.dedup();
+    let column = |i: usize| Arc::new(Column::new(schema.field(i).name(), i));
     let mut ordering = Vec::new();
-    for d in sorted_dims {
-        let Some(column) = group_dims.iter().position(|g| g == d) else {
-            break;
-        };
-        let Some(descending) = table.dims[*d].strict_order() else {
+    for d in dims {
+        let on_dim: Vec<usize> = (0..keys.len()).filter(|&i| keys[i].dim == d).collect();
+        if keys[on_dim[0]].expr.is_some() {
+            for i in on_dim {
+                ordering.push(PhysicalSortExpr::new(
+                    column(i),
+                    SortOptions::new(false, true),
+                ));
+            }
+            continue;
+        }
+        let Some(descending) = table.dims[d].strict_order() else {
             break;
         };
         ordering.push(PhysicalSortExpr::new(
-            Arc::new(Column::new(schema.field(column).name(), column)),
+            column(on_dim[0]),
             SortOptions::new(descending, descending),
         ));
     }
@@ -899,10 +972,13 @@ impl Drop for StopOnDrop {
 impl DisplayAs for DenseReductionExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let r = &self.reduction;
-        let group: Vec<&str> = r
-            .group_dims
+        let group: Vec<String> = r
+            .keys
             .iter()
-            .map(|&d| r.table.dims[d].name.as_str())
+            .map(|k| match &k.expr {
+                Some(expr) => expr.to_string(),
+                None => r.table.dims[k.dim].name.clone(),
+            })
             .collect();
         // "(fused)": the argument is evaluated piece by piece as it is folded.
         let aggregates: Vec<String> = r

@@ -1,14 +1,18 @@
 //! The dense group space of a reduction, and how the rows of a box map to it.
 //!
 //! Grouping by a subset of a grid's dimensions, every group is a position
-//! in the Cartesian product of the selected coordinates of those
-//! dimensions, numbered in C order (table order of the dimensions). The
+//! in the Cartesian product of the grouped dimensions' keys, numbered in C
+//! order (table order of the dimensions). A dimension's keys are its
+//! selected coordinates, or, when it is grouped by functions of its
+//! coordinate (`date_trunc('day', time)`, `floor(lat / 2)`), the distinct
+//! values those take ([`KeyMap`]: the key of each selected position). The
 //! rows of a box (C order too) fall into groups in long regular runs:
 //! along a line of the innermost dimension the group either stays the same
-//! (the innermost dimension is reduced away) or advances by one per row (it
-//! is kept). [`GroupSpace::lines`] describes a run of rows as such lines,
-//! merged where consecutive lines continue each other, so accumulators
-//! work on slices instead of looking up a group per row.
+//! (the innermost dimension is reduced away, or runs of its positions share
+//! a key) or advances by one per row (it is kept). [`GroupSpace::lines`]
+//! describes a run of rows as such lines, merged where consecutive lines
+//! continue each other, so accumulators work on slices instead of looking
+//! up a group per row.
 //!
 //! When a box's outer dimensions are reduced away and its inner ones kept
 //! (time-chunked data grouped by space, as in `GROUP BY lat, lon`), every
@@ -48,6 +52,15 @@ pub const TILE_STATE_BYTES: u64 = 512 * 1024;
 /// long enough to copy and fold efficiently.
 pub const MIN_TILE_RUN: u64 = 1024;
 
+/// The keys of a dimension grouped by functions of its coordinate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyMap {
+    /// The key of each selected position, in selection order.
+    pub keys: Vec<u32>,
+    /// The number of keys (every one is some position's).
+    pub count: usize,
+}
+
 /// The groups of a reduction over some dimensions of a selection.
 #[derive(Debug, Clone)]
 pub struct GroupSpace {
@@ -56,17 +69,22 @@ pub struct GroupSpace {
     /// Per table dimension: the selected ranges and the compact position of
     /// each range's first index (empty when not grouped).
     ranges: Vec<Vec<(Range<u64>, usize)>>,
-    /// Per table dimension: number of selected indices (grouped ones).
+    /// Per table dimension: the keys of its selected positions, when it is
+    /// grouped by functions of its coordinate.
+    maps: Vec<Option<KeyMap>>,
+    /// Per table dimension: number of keys (grouped ones).
     counts: Vec<usize>,
     num_groups: usize,
 }
 
 impl GroupSpace {
-    /// The groups of `selection` over the table dimensions `grouped`.
-    pub fn new(selection: &Selection, grouped: &[usize]) -> Self {
+    /// The groups of `selection` over the table dimensions `grouped`, the
+    /// dimensions of `mapped` (grouped ones) by their keys.
+    pub fn new(selection: &Selection, grouped: &[usize], mapped: Vec<(usize, KeyMap)>) -> Self {
         let rank = selection.rank();
         let mut ranges = vec![Vec::new(); rank];
         let mut counts = vec![1usize; rank];
+        let mut maps = vec![None; rank];
         for &d in grouped {
             let mut position = 0usize;
             for r in selection.ranges(d) {
@@ -74,6 +92,12 @@ impl GroupSpace {
                 position += (r.end - r.start) as usize;
             }
             counts[d] = position;
+        }
+        for (d, map) in mapped {
+            if grouped.contains(&d) {
+                counts[d] = map.count;
+                maps[d] = Some(map);
+            }
         }
         let mut strides = vec![None; rank];
         let mut stride = 1usize;
@@ -86,6 +110,7 @@ impl GroupSpace {
         Self {
             strides,
             ranges,
+            maps,
             counts,
             num_groups: stride,
         }
@@ -104,15 +129,32 @@ impl GroupSpace {
         first + (i - r.start) as usize
     }
 
+    /// The key of compact position `p` of grouped dimension `d`.
+    fn key(&self, d: usize, p: usize) -> usize {
+        match &self.maps[d] {
+            Some(map) => map.keys[p] as usize,
+            None => p,
+        }
+    }
+
     /// For grouped dimension `d`: the coordinate index of every group, in
-    /// group order.
+    /// group order (a dimension grouped by its coordinate).
     pub fn coordinate_indices(&self, d: usize) -> Vec<u64> {
+        let by_position: Vec<u64> = self.ranges[d].iter().flat_map(|(r, _)| r.clone()).collect();
+        self.key_indices(d)
+            .into_iter()
+            .map(|k| by_position[k as usize])
+            .collect()
+    }
+
+    /// For grouped dimension `d`: the key of every group, in group order
+    /// (for a dimension grouped by its coordinate, the compact position).
+    pub fn key_indices(&self, d: usize) -> Vec<u64> {
         let Some(stride) = self.strides[d] else {
             return Vec::new();
         };
-        let by_position: Vec<u64> = self.ranges[d].iter().flat_map(|(r, _)| r.clone()).collect();
         (0..self.num_groups)
-            .map(|g| by_position[(g / stride) % self.counts[d]])
+            .map(|g| ((g / stride) % self.counts[d]) as u64)
             .collect()
     }
 
@@ -179,31 +221,46 @@ impl GroupSpace {
             rest /= shape[d];
         }
         let last = rank - 1;
-        let spread = self.strides[last].is_some();
+        let last_map = self.maps[last]
+            .as_ref()
+            .filter(|_| self.strides[last].is_some());
+        let spread = self.strides[last].is_some() && last_map.is_none();
         let mut row = 0u64;
         while row < len {
             let n = (shape[last] - index[last]).min(len - row);
-            let group: usize = (0..rank)
-                .filter_map(|d| Some(self.strides[d]? * (first[d] + index[d] as usize)))
+            let outer: usize = (0..last)
+                .filter_map(|d| Some(self.strides[d]? * self.key(d, first[d] + index[d] as usize)))
                 .sum();
-            let line = Line {
-                offset: row as usize,
-                len: n as usize,
-                group,
-                spread,
-            };
-            match out.last_mut() {
-                Some(prev)
-                    if prev.offset + prev.len == line.offset
-                        && (if spread {
-                            prev.group + prev.len == group
-                        } else {
-                            prev.group == group
-                        }) =>
-                {
-                    prev.len += line.len;
+            let p = first[last] + index[last] as usize;
+            match (last_map, self.strides[last]) {
+                // Runs of positions sharing a key each fold into one group.
+                (Some(map), Some(stride)) => {
+                    let keys = &map.keys[p..p + n as usize];
+                    let mut i = 0;
+                    while i < keys.len() {
+                        let key = keys[i];
+                        let run = keys[i..].iter().take_while(|&&k| k == key).count();
+                        push_line(
+                            out,
+                            Line {
+                                offset: (row as usize) + i,
+                                len: run,
+                                group: outer + stride * key as usize,
+                                spread: false,
+                            },
+                        );
+                        i += run;
+                    }
                 }
-                _ => out.push(line),
+                (_, stride) => push_line(
+                    out,
+                    Line {
+                        offset: row as usize,
+                        len: n as usize,
+                        group: outer + stride.map_or(0, |s| s * p),
+                        spread,
+                    },
+                ),
             }
             row += n;
             index[last] += n;
@@ -217,6 +274,24 @@ impl GroupSpace {
     }
 }
 
+/// Appends `line` to `out`, merged into the last line when it continues it.
+fn push_line(out: &mut Vec<Line>, line: Line) {
+    match out.last_mut() {
+        Some(prev)
+            if prev.offset + prev.len == line.offset
+                && prev.spread == line.spread
+                && (if line.spread {
+                    prev.group + prev.len == line.group
+                } else {
+                    prev.group == line.group
+                }) =>
+        {
+            prev.len += line.len;
+        }
+        _ => out.push(line),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +301,16 @@ mod tests {
         space_dims: &[usize],
         selection: &Selection,
         extent: &[Range<u64>],
+    ) -> Vec<usize> {
+        naive_mapped_groups(space_dims, selection, extent, &[])
+    }
+
+    /// The same, with the dimensions of `mapped` grouped by their keys.
+    fn naive_mapped_groups(
+        space_dims: &[usize],
+        selection: &Selection,
+        extent: &[Range<u64>],
+        mapped: &[(usize, KeyMap)],
     ) -> Vec<usize> {
         let selected: Vec<Vec<u64>> = (0..selection.rank())
             .map(|d| selection.ranges(d).iter().flat_map(|r| r.clone()).collect())
@@ -247,7 +332,10 @@ mod tests {
             .map(|idx| {
                 space_dims.iter().fold(0usize, |g, &d| {
                     let pos = selected[d].iter().position(|&x| x == idx[d]).unwrap();
-                    g * selected[d].len() + pos
+                    match mapped.iter().find(|(m, _)| *m == d) {
+                        Some((_, map)) => g * map.count + map.keys[pos] as usize,
+                        None => g * selected[d].len() + pos,
+                    }
                 })
             })
             .collect()
@@ -280,7 +368,7 @@ mod tests {
             vec![1, 2],
             vec![0, 1, 2],
         ] {
-            let space = GroupSpace::new(&selection, &grouped);
+            let space = GroupSpace::new(&selection, &grouped, Vec::new());
             for extent in &extents {
                 let want = naive_groups(&grouped, &selection, extent);
                 let n = want.len() as u64;
@@ -311,7 +399,7 @@ mod tests {
             (vec![0, 2], TILE_STATE_BYTES as usize, 3000, false),
             (vec![], TILE_STATE_BYTES as usize, 3000, false),
         ] {
-            let space = GroupSpace::new(&selection, &grouped);
+            let space = GroupSpace::new(&selection, &grouped, Vec::new());
             let want = naive_groups(&grouped, &selection, &extent);
             let tiles = space.tiles(&shape, max_rows, state);
             let mut seen = vec![0u8; want.len()];
@@ -336,11 +424,21 @@ mod tests {
     fn lines_merge_across_rows_and_planes() {
         let selection = Selection::all(&[10, 3, 4]);
         let mut lines = Vec::new();
-        GroupSpace::new(&selection, &[]).lines(&[0..10, 0..3, 0..4], 0, 120, &mut lines);
+        GroupSpace::new(&selection, &[], Vec::new()).lines(
+            &[0..10, 0..3, 0..4],
+            0,
+            120,
+            &mut lines,
+        );
         assert_eq!(lines.len(), 1);
         lines.clear();
         // Grouping by (lat, lon): one spread line per time step.
-        GroupSpace::new(&selection, &[1, 2]).lines(&[0..10, 0..3, 0..4], 0, 120, &mut lines);
+        GroupSpace::new(&selection, &[1, 2], Vec::new()).lines(
+            &[0..10, 0..3, 0..4],
+            0,
+            120,
+            &mut lines,
+        );
         assert_eq!(lines.len(), 10);
         assert!(lines
             .iter()
@@ -351,9 +449,74 @@ mod tests {
     fn coordinate_indices_follow_group_order() {
         let mut selection = Selection::all(&[3, 5]);
         selection.restrict_ranges(1, vec![1..2, 3..5]);
-        let space = GroupSpace::new(&selection, &[0, 1]);
+        let space = GroupSpace::new(&selection, &[0, 1], Vec::new());
         assert_eq!(space.num_groups(), 9);
         assert_eq!(space.coordinate_indices(0), vec![0, 0, 0, 1, 1, 1, 2, 2, 2]);
         assert_eq!(space.coordinate_indices(1), vec![1, 3, 4, 1, 3, 4, 1, 3, 4]);
+    }
+
+    #[test]
+    fn lines_of_keyed_dimensions_match_a_row_by_row_mapping() {
+        let shape = [5u64, 4, 6];
+        let mut selection = Selection::all(&shape);
+        selection.restrict_ranges(0, vec![0..2, 3..5]);
+        selection.restrict_ranges(2, std::iter::once(0..5).collect());
+        // Keys of the selected positions: 4 of dimension 0 and 5 of 2.
+        let outer = KeyMap {
+            keys: vec![0, 0, 1, 2],
+            count: 3,
+        };
+        let inner = KeyMap {
+            keys: vec![1, 1, 0, 0, 1],
+            count: 2,
+        };
+        let extents = [vec![0..2, 0..4, 0..5], vec![3..5, 1..3, 1..4]];
+        for (grouped, mapped) in [
+            (vec![0], vec![(0, outer.clone())]),
+            (vec![2], vec![(2, inner.clone())]),
+            (vec![0, 2], vec![(0, outer.clone()), (2, inner.clone())]),
+            (vec![0, 1, 2], vec![(2, inner.clone())]),
+            (vec![1, 2], vec![(2, inner.clone())]),
+        ] {
+            let space = GroupSpace::new(&selection, &grouped, mapped.clone());
+            let counts: usize = grouped
+                .iter()
+                .map(|&d| match mapped.iter().find(|(m, _)| *m == d) {
+                    Some((_, map)) => map.count,
+                    None => selection
+                        .ranges(d)
+                        .iter()
+                        .map(|r| r.end - r.start)
+                        .sum::<u64>() as usize,
+                })
+                .product();
+            assert_eq!(space.num_groups(), counts);
+            for extent in &extents {
+                let want = naive_mapped_groups(&grouped, &selection, extent, &mapped);
+                let n = want.len() as u64;
+                for (start, len) in [(0, n), (1, n - 3), (3, 2), (n - 1, 1)] {
+                    let mut lines = Vec::new();
+                    space.lines(extent, start, len, &mut lines);
+                    assert_eq!(
+                        expand(&lines),
+                        want[start as usize..(start + len) as usize],
+                        "grouped {grouped:?} extent {extent:?} rows {start}+{len}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn key_indices_follow_group_order() {
+        let selection = Selection::all(&[4, 3]);
+        let map = KeyMap {
+            keys: vec![0, 0, 1, 1],
+            count: 2,
+        };
+        let space = GroupSpace::new(&selection, &[0, 1], vec![(0, map)]);
+        assert_eq!(space.num_groups(), 6);
+        assert_eq!(space.key_indices(0), vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!(space.coordinate_indices(1), vec![0, 1, 2, 0, 1, 2]);
     }
 }

@@ -8,6 +8,7 @@
 //! | `exec` | [`DenseReductionExec`], the operator: fused decode, evaluate and fold, then a tree merge |
 //! | `partial` | the same on a cluster: each task's partial states, merged by DataFusion's final aggregate |
 //! | `groups` | the dense group space and how rows of a box map onto it |
+//! | `keys` | grouping by functions of one dimension's coordinate (resampling, climatologies, coarsening) |
 //! | `accumulators` | per-group state of `count`, `sum`, `avg`, `min`, `max`, `var`, `stddev` |
 //! | `elementwise` | `float64` arithmetic arguments evaluated in cache-sized pieces, folded as they are made |
 //!
@@ -26,12 +27,14 @@ mod accumulators;
 mod elementwise;
 mod exec;
 mod groups;
+mod keys;
 mod node;
 mod partial;
 mod rule;
 
 pub use accumulators::{numeric_domain, DenseAccumulator, ReduceOp};
 pub use exec::{DenseReductionExec, ReduceSpec, ReductionParts};
-pub use groups::{GroupSpace, Line};
-pub use node::{DenseReduction, ReduceExpr};
+pub use groups::{GroupSpace, KeyMap, Line};
+pub use keys::{key_schema, DimKeys, KeySpec, MAX_KEYED_POSITIONS};
+pub use node::{DenseReduction, GroupKey, ReduceExpr};
 pub use rule::{DenseReductionRule, MAX_STATE_BYTES};

@@ -30,7 +30,18 @@ impl fmt::Display for ReduceExpr {
     }
 }
 
-/// `GROUP BY` some dimensions of a Zarr table, as a dense array reduction.
+/// One grouping column of a reduction: a dimension, or a deterministic
+/// function of its coordinate alone (see `keys`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub struct GroupKey {
+    /// The dimension (index into the table's dimensions).
+    pub dim: usize,
+    /// The function of its column (`None`: the column itself).
+    pub expr: Option<Expr>,
+}
+
+/// `GROUP BY` some dimensions of a Zarr table (or functions of their
+/// coordinates), as a dense array reduction.
 ///
 /// A leaf node: it reads the table itself. `filters` are the pushed-down
 /// dimension filters (they shrink the selection, as in a scan);
@@ -45,9 +56,8 @@ pub struct DenseReduction {
     pub filters: Vec<Expr>,
     /// A row filter evaluated over the cells, if any.
     pub predicate: Option<Expr>,
-    /// Dimensions grouped by (indices into the table's dimensions), in the
-    /// order of the output columns.
-    pub group_dims: Vec<usize>,
+    /// What is grouped by, in the order of the output columns.
+    pub groups: Vec<GroupKey>,
     /// The aggregates, in the order of the output columns.
     pub aggregates: Vec<ReduceExpr>,
     /// Output: the group columns, then the aggregates.
@@ -55,11 +65,11 @@ pub struct DenseReduction {
 }
 
 impl DenseReduction {
-    fn key(&self) -> (&Vec<Expr>, &Option<Expr>, &Vec<usize>, &Vec<ReduceExpr>) {
+    fn key(&self) -> (&Vec<Expr>, &Option<Expr>, &Vec<GroupKey>, &Vec<ReduceExpr>) {
         (
             &self.filters,
             &self.predicate,
-            &self.group_dims,
+            &self.groups,
             &self.aggregates,
         )
     }
@@ -95,10 +105,13 @@ impl UserDefinedLogicalNodeCore for DenseReduction {
     leaf_node_methods!("DenseReduction");
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        let group: Vec<&str> = self
-            .group_dims
+        let group: Vec<String> = self
+            .groups
             .iter()
-            .map(|&d| self.table.dims[d].name.as_str())
+            .map(|g| match &g.expr {
+                Some(expr) => expr.to_string(),
+                None => self.table.dims[g.dim].name.clone(),
+            })
             .collect();
         let aggregates: Vec<String> = self.aggregates.iter().map(|a| a.to_string()).collect();
         write!(

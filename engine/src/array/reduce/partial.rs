@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{internal_err, Result, ScalarValue};
 use datafusion::functions_aggregate::average::avg_udaf;
 use datafusion::functions_aggregate::count::count_udaf;
@@ -58,8 +59,8 @@ impl DenseReductionExec {
     /// rows' order is not kept (a sort above it stays).
     pub fn on_cluster(&self, target_partitions: usize) -> Result<Arc<dyn ExecutionPlan>> {
         let table = self.table();
-        let group_dims = self.group_dims();
-        let n_groups = group_dims.len();
+        let keys = self.group_keys();
+        let n_groups = keys.len();
         let output = self.schema();
 
         // The aggregates' input: the columns read, then the grouped
@@ -70,17 +71,29 @@ impl DenseReductionExec {
             .map(|&c| table.schema.field(c).clone())
             .collect();
         let mut group_by = Vec::with_capacity(n_groups);
-        for (i, &d) in group_dims.iter().enumerate() {
-            let name = &table.dims[d].name;
+        for (i, key) in keys.iter().enumerate() {
+            let name = &table.dims[key.dim].name;
             let index = match fields.iter().position(|f| f.name() == name) {
                 Some(index) => index,
                 None => {
-                    fields.push(table.schema.field(d).clone());
+                    fields.push(table.schema.field(key.dim).clone());
                     fields.len() - 1
                 }
             };
             let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new(name, index));
-            group_by.push((column, output.field(i).name().clone()));
+            // A function of the dimension reads its column where it is here.
+            let expr = match &key.expr {
+                Some(expr) => {
+                    Arc::clone(expr)
+                        .transform(|e| match e.downcast_ref::<Column>() {
+                            Some(_) => Ok(Transformed::yes(Arc::clone(&column))),
+                            None => Ok(Transformed::no(e)),
+                        })?
+                        .data
+                }
+                None => column,
+            };
+            group_by.push((expr, output.field(i).name().clone()));
         }
         let input: SchemaRef = Arc::new(Schema::new(fields));
 

@@ -3,7 +3,11 @@
 //!
 //! The rule matches an `Aggregate` whose input is a Zarr table scan, seen
 //! through any projections, aliases and filters, where
-//! - every grouping expression is a dimension column of the table;
+//! - every grouping expression is a dimension column of the table, or a
+//!   deterministic function of one dimension column alone
+//!   (`date_trunc('day', time)`, `extract(month FROM time)`,
+//!   `floor(lat / 2) * 2`; see `keys`) over a dimension of at most
+//!   [`MAX_KEYED_POSITIONS`] positions (2^24);
 //! - every aggregate is `count`, `sum`, `avg`, `min`, `max`, `var`,
 //!   `var_pop`, `stddev` or `stddev_pop` of one deterministic expression
 //!   over the table's columns, without `DISTINCT`, `FILTER` or `ORDER BY`,
@@ -11,7 +15,9 @@
 //! - the scan has no `LIMIT`, and the dense state fits [`MAX_STATE_BYTES`].
 //!
 //! Anything else keeps DataFusion's hash aggregation. The rule is on by
-//! default; `SET zarrfusion.dense_reduction = false` turns it off.
+//! default; `SET zarrfusion.dense_reduction = false` turns it off, and
+//! `SET zarrfusion.dense_group_functions = false` keeps it to dimension
+//! columns.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -28,11 +34,14 @@ use datafusion::logical_expr::expr::{AggregateFunction, Cast};
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, Extension, LogicalPlan};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+use datafusion::physical_expr::execution_props::ExecutionProps;
 
 use super::accumulators::{numeric_domain, ReduceOp};
-use super::node::{DenseReduction, ReduceExpr};
+use super::keys::{physical_key, DimKeys, MAX_KEYED_POSITIONS};
+use super::node::{DenseReduction, GroupKey, ReduceExpr};
 use crate::array::scan_path::down_to_scan;
 use crate::config::ZarrConfig;
+use crate::table::GridTable;
 
 /// The most memory the per-worker group state of a dense reduction may
 /// take (an upper bound, before filters); larger reductions keep
@@ -65,7 +74,8 @@ impl OptimizerRule for DenseReductionRule {
             return Ok(Transformed::no(plan));
         }
         let workers = options.execution.target_partitions.max(1);
-        match dense_reduction(aggregate, workers)? {
+        let functions = ZarrConfig::of(&options).dense_group_functions;
+        match dense_reduction(aggregate, workers, functions)? {
             Some(node) => Ok(Transformed::yes(LogicalPlan::Extension(Extension {
                 node: Arc::new(node),
             }))),
@@ -75,7 +85,12 @@ impl OptimizerRule for DenseReductionRule {
 }
 
 /// The dense reduction computing `aggregate`, if it is one.
-fn dense_reduction(aggregate: &Aggregate, workers: usize) -> Result<Option<DenseReduction>> {
+/// `functions`: whether grouping by functions of one dimension is allowed.
+fn dense_reduction(
+    aggregate: &Aggregate,
+    workers: usize,
+    functions: bool,
+) -> Result<Option<DenseReduction>> {
     let mut group = aggregate.group_expr.clone();
     let mut aggregates = Vec::new();
     for expr in &aggregate.aggr_expr {
@@ -101,16 +116,15 @@ fn dense_reduction(aggregate: &Aggregate, workers: usize) -> Result<Option<Dense
         }
     }
 
-    let mut group_dims = Vec::with_capacity(group.len());
-    for g in &group {
-        let Expr::Column(c) = g else {
-            return Ok(None);
-        };
-        match table.dims.iter().position(|d| d.name == c.name) {
-            Some(d) if !group_dims.contains(&d) => group_dims.push(d),
-            _ => return Ok(None),
-        }
+    let Some(groups) = group_keys(&group, table) else {
+        return Ok(None);
+    };
+    if !functions && groups.iter().any(|g| g.expr.is_some()) {
+        return Ok(None);
     }
+    let Some(key_counts) = key_counts(&groups, table) else {
+        return Ok(None);
+    };
 
     let input_schema = &scan.projected_schema;
     let mut state_bytes = if predicates.is_empty() { 0 } else { 8 };
@@ -130,8 +144,11 @@ fn dense_reduction(aggregate: &Aggregate, workers: usize) -> Result<Option<Dense
             a.arg = Some(strip_widening_cast(a.op, arg, input_schema)?);
         }
     }
-    let groups: u64 = group_dims.iter().map(|&d| table.dims[d].len).product();
-    let state = (groups as u128) * (state_bytes as u128) * (workers as u128 + 1);
+    let state = key_counts
+        .iter()
+        .fold(state_bytes as u128 * (workers as u128 + 1), |n, &c| {
+            n.saturating_mul(c as u128)
+        });
     if state > MAX_STATE_BYTES as u128 {
         return Ok(None);
     }
@@ -141,10 +158,104 @@ fn dense_reduction(aggregate: &Aggregate, workers: usize) -> Result<Option<Dense
         input_schema: Arc::clone(input_schema),
         filters: scan.filters.clone(),
         predicate: conjunction(predicates),
-        group_dims,
+        groups,
         aggregates,
         schema: Arc::clone(&aggregate.schema),
     }))
+}
+
+/// What each grouping expression (over the scan's columns) groups by: a
+/// dimension, or a deterministic function of one dimension alone; `None`
+/// if one is neither, or a dimension is grouped by twice. A dimension
+/// grouped by itself and by functions of itself is grouped by the tuple of
+/// them all.
+fn group_keys(group: &[Expr], table: &GridTable) -> Option<Vec<GroupKey>> {
+    let dim_of = |name: &str| table.dims.iter().position(|d| d.name == name);
+    let mut keys = Vec::with_capacity(group.len());
+    for g in group {
+        // An alias of a column (DataFusion's rewrite of `DISTINCT`) is the column.
+        let g = match g {
+            Expr::Alias(alias) if matches!(alias.expr.as_ref(), Expr::Column(_)) => {
+                alias.expr.as_ref()
+            }
+            other => other,
+        };
+        let key = match g {
+            Expr::Column(c) => GroupKey {
+                dim: dim_of(&c.name)?,
+                expr: None,
+            },
+            _ => {
+                if g.is_volatile() {
+                    return None;
+                }
+                let refs = g.column_refs();
+                let [column] = refs.into_iter().collect::<Vec<_>>()[..] else {
+                    return None;
+                };
+                let dim = dim_of(&column.name)?;
+                if table.dims[dim].len > MAX_KEYED_POSITIONS {
+                    return None;
+                }
+                GroupKey {
+                    dim,
+                    expr: Some(g.clone()),
+                }
+            }
+        };
+        keys.push(key);
+    }
+    for (i, g) in group.iter().enumerate() {
+        let g = match g {
+            Expr::Alias(alias) => alias.expr.as_ref(),
+            other => other,
+        };
+        let dim = keys[i].dim;
+        let on_dim = keys.iter().filter(|k| k.dim == dim);
+        let (plain, functions) = on_dim.fold((0, 0), |(p, f), k| match k.expr {
+            None => (p + 1, f),
+            Some(_) => (p, f + 1),
+        });
+        if plain > 1 {
+            return None;
+        }
+        if functions > 0 && keys[i].expr.is_none() {
+            keys[i].expr = Some(g.clone());
+        }
+    }
+    Some(keys)
+}
+
+/// The number of keys of each grouped dimension over all its positions (an
+/// upper bound for any selection), `None` if a function of a dimension
+/// cannot be evaluated over its coordinate.
+fn key_counts(groups: &[GroupKey], table: &GridTable) -> Option<Vec<u64>> {
+    let props = ExecutionProps::new();
+    let mut dims: Vec<usize> = groups.iter().map(|g| g.dim).collect();
+    dims.sort_unstable();
+    dims.dedup();
+    let mut counts = Vec::with_capacity(dims.len());
+    for d in dims {
+        let dim = &table.dims[d];
+        let exprs: Vec<&Expr> = groups
+            .iter()
+            .filter(|g| g.dim == d)
+            .filter_map(|g| g.expr.as_ref())
+            .collect();
+        if exprs.is_empty() {
+            counts.push(dim.len);
+            continue;
+        }
+        let physical = exprs
+            .into_iter()
+            .map(|e| physical_key(e, dim, &props))
+            .collect::<Result<Vec<_>>>()
+            .ok()?;
+        let all = 0..dim.len;
+        let keys = DimKeys::evaluate(table, d, std::slice::from_ref(&all), &physical).ok()?;
+        counts.push(keys.map.count as u64);
+    }
+    Some(counts)
 }
 
 /// The reduction an aggregate expression asks for, if supported.

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Issue 28 benchmark: xarray's everyday climate operations in plain SQL.
+
+    .venv/bin/python bench/make_era5.py                  # once: bench/data/era5_1gb.zarr
+    .venv/bin/python bench/bench_climate.py [--repeats 3] [--queries daily,climatology,coarsen]
+                                            [--arms zarrfusion,zarrfusion-hash,...]
+
+On the hourly ERA5-like store (264 x 721 x 1440 float32, 1.1 GB decoded, one
+chunk per hour), each query computed to a result in memory by every arm, each
+run a fresh subprocess (peak RSS of its process tree sampled every 0.05 s by
+bench/measure.py; the time is the arm's own, from opening the store to the
+result in memory):
+
+  daily        the daily mean of every cell
+               SQL: GROUP BY date_trunc('day', time), lat, lon
+               xarray: ds.t2m.resample(time="1D").mean()
+  climatology  the monthly climatology of every cell
+               SQL: GROUP BY extract(month FROM time), lat, lon
+               xarray: ds.t2m.groupby("time.month").mean()
+  coarsen      the first day on a 2x2 coarser grid (the bins are coarsen's blocks)
+               SQL: GROUP BY time, floor((lat - 89.75) / 0.5), floor(lon / 0.5)
+                    WHERE time < '2020-01-02'
+               xarray: ds.t2m.isel(time=slice(0, 24)).coarsen(lat=2, lon=2, boundary="pad").mean()
+  read         the physical floor: one read of every chunk (SQL: sum(t2m);
+               xarray: the array loaded and summed); the coarsen query reads 1/11 of it
+
+Arms:
+  zarrfusion       the Python package (ZARRFUSION_PYTHON, default
+                   ~/.cache/zarrfusion-venv/bin/python), allowed_mem 2GB, SQL to an Arrow table
+  zarrfusion-hash  the same with zarrfusion.dense_reduction off: DataFusion's hash
+                   aggregation, the plan these queries had before issue 28
+  xarray-flox      xr.open_zarr(chunks=None), the variable loaded (numpy in memory), flox's default engine
+                   (xarray uses flox when it is installed)
+  xarray-numbagg   the same with engine="numbagg" (groupby/resample only: coarsen does not use flox)
+  xarray-dask      xr.open_zarr(store) (the store's chunks), dask threads with 2 workers, flox
+  xarray-sql       the same SQL through xarray_sql (partitions = the store's chunks)
+
+Each run's address space is capped (--mem-limit-gb, default 12 GiB): a run
+that needs more fails with its MemoryError (reported, not retried). Every arm's answer is checked against xarray-flox's (group count and the sum of the
+means, relative 1e-6). A section with the exact command is appended to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from measure import report, run_child  # noqa: E402
+
+STORE = HERE / "data" / "era5_1gb.zarr"
+RESULTS = HERE / "RESULTS.md"
+ZF_PYTHON = os.environ.get("ZARRFUSION_PYTHON", str(Path.home() / ".cache" / "zarrfusion-venv" / "bin" / "python"))
+ARMS = ["zarrfusion", "zarrfusion-hash", "xarray-flox", "xarray-numbagg", "xarray-dask", "xarray-sql"]
+QUERIES = ["read", "daily", "climatology", "coarsen"]
+
+SQL = {
+    "read": "SELECT sum(t2m) AS m FROM era5",
+    "daily": "SELECT date_trunc('day', time) AS day, lat, lon, avg(t2m) AS m FROM era5 GROUP BY 1, 2, 3",
+    "climatology": "SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS m FROM era5 GROUP BY 1, 2, 3",
+    "coarsen": "SELECT time, floor((lat - 89.75) / 0.5) AS la, floor(lon / 0.5) AS lo, avg(t2m) AS m "
+               "FROM era5 WHERE time < TIMESTAMP '2020-01-02' GROUP BY 1, 2, 3",
+}
+
+
+def child(arm: str, query: str, mem_limit_gb: float) -> dict:
+    """One run of `query` by `arm`, in this process: seconds, groups, checksum
+    (imports are not timed). Its address space is capped at `mem_limit_gb`:
+    an arm that needs more fails with its MemoryError instead of taking the
+    machine down."""
+    import resource
+
+    cap = int(mem_limit_gb * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    import numpy as np
+
+    if arm.startswith("zarrfusion"):
+        import zarrfusion as zf
+
+        started = time.perf_counter()
+        config = {"zarrfusion.dense_reduction": "false"} if arm == "zarrfusion-hash" else None
+        ctx = zf.SessionContext(allowed_mem="2GB", config=config)
+        ctx.register_zarr("era5", str(STORE))
+        table = ctx.sql(SQL[query]).to_arrow_table()
+        seconds = time.perf_counter() - started
+        m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
+        return {"seconds": seconds, "groups": table.num_rows, "checksum": float(np.nansum(m))}
+    if arm == "xarray-sql":
+        import xarray as xr
+        import xarray_sql
+
+        started = time.perf_counter()
+        ds = xr.open_zarr(STORE, chunks=None)
+        ctx = xarray_sql.Context()
+        ctx.from_dataset("era5", ds)
+        table = ctx.sql(SQL[query]).to_arrow_table()
+        seconds = time.perf_counter() - started
+        m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
+        return {"seconds": seconds, "groups": table.num_rows, "checksum": float(np.nansum(m))}
+
+    import xarray as xr
+
+    if arm == "xarray-dask":
+        import dask
+
+        dask.config.set(scheduler="threads", num_workers=2)
+    started = time.perf_counter()
+    if arm == "xarray-dask":
+        ds = xr.open_zarr(STORE)
+        t2m = ds.t2m
+    else:
+        # In memory: loaded first (grouping the lazily indexed backend array
+        # indexes zarr with arrays of the whole grid: over 20 GB).
+        t2m = xr.open_zarr(STORE, chunks=None).t2m.load()
+    kwargs = {"engine": "numbagg"} if arm == "xarray-numbagg" else {}
+    if query == "read":
+        out = t2m.astype("float64").sum()
+    elif query == "daily":
+        out = t2m.resample(time="1D").mean(**kwargs)
+    elif query == "climatology":
+        out = t2m.groupby("time.month").mean(**kwargs)
+    elif query == "coarsen":
+        if arm == "xarray-numbagg":
+            return {"skipped": "coarsen does not go through flox"}
+        out = t2m.isel(time=slice(0, 24)).coarsen(lat=2, lon=2, boundary="pad").mean()
+    values = np.asarray(out.values, dtype="float64")
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values))}
+
+
+def python_for(arm: str) -> str:
+    return ZF_PYTHON if arm.startswith("zarrfusion") else sys.executable
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--queries", default=",".join(QUERIES))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--mem-limit-gb", type=float, default=12,
+                    help="address space cap of each run (default 12 GiB); a run over it fails")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(*a.child, a.mem_limit_gb)))
+        return 0
+    if not STORE.exists():
+        sys.exit(f"{STORE} is missing: run bench/make_era5.py first")
+
+    results: dict[tuple[str, str], list[dict]] = {}
+    for query in a.queries.split(","):
+        for arm in a.arms.split(","):
+            runs = []
+            for _ in range(a.repeats):
+                r = run_child([python_for(arm), __file__, "--child", arm, query,
+                               "--mem-limit-gb", str(a.mem_limit_gb)], a.timeout)
+                runs.append(r)
+                print(query, arm, r, flush=True)
+                if "error" in r or "skipped" in r:
+                    break
+            results[(query, arm)] = runs
+
+    load = os.getloadavg()[0]
+    lines = [
+        f"## Climate operations in SQL (issue 28), {time.strftime('%Y-%m-%d %H:%M')}",
+        "",
+        f"Command: `.venv/bin/python bench/bench_climate.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
+        f"Machine: {os.cpu_count()} cores, {platform.platform()}; store {STORE.name} "
+        f"(264 x 721 x 1440 float32, one chunk per hour); 1-minute load average at the end {load:.2f}.  ",
+        f"zarrfusion at `{git_head()}`, allowed_mem 2GB. Time: best and median of {a.repeats} fresh "
+        "processes (opening the store to the result in memory); peak RSS: the largest of the runs' "
+        "process trees. Ratio: the fastest xarray arm's best time over this arm's best time.",
+        "",
+        "| query | arm | best s | median s | peak RSS MiB | vs fastest xarray | groups | answer |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for query in a.queries.split(","):
+        ok = {arm: runs for (q, arm), runs in results.items() if q == query and runs and "seconds" in runs[-1]}
+        xarray_best = min((min(r["seconds"] for r in runs) for arm, runs in ok.items()
+                           if arm.startswith("xarray") and arm != "xarray-sql"), default=None)
+        reference = ok.get("xarray-flox", [None])[-1]
+        for arm in a.arms.split(","):
+            runs = results.get((query, arm), [])
+            if not runs:
+                continue
+            last = runs[-1]
+            if "seconds" not in last:
+                why = last.get("skipped") or last.get("error", "?")
+                lines.append(f"| {query} | {arm} | - | - | - | - | - | {why} |")
+                continue
+            times = [r["seconds"] for r in runs]
+            best, median = min(times), statistics.median(times)
+            rss = max(r["peak_rss"] for r in runs) / 2**20
+            ratio = f"{xarray_best / best:.2f}x" if xarray_best else "-"
+            answer = "reference" if arm == "xarray-flox" else check(last, reference)
+            lines.append(f"| {query} | {arm} | {best:.2f} | {median:.2f} | {rss:.0f} | {ratio} | "
+                         f"{last['groups']} | {answer} |")
+    report(lines, RESULTS, not a.no_write)
+    return 0
+
+
+def check(got: dict, reference: dict | None) -> str:
+    if reference is None:
+        return "no reference"
+    same_groups = got["groups"] == reference["groups"]
+    a, b = got["checksum"], reference["checksum"]
+    close = abs(a - b) <= 1e-6 * max(abs(b), 1.0)
+    return "same" if same_groups and close else f"DIFFERS ({got['groups']} groups, sum {a:.6g} vs {b:.6g})"
+
+
+def git_head() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
