@@ -21,14 +21,19 @@ result in memory):
                SQL: GROUP BY time, floor((lat - 89.75) / 0.5), floor(lon / 0.5)
                     WHERE time < '2020-01-02'
                xarray: ds.t2m.isel(time=slice(0, 24)).coarsen(lat=2, lon=2, boundary="pad").mean()
+  rolling      the 24-hour running mean of every cell (its count and sum)
+               SQL: avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time
+                    ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)
+               xarray: ds.t2m.astype("float64").rolling(time=24, min_periods=1).mean()
   read         the physical floor: one read of every chunk (SQL: sum(t2m);
                xarray: the array loaded and summed); the coarsen query reads 1/11 of it
 
 Arms:
   zarrfusion       the Python package (ZARRFUSION_PYTHON, default
                    ~/.cache/zarrfusion-venv/bin/python), allowed_mem 2GB, SQL to an Arrow table
-  zarrfusion-hash  the same with zarrfusion.dense_reduction off: DataFusion's hash
-                   aggregation, the plan these queries had before issue 28
+  zarrfusion-hash  the same with zarrfusion.dense_reduction and rolling_window off:
+                   DataFusion's hash aggregation and its sort + window, the plans
+                   these queries had before issue 28
   xarray-flox      xr.open_zarr(chunks=None), the variable loaded (numpy in memory), flox's default engine
                    (xarray uses flox when it is installed)
   xarray-numbagg   the same with engine="numbagg" (groupby/resample only: coarsen does not use flox)
@@ -60,7 +65,7 @@ STORE = HERE / "data" / "era5_1gb.zarr"
 RESULTS = HERE / "RESULTS.md"
 ZF_PYTHON = os.environ.get("ZARRFUSION_PYTHON", str(Path.home() / ".cache" / "zarrfusion-venv" / "bin" / "python"))
 ARMS = ["zarrfusion", "zarrfusion-hash", "xarray-flox", "xarray-numbagg", "xarray-dask", "xarray-sql"]
-QUERIES = ["read", "daily", "climatology", "coarsen"]
+QUERIES = ["read", "daily", "climatology", "coarsen", "rolling"]
 
 SQL = {
     "read": "SELECT sum(t2m) AS m FROM era5",
@@ -68,6 +73,10 @@ SQL = {
     "climatology": "SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS m FROM era5 GROUP BY 1, 2, 3",
     "coarsen": "SELECT time, floor((lat - 89.75) / 0.5) AS la, floor(lon / 0.5) AS lo, avg(t2m) AS m "
                "FROM era5 WHERE time < TIMESTAMP '2020-01-02' GROUP BY 1, 2, 3",
+    # The running mean of every cell, reduced to its count and sum so that
+    # no arm holds 274 M rows of result.
+    "rolling": "SELECT count(m) AS n, sum(m) AS m FROM (SELECT avg(t2m) OVER (PARTITION BY lat, lon "
+               "ORDER BY time ROWS BETWEEN 23 PRECEDING AND CURRENT ROW) AS m FROM era5)",
 }
 
 
@@ -86,13 +95,13 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         import zarrfusion as zf
 
         started = time.perf_counter()
-        config = {"zarrfusion.dense_reduction": "false"} if arm == "zarrfusion-hash" else None
+        off = {"zarrfusion.dense_reduction": "false", "zarrfusion.rolling_window": "false"}
+        config = off if arm == "zarrfusion-hash" else None
         ctx = zf.SessionContext(allowed_mem="2GB", config=config)
         ctx.register_zarr("era5", str(STORE))
         table = ctx.sql(SQL[query]).to_arrow_table()
         seconds = time.perf_counter() - started
-        m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
-        return {"seconds": seconds, "groups": table.num_rows, "checksum": float(np.nansum(m))}
+        return {"seconds": seconds, **answer(query, table)}
     if arm == "xarray-sql":
         import xarray as xr
         import xarray_sql
@@ -103,8 +112,7 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         ctx.from_dataset("era5", ds)
         table = ctx.sql(SQL[query]).to_arrow_table()
         seconds = time.perf_counter() - started
-        m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
-        return {"seconds": seconds, "groups": table.num_rows, "checksum": float(np.nansum(m))}
+        return {"seconds": seconds, **answer(query, table)}
 
     import xarray as xr
 
@@ -131,9 +139,28 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         if arm == "xarray-numbagg":
             return {"skipped": "coarsen does not go through flox"}
         out = t2m.isel(time=slice(0, 24)).coarsen(lat=2, lon=2, boundary="pad").mean()
+    elif query == "rolling":
+        if arm == "xarray-numbagg":
+            return {"skipped": "xarray's rolling already uses numbagg (when installed) in the xarray-flox arm"}
+        # float64, as SQL's avg; min_periods=1: SQL's frames at the start.
+        out = t2m.astype("float64").rolling(time=24, min_periods=1).mean()
     values = np.asarray(out.values, dtype="float64")
     seconds = time.perf_counter() - started
+    if query == "rolling":
+        return {"seconds": seconds, "groups": int(np.count_nonzero(~np.isnan(values))),
+                "checksum": float(np.nansum(values))}
     return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values))}
+
+
+def answer(query: str, table) -> dict:
+    """Group count and checksum of an SQL arm's Arrow table (the rolling
+    query: its count and sum of the running means)."""
+    import numpy as np
+
+    m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
+    if query == "rolling":
+        return {"groups": int(table.column("n")[0].as_py()), "checksum": float(m[0])}
+    return {"groups": table.num_rows, "checksum": float(np.nansum(m))}
 
 
 def python_for(arm: str) -> str:

@@ -4,6 +4,7 @@
 //! SET zarrfusion.target_partition_bytes = 16777216;
 //! SET zarrfusion.dense_reduction = false;
 //! SET zarrfusion.aligned_join = false;
+//! SET zarrfusion.rolling_window = false;
 //! SET zarrfusion.allowed_mem = '2GB';        -- the session's memory pool
 //! SET zarrfusion.work_dir = '/scratch/zf';   -- where intermediates and spills go
 //! SET zarrfusion.work_dir = 's3://bucket/zf'; -- intermediates in an object store
@@ -52,6 +53,11 @@ extensions_options! {
         /// same coordinates, as one scan of their aligned blocks instead of
         /// a hash join.
         pub aligned_join: bool, default = true
+        /// Plan rolling windows along a dimension of a Zarr table
+        /// (`avg(x) OVER (PARTITION BY <the other dimensions> ORDER BY
+        /// <dim> ROWS BETWEEN ...)`) as reads of overlapping blocks along
+        /// the dimension instead of DataFusion's sort and window.
+        pub rolling_window: bool, default = true
         /// Where intermediate arrays go (a rechunk's stages, the rechunked
         /// copy a query scans): a local path or an object-store URL; empty:
         /// the runtime's temporary directory. Set it with

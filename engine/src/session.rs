@@ -36,7 +36,7 @@ use url::Url;
 use crate::array::copy::CopyToArraysRule;
 use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
-use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule};
+use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule, RollingWindowRule};
 use crate::config::{apply_runtime_settings, ZarrConfig};
 use crate::distributed::{distribute, keep_partial_aggregates, ClusterWorkers};
 use crate::progress::ScanProgress;
@@ -68,7 +68,9 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
 /// are handed to them, Zarr scans and dense reductions split into tasks by
 /// their bytes (a dense reduction's tasks give partial states, merged by
 /// DataFusion's final aggregate). Aligned joins are planned as DataFusion's
-/// hash joins over distributed scans (`zarrfusion.aligned_join` is off).
+/// hash joins over distributed scans (`zarrfusion.aligned_join` is off),
+/// rolling windows as DataFusion's windows (`zarrfusion.rolling_window`
+/// is off).
 pub fn distributed_context(
     config: SessionConfig,
     runtime: Arc<RuntimeEnv>,
@@ -96,6 +98,7 @@ fn build_context(
     if workers.is_some() {
         if let Some(zarr) = config.options_mut().extensions.get_mut::<ZarrConfig>() {
             zarr.aligned_join = false;
+            zarr.rolling_window = false;
         }
         keep_partial_aggregates(config.options_mut());
     }
@@ -108,6 +111,7 @@ fn build_context(
         .with_relation_planners(vec![read_zarr])
         .with_optimizer_rule(Arc::new(AlignedJoinRule))
         .with_optimizer_rule(Arc::new(DenseReductionRule))
+        .with_optimizer_rule(Arc::new(RollingWindowRule))
         .with_optimizer_rule(Arc::new(CopyToArraysRule))
         .with_query_planner(Arc::new(ArrayQueryPlanner));
     let builder = match workers {

@@ -8,6 +8,7 @@
 //! | [`fft`] | FFTs along dimensions (`fft(...)`, `ifft(...)`), xrft's semantics |
 //! | [`reduce`] | dense reductions over dimensions (`GROUP BY` dimensions) |
 //! | [`rechunk`] | copying a store into new chunk shapes within the budget |
+//! | [`rolling`] | rolling windows along a dimension (`avg(x) OVER (... ROWS BETWEEN ...)`) |
 //! | [`zip`] | joins of two Zarr tables on all their dimensions, as one scan of aligned blocks |
 //! | [`planner`] | the query planner that knows the array nodes |
 
@@ -17,6 +18,7 @@ pub(crate) mod leaf_plan;
 pub mod planner;
 pub mod rechunk;
 pub mod reduce;
+pub mod rolling;
 pub(crate) mod scan_path;
 pub(crate) mod tasks;
 pub mod zip;
@@ -26,4 +28,5 @@ pub use reduce::{
     key_schema, DenseReduction, DenseReductionExec, DenseReductionRule, GroupKey, KeySpec,
     ReduceOp, ReduceSpec, ReductionParts,
 };
+pub use rolling::{RollingWindow, RollingWindowExec, RollingWindowRule};
 pub use zip::AlignedJoinRule;

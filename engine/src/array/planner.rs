@@ -17,6 +17,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 
 use super::fft::FftCopy;
 use super::reduce::{DenseReduction, DenseReductionExec};
+use super::rolling::{RollingWindow, RollingWindowExec};
 use crate::array::copy::selection::SelectionCopy;
 use crate::array::copy::ArrayCopy;
 
@@ -37,6 +38,10 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(reduction) = node.as_any().downcast_ref::<DenseReduction>() {
             let exec = DenseReductionExec::plan(reduction, planner, session, planning)?;
+            return Ok(Some(Arc::new(exec)));
+        }
+        if let Some(window) = node.as_any().downcast_ref::<RollingWindow>() {
+            let exec = RollingWindowExec::plan(window, planner, session, planning)?;
             return Ok(Some(Arc::new(exec)));
         }
         if let Some(copy) = node.as_any().downcast_ref::<ArrayCopy>() {

@@ -30,8 +30,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
-use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema};
+use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{Column, Result};
 use datafusion::datasource::provider_as_source;
@@ -41,7 +40,7 @@ use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 use super::scan_path::{down_to_scan, replace_columns, ScanPath};
 use crate::config::ZarrConfig;
-use crate::table::{Coordinate, GridTable, ZarrTable};
+use crate::table::{GridTable, ZarrTable};
 
 /// Rewrites joins of two Zarr tables on all their dimensions into a scan of
 /// both tables' aligned blocks.
@@ -223,32 +222,10 @@ fn keys_pair_all_dimensions(left: &ScanPath<'_>, right: &ScanPath<'_>, n: usize)
 /// each matches once: strictly monotonic, no NULL, no NaN.
 fn same_coordinates(a: &GridTable, b: &GridTable) -> bool {
     a.dims.iter().zip(&b.dims).all(|(x, y)| {
-        x.len == y.len && x.coordinate.same_values(&y.coordinate) && matches_once(&x.coordinate)
+        x.len == y.len
+            && x.coordinate.same_values(&y.coordinate)
+            && x.coordinate.distinct_order().is_some()
     })
-}
-
-/// Whether every value of a coordinate is distinct and comparable:
-/// strictly increasing or decreasing, without NULL or NaN (looked for a
-/// piece of values at a time).
-fn matches_once(coordinate: &Coordinate) -> bool {
-    let has_nan = |values: &ArrayRef| match values.data_type() {
-        DataType::Float32 => values
-            .as_primitive::<Float32Type>()
-            .values()
-            .iter()
-            .any(|v| v.is_nan()),
-        DataType::Float64 => values
-            .as_primitive::<Float64Type>()
-            .values()
-            .iter()
-            .any(|v| v.is_nan()),
-        _ => false,
-    };
-    !coordinate.nullable()
-        && coordinate.strict_order().is_some()
-        && coordinate
-            .pieces(Coordinate::PIECE)
-            .all(|piece| piece.is_ok_and(|values| !has_nan(&values)))
 }
 
 /// The grid of two aligned tables: the first's dimensions, then the

@@ -163,6 +163,24 @@ impl BlockGrid {
         }
         extent
     }
+
+    /// The extent of block `j` when the blocks are visited with dimension
+    /// `d` innermost (C order over the other dimensions, then along `d`):
+    /// consecutive blocks along `d` come one after the other.
+    pub fn block_along(&self, d: usize, j: u64) -> Vec<Range<u64>> {
+        let mut extent = vec![0..0; self.shape.len()];
+        let mut put = |k: usize, p: u64| {
+            let start = (self.first[k] + p) * self.block_shape[k];
+            extent[k] = start..(start + self.block_shape[k]).min(self.shape[k]);
+        };
+        put(d, j % self.counts[d].max(1));
+        let mut rest = j / self.counts[d].max(1);
+        for k in (0..self.shape.len()).rev().filter(|&k| k != d) {
+            put(k, rest % self.counts[k].max(1));
+            rest /= self.counts[k].max(1);
+        }
+        extent
+    }
 }
 
 /// Share `i` of `n` contiguous, near-equal shares of `range` (a task's
@@ -226,6 +244,31 @@ mod tests {
                 }
             }
             assert!(seen.iter().all(|n| *n == 1), "target {target}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn blocks_along_a_dimension_visit_each_block_once_in_runs_along_it() {
+        let shape = [10, 7, 5];
+        let selection = Selection::all(&shape);
+        let grid = BlockGrid::plan(&shape, &[3, 4, 2], &selection, 1, 1, 2);
+        let n = grid.num_blocks();
+        for d in 0..3 {
+            let mut seen: Vec<Vec<Range<u64>>> = (0..n).map(|j| grid.block_along(d, j)).collect();
+            // Within a run, the other dimensions stay and `d` steps on.
+            let along = shape[d].div_ceil(grid.block_shape()[d]);
+            for j in 1..n {
+                let (a, b) = (&seen[j as usize - 1], &seen[j as usize]);
+                if j % along != 0 {
+                    assert_eq!(a[d].end, b[d].start, "d={d} j={j}");
+                    assert!((0..3).filter(|&k| k != d).all(|k| a[k] == b[k]));
+                }
+            }
+            let mut all: Vec<Vec<Range<u64>>> = (0..n).map(|id| grid.block(id)).collect();
+            let key = |e: &Vec<Range<u64>>| e.iter().map(|r| (r.start, r.end)).collect::<Vec<_>>();
+            seen.sort_by_key(key);
+            all.sort_by_key(key);
+            assert_eq!(seen, all, "d={d}");
         }
     }
 

@@ -72,13 +72,25 @@ impl<'a> BoxCells<'a> {
     /// Rows `start..start + len` (C order) as a batch of `schema`, whose
     /// fields are the `columns` this box was read with.
     pub fn batch(&self, schema: &SchemaRef, start: u64, len: u64) -> Result<RecordBatch> {
-        let columns = self
-            .columns
+        let all: Vec<usize> = (0..self.columns.len()).collect();
+        self.batch_of(schema, &all, start, len)
+    }
+
+    /// Rows `start..start + len` (C order) of some of the columns this box
+    /// was read with (`which`: their places among them), as a batch of
+    /// `schema`, whose fields are those columns.
+    pub fn batch_of(
+        &self,
+        schema: &SchemaRef,
+        which: &[usize],
+        start: u64,
+        len: u64,
+    ) -> Result<RecordBatch> {
+        let columns = which
             .iter()
-            .zip(&self.variables)
-            .map(|(&i, var)| match var {
+            .map(|&k| match &self.variables[k] {
                 Some(values) => Ok(values.slice(start as usize, len as usize)),
-                None => self.dimension_column(i, start, len),
+                None => self.dimension_column(self.columns[k], start, len),
             })
             .collect::<Result<Vec<_>>>()?;
         let options = RecordBatchOptions::new().with_row_count(Some(len as usize));

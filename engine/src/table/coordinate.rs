@@ -217,6 +217,32 @@ impl Coordinate {
         }
     }
 
+    /// [`Coordinate::strict_order`] when, besides, no value is NaN (looked
+    /// for a piece of values at a time): every value is distinct and
+    /// comparable, so each matches once and sorting by the coordinate
+    /// follows the index (`Some(false)`) or runs against it (`Some(true)`).
+    pub fn distinct_order(&self) -> Option<bool> {
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::{Float32Type, Float64Type};
+        let has_nan = |values: &ArrayRef| match values.data_type() {
+            DataType::Float32 => values
+                .as_primitive::<Float32Type>()
+                .values()
+                .iter()
+                .any(|v| v.is_nan()),
+            DataType::Float64 => values
+                .as_primitive::<Float64Type>()
+                .values()
+                .iter()
+                .any(|v| v.is_nan()),
+            _ => false,
+        };
+        let order = self.strict_order()?;
+        self.pieces(Self::PIECE)
+            .all(|piece| piece.is_ok_and(|values| !has_nan(&values)))
+            .then_some(order)
+    }
+
     /// [`Coordinate::strict_order`] by comparing each value with the next,
     /// a piece of values at a time (of at least two values).
     fn compared_order(&self) -> Option<bool> {

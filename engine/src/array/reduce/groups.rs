@@ -352,6 +352,21 @@ mod tests {
         out
     }
 
+    /// Asserts that the lines of runs of rows of `extent` (the whole, from
+    /// the second row, two inside, the last) give the groups `want`.
+    fn assert_lines_follow(space: &GroupSpace, extent: &[Range<u64>], want: &[usize], what: &str) {
+        let n = want.len() as u64;
+        for (start, len) in [(0, n), (1, n - 3), (3, 2), (n - 1, 1)] {
+            let mut lines = Vec::new();
+            space.lines(extent, start, len, &mut lines);
+            assert_eq!(
+                expand(&lines),
+                want[start as usize..(start + len) as usize],
+                "{what} extent {extent:?} rows {start}+{len}"
+            );
+        }
+    }
+
     #[test]
     fn lines_match_a_row_by_row_mapping() {
         let shape = [5u64, 4, 6];
@@ -371,16 +386,7 @@ mod tests {
             let space = GroupSpace::new(&selection, &grouped, Vec::new());
             for extent in &extents {
                 let want = naive_groups(&grouped, &selection, extent);
-                let n = want.len() as u64;
-                for (start, len) in [(0, n), (1, n - 3), (3, 2), (n - 1, 1)] {
-                    let mut lines = Vec::new();
-                    space.lines(extent, start, len, &mut lines);
-                    assert_eq!(
-                        expand(&lines),
-                        want[start as usize..(start + len) as usize],
-                        "grouped {grouped:?} extent {extent:?} rows {start}+{len}"
-                    );
-                }
+                assert_lines_follow(&space, extent, &want, &format!("grouped {grouped:?}"));
             }
         }
     }
@@ -493,16 +499,7 @@ mod tests {
             assert_eq!(space.num_groups(), counts);
             for extent in &extents {
                 let want = naive_mapped_groups(&grouped, &selection, extent, &mapped);
-                let n = want.len() as u64;
-                for (start, len) in [(0, n), (1, n - 3), (3, 2), (n - 1, 1)] {
-                    let mut lines = Vec::new();
-                    space.lines(extent, start, len, &mut lines);
-                    assert_eq!(
-                        expand(&lines),
-                        want[start as usize..(start + len) as usize],
-                        "grouped {grouped:?} extent {extent:?} rows {start}+{len}"
-                    );
-                }
+                assert_lines_follow(&space, extent, &want, &format!("grouped {grouped:?}"));
             }
         }
     }

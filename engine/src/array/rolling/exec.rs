@@ -1,0 +1,664 @@
+//! `RollingWindowExec`: the operator of a [`RollingWindow`].
+//!
+//! Each partition takes a run of chunk-aligned blocks visited with the
+//! rolled dimension innermost, so that its blocks follow each other along
+//! that dimension. For each box of the selection in a block, it decodes
+//! the columns the window reads, lays each aggregate's argument out as
+//! lines along the dimension (see [`frame`](super::frame)), with the
+//! frames' overlap on both sides (the halo), computes every aggregate for
+//! the box's cells, and streams the box's rows in C order with the
+//! aggregates beside them.
+//!
+//! The halo before a box is the end of the box before it along the
+//! dimension, kept from that box (read once); a partition's first box
+//! reads it from the store, and so does the halo after a box (the frames'
+//! FOLLOWING rows, the start of the next box). Memory per partition: two
+//! decoded blocks, the argument lines of a block and its halo, the
+//! aggregates of a block, the halo kept, and the batches in flight; a
+//! window whose projected memory exceeds the session's limit is refused
+//! while planning.
+//!
+//! [`RollingWindow`]: super::RollingWindow
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::catalog::Session;
+use datafusion::common::stats::Precision;
+use datafusion::common::{human_readable_size, resources_err, DFSchema, Result, Statistics};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+};
+use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
+};
+use datafusion::physical_planner::PhysicalPlanner;
+use tokio::sync::mpsc::Sender;
+
+use super::frame::{roll, Frame, Lines, RollOp};
+use super::node::RollingWindow;
+use crate::array::leaf_plan::leaf_plan_methods;
+use crate::progress::ScanProgress;
+use crate::table::{boxes_in_block, select, share_of, BlockGrid, BoxCells, GridTable, Selection};
+use crate::zarr::ChunkBufferPool;
+
+/// One aggregate, planned.
+#[derive(Debug)]
+struct PhysicalRoll {
+    op: RollOp,
+    /// How it is shown (`avg(t2m) over [-23, +0]`).
+    label: String,
+    /// Which argument (index into `Rolling::args`).
+    arg: usize,
+    frame: Frame,
+    output_type: DataType,
+}
+
+/// Everything a partition needs, shared by all of them.
+#[derive(Debug)]
+struct Rolling {
+    table: Arc<GridTable>,
+    selection: Selection,
+    blocks: BlockGrid,
+    dim: usize,
+    /// Table columns read, and their schema.
+    columns: Vec<usize>,
+    input_schema: SchemaRef,
+    /// Those the arguments read: places among `columns`, table columns,
+    /// and their schema.
+    arg_places: Vec<usize>,
+    arg_columns: Vec<usize>,
+    arg_schema: SchemaRef,
+    /// The window's input columns, over `input_schema`.
+    outputs: Vec<Arc<dyn PhysicalExpr>>,
+    /// The distinct arguments, over `arg_schema`, and whether each is a
+    /// number (else only its NULLs count).
+    args: Vec<(Arc<dyn PhysicalExpr>, bool)>,
+    aggregates: Vec<PhysicalRoll>,
+    /// The rows sent: the input columns, then the aggregates.
+    output_schema: SchemaRef,
+    /// Positions the frames reach before and after a cell, at most.
+    before: u64,
+    after: u64,
+}
+
+/// The physical operator of a [`RollingWindow`].
+#[derive(Debug)]
+pub struct RollingWindowExec {
+    rolling: Arc<Rolling>,
+    partitions: usize,
+    batch_size: usize,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl RollingWindowExec {
+    /// Plans `node`: its selection, blocks, expressions and memory.
+    ///
+    /// Refuses (before anything runs) a window whose projected memory
+    /// exceeds the session's memory limit.
+    pub fn plan(
+        node: &RollingWindow,
+        planner: &dyn PhysicalPlanner,
+        session: &dyn Session,
+        planning: &PhysicalPlanningContext,
+    ) -> Result<Self> {
+        let table = Arc::clone(&node.table);
+        let selection = select(&node.filters, &table, session)?;
+
+        // The distinct arguments, and the columns everything reads.
+        let mut arg_exprs: Vec<&Expr> = Vec::new();
+        for a in &node.aggregates {
+            if !arg_exprs.contains(&&a.arg) {
+                arg_exprs.push(&a.arg);
+            }
+        }
+        let arg_names = column_names(arg_exprs.iter().copied());
+        let mut all_names = column_names(node.columns.iter());
+        all_names.extend(arg_names.iter().cloned());
+        let (mut fields, mut columns) = (Vec::new(), Vec::new());
+        let (mut arg_fields, mut arg_places, mut arg_columns) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for (qualifier, field) in node.input_schema.iter() {
+            if !all_names.contains(field.name()) {
+                continue;
+            }
+            let column = table.schema.index_of(field.name())?;
+            if arg_names.contains(field.name()) {
+                arg_fields.push((qualifier.cloned(), Arc::clone(field)));
+                arg_places.push(columns.len());
+                arg_columns.push(column);
+            }
+            fields.push((qualifier.cloned(), Arc::clone(field)));
+            columns.push(column);
+        }
+        let input_df = DFSchema::new_with_metadata(fields, Default::default())?;
+        let arg_df = DFSchema::new_with_metadata(arg_fields, Default::default())?;
+        let input_schema: SchemaRef = Arc::new(input_df.as_arrow().clone());
+        let arg_schema: SchemaRef = Arc::new(arg_df.as_arrow().clone());
+        let outputs = node
+            .columns
+            .iter()
+            .map(|e| planner.create_physical_expr(e, &input_df, session, planning))
+            .collect::<Result<Vec<_>>>()?;
+        let args = arg_exprs
+            .iter()
+            .map(|e| {
+                let arg = planner.create_physical_expr(e, &arg_df, session, planning)?;
+                let numeric = matches!(
+                    arg.data_type(&arg_schema)?,
+                    DataType::Float32 | DataType::Float64
+                );
+                Ok((arg, numeric))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let n_columns = node.columns.len();
+        let aggregates = node
+            .aggregates
+            .iter()
+            .enumerate()
+            .map(|(i, a)| PhysicalRoll {
+                op: a.op,
+                label: a.to_string(),
+                arg: arg_exprs.iter().position(|e| *e == &a.arg).unwrap_or(0),
+                frame: a.frame,
+                output_type: node.schema.field(n_columns + i).data_type().clone(),
+            })
+            .collect::<Vec<_>>();
+        let before = aggregates
+            .iter()
+            .map(|a| a.frame.before())
+            .max()
+            .unwrap_or(0);
+        let after = aggregates
+            .iter()
+            .map(|a| a.frame.after())
+            .max()
+            .unwrap_or(0);
+
+        let options = session.config().options();
+        let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let parallelism = options.execution.target_partitions.max(1);
+        let blocks = BlockGrid::for_columns(
+            &table,
+            &columns,
+            &selection,
+            options,
+            memory_limit.map(|bytes| bytes / (4 * parallelism)),
+        );
+        let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism);
+        let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
+        let rolling = Rolling {
+            table,
+            selection,
+            blocks,
+            dim: node.dim,
+            columns,
+            input_schema,
+            arg_places,
+            arg_columns,
+            arg_schema,
+            outputs,
+            args,
+            aggregates,
+            output_schema: Arc::clone(&schema),
+            before,
+            after,
+        };
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        let exec = Self {
+            rolling: Arc::new(rolling),
+            partitions,
+            batch_size: session.config().batch_size().max(1),
+            schema,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        };
+        if let Some(limit) = memory_limit {
+            let projected = exec.projected_memory();
+            if projected > limit {
+                let r = &exec.rolling;
+                return resources_err!(
+                    "RollingWindowExec over {} needs {} ({} partitions x {} per partition: \
+                     blocks of shape {:?}, {} positions of overlap) but the memory limit \
+                     (allowed_mem) is {}; raise the limit, shorten the frames or lower \
+                     zarrfusion.target_partition_bytes",
+                    r.table.store,
+                    human_readable_size(projected),
+                    exec.partitions,
+                    human_readable_size(exec.per_partition_memory()),
+                    r.blocks.block_shape(),
+                    r.before + r.after,
+                    human_readable_size(limit)
+                );
+            }
+        }
+        Ok(exec)
+    }
+
+    /// Memory one partition holds at its peak: two decoded blocks, the
+    /// argument lines of a block with its overlap (and the extremum
+    /// passes' copy), the halo read, the aggregates of a block and their
+    /// running state, the overlap kept for the next block, and the
+    /// batches in flight.
+    pub fn per_partition_memory(&self) -> usize {
+        let r = &self.rolling;
+        let shape = r.blocks.block_shape();
+        let cells = shape.iter().product::<u64>() as usize;
+        let along = shape[r.dim].max(1) as usize;
+        let section = cells / along;
+        let halo = (r.before + r.after) as usize;
+        let extended = section * (along + halo);
+        let width = |schema: &SchemaRef| -> usize {
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.data_type().primitive_width().unwrap_or(16))
+                .sum()
+        };
+        let extremes = r
+            .aggregates
+            .iter()
+            .filter(|a| matches!(a.op, RollOp::Min | RollOp::Max))
+            .count();
+        let row_bytes = width(&self.schema);
+        2 * cells * width(&r.input_schema)
+            + extended * (Lines::CELL_BYTES * r.args.len() + 8 * extremes)
+            + section * halo * width(&r.arg_schema)
+            + cells * (8 * r.aggregates.len() + 16)
+            + section * r.before as usize * Lines::CELL_BYTES * r.args.len()
+            + 3 * self.batch_size * row_bytes
+    }
+
+    /// Memory the whole window is projected to hold at its peak.
+    pub fn projected_memory(&self) -> usize {
+        self.partitions * self.per_partition_memory()
+    }
+
+    /// The blocks partition `partition` reads (in the order along the dimension).
+    fn partition_blocks(&self, partition: usize) -> Range<u64> {
+        let all = 0..self.rolling.blocks.num_blocks();
+        share_of(all, partition as u64, self.partitions as u64)
+    }
+}
+
+/// The names of the columns `exprs` read.
+fn column_names<'a>(exprs: impl Iterator<Item = &'a Expr>) -> HashSet<String> {
+    let mut names = HashSet::new();
+    for e in exprs {
+        names.extend(e.column_refs().into_iter().map(|c| c.name.clone()));
+    }
+    names
+}
+
+/// The metrics a partition reports to.
+struct Meters {
+    output_rows: Count,
+    bytes_decoded: Count,
+    halo_positions_read: Count,
+    decode_time: Time,
+    roll_time: Time,
+}
+
+/// The overlap one box leaves to the next along the dimension.
+struct Carry {
+    /// The box's last position.
+    last: u64,
+    /// Each argument's last `before` positions.
+    tails: Vec<Lines>,
+}
+
+/// Selected positions of `ranges` (sorted, disjoint) before `position`,
+/// at most `n` of them, as ranges in order.
+fn selected_before(ranges: &[Range<u64>], position: u64, n: u64) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    let mut left = n;
+    for r in ranges.iter().rev() {
+        if left == 0 {
+            break;
+        }
+        let end = r.end.min(position);
+        if r.start >= end {
+            continue;
+        }
+        let start = end - (end - r.start).min(left);
+        left -= end - start;
+        out.push(start..end);
+    }
+    out.reverse();
+    out
+}
+
+/// Selected positions of `ranges` (sorted, disjoint) from `position` on,
+/// at most `n` of them, as ranges in order.
+fn selected_after(ranges: &[Range<u64>], position: u64, n: u64) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    let mut left = n;
+    for r in ranges {
+        if left == 0 {
+            break;
+        }
+        let start = r.start.max(position);
+        if start >= r.end {
+            continue;
+        }
+        let end = start + (r.end - start).min(left);
+        left -= end - start;
+        out.push(start..end);
+    }
+    out
+}
+
+impl Rolling {
+    /// Reads the partition's blocks `run` and sends their rows.
+    fn run_partition(
+        &self,
+        run: Range<u64>,
+        batch_size: usize,
+        tx: &Sender<Result<RecordBatch>>,
+        meters: &Meters,
+        progress: Option<&ScanProgress>,
+    ) -> Result<()> {
+        let buffers = ChunkBufferPool::new();
+        let mut carries: HashMap<Vec<Range<u64>>, Carry> = HashMap::new();
+        let mut column: Option<Vec<Range<u64>>> = None;
+        for j in run {
+            let extent = self.blocks.block_along(self.dim, j);
+            // A new column of blocks: the overlap kept is of no use.
+            let mut across = extent.clone();
+            across[self.dim] = 0..0;
+            if column.as_ref() != Some(&across) {
+                carries.clear();
+                column = Some(across);
+            }
+            for b in boxes_in_block(&self.selection, &extent) {
+                if !self.roll_box(&b, &mut carries, &buffers, batch_size, tx, meters)? {
+                    return Ok(());
+                }
+            }
+            if let Some(progress) = progress {
+                progress.add_done(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// The argument columns of `batch`, as `float64` cells for [`Lines`].
+    fn arg_values(&self, batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+        self.args
+            .iter()
+            .map(|(arg, numeric)| {
+                let values = arg.evaluate(batch)?.into_array(batch.num_rows())?;
+                if *numeric {
+                    Ok(cast(&values, &DataType::Float64)?)
+                } else {
+                    // Only its NULLs count.
+                    let ones = vec![1.0; values.len()];
+                    let nulls = values.logical_nulls();
+                    Ok(Arc::new(Float64Array::new(ones.into(), nulls)) as ArrayRef)
+                }
+            })
+            .collect()
+    }
+
+    /// Reads the arguments over positions `pieces` of dimension `dim` of
+    /// box `b` into `lines` from position `at` on.
+    fn read_halo(
+        &self,
+        b: &[Range<u64>],
+        pieces: &[Range<u64>],
+        mut at: usize,
+        lines: &mut [Lines],
+        buffers: &ChunkBufferPool,
+        meters: &Meters,
+    ) -> Result<()> {
+        for piece in pieces {
+            let mut extent = b.to_vec();
+            extent[self.dim] = piece.clone();
+            let timer = meters.decode_time.timer();
+            let cells = BoxCells::read(&self.table, &self.arg_columns, &extent, buffers)?;
+            timer.done();
+            meters.bytes_decoded.add(cells.decoded_bytes() as usize);
+            let n = (piece.end - piece.start) as usize;
+            meters.halo_positions_read.add(n);
+            let batch = cells.batch(&self.arg_schema, 0, cells.num_cells())?;
+            for (lines, values) in lines.iter_mut().zip(self.arg_values(&batch)?) {
+                lines.put(at, n, 0, &values)?;
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Computes and sends the rows of box `b`. Returns `Ok(false)` when
+    /// the receiver is gone.
+    fn roll_box(
+        &self,
+        b: &[Range<u64>],
+        carries: &mut HashMap<Vec<Range<u64>>, Carry>,
+        buffers: &ChunkBufferPool,
+        batch_size: usize,
+        tx: &Sender<Result<RecordBatch>>,
+        meters: &Meters,
+    ) -> Result<bool> {
+        let d = self.dim;
+        let lens: Vec<usize> = b.iter().map(|r| (r.end - r.start) as usize).collect();
+        let outer: usize = lens[..d].iter().product();
+        let inner: usize = lens[d + 1..].iter().product();
+        let main = lens[d];
+        let (before, after) = (self.before as usize, self.after as usize);
+        let mut lines: Vec<Lines> = (0..self.args.len())
+            .map(|_| Lines::new(outer, before + main + after, inner))
+            .collect();
+        let ranges = self.selection.ranges(d);
+        let mut key = b.to_vec();
+        key[d] = 0..0;
+
+        // The overlap before: kept from the box before, or read.
+        if before > 0 {
+            let pieces = selected_before(ranges, b[d].start, self.before);
+            let kept = carries
+                .get(&key)
+                .filter(|c| pieces.last().map(|p| p.end - 1) == Some(c.last));
+            match kept {
+                Some(carry) => {
+                    for (lines, tail) in lines.iter_mut().zip(&carry.tails) {
+                        lines.put_lines(0, tail)?;
+                    }
+                }
+                None => {
+                    let n: u64 = pieces.iter().map(|p| p.end - p.start).sum();
+                    let at = before - n as usize;
+                    self.read_halo(b, &pieces, at, &mut lines, buffers, meters)?;
+                }
+            }
+        }
+
+        // The box itself.
+        let timer = meters.decode_time.timer();
+        let cells = BoxCells::read(&self.table, &self.columns, b, buffers)?;
+        timer.done();
+        meters.bytes_decoded.add(cells.decoded_bytes() as usize);
+        let total = cells.num_cells();
+        let mut start = 0u64;
+        while start < total {
+            let len = (batch_size as u64).min(total - start);
+            let batch = cells.batch_of(&self.arg_schema, &self.arg_places, start, len)?;
+            for (lines, values) in lines.iter_mut().zip(self.arg_values(&batch)?) {
+                lines.put(before, main, start as usize, &values)?;
+            }
+            start += len;
+        }
+
+        // The overlap after: read.
+        if after > 0 {
+            let pieces = selected_after(ranges, b[d].end, self.after);
+            self.read_halo(b, &pieces, before + main, &mut lines, buffers, meters)?;
+        }
+
+        let timer = meters.roll_time.timer();
+        let rolled = self
+            .aggregates
+            .iter()
+            .map(|a| {
+                let values = roll(a.op, &lines[a.arg], a.frame, before..before + main)?;
+                Ok(cast(&values, &a.output_type)?)
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        if before > 0 {
+            let tails = lines
+                .iter()
+                .map(|l| l.tail(before + main, before))
+                .collect();
+            let last = b[d].end - 1;
+            carries.insert(key, Carry { last, tails });
+        }
+        drop(lines);
+        timer.done();
+
+        let mut start = 0u64;
+        while start < total {
+            let len = (batch_size as u64).min(total - start);
+            let batch = cells.batch(&self.input_schema, start, len)?;
+            let mut columns = self
+                .outputs
+                .iter()
+                .map(|e| e.evaluate(&batch)?.into_array(len as usize))
+                .collect::<Result<Vec<_>>>()?;
+            columns.extend(
+                rolled
+                    .iter()
+                    .map(|values| values.slice(start as usize, len as usize)),
+            );
+            let out = RecordBatch::try_new(Arc::clone(&self.output_schema), columns)?;
+            meters.output_rows.add(len as usize);
+            if tx.blocking_send(Ok(out)).is_err() {
+                return Ok(false);
+            }
+            start += len;
+        }
+        Ok(true)
+    }
+}
+
+impl DisplayAs for RollingWindowExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let r = &self.rolling;
+        let aggregates: Vec<&str> = r.aggregates.iter().map(|a| a.label.as_str()).collect();
+        write!(
+            f,
+            "RollingWindowExec: store={}, along={}, aggr=[{}], rows={}, blocks={} of shape {:?}, \
+             overlap={}+{}, partitions={}, projected_memory={}",
+            r.table.store,
+            r.table.dims[r.dim].name,
+            aggregates.join(", "),
+            r.selection.num_cells(),
+            r.blocks.num_blocks(),
+            r.blocks.block_shape(),
+            r.before,
+            r.after,
+            self.partitions,
+            human_readable_size(self.projected_memory()),
+        )
+    }
+}
+
+impl ExecutionPlan for RollingWindowExec {
+    leaf_plan_methods!("RollingWindowExec");
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition >= self.partitions {
+            return datafusion::common::internal_err!(
+                "RollingWindowExec has {} partitions, asked for {partition}",
+                self.partitions
+            );
+        }
+        let run = self.partition_blocks(partition);
+        let progress = context.session_config().get_extension::<ScanProgress>();
+        if let Some(progress) = &progress {
+            progress.add_planned(run.end - run.start);
+        }
+        let reservation = MemoryConsumer::new(format!("RollingWindowExec[{partition}]"))
+            .register(context.memory_pool());
+        reservation.try_grow(self.per_partition_memory())?;
+        MetricBuilder::new(&self.metrics)
+            .gauge("memory_reserved", partition)
+            .set(self.per_partition_memory());
+        let meters = Meters {
+            output_rows: MetricBuilder::new(&self.metrics).output_rows(partition),
+            bytes_decoded: MetricBuilder::new(&self.metrics).counter("bytes_decoded", partition),
+            halo_positions_read: MetricBuilder::new(&self.metrics)
+                .counter("halo_positions_read", partition),
+            decode_time: MetricBuilder::new(&self.metrics).subset_time("decode_time", partition),
+            roll_time: MetricBuilder::new(&self.metrics).subset_time("roll_time", partition),
+        };
+        let rolling = Arc::clone(&self.rolling);
+        let batch_size = self.batch_size;
+        let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
+        let tx = builder.tx();
+        builder.spawn_blocking(move || {
+            let _reservation = reservation;
+            rolling.run_partition(run, batch_size, &tx, &meters, progress.as_deref())
+        });
+        Ok(builder.build())
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let mut stats = Statistics::new_unknown(&self.schema);
+        if args.partition().is_none() {
+            stats.num_rows = Precision::Exact(self.rolling.selection.num_cells() as usize);
+        }
+        Ok(Arc::new(stats))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selected_positions_before_and_after_skip_what_is_not_selected() {
+        let ranges = [0..3, 5..6, 8..12];
+        assert_eq!(selected_before(&ranges, 9, 3), vec![2..3, 5..6, 8..9]);
+        assert_eq!(selected_before(&ranges, 9, 10), vec![0..3, 5..6, 8..9]);
+        assert_eq!(selected_before(&ranges, 8, 2), vec![2..3, 5..6]);
+        assert_eq!(selected_before(&ranges, 0, 2), Vec::<Range<u64>>::new());
+        assert_eq!(selected_after(&ranges, 2, 3), vec![2..3, 5..6, 8..9]);
+        assert_eq!(selected_after(&ranges, 6, 5), vec![8..12]);
+        assert_eq!(selected_after(&ranges, 12, 5), Vec::<Range<u64>>::new());
+        assert_eq!(selected_after(&ranges, 4, 0), Vec::<Range<u64>>::new());
+    }
+}

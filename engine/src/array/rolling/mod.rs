@@ -1,0 +1,23 @@
+//! Rolling windows along a dimension: SQL's
+//! `avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23
+//! PRECEDING AND CURRENT ROW)` over a Zarr table, computed along the
+//! dimension over blocks that overlap by the frame, in grid order, instead
+//! of sorting every row into partitions (xarray's
+//! `ds.t2m.rolling(time=24).mean()`, with SQL's NULL semantics).
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`rule`] | finding rolling windows in plain SQL |
+//! | [`node`] | the logical node, [`RollingWindow`] |
+//! | [`exec`] | its operator, [`RollingWindowExec`] |
+//! | [`frame`] | the aggregates over the frames of lines of cells |
+
+pub mod exec;
+pub mod frame;
+pub mod node;
+pub mod rule;
+
+pub use exec::RollingWindowExec;
+pub use frame::{Frame, RollOp};
+pub use node::{RollExpr, RollingWindow};
+pub use rule::{RollingWindowRule, MAX_FRAME};

@@ -1,0 +1,118 @@
+//! `RollingWindow`: the logical plan node of rolling aggregates along one
+//! dimension of a Zarr table.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use datafusion::common::DFSchemaRef;
+use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
+
+use super::frame::{Frame, RollOp};
+use crate::array::leaf_plan::leaf_node_methods;
+use crate::table::GridTable;
+
+/// One rolling aggregate: `op(arg) OVER (PARTITION BY <the other
+/// dimensions> ORDER BY <dim> ROWS BETWEEN ...)`, its frame in grid order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub struct RollExpr {
+    /// What it computes.
+    pub op: RollOp,
+    /// Its argument over the table's columns.
+    pub arg: Expr,
+    /// The positions each cell aggregates, in grid order (an `ORDER BY`
+    /// against the coordinate's order swaps PRECEDING and FOLLOWING).
+    pub frame: Frame,
+}
+
+impl fmt::Display for RollExpr {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "{}({}) over [{:+}, {:+}]",
+            self.op.name(),
+            self.arg,
+            self.frame.start,
+            self.frame.end
+        )
+    }
+}
+
+/// Rolling aggregates along dimension `dim` of a Zarr table, one value per
+/// cell of the selection, beside the columns of the window's input.
+///
+/// A leaf node: it reads the table itself. `filters` are the pushed-down
+/// dimension filters (they shrink the selection, as in a scan); every
+/// frame runs over the selected positions of `dim`.
+#[derive(Debug, Clone)]
+pub struct RollingWindow {
+    /// The table read.
+    pub table: Arc<GridTable>,
+    /// The schema the expressions are written against (the scan's columns).
+    pub input_schema: DFSchemaRef,
+    /// Filters on single dimensions, evaluated over coordinates.
+    pub filters: Vec<Expr>,
+    /// The dimension rolled along (index into the table's dimensions).
+    pub dim: usize,
+    /// The window's input columns, over the scan's columns.
+    pub columns: Vec<Expr>,
+    /// The aggregates, in the order of their output columns.
+    pub aggregates: Vec<RollExpr>,
+    /// Output: the input columns, then the aggregates.
+    pub schema: DFSchemaRef,
+}
+
+impl RollingWindow {
+    #[allow(clippy::type_complexity)]
+    fn key(&self) -> (&Vec<Expr>, usize, &Vec<Expr>, &Vec<RollExpr>) {
+        (&self.filters, self.dim, &self.columns, &self.aggregates)
+    }
+}
+
+impl PartialEq for RollingWindow {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.table, &other.table)
+            && self.key() == other.key()
+            && self.schema == other.schema
+    }
+}
+
+impl Eq for RollingWindow {}
+
+impl Hash for RollingWindow {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.table.store.hash(state);
+        self.key().hash(state);
+    }
+}
+
+impl PartialOrd for RollingWindow {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        if !Arc::ptr_eq(&self.table, &other.table) {
+            return None;
+        }
+        self.key().partial_cmp(&other.key())
+    }
+}
+
+impl UserDefinedLogicalNodeCore for RollingWindow {
+    leaf_node_methods!("RollingWindow");
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let aggregates: Vec<String> = self.aggregates.iter().map(|a| a.to_string()).collect();
+        write!(
+            f,
+            "RollingWindow: store={}, dims=[{}], along={}, aggr=[{}]",
+            self.table.store,
+            self.table.dims_name().replace('_', ", "),
+            self.table.dims[self.dim].name,
+            aggregates.join(", "),
+        )?;
+        if !self.filters.is_empty() {
+            let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
+            write!(f, ", dimension_filters=[{}]", filters.join(", "))?;
+        }
+        Ok(())
+    }
+}
