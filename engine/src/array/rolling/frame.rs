@@ -9,8 +9,9 @@
 //! `max` and loses `min`, as in DataFusion's total order) and poisons
 //! `sum` and `avg`.
 //!
-//! The work runs across the inner lanes at once, one position after the
-//! other (the inner lanes are contiguous in memory): `count`, `sum` and
+//! The work runs across a tile of inner lanes at once (contiguous in
+//! memory; 1024 of them, so that their state stays in cache), one
+//! position after the other: `count`, `sum` and
 //! `avg` keep a running sum and count per lane, adding the cell entering
 //! the frame and removing the one leaving it; `min` and `max` fold the
 //! frame in `log2(width)` passes (after pass `j` each cell holds the
@@ -117,28 +118,44 @@ impl Lines {
         }
         let piece = piece.as_primitive::<Float64Type>();
         let values = piece.values();
-        let nulls = piece.nulls();
+        let nulls = piece.nulls().filter(|n| n.null_count() > 0);
         let mut k = offset;
         while k < end {
             let (o, within) = (k / line, k % line);
             let run = (line - within).min(end - k);
             let dst = (o * self.len + at) * self.inner + within;
-            for j in 0..run {
-                let src = k - offset + j;
-                let v = values[src];
-                let (value, flag) = if nulls.is_some_and(|n| n.is_null(src)) {
-                    (0.0, MISSING)
-                } else if v.is_finite() {
-                    (v, FINITE)
-                } else if v.is_nan() {
-                    (0.0, NAN)
-                } else if v > 0.0 {
-                    (0.0, POS_INF)
-                } else {
-                    (0.0, NEG_INF)
-                };
-                self.values[dst + j] = value;
-                self.flags[dst + j] = flag;
+            let src = k - offset;
+            let cells = &mut self.values[dst..dst + run];
+            let flags = &mut self.flags[dst..dst + run];
+            cells.copy_from_slice(&values[src..src + run]);
+            let mut finite = true;
+            for (flag, v) in flags.iter_mut().zip(cells.iter()) {
+                let f = v.is_finite();
+                *flag = if f { FINITE } else { MISSING };
+                finite &= f;
+            }
+            // The rare cells: NaN and infinities, then NULLs.
+            if !finite {
+                for (flag, v) in flags.iter_mut().zip(cells.iter_mut()) {
+                    if !v.is_finite() {
+                        *flag = if v.is_nan() {
+                            NAN
+                        } else if *v > 0.0 {
+                            POS_INF
+                        } else {
+                            NEG_INF
+                        };
+                        *v = 0.0;
+                    }
+                }
+            }
+            if let Some(nulls) = nulls {
+                for j in 0..run {
+                    if nulls.is_null(src + j) {
+                        flags[j] = MISSING;
+                        cells[j] = 0.0;
+                    }
+                }
             }
             k += run;
         }
@@ -225,10 +242,24 @@ impl Frame {
     }
 }
 
+/// Lanes computed together: their running state and frames stay in cache.
+const TILE: usize = 1024;
+
 /// `op` over each lane's frame of `lines`, for positions `out`: a column
 /// of `outer x out.len() x inner` cells in C order (`count`: `int64`,
 /// else `float64`). Every frame must lie inside the lines.
 pub fn roll(op: RollOp, lines: &Lines, frame: Frame, out: Range<usize>) -> Result<ArrayRef> {
+    roll_tiled(op, lines, frame, out, TILE)
+}
+
+/// [`roll`], `tile` lanes at a time.
+fn roll_tiled(
+    op: RollOp,
+    lines: &Lines,
+    frame: Frame,
+    out: Range<usize>,
+    tile: usize,
+) -> Result<ArrayRef> {
     let first = out.start as i64 + frame.start;
     let last = out.end as i64 - 1 + frame.end;
     if frame.start > frame.end || (!out.is_empty() && (first < 0 || last >= lines.len as i64)) {
@@ -239,172 +270,186 @@ pub fn roll(op: RollOp, lines: &Lines, frame: Frame, out: Range<usize>) -> Resul
             lines.len
         );
     }
-    let n = lines.outer * out.len() * lines.inner;
-    let mut counts = vec![0u32; n];
-    // Lanes whose frame holds NaN or an infinity.
-    let mut special = vec![0u32; n];
-    let mut sums = if matches!(op, RollOp::Sum | RollOp::Avg) {
-        vec![0.0f64; n]
-    } else {
-        Vec::new()
-    };
-    running(lines, frame, &out, &mut counts, &mut special, &mut sums);
-    let extremes = match op {
-        RollOp::Min => Some(extremes(lines, frame, &out, f64::min, f64::INFINITY)),
-        RollOp::Max => Some(extremes(lines, frame, &out, f64::max, f64::NEG_INFINITY)),
-        _ => None,
-    };
-    if op == RollOp::Count {
-        return Ok(Arc::new(Int64Array::from_iter_values(
-            counts.iter().map(|&c| i64::from(c)),
-        )));
-    }
-    let mut values = vec![0.0f64; n];
     let (inner, width) = (lines.inner, out.len());
-    for (k, value) in values.iter_mut().enumerate() {
-        if counts[k] == 0 {
-            continue;
-        }
-        *value = if special[k] > 0 {
-            let (o, rest) = (k / (width * inner), k % (width * inner));
-            let (t, i) = (out.start + rest / inner, rest % inner);
-            exact(op, lines, frame, o, t, i)
-        } else {
-            match op {
-                RollOp::Sum => sums[k],
-                RollOp::Avg => sums[k] / f64::from(counts[k]),
-                _ => extremes.as_ref().map_or(0.0, |e| e[k]),
-            }
+    let n = lines.outer * width * inner;
+    let mut values = vec![0.0f64; if op == RollOp::Count { 0 } else { n }];
+    let mut counts = vec![0i64; if op == RollOp::Count { n } else { 0 }];
+    let mut valid = vec![false; n];
+    // Cells whose frame holds NaN or an infinity: computed one by one.
+    let mut odd_cells = Vec::new();
+    if width > 0 && inner > 0 {
+        let tile = tile.max(1);
+        let mut acc = Running::new(tile.min(inner), matches!(op, RollOp::Sum | RollOp::Avg));
+        let extremum = match op {
+            RollOp::Min => Some((f64::min as fn(f64, f64) -> f64, f64::INFINITY)),
+            RollOp::Max => Some((f64::max as fn(f64, f64) -> f64, f64::NEG_INFINITY)),
+            _ => None,
         };
+        let (lo, hi) = (first as usize, last as usize + 1);
+        let mut runs = vec![
+            0.0f64;
+            if extremum.is_some() {
+                (hi - lo) * tile.min(inner)
+            } else {
+                0
+            }
+        ];
+        for o in 0..lines.outer {
+            for i0 in (0..inner).step_by(tile) {
+                let lanes = tile.min(inner - i0);
+                acc.reset(lanes);
+                for t in lo..=(out.start as i64 + frame.end) as usize {
+                    acc.add(lines, lines.index(o, t, i0), false);
+                }
+                let span = match extremum {
+                    Some((pick, none)) => {
+                        fold_runs(lines, o, i0, lanes, lo..hi, frame, pick, none, &mut runs)
+                    }
+                    None => 0,
+                };
+                for (w, t) in out.clone().enumerate() {
+                    let at = (o * width + w) * inner + i0;
+                    for k in 0..lanes {
+                        let c = acc.count[k];
+                        valid[at + k] = c > 0 || op == RollOp::Count;
+                        if op == RollOp::Count {
+                            counts[at + k] = i64::from(c);
+                        } else if c > 0 && acc.odd[k] > 0 {
+                            odd_cells.push(at + k);
+                        } else if c > 0 {
+                            values[at + k] = match (op, extremum) {
+                                (RollOp::Sum, _) => acc.sum[k],
+                                (RollOp::Avg, _) => acc.sum[k] / f64::from(c),
+                                (_, Some((pick, _))) => {
+                                    let a = (t as i64 + frame.start) as usize - lo;
+                                    let b = (t as i64 + frame.end) as usize + 1 - span - lo;
+                                    pick(runs[a * lanes + k], runs[b * lanes + k])
+                                }
+                                _ => 0.0,
+                            };
+                        }
+                    }
+                    if t + 1 < out.end {
+                        acc.add(
+                            lines,
+                            lines.index(o, (t as i64 + 1 + frame.end) as usize, i0),
+                            false,
+                        );
+                        acc.add(
+                            lines,
+                            lines.index(o, (t as i64 + frame.start) as usize, i0),
+                            true,
+                        );
+                    }
+                }
+            }
+        }
     }
-    let valid = BooleanBuffer::from_iter(counts.iter().map(|&c| c > 0));
+    if op == RollOp::Count {
+        return Ok(Arc::new(Int64Array::from(counts)));
+    }
+    for k in odd_cells {
+        let (o, rest) = (k / (width * inner), k % (width * inner));
+        let (t, i) = (out.start + rest / inner, rest % inner);
+        values[k] = exact(op, lines, frame, o, t, i);
+    }
+    let valid = BooleanBuffer::from(valid);
     let nulls = Some(NullBuffer::new(valid)).filter(|n| n.null_count() > 0);
     Ok(Arc::new(Float64Array::new(values.into(), nulls)))
-}
-
-/// Running count, sum and non-finite count of each lane's frame.
-fn running(
-    lines: &Lines,
-    frame: Frame,
-    out: &Range<usize>,
-    counts: &mut [u32],
-    special: &mut [u32],
-    sums: &mut [f64],
-) {
-    let inner = lines.inner;
-    let width = out.len();
-    if width == 0 || inner == 0 {
-        return;
-    }
-    let mut acc = Running {
-        count: vec![0u32; inner],
-        odd: vec![0u32; inner],
-        sum: vec![0.0f64; if sums.is_empty() { 0 } else { inner }],
-    };
-    for o in 0..lines.outer {
-        acc.count.fill(0);
-        acc.odd.fill(0);
-        acc.sum.fill(0.0);
-        let start = (out.start as i64 + frame.start) as usize;
-        for t in start..=(out.start as i64 + frame.end) as usize {
-            acc.add(lines, lines.index(o, t, 0), false);
-        }
-        for (w, t) in out.clone().enumerate() {
-            let at = (o * width + w) * inner;
-            counts[at..at + inner].copy_from_slice(&acc.count);
-            special[at..at + inner].copy_from_slice(&acc.odd);
-            if !sums.is_empty() {
-                sums[at..at + inner].copy_from_slice(&acc.sum);
-            }
-            if t + 1 < out.end {
-                acc.add(
-                    lines,
-                    lines.index(o, (t as i64 + 1 + frame.end) as usize, 0),
-                    false,
-                );
-                acc.add(
-                    lines,
-                    lines.index(o, (t as i64 + frame.start) as usize, 0),
-                    true,
-                );
-            }
-        }
-    }
 }
 
 /// Per lane: non-NULL cells, non-finite cells and the sum of the finite
 /// values of a frame (no sums when `sum` is empty).
 struct Running {
+    lanes: usize,
     count: Vec<u32>,
     odd: Vec<u32>,
     sum: Vec<f64>,
 }
 
 impl Running {
+    fn new(lanes: usize, sums: bool) -> Self {
+        Self {
+            lanes,
+            count: vec![0; lanes],
+            odd: vec![0; lanes],
+            sum: vec![0.0; if sums { lanes } else { 0 }],
+        }
+    }
+
+    /// Empties the state, for `lanes` lanes.
+    fn reset(&mut self, lanes: usize) {
+        self.lanes = lanes;
+        self.count[..lanes].fill(0);
+        self.odd[..lanes].fill(0);
+        if !self.sum.is_empty() {
+            self.sum[..lanes].fill(0.0);
+        }
+    }
+
     /// Adds (or, `remove`, takes out) the cells of one position, starting
     /// at cell `at` of `lines`.
     fn add(&mut self, lines: &Lines, at: usize, remove: bool) {
-        let inner = self.count.len();
-        let flags = &lines.flags[at..at + inner];
+        let lanes = self.lanes;
+        let flags = &lines.flags[at..at + lanes];
         // Wrapping: adding u32::MAX takes one away.
         let step = if remove { u32::MAX } else { 1 };
-        for ((count, odd), &flag) in self.count.iter_mut().zip(&mut self.odd).zip(flags) {
+        let counts = self.count[..lanes].iter_mut().zip(&mut self.odd[..lanes]);
+        for ((count, odd), &flag) in counts.zip(flags) {
             *count = count.wrapping_add(u32::from(flag != MISSING).wrapping_mul(step));
             *odd = odd.wrapping_add(u32::from(flag >= NAN).wrapping_mul(step));
         }
         if !self.sum.is_empty() {
-            let values = &lines.values[at..at + inner];
+            let values = &lines.values[at..at + lanes];
+            let sums = self.sum[..lanes].iter_mut().zip(values);
             if remove {
-                self.sum.iter_mut().zip(values).for_each(|(s, v)| *s -= v);
+                sums.for_each(|(s, v)| *s -= v);
             } else {
-                self.sum.iter_mut().zip(values).for_each(|(s, v)| *s += v);
+                sums.for_each(|(s, v)| *s += v);
             }
         }
     }
 }
 
-/// The extremum (`pick`, identity `none`) of the finite values of each
-/// lane's frame.
-fn extremes(
+/// Folds positions `range` of lanes `i0..i0 + lanes` (outer lane `o`)
+/// into `runs` (position-major) so that each holds the extremum (`pick`,
+/// identity `none`) of the finite values of the `span` positions from it
+/// on, `span` the largest power of two within the frame's width; returns
+/// `span`. A frame is then the extremum of two overlapping runs.
+#[allow(clippy::too_many_arguments)]
+fn fold_runs(
     lines: &Lines,
+    o: usize,
+    i0: usize,
+    lanes: usize,
+    range: Range<usize>,
     frame: Frame,
-    out: &Range<usize>,
     pick: fn(f64, f64) -> f64,
     none: f64,
-) -> Vec<f64> {
-    let (inner, len, width) = (lines.inner, lines.len, out.len());
-    let mut runs: Vec<f64> = lines
-        .values
-        .iter()
-        .zip(&lines.flags)
-        .map(|(&v, &f)| if f == FINITE { v } else { none })
-        .collect();
-    // After the pass of step `h`, each cell holds the extremum of the
-    // `2h` cells from it on (those past the end: the identity).
+    runs: &mut [f64],
+) -> usize {
+    let len = range.len();
+    for (p, t) in range.enumerate() {
+        let at = lines.index(o, t, i0);
+        let cells = lines.values[at..at + lanes]
+            .iter()
+            .zip(&lines.flags[at..at + lanes]);
+        for (run, (&v, &f)) in runs[p * lanes..(p + 1) * lanes].iter_mut().zip(cells) {
+            *run = if f == FINITE { v } else { none };
+        }
+    }
     let mut span = 1usize;
     while span * 2 <= frame.width() {
-        for o in 0..lines.outer {
-            for t in 0..len.saturating_sub(span) {
-                let (at, next) = (lines.index(o, t, 0), lines.index(o, t + span, 0));
-                for i in 0..inner {
-                    runs[at + i] = pick(runs[at + i], runs[next + i]);
-                }
+        for p in 0..len.saturating_sub(span) {
+            let (head, tail) = runs.split_at_mut((p + span) * lanes);
+            let here = &mut head[p * lanes..(p + 1) * lanes];
+            for (a, &b) in here.iter_mut().zip(&tail[..lanes]) {
+                *a = pick(*a, b);
             }
         }
         span *= 2;
     }
-    let mut out_values = vec![none; lines.outer * width * inner];
-    for o in 0..lines.outer {
-        for (w, t) in out.clone().enumerate() {
-            let a = lines.index(o, (t as i64 + frame.start) as usize, 0);
-            let b = lines.index(o, (t as i64 + frame.end) as usize + 1 - span, 0);
-            let at = (o * width + w) * inner;
-            for i in 0..inner {
-                out_values[at + i] = pick(runs[a + i], runs[b + i]);
-            }
-        }
-    }
-    out_values
+    span
 }
 
 /// `op` over one lane's frame, cell by cell (a frame with NaN or an
@@ -507,23 +552,27 @@ mod tests {
                     RollOp::Min,
                     RollOp::Max,
                 ] {
-                    let got = roll(op, &lines, frame, out.clone()).unwrap();
-                    let got: Vec<Option<f64>> = match op {
-                        RollOp::Count => got
-                            .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
-                            .iter()
-                            .map(|v| v.map(|v| v as f64))
-                            .collect(),
-                        _ => got.as_primitive::<Float64Type>().iter().collect(),
-                    };
                     let want = naive(op, &cells, (outer, len, inner), frame, out.clone());
-                    assert_eq!(got.len(), want.len());
-                    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            close(*g, *w),
-                            "{} frame {start}..={end} out {out:?} cell {k}: {g:?} != {w:?}",
-                            op.name()
-                        );
+                    // Tiles of lanes that split the 5 lanes, and one that does not.
+                    for tile in [1, 2, 3, TILE] {
+                        let got = roll_tiled(op, &lines, frame, out.clone(), tile).unwrap();
+                        let got: Vec<Option<f64>> = match op {
+                            RollOp::Count => got
+                                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                                .iter()
+                                .map(|v| v.map(|v| v as f64))
+                                .collect(),
+                            _ => got.as_primitive::<Float64Type>().iter().collect(),
+                        };
+                        assert_eq!(got.len(), want.len());
+                        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                close(*g, *w),
+                                "{} frame {start}..={end} out {out:?} tile {tile} cell {k}: \
+                                 {g:?} != {w:?}",
+                                op.name()
+                            );
+                        }
                     }
                 }
             }
