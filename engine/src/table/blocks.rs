@@ -7,7 +7,9 @@
 
 use std::ops::Range;
 
+use datafusion::catalog::Session;
 use datafusion::common::config::ConfigOptions;
+use datafusion::execution::memory_pool::MemoryLimit;
 
 use super::dataset::GridTable;
 use super::selection::Selection;
@@ -139,6 +141,34 @@ impl BlockGrid {
             target_bytes as u64,
             options.execution.target_partitions.max(1) as u64,
         )
+    }
+
+    /// The blocks of an operator that reads `columns` of `table` over
+    /// `selection` with a worker per partition of the session: under a
+    /// memory limit, blocks shrink (to whole chunks at least) so that each
+    /// worker's block takes at most a quarter of its share of the limit
+    /// (the rest: its temporaries, state and reads ahead). Returns them
+    /// with the limit (if any) and the number of workers.
+    pub fn for_workers(
+        table: &GridTable,
+        columns: &[usize],
+        selection: &Selection,
+        session: &dyn Session,
+    ) -> (Self, Option<usize>, usize) {
+        let options = session.config().options();
+        let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let parallelism = options.execution.target_partitions.max(1);
+        let blocks = Self::for_columns(
+            table,
+            columns,
+            selection,
+            options,
+            memory_limit.map(|bytes| bytes / (4 * parallelism)),
+        );
+        (blocks, memory_limit, parallelism)
     }
 
     /// Number of blocks to visit.

@@ -26,7 +26,7 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     human_readable_size, resources_err, DFSchema, DataFusionError, Result, Statistics,
 };
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::ColumnarValue;
@@ -247,22 +247,8 @@ impl DenseReductionExec {
         let predicate = node.predicate.as_ref().map(physical).transpose()?;
 
         let options = session.config().options();
-        // Under a memory limit, blocks shrink (to whole chunks at least) so
-        // that each worker's block takes at most about a quarter of its
-        // share of the limit (the rest: its temporaries, group state and
-        // the read-ahead).
-        let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
-            MemoryLimit::Finite(bytes) => Some(bytes),
-            _ => None,
-        };
-        let parallelism = options.execution.target_partitions.max(1);
-        let blocks = BlockGrid::for_columns(
-            &table,
-            &columns,
-            &selection,
-            options,
-            memory_limit.map(|bytes| bytes / (4 * parallelism)),
-        );
+        let (blocks, memory_limit, parallelism) =
+            BlockGrid::for_workers(&table, &columns, &selection, session);
         let reduction = Reduction::new(
             table,
             selection,

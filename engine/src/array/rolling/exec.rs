@@ -31,7 +31,7 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
 use datafusion::common::{human_readable_size, resources_err, DFSchema, Result, Statistics};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::Expr;
@@ -189,19 +189,8 @@ impl RollingWindowExec {
             .max()
             .unwrap_or(0);
 
-        let options = session.config().options();
-        let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
-            MemoryLimit::Finite(bytes) => Some(bytes),
-            _ => None,
-        };
-        let parallelism = options.execution.target_partitions.max(1);
-        let blocks = BlockGrid::for_columns(
-            &table,
-            &columns,
-            &selection,
-            options,
-            memory_limit.map(|bytes| bytes / (4 * parallelism)),
-        );
+        let (blocks, memory_limit, parallelism) =
+            BlockGrid::for_workers(&table, &columns, &selection, session);
         let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism);
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         let rolling = Rolling {
