@@ -25,15 +25,22 @@ result in memory):
                SQL: avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time
                     ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)
                xarray: ds.t2m.astype("float64").rolling(time=24, min_periods=1).mean()
+  anomaly      each hour's anomaly against the monthly climatology of its cell,
+               reduced to a zonal mean time series (a join with the climatology)
+               SQL: WITH clim AS (... GROUP BY extract(month FROM time), lat, lon)
+                    SELECT time, lat, avg(t2m - c) FROM era5 JOIN clim ON
+                    extract(month FROM era5.time) = clim.month AND lat, lon equal GROUP BY 1, 2
+               xarray: (t2m.groupby("time.month") - t2m.groupby("time.month").mean()).mean("lon")
+                       (float64, as SQL)
   read         the physical floor: one read of every chunk (SQL: sum(t2m);
                xarray: the array loaded and summed); the coarsen query reads 1/11 of it
 
 Arms:
   zarrfusion       the Python package (ZARRFUSION_PYTHON, default
                    ~/.cache/zarrfusion-venv/bin/python), allowed_mem 2GB, SQL to an Arrow table
-  zarrfusion-hash  the same with zarrfusion.dense_reduction and rolling_window off:
-                   DataFusion's hash aggregation and its sort + window, the plans
-                   these queries had before issue 28
+  zarrfusion-hash  the same with zarrfusion.dense_reduction, rolling_window and
+                   broadcast_join off: DataFusion's hash aggregation, its sort +
+                   window and its hash join, the plans these queries had before issue 28
   xarray-flox      xr.open_zarr(chunks=None), the variable loaded (numpy in memory), flox's default engine
                    (xarray uses flox when it is installed)
   xarray-numbagg   the same with engine="numbagg" (groupby/resample only: coarsen does not use flox)
@@ -65,7 +72,7 @@ STORE = HERE / "data" / "era5_1gb.zarr"
 RESULTS = HERE / "RESULTS.md"
 ZF_PYTHON = os.environ.get("ZARRFUSION_PYTHON", str(Path.home() / ".cache" / "zarrfusion-venv" / "bin" / "python"))
 ARMS = ["zarrfusion", "zarrfusion-hash", "xarray-flox", "xarray-numbagg", "xarray-dask", "xarray-sql"]
-QUERIES = ["read", "daily", "climatology", "coarsen", "rolling"]
+QUERIES = ["read", "daily", "climatology", "coarsen", "rolling", "anomaly"]
 
 SQL = {
     "read": "SELECT sum(t2m) AS m FROM era5",
@@ -77,6 +84,11 @@ SQL = {
     # no arm holds 274 M rows of result.
     "rolling": "SELECT count(m) AS n, sum(m) AS m FROM (SELECT avg(t2m) OVER (PARTITION BY lat, lon "
                "ORDER BY time ROWS BETWEEN 23 PRECEDING AND CURRENT ROW) AS m FROM era5)",
+    "anomaly": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
+               "FROM era5 GROUP BY 1, 2, 3) "
+               "SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS m FROM era5 JOIN clim "
+               "ON extract(month FROM era5.time) = clim.month AND era5.lat = clim.lat "
+               "AND era5.lon = clim.lon GROUP BY 1, 2",
 }
 
 
@@ -95,7 +107,8 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         import zarrfusion as zf
 
         started = time.perf_counter()
-        off = {"zarrfusion.dense_reduction": "false", "zarrfusion.rolling_window": "false"}
+        off = {"zarrfusion.dense_reduction": "false", "zarrfusion.rolling_window": "false",
+               "zarrfusion.broadcast_join": "false"}
         config = off if arm == "zarrfusion-hash" else None
         ctx = zf.SessionContext(allowed_mem="2GB", config=config)
         ctx.register_zarr("era5", str(STORE))
@@ -144,11 +157,19 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
             return {"skipped": "xarray's rolling already uses numbagg (when installed) in the xarray-flox arm"}
         # float64, as SQL's avg; min_periods=1: SQL's frames at the start.
         out = t2m.astype("float64").rolling(time=24, min_periods=1).mean()
+    elif query == "anomaly":
+        # float64, as SQL's subtraction and avg.
+        t64 = t2m.astype("float64")
+        months = t64.groupby("time.month")
+        out = (months - months.mean(**kwargs)).mean("lon")
     values = np.asarray(out.values, dtype="float64")
     seconds = time.perf_counter() - started
     if query == "rolling":
         return {"seconds": seconds, "groups": int(np.count_nonzero(~np.isnan(values))),
                 "checksum": float(np.nansum(values))}
+    if query == "anomaly":
+        # Anomalies sum to zero: their squares are the checksum.
+        return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values**2))}
     return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values))}
 
 
@@ -160,6 +181,8 @@ def answer(query: str, table) -> dict:
     m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
     if query == "rolling":
         return {"groups": int(table.column("n")[0].as_py()), "checksum": float(m[0])}
+    if query == "anomaly":
+        return {"groups": table.num_rows, "checksum": float(np.nansum(m**2))}
     return {"groups": table.num_rows, "checksum": float(np.nansum(m))}
 
 

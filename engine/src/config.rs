@@ -4,6 +4,7 @@
 //! SET zarrfusion.target_partition_bytes = 16777216;
 //! SET zarrfusion.dense_reduction = false;
 //! SET zarrfusion.aligned_join = false;
+//! SET zarrfusion.broadcast_join = false;
 //! SET zarrfusion.rolling_window = false;
 //! SET zarrfusion.allowed_mem = '2GB';        -- the session's memory pool
 //! SET zarrfusion.work_dir = '/scratch/zf';   -- where intermediates and spills go
@@ -53,6 +54,12 @@ extensions_options! {
         /// same coordinates, as one scan of their aligned blocks instead of
         /// a hash join.
         pub aligned_join: bool, default = true
+        /// Plan a join of a Zarr table with a small result keyed by some of
+        /// its dimensions or functions of their coordinates (an anomaly:
+        /// `era5 JOIN clim USING (lat, lon)`) as columns of the table,
+        /// broadcast from the small side held once as a dense array,
+        /// instead of a hash join.
+        pub broadcast_join: bool, default = true
         /// Plan rolling windows along a dimension of a Zarr table
         /// (`avg(x) OVER (PARTITION BY <the other dimensions> ORDER BY
         /// <dim> ROWS BETWEEN ...)`) as reads of overlapping blocks along

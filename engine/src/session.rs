@@ -36,7 +36,9 @@ use url::Url;
 use crate::array::copy::CopyToArraysRule;
 use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
-use crate::array::{AlignedJoinRule, ArrayQueryPlanner, DenseReductionRule, RollingWindowRule};
+use crate::array::{
+    AlignedJoinRule, ArrayQueryPlanner, BroadcastJoinRule, DenseReductionRule, RollingWindowRule,
+};
 use crate::config::{apply_runtime_settings, ZarrConfig};
 use crate::distributed::{distribute, keep_partial_aggregates, ClusterWorkers};
 use crate::progress::ScanProgress;
@@ -69,6 +71,8 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
 /// their bytes (a dense reduction's tasks give partial states, merged by
 /// DataFusion's final aggregate). Aligned joins are planned as DataFusion's
 /// hash joins over distributed scans (`zarrfusion.aligned_join` is off),
+/// joins with small results as DataFusion's joins
+/// (`zarrfusion.broadcast_join` is off),
 /// rolling windows as DataFusion's windows (`zarrfusion.rolling_window`
 /// is off).
 pub fn distributed_context(
@@ -98,6 +102,7 @@ fn build_context(
     if workers.is_some() {
         if let Some(zarr) = config.options_mut().extensions.get_mut::<ZarrConfig>() {
             zarr.aligned_join = false;
+            zarr.broadcast_join = false;
             zarr.rolling_window = false;
         }
         keep_partial_aggregates(config.options_mut());
@@ -111,6 +116,7 @@ fn build_context(
         .with_relation_planners(vec![read_zarr])
         .with_optimizer_rule(Arc::new(AlignedJoinRule))
         .with_optimizer_rule(Arc::new(DenseReductionRule))
+        .with_optimizer_rule(Arc::new(BroadcastJoinRule))
         .with_optimizer_rule(Arc::new(RollingWindowRule))
         .with_optimizer_rule(Arc::new(CopyToArraysRule))
         .with_query_planner(Arc::new(ArrayQueryPlanner));

@@ -4,6 +4,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`broadcast`] | joins of a Zarr table with a small result keyed by some of its dimensions, as columns broadcast into it |
 //! | [`copy`] | `COPY ... STORED AS ZARR` of a table's selection, block by block |
 //! | [`fft`] | FFTs along dimensions (`fft(...)`, `ifft(...)`), xrft's semantics |
 //! | [`reduce`] | dense reductions over dimensions (`GROUP BY` dimensions) |
@@ -12,6 +13,7 @@
 //! | [`zip`] | joins of two Zarr tables on all their dimensions, as one scan of aligned blocks |
 //! | [`planner`] | the query planner that knows the array nodes |
 
+pub mod broadcast;
 pub mod copy;
 pub mod fft;
 pub(crate) mod leaf_plan;
@@ -23,6 +25,7 @@ pub(crate) mod scan_path;
 pub(crate) mod tasks;
 pub mod zip;
 
+pub use broadcast::BroadcastJoinRule;
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};
 pub use reduce::{
     key_schema, DenseReduction, DenseReductionExec, DenseReductionRule, GroupKey, KeySpec,

@@ -20,6 +20,7 @@ use super::reduce::{DenseReduction, DenseReductionExec};
 use super::rolling::{RollingWindow, RollingWindowExec};
 use crate::array::copy::selection::SelectionCopy;
 use crate::array::copy::ArrayCopy;
+use crate::table::BroadcastInputs;
 
 /// Plans the array nodes of `engine::array`.
 #[derive(Debug, Default)]
@@ -38,6 +39,8 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(reduction) = node.as_any().downcast_ref::<DenseReduction>() {
             let exec = DenseReductionExec::plan(reduction, planner, session, planning)?;
+            let broadcasts = BroadcastInputs::plan(exec.table(), exec.columns(), session).await?;
+            let exec = exec.with_broadcasts(broadcasts, session)?;
             return Ok(Some(Arc::new(exec)));
         }
         if let Some(window) = node.as_any().downcast_ref::<RollingWindow>() {

@@ -99,6 +99,10 @@ fn aligned_zip(plan: &LogicalPlan) -> Result<Option<LogicalPlan>> {
         return Ok(None);
     };
     let (a, b) = (left.table.grid(), right.table.grid());
+    // A side with a table joined in already keeps DataFusion's join.
+    if !a.broadcasts.is_empty() || !b.broadcasts.is_empty() {
+        return Ok(None);
+    }
     if !keys_pair_all_dimensions(&left, &right, join.on.len()) || !same_coordinates(a, b) {
         return Ok(None);
     }
@@ -266,6 +270,7 @@ impl Zipped {
                 source: None,
                 dims: a.dims.clone(),
                 variables,
+                broadcasts: Vec::new(),
                 schema: Arc::new(Schema::new(fields)),
             },
         }

@@ -124,12 +124,7 @@ impl BlockGrid {
         options: &ConfigOptions,
         max_block_bytes: Option<usize>,
     ) -> Self {
-        let n_dims = table.dims.len();
-        let bytes_per_cell: u64 = columns
-            .iter()
-            .filter(|&&i| i >= n_dims)
-            .map(|&i| table.variables[i - n_dims].element_size() as u64)
-            .sum();
+        let bytes_per_cell: u64 = columns.iter().map(|&i| table.cell_bytes(i) as u64).sum();
         let target_bytes = ZarrConfig::of(options)
             .target_partition_bytes
             .min(max_block_bytes.unwrap_or(usize::MAX));

@@ -13,6 +13,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 
 use super::dataset::GridTable;
+use crate::error::ZarrFusionError;
 use crate::zarr::ChunkBufferPool;
 
 /// The decoded columns of one box: variables read, dimensions on demand.
@@ -34,15 +35,28 @@ impl<'a> BoxCells<'a> {
         extent: &'a [Range<u64>],
         pool: &ChunkBufferPool,
     ) -> crate::error::Result<Self> {
-        let n_dims = table.dims.len();
-        let variables = columns
+        let mut variables: Vec<Option<ArrayRef>> = columns
             .iter()
-            .map(|&i| {
-                (i >= n_dims)
-                    .then(|| table.variables[i - n_dims].read(extent, pool))
-                    .transpose()
-            })
+            .map(|&i| table.variable(i).map(|v| v.read(extent, pool)).transpose())
             .collect::<crate::error::Result<_>>()?;
+        // Each broadcast's columns at once (the cells' places are found once).
+        for (k, broadcast) in table.broadcasts.iter().enumerate() {
+            let (places, parts): (Vec<usize>, Vec<usize>) = (columns.iter().enumerate())
+                .filter_map(|(place, &i)| match table.broadcast_of(i) {
+                    Some((b, part)) if b == k => Some((place, part)),
+                    _ => None,
+                })
+                .unzip();
+            if parts.is_empty() {
+                continue;
+            }
+            let read = broadcast
+                .read(&parts, extent)
+                .map_err(|e| ZarrFusionError::store(&table.store, e.to_string()))?;
+            for (place, values) in places.into_iter().zip(read) {
+                variables[place] = Some(values);
+            }
+        }
         Ok(Self {
             table,
             columns,
@@ -54,12 +68,10 @@ impl<'a> BoxCells<'a> {
 
     /// Bytes of the variables as stored, decoded (cells times element size).
     pub fn decoded_bytes(&self) -> u64 {
-        let n_dims = self.table.dims.len();
         self.columns
             .iter()
-            .zip(&self.variables)
-            .filter(|(_, values)| values.is_some())
-            .map(|(&i, _)| self.table.variables[i - n_dims].element_size() as u64)
+            .filter_map(|&i| self.table.variable(i))
+            .map(|v| v.element_size() as u64)
             .sum::<u64>()
             * self.num_cells()
     }

@@ -24,6 +24,7 @@ use datafusion::common::human_readable_size;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 
+use super::broadcast::Broadcast;
 use super::coordinate::Coordinate;
 use super::options::ZarrTableOptions;
 use super::regular::RegularCoordinateCheck;
@@ -109,11 +110,98 @@ pub struct GridTable {
     pub dims: Vec<Arc<Dimension>>,
     /// Data variables, sorted by name.
     pub variables: Vec<Arc<ZarrArray>>,
-    /// Dimension columns, then variable columns.
+    /// Small tables joined in on some dimensions (see [`Broadcast`]).
+    pub broadcasts: Vec<Arc<Broadcast>>,
+    /// Dimension columns, then variable columns, then each broadcast's
+    /// columns.
     pub schema: SchemaRef,
 }
 
+/// What a column of a [`GridTable`] is.
+#[derive(Debug, Clone, Copy)]
+pub enum GridColumn<'a> {
+    /// A dimension, generated from its coordinate.
+    Dimension(&'a Arc<Dimension>),
+    /// A variable, read from its store.
+    Variable(&'a Arc<ZarrArray>),
+    /// Column `part` (among its [`Broadcast::fields`]) of a broadcast.
+    Broadcast(&'a Arc<Broadcast>, usize),
+}
+
 impl GridTable {
+    /// What column `i` (an index into the schema) is.
+    pub fn column(&self, i: usize) -> Option<GridColumn<'_>> {
+        if let Some(dim) = self.dims.get(i) {
+            return Some(GridColumn::Dimension(dim));
+        }
+        let i = i - self.dims.len();
+        if let Some(variable) = self.variables.get(i) {
+            return Some(GridColumn::Variable(variable));
+        }
+        let (k, part) = self.broadcast_of(i + self.dims.len())?;
+        Some(GridColumn::Broadcast(&self.broadcasts[k], part))
+    }
+
+    /// The variable that column `i` is, if it is one.
+    pub fn variable(&self, i: usize) -> Option<&Arc<ZarrArray>> {
+        match self.column(i) {
+            Some(GridColumn::Variable(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The broadcast (index into [`Self::broadcasts`]) and its column that
+    /// column `i` is, if it is one.
+    pub fn broadcast_of(&self, i: usize) -> Option<(usize, usize)> {
+        let mut at = i.checked_sub(self.dims.len() + self.variables.len())?;
+        for (k, b) in self.broadcasts.iter().enumerate() {
+            if at < b.fields.len() {
+                return Some((k, at));
+            }
+            at -= b.fields.len();
+        }
+        None
+    }
+
+    /// Bytes a cell of column `i` takes as read (a variable's stored
+    /// element, a broadcast's value; nothing for a dimension, which is
+    /// generated).
+    pub fn cell_bytes(&self, i: usize) -> usize {
+        match self.column(i) {
+            Some(GridColumn::Variable(v)) => v.element_size(),
+            Some(GridColumn::Broadcast(b, part)) => b.part_bytes(part),
+            _ => 0,
+        }
+    }
+
+    /// Bytes a cell of column `i` takes at the peak of reading it (stored
+    /// and decoded, for a variable).
+    pub fn peak_cell_bytes(&self, i: usize) -> usize {
+        match self.column(i) {
+            Some(GridColumn::Variable(v)) => v.peak_bytes_per_cell(),
+            Some(GridColumn::Broadcast(b, part)) => 2 * b.part_bytes(part),
+            _ => 0,
+        }
+    }
+
+    /// This table with `broadcast`'s columns added after the others.
+    pub fn with_broadcast(&self, broadcast: Broadcast) -> GridTable {
+        let mut fields: Vec<Field> = (self.schema.fields().iter())
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.extend(broadcast.fields.iter().cloned());
+        let mut broadcasts = self.broadcasts.clone();
+        broadcasts.push(Arc::new(broadcast));
+        GridTable {
+            store: self.store.clone(),
+            source: None,
+            dims: self.dims.clone(),
+            variables: self.variables.clone(),
+            broadcasts,
+            schema: Arc::new(Schema::new(fields)),
+        }
+    }
+
     /// The object-store options the table was opened with (its `OPTIONS`;
     /// empty for a local store or a table made here), for reading its
     /// store again with the same client.
@@ -437,6 +525,7 @@ impl ZarrDataset {
             source,
             dims,
             variables,
+            broadcasts: Vec::new(),
             schema: Arc::new(Schema::new(fields)),
         }
     }

@@ -3,6 +3,7 @@
 //! `read_zarr`, `register_zarr`).
 
 mod blocks;
+mod broadcast;
 pub(crate) mod cells;
 mod coordinate;
 mod dataset;
@@ -16,9 +17,12 @@ mod scan;
 mod selection;
 
 pub use blocks::{boxes_in_block, share_of, BlockGrid};
+pub use broadcast::{
+    Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, MAX_BROADCAST_BYTES,
+};
 pub use cells::BoxCells;
 pub use coordinate::{Coordinate, CoordinateFormula, RegularCoordinate};
-pub use dataset::{Dimension, GridTable, TableSource, ZarrDataset};
+pub use dataset::{Dimension, GridColumn, GridTable, TableSource, ZarrDataset};
 pub use factory::{open_dataset, open_dataset_blocking, ZarrTableFactory};
 pub use options::{parse_dims, ZarrTableOptions};
 pub use provider::{registered_zarr_tables, ZarrTable};

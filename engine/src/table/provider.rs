@@ -14,6 +14,7 @@ use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::blocks::BlockGrid;
+use super::broadcast::BroadcastInputs;
 use super::dataset::GridTable;
 use super::scan::ZarrScanExec;
 use super::selection::{classify_filters, select};
@@ -111,6 +112,8 @@ impl TableProvider for ZarrTable {
             memory_limit.map(|bytes| bytes / (8 * parallelism)),
         );
         let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism);
+        let broadcasts = BroadcastInputs::plan(&self.table, &projection, state).await?;
+        let joined_in = broadcasts.memory();
         let mut scan = ZarrScanExec::new(
             Arc::clone(&self.table),
             projection,
@@ -120,9 +123,11 @@ impl TableProvider for ZarrTable {
             limit,
             state.config().batch_size(),
             ZarrConfig::of(state.config().options()).io_concurrency,
-        )?;
+        )?
+        .with_broadcasts(broadcasts);
         if let Some(bytes) = memory_limit {
-            scan = scan.fit_batches(bytes).fit_read_ahead(bytes);
+            let left = bytes.saturating_sub(joined_in);
+            scan = scan.fit_batches(left).fit_read_ahead(left);
             scan.check_memory(bytes)?;
         }
         Ok(Arc::new(scan))

@@ -315,11 +315,9 @@ fn interleave(group: Vec<Vec<(u64, StoreKey)>>) -> Vec<(u64, StoreKey)> {
 
 /// The variables among `columns` read from an object store.
 fn remote_variables(table: &GridTable, columns: &[usize]) -> Vec<Arc<ZarrArray>> {
-    let n_dims = table.dims.len();
     columns
         .iter()
-        .filter(|&&i| i >= n_dims)
-        .map(|&i| &table.variables[i - n_dims])
+        .filter_map(|&i| table.variable(i))
         .filter(|v| v.remote().is_some())
         .cloned()
         .collect()

@@ -21,7 +21,9 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{exec_err, human_readable_size, resources_err, Result, Statistics};
+use datafusion::common::{
+    exec_err, human_readable_size, resources_err, DataFusionError, Result, Statistics,
+};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
@@ -38,6 +40,7 @@ use datafusion_distributed::DistributedTaskContext;
 use tokio::sync::mpsc::Sender;
 
 use super::blocks::{boxes_in_block, share_of, BlockGrid};
+use super::broadcast::BroadcastInputs;
 use super::cells::BoxCells;
 use super::dataset::GridTable;
 use super::read_ahead::ReadAheadPlan;
@@ -66,6 +69,8 @@ pub struct ZarrScanExec {
     /// The tasks of a cluster's stage the blocks are dealt to (1: one
     /// process reads them all; see [`Self::with_tasks`]).
     tasks: usize,
+    /// The small sides of the broadcast columns read: the scan's children.
+    broadcasts: BroadcastInputs,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -107,9 +112,17 @@ impl ZarrScanExec {
             read_ahead,
             io_concurrency,
             tasks: 1,
+            broadcasts: BroadcastInputs::default(),
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// This scan reading the broadcast columns of `broadcasts` (their
+    /// small sides planned).
+    pub fn with_broadcasts(mut self, broadcasts: BroadcastInputs) -> Self {
+        self.broadcasts = broadcasts;
+        self
     }
 
     /// This scan with its blocks dealt to `tasks` tasks of a cluster's
@@ -128,6 +141,7 @@ impl ZarrScanExec {
             read_ahead: self.read_ahead,
             io_concurrency: self.io_concurrency,
             tasks: tasks.max(1),
+            broadcasts: self.broadcasts.clone(),
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -176,12 +190,11 @@ impl ZarrScanExec {
     /// Decoded bytes of every block's projected variables (what a cluster
     /// sizes the scan's tasks by).
     pub fn decoded_bytes(&self) -> u64 {
-        let n_dims = self.table.dims.len();
         let per_cell: u64 = self
             .projection
             .iter()
-            .filter(|&&i| i >= n_dims)
-            .map(|&i| self.table.variables[i - n_dims].element_size() as u64)
+            .filter_map(|&i| self.table.variable(i))
+            .map(|v| v.element_size() as u64)
             .sum();
         self.selection.num_cells().saturating_mul(per_cell.max(1))
     }
@@ -199,13 +212,11 @@ impl ZarrScanExec {
 
     /// Two decoded blocks of the projected variables.
     fn block_memory(&self) -> usize {
-        let n_dims = self.table.dims.len();
         let block_cells = self.blocks.block_shape().iter().product::<u64>() as usize;
         let block_bytes: usize = self
             .projection
             .iter()
-            .filter(|&&i| i >= n_dims)
-            .map(|&i| self.table.variables[i - n_dims].peak_bytes_per_cell())
+            .map(|&i| self.table.peak_cell_bytes(i))
             .sum::<usize>()
             * block_cells;
         2 * block_bytes
@@ -252,9 +263,11 @@ impl ZarrScanExec {
         self
     }
 
-    /// Memory the whole scan is projected to hold at its peak.
+    /// Memory the whole scan is projected to hold at its peak: its
+    /// partitions' and the broadcasts' (held once for all).
     pub fn projected_memory(&self) -> usize {
         self.properties.partitioning.partition_count() * self.per_partition_memory()
+            + self.broadcasts.memory()
     }
 
     /// Refuses the scan when its projected memory exceeds `limit`.
@@ -265,8 +278,8 @@ impl ZarrScanExec {
         }
         resources_err!(
             "ZarrScanExec over {} needs {} ({} partitions x {} per partition: two blocks of \
-             shape {:?} and the batches in flight{}) but the memory limit (allowed_mem) is {}; \
-             raise it, read fewer columns, or rechunk the store to smaller chunks (a block \
+             shape {:?} and the batches in flight{}{}) but the memory limit (allowed_mem) is \
+             {}; raise it, read fewer columns, or rechunk the store to smaller chunks (a block \
              is at least one chunk)",
             self.table.store,
             human_readable_size(projected),
@@ -276,6 +289,10 @@ impl ZarrScanExec {
             match self.read_ahead.depth() {
                 0 => String::new(),
                 n => format!(", and {n} chunks read ahead"),
+            },
+            match self.broadcasts.memory() {
+                0 => String::new(),
+                n => format!("; and {} of tables joined in", human_readable_size(n)),
             },
             human_readable_size(limit)
         )
@@ -320,6 +337,7 @@ impl DisplayAs for ZarrScanExec {
             human_readable_size(self.projected_memory()),
             self.read_ahead,
         )?;
+        write!(f, "{}", self.broadcasts.display(&self.table))?;
         if let Some(limit) = self.limit {
             write!(f, ", limit={limit}")?;
         }
@@ -340,7 +358,11 @@ impl ExecutionPlan for ZarrScanExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
+        self.broadcasts.children()
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false; self.broadcasts.children().len()]
     }
 
     fn apply_expressions(
@@ -352,10 +374,15 @@ impl ExecutionPlan for ZarrScanExec {
 
     fn replace_children(
         self: Arc<Self>,
-        _children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(self)
+        if children.is_empty() && self.broadcasts.is_empty() {
+            return Ok(self);
+        }
+        let mut scan = self.with_tasks(self.tasks);
+        scan.broadcasts = self.broadcasts.with_children(children)?;
+        Ok(Arc::new(scan))
     }
 
     fn with_new_children(
@@ -428,7 +455,8 @@ impl ExecutionPlan for ZarrScanExec {
         };
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
         let tx = builder.tx();
-        builder.spawn_blocking(move || {
+        let broadcasts = self.broadcasts.clone();
+        let read = move || {
             let _reservation = reservation;
             for id in blocks {
                 if remaining == Some(0) {
@@ -455,7 +483,19 @@ impl ExecutionPlan for ZarrScanExec {
                 }
             }
             Ok(())
-        });
+        };
+        if broadcasts.is_empty() {
+            builder.spawn_blocking(read);
+        } else {
+            // The tables joined in are computed first, and held while the
+            // blocks are read.
+            builder.spawn(async move {
+                let _held = broadcasts.hold(&context).await?;
+                tokio::task::spawn_blocking(read)
+                    .await
+                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?
+            });
+        }
         Ok(builder.build())
     }
 

@@ -511,6 +511,7 @@ mod tests {
                 attributes: Default::default(),
             })],
             variables: vec![],
+            broadcasts: vec![],
             schema,
         }
     }

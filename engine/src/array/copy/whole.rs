@@ -139,6 +139,10 @@ impl<'a> CopyScan<'a> {
             return Ok(None);
         };
         let table = Arc::clone(path.table.grid());
+        // A table joined in (an anomaly) is written through the scan.
+        if !table.broadcasts.is_empty() {
+            return Ok(None);
+        }
         if let Some(given) = &options.dims {
             if given.iter().ne(table.dims.iter().map(|d| &d.name)) {
                 return Ok(None);

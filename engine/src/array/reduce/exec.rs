@@ -26,7 +26,7 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     human_readable_size, resources_err, DFSchema, DataFusionError, Result, Statistics,
 };
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::ColumnarValue;
@@ -53,8 +53,8 @@ use super::node::DenseReduction;
 use crate::config::ZarrConfig;
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, select, share_of, BlockGrid, BoxCells, GridTable, ReadAheadPlan, Selection,
-    TableReadAhead,
+    boxes_in_block, select, share_of, BlockGrid, BoxCells, BroadcastInputs, GridTable,
+    ReadAheadPlan, Selection, TableReadAhead,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -164,6 +164,8 @@ pub struct DenseReductionExec {
     io_concurrency: usize,
     /// Reads ahead of the workers (remote stores), one window for all.
     read_ahead: ReadAheadPlan,
+    /// The small sides of the broadcast columns read: the children.
+    broadcasts: BroadcastInputs,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -371,6 +373,7 @@ impl DenseReductionExec {
             workers,
             io_concurrency,
             read_ahead,
+            broadcasts: BroadcastInputs::default(),
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -378,24 +381,49 @@ impl DenseReductionExec {
         if let Some(limit) = memory_limit {
             let room = limit.saturating_sub(exec.projected_memory() - exec.read_ahead.memory());
             exec.read_ahead = exec.read_ahead.within(room);
-            let projected = exec.projected_memory();
-            if projected > limit {
-                return resources_err!(
-                    "DenseReductionExec over {} needs {} ({} workers x {} per worker: a block \
-                     of {} decoded cells, {} of group state) but the memory limit (allowed_mem) is {}; \
-                     raise the limit, group by fewer dimensions or lower \
-                     zarrfusion.target_partition_bytes",
-                    exec.reduction.table.store,
-                    human_readable_size(projected),
-                    exec.workers,
-                    human_readable_size(exec.per_worker_memory()),
-                    exec.reduction.block_cells(),
-                    human_readable_size(exec.reduction.state_bytes()),
-                    human_readable_size(limit)
-                );
-            }
+            exec.check_memory(limit)?;
         }
         Ok(exec)
+    }
+
+    /// Refuses the reduction when its projected memory exceeds `limit`.
+    fn check_memory(&self, limit: usize) -> Result<()> {
+        let projected = self.projected_memory();
+        if projected <= limit {
+            return Ok(());
+        }
+        resources_err!(
+            "DenseReductionExec over {} needs {} ({} workers x {} per worker: a block \
+             of {} decoded cells, {} of group state{}) but the memory limit (allowed_mem) is {}; \
+             raise the limit, group by fewer dimensions or lower \
+             zarrfusion.target_partition_bytes",
+            self.reduction.table.store,
+            human_readable_size(projected),
+            self.workers,
+            human_readable_size(self.per_worker_memory()),
+            self.reduction.block_cells(),
+            human_readable_size(self.reduction.state_bytes()),
+            match self.broadcasts.memory() {
+                0 => String::new(),
+                n => format!("; and {} of tables joined in", human_readable_size(n)),
+            },
+            human_readable_size(limit)
+        )
+    }
+
+    /// This reduction reading the broadcast columns of `broadcasts` (their
+    /// small sides planned), refused if it then cannot fit the session's
+    /// memory limit.
+    pub fn with_broadcasts(
+        mut self,
+        broadcasts: BroadcastInputs,
+        session: &dyn Session,
+    ) -> Result<Self> {
+        self.broadcasts = broadcasts;
+        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
+            self.check_memory(limit)?;
+        }
+        Ok(self)
     }
 
     /// This reduction giving the partial states of its tasks' runs of the
@@ -413,6 +441,7 @@ impl DenseReductionExec {
             None,
         )?;
         exec.read_ahead = self.read_ahead;
+        exec.broadcasts = self.broadcasts.clone();
         Ok(exec)
     }
 
@@ -525,7 +554,11 @@ impl DenseReductionExec {
     pub fn projected_memory(&self) -> usize {
         let r = &self.reduction;
         let output = r.space.num_groups() * 8 * (r.keys.len() + r.aggregates.len());
-        self.workers * self.per_worker_memory() + output + r.key_bytes + self.read_ahead.memory()
+        self.workers * self.per_worker_memory()
+            + output
+            + r.key_bytes
+            + self.read_ahead.memory()
+            + self.broadcasts.memory()
     }
 }
 
@@ -623,12 +656,14 @@ impl Reduction {
     /// the parts' runs in the chunk files stay long.
     fn parts(&self, extent: &[Range<u64>]) -> Vec<Vec<Range<u64>>> {
         let n_dims = self.table.dims.len();
+        // A broadcast column is not read from chunk files.
         let sizes: Vec<u64> = self
             .columns
             .iter()
             .filter(|&&c| c >= n_dims)
-            .map(|&c| &self.table.variables[c - n_dims])
-            .map(|v| v.reads_chunk_files().then_some(v.element_size() as u64))
+            .map(|&c| self.table.variable(c))
+            .map(|v| v.filter(|v| v.reads_chunk_files()))
+            .map(|v| v.map(|v| v.element_size() as u64))
             .collect::<Option<_>>()
             .unwrap_or_default();
         let cells: u64 = extent.iter().map(|r| r.end - r.start).product();
@@ -990,6 +1025,7 @@ impl DisplayAs for DenseReductionExec {
             human_readable_size(self.projected_memory()),
             self.read_ahead,
         )?;
+        write!(f, "{}", self.broadcasts.display(&r.table))?;
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
         }
@@ -1013,7 +1049,11 @@ impl ExecutionPlan for DenseReductionExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
+        self.broadcasts.children()
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false; self.broadcasts.children().len()]
     }
 
     fn apply_expressions(
@@ -1036,10 +1076,23 @@ impl ExecutionPlan for DenseReductionExec {
 
     fn replace_children(
         self: Arc<Self>,
-        _children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
         _options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(self)
+        if children.is_empty() && self.broadcasts.is_empty() {
+            return Ok(self);
+        }
+        Ok(Arc::new(Self {
+            reduction: Arc::clone(&self.reduction),
+            emit: self.emit,
+            workers: self.workers,
+            io_concurrency: self.io_concurrency,
+            read_ahead: self.read_ahead,
+            broadcasts: self.broadcasts.with_children(children)?,
+            schema: Arc::clone(&self.schema),
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
     }
 
     fn with_new_children(
@@ -1103,7 +1156,10 @@ impl ExecutionPlan for DenseReductionExec {
                 .map(Arc::new)
         };
 
+        let broadcasts = self.broadcasts.clone();
         let result = async move {
+            // The tables joined in, computed first and held while folding.
+            let _held = broadcasts.hold(&context).await?;
             let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
             let handles: Vec<_> = (0..workers)
                 .map(|_| {

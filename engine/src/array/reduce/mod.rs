@@ -35,6 +35,6 @@ mod rule;
 pub use accumulators::{numeric_domain, DenseAccumulator, ReduceOp};
 pub use exec::{DenseReductionExec, ReduceSpec, ReductionParts};
 pub use groups::{GroupSpace, KeyMap, Line};
-pub use keys::{key_schema, DimKeys, KeySpec, MAX_KEYED_POSITIONS};
+pub use keys::{key_schema, physical_key, DimKeys, KeySpec, MAX_KEYED_POSITIONS};
 pub use node::{DenseReduction, GroupKey, ReduceExpr};
 pub use rule::{DenseReductionRule, MAX_STATE_BYTES};

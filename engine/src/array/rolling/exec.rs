@@ -467,8 +467,10 @@ impl Rolling {
         // The overlap before: kept from the box before, or read.
         if before > 0 {
             let pieces = selected_before(ranges, b[d].start, self.before);
+            // Taken out of the map: the old overlap is freed before the
+            // next is built (the projected memory counts one).
             let kept = carries
-                .get(&key)
+                .remove(&key)
                 .filter(|c| pieces.last().map(|p| p.end - 1) == Some(c.last));
             match kept {
                 Some(carry) => {

@@ -183,6 +183,10 @@ fn rolling_window(window: &Window) -> Result<Option<RollingWindow>> {
     };
     let table = path.table.grid();
     let scan = path.scan;
+    // A table joined in keeps DataFusion's window (not yet rolled here).
+    if !table.broadcasts.is_empty() {
+        return Ok(None);
+    }
     // Cells filtered on their values would leave holes in the frames.
     if !path.predicates.is_empty()
         || scan

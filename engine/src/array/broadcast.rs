@@ -1,0 +1,351 @@
+//! `BroadcastJoinRule`: a join of a Zarr table with a small result keyed
+//! by some of its dimensions becomes columns of the table, broadcast along
+//! the others, instead of a hash join.
+//!
+//! An anomaly is the grid minus a result over fewer dimensions:
+//!
+//! ```sql
+//! WITH clim AS (
+//!   SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS t2m_clim
+//!   FROM era5 GROUP BY 1, 2, 3)
+//! SELECT time, lat, avg(t2m - t2m_clim) AS anomaly
+//! FROM era5 JOIN clim
+//!   ON extract(month FROM era5.time) = clim.month
+//!  AND era5.lat = clim.lat AND era5.lon = clim.lon
+//! GROUP BY time, lat;
+//! ```
+//!
+//! `clim` has one row per (month, lat, lon), so each cell of `era5` meets at
+//! most one of its rows: the one whose keys are the cell's month, latitude
+//! and longitude. The rule rewrites the join into a scan of the grid with
+//! `clim`'s other columns as [broadcast columns](crate::table::Broadcast):
+//! the small side computed once when the query runs, held as a dense array
+//! over its keys, each block's values gathered from it. The scan then gets
+//! every Zarr optimization, and the `GROUP BY` above becomes a dense
+//! reduction: the anomaly's zonal mean is one pass over the grid's chunks
+//! after the climatology's pass.
+//!
+//! It applies to a join whose every equality pair links a deterministic
+//! function of one dimension of a Zarr table (the dimension itself,
+//! `extract(month FROM time)`, `floor(lat)`) with a column of the other
+//! side, of the same type, when that side has at most one row per key
+//! tuple by construction (a `GROUP BY` of its key columns, seen through
+//! projections, aliases, filters, sorts and limits; or `DISTINCT`), its
+//! dense array stays under [`MAX_BROADCAST_BYTES`], and the join is inner
+//! (its other conditions become a filter) or keeps every cell of the grid
+//! (`era5 LEFT JOIN clim`: cells without a row get NULLs). Anything else
+//! stays DataFusion's join. `SET zarrfusion.broadcast_join = false` turns
+//! the rule off; it is off in sessions with workers.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use datafusion::common::{Column, NullEquality, Result};
+use datafusion::datasource::provider_as_source;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{
+    when, Distinct, Expr, ExprSchemable, Filter, Join, JoinType, LogicalPlan, Projection,
+    TableScanBuilder,
+};
+use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+use datafusion::physical_expr::execution_props::ExecutionProps;
+
+use super::reduce::{physical_key, DenseReduction, DimKeys, MAX_KEYED_POSITIONS};
+use super::scan_path::{down_to_scan, replace_columns};
+use crate::config::ZarrConfig;
+use crate::table::{Broadcast, BroadcastDim, GridTable, ZarrTable, MAX_BROADCAST_BYTES};
+
+/// Rewrites joins of a Zarr table with a small result keyed by some of its
+/// dimensions into broadcast columns of the table.
+#[derive(Debug, Default)]
+pub struct BroadcastJoinRule;
+
+impl OptimizerRule for BroadcastJoinRule {
+    fn name(&self) -> &str {
+        "zarrfusion_broadcast_join"
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        Some(ApplyOrder::BottomUp)
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        config: &dyn OptimizerConfig,
+    ) -> Result<datafusion::common::tree_node::Transformed<LogicalPlan>> {
+        use datafusion::common::tree_node::Transformed;
+        if !ZarrConfig::of(&config.options()).broadcast_join {
+            return Ok(Transformed::no(plan));
+        }
+        let LogicalPlan::Join(join) = &plan else {
+            return Ok(Transformed::no(plan));
+        };
+        if join.null_aware
+            || join.on.is_empty()
+            || join.null_equality != NullEquality::NullEqualsNothing
+        {
+            return Ok(Transformed::no(plan));
+        }
+        for grid_is_left in [true, false] {
+            let keeps_grid = match join.join_type {
+                JoinType::Inner => true,
+                JoinType::Left => grid_is_left,
+                JoinType::Right => !grid_is_left,
+                _ => false,
+            };
+            if !keeps_grid || (join.join_type != JoinType::Inner && join.filter.is_some()) {
+                continue;
+            }
+            if let Some(rewritten) = broadcast_join(join, grid_is_left)? {
+                return Ok(Transformed::yes(rewritten));
+            }
+        }
+        Ok(Transformed::no(plan))
+    }
+}
+
+/// The scan computing `join` with the side `grid_is_left` says as the
+/// grid, if it is a broadcast join.
+fn broadcast_join(join: &Join, grid_is_left: bool) -> Result<Option<LogicalPlan>> {
+    let (grid_side, small_side) = match grid_is_left {
+        true => (&join.left, &join.right),
+        false => (&join.right, &join.left),
+    };
+    let (grid_keys, small_keys): (Vec<Expr>, Vec<Expr>) = (join.on.iter())
+        .map(|(l, r)| match grid_is_left {
+            true => (l.clone(), r.clone()),
+            false => (r.clone(), l.clone()),
+        })
+        .unzip();
+
+    // The small side: each key a column of it, together unique.
+    let small_schema = small_side.schema();
+    let Some(key_columns) = (small_keys.iter())
+        .map(|e| match e {
+            Expr::Column(c) => small_schema.index_of_column(c).ok(),
+            _ => None,
+        })
+        .collect::<Option<Vec<usize>>>()
+    else {
+        return Ok(None);
+    };
+    let Some(unique) = unique_columns(small_side) else {
+        return Ok(None);
+    };
+    if !unique.iter().all(|u| key_columns.contains(u)) {
+        return Ok(None);
+    }
+
+    // The grid side: its columns and keys over the scan's columns.
+    let width = grid_side.schema().fields().len();
+    let mut exprs: Vec<Expr> = (grid_side.schema().columns().into_iter())
+        .map(Expr::Column)
+        .collect();
+    exprs.extend(grid_keys);
+    let Some(path) = down_to_scan(grid_side, exprs)? else {
+        return Ok(None);
+    };
+    let table = path.table.grid();
+    let scan_schema = &path.scan.projected_schema;
+    let keys = &path.exprs[width..];
+    let mut dims_of_keys = Vec::with_capacity(keys.len());
+    for (key, &column) in keys.iter().zip(&key_columns) {
+        let Some(d) = dimension_of(key, table) else {
+            return Ok(None);
+        };
+        if key.get_type(scan_schema)? != *small_schema.field(column).data_type() {
+            return Ok(None);
+        }
+        dims_of_keys.push(d);
+    }
+    let Some(dims) = keyed_dims(table, keys, &dims_of_keys, &key_columns) else {
+        return Ok(None);
+    };
+
+    // The small side's other columns, named apart from the grid's.
+    let values: Vec<usize> = (0..small_schema.fields().len())
+        .filter(|c| !key_columns.contains(c))
+        .collect();
+    let mut taken: HashSet<String> = (table.schema.fields().iter())
+        .map(|f| f.name().clone())
+        .collect();
+    let mut names: Vec<String> = (values.iter())
+        .map(|&c| unique_name(small_schema.field(c).name(), &mut taken))
+        .collect();
+    let matched = unique_name("matched", &mut taken);
+    names.push(matched.clone());
+    let label = label_of(small_side);
+    let broadcast = match Broadcast::new(small_side.as_ref().clone(), dims, values, names, label) {
+        Ok(b) => b,
+        // Too large to hold: the hash join.
+        Err(_) => return Ok(None),
+    };
+    let value_names: Vec<String> = (broadcast.fields.iter())
+        .map(|f| f.name().clone())
+        .collect();
+    let grid = table.with_broadcast(broadcast);
+
+    let name = path.scan.table_name.clone();
+    let column = |field: &str| Expr::Column(Column::new(Some(name.clone()), field));
+    let provider = ZarrTable::new(grid).with_pushdown(path.table.pushdown());
+    let scan = TableScanBuilder::new(name.clone(), provider_as_source(Arc::new(provider)))
+        .with_filters(path.scan.filters.clone())
+        .build()?;
+
+    // The join's columns: the grid side's as they were; the small side's
+    // keys are the grid's (NULL where no row matched, in a left join),
+    // its other columns the broadcast's.
+    let inner = join.join_type == JoinType::Inner;
+    let mut small_outputs = Vec::with_capacity(small_schema.fields().len());
+    let mut value = 0;
+    for c in 0..small_schema.fields().len() {
+        match key_columns.iter().position(|&k| k == c) {
+            Some(i) if inner => small_outputs.push(keys[i].clone()),
+            Some(i) => small_outputs.push(when(column(&matched), keys[i].clone()).end()?),
+            None => {
+                small_outputs.push(column(&value_names[value]));
+                value += 1;
+            }
+        }
+    }
+    let grid_outputs = path.exprs[..width].to_vec();
+    let outputs: Vec<Expr> = match grid_is_left {
+        true => grid_outputs.into_iter().chain(small_outputs).collect(),
+        false => small_outputs.into_iter().chain(grid_outputs).collect(),
+    };
+
+    let mut predicates = path.predicates.clone();
+    if inner {
+        predicates.push(column(&matched));
+    }
+    if let Some(filter) = &join.filter {
+        // The join's own condition is over both sides' outputs.
+        predicates.push(replace_columns(filter.clone(), &join.schema, |i| {
+            outputs[i].clone()
+        })?);
+    }
+    let mut input = LogicalPlan::TableScan(scan);
+    if let Some(predicate) = conjunction(predicates) {
+        input = LogicalPlan::Filter(Filter::try_new(predicate, Arc::new(input))?);
+    }
+    let exprs = (outputs.into_iter().zip(join.schema.iter()))
+        .map(|(e, (qualifier, field))| e.alias_qualified(qualifier.cloned(), field.name()))
+        .collect();
+    Ok(Some(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(input),
+    )?)))
+}
+
+/// The dimension `key` (over the scan's columns) is a deterministic
+/// function of, alone; `None` if it reads anything else.
+fn dimension_of(key: &Expr, table: &GridTable) -> Option<usize> {
+    if key.is_volatile() {
+        return None;
+    }
+    let refs = key.column_refs();
+    let [column] = refs.into_iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    let d = table.dims.iter().position(|d| d.name == column.name)?;
+    (table.dims[d].len <= MAX_KEYED_POSITIONS).then_some(d)
+}
+
+/// Each keyed dimension of the grid, in its order: the keys (functions of
+/// its coordinate, evaluated at every position) and the small side's
+/// columns they meet. `None` when a function cannot be evaluated.
+fn keyed_dims(
+    table: &GridTable,
+    keys: &[Expr],
+    dims_of_keys: &[usize],
+    key_columns: &[usize],
+) -> Option<Vec<BroadcastDim>> {
+    let props = ExecutionProps::new();
+    let mut dims: Vec<usize> = dims_of_keys.to_vec();
+    dims.sort_unstable();
+    dims.dedup();
+    let mut out = Vec::with_capacity(dims.len());
+    for d in dims {
+        let dim = &table.dims[d];
+        let on_dim: Vec<usize> = (0..keys.len()).filter(|&i| dims_of_keys[i] == d).collect();
+        let physical = (on_dim.iter())
+            .map(|&i| physical_key(&keys[i], dim, &props))
+            .collect::<Result<Vec<_>>>()
+            .ok()?;
+        let all = 0..dim.len;
+        let evaluated = DimKeys::evaluate(table, d, std::slice::from_ref(&all), &physical).ok()?;
+        out.push(BroadcastDim {
+            dim: d,
+            keys: evaluated.map.keys,
+            distinct: evaluated.values,
+            columns: on_dim.iter().map(|&i| key_columns[i]).collect(),
+        });
+    }
+    let cells = (out.iter()).fold(1u64, |n, d| n.saturating_mul(d.len() as u64));
+    (cells <= MAX_BROADCAST_BYTES).then_some(out)
+}
+
+/// Output columns of `plan` that no two of its rows agree on, all
+/// together, by construction: the grouping columns of an aggregate, seen
+/// through what keeps rows apart (projections of them, aliases, filters,
+/// sorts, limits), or every column after `DISTINCT`.
+fn unique_columns(plan: &LogicalPlan) -> Option<Vec<usize>> {
+    match plan {
+        LogicalPlan::Aggregate(a) => {
+            if (a.group_expr.iter()).any(|e| matches!(e, Expr::GroupingSet(_))) {
+                return None;
+            }
+            Some((0..a.group_expr.len()).collect())
+        }
+        LogicalPlan::Extension(e) => {
+            let reduction = e.node.as_any().downcast_ref::<DenseReduction>()?;
+            Some((0..reduction.groups.len()).collect())
+        }
+        LogicalPlan::Distinct(Distinct::All(input)) => {
+            Some((0..input.schema().fields().len()).collect())
+        }
+        LogicalPlan::Projection(p) => {
+            let inner = unique_columns(&p.input)?;
+            let input_schema = p.input.schema();
+            inner
+                .into_iter()
+                .map(|u| {
+                    p.expr.iter().position(|e| match e.clone().unalias() {
+                        Expr::Column(c) => input_schema.index_of_column(&c).ok() == Some(u),
+                        _ => false,
+                    })
+                })
+                .collect()
+        }
+        LogicalPlan::SubqueryAlias(a) => unique_columns(&a.input),
+        LogicalPlan::Filter(f) => unique_columns(&f.input),
+        LogicalPlan::Sort(s) => unique_columns(&s.input),
+        LogicalPlan::Limit(l) => unique_columns(&l.input),
+        _ => None,
+    }
+}
+
+/// `name`, or `name_1`, `name_2`, ... when taken; the one returned is
+/// taken from then on.
+fn unique_name(name: &str, taken: &mut HashSet<String>) -> String {
+    let mut out = name.to_string();
+    let mut n = 1;
+    while taken.contains(&out) {
+        out = format!("{name}_{n}");
+        n += 1;
+    }
+    taken.insert(out.clone());
+    out
+}
+
+/// How the small side is shown: its alias (`clim`), else its first
+/// column's table.
+fn label_of(plan: &LogicalPlan) -> String {
+    match plan {
+        LogicalPlan::SubqueryAlias(a) => a.alias.to_string(),
+        other => (other.schema().iter().next())
+            .and_then(|(q, _)| q.map(|q| q.to_string()))
+            .unwrap_or_else(|| "the joined table".to_string()),
+    }
+}

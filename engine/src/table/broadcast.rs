@@ -1,0 +1,562 @@
+//! Broadcast columns: a small table joined into a grid on some of its
+//! dimensions, held once as a dense array over its keys.
+//!
+//! An anomaly is a join of a grid with a result over some of its
+//! dimensions: `era5 JOIN clim USING (lat, lon)`, or through a function of
+//! a coordinate, `... ON extract(month FROM era5.time) = clim.month AND
+//! ...`. When the small side has at most one row per key tuple (it is a
+//! `GROUP BY` of the keys), every cell of the grid meets at most one of its
+//! rows, the one whose keys are the cell's. So the small side becomes
+//! columns of the grid ([`Broadcast`]): its rows are computed once, laid
+//! out as a dense array over the distinct keys of each keyed dimension
+//! (12 months x 721 latitudes x 1440 longitudes), and a block's column is
+//! gathered from that array by the key of each of its cells' positions: no
+//! hash table, no shuffle, the small side held once.
+//!
+//! Each keyed dimension's key per position is computed once, when the join
+//! is planned (the functions evaluated over the coordinate, as grouping by
+//! them does). Besides the small side's columns, a broadcast gives a
+//! `matched` column, true where the cell has a row: an inner join keeps
+//! the cells where it is true, a left join keeps every cell with NULLs
+//! where it is false.
+//!
+//! The operators that read a grid with broadcast columns ([`BroadcastInputs`])
+//! have the small sides' plans as their children, and compute each once
+//! per execution, within the memory limit (projected while planning:
+//! [`Broadcast::memory`]), before reading any block.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, Weak};
+
+use datafusion::arrow::array::{
+    new_empty_array, Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array,
+};
+use datafusion::arrow::compute::{concat, take};
+use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::arrow::row::{RowConverter, Rows, SortField};
+use datafusion::catalog::Session;
+use datafusion::common::{exec_err, human_readable_size, internal_err, plan_err, Result};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::{execute_stream, ExecutionPlan};
+use futures::StreamExt;
+
+use super::dataset::GridTable;
+
+/// One dimension a broadcast is keyed by.
+#[derive(Debug)]
+pub struct BroadcastDim {
+    /// The dimension (index into the grid's dimensions).
+    pub dim: usize,
+    /// For each position of the dimension, its key: the index of its
+    /// tuple among `distinct`.
+    pub keys: Vec<u32>,
+    /// The distinct key tuples over the dimension, sorted (one array per
+    /// component, all as long).
+    pub distinct: Vec<ArrayRef>,
+    /// The small side's output columns holding each component.
+    pub columns: Vec<usize>,
+}
+
+impl BroadcastDim {
+    /// Number of distinct keys.
+    pub fn len(&self) -> usize {
+        self.distinct.first().map_or(0, |a| a.len())
+    }
+
+    /// Whether the dimension has no key (an empty dimension).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A small table joined into a grid: its columns, as columns of the grid.
+#[derive(Debug)]
+pub struct Broadcast {
+    /// The small side, at most one row per key tuple.
+    pub plan: LogicalPlan,
+    /// The dimensions it is keyed by, in the grid's order.
+    pub dims: Vec<BroadcastDim>,
+    /// The small side's output columns it gives the grid, in order.
+    pub values: Vec<usize>,
+    /// The grid's fields: one per value column, then the `matched` column.
+    pub fields: Vec<Field>,
+    /// How it is shown (`clim`).
+    pub label: String,
+    /// The values of the execution in progress, if any.
+    current: Mutex<Weak<BroadcastValues>>,
+    /// Taken while the values are computed, so they are computed once.
+    building: tokio::sync::Mutex<()>,
+}
+
+/// The most bytes the dense array of a broadcast may take; a larger small
+/// side keeps DataFusion's hash join.
+pub const MAX_BROADCAST_BYTES: u64 = 1 << 30;
+
+impl Broadcast {
+    /// A broadcast of `plan`'s columns `values`, named `names` in the grid
+    /// (`names` has one more: the `matched` column's).
+    pub fn new(
+        plan: LogicalPlan,
+        dims: Vec<BroadcastDim>,
+        values: Vec<usize>,
+        names: Vec<String>,
+        label: String,
+    ) -> Result<Self> {
+        if names.len() != values.len() + 1 {
+            return internal_err!("a broadcast of {} columns named {names:?}", values.len());
+        }
+        let schema = plan.schema();
+        let mut fields: Vec<Field> = values
+            .iter()
+            .zip(&names)
+            .map(|(&c, name)| {
+                let field = schema.field(c);
+                Field::new(name, field.data_type().clone(), true)
+            })
+            .collect();
+        fields.push(Field::new(&names[values.len()], DataType::Boolean, false));
+        let broadcast = Self {
+            plan,
+            dims,
+            values,
+            fields,
+            label,
+            current: Mutex::new(Weak::new()),
+            building: tokio::sync::Mutex::new(()),
+        };
+        if broadcast.dense_bytes() > MAX_BROADCAST_BYTES {
+            return plan_err!(
+                "the broadcast of {} would hold {} bytes",
+                broadcast.label,
+                broadcast.dense_bytes()
+            );
+        }
+        Ok(broadcast)
+    }
+
+    /// Cells of the dense array: the product of the keyed dimensions'
+    /// distinct keys.
+    pub fn cells(&self) -> u64 {
+        (self.dims.iter()).fold(1u64, |n, d| n.saturating_mul(d.len() as u64))
+    }
+
+    /// Bytes a cell of the dense array takes: each value (16 for values
+    /// of no fixed width, an estimate), its validity and the match.
+    fn cell_bytes(&self) -> u64 {
+        let values: usize = (self.fields.iter().take(self.values.len()))
+            .map(|f| f.data_type().primitive_width().unwrap_or(16))
+            .sum();
+        values as u64 + 1
+    }
+
+    /// Bytes of the dense array.
+    fn dense_bytes(&self) -> u64 {
+        self.cells().saturating_mul(self.cell_bytes())
+    }
+
+    /// Memory held while the broadcast is computed and read: the dense
+    /// array, the small side's matched rows while they are laid out (at
+    /// most as many), and the index of each cell's row.
+    pub fn memory(&self) -> usize {
+        let bytes = self
+            .dense_bytes()
+            .saturating_mul(2)
+            .saturating_add(self.cells().saturating_mul(4));
+        usize::try_from(bytes).unwrap_or(usize::MAX)
+    }
+
+    /// Bytes a grid cell of broadcast column `part` takes once gathered.
+    pub fn part_bytes(&self, part: usize) -> usize {
+        match self.fields.get(part) {
+            Some(f) if part < self.values.len() => f.data_type().primitive_width().unwrap_or(16),
+            _ => 1,
+        }
+    }
+
+    /// The keyed dimensions and their numbers of keys (`month: 12`).
+    fn describe_keys(&self, grid: &GridTable) -> String {
+        let keys: Vec<String> = (self.dims.iter())
+            .map(|d| {
+                let name = grid.dims.get(d.dim).map_or("?", |x| x.name.as_str());
+                format!("{name}: {}", d.len())
+            })
+            .collect();
+        keys.join(", ")
+    }
+
+    /// Computes the small side by running `input` (its physical plan) and
+    /// lays it out, or returns the values an execution in progress holds.
+    async fn hold(
+        &self,
+        input: &Arc<dyn ExecutionPlan>,
+        context: &Arc<TaskContext>,
+    ) -> Result<Arc<BroadcastValues>> {
+        let _building = self.building.lock().await;
+        if let Some(values) = self.current() {
+            return Ok(values);
+        }
+        let reservation = MemoryConsumer::new(format!("Broadcast[{}]", self.label))
+            .register(context.memory_pool());
+        reservation.try_grow(self.memory())?;
+        let values = Arc::new(self.lay_out(input, context, reservation).await?);
+        match self.current.lock() {
+            Ok(mut current) => *current = Arc::downgrade(&values),
+            Err(poisoned) => *poisoned.into_inner() = Arc::downgrade(&values),
+        }
+        Ok(values)
+    }
+
+    /// The values of the execution in progress.
+    fn current(&self) -> Option<Arc<BroadcastValues>> {
+        match self.current.lock() {
+            Ok(current) => current.upgrade(),
+            Err(poisoned) => poisoned.into_inner().upgrade(),
+        }
+    }
+
+    /// Runs the small side and places each of its rows at its keys' cell
+    /// of the dense array.
+    async fn lay_out(
+        &self,
+        input: &Arc<dyn ExecutionPlan>,
+        context: &Arc<TaskContext>,
+        reservation: MemoryReservation,
+    ) -> Result<BroadcastValues> {
+        let converters = (self.dims.iter())
+            .map(|d| {
+                let fields = (d.distinct.iter())
+                    .map(|a| SortField::new(a.data_type().clone()))
+                    .collect();
+                RowConverter::new(fields)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let distinct = (converters.iter().zip(&self.dims))
+            .map(|(c, d)| c.convert_columns(&d.distinct))
+            .collect::<std::result::Result<Vec<Rows>, _>>()?;
+        let strides = c_strides(&self.dims);
+        let cells = usize::try_from(self.cells()).unwrap_or(usize::MAX);
+        // The row (among the kept ones) of each cell.
+        let mut slot: Vec<u32> = vec![u32::MAX; cells];
+        let mut kept: Vec<Vec<ArrayRef>> = vec![Vec::new(); self.values.len()];
+        let mut kept_rows: usize = 0;
+        let mut stream = execute_stream(Arc::clone(input), Arc::clone(context))?;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            let rows = self.place(&batch, &converters, &distinct, &strides)?;
+            let mut taken: Vec<u32> = Vec::new();
+            for (row, cell) in rows.into_iter().enumerate() {
+                let Some(cell) = cell else { continue };
+                if slot[cell] != u32::MAX {
+                    return exec_err!(
+                        "the small side of the join with {} has two rows for the same keys",
+                        self.label
+                    );
+                }
+                slot[cell] = (kept_rows + taken.len()) as u32;
+                taken.push(row as u32);
+            }
+            if taken.is_empty() {
+                continue;
+            }
+            kept_rows += taken.len();
+            let taken = UInt32Array::from(taken);
+            for (out, &c) in kept.iter_mut().zip(&self.values) {
+                out.push(take(batch.column(c).as_ref(), &taken, None)?);
+            }
+        }
+        let indices: UInt32Array = slot.iter().map(|&s| (s != u32::MAX).then_some(s)).collect();
+        let values = (kept.iter().zip(&self.values))
+            .map(|(parts, &c)| {
+                let all = match parts.as_slice() {
+                    [] => new_empty_array(self.plan.schema().field(c).data_type()),
+                    [one] => Arc::clone(one),
+                    _ => {
+                        let parts: Vec<&dyn Array> = parts.iter().map(|p| p.as_ref()).collect();
+                        concat(&parts)?
+                    }
+                };
+                Ok(take(all.as_ref(), &indices, None)?)
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let matched: BooleanArray = slot.iter().map(|&s| Some(s != u32::MAX)).collect();
+        Ok(BroadcastValues {
+            all_matched: kept_rows == cells,
+            values,
+            matched,
+            _reservation: reservation,
+        })
+    }
+
+    /// The cell of the dense array of each row of `batch`: `None` for a
+    /// row whose keys are NULL or not any position's.
+    fn place(
+        &self,
+        batch: &RecordBatch,
+        converters: &[RowConverter],
+        distinct: &[Rows],
+        strides: &[usize],
+    ) -> Result<Vec<Option<usize>>> {
+        let n = batch.num_rows();
+        let mut cells: Vec<Option<usize>> = vec![Some(0); n];
+        for (((d, converter), keys), &stride) in
+            self.dims.iter().zip(converters).zip(distinct).zip(strides)
+        {
+            let columns: Vec<ArrayRef> = (d.columns.iter())
+                .map(|&c| Arc::clone(batch.column(c)))
+                .collect();
+            for column in &columns {
+                if let Some(nulls) = column.logical_nulls() {
+                    for (cell, valid) in cells.iter_mut().zip(nulls.iter()) {
+                        if !valid {
+                            *cell = None;
+                        }
+                    }
+                }
+            }
+            let rows = converter.convert_columns(&columns)?;
+            for (i, cell) in cells.iter_mut().enumerate() {
+                let Some(at) = cell else { continue };
+                *cell = search(keys, rows.row(i)).map(|k| *at + k * stride);
+            }
+        }
+        Ok(cells)
+    }
+
+    /// Columns `parts` (indices among [`Self::fields`]) for the cells of
+    /// `extent` (one range per grid dimension), in C order.
+    pub fn read(&self, parts: &[usize], extent: &[Range<u64>]) -> Result<Vec<ArrayRef>> {
+        let Some(values) = self.current() else {
+            return internal_err!(
+                "the broadcast of {} is read before it is computed",
+                self.label
+            );
+        };
+        let indices = UInt32Array::from(self.gather(extent));
+        parts
+            .iter()
+            .map(|&part| match values.values.get(part) {
+                Some(column) => Ok(take(column.as_ref(), &indices, None)?),
+                None if values.all_matched => {
+                    Ok(Arc::new(BooleanArray::from(vec![true; indices.len()])) as ArrayRef)
+                }
+                None => Ok(take(&values.matched, &indices, None)?),
+            })
+            .collect()
+    }
+
+    /// The cell of the dense array of each grid cell of `extent`, in C
+    /// order.
+    fn gather(&self, extent: &[Range<u64>]) -> Vec<u32> {
+        let strides = c_strides(&self.dims);
+        // Each grid dimension's contribution at each position of the extent.
+        let steps: Vec<Vec<u32>> = extent
+            .iter()
+            .enumerate()
+            .map(|(g, range)| {
+                let keyed = self.dims.iter().zip(&strides).find(|(d, _)| d.dim == g);
+                match keyed {
+                    Some((d, &stride)) => (range.clone())
+                        .map(|p| d.keys[p as usize] * stride as u32)
+                        .collect(),
+                    None => vec![0; (range.end - range.start) as usize],
+                }
+            })
+            .collect();
+        let cells: usize = steps.iter().map(Vec::len).product();
+        let mut out = Vec::with_capacity(cells);
+        if cells > 0 {
+            fill(&steps, 0, &mut out);
+        }
+        out
+    }
+}
+
+/// Appends, in C order, the sums of one step of each of `steps` from
+/// `base` on.
+fn fill(steps: &[Vec<u32>], base: u32, out: &mut Vec<u32>) {
+    match steps {
+        [] => out.push(base),
+        [last] => out.extend(last.iter().map(|s| base + s)),
+        [first, rest @ ..] => {
+            for s in first {
+                fill(rest, base + s, out);
+            }
+        }
+    }
+}
+
+/// C-order strides of the dense array over `dims`.
+fn c_strides(dims: &[BroadcastDim]) -> Vec<usize> {
+    let mut strides = vec![1usize; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * dims[i + 1].len();
+    }
+    strides
+}
+
+/// The index of `row` among the sorted `rows`.
+fn search(rows: &Rows, row: datafusion::arrow::row::Row<'_>) -> Option<usize> {
+    let (mut low, mut high) = (0, rows.num_rows());
+    while low < high {
+        let mid = low + (high - low) / 2;
+        match rows.row(mid).cmp(&row) {
+            std::cmp::Ordering::Less => low = mid + 1,
+            std::cmp::Ordering::Greater => high = mid,
+            std::cmp::Ordering::Equal => return Some(mid),
+        }
+    }
+    None
+}
+
+/// A broadcast's small side, laid out for one execution.
+#[derive(Debug)]
+pub struct BroadcastValues {
+    /// Each value column over the dense array's cells (NULL where no row).
+    values: Vec<ArrayRef>,
+    /// Whether each cell has a row.
+    matched: BooleanArray,
+    /// Whether every cell has one.
+    all_matched: bool,
+    /// The memory pool's share.
+    _reservation: MemoryReservation,
+}
+
+/// The broadcasts an operator reads, with their small sides planned: the
+/// operator's children.
+#[derive(Debug, Clone, Default)]
+pub struct BroadcastInputs {
+    entries: Vec<(Arc<Broadcast>, Arc<dyn ExecutionPlan>)>,
+}
+
+impl BroadcastInputs {
+    /// Plans the small sides of the broadcasts of `table` that `columns`
+    /// (indices into its schema) read.
+    pub async fn plan(table: &GridTable, columns: &[usize], session: &dyn Session) -> Result<Self> {
+        let mut entries = Vec::new();
+        for (k, broadcast) in table.broadcasts.iter().enumerate() {
+            if !columns
+                .iter()
+                .any(|&c| table.broadcast_of(c).is_some_and(|(b, _)| b == k))
+            {
+                continue;
+            }
+            let plan = session.create_physical_plan(&broadcast.plan).await?;
+            entries.push((Arc::clone(broadcast), plan));
+        }
+        Ok(Self { entries })
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The small sides' plans.
+    pub fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.entries.iter().map(|(_, plan)| plan).collect()
+    }
+
+    /// These broadcasts with their small sides' plans replaced.
+    pub fn with_children(&self, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Self> {
+        if children.len() != self.entries.len() {
+            return internal_err!(
+                "an operator reading {} broadcasts was given {} children",
+                self.entries.len(),
+                children.len()
+            );
+        }
+        let entries = (self.entries.iter().zip(children))
+            .map(|((b, _), plan)| (Arc::clone(b), plan))
+            .collect();
+        Ok(Self { entries })
+    }
+
+    /// Memory the broadcasts hold while the operator runs.
+    pub fn memory(&self) -> usize {
+        (self.entries.iter()).fold(0usize, |n, (b, _)| n.saturating_add(b.memory()))
+    }
+
+    /// Computes every broadcast (once for all the partitions running at
+    /// the same time): what is returned must be held while the operator
+    /// reads blocks.
+    pub async fn hold(&self, context: &Arc<TaskContext>) -> Result<Vec<Arc<BroadcastValues>>> {
+        let mut held = Vec::with_capacity(self.entries.len());
+        for (broadcast, plan) in &self.entries {
+            held.push(broadcast.hold(plan, context).await?);
+        }
+        Ok(held)
+    }
+
+    /// How EXPLAIN shows them: `, broadcast=[clim by (month: 12, lat: 33)
+    /// 1.2 MB]`.
+    pub fn display(&self, table: &GridTable) -> String {
+        if self.entries.is_empty() {
+            return String::new();
+        }
+        let shown: Vec<String> = (self.entries.iter())
+            .map(|(b, _)| {
+                format!(
+                    "{} by ({}) {}",
+                    b.label,
+                    b.describe_keys(table),
+                    human_readable_size(b.memory())
+                )
+            })
+            .collect();
+        format!(", broadcast=[{}]", shown.join(", "))
+    }
+}
+
+impl fmt::Display for Broadcast {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}", self.label)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gather_walks_the_cells_in_c_order() {
+        // A grid (time, lat, lon) keyed by month of time (positions 0..4
+        // in months 0, 0, 1, 1) and by lon (3 positions): 2 x 3 cells.
+        let dims = vec![
+            BroadcastDim {
+                dim: 0,
+                keys: vec![0, 0, 1, 1],
+                distinct: vec![Arc::new(UInt32Array::from(vec![1, 2])) as ArrayRef],
+                columns: vec![0],
+            },
+            BroadcastDim {
+                dim: 2,
+                keys: vec![0, 1, 2],
+                distinct: vec![Arc::new(UInt32Array::from(vec![10, 20, 30])) as ArrayRef],
+                columns: vec![1],
+            },
+        ];
+        assert_eq!(c_strides(&dims), vec![3, 1]);
+        let plan = LogicalPlan::EmptyRelation(datafusion::logical_expr::EmptyRelation {
+            produce_one_row: false,
+            schema: Arc::new(datafusion::common::DFSchema::empty()),
+        });
+        let b = Broadcast {
+            plan,
+            dims,
+            values: vec![],
+            fields: vec![],
+            label: "t".into(),
+            current: Mutex::new(Weak::new()),
+            building: tokio::sync::Mutex::new(()),
+        };
+        let extent = [1..3, 0..2, 1..3];
+        let expected: Vec<u32> = (1..3u32)
+            .flat_map(|t| (0..2).flat_map(move |_| (1..3u32).map(move |x| (t / 2) * 3 + x)))
+            .collect();
+        assert_eq!(b.gather(&extent), expected);
+        assert_eq!(b.cells(), 6);
+    }
+}

@@ -1,0 +1,155 @@
+//! Joins of a Zarr table with a result over fewer of its dimensions
+//! (anomalies): which become broadcast columns of the table, their answers
+//! against xarray's broadcasting arithmetic
+//! (`tests/fixtures/expected/anomaly_queries.json`, written by
+//! `tests/fixtures/make_climate_fixture.py`), and DataFusion's hash join
+//! (the rule off) giving the same answers.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::{assert_rows, error_text, explain_text, fixture, repo_root, sort_rows};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::SessionContext;
+use serde_json::Value;
+use zarrfusion::{new_context, new_context_with, session_config, ZarrContextExt};
+
+/// A session with the rule on or off and `settings` run, `climate.zarr`
+/// registered as `t`.
+async fn session(on: bool, settings: &[&str]) -> SessionContext {
+    let ctx = new_context();
+    ctx.sql(&format!("SET zarrfusion.broadcast_join = {on}"))
+        .await
+        .unwrap();
+    for setting in settings {
+        ctx.sql(setting).await.unwrap();
+    }
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    ctx
+}
+
+async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
+    common::query_rows(ctx, "query", sql).await
+}
+
+fn anomaly_queries() -> Vec<Value> {
+    let path = repo_root().join("tests/fixtures/expected/anomaly_queries.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Whether the plan reads the small side as broadcast columns, without a
+/// hash join.
+fn broadcast(plan: &str) -> bool {
+    plan.contains("broadcast=[") && !plan.contains("HashJoinExec")
+}
+
+/// Blocks of one chunk, several partitions, batches of 7 rows: a block's
+/// cells meet the small side in pieces.
+const SMALL: [&str; 3] = [
+    "SET zarrfusion.target_partition_bytes = 1024",
+    "SET datafusion.execution.target_partitions = 3",
+    "SET datafusion.execution.batch_size = 7",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anomalies_broadcast_the_small_side_with_xarray_s_answers() {
+    let queries = anomaly_queries();
+    assert!(queries.len() >= 5, "{} anomaly queries", queries.len());
+    for q in &queries {
+        let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
+        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        for (on, settings) in [(true, &[][..]), (true, &SMALL[..]), (false, &[][..])] {
+            let ctx = session(on, settings).await;
+            let plan = explain_text(&ctx, sql).await;
+            assert_eq!(broadcast(&plan), on, "{name} (rule {on}):\n{plan}");
+            if on && sql.contains("GROUP BY 1, 2 ORDER") {
+                // The reduction above the join is dense, over the grid with
+                // the broadcast columns.
+                let dense = plan
+                    .lines()
+                    .find(|l| l.contains("DenseReductionExec: store"));
+                assert!(
+                    dense.is_some_and(|l| l.contains("broadcast=[")),
+                    "{name}:\n{plan}"
+                );
+            }
+            let got = run(&ctx, sql).await;
+            assert_rows(&format!("{name} (rule {on}, {settings:?})"), &got, &want);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_shows_the_keys_and_the_small_side_runs_once_per_query() {
+    let q = &anomaly_queries()[0];
+    let sql = q["sql"].as_str().unwrap();
+    let ctx = session(true, &[]).await;
+    let plan = explain_text(&ctx, sql).await;
+    // Keyed by the months of time (5 in the store), latitude and longitude.
+    assert!(plan.contains("by (time: 5, lat: 6, lon: 6)"), "{plan}");
+    // The climatology is the operator's child, itself a dense reduction.
+    assert_eq!(
+        plan.matches("DenseReductionExec: store").count(),
+        2,
+        "{plan}"
+    );
+    let analyzed = explain_text(&ctx, &format!("ANALYZE {sql}")).await;
+    // The climatology's 180 groups are computed once for the 3 workers.
+    assert!(analyzed.contains("output_rows=180"), "{analyzed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_joins_stay_datafusion_s_with_the_same_answers() {
+    let cases = [
+        // The other side may have several rows per key (not grouped by them).
+        "SELECT t.time, t.lat, t.lon, t.t2m - x.c AS a FROM t JOIN \
+         (SELECT lat, lon, u10 AS c FROM t WHERE time < '2019-11-02') x \
+         ON t.lat = x.lat AND t.lon = x.lon WHERE t.time < '2019-11-02'",
+        // Grouped by more than the keys.
+        "SELECT t.time, t.lat, t.lon, x.c FROM t JOIN \
+         (SELECT lat, lon, date_trunc('month', time) AS m, avg(t2m) AS c FROM t GROUP BY 1, 2, 3) x \
+         ON t.lat = x.lat AND t.lon = x.lon WHERE t.time < '2019-11-02'",
+        // A key that is a variable, not a dimension.
+        "SELECT t.time, t.lat, t.lon, x.n FROM t JOIN \
+         (SELECT lat AS v, count(*) AS n FROM t GROUP BY lat) x ON t.t2m = x.v",
+        // A full join keeps the small side's rows too (with a filter on
+        // the grid's side, DataFusion makes it a left join, which is
+        // broadcast).
+        "SELECT t.time, t.lat, t.lon, x.c FROM t FULL JOIN \
+         (SELECT lat, lon, avg(t2m) AS c FROM t WHERE lat > 30 GROUP BY lat, lon) x \
+         ON t.lat = x.lat AND t.lon = x.lon",
+    ];
+    let on = session(true, &[]).await;
+    let off = session(false, &[]).await;
+    for sql in cases {
+        let plan = explain_text(&on, sql).await;
+        assert!(!plan.contains("broadcast=["), "{sql}:\n{plan}");
+        let mut got = run(&on, sql).await;
+        let mut want = run(&off, sql).await;
+        let width = got.first().map_or(0, Vec::len);
+        sort_rows(&mut got, width);
+        sort_rows(&mut want, width);
+        assert_rows(sql, &got, &want);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_that_cannot_fit_the_memory_limit_is_refused_before_it_runs() {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(16 * 1024, 1.0)
+        .build()
+        .unwrap();
+    let ctx = new_context_with(session_config(), Arc::new(runtime));
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let sql = anomaly_queries()[0]["sql"].as_str().unwrap().to_string();
+    let error = error_text(&ctx, &sql).await;
+    for needle in ["climate.zarr", "allowed_mem", "16.0 KB"] {
+        assert!(error.contains(needle), "{needle}: {error}");
+    }
+}
