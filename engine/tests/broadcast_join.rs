@@ -10,26 +10,19 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{assert_rows, error_text, explain_text, fixture, repo_root, sort_rows};
+use common::{
+    assert_rows, climate_session, error_text, expected_queries, explain_text, fixture, sort_rows,
+    SMALL_BLOCKS,
+};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
 use serde_json::Value;
-use zarrfusion::{new_context, new_context_with, session_config, ZarrContextExt};
+use zarrfusion::{new_context_with, session_config, ZarrContextExt};
 
 /// A session with the rule on or off and `settings` run, `climate.zarr`
 /// registered as `t`.
 async fn session(on: bool, settings: &[&str]) -> SessionContext {
-    let ctx = new_context();
-    ctx.sql(&format!("SET zarrfusion.broadcast_join = {on}"))
-        .await
-        .unwrap();
-    for setting in settings {
-        ctx.sql(setting).await.unwrap();
-    }
-    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-        .await
-        .unwrap();
-    ctx
+    climate_session("broadcast_join", on, settings).await
 }
 
 async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
@@ -37,8 +30,7 @@ async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
 }
 
 fn anomaly_queries() -> Vec<Value> {
-    let path = repo_root().join("tests/fixtures/expected/anomaly_queries.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    expected_queries("anomaly_queries.json")
 }
 
 /// Whether the plan reads the small side as broadcast columns, without a
@@ -47,14 +39,6 @@ fn broadcast(plan: &str) -> bool {
     plan.contains("broadcast=[") && !plan.contains("HashJoinExec")
 }
 
-/// Blocks of one chunk, several partitions, batches of 7 rows: a block's
-/// cells meet the small side in pieces.
-const SMALL: [&str; 3] = [
-    "SET zarrfusion.target_partition_bytes = 1024",
-    "SET datafusion.execution.target_partitions = 3",
-    "SET datafusion.execution.batch_size = 7",
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anomalies_broadcast_the_small_side_with_xarray_s_answers() {
     let queries = anomaly_queries();
@@ -62,7 +46,7 @@ async fn anomalies_broadcast_the_small_side_with_xarray_s_answers() {
     for q in &queries {
         let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
         let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
-        for (on, settings) in [(true, &[][..]), (true, &SMALL[..]), (false, &[][..])] {
+        for (on, settings) in [(true, &[][..]), (true, &SMALL_BLOCKS[..]), (false, &[][..])] {
             let ctx = session(on, settings).await;
             let plan = explain_text(&ctx, sql).await;
             assert_eq!(broadcast(&plan), on, "{name} (rule {on}):\n{plan}");

@@ -9,26 +9,19 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{assert_rows, error_text, explain_text, fixture, repo_root, sort_rows};
+use common::{
+    assert_rows, climate_session, error_text, expected_queries, explain_text, fixture, sort_rows,
+    SMALL_BLOCKS,
+};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
 use serde_json::Value;
-use zarrfusion::{new_context, new_context_with, session_config, ZarrContextExt};
+use zarrfusion::{new_context_with, session_config, ZarrContextExt};
 
 /// A session with the rule on or off and `settings` run, `climate.zarr`
 /// registered as `t`.
 async fn session(rolling: bool, settings: &[&str]) -> SessionContext {
-    let ctx = new_context();
-    ctx.sql(&format!("SET zarrfusion.rolling_window = {rolling}"))
-        .await
-        .unwrap();
-    for setting in settings {
-        ctx.sql(setting).await.unwrap();
-    }
-    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-        .await
-        .unwrap();
-    ctx
+    climate_session("rolling_window", rolling, settings).await
 }
 
 async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
@@ -36,8 +29,7 @@ async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
 }
 
 fn rolling_queries() -> Vec<Value> {
-    let path = repo_root().join("tests/fixtures/expected/rolling_queries.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    expected_queries("rolling_queries.json")
 }
 
 /// Whether the plan computes its windows with the rolling operator and
@@ -45,15 +37,6 @@ fn rolling_queries() -> Vec<Value> {
 fn rolled(plan: &str) -> bool {
     plan.contains("RollingWindowExec") && !plan.contains("WindowAggExec")
 }
-
-/// Blocks of one chunk (50 steps), so that frames cross blocks; several
-/// partitions, so that some start in the middle of the series; batches of
-/// 7 rows, so that a box's cells come in pieces.
-const SMALL: [&str; 3] = [
-    "SET zarrfusion.target_partition_bytes = 1024",
-    "SET datafusion.execution.target_partitions = 3",
-    "SET datafusion.execution.batch_size = 7",
-];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_windows_run_along_the_dimension_with_xarray_s_answers() {
@@ -68,7 +51,7 @@ async fn rolling_windows_run_along_the_dimension_with_xarray_s_answers() {
             want.iter().any(|r| r[3..].iter().any(|v| v.is_null())) || !name.starts_with("running"),
             "{name}: the oracle has no empty frame"
         );
-        for (on, settings) in [(true, &[][..]), (true, &SMALL[..]), (false, &[][..])] {
+        for (on, settings) in [(true, &[][..]), (true, &SMALL_BLOCKS[..]), (false, &[][..])] {
             let ctx = session(on, settings).await;
             let plan = explain_text(&ctx, sql).await;
             assert_eq!(rolled(&plan), on, "{name} (rule {on}):\n{plan}");

@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, Weak};
 use datafusion::arrow::array::{
     new_empty_array, Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array,
 };
+use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::compute::{concat, take};
 use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
@@ -340,7 +341,8 @@ impl Broadcast {
             .map(|&part| match values.values.get(part) {
                 Some(column) => Ok(take(column.as_ref(), &indices, None)?),
                 None if values.all_matched => {
-                    Ok(Arc::new(BooleanArray::from(vec![true; indices.len()])) as ArrayRef)
+                    let all = BooleanBuffer::new_set(indices.len());
+                    Ok(Arc::new(BooleanArray::new(all, None)) as ArrayRef)
                 }
                 None => Ok(take(&values.matched, &indices, None)?),
             })

@@ -212,6 +212,43 @@ pub async fn query_rows(
     rows(&batches)
 }
 
+/// A session with the boolean setting `zarrfusion.{rule}` set to `on`,
+/// then `settings` run, and the climate fixture (`climate.zarr`, written
+/// by `tests/fixtures/make_climate_fixture.py`) registered as `t`.
+pub async fn climate_session(
+    rule: &str,
+    on: bool,
+    settings: &[&str],
+) -> datafusion::prelude::SessionContext {
+    use zarrfusion::ZarrContextExt;
+    let ctx = zarrfusion::new_context();
+    ctx.sql(&format!("SET zarrfusion.{rule} = {on}"))
+        .await
+        .unwrap();
+    for setting in settings {
+        ctx.sql(setting).await.unwrap();
+    }
+    ctx.register_zarr("t", &fixture("climate.zarr"), Default::default())
+        .await
+        .unwrap();
+    ctx
+}
+
+/// Blocks of one chunk of the climate fixture (50 steps), three
+/// partitions (some start in the middle of the series) and batches of 7
+/// rows (a box's cells come in pieces).
+pub const SMALL_BLOCKS: [&str; 3] = [
+    "SET zarrfusion.target_partition_bytes = 1024",
+    "SET datafusion.execution.target_partitions = 3",
+    "SET datafusion.execution.batch_size = 7",
+];
+
+/// The queries and their answers in `tests/fixtures/expected/{file}`.
+pub fn expected_queries(file: &str) -> Vec<Value> {
+    let path = repo_root().join("tests/fixtures/expected").join(file);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 /// The text of `EXPLAIN sql` (logical and physical plans), as a table.
 pub async fn explain_text(ctx: &datafusion::prelude::SessionContext, sql: &str) -> String {
     let batches = ctx

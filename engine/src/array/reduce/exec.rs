@@ -803,10 +803,13 @@ impl Reduction {
                     0 => mask.values().clone(),
                     _ => prep_null_mask_filter(mask).values().clone(),
                 };
-                if mask.count_set_bits() == 0 {
-                    return Ok(());
+                match mask.count_set_bits() {
+                    0 => return Ok(()),
+                    // Every row kept (a join's cells that all have a row):
+                    // folded as without a predicate, fused where it can be.
+                    kept if kept == rows => None,
+                    _ => Some(mask),
                 }
-                Some(mask)
             }
             None => None,
         };
