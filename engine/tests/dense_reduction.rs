@@ -417,3 +417,59 @@ async fn functions_that_are_not_of_one_dimension_stay_hash_aggregations() {
         "{plan}"
     );
 }
+
+/// Writes a v3 store of one `float32` array `v` over dimensions `d0`,
+/// `d1`, `d2` (indices, no coordinate arrays) of `shape`, one chunk per
+/// step of `d0`, no chunk written: every cell is the fill value, 1.5.
+fn store_of_fill_values(dir: &Path, shape: [u64; 3]) {
+    std::fs::create_dir_all(dir.join("v")).unwrap();
+    std::fs::write(
+        dir.join("zarr.json"),
+        r#"{"zarr_format":3,"node_type":"group","attributes":{}}"#,
+    )
+    .unwrap();
+    let metadata = format!(
+        r#"{{"zarr_format":3,"node_type":"array","shape":[{},{},{}],"data_type":"float32",
+        "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[1,{},{}]}}}},
+        "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
+        "fill_value":1.5,"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}],
+        "dimension_names":["d0","d1","d2"],"attributes":{{}}}}"#,
+        shape[0], shape[1], shape[2], shape[1], shape[2]
+    );
+    std::fs::write(dir.join("v/zarr.json"), metadata).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_group_state_is_sized_by_the_positions_the_filters_select() {
+    // 2^20 x 256 x 256 cells: grouped by all three dimensions (halving
+    // d1), the state of every position would be far over the rule's bound
+    // (MAX_STATE_BYTES); three steps of d0 are 98304 groups.
+    let dir = common::scratch("dense_selected_state");
+    store_of_fill_values(&dir, [1 << 20, 256, 256]);
+    let dense = session("t", &dir, true, &[]).await;
+    let hashed = session("t", &dir, false, &[]).await;
+    let grouped = "SELECT d0, floor(d1 / 2) AS y, d2, count(*) AS n, sum(v) AS s FROM t";
+    let everything = format!("{grouped} GROUP BY 1, 2, 3");
+    let plan = explain_text(&dense, &everything).await;
+    assert!(!plan.contains("DenseReductionExec"), "{plan}");
+    for filter in [
+        "d0 < 3",
+        "d0 BETWEEN 1000 AND 1002",
+        "d0 IN (7, 70000, 700000)",
+    ] {
+        let sql = format!("{grouped} WHERE {filter} GROUP BY 1, 2, 3");
+        let plan = explain_text(&dense, &sql).await;
+        assert!(plan.contains("DenseReductionExec"), "{sql}:\n{plan}");
+        let mut got = run(&dense, &sql).await;
+        let mut want = run(&hashed, &sql).await;
+        assert_eq!(got.len(), 3 * 128 * 256, "{sql}");
+        sort_rows(&mut got, 3);
+        sort_rows(&mut want, 3);
+        assert_rows(&sql, &got, &want);
+        assert!(
+            got.iter().all(|row| row[3] == 2 && row[4] == 3.0),
+            "{sql}: {:?}",
+            &got[..2]
+        );
+    }
+}

@@ -31,7 +31,7 @@
 //! side, of the same type, when that side has at most one row per key
 //! tuple by construction (a `GROUP BY` of its key columns, seen through
 //! projections, aliases, filters, sorts and limits; or `DISTINCT`), its
-//! dense array stays under [`MAX_BROADCAST_BYTES`], and the join is inner
+//! dense array stays under [`MAX_BROADCAST_BYTES`](crate::table::MAX_BROADCAST_BYTES), and the join is inner
 //! (its other conditions become a filter) or keeps every cell of the grid
 //! (`era5 LEFT JOIN clim`: cells without a row get NULLs). Anything else
 //! stays DataFusion's join. `SET zarrfusion.broadcast_join = false` turns
@@ -53,7 +53,7 @@ use datafusion::physical_expr::execution_props::ExecutionProps;
 use super::reduce::{physical_key, DenseReduction, DimKeys, MAX_KEYED_POSITIONS};
 use super::scan_path::{down_to_scan, replace_columns};
 use crate::config::ZarrConfig;
-use crate::table::{Broadcast, BroadcastDim, GridTable, ZarrTable, MAX_BROADCAST_BYTES};
+use crate::table::{Broadcast, BroadcastDim, GridTable, ZarrTable};
 
 /// Rewrites joins of a Zarr table with a small result keyed by some of its
 /// dimensions into broadcast columns of the table.
@@ -282,8 +282,7 @@ fn keyed_dims(
             columns: on_dim.iter().map(|&i| key_columns[i]).collect(),
         });
     }
-    let cells = (out.iter()).fold(1u64, |n, d| n.saturating_mul(d.len() as u64));
-    (cells <= MAX_BROADCAST_BYTES).then_some(out)
+    Some(out)
 }
 
 /// Output columns of `plan` that no two of its rows agree on, all

@@ -25,7 +25,6 @@
 //! per execution, within the memory limit (projected while planning:
 //! [`Broadcast::memory`]), before reading any block.
 
-use std::fmt;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -509,12 +508,6 @@ impl BroadcastInputs {
             })
             .collect();
         format!(", broadcast=[{}]", shown.join(", "))
-    }
-}
-
-impl fmt::Display for Broadcast {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "{}", self.label)
     }
 }
 

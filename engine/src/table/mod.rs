@@ -33,4 +33,4 @@ pub(crate) use read_zarr::{
 };
 pub use scan::ZarrScanExec;
 pub(crate) use selection::pushed_dimension;
-pub use selection::{classify_filters, long_dimension_refusal, select, Selection};
+pub use selection::{classify_filters, long_dimension_refusal, select, select_planning, Selection};

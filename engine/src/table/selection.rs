@@ -31,9 +31,13 @@ use datafusion::common::{
     human_readable_size, internal_err, resources_err, Column, DFSchema, Result,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::logical_expr::execution_props::ExecutionProps;
 use datafusion::logical_expr::expr::{Between, BinaryExpr, Cast, InList, TryCast};
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown};
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+use datafusion::physical_expr::{create_physical_expr, PhysicalExpr};
 
 use super::coordinate::Coordinate;
 use super::dataset::GridTable;
@@ -225,14 +229,44 @@ pub fn classify_filters(filters: &[&Expr], table: &GridTable) -> Vec<TableProvid
 
 /// Evaluates the pushed-down filters over the coordinates.
 pub fn select(filters: &[Expr], table: &GridTable, session: &dyn Session) -> Result<Selection> {
-    select_within(filters, table, session, EVALUATED_POSITIONS)
+    let limit = match session.runtime_env().memory_pool.memory_limit() {
+        MemoryLimit::Finite(limit) => Some(limit),
+        _ => None,
+    };
+    let compile = |e: Expr, schema: &DFSchema| session.create_physical_expr(e, schema);
+    select_within(filters, table, &compile, limit, EVALUATED_POSITIONS)
 }
 
-/// [`select`] with dimensions of up to `evaluated` positions gone through.
+/// [`select`] while the logical plan is optimized (without a session: no
+/// memory limit to check the selection's size against), for operators
+/// that size their state by the positions selected.
+pub fn select_planning(
+    filters: &[Expr],
+    table: &GridTable,
+    props: &ExecutionProps,
+) -> Result<Selection> {
+    let compile = |e: Expr, schema: &DFSchema| {
+        // Types coerced as a session does (a literal against the column).
+        let context = SimplifyContext::builder()
+            .with_schema(Arc::new(schema.clone()))
+            .build();
+        let e = ExprSimplifier::new(context).coerce(e, schema)?;
+        create_physical_expr(&e, schema, props, &PhysicalPlanningContext::default())
+    };
+    select_within(filters, table, &compile, None, EVALUATED_POSITIONS)
+}
+
+/// A filter (over one column) made a physical expression.
+type Compile<'a> = dyn Fn(Expr, &DFSchema) -> Result<Arc<dyn PhysicalExpr>> + 'a;
+
+/// [`select`] with dimensions of up to `evaluated` positions gone through,
+/// the filters compiled by `compile`, the ranges of positions held
+/// checked against `limit`.
 fn select_within(
     filters: &[Expr],
     table: &GridTable,
-    session: &dyn Session,
+    compile: &Compile,
+    limit: Option<usize>,
     evaluated: u64,
 ) -> Result<Selection> {
     let mut selection = Selection::all(&table.shape());
@@ -258,7 +292,7 @@ fn select_within(
             })?
             .data;
         let df_schema = DFSchema::try_from(Arc::clone(&schema))?;
-        let predicate = session.create_physical_expr(unqualified.clone(), &df_schema)?;
+        let predicate = compile(unqualified.clone(), &df_schema)?;
         if dim.coordinate.len() > evaluated {
             let Some(literals) = crossing_literals(&unqualified, &dim.coordinate.data_type())
             else {
@@ -276,7 +310,7 @@ fn select_within(
                         op,
                         Box::new(literal.clone()),
                     ));
-                    let compared = session.create_physical_expr(compared, &df_schema)?;
+                    let compared = compile(compared, &df_schema)?;
                     cuts.extend(crossings.switch(&compared)?);
                 }
             }
@@ -309,7 +343,7 @@ fn select_within(
         };
         let runs = mask.set_slices().count();
         let bytes = runs.saturating_mul(std::mem::size_of::<Range<u64>>());
-        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
+        if let Some(limit) = limit {
             if bytes > limit / 8 {
                 return resources_err!(
                     "the filter {filter} on '{}' of {} selects {runs} separate runs of positions, \
@@ -599,8 +633,10 @@ mod tests {
                     Some(0),
                     "{sql} is not bisected"
                 );
-                let evaluated = select_within(std::slice::from_ref(&f), &table, &state, u64::MAX);
-                let bisected = select_within(std::slice::from_ref(&f), &table, &state, 0);
+                let compile = |e: Expr, schema: &DFSchema| state.create_physical_expr(e, schema);
+                let one = std::slice::from_ref(&f);
+                let evaluated = select_within(one, &table, &compile, None, u64::MAX);
+                let bisected = select_within(one, &table, &compile, None, 0);
                 match (evaluated, bisected) {
                     (Ok(e), Ok(b)) => assert_eq!(e, b, "{sql} over {:?}", table.dims[0].coordinate),
                     (Err(_), Err(_)) => {}

@@ -41,7 +41,7 @@ use super::keys::{physical_key, DimKeys, MAX_KEYED_POSITIONS};
 use super::node::{DenseReduction, GroupKey, ReduceExpr};
 use crate::array::scan_path::down_to_scan;
 use crate::config::ZarrConfig;
-use crate::table::GridTable;
+use crate::table::{select_planning, GridTable, Selection};
 
 /// The most memory the per-worker group state of a dense reduction may
 /// take (an upper bound, before filters); larger reductions keep
@@ -122,7 +122,11 @@ fn dense_reduction(
     if !functions && groups.iter().any(|g| g.expr.is_some()) {
         return Ok(None);
     }
-    let Some(key_counts) = key_counts(&groups, table) else {
+    // The state is sized by the positions the scan's filters select (all
+    // of them if the filters cannot be evaluated here).
+    let props = ExecutionProps::new();
+    let selection = select_planning(&scan.filters, table, &props).ok();
+    let Some(key_counts) = key_counts(&groups, table, selection.as_ref()) else {
         return Ok(None);
     };
 
@@ -226,10 +230,14 @@ fn group_keys(group: &[Expr], table: &GridTable) -> Option<Vec<GroupKey>> {
     Some(keys)
 }
 
-/// The number of keys of each grouped dimension over all its positions (an
-/// upper bound for any selection), `None` if a function of a dimension
-/// cannot be evaluated over its coordinate.
-fn key_counts(groups: &[GroupKey], table: &GridTable) -> Option<Vec<u64>> {
+/// The number of keys of each grouped dimension over its positions in
+/// `selection` (all of them without one), `None` if a function of a
+/// dimension cannot be evaluated over its coordinate.
+fn key_counts(
+    groups: &[GroupKey],
+    table: &GridTable,
+    selection: Option<&Selection>,
+) -> Option<Vec<u64>> {
     let props = ExecutionProps::new();
     let mut dims: Vec<usize> = groups.iter().map(|g| g.dim).collect();
     dims.sort_unstable();
@@ -242,8 +250,10 @@ fn key_counts(groups: &[GroupKey], table: &GridTable) -> Option<Vec<u64>> {
             .filter(|g| g.dim == d)
             .filter_map(|g| g.expr.as_ref())
             .collect();
+        let all = [0..dim.len];
+        let ranges = selection.map_or(&all[..], |s| s.ranges(d));
         if exprs.is_empty() {
-            counts.push(dim.len);
+            counts.push(ranges.iter().map(|r| r.end - r.start).sum());
             continue;
         }
         let physical = exprs
@@ -251,8 +261,7 @@ fn key_counts(groups: &[GroupKey], table: &GridTable) -> Option<Vec<u64>> {
             .map(|e| physical_key(e, dim, &props))
             .collect::<Result<Vec<_>>>()
             .ok()?;
-        let all = 0..dim.len;
-        let keys = DimKeys::evaluate(table, d, std::slice::from_ref(&all), &physical).ok()?;
+        let keys = DimKeys::evaluate(table, d, ranges, &physical).ok()?;
         counts.push(keys.map.count as u64);
     }
     Some(counts)

@@ -9,12 +9,14 @@
 //! the box's cells, and streams the box's rows in C order with the
 //! aggregates beside them.
 //!
-//! The halo before a box is the end of the box before it along the
-//! dimension, kept from that box (read once); a partition's first box
-//! reads it from the store, and so does the halo after a box (the frames'
+//! The lines are a ring along the dimension, kept from one box to the
+//! next of the same run along it: the halo before a box is the end of the
+//! box before it, left in place (read once, never copied), and the box's
+//! cells are put after it. A partition's first box reads its halo before
+//! from the store, and every box reads the halo after it (the frames'
 //! FOLLOWING rows, the start of the next box). Memory per partition: two
-//! decoded blocks, the argument lines of a block and its halo, the
-//! aggregates of a block, the halo kept, and the batches in flight; a
+//! decoded blocks, the ring (the argument lines of a block and its halo),
+//! the halo read, the aggregates of a block, and the batches in flight; a
 //! window whose projected memory exceeds the session's limit is refused
 //! while planning.
 //!
@@ -34,7 +36,7 @@ use datafusion::common::{human_readable_size, resources_err, DFSchema, Result, S
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
-use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::{Cast, Expr, ExprSchemable};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
@@ -47,7 +49,7 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::PhysicalPlanner;
 use tokio::sync::mpsc::Sender;
 
-use super::frame::{roll, Frame, Lines, RollOp};
+use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
 use super::node::RollingWindow;
 use crate::array::leaf_plan::leaf_plan_methods;
 use crate::progress::ScanProgress;
@@ -157,6 +159,7 @@ impl RollingWindowExec {
         let args = arg_exprs
             .iter()
             .map(|e| {
+                let e = unwidened(e, &arg_df);
                 let arg = planner.create_physical_expr(e, &arg_df, session, planning)?;
                 let numeric = matches!(
                     arg.data_type(&arg_schema)?,
@@ -247,10 +250,10 @@ impl RollingWindowExec {
     }
 
     /// Memory one partition holds at its peak: two decoded blocks, the
-    /// argument lines of a block with its overlap (and the extremum
-    /// passes' copy), the halo read, the aggregates of a block and their
-    /// running state, the overlap kept for the next block, and the
-    /// batches in flight.
+    /// ring (the argument lines of a block with its overlap, kept from one
+    /// block to the next; and the extremum passes' tile), the halo read,
+    /// the aggregates of a block, their running states, and the batches in
+    /// flight.
     pub fn per_partition_memory(&self) -> usize {
         let r = &self.rolling;
         let shape = r.blocks.block_shape();
@@ -258,7 +261,8 @@ impl RollingWindowExec {
         let along = shape[r.dim].max(1) as usize;
         let section = cells / along;
         let halo = (r.before + r.after) as usize;
-        let extended = section * (along + halo);
+        // The ring: a block, its halo, and the cells leaving the first frame.
+        let held = along + halo + 1;
         let width = |schema: &SchemaRef| -> usize {
             schema
                 .fields()
@@ -273,10 +277,11 @@ impl RollingWindowExec {
             .count();
         let row_bytes = width(&self.schema);
         2 * cells * width(&r.input_schema)
-            + extended * (Lines::CELL_BYTES * r.args.len() + 8 * extremes)
+            + section * held * Lines::CELL_BYTES * r.args.len()
+            + extremes * held * TILE.min(section) * 8
             + section * halo * width(&r.arg_schema)
             + cells * (8 * r.aggregates.len() + 16)
-            + section * r.before as usize * Lines::CELL_BYTES * r.args.len()
+            + section * RollState::LANE_BYTES * r.aggregates.len()
             + 3 * self.batch_size * row_bytes
     }
 
@@ -289,6 +294,20 @@ impl RollingWindowExec {
     fn partition_blocks(&self, partition: usize) -> Range<u64> {
         let all = 0..self.rolling.blocks.num_blocks();
         share_of(all, partition as u64, self.partitions as u64)
+    }
+}
+
+/// `arg` without a cast of a `float32` column to `float64` (the lines
+/// widen its cells as they take them, without a copy of the column).
+fn unwidened<'a>(arg: &'a Expr, schema: &DFSchema) -> &'a Expr {
+    match arg {
+        Expr::Cast(Cast { expr, field }) if *field.data_type() == DataType::Float64 => {
+            match expr.get_type(schema) {
+                Ok(DataType::Float32) if matches!(**expr, Expr::Column(_)) => expr,
+                _ => arg,
+            }
+        }
+        _ => arg,
     }
 }
 
@@ -310,12 +329,74 @@ struct Meters {
     roll_time: Time,
 }
 
-/// The overlap one box leaves to the next along the dimension.
-struct Carry {
-    /// The box's last position.
-    last: u64,
-    /// Each argument's last `before` positions.
-    tails: Vec<Lines>,
+/// The lines of one run of boxes along the dimension (boxes that differ
+/// only there), kept from one box to the next: the positions a box leaves
+/// to the next (the frames' overlap, and one more: the cells leaving the
+/// first frame of the next box) stay in the ring while the next box is put
+/// after them, and so does each aggregate's running state. Positions are
+/// the series' (selected positions of the dimension, counted from
+/// `before` before the first).
+struct Ring {
+    /// Each argument's lines.
+    lines: Vec<Lines>,
+    /// Each aggregate's running state.
+    states: Vec<RollState>,
+    /// The positions whose cells the lines hold (missing ones included:
+    /// before the series' start, after its end).
+    held: Range<usize>,
+}
+
+/// The rings of the boxes of the current column of blocks, and those of
+/// the column before, for reuse (same shapes: no new allocation).
+#[derive(Default)]
+struct Rings {
+    active: HashMap<Vec<Range<u64>>, Ring>,
+    spare: Vec<Ring>,
+}
+
+impl Rings {
+    /// A new column of blocks: the rings held are of no use but their memory.
+    fn next_column(&mut self) {
+        self.spare = self.active.drain().map(|(_, ring)| ring).collect();
+    }
+
+    /// The ring of the boxes keyed `key`: kept, else lines of `args`
+    /// arguments of `outer x len x inner` cells holding nothing and no
+    /// running states of `ops` (reused from the column before when one has
+    /// that shape; otherwise the column before's are freed first, so that
+    /// at most one column's rings are held).
+    fn take(&mut self, key: &[Range<u64>], args: usize, ops: &[RollOp], shape: [usize; 3]) -> Ring {
+        let [outer, len, inner] = shape;
+        if let Some(ring) = self.active.remove(key) {
+            return ring;
+        }
+        let fits = |r: &Ring| (r.lines.iter()).all(|l| l.has_shape(outer, len, inner));
+        match self.spare.iter().position(fits) {
+            Some(k) => {
+                let mut ring = self.spare.swap_remove(k);
+                ring.held = 0..0;
+                ring.states.iter_mut().for_each(RollState::forget);
+                ring
+            }
+            None => {
+                self.spare.clear();
+                Ring {
+                    lines: (0..args).map(|_| Lines::new(outer, len, inner)).collect(),
+                    states: (ops.iter())
+                        .map(|&op| RollState::new(outer * inner, op))
+                        .collect(),
+                    held: 0..0,
+                }
+            }
+        }
+    }
+}
+
+/// Selected positions of `ranges` (sorted, disjoint) before `position`.
+fn ordinal(ranges: &[Range<u64>], position: u64) -> u64 {
+    (ranges.iter())
+        .map(|r| r.end.min(position).saturating_sub(r.start))
+        .sum()
 }
 
 /// Selected positions of `ranges` (sorted, disjoint) before `position`,
@@ -370,7 +451,7 @@ impl Rolling {
         progress: Option<&ScanProgress>,
     ) -> Result<()> {
         let buffers = ChunkBufferPool::new();
-        let mut carries: HashMap<Vec<Range<u64>>, Carry> = HashMap::new();
+        let mut rings = Rings::default();
         let mut column: Option<Vec<Range<u64>>> = None;
         for j in run {
             let extent = self.blocks.block_along(self.dim, j);
@@ -378,11 +459,11 @@ impl Rolling {
             let mut across = extent.clone();
             across[self.dim] = 0..0;
             if column.as_ref() != Some(&across) {
-                carries.clear();
+                rings.next_column();
                 column = Some(across);
             }
             for b in boxes_in_block(&self.selection, &extent) {
-                if !self.roll_box(&b, &mut carries, &buffers, batch_size, tx, meters)? {
+                if !self.roll_box(&b, &mut rings, &buffers, batch_size, tx, meters)? {
                     return Ok(());
                 }
             }
@@ -393,14 +474,15 @@ impl Rolling {
         Ok(())
     }
 
-    /// The argument columns of `batch`, as `float64` cells for [`Lines`].
+    /// The argument columns of `batch`, as `float64` or `float32` cells
+    /// for [`Lines`].
     fn arg_values(&self, batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
         self.args
             .iter()
             .map(|(arg, numeric)| {
                 let values = arg.evaluate(batch)?.into_array(batch.num_rows())?;
                 if *numeric {
-                    Ok(cast(&values, &DataType::Float64)?)
+                    Ok(values)
                 } else {
                     // Only its NULLs count.
                     let ones = vec![1.0; values.len()];
@@ -445,7 +527,7 @@ impl Rolling {
     fn roll_box(
         &self,
         b: &[Range<u64>],
-        carries: &mut HashMap<Vec<Range<u64>>, Carry>,
+        rings: &mut Rings,
         buffers: &ChunkBufferPool,
         batch_size: usize,
         tx: &Sender<Result<RecordBatch>>,
@@ -457,33 +539,29 @@ impl Rolling {
         let inner: usize = lens[d + 1..].iter().product();
         let main = lens[d];
         let (before, after) = (self.before as usize, self.after as usize);
-        let mut lines: Vec<Lines> = (0..self.args.len())
-            .map(|_| Lines::new(outer, before + main + after, inner))
-            .collect();
+        let along = self.blocks.block_shape()[d] as usize;
+        let held = before + 1 + along.max(main) + after;
         let ranges = self.selection.ranges(d);
+        // The box's first position in the ring.
+        let at = ordinal(ranges, b[d].start) as usize + before;
         let mut key = b.to_vec();
         key[d] = 0..0;
+        let ops: Vec<RollOp> = self.aggregates.iter().map(|a| a.op).collect();
+        let mut ring = rings.take(&key, self.args.len(), &ops, [outer, held, inner]);
 
-        // The overlap before: kept from the box before, or read.
-        if before > 0 {
+        // The overlap before: kept from the box before, or read (and the
+        // running states, of no use then, forgotten).
+        let kept = ring.held.start <= at - before && at <= ring.held.end && !ring.held.is_empty();
+        if !kept {
+            ring.states.iter_mut().for_each(RollState::forget);
+        }
+        if before > 0 && !kept {
             let pieces = selected_before(ranges, b[d].start, self.before);
-            // Taken out of the map: the old overlap is freed before the
-            // next is built (the projected memory counts one).
-            let kept = carries
-                .remove(&key)
-                .filter(|c| pieces.last().map(|p| p.end - 1) == Some(c.last));
-            match kept {
-                Some(carry) => {
-                    for (lines, tail) in lines.iter_mut().zip(&carry.tails) {
-                        lines.put_lines(0, tail)?;
-                    }
-                }
-                None => {
-                    let n: u64 = pieces.iter().map(|p| p.end - p.start).sum();
-                    let at = before - n as usize;
-                    self.read_halo(b, &pieces, at, &mut lines, buffers, meters)?;
-                }
+            let n = pieces.iter().map(|p| p.end - p.start).sum::<u64>() as usize;
+            for lines in &mut ring.lines {
+                lines.clear(at - before, before - n);
             }
+            self.read_halo(b, &pieces, at - n, &mut ring.lines, buffers, meters)?;
         }
 
         // The box itself.
@@ -492,40 +570,38 @@ impl Rolling {
         timer.done();
         meters.bytes_decoded.add(cells.decoded_bytes() as usize);
         let total = cells.num_cells();
+        let timer = meters.roll_time.timer();
         let mut start = 0u64;
         while start < total {
             let len = (batch_size as u64).min(total - start);
             let batch = cells.batch_of(&self.arg_schema, &self.arg_places, start, len)?;
-            for (lines, values) in lines.iter_mut().zip(self.arg_values(&batch)?) {
-                lines.put(before, main, start as usize, &values)?;
+            for (lines, values) in ring.lines.iter_mut().zip(self.arg_values(&batch)?) {
+                lines.put(at, main, start as usize, &values)?;
             }
             start += len;
         }
+        timer.done();
 
-        // The overlap after: read.
+        // The overlap after: read (missing after the series' end).
         if after > 0 {
             let pieces = selected_after(ranges, b[d].end, self.after);
-            self.read_halo(b, &pieces, before + main, &mut lines, buffers, meters)?;
+            let n = pieces.iter().map(|p| p.end - p.start).sum::<u64>() as usize;
+            self.read_halo(b, &pieces, at + main, &mut ring.lines, buffers, meters)?;
+            for lines in &mut ring.lines {
+                lines.clear(at + main + n, after - n);
+            }
         }
 
         let timer = meters.roll_time.timer();
-        let rolled = self
-            .aggregates
-            .iter()
-            .map(|a| {
-                let values = roll(a.op, &lines[a.arg], a.frame, before..before + main)?;
+        let rolled = (self.aggregates.iter())
+            .zip(&mut ring.states)
+            .map(|(a, state)| {
+                let values = roll(a.op, &ring.lines[a.arg], a.frame, at..at + main, state)?;
                 Ok(cast(&values, &a.output_type)?)
             })
             .collect::<Result<Vec<ArrayRef>>>()?;
-        if before > 0 {
-            let tails = lines
-                .iter()
-                .map(|l| l.tail(before + main, before))
-                .collect();
-            let last = b[d].end - 1;
-            carries.insert(key, Carry { last, tails });
-        }
-        drop(lines);
+        ring.held = at - before..at + main + after;
+        rings.active.insert(key, ring);
         timer.done();
 
         let mut start = 0u64;

@@ -13,7 +13,11 @@
 //! memory; 1024 of them, so that their state stays in cache), one
 //! position after the other: `count`, `sum` and
 //! `avg` keep a running sum and count per lane, adding the cell entering
-//! the frame and removing the one leaving it; `min` and `max` fold the
+//! the frame and removing the one leaving it. That state is kept from one
+//! run of positions to the next ([`RollState`]), so a box that follows
+//! another along the axis does not sum its frames' overlap again (it is
+//! summed afresh every [`RESUME_POSITIONS`] positions, which bounds the
+//! rounding a long running sum gathers); `min` and `max` fold the
 //! frame in `log2(width)` passes (after pass `j` each cell holds the
 //! extremum of the `2^j` cells from it on), so that each frame is the
 //! extremum of two overlapping runs. Lanes whose frame holds a non-finite
@@ -24,7 +28,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array};
 use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
-use datafusion::arrow::datatypes::Float64Type;
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
 use datafusion::common::{internal_err, Result};
 
 /// What a rolling aggregate computes.
@@ -64,7 +68,10 @@ const NAN: u8 = 2;
 const POS_INF: u8 = 3;
 const NEG_INF: u8 = 4;
 
-/// The cells of one argument over a box, laid out (outer, t, inner).
+/// The cells of one argument over a box, laid out (outer, t, inner), the
+/// positions `t` taken modulo the number of positions held: a ring along
+/// the rolled axis, so that the positions one box leaves to the next stay
+/// where they are while the next box's cells are put after them.
 #[derive(Debug, Clone)]
 pub struct Lines {
     outer: usize,
@@ -92,45 +99,83 @@ impl Lines {
     /// Bytes per cell.
     pub const CELL_BYTES: usize = 9;
 
-    /// Number of positions along the rolled axis.
+    /// Number of positions held along the rolled axis.
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether there are no positions.
+    /// Whether no positions are held.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Whether these are lines of `outer x len x inner` cells.
+    pub fn has_shape(&self, outer: usize, len: usize, inner: usize) -> bool {
+        (self.outer, self.len, self.inner) == (outer, len, inner)
+    }
+
     /// Puts cells `offset..offset + piece.len()` (in C order) of a box of
     /// `n` positions laid out (outer, n, inner), the box placed at
-    /// positions `at..at + n`; `piece` is `float64` with NULLs.
+    /// positions `at..at + n` (modulo the positions held); `piece` is
+    /// `float64` or `float32` with NULLs.
     pub fn put(&mut self, at: usize, n: usize, offset: usize, piece: &ArrayRef) -> Result<()> {
-        let line = n * self.inner;
         let end = offset + piece.len();
-        if at + n > self.len || end > self.outer * line {
+        if n > self.len || end > self.outer * n * self.inner {
             return internal_err!(
-                "cells {offset}..{end} of {n} positions at {at} do not fit lines of {} x {} x {}",
+                "cells {offset}..{end} of {n} positions do not fit lines of {} x {} x {}",
                 self.outer,
                 self.len,
                 self.inner
             );
         }
-        let piece = piece.as_primitive::<Float64Type>();
-        let values = piece.values();
-        let nulls = piece.nulls().filter(|n| n.null_count() > 0);
+        match piece.data_type() {
+            DataType::Float64 => {
+                let piece = piece.as_primitive::<Float64Type>();
+                self.put_values(at, n, offset, piece.values(), piece.nulls());
+            }
+            DataType::Float32 => {
+                let piece = piece.as_primitive::<Float32Type>();
+                self.put_values(at, n, offset, piece.values(), piece.nulls());
+            }
+            other => return internal_err!("lines of {other} cells"),
+        }
+        Ok(())
+    }
+
+    /// [`put`](Self::put) of checked numbers.
+    fn put_values<T: Copy + Into<f64>>(
+        &mut self,
+        at: usize,
+        n: usize,
+        offset: usize,
+        values: &[T],
+        nulls: Option<&NullBuffer>,
+    ) {
+        let line = n * self.inner;
+        let end = offset + values.len();
+        let nulls = nulls.filter(|n| n.null_count() > 0);
         let mut k = offset;
         while k < end {
             let (o, within) = (k / line, k % line);
-            let run = (line - within).min(end - k);
-            let dst = (o * self.len + at) * self.inner + within;
+            let (t, i) = (within / self.inner, within % self.inner);
+            let p = (at + t) % self.len;
+            // To the end of the line, the piece, or the ring.
+            let run = (line - within)
+                .min(end - k)
+                .min((self.len - p) * self.inner - i);
+            let dst = (o * self.len + p) * self.inner + i;
             let src = k - offset;
             let cells = &mut self.values[dst..dst + run];
             let flags = &mut self.flags[dst..dst + run];
-            cells.copy_from_slice(&values[src..src + run]);
             let mut finite = true;
-            for (flag, v) in flags.iter_mut().zip(cells.iter()) {
+            for ((cell, flag), &v) in cells
+                .iter_mut()
+                .zip(flags.iter_mut())
+                .zip(&values[src..src + run])
+            {
+                let v: f64 = v.into();
                 let f = v.is_finite();
+                *cell = v;
                 *flag = if f { FINITE } else { MISSING };
                 finite &= f;
             }
@@ -159,50 +204,23 @@ impl Lines {
             }
             k += run;
         }
-        Ok(())
     }
 
-    /// Positions `end - n..end` (those before the first: missing), as lines
-    /// of `n` positions.
-    pub fn tail(&self, end: usize, n: usize) -> Lines {
-        let mut out = Lines::new(self.outer, n, self.inner);
-        let end = end.min(self.len);
-        let kept = n.min(end);
-        for o in 0..self.outer {
-            let src = (o * self.len + end - kept) * self.inner;
-            let dst = (o * n + n - kept) * self.inner;
-            let run = kept * self.inner;
-            out.values[dst..dst + run].copy_from_slice(&self.values[src..src + run]);
-            out.flags[dst..dst + run].copy_from_slice(&self.flags[src..src + run]);
+    /// Makes positions `at..at + n` (modulo the positions held) missing in
+    /// every lane.
+    pub fn clear(&mut self, at: usize, n: usize) {
+        for t in at..at + n.min(self.len) {
+            let p = t % self.len;
+            for o in 0..self.outer {
+                let dst = (o * self.len + p) * self.inner;
+                self.values[dst..dst + self.inner].fill(0.0);
+                self.flags[dst..dst + self.inner].fill(MISSING);
+            }
         }
-        out
-    }
-
-    /// Copies `other` (same lanes) to positions `at..at + other.len`.
-    pub fn put_lines(&mut self, at: usize, other: &Lines) -> Result<()> {
-        if other.outer != self.outer || other.inner != self.inner || at + other.len > self.len {
-            return internal_err!(
-                "lines of {} x {} x {} do not fit at {at} in lines of {} x {} x {}",
-                other.outer,
-                other.len,
-                other.inner,
-                self.outer,
-                self.len,
-                self.inner
-            );
-        }
-        let run = other.len * self.inner;
-        for o in 0..self.outer {
-            let src = o * run;
-            let dst = (o * self.len + at) * self.inner;
-            self.values[dst..dst + run].copy_from_slice(&other.values[src..src + run]);
-            self.flags[dst..dst + run].copy_from_slice(&other.flags[src..src + run]);
-        }
-        Ok(())
     }
 
     fn index(&self, o: usize, t: usize, i: usize) -> usize {
-        (o * self.len + t) * self.inner + i
+        (o * self.len + t % self.len) * self.inner + i
     }
 
     /// The cell's value as a number (NaN and infinities included).
@@ -243,13 +261,61 @@ impl Frame {
 }
 
 /// Lanes computed together: their running state and frames stay in cache.
-const TILE: usize = 1024;
+pub const TILE: usize = 1024;
+
+/// Positions a running state is carried over before its frames are summed
+/// afresh.
+pub const RESUME_POSITIONS: usize = 4096;
+
+/// The running state of one aggregate over every lane of some lines, for
+/// the frame of one position: what the next run of positions resumes
+/// from, instead of summing its first frame.
+#[derive(Debug, Clone)]
+pub struct RollState {
+    /// The position whose frame the state is; `None`: no state.
+    at: Option<usize>,
+    /// Positions carried over since the frames were last summed afresh.
+    age: usize,
+    count: Vec<u32>,
+    odd: Vec<u32>,
+    sum: Vec<f64>,
+}
+
+impl RollState {
+    /// No state, for lines of `lanes` lanes (outer times inner) and `op`.
+    pub fn new(lanes: usize, op: RollOp) -> Self {
+        let sums = matches!(op, RollOp::Sum | RollOp::Avg);
+        Self {
+            at: None,
+            age: 0,
+            count: vec![0; lanes],
+            odd: vec![0; lanes],
+            sum: vec![0.0; if sums { lanes } else { 0 }],
+        }
+    }
+
+    /// Forgets the state (the lines were filled afresh).
+    pub fn forget(&mut self) {
+        self.at = None;
+    }
+
+    /// Bytes per lane.
+    pub const LANE_BYTES: usize = 16;
+}
 
 /// `op` over each lane's frame of `lines`, for positions `out`: a column
 /// of `outer x out.len() x inner` cells in C order (`count`: `int64`,
-/// else `float64`). Every frame must lie inside the lines.
-pub fn roll(op: RollOp, lines: &Lines, frame: Frame, out: Range<usize>) -> Result<ArrayRef> {
-    roll_tiled(op, lines, frame, out, TILE)
+/// else `float64`). The frames' positions must be held by the lines, and
+/// when `state` is of position `out.start - 1`, so must the cells that
+/// leave its frame. `state` is left of position `out.end - 1`.
+pub fn roll(
+    op: RollOp,
+    lines: &Lines,
+    frame: Frame,
+    out: Range<usize>,
+    state: &mut RollState,
+) -> Result<ArrayRef> {
+    roll_tiled(op, lines, frame, out, TILE, state)
 }
 
 /// [`roll`], `tile` lanes at a time.
@@ -259,33 +325,52 @@ fn roll_tiled(
     frame: Frame,
     out: Range<usize>,
     tile: usize,
+    state: &mut RollState,
 ) -> Result<ArrayRef> {
-    let first = out.start as i64 + frame.start;
+    let lanes_held = lines.outer * lines.inner;
+    let resume = !out.is_empty()
+        && state.at.map(|a| a + 1) == Some(out.start)
+        && state.age + out.len() <= RESUME_POSITIONS;
+    // The first position the frames (and, resuming, the transition to the
+    // first of them) read, and the last.
+    let first = out.start as i64 + frame.start - i64::from(resume);
     let last = out.end as i64 - 1 + frame.end;
-    if frame.start > frame.end || (!out.is_empty() && (first < 0 || last >= lines.len as i64)) {
+    if frame.start > frame.end
+        || state.count.len() != lanes_held
+        || (!out.is_empty() && (first < 0 || last - first >= lines.len as i64))
+    {
         return internal_err!(
-            "frames {}..={} of positions {out:?} outside lines of {} positions",
+            "frames {}..={} of positions {out:?} outside lines of {} positions, or a state \
+             of {} lanes for {lanes_held}",
             frame.start,
             frame.end,
-            lines.len
+            lines.len,
+            state.count.len()
         );
     }
     let (inner, width) = (lines.inner, out.len());
     let n = lines.outer * width * inner;
-    let mut values = vec![0.0f64; if op == RollOp::Count { 0 } else { n }];
-    let mut counts = vec![0i64; if op == RollOp::Count { n } else { 0 }];
-    let mut valid = vec![false; n];
+    let count_only = op == RollOp::Count;
+    let mut values = vec![0.0f64; if count_only { 0 } else { n }];
+    let mut counts = vec![0i64; if count_only { n } else { 0 }];
+    // Cells whose frame is empty (NULL), once there is one.
+    let mut valid: Option<Vec<bool>> = None;
     // Cells whose frame holds NaN or an infinity: computed one by one.
     let mut odd_cells = Vec::new();
     if width > 0 && inner > 0 {
         let tile = tile.max(1);
-        let mut acc = Running::new(tile.min(inner), matches!(op, RollOp::Sum | RollOp::Avg));
+        let sums = matches!(op, RollOp::Sum | RollOp::Avg);
+        if sums && state.sum.len() != lanes_held {
+            return internal_err!("a running state without sums for {}", op.name());
+        }
+        let mut acc = Running::new(tile.min(inner), sums);
         let extremum = match op {
             RollOp::Min => Some((f64::min as fn(f64, f64) -> f64, f64::INFINITY)),
             RollOp::Max => Some((f64::max as fn(f64, f64) -> f64, f64::NEG_INFINITY)),
             _ => None,
         };
-        let (lo, hi) = (first as usize, last as usize + 1);
+        let lo = (out.start as i64 + frame.start) as usize;
+        let hi = last as usize + 1;
         let mut runs = vec![
             0.0f64;
             if extremum.is_some() {
@@ -297,9 +382,21 @@ fn roll_tiled(
         for o in 0..lines.outer {
             for i0 in (0..inner).step_by(tile) {
                 let lanes = tile.min(inner - i0);
-                acc.reset(lanes);
-                for t in lo..=(out.start as i64 + frame.end) as usize {
-                    acc.add(lines, lines.index(o, t, i0), false);
+                let lane = o * inner + i0;
+                if resume {
+                    // From the frame of the position before.
+                    acc.load(state, lane, lanes);
+                    let (enter, leave) = (out.start as i64 + frame.end, first);
+                    acc.slide(
+                        lines,
+                        lines.index(o, enter as usize, i0),
+                        lines.index(o, leave as usize, i0),
+                    );
+                } else {
+                    acc.reset(lanes);
+                    for t in lo..=(out.start as i64 + frame.end) as usize {
+                        acc.add(lines, lines.index(o, t, i0));
+                    }
                 }
                 let span = match extremum {
                     Some((pick, none)) => {
@@ -309,43 +406,60 @@ fn roll_tiled(
                 };
                 for (w, t) in out.clone().enumerate() {
                     let at = (o * width + w) * inner + i0;
-                    for k in 0..lanes {
-                        let c = acc.count[k];
-                        valid[at + k] = c > 0 || op == RollOp::Count;
-                        if op == RollOp::Count {
-                            counts[at + k] = i64::from(c);
-                        } else if c > 0 && acc.odd[k] > 0 {
-                            odd_cells.push(at + k);
-                        } else if c > 0 {
-                            values[at + k] = match (op, extremum) {
-                                (RollOp::Sum, _) => acc.sum[k],
-                                (RollOp::Avg, _) => acc.sum[k] / f64::from(c),
-                                (_, Some((pick, _))) => {
-                                    let a = (t as i64 + frame.start) as usize - lo;
-                                    let b = (t as i64 + frame.end) as usize + 1 - span - lo;
-                                    pick(runs[a * lanes + k], runs[b * lanes + k])
+                    let count = &acc.count[..lanes];
+                    if count_only {
+                        for (c, &k) in counts[at..at + lanes].iter_mut().zip(count) {
+                            *c = i64::from(k);
+                        }
+                    } else {
+                        let empty = count.iter().filter(|&&k| k == 0).count();
+                        if empty > 0 {
+                            let valid = valid.get_or_insert_with(|| vec![true; n]);
+                            for (v, &k) in valid[at..at + lanes].iter_mut().zip(count) {
+                                *v = k > 0;
+                            }
+                        }
+                        let cells = &mut values[at..at + lanes];
+                        match (op, extremum) {
+                            (RollOp::Avg, _) => {
+                                for ((v, &s), &k) in cells.iter_mut().zip(&acc.sum).zip(count) {
+                                    *v = s / f64::from(k.max(1));
                                 }
-                                _ => 0.0,
-                            };
+                            }
+                            (_, Some((pick, _))) => {
+                                let a = (t as i64 + frame.start) as usize - lo;
+                                let b = (t as i64 + frame.end) as usize + 1 - span - lo;
+                                let (a, b) = (&runs[a * lanes..], &runs[b * lanes..]);
+                                for ((v, &x), &y) in cells.iter_mut().zip(a).zip(b) {
+                                    *v = pick(x, y);
+                                }
+                            }
+                            _ => cells.copy_from_slice(&acc.sum[..lanes]),
+                        }
+                        if acc.odd_cells > 0 {
+                            let odd = acc.odd[..lanes].iter().zip(count).enumerate();
+                            for (k, (&odd, &c)) in odd {
+                                if odd > 0 && c > 0 {
+                                    odd_cells.push(at + k);
+                                }
+                            }
                         }
                     }
                     if t + 1 < out.end {
-                        acc.add(
+                        acc.slide(
                             lines,
                             lines.index(o, (t as i64 + 1 + frame.end) as usize, i0),
-                            false,
-                        );
-                        acc.add(
-                            lines,
                             lines.index(o, (t as i64 + frame.start) as usize, i0),
-                            true,
                         );
                     }
                 }
+                acc.store(state, lane);
             }
         }
+        state.age = if resume { state.age + width } else { width };
+        state.at = Some(out.end - 1);
     }
-    if op == RollOp::Count {
+    if count_only {
         return Ok(Arc::new(Int64Array::from(counts)));
     }
     for k in odd_cells {
@@ -353,17 +467,18 @@ fn roll_tiled(
         let (t, i) = (out.start + rest / inner, rest % inner);
         values[k] = exact(op, lines, frame, o, t, i);
     }
-    let valid = BooleanBuffer::from(valid);
-    let nulls = Some(NullBuffer::new(valid)).filter(|n| n.null_count() > 0);
+    let nulls = valid.map(|valid| NullBuffer::new(BooleanBuffer::from(valid)));
     Ok(Arc::new(Float64Array::new(values.into(), nulls)))
 }
 
 /// Per lane: non-NULL cells, non-finite cells and the sum of the finite
-/// values of a frame (no sums when `sum` is empty).
+/// values of a frame (no sums when `sum` is empty); and the non-finite
+/// cells of all lanes.
 struct Running {
     lanes: usize,
     count: Vec<u32>,
     odd: Vec<u32>,
+    odd_cells: u64,
     sum: Vec<f64>,
 }
 
@@ -373,6 +488,7 @@ impl Running {
             lanes,
             count: vec![0; lanes],
             odd: vec![0; lanes],
+            odd_cells: 0,
             sum: vec![0.0; if sums { lanes } else { 0 }],
         }
     }
@@ -382,31 +498,82 @@ impl Running {
         self.lanes = lanes;
         self.count[..lanes].fill(0);
         self.odd[..lanes].fill(0);
+        self.odd_cells = 0;
         if !self.sum.is_empty() {
             self.sum[..lanes].fill(0.0);
         }
     }
 
-    /// Adds (or, `remove`, takes out) the cells of one position, starting
-    /// at cell `at` of `lines`.
-    fn add(&mut self, lines: &Lines, at: usize, remove: bool) {
+    /// Takes lanes `lane..lane + lanes` of `state`.
+    fn load(&mut self, state: &RollState, lane: usize, lanes: usize) {
+        self.lanes = lanes;
+        self.count[..lanes].copy_from_slice(&state.count[lane..lane + lanes]);
+        self.odd[..lanes].copy_from_slice(&state.odd[lane..lane + lanes]);
+        self.odd_cells = self.odd[..lanes].iter().map(|&n| u64::from(n)).sum();
+        if !self.sum.is_empty() {
+            self.sum[..lanes].copy_from_slice(&state.sum[lane..lane + lanes]);
+        }
+    }
+
+    /// Leaves the state in lanes `lane..` of `state`.
+    fn store(&self, state: &mut RollState, lane: usize) {
+        let lanes = self.lanes;
+        state.count[lane..lane + lanes].copy_from_slice(&self.count[..lanes]);
+        state.odd[lane..lane + lanes].copy_from_slice(&self.odd[..lanes]);
+        if !self.sum.is_empty() {
+            state.sum[lane..lane + lanes].copy_from_slice(&self.sum[..lanes]);
+        }
+    }
+
+    /// Adds the cells of one position, starting at cell `at` of `lines`.
+    fn add(&mut self, lines: &Lines, at: usize) {
         let lanes = self.lanes;
         let flags = &lines.flags[at..at + lanes];
-        // Wrapping: adding u32::MAX takes one away.
-        let step = if remove { u32::MAX } else { 1 };
         let counts = self.count[..lanes].iter_mut().zip(&mut self.odd[..lanes]);
+        let mut odd_cells = 0u32;
         for ((count, odd), &flag) in counts.zip(flags) {
-            *count = count.wrapping_add(u32::from(flag != MISSING).wrapping_mul(step));
-            *odd = odd.wrapping_add(u32::from(flag >= NAN).wrapping_mul(step));
+            let is_odd = u32::from(flag >= NAN);
+            *count += u32::from(flag != MISSING);
+            *odd += is_odd;
+            odd_cells += is_odd;
         }
+        self.odd_cells += u64::from(odd_cells);
         if !self.sum.is_empty() {
             let values = &lines.values[at..at + lanes];
             let sums = self.sum[..lanes].iter_mut().zip(values);
-            if remove {
-                sums.for_each(|(s, v)| *s -= v);
-            } else {
-                sums.for_each(|(s, v)| *s += v);
-            }
+            sums.for_each(|(s, v)| *s += v);
+        }
+    }
+
+    /// Adds the cells of the position starting at cell `enter` of `lines`
+    /// and takes out those of the one starting at `leave`: the frame of
+    /// the next position.
+    fn slide(&mut self, lines: &Lines, enter: usize, leave: usize) {
+        let lanes = self.lanes;
+        let flags = lines.flags[enter..enter + lanes]
+            .iter()
+            .zip(&lines.flags[leave..leave + lanes]);
+        let counts = self.count[..lanes].iter_mut().zip(&mut self.odd[..lanes]);
+        // Wrapping: a lane's count never goes below zero, but its terms may.
+        let mut odd_cells = 0u32;
+        for ((count, odd), (&e, &l)) in counts.zip(flags) {
+            let (odd_in, odd_out) = (u32::from(e >= NAN), u32::from(l >= NAN));
+            *count =
+                (count.wrapping_add(u32::from(e != MISSING))).wrapping_sub(u32::from(l != MISSING));
+            *odd = odd.wrapping_add(odd_in).wrapping_sub(odd_out);
+            odd_cells = odd_cells.wrapping_add(odd_in).wrapping_sub(odd_out);
+        }
+        // The total changes by at most `lanes` either way.
+        self.odd_cells = self
+            .odd_cells
+            .wrapping_add(i64::from(odd_cells as i32) as u64);
+        if !self.sum.is_empty() {
+            let entering = &lines.values[enter..enter + lanes];
+            let leaving = &lines.values[leave..leave + lanes];
+            let sums = self.sum[..lanes]
+                .iter_mut()
+                .zip(entering.iter().zip(leaving));
+            sums.for_each(|(s, (e, l))| *s += e - l);
         }
     }
 }
@@ -471,6 +638,8 @@ fn exact(op: RollOp, lines: &Lines, frame: Frame, o: usize, t: usize, i: usize) 
 
 #[cfg(test)]
 mod tests {
+    use datafusion::arrow::array::Float32Array;
+
     use super::*;
 
     /// Each lane's frame, computed naively from the cells' numbers.
@@ -503,6 +672,17 @@ mod tests {
         result
     }
 
+    /// A rolled column's cells as numbers.
+    fn numbers(column: &ArrayRef) -> Vec<Option<f64>> {
+        match column.data_type() {
+            DataType::Int64 => (column.as_primitive::<datafusion::arrow::datatypes::Int64Type>())
+                .iter()
+                .map(|v| v.map(|v| v as f64))
+                .collect(),
+            _ => column.as_primitive::<Float64Type>().iter().collect(),
+        }
+    }
+
     fn close(a: Option<f64>, b: Option<f64>) -> bool {
         match (a, b) {
             (None, None) => true,
@@ -529,8 +709,22 @@ mod tests {
             })
             .collect();
         let array: ArrayRef = Arc::new(Float64Array::from(cells.clone()));
-        let mut lines = Lines::new(outer, len, inner);
-        lines.put(0, len, 0, &array).unwrap();
+        // Laid out from slot 0 and around the ring, from slot 7.
+        for shift in [0, 7] {
+            let mut lines = Lines::new(outer, len, inner);
+            lines.put(shift, len, 0, &array).unwrap();
+            check_frames(&lines, shift, &cells, (outer, len, inner));
+        }
+    }
+
+    /// Every op over several frames and runs of positions of `lines`,
+    /// holding `cells` from position `shift` on, against [`naive`].
+    fn check_frames(
+        lines: &Lines,
+        shift: usize,
+        cells: &[Option<f64>],
+        (outer, len, inner): (usize, usize, usize),
+    ) {
         let frames = [
             (-3, 0),
             (0, 0),
@@ -552,26 +746,31 @@ mod tests {
                     RollOp::Min,
                     RollOp::Max,
                 ] {
-                    let want = naive(op, &cells, (outer, len, inner), frame, out.clone());
-                    // Tiles of lanes that split the 5 lanes, and one that does not.
+                    // Tiles of lanes that split the 5 lanes, and one that
+                    // does not; in one run, and in two, the second resuming
+                    // from the first's running state.
+                    let mid = out.start + out.len() / 2;
                     for tile in [1, 2, 3, TILE] {
-                        let got = roll_tiled(op, &lines, frame, out.clone(), tile).unwrap();
-                        let got: Vec<Option<f64>> = match op {
-                            RollOp::Count => got
-                                .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
-                                .iter()
-                                .map(|v| v.map(|v| v as f64))
-                                .collect(),
-                            _ => got.as_primitive::<Float64Type>().iter().collect(),
+                        let mut state = RollState::new(outer * inner, op);
+                        let runs = if out.len() > 1 {
+                            vec![out.start..mid, mid..out.end]
+                        } else {
+                            vec![out.clone()]
                         };
-                        assert_eq!(got.len(), want.len());
-                        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-                            assert!(
-                                close(*g, *w),
-                                "{} frame {start}..={end} out {out:?} tile {tile} cell {k}: \
-                                 {g:?} != {w:?}",
-                                op.name()
-                            );
+                        for run in runs {
+                            let want = naive(op, cells, (outer, len, inner), frame, run.clone());
+                            let shifted = run.start + shift..run.end + shift;
+                            let got = roll_tiled(op, lines, frame, shifted, tile, &mut state);
+                            let got = numbers(&got.unwrap());
+                            assert_eq!(got.len(), want.len());
+                            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                                assert!(
+                                    close(*g, *w),
+                                    "{} frame {start}..={end} run {run:?} of {out:?} shift \
+                                     {shift} tile {tile} cell {k}: {g:?} != {w:?}",
+                                    op.name()
+                                );
+                            }
                         }
                     }
                 }
@@ -580,41 +779,69 @@ mod tests {
     }
 
     #[test]
-    fn tails_and_pieces_keep_their_places() {
+    fn pieces_wrap_around_the_ring_and_positions_clear() {
         let piece: ArrayRef = Arc::new(Float64Array::from(
             (0..12).map(|v| Some(v as f64)).collect::<Vec<_>>(),
         ));
-        // 2 outer lanes x 3 positions x 2 inner lanes, put at position 1 of 5.
+        // 2 outer lanes x 3 positions x 2 inner lanes, put at positions
+        // 4..7 of a ring of 5: slots 4, 0, 1.
         let mut lines = Lines::new(2, 5, 2);
         // In two pieces, the second starting inside the first outer lane.
-        lines.put(1, 3, 0, &piece.slice(0, 4)).unwrap();
-        lines.put(1, 3, 4, &piece.slice(4, 8)).unwrap();
-        let tail = lines.tail(5, 3);
-        let mut again = Lines::new(2, 3, 2);
-        again.put_lines(0, &tail).unwrap();
-        // The tail of (o, t) = positions 2..5 of the lines: 1..3 of the piece, then missing.
-        let got: Vec<Option<f64>> = (0..12).map(|k| again.value(k)).collect();
-        let want = [
-            Some(2.0),
-            Some(3.0),
-            Some(4.0),
-            Some(5.0),
-            None,
-            None,
-            Some(8.0),
-            Some(9.0),
-            Some(10.0),
-            Some(11.0),
-            None,
-            None,
-        ];
-        assert_eq!(got, want);
-        assert!(lines.put(4, 3, 0, &piece).is_err());
+        lines.put(4, 3, 0, &piece.slice(0, 4)).unwrap();
+        lines.put(4, 3, 4, &piece.slice(4, 8)).unwrap();
+        let at = |lines: &Lines, o: usize, t: usize, i: usize| lines.value(lines.index(o, t, i));
+        for o in 0..2 {
+            for t in 0..3 {
+                for i in 0..2 {
+                    let want = Some((o * 6 + t * 2 + i) as f64);
+                    assert_eq!(at(&lines, o, 4 + t, i), want, "o={o} t={t} i={i}");
+                }
+            }
+        }
+        // Slots 2 and 3 were not written.
+        assert_eq!(at(&lines, 0, 2, 0), None);
+        assert_eq!(at(&lines, 1, 3, 1), None);
+        // A frame over positions 5..=6 of lane (1, 0): 8 + 10.
+        let state = |op| RollState::new(4, op);
+        let frame = Frame { start: -1, end: 0 };
+        let sum = roll(RollOp::Sum, &lines, frame, 6..7, &mut state(RollOp::Sum)).unwrap();
+        assert_eq!(sum.as_primitive::<Float64Type>().value(2), 18.0);
+        // Frames wider than the ring, pieces longer than the box, boxes
+        // longer than the ring are refused.
+        let wide = Frame { start: -5, end: 0 };
+        assert!(roll(RollOp::Sum, &lines, wide, 5..6, &mut state(RollOp::Sum)).is_err());
+        // So is a state of other lanes, or without the sums.
+        assert!(roll(
+            RollOp::Sum,
+            &lines,
+            frame,
+            6..7,
+            &mut RollState::new(3, RollOp::Sum)
+        )
+        .is_err());
+        assert!(roll(RollOp::Avg, &lines, frame, 6..7, &mut state(RollOp::Max)).is_err());
         assert!(lines.put(1, 3, 1, &piece).is_err());
-        // The tail before position 2: positions 0 (missing) and 1.
-        let head = lines.tail(2, 3);
-        let got: Vec<Option<f64>> = (0..12).map(|k| head.value(k)).collect();
-        assert_eq!(got[..6], [None, None, None, None, Some(0.0), Some(1.0)]);
-        assert!(roll(RollOp::Sum, &lines, Frame { start: -2, end: 0 }, 0..3).is_err());
+        assert!(lines.put(0, 6, 0, &piece).is_err());
+
+        // float32 cells with a NULL and a NaN; then a position cleared.
+        let small: ArrayRef = Arc::new(Float32Array::from(vec![
+            Some(1.5),
+            None,
+            Some(f32::NAN),
+            Some(2.0),
+        ]));
+        let mut ring = Lines::new(1, 3, 2);
+        ring.put(2, 2, 0, &small).unwrap();
+        assert_eq!(at(&ring, 0, 2, 0), Some(1.5));
+        assert_eq!(at(&ring, 0, 2, 1), None);
+        assert!(at(&ring, 0, 3, 0).is_some_and(f64::is_nan));
+        assert_eq!(at(&ring, 0, 3, 1), Some(2.0));
+        ring.clear(3, 1);
+        assert_eq!((at(&ring, 0, 0, 0), at(&ring, 0, 0, 1)), (None, None));
+        assert_eq!(at(&ring, 0, 2, 0), Some(1.5));
+        let mut counted = RollState::new(2, RollOp::Count);
+        let count = roll(RollOp::Count, &ring, frame, 3..4, &mut counted).unwrap();
+        let count = count.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        assert_eq!((count.value(0), count.value(1)), (1, 0));
     }
 }
