@@ -250,8 +250,8 @@ fn key_counts(
             .filter(|g| g.dim == d)
             .filter_map(|g| g.expr.as_ref())
             .collect();
-        let all = [0..dim.len];
-        let ranges = selection.map_or(&all[..], |s| s.ranges(d));
+        let all = 0..dim.len;
+        let ranges = selection.map_or(std::slice::from_ref(&all), |s| s.ranges(d));
         if exprs.is_empty() {
             counts.push(ranges.iter().map(|r| r.end - r.start).sum());
             continue;
