@@ -150,3 +150,110 @@ async fn a_window_that_cannot_fit_the_memory_limit_is_refused_with_the_numbers()
         assert!(error.contains(needle), "{needle}: {error}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_windows_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
+    let dir = common::scratch("rolling_copy");
+    let mut copies = 0;
+    for q in &rolling_queries() {
+        let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
+        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        let query = sql
+            .strip_suffix(" ORDER BY time, lat, lon")
+            .unwrap_or_else(|| panic!("{name}: {sql}"));
+        for (i, settings) in [&[][..], &SMALL_BLOCKS[..]].into_iter().enumerate() {
+            let ctx = session(true, settings).await;
+            let names: Vec<String> = (ctx.sql(query).await.unwrap().schema().fields().iter())
+                .skip(3)
+                .map(|f| f.name().clone())
+                .collect();
+            let out = dir.join(format!("{name}{i}.zarr"));
+            let copy = format!(
+                "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=5')",
+                out.display()
+            );
+            // Written chunk by chunk by the rolling operator, not collected.
+            let plan = explain_text(&ctx, &copy).await;
+            assert!(plan.contains("RollingCopy"), "{name}:\n{plan}");
+            assert!(
+                plan.contains("SelectionCopyExec") && plan.contains("rolled along"),
+                "{name}:\n{plan}"
+            );
+            ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+            let table = format!("{name}{i}");
+            ctx.register_zarr(&table, out.to_str().unwrap(), HashMap::new())
+                .await
+                .unwrap();
+            let got = run(
+                &ctx,
+                &format!(
+                    "SELECT time, lat, lon, {} FROM {table} ORDER BY time, lat, lon",
+                    names.join(", ")
+                ),
+            )
+            .await;
+            assert_rows(&format!("{name} copied ({settings:?})"), &got, &want);
+            copies += 1;
+        }
+    }
+    assert!(copies >= 12, "{copies} copies");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_rolling_windows_fits_a_budget_its_rows_do_not() {
+    let dir = common::scratch("rolling_copy_budget");
+    let demo = common::repo_root().join("demo/era5.zarr");
+    let demo = demo.to_str().unwrap();
+    // 6 MB: the 202,752 rows of the demo grid collected need 7.3 MB.
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(6 << 20, 1.0)
+        .build()
+        .unwrap();
+    let ctx = new_context_with(session_config(), Arc::new(runtime));
+    for setting in [
+        "SET zarrfusion.target_partition_bytes = 65536",
+        "SET datafusion.execution.target_partitions = 1",
+        "SET datafusion.execution.batch_size = 1024",
+    ] {
+        ctx.sql(setting).await.unwrap().collect().await.unwrap();
+    }
+    ctx.register_zarr("era5", demo, HashMap::new())
+        .await
+        .unwrap();
+    let query =
+        "SELECT time, lat, lon, t2m, avg(t2m) OVER w AS m, count(t2m) OVER w AS n FROM era5 \
+                 WINDOW w AS (PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND \
+                 CURRENT ROW)";
+    let out = dir.join("all.zarr");
+    let copy = format!("COPY ({query}) TO '{}' STORED AS ZARR", out.display());
+    let plan = explain_text(&ctx, &copy).await;
+    assert!(plan.contains("rolled along time"), "{plan}");
+    ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+    // The same rows through DataFusion's sink (a value filter keeps the
+    // window from the copy's rule) do not fit.
+    let rows = format!(
+        "COPY (SELECT * FROM ({query}) WHERE n >= 0) TO '{}' STORED AS ZARR",
+        dir.join("rows.zarr").display()
+    );
+    let error = error_text(&ctx, &rows).await;
+    assert!(error.contains("allowed_mem"), "{error}");
+    // Every cell, against the window itself (no budget).
+    let free = new_context_with(
+        session_config(),
+        Arc::new(RuntimeEnvBuilder::new().build().unwrap()),
+    );
+    free.register_zarr("era5", demo, HashMap::new())
+        .await
+        .unwrap();
+    free.register_zarr("c", out.to_str().unwrap(), HashMap::new())
+        .await
+        .unwrap();
+    let got = run(
+        &free,
+        "SELECT time, lat, lon, t2m, m, n FROM c ORDER BY time, lat, lon",
+    )
+    .await;
+    let want = run(&free, &format!("{query} ORDER BY time, lat, lon")).await;
+    assert_eq!(got.len(), 96 * 33 * 64);
+    assert_rows("the demo grid copied under 6 MB", &got, &want);
+}

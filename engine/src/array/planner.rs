@@ -18,6 +18,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use super::fft::FftCopy;
 use super::reduce::{DenseReduction, DenseReductionExec};
 use super::rolling::{RollingWindow, RollingWindowExec};
+use crate::array::copy::rolling::RollingCopy;
 use crate::array::copy::selection::SelectionCopy;
 use crate::array::copy::ArrayCopy;
 use crate::table::BroadcastInputs;
@@ -52,6 +53,9 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
         }
         if let Some(copy) = node.as_any().downcast_ref::<FftCopy>() {
             return Ok(Some(Arc::new(copy.plan(session).await?)));
+        }
+        if let Some(copy) = node.as_any().downcast_ref::<RollingCopy>() {
+            return Ok(Some(Arc::new(copy.plan(planner, session, planning)?)));
         }
         if let Some(copy) = node.as_any().downcast_ref::<SelectionCopy>() {
             return Ok(Some(Arc::new(copy.plan(planner, session, planning)?)));

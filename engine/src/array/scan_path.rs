@@ -83,6 +83,38 @@ pub(crate) fn down_to_scan(plan: &LogicalPlan, exprs: Vec<Expr>) -> Result<Optio
     }))
 }
 
+/// Walks `plan` down through projections and aliases to the first other
+/// node, rewriting `exprs` (over `plan`'s output) over that node's output;
+/// `None` when an expression is volatile or holds a subquery.
+pub(crate) fn through_projections(
+    plan: &LogicalPlan,
+    exprs: Vec<Expr>,
+) -> Result<Option<(&LogicalPlan, Vec<Expr>)>> {
+    let mut exprs = exprs;
+    let mut input = plan;
+    loop {
+        (exprs, input) = match input {
+            LogicalPlan::Projection(p) => (
+                (exprs.into_iter())
+                    .map(|e| inline_projection(e, p))
+                    .collect::<Result<_>>()?,
+                p.input.as_ref(),
+            ),
+            LogicalPlan::SubqueryAlias(a) => (
+                (exprs.into_iter())
+                    .map(|e| inline_alias(e, a))
+                    .collect::<Result<_>>()?,
+                a.input.as_ref(),
+            ),
+            _ => break,
+        };
+    }
+    if exprs.iter().any(|e| e.is_volatile() || has_subquery(e)) {
+        return Ok(None);
+    }
+    Ok(Some((input, exprs)))
+}
+
 fn has_subquery(expr: &Expr) -> bool {
     expr.exists(|e| {
         Ok(matches!(

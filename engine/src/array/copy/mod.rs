@@ -7,10 +7,12 @@
 //! |---|---|
 //! | [`whole`] | a whole table (or an FFT) copied array by array: the rechunk primitive into the target's chunks |
 //! | [`selection`] | a selection with computed variables: blockwise into a scratch store, then the rechunk primitive |
+//! | [`rolling`] | rolling windows: the same two steps, step 1 the rolling operator's runs of chunks |
 //!
 //! Both write through the writer below the operators ([`crate::write`]):
 //! its options, its claimed or atomic targets, its write jobs.
 
+pub mod rolling;
 pub mod selection;
 pub mod whole;
 

@@ -53,6 +53,7 @@ use serde_json::Map;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
+use super::rolling::RollChunks;
 use super::whole::{write_target, CopyScan};
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
@@ -236,28 +237,15 @@ impl SelectionCopy {
                     .clamp(1, shape[d])
             })
             .collect();
-        let names: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
-        let width = self
-            .outputs
-            .iter()
-            .map(|o| o.data_type.primitive_width().unwrap_or(8) as u64)
-            .max()
-            .unwrap_or(8);
+        let types: Vec<DataType> = self.outputs.iter().map(|o| o.data_type.clone()).collect();
         let tasks: u64 = shape
             .iter()
             .zip(&block)
             .map(|(n, c)| n.div_ceil(*c))
             .product();
         let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
-        // Chunks chosen here (not given) are small enough for the rechunk
-        // of step 2 to hold one beside a source chunk and its encoding.
-        let target_chunks = chunk_lengths(
-            &names,
-            &shape,
-            width,
-            &self.options,
-            rechunk.allowed_mem / 8,
-        )?;
+        let (target_chunks, stage2_memory) =
+            second_step(&table, &shape, &block, &types, &self.options, &rechunk)?;
         let workers = (rechunk.threads as u64).clamp(1, tasks) as usize;
         // A task's source box: the longest source span a chunk covers.
         let spans: Vec<u64> = (0..n_dims)
@@ -276,14 +264,6 @@ impl SelectionCopy {
         // ahead whole, in the fewer chunks the memory left holds.
         let mut read_ahead =
             ReadAheadPlan::new(&table, &columns, rechunk.io_concurrency, &spans, workers);
-        let stage2 = RechunkPlan::new(
-            &shape,
-            &block,
-            &target_chunks,
-            width,
-            rechunk.allowed_mem,
-            rechunk.threads,
-        );
         if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
             if projected > limit as u64 {
                 return resources_err!(
@@ -300,34 +280,67 @@ impl SelectionCopy {
             read_ahead =
                 read_ahead.within(usize::try_from(limit as u64 - projected).unwrap_or(usize::MAX));
         }
-        let stage2 = stage2.map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
-                "COPY TO Zarr of a selection of '{}': the rechunk from chunks {block:?} to \
-                 {target_chunks:?} cannot fit allowed_mem: {e}; raise allowed_mem or choose \
-                 smaller chunks",
-                table.store
-            ))
-        })?;
-        Ok(SelectionCopyExec::new(Arc::new(Blockwise {
-            table,
-            selection,
-            shape,
-            block,
+        let step = Step::Evaluate(Evaluate {
             columns,
             batch_schema,
-            names: self.outputs.iter().map(|o| o.name.clone()).collect(),
-            types: self.outputs.iter().map(|o| o.data_type.clone()).collect(),
             exprs,
             workers,
             task_memory,
             read_ahead,
-            target: self.target.clone(),
-            target_chunks,
-            options: self.options.clone(),
-            rechunk,
-            stage2_memory: stage2.projected_memory(),
-        })))
+        });
+        Ok(SelectionCopyExec::new(
+            Arc::new(Blockwise {
+                table,
+                selection,
+                shape,
+                block,
+                names: self.outputs.iter().map(|o| o.name.clone()).collect(),
+                types,
+                step,
+                target: self.target.clone(),
+                target_chunks,
+                options: self.options.clone(),
+                rechunk,
+                stage2_memory,
+            }),
+            ExecutionPlanMetricsSet::new(),
+        ))
     }
+}
+
+/// The target's chunks (as the options ask, else small enough for the
+/// rechunk to hold one beside a source chunk and its encoding) and the
+/// projected memory of step 2, the rechunk of an intermediate store in
+/// chunks `block` of variables of `types` into them; refused when it
+/// cannot fit `allowed_mem`.
+pub(crate) fn second_step(
+    table: &GridTable,
+    shape: &[u64],
+    block: &[u64],
+    types: &[DataType],
+    options: &ZarrWriteOptions,
+    rechunk: &RechunkOptions,
+) -> Result<(Vec<u64>, u64)> {
+    let names: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
+    let width = width_of(types);
+    let target_chunks = chunk_lengths(&names, shape, width, options, rechunk.allowed_mem / 8)?;
+    let stage2 = RechunkPlan::new(
+        shape,
+        block,
+        &target_chunks,
+        width,
+        rechunk.allowed_mem,
+        rechunk.threads,
+    )
+    .map_err(|e| {
+        DataFusionError::ResourcesExhausted(format!(
+            "COPY TO Zarr of a selection of '{}': the rechunk from chunks {block:?} to \
+             {target_chunks:?} cannot fit allowed_mem: {e}; raise allowed_mem or choose \
+             smaller chunks",
+            table.store
+        ))
+    })?;
+    Ok((target_chunks, stage2.projected_memory()))
 }
 
 /// The longest run of source indices that `chunk`-long pieces of the
@@ -405,32 +418,66 @@ impl UserDefinedLogicalNodeCore for SelectionCopy {
 }
 
 /// Everything the two steps need, planned.
-struct Blockwise {
-    table: Arc<GridTable>,
-    selection: Selection,
+pub(crate) struct Blockwise {
+    pub(crate) table: Arc<GridTable>,
+    pub(crate) selection: Selection,
     /// The written grid's shape (selected positions per dimension).
-    shape: Vec<u64>,
+    pub(crate) shape: Vec<u64>,
     /// Chunks of the intermediate store.
-    block: Vec<u64>,
+    pub(crate) block: Vec<u64>,
+    /// The variables written, and their types.
+    pub(crate) names: Vec<String>,
+    pub(crate) types: Vec<DataType>,
+    /// How step 1 makes the intermediate store's chunks.
+    pub(crate) step: Step,
+    pub(crate) target: StoreLocation,
+    pub(crate) target_chunks: Vec<u64>,
+    pub(crate) options: ZarrWriteOptions,
+    pub(crate) rechunk: RechunkOptions,
+    pub(crate) stage2_memory: u64,
+}
+
+/// Step 1 of a [`Blockwise`] copy: how the intermediate chunks are made.
+pub(crate) enum Step {
+    /// Each chunk on its own: its source box read, the expressions
+    /// evaluated over it.
+    Evaluate(Evaluate),
+    /// Runs of chunks along a dimension, each rolling windows along it.
+    Roll(RollChunks),
+}
+
+/// Step 1 as expressions of a chunk's source box.
+pub(crate) struct Evaluate {
     /// Table columns read (indices into its schema).
     columns: Vec<usize>,
     batch_schema: SchemaRef,
-    names: Vec<String>,
-    types: Vec<DataType>,
     exprs: Vec<Arc<dyn PhysicalExpr>>,
     workers: usize,
     task_memory: u64,
     /// The source chunks read ahead of the workers (a remote source).
     read_ahead: ReadAheadPlan,
-    target: StoreLocation,
-    target_chunks: Vec<u64>,
-    options: ZarrWriteOptions,
-    rechunk: RechunkOptions,
-    stage2_memory: u64,
+}
+
+impl Step {
+    /// Memory step 1 holds at its peak.
+    fn memory(&self) -> u64 {
+        match self {
+            Step::Evaluate(e) => e.workers as u64 * e.task_memory + e.read_ahead.memory() as u64,
+            Step::Roll(r) => r.memory(),
+        }
+    }
+
+    /// The variables' expressions, as shown.
+    fn exprs(&self) -> &[Arc<dyn PhysicalExpr>] {
+        match self {
+            Step::Evaluate(e) => &e.exprs,
+            Step::Roll(r) => r.exprs(),
+        }
+    }
 }
 
 impl Blockwise {
-    fn tasks(&self) -> u64 {
+    pub(crate) fn tasks(&self) -> u64 {
         self.shape
             .iter()
             .zip(&self.block)
@@ -439,7 +486,7 @@ impl Blockwise {
     }
 
     fn projected_memory(&self) -> u64 {
-        (self.workers as u64 * self.task_memory + self.read_ahead.memory() as u64)
+        (self.step.memory())
             .max(self.stage2_memory)
             .max(COORDINATE_WRITE_MEMORY)
     }
@@ -462,7 +509,13 @@ impl Blockwise {
             .unwrap_or_else(default_work_dir);
         let scratch = ScratchStore::create(&work_dir, "zarrfusion-copy", ".zarr", runtime)?;
         let arrays = self.write_metadata(scratch.storage())?;
-        self.write_chunks(&arrays, cancelled)?;
+        match &self.step {
+            Step::Evaluate(e) => self.write_chunks(e, &arrays, cancelled)?,
+            Step::Roll(r) => r.write_chunks(self, &arrays, cancelled)?,
+        }
+        if cancelled.load(Ordering::Relaxed) {
+            return exec_err!("the COPY of '{}' was cancelled", self.table.store);
+        }
         let chunks: Vec<(String, u64)> = self
             .table
             .dims
@@ -533,9 +586,11 @@ impl Blockwise {
         write_group(storage, &coordinates, &variables, &plain)
     }
 
-    /// Step 1: every chunk of the intermediate variables, on `workers` threads.
+    /// Step 1 by expressions: every chunk of the intermediate variables,
+    /// on `workers` threads.
     fn write_chunks(
         &self,
+        step: &Evaluate,
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         cancelled: &AtomicBool,
     ) -> Result<()> {
@@ -545,11 +600,11 @@ impl Blockwise {
                 self.shape.clone(),
                 self.block.clone(),
             );
-            self.read_ahead.start(
+            step.read_ahead.start(
                 &self.table,
-                &self.columns,
+                &step.columns,
                 0..self.tasks(),
-                self.workers,
+                step.workers,
                 move |task| {
                     let compact = grid_cell(&shape, &block, task);
                     vec![source_box(&source_indices(&selection, &compact))]
@@ -558,20 +613,17 @@ impl Blockwise {
         };
         run_tasks(
             self.tasks(),
-            self.workers,
+            step.workers,
             cancelled,
             ChunkBufferPool::new,
             |pool, task| {
-                let written = self.write_chunk(task, arrays, pool);
+                let written = self.write_chunk(step, task, arrays, pool);
                 if let Some(read_ahead) = &read_ahead {
                     read_ahead.done_with(task);
                 }
                 written.map(|()| 0)
             },
         )?;
-        if cancelled.load(Ordering::Relaxed) {
-            return exec_err!("the COPY of '{}' was cancelled", self.table.store);
-        }
         Ok(())
     }
 
@@ -579,6 +631,7 @@ impl Blockwise {
     /// expressions, keeps the selected cells and writes them.
     fn write_chunk(
         &self,
+        step: &Evaluate,
         task: u64,
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         pool: &ChunkBufferPool,
@@ -586,9 +639,9 @@ impl Blockwise {
         let compact = self.chunk(task);
         let sources = source_indices(&self.selection, &compact);
         let extent = source_box(&sources);
-        let cells = BoxCells::read(&self.table, &self.columns, &extent, pool)
+        let cells = BoxCells::read(&self.table, &step.columns, &extent, pool)
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let batch: RecordBatch = cells.batch(&self.batch_schema, 0, cells.num_cells())?;
+        let batch: RecordBatch = cells.batch(&step.batch_schema, 0, cells.num_cells())?;
         // Positions of the selected cells in the box, unless all are.
         let box_shape: Vec<u64> = extent.iter().map(|r| r.end - r.start).collect();
         let gaps = sources
@@ -597,7 +650,7 @@ impl Blockwise {
             .any(|(s, &n)| s.len() as u64 != n);
         let keep = gaps.then(|| selected_positions(&sources, &extent, &box_shape));
         let subset = ArraySubset::new_with_ranges(&compact);
-        for ((expr, array), data_type) in self.exprs.iter().zip(arrays).zip(&self.types) {
+        for ((expr, array), data_type) in step.exprs.iter().zip(arrays).zip(&self.types) {
             let values = expr.evaluate(&batch)?.into_array(batch.num_rows())?;
             let values = match &keep {
                 Some(keep) => take(values.as_ref(), keep, None)?,
@@ -704,12 +757,14 @@ impl fmt::Debug for SelectionCopyExec {
 }
 
 impl SelectionCopyExec {
-    fn new(blockwise: Arc<Blockwise>) -> Self {
+    /// The exec of `blockwise`, reporting to `metrics` (which its step 1
+    /// may report to too).
+    pub(crate) fn new(blockwise: Arc<Blockwise>, metrics: ExecutionPlanMetricsSet) -> Self {
         let properties = count_properties();
         Self {
             blockwise,
             properties,
-            metrics: ExecutionPlanMetricsSet::new(),
+            metrics,
         }
     }
 }
@@ -720,23 +775,37 @@ impl DisplayAs for SelectionCopyExec {
         let names: Vec<String> = b
             .names
             .iter()
-            .zip(&b.exprs)
+            .zip(b.step.exprs())
             .map(|(n, e)| format!("{e} AS {n}"))
             .collect();
         write!(
             f,
-            "SelectionCopyExec: store={}, target={}, variables=[{}], shape={:?}, \
-             blockwise chunks {:?} ({} tasks, {} workers, {} per task{}) -> rechunk to {:?}, \
-             projected_memory={}",
+            "SelectionCopyExec: store={}, target={}, variables=[{}], shape={:?}, ",
             b.table.store,
             b.target,
             names.join(", "),
             b.shape,
-            b.block,
-            b.tasks(),
-            b.workers,
-            human_readable_size(b.task_memory as usize),
-            b.read_ahead,
+        )?;
+        match &b.step {
+            Step::Evaluate(e) => write!(
+                f,
+                "blockwise chunks {:?} ({} tasks, {} workers, {} per task{})",
+                b.block,
+                b.tasks(),
+                e.workers,
+                human_readable_size(e.task_memory as usize),
+                e.read_ahead,
+            )?,
+            Step::Roll(r) => write!(
+                f,
+                "blockwise chunks {:?} ({} tasks, {r})",
+                b.block,
+                b.tasks()
+            )?,
+        }
+        write!(
+            f,
+            " -> rechunk to {:?}, projected_memory={}",
             b.target_chunks,
             human_readable_size(b.projected_memory() as usize)
         )

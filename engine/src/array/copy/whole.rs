@@ -37,6 +37,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
 };
 
+use super::rolling::rolling_copy;
 use super::selection::selection_copy;
 use crate::array::fft::copy::fft_copy;
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
@@ -54,8 +55,9 @@ use crate::zarr::StoreLocation;
 
 /// Rewrites a `COPY ... STORED AS ZARR` that reads a Zarr table into an
 /// array plan: an [`FftCopy`](crate::array::fft::FftCopy) for a whole
-/// `fft(...)` result, an [`ArrayCopy`] for the whole table as it is, else a
-/// [`SelectionCopy`](super::selection_copy::SelectionCopy) for a selection
+/// `fft(...)` result, a [`RollingCopy`](super::rolling::RollingCopy) for
+/// rolling windows, an [`ArrayCopy`] for the whole table as it is, else a
+/// [`SelectionCopy`](super::selection::SelectionCopy) for a selection
 /// with computed float variables.
 #[derive(Debug, Default)]
 pub struct CopyToArraysRule;
@@ -92,6 +94,10 @@ impl OptimizerRule for CopyToArraysRule {
             ZarrWriteOptions::from_map(&copy.options)?.check_storage_target(&target)?;
         }
         if let Some(node) = fft_copy(copy)? {
+            let node: Arc<dyn UserDefinedLogicalNode> = Arc::new(node);
+            return Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })));
+        }
+        if let Some(node) = rolling_copy(copy)? {
             let node: Arc<dyn UserDefinedLogicalNode> = Arc::new(node);
             return Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })));
         }

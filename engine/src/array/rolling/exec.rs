@@ -70,7 +70,7 @@ struct PhysicalRoll {
 
 /// Everything a partition needs, shared by all of them.
 #[derive(Debug)]
-struct Rolling {
+pub(crate) struct Rolling {
     table: Arc<GridTable>,
     selection: Selection,
     blocks: BlockGrid,
@@ -285,6 +285,16 @@ impl RollingWindowExec {
             + 3 * self.batch_size * row_bytes
     }
 
+    /// What every partition reads and computes.
+    pub(crate) fn rolling(&self) -> &Arc<Rolling> {
+        &self.rolling
+    }
+
+    /// The number of partitions (each a run of blocks along the dimension).
+    pub(crate) fn partitions(&self) -> usize {
+        self.partitions
+    }
+
     /// Memory the whole window is projected to hold at its peak.
     pub fn projected_memory(&self) -> usize {
         self.partitions * self.per_partition_memory()
@@ -321,12 +331,26 @@ fn column_names<'a>(exprs: impl Iterator<Item = &'a Expr>) -> HashSet<String> {
 }
 
 /// The metrics a partition reports to.
-struct Meters {
+pub(crate) struct Meters {
     output_rows: Count,
     bytes_decoded: Count,
     halo_positions_read: Count,
     decode_time: Time,
     roll_time: Time,
+}
+
+impl Meters {
+    /// Partition `partition`'s meters in `metrics`.
+    pub(crate) fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        Self {
+            output_rows: MetricBuilder::new(metrics).output_rows(partition),
+            bytes_decoded: MetricBuilder::new(metrics).counter("bytes_decoded", partition),
+            halo_positions_read: MetricBuilder::new(metrics)
+                .counter("halo_positions_read", partition),
+            decode_time: MetricBuilder::new(metrics).subset_time("decode_time", partition),
+            roll_time: MetricBuilder::new(metrics).subset_time("roll_time", partition),
+        }
+    }
 }
 
 /// The lines of one run of boxes along the dimension (boxes that differ
@@ -447,23 +471,16 @@ impl Rolling {
         run: Range<u64>,
         batch_size: usize,
         tx: &Sender<Result<RecordBatch>>,
-        meters: &Meters,
+        meters: Meters,
         progress: Option<&ScanProgress>,
     ) -> Result<()> {
-        let buffers = ChunkBufferPool::new();
-        let mut rings = Rings::default();
-        let mut column: Option<Vec<Range<u64>>> = None;
+        let mut roller = Roller::new(self, batch_size, meters);
+        let mut send = |batch: RecordBatch| Ok(tx.blocking_send(Ok(batch)).is_ok());
         for j in run {
             let extent = self.blocks.block_along(self.dim, j);
-            // A new column of blocks: the overlap kept is of no use.
-            let mut across = extent.clone();
-            across[self.dim] = 0..0;
-            if column.as_ref() != Some(&across) {
-                rings.next_column();
-                column = Some(across);
-            }
+            roller.enter(&extent);
             for b in boxes_in_block(&self.selection, &extent) {
-                if !self.roll_box(&b, &mut rings, &buffers, batch_size, tx, meters)? {
+                if !roller.roll(&b, &mut send)? {
                     return Ok(());
                 }
             }
@@ -472,6 +489,39 @@ impl Rolling {
             }
         }
         Ok(())
+    }
+
+    /// The selection the windows run over.
+    pub(crate) fn selection(&self) -> &Selection {
+        &self.selection
+    }
+
+    /// The table read.
+    pub(crate) fn table(&self) -> &Arc<GridTable> {
+        &self.table
+    }
+
+    /// The dimension rolled along.
+    pub(crate) fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The blocks' shape.
+    pub(crate) fn block_shape(&self) -> &[u64] {
+        self.blocks.block_shape()
+    }
+
+    /// The aggregates as shown, and the positions the frames reach before
+    /// and after a cell.
+    pub(crate) fn describe(&self) -> String {
+        let aggregates: Vec<&str> = self.aggregates.iter().map(|a| a.label.as_str()).collect();
+        format!(
+            "rolled along {} ([{}], overlap {}+{})",
+            self.table.dims[self.dim].name,
+            aggregates.join(", "),
+            self.before,
+            self.after
+        )
     }
 
     /// The argument columns of `batch`, as `float64` or `float32` cells
@@ -521,33 +571,81 @@ impl Rolling {
         }
         Ok(())
     }
+}
 
-    /// Computes and sends the rows of box `b`. Returns `Ok(false)` when
-    /// the receiver is gone.
-    fn roll_box(
-        &self,
+/// One partition's (or one writer's) rolling of boxes in order: the rings
+/// of the column of blocks being read (see [`Ring`]), the chunk buffers,
+/// the meters.
+pub(crate) struct Roller<'a> {
+    rolling: &'a Rolling,
+    rings: Rings,
+    /// The column of blocks entered last (its extent, the rolled dimension
+    /// left out).
+    column: Option<Vec<Range<u64>>>,
+    buffers: ChunkBufferPool,
+    meters: Meters,
+    batch_size: usize,
+    ops: Vec<RollOp>,
+}
+
+impl<'a> Roller<'a> {
+    /// A roller sending batches of `batch_size` rows, reporting to `meters`.
+    pub(crate) fn new(rolling: &'a Rolling, batch_size: usize, meters: Meters) -> Self {
+        Self {
+            rolling,
+            rings: Rings::default(),
+            column: None,
+            buffers: ChunkBufferPool::new(),
+            meters,
+            batch_size: batch_size.max(1),
+            ops: rolling.aggregates.iter().map(|a| a.op).collect(),
+        }
+    }
+
+    /// Enters the block `extent` (at most the blocks' shape): its boxes
+    /// are rolled next. A block of another column than the one before
+    /// leaves the rings held of no use (their memory is reused).
+    pub(crate) fn enter(&mut self, extent: &[Range<u64>]) {
+        let mut across = extent.to_vec();
+        across[self.rolling.dim] = 0..0;
+        if self.column.as_ref() != Some(&across) {
+            self.rings.next_column();
+            self.column = Some(across);
+        }
+    }
+
+    /// Computes the rows of box `b` (inside the block last entered) and
+    /// hands them to `sink`, in C order, in batches; returns `Ok(false)`
+    /// when `sink` does (it wants no more).
+    pub(crate) fn roll(
+        &mut self,
         b: &[Range<u64>],
-        rings: &mut Rings,
-        buffers: &ChunkBufferPool,
-        batch_size: usize,
-        tx: &Sender<Result<RecordBatch>>,
-        meters: &Meters,
+        sink: &mut dyn FnMut(RecordBatch) -> Result<bool>,
     ) -> Result<bool> {
-        let d = self.dim;
+        let Self {
+            rolling,
+            rings,
+            buffers,
+            meters,
+            batch_size,
+            ops,
+            ..
+        } = self;
+        let (rolling, batch_size) = (*rolling, *batch_size);
+        let d = rolling.dim;
         let lens: Vec<usize> = b.iter().map(|r| (r.end - r.start) as usize).collect();
         let outer: usize = lens[..d].iter().product();
         let inner: usize = lens[d + 1..].iter().product();
         let main = lens[d];
-        let (before, after) = (self.before as usize, self.after as usize);
-        let along = self.blocks.block_shape()[d] as usize;
+        let (before, after) = (rolling.before as usize, rolling.after as usize);
+        let along = rolling.blocks.block_shape()[d] as usize;
         let held = before + 1 + along.max(main) + after;
-        let ranges = self.selection.ranges(d);
+        let ranges = rolling.selection.ranges(d);
         // The box's first position in the ring.
         let at = ordinal(ranges, b[d].start) as usize + before;
         let mut key = b.to_vec();
         key[d] = 0..0;
-        let ops: Vec<RollOp> = self.aggregates.iter().map(|a| a.op).collect();
-        let mut ring = rings.take(&key, self.args.len(), &ops, [outer, held, inner]);
+        let mut ring = rings.take(&key, rolling.args.len(), ops, [outer, held, inner]);
 
         // The overlap before: kept from the box before, or read (and the
         // running states, of no use then, forgotten).
@@ -556,17 +654,17 @@ impl Rolling {
             ring.states.iter_mut().for_each(RollState::forget);
         }
         if before > 0 && !kept {
-            let pieces = selected_before(ranges, b[d].start, self.before);
+            let pieces = selected_before(ranges, b[d].start, rolling.before);
             let n = pieces.iter().map(|p| p.end - p.start).sum::<u64>() as usize;
             for lines in &mut ring.lines {
                 lines.clear(at - before, before - n);
             }
-            self.read_halo(b, &pieces, at - n, &mut ring.lines, buffers, meters)?;
+            rolling.read_halo(b, &pieces, at - n, &mut ring.lines, buffers, meters)?;
         }
 
         // The box itself.
         let timer = meters.decode_time.timer();
-        let cells = BoxCells::read(&self.table, &self.columns, b, buffers)?;
+        let cells = BoxCells::read(&rolling.table, &rolling.columns, b, buffers)?;
         timer.done();
         meters.bytes_decoded.add(cells.decoded_bytes() as usize);
         let total = cells.num_cells();
@@ -574,8 +672,8 @@ impl Rolling {
         let mut start = 0u64;
         while start < total {
             let len = (batch_size as u64).min(total - start);
-            let batch = cells.batch_of(&self.arg_schema, &self.arg_places, start, len)?;
-            for (lines, values) in ring.lines.iter_mut().zip(self.arg_values(&batch)?) {
+            let batch = cells.batch_of(&rolling.arg_schema, &rolling.arg_places, start, len)?;
+            for (lines, values) in ring.lines.iter_mut().zip(rolling.arg_values(&batch)?) {
                 lines.put(at, main, start as usize, &values)?;
             }
             start += len;
@@ -584,16 +682,16 @@ impl Rolling {
 
         // The overlap after: read (missing after the series' end).
         if after > 0 {
-            let pieces = selected_after(ranges, b[d].end, self.after);
+            let pieces = selected_after(ranges, b[d].end, rolling.after);
             let n = pieces.iter().map(|p| p.end - p.start).sum::<u64>() as usize;
-            self.read_halo(b, &pieces, at + main, &mut ring.lines, buffers, meters)?;
+            rolling.read_halo(b, &pieces, at + main, &mut ring.lines, buffers, meters)?;
             for lines in &mut ring.lines {
                 lines.clear(at + main + n, after - n);
             }
         }
 
         let timer = meters.roll_time.timer();
-        let rolled = (self.aggregates.iter())
+        let rolled = (rolling.aggregates.iter())
             .zip(&mut ring.states)
             .map(|(a, state)| {
                 let values = roll(a.op, &ring.lines[a.arg], a.frame, at..at + main, state)?;
@@ -607,8 +705,8 @@ impl Rolling {
         let mut start = 0u64;
         while start < total {
             let len = (batch_size as u64).min(total - start);
-            let batch = cells.batch(&self.input_schema, start, len)?;
-            let mut columns = self
+            let batch = cells.batch(&rolling.input_schema, start, len)?;
+            let mut columns = rolling
                 .outputs
                 .iter()
                 .map(|e| e.evaluate(&batch)?.into_array(len as usize))
@@ -618,9 +716,9 @@ impl Rolling {
                     .iter()
                     .map(|values| values.slice(start as usize, len as usize)),
             );
-            let out = RecordBatch::try_new(Arc::clone(&self.output_schema), columns)?;
+            let out = RecordBatch::try_new(Arc::clone(&rolling.output_schema), columns)?;
             meters.output_rows.add(len as usize);
-            if tx.blocking_send(Ok(out)).is_err() {
+            if !sink(out)? {
                 return Ok(false);
             }
             start += len;
@@ -676,21 +774,14 @@ impl ExecutionPlan for RollingWindowExec {
         MetricBuilder::new(&self.metrics)
             .gauge("memory_reserved", partition)
             .set(self.per_partition_memory());
-        let meters = Meters {
-            output_rows: MetricBuilder::new(&self.metrics).output_rows(partition),
-            bytes_decoded: MetricBuilder::new(&self.metrics).counter("bytes_decoded", partition),
-            halo_positions_read: MetricBuilder::new(&self.metrics)
-                .counter("halo_positions_read", partition),
-            decode_time: MetricBuilder::new(&self.metrics).subset_time("decode_time", partition),
-            roll_time: MetricBuilder::new(&self.metrics).subset_time("roll_time", partition),
-        };
+        let meters = Meters::new(&self.metrics, partition);
         let rolling = Arc::clone(&self.rolling);
         let batch_size = self.batch_size;
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
         let tx = builder.tx();
         builder.spawn_blocking(move || {
             let _reservation = reservation;
-            rolling.run_partition(run, batch_size, &tx, &meters, progress.as_deref())
+            rolling.run_partition(run, batch_size, &tx, meters, progress.as_deref())
         });
         Ok(builder.build())
     }

@@ -1,0 +1,605 @@
+//! `COPY` of rolling windows, chunk by chunk: when the query is a
+//! [`RollingWindow`] (see [`crate::array::rolling`]) with the table's
+//! dimensions as they are (in its order) and variables that are
+//! `float32`/`float64` expressions of its aggregates and input columns
+//! (or its counts), the result is a grid known before anything is read:
+//! the selected coordinates. It is written in the two steps of a
+//! [`selection`](super::selection) copy, blockwise into an intermediate
+//! store in `work_dir` and then rechunked into the target, where step 1
+//! is the rolling operator's own: each writer takes a run of the
+//! intermediate chunks along the rolled dimension, and the frames' overlap
+//! before a chunk is the end of the chunk before it, kept, not read again.
+//!
+//! ```sql
+//! COPY (SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time
+//!       ROWS BETWEEN 23 PRECEDING AND CURRENT ROW) AS t2m_24h FROM era5)
+//! TO 'era5_24h.zarr' STORED AS ZARR;
+//! ```
+//!
+//! Both steps run inside `allowed_mem` whatever the size of the result; a
+//! copy whose writers cannot fit is refused before it runs.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
+use datafusion::catalog::Session;
+use datafusion::common::{
+    exec_err, human_readable_size, plan_err, resources_err, DFSchema, DFSchemaRef, DataFusionError,
+    Result,
+};
+use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::logical_expr::dml::CopyTo;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_planner::PhysicalPlanner;
+use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
+use zarrs::storage::ReadableWritableListableStorageTraits;
+
+use super::selection::{second_step, Blockwise, OutputVariable, SelectionCopyExec, Step};
+use crate::array::leaf_plan::leaf_node_methods;
+use crate::array::rechunk::RechunkOptions;
+use crate::array::rolling::exec::{Meters, Roller, Rolling};
+use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
+use crate::array::scan_path::through_projections;
+use crate::array::tasks::{grid_cell_along, run_tasks};
+use crate::table::share_of;
+use crate::write::options::ZarrWriteOptions;
+use crate::write::store::check_target;
+use crate::zarr::StoreLocation;
+
+/// The [`RollingCopy`] that a COPY is, when its query is a rolling window
+/// over a Zarr table with every dimension as it is (in the table's order)
+/// and at least one `float32`/`float64` expression of the window's columns
+/// (or one of its counts, `int64`).
+pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
+    if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
+        return Ok(None);
+    }
+    let columns = copy.input.schema().columns();
+    let exprs = columns.iter().cloned().map(Expr::Column).collect();
+    let Some((LogicalPlan::Extension(extension), exprs)) = through_projections(&copy.input, exprs)?
+    else {
+        return Ok(None);
+    };
+    let Some(window) = extension.node.as_any().downcast_ref::<RollingWindow>() else {
+        return Ok(None);
+    };
+    let table = &window.table;
+    let options = ZarrWriteOptions::from_map(&copy.options)?;
+    let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
+    if !table.broadcasts.is_empty()
+        || table.dims.iter().any(|d| d.strict_order().is_none())
+        || options
+            .dims
+            .as_ref()
+            .is_some_and(|given| given.iter().ne(dims.iter()))
+    {
+        return Ok(None);
+    }
+    let n_columns = window.columns.len();
+    let aggregate = |e: &Expr| match e {
+        Expr::Column(c) => window
+            .schema
+            .index_of_column(c)
+            .ok()
+            .and_then(|i| i.checked_sub(n_columns))
+            .map(|a| window.aggregates[a].op),
+        _ => None,
+    };
+    let mut dims_seen = Vec::new();
+    let mut outputs = Vec::new();
+    let mut used = BTreeSet::new();
+    for (column, expr) in columns.iter().zip(&exprs) {
+        let name = column.name.as_str();
+        if dims.contains(&name) {
+            // The dimension's own coordinate, through the window.
+            let Expr::Column(c) = expr else {
+                return Ok(None);
+            };
+            let i = window.schema.index_of_column(c)?;
+            if i >= n_columns || !matches!(&window.columns[i], Expr::Column(d) if d.name == name) {
+                return Ok(None);
+            }
+            dims_seen.push(name);
+            continue;
+        }
+        let data_type = expr.get_type(&window.schema)?;
+        let written = match data_type {
+            DataType::Float32 | DataType::Float64 => true,
+            // A count is never NULL.
+            DataType::Int64 => aggregate(expr) == Some(RollOp::Count),
+            _ => false,
+        };
+        if !written {
+            return Ok(None);
+        }
+        for c in expr.column_refs() {
+            let i = window.schema.index_of_column(c)?;
+            if i < n_columns {
+                used.insert(i);
+            }
+        }
+        outputs.push(OutputVariable {
+            name: name.to_string(),
+            expr: expr.clone(),
+            data_type,
+        });
+    }
+    if dims_seen != dims || outputs.is_empty() {
+        return Ok(None);
+    }
+    // The window without the input columns no variable reads (the
+    // dimensions are the written grid's).
+    let keep: Vec<usize> = used.into_iter().collect();
+    let fields = (keep.iter().copied())
+        .chain(n_columns..window.schema.fields().len())
+        .map(|i| {
+            let (qualifier, field) = window.schema.qualified_field(i);
+            (qualifier.cloned(), Arc::clone(field))
+        })
+        .collect();
+    let schema = DFSchema::new_with_metadata(fields, window.schema.metadata().clone())?;
+    let window = RollingWindow {
+        columns: keep.iter().map(|&i| window.columns[i].clone()).collect(),
+        schema: Arc::new(schema),
+        ..window.clone()
+    };
+    Ok(Some(RollingCopy {
+        window,
+        outputs,
+        target: StoreLocation::parse(&copy.output_url)?,
+        options,
+        schema: Arc::clone(&copy.output_schema),
+    }))
+}
+
+/// `COPY` of rolling windows over a Zarr table. A leaf node (its window
+/// reads the table itself) whose output is the row count.
+#[derive(Debug, Clone)]
+pub struct RollingCopy {
+    /// The window, with the input columns the variables read.
+    pub window: RollingWindow,
+    /// The variables written, over the window's columns.
+    pub outputs: Vec<OutputVariable>,
+    /// The new store: a local path or an object-store URL.
+    pub target: StoreLocation,
+    /// The write options (chunks, codec, format).
+    pub options: ZarrWriteOptions,
+    /// One column, `count`.
+    pub schema: DFSchemaRef,
+}
+
+impl RollingCopy {
+    /// Plans the copy: the window's operator, the chunks of both steps and
+    /// their memory; refused when the target exists, the selection is
+    /// empty or a step cannot fit the memory budget.
+    pub fn plan(
+        &self,
+        planner: &dyn PhysicalPlanner,
+        session: &dyn Session,
+        planning: &PhysicalPlanningContext,
+    ) -> Result<SelectionCopyExec> {
+        if let StoreLocation::Local(path) = &self.target {
+            check_target(path)?;
+        }
+        let exec = RollingWindowExec::plan(&self.window, planner, session, planning)?;
+        let rolling = Arc::clone(exec.rolling());
+        let table = Arc::clone(rolling.table());
+        let selection = rolling.selection().clone();
+        let shape: Vec<u64> = (0..table.dims.len())
+            .map(|d| selection.ranges(d).iter().map(|r| r.end - r.start).sum())
+            .collect();
+        if shape.contains(&0) {
+            return plan_err!(
+                "COPY TO Zarr: the filters select no cell of '{}'",
+                table.store
+            );
+        }
+        // Intermediate chunks of the window's blocks (in selected positions).
+        let block: Vec<u64> = (rolling.block_shape().iter())
+            .zip(&shape)
+            .map(|(&b, &n)| b.clamp(1, n))
+            .collect();
+        let exprs = self
+            .outputs
+            .iter()
+            .map(|o| planner.create_physical_expr(&o.expr, &self.window.schema, session, planning))
+            .collect::<Result<Vec<_>>>()?;
+        let types: Vec<DataType> = self.outputs.iter().map(|o| o.data_type.clone()).collect();
+        let tasks: u64 = shape
+            .iter()
+            .zip(&block)
+            .map(|(n, c)| n.div_ceil(*c))
+            .product();
+        let workers = (exec.partitions() as u64).clamp(1, tasks) as usize;
+        // A writer: the window's partition and the chunk it fills.
+        let chunk_bytes = block.iter().product::<u64>()
+            * (types.iter())
+                .map(|t| t.primitive_width().unwrap_or(8) as u64)
+                .sum::<u64>();
+        let per_worker = exec.per_partition_memory() as u64 + chunk_bytes;
+        let projected = workers as u64 * per_worker;
+        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
+            if projected > limit as u64 {
+                return resources_err!(
+                    "COPY TO Zarr of rolling windows over {} needs {} ({workers} writers x {} \
+                     each: the window's blocks of shape {:?} with their overlap, and a chunk of \
+                     {}) but the memory limit (allowed_mem) is {}; raise the limit, shorten the \
+                     frames or lower zarrfusion.target_partition_bytes",
+                    table.store,
+                    human_readable_size(projected as usize),
+                    human_readable_size(per_worker as usize),
+                    rolling.block_shape(),
+                    human_readable_size(chunk_bytes as usize),
+                    human_readable_size(limit)
+                );
+            }
+        }
+        let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
+        let (target_chunks, stage2_memory) =
+            second_step(&table, &shape, &block, &types, &self.options, &rechunk)?;
+        let metrics = ExecutionPlanMetricsSet::new();
+        let step = Step::Roll(RollChunks {
+            rolling,
+            exprs,
+            workers,
+            per_worker,
+            batch_size: session.config().batch_size().max(1),
+            metrics: metrics.clone(),
+        });
+        Ok(SelectionCopyExec::new(
+            Arc::new(Blockwise {
+                table,
+                selection,
+                shape,
+                block,
+                names: self.outputs.iter().map(|o| o.name.clone()).collect(),
+                types,
+                step,
+                target: self.target.clone(),
+                target_chunks,
+                options: self.options.clone(),
+                rechunk,
+                stage2_memory,
+            }),
+            metrics,
+        ))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn key(&self) -> (&RollingWindow, &Vec<OutputVariable>, &StoreLocation) {
+        (&self.window, &self.outputs, &self.target)
+    }
+}
+
+impl PartialEq for RollingCopy {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key() && self.options == other.options
+    }
+}
+
+impl Eq for RollingCopy {}
+
+impl Hash for RollingCopy {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+impl PartialOrd for RollingCopy {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        if self == other {
+            return Some(CmpOrdering::Equal);
+        }
+        None
+    }
+}
+
+impl UserDefinedLogicalNodeCore for RollingCopy {
+    leaf_node_methods!("RollingCopy");
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let outputs: Vec<String> = self
+            .outputs
+            .iter()
+            .map(|o| format!("{} AS {}", o.expr, o.name))
+            .collect();
+        write!(
+            f,
+            "RollingCopy: target={}, variables=[{}], ",
+            self.target,
+            outputs.join(", ")
+        )?;
+        self.window.fmt_for_explain(f)
+    }
+}
+
+/// Step 1 of a rolling copy: each writer rolls a run of the intermediate
+/// chunks along the rolled dimension (chunks numbered with it innermost),
+/// keeping the frames' overlap from one chunk to the next.
+pub(crate) struct RollChunks {
+    rolling: Arc<Rolling>,
+    /// The variables, over the window's rows.
+    exprs: Vec<Arc<dyn PhysicalExpr>>,
+    workers: usize,
+    per_worker: u64,
+    batch_size: usize,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl RollChunks {
+    /// Memory the writers hold together at their peak.
+    pub(crate) fn memory(&self) -> u64 {
+        self.workers as u64 * self.per_worker
+    }
+
+    /// The variables' expressions.
+    pub(crate) fn exprs(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &self.exprs
+    }
+
+    /// Every chunk of the intermediate variables `arrays` of `copy`.
+    pub(crate) fn write_chunks(
+        &self,
+        copy: &Blockwise,
+        arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        cancelled: &AtomicBool,
+    ) -> Result<()> {
+        let dim = self.rolling.dim();
+        let workers = self.workers as u64;
+        let all = 0..copy.tasks();
+        run_tasks(
+            workers,
+            self.workers,
+            cancelled,
+            || (),
+            |(), writer| {
+                let meters = Meters::new(&self.metrics, writer as usize);
+                let mut roller = Roller::new(&self.rolling, self.batch_size, meters);
+                for j in share_of(all.clone(), writer, workers) {
+                    if cancelled.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let compact = grid_cell_along(&copy.shape, &copy.block, dim, j);
+                    self.write_chunk(copy, &compact, &mut roller, arrays)?;
+                }
+                Ok::<_, DataFusionError>(0)
+            },
+        )?;
+        Ok(())
+    }
+
+    /// One chunk, `compact` (selected positions): the rolling windows of
+    /// the source boxes it covers, evaluated and written.
+    fn write_chunk(
+        &self,
+        copy: &Blockwise,
+        compact: &[Range<u64>],
+        roller: &mut Roller<'_>,
+        arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+    ) -> Result<()> {
+        let chunk: Vec<usize> = compact.iter().map(|r| (r.end - r.start) as usize).collect();
+        let cells: usize = chunk.iter().product();
+        let mut values: Vec<Values> = copy.types.iter().map(|t| Values::new(t, cells)).collect();
+        roller.enter(compact);
+        // Per dimension, the source ranges the chunk covers and where
+        // each starts in the chunk.
+        let pieces: Vec<Vec<(Range<u64>, usize)>> = compact
+            .iter()
+            .enumerate()
+            .map(|(d, r)| source_pieces(copy.selection.ranges(d), r))
+            .collect();
+        for (b, offsets) in boxes(&pieces) {
+            let shape: Vec<usize> = b.iter().map(|r| (r.end - r.start) as usize).collect();
+            let mut row = 0;
+            let mut sink = |batch: RecordBatch| -> Result<bool> {
+                for ((expr, out), data_type) in self.exprs.iter().zip(&mut values).zip(&copy.types)
+                {
+                    let v = expr.evaluate(&batch)?.into_array(batch.num_rows())?;
+                    let v = cast(&v, data_type)?;
+                    out.scatter(&v, row, &shape, &offsets, &chunk)?;
+                }
+                row += batch.num_rows();
+                Ok(true)
+            };
+            roller.roll(&b, &mut sink)?;
+        }
+        let subset = ArraySubset::new_with_ranges(compact);
+        for (array, values) in arrays.iter().zip(values) {
+            array
+                .store_array_subset(&subset, ArrayBytes::new_flen(values.into_bytes()))
+                .map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "COPY TO Zarr: writing {compact:?} of '{}': {e}",
+                        array.path()
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for RollChunks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}, {} writers in runs along it, {} per writer)",
+            self.rolling.describe(),
+            self.workers,
+            human_readable_size(self.per_worker as usize)
+        )
+    }
+}
+
+/// The source ranges of selected positions `compact` of `ranges` (sorted,
+/// disjoint), each with its offset from `compact.start`.
+fn source_pieces(ranges: &[Range<u64>], compact: &Range<u64>) -> Vec<(Range<u64>, usize)> {
+    let mut pieces = Vec::new();
+    let mut ordinal = 0u64;
+    for r in ranges {
+        let len = r.end - r.start;
+        let start = compact.start.max(ordinal);
+        let end = compact.end.min(ordinal + len);
+        if start < end {
+            let source = r.start + (start - ordinal)..r.start + (end - ordinal);
+            pieces.push((source, (start - compact.start) as usize));
+        }
+        ordinal += len;
+        if ordinal >= compact.end {
+            break;
+        }
+    }
+    pieces
+}
+
+/// The boxes (C order) of the Cartesian product of per-dimension pieces,
+/// each with its offsets in the chunk.
+fn boxes(pieces: &[Vec<(Range<u64>, usize)>]) -> Vec<(Vec<Range<u64>>, Vec<usize>)> {
+    let mut out = vec![(Vec::new(), Vec::new())];
+    for dim in pieces {
+        out = out
+            .into_iter()
+            .flat_map(|(b, o)| {
+                dim.iter().map(move |(r, at)| {
+                    let (mut b, mut o) = (b.clone(), o.clone());
+                    b.push(r.clone());
+                    o.push(*at);
+                    (b, o)
+                })
+            })
+            .collect();
+    }
+    out
+}
+
+/// A chunk of one variable being filled.
+enum Values {
+    F64(Vec<f64>),
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+}
+
+impl Values {
+    fn new(data_type: &DataType, cells: usize) -> Self {
+        match data_type {
+            DataType::Float32 => Values::F32(vec![f32::NAN; cells]),
+            DataType::Int64 => Values::I64(vec![0; cells]),
+            _ => Values::F64(vec![f64::NAN; cells]),
+        }
+    }
+
+    /// Puts `values`, rows `row..` (C order) of a box of `shape` that
+    /// starts at `offsets` in a chunk of `chunk`, in place; NULL as NaN.
+    fn scatter(
+        &mut self,
+        values: &ArrayRef,
+        row: usize,
+        shape: &[usize],
+        offsets: &[usize],
+        chunk: &[usize],
+    ) -> Result<()> {
+        let last = shape[shape.len() - 1];
+        let mut done = 0;
+        while done < values.len() {
+            let at = row + done;
+            let run = (last - at % last).min(values.len() - done);
+            // The chunk position of box cell `at`.
+            let (mut rest, mut position, mut stride) = (at, 0, 1);
+            for d in (0..shape.len()).rev() {
+                position += (offsets[d] + rest % shape[d]) * stride;
+                rest /= shape[d];
+                stride *= chunk[d];
+            }
+            let nulls = values.logical_nulls();
+            let null = |k: usize| nulls.as_ref().is_some_and(|n| n.is_null(done + k));
+            match self {
+                Values::F64(out) => {
+                    let v = &values.as_primitive::<Float64Type>().values()[done..done + run];
+                    for (k, (o, &x)) in out[position..position + run].iter_mut().zip(v).enumerate()
+                    {
+                        *o = if null(k) { f64::NAN } else { x };
+                    }
+                }
+                Values::F32(out) => {
+                    let v = &values.as_primitive::<Float32Type>().values()[done..done + run];
+                    for (k, (o, &x)) in out[position..position + run].iter_mut().zip(v).enumerate()
+                    {
+                        *o = if null(k) { f32::NAN } else { x };
+                    }
+                }
+                Values::I64(out) => {
+                    if (0..run).any(null) {
+                        return exec_err!("COPY TO Zarr: a NULL count");
+                    }
+                    let v = &values.as_primitive::<Int64Type>().values()[done..done + run];
+                    out[position..position + run].copy_from_slice(v);
+                }
+            }
+            done += run;
+        }
+        Ok(())
+    }
+
+    /// The chunk's little-endian bytes.
+    fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Values::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Values::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Values::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_of_selected_positions_maps_to_its_source_pieces() {
+        let ranges = [2..5, 7..8, 10..14];
+        // Selected positions: 2 3 4 | 7 | 10 11 12 13 (ordinals 0..8).
+        assert_eq!(source_pieces(&ranges, &(0..3)), vec![(2..5, 0)]);
+        assert_eq!(
+            source_pieces(&ranges, &(2..6)),
+            vec![(4..5, 0), (7..8, 1), (10..12, 2)]
+        );
+        assert_eq!(source_pieces(&ranges, &(6..8)), vec![(12..14, 0)]);
+    }
+
+    #[test]
+    fn a_box_s_rows_land_at_its_offsets_in_the_chunk() {
+        use datafusion::arrow::array::Float64Array;
+        // A 2 x 3 box at (1, 1) of a 3 x 4 chunk, in two batches.
+        let mut chunk = Values::new(&DataType::Float64, 12);
+        let first: ArrayRef = Arc::new(Float64Array::from(vec![Some(1.0), Some(2.0)]));
+        let rest: ArrayRef = Arc::new(Float64Array::from(vec![
+            Some(3.0),
+            None,
+            Some(5.0),
+            Some(6.0),
+        ]));
+        chunk.scatter(&first, 0, &[2, 3], &[1, 1], &[3, 4]).unwrap();
+        chunk.scatter(&rest, 2, &[2, 3], &[1, 1], &[3, 4]).unwrap();
+        let Values::F64(got) = chunk else {
+            unreachable!()
+        };
+        let n = f64::NAN;
+        let want = [n, n, n, n, n, 1.0, 2.0, 3.0, n, n, 5.0, 6.0];
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        // The NULL (row 3, box cell (1, 0)) is NaN at (2, 1).
+        assert!(got[9].is_nan());
+    }
+}
