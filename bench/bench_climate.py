@@ -25,6 +25,12 @@ result in memory):
                SQL: avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time
                     ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)
                xarray: ds.t2m.astype("float64").rolling(time=24, min_periods=1).mean()
+  rolling-zarr the same 24-hour running mean of every cell written to a new Zarr store
+               (v3, float64, the source's chunks (1, 721, 1440), zstd level 3, with coordinates)
+               SQL: COPY (SELECT time, lat, lon, avg(t2m) OVER (...) AS m FROM era5)
+                    TO '...' STORED AS ZARR OPTIONS ('chunks' 'time=1,lat=721,lon=1440', 'codec' 'zstd')
+               xarray: that result .to_dataset(name="m").to_zarr(..., encoding: the same chunks and codec)
+               (the store's count and sum are read back after the timer stops)
   anomaly      each hour's anomaly against the monthly climatology of its cell,
                reduced to a zonal mean time series (a join with the climatology)
                SQL: WITH clim AS (... GROUP BY extract(month FROM time), lat, lon)
@@ -72,7 +78,11 @@ STORE = HERE / "data" / "era5_1gb.zarr"
 RESULTS = HERE / "RESULTS.md"
 ZF_PYTHON = os.environ.get("ZARRFUSION_PYTHON", str(Path.home() / ".cache" / "zarrfusion-venv" / "bin" / "python"))
 ARMS = ["zarrfusion", "zarrfusion-hash", "xarray-flox", "xarray-numbagg", "xarray-dask", "xarray-sql"]
-QUERIES = ["read", "daily", "climatology", "coarsen", "rolling", "anomaly"]
+QUERIES = ["read", "daily", "climatology", "coarsen", "rolling", "rolling-zarr", "anomaly"]
+# Where rolling-zarr writes (removed before and after each run).
+OUT = HERE / "data" / "rolling_out.zarr"
+ROLLING = ("avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND "
+           "CURRENT ROW)")
 
 SQL = {
     "read": "SELECT sum(t2m) AS m FROM era5",
@@ -84,6 +94,8 @@ SQL = {
     # no arm holds 274 M rows of result.
     "rolling": "SELECT count(m) AS n, sum(m) AS m FROM (SELECT avg(t2m) OVER (PARTITION BY lat, lon "
                "ORDER BY time ROWS BETWEEN 23 PRECEDING AND CURRENT ROW) AS m FROM era5)",
+    "rolling-zarr": f"COPY (SELECT time, lat, lon, {ROLLING} AS m FROM era5) TO '{OUT}' STORED AS "
+                    "ZARR OPTIONS ('chunks' 'time=1,lat=721,lon=1440', 'codec' 'zstd')",
     "anomaly": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
                "FROM era5 GROUP BY 1, 2, 3) "
                "SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS m FROM era5 JOIN clim "
@@ -112,10 +124,15 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         config = off if arm == "zarrfusion-hash" else None
         ctx = zf.SessionContext(allowed_mem="2GB", config=config)
         ctx.register_zarr("era5", str(STORE))
+        clear_out()
         table = ctx.sql(SQL[query]).to_arrow_table()
         seconds = time.perf_counter() - started
+        if query == "rolling-zarr":
+            return {"seconds": seconds, **written()}
         return {"seconds": seconds, **answer(query, table)}
     if arm == "xarray-sql":
+        if query == "rolling-zarr":
+            return {"skipped": "xarray-sql answers Arrow tables; it does not write Zarr"}
         import xarray as xr
         import xarray_sql
 
@@ -152,7 +169,7 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         if arm == "xarray-numbagg":
             return {"skipped": "coarsen does not go through flox"}
         out = t2m.isel(time=slice(0, 24)).coarsen(lat=2, lon=2, boundary="pad").mean()
-    elif query == "rolling":
+    elif query in ("rolling", "rolling-zarr"):
         if arm == "xarray-numbagg":
             return {"skipped": "xarray's rolling already uses numbagg (when installed) in the xarray-flox arm"}
         # float64, as SQL's avg; min_periods=1: SQL's frames at the start.
@@ -162,6 +179,15 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         t64 = t2m.astype("float64")
         months = t64.groupby("time.month")
         out = (months - months.mean(**kwargs)).mean("lon")
+    if query == "rolling-zarr":
+        from zarr.codecs import ZstdCodec
+
+        clear_out()
+        encoding = {"m": {"chunks": (1, 721, 1440), "compressors": [ZstdCodec(level=3)]}}
+        out.to_dataset(name="m").to_zarr(OUT, mode="w-", zarr_format=3, consolidated=True,
+                                         encoding=encoding)
+        seconds = time.perf_counter() - started
+        return {"seconds": seconds, **written()}
     values = np.asarray(out.values, dtype="float64")
     seconds = time.perf_counter() - started
     if query == "rolling":
@@ -171,6 +197,29 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         # Anomalies sum to zero: their squares are the checksum.
         return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values**2))}
     return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values))}
+
+
+def clear_out() -> None:
+    import shutil
+
+    shutil.rmtree(OUT, ignore_errors=True)
+
+
+def written() -> dict:
+    """The count and sum of the running means rolling-zarr wrote (read back
+    hour by hour with zarr-python), then the store removed."""
+    import numpy as np
+    import zarr
+
+    m = zarr.open_group(str(OUT), mode="r")["m"]
+    assert m.shape == (264, 721, 1440), m.shape
+    count, total = 0, 0.0
+    for i in range(m.shape[0]):
+        hour = np.asarray(m[i], dtype="float64")
+        count += int(np.count_nonzero(~np.isnan(hour)))
+        total += float(np.nansum(hour))
+    clear_out()
+    return {"groups": count, "checksum": total}
 
 
 def answer(query: str, table) -> dict:
@@ -228,7 +277,8 @@ def main() -> int:
         f"Machine: {os.cpu_count()} cores, {platform.platform()}; store {STORE.name} "
         f"(264 x 721 x 1440 float32, one chunk per hour); 1-minute load average at the end {load:.2f}.  ",
         f"zarrfusion at `{git_head()}`, allowed_mem 2GB. Time: best and median of {a.repeats} fresh "
-        "processes (opening the store to the result in memory); peak RSS: the largest of the runs' "
+        "processes (opening the store to the result in memory, or for rolling-zarr to the new store "
+        "written); peak RSS: the largest of the runs' "
         "process trees. Ratio: the fastest xarray arm's best time over this arm's best time.",
         "",
         "| query | arm | best s | median s | peak RSS MiB | vs fastest xarray | groups | answer |",

@@ -513,6 +513,22 @@ async fn a_whole_table_is_copied_to_an_object_store() {
         text(&ctx, "SELECT * FROM north ORDER BY time, lat, lon").await,
         text(&ctx, &format!("{north} ORDER BY time, lat, lon")).await
     );
+    // So do rolling windows.
+    let rolling = "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
+                   ROWS BETWEEN 5 PRECEDING AND CURRENT ROW) AS m FROM era5 WHERE lon < 90";
+    copy(
+        &ctx,
+        &format!("COPY ({rolling}) TO 'memory://out/rolling.zarr' STORED AS ZARR"),
+    )
+    .await
+    .unwrap();
+    ctx.register_zarr("rolling", "memory://out/rolling.zarr", HashMap::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&ctx, "SELECT * FROM rolling ORDER BY time, lat, lon").await,
+        text(&ctx, &format!("{rolling} ORDER BY time, lat, lon")).await
+    );
     // Rows (a filter on values) are written to local paths only.
     let err = copy(
         &ctx,
