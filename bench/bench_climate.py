@@ -184,8 +184,11 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
 
         clear_out()
         encoding = {"m": {"chunks": (1, 721, 1440), "compressors": [ZstdCodec(level=3)]}}
-        out.to_dataset(name="m").to_zarr(OUT, mode="w-", zarr_format=3, consolidated=True,
-                                         encoding=encoding)
+        ds = out.to_dataset(name="m")
+        for v in ds.variables.values():
+            # The source's v2 codecs and chunks do not carry over; CF time encoding does.
+            v.encoding = {k: v.encoding[k] for k in ("units", "calendar", "dtype") if k in v.encoding}
+        ds.to_zarr(OUT, mode="w-", zarr_format=3, consolidated=True, encoding=encoding)
         seconds = time.perf_counter() - started
         return {"seconds": seconds, **written()}
     values = np.asarray(out.values, dtype="float64")

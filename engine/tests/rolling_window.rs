@@ -179,6 +179,11 @@ async fn rolling_windows_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
                 plan.contains("SelectionCopyExec") && plan.contains("rolled along"),
                 "{name}:\n{plan}"
             );
+            // Chunks of whole target chunks (5 steps): no intermediate store.
+            assert!(
+                plan.contains("written straight into the target's chunks"),
+                "{name}:\n{plan}"
+            );
             ctx.sql(&copy).await.unwrap().collect().await.unwrap();
             let table = format!("{name}{i}");
             ctx.register_zarr(&table, out.to_str().unwrap(), HashMap::new())
@@ -227,7 +232,10 @@ async fn a_copy_of_rolling_windows_fits_a_budget_its_rows_do_not() {
     let out = dir.join("all.zarr");
     let copy = format!("COPY ({query}) TO '{}' STORED AS ZARR", out.display());
     let plan = explain_text(&ctx, &copy).await;
+    // 6 MB cannot hold a writer encoding the target's chunks itself: the
+    // chunks go through an intermediate store and the rechunk.
     assert!(plan.contains("rolled along time"), "{plan}");
+    assert!(plan.contains("-> rechunk to"), "{plan}");
     ctx.sql(&copy).await.unwrap().collect().await.unwrap();
     // The same rows through DataFusion's sink (a value filter keeps the
     // window from the copy's rule) do not fit.

@@ -45,7 +45,7 @@ use datafusion::physical_planner::PhysicalPlanner;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
-use super::selection::{second_step, Blockwise, OutputVariable, SelectionCopyExec, Step};
+use super::selection::{target_chunks, Blockwise, OutputVariable, SelectionCopyExec, Step};
 use crate::array::leaf_plan::leaf_node_methods;
 use crate::array::rechunk::RechunkOptions;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
@@ -205,73 +205,101 @@ impl RollingCopy {
                 table.store
             );
         }
-        // Intermediate chunks of the window's blocks (in selected positions).
-        let block: Vec<u64> = (rolling.block_shape().iter())
-            .zip(&shape)
-            .map(|(&b, &n)| b.clamp(1, n))
-            .collect();
         let exprs = self
             .outputs
             .iter()
             .map(|o| planner.create_physical_expr(&o.expr, &self.window.schema, session, planning))
             .collect::<Result<Vec<_>>>()?;
         let types: Vec<DataType> = self.outputs.iter().map(|o| o.data_type.clone()).collect();
-        let tasks: u64 = shape
-            .iter()
-            .zip(&block)
-            .map(|(n, c)| n.div_ceil(*c))
-            .product();
-        let workers = (exec.partitions() as u64).clamp(1, tasks) as usize;
-        // A writer: the window's partition and the chunk it fills.
-        let chunk_bytes = block.iter().product::<u64>()
-            * (types.iter())
-                .map(|t| t.primitive_width().unwrap_or(8) as u64)
-                .sum::<u64>();
-        let per_worker = exec.per_partition_memory() as u64 + chunk_bytes;
+        let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
+        let target = target_chunks(&table, &shape, &types, &self.options, &rechunk)?;
+        let batch_size = session.config().batch_size().max(1);
+        let limit = match session.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(limit) => Some(limit as u64),
+            _ => None,
+        };
+        // A writer: the window's partition over a chunk, and the chunk it
+        // fills (and encodes, written straight into the target).
+        let width: u64 = (types.iter())
+            .map(|t| t.primitive_width().unwrap_or(8) as u64)
+            .sum();
+        let per_worker = |block: &[u64]| {
+            let chunk = block.iter().product::<u64>() * width;
+            (
+                rolling.partition_memory(block, batch_size) as u64 + chunk,
+                chunk,
+            )
+        };
+        let tasks = |block: &[u64]| -> u64 {
+            (shape.iter().zip(block))
+                .map(|(n, c)| n.div_ceil(*c))
+                .product()
+        };
+        let workers = |block: &[u64]| (exec.partitions() as u64).clamp(1, tasks(block));
+        // Intermediate chunks of the window's blocks (in selected
+        // positions), or of whole target chunks when those fit.
+        let natural: Vec<u64> = (rolling.block_shape().iter())
+            .zip(&shape)
+            .map(|(&b, &n)| b.clamp(1, n))
+            .collect();
+        let aligned: Vec<u64> = (natural.iter().zip(&target).zip(&shape))
+            .map(|((&b, &t), &n)| match b {
+                b if b >= n => n,
+                b if b >= t => b / t * t,
+                _ => t.min(n),
+            })
+            .collect();
+        let fits = |block: &[u64]| {
+            let (memory, chunk) = per_worker(block);
+            limit.is_none_or(|limit| workers(block) * (memory + 2 * chunk) <= limit)
+        };
+        let block = if fits(&aligned) { aligned } else { natural };
+        let (per_worker, chunk_bytes) = per_worker(&block);
+        let workers = workers(&block) as usize;
         let projected = workers as u64 * per_worker;
-        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
-            if projected > limit as u64 {
+        if let Some(limit) = limit {
+            if projected > limit {
                 return resources_err!(
                     "COPY TO Zarr of rolling windows over {} needs {} ({workers} writers x {} \
-                     each: the window's blocks of shape {:?} with their overlap, and a chunk of \
-                     {}) but the memory limit (allowed_mem) is {}; raise the limit, shorten the \
-                     frames or lower zarrfusion.target_partition_bytes",
+                     each: the window's blocks of shape {block:?} with their overlap, and a \
+                     chunk of {}) but the memory limit (allowed_mem) is {}; raise the limit, \
+                     shorten the frames or lower zarrfusion.target_partition_bytes",
                     table.store,
                     human_readable_size(projected as usize),
                     human_readable_size(per_worker as usize),
-                    rolling.block_shape(),
                     human_readable_size(chunk_bytes as usize),
-                    human_readable_size(limit)
+                    human_readable_size(limit as usize)
                 );
             }
         }
-        let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
-        let (target_chunks, stage2_memory) =
-            second_step(&table, &shape, &block, &types, &self.options, &rechunk)?;
         let metrics = ExecutionPlanMetricsSet::new();
         let step = Step::Roll(RollChunks {
             rolling,
             exprs,
             workers,
             per_worker,
-            batch_size: session.config().batch_size().max(1),
+            batch_size,
             metrics: metrics.clone(),
         });
         Ok(SelectionCopyExec::new(
-            Arc::new(Blockwise {
-                table,
-                selection,
-                shape,
-                block,
-                names: self.outputs.iter().map(|o| o.name.clone()).collect(),
-                types,
-                step,
-                target: self.target.clone(),
-                target_chunks,
-                options: self.options.clone(),
-                rechunk,
-                stage2_memory,
-            }),
+            Arc::new(
+                Blockwise {
+                    table,
+                    selection,
+                    shape,
+                    block,
+                    names: self.outputs.iter().map(|o| o.name.clone()).collect(),
+                    types,
+                    step,
+                    target: self.target.clone(),
+                    target_chunks: target,
+                    options: self.options.clone(),
+                    rechunk,
+                    stage2_memory: 0,
+                    direct: false,
+                }
+                .planned(session.runtime_env().memory_pool.memory_limit())?,
+            ),
             metrics,
         ))
     }
@@ -341,6 +369,11 @@ impl RollChunks {
     /// Memory the writers hold together at their peak.
     pub(crate) fn memory(&self) -> u64 {
         self.workers as u64 * self.per_worker
+    }
+
+    /// The threads it runs on.
+    pub(crate) fn workers(&self) -> usize {
+        self.workers
     }
 
     /// The variables' expressions.
@@ -433,7 +466,7 @@ impl fmt::Display for RollChunks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}, {} writers in runs along it, {} per writer)",
+            "{}, {} writers in runs along it, {} per writer",
             self.rolling.describe(),
             self.workers,
             human_readable_size(self.per_worker as usize)

@@ -38,6 +38,7 @@ use datafusion::common::{
     Result, Statistics,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
@@ -51,6 +52,7 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::PhysicalPlanner;
 use serde_json::Map;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
+use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
 use super::rolling::RollChunks;
@@ -65,8 +67,8 @@ use crate::table::{
 };
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::store::{
-    check_target, chunk_lengths, write_group, GroupCoordinate, GroupVariable,
-    COORDINATE_WRITE_MEMORY,
+    check_target, chunk_lengths, io_error, prepare_group, write_atomically, write_claimed,
+    GroupCoordinate, GroupVariable, GroupWrite, COORDINATE_WRITE_MEMORY,
 };
 use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::{ChunkBufferPool, StoreLocation};
@@ -244,8 +246,7 @@ impl SelectionCopy {
             .map(|(n, c)| n.div_ceil(*c))
             .product();
         let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
-        let (target_chunks, stage2_memory) =
-            second_step(&table, &shape, &block, &types, &self.options, &rechunk)?;
+        let target_chunks = target_chunks(&table, &shape, &types, &self.options, &rechunk)?;
         let workers = (rechunk.threads as u64).clamp(1, tasks) as usize;
         // A task's source box: the longest source span a chunk covers.
         let spans: Vec<u64> = (0..n_dims)
@@ -289,46 +290,64 @@ impl SelectionCopy {
             read_ahead,
         });
         Ok(SelectionCopyExec::new(
-            Arc::new(Blockwise {
-                table,
-                selection,
-                shape,
-                block,
-                names: self.outputs.iter().map(|o| o.name.clone()).collect(),
-                types,
-                step,
-                target: self.target.clone(),
-                target_chunks,
-                options: self.options.clone(),
-                rechunk,
-                stage2_memory,
-            }),
+            Arc::new(
+                Blockwise {
+                    table,
+                    selection,
+                    shape,
+                    block,
+                    names: self.outputs.iter().map(|o| o.name.clone()).collect(),
+                    types,
+                    step,
+                    target: self.target.clone(),
+                    target_chunks,
+                    options: self.options.clone(),
+                    rechunk,
+                    stage2_memory: 0,
+                    direct: false,
+                }
+                .planned(session.runtime_env().memory_pool.memory_limit())?,
+            ),
             ExecutionPlanMetricsSet::new(),
         ))
     }
 }
 
-/// The target's chunks (as the options ask, else small enough for the
-/// rechunk to hold one beside a source chunk and its encoding) and the
-/// projected memory of step 2, the rechunk of an intermediate store in
-/// chunks `block` of variables of `types` into them; refused when it
-/// cannot fit `allowed_mem`.
-pub(crate) fn second_step(
+/// The target's chunks: as the options ask, else small enough for the
+/// rechunk to hold one beside a source chunk and its encoding.
+pub(crate) fn target_chunks(
     table: &GridTable,
     shape: &[u64],
-    block: &[u64],
     types: &[DataType],
     options: &ZarrWriteOptions,
     rechunk: &RechunkOptions,
-) -> Result<(Vec<u64>, u64)> {
+) -> Result<Vec<u64>> {
     let names: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
-    let width = width_of(types);
-    let target_chunks = chunk_lengths(&names, shape, width, options, rechunk.allowed_mem / 8)?;
+    chunk_lengths(
+        &names,
+        shape,
+        width_of(types),
+        options,
+        rechunk.allowed_mem / 8,
+    )
+}
+
+/// The projected memory of step 2, the rechunk of an intermediate store
+/// in chunks `block` of variables of `types` into `target_chunks`; refused
+/// when it cannot fit `allowed_mem`.
+fn second_step(
+    table: &GridTable,
+    shape: &[u64],
+    block: &[u64],
+    target_chunks: &[u64],
+    types: &[DataType],
+    rechunk: &RechunkOptions,
+) -> Result<u64> {
     let stage2 = RechunkPlan::new(
         shape,
         block,
-        &target_chunks,
-        width,
+        target_chunks,
+        width_of(types),
         rechunk.allowed_mem,
         rechunk.threads,
     )
@@ -340,7 +359,7 @@ pub(crate) fn second_step(
             table.store
         ))
     })?;
-    Ok((target_chunks, stage2.projected_memory()))
+    Ok(stage2.projected_memory())
 }
 
 /// The longest run of source indices that `chunk`-long pieces of the
@@ -435,6 +454,9 @@ pub(crate) struct Blockwise {
     pub(crate) options: ZarrWriteOptions,
     pub(crate) rechunk: RechunkOptions,
     pub(crate) stage2_memory: u64,
+    /// Whether step 1 writes the target's chunks itself (see
+    /// [`Blockwise::planned`]).
+    pub(crate) direct: bool,
 }
 
 /// Step 1 of a [`Blockwise`] copy: how the intermediate chunks are made.
@@ -467,6 +489,14 @@ impl Step {
         }
     }
 
+    /// The threads it runs on.
+    fn workers(&self) -> usize {
+        match self {
+            Step::Evaluate(e) => e.workers,
+            Step::Roll(r) => r.workers(),
+        }
+    }
+
     /// The variables' expressions, as shown.
     fn exprs(&self) -> &[Arc<dyn PhysicalExpr>] {
         match self {
@@ -486,6 +516,9 @@ impl Blockwise {
     }
 
     fn projected_memory(&self) -> u64 {
+        if self.direct {
+            return self.direct_memory().max(COORDINATE_WRITE_MEMORY);
+        }
         (self.step.memory())
             .max(self.stage2_memory)
             .max(COORDINATE_WRITE_MEMORY)
@@ -497,25 +530,30 @@ impl Blockwise {
     }
 
     /// Runs both steps.
-    fn run(
-        &self,
-        runtime: &datafusion::execution::runtime_env::RuntimeEnv,
-        cancelled: &AtomicBool,
-    ) -> Result<Written> {
+    fn run(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<Written> {
+        let cells: u64 = self.shape.iter().product();
+        let step1 = cells * self.types.len() as u64 * width_of(&self.types);
+        if self.direct {
+            self.write_direct(runtime, cancelled)?;
+            return Ok(Written {
+                rows: cells,
+                bytes_read: 0,
+                bytes_written: step1,
+            });
+        }
         let work_dir = self
             .rechunk
             .work_dir
             .clone()
             .unwrap_or_else(default_work_dir);
         let scratch = ScratchStore::create(&work_dir, "zarrfusion-copy", ".zarr", runtime)?;
-        let arrays = self.write_metadata(scratch.storage())?;
-        match &self.step {
-            Step::Evaluate(e) => self.write_chunks(e, &arrays, cancelled)?,
-            Step::Roll(r) => r.write_chunks(self, &arrays, cancelled)?,
-        }
-        if cancelled.load(Ordering::Relaxed) {
-            return exec_err!("the COPY of '{}' was cancelled", self.table.store);
-        }
+        let plain = ZarrWriteOptions {
+            codec: Codec::None,
+            ..self.options.clone()
+        };
+        let group = self.group(scratch.storage(), &plain, &self.block)?;
+        group.store_metadata()?;
+        self.write_step(&group.variables, cancelled)?;
         let chunks: Vec<(String, u64)> = self
             .table
             .dims
@@ -536,8 +574,6 @@ impl Blockwise {
             runtime,
         )?;
         let summary = write_target(&prepared, &self.target, &self.options.storage, cancelled)?;
-        let cells: u64 = self.shape.iter().product();
-        let step1 = cells * self.types.len() as u64 * width_of(&self.types);
         Ok(Written {
             rows: cells,
             bytes_read: summary.bytes_read,
@@ -545,17 +581,15 @@ impl Blockwise {
         })
     }
 
-    /// Writes the intermediate store's group, coordinates (the selected
-    /// values) and variables' metadata (uncompressed, in the target's
-    /// format); returns the variables' arrays.
-    fn write_metadata(
+    /// Starts a store of the result in `storage`: its group, coordinates
+    /// (the selected values) and variables in `chunks`, written with
+    /// `options`; no metadata is stored yet (see [`prepare_group`]).
+    fn group(
         &self,
         storage: &ReadableWritableListableStorage,
-    ) -> Result<Vec<ZarrsArray<dyn ReadableWritableListableStorageTraits>>> {
-        let plain = ZarrWriteOptions {
-            codec: Codec::None,
-            ..self.options.clone()
-        };
+        options: &ZarrWriteOptions,
+        chunks: &[u64],
+    ) -> Result<GroupWrite> {
         let mut coordinates = Vec::new();
         for (d, dim) in self.table.dims.iter().enumerate() {
             let indices: Vec<u64> = self
@@ -580,10 +614,91 @@ impl Blockwise {
                 name: name.clone(),
                 data_type: data_type.clone(),
                 shape: self.shape.clone(),
-                chunks: self.block.clone(),
+                chunks: chunks.to_vec(),
             })
             .collect();
-        write_group(storage, &coordinates, &variables, &plain)
+        prepare_group(storage, &coordinates, &variables, options)
+    }
+
+    /// Step 1 into `arrays`: the intermediate store's, or the target's.
+    fn write_step(
+        &self,
+        arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        cancelled: &AtomicBool,
+    ) -> Result<()> {
+        match &self.step {
+            Step::Evaluate(e) => self.write_chunks(e, arrays, cancelled)?,
+            Step::Roll(r) => r.write_chunks(self, arrays, cancelled)?,
+        }
+        if cancelled.load(Ordering::Relaxed) {
+            return exec_err!("the COPY of '{}' was cancelled", self.table.store);
+        }
+        Ok(())
+    }
+
+    /// Whether each intermediate chunk is whole chunks of the target (the
+    /// last ones along a dimension cut at its end): step 1 can write the
+    /// target's chunks itself.
+    fn aligned(&self) -> bool {
+        (self.block.iter().zip(&self.target_chunks).zip(&self.shape))
+            .all(|((&b, &t), &n)| b >= n || b % t.max(1) == 0)
+    }
+
+    /// Memory step 1 holds writing the target itself: its own and, for
+    /// each worker, a chunk's values and their encoding.
+    fn direct_memory(&self) -> u64 {
+        let cells: u64 = self.block.iter().product();
+        let bytes = cells * self.types.len() as u64 * width_of(&self.types);
+        self.step.memory() + self.step.workers() as u64 * 2 * bytes
+    }
+
+    /// Plans step 2: none when step 1's chunks are whole target chunks
+    /// and it fits `limit` writing them itself (no intermediate store, no
+    /// rechunk), else the rechunk (refused when it cannot fit).
+    pub(crate) fn planned(mut self, limit: MemoryLimit) -> Result<Self> {
+        self.direct = self.aligned()
+            && match limit {
+                MemoryLimit::Finite(limit) => self.direct_memory() <= limit as u64,
+                _ => true,
+            };
+        if !self.direct {
+            self.stage2_memory = second_step(
+                &self.table,
+                &self.shape,
+                &self.block,
+                &self.target_chunks,
+                &self.types,
+                &self.rechunk,
+            )?;
+        }
+        Ok(self)
+    }
+
+    /// Step 1 straight into the target, atomically: a local one written
+    /// beside it and renamed into place; an object-store one (which must be
+    /// empty) with its metadata last, erased when the copy fails.
+    fn write_direct(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<()> {
+        match &self.target {
+            StoreLocation::Local(target) => write_atomically(target, cancelled, |dir| {
+                std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+                let storage: ReadableWritableListableStorage =
+                    Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+                let group = self.group(&storage, &self.options, &self.target_chunks)?;
+                group.store_metadata()?;
+                self.write_step(&group.variables, cancelled)
+            }),
+            StoreLocation::Remote(url) => write_claimed(
+                &self.target.to_string(),
+                url,
+                &self.options.storage,
+                runtime,
+                |storage| {
+                    let group = self.group(storage, &self.options, &self.target_chunks)?;
+                    self.write_step(&group.variables, cancelled)?;
+                    group.store_metadata()
+                },
+            ),
+        }
     }
 
     /// Step 1 by expressions: every chunk of the intermediate variables,
@@ -803,9 +918,14 @@ impl DisplayAs for SelectionCopyExec {
                 b.tasks()
             )?,
         }
+        let second = if b.direct {
+            "written straight into the target's chunks"
+        } else {
+            "-> rechunk to"
+        };
         write!(
             f,
-            " -> rechunk to {:?}, projected_memory={}",
+            " {second} {:?}, projected_memory={}",
             b.target_chunks,
             human_readable_size(b.projected_memory() as usize)
         )

@@ -255,34 +255,8 @@ impl RollingWindowExec {
     /// the aggregates of a block, their running states, and the batches in
     /// flight.
     pub fn per_partition_memory(&self) -> usize {
-        let r = &self.rolling;
-        let shape = r.blocks.block_shape();
-        let cells = shape.iter().product::<u64>() as usize;
-        let along = shape[r.dim].max(1) as usize;
-        let section = cells / along;
-        let halo = (r.before + r.after) as usize;
-        // The ring: a block, its halo, and the cells leaving the first frame.
-        let held = along + halo + 1;
-        let width = |schema: &SchemaRef| -> usize {
-            schema
-                .fields()
-                .iter()
-                .map(|f| f.data_type().primitive_width().unwrap_or(16))
-                .sum()
-        };
-        let extremes = r
-            .aggregates
-            .iter()
-            .filter(|a| matches!(a.op, RollOp::Min | RollOp::Max))
-            .count();
-        let row_bytes = width(&self.schema);
-        2 * cells * width(&r.input_schema)
-            + section * held * Lines::CELL_BYTES * r.args.len()
-            + extremes * held * TILE.min(section) * 8
-            + section * halo * width(&r.arg_schema)
-            + cells * (8 * r.aggregates.len() + 16)
-            + section * RollState::LANE_BYTES * r.aggregates.len()
-            + 3 * self.batch_size * row_bytes
+        self.rolling
+            .partition_memory(self.rolling.blocks.block_shape(), self.batch_size)
     }
 
     /// What every partition reads and computes.
@@ -509,6 +483,39 @@ impl Rolling {
     /// The blocks' shape.
     pub(crate) fn block_shape(&self) -> &[u64] {
         self.blocks.block_shape()
+    }
+
+    /// Memory one partition holds at its peak over blocks of `shape` with
+    /// batches of `batch_size` rows: two decoded blocks, the ring (the
+    /// argument lines of a block with its overlap, kept from one block to
+    /// the next; and the extremum passes' tile), the halo read, the
+    /// aggregates of a block, their running states, and the batches in
+    /// flight.
+    pub(crate) fn partition_memory(&self, shape: &[u64], batch_size: usize) -> usize {
+        let cells = shape.iter().product::<u64>() as usize;
+        let along = shape[self.dim].max(1) as usize;
+        let section = cells / along;
+        let halo = (self.before + self.after) as usize;
+        // The ring: a block, its halo, and the cells leaving the first frame.
+        let held = along + halo + 1;
+        let width = |schema: &SchemaRef| -> usize {
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.data_type().primitive_width().unwrap_or(16))
+                .sum()
+        };
+        let extremes = (self.aggregates.iter())
+            .filter(|a| matches!(a.op, RollOp::Min | RollOp::Max))
+            .count();
+        let row_bytes = width(&self.output_schema);
+        2 * cells * width(&self.input_schema)
+            + section * held * Lines::CELL_BYTES * self.args.len()
+            + extremes * held * TILE.min(section) * 8
+            + section * halo * width(&self.arg_schema)
+            + cells * (8 * self.aggregates.len() + 16)
+            + section * RollState::LANE_BYTES * self.aggregates.len()
+            + 3 * batch_size * row_bytes
     }
 
     /// The aggregates as shown, and the positions the frames reach before
