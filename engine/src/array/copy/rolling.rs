@@ -28,7 +28,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::ArrowNativeType;
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
 use datafusion::catalog::Session;
 use datafusion::common::{
@@ -399,12 +401,14 @@ impl RollChunks {
             |(), writer| {
                 let meters = Meters::new(&self.metrics, writer as usize);
                 let mut roller = Roller::new(&self.rolling, self.batch_size, meters);
+                // The chunk's values, reused from one chunk to the next.
+                let mut values: Vec<Values> = copy.types.iter().map(Values::new).collect();
                 for j in share_of(all.clone(), writer, workers) {
                     if cancelled.load(Ordering::Relaxed) {
                         break;
                     }
                     let compact = grid_cell_along(&copy.shape, &copy.block, dim, j);
-                    self.write_chunk(copy, &compact, &mut roller, arrays)?;
+                    self.write_chunk(copy, &compact, &mut roller, &mut values, arrays)?;
                 }
                 Ok::<_, DataFusionError>(0)
             },
@@ -419,11 +423,12 @@ impl RollChunks {
         copy: &Blockwise,
         compact: &[Range<u64>],
         roller: &mut Roller<'_>,
+        values: &mut [Values],
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
     ) -> Result<()> {
         let chunk: Vec<usize> = compact.iter().map(|r| (r.end - r.start) as usize).collect();
         let cells: usize = chunk.iter().product();
-        let mut values: Vec<Values> = copy.types.iter().map(|t| Values::new(t, cells)).collect();
+        values.iter_mut().for_each(|v| v.reset(cells));
         roller.enter(compact);
         // Per dimension, the source ranges the chunk covers and where
         // each starts in the chunk.
@@ -436,7 +441,8 @@ impl RollChunks {
             let shape: Vec<usize> = b.iter().map(|r| (r.end - r.start) as usize).collect();
             let mut row = 0;
             let mut sink = |batch: RecordBatch| -> Result<bool> {
-                for ((expr, out), data_type) in self.exprs.iter().zip(&mut values).zip(&copy.types)
+                for ((expr, out), data_type) in
+                    self.exprs.iter().zip(values.iter_mut()).zip(&copy.types)
                 {
                     let v = expr.evaluate(&batch)?.into_array(batch.num_rows())?;
                     let v = cast(&v, data_type)?;
@@ -449,14 +455,16 @@ impl RollChunks {
         }
         let subset = ArraySubset::new_with_ranges(compact);
         for (array, values) in arrays.iter().zip(values) {
-            array
-                .store_array_subset(&subset, ArrayBytes::new_flen(values.into_bytes()))
-                .map_err(|e| {
-                    DataFusionError::Execution(format!(
-                        "COPY TO Zarr: writing {compact:?} of '{}': {e}",
-                        array.path()
-                    ))
-                })?;
+            values.with_bytes(|bytes| {
+                array
+                    .store_array_subset(&subset, ArrayBytes::new_flen(bytes))
+                    .map_err(|e| {
+                        DataFusionError::Execution(format!(
+                            "COPY TO Zarr: writing {compact:?} of '{}': {e}",
+                            array.path()
+                        ))
+                    })
+            })?;
         }
         Ok(())
     }
@@ -523,11 +531,50 @@ enum Values {
 }
 
 impl Values {
-    fn new(data_type: &DataType, cells: usize) -> Self {
+    /// No values yet, of `data_type`.
+    fn new(data_type: &DataType) -> Self {
         match data_type {
-            DataType::Float32 => Values::F32(vec![f32::NAN; cells]),
-            DataType::Int64 => Values::I64(vec![0; cells]),
-            _ => Values::F64(vec![f64::NAN; cells]),
+            DataType::Float32 => Values::F32(Vec::new()),
+            DataType::Int64 => Values::I64(Vec::new()),
+            _ => Values::F64(Vec::new()),
+        }
+    }
+
+    /// `cells` missing values (the memory of those before reused).
+    fn reset(&mut self, cells: usize) {
+        match self {
+            Values::F64(v) => {
+                v.clear();
+                v.resize(cells, f64::NAN);
+            }
+            Values::F32(v) => {
+                v.clear();
+                v.resize(cells, f32::NAN);
+            }
+            Values::I64(v) => {
+                v.clear();
+                v.resize(cells, 0);
+            }
+        }
+    }
+
+    /// Calls `f` with the values' little-endian bytes (without a copy: an
+    /// Arrow buffer over them, taken back after).
+    fn with_bytes<T>(&mut self, f: impl FnOnce(&[u8]) -> Result<T>) -> Result<T> {
+        fn over<V: ArrowNativeType, T>(
+            values: &mut Vec<V>,
+            f: impl FnOnce(&[u8]) -> Result<T>,
+        ) -> Result<T> {
+            let buffer = Buffer::from_vec(std::mem::take(values));
+            let out = f(buffer.as_slice());
+            // The buffer holds the only reference: the vector comes back.
+            *values = buffer.into_vec().unwrap_or_default();
+            out
+        }
+        match self {
+            Values::F64(v) => over(v, f),
+            Values::F32(v) => over(v, f),
+            Values::I64(v) => over(v, f),
         }
     }
 
@@ -582,15 +629,6 @@ impl Values {
         }
         Ok(())
     }
-
-    /// The chunk's little-endian bytes.
-    fn into_bytes(self) -> Vec<u8> {
-        match self {
-            Values::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Values::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Values::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -613,7 +651,8 @@ mod tests {
     fn a_box_s_rows_land_at_its_offsets_in_the_chunk() {
         use datafusion::arrow::array::Float64Array;
         // A 2 x 3 box at (1, 1) of a 3 x 4 chunk, in two batches.
-        let mut chunk = Values::new(&DataType::Float64, 12);
+        let mut chunk = Values::new(&DataType::Float64);
+        chunk.reset(12);
         let first: ArrayRef = Arc::new(Float64Array::from(vec![Some(1.0), Some(2.0)]));
         let rest: ArrayRef = Arc::new(Float64Array::from(vec![
             Some(3.0),

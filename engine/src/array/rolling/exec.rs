@@ -712,12 +712,14 @@ impl<'a> Roller<'a> {
         let mut start = 0u64;
         while start < total {
             let len = (batch_size as u64).min(total - start);
-            let batch = cells.batch(&rolling.input_schema, start, len)?;
-            let mut columns = rolling
-                .outputs
-                .iter()
-                .map(|e| e.evaluate(&batch)?.into_array(len as usize))
-                .collect::<Result<Vec<_>>>()?;
+            let mut columns = if rolling.outputs.is_empty() {
+                Vec::new()
+            } else {
+                let batch = cells.batch(&rolling.input_schema, start, len)?;
+                (rolling.outputs.iter())
+                    .map(|e| e.evaluate(&batch)?.into_array(len as usize))
+                    .collect::<Result<Vec<_>>>()?
+            };
             columns.extend(
                 rolled
                     .iter()
