@@ -184,6 +184,9 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
 
         clear_out()
         encoding = {"m": {"chunks": (1, 721, 1440), "compressors": [ZstdCodec(level=3)]}}
+        if arm == "xarray-dask":
+            # dask's rolling splits lat and lon; a Zarr chunk may not span dask chunks.
+            out = out.chunk({"lat": -1, "lon": -1})
         ds = out.to_dataset(name="m")
         for v in ds.variables.values():
             # The source's v2 codecs and chunks do not carry over; CF time encoding does.

@@ -67,14 +67,13 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
 
 /// A session whose queries run on `workers` (`zarrfusion worker`
 /// processes; see [`crate::distributed`]): the stages of each physical plan
-/// are handed to them, Zarr scans and dense reductions split into tasks by
-/// their bytes (a dense reduction's tasks give partial states, merged by
-/// DataFusion's final aggregate). Aligned joins are planned as DataFusion's
-/// hash joins over distributed scans (`zarrfusion.aligned_join` is off),
-/// joins with small results as DataFusion's joins
-/// (`zarrfusion.broadcast_join` is off),
-/// rolling windows as DataFusion's windows (`zarrfusion.rolling_window`
-/// is off).
+/// are handed to them, Zarr scans, dense reductions and rolling windows
+/// split into tasks by their bytes (a dense reduction's tasks give partial
+/// states, merged by DataFusion's final aggregate; a rolling window's tasks
+/// each roll a run of blocks, reading the overlap before it). Aligned joins
+/// are planned as DataFusion's hash joins over distributed scans
+/// (`zarrfusion.aligned_join` is off), joins with small results as
+/// DataFusion's joins (`zarrfusion.broadcast_join` is off).
 pub fn distributed_context(
     config: SessionConfig,
     runtime: Arc<RuntimeEnv>,
@@ -103,7 +102,6 @@ fn build_context(
         if let Some(zarr) = config.options_mut().extensions.get_mut::<ZarrConfig>() {
             zarr.aligned_join = false;
             zarr.broadcast_join = false;
-            zarr.rolling_window = false;
         }
         keep_partial_aggregates(config.options_mut());
     }

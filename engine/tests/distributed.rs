@@ -23,6 +23,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use url::Url;
+use zarrfusion::array::rolling::RollingWindowExec;
 use zarrfusion::array::DenseReductionExec;
 use zarrfusion::distributed::{serve_worker, ZarrCodec};
 use zarrfusion::table::ZarrScanExec;
@@ -482,5 +483,117 @@ async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
             named && message.contains("stage") && message.contains("allowed_mem"),
             "a worker with 1 KiB ran the task of {sql}, or its refusal does not say so: {message}"
         );
+    }
+}
+
+/// The rolling-window oracle queries (`rolling_queries.json`).
+fn rolling_queries() -> Vec<Value> {
+    let path = repo_root().join("tests/fixtures/expected/rolling_queries.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolling_windows_run_on_the_workers_with_xarray_s_answers() {
+    let workers = start_workers(2).await;
+    let queries = rolling_queries();
+    assert!(queries.len() >= 6);
+    for q in &queries {
+        let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
+        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        let ctx = cluster_session(&workers).await;
+        // Blocks of a few steps: each task rolls its run, reading the
+        // overlap before it from the store.
+        ctx.sql("SET zarrfusion.target_partition_bytes = 1024")
+            .await
+            .unwrap();
+        ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+            .await
+            .unwrap();
+        let plan = physical_plan(&ctx, sql).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(
+            shown.contains("RollingWindowExec") && shown.contains("Network"),
+            "{name}:\n{shown}"
+        );
+        assert!(!shown.contains("WindowAggExec"), "{name}:\n{shown}");
+        let got = query_rows(&ctx, &format!("{name} through workers"), sql).await;
+        assert_rows(&format!("{name} through workers"), &got, &want);
+    }
+}
+
+/// The rolling window of `sql` over the climate fixture, as planned here.
+async fn planned_window(
+    sql: &str,
+) -> (datafusion::prelude::SessionContext, Arc<dyn ExecutionPlan>) {
+    let ctx = new_context();
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let plan = physical_plan(&ctx, sql).await;
+    let mut stack = vec![plan];
+    while let Some(node) = stack.pop() {
+        if node.downcast_ref::<RollingWindowExec>().is_some() {
+            return (ctx, node);
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    panic!("no rolling window in {sql}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_window_round_trips_and_a_malformed_one_is_refused() {
+    let sql = "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
+               ROWS BETWEEN 3 PRECEDING AND 1 FOLLOWING) AS m, max(u10 * 2) OVER (PARTITION BY \
+               lat, lon ORDER BY time ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS hi FROM t \
+               WHERE lat >= 30";
+    let (ctx, window) = planned_window(sql).await;
+    // Whole, through the codec: the same rows.
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&window), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    assert_eq!(
+        sorted_rows(back, &ctx).await,
+        sorted_rows(Arc::clone(&window), &ctx).await
+    );
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(window);
+    wire.decode(&sent).expect("the window as sent");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("read", serde_json::json!([99]), "column 99"),
+        (
+            "arg_places",
+            serde_json::json!([7]),
+            "arguments from column 7",
+        ),
+        ("tasks", Value::from(0), "tasks"),
+        ("partitions", Value::from(1u64 << 40), "partitions"),
+        ("batch_size", Value::from(0), "batch_size"),
+        ("dim", Value::from(9), "do not fit together"),
+        ("schema", serde_json::json!([]), "do not fit together"),
+        ("args", serde_json::json!(["not base64!"]), "base64"),
+        (
+            "outputs",
+            serde_json::json!(["/////w=="]),
+            "malformed expression",
+        ),
+        ("block_shape", serde_json::json!([0, 1, 1]), "blocks"),
+        ("columns", serde_json::json!([["x", "Int8"]]), "changed"),
+    ];
+    wire.refuses(&sent, cases);
+    let aggregate_cases: Vec<(&str, Value, &str)> = vec![
+        ("op", Value::from("median"), "unknown"),
+        ("start", Value::from(-(1i64 << 40)), "frame"),
+        ("end", Value::from(-5), "frame"),
+        ("arg", Value::from(9), "do not fit together"),
+        ("output", Value::from("NoSuchType"), "NoSuchType"),
+    ];
+    for (field, value, says) in aggregate_cases {
+        let mut bad = sent.clone();
+        bad["aggregates"][0][field] = value.clone();
+        let err = wire
+            .decode(&bad)
+            .expect_err(&format!("aggregate {field} = {value} accepted"));
+        assert!(err.contains(says), "aggregate {field} = {value}: {err}");
     }
 }

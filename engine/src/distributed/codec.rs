@@ -9,6 +9,13 @@
 //! to its own `allowed_mem`, and refuses a scan that cannot fit it. A node
 //! the codec does not know is an error naming it.
 //!
+//! A [`RollingWindowExec`] travels as its table's source, the columns it
+//! reads, its arguments and input columns (protobuf physical
+//! expressions), its aggregates and frames, its selection, blocks,
+//! partitions and tasks; the worker checks them as a scan's, bounds the
+//! frames as the planner does ([`MAX_FRAME`]) and fits the window to its
+//! own `allowed_mem`.
+//!
 //! A [`DenseReductionExec`] giving a task's partial states travels the
 //! same way, with the columns it reads, its grouped dimensions, its
 //! aggregates (their arguments and row filter as DataFusion's protobuf
@@ -36,6 +43,8 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::array::reduce::MAX_STATE_BYTES;
+use crate::array::rolling::exec::{PhysicalRoll, RollingParts};
+use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
 use crate::array::{key_schema, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec, ReductionParts};
 use crate::config::ZarrConfig;
 use crate::error::lock;
@@ -66,6 +75,7 @@ pub struct ZarrCodec {
 enum Node {
     Scan(Scan),
     Reduction(Reduction),
+    Window(Window),
 }
 
 /// How to open a table again.
@@ -114,6 +124,46 @@ struct Reduction {
     states: Vec<(String, String, bool)>,
     io_concurrency: usize,
     tasks: usize,
+}
+
+/// A rolling window's runs of blocks as they travel.
+#[derive(Debug, Serialize, Deserialize)]
+struct Window {
+    source: Source,
+    /// The table's columns when the plan was made: names and types.
+    columns: Vec<(String, String)>,
+    /// The table columns the window reads (its input, in order).
+    read: Vec<usize>,
+    /// Those the arguments read: places among `read`.
+    arg_places: Vec<usize>,
+    /// The window's input columns, protobuf physical expressions over
+    /// `read` in base64.
+    outputs: Vec<String>,
+    /// The distinct arguments, over the columns at `arg_places`.
+    args: Vec<String>,
+    aggregates: Vec<Roll>,
+    dim: usize,
+    selection: Vec<Vec<Range<u64>>>,
+    block_shape: Vec<u64>,
+    /// The rows' columns: name, type, nullable.
+    schema: Vec<(String, String, bool)>,
+    partitions: usize,
+    batch_size: usize,
+    tasks: usize,
+}
+
+/// One rolling aggregate as it travels.
+#[derive(Debug, Serialize, Deserialize)]
+struct Roll {
+    op: String,
+    /// Which argument (index into `Window::args`).
+    arg: usize,
+    /// The frame in grid order: `t + start ..= t + end`.
+    start: i64,
+    end: i64,
+    output: String,
+    /// How it is shown.
+    label: String,
 }
 
 /// One grouping column of a reduction as it travels: a dimension, or a
@@ -455,6 +505,161 @@ impl ZarrCodec {
     }
 }
 
+impl ZarrCodec {
+    fn encode_window(&self, w: &RollingWindowExec) -> Result<Node> {
+        let r = w.rolling();
+        let table = &r.table;
+        let selection = &r.selection;
+        Ok(Node::Window(Window {
+            source: Source::of(table)?,
+            columns: columns_of(table),
+            read: r.columns.clone(),
+            arg_places: r.arg_places.clone(),
+            outputs: (r.outputs.iter())
+                .map(|e| self.encode_expr(e))
+                .collect::<Result<_>>()?,
+            args: (r.args.iter())
+                .map(|(e, _)| self.encode_expr(e))
+                .collect::<Result<_>>()?,
+            aggregates: (r.aggregates.iter())
+                .map(|a| Roll {
+                    op: a.op.name().to_string(),
+                    arg: a.arg,
+                    start: a.frame.start,
+                    end: a.frame.end,
+                    output: a.output_type.to_string(),
+                    label: a.label.clone(),
+                })
+                .collect(),
+            dim: r.dim,
+            selection: (0..selection.rank())
+                .map(|d| selection.ranges(d).to_vec())
+                .collect(),
+            block_shape: r.blocks.block_shape().to_vec(),
+            schema: (r.output_schema.fields().iter())
+                .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
+                .collect(),
+            partitions: w.properties().partitioning.partition_count(),
+            batch_size: w.batch_size(),
+            tasks: w.tasks(),
+        }))
+    }
+
+    fn decode_window(&self, w: Window, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = self.open_checked(&w.source, &w.columns, ctx)?;
+        let store = &table.store;
+        let width = table.schema.fields().len();
+        let limits = [
+            ("partitions", w.partitions, MAX_PARTITIONS),
+            ("tasks", w.tasks, MAX_TASKS),
+            ("batch_size", w.batch_size, MAX_BATCH_ROWS),
+            ("aggregates", w.aggregates.len(), MAX_AGGREGATES),
+        ];
+        for (what, n, most) in limits {
+            if n == 0 || n > most {
+                return plan_err!(
+                    "a rolling window over {store} asks for {n} {what} (1 to {most})"
+                );
+            }
+        }
+        if let Some(bad) = w.read.iter().find(|&&i| i >= width) {
+            return plan_err!("a rolling window over {store} reads column {bad} of {width}");
+        }
+        if let Some(bad) = w.arg_places.iter().find(|&&p| p >= w.read.len()) {
+            return plan_err!(
+                "a rolling window over {store} takes its arguments from column {bad} of {}",
+                w.read.len()
+            );
+        }
+        if w.args.len() > MAX_AGGREGATES || w.outputs.len() > MAX_AGGREGATES {
+            return plan_err!(
+                "a rolling window over {store} has {} arguments and {} input columns",
+                w.args.len(),
+                w.outputs.len()
+            );
+        }
+        let shape = table.shape();
+        let selection = Selection::from_ranges(w.selection, &shape).map_err(|e| {
+            exec_datafusion_err!("a rolling window over {store}: its selection: {e}")
+        })?;
+        let blocks = BlockGrid::with_block_shape(&shape, w.block_shape, &selection)
+            .map_err(|e| exec_datafusion_err!("a rolling window over {store}: {e}"))?;
+        let input = Schema::new(
+            (w.read.iter())
+                .map(|&c| table.schema.field(c).clone())
+                .collect::<Vec<_>>(),
+        );
+        let arg_input = Schema::new(
+            (w.arg_places.iter())
+                .map(|&p| input.field(p).clone())
+                .collect::<Vec<_>>(),
+        );
+        let parse_type = |text: &str| {
+            text.parse::<DataType>().map_err(|e| {
+                exec_datafusion_err!("a rolling window over {store}: type {text:?}: {e}")
+            })
+        };
+        let mut aggregates = Vec::with_capacity(w.aggregates.len());
+        for a in w.aggregates {
+            let Some(op) = RollOp::from_name(&a.op) else {
+                return plan_err!("a rolling window over {store} computes {:?}, unknown", a.op);
+            };
+            let most = MAX_FRAME as i64;
+            if a.start > a.end || a.start < -most || a.end > most || a.end - a.start >= most {
+                return plan_err!(
+                    "a rolling window over {store} has the frame [{}, {}] (at most {MAX_FRAME} \
+                     positions, each end within {MAX_FRAME})",
+                    a.start,
+                    a.end
+                );
+            }
+            aggregates.push(PhysicalRoll {
+                op,
+                label: a.label,
+                arg: a.arg,
+                frame: Frame {
+                    start: a.start,
+                    end: a.end,
+                },
+                output_type: parse_type(&a.output)?,
+            });
+        }
+        let outputs = (w.outputs.iter())
+            .map(|e| self.decode_expr(e, ctx, &input))
+            .collect::<Result<Vec<_>>>()?;
+        let args = (w.args.iter())
+            .map(|e| self.decode_expr(e, ctx, &arg_input))
+            .collect::<Result<Vec<_>>>()?;
+        let mut fields = Vec::with_capacity(w.schema.len());
+        for (name, data_type, nullable) in &w.schema {
+            fields.push(Field::new(name, parse_type(data_type)?, *nullable));
+        }
+        let memory_limit = match ctx.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let parts = RollingParts {
+            table,
+            selection,
+            blocks,
+            dim: w.dim,
+            columns: w.read,
+            arg_places: w.arg_places,
+            outputs,
+            args,
+            aggregates,
+            schema: Arc::new(Schema::new(fields)),
+            partitions: w.partitions,
+            batch_size: w.batch_size,
+            tasks: w.tasks,
+        };
+        Ok(Arc::new(RollingWindowExec::from_parts(
+            parts,
+            memory_limit,
+        )?))
+    }
+}
+
 impl PhysicalExtensionCodec for ZarrCodec {
     fn try_decode(
         &self,
@@ -478,6 +683,12 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 }
                 self.decode_reduction(reduction, ctx)
             }
+            Node::Window(window) => {
+                if !inputs.is_empty() {
+                    return plan_err!("a rolling window has no inputs, got {}", inputs.len());
+                }
+                self.decode_window(window, ctx)
+            }
         }
     }
 
@@ -497,10 +708,15 @@ impl PhysicalExtensionCodec for ZarrCodec {
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a dense reduction: {e}"));
         }
+        if let Some(window) = node.downcast_ref::<RollingWindowExec>() {
+            let encoded = self.encode_window(window)?;
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a rolling window: {e}"));
+        }
         let Some(scan) = node.downcast_ref::<ZarrScanExec>() else {
             return not_impl_err!(
-                "{} cannot run on a cluster's workers yet (zarrfusion distributes Zarr scans \
-                 and dense reductions)",
+                "{} cannot run on a cluster's workers yet (zarrfusion distributes Zarr scans, \
+                 dense reductions and rolling windows)",
                 node.name()
             );
         };

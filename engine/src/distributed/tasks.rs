@@ -1,4 +1,4 @@
-//! How a Zarr scan's or a dense reduction's stage is split among a
+//! How a Zarr scan's, a dense reduction's or a rolling window's stage is split among a
 //! cluster's tasks: the distributed planner asks each leaf how many tasks
 //! it wants ([`scan_tasks`]: its decoded bytes over
 //! `zarrfusion.bytes_per_task`, at most one per block), then tells it how
@@ -14,6 +14,7 @@ use datafusion_distributed::{
     ScaleUpLeafNodeEventResponse,
 };
 
+use crate::array::rolling::RollingWindowExec;
 use crate::array::DenseReductionExec;
 use crate::config::ZarrConfig;
 use crate::table::ZarrScanExec;
@@ -24,6 +25,8 @@ use crate::table::ZarrScanExec;
 pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEventResponse>> {
     let (bytes, blocks) = if let Some(scan) = ev.plan.downcast_ref::<ZarrScanExec>() {
         (scan.decoded_bytes(), scan.blocks().num_blocks())
+    } else if let Some(window) = ev.plan.downcast_ref::<RollingWindowExec>() {
+        (window.decoded_bytes(), window.blocks().num_blocks())
     } else {
         let reduction = ev.plan.downcast_ref::<DenseReductionExec>()?;
         reduction.tasks()?;
@@ -44,6 +47,11 @@ pub fn deal_scan_blocks(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNo
     if let Some(scan) = ev.plan.downcast_ref::<ZarrScanExec>() {
         return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
             scan.with_tasks(ev.task_count),
+        ))));
+    }
+    if let Some(window) = ev.plan.downcast_ref::<RollingWindowExec>() {
+        return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
+            window.with_tasks(ev.task_count),
         ))));
     }
     let reduction = ev.plan.downcast_ref::<DenseReductionExec>()?;

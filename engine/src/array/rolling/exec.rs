@@ -29,10 +29,12 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
-use datafusion::common::{human_readable_size, resources_err, DFSchema, Result, Statistics};
+use datafusion::common::{
+    human_readable_size, plan_err, resources_err, DFSchema, Result, Statistics,
+};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -47,6 +49,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
 };
 use datafusion::physical_planner::PhysicalPlanner;
+use datafusion_distributed::DistributedTaskContext;
 use tokio::sync::mpsc::Sender;
 
 use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
@@ -57,43 +60,69 @@ use crate::table::{boxes_in_block, select, share_of, BlockGrid, BoxCells, GridTa
 use crate::zarr::ChunkBufferPool;
 
 /// One aggregate, planned.
-#[derive(Debug)]
-struct PhysicalRoll {
-    op: RollOp,
+#[derive(Debug, Clone)]
+pub(crate) struct PhysicalRoll {
+    pub(crate) op: RollOp,
     /// How it is shown (`avg(t2m) over [-23, +0]`).
-    label: String,
-    /// Which argument (index into `Rolling::args`).
-    arg: usize,
-    frame: Frame,
-    output_type: DataType,
+    pub(crate) label: String,
+    /// Which argument (index into the window's distinct arguments).
+    pub(crate) arg: usize,
+    pub(crate) frame: Frame,
+    pub(crate) output_type: DataType,
+}
+
+/// What a [`RollingWindowExec`] is made of (as planned here, or as it
+/// travels to a cluster's worker).
+pub(crate) struct RollingParts {
+    pub(crate) table: Arc<GridTable>,
+    pub(crate) selection: Selection,
+    pub(crate) blocks: BlockGrid,
+    /// The dimension rolled along.
+    pub(crate) dim: usize,
+    /// Table columns read, in the order of the window's input.
+    pub(crate) columns: Vec<usize>,
+    /// Those the arguments read: places among `columns`.
+    pub(crate) arg_places: Vec<usize>,
+    /// The window's input columns, over `columns`.
+    pub(crate) outputs: Vec<Arc<dyn PhysicalExpr>>,
+    /// The distinct arguments, over the columns at `arg_places`.
+    pub(crate) args: Vec<Arc<dyn PhysicalExpr>>,
+    pub(crate) aggregates: Vec<PhysicalRoll>,
+    /// The rows sent: the input columns, then the aggregates.
+    pub(crate) schema: SchemaRef,
+    pub(crate) partitions: usize,
+    pub(crate) batch_size: usize,
+    /// The tasks of a cluster's stage the blocks are dealt to (1: all of
+    /// them here).
+    pub(crate) tasks: usize,
 }
 
 /// Everything a partition needs, shared by all of them.
 #[derive(Debug)]
 pub(crate) struct Rolling {
-    table: Arc<GridTable>,
-    selection: Selection,
-    blocks: BlockGrid,
-    dim: usize,
+    pub(crate) table: Arc<GridTable>,
+    pub(crate) selection: Selection,
+    pub(crate) blocks: BlockGrid,
+    pub(crate) dim: usize,
     /// Table columns read, and their schema.
-    columns: Vec<usize>,
-    input_schema: SchemaRef,
+    pub(crate) columns: Vec<usize>,
+    pub(crate) input_schema: SchemaRef,
     /// Those the arguments read: places among `columns`, table columns,
     /// and their schema.
-    arg_places: Vec<usize>,
-    arg_columns: Vec<usize>,
-    arg_schema: SchemaRef,
+    pub(crate) arg_places: Vec<usize>,
+    pub(crate) arg_columns: Vec<usize>,
+    pub(crate) arg_schema: SchemaRef,
     /// The window's input columns, over `input_schema`.
-    outputs: Vec<Arc<dyn PhysicalExpr>>,
+    pub(crate) outputs: Vec<Arc<dyn PhysicalExpr>>,
     /// The distinct arguments, over `arg_schema`, and whether each is a
     /// number (else only its NULLs count).
-    args: Vec<(Arc<dyn PhysicalExpr>, bool)>,
-    aggregates: Vec<PhysicalRoll>,
+    pub(crate) args: Vec<(Arc<dyn PhysicalExpr>, bool)>,
+    pub(crate) aggregates: Vec<PhysicalRoll>,
     /// The rows sent: the input columns, then the aggregates.
-    output_schema: SchemaRef,
+    pub(crate) output_schema: SchemaRef,
     /// Positions the frames reach before and after a cell, at most.
-    before: u64,
-    after: u64,
+    pub(crate) before: u64,
+    pub(crate) after: u64,
 }
 
 /// The physical operator of a [`RollingWindow`].
@@ -102,6 +131,8 @@ pub struct RollingWindowExec {
     rolling: Arc<Rolling>,
     partitions: usize,
     batch_size: usize,
+    /// The tasks of a cluster's stage its blocks are dealt to (1: all here).
+    tasks: usize,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -149,8 +180,6 @@ impl RollingWindowExec {
         }
         let input_df = DFSchema::new_with_metadata(fields, Default::default())?;
         let arg_df = DFSchema::new_with_metadata(arg_fields, Default::default())?;
-        let input_schema: SchemaRef = Arc::new(input_df.as_arrow().clone());
-        let arg_schema: SchemaRef = Arc::new(arg_df.as_arrow().clone());
         let outputs = node
             .columns
             .iter()
@@ -159,13 +188,7 @@ impl RollingWindowExec {
         let args = arg_exprs
             .iter()
             .map(|e| {
-                let e = unwidened(e, &arg_df);
-                let arg = planner.create_physical_expr(e, &arg_df, session, planning)?;
-                let numeric = matches!(
-                    arg.data_type(&arg_schema)?,
-                    DataType::Float32 | DataType::Float64
-                );
-                Ok((arg, numeric))
+                planner.create_physical_expr(unwidened(e, &arg_df), &arg_df, session, planning)
             })
             .collect::<Result<Vec<_>>>()?;
         let n_columns = node.columns.len();
@@ -181,26 +204,96 @@ impl RollingWindowExec {
                 output_type: node.schema.field(n_columns + i).data_type().clone(),
             })
             .collect::<Vec<_>>();
-        let before = aggregates
-            .iter()
-            .map(|a| a.frame.before())
-            .max()
-            .unwrap_or(0);
-        let after = aggregates
-            .iter()
-            .map(|a| a.frame.after())
-            .max()
-            .unwrap_or(0);
-
         let (blocks, memory_limit, parallelism) =
             BlockGrid::for_workers(&table, &columns, &selection, session);
         let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism);
-        let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
-        let rolling = Rolling {
+        let parts = RollingParts {
             table,
             selection,
             blocks,
             dim: node.dim,
+            columns,
+            arg_places,
+            outputs,
+            args,
+            aggregates,
+            schema: Arc::new(node.schema.as_arrow().clone()),
+            partitions,
+            batch_size: session.config().batch_size().max(1),
+            tasks: 1,
+        };
+        Self::from_parts(parts, memory_limit)
+    }
+
+    /// The operator of `parts`; refused (before anything runs) when its
+    /// projected memory exceeds `memory_limit`, or when its parts do not
+    /// fit together (columns, arguments or aggregates out of range).
+    pub(crate) fn from_parts(parts: RollingParts, memory_limit: Option<usize>) -> Result<Self> {
+        let RollingParts {
+            table,
+            selection,
+            blocks,
+            dim,
+            columns,
+            arg_places,
+            outputs,
+            args,
+            aggregates,
+            schema,
+            partitions,
+            batch_size,
+            tasks,
+        } = parts;
+        let store = &table.store;
+        let width = table.schema.fields().len();
+        let n_dims = table.dims.len();
+        if dim >= n_dims
+            || columns.iter().any(|&c| c >= width)
+            || arg_places.iter().any(|&p| p >= columns.len())
+            || aggregates.iter().any(|a| a.arg >= args.len())
+            || schema.fields().len() != outputs.len() + aggregates.len()
+        {
+            return plan_err!(
+                "a rolling window over {store} whose parts do not fit together: along dimension \
+                 {dim} of {n_dims}, columns {columns:?} of {width}, arguments at {arg_places:?}, \
+                 {} arguments and {} aggregates for {} output columns",
+                args.len(),
+                aggregates.len(),
+                schema.fields().len()
+            );
+        }
+        let fields = |cs: &mut dyn Iterator<Item = usize>| -> SchemaRef {
+            Arc::new(Schema::new(
+                cs.map(|c| table.schema.field(c).clone())
+                    .collect::<Vec<_>>(),
+            ))
+        };
+        let arg_columns: Vec<usize> = arg_places.iter().map(|&p| columns[p]).collect();
+        let input_schema = fields(&mut columns.iter().copied());
+        let arg_schema = fields(&mut arg_columns.iter().copied());
+        let args = args
+            .into_iter()
+            .map(|arg| {
+                let numeric = matches!(
+                    arg.data_type(&arg_schema)?,
+                    DataType::Float32 | DataType::Float64
+                );
+                Ok((arg, numeric))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let before = (aggregates.iter())
+            .map(|a| a.frame.before())
+            .max()
+            .unwrap_or(0);
+        let after = (aggregates.iter())
+            .map(|a| a.frame.after())
+            .max()
+            .unwrap_or(0);
+        let rolling = Rolling {
+            table,
+            selection,
+            blocks,
+            dim,
             columns,
             input_schema,
             arg_places,
@@ -213,20 +306,7 @@ impl RollingWindowExec {
             before,
             after,
         };
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(partitions),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
-        let exec = Self {
-            rolling: Arc::new(rolling),
-            partitions,
-            batch_size: session.config().batch_size().max(1),
-            schema,
-            properties,
-            metrics: ExecutionPlanMetricsSet::new(),
-        };
+        let exec = Self::with_parts(Arc::new(rolling), partitions, batch_size, tasks);
         if let Some(limit) = memory_limit {
             let projected = exec.projected_memory();
             if projected > limit {
@@ -247,6 +327,65 @@ impl RollingWindowExec {
             }
         }
         Ok(exec)
+    }
+
+    fn with_parts(
+        rolling: Arc<Rolling>,
+        partitions: usize,
+        batch_size: usize,
+        tasks: usize,
+    ) -> Self {
+        let schema = Arc::clone(&rolling.output_schema);
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Self {
+            rolling,
+            partitions,
+            batch_size: batch_size.max(1),
+            tasks: tasks.max(1),
+            schema,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// This window with its blocks dealt to `tasks` tasks of a cluster's
+    /// stage, in contiguous runs (each task's split among its partitions).
+    pub fn with_tasks(&self, tasks: usize) -> Self {
+        Self::with_parts(
+            Arc::clone(&self.rolling),
+            self.partitions,
+            self.batch_size,
+            tasks,
+        )
+    }
+
+    /// The tasks its blocks are dealt to (1: all of them here).
+    pub fn tasks(&self) -> usize {
+        self.tasks
+    }
+
+    /// Rows per batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// The blocks the cells are read in.
+    pub fn blocks(&self) -> &BlockGrid {
+        &self.rolling.blocks
+    }
+
+    /// The bytes of the columns it decodes, every selected cell once.
+    pub fn decoded_bytes(&self) -> u64 {
+        let r = &self.rolling;
+        let width: usize = (r.input_schema.fields().iter())
+            .map(|f| f.data_type().primitive_width().unwrap_or(16))
+            .sum();
+        r.selection.num_cells().saturating_mul(width as u64)
     }
 
     /// Memory one partition holds at its peak: two decoded blocks, the
@@ -274,10 +413,25 @@ impl RollingWindowExec {
         self.partitions * self.per_partition_memory()
     }
 
-    /// The blocks partition `partition` reads (in the order along the dimension).
-    fn partition_blocks(&self, partition: usize) -> Range<u64> {
-        let all = 0..self.rolling.blocks.num_blocks();
-        share_of(all, partition as u64, self.partitions as u64)
+    /// The blocks partition `partition` reads (in the order along the
+    /// dimension): its share of all of them, or on a cluster of the run of
+    /// the task it runs as (from its `DistributedTaskContext`).
+    fn partition_blocks(&self, partition: usize, context: &Arc<TaskContext>) -> Result<Range<u64>> {
+        let mut run = 0..self.rolling.blocks.num_blocks();
+        if self.tasks > 1 {
+            let ctx = DistributedTaskContext::from_ctx(context);
+            if ctx.task_count != self.tasks || ctx.task_index >= self.tasks {
+                return datafusion::common::exec_err!(
+                    "RollingWindowExec over {} was planned for {} tasks, but runs as task {} of {}",
+                    self.rolling.table.store,
+                    self.tasks,
+                    ctx.task_index,
+                    ctx.task_count
+                );
+            }
+            run = share_of(run, ctx.task_index as u64, self.tasks as u64);
+        }
+        Ok(share_of(run, partition as u64, self.partitions as u64))
     }
 }
 
@@ -772,7 +926,7 @@ impl ExecutionPlan for RollingWindowExec {
                 self.partitions
             );
         }
-        let run = self.partition_blocks(partition);
+        let run = self.partition_blocks(partition, &context)?;
         let progress = context.session_config().get_extension::<ScanProgress>();
         if let Some(progress) = &progress {
             progress.add_planned(run.end - run.start);

@@ -57,6 +57,13 @@ impl RollOp {
             Self::Max => "max",
         }
     }
+
+    /// The aggregate [`RollOp::name`] names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Count, Self::Sum, Self::Avg, Self::Min, Self::Max]
+            .into_iter()
+            .find(|op| op.name() == name)
+    }
 }
 
 /// A cell without a value (NULL, or outside the selection).
