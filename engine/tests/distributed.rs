@@ -224,6 +224,19 @@ impl Wire {
         self.decode_bytes(&serde_json::to_vec(sent).unwrap())
     }
 
+    /// `sent` with each `(field, value)` put in its first aggregate is
+    /// refused with an error saying `says`.
+    fn refuses_aggregate(&self, sent: &Value, cases: Vec<(&str, Value, &str)>) {
+        for (field, value, says) in cases {
+            let mut bad = sent.clone();
+            bad["aggregates"][0][field] = value.clone();
+            let err = self
+                .decode(&bad)
+                .expect_err(&format!("aggregate {field} = {value} accepted"));
+            assert!(err.contains(says), "aggregate {field} = {value}: {err}");
+        }
+    }
+
     /// `sent` with each `(field, value)` put in is refused with an error
     /// saying `says`.
     fn refuses(&self, sent: &Value, cases: Vec<(&str, Value, &str)>) {
@@ -410,14 +423,7 @@ async fn a_malformed_dense_reduction_is_an_error_naming_what_is_wrong() {
         ("output", Value::from("Utf8"), "cannot compute avg"),
         ("arg", Value::from("AAAA"), "expression"),
     ];
-    for (field, value, says) in aggregate_cases {
-        let mut bad = sent.clone();
-        bad["aggregates"][0][field] = value.clone();
-        let err = wire
-            .decode(&bad)
-            .expect_err(&format!("aggregate {field} = {value} accepted"));
-        assert!(err.contains(says), "aggregate {field} = {value}: {err}");
-    }
+    wire.refuses_aggregate(&sent, aggregate_cases);
     let mut many = sent.clone();
     let one = many["aggregates"][0].clone();
     many["aggregates"] = Value::Array(vec![one; 5000]);
@@ -588,12 +594,5 @@ async fn a_rolling_window_round_trips_and_a_malformed_one_is_refused() {
         ("arg", Value::from(9), "do not fit together"),
         ("output", Value::from("NoSuchType"), "NoSuchType"),
     ];
-    for (field, value, says) in aggregate_cases {
-        let mut bad = sent.clone();
-        bad["aggregates"][0][field] = value.clone();
-        let err = wire
-            .decode(&bad)
-            .expect_err(&format!("aggregate {field} = {value} accepted"));
-        assert!(err.contains(says), "aggregate {field} = {value}: {err}");
-    }
+    wire.refuses_aggregate(&sent, aggregate_cases);
 }

@@ -1368,6 +1368,10 @@ const SETTINGS: &[&str] = &[
     "zarrfusion.allowed_mem",
     "zarrfusion.target_partition_bytes",
     "zarrfusion.dense_reduction",
+    "zarrfusion.dense_group_functions",
+    "zarrfusion.rolling_window",
+    "zarrfusion.broadcast_join",
+    "zarrfusion.bytes_per_task",
     "zarrfusion.aligned_join",
     "zarrfusion.device",
     "zarrfusion.fft_strategy",
@@ -1381,6 +1385,10 @@ const SETTINGS: &[&str] = &[
     "zarrfusion.work_dir",
     "zarrfusion.nonsense",
 ];
+
+/// A rolling window over the fuzzed store, for the statements after a setting.
+const ROLLING: &str = "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
+                       ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS m FROM t";
 
 const COPY_OPTIONS: &[&str] = &[
     "chunks",
@@ -1506,6 +1514,9 @@ impl SqlCase {
                     _ => format!("SET {name} = {value}"),
                 },
                 "SELECT count(*), avg(t2m) FROM t GROUP BY lat".to_string(),
+                // A rolling window, and one written to Zarr chunk by chunk.
+                format!("SELECT count(m), sum(m) FROM ({ROLLING})"),
+                format!("COPY ({ROLLING}) TO '{out}' STORED AS ZARR"),
             ],
             SqlCase::Copy { options } => {
                 let with = options_clause(options);

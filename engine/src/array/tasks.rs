@@ -80,16 +80,7 @@ pub(crate) fn grid_cells(shape: &[u64], step: &[u64]) -> u64 {
 /// Cell `index` (in C order) of a grid of `step`-sized cells over `shape`,
 /// as ranges (the last cells along a dimension cut at its end).
 pub(crate) fn grid_cell(shape: &[u64], step: &[u64], index: u64) -> Vec<Range<u64>> {
-    let mut rest = index;
-    let mut cell = vec![0..0; shape.len()];
-    for d in (0..shape.len()).rev() {
-        let r = step[d].max(1);
-        let count = shape[d].div_ceil(r).max(1);
-        let p = rest % count;
-        rest /= count;
-        cell[d] = p * r..((p + 1) * r).min(shape[d]);
-    }
-    cell
+    cell_counted(shape, step, (0..shape.len()).rev(), index)
 }
 
 /// Cell `index` of a grid of `step`-sized cells over `shape`, counting
@@ -101,9 +92,20 @@ pub(crate) fn grid_cell_along(
     along: usize,
     index: u64,
 ) -> Vec<Range<u64>> {
+    let order = std::iter::once(along).chain((0..shape.len()).rev().filter(|&d| d != along));
+    cell_counted(shape, step, order, index)
+}
+
+/// Cell `index` of a grid counted over the dimensions in `order`,
+/// innermost first.
+fn cell_counted(
+    shape: &[u64],
+    step: &[u64],
+    order: impl Iterator<Item = usize>,
+    index: u64,
+) -> Vec<Range<u64>> {
     let mut cell = vec![0..0; shape.len()];
     let mut rest = index;
-    let order = std::iter::once(along).chain((0..shape.len()).rev().filter(|&d| d != along));
     for d in order {
         let r = step[d].max(1);
         let count = shape[d].div_ceil(r).max(1);
