@@ -34,8 +34,7 @@ use datafusion::arrow::datatypes::ArrowNativeType;
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
 use datafusion::catalog::Session;
 use datafusion::common::{
-    exec_err, human_readable_size, plan_err, resources_err, DFSchema, DFSchemaRef, DataFusionError,
-    Result,
+    exec_err, human_readable_size, plan_err, resources_err, DFSchemaRef, DataFusionError, Result,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::dml::CopyTo;
@@ -143,19 +142,7 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
     // The window without the input columns no variable reads (the
     // dimensions are the written grid's).
     let keep: Vec<usize> = used.into_iter().collect();
-    let fields = (keep.iter().copied())
-        .chain(n_columns..window.schema.fields().len())
-        .map(|i| {
-            let (qualifier, field) = window.schema.qualified_field(i);
-            (qualifier.cloned(), Arc::clone(field))
-        })
-        .collect();
-    let schema = DFSchema::new_with_metadata(fields, window.schema.metadata().clone())?;
-    let window = RollingWindow {
-        columns: keep.iter().map(|&i| window.columns[i].clone()).collect(),
-        schema: Arc::new(schema),
-        ..window.clone()
-    };
+    let window = window.keeping(&keep)?;
     Ok(Some(RollingCopy {
         window,
         outputs,

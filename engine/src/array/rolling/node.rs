@@ -6,7 +6,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use datafusion::common::DFSchemaRef;
+use datafusion::common::{DFSchema, DFSchemaRef, Result};
 use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 
 use super::frame::{Frame, RollOp};
@@ -64,6 +64,25 @@ pub struct RollingWindow {
 }
 
 impl RollingWindow {
+    /// This window with only its input columns `keep` (indices, in order),
+    /// then its aggregates.
+    pub fn keeping(&self, keep: &[usize]) -> Result<Self> {
+        let n = self.columns.len();
+        let fields = (keep.iter().copied())
+            .chain(n..self.schema.fields().len())
+            .map(|i| {
+                let (qualifier, field) = self.schema.qualified_field(i);
+                (qualifier.cloned(), Arc::clone(field))
+            })
+            .collect();
+        let schema = DFSchema::new_with_metadata(fields, self.schema.metadata().clone())?;
+        Ok(Self {
+            columns: keep.iter().map(|&i| self.columns[i].clone()).collect(),
+            schema: Arc::new(schema),
+            ..self.clone()
+        })
+    }
+
     #[allow(clippy::type_complexity)]
     fn key(&self) -> (&Vec<Expr>, usize, &Vec<Expr>, &Vec<RollExpr>) {
         (&self.filters, self.dim, &self.columns, &self.aggregates)

@@ -114,23 +114,8 @@ fn pruned(projection: &Projection) -> Result<Option<LogicalPlan>> {
     if keep.len() == n {
         return Ok(None);
     }
-    let fields = keep
-        .iter()
-        .copied()
-        .chain(n..node.schema.fields().len())
-        .map(|i| {
-            let (qualifier, field) = node.schema.qualified_field(i);
-            (qualifier.cloned(), Arc::clone(field))
-        })
-        .collect();
-    let schema = DFSchema::new_with_metadata(fields, node.schema.metadata().clone())?;
-    let node = RollingWindow {
-        columns: keep.iter().map(|&i| node.columns[i].clone()).collect(),
-        schema: Arc::new(schema),
-        ..node.clone()
-    };
     let input = Arc::new(LogicalPlan::Extension(Extension {
-        node: Arc::new(node),
+        node: Arc::new(node.keeping(&keep)?),
     }));
     Ok(Some(LogicalPlan::Projection(
         Projection::try_new_with_schema(
