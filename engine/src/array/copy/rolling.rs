@@ -183,8 +183,8 @@ impl RollingCopy {
         }
         let exec = RollingWindowExec::plan(&self.window, planner, session, planning)?;
         let rolling = Arc::clone(exec.rolling());
-        let table = Arc::clone(rolling.table());
-        let selection = rolling.selection().clone();
+        let table = Arc::clone(&rolling.table);
+        let selection = rolling.selection.clone();
         let shape: Vec<u64> = (0..table.dims.len())
             .map(|d| selection.ranges(d).iter().map(|r| r.end - r.start).sum())
             .collect();
@@ -227,7 +227,7 @@ impl RollingCopy {
         let workers = |block: &[u64]| (exec.partitions() as u64).clamp(1, tasks(block));
         // Intermediate chunks of the window's blocks (in selected
         // positions), or of whole target chunks when those fit.
-        let natural: Vec<u64> = (rolling.block_shape().iter())
+        let natural: Vec<u64> = (rolling.blocks.block_shape().iter())
             .zip(&shape)
             .map(|(&b, &n)| b.clamp(1, n))
             .collect();
@@ -240,7 +240,10 @@ impl RollingCopy {
             .collect();
         let fits = |block: &[u64]| {
             let (memory, chunk) = per_worker(block);
-            limit.is_none_or(|limit| workers(block) * (memory + 2 * chunk) <= limit)
+            limit.is_none_or(|limit| {
+                workers(block).saturating_mul(memory.saturating_add(chunk.saturating_mul(2)))
+                    <= limit
+            })
         };
         let block = if fits(&aligned) { aligned } else { natural };
         let (per_worker, chunk_bytes) = per_worker(&block);
@@ -377,7 +380,7 @@ impl RollChunks {
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         cancelled: &AtomicBool,
     ) -> Result<()> {
-        let dim = self.rolling.dim();
+        let dim = self.rolling.dim;
         let workers = self.workers as u64;
         let all = 0..copy.tasks();
         run_tasks(

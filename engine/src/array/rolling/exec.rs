@@ -410,7 +410,7 @@ impl RollingWindowExec {
 
     /// Memory the whole window is projected to hold at its peak.
     pub fn projected_memory(&self) -> usize {
-        self.partitions * self.per_partition_memory()
+        self.partitions.saturating_mul(self.per_partition_memory())
     }
 
     /// The blocks partition `partition` reads (in the order along the
@@ -619,26 +619,6 @@ impl Rolling {
         Ok(())
     }
 
-    /// The selection the windows run over.
-    pub(crate) fn selection(&self) -> &Selection {
-        &self.selection
-    }
-
-    /// The table read.
-    pub(crate) fn table(&self) -> &Arc<GridTable> {
-        &self.table
-    }
-
-    /// The dimension rolled along.
-    pub(crate) fn dim(&self) -> usize {
-        self.dim
-    }
-
-    /// The blocks' shape.
-    pub(crate) fn block_shape(&self) -> &[u64] {
-        self.blocks.block_shape()
-    }
-
     /// Memory one partition holds at its peak over blocks of `shape` with
     /// batches of `batch_size` rows: two decoded blocks, the ring (the
     /// argument lines of a block with its overlap, kept from one block to
@@ -646,12 +626,13 @@ impl Rolling {
     /// aggregates of a block, their running states, and the batches in
     /// flight.
     pub(crate) fn partition_memory(&self, shape: &[u64], batch_size: usize) -> usize {
-        let cells = shape.iter().product::<u64>() as usize;
+        let cells = usize::try_from(shape.iter().fold(1u64, |p, &n| p.saturating_mul(n)))
+            .unwrap_or(usize::MAX);
         let along = shape[self.dim].max(1) as usize;
         let section = cells / along;
         let halo = (self.before + self.after) as usize;
         // The ring: a block, its halo, and the cells leaving the first frame.
-        let held = along + halo + 1;
+        let held = along.saturating_add(halo).saturating_add(1);
         let width = |schema: &SchemaRef| -> usize {
             schema
                 .fields()
@@ -663,13 +644,20 @@ impl Rolling {
             .filter(|a| matches!(a.op, RollOp::Min | RollOp::Max))
             .count();
         let row_bytes = width(&self.output_schema);
-        2 * cells * width(&self.input_schema)
-            + section * held * Lines::CELL_BYTES * self.args.len()
-            + extremes * held * TILE.min(section) * 8
-            + section * halo * width(&self.arg_schema)
-            + cells * (8 * self.aggregates.len() + 16)
-            + section * RollState::LANE_BYTES * self.aggregates.len()
-            + 3 * batch_size * row_bytes
+        // Saturating: the shape and frames may come from a plan received
+        // over the network; a sum that saturates is refused by the limit.
+        let product = |terms: &[usize]| terms.iter().fold(1usize, |p, &t| p.saturating_mul(t));
+        [
+            product(&[2, cells, width(&self.input_schema)]),
+            product(&[section, held, Lines::CELL_BYTES, self.args.len()]),
+            product(&[extremes, held, TILE.min(section), 8]),
+            product(&[section, halo, width(&self.arg_schema)]),
+            product(&[cells, 8 * self.aggregates.len() + 16]),
+            product(&[section, RollState::LANE_BYTES, self.aggregates.len()]),
+            product(&[3, batch_size, row_bytes]),
+        ]
+        .into_iter()
+        .fold(0usize, usize::saturating_add)
     }
 
     /// The aggregates as shown, and the positions the frames reach before
