@@ -567,3 +567,103 @@ async fn a_dimension_of_a_trillion_positions_is_filtered_at_once_with_its_positi
     assert!(plan.contains("d0@0 % 7 = 3"), "{plan}");
     assert!(started.elapsed().as_secs() < 2, "{:?}", started.elapsed());
 }
+
+/// Windows of 2 x 2 cells over `climate.zarr`'s `t2m` (608 x 6 x 6),
+/// blocks of `block_bytes`, indexed with `index_threads` threads.
+fn climate_windows(
+    block_bytes: u64,
+    index_threads: usize,
+) -> Result<std::sync::Arc<zarrfusion::windows::Windows>, zarrfusion::windows::WindowError> {
+    use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
+    use zarrfusion::windows::{IndexOptions, SampleSpec, WindowShape, Windows};
+    let env = datafusion::execution::runtime_env::RuntimeEnv::default();
+    let dataset =
+        ZarrDataset::open(&fixture("climate.zarr"), &ZarrTableOptions::default(), &env).unwrap();
+    let table = std::sync::Arc::new(dataset.table(None).unwrap());
+    let selection = Selection::all(&table.shape());
+    let shape = WindowShape {
+        sizes: vec![("lat".into(), 2), ("lon".into(), 2)],
+        overlaps: vec![],
+    };
+    let index = IndexOptions {
+        block_bytes,
+        threads: index_threads,
+        ..IndexOptions::default()
+    };
+    let variables = ["t2m".to_string()];
+    Windows::new(
+        table,
+        &variables,
+        selection,
+        &shape,
+        &SampleSpec::default(),
+        &index,
+    )
+    .map(std::sync::Arc::new)
+}
+
+/// Found by the window-argument fuzz target: thread counts of 2^64 - 1
+/// (the loader's, the index's) started threads until the system refused
+/// one, and the failed start aborted the process; a prefetch of 2^64 - 1
+/// wrapped the memory projection; a batch of 2^32 windows drawn from
+/// several blocks allocated room for all of them (3 TB) before the first
+/// window, and aborted. Now the counts are refused naming the argument,
+/// and the batch grows as windows come.
+#[test]
+fn absurd_loader_arguments_are_refused_or_bounded_not_an_abort() {
+    use zarrfusion::windows::{LoaderOptions, Shuffle, WindowLoader};
+    let err = climate_windows(16 << 20, usize::MAX)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("threads:") && err.contains("at most"),
+        "{err}"
+    );
+    let windows = climate_windows(16 << 20, 0).unwrap();
+    for (options, argument) in [
+        (
+            LoaderOptions {
+                threads: usize::MAX,
+                ..LoaderOptions::default()
+            },
+            "threads",
+        ),
+        (
+            LoaderOptions {
+                prefetch: usize::MAX,
+                ..LoaderOptions::default()
+            },
+            "prefetch",
+        ),
+    ] {
+        let err = WindowLoader::new(std::sync::Arc::clone(&windows), options)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.starts_with(&format!("{argument}:")),
+            "{argument}: {err}"
+        );
+    }
+    // Blocks of a few time steps: one batch draws from all of them.
+    let windows = climate_windows(1760, 1).unwrap();
+    let total = windows.len().unwrap();
+    for shuffle in [
+        Shuffle::None,
+        Shuffle::Block {
+            buffer_bytes: u64::MAX,
+        },
+    ] {
+        let options = LoaderOptions {
+            batch_size: 1 << 32,
+            shuffle,
+            prefetch: 1,
+            threads: 1,
+            memory_limit: None,
+            ..LoaderOptions::default()
+        };
+        let loader = WindowLoader::new(std::sync::Arc::clone(&windows), options).unwrap();
+        let lens: Vec<usize> = loader.epoch(0).map(|b| b.unwrap().len).collect();
+        assert_eq!(lens, [total as usize], "{shuffle:?}");
+    }
+}

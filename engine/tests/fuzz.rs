@@ -10,7 +10,8 @@
 //! extended, emptied and overwritten with sizes; coordinates of every kind
 //! (arithmetic, almost arithmetic, unordered, repeated, NaN) filtered
 //! with and without pushdown; and the SQL surface (the table functions'
-//! arguments, settings, `COPY ... OPTIONS`, `cf_time`).
+//! arguments, settings, `COPY ... OPTIONS`, `cf_time`) and the window
+//! API's arguments.
 //!
 //! Where an oracle exists the property checks the answer too: a mutated
 //! chunk that still decodes gives every row (never a partial result), and a
@@ -27,7 +28,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::RecordBatch;
@@ -1576,6 +1577,430 @@ proptest! {
         drop(dir);
         if let Outcome::Refused(message) = outcome {
             check_error(&context, &message)?;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The window API's arguments
+// ---------------------------------------------------------------------------
+
+/// Sizes, counts and offsets of every kind a user can pass: 0, small ones,
+/// the edges of 32 and 64 bits, and numbers whose products wrap.
+fn interesting_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => 0u64..10,
+        2 => 10u64..700,
+        1 => Just(1u64 << 31),
+        1 => Just(1u64 << 32),
+        1 => Just((1u64 << 32) + 1),
+        1 => Just(1u64 << 53),
+        1 => Just(1u64 << 62),
+        1 => Just(1u64 << 63),
+        1 => Just(u64::MAX - 1),
+        1 => Just(u64::MAX),
+        1 => any::<u64>(),
+    ]
+}
+
+/// The stores the window cases cut windows from, their dimensions and
+/// variables: a (time, lat, lon) grid with a time coordinate and NaN
+/// fill, and a small (y, x) grid with holes.
+const WINDOW_STORES: [(&str, &[&str], &[&str]); 2] = [
+    ("climate.zarr", &["time", "lat", "lon"], &["t2m", "u10"]),
+    ("nan_holes.zarr", &["y", "x"], &["v"]),
+];
+
+/// A name among `names` (mostly), or one no store has.
+fn name_of(names: &[&str], pick: usize) -> String {
+    match pick {
+        NO_NAME => "nope".to_string(),
+        _ => names[pick % names.len()].to_string(),
+    }
+}
+
+/// The pick [`name_of`] turns into an unknown name.
+const NO_NAME: usize = 15;
+
+/// A pick for [`name_of`].
+fn pick() -> impl Strategy<Value = usize> {
+    0usize..=NO_NAME
+}
+
+/// A number as users mostly give it (`sane`), sometimes a hostile one.
+fn mostly(sane: std::ops::Range<u64>) -> impl Strategy<Value = u64> {
+    prop_oneof![8 => sane, 1 => interesting_u64()]
+}
+
+/// Windows and a loader of them, every argument drawn: mostly the
+/// arguments a user gives (distinct window dimensions, overlaps smaller
+/// than sizes, the lead dimension outside them), each number sometimes a
+/// hostile one, and sometimes names given twice or unknown.
+#[derive(Debug, Clone)]
+struct WindowCase {
+    store: usize,
+    /// Bits: the variables read (none: all).
+    variables: u8,
+    /// Bits: the window dimensions, and per dimension its size.
+    window: (u8, [u64; 3]),
+    /// Bits: the window dimensions given an overlap, and the overlaps.
+    overlap: (u8, [u64; 3]),
+    /// Bits: the window dimensions jittered, and the largest offsets.
+    jitter: (u8, [u64; 3]),
+    /// `(argument, pick, number)` added as drawn: to `input_dims` (0),
+    /// `input_overlap` (1) or `jitter` (2).
+    extra: Vec<(u8, usize, u64)>,
+    lead_dim: Option<usize>,
+    history: u64,
+    /// Bits: the input variables (none: all).
+    inputs: u8,
+    targets: Vec<(usize, Vec<String>)>,
+    valid: (u8, u8, f64),
+    block_bytes: u64,
+    index_threads: usize,
+    memory_limit: Option<u64>,
+    batch_size: u64,
+    shuffle: (u8, u64),
+    seed: u64,
+    drop_last: bool,
+    prefetch: u64,
+    threads: u64,
+    shard: (u64, u64),
+    worker: (u64, u64),
+    stack: bool,
+    skip: u64,
+    resume: (u64, u64),
+}
+
+fn lead_time() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => Just("+1".to_string()),
+        4 => Just("+6h".to_string()),
+        1 => Just("+0".to_string()),
+        1 => Just("-1".to_string()),
+        1 => Just("+2d".to_string()),
+        1 => Just("+1.5h".to_string()),
+        1 => Just(String::new()),
+        1 => Just("+99999999999999999999h".to_string()),
+        1 => interesting_u64().prop_map(|n| format!("+{n}")),
+        1 => interesting_u64().prop_map(|n| format!("+{n}h")),
+        1 => interesting_u64().prop_map(|n| format!("+{n}ns")),
+        1 => "[-+0-9a-z.]{0,8}",
+    ]
+}
+
+fn fraction() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        Just(0.0),
+        Just(0.5),
+        Just(0.9),
+        Just(1.0),
+        Just(-1.0),
+        Just(2.0),
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        any::<f64>(),
+    ]
+}
+
+fn window_case() -> impl Strategy<Value = WindowCase> {
+    use proptest::collection::vec;
+    let per_dim = |sane: std::ops::Range<u64>| {
+        (
+            any::<u8>(),
+            [mostly(sane.clone()), mostly(sane.clone()), mostly(sane)],
+        )
+    };
+    let windows = (
+        0usize..WINDOW_STORES.len(),
+        prop_oneof![Just(0u8), any::<u8>()],
+        (
+            prop_oneof![3 => Just(0b110u8), 1 => any::<u8>()],
+            per_dim(1..7).1,
+        ),
+        per_dim(0..4),
+        prop_oneof![3 => Just((0u8, [0u64; 3])), 1 => per_dim(0..3)],
+        prop_oneof![4 => Just(Vec::new()), 1 => vec((0u8..3, pick(), interesting_u64()), 1..3)],
+        prop_oneof![2 => Just(None), 2 => Just(Some(0)), 1 => proptest::option::of(pick())],
+        mostly(1..4),
+        prop_oneof![Just(0u8), any::<u8>()],
+        vec((pick(), vec(lead_time(), 0..3)), 0..2),
+        (0u8..3, 0u8..3, fraction()),
+        prop_oneof![Just(16u64 << 20), 0u64..4096, interesting_u64()],
+    );
+    let loader = (
+        0usize..3,
+        proptest::option::of(mostly((1u64 << 10)..(64u64 << 20))),
+        mostly(1..40),
+        (0u8..3, mostly(0..(1u64 << 20))),
+        any::<u64>(),
+        any::<bool>(),
+        mostly(1..4),
+        mostly(1..4),
+        prop_oneof![3 => Just((0, 1)), 1 => (mostly(0..4), mostly(1..4))],
+        prop_oneof![3 => Just((0, 1)), 1 => (mostly(0..4), mostly(1..4))],
+        any::<bool>(),
+        (
+            prop_oneof![3 => Just(0u64), 1 => mostly(0..10)],
+            (mostly(0..10), mostly(1..4)),
+        ),
+    );
+    (windows, loader).prop_map(|(w, l)| WindowCase {
+        store: w.0,
+        variables: w.1,
+        window: w.2,
+        overlap: w.3,
+        jitter: w.4,
+        extra: w.5,
+        lead_dim: w.6,
+        history: w.7,
+        inputs: w.8,
+        targets: w.9,
+        valid: w.10,
+        block_bytes: w.11,
+        index_threads: l.0,
+        memory_limit: l.1,
+        batch_size: l.2,
+        shuffle: l.3,
+        seed: l.4,
+        drop_last: l.5,
+        prefetch: l.6,
+        threads: l.7,
+        shard: l.8,
+        worker: l.9,
+        stack: l.10,
+        skip: l.11 .0,
+        resume: l.11 .1,
+    })
+}
+
+/// Batches a case reads at most (an epoch of single windows is longer).
+const WINDOW_BATCHES: usize = 2_000;
+
+/// What a window case came to.
+#[derive(Debug)]
+enum WindowOutcome {
+    Refused(String),
+    /// Batches and samples read, the epoch's whole (not cut short), and
+    /// what the loader says it yields (or its error).
+    Epoch {
+        batches: u64,
+        samples: u64,
+        whole: bool,
+        expected: Result<(u64, u64), String>,
+        repeated: Option<Vec<u64>>,
+        oversized: Option<usize>,
+    },
+}
+
+impl WindowCase {
+    fn validity(which: u8, fraction: f64) -> zarrfusion::windows::Validity {
+        use zarrfusion::windows::Validity;
+        match which {
+            0 => Validity::All,
+            1 => Validity::Any,
+            _ => Validity::AtLeast(fraction),
+        }
+    }
+
+    /// `usize` from a drawn `u64`, the largest when it does not fit.
+    fn size(n: u64) -> usize {
+        usize::try_from(n).unwrap_or(usize::MAX)
+    }
+
+    fn run(&self) -> WindowOutcome {
+        use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
+        use zarrfusion::windows::{
+            IndexOptions, LoaderOptions, SampleSpec, Shard, Shuffle, WindowLoader, WindowShape,
+            Windows,
+        };
+        let (store, dims, variables) = WINDOW_STORES[self.store];
+        let env = datafusion::execution::runtime_env::RuntimeEnv::default();
+        let _entered = runtime().enter();
+        let dataset =
+            match ZarrDataset::open(&common::fixture(store), &ZarrTableOptions::default(), &env) {
+                Ok(d) => d,
+                Err(e) => return WindowOutcome::Refused(e.to_string()),
+            };
+        let table = match dataset.table(None) {
+            Ok(t) => Arc::new(t),
+            Err(e) => return WindowOutcome::Refused(e.to_string()),
+        };
+        let in_window = |d: usize| self.window.0 & (1 << d) != 0;
+        let per_dim = |(bits, numbers): (u8, [u64; 3]), argument: u8| -> Vec<(String, u64)> {
+            let mut given: Vec<(String, u64)> = (0..dims.len())
+                .filter(|&d| in_window(d) && bits & (1 << d) != 0)
+                .map(|d| (dims[d].to_string(), numbers[d]))
+                .collect();
+            given.extend(
+                (self.extra.iter())
+                    .filter(|e| e.0 == argument)
+                    .map(|&(_, d, n)| (name_of(dims, d), n)),
+            );
+            given
+        };
+        let shape = WindowShape {
+            sizes: per_dim((u8::MAX, self.window.1), 0),
+            overlaps: per_dim(self.overlap, 1),
+        };
+        let chosen = |bits: u8| -> Vec<String> {
+            (0..variables.len())
+                .filter(|&v| bits & (1 << v) != 0)
+                .map(|v| variables[v].to_string())
+                .collect()
+        };
+        let sample = SampleSpec {
+            lead_dim: self.lead_dim.map(|d| name_of(dims, d)),
+            history: self.history,
+            inputs: chosen(self.inputs),
+            targets: (self.targets.iter())
+                .map(|(v, leads)| (name_of(variables, *v), leads.clone()))
+                .collect(),
+            valid_inputs: Self::validity(self.valid.0, self.valid.2),
+            valid_targets: Self::validity(self.valid.1, self.valid.2),
+            jitter: per_dim(self.jitter, 2),
+        };
+        let sample_jitter_free = sample.jitter.is_empty();
+        let memory_limit = self.memory_limit.map(Self::size);
+        let index = IndexOptions {
+            block_bytes: self.block_bytes,
+            threads: self.index_threads,
+            cache: None,
+            io_concurrency: 64,
+            memory_limit: memory_limit.map(|m| m / 2),
+        };
+        let selection = Selection::all(&table.shape());
+        let read = chosen(self.variables);
+        let windows = match Windows::new(table, &read, selection, &shape, &sample, &index) {
+            Ok(w) => Arc::new(w),
+            Err(e) => return WindowOutcome::Refused(e.to_string()),
+        };
+        let options = LoaderOptions {
+            batch_size: Self::size(self.batch_size),
+            shuffle: match self.shuffle.0 {
+                0 => Shuffle::None,
+                1 => Shuffle::Block {
+                    buffer_bytes: self.shuffle.1,
+                },
+                _ => Shuffle::Full,
+            },
+            seed: self.seed,
+            drop_last: self.drop_last,
+            prefetch: Self::size(self.prefetch),
+            threads: Self::size(self.threads),
+            shard: Shard {
+                rank: self.shard.0,
+                world_size: self.shard.1,
+            },
+            worker: Shard {
+                rank: self.worker.0,
+                world_size: self.worker.1,
+            },
+            io_concurrency: 64,
+            memory_limit,
+            stack: self.stack,
+            normalize: None,
+        };
+        let loader = match WindowLoader::new(windows, options) {
+            Ok(l) => l,
+            Err(e) => return WindowOutcome::Refused(e.to_string()),
+        };
+        if let Err(e) = loader.resume_workers(0, self.resume.0, self.resume.1) {
+            let message = e.to_string();
+            if message.trim().is_empty() || message.contains("panicked") {
+                return WindowOutcome::Refused(message);
+            }
+        }
+        let expected = (loader
+            .num_samples(0)
+            .and_then(|s| Ok((s, loader.num_batches(0)?))))
+        .map_err(|e| e.to_string());
+        let mut seen = std::collections::HashSet::new();
+        let mut repeated = None;
+        let mut oversized = None;
+        let (mut batches, mut samples) = (0u64, 0u64);
+        let mut stream = loader.epoch_from(0, self.skip);
+        let whole = loop {
+            if batches as usize == WINDOW_BATCHES {
+                break false;
+            }
+            match stream.next() {
+                None => break true,
+                Some(Err(e)) => return WindowOutcome::Refused(e.to_string()),
+                Some(Ok(batch)) => {
+                    batches += 1;
+                    samples += batch.len as u64;
+                    if batch.len == 0 || batch.len > loader.options().batch_size {
+                        oversized = Some(batch.len);
+                    }
+                    if sample_jitter_free {
+                        for i in 0..batch.len {
+                            let at: Vec<u64> = batch.origins.iter().map(|o| o[i]).collect();
+                            if !seen.insert(at.clone()) {
+                                repeated = Some(at);
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        WindowOutcome::Epoch {
+            batches,
+            samples,
+            whole,
+            expected,
+            repeated,
+            oversized,
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Any arguments of the window API (shapes, overlaps, history, lead
+    /// times, validity, jitter, block and buffer sizes, batches, threads,
+    /// shards, workers, memory, resuming) end in batches or a clear error;
+    /// an epoch read to its end yields the windows the loader counts, each
+    /// once, in batches of at most `batch_size`.
+    #[test]
+    fn any_window_arguments_end_in_batches_or_a_clear_error(case in window_case()) {
+        record("windows", &case);
+        let context = format!("{case:?}");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let work = case.clone();
+        std::thread::spawn(move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.run()));
+            let _ = sender.send(outcome);
+        });
+        let outcome = match receiver.recv_timeout(HANG) {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(panic)) => {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                return Err(TestCaseError::fail(format!("{context}: panicked: {message}")));
+            }
+            Err(_) => return Err(TestCaseError::fail(format!("{context}: no answer after {HANG:?}"))),
+        };
+        match outcome {
+            WindowOutcome::Refused(message) => check_error(&context, &message)?,
+            WindowOutcome::Epoch { batches, samples, whole, expected, repeated, oversized } => {
+                prop_assert!(oversized.is_none(), "{context}: a batch of {oversized:?} windows");
+                prop_assert!(repeated.is_none(), "{context}: window {repeated:?} twice");
+                match expected {
+                    Err(message) => check_error(&context, &message)?,
+                    Ok((want_samples, want_batches)) if whole && case.skip == 0 => {
+                        prop_assert_eq!(samples, want_samples, "{}: samples", context);
+                        prop_assert_eq!(batches, want_batches, "{}: batches", context);
+                    }
+                    Ok((want_samples, _)) => {
+                        prop_assert!(samples <= want_samples, "{context}: {samples} samples of {want_samples}");
+                    }
+                }
+            }
         }
     }
 }

@@ -164,7 +164,8 @@ impl<'a> Cutter<'a> {
             .outputs
             .iter()
             .map(|o| {
-                let cells: usize = sample_shape(windows, o).iter().product::<usize>() * capacity;
+                let cells =
+                    (sample_shape(windows, o).iter().product::<usize>()).saturating_mul(capacity);
                 match o.variable {
                     Some(v) if !o.float32 => first.values[v].empty_like(cells),
                     _ => Values::F32(Vec::with_capacity(cells)),

@@ -293,13 +293,19 @@ impl LiveIndex {
             live.finish();
         }
         for _ in 0..threads.min(blocks) {
-            let live = Arc::clone(&live);
-            std::thread::spawn(move || {
+            let index = Arc::clone(&live);
+            let started = super::spawn("window index", move || {
                 lower_thread_priority();
-                if let Err(p) = catch_panic("window index thread", || live.index_in_background()) {
-                    live.fail(p.to_string());
+                if let Err(p) = catch_panic("window index thread", || index.index_in_background()) {
+                    index.fail(p.to_string());
                 }
             });
+            if let Err(e) = started {
+                // Fewer background threads: loaders and waiters index
+                // the rest themselves.
+                log::debug!("{e}");
+                break;
+            }
         }
         live
     }

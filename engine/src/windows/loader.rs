@@ -53,6 +53,10 @@ const RETIRED: usize = 2;
 /// `drop_last` keeps a count per stream.
 const MAX_STREAMS: u64 = 1 << 20;
 
+/// The most batches assembled ahead: each is held until consumed, so
+/// more is a mistaken argument (without a memory limit, a whole epoch).
+const MAX_PREFETCH: usize = 1 << 16;
+
 /// The most windows a batch's plan makes room for before drawing them (it
 /// grows past that as they come): a batch size is the user's, unbounded.
 const PLAN_ROOM: usize = 1 << 16;
@@ -251,8 +255,12 @@ impl WindowLoader {
             }
         }
         checked_streams(options.shard.world_size, options.worker.world_size, "shard")?;
-        if options.prefetch == 0 {
-            return Err(WindowError::argument("prefetch", "must be at least 1"));
+        super::checked_threads(options.threads, "threads")?;
+        if options.prefetch == 0 || options.prefetch > MAX_PREFETCH {
+            return Err(WindowError::argument(
+                "prefetch",
+                format!("must be 1 to {MAX_PREFETCH}, not {}", options.prefetch),
+            ));
         }
         if let Some(scales) = &options.normalize {
             let parts = &windows.layout.parts;
@@ -297,7 +305,7 @@ impl WindowLoader {
                          prefetch, batch_size or threads, or raise allowed_mem",
                         human_readable_size(memory.buffer),
                         human_readable_size(memory.batches),
-                        loader.options.prefetch + 1,
+                        loader.options.prefetch.saturating_add(1),
                         loader.options.batch_size,
                         human_readable_size(memory.decoding),
                         loader.options.threads,
@@ -418,6 +426,7 @@ impl WindowLoader {
         let (jobs_tx, jobs_rx) = channel::<Job>();
         let (results_tx, results_rx) = channel();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let mut started = 0;
         for _ in 0..self.options.threads {
             let worker = Worker {
                 windows: Arc::clone(&self.windows),
@@ -430,7 +439,18 @@ impl WindowLoader {
                 jobs: Arc::clone(&jobs_rx),
                 results: results_tx.clone(),
             };
-            std::thread::spawn(move || worker.run());
+            match super::spawn("window loader", move || worker.run()) {
+                Ok(()) => started += 1,
+                Err(e) if started == 0 => {
+                    let _ = results_tx.send(Outcome::Failed(e));
+                    break;
+                }
+                // Fewer threads decode: slower, not wrong.
+                Err(e) => {
+                    log::debug!("{e}");
+                    break;
+                }
+            }
         }
         let planner = Planner {
             windows: Arc::clone(&self.windows),
@@ -443,7 +463,12 @@ impl WindowLoader {
             results: results_tx,
             counters: Arc::clone(&self.counters),
         };
-        std::thread::spawn(move || planner.run());
+        if started > 0 {
+            let failed = planner.results.clone();
+            if let Err(e) = super::spawn("window planner", move || planner.run()) {
+                let _ = failed.send(Outcome::Failed(e));
+            }
+        }
         BatchStream {
             results: results_rx,
             pending: BTreeMap::new(),
@@ -463,16 +488,17 @@ fn loader_memory(windows: &Windows, outputs: &[Output], o: &LoaderOptions) -> Lo
     let sample_bytes = sample_bytes(windows, outputs);
     let block_bytes = windows.largest_block_bytes();
     let buffer = match o.shuffle {
-        Shuffle::Block { buffer_bytes } => {
-            ((buffer_blocks(windows, buffer_bytes) + AHEAD + RETIRED) as u64)
-                .saturating_mul(block_bytes)
-        }
+        Shuffle::Block { buffer_bytes } => (buffer_blocks(windows, buffer_bytes)
+            .saturating_add(AHEAD + RETIRED) as u64)
+            .saturating_mul(block_bytes),
         Shuffle::None => ((1 + AHEAD + RETIRED) as u64).saturating_mul(block_bytes),
-        Shuffle::Full => (o.prefetch as u64 + 1)
+        Shuffle::Full => (o.prefetch as u64)
+            .saturating_add(1)
             .saturating_mul(o.batch_size as u64)
             .saturating_mul(window_bytes),
     };
-    let batches = (o.prefetch as u64 + 1)
+    let batches = (o.prefetch as u64)
+        .saturating_add(1)
         .saturating_mul(o.batch_size as u64)
         .saturating_mul(sample_bytes);
     // A full shuffle decodes single windows.
@@ -1037,12 +1063,14 @@ impl Planner {
             self.options.seed,
             self.epoch,
         );
+        // Room for the batch's windows, growing past a batch size larger
+        // than any epoch as they come.
         cut_windows(
             &self.windows,
             &cutter,
             &todo,
             &mut plan.head,
-            capacity,
+            capacity.min(PLAN_ROOM),
             &self.counters,
         )
     }
@@ -1128,7 +1156,7 @@ impl Planner {
         // Blocks alive at once: the buffer's, those opened ahead and a few
         // retired ones still held by batches (see `loader_memory`).
         let alive = Arc::new(Alive::default());
-        let limit = capacity + AHEAD + RETIRED;
+        let limit = capacity.saturating_add(AHEAD + RETIRED);
         let flow = &self.flow;
         Ok(Box::new(move |make_room| {
             if !skipping.get() {

@@ -126,6 +126,31 @@ impl WindowError {
     }
 }
 
+/// The most threads a loader decodes with, or an index is built on: more
+/// is a mistaken argument (each holds a block), not a speed-up.
+pub const MAX_THREADS: usize = 1024;
+
+/// `threads` (the argument `argument`) when it is at most [`MAX_THREADS`].
+fn checked_threads(threads: usize, argument: &str) -> Result<usize, WindowError> {
+    if threads > MAX_THREADS {
+        return Err(WindowError::argument(
+            argument,
+            format!("{threads} threads asked for; at most {MAX_THREADS}"),
+        ));
+    }
+    Ok(threads)
+}
+
+/// Starts `work` on a thread named `name`; an error (naming it) when the
+/// system has no thread to give.
+fn spawn(name: &str, work: impl FnOnce() + Send + 'static) -> Result<(), WindowError> {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(work)
+        .map(drop)
+        .map_err(|e| WindowError::Read(format!("could not start the {name} thread: {e}")))
+}
+
 /// How the valid-window index is built.
 #[derive(Debug, Clone)]
 pub struct IndexOptions {
@@ -224,6 +249,7 @@ impl Windows {
         sample: &SampleSpec,
         options: &IndexOptions,
     ) -> Result<Self, WindowError> {
+        checked_threads(options.threads, "threads")?;
         let mut sources = sources.into_iter();
         let reference = sources
             .next()
@@ -244,10 +270,13 @@ impl Windows {
             let name = sources.variable_name(f);
             let source = sources.list[s].name.as_str();
             if let Some((_, other)) = seen.iter().find(|(n, _)| *n == name) {
-                return Err(WindowError::argument(
-                    "variables",
-                    format!("'{name}' is a variable of '{other}' and of '{source}'; keep it in one source"),
-                ));
+                let message = match *other == source {
+                    true => format!("'{name}' is given twice (in '{source}')"),
+                    false => format!(
+                        "'{name}' is a variable of '{other}' and of '{source}'; keep it in one source"
+                    ),
+                };
+                return Err(WindowError::argument("variables", message));
             }
             seen.push((name, source));
         }
