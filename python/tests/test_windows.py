@@ -300,6 +300,8 @@ def test_absurd_sizes_and_counts_are_refused_or_bounded_never_a_crash(ctx, windo
         ("batch_size", lambda: first_batches(ds.windows(SIZE, cache=False), batch_size=n)),
         ("prefetch", lambda: first_batches(ds.windows(SIZE, cache=False), prefetch=n)),
         ("seed", lambda: first_batches(ds.windows(SIZE, cache=False), seed=n)),
+        ("threads", lambda: len(ds.windows({"lat": 3, "lon": 2}, threads=n, cache=False))),
+        ("threads", lambda: first_batches(ds.windows(SIZE, cache=False), threads=n)),
         ("shard", lambda: first_batches(ds.windows(SIZE, cache=False), shard=(n, 4))),
         ("shard", lambda: first_batches(ds.windows(SIZE, cache=False), shard=(0, n))),
     ]
