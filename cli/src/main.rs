@@ -167,6 +167,8 @@ fn settings(args: &Args) -> Result<(SessionConfig, Arc<RuntimeEnv>), String> {
             .map_err(|e| format!("--device: {e}"))?;
     }
     if let Some(n) = args.io_concurrency {
+        zarrfusion::config::check_setting("zarrfusion.io_concurrency", &n.to_string())
+            .map_err(|e| format!("--io-concurrency: {e}"))?;
         config
             .options_mut()
             .set("zarrfusion.io_concurrency", &n.to_string())

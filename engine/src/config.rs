@@ -194,14 +194,30 @@ impl ZarrConfig {
     }
 }
 
-/// Checks a `SET zarrfusion.retry.*` or `zarrfusion.client.*` value the way
-/// the table option of the same name is checked, so that a bad value is
-/// refused when it is set.
-fn check_object_store_setting(variable: &str, value: &str) -> Result<()> {
+/// The most object-store reads an operator keeps in flight
+/// (`zarrfusion.io_concurrency`): each holds a connection and up to a
+/// chunk, so more is a mistaken setting, not a speed-up.
+pub const MAX_IO_CONCURRENCY: usize = 4096;
+
+/// Checks a zarrfusion setting's value where the setting's type does not
+/// say enough, so that a bad value is refused when it is set (by `SET`,
+/// the shell's flags, Python's `SessionContext`): `io_concurrency` at most
+/// [`MAX_IO_CONCURRENCY`], and `retry.*` and `client.*` the way the table
+/// options of the same names are checked. Other settings pass.
+pub fn check_setting(variable: &str, value: &str) -> Result<()> {
     let lower = variable.trim().to_ascii_lowercase();
     let Some(key) = lower.strip_prefix("zarrfusion.") else {
         return Ok(());
     };
+    if key == "io_concurrency" {
+        return match value.trim().parse::<usize>() {
+            Ok(n) if n > MAX_IO_CONCURRENCY => {
+                plan_err!("{variable}: {n} reads in flight asked for; at most {MAX_IO_CONCURRENCY}")
+            }
+            // What does not parse is refused by the setting itself.
+            _ => Ok(()),
+        };
+    }
     if !(key.starts_with("retry.") || key.starts_with("client.")) {
         return Ok(());
     }
@@ -305,7 +321,7 @@ fn is_work_dir(variable: &str) -> bool {
 pub fn translate_runtime_settings(plan: LogicalPlan) -> Result<LogicalPlan> {
     match plan {
         LogicalPlan::Statement(Statement::SetVariable(SetVariable { variable, value })) => {
-            check_object_store_setting(&variable, &value)?;
+            check_setting(&variable, &value)?;
             let Some(runtime) = runtime_name(&variable) else {
                 return Ok(LogicalPlan::Statement(Statement::SetVariable(
                     SetVariable { variable, value },

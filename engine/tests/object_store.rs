@@ -87,7 +87,37 @@ async fn http_store_equals_local_store() {
             .unwrap_or_else(|e| panic!("{url}: {e}"));
         assert!(!want.is_empty());
         assert_eq!(rows(&got), want, "{store} over HTTP");
+        // Reads in flight past what a semaphore holds (2^62, given to the
+        // session's options directly, as a Rust service may): a tokio
+        // semaphore of that many permits panicked; now they are bounded.
+        let mut config = zarrfusion::session_config();
+        config
+            .options_mut()
+            .set("zarrfusion.io_concurrency", &(1u64 << 62).to_string())
+            .unwrap();
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .build_arc()
+            .unwrap();
+        let many = zarrfusion::new_context_with(config, runtime);
+        let got = many
+            .sql(&sql(&url))
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"))
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("{url} with 2^62 reads in flight: {e}"));
+        assert_eq!(rows(&got), want, "{store} over HTTP, 2^62 reads in flight");
     }
+    // SET refuses such a number, naming the setting and its bound.
+    let err = zarrfusion::session::sql(&new_context(), "SET zarrfusion.io_concurrency = 5000")
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("zarrfusion.io_concurrency") && err.contains("at most 4096"),
+        "{err}"
+    );
     // A missing store over HTTP is a clear error, not a panic.
     let ctx = new_context();
     let err = ctx

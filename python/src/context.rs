@@ -111,6 +111,8 @@ impl PySessionContext {
                 .map_err(|e| PyValueError::new_err(format!("work_dir: {e}")))?;
         }
         for (key, value) in config.unwrap_or_default() {
+            zarrfusion::config::check_setting(&key, &value)
+                .map_err(|e| PyValueError::new_err(format!("config: {e}")))?;
             session
                 .options_mut()
                 .set(&key, &value)

@@ -129,6 +129,14 @@ def test_settings_and_memory_budget(fixtures):
         ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
     with pytest.raises(zf.ZarrFusionError, match="zarrfusion.allowed_mem"):
         ctx.sql("SET zarrfusion.allowed_mem = 'lots'")
+    # Reads in flight: at most 4096, refused past it by every door.
+    with pytest.raises(ValueError, match="io_concurrency.*at most 4096"):
+        zf.SessionContext(io_concurrency=5000)
+    with pytest.raises(ValueError, match="io_concurrency.*at most 4096"):
+        zf.SessionContext(config={"zarrfusion.io_concurrency": str(2**62)})
+    with pytest.raises(zf.ZarrFusionError, match="io_concurrency.*at most 4096"):
+        ctx.sql("SET zarrfusion.io_concurrency = 4097")
+    zf.SessionContext(io_concurrency=4096).sql("SET zarrfusion.io_concurrency = 4096")
 
 
 def test_errors_are_exceptions_with_the_engine_message(ctx, fixtures):

@@ -206,20 +206,24 @@ impl ZarrScanExec {
     /// read ahead.
     pub fn per_partition_memory(&self) -> usize {
         self.block_memory()
-            + 3 * self.batch_size * self.dimension_row_bytes()
-            + self.read_ahead.memory()
+            .saturating_add(
+                self.batch_size
+                    .saturating_mul(3)
+                    .saturating_mul(self.dimension_row_bytes()),
+            )
+            .saturating_add(self.read_ahead.memory())
     }
 
     /// Two decoded blocks of the projected variables.
     fn block_memory(&self) -> usize {
-        let block_cells = self.blocks.block_shape().iter().product::<u64>() as usize;
-        let block_bytes: usize = self
-            .projection
-            .iter()
+        let block_cells =
+            (self.blocks.block_shape().iter()).fold(1u64, |cells, &n| cells.saturating_mul(n));
+        let block_cells = usize::try_from(block_cells).unwrap_or(usize::MAX);
+        let block_bytes: usize = (self.projection.iter())
             .map(|&i| self.table.peak_cell_bytes(i))
-            .sum::<usize>()
-            * block_cells;
-        2 * block_bytes
+            .fold(0usize, usize::saturating_add)
+            .saturating_mul(block_cells);
+        block_bytes.saturating_mul(2)
     }
 
     /// Bytes per row of the projected dimension columns.
@@ -266,8 +270,9 @@ impl ZarrScanExec {
     /// Memory the whole scan is projected to hold at its peak: its
     /// partitions' and the broadcasts' (held once for all).
     pub fn projected_memory(&self) -> usize {
-        self.properties.partitioning.partition_count() * self.per_partition_memory()
-            + self.broadcasts.memory()
+        (self.properties.partitioning.partition_count())
+            .saturating_mul(self.per_partition_memory())
+            .saturating_add(self.broadcasts.memory())
     }
 
     /// Refuses the scan when its projected memory exceeds `limit`.

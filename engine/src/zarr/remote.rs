@@ -882,7 +882,9 @@ impl ReadAhead {
             storage,
             depth: depth.max(1),
             ranges,
-            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            permits: Arc::new(Semaphore::new(
+                concurrency.clamp(1, crate::config::MAX_IO_CONCURRENCY),
+            )),
             state: Mutex::new(WindowState {
                 upcoming,
                 held: VecDeque::new(),

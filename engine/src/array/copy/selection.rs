@@ -484,7 +484,9 @@ impl Step {
     /// Memory step 1 holds at its peak.
     fn memory(&self) -> u64 {
         match self {
-            Step::Evaluate(e) => e.workers as u64 * e.task_memory + e.read_ahead.memory() as u64,
+            Step::Evaluate(e) => (e.workers as u64)
+                .saturating_mul(e.task_memory)
+                .saturating_add(e.read_ahead.memory() as u64),
             Step::Roll(r) => r.memory(),
         }
     }
@@ -647,9 +649,13 @@ impl Blockwise {
     /// Memory step 1 holds writing the target itself: its own and, for
     /// each worker, a chunk's values and their encoding.
     fn direct_memory(&self) -> u64 {
-        let cells: u64 = self.block.iter().product();
-        let bytes = cells * self.types.len() as u64 * width_of(&self.types);
-        self.step.memory() + self.step.workers() as u64 * 2 * bytes
+        let cells = (self.block.iter()).fold(1u64, |cells, &n| cells.saturating_mul(n));
+        let bytes = cells
+            .saturating_mul(self.types.len() as u64)
+            .saturating_mul(width_of(&self.types));
+        (self.step.workers() as u64)
+            .saturating_mul(bytes.saturating_mul(2))
+            .saturating_add(self.step.memory())
     }
 
     /// Plans step 2: none when step 1's chunks are whole target chunks

@@ -455,7 +455,10 @@ impl WriteTasks {
 
     /// The most memory the tasks hold together, their read-ahead included.
     pub fn projected(&self) -> usize {
-        self.workers * self.task_memory + self.kernel_memory + self.read_ahead.memory()
+        (self.workers)
+            .saturating_mul(self.task_memory)
+            .saturating_add(self.kernel_memory)
+            .saturating_add(self.read_ahead.memory())
     }
 
     /// Runs `task` on every block (its number), on the workers, with the

@@ -553,8 +553,10 @@ impl FftExec {
 
     /// Memory the whole operator is projected to hold at its peak.
     pub fn projected_memory(&self) -> usize {
-        self.partitions() * (self.job.per_task_memory() + self.job.read_ahead.memory())
-            + self.job.kernel_memory()
+        (self.job.per_task_memory())
+            .saturating_add(self.job.read_ahead.memory())
+            .saturating_mul(self.partitions())
+            .saturating_add(self.job.kernel_memory())
     }
 
     fn partitions(&self) -> usize {
@@ -634,9 +636,9 @@ impl ExecutionPlan for FftExec {
     ) -> Result<SendableRecordBatchStream> {
         let blocks = self.partition_blocks(partition);
         let job = Arc::clone(&self.job);
-        let memory = job.per_task_memory()
-            + job.read_ahead.memory()
-            + job.kernel_memory() / self.partitions();
+        let memory = (job.per_task_memory())
+            .saturating_add(job.read_ahead.memory())
+            .saturating_add(job.kernel_memory() / self.partitions().max(1));
         let reservation =
             MemoryConsumer::new(format!("FftExec[{partition}]")).register(context.memory_pool());
         reservation.try_grow(memory)?;

@@ -179,7 +179,7 @@ pub struct ArrayRechunk {
 impl ArrayRechunk {
     /// Memory its tasks and reads ahead hold together at their peak.
     pub fn projected_memory(&self) -> u64 {
-        self.plan.projected_memory() + self.read_ahead.memory() as u64
+        (self.plan.projected_memory()).saturating_add(self.read_ahead.memory() as u64)
     }
 }
 

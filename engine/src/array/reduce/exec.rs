@@ -553,12 +553,15 @@ impl DenseReductionExec {
     /// workers', the output and the chunks read ahead.
     pub fn projected_memory(&self) -> usize {
         let r = &self.reduction;
-        let output = r.space.num_groups() * 8 * (r.keys.len() + r.aggregates.len());
-        self.workers * self.per_worker_memory()
-            + output
-            + r.key_bytes
-            + self.read_ahead.memory()
-            + self.broadcasts.memory()
+        let output = (r.space.num_groups())
+            .saturating_mul(8)
+            .saturating_mul(r.keys.len() + r.aggregates.len());
+        (self.workers)
+            .saturating_mul(self.per_worker_memory())
+            .saturating_add(output)
+            .saturating_add(r.key_bytes)
+            .saturating_add(self.read_ahead.memory())
+            .saturating_add(self.broadcasts.memory())
     }
 }
 
