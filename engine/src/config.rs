@@ -34,7 +34,9 @@ use datafusion::logical_expr::{DdlStatement, LogicalPlan, ResetVariable, SetVari
 use datafusion::prelude::SessionContext;
 
 use crate::memory::parse_size;
-use crate::zarr::{parse_duration, retry_config, AllowedLocations, StoreLocation};
+use crate::zarr::{
+    parse_duration, retry_config, AllowedLocations, StoreLocation, MAX_IO_CONCURRENCY,
+};
 
 extensions_options! {
     /// Settings of the Zarr scan and the array operators.
@@ -193,11 +195,6 @@ impl ZarrConfig {
         .collect()
     }
 }
-
-/// The most object-store reads an operator keeps in flight
-/// (`zarrfusion.io_concurrency`): each holds a connection and up to a
-/// chunk, so more is a mistaken setting, not a speed-up.
-pub const MAX_IO_CONCURRENCY: usize = 4096;
 
 /// Checks a zarrfusion setting's value where the setting's type does not
 /// say enough, so that a bad value is refused when it is set (by `SET`,

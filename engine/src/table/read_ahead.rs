@@ -79,7 +79,7 @@ impl ReadAheadPlan {
         readers: usize,
         concurrency: usize,
     ) -> Self {
-        let concurrency = concurrency.min(crate::config::MAX_IO_CONCURRENCY);
+        let concurrency = concurrency.min(crate::zarr::MAX_IO_CONCURRENCY);
         let depth = match concurrency {
             0 => 0,
             _ => block_chunks

@@ -24,6 +24,7 @@ pub use network::{network_stats, NetworkStats};
 pub use opening::{cache_root, write_file_atomically, Opening, OpeningCache, OPENING_CACHE_BYTES};
 pub use remote::{
     IoCounters, IoTotals, OpenedObject, RangedReads, ReadAhead, RemoteStorage, UpcomingKeys,
+    MAX_IO_CONCURRENCY,
 };
 pub(crate) use store::parse_duration;
 pub use store::{

@@ -866,6 +866,11 @@ impl WindowState {
     }
 }
 
+/// The most object-store reads an operator keeps in flight
+/// (`zarrfusion.io_concurrency`): each holds a connection and up to a
+/// chunk, so more is a mistaken setting, not a speed-up.
+pub const MAX_IO_CONCURRENCY: usize = 4096;
+
 impl ReadAhead {
     /// A window holding up to `depth` keys of `upcoming` requested ahead
     /// of the reader, from `storage`, with up to `concurrency` of them in
@@ -882,9 +887,7 @@ impl ReadAhead {
             storage,
             depth: depth.max(1),
             ranges,
-            permits: Arc::new(Semaphore::new(
-                concurrency.clamp(1, crate::config::MAX_IO_CONCURRENCY),
-            )),
+            permits: Arc::new(Semaphore::new(concurrency.clamp(1, MAX_IO_CONCURRENCY))),
             state: Mutex::new(WindowState {
                 upcoming,
                 held: VecDeque::new(),
