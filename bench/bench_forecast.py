@@ -31,7 +31,8 @@ the peak RSS of the process tree. Run:
 With ``--s3-latency MS`` the stores are uploaded to the tests' S3 server (moto, on 127.0.0.1,
 tests/s3/s3_server.py; ``--s3-server s3s`` for the s3s-fs binary, which unlike moto does not spend
 ~12 ms of Python CPU per GET on the benchmark's own cores) and read through its proxy adding MS
-milliseconds to every request; the
+milliseconds to every request (``--s3-bandwidth MB/S``: and sending every answer through a
+link of that bandwidth, shared by the answers in flight, as a slow network would); the
 zarrfusion arms open ``s3://`` URLs, the peers zarr-python's ``ObjectStore`` over obstore (the
 xbatcher arm's DataLoader workers then start with ``spawn``: obstore's runtime does not survive
 ``fork``).
@@ -290,6 +291,8 @@ def main() -> int:
     ap.add_argument("--s3-latency", type=float, default=None, help="read from the local S3 server with this latency (ms)")
     ap.add_argument("--s3-server", choices=("moto", "s3s"), default="moto",
                     help="the S3 server: moto (Python) or s3s-fs (Rust; ZARRFUSION_S3S_FS or PATH)")
+    ap.add_argument("--s3-bandwidth", type=float, default=0,
+                    help="with --s3-latency: the proxy's link in MB/s, shared by the answers in flight (0: unlimited)")
     ap.add_argument("--cache", help="the window index's cache directory (default: none, every arm builds it; "
                     "'fresh': an empty directory per arm, shared by its processes)")
     ap.add_argument("--conn", help=argparse.SUPPRESS)
@@ -320,7 +323,7 @@ def main() -> int:
 
         server = s3_server.start({"era5.zarr": DATA / "era5.zarr", "imerg.zarr": DATA / "imerg.zarr"}, bucket="bench",
                                  backend=a.s3_server)
-        server.proxy.configure(latency_ms=a.s3_latency)
+        server.proxy.configure(latency_ms=a.s3_latency, bandwidth_mb_s=a.s3_bandwidth)
         extra = ["--conn", json.dumps({"bucket": "bench", "options": server.options()})]
     rows = {}
     try:

@@ -172,6 +172,32 @@ def test_transient_faults_are_retried_to_the_same_answer(s3, fixtures, fault):
     assert stats["faults"].get(fault, 0) >= 2 * 8, stats
 
 
+def test_the_proxy_link_carries_the_answers_at_its_bandwidth(s3):
+    """The fault proxy's link (the benchmarks' slow network,
+    ``bandwidth_mb_s``): the answers in flight share it, so a query takes
+    at least the bytes sent over the bandwidth, and its answer is the one
+    without a limit."""
+    query = "SELECT lat, avg(t2m) AS m FROM t GROUP BY lat ORDER BY lat"
+    ctx = zf.SessionContext()
+    ctx.register_zarr("t", "s3://fixtures/v2_basic.zarr", **s3.options())
+    want = ctx.sql(query).to_pandas()
+    rate = 2e3
+    s3.proxy.configure(bandwidth_mb_s=rate / 1e6)
+    s3.proxy.reset()
+    try:
+        start = time.perf_counter()
+        got = ctx.sql(query).to_pandas()
+        elapsed = time.perf_counter() - start
+    finally:
+        s3.proxy.configure()
+    sent = s3.proxy.stats()["bytes"]
+    assert sent > 500, sent
+    assert elapsed >= 0.95 * sent / rate, (elapsed, sent)
+    assert got.equals(want)
+    with pytest.raises(ValueError, match="bandwidth_mb_s"):
+        s3.proxy.configure(bandwidth_mb_s=-1)
+
+
 @pytest.mark.parametrize("fault", ["503", "429", "reset"])
 def test_network_stats_count_every_request_and_retried_error(s3, fault):
     """zf.network_stats() counts what the proxy saw: every request sent,

@@ -76,6 +76,9 @@ class FaultProxy:
     def __init__(self, upstream: tuple[str, int]):
         self.upstream = upstream
         self._lock = threading.Lock()
+        # When the link (see ``bandwidth_mb_s``) is free again.
+        self._link_lock = threading.Lock()
+        self._link_free = 0.0
         self.configure()
         self.reset()
         proxy = self
@@ -106,9 +109,14 @@ class FaultProxy:
         rate: float = 0.0,
         seed: int = 0,
         methods: str = "GET",
+        bandwidth_mb_s: float = 0,
     ) -> None:
-        """Sets the latency and faults (see the class docs); the counts of
-        ``first_n`` start again."""
+        """Sets the latency and faults (see the class docs) and the
+        bandwidth of the link every answer's body goes through, shared by
+        the answers being sent (MB/s; 0: unlimited, the default); the
+        counts of ``first_n`` start again."""
+        if float(bandwidth_mb_s) < 0:
+            raise ValueError(f"bandwidth_mb_s must be at least 0, got {bandwidth_mb_s}")
         if fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
         with self._lock:
@@ -119,6 +127,7 @@ class FaultProxy:
             self.rate = float(rate)
             self.random = random.Random(int(seed))
             self.methods = {m.strip().upper() for m in methods.split(",")}
+            self.bandwidth = float(bandwidth_mb_s) * 1e6
             self.seen: dict[str, int] = {}
 
     def reset(self) -> None:
@@ -265,13 +274,33 @@ class FaultProxy:
         if request.command == "HEAD":
             return
         sent = data[: len(data) // 2] if truncate and data else data
-        request.wfile.write(sent)
+        self._send(request.wfile, sent)
         with self._lock:
             self._stats["bytes"] += len(sent)
         if truncate and data:
             request.wfile.flush()
             request.close_connection = True
             request.connection.shutdown(socket.SHUT_RDWR)
+
+    def _send(self, out, data: bytes) -> None:
+        """Writes ``data`` through the link: at once without a bandwidth,
+        else 64 KiB at a time, each piece sent when the link has carried
+        it after the pieces of every answer reserved before (answers sent
+        at once share the bandwidth, as on a slow network)."""
+        rate = self.bandwidth
+        if not rate:
+            out.write(data)
+            return
+        piece = 1 << 16
+        for start in range(0, len(data), piece):
+            part = data[start : start + piece]
+            with self._link_lock:
+                done = max(time.monotonic(), self._link_free) + len(part) / rate
+                self._link_free = done
+            delay = done - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            out.write(part)
 
     def _control(self, request: BaseHTTPRequestHandler) -> None:
         url = urlsplit(request.path)
