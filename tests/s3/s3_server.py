@@ -115,7 +115,7 @@ class FaultProxy:
         bandwidth of the link every answer's body goes through, shared by
         the answers being sent (MB/s; 0: unlimited, the default); the
         counts of ``first_n`` start again."""
-        if float(bandwidth_mb_s) < 0:
+        if not float(bandwidth_mb_s) >= 0:  # NaN included
             raise ValueError(f"bandwidth_mb_s must be at least 0, got {bandwidth_mb_s}")
         if fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
