@@ -135,8 +135,13 @@ fn targets_argument(targets: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(String
 }
 
 /// The `cache` argument: `None`/`True` for the default cache directory,
-/// `False` for none, or a directory.
-fn cache_argument(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<IndexCache>> {
+/// `False` for none, or a directory or object-store URL (held to the
+/// session's `allowed_locations`).
+fn cache_argument(
+    py: Python<'_>,
+    value: Option<&Bound<'_, PyAny>>,
+    ctx: &SessionContext,
+) -> PyResult<Option<IndexCache>> {
     let value = match value {
         None => return Ok(IndexCache::default_location()),
         Some(v) if v.is_none() => return Ok(IndexCache::default_location()),
@@ -145,10 +150,25 @@ fn cache_argument(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<IndexCach
     if let Ok(flag) = value.extract::<bool>() {
         return Ok(flag.then(IndexCache::default_location).flatten());
     }
-    let path: std::path::PathBuf = value
-        .extract()
-        .map_err(|_| PyValueError::new_err("cache: expected True, False or a directory path"))?;
-    Ok(Some(IndexCache::new(path)))
+    let location: String = match value.extract::<String>() {
+        Ok(text) => text,
+        Err(_) => value
+            .extract::<std::path::PathBuf>()
+            .map_err(|_| {
+                PyValueError::new_err("cache: expected True, False, a directory or a URL")
+            })?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let allowed = ZarrConfig::of(ctx.state().config().options())
+        .allowed()
+        .map_err(|e| PyValueError::new_err(format!("cache: {e}")))?;
+    let runtime = ctx.runtime_env();
+    // An object-store cache is opened on the runtime its requests run on.
+    let opened = wait_for(py, async move {
+        IndexCache::open(&location, &allowed, &runtime)
+    })?;
+    opened.map(Some).map_err(window_error)
 }
 
 /// Zarr stores opened for windowing: sources of variables over one
@@ -324,7 +344,7 @@ impl PyDataset {
             MemoryLimit::Finite(limit) => Some(limit),
             _ => None,
         };
-        let cache = cache_argument(cache)?;
+        let cache = cache_argument(py, cache, &self.ctx)?;
         let options = IndexOptions {
             block_bytes,
             threads: threads.unwrap_or_else(default_threads),

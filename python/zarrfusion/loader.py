@@ -110,7 +110,11 @@ class Dataset:
         - ``cache``: keep the valid-window index on disk and reuse it while
           the data, the window shape, ``where`` and ``valid`` are unchanged.
           ``True`` uses ``$ZARRFUSION_CACHE_DIR`` or the user's cache
-          directory, a path uses that directory, ``False`` builds every time.
+          directory, a path uses that directory, an object-store URL
+          (``"s3://bucket/cache"``, reached with the options its bucket's
+          stores were opened with) a prefix there, which the ranks of a job
+          on several machines share while they build the index; ``False``
+          builds every time.
         """
         if isinstance(inputs, str):
             inputs = [inputs]

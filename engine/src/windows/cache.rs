@@ -13,40 +13,79 @@
 //! Rewriting the data, changing the window or the rule gives another key.
 //!
 //! A cache file that is missing, truncated or does not match the grid is a
-//! miss, never an error; files are written to a temporary name and renamed,
-//! so a reader never sees half a file.
+//! miss, never an error; files are written whole (a temporary name renamed,
+//! or one `PUT`: [`CacheDir`]), so a reader never sees half a file. The
+//! cache is a directory on this machine or a prefix in an object store
+//! (`s3://bucket/cache/`), which the ranks of a job on several machines
+//! share.
 //!
 //! File layout (little-endian): the magic `ZFWINDEX`, a format version
 //! (`u32`), the key (`u32` length and bytes), the block count (`u64`), then
 //! per block its valid count (`u64`) and word count (`u64`, `u64::MAX` when
 //! every origin is valid) followed by the words.
 
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use datafusion::execution::runtime_env::RuntimeEnv;
 
 use md5::{Digest, Md5};
 
+use super::cache_dir::CacheDir;
 use super::geometry::WindowGrid;
 use super::index::{BlockIndex, ValidIndex};
 use super::sample::SampleLayout;
 use super::sources::Sources;
 use super::WindowError;
-use crate::zarr::{cache_root, write_file_atomically, ZarrArray};
+use crate::zarr::{cache_root, open_writable_remote, AllowedLocations, StoreLocation, ZarrArray};
 
 const MAGIC: &[u8; 8] = b"ZFWINDEX";
 const VERSION: u32 = 1;
 const ALL_VALID: u64 = u64::MAX;
 
-/// A directory of persisted window indices.
+/// A directory (or object-store prefix) of persisted window indices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexCache {
-    dir: PathBuf,
+    dir: CacheDir,
 }
 
 impl IndexCache {
-    /// A cache in `dir` (created when the first index is stored).
+    /// A cache in the local directory `dir` (created when the first index
+    /// is stored).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self {
+            dir: CacheDir::Local(dir.into()),
+        }
+    }
+
+    /// A cache at `location`: a local directory, or an object-store URL
+    /// (`s3://bucket/cache/`) reached through the client registered for
+    /// its bucket (the one its stores were opened with), else one built
+    /// from the environment. `allowed` holds it to the session's
+    /// `zarrfusion.allowed_locations`. An object-store cache must be
+    /// opened inside a Tokio runtime.
+    pub fn open(
+        location: &str,
+        allowed: &AllowedLocations,
+        runtime: &RuntimeEnv,
+    ) -> Result<Self, WindowError> {
+        let bad = |e: &dyn std::fmt::Display| WindowError::argument("cache", e);
+        let resolved = StoreLocation::parse(location).map_err(|e| bad(&e))?;
+        allowed.check(&resolved, location).map_err(|e| bad(&e))?;
+        match resolved {
+            StoreLocation::Local(dir) => Ok(Self::new(dir)),
+            StoreLocation::Remote(url) => {
+                let storage = open_writable_remote(location, &url, &HashMap::new(), runtime)
+                    .map_err(|e| bad(&e))?;
+                Ok(Self {
+                    dir: CacheDir::Remote {
+                        location: location.to_string(),
+                        storage,
+                    },
+                })
+            }
+        }
     }
 
     /// The default cache: `$ZARRFUSION_CACHE_DIR/window-index`, else the
@@ -55,8 +94,8 @@ impl IndexCache {
         cache_root().map(|root| Self::new(root.join("window-index")))
     }
 
-    /// The cache's directory.
-    pub fn dir(&self) -> &Path {
+    /// Where the cache's files are.
+    pub fn dir(&self) -> &CacheDir {
         &self.dir
     }
 
@@ -90,31 +129,22 @@ impl IndexCache {
         Ok(format!("{:x}", digest.finalize()))
     }
 
-    fn path(&self, key: &str) -> PathBuf {
-        self.dir.join(format!("{key}.idx"))
+    /// The name of the file of the whole index stored under `key`.
+    pub fn file_name(key: &str) -> String {
+        format!("{key}.idx")
     }
 
     /// The index stored under `key`, when there is one that fits `grid`.
     pub fn load(&self, key: &str, grid: &WindowGrid) -> Option<ValidIndex> {
-        let mut bytes = Vec::new();
-        std::fs::File::open(self.path(key))
-            .and_then(|mut f| f.read_to_end(&mut bytes))
-            .ok()?;
+        let bytes = self.dir.read(&Self::file_name(key))?;
         decode(&bytes, key, grid)
     }
 
-    /// Stores `index` under `key`, atomically (temporary file, then rename).
+    /// Stores `index` under `key`, whole.
     pub fn store(&self, key: &str, index: &ValidIndex) -> std::io::Result<()> {
         let mut bytes = Vec::new();
         encode(&mut bytes, key, index)?;
-        self.write_atomically(&self.path(key), &bytes)
-    }
-
-    /// Writes `bytes` to `target` in the cache's directory: to a temporary
-    /// file first, synced, then renamed, so a reader never sees half a file.
-    pub fn write_atomically(&self, target: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        std::fs::create_dir_all(&self.dir)?;
-        write_file_atomically(target, bytes)
+        self.dir.write(&Self::file_name(key), &bytes)
     }
 }
 
@@ -243,7 +273,7 @@ mod tests {
         assert!(cache.load("k1", &self::grid(&[100, 64])).is_none());
         assert!(cache.load("k1", &self::grid(&[100, 64, 8])).is_some());
         assert!(cache.load("k1", &self::grid(&[100, 64, 2])).is_none());
-        let path = cache.path("k1");
+        let path = dir.join(IndexCache::file_name("k1"));
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
         assert!(cache.load("k1", &grid).is_none());

@@ -25,7 +25,8 @@
 //! With a cache directory, processes building the same index (DataLoader
 //! workers, ranks on one machine) share its blocks ([`super::shared`]): a
 //! block another process has claimed is not read again but waited for,
-//! polled every few milliseconds by whoever waits for blocks.
+//! polled by whoever waits for blocks (every few milliseconds in a
+//! directory, a few times a second in an object store).
 //!
 //! The background threads take blocks in one order, decided block by
 //! block as the first of them gets there ([`Schedule`]): preferred blocks
@@ -53,13 +54,6 @@ use crate::zarr::ChunkBufferPool;
 
 /// How often a paused background thread looks again.
 const PAUSE: Duration = Duration::from_millis(2);
-
-/// How often a waiter looks for blocks other processes are reading.
-const POLL: Duration = Duration::from_millis(5);
-
-/// How often a waiter checks that the processes reading the blocks it
-/// waits for are still running.
-const OWNER_CHECK: Duration = Duration::from_millis(250);
 
 /// Blocks other processes read that a waiter looks for at a time (the
 /// first it needs).
@@ -108,6 +102,9 @@ pub struct LiveIndex {
 #[derive(Debug, Default)]
 struct Remote {
     blocks: Vec<usize>,
+    /// When the blocks were last looked for (at most once a poll
+    /// interval: in an object store each look is requests).
+    polled: Option<Instant>,
     owners_checked: Option<Instant>,
 }
 
@@ -463,9 +460,13 @@ impl LiveIndex {
             if remote.blocks.is_empty() {
                 return Ok(false);
             }
+            if (remote.polled).is_some_and(|at| at.elapsed() < shared.poll_interval()) {
+                return Ok(false);
+            }
+            remote.polled = Some(Instant::now());
             let check = remote
                 .owners_checked
-                .is_none_or(|at| at.elapsed() >= OWNER_CHECK);
+                .is_none_or(|at| at.elapsed() >= shared.owner_check_interval());
             if check {
                 remote.owners_checked = Some(Instant::now());
             }
@@ -590,7 +591,7 @@ impl LiveIndex {
             match cache.store(key, &index) {
                 // Whoever still waits for a block finds the whole index.
                 Ok(()) => self.shared.iter().for_each(SharedBlocks::remove),
-                Err(e) => log::warn!("window index not cached in {}: {e}", cache.dir().display()),
+                Err(e) => log::warn!("window index not cached in {}: {e}", cache.dir()),
             }
         }
         self.stop_reading_ahead();
@@ -677,7 +678,10 @@ impl LiveIndex {
             if left.is_zero() || self.is_cancelled() {
                 return Ok(None);
             }
-            let wait = if polling { left.min(POLL) } else { left };
+            let wait = match (polling, &self.shared) {
+                (true, Some(shared)) => left.min(shared.poll_interval()),
+                _ => left,
+            };
             drop(self.changed.wait_timeout(progress, wait).map_err(|_| {
                 WindowError::Internal("the window index's lock is poisoned".into())
             })?);
@@ -691,7 +695,11 @@ impl LiveIndex {
             if self.poll_remote()? {
                 return Ok(());
             }
-            timeout.min(POLL)
+            timeout.min(
+                self.shared
+                    .as_ref()
+                    .map_or(timeout, SharedBlocks::poll_interval),
+            )
         } else {
             timeout
         };

@@ -51,6 +51,7 @@
 
 pub mod assemble;
 pub mod cache;
+pub mod cache_dir;
 pub mod geometry;
 pub mod index;
 pub mod live_index;
@@ -66,6 +67,7 @@ use std::sync::Arc;
 
 pub use assemble::Output;
 pub use cache::IndexCache;
+pub use cache_dir::CacheDir;
 pub use geometry::{Validity, WindowGrid, WindowShape};
 use index::BlockIndex;
 pub use index::ValidIndex;

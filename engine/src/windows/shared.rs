@@ -1,46 +1,49 @@
 //! Blocks of a window index shared between the processes building it.
 //!
-//! DataLoader workers and the ranks of a training job on one machine each
-//! open the same windows, and with `drop_last` or a validity rule each
-//! needs the index of blocks the others read for their own batches.
-//! Without sharing, every process decodes every block to count it. With a
-//! cache directory ([`super::IndexCache`]), the processes building the
-//! index under one key share its blocks in `<key>.blocks/` there:
+//! DataLoader workers and the ranks of a training job each open the same
+//! windows, and with `drop_last` or a validity rule each needs the index of
+//! blocks the others read for their own batches. Without sharing, every
+//! process decodes every block to count it. With a cache
+//! ([`super::IndexCache`]: a directory, or a prefix in an object store that
+//! ranks on several machines share), the processes building the index
+//! under one key share its blocks in `<key>.blocks/` there:
 //!
-//! - `<block>.claim` says who reads a block: its process, machine and boot
-//!   and a nonce naming one index in that process
-//!   ([`owner_record`](crate::write::stamp::owner_record)). It is created
-//!   whole (written beside it, then hard-linked to its name, which fails
-//!   when it exists), so exactly one claimant wins;
-//! - `<block>.block` is the block's index once read (written to a
-//!   temporary name and renamed);
-//! - a process that finds a block claimed by a running process of this
-//!   machine waits for its `.block` (polling); a claim of a process that is
-//!   gone, of another boot or machine, unreadable, or older than
+//! - `<block>.claim` says who reads a block: its process, machine and boot,
+//!   a nonce naming one index in that process
+//!   ([`owner_record`](crate::write::stamp::owner_record)) and when it was
+//!   claimed. It is created whole and only if absent ([`CacheDir::create_new`]:
+//!   a hard link in a directory, a conditional `PUT` in an object store),
+//!   so exactly one claimant wins;
+//! - `<block>.block` is the block's index once read (written whole);
+//! - a process that finds a block claimed by a running process waits for
+//!   its `.block` (polling: every few milliseconds in a directory, a few
+//!   times a second in an object store). A claim of a process of this
+//!   machine that is gone, of another boot, unreadable, or older than
 //!   [`STALE_CLAIM`] is taken over, so a killed (or hung) process never
-//!   leaves the others waiting for ever, and a block read on another
-//!   machine (a shared file system) is at worst read twice;
+//!   leaves the others waiting for ever. A claim of another machine is
+//!   waited for in an object store (the ranks of a job on several
+//!   machines: each block is read by one of them), taken over in a
+//!   directory (a file system shared by machines: a block is at worst read
+//!   twice);
 //! - claims whose block was not written are removed when their index fails
-//!   or is dropped; the directory goes once the whole index is in the cache
+//!   or is dropped; the blocks go once the whole index is in the cache
 //!   (whoever then still waits finds the whole index there).
 //!
-//! Blocks a killed build left in the directory are valid for their key
-//! (the key digests the data and the windows), so the next build starts
-//! from them.
+//! Blocks a killed build left are valid for their key (the key digests the
+//! data and the windows), so the next build starts from them.
 
 use std::collections::HashSet;
 use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use super::cache::{decode_block, encode_block, Reader};
+use super::cache::{decode_block, encode_block, IndexCache, Reader};
+use super::cache_dir::CacheDir;
 use super::index::BlockIndex;
 use crate::error::lock;
 use crate::write::stamp::{boot, host, is_gone, owner_record, unique_suffix};
-use crate::zarr::write_file_atomically;
 
 const MAGIC: &[u8; 8] = b"ZFWBLOCK";
 const VERSION: u32 = 1;
@@ -54,16 +57,20 @@ pub const STALE_CLAIM: Duration = Duration::from_secs(300);
 pub enum Claim {
     /// This index reads the block (it claimed it, or sharing is off).
     Ours,
-    /// A running process of this machine reads it: wait for its `.block`.
+    /// A running process reads it: wait for its `.block`.
     Theirs,
-    /// The directory is gone: the whole index is in the cache.
+    /// The blocks are gone: the whole index is in the cache.
     Finished,
 }
 
-/// The blocks of one index key shared through a directory.
+/// The blocks of one index key shared through a cache.
 #[derive(Debug)]
 pub struct SharedBlocks {
-    dir: PathBuf,
+    cache: CacheDir,
+    /// `<key>.blocks`, the directory of the blocks in the cache.
+    dir: String,
+    /// The file of the whole index.
+    whole: String,
     /// Names this index in its claims.
     nonce: String,
     /// Blocks this index claimed and has not written yet.
@@ -71,39 +78,61 @@ pub struct SharedBlocks {
 }
 
 impl SharedBlocks {
-    /// The shared blocks of the index `key` in the cache directory `cache`;
-    /// `None` when the directory cannot be made.
-    pub fn open(cache: &Path, key: &str) -> Option<Self> {
-        let dir = cache.join(format!("{key}.blocks"));
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            log::debug!("window index blocks not shared in {}: {e}", dir.display());
+    /// The shared blocks of the index `key` in `cache`; `None` when its
+    /// directory cannot be made.
+    pub fn open(cache: &CacheDir, key: &str) -> Option<Self> {
+        let dir = format!("{key}.blocks");
+        if let Err(e) = cache.make_dir(&dir) {
+            log::debug!("window index blocks not shared in {cache}/{dir}: {e}");
             return None;
         }
         Some(Self {
+            cache: cache.clone(),
             dir,
+            whole: IndexCache::file_name(key),
             nonce: unique_suffix(),
             ours: Mutex::default(),
         })
     }
 
-    /// Whether the directory is still there (it goes once the whole index
-    /// is in the cache).
+    /// Whether the blocks are still shared: the whole index is not in the
+    /// cache yet (in a directory, the blocks' directory goes once it is).
     pub fn exists(&self) -> bool {
-        self.dir.is_dir()
+        match self.cache.is_remote() {
+            true => !self.cache.contains(&self.whole),
+            false => self.cache.has_dir(&self.dir),
+        }
     }
 
-    fn block_path(&self, id: usize) -> PathBuf {
-        self.dir.join(format!("{id}.block"))
+    /// How often a process waiting for blocks others read looks for them.
+    pub fn poll_interval(&self) -> Duration {
+        match self.cache.is_remote() {
+            true => Duration::from_millis(200),
+            false => Duration::from_millis(5),
+        }
     }
 
-    fn claim_path(&self, id: usize) -> PathBuf {
-        self.dir.join(format!("{id}.claim"))
+    /// How often a process waiting for blocks others read checks that
+    /// their claims still hold.
+    pub fn owner_check_interval(&self) -> Duration {
+        match self.cache.is_remote() {
+            true => Duration::from_secs(2),
+            false => Duration::from_millis(250),
+        }
+    }
+
+    fn block_name(&self, id: usize) -> String {
+        format!("{}/{id}.block", self.dir)
+    }
+
+    fn claim_name(&self, id: usize) -> String {
+        format!("{}/{id}.claim", self.dir)
     }
 
     /// The index of block `id` (of `origins` window origins) when some
     /// process has written it.
     pub fn load(&self, id: usize, origins: u64) -> Option<BlockIndex> {
-        let bytes = std::fs::read(self.block_path(id)).ok()?;
+        let bytes = self.cache.read(&self.block_name(id))?;
         let mut r = Reader(&bytes);
         if r.take(MAGIC.len())? != MAGIC || r.u32()? != VERSION || r.u64()? != id as u64 {
             return None;
@@ -120,7 +149,7 @@ impl SharedBlocks {
         bytes.extend_from_slice(&VERSION.to_le_bytes());
         bytes.extend_from_slice(&(id as u64).to_le_bytes());
         let written = encode_block(&mut bytes, index)
-            .and_then(|()| write_file_atomically(&self.block_path(id), &bytes));
+            .and_then(|()| self.cache.write(&self.block_name(id), &bytes));
         match written {
             Ok(()) => {
                 lock(&self.ours).remove(&id);
@@ -131,14 +160,14 @@ impl SharedBlocks {
 
     /// Claims block `id` for this index: [`Claim::Ours`] when this index
     /// should read it (claimed now or before, taken over from a process
-    /// that is gone, or the directory cannot be written), [`Claim::Theirs`]
-    /// when a running process of this machine has, [`Claim::Finished`] when
-    /// the directory is gone.
+    /// that is gone, or the cache cannot be written), [`Claim::Theirs`]
+    /// when a running process has, [`Claim::Finished`] when the whole index
+    /// is in the cache.
     pub fn claim(&self, id: usize) -> Claim {
-        let path = self.claim_path(id);
+        let name = self.claim_name(id);
         // Twice at most: once more after taking over a stale claim.
         for _ in 0..2 {
-            match self.create_claim(&path) {
+            match self.create_claim(&name) {
                 Ok(()) => {
                     lock(&self.ours).insert(id);
                     return Claim::Ours;
@@ -150,49 +179,62 @@ impl SharedBlocks {
                     return Claim::Ours;
                 }
             }
-            match self.claimant(&path) {
+            match self.claimant(&name) {
                 Claimant::Us => return Claim::Ours,
                 Claimant::Running => return Claim::Theirs,
                 Claimant::Gone => {
                     // Taken over; if another process took it over first,
                     // the next try finds its claim.
-                    let _ = std::fs::remove_file(&path);
+                    self.cache.remove(&name);
                 }
             }
         }
         Claim::Theirs
     }
 
-    /// Creates the claim at `path`, whole: written beside it, then linked
-    /// to its name (which fails when someone holds it).
-    fn create_claim(&self, path: &Path) -> std::io::Result<()> {
+    /// Creates the claim `name`, whole and only if it is not there.
+    fn create_claim(&self, name: &str) -> std::io::Result<()> {
         let mut record = owner_record();
         record["nonce"] = Value::String(self.nonce.clone());
-        let temporary = path.with_extension(format!("claim.{}.tmp", self.nonce));
-        std::fs::write(&temporary, record.to_string())?;
-        let linked = std::fs::hard_link(&temporary, path);
-        let _ = std::fs::remove_file(&temporary);
-        linked
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        record["claimed_at"] = Value::from(now.as_secs_f64());
+        self.cache.create_new(name, record.to_string().as_bytes())
     }
 
-    fn claimant(&self, path: &Path) -> Claimant {
-        let record: Value = match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    fn claimant(&self, name: &str) -> Claimant {
+        let record: Value = match self.cache.read(name) {
+            Some(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
             // Gone since (written and dropped): try again.
-            Err(_) => return Claimant::Gone,
+            None => return Claimant::Gone,
         };
-        let stale = (std::fs::metadata(path).and_then(|m| m.modified()))
-            .ok()
-            .and_then(|at| at.elapsed().ok())
-            .is_some_and(|age| age > STALE_CLAIM);
         if record["nonce"].as_str() == Some(self.nonce.as_str()) {
             return Claimant::Us;
         }
+        // Its age by the claimant's clock, else the file's; a claim in an
+        // object store whose age cannot be told is stale.
+        let age = record["claimed_at"]
+            .as_f64()
+            .filter(|at| at.is_finite() && *at >= 0.0)
+            .map(|at| {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                now.saturating_sub(Duration::from_secs_f64(at.min(now.as_secs_f64())))
+            })
+            .or_else(|| self.cache.age(name));
+        let stale = age.map_or(self.cache.is_remote(), |age| age > STALE_CLAIM);
         let pid = record["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
         let here = record["host"].as_str().is_some_and(|h| Some(h) == host());
         let this_boot = record["boot"].as_str().is_some_and(|b| Some(b) == boot());
         match pid {
-            Some(pid) if here && this_boot && !is_gone(pid) && !stale => Claimant::Running,
+            _ if stale => Claimant::Gone,
+            Some(pid) if here && this_boot && !is_gone(pid) => Claimant::Running,
+            // Another machine sharing the object store.
+            Some(_) if !here && record["host"].is_string() && self.cache.is_remote() => {
+                Claimant::Running
+            }
             _ => Claimant::Gone,
         }
     }
@@ -202,17 +244,17 @@ impl SharedBlocks {
     pub fn release(&self) {
         let ours: Vec<usize> = lock(&self.ours).drain().collect();
         for id in ours {
-            let path = self.claim_path(id);
-            if matches!(self.claimant(&path), Claimant::Us) {
-                let _ = std::fs::remove_file(path);
+            let name = self.claim_name(id);
+            if matches!(self.claimant(&name), Claimant::Us) {
+                self.cache.remove(&name);
             }
         }
     }
 
-    /// Removes the directory (the whole index is in the cache).
+    /// Removes the blocks (the whole index is in the cache).
     pub fn remove(&self) {
         lock(&self.ours).clear();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        self.cache.remove_dir(&self.dir);
     }
 }
 
@@ -225,16 +267,24 @@ impl Drop for SharedBlocks {
 enum Claimant {
     /// This index.
     Us,
-    /// A running process of this machine and boot.
+    /// A running process of this machine and boot, or of another machine
+    /// sharing an object store.
     Running,
-    /// A process that is gone, of another machine or boot, a claim that
-    /// cannot be read, or one older than [`STALE_CLAIM`].
+    /// A process of this machine that is gone, of another boot (or of
+    /// another machine, in a directory), a claim that cannot be read, or
+    /// one older than [`STALE_CLAIM`].
     Gone,
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+
     use super::*;
+    use crate::zarr::RemoteStorage;
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("zf-shared-{name}-{}", std::process::id()));
@@ -245,8 +295,9 @@ mod tests {
     #[test]
     fn one_claimant_wins_and_blocks_round_trip() {
         let dir = temp_dir("claims");
-        let a = SharedBlocks::open(&dir, "k").unwrap();
-        let b = SharedBlocks::open(&dir, "k").unwrap();
+        let cache = CacheDir::Local(dir.clone());
+        let a = SharedBlocks::open(&cache, "k").unwrap();
+        let b = SharedBlocks::open(&cache, "k").unwrap();
         assert_eq!(a.claim(3), Claim::Ours);
         assert_eq!(a.claim(3), Claim::Ours, "claimed again by the same index");
         // Another index of a running process (this one) waits.
@@ -278,7 +329,7 @@ mod tests {
     #[test]
     fn claims_of_gone_or_foreign_processes_are_taken_over() {
         let dir = temp_dir("stale");
-        let shared = SharedBlocks::open(&dir, "k").unwrap();
+        let shared = SharedBlocks::open(&CacheDir::Local(dir.clone()), "k").unwrap();
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let gone = child.id();
         child.wait().unwrap();
@@ -309,6 +360,129 @@ mod tests {
         for (id, _, expected) in claims {
             assert_eq!(shared.claim(id), expected, "block {id}");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The blocks shared through an object store (a real `object_store`
+    /// in memory, with its conditional `PUT`).
+    fn remote(runtime: &tokio::runtime::Runtime) -> CacheDir {
+        let store = Arc::new(InMemory::new());
+        CacheDir::Remote {
+            location: "memory://cache".into(),
+            storage: Arc::new(RemoteStorage::new(store, runtime.handle().clone())),
+        }
+    }
+
+    #[test]
+    fn blocks_are_shared_through_an_object_store() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let cache = remote(&runtime);
+        let a = SharedBlocks::open(&cache, "k").unwrap();
+        let b = SharedBlocks::open(&cache, "k").unwrap();
+        assert!(a.exists());
+        assert_eq!(a.claim(3), Claim::Ours);
+        assert_eq!(a.claim(3), Claim::Ours, "claimed again by the same index");
+        assert_eq!(b.claim(3), Claim::Theirs);
+        assert_eq!(b.load(3, 100), None);
+        let index = BlockIndex::from_bits(vec![0xFF, 0b1011]);
+        a.store(3, &index);
+        assert_eq!(b.load(3, 100), Some(index.clone()));
+        assert_eq!(b.load(3, 200), None);
+        // An unwritten claim goes with its index, a written one stays.
+        assert_eq!(a.claim(5), Claim::Ours);
+        drop(a);
+        assert!(cache.contains("k.blocks/3.claim"));
+        assert!(!cache.contains("k.blocks/5.claim"));
+        assert_eq!(b.claim(5), Claim::Ours);
+        // The whole index stored: the blocks are no longer shared, and go.
+        cache.write(&IndexCache::file_name("k"), b"whole").unwrap();
+        assert!(!b.exists());
+        assert_eq!(b.claim(6), Claim::Ours, "a claim is still made");
+        b.remove();
+        assert!(!cache.contains("k.blocks/3.block"));
+        assert!(!cache.contains("k.blocks/3.claim"));
+        assert!(cache.contains("k.idx"));
+    }
+
+    #[test]
+    fn in_an_object_store_claims_of_other_machines_are_waited_for_until_stale() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let cache = remote(&runtime);
+        let shared = SharedBlocks::open(&cache, "k").unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let old = now - STALE_CLAIM.as_secs_f64() - 1.0;
+        let record = |pid: u32, host: &str, boot: &str, at: Option<f64>| {
+            let mut r = serde_json::json!({"pid": pid, "host": host, "boot": boot, "nonce": "x"});
+            if let Some(at) = at {
+                r["claimed_at"] = Value::from(at);
+            }
+            r.to_string()
+        };
+        let (h, b) = (host().unwrap(), boot().unwrap());
+        let me = std::process::id();
+        let claims = [
+            // Another machine, claimed just now: a rank there reads it.
+            (
+                0,
+                record(me, "another-host", "another-boot", Some(now)),
+                Claim::Theirs,
+            ),
+            // Another machine, claimed longer ago than a block can take.
+            (
+                1,
+                record(me, "another-host", "another-boot", Some(old)),
+                Claim::Ours,
+            ),
+            // Another machine, no time: its age cannot be told.
+            (
+                2,
+                record(me, "another-host", "another-boot", None),
+                Claim::Ours,
+            ),
+            // This machine: a process that is gone, and a running one.
+            (3, record(gone, h, b, Some(now)), Claim::Ours),
+            (4, record(me, h, b, Some(now)), Claim::Theirs),
+            (5, "{not json".to_string(), Claim::Ours),
+            // Claimed in the future by a skewed clock: not stale.
+            (
+                6,
+                record(me, "another-host", "x", Some(now + 60.0)),
+                Claim::Theirs,
+            ),
+        ];
+        for (id, text, _) in &claims {
+            cache
+                .write(&format!("k.blocks/{id}.claim"), text.as_bytes())
+                .unwrap();
+        }
+        for (id, _, expected) in claims {
+            assert_eq!(shared.claim(id), expected, "block {id}");
+        }
+    }
+
+    #[test]
+    fn in_a_directory_claims_of_other_machines_are_taken_over() {
+        let dir = temp_dir("foreign");
+        let cache = CacheDir::Local(dir.clone());
+        let shared = SharedBlocks::open(&cache, "k").unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let record = serde_json::json!({
+            "pid": std::process::id(), "host": "another-host", "boot": "b", "nonce": "x",
+            "claimed_at": now,
+        });
+        cache
+            .write("k.blocks/0.claim", record.to_string().as_bytes())
+            .unwrap();
+        assert_eq!(shared.claim(0), Claim::Ours);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

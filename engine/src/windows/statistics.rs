@@ -105,7 +105,7 @@ async fn source_statistics(
             log::warn!(
                 "statistics of {} not kept in {}: {e}",
                 table.store,
-                cache.dir().display()
+                cache.dir()
             );
         }
     }
@@ -227,13 +227,13 @@ fn key(
     Ok(format!("{:x}", digest.finalize()))
 }
 
-fn path(cache: &IndexCache, key: &str) -> std::path::PathBuf {
-    cache.dir().join(format!("{key}.stats.json"))
+fn file_name(key: &str) -> String {
+    format!("{key}.stats.json")
 }
 
 /// The statistics stored under `key`, when they are whole.
 fn load(cache: &IndexCache, key: &str, n: usize) -> Option<Vec<Moments>> {
-    let text = std::fs::read_to_string(path(cache, key)).ok()?;
+    let text = String::from_utf8(cache.dir().read(&file_name(key))?).ok()?;
     let rows: Vec<Vec<f64>> = serde_json::from_str(&text).ok()?;
     if rows.len() != n || rows.iter().any(|r| r.len() != 5) {
         return None;
@@ -262,5 +262,5 @@ fn store(cache: &IndexCache, key: &str, moments: &[Moments]) -> std::io::Result<
         return Ok(());
     }
     let text = serde_json::to_string(&rows).map_err(std::io::Error::other)?;
-    cache.write_atomically(&path(cache, key), text.as_bytes())
+    cache.dir().write(&file_name(key), text.as_bytes())
 }

@@ -1,0 +1,216 @@
+//! Where the window cache's files live: a directory on this machine, or a
+//! prefix in an object store that the ranks of a job on several machines
+//! share.
+//!
+//! [`super::IndexCache`] keeps the finished index and the statistics there,
+//! and [`super::shared`] the blocks of an index being built, as files named
+//! relative to that root (`<key>.idx`, `<key>.blocks/<id>.block`). The two
+//! kinds differ only in how a file is written whole:
+//!
+//! - in a directory, a file is written to a temporary name and renamed, and
+//!   a file that must be created once (a claim) is written beside its name
+//!   and hard-linked to it, which fails when it exists;
+//! - in an object store, a `PUT` is atomic, and a file that must be created
+//!   once is put conditionally (`If-None-Match: *`), which the server
+//!   refuses when the object exists.
+//!
+//! Reads that fail are misses: the cache is an optimization, never the
+//! reason a loader fails.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use zarrs::storage::{ReadableStorageTraits, StoreKey, StorePrefix, WritableStorageTraits};
+
+use crate::write::stamp::unique_suffix;
+use crate::zarr::{write_file_atomically, RemoteStorage};
+
+/// The root the cache's files are named under.
+#[derive(Clone)]
+pub enum CacheDir {
+    /// A directory on this machine (created when the first file is
+    /// written).
+    Local(PathBuf),
+    /// A prefix in an object store.
+    Remote {
+        /// The URL, as the user wrote it.
+        location: String,
+        /// The object store, rooted at the prefix.
+        storage: Arc<RemoteStorage>,
+    },
+}
+
+impl PartialEq for CacheDir {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Local(a), Self::Local(b)) => a == b,
+            (Self::Remote { location: a, .. }, Self::Remote { location: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for CacheDir {}
+
+impl std::fmt::Debug for CacheDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CacheDir({self})")
+    }
+}
+
+impl std::fmt::Display for CacheDir {
+    /// The directory, or the URL.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Local(dir) => write!(f, "{}", dir.display()),
+            Self::Remote { location, .. } => write!(f, "{location}"),
+        }
+    }
+}
+
+impl CacheDir {
+    /// Whether the files are in an object store (shared by machines).
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Self::Remote { .. })
+    }
+
+    /// The file `name` (a path relative to the root, `/`-separated) in a
+    /// directory cache.
+    fn path(dir: &Path, name: &str) -> PathBuf {
+        dir.join(name)
+    }
+
+    fn key(name: &str) -> std::io::Result<StoreKey> {
+        StoreKey::new(name).map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))
+    }
+
+    /// The bytes of the file `name`; `None` when it is absent or cannot be
+    /// read.
+    pub fn read(&self, name: &str) -> Option<Vec<u8>> {
+        match self {
+            Self::Local(dir) => std::fs::read(Self::path(dir, name)).ok(),
+            Self::Remote { storage, .. } => match storage.get(&Self::key(name).ok()?) {
+                Ok(bytes) => bytes.map(|b| b.to_vec()),
+                Err(e) => {
+                    log::debug!("cache file {name} not read from {self}: {e}");
+                    None
+                }
+            },
+        }
+    }
+
+    /// Whether the file `name` is there (`false` when that cannot be told).
+    pub fn contains(&self, name: &str) -> bool {
+        match self {
+            Self::Local(dir) => Self::path(dir, name).exists(),
+            Self::Remote { storage, .. } => Self::key(name)
+                .ok()
+                .and_then(|key| storage.size_key(&key).ok())
+                .is_some_and(|size| size.is_some()),
+        }
+    }
+
+    /// Writes the file `name` whole: a reader sees the old file or the new
+    /// one, never half of one.
+    pub fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Self::Local(dir) => {
+                let path = Self::path(dir, name);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                write_file_atomically(&path, bytes)
+            }
+            Self::Remote { storage, .. } => storage
+                .set(&Self::key(name)?, bytes.to_vec().into())
+                .map_err(std::io::Error::other),
+        }
+    }
+
+    /// Creates the file `name` whole if it is not there: an error of kind
+    /// [`ErrorKind::AlreadyExists`] when it is, so of processes creating
+    /// it at once exactly one succeeds.
+    pub fn create_new(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Self::Local(dir) => {
+                let path = Self::path(dir, name);
+                let temporary = dir.join(format!("{name}.{}.tmp", unique_suffix()));
+                std::fs::write(&temporary, bytes)?;
+                let linked = std::fs::hard_link(&temporary, &path);
+                let _ = std::fs::remove_file(&temporary);
+                linked
+            }
+            Self::Remote { storage, .. } => {
+                match storage.put_if_absent(&Self::key(name)?, bytes.to_vec().into()) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(ErrorKind::AlreadyExists.into()),
+                    Err(e) => Err(std::io::Error::other(e)),
+                }
+            }
+        }
+    }
+
+    /// How long ago the file `name` was last written, where the file
+    /// system says (`None` in an object store: what needs an age there
+    /// records its time in the file).
+    pub fn age(&self, name: &str) -> Option<Duration> {
+        match self {
+            Self::Local(dir) => std::fs::metadata(Self::path(dir, name))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|at| at.elapsed().ok()),
+            Self::Remote { .. } => None,
+        }
+    }
+
+    /// Removes the file `name` (errors only logged).
+    pub fn remove(&self, name: &str) {
+        let removed = match self {
+            Self::Local(dir) => std::fs::remove_file(Self::path(dir, name)),
+            Self::Remote { storage, .. } => {
+                Self::key(name).and_then(|key| storage.erase(&key).map_err(std::io::Error::other))
+            }
+        };
+        if let Err(e) = removed {
+            if e.kind() != ErrorKind::NotFound {
+                log::debug!("cache file {name} not removed from {self}: {e}");
+            }
+        }
+    }
+
+    /// Makes the directory `name` for files below it (nothing to make in
+    /// an object store).
+    pub fn make_dir(&self, name: &str) -> std::io::Result<()> {
+        match self {
+            Self::Local(dir) => std::fs::create_dir_all(Self::path(dir, name)),
+            Self::Remote { .. } => Ok(()),
+        }
+    }
+
+    /// Whether the directory `name` is there (in an object store, where
+    /// directories are only prefixes: always).
+    pub fn has_dir(&self, name: &str) -> bool {
+        match self {
+            Self::Local(dir) => Self::path(dir, name).is_dir(),
+            Self::Remote { .. } => true,
+        }
+    }
+
+    /// Removes the directory `name` and every file below it (errors only
+    /// logged).
+    pub fn remove_dir(&self, name: &str) {
+        let removed = match self {
+            Self::Local(dir) => std::fs::remove_dir_all(Self::path(dir, name)),
+            Self::Remote { storage, .. } => StorePrefix::new(format!("{name}/"))
+                .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))
+                .and_then(|prefix| storage.erase_prefix(&prefix).map_err(std::io::Error::other)),
+        };
+        if let Err(e) = removed {
+            if e.kind() != ErrorKind::NotFound {
+                log::debug!("cache directory {name} not removed from {self}: {e}");
+            }
+        }
+    }
+}
