@@ -20,6 +20,7 @@
 //! | [`distributed`] | the same plans on a cluster of workers (datafusion-distributed) |
 //! | [`session`] | building a `SessionContext` with all of the above |
 //! | [`windows`] | training windows cut from Zarr just in time (the ML loader) |
+//! | [`window_frames`] | guarding SQL window frames and limits DataFusion overflows on |
 //!
 //! ```no_run
 //! # async fn example() -> datafusion::error::Result<()> {
@@ -47,6 +48,7 @@ pub mod memory;
 pub mod progress;
 pub mod session;
 pub mod table;
+pub mod window_frames;
 pub mod windows;
 pub mod write;
 pub mod zarr;

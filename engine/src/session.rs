@@ -43,6 +43,7 @@ use crate::config::{apply_runtime_settings, ZarrConfig};
 use crate::distributed::{distribute, keep_partial_aggregates, ClusterWorkers};
 use crate::progress::ScanProgress;
 use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
+use crate::window_frames::{physical_rules, CheckWindowFrames};
 use crate::write::ZarrFormatFactory;
 
 /// The default session configuration: information schema on, zarrfusion
@@ -110,6 +111,8 @@ fn build_context(
         .with_config(config)
         .with_runtime_env(Arc::clone(&runtime))
         .with_default_features()
+        .with_analyzer_rule(Arc::new(CheckWindowFrames))
+        .with_physical_optimizer_rules(physical_rules())
         .with_table_factory("ZARR".to_string(), Arc::new(ZarrTableFactory))
         .with_relation_planners(vec![read_zarr])
         .with_optimizer_rule(Arc::new(AlignedJoinRule))

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::Result;
 use datafusion::config::ConfigOptions;
-use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -92,12 +91,13 @@ impl PhysicalOptimizerRule for GatherStates {
     }
 }
 
-/// DataFusion's physical optimizer rules with [`ClusterReductions`] first
+/// The session's physical optimizer rules
+/// ([`crate::window_frames::physical_rules`]) with [`ClusterReductions`] first
 /// (before the rule that places repartitions and sorts, which then places
 /// them for the final aggregate as for any other) and [`GatherStates`]
 /// right after that rule.
 pub fn rules_with_cluster_reductions() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
-    let mut rules = PhysicalOptimizer::new().rules;
+    let mut rules = crate::window_frames::physical_rules();
     let requirements = rules
         .iter()
         .position(|r| r.name() == "EnsureRequirements")
