@@ -372,8 +372,8 @@ def test_index_cache_is_reused_and_invalidated_by_a_rewrite(ctx, window_store, t
 SHARED_CHILD = """
 import json, pathlib, sys, time
 import zarrfusion as zf
-store, cache, ready, go = sys.argv[1:5]
-w = zf.SessionContext().open_zarr(store).windows(
+store, options, cache, ready, go = sys.argv[1:6]
+w = zf.SessionContext().open_zarr(store, **json.loads(options)).windows(
     {"lat": 5, "lon": 4}, {"lat": 4, "lon": 3}, cache=cache, threads=0, block_size=1)
 pathlib.Path(ready).touch()
 while not pathlib.Path(go).exists():
@@ -383,31 +383,29 @@ print(json.dumps({"len": n, **w.index_counts}))
 """
 
 
-def test_processes_building_one_index_share_its_blocks(window_store, tmp_path):
-    """Two processes building the same index with the same cache directory
-    (as DataLoader workers and ranks on one machine do) read each block
-    once between them, and both get the whole index, equal to numpy's."""
+def index_in_two_processes(store, cache, local_store, tmp_path, options=None) -> None:
+    """Builds the (5, 4) windows' index of ``store`` in two processes at
+    once with ``cache``, and checks that they read each block once between
+    them and both count numpy's windows (of ``local_store``, its copy on
+    disk)."""
     import json
     import subprocess
     import sys
     import time
 
-    _, a, b = arrays(window_store)
+    _, a, b = arrays(local_store)
     expected = len(valid_origins(a, b, (5, 4), (1, 1)))
-    cache, go = tmp_path / "cache", tmp_path / "go"
+    go = tmp_path / "go"
     ready = [tmp_path / f"ready{k}" for k in range(2)]
-    children = [
-        subprocess.Popen([sys.executable, "-c", SHARED_CHILD, str(window_store), str(cache), str(r), str(go)],
-                         stdout=subprocess.PIPE, text=True)
-        for r in ready
-    ]
+    argv = [sys.executable, "-c", SHARED_CHILD, str(store), json.dumps(options or {}), str(cache)]
+    children = [subprocess.Popen([*argv, str(r), str(go)], stdout=subprocess.PIPE, text=True) for r in ready]
     try:
         deadline = time.monotonic() + 60
         while not all(r.exists() for r in ready):
             assert time.monotonic() < deadline and all(c.poll() is None for c in children)
             time.sleep(0.01)
         go.touch()
-        results = [json.loads(c.communicate(timeout=60)[0]) for c in children]
+        results = [json.loads(c.communicate(timeout=120)[0]) for c in children]
     finally:
         for c in children:
             c.kill()
@@ -418,6 +416,14 @@ def test_processes_building_one_index_share_its_blocks(window_store, tmp_path):
         assert r["read"] + r["from_other_processes"] == blocks, results
     # Every block read once in all (each process alone would read all).
     assert sum(r["read"] for r in results) == blocks, results
+
+
+def test_processes_building_one_index_share_its_blocks(window_store, tmp_path):
+    """Two processes building the same index with the same cache directory
+    (as DataLoader workers and ranks on one machine do) read each block
+    once between them, and both get the whole index, equal to numpy's."""
+    cache = tmp_path / "cache"
+    index_in_two_processes(window_store, cache, window_store, tmp_path)
     # The finished index is in the cache, and nothing else is left there.
     assert [p.suffix for p in cache.iterdir()] == [".idx"]
 

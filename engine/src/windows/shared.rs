@@ -292,12 +292,13 @@ mod tests {
         dir
     }
 
-    #[test]
-    fn one_claimant_wins_and_blocks_round_trip() {
-        let dir = temp_dir("claims");
-        let cache = CacheDir::Local(dir.clone());
-        let a = SharedBlocks::open(&cache, "k").unwrap();
-        let b = SharedBlocks::open(&cache, "k").unwrap();
+    /// Two indices sharing `cache`: one claimant wins, blocks round trip,
+    /// a written block's claim stays when its index goes and an unwritten
+    /// one goes; `b`, still open, is returned.
+    fn one_claimant_wins_and_blocks_round_trip_in(cache: &CacheDir) -> SharedBlocks {
+        let a = SharedBlocks::open(cache, "k").unwrap();
+        let b = SharedBlocks::open(cache, "k").unwrap();
+        assert!(a.exists());
         assert_eq!(a.claim(3), Claim::Ours);
         assert_eq!(a.claim(3), Claim::Ours, "claimed again by the same index");
         // Another index of a running process (this one) waits.
@@ -312,9 +313,16 @@ mod tests {
         // A stored block's claim stays when `a` goes; an unwritten one goes.
         assert_eq!(a.claim(5), Claim::Ours);
         drop(a);
-        assert!(dir.join("k.blocks/3.claim").exists());
-        assert!(!dir.join("k.blocks/5.claim").exists());
+        assert!(cache.contains("k.blocks/3.claim"));
+        assert!(!cache.contains("k.blocks/5.claim"));
         assert_eq!(b.claim(5), Claim::Ours);
+        b
+    }
+
+    #[test]
+    fn one_claimant_wins_and_blocks_round_trip() {
+        let dir = temp_dir("claims");
+        let b = one_claimant_wins_and_blocks_round_trip_in(&CacheDir::Local(dir.clone()));
         // No temporary file is left.
         let names: Vec<String> = std::fs::read_dir(dir.join("k.blocks"))
             .unwrap()
@@ -377,23 +385,7 @@ mod tests {
     fn blocks_are_shared_through_an_object_store() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let cache = remote(&runtime);
-        let a = SharedBlocks::open(&cache, "k").unwrap();
-        let b = SharedBlocks::open(&cache, "k").unwrap();
-        assert!(a.exists());
-        assert_eq!(a.claim(3), Claim::Ours);
-        assert_eq!(a.claim(3), Claim::Ours, "claimed again by the same index");
-        assert_eq!(b.claim(3), Claim::Theirs);
-        assert_eq!(b.load(3, 100), None);
-        let index = BlockIndex::from_bits(vec![0xFF, 0b1011]);
-        a.store(3, &index);
-        assert_eq!(b.load(3, 100), Some(index.clone()));
-        assert_eq!(b.load(3, 200), None);
-        // An unwritten claim goes with its index, a written one stays.
-        assert_eq!(a.claim(5), Claim::Ours);
-        drop(a);
-        assert!(cache.contains("k.blocks/3.claim"));
-        assert!(!cache.contains("k.blocks/5.claim"));
-        assert_eq!(b.claim(5), Claim::Ours);
+        let b = one_claimant_wins_and_blocks_round_trip_in(&cache);
         // The whole index stored: the blocks are no longer shared, and go.
         cache.write(&IndexCache::file_name("k"), b"whole").unwrap();
         assert!(!b.exists());
