@@ -40,6 +40,7 @@ use datafusion::common::{exec_err, human_readable_size, internal_err, plan_err, 
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::StreamExt;
 
@@ -242,7 +243,12 @@ impl Broadcast {
         let mut slot: Vec<u32> = vec![u32::MAX; cells];
         let mut kept: Vec<Vec<ArrayRef>> = vec![Vec::new(); self.values.len()];
         let mut kept_rows: usize = 0;
-        let mut stream = execute_stream(Arc::clone(input), Arc::clone(context))?;
+        // A fresh instance of the plan: it may have run before in this
+        // query (for partitions that started after the values of the
+        // others were dropped), and operators such as a repartition run
+        // once per instance.
+        let input = reset_plan_states(Arc::clone(input))?;
+        let mut stream = execute_stream(input, Arc::clone(context))?;
         while let Some(batch) = stream.next().await {
             let batch = batch?;
             let rows = self.place(&batch, &converters, &distinct, &strides)?;
