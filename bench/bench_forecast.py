@@ -308,7 +308,7 @@ def main() -> int:
         print(json.dumps(ARMS[a.child](a)))
         return 0
     sys.path.insert(0, str(HERE))
-    from measure import run_child
+    from measure import report, run_child
 
     files = [f for f in DATA.rglob("*") if f.is_file()]
     size = sum(f.stat().st_size for f in files)
@@ -359,10 +359,7 @@ def main() -> int:
         lines.append(f"| {arm} | {r['windows']} | {r['first_s']:.2f} | {r['samples_per_s']:.0f} | "
                      f"{'-' if ratio is None else f'{ratio:.0f}x slower'} | {r['wait_p50_ms']:.2f} | {r['wait_p95_ms']:.2f} | "
                      f"{r['peak_rss'] / 2**20:.0f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(HERE / "RESULTS.md", "a") as f:
-        f.write("\n" + text)
+    report(lines, HERE / "RESULTS.md", write=True)
     return 0
 
 

@@ -14,8 +14,8 @@ need), in two modes:
   the ranks share the index's blocks there (each block read by one of them).
 
 Reported per mode: the time until every rank has the whole index, the bytes
-the link carried, blocks read per rank, and that every rank counted the same
-windows. The physical limit is one read of the data through the link.
+the link carried, blocks read and peak RSS per rank, and that every rank
+counted the same windows. The physical limit is one read of the data through the link.
 
     python bench/bench_shared_index.py                  # 2 ranks, 40 MB/s
     python bench/bench_shared_index.py --ranks 3 --bandwidth 80
@@ -34,11 +34,14 @@ import time
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import report  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "forecast"
 
 CHILD = """
-import json, sys, time
+import json, resource, sys, time
 import zarrfusion as zf
 conn, cache = json.loads(sys.argv[1]), sys.argv[2]
 stores = {k: f"s3://{conn['bucket']}/{k}.zarr" for k in ("era5", "imerg")}
@@ -48,7 +51,8 @@ src = zf.SessionContext().open_zarr(stores, variables={"era5": ["t2m", "u10", "v
 w = src.windows({"lat": 64, "lon": 64}, {"lat": 32, "lon": 32}, history={"time": 2},
                 targets={"t2m": "+6h", "precip": "+6h"}, valid={"inputs": 0.9, "targets": "all"}, cache=cache)
 n = len(w)
-print(json.dumps({"len": n, "seconds": time.perf_counter() - started, **w.index_counts}))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"len": n, "seconds": time.perf_counter() - started, "peak_rss": peak, **w.index_counts}))
 """
 
 
@@ -106,18 +110,17 @@ def main() -> int:
         "windows with validity rules (`len(windows)`).",
         f"- Physical limit: one read of the stores through the link, {limit:.1f} s.",
         "",
-        "| mode | every rank's index s | MB through the link | blocks read per rank | windows (every rank) |",
-        "|---|---:|---:|---|---|",
+        "| mode | every rank's index s | MB through the link | blocks read per rank | peak RSS per rank MB "
+        "| windows (every rank) |",
+        "|---|---:|---:|---|---|---|",
     ]
     for mode, r in rows.items():
         lens = {x["len"] for x in r["ranks"]}
         lines.append(f"| {mode} | {r['wall']:.1f} | {r['bytes'] / 1e6:.0f} | "
                      f"{', '.join(str(x['read']) for x in r['ranks'])} of {r['ranks'][0]['blocks']} | "
+                     f"{', '.join(str(round(x['peak_rss'] / 2**20)) for x in r['ranks'])} | "
                      f"{'same: ' + str(lens.pop()) if len(lens) == 1 else 'DIFFER: ' + str(sorted(lens))} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(HERE / "RESULTS.md", "a") as f:
-        f.write("\n" + text)
+    report(lines, HERE / "RESULTS.md", write=True)
     return 0
 
 

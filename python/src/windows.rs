@@ -36,12 +36,7 @@ use crate::runtime::{wait_for, SIGNAL_CHECK};
 fn wait_index<'w>(py: Python<'_>, windows: &'w Windows) -> PyResult<&'w ValidIndex> {
     let live = windows.live_index();
     loop {
-        let found = py.detach(|| {
-            if live.index_next_block()? {
-                return Ok(None);
-            }
-            live.wait_index(SIGNAL_CHECK)
-        });
+        let found = py.detach(|| live.index_for(SIGNAL_CHECK));
         if let Some(index) = found.map_err(window_error)? {
             return Ok(index);
         }

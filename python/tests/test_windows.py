@@ -372,22 +372,26 @@ def test_index_cache_is_reused_and_invalidated_by_a_rewrite(ctx, window_store, t
 SHARED_CHILD = """
 import json, pathlib, sys, time
 import zarrfusion as zf
-store, options, cache, ready, go = sys.argv[1:6]
-w = zf.SessionContext().open_zarr(store, **json.loads(options)).windows(
-    {"lat": 5, "lon": 4}, {"lat": 4, "lon": 3}, cache=cache, threads=0, block_size=1)
+store, options, cache, session, threads, ready, go = sys.argv[1:8]
+dataset = zf.SessionContext(**json.loads(session)).open_zarr(store, **json.loads(options))
 pathlib.Path(ready).touch()
 while not pathlib.Path(go).exists():
     time.sleep(0.001)
+w = dataset.windows({"lat": 5, "lon": 4}, {"lat": 4, "lon": 3}, cache=cache, threads=int(threads), block_size=1)
 n = len(w)
 print(json.dumps({"len": n, **w.index_counts}))
 """
 
 
-def index_in_two_processes(store, cache, local_store, tmp_path, options=None) -> None:
+def index_in_two_processes(
+    store, cache, local_store, tmp_path, options=None, session=None, threads=0
+) -> list[dict]:
     """Builds the (5, 4) windows' index of ``store`` in two processes at
-    once with ``cache``, and checks that they read each block once between
-    them and both count numpy's windows (of ``local_store``, its copy on
-    disk)."""
+    once with ``cache`` (``options`` opening the store, ``session`` the
+    arguments of their sessions, ``threads`` index threads each), checks
+    that they read each block once between them and both count numpy's
+    windows (of ``local_store``, its copy on disk), and returns their
+    ``index_counts``."""
     import json
     import subprocess
     import sys
@@ -397,7 +401,8 @@ def index_in_two_processes(store, cache, local_store, tmp_path, options=None) ->
     expected = len(valid_origins(a, b, (5, 4), (1, 1)))
     go = tmp_path / "go"
     ready = [tmp_path / f"ready{k}" for k in range(2)]
-    argv = [sys.executable, "-c", SHARED_CHILD, str(store), json.dumps(options or {}), str(cache)]
+    arguments = [str(store), json.dumps(options or {}), str(cache), json.dumps(session or {}), str(threads)]
+    argv = [sys.executable, "-c", SHARED_CHILD, *arguments]
     children = [subprocess.Popen([*argv, str(r), str(go)], stdout=subprocess.PIPE, text=True) for r in ready]
     try:
         deadline = time.monotonic() + 60
@@ -416,6 +421,7 @@ def index_in_two_processes(store, cache, local_store, tmp_path, options=None) ->
         assert r["read"] + r["from_other_processes"] == blocks, results
     # Every block read once in all (each process alone would read all).
     assert sum(r["read"] for r in results) == blocks, results
+    return results
 
 
 def test_processes_building_one_index_share_its_blocks(window_store, tmp_path):

@@ -146,6 +146,7 @@ class FaultProxy:
                 "max_in_flight": 0,
                 "max_in_flight_by_method": {},
                 "max_gets_in_flight_by_array": {},
+                "gets_by_array": {},
             }
             self._in_flight = 0
             self._in_flight_by_method: dict[str, int] = {}
@@ -154,9 +155,9 @@ class FaultProxy:
     def stats(self) -> dict:
         """Requests by method, LIST requests among them, faults by kind,
         the server's answers by status (``{"200": n, "304": m}``), body
-        bytes sent, and the most requests seen in flight at once (in
-        all, of each method, and GETs of each array: a chunk key's path
-        without its chunk index, see :func:`array_of`)."""
+        bytes sent, the GETs of each array (a chunk key's path without its
+        chunk index, see :func:`array_of`), and the most requests seen in
+        flight at once (in all, of each method, and GETs of each array)."""
         with self._lock:
             return json.loads(json.dumps(self._stats))
 
@@ -207,6 +208,8 @@ class FaultProxy:
                 gets[array] = gets.get(array, 0) + 1
                 most = self._stats["max_gets_in_flight_by_array"]
                 most[array] = max(most.get(array, 0), gets[array])
+                every = self._stats["gets_by_array"]
+                every[array] = every.get(array, 0) + 1
         left = False
 
         def leave() -> None:

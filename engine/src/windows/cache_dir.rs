@@ -101,6 +101,30 @@ impl CacheDir {
         }
     }
 
+    /// The bytes of each of the files `names`, as [`Self::read`] gives
+    /// them; in an object store all requested at once.
+    pub fn read_all(&self, names: &[String]) -> Vec<Option<Vec<u8>>> {
+        let Self::Remote { storage, .. } = self else {
+            return names.iter().map(|name| self.read(name)).collect();
+        };
+        let keys: Vec<Option<StoreKey>> = names.iter().map(|n| Self::key(n).ok()).collect();
+        let valid: Vec<StoreKey> = keys.iter().flatten().cloned().collect();
+        let mut answers = storage.get_all(&valid).into_iter();
+        keys.iter()
+            .zip(names)
+            .map(|(key, name)| {
+                key.as_ref()?;
+                match answers.next()? {
+                    Ok(bytes) => bytes.map(|b| b.to_vec()),
+                    Err(e) => {
+                        log::debug!("cache file {name} not read from {self}: {e}");
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// Whether the file `name` is there (`false` when that cannot be told).
     pub fn contains(&self, name: &str) -> bool {
         match self {

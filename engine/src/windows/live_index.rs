@@ -35,6 +35,10 @@
 //! ahead of the threads ([`crate::table::ReadAheadPlan`]); the read-ahead
 //! decides the order as it gets there, so the threads then take the blocks
 //! it read, and blocks preferred later follow those already requested.
+//! While someone reads the blocks in that order (background threads, or a
+//! caller waiting for the whole index), a block shared with other
+//! processes is claimed as the order decides it: the read-ahead requests
+//! only blocks this process reads, and skips those others hold.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -71,6 +75,8 @@ pub struct LiveIndex {
     cancelled: AtomicBool,
     /// The background threads stop (see [`Self::stop_background`]).
     foreground_only: AtomicBool,
+    /// Someone has waited for the whole index.
+    whole_wanted: AtomicBool,
     started: Instant,
     /// Where the finished index is kept, and its key.
     cache: Option<(IndexCache, String)>,
@@ -88,7 +94,7 @@ pub struct LiveIndex {
     /// What the threads and the read-ahead hold while the index is built.
     memory: IndexMemory,
     /// Blocks shared with other processes building the same index.
-    shared: Option<SharedBlocks>,
+    shared: Option<Arc<SharedBlocks>>,
     /// Blocks other processes are reading, in the order they were met.
     remote: Mutex<Remote>,
     /// Blocks indexed from values this process read, and taken from other
@@ -237,10 +243,11 @@ impl LiveIndex {
             demand: AtomicUsize::new(0),
             cancelled: AtomicBool::new(false),
             foreground_only: AtomicBool::new(false),
+            whole_wanted: AtomicBool::new(false),
             started: Instant::now(),
             cache,
             job: None,
-            schedule: Arc::new(Schedule::new(blocks)),
+            schedule: Arc::new(Schedule::new(blocks, None)),
             buffers: ChunkBufferPool::new(),
             read_ahead: Mutex::default(),
             memory: IndexMemory::default(),
@@ -266,11 +273,17 @@ impl LiveIndex {
         let blocks = job.grid.blocks.len();
         let shared = (cache.as_ref())
             .filter(|_| blocks > 0)
-            .and_then(|(cache, key)| SharedBlocks::open(cache.dir(), key));
+            .and_then(|(cache, key)| SharedBlocks::open(cache.dir(), key))
+            .map(Arc::new);
         let mut live = Self::pending(blocks, cache);
+        live.schedule = Arc::new(Schedule::new(blocks, shared.clone()));
         live.shared = shared;
         let (memory, plans) = IndexMemory::plan(&job, threads, memory_limit);
         let threads = memory.threads;
+        if threads.min(blocks) > 0 {
+            // Nothing is decided yet.
+            live.schedule.claim_ahead(true);
+        }
         let read_ahead = plans.and_then(|plans| {
             let schedule = Arc::clone(&live.schedule);
             read_blocks_ahead(
@@ -289,7 +302,7 @@ impl LiveIndex {
         if blocks == 0 {
             live.finish();
         }
-        for _ in 0..threads.min(blocks) {
+        for spawned in 0..threads.min(blocks) {
             let index = Arc::clone(&live);
             let started = super::spawn("window index", move || {
                 lower_thread_priority();
@@ -301,6 +314,9 @@ impl LiveIndex {
                 // Fewer background threads: loaders and waiters index
                 // the rest themselves.
                 log::debug!("{e}");
+                if spawned == 0 {
+                    live.stop_claiming_ahead();
+                }
                 break;
             }
         }
@@ -410,7 +426,19 @@ impl LiveIndex {
             return Shared::Read;
         };
         let origins = job.grid.blocks[id].num_origins();
-        if let Some(index) = shared.load(id, origins) {
+        let loaded = shared.load(id, origins);
+        if shared.holds(id) {
+            // Claimed when the schedule decided it (written only by a
+            // process it was taken over from).
+            return match loaded {
+                Some(index) => {
+                    self.record(id, index, true);
+                    Shared::Known
+                }
+                None => Shared::Read,
+            };
+        }
+        if let Some(index) = loaded {
             self.record(id, index, true);
             return Shared::Known;
         }
@@ -454,8 +482,10 @@ impl LiveIndex {
         let (Some(shared), Some(job)) = (&self.shared, &self.job) else {
             return Ok(false);
         };
-        let (pending, check_owners) = {
+        let elsewhere = self.schedule.take_elsewhere();
+        let (pending, mut check_owners) = {
             let mut remote = lock(&self.remote);
+            remote.blocks.extend(elsewhere);
             remote.blocks.retain(|&b| self.blocks[b].get().is_none());
             if remote.blocks.is_empty() {
                 return Ok(false);
@@ -474,14 +504,36 @@ impl LiveIndex {
             (pending, check)
         };
         if !shared.exists() {
-            return Ok(self.adopt_cached(job));
+            if self.adopt_cached(job) {
+                return Ok(true);
+            }
+            // Unreadable: the blocks are read here.
+            if let Some((cache, key)) = &self.cache {
+                let file = IndexCache::file_name(key);
+                log::warn!(
+                    "window index {}/{file} unusable: its blocks are read",
+                    cache.dir()
+                );
+            }
+            self.schedule.whole_is_unusable();
+            check_owners = true;
         }
+        let blocks: Vec<(usize, u64)> = (pending.iter())
+            .map(|&id| (id, job.grid.blocks[id].num_origins()))
+            .collect();
         let mut indexed = false;
-        for id in pending {
-            if let Some(index) = shared.load(id, job.grid.blocks[id].num_origins()) {
-                self.record(id, index, true);
-                indexed = true;
-            } else if check_owners {
+        let mut unwritten = Vec::new();
+        for (id, index) in pending.into_iter().zip(shared.load_all(&blocks)) {
+            match index {
+                Some(index) => {
+                    self.record(id, index, true);
+                    indexed = true;
+                }
+                None => unwritten.push(id),
+            }
+        }
+        if check_owners && !unwritten.is_empty() {
+            for id in shared.abandoned(&unwritten) {
                 match self.claim_shared(job, id) {
                     Shared::Elsewhere => {}
                     Shared::Known => indexed = true,
@@ -495,7 +547,13 @@ impl LiveIndex {
 
     /// Whether blocks other processes are reading are awaited.
     fn awaits_remote(&self) -> bool {
-        self.shared.is_some() && !lock(&self.remote).blocks.is_empty()
+        if self.shared.is_none() {
+            return false;
+        }
+        let elsewhere = self.schedule.take_elsewhere();
+        let mut remote = lock(&self.remote);
+        remote.blocks.extend(elsewhere);
+        !remote.blocks.is_empty()
     }
 
     /// Says the read-ahead the block of number `number` in the schedule is
@@ -590,7 +648,7 @@ impl LiveIndex {
         if let Some((cache, key)) = &self.cache {
             match cache.store(key, &index) {
                 // Whoever still waits for a block finds the whole index.
-                Ok(()) => self.shared.iter().for_each(SharedBlocks::remove),
+                Ok(()) => self.shared.iter().for_each(|shared| shared.remove()),
                 Err(e) => log::warn!("window index not cached in {}: {e}", cache.dir()),
             }
         }
@@ -609,7 +667,7 @@ impl LiveIndex {
         if let Ok(mut p) = self.progress.lock() {
             p.failure.get_or_insert(message);
         }
-        self.shared.iter().for_each(SharedBlocks::release);
+        self.shared.iter().for_each(|shared| shared.release());
         self.stop_reading_ahead();
         self.changed.notify_all();
     }
@@ -625,6 +683,15 @@ impl LiveIndex {
     /// workers, which index what they need themselves).
     pub fn stop_background(&self) {
         self.foreground_only.store(true, Ordering::Release);
+        self.stop_claiming_ahead();
+    }
+
+    /// Claims blocks only as readers take them, unless someone waits for
+    /// the whole index (see [`Schedule`]).
+    fn stop_claiming_ahead(&self) {
+        if !self.whole_wanted.load(Ordering::Acquire) {
+            self.schedule.claim_ahead(false);
+        }
     }
 
     /// Stops the background threads (the windows are gone).
@@ -632,7 +699,7 @@ impl LiveIndex {
         let guard = self.progress.lock();
         self.cancelled.store(true, Ordering::Release);
         drop(guard);
-        self.shared.iter().for_each(SharedBlocks::release);
+        self.shared.iter().for_each(|shared| shared.release());
         self.stop_reading_ahead();
         self.changed.notify_all();
     }
@@ -698,7 +765,7 @@ impl LiveIndex {
             timeout.min(
                 self.shared
                     .as_ref()
-                    .map_or(timeout, SharedBlocks::poll_interval),
+                    .map_or(timeout, |shared| shared.poll_interval()),
             )
         } else {
             timeout
@@ -727,9 +794,8 @@ impl LiveIndex {
     /// The whole index: indexes the blocks nobody has started in the
     /// calling thread, then waits for the last block.
     pub fn index(&self) -> Result<&ValidIndex, WindowError> {
-        while self.index_next_block()? {}
         loop {
-            if let Some(index) = self.wait_index(Duration::from_secs(3600))? {
+            if let Some(index) = self.index_for(Duration::from_secs(3600))? {
                 return Ok(index);
             }
             if self.is_cancelled() {
@@ -738,6 +804,28 @@ impl LiveIndex {
                 ));
             }
         }
+    }
+
+    /// Works towards the whole index for a while: indexes the next block
+    /// nobody has started in the calling thread, or when there is none,
+    /// waits up to `timeout` for the last block; the index once complete.
+    ///
+    /// From the first call, the blocks the schedule decides are claimed
+    /// as they are decided (see [`Schedule`]): someone reads them all.
+    pub fn index_for(&self, timeout: Duration) -> Result<Option<&ValidIndex>, WindowError> {
+        if let Some(index) = self.complete.get() {
+            return Ok(Some(index));
+        }
+        if !self.whole_wanted.swap(true, Ordering::AcqRel) {
+            // Blocks read ahead that other processes hold are not waited on.
+            for number in self.schedule.claim_ahead(true) {
+                self.done_reading(number);
+            }
+        }
+        if self.index_next_block()? {
+            return Ok(self.complete.get());
+        }
+        self.wait_index(timeout)
     }
 
     /// Where the index came from (waits for it to be complete).
@@ -781,10 +869,23 @@ enum Shared {
 /// reader (or the read-ahead before them) gets there: the preferred blocks,
 /// then the rest in storage order, each block once, skipping blocks someone
 /// has claimed.
+///
+/// With blocks shared between processes, while someone reads the blocks
+/// in this order (background threads, or a caller waiting for the whole
+/// index) a block is claimed for this process as it is decided, so the
+/// read-ahead requests only the chunks of blocks this process reads; a
+/// block another process holds is skipped and waited for instead
+/// ([`Schedule::take_elsewhere`]). Otherwise (no background threads,
+/// stopped ones) nothing guarantees a decided block is read soon: a block
+/// is claimed when a reader takes it, so other processes never wait on it.
 struct Schedule {
     /// Set by whoever starts reading a block, so it is read once.
     claimed: Vec<AtomicBool>,
     order: Mutex<Order>,
+    /// The blocks shared with other processes.
+    shared: Option<Arc<SharedBlocks>>,
+    /// Whether blocks are claimed in `shared` as they are decided.
+    claiming_ahead: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -799,17 +900,60 @@ struct Order {
     preferred: VecDeque<usize>,
     /// The next block in storage order not decided.
     next: usize,
+    /// Blocks found held by other processes, not yet handed to a waiter.
+    elsewhere: Vec<usize>,
+    /// The whole index was found in the cache: nothing more is decided
+    /// (those waiting take it from there).
+    whole_found: bool,
+    /// The whole index in the cache could not be taken: blocks are decided
+    /// whatever their claims say of it.
+    whole_unusable: bool,
 }
 
 impl Schedule {
-    fn new(blocks: usize) -> Self {
+    fn new(blocks: usize, shared: Option<Arc<SharedBlocks>>) -> Self {
         Self {
             claimed: (0..blocks).map(|_| AtomicBool::new(false)).collect(),
             order: Mutex::new(Order {
                 decided: vec![false; blocks],
                 ..Order::default()
             }),
+            shared,
+            claiming_ahead: AtomicBool::new(false),
         }
+    }
+
+    /// Claims blocks as they are decided from now on (`true`: the decided
+    /// blocks no reader has taken are claimed now), or no more (their
+    /// claims are given up). The numbers of decided blocks found held by
+    /// other processes, which nobody here reads (see
+    /// [`Self::take_elsewhere`]).
+    fn claim_ahead(&self, on: bool) -> Vec<u64> {
+        let Some(shared) = &self.shared else {
+            return Vec::new();
+        };
+        if self.claiming_ahead.load(Ordering::Acquire) == on {
+            return Vec::new();
+        }
+        let mut order = lock(&self.order);
+        if self.claiming_ahead.swap(on, Ordering::AcqRel) == on {
+            return Vec::new();
+        }
+        let mut elsewhere = Vec::new();
+        for n in order.taken..order.blocks.len() {
+            let b = order.blocks[n];
+            if self.claimed[b].load(Ordering::Acquire) {
+                continue;
+            }
+            if !on {
+                shared.unclaim(b);
+            } else if shared.claim_if_free(b) == Claim::Theirs {
+                self.claimed[b].store(true, Ordering::Release);
+                order.elsewhere.push(b);
+                elsewhere.push(n as u64);
+            }
+        }
+        elsewhere
     }
 
     /// Claims block `id` for reading; `false` when someone already has.
@@ -842,27 +986,62 @@ impl Schedule {
     }
 
     /// Decides the next block of the order: the first preferred one, else
-    /// the next in storage order, that is neither decided nor claimed.
+    /// the next in storage order, that is neither decided nor claimed (in
+    /// this process, or by another sharing the blocks: such a block is
+    /// claimed here and set aside for [`Self::take_elsewhere`]).
     fn decide(&self, order: &mut Order) -> Option<()> {
+        if order.whole_found {
+            return None;
+        }
         let open =
             |order: &Order, b: usize| !order.decided[b] && !self.claimed[b].load(Ordering::Acquire);
         let block = loop {
-            match order.preferred.pop_front() {
-                Some(b) if open(order, b) => break b,
+            let candidate = match order.preferred.pop_front() {
+                Some(b) if open(order, b) => b,
                 Some(_) => continue,
-                None => {}
+                None => {
+                    while order.next < order.decided.len() && !open(order, order.next) {
+                        order.next += 1;
+                    }
+                    if order.next == order.decided.len() {
+                        return None;
+                    }
+                    order.next
+                }
+            };
+            let claiming = self.claiming_ahead.load(Ordering::Acquire);
+            let shared = self.shared.as_ref().filter(|_| claiming);
+            match shared.map(|shared| shared.claim_if_free(candidate)) {
+                Some(Claim::Theirs) => {
+                    self.claimed[candidate].store(true, Ordering::Release);
+                    order.elsewhere.push(candidate);
+                }
+                // Waiting for it finds the whole index.
+                Some(Claim::Finished) if !order.whole_unusable => {
+                    self.claimed[candidate].store(true, Ordering::Release);
+                    order.elsewhere.push(candidate);
+                    order.whole_found = true;
+                    return None;
+                }
+                _ => break candidate,
             }
-            while order.next < order.decided.len() && !open(order, order.next) {
-                order.next += 1;
-            }
-            if order.next == order.decided.len() {
-                return None;
-            }
-            break order.next;
         };
         order.decided[block] = true;
         order.blocks.push(block);
         Some(())
+    }
+
+    /// The blocks found held by other processes since the last call.
+    fn take_elsewhere(&self) -> Vec<usize> {
+        std::mem::take(&mut lock(&self.order).elsewhere)
+    }
+
+    /// Decides the blocks left after all: the whole index in the cache
+    /// cannot be taken.
+    fn whole_is_unusable(&self) {
+        let mut order = lock(&self.order);
+        order.whole_found = false;
+        order.whole_unusable = true;
     }
 
     /// Makes `blocks` the next decided, in order.
@@ -883,5 +1062,92 @@ fn lower_thread_priority() {
         if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19) != 0 {
             log::debug!("window index threads keep the default priority");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+
+    use super::*;
+    use crate::windows::cache_dir::CacheDir;
+    use crate::zarr::RemoteStorage;
+
+    /// Two schedules of 8 blocks sharing their blocks through an object
+    /// store (a real `object_store` in memory, with its conditional `PUT`),
+    /// as two processes building one index do.
+    fn two_schedules(runtime: &tokio::runtime::Runtime) -> (Schedule, Schedule) {
+        let cache = CacheDir::Remote {
+            location: "memory://cache".into(),
+            storage: Arc::new(RemoteStorage::new(
+                Arc::new(InMemory::new()),
+                runtime.handle().clone(),
+            )),
+        };
+        let open = || Schedule::new(8, SharedBlocks::open(&cache, "k").map(Arc::new));
+        (open(), open())
+    }
+
+    #[test]
+    fn schedules_claiming_ahead_split_the_blocks_between_processes() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let (a, b) = two_schedules(&runtime);
+        a.claim_ahead(true);
+        b.claim_ahead(true);
+        // `a` reads ahead 3 blocks, then `b` 3: each skips those the
+        // other decided, and knows them held elsewhere.
+        assert_eq!(
+            (0..3).map(|n| a.block_at(n)).collect::<Vec<_>>(),
+            [Some(0), Some(1), Some(2)]
+        );
+        assert_eq!(
+            (0..3).map(|n| b.block_at(n)).collect::<Vec<_>>(),
+            [Some(3), Some(4), Some(5)]
+        );
+        assert_eq!(b.take_elsewhere(), [0, 1, 2]);
+        assert_eq!(b.take_elsewhere(), Vec::<usize>::new());
+        assert_eq!(a.block_at(3), Some(6));
+        assert_eq!(a.take_elsewhere(), [3, 4, 5]);
+        assert_eq!(b.block_at(3), Some(7));
+        assert_eq!((a.block_at(4), b.block_at(4)), (None, None));
+        // Readers take the decided blocks in order.
+        assert_eq!(a.take(), Some((0, 0)));
+        assert_eq!(b.take(), Some((0, 3)));
+    }
+
+    #[test]
+    fn blocks_decided_before_claiming_ahead_are_claimed_when_it_starts() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let (a, b) = two_schedules(&runtime);
+        // Both read ahead the first 4 blocks before anyone reads.
+        for n in 0..4 {
+            assert_eq!(
+                (a.block_at(n), b.block_at(n)),
+                (Some(n as usize), Some(n as usize))
+            );
+        }
+        // `a` reads block 0; then both wait for the whole index: `a` claims
+        // the rest of what it decided, `b` finds those held and gives up
+        // reading them (by their numbers in its order), but block 0, which
+        // `a` took without claiming ahead, is still `b`'s to read.
+        assert_eq!(a.take(), Some((0, 0)));
+        assert_eq!(a.claim_ahead(true), Vec::<u64>::new());
+        assert_eq!(b.claim_ahead(true), [1, 2, 3]);
+        assert_eq!(b.take_elsewhere(), [1, 2, 3]);
+        assert_eq!(b.take(), Some((0, 0)));
+        // `b`'s readers skip the blocks held elsewhere.
+        for id in 1..4 {
+            assert!(!b.claim(id), "block {id}");
+        }
+        // New decisions go on splitting the blocks.
+        assert_eq!(b.block_at(4), Some(4));
+        assert_eq!(a.block_at(4), Some(5));
+        // Claiming ahead stops: the claims of blocks decided and not taken
+        // are given up, so `b` reads them.
+        assert_eq!(a.claim_ahead(false), Vec::<u64>::new());
+        assert_eq!(b.block_at(5), Some(5));
+        assert_eq!(b.take_elsewhere(), Vec::<usize>::new());
     }
 }

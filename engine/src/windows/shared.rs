@@ -132,8 +132,21 @@ impl SharedBlocks {
     /// The index of block `id` (of `origins` window origins) when some
     /// process has written it.
     pub fn load(&self, id: usize, origins: u64) -> Option<BlockIndex> {
-        let bytes = self.cache.read(&self.block_name(id))?;
-        let mut r = Reader(&bytes);
+        Self::decode(id, origins, &self.cache.read(&self.block_name(id))?)
+    }
+
+    /// As [`Self::load`] for each `(block, origins)` of `blocks`, all read
+    /// at once.
+    pub fn load_all(&self, blocks: &[(usize, u64)]) -> Vec<Option<BlockIndex>> {
+        let names: Vec<String> = blocks.iter().map(|&(id, _)| self.block_name(id)).collect();
+        (self.cache.read_all(&names).into_iter())
+            .zip(blocks)
+            .map(|(bytes, &(id, origins))| Self::decode(id, origins, &bytes?))
+            .collect()
+    }
+
+    fn decode(id: usize, origins: u64, bytes: &[u8]) -> Option<BlockIndex> {
+        let mut r = Reader(bytes);
         if r.take(MAGIC.len())? != MAGIC || r.u32()? != VERSION || r.u64()? != id as u64 {
             return None;
         }
@@ -167,17 +180,9 @@ impl SharedBlocks {
         let name = self.claim_name(id);
         // Twice at most: once more after taking over a stale claim.
         for _ in 0..2 {
-            match self.create_claim(&name) {
-                Ok(()) => {
-                    lock(&self.ours).insert(id);
-                    return Claim::Ours;
-                }
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-                Err(_) if !self.exists() => return Claim::Finished,
-                Err(e) => {
-                    log::debug!("window index block {id} not claimed: {e}");
-                    return Claim::Ours;
-                }
+            match self.claim_if_free(id) {
+                Claim::Theirs => {}
+                claim => return claim,
             }
             match self.claimant(&name) {
                 Claimant::Us => return Claim::Ours,
@@ -192,6 +197,42 @@ impl SharedBlocks {
         Claim::Theirs
     }
 
+    /// Claims block `id` for this index when nobody has: as
+    /// [`Self::claim`], but any claim there is [`Claim::Theirs`] without
+    /// looking whose it is (one request: for a reader walking past the
+    /// blocks others read; a waiter finds out later whether their
+    /// process is gone).
+    pub fn claim_if_free(&self, id: usize) -> Claim {
+        if self.holds(id) {
+            return Claim::Ours;
+        }
+        let name = self.claim_name(id);
+        match self.create_claim(&name) {
+            // In an object store a claim is made after the blocks went
+            // too: it is no claim.
+            Ok(()) if self.cache.is_remote() && !self.exists() => {
+                self.cache.remove(&name);
+                Claim::Finished
+            }
+            Ok(()) => {
+                lock(&self.ours).insert(id);
+                Claim::Ours
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Claim::Theirs,
+            Err(_) if !self.exists() => Claim::Finished,
+            Err(e) => {
+                log::debug!("window index block {id} not claimed: {e}");
+                Claim::Ours
+            }
+        }
+    }
+
+    /// Whether this index holds the claim of block `id` and has not written
+    /// the block yet.
+    pub fn holds(&self, id: usize) -> bool {
+        lock(&self.ours).contains(&id)
+    }
+
     /// Creates the claim `name`, whole and only if it is not there.
     fn create_claim(&self, name: &str) -> std::io::Result<()> {
         let mut record = owner_record();
@@ -203,9 +244,28 @@ impl SharedBlocks {
         self.cache.create_new(name, record.to_string().as_bytes())
     }
 
+    /// Of `ids`, the blocks nobody running holds any more (their claims
+    /// are gone, stale or of a process that is gone), their claims all
+    /// read at once: a waiter reads those itself.
+    pub fn abandoned(&self, ids: &[usize]) -> Vec<usize> {
+        let names: Vec<String> = ids.iter().map(|&id| self.claim_name(id)).collect();
+        let records = self.cache.read_all(&names);
+        (ids.iter().zip(&names).zip(records))
+            .filter(|((_, name), record)| {
+                !matches!(self.judge(name, record.as_deref()), Claimant::Running)
+            })
+            .map(|((&id, _), _)| id)
+            .collect()
+    }
+
     fn claimant(&self, name: &str) -> Claimant {
-        let record: Value = match self.cache.read(name) {
-            Some(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        self.judge(name, self.cache.read(name).as_deref())
+    }
+
+    /// Who holds the claim `name` whose bytes are `record` (`None`: absent).
+    fn judge(&self, name: &str, record: Option<&[u8]>) -> Claimant {
+        let record: Value = match record {
+            Some(bytes) => serde_json::from_slice(bytes).unwrap_or(Value::Null),
             // Gone since (written and dropped): try again.
             None => return Claimant::Gone,
         };
@@ -244,10 +304,22 @@ impl SharedBlocks {
     pub fn release(&self) {
         let ours: Vec<usize> = lock(&self.ours).drain().collect();
         for id in ours {
-            let name = self.claim_name(id);
-            if matches!(self.claimant(&name), Claimant::Us) {
-                self.cache.remove(&name);
-            }
+            self.remove_claim(id);
+        }
+    }
+
+    /// Removes this index's claim of block `id` when it holds it and has
+    /// not written the block (it will not read it after all).
+    pub fn unclaim(&self, id: usize) {
+        if lock(&self.ours).remove(&id) {
+            self.remove_claim(id);
+        }
+    }
+
+    fn remove_claim(&self, id: usize) {
+        let name = self.claim_name(id);
+        if matches!(self.claimant(&name), Claimant::Us) {
+            self.cache.remove(&name);
         }
     }
 
@@ -307,6 +379,9 @@ mod tests {
         let index = BlockIndex::from_bits(vec![0xFF, 0b1011]);
         a.store(3, &index);
         assert_eq!(b.load(3, 100), Some(index.clone()));
+        // Several at once, each checked as one.
+        let loaded = b.load_all(&[(4, 100), (3, 100), (3, 200)]);
+        assert_eq!(loaded, [None, Some(index.clone()), None]);
         // Another block size, another block: misses.
         assert_eq!(b.load(3, 200), None);
         assert_eq!(b.load(4, 100), None);
@@ -389,7 +464,9 @@ mod tests {
         // The whole index stored: the blocks are no longer shared, and go.
         cache.write(&IndexCache::file_name("k"), b"whole").unwrap();
         assert!(!b.exists());
-        assert_eq!(b.claim(6), Claim::Ours, "a claim is still made");
+        // A claim made now is no claim: the index is there.
+        assert_eq!(b.claim(6), Claim::Finished);
+        assert!(!cache.contains("k.blocks/6.claim"));
         b.remove();
         assert!(!cache.contains("k.blocks/3.block"));
         assert!(!cache.contains("k.blocks/3.claim"));
@@ -453,6 +530,14 @@ mod tests {
                 .write(&format!("k.blocks/{id}.claim"), text.as_bytes())
                 .unwrap();
         }
+        // Read all at once, the claims taken over are abandoned, and so is
+        // a block nobody claimed.
+        let abandoned: Vec<usize> = (claims.iter())
+            .filter(|c| c.2 == Claim::Ours)
+            .map(|c| c.0)
+            .chain([7])
+            .collect();
+        assert_eq!(shared.abandoned(&[0, 1, 2, 3, 4, 5, 6, 7]), abandoned);
         for (id, _, expected) in claims {
             assert_eq!(shared.claim(id), expected, "block {id}");
         }

@@ -429,6 +429,18 @@ impl RemoteStorage {
         )
     }
 
+    /// The objects at `keys` (`None` when absent), read with all their
+    /// requests in flight at once (up to the object store's usual
+    /// concurrency), in the order of `keys`.
+    pub fn get_all(&self, keys: &[StoreKey]) -> Vec<Result<MaybeBytes, String>> {
+        let gets = keys.iter().map(|key| self.fetch(key));
+        self.runtime.block_on(
+            futures::stream::iter(gets)
+                .buffered(STAT_CONCURRENCY)
+                .collect(),
+        )
+    }
+
     /// Writes `value` at `key` only if no object is there (a conditional
     /// `PUT`, atomic on the server): `Ok(true)` when written, `Ok(false)`
     /// when an object was already there. A store that cannot put
