@@ -136,7 +136,11 @@ impl IndexCache {
 
     /// The index stored under `key`, when there is one that fits `grid`.
     pub fn load(&self, key: &str, grid: &WindowGrid) -> Option<ValidIndex> {
-        let bytes = self.dir.read(&Self::file_name(key))?;
+        let header = MAGIC.len() as u64 + 4 + 4 + key.len() as u64 + 8;
+        let limit = (grid.blocks.iter()).fold(header, |n, b| {
+            n.saturating_add(block_bytes(b.num_origins()))
+        });
+        let bytes = self.dir.read(&Self::file_name(key), limit)?;
         decode(&bytes, key, grid)
     }
 
@@ -158,6 +162,12 @@ fn encode(out: &mut impl Write, key: &str, index: &ValidIndex) -> std::io::Resul
         encode_block(out, block)?;
     }
     Ok(())
+}
+
+/// The most bytes [`encode_block`] writes for a block of `origins` window
+/// origins.
+pub(super) fn block_bytes(origins: u64) -> u64 {
+    origins.div_ceil(64).saturating_mul(8).saturating_add(16)
 }
 
 /// Writes one block's index: its valid count, then its word count
@@ -282,6 +292,18 @@ mod tests {
         flipped[last] ^= 0x01;
         std::fs::write(&path, &flipped).unwrap();
         assert!(cache.load("k1", &grid).is_none());
+        // A file far larger than the index of this grid (64 GiB, sparse)
+        // is a miss, and is not read.
+        std::fs::write(&path, &bytes).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(64 << 30)
+            .unwrap();
+        let started = std::time::Instant::now();
+        assert!(cache.load("k1", &grid).is_none());
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
         let leftovers: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .filter_map(|e| e.ok())

@@ -17,7 +17,7 @@
 //! Reads that fail are misses: the cache is an optimization, never the
 //! reason a loader fails.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,33 +86,55 @@ impl CacheDir {
         StoreKey::new(name).map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))
     }
 
-    /// The bytes of the file `name`; `None` when it is absent or cannot be
-    /// read.
-    pub fn read(&self, name: &str) -> Option<Vec<u8>> {
+    /// The bytes of the file `name`, of at most `limit` bytes; `None` when
+    /// it is absent, larger (nothing of it is read) or cannot be read.
+    pub fn read(&self, name: &str, limit: u64) -> Option<Vec<u8>> {
         match self {
-            Self::Local(dir) => std::fs::read(Self::path(dir, name)).ok(),
-            Self::Remote { storage, .. } => match storage.get(&Self::key(name).ok()?) {
-                Ok(bytes) => bytes.map(|b| b.to_vec()),
-                Err(e) => {
-                    log::debug!("cache file {name} not read from {self}: {e}");
-                    None
+            Self::Local(dir) => {
+                let read = || -> std::io::Result<Option<Vec<u8>>> {
+                    let file = std::fs::File::open(Self::path(dir, name))?;
+                    if file.metadata()?.len() > limit {
+                        return Ok(None);
+                    }
+                    let mut bytes = Vec::new();
+                    // It may have grown since.
+                    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+                    Ok((bytes.len() as u64 <= limit).then_some(bytes))
+                };
+                match read() {
+                    Ok(Some(bytes)) => Some(bytes),
+                    Ok(None) => {
+                        log::warn!("cache file {name} in {self} is over {limit} bytes: not read");
+                        None
+                    }
+                    Err(_) => None,
                 }
-            },
+            }
+            Self::Remote { .. } => self
+                .read_all(&[(name.to_string(), limit)])
+                .into_iter()
+                .next()
+                .flatten(),
         }
     }
 
-    /// The bytes of each of the files `names`, as [`Self::read`] gives
-    /// them; in an object store all requested at once.
-    pub fn read_all(&self, names: &[String]) -> Vec<Option<Vec<u8>>> {
+    /// The bytes of each of the files `(name, limit)`, as [`Self::read`]
+    /// gives them; in an object store all requested at once.
+    pub fn read_all(&self, names: &[(String, u64)]) -> Vec<Option<Vec<u8>>> {
         let Self::Remote { storage, .. } = self else {
-            return names.iter().map(|name| self.read(name)).collect();
+            return names
+                .iter()
+                .map(|(name, limit)| self.read(name, *limit))
+                .collect();
         };
-        let keys: Vec<Option<StoreKey>> = names.iter().map(|n| Self::key(n).ok()).collect();
-        let valid: Vec<StoreKey> = keys.iter().flatten().cloned().collect();
+        let keys: Vec<Option<(StoreKey, u64)>> = (names.iter())
+            .map(|(name, limit)| Some((Self::key(name).ok()?, *limit)))
+            .collect();
+        let valid: Vec<(StoreKey, u64)> = keys.iter().flatten().cloned().collect();
         let mut answers = storage.get_all(&valid).into_iter();
         keys.iter()
             .zip(names)
-            .map(|(key, name)| {
+            .map(|(key, (name, _))| {
                 key.as_ref()?;
                 match answers.next()? {
                     Ok(bytes) => bytes.map(|b| b.to_vec()),
@@ -236,5 +258,42 @@ impl CacheDir {
                 log::debug!("cache directory {name} not removed from {self}: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object_store::memory::InMemory;
+
+    use super::*;
+
+    /// A file over the size its reader expects is not read, in a
+    /// directory and in an object store (a real `object_store` in memory).
+    fn files_over_their_limit_are_not_read_in(cache: &CacheDir) {
+        cache.write("a/f", &[7u8; 100]).unwrap();
+        assert_eq!(cache.read("a/f", 100), Some(vec![7u8; 100]));
+        assert_eq!(cache.read("a/f", 99), None);
+        assert_eq!(cache.read("a/missing", 99), None);
+        let names = [
+            ("a/f".to_string(), 100),
+            ("a/f".to_string(), 10),
+            ("a/g".to_string(), 10),
+        ];
+        assert_eq!(cache.read_all(&names), [Some(vec![7u8; 100]), None, None]);
+    }
+
+    #[test]
+    fn files_over_their_limit_are_not_read() {
+        let dir = std::env::temp_dir().join(format!("zf-cache-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("a")).unwrap();
+        files_over_their_limit_are_not_read_in(&CacheDir::Local(dir.clone()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let storage = RemoteStorage::new(Arc::new(InMemory::new()), runtime.handle().clone());
+        files_over_their_limit_are_not_read_in(&CacheDir::Remote {
+            location: "memory://cache".into(),
+            storage: Arc::new(storage),
+        });
     }
 }

@@ -48,6 +48,16 @@ use crate::write::stamp::{boot, host, is_gone, owner_record, unique_suffix};
 const MAGIC: &[u8; 8] = b"ZFWBLOCK";
 const VERSION: u32 = 1;
 
+/// The most bytes a claim is read of (its record is a few hundred).
+const CLAIM_BYTES: u64 = 64 << 10;
+
+/// The most bytes the file of a block of `origins` window origins can
+/// hold (its header and its index: see [`encode_block`]).
+fn block_bytes(origins: u64) -> u64 {
+    let header = MAGIC.len() as u64 + 4 + 8;
+    header + super::cache::block_bytes(origins)
+}
+
 /// A claim older than this whose block was not written is taken over:
 /// reading one block takes seconds, so its process is hung or stopped.
 pub const STALE_CLAIM: Duration = Duration::from_secs(300);
@@ -132,13 +142,21 @@ impl SharedBlocks {
     /// The index of block `id` (of `origins` window origins) when some
     /// process has written it.
     pub fn load(&self, id: usize, origins: u64) -> Option<BlockIndex> {
-        Self::decode(id, origins, &self.cache.read(&self.block_name(id))?)
+        Self::decode(
+            id,
+            origins,
+            &self
+                .cache
+                .read(&self.block_name(id), block_bytes(origins))?,
+        )
     }
 
     /// As [`Self::load`] for each `(block, origins)` of `blocks`, all read
     /// at once.
     pub fn load_all(&self, blocks: &[(usize, u64)]) -> Vec<Option<BlockIndex>> {
-        let names: Vec<String> = blocks.iter().map(|&(id, _)| self.block_name(id)).collect();
+        let names: Vec<(String, u64)> = (blocks.iter())
+            .map(|&(id, origins)| (self.block_name(id), block_bytes(origins)))
+            .collect();
         (self.cache.read_all(&names).into_iter())
             .zip(blocks)
             .map(|(bytes, &(id, origins))| Self::decode(id, origins, &bytes?))
@@ -248,18 +266,22 @@ impl SharedBlocks {
     /// are gone, stale or of a process that is gone), their claims all
     /// read at once: a waiter reads those itself.
     pub fn abandoned(&self, ids: &[usize]) -> Vec<usize> {
-        let names: Vec<String> = ids.iter().map(|&id| self.claim_name(id)).collect();
+        let names: Vec<(String, u64)> = (ids.iter())
+            .map(|&id| (self.claim_name(id), CLAIM_BYTES))
+            .collect();
         let records = self.cache.read_all(&names);
-        (ids.iter().zip(&names).zip(records))
-            .filter(|((_, name), record)| {
-                !matches!(self.judge(name, record.as_deref()), Claimant::Running)
-            })
-            .map(|((&id, _), _)| id)
-            .collect()
+        (ids.iter()
+            .zip(names.iter().map(|(name, _)| name))
+            .zip(records))
+        .filter(|((_, name), record)| {
+            !matches!(self.judge(name, record.as_deref()), Claimant::Running)
+        })
+        .map(|((&id, _), _)| id)
+        .collect()
     }
 
     fn claimant(&self, name: &str) -> Claimant {
-        self.judge(name, self.cache.read(name).as_deref())
+        self.judge(name, self.cache.read(name, CLAIM_BYTES).as_deref())
     }
 
     /// Who holds the claim `name` whose bytes are `record` (`None`: absent).

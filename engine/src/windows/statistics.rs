@@ -233,7 +233,9 @@ fn file_name(key: &str) -> String {
 
 /// The statistics stored under `key`, when they are whole.
 fn load(cache: &IndexCache, key: &str, n: usize) -> Option<Vec<Moments>> {
-    let text = String::from_utf8(cache.dir().read(&file_name(key))?).ok()?;
+    // Five numbers a row, written by serde_json (at most 24 characters each).
+    let limit = (n as u64).saturating_mul(5 * 32).saturating_add(64);
+    let text = String::from_utf8(cache.dir().read(&file_name(key), limit)?).ok()?;
     let rows: Vec<Vec<f64>> = serde_json::from_str(&text).ok()?;
     if rows.len() != n || rows.iter().any(|r| r.len() != 5) {
         return None;

@@ -429,11 +429,15 @@ impl RemoteStorage {
         )
     }
 
-    /// The objects at `keys` (`None` when absent), read with all their
-    /// requests in flight at once (up to the object store's usual
-    /// concurrency), in the order of `keys`.
-    pub fn get_all(&self, keys: &[StoreKey]) -> Vec<Result<MaybeBytes, String>> {
-        let gets = keys.iter().map(|key| self.fetch(key));
+    /// The objects at `keys` (`None` when absent), each of at most its
+    /// number of bytes (a larger one is an error, found from the answer's
+    /// headers: its body is not read), with all their requests in flight
+    /// at once (up to the object store's usual concurrency), in the order
+    /// of `keys`.
+    pub fn get_all(&self, keys: &[(StoreKey, u64)]) -> Vec<Result<MaybeBytes, String>> {
+        let gets = keys
+            .iter()
+            .map(|(key, limit)| self.fetch_within(key, *limit));
         self.runtime.block_on(
             futures::stream::iter(gets)
                 .buffered(STAT_CONCURRENCY)
@@ -520,6 +524,29 @@ impl RemoteStorage {
             .read_ahead_hits
             .fetch_add(1, Ordering::Relaxed);
         Some(slot)
+    }
+
+    /// Reads a whole object of at most `limit` bytes: `None` when it does
+    /// not exist, an error when it is larger (its body is not read).
+    async fn fetch_within(&self, key: &StoreKey, limit: u64) -> Result<MaybeBytes, String> {
+        let in_flight = self.counters.start();
+        let answer = self.store.get(&path(key)).await;
+        in_flight.answered();
+        match answer {
+            Ok(result) if result.meta.size > limit => Err(format!(
+                "{key}: an object of {} bytes where at most {limit} are expected",
+                result.meta.size
+            )),
+            Ok(result) => {
+                let bytes = result.bytes().await.map_err(|e| read_error(key, &e))?;
+                self.counters
+                    .bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                Ok(Some(bytes))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(read_error(key, &e)),
+        }
     }
 
     /// Reads a whole object: `None` when it does not exist. While an
