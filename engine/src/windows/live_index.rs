@@ -41,6 +41,7 @@
 //! only blocks this process reads, and skips those others hold.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -870,6 +871,12 @@ enum Shared {
 /// then the rest in storage order, each block once, skipping blocks someone
 /// has claimed.
 ///
+/// Where the storage order meets a block another process holds, it goes on
+/// from the middle of what is left of its run of blocks, and comes back to
+/// the blocks it jumped over last: processes starting together each take
+/// long runs of neighbouring blocks (whose windows share the chunks along
+/// their borders) instead of one trailing the other block by block.
+///
 /// With blocks shared between processes, while someone reads the blocks
 /// in this order (background threads, or a caller waiting for the whole
 /// index) a block is claimed for this process as it is decided, so the
@@ -898,8 +905,9 @@ struct Order {
     taken: usize,
     /// Blocks to decide before the rest, in order.
     preferred: VecDeque<usize>,
-    /// The next block in storage order not decided.
-    next: usize,
+    /// The runs of blocks of the storage order not gone through yet, the
+    /// one being gone through first.
+    runs: VecDeque<Range<usize>>,
     /// Blocks found held by other processes, not yet handed to a waiter.
     elsewhere: Vec<usize>,
     /// The whole index was found in the cache: nothing more is decided
@@ -916,6 +924,7 @@ impl Schedule {
             claimed: (0..blocks).map(|_| AtomicBool::new(false)).collect(),
             order: Mutex::new(Order {
                 decided: vec![false; blocks],
+                runs: VecDeque::from([0..blocks]),
                 ..Order::default()
             }),
             shared,
@@ -996,18 +1005,10 @@ impl Schedule {
         let open =
             |order: &Order, b: usize| !order.decided[b] && !self.claimed[b].load(Ordering::Acquire);
         let block = loop {
-            let candidate = match order.preferred.pop_front() {
-                Some(b) if open(order, b) => b,
+            let (candidate, preferred) = match order.preferred.pop_front() {
+                Some(b) if open(order, b) => (b, true),
                 Some(_) => continue,
-                None => {
-                    while order.next < order.decided.len() && !open(order, order.next) {
-                        order.next += 1;
-                    }
-                    if order.next == order.decided.len() {
-                        return None;
-                    }
-                    order.next
-                }
+                None => (self.next_in_storage_order(order)?, false),
             };
             let claiming = self.claiming_ahead.load(Ordering::Acquire);
             let shared = self.shared.as_ref().filter(|_| claiming);
@@ -1015,6 +1016,9 @@ impl Schedule {
                 Some(Claim::Theirs) => {
                     self.claimed[candidate].store(true, Ordering::Release);
                     order.elsewhere.push(candidate);
+                    if !preferred {
+                        jump_over(&mut order.runs, candidate);
+                    }
                 }
                 // Waiting for it finds the whole index.
                 Some(Claim::Finished) if !order.whole_unusable => {
@@ -1029,6 +1033,24 @@ impl Schedule {
         order.decided[block] = true;
         order.blocks.push(block);
         Some(())
+    }
+
+    /// The first block of the storage order's runs neither decided nor
+    /// claimed; `None` when none is left.
+    fn next_in_storage_order(&self, order: &mut Order) -> Option<usize> {
+        let Order { runs, decided, .. } = order;
+        loop {
+            let run = runs.front_mut()?;
+            while run.start < run.end
+                && (decided[run.start] || self.claimed[run.start].load(Ordering::Acquire))
+            {
+                run.start += 1;
+            }
+            if run.start < run.end {
+                return Some(run.start);
+            }
+            runs.pop_front();
+        }
     }
 
     /// The blocks found held by other processes since the last call.
@@ -1050,6 +1072,27 @@ impl Schedule {
         let total = order.decided.len();
         order.preferred = blocks.filter(|&b| b < total).collect();
     }
+}
+
+/// The shortest rest of a run the storage order jumps into the middle of
+/// when it meets a block another process holds.
+const JUMP_OVER: usize = 4;
+
+/// The storage order met `held`, the first block of the first of `runs`,
+/// held by another process: it goes on from the middle of the rest of that
+/// run, the blocks before the middle left for last.
+fn jump_over(runs: &mut VecDeque<Range<usize>>, held: usize) {
+    let Some(run) = runs.front_mut() else {
+        return;
+    };
+    let rest = held + 1..run.end;
+    if rest.len() < JUMP_OVER {
+        run.start = rest.start;
+        return;
+    }
+    let middle = rest.start + rest.len() / 2;
+    run.start = middle;
+    runs.push_back(rest.start..middle);
 }
 
 /// Gives the calling thread the lowest scheduling priority (Linux: nice 19
@@ -1075,10 +1118,10 @@ mod tests {
     use crate::windows::cache_dir::CacheDir;
     use crate::zarr::RemoteStorage;
 
-    /// Two schedules of 8 blocks sharing their blocks through an object
+    /// Two schedules of `blocks` blocks sharing them through an object
     /// store (a real `object_store` in memory, with its conditional `PUT`),
     /// as two processes building one index do.
-    fn two_schedules(runtime: &tokio::runtime::Runtime) -> (Schedule, Schedule) {
+    fn two_schedules(runtime: &tokio::runtime::Runtime, blocks: usize) -> (Schedule, Schedule) {
         let cache = CacheDir::Remote {
             location: "memory://cache".into(),
             storage: Arc::new(RemoteStorage::new(
@@ -1086,41 +1129,59 @@ mod tests {
                 runtime.handle().clone(),
             )),
         };
-        let open = || Schedule::new(8, SharedBlocks::open(&cache, "k").map(Arc::new));
+        let open = || Schedule::new(blocks, SharedBlocks::open(&cache, "k").map(Arc::new));
         (open(), open())
+    }
+
+    /// The first `n` blocks `schedule` decides from number `from` on.
+    fn decided(schedule: &Schedule, from: u64, n: u64) -> Vec<usize> {
+        (from..from + n)
+            .filter_map(|k| schedule.block_at(k))
+            .collect()
     }
 
     #[test]
     fn schedules_claiming_ahead_split_the_blocks_between_processes() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        let (a, b) = two_schedules(&runtime);
+        let (a, b) = two_schedules(&runtime, 16);
         a.claim_ahead(true);
         b.claim_ahead(true);
-        // `a` reads ahead 3 blocks, then `b` 3: each skips those the
-        // other decided, and knows them held elsewhere.
-        assert_eq!(
-            (0..3).map(|n| a.block_at(n)).collect::<Vec<_>>(),
-            [Some(0), Some(1), Some(2)]
-        );
-        assert_eq!(
-            (0..3).map(|n| b.block_at(n)).collect::<Vec<_>>(),
-            [Some(3), Some(4), Some(5)]
-        );
-        assert_eq!(b.take_elsewhere(), [0, 1, 2]);
+        // `a` reads ahead 4 blocks; `b` meets them held, skips them (known
+        // held elsewhere) and goes on from the middle of the rest.
+        assert_eq!(decided(&a, 0, 4), [0, 1, 2, 3]);
+        assert_eq!(decided(&b, 0, 4), [8, 9, 10, 11]);
+        assert_eq!(b.take_elsewhere(), [0]);
         assert_eq!(b.take_elsewhere(), Vec::<usize>::new());
-        assert_eq!(a.block_at(3), Some(6));
-        assert_eq!(a.take_elsewhere(), [3, 4, 5]);
-        assert_eq!(b.block_at(3), Some(7));
-        assert_eq!((a.block_at(4), b.block_at(4)), (None, None));
+        // `a` runs into `b`'s blocks in turn and jumps the same way.
+        assert_eq!(decided(&a, 4, 5), [4, 5, 6, 7, 12]);
+        assert_eq!(a.take_elsewhere(), [8]);
+        // Each long run of neighbouring blocks; the rest comes last, past
+        // the blocks the other holds (a run too short to jump into is
+        // gone through block by block).
+        assert_eq!(decided(&b, 4, 10), [13, 14, 15]);
+        assert_eq!(b.take_elsewhere(), [12, 1, 5, 6, 7, 2, 3, 4]);
+        assert_eq!(decided(&a, 9, 10), Vec::<usize>::new());
+        assert_eq!(a.take_elsewhere(), [13, 14, 15, 9, 10, 11]);
         // Readers take the decided blocks in order.
         assert_eq!(a.take(), Some((0, 0)));
-        assert_eq!(b.take(), Some((0, 3)));
+        assert_eq!(b.take(), Some((0, 8)));
+    }
+
+    #[test]
+    fn a_schedule_alone_goes_through_the_blocks_in_storage_order() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let (a, _) = two_schedules(&runtime, 16);
+        a.claim_ahead(true);
+        // Blocks this process reads itself are passed over, without a jump.
+        assert!(a.claim(2) && a.claim(9));
+        let expected: Vec<usize> = (0..16).filter(|b| ![2, 9].contains(b)).collect();
+        assert_eq!(decided(&a, 0, 16), expected);
     }
 
     #[test]
     fn blocks_decided_before_claiming_ahead_are_claimed_when_it_starts() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        let (a, b) = two_schedules(&runtime);
+        let (a, b) = two_schedules(&runtime, 8);
         // Both read ahead the first 4 blocks before anyone reads.
         for n in 0..4 {
             assert_eq!(
