@@ -924,7 +924,7 @@ impl Schedule {
             claimed: (0..blocks).map(|_| AtomicBool::new(false)).collect(),
             order: Mutex::new(Order {
                 decided: vec![false; blocks],
-                runs: VecDeque::from([0..blocks]),
+                runs: std::iter::once(0..blocks).collect(),
                 ..Order::default()
             }),
             shared,
