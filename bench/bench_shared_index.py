@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "forecast"
 
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 import zarrfusion as zf
 conn, cache = json.loads(sys.argv[1]), sys.argv[2]
 stores = {k: f"s3://{conn['bucket']}/{k}.zarr" for k in ("era5", "imerg")}
@@ -51,7 +51,9 @@ src = zf.SessionContext().open_zarr(stores, variables={"era5": ["t2m", "u10", "v
 w = src.windows({"lat": 64, "lon": 64}, {"lat": 32, "lon": 32}, history={"time": 2},
                 targets={"t2m": "+6h", "precip": "+6h"}, valid={"inputs": 0.9, "targets": "all"}, cache=cache)
 n = len(w)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM: ru_maxrss would start at the parent's RSS at fork (moto's stores).
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+peak = int(status["VmHWM"].split()[0]) * 1024
 print(json.dumps({"len": n, "seconds": time.perf_counter() - started, "peak_rss": peak, **w.index_counts}))
 """
 
