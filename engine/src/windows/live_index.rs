@@ -43,7 +43,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::cache::IndexCache;
@@ -483,10 +483,8 @@ impl LiveIndex {
         let (Some(shared), Some(job)) = (&self.shared, &self.job) else {
             return Ok(false);
         };
-        let elsewhere = self.schedule.take_elsewhere();
         let (pending, mut check_owners) = {
-            let mut remote = lock(&self.remote);
-            remote.blocks.extend(elsewhere);
+            let mut remote = self.remote_with_elsewhere();
             remote.blocks.retain(|&b| self.blocks[b].get().is_none());
             if remote.blocks.is_empty() {
                 return Ok(false);
@@ -551,10 +549,16 @@ impl LiveIndex {
         if self.shared.is_none() {
             return false;
         }
+        !self.remote_with_elsewhere().blocks.is_empty()
+    }
+
+    /// The blocks awaited from other processes, with those the schedule
+    /// set aside as held elsewhere since the last look added to them.
+    fn remote_with_elsewhere(&self) -> MutexGuard<'_, Remote> {
         let elsewhere = self.schedule.take_elsewhere();
         let mut remote = lock(&self.remote);
         remote.blocks.extend(elsewhere);
-        !remote.blocks.is_empty()
+        remote
     }
 
     /// Says the read-ahead the block of number `number` in the schedule is
