@@ -434,6 +434,35 @@ def test_ranks_sharing_a_cache_in_the_bucket_fetch_each_chunk_once_between_them(
         assert chunks[name] <= fetched[name] <= chunks[name] + 4, (fetched, gets)
 
 
+def test_an_index_without_threads_fetches_nothing_before_a_loader_says_what_it_needs(s3, steps_store):
+    """Windows whose index has no background threads (as in DataLoader
+    workers) request no chunk from the bucket until something reads the
+    index: a sharded loader then has it read the blocks its first batch
+    needs first. (The index's read-ahead once requested the first blocks of
+    the storage order as the windows were made, and the loader read those
+    before its own.) The batches equal those from local files."""
+    s3.upload("steps.zarr", steps_store)
+
+    def windows(store, options):
+        return zf.SessionContext(io_concurrency=4).open_zarr(store, **options).windows(
+            {"lat": 8, "lon": 8}, {"lat": 4, "lon": 4}, valid="all", cache=False, threads=0, block_size=1
+        )
+
+    def batches(w):
+        loader = w.loader(batch_size=16, shuffle="block", seed=3, shard=(1, 4), drop_last=True)
+        return [b["a"] for b in loader]
+
+    remote = windows("s3://fixtures/steps.zarr", s3.options())
+    chunk_gets = lambda: sum(s3.proxy.stats()["gets_by_array"].get(f"/fixtures/steps.zarr/{v}", 0) for v in "ab")
+    time.sleep(1.0)
+    assert chunk_gets() == 0, s3.proxy.stats()["gets_by_array"]
+    got, want = batches(remote), batches(windows(steps_store, {}))
+    assert chunk_gets() > 0
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_a_cache_in_a_bucket_is_held_to_the_allowed_locations(s3, window_store, tmp_path):
     """A cache outside the session's allowed locations (a URL or a
     directory) is refused, naming the argument; nothing is written there."""

@@ -35,10 +35,13 @@
 //! ahead of the threads ([`crate::table::ReadAheadPlan`]); the read-ahead
 //! decides the order as it gets there, so the threads then take the blocks
 //! it read, and blocks preferred later follow those already requested.
-//! While someone reads the blocks in that order (background threads, or a
-//! caller waiting for the whole index), a block shared with other
-//! processes is claimed as the order decides it: the read-ahead requests
-//! only blocks this process reads, and skips those others hold.
+//! While someone reads the blocks in that order (background threads, a
+//! caller waiting for the whole index, or a loader's epoch indexing what
+//! its quota needs), a block shared with other processes is claimed as
+//! the order decides it: the read-ahead requests only blocks this process
+//! reads, and skips those others hold. Without background threads the
+//! read-ahead starts with the first block read, after a loader has said
+//! which blocks it needs first.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -56,6 +59,9 @@ use super::{IndexSource, WindowError};
 use crate::error::{catch_panic, lock};
 use crate::table::{ReadAheadPlan, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
+
+/// Opens an index's read-ahead (see [`LiveIndex::start_read_ahead`]).
+type StartReadAhead = Box<dyn FnOnce() -> Option<TableReadAhead> + Send>;
 
 /// How often a paused background thread looks again.
 const PAUSE: Duration = Duration::from_millis(2);
@@ -78,6 +84,10 @@ pub struct LiveIndex {
     foreground_only: AtomicBool,
     /// Someone has waited for the whole index.
     whole_wanted: AtomicBool,
+    /// Whether background threads read the blocks in the schedule's order.
+    background: AtomicBool,
+    /// Readers indexing blocks in their own threads now ([`Self::reading`]).
+    readers: Mutex<usize>,
     started: Instant,
     /// Where the finished index is kept, and its key.
     cache: Option<(IndexCache, String)>,
@@ -92,6 +102,11 @@ pub struct LiveIndex {
     /// threads that index them (remote stores), until the index is
     /// complete.
     read_ahead: Mutex<Option<TableReadAhead>>,
+    /// Starts the read-ahead when the first block is read, where no
+    /// background thread starts reading at once: by then a loader has said
+    /// which blocks it needs first ([`Self::prefer`]), so the read-ahead
+    /// does not decide the first blocks of the storage order before them.
+    start_read_ahead: Mutex<Option<StartReadAhead>>,
     /// What the threads and the read-ahead hold while the index is built.
     memory: IndexMemory,
     /// Blocks shared with other processes building the same index.
@@ -245,12 +260,15 @@ impl LiveIndex {
             cancelled: AtomicBool::new(false),
             foreground_only: AtomicBool::new(false),
             whole_wanted: AtomicBool::new(false),
+            background: AtomicBool::new(false),
+            readers: Mutex::new(0),
             started: Instant::now(),
             cache,
             job: None,
             schedule: Arc::new(Schedule::new(blocks, None)),
             buffers: ChunkBufferPool::new(),
             read_ahead: Mutex::default(),
+            start_read_ahead: Mutex::default(),
             memory: IndexMemory::default(),
             shared: None,
             remote: Mutex::default(),
@@ -283,20 +301,28 @@ impl LiveIndex {
         let threads = memory.threads;
         if threads.min(blocks) > 0 {
             // Nothing is decided yet.
+            live.background.store(true, Ordering::Release);
             live.schedule.claim_ahead(true);
         }
-        let read_ahead = plans.and_then(|plans| {
+        if let Some(plans) = plans {
             let schedule = Arc::clone(&live.schedule);
-            read_blocks_ahead(
-                &job.sources,
-                &job.grid,
-                blocks as u64,
-                move |n| schedule.block_at(n),
-                plans,
-                threads.saturating_add(1),
-            )
-        });
-        live.read_ahead = Mutex::new(read_ahead);
+            let (sources, grid) = (Arc::clone(&job.sources), Arc::clone(&job.grid));
+            let start: StartReadAhead = Box::new(move || {
+                read_blocks_ahead(
+                    &sources,
+                    &grid,
+                    blocks as u64,
+                    move |n| schedule.block_at(n),
+                    plans,
+                    threads.saturating_add(1),
+                )
+            });
+            if threads.min(blocks) > 0 {
+                live.read_ahead = Mutex::new(start());
+            } else {
+                live.start_read_ahead = Mutex::new(Some(start));
+            }
+        }
         live.memory = memory;
         live.job = Some(job);
         let live = Arc::new(live);
@@ -316,6 +342,7 @@ impl LiveIndex {
                 // the rest themselves.
                 log::debug!("{e}");
                 if spawned == 0 {
+                    live.background.store(false, Ordering::Release);
                     live.stop_claiming_ahead();
                 }
                 break;
@@ -364,6 +391,7 @@ impl LiveIndex {
         if self.awaits_remote() && self.poll_remote()? {
             return Ok(true);
         }
+        self.start_reading_ahead();
         loop {
             if self.has_failed() {
                 return Ok(false);
@@ -569,8 +597,22 @@ impl LiveIndex {
         }
     }
 
+    /// Starts the read-ahead if it waited for the first block to be read
+    /// (see [`Self::start_read_ahead`]).
+    fn start_reading_ahead(&self) {
+        let Some(start) = lock(&self.start_read_ahead).take() else {
+            return;
+        };
+        let read_ahead = start();
+        let mut held = lock(&self.read_ahead);
+        if self.complete.get().is_none() && !self.has_failed() && !self.is_cancelled() {
+            *held = read_ahead;
+        }
+    }
+
     /// Drops what is read ahead (the index is complete, failed or cancelled).
     fn stop_reading_ahead(&self) {
+        lock(&self.start_read_ahead).take();
         let read_ahead = lock(&self.read_ahead).take();
         drop(read_ahead);
     }
@@ -688,15 +730,36 @@ impl LiveIndex {
     /// workers, which index what they need themselves).
     pub fn stop_background(&self) {
         self.foreground_only.store(true, Ordering::Release);
+        self.background.store(false, Ordering::Release);
         self.stop_claiming_ahead();
     }
 
-    /// Claims blocks only as readers take them, unless someone waits for
-    /// the whole index (see [`Schedule`]).
+    /// Claims blocks only as readers take them, unless someone reads the
+    /// blocks in the schedule's order (see [`Schedule`]).
     fn stop_claiming_ahead(&self) {
-        if !self.whole_wanted.load(Ordering::Acquire) {
+        let readers = lock(&self.readers);
+        if *readers == 0 && !self.whole_wanted.load(Ordering::Acquire) {
             self.schedule.claim_ahead(false);
         }
+    }
+
+    /// Says a reader indexes the blocks it needs in its own thread, in the
+    /// schedule's order, until the guard is dropped (a loader's epoch that
+    /// waits to know whether every stream fills its batches, from the
+    /// first block it indexes to its end): meanwhile the blocks the
+    /// schedule decides are claimed as they are decided (see
+    /// [`Schedule`]), and those claimed and not taken when the last reader
+    /// stops are given up again, unless background threads or a wait for
+    /// the whole index read on.
+    pub fn reading(&self) -> Reading<'_> {
+        let mut readers = lock(&self.readers);
+        *readers += 1;
+        if *readers == 1 {
+            for number in self.schedule.claim_ahead(true) {
+                self.done_reading(number);
+            }
+        }
+        Reading(self)
     }
 
     /// Stops the background threads (the windows are gone).
@@ -860,6 +923,23 @@ impl LiveIndex {
     }
 }
 
+/// A reader indexing blocks in its own thread (see [`LiveIndex::reading`]).
+pub struct Reading<'a>(&'a LiveIndex);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        let index = self.0;
+        let mut readers = lock(&index.readers);
+        *readers = readers.saturating_sub(1);
+        if *readers == 0
+            && !index.background.load(Ordering::Acquire)
+            && !index.whole_wanted.load(Ordering::Acquire)
+        {
+            index.schedule.claim_ahead(false);
+        }
+    }
+}
+
 /// What [`LiveIndex::claim_shared`] says to do with a block.
 enum Shared {
     /// Read it here.
@@ -882,13 +962,16 @@ enum Shared {
 /// their borders) instead of one trailing the other block by block.
 ///
 /// With blocks shared between processes, while someone reads the blocks
-/// in this order (background threads, or a caller waiting for the whole
-/// index) a block is claimed for this process as it is decided, so the
-/// read-ahead requests only the chunks of blocks this process reads; a
-/// block another process holds is skipped and waited for instead
-/// ([`Schedule::take_elsewhere`]). Otherwise (no background threads,
-/// stopped ones) nothing guarantees a decided block is read soon: a block
-/// is claimed when a reader takes it, so other processes never wait on it.
+/// in this order (background threads, a caller waiting for the whole
+/// index, or a loader's epoch indexing what its quota needs:
+/// [`LiveIndex::reading`]) a block is claimed for this process as it is
+/// decided, so the read-ahead requests only the chunks of blocks this
+/// process reads; a block another process holds is skipped and waited for
+/// instead ([`Schedule::take_elsewhere`]). Otherwise (no background
+/// threads, stopped ones, no epoch reading) nothing guarantees a decided
+/// block is read soon: a block is claimed when a reader takes it, and the
+/// claims of blocks decided and not taken are given up, so other
+/// processes never wait on them.
 struct Schedule {
     /// Set by whoever starts reading a block, so it is read once.
     claimed: Vec<AtomicBool>,

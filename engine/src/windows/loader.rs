@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::assemble::{outputs, sample_bytes, Cutter, Decoded, Filling, Output};
 use super::index::{block_read_ahead, index_block, read_blocks_ahead};
+use super::live_index::Reading;
 use super::order::{
     block_order, resume_in_turn, share, stream_of, stream_segments, BlockSampler, Permutation,
     Quota, Segment, Shard, Shuffle,
@@ -985,6 +986,10 @@ impl Planner {
             self.windows.live_index().prefer(quota.blocks());
             quota
         });
+        // Held from the first block this epoch indexes for its quota to
+        // its end: meanwhile the blocks the index's schedule decides are
+        // claimed for this process (see `LiveIndex::reading`).
+        let mut reading = None;
         let skipping = Rc::new(Cell::new(self.skip > 0));
         let mut draw = match self.draw(Rc::clone(&skipping), &origins) {
             Ok(draw) => draw,
@@ -1024,7 +1029,7 @@ impl Planner {
             let len = plan.len() as u64;
             if seq >= self.skip {
                 if let Some(quota) = &mut quota {
-                    match self.wait_quota(quota, (seq + 1) * batch, &origins) {
+                    match self.wait_quota(quota, (seq + 1) * batch, &origins, &mut reading) {
                         Ok(true) => {}
                         Ok(false) => return seq,
                         Err(e) => return failed(seq, e),
@@ -1076,14 +1081,15 @@ impl Planner {
     }
 
     /// Whether every stream of the epoch holds `windows` windows (see
-    /// [`Quota`]), indexing the blocks that tells in this thread or
-    /// waiting for the index threads; `false` also when the epoch is
-    /// cancelled.
-    fn wait_quota(
-        &self,
+    /// [`Quota`]), indexing the blocks that tells in this thread (from the
+    /// first, `reading` says so to the index) or waiting for the index
+    /// threads; `false` also when the epoch is cancelled.
+    fn wait_quota<'a>(
+        &'a self,
         quota: &mut Quota,
         windows: u64,
         origins: &[u64],
+        reading: &mut Option<Reading<'a>>,
     ) -> Result<bool, WindowError> {
         let live = self.windows.live_index();
         loop {
@@ -1093,6 +1099,7 @@ impl Planner {
             if self.flow.is_cancelled() {
                 return Ok(false);
             }
+            reading.get_or_insert_with(|| live.reading());
             if !live.index_next_block()? {
                 live.wait_block(Duration::from_millis(20))?;
             }
