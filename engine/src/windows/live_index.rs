@@ -299,7 +299,8 @@ impl LiveIndex {
         live.shared = shared;
         let (memory, plans) = IndexMemory::plan(&job, threads, memory_limit);
         let threads = memory.threads;
-        if threads.min(blocks) > 0 {
+        let background = threads.min(blocks) > 0;
+        if background {
             // Nothing is decided yet.
             live.background.store(true, Ordering::Release);
             live.schedule.claim_ahead(true);
@@ -317,7 +318,7 @@ impl LiveIndex {
                     threads.saturating_add(1),
                 )
             });
-            if threads.min(blocks) > 0 {
+            if background {
                 live.read_ahead = Mutex::new(start());
             } else {
                 live.start_read_ahead = Mutex::new(Some(start));
@@ -737,8 +738,17 @@ impl LiveIndex {
     /// Claims blocks only as readers take them, unless someone reads the
     /// blocks in the schedule's order (see [`Schedule`]).
     fn stop_claiming_ahead(&self) {
-        let readers = lock(&self.readers);
-        if *readers == 0 && !self.whole_wanted.load(Ordering::Acquire) {
+        self.claim_ahead_while_read(*lock(&self.readers));
+    }
+
+    /// Gives up claiming ahead unless someone reads the blocks in the
+    /// schedule's order: background threads, a wait for the whole index,
+    /// or some of `readers` ([`Self::reading`], counted under its lock).
+    fn claim_ahead_while_read(&self, readers: usize) {
+        if readers == 0
+            && !self.background.load(Ordering::Acquire)
+            && !self.whole_wanted.load(Ordering::Acquire)
+        {
             self.schedule.claim_ahead(false);
         }
     }
@@ -928,15 +938,9 @@ pub struct Reading<'a>(&'a LiveIndex);
 
 impl Drop for Reading<'_> {
     fn drop(&mut self) {
-        let index = self.0;
-        let mut readers = lock(&index.readers);
+        let mut readers = lock(&self.0.readers);
         *readers = readers.saturating_sub(1);
-        if *readers == 0
-            && !index.background.load(Ordering::Acquire)
-            && !index.whole_wanted.load(Ordering::Acquire)
-        {
-            index.schedule.claim_ahead(false);
-        }
+        self.0.claim_ahead_while_read(*readers);
     }
 }
 
