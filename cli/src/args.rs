@@ -59,7 +59,7 @@ pub struct Args {
     #[arg(long = "allow", value_name = "LOCATION", global = true)]
     pub allow: Vec<String>,
 
-    /// Rows per record batch.
+    /// Rows per record batch (at most 16,777,216).
     #[arg(long = "batch-size")]
     pub batch_size: Option<usize>,
 

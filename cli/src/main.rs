@@ -184,7 +184,12 @@ fn settings(args: &Args) -> Result<(SessionConfig, Arc<RuntimeEnv>), String> {
     }
     let runtime = builder.build_arc().map_err(|e| e.to_string())?;
     if let Some(batch_size) = args.batch_size {
-        config = config.with_batch_size(batch_size);
+        zarrfusion::config::check_setting(
+            "datafusion.execution.batch_size",
+            &batch_size.to_string(),
+        )
+        .map_err(|e| format!("--batch-size: {e}"))?;
+        config = config.with_batch_size(batch_size.max(1));
     }
     Ok((config, runtime))
 }

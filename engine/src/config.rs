@@ -35,7 +35,7 @@ use datafusion::prelude::SessionContext;
 
 use crate::memory::parse_size;
 use crate::zarr::{
-    parse_duration, retry_config, AllowedLocations, StoreLocation, MAX_IO_CONCURRENCY,
+    option_duration, set_retry_option, AllowedLocations, StoreLocation, MAX_IO_CONCURRENCY,
 };
 
 extensions_options! {
@@ -196,13 +196,40 @@ impl ZarrConfig {
     }
 }
 
-/// Checks a zarrfusion setting's value where the setting's type does not
-/// say enough, so that a bad value is refused when it is set (by `SET`,
-/// the shell's flags, Python's `SessionContext`): `io_concurrency` at most
-/// [`MAX_IO_CONCURRENCY`], and `retry.*` and `client.*` the way the table
-/// options of the same names are checked. Other settings pass.
+/// The most rows a record batch may be asked for
+/// (`datafusion.execution.batch_size`): DataFusion's sorts and zarrfusion's
+/// operators set room aside for a batch before its rows come, so a larger
+/// one fails to allocate instead of being refused.
+pub const MAX_BATCH_ROWS: usize = 1 << 24;
+
+/// The most partitions a plan may be asked for
+/// (`datafusion.execution.target_partitions`): each costs channels, tasks
+/// and buffers before any data moves (2^20 of them took over a minute and
+/// gigabytes to plan a rechunk of 120 cells).
+pub const MAX_TARGET_PARTITIONS: usize = 1024;
+
+/// Checks a setting's value where the setting's type does not say enough,
+/// so that a bad value is refused when it is set (by `SET`, the shell's
+/// flags, Python's `SessionContext`): `zarrfusion.io_concurrency` at most
+/// [`MAX_IO_CONCURRENCY`], `zarrfusion.retry.*` and `zarrfusion.client.*`
+/// the way the table options of the same names are checked, and
+/// DataFusion's `datafusion.execution.batch_size` and `target_partitions`
+/// at most [`MAX_BATCH_ROWS`] and [`MAX_TARGET_PARTITIONS`]. Other
+/// settings pass.
 pub fn check_setting(variable: &str, value: &str) -> Result<()> {
     let lower = variable.trim().to_ascii_lowercase();
+    let bound = match lower.as_str() {
+        "datafusion.execution.batch_size" => Some((MAX_BATCH_ROWS, "rows a batch")),
+        "datafusion.execution.target_partitions" => Some((MAX_TARGET_PARTITIONS, "partitions")),
+        _ => None,
+    };
+    if let Some((most, what)) = bound {
+        return match value.trim().parse::<u64>() {
+            Ok(n) if n > most as u64 => plan_err!("{variable}: {n} {what}; at most {most}"),
+            // What does not parse is refused by the setting itself.
+            _ => Ok(()),
+        };
+    }
     let Some(key) = lower.strip_prefix("zarrfusion.") else {
         return Ok(());
     };
@@ -218,9 +245,12 @@ pub fn check_setting(variable: &str, value: &str) -> Result<()> {
     if !(key.starts_with("retry.") || key.starts_with("client.")) {
         return Ok(());
     }
+    // Each value on its own: the first and longest backoff are checked
+    // against each other when a store is built, whatever order they were
+    // set in.
     let checked = match key.strip_prefix("client.") {
-        Some(_) => parse_duration(value).map(|_| ()),
-        None => retry_config(&HashMap::from([(key.to_string(), value.to_string())])).map(|_| ()),
+        Some(_) => option_duration(value).map(|_| ()),
+        None => set_retry_option(key, value, &mut Default::default(), &mut Default::default()),
     };
     match checked {
         Ok(()) => Ok(()),

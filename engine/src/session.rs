@@ -39,7 +39,7 @@ use crate::array::rechunk::RechunkPlanner;
 use crate::array::{
     AlignedJoinRule, ArrayQueryPlanner, BroadcastJoinRule, DenseReductionRule, RollingWindowRule,
 };
-use crate::config::{apply_runtime_settings, ZarrConfig};
+use crate::config::{apply_runtime_settings, ZarrConfig, MAX_BATCH_ROWS, MAX_TARGET_PARTITIONS};
 use crate::distributed::{distribute, keep_partial_aggregates, ClusterWorkers};
 use crate::progress::ScanProgress;
 use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
@@ -61,7 +61,9 @@ pub fn new_context() -> SessionContext {
 }
 
 /// A session with a given configuration (see [`session_config`]) and runtime
-/// (memory pool, object stores, disk manager).
+/// (memory pool, object stores, disk manager). A batch size or a number of
+/// target partitions above [`MAX_BATCH_ROWS`] or [`MAX_TARGET_PARTITIONS`]
+/// is lowered to it (`SET` refuses them).
 pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> SessionContext {
     build_context(config, runtime, None)
 }
@@ -98,7 +100,12 @@ fn build_context(
     } else {
         config
     };
-    let mut config = config;
+    // Held to the bounds `SET` checks (`check_setting`), for a config built
+    // in Rust with larger ones.
+    let (rows, partitions) = (config.batch_size(), config.target_partitions());
+    let mut config = config
+        .with_batch_size(rows.clamp(1, MAX_BATCH_ROWS))
+        .with_target_partitions(partitions.clamp(1, MAX_TARGET_PARTITIONS));
     if workers.is_some() {
         if let Some(zarr) = config.options_mut().extensions.get_mut::<ZarrConfig>() {
             zarr.aligned_join = false;

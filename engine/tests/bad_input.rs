@@ -667,3 +667,163 @@ fn absurd_loader_arguments_are_refused_or_bounded_not_an_abort() {
         assert_eq!(lens, [total as usize], "{shuffle:?}");
     }
 }
+
+/// The error of opening `s3://bucket/x.zarr` on an endpoint that refuses
+/// connections (object_store retries those) with `options` added; `None`
+/// if it opened.
+async fn retried_open_error(port: u16, options: &[(&str, &str)]) -> Option<String> {
+    let ctx = new_context();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut all: HashMap<String, String> = [
+        ("aws.endpoint", endpoint.as_str()),
+        ("aws.allow_http", "true"),
+        ("aws.skip_signature", "true"),
+        ("aws.region", "us-east-1"),
+    ]
+    .into_iter()
+    .chain(options.iter().copied())
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    all.insert("retry.max_retries".into(), "3".into());
+    ctx.register_zarr("t", "s3://bucket/x.zarr", all)
+        .await
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// object_store draws each retry's wait from a range between the first
+/// wait and the last times the base, and panicked on an empty range
+/// (`retry.backoff.base` 1, a first wait of 0 or above the longest) or an
+/// infinite one (a base of 1e300); durations past a week overflowed the
+/// clock. Such values are refused naming the option; the extremes still
+/// accepted retry to a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_settings_that_would_panic_object_store_are_refused() {
+    // A port nothing listens on: every connection is refused, and retried.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for (options, needle) in [
+        (
+            vec![("retry.backoff.base", "1")],
+            "retry.backoff.base must be a number above 1",
+        ),
+        (
+            vec![("retry.backoff.base", "1e300")],
+            "retry.backoff.base must be a number above 1 and at most 1000",
+        ),
+        (
+            vec![("retry.backoff.init_backoff", "0ms")],
+            "retry.backoff.init_backoff must be above 0",
+        ),
+        (
+            vec![
+                ("retry.backoff.init_backoff", "20ms"),
+                ("retry.backoff.max_backoff", "10ms"),
+            ],
+            "retry.backoff.init_backoff (20ms) is longer than retry.backoff.max_backoff (10ms)",
+        ),
+        (
+            vec![("retry.backoff.max_backoff", "9999999999s")],
+            "at most 7days",
+        ),
+        (
+            vec![("client.pool_idle_timeout", "9999999999s")],
+            "client.pool_idle_timeout must be a duration of at most 7days",
+        ),
+    ] {
+        let err = retried_open_error(port, &options).await.unwrap_or_default();
+        assert!(err.contains(needle), "{options:?}: {err}");
+    }
+    for options in [
+        vec![
+            ("retry.backoff.base", "1.000001"),
+            ("retry.backoff.init_backoff", "1ms"),
+            ("retry.backoff.max_backoff", "1ms"),
+        ],
+        vec![
+            ("retry.backoff.base", "1000"),
+            ("retry.backoff.init_backoff", "1ms"),
+            ("retry.backoff.max_backoff", "2ms"),
+        ],
+    ] {
+        let started = std::time::Instant::now();
+        let err = retried_open_error(port, &options).await.unwrap_or_default();
+        assert!(
+            err.contains("s3://bucket/x.zarr") && err.contains("after 3 retries"),
+            "{options:?}: {err}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{options:?}"
+        );
+    }
+}
+
+/// A batch size or a number of partitions near 2^64 made sorts and the
+/// dense reduction panic (capacity overflow, a channel over tokio's most
+/// permits), and 2^20 partitions took over a minute and gigabytes to plan
+/// a rechunk of 120 cells: `SET` refuses them with the bound, and a config
+/// built in Rust is held to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_batch_sizes_and_partition_counts_are_refused_not_a_panic() {
+    use datafusion::prelude::SessionConfig;
+    use zarrfusion::config::{MAX_BATCH_ROWS, MAX_TARGET_PARTITIONS};
+    let store = fixture("v3_basic.zarr");
+    let queries = [
+        "SELECT * FROM t ORDER BY lat",
+        "SELECT lat, avg(t2m) FROM t GROUP BY lat",
+        "SELECT count(*) FROM rechunk('t', lat => 1)",
+    ];
+    for (setting, value, needle) in [
+        ("batch_size", u64::MAX, "at most 16777216"),
+        ("batch_size", 1 << 62, "at most 16777216"),
+        ("target_partitions", u64::MAX, "at most 1024"),
+        ("target_partitions", 1 << 20, "at most 1024"),
+    ] {
+        let ctx = new_context();
+        ctx.register_zarr("t", &store, HashMap::new())
+            .await
+            .unwrap();
+        let set = format!("SET datafusion.execution.{setting} = {value}");
+        let err = zarrfusion::session::sql(&ctx, &set)
+            .await
+            .err()
+            .map(|e| e.to_string());
+        let err = err.unwrap_or_default();
+        assert!(
+            err.contains(setting) && err.contains(needle),
+            "{set}: {err}"
+        );
+        // Refused, so the session still runs with its own values.
+        for query in queries {
+            let rows = zarrfusion::session::sql(&ctx, query)
+                .await
+                .unwrap()
+                .collect()
+                .await;
+            assert!(rows.is_ok(), "{set}; {query}: {rows:?}");
+        }
+    }
+    let config = SessionConfig::new()
+        .with_batch_size(usize::MAX)
+        .with_target_partitions(usize::MAX);
+    let ctx = zarrfusion::new_context_with(config, std::sync::Arc::default());
+    let options = ctx.state().config_options().clone();
+    assert_eq!(usize::from(options.execution.batch_size), MAX_BATCH_ROWS);
+    assert_eq!(options.execution.target_partitions, MAX_TARGET_PARTITIONS);
+    ctx.register_zarr("t", &store, HashMap::new())
+        .await
+        .unwrap();
+    for query in queries {
+        let rows = zarrfusion::session::sql(&ctx, query)
+            .await
+            .unwrap()
+            .collect()
+            .await;
+        let rows: usize = rows.unwrap().iter().map(|b| b.num_rows()).sum();
+        assert!(rows > 0, "{query}");
+    }
+}

@@ -1385,6 +1385,9 @@ const SETTINGS: &[&str] = &[
     "zarrfusion.client.timeout",
     "zarrfusion.work_dir",
     "zarrfusion.nonsense",
+    // DataFusion's own, which size the operators' batches and partitions.
+    "datafusion.execution.batch_size",
+    "datafusion.execution.target_partitions",
 ];
 
 /// A rolling window over the fuzzed store, for the statements after a setting.
@@ -1515,6 +1518,9 @@ impl SqlCase {
                     _ => format!("SET {name} = {value}"),
                 },
                 "SELECT count(*), avg(t2m) FROM t GROUP BY lat".to_string(),
+                "SELECT count(*), sum(t2m) FROM t WHERE lat > 0".to_string(),
+                "SELECT count(*) FROM fft('t', 't2m', dims => 'lon')".to_string(),
+                "SELECT count(*) FROM rechunk('t', lat => 1)".to_string(),
                 // A rolling window, and one written to Zarr chunk by chunk.
                 format!("SELECT count(m), sum(m) FROM ({ROLLING})"),
                 format!("COPY ({ROLLING}) TO '{out}' STORED AS ZARR"),

@@ -46,18 +46,18 @@ use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, RollingParts};
 use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
 use crate::array::{key_schema, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec, ReductionParts};
-use crate::config::ZarrConfig;
+use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
 use crate::error::lock;
 use crate::table::{
     open_dataset_blocking, BlockGrid, GridTable, Selection, TableSource, ZarrScanExec,
     ZarrTableOptions,
 };
 
-/// The most partitions, tasks and rows per batch a received scan may ask
-/// for (a malformed plan must not make a worker allocate per partition).
+/// The most partitions and tasks a received scan may ask for (a malformed
+/// plan must not make a worker allocate per partition); its rows per batch
+/// are held to [`MAX_BATCH_ROWS`], as a session's are.
 const MAX_PARTITIONS: usize = 1 << 12;
 const MAX_TASKS: usize = 1 << 16;
-const MAX_BATCH_ROWS: usize = 1 << 24;
 /// The most aggregates a received reduction may have.
 const MAX_AGGREGATES: usize = 1 << 10;
 

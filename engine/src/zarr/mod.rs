@@ -26,8 +26,8 @@ pub use remote::{
     IoCounters, IoTotals, OpenedObject, RangedReads, ReadAhead, RemoteStorage, UpcomingKeys,
     MAX_IO_CONCURRENCY,
 };
-pub(crate) use store::parse_duration;
 pub use store::{
     is_object_store_option, open_storage, open_writable_remote, open_writable_storage,
-    retry_config, OpenedStore, StoreAccess, StoreLocation,
+    retry_config, OpenedStore, StoreAccess, StoreLocation, MAX_BACKOFF_BASE, MAX_OPTION_DURATION,
 };
+pub(crate) use store::{option_duration, set_retry_option};

@@ -378,56 +378,117 @@ pub fn is_object_store_option(key: &str) -> bool {
     .any(|prefix| key.starts_with(prefix))
 }
 
+/// The longest duration any `retry.*` or `client.*` option may give: a
+/// week. object_store computes each backoff as seconds in `f64` and the
+/// HTTP client adds time-outs to the clock, so unbounded values panic
+/// there instead of failing cleanly.
+pub const MAX_OPTION_DURATION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// The largest `retry.backoff.base`: with it and [`MAX_OPTION_DURATION`]
+/// the backoff's next range stays finite.
+pub const MAX_BACKOFF_BASE: f64 = 1000.0;
+
 /// The retry settings among `options` (`retry.*`), over object_store's
 /// defaults (10 retries within 3 minutes, backoff from 100 ms doubling up
-/// to 15 s).
+/// to 15 s). Each value is checked on its own ([`set_retry_option`]), then
+/// together: the first wait above 0 and at most the longest (object_store
+/// draws each wait between the first one and the last times the base, and
+/// panics on an empty or infinite range).
 pub fn retry_config(options: &HashMap<String, String>) -> std::result::Result<RetryConfig, String> {
     let mut retry = RetryConfig::default();
     let mut backoff = BackoffConfig::default();
     for (key, value) in options {
-        let Some(name) = key
-            .to_ascii_lowercase()
-            .strip_prefix("retry.")
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        let bad = |what: &str| format!("option {key} must be {what}, got '{value}'");
-        match name.as_str() {
-            "max_retries" => {
-                retry.max_retries = value.trim().parse().map_err(|_| bad("a count"))?
-            }
-            "retry_timeout" => retry.retry_timeout = parse_duration(value).map_err(|e| bad(&e))?,
-            "backoff.init_backoff" => {
-                backoff.init_backoff = parse_duration(value).map_err(|e| bad(&e))?
-            }
-            "backoff.max_backoff" => {
-                backoff.max_backoff = parse_duration(value).map_err(|e| bad(&e))?
-            }
-            "backoff.base" => {
-                backoff.base = value
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|b| b.is_finite() && *b >= 1.0)
-                    .ok_or_else(|| bad("a number of at least 1"))?
-            }
-            _ => {
-                return Err(format!(
-                    "unknown option {key} (known: retry.max_retries, retry.retry_timeout, \
-                     retry.backoff.init_backoff, retry.backoff.max_backoff, retry.backoff.base)"
-                ))
-            }
-        }
+        set_retry_option(key, value, &mut retry, &mut backoff)?;
+    }
+    // An option as the user wrote it, or as the default it was left at.
+    let named = |key: &str| match options.keys().find(|k| k.eq_ignore_ascii_case(key)) {
+        Some(k) => k.clone(),
+        None => format!("{key} (the default)"),
+    };
+    if backoff.init_backoff.is_zero() {
+        return Err(format!(
+            "option {} must be above 0: each wait is drawn between it and a multiple of it",
+            named("retry.backoff.init_backoff")
+        ));
+    }
+    if backoff.init_backoff > backoff.max_backoff {
+        return Err(format!(
+            "option {} ({:?}) is longer than {} ({:?}): the first wait cannot exceed the longest",
+            named("retry.backoff.init_backoff"),
+            backoff.init_backoff,
+            named("retry.backoff.max_backoff"),
+            backoff.max_backoff,
+        ));
     }
     retry.backoff = backoff;
     Ok(retry)
 }
 
+/// Sets the retry option `key` (ignored unless it starts with `retry.`) to
+/// `value` in `retry` and `backoff`, checked on its own: a count, a
+/// duration up to [`MAX_OPTION_DURATION`], or a base above 1 and at most
+/// [`MAX_BACKOFF_BASE`].
+pub(crate) fn set_retry_option(
+    key: &str,
+    value: &str,
+    retry: &mut RetryConfig,
+    backoff: &mut BackoffConfig,
+) -> std::result::Result<(), String> {
+    let Some(name) = key
+        .to_ascii_lowercase()
+        .strip_prefix("retry.")
+        .map(str::to_string)
+    else {
+        return Ok(());
+    };
+    let bad = |what: &str| format!("option {key} must be {what}, got '{value}'");
+    let duration = || option_duration(value).map_err(|e| bad(&e));
+    match name.as_str() {
+        "max_retries" => retry.max_retries = value.trim().parse().map_err(|_| bad("a count"))?,
+        "retry_timeout" => retry.retry_timeout = duration()?,
+        "backoff.init_backoff" => backoff.init_backoff = duration()?,
+        "backoff.max_backoff" => backoff.max_backoff = duration()?,
+        "backoff.base" => {
+            backoff.base = value
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|b| *b > 1.0 && *b <= MAX_BACKOFF_BASE)
+                .ok_or_else(|| bad(&format!("a number above 1 and at most {MAX_BACKOFF_BASE}")))?
+        }
+        _ => {
+            return Err(format!(
+                "unknown option {key} (known: retry.max_retries, retry.retry_timeout, \
+                 retry.backoff.init_backoff, retry.backoff.max_backoff, retry.backoff.base)"
+            ))
+        }
+    }
+    Ok(())
+}
+
 /// A duration written as `10ms`, `2s`, `1min` (humantime's syntax).
-pub(crate) fn parse_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
+fn parse_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
     humantime::parse_duration(text.trim())
         .map_err(|e| format!("a duration such as 10ms or 2s ({e})"))
+}
+
+/// A duration option's value: [`parse_duration`], at most
+/// [`MAX_OPTION_DURATION`].
+pub(crate) fn option_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration > MAX_OPTION_DURATION {
+        return Err(format!(
+            "a duration of at most {}",
+            humantime::format_duration(MAX_OPTION_DURATION)
+        ));
+    }
+    Ok(duration)
+}
+
+/// Whether object_store's client option `name` (after `client.`) is a
+/// duration: its time-outs and intervals.
+pub(crate) fn is_duration_client_option(name: &str) -> bool {
+    name.ends_with("timeout") || name.ends_with("interval")
 }
 
 /// The HTTP client settings among `options` (`client.timeout`,
@@ -440,11 +501,14 @@ fn client_options(
         .filter_map(|(key, value)| {
             let name = key.to_ascii_lowercase();
             let name = name.strip_prefix("client.")?.to_string();
-            Some(
-                ClientConfigKey::from_str(&name)
-                    .map(|k| (k, value.clone()))
-                    .map_err(|e| format!("option {key}: {e}")),
-            )
+            let key = ClientConfigKey::from_str(&name).map_err(|e| format!("option {key}: {e}"));
+            Some(key.and_then(|k| {
+                if is_duration_client_option(&name) {
+                    option_duration(value)
+                        .map_err(|e| format!("option client.{name} must be {e}, got '{value}'"))?;
+                }
+                Ok((k, value.clone()))
+            }))
         })
         .collect()
 }
@@ -505,7 +569,28 @@ mod tests {
             retry_config(&HashMap::from([(k.to_string(), v.to_string())])).unwrap_err()
         };
         assert!(bad("retry.max_retries", "-1").contains("retry.max_retries"));
-        assert!(bad("retry.backoff.base", "0.5").contains("at least 1"));
+        assert!(bad("retry.backoff.base", "0.5").contains("above 1"));
+        // object_store would draw from an empty range (1) or an infinite one.
+        assert!(bad("retry.backoff.base", "1").contains("above 1"));
+        assert!(bad("retry.backoff.base", "1e300").contains("at most 1000"));
+        assert!(bad("retry.backoff.base", "NaN").contains("above 1"));
+        assert!(bad("retry.backoff.max_backoff", "1000000years").contains("at most 7days"));
+        assert!(bad("retry.backoff.init_backoff", "0s").contains("above 0"));
+        // Checked together, naming the default a value is compared with.
+        let late = bad("retry.backoff.init_backoff", "1min");
+        assert!(
+            late.contains("retry.backoff.max_backoff (the default)") && late.contains("15s"),
+            "{late}"
+        );
+        let both = retry_config(&HashMap::from([
+            ("retry.backoff.init_backoff".to_string(), "1min".to_string()),
+            ("retry.backoff.max_backoff".to_string(), "2min".to_string()),
+        ]))
+        .unwrap();
+        assert_eq!(
+            both.backoff.max_backoff,
+            std::time::Duration::from_secs(120)
+        );
         assert!(bad("retry.retry_timeout", "soon").contains("retry.retry_timeout"));
         assert!(bad("retry.tries", "3").contains("unknown option retry.tries"));
         let client = client_options(&HashMap::from([
@@ -514,6 +599,15 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(client.len(), 2);
+        let slow = client_options(&HashMap::from([(
+            "client.http2_keep_alive_interval".to_string(),
+            "500000000years".to_string(),
+        )]))
+        .unwrap_err();
+        assert!(
+            slow.contains("client.http2_keep_alive_interval must be a duration of at most 7days"),
+            "{slow}"
+        );
         assert!(client_options(&HashMap::from([(
             "client.speed".to_string(),
             "fast".to_string()

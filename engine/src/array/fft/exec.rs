@@ -102,11 +102,11 @@ impl FftJob {
     /// Memory one task holds at its peak: a block read and decoded, its
     /// values before and after a pass (complex), and the batches in flight.
     fn per_task_memory(&self) -> usize {
-        let batches = 3 * self.batch_size * self.row_bytes();
+        let batches = self.batch_size.saturating_mul(3 * self.row_bytes());
         if !self.reads_values() {
             return batches;
         }
-        block_memory(&self.table, self.blocks.block_shape()) + batches
+        block_memory(&self.table, self.blocks.block_shape()).saturating_add(batches)
     }
 
     /// Memory the kernel holds besides the blocks: per CPU thread, a group
