@@ -98,6 +98,18 @@ impl PySessionContext {
         };
         let runtime = builder.build_arc().map_err(datafusion_error)?;
         let mut session = zarrfusion::session_config();
+        for (name, value) in [
+            ("target_partitions", target_partitions),
+            ("batch_size", batch_size),
+        ] {
+            if let Some(n) = value {
+                zarrfusion::config::check_setting(
+                    &format!("datafusion.execution.{name}"),
+                    &n.to_string(),
+                )
+                .map_err(|e| PyValueError::new_err(format!("{name}: {e}")))?;
+            }
+        }
         if let Some(n) = target_partitions {
             session = session.with_target_partitions(n.max(1));
         }

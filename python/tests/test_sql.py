@@ -137,6 +137,22 @@ def test_settings_and_memory_budget(fixtures):
     with pytest.raises(zf.ZarrFusionError, match="io_concurrency.*at most 4096"):
         ctx.sql("SET zarrfusion.io_concurrency = 4097")
     zf.SessionContext(io_concurrency=4096).sql("SET zarrfusion.io_concurrency = 4096")
+    # Rows a batch and partitions: at most 2^24 and 1024 (more panicked in
+    # sorts and the dense reduction), by every door.
+    with pytest.raises(ValueError, match="batch_size.*at most 16777216"):
+        zf.SessionContext(batch_size=2**62)
+    with pytest.raises(ValueError, match="target_partitions.*at most 1024"):
+        zf.SessionContext(target_partitions=2**64 - 1)
+    with pytest.raises(ValueError, match="target_partitions.*at most 1024"):
+        zf.SessionContext(config={"datafusion.execution.target_partitions": "1025"})
+    with pytest.raises(zf.ZarrFusionError, match="batch_size.*at most 16777216"):
+        ctx.sql("SET datafusion.execution.batch_size = 18446744073709551615")
+    # Retries whose backoff object_store cannot draw are refused when set.
+    with pytest.raises(zf.ZarrFusionError, match="retry.backoff.base must be a number above 1"):
+        ctx.sql("SET zarrfusion.retry.backoff.base = 1")
+    ctx.sql("SET zarrfusion.allowed_mem = '1GB'")
+    ctx.sql("SET datafusion.execution.batch_size = 16777216")
+    assert len(ctx.sql("SELECT * FROM t ORDER BY lat").to_pandas()) == 6 * 5 * 4
 
 
 def test_errors_are_exceptions_with_the_engine_message(ctx, fixtures):
