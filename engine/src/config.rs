@@ -202,6 +202,12 @@ impl ZarrConfig {
 /// one fails to allocate instead of being refused.
 pub const MAX_BATCH_ROWS: usize = 1 << 24;
 
+/// The most threads any of zarrfusion's APIs starts for one job (a
+/// loader's decoders, a window index's, a rechunk's or a COPY's workers):
+/// more is a mistaken argument (each holds a block or a chunk), not a
+/// speed-up.
+pub const MAX_THREADS: usize = 1024;
+
 /// The most partitions a plan may be asked for
 /// (`datafusion.execution.target_partitions`): each costs channels, tasks
 /// and buffers before any data moves (2^20 of them took over a minute and

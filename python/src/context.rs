@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict};
 use zarrfusion::array::rechunk::{rechunk_store_async, RechunkOptions};
+use zarrfusion::config::MAX_THREADS;
 use zarrfusion::table::registered_zarr_tables;
 use zarrfusion::table::{open_dataset, parse_dims, ZarrTable, ZarrTableOptions};
 use zarrfusion::zarr::{AllowedLocations, StoreLocation};
@@ -38,6 +39,37 @@ pub(crate) fn size_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<us
         ))
     })?;
     zarrfusion::memory::parse_size(&text).map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
+}
+
+/// A non-negative integer argument (a Python `int`, or anything with
+/// `__index__` such as numpy's integers): a `ValueError` naming `name` when
+/// it is negative or past 2^64 - 1, a `TypeError` when it is no integer.
+pub(crate) fn count_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(n) = value.extract::<u64>() {
+        return Ok(n);
+    }
+    match value.call_method0("__index__") {
+        Ok(n) => Err(PyValueError::new_err(format!(
+            "{name}: must be an integer from 0 to 2^64 - 1, got {n}"
+        ))),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{name}: expected an integer, got {}",
+            value
+                .repr()
+                .map_or_else(|_| "?".to_string(), |r| r.to_string())
+        ))),
+    }
+}
+
+/// [`count_argument`] as a thread count: at most [`MAX_THREADS`].
+pub(crate) fn threads_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let n = count_argument(name, value)?;
+    match usize::try_from(n) {
+        Ok(n) if n <= MAX_THREADS => Ok(n),
+        _ => Err(PyValueError::new_err(format!(
+            "{name}: {n} threads asked for; at most {MAX_THREADS}"
+        ))),
+    }
 }
 
 /// Keyword options as the strings SQL `OPTIONS` takes (`True` is `'true'`).
@@ -306,8 +338,11 @@ impl PySessionContext {
         source: String,
         target: PathBuf,
         chunks: HashMap<String, u64>,
-        threads: Option<usize>,
+        threads: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let threads = threads
+            .map(|t| threads_argument("threads", t))
+            .transpose()?;
         let registered = if self.table_names().contains(&source) {
             wait_for(py, self.ctx.table_provider(source.as_str()))?.ok()
         } else {

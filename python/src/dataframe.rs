@@ -136,9 +136,13 @@ impl PyDataFrame {
         self.derive(self.df.clone().sort(exprs))
     }
 
-    /// At most `count` rows, after skipping `offset`.
+    /// At most `count` rows, after skipping `offset`: each from 0 to 2^63 - 1
+    /// (DataFusion plans limits as `i64`; a larger one became "LIMIT must be
+    /// >= 0, '-1' was provided").
     #[pyo3(signature = (count, offset=0))]
-    fn limit(&self, count: usize, offset: usize) -> PyResult<Self> {
+    fn limit(&self, count: i128, offset: i128) -> PyResult<Self> {
+        let count = rows_argument("limit: count", count)?;
+        let offset = rows_argument("limit: offset", offset)?;
         self.derive(self.df.clone().limit(offset, Some(count)))
     }
 
@@ -218,7 +222,8 @@ impl PyDataFrame {
 
     /// The first `n` rows as a text table.
     #[pyo3(signature = (n=20))]
-    fn _show(&self, py: Python<'_>, n: usize) -> PyResult<String> {
+    fn _show(&self, py: Python<'_>, n: i128) -> PyResult<String> {
+        let n = rows_argument("show: n", n)?;
         let limited = Self::new(
             self.df
                 .clone()
@@ -332,4 +337,18 @@ impl PyRecordBatchStream {
             taken.ok_or_else(|| PyRuntimeError::new_err("this result was already exported"))?;
         export_stream(py, schema, batches)
     }
+}
+
+/// A number of rows given from Python (`argument` names it in the error):
+/// 0 to 2^63 - 1, as DataFusion plans limits in `i64`.
+fn rows_argument(argument: &str, value: i128) -> PyResult<usize> {
+    usize::try_from(value)
+        .ok()
+        .filter(|&v| i64::try_from(v).is_ok())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{argument} must be from 0 to {} (2^63 - 1), got {value}",
+                i64::MAX
+            ))
+        })
 }

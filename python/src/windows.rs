@@ -26,7 +26,7 @@ use zarrfusion::windows::{
     WindowBatch, WindowLoader, WindowShape, Windows,
 };
 
-use crate::context::size_argument;
+use crate::context::{count_argument, size_argument};
 use crate::errors::window_error;
 use crate::runtime::{wait_for, SIGNAL_CHECK};
 
@@ -66,6 +66,22 @@ fn dim_counts(name: &str, value: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(St
             Ok((dim, n))
         })
         .collect()
+}
+
+/// A pair of non-negative integers such as `shard=(rank, world_size)`
+/// (`what` says which), or `None`.
+fn pair_argument(
+    name: &str,
+    what: &str,
+    value: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<(u64, u64)>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let (a, b): (Bound<'_, PyAny>, Bound<'_, PyAny>) = value
+        .extract()
+        .map_err(|_| PyValueError::new_err(format!("{name}: expected {what}, got {value}")))?;
+    Ok(Some((count_argument(name, &a)?, count_argument(name, &b)?)))
 }
 
 /// One validity rule: `"all"`, `"any"` or a fraction.
@@ -283,7 +299,7 @@ impl PyDataset {
         valid: Option<&Bound<'_, PyAny>>,
         r#where: Option<String>,
         block_size: Option<&Bound<'_, PyAny>>,
-        threads: Option<usize>,
+        threads: Option<&Bound<'_, PyAny>>,
         cache: Option<&Bound<'_, PyAny>>,
         history: Option<&Bound<'_, PyDict>>,
         targets: Option<&Bound<'_, PyDict>>,
@@ -342,7 +358,10 @@ impl PyDataset {
         let cache = cache_argument(py, cache, &self.ctx)?;
         let options = IndexOptions {
             block_bytes,
-            threads: threads.unwrap_or_else(default_threads),
+            threads: match threads {
+                Some(t) => usize::try_from(count_argument("threads", t)?).unwrap_or(usize::MAX),
+                None => default_threads(),
+            },
             cache: cache.clone(),
             io_concurrency,
             memory_limit,
@@ -538,22 +557,37 @@ impl PyWindows {
     /// `(rank, world_size)`; `worker`: `(id, workers)` of a `DataLoader`;
     /// `stack`: one float32 array of channels per role; `normalize`:
     /// `(mean, std)` per variable (in the windows' order) and part of it.
-    #[pyo3(signature = (batch_size=256, shuffle=Some("block".to_string()), seed=0, drop_last=false, prefetch=8, threads=None, shard=None, buffer_size=None, worker=None, stack=false, normalize=None))]
+    /// Integers are checked here, naming the argument (`ValueError` when
+    /// negative or past 2^64 - 1), and bounded by the loader.
+    #[pyo3(signature = (batch_size=None, shuffle=Some("block".to_string()), seed=None, drop_last=false, prefetch=None, threads=None, shard=None, buffer_size=None, worker=None, stack=false, normalize=None))]
     #[allow(clippy::too_many_arguments)]
     fn loader(
         &self,
-        batch_size: usize,
+        batch_size: Option<&Bound<'_, PyAny>>,
         shuffle: Option<String>,
-        seed: u64,
+        seed: Option<&Bound<'_, PyAny>>,
         drop_last: bool,
-        prefetch: usize,
-        threads: Option<usize>,
-        shard: Option<(u64, u64)>,
+        prefetch: Option<&Bound<'_, PyAny>>,
+        threads: Option<&Bound<'_, PyAny>>,
+        shard: Option<&Bound<'_, PyAny>>,
         buffer_size: Option<&Bound<'_, PyAny>>,
-        worker: Option<(u64, u64)>,
+        worker: Option<&Bound<'_, PyAny>>,
         stack: bool,
         normalize: Option<Vec<Vec<(f64, f64)>>>,
     ) -> PyResult<PyWindowLoader> {
+        let count = |name: &str, value: Option<&Bound<'_, PyAny>>, default: u64| {
+            value.map_or(Ok(default), |v| count_argument(name, v))
+        };
+        let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let batch_size = size(count("batch_size", batch_size, 256)?);
+        let seed = count("seed", seed, 0)?;
+        let prefetch = size(count("prefetch", prefetch, 8)?);
+        let threads = threads
+            .map(|t| count("threads", Some(t), 0))
+            .transpose()?
+            .map(size);
+        let shard = pair_argument("shard", "(rank, world_size)", shard)?;
+        let worker = pair_argument("worker", "(id, workers)", worker)?;
         let buffer_bytes = match buffer_size {
             Some(b) => size_argument("buffer_size", b)? as u64,
             None => 256 << 20,
@@ -568,14 +602,14 @@ impl PyWindows {
                 )))
             }
         };
-        let shard = match shard {
-            Some((rank, world_size)) => Shard { rank, world_size },
-            None => Shard::WHOLE,
-        };
-        let worker = match worker {
-            Some((rank, world_size)) => Shard { rank, world_size },
-            None => Shard::WHOLE,
-        };
+        let shard = shard.map_or(Shard::WHOLE, |(rank, world_size)| Shard {
+            rank,
+            world_size,
+        });
+        let worker = worker.map_or(Shard::WHOLE, |(rank, world_size)| Shard {
+            rank,
+            world_size,
+        });
         let options = LoaderOptions {
             batch_size,
             shuffle,

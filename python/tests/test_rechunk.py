@@ -61,6 +61,15 @@ def test_rechunk_by_table_name_and_refusals(fixtures, tmp_path):
     with pytest.raises(zf.ZarrFusionError, match="already exists"):
         zf.SessionContext().rechunk(fixtures / "rechunk_source.zarr", target, {"time": 5})
     assert zarr.open_array(target, path="t").chunks == (10, 29, 31)
+    # Threads: at most 1024 (2^64 - 1 hung, starting threads until the
+    # system refused one); a rechunk with the most runs no more than a
+    # worker a task.
+    for threads, words in [(2**64 - 1, "at most 1024"), (1025, "at most 1024"), (-1, "must be an integer")]:
+        with pytest.raises(ValueError, match=f"threads: .*{words}"):
+            roomy.rechunk("src", tmp_path / "never.zarr", {"time": 5}, threads=threads)
+    assert not (tmp_path / "never.zarr").exists()
+    roomy.rechunk("src", tmp_path / "many.zarr", {"time": 5}, threads=1024)
+    assert zarr.open_array(tmp_path / "many.zarr", path="t").chunks == (5, 29, 31)
 
 
 def test_a_failing_rechunk_leaves_nothing(fixtures, tmp_path):

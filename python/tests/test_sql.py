@@ -58,6 +58,14 @@ def test_dataframe_methods_equal_pandas(ctx, fixtures):
     np.testing.assert_array_equal(agg["n"], want["n"])
     np.testing.assert_allclose(agg["s"], want["s"], rtol=1e-12)
     assert ctx.table("t").count() == frame.shape[0]
+    # Limits and offsets up to 2^63 - 1 (DataFusion's), past it a ValueError.
+    assert len(ctx.table("t").limit(2**63 - 1, offset=2).to_pandas()) == frame.shape[0] - 2
+    assert len(ctx.table("t").limit(2**63 - 1, offset=2**63 - 1).to_pandas()) == 0
+    for count, offset, name in [(2**64 - 1, 2, "count"), (5, 2**63, "offset"), (-1, 0, "count"), (1, -2, "offset")]:
+        with pytest.raises(ValueError, match=f"limit: {name} must be from 0 to 9223372036854775807"):
+            ctx.table("t").limit(count, offset=offset)
+    with pytest.raises(ValueError, match="show: n must be from 0"):
+        ctx.table("t").show(2**64)
 
 
 def test_arrow_stream_and_schema(ctx, fixtures):

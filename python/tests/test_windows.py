@@ -266,9 +266,23 @@ def test_bad_loader_arguments_name_the_argument(ctx, window_store):
         ({"shuffle": "sometimes"}, "shuffle"),
         ({"shard": (2, 2)}, "shard"),
         ({"buffer_size": "huge"}, "buffer_size"),
+        # Integers out of range: a ValueError naming the argument (was
+        # pyo3's OverflowError naming nothing).
+        ({"batch_size": -1}, "batch_size: must be an integer from 0 to 2\\^64 - 1, got -1"),
+        ({"seed": 2**64}, "seed: must be an integer from 0 to 2\\^64 - 1"),
+        ({"prefetch": -3}, "prefetch: must be"),
+        ({"threads": -2}, "threads: must be"),
+        ({"shard": (-1, 4)}, "shard: must be"),
+        ({"shard": "0/4"}, "shard"),
     ]:
         with pytest.raises(ValueError, match=argument):
             windows.loader(**kwargs)
+    with pytest.raises(TypeError, match="batch_size: expected an integer, got 1.5"):
+        windows.loader(batch_size=1.5)
+    with pytest.raises(ValueError, match="threads: must be"):
+        ctx.open_zarr(window_store).windows(SIZE, threads=-1)
+    # numpy's integers are integers.
+    assert len(next(iter(windows.loader(batch_size=np.int64(4), seed=np.uint64(3))))["a"]) == 4
 
 
 HOSTILE_NUMBERS = [2**64, 2**64 - 1, 2**63, 2**62, 2**31, -1, 0]

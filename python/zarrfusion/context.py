@@ -173,7 +173,9 @@ class SessionContext:
         would read the input over and over, it goes through intermediate
         arrays in ``work_dir``, removed at the end. The target appears only
         when complete. Returns per array the stages, chunk shapes, tasks and
-        projected memory, and the bytes read and written.
+        projected memory, and the bytes read and written. ``threads``
+        (default: the cores) is at most 1024; no more run than there are
+        tasks.
         """
         return self._raw.rechunk(os.fspath(source), os.fspath(target), dict(chunks), threads)
 

@@ -53,7 +53,8 @@ class DataFrame:
         return self._wrap(self._raw.sort(*exprs))
 
     def limit(self, count: int, offset: int = 0) -> "DataFrame":
-        """At most ``count`` rows after skipping ``offset``."""
+        """At most ``count`` rows after skipping ``offset`` (each from 0 to
+        2^63 - 1, DataFusion's bound; ``ValueError`` past it)."""
         return self._wrap(self._raw.limit(count, offset))
 
     def rechunk(self, chunks: Mapping[str, int]) -> "DataFrame":

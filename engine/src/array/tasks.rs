@@ -5,12 +5,15 @@
 //! at most `workers` tasks hold memory at once.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::config::MAX_THREADS;
 use crate::error::{catch_panic, Panicked};
 
-/// Runs tasks `0..tasks` on `workers` threads (at least one). Each worker
+/// Runs tasks `0..tasks` on `workers` threads (at least one, at most
+/// [`MAX_THREADS`] and at most one a task; the calling thread is one of
+/// them, and a thread the system will not start leaves fewer). Each worker
 /// makes its state with `init` and runs `task(state, number)`, which
 /// returns a count (bytes written); the counts are summed. Returns the
 /// first error (a task that panics is an error naming it), or the sum;
@@ -23,44 +26,50 @@ pub(crate) fn run_tasks<S, E: Send + From<Panicked>>(
     init: impl Fn() -> S + Sync,
     task: impl Fn(&mut S, u64) -> Result<u64, E> + Sync,
 ) -> Result<u64, E> {
-    let next = AtomicUsize::new(0);
+    let workers = workers
+        .min(MAX_THREADS)
+        .min(usize::try_from(tasks).unwrap_or(usize::MAX))
+        .max(1);
+    let next = AtomicU64::new(0);
     let total = AtomicU64::new(0);
     let failure: Mutex<Option<E>> = Mutex::new(None);
     let failed = || failure.lock().map_or(true, |f| f.is_some());
-    std::thread::scope(|scope| {
-        for _ in 0..workers.max(1) {
-            scope.spawn(|| {
-                let mut state = match catch_panic("task runner", &init) {
-                    Ok(state) => state,
-                    Err(p) => {
-                        if let Ok(mut f) = failure.lock() {
-                            f.get_or_insert(p.into());
-                        }
-                        return;
-                    }
-                };
-                loop {
-                    let number = next.fetch_add(1, Ordering::Relaxed) as u64;
-                    if number >= tasks || cancelled.load(Ordering::Relaxed) || failed() {
-                        return;
-                    }
-                    let outcome = catch_panic(&format!("task ({number} of {tasks})"), || {
-                        task(&mut state, number)
-                    });
-                    match outcome.unwrap_or_else(|p| Err(p.into())) {
-                        Ok(count) => {
-                            total.fetch_add(count, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            if let Ok(mut f) = failure.lock() {
-                                f.get_or_insert(e);
-                            }
-                            return;
-                        }
-                    }
-                }
-            });
+    let fail = |e: E| {
+        if let Ok(mut f) = failure.lock() {
+            f.get_or_insert(e);
         }
+    };
+    let work = || {
+        let mut state = match catch_panic("task runner", &init) {
+            Ok(state) => state,
+            Err(p) => return fail(p.into()),
+        };
+        loop {
+            let number = next.fetch_add(1, Ordering::Relaxed);
+            if number >= tasks || cancelled.load(Ordering::Relaxed) || failed() {
+                return;
+            }
+            let outcome = catch_panic(&format!("task ({number} of {tasks})"), || {
+                task(&mut state, number)
+            });
+            match outcome.unwrap_or_else(|p| Err(p.into())) {
+                Ok(count) => {
+                    total.fetch_add(count, Ordering::Relaxed);
+                }
+                Err(e) => return fail(e),
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..workers {
+            let started = std::thread::Builder::new()
+                .name("zarrfusion task".to_string())
+                .spawn_scoped(scope, work);
+            if started.is_err() {
+                break;
+            }
+        }
+        work();
     });
     match failure.into_inner() {
         Ok(Some(e)) => Err(e),
@@ -172,6 +181,31 @@ mod tests {
         .unwrap_err();
         assert_eq!(err, "task 5 failed");
         assert!(ran.into_inner() < 1000);
+    }
+
+    /// `threads` of 2^64 - 1 given to a rechunk started threads until the
+    /// system refused one: at most one a task now, at most `MAX_THREADS`.
+    #[test]
+    fn workers_are_at_most_one_a_task_and_at_most_max_threads() {
+        let cancelled = AtomicBool::new(false);
+        for (tasks, most) in [(3u64, 3usize), (5000, MAX_THREADS), (0, 1)] {
+            let threads = Mutex::new(std::collections::HashSet::new());
+            let sum = run_tasks(
+                tasks,
+                usize::MAX,
+                &cancelled,
+                || {
+                    if let Ok(mut t) = threads.lock() {
+                        t.insert(std::thread::current().id());
+                    }
+                },
+                |_, n| Ok::<_, String>(n),
+            )
+            .unwrap();
+            assert_eq!(sum, (0..tasks).sum::<u64>());
+            let used = threads.into_inner().unwrap().len();
+            assert!((1..=most).contains(&used), "{tasks} tasks: {used} threads");
+        }
     }
 
     #[test]

@@ -843,8 +843,10 @@ fn cut_windows(
 }
 
 enum Job {
-    /// Decode a block that entered the shuffle buffer.
-    Warm(Arc<Slot>),
+    /// Decode a block that entered the shuffle buffer, unless it has left
+    /// it (and every batch) by the time a thread gets to it: a queued job
+    /// must not keep a block alive past the limit of blocks alive at once.
+    Warm(Weak<Slot>),
     /// Assemble batch number `.0`.
     Assemble(u64, Plan),
 }
@@ -1167,7 +1169,7 @@ impl Planner {
         let flow = &self.flow;
         Ok(Box::new(move |make_room| {
             if !skipping.get() {
-                for slot in not_warmed.drain(..).filter_map(|s| s.upgrade()) {
+                for slot in not_warmed.drain(..) {
                     let _ = jobs.send(Job::Warm(slot));
                 }
             }
@@ -1183,7 +1185,7 @@ impl Planner {
                     if skipping.get() {
                         not_warmed.push(Arc::downgrade(&slot));
                     } else {
-                        let _ = jobs.send(Job::Warm(Arc::clone(&slot)));
+                        let _ = jobs.send(Job::Warm(Arc::downgrade(&slot)));
                     }
                     slot
                 },
@@ -1218,6 +1220,9 @@ impl Worker {
             }
             match job {
                 Ok(Job::Warm(slot)) => {
+                    let Some(slot) = slot.upgrade() else {
+                        continue;
+                    };
                     // An error here is reported by the batch that needs the block.
                     let warmed = catch_panic("loader thread", || {
                         slot.values(&self.windows, &self.counters).map(|_| ())

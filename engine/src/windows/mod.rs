@@ -128,9 +128,7 @@ impl WindowError {
     }
 }
 
-/// The most threads a loader decodes with, or an index is built on: more
-/// is a mistaken argument (each holds a block), not a speed-up.
-pub const MAX_THREADS: usize = 1024;
+pub use crate::config::MAX_THREADS;
 
 /// `threads` (the argument `argument`) when it is at most [`MAX_THREADS`].
 fn checked_threads(threads: usize, argument: &str) -> Result<usize, WindowError> {

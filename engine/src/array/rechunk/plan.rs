@@ -17,6 +17,8 @@
 //! multistage plan) cut the bytes read; the plan with the fewest bytes read
 //! and written per worker wins.
 
+use crate::config::MAX_THREADS;
+
 /// Most stages tried.
 const MAX_STAGES: usize = 4;
 
@@ -57,8 +59,8 @@ pub struct RechunkPlan {
 impl RechunkPlan {
     /// Plans rechunking an array of `shape` (`itemsize` bytes per element)
     /// from `source` chunks to `target` chunks within `budget` bytes, with
-    /// up to `threads` tasks at once. The error says what the smallest
-    /// stage needs.
+    /// up to `threads` tasks at once (at most [`MAX_THREADS`]). The error
+    /// says what the smallest stage needs.
     pub fn new(
         shape: &[u64],
         source: &[u64],
@@ -70,7 +72,7 @@ impl RechunkPlan {
         let source = clip(source, shape);
         let target = clip(target, shape);
         let mut best: Option<(f64, Self)> = None;
-        let mut workers = threads.max(1);
+        let mut workers = threads.clamp(1, MAX_THREADS);
         loop {
             let share = budget / workers as u64;
             for count in 1..=MAX_STAGES {
