@@ -7,16 +7,16 @@ use std::sync::Arc;
 
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict};
+use pyo3::types::PyDict;
 use zarrfusion::array::rechunk::{rechunk_store_async, RechunkOptions};
-use zarrfusion::config::MAX_THREADS;
 use zarrfusion::table::registered_zarr_tables;
 use zarrfusion::table::{open_dataset, parse_dims, ZarrTable, ZarrTableOptions};
 use zarrfusion::zarr::{AllowedLocations, StoreLocation};
 use zarrfusion::ZarrContextExt;
 
+use crate::arguments::{size_argument, string_options, threads_argument};
 use crate::dataframe::PyDataFrame;
 use crate::errors::{datafusion_error, engine_error};
 use crate::runtime::wait_for;
@@ -26,68 +26,6 @@ use crate::windows::PyDataset;
 #[pyclass(name = "SessionContext", module = "zarrfusion._zarrfusion", frozen)]
 pub struct PySessionContext {
     pub(crate) ctx: SessionContext,
-}
-
-/// A size given as a number of bytes or a string such as `"2GB"`.
-pub(crate) fn size_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if let Ok(bytes) = value.extract::<usize>() {
-        return Ok(bytes);
-    }
-    let text: String = value.extract().map_err(|_| {
-        PyValueError::new_err(format!(
-            "{name}: expected a size like '2GB' or a number of bytes"
-        ))
-    })?;
-    zarrfusion::memory::parse_size(&text).map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
-}
-
-/// A non-negative integer argument (a Python `int`, or anything with
-/// `__index__` such as numpy's integers): a `ValueError` naming `name` when
-/// it is negative or past 2^64 - 1, a `TypeError` when it is no integer.
-pub(crate) fn count_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    if let Ok(n) = value.extract::<u64>() {
-        return Ok(n);
-    }
-    match value.call_method0("__index__") {
-        Ok(n) => Err(PyValueError::new_err(format!(
-            "{name}: must be an integer from 0 to 2^64 - 1, got {n}"
-        ))),
-        Err(_) => Err(PyTypeError::new_err(format!(
-            "{name}: expected an integer, got {}",
-            value
-                .repr()
-                .map_or_else(|_| "?".to_string(), |r| r.to_string())
-        ))),
-    }
-}
-
-/// [`count_argument`] as a thread count: at most [`MAX_THREADS`].
-pub(crate) fn threads_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let n = count_argument(name, value)?;
-    match usize::try_from(n) {
-        Ok(n) if n <= MAX_THREADS => Ok(n),
-        _ => Err(PyValueError::new_err(format!(
-            "{name}: {n} threads asked for; at most {MAX_THREADS}"
-        ))),
-    }
-}
-
-/// Keyword options as the strings SQL `OPTIONS` takes (`True` is `'true'`).
-pub(crate) fn string_options(
-    options: Option<&Bound<'_, PyDict>>,
-) -> PyResult<HashMap<String, String>> {
-    let mut out = HashMap::new();
-    if let Some(options) = options {
-        for (key, value) in options.iter() {
-            let text = if value.is_instance_of::<PyBool>() {
-                value.extract::<bool>()?.to_string()
-            } else {
-                value.str()?.to_string()
-            };
-            out.insert(key.extract::<String>()?, text);
-        }
-    }
-    Ok(out)
 }
 
 #[pymethods]

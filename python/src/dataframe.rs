@@ -29,6 +29,7 @@ use zarrfusion::array::rechunk::rechunk_plan;
 use zarrfusion::explain::{plan_dot, render_svg};
 use zarrfusion::write::{ZarrFormatFactory, ZarrWriteOptions};
 
+use crate::arguments::rows_argument;
 use crate::errors::datafusion_error;
 use crate::runtime::wait_for;
 
@@ -337,18 +338,4 @@ impl PyRecordBatchStream {
             taken.ok_or_else(|| PyRuntimeError::new_err("this result was already exported"))?;
         export_stream(py, schema, batches)
     }
-}
-
-/// A number of rows given from Python (`argument` names it in the error):
-/// 0 to 2^63 - 1, as DataFusion plans limits in `i64`.
-fn rows_argument(argument: &str, value: i128) -> PyResult<usize> {
-    usize::try_from(value)
-        .ok()
-        .filter(|&v| i64::try_from(v).is_ok())
-        .ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "{argument} must be from 0 to {} (2^63 - 1), got {value}",
-                i64::MAX
-            ))
-        })
 }

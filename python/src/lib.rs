@@ -15,6 +15,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod arguments;
 mod context;
 mod dataframe;
 mod errors;

@@ -26,7 +26,7 @@ use zarrfusion::windows::{
     WindowBatch, WindowLoader, WindowShape, Windows,
 };
 
-use crate::context::{count_argument, size_argument};
+use crate::arguments::{count_argument, size_argument};
 use crate::errors::window_error;
 use crate::runtime::{wait_for, SIGNAL_CHECK};
 

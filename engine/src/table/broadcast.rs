@@ -44,8 +44,6 @@ use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::StreamExt;
 
-use super::dataset::GridTable;
-
 /// One dimension a broadcast is keyed by.
 #[derive(Debug)]
 pub struct BroadcastDim {
@@ -178,10 +176,10 @@ impl Broadcast {
     }
 
     /// The keyed dimensions and their numbers of keys (`month: 12`).
-    fn describe_keys(&self, grid: &GridTable) -> String {
+    fn describe_keys(&self, dim_names: &[&str]) -> String {
         let keys: Vec<String> = (self.dims.iter())
             .map(|d| {
-                let name = grid.dims.get(d.dim).map_or("?", |x| x.name.as_str());
+                let name = dim_names.get(d.dim).copied().unwrap_or("?");
                 format!("{name}: {}", d.len())
             })
             .collect();
@@ -439,19 +437,13 @@ pub struct BroadcastInputs {
 }
 
 impl BroadcastInputs {
-    /// Plans the small sides of the broadcasts of `table` that `columns`
-    /// (indices into its schema) read.
-    pub async fn plan(table: &GridTable, columns: &[usize], session: &dyn Session) -> Result<Self> {
-        let mut entries = Vec::new();
-        for (k, broadcast) in table.broadcasts.iter().enumerate() {
-            if !columns
-                .iter()
-                .any(|&c| table.broadcast_of(c).is_some_and(|(b, _)| b == k))
-            {
-                continue;
-            }
+    /// Plans the small sides of `broadcasts` (those a scan reads:
+    /// `GridTable::broadcasts_read`).
+    pub async fn plan(broadcasts: Vec<Arc<Broadcast>>, session: &dyn Session) -> Result<Self> {
+        let mut entries = Vec::with_capacity(broadcasts.len());
+        for broadcast in broadcasts {
             let plan = session.create_physical_plan(&broadcast.plan).await?;
-            entries.push((Arc::clone(broadcast), plan));
+            entries.push((broadcast, plan));
         }
         Ok(Self { entries })
     }
@@ -498,8 +490,9 @@ impl BroadcastInputs {
     }
 
     /// How EXPLAIN shows them: `, broadcast=[clim by (month: 12, lat: 33)
-    /// 1.2 MB]`.
-    pub fn display(&self, table: &GridTable) -> String {
+    /// 1.2 MB]`, `dim_names` being the table's dimensions, outermost
+    /// first.
+    pub fn display(&self, dim_names: &[&str]) -> String {
         if self.entries.is_empty() {
             return String::new();
         }
@@ -508,7 +501,7 @@ impl BroadcastInputs {
                 format!(
                     "{} by ({}) {}",
                     b.label,
-                    b.describe_keys(table),
+                    b.describe_keys(dim_names),
                     human_readable_size(b.memory())
                 )
             })

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, Float64Array, Int64Array, PrimitiveArray};
 use datafusion::arrow::compute::take;
 
-pub use super::regular::RegularCoordinate;
+use super::regular::{RegularCoordinate, PIECE};
 
 use datafusion::arrow::datatypes::{ArrowNativeType, ArrowPrimitiveType, DataType};
 use datafusion::arrow::error::ArrowError;
@@ -46,8 +46,8 @@ pub enum Coordinate {
 
 impl Coordinate {
     /// Positions made at a time by whoever goes through a whole coordinate
-    /// (order checks, comparisons, filters): 512 KB of float64.
-    pub const PIECE: u64 = 1 << 16;
+    /// (see [`PIECE`]).
+    pub const PIECE: u64 = PIECE;
 
     /// The number of positions.
     pub fn len(&self) -> u64 {

@@ -163,6 +163,21 @@ impl GridTable {
         None
     }
 
+    /// The broadcasts that `columns` (indices into the schema) read.
+    pub fn broadcasts_read(&self, columns: &[usize]) -> Vec<Arc<Broadcast>> {
+        (self.broadcasts.iter().enumerate())
+            .filter(|(k, _)| {
+                (columns.iter()).any(|&c| self.broadcast_of(c).is_some_and(|(b, _)| b == *k))
+            })
+            .map(|(_, b)| Arc::clone(b))
+            .collect()
+    }
+
+    /// The dimensions' names, outermost first.
+    pub fn dim_names(&self) -> Vec<&str> {
+        self.dims.iter().map(|d| d.name.as_str()).collect()
+    }
+
     /// Bytes a cell of column `i` takes as read (a variable's stored
     /// element, a broadcast's value; nothing for a dimension, which is
     /// generated).

@@ -21,7 +21,7 @@ pub use broadcast::{
     Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, MAX_BROADCAST_BYTES,
 };
 pub use cells::BoxCells;
-pub use coordinate::{Coordinate, CoordinateFormula, RegularCoordinate};
+pub use coordinate::{Coordinate, CoordinateFormula};
 pub use dataset::{Dimension, GridColumn, GridTable, TableSource, ZarrDataset};
 pub use factory::{open_dataset, open_dataset_blocking, ZarrTableFactory};
 pub use options::{parse_dims, ZarrTableOptions};
@@ -31,6 +31,7 @@ pub use read_zarr::ReadZarrPlanner;
 pub(crate) use read_zarr::{
     literal_text, registered_table, store_table, zarr_source, TableFunctionCall,
 };
+pub use regular::RegularCoordinate;
 pub use scan::ZarrScanExec;
 pub(crate) use selection::pushed_dimension;
 pub use selection::{classify_filters, long_dimension_refusal, select, select_planning, Selection};

@@ -112,7 +112,8 @@ impl TableProvider for ZarrTable {
             memory_limit.map(|bytes| bytes / (8 * parallelism)),
         );
         let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism);
-        let broadcasts = BroadcastInputs::plan(&self.table, &projection, state).await?;
+        let broadcasts =
+            BroadcastInputs::plan(self.table.broadcasts_read(&projection), state).await?;
         let joined_in = broadcasts.memory();
         let mut scan = ZarrScanExec::new(
             Arc::clone(&self.table),

@@ -26,7 +26,9 @@ use datafusion::arrow::compute::{can_cast_types, cast, concat, interleave};
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
 use datafusion::arrow::error::ArrowError;
 
-use super::coordinate::Coordinate;
+/// Positions made at a time by whoever goes through a whole coordinate
+/// (order checks, comparisons, filters): 512 KB of float64.
+pub const PIECE: u64 = 1 << 16;
 
 /// The arithmetic a regular coordinate's values follow.
 #[derive(Debug, Clone, Copy)]
@@ -316,7 +318,7 @@ impl RegularCoordinateCheck {
         let n = values.len();
         let mut start = 0;
         while start < n && !self.candidates.is_empty() {
-            let len = (Coordinate::PIECE as usize).min(n - start);
+            let len = (PIECE as usize).min(n - start);
             self.check_piece(&values.slice(start, len));
             start += len;
         }
@@ -403,6 +405,7 @@ mod tests {
     use datafusion::arrow::compute::take;
 
     use super::*;
+    use crate::table::Coordinate;
 
     /// The check of `values` read in pieces of `piece`.
     fn checked(values: &ArrayRef, piece: usize) -> Option<RegularCoordinate> {

@@ -342,7 +342,7 @@ impl DisplayAs for ZarrScanExec {
             human_readable_size(self.projected_memory()),
             self.read_ahead,
         )?;
-        write!(f, "{}", self.broadcasts.display(&self.table))?;
+        write!(f, "{}", self.broadcasts.display(&self.table.dim_names()))?;
         if let Some(limit) = self.limit {
             write!(f, ", limit={limit}")?;
         }

@@ -11,15 +11,12 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef};
-use datafusion::arrow::buffer::BooleanBuffer;
+use datafusion::arrow::array::Array;
 
 use super::geometry::{WindowBlock, WindowGrid};
 use super::sample::SampleLayout;
 use super::sources::{BlockData, Sources};
-use super::WindowError;
-use crate::table::{GridTable, ReadAheadPlan, TableReadAhead};
-use crate::zarr::ChunkBufferPool;
+use crate::table::{ReadAheadPlan, TableReadAhead};
 
 /// The valid origins of one block.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,24 +158,6 @@ impl ValidIndex {
         let b = self.before.partition_point(|&n| n <= rank) - 1;
         (b, self.blocks[b].select(rank - self.before[b]))
     }
-}
-
-/// Reads `variables` (indices into the table's variables) over `extent`,
-/// into buffers of `pool` where chunks are read straight from files.
-pub fn read_columns(
-    table: &GridTable,
-    variables: &[usize],
-    extent: &[Range<u64>],
-    pool: &ChunkBufferPool,
-) -> Result<Vec<ArrayRef>, WindowError> {
-    variables
-        .iter()
-        .map(|&v| {
-            table.variables[v]
-                .read(extent, pool)
-                .map_err(WindowError::Data)
-        })
-        .collect()
 }
 
 /// How far reading the chunks of every source over the blocks of `grid`
@@ -409,26 +388,6 @@ fn for_each_origin(offsets: &[Vec<usize>], mut f: impl FnMut(usize, usize)) {
             }
             position[d] = 0;
         }
-    }
-}
-
-/// Adds one to `missing` at every unset bit of `validity` (an Arrow null
-/// buffer), 64 cells at a time.
-pub(super) fn count_missing(validity: &BooleanBuffer, missing: &mut [u32]) {
-    let chunks = validity.bit_chunks();
-    let mut cell = 0usize;
-    for word in chunks.iter() {
-        let mut unset = !word;
-        while unset != 0 {
-            missing[cell + unset.trailing_zeros() as usize] += 1;
-            unset &= unset - 1;
-        }
-        cell += 64;
-    }
-    let mut unset = !chunks.remainder_bits() & ((1u64 << chunks.remainder_len()) - 1);
-    while unset != 0 {
-        missing[cell + unset.trailing_zeros() as usize] += 1;
-        unset &= unset - 1;
     }
 }
 

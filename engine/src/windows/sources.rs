@@ -27,7 +27,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
 
 use super::geometry::WindowGrid;
-use super::index::read_columns;
+use super::values::count_missing;
 use super::WindowError;
 use crate::table::{GridTable, Selection};
 use crate::zarr::{ChunkBufferPool, IoTotals, RemoteStorage};
@@ -289,12 +289,10 @@ impl Sources {
         let mut columns = Vec::with_capacity(self.flat.len());
         for (s, source) in self.list.iter().enumerate() {
             let cells = self.source_box(s, extent, &[]);
-            columns.extend(read_columns(
-                &source.table,
-                &source.variables,
-                &cells,
-                pool,
-            )?);
+            for &v in &source.variables {
+                let read = source.table.variables[v].read(&cells, pool);
+                columns.push(read.map_err(WindowError::Data)?);
+            }
             extents.push(cells);
         }
         Ok(BlockData { extents, columns })
@@ -349,7 +347,7 @@ impl Sources {
         let cells: usize = extent.iter().map(|r| (r.end - r.start) as usize).product();
         let mut missing = vec![0u32; cells];
         if s == 0 {
-            super::index::count_missing(nulls.inner(), &mut missing);
+            count_missing(nulls.inner(), &mut missing);
             return Some(missing);
         }
         let links = &self.links[s];

@@ -242,6 +242,26 @@ pub fn count_missing_in(
     missing
 }
 
+/// Adds one to `missing` at every unset bit of `validity` (an Arrow null
+/// buffer), 64 cells at a time.
+pub fn count_missing(validity: &BooleanBuffer, missing: &mut [u32]) {
+    let chunks = validity.bit_chunks();
+    let mut cell = 0usize;
+    for word in chunks.iter() {
+        let mut unset = !word;
+        while unset != 0 {
+            missing[cell + unset.trailing_zeros() as usize] += 1;
+            unset &= unset - 1;
+        }
+        cell += 64;
+    }
+    let mut unset = !chunks.remainder_bits() & ((1u64 << chunks.remainder_len()) - 1);
+    while unset != 0 {
+        missing[cell + unset.trailing_zeros() as usize] += 1;
+        unset &= unset - 1;
+    }
+}
+
 /// `(x - mean) / std` for each value, as `float32`; a channel with no
 /// spread (`std` 0) is only centered.
 #[derive(Debug, Clone, Copy, PartialEq)]

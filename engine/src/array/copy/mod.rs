@@ -7,13 +7,16 @@
 //! |---|---|
 //! | [`whole`] | a whole table (or an FFT) copied array by array: the rechunk primitive into the target's chunks |
 //! | [`selection`] | a selection with computed variables: blockwise into a scratch store, then the rechunk primitive |
-//! | [`rolling`] | rolling windows: the same two steps, step 1 the rolling operator's runs of chunks |
+//! | [`rolling`] | rolling windows: the same two steps, step 1 the rolling operator's runs of chunks ([`selection::StepWriters`]) |
+//! | [`rule`] | the optimizer rule choosing among them (and the FFT's copy) |
 //!
-//! Both write through the writer below the operators ([`crate::write`]):
+//! Each module uses only those above it in this table. All write through the writer below the operators ([`crate::write`]):
 //! its options, its claimed or atomic targets, its write jobs.
 
 pub mod rolling;
+pub mod rule;
 pub mod selection;
 pub mod whole;
 
-pub use whole::{ArrayCopy, CopyToArraysRule};
+pub use rule::CopyToArraysRule;
+pub use whole::ArrayCopy;

@@ -46,7 +46,9 @@ use datafusion::physical_planner::PhysicalPlanner;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
-use super::selection::{target_chunks, Blockwise, OutputVariable, SelectionCopyExec, Step};
+use super::selection::{
+    target_chunks, Blockwise, OutputVariable, SelectionCopyExec, Step, StepWriters,
+};
 use crate::array::leaf_plan::leaf_node_methods;
 use crate::array::rechunk::RechunkOptions;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
@@ -265,14 +267,14 @@ impl RollingCopy {
             }
         }
         let metrics = ExecutionPlanMetricsSet::new();
-        let step = Step::Roll(RollChunks {
+        let step = Step::Writers(Box::new(RollChunks {
             rolling,
             exprs,
             workers,
             per_worker,
             batch_size,
             metrics: metrics.clone(),
-        });
+        }));
         Ok(SelectionCopyExec::new(
             Arc::new(
                 Blockwise {
@@ -347,7 +349,7 @@ impl UserDefinedLogicalNodeCore for RollingCopy {
 /// Step 1 of a rolling copy: each writer rolls a run of the intermediate
 /// chunks along the rolled dimension (chunks numbered with it innermost),
 /// keeping the frames' overlap from one chunk to the next.
-pub(crate) struct RollChunks {
+struct RollChunks {
     rolling: Arc<Rolling>,
     /// The variables, over the window's rows.
     exprs: Vec<Arc<dyn PhysicalExpr>>,
@@ -357,24 +359,20 @@ pub(crate) struct RollChunks {
     metrics: ExecutionPlanMetricsSet,
 }
 
-impl RollChunks {
-    /// Memory the writers hold together at their peak.
-    pub(crate) fn memory(&self) -> u64 {
+impl StepWriters for RollChunks {
+    fn memory(&self) -> u64 {
         self.workers as u64 * self.per_worker
     }
 
-    /// The threads it runs on.
-    pub(crate) fn workers(&self) -> usize {
+    fn workers(&self) -> usize {
         self.workers
     }
 
-    /// The variables' expressions.
-    pub(crate) fn exprs(&self) -> &[Arc<dyn PhysicalExpr>] {
+    fn exprs(&self) -> &[Arc<dyn PhysicalExpr>] {
         &self.exprs
     }
 
-    /// Every chunk of the intermediate variables `arrays` of `copy`.
-    pub(crate) fn write_chunks(
+    fn write_chunks(
         &self,
         copy: &Blockwise,
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
@@ -405,7 +403,9 @@ impl RollChunks {
         )?;
         Ok(())
     }
+}
 
+impl RollChunks {
     /// One chunk, `compact` (selected positions): the rolling windows of
     /// the source boxes it covers, evaluated and written.
     fn write_chunk(

@@ -55,7 +55,6 @@ use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
-use super::rolling::RollChunks;
 use super::whole::{write_target, CopyScan};
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
@@ -464,8 +463,28 @@ pub(crate) enum Step {
     /// Each chunk on its own: its source box read, the expressions
     /// evaluated over it.
     Evaluate(Evaluate),
-    /// Runs of chunks along a dimension, each rolling windows along it.
-    Roll(RollChunks),
+    /// Chunks made by another operator's writers (a rolling copy's runs
+    /// of chunks along a dimension).
+    Writers(Box<dyn StepWriters>),
+}
+
+/// Step 1 of a [`Blockwise`] copy made by another operator's writers: the
+/// rolling copy's, which roll runs of chunks along a dimension.
+pub(crate) trait StepWriters: fmt::Display + Send + Sync {
+    /// Memory the writers hold together at their peak.
+    fn memory(&self) -> u64;
+    /// The threads they run on.
+    fn workers(&self) -> usize;
+    /// The variables' expressions.
+    fn exprs(&self) -> &[Arc<dyn PhysicalExpr>];
+    /// Writes every chunk of the intermediate variables `arrays` of
+    /// `copy`.
+    fn write_chunks(
+        &self,
+        copy: &Blockwise,
+        arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        cancelled: &AtomicBool,
+    ) -> Result<()>;
 }
 
 /// Step 1 as expressions of a chunk's source box.
@@ -487,7 +506,7 @@ impl Step {
             Step::Evaluate(e) => (e.workers as u64)
                 .saturating_mul(e.task_memory)
                 .saturating_add(e.read_ahead.memory() as u64),
-            Step::Roll(r) => r.memory(),
+            Step::Writers(w) => w.memory(),
         }
     }
 
@@ -495,7 +514,7 @@ impl Step {
     fn workers(&self) -> usize {
         match self {
             Step::Evaluate(e) => e.workers,
-            Step::Roll(r) => r.workers(),
+            Step::Writers(w) => w.workers(),
         }
     }
 
@@ -503,7 +522,7 @@ impl Step {
     fn exprs(&self) -> &[Arc<dyn PhysicalExpr>] {
         match self {
             Step::Evaluate(e) => &e.exprs,
-            Step::Roll(r) => r.exprs(),
+            Step::Writers(w) => w.exprs(),
         }
     }
 }
@@ -630,7 +649,7 @@ impl Blockwise {
     ) -> Result<()> {
         match &self.step {
             Step::Evaluate(e) => self.write_chunks(e, arrays, cancelled)?,
-            Step::Roll(r) => r.write_chunks(self, arrays, cancelled)?,
+            Step::Writers(w) => w.write_chunks(self, arrays, cancelled)?,
         }
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the COPY of '{}' was cancelled", self.table.store);
@@ -917,9 +936,9 @@ impl DisplayAs for SelectionCopyExec {
                 human_readable_size(e.task_memory as usize),
                 e.read_ahead,
             )?,
-            Step::Roll(r) => write!(
+            Step::Writers(w) => write!(
                 f,
-                "blockwise chunks {:?} ({} tasks, {r})",
+                "blockwise chunks {:?} ({} tasks, {w})",
                 b.block,
                 b.tasks()
             )?,

@@ -23,97 +23,27 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::Transformed;
 use datafusion::common::Column;
 use datafusion::common::{human_readable_size, DFSchemaRef, DataFusionError, Result, Statistics};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
-use datafusion::logical_expr::{
-    Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
-};
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
 };
 
-use super::rolling::rolling_copy;
-use super::selection::selection_copy;
-use crate::array::fft::copy::fft_copy;
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
     fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkSummary, TargetEncoding,
 };
 use crate::array::scan_path::{down_to_scan, ScanPath};
-use crate::config::ZarrConfig;
 use crate::table::GridTable;
 use crate::write::options::{ZarrVersion, ZarrWriteOptions};
 use crate::write::store::check_target;
 use crate::write::store::write_claimed;
 use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
-
-/// Rewrites a `COPY ... STORED AS ZARR` that reads a Zarr table into an
-/// array plan: an [`FftCopy`](crate::array::fft::FftCopy) for a whole
-/// `fft(...)` result, a [`RollingCopy`](super::rolling::RollingCopy) for
-/// rolling windows, an [`ArrayCopy`] for the whole table as it is, else a
-/// [`SelectionCopy`](super::selection::SelectionCopy) for a selection
-/// with computed float variables.
-#[derive(Debug, Default)]
-pub struct CopyToArraysRule;
-
-impl OptimizerRule for CopyToArraysRule {
-    fn name(&self) -> &str {
-        "zarrfusion_copy_to_arrays"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        // COPY is the root of its plan, or the input of EXPLAIN ANALYZE.
-        Some(ApplyOrder::TopDown)
-    }
-
-    fn supports_rewrite(&self) -> bool {
-        true
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        let LogicalPlan::Copy(copy) = &plan else {
-            return Ok(Transformed::no(plan));
-        };
-        // Every COPY, of any format and from any front door, goes through
-        // here: its target is held to the session's allowed locations.
-        let allowed = ZarrConfig::of(&config.options()).allowed()?;
-        allowed.check_text(&copy.output_url)?;
-        if copy.file_type.get_ext() == "zarr" {
-            allowed.check_options(&copy.options, &copy.output_url)?;
-            let target = StoreLocation::parse(&copy.output_url)?;
-            ZarrWriteOptions::from_map(&copy.options)?.check_storage_target(&target)?;
-        }
-        if let Some(node) = fft_copy(copy)? {
-            let node: Arc<dyn UserDefinedLogicalNode> = Arc::new(node);
-            return Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })));
-        }
-        if let Some(node) = rolling_copy(copy)? {
-            let node: Arc<dyn UserDefinedLogicalNode> = Arc::new(node);
-            return Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })));
-        }
-        let Some(scan) = CopyScan::of(copy)? else {
-            return Ok(Transformed::no(plan));
-        };
-        let node: Arc<dyn UserDefinedLogicalNode> = if let Some(node) = whole_table_copy(&scan)? {
-            Arc::new(node)
-        } else if let Some(node) = selection_copy(&scan)? {
-            Arc::new(node)
-        } else {
-            return Ok(Transformed::no(plan));
-        };
-        Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })))
-    }
-}
 
 /// A `COPY ... STORED AS ZARR` (without `PARTITIONED BY`) whose input is a
 /// Zarr table seen through projections, aliases and filters.
@@ -133,7 +63,8 @@ pub(crate) struct CopyScan<'a> {
 }
 
 impl<'a> CopyScan<'a> {
-    fn of(copy: &'a CopyTo) -> Result<Option<Self>> {
+    /// The COPY `copy`, when it is one.
+    pub(crate) fn of(copy: &'a CopyTo) -> Result<Option<Self>> {
         if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
             return Ok(None);
         }
@@ -170,7 +101,7 @@ impl<'a> CopyScan<'a> {
 /// under projections and aliases that only pick columns, with no filter
 /// and no `LIMIT`; and when the arrays can be written as asked (not a v3
 /// array as v2).
-fn whole_table_copy(scan: &CopyScan<'_>) -> Result<Option<ArrayCopy>> {
+pub(crate) fn whole_table_copy(scan: &CopyScan<'_>) -> Result<Option<ArrayCopy>> {
     let CopyScan {
         target,
         options,

@@ -47,8 +47,7 @@ use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableSt
 use super::exec::{
     block_memory, kernel_memory, plan_blocks, read_ahead_plan, start_read_ahead, transformed_block,
 };
-use super::kernels::{Kernels, TransformClock};
-use super::source::Precision;
+use super::kernels::{Kernels, Precision, TransformClock};
 use super::table::FftTable;
 use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::tasks::run_tasks;

@@ -6,7 +6,7 @@
 //! A block holds whole lines along the transformed axes, so every group of
 //! cells sharing the other axes' positions is detrended on its own; where
 //! a block does not hold whole groups, [`TrendSums`] gathers a group's fit
-//! piece by piece (see [`super::detrended`]).
+//! piece by piece (see [`super::source::detrended`]).
 
 use rustfft::num_complex::Complex;
 use rustfft::num_traits::Float;

@@ -36,8 +36,8 @@ use datafusion::physical_plan::{
 };
 use zarrfusion_udfs::complex::complex_array;
 
-use super::kernels::{Kernels, TransformClock};
-use super::source::{ArraySource, Precision};
+use super::kernels::{Kernels, Precision, TransformClock};
+use super::source::ArraySource;
 use super::table::FftTable;
 use super::transform::FftTransform;
 use crate::array::leaf_plan::leaf_plan_methods;
@@ -375,7 +375,7 @@ pub(crate) fn kernel_lines_memory(longest: usize, complex_bytes: usize) -> usize
 /// chunks, or of a rechunked copy), by the four-step path, or staged or
 /// chained (through a store in `work_dir`), the first stage's or inner
 /// transform's own strategy first.
-fn strategy(table: &FftTable) -> String {
+pub(crate) fn strategy(table: &FftTable) -> String {
     let source = table.source();
     let before = match source {
         ArraySource::Rechunked(copy) => format!(
@@ -384,34 +384,10 @@ fn strategy(table: &FftTable) -> String {
             human_readable_size(copy.projected_memory() as usize)
         ),
         ArraySource::Staged(stage) => {
-            let inner = &stage.inner;
-            let dims: Vec<&str> = inner
-                .asked_transform()
-                .axes
-                .iter()
+            let later: Vec<&str> = (table.transform().axes.iter())
                 .map(|(_, a)| a.dim.as_str())
                 .collect();
-            let (kind, function) = if stage.chained {
-                let inverse = inner.transform().options.inverse;
-                ("chained", if inverse { "ifft " } else { "fft " })
-            } else {
-                ("staged", "")
-            };
-            format!(
-                "{kind}: {function}along [{}] by {} ({}) into {} in chunks of {:?}, then along [{}] by ",
-                dims.join(", "),
-                strategy(inner),
-                stage.describe_tasks(),
-                stage.location(),
-                stage.chunk_shape(),
-                table
-                    .transform()
-                    .axes
-                    .iter()
-                    .map(|(_, a)| a.dim.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+            stage.describe(&later)
         }
         _ => String::new(),
     };

@@ -55,20 +55,17 @@ use rayon::prelude::*;
 use rustfft::num_complex::Complex;
 use rustfft::{Fft, FftDirection, FftPlanner};
 use zarrs::array::{Array, ArrayBuilder, ArraySubset};
-use zarrs::storage::{ReadableListableStorageTraits, ReadableWritableListableStorageTraits};
+use zarrs::storage::ReadableListableStorageTraits;
 
 use super::axis::AxisTransform;
-use super::kernels::{Kernels, TimedKernel};
-use super::source::{ArraySource, Precision};
+use super::kernels::{Kernels, Precision, ScratchArray, TimedKernel};
+use super::source::ArraySource;
 use crate::array::rechunk::ScratchStore;
 use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{AxisPass, FftKernel, LineKind};
 use crate::table::ReadAheadPlan;
 use crate::zarr::{chunk_keys, ChunkBufferPool, ReadAhead, StoreLocation, ZarrArray};
-
-/// An intermediate array in `work_dir`.
-pub type ScratchArray = Array<dyn ReadableWritableListableStorageTraits>;
 
 /// The shape of a four-step transform (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,5 @@
-//! The kernels a transform runs on, and the clock of its transform phase.
+//! The kernels a transform runs on, the clock of its transform phase, and
+//! the precisions it computes in ([`Precision`]).
 //!
 //! [`Kernels`] holds the query's kernels of both precisions (the CPU's, or
 //! with the `gpu` feature the process's CUDA kernel) and a
@@ -10,9 +11,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, Float32Type, Float64Type};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, Time};
+use rustfft::num_complex::Complex;
+use rustfft::num_traits::Float;
+use rustfft::FftNum;
+use zarrs::array::{Array, ArrayError, ArraySubset};
+use zarrs::storage::ReadableWritableListableStorageTraits;
 
-use super::source::Precision;
 use crate::device::{AxisPass, BlockValues, CpuFft, Device, FftKernel};
 
 /// The kernels of both precisions on the query's device, shared by its
@@ -78,7 +84,7 @@ impl Kernels {
 /// The CUDA kernel of `kernels`, as the kernel of precision `T`, when
 /// there is one.
 #[cfg(feature = "gpu")]
-pub(super) fn cuda_kernel<T: crate::device::fft_cuda::CudaPrecision>(
+fn cuda_kernel<T: crate::device::fft_cuda::CudaPrecision>(
     kernels: &Kernels,
 ) -> Option<&dyn FftKernel<T>> {
     kernels.cuda.as_ref().map(|k| k as &dyn FftKernel<T>)
@@ -86,7 +92,7 @@ pub(super) fn cuda_kernel<T: crate::device::fft_cuda::CudaPrecision>(
 
 /// The CUDA kernel of `kernels` (none without the `gpu` feature).
 #[cfg(not(feature = "gpu"))]
-pub(super) fn cuda_kernel<T>(_: &Kernels) -> Option<&dyn FftKernel<T>> {
+fn cuda_kernel<T>(_: &Kernels) -> Option<&dyn FftKernel<T>> {
     None
 }
 
@@ -151,6 +157,64 @@ impl Drop for Running<'_> {
             }
         }
     }
+}
+
+/// An intermediate array in `work_dir`.
+pub type ScratchArray = Array<dyn ReadableWritableListableStorageTraits>;
+
+/// A precision transforms compute in: `f32` (complex64) or `f64`
+/// (complex128).
+pub trait Precision: FftNum + Float + Default + bytemuck::Pod {
+    /// The Arrow type of a part.
+    type Arrow: ArrowPrimitiveType<Native = Self>;
+    /// This precision's kernel.
+    fn kernel(kernels: &Kernels) -> &dyn FftKernel<Self>;
+    /// Complex values of this precision read from `subset` of `array`.
+    fn retrieve_complex(
+        array: &ScratchArray,
+        subset: &ArraySubset,
+    ) -> Result<Vec<Complex<Self>>, ArrayError>;
+    /// Complex values of this precision written to `subset` of `array`.
+    fn store_complex(
+        array: &ScratchArray,
+        subset: &ArraySubset,
+        values: &[Complex<Self>],
+    ) -> Result<(), ArrayError>;
+}
+
+/// [`Precision`]'s reads and writes of complex values, alike for both.
+macro_rules! complex_io {
+    () => {
+        fn retrieve_complex(
+            array: &ScratchArray,
+            subset: &ArraySubset,
+        ) -> Result<Vec<Complex<Self>>, ArrayError> {
+            array.retrieve_array_subset(subset)
+        }
+        fn store_complex(
+            array: &ScratchArray,
+            subset: &ArraySubset,
+            values: &[Complex<Self>],
+        ) -> Result<(), ArrayError> {
+            array.store_array_subset(subset, values)
+        }
+    };
+}
+
+impl Precision for f32 {
+    type Arrow = Float32Type;
+    fn kernel(kernels: &Kernels) -> &dyn FftKernel<f32> {
+        cuda_kernel(kernels).unwrap_or(&kernels.single)
+    }
+    complex_io!();
+}
+
+impl Precision for f64 {
+    type Arrow = Float64Type;
+    fn kernel(kernels: &Kernels) -> &dyn FftKernel<f64> {
+        cuda_kernel(kernels).unwrap_or(&kernels.double)
+    }
+    complex_io!();
 }
 
 #[cfg(test)]

@@ -6,15 +6,15 @@
 //! | [`axis`] | one transformed dimension: output coordinates and the kernel pass |
 //! | [`window`] | window functions as scipy computes them |
 //! | [`detrend`] | trends removed before a forward transform |
-//! | [`detrended`] | a source with its trend removed, fitted in a pass first (four-step and staged paths) |
 //! | [`transform`] | a whole transform of a block |
-//! | [`kernels`] | the query's kernels and the clock of its transform phase (`transform_time`) |
-//! | [`source`] | what a transform reads: a Zarr variable or another transform's output |
+//! | [`kernels`] | the query's kernels, the clock of their transform phase (`transform_time`), the precisions |
+//! | [`source`] | what a transform reads: a Zarr variable, a rechunked copy of one, a detrended source (its trend fitted in a pass first), another transform's output |
 //! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
 //! | [`four_step`] | the four-step (Bailey) path for lines larger than memory |
 //! | [`staged`] | transforms along several dimensions, one dimension at a time, when blocks of whole lines do not fit |
 //! | [`exec`] | `FftExec`, the operator |
 //! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`) |
+//! | [`fit`] | the path a transform takes within the memory budget, and the operator its scan plans |
 //!
 //! `fft('era5', 't2m', dims => 'lat')` gives what
 //! `xrft.fft(ds.t2m, dim='lat')` gives (xrft 1.0's defaults: `true_phase`,
@@ -23,8 +23,8 @@
 pub mod axis;
 pub mod copy;
 pub mod detrend;
-pub mod detrended;
 pub mod exec;
+pub mod fit;
 pub mod four_step;
 pub mod kernels;
 pub mod options;

@@ -18,7 +18,7 @@
 //! The store is written once, on the first read; it goes when the last
 //! plan holding it is dropped, and dropping it mid-write cancels the
 //! write. A detrend, fitted over all the transformed dimensions at once,
-//! is removed from what the first stage reads (see [`super::detrended`]);
+//! is removed from what the first stage reads (see [`super::source::detrended`]);
 //! the first stage's own four-step intermediates go once it is stored.
 //!
 //! A transform of another transform's output (`df.fft(...).ifft(...)`)
@@ -35,9 +35,9 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use zarrs::array::{ArrayBytes, ArraySubset};
 
 use super::copy::{block_bytes, output_group, WriteTasks};
-use super::exec::transformed_block;
-use super::four_step::ScratchArray;
-use super::kernels::Kernels;
+use super::exec::{strategy, transformed_block};
+use super::kernels::{Kernels, ScratchArray};
+use super::source::StoredStage;
 use super::table::FftTable;
 use crate::array::rechunk::ScratchStore;
 use crate::table::{open_dataset_blocking, Dimension, GridTable, ZarrTableOptions};
@@ -79,6 +79,46 @@ impl std::fmt::Debug for StagedTransform {
 impl Drop for StagedTransform {
     fn drop(&mut self) {
         self.cancelled.store(true, Ordering::Relaxed);
+    }
+}
+
+impl StoredStage for StagedTransform {
+    fn grid(&self) -> &Arc<GridTable> {
+        &self.grid
+    }
+
+    fn variable(&self) -> usize {
+        self.variable
+    }
+
+    fn store(&self) -> &str {
+        self.inner.source().store()
+    }
+
+    fn ensure_written(&self, kernels: &Kernels) -> std::result::Result<(), String> {
+        StagedTransform::ensure_written(self, kernels)
+    }
+
+    fn describe(&self, later: &[&str]) -> String {
+        let inner = &self.inner;
+        let dims: Vec<&str> = (inner.asked_transform().axes.iter())
+            .map(|(_, a)| a.dim.as_str())
+            .collect();
+        let (kind, function) = if self.chained {
+            let inverse = inner.transform().options.inverse;
+            ("chained", if inverse { "ifft " } else { "fft " })
+        } else {
+            ("staged", "")
+        };
+        format!(
+            "{kind}: {function}along [{}] by {} ({}) into {} in chunks of {:?}, then along [{}] by ",
+            dims.join(", "),
+            strategy(inner),
+            self.describe_tasks(),
+            self.location(),
+            self.chunk_shape(),
+            later.join(", ")
+        )
     }
 }
 

@@ -1031,7 +1031,7 @@ impl DisplayAs for DenseReductionExec {
             human_readable_size(self.projected_memory()),
             self.read_ahead,
         )?;
-        write!(f, "{}", self.broadcasts.display(&r.table))?;
+        write!(f, "{}", self.broadcasts.display(&r.table.dim_names()))?;
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
         }

@@ -17,10 +17,10 @@ use std::sync::{Mutex, OnceLock};
 
 use rustfft::num_complex::Complex;
 
-use super::detrend::TrendSums;
-use super::kernels::Kernels;
-use super::options::Detrend;
-use super::source::{ArraySource, Precision};
+use super::ArraySource;
+use crate::array::fft::detrend::TrendSums;
+use crate::array::fft::kernels::{Kernels, Precision};
+use crate::array::fft::options::Detrend;
 use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
 use crate::device::fft_cpu::BlockValues;
 use crate::zarr::ChunkBufferPool;

@@ -7,37 +7,30 @@
 //! of its source that is whole along the inner transformed dimensions and
 //! transforms it, so chained transforms run block by block too.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+pub mod detrended;
+pub mod rechunked;
+
+use std::any::Any;
+use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int64Type, TimeUnit,
-};
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Int64Type, TimeUnit};
 use datafusion::common::plan_err;
-use datafusion::execution::runtime_env::RuntimeEnv;
 use rustfft::num_complex::Complex;
-use rustfft::num_traits::{Float, FromPrimitive, Zero};
+use rustfft::num_traits::{FromPrimitive, Zero};
 use rustfft::FftNum;
 use std::ops::Range;
 use zarrfusion_udfs::complex::complex_part;
-use zarrs::array::{ArrayError, ArraySubset};
 
-use super::detrended::DetrendedSource;
-use super::four_step::ScratchArray;
-use super::kernels::{cuda_kernel, Kernels};
-use super::staged::StagedTransform;
-use super::table::FftTable;
-use super::transform::InputCoordinate;
-use crate::array::rechunk::{default_work_dir, PreparedRechunk, RechunkOptions, ScratchStore};
+pub use detrended::DetrendedSource;
+pub use rechunked::RechunkedVariable;
+
+use super::kernels::{Kernels, Precision};
+use super::transform::{FftTransform, InputCoordinate};
 use crate::device::fft_cpu::BlockValues;
-use crate::device::FftKernel;
-use crate::table::{
-    open_dataset_blocking, Coordinate, CoordinateFormula, GridTable, RegularCoordinate,
-    ZarrTableOptions,
-};
+use crate::table::{Coordinate, CoordinateFormula, GridTable, RegularCoordinate};
 use crate::zarr::{ChunkBufferPool, ZarrArray};
 
 /// One dimension of a source.
@@ -141,59 +134,40 @@ impl CoordinateFormula for RegularNumbers {
     }
 }
 
-/// A precision transforms compute in: `f32` (complex64) or `f64`
-/// (complex128).
-pub trait Precision: FftNum + Float + Default + bytemuck::Pod {
-    /// The Arrow type of a part.
-    type Arrow: ArrowPrimitiveType<Native = Self>;
-    /// This precision's kernel.
-    fn kernel(kernels: &Kernels) -> &dyn FftKernel<Self>;
-    /// Complex values of this precision read from `subset` of `array`.
-    fn retrieve_complex(
-        array: &ScratchArray,
-        subset: &ArraySubset,
-    ) -> Result<Vec<Complex<Self>>, ArrayError>;
-    /// Complex values of this precision written to `subset` of `array`.
-    fn store_complex(
-        array: &ScratchArray,
-        subset: &ArraySubset,
-        values: &[Complex<Self>],
-    ) -> Result<(), ArrayError>;
+/// The output of another transform, read as a source: what
+/// [`ArraySource::Transformed`] holds (a `super::table::FftTable`).
+pub trait TransformOutput: std::fmt::Debug + Send + Sync {
+    /// What the transform reads.
+    fn source(&self) -> &ArraySource;
+    /// The transform.
+    fn transform(&self) -> &FftTransform;
+    /// The output's dimensions, outermost first.
+    fn output_dims(&self) -> Vec<SourceDimension>;
+    /// The output's shape.
+    fn output_shape(&self) -> Vec<u64>;
+    /// The Arrow type of the output's values.
+    fn value_type(&self) -> DataType;
+    /// Bytes of one complex value in the transform's precision.
+    fn complex_bytes(&self) -> usize;
+    /// This output as `Any`, for the planner to take the transform back.
+    fn as_any(&self) -> &dyn Any;
 }
 
-/// [`Precision`]'s reads and writes of complex values, alike for both.
-macro_rules! complex_io {
-    () => {
-        fn retrieve_complex(
-            array: &ScratchArray,
-            subset: &ArraySubset,
-        ) -> Result<Vec<Complex<Self>>, ArrayError> {
-            array.retrieve_array_subset(subset)
-        }
-        fn store_complex(
-            array: &ScratchArray,
-            subset: &ArraySubset,
-            values: &[Complex<Self>],
-        ) -> Result<(), ArrayError> {
-            array.store_array_subset(subset, values)
-        }
-    };
-}
-
-impl Precision for f32 {
-    type Arrow = Float32Type;
-    fn kernel(kernels: &Kernels) -> &dyn FftKernel<f32> {
-        cuda_kernel(kernels).unwrap_or(&kernels.single)
-    }
-    complex_io!();
-}
-
-impl Precision for f64 {
-    type Arrow = Float64Type;
-    fn kernel(kernels: &Kernels) -> &dyn FftKernel<f64> {
-        cuda_kernel(kernels).unwrap_or(&kernels.double)
-    }
-    complex_io!();
+/// The first stage of a transform stored in `work_dir`, read as a source:
+/// what [`ArraySource::Staged`] holds (a `super::staged::StagedTransform`).
+pub trait StoredStage: std::fmt::Debug + Send + Sync {
+    /// The stored output, opened (readable once
+    /// [`ensure_written`](Self::ensure_written)).
+    fn grid(&self) -> &Arc<GridTable>;
+    /// Index of the variable in the grid's variables.
+    fn variable(&self) -> usize;
+    /// The store the first stage reads.
+    fn store(&self) -> &str;
+    /// Runs the first stage unless done; every caller waits for it.
+    fn ensure_written(&self, kernels: &Kernels) -> Result<(), String>;
+    /// How `EXPLAIN` shows the first stage, before the later stage that
+    /// runs along `later` (dimension names).
+    fn describe(&self, later: &[&str]) -> String;
 }
 
 /// What a transform reads (see the module docs).
@@ -207,7 +181,7 @@ pub enum ArraySource {
         variable: usize,
     },
     /// The output of another transform.
-    Transformed(Arc<FftTable>),
+    Transformed(Arc<dyn TransformOutput>),
     /// A variable of a Zarr table, read from a copy of it in new chunks
     /// (whole along the transformed dimensions) in `work_dir`, made before
     /// the first block is read: when a block of whole lines in the store's
@@ -216,122 +190,11 @@ pub enum ArraySource {
     /// The output of a transform along one dimension stored in `work_dir`
     /// before the first block is read: the first stage of a transform
     /// along several dimensions whose blocks do not fit the budget.
-    Staged(Arc<StagedTransform>),
+    Staged(Arc<dyn StoredStage>),
     /// Another source with a trend fitted over whole groups removed, for
     /// paths whose blocks do not hold whole groups (see
-    /// [`super::detrended`]).
+    /// [`detrended`]).
     Detrended(Arc<DetrendedSource>),
-}
-
-/// A variable copied into new chunks in `work_dir` (see
-/// [`ArraySource::Rechunked`]). The copy runs once, on the first read;
-/// the directory goes when the last plan holding it is dropped, and
-/// dropping it mid-copy cancels the copy.
-pub struct RechunkedVariable {
-    /// The store the values come from.
-    pub store: String,
-    /// The copy, opened (its metadata and coordinates are written when
-    /// planned).
-    pub grid: Arc<GridTable>,
-    /// Index of the variable in `grid.variables`.
-    pub variable: usize,
-    prepared: PreparedRechunk,
-    scratch: ScratchStore,
-    copied: OnceLock<Result<(), String>>,
-    cancelled: AtomicBool,
-}
-
-impl std::fmt::Debug for RechunkedVariable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RechunkedVariable")
-            .field("store", &self.store)
-            .field("copy", self.scratch.location())
-            .finish()
-    }
-}
-
-impl Drop for RechunkedVariable {
-    fn drop(&mut self) {
-        self.cancelled.store(true, Ordering::Relaxed);
-    }
-}
-
-impl RechunkedVariable {
-    /// Plans the copy of `variable` of `grid` into `chunks` (`(dimension,
-    /// length)` pairs) under `options` (refused when it cannot fit), writes
-    /// its metadata and coordinates into a fresh store in `work_dir` and
-    /// opens it. Blocking.
-    pub fn prepare(
-        grid: &GridTable,
-        variable: usize,
-        chunks: &[(String, u64)],
-        options: &RechunkOptions,
-        runtime: &Arc<RuntimeEnv>,
-    ) -> datafusion::common::Result<Self> {
-        let name = grid.variables[variable].name().to_string();
-        // The variable only: the copy's coordinates are the source's, held
-        // already (reading them back would hold them twice).
-        let arrays = vec![name.clone()];
-        let options = &RechunkOptions {
-            source_storage: grid.storage_options(),
-            ..options.clone()
-        };
-        let prepared =
-            PreparedRechunk::new_for(&grid.store, chunks, Some(&arrays), None, options, runtime)?;
-        let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
-        let scratch =
-            ScratchStore::create(&work_dir, "zarrfusion-fft-rechunked", ".zarr", runtime)?;
-        prepared.write_metadata(scratch.storage())?;
-        let dims: Vec<String> = grid.dims.iter().map(|d| d.name.clone()).collect();
-        let table_options = ZarrTableOptions {
-            dims: Some(dims.clone()),
-            // A scratch store is opened once: nothing to keep for later.
-            open_cache: Some(false),
-            ..ZarrTableOptions::default()
-        };
-        let location = scratch.location().to_string();
-        let copy = open_dataset_blocking(&location, &table_options, runtime)?
-            .table(Some(&dims))?
-            .with_dimensions(grid.dims.clone())?;
-        let Some(index) = copy.variables.iter().position(|v| v.name() == name) else {
-            return datafusion::common::exec_err!(
-                "the rechunked copy of '{}' lacks variable '{name}'",
-                grid.store
-            );
-        };
-        Ok(Self {
-            store: grid.store.clone(),
-            grid: Arc::new(copy),
-            variable: index,
-            prepared,
-            scratch,
-            copied: OnceLock::new(),
-            cancelled: AtomicBool::new(false),
-        })
-    }
-
-    /// The most memory the copy's tasks hold together.
-    pub fn projected_memory(&self) -> u64 {
-        self.prepared.projected_memory()
-    }
-
-    /// The copy's chunks along every dimension.
-    pub fn chunk_shape(&self) -> Vec<u64> {
-        self.grid.variables[self.variable].chunk_shape()
-    }
-
-    /// Copies the variable unless done; every caller waits for the copy.
-    fn ensure_copied(&self) -> Result<(), String> {
-        self.copied
-            .get_or_init(|| {
-                let name = self.grid.variables[self.variable].name();
-                self.prepared
-                    .copy_arrays(self.scratch.storage(), |a| a.name == name, &self.cancelled)
-                    .map(|_| ())
-                    .map_err(|e| format!("rechunking '{}' into work_dir: {e}", self.store))
-            })
-            .clone()
-    }
 }
 
 impl ArraySource {
@@ -392,7 +255,7 @@ impl ArraySource {
         match self {
             Self::Zarr { grid, variable } => Some((grid, *variable)),
             Self::Rechunked(copy) => Some((&copy.grid, copy.variable)),
-            Self::Staged(stage) => Some((&stage.grid, stage.variable)),
+            Self::Staged(stage) => Some((stage.grid(), stage.variable())),
             Self::Transformed(_) | Self::Detrended(_) => None,
         }
     }
@@ -403,7 +266,7 @@ impl ArraySource {
             Self::Zarr { grid, variable } => Origin::Array(grid, &grid.variables[*variable]),
             Self::Rechunked(copy) => Origin::Array(&copy.grid, &copy.grid.variables[copy.variable]),
             Self::Staged(stage) => {
-                Origin::Array(&stage.grid, &stage.grid.variables[stage.variable])
+                Origin::Array(stage.grid(), &stage.grid().variables[stage.variable()])
             }
             Self::Transformed(inner) => Origin::Transform(inner),
             Self::Detrended(detrended) => detrended.source.origin(),
@@ -414,7 +277,7 @@ impl ArraySource {
     pub fn store(&self) -> &str {
         match self {
             Self::Rechunked(copy) => &copy.store,
-            Self::Staged(stage) => stage.inner.source().store(),
+            Self::Staged(stage) => stage.store(),
             Self::Detrended(detrended) => detrended.source.store(),
             _ => match self.origin() {
                 Origin::Array(grid, _) => &grid.store,
@@ -547,7 +410,7 @@ impl ArraySource {
 /// transform.
 enum Origin<'a> {
     Array(&'a Arc<GridTable>, &'a ZarrArray),
-    Transform(&'a Arc<FftTable>),
+    Transform(&'a Arc<dyn TransformOutput>),
 }
 
 /// The values of a block read as Arrow (numbers, or complex structs) in
