@@ -363,6 +363,40 @@ async fn a_coordinate_too_long_to_read_or_hold_is_refused_with_the_numbers() {
     assert!(max.contains("976"), "{max}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lengths_that_disagree_are_refused_before_a_coordinate_is_read() {
+    // A coordinate of 2^24 positions in chunks of one (128 MiB decoded,
+    // under the limit on what opening reads, but 16.7 million chunks)
+    // whose variable says it has 3: refused from the metadata at once.
+    // Before, opening read every chunk of the coordinate first (minutes);
+    // the fuzzer met it as a coordinate's shape shifted left by 20 bits.
+    let dir = common::scratch("disagreeing-coordinate");
+    store_with_coordinate(&dir, 1 << 24, 1, None);
+    let variable = std::fs::read_to_string(dir.join("t/zarr.json")).unwrap();
+    let shorter = variable.replacen(r#""shape":[16777216]"#, r#""shape":[3]"#, 1);
+    assert_ne!(variable, shorter);
+    std::fs::write(dir.join("t/zarr.json"), shorter).unwrap();
+    let started = std::time::Instant::now();
+    let path = dir.to_string_lossy().into_owned();
+    let message = match new_context()
+        .register_zarr("t", &path, HashMap::new())
+        .await
+    {
+        Err(e) => e.to_string(),
+        Ok(()) => panic!("lengths 3 and 2^24 of one dimension were accepted"),
+    };
+    assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
+    assert_mentions(
+        "disagreeing-coordinate",
+        &message,
+        &[
+            &path,
+            "'t'",
+            "length 3 here, 16777216 in its coordinate array 'x'",
+        ],
+    );
+}
+
 /// Writes a v3 store whose one array `v` has `shape` and `chunk` (both
 /// JSON arrays) and elements of `dtype`.
 fn store_with_array(dir: &std::path::Path, shape: &str, chunk: &str, dtype: &str) {

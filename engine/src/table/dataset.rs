@@ -338,6 +338,7 @@ impl ZarrDataset {
                 ZarrArray::open(&opened.storage, location, entry, &opened.access).map(Arc::new)
             })
             .collect::<Result<Vec<_>>>()?;
+        let lengths = dimension_lengths(location, &arrays)?;
         // The coordinates' chunks, in the order they are read.
         let _coordinates = remote.map(|remote| {
             let keys: Vec<StoreKey> = arrays
@@ -368,7 +369,7 @@ impl ZarrDataset {
             MemoryLimit::Finite(limit) => Some(limit as u64),
             _ => None,
         };
-        let mut dataset = Self::from_arrays(location, arrays, memory_limit)?;
+        let mut dataset = Self::from_arrays(location, arrays, lengths, memory_limit)?;
         dataset.source = Some(TableSource {
             location: location.to_string(),
             options: options.clone(),
@@ -379,9 +380,12 @@ impl ZarrDataset {
         Ok(dataset)
     }
 
+    /// The dataset of `arrays`, whose dimensions' `lengths` were checked
+    /// by [`dimension_lengths`]: reads the coordinate arrays.
     fn from_arrays(
         store: &str,
         arrays: Vec<Arc<ZarrArray>>,
+        lengths: BTreeMap<String, u64>,
         memory_limit: Option<u64>,
     ) -> Result<Self> {
         let mut dims = BTreeMap::new();
@@ -394,37 +398,10 @@ impl ZarrDataset {
             };
             dims.insert(dim.name.clone(), Arc::new(dim));
         }
-        let variables: Vec<Arc<ZarrArray>> = arrays
-            .into_iter()
-            .filter(|a| !is_coordinate(a) && !a.dims().is_empty())
-            .collect();
-        // Dimensions without a coordinate take their length from the first
-        // variable that uses them; every variable must agree.
-        let mut index_lengths: HashMap<String, (u64, String)> = HashMap::new();
-        for var in &variables {
-            for (dim, len) in var.dims().iter().zip(var.shape()) {
-                let expected = match dims.get(dim) {
-                    Some(d) => (d.len, format!("its coordinate array '{dim}'")),
-                    None => index_lengths
-                        .entry(dim.clone())
-                        .or_insert_with(|| (*len, format!("array '{}'", var.name())))
-                        .clone(),
-                };
-                if expected.0 != *len {
-                    return Err(ZarrFusionError::array(
-                        store,
-                        var.name(),
-                        format!(
-                            "its shape {:?} disagrees with dimension '{dim}': length {len} here, {} in {}",
-                            var.shape(),
-                            expected.0,
-                            expected.1
-                        ),
-                    ));
-                }
+        for (name, len) in lengths {
+            if dims.contains_key(&name) {
+                continue;
             }
-        }
-        for (name, (len, _)) in index_lengths {
             let dim = Dimension {
                 name: name.clone(),
                 len,
@@ -433,6 +410,10 @@ impl ZarrDataset {
             };
             dims.insert(name, Arc::new(dim));
         }
+        let variables: Vec<Arc<ZarrArray>> = arrays
+            .into_iter()
+            .filter(|a| !is_coordinate(a) && !a.dims().is_empty())
+            .collect();
         Ok(Self {
             store: store.to_string(),
             dims,
@@ -563,6 +544,44 @@ const OPENING_READ_AHEAD: usize = 16;
 
 /// Most bytes those chunks hold (decoded sizes).
 const OPENING_READ_AHEAD_BYTES: usize = 64 << 20;
+
+/// The length of every dimension the variables among `arrays` use, from
+/// their metadata alone: a coordinate array's, else the first variable's
+/// that uses it. Every variable must agree; checked before any coordinate
+/// is read, so a store whose lengths disagree is refused without reading
+/// a coordinate of any length.
+fn dimension_lengths(store: &str, arrays: &[Arc<ZarrArray>]) -> Result<BTreeMap<String, u64>> {
+    let mut lengths: BTreeMap<String, (u64, String)> = (arrays.iter())
+        .filter(|a| is_coordinate(a))
+        .map(|a| {
+            let name = a.name().to_string();
+            let from = format!("its coordinate array '{name}'");
+            (name, (a.shape()[0], from))
+        })
+        .collect();
+    for var in arrays.iter().filter(|a| !is_coordinate(a)) {
+        for (dim, len) in var.dims().iter().zip(var.shape()) {
+            let (expected, from) = lengths
+                .entry(dim.clone())
+                .or_insert_with(|| (*len, format!("array '{}'", var.name())));
+            if *expected != *len {
+                return Err(ZarrFusionError::array(
+                    store,
+                    var.name(),
+                    format!(
+                        "its shape {:?} disagrees with dimension '{dim}': length {len} here, \
+                         {expected} in {from}",
+                        var.shape(),
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(lengths
+        .into_iter()
+        .map(|(name, (len, _))| (name, len))
+        .collect())
+}
 
 /// Whether `array` is its dimension's coordinate (1-D, named like it).
 fn is_coordinate(array: &ZarrArray) -> bool {
