@@ -7,9 +7,24 @@
 //! four-step path ([`super::four_step`]) when a single line does not;
 //! staged one dimension at a time ([`super::staged`]) or through a stored
 //! inner transform when several dimensions or a chain do not fit; a
-//! detrend over whole groups first ([`super::source::detrended`]) when blocks do
-//! not hold whole groups. The scan of an [`FftTable`] fits it and plans
-//! its [`FftExec`].
+//! detrend over whole groups first ([`super::source::detrended`]) when
+//! blocks do not hold whole groups. The scan of an [`FftTable`] fits it and
+//! plans its [`FftExec`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::Session;
+use datafusion::common::stats::Precision as Exactness;
+use datafusion::common::{
+    human_readable_size, plan_err, resources_err, DataFusionError, Result, Statistics,
+};
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::future::BoxFuture;
 
 use super::axis::AxisTransform;
 use super::copy::WriteTasks;
@@ -24,19 +39,6 @@ use crate::config::ZarrConfig;
 use crate::device::{choose_device, staging_memory};
 use crate::table::{select, Selection};
 use crate::zarr::StoreLocation;
-use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::Session;
-use datafusion::common::stats::Precision as Exactness;
-use datafusion::common::{
-    human_readable_size, plan_err, resources_err, DataFusionError, Result, Statistics,
-};
-use datafusion::datasource::{TableProvider, TableType};
-use datafusion::execution::memory_pool::MemoryLimit;
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_plan::ExecutionPlan;
-use futures::future::BoxFuture;
-use std::sync::Arc;
 
 impl FftTable {
     /// This transform as it runs in `session` (`zarrfusion.fft_strategy`):

@@ -2,19 +2,23 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`window`] | window functions as scipy computes them |
 //! | [`options`] | the options (`dims`, `real_dim`, `shift`, `detrend`, `window`, `true_phase`, `true_amplitude`, `lag`) |
 //! | [`axis`] | one transformed dimension: output coordinates and the kernel pass |
-//! | [`window`] | window functions as scipy computes them |
 //! | [`detrend`] | trends removed before a forward transform |
 //! | [`transform`] | a whole transform of a block |
 //! | [`kernels`] | the query's kernels, the clock of their transform phase (`transform_time`), the precisions |
 //! | [`source`] | what a transform reads: a Zarr variable, a rechunked copy of one, a detrended source (its trend fitted in a pass first), another transform's output |
-//! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
 //! | [`four_step`] | the four-step (Bailey) path for lines larger than memory |
-//! | [`staged`] | transforms along several dimensions, one dimension at a time, when blocks of whole lines do not fit |
+//! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
 //! | [`exec`] | `FftExec`, the operator |
 //! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`) |
+//! | [`staged`] | transforms along several dimensions, one dimension at a time, when blocks of whole lines do not fit |
 //! | [`fit`] | the path a transform takes within the memory budget, and the operator its scan plans |
+//!
+//! Each module uses only those above it in this table (a source reads
+//! another transform's output and a stored first stage through the
+//! traits [`source::TransformOutput`] and [`source::StoredStage`]).
 //!
 //! `fft('era5', 't2m', dims => 'lat')` gives what
 //! `xrft.fft(ds.t2m, dim='lat')` gives (xrft 1.0's defaults: `true_phase`,
