@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use zarrs::storage::{ReadableStorageTraits, StoreKey, StorePrefix, WritableStorageTraits};
 
-use crate::write::stamp::unique_suffix;
+use crate::write::stamp::{sweep, unique_suffix, Leftover};
 use crate::zarr::{write_file_atomically, RemoteStorage};
 
 /// The root the cache's files are named under.
@@ -159,15 +159,14 @@ impl CacheDir {
     }
 
     /// Writes the file `name` whole: a reader sees the old file or the new
-    /// one, never half of one.
+    /// one, never half of one. In a directory, the root is made when it is
+    /// not there, a directory below it never ([`Self::make_dir`]): a file
+    /// is not written into a directory removed meanwhile.
     pub fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
         match self {
             Self::Local(dir) => {
-                let path = Self::path(dir, name);
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                write_file_atomically(&path, bytes)
+                std::fs::create_dir_all(dir)?;
+                write_file_atomically(&Self::path(dir, name), bytes)
             }
             Self::Remote { storage, .. } => storage
                 .set(&Self::key(name)?, bytes.to_vec().into())
@@ -245,10 +244,26 @@ impl CacheDir {
     }
 
     /// Removes the directory `name` and every file below it (errors only
-    /// logged).
+    /// logged). In a directory it goes at once: it is renamed first (to a
+    /// temporary name, [`Leftover::TemporaryTarget`]), so nobody finds
+    /// part of its files gone, or creates a file in it meanwhile; what a
+    /// removal cut short by a killed process left is swept.
     pub fn remove_dir(&self, name: &str) {
         let removed = match self {
-            Self::Local(dir) => std::fs::remove_dir_all(Self::path(dir, name)),
+            Self::Local(dir) => {
+                let path = Self::path(dir, name);
+                let leaf = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                let parent = path.parent().unwrap_or(dir);
+                let gone = parent.join(format!(
+                    ".{}.{}.zarrfusion-tmp",
+                    leaf.unwrap_or_default(),
+                    unique_suffix()
+                ));
+                let removed =
+                    std::fs::rename(&path, &gone).and_then(|()| std::fs::remove_dir_all(&gone));
+                sweep(parent, Leftover::TemporaryTarget);
+                removed
+            }
             Self::Remote { storage, .. } => StorePrefix::new(format!("{name}/"))
                 .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))
                 .and_then(|prefix| storage.erase_prefix(&prefix).map_err(std::io::Error::other)),
@@ -280,6 +295,35 @@ mod tests {
             ("a/g".to_string(), 10),
         ];
         assert_eq!(cache.read_all(&names), [Some(vec![7u8; 100]), None, None]);
+    }
+
+    #[test]
+    fn a_removed_directory_takes_no_more_files_and_leaves_nothing() {
+        let dir = std::env::temp_dir().join(format!("zf-cache-dir-rm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = CacheDir::Local(dir.clone());
+        cache.make_dir("d").unwrap();
+        cache.write("d/f", b"x").unwrap();
+        // What a removal of a process that is gone left, half done.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let host = crate::write::stamp::host().unwrap();
+        let leftover = dir.join(format!(".d.{gone}-1-{host}.zarrfusion-tmp"));
+        std::fs::create_dir_all(&leftover).unwrap();
+        std::fs::write(leftover.join("g"), b"y").unwrap();
+        cache.remove_dir("d");
+        assert!(!cache.has_dir("d"));
+        // A file written after is not written (its directory is not made
+        // again), a file at the root is.
+        let late = cache.write("d/h", b"z").unwrap_err();
+        assert_eq!(late.kind(), ErrorKind::NotFound);
+        cache.write("i", b"w").unwrap();
+        let names: Vec<String> = (std::fs::read_dir(&dir).unwrap())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["i"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -27,7 +27,11 @@
 //!   twice);
 //! - claims whose block was not written are removed when their index fails
 //!   or is dropped; the blocks go once the whole index is in the cache
-//!   (whoever then still waits finds the whole index there).
+//!   (whoever then still waits finds the whole index there). In a
+//!   directory they go at once ([`CacheDir::remove_dir`]): a process
+//!   looking meanwhile never finds claims gone and a block unread; in an
+//!   object store, where they go one by one, a claim made then is no
+//!   claim (the whole index is there).
 //!
 //! Blocks a killed build left are valid for their key (the key digests the
 //! data and the windows), so the next build starts from them.
@@ -226,9 +230,9 @@ impl SharedBlocks {
         }
         let name = self.claim_name(id);
         match self.create_claim(&name) {
-            // In an object store a claim is made after the blocks went
-            // too: it is no claim.
-            Ok(()) if self.cache.is_remote() && !self.exists() => {
+            // A claim made as the blocks went (in an object store, where
+            // they go one by one) is no claim.
+            Ok(()) if !self.exists() => {
                 self.cache.remove(&name);
                 Claim::Finished
             }
