@@ -45,6 +45,7 @@ pub mod distributed;
 pub mod error;
 pub mod explain;
 pub mod memory;
+pub(crate) mod plan_methods;
 pub mod progress;
 pub mod session;
 pub mod table;

@@ -47,12 +47,12 @@ use datafusion::logical_expr::{
     when, Distinct, Expr, ExprSchemable, Filter, Join, JoinType, LogicalPlan, Projection,
     TableScanBuilder,
 };
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 use datafusion::physical_expr::execution_props::ExecutionProps;
 
 use super::reduce::{physical_key, DenseReduction, DimKeys, MAX_KEYED_POSITIONS};
 use super::scan_path::{down_to_scan, replace_columns};
 use crate::config::ZarrConfig;
+use crate::plan_methods::bottom_up_rule;
 use crate::table::{Broadcast, BroadcastDim, GridTable, ZarrTable};
 
 /// Rewrites joins of a Zarr table with a small result keyed by some of its
@@ -60,32 +60,21 @@ use crate::table::{Broadcast, BroadcastDim, GridTable, ZarrTable};
 #[derive(Debug, Default)]
 pub struct BroadcastJoinRule;
 
-impl OptimizerRule for BroadcastJoinRule {
-    fn name(&self) -> &str {
-        "zarrfusion_broadcast_join"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        config: &dyn OptimizerConfig,
-    ) -> Result<datafusion::common::tree_node::Transformed<LogicalPlan>> {
-        use datafusion::common::tree_node::Transformed;
-        if !ZarrConfig::of(&config.options()).broadcast_join {
-            return Ok(Transformed::no(plan));
+bottom_up_rule!(
+    BroadcastJoinRule,
+    "zarrfusion_broadcast_join",
+    |plan, options| {
+        if !ZarrConfig::of(options).broadcast_join {
+            return Ok(None);
         }
-        let LogicalPlan::Join(join) = &plan else {
-            return Ok(Transformed::no(plan));
+        let LogicalPlan::Join(join) = plan else {
+            return Ok(None);
         };
         if join.null_aware
             || join.on.is_empty()
             || join.null_equality != NullEquality::NullEqualsNothing
         {
-            return Ok(Transformed::no(plan));
+            return Ok(None);
         }
         for grid_is_left in [true, false] {
             let keeps_grid = match join.join_type {
@@ -98,12 +87,12 @@ impl OptimizerRule for BroadcastJoinRule {
                 continue;
             }
             if let Some(rewritten) = broadcast_join(join, grid_is_left)? {
-                return Ok(Transformed::yes(rewritten));
+                return Ok(Some(rewritten));
             }
         }
-        Ok(Transformed::no(plan))
+        Ok(None)
     }
-}
+);
 
 /// The scan computing `join` with the side `grid_is_left` says as the
 /// grid, if it is a broadcast join.

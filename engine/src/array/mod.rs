@@ -16,7 +16,6 @@
 pub mod broadcast;
 pub mod copy;
 pub mod fft;
-pub(crate) mod leaf_plan;
 pub mod planner;
 pub mod rechunk;
 pub mod reduce;

@@ -36,10 +36,10 @@ use datafusion::common::{Column, Result};
 use datafusion::datasource::provider_as_source;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, Filter, JoinType, LogicalPlan, Projection, TableScanBuilder};
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 use super::scan_path::{down_to_scan, replace_columns, ScanPath};
 use crate::config::ZarrConfig;
+use crate::plan_methods::bottom_up_rule;
 use crate::table::{GridTable, ZarrTable};
 
 /// Rewrites joins of two Zarr tables on all their dimensions into a scan of
@@ -47,29 +47,14 @@ use crate::table::{GridTable, ZarrTable};
 #[derive(Debug, Default)]
 pub struct AlignedJoinRule;
 
-impl OptimizerRule for AlignedJoinRule {
-    fn name(&self) -> &str {
-        "zarrfusion_aligned_join"
+bottom_up_rule!(
+    AlignedJoinRule,
+    "zarrfusion_aligned_join",
+    |plan, options| match ZarrConfig::of(options).aligned_join {
+        true => aligned_zip(plan),
+        false => Ok(None),
     }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        if !ZarrConfig::of(&config.options()).aligned_join {
-            return Ok(Transformed::no(plan));
-        }
-        match aligned_zip(&plan)? {
-            Some(zipped) => Ok(Transformed::yes(zipped)),
-            None => Ok(Transformed::no(plan)),
-        }
-    }
-}
+);
 
 /// The zip computing `plan`, if it is an aligned join of two Zarr tables.
 fn aligned_zip(plan: &LogicalPlan) -> Result<Option<LogicalPlan>> {

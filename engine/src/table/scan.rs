@@ -19,22 +19,17 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{
-    exec_err, human_readable_size, resources_err, DataFusionError, Result, Statistics,
-};
+use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
-};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
-    PlanProperties, ReplaceChildrenOptions, StatisticsArgs,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    ReplaceChildrenOptions,
 };
 use datafusion_distributed::DistributedTaskContext;
 use tokio::sync::mpsc::Sender;
@@ -45,6 +40,7 @@ use super::cells::BoxCells;
 use super::dataset::GridTable;
 use super::read_ahead::ReadAheadPlan;
 use super::selection::Selection;
+use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::zarr::ChunkBufferPool;
 
@@ -362,13 +358,7 @@ impl ExecutionPlan for ZarrScanExec {
         &self.properties
     }
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        self.broadcasts.children()
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false; self.broadcasts.children().len()]
-    }
+    broadcast_children_methods!();
 
     fn apply_expressions(
         &self,
@@ -388,16 +378,6 @@ impl ExecutionPlan for ZarrScanExec {
         let mut scan = self.with_tasks(self.tasks);
         scan.broadcasts = self.broadcasts.with_children(children)?;
         Ok(Arc::new(scan))
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
     }
 
     fn execute(
@@ -504,21 +484,7 @@ impl ExecutionPlan for ZarrScanExec {
         Ok(builder.build())
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        _input_stats: &[Arc<Statistics>],
-        args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        let mut stats = Statistics::new_unknown(&self.schema);
-        if args.partition().is_none() {
-            stats.num_rows = Precision::Exact(self.num_rows() as usize);
-        }
-        Ok(Arc::new(stats))
-    }
+    metered_plan_methods!(|scan| Some(scan.num_rows()));
 }
 
 /// The metrics a partition's reader reports to.

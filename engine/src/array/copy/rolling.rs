@@ -19,10 +19,8 @@
 //! Both steps run inside `allowed_mem` whatever the size of the result; a
 //! copy whose writers cannot fit is refused before it runs.
 
-use std::cmp::Ordering as CmpOrdering;
 use std::collections::BTreeSet;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,12 +47,12 @@ use zarrs::storage::ReadableWritableListableStorageTraits;
 use super::selection::{
     target_chunks, Blockwise, OutputVariable, SelectionCopyExec, Step, StepWriters,
 };
-use crate::array::leaf_plan::leaf_node_methods;
 use crate::array::rechunk::RechunkOptions;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
 use crate::array::tasks::{grid_cell_along, run_tasks};
+use crate::plan_methods::{leaf_node_methods, node_identity};
 use crate::table::share_of;
 use crate::write::options::ZarrWriteOptions;
 use crate::write::store::check_target;
@@ -304,28 +302,11 @@ impl RollingCopy {
     }
 }
 
-impl PartialEq for RollingCopy {
-    fn eq(&self, other: &Self) -> bool {
-        self.key() == other.key() && self.options == other.options
-    }
-}
-
-impl Eq for RollingCopy {}
-
-impl Hash for RollingCopy {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key().hash(state);
-    }
-}
-
-impl PartialOrd for RollingCopy {
-    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
-        if self == other {
-            return Some(CmpOrdering::Equal);
-        }
-        None
-    }
-}
+node_identity!(
+    RollingCopy,
+    eq: |a, b| a.key() == b.key() && a.options == b.options,
+    hash: |node, mut state| node.key().hash(&mut state)
+);
 
 impl UserDefinedLogicalNodeCore for RollingCopy {
     leaf_node_methods!("RollingCopy");

@@ -21,10 +21,9 @@
 //! TO 'era5_north.zarr' STORED AS ZARR OPTIONS ('chunks' 'time=240,lat=16,lon=16');
 //! ```
 
-use std::cmp::Ordering as CmpOrdering;
 use std::collections::BTreeSet;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,7 +34,7 @@ use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef
 use datafusion::catalog::Session;
 use datafusion::common::{
     exec_err, human_readable_size, plan_err, resources_err, DFSchema, DFSchemaRef, DataFusionError,
-    Result, Statistics,
+    Result,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -45,10 +44,8 @@ use datafusion::logical_expr::{
     Expr, ExprSchemable, TableProviderFilterPushDown, UserDefinedLogicalNodeCore,
 };
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
-};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::physical_planner::PhysicalPlanner;
 use serde_json::Map;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
@@ -56,11 +53,13 @@ use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
 use super::whole::{write_target, CopyScan};
-use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
     default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
 };
 use crate::array::tasks::{grid_cell, run_tasks};
+use crate::plan_methods::{
+    leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
+};
 use crate::table::{
     classify_filters, select, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection,
 };
@@ -388,31 +387,13 @@ fn source_index(ranges: &[Range<u64>], mut p: u64) -> u64 {
     unreachable!("a position inside the selection")
 }
 
-impl PartialEq for SelectionCopy {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.table, &other.table)
-            && self.key() == other.key()
-            && self.options == other.options
-    }
-}
-
-impl Eq for SelectionCopy {}
-
-impl Hash for SelectionCopy {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.table.store.hash(state);
-        self.key().hash(state);
-    }
-}
-
-impl PartialOrd for SelectionCopy {
-    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
-        if self == other {
-            return Some(CmpOrdering::Equal);
-        }
-        None
-    }
-}
+node_identity!(
+    SelectionCopy,
+    eq: |a, b| {
+        Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.options == b.options
+    },
+    hash: |node, mut state| (&node.table.store, node.key()).hash(&mut state)
+);
 
 impl UserDefinedLogicalNodeCore for SelectionCopy {
     leaf_node_methods!("SelectionCopy");
@@ -980,15 +961,5 @@ impl ExecutionPlan for SelectionCopyExec {
         })
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        _input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        Ok(Arc::new(Statistics::new_unknown(&self.schema())))
-    }
+    metered_plan_methods!(|_| None);
 }

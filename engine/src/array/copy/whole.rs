@@ -15,29 +15,27 @@
 //! OPTIONS ('chunks' 'time=240,lat=16,lon=16');
 //! ```
 
-use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use datafusion::catalog::Session;
 use datafusion::common::Column;
-use datafusion::common::{human_readable_size, DFSchemaRef, DataFusionError, Result, Statistics};
+use datafusion::common::{human_readable_size, DFSchemaRef, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
-};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
-use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::rechunk::{
     fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkSummary, TargetEncoding,
 };
 use crate::array::scan_path::{down_to_scan, ScanPath};
+use crate::plan_methods::{
+    leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
+};
 use crate::table::GridTable;
 use crate::write::options::{ZarrVersion, ZarrWriteOptions};
 use crate::write::store::check_target;
@@ -217,30 +215,13 @@ impl ArrayCopy {
     }
 }
 
-impl PartialEq for ArrayCopy {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.table, &other.table)
-            && self.key() == other.key()
-            && self.options == other.options
-    }
-}
-
-impl Eq for ArrayCopy {}
-
-impl Hash for ArrayCopy {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key().hash(state);
-    }
-}
-
-impl PartialOrd for ArrayCopy {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        if self == other {
-            return Some(Ordering::Equal);
-        }
-        None
-    }
-}
+node_identity!(
+    ArrayCopy,
+    eq: |a, b| {
+        Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.options == b.options
+    },
+    hash: |node, mut state| node.key().hash(&mut state)
+);
 
 impl UserDefinedLogicalNodeCore for ArrayCopy {
     leaf_node_methods!("ArrayCopy");
@@ -361,15 +342,5 @@ impl ExecutionPlan for ArrayCopyExec {
         })
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        _input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        Ok(Arc::new(Statistics::new_unknown(&self.schema())))
-    }
+    metered_plan_methods!(|_| None);
 }

@@ -18,9 +18,7 @@
 //! complete; an object-store target (which must be empty) gets its chunks
 //! first and its metadata last, and is erased when the copy fails.
 
-use std::cmp::Ordering as CmpOrdering;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -28,7 +26,6 @@ use datafusion::catalog::Session;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::{
     exec_err, human_readable_size, plan_err, resources_err, DFSchemaRef, DataFusionError, Result,
-    Statistics,
 };
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -36,10 +33,8 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, StatisticsArgs,
-};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
@@ -49,11 +44,13 @@ use super::exec::{
 };
 use super::kernels::{Kernels, Precision, TransformClock};
 use super::table::FftTable;
-use crate::array::leaf_plan::{leaf_node_methods, leaf_plan_methods};
 use crate::array::tasks::run_tasks;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
+use crate::plan_methods::{
+    leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
+};
 use crate::table::{BlockGrid, ReadAheadPlan, Selection};
 use crate::write::grid::field_attributes;
 use crate::write::options::ZarrWriteOptions;
@@ -221,27 +218,13 @@ impl FftCopy {
     }
 }
 
-impl PartialEq for FftCopy {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.table, &other.table)
-            && self.target == other.target
-            && self.options == other.options
-    }
-}
-
-impl Eq for FftCopy {}
-
-impl Hash for FftCopy {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.target.hash(state);
-    }
-}
-
-impl PartialOrd for FftCopy {
-    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
-        (self == other).then_some(CmpOrdering::Equal)
-    }
-}
+node_identity!(
+    FftCopy,
+    eq: |a, b| {
+        Arc::ptr_eq(&a.table, &b.table) && a.target == b.target && a.options == b.options
+    },
+    hash: |node, mut state| node.target.hash(&mut state)
+);
 
 impl UserDefinedLogicalNodeCore for FftCopy {
     leaf_node_methods!("FftCopy");
@@ -593,17 +576,5 @@ impl ExecutionPlan for FftCopyExec {
         .run(partition, &context, move |cancelled| job.write(cancelled))
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        _input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        Ok(Arc::new(Statistics::new_unknown(
-            self.properties.eq_properties.schema(),
-        )))
-    }
+    metered_plan_methods!(|_| None);
 }

@@ -21,18 +21,15 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::TableProvider;
-use datafusion::common::stats::Precision as Exactness;
-use datafusion::common::{
-    exec_err, human_readable_size, resources_err, DataFusionError, Result, Statistics,
-};
+use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use zarrfusion_udfs::complex::complex_array;
 
@@ -40,10 +37,10 @@ use super::kernels::{Kernels, Precision, TransformClock};
 use super::source::ArraySource;
 use super::table::FftTable;
 use super::transform::FftTransform;
-use crate::array::leaf_plan::leaf_plan_methods;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
+use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::cells::dimension_indices;
 use crate::table::{BlockGrid, Coordinate, ReadAheadPlan, Selection, TableReadAhead};
 use crate::zarr::ChunkBufferPool;
@@ -667,20 +664,8 @@ impl ExecutionPlan for FftExec {
         Ok(builder.build())
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        _input_stats: &[Arc<Statistics>],
-        args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        let mut stats = Statistics::new_unknown(&self.job.schema);
-        if args.partition().is_none() && self.job.limit.is_none() && !self.job.filtered {
-            let rows = self.job.table.output_shape().iter().product::<u64>();
-            stats.num_rows = Exactness::Exact(rows as usize);
-        }
-        Ok(Arc::new(stats))
-    }
+    metered_plan_methods!(|exec| {
+        let job = &exec.job;
+        (job.limit.is_none() && !job.filtered).then(|| job.table.output_shape().iter().product())
+    });
 }

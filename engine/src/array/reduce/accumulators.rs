@@ -15,7 +15,7 @@
 //! counted when it merges and finishes. Arguments without NULLs, the common
 //! case, then cost no counting at all.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -28,6 +28,13 @@ use datafusion::arrow::datatypes::{
     Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use datafusion::common::{internal_err, Result};
+use datafusion::functions_aggregate::average::Avg;
+use datafusion::functions_aggregate::count::Count;
+use datafusion::functions_aggregate::min_max::{Max, Min};
+use datafusion::functions_aggregate::stddev::{Stddev, StddevPop};
+use datafusion::functions_aggregate::sum::Sum;
+use datafusion::functions_aggregate::variance::{VariancePopulation, VarianceSample};
+use datafusion::logical_expr::AggregateUDF;
 
 use super::elementwise::PIECE;
 use super::groups::Line;
@@ -69,6 +76,25 @@ impl ReduceOp {
             Self::Stddev => "stddev",
             Self::StddevPop => "stddev_pop",
         }
+    }
+
+    /// The operation DataFusion's aggregate function `udf` computes, when
+    /// it is one of these (the rolling windows compute some of them too).
+    pub fn of_aggregate(udf: &AggregateUDF) -> Option<Self> {
+        let function: &dyn Any = udf.inner().as_ref();
+        let ops: [(TypeId, Self); 9] = [
+            (TypeId::of::<Count>(), Self::Count),
+            (TypeId::of::<Sum>(), Self::Sum),
+            (TypeId::of::<Avg>(), Self::Avg),
+            (TypeId::of::<Min>(), Self::Min),
+            (TypeId::of::<Max>(), Self::Max),
+            (TypeId::of::<VarianceSample>(), Self::Var),
+            (TypeId::of::<VariancePopulation>(), Self::VarPop),
+            (TypeId::of::<Stddev>(), Self::Stddev),
+            (TypeId::of::<StddevPop>(), Self::StddevPop),
+        ];
+        let id = Any::type_id(function);
+        ops.into_iter().find(|(t, _)| *t == id).map(|(_, op)| op)
     }
 
     /// The operation named `name` (as [`ReduceOp::name`] gives it).

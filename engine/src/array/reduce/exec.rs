@@ -21,11 +21,8 @@ use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{
-    human_readable_size, resources_err, DFSchema, DataFusionError, Result, Statistics,
-};
+use datafusion::common::{human_readable_size, resources_err, DFSchema, DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -33,13 +30,11 @@ use datafusion::logical_expr::ColumnarValue;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
-};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
-    PlanProperties, ReplaceChildrenOptions, StatisticsArgs,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    ReplaceChildrenOptions,
 };
 use datafusion::physical_planner::PhysicalPlanner;
 use datafusion_distributed::DistributedTaskContext;
@@ -51,6 +46,7 @@ use super::groups::{GroupSpace, Line};
 use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYTES};
 use super::node::DenseReduction;
 use crate::config::ZarrConfig;
+use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
     boxes_in_block, select, share_of, BlockGrid, BoxCells, BroadcastInputs, GridTable,
@@ -1054,13 +1050,7 @@ impl ExecutionPlan for DenseReductionExec {
         &self.properties
     }
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        self.broadcasts.children()
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false; self.broadcasts.children().len()]
-    }
+    broadcast_children_methods!();
 
     fn apply_expressions(
         &self,
@@ -1099,16 +1089,6 @@ impl ExecutionPlan for DenseReductionExec {
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }))
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
     }
 
     fn execute(
@@ -1216,21 +1196,8 @@ impl ExecutionPlan for DenseReductionExec {
         )))
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        _input_stats: &[Arc<Statistics>],
-        args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        let mut stats = Statistics::new_unknown(&self.schema);
-        let r = &self.reduction;
-        if args.partition().unwrap_or(0) == 0 && r.predicate.is_none() && self.emit == Emit::Results
-        {
-            stats.num_rows = Precision::Exact(r.space.num_groups());
-        }
-        Ok(Arc::new(stats))
-    }
+    metered_plan_methods!(|exec| {
+        let r = &exec.reduction;
+        (r.predicate.is_none() && exec.emit == Emit::Results).then(|| r.space.num_groups() as u64)
+    });
 }

@@ -1,15 +1,14 @@
 //! `DenseReduction`: the logical plan node of a reduction over dimensions.
 
-use std::cmp::Ordering;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use datafusion::common::DFSchemaRef;
 use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 
 use super::accumulators::ReduceOp;
-use crate::array::leaf_plan::leaf_node_methods;
+use crate::plan_methods::{leaf_node_methods, node_identity};
 use crate::table::GridTable;
 
 /// One aggregate of a reduction.
@@ -75,31 +74,15 @@ impl DenseReduction {
     }
 }
 
-impl PartialEq for DenseReduction {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.table, &other.table)
-            && self.key() == other.key()
-            && self.schema == other.schema
+node_identity!(
+    DenseReduction,
+    eq: |a, b| Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.schema == b.schema,
+    hash: |node, mut state| (&node.table.store, node.key()).hash(&mut state),
+    cmp: |a, b| match Arc::ptr_eq(&a.table, &b.table) {
+        true => a.key().partial_cmp(&b.key()),
+        false => None,
     }
-}
-
-impl Eq for DenseReduction {}
-
-impl Hash for DenseReduction {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.table.store.hash(state);
-        self.key().hash(state);
-    }
-}
-
-impl PartialOrd for DenseReduction {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        if !Arc::ptr_eq(&self.table, &other.table) {
-            return None;
-        }
-        self.key().partial_cmp(&other.key())
-    }
-}
+);
 
 impl UserDefinedLogicalNodeCore for DenseReduction {
     leaf_node_methods!("DenseReduction");

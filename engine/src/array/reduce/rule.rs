@@ -19,21 +19,12 @@
 //! `SET zarrfusion.dense_group_functions = false` keeps it to dimension
 //! columns.
 
-use std::any::Any;
 use std::sync::Arc;
 
-use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, Result};
-use datafusion::functions_aggregate::average::Avg;
-use datafusion::functions_aggregate::count::Count;
-use datafusion::functions_aggregate::min_max::{Max, Min};
-use datafusion::functions_aggregate::stddev::{Stddev, StddevPop};
-use datafusion::functions_aggregate::sum::Sum;
-use datafusion::functions_aggregate::variance::{VariancePopulation, VarianceSample};
 use datafusion::logical_expr::expr::{AggregateFunction, Cast};
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, Extension, LogicalPlan};
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 use datafusion::physical_expr::execution_props::ExecutionProps;
 
 use super::accumulators::{numeric_domain, ReduceOp};
@@ -41,6 +32,7 @@ use super::keys::{physical_key, DimKeys, MAX_KEYED_POSITIONS};
 use super::node::{DenseReduction, GroupKey, ReduceExpr};
 use crate::array::scan_path::down_to_scan;
 use crate::config::ZarrConfig;
+use crate::plan_methods::bottom_up_rule;
 use crate::table::{select_planning, GridTable, Selection};
 
 /// The most memory the per-worker group state of a dense reduction may
@@ -52,37 +44,27 @@ pub const MAX_STATE_BYTES: usize = 1 << 30;
 #[derive(Debug, Default)]
 pub struct DenseReductionRule;
 
-impl OptimizerRule for DenseReductionRule {
-    fn name(&self) -> &str {
-        "zarrfusion_dense_reduction"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        let options = config.options();
-        let LogicalPlan::Aggregate(aggregate) = &plan else {
-            return Ok(Transformed::no(plan));
+bottom_up_rule!(
+    DenseReductionRule,
+    "zarrfusion_dense_reduction",
+    |plan, options| {
+        let LogicalPlan::Aggregate(aggregate) = plan else {
+            return Ok(None);
         };
-        if !ZarrConfig::of(&options).dense_reduction {
-            return Ok(Transformed::no(plan));
+        let config = ZarrConfig::of(options);
+        if !config.dense_reduction {
+            return Ok(None);
         }
         let workers = options.execution.target_partitions.max(1);
-        let functions = ZarrConfig::of(&options).dense_group_functions;
-        match dense_reduction(aggregate, workers, functions)? {
-            Some(node) => Ok(Transformed::yes(LogicalPlan::Extension(Extension {
-                node: Arc::new(node),
-            }))),
-            None => Ok(Transformed::no(plan)),
-        }
+        Ok(
+            dense_reduction(aggregate, workers, config.dense_group_functions)?.map(|node| {
+                LogicalPlan::Extension(Extension {
+                    node: Arc::new(node),
+                })
+            }),
+        )
     }
-}
+);
 
 /// The dense reduction computing `aggregate`, if it is one.
 /// `functions`: whether grouping by functions of one dimension is allowed.
@@ -282,28 +264,7 @@ fn reduce_expr(expr: &Expr) -> Option<ReduceExpr> {
     let [arg] = params.args.as_slice() else {
         return None;
     };
-    let function: &dyn Any = func.inner().as_ref();
-    let op = if function.is::<Count>() {
-        ReduceOp::Count
-    } else if function.is::<Sum>() {
-        ReduceOp::Sum
-    } else if function.is::<Avg>() {
-        ReduceOp::Avg
-    } else if function.is::<Min>() {
-        ReduceOp::Min
-    } else if function.is::<Max>() {
-        ReduceOp::Max
-    } else if function.is::<VarianceSample>() {
-        ReduceOp::Var
-    } else if function.is::<VariancePopulation>() {
-        ReduceOp::VarPop
-    } else if function.is::<Stddev>() {
-        ReduceOp::Stddev
-    } else if function.is::<StddevPop>() {
-        ReduceOp::StddevPop
-    } else {
-        return None;
-    };
+    let op = ReduceOp::of_aggregate(func)?;
     // `count(*)` (and `count` of any non-NULL literal) counts rows.
     let counts_rows = matches!(arg, Expr::Literal(value, _) if !value.is_null());
     Some(ReduceExpr {

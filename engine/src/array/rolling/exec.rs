@@ -31,22 +31,17 @@ use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::stats::Precision;
-use datafusion::common::{
-    human_readable_size, plan_err, resources_err, DFSchema, Result, Statistics,
-};
+use datafusion::common::{human_readable_size, plan_err, resources_err, DFSchema, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{Cast, Expr, ExprSchemable};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
-};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, StatisticsArgs,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use datafusion::physical_planner::PhysicalPlanner;
 use datafusion_distributed::DistributedTaskContext;
@@ -54,7 +49,7 @@ use tokio::sync::mpsc::Sender;
 
 use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
 use super::node::RollingWindow;
-use crate::array::leaf_plan::leaf_plan_methods;
+use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{boxes_in_block, select, share_of, BlockGrid, BoxCells, GridTable, Selection};
 use crate::zarr::ChunkBufferPool;
@@ -937,21 +932,7 @@ impl ExecutionPlan for RollingWindowExec {
         Ok(builder.build())
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        _input_stats: &[Arc<Statistics>],
-        args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        let mut stats = Statistics::new_unknown(&self.schema);
-        if args.partition().is_none() {
-            stats.num_rows = Precision::Exact(self.rolling.selection.num_cells() as usize);
-        }
-        Ok(Arc::new(stats))
-    }
+    metered_plan_methods!(|exec| Some(exec.rolling.selection.num_cells()));
 }
 
 #[cfg(test)]

@@ -1,16 +1,15 @@
 //! `RollingWindow`: the logical plan node of rolling aggregates along one
 //! dimension of a Zarr table.
 
-use std::cmp::Ordering;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use datafusion::common::{DFSchema, DFSchemaRef, Result};
 use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 
 use super::frame::{Frame, RollOp};
-use crate::array::leaf_plan::leaf_node_methods;
+use crate::plan_methods::{leaf_node_methods, node_identity};
 use crate::table::GridTable;
 
 /// One rolling aggregate: `op(arg) OVER (PARTITION BY <the other
@@ -89,31 +88,15 @@ impl RollingWindow {
     }
 }
 
-impl PartialEq for RollingWindow {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.table, &other.table)
-            && self.key() == other.key()
-            && self.schema == other.schema
+node_identity!(
+    RollingWindow,
+    eq: |a, b| Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.schema == b.schema,
+    hash: |node, mut state| (&node.table.store, node.key()).hash(&mut state),
+    cmp: |a, b| match Arc::ptr_eq(&a.table, &b.table) {
+        true => a.key().partial_cmp(&b.key()),
+        false => None,
     }
-}
-
-impl Eq for RollingWindow {}
-
-impl Hash for RollingWindow {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.table.store.hash(state);
-        self.key().hash(state);
-    }
-}
-
-impl PartialOrd for RollingWindow {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        if !Arc::ptr_eq(&self.table, &other.table) {
-            return None;
-        }
-        self.key().partial_cmp(&other.key())
-    }
-}
+);
 
 impl UserDefinedLogicalNodeCore for RollingWindow {
     leaf_node_methods!("RollingWindow");

@@ -25,28 +25,23 @@
 //! else keeps DataFusion's window. `SET zarrfusion.rolling_window = false`
 //! turns the rule off.
 
-use std::any::Any;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, DFSchema, Result, ScalarValue};
-use datafusion::functions_aggregate::average::Avg;
-use datafusion::functions_aggregate::count::Count;
-use datafusion::functions_aggregate::min_max::{Max, Min};
-use datafusion::functions_aggregate::sum::Sum;
 use datafusion::logical_expr::expr::WindowFunction;
 use datafusion::logical_expr::{
     Expr, ExprSchemable, Extension, LogicalPlan, Projection, Window, WindowFrameBound,
     WindowFrameUnits, WindowFunctionDefinition,
 };
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 use super::frame::{Frame, RollOp};
 use super::node::{RollExpr, RollingWindow};
+use crate::array::reduce::ReduceOp;
 use crate::array::scan_path::{down_to_scan, replace_columns};
 use crate::config::ZarrConfig;
+use crate::plan_methods::bottom_up_rule;
 use crate::table::{pushed_dimension, GridTable};
 
 /// The most positions one frame may span; wider frames keep DataFusion's
@@ -58,38 +53,24 @@ pub const MAX_FRAME: u64 = 1 << 20;
 #[derive(Debug, Default)]
 pub struct RollingWindowRule;
 
-impl OptimizerRule for RollingWindowRule {
-    fn name(&self) -> &str {
-        "zarrfusion_rolling_window"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        if !ZarrConfig::of(&config.options()).rolling_window {
-            return Ok(Transformed::no(plan));
+bottom_up_rule!(
+    RollingWindowRule,
+    "zarrfusion_rolling_window",
+    |plan, options| {
+        if !ZarrConfig::of(options).rolling_window {
+            return Ok(None);
         }
-        let rewritten = match &plan {
-            LogicalPlan::Window(window) => rolling_window(window)?.map(|node| {
+        match plan {
+            LogicalPlan::Window(window) => Ok(rolling_window(window)?.map(|node| {
                 LogicalPlan::Extension(Extension {
                     node: Arc::new(node),
                 })
-            }),
-            LogicalPlan::Projection(projection) => pruned(projection)?,
-            _ => None,
-        };
-        match rewritten {
-            Some(plan) => Ok(Transformed::yes(plan)),
-            None => Ok(Transformed::no(plan)),
+            })),
+            LogicalPlan::Projection(projection) => pruned(projection),
+            _ => Ok(None),
         }
     }
-}
+);
 
 /// A projection over a rolling window (found below it first) whose
 /// input columns it does not all use: the window without them, so that
@@ -353,19 +334,13 @@ fn written_expr(expr: &Expr) -> Option<Written> {
     let [order] = params.order_by.as_slice() else {
         return None;
     };
-    let function: &dyn Any = function.inner().as_ref();
-    let op = if function.is::<Count>() {
-        RollOp::Count
-    } else if function.is::<Sum>() {
-        RollOp::Sum
-    } else if function.is::<Avg>() {
-        RollOp::Avg
-    } else if function.is::<Min>() {
-        RollOp::Min
-    } else if function.is::<Max>() {
-        RollOp::Max
-    } else {
-        return None;
+    let op = match ReduceOp::of_aggregate(function)? {
+        ReduceOp::Count => RollOp::Count,
+        ReduceOp::Sum => RollOp::Sum,
+        ReduceOp::Avg => RollOp::Avg,
+        ReduceOp::Min => RollOp::Min,
+        ReduceOp::Max => RollOp::Max,
+        _ => return None,
     };
     let frame = &params.window_frame;
     if frame.units != WindowFrameUnits::Rows {
