@@ -159,6 +159,8 @@ pub fn window_error(e: WindowError) -> PyErr {
         WindowError::Argument { .. } => PyValueError::new_err(e.to_string()),
         WindowError::Data(inner) => engine_error(inner),
         WindowError::Read(message) => raise(Kind::Data, message, Location::default()),
+        // As Python's `threading` says it.
+        WindowError::Resources(message) => PyRuntimeError::new_err(message),
         other => raise(Kind::General, other.to_string(), Location::default()),
     }
 }

@@ -107,6 +107,10 @@ pub enum WindowError {
     /// The data could not be read while loading (message of the original error).
     #[error("{0}")]
     Read(String),
+    /// The system refused what the loader needs to run (a thread); the
+    /// message says what. Nothing about the data or the arguments.
+    #[error("{0}")]
+    Resources(String),
     /// A bug: something that should not happen.
     #[error("internal error: {0}")]
     Internal(String),
@@ -148,7 +152,12 @@ fn spawn(name: &str, work: impl FnOnce() + Send + 'static) -> Result<(), WindowE
         .name(name.to_string())
         .spawn(work)
         .map(drop)
-        .map_err(|e| WindowError::Read(format!("could not start the {name} thread: {e}")))
+        .map_err(|e| thread_refused(name, e))
+}
+
+/// The error for a thread named `name` that the system did not start.
+fn thread_refused(name: &str, e: std::io::Error) -> WindowError {
+    WindowError::Resources(format!("could not start the {name} thread: {e}"))
 }
 
 /// How the valid-window index is built.
@@ -476,4 +485,19 @@ pub fn select_where_each(
             select(&own, table, &ctx.state()).map_err(|e| where_error(&e))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_the_system_refuses_is_a_resources_error_naming_it() {
+        let refused = std::io::Error::from(std::io::ErrorKind::WouldBlock);
+        let e = thread_refused("window loader", refused);
+        assert!(
+            matches!(&e, WindowError::Resources(m) if m.starts_with("could not start the window loader thread")),
+            "{e:?}"
+        );
+    }
 }
