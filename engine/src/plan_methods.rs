@@ -1,12 +1,14 @@
 //! What every plan node of zarrfusion writes the same way, written once:
 //!
+//! - in every `ExecutionPlan`: its name and its `properties` field
+//!   ([`named_plan_methods`]);
 //! - in a leaf `ExecutionPlan` (an operator that reads its table itself):
-//!   its name, its `properties` field, no children, no expressions,
-//!   refusing to be given children ([`leaf_plan_methods`]);
+//!   those, no children, no expressions, refusing to be given children
+//!   ([`leaf_plan_methods`]);
 //! - in an `ExecutionPlan` whose only children are the tables joined into
-//!   its scan (its `broadcasts` field): those children, none of them
-//!   repartitioned, and new children given through `replace_children`
-//!   ([`broadcast_children_methods`]);
+//!   its scan (its `broadcasts` field): its name and properties, those
+//!   children, none of them repartitioned, and new children given through
+//!   `replace_children` ([`broadcast_children_methods`]);
 //! - in every `ExecutionPlan`: its `metrics` field, and statistics that know
 //!   the number of rows, or nothing ([`metered_plan_methods`]);
 //! - in a leaf `UserDefinedLogicalNodeCore` (a logical node that reads its
@@ -30,13 +32,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Statisti
 /// `with_new_children` (an error unless given none).
 macro_rules! leaf_plan_methods {
     ($name:literal) => {
-        fn name(&self) -> &str {
-            $name
-        }
-
-        fn properties(&self) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
-            &self.properties
-        }
+        $crate::plan_methods::named_plan_methods!($name);
 
         fn children(
             &self,
@@ -105,12 +101,30 @@ macro_rules! leaf_node_methods {
     };
 }
 
-/// Expands, inside `impl ExecutionPlan for T`, to `children` (those of
-/// the struct's `broadcasts: BroadcastInputs` field), none of which
-/// benefits from being repartitioned, and `with_new_children` (the plan's
-/// own `replace_children`, its properties recomputed).
+/// Expands, inside `impl ExecutionPlan for T`, to `name` (the literal
+/// given) and `properties` (the struct's `properties: Arc<PlanProperties>`
+/// field).
+macro_rules! named_plan_methods {
+    ($name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn properties(&self) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            &self.properties
+        }
+    };
+}
+
+/// Expands, inside `impl ExecutionPlan for T`, to `name` and `properties`
+/// (as [`named_plan_methods`]), `children` (those of the struct's
+/// `broadcasts: BroadcastInputs` field), none of which benefits from being
+/// repartitioned, and `with_new_children` (the plan's own
+/// `replace_children`, its properties recomputed).
 macro_rules! broadcast_children_methods {
-    () => {
+    ($name:literal) => {
+        $crate::plan_methods::named_plan_methods!($name);
+
         fn children(&self) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
             self.broadcasts.children()
         }
@@ -250,7 +264,7 @@ macro_rules! bottom_up_rule {
 
 pub(crate) use {
     bottom_up_rule, broadcast_children_methods, leaf_node_methods, leaf_plan_methods,
-    metered_plan_methods, node_identity,
+    metered_plan_methods, named_plan_methods, node_identity,
 };
 
 #[cfg(test)]

@@ -38,19 +38,13 @@
 //! the rule off; it is off in sessions with workers.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
 use datafusion::common::{Column, NullEquality, Result};
-use datafusion::datasource::provider_as_source;
-use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::{
-    when, Distinct, Expr, ExprSchemable, Filter, Join, JoinType, LogicalPlan, Projection,
-    TableScanBuilder,
-};
+use datafusion::logical_expr::{when, Distinct, Expr, ExprSchemable, Join, JoinType, LogicalPlan};
 use datafusion::physical_expr::execution_props::ExecutionProps;
 
 use super::reduce::{physical_key, DenseReduction, DimKeys, MAX_KEYED_POSITIONS};
-use super::scan_path::{down_to_scan, replace_columns};
+use super::scan_path::{down_to_scan, join_as_scan};
 use crate::config::ZarrConfig;
 use crate::plan_methods::bottom_up_rule;
 use crate::table::{Broadcast, BroadcastDim, GridTable, ZarrTable};
@@ -178,9 +172,6 @@ fn broadcast_join(join: &Join, grid_is_left: bool) -> Result<Option<LogicalPlan>
     let name = path.scan.table_name.clone();
     let column = |field: &str| Expr::Column(Column::new(Some(name.clone()), field));
     let provider = ZarrTable::new(grid).with_pushdown(path.table.pushdown());
-    let scan = TableScanBuilder::new(name.clone(), provider_as_source(Arc::new(provider)))
-        .with_filters(path.scan.filters.clone())
-        .build()?;
 
     // The join's columns: the grid side's as they were; the small side's
     // keys are the grid's (NULL where no row matched, in a left join),
@@ -208,23 +199,8 @@ fn broadcast_join(join: &Join, grid_is_left: bool) -> Result<Option<LogicalPlan>
     if inner {
         predicates.push(column(&matched));
     }
-    if let Some(filter) = &join.filter {
-        // The join's own condition is over both sides' outputs.
-        predicates.push(replace_columns(filter.clone(), &join.schema, |i| {
-            outputs[i].clone()
-        })?);
-    }
-    let mut input = LogicalPlan::TableScan(scan);
-    if let Some(predicate) = conjunction(predicates) {
-        input = LogicalPlan::Filter(Filter::try_new(predicate, Arc::new(input))?);
-    }
-    let exprs = (outputs.into_iter().zip(join.schema.iter()))
-        .map(|(e, (qualifier, field))| e.alias_qualified(qualifier.cloned(), field.name()))
-        .collect();
-    Ok(Some(LogicalPlan::Projection(Projection::try_new(
-        exprs,
-        Arc::new(input),
-    )?)))
+    let filters = path.scan.filters.clone();
+    join_as_scan(join, name, provider, filters, predicates, outputs).map(Some)
 }
 
 /// The dimension `key` (over the scan's columns) is a deterministic

@@ -7,11 +7,16 @@
 //! columns.
 
 use std::any::Any;
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{Column, DFSchema, Result};
-use datafusion::datasource::source_as_provider;
-use datafusion::logical_expr::{Expr, LogicalPlan, Projection, SubqueryAlias, TableScan};
+use datafusion::common::{Column, DFSchema, Result, TableReference};
+use datafusion::datasource::{provider_as_source, source_as_provider};
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{
+    Expr, Filter, Join, LogicalPlan, Projection, SubqueryAlias, TableScan, TableScanBuilder,
+};
 
 use crate::table::ZarrTable;
 
@@ -142,6 +147,43 @@ pub(crate) fn replace_columns(
         other => Ok(Transformed::no(other)),
     })
     .data()
+}
+
+/// A join planned as one scan of `provider` (the aligned zip and the
+/// broadcast join): the table scanned as `name` with `filters` pushed in,
+/// its rows kept where `predicates` and the join's own condition hold, and
+/// projected to `outputs` (over the scan's columns, one per column of the
+/// join in its order) named as the join names its columns.
+pub(crate) fn join_as_scan(
+    join: &Join,
+    name: impl Into<TableReference>,
+    provider: ZarrTable,
+    filters: Vec<Expr>,
+    mut predicates: Vec<Expr>,
+    outputs: Vec<Expr>,
+) -> Result<LogicalPlan> {
+    if let Some(filter) = &join.filter {
+        // The join's own condition is over both sides' outputs.
+        predicates.push(replace_columns(filter.clone(), &join.schema, |i| {
+            outputs[i].clone()
+        })?);
+    }
+    let mut seen = HashSet::new();
+    predicates.retain(|p| seen.insert(p.clone()));
+    let scan = TableScanBuilder::new(name, provider_as_source(Arc::new(provider)))
+        .with_filters(filters)
+        .build()?;
+    let mut input = LogicalPlan::TableScan(scan);
+    if let Some(predicate) = conjunction(predicates) {
+        input = LogicalPlan::Filter(Filter::try_new(predicate, Arc::new(input))?);
+    }
+    let exprs = (outputs.into_iter().zip(join.schema.iter()))
+        .map(|(e, (qualifier, field))| e.alias_qualified(qualifier.cloned(), field.name()))
+        .collect();
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(input),
+    )?))
 }
 
 /// `expr` over a projection's output, rewritten over the projection's input.

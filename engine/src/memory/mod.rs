@@ -1,5 +1,8 @@
-//! Memory: sizes written by people (`2GB`, `512MB`) and the session's budget.
+//! Memory: sizes written by people (`2GB`, `512MB`) and the session's
+//! budget, which every operator's projected memory is reserved in.
 
+mod reserve;
 mod size;
 
+pub use reserve::reserve;
 pub use size::parse_size;

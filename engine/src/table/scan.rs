@@ -21,7 +21,6 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -40,6 +39,7 @@ use super::cells::BoxCells;
 use super::dataset::GridTable;
 use super::read_ahead::ReadAheadPlan;
 use super::selection::Selection;
+use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::zarr::ChunkBufferPool;
@@ -350,15 +350,7 @@ impl DisplayAs for ZarrScanExec {
 }
 
 impl ExecutionPlan for ZarrScanExec {
-    fn name(&self) -> &str {
-        "ZarrScanExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    broadcast_children_methods!();
+    broadcast_children_methods!("ZarrScanExec");
 
     fn apply_expressions(
         &self,
@@ -415,12 +407,14 @@ impl ExecutionPlan for ZarrScanExec {
             buffers: ChunkBufferPool::new(),
         };
         // The partition's projected memory, held in the pool while it runs.
-        let reservation = MemoryConsumer::new(format!("ZarrScanExec[{partition}]"))
-            .register(context.memory_pool());
-        reservation.try_grow(self.per_partition_memory())?;
-        MetricBuilder::new(&self.metrics)
-            .gauge("memory_reserved", partition)
-            .set(self.per_partition_memory());
+        let reservation = reserve(
+            "ZarrScanExec",
+            &self.table.store,
+            partition,
+            self.per_partition_memory(),
+            &context,
+            &self.metrics,
+        )?;
         let grid = Arc::clone(&self.blocks);
         let mut remaining = self.limit.map(|l| l as u64);
         let blocks_read = MetricBuilder::new(&self.metrics).counter("blocks_read", partition);

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use datafusion::common::{exec_err, human_readable_size, DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::common::{exec_err, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -18,6 +17,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{Partitioning, PlanProperties};
 
 use super::sink::CancelOnDrop;
+use crate::memory::reserve;
 
 /// Plan properties of an operator whose output is one `count` row.
 pub(crate) fn count_properties() -> Arc<PlanProperties> {
@@ -71,18 +71,14 @@ impl WriteJob<'_> {
         if partition != 0 {
             return exec_err!("{} has one partition, asked for {partition}", self.operator);
         }
-        let reservation = MemoryConsumer::new(self.operator).register(context.memory_pool());
-        reservation.try_grow(self.projected).map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
-                "{} of '{}' needs {} for its tasks and the memory pool cannot give it: {e}",
-                self.operator,
-                self.store,
-                human_readable_size(self.projected)
-            ))
-        })?;
-        MetricBuilder::new(self.metrics)
-            .gauge("memory_reserved", 0)
-            .set(self.projected);
+        let reservation = reserve(
+            self.operator,
+            self.store,
+            0,
+            self.projected,
+            context,
+            self.metrics,
+        )?;
         let bytes_read = MetricBuilder::new(self.metrics).counter("bytes_read", 0);
         let bytes_written = MetricBuilder::new(self.metrics).counter("bytes_written", 0);
         let copy_time = MetricBuilder::new(self.metrics).subset_time("copy_time", 0);

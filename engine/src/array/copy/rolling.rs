@@ -32,7 +32,7 @@ use datafusion::arrow::datatypes::ArrowNativeType;
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
 use datafusion::catalog::Session;
 use datafusion::common::{
-    exec_err, human_readable_size, plan_err, resources_err, DFSchemaRef, DataFusionError, Result,
+    exec_err, human_readable_size, resources_err, DFSchemaRef, DataFusionError, Result,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::dml::CopyTo;
@@ -44,10 +44,7 @@ use datafusion::physical_planner::PhysicalPlanner;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
-use super::selection::{
-    target_chunks, Blockwise, OutputVariable, SelectionCopyExec, Step, StepWriters,
-};
-use crate::array::rechunk::RechunkOptions;
+use super::selection::{Blockwise, CopyGrid, OutputVariable, SelectionCopyExec, Step, StepWriters};
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
@@ -183,25 +180,21 @@ impl RollingCopy {
         }
         let exec = RollingWindowExec::plan(&self.window, planner, session, planning)?;
         let rolling = Arc::clone(exec.rolling());
-        let table = Arc::clone(&rolling.table);
-        let selection = rolling.selection.clone();
-        let shape: Vec<u64> = (0..table.dims.len())
-            .map(|d| selection.ranges(d).iter().map(|r| r.end - r.start).sum())
-            .collect();
-        if shape.contains(&0) {
-            return plan_err!(
-                "COPY TO Zarr: the filters select no cell of '{}'",
-                table.store
-            );
-        }
+        let grid = CopyGrid::new(
+            Arc::clone(&rolling.table),
+            rolling.selection.clone(),
+            &self.outputs,
+            &self.target,
+            &self.options,
+            session,
+        )?;
+        let (table, shape, types) = (&grid.table, &grid.shape, &grid.types);
         let exprs = self
             .outputs
             .iter()
             .map(|o| planner.create_physical_expr(&o.expr, &self.window.schema, session, planning))
             .collect::<Result<Vec<_>>>()?;
-        let types: Vec<DataType> = self.outputs.iter().map(|o| o.data_type.clone()).collect();
-        let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
-        let target = target_chunks(&table, &shape, &types, &self.options, &rechunk)?;
+        let target = grid.target_chunks();
         let batch_size = session.config().batch_size().max(1);
         let limit = match session.runtime_env().memory_pool.memory_limit() {
             MemoryLimit::Finite(limit) => Some(limit as u64),
@@ -228,10 +221,10 @@ impl RollingCopy {
         // Intermediate chunks of the window's blocks (in selected
         // positions), or of whole target chunks when those fit.
         let natural: Vec<u64> = (rolling.blocks.block_shape().iter())
-            .zip(&shape)
+            .zip(shape)
             .map(|(&b, &n)| b.clamp(1, n))
             .collect();
-        let aligned: Vec<u64> = (natural.iter().zip(&target).zip(&shape))
+        let aligned: Vec<u64> = (natural.iter().zip(target).zip(shape))
             .map(|((&b, &t), &n)| match b {
                 b if b >= n => n,
                 b if b >= t => b / t * t,
@@ -273,25 +266,9 @@ impl RollingCopy {
             batch_size,
             metrics: metrics.clone(),
         }));
+        let limit = session.runtime_env().memory_pool.memory_limit();
         Ok(SelectionCopyExec::new(
-            Arc::new(
-                Blockwise {
-                    table,
-                    selection,
-                    shape,
-                    block,
-                    names: self.outputs.iter().map(|o| o.name.clone()).collect(),
-                    types,
-                    step,
-                    target: self.target.clone(),
-                    target_chunks: target,
-                    options: self.options.clone(),
-                    rechunk,
-                    stage2_memory: 0,
-                    direct: false,
-                }
-                .planned(session.runtime_env().memory_pool.memory_limit())?,
-            ),
+            Arc::new(grid.blockwise(block, step, limit)?),
             metrics,
         ))
     }

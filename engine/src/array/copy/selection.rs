@@ -185,17 +185,16 @@ impl SelectionCopy {
         if let StoreLocation::Local(path) = &self.target {
             check_target(path)?;
         }
-        let table = Arc::clone(&self.table);
-        let selection = select(&self.filters, &table, session)?;
-        let shape: Vec<u64> = (0..table.dims.len())
-            .map(|d| selection.ranges(d).iter().map(|r| r.end - r.start).sum())
-            .collect();
-        if shape.contains(&0) {
-            return plan_err!(
-                "COPY TO Zarr: the filters select no cell of '{}'",
-                table.store
-            );
-        }
+        let selection = select(&self.filters, &self.table, session)?;
+        let grid = CopyGrid::new(
+            Arc::clone(&self.table),
+            selection,
+            &self.outputs,
+            &self.target,
+            &self.options,
+            session,
+        )?;
+        let (table, selection, shape) = (&grid.table, &grid.selection, &grid.shape);
         // The columns the expressions read, in the table's order.
         let mut referenced = BTreeSet::new();
         for output in &self.outputs {
@@ -237,15 +236,12 @@ impl SelectionCopy {
                     .clamp(1, shape[d])
             })
             .collect();
-        let types: Vec<DataType> = self.outputs.iter().map(|o| o.data_type.clone()).collect();
         let tasks: u64 = shape
             .iter()
             .zip(&block)
             .map(|(n, c)| n.div_ceil(*c))
             .product();
-        let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
-        let target_chunks = target_chunks(&table, &shape, &types, &self.options, &rechunk)?;
-        let workers = (rechunk.threads as u64).clamp(1, tasks) as usize;
+        let workers = (grid.rechunk.threads as u64).clamp(1, tasks) as usize;
         // A task's source box: the longest source span a chunk covers.
         let spans: Vec<u64> = (0..n_dims)
             .map(|d| max_span(selection.ranges(d), shape[d], block[d]))
@@ -261,8 +257,13 @@ impl SelectionCopy {
         let projected = workers as u64 * task_memory;
         // Each worker decodes a source box at once: its chunks are read
         // ahead whole, in the fewer chunks the memory left holds.
-        let mut read_ahead =
-            ReadAheadPlan::new(&table, &columns, rechunk.io_concurrency, &spans, workers);
+        let mut read_ahead = ReadAheadPlan::new(
+            table,
+            &columns,
+            grid.rechunk.io_concurrency,
+            &spans,
+            workers,
+        );
         if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
             if projected > limit as u64 {
                 return resources_err!(
@@ -287,33 +288,101 @@ impl SelectionCopy {
             task_memory,
             read_ahead,
         });
+        let limit = session.runtime_env().memory_pool.memory_limit();
         Ok(SelectionCopyExec::new(
-            Arc::new(
-                Blockwise {
-                    table,
-                    selection,
-                    shape,
-                    block,
-                    names: self.outputs.iter().map(|o| o.name.clone()).collect(),
-                    types,
-                    step,
-                    target: self.target.clone(),
-                    target_chunks,
-                    options: self.options.clone(),
-                    rechunk,
-                    stage2_memory: 0,
-                    direct: false,
-                }
-                .planned(session.runtime_env().memory_pool.memory_limit())?,
-            ),
+            Arc::new(grid.blockwise(block, step, limit)?),
             ExecutionPlanMetricsSet::new(),
         ))
     }
 }
 
+/// What a chunk-by-chunk copy writes, known before its step 1 is planned:
+/// the grid a selection keeps, the variables, the target and its chunks.
+pub(crate) struct CopyGrid {
+    pub(crate) table: Arc<GridTable>,
+    pub(crate) selection: Selection,
+    /// Selected positions per dimension.
+    pub(crate) shape: Vec<u64>,
+    pub(crate) types: Vec<DataType>,
+    pub(crate) rechunk: RechunkOptions,
+    names: Vec<String>,
+    target: StoreLocation,
+    target_chunks: Vec<u64>,
+    options: ZarrWriteOptions,
+}
+
+impl CopyGrid {
+    /// The copy of what `selection` keeps of `table`, `outputs` written
+    /// to `target` with `options`; refused when the selection keeps no
+    /// cell or the options ask for chunks that cannot be.
+    pub(crate) fn new(
+        table: Arc<GridTable>,
+        selection: Selection,
+        outputs: &[OutputVariable],
+        target: &StoreLocation,
+        options: &ZarrWriteOptions,
+        session: &dyn Session,
+    ) -> Result<Self> {
+        let shape: Vec<u64> = (0..table.dims.len())
+            .map(|d| selection.ranges(d).iter().map(|r| r.end - r.start).sum())
+            .collect();
+        if shape.contains(&0) {
+            return plan_err!(
+                "COPY TO Zarr: the filters select no cell of '{}'",
+                table.store
+            );
+        }
+        let types: Vec<DataType> = outputs.iter().map(|o| o.data_type.clone()).collect();
+        let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
+        let target_chunks = target_chunks(&table, &shape, &types, options, &rechunk)?;
+        Ok(Self {
+            table,
+            selection,
+            shape,
+            types,
+            rechunk,
+            names: outputs.iter().map(|o| o.name.clone()).collect(),
+            target: target.clone(),
+            target_chunks,
+            options: options.clone(),
+        })
+    }
+
+    /// The target's chunk shape.
+    pub(crate) fn target_chunks(&self) -> &[u64] {
+        &self.target_chunks
+    }
+
+    /// Both steps, step 1 being `step` writing chunks of shape `block`,
+    /// planned within `limit` (see [`Blockwise::planned`]).
+    pub(crate) fn blockwise(
+        self,
+        block: Vec<u64>,
+        step: Step,
+        limit: MemoryLimit,
+    ) -> Result<Blockwise> {
+        Blockwise {
+            table: self.table,
+            selection: self.selection,
+            shape: self.shape,
+            block,
+            names: self.names,
+            types: self.types,
+            step,
+            target: self.target,
+            target_chunks: self.target_chunks,
+            options: self.options,
+            rechunk: self.rechunk,
+            stage2_memory: 0,
+            direct: false,
+        }
+        .planned(limit)
+    }
+}
+
 /// The target's chunks: as the options ask, else small enough for the
 /// rechunk to hold one beside a source chunk and its encoding.
-pub(crate) fn target_chunks(
+fn target_chunks(
     table: &GridTable,
     shape: &[u64],
     types: &[DataType],

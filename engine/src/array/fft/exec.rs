@@ -22,7 +22,6 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::TableProvider;
 use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -40,6 +39,7 @@ use super::transform::FftTransform;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
+use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::cells::dimension_indices;
 use crate::table::{BlockGrid, Coordinate, ReadAheadPlan, Selection, TableReadAhead};
@@ -612,12 +612,15 @@ impl ExecutionPlan for FftExec {
         let memory = (job.per_task_memory())
             .saturating_add(job.read_ahead.memory())
             .saturating_add(job.kernel_memory() / self.partitions().max(1));
-        let reservation =
-            MemoryConsumer::new(format!("FftExec[{partition}]")).register(context.memory_pool());
-        reservation.try_grow(memory)?;
-        MetricBuilder::new(&self.metrics)
-            .gauge("memory_reserved", partition)
-            .set(memory);
+        let store = job.source().store().to_string();
+        let reservation = reserve(
+            "FftExec",
+            &store,
+            partition,
+            memory,
+            &context,
+            &self.metrics,
+        )?;
         let blocks_done = MetricBuilder::new(&self.metrics).counter("blocks", partition);
         let transform_time = MetricBuilder::new(&self.metrics).subset_time("block_time", partition);
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&job.schema), 2);

@@ -56,6 +56,7 @@ use super::{
     default_work_dir, fmt_array_plans, ArrayRechunk, PreparedRechunk, RechunkOptions,
     RechunkSummary, ScratchStore,
 };
+use crate::plan_methods::named_plan_methods;
 use crate::table::{
     literal_text, open_dataset, zarr_source, TableFunctionCall, ZarrTable, ZarrTableOptions,
 };
@@ -436,13 +437,7 @@ impl DisplayAs for RechunkExec {
 }
 
 impl ExecutionPlan for RechunkExec {
-    fn name(&self) -> &str {
-        "RechunkExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
+    named_plan_methods!("RechunkExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         vec![&self.scan]

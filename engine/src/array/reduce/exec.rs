@@ -23,7 +23,7 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{human_readable_size, resources_err, DFSchema, DataFusionError, Result};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::ColumnarValue;
@@ -46,6 +46,7 @@ use super::groups::{GroupSpace, Line};
 use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYTES};
 use super::node::DenseReduction;
 use crate::config::ZarrConfig;
+use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
@@ -1042,15 +1043,7 @@ impl DisplayAs for DenseReductionExec {
 }
 
 impl ExecutionPlan for DenseReductionExec {
-    fn name(&self) -> &str {
-        "DenseReductionExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    broadcast_children_methods!();
+    broadcast_children_methods!("DenseReductionExec");
 
     fn apply_expressions(
         &self,
@@ -1107,11 +1100,14 @@ impl ExecutionPlan for DenseReductionExec {
         let run = self.blocks_of_task(&context)?;
         let workers = self.workers;
         let batch_size = context.session_config().batch_size().max(1);
-        let reservation = MemoryConsumer::new("DenseReductionExec").register(context.memory_pool());
-        reservation.try_grow(self.projected_memory())?;
-        MetricBuilder::new(&self.metrics)
-            .gauge("memory_reserved", 0)
-            .set(self.projected_memory());
+        let reservation = reserve(
+            "DenseReductionExec",
+            &reduction.table.store,
+            0,
+            self.projected_memory(),
+            &context,
+            &self.metrics,
+        )?;
         let progress = context.session_config().get_extension::<ScanProgress>();
         if let Some(progress) = &progress {
             progress.add_planned(run.end - run.start);

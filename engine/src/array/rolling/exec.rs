@@ -32,7 +32,6 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{human_readable_size, plan_err, resources_err, DFSchema, Result};
-use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{Cast, Expr, ExprSchemable};
@@ -49,6 +48,7 @@ use tokio::sync::mpsc::Sender;
 
 use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
 use super::node::RollingWindow;
+use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{boxes_in_block, select, share_of, BlockGrid, BoxCells, GridTable, Selection};
@@ -914,12 +914,14 @@ impl ExecutionPlan for RollingWindowExec {
         if let Some(progress) = &progress {
             progress.add_planned(run.end - run.start);
         }
-        let reservation = MemoryConsumer::new(format!("RollingWindowExec[{partition}]"))
-            .register(context.memory_pool());
-        reservation.try_grow(self.per_partition_memory())?;
-        MetricBuilder::new(&self.metrics)
-            .gauge("memory_reserved", partition)
-            .set(self.per_partition_memory());
+        let reservation = reserve(
+            "RollingWindowExec",
+            &self.rolling.table.store,
+            partition,
+            self.per_partition_memory(),
+            &context,
+            &self.metrics,
+        )?;
         let meters = Meters::new(&self.metrics, partition);
         let rolling = Arc::clone(&self.rolling);
         let batch_size = self.batch_size;

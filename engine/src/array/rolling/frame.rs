@@ -31,6 +31,8 @@ use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
 use datafusion::common::{internal_err, Result};
 
+use crate::array::reduce::ReduceOp;
+
 /// What a rolling aggregate computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
 pub enum RollOp {
@@ -47,22 +49,33 @@ pub enum RollOp {
 }
 
 impl RollOp {
-    /// The SQL name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Count => "count",
-            Self::Sum => "sum",
-            Self::Avg => "avg",
-            Self::Min => "min",
-            Self::Max => "max",
+    /// The rolling aggregate computing what `op` does, when there is one.
+    pub fn of(op: ReduceOp) -> Option<Self> {
+        match op {
+            ReduceOp::Count => Some(Self::Count),
+            ReduceOp::Sum => Some(Self::Sum),
+            ReduceOp::Avg => Some(Self::Avg),
+            ReduceOp::Min => Some(Self::Min),
+            ReduceOp::Max => Some(Self::Max),
+            _ => None,
         }
+    }
+
+    /// The SQL name (the reduction's, [`ReduceOp::name`]).
+    pub fn name(self) -> &'static str {
+        let op = match self {
+            Self::Count => ReduceOp::Count,
+            Self::Sum => ReduceOp::Sum,
+            Self::Avg => ReduceOp::Avg,
+            Self::Min => ReduceOp::Min,
+            Self::Max => ReduceOp::Max,
+        };
+        op.name()
     }
 
     /// The aggregate [`RollOp::name`] names.
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Count, Self::Sum, Self::Avg, Self::Min, Self::Max]
-            .into_iter()
-            .find(|op| op.name() == name)
+        ReduceOp::from_name(name).and_then(Self::of)
     }
 }
 
@@ -648,6 +661,27 @@ mod tests {
     use datafusion::arrow::array::Float32Array;
 
     use super::*;
+
+    #[test]
+    fn rolling_aggregates_are_the_reductions_of_their_names() {
+        let ops = [
+            RollOp::Count,
+            RollOp::Sum,
+            RollOp::Avg,
+            RollOp::Min,
+            RollOp::Max,
+        ];
+        for op in ops {
+            let reduce = ReduceOp::from_name(op.name()).unwrap();
+            assert_eq!(
+                (RollOp::of(reduce), RollOp::from_name(op.name())),
+                (Some(op), Some(op))
+            );
+        }
+        for name in ["var", "var_pop", "stddev", "stddev_pop", "median"] {
+            assert_eq!(RollOp::from_name(name), None, "{name}");
+        }
+    }
 
     /// Each lane's frame, computed naively from the cells' numbers.
     fn naive(

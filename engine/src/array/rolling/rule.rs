@@ -334,14 +334,7 @@ fn written_expr(expr: &Expr) -> Option<Written> {
     let [order] = params.order_by.as_slice() else {
         return None;
     };
-    let op = match ReduceOp::of_aggregate(function)? {
-        ReduceOp::Count => RollOp::Count,
-        ReduceOp::Sum => RollOp::Sum,
-        ReduceOp::Avg => RollOp::Avg,
-        ReduceOp::Min => RollOp::Min,
-        ReduceOp::Max => RollOp::Max,
-        _ => return None,
-    };
+    let op = RollOp::of(ReduceOp::of_aggregate(function)?)?;
     let frame = &params.window_frame;
     if frame.units != WindowFrameUnits::Rows {
         return None;
