@@ -73,10 +73,9 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
 /// are handed to them, Zarr scans, dense reductions and rolling windows
 /// split into tasks by their bytes (a dense reduction's tasks give partial
 /// states, merged by DataFusion's final aggregate; a rolling window's tasks
-/// each roll a run of blocks, reading the overlap before it). Aligned joins
-/// are planned as DataFusion's hash joins over distributed scans
-/// (`zarrfusion.aligned_join` is off), joins with small results as
-/// DataFusion's joins (`zarrfusion.broadcast_join` is off).
+/// each roll a run of blocks, reading the overlap before it; an aligned
+/// join's zip is such a scan, of both stores). Joins with small results are
+/// planned as DataFusion's joins (`zarrfusion.broadcast_join` is off).
 pub fn distributed_context(
     config: SessionConfig,
     runtime: Arc<RuntimeEnv>,
@@ -108,7 +107,6 @@ fn build_context(
         .with_target_partitions(partitions.clamp(1, MAX_TARGET_PARTITIONS));
     if workers.is_some() {
         if let Some(zarr) = config.options_mut().extensions.get_mut::<ZarrConfig>() {
-            zarr.aligned_join = false;
             zarr.broadcast_join = false;
         }
         keep_partial_aggregates(config.options_mut());

@@ -3,8 +3,9 @@
 //! process), a session planning for them with Zarr scans split into many
 //! tasks. Every oracle query must give xarray's answer
 //! (`tests/fixtures/expected/queries.json`, written by `make_fixtures.py`);
-//! zarrfusion's codec must carry a scan and a dense reduction's partial
-//! states whole and refuse malformed ones with an error. Real worker processes (`zarrfusion worker`) are started
+//! aligned joins must run as zipped scans on the workers with the rows of
+//! DataFusion's hash join; zarrfusion's codec must carry a scan and a dense
+//! reduction's partial states whole and refuse malformed ones with an error. Real worker processes (`zarrfusion worker`) are started
 //! by the shell's tests (`cli/tests/worker.rs`).
 
 mod common;
@@ -12,7 +13,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{assert_rows, fixture, query_rows, repo_root};
+use common::{assert_rows, fixture, query_rows, repo_root, scratch, sort_rows};
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::physical_plan::{collect_partitioned, displayable, ExecutionPlan};
 use datafusion_proto::bytes::{
@@ -175,21 +176,31 @@ fn find_scans(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<Arc<dyn ExecutionPlan
     }
 }
 
+/// `scan` through the codec and back: the same plan, and partition by
+/// partition the same rows (each reads the same blocks in the same order).
+async fn assert_round_trip(
+    ctx: &datafusion::prelude::SessionContext,
+    scan: &Arc<dyn ExecutionPlan>,
+) {
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(scan), &codec).unwrap();
+    let task = ctx.task_ctx();
+    let back = physical_plan_from_bytes_with_extension_codec(&bytes, &task, &codec).unwrap();
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    assert_eq!(show(&back), show(scan));
+    let want = collect_partitioned(Arc::clone(scan), Arc::clone(&task))
+        .await
+        .unwrap();
+    let got = collect_partitioned(back, task).await.unwrap();
+    assert_eq!(got, want);
+    assert!(want.iter().flatten().map(|b| b.num_rows()).sum::<usize>() > 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scan_round_trips_through_the_codec_with_the_same_plan_and_rows() {
     let sql = "SELECT * FROM t WHERE lat > 10 LIMIT 7";
     let (ctx, scan) = planned_scan(sql).await;
-    let codec = ZarrCodec::default();
-    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&scan), &codec).unwrap();
-    let task = ctx.task_ctx();
-    let back = physical_plan_from_bytes_with_extension_codec(&bytes, &task, &codec).unwrap();
-    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
-    assert_eq!(show(&back), show(&scan));
-    // Partition by partition: each reads the same blocks in the same order.
-    let want = collect_partitioned(scan, Arc::clone(&task)).await.unwrap();
-    let got = collect_partitioned(back, task).await.unwrap();
-    assert_eq!(got, want);
-    assert!(want.iter().flatten().map(|b| b.num_rows()).sum::<usize>() > 0);
+    assert_round_trip(&ctx, &scan).await;
 }
 
 /// zarrfusion's codec on both ends of the wire: a node as it is sent
@@ -595,4 +606,106 @@ async fn a_rolling_window_round_trips_and_a_malformed_one_is_refused() {
         ("output", Value::from("NoSuchType"), "NoSuchType"),
     ];
     wire.refuses_aggregate(&sent, aggregate_cases);
+}
+
+/// Registers the demo store as `era5` and `forecast` (its grid) in `ctx`.
+async fn register_pair(ctx: &datafusion::prelude::SessionContext, forecast: &std::path::Path) {
+    let demo = repo_root().join("demo/era5.zarr");
+    for (name, path) in [("era5", demo.as_path()), ("forecast", forecast)] {
+        ctx.register_zarr(name, path.to_str().unwrap(), HashMap::new())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aligned_joins_run_on_the_workers_as_zipped_scans() {
+    // A second store on the demo's grid, in other chunks.
+    let dir = scratch("cluster-zip");
+    let forecast = dir.join("forecast.zarr");
+    let writer = new_context();
+    let demo = repo_root().join("demo/era5.zarr");
+    (writer
+        .register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let copy = format!(
+        "COPY (SELECT time, lat, lon, t2m + 0.5 * u10 AS t2m, v10 AS w FROM era5) TO '{}' \
+         STORED AS ZARR OPTIONS ('chunks' 'time=7,lat=11,lon=16')",
+        forecast.display()
+    );
+    query_rows(&writer, "writing the forecast", &copy).await;
+
+    let workers = start_workers(2).await;
+    let on = "a.time = b.time AND a.lat = b.lat AND a.lon = b.lon";
+    let queries = [
+        // A GROUP BY over the zip: a dense reduction's partial states.
+        (
+            format!(
+                "SELECT a.lat, avg(a.t2m - b.t2m) AS bias, count(b.w) AS n, max(b.w) AS w \
+                 FROM era5 a JOIN forecast b ON {on} WHERE a.time >= '2020-01-03' \
+                 GROUP BY a.lat"
+            ),
+            1,
+            "emits=partial states",
+        ),
+        // Rows of both, filtered on each side's dimensions.
+        (
+            format!(
+                "SELECT a.time, a.lat, a.lon, a.t2m - b.t2m AS d, b.w FROM era5 a \
+                 JOIN forecast b ON {on} WHERE a.lat BETWEEN -20 AND 30 AND b.lon < 90"
+            ),
+            3,
+            "ZarrScanExec",
+        ),
+        // USING, and a condition across the sides.
+        (
+            "SELECT lat, count(*) AS n, sum(era5.sst * forecast.w) AS s FROM era5 \
+             JOIN forecast USING (time, lat, lon) WHERE era5.t2m < forecast.t2m GROUP BY lat"
+                .to_string(),
+            1,
+            "emits=partial states",
+        ),
+    ];
+    for (sql, keys, node) in &queries {
+        // DataFusion's hash join, on one machine.
+        let local = new_context();
+        (local.sql("SET zarrfusion.aligned_join = false").await).unwrap();
+        register_pair(&local, &forecast).await;
+        let mut want = query_rows(&local, "hash join", sql).await;
+        sort_rows(&mut want, *keys);
+
+        let ctx = cluster_session(&workers).await;
+        register_pair(&ctx, &forecast).await;
+        let plan = physical_plan(&ctx, sql).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(
+            shown.contains("era5.zarr + ")
+                && shown.contains(node)
+                && shown.contains("Network")
+                && !shown.contains("HashJoinExec"),
+            "{sql}:\n{shown}"
+        );
+        let mut got = query_rows(&ctx, "zip through workers", sql).await;
+        sort_rows(&mut got, *keys);
+        assert!(got.len() > 5, "{sql}: {} rows", got.len());
+        assert_rows(&format!("{sql} through workers"), &got, &want);
+    }
+
+    // The zipped scan through the codec: the same plan and rows; a zip of
+    // tables on different grids is refused.
+    let ctx = new_context();
+    register_pair(&ctx, &forecast).await;
+    let plan = physical_plan(&ctx, &queries[1].0).await;
+    let mut scans = Vec::new();
+    find_scans(&plan, &mut scans);
+    let scan = scans.remove(0);
+    assert_round_trip(&ctx, &scan).await;
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(scan);
+    assert_eq!(sent["source"]["kind"], "zip", "{sent}");
+    let mut bad = sent.clone();
+    bad["source"]["right"]["location"] = Value::from(fixture("climate.zarr"));
+    let err = wire.decode(&bad).expect_err("a zip of two grids accepted");
+    assert!(err.contains("not on one grid"), "{err}");
 }

@@ -30,14 +30,11 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{Column, Result};
-use datafusion::datasource::provider_as_source;
-use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::{Expr, Filter, JoinType, LogicalPlan, Projection, TableScanBuilder};
+use datafusion::logical_expr::{Expr, JoinType, LogicalPlan};
 
-use super::scan_path::{down_to_scan, replace_columns, ScanPath};
+use super::scan_path::{down_to_scan, join_as_scan, ScanPath};
 use crate::config::ZarrConfig;
 use crate::plan_methods::bottom_up_rule;
 use crate::table::{GridTable, ZarrTable};
@@ -84,15 +81,18 @@ fn aligned_zip(plan: &LogicalPlan) -> Result<Option<LogicalPlan>> {
         return Ok(None);
     };
     let (a, b) = (left.table.grid(), right.table.grid());
-    // A side with a table joined in already keeps DataFusion's join.
-    if !a.broadcasts.is_empty() || !b.broadcasts.is_empty() {
+    if !keys_pair_all_dimensions(&left, &right, join.on.len()) {
         return Ok(None);
     }
-    if !keys_pair_all_dimensions(&left, &right, join.on.len()) || !same_coordinates(a, b) {
+    // Other coordinates, or a side with a table joined in already: the
+    // join stays DataFusion's.
+    let Some(table) = a.zip(b) else {
         return Ok(None);
-    }
-
-    let zipped = Zipped::new(a, b);
+    };
+    let zipped = Zipped {
+        table,
+        right_offset: a.variables.len(),
+    };
     let name = format!(
         "{}_{}",
         left.scan.table_name.table(),
@@ -147,36 +147,14 @@ fn aligned_zip(plan: &LogicalPlan) -> Result<Option<LogicalPlan>> {
         zipped.right_offset,
         right.predicates.clone(),
     )?);
-    if let Some(filter) = &join.filter {
-        // The join's own condition is over both sides' outputs.
-        let over_outputs = replace_columns(filter.clone(), &join.schema, |i| outputs[i].clone())?;
-        predicates.push(over_outputs);
-    }
-
-    // A filter on a join key reaches both sides: keep one.
+    // A filter on a join key reaches both sides: keep one (a predicate
+    // too: the join keeps each once).
     let mut seen = HashSet::new();
     filters.retain(|f| seen.insert(f.clone()));
-    let mut seen = HashSet::new();
-    predicates.retain(|p| seen.insert(p.clone()));
 
     let pushdown = left.table.pushdown() && right.table.pushdown();
     let provider = ZarrTable::new(zipped.table).with_pushdown(pushdown);
-    let scan = TableScanBuilder::new(name.as_str(), provider_as_source(Arc::new(provider)))
-        .with_filters(filters)
-        .build()?;
-    let mut input = LogicalPlan::TableScan(scan);
-    if let Some(predicate) = conjunction(predicates) {
-        input = LogicalPlan::Filter(Filter::try_new(predicate, Arc::new(input))?);
-    }
-    let exprs = outputs
-        .into_iter()
-        .zip(join.schema.iter())
-        .map(|(e, (qualifier, field))| e.alias_qualified(qualifier.cloned(), field.name()))
-        .collect();
-    Ok(Some(LogicalPlan::Projection(Projection::try_new(
-        exprs,
-        Arc::new(input),
-    )?)))
+    join_as_scan(join, name.as_str(), provider, filters, predicates, outputs).map(Some)
 }
 
 /// Whether the equality pairs (the last `n` expressions of each path) link
@@ -207,57 +185,9 @@ fn keys_pair_all_dimensions(left: &ScanPath<'_>, right: &ScanPath<'_>, n: usize)
     paired.len() == rank
 }
 
-/// Whether both tables' coordinates are equal, dimension by dimension, and
-/// each matches once: strictly monotonic, no NULL, no NaN.
-fn same_coordinates(a: &GridTable, b: &GridTable) -> bool {
-    a.dims.iter().zip(&b.dims).all(|(x, y)| {
-        x.len == y.len
-            && x.coordinate.same_values(&y.coordinate)
-            && x.coordinate.distinct_order().is_some()
-    })
-}
-
-/// The grid of two aligned tables: the first's dimensions, then the
-/// variables of both (the second's renamed where names clash).
+/// The grid of two aligned tables ([`GridTable::zip`]).
 struct Zipped {
     table: GridTable,
     /// Where the second table's variables start, past the first's.
     right_offset: usize,
-}
-
-impl Zipped {
-    fn new(a: &GridTable, b: &GridTable) -> Self {
-        let n_dims = a.dims.len();
-        let mut names: HashSet<String> =
-            a.schema.fields().iter().map(|f| f.name().clone()).collect();
-        let mut fields: Vec<Field> = a
-            .schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
-        for field in b.schema.fields().iter().skip(n_dims) {
-            let mut name = field.name().clone();
-            let mut n = 1;
-            while names.contains(&name) {
-                name = format!("{}_{n}", field.name());
-                n += 1;
-            }
-            names.insert(name.clone());
-            fields.push(field.as_ref().clone().with_name(name));
-        }
-        let mut variables = a.variables.clone();
-        variables.extend(b.variables.iter().cloned());
-        Self {
-            right_offset: a.variables.len(),
-            table: GridTable {
-                store: format!("{} + {}", a.store, b.store),
-                source: None,
-                dims: a.dims.clone(),
-                variables,
-                broadcasts: Vec::new(),
-                schema: Arc::new(Schema::new(fields)),
-            },
-        }
-    }
 }

@@ -7,7 +7,10 @@
 //! apply, not the sender's), checks that the columns are still those the
 //! plan was made for and that every number fits the table, fits the scan
 //! to its own `allowed_mem`, and refuses a scan that cannot fit it. A node
-//! the codec does not know is an error naming it.
+//! the codec does not know is an error naming it. The table of an aligned
+//! join's zip travels as both tables' sources: the worker opens each and
+//! zips them again ([`GridTable::zip`]), refusing tables no longer on one
+//! grid.
 //!
 //! A [`RollingWindowExec`] travels as its table's source, the columns it
 //! reads, its arguments and input columns (protobuf physical
@@ -30,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::{exec_datafusion_err, not_impl_err, plan_err, Result};
+use datafusion::common::{exec_datafusion_err, internal_err, not_impl_err, plan_err, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
@@ -49,7 +52,7 @@ use crate::array::{key_schema, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec
 use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
 use crate::error::lock;
 use crate::table::{
-    open_dataset_blocking, BlockGrid, GridTable, Selection, TableSource, ZarrScanExec,
+    open_dataset_blocking, BlockGrid, GridSource, GridTable, Selection, TableSource, ZarrScanExec,
     ZarrTableOptions,
 };
 
@@ -78,9 +81,22 @@ enum Node {
     Window(Window),
 }
 
+/// How to make a table again ([`GridSource`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Source {
+    /// Opened from a location.
+    Opened(Opened),
+    /// Two tables side by side: an aligned join's zip ([`GridTable::zip`]).
+    Zip {
+        left: Box<Source>,
+        right: Box<Source>,
+    },
+}
+
 /// How to open a table again.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct Source {
+struct Opened {
     location: String,
     dims: Vec<String>,
     group: Option<String>,
@@ -189,22 +205,37 @@ struct Aggregate {
 
 impl Source {
     fn of(table: &GridTable) -> Result<Self> {
-        let Some(TableSource { location, options }) = &table.source else {
+        let Some(source) = &table.source else {
             return not_impl_err!(
                 "the Zarr table over {} cannot run on a cluster's workers: it was made in this \
-                 process (a join's, a transform's or a rechunked copy's), not opened from a \
-                 location",
+                 process (a broadcast join's, a transform's or a rechunked copy's), not opened \
+                 from a location",
                 table.store
             );
         };
-        Ok(Self {
-            location: location.clone(),
-            dims: table.dims.iter().map(|d| d.name.clone()).collect(),
-            group: options.group.clone(),
-            pushdown: options.pushdown,
-            open_cache: options.open_cache,
-            storage: options.storage.clone().into_iter().collect(),
-            storage_defaults: options.storage_defaults.clone().into_iter().collect(),
+        Self::of_grid(source, &table.store)
+    }
+
+    fn of_grid(source: &GridSource, store: &str) -> Result<Self> {
+        Ok(match source {
+            GridSource::Opened(TableSource { location, options }) => {
+                let Some(dims) = options.dims.clone() else {
+                    return internal_err!("the Zarr table over {store} has no dimensions to open");
+                };
+                Self::Opened(Opened {
+                    location: location.clone(),
+                    dims,
+                    group: options.group.clone(),
+                    pushdown: options.pushdown,
+                    open_cache: options.open_cache,
+                    storage: options.storage.clone().into_iter().collect(),
+                    storage_defaults: options.storage_defaults.clone().into_iter().collect(),
+                })
+            }
+            GridSource::Zip(left, right) => Self::Zip {
+                left: Box::new(Self::of_grid(left, store)?),
+                right: Box::new(Self::of_grid(right, store)?),
+            },
         })
     }
 }
@@ -227,19 +258,36 @@ impl ZarrCodec {
         if let Some(table) = lock(&self.opened).get(&key) {
             return Ok(Arc::clone(table));
         }
-        let config = ZarrConfig::of(ctx.session_config().options());
-        let options = ZarrTableOptions {
-            dims: Some(source.dims.clone()),
-            group: source.group.clone(),
-            pushdown: source.pushdown,
-            open_cache: source.open_cache,
-            storage: source.storage.clone().into_iter().collect(),
-            storage_defaults: source.storage_defaults.clone().into_iter().collect(),
-            // The worker's own policy, not the sender's.
-            allowed: config.allowed()?,
+        let table = match source {
+            Source::Opened(source) => {
+                let config = ZarrConfig::of(ctx.session_config().options());
+                let options = ZarrTableOptions {
+                    dims: Some(source.dims.clone()),
+                    group: source.group.clone(),
+                    pushdown: source.pushdown,
+                    open_cache: source.open_cache,
+                    storage: source.storage.clone().into_iter().collect(),
+                    storage_defaults: source.storage_defaults.clone().into_iter().collect(),
+                    // The worker's own policy, not the sender's.
+                    allowed: config.allowed()?,
+                };
+                let dataset =
+                    open_dataset_blocking(&source.location, &options, &ctx.runtime_env())?;
+                Arc::new(dataset.table(Some(&source.dims))?)
+            }
+            Source::Zip { left, right } => {
+                let (a, b) = (self.open(left, ctx)?, self.open(right, ctx)?);
+                let Some(zipped) = a.zip(&b) else {
+                    return plan_err!(
+                        "the Zarr tables over {} and {} are not on one grid: their dimensions' \
+                         coordinates differ",
+                        a.store,
+                        b.store
+                    );
+                };
+                Arc::new(zipped)
+            }
         };
-        let dataset = open_dataset_blocking(&source.location, &options, &ctx.runtime_env())?;
-        let table = Arc::new(dataset.table(Some(&source.dims))?);
         lock(&self.opened).insert(key, Arc::clone(&table));
         Ok(table)
     }

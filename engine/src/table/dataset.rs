@@ -15,7 +15,7 @@
 //! one round trip: everything the last opening read is requested at once,
 //! each object only if it changed ([`crate::zarr::Opening`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use datafusion::arrow::array::ArrayRef;
@@ -98,14 +98,25 @@ pub struct TableSource {
     pub options: ZarrTableOptions,
 }
 
+/// How a [`GridTable`] is made again in another process (a cluster's
+/// worker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GridSource {
+    /// Opened from a location.
+    Opened(TableSource),
+    /// Two tables on one grid side by side ([`GridTable::zip`]).
+    Zip(Box<GridSource>, Box<GridSource>),
+}
+
 /// The variables of one dimension set, ready to be a table.
 #[derive(Debug)]
 pub struct GridTable {
     /// The store, as the user wrote it.
     pub store: String,
-    /// How to open this table again (`None`: a table made here, such as a
-    /// join's or a staged transform's).
-    pub source: Option<TableSource>,
+    /// How to make this table again (`None`: a table made here from what
+    /// another process cannot make, such as a broadcast join's or a staged
+    /// transform's).
+    pub source: Option<GridSource>,
     /// Dimensions, outermost first.
     pub dims: Vec<Arc<Dimension>>,
     /// Data variables, sorted by name.
@@ -221,10 +232,59 @@ impl GridTable {
     /// empty for a local store or a table made here), for reading its
     /// store again with the same client.
     pub fn storage_options(&self) -> HashMap<String, String> {
-        self.source
-            .as_ref()
-            .map(|s| s.options.storage.clone())
-            .unwrap_or_default()
+        match &self.source {
+            Some(GridSource::Opened(source)) => source.options.storage.clone(),
+            _ => HashMap::new(),
+        }
+    }
+
+    /// The grid of this table and `other` when they share one: their
+    /// dimensions have equal coordinates, each matching once (strictly
+    /// monotonic, no NULL, no NaN), and neither has a table joined in. Its
+    /// columns are this table's dimensions and variables, then `other`'s
+    /// variables (renamed `name_1`, `name_2`, ... where a name is taken),
+    /// each variable read from its own store.
+    pub fn zip(&self, other: &GridTable) -> Option<GridTable> {
+        let n_dims = self.dims.len();
+        let same_grid = other.dims.len() == n_dims
+            && self.dims.iter().zip(&other.dims).all(|(x, y)| {
+                x.len == y.len
+                    && x.coordinate.same_values(&y.coordinate)
+                    && x.coordinate.distinct_order().is_some()
+            });
+        if !same_grid || !self.broadcasts.is_empty() || !other.broadcasts.is_empty() {
+            return None;
+        }
+        let mut names: HashSet<String> = (self.schema.fields().iter())
+            .map(|f| f.name().clone())
+            .collect();
+        let mut fields: Vec<Field> = (self.schema.fields().iter())
+            .map(|f| f.as_ref().clone())
+            .collect();
+        for field in other.schema.fields().iter().skip(n_dims) {
+            let mut name = field.name().clone();
+            let mut n = 1;
+            while names.contains(&name) {
+                name = format!("{}_{n}", field.name());
+                n += 1;
+            }
+            names.insert(name.clone());
+            fields.push(field.as_ref().clone().with_name(name));
+        }
+        let mut variables = self.variables.clone();
+        variables.extend(other.variables.iter().cloned());
+        let source = match (&self.source, &other.source) {
+            (Some(a), Some(b)) => Some(GridSource::Zip(Box::new(a.clone()), Box::new(b.clone()))),
+            _ => None,
+        };
+        Some(GridTable {
+            store: format!("{} + {}", self.store, other.store),
+            source,
+            dims: self.dims.clone(),
+            variables,
+            broadcasts: Vec::new(),
+            schema: Arc::new(Schema::new(fields)),
+        })
     }
 
     /// The grid's shape.
@@ -518,7 +578,7 @@ impl ZarrDataset {
         });
         GridTable {
             store: self.store.clone(),
-            source,
+            source: source.map(GridSource::Opened),
             dims,
             variables,
             broadcasts: Vec::new(),

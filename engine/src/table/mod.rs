@@ -22,7 +22,7 @@ pub use broadcast::{
 };
 pub use cells::BoxCells;
 pub use coordinate::{Coordinate, CoordinateFormula};
-pub use dataset::{Dimension, GridColumn, GridTable, TableSource, ZarrDataset};
+pub use dataset::{Dimension, GridColumn, GridSource, GridTable, TableSource, ZarrDataset};
 pub use factory::{open_dataset, open_dataset_blocking, ZarrTableFactory};
 pub use options::{parse_dims, ZarrTableOptions};
 pub use provider::{registered_zarr_tables, ZarrTable};
