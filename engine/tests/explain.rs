@@ -142,3 +142,28 @@ async fn the_scan_states_its_projected_memory_and_reserves_it() {
     let dot = plan_dot(df, true).await.unwrap().replace("\\l    ", " ");
     assert!(dot.contains("memory_reserved="), "{dot}");
 }
+
+#[tokio::test]
+async fn a_batch_size_beyond_a_block_does_not_swell_the_projection() {
+    // A batch never spans two blocks: batches of up to 2^24 rows over a
+    // store of 120 cells hold 120 rows at most. Projected as 2^24 rows, the
+    // scan's partitions took the whole pool and a sort beside them failed.
+    let ctx = zarrfusion::new_context();
+    for sql in [
+        format!(
+            "CREATE EXTERNAL TABLE t STORED AS ZARR LOCATION '{}'",
+            common::fixture("v3_basic.zarr")
+        ),
+        "SET zarrfusion.allowed_mem = '1GB'".to_string(),
+        "SET datafusion.execution.target_partitions = 2".to_string(),
+        "SET datafusion.execution.batch_size = 16777216".to_string(),
+    ] {
+        zarrfusion::session::sql(&ctx, &sql).await.unwrap();
+    }
+    let sql = "SELECT * FROM t ORDER BY lat";
+    let projected = scan_projected_memory(&ctx, sql).await;
+    assert!(projected < 64.0 * 1024.0, "{projected} bytes");
+    let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 6 * 5 * 4);
+}

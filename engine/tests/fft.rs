@@ -324,12 +324,19 @@ async fn explain_shows_the_strategy_and_memory_and_a_small_budget_is_refused() {
             && text.contains("projected_memory="),
         "{text}"
     );
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(64 << 10, 1.0)
-        .build_arc()
-        .unwrap();
-    let ctx = new_context_with(session_config(), runtime);
-    let err = ctx
+    // In 64 KB the whole lines' kernel does not fit; the four-step path
+    // (passes over a copy in work_dir) does.
+    let budget = |bytes: usize| {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(bytes, 1.0)
+            .build_arc()
+            .unwrap();
+        new_context_with(session_config(), runtime)
+    };
+    let text = explain_text(&budget(64 << 10), sql).await;
+    assert!(text.contains("strategy=four-step"), "{text}");
+    // In 1 KB not even a block of single lines fits.
+    let err = budget(1 << 10)
         .sql(sql)
         .await
         .unwrap()

@@ -203,22 +203,31 @@ impl ZarrScanExec {
     pub fn per_partition_memory(&self) -> usize {
         self.block_memory()
             .saturating_add(
-                self.batch_size
+                self.batch_rows()
                     .saturating_mul(3)
                     .saturating_mul(self.dimension_row_bytes()),
             )
             .saturating_add(self.read_ahead.memory())
     }
 
+    /// Cells of one block (the largest, at the grid's origin).
+    fn block_cells(&self) -> usize {
+        let cells =
+            (self.blocks.block_shape().iter()).fold(1u64, |cells, &n| cells.saturating_mul(n));
+        usize::try_from(cells).unwrap_or(usize::MAX)
+    }
+
+    /// Rows of the largest batch: a batch never spans two blocks.
+    fn batch_rows(&self) -> usize {
+        self.batch_size.min(self.block_cells())
+    }
+
     /// Two decoded blocks of the projected variables.
     fn block_memory(&self) -> usize {
-        let block_cells =
-            (self.blocks.block_shape().iter()).fold(1u64, |cells, &n| cells.saturating_mul(n));
-        let block_cells = usize::try_from(block_cells).unwrap_or(usize::MAX);
         let block_bytes: usize = (self.projection.iter())
             .map(|&i| self.table.peak_cell_bytes(i))
             .fold(0usize, usize::saturating_add)
-            .saturating_mul(block_cells);
+            .saturating_mul(self.block_cells());
         block_bytes.saturating_mul(2)
     }
 

@@ -99,7 +99,14 @@ impl FftJob {
     /// Memory one task holds at its peak: a block read and decoded, its
     /// values before and after a pass (complex), and the batches in flight.
     fn per_task_memory(&self) -> usize {
-        let batches = self.batch_size.saturating_mul(3 * self.row_bytes());
+        // A batch never spans two blocks.
+        let block: Vec<Range<u64>> = (self.blocks.block_shape().iter()).map(|&n| 0..n).collect();
+        let block_cells = (self.table.output_extent(&block).iter())
+            .fold(1u64, |cells, r| cells.saturating_mul(r.end - r.start));
+        let batch_rows = self
+            .batch_size
+            .min(usize::try_from(block_cells).unwrap_or(usize::MAX));
+        let batches = batch_rows.saturating_mul(3 * self.row_bytes());
         if !self.reads_values() {
             return batches;
         }

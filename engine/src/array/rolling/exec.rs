@@ -649,7 +649,8 @@ impl Rolling {
             product(&[section, halo, width(&self.arg_schema)]),
             product(&[cells, 8 * self.aggregates.len() + 16]),
             product(&[section, RollState::LANE_BYTES, self.aggregates.len()]),
-            product(&[3, batch_size, row_bytes]),
+            // A batch never spans two blocks.
+            product(&[3, batch_size.min(cells), row_bytes]),
         ]
         .into_iter()
         .fold(0usize, usize::saturating_add)
