@@ -458,7 +458,7 @@ fn limited(bytes: usize) -> Arc<RuntimeEnv> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
     let workers = start_workers(2).await;
-    let tight = start_workers_in(2, || limited(1024)).await;
+    let tight = start_workers_in(2, || limited(512)).await;
     let queries = [
         (
             "SELECT lat, avg(t2m) FROM t GROUP BY lat",
@@ -467,7 +467,7 @@ async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
         ("SELECT lat, t2m FROM t WHERE t2m > 0", "ZarrScanExec"),
     ];
     for (sql, node) in queries {
-        let small = distributed_context(session_config(), limited(1024), workers.urls.clone());
+        let small = distributed_context(session_config(), limited(512), workers.urls.clone());
         small
             .sql("SET zarrfusion.bytes_per_task = 1")
             .await
@@ -480,7 +480,7 @@ async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
         let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(
             message.contains(node) && message.contains("allowed_mem") && message.contains("needs"),
-            "planned {sql} although it cannot fit 1 KiB: {message}"
+            "planned {sql} although it cannot fit 512 bytes: {message}"
         );
 
         let ctx = cluster_session(&tight).await;
@@ -498,7 +498,7 @@ async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
             .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
         assert!(
             named && message.contains("stage") && message.contains("allowed_mem"),
-            "a worker with 1 KiB ran the task of {sql}, or its refusal does not say so: {message}"
+            "a worker with 512 bytes ran the task of {sql}, or its refusal does not say so: {message}"
         );
     }
 }
