@@ -71,10 +71,13 @@ macro_rules! leaf_plan_methods {
 
 /// Expands, inside `impl UserDefinedLogicalNodeCore for T` (`T: Clone`),
 /// to `name` (the literal given), `schema` (the struct's `schema:
-/// DFSchemaRef` field), `inputs` and `expressions` (none) and
-/// `with_exprs_and_inputs` (a clone).
+/// DFSchemaRef` field, or the field path given after the name),
+/// `inputs` and `expressions` (none) and `with_exprs_and_inputs` (a clone).
 macro_rules! leaf_node_methods {
     ($name:literal) => {
+        $crate::plan_methods::leaf_node_methods!($name, schema);
+    };
+    ($name:literal, $($schema:ident).+) => {
         fn name(&self) -> &str {
             $name
         }
@@ -84,7 +87,7 @@ macro_rules! leaf_node_methods {
         }
 
         fn schema(&self) -> &datafusion::common::DFSchemaRef {
-            &self.schema
+            &self.$($schema).+
         }
 
         fn expressions(&self) -> Vec<datafusion::logical_expr::Expr> {
@@ -119,8 +122,10 @@ macro_rules! named_plan_methods {
 /// Expands, inside `impl ExecutionPlan for T`, to `name` and `properties`
 /// (as [`named_plan_methods`]), `children` (those of the struct's
 /// `broadcasts: BroadcastInputs` field), none of which benefits from being
-/// repartitioned, and `with_new_children` (the plan's own
-/// `replace_children`, its properties recomputed).
+/// repartitioned, `replace_children` (the plan itself when it joins
+/// nothing in, else its `rejoined(&self, BroadcastInputs) -> Self` with
+/// the new children) and `with_new_children` (`replace_children`, its
+/// properties recomputed).
 macro_rules! broadcast_children_methods {
     ($name:literal) => {
         $crate::plan_methods::named_plan_methods!($name);
@@ -131,6 +136,20 @@ macro_rules! broadcast_children_methods {
 
         fn benefits_from_input_partitioning(&self) -> Vec<bool> {
             vec![false; self.broadcasts.children().len()]
+        }
+
+        fn replace_children(
+            self: std::sync::Arc<Self>,
+            children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+            _options: datafusion::physical_plan::ReplaceChildrenOptions,
+        ) -> datafusion::common::Result<
+            std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        > {
+            if children.is_empty() && self.broadcasts.is_empty() {
+                return Ok(self);
+            }
+            let broadcasts = self.broadcasts.with_children(children)?;
+            Ok(std::sync::Arc::new(self.rejoined(broadcasts)))
         }
 
         fn with_new_children(

@@ -18,7 +18,7 @@ use datafusion::logical_expr::{
     Expr, Filter, Join, LogicalPlan, Projection, SubqueryAlias, TableScan, TableScanBuilder,
 };
 
-use crate::table::ZarrTable;
+use crate::table::{GridTable, ZarrTable};
 
 /// A plan's way down to a Zarr table scan.
 pub(crate) struct ScanPath<'a> {
@@ -200,4 +200,32 @@ fn inline_alias(expr: Expr, alias: &SubqueryAlias) -> Result<Expr> {
         let (qualifier, field) = inner.qualified_field(i);
         Expr::Column(Column::new(qualifier.cloned(), field.name()))
     })
+}
+
+/// The columns of `input_schema` (a Zarr table's columns, as a plan over
+/// its scan qualifies them) that `exprs` read, in its order: a schema of
+/// their fields for planning the expressions, and their indices in
+/// `table`'s schema (what a block reader decodes).
+pub(crate) fn columns_read<'a>(
+    table: &GridTable,
+    input_schema: &DFSchema,
+    exprs: impl IntoIterator<Item = &'a Expr>,
+) -> Result<(DFSchema, Vec<usize>)> {
+    let referenced: HashSet<String> = exprs
+        .into_iter()
+        .flat_map(|e| e.column_refs())
+        .map(|c| c.name.clone())
+        .collect();
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (qualifier, field) in input_schema.iter() {
+        if referenced.contains(field.name()) {
+            fields.push((qualifier.cloned(), Arc::clone(field)));
+            columns.push(table.schema.index_of(field.name())?);
+        }
+    }
+    Ok((
+        DFSchema::new_with_metadata(fields, Default::default())?,
+        columns,
+    ))
 }

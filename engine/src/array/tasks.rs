@@ -2,9 +2,9 @@
 //! takes the next task until all are taken, the first error stops them,
 //! and so does cancellation. The rechunk's stages and the blockwise writes
 //! (`COPY` of a selection, of a transform) run their chunks this way, so
-//! at most `workers` tasks hold memory at once.
+//! at most `workers` tasks hold memory at once; a task's box is a block of
+//! a [`BlockGrid::covering`](crate::table::BlockGrid::covering) grid.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -77,86 +77,9 @@ pub(crate) fn run_tasks<S, E: Send + From<Panicked>>(
     }
 }
 
-/// The number of cells of a grid of `step`-sized cells over `shape`.
-pub(crate) fn grid_cells(shape: &[u64], step: &[u64]) -> u64 {
-    shape
-        .iter()
-        .zip(step)
-        .map(|(&s, &r)| s.div_ceil(r.max(1)))
-        .product()
-}
-
-/// Cell `index` (in C order) of a grid of `step`-sized cells over `shape`,
-/// as ranges (the last cells along a dimension cut at its end).
-pub(crate) fn grid_cell(shape: &[u64], step: &[u64], index: u64) -> Vec<Range<u64>> {
-    cell_counted(shape, step, (0..shape.len()).rev(), index)
-}
-
-/// Cell `index` of a grid of `step`-sized cells over `shape`, counting
-/// with dimension `along` innermost (then the others in C order): cells
-/// next in number follow each other along it.
-pub(crate) fn grid_cell_along(
-    shape: &[u64],
-    step: &[u64],
-    along: usize,
-    index: u64,
-) -> Vec<Range<u64>> {
-    let order = std::iter::once(along).chain((0..shape.len()).rev().filter(|&d| d != along));
-    cell_counted(shape, step, order, index)
-}
-
-/// Cell `index` of a grid counted over the dimensions in `order`,
-/// innermost first.
-fn cell_counted(
-    shape: &[u64],
-    step: &[u64],
-    order: impl Iterator<Item = usize>,
-    index: u64,
-) -> Vec<Range<u64>> {
-    let mut cell = vec![0..0; shape.len()];
-    let mut rest = index;
-    for d in order {
-        let r = step[d].max(1);
-        let count = shape[d].div_ceil(r).max(1);
-        let p = rest % count;
-        rest /= count;
-        cell[d] = p * r..((p + 1) * r).min(shape[d]);
-    }
-    cell
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cells_along_a_dimension_visit_every_cell_once_in_runs_along_it() {
-        let (shape, step) = ([5u64, 7, 3], [2u64, 3, 2]);
-        let n = grid_cells(&shape, &step);
-        for along in 0..3 {
-            let mut seen: Vec<Vec<Range<u64>>> = (0..n)
-                .map(|i| grid_cell_along(&shape, &step, along, i))
-                .collect();
-            // Consecutive cells of one run differ only along `along`.
-            let count = shape[along].div_ceil(step[along]);
-            for pair in seen.chunks(count as usize) {
-                for c in pair {
-                    for d in (0..3).filter(|&d| d != along) {
-                        assert_eq!(c[d], pair[0][d]);
-                    }
-                }
-                assert!(pair
-                    .windows(2)
-                    .all(|w| w[0][along].end == w[1][along].start));
-            }
-            let mut all: Vec<Vec<Range<u64>>> =
-                (0..n).map(|i| grid_cell(&shape, &step, i)).collect();
-            let key = |c: &Vec<Range<u64>>| c.iter().map(|r| r.start).collect::<Vec<_>>();
-            seen.sort_by_key(key);
-            all.sort_by_key(key);
-            assert_eq!(seen, all);
-        }
-    }
 
     #[test]
     fn every_task_runs_once_and_the_first_error_stops_the_rest() {

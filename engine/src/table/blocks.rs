@@ -1,9 +1,14 @@
-//! Partitions of a scan: chunk-aligned blocks of the grid.
+//! Blocks of a grid: the one block planner and enumerator of every
+//! operator.
 //!
-//! A block is a box of whole storage chunks, grown (outermost dimension
-//! first) toward a target number of decoded bytes, but kept small enough
-//! that every core gets work. Only blocks inside the selection's bounding
-//! box are enumerated, lazily, so planning costs nothing per chunk.
+//! A scan's or an operator's block is a box of whole storage chunks, grown
+//! (outermost dimension first) toward a target number of decoded bytes,
+//! but kept small enough that every core gets work ([`BlockGrid::plan`]).
+//! Only blocks inside the selection's bounding box are enumerated, lazily,
+//! so planning costs nothing per chunk. The regular grids that task runners
+//! deal out (a rechunk's regions, a copy's chunks, the FFT passes' batches)
+//! are block grids too ([`BlockGrid::covering`]), numbered in C order or
+//! with one dimension innermost ([`BlockGrid::block_along`]).
 
 use std::ops::Range;
 
@@ -91,6 +96,20 @@ impl BlockGrid {
             first,
             counts,
         }
+    }
+
+    /// Every block of `block_shape` (each length at least 1) over a grid of
+    /// `shape`, the last along a dimension cut at its end; none when the
+    /// grid is empty.
+    pub fn covering(shape: &[u64], block_shape: &[u64]) -> Self {
+        let block_shape = (0..shape.len())
+            .map(|d| block_shape.get(d).copied().unwrap_or(1).max(1))
+            .collect();
+        Self::over(
+            shape,
+            block_shape,
+            Some(shape.iter().map(|&n| 0..n).collect()),
+        )
     }
 
     /// Blocks of `block_shape` (as another process planned them) over
@@ -295,6 +314,66 @@ mod tests {
             all.sort_by_key(key);
             assert_eq!(seen, all, "d={d}");
         }
+    }
+
+    /// The blocks of `step` over `shape`, enumerated naively in C order.
+    fn naive_blocks(shape: &[u64], step: &[u64]) -> Vec<Vec<Range<u64>>> {
+        let mut out = vec![Vec::new()];
+        for (&n, &s) in shape.iter().zip(step) {
+            let starts: Vec<u64> = (0..n).step_by(s as usize).collect();
+            out = out
+                .into_iter()
+                .flat_map(|prefix| {
+                    starts.iter().map(move |&a| {
+                        let mut b = prefix.clone();
+                        b.push(a..(a + s).min(n));
+                        b
+                    })
+                })
+                .collect();
+        }
+        out
+    }
+
+    #[test]
+    fn a_covering_grid_enumerates_the_naive_blocks_in_c_order_and_along_each_dimension() {
+        let cases: [(&[u64], &[u64]); 6] = [
+            (&[5, 7, 3], &[2, 3, 2]),
+            (&[10, 1], &[4, 1]),
+            (&[6], &[6]),
+            (&[4, 4], &[9, 1]),
+            (&[], &[]),
+            (&[3, 0, 2], &[1, 1, 1]),
+        ];
+        for (shape, step) in cases {
+            let grid = BlockGrid::covering(shape, step);
+            let expected = if shape.contains(&0) {
+                Vec::new()
+            } else {
+                naive_blocks(shape, step)
+            };
+            let blocks: Vec<_> = (0..grid.num_blocks()).map(|i| grid.block(i)).collect();
+            assert_eq!(blocks, expected, "{shape:?} by {step:?}");
+            for along in 0..shape.len() {
+                let mut seen: Vec<_> = (0..grid.num_blocks())
+                    .map(|j| grid.block_along(along, j))
+                    .collect();
+                // Runs along `along`: consecutive blocks of a run differ
+                // only there, each starting where the last ended.
+                let run = shape[along].div_ceil(step[along]).max(1) as usize;
+                for blocks in seen.chunks(run) {
+                    for w in blocks.windows(2) {
+                        assert_eq!(w[0][along].end, w[1][along].start);
+                        let others = (0..shape.len()).filter(|&d| d != along);
+                        assert!(others.clone().all(|d| w[0][d] == w[1][d]));
+                    }
+                }
+                seen.sort_by_key(|b| b.iter().map(|r| r.start).collect::<Vec<_>>());
+                assert_eq!(seen, expected, "{shape:?} by {step:?} along {along}");
+            }
+        }
+        // A zero block length is taken as 1.
+        assert_eq!(BlockGrid::covering(&[3], &[0]).num_blocks(), 3);
     }
 
     #[test]

@@ -28,7 +28,6 @@ use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricB
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-    ReplaceChildrenOptions,
 };
 use datafusion_distributed::DistributedTaskContext;
 use tokio::sync::mpsc::Sender;
@@ -141,6 +140,14 @@ impl ZarrScanExec {
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// A copy of this scan joining `broadcasts` in (its children
+    /// replaced).
+    fn rejoined(&self, broadcasts: BroadcastInputs) -> Self {
+        let mut scan = self.with_tasks(self.tasks);
+        scan.broadcasts = broadcasts;
+        scan
     }
 
     /// The tasks the blocks are dealt to.
@@ -366,19 +373,6 @@ impl ExecutionPlan for ZarrScanExec {
         _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
         Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn replace_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-        _options: ReplaceChildrenOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() && self.broadcasts.is_empty() {
-            return Ok(self);
-        }
-        let mut scan = self.with_tasks(self.tasks);
-        scan.broadcasts = self.broadcasts.with_children(children)?;
-        Ok(Arc::new(scan))
     }
 
     fn execute(

@@ -21,12 +21,14 @@
 //! | [`grid`] | laying rows out on a grid (coordinates, cells, not-a-grid errors) |
 //! | [`store`] | Zarr v2/v3 metadata and chunks, atomic rename |
 //! | [`stamp`] | the owner stamp on temporary targets and scratch stores, and the sweep of a killed process's |
+//! | [`scratch`] | scratch stores in `work_dir` (local or object store) that the array operators write their intermediate arrays to, erased when dropped |
 //! | [`sink`] | the DataFusion sink: memory budget, cancellation |
 //! | [`format`] | Zarr registered as a file format for `COPY` |
 
 pub mod format;
 pub mod grid;
 pub mod options;
+pub mod scratch;
 pub mod sink;
 pub mod stamp;
 pub mod store;

@@ -1,6 +1,8 @@
 //! Scratch stores: Zarr stores that exist only while an operation uses
 //! them (a rechunk's intermediate arrays, the rechunked copy a query
-//! scans), in `work_dir`, a local directory or an object-store URL.
+//! scans, a COPY's blockwise step, the FFT's stages and passes), in
+//! `work_dir`, a local directory or an object-store URL; erased when
+//! dropped, and swept by a later process when a killed one left them.
 
 use std::collections::HashMap;
 use std::sync::Arc;

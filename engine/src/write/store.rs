@@ -7,6 +7,7 @@
 //! killed process left beside a target is removed by the next write there
 //! ([`super::stamp`]).
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,7 +23,8 @@ use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{
-    ReadableWritableListableStorage, ReadableWritableListableStorageTraits, StoreKey, StorePrefix,
+    ReadableWritableListableStorage, ReadableWritableListableStorageTraits,
+    ReadableWritableStorageTraits, StoreKey, StorePrefix,
 };
 
 use super::grid::Grid;
@@ -304,6 +306,25 @@ pub fn write_json(path: &Path, value: &Value) -> Result<()> {
     std::fs::write(path, text).map_err(|e| io_error(path, e))
 }
 
+/// Writes `bytes` (C order, the array's data type) into the box `ranges` of
+/// `array`, encoding the chunks it covers (reading those it covers in part);
+/// an error naming the box and the array.
+pub fn store_box<S>(
+    array: &ZarrsArray<S>,
+    ranges: &[Range<u64>],
+    bytes: &[u8],
+) -> std::result::Result<(), String>
+where
+    S: ?Sized + ReadableWritableStorageTraits + 'static,
+{
+    array
+        .store_array_subset(
+            &ArraySubset::new_with_ranges(ranges),
+            ArrayBytes::new_flen(bytes),
+        )
+        .map_err(|e| format!("writing {ranges:?} of '{}': {e}", array.path()))
+}
+
 /// Writes `values` (C order over `shape`) one slab of chunks along the
 /// outermost dimension at a time; returns the bytes written (uncompressed).
 fn write_values(
@@ -325,14 +346,11 @@ fn write_values(
             return Err("cancelled".into());
         }
         let end = (start + chunk[0]).min(shape[0]);
-        let ranges: Vec<std::ops::Range<u64>> = std::iter::once(start..end)
+        let ranges: Vec<Range<u64>> = std::iter::once(start..end)
             .chain(shape[1..].iter().map(|&n| 0..n))
             .collect();
-        let subset = ArraySubset::new_with_ranges(&ranges);
         let slab = &all[start as usize * row_bytes..end as usize * row_bytes];
-        array
-            .store_array_subset(&subset, ArrayBytes::new_flen(slab))
-            .map_err(|e| e.to_string())?;
+        store_box(array, &ranges, slab)?;
         start = end;
     }
     Ok(all.len() as u64)
@@ -695,13 +713,12 @@ pub(crate) fn prepare_group(
             let count = chunk.min(len - start);
             let (values, _) = coordinate(&values.slice(start, count)?)?;
             let (bytes, _) = value_bytes(&values).map_err(fail)?;
-            array
-                .store_array_subset(
-                    &ArraySubset::new_with_start_shape(vec![start], vec![count])
-                        .map_err(|e| fail(e.to_string()))?,
-                    ArrayBytes::new_flen(bytes.as_slice()),
-                )
-                .map_err(|e| fail(format!("coordinate '{name}': {e}")))?;
+            store_box(
+                &array,
+                std::slice::from_ref(&(start..start + count)),
+                bytes.as_slice(),
+            )
+            .map_err(|e| fail(format!("coordinate '{name}': {e}")))?;
         }
         coordinate_arrays.push(array);
     }

@@ -31,9 +31,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::ArrowNativeType;
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
 use datafusion::catalog::Session;
-use datafusion::common::{
-    exec_err, human_readable_size, resources_err, DFSchemaRef, DataFusionError, Result,
-};
+use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -41,18 +39,18 @@ use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, UserDefinedLogi
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_planner::PhysicalPlanner;
-use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
+use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
 use super::selection::{Blockwise, CopyGrid, OutputVariable, SelectionCopyExec, Step, StepWriters};
+use super::target::CopyTarget;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
-use crate::array::tasks::{grid_cell_along, run_tasks};
+use crate::array::tasks::run_tasks;
 use crate::plan_methods::{leaf_node_methods, node_identity};
 use crate::table::share_of;
-use crate::write::options::ZarrWriteOptions;
-use crate::write::store::check_target;
+use crate::write::store::store_box;
 use crate::zarr::StoreLocation;
 
 /// The [`RollingCopy`] that a COPY is, when its query is a rolling window
@@ -60,9 +58,9 @@ use crate::zarr::StoreLocation;
 /// and at least one `float32`/`float64` expression of the window's columns
 /// (or one of its counts, `int64`).
 pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
-    if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
+    let Some(to) = CopyTarget::of(copy)? else {
         return Ok(None);
-    }
+    };
     let columns = copy.input.schema().columns();
     let exprs = columns.iter().cloned().map(Expr::Column).collect();
     let Some((LogicalPlan::Extension(extension), exprs)) = through_projections(&copy.input, exprs)?
@@ -73,12 +71,10 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
         return Ok(None);
     };
     let table = &window.table;
-    let options = ZarrWriteOptions::from_map(&copy.options)?;
     let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
     if !table.broadcasts.is_empty()
         || table.dims.iter().any(|d| d.strict_order().is_none())
-        || options
-            .dims
+        || (to.options.dims)
             .as_ref()
             .is_some_and(|given| given.iter().ne(dims.iter()))
     {
@@ -143,9 +139,7 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
     Ok(Some(RollingCopy {
         window,
         outputs,
-        target: StoreLocation::parse(&copy.output_url)?,
-        options,
-        schema: Arc::clone(&copy.output_schema),
+        to,
     }))
 }
 
@@ -157,12 +151,8 @@ pub struct RollingCopy {
     pub window: RollingWindow,
     /// The variables written, over the window's columns.
     pub outputs: Vec<OutputVariable>,
-    /// The new store: a local path or an object-store URL.
-    pub target: StoreLocation,
-    /// The write options (chunks, codec, format).
-    pub options: ZarrWriteOptions,
-    /// One column, `count`.
-    pub schema: DFSchemaRef,
+    /// Where it writes.
+    pub to: CopyTarget,
 }
 
 impl RollingCopy {
@@ -175,17 +165,14 @@ impl RollingCopy {
         session: &dyn Session,
         planning: &PhysicalPlanningContext,
     ) -> Result<SelectionCopyExec> {
-        if let StoreLocation::Local(path) = &self.target {
-            check_target(path)?;
-        }
+        self.to.check()?;
         let exec = RollingWindowExec::plan(&self.window, planner, session, planning)?;
         let rolling = Arc::clone(exec.rolling());
         let grid = CopyGrid::new(
             Arc::clone(&rolling.table),
             rolling.selection.clone(),
             &self.outputs,
-            &self.target,
-            &self.options,
+            &self.to,
             session,
         )?;
         let (table, shape, types) = (&grid.table, &grid.shape, &grid.types);
@@ -275,29 +262,25 @@ impl RollingCopy {
 
     #[allow(clippy::type_complexity)]
     fn key(&self) -> (&RollingWindow, &Vec<OutputVariable>, &StoreLocation) {
-        (&self.window, &self.outputs, &self.target)
+        (&self.window, &self.outputs, &self.to.location)
     }
 }
 
 node_identity!(
     RollingCopy,
-    eq: |a, b| a.key() == b.key() && a.options == b.options,
+    eq: |a, b| a.key() == b.key() && a.to == b.to,
     hash: |node, mut state| node.key().hash(&mut state)
 );
 
 impl UserDefinedLogicalNodeCore for RollingCopy {
-    leaf_node_methods!("RollingCopy");
+    leaf_node_methods!("RollingCopy", to.schema);
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        let outputs: Vec<String> = self
-            .outputs
-            .iter()
-            .map(|o| format!("{} AS {}", o.expr, o.name))
-            .collect();
+        let outputs: Vec<String> = self.outputs.iter().map(|o| o.to_string()).collect();
         write!(
             f,
             "RollingCopy: target={}, variables=[{}], ",
-            self.target,
+            self.to.location,
             outputs.join(", ")
         )?;
         self.window.fmt_for_explain(f)
@@ -338,7 +321,8 @@ impl StepWriters for RollChunks {
     ) -> Result<()> {
         let dim = self.rolling.dim;
         let workers = self.workers as u64;
-        let all = 0..copy.tasks();
+        let chunks = copy.chunks();
+        let all = 0..chunks.num_blocks();
         run_tasks(
             workers,
             self.workers,
@@ -353,7 +337,7 @@ impl StepWriters for RollChunks {
                     if cancelled.load(Ordering::Relaxed) {
                         break;
                     }
-                    let compact = grid_cell_along(&copy.shape, &copy.block, dim, j);
+                    let compact = chunks.block_along(dim, j);
                     self.write_chunk(copy, &compact, &mut roller, &mut values, arrays)?;
                 }
                 Ok::<_, DataFusionError>(0)
@@ -401,17 +385,10 @@ impl RollChunks {
             };
             roller.roll(&b, &mut sink)?;
         }
-        let subset = ArraySubset::new_with_ranges(compact);
         for (array, values) in arrays.iter().zip(values) {
             values.with_bytes(|bytes| {
-                array
-                    .store_array_subset(&subset, ArrayBytes::new_flen(bytes))
-                    .map_err(|e| {
-                        DataFusionError::Execution(format!(
-                            "COPY TO Zarr: writing {compact:?} of '{}': {e}",
-                            array.path()
-                        ))
-                    })
+                store_box(array, compact, bytes)
+                    .map_err(|e| DataFusionError::Execution(format!("COPY TO Zarr: {e}")))
             })?;
         }
         Ok(())

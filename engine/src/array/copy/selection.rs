@@ -21,7 +21,6 @@
 //! TO 'era5_north.zarr' STORED AS ZARR OPTIONS ('chunks' 'time=240,lat=16,lon=16');
 //! ```
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::hash::Hash;
 use std::ops::Range;
@@ -48,24 +47,25 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::physical_planner::PhysicalPlanner;
 use serde_json::Map;
-use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
+use zarrs::array::Array as ZarrsArray;
 use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
-use super::whole::{write_target, CopyScan};
-use crate::array::rechunk::{
-    default_work_dir, PreparedRechunk, RechunkOptions, RechunkPlan, ScratchStore, TargetEncoding,
-};
-use crate::array::tasks::{grid_cell, run_tasks};
+use super::target::CopyTarget;
+use super::whole::CopyScan;
+use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkPlan};
+use crate::array::scan_path::columns_read;
+use crate::array::tasks::run_tasks;
 use crate::plan_methods::{
     leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
 };
 use crate::table::{
-    classify_filters, select, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection,
+    classify_filters, select, BlockGrid, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection,
 };
 use crate::write::options::{Codec, ZarrWriteOptions};
+use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::store::{
-    check_target, chunk_lengths, io_error, prepare_group, write_atomically, write_claimed,
+    chunk_lengths, io_error, prepare_group, store_box, write_atomically, write_claimed,
     GroupCoordinate, GroupVariable, GroupWrite, COORDINATE_WRITE_MEMORY,
 };
 use crate::write::write_job::{count_properties, WriteJob, Written};
@@ -77,12 +77,10 @@ use crate::zarr::{ChunkBufferPool, StoreLocation};
 /// `float32`/`float64` expression of its columns.
 pub(crate) fn selection_copy(scan: &CopyScan<'_>) -> Result<Option<SelectionCopy>> {
     let CopyScan {
-        target,
-        options,
+        to,
         columns,
         path,
         table,
-        schema,
     } = scan;
     let mut filters = path.scan.filters.clone();
     filters.extend(path.predicates.iter().cloned());
@@ -130,9 +128,7 @@ pub(crate) fn selection_copy(scan: &CopyScan<'_>) -> Result<Option<SelectionCopy
         input_schema,
         filters,
         outputs,
-        target: target.clone(),
-        options: options.clone(),
-        schema: Arc::clone(schema),
+        to: to.clone(),
     }))
 }
 
@@ -148,6 +144,12 @@ pub struct OutputVariable {
     pub data_type: DataType,
 }
 
+impl fmt::Display for OutputVariable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} AS {}", self.expr, self.name)
+    }
+}
+
 /// `COPY` of a selection of a Zarr table with computed variables. A leaf
 /// node (it reads the table itself) whose output is the row count.
 #[derive(Debug, Clone)]
@@ -160,17 +162,13 @@ pub struct SelectionCopy {
     pub filters: Vec<Expr>,
     /// The variables written.
     pub outputs: Vec<OutputVariable>,
-    /// The new store: a local path or an object-store URL.
-    pub target: StoreLocation,
-    /// The write options (chunks, codec, format).
-    pub options: ZarrWriteOptions,
-    /// One column, `count`.
-    pub schema: DFSchemaRef,
+    /// Where it writes.
+    pub to: CopyTarget,
 }
 
 impl SelectionCopy {
     fn key(&self) -> (&Vec<Expr>, &Vec<OutputVariable>, &StoreLocation) {
-        (&self.filters, &self.outputs, &self.target)
+        (&self.filters, &self.outputs, &self.to.location)
     }
 
     /// Plans the copy: the selection, the expressions, the chunks of both
@@ -182,39 +180,19 @@ impl SelectionCopy {
         session: &dyn Session,
         planning: &PhysicalPlanningContext,
     ) -> Result<SelectionCopyExec> {
-        if let StoreLocation::Local(path) = &self.target {
-            check_target(path)?;
-        }
+        self.to.check()?;
         let selection = select(&self.filters, &self.table, session)?;
         let grid = CopyGrid::new(
             Arc::clone(&self.table),
             selection,
             &self.outputs,
-            &self.target,
-            &self.options,
+            &self.to,
             session,
         )?;
         let (table, selection, shape) = (&grid.table, &grid.selection, &grid.shape);
         // The columns the expressions read, in the table's order.
-        let mut referenced = BTreeSet::new();
-        for output in &self.outputs {
-            referenced.extend(
-                output
-                    .expr
-                    .column_refs()
-                    .into_iter()
-                    .map(|c| c.name.clone()),
-            );
-        }
-        let mut fields = Vec::new();
-        let mut columns = Vec::new();
-        for (i, (qualifier, field)) in self.input_schema.iter().enumerate() {
-            if referenced.contains(field.name()) {
-                fields.push((qualifier.cloned(), Arc::clone(field)));
-                columns.push(i);
-            }
-        }
-        let input_df = DFSchema::new_with_metadata(fields, Default::default())?;
+        let exprs = self.outputs.iter().map(|o| &o.expr);
+        let (input_df, columns) = columns_read(table, &self.input_schema, exprs)?;
         let exprs = self
             .outputs
             .iter()
@@ -306,21 +284,19 @@ pub(crate) struct CopyGrid {
     pub(crate) types: Vec<DataType>,
     pub(crate) rechunk: RechunkOptions,
     names: Vec<String>,
-    target: StoreLocation,
+    to: CopyTarget,
     target_chunks: Vec<u64>,
-    options: ZarrWriteOptions,
 }
 
 impl CopyGrid {
     /// The copy of what `selection` keeps of `table`, `outputs` written
-    /// to `target` with `options`; refused when the selection keeps no
-    /// cell or the options ask for chunks that cannot be.
+    /// to `to`; refused when the selection keeps no cell or the options
+    /// ask for chunks that cannot be.
     pub(crate) fn new(
         table: Arc<GridTable>,
         selection: Selection,
         outputs: &[OutputVariable],
-        target: &StoreLocation,
-        options: &ZarrWriteOptions,
+        to: &CopyTarget,
         session: &dyn Session,
     ) -> Result<Self> {
         let shape: Vec<u64> = (0..table.dims.len())
@@ -334,7 +310,7 @@ impl CopyGrid {
         }
         let types: Vec<DataType> = outputs.iter().map(|o| o.data_type.clone()).collect();
         let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
-        let target_chunks = target_chunks(&table, &shape, &types, options, &rechunk)?;
+        let target_chunks = target_chunks(&table, &shape, &types, &to.options, &rechunk)?;
         Ok(Self {
             table,
             selection,
@@ -342,9 +318,8 @@ impl CopyGrid {
             types,
             rechunk,
             names: outputs.iter().map(|o| o.name.clone()).collect(),
-            target: target.clone(),
+            to: to.clone(),
             target_chunks,
-            options: options.clone(),
         })
     }
 
@@ -369,9 +344,8 @@ impl CopyGrid {
             names: self.names,
             types: self.types,
             step,
-            target: self.target,
+            to: self.to,
             target_chunks: self.target_chunks,
-            options: self.options,
             rechunk: self.rechunk,
             stage2_memory: 0,
             direct: false,
@@ -459,26 +433,22 @@ fn source_index(ranges: &[Range<u64>], mut p: u64) -> u64 {
 node_identity!(
     SelectionCopy,
     eq: |a, b| {
-        Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.options == b.options
+        Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.to == b.to
     },
     hash: |node, mut state| (&node.table.store, node.key()).hash(&mut state)
 );
 
 impl UserDefinedLogicalNodeCore for SelectionCopy {
-    leaf_node_methods!("SelectionCopy");
+    leaf_node_methods!("SelectionCopy", to.schema);
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        let outputs: Vec<String> = self
-            .outputs
-            .iter()
-            .map(|o| format!("{} AS {}", o.expr, o.name))
-            .collect();
+        let outputs: Vec<String> = self.outputs.iter().map(|o| o.to_string()).collect();
         let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
         write!(
             f,
             "SelectionCopy: store={}, target={}, variables=[{}], dimension_filters=[{}]",
             self.table.store,
-            self.target,
+            self.to.location,
             outputs.join(", "),
             filters.join(", ")
         )
@@ -498,9 +468,8 @@ pub(crate) struct Blockwise {
     pub(crate) types: Vec<DataType>,
     /// How step 1 makes the intermediate store's chunks.
     pub(crate) step: Step,
-    pub(crate) target: StoreLocation,
+    pub(crate) to: CopyTarget,
     pub(crate) target_chunks: Vec<u64>,
-    pub(crate) options: ZarrWriteOptions,
     pub(crate) rechunk: RechunkOptions,
     pub(crate) stage2_memory: u64,
     /// Whether step 1 writes the target's chunks itself (see
@@ -578,12 +547,14 @@ impl Step {
 }
 
 impl Blockwise {
+    /// The chunks of the intermediate store (of the target, written
+    /// directly): one task each, in C order.
+    pub(crate) fn chunks(&self) -> BlockGrid {
+        BlockGrid::covering(&self.shape, &self.block)
+    }
+
     pub(crate) fn tasks(&self) -> u64 {
-        self.shape
-            .iter()
-            .zip(&self.block)
-            .map(|(n, c)| n.div_ceil(*c))
-            .product()
+        self.chunks().num_blocks()
     }
 
     fn projected_memory(&self) -> u64 {
@@ -593,11 +564,6 @@ impl Blockwise {
         (self.step.memory())
             .max(self.stage2_memory)
             .max(COORDINATE_WRITE_MEMORY)
-    }
-
-    /// The compact ranges of task `task`'s chunk (C order of chunks).
-    fn chunk(&self, task: u64) -> Vec<Range<u64>> {
-        grid_cell(&self.shape, &self.block, task)
     }
 
     /// Runs both steps.
@@ -620,7 +586,7 @@ impl Blockwise {
         let scratch = ScratchStore::create(&work_dir, "zarrfusion-copy", ".zarr", runtime)?;
         let plain = ZarrWriteOptions {
             codec: Codec::None,
-            ..self.options.clone()
+            ..self.to.options.clone()
         };
         let group = self.group(scratch.storage(), &plain, &self.block)?;
         group.store_metadata()?;
@@ -632,19 +598,15 @@ impl Blockwise {
             .zip(&self.target_chunks)
             .map(|(d, &c)| (d.name.clone(), c))
             .collect();
-        let encoding = TargetEncoding {
-            codec: self.options.codec,
-            zarr_format: self.options.zarr_format,
-        };
         let prepared = PreparedRechunk::new_for(
             &scratch.location().to_string(),
             &chunks,
             None,
-            Some(encoding),
+            Some(self.to.encoding()),
             &self.rechunk,
             runtime,
         )?;
-        let summary = write_target(&prepared, &self.target, &self.options.storage, cancelled)?;
+        let summary = self.to.write(&prepared, cancelled)?;
         Ok(Written {
             rows: cells,
             bytes_read: summary.bytes_read,
@@ -753,22 +715,23 @@ impl Blockwise {
     /// beside it and renamed into place; an object-store one (which must be
     /// empty) with its metadata last, erased when the copy fails.
     fn write_direct(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<()> {
-        match &self.target {
+        let options = &self.to.options;
+        match &self.to.location {
             StoreLocation::Local(target) => write_atomically(target, cancelled, |dir| {
                 std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
                 let storage: ReadableWritableListableStorage =
                     Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
-                let group = self.group(&storage, &self.options, &self.target_chunks)?;
+                let group = self.group(&storage, options, &self.target_chunks)?;
                 group.store_metadata()?;
                 self.write_step(&group.variables, cancelled)
             }),
             StoreLocation::Remote(url) => write_claimed(
-                &self.target.to_string(),
+                &self.to.location.to_string(),
                 url,
-                &self.options.storage,
+                &options.storage,
                 runtime,
                 |storage| {
-                    let group = self.group(storage, &self.options, &self.target_chunks)?;
+                    let group = self.group(storage, options, &self.target_chunks)?;
                     self.write_step(&group.variables, cancelled)?;
                     group.store_metadata()
                 },
@@ -784,30 +747,27 @@ impl Blockwise {
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         cancelled: &AtomicBool,
     ) -> Result<()> {
+        let chunks = self.chunks();
         let read_ahead = {
-            let (selection, shape, block) = (
-                self.selection.clone(),
-                self.shape.clone(),
-                self.block.clone(),
-            );
+            let (selection, chunks) = (self.selection.clone(), chunks.clone());
             step.read_ahead.start(
                 &self.table,
                 &step.columns,
-                0..self.tasks(),
+                0..chunks.num_blocks(),
                 step.workers,
                 move |task| {
-                    let compact = grid_cell(&shape, &block, task);
+                    let compact = chunks.block(task);
                     vec![source_box(&source_indices(&selection, &compact))]
                 },
             )
         };
         run_tasks(
-            self.tasks(),
+            chunks.num_blocks(),
             step.workers,
             cancelled,
             ChunkBufferPool::new,
             |pool, task| {
-                let written = self.write_chunk(step, task, arrays, pool);
+                let written = self.write_chunk(step, &chunks.block(task), arrays, pool);
                 if let Some(read_ahead) = &read_ahead {
                     read_ahead.done_with(task);
                 }
@@ -822,12 +782,11 @@ impl Blockwise {
     fn write_chunk(
         &self,
         step: &Evaluate,
-        task: u64,
+        compact: &[Range<u64>],
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         pool: &ChunkBufferPool,
     ) -> Result<()> {
-        let compact = self.chunk(task);
-        let sources = source_indices(&self.selection, &compact);
+        let sources = source_indices(&self.selection, compact);
         let extent = source_box(&sources);
         let cells = BoxCells::read(&self.table, &step.columns, &extent, pool)
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
@@ -839,7 +798,6 @@ impl Blockwise {
             .zip(&box_shape)
             .any(|(s, &n)| s.len() as u64 != n);
         let keep = gaps.then(|| selected_positions(&sources, &extent, &box_shape));
-        let subset = ArraySubset::new_with_ranges(&compact);
         for ((expr, array), data_type) in step.exprs.iter().zip(arrays).zip(&self.types) {
             let values = expr.evaluate(&batch)?.into_array(batch.num_rows())?;
             let values = match &keep {
@@ -848,14 +806,8 @@ impl Blockwise {
             };
             let values = cast(&values, data_type)?;
             let bytes = nan_filled_bytes(&values)?;
-            array
-                .store_array_subset(&subset, ArrayBytes::new_flen(bytes))
-                .map_err(|e| {
-                    DataFusionError::Execution(format!(
-                        "COPY TO Zarr: writing {compact:?} of '{}': {e}",
-                        array.path()
-                    ))
-                })?;
+            store_box(array, compact, &bytes)
+                .map_err(|e| DataFusionError::Execution(format!("COPY TO Zarr: {e}")))?;
         }
         Ok(())
     }
@@ -941,7 +893,7 @@ impl fmt::Debug for SelectionCopyExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SelectionCopyExec")
             .field("store", &self.blockwise.table.store)
-            .field("target", &self.blockwise.target)
+            .field("target", &self.blockwise.to.location)
             .finish()
     }
 }
@@ -972,7 +924,7 @@ impl DisplayAs for SelectionCopyExec {
             f,
             "SelectionCopyExec: store={}, target={}, variables=[{}], shape={:?}, ",
             b.table.store,
-            b.target,
+            b.to.location,
             names.join(", "),
             b.shape,
         )?;

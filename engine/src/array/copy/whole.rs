@@ -15,59 +15,48 @@
 //! OPTIONS ('chunks' 'time=240,lat=16,lon=16');
 //! ```
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use datafusion::catalog::Session;
 use datafusion::common::Column;
-use datafusion::common::{human_readable_size, DFSchemaRef, DataFusionError, Result};
+use datafusion::common::{human_readable_size, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
-use crate::array::rechunk::{
-    fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkSummary, TargetEncoding,
-};
+use super::target::CopyTarget;
+use crate::array::rechunk::{fmt_array_plans, PreparedRechunk, RechunkOptions};
 use crate::array::scan_path::{down_to_scan, ScanPath};
 use crate::plan_methods::{
     leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
 };
 use crate::table::GridTable;
-use crate::write::options::{ZarrVersion, ZarrWriteOptions};
-use crate::write::store::check_target;
-use crate::write::store::write_claimed;
+use crate::write::options::ZarrVersion;
 use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
 
 /// A `COPY ... STORED AS ZARR` (without `PARTITIONED BY`) whose input is a
 /// Zarr table seen through projections, aliases and filters.
 pub(crate) struct CopyScan<'a> {
-    /// The new store.
-    pub target: StoreLocation,
-    /// The write options.
-    pub options: ZarrWriteOptions,
+    /// Where the COPY writes.
+    pub to: CopyTarget,
     /// The COPY's columns.
     pub columns: Vec<Column>,
     /// The way down to the scan, with the columns' expressions over it.
     pub path: ScanPath<'a>,
     /// The table read.
     pub table: Arc<GridTable>,
-    /// The COPY's output: one column, `count`.
-    pub schema: DFSchemaRef,
 }
 
 impl<'a> CopyScan<'a> {
     /// The COPY `copy`, when it is one.
     pub(crate) fn of(copy: &'a CopyTo) -> Result<Option<Self>> {
-        if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
+        let Some(to) = CopyTarget::of(copy)? else {
             return Ok(None);
-        }
-        let target = StoreLocation::parse(&copy.output_url)?;
-        let options = ZarrWriteOptions::from_map(&copy.options)?;
+        };
         let columns = copy.input.schema().columns();
         let exprs = columns.iter().cloned().map(Expr::Column).collect();
         let Some(path) = down_to_scan(&copy.input, exprs)? else {
@@ -78,18 +67,16 @@ impl<'a> CopyScan<'a> {
         if !table.broadcasts.is_empty() {
             return Ok(None);
         }
-        if let Some(given) = &options.dims {
+        if let Some(given) = &to.options.dims {
             if given.iter().ne(table.dims.iter().map(|d| &d.name)) {
                 return Ok(None);
             }
         }
         Ok(Some(Self {
-            target,
-            options,
+            to,
             columns,
             path,
             table,
-            schema: Arc::clone(&copy.output_schema),
         }))
     }
 }
@@ -101,12 +88,10 @@ impl<'a> CopyScan<'a> {
 /// array as v2).
 pub(crate) fn whole_table_copy(scan: &CopyScan<'_>) -> Result<Option<ArrayCopy>> {
     let CopyScan {
-        target,
-        options,
+        to,
         columns,
         path,
         table,
-        ..
     } = scan;
     if !path.predicates.is_empty() || !path.scan.filters.is_empty() {
         return Ok(None);
@@ -137,15 +122,13 @@ pub(crate) fn whole_table_copy(scan: &CopyScan<'_>) -> Result<Option<ArrayCopy>>
     if dims_seen != dims || variables.is_empty() {
         return Ok(None);
     }
-    if options.zarr_format == ZarrVersion::V2 && table.variables.iter().any(|v| v.is_v3()) {
+    if to.options.zarr_format == ZarrVersion::V2 && table.variables.iter().any(|v| v.is_v3()) {
         return Ok(None);
     }
     Ok(Some(ArrayCopy {
         table: Arc::clone(table),
         variables,
-        target: target.clone(),
-        options: options.clone(),
-        schema: Arc::clone(&scan.schema),
+        to: to.clone(),
     }))
 }
 
@@ -157,25 +140,19 @@ pub struct ArrayCopy {
     pub table: Arc<GridTable>,
     /// The variables copied (with the coordinate arrays of the table's dimensions).
     pub variables: Vec<String>,
-    /// The new store: a local path or an object-store URL.
-    pub target: StoreLocation,
-    /// The write options (chunks, codec, format).
-    pub options: ZarrWriteOptions,
-    /// One column, `count`.
-    pub schema: DFSchemaRef,
+    /// Where it writes.
+    pub to: CopyTarget,
 }
 
 impl ArrayCopy {
     fn key(&self) -> (&str, &Vec<String>, &StoreLocation) {
-        (&self.table.store, &self.variables, &self.target)
+        (&self.table.store, &self.variables, &self.to.location)
     }
 
     /// Plans the copy (reading the source's metadata): refused when the
     /// target exists or its tasks cannot fit the session's memory budget.
     pub async fn plan(&self, session: &dyn Session) -> Result<ArrayCopyExec> {
-        if let StoreLocation::Local(path) = &self.target {
-            check_target(path)?;
-        }
+        self.to.check()?;
         let mut arrays = self.variables.clone();
         arrays.extend(
             self.table
@@ -184,15 +161,12 @@ impl ArrayCopy {
                 .filter(|d| d.has_coordinate())
                 .map(|d| d.name.clone()),
         );
-        let encoding = TargetEncoding {
-            codec: self.options.codec,
-            zarr_format: self.options.zarr_format,
-        };
+        let encoding = self.to.encoding();
         let runtime = Arc::clone(session.runtime_env());
         let mut rechunk = RechunkOptions::for_session(session.config_options(), &runtime)?;
         rechunk.source_storage = self.table.storage_options();
         let source = self.table.store.clone();
-        let chunks = self.options.chunks.clone();
+        let chunks = self.to.options.chunks.clone();
         let prepared = tokio::task::spawn_blocking(move || {
             PreparedRechunk::new_for(
                 &source,
@@ -207,8 +181,7 @@ impl ArrayCopy {
         .map_err(|e| DataFusionError::Execution(format!("the COPY planner stopped: {e}")))??;
         Ok(ArrayCopyExec::new(
             prepared,
-            self.target.clone(),
-            self.options.storage.clone(),
+            self.to.clone(),
             self.table.shape().iter().product(),
             self.variables.clone(),
         ))
@@ -218,25 +191,25 @@ impl ArrayCopy {
 node_identity!(
     ArrayCopy,
     eq: |a, b| {
-        Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.options == b.options
+        Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.to == b.to
     },
     hash: |node, mut state| node.key().hash(&mut state)
 );
 
 impl UserDefinedLogicalNodeCore for ArrayCopy {
-    leaf_node_methods!("ArrayCopy");
+    leaf_node_methods!("ArrayCopy", to.schema);
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
             "ArrayCopy: store={}, target={}, dims=[{}], variables=[{}], chunks={:?}, codec={:?}, zarr_format={:?}",
             self.table.store,
-            self.target,
+            self.to.location,
             self.table.dims_name().replace('_', ", "),
             self.variables.join(", "),
-            self.options.chunks,
-            self.options.codec,
-            self.options.zarr_format,
+            self.to.options.chunks,
+            self.to.options.codec,
+            self.to.options.zarr_format,
         )
     }
 }
@@ -246,9 +219,7 @@ impl UserDefinedLogicalNodeCore for ArrayCopy {
 #[derive(Debug)]
 pub struct ArrayCopyExec {
     prepared: Arc<PreparedRechunk>,
-    target: StoreLocation,
-    /// The object-store settings the COPY gave for its target.
-    storage: HashMap<String, String>,
+    to: CopyTarget,
     rows: u64,
     variables: Vec<String>,
     properties: Arc<PlanProperties>,
@@ -256,18 +227,11 @@ pub struct ArrayCopyExec {
 }
 
 impl ArrayCopyExec {
-    fn new(
-        prepared: PreparedRechunk,
-        target: StoreLocation,
-        storage: HashMap<String, String>,
-        rows: u64,
-        variables: Vec<String>,
-    ) -> Self {
+    fn new(prepared: PreparedRechunk, to: CopyTarget, rows: u64, variables: Vec<String>) -> Self {
         let properties = count_properties();
         Self {
             prepared: Arc::new(prepared),
-            target,
-            storage,
+            to,
             rows,
             variables,
             properties,
@@ -282,33 +246,12 @@ impl DisplayAs for ArrayCopyExec {
             f,
             "ArrayCopyExec: store={}, target={}, variables=[{}], projected_memory={}, arrays=[",
             self.prepared.source(),
-            self.target,
+            self.to.location,
             self.variables.join(", "),
             human_readable_size(self.prepared.projected_memory() as usize)
         )?;
         fmt_array_plans(f, self.prepared.arrays())?;
         write!(f, "]")
-    }
-}
-
-/// Writes the copy to `target`: renamed into place when local; data, then
-/// metadata, into an empty object-store prefix otherwise (through a client
-/// built from `storage`, the COPY's object-store settings, when it gave
-/// any).
-pub(crate) fn write_target(
-    prepared: &PreparedRechunk,
-    target: &StoreLocation,
-    storage: &HashMap<String, String>,
-    cancelled: &AtomicBool,
-) -> Result<RechunkSummary> {
-    match target {
-        StoreLocation::Local(path) => prepared.write_local(path, cancelled),
-        StoreLocation::Remote(url) => {
-            let display = target.to_string();
-            write_claimed(&display, url, storage, prepared.runtime(), |out| {
-                prepared.write_last_metadata(out, cancelled)
-            })
-        }
     }
 }
 
@@ -321,8 +264,7 @@ impl ExecutionPlan for ArrayCopyExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let prepared = Arc::clone(&self.prepared);
-        let target = self.target.clone();
-        let storage = self.storage.clone();
+        let to = self.to.clone();
         let rows = self.rows;
         let job = WriteJob {
             operator: "ArrayCopyExec",
@@ -333,7 +275,7 @@ impl ExecutionPlan for ArrayCopyExec {
         };
         let writer = Arc::clone(&prepared);
         job.run(partition, &context, move |cancelled| {
-            let summary = write_target(&writer, &target, &storage, cancelled)?;
+            let summary = to.write(&writer, cancelled)?;
             Ok(Written {
                 rows,
                 bytes_read: summary.bytes_read,

@@ -35,7 +35,7 @@ use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
+use zarrs::array::Array as ZarrsArray;
 use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
@@ -55,7 +55,7 @@ use crate::table::{BlockGrid, ReadAheadPlan, Selection};
 use crate::write::grid::field_attributes;
 use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
-    check_target, io_error, prepare_group, write_atomically, write_claimed, write_group,
+    check_target, io_error, prepare_group, store_box, write_atomically, write_claimed, write_group,
     GroupCoordinate, GroupVariable, COORDINATE_WRITE_MEMORY,
 };
 use crate::write::write_job::{count_properties, WriteJob, Written};
@@ -363,12 +363,7 @@ impl CopyJob {
         }
         .map_err(fail)?;
         let out_extent = self.table.output_extent(&extent);
-        arrays[0]
-            .store_array_subset(
-                &ArraySubset::new_with_ranges(&out_extent),
-                ArrayBytes::new_flen(bytes.as_slice()),
-            )
-            .map_err(|e| fail(e.to_string()))?;
+        store_box(&arrays[0], &out_extent, bytes.as_slice()).map_err(fail)?;
         Ok(bytes.len() as u64)
     }
 }

@@ -34,10 +34,11 @@ use super::options::FftOptions;
 use super::source::{ArraySource, DetrendedSource, RechunkedVariable};
 use super::staged::StagedTransform;
 use super::table::FftTable;
-use crate::array::rechunk::{default_work_dir, RechunkOptions};
+use crate::array::rechunk::RechunkOptions;
 use crate::config::ZarrConfig;
 use crate::device::{choose_device, staging_memory};
 use crate::table::{select, Selection};
+use crate::write::scratch::default_work_dir;
 use crate::zarr::StoreLocation;
 
 impl FftTable {

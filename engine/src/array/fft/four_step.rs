@@ -60,11 +60,11 @@ use zarrs::storage::ReadableListableStorageTraits;
 use super::axis::AxisTransform;
 use super::kernels::{Kernels, Precision, ScratchArray, TimedKernel};
 use super::source::ArraySource;
-use crate::array::rechunk::ScratchStore;
-use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
+use crate::array::tasks::run_tasks;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{AxisPass, FftKernel, LineKind};
-use crate::table::ReadAheadPlan;
+use crate::table::{BlockGrid, ReadAheadPlan};
+use crate::write::scratch::ScratchStore;
 use crate::zarr::{chunk_keys, ChunkBufferPool, ReadAhead, StoreLocation, ZarrArray};
 
 /// The shape of a four-step transform (see the module docs).
@@ -583,22 +583,12 @@ impl FourStep {
             .clone()
     }
 
-    /// The batches of lines: cells of the other dimensions.
-    fn batches(&self, shape: &[u64]) -> (Vec<u64>, Vec<u64>, u64) {
-        let other_shape: Vec<u64> =
-            others(&self.plan, &shape.iter().map(|&s| 0..s).collect::<Vec<_>>())
-                .iter()
-                .map(|r| r.end)
-                .collect();
-        let step = others(
-            &self.plan,
-            &self.plan.batch.iter().map(|&b| 0..b).collect::<Vec<_>>(),
-        )
-        .iter()
-        .map(|r| r.end)
-        .collect::<Vec<_>>();
-        let count = grid_cells(&other_shape, &step);
-        (other_shape, step, count)
+    /// The batches of lines: blocks of the other dimensions, whose shape
+    /// is `other_shape`.
+    fn batches(&self, other_shape: &[u64]) -> BlockGrid {
+        let batch: Vec<Range<u64>> = self.plan.batch.iter().map(|&b| 0..b).collect();
+        let step: Vec<u64> = others(&self.plan, &batch).iter().map(|r| r.end).collect();
+        BlockGrid::covering(other_shape, &step)
     }
 
     /// The first pass: column blocks read at stride `N1`, transformed along
@@ -612,7 +602,9 @@ impl FourStep {
         let plan = &self.plan;
         let (n1, n2, c1) = (plan.columns, plan.rows, plan.column_block);
         let shape = source.shape();
-        let (other_shape, step, batches) = self.batches(&shape);
+        let whole: Vec<Range<u64>> = shape.iter().map(|&s| 0..s).collect();
+        let other_shape: Vec<u64> = others(plan, &whole).iter().map(|r| r.end).collect();
+        let batches = self.batches(&other_shape);
         let blocks = (n1 / c1) as u64;
         let direction = complex_kind(transform.kind);
         let rows = RowTransform::<P>::new(kernels, n2, direction);
@@ -628,16 +620,16 @@ impl FourStep {
         };
         let has_pre = transform.has_pre();
         let chunk = shape[plan.axis].min(source.chunk_shape()[plan.axis]) as usize;
-        let tasks = batches * blocks;
+        let tasks = batches.num_blocks() * blocks;
         // The source exists (a copy in work_dir is made) before its chunks
         // are read ahead.
         source.prepare(kernels)?;
         let read_ahead = {
-            let (other_shape, step) = (other_shape.clone(), step.clone());
+            let batches = batches.clone();
             let transform = transform.clone();
             let plan = plan.clone();
             self.read_ahead_first_pass(source, tasks, move |task| {
-                let cells = grid_cell(&other_shape, &step, task / blocks);
+                let cells = batches.block(task / blocks);
                 let a = (task % blocks) as usize * plan.column_block;
                 column_reads(&plan, a, chunk, |j| input_position(&transform, len, j))
                     .into_iter()
@@ -655,8 +647,7 @@ impl FourStep {
             &self.cancelled,
             ChunkBufferPool::new,
             |pool, task| {
-                let batch = task / blocks;
-                let cells = grid_cell(&other_shape, &step, batch);
+                let cells = batches.block(task / blocks);
                 let a = (task % blocks) as usize * c1;
                 let lines: usize = cells.iter().map(|r| (r.end - r.start) as usize).product();
                 let mut z = vec![Complex::<P>::default(); lines * c1 * n2];
@@ -744,24 +735,19 @@ impl FourStep {
         let plan = &self.plan;
         let (n1, n2, r) = (plan.columns, plan.rows, plan.row_block);
         let full = self.columns.shape().to_vec();
-        let other_shape = &full[..full.len() - 2];
-        let step: Vec<u64> = others(plan, &plan.batch.iter().map(|&b| 0..b).collect::<Vec<_>>())
-            .iter()
-            .map(|r| r.end)
-            .collect();
-        let batches = grid_cells(other_shape, &step);
+        let batches = self.batches(&full[..full.len() - 2]);
         let blocks = (n2 / r) as u64;
         let rows = RowTransform::<P>::new(kernels, n1, complex_kind(transform.kind));
-        let other_shape = other_shape.to_vec();
+        let tasks = batches.num_blocks() * blocks;
         let block = move |task: u64| {
-            let mut subset = grid_cell(&other_shape, &step, task / blocks);
+            let mut subset = batches.block(task / blocks);
             let s = (task % blocks) as usize * r;
             subset.extend([s as u64..(s + r) as u64, 0..n1 as u64]);
             subset
         };
-        let read_ahead = self.read_ahead_second_pass(batches * blocks, block.clone())?;
+        let read_ahead = self.read_ahead_second_pass(tasks, block.clone())?;
         run_tasks(
-            batches * blocks,
+            tasks,
             plan.workers[1],
             &self.cancelled,
             || (),

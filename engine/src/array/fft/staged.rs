@@ -32,16 +32,16 @@ use std::sync::{Arc, OnceLock};
 
 use datafusion::common::Result;
 use datafusion::execution::runtime_env::RuntimeEnv;
-use zarrs::array::{ArrayBytes, ArraySubset};
 
 use super::copy::{block_bytes, output_group, WriteTasks};
 use super::exec::{strategy, transformed_block};
 use super::kernels::{Kernels, ScratchArray};
 use super::source::StoredStage;
 use super::table::FftTable;
-use crate::array::rechunk::ScratchStore;
 use crate::table::{open_dataset_blocking, Dimension, GridTable, ZarrTableOptions};
 use crate::write::options::{Codec, ZarrWriteOptions};
+use crate::write::scratch::ScratchStore;
+use crate::write::store::store_box;
 use crate::write::store::write_group;
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
@@ -251,12 +251,8 @@ impl StagedTransform {
             block_bytes(transformed_block::<f64>(inner, kernels, &extent, pool))
         }?;
         let out = inner.output_extent(&extent);
-        self.array
-            .store_array_subset(
-                &ArraySubset::new_with_ranges(&out),
-                ArrayBytes::new_flen(bytes.as_slice()),
-            )
-            .map_err(|e| format!("writing block {out:?} of the first stage to work_dir: {e}"))?;
+        store_box(&self.array, &out, bytes.as_slice())
+            .map_err(|e| format!("the first stage in work_dir: {e}"))?;
         Ok(bytes.len() as u64)
     }
 }

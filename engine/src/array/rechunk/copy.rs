@@ -1,14 +1,13 @@
 //! Running one stage of a rechunk: tasks copy regions of whole output
 //! chunks from one Zarr array to another, on a few threads.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
 use zarrs::storage::{ReadableStorageTraits, ReadableWritableStorageTraits};
 
 use super::plan::StagePlan;
-use crate::array::tasks::{grid_cell, run_tasks};
+use crate::array::tasks::run_tasks;
 use crate::zarr::{codec_read, ReadAhead};
 
 /// What a stage did.
@@ -18,11 +17,6 @@ pub struct StageCounts {
     pub tasks: u64,
     /// Decoded bytes written.
     pub bytes_written: u64,
-}
-
-/// The regions of a stage's tasks, in C order.
-fn region(plan: &StagePlan, shape: &[u64], task: u64) -> Vec<Range<u64>> {
-    grid_cell(shape, &plan.region, task)
 }
 
 /// Copies `input` into `output` (same shape and data type) task by task
@@ -41,7 +35,7 @@ where
     R: ReadableStorageTraits + ?Sized + 'static,
     W: ReadableWritableStorageTraits + ?Sized + 'static,
 {
-    let shape = input.shape().to_vec();
+    let regions = plan.regions(input.shape());
     // Each task decodes and encodes one chunk at a time: its memory is what
     // the plan projected.
     let options = CodecOptions::default().with_concurrent_target(1);
@@ -51,7 +45,7 @@ where
         cancelled,
         || (),
         |_, task| {
-            let ranges = region(plan, &shape, task);
+            let ranges = regions.block(task);
             let subset = ArraySubset::new_with_ranges(&ranges);
             let bytes = codec_read(|| {
                 input.retrieve_array_subset_opt::<ArrayBytes<'static>>(&subset, &options)
@@ -120,7 +114,7 @@ mod tests {
         let shape = [10u64, 7];
         let mut covered = [0u8; 70];
         for task in 0..plan.tasks {
-            let r = region(&plan, &shape, task);
+            let r = plan.regions(&shape).block(task);
             for i in r[0].clone() {
                 for j in r[1].clone() {
                     covered[(i * 7 + j) as usize] += 1;

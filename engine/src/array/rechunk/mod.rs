@@ -28,7 +28,6 @@
 
 pub mod copy;
 pub mod plan;
-pub mod scratch;
 pub mod table;
 
 use std::collections::HashMap;
@@ -51,15 +50,14 @@ use zarrs::storage::{
 };
 
 pub use plan::{RechunkPlan, StagePlan};
-pub use scratch::{default_work_dir, ScratchStore};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
 use crate::config::ZarrConfig;
 use crate::write::options::{Codec, ZarrVersion};
+use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::sink::CancelOnDrop;
 use crate::write::store::{consolidate, io_error, v2_compressor, v3_compressor, write_atomically};
 
-use crate::array::tasks::grid_cell;
 use crate::table::ReadAheadPlan;
 use crate::zarr::{
     chunk_keys, dimension_names, discover_arrays, is_sharded, open_storage, read_json, root_name,
@@ -765,12 +763,12 @@ impl PreparedRechunk {
                             job.entry.metadata.clone(),
                         )
                         .map_err(|e| fail(e.to_string()))?;
-                        let (shape, region) = (source.shape().to_vec(), stage.region.clone());
+                        let regions = stage.regions(source.shape());
                         job.rechunk.read_ahead.start_keys(
                             Arc::clone(remote),
                             0..stage.tasks,
                             plan.workers,
-                            move |task| chunk_keys(&source, &grid_cell(&shape, &region, task)),
+                            move |task| chunk_keys(&source, &regions.block(task)),
                         )
                     }
                     (Some((input, _)), _, Some(remote)) => {
@@ -782,7 +780,7 @@ impl PreparedRechunk {
                         .map_err(|e| fail(e.to_string()))?;
                         let cells: u64 = stage.from.iter().product();
                         let chunk_bytes = cells.saturating_mul(job.rechunk.plan.itemsize);
-                        let (shape, region) = (input.shape().to_vec(), stage.region.clone());
+                        let regions = stage.regions(input.shape());
                         job.rechunk
                             .read_ahead
                             .for_chunk_bytes(usize::try_from(chunk_bytes).unwrap_or(usize::MAX))
@@ -790,7 +788,7 @@ impl PreparedRechunk {
                                 Arc::clone(remote),
                                 0..stage.tasks,
                                 plan.workers,
-                                move |task| chunk_keys(&input, &grid_cell(&shape, &region, task)),
+                                move |task| chunk_keys(&input, &regions.block(task)),
                             )
                     }
                     _ => None,

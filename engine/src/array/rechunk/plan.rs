@@ -18,6 +18,7 @@
 //! and written per worker wins.
 
 use crate::config::MAX_THREADS;
+use crate::table::BlockGrid;
 
 /// Most stages tried.
 const MAX_STAGES: usize = 4;
@@ -40,6 +41,14 @@ pub struct StagePlan {
     pub bytes_read: u64,
     /// Decoded bytes written.
     pub bytes_written: u64,
+}
+
+impl StagePlan {
+    /// The regions of the stage's tasks over an array of `shape`, task
+    /// `i` copying block `i`.
+    pub fn regions(&self, shape: &[u64]) -> BlockGrid {
+        BlockGrid::covering(shape, &self.region)
+    }
 }
 
 /// How one array is rechunked.
@@ -251,11 +260,7 @@ fn plan_stage(
             None => break,
         }
     }
-    let tasks = shape
-        .iter()
-        .zip(&region)
-        .map(|(&s, &r)| s.div_ceil(r))
-        .product();
+    let tasks = BlockGrid::covering(shape, &region).num_blocks();
     Some(StagePlan {
         from: from.to_vec(),
         to: to.to_vec(),

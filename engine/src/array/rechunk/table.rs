@@ -52,14 +52,12 @@ use datafusion::sql::sqlparser::ast::TableFactor;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::{
-    default_work_dir, fmt_array_plans, ArrayRechunk, PreparedRechunk, RechunkOptions,
-    RechunkSummary, ScratchStore,
-};
+use super::{fmt_array_plans, ArrayRechunk, PreparedRechunk, RechunkOptions, RechunkSummary};
 use crate::plan_methods::named_plan_methods;
 use crate::table::{
     literal_text, open_dataset, zarr_source, TableFunctionCall, ZarrTable, ZarrTableOptions,
 };
+use crate::write::scratch::{default_work_dir, ScratchStore};
 
 /// Plans `rechunk(...)` in `FROM` clauses.
 #[derive(Debug)]

@@ -22,7 +22,7 @@ use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter, tak
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{human_readable_size, resources_err, DFSchema, DataFusionError, Result};
+use datafusion::common::{human_readable_size, resources_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -34,7 +34,6 @@ use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricB
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-    ReplaceChildrenOptions,
 };
 use datafusion::physical_planner::PhysicalPlanner;
 use datafusion_distributed::DistributedTaskContext;
@@ -45,6 +44,7 @@ use super::elementwise::FusedExpr;
 use super::groups::{GroupSpace, Line};
 use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYTES};
 use super::node::DenseReduction;
+use crate::array::scan_path::columns_read;
 use crate::config::ZarrConfig;
 use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
@@ -183,24 +183,10 @@ impl DenseReductionExec {
         let selection = select(&node.filters, &table, session)?;
 
         // The columns the expressions read, in the input schema's order.
-        let mut referenced = std::collections::HashSet::new();
-        let exprs = node
-            .aggregates
-            .iter()
+        let exprs = (node.aggregates.iter())
             .filter_map(|a| a.arg.as_ref())
             .chain(node.predicate.as_ref());
-        for expr in exprs {
-            referenced.extend(expr.column_refs().into_iter().map(|c| c.name.clone()));
-        }
-        let mut fields = Vec::new();
-        let mut columns = Vec::new();
-        for (qualifier, field) in node.input_schema.iter() {
-            if referenced.contains(field.name()) {
-                fields.push((qualifier.cloned(), Arc::clone(field)));
-                columns.push(table.schema.index_of(field.name())?);
-            }
-        }
-        let input_df = DFSchema::new_with_metadata(fields, Default::default())?;
+        let (input_df, columns) = columns_read(&table, &node.input_schema, exprs)?;
         let input_schema: SchemaRef = Arc::new(input_df.as_arrow().clone());
         let physical = |e: &datafusion::logical_expr::Expr| {
             planner.create_physical_expr(e, &input_df, session, planning)
@@ -421,6 +407,22 @@ impl DenseReductionExec {
             self.check_memory(limit)?;
         }
         Ok(self)
+    }
+
+    /// A copy of this reduction joining `broadcasts` in (its children
+    /// replaced).
+    fn rejoined(&self, broadcasts: BroadcastInputs) -> Self {
+        Self {
+            reduction: Arc::clone(&self.reduction),
+            emit: self.emit,
+            workers: self.workers,
+            io_concurrency: self.io_concurrency,
+            read_ahead: self.read_ahead,
+            broadcasts,
+            schema: Arc::clone(&self.schema),
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
     }
 
     /// This reduction giving the partial states of its tasks' runs of the
@@ -1061,27 +1063,6 @@ impl ExecutionPlan for DenseReductionExec {
             }
         }
         Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn replace_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-        _options: ReplaceChildrenOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() && self.broadcasts.is_empty() {
-            return Ok(self);
-        }
-        Ok(Arc::new(Self {
-            reduction: Arc::clone(&self.reduction),
-            emit: self.emit,
-            workers: self.workers,
-            io_concurrency: self.io_concurrency,
-            read_ahead: self.read_ahead,
-            broadcasts: self.broadcasts.with_children(children)?,
-            schema: Arc::clone(&self.schema),
-            properties: Arc::clone(&self.properties),
-            metrics: ExecutionPlanMetricsSet::new(),
-        }))
     }
 
     fn execute(

@@ -21,8 +21,9 @@ use super::ArraySource;
 use crate::array::fft::detrend::TrendSums;
 use crate::array::fft::kernels::{Kernels, Precision};
 use crate::array::fft::options::Detrend;
-use crate::array::tasks::{grid_cell, grid_cells, run_tasks};
+use crate::array::tasks::run_tasks;
 use crate::device::fft_cpu::BlockValues;
+use crate::table::BlockGrid;
 use crate::zarr::ChunkBufferPool;
 
 /// A source detrended over `axes` (see the module docs).
@@ -166,13 +167,14 @@ impl DetrendedSource {
             let groups = Self::sums_memory(&shape, &self.axes) / std::mem::size_of::<TrendSums>();
             let total = Mutex::new(vec![TrendSums::default(); groups]);
             let wide = |x: P| x.to_f64().unwrap_or(f64::NAN);
+            let blocks = BlockGrid::covering(&shape, &chunk);
             run_tasks(
-                grid_cells(&shape, &chunk),
+                blocks.num_blocks(),
                 self.workers,
                 &self.cancelled,
                 ChunkBufferPool::new,
                 |pool, task| {
-                    let extent = grid_cell(&shape, &chunk, task);
+                    let extent = blocks.block(task);
                     let values = self.source.read::<P>(&extent, pool, kernels)?;
                     // The block's groups, and their index in the source.
                     let local_groups: u64 = (0..shape.len())

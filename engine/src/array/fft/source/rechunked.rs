@@ -7,8 +7,9 @@ use std::sync::{Arc, OnceLock};
 
 use datafusion::execution::runtime_env::RuntimeEnv;
 
-use crate::array::rechunk::{default_work_dir, PreparedRechunk, RechunkOptions, ScratchStore};
+use crate::array::rechunk::{PreparedRechunk, RechunkOptions};
 use crate::table::{open_dataset_blocking, GridTable, ZarrTableOptions};
+use crate::write::scratch::{default_work_dir, ScratchStore};
 
 /// A variable copied into new chunks in `work_dir` (see
 /// [`super::ArraySource::Rechunked`]). The copy runs once, on the first read;
