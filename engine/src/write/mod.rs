@@ -22,6 +22,7 @@
 //! | [`store`] | Zarr v2/v3 metadata and chunks, atomic rename |
 //! | [`stamp`] | the owner stamp on temporary targets and scratch stores, and the sweep of a killed process's |
 //! | [`scratch`] | scratch stores in `work_dir` (local or object store) that the array operators write their intermediate arrays to, erased when dropped |
+//! | [`target`] | where an array COPY writes (location, options, output) and its atomic write of a new store's group |
 //! | [`sink`] | the DataFusion sink: memory budget, cancellation |
 //! | [`format`] | Zarr registered as a file format for `COPY` |
 
@@ -32,6 +33,7 @@ pub mod scratch;
 pub mod sink;
 pub mod stamp;
 pub mod store;
+pub mod target;
 pub(crate) mod write_job;
 
 pub use format::ZarrFormatFactory;

@@ -5,7 +5,6 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`target`] | where a COPY writes: the new store, its options, the rechunked store written into it |
 //! | [`whole`] | a whole table (or an FFT) copied array by array: the rechunk primitive into the target's chunks |
 //! | [`selection`] | a selection with computed variables: blockwise into a scratch store, then the rechunk primitive |
 //! | [`rolling`] | rolling windows: the same two steps, step 1 the rolling operator's runs of chunks ([`selection::StepWriters`]) |
@@ -17,7 +16,6 @@
 pub mod rolling;
 pub mod rule;
 pub mod selection;
-pub mod target;
 pub mod whole;
 
 pub use rule::CopyToArraysRule;

@@ -43,7 +43,6 @@ use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
 use super::selection::{Blockwise, CopyGrid, OutputVariable, SelectionCopyExec, Step, StepWriters};
-use super::target::CopyTarget;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
@@ -51,6 +50,7 @@ use crate::array::tasks::run_tasks;
 use crate::plan_methods::{leaf_node_methods, node_identity};
 use crate::table::share_of;
 use crate::write::store::store_box;
+use crate::write::target::CopyTarget;
 use crate::zarr::StoreLocation;
 
 /// The [`RollingCopy`] that a COPY is, when its query is a rolling window

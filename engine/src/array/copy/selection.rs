@@ -48,12 +48,10 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use datafusion::physical_planner::PhysicalPlanner;
 use serde_json::Map;
 use zarrs::array::Array as ZarrsArray;
-use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
-use super::target::CopyTarget;
 use super::whole::CopyScan;
-use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkPlan};
+use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkPlan, TargetEncoding};
 use crate::array::scan_path::columns_read;
 use crate::array::tasks::run_tasks;
 use crate::plan_methods::{
@@ -65,9 +63,10 @@ use crate::table::{
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::store::{
-    chunk_lengths, io_error, prepare_group, store_box, write_atomically, write_claimed,
-    GroupCoordinate, GroupVariable, GroupWrite, COORDINATE_WRITE_MEMORY,
+    chunk_lengths, prepare_group, store_box, GroupCoordinate, GroupVariable, GroupWrite,
+    COORDINATE_WRITE_MEMORY,
 };
+use crate::write::target::CopyTarget;
 use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
@@ -602,11 +601,11 @@ impl Blockwise {
             &scratch.location().to_string(),
             &chunks,
             None,
-            Some(self.to.encoding()),
+            Some(TargetEncoding::of(&self.to.options)),
             &self.rechunk,
             runtime,
         )?;
-        let summary = self.to.write(&prepared, cancelled)?;
+        let summary = prepared.write_to(&self.to, cancelled)?;
         Ok(Written {
             rows: cells,
             bytes_read: summary.bytes_read,
@@ -715,28 +714,12 @@ impl Blockwise {
     /// beside it and renamed into place; an object-store one (which must be
     /// empty) with its metadata last, erased when the copy fails.
     fn write_direct(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<()> {
-        let options = &self.to.options;
-        match &self.to.location {
-            StoreLocation::Local(target) => write_atomically(target, cancelled, |dir| {
-                std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-                let storage: ReadableWritableListableStorage =
-                    Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
-                let group = self.group(&storage, options, &self.target_chunks)?;
-                group.store_metadata()?;
-                self.write_step(&group.variables, cancelled)
-            }),
-            StoreLocation::Remote(url) => write_claimed(
-                &self.to.location.to_string(),
-                url,
-                &options.storage,
-                runtime,
-                |storage| {
-                    let group = self.group(storage, options, &self.target_chunks)?;
-                    self.write_step(&group.variables, cancelled)?;
-                    group.store_metadata()
-                },
-            ),
-        }
+        self.to.write_group(
+            runtime,
+            cancelled,
+            |storage| self.group(storage, &self.to.options, &self.target_chunks),
+            |group| self.write_step(&group.variables, cancelled),
+        )
     }
 
     /// Step 1 by expressions: every chunk of the intermediate variables,

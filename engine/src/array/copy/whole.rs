@@ -27,14 +27,14 @@ use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
-use super::target::CopyTarget;
-use crate::array::rechunk::{fmt_array_plans, PreparedRechunk, RechunkOptions};
+use crate::array::rechunk::{fmt_array_plans, PreparedRechunk, RechunkOptions, TargetEncoding};
 use crate::array::scan_path::{down_to_scan, ScanPath};
 use crate::plan_methods::{
     leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
 };
 use crate::table::GridTable;
 use crate::write::options::ZarrVersion;
+use crate::write::target::CopyTarget;
 use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
 
@@ -161,7 +161,7 @@ impl ArrayCopy {
                 .filter(|d| d.has_coordinate())
                 .map(|d| d.name.clone()),
         );
-        let encoding = self.to.encoding();
+        let encoding = TargetEncoding::of(&self.to.options);
         let runtime = Arc::clone(session.runtime_env());
         let mut rechunk = RechunkOptions::for_session(session.config_options(), &runtime)?;
         rechunk.source_storage = self.table.storage_options();
@@ -275,7 +275,7 @@ impl ExecutionPlan for ArrayCopyExec {
         };
         let writer = Arc::clone(&prepared);
         job.run(partition, &context, move |cancelled| {
-            let summary = to.write(&writer, cancelled)?;
+            let summary = writer.write_to(&to, cancelled)?;
             Ok(Written {
                 rows,
                 bytes_read: summary.bytes_read,

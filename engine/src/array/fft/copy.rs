@@ -25,7 +25,7 @@ use std::sync::Arc;
 use datafusion::catalog::Session;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::{
-    exec_err, human_readable_size, plan_err, resources_err, DFSchemaRef, DataFusionError, Result,
+    exec_err, human_readable_size, plan_err, resources_err, DataFusionError, Result,
 };
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -36,8 +36,7 @@ use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use zarrs::array::Array as ZarrsArray;
-use zarrs::filesystem::FilesystemStore;
-use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
+use zarrs::storage::ReadableWritableListableStorageTraits;
 
 use super::exec::{
     block_memory, kernel_memory, plan_blocks, read_ahead_plan, start_read_ahead, transformed_block,
@@ -53,21 +52,20 @@ use crate::plan_methods::{
 };
 use crate::table::{BlockGrid, ReadAheadPlan, Selection};
 use crate::write::grid::field_attributes;
-use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
-    check_target, io_error, prepare_group, store_box, write_atomically, write_claimed, write_group,
-    GroupCoordinate, GroupVariable, COORDINATE_WRITE_MEMORY,
+    prepare_group, store_box, GroupCoordinate, GroupVariable, COORDINATE_WRITE_MEMORY,
 };
+use crate::write::target::CopyTarget;
 use crate::write::write_job::{count_properties, WriteJob, Written};
-use crate::zarr::{ChunkBufferPool, StoreLocation};
+use crate::zarr::ChunkBufferPool;
 
 /// The [`FftCopy`] a COPY is, when its input is a whole transform result:
 /// a scan of an `fft(...)`/`ifft(...)` table under aliases and projections
 /// that keep every column as it is, to a Zarr target (local or object store).
 pub(crate) fn fft_copy(copy: &CopyTo) -> Result<Option<FftCopy>> {
-    if copy.file_type.get_ext() != "zarr" || !copy.partition_by.is_empty() {
+    let Some(to) = CopyTarget::of(copy)? else {
         return Ok(None);
-    }
+    };
     let mut node = copy.input.as_ref();
     loop {
         node = match node {
@@ -100,17 +98,13 @@ pub(crate) fn fft_copy(copy: &CopyTo) -> Result<Option<FftCopy>> {
     if scan.projection.as_ref().is_some_and(|p| *p != all_columns) {
         return Ok(None);
     }
-    let target = StoreLocation::parse(&copy.output_url)?;
-    let options = ZarrWriteOptions::from_map(&copy.options)?;
     let names: Vec<String> = table.output_dims().into_iter().map(|d| d.name).collect();
-    if options.dims.as_ref().is_some_and(|dims| *dims != names) {
+    if to.options.dims.as_ref().is_some_and(|dims| *dims != names) {
         return Ok(None);
     }
     Ok(Some(FftCopy {
         table: Arc::new(table.clone()),
-        target,
-        options,
-        schema: Arc::clone(&copy.output_schema),
+        to,
     }))
 }
 
@@ -119,9 +113,7 @@ pub(crate) fn fft_copy(copy: &CopyTo) -> Result<Option<FftCopy>> {
 #[derive(Debug, Clone)]
 pub struct FftCopy {
     table: Arc<FftTable>,
-    target: StoreLocation,
-    options: ZarrWriteOptions,
-    schema: DFSchemaRef,
+    to: CopyTarget,
 }
 
 impl FftCopy {
@@ -129,13 +121,11 @@ impl FftCopy {
     /// tasks as the session's memory limit allows; refused when the target
     /// exists, the chunks are bad, or one task does not fit.
     pub async fn plan(&self, session: &dyn Session) -> Result<FftCopyExec> {
-        if let StoreLocation::Local(path) = &self.target {
-            check_target(path)?;
-        }
+        self.to.check()?;
         let table = &self.table.fitted(session).await?;
         let dims = table.output_dims();
         let shape = table.output_shape();
-        for (dim, _) in &self.options.chunks {
+        for (dim, _) in &self.to.options.chunks {
             if !dims.iter().any(|d| &d.name == dim) {
                 return plan_err!(
                     "Zarr option 'chunks' names '{dim}', which is not a dimension of the result ({})",
@@ -144,8 +134,7 @@ impl FftCopy {
             }
         }
         let given = |d: usize| {
-            self.options
-                .chunks
+            (self.to.options.chunks)
                 .iter()
                 .find(|(n, _)| *n == dims[d].name)
                 .map(|(_, c)| (*c).clamp(1, shape[d].max(1)))
@@ -206,9 +195,8 @@ impl FftCopy {
                 table: Arc::clone(table),
                 tasks,
                 chunks,
-                target: self.target.clone(),
+                to: self.to.clone(),
                 runtime: Arc::clone(session.runtime_env()),
-                options: self.options.clone(),
                 kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
                 device,
             }),
@@ -221,13 +209,13 @@ impl FftCopy {
 node_identity!(
     FftCopy,
     eq: |a, b| {
-        Arc::ptr_eq(&a.table, &b.table) && a.target == b.target && a.options == b.options
+        Arc::ptr_eq(&a.table, &b.table) && a.to == b.to
     },
-    hash: |node, mut state| node.target.hash(&mut state)
+    hash: |node, mut state| node.to.location.hash(&mut state)
 );
 
 impl UserDefinedLogicalNodeCore for FftCopy {
-    leaf_node_methods!("FftCopy");
+    leaf_node_methods!("FftCopy", to.schema);
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
@@ -235,10 +223,10 @@ impl UserDefinedLogicalNodeCore for FftCopy {
             "FftCopy: store={}, variable={}, target={}, chunks={:?}, codec={:?}, zarr_format={:?}",
             self.table.source().store(),
             self.table.source().variable(),
-            self.target,
-            self.options.chunks,
-            self.options.codec,
-            self.options.zarr_format
+            self.to.location,
+            self.to.options.chunks,
+            self.to.options.codec,
+            self.to.options.zarr_format
         )
     }
 }
@@ -251,10 +239,9 @@ struct CopyJob {
     tasks: WriteTasks,
     /// The target variable's chunk shape.
     chunks: Vec<u64>,
-    target: StoreLocation,
+    to: CopyTarget,
     /// Where an object-store target's credentials are registered.
     runtime: Arc<RuntimeEnv>,
-    options: ZarrWriteOptions,
     kernels: Kernels,
     /// Where the transforms run.
     device: Device,
@@ -276,33 +263,14 @@ impl CopyJob {
     /// block), renamed into place; an object-store one (which must be
     /// empty) with its metadata last, erased when the copy fails.
     fn write(&self, cancelled: &AtomicBool) -> Result<Written> {
-        let path = match &self.target {
-            StoreLocation::Local(target) => {
-                return write_atomically(target, cancelled, |dir| {
-                    std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-                    let storage: ReadableWritableListableStorage =
-                        Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
-                    let (coordinates, variable) =
-                        output_group(&self.table, self.chunks.clone(), true);
-                    let arrays = write_group(&storage, &coordinates, &[variable], &self.options)?;
-                    self.write_blocks(&arrays, cancelled)
-                })
-            }
-            StoreLocation::Remote(url) => (self.target.to_string(), url),
-        };
-        let (path, url) = path;
-        write_claimed(
-            &path,
-            url,
-            &self.options.storage,
+        self.to.write_group(
             &self.runtime,
+            cancelled,
             |storage| {
                 let (coordinates, variable) = output_group(&self.table, self.chunks.clone(), true);
-                let group = prepare_group(storage, &coordinates, &[variable], &self.options)?;
-                let written = self.write_blocks(&group.variables, cancelled)?;
-                group.store_metadata()?;
-                Ok(written)
+                prepare_group(storage, &coordinates, &[variable], &self.to.options)
             },
+            |group| self.write_blocks(&group.variables, cancelled),
         )
     }
 
@@ -540,7 +508,7 @@ impl DisplayAs for FftCopyExec {
              workers={}{}, device={}, projected_memory={}",
             job.table.source().store(),
             job.table.source().variable(),
-            job.target,
+            job.to.location,
             job.tasks.blocks.num_blocks(),
             job.tasks.blocks.block_shape(),
             job.chunks,

@@ -53,10 +53,13 @@ pub use plan::{RechunkPlan, StagePlan};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
 use crate::config::ZarrConfig;
-use crate::write::options::{Codec, ZarrVersion};
+use crate::write::options::{Codec, ZarrVersion, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::sink::CancelOnDrop;
-use crate::write::store::{consolidate, io_error, v2_compressor, v3_compressor, write_atomically};
+use crate::write::store::{
+    consolidate, io_error, v2_compressor, v3_compressor, write_atomically, write_claimed,
+};
+use crate::write::target::CopyTarget;
 
 use crate::table::ReadAheadPlan;
 use crate::zarr::{
@@ -157,6 +160,16 @@ pub struct TargetEncoding {
     pub codec: Codec,
     /// The target's format version (a v3 source cannot be written as v2).
     pub zarr_format: ZarrVersion,
+}
+
+impl TargetEncoding {
+    /// The encoding a COPY's write options ask for.
+    pub fn of(options: &ZarrWriteOptions) -> Self {
+        Self {
+            codec: options.codec,
+            zarr_format: options.zarr_format,
+        }
+    }
 }
 
 /// One array's rechunk.
@@ -648,6 +661,23 @@ impl PreparedRechunk {
             "rechunk of store '{}', array '{}': {message}",
             self.source, job.rechunk.name
         ))
+    }
+
+    /// Writes the whole target into a COPY's target `to`: renamed into
+    /// place when local ([`Self::write_local`]); data, then metadata, into
+    /// an empty object-store prefix otherwise (claimed with the COPY's
+    /// object-store settings: [`Self::write_last_metadata`]).
+    pub fn write_to(&self, to: &CopyTarget, cancelled: &AtomicBool) -> Result<RechunkSummary> {
+        match &to.location {
+            StoreLocation::Local(path) => self.write_local(path, cancelled),
+            StoreLocation::Remote(url) => write_claimed(
+                &to.location.to_string(),
+                url,
+                &to.options.storage,
+                self.runtime(),
+                |out| self.write_last_metadata(out, cancelled),
+            ),
+        }
     }
 
     /// Writes the whole target into a new local store at `target` (which
