@@ -275,7 +275,7 @@ async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
         ("partitions", Value::from(0), "partitions"),
         ("tasks", Value::from(1u64 << 40), "tasks"),
         ("batch_size", Value::from(0), "batch_size"),
-        ("projection", serde_json::json!([0, 99]), "column 99"),
+        ("read", serde_json::json!([0, 99]), "column 99"),
         (
             "selection",
             serde_json::json!([[{"start": 5, "end": 2}]]),

@@ -40,9 +40,9 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(reduction) = node.as_any().downcast_ref::<DenseReduction>() {
             let exec = DenseReductionExec::plan(reduction, planner, session, planning)?;
+            let read = exec.read();
             let broadcasts =
-                BroadcastInputs::plan(exec.table().broadcasts_read(exec.columns()), session)
-                    .await?;
+                BroadcastInputs::plan(read.table.broadcasts_read(&read.columns), session).await?;
             let exec = exec.with_broadcasts(broadcasts, session)?;
             return Ok(Some(Arc::new(exec)));
         }

@@ -52,8 +52,8 @@ use crate::array::{key_schema, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec
 use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
 use crate::error::lock;
 use crate::table::{
-    open_dataset_blocking, BlockGrid, GridSource, GridTable, Selection, TableSource, ZarrScanExec,
-    ZarrTableOptions,
+    open_dataset_blocking, BlockGrid, BlockRead, GridSource, GridTable, Selection, TableSource,
+    ZarrScanExec, ZarrTableOptions,
 };
 
 /// The most partitions and tasks a received scan may ask for (a malformed
@@ -106,15 +106,25 @@ struct Opened {
     storage_defaults: BTreeMap<String, String>,
 }
 
-/// A Zarr scan as it travels.
+/// A [`BlockRead`] as it travels: the read every Zarr leaf starts with
+/// (its fields among the node's own).
 #[derive(Debug, Serialize, Deserialize)]
-struct Scan {
+struct Read {
     source: Source,
     /// The table's columns when the plan was made: names and types.
     columns: Vec<(String, String)>,
-    projection: Vec<usize>,
+    /// The columns read: indices into `columns`.
+    read: Vec<usize>,
     selection: Vec<Vec<Range<u64>>>,
     block_shape: Vec<u64>,
+}
+
+/// A Zarr scan as it travels.
+#[derive(Debug, Serialize, Deserialize)]
+struct Scan {
+    /// Its columns (the projection), cells and blocks.
+    #[serde(flatten)]
+    read: Read,
     partitions: usize,
     limit: Option<usize>,
     batch_size: usize,
@@ -125,13 +135,10 @@ struct Scan {
 /// A dense reduction's partial states as they travel.
 #[derive(Debug, Serialize, Deserialize)]
 struct Reduction {
-    source: Source,
-    /// The table's columns when the plan was made: names and types.
-    columns: Vec<(String, String)>,
-    /// The table columns the expressions read (their input, in order).
-    read: Vec<usize>,
-    selection: Vec<Vec<Range<u64>>>,
-    block_shape: Vec<u64>,
+    /// The columns the expressions read (their input, in order), the
+    /// cells and their blocks.
+    #[serde(flatten)]
+    read: Read,
     groups: Vec<GroupKey>,
     aggregates: Vec<Aggregate>,
     /// The row filter, a protobuf physical expression in base64.
@@ -145,22 +152,19 @@ struct Reduction {
 /// A rolling window's runs of blocks as they travel.
 #[derive(Debug, Serialize, Deserialize)]
 struct Window {
-    source: Source,
-    /// The table's columns when the plan was made: names and types.
-    columns: Vec<(String, String)>,
-    /// The table columns the window reads (its input, in order).
-    read: Vec<usize>,
-    /// Those the arguments read: places among `read`.
+    /// The columns the window reads (its input, in order), the cells and
+    /// their blocks.
+    #[serde(flatten)]
+    read: Read,
+    /// Those the arguments read: places among the columns read.
     arg_places: Vec<usize>,
-    /// The window's input columns, protobuf physical expressions over
-    /// `read` in base64.
+    /// The window's input columns, protobuf physical expressions over the
+    /// columns read, in base64.
     outputs: Vec<String>,
     /// The distinct arguments, over the columns at `arg_places`.
     args: Vec<String>,
     aggregates: Vec<Roll>,
     dim: usize,
-    selection: Vec<Vec<Range<u64>>>,
-    block_shape: Vec<u64>,
     /// The rows' columns: name, type, nullable.
     schema: Vec<(String, String, bool)>,
     partitions: usize,
@@ -240,6 +244,18 @@ impl Source {
     }
 }
 
+impl Read {
+    fn of(read: &BlockRead) -> Result<Self> {
+        Ok(Self {
+            source: Source::of(&read.table)?,
+            columns: columns_of(&read.table),
+            read: read.columns.clone(),
+            selection: read.selection_ranges(),
+            block_shape: read.blocks.block_shape().to_vec(),
+        })
+    }
+}
+
 /// Names and types of a table's columns.
 fn columns_of(table: &GridTable) -> Vec<(String, String)> {
     table
@@ -292,33 +308,31 @@ impl ZarrCodec {
         Ok(table)
     }
 
-    /// The table `source` names, opened on this worker, checked to have
-    /// the `columns` the plan was made for.
-    fn open_checked(
-        &self,
-        source: &Source,
-        columns: &[(String, String)],
-        ctx: &TaskContext,
-    ) -> Result<Arc<GridTable>> {
-        let table = self.open(source, ctx)?;
-        if columns_of(&table) != columns {
+    /// The read `read` describes, made again on this worker: its table
+    /// opened and checked to have the columns the plan was made for, its
+    /// selection and blocks checked against the table's grid.
+    fn decode_read(&self, read: Read, ctx: &TaskContext) -> Result<BlockRead> {
+        let table = self.open(&read.source, ctx)?;
+        let store = &table.store;
+        if columns_of(&table) != read.columns {
             return plan_err!(
-                "the Zarr table over {} has changed since the query was planned: its columns \
-                 are now {:?}, the plan expects {columns:?}",
-                table.store,
-                columns_of(&table)
+                "the Zarr table over {store} has changed since the query was planned: its \
+                 columns are now {:?}, the plan expects {:?}",
+                columns_of(&table),
+                read.columns
             );
         }
-        Ok(table)
+        let shape = table.shape();
+        let selection = Selection::from_ranges(read.selection, &shape)
+            .map_err(|e| exec_datafusion_err!("a read of {store}: its selection: {e}"))?;
+        let blocks = BlockGrid::with_block_shape(&shape, read.block_shape, &selection)
+            .map_err(|e| exec_datafusion_err!("a read of {store}: {e}"))?;
+        BlockRead::new(table, read.read, selection, blocks)
     }
 
     fn decode_scan(&self, scan: Scan, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-        let table = self.open_checked(&scan.source, &scan.columns, ctx)?;
-        let store = &table.store;
-        let width = table.schema.fields().len();
-        if let Some(bad) = scan.projection.iter().find(|&&i| i >= width) {
-            return plan_err!("a scan of {store} projects column {bad} of {width}");
-        }
+        let read = self.decode_read(scan.read, ctx)?;
+        let store = &read.table.store;
         let limits = [
             ("partitions", scan.partitions, MAX_PARTITIONS),
             ("tasks", scan.tasks, MAX_TASKS),
@@ -329,21 +343,13 @@ impl ZarrCodec {
                 return plan_err!("a scan of {store} asks for {n} {what} (1 to {most})");
             }
         }
-        let shape = table.shape();
-        let selection = Selection::from_ranges(scan.selection, &shape)
-            .map_err(|e| exec_datafusion_err!("a scan of {store}: its selection: {e}"))?;
-        let blocks = BlockGrid::with_block_shape(&shape, scan.block_shape, &selection)
-            .map_err(|e| exec_datafusion_err!("a scan of {store}: {e}"))?;
         let mut exec = ZarrScanExec::new(
-            table,
-            scan.projection,
-            selection,
-            blocks,
+            read,
             scan.partitions,
             scan.limit,
             scan.batch_size,
             scan.io_concurrency,
-        )?
+        )
         .with_tasks(scan.tasks);
         if let MemoryLimit::Finite(bytes) = ctx.memory_pool().memory_limit() {
             exec = exec.fit_batches(bytes).fit_read_ahead(bytes);
@@ -375,8 +381,6 @@ impl ZarrCodec {
     }
 
     fn encode_reduction(&self, r: &DenseReductionExec, tasks: usize) -> Result<Node> {
-        let table = r.table();
-        let selection = r.selection();
         let mut aggregates = Vec::new();
         for a in r.aggregates() {
             aggregates.push(Aggregate {
@@ -388,13 +392,7 @@ impl ZarrCodec {
         }
         let states = r.schema();
         Ok(Node::Reduction(Reduction {
-            source: Source::of(table)?,
-            columns: columns_of(table),
-            read: r.columns().to_vec(),
-            selection: (0..selection.rank())
-                .map(|d| selection.ranges(d).to_vec())
-                .collect(),
-            block_shape: r.blocks().block_shape().to_vec(),
+            read: Read::of(r.read())?,
             groups: r
                 .group_keys()
                 .iter()
@@ -422,12 +420,9 @@ impl ZarrCodec {
         reduction: Reduction,
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let table = self.open_checked(&reduction.source, &reduction.columns, ctx)?;
+        let read = self.decode_read(reduction.read, ctx)?;
+        let (table, selection) = (&read.table, &read.selection);
         let store = &table.store;
-        let width = table.schema.fields().len();
-        if let Some(bad) = reduction.read.iter().find(|&&i| i >= width) {
-            return plan_err!("a reduction of {store} reads column {bad} of {width}");
-        }
         let n_dims = table.dims.len();
         // Per dimension: grouped by its coordinate, or by functions of it.
         let mut plain = vec![0usize; n_dims];
@@ -462,9 +457,6 @@ impl ZarrCodec {
                 reduction.tasks
             );
         }
-        let shape = table.shape();
-        let selection = Selection::from_ranges(reduction.selection, &shape)
-            .map_err(|e| exec_datafusion_err!("a reduction of {store}: its selection: {e}"))?;
         let groups = (0..n_dims)
             .filter(|&d| plain[d] + functions[d] > 0)
             .fold(1u128, |n, d| {
@@ -478,15 +470,7 @@ impl ZarrCodec {
                 MAX_STATE_BYTES
             );
         }
-        let blocks = BlockGrid::with_block_shape(&shape, reduction.block_shape, &selection)
-            .map_err(|e| exec_datafusion_err!("a reduction of {store}: {e}"))?;
-        let input = Schema::new(
-            reduction
-                .read
-                .iter()
-                .map(|&c| table.schema.field(c).clone())
-                .collect::<Vec<_>>(),
-        );
+        let input = Arc::clone(&read.schema);
         let parse_type = |text: &str| {
             text.parse::<DataType>()
                 .map_err(|e| exec_datafusion_err!("a reduction of {store}: type {text:?}: {e}"))
@@ -533,10 +517,7 @@ impl ZarrCodec {
             _ => None,
         };
         let parts = ReductionParts {
-            table,
-            selection,
-            blocks,
-            columns: reduction.read,
+            read,
             groups,
             aggregates,
             predicate,
@@ -556,12 +537,8 @@ impl ZarrCodec {
 impl ZarrCodec {
     fn encode_window(&self, w: &RollingWindowExec) -> Result<Node> {
         let r = w.rolling();
-        let table = &r.table;
-        let selection = &r.selection;
         Ok(Node::Window(Window {
-            source: Source::of(table)?,
-            columns: columns_of(table),
-            read: r.columns.clone(),
+            read: Read::of(&r.read)?,
             arg_places: r.arg_places.clone(),
             outputs: (r.outputs.iter())
                 .map(|e| self.encode_expr(e))
@@ -580,10 +557,6 @@ impl ZarrCodec {
                 })
                 .collect(),
             dim: r.dim,
-            selection: (0..selection.rank())
-                .map(|d| selection.ranges(d).to_vec())
-                .collect(),
-            block_shape: r.blocks.block_shape().to_vec(),
             schema: (r.output_schema.fields().iter())
                 .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
                 .collect(),
@@ -594,9 +567,8 @@ impl ZarrCodec {
     }
 
     fn decode_window(&self, w: Window, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-        let table = self.open_checked(&w.source, &w.columns, ctx)?;
-        let store = &table.store;
-        let width = table.schema.fields().len();
+        let read = self.decode_read(w.read, ctx)?;
+        let store = &read.table.store;
         let limits = [
             ("partitions", w.partitions, MAX_PARTITIONS),
             ("tasks", w.tasks, MAX_TASKS),
@@ -610,13 +582,10 @@ impl ZarrCodec {
                 );
             }
         }
-        if let Some(bad) = w.read.iter().find(|&&i| i >= width) {
-            return plan_err!("a rolling window over {store} reads column {bad} of {width}");
-        }
-        if let Some(bad) = w.arg_places.iter().find(|&&p| p >= w.read.len()) {
+        if let Some(bad) = w.arg_places.iter().find(|&&p| p >= read.columns.len()) {
             return plan_err!(
                 "a rolling window over {store} takes its arguments from column {bad} of {}",
-                w.read.len()
+                read.columns.len()
             );
         }
         if w.args.len() > MAX_AGGREGATES || w.outputs.len() > MAX_AGGREGATES {
@@ -626,17 +595,7 @@ impl ZarrCodec {
                 w.outputs.len()
             );
         }
-        let shape = table.shape();
-        let selection = Selection::from_ranges(w.selection, &shape).map_err(|e| {
-            exec_datafusion_err!("a rolling window over {store}: its selection: {e}")
-        })?;
-        let blocks = BlockGrid::with_block_shape(&shape, w.block_shape, &selection)
-            .map_err(|e| exec_datafusion_err!("a rolling window over {store}: {e}"))?;
-        let input = Schema::new(
-            (w.read.iter())
-                .map(|&c| table.schema.field(c).clone())
-                .collect::<Vec<_>>(),
-        );
+        let input = Arc::clone(&read.schema);
         let arg_input = Schema::new(
             (w.arg_places.iter())
                 .map(|&p| input.field(p).clone())
@@ -687,11 +646,8 @@ impl ZarrCodec {
             _ => None,
         };
         let parts = RollingParts {
-            table,
-            selection,
-            blocks,
+            read,
             dim: w.dim,
-            columns: w.read,
             arg_places: w.arg_places,
             outputs,
             args,
@@ -768,16 +724,8 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 node.name()
             );
         };
-        let table = scan.table();
-        let selection = scan.selection();
         let encoded = Node::Scan(Scan {
-            source: Source::of(table)?,
-            columns: columns_of(table),
-            projection: scan.projection().to_vec(),
-            selection: (0..selection.rank())
-                .map(|d| selection.ranges(d).to_vec())
-                .collect(),
-            block_shape: scan.blocks().block_shape().to_vec(),
+            read: Read::of(scan.read())?,
             partitions: scan.properties().partitioning.partition_count(),
             limit: scan.limit(),
             batch_size: scan.batch_size(),

@@ -24,13 +24,16 @@ use crate::table::ZarrScanExec;
 /// one per block.
 pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEventResponse>> {
     let (bytes, blocks) = if let Some(scan) = ev.plan.downcast_ref::<ZarrScanExec>() {
-        (scan.decoded_bytes(), scan.blocks().num_blocks())
+        (scan.decoded_bytes(), scan.read().blocks.num_blocks())
     } else if let Some(window) = ev.plan.downcast_ref::<RollingWindowExec>() {
-        (window.decoded_bytes(), window.blocks().num_blocks())
+        (window.decoded_bytes(), window.read().blocks.num_blocks())
     } else {
         let reduction = ev.plan.downcast_ref::<DenseReductionExec>()?;
         reduction.tasks()?;
-        (reduction.decoded_bytes(), reduction.blocks().num_blocks())
+        (
+            reduction.decoded_bytes(),
+            reduction.read().blocks.num_blocks(),
+        )
     };
     let per_task = ZarrConfig::of(ev.session_config.options())
         .bytes_per_task

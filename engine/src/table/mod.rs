@@ -2,6 +2,7 @@
 //! pushdown, and the ways to register them (`CREATE EXTERNAL TABLE`,
 //! `read_zarr`, `register_zarr`).
 
+mod block_read;
 mod blocks;
 mod broadcast;
 pub(crate) mod cells;
@@ -16,6 +17,7 @@ mod regular;
 mod scan;
 mod selection;
 
+pub use block_read::BlockRead;
 pub use blocks::{boxes_in_block, share_of, BlockGrid};
 pub use broadcast::{
     Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, MAX_BROADCAST_BYTES,

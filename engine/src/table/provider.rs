@@ -13,6 +13,7 @@ use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 
+use super::block_read::BlockRead;
 use super::blocks::BlockGrid;
 use super::broadcast::BroadcastInputs;
 use super::dataset::GridTable;
@@ -115,16 +116,14 @@ impl TableProvider for ZarrTable {
         let broadcasts =
             BroadcastInputs::plan(self.table.broadcasts_read(&projection), state).await?;
         let joined_in = broadcasts.memory();
+        let read = BlockRead::new(Arc::clone(&self.table), projection, selection, blocks)?;
         let mut scan = ZarrScanExec::new(
-            Arc::clone(&self.table),
-            projection,
-            selection,
-            blocks,
+            read,
             partitions,
             limit,
             state.config().batch_size(),
             ZarrConfig::of(state.config().options()).io_concurrency,
-        )?
+        )
         .with_broadcasts(broadcasts);
         if let Some(bytes) = memory_limit {
             let left = bytes.saturating_sub(joined_in);

@@ -18,7 +18,6 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -32,12 +31,11 @@ use datafusion::physical_plan::{
 use datafusion_distributed::DistributedTaskContext;
 use tokio::sync::mpsc::Sender;
 
-use super::blocks::{boxes_in_block, share_of, BlockGrid};
+use super::block_read::BlockRead;
+use super::blocks::{boxes_in_block, share_of};
 use super::broadcast::BroadcastInputs;
 use super::cells::BoxCells;
-use super::dataset::GridTable;
 use super::read_ahead::ReadAheadPlan;
-use super::selection::Selection;
 use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
@@ -49,11 +47,8 @@ pub const MIN_BATCH_ROWS: usize = 64;
 /// The physical scan of a Zarr table.
 #[derive(Debug)]
 pub struct ZarrScanExec {
-    table: Arc<GridTable>,
-    projection: Vec<usize>,
-    schema: SchemaRef,
-    selection: Arc<Selection>,
-    blocks: Arc<BlockGrid>,
+    /// What it reads: its columns (the projection), cells and blocks.
+    read: Arc<BlockRead>,
     limit: Option<usize>,
     /// Rows per batch, as planned.
     batch_size: usize,
@@ -71,37 +66,33 @@ pub struct ZarrScanExec {
 }
 
 impl ZarrScanExec {
-    /// A scan of `projection` (indices into the table's schema) over
-    /// `selection`, in batches of `batch_size` rows, keeping up to
+    /// A scan of `read` (its columns are the projection) in `partitions`
+    /// partitions, in batches of `batch_size` rows, keeping up to
     /// `io_concurrency` reads in flight (shared among the partitions) when
     /// the store is remote.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
-        table: Arc<GridTable>,
-        projection: Vec<usize>,
-        selection: Selection,
-        blocks: BlockGrid,
+        read: BlockRead,
         partitions: usize,
         limit: Option<usize>,
         batch_size: usize,
         io_concurrency: usize,
-    ) -> Result<Self> {
-        let read_ahead =
-            ReadAheadPlan::new(&table, &projection, io_concurrency, blocks.block_shape(), 1)
-                .split(partitions.max(1));
-        let schema = Arc::new(table.schema.project(&projection)?);
+    ) -> Self {
+        let read_ahead = ReadAheadPlan::new(
+            &read.table,
+            &read.columns,
+            io_concurrency,
+            read.blocks.block_shape(),
+            1,
+        )
+        .split(partitions.max(1));
         let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
+            EquivalenceProperties::new(Arc::clone(&read.schema)),
             Partitioning::UnknownPartitioning(partitions.max(1)),
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        Ok(Self {
-            table,
-            projection,
-            schema,
-            selection: Arc::new(selection),
-            blocks: Arc::new(blocks),
+        Self {
+            read: Arc::new(read),
             limit,
             batch_size: batch_size.max(1),
             read_ahead,
@@ -110,7 +101,7 @@ impl ZarrScanExec {
             broadcasts: BroadcastInputs::default(),
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
-        })
+        }
     }
 
     /// This scan reading the broadcast columns of `broadcasts` (their
@@ -126,11 +117,7 @@ impl ZarrScanExec {
     /// partitions.
     pub fn with_tasks(&self, tasks: usize) -> Self {
         Self {
-            table: Arc::clone(&self.table),
-            projection: self.projection.clone(),
-            schema: Arc::clone(&self.schema),
-            selection: Arc::clone(&self.selection),
-            blocks: Arc::clone(&self.blocks),
+            read: Arc::clone(&self.read),
             limit: self.limit,
             batch_size: self.batch_size,
             read_ahead: self.read_ahead,
@@ -155,24 +142,10 @@ impl ZarrScanExec {
         self.tasks
     }
 
-    /// The table scanned.
-    pub fn table(&self) -> &Arc<GridTable> {
-        &self.table
-    }
-
-    /// The columns read (indices into the table's schema).
-    pub fn projection(&self) -> &[usize] {
-        &self.projection
-    }
-
-    /// The cells read.
-    pub fn selection(&self) -> &Selection {
-        &self.selection
-    }
-
-    /// The blocks read.
-    pub fn blocks(&self) -> &BlockGrid {
-        &self.blocks
+    /// What it reads: the table, its columns (the projection), cells and
+    /// blocks.
+    pub fn read(&self) -> &BlockRead {
+        &self.read
     }
 
     /// The most rows produced.
@@ -193,13 +166,12 @@ impl ZarrScanExec {
     /// Decoded bytes of every block's projected variables (what a cluster
     /// sizes the scan's tasks by).
     pub fn decoded_bytes(&self) -> u64 {
-        let per_cell: u64 = self
-            .projection
-            .iter()
-            .filter_map(|&i| self.table.variable(i))
+        let r = &self.read;
+        let per_cell: u64 = (r.columns.iter())
+            .filter_map(|&i| r.table.variable(i))
             .map(|v| v.element_size() as u64)
             .sum();
-        self.selection.num_cells().saturating_mul(per_cell.max(1))
+        r.selection.num_cells().saturating_mul(per_cell.max(1))
     }
 
     /// Memory one partition holds at its peak: two decoded blocks of the
@@ -219,9 +191,7 @@ impl ZarrScanExec {
 
     /// Cells of one block (the largest, at the grid's origin).
     fn block_cells(&self) -> usize {
-        let cells =
-            (self.blocks.block_shape().iter()).fold(1u64, |cells, &n| cells.saturating_mul(n));
-        usize::try_from(cells).unwrap_or(usize::MAX)
+        usize::try_from(self.read.block_cells()).unwrap_or(usize::MAX)
     }
 
     /// Rows of the largest batch: a batch never spans two blocks.
@@ -231,8 +201,9 @@ impl ZarrScanExec {
 
     /// Two decoded blocks of the projected variables.
     fn block_memory(&self) -> usize {
-        let block_bytes: usize = (self.projection.iter())
-            .map(|&i| self.table.peak_cell_bytes(i))
+        let r = &self.read;
+        let block_bytes: usize = (r.columns.iter())
+            .map(|&i| r.table.peak_cell_bytes(i))
             .fold(0usize, usize::saturating_add)
             .saturating_mul(self.block_cells());
         block_bytes.saturating_mul(2)
@@ -240,17 +211,13 @@ impl ZarrScanExec {
 
     /// Bytes per row of the projected dimension columns.
     fn dimension_row_bytes(&self) -> usize {
-        let n_dims = self.table.dims.len();
-        self.projection
-            .iter()
+        let r = &self.read;
+        let n_dims = r.table.dims.len();
+        (r.columns.iter())
             .filter(|&&i| i < n_dims)
             .map(|&i| {
-                self.table
-                    .schema
-                    .field(i)
-                    .data_type()
-                    .primitive_width()
-                    .unwrap_or(16)
+                let field = r.table.schema.field(i);
+                field.data_type().primitive_width().unwrap_or(16)
             })
             .sum()
     }
@@ -298,11 +265,11 @@ impl ZarrScanExec {
              shape {:?} and the batches in flight{}{}) but the memory limit (allowed_mem) is \
              {}; raise it, read fewer columns, or rechunk the store to smaller chunks (a block \
              is at least one chunk)",
-            self.table.store,
+            self.read.table.store,
             human_readable_size(projected),
             self.properties.partitioning.partition_count(),
             human_readable_size(self.per_partition_memory()),
-            self.blocks.block_shape(),
+            self.read.blocks.block_shape(),
             match self.read_ahead.depth() {
                 0 => String::new(),
                 n => format!(", and {n} chunks read ahead"),
@@ -317,7 +284,7 @@ impl ZarrScanExec {
 
     /// Rows the scan produces.
     fn num_rows(&self) -> u64 {
-        let cells = self.selection.num_cells();
+        let cells = self.read.selection.num_cells();
         match self.limit {
             Some(limit) => cells.min(limit as u64),
             None => cells,
@@ -326,7 +293,7 @@ impl ZarrScanExec {
 
     /// The blocks partition `partition` of task `task` reads.
     fn partition_blocks(&self, task: usize, partition: usize) -> Range<u64> {
-        let total = self.blocks.num_blocks();
+        let total = self.read.blocks.num_blocks();
         let run = share_of(0..total, task as u64, self.tasks as u64);
         let n = self.properties.partitioning.partition_count() as u64;
         share_of(run, partition as u64, n)
@@ -335,26 +302,24 @@ impl ZarrScanExec {
 
 impl DisplayAs for ZarrScanExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let columns: Vec<&str> = self
-            .schema
-            .fields()
-            .iter()
+        let r = &self.read;
+        let columns: Vec<&str> = (r.schema.fields().iter())
             .map(|f| f.name().as_str())
             .collect();
         write!(
             f,
             "ZarrScanExec: store={}, dims=[{}], projection=[{}], rows={}, blocks={} of shape {:?}, \
              projected_memory={}{}",
-            self.table.store,
-            self.table.dims_name().replace('_', ", "),
+            r.table.store,
+            r.table.dims_name().replace('_', ", "),
             columns.join(", "),
-            self.selection.num_cells(),
-            self.blocks.num_blocks(),
-            self.blocks.block_shape(),
+            r.selection.num_cells(),
+            r.blocks.num_blocks(),
+            r.blocks.block_shape(),
             human_readable_size(self.projected_memory()),
             self.read_ahead,
         )?;
-        write!(f, "{}", self.broadcasts.display(&self.table.dim_names()))?;
+        write!(f, "{}", self.broadcasts.display(&r.table.dim_names()))?;
         if let Some(limit) = self.limit {
             write!(f, ", limit={limit}")?;
         }
@@ -388,7 +353,7 @@ impl ExecutionPlan for ZarrScanExec {
                     return exec_err!(
                         "ZarrScanExec over {} was planned for {tasks} tasks, but runs as task {} \
                          of {}",
-                        self.table.store,
+                        self.read.table.store,
                         ctx.task_index,
                         ctx.task_count
                     );
@@ -402,40 +367,35 @@ impl ExecutionPlan for ZarrScanExec {
             progress.add_planned(blocks.end - blocks.start);
         }
         let reader = BlockReader {
-            table: Arc::clone(&self.table),
-            projection: self.projection.clone(),
-            schema: Arc::clone(&self.schema),
-            selection: Arc::clone(&self.selection),
+            read: Arc::clone(&self.read),
             batch_size: self.batch_size,
             buffers: ChunkBufferPool::new(),
         };
         // The partition's projected memory, held in the pool while it runs.
         let reservation = reserve(
             "ZarrScanExec",
-            &self.table.store,
+            &self.read.table.store,
             partition,
             self.per_partition_memory(),
             &context,
             &self.metrics,
         )?;
-        let grid = Arc::clone(&self.blocks);
         let mut remaining = self.limit.map(|l| l as u64);
         let blocks_read = MetricBuilder::new(&self.metrics).counter("blocks_read", partition);
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let decode_time = MetricBuilder::new(&self.metrics).subset_time("decode_time", partition);
         let bytes_decoded = MetricBuilder::new(&self.metrics).counter("bytes_decoded", partition);
         let read_ahead = {
-            let selection = Arc::clone(&self.selection);
-            let grid = Arc::clone(&self.blocks);
+            let read = Arc::clone(&self.read);
             self.read_ahead.start(
-                &self.table,
-                &self.projection,
+                &self.read.table,
+                &self.read.columns,
                 blocks.clone(),
                 1,
-                move |id| boxes_in_block(&selection, &grid.block(id)),
+                move |id| boxes_in_block(&read.selection, &read.blocks.block(id)),
             )
         };
-        let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
+        let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.read.schema), 2);
         let tx = builder.tx();
         let broadcasts = self.broadcasts.clone();
         let read = move || {
@@ -444,8 +404,8 @@ impl ExecutionPlan for ZarrScanExec {
                 if remaining == Some(0) {
                     break;
                 }
-                let extent = grid.block(id);
-                for b in boxes_in_block(&reader.selection, &extent) {
+                let extent = reader.read.blocks.block(id);
+                for b in boxes_in_block(&reader.read.selection, &extent) {
                     let meters = ScanMeters {
                         output_rows: &output_rows,
                         decode_time: &decode_time,
@@ -493,10 +453,7 @@ struct ScanMeters<'a> {
 
 /// Reads boxes of one table and turns them into record batches.
 struct BlockReader {
-    table: Arc<GridTable>,
-    projection: Vec<usize>,
-    schema: SchemaRef,
-    selection: Arc<Selection>,
+    read: Arc<BlockRead>,
     batch_size: usize,
     /// Buffers the partition's chunks are read into, reused once the
     /// batches made from them are dropped.
@@ -514,7 +471,8 @@ impl BlockReader {
         meters: &ScanMeters<'_>,
     ) -> Result<bool> {
         let timer = meters.decode_time.timer();
-        let cells = BoxCells::read(&self.table, &self.projection, b, &self.buffers)?;
+        let r = &self.read;
+        let cells = BoxCells::read(&r.table, &r.columns, b, &self.buffers)?;
         timer.done();
         meters.bytes_decoded.add(cells.decoded_bytes() as usize);
         let output_rows = meters.output_rows;
@@ -525,7 +483,7 @@ impl BlockReader {
         let mut start = 0u64;
         while start < n {
             let len = (self.batch_size as u64).min(n - start);
-            let batch = cells.batch(&self.schema, start, len)?;
+            let batch = cells.batch(&r.schema, start, len)?;
             output_rows.add(len as usize);
             if tx.blocking_send(Ok(batch)).is_err() {
                 return Ok(false);

@@ -169,8 +169,8 @@ impl RollingCopy {
         let exec = RollingWindowExec::plan(&self.window, planner, session, planning)?;
         let rolling = Arc::clone(exec.rolling());
         let grid = CopyGrid::new(
-            Arc::clone(&rolling.table),
-            rolling.selection.clone(),
+            Arc::clone(&rolling.read.table),
+            rolling.read.selection.clone(),
             &self.outputs,
             &self.to,
             session,
@@ -207,7 +207,7 @@ impl RollingCopy {
         let workers = |block: &[u64]| (exec.partitions() as u64).clamp(1, tasks(block));
         // Intermediate chunks of the window's blocks (in selected
         // positions), or of whole target chunks when those fit.
-        let natural: Vec<u64> = (rolling.blocks.block_shape().iter())
+        let natural: Vec<u64> = (rolling.read.blocks.block_shape().iter())
             .zip(shape)
             .map(|(&b, &n)| b.clamp(1, n))
             .collect();

@@ -50,8 +50,8 @@ use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, select, share_of, BlockGrid, BoxCells, BroadcastInputs, GridTable,
-    ReadAheadPlan, Selection, TableReadAhead,
+    boxes_in_block, select, share_of, BlockGrid, BlockRead, BoxCells, BroadcastInputs, GridTable,
+    ReadAheadPlan, TableReadAhead,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -81,13 +81,9 @@ struct PhysicalReduce {
 /// Everything a worker needs, shared by all of them.
 #[derive(Debug)]
 struct Reduction {
-    table: Arc<GridTable>,
-    selection: Selection,
-    blocks: BlockGrid,
+    /// The columns the expressions read, the cells and their blocks.
+    read: BlockRead,
     space: GroupSpace,
-    /// Table columns the expressions read, and their schema.
-    columns: Vec<usize>,
-    input_schema: SchemaRef,
     /// What is grouped by, in the order of the output columns.
     keys: Vec<KeySpec>,
     /// The grouped dimensions, in table order.
@@ -129,14 +125,9 @@ pub struct ReduceSpec {
 /// with [`DenseReductionExec::states_of`].
 #[derive(Debug)]
 pub struct ReductionParts {
-    /// The table reduced.
-    pub table: Arc<GridTable>,
-    /// The cells reduced.
-    pub selection: Selection,
-    /// The blocks the cells are read in.
-    pub blocks: BlockGrid,
-    /// Table columns the expressions read.
-    pub columns: Vec<usize>,
+    /// The columns the expressions read, the cells reduced and their
+    /// blocks.
+    pub read: BlockRead,
     /// What is grouped by, in the order of the output columns.
     pub groups: Vec<KeySpec>,
     /// The aggregates.
@@ -187,7 +178,7 @@ impl DenseReductionExec {
             .filter_map(|a| a.arg.as_ref())
             .chain(node.predicate.as_ref());
         let (input_df, columns) = columns_read(&table, &node.input_schema, exprs)?;
-        let input_schema: SchemaRef = Arc::new(input_df.as_arrow().clone());
+        let input_schema: SchemaRef = Arc::new(table.schema.project(&columns)?);
         let physical = |e: &datafusion::logical_expr::Expr| {
             planner.create_physical_expr(e, &input_df, session, planning)
         };
@@ -234,16 +225,8 @@ impl DenseReductionExec {
         let options = session.config().options();
         let (blocks, memory_limit, parallelism) =
             BlockGrid::for_workers(&table, &columns, &selection, session);
-        let reduction = Reduction::new(
-            table,
-            selection,
-            blocks,
-            columns,
-            input_schema,
-            keys,
-            aggregates,
-            predicate,
-        )?;
+        let read = BlockRead::new(table, columns, selection, blocks)?;
+        let reduction = Reduction::new(read, keys, aggregates, predicate)?;
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         Self::assemble(
             Arc::new(reduction),
@@ -263,13 +246,7 @@ impl DenseReductionExec {
         parallelism: usize,
         memory_limit: Option<usize>,
     ) -> Result<Self> {
-        let fields = parts
-            .columns
-            .iter()
-            .map(|&c| parts.table.schema.field(c).clone());
-        let input_schema: SchemaRef = Arc::new(datafusion::arrow::datatypes::Schema::new(
-            fields.collect::<Vec<_>>(),
-        ));
+        let input_schema = Arc::clone(&parts.read.schema);
         let mut aggregates = Vec::with_capacity(parts.aggregates.len());
         for a in parts.aggregates {
             let arg_type = match &a.arg {
@@ -283,7 +260,7 @@ impl DenseReductionExec {
             if a.op.accumulator(&arg_type, &a.output, 0).is_none() {
                 return datafusion::common::plan_err!(
                     "a dense reduction over {} cannot compute {} of {arg_type} as {}",
-                    parts.table.store,
+                    parts.read.table.store,
                     a.op.name(),
                     a.output
                 );
@@ -297,16 +274,7 @@ impl DenseReductionExec {
                 output_type: a.output,
             });
         }
-        let reduction = Reduction::new(
-            parts.table,
-            parts.selection,
-            parts.blocks,
-            parts.columns,
-            input_schema,
-            parts.groups,
-            aggregates,
-            parts.predicate,
-        )?;
+        let reduction = Reduction::new(parts.read, parts.groups, aggregates, parts.predicate)?;
         reduction.check_states(&parts.schema)?;
         Self::assemble(
             Arc::new(reduction),
@@ -331,16 +299,16 @@ impl DenseReductionExec {
         parallelism: usize,
         memory_limit: Option<usize>,
     ) -> Result<Self> {
-        let workers = (reduction.blocks.num_blocks() as usize).clamp(1, parallelism);
+        let workers = (reduction.read.blocks.num_blocks() as usize).clamp(1, parallelism);
         let read_ahead = ReadAheadPlan::new(
-            &reduction.table,
-            &reduction.columns,
+            &reduction.read.table,
+            &reduction.read.columns,
             io_concurrency,
-            reduction.blocks.block_shape(),
+            reduction.read.blocks.block_shape(),
             workers,
         );
         let ordering = match emit {
-            Emit::Results => output_ordering(&schema, &reduction.table, &reduction.keys),
+            Emit::Results => output_ordering(&schema, &reduction.read.table, &reduction.keys),
             // States are shuffled by their groups' hash on a cluster.
             Emit::States { .. } => Vec::new(),
         };
@@ -380,11 +348,11 @@ impl DenseReductionExec {
              of {} decoded cells, {} of group state{}) but the memory limit (allowed_mem) is {}; \
              raise the limit, group by fewer dimensions or lower \
              zarrfusion.target_partition_bytes",
-            self.reduction.table.store,
+            self.reduction.read.table.store,
             human_readable_size(projected),
             self.workers,
             human_readable_size(self.per_worker_memory()),
-            self.reduction.block_cells(),
+            self.reduction.read.block_cells(),
             human_readable_size(self.reduction.state_bytes()),
             match self.broadcasts.memory() {
                 0 => String::new(),
@@ -459,24 +427,10 @@ impl DenseReductionExec {
         }
     }
 
-    /// The table reduced.
-    pub fn table(&self) -> &Arc<GridTable> {
-        &self.reduction.table
-    }
-
-    /// The cells reduced.
-    pub fn selection(&self) -> &Selection {
-        &self.reduction.selection
-    }
-
-    /// The blocks the cells are read in.
-    pub fn blocks(&self) -> &BlockGrid {
-        &self.reduction.blocks
-    }
-
-    /// Table columns the expressions read.
-    pub fn columns(&self) -> &[usize] {
-        &self.reduction.columns
+    /// What it reads: the table, the columns the expressions read, the
+    /// cells reduced and their blocks.
+    pub fn read(&self) -> &BlockRead {
+        &self.reduction.read
     }
 
     /// What is grouped by, in the order of the output columns.
@@ -511,15 +465,16 @@ impl DenseReductionExec {
     /// Bytes of the columns read, decoded.
     pub fn decoded_bytes(&self) -> u64 {
         let r = &self.reduction;
-        r.selection
+        r.read
+            .selection
             .num_cells()
-            .saturating_mul(r.bytes_per_cell() as u64)
+            .saturating_mul(r.read.row_bytes() as u64)
     }
 
     /// The blocks this execution folds: all of them, or on a cluster the
     /// run of the task it runs as (from its `DistributedTaskContext`).
     fn blocks_of_task(&self, context: &Arc<TaskContext>) -> Result<Range<u64>> {
-        let all = 0..self.reduction.blocks.num_blocks();
+        let all = 0..self.reduction.read.blocks.num_blocks();
         let tasks = match self.emit {
             Emit::Results | Emit::States { tasks: 1 } => return Ok(all),
             Emit::States { tasks } => tasks,
@@ -529,7 +484,7 @@ impl DenseReductionExec {
             return datafusion::common::exec_err!(
                 "DenseReductionExec over {} was planned for {tasks} tasks, but runs as task {} \
                  of {}",
-                self.reduction.table.store,
+                self.reduction.read.table.store,
                 ctx.task_index,
                 ctx.task_count
             );
@@ -541,10 +496,10 @@ impl DenseReductionExec {
     /// of rows, and its group state.
     fn per_worker_memory(&self) -> usize {
         let r = &self.reduction;
-        let block = r.block_cells() as usize * r.bytes_per_cell();
+        let block = r.read.block_cells() as usize * r.read.row_bytes();
         // Runs of rows are at most a block long.
-        let run = RUN_ROWS.min(r.block_cells().max(1)) as usize;
-        let scratch = run * 8 * (r.aggregates.len() + r.columns.len() + 2);
+        let run = RUN_ROWS.min(r.read.block_cells().max(1)) as usize;
+        let scratch = run * 8 * (r.aggregates.len() + r.read.columns.len() + 2);
         block + scratch + r.state_bytes()
     }
 
@@ -567,11 +522,7 @@ impl DenseReductionExec {
 impl Reduction {
     #[allow(clippy::too_many_arguments)]
     fn new(
-        table: Arc<GridTable>,
-        selection: Selection,
-        blocks: BlockGrid,
-        columns: Vec<usize>,
-        input_schema: SchemaRef,
+        read: BlockRead,
         keys: Vec<KeySpec>,
         aggregates: Vec<PhysicalReduce>,
         predicate: Option<Arc<dyn PhysicalExpr>>,
@@ -581,6 +532,7 @@ impl Reduction {
         dims.dedup();
         // Dimensions grouped by functions of their coordinate: their keys
         // over the selected positions.
+        let table = &read.table;
         let mut key_values = vec![None; table.dims.len()];
         let mut mapped = Vec::new();
         let mut key_bytes = 0usize;
@@ -593,7 +545,7 @@ impl Reduction {
             if exprs.is_empty() {
                 continue;
             }
-            let evaluated = DimKeys::evaluate(&table, d, selection.ranges(d), &exprs)?;
+            let evaluated = DimKeys::evaluate(table, d, read.selection.ranges(d), &exprs)?;
             key_bytes += evaluated.map.keys.len() * KEYED_POSITION_BYTES
                 + (evaluated.values.iter())
                     .map(|v| v.get_array_memory_size())
@@ -601,14 +553,10 @@ impl Reduction {
             key_values[d] = Some(evaluated.values);
             mapped.push((d, evaluated.map));
         }
-        let space = GroupSpace::new(&selection, &dims, mapped);
+        let space = GroupSpace::new(&read.selection, &dims, mapped);
         Ok(Self {
-            table,
-            selection,
-            blocks,
+            read,
             space,
-            columns,
-            input_schema,
             keys,
             dims,
             key_values,
@@ -623,8 +571,8 @@ impl Reduction {
         self.keys
             .iter()
             .map(|k| match &k.expr {
-                Some(expr) => expr.data_type(&key_schema(&self.table.dims[k.dim])),
-                None => Ok(self.table.dims[k.dim].coordinate.data_type()),
+                Some(expr) => expr.data_type(&key_schema(&self.read.table.dims[k.dim])),
+                None => Ok(self.read.table.dims[k.dim].coordinate.data_type()),
             })
             .collect()
     }
@@ -644,7 +592,7 @@ impl Reduction {
         if got != expected {
             return datafusion::common::plan_err!(
                 "the partial states of a dense reduction over {} are {expected:?}, not {got:?}",
-                self.table.store
+                self.read.table.store
             );
         }
         Ok(())
@@ -657,13 +605,11 @@ impl Reduction {
     /// holds every reduced step of its groups; a dimension is cut only where
     /// the parts' runs in the chunk files stay long.
     fn parts(&self, extent: &[Range<u64>]) -> Vec<Vec<Range<u64>>> {
-        let n_dims = self.table.dims.len();
+        let n_dims = self.read.table.dims.len();
         // A broadcast column is not read from chunk files.
-        let sizes: Vec<u64> = self
-            .columns
-            .iter()
+        let sizes: Vec<u64> = (self.read.columns.iter())
             .filter(|&&c| c >= n_dims)
-            .map(|&c| self.table.variable(c))
+            .map(|&c| self.read.table.variable(c))
             .map(|v| v.filter(|v| v.reads_chunk_files()))
             .map(|v| v.map(|v| v.element_size() as u64))
             .collect::<Option<_>>()
@@ -694,18 +640,6 @@ impl Reduction {
                 .collect(),
             _ => vec![extent.to_vec()],
         }
-    }
-
-    fn block_cells(&self) -> u64 {
-        self.blocks.block_shape().iter().product()
-    }
-
-    fn bytes_per_cell(&self) -> usize {
-        self.input_schema
-            .fields()
-            .iter()
-            .map(|f| f.data_type().primitive_width().unwrap_or(16))
-            .sum()
     }
 
     /// Bytes of accumulator state per group.
@@ -763,10 +697,11 @@ impl Reduction {
             if id >= end || stop.load(Ordering::Relaxed) {
                 return Ok(partial);
             }
-            let boxes = boxes_in_block(&self.selection, &self.blocks.block(id));
+            let boxes = boxes_in_block(&self.read.selection, &self.read.blocks.block(id));
             for extent in boxes.iter().flat_map(|b| self.parts(b)) {
                 let timer = meters.decode_time.timer();
-                let cells = BoxCells::read(&self.table, &self.columns, &extent, &buffers)?;
+                let cells =
+                    BoxCells::read(&self.read.table, &self.read.columns, &extent, &buffers)?;
                 timer.done();
                 meters.bytes_decoded.add(cells.decoded_bytes() as usize);
                 let _compute = meters.fold_time.timer();
@@ -777,7 +712,7 @@ impl Reduction {
                 for tile in self.space.tiles(&shape, RUN_ROWS, self.state_per_group()) {
                     for run in tile {
                         let len = run.end - run.start;
-                        let batch = cells.batch(&self.input_schema, run.start, len)?;
+                        let batch = cells.batch(&self.read.schema, run.start, len)?;
                         lines.clear();
                         self.space.lines(&extent, run.start, len, &mut lines);
                         self.fold(&batch, &lines, &mut partial)?;
@@ -856,7 +791,7 @@ impl Reduction {
                 }
                 None => {
                     let indices = UInt64Array::from(self.space.coordinate_indices(d));
-                    columns.push(self.table.dims[d].coordinate.take(&indices)?);
+                    columns.push(self.read.table.dims[d].coordinate.take(&indices)?);
                 }
             }
         }
@@ -1003,7 +938,7 @@ impl DisplayAs for DenseReductionExec {
             .iter()
             .map(|k| match &k.expr {
                 Some(expr) => expr.to_string(),
-                None => r.table.dims[k.dim].name.clone(),
+                None => r.read.table.dims[k.dim].name.clone(),
             })
             .collect();
         // "(fused)": the argument is evaluated piece by piece as it is folded.
@@ -1019,18 +954,18 @@ impl DisplayAs for DenseReductionExec {
             f,
             "DenseReductionExec: store={}, group=[{}], aggr=[{}], groups={}, rows={}, \
              blocks={} of shape {:?}, workers={}, projected_memory={}{}",
-            r.table.store,
+            r.read.table.store,
             group.join(", "),
             aggregates.join(", "),
             r.space.num_groups(),
-            r.selection.num_cells(),
-            r.blocks.num_blocks(),
-            r.blocks.block_shape(),
+            r.read.selection.num_cells(),
+            r.read.blocks.num_blocks(),
+            r.read.blocks.block_shape(),
             self.workers,
             human_readable_size(self.projected_memory()),
             self.read_ahead,
         )?;
-        write!(f, "{}", self.broadcasts.display(&r.table.dim_names()))?;
+        write!(f, "{}", self.broadcasts.display(&r.read.table.dim_names()))?;
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
         }
@@ -1083,7 +1018,7 @@ impl ExecutionPlan for DenseReductionExec {
         let batch_size = context.session_config().batch_size().max(1);
         let reservation = reserve(
             "DenseReductionExec",
-            &reduction.table.store,
+            &reduction.read.table.store,
             0,
             self.projected_memory(),
             &context,
@@ -1110,11 +1045,11 @@ impl ExecutionPlan for DenseReductionExec {
             let r = Arc::clone(&reduction);
             self.read_ahead
                 .start(
-                    &reduction.table,
-                    &reduction.columns,
+                    &reduction.read.table,
+                    &reduction.read.columns,
                     run,
                     workers,
-                    move |id| boxes_in_block(&r.selection, &r.blocks.block(id)),
+                    move |id| boxes_in_block(&r.read.selection, &r.read.blocks.block(id)),
                 )
                 .map(Arc::new)
         };

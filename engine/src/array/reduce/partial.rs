@@ -58,16 +58,15 @@ impl DenseReductionExec {
     /// gathered states without `GROUP BY`). Same columns, same rows; the
     /// rows' order is not kept (a sort above it stays).
     pub fn on_cluster(&self, target_partitions: usize) -> Result<Arc<dyn ExecutionPlan>> {
-        let table = self.table();
+        let read = self.read();
+        let table = &read.table;
         let keys = self.group_keys();
         let n_groups = keys.len();
         let output = self.schema();
 
         // The aggregates' input: the columns read, then the grouped
         // dimensions (the arguments' column indices stay valid).
-        let mut fields: Vec<Field> = self
-            .columns()
-            .iter()
+        let mut fields: Vec<Field> = (read.columns.iter())
             .map(|&c| table.schema.field(c).clone())
             .collect();
         let mut group_by = Vec::with_capacity(n_groups);

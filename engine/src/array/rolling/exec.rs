@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{human_readable_size, plan_err, resources_err, DFSchema, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -51,7 +51,7 @@ use super::node::RollingWindow;
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
-use crate::table::{boxes_in_block, select, share_of, BlockGrid, BoxCells, GridTable, Selection};
+use crate::table::{boxes_in_block, select, share_of, BlockGrid, BlockRead, BoxCells};
 use crate::zarr::ChunkBufferPool;
 
 /// One aggregate, planned.
@@ -69,16 +69,14 @@ pub(crate) struct PhysicalRoll {
 /// What a [`RollingWindowExec`] is made of (as planned here, or as it
 /// travels to a cluster's worker).
 pub(crate) struct RollingParts {
-    pub(crate) table: Arc<GridTable>,
-    pub(crate) selection: Selection,
-    pub(crate) blocks: BlockGrid,
+    /// The columns read (in the order of the window's input), the cells
+    /// and their blocks.
+    pub(crate) read: BlockRead,
     /// The dimension rolled along.
     pub(crate) dim: usize,
-    /// Table columns read, in the order of the window's input.
-    pub(crate) columns: Vec<usize>,
-    /// Those the arguments read: places among `columns`.
+    /// Those the arguments read: places among the columns read.
     pub(crate) arg_places: Vec<usize>,
-    /// The window's input columns, over `columns`.
+    /// The window's input columns, over the columns read.
     pub(crate) outputs: Vec<Arc<dyn PhysicalExpr>>,
     /// The distinct arguments, over the columns at `arg_places`.
     pub(crate) args: Vec<Arc<dyn PhysicalExpr>>,
@@ -95,13 +93,9 @@ pub(crate) struct RollingParts {
 /// Everything a partition needs, shared by all of them.
 #[derive(Debug)]
 pub(crate) struct Rolling {
-    pub(crate) table: Arc<GridTable>,
-    pub(crate) selection: Selection,
-    pub(crate) blocks: BlockGrid,
+    /// The columns read, the cells and their blocks.
+    pub(crate) read: BlockRead,
     pub(crate) dim: usize,
-    /// Table columns read, and their schema.
-    pub(crate) columns: Vec<usize>,
-    pub(crate) input_schema: SchemaRef,
     /// Those the arguments read: places among `columns`, table columns,
     /// and their schema.
     pub(crate) arg_places: Vec<usize>,
@@ -203,11 +197,8 @@ impl RollingWindowExec {
             BlockGrid::for_workers(&table, &columns, &selection, session);
         let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism);
         let parts = RollingParts {
-            table,
-            selection,
-            blocks,
+            read: BlockRead::new(table, columns, selection, blocks)?,
             dim: node.dim,
-            columns,
             arg_places,
             outputs,
             args,
@@ -225,11 +216,8 @@ impl RollingWindowExec {
     /// fit together (columns, arguments or aggregates out of range).
     pub(crate) fn from_parts(parts: RollingParts, memory_limit: Option<usize>) -> Result<Self> {
         let RollingParts {
-            table,
-            selection,
-            blocks,
+            read,
             dim,
-            columns,
             arg_places,
             outputs,
             args,
@@ -239,11 +227,11 @@ impl RollingWindowExec {
             batch_size,
             tasks,
         } = parts;
+        let (table, columns) = (&read.table, &read.columns);
         let store = &table.store;
         let width = table.schema.fields().len();
         let n_dims = table.dims.len();
         if dim >= n_dims
-            || columns.iter().any(|&c| c >= width)
             || arg_places.iter().any(|&p| p >= columns.len())
             || aggregates.iter().any(|a| a.arg >= args.len())
             || schema.fields().len() != outputs.len() + aggregates.len()
@@ -257,15 +245,8 @@ impl RollingWindowExec {
                 schema.fields().len()
             );
         }
-        let fields = |cs: &mut dyn Iterator<Item = usize>| -> SchemaRef {
-            Arc::new(Schema::new(
-                cs.map(|c| table.schema.field(c).clone())
-                    .collect::<Vec<_>>(),
-            ))
-        };
         let arg_columns: Vec<usize> = arg_places.iter().map(|&p| columns[p]).collect();
-        let input_schema = fields(&mut columns.iter().copied());
-        let arg_schema = fields(&mut arg_columns.iter().copied());
+        let arg_schema = Arc::new(table.schema.project(&arg_columns)?);
         let args = args
             .into_iter()
             .map(|arg| {
@@ -285,12 +266,8 @@ impl RollingWindowExec {
             .max()
             .unwrap_or(0);
         let rolling = Rolling {
-            table,
-            selection,
-            blocks,
+            read,
             dim,
-            columns,
-            input_schema,
             arg_places,
             arg_columns,
             arg_schema,
@@ -311,11 +288,11 @@ impl RollingWindowExec {
                      blocks of shape {:?}, {} positions of overlap) but the memory limit \
                      (allowed_mem) is {}; raise the limit, shorten the frames or lower \
                      zarrfusion.target_partition_bytes",
-                    r.table.store,
+                    r.read.table.store,
                     human_readable_size(projected),
                     exec.partitions,
                     human_readable_size(exec.per_partition_memory()),
-                    r.blocks.block_shape(),
+                    r.read.blocks.block_shape(),
                     r.before + r.after,
                     human_readable_size(limit)
                 );
@@ -369,18 +346,15 @@ impl RollingWindowExec {
         self.batch_size
     }
 
-    /// The blocks the cells are read in.
-    pub fn blocks(&self) -> &BlockGrid {
-        &self.rolling.blocks
+    /// What it reads: the table, the columns, the cells and their blocks.
+    pub fn read(&self) -> &BlockRead {
+        &self.rolling.read
     }
 
     /// The bytes of the columns it decodes, every selected cell once.
     pub fn decoded_bytes(&self) -> u64 {
         let r = &self.rolling;
-        let width: usize = (r.input_schema.fields().iter())
-            .map(|f| f.data_type().primitive_width().unwrap_or(16))
-            .sum();
-        r.selection.num_cells().saturating_mul(width as u64)
+        (r.read.selection.num_cells()).saturating_mul(r.read.row_bytes() as u64)
     }
 
     /// Memory one partition holds at its peak: two decoded blocks, the
@@ -390,7 +364,7 @@ impl RollingWindowExec {
     /// flight.
     pub fn per_partition_memory(&self) -> usize {
         self.rolling
-            .partition_memory(self.rolling.blocks.block_shape(), self.batch_size)
+            .partition_memory(self.rolling.read.blocks.block_shape(), self.batch_size)
     }
 
     /// What every partition reads and computes.
@@ -412,13 +386,13 @@ impl RollingWindowExec {
     /// dimension): its share of all of them, or on a cluster of the run of
     /// the task it runs as (from its `DistributedTaskContext`).
     fn partition_blocks(&self, partition: usize, context: &Arc<TaskContext>) -> Result<Range<u64>> {
-        let mut run = 0..self.rolling.blocks.num_blocks();
+        let mut run = 0..self.rolling.read.blocks.num_blocks();
         if self.tasks > 1 {
             let ctx = DistributedTaskContext::from_ctx(context);
             if ctx.task_count != self.tasks || ctx.task_index >= self.tasks {
                 return datafusion::common::exec_err!(
                     "RollingWindowExec over {} was planned for {} tasks, but runs as task {} of {}",
-                    self.rolling.table.store,
+                    self.rolling.read.table.store,
                     self.tasks,
                     ctx.task_index,
                     ctx.task_count
@@ -600,9 +574,9 @@ impl Rolling {
         let mut roller = Roller::new(self, batch_size, meters);
         let mut send = |batch: RecordBatch| Ok(tx.blocking_send(Ok(batch)).is_ok());
         for j in run {
-            let extent = self.blocks.block_along(self.dim, j);
+            let extent = self.read.blocks.block_along(self.dim, j);
             roller.enter(&extent);
-            for b in boxes_in_block(&self.selection, &extent) {
+            for b in boxes_in_block(&self.read.selection, &extent) {
                 if !roller.roll(&b, &mut send)? {
                     return Ok(());
                 }
@@ -643,7 +617,7 @@ impl Rolling {
         // over the network; a sum that saturates is refused by the limit.
         let product = |terms: &[usize]| terms.iter().fold(1usize, |p, &t| p.saturating_mul(t));
         [
-            product(&[2, cells, width(&self.input_schema)]),
+            product(&[2, cells, width(&self.read.schema)]),
             product(&[section, held, Lines::CELL_BYTES, self.args.len()]),
             product(&[extremes, held, TILE.min(section), 8]),
             product(&[section, halo, width(&self.arg_schema)]),
@@ -662,7 +636,7 @@ impl Rolling {
         let aggregates: Vec<&str> = self.aggregates.iter().map(|a| a.label.as_str()).collect();
         format!(
             "rolled along {} ([{}], overlap {}+{})",
-            self.table.dims[self.dim].name,
+            self.read.table.dims[self.dim].name,
             aggregates.join(", "),
             self.before,
             self.after
@@ -703,7 +677,7 @@ impl Rolling {
             let mut extent = b.to_vec();
             extent[self.dim] = piece.clone();
             let timer = meters.decode_time.timer();
-            let cells = BoxCells::read(&self.table, &self.arg_columns, &extent, buffers)?;
+            let cells = BoxCells::read(&self.read.table, &self.arg_columns, &extent, buffers)?;
             timer.done();
             meters.bytes_decoded.add(cells.decoded_bytes() as usize);
             let n = (piece.end - piece.start) as usize;
@@ -783,9 +757,9 @@ impl<'a> Roller<'a> {
         let inner: usize = lens[d + 1..].iter().product();
         let main = lens[d];
         let (before, after) = (rolling.before as usize, rolling.after as usize);
-        let along = rolling.blocks.block_shape()[d] as usize;
+        let along = rolling.read.blocks.block_shape()[d] as usize;
         let held = before + 1 + along.max(main) + after;
-        let ranges = rolling.selection.ranges(d);
+        let ranges = rolling.read.selection.ranges(d);
         // The box's first position in the ring.
         let at = ordinal(ranges, b[d].start) as usize + before;
         let mut key = b.to_vec();
@@ -809,7 +783,7 @@ impl<'a> Roller<'a> {
 
         // The box itself.
         let timer = meters.decode_time.timer();
-        let cells = BoxCells::read(&rolling.table, &rolling.columns, b, buffers)?;
+        let cells = BoxCells::read(&rolling.read.table, &rolling.read.columns, b, buffers)?;
         timer.done();
         meters.bytes_decoded.add(cells.decoded_bytes() as usize);
         let total = cells.num_cells();
@@ -853,7 +827,7 @@ impl<'a> Roller<'a> {
             let mut columns = if rolling.outputs.is_empty() {
                 Vec::new()
             } else {
-                let batch = cells.batch(&rolling.input_schema, start, len)?;
+                let batch = cells.batch(&rolling.read.schema, start, len)?;
                 (rolling.outputs.iter())
                     .map(|e| e.evaluate(&batch)?.into_array(len as usize))
                     .collect::<Result<Vec<_>>>()?
@@ -882,12 +856,12 @@ impl DisplayAs for RollingWindowExec {
             f,
             "RollingWindowExec: store={}, along={}, aggr=[{}], rows={}, blocks={} of shape {:?}, \
              overlap={}+{}, partitions={}, projected_memory={}",
-            r.table.store,
-            r.table.dims[r.dim].name,
+            r.read.table.store,
+            r.read.table.dims[r.dim].name,
             aggregates.join(", "),
-            r.selection.num_cells(),
-            r.blocks.num_blocks(),
-            r.blocks.block_shape(),
+            r.read.selection.num_cells(),
+            r.read.blocks.num_blocks(),
+            r.read.blocks.block_shape(),
             r.before,
             r.after,
             self.partitions,
@@ -917,7 +891,7 @@ impl ExecutionPlan for RollingWindowExec {
         }
         let reservation = reserve(
             "RollingWindowExec",
-            &self.rolling.table.store,
+            &self.rolling.read.table.store,
             partition,
             self.per_partition_memory(),
             &context,
@@ -935,7 +909,7 @@ impl ExecutionPlan for RollingWindowExec {
         Ok(builder.build())
     }
 
-    metered_plan_methods!(|exec| Some(exec.rolling.selection.num_cells()));
+    metered_plan_methods!(|exec| Some(exec.rolling.read.selection.num_cells()));
 }
 
 #[cfg(test)]
