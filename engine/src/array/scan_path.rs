@@ -4,21 +4,25 @@
 //! Zarr table scan under any projections, aliases and filters. A
 //! [`ScanPath`] is that walk: the scan, its table, the filters met on the
 //! way, and expressions over the plan's output rewritten over the scan's
-//! columns.
+//! columns. A [`TableRead`] is where the walk ends for a leaf array node:
+//! the table, the columns its expressions are over and the dimension
+//! filters.
 
 use std::any::Any;
 use std::collections::HashSet;
+use std::fmt;
 use std::sync::Arc;
 
+use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use datafusion::common::{Column, DFSchema, Result, TableReference};
+use datafusion::common::{Column, DFSchema, DFSchemaRef, Result, TableReference};
 use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{
     Expr, Filter, Join, LogicalPlan, Projection, SubqueryAlias, TableScan, TableScanBuilder,
 };
 
-use crate::table::{GridTable, ZarrTable};
+use crate::table::{select, GridTable, Selection, ZarrTable};
 
 /// A plan's way down to a Zarr table scan.
 pub(crate) struct ScanPath<'a> {
@@ -202,30 +206,81 @@ fn inline_alias(expr: Expr, alias: &SubqueryAlias) -> Result<Expr> {
     })
 }
 
-/// The columns of `input_schema` (a Zarr table's columns, as a plan over
-/// its scan qualifies them) that `exprs` read, in its order: a schema of
-/// their fields for planning the expressions, and their indices in
-/// `table`'s schema (what a block reader decodes).
-pub(crate) fn columns_read<'a>(
-    table: &GridTable,
-    input_schema: &DFSchema,
-    exprs: impl IntoIterator<Item = &'a Expr>,
-) -> Result<(DFSchema, Vec<usize>)> {
-    let referenced: HashSet<String> = exprs
-        .into_iter()
-        .flat_map(|e| e.column_refs())
-        .map(|c| c.name.clone())
-        .collect();
-    let mut fields = Vec::new();
-    let mut columns = Vec::new();
-    for (qualifier, field) in input_schema.iter() {
-        if referenced.contains(field.name()) {
-            fields.push((qualifier.cloned(), Arc::clone(field)));
-            columns.push(table.schema.index_of(field.name())?);
+/// What a leaf array node reads, as a logical plan says it: a Zarr table,
+/// the schema its expressions are written against (the scan's columns)
+/// and the filters on single dimensions that select its cells. The dense
+/// reduction, the rolling window and the selection COPY start with one;
+/// their operators turn it into a [`BlockRead`](crate::table::BlockRead).
+#[derive(Debug, Clone)]
+pub struct TableRead {
+    /// The table read.
+    pub table: Arc<GridTable>,
+    /// The schema the expressions are written against.
+    pub input_schema: DFSchemaRef,
+    /// Filters on single dimensions, evaluated over coordinates.
+    pub filters: Vec<Expr>,
+}
+
+impl TableRead {
+    /// A read of `table` under `filters`, for expressions over
+    /// `input_schema`.
+    pub fn new(table: &Arc<GridTable>, input_schema: DFSchemaRef, filters: Vec<Expr>) -> Self {
+        Self {
+            table: Arc::clone(table),
+            input_schema,
+            filters,
         }
     }
-    Ok((
-        DFSchema::new_with_metadata(fields, Default::default())?,
-        columns,
-    ))
+
+    /// Whether `other` reads the same table (the same open table, not only
+    /// the same store) under the same filters.
+    pub fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.table, &other.table) && self.filters == other.filters
+    }
+
+    /// The cells the filters select, under the session's settings.
+    pub fn select(&self, session: &dyn Session) -> Result<Selection> {
+        select(&self.filters, &self.table, session)
+    }
+
+    /// The columns of the input schema that `exprs` read, in its order: a
+    /// schema of their fields for planning the expressions, and their
+    /// indices in the table's schema (what a block reader decodes).
+    pub fn columns_read<'a>(
+        &self,
+        exprs: impl IntoIterator<Item = &'a Expr>,
+    ) -> Result<(DFSchema, Vec<usize>)> {
+        let referenced: HashSet<String> = exprs
+            .into_iter()
+            .flat_map(|e| e.column_refs())
+            .map(|c| c.name.clone())
+            .collect();
+        let mut fields = Vec::new();
+        let mut columns = Vec::new();
+        for (qualifier, field) in self.input_schema.iter() {
+            if referenced.contains(field.name()) {
+                fields.push((qualifier.cloned(), Arc::clone(field)));
+                columns.push(self.table.schema.index_of(field.name())?);
+            }
+        }
+        Ok((
+            DFSchema::new_with_metadata(fields, Default::default())?,
+            columns,
+        ))
+    }
+
+    /// `store=..., dims=[...]`, as the nodes show it.
+    pub fn fmt_table(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let dims = self.table.dims_name().replace('_', ", ");
+        write!(f, "store={}, dims=[{dims}]", self.table.store)
+    }
+
+    /// `, dimension_filters=[...]` when there are filters.
+    pub fn fmt_filters(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        if self.filters.is_empty() {
+            return Ok(());
+        }
+        let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
+        write!(f, ", dimension_filters=[{}]", filters.join(", "))
+    }
 }

@@ -70,7 +70,7 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
     let Some(window) = extension.node.as_any().downcast_ref::<RollingWindow>() else {
         return Ok(None);
     };
-    let table = &window.table;
+    let table = &window.read.table;
     let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
     if !table.broadcasts.is_empty()
         || table.dims.iter().any(|d| d.strict_order().is_none())

@@ -32,8 +32,7 @@ use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{
-    exec_err, human_readable_size, plan_err, resources_err, DFSchema, DFSchemaRef, DataFusionError,
-    Result,
+    exec_err, human_readable_size, plan_err, resources_err, DFSchema, DataFusionError, Result,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -52,13 +51,13 @@ use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableSt
 
 use super::whole::CopyScan;
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkPlan, TargetEncoding};
-use crate::array::scan_path::columns_read;
+use crate::array::scan_path::TableRead;
 use crate::array::tasks::run_tasks;
 use crate::plan_methods::{
     leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
 };
 use crate::table::{
-    classify_filters, select, BlockGrid, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection,
+    classify_filters, BlockGrid, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection,
 };
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
@@ -123,9 +122,7 @@ pub(crate) fn selection_copy(scan: &CopyScan<'_>) -> Result<Option<SelectionCopy
         return Ok(None);
     }
     Ok(Some(SelectionCopy {
-        table: Arc::clone(table),
-        input_schema,
-        filters,
+        read: TableRead::new(table, input_schema, filters),
         outputs,
         to: to.clone(),
     }))
@@ -153,12 +150,9 @@ impl fmt::Display for OutputVariable {
 /// node (it reads the table itself) whose output is the row count.
 #[derive(Debug, Clone)]
 pub struct SelectionCopy {
-    /// The table read.
-    pub table: Arc<GridTable>,
-    /// The table's columns, qualified as the expressions name them.
-    pub input_schema: DFSchemaRef,
-    /// Filters on single dimensions: the selection.
-    pub filters: Vec<Expr>,
+    /// The table read, its columns (qualified as the expressions name
+    /// them), and the filters on single dimensions: the selection.
+    pub read: TableRead,
     /// The variables written.
     pub outputs: Vec<OutputVariable>,
     /// Where it writes.
@@ -167,7 +161,7 @@ pub struct SelectionCopy {
 
 impl SelectionCopy {
     fn key(&self) -> (&Vec<Expr>, &Vec<OutputVariable>, &StoreLocation) {
-        (&self.filters, &self.outputs, &self.to.location)
+        (&self.read.filters, &self.outputs, &self.to.location)
     }
 
     /// Plans the copy: the selection, the expressions, the chunks of both
@@ -180,9 +174,9 @@ impl SelectionCopy {
         planning: &PhysicalPlanningContext,
     ) -> Result<SelectionCopyExec> {
         self.to.check()?;
-        let selection = select(&self.filters, &self.table, session)?;
+        let selection = self.read.select(session)?;
         let grid = CopyGrid::new(
-            Arc::clone(&self.table),
+            Arc::clone(&self.read.table),
             selection,
             &self.outputs,
             &self.to,
@@ -191,7 +185,7 @@ impl SelectionCopy {
         let (table, selection, shape) = (&grid.table, &grid.selection, &grid.shape);
         // The columns the expressions read, in the table's order.
         let exprs = self.outputs.iter().map(|o| &o.expr);
-        let (input_df, columns) = columns_read(table, &self.input_schema, exprs)?;
+        let (input_df, columns) = self.read.columns_read(exprs)?;
         let exprs = self
             .outputs
             .iter()
@@ -431,10 +425,8 @@ fn source_index(ranges: &[Range<u64>], mut p: u64) -> u64 {
 
 node_identity!(
     SelectionCopy,
-    eq: |a, b| {
-        Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.to == b.to
-    },
-    hash: |node, mut state| (&node.table.store, node.key()).hash(&mut state)
+    eq: |a, b| a.read.same_as(&b.read) && a.key() == b.key() && a.to == b.to,
+    hash: |node, mut state| (&node.read.table.store, node.key()).hash(&mut state)
 );
 
 impl UserDefinedLogicalNodeCore for SelectionCopy {
@@ -442,15 +434,11 @@ impl UserDefinedLogicalNodeCore for SelectionCopy {
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let outputs: Vec<String> = self.outputs.iter().map(|o| o.to_string()).collect();
-        let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
-        write!(
-            f,
-            "SelectionCopy: store={}, target={}, variables=[{}], dimension_filters=[{}]",
-            self.table.store,
-            self.to.location,
-            outputs.join(", "),
-            filters.join(", ")
-        )
+        write!(f, "SelectionCopy: ")?;
+        self.read.fmt_table(f)?;
+        let target = &self.to.location;
+        write!(f, ", target={target}, variables=[{}]", outputs.join(", "))?;
+        self.read.fmt_filters(f)
     }
 }
 

@@ -44,13 +44,12 @@ use super::elementwise::FusedExpr;
 use super::groups::{GroupSpace, Line};
 use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYTES};
 use super::node::DenseReduction;
-use crate::array::scan_path::columns_read;
 use crate::config::ZarrConfig;
 use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, select, share_of, BlockGrid, BlockRead, BoxCells, BroadcastInputs, GridTable,
+    boxes_in_block, share_of, BlockGrid, BlockRead, BoxCells, BroadcastInputs, GridTable,
     ReadAheadPlan, TableReadAhead,
 };
 use crate::zarr::ChunkBufferPool;
@@ -170,14 +169,14 @@ impl DenseReductionExec {
         session: &dyn Session,
         planning: &PhysicalPlanningContext,
     ) -> Result<Self> {
-        let table = Arc::clone(&node.table);
-        let selection = select(&node.filters, &table, session)?;
+        let table = Arc::clone(&node.read.table);
+        let selection = node.read.select(session)?;
 
         // The columns the expressions read, in the input schema's order.
         let exprs = (node.aggregates.iter())
             .filter_map(|a| a.arg.as_ref())
             .chain(node.predicate.as_ref());
-        let (input_df, columns) = columns_read(&table, &node.input_schema, exprs)?;
+        let (input_df, columns) = node.read.columns_read(exprs)?;
         let input_schema: SchemaRef = Arc::new(table.schema.project(&columns)?);
         let physical = |e: &datafusion::logical_expr::Expr| {
             planner.create_physical_expr(e, &input_df, session, planning)

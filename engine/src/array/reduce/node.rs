@@ -8,8 +8,8 @@ use datafusion::common::DFSchemaRef;
 use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 
 use super::accumulators::ReduceOp;
+use crate::array::scan_path::TableRead;
 use crate::plan_methods::{leaf_node_methods, node_identity};
-use crate::table::GridTable;
 
 /// One aggregate of a reduction.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
@@ -47,12 +47,9 @@ pub struct GroupKey {
 /// `predicate` is any other row filter, evaluated per row.
 #[derive(Debug, Clone)]
 pub struct DenseReduction {
-    /// The table reduced.
-    pub table: Arc<GridTable>,
-    /// The schema the expressions are written against (the scan's columns).
-    pub input_schema: DFSchemaRef,
-    /// Filters on single dimensions, evaluated over coordinates.
-    pub filters: Vec<Expr>,
+    /// The table reduced, the columns the expressions are over, and the
+    /// filters on single dimensions.
+    pub read: TableRead,
     /// A row filter evaluated over the cells, if any.
     pub predicate: Option<Expr>,
     /// What is grouped by, in the order of the output columns.
@@ -65,20 +62,16 @@ pub struct DenseReduction {
 
 impl DenseReduction {
     fn key(&self) -> (&Vec<Expr>, &Option<Expr>, &Vec<GroupKey>, &Vec<ReduceExpr>) {
-        (
-            &self.filters,
-            &self.predicate,
-            &self.groups,
-            &self.aggregates,
-        )
+        let filters = &self.read.filters;
+        (filters, &self.predicate, &self.groups, &self.aggregates)
     }
 }
 
 node_identity!(
     DenseReduction,
-    eq: |a, b| Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.schema == b.schema,
-    hash: |node, mut state| (&node.table.store, node.key()).hash(&mut state),
-    cmp: |a, b| match Arc::ptr_eq(&a.table, &b.table) {
+    eq: |a, b| a.read.same_as(&b.read) && a.key() == b.key() && a.schema == b.schema,
+    hash: |node, mut state| (&node.read.table.store, node.key()).hash(&mut state),
+    cmp: |a, b| match Arc::ptr_eq(&a.read.table, &b.read.table) {
         true => a.key().partial_cmp(&b.key()),
         false => None,
     }
@@ -93,22 +86,15 @@ impl UserDefinedLogicalNodeCore for DenseReduction {
             .iter()
             .map(|g| match &g.expr {
                 Some(expr) => expr.to_string(),
-                None => self.table.dims[g.dim].name.clone(),
+                None => self.read.table.dims[g.dim].name.clone(),
             })
             .collect();
         let aggregates: Vec<String> = self.aggregates.iter().map(|a| a.to_string()).collect();
-        write!(
-            f,
-            "DenseReduction: store={}, dims=[{}], group=[{}], aggr=[{}]",
-            self.table.store,
-            self.table.dims_name().replace('_', ", "),
-            group.join(", "),
-            aggregates.join(", "),
-        )?;
-        if !self.filters.is_empty() {
-            let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
-            write!(f, ", dimension_filters=[{}]", filters.join(", "))?;
-        }
+        write!(f, "DenseReduction: ")?;
+        self.read.fmt_table(f)?;
+        let (group, aggregates) = (group.join(", "), aggregates.join(", "));
+        write!(f, ", group=[{group}], aggr=[{aggregates}]")?;
+        self.read.fmt_filters(f)?;
         if let Some(predicate) = &self.predicate {
             write!(f, ", predicate={predicate}")?;
         }

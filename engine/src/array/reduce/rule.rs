@@ -30,7 +30,7 @@ use datafusion::physical_expr::execution_props::ExecutionProps;
 use super::accumulators::{numeric_domain, ReduceOp};
 use super::keys::{physical_key, DimKeys, MAX_KEYED_POSITIONS};
 use super::node::{DenseReduction, GroupKey, ReduceExpr};
-use crate::array::scan_path::down_to_scan;
+use crate::array::scan_path::{down_to_scan, TableRead};
 use crate::config::ZarrConfig;
 use crate::plan_methods::bottom_up_rule;
 use crate::table::{select_planning, GridTable, Selection};
@@ -140,9 +140,7 @@ fn dense_reduction(
     }
 
     Ok(Some(DenseReduction {
-        table: Arc::clone(table),
-        input_schema: Arc::clone(input_schema),
-        filters: scan.filters.clone(),
+        read: TableRead::new(table, Arc::clone(input_schema), scan.filters.clone()),
         predicate: conjunction(predicates),
         groups,
         aggregates,

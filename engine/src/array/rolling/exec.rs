@@ -51,7 +51,7 @@ use super::node::RollingWindow;
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
-use crate::table::{boxes_in_block, select, share_of, BlockGrid, BlockRead, BoxCells};
+use crate::table::{boxes_in_block, share_of, BlockGrid, BlockRead, BoxCells};
 use crate::zarr::ChunkBufferPool;
 
 /// One aggregate, planned.
@@ -138,8 +138,8 @@ impl RollingWindowExec {
         session: &dyn Session,
         planning: &PhysicalPlanningContext,
     ) -> Result<Self> {
-        let table = Arc::clone(&node.table);
-        let selection = select(&node.filters, &table, session)?;
+        let table = Arc::clone(&node.read.table);
+        let selection = node.read.select(session)?;
 
         // The distinct arguments, and the columns everything reads.
         let mut arg_exprs: Vec<&Expr> = Vec::new();
@@ -154,7 +154,7 @@ impl RollingWindowExec {
         let (mut fields, mut columns) = (Vec::new(), Vec::new());
         let (mut arg_fields, mut arg_places, mut arg_columns) =
             (Vec::new(), Vec::new(), Vec::new());
-        for (qualifier, field) in node.input_schema.iter() {
+        for (qualifier, field) in node.read.input_schema.iter() {
             if !all_names.contains(field.name()) {
                 continue;
             }

@@ -9,8 +9,8 @@ use datafusion::common::{DFSchema, DFSchemaRef, Result};
 use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 
 use super::frame::{Frame, RollOp};
+use crate::array::scan_path::TableRead;
 use crate::plan_methods::{leaf_node_methods, node_identity};
-use crate::table::GridTable;
 
 /// One rolling aggregate: `op(arg) OVER (PARTITION BY <the other
 /// dimensions> ORDER BY <dim> ROWS BETWEEN ...)`, its frame in grid order.
@@ -46,12 +46,9 @@ impl fmt::Display for RollExpr {
 /// frame runs over the selected positions of `dim`.
 #[derive(Debug, Clone)]
 pub struct RollingWindow {
-    /// The table read.
-    pub table: Arc<GridTable>,
-    /// The schema the expressions are written against (the scan's columns).
-    pub input_schema: DFSchemaRef,
-    /// Filters on single dimensions, evaluated over coordinates.
-    pub filters: Vec<Expr>,
+    /// The table read, the columns the expressions are over, and the
+    /// filters on single dimensions.
+    pub read: TableRead,
     /// The dimension rolled along (index into the table's dimensions).
     pub dim: usize,
     /// The window's input columns, over the scan's columns.
@@ -84,15 +81,20 @@ impl RollingWindow {
 
     #[allow(clippy::type_complexity)]
     fn key(&self) -> (&Vec<Expr>, usize, &Vec<Expr>, &Vec<RollExpr>) {
-        (&self.filters, self.dim, &self.columns, &self.aggregates)
+        (
+            &self.read.filters,
+            self.dim,
+            &self.columns,
+            &self.aggregates,
+        )
     }
 }
 
 node_identity!(
     RollingWindow,
-    eq: |a, b| Arc::ptr_eq(&a.table, &b.table) && a.key() == b.key() && a.schema == b.schema,
-    hash: |node, mut state| (&node.table.store, node.key()).hash(&mut state),
-    cmp: |a, b| match Arc::ptr_eq(&a.table, &b.table) {
+    eq: |a, b| a.read.same_as(&b.read) && a.key() == b.key() && a.schema == b.schema,
+    hash: |node, mut state| (&node.read.table.store, node.key()).hash(&mut state),
+    cmp: |a, b| match Arc::ptr_eq(&a.read.table, &b.read.table) {
         true => a.key().partial_cmp(&b.key()),
         false => None,
     }
@@ -103,18 +105,10 @@ impl UserDefinedLogicalNodeCore for RollingWindow {
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let aggregates: Vec<String> = self.aggregates.iter().map(|a| a.to_string()).collect();
-        write!(
-            f,
-            "RollingWindow: store={}, dims=[{}], along={}, aggr=[{}]",
-            self.table.store,
-            self.table.dims_name().replace('_', ", "),
-            self.table.dims[self.dim].name,
-            aggregates.join(", "),
-        )?;
-        if !self.filters.is_empty() {
-            let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
-            write!(f, ", dimension_filters=[{}]", filters.join(", "))?;
-        }
-        Ok(())
+        write!(f, "RollingWindow: ")?;
+        self.read.fmt_table(f)?;
+        let along = &self.read.table.dims[self.dim].name;
+        write!(f, ", along={along}, aggr=[{}]", aggregates.join(", "))?;
+        self.read.fmt_filters(f)
     }
 }

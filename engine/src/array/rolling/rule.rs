@@ -39,7 +39,7 @@ use datafusion::logical_expr::{
 use super::frame::{Frame, RollOp};
 use super::node::{RollExpr, RollingWindow};
 use crate::array::reduce::ReduceOp;
-use crate::array::scan_path::{down_to_scan, replace_columns};
+use crate::array::scan_path::{down_to_scan, replace_columns, TableRead};
 use crate::config::ZarrConfig;
 use crate::plan_methods::bottom_up_rule;
 use crate::table::{pushed_dimension, GridTable};
@@ -178,9 +178,7 @@ fn rolling_window(window: &Window) -> Result<Option<RollingWindow>> {
         return Ok(None);
     };
     Ok(Some(RollingWindow {
-        table: Arc::clone(table),
-        input_schema: Arc::clone(input_schema),
-        filters: scan.filters.clone(),
+        read: TableRead::new(table, Arc::clone(input_schema), scan.filters.clone()),
         dim,
         columns,
         aggregates,
@@ -227,8 +225,8 @@ fn stacked(
     let Some((_, aggregates)) = roll_exprs(
         written,
         rewritten.into_iter(),
-        &below.table,
-        &below.input_schema,
+        &below.read.table,
+        &below.read.input_schema,
         window,
         first_output,
         Some(below.dim),
