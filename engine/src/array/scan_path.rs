@@ -22,7 +22,7 @@ use datafusion::logical_expr::{
     Expr, Filter, Join, LogicalPlan, Projection, SubqueryAlias, TableScan, TableScanBuilder,
 };
 
-use crate::table::{select, GridTable, Selection, ZarrTable};
+use crate::table::{select, BlockGrid, BlockRead, GridTable, Selection, ZarrTable};
 
 /// A plan's way down to a Zarr table scan.
 pub(crate) struct ScanPath<'a> {
@@ -241,6 +241,22 @@ impl TableRead {
     /// The cells the filters select, under the session's settings.
     pub fn select(&self, session: &dyn Session) -> Result<Selection> {
         select(&self.filters, &self.table, session)
+    }
+
+    /// The read of `columns` (indices into the table's schema) over the
+    /// cells the filters select, in blocks sized for the session's workers
+    /// (a share of its memory limit each); with that limit and the number
+    /// of workers.
+    pub fn block_read(
+        &self,
+        columns: Vec<usize>,
+        session: &dyn Session,
+    ) -> Result<(BlockRead, Option<usize>, usize)> {
+        let selection = self.select(session)?;
+        let (blocks, memory_limit, parallelism) =
+            BlockGrid::for_workers(&self.table, &columns, &selection, session);
+        let read = BlockRead::new(Arc::clone(&self.table), columns, selection, blocks)?;
+        Ok((read, memory_limit, parallelism))
     }
 
     /// The columns of the input schema that `exprs` read, in its order: a

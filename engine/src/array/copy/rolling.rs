@@ -43,6 +43,7 @@ use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
 use super::selection::{Blockwise, CopyGrid, OutputVariable, SelectionCopyExec, Step, StepWriters};
+use super::whole::split_columns;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
@@ -90,23 +91,16 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
             .map(|a| window.aggregates[a].op),
         _ => None,
     };
-    let mut dims_seen = Vec::new();
-    let mut outputs = Vec::new();
-    let mut used = BTreeSet::new();
-    for (column, expr) in columns.iter().zip(&exprs) {
-        let name = column.name.as_str();
-        if dims.contains(&name) {
-            // The dimension's own coordinate, through the window.
-            let Expr::Column(c) = expr else {
-                return Ok(None);
-            };
-            let i = window.schema.index_of_column(c)?;
-            if i >= n_columns || !matches!(&window.columns[i], Expr::Column(d) if d.name == name) {
-                return Ok(None);
-            }
-            dims_seen.push(name);
-            continue;
-        }
+    let named = columns.iter().map(|c| c.name.as_str()).zip(&exprs);
+    // A dimension's own coordinate, through the window.
+    let coordinate = |name: &str, expr: &Expr| {
+        let Expr::Column(c) = expr else {
+            return Ok(false);
+        };
+        let i = window.schema.index_of_column(c)?;
+        Ok(i < n_columns && matches!(&window.columns[i], Expr::Column(d) if d.name == name))
+    };
+    let variable = |name: &str, expr: &Expr| {
         let data_type = expr.get_type(&window.schema)?;
         let written = match data_type {
             DataType::Float32 | DataType::Float64 => true,
@@ -114,23 +108,17 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
             DataType::Int64 => aggregate(expr) == Some(RollOp::Count),
             _ => false,
         };
-        if !written {
-            return Ok(None);
-        }
-        for c in expr.column_refs() {
-            let i = window.schema.index_of_column(c)?;
-            if i < n_columns {
-                used.insert(i);
-            }
-        }
-        outputs.push(OutputVariable {
-            name: name.to_string(),
-            expr: expr.clone(),
-            data_type,
-        });
-    }
-    if dims_seen != dims || outputs.is_empty() {
+        Ok(written.then(|| OutputVariable::new(name, expr, data_type)))
+    };
+    let Some(outputs) = split_columns(&dims, named, coordinate, variable)? else {
         return Ok(None);
+    };
+    let mut used = BTreeSet::new();
+    for c in outputs.iter().flat_map(|o| o.expr.column_refs()) {
+        let i = window.schema.index_of_column(c)?;
+        if i < n_columns {
+            used.insert(i);
+        }
     }
     // The window without the input columns no variable reads (the
     // dimensions are the written grid's).

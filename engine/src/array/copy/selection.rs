@@ -49,7 +49,7 @@ use serde_json::Map;
 use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
-use super::whole::CopyScan;
+use super::whole::{split_columns, CopyScan};
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkPlan, TargetEncoding};
 use crate::array::scan_path::TableRead;
 use crate::array::tasks::run_tasks;
@@ -97,30 +97,17 @@ pub(crate) fn selection_copy(scan: &CopyScan<'_>) -> Result<Option<SelectionCopy
         path.scan.table_name.clone(),
         &table.schema,
     )?);
-    let mut dims_seen = Vec::new();
-    let mut outputs = Vec::new();
-    for (column, expr) in columns.iter().zip(&path.exprs) {
-        let name = column.name.as_str();
-        if dims.contains(&name) {
-            if !matches!(expr, Expr::Column(c) if c.name == name) {
-                return Ok(None);
-            }
-            dims_seen.push(name);
-            continue;
-        }
+    let named = columns.iter().map(|c| c.name.as_str()).zip(&path.exprs);
+    let coordinate =
+        |name: &str, expr: &Expr| Ok(matches!(expr, Expr::Column(c) if c.name == name));
+    let variable = |name: &str, expr: &Expr| {
         let data_type = expr.get_type(&input_schema)?;
-        if !matches!(data_type, DataType::Float32 | DataType::Float64) {
-            return Ok(None);
-        }
-        outputs.push(OutputVariable {
-            name: name.to_string(),
-            expr: expr.clone(),
-            data_type,
-        });
-    }
-    if dims_seen != dims || outputs.is_empty() {
+        let float = matches!(data_type, DataType::Float32 | DataType::Float64);
+        Ok(float.then(|| OutputVariable::new(name, expr, data_type)))
+    };
+    let Some(outputs) = split_columns(&dims, named, coordinate, variable)? else {
         return Ok(None);
-    }
+    };
     Ok(Some(SelectionCopy {
         read: TableRead::new(table, input_schema, filters),
         outputs,
@@ -138,6 +125,17 @@ pub struct OutputVariable {
     pub expr: Expr,
     /// `Float32` or `Float64`.
     pub data_type: DataType,
+}
+
+impl OutputVariable {
+    /// The variable `name` computed by `expr`, of type `data_type`.
+    pub fn new(name: &str, expr: &Expr, data_type: DataType) -> Self {
+        Self {
+            name: name.to_string(),
+            expr: expr.clone(),
+            data_type,
+        }
+    }
 }
 
 impl fmt::Display for OutputVariable {

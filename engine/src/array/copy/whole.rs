@@ -81,6 +81,36 @@ impl<'a> CopyScan<'a> {
     }
 }
 
+/// A COPY's columns (names and their expressions) split into the table's
+/// dimensions `dims` and the variables written: `variable` makes a column
+/// into what is written, or refuses it (`None`); `is_dimension` says
+/// whether a column named as a dimension is that dimension's coordinate.
+/// `None` unless every dimension is there once, in the table's order,
+/// beside at least one variable.
+pub(crate) fn split_columns<'e, T>(
+    dims: &[&str],
+    columns: impl IntoIterator<Item = (&'e str, &'e Expr)>,
+    mut is_dimension: impl FnMut(&str, &Expr) -> Result<bool>,
+    mut variable: impl FnMut(&str, &Expr) -> Result<Option<T>>,
+) -> Result<Option<Vec<T>>> {
+    let mut dims_seen = Vec::new();
+    let mut variables = Vec::new();
+    for (name, expr) in columns {
+        if dims.contains(&name) {
+            if !is_dimension(name, expr)? {
+                return Ok(None);
+            }
+            dims_seen.push(name);
+            continue;
+        }
+        match variable(name, expr)? {
+            Some(v) => variables.push(v),
+            None => return Ok(None),
+        }
+    }
+    Ok((dims_seen == dims && !variables.is_empty()).then_some(variables))
+}
+
 /// The [`ArrayCopy`] that a COPY is, when it reads every cell of a Zarr
 /// table: the table's dimensions (in its order) and at least one variable,
 /// under projections and aliases that only pick columns, with no filter
@@ -96,32 +126,18 @@ pub(crate) fn whole_table_copy(scan: &CopyScan<'_>) -> Result<Option<ArrayCopy>>
     if !path.predicates.is_empty() || !path.scan.filters.is_empty() {
         return Ok(None);
     }
-    // Each output column is a scan column under its own name.
-    let picks_columns = path
-        .exprs
-        .iter()
-        .zip(columns)
-        .all(|(expr, column)| matches!(expr, Expr::Column(c) if c.name == column.name));
-    if !picks_columns {
-        return Ok(None);
-    }
+    // Each output column is a scan column under its own name: a dimension
+    // or a variable of the table.
+    let picks = |name: &str, expr: &Expr| matches!(expr, Expr::Column(c) if c.name == name);
     let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
-    let mut variables = Vec::new();
-    let mut dims_seen = Vec::new();
-    for column in columns {
-        let name = column.name.as_str();
-        if dims.contains(&name) {
-            dims_seen.push(name);
-        } else if table.variables.iter().any(|v| v.name() == name) {
-            variables.push(name.to_string());
-        } else {
-            return Ok(None);
-        }
-    }
-    // Every dimension once, in the table's order, and a variable.
-    if dims_seen != dims || variables.is_empty() {
+    let named = columns.iter().map(|c| c.name.as_str()).zip(&path.exprs);
+    let variable = |name: &str, expr: &Expr| {
+        let stored = table.variables.iter().any(|v| v.name() == name);
+        Ok((picks(name, expr) && stored).then(|| name.to_string()))
+    };
+    let Some(variables) = split_columns(&dims, named, |n, e| Ok(picks(n, e)), variable)? else {
         return Ok(None);
-    }
+    };
     if to.options.zarr_format == ZarrVersion::V2 && table.variables.iter().any(|v| v.is_v3()) {
         return Ok(None);
     }

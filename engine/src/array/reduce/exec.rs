@@ -49,8 +49,8 @@ use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, share_of, BlockGrid, BlockRead, BoxCells, BroadcastInputs, GridTable,
-    ReadAheadPlan, TableReadAhead,
+    boxes_in_block, share_of, BlockRead, BoxCells, BroadcastInputs, GridTable, ReadAheadPlan,
+    TableReadAhead,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -169,8 +169,7 @@ impl DenseReductionExec {
         session: &dyn Session,
         planning: &PhysicalPlanningContext,
     ) -> Result<Self> {
-        let table = Arc::clone(&node.read.table);
-        let selection = node.read.select(session)?;
+        let table = &node.read.table;
 
         // The columns the expressions read, in the input schema's order.
         let exprs = (node.aggregates.iter())
@@ -222,9 +221,7 @@ impl DenseReductionExec {
         let predicate = node.predicate.as_ref().map(physical).transpose()?;
 
         let options = session.config().options();
-        let (blocks, memory_limit, parallelism) =
-            BlockGrid::for_workers(&table, &columns, &selection, session);
-        let read = BlockRead::new(table, columns, selection, blocks)?;
+        let (read, memory_limit, parallelism) = node.read.block_read(columns, session)?;
         let reduction = Reduction::new(read, keys, aggregates, predicate)?;
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         Self::assemble(

@@ -51,7 +51,7 @@ use super::node::RollingWindow;
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
-use crate::table::{boxes_in_block, share_of, BlockGrid, BlockRead, BoxCells};
+use crate::table::{boxes_in_block, share_of, BlockRead, BoxCells};
 use crate::zarr::ChunkBufferPool;
 
 /// One aggregate, planned.
@@ -138,8 +138,7 @@ impl RollingWindowExec {
         session: &dyn Session,
         planning: &PhysicalPlanningContext,
     ) -> Result<Self> {
-        let table = Arc::clone(&node.read.table);
-        let selection = node.read.select(session)?;
+        let table = &node.read.table;
 
         // The distinct arguments, and the columns everything reads.
         let mut arg_exprs: Vec<&Expr> = Vec::new();
@@ -193,11 +192,10 @@ impl RollingWindowExec {
                 output_type: node.schema.field(n_columns + i).data_type().clone(),
             })
             .collect::<Vec<_>>();
-        let (blocks, memory_limit, parallelism) =
-            BlockGrid::for_workers(&table, &columns, &selection, session);
-        let partitions = (blocks.num_blocks() as usize).clamp(1, parallelism);
+        let (read, memory_limit, parallelism) = node.read.block_read(columns, session)?;
+        let partitions = (read.blocks.num_blocks() as usize).clamp(1, parallelism);
         let parts = RollingParts {
-            read: BlockRead::new(table, columns, selection, blocks)?,
+            read,
             dim: node.dim,
             arg_places,
             outputs,
