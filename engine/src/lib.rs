@@ -13,7 +13,7 @@
 //! |---|---|
 //! | [`zarr`] | opening stores, discovering arrays, decoding values |
 //! | [`table`] | the table mapping, the scan, pushdown, registration |
-//! | [`array`] | array operations as plan nodes (dense reductions, rechunk) |
+//! | [`array`](mod@array) | array operations as plan nodes (dense reductions, rechunk) |
 //! | [`device`] | kernels (FFT) on the CPU, and on GPUs behind the `gpu` feature |
 //! | [`explain`] | drawing plans (Graphviz DOT, SVG) |
 //! | [`memory`] | sizes and the memory budget |

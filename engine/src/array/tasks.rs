@@ -1,9 +1,11 @@
 //! Running numbered tasks on a fixed number of worker threads: each worker
 //! takes the next task until all are taken, the first error stops them,
-//! and so does cancellation. The rechunk's stages and the blockwise writes
-//! (`COPY` of a selection, of a transform) run their chunks this way, so
-//! at most `workers` tasks hold memory at once; a task's box is a block of
-//! a [`BlockGrid::covering`](crate::table::BlockGrid::covering) grid.
+//! and so does cancellation. The rechunk's stages, the blockwise writes
+//! (`COPY` of a selection, of a transform) and the dense reduction's folds
+//! run their blocks this way, so at most `workers` tasks hold memory at
+//! once; a task's box is a block of a
+//! [`BlockGrid::covering`](crate::table::BlockGrid::covering) grid or of
+//! an operator's [`BlockRead`](crate::table::BlockRead).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -19,13 +21,25 @@ use crate::error::{catch_panic, Panicked};
 /// first error (a task that panics is an error naming it), or the sum;
 /// when `cancelled` is set the workers stop taking tasks and the sum
 /// covers the tasks that ran (the caller checks the flag).
-pub(crate) fn run_tasks<S, E: Send + From<Panicked>>(
+pub(crate) fn run_tasks<S: Send, E: Send + From<Panicked>>(
     tasks: u64,
     workers: usize,
     cancelled: &AtomicBool,
     init: impl Fn() -> S + Sync,
     task: impl Fn(&mut S, u64) -> Result<u64, E> + Sync,
 ) -> Result<u64, E> {
+    run_tasks_keeping_states(tasks, workers, cancelled, init, task).map(|(sum, _)| sum)
+}
+
+/// [`run_tasks`], giving back each worker's state as its last task left it
+/// beside the sum (what a reduction merges).
+pub(crate) fn run_tasks_keeping_states<S: Send, E: Send + From<Panicked>>(
+    tasks: u64,
+    workers: usize,
+    cancelled: &AtomicBool,
+    init: impl Fn() -> S + Sync,
+    task: impl Fn(&mut S, u64) -> Result<u64, E> + Sync,
+) -> Result<(u64, Vec<S>), E> {
     let workers = workers
         .min(MAX_THREADS)
         .min(usize::try_from(tasks).unwrap_or(usize::MAX))
@@ -39,6 +53,7 @@ pub(crate) fn run_tasks<S, E: Send + From<Panicked>>(
             f.get_or_insert(e);
         }
     };
+    let states: Mutex<Vec<S>> = Mutex::new(Vec::with_capacity(workers));
     let work = || {
         let mut state = match catch_panic("task runner", &init) {
             Ok(state) => state,
@@ -47,7 +62,7 @@ pub(crate) fn run_tasks<S, E: Send + From<Panicked>>(
         loop {
             let number = next.fetch_add(1, Ordering::Relaxed);
             if number >= tasks || cancelled.load(Ordering::Relaxed) || failed() {
-                return;
+                break;
             }
             let outcome = catch_panic(&format!("task ({number} of {tasks})"), || {
                 task(&mut state, number)
@@ -58,6 +73,9 @@ pub(crate) fn run_tasks<S, E: Send + From<Panicked>>(
                 }
                 Err(e) => return fail(e),
             }
+        }
+        if let Ok(mut states) = states.lock() {
+            states.push(state);
         }
     };
     std::thread::scope(|scope| {
@@ -73,7 +91,7 @@ pub(crate) fn run_tasks<S, E: Send + From<Panicked>>(
     });
     match failure.into_inner() {
         Ok(Some(e)) => Err(e),
-        _ => Ok(total.into_inner()),
+        _ => Ok((total.into_inner(), states.into_inner().unwrap_or_default())),
     }
 }
 
@@ -104,6 +122,33 @@ mod tests {
         .unwrap_err();
         assert_eq!(err, "task 5 failed");
         assert!(ran.into_inner() < 1000);
+    }
+
+    #[test]
+    fn each_worker_gives_back_its_state() {
+        let cancelled = AtomicBool::new(false);
+        let (sum, states) =
+            run_tasks_keeping_states(50, 3, &cancelled, Vec::new, |seen: &mut Vec<u64>, n| {
+                seen.push(n);
+                Ok::<_, String>(1)
+            })
+            .unwrap();
+        assert_eq!(sum, 50);
+        assert!((1..=3).contains(&states.len()), "{} states", states.len());
+        let mut seen: Vec<u64> = states.into_iter().flatten().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..50).collect::<Vec<_>>());
+        // Cancelled before it starts: no task runs, every worker's state
+        // comes back untouched.
+        let cancelled = AtomicBool::new(true);
+        let (sum, states) =
+            run_tasks_keeping_states(50, 2, &cancelled, Vec::new, |seen: &mut Vec<u64>, n| {
+                seen.push(n);
+                Ok::<_, String>(1)
+            })
+            .unwrap();
+        assert_eq!(sum, 0);
+        assert!(states.iter().all(Vec::is_empty));
     }
 
     /// `threads` of 2^64 - 1 given to a rechunk started threads until the

@@ -25,7 +25,7 @@ use crate::config::ZarrConfig;
 /// `allowed_locations` and the rest, never taken from the sender),
 /// zarrfusion's functions and codec, and `channels` to reach the other
 /// workers (for shuffles). Partial aggregates are never skipped here
-/// ([`keep_partial_aggregates`]).
+/// (`keep_partial_aggregates`).
 pub fn worker_session(
     ctx: WorkerQueryContext,
     config: &ZarrConfig,

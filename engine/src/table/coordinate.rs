@@ -46,7 +46,7 @@ pub enum Coordinate {
 
 impl Coordinate {
     /// Positions made at a time by whoever goes through a whole coordinate
-    /// (see [`PIECE`]).
+    /// (see `PIECE`).
     pub const PIECE: u64 = PIECE;
 
     /// The number of positions.

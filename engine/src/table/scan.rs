@@ -222,7 +222,7 @@ impl ZarrScanExec {
             .sum()
     }
 
-    /// Lowers the batch size (to [`MIN_BATCH_ROWS`] at least) so that the
+    /// Lowers the batch size (to `MIN_BATCH_ROWS` at least) so that the
     /// batches in flight fit what `limit` leaves beside the blocks.
     pub fn fit_batches(mut self, limit: usize) -> Self {
         let partitions = self.properties.partitioning.partition_count();

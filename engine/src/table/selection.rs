@@ -192,7 +192,7 @@ fn pushed_within(filter: &Expr, table: &GridTable, evaluated: u64) -> Option<usi
 }
 
 /// Why a filter on one dimension of `table` is not pushed down, when that
-/// is the dimension's length (longer than [`EVALUATED_POSITIONS`], and the
+/// is the dimension's length (longer than `EVALUATED_POSITIONS`, and the
 /// filter is not a comparison with literals over ordered values); `None`
 /// when it is pushed down or not about one dimension.
 pub fn long_dimension_refusal(filter: &Expr, table: &GridTable) -> Option<String> {
@@ -216,7 +216,7 @@ pub fn long_dimension_refusal(filter: &Expr, table: &GridTable) -> Option<String
 }
 
 /// How each filter is pushed down: `Exact` for the filters
-/// [`pushed_dimension`] takes.
+/// `pushed_dimension` takes.
 pub fn classify_filters(filters: &[&Expr], table: &GridTable) -> Vec<TableProviderFilterPushDown> {
     filters
         .iter()

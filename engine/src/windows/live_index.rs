@@ -29,7 +29,7 @@
 //! directory, a few times a second in an object store).
 //!
 //! The background threads take blocks in one order, decided block by
-//! block as the first of them gets there ([`Schedule`]): preferred blocks
+//! block as the first of them gets there (`Schedule`): preferred blocks
 //! first, then storage order, skipping blocks someone has claimed. From an
 //! object store, the chunks of the blocks next in that order are requested
 //! ahead of the threads ([`crate::table::ReadAheadPlan`]); the read-ahead
@@ -147,7 +147,7 @@ pub struct IndexCounts {
 /// is being built (none once it is complete), by part (bytes).
 ///
 /// Under a memory limit the indexing takes at most half of it
-/// ([`IndexMemory::plan`]): as many threads as blocks fit (none when one
+/// (`IndexMemory::plan`): as many threads as blocks fit (none when one
 /// does not: blocks are then indexed only by the loaders that read them
 /// and by whoever waits for the whole index), and a read-ahead in what the
 /// threads leave of that half.
@@ -758,7 +758,7 @@ impl LiveIndex {
     /// waits to know whether every stream fills its batches, from the
     /// first block it indexes to its end): meanwhile the blocks the
     /// schedule decides are claimed as they are decided (see
-    /// [`Schedule`]), and those claimed and not taken when the last reader
+    /// `Schedule`), and those claimed and not taken when the last reader
     /// stops are given up again, unless background threads or a wait for
     /// the whole index read on.
     pub fn reading(&self) -> Reading<'_> {
@@ -889,7 +889,7 @@ impl LiveIndex {
     /// waits up to `timeout` for the last block; the index once complete.
     ///
     /// From the first call, the blocks the schedule decides are claimed
-    /// as they are decided (see [`Schedule`]): someone reads them all.
+    /// as they are decided (see `Schedule`): someone reads them all.
     pub fn index_for(&self, timeout: Duration) -> Result<Option<&ValidIndex>, WindowError> {
         if let Some(index) = self.complete.get() {
             return Ok(Some(index));

@@ -18,7 +18,7 @@
 //! | [`sources`] | several stores and dimension sets joined on coordinates |
 //! | [`order`] | shuffling, sharding, epochs |
 //! | [`values`] | typed cell values and cutting windows out of them |
-//! | [`statistics`] | per-variable mean, std, min, max for normalization |
+//! | [`statistics`](mod@statistics) | per-variable mean, std, min, max for normalization |
 //! | [`assemble`] | cutting samples into a batch's arrays: channels, jitter, normalization |
 //! | [`loader`] | the threads that decode blocks and assemble batches |
 //!

@@ -10,7 +10,7 @@
 //!
 //! - `<block>.claim` says who reads a block: its process, machine and boot,
 //!   a nonce naming one index in that process
-//!   ([`owner_record`](crate::write::stamp::owner_record)) and when it was
+//!   (`owner_record`) and when it was
 //!   claimed. It is created whole and only if absent ([`CacheDir::create_new`]:
 //!   a hard link in a directory, a conditional `PUT` in an object store),
 //!   so exactly one claimant wins;

@@ -24,7 +24,7 @@
 //! | [`scratch`] | scratch stores in `work_dir` (local or object store) that the array operators write their intermediate arrays to, erased when dropped |
 //! | [`target`] | where an array COPY writes (location, options, output) and its atomic write of a new store's group |
 //! | [`sink`] | the DataFusion sink: memory budget, cancellation |
-//! | [`format`] | Zarr registered as a file format for `COPY` |
+//! | [`format`](mod@format) | Zarr registered as a file format for `COPY` |
 
 pub mod format;
 pub mod grid;

@@ -90,7 +90,7 @@ pub(crate) fn gone_owner(record: &Value) -> Option<u32> {
 }
 
 /// The object at the root of a scratch store in an object store: its
-/// maker's [`owner_record`].
+/// maker's `owner_record`.
 pub const SCRATCH_MARKER: &str = ".zarrfusion-scratch";
 
 /// Removes the scratch stores under the object-store work directory

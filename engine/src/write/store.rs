@@ -528,7 +528,7 @@ pub(crate) fn array_metadata(
 }
 
 /// The variables' chunk shape: the lengths `options.chunks` gives, the
-/// others chosen so a chunk holds about [`CHUNK_TARGET_BYTES`].
+/// others chosen so a chunk holds about `CHUNK_TARGET_BYTES`.
 pub fn chunk_shape(grid: &Grid, options: &ZarrWriteOptions) -> Result<Vec<u64>> {
     let names: Vec<&str> = grid.dims.iter().map(|d| d.name.as_str()).collect();
     let width = grid

@@ -3,7 +3,7 @@
 //! and its output (one column, `count`). Every array COPY (of a table, a
 //! selection, rolling windows, a transform) holds one [`CopyTarget`],
 //! refuses through it a target that exists while planning, and writes its
-//! store through it atomically ([`CopyTarget::write_group`]).
+//! store through it atomically (`CopyTarget::write_group`).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

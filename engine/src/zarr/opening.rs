@@ -125,7 +125,7 @@ impl OpeningCache {
 
     /// The objects kept for the store `identity`; empty when none are (or
     /// the file cannot be read or is not this store's).
-    /// A file read is marked as used now (see [`OPENING_CACHE_DIR_BYTES`]).
+    /// A file read is marked as used now (see `OPENING_CACHE_DIR_BYTES`).
     pub fn load(&self, identity: &str) -> Remembered {
         let file = self.file(identity);
         let Some(objects) = std::fs::read(&file)

@@ -390,7 +390,7 @@ pub const MAX_BACKOFF_BASE: f64 = 1000.0;
 
 /// The retry settings among `options` (`retry.*`), over object_store's
 /// defaults (10 retries within 3 minutes, backoff from 100 ms doubling up
-/// to 15 s). Each value is checked on its own ([`set_retry_option`]), then
+/// to 15 s). Each value is checked on its own (`set_retry_option`), then
 /// together: the first wait above 0 and at most the longest (object_store
 /// draws each wait between the first one and the last times the base, and
 /// panics on an empty or infinite range).

@@ -1,5 +1,5 @@
 //! `COPY` of a selection of a Zarr table with computed variables, chunk by
-//! chunk (planned by [`super::array_copy::CopyToArraysRule`]): when the query is a scan of a Zarr table under dimension filters
+//! chunk (planned by [`super::rule::CopyToArraysRule`]): when the query is a scan of a Zarr table under dimension filters
 //! only, with every dimension as it is (in the table's order) and
 //! variables that are `float32`/`float64` expressions of the table's
 //! columns, the result is a grid known before anything is read: the
@@ -74,12 +74,7 @@ use crate::zarr::{ChunkBufferPool, StoreLocation};
 /// order; each coordinate strictly monotonic) and at least one
 /// `float32`/`float64` expression of its columns.
 pub(crate) fn selection_copy(scan: &CopyScan<'_>) -> Result<Option<SelectionCopy>> {
-    let CopyScan {
-        to,
-        columns,
-        path,
-        table,
-    } = scan;
+    let (path, table) = (&scan.path, &scan.table);
     let mut filters = path.scan.filters.clone();
     filters.extend(path.predicates.iter().cloned());
     let refs: Vec<&Expr> = filters.iter().collect();
@@ -97,7 +92,6 @@ pub(crate) fn selection_copy(scan: &CopyScan<'_>) -> Result<Option<SelectionCopy
         path.scan.table_name.clone(),
         &table.schema,
     )?);
-    let named = columns.iter().map(|c| c.name.as_str()).zip(&path.exprs);
     let coordinate =
         |name: &str, expr: &Expr| Ok(matches!(expr, Expr::Column(c) if c.name == name));
     let variable = |name: &str, expr: &Expr| {
@@ -105,13 +99,13 @@ pub(crate) fn selection_copy(scan: &CopyScan<'_>) -> Result<Option<SelectionCopy
         let float = matches!(data_type, DataType::Float32 | DataType::Float64);
         Ok(float.then(|| OutputVariable::new(name, expr, data_type)))
     };
-    let Some(outputs) = split_columns(&dims, named, coordinate, variable)? else {
+    let Some(outputs) = split_columns(&dims, scan.named_columns(), coordinate, variable)? else {
         return Ok(None);
     };
     Ok(Some(SelectionCopy {
         read: TableRead::new(table, input_schema, filters),
         outputs,
-        to: to.clone(),
+        to: scan.to.clone(),
     }))
 }
 

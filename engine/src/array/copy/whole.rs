@@ -52,6 +52,13 @@ pub(crate) struct CopyScan<'a> {
 }
 
 impl<'a> CopyScan<'a> {
+    /// The COPY's columns: each name with its expression over the scan.
+    pub(crate) fn named_columns(&self) -> impl Iterator<Item = (&str, &Expr)> {
+        (self.columns.iter())
+            .map(|c| c.name.as_str())
+            .zip(&self.path.exprs)
+    }
+
     /// The COPY `copy`, when it is one.
     pub(crate) fn of(copy: &'a CopyTo) -> Result<Option<Self>> {
         let Some(to) = CopyTarget::of(copy)? else {
@@ -117,12 +124,7 @@ pub(crate) fn split_columns<'e, T>(
 /// and no `LIMIT`; and when the arrays can be written as asked (not a v3
 /// array as v2).
 pub(crate) fn whole_table_copy(scan: &CopyScan<'_>) -> Result<Option<ArrayCopy>> {
-    let CopyScan {
-        to,
-        columns,
-        path,
-        table,
-    } = scan;
+    let (path, table, to) = (&scan.path, &scan.table, &scan.to);
     if !path.predicates.is_empty() || !path.scan.filters.is_empty() {
         return Ok(None);
     }
@@ -130,12 +132,17 @@ pub(crate) fn whole_table_copy(scan: &CopyScan<'_>) -> Result<Option<ArrayCopy>>
     // or a variable of the table.
     let picks = |name: &str, expr: &Expr| matches!(expr, Expr::Column(c) if c.name == name);
     let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
-    let named = columns.iter().map(|c| c.name.as_str()).zip(&path.exprs);
     let variable = |name: &str, expr: &Expr| {
         let stored = table.variables.iter().any(|v| v.name() == name);
         Ok((picks(name, expr) && stored).then(|| name.to_string()))
     };
-    let Some(variables) = split_columns(&dims, named, |n, e| Ok(picks(n, e)), variable)? else {
+    let Some(variables) = split_columns(
+        &dims,
+        scan.named_columns(),
+        |n, e| Ok(picks(n, e)),
+        variable,
+    )?
+    else {
         return Ok(None);
     };
     if to.options.zarr_format == ZarrVersion::V2 && table.variables.iter().any(|v| v.is_v3()) {

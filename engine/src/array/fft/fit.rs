@@ -1,7 +1,7 @@
 //! How a transform runs within the memory budget, and the operator a scan
 //! of it plans.
 //!
-//! [`FftTable::fitted`] chooses the path (`zarrfusion.fft_strategy`):
+//! `FftTable::fitted` chooses the path (`zarrfusion.fft_strategy`):
 //! blocks of whole lines in the store's chunks; over a rechunked copy of
 //! the variable in `work_dir` when such a block does not fit; the
 //! four-step path ([`super::four_step`]) when a single line does not;

@@ -1,5 +1,11 @@
 //! FFT along any dimensions of a Zarr variable, with xrft's semantics.
 //!
+//! Primitives (see [`crate::array`]): by whole lines, rechunk (a source
+//! whose lines span chunks is copied into whole-line chunks first) +
+//! blockwise (the kernel); the four-step path, two blockwise passes into
+//! scratch arrays laid out as the transpose; a staged transform, one
+//! dimension's output stored in a scratch store and read by the next.
+//!
 //! | module | owns |
 //! |---|---|
 //! | [`window`] | window functions as scipy computes them |

@@ -1,5 +1,5 @@
 //! Rechunk: a Zarr store's arrays copied into new chunk shapes inside a
-//! memory budget.
+//! memory budget. The rechunk primitive (see [`crate::array`]).
 //!
 //! Every array of the store is copied as stored (data type, fill value,
 //! codecs, attributes: no decoding), with the chunk length given for each
@@ -698,7 +698,7 @@ impl PreparedRechunk {
 
     /// Writes the whole target into the store `out` (an object store, where
     /// nothing can be renamed into place, held by
-    /// [`write_claimed`](crate::write::store::write_claimed), which erases
+    /// `write_claimed`, which erases
     /// what was written when this fails or `cancelled` is set): the data
     /// first, the metadata last, so that readers see no store until it is
     /// complete.

@@ -212,7 +212,7 @@ fn min_max<T: ArrowPrimitiveType<Native: Wide> + Debug>(
 /// Per-group state of one aggregate, updated with batches of argument values.
 ///
 /// `rows` arguments are the rows counted into each group (by
-/// [`count_rows`], with the same lines and mask) for the state they go with.
+/// `count_rows`, with the same lines and mask) for the state they go with.
 pub trait DenseAccumulator: Send + Debug {
     /// Folds the rows of `lines`. `values` holds the argument for every row
     /// of the batch (`None`: an argument that is never NULL, as in
@@ -227,7 +227,7 @@ pub trait DenseAccumulator: Send + Debug {
 
     /// Folds the rows of `lines`, none masked and no argument NULL, whose
     /// `float64` arguments `eval(row, out)` writes for rows `row..row +
-    /// out.len()` (at most [`PIECE`] at a time), each piece folded before
+    /// out.len()` (at most `PIECE` at a time), each piece folded before
     /// the next is evaluated. Only accumulators folding in `f64` support it.
     fn update_fused(
         &mut self,

@@ -13,7 +13,7 @@
 
 use std::fmt;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
@@ -44,6 +44,7 @@ use super::elementwise::FusedExpr;
 use super::groups::{GroupSpace, Line};
 use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYTES};
 use super::node::DenseReduction;
+use crate::array::tasks::run_tasks_keeping_states;
 use crate::config::ZarrConfig;
 use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
@@ -674,55 +675,53 @@ impl Reduction {
         })
     }
 
-    /// Folds blocks taken from `next` until it reaches `end` (or `stop`),
-    /// telling `read_ahead` when each block is done.
-    fn run_worker(
+    /// Folds block `id` into `worker`'s partial state, telling
+    /// `read_ahead` when the block is done.
+    fn fold_block(
         &self,
-        next: &AtomicU64,
-        end: u64,
-        stop: &AtomicBool,
+        id: u64,
+        worker: &mut Worker,
         meters: &Meters,
         read_ahead: Option<&TableReadAhead>,
-    ) -> Result<Partial> {
-        let mut partial = self.partial()?;
-        let mut lines: Vec<Line> = Vec::new();
-        // Each block is dropped before the next is read, into the same buffers.
-        let buffers = ChunkBufferPool::new();
-        loop {
-            let id = next.fetch_add(1, Ordering::Relaxed);
-            if id >= end || stop.load(Ordering::Relaxed) {
-                return Ok(partial);
-            }
-            let boxes = boxes_in_block(&self.read.selection, &self.read.blocks.block(id));
-            for extent in boxes.iter().flat_map(|b| self.parts(b)) {
-                let timer = meters.decode_time.timer();
-                let cells =
-                    BoxCells::read(&self.read.table, &self.read.columns, &extent, &buffers)?;
-                timer.done();
-                meters.bytes_decoded.add(cells.decoded_bytes() as usize);
-                let _compute = meters.fold_time.timer();
-                let shape: Vec<u64> = extent.iter().map(|r| r.end - r.start).collect();
-                // Runs of a tile one after the other: each is a batch of its
-                // own (a slice, no copy), and together they reuse the state of
-                // the tile's groups while it is in cache.
-                for tile in self.space.tiles(&shape, RUN_ROWS, self.state_per_group()) {
-                    for run in tile {
-                        let len = run.end - run.start;
-                        let batch = cells.batch(&self.read.schema, run.start, len)?;
-                        lines.clear();
-                        self.space.lines(&extent, run.start, len, &mut lines);
-                        self.fold(&batch, &lines, &mut partial)?;
-                    }
+    ) -> Result<()> {
+        let partial = match &mut worker.partial {
+            Some(partial) => partial,
+            empty => empty.insert(self.partial()?),
+        };
+        let boxes = boxes_in_block(&self.read.selection, &self.read.blocks.block(id));
+        for extent in boxes.iter().flat_map(|b| self.parts(b)) {
+            let timer = meters.decode_time.timer();
+            let cells = BoxCells::read(
+                &self.read.table,
+                &self.read.columns,
+                &extent,
+                &worker.buffers,
+            )?;
+            timer.done();
+            meters.bytes_decoded.add(cells.decoded_bytes() as usize);
+            let _compute = meters.fold_time.timer();
+            let shape: Vec<u64> = extent.iter().map(|r| r.end - r.start).collect();
+            // Runs of a tile one after the other: each is a batch of its
+            // own (a slice, no copy), and together they reuse the state of
+            // the tile's groups while it is in cache.
+            for tile in self.space.tiles(&shape, RUN_ROWS, self.state_per_group()) {
+                for run in tile {
+                    let len = run.end - run.start;
+                    let batch = cells.batch(&self.read.schema, run.start, len)?;
+                    worker.lines.clear();
+                    (self.space).lines(&extent, run.start, len, &mut worker.lines);
+                    self.fold(&batch, &worker.lines, partial)?;
                 }
             }
-            if let Some(read_ahead) = read_ahead {
-                read_ahead.done_with(id);
-            }
-            meters.blocks_read.add(1);
-            if let Some(progress) = &meters.progress {
-                progress.add_done(1);
-            }
         }
+        if let Some(read_ahead) = read_ahead {
+            read_ahead.done_with(id);
+        }
+        meters.blocks_read.add(1);
+        if let Some(progress) = &meters.progress {
+            progress.add_done(1);
+        }
+        Ok(())
     }
 
     /// Folds one batch of rows into a partial state.
@@ -908,6 +907,17 @@ fn merge_tree(mut partials: Vec<Partial>) -> Result<Option<Partial>> {
     Ok(partials.pop())
 }
 
+/// What a worker of the reduction keeps from one block to the next.
+#[derive(Default)]
+struct Worker {
+    /// Its partial state, made with its first block.
+    partial: Option<Partial>,
+    lines: Vec<Line>,
+    /// Each block is dropped before the next is read, into the same
+    /// buffers.
+    buffers: ChunkBufferPool,
+}
+
 /// Metrics and progress a worker reports to.
 struct Meters {
     blocks_read: Count,
@@ -1032,22 +1042,19 @@ impl ExecutionPlan for DenseReductionExec {
             progress,
         });
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(0);
-        let next = Arc::new(AtomicU64::new(run.start));
-        let end = run.end;
+        let (first, blocks) = (run.start, run.end - run.start);
         let stop = Arc::new(AtomicBool::new(false));
         // Workers take blocks in order from `next`: the window reads ahead
         // in that order, the blocks the workers read at once interleaved.
         let read_ahead = {
             let r = Arc::clone(&reduction);
-            self.read_ahead
-                .start(
-                    &reduction.read.table,
-                    &reduction.read.columns,
-                    run,
-                    workers,
-                    move |id| boxes_in_block(&r.read.selection, &r.read.blocks.block(id)),
-                )
-                .map(Arc::new)
+            self.read_ahead.start(
+                &reduction.read.table,
+                &reduction.read.columns,
+                run,
+                workers,
+                move |id| boxes_in_block(&r.read.selection, &r.read.blocks.block(id)),
+            )
         };
 
         let broadcasts = self.broadcasts.clone();
@@ -1055,32 +1062,17 @@ impl ExecutionPlan for DenseReductionExec {
             // The tables joined in, computed first and held while folding.
             let _held = broadcasts.hold(&context).await?;
             let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    let (reduction, next, stop, meters, read_ahead) = (
-                        Arc::clone(&reduction),
-                        Arc::clone(&next),
-                        Arc::clone(&stop),
-                        Arc::clone(&meters),
-                        read_ahead.clone(),
-                    );
-                    tokio::task::spawn_blocking(move || {
-                        let partial =
-                            reduction.run_worker(&next, end, &stop, &meters, read_ahead.as_deref());
-                        if partial.is_err() {
-                            stop.store(true, Ordering::Relaxed);
-                        }
-                        partial
-                    })
+            let folding = Arc::clone(&reduction);
+            let (_, folded) = tokio::task::spawn_blocking(move || {
+                let read_ahead = read_ahead.as_ref();
+                run_tasks_keeping_states(blocks, workers, &stop, Worker::default, |worker, n| {
+                    folding.fold_block(first + n, worker, &meters, read_ahead)?;
+                    Ok::<_, DataFusionError>(0)
                 })
-                .collect();
-            let mut partials = Vec::with_capacity(workers);
-            for handle in handles {
-                let partial = handle
-                    .await
-                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
-                partials.push(partial);
-            }
+            })
+            .await
+            .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+            let partials = folded.into_iter().filter_map(|w| w.partial).collect();
             let merged = match merge_tree(partials)? {
                 Some(merged) => merged,
                 None => reduction.partial()?,

@@ -161,8 +161,8 @@ impl GroupSpace {
     /// Cuts the rows of a box of `shape` into tiles of at most `max_rows`
     /// rows, each a list of row ranges (C order) to fold one after the
     /// other. Boxes whose groups' state (`state_per_group` bytes each)
-    /// fits in [`TILE_STATE_BYTES`], or whose outer dimensions are kept, are
-    /// cut into consecutive runs; the others into tiles of [`MIN_TILE_RUN`]
+    /// fits in `TILE_STATE_BYTES`, or whose outer dimensions are kept, are
+    /// cut into consecutive runs; the others into tiles of `MIN_TILE_RUN`
     /// or more inner positions over as many outer steps as fit in `max_rows`,
     /// inner ranges outermost, so consecutive tiles reuse the same state.
     pub fn tiles(&self, shape: &[u64], max_rows: u64, state_per_group: usize) -> Vec<Tile> {

@@ -37,7 +37,7 @@ use crate::table::{Dimension, GridTable};
 
 /// The most positions a dimension grouped by functions of its coordinate
 /// may have (2^24: almost 2,000 years of hourly steps): each is evaluated,
-/// and its key held. Evaluating takes about [`KEYED_POSITION_BYTES`] a
+/// and its key held. Evaluating takes about `KEYED_POSITION_BYTES` a
 /// position while it lasts.
 pub const MAX_KEYED_POSITIONS: u64 = 1 << 24;
 

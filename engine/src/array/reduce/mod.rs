@@ -1,6 +1,9 @@
 //! Dense reductions: `GROUP BY` over dimensions of a Zarr table, computed
 //! with accumulators indexed by coordinate position instead of a hash table.
 //!
+//! Primitives (see [`crate::array`]): read + blockwise (the arguments,
+//! fused) + reduce.
+//!
 //! | module | owns |
 //! |---|---|
 //! | `rule` | [`DenseReductionRule`], which finds such aggregates in plain SQL |

@@ -5,6 +5,9 @@
 //! of sorting every row into partitions (xarray's
 //! `ds.t2m.rolling(time=24).mean()`, with SQL's NULL semantics).
 //!
+//! Primitives (see [`crate::array`]): read (blocks visited along the
+//! rolled dimension, with the frames' halo) + blockwise (the frames).
+//!
 //! | module | owns |
 //! |---|---|
 //! | [`rule`] | finding rolling windows in plain SQL |

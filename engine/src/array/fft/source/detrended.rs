@@ -7,7 +7,7 @@
 //! time, on as many workers as the memory limit allows) gathers each
 //! group's [`TrendSums`]; every block read afterwards has the fitted trend
 //! at its cells' positions subtracted, so the transform sees what
-//! [`super::detrend::detrend_block`] would have given over whole groups.
+//! `super::detrend::detrend_block` would have given over whole groups.
 //! The sums (48 bytes a group) are held for the whole query and counted in
 //! its plan.
 
