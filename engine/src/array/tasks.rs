@@ -126,13 +126,22 @@ mod tests {
 
     #[test]
     fn each_worker_gives_back_its_state() {
-        let cancelled = AtomicBool::new(false);
-        let (sum, states) =
-            run_tasks_keeping_states(50, 3, &cancelled, Vec::new, |seen: &mut Vec<u64>, n| {
-                seen.push(n);
-                Ok::<_, String>(1)
-            })
-            .unwrap();
+        // Each worker's state: the tasks it ran.
+        let run = |workers: usize, cancelled: bool| {
+            let cancelled = AtomicBool::new(cancelled);
+            run_tasks_keeping_states(
+                50,
+                workers,
+                &cancelled,
+                Vec::new,
+                |seen: &mut Vec<u64>, n| {
+                    seen.push(n);
+                    Ok::<_, String>(1)
+                },
+            )
+            .unwrap()
+        };
+        let (sum, states) = run(3, false);
         assert_eq!(sum, 50);
         assert!((1..=3).contains(&states.len()), "{} states", states.len());
         let mut seen: Vec<u64> = states.into_iter().flatten().collect();
@@ -140,13 +149,7 @@ mod tests {
         assert_eq!(seen, (0..50).collect::<Vec<_>>());
         // Cancelled before it starts: no task runs, every worker's state
         // comes back untouched.
-        let cancelled = AtomicBool::new(true);
-        let (sum, states) =
-            run_tasks_keeping_states(50, 2, &cancelled, Vec::new, |seen: &mut Vec<u64>, n| {
-                seen.push(n);
-                Ok::<_, String>(1)
-            })
-            .unwrap();
+        let (sum, states) = run(2, true);
         assert_eq!(sum, 0);
         assert!(states.iter().all(Vec::is_empty));
     }

@@ -177,7 +177,8 @@ impl DenseReductionExec {
             .filter_map(|a| a.arg.as_ref())
             .chain(node.predicate.as_ref());
         let (input_df, columns) = node.read.columns_read(exprs)?;
-        let input_schema: SchemaRef = Arc::new(table.schema.project(&columns)?);
+        let (read, memory_limit, parallelism) = node.read.block_read(columns, session)?;
+        let input_schema = Arc::clone(&read.schema);
         let physical = |e: &datafusion::logical_expr::Expr| {
             planner.create_physical_expr(e, &input_df, session, planning)
         };
@@ -222,7 +223,6 @@ impl DenseReductionExec {
         let predicate = node.predicate.as_ref().map(physical).transpose()?;
 
         let options = session.config().options();
-        let (read, memory_limit, parallelism) = node.read.block_read(columns, session)?;
         let reduction = Reduction::new(read, keys, aggregates, predicate)?;
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         Self::assemble(
