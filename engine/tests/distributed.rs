@@ -709,3 +709,187 @@ async fn aligned_joins_run_on_the_workers_as_zipped_scans() {
     let err = wire.decode(&bad).expect_err("a zip of two grids accepted");
     assert!(err.contains("not on one grid"), "{err}");
 }
+
+/// Every file under `dir`: its path below `dir` and its bytes.
+fn files_under(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let name = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                files.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// What a write left beside its targets in `dir`: temporary directories.
+fn leftovers(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("zarrfusion-tmp"))
+        .collect()
+}
+
+const WHOLE_COPY: &str =
+    "COPY era5 TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=7,lat=11,lon=16')";
+
+/// A `COPY` of a whole table on a cluster: its rechunk's tasks run on the
+/// workers (a stage of two tasks under a network boundary), which write the
+/// target's chunks into the session's temporary directory; the session
+/// commits it. The store is the one the same COPY writes on one machine,
+/// file for file (that COPY is checked against xarray in
+/// `copy_to_zarr.rs`). A worker whose memory cannot hold its tasks refuses
+/// them, naming itself and the numbers, and nothing is left at the target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_whole_table_copy_writes_its_chunks_on_the_workers() {
+    let dir = scratch("cluster-copy");
+    let demo = repo_root().join("demo/era5.zarr");
+    let copy_to = |target: &std::path::Path| WHOLE_COPY.replace("{}", &target.to_string_lossy());
+
+    let local = new_context();
+    (local
+        .register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let alone = dir.join("alone.zarr");
+    query_rows(&local, "COPY on one machine", &copy_to(&alone)).await;
+
+    let workers = start_workers(2).await;
+    let ctx = cluster_session(&workers).await;
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let on_cluster = dir.join("cluster.zarr");
+    let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("tasks on the cluster's workers")
+            && shown.contains("Network")
+            && shown.contains("RechunkTasksExec")
+            && shown.contains("tasks=2"),
+        "{shown}"
+    );
+    let counts = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+        .await
+        .unwrap();
+    let want = query_rows(&local, "rows", "SELECT count(*) AS count FROM era5").await;
+    let got = datafusion::arrow::util::pretty::pretty_format_batches(&counts)
+        .unwrap()
+        .to_string();
+    assert!(got.contains(&want[0][0].to_string()), "{got} vs {want:?}");
+    let (want, got) = (files_under(&alone), files_under(&on_cluster));
+    assert!(want.len() > 10, "{:?}", want.keys());
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in &want {
+        assert!(&got[name] == bytes, "{name} differs");
+    }
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+
+    // Workers that cannot hold a task: refused, nothing left.
+    let tight = start_workers_in(2, || limited(512)).await;
+    let ctx = cluster_session(&tight).await;
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let refused = dir.join("refused.zarr");
+    let failed = ctx.sql(&copy_to(&refused)).await.unwrap().collect().await;
+    let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
+    let named = (tight.urls.iter())
+        .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
+    assert!(
+        named && message.contains("allowed_mem"),
+        "a worker with 512 bytes wrote the COPY's chunks, or its refusal does not say so: {message}"
+    );
+    assert!(!refused.exists());
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+}
+
+/// The rechunk tasks of a whole-table COPY through the codec: the same
+/// plan; a worker refuses tasks that do not match the source or would
+/// write outside a COPY's temporary directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_s_rechunk_tasks_round_trip_and_malformed_ones_are_refused() {
+    use zarrfusion::array::copy::whole::ArrayCopyExec;
+    use zarrfusion::array::rechunk::RechunkTasksExec;
+
+    let dir = scratch("cluster-copy-codec");
+    let ctx = new_context();
+    let demo = repo_root().join("demo/era5.zarr");
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let sql = WHOLE_COPY.replace("{}", &dir.join("out.zarr").to_string_lossy());
+    let mut plan = physical_plan(&ctx, &sql).await;
+    while plan.downcast_ref::<ArrayCopyExec>().is_none() {
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        plan = Arc::clone(plan.children().first().expect(&shown));
+    }
+    let copy = plan.downcast_ref::<ArrayCopyExec>().unwrap();
+    let on_cluster = copy.on_cluster().unwrap().expect("one stage per array");
+    let gathered = on_cluster.children()[0];
+    let tasks = Arc::clone(gathered.children()[0]);
+    let tasks = Arc::new(
+        (tasks
+            .downcast_ref::<RechunkTasksExec>()
+            .expect("the rechunk's tasks"))
+        .with_tasks(3),
+    ) as Arc<dyn ExecutionPlan>;
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(Arc::clone(&tasks));
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    assert_eq!(show(&back), show(&tasks));
+    assert!(show(&back).contains("tasks=3"), "{}", show(&back));
+
+    let refuses = |change: &dyn Fn(&mut Value), says: &str| {
+        let mut bad = sent.clone();
+        change(&mut bad);
+        let err = wire.decode(&bad).expect_err(&format!("accepted: {bad}"));
+        assert!(err.contains(says), "{says}: {err}");
+    };
+    refuses(&|v| v["tasks"] = Value::from(0), "tasks");
+    refuses(&|v| v["tasks"] = Value::from(1u64 << 40), "tasks");
+    refuses(&|v| v["rechunk"]["arrays"] = Value::Array(vec![]), "arrays");
+    refuses(
+        &|v| v["rechunk"]["arrays"][0]["region"] = serde_json::json!([3, 5]),
+        "not whole chunks",
+    );
+    refuses(
+        &|v| v["rechunk"]["arrays"][0]["region"] = serde_json::json!([3, 5, 7]),
+        "not whole chunks",
+    );
+    refuses(
+        &|v| v["rechunk"]["arrays"][0]["target"]["fill_value"] = Value::from(7),
+        "changed",
+    );
+    refuses(
+        &|v| v["rechunk"]["arrays"][0]["name"] = Value::from("nothing"),
+        "the plan was made for arrays",
+    );
+    refuses(
+        &|v| v["target"]["path"] = Value::from(dir.to_string_lossy().into_owned()),
+        "not a COPY's temporary directory",
+    );
+    refuses(
+        &|v| v["rechunk"]["source"] = Value::from("/nonexistent/store.zarr"),
+        "store.zarr",
+    );
+    assert!(wire.decode_bytes(b"{\"node\": \"rechunk_tasks\"}").is_err());
+}

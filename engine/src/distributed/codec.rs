@@ -19,6 +19,14 @@
 //! frames as the planner does ([`MAX_FRAME`]) and fits the window to its
 //! own `allowed_mem`.
 //!
+//! A [`RechunkTasksExec`] (a `COPY`'s rechunk tasks) travels as the
+//! rechunk's plain data ([`RechunkTasks`]: source, chunk lengths, each
+//! array's task region and target metadata), where it writes and its task
+//! count; the worker plans the rechunk again from the source, refuses it
+//! when the metadata or regions no longer match or its tasks cannot fit
+//! the worker's `allowed_mem`, and writes only into a COPY's temporary
+//! directory or an object-store prefix its `allowed_locations` permit.
+//!
 //! A [`DenseReductionExec`] giving a task's partial states travels the
 //! same way, with the columns it reads, its grouped dimensions, its
 //! aggregates (their arguments and row filter as DataFusion's protobuf
@@ -45,6 +53,9 @@ use datafusion_proto::protobuf::PhysicalExprNode;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
+use crate::array::rechunk::{
+    PreparedRechunk, RechunkOptions, RechunkTasks, RechunkTasksExec, StagedTarget,
+};
 use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, RollingParts};
 use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
@@ -52,9 +63,10 @@ use crate::array::{key_schema, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec
 use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
 use crate::error::lock;
 use crate::table::{
-    open_dataset_blocking, BlockGrid, BlockRead, GridSource, GridTable, Selection, TableSource,
-    ZarrScanExec, ZarrTableOptions,
+    open_dataset_blocking, run_blocking, BlockGrid, BlockRead, GridSource, GridTable, Selection,
+    TableSource, ZarrScanExec, ZarrTableOptions,
 };
+use crate::zarr::StoreLocation;
 
 /// The most partitions and tasks a received scan may ask for (a malformed
 /// plan must not make a worker allocate per partition); its rows per batch
@@ -63,6 +75,52 @@ const MAX_PARTITIONS: usize = 1 << 12;
 const MAX_TASKS: usize = 1 << 16;
 /// The most aggregates a received reduction may have.
 const MAX_AGGREGATES: usize = 1 << 10;
+
+/// The most arrays a received rechunk may copy.
+const MAX_ARRAYS: usize = 1 << 12;
+
+/// A run of a rechunk's tasks received by a worker: planned again from the
+/// source under the worker's settings ([`PreparedRechunk::for_cluster_tasks`]:
+/// its `allowed_locations` and `allowed_mem`), writing into a staged target
+/// the worker may reach (a local one only a COPY's temporary directory).
+fn decode_rechunk(run: RechunkRun, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
+    let RechunkRun {
+        rechunk,
+        target,
+        tasks,
+    } = run;
+    if tasks == 0 || tasks > MAX_TASKS {
+        return plan_err!("a rechunk of {} asks for {tasks} tasks", rechunk.source);
+    }
+    if rechunk.arrays.is_empty() || rechunk.arrays.len() > MAX_ARRAYS {
+        return plan_err!(
+            "a rechunk of {} copies {} arrays (1 to {MAX_ARRAYS})",
+            rechunk.source,
+            rechunk.arrays.len()
+        );
+    }
+    let options = RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
+    let location = match &target {
+        StagedTarget::Local { path } => {
+            let staging = (path.file_name()).map(|n| n.to_string_lossy().into_owned());
+            if !staging.is_some_and(|n| n.starts_with('.') && n.ends_with(".zarrfusion-tmp")) {
+                return plan_err!(
+                    "a rechunk of {} writes into '{}', not a COPY's temporary directory",
+                    rechunk.source,
+                    path.display()
+                );
+            }
+            StoreLocation::Local(path.clone())
+        }
+        StagedTarget::Remote { url, .. } => StoreLocation::parse(url)?,
+    };
+    options.allowed.check(&location, &target.to_string())?;
+    let runtime = ctx.runtime_env();
+    let prepared =
+        run_blocking(|| PreparedRechunk::for_cluster_tasks(&rechunk, options, &runtime))?;
+    let exec = RechunkTasksExec::new(rechunk, Arc::new(prepared), target).with_tasks(tasks);
+    Ok(Arc::new(exec))
+}
 
 /// zarrfusion's `PhysicalExtensionCodec`: registered on the session that
 /// plans a distributed query and on every worker.
@@ -79,6 +137,16 @@ enum Node {
     Scan(Scan),
     Reduction(Reduction),
     Window(Window),
+    RechunkTasks(RechunkRun),
+}
+
+/// A run of a rechunk's tasks as it travels: the rechunk, where it writes,
+/// and the distributed tasks it is dealt to.
+#[derive(Debug, Serialize, Deserialize)]
+struct RechunkRun {
+    rechunk: RechunkTasks,
+    target: StagedTarget,
+    tasks: usize,
 }
 
 /// How to make a table again ([`GridSource`]).
@@ -693,6 +761,12 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 }
                 self.decode_window(window, ctx)
             }
+            Node::RechunkTasks(run) => {
+                if !inputs.is_empty() {
+                    return plan_err!("a rechunk's tasks have no inputs, got {}", inputs.len());
+                }
+                decode_rechunk(run, ctx)
+            }
         }
     }
 
@@ -712,6 +786,15 @@ impl PhysicalExtensionCodec for ZarrCodec {
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a dense reduction: {e}"));
         }
+        if let Some(rechunk) = node.downcast_ref::<RechunkTasksExec>() {
+            let encoded = Node::RechunkTasks(RechunkRun {
+                rechunk: rechunk.rechunk().clone(),
+                target: rechunk.target().clone(),
+                tasks: rechunk.tasks(),
+            });
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a rechunk's tasks: {e}"));
+        }
         if let Some(window) = node.downcast_ref::<RollingWindowExec>() {
             let encoded = self.encode_window(window)?;
             return serde_json::to_writer(buf, &encoded)
@@ -720,7 +803,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
         let Some(scan) = node.downcast_ref::<ZarrScanExec>() else {
             return not_impl_err!(
                 "{} cannot run on a cluster's workers yet (zarrfusion distributes Zarr scans, \
-                 dense reductions and rolling windows)",
+                 dense reductions, rolling windows and the one-stage rechunk of a COPY)",
                 node.name()
             );
         };

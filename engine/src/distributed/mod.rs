@@ -14,6 +14,9 @@
 //!   `zarrfusion.bytes_per_task`) and how its blocks are dealt to them.
 //! - [`reductions`]: a dense reduction on a cluster: each task's partial
 //!   states, merged by DataFusion's final aggregate after a shuffle.
+//! - [`copies`]: a `COPY` of a whole table on a cluster: the workers write
+//!   the target's chunks (the rechunk's tasks), the session stages the
+//!   target and commits it.
 //! - [`cluster`]: a session's side: the workers' addresses and the
 //!   distributed planner, added to the session state ([`crate::session`]
 //!   builds it).
@@ -48,6 +51,7 @@
 pub mod channel;
 pub mod cluster;
 pub mod codec;
+pub mod copies;
 pub mod reductions;
 pub mod tasks;
 pub mod worker;

@@ -1,7 +1,8 @@
-//! How a Zarr scan's, a dense reduction's or a rolling window's stage is split among a
-//! cluster's tasks: the distributed planner asks each leaf how many tasks
-//! it wants ([`scan_tasks`]: its decoded bytes over
-//! `zarrfusion.bytes_per_task`, at most one per block), then tells it how
+//! How a Zarr scan's, a dense reduction's, a rolling window's or a
+//! rechunk's stage is split among a cluster's tasks: the distributed
+//! planner asks each leaf how many tasks it wants ([`scan_tasks`]: its
+//! decoded bytes (a rechunk's: written) over `zarrfusion.bytes_per_task`,
+//! at most one per block or rechunk task), then tells it how
 //! many it got ([`deal_scan_blocks`]: the leaf deals its blocks to them in
 //! contiguous runs, see [`ZarrScanExec::with_tasks`] and
 //! [`DenseReductionExec::with_tasks`]).
@@ -14,6 +15,7 @@ use datafusion_distributed::{
     ScaleUpLeafNodeEventResponse,
 };
 
+use crate::array::rechunk::RechunkTasksExec;
 use crate::array::rolling::RollingWindowExec;
 use crate::array::DenseReductionExec;
 use crate::config::ZarrConfig;
@@ -25,6 +27,8 @@ use crate::table::ZarrScanExec;
 pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEventResponse>> {
     let (bytes, blocks) = if let Some(scan) = ev.plan.downcast_ref::<ZarrScanExec>() {
         (scan.decoded_bytes(), scan.read().blocks.num_blocks())
+    } else if let Some(rechunk) = ev.plan.downcast_ref::<RechunkTasksExec>() {
+        (rechunk.bytes_written(), rechunk.rechunk_tasks())
     } else if let Some(window) = ev.plan.downcast_ref::<RollingWindowExec>() {
         (window.decoded_bytes(), window.read().blocks.num_blocks())
     } else {
@@ -55,6 +59,11 @@ pub fn deal_scan_blocks(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNo
     if let Some(window) = ev.plan.downcast_ref::<RollingWindowExec>() {
         return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
             window.with_tasks(ev.task_count),
+        ))));
+    }
+    if let Some(rechunk) = ev.plan.downcast_ref::<RechunkTasksExec>() {
+        return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
+            rechunk.with_tasks(ev.task_count),
         ))));
     }
     let reduction = ev.plan.downcast_ref::<DenseReductionExec>()?;

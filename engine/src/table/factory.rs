@@ -70,11 +70,18 @@ pub fn open_dataset_blocking(
     options: &ZarrTableOptions,
     runtime: &RuntimeEnv,
 ) -> Result<ZarrDataset> {
-    let open = || ZarrDataset::open(location, options, runtime).map_err(DataFusionError::from);
+    run_blocking(|| ZarrDataset::open(location, options, runtime).map_err(DataFusionError::from))
+}
+
+/// Runs `work`, which blocks on IO (a store in a bucket blocks on its
+/// requests), from synchronous code that may be on a runtime's thread
+/// (a plan decoded by a cluster's worker): on a multi-threaded runtime the
+/// thread is handed over to blocking first.
+pub fn run_blocking<T>(work: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(open)
+            tokio::task::block_in_place(work)
         }
-        _ => open(),
+        _ => work(),
     }
 }

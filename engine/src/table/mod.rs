@@ -25,7 +25,7 @@ pub use broadcast::{
 pub use cells::BoxCells;
 pub use coordinate::{Coordinate, CoordinateFormula};
 pub use dataset::{Dimension, GridColumn, GridSource, GridTable, TableSource, ZarrDataset};
-pub use factory::{open_dataset, open_dataset_blocking, ZarrTableFactory};
+pub use factory::{open_dataset, open_dataset_blocking, run_blocking, ZarrTableFactory};
 pub use options::{parse_dims, ZarrTableOptions};
 pub use provider::{registered_zarr_tables, ZarrTable};
 pub use read_ahead::{ReadAheadPlan, TableReadAhead};

@@ -15,7 +15,8 @@ use datafusion::common::{plan_err, Result};
 use crate::zarr::{is_object_store_option, StoreLocation};
 
 /// How chunks are compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Codec {
     /// Zstandard, level 3.
     Zstd,
@@ -28,7 +29,8 @@ pub enum Codec {
 }
 
 /// The Zarr format version to write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ZarrVersion {
     /// Zarr v2 (`.zarray`, `.zattrs`, consolidated `.zmetadata`).
     V2,

@@ -78,11 +78,16 @@ pub fn write_atomically<T>(
     cancelled: &AtomicBool,
     write: impl FnOnce(&Path) -> Result<T>,
 ) -> Result<T> {
+    let temporary = temporary_beside(target)?;
+    write_atomically_at(target, &temporary, cancelled, write)
+}
+
+/// A fresh name for the temporary directory of a write to `target`, beside
+/// it (what killed writers left there is swept first). An existing
+/// `target`, or one whose directory does not exist, is refused.
+pub fn temporary_beside(target: &Path) -> Result<PathBuf> {
     check_target(target)?;
-    let parent = match target.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let parent = parent_of(target);
     if !parent.is_dir() {
         return exec_err!(
             "cannot write Zarr to '{}': directory '{}' does not exist",
@@ -96,16 +101,37 @@ pub fn write_atomically<T>(
         .unwrap_or_else(|| "out.zarr".into());
     // What killed writers left beside their targets goes first.
     sweep(&parent, Leftover::TemporaryTarget);
-    let temporary = parent.join(format!(".{name}.{}.zarrfusion-tmp", unique_suffix()));
-    let result = write(&temporary).and_then(|summary| {
+    Ok(parent.join(format!(".{name}.{}.zarrfusion-tmp", unique_suffix())))
+}
+
+/// The directory `target` is in.
+fn parent_of(target: &Path) -> PathBuf {
+    match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// [`write_atomically`] through the temporary directory `temporary` (from
+/// [`temporary_beside`]; a write on a cluster names it while planning, so
+/// that its workers write there).
+pub fn write_atomically_at<T>(
+    target: &Path,
+    temporary: &Path,
+    cancelled: &AtomicBool,
+    write: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
+    check_target(target)?;
+    let parent = parent_of(target);
+    let result = write(temporary).and_then(|summary| {
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the Zarr write to '{}' was cancelled", target.display());
         }
         check_target(target)?;
         // On disk before it is in place: a crash after the rename never
         // shows a store with missing or empty chunks.
-        sync_tree(&temporary)?;
-        std::fs::rename(&temporary, target).map_err(|e| {
+        sync_tree(temporary)?;
+        std::fs::rename(temporary, target).map_err(|e| {
             DataFusionError::Execution(format!(
                 "cannot move the finished Zarr store into place at '{}': {e}",
                 target.display()
@@ -115,7 +141,7 @@ pub fn write_atomically<T>(
         Ok(summary)
     });
     if result.is_err() {
-        let _ = std::fs::remove_dir_all(&temporary);
+        let _ = std::fs::remove_dir_all(temporary);
     }
     result
 }

@@ -16,7 +16,19 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use datafusion::arrow::array::AsArray;
+use datafusion::arrow::datatypes::UInt64Type;
+use datafusion::common::exec_err;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execute_stream;
+use futures::StreamExt;
+use zarrs::filesystem::FilesystemStore;
+use zarrs::storage::ReadableWritableListableStorage;
 
 use datafusion::catalog::Session;
 use datafusion::common::Column;
@@ -27,13 +39,17 @@ use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
-use crate::array::rechunk::{fmt_array_plans, PreparedRechunk, RechunkOptions, TargetEncoding};
+use crate::array::rechunk::{
+    fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkTasksExec, StagedTarget,
+    TargetEncoding,
+};
 use crate::array::scan_path::{down_to_scan, ScanPath};
 use crate::plan_methods::{
-    leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
+    leaf_node_methods, metered_plan_methods, named_plan_methods, node_identity,
 };
 use crate::table::GridTable;
 use crate::write::options::ZarrVersion;
+use crate::write::store::{io_error, temporary_beside, write_atomically_at, write_claimed};
 use crate::write::target::CopyTarget;
 use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
@@ -239,12 +255,20 @@ impl UserDefinedLogicalNodeCore for ArrayCopy {
 
 /// Copies a Zarr table's arrays into a new store and returns the number of
 /// rows (cells) written, as `COPY` does.
+///
+/// On a cluster ([`on_cluster`](Self::on_cluster)) its rechunk's tasks run
+/// on the workers as its input ([`RechunkTasksExec`] under the gathering of
+/// their counts), writing into the target it stages: it makes the
+/// temporary directory beside a local target (or claims an object-store
+/// prefix), runs its input, checks that every task ran, and commits.
 #[derive(Debug)]
 pub struct ArrayCopyExec {
     prepared: Arc<PreparedRechunk>,
     to: CopyTarget,
     rows: u64,
     variables: Vec<String>,
+    /// On a cluster: where its tasks write, and their gathered counts.
+    cluster: Option<(StagedTarget, Arc<dyn ExecutionPlan>)>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -257,10 +281,90 @@ impl ArrayCopyExec {
             to,
             rows,
             variables,
+            cluster: None,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
+
+    /// This copy with its rechunk's tasks as its input, to run on a
+    /// cluster's workers; `None` when they already are, or when an array
+    /// takes more than one stage (its intermediate arrays are written and
+    /// read in the session's process). A local target's temporary
+    /// directory is named now, for the workers to write into.
+    pub fn on_cluster(&self) -> Result<Option<Self>> {
+        if self.cluster.is_some() {
+            return Ok(None);
+        }
+        let Some(rechunk) = self.prepared.cluster_tasks()? else {
+            return Ok(None);
+        };
+        let staged = match &self.to.location {
+            StoreLocation::Local(path) => StagedTarget::Local {
+                path: temporary_beside(path)?,
+            },
+            StoreLocation::Remote(_) => StagedTarget::Remote {
+                url: self.to.location.to_string(),
+                storage: self.to.options.storage.clone().into_iter().collect(),
+            },
+        };
+        let tasks = RechunkTasksExec::new(rechunk, Arc::clone(&self.prepared), staged.clone());
+        let input = Arc::new(CoalescePartitionsExec::new(Arc::new(tasks)));
+        Ok(Some(self.with_cluster(Some((staged, input)))))
+    }
+
+    fn with_cluster(&self, cluster: Option<(StagedTarget, Arc<dyn ExecutionPlan>)>) -> Self {
+        Self {
+            prepared: Arc::clone(&self.prepared),
+            to: self.to.clone(),
+            rows: self.rows,
+            variables: self.variables.clone(),
+            cluster,
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+/// Runs `input` (a cluster's rechunk tasks under the gathering of their
+/// counts) to its end from a blocking thread, stopping when `cancelled` is
+/// set; an error unless the tasks it ran add up to `expected`.
+fn run_cluster_tasks(
+    handle: &tokio::runtime::Handle,
+    input: Arc<dyn ExecutionPlan>,
+    context: Arc<TaskContext>,
+    cancelled: &AtomicBool,
+    expected: u64,
+) -> Result<()> {
+    handle.block_on(async {
+        let mut stream = execute_stream(input, context)?;
+        let mut ran = 0u64;
+        loop {
+            tokio::select! {
+                batch = stream.next() => match batch {
+                    None => break,
+                    Some(batch) => {
+                        let batch = batch?;
+                        let counts = batch.column(0).as_primitive_opt::<UInt64Type>().ok_or_else(|| {
+                            DataFusionError::Internal("a rechunk task's count is not a UInt64".into())
+                        })?;
+                        ran += counts.iter().flatten().sum::<u64>();
+                    }
+                },
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
+                    if cancelled.load(Ordering::Relaxed) {
+                        return exec_err!("the COPY was cancelled");
+                    }
+                }
+            }
+        }
+        if ran != expected {
+            return exec_err!(
+                "the COPY's tasks on the cluster ran {ran} of its {expected} rechunk tasks"
+            );
+        }
+        Ok(())
+    })
 }
 
 impl DisplayAs for ArrayCopyExec {
@@ -274,12 +378,44 @@ impl DisplayAs for ArrayCopyExec {
             human_readable_size(self.prepared.projected_memory() as usize)
         )?;
         fmt_array_plans(f, self.prepared.arrays())?;
-        write!(f, "]")
+        write!(f, "]")?;
+        match &self.cluster {
+            Some(_) => write!(f, ", tasks on the cluster's workers"),
+            None => Ok(()),
+        }
     }
 }
 
 impl ExecutionPlan for ArrayCopyExec {
-    leaf_plan_methods!("ArrayCopyExec");
+    named_plan_methods!("ArrayCopyExec");
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.cluster.iter().map(|(_, input)| input).collect()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match (&self.cluster, children.pop()) {
+            (None, None) => Ok(self),
+            (Some((staged, _)), Some(input)) if children.is_empty() => {
+                Ok(Arc::new(self.with_cluster(Some((staged.clone(), input)))))
+            }
+            _ => exec_err!(
+                "ArrayCopyExec has {} children, got {}",
+                self.children().len(),
+                children.len() + 1
+            ),
+        }
+    }
 
     fn execute(
         &self,
@@ -289,20 +425,66 @@ impl ExecutionPlan for ArrayCopyExec {
         let prepared = Arc::clone(&self.prepared);
         let to = self.to.clone();
         let rows = self.rows;
+        let cluster = self.cluster.clone();
+        // The session's memory holds the target's metadata only when the
+        // tasks run on the workers.
+        let projected = match cluster {
+            Some(_) => 0,
+            None => prepared.projected_memory() as usize,
+        };
+        let handle = tokio::runtime::Handle::try_current().map_err(|e| {
+            DataFusionError::Execution(format!("ArrayCopyExec needs a runtime: {e}"))
+        })?;
         let job = WriteJob {
             operator: "ArrayCopyExec",
             store: prepared.source(),
-            projected: prepared.projected_memory() as usize,
+            projected,
             metrics: &self.metrics,
             properties: &self.properties,
         };
         let writer = Arc::clone(&prepared);
+        let task_context = Arc::clone(&context);
         job.run(partition, &context, move |cancelled| {
-            let summary = writer.write_to(&to, cancelled)?;
+            let context = task_context;
+            let Some((staged, input)) = cluster else {
+                let summary = writer.write_to(&to, cancelled)?;
+                return Ok(Written {
+                    rows,
+                    bytes_read: summary.bytes_read,
+                    bytes_written: summary.bytes_written,
+                });
+            };
+            let expected = writer.task_count();
+            let run = |cancelled: &AtomicBool| {
+                run_cluster_tasks(&handle, input, context, cancelled, expected)
+            };
+            match (&to.location, &staged) {
+                (StoreLocation::Local(path), StagedTarget::Local { path: staging }) => {
+                    write_atomically_at(path, staging, cancelled, |dir| {
+                        std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+                        let out: ReadableWritableListableStorage =
+                            Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+                        writer.write_metadata(&out)?;
+                        run(cancelled)
+                    })?
+                }
+                (StoreLocation::Remote(url), StagedTarget::Remote { .. }) => write_claimed(
+                    &to.location.to_string(),
+                    url,
+                    &to.options.storage,
+                    writer.runtime(),
+                    |out| {
+                        run(cancelled)?;
+                        writer.write_metadata(out)
+                    },
+                )?,
+                _ => return exec_err!("ArrayCopyExec staged its target as {staged}"),
+            }
+            let bytes_written = writer.arrays().map(|a| a.plan.bytes_written()).sum();
             Ok(Written {
                 rows,
-                bytes_read: summary.bytes_read,
-                bytes_written: summary.bytes_written,
+                bytes_read: writer.arrays().map(|a| a.plan.bytes_read()).sum(),
+                bytes_written,
             })
         })
     }

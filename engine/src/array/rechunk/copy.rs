@@ -20,11 +20,12 @@ pub struct StageCounts {
 }
 
 /// Copies `input` into `output` (same shape and data type) task by task
-/// on `workers` threads, telling `read_ahead` (a window over the input's
+/// (the plan's tasks numbered `run`, all of them when `None`) on `workers` threads, telling `read_ahead` (a window over the input's
 /// chunks, task by task) when each task is done; stops at the first error
 /// or when `cancelled` is set. Errors name the region that failed.
 pub fn run_stage<R, W>(
     plan: &StagePlan,
+    run: Option<std::ops::Range<u64>>,
     input: &Array<R>,
     output: &Array<W>,
     workers: usize,
@@ -39,12 +40,14 @@ where
     // Each task decodes and encodes one chunk at a time: its memory is what
     // the plan projected.
     let options = CodecOptions::default().with_concurrent_target(1);
+    let run = run.unwrap_or(0..plan.tasks);
     let written = run_tasks(
-        plan.tasks,
+        run.end.saturating_sub(run.start),
         workers,
         cancelled,
         || (),
-        |_, task| {
+        |_, number| {
+            let task = run.start + number;
             let ranges = regions.block(task);
             let subset = ArraySubset::new_with_ranges(&ranges);
             let bytes = codec_read(|| {
@@ -65,7 +68,7 @@ where
         return Err("cancelled".into());
     }
     Ok(StageCounts {
-        tasks: plan.tasks,
+        tasks: run.end.saturating_sub(run.start),
         bytes_written: written,
     })
 }

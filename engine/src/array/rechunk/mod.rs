@@ -26,11 +26,12 @@
 //! # }
 //! ```
 
+pub mod cluster;
 pub mod copy;
 pub mod plan;
 pub mod table;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -49,6 +50,7 @@ use zarrs::storage::{
     ReadableWritableListableStorageTraits, StoreKey,
 };
 
+pub use cluster::{ArrayTasks, RechunkTasks, RechunkTasksExec, StagedTarget};
 pub use plan::{RechunkPlan, StagePlan};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
@@ -154,7 +156,7 @@ impl RechunkOptions {
 
 /// How the target's arrays are encoded when not as the source's are: the
 /// format version and the compression (`COPY ... STORED AS ZARR` options).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TargetEncoding {
     /// The compression of every target array.
     pub codec: Codec,
@@ -568,6 +570,10 @@ pub struct PreparedRechunk {
     work_dir: StoreLocation,
     runtime: Arc<RuntimeEnv>,
     encoding: Option<TargetEncoding>,
+    /// The chunk lengths asked for and the options planned with (what a
+    /// cluster's worker plans again from).
+    chunks: Vec<(String, u64)>,
+    options: RechunkOptions,
 }
 
 impl std::fmt::Debug for PreparedRechunk {
@@ -611,6 +617,8 @@ impl PreparedRechunk {
             work_dir: options.work_dir.clone().unwrap_or_else(default_work_dir),
             runtime: Arc::new(runtime.clone()),
             encoding,
+            chunks: chunks.to_vec(),
+            options: options.clone(),
         };
         for job in &prepared.jobs {
             prepared.target_metadata(job)?;
@@ -639,6 +647,193 @@ impl PreparedRechunk {
             .map(ArrayRechunk::projected_memory)
             .max()
             .unwrap_or(0)
+    }
+
+    /// The rechunk as its tasks travel to a cluster's workers; `None` when
+    /// an array takes more than one stage (its intermediate arrays are
+    /// written and read in the session's process).
+    pub fn cluster_tasks(&self) -> Result<Option<RechunkTasks>> {
+        let mut arrays = Vec::new();
+        for job in &self.jobs {
+            let [stage] = job.rechunk.plan.stages.as_slice() else {
+                return Ok(None);
+            };
+            let target =
+                metadata_json(&self.target_metadata(job)?).map_err(|e| self.fail(job, e))?;
+            arrays.push(ArrayTasks {
+                name: job.rechunk.name.clone(),
+                region: stage.region.clone(),
+                workers: job.rechunk.plan.workers,
+                target,
+            });
+        }
+        let sorted = |map: &HashMap<String, String>| map.clone().into_iter().collect();
+        Ok(Some(RechunkTasks {
+            source: self.source.clone(),
+            source_storage: sorted(&self.options.source_storage),
+            storage_defaults: sorted(&self.options.storage_defaults),
+            chunks: self.chunks.clone(),
+            encoding: self.encoding,
+            io_concurrency: self.options.io_concurrency,
+            arrays,
+        }))
+    }
+
+    /// The rechunk `tasks` received by a cluster's worker, planned again
+    /// under the worker's `options` (its own `allowed_locations` and
+    /// memory; the source's storage options and the reads ahead as sent):
+    /// each array's one stage copies the regions sent, refused when the
+    /// arrays, their target metadata or the regions no longer match the
+    /// source, or when the tasks cannot fit the worker's `allowed_mem`.
+    pub fn for_cluster_tasks(
+        tasks: &RechunkTasks,
+        mut options: RechunkOptions,
+        runtime: &RuntimeEnv,
+    ) -> Result<Self> {
+        let map = |m: &BTreeMap<String, String>| m.clone().into_iter().collect();
+        options.source_storage = map(&tasks.source_storage);
+        options.storage_defaults = map(&tasks.storage_defaults);
+        options.io_concurrency = tasks.io_concurrency;
+        let names: Vec<String> = tasks.arrays.iter().map(|a| a.name.clone()).collect();
+        let mut prepared = Self::new_for(
+            &tasks.source,
+            &tasks.chunks,
+            Some(&names),
+            tasks.encoding,
+            &options,
+            runtime,
+        )?;
+        let found: Vec<&str> = prepared.arrays().map(|a| a.name.as_str()).collect();
+        if found != names {
+            return plan_err!(
+                "rechunk of store '{}': the plan was made for arrays [{}], the store has [{}]",
+                tasks.source,
+                names.join(", "),
+                found.join(", ")
+            );
+        }
+        let mut memory = 0u64;
+        for (i, sent) in tasks.arrays.iter().enumerate() {
+            let job = &prepared.jobs[i];
+            let target = metadata_json(&prepared.target_metadata(job)?)
+                .map_err(|e| prepared.fail(job, e))?;
+            if target != sent.target {
+                return Err(
+                    prepared.fail(job, "its metadata changed since the plan was made".into())
+                );
+            }
+            let plan = &job.rechunk.plan;
+            let last = &plan.stages[plan.stages.len() - 1];
+            let first = &plan.stages[0];
+            let stage = StagePlan::for_region(
+                &plan.shape,
+                &first.from,
+                &last.to,
+                &sent.region,
+                plan.itemsize,
+            )
+            .map_err(|e| prepared.fail(job, e))?;
+            // At most the threads this worker has (fewer hold less memory).
+            let workers = sent
+                .workers
+                .clamp(1, options.threads.clamp(1, crate::config::MAX_THREADS));
+            let rechunk = ArrayRechunk {
+                plan: RechunkPlan {
+                    shape: plan.shape.clone(),
+                    itemsize: plan.itemsize,
+                    stages: vec![stage],
+                    workers,
+                },
+                ..job.rechunk.clone()
+            };
+            memory = memory.max(rechunk.projected_memory());
+            prepared.jobs[i].rechunk = rechunk;
+        }
+        if memory > options.allowed_mem {
+            return Err(DataFusionError::ResourcesExhausted(format!(
+                "rechunk of store '{}': its tasks need {} at once but this worker's \
+                 allowed_mem is {}",
+                tasks.source,
+                human_readable_size(memory as usize),
+                human_readable_size(options.allowed_mem as usize)
+            )));
+        }
+        Ok(prepared)
+    }
+
+    /// Tasks of every array's one stage, numbered across the arrays in order.
+    pub fn task_count(&self) -> u64 {
+        self.arrays()
+            .map(|a| a.plan.stages.last().map_or(0, |s| s.tasks))
+            .sum()
+    }
+
+    /// Copies the tasks numbered `run` (across the arrays in order, see
+    /// [`task_count`](Self::task_count)) of a rechunk whose arrays take one
+    /// stage each into the store `out`, whose metadata the session wrote
+    /// (a cluster's task): the tasks run and the decoded bytes written.
+    pub fn copy_task_run(
+        &self,
+        out: &ReadableWritableListableStorage,
+        run: std::ops::Range<u64>,
+        cancelled: &AtomicBool,
+    ) -> Result<copy::StageCounts> {
+        let mut first = 0u64;
+        let mut done = copy::StageCounts::default();
+        for job in &self.jobs {
+            let fail = |e: String| self.fail(job, e);
+            let plan = &job.rechunk.plan;
+            let [stage] = plan.stages.as_slice() else {
+                return Err(fail("its rechunk takes more than one stage".into()));
+            };
+            let tasks = first..first + stage.tasks;
+            first = tasks.end;
+            let mine = run.start.max(tasks.start)..run.end.min(tasks.end);
+            if mine.is_empty() {
+                continue;
+            }
+            let mine = mine.start - tasks.start..mine.end - tasks.start;
+            let output = Array::new_with_metadata(
+                Arc::clone(out),
+                &job.entry.path,
+                self.target_metadata(job)?,
+            )
+            .map_err(|e| fail(e.to_string()))?;
+            let read_ahead = match &self.remote {
+                Some(remote) => {
+                    let source = Array::new_with_metadata(
+                        Arc::clone(&self.storage),
+                        &job.entry.path,
+                        job.entry.metadata.clone(),
+                    )
+                    .map_err(|e| fail(e.to_string()))?;
+                    let regions = stage.regions(source.shape());
+                    job.rechunk.read_ahead.start_keys(
+                        Arc::clone(remote),
+                        mine.clone(),
+                        plan.workers,
+                        move |task| chunk_keys(&source, &regions.block(task)),
+                    )
+                }
+                None => None,
+            };
+            let counts = copy::run_stage(
+                stage,
+                Some(mine),
+                &job.source,
+                &output,
+                plan.workers,
+                read_ahead.as_ref(),
+                cancelled,
+            )
+            .map_err(&fail)?;
+            done.tasks += counts.tasks;
+            done.bytes_written += counts.bytes_written;
+        }
+        if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+            return exec_err!("the rechunk of '{}' was cancelled", self.source);
+        }
+        Ok(done)
     }
 
     fn target_metadata(&self, job: &Job) -> Result<ArrayMetadata> {
@@ -901,8 +1096,10 @@ where
     W: zarrs::storage::ReadableWritableStorageTraits + ?Sized + 'static,
 {
     match previous {
-        None => copy::run_stage(stage, source, output, workers, read_ahead, cancelled),
-        Some((input, _)) => copy::run_stage(stage, input, output, workers, read_ahead, cancelled),
+        None => copy::run_stage(stage, None, source, output, workers, read_ahead, cancelled),
+        Some((input, _)) => {
+            copy::run_stage(stage, None, input, output, workers, read_ahead, cancelled)
+        }
     }
 }
 
@@ -924,6 +1121,15 @@ pub async fn rechunk_store_async(
     .map_err(|e| DataFusionError::Execution(format!("the rechunk stopped: {e}")))?;
     guard.1 = true;
     summary
+}
+
+/// An array's metadata as JSON.
+fn metadata_json(metadata: &ArrayMetadata) -> Result<Value, String> {
+    match metadata {
+        ArrayMetadata::V3(m) => serde_json::to_value(m),
+        ArrayMetadata::V2(m) => serde_json::to_value(m),
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// Adds an array's metadata to the consolidated metadata.

@@ -49,6 +49,37 @@ impl StagePlan {
     pub fn regions(&self, shape: &[u64]) -> BlockGrid {
         BlockGrid::covering(shape, &self.region)
     }
+
+    /// The one stage copying an array of `shape` (`itemsize` bytes per
+    /// element) from chunks `from` into chunks `to` by tasks of `region`
+    /// (another process's plan, received on a cluster's worker): refused
+    /// unless `region` is made of whole `to` chunks within the array (so
+    /// that no two tasks write one chunk).
+    pub fn for_region(
+        shape: &[u64],
+        from: &[u64],
+        to: &[u64],
+        region: &[u64],
+        itemsize: u64,
+    ) -> Result<Self, String> {
+        let (from, to) = (clip(from, shape), clip(to, shape));
+        let whole =
+            |(&r, (&t, &n)): (&u64, (&u64, &u64))| r >= 1 && r <= n && (r % t == 0 || r == n);
+        if region.len() != shape.len() || !region.iter().zip(to.iter().zip(shape)).all(whole) {
+            return Err(format!(
+                "a task's region {region:?} is not whole chunks {to:?} of an array of shape {shape:?}"
+            ));
+        }
+        Ok(Self {
+            tasks: BlockGrid::covering(shape, region).num_blocks(),
+            task_memory: task_memory(region, &from, &to, itemsize),
+            bytes_read: reads(shape, region, &from).saturating_mul(itemsize),
+            bytes_written: cells(shape).saturating_mul(itemsize),
+            from,
+            to,
+            region: region.to_vec(),
+        })
+    }
 }
 
 /// How one array is rechunked.
@@ -346,6 +377,25 @@ mod tests {
         assert!(
             tight.bytes_read() + tight.bytes_written() < single.bytes_read + single.bytes_written
         );
+    }
+
+    #[test]
+    fn a_stage_for_a_received_region_is_the_stage_planned() {
+        let shape = [240u64, 200, 50];
+        let (source, target) = ([1u64, 200, 50], [240u64, 20, 10]);
+        for budget in [16 << 20, 1 << 30] {
+            let planned = plan_stage(&shape, &source, &target, 4, budget).unwrap();
+            let received =
+                StagePlan::for_region(&shape, &source, &target, &planned.region, 4).unwrap();
+            assert_eq!(received, planned);
+        }
+        // Regions that are not whole target chunks, or outside the array.
+        for region in [vec![240, 15, 10], vec![240, 20], vec![240, 20, 0], vec![480, 20, 10]] {
+            let err = StagePlan::for_region(&shape, &source, &target, &region, 4).unwrap_err();
+            assert!(err.contains("not whole chunks"), "{region:?}: {err}");
+        }
+        // At the array's edge a region may be the whole axis.
+        assert!(StagePlan::for_region(&shape, &source, &target, &[240, 200, 50], 4).is_ok());
     }
 
     #[test]
