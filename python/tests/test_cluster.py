@@ -89,6 +89,28 @@ def test_group_by_through_two_workers_equals_xarray(fixtures, workers, store):
     np.testing.assert_allclose(got["u"], want["u"], rtol=1e-12)
 
 
+def test_a_copy_of_a_whole_table_is_written_by_the_workers_and_equals_xarray(fixtures, workers, tmp_path):
+    """``COPY t TO ... STORED AS ZARR``: the rechunk's tasks run on the two
+    worker processes (the distributed plan shows them in a stage of two
+    tasks under a network boundary) and write the target's chunks, which
+    the session commits; xarray reads the source back in the chunks asked
+    for, and nothing else is left beside the target."""
+    ctx = zf.SessionContext(workers=workers, config={"zarrfusion.bytes_per_task": 1})
+    ctx.register_zarr("t", fixtures / "v3_basic.zarr")
+    out = tmp_path / "copy.zarr"
+    sql = f"COPY t TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=2,lat=1')"
+    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    assert "RechunkTasksExec" in distributed and "tasks=2" in distributed, distributed
+    assert "Network" in distributed, distributed
+    ctx.sql(sql).collect()
+    got = xr.open_zarr(out, chunks=None).load()
+    want = xr.open_zarr(fixtures / "v3_basic.zarr", chunks=None).load()
+    xr.testing.assert_identical(got, want)
+    assert xr.open_zarr(out).t2m.encoding["chunks"] == (2, 1, 2)
+    assert [p.name for p in tmp_path.iterdir()] == ["copy.zarr"]
+
+
 def test_a_worker_nobody_listens_on_fails_the_query_naming_it(fixtures, workers):
     nobody = "127.0.0.1:1"
     ctx = zf.SessionContext(workers=[workers[0], nobody], config={"zarrfusion.bytes_per_task": 1})
@@ -110,20 +132,40 @@ def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_no
     (SIGKILL) one second in, or stopped (SIGSTOP). The query fails within 60 s (no hang, no
     partial result) with an error naming the killed worker and its stage,
     and so does a COPY of a GROUP BY (its partial aggregates computed on
-    the workers) to Zarr, leaving nothing in the target's directory."""
+    the workers) to Zarr, and a COPY of the whole table (its chunks written
+    by the workers), leaving nothing in the target's directory. Before
+    that, the whole-table COPY to the bucket, its chunks written by the
+    workers, gives xarray the source's values."""
     server = s3_server.start({"v3_basic.zarr": fixtures / "v3_basic.zarr"}, bucket="cluster")
     processes, addresses = _start_workers(2)
     try:
-        for case in ("query", "copy", "stopped"):
+        ctx = zf.SessionContext(workers=addresses, config={"zarrfusion.bytes_per_task": 1})
+        ctx.register_zarr("t", "s3://cluster/v3_basic.zarr", **server.options())
+        through = ", ".join(f"'{k}' '{v}'" for k, v in server.options().items())
+        to_bucket = f"COPY t TO 's3://cluster/whole.zarr' STORED AS ZARR OPTIONS ('chunks' 'time=2,lat=1', {through})"
+        plan = ctx.sql(f"EXPLAIN {to_bucket}").to_pandas()
+        assert "RechunkTasksExec" in plan["plan"].str.cat(), plan
+        ctx.sql(to_bucket).collect()
+        client = server.client()
+        copied = tmp_path / "whole.zarr"
+        for key in server.keys("whole.zarr/"):
+            path = copied / key[len("whole.zarr/") :]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(client.get_object(Bucket=server.bucket, Key=key)["Body"].read())
+        want = xr.open_zarr(fixtures / "v3_basic.zarr", chunks=None).load()
+        xr.testing.assert_identical(xr.open_zarr(copied, chunks=None).load(), want)
+        assert not any(".zarrfusion-write" in key for key in server.keys("whole.zarr/"))
+        for case in ("query", "copy", "whole copy", "stopped"):
             ctx = zf.SessionContext(workers=addresses, config={"zarrfusion.bytes_per_task": 1})
             ctx.register_zarr("t", "s3://cluster/v3_basic.zarr", **server.options())
             server.proxy.configure(latency_ms=1500)
-            out = tmp_path / case
+            out = tmp_path / case.replace(" ", "_")
             out.mkdir()
             sql = {
                 "query": "SELECT lat, avg(t2m) FROM t GROUP BY lat",
                 "stopped": "SELECT lat, avg(t2m) FROM t GROUP BY lat",
                 "copy": f"COPY (SELECT lat, avg(t2m) AS t FROM t GROUP BY lat) TO '{out / 'means.zarr'}' STORED AS ZARR",
+                "whole copy": f"COPY t TO '{out / 'whole.zarr'}' STORED AS ZARR OPTIONS ('chunks' 'time=2,lat=1')",
             }[case]
             outcome: dict = {}
 
@@ -136,6 +178,14 @@ def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_no
             started = time.monotonic()
             thread = threading.Thread(target=run, daemon=True)
             thread.start()
+            if case == "whole copy":
+                # Planning reads the source's metadata through the slow
+                # proxy; the workers get their tasks once the session has
+                # staged the target (its temporary directory beside it).
+                deadline = time.monotonic() + 60
+                while not any(p.name.endswith(".zarrfusion-tmp") for p in out.iterdir()):
+                    assert time.monotonic() < deadline and thread.is_alive(), f"not staged: {outcome}"
+                    time.sleep(0.05)
             time.sleep(1.0)
             assert thread.is_alive(), f"{case}: done before the worker was killed: {outcome}"
             if case == "stopped":

@@ -40,12 +40,12 @@ use datafusion_distributed::DistributedTaskContext;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use zarrs::filesystem::FilesystemStore;
-use zarrs::storage::ReadableWritableListableStorage;
+use zarrs::storage::{ReadableWritableListableStorage, StoreKey};
 
 use super::{PreparedRechunk, TargetEncoding};
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::share_of;
-use crate::write::store::io_error;
+use crate::write::store::{io_error, CLAIM_KEY};
 use crate::write::write_job::{WriteJob, Written};
 use crate::zarr::open_writable_remote;
 
@@ -125,6 +125,29 @@ impl StagedTarget {
                 let options = storage.clone().into_iter().collect();
                 Ok(open_writable_remote(url, &parsed, &options, runtime)?)
             }
+        }
+    }
+}
+
+impl StagedTarget {
+    /// Whether the session still stages the target (opened as `out`): its
+    /// temporary directory exists, or its claim on the prefix does. A
+    /// task checks before it writes, so that a task still running when
+    /// the COPY failed elsewhere (and the session erased what was written)
+    /// writes nothing more.
+    fn still_staged(&self, out: &ReadableWritableListableStorage) -> Result<(), String> {
+        let staged = match self {
+            Self::Local { path } => path.is_dir(),
+            Self::Remote { .. } => {
+                let claim = StoreKey::new(CLAIM_KEY).map_err(|e| e.to_string())?;
+                out.get(&claim).map_err(|e| e.to_string())?.is_some()
+            }
+        };
+        match staged {
+            true => Ok(()),
+            false => Err(format!(
+                "the COPY's target '{self}' is no longer staged (the COPY failed or was cancelled)"
+            )),
         }
     }
 }
@@ -274,7 +297,8 @@ impl ExecutionPlan for RechunkTasksExec {
         let writer = Arc::clone(&prepared);
         job.run(partition, &context, move |cancelled| {
             let out = target.open(writer.runtime())?;
-            let done = writer.copy_task_run(&out, run, cancelled)?;
+            let may_write = || target.still_staged(&out);
+            let done = writer.copy_task_run(&out, run, &may_write, cancelled)?;
             Ok(Written {
                 rows: done.tasks,
                 bytes_read: 0,

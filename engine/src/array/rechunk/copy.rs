@@ -22,7 +22,10 @@ pub struct StageCounts {
 /// Copies `input` into `output` (same shape and data type) task by task
 /// (the plan's tasks numbered `run`, all of them when `None`) on `workers` threads, telling `read_ahead` (a window over the input's
 /// chunks, task by task) when each task is done; stops at the first error
-/// or when `cancelled` is set. Errors name the region that failed.
+/// or when `cancelled` is set. Errors name the region that failed. A task
+/// writes only once `may_write` (when given) says the output still wants
+/// it (a cluster's staged target, gone when the write failed elsewhere).
+#[allow(clippy::too_many_arguments)]
 pub fn run_stage<R, W>(
     plan: &StagePlan,
     run: Option<std::ops::Range<u64>>,
@@ -30,6 +33,7 @@ pub fn run_stage<R, W>(
     output: &Array<W>,
     workers: usize,
     read_ahead: Option<&ReadAhead>,
+    may_write: Option<&(dyn Fn() -> Result<(), String> + Sync)>,
     cancelled: &AtomicBool,
 ) -> Result<StageCounts, String>
 where
@@ -57,6 +61,9 @@ where
             let size = bytes.size() as u64;
             if let Some(read_ahead) = read_ahead {
                 read_ahead.done_with(task);
+            }
+            if let Some(may_write) = may_write {
+                may_write()?;
             }
             output
                 .store_array_subset_opt(&subset, bytes, &options)

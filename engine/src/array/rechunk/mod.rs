@@ -6,7 +6,8 @@
 //! named dimension and its own elsewhere. [`plan`] decides, per array, the
 //! stages and what each task copies, so that every task fits its share of
 //! `allowed_mem` and a plan that cannot is refused before anything is
-//! read; [`copy`] runs the stages. Intermediate arrays live under
+//! read; [`copy`] runs the stages ([`cluster`]: a one-stage rechunk's
+//! tasks on a cluster's workers). Intermediate arrays live under
 //! `work_dir` (uncompressed) and are removed when the rechunk ends,
 //! however it ends. The target is written beside itself and renamed into
 //! place when complete, so a failed or cancelled rechunk leaves nothing.
@@ -771,11 +772,13 @@ impl PreparedRechunk {
     /// Copies the tasks numbered `run` (across the arrays in order, see
     /// [`task_count`](Self::task_count)) of a rechunk whose arrays take one
     /// stage each into the store `out`, whose metadata the session wrote
-    /// (a cluster's task): the tasks run and the decoded bytes written.
+    /// (a cluster's task): the tasks run and the decoded bytes written. Each
+    /// task writes only once `may_write` says the target still wants it.
     pub fn copy_task_run(
         &self,
         out: &ReadableWritableListableStorage,
         run: std::ops::Range<u64>,
+        may_write: &(dyn Fn() -> Result<(), String> + Sync),
         cancelled: &AtomicBool,
     ) -> Result<copy::StageCounts> {
         let mut first = 0u64;
@@ -800,21 +803,7 @@ impl PreparedRechunk {
             )
             .map_err(|e| fail(e.to_string()))?;
             let read_ahead = match &self.remote {
-                Some(remote) => {
-                    let source = Array::new_with_metadata(
-                        Arc::clone(&self.storage),
-                        &job.entry.path,
-                        job.entry.metadata.clone(),
-                    )
-                    .map_err(|e| fail(e.to_string()))?;
-                    let regions = stage.regions(source.shape());
-                    job.rechunk.read_ahead.start_keys(
-                        Arc::clone(remote),
-                        mine.clone(),
-                        plan.workers,
-                        move |task| chunk_keys(&source, &regions.block(task)),
-                    )
-                }
+                Some(remote) => self.source_read_ahead(job, stage, remote, mine.clone())?,
                 None => None,
             };
             let counts = copy::run_stage(
@@ -824,6 +813,7 @@ impl PreparedRechunk {
                 &output,
                 plan.workers,
                 read_ahead.as_ref(),
+                Some(may_write),
                 cancelled,
             )
             .map_err(&fail)?;
@@ -834,6 +824,32 @@ impl PreparedRechunk {
             return exec_err!("the rechunk of '{}' was cancelled", self.source);
         }
         Ok(done)
+    }
+
+    /// Reads of `job`'s source (in an object store) ahead of the tasks
+    /// `tasks` of its first stage `stage`.
+    fn source_read_ahead(
+        &self,
+        job: &Job,
+        stage: &StagePlan,
+        remote: &Arc<RemoteStorage>,
+        tasks: std::ops::Range<u64>,
+    ) -> Result<Option<ReadAhead>> {
+        // The keys are found by the window's own copy of the source (an
+        // array opens from its metadata alone).
+        let source = Array::new_with_metadata(
+            Arc::clone(&self.storage),
+            &job.entry.path,
+            job.entry.metadata.clone(),
+        )
+        .map_err(|e| self.fail(job, e.to_string()))?;
+        let regions = stage.regions(source.shape());
+        Ok(job.rechunk.read_ahead.start_keys(
+            Arc::clone(remote),
+            tasks,
+            job.rechunk.plan.workers,
+            move |task| chunk_keys(&source, &regions.block(task)),
+        ))
     }
 
     fn target_metadata(&self, job: &Job) -> Result<ArrayMetadata> {
@@ -980,21 +996,7 @@ impl PreparedRechunk {
                 let scratch_remote = scratch.as_ref().and_then(ScratchStore::remote);
                 let read_ahead = match (&previous, &self.remote, scratch_remote) {
                     (None, Some(remote), _) => {
-                        // The keys are found by the window's own copy of the
-                        // source (an array opens from its metadata alone).
-                        let source = Array::new_with_metadata(
-                            Arc::clone(&self.storage),
-                            &job.entry.path,
-                            job.entry.metadata.clone(),
-                        )
-                        .map_err(|e| fail(e.to_string()))?;
-                        let regions = stage.regions(source.shape());
-                        job.rechunk.read_ahead.start_keys(
-                            Arc::clone(remote),
-                            0..stage.tasks,
-                            plan.workers,
-                            move |task| chunk_keys(&source, &regions.block(task)),
-                        )
+                        self.source_read_ahead(job, stage, remote, 0..stage.tasks)?
                     }
                     (Some((input, _)), _, Some(remote)) => {
                         let input = Array::new_with_metadata(
@@ -1096,10 +1098,12 @@ where
     W: zarrs::storage::ReadableWritableStorageTraits + ?Sized + 'static,
 {
     match previous {
-        None => copy::run_stage(stage, None, source, output, workers, read_ahead, cancelled),
-        Some((input, _)) => {
-            copy::run_stage(stage, None, input, output, workers, read_ahead, cancelled)
-        }
+        None => copy::run_stage(
+            stage, None, source, output, workers, read_ahead, None, cancelled,
+        ),
+        Some((input, _)) => copy::run_stage(
+            stage, None, input, output, workers, read_ahead, None, cancelled,
+        ),
     }
 }
 

@@ -390,7 +390,12 @@ mod tests {
             assert_eq!(received, planned);
         }
         // Regions that are not whole target chunks, or outside the array.
-        for region in [vec![240, 15, 10], vec![240, 20], vec![240, 20, 0], vec![480, 20, 10]] {
+        for region in [
+            vec![240, 15, 10],
+            vec![240, 20],
+            vec![240, 20, 0],
+            vec![480, 20, 10],
+        ] {
             let err = StagePlan::for_region(&shape, &source, &target, &region, 4).unwrap_err();
             assert!(err.contains("not whole chunks"), "{region:?}: {err}");
         }
