@@ -799,6 +799,50 @@ async fn a_whole_table_copy_writes_its_chunks_on_the_workers() {
     }
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
 
+    // Time chunks to space chunks in 300 KiB: a rechunk in stages, a round of
+    // tasks on the workers per stage, the intermediate arrays in a scratch
+    // store of the session's work_dir (which every worker here sees). The
+    // same bytes as the one-stage COPY on one machine.
+    let deep = |target: &std::path::Path| {
+        format!(
+            "COPY era5 TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=96,lat=1,lon=2')",
+            target.display()
+        )
+    };
+    let alone = dir.join("deep_alone.zarr");
+    query_rows(&local, "a COPY in one stage", &deep(&alone)).await;
+    let ctx = distributed_context(session_config(), limited(300 << 10), workers.urls.clone());
+    (ctx.sql("SET zarrfusion.bytes_per_task = 1").await).unwrap();
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let on_cluster = dir.join("deep.zarr");
+    let plan = physical_plan(&ctx, &deep(&on_cluster)).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("round=0") && shown.contains("round=1") && shown.contains("tasks=2"),
+        "{shown}"
+    );
+    datafusion::physical_plan::collect(plan, ctx.task_ctx())
+        .await
+        .unwrap();
+    let (want, got) = (files_under(&alone), files_under(&on_cluster));
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in &want {
+        assert!(&got[name] == bytes, "{name} differs");
+    }
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    let scratch_prefix = format!("zarrfusion-rechunk-{}-", std::process::id());
+    let scratch_left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&scratch_prefix))
+        .collect();
+    assert!(scratch_left.is_empty(), "{scratch_left:?}");
+
     // Workers that cannot hold a task: refused, nothing left.
     let tight = start_workers_in(2, || limited(512)).await;
     let ctx = cluster_session(&tight).await;
@@ -868,12 +912,29 @@ async fn a_copy_s_rechunk_tasks_round_trip_and_malformed_ones_are_refused() {
     refuses(&|v| v["tasks"] = Value::from(1u64 << 40), "tasks");
     refuses(&|v| v["rechunk"]["arrays"] = Value::Array(vec![]), "arrays");
     refuses(
-        &|v| v["rechunk"]["arrays"][0]["region"] = serde_json::json!([3, 5]),
+        &|v| v["rechunk"]["arrays"][0]["stages"][0]["region"] = serde_json::json!([3, 5]),
         "not whole chunks",
     );
     refuses(
-        &|v| v["rechunk"]["arrays"][0]["region"] = serde_json::json!([3, 5, 7]),
+        &|v| v["rechunk"]["arrays"][0]["stages"][0]["region"] = serde_json::json!([3, 5, 7]),
         "not whole chunks",
+    );
+    refuses(
+        &|v| {
+            let stage = &mut v["rechunk"]["arrays"][0]["stages"][0];
+            let dims = stage["region"].as_array().unwrap().len();
+            stage["to"] = serde_json::json!(vec![1; dims]);
+        },
+        "not the target's",
+    );
+    refuses(
+        &|v| v["rechunk"]["arrays"][0]["stages"] = serde_json::json!([]),
+        "stages sent",
+    );
+    refuses(&|v| v["round"] = Value::from(7), "round 7");
+    refuses(
+        &|v| v["rechunk"]["work"] = Value::from(dir.to_string_lossy().into_owned()),
+        "not a rechunk's scratch store",
     );
     refuses(
         &|v| v["rechunk"]["arrays"][0]["target"]["fill_value"] = Value::from(7),

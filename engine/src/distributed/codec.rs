@@ -19,13 +19,15 @@
 //! frames as the planner does ([`MAX_FRAME`]) and fits the window to its
 //! own `allowed_mem`.
 //!
-//! A [`RechunkTasksExec`] (a `COPY`'s rechunk tasks) travels as the
-//! rechunk's plain data ([`RechunkTasks`]: source, chunk lengths, each
-//! array's task region and target metadata), where it writes and its task
-//! count; the worker plans the rechunk again from the source, refuses it
-//! when the metadata or regions no longer match or its tasks cannot fit
-//! the worker's `allowed_mem`, and writes only into a COPY's temporary
-//! directory or an object-store prefix its `allowed_locations` permit.
+//! A [`RechunkTasksExec`] (a round of a `COPY`'s rechunk tasks) travels as
+//! the rechunk's plain data ([`RechunkTasks`]: source, chunk lengths, each
+//! array's stages (chunks and task regions) and target metadata, the
+//! scratch store), where it writes, its round and its task count; the
+//! worker plans the rechunk again from the source, refuses it when the
+//! metadata or stages no longer match or its tasks cannot fit the worker's
+//! `allowed_mem`, and writes only into a COPY's temporary directory, a
+//! rechunk's scratch store or an object-store prefix its
+//! `allowed_locations` permit.
 //!
 //! A [`DenseReductionExec`] giving a task's partial states travels the
 //! same way, with the columns it reads, its grouped dimensions, its
@@ -87,6 +89,7 @@ fn decode_rechunk(run: RechunkRun, ctx: &TaskContext) -> Result<Arc<dyn Executio
     let RechunkRun {
         rechunk,
         target,
+        round,
         tasks,
     } = run;
     if tasks == 0 || tasks > MAX_TASKS {
@@ -115,10 +118,38 @@ fn decode_rechunk(run: RechunkRun, ctx: &TaskContext) -> Result<Arc<dyn Executio
         StagedTarget::Remote { url, .. } => StoreLocation::parse(url)?,
     };
     options.allowed.check(&location, &target.to_string())?;
+    if let Some(work) = &rechunk.work {
+        let location = StoreLocation::parse(work)?;
+        let name = match &location {
+            StoreLocation::Local(path) => {
+                path.file_name().map(|n| n.to_string_lossy().into_owned())
+            }
+            StoreLocation::Remote(url) => url
+                .path_segments()
+                .and_then(|mut s| s.next_back())
+                .map(str::to_string),
+        };
+        if !name.is_some_and(|n| n.starts_with("zarrfusion-rechunk-")) {
+            return plan_err!(
+                "a rechunk of {} keeps its intermediate arrays in '{work}', not a rechunk's \
+                 scratch store",
+                rechunk.source
+            );
+        }
+        options.allowed.check(&location, work)?;
+    }
     let runtime = ctx.runtime_env();
     let prepared =
         run_blocking(|| PreparedRechunk::for_cluster_tasks(&rechunk, options, &runtime))?;
-    let exec = RechunkTasksExec::new(rechunk, Arc::new(prepared), target).with_tasks(tasks);
+    if round >= prepared.rounds() {
+        return plan_err!(
+            "a rechunk of {} runs round {round} of {}",
+            rechunk.source,
+            prepared.rounds()
+        );
+    }
+    let exec = RechunkTasksExec::new(Arc::new(rechunk), Arc::new(prepared), target, round)
+        .with_tasks(tasks);
     Ok(Arc::new(exec))
 }
 
@@ -146,6 +177,7 @@ enum Node {
 struct RechunkRun {
     rechunk: RechunkTasks,
     target: StagedTarget,
+    round: usize,
     tasks: usize,
 }
 
@@ -790,6 +822,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
             let encoded = Node::RechunkTasks(RechunkRun {
                 rechunk: rechunk.rechunk().clone(),
                 target: rechunk.target().clone(),
+                round: rechunk.round(),
                 tasks: rechunk.tasks(),
             });
             return serde_json::to_writer(buf, &encoded)
@@ -803,7 +836,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
         let Some(scan) = node.downcast_ref::<ZarrScanExec>() else {
             return not_impl_err!(
                 "{} cannot run on a cluster's workers yet (zarrfusion distributes Zarr scans, \
-                 dense reductions, rolling windows and the one-stage rechunk of a COPY)",
+                 dense reductions, rolling windows and the rechunk of a COPY)",
                 node.name()
             );
         };

@@ -1,13 +1,13 @@
 //! `COPY ... STORED AS ZARR` of a whole table on a cluster: a physical
 //! optimizer rule of sessions with workers. [`ClusterCopies`] gives each
-//! [`ArrayCopyExec`] whose rechunk takes one stage per array its tasks as
-//! input ([`ArrayCopyExec::on_cluster`]: a
+//! [`ArrayCopyExec`] its rechunk's rounds of tasks as inputs
+//! ([`ArrayCopyExec::on_cluster`]: per round a
 //! [`RechunkTasksExec`](crate::array::rechunk::RechunkTasksExec) under the
-//! gathering of the tasks' counts). The distributed planner puts the network
-//! boundary at that gathering, the rechunk's stage is split into tasks by
+//! gathering of the tasks' counts). The distributed planner puts a network
+//! boundary at each gathering, each round's stage is split into tasks by
 //! the bytes it writes like a scan's by the bytes it decodes
-//! ([`super::tasks`]), and the workers write the target's chunks while the
-//! session stages and commits the target.
+//! ([`super::tasks`]), and the workers write the intermediate arrays and
+//! the target's chunks while the session stages and commits the target.
 
 use std::sync::Arc;
 

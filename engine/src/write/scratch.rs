@@ -50,9 +50,19 @@ impl ScratchStore {
         extension: &str,
         runtime: &RuntimeEnv,
     ) -> Result<Self> {
-        let failed =
-            |e: crate::error::ZarrFusionError| DataFusionError::Execution(format!("work_dir: {e}"));
-        // What killed processes left in the work directory goes first.
+        Self::create_at(Self::name(work_dir, stem, extension, runtime)?, runtime)
+    }
+
+    /// A fresh location `<work_dir>/<stem>-<unique suffix><extension>` for
+    /// [`create_at`](Self::create_at) (what killed processes left in the
+    /// work directory is swept first). A cluster's rechunk names its
+    /// scratch store while planning, so that its workers find it.
+    pub fn name(
+        work_dir: &StoreLocation,
+        stem: &str,
+        extension: &str,
+        runtime: &RuntimeEnv,
+    ) -> Result<StoreLocation> {
         match work_dir {
             StoreLocation::Local(dir) => {
                 sweep(dir, Leftover::Scratch);
@@ -60,11 +70,16 @@ impl ScratchStore {
             StoreLocation::Remote(url) => {
                 let display = work_dir.to_string();
                 let parent = open_writable_remote(&display, url, &HashMap::new(), runtime)
-                    .map_err(failed)?;
+                    .map_err(work_dir_error)?;
                 sweep_remote(&display, parent.as_ref());
             }
         }
-        let location = work_dir.join(&format!("{stem}-{}{extension}", unique_suffix()));
+        Ok(work_dir.join(&format!("{stem}-{}{extension}", unique_suffix())))
+    }
+
+    /// Creates the scratch store at `location` (from [`name`](Self::name)).
+    pub fn create_at(location: StoreLocation, runtime: &RuntimeEnv) -> Result<Self> {
+        let failed = work_dir_error;
         let display = location.to_string();
         let (storage, remote): (ReadableWritableListableStorage, _) = match &location {
             StoreLocation::Remote(url) => {
@@ -118,6 +133,11 @@ impl ScratchStore {
             let _ = self.storage.erase_prefix(&prefix);
         }
     }
+}
+
+/// An error opening a work directory.
+fn work_dir_error(e: crate::error::ZarrFusionError) -> DataFusionError {
+    DataFusionError::Execution(format!("work_dir: {e}"))
 }
 
 impl Drop for ScratchStore {

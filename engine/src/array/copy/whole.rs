@@ -49,6 +49,7 @@ use crate::plan_methods::{
 };
 use crate::table::GridTable;
 use crate::write::options::ZarrVersion;
+use crate::write::scratch::ScratchStore;
 use crate::write::store::{io_error, temporary_beside, write_atomically_at, write_claimed};
 use crate::write::target::CopyTarget;
 use crate::write::write_job::{count_properties, WriteJob, Written};
@@ -257,18 +258,20 @@ impl UserDefinedLogicalNodeCore for ArrayCopy {
 /// rows (cells) written, as `COPY` does.
 ///
 /// On a cluster ([`on_cluster`](Self::on_cluster)) its rechunk's tasks run
-/// on the workers as its input ([`RechunkTasksExec`] under the gathering of
-/// their counts), writing into the target it stages: it makes the
-/// temporary directory beside a local target (or claims an object-store
-/// prefix), runs its input, checks that every task ran, and commits.
+/// on the workers as its inputs, one per round ([`RechunkTasksExec`] under
+/// the gathering of their counts), writing into the target it stages: it
+/// makes the temporary directory beside a local target (or claims an
+/// object-store prefix) and the scratch store of the intermediate arrays,
+/// runs its inputs one after another, checks that every task of each ran,
+/// and commits.
 #[derive(Debug)]
 pub struct ArrayCopyExec {
     prepared: Arc<PreparedRechunk>,
     to: CopyTarget,
     rows: u64,
     variables: Vec<String>,
-    /// On a cluster: where its tasks write, and their gathered counts.
-    cluster: Option<(StagedTarget, Arc<dyn ExecutionPlan>)>,
+    /// On a cluster: where its tasks write, and their rounds.
+    cluster: Option<ClusterCopy>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -287,18 +290,26 @@ impl ArrayCopyExec {
         }
     }
 
-    /// This copy with its rechunk's tasks as its input, to run on a
-    /// cluster's workers; `None` when they already are, or when an array
-    /// takes more than one stage (its intermediate arrays are written and
-    /// read in the session's process). A local target's temporary
-    /// directory is named now, for the workers to write into.
+    /// This copy with its rechunk's rounds of tasks as its inputs, to run
+    /// on a cluster's workers; `None` when they already are. A local
+    /// target's temporary directory and the scratch store of the
+    /// intermediate arrays (in `work_dir`, which every worker must reach)
+    /// are named now, for the workers to write into.
     pub fn on_cluster(&self) -> Result<Option<Self>> {
         if self.cluster.is_some() {
             return Ok(None);
         }
-        let Some(rechunk) = self.prepared.cluster_tasks()? else {
-            return Ok(None);
+        let prepared = &self.prepared;
+        let work = match prepared.has_intermediates() {
+            true => Some(ScratchStore::name(
+                prepared.work_dir(),
+                "zarrfusion-rechunk",
+                "",
+                prepared.runtime(),
+            )?),
+            false => None,
         };
+        let rechunk = Arc::new(prepared.cluster_tasks(work.as_ref())?);
         let staged = match &self.to.location {
             StoreLocation::Local(path) => StagedTarget::Local {
                 path: temporary_beside(path)?,
@@ -308,12 +319,25 @@ impl ArrayCopyExec {
                 storage: self.to.options.storage.clone().into_iter().collect(),
             },
         };
-        let tasks = RechunkTasksExec::new(rechunk, Arc::clone(&self.prepared), staged.clone());
-        let input = Arc::new(CoalescePartitionsExec::new(Arc::new(tasks)));
-        Ok(Some(self.with_cluster(Some((staged, input)))))
+        let rounds = (0..prepared.rounds())
+            .map(|round| {
+                let tasks = RechunkTasksExec::new(
+                    Arc::clone(&rechunk),
+                    Arc::clone(prepared),
+                    staged.clone(),
+                    round,
+                );
+                Arc::new(CoalescePartitionsExec::new(Arc::new(tasks))) as Arc<dyn ExecutionPlan>
+            })
+            .collect();
+        Ok(Some(self.with_cluster(Some(ClusterCopy {
+            staged,
+            work,
+            rounds,
+        }))))
     }
 
-    fn with_cluster(&self, cluster: Option<(StagedTarget, Arc<dyn ExecutionPlan>)>) -> Self {
+    fn with_cluster(&self, cluster: Option<ClusterCopy>) -> Self {
         Self {
             prepared: Arc::clone(&self.prepared),
             to: self.to.clone(),
@@ -326,8 +350,56 @@ impl ArrayCopyExec {
     }
 }
 
-/// Runs `input` (a cluster's rechunk tasks under the gathering of their
-/// counts) to its end from a blocking thread, stopping when `cancelled` is
+/// A whole-table COPY on a cluster: where its tasks write, and their
+/// rounds.
+#[derive(Debug, Clone)]
+struct ClusterCopy {
+    /// The target, staged by the session.
+    staged: StagedTarget,
+    /// The scratch store of the intermediate arrays, when an array takes
+    /// more than one stage.
+    work: Option<StoreLocation>,
+    /// Each round's tasks (every array's stage of that number) under the
+    /// gathering of their counts, in order.
+    rounds: Vec<Arc<dyn ExecutionPlan>>,
+}
+
+impl ClusterCopy {
+    /// Makes the scratch store, runs the rounds one after another (each
+    /// must have run all its tasks), erasing each intermediate array once
+    /// the next round has read it; the scratch store is erased when this
+    /// ends, however it ends.
+    fn run(
+        &self,
+        prepared: &PreparedRechunk,
+        handle: &tokio::runtime::Handle,
+        context: &Arc<TaskContext>,
+        cancelled: &AtomicBool,
+    ) -> Result<()> {
+        let work = (self.work.clone())
+            .map(|w| ScratchStore::create_at(w, prepared.runtime()))
+            .transpose()?;
+        for (round, input) in self.rounds.iter().enumerate() {
+            let expected = prepared.round_tasks(round);
+            run_cluster_tasks(
+                handle,
+                Arc::clone(input),
+                Arc::clone(context),
+                cancelled,
+                expected,
+            )?;
+            if let Some(work) = &work {
+                for read in prepared.read_by_round(round) {
+                    work.erase(&read);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `input` (a round of a cluster's rechunk tasks under the gathering
+/// of their counts) to its end from a blocking thread, stopping when `cancelled` is
 /// set; an error unless the tasks it ran add up to `expected`.
 fn run_cluster_tasks(
     handle: &tokio::runtime::Handle,
@@ -390,7 +462,7 @@ impl ExecutionPlan for ArrayCopyExec {
     named_plan_methods!("ArrayCopyExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        self.cluster.iter().map(|(_, input)| input).collect()
+        self.cluster.iter().flat_map(|c| &c.rounds).collect()
     }
 
     fn apply_expressions(
@@ -402,18 +474,21 @@ impl ExecutionPlan for ArrayCopyExec {
 
     fn with_new_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match (&self.cluster, children.pop()) {
-            (None, None) => Ok(self),
-            (Some((staged, _)), Some(input)) if children.is_empty() => {
-                Ok(Arc::new(self.with_cluster(Some((staged.clone(), input)))))
-            }
-            _ => exec_err!(
+        if children.len() != self.children().len() {
+            return exec_err!(
                 "ArrayCopyExec has {} children, got {}",
                 self.children().len(),
-                children.len() + 1
-            ),
+                children.len()
+            );
+        }
+        match &self.cluster {
+            None => Ok(self),
+            Some(cluster) => Ok(Arc::new(self.with_cluster(Some(ClusterCopy {
+                rounds: children,
+                ..cluster.clone()
+            })))),
         }
     }
 
@@ -446,7 +521,7 @@ impl ExecutionPlan for ArrayCopyExec {
         let task_context = Arc::clone(&context);
         job.run(partition, &context, move |cancelled| {
             let context = task_context;
-            let Some((staged, input)) = cluster else {
+            let Some(cluster) = cluster else {
                 let summary = writer.write_to(&to, cancelled)?;
                 return Ok(Written {
                     rows,
@@ -454,11 +529,8 @@ impl ExecutionPlan for ArrayCopyExec {
                     bytes_written: summary.bytes_written,
                 });
             };
-            let expected = writer.task_count();
-            let run = |cancelled: &AtomicBool| {
-                run_cluster_tasks(&handle, input, context, cancelled, expected)
-            };
-            match (&to.location, &staged) {
+            let run = |cancelled: &AtomicBool| cluster.run(&writer, &handle, &context, cancelled);
+            match (&to.location, &cluster.staged) {
                 (StoreLocation::Local(path), StagedTarget::Local { path: staging }) => {
                     write_atomically_at(path, staging, cancelled, |dir| {
                         std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
@@ -478,7 +550,7 @@ impl ExecutionPlan for ArrayCopyExec {
                         writer.write_metadata(out)
                     },
                 )?,
-                _ => return exec_err!("ArrayCopyExec staged its target as {staged}"),
+                (_, staged) => return exec_err!("ArrayCopyExec staged its target as {staged}"),
             }
             let bytes_written = writer.arrays().map(|a| a.plan.bytes_written()).sum();
             Ok(Written {

@@ -1,14 +1,17 @@
-//! The rechunk primitive on a cluster's workers. A rechunk whose arrays
-//! each take one stage (a `COPY` of a whole table, see
-//! [`crate::array::copy::whole`]) runs its tasks on the workers, which
-//! write whole target chunks straight into the store being written; the
-//! session's process stages that store and commits it once every task is
-//! done (metadata last), so the output stays atomic.
+//! The rechunk primitive on a cluster's workers. A rechunk (a `COPY` of a
+//! whole table, see [`crate::array::copy::whole`]) runs its tasks on the
+//! workers in rounds, round `r` every array's stage `r`: the workers write
+//! intermediate arrays into a scratch store every worker reaches (named
+//! by the session in `work_dir`) and whole target chunks straight into the
+//! store being written; the session's process stages that store, runs the
+//! rounds one after another and commits the store once every task is done
+//! (metadata last), so the output stays atomic.
 //!
 //! - [`RechunkTasks`]: the rechunk as it travels, plain data: the source's
 //!   location and object-store options, the chunk lengths asked for, the
-//!   target encoding, and per array the region a task copies, its threads
-//!   and the target metadata the session writes. A worker plans the
+//!   target encoding, the scratch store, and per array each stage's chunks
+//!   and the region a task copies, its threads and the target metadata the
+//!   session writes. A worker plans the
 //!   rechunk again from the source ([`PreparedRechunk::for_cluster_tasks`]:
 //!   its own `allowed_locations` and `allowed_mem`), so that what it
 //!   writes matches that metadata or is refused.
@@ -17,10 +20,10 @@
 //!   object-store prefix (the session stores the metadata last, or erases
 //!   everything when a task fails).
 //! - [`RechunkTasksExec`]: the leaf a distributed task runs: its contiguous
-//!   run of the tasks (numbered across the arrays), yielding how many it
-//!   ran; the session checks they add up to all of them.
+//!   run of a round's tasks (numbered across the arrays), yielding how many
+//!   it ran; the session checks they add up to all of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -47,7 +50,7 @@ use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::share_of;
 use crate::write::store::{io_error, CLAIM_KEY};
 use crate::write::write_job::{WriteJob, Written};
-use crate::zarr::open_writable_remote;
+use crate::zarr::{open_writable_remote, RemoteStorage, StoreLocation};
 
 /// A rechunk's tasks as they travel to a cluster's workers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,6 +68,9 @@ pub struct RechunkTasks {
     /// Chunk reads kept in flight ahead of the tasks (a source in an
     /// object store).
     pub io_concurrency: usize,
+    /// The scratch store of the intermediate arrays (a path or a URL),
+    /// made by the session; `None` when every array takes one stage.
+    pub work: Option<String>,
     /// The arrays, in the order their tasks are numbered.
     pub arrays: Vec<ArrayTasks>,
 }
@@ -74,12 +80,59 @@ pub struct RechunkTasks {
 pub struct ArrayTasks {
     /// The array's name in the store.
     pub name: String,
-    /// The region one task copies: whole target chunks.
-    pub region: Vec<u64>,
+    /// Its stages, in order: the last writes the target.
+    pub stages: Vec<StageTasks>,
     /// Tasks run at once by one distributed task.
     pub workers: usize,
     /// The target array's metadata (JSON), as the session writes it.
     pub target: Value,
+}
+
+/// One stage of an array's rechunk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageTasks {
+    /// The chunks it writes.
+    pub to: Vec<u64>,
+    /// The region one task copies: whole chunks of `to`.
+    pub region: Vec<u64>,
+}
+
+/// The scratch store of a rechunk's intermediate arrays, as a worker
+/// opens it.
+pub struct WorkStore {
+    /// The store.
+    pub storage: ReadableWritableListableStorage,
+    /// Its object store, when it is in one (for reading ahead).
+    pub remote: Option<Arc<RemoteStorage>>,
+}
+
+impl WorkStore {
+    /// The scratch store at `location`, which the session made: a local
+    /// one must exist (it is gone only when the rechunk failed or ended).
+    fn open(location: &str, runtime: &RuntimeEnv) -> Result<Self> {
+        match StoreLocation::parse(location)? {
+            StoreLocation::Local(path) => {
+                if !path.is_dir() {
+                    return exec_err!(
+                        "the rechunk's scratch store '{}' is gone (the COPY failed or was \
+                         cancelled)",
+                        path.display()
+                    );
+                }
+                Ok(Self {
+                    storage: Arc::new(FilesystemStore::new(&path).map_err(|e| io_error(&path, e))?),
+                    remote: None,
+                })
+            }
+            StoreLocation::Remote(url) => {
+                let remote = open_writable_remote(location, &url, &HashMap::new(), runtime)?;
+                Ok(Self {
+                    storage: Arc::clone(&remote) as _,
+                    remote: Some(remote),
+                })
+            }
+        }
+    }
 }
 
 /// Where a cluster's tasks write a target's chunks.
@@ -161,14 +214,17 @@ impl fmt::Display for StagedTarget {
     }
 }
 
-/// A run of a rechunk's tasks, writing whole target chunks into a staged
-/// target: the leaf of a cluster's rechunk stage. Its one partition yields
-/// one row, `tasks`: how many of the rechunk's tasks it ran.
+/// A run of a round of a rechunk's tasks, writing intermediate arrays
+/// into the scratch store and whole target chunks into a staged target:
+/// the leaf of a cluster's rechunk stage. Its one partition yields one
+/// row, `tasks`: how many of the round's tasks it ran.
 #[derive(Debug)]
 pub struct RechunkTasksExec {
     rechunk: Arc<RechunkTasks>,
     prepared: Arc<PreparedRechunk>,
     target: StagedTarget,
+    /// The round: every array's stage of this number.
+    round: usize,
     /// The distributed tasks the rechunk's tasks are dealt to.
     tasks: usize,
     properties: Arc<PlanProperties>,
@@ -176,12 +232,13 @@ pub struct RechunkTasksExec {
 }
 
 impl RechunkTasksExec {
-    /// The tasks of `prepared` (a one-stage rechunk, as `rechunk` sends
-    /// it) writing into `target`, in one distributed task.
+    /// The tasks of round `round` of `prepared` (as `rechunk` sends it)
+    /// writing into `target`, in one distributed task.
     pub fn new(
-        rechunk: RechunkTasks,
+        rechunk: Arc<RechunkTasks>,
         prepared: Arc<PreparedRechunk>,
         target: StagedTarget,
+        round: usize,
     ) -> Self {
         let schema = Arc::new(Schema::new(vec![Field::new(
             "tasks",
@@ -189,9 +246,10 @@ impl RechunkTasksExec {
             false,
         )]));
         Self {
-            rechunk: Arc::new(rechunk),
+            rechunk,
             prepared,
             target,
+            round,
             tasks: 1,
             properties: Arc::new(PlanProperties::new(
                 EquivalenceProperties::new(schema),
@@ -209,6 +267,7 @@ impl RechunkTasksExec {
             rechunk: Arc::clone(&self.rechunk),
             prepared: Arc::clone(&self.prepared),
             target: self.target.clone(),
+            round: self.round,
             tasks: tasks.max(1),
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -230,16 +289,19 @@ impl RechunkTasksExec {
         &self.target
     }
 
-    /// The rechunk's tasks, numbered across the arrays.
-    pub fn rechunk_tasks(&self) -> u64 {
-        self.prepared.task_count()
+    /// The round it runs.
+    pub fn round(&self) -> usize {
+        self.round
     }
 
-    /// Decoded bytes the rechunk writes.
+    /// The round's tasks, numbered across the arrays.
+    pub fn rechunk_tasks(&self) -> u64 {
+        self.prepared.round_tasks(self.round)
+    }
+
+    /// Decoded bytes the round writes.
     pub fn bytes_written(&self) -> u64 {
-        (self.prepared.arrays())
-            .map(|a| a.plan.bytes_written())
-            .sum()
+        self.prepared.round_bytes_written(self.round)
     }
 
     /// The rechunk's tasks distributed task `task` (of [`tasks`](Self::tasks)) runs.
@@ -266,9 +328,10 @@ impl DisplayAs for RechunkTasksExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "RechunkTasksExec: store={}, staged={}, projected_memory={}, rechunk_tasks={}, tasks={}",
+            "RechunkTasksExec: store={}, staged={}, round={}, projected_memory={}, rechunk_tasks={}, tasks={}",
             self.prepared.source(),
             self.target,
+            self.round,
             human_readable_size(self.prepared.projected_memory() as usize),
             self.rechunk_tasks(),
             self.tasks
@@ -287,6 +350,7 @@ impl ExecutionPlan for RechunkTasksExec {
         let run = self.run_of(&context)?;
         let prepared = Arc::clone(&self.prepared);
         let target = self.target.clone();
+        let (round, work) = (self.round, self.rechunk.work.clone());
         let job = WriteJob {
             operator: "RechunkTasksExec",
             store: prepared.source(),
@@ -297,8 +361,12 @@ impl ExecutionPlan for RechunkTasksExec {
         let writer = Arc::clone(&prepared);
         job.run(partition, &context, move |cancelled| {
             let out = target.open(writer.runtime())?;
+            let work = (work.as_deref())
+                .map(|w| WorkStore::open(w, writer.runtime()))
+                .transpose()?;
             let may_write = || target.still_staged(&out);
-            let done = writer.copy_task_run(&out, run, &may_write, cancelled)?;
+            let done =
+                writer.copy_task_run(&out, work.as_ref(), (round, run), &may_write, cancelled)?;
             Ok(Written {
                 rows: done.tasks,
                 bytes_read: 0,

@@ -6,7 +6,7 @@
 //! named dimension and its own elsewhere. [`plan`] decides, per array, the
 //! stages and what each task copies, so that every task fits its share of
 //! `allowed_mem` and a plan that cannot is refused before anything is
-//! read; [`copy`] runs the stages ([`cluster`]: a one-stage rechunk's
+//! read; [`copy`] runs the stages ([`cluster`]: a rechunk's
 //! tasks on a cluster's workers). Intermediate arrays live under
 //! `work_dir` (uncompressed) and are removed when the rechunk ends,
 //! however it ends. The target is written beside itself and renamed into
@@ -51,7 +51,9 @@ use zarrs::storage::{
     ReadableWritableListableStorageTraits, StoreKey,
 };
 
-pub use cluster::{ArrayTasks, RechunkTasks, RechunkTasksExec, StagedTarget};
+pub use cluster::{
+    ArrayTasks, RechunkTasks, RechunkTasksExec, StageTasks, StagedTarget, WorkStore,
+};
 pub use plan::{RechunkPlan, StagePlan};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
@@ -627,6 +629,11 @@ impl PreparedRechunk {
         Ok(prepared)
     }
 
+    /// Where intermediate arrays go (a scratch store inside it).
+    pub fn work_dir(&self) -> &StoreLocation {
+        &self.work_dir
+    }
+
     /// The runtime the rechunk opens stores with.
     pub fn runtime(&self) -> &RuntimeEnv {
         &self.runtime
@@ -650,42 +657,61 @@ impl PreparedRechunk {
             .unwrap_or(0)
     }
 
-    /// The rechunk as its tasks travel to a cluster's workers; `None` when
-    /// an array takes more than one stage (its intermediate arrays are
-    /// written and read in the session's process).
-    pub fn cluster_tasks(&self) -> Result<Option<RechunkTasks>> {
+    /// The rechunk as its tasks travel to a cluster's workers, its
+    /// intermediate arrays (when an array takes more than one stage) in
+    /// the scratch store at `work` (a location every worker reaches).
+    pub fn cluster_tasks(&self, work: Option<&StoreLocation>) -> Result<RechunkTasks> {
         let mut arrays = Vec::new();
         for job in &self.jobs {
-            let [stage] = job.rechunk.plan.stages.as_slice() else {
-                return Ok(None);
-            };
             let target =
                 metadata_json(&self.target_metadata(job)?).map_err(|e| self.fail(job, e))?;
+            let stages = (job.rechunk.plan.stages.iter())
+                .map(|s| StageTasks {
+                    to: s.to.clone(),
+                    region: s.region.clone(),
+                })
+                .collect();
             arrays.push(ArrayTasks {
                 name: job.rechunk.name.clone(),
-                region: stage.region.clone(),
+                stages,
                 workers: job.rechunk.plan.workers,
                 target,
             });
         }
         let sorted = |map: &HashMap<String, String>| map.clone().into_iter().collect();
-        Ok(Some(RechunkTasks {
+        Ok(RechunkTasks {
             source: self.source.clone(),
             source_storage: sorted(&self.options.source_storage),
             storage_defaults: sorted(&self.options.storage_defaults),
             chunks: self.chunks.clone(),
             encoding: self.encoding,
             io_concurrency: self.options.io_concurrency,
+            work: work.map(StoreLocation::to_string),
             arrays,
-        }))
+        })
+    }
+
+    /// The rounds a cluster runs: one per stage of the array with the most.
+    pub fn rounds(&self) -> usize {
+        (self.arrays())
+            .map(|a| a.plan.stages.len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether an array takes more than one stage (its intermediate arrays
+    /// go to a scratch store).
+    pub fn has_intermediates(&self) -> bool {
+        self.rounds() > 1
     }
 
     /// The rechunk `tasks` received by a cluster's worker, planned again
     /// under the worker's `options` (its own `allowed_locations` and
     /// memory; the source's storage options and the reads ahead as sent):
-    /// each array's one stage copies the regions sent, refused when the
-    /// arrays, their target metadata or the regions no longer match the
-    /// source, or when the tasks cannot fit the worker's `allowed_mem`.
+    /// each array's stages write the chunks and copy the regions sent,
+    /// refused when the arrays, their target metadata or the stages no
+    /// longer match the source, or when the tasks cannot fit the worker's
+    /// `allowed_mem`.
     pub fn for_cluster_tasks(
         tasks: &RechunkTasks,
         mut options: RechunkOptions,
@@ -716,34 +742,42 @@ impl PreparedRechunk {
         let mut memory = 0u64;
         for (i, sent) in tasks.arrays.iter().enumerate() {
             let job = &prepared.jobs[i];
-            let target = metadata_json(&prepared.target_metadata(job)?)
-                .map_err(|e| prepared.fail(job, e))?;
+            let fail = |e: String| prepared.fail(job, e);
+            let target = metadata_json(&prepared.target_metadata(job)?).map_err(fail)?;
             if target != sent.target {
-                return Err(
-                    prepared.fail(job, "its metadata changed since the plan was made".into())
-                );
+                return Err(fail("its metadata changed since the plan was made".into()));
             }
             let plan = &job.rechunk.plan;
-            let last = &plan.stages[plan.stages.len() - 1];
-            let first = &plan.stages[0];
-            let stage = StagePlan::for_region(
-                &plan.shape,
-                &first.from,
-                &last.to,
-                &sent.region,
-                plan.itemsize,
-            )
-            .map_err(|e| prepared.fail(job, e))?;
+            let (source, target) = (&plan.stages[0].from, &plan.stages[plan.stages.len() - 1].to);
+            if sent.stages.is_empty() || sent.stages.len() > plan::MAX_STAGES {
+                return Err(fail(format!(
+                    "{} stages sent (1 to {})",
+                    sent.stages.len(),
+                    plan::MAX_STAGES
+                )));
+            }
+            let mut stages: Vec<StagePlan> = Vec::new();
+            for s in &sent.stages {
+                let from = stages.last().map_or(source, |before| &before.to);
+                let stage =
+                    StagePlan::for_region(&plan.shape, from, &s.to, &s.region, plan.itemsize)
+                        .map_err(fail)?;
+                stages.push(stage);
+            }
+            if stages.last().map(|s| &s.to) != Some(target) {
+                return Err(fail(format!(
+                    "its stages end in chunks {:?}, not the target's {target:?}",
+                    sent.stages.last().map(|s| &s.to)
+                )));
+            }
             // At most the threads this worker has (fewer hold less memory).
-            let workers = sent
-                .workers
-                .clamp(1, options.threads.clamp(1, crate::config::MAX_THREADS));
+            let threads = options.threads.clamp(1, crate::config::MAX_THREADS);
             let rechunk = ArrayRechunk {
                 plan: RechunkPlan {
                     shape: plan.shape.clone(),
                     itemsize: plan.itemsize,
-                    stages: vec![stage],
-                    workers,
+                    stages,
+                    workers: sent.workers.clamp(1, threads),
                 },
                 ..job.rechunk.clone()
             };
@@ -762,32 +796,62 @@ impl PreparedRechunk {
         Ok(prepared)
     }
 
-    /// Tasks of every array's one stage, numbered across the arrays in order.
-    pub fn task_count(&self) -> u64 {
-        self.arrays()
-            .map(|a| a.plan.stages.last().map_or(0, |s| s.tasks))
+    /// The tasks of round `round` (every array's stage `round`, for the
+    /// arrays that have one), numbered across the arrays in order.
+    pub fn round_tasks(&self, round: usize) -> u64 {
+        (self.arrays())
+            .filter_map(|a| a.plan.stages.get(round))
+            .map(|s| s.tasks)
             .sum()
     }
 
-    /// Copies the tasks numbered `run` (across the arrays in order, see
-    /// [`task_count`](Self::task_count)) of a rechunk whose arrays take one
-    /// stage each into the store `out`, whose metadata the session wrote
-    /// (a cluster's task): the tasks run and the decoded bytes written. Each
-    /// task writes only once `may_write` says the target still wants it.
+    /// Decoded bytes round `round` writes.
+    pub fn round_bytes_written(&self, round: usize) -> u64 {
+        (self.arrays())
+            .filter_map(|a| a.plan.stages.get(round))
+            .map(|s| s.bytes_written)
+            .sum()
+    }
+
+    /// Where array number `array` (of this rechunk's) keeps the output of
+    /// its stage `stage` in the scratch store.
+    fn intermediate_path(array: usize, stage: usize) -> String {
+        format!("/{array}/stage{stage}")
+    }
+
+    /// The scratch paths round `round` has read and no later round reads:
+    /// each array's intermediate array of the stage before.
+    pub fn read_by_round(&self, round: usize) -> Vec<String> {
+        match round {
+            0 => Vec::new(),
+            _ => (self.arrays().enumerate())
+                .filter(|(_, a)| a.plan.stages.len() > round)
+                .map(|(i, _)| Self::intermediate_path(i, round - 1))
+                .collect(),
+        }
+    }
+
+    /// Copies the tasks numbered `run` (across the arrays, see
+    /// [`round_tasks`](Self::round_tasks)) of round `round` into the store
+    /// `out`, whose metadata the session wrote, and the intermediate
+    /// arrays in `work` (a cluster's task): the tasks run and the decoded
+    /// bytes written. Each task writes only once `may_write` says the
+    /// target still wants it.
     pub fn copy_task_run(
         &self,
         out: &ReadableWritableListableStorage,
-        run: std::ops::Range<u64>,
+        work: Option<&WorkStore>,
+        (round, run): (usize, std::ops::Range<u64>),
         may_write: &(dyn Fn() -> Result<(), String> + Sync),
         cancelled: &AtomicBool,
     ) -> Result<copy::StageCounts> {
         let mut first = 0u64;
         let mut done = copy::StageCounts::default();
-        for job in &self.jobs {
+        for (index, job) in self.jobs.iter().enumerate() {
             let fail = |e: String| self.fail(job, e);
             let plan = &job.rechunk.plan;
-            let [stage] = plan.stages.as_slice() else {
-                return Err(fail("its rechunk takes more than one stage".into()));
+            let Some(stage) = plan.stages.get(round) else {
+                continue;
             };
             let tasks = first..first + stage.tasks;
             first = tasks.end;
@@ -796,26 +860,66 @@ impl PreparedRechunk {
                 continue;
             }
             let mine = mine.start - tasks.start..mine.end - tasks.start;
-            let output = Array::new_with_metadata(
-                Arc::clone(out),
-                &job.entry.path,
-                self.target_metadata(job)?,
-            )
-            .map_err(|e| fail(e.to_string()))?;
-            let read_ahead = match &self.remote {
-                Some(remote) => self.source_read_ahead(job, stage, remote, mine.clone())?,
-                None => None,
+            let work_for = |stage: usize| {
+                let work = work.ok_or_else(|| {
+                    fail("its rechunk has intermediate stages but no work store".into())
+                })?;
+                let plain = job.source.data_type().fixed_size().is_some();
+                let md = with_chunks(&job.entry.metadata, &plan.stages[stage].to, plain)
+                    .map_err(fail)?;
+                let path = Self::intermediate_path(index, stage);
+                Array::new_with_metadata(Arc::clone(&work.storage), &path, md)
+                    .map_err(|e| fail(e.to_string()))
             };
-            let counts = copy::run_stage(
-                stage,
-                Some(mine),
-                &job.source,
-                &output,
-                plan.workers,
-                read_ahead.as_ref(),
-                Some(may_write),
-                cancelled,
-            )
+            let output = match round + 1 == plan.stages.len() {
+                true => Array::new_with_metadata(
+                    Arc::clone(out),
+                    &job.entry.path,
+                    self.target_metadata(job)?,
+                )
+                .map_err(|e| fail(e.to_string()))?,
+                false => work_for(round)?,
+            };
+            let counts = match round {
+                0 => {
+                    let read_ahead = match &self.remote {
+                        Some(remote) => self.source_read_ahead(job, stage, remote, mine.clone())?,
+                        None => None,
+                    };
+                    let ahead = read_ahead.as_ref();
+                    let source = &job.source;
+                    copy::run_stage(
+                        stage,
+                        Some(mine),
+                        source,
+                        &output,
+                        plan.workers,
+                        ahead,
+                        Some(may_write),
+                        cancelled,
+                    )
+                }
+                _ => {
+                    let input = work_for(round - 1)?;
+                    let read_ahead = match work.and_then(|w| w.remote.as_ref()) {
+                        Some(remote) => {
+                            self.intermediate_read_ahead(job, stage, &input, remote, mine.clone())?
+                        }
+                        None => None,
+                    };
+                    let ahead = read_ahead.as_ref();
+                    copy::run_stage(
+                        stage,
+                        Some(mine),
+                        &input,
+                        &output,
+                        plan.workers,
+                        ahead,
+                        Some(may_write),
+                        cancelled,
+                    )
+                }
+            }
             .map_err(&fail)?;
             done.tasks += counts.tasks;
             done.bytes_written += counts.bytes_written;
@@ -826,6 +930,36 @@ impl PreparedRechunk {
         Ok(done)
     }
 
+    /// Reads of an intermediate array `input` (in an object-store
+    /// `work_dir`) ahead of the tasks `tasks` of `job`'s stage `stage`.
+    fn intermediate_read_ahead<S: ?Sized>(
+        &self,
+        job: &Job,
+        stage: &StagePlan,
+        input: &Array<S>,
+        remote: &Arc<RemoteStorage>,
+        tasks: std::ops::Range<u64>,
+    ) -> Result<Option<ReadAhead>> {
+        let input = Array::new_with_metadata(
+            Arc::clone(remote) as Arc<dyn ReadableListableStorageTraits>,
+            input.path().as_str(),
+            input.metadata().clone(),
+        )
+        .map_err(|e| self.fail(job, e.to_string()))?;
+        let cells: u64 = stage.from.iter().product();
+        let chunk_bytes = cells.saturating_mul(job.rechunk.plan.itemsize);
+        let regions = stage.regions(input.shape());
+        Ok(job
+            .rechunk
+            .read_ahead
+            .for_chunk_bytes(usize::try_from(chunk_bytes).unwrap_or(usize::MAX))
+            .start_keys(
+                Arc::clone(remote),
+                tasks,
+                job.rechunk.plan.workers,
+                move |task| chunk_keys(&input, &regions.block(task)),
+            ))
+    }
     /// Reads of `job`'s source (in an object store) ahead of the tasks
     /// `tasks` of its first stage `stage`.
     fn source_read_ahead(
@@ -999,24 +1133,7 @@ impl PreparedRechunk {
                         self.source_read_ahead(job, stage, remote, 0..stage.tasks)?
                     }
                     (Some((input, _)), _, Some(remote)) => {
-                        let input = Array::new_with_metadata(
-                            Arc::clone(remote) as Arc<dyn ReadableListableStorageTraits>,
-                            input.path().as_str(),
-                            input.metadata().clone(),
-                        )
-                        .map_err(|e| fail(e.to_string()))?;
-                        let cells: u64 = stage.from.iter().product();
-                        let chunk_bytes = cells.saturating_mul(job.rechunk.plan.itemsize);
-                        let regions = stage.regions(input.shape());
-                        job.rechunk
-                            .read_ahead
-                            .for_chunk_bytes(usize::try_from(chunk_bytes).unwrap_or(usize::MAX))
-                            .start_keys(
-                                Arc::clone(remote),
-                                0..stage.tasks,
-                                plan.workers,
-                                move |task| chunk_keys(&input, &regions.block(task)),
-                            )
+                        self.intermediate_read_ahead(job, stage, input, remote, 0..stage.tasks)?
                     }
                     _ => None,
                 };

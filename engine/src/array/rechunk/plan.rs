@@ -21,7 +21,7 @@ use crate::config::MAX_THREADS;
 use crate::table::BlockGrid;
 
 /// Most stages tried.
-const MAX_STAGES: usize = 4;
+pub(crate) const MAX_STAGES: usize = 4;
 
 /// One copy from an array chunked `from` into an array chunked `to`.
 #[derive(Debug, Clone, PartialEq, Eq)]
