@@ -4,6 +4,10 @@
 
     python bench/bench_cluster.py [--repeat 3] [--queries Q1,Q3] [--store bench/data/era5_1gb.zarr]
 
+Queries: Q1 and Q3 (dense reductions), R (the whole table copied into space chunks, the rechunk
+of ``bench_rechunk.py`` as ``COPY ... STORED AS ZARR``; its target removed before each run, not
+timed; no hash arm).
+
 Arms (every run a fresh shell process; workers started fresh for each run, not timed):
 
 * ``local 1 core (dense)``: ``taskset -c 0 zarrfusion ...``, zarrfusion's dense reduction
@@ -38,9 +42,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RECHUNK_TARGET = Path("/tmp/bench_cluster_rechunk.zarr")
 QUERIES = {
     "Q1": "SELECT lat, avg(t2m) FROM era5 GROUP BY lat ORDER BY lat",
     "Q3": "SELECT lat, lon, avg(t2m*t2m) FROM era5 GROUP BY lat, lon",
+    # The rechunk of bench_rechunk.py (time chunks to space chunks) as a COPY of the table:
+    # on workers, each writes its runs of the target's chunks (a round per stage).
+    "R": f"COPY era5 TO '{RECHUNK_TARGET}' STORED AS ZARR OPTIONS ('chunks' 'time=264,lat=16,lon=16')",
 }
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 
@@ -136,6 +144,8 @@ def main() -> None:
             "2 workers (dense)": (2, None, [create, sql]),
             "2 workers (hash)": (2, None, [hash_plan, create, sql]),
         }
+        if q == "R":
+            del arms["2 workers (hash)"]
         answers = {}
         explain_net = {}
         for arm, (workers, pin, statements) in arms.items():
@@ -152,11 +162,13 @@ def main() -> None:
                 else:
                     statements_run = statements
                 try:
+                    if q == "R":
+                        subprocess.run(["rm", "-rf", str(RECHUNK_TARGET)], check=True)
                     cmd = [*extra, "-q", "--format", "csv"]
                     for s in statements_run:
                         cmd += ["-c", s]
                     elapsed, peak, out = run_child_rss(cmd, pin)
-                    if workers and i == 0:
+                    if workers and i == 0 and q != "R":
                         setup = [x for s in statements_run[:-1] for x in ("-c", s)]
                         explain = run_child_rss([*extra, "-q", *setup, "-c", f"EXPLAIN ANALYZE {sql}"], None)[2]
                         explain_net[arm] = network_bytes(explain)
@@ -197,7 +209,7 @@ def report(rows, args, store, on_disk) -> None:
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     load = os.getloadavg()
     lines = [
-        f"## Cluster benchmark {now} (issue 27: one core vs two pinned workers, dense reduction on workers)",
+        f"## Cluster benchmark {now} (issue 27: one core vs two pinned workers: dense reductions, rechunk)",
         "",
         f"- Command: `python bench/bench_cluster.py --repeat {args.repeat} --queries {args.queries}`",
         f"- Machine: {os.cpu_count()} cores; load average {load[0]:.2f} at the end. zarrfusion: `{binary()}`.",

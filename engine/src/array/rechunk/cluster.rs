@@ -47,7 +47,6 @@ use zarrs::storage::{ReadableWritableListableStorage, StoreKey};
 
 use super::{PreparedRechunk, TargetEncoding};
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
-use crate::table::share_of;
 use crate::write::store::{io_error, CLAIM_KEY};
 use crate::write::write_job::{WriteJob, Written};
 use crate::zarr::{open_writable_remote, RemoteStorage, StoreLocation};
@@ -320,7 +319,75 @@ impl RechunkTasksExec {
                 ctx.task_count
             );
         }
-        Ok(share_of(all, ctx.task_index as u64, self.tasks as u64))
+        let segments = self.prepared.round_task_weights(self.round);
+        let (i, n) = (ctx.task_index as u64, self.tasks as u64);
+        Ok(share_by_weight(&segments, i, n))
+    }
+}
+
+/// Share `i` of `n` of tasks numbered in order, given as runs of
+/// `(count, weight of each)`: a contiguous run of them, the shares'
+/// weights as near equal as whole tasks allow (a task goes to the share
+/// its middle falls in, counting the weights in order). A rechunk's
+/// arrays have tasks of very different sizes (a coordinate's one small
+/// task beside a variable's large ones): dealt by count, one distributed
+/// task would get every large one.
+fn share_by_weight(segments: &[(u64, u64)], i: u64, n: u64) -> Range<u64> {
+    let total: u128 = (segments.iter())
+        .map(|&(count, weight)| u128::from(count) * u128::from(weight.max(1)))
+        .sum();
+    let n = u128::from(n.max(1));
+    // The first task whose middle is at least `at` (in doubled units: a
+    // task of weight `w` starting at `s` has its middle at `2s + w`).
+    let first_at = |at: u128| {
+        let (mut start, mut index) = (0u128, 0u64);
+        for &(count, weight) in segments {
+            let weight = u128::from(weight.max(1));
+            let count_wide = u128::from(count);
+            if count > 0 && 2 * at <= 2 * start + (2 * count_wide - 1) * weight {
+                let within = (2 * at)
+                    .saturating_sub(2 * start + weight)
+                    .div_ceil(2 * weight);
+                return index + u64::try_from(within).unwrap_or(count);
+            }
+            start += count_wide * weight;
+            index += count;
+        }
+        index
+    };
+    let share = |j: u128| total * j / n;
+    first_at(share(u128::from(i)))..first_at(share(u128::from(i) + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_by_weight;
+
+    #[test]
+    fn shares_by_weight_are_contiguous_cover_every_task_and_balance() {
+        // A variable's two large tasks beside three coordinates' small ones.
+        let segments = [(2u64, 500u64), (1, 1), (1, 1), (1, 1)];
+        let shares: Vec<_> = (0..2).map(|i| share_by_weight(&segments, i, 2)).collect();
+        assert_eq!(shares, [0..1, 1..5]);
+        for (segments, n) in [
+            (vec![(7u64, 3u64), (0, 9), (5, 1), (1, 40)], 3u64),
+            (vec![(1, 10)], 4),
+            (vec![(100, 1), (3, 1000)], 5),
+            (vec![(4, 0)], 2),
+        ] {
+            let tasks: u64 = segments.iter().map(|s| s.0).sum();
+            let mut next = 0;
+            for i in 0..n {
+                let run = share_by_weight(&segments, i, n);
+                assert_eq!(run.start, next, "{segments:?} share {i} of {n}");
+                assert!(run.end >= run.start);
+                next = run.end;
+            }
+            assert_eq!(next, tasks, "{segments:?}: every task dealt once");
+        }
+        // Equal tasks: near-equal counts, as by count.
+        let even: Vec<_> = (0..3).map(|i| share_by_weight(&[(10, 7)], i, 3)).collect();
+        assert_eq!(even, [0..3, 3..7, 7..10]);
     }
 }
 

@@ -805,6 +805,15 @@ impl PreparedRechunk {
             .sum()
     }
 
+    /// Round `round`'s tasks as runs of `(count, bytes each)`, an array's
+    /// stage a run (its tasks' decoded bytes written, on average).
+    pub fn round_task_weights(&self, round: usize) -> Vec<(u64, u64)> {
+        (self.arrays())
+            .filter_map(|a| a.plan.stages.get(round))
+            .map(|s| (s.tasks, s.bytes_written / s.tasks.max(1)))
+            .collect()
+    }
+
     /// Decoded bytes round `round` writes.
     pub fn round_bytes_written(&self, round: usize) -> u64 {
         (self.arrays())
