@@ -26,6 +26,23 @@ use datafusion::common::stats::Precision;
 use datafusion::common::{Result, Statistics};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, StatisticsArgs};
 
+/// Expands, inside an `impl` of `ExecutionPlan` (or of a sink), to
+/// `apply_expressions` of a node that holds no physical expression.
+macro_rules! no_expressions_method {
+    () => {
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(
+                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            ) -> datafusion::common::Result<
+                datafusion::common::tree_node::TreeNodeRecursion,
+            >,
+        ) -> datafusion::common::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        }
+    };
+}
+
 /// Expands, inside `impl ExecutionPlan for T`, to `name` (the literal
 /// given), `properties` (the struct's `properties: Arc<PlanProperties>`
 /// field), `children` and `apply_expressions` (none), and
@@ -40,16 +57,7 @@ macro_rules! leaf_plan_methods {
             vec![]
         }
 
-        fn apply_expressions(
-            &self,
-            _f: &mut dyn FnMut(
-                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
-            ) -> datafusion::common::Result<
-                datafusion::common::tree_node::TreeNodeRecursion,
-            >,
-        ) -> datafusion::common::Result<datafusion::common::tree_node::TreeNodeRecursion> {
-            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
-        }
+        $crate::plan_methods::no_expressions_method!();
 
         fn with_new_children(
             self: std::sync::Arc<Self>,
@@ -281,9 +289,52 @@ macro_rules! bottom_up_rule {
     };
 }
 
+/// Implements `PhysicalOptimizerRule` for `$rule`, named `$name`, rewriting
+/// a physical plan from the bottom up: each node becomes what `$rewrite`
+/// (an expression of type `fn(&Arc<dyn ExecutionPlan>, &ConfigOptions) ->
+/// Result<Option<Arc<dyn ExecutionPlan>>>`) makes of it, `None` leaving it
+/// as it is. The schema is checked.
+macro_rules! physical_bottom_up_rule {
+    ($rule:ty, $name:literal, $rewrite:expr) => {
+        impl datafusion::physical_optimizer::PhysicalOptimizerRule for $rule {
+            fn optimize(
+                &self,
+                plan: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+                config: &datafusion::config::ConfigOptions,
+            ) -> datafusion::common::Result<
+                std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+            > {
+                use datafusion::common::tree_node::{Transformed, TreeNode};
+                let rewrite: fn(
+                    &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+                    &datafusion::config::ConfigOptions,
+                ) -> datafusion::common::Result<
+                    Option<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+                > = $rewrite;
+                plan.transform_up(|node| {
+                    Ok(match rewrite(&node, config)? {
+                        Some(rewritten) => Transformed::yes(rewritten),
+                        None => Transformed::no(node),
+                    })
+                })
+                .map(|t| t.data)
+            }
+
+            fn name(&self) -> &str {
+                $name
+            }
+
+            fn schema_check(&self) -> bool {
+                true
+            }
+        }
+    };
+}
+
 pub(crate) use {
     bottom_up_rule, broadcast_children_methods, leaf_node_methods, leaf_plan_methods,
-    metered_plan_methods, named_plan_methods, node_identity,
+    metered_plan_methods, named_plan_methods, no_expressions_method, node_identity,
+    physical_bottom_up_rule,
 };
 
 #[cfg(test)]

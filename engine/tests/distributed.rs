@@ -732,6 +732,20 @@ fn files_under(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<
     files
 }
 
+/// The stores at `want` and `got` hold the same files with the same bytes
+/// (more than ten of them).
+fn assert_same_files(want: &std::path::Path, got: &std::path::Path) {
+    let (want, got) = (files_under(want), files_under(got));
+    assert!(want.len() > 10, "{:?}", want.keys());
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in &want {
+        assert!(&got[name] == bytes, "{name} differs");
+    }
+}
+
 /// What a write left beside its targets in `dir`: temporary directories.
 fn leftovers(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -788,15 +802,7 @@ async fn a_whole_table_copy_writes_its_chunks_on_the_workers() {
         .unwrap()
         .to_string();
     assert!(got.contains(&want[0][0].to_string()), "{got} vs {want:?}");
-    let (want, got) = (files_under(&alone), files_under(&on_cluster));
-    assert!(want.len() > 10, "{:?}", want.keys());
-    assert_eq!(
-        got.keys().collect::<Vec<_>>(),
-        want.keys().collect::<Vec<_>>()
-    );
-    for (name, bytes) in &want {
-        assert!(&got[name] == bytes, "{name} differs");
-    }
+    assert_same_files(&alone, &on_cluster);
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
 
     // Time chunks to space chunks in 300 KiB: a rechunk in stages, a round of
@@ -826,14 +832,7 @@ async fn a_whole_table_copy_writes_its_chunks_on_the_workers() {
     datafusion::physical_plan::collect(plan, ctx.task_ctx())
         .await
         .unwrap();
-    let (want, got) = (files_under(&alone), files_under(&on_cluster));
-    assert_eq!(
-        got.keys().collect::<Vec<_>>(),
-        want.keys().collect::<Vec<_>>()
-    );
-    for (name, bytes) in &want {
-        assert!(&got[name] == bytes, "{name} differs");
-    }
+    assert_same_files(&alone, &on_cluster);
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     let scratch_prefix = format!("zarrfusion-rechunk-{}-", std::process::id());
     let scratch_left: Vec<_> = std::fs::read_dir(std::env::temp_dir())

@@ -11,41 +11,16 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::Result;
-use datafusion::config::ConfigOptions;
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
-
 use crate::array::copy::whole::ArrayCopyExec;
+use crate::plan_methods::physical_bottom_up_rule;
 
 /// Runs the tasks of every whole-table `COPY` of a plan on the workers.
 #[derive(Debug, Default)]
 pub struct ClusterCopies;
 
-impl PhysicalOptimizerRule for ClusterCopies {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let Some(copy) = node.downcast_ref::<ArrayCopyExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            match copy.on_cluster()? {
-                Some(on_cluster) => Ok(Transformed::yes(Arc::new(on_cluster))),
-                None => Ok(Transformed::no(node)),
-            }
-        })
-        .map(|t| t.data)
-    }
-
-    fn name(&self) -> &str {
-        "zarrfusion_cluster_copies"
-    }
-
-    fn schema_check(&self) -> bool {
-        true
-    }
-}
+physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
+    let Some(copy) = node.downcast_ref::<ArrayCopyExec>() else {
+        return Ok(None);
+    };
+    Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _))
+});

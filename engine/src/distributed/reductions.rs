@@ -19,35 +19,23 @@ use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 
 use crate::array::DenseReductionExec;
+use crate::plan_methods::physical_bottom_up_rule;
 
 /// Plans every dense reduction of a plan for a cluster.
 #[derive(Debug, Default)]
 pub struct ClusterReductions;
 
-impl PhysicalOptimizerRule for ClusterReductions {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let partitions = config.execution.target_partitions;
-        plan.transform_up(|node| match node.downcast_ref::<DenseReductionExec>() {
-            Some(reduction) if reduction.tasks().is_none() => {
-                Ok(Transformed::yes(reduction.on_cluster(partitions)?))
-            }
-            _ => Ok(Transformed::no(node)),
-        })
-        .map(|t| t.data)
+physical_bottom_up_rule!(
+    ClusterReductions,
+    "zarrfusion_cluster_reductions",
+    |node, config| match node.downcast_ref::<DenseReductionExec>() {
+        Some(reduction) if reduction.tasks().is_none() => {
+            let partitions = config.execution.target_partitions;
+            reduction.on_cluster(partitions).map(Some)
+        }
+        _ => Ok(None),
     }
-
-    fn name(&self) -> &str {
-        "zarrfusion_cluster_reductions"
-    }
-
-    fn schema_check(&self) -> bool {
-        true
-    }
-}
+);
 
 /// Gathers the partial states of a dense reduction without `GROUP BY`
 /// under its final aggregate: the gathering is where the distributed

@@ -18,10 +18,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
@@ -37,7 +36,9 @@ use super::broadcast::BroadcastInputs;
 use super::cells::BoxCells;
 use super::read_ahead::ReadAheadPlan;
 use crate::memory::reserve;
-use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
+use crate::plan_methods::{
+    broadcast_children_methods, metered_plan_methods, no_expressions_method,
+};
 use crate::progress::ScanProgress;
 use crate::zarr::ChunkBufferPool;
 
@@ -333,12 +334,7 @@ impl DisplayAs for ZarrScanExec {
 impl ExecutionPlan for ZarrScanExec {
     broadcast_children_methods!("ZarrScanExec");
 
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    no_expressions_method!();
 
     fn execute(
         &self,

@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{human_readable_size, not_impl_err, plan_err, GetExt, Result, Statistics};
 use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
 use datafusion::datasource::file_format::{FileFormat, FileFormatFactory};
@@ -21,7 +20,7 @@ use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::table_schema::TableSchema;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::session_state::SessionState;
-use datafusion::physical_expr::{LexRequirement, PhysicalExpr};
+use datafusion::physical_expr::LexRequirement;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::statistics::StatisticsContext;
 use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs};
@@ -32,6 +31,7 @@ use super::options::ZarrWriteOptions;
 use super::sink::ZarrSink;
 use super::store::check_target;
 use crate::config::ZarrConfig;
+use crate::plan_methods::no_expressions_method;
 use crate::table::registered_zarr_tables;
 use crate::write::grid::ZARR_DIMENSION;
 use crate::zarr::StoreLocation;
@@ -304,10 +304,5 @@ impl FileSource for NoZarrFileSource {
         "zarr"
     }
 
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    no_expressions_method!();
 }

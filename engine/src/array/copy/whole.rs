@@ -22,8 +22,6 @@ use std::sync::Arc;
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::UInt64Type;
 use datafusion::common::exec_err;
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execute_stream;
 use futures::StreamExt;
@@ -45,7 +43,8 @@ use crate::array::rechunk::{
 };
 use crate::array::scan_path::{down_to_scan, ScanPath};
 use crate::plan_methods::{
-    leaf_node_methods, metered_plan_methods, named_plan_methods, node_identity,
+    leaf_node_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
+    node_identity,
 };
 use crate::table::GridTable;
 use crate::write::options::ZarrVersion;
@@ -465,12 +464,7 @@ impl ExecutionPlan for ArrayCopyExec {
         self.cluster.iter().flat_map(|c| &c.rounds).collect()
     }
 
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    no_expressions_method!();
 
     fn with_new_children(
         self: Arc<Self>,

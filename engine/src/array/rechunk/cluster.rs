@@ -359,38 +359,6 @@ fn share_by_weight(segments: &[(u64, u64)], i: u64, n: u64) -> Range<u64> {
     first_at(share(u128::from(i)))..first_at(share(u128::from(i) + 1))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::share_by_weight;
-
-    #[test]
-    fn shares_by_weight_are_contiguous_cover_every_task_and_balance() {
-        // A variable's two large tasks beside three coordinates' small ones.
-        let segments = [(2u64, 500u64), (1, 1), (1, 1), (1, 1)];
-        let shares: Vec<_> = (0..2).map(|i| share_by_weight(&segments, i, 2)).collect();
-        assert_eq!(shares, [0..1, 1..5]);
-        for (segments, n) in [
-            (vec![(7u64, 3u64), (0, 9), (5, 1), (1, 40)], 3u64),
-            (vec![(1, 10)], 4),
-            (vec![(100, 1), (3, 1000)], 5),
-            (vec![(4, 0)], 2),
-        ] {
-            let tasks: u64 = segments.iter().map(|s| s.0).sum();
-            let mut next = 0;
-            for i in 0..n {
-                let run = share_by_weight(&segments, i, n);
-                assert_eq!(run.start, next, "{segments:?} share {i} of {n}");
-                assert!(run.end >= run.start);
-                next = run.end;
-            }
-            assert_eq!(next, tasks, "{segments:?}: every task dealt once");
-        }
-        // Equal tasks: near-equal counts, as by count.
-        let even: Vec<_> = (0..3).map(|i| share_by_weight(&[(10, 7)], i, 3)).collect();
-        assert_eq!(even, [0..3, 3..7, 7..10]);
-    }
-}
-
 impl DisplayAs for RechunkTasksExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
@@ -443,4 +411,36 @@ impl ExecutionPlan for RechunkTasksExec {
     }
 
     metered_plan_methods!(|_| Some(1));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_by_weight;
+
+    #[test]
+    fn shares_by_weight_are_contiguous_cover_every_task_and_balance() {
+        // A variable's two large tasks beside three coordinates' small ones.
+        let segments = [(2u64, 500u64), (1, 1), (1, 1), (1, 1)];
+        let shares: Vec<_> = (0..2).map(|i| share_by_weight(&segments, i, 2)).collect();
+        assert_eq!(shares, [0..1, 1..5]);
+        for (segments, n) in [
+            (vec![(7u64, 3u64), (0, 9), (5, 1), (1, 40)], 3u64),
+            (vec![(1, 10)], 4),
+            (vec![(100, 1), (3, 1000)], 5),
+            (vec![(4, 0)], 2),
+        ] {
+            let tasks: u64 = segments.iter().map(|s| s.0).sum();
+            let mut next = 0;
+            for i in 0..n {
+                let run = share_by_weight(&segments, i, n);
+                assert_eq!(run.start, next, "{segments:?} share {i} of {n}");
+                assert!(run.end >= run.start);
+                next = run.end;
+            }
+            assert_eq!(next, tasks, "{segments:?}: every task dealt once");
+        }
+        // Equal tasks: near-equal counts, as by count.
+        let even: Vec<_> = (0..3).map(|i| share_by_weight(&[(10, 7)], i, 3)).collect();
+        assert_eq!(even, [0..3, 3..7, 7..10]);
+    }
 }

@@ -42,7 +42,6 @@ use datafusion::logical_expr::planner::{
 use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown, TableScanBuilder,
 };
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -53,7 +52,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::{fmt_array_plans, ArrayRechunk, PreparedRechunk, RechunkOptions, RechunkSummary};
-use crate::plan_methods::named_plan_methods;
+use crate::plan_methods::{named_plan_methods, no_expressions_method};
 use crate::table::{
     literal_text, open_dataset, zarr_source, TableFunctionCall, ZarrTable, ZarrTableOptions,
 };
@@ -449,12 +448,7 @@ impl ExecutionPlan for RechunkExec {
         vec![true]
     }
 
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    no_expressions_method!();
 
     fn with_new_children(
         self: Arc<Self>,
