@@ -111,6 +111,36 @@ def test_a_copy_of_a_whole_table_is_written_by_the_workers_and_equals_xarray(fix
     assert [p.name for p in tmp_path.iterdir()] == ["copy.zarr"]
 
 
+def test_a_copy_through_intermediate_arrays_runs_a_round_per_stage_on_the_workers(workers, tmp_path):
+    """Time chunks to space chunks in 300 KB: the rechunk goes through
+    intermediate arrays, each stage a round of tasks on the two worker
+    processes (the distributed plan shows rounds 0 and 1), the intermediate
+    arrays in a scratch store of the session's work_dir, erased at the end;
+    xarray reads the demo table's values back in the chunks asked for."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    work = tmp_path / "work"
+    work.mkdir()
+    ctx = zf.SessionContext(
+        workers=workers,
+        allowed_mem="300KB",
+        config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)},
+    )
+    ctx.register_zarr("era5", demo)
+    out = tmp_path / "space.zarr"
+    sql = f"COPY era5 TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=96,lat=1,lon=2')"
+    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    assert "round=0" in distributed and "round=1" in distributed, distributed
+    ctx.sql(sql).collect()
+    got = xr.open_zarr(out, chunks=None).load()
+    # The table's variables: those over (time, lat, lon).
+    want = xr.open_zarr(demo, chunks=None).load().drop_vars("lsm")
+    xr.testing.assert_identical(got, want)
+    assert xr.open_zarr(out).t2m.encoding["chunks"] == (96, 1, 2)
+    assert list(work.iterdir()) == [], list(work.rglob("*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.zarr", "work"]
+
+
 def test_a_worker_nobody_listens_on_fails_the_query_naming_it(fixtures, workers):
     nobody = "127.0.0.1:1"
     ctx = zf.SessionContext(workers=[workers[0], nobody], config={"zarrfusion.bytes_per_task": 1})
