@@ -165,8 +165,10 @@ def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_no
     the workers) to Zarr, and a COPY of the whole table (its chunks written
     by the workers), leaving nothing in the target's directory. Before
     that, the whole-table COPY to the bucket, its chunks written by the
-    workers, gives xarray the source's values."""
-    server = s3_server.start({"v3_basic.zarr": fixtures / "v3_basic.zarr"}, bucket="cluster")
+    workers, gives xarray the source's values, and so does a COPY through
+    intermediate arrays in a work_dir in the bucket."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    server = s3_server.start({"v3_basic.zarr": fixtures / "v3_basic.zarr", "era5.zarr": demo}, bucket="cluster")
     processes, addresses = _start_workers(2)
     try:
         ctx = zf.SessionContext(workers=addresses, config={"zarrfusion.bytes_per_task": 1})
@@ -185,6 +187,23 @@ def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_no
         want = xr.open_zarr(fixtures / "v3_basic.zarr", chunks=None).load()
         xr.testing.assert_identical(xr.open_zarr(copied, chunks=None).load(), want)
         assert not any(".zarrfusion-write" in key for key in server.keys("whole.zarr/"))
+        # Through intermediate arrays in a work_dir in the bucket: the
+        # workers read the source from the bucket, write and read the
+        # intermediate arrays there, and nothing is left under the work_dir.
+        ctx = zf.SessionContext(
+            workers=addresses,
+            allowed_mem="300KB",
+            config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": "s3://cluster/work"},
+        )
+        ctx.register_zarr("era5", "s3://cluster/era5.zarr", **server.options())
+        staged = tmp_path / "staged.zarr"
+        sql = f"COPY era5 TO '{staged}' STORED AS ZARR OPTIONS ('chunks' 'time=96,lat=1,lon=2')"
+        plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+        assert "round=1" in plan["plan"].str.cat(), plan
+        ctx.sql(sql).collect()
+        want = xr.open_zarr(demo, chunks=None).load().drop_vars("lsm")
+        xr.testing.assert_identical(xr.open_zarr(staged, chunks=None).load(), want)
+        assert server.keys("work/") == [], server.keys("work/")
         for case in ("query", "copy", "whole copy", "stopped"):
             ctx = zf.SessionContext(workers=addresses, config={"zarrfusion.bytes_per_task": 1})
             ctx.register_zarr("t", "s3://cluster/v3_basic.zarr", **server.options())

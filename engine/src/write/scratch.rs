@@ -50,19 +50,23 @@ impl ScratchStore {
         extension: &str,
         runtime: &RuntimeEnv,
     ) -> Result<Self> {
-        Self::create_at(Self::name(work_dir, stem, extension, runtime)?, runtime)
+        Self::create_at(work_dir, Self::name(work_dir, stem, extension), runtime)
     }
 
     /// A fresh location `<work_dir>/<stem>-<unique suffix><extension>` for
-    /// [`create_at`](Self::create_at) (what killed processes left in the
-    /// work directory is swept first). A cluster's rechunk names its
-    /// scratch store while planning, so that its workers find it.
-    pub fn name(
+    /// [`create_at`](Self::create_at), reading nothing. A cluster's rechunk
+    /// names its scratch store while planning, so that its workers find it.
+    pub fn name(work_dir: &StoreLocation, stem: &str, extension: &str) -> StoreLocation {
+        work_dir.join(&format!("{stem}-{}{extension}", unique_suffix()))
+    }
+
+    /// Creates the scratch store at `location` (from [`name`](Self::name))
+    /// in `work_dir`, where what killed processes left is swept first.
+    pub fn create_at(
         work_dir: &StoreLocation,
-        stem: &str,
-        extension: &str,
+        location: StoreLocation,
         runtime: &RuntimeEnv,
-    ) -> Result<StoreLocation> {
+    ) -> Result<Self> {
         match work_dir {
             StoreLocation::Local(dir) => {
                 sweep(dir, Leftover::Scratch);
@@ -74,11 +78,6 @@ impl ScratchStore {
                 sweep_remote(&display, parent.as_ref());
             }
         }
-        Ok(work_dir.join(&format!("{stem}-{}{extension}", unique_suffix())))
-    }
-
-    /// Creates the scratch store at `location` (from [`name`](Self::name)).
-    pub fn create_at(location: StoreLocation, runtime: &RuntimeEnv) -> Result<Self> {
         let failed = work_dir_error;
         let display = location.to_string();
         let (storage, remote): (ReadableWritableListableStorage, _) = match &location {

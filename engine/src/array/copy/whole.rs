@@ -299,15 +299,8 @@ impl ArrayCopyExec {
             return Ok(None);
         }
         let prepared = &self.prepared;
-        let work = match prepared.has_intermediates() {
-            true => Some(ScratchStore::name(
-                prepared.work_dir(),
-                "zarrfusion-rechunk",
-                "",
-                prepared.runtime(),
-            )?),
-            false => None,
-        };
+        let work = (prepared.has_intermediates())
+            .then(|| ScratchStore::name(prepared.work_dir(), "zarrfusion-rechunk", ""));
         let rechunk = Arc::new(prepared.cluster_tasks(work.as_ref())?);
         let staged = match &self.to.location {
             StoreLocation::Local(path) => StagedTarget::Local {
@@ -376,7 +369,7 @@ impl ClusterCopy {
         cancelled: &AtomicBool,
     ) -> Result<()> {
         let work = (self.work.clone())
-            .map(|w| ScratchStore::create_at(w, prepared.runtime()))
+            .map(|w| ScratchStore::create_at(prepared.work_dir(), w, prepared.runtime()))
             .transpose()?;
         for (round, input) in self.rounds.iter().enumerate() {
             let expected = prepared.round_tasks(round);
