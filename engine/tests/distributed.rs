@@ -953,3 +953,102 @@ async fn a_copy_s_rechunk_tasks_round_trip_and_malformed_ones_are_refused() {
     );
     assert!(wire.decode_bytes(b"{\"node\": \"rechunk_tasks\"}").is_err());
 }
+
+/// The scratch stores named `stem`-... this process left in the default
+/// work_dir.
+fn scratch_left(stem: &str) -> Vec<String> {
+    let prefix = format!("{stem}-{}-", std::process::id());
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+const SELECTION_COPY: &str = "COPY (SELECT time, lat, lon, t2m - 273.15 AS t2m_c, \
+     sqrt(u10 * u10 + v10 * v10) AS wind FROM era5 WHERE lat > 0) TO '{target}' \
+     STORED AS ZARR OPTIONS ('chunks' '{chunks}')";
+
+/// A `COPY` of a selection with computed variables on a cluster: its
+/// blockwise step's chunks are made on the workers (a round of
+/// `BlockwiseTasksExec` tasks), into the intermediate store the session
+/// made, then the rechunk of that store runs on the workers too, planned
+/// by the session from the metadata it writes and by each worker again
+/// when its tasks run. When the chunks are whole target chunks the
+/// workers write the target's own. Either way the store is the one the
+/// same COPY writes on one machine, file for file (that COPY is checked
+/// against xarray in `copy_to_zarr.rs`), and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_selection_copy_makes_its_chunks_on_the_workers() {
+    let dir = scratch("cluster-selection-copy");
+    let demo = repo_root().join("demo/era5.zarr");
+    let copy_to = |target: &std::path::Path, chunks: &str| {
+        (SELECTION_COPY.replace("{target}", &target.to_string_lossy())).replace("{chunks}", chunks)
+    };
+    let local = new_context();
+    (local
+        .register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let workers = start_workers(2).await;
+    let ctx = cluster_session(&workers).await;
+    (ctx.sql("SET zarrfusion.bytes_per_task = 1").await).unwrap();
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    // Through the intermediate store (the source's 24 time steps are not
+    // whole chunks of 7), and straight into the target's chunks.
+    for (name, chunks, rounds) in [
+        ("rechunked", "time=7,lat=11,lon=16", "RechunkTasksExec"),
+        ("direct", "time=12,lat=16,lon=32", "into=/"),
+    ] {
+        let alone = dir.join(format!("{name}_alone.zarr"));
+        query_rows(&local, "COPY on one machine", &copy_to(&alone, chunks)).await;
+        let on_cluster = dir.join(format!("{name}.zarr"));
+        let plan = physical_plan(&ctx, &copy_to(&on_cluster, chunks)).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(
+            shown.contains("tasks on the cluster's workers")
+                && shown.contains("BlockwiseTasksExec")
+                && shown.contains(rounds)
+                && shown.contains("tasks=2"),
+            "{shown}"
+        );
+        let counts = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+            .await
+            .unwrap();
+        let got = datafusion::arrow::util::pretty::pretty_format_batches(&counts)
+            .unwrap()
+            .to_string();
+        let want = query_rows(
+            &local,
+            "rows",
+            "SELECT count(*) AS count FROM era5 WHERE lat > 0",
+        )
+        .await;
+        assert!(got.contains(&want[0][0].to_string()), "{got} vs {want:?}");
+        assert_same_files(&alone, &on_cluster);
+        assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+        assert!(scratch_left("zarrfusion-copy").is_empty());
+    }
+
+    // Workers that cannot hold a task: refused, nothing left.
+    let tight = start_workers_in(2, || limited(4 << 10)).await;
+    let ctx = cluster_session(&tight).await;
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let refused = dir.join("refused.zarr");
+    let sql = copy_to(&refused, "time=7,lat=11,lon=16");
+    let failed = ctx.sql(&sql).await.unwrap().collect().await;
+    let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
+    let named = (tight.urls.iter())
+        .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
+    assert!(
+        named && message.contains("allowed_mem"),
+        "a worker with 4 KiB made the COPY's chunks, or its refusal does not say so: {message}"
+    );
+    assert!(!refused.exists());
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    assert!(scratch_left("zarrfusion-copy").is_empty());
+}

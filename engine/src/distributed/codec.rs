@@ -55,9 +55,8 @@ use datafusion_proto::protobuf::PhysicalExprNode;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
-use crate::array::rechunk::{
-    PreparedRechunk, RechunkOptions, RechunkTasks, RechunkTasksExec, StagedTarget,
-};
+use crate::array::copy::cluster::{BlockwiseTasks, BlockwiseTasksExec, ChunksInto};
+use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkTasks, RechunkTasksExec};
 use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, RollingParts};
 use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
@@ -68,6 +67,7 @@ use crate::table::{
     open_dataset_blocking, run_blocking, BlockGrid, BlockRead, GridSource, GridTable, Selection,
     TableSource, ZarrScanExec, ZarrTableOptions,
 };
+use crate::write::target::StagedTarget;
 use crate::zarr::StoreLocation;
 
 /// The most partitions and tasks a received scan may ask for (a malformed
@@ -103,13 +103,45 @@ fn decode_rechunk(run: RechunkRun, ctx: &TaskContext) -> Result<Arc<dyn Executio
         );
     }
     let options = RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
-    let location = match &target {
+    check_staged(&target, &options, &rechunk.source)?;
+    if let Some(work) = &rechunk.work {
+        let what = ("zarrfusion-rechunk-", "a rechunk's scratch store");
+        check_scratch(work, what, &options, &rechunk.source)?;
+    }
+    let rounds = (rechunk.arrays.iter()).map(|a| a.stages.len()).max();
+    if round >= rounds.unwrap_or(0) {
+        return plan_err!(
+            "a rechunk of {} runs round {round} of {}",
+            rechunk.source,
+            rounds.unwrap_or(0)
+        );
+    }
+    if rechunk.planned_when_run {
+        // The intermediate store of a COPY of a selection, written by the
+        // query's first round: planned again when the tasks run.
+        let what = ("zarrfusion-copy-", "a COPY's intermediate store");
+        check_scratch(&rechunk.source, what, &options, &rechunk.source)?;
+        let exec = RechunkTasksExec::planned_when_run(Arc::new(rechunk), options, target, round);
+        return Ok(Arc::new(exec.with_tasks(tasks)));
+    }
+    let runtime = ctx.runtime_env();
+    let prepared =
+        run_blocking(|| PreparedRechunk::for_cluster_tasks(&rechunk, options, &runtime))?;
+    let exec = RechunkTasksExec::new(Arc::new(rechunk), Arc::new(prepared), target, round)
+        .with_tasks(tasks);
+    Ok(Arc::new(exec))
+}
+
+/// Refuses a staged target a received write from `source` may not write
+/// into: a local one that is not a COPY's temporary directory, or one the
+/// worker's `allowed_locations` do not permit.
+fn check_staged(target: &StagedTarget, options: &RechunkOptions, source: &str) -> Result<()> {
+    let location = match target {
         StagedTarget::Local { path } => {
             let staging = (path.file_name()).map(|n| n.to_string_lossy().into_owned());
             if !staging.is_some_and(|n| n.starts_with('.') && n.ends_with(".zarrfusion-tmp")) {
                 return plan_err!(
-                    "a rechunk of {} writes into '{}', not a COPY's temporary directory",
-                    rechunk.source,
+                    "a write from {source} goes into '{}', not a COPY's temporary directory",
                     path.display()
                 );
             }
@@ -117,40 +149,34 @@ fn decode_rechunk(run: RechunkRun, ctx: &TaskContext) -> Result<Arc<dyn Executio
         }
         StagedTarget::Remote { url, .. } => StoreLocation::parse(url)?,
     };
-    options.allowed.check(&location, &target.to_string())?;
-    if let Some(work) = &rechunk.work {
-        let location = StoreLocation::parse(work)?;
-        let name = match &location {
-            StoreLocation::Local(path) => {
-                path.file_name().map(|n| n.to_string_lossy().into_owned())
-            }
-            StoreLocation::Remote(url) => url
-                .path_segments()
-                .and_then(|mut s| s.next_back())
-                .map(str::to_string),
-        };
-        if !name.is_some_and(|n| n.starts_with("zarrfusion-rechunk-")) {
-            return plan_err!(
-                "a rechunk of {} keeps its intermediate arrays in '{work}', not a rechunk's \
-                 scratch store",
-                rechunk.source
-            );
-        }
-        options.allowed.check(&location, work)?;
+    Ok(options.allowed.check(&location, &target.to_string())?)
+}
+
+/// Refuses a scratch store `location` a received write from `source` may
+/// not use: one not named `stem`... (a `what`), or one the worker's
+/// `allowed_locations` do not permit.
+fn check_scratch(
+    location: &str,
+    (stem, what): (&str, &str),
+    options: &RechunkOptions,
+    source: &str,
+) -> Result<()> {
+    let parsed = StoreLocation::parse(location)?;
+    if !scratch_name(&parsed).is_some_and(|n| n.starts_with(stem)) {
+        return plan_err!("a write from {source} uses '{location}', not {what}");
     }
-    let runtime = ctx.runtime_env();
-    let prepared =
-        run_blocking(|| PreparedRechunk::for_cluster_tasks(&rechunk, options, &runtime))?;
-    if round >= prepared.rounds() {
-        return plan_err!(
-            "a rechunk of {} runs round {round} of {}",
-            rechunk.source,
-            prepared.rounds()
-        );
+    Ok(options.allowed.check(&parsed, location)?)
+}
+
+/// The last name of a scratch store's location.
+fn scratch_name(location: &StoreLocation) -> Option<String> {
+    match location {
+        StoreLocation::Local(path) => path.file_name().map(|n| n.to_string_lossy().into_owned()),
+        StoreLocation::Remote(url) => url
+            .path_segments()
+            .and_then(|mut s| s.next_back())
+            .map(str::to_string),
     }
-    let exec = RechunkTasksExec::new(Arc::new(rechunk), Arc::new(prepared), target, round)
-        .with_tasks(tasks);
-    Ok(Arc::new(exec))
 }
 
 /// zarrfusion's `PhysicalExtensionCodec`: registered on the session that
@@ -169,6 +195,20 @@ enum Node {
     Reduction(Reduction),
     Window(Window),
     RechunkTasks(RechunkRun),
+    Blockwise(BlockwiseRun),
+}
+
+/// A run of step 1 of a COPY of a selection as it travels: its read, its
+/// expressions (protobuf physical expressions over the columns read, in
+/// base64), the chunks and where they go, and the distributed tasks it
+/// is dealt to.
+#[derive(Debug, Serialize, Deserialize)]
+struct BlockwiseRun {
+    #[serde(flatten)]
+    read: Read,
+    exprs: Vec<String>,
+    step: BlockwiseTasks,
+    tasks: usize,
 }
 
 /// A run of a rechunk's tasks as it travels: the rechunk, where it writes,
@@ -460,6 +500,44 @@ impl ZarrCodec {
 }
 
 impl ZarrCodec {
+    /// Step 1 of a COPY of a selection received by a worker: its read
+    /// made again, its expressions over the columns read, writing only
+    /// into a COPY's intermediate store or temporary directory (or an
+    /// object-store prefix its `allowed_locations` permit), its tasks
+    /// fitted to the worker's `allowed_mem`.
+    fn decode_blockwise(
+        &self,
+        run: BlockwiseRun,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let read = self.decode_read(run.read, ctx)?;
+        let store = read.table.store.clone();
+        if run.tasks == 0 || run.tasks > MAX_TASKS {
+            return plan_err!("a blockwise step over {store} asks for {} tasks", run.tasks);
+        }
+        if run.exprs.len() > MAX_ARRAYS {
+            return plan_err!(
+                "a blockwise step over {store} writes {} variables",
+                run.exprs.len()
+            );
+        }
+        let options =
+            RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
+        match &run.step.into {
+            ChunksInto::Scratch { location } => {
+                let what = ("zarrfusion-copy-", "a COPY's intermediate store");
+                check_scratch(location, what, &options, &store)?
+            }
+            ChunksInto::Target { staged } => check_staged(staged, &options, &store)?,
+        }
+        let exprs = (run.exprs.iter())
+            .map(|e| self.decode_expr(e, ctx, &read.schema))
+            .collect::<Result<Vec<_>>>()?;
+        let limit = ctx.memory_pool().memory_limit();
+        let exec = BlockwiseTasksExec::received(read, exprs, run.step, &options, &limit)?;
+        Ok(Arc::new(exec.with_tasks(run.tasks)))
+    }
+
     /// `expr` as it travels.
     fn encode_expr(&self, expr: &Arc<dyn PhysicalExpr>) -> Result<String> {
         Ok(BASE64.encode(serialize_physical_expr(expr, self)?.encode_to_vec()))
@@ -799,6 +877,12 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 }
                 decode_rechunk(run, ctx)
             }
+            Node::Blockwise(run) => {
+                if !inputs.is_empty() {
+                    return plan_err!("a blockwise step has no inputs, got {}", inputs.len());
+                }
+                self.decode_blockwise(run, ctx)
+            }
         }
     }
 
@@ -828,6 +912,20 @@ impl PhysicalExtensionCodec for ZarrCodec {
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a rechunk's tasks: {e}"));
         }
+        if let Some(step) = node.downcast_ref::<BlockwiseTasksExec>() {
+            let (read, exprs) = step.read_parts()?;
+            let encoded = Node::Blockwise(BlockwiseRun {
+                read: Read::of(&read)?,
+                exprs: exprs
+                    .iter()
+                    .map(|e| self.encode_expr(e))
+                    .collect::<Result<_>>()?,
+                step: step.sent().clone(),
+                tasks: step.tasks(),
+            });
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a blockwise step: {e}"));
+        }
         if let Some(window) = node.downcast_ref::<RollingWindowExec>() {
             let encoded = self.encode_window(window)?;
             return serde_json::to_writer(buf, &encoded)
@@ -836,7 +934,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
         let Some(scan) = node.downcast_ref::<ZarrScanExec>() else {
             return not_impl_err!(
                 "{} cannot run on a cluster's workers yet (zarrfusion distributes Zarr scans, \
-                 dense reductions, rolling windows and the rechunk of a COPY)",
+                 dense reductions, rolling windows and the steps of a COPY)",
                 node.name()
             );
         };

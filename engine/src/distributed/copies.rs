@@ -8,9 +8,13 @@
 //! the bytes it writes like a scan's by the bytes it decodes
 //! ([`super::tasks`]), and the workers write the intermediate arrays and
 //! the target's chunks while the session stages and commits the target.
+//! A [`SelectionCopyExec`] (a COPY of a selection with computed variables)
+//! gets its blockwise round first, then its rechunk's
+//! ([`SelectionCopyExec::on_cluster`]).
 
 use std::sync::Arc;
 
+use crate::array::copy::selection::SelectionCopyExec;
 use crate::array::copy::whole::ArrayCopyExec;
 use crate::plan_methods::physical_bottom_up_rule;
 
@@ -19,6 +23,9 @@ use crate::plan_methods::physical_bottom_up_rule;
 pub struct ClusterCopies;
 
 physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
+    if let Some(copy) = node.downcast_ref::<SelectionCopyExec>() {
+        return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));
+    }
     let Some(copy) = node.downcast_ref::<ArrayCopyExec>() else {
         return Ok(None);
     };

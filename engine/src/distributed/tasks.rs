@@ -1,5 +1,5 @@
-//! How a Zarr scan's, a dense reduction's, a rolling window's or a
-//! rechunk's stage is split among a cluster's tasks: the distributed
+//! How a Zarr scan's, a dense reduction's, a rolling window's, a
+//! rechunk's or a COPY's blockwise stage is split among a cluster's tasks: the distributed
 //! planner asks each leaf how many tasks it wants ([`scan_tasks`]: its
 //! decoded bytes (a rechunk's: written) over `zarrfusion.bytes_per_task`,
 //! at most one per block or rechunk task), then tells it how
@@ -15,6 +15,7 @@ use datafusion_distributed::{
     ScaleUpLeafNodeEventResponse,
 };
 
+use crate::array::copy::cluster::BlockwiseTasksExec;
 use crate::array::rechunk::RechunkTasksExec;
 use crate::array::rolling::RollingWindowExec;
 use crate::array::DenseReductionExec;
@@ -29,6 +30,8 @@ pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEv
         (scan.decoded_bytes(), scan.read().blocks.num_blocks())
     } else if let Some(rechunk) = ev.plan.downcast_ref::<RechunkTasksExec>() {
         (rechunk.bytes_written(), rechunk.rechunk_tasks())
+    } else if let Some(step) = ev.plan.downcast_ref::<BlockwiseTasksExec>() {
+        (step.bytes_written(), step.chunk_tasks())
     } else if let Some(window) = ev.plan.downcast_ref::<RollingWindowExec>() {
         (window.decoded_bytes(), window.read().blocks.num_blocks())
     } else {
@@ -59,6 +62,11 @@ pub fn deal_scan_blocks(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNo
     if let Some(window) = ev.plan.downcast_ref::<RollingWindowExec>() {
         return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
             window.with_tasks(ev.task_count),
+        ))));
+    }
+    if let Some(step) = ev.plan.downcast_ref::<BlockwiseTasksExec>() {
+        return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
+            step.with_tasks(ev.task_count),
         ))));
     }
     if let Some(rechunk) = ev.plan.downcast_ref::<RechunkTasksExec>() {

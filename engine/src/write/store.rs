@@ -630,6 +630,50 @@ pub(crate) struct GroupVariable {
     pub chunks: Vec<u64>,
 }
 
+/// The metadata (JSON) of `variable` of a group written by
+/// [`prepare_group`] over dimensions `dims` with `options`.
+fn variable_metadata(
+    variable: &GroupVariable,
+    dims: &[String],
+    options: &ZarrWriteOptions,
+) -> Result<Value> {
+    array_metadata(
+        &variable.data_type,
+        &variable.shape,
+        &variable.chunks,
+        dims,
+        Map::new(),
+        options,
+    )
+}
+
+/// `variable` of a group [`prepare_group`] writes (or wrote) in `storage`
+/// over dimensions `dims` with `options`, opened for writing chunks
+/// without reading or writing anything: what a cluster's worker writes a
+/// group's variables through while the session writes the metadata.
+pub(crate) fn variable_array(
+    storage: &ReadableWritableListableStorage,
+    variable: &GroupVariable,
+    dims: &[String],
+    options: &ZarrWriteOptions,
+) -> Result<ZarrsArray<dyn ReadableWritableListableStorageTraits>> {
+    let fail = |e: String| {
+        DataFusionError::Execution(format!("COPY TO Zarr: array '{}': {e}", variable.name))
+    };
+    let metadata = variable_metadata(variable, dims, options)?;
+    let metadata: ArrayMetadata = match options.zarr_format {
+        ZarrVersion::V2 => serde_json::from_value(metadata).map(ArrayMetadata::V2),
+        ZarrVersion::V3 => serde_json::from_value(metadata).map(ArrayMetadata::V3),
+    }
+    .map_err(|e| fail(e.to_string()))?;
+    ZarrsArray::new_with_metadata(
+        Arc::clone(storage),
+        &format!("/{}", variable.name),
+        metadata,
+    )
+    .map_err(|e| fail(e.to_string()))
+}
+
 /// Positions per chunk of a written coordinate array: 1 MiB of `f64`, so
 /// the usual coordinate (up to 131,072 values) is one read, and writing one
 /// stays small beside any `allowed_mem`.
@@ -750,14 +794,7 @@ pub(crate) fn prepare_group(
     }
     let mut arrays = Vec::new();
     for variable in variables {
-        let metadata = array_metadata(
-            &variable.data_type,
-            &variable.shape,
-            &variable.chunks,
-            &dims,
-            Map::new(),
-            options,
-        )?;
+        let metadata = variable_metadata(variable, &dims, options)?;
         arrays.push(store_array(&variable.name, metadata, &mut consolidated)?);
     }
     let group = if v2 {

@@ -3,20 +3,30 @@
 //! and its output (one column, `count`). Every array COPY (of a table, a
 //! selection, rolling windows, a transform) holds one [`CopyTarget`],
 //! refuses through it a target that exists while planning, and writes its
-//! store through it atomically (`CopyTarget::write_group`).
+//! store through it atomically (`CopyTarget::write_group`). A write on a
+//! cluster stages the store first ([`StagedTarget`]: where its workers
+//! write chunks) and commits it once they are done
+//! (`CopyTarget::write_staged`).
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use datafusion::common::{DFSchemaRef, Result};
+use datafusion::common::{exec_err, DFSchemaRef, DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::dml::CopyTo;
+use serde::{Deserialize, Serialize};
 use zarrs::filesystem::FilesystemStore;
-use zarrs::storage::ReadableWritableListableStorage;
+use zarrs::storage::{ReadableWritableListableStorage, StoreKey};
 
 use super::options::ZarrWriteOptions;
-use super::store::{check_target, io_error, write_atomically, write_claimed, GroupWrite};
-use crate::zarr::StoreLocation;
+use super::store::{
+    check_target, io_error, temporary_beside, write_atomically_at, write_claimed, GroupWrite,
+    CLAIM_KEY,
+};
+use crate::zarr::{open_writable_remote, StoreLocation};
 
 /// The store a `COPY ... STORED AS ZARR` writes and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,14 +63,60 @@ impl CopyTarget {
         }
     }
 
-    /// Writes a new store at the target, atomically: `prepare` starts its
-    /// group in the storage it is given (see
-    /// [`prepare_group`](super::store::prepare_group)) and `fill` stores
-    /// the variables' chunks. A local store is written beside the target
-    /// (metadata first) and renamed into place when complete; an object
-    /// store's prefix (which must be empty) is claimed, the metadata stored
-    /// last and everything erased when the write fails. Nothing is left
-    /// when `cancelled` is set.
+    /// Where a write of this target puts its chunks until it commits: a
+    /// new temporary directory beside a local target (named now, for a
+    /// cluster's workers to write into), or the object-store prefix itself.
+    pub(crate) fn staged(&self) -> Result<StagedTarget> {
+        Ok(match &self.location {
+            StoreLocation::Local(path) => StagedTarget::Local {
+                path: temporary_beside(path)?,
+            },
+            StoreLocation::Remote(_) => StagedTarget::Remote {
+                url: self.location.to_string(),
+                storage: self.options.storage.clone().into_iter().collect(),
+            },
+        })
+    }
+
+    /// Writes a new store at the target through `staged` (from
+    /// [`staged`](Self::staged)), atomically: `write` fills the storage
+    /// it is given, metadata last. A local store is written in the
+    /// temporary directory and renamed into place when complete; an
+    /// object store's prefix (which must be empty) is claimed, and
+    /// everything is erased when the write fails. Nothing is left when
+    /// `cancelled` is set.
+    pub(crate) fn write_staged<T>(
+        &self,
+        staged: &StagedTarget,
+        runtime: &RuntimeEnv,
+        cancelled: &AtomicBool,
+        write: impl FnOnce(&ReadableWritableListableStorage) -> Result<T>,
+    ) -> Result<T> {
+        match (&self.location, staged) {
+            (StoreLocation::Local(target), StagedTarget::Local { path }) => {
+                write_atomically_at(target, path, cancelled, |dir| {
+                    std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
+                    let storage: ReadableWritableListableStorage =
+                        Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
+                    write(&storage)
+                })
+            }
+            (StoreLocation::Remote(url), StagedTarget::Remote { .. }) => write_claimed(
+                &self.location.to_string(),
+                url,
+                &self.options.storage,
+                runtime,
+                write,
+            ),
+            (_, staged) => exec_err!("the COPY to '{}' was staged as '{staged}'", self.location),
+        }
+    }
+
+    /// Writes a new store at the target, atomically (see
+    /// [`write_staged`](Self::write_staged)): `prepare` starts its group in
+    /// the storage it is given (see
+    /// [`prepare_group`](super::store::prepare_group)), `fill` stores the
+    /// variables' chunks, and the group's metadata is stored last.
     pub(crate) fn write_group<T>(
         &self,
         runtime: &RuntimeEnv,
@@ -68,27 +124,91 @@ impl CopyTarget {
         prepare: impl FnOnce(&ReadableWritableListableStorage) -> Result<GroupWrite>,
         fill: impl FnOnce(&GroupWrite) -> Result<T>,
     ) -> Result<T> {
-        match &self.location {
-            StoreLocation::Local(target) => write_atomically(target, cancelled, |dir| {
-                std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-                let storage: ReadableWritableListableStorage =
-                    Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
-                let group = prepare(&storage)?;
-                group.store_metadata()?;
-                fill(&group)
-            }),
-            StoreLocation::Remote(url) => write_claimed(
-                &self.location.to_string(),
-                url,
-                &self.options.storage,
-                runtime,
-                |storage| {
-                    let group = prepare(storage)?;
-                    let written = fill(&group)?;
-                    group.store_metadata()?;
-                    Ok(written)
-                },
-            ),
+        let staged = self.staged()?;
+        self.write_staged(&staged, runtime, cancelled, |storage| {
+            let group = prepare(storage)?;
+            let written = fill(&group)?;
+            group.store_metadata()?;
+            Ok(written)
+        })
+    }
+}
+
+/// Where a cluster's tasks write a target's chunks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StagedTarget {
+    /// The temporary directory beside a local target, made by the session
+    /// before any task runs (every worker must see the same path).
+    Local {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// An object-store prefix the session has claimed.
+    Remote {
+        /// The prefix's URL.
+        url: String,
+        /// The COPY's object-store options.
+        storage: BTreeMap<String, String>,
+    },
+}
+
+impl StagedTarget {
+    /// The storage the tasks write into. A local directory must exist: the
+    /// session made it, and it is gone only when the COPY failed or was
+    /// cancelled (a task must not make it again).
+    pub(crate) fn open(&self, runtime: &RuntimeEnv) -> Result<ReadableWritableListableStorage> {
+        match self {
+            Self::Local { path } => {
+                if !path.is_dir() {
+                    return exec_err!(
+                        "the COPY's staging directory '{}' is gone (the COPY failed or was \
+                         cancelled)",
+                        path.display()
+                    );
+                }
+                Ok(Arc::new(
+                    FilesystemStore::new(path).map_err(|e| io_error(path, e))?,
+                ))
+            }
+            Self::Remote { url, storage } => {
+                let parsed = url::Url::parse(url)
+                    .map_err(|e| DataFusionError::Plan(format!("target '{url}': {e}")))?;
+                let options = storage.clone().into_iter().collect();
+                Ok(open_writable_remote(url, &parsed, &options, runtime)?)
+            }
+        }
+    }
+}
+
+impl StagedTarget {
+    /// Whether the session still stages the target (opened as `out`): its
+    /// temporary directory exists, or its claim on the prefix does. A
+    /// task checks before it writes, so that a task still running when
+    /// the COPY failed elsewhere (and the session erased what was written)
+    /// writes nothing more.
+    pub(crate) fn still_staged(&self, out: &ReadableWritableListableStorage) -> Result<(), String> {
+        let staged = match self {
+            Self::Local { path } => path.is_dir(),
+            Self::Remote { .. } => {
+                let claim = StoreKey::new(CLAIM_KEY).map_err(|e| e.to_string())?;
+                out.get(&claim).map_err(|e| e.to_string())?.is_some()
+            }
+        };
+        match staged {
+            true => Ok(()),
+            false => Err(format!(
+                "the COPY's target '{self}' is no longer staged (the COPY failed or was cancelled)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for StagedTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Local { path } => write!(f, "{}", path.display()),
+            Self::Remote { url, .. } => write!(f, "{url}"),
         }
     }
 }

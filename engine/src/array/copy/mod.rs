@@ -8,11 +8,13 @@
 //! | [`whole`] | a whole table (or an FFT) copied array by array: the rechunk primitive into the target's chunks |
 //! | [`selection`] | a selection with computed variables: blockwise into a scratch store, then the rechunk primitive |
 //! | [`rolling`] | rolling windows: the same two steps, step 1 the rolling operator's runs of chunks (`selection::StepWriters`) |
+//! | [`cluster`] | a selection's copy on a cluster's workers: rounds of blockwise, then rechunk, tasks |
 //! | [`rule`] | the optimizer rule choosing among them (and the FFT's copy) |
 //!
 //! Each module uses only those above it in this table. All write through the writer below the operators ([`crate::write`]):
 //! its options, its claimed or atomic targets, its write jobs.
 
+pub mod cluster;
 pub mod rolling;
 pub mod rule;
 pub mod selection;

@@ -42,7 +42,9 @@ use datafusion::physical_planner::PhysicalPlanner;
 use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
-use super::selection::{Blockwise, CopyGrid, OutputVariable, SelectionCopyExec, Step, StepWriters};
+use super::selection::{
+    BlockwiseStep, CopyGrid, OutputVariable, SelectionCopyExec, Step, StepWriters,
+};
 use super::whole::split_columns;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
@@ -303,7 +305,7 @@ impl StepWriters for RollChunks {
 
     fn write_chunks(
         &self,
-        copy: &Blockwise,
+        copy: &BlockwiseStep,
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         cancelled: &AtomicBool,
     ) -> Result<()> {
@@ -340,7 +342,7 @@ impl RollChunks {
     /// the source boxes it covers, evaluated and written.
     fn write_chunk(
         &self,
-        copy: &Blockwise,
+        copy: &BlockwiseStep,
         compact: &[Range<u64>],
         roller: &mut Roller<'_>,
         values: &mut [Values],

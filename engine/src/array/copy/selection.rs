@@ -49,12 +49,14 @@ use serde_json::Map;
 use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
+use super::cluster::ClusterSelection;
 use super::whole::{split_columns, CopyScan};
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkPlan, TargetEncoding};
 use crate::array::scan_path::TableRead;
 use crate::array::tasks::run_tasks;
 use crate::plan_methods::{
-    leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
+    leaf_node_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
+    node_identity,
 };
 use crate::table::{
     classify_filters, BlockGrid, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection,
@@ -174,7 +176,6 @@ impl SelectionCopy {
             &self.to,
             session,
         )?;
-        let (table, selection, shape) = (&grid.table, &grid.selection, &grid.shape);
         // The columns the expressions read, in the table's order.
         let exprs = self.outputs.iter().map(|o| &o.expr);
         let (input_df, columns) = self.read.columns_read(exprs)?;
@@ -185,73 +186,17 @@ impl SelectionCopy {
             .collect::<Result<Vec<_>>>()?;
         let batch_schema: SchemaRef = Arc::new(input_df.as_arrow().clone());
 
-        // Step 1 writes chunks as long as the source's.
-        let n_dims = table.dims.len();
-        let read_variables: Vec<usize> =
-            columns.iter().filter(|&&i| i >= n_dims).copied().collect();
-        let block: Vec<u64> = (0..n_dims)
-            .map(|d| {
-                read_variables
-                    .iter()
-                    .map(|&i| table.variables[i - n_dims].chunk_shape()[d])
-                    .max()
-                    .unwrap_or(shape[d])
-                    .clamp(1, shape[d])
-            })
-            .collect();
-        let tasks: u64 = shape
-            .iter()
-            .zip(&block)
-            .map(|(n, c)| n.div_ceil(*c))
-            .product();
-        let workers = (grid.rechunk.threads as u64).clamp(1, tasks) as usize;
-        // A task's source box: the longest source span a chunk covers.
-        let spans: Vec<u64> = (0..n_dims)
-            .map(|d| max_span(selection.ranges(d), shape[d], block[d]))
-            .collect();
-        let box_cells: u64 = spans.iter().product();
-        let read_bytes: u64 = read_variables
-            .iter()
-            .map(|&i| table.variables[i - n_dims].peak_bytes_per_cell() as u64)
-            .sum::<u64>()
-            + columns.iter().filter(|&&i| i < n_dims).count() as u64 * 8;
-        let out_bytes: u64 = self.outputs.len() as u64 * 2 * 8;
-        let task_memory = box_cells * (read_bytes + out_bytes);
-        let projected = workers as u64 * task_memory;
-        // Each worker decodes a source box at once: its chunks are read
-        // ahead whole, in the fewer chunks the memory left holds.
-        let mut read_ahead = ReadAheadPlan::new(
-            table,
-            &columns,
-            grid.rechunk.io_concurrency,
-            &spans,
-            workers,
-        );
-        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
-            if projected > limit as u64 {
-                return resources_err!(
-                    "SelectionCopyExec over {} needs {} ({} workers x {} per task: a source box \
-                     of {box_cells} cells and the computed chunk) but the memory limit (allowed_mem) is {}; \
-                     raise the limit or rechunk the source to smaller chunks",
-                    table.store,
-                    human_readable_size(projected as usize),
-                    workers,
-                    human_readable_size(task_memory as usize),
-                    human_readable_size(limit)
-                );
-            }
-            read_ahead =
-                read_ahead.within(usize::try_from(limit as u64 - projected).unwrap_or(usize::MAX));
-        }
-        let step = Step::Evaluate(Evaluate {
+        let block = source_long_block(&grid.table, &columns, &grid.shape);
+        let limit = session.runtime_env().memory_pool.memory_limit();
+        let step = Step::Evaluate(Evaluate::plan(
+            &grid.selected(),
+            &block,
             columns,
             batch_schema,
             exprs,
-            workers,
-            task_memory,
-            read_ahead,
-        });
-        let limit = session.runtime_env().memory_pool.memory_limit();
+            grid.rechunk.threads,
+            &limit,
+        )?);
         Ok(SelectionCopyExec::new(
             Arc::new(grid.blockwise(block, step, limit)?),
             ExecutionPlanMetricsSet::new(),
@@ -271,6 +216,7 @@ pub(crate) struct CopyGrid {
     names: Vec<String>,
     to: CopyTarget,
     target_chunks: Vec<u64>,
+    runtime: Arc<RuntimeEnv>,
 }
 
 impl CopyGrid {
@@ -305,7 +251,18 @@ impl CopyGrid {
             names: outputs.iter().map(|o| o.name.clone()).collect(),
             to: to.clone(),
             target_chunks,
+            runtime: Arc::clone(session.runtime_env()),
         })
+    }
+
+    /// What step 1 reads.
+    pub(crate) fn selected(&self) -> SelectedGrid<'_> {
+        SelectedGrid {
+            table: &self.table,
+            selection: &self.selection,
+            shape: &self.shape,
+            io_concurrency: self.rechunk.io_concurrency,
+        }
     }
 
     /// The target's chunk shape.
@@ -322,18 +279,21 @@ impl CopyGrid {
         limit: MemoryLimit,
     ) -> Result<Blockwise> {
         Blockwise {
-            table: self.table,
-            selection: self.selection,
-            shape: self.shape,
-            block,
-            names: self.names,
-            types: self.types,
-            step,
+            blocks: Arc::new(BlockwiseStep {
+                table: self.table,
+                selection: self.selection,
+                shape: self.shape,
+                block,
+                names: self.names,
+                types: self.types,
+                step,
+            }),
             to: self.to,
             target_chunks: self.target_chunks,
             rechunk: self.rechunk,
             stage2_memory: 0,
             direct: false,
+            runtime: self.runtime,
         }
         .planned(limit)
     }
@@ -436,17 +396,8 @@ impl UserDefinedLogicalNodeCore for SelectionCopy {
 
 /// Everything the two steps need, planned.
 pub(crate) struct Blockwise {
-    pub(crate) table: Arc<GridTable>,
-    pub(crate) selection: Selection,
-    /// The written grid's shape (selected positions per dimension).
-    pub(crate) shape: Vec<u64>,
-    /// Chunks of the intermediate store.
-    pub(crate) block: Vec<u64>,
-    /// The variables written, and their types.
-    pub(crate) names: Vec<String>,
-    pub(crate) types: Vec<DataType>,
-    /// How step 1 makes the intermediate store's chunks.
-    pub(crate) step: Step,
+    /// Step 1.
+    pub(crate) blocks: Arc<BlockwiseStep>,
     pub(crate) to: CopyTarget,
     pub(crate) target_chunks: Vec<u64>,
     pub(crate) rechunk: RechunkOptions,
@@ -454,9 +405,32 @@ pub(crate) struct Blockwise {
     /// Whether step 1 writes the target's chunks itself (see
     /// [`Blockwise::planned`]).
     pub(crate) direct: bool,
+    /// The planning session's runtime (its object stores).
+    pub(crate) runtime: Arc<RuntimeEnv>,
 }
 
-/// Step 1 of a [`Blockwise`] copy: how the intermediate chunks are made.
+/// Step 1 of a [`Blockwise`] copy, the blockwise primitive: every chunk
+/// of the selected grid's variables made on its own (on one machine, or
+/// in runs of chunks on a cluster's workers).
+pub(crate) struct BlockwiseStep {
+    pub(crate) table: Arc<GridTable>,
+    pub(crate) selection: Selection,
+    /// The written grid's shape (selected positions per dimension).
+    pub(crate) shape: Vec<u64>,
+    /// The chunks made (of the intermediate store, or of the target).
+    pub(crate) block: Vec<u64>,
+    /// The variables written, and their types.
+    pub(crate) names: Vec<String>,
+    pub(crate) types: Vec<DataType>,
+    /// How the chunks are made.
+    pub(crate) step: Step,
+}
+
+/// Says whether a store being written still wants chunks (see
+/// [`StagedTarget::still_staged`](crate::write::target::StagedTarget)).
+pub(crate) type MayWrite<'a> = dyn Fn() -> Result<(), String> + Sync + 'a;
+
+/// How step 1 of a [`Blockwise`] copy makes its chunks.
 pub(crate) enum Step {
     /// Each chunk on its own: its source box read, the expressions
     /// evaluated over it.
@@ -479,7 +453,7 @@ pub(crate) trait StepWriters: fmt::Display + Send + Sync {
     /// `copy`.
     fn write_chunks(
         &self,
-        copy: &Blockwise,
+        copy: &BlockwiseStep,
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         cancelled: &AtomicBool,
     ) -> Result<()>;
@@ -488,13 +462,99 @@ pub(crate) trait StepWriters: fmt::Display + Send + Sync {
 /// Step 1 as expressions of a chunk's source box.
 pub(crate) struct Evaluate {
     /// Table columns read (indices into its schema).
-    columns: Vec<usize>,
+    pub(crate) columns: Vec<usize>,
     batch_schema: SchemaRef,
-    exprs: Vec<Arc<dyn PhysicalExpr>>,
-    workers: usize,
+    pub(crate) exprs: Vec<Arc<dyn PhysicalExpr>>,
+    pub(crate) workers: usize,
     task_memory: u64,
     /// The source chunks read ahead of the workers (a remote source).
     read_ahead: ReadAheadPlan,
+}
+
+/// Chunks as long as the longest of the source's chunks of the variables
+/// among `columns` (the table's columns read), within `shape`.
+fn source_long_block(table: &GridTable, columns: &[usize], shape: &[u64]) -> Vec<u64> {
+    let n_dims = table.dims.len();
+    (0..n_dims)
+        .map(|d| {
+            (columns.iter().filter(|&&i| i >= n_dims))
+                .map(|&i| table.variables[i - n_dims].chunk_shape()[d])
+                .max()
+                .unwrap_or(shape[d])
+                .clamp(1, shape[d])
+        })
+        .collect()
+}
+
+impl Evaluate {
+    /// Step 1 evaluating `exprs` (over `batch_schema`: the table's
+    /// `columns` read) for each chunk of shape `block` of what `grid`'s
+    /// selection keeps, on at most `threads` threads; refused when its
+    /// tasks cannot fit `limit`, its reads ahead fitted to what is left.
+    pub(crate) fn plan(
+        grid: &SelectedGrid<'_>,
+        block: &[u64],
+        columns: Vec<usize>,
+        batch_schema: SchemaRef,
+        exprs: Vec<Arc<dyn PhysicalExpr>>,
+        threads: usize,
+        limit: &MemoryLimit,
+    ) -> Result<Self> {
+        let (table, selection, shape) = (grid.table, grid.selection, grid.shape);
+        let n_dims = table.dims.len();
+        let tasks = BlockGrid::covering(shape, block).num_blocks();
+        let workers = (threads as u64).clamp(1, tasks.max(1)) as usize;
+        // A task's source box: the longest source span a chunk covers.
+        let spans: Vec<u64> = (0..n_dims)
+            .map(|d| max_span(selection.ranges(d), shape[d], block[d]))
+            .collect();
+        let box_cells = spans.iter().fold(1u64, |n, &s| n.saturating_mul(s));
+        let read_bytes: u64 = (columns.iter().filter(|&&i| i >= n_dims))
+            .map(|&i| table.variables[i - n_dims].peak_bytes_per_cell() as u64)
+            .sum::<u64>()
+            + columns.iter().filter(|&&i| i < n_dims).count() as u64 * 8;
+        let out_bytes: u64 = exprs.len() as u64 * 2 * 8;
+        let task_memory = box_cells.saturating_mul(read_bytes + out_bytes);
+        let projected = (workers as u64).saturating_mul(task_memory);
+        // Each worker decodes a source box at once: its chunks are read
+        // ahead whole, in the fewer chunks the memory left holds.
+        let mut read_ahead =
+            ReadAheadPlan::new(table, &columns, grid.io_concurrency, &spans, workers);
+        if let MemoryLimit::Finite(limit) = *limit {
+            if projected > limit as u64 {
+                return resources_err!(
+                    "SelectionCopyExec over {} needs {} ({} workers x {} per task: a source box \
+                     of {box_cells} cells and the computed chunk) but the memory limit (allowed_mem) is {}; \
+                     raise the limit or rechunk the source to smaller chunks",
+                    table.store,
+                    human_readable_size(projected as usize),
+                    workers,
+                    human_readable_size(task_memory as usize),
+                    human_readable_size(limit)
+                );
+            }
+            read_ahead =
+                read_ahead.within(usize::try_from(limit as u64 - projected).unwrap_or(usize::MAX));
+        }
+        Ok(Self {
+            columns,
+            batch_schema,
+            exprs,
+            workers,
+            task_memory,
+            read_ahead,
+        })
+    }
+}
+
+/// What step 1 of a copy reads: the selection `selection` of `table`,
+/// `shape` cells along each dimension, its source chunks read
+/// `io_concurrency` at once ahead of the tasks.
+pub(crate) struct SelectedGrid<'a> {
+    pub(crate) table: &'a GridTable,
+    pub(crate) selection: &'a Selection,
+    pub(crate) shape: &'a [u64],
+    pub(crate) io_concurrency: usize,
 }
 
 impl Step {
@@ -525,7 +585,18 @@ impl Step {
     }
 }
 
-impl Blockwise {
+impl BlockwiseStep {
+    /// Memory it holds at its peak.
+    pub(crate) fn memory(&self) -> u64 {
+        self.step.memory()
+    }
+
+    /// The cells of chunk `task`.
+    pub(crate) fn chunk_cells(&self, task: u64) -> u64 {
+        let chunk = self.chunks().block(task);
+        chunk.iter().map(|r| r.end - r.start).product()
+    }
+
     /// The chunks of the intermediate store (of the target, written
     /// directly): one task each, in C order.
     pub(crate) fn chunks(&self) -> BlockGrid {
@@ -536,67 +607,10 @@ impl Blockwise {
         self.chunks().num_blocks()
     }
 
-    fn projected_memory(&self) -> u64 {
-        if self.direct {
-            return self.direct_memory().max(COORDINATE_WRITE_MEMORY);
-        }
-        (self.step.memory())
-            .max(self.stage2_memory)
-            .max(COORDINATE_WRITE_MEMORY)
-    }
-
-    /// Runs both steps.
-    fn run(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<Written> {
-        let cells: u64 = self.shape.iter().product();
-        let step1 = cells * self.types.len() as u64 * width_of(&self.types);
-        if self.direct {
-            self.write_direct(runtime, cancelled)?;
-            return Ok(Written {
-                rows: cells,
-                bytes_read: 0,
-                bytes_written: step1,
-            });
-        }
-        let work_dir = self
-            .rechunk
-            .work_dir
-            .clone()
-            .unwrap_or_else(default_work_dir);
-        let scratch = ScratchStore::create(&work_dir, "zarrfusion-copy", ".zarr", runtime)?;
-        let plain = ZarrWriteOptions {
-            codec: Codec::None,
-            ..self.to.options.clone()
-        };
-        let group = self.group(scratch.storage(), &plain, &self.block)?;
-        group.store_metadata()?;
-        self.write_step(&group.variables, cancelled)?;
-        let chunks: Vec<(String, u64)> = self
-            .table
-            .dims
-            .iter()
-            .zip(&self.target_chunks)
-            .map(|(d, &c)| (d.name.clone(), c))
-            .collect();
-        let prepared = PreparedRechunk::new_for(
-            &scratch.location().to_string(),
-            &chunks,
-            None,
-            Some(TargetEncoding::of(&self.to.options)),
-            &self.rechunk,
-            runtime,
-        )?;
-        let summary = prepared.write_to(&self.to, cancelled)?;
-        Ok(Written {
-            rows: cells,
-            bytes_read: summary.bytes_read,
-            bytes_written: step1 + summary.bytes_written,
-        })
-    }
-
     /// Starts a store of the result in `storage`: its group, coordinates
     /// (the selected values) and variables in `chunks`, written with
     /// `options`; no metadata is stored yet (see [`prepare_group`]).
-    fn group(
+    pub(crate) fn group(
         &self,
         storage: &ReadableWritableListableStorage,
         options: &ZarrWriteOptions,
@@ -632,15 +646,29 @@ impl Blockwise {
         prepare_group(storage, &coordinates, &variables, options)
     }
 
-    /// Step 1 into `arrays`: the intermediate store's, or the target's.
-    fn write_step(
+    /// Step 1 into `arrays` (the intermediate store's, or the target's):
+    /// the chunks numbered `tasks` (in C order; another operator's
+    /// writers make them all at once).
+    /// Each chunk is written only once `may_write` says the store still
+    /// wants it.
+    pub(crate) fn write_step(
         &self,
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        tasks: Range<u64>,
+        may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
     ) -> Result<()> {
         match &self.step {
-            Step::Evaluate(e) => self.write_chunks(e, arrays, cancelled)?,
-            Step::Writers(w) => w.write_chunks(self, arrays, cancelled)?,
+            Step::Evaluate(e) => self.write_chunks(e, arrays, tasks, may_write, cancelled)?,
+            Step::Writers(w) if tasks == (0..self.tasks()) => {
+                w.write_chunks(self, arrays, cancelled)?
+            }
+            Step::Writers(_) => {
+                return exec_err!(
+                    "the COPY of '{}' makes its chunks all at once, not chunks {tasks:?}",
+                    self.table.store
+                )
+            }
         }
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the COPY of '{}' was cancelled", self.table.store);
@@ -648,75 +676,31 @@ impl Blockwise {
         Ok(())
     }
 
-    /// Whether each intermediate chunk is whole chunks of the target (the
-    /// last ones along a dimension cut at its end): step 1 can write the
-    /// target's chunks itself.
-    fn aligned(&self) -> bool {
-        (self.block.iter().zip(&self.target_chunks).zip(&self.shape))
-            .all(|((&b, &t), &n)| b >= n || b % t.max(1) == 0)
-    }
-
-    /// Memory step 1 holds writing the target itself: its own and, for
-    /// each worker, a chunk's values and their encoding.
-    fn direct_memory(&self) -> u64 {
-        let cells = (self.block.iter()).fold(1u64, |cells, &n| cells.saturating_mul(n));
-        let bytes = cells
-            .saturating_mul(self.types.len() as u64)
-            .saturating_mul(width_of(&self.types));
-        (self.step.workers() as u64)
-            .saturating_mul(bytes.saturating_mul(2))
-            .saturating_add(self.step.memory())
-    }
-
-    /// Plans step 2: none when step 1's chunks are whole target chunks
-    /// and it fits `limit` writing them itself (no intermediate store, no
-    /// rechunk), else the rechunk (refused when it cannot fit).
-    pub(crate) fn planned(mut self, limit: MemoryLimit) -> Result<Self> {
-        self.direct = self.aligned()
-            && match limit {
-                MemoryLimit::Finite(limit) => self.direct_memory() <= limit as u64,
-                _ => true,
-            };
-        if !self.direct {
-            self.stage2_memory = second_step(
-                &self.table,
-                &self.shape,
-                &self.block,
-                &self.target_chunks,
-                &self.types,
-                &self.rechunk,
-            )?;
-        }
-        Ok(self)
-    }
-
-    /// Step 1 straight into the target, atomically: a local one written
-    /// beside it and renamed into place; an object-store one (which must be
-    /// empty) with its metadata last, erased when the copy fails.
-    fn write_direct(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<()> {
-        self.to.write_group(
-            runtime,
-            cancelled,
-            |storage| self.group(storage, &self.to.options, &self.target_chunks),
-            |group| self.write_step(&group.variables, cancelled),
-        )
-    }
-
-    /// Step 1 by expressions: every chunk of the intermediate variables,
-    /// on `workers` threads.
+    /// Step 1 by expressions: the chunks numbered `tasks` of the
+    /// variables, on `workers` threads.
     fn write_chunks(
         &self,
         step: &Evaluate,
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        tasks: Range<u64>,
+        may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
     ) -> Result<()> {
         let chunks = self.chunks();
+        if tasks.end > chunks.num_blocks() {
+            return exec_err!(
+                "the COPY of '{}' has {} chunks, not {}",
+                self.table.store,
+                chunks.num_blocks(),
+                tasks.end
+            );
+        }
         let read_ahead = {
             let (selection, chunks) = (self.selection.clone(), chunks.clone());
             step.read_ahead.start(
                 &self.table,
                 &step.columns,
-                0..chunks.num_blocks(),
+                tasks.clone(),
                 step.workers,
                 move |task| {
                     let compact = chunks.block(task);
@@ -725,11 +709,18 @@ impl Blockwise {
             )
         };
         run_tasks(
-            chunks.num_blocks(),
+            tasks.end.saturating_sub(tasks.start),
             step.workers,
             cancelled,
             ChunkBufferPool::new,
-            |pool, task| {
+            |pool, i| {
+                let task = tasks.start + i;
+                may_write().map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "the COPY of '{}', chunk {task}: {e}",
+                        self.table.store
+                    ))
+                })?;
                 let written = self.write_chunk(step, &chunks.block(task), arrays, pool);
                 if let Some(read_ahead) = &read_ahead {
                     read_ahead.done_with(task);
@@ -773,6 +764,146 @@ impl Blockwise {
                 .map_err(|e| DataFusionError::Execution(format!("COPY TO Zarr: {e}")))?;
         }
         Ok(())
+    }
+}
+
+impl Blockwise {
+    fn projected_memory(&self) -> u64 {
+        if self.direct {
+            return self.direct_memory().max(COORDINATE_WRITE_MEMORY);
+        }
+        (self.blocks.step.memory())
+            .max(self.stage2_memory)
+            .max(COORDINATE_WRITE_MEMORY)
+    }
+
+    /// What writing it did, `bytes_read` by step 2.
+    fn written(&self, bytes_read: u64) -> Written {
+        let cells: u64 = self.blocks.shape.iter().product();
+        let step1 = cells * self.blocks.types.len() as u64 * width_of(&self.blocks.types);
+        let step2 = match self.direct {
+            true => 0,
+            false => step1,
+        };
+        Written {
+            rows: cells,
+            bytes_read,
+            bytes_written: step1 + step2,
+        }
+    }
+
+    /// Runs both steps.
+    fn run(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<Written> {
+        let cells: u64 = self.blocks.shape.iter().product();
+        let step1 = cells * self.blocks.types.len() as u64 * width_of(&self.blocks.types);
+        if self.direct {
+            self.write_direct(runtime, cancelled)?;
+            return Ok(self.written(0));
+        }
+        let work_dir = self
+            .rechunk
+            .work_dir
+            .clone()
+            .unwrap_or_else(default_work_dir);
+        let scratch = ScratchStore::create(&work_dir, "zarrfusion-copy", ".zarr", runtime)?;
+        let plain = ZarrWriteOptions {
+            codec: Codec::None,
+            ..self.to.options.clone()
+        };
+        let group = self
+            .blocks
+            .group(scratch.storage(), &plain, &self.blocks.block)?;
+        group.store_metadata()?;
+        self.blocks.write_step(
+            &group.variables,
+            0..self.blocks.tasks(),
+            &|| Ok(()),
+            cancelled,
+        )?;
+        let chunks: Vec<(String, u64)> = (self.blocks.table.dims)
+            .iter()
+            .zip(&self.target_chunks)
+            .map(|(d, &c)| (d.name.clone(), c))
+            .collect();
+        let prepared = PreparedRechunk::new_for(
+            &scratch.location().to_string(),
+            &chunks,
+            None,
+            Some(TargetEncoding::of(&self.to.options)),
+            &self.rechunk,
+            runtime,
+        )?;
+        let summary = prepared.write_to(&self.to, cancelled)?;
+        Ok(Written {
+            rows: cells,
+            bytes_read: summary.bytes_read,
+            bytes_written: step1 + summary.bytes_written,
+        })
+    }
+
+    /// Whether each intermediate chunk is whole chunks of the target (the
+    /// last ones along a dimension cut at its end): step 1 can write the
+    /// target's chunks itself.
+    fn aligned(&self) -> bool {
+        (self
+            .blocks
+            .block
+            .iter()
+            .zip(&self.target_chunks)
+            .zip(&self.blocks.shape))
+        .all(|((&b, &t), &n)| b >= n || b % t.max(1) == 0)
+    }
+
+    /// Memory step 1 holds writing the target itself: its own and, for
+    /// each worker, a chunk's values and their encoding.
+    fn direct_memory(&self) -> u64 {
+        let cells = (self.blocks.block.iter()).fold(1u64, |cells, &n| cells.saturating_mul(n));
+        let bytes = cells
+            .saturating_mul(self.blocks.types.len() as u64)
+            .saturating_mul(width_of(&self.blocks.types));
+        (self.blocks.step.workers() as u64)
+            .saturating_mul(bytes.saturating_mul(2))
+            .saturating_add(self.blocks.step.memory())
+    }
+
+    /// Plans step 2: none when step 1's chunks are whole target chunks
+    /// and it fits `limit` writing them itself (no intermediate store, no
+    /// rechunk), else the rechunk (refused when it cannot fit).
+    pub(crate) fn planned(mut self, limit: MemoryLimit) -> Result<Self> {
+        self.direct = self.aligned()
+            && match limit {
+                MemoryLimit::Finite(limit) => self.direct_memory() <= limit as u64,
+                _ => true,
+            };
+        if !self.direct {
+            self.stage2_memory = second_step(
+                &self.blocks.table,
+                &self.blocks.shape,
+                &self.blocks.block,
+                &self.target_chunks,
+                &self.blocks.types,
+                &self.rechunk,
+            )?;
+        }
+        Ok(self)
+    }
+
+    /// Step 1 straight into the target, atomically: a local one written
+    /// beside it and renamed into place; an object-store one (which must be
+    /// empty) with its metadata last, erased when the copy fails.
+    fn write_direct(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<()> {
+        self.to.write_group(
+            runtime,
+            cancelled,
+            |storage| {
+                self.blocks
+                    .group(storage, &self.to.options, &self.target_chunks)
+            },
+            |group| {
+                let all = 0..self.blocks.tasks();
+                (self.blocks).write_step(&group.variables, all, &|| Ok(()), cancelled)
+            },
+        )
     }
 }
 
@@ -846,8 +977,13 @@ fn nan_filled_bytes(values: &ArrayRef) -> Result<Vec<u8>> {
 
 /// Writes a selection of a Zarr table with computed variables: blockwise
 /// into an intermediate store in `work_dir`, then rechunked into the target.
+///
+/// On a cluster ([`on_cluster`](Self::on_cluster)) both steps run on the
+/// workers as its inputs, one per round ([`ClusterSelection`]).
 pub struct SelectionCopyExec {
     blockwise: Arc<Blockwise>,
+    /// On a cluster: where its tasks write, and their rounds.
+    cluster: Option<ClusterSelection>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -855,7 +991,7 @@ pub struct SelectionCopyExec {
 impl fmt::Debug for SelectionCopyExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SelectionCopyExec")
-            .field("store", &self.blockwise.table.store)
+            .field("store", &self.blockwise.blocks.table.store)
             .field("target", &self.blockwise.to.location)
             .finish()
     }
@@ -868,35 +1004,56 @@ impl SelectionCopyExec {
         let properties = count_properties();
         Self {
             blockwise,
+            cluster: None,
             properties,
             metrics,
         }
+    }
+
+    /// This copy with its steps' rounds of tasks as its inputs, to run on
+    /// a cluster's workers; `None` when they already are, or when its
+    /// step 1 is another operator's writers (a rolling copy's, run on one
+    /// machine). A local target's temporary directory and the
+    /// intermediate store (in `work_dir`, which every worker must reach)
+    /// are named now, for the workers to write into.
+    pub fn on_cluster(&self) -> Result<Option<Self>> {
+        if self.cluster.is_some() {
+            return Ok(None);
+        }
+        let runtime = Arc::clone(&self.blockwise.runtime);
+        let Some(cluster) = ClusterSelection::plan(&self.blockwise, &runtime)? else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            blockwise: Arc::clone(&self.blockwise),
+            cluster: Some(cluster),
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
     }
 }
 
 impl DisplayAs for SelectionCopyExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let b = &self.blockwise;
-        let names: Vec<String> = b
-            .names
-            .iter()
-            .zip(b.step.exprs())
+        let names: Vec<String> = (b.blocks.names.iter())
+            .zip(b.blocks.step.exprs())
             .map(|(n, e)| format!("{e} AS {n}"))
             .collect();
         write!(
             f,
             "SelectionCopyExec: store={}, target={}, variables=[{}], shape={:?}, ",
-            b.table.store,
+            b.blocks.table.store,
             b.to.location,
             names.join(", "),
-            b.shape,
+            b.blocks.shape,
         )?;
-        match &b.step {
+        match &b.blocks.step {
             Step::Evaluate(e) => write!(
                 f,
                 "blockwise chunks {:?} ({} tasks, {} workers, {} per task{})",
-                b.block,
-                b.tasks(),
+                b.blocks.block,
+                b.blocks.tasks(),
                 e.workers,
                 human_readable_size(e.task_memory as usize),
                 e.read_ahead,
@@ -904,8 +1061,8 @@ impl DisplayAs for SelectionCopyExec {
             Step::Writers(w) => write!(
                 f,
                 "blockwise chunks {:?} ({} tasks, {w})",
-                b.block,
-                b.tasks()
+                b.blocks.block,
+                b.blocks.tasks()
             )?,
         }
         let second = if b.direct {
@@ -918,12 +1075,38 @@ impl DisplayAs for SelectionCopyExec {
             " {second} {:?}, projected_memory={}",
             b.target_chunks,
             human_readable_size(b.projected_memory() as usize)
-        )
+        )?;
+        match &self.cluster {
+            Some(_) => write!(f, ", tasks on the cluster's workers"),
+            None => Ok(()),
+        }
     }
 }
 
 impl ExecutionPlan for SelectionCopyExec {
-    leaf_plan_methods!("SelectionCopyExec");
+    named_plan_methods!("SelectionCopyExec");
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.cluster.iter().flat_map(|c| c.rounds()).collect()
+    }
+
+    no_expressions_method!();
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match &self.cluster {
+            None if children.is_empty() => Ok(self),
+            None => exec_err!("SelectionCopyExec has no children, got {}", children.len()),
+            Some(cluster) => Ok(Arc::new(Self {
+                blockwise: Arc::clone(&self.blockwise),
+                cluster: Some(cluster.with_rounds(children)?),
+                properties: Arc::clone(&self.properties),
+                metrics: ExecutionPlanMetricsSet::new(),
+            })),
+        }
+    }
 
     fn execute(
         &self,
@@ -932,16 +1115,30 @@ impl ExecutionPlan for SelectionCopyExec {
     ) -> Result<SendableRecordBatchStream> {
         let blockwise = Arc::clone(&self.blockwise);
         let runtime = context.runtime_env();
+        let cluster = self.cluster.clone();
         let job = WriteJob {
             operator: "SelectionCopyExec",
-            store: &blockwise.table.store,
-            projected: blockwise.projected_memory() as usize,
+            store: &blockwise.blocks.table.store,
+            // The session's memory holds the coordinates only when the
+            // tasks run on the workers.
+            projected: match cluster {
+                Some(_) => COORDINATE_WRITE_MEMORY as usize,
+                None => blockwise.projected_memory() as usize,
+            },
             metrics: &self.metrics,
             properties: &self.properties,
         };
         let writer = Arc::clone(&blockwise);
-        job.run(partition, &context, move |cancelled| {
-            writer.run(&runtime, cancelled)
+        let handle = tokio::runtime::Handle::try_current().map_err(|e| {
+            DataFusionError::Execution(format!("SelectionCopyExec needs a runtime: {e}"))
+        })?;
+        let task_context = Arc::clone(&context);
+        job.run(partition, &context, move |cancelled| match cluster {
+            None => writer.run(&runtime, cancelled),
+            Some(cluster) => {
+                cluster.run(&writer, &handle, &task_context, cancelled)?;
+                Ok(writer.written(0))
+            }
         })
     }
 

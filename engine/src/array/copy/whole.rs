@@ -25,8 +25,6 @@ use datafusion::common::exec_err;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execute_stream;
 use futures::StreamExt;
-use zarrs::filesystem::FilesystemStore;
-use zarrs::storage::ReadableWritableListableStorage;
 
 use datafusion::catalog::Session;
 use datafusion::common::Column;
@@ -38,8 +36,7 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
 use crate::array::rechunk::{
-    fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkTasksExec, StagedTarget,
-    TargetEncoding,
+    fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkTasksExec, TargetEncoding,
 };
 use crate::array::scan_path::{down_to_scan, ScanPath};
 use crate::plan_methods::{
@@ -49,8 +46,7 @@ use crate::plan_methods::{
 use crate::table::GridTable;
 use crate::write::options::ZarrVersion;
 use crate::write::scratch::ScratchStore;
-use crate::write::store::{io_error, temporary_beside, write_atomically_at, write_claimed};
-use crate::write::target::CopyTarget;
+use crate::write::target::{CopyTarget, StagedTarget};
 use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
 
@@ -302,15 +298,7 @@ impl ArrayCopyExec {
         let work = (prepared.has_intermediates())
             .then(|| ScratchStore::name(prepared.work_dir(), "zarrfusion-rechunk", ""));
         let rechunk = Arc::new(prepared.cluster_tasks(work.as_ref())?);
-        let staged = match &self.to.location {
-            StoreLocation::Local(path) => StagedTarget::Local {
-                path: temporary_beside(path)?,
-            },
-            StoreLocation::Remote(_) => StagedTarget::Remote {
-                url: self.to.location.to_string(),
-                storage: self.to.options.storage.clone().into_iter().collect(),
-            },
-        };
+        let staged = self.to.staged()?;
         let rounds = (0..prepared.rounds())
             .map(|round| {
                 let tasks = RechunkTasksExec::new(
@@ -345,7 +333,7 @@ impl ArrayCopyExec {
 /// A whole-table COPY on a cluster: where its tasks write, and their
 /// rounds.
 #[derive(Debug, Clone)]
-struct ClusterCopy {
+pub(crate) struct ClusterCopy {
     /// The target, staged by the session.
     staged: StagedTarget,
     /// The scratch store of the intermediate arrays, when an array takes
@@ -353,15 +341,29 @@ struct ClusterCopy {
     work: Option<StoreLocation>,
     /// Each round's tasks (every array's stage of that number) under the
     /// gathering of their counts, in order.
-    rounds: Vec<Arc<dyn ExecutionPlan>>,
+    pub(crate) rounds: Vec<Arc<dyn ExecutionPlan>>,
 }
 
 impl ClusterCopy {
+    /// The rounds `rounds` writing into `staged`, the intermediate arrays
+    /// into the scratch store `work`.
+    pub(crate) fn new(
+        staged: StagedTarget,
+        work: Option<StoreLocation>,
+        rounds: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Self {
+        Self {
+            staged,
+            work,
+            rounds,
+        }
+    }
+
     /// Makes the scratch store, runs the rounds one after another (each
     /// must have run all its tasks), erasing each intermediate array once
     /// the next round has read it; the scratch store is erased when this
     /// ends, however it ends.
-    fn run(
+    pub(crate) fn run(
         &self,
         prepared: &PreparedRechunk,
         handle: &tokio::runtime::Handle,
@@ -369,7 +371,7 @@ impl ClusterCopy {
         cancelled: &AtomicBool,
     ) -> Result<()> {
         let work = (self.work.clone())
-            .map(|w| ScratchStore::create_at(prepared.work_dir(), w, prepared.runtime()))
+            .map(|w| ScratchStore::create_at(prepared.work_dir(), w, &context.runtime_env()))
             .transpose()?;
         for (round, input) in self.rounds.iter().enumerate() {
             let expected = prepared.round_tasks(round);
@@ -393,7 +395,7 @@ impl ClusterCopy {
 /// Runs `input` (a round of a cluster's rechunk tasks under the gathering
 /// of their counts) to its end from a blocking thread, stopping when `cancelled` is
 /// set; an error unless the tasks it ran add up to `expected`.
-fn run_cluster_tasks(
+pub(crate) fn run_cluster_tasks(
     handle: &tokio::runtime::Handle,
     input: Arc<dyn ExecutionPlan>,
     context: Arc<TaskContext>,
@@ -516,29 +518,10 @@ impl ExecutionPlan for ArrayCopyExec {
                     bytes_written: summary.bytes_written,
                 });
             };
-            let run = |cancelled: &AtomicBool| cluster.run(&writer, &handle, &context, cancelled);
-            match (&to.location, &cluster.staged) {
-                (StoreLocation::Local(path), StagedTarget::Local { path: staging }) => {
-                    write_atomically_at(path, staging, cancelled, |dir| {
-                        std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-                        let out: ReadableWritableListableStorage =
-                            Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
-                        writer.write_metadata(&out)?;
-                        run(cancelled)
-                    })?
-                }
-                (StoreLocation::Remote(url), StagedTarget::Remote { .. }) => write_claimed(
-                    &to.location.to_string(),
-                    url,
-                    &to.options.storage,
-                    writer.runtime(),
-                    |out| {
-                        run(cancelled)?;
-                        writer.write_metadata(out)
-                    },
-                )?,
-                (_, staged) => return exec_err!("ArrayCopyExec staged its target as {staged}"),
-            }
+            to.write_staged(&cluster.staged, writer.runtime(), cancelled, |out| {
+                cluster.run(&writer, &handle, &context, cancelled)?;
+                writer.write_metadata(out)
+            })?;
             let bytes_written = writer.arrays().map(|a| a.plan.bytes_written()).sum();
             Ok(Written {
                 rows,

@@ -15,7 +15,7 @@
 //!   rechunk again from the source ([`PreparedRechunk::for_cluster_tasks`]:
 //!   its own `allowed_locations` and `allowed_mem`), so that what it
 //!   writes matches that metadata or is refused.
-//! - [`StagedTarget`]: where the chunks go: the temporary directory beside
+//! - [`StagedTarget`] (of [`crate::write::target`]): where the chunks go: the temporary directory beside
 //!   a local target (renamed into place by the session), or the claimed
 //!   object-store prefix (the session stores the metadata last, or erases
 //!   everything when a task fails).
@@ -26,11 +26,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use datafusion::common::{exec_err, human_readable_size, DataFusionError, Result};
+use datafusion::common::{exec_err, human_readable_size, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
@@ -45,9 +44,12 @@ use serde_json::Value;
 use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, StoreKey};
 
-use super::{PreparedRechunk, TargetEncoding};
+use super::{PreparedRechunk, RechunkOptions, TargetEncoding};
+use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
-use crate::write::store::{io_error, CLAIM_KEY};
+use crate::write::stamp::SCRATCH_MARKER;
+use crate::write::store::io_error;
+use crate::write::target::StagedTarget;
 use crate::write::write_job::{WriteJob, Written};
 use crate::zarr::{open_writable_remote, RemoteStorage, StoreLocation};
 
@@ -72,6 +74,36 @@ pub struct RechunkTasks {
     pub work: Option<String>,
     /// The arrays, in the order their tasks are numbered.
     pub arrays: Vec<ArrayTasks>,
+    /// Whether the source is written by an earlier round of the same
+    /// query (the intermediate store of a `COPY` of a selection): a worker
+    /// plans the tasks again when they run, not when it receives them.
+    pub planned_when_run: bool,
+}
+
+impl RechunkTasks {
+    /// Round `round`'s stages: every array's stage of that number, for the
+    /// arrays that have one.
+    fn round(&self, round: usize) -> impl Iterator<Item = &StageTasks> {
+        self.arrays.iter().filter_map(move |a| a.stages.get(round))
+    }
+
+    /// The tasks of round `round`, numbered across the arrays in order.
+    pub fn round_tasks(&self, round: usize) -> u64 {
+        self.round(round).map(|s| s.tasks).sum()
+    }
+
+    /// Round `round`'s tasks as runs of `(count, bytes each)`, an array's
+    /// stage a run (its tasks' decoded bytes written, on average).
+    pub fn round_task_weights(&self, round: usize) -> Vec<(u64, u64)> {
+        (self.round(round))
+            .map(|s| (s.tasks, s.bytes_written / s.tasks.max(1)))
+            .collect()
+    }
+
+    /// Decoded bytes round `round` writes.
+    pub fn round_bytes_written(&self, round: usize) -> u64 {
+        self.round(round).map(|s| s.bytes_written).sum()
+    }
 }
 
 /// One array's tasks.
@@ -94,6 +126,10 @@ pub struct StageTasks {
     pub to: Vec<u64>,
     /// The region one task copies: whole chunks of `to`.
     pub region: Vec<u64>,
+    /// Its tasks.
+    pub tasks: u64,
+    /// The decoded bytes they write.
+    pub bytes_written: u64,
 }
 
 /// The scratch store of a rechunk's intermediate arrays, as a worker
@@ -108,7 +144,7 @@ pub struct WorkStore {
 impl WorkStore {
     /// The scratch store at `location`, which the session made: a local
     /// one must exist (it is gone only when the rechunk failed or ended).
-    fn open(location: &str, runtime: &RuntimeEnv) -> Result<Self> {
+    pub fn open(location: &str, runtime: &RuntimeEnv) -> Result<Self> {
         match StoreLocation::parse(location)? {
             StoreLocation::Local(path) => {
                 if !path.is_dir() {
@@ -134,81 +170,28 @@ impl WorkStore {
     }
 }
 
-/// Where a cluster's tasks write a target's chunks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum StagedTarget {
-    /// The temporary directory beside a local target, made by the session
-    /// before any task runs (every worker must see the same path).
-    Local {
-        /// The directory.
-        path: PathBuf,
-    },
-    /// An object-store prefix the session has claimed.
-    Remote {
-        /// The prefix's URL.
-        url: String,
-        /// The COPY's object-store options.
-        storage: BTreeMap<String, String>,
-    },
-}
-
-impl StagedTarget {
-    /// The storage the tasks write into. A local directory must exist: the
-    /// session made it, and it is gone only when the COPY failed or was
-    /// cancelled (a task must not make it again).
-    fn open(&self, runtime: &RuntimeEnv) -> Result<ReadableWritableListableStorage> {
-        match self {
-            Self::Local { path } => {
-                if !path.is_dir() {
-                    return exec_err!(
-                        "the COPY's staging directory '{}' is gone (the COPY failed or was \
-                         cancelled)",
-                        path.display()
-                    );
-                }
-                Ok(Arc::new(
-                    FilesystemStore::new(path).map_err(|e| io_error(path, e))?,
-                ))
-            }
-            Self::Remote { url, storage } => {
-                let parsed = url::Url::parse(url)
-                    .map_err(|e| DataFusionError::Plan(format!("target '{url}': {e}")))?;
-                let options = storage.clone().into_iter().collect();
-                Ok(open_writable_remote(url, &parsed, &options, runtime)?)
-            }
-        }
-    }
-}
-
-impl StagedTarget {
-    /// Whether the session still stages the target (opened as `out`): its
-    /// temporary directory exists, or its claim on the prefix does. A
-    /// task checks before it writes, so that a task still running when
-    /// the COPY failed elsewhere (and the session erased what was written)
-    /// writes nothing more.
-    fn still_staged(&self, out: &ReadableWritableListableStorage) -> Result<(), String> {
-        let staged = match self {
-            Self::Local { path } => path.is_dir(),
-            Self::Remote { .. } => {
-                let claim = StoreKey::new(CLAIM_KEY).map_err(|e| e.to_string())?;
-                out.get(&claim).map_err(|e| e.to_string())?.is_some()
+impl WorkStore {
+    /// Whether the scratch store at `location` (opened as this) is still
+    /// there: a local directory exists, an object-store one still holds
+    /// its owner's marker. A task checks before it writes, so that a task
+    /// still running when the COPY failed elsewhere (and the session
+    /// erased the store) writes nothing more.
+    pub fn still_there(&self, location: &str) -> Result<(), String> {
+        let there = match &self.remote {
+            None => std::path::Path::new(location).is_dir(),
+            Some(_) => {
+                let marker = StoreKey::new(SCRATCH_MARKER).map_err(|e| e.to_string())?;
+                self.storage
+                    .get(&marker)
+                    .map_err(|e| e.to_string())?
+                    .is_some()
             }
         };
-        match staged {
+        match there {
             true => Ok(()),
             false => Err(format!(
-                "the COPY's target '{self}' is no longer staged (the COPY failed or was cancelled)"
+                "the scratch store '{location}' is gone (the COPY failed or was cancelled)"
             )),
-        }
-    }
-}
-
-impl fmt::Display for StagedTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Local { path } => write!(f, "{}", path.display()),
-            Self::Remote { url, .. } => write!(f, "{url}"),
         }
     }
 }
@@ -220,7 +203,7 @@ impl fmt::Display for StagedTarget {
 #[derive(Debug)]
 pub struct RechunkTasksExec {
     rechunk: Arc<RechunkTasks>,
-    prepared: Arc<PreparedRechunk>,
+    planned: Planned,
     target: StagedTarget,
     /// The round: every array's stage of this number.
     round: usize,
@@ -228,6 +211,14 @@ pub struct RechunkTasksExec {
     tasks: usize,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+}
+
+/// A [`RechunkTasksExec`]'s rechunk: planned, or planned when it runs
+/// (under these options: its source is written by an earlier round).
+#[derive(Debug, Clone)]
+enum Planned {
+    Now(Arc<PreparedRechunk>),
+    WhenRun(RechunkOptions),
 }
 
 impl RechunkTasksExec {
@@ -239,6 +230,28 @@ impl RechunkTasksExec {
         target: StagedTarget,
         round: usize,
     ) -> Self {
+        Self::with_planned(rechunk, Planned::Now(prepared), target, round)
+    }
+
+    /// The tasks of round `round` of `rechunk` writing into `target`,
+    /// planned under `options` when they run (a worker's, when the
+    /// source is written by an earlier round:
+    /// [`RechunkTasks::planned_when_run`]).
+    pub fn planned_when_run(
+        rechunk: Arc<RechunkTasks>,
+        options: RechunkOptions,
+        target: StagedTarget,
+        round: usize,
+    ) -> Self {
+        Self::with_planned(rechunk, Planned::WhenRun(options), target, round)
+    }
+
+    fn with_planned(
+        rechunk: Arc<RechunkTasks>,
+        planned: Planned,
+        target: StagedTarget,
+        round: usize,
+    ) -> Self {
         let schema = Arc::new(Schema::new(vec![Field::new(
             "tasks",
             DataType::UInt64,
@@ -246,7 +259,7 @@ impl RechunkTasksExec {
         )]));
         Self {
             rechunk,
-            prepared,
+            planned,
             target,
             round,
             tasks: 1,
@@ -264,7 +277,7 @@ impl RechunkTasksExec {
     pub fn with_tasks(&self, tasks: usize) -> Self {
         Self {
             rechunk: Arc::clone(&self.rechunk),
-            prepared: Arc::clone(&self.prepared),
+            planned: self.planned.clone(),
             target: self.target.clone(),
             round: self.round,
             tasks: tasks.max(1),
@@ -295,12 +308,12 @@ impl RechunkTasksExec {
 
     /// The round's tasks, numbered across the arrays.
     pub fn rechunk_tasks(&self) -> u64 {
-        self.prepared.round_tasks(self.round)
+        self.rechunk.round_tasks(self.round)
     }
 
     /// Decoded bytes the round writes.
     pub fn bytes_written(&self) -> u64 {
-        self.prepared.round_bytes_written(self.round)
+        self.rechunk.round_bytes_written(self.round)
     }
 
     /// The rechunk's tasks distributed task `task` (of [`tasks`](Self::tasks)) runs.
@@ -313,13 +326,13 @@ impl RechunkTasksExec {
         if ctx.task_count != self.tasks || ctx.task_index >= self.tasks {
             return exec_err!(
                 "RechunkTasksExec of {} was planned for {} tasks, but runs as task {} of {}",
-                self.prepared.source(),
+                self.rechunk.source,
                 self.tasks,
                 ctx.task_index,
                 ctx.task_count
             );
         }
-        let segments = self.prepared.round_task_weights(self.round);
+        let segments = self.rechunk.round_task_weights(self.round);
         let (i, n) = (ctx.task_index as u64, self.tasks as u64);
         Ok(share_by_weight(&segments, i, n))
     }
@@ -361,13 +374,16 @@ fn share_by_weight(segments: &[(u64, u64)], i: u64, n: u64) -> Range<u64> {
 
 impl DisplayAs for RechunkTasksExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let memory = match &self.planned {
+            Planned::Now(prepared) => human_readable_size(prepared.projected_memory() as usize),
+            Planned::WhenRun(_) => "planned when it runs".to_string(),
+        };
         write!(
             f,
-            "RechunkTasksExec: store={}, staged={}, round={}, projected_memory={}, rechunk_tasks={}, tasks={}",
-            self.prepared.source(),
+            "RechunkTasksExec: store={}, staged={}, round={}, projected_memory={memory}, rechunk_tasks={}, tasks={}",
+            self.rechunk.source,
             self.target,
             self.round,
-            human_readable_size(self.prepared.projected_memory() as usize),
             self.rechunk_tasks(),
             self.tasks
         )
@@ -383,20 +399,40 @@ impl ExecutionPlan for RechunkTasksExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let run = self.run_of(&context)?;
-        let prepared = Arc::clone(&self.prepared);
+        let (rechunk, planned) = (Arc::clone(&self.rechunk), self.planned.clone());
         let target = self.target.clone();
-        let (round, work) = (self.round, self.rechunk.work.clone());
+        let round = self.round;
         let job = WriteJob {
             operator: "RechunkTasksExec",
-            store: prepared.source(),
-            projected: prepared.projected_memory() as usize,
+            store: &self.rechunk.source,
+            projected: match &planned {
+                Planned::Now(prepared) => prepared.projected_memory() as usize,
+                // Reserved once planned.
+                Planned::WhenRun(_) => 0,
+            },
             metrics: &self.metrics,
             properties: &self.properties,
         };
-        let writer = Arc::clone(&prepared);
+        let (task_context, metrics) = (Arc::clone(&context), self.metrics.clone());
         job.run(partition, &context, move |cancelled| {
+            let (writer, _reservation) = match planned {
+                Planned::Now(prepared) => (prepared, None),
+                Planned::WhenRun(options) => {
+                    let runtime = task_context.runtime_env();
+                    let prepared = PreparedRechunk::for_cluster_tasks(&rechunk, options, &runtime)?;
+                    let reservation = reserve(
+                        "RechunkTasksExec",
+                        &rechunk.source,
+                        partition,
+                        prepared.projected_memory() as usize,
+                        &task_context,
+                        &metrics,
+                    )?;
+                    (Arc::new(prepared), Some(reservation))
+                }
+            };
             let out = target.open(writer.runtime())?;
-            let work = (work.as_deref())
+            let work = (rechunk.work.as_deref())
                 .map(|w| WorkStore::open(w, writer.runtime()))
                 .transpose()?;
             let may_write = || target.still_staged(&out);

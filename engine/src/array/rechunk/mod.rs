@@ -39,7 +39,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::{exec_err, human_readable_size, plan_err, DataFusionError, Result};
+use datafusion::common::{
+    exec_err, human_readable_size, internal_err, plan_err, DataFusionError, Result,
+};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use serde_json::{json, Map, Value};
@@ -51,9 +53,7 @@ use zarrs::storage::{
     ReadableWritableListableStorageTraits, StoreKey,
 };
 
-pub use cluster::{
-    ArrayTasks, RechunkTasks, RechunkTasksExec, StageTasks, StagedTarget, WorkStore,
-};
+pub use cluster::{ArrayTasks, RechunkTasks, RechunkTasksExec, StageTasks, WorkStore};
 pub use plan::{RechunkPlan, StagePlan};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
@@ -69,7 +69,8 @@ use crate::write::target::CopyTarget;
 use crate::table::ReadAheadPlan;
 use crate::zarr::{
     chunk_keys, dimension_names, discover_arrays, is_sharded, open_storage, read_json, root_name,
-    AllowedLocations, ArrayEntry, ReadAhead, RemoteStorage, StoreAccess, StoreLocation,
+    AllowedLocations, ArrayEntry, OpenedStore, ReadAhead, RemoteStorage, StoreAccess,
+    StoreLocation,
 };
 
 /// Bytes planned per element of a variable-length data type.
@@ -293,6 +294,18 @@ fn open_jobs(
         &options.storage_defaults,
         runtime,
     )?;
+    plan_jobs(source, opened, chunks, arrays, options)
+}
+
+/// Plans the arrays of the store at `source`, opened as `opened` (only
+/// those named in `arrays`, when given).
+fn plan_jobs(
+    source: &str,
+    opened: OpenedStore,
+    chunks: &[(String, u64)],
+    arrays: Option<&[String]>,
+    options: &RechunkOptions,
+) -> Result<OpenedJobs> {
     let mut entries = discover_arrays(&opened, source, root_name(source))?;
     let storage = opened.storage;
     let remote = match opened.access {
@@ -577,6 +590,10 @@ pub struct PreparedRechunk {
     /// cluster's worker plans again from).
     chunks: Vec<(String, u64)>,
     options: RechunkOptions,
+    /// Planned from the metadata of a store not written yet
+    /// ([`planned_before_written`](PreparedRechunk::planned_before_written)):
+    /// its tasks run elsewhere, once it is.
+    before_written: bool,
 }
 
 impl std::fmt::Debug for PreparedRechunk {
@@ -611,7 +628,45 @@ impl PreparedRechunk {
         options: &RechunkOptions,
         runtime: &RuntimeEnv,
     ) -> Result<Self> {
-        let (storage, remote, jobs) = open_jobs(source, chunks, arrays, options, runtime)?;
+        let opened = open_jobs(source, chunks, arrays, options, runtime)?;
+        Self::of_jobs(source, opened, chunks, encoding, options, runtime)
+    }
+
+    /// The rechunk of the store a cluster's tasks will write at `source`
+    /// (an intermediate store of a COPY in `work_dir`), planned from its
+    /// metadata held in `metadata` (what will be written there, written
+    /// nowhere yet): what the session sends the workers and shows, never
+    /// run itself (its tasks are refused); the workers plan it again from
+    /// the store once it is written
+    /// ([`RechunkTasks::planned_when_run`]).
+    pub fn planned_before_written(
+        source: &str,
+        metadata: zarrs::storage::ReadableListableStorage,
+        chunks: &[(String, u64)],
+        encoding: Option<TargetEncoding>,
+        options: &RechunkOptions,
+        runtime: &RuntimeEnv,
+    ) -> Result<Self> {
+        let location = StoreLocation::parse(source)?;
+        options.allowed.check(&location, source)?;
+        let opened = OpenedStore {
+            storage: metadata,
+            access: StoreAccess::Local(PathBuf::new()),
+        };
+        let jobs = plan_jobs(source, opened, chunks, None, options)?;
+        let mut prepared = Self::of_jobs(source, jobs, chunks, encoding, options, runtime)?;
+        prepared.before_written = true;
+        Ok(prepared)
+    }
+
+    fn of_jobs(
+        source: &str,
+        (storage, remote, jobs): OpenedJobs,
+        chunks: &[(String, u64)],
+        encoding: Option<TargetEncoding>,
+        options: &RechunkOptions,
+        runtime: &RuntimeEnv,
+    ) -> Result<Self> {
         let prepared = Self {
             source: source.to_string(),
             storage,
@@ -622,11 +677,24 @@ impl PreparedRechunk {
             encoding,
             chunks: chunks.to_vec(),
             options: options.clone(),
+            before_written: false,
         };
         for job in &prepared.jobs {
             prepared.target_metadata(job)?;
         }
         Ok(prepared)
+    }
+
+    /// Refuses to copy a rechunk planned before its source was written.
+    fn check_written(&self) -> Result<()> {
+        match self.before_written {
+            true => internal_err!(
+                "the rechunk of '{}' was planned before the store was written: its tasks run \
+                 on a cluster's workers",
+                self.source
+            ),
+            false => Ok(()),
+        }
     }
 
     /// Where intermediate arrays go (a scratch store inside it).
@@ -669,6 +737,8 @@ impl PreparedRechunk {
                 .map(|s| StageTasks {
                     to: s.to.clone(),
                     region: s.region.clone(),
+                    tasks: s.tasks,
+                    bytes_written: s.bytes_written,
                 })
                 .collect();
             arrays.push(ArrayTasks {
@@ -688,6 +758,7 @@ impl PreparedRechunk {
             io_concurrency: self.options.io_concurrency,
             work: work.map(StoreLocation::to_string),
             arrays,
+            planned_when_run: self.before_written,
         })
     }
 
@@ -762,6 +833,13 @@ impl PreparedRechunk {
                 let stage =
                     StagePlan::for_region(&plan.shape, from, &s.to, &s.region, plan.itemsize)
                         .map_err(fail)?;
+                if (stage.tasks, stage.bytes_written) != (s.tasks, s.bytes_written) {
+                    return Err(fail(format!(
+                        "a stage sent as {} tasks writing {} bytes makes {} tasks writing {} \
+                         bytes",
+                        s.tasks, s.bytes_written, stage.tasks, stage.bytes_written
+                    )));
+                }
                 stages.push(stage);
             }
             if stages.last().map(|s| &s.to) != Some(target) {
@@ -805,23 +883,6 @@ impl PreparedRechunk {
             .sum()
     }
 
-    /// Round `round`'s tasks as runs of `(count, bytes each)`, an array's
-    /// stage a run (its tasks' decoded bytes written, on average).
-    pub fn round_task_weights(&self, round: usize) -> Vec<(u64, u64)> {
-        (self.arrays())
-            .filter_map(|a| a.plan.stages.get(round))
-            .map(|s| (s.tasks, s.bytes_written / s.tasks.max(1)))
-            .collect()
-    }
-
-    /// Decoded bytes round `round` writes.
-    pub fn round_bytes_written(&self, round: usize) -> u64 {
-        (self.arrays())
-            .filter_map(|a| a.plan.stages.get(round))
-            .map(|s| s.bytes_written)
-            .sum()
-    }
-
     /// Where array number `array` (of this rechunk's) keeps the output of
     /// its stage `stage` in the scratch store.
     fn intermediate_path(array: usize, stage: usize) -> String {
@@ -854,6 +915,7 @@ impl PreparedRechunk {
         may_write: &(dyn Fn() -> Result<(), String> + Sync),
         cancelled: &AtomicBool,
     ) -> Result<copy::StageCounts> {
+        self.check_written()?;
         let mut first = 0u64;
         let mut done = copy::StageCounts::default();
         for (index, job) in self.jobs.iter().enumerate() {
@@ -1109,6 +1171,7 @@ impl PreparedRechunk {
         which: impl Fn(&ArrayRechunk) -> bool,
         cancelled: &AtomicBool,
     ) -> Result<RechunkSummary> {
+        self.check_written()?;
         let started = Instant::now();
         // Created on the first intermediate array.
         let mut scratch: Option<ScratchStore> = None;

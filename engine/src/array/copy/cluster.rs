@@ -1,0 +1,611 @@
+//! `COPY` of a selection with computed variables on a cluster's workers.
+//! Its two steps become rounds of tasks, as the whole-table COPY's
+//! rechunk does ([`crate::array::rechunk::RechunkTasksExec`]):
+//!
+//! 1. *blockwise* ([`BlockwiseTasksExec`]): the workers evaluate the
+//!    expressions chunk by chunk and write the chunks into the
+//!    intermediate store the session made in `work_dir` (or, when they are
+//!    whole chunks of the target, straight into the staged target);
+//! 2. *rechunk*: the rounds of the rechunk of that intermediate store into
+//!    the target, planned by the session from the metadata it is about to
+//!    write ([`PreparedRechunk::planned_before_written`]) and by each
+//!    worker again when its tasks run.
+//!
+//! The session stages the target, writes the intermediate store's group
+//! (coordinates and metadata) before the first round and the target's
+//! metadata after the last, and commits the target atomically; the
+//! intermediate store is erased however the COPY ends.
+
+use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::{exec_err, human_readable_size, plan_err, DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use datafusion_distributed::DistributedTaskContext;
+use serde::{Deserialize, Serialize};
+use zarrs::storage::store::MemoryStore;
+use zarrs::storage::ReadableWritableListableStorage;
+
+use super::selection::{Blockwise, BlockwiseStep, Evaluate, SelectedGrid, Step};
+use super::whole::{run_cluster_tasks, ClusterCopy};
+use crate::array::rechunk::{
+    PreparedRechunk, RechunkOptions, RechunkTasksExec, TargetEncoding, WorkStore,
+};
+use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
+use crate::table::{BlockGrid, BlockRead};
+use crate::write::options::{Codec, ZarrWriteOptions};
+use crate::write::scratch::{default_work_dir, ScratchStore};
+use crate::write::store::{variable_array, GroupVariable};
+use crate::write::target::StagedTarget;
+use crate::write::write_job::{WriteJob, Written};
+use crate::zarr::StoreLocation;
+
+/// The most chunks a received blockwise step may make.
+const MAX_CHUNKS: u64 = 1 << 40;
+
+/// Step 1 of a COPY of a selection as it travels to the workers (beside
+/// the read and the expressions, which the codec carries).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockwiseTasks {
+    /// The chunks one task makes, in positions of the selection.
+    pub block: Vec<u64>,
+    /// The chunk shape of the arrays written (`block` is whole chunks of
+    /// it).
+    pub chunks: Vec<u64>,
+    /// The variables: name and type (`Float32` or `Float64`).
+    pub variables: Vec<(String, String)>,
+    /// Where the chunks go.
+    pub into: ChunksInto,
+    /// The arrays' format and compression.
+    pub encoding: TargetEncoding,
+    /// Tasks run at once by one distributed task.
+    pub workers: usize,
+}
+
+/// Where step 1 writes its chunks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ChunksInto {
+    /// The intermediate store the session made in `work_dir`.
+    Scratch {
+        /// Its location.
+        location: String,
+    },
+    /// The staged target itself (the chunks are whole target chunks).
+    Target {
+        /// Where it is staged.
+        staged: StagedTarget,
+    },
+}
+
+impl fmt::Display for ChunksInto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Scratch { location } => write!(f, "{location}"),
+            Self::Target { staged } => write!(f, "{staged}"),
+        }
+    }
+}
+
+impl BlockwiseTasks {
+    /// The variables as a group writes them.
+    fn group_variables(&self, shape: &[u64]) -> Result<Vec<GroupVariable>> {
+        (self.variables.iter())
+            .map(|(name, data_type)| {
+                let data_type = match data_type.as_str() {
+                    "Float32" => DataType::Float32,
+                    "Float64" => DataType::Float64,
+                    other => {
+                        return plan_err!("a blockwise step writes '{name}' as {other}, not floats")
+                    }
+                };
+                Ok(GroupVariable {
+                    name: name.clone(),
+                    data_type,
+                    shape: shape.to_vec(),
+                    chunks: self.chunks.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// The write options of the arrays written.
+    fn write_options(&self) -> ZarrWriteOptions {
+        ZarrWriteOptions {
+            codec: self.encoding.codec,
+            zarr_format: self.encoding.zarr_format,
+            ..ZarrWriteOptions::default()
+        }
+    }
+}
+
+/// A run of the chunks of step 1 of a COPY of a selection: the leaf of a
+/// cluster's blockwise stage. Its one partition yields one row, `tasks`:
+/// how many chunks it made.
+pub struct BlockwiseTasksExec {
+    blocks: Arc<BlockwiseStep>,
+    sent: Arc<BlockwiseTasks>,
+    /// The distributed tasks the chunks are dealt to.
+    tasks: usize,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl fmt::Debug for BlockwiseTasksExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockwiseTasksExec")
+            .field("store", &self.blocks.table.store)
+            .field("into", &self.sent.into)
+            .finish()
+    }
+}
+
+impl BlockwiseTasksExec {
+    fn new(blocks: Arc<BlockwiseStep>, sent: Arc<BlockwiseTasks>) -> Self {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "tasks",
+            DataType::UInt64,
+            false,
+        )]));
+        Self {
+            blocks,
+            sent,
+            tasks: 1,
+            properties: Arc::new(PlanProperties::new(
+                EquivalenceProperties::new(schema),
+                Partitioning::UnknownPartitioning(1),
+                EmissionType::Final,
+                Boundedness::Bounded,
+            )),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// Step 1 as a worker receives it: the read (its table opened again
+    /// under the worker's policy) and the expressions over the columns
+    /// read; refused when the chunks do not fit the selection, the arrays
+    /// written are not whole chunks of them, or the tasks cannot fit the
+    /// worker's `allowed_mem` (`limit`).
+    pub fn received(
+        read: BlockRead,
+        exprs: Vec<Arc<dyn PhysicalExpr>>,
+        sent: BlockwiseTasks,
+        options: &RechunkOptions,
+        limit: &MemoryLimit,
+    ) -> Result<Self> {
+        let BlockRead {
+            table,
+            columns,
+            schema: batch_schema,
+            selection,
+            ..
+        } = read;
+        let store = table.store.clone();
+        let shape: Vec<u64> = (0..table.dims.len())
+            .map(|d| selection.ranges(d).iter().map(|r| r.end - r.start).sum())
+            .collect();
+        let n = shape.len();
+        if sent.block.len() != n || sent.chunks.len() != n {
+            return plan_err!(
+                "a blockwise step over {store} sends chunks {:?} and {:?} for {n} dimensions",
+                sent.block,
+                sent.chunks
+            );
+        }
+        for d in 0..n {
+            let (b, c, len) = (sent.block[d], sent.chunks[d], shape[d]);
+            if b == 0 || c == 0 || len == 0 || b > len || (b < len && b % c != 0) {
+                return plan_err!(
+                    "a blockwise step over {store} makes chunks {:?} of arrays in chunks {:?} \
+                     of a selection of shape {shape:?}",
+                    sent.block,
+                    sent.chunks
+                );
+            }
+        }
+        let chunks = shape
+            .iter()
+            .zip(&sent.block)
+            .fold(1u64, |n, (len, b)| n.saturating_mul(len.div_ceil(*b)));
+        if chunks > MAX_CHUNKS {
+            return plan_err!("a blockwise step over {store} makes {chunks} chunks");
+        }
+        if sent.variables.len() != exprs.len() || exprs.is_empty() {
+            return plan_err!(
+                "a blockwise step over {store} writes {} variables with {} expressions",
+                sent.variables.len(),
+                exprs.len()
+            );
+        }
+        let variables = sent.group_variables(&shape)?;
+        let grid = SelectedGrid {
+            table: &table,
+            selection: &selection,
+            shape: &shape,
+            io_concurrency: options.io_concurrency,
+        };
+        let threads = sent.workers.clamp(1, options.threads.max(1));
+        let evaluate = Evaluate::plan(
+            &grid,
+            &sent.block,
+            columns,
+            batch_schema,
+            exprs,
+            threads,
+            limit,
+        )?;
+        let blocks = BlockwiseStep {
+            table,
+            selection,
+            shape,
+            block: sent.block.clone(),
+            names: variables.iter().map(|v| v.name.clone()).collect(),
+            types: variables.into_iter().map(|v| v.data_type).collect(),
+            step: Step::Evaluate(evaluate),
+        };
+        Ok(Self::new(Arc::new(blocks), Arc::new(sent)))
+    }
+
+    /// A copy dealing the chunks to `tasks` distributed tasks.
+    pub fn with_tasks(&self, tasks: usize) -> Self {
+        Self {
+            tasks: tasks.max(1),
+            ..Self::new(Arc::clone(&self.blocks), Arc::clone(&self.sent))
+        }
+    }
+
+    /// The distributed tasks the chunks are dealt to.
+    pub fn tasks(&self) -> usize {
+        self.tasks
+    }
+
+    /// The step as it travels (beside its read and expressions).
+    pub fn sent(&self) -> &BlockwiseTasks {
+        &self.sent
+    }
+
+    /// What the step reads, for the codec: the table, its columns read
+    /// and the selection.
+    pub fn read_parts(&self) -> Result<(BlockRead, &[Arc<dyn PhysicalExpr>])> {
+        let Step::Evaluate(evaluate) = &self.blocks.step else {
+            return exec_err!("a blockwise step of another operator's writers cannot travel");
+        };
+        let read = BlockRead::new(
+            Arc::clone(&self.blocks.table),
+            evaluate.columns.clone(),
+            self.blocks.selection.clone(),
+            BlockGrid::with_block_shape(
+                &self.blocks.table.shape(),
+                self.blocks.block.clone(),
+                &self.blocks.selection,
+            )
+            .map_err(|e| DataFusionError::Plan(e.to_string()))?,
+        )?;
+        Ok((read, &evaluate.exprs))
+    }
+
+    /// The chunks made.
+    pub fn chunk_tasks(&self) -> u64 {
+        self.blocks.tasks()
+    }
+
+    /// Decoded bytes written.
+    pub fn bytes_written(&self) -> u64 {
+        let cells: u64 = self.blocks.shape.iter().product();
+        let width: u64 = (self.blocks.types.iter())
+            .map(|t| t.primitive_width().unwrap_or(8) as u64)
+            .sum();
+        cells.saturating_mul(width)
+    }
+}
+
+impl DisplayAs for BlockwiseTasksExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "BlockwiseTasksExec: store={}, into={}, chunks {:?} ({} tasks), projected_memory={}, tasks={}",
+            self.blocks.table.store,
+            self.sent.into,
+            self.blocks.block,
+            self.blocks.tasks(),
+            human_readable_size(self.blocks.memory() as usize),
+            self.tasks
+        )
+    }
+}
+
+impl ExecutionPlan for BlockwiseTasksExec {
+    leaf_plan_methods!("BlockwiseTasksExec");
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let all = self.blocks.tasks();
+        let run = match self.tasks {
+            1 => 0..all,
+            tasks => {
+                let ctx = DistributedTaskContext::from_ctx(&context);
+                if ctx.task_count != tasks || ctx.task_index >= tasks {
+                    return exec_err!(
+                        "BlockwiseTasksExec of {} was planned for {tasks} tasks, but runs as \
+                         task {} of {}",
+                        self.blocks.table.store,
+                        ctx.task_index,
+                        ctx.task_count
+                    );
+                }
+                let share = |i: u64| all * i / tasks as u64;
+                share(ctx.task_index as u64)..share(ctx.task_index as u64 + 1)
+            }
+        };
+        let (blocks, sent) = (Arc::clone(&self.blocks), Arc::clone(&self.sent));
+        let runtime = context.runtime_env();
+        let job = WriteJob {
+            operator: "BlockwiseTasksExec",
+            store: &self.blocks.table.store,
+            projected: self.blocks.memory() as usize,
+            metrics: &self.metrics,
+            properties: &self.properties,
+        };
+        job.run(partition, &context, move |cancelled| {
+            let dims: Vec<String> = blocks.table.dims.iter().map(|d| d.name.clone()).collect();
+            let options = sent.write_options();
+            let arrays_in = |storage: &ReadableWritableListableStorage| {
+                (sent.group_variables(&blocks.shape)?.iter())
+                    .map(|v| variable_array(storage, v, &dims, &options))
+                    .collect::<Result<Vec<_>>>()
+            };
+            match &sent.into {
+                ChunksInto::Scratch { location } => {
+                    let scratch = WorkStore::open(location, &runtime)?;
+                    let arrays = arrays_in(&scratch.storage)?;
+                    let may_write = || scratch.still_there(location);
+                    blocks.write_step(&arrays, run.clone(), &may_write, cancelled)?;
+                }
+                ChunksInto::Target { staged } => {
+                    let out = staged.open(&runtime)?;
+                    let arrays = arrays_in(&out)?;
+                    let may_write = || staged.still_staged(&out);
+                    blocks.write_step(&arrays, run.clone(), &may_write, cancelled)?;
+                }
+            }
+            let cells = run.clone().map(|t| blocks.chunk_cells(t)).sum::<u64>();
+            Ok(Written {
+                rows: run.end - run.start,
+                bytes_read: 0,
+                bytes_written: cells.saturating_mul(blocks.types.len() as u64 * 8),
+            })
+        })
+    }
+
+    metered_plan_methods!(|_| Some(1));
+}
+
+/// A COPY of a selection on a cluster: where its tasks write, and their
+/// rounds.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterSelection {
+    /// The target, staged by the session.
+    staged: StagedTarget,
+    /// Step 1's chunks under the gathering of their counts.
+    blockwise: Arc<dyn ExecutionPlan>,
+    /// Step 2, unless step 1 writes the target's chunks itself: the
+    /// intermediate store, the rechunk planned from its metadata and its
+    /// rounds.
+    rechunk: Option<ClusterRechunk>,
+}
+
+/// Step 2 of a COPY of a selection on a cluster.
+#[derive(Debug, Clone)]
+struct ClusterRechunk {
+    intermediate: StoreLocation,
+    prepared: Arc<PreparedRechunk>,
+    rounds: ClusterCopy,
+}
+
+impl ClusterSelection {
+    /// The rounds of `copy` on a cluster's workers; `None` when its step 1
+    /// is another operator's writers (which run on one machine).
+    pub(crate) fn plan(copy: &Blockwise, runtime: &RuntimeEnv) -> Result<Option<Self>> {
+        let Step::Evaluate(evaluate) = &copy.blocks.step else {
+            return Ok(None);
+        };
+        let staged = copy.to.staged()?;
+        let work_dir = copy
+            .rechunk
+            .work_dir
+            .clone()
+            .unwrap_or_else(default_work_dir);
+        let (into, encoding, chunks, rechunk) = match copy.direct {
+            true => (
+                ChunksInto::Target {
+                    staged: staged.clone(),
+                },
+                TargetEncoding::of(&copy.to.options),
+                copy.target_chunks.clone(),
+                None,
+            ),
+            false => {
+                let intermediate = ScratchStore::name(&work_dir, "zarrfusion-copy", ".zarr");
+                let plain = TargetEncoding {
+                    codec: Codec::None,
+                    ..TargetEncoding::of(&copy.to.options)
+                };
+                let rechunk =
+                    ClusterRechunk::plan(copy, intermediate.clone(), &staged, &work_dir, runtime)?;
+                (
+                    ChunksInto::Scratch {
+                        location: intermediate.to_string(),
+                    },
+                    plain,
+                    copy.blocks.block.clone(),
+                    Some(rechunk),
+                )
+            }
+        };
+        let sent = BlockwiseTasks {
+            block: copy.blocks.block.clone(),
+            chunks,
+            variables: (copy.blocks.names.iter().zip(&copy.blocks.types))
+                .map(|(n, t)| (n.clone(), t.to_string()))
+                .collect(),
+            into,
+            encoding,
+            workers: evaluate.workers,
+        };
+        let blocks = Arc::clone(&copy.blocks);
+        let exec = BlockwiseTasksExec::new(blocks, Arc::new(sent));
+        Ok(Some(Self {
+            staged,
+            blockwise: Arc::new(CoalescePartitionsExec::new(Arc::new(exec))),
+            rechunk,
+        }))
+    }
+
+    /// Its rounds: step 1's, then the rechunk's.
+    pub(crate) fn rounds(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        let rechunk = self.rechunk.iter().flat_map(|r| &r.rounds.rounds);
+        std::iter::once(&self.blockwise).chain(rechunk).collect()
+    }
+
+    /// This with its rounds replaced by `rounds`.
+    pub(crate) fn with_rounds(&self, mut rounds: Vec<Arc<dyn ExecutionPlan>>) -> Result<Self> {
+        if rounds.len() != self.rounds().len() {
+            return exec_err!(
+                "a COPY of a selection has {} rounds, got {}",
+                self.rounds().len(),
+                rounds.len()
+            );
+        }
+        let blockwise = rounds.remove(0);
+        let rechunk = self.rechunk.clone().map(|mut r| {
+            r.rounds.rounds = rounds;
+            r
+        });
+        Ok(Self {
+            staged: self.staged.clone(),
+            blockwise,
+            rechunk,
+        })
+    }
+
+    /// Runs the COPY `copy` on the cluster from a blocking thread: stages
+    /// the target, writes the intermediate store's group, runs step 1's
+    /// round and the rechunk's, and commits the target (metadata last).
+    pub(crate) fn run(
+        &self,
+        copy: &Blockwise,
+        handle: &tokio::runtime::Handle,
+        context: &Arc<TaskContext>,
+        cancelled: &AtomicBool,
+    ) -> Result<()> {
+        let runtime = context.runtime_env();
+        let step1 = |cancelled: &AtomicBool| {
+            let tasks = copy.blocks.tasks();
+            let input = Arc::clone(&self.blockwise);
+            run_cluster_tasks(handle, input, Arc::clone(context), cancelled, tasks)
+        };
+        copy.to
+            .write_staged(&self.staged, &runtime, cancelled, |out| {
+                match &self.rechunk {
+                    None => {
+                        let group =
+                            (copy.blocks).group(out, &copy.to.options, &copy.target_chunks)?;
+                        step1(cancelled)?;
+                        group.store_metadata()
+                    }
+                    Some(rechunk) => {
+                        let work_dir =
+                            (copy.rechunk.work_dir.clone()).unwrap_or_else(default_work_dir);
+                        let intermediate = ScratchStore::create_at(
+                            &work_dir,
+                            rechunk.intermediate.clone(),
+                            &runtime,
+                        )?;
+                        let plain = ZarrWriteOptions {
+                            codec: Codec::None,
+                            ..copy.to.options.clone()
+                        };
+                        let group = (copy.blocks).group(
+                            intermediate.storage(),
+                            &plain,
+                            &copy.blocks.block,
+                        )?;
+                        group.store_metadata()?;
+                        step1(cancelled)?;
+                        let prepared = &rechunk.prepared;
+                        rechunk.rounds.run(prepared, handle, context, cancelled)?;
+                        prepared.write_metadata(out)
+                    }
+                }
+            })
+    }
+}
+
+impl ClusterRechunk {
+    /// The rechunk of the intermediate store `intermediate` of `copy`
+    /// into the target staged as `staged`, planned from the metadata its
+    /// group will have.
+    fn plan(
+        copy: &Blockwise,
+        intermediate: StoreLocation,
+        staged: &StagedTarget,
+        work_dir: &StoreLocation,
+        runtime: &RuntimeEnv,
+    ) -> Result<Self> {
+        let memory = Arc::new(MemoryStore::new());
+        let metadata: ReadableWritableListableStorage = memory.clone();
+        let plain = ZarrWriteOptions {
+            codec: Codec::None,
+            ..copy.to.options.clone()
+        };
+        (copy.blocks)
+            .group(&metadata, &plain, &copy.blocks.block)?
+            .store_metadata()?;
+        let chunks: Vec<(String, u64)> = (copy.blocks.table.dims.iter())
+            .zip(&copy.target_chunks)
+            .map(|(d, &c)| (d.name.clone(), c))
+            .collect();
+        let prepared = PreparedRechunk::planned_before_written(
+            &intermediate.to_string(),
+            memory,
+            &chunks,
+            Some(TargetEncoding::of(&copy.to.options)),
+            &copy.rechunk,
+            runtime,
+        )?;
+        let work = (prepared.has_intermediates())
+            .then(|| ScratchStore::name(work_dir, "zarrfusion-rechunk", ""));
+        let tasks = Arc::new(prepared.cluster_tasks(work.as_ref())?);
+        let prepared = Arc::new(prepared);
+        let rounds = (0..prepared.rounds())
+            .map(|round| {
+                let exec = RechunkTasksExec::new(
+                    Arc::clone(&tasks),
+                    Arc::clone(&prepared),
+                    staged.clone(),
+                    round,
+                );
+                Arc::new(CoalescePartitionsExec::new(Arc::new(exec))) as Arc<dyn ExecutionPlan>
+            })
+            .collect();
+        Ok(Self {
+            intermediate,
+            prepared,
+            rounds: ClusterCopy::new(staged.clone(), work, rounds),
+        })
+    }
+}
