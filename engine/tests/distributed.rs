@@ -1052,3 +1052,111 @@ async fn a_selection_copy_makes_its_chunks_on_the_workers() {
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     assert!(scratch_left("zarrfusion-copy").is_empty());
 }
+
+/// The tasks of a COPY of a selection through the codec: the blockwise
+/// step and the rechunk of its intermediate store give the same plan; a
+/// worker refuses chunks that do not fit the selection, variables that do
+/// not match the expressions, and writes outside a COPY's intermediate
+/// store or temporary directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selection_copy_s_tasks_round_trip_and_malformed_ones_are_refused() {
+    use zarrfusion::array::copy::selection::SelectionCopyExec;
+
+    let dir = scratch("cluster-selection-codec");
+    let ctx = new_context();
+    let demo = repo_root().join("demo/era5.zarr");
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let sql = (SELECTION_COPY.replace("{target}", &dir.join("out.zarr").to_string_lossy()))
+        .replace("{chunks}", "time=7,lat=11,lon=16");
+    let mut plan = physical_plan(&ctx, &sql).await;
+    while plan.downcast_ref::<SelectionCopyExec>().is_none() {
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        plan = Arc::clone(plan.children().first().expect(&shown));
+    }
+    let copy = plan.downcast_ref::<SelectionCopyExec>().unwrap();
+    let on_cluster = copy.on_cluster().unwrap().expect("computed variables");
+    let rounds = on_cluster.children();
+    assert_eq!(rounds.len(), 2, "the blockwise round and one rechunk round");
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    let codec = ZarrCodec::default();
+    let wire = Wire::new(&ctx);
+    let mut sent = Vec::new();
+    for round in rounds {
+        let tasks = Arc::clone(round.children()[0]);
+        let bytes =
+            physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
+        let back =
+            physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+        assert_eq!(show(&back), show(&tasks));
+        sent.push(wire.encode(tasks));
+    }
+    let (blockwise, rechunk) = (&sent[0], &sent[1]);
+    assert_eq!(blockwise["node"], "blockwise", "{blockwise}");
+    assert_eq!(rechunk["rechunk"]["planned_when_run"], true, "{rechunk}");
+
+    let refuses = |sent: &Value, change: &dyn Fn(&mut Value), says: &str| {
+        let mut bad = sent.clone();
+        change(&mut bad);
+        let err = wire.decode(&bad).expect_err(&format!("accepted: {bad}"));
+        assert!(err.contains(says), "{says}: {err}");
+    };
+    refuses(blockwise, &|v| v["tasks"] = Value::from(0), "tasks");
+    refuses(
+        blockwise,
+        &|v| v["step"]["block"] = serde_json::json!([24, 16]),
+        "for 3 dimensions",
+    );
+    refuses(
+        blockwise,
+        &|v| v["step"]["block"] = serde_json::json!([0, 16, 64]),
+        "makes chunks",
+    );
+    refuses(
+        blockwise,
+        &|v| v["step"]["block"] = serde_json::json!([24, 17, 64]),
+        "makes chunks",
+    );
+    refuses(
+        blockwise,
+        &|v| v["step"]["chunks"] = serde_json::json!([7, 16, 64]),
+        "makes chunks",
+    );
+    refuses(
+        blockwise,
+        &|v| v["step"]["variables"][0][1] = Value::from("Int32"),
+        "not floats",
+    );
+    refuses(
+        blockwise,
+        &|v| v["exprs"] = serde_json::json!([v["exprs"][0].clone()]),
+        "2 variables with 1 expressions",
+    );
+    refuses(
+        blockwise,
+        &|v| v["exprs"][0] = Value::from("not an expression"),
+        "base64",
+    );
+    refuses(
+        blockwise,
+        &|v| v["step"]["into"]["location"] = Value::from(dir.to_string_lossy().into_owned()),
+        "not a COPY's intermediate store",
+    );
+    refuses(
+        blockwise,
+        &|v| {
+            v["step"]["into"] = serde_json::json!({
+                "kind": "target",
+                "staged": {"kind": "local", "path": dir.to_string_lossy()},
+            })
+        },
+        "not a COPY's temporary directory",
+    );
+    refuses(
+        rechunk,
+        &|v| v["rechunk"]["source"] = Value::from(fixture("climate.zarr")),
+        "not a COPY's intermediate store",
+    );
+    refuses(rechunk, &|v| v["round"] = Value::from(3), "round 3");
+}

@@ -141,6 +141,93 @@ def test_a_copy_through_intermediate_arrays_runs_a_round_per_stage_on_the_worker
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.zarr", "work"]
 
 
+def _selection_answer(demo: pathlib.Path) -> xr.Dataset:
+    """xarray's answer to the selection COPY below: the northern half,
+    degrees Celsius as float64 (273.15 is a float64) and the wind speed
+    as float32 (computed from float32 components, as DataFusion does)."""
+    ds = xr.open_zarr(demo, chunks=None).load()
+    north = ds.where(ds.lat > 0, drop=True)
+    return xr.Dataset(
+        {
+            "t2m_c": north.t2m.astype("float64") - 273.15,
+            "wind": np.sqrt(north.u10 * north.u10 + north.v10 * north.v10),
+        }
+    )
+
+
+def _assert_selection(got: xr.Dataset, want: xr.Dataset) -> None:
+    for name in ("time", "lat", "lon"):
+        np.testing.assert_array_equal(got[name].values, want[name].values)
+    for name, rtol in (("t2m_c", 1e-12), ("wind", 1e-6)):
+        assert got[name].dims == ("time", "lat", "lon")
+        assert got[name].dtype == want[name].dtype, (name, got[name].dtype, want[name].dtype)
+        np.testing.assert_allclose(got[name].values, want[name].values, rtol=rtol)
+
+
+SELECTION = (
+    "COPY (SELECT time, lat, lon, t2m - 273.15 AS t2m_c, sqrt(u10 * u10 + v10 * v10) AS wind "
+    "FROM era5 WHERE lat > 0) TO '{target}' STORED AS ZARR OPTIONS ('chunks' 'time=7,lat=11,lon=16'{extra})"
+)
+
+
+def test_a_selection_copy_makes_its_chunks_and_rechunks_them_on_the_workers(workers, tmp_path):
+    """``COPY (SELECT ... computed ... WHERE lat > 0)``: the two worker
+    processes evaluate the expressions chunk by chunk into the
+    intermediate store in the session's work_dir (a round of blockwise
+    tasks), then rechunk it into the target (a round of rechunk tasks
+    planned when they run); the values are xarray's and the work_dir is
+    empty afterwards."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    work = tmp_path / "work"
+    work.mkdir()
+    ctx = zf.SessionContext(
+        workers=workers, config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)}
+    )
+    ctx.register_zarr("era5", demo)
+    out = tmp_path / "north.zarr"
+    sql = SELECTION.format(target=out, extra="")
+    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    assert "BlockwiseTasksExec" in distributed and "RechunkTasksExec" in distributed, distributed
+    assert "planned when it runs" in distributed and "tasks=2" in distributed, distributed
+    ctx.sql(sql).collect()
+    got = xr.open_zarr(out, chunks=None).load()
+    _assert_selection(got, _selection_answer(demo))
+    assert xr.open_zarr(out).t2m_c.encoding["chunks"] == (7, 11, 16)
+    assert list(work.iterdir()) == [], list(work.rglob("*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["north.zarr", "work"]
+
+
+def test_a_selection_copy_from_a_bucket_to_a_bucket_through_a_work_dir_in_it(workers, tmp_path):
+    """The same COPY with the source, the work_dir and the target in an S3
+    bucket: the workers read the source, write and read the intermediate
+    store and write the target's chunks there; the session stores the
+    metadata last. xarray reads the values back; nothing is left under the
+    work_dir and no claim on the target."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    server = s3_server.start({"era5.zarr": demo}, bucket="selection")
+    try:
+        ctx = zf.SessionContext(
+            workers=workers,
+            config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": "s3://selection/work"},
+        )
+        ctx.register_zarr("era5", "s3://selection/era5.zarr", **server.options())
+        through = "".join(f", '{k}' '{v}'" for k, v in server.options().items())
+        sql = SELECTION.format(target="s3://selection/north.zarr", extra=through)
+        ctx.sql(sql).collect()
+        client = server.client()
+        copied = tmp_path / "north.zarr"
+        for key in server.keys("north.zarr/"):
+            path = copied / key[len("north.zarr/") :]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(client.get_object(Bucket=server.bucket, Key=key)["Body"].read())
+        _assert_selection(xr.open_zarr(copied, chunks=None).load(), _selection_answer(demo))
+        assert not any(".zarrfusion-write" in key for key in server.keys("north.zarr/"))
+        assert server.keys("work/") == [], server.keys("work/")
+    finally:
+        server.stop()
+
+
 def test_a_worker_nobody_listens_on_fails_the_query_naming_it(fixtures, workers):
     nobody = "127.0.0.1:1"
     ctx = zf.SessionContext(workers=[workers[0], nobody], config={"zarrfusion.bytes_per_task": 1})
@@ -162,8 +249,10 @@ def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_no
     (SIGKILL) one second in, or stopped (SIGSTOP). The query fails within 60 s (no hang, no
     partial result) with an error naming the killed worker and its stage,
     and so does a COPY of a GROUP BY (its partial aggregates computed on
-    the workers) to Zarr, and a COPY of the whole table (its chunks written
-    by the workers), leaving nothing in the target's directory. Before
+    the workers) to Zarr, a COPY of the whole table (its chunks written
+    by the workers) and a COPY of a selection with a computed variable (its
+    chunks made by the workers), leaving nothing in the target's directory
+    (nor in the work_dir). Before
     that, the whole-table COPY to the bucket, its chunks written by the
     workers, gives xarray the source's values, and so does a COPY through
     intermediate arrays in a work_dir in the bucket."""
@@ -204,7 +293,7 @@ def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_no
         want = xr.open_zarr(demo, chunks=None).load().drop_vars("lsm")
         xr.testing.assert_identical(xr.open_zarr(staged, chunks=None).load(), want)
         assert server.keys("work/") == [], server.keys("work/")
-        for case in ("query", "copy", "whole copy", "stopped"):
+        for case in ("query", "copy", "whole copy", "selection copy", "stopped"):
             ctx = zf.SessionContext(workers=addresses, config={"zarrfusion.bytes_per_task": 1})
             ctx.register_zarr("t", "s3://cluster/v3_basic.zarr", **server.options())
             server.proxy.configure(latency_ms=1500)
@@ -215,6 +304,8 @@ def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_no
                 "stopped": "SELECT lat, avg(t2m) FROM t GROUP BY lat",
                 "copy": f"COPY (SELECT lat, avg(t2m) AS t FROM t GROUP BY lat) TO '{out / 'means.zarr'}' STORED AS ZARR",
                 "whole copy": f"COPY t TO '{out / 'whole.zarr'}' STORED AS ZARR OPTIONS ('chunks' 'time=2,lat=1')",
+                "selection copy": f"COPY (SELECT time, lat, lon, t2m * 2 AS t2 FROM t) TO '{out / 'sel.zarr'}' "
+                "STORED AS ZARR OPTIONS ('chunks' 'time=2,lat=1')",
             }[case]
             outcome: dict = {}
 
@@ -227,7 +318,7 @@ def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_no
             started = time.monotonic()
             thread = threading.Thread(target=run, daemon=True)
             thread.start()
-            if case == "whole copy":
+            if case in ("whole copy", "selection copy"):
                 # Planning reads the source's metadata through the slow
                 # proxy; the workers get their tasks once the session has
                 # staged the target (its temporary directory beside it).

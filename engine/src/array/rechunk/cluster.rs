@@ -374,9 +374,13 @@ fn share_by_weight(segments: &[(u64, u64)], i: u64, n: u64) -> Range<u64> {
 
 impl DisplayAs for RechunkTasksExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        // A rechunk of a store an earlier round writes shows the same on
+        // both sides: each worker plans its memory when the tasks run.
         let memory = match &self.planned {
-            Planned::Now(prepared) => human_readable_size(prepared.projected_memory() as usize),
-            Planned::WhenRun(_) => "planned when it runs".to_string(),
+            Planned::Now(p) if !self.rechunk.planned_when_run => {
+                human_readable_size(p.projected_memory() as usize)
+            }
+            _ => "planned when it runs".to_string(),
         };
         write!(
             f,
