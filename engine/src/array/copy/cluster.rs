@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use zarrs::storage::store::MemoryStore;
 use zarrs::storage::ReadableWritableListableStorage;
 
-use super::selection::{Blockwise, BlockwiseStep, Evaluate, SelectedGrid, Step};
+use super::blockwise::{Blockwise, BlockwiseStep, Evaluate, SelectedGrid, Step};
 use super::whole::{run_cluster_tasks, ClusterCopy};
 use crate::array::rechunk::{
     PreparedRechunk, RechunkOptions, RechunkTasksExec, TargetEncoding, WorkStore,

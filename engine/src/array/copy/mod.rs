@@ -6,14 +6,16 @@
 //! | module | owns |
 //! |---|---|
 //! | [`whole`] | a whole table (or an FFT) copied array by array: the rechunk primitive into the target's chunks |
-//! | [`selection`] | a selection with computed variables: blockwise into a scratch store, then the rechunk primitive |
-//! | [`rolling`] | rolling windows: the same two steps, step 1 the rolling operator's runs of chunks (`selection::StepWriters`) |
-//! | [`cluster`] | a selection's copy on a cluster's workers: rounds of blockwise, then rechunk, tasks |
+//! | [`blockwise`] | the two steps of a chunk-by-chunk COPY: blockwise into a scratch store (or the target's chunks), then the rechunk primitive |
+//! | [`cluster`] | those steps on a cluster's workers: a round of blockwise tasks, then the rechunk's rounds |
+//! | [`selection`] | a selection with computed variables, written through those steps |
+//! | [`rolling`] | rolling windows: the same two steps, step 1 the rolling operator's runs of chunks (`blockwise::StepWriters`) |
 //! | [`rule`] | the optimizer rule choosing among them (and the FFT's copy) |
 //!
 //! Each module uses only those above it in this table. All write through the writer below the operators ([`crate::write`]):
 //! its options, its claimed or atomic targets, its write jobs.
 
+pub mod blockwise;
 pub mod cluster;
 pub mod rolling;
 pub mod rule;

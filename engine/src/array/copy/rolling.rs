@@ -42,9 +42,8 @@ use datafusion::physical_planner::PhysicalPlanner;
 use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
-use super::selection::{
-    BlockwiseStep, CopyGrid, OutputVariable, SelectionCopyExec, Step, StepWriters,
-};
+use super::blockwise::{BlockwiseStep, CopyGrid, OutputVariable, Step, StepWriters};
+use super::selection::SelectionCopyExec;
 use super::whole::split_columns;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};

@@ -218,7 +218,7 @@ pub struct RechunkTasksExec {
 #[derive(Debug, Clone)]
 enum Planned {
     Now(Arc<PreparedRechunk>),
-    WhenRun(RechunkOptions),
+    WhenRun(Arc<RechunkOptions>),
 }
 
 impl RechunkTasksExec {
@@ -243,7 +243,7 @@ impl RechunkTasksExec {
         target: StagedTarget,
         round: usize,
     ) -> Self {
-        Self::with_planned(rechunk, Planned::WhenRun(options), target, round)
+        Self::with_planned(rechunk, Planned::WhenRun(Arc::new(options)), target, round)
     }
 
     fn with_planned(
@@ -423,6 +423,7 @@ impl ExecutionPlan for RechunkTasksExec {
                 Planned::Now(prepared) => (prepared, None),
                 Planned::WhenRun(options) => {
                     let runtime = task_context.runtime_env();
+                    let options = Arc::unwrap_or_clone(options);
                     let prepared = PreparedRechunk::for_cluster_tasks(&rechunk, options, &runtime)?;
                     let reservation = reserve(
                         "RechunkTasksExec",
