@@ -1160,3 +1160,130 @@ async fn a_selection_copy_s_tasks_round_trip_and_malformed_ones_are_refused() {
     );
     refuses(rechunk, &|v| v["round"] = Value::from(3), "round 3");
 }
+
+const ROLLING_COPY: &str = "COPY (SELECT time, lat, lon, avg(t2m) OVER w AS m, \
+     max(t2m) OVER w AS n FROM era5 WINDOW w AS (PARTITION BY lat, lon ORDER BY time \
+     ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)) TO '{target}' STORED AS ZARR \
+     OPTIONS ('chunks' '{chunks}')";
+
+/// A `COPY` of rolling windows on a cluster: its writers roll runs of
+/// chunks along time on the workers (a round of `BlockwiseTasksExec`
+/// tasks travelling with the window), straight into the target's chunks
+/// or into the intermediate store and then through the rechunk's rounds.
+/// The store is the one the same COPY writes on one machine, file for
+/// file (that COPY is checked against xarray in `rolling_window.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_copy_rolls_its_chunks_on_the_workers() {
+    let dir = scratch("cluster-rolling-copy");
+    let demo = repo_root().join("demo/era5.zarr");
+    let copy_to = |target: &std::path::Path, chunks: &str| {
+        (ROLLING_COPY.replace("{target}", &target.to_string_lossy())).replace("{chunks}", chunks)
+    };
+    let workers = start_workers(2).await;
+    // In 5 MB a writer cannot encode whole target chunks itself: the
+    // chunks go through the intermediate store and the rechunk.
+    let small = [
+        "SET zarrfusion.target_partition_bytes = 65536",
+        "SET datafusion.execution.target_partitions = 1",
+        "SET datafusion.execution.batch_size = 1024",
+    ];
+    for (name, chunks, settings, shows) in [
+        (
+            "direct",
+            "time=24",
+            &[][..],
+            "written straight into the target's chunks",
+        ),
+        (
+            "rechunked",
+            "time=7,lat=11,lon=16",
+            &small[..],
+            "RechunkTasksExec",
+        ),
+    ] {
+        let runtime = || match settings.is_empty() {
+            true => Arc::new(RuntimeEnv::default()),
+            false => limited(5 << 20),
+        };
+        let local = zarrfusion::new_context_with(session_config(), runtime());
+        let ctx = distributed_context(session_config(), runtime(), workers.urls.clone());
+        for c in [&local, &ctx] {
+            for setting in settings
+                .iter()
+                .chain(&["SET zarrfusion.bytes_per_task = 1"])
+            {
+                (c.sql(setting).await.unwrap().collect().await).unwrap();
+            }
+            (c.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+                .await)
+                .unwrap();
+        }
+        let alone = dir.join(format!("{name}_alone.zarr"));
+        query_rows(&local, "COPY on one machine", &copy_to(&alone, chunks)).await;
+        let on_cluster = dir.join(format!("{name}.zarr"));
+        let plan = physical_plan(&ctx, &copy_to(&on_cluster, chunks)).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(
+            shown.contains("tasks on the cluster's workers")
+                && shown.contains("rolled along time")
+                && shown.contains("BlockwiseTasksExec")
+                && shown.contains(shows)
+                && shown.contains("tasks=2"),
+            "{shown}"
+        );
+        datafusion::physical_plan::collect(plan, ctx.task_ctx())
+            .await
+            .unwrap();
+        assert_same_files(&alone, &on_cluster);
+        assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+        assert!(scratch_left("zarrfusion-copy").is_empty());
+    }
+}
+
+/// The blockwise tasks of a COPY of rolling windows through the codec:
+/// the same plan, the window travelling with them; a malformed window is
+/// refused as the rolling window's own node is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
+    use zarrfusion::array::copy::selection::SelectionCopyExec;
+
+    let dir = scratch("cluster-rolling-codec");
+    let ctx = new_context();
+    let demo = repo_root().join("demo/era5.zarr");
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let sql = (ROLLING_COPY.replace("{target}", &dir.join("out.zarr").to_string_lossy()))
+        .replace("{chunks}", "time=24");
+    let mut plan = physical_plan(&ctx, &sql).await;
+    while plan.downcast_ref::<SelectionCopyExec>().is_none() {
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        plan = Arc::clone(plan.children().first().expect(&shown));
+    }
+    let on_cluster = (plan.downcast_ref::<SelectionCopyExec>().unwrap())
+        .on_cluster()
+        .unwrap()
+        .expect("rolling writers");
+    let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    assert_eq!(show(&back), show(&tasks));
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(tasks);
+    assert_eq!(sent["kernel"]["kernel"], "roll", "{sent}");
+    let mut bad = sent.clone();
+    bad["kernel"]["aggregates"][0]["start"] = Value::from(-(1i64 << 40));
+    let err = wire
+        .decode(&bad)
+        .expect_err("a frame beyond the bound accepted");
+    assert!(err.contains("frame"), "{err}");
+    let mut bad = sent.clone();
+    bad["exprs"] = serde_json::json!([sent["exprs"][0].clone()]);
+    let err = wire
+        .decode(&bad)
+        .expect_err("fewer expressions than variables accepted");
+    assert!(err.contains("2 variables with 1 expressions"), "{err}");
+}

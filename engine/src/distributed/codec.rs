@@ -47,6 +47,7 @@ use datafusion::common::{exec_datafusion_err, internal_err, not_impl_err, plan_e
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
 use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
@@ -55,10 +56,12 @@ use datafusion_proto::protobuf::PhysicalExprNode;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
+use crate::array::copy::blockwise::{Evaluate, SelectedGrid, Step, StepWriters};
 use crate::array::copy::cluster::{BlockwiseTasks, BlockwiseTasksExec, ChunksInto};
+use crate::array::copy::rolling::RollChunks;
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkTasks, RechunkTasksExec};
 use crate::array::reduce::MAX_STATE_BYTES;
-use crate::array::rolling::exec::{PhysicalRoll, RollingParts};
+use crate::array::rolling::exec::{PhysicalRoll, Rolling, RollingParts};
 use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
 use crate::array::{key_schema, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec, ReductionParts};
 use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
@@ -198,17 +201,28 @@ enum Node {
     Blockwise(BlockwiseRun),
 }
 
-/// A run of step 1 of a COPY of a selection as it travels: its read, its
-/// expressions (protobuf physical expressions over the columns read, in
-/// base64), the chunks and where they go, and the distributed tasks it
-/// is dealt to.
+/// A run of step 1 of a chunk-by-chunk COPY as it travels: how its chunks
+/// are made, the variables' expressions (protobuf physical expressions, in
+/// base64), the chunks and where they go, and the distributed tasks it is
+/// dealt to.
 #[derive(Debug, Serialize, Deserialize)]
 struct BlockwiseRun {
-    #[serde(flatten)]
-    read: Read,
+    kernel: Kernel,
     exprs: Vec<String>,
     step: BlockwiseTasks,
     tasks: usize,
+}
+
+/// How a blockwise step makes its chunks.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kernel", rename_all = "snake_case")]
+enum Kernel {
+    /// The expressions over the source box each chunk covers (a COPY of a
+    /// selection): the read, the expressions over its columns.
+    Evaluate(Read),
+    /// Rolling windows rolled along runs of chunks (a COPY of rolling
+    /// windows): the window, the expressions over its rows.
+    Roll(Box<Window>),
 }
 
 /// A run of a rechunk's tasks as it travels: the rechunk, where it writes,
@@ -510,7 +524,17 @@ impl ZarrCodec {
         run: BlockwiseRun,
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let read = self.decode_read(run.read, ctx)?;
+        let (read, rolling) = match run.kernel {
+            Kernel::Evaluate(read) => (self.decode_read(read, ctx)?, None),
+            Kernel::Roll(window) => {
+                let window = self.decode_window(*window, ctx)?;
+                let Some(window) = window.downcast_ref::<RollingWindowExec>() else {
+                    return internal_err!("a rolling window decoded as {}", window.name());
+                };
+                let rolling = Arc::clone(window.rolling());
+                (rolling.read.clone(), Some(rolling))
+            }
+        };
         let store = read.table.store.clone();
         if run.tasks == 0 || run.tasks > MAX_TASKS {
             return plan_err!("a blockwise step over {store} asks for {} tasks", run.tasks);
@@ -530,11 +554,54 @@ impl ZarrCodec {
             }
             ChunksInto::Target { staged } => check_staged(staged, &options, &store)?,
         }
+        let schema = match &rolling {
+            Some(rolling) => Arc::clone(&rolling.output_schema),
+            None => Arc::clone(&read.schema),
+        };
         let exprs = (run.exprs.iter())
-            .map(|e| self.decode_expr(e, ctx, &read.schema))
+            .map(|e| self.decode_expr(e, ctx, &schema))
             .collect::<Result<Vec<_>>>()?;
         let limit = ctx.memory_pool().memory_limit();
-        let exec = BlockwiseTasksExec::received(read, exprs, run.step, &options, &limit)?;
+        let batch_size = ctx.session_config().batch_size().max(1);
+        let BlockRead {
+            table,
+            columns,
+            schema,
+            selection,
+            ..
+        } = read;
+        let threads = options.threads;
+        let exec = BlockwiseTasksExec::received(
+            (table, selection),
+            run.step,
+            threads,
+            |grid, block, types, threads| match rolling {
+                None => {
+                    let grid = SelectedGrid {
+                        io_concurrency: options.io_concurrency,
+                        ..*grid
+                    };
+                    Ok(Step::Evaluate(Evaluate::plan(
+                        &grid, block, columns, schema, exprs, threads, &limit,
+                    )?))
+                }
+                Some(rolling) => {
+                    let limit = match limit {
+                        MemoryLimit::Finite(bytes) => Some(bytes as u64),
+                        _ => None,
+                    };
+                    let writers = RollChunks::plan(
+                        rolling,
+                        exprs,
+                        (block, grid.shape, types),
+                        (threads as u64, batch_size, limit),
+                        &grid.table.store,
+                        ExecutionPlanMetricsSet::new(),
+                    )?;
+                    Ok(Step::Writers(Box::new(writers)))
+                }
+            },
+        )?;
         Ok(Arc::new(exec.with_tasks(run.tasks)))
     }
 
@@ -713,9 +780,49 @@ impl ZarrCodec {
 }
 
 impl ZarrCodec {
+    fn encode_blockwise(&self, step: &BlockwiseTasksExec) -> Result<Node> {
+        let (kernel, exprs) = match &step.blocks().step {
+            Step::Evaluate(evaluate) => (
+                Kernel::Evaluate(Read::of(&step.evaluate_read(evaluate)?)?),
+                evaluate.exprs.as_slice(),
+            ),
+            Step::Writers(writers) => {
+                let Some(roll) = writers.as_any().downcast_ref::<RollChunks>() else {
+                    return not_impl_err!(
+                        "the chunk-by-chunk COPY of {} cannot run on a cluster's workers yet",
+                        step.blocks().table.store
+                    );
+                };
+                let window = self.encode_rolling(roll.rolling(), 1, roll.batch_size(), 1)?;
+                (Kernel::Roll(Box::new(window)), roll.exprs())
+            }
+        };
+        Ok(Node::Blockwise(BlockwiseRun {
+            kernel,
+            exprs: exprs
+                .iter()
+                .map(|e| self.encode_expr(e))
+                .collect::<Result<_>>()?,
+            step: step.sent().clone(),
+            tasks: step.tasks(),
+        }))
+    }
+
     fn encode_window(&self, w: &RollingWindowExec) -> Result<Node> {
-        let r = w.rolling();
-        Ok(Node::Window(Window {
+        let partitions = w.properties().partitioning.partition_count();
+        let window = self.encode_rolling(w.rolling(), partitions, w.batch_size(), w.tasks())?;
+        Ok(Node::Window(window))
+    }
+
+    /// A rolling window's parts as they travel.
+    fn encode_rolling(
+        &self,
+        r: &Rolling,
+        partitions: usize,
+        batch_size: usize,
+        tasks: usize,
+    ) -> Result<Window> {
+        Ok(Window {
             read: Read::of(&r.read)?,
             arg_places: r.arg_places.clone(),
             outputs: (r.outputs.iter())
@@ -738,10 +845,10 @@ impl ZarrCodec {
             schema: (r.output_schema.fields().iter())
                 .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
                 .collect(),
-            partitions: w.properties().partitioning.partition_count(),
-            batch_size: w.batch_size(),
-            tasks: w.tasks(),
-        }))
+            partitions,
+            batch_size,
+            tasks,
+        })
     }
 
     fn decode_window(&self, w: Window, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
@@ -913,16 +1020,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 .map_err(|e| exec_datafusion_err!("encoding a rechunk's tasks: {e}"));
         }
         if let Some(step) = node.downcast_ref::<BlockwiseTasksExec>() {
-            let (read, exprs) = step.read_parts()?;
-            let encoded = Node::Blockwise(BlockwiseRun {
-                read: Read::of(&read)?,
-                exprs: exprs
-                    .iter()
-                    .map(|e| self.encode_expr(e))
-                    .collect::<Result<_>>()?,
-                step: step.sent().clone(),
-                tasks: step.tasks(),
-            });
+            let encoded = self.encode_blockwise(step)?;
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a blockwise step: {e}"));
         }

@@ -305,14 +305,19 @@ pub(crate) trait StepWriters: fmt::Display + Send + Sync {
     fn workers(&self) -> usize;
     /// The variables' expressions.
     fn exprs(&self) -> &[Arc<dyn PhysicalExpr>];
-    /// Writes every chunk of the intermediate variables `arrays` of
-    /// `copy`.
+    /// Writes the chunks numbered `tasks` (in the writers' own order) of
+    /// the intermediate variables `arrays` of `copy`, each only once
+    /// `may_write` says the store still wants it.
     fn write_chunks(
         &self,
         copy: &BlockwiseStep,
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        tasks: Range<u64>,
+        may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
     ) -> Result<()>;
+    /// The writers as they are, for a cluster's codec.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Step 1 as expressions of a chunk's source box.
@@ -425,7 +430,7 @@ impl Step {
     }
 
     /// The threads it runs on.
-    fn workers(&self) -> usize {
+    pub(crate) fn workers(&self) -> usize {
         match self {
             Step::Evaluate(e) => e.workers,
             Step::Writers(w) => w.workers(),
@@ -503,8 +508,8 @@ impl BlockwiseStep {
     }
 
     /// Step 1 into `arrays` (the intermediate store's, or the target's):
-    /// the chunks numbered `tasks` (in C order; another operator's
-    /// writers make them all at once).
+    /// the chunks numbered `tasks` (in C order; in their own order for
+    /// another operator's writers).
     /// Each chunk is written only once `may_write` says the store still
     /// wants it.
     pub(crate) fn write_step(
@@ -516,14 +521,16 @@ impl BlockwiseStep {
     ) -> Result<()> {
         match &self.step {
             Step::Evaluate(e) => self.write_chunks(e, arrays, tasks, may_write, cancelled)?,
-            Step::Writers(w) if tasks == (0..self.tasks()) => {
-                w.write_chunks(self, arrays, cancelled)?
-            }
-            Step::Writers(_) => {
-                return exec_err!(
-                    "the COPY of '{}' makes its chunks all at once, not chunks {tasks:?}",
-                    self.table.store
-                )
+            Step::Writers(w) => {
+                if tasks.end > self.tasks() {
+                    return exec_err!(
+                        "the COPY of '{}' has {} chunks, not {}",
+                        self.table.store,
+                        self.tasks(),
+                        tasks.end
+                    );
+                }
+                w.write_chunks(self, arrays, tasks, may_write, cancelled)?
             }
         }
         if cancelled.load(Ordering::Relaxed) {

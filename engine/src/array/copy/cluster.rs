@@ -22,10 +22,9 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::{exec_err, human_readable_size, plan_err, DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
@@ -39,11 +38,9 @@ use zarrs::storage::ReadableWritableListableStorage;
 
 use super::blockwise::{Blockwise, BlockwiseStep, Evaluate, SelectedGrid, Step};
 use super::whole::{run_cluster_tasks, ClusterCopy};
-use crate::array::rechunk::{
-    PreparedRechunk, RechunkOptions, RechunkTasksExec, TargetEncoding, WorkStore,
-};
+use crate::array::rechunk::{PreparedRechunk, RechunkTasksExec, TargetEncoding, WorkStore};
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
-use crate::table::{BlockGrid, BlockRead};
+use crate::table::{share_of, BlockGrid, BlockRead, GridTable, Selection};
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::store::{variable_array, GroupVariable};
@@ -172,25 +169,20 @@ impl BlockwiseTasksExec {
         }
     }
 
-    /// Step 1 as a worker receives it: the read (its table opened again
-    /// under the worker's policy) and the expressions over the columns
-    /// read; refused when the chunks do not fit the selection, the arrays
-    /// written are not whole chunks of them, or the tasks cannot fit the
-    /// worker's `allowed_mem` (`limit`).
-    pub fn received(
-        read: BlockRead,
-        exprs: Vec<Arc<dyn PhysicalExpr>>,
+    /// Step 1 as a worker receives it: what `selection` keeps of `table`
+    /// (opened again under the worker's policy) in the chunks `sent`,
+    /// made by `step` (given the selected grid, the chunks' shape, the
+    /// variables' types and the threads it may use, at most `threads`);
+    /// refused when the chunks
+    /// do not fit the selection or the arrays written are not whole chunks
+    /// of them (and by `step` when its tasks cannot fit the worker's
+    /// `allowed_mem`).
+    pub(crate) fn received(
+        (table, selection): (Arc<GridTable>, Selection),
         sent: BlockwiseTasks,
-        options: &RechunkOptions,
-        limit: &MemoryLimit,
+        threads: usize,
+        step: impl FnOnce(&SelectedGrid<'_>, &[u64], &[DataType], usize) -> Result<Step>,
     ) -> Result<Self> {
-        let BlockRead {
-            table,
-            columns,
-            schema: batch_schema,
-            selection,
-            ..
-        } = read;
         let store = table.store.clone();
         let shape: Vec<u64> = (0..table.dims.len())
             .map(|d| selection.ranges(d).iter().map(|r| r.end - r.start).sum())
@@ -221,38 +213,31 @@ impl BlockwiseTasksExec {
         if chunks > MAX_CHUNKS {
             return plan_err!("a blockwise step over {store} makes {chunks} chunks");
         }
-        if sent.variables.len() != exprs.len() || exprs.is_empty() {
-            return plan_err!(
-                "a blockwise step over {store} writes {} variables with {} expressions",
-                sent.variables.len(),
-                exprs.len()
-            );
-        }
         let variables = sent.group_variables(&shape)?;
+        let types: Vec<DataType> = variables.iter().map(|v| v.data_type.clone()).collect();
         let grid = SelectedGrid {
             table: &table,
             selection: &selection,
             shape: &shape,
-            io_concurrency: options.io_concurrency,
+            io_concurrency: 0,
         };
-        let threads = sent.workers.clamp(1, options.threads.max(1));
-        let evaluate = Evaluate::plan(
-            &grid,
-            &sent.block,
-            columns,
-            batch_schema,
-            exprs,
-            threads,
-            limit,
-        )?;
+        let threads = sent.workers.clamp(1, threads.max(1));
+        let step = step(&grid, &sent.block, &types, threads)?;
+        if step.exprs().len() != types.len() {
+            return plan_err!(
+                "a blockwise step over {store} writes {} variables with {} expressions",
+                types.len(),
+                step.exprs().len()
+            );
+        }
         let blocks = BlockwiseStep {
             table,
             selection,
             shape,
             block: sent.block.clone(),
-            names: variables.iter().map(|v| v.name.clone()).collect(),
-            types: variables.into_iter().map(|v| v.data_type).collect(),
-            step: Step::Evaluate(evaluate),
+            names: variables.into_iter().map(|v| v.name).collect(),
+            types,
+            step,
         };
         Ok(Self::new(Arc::new(blocks), Arc::new(sent)))
     }
@@ -275,24 +260,27 @@ impl BlockwiseTasksExec {
         &self.sent
     }
 
-    /// What the step reads, for the codec: the table, its columns read
-    /// and the selection.
-    pub fn read_parts(&self) -> Result<(BlockRead, &[Arc<dyn PhysicalExpr>])> {
-        let Step::Evaluate(evaluate) = &self.blocks.step else {
-            return exec_err!("a blockwise step of another operator's writers cannot travel");
-        };
-        let read = BlockRead::new(
-            Arc::clone(&self.blocks.table),
+    /// The step's chunks and how they are made, for the codec.
+    pub(crate) fn blocks(&self) -> &BlockwiseStep {
+        &self.blocks
+    }
+
+    /// The read of a step by expressions, for the codec: the table, its
+    /// columns read and the selection.
+    pub(crate) fn evaluate_read(&self, evaluate: &Evaluate) -> Result<BlockRead> {
+        let blocks = &self.blocks;
+        let grid = BlockGrid::with_block_shape(
+            &blocks.table.shape(),
+            blocks.block.clone(),
+            &blocks.selection,
+        )
+        .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        BlockRead::new(
+            Arc::clone(&blocks.table),
             evaluate.columns.clone(),
-            self.blocks.selection.clone(),
-            BlockGrid::with_block_shape(
-                &self.blocks.table.shape(),
-                self.blocks.block.clone(),
-                &self.blocks.selection,
-            )
-            .map_err(|e| DataFusionError::Plan(e.to_string()))?,
-        )?;
-        Ok((read, &evaluate.exprs))
+            blocks.selection.clone(),
+            grid,
+        )
     }
 
     /// The chunks made.
@@ -347,8 +335,7 @@ impl ExecutionPlan for BlockwiseTasksExec {
                         ctx.task_count
                     );
                 }
-                let share = |i: u64| all * i / tasks as u64;
-                share(ctx.task_index as u64)..share(ctx.task_index as u64 + 1)
+                share_of(0..all, ctx.task_index as u64, tasks as u64)
             }
         };
         let (blocks, sent) = (Arc::clone(&self.blocks), Arc::clone(&self.sent));
@@ -417,12 +404,8 @@ struct ClusterRechunk {
 }
 
 impl ClusterSelection {
-    /// The rounds of `copy` on a cluster's workers; `None` when its step 1
-    /// is another operator's writers (which run on one machine).
-    pub(crate) fn plan(copy: &Blockwise, runtime: &RuntimeEnv) -> Result<Option<Self>> {
-        let Step::Evaluate(evaluate) = &copy.blocks.step else {
-            return Ok(None);
-        };
+    /// The rounds of `copy` on a cluster's workers.
+    pub(crate) fn plan(copy: &Blockwise, runtime: &RuntimeEnv) -> Result<Self> {
         let staged = copy.to.staged()?;
         let work_dir = copy
             .rechunk
@@ -464,15 +447,15 @@ impl ClusterSelection {
                 .collect(),
             into,
             encoding,
-            workers: evaluate.workers,
+            workers: copy.blocks.step.workers(),
         };
         let blocks = Arc::clone(&copy.blocks);
         let exec = BlockwiseTasksExec::new(blocks, Arc::new(sent));
-        Ok(Some(Self {
+        Ok(Self {
             staged,
             blockwise: Arc::new(CoalescePartitionsExec::new(Arc::new(exec))),
             rechunk,
-        }))
+        })
     }
 
     /// Its rounds: step 1's, then the rechunk's.

@@ -42,7 +42,7 @@ use datafusion::physical_planner::PhysicalPlanner;
 use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
-use super::blockwise::{BlockwiseStep, CopyGrid, OutputVariable, Step, StepWriters};
+use super::blockwise::{BlockwiseStep, CopyGrid, MayWrite, OutputVariable, Step, StepWriters};
 use super::selection::SelectionCopyExec;
 use super::whole::split_columns;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
@@ -51,6 +51,7 @@ use crate::array::scan_path::through_projections;
 use crate::array::tasks::run_tasks;
 use crate::plan_methods::{leaf_node_methods, node_identity};
 use crate::table::share_of;
+use crate::table::BlockGrid;
 use crate::write::store::store_box;
 use crate::write::target::CopyTarget;
 use crate::zarr::StoreLocation;
@@ -176,24 +177,7 @@ impl RollingCopy {
             MemoryLimit::Finite(limit) => Some(limit as u64),
             _ => None,
         };
-        // A writer: the window's partition over a chunk, and the chunk it
-        // fills (and encodes, written straight into the target).
-        let width: u64 = (types.iter())
-            .map(|t| t.primitive_width().unwrap_or(8) as u64)
-            .sum();
-        let per_worker = |block: &[u64]| {
-            let chunk = block.iter().product::<u64>() * width;
-            (
-                rolling.partition_memory(block, batch_size) as u64 + chunk,
-                chunk,
-            )
-        };
-        let tasks = |block: &[u64]| -> u64 {
-            (shape.iter().zip(block))
-                .map(|(n, c)| n.div_ceil(*c))
-                .product()
-        };
-        let workers = |block: &[u64]| (exec.partitions() as u64).clamp(1, tasks(block));
+        let threads = exec.partitions() as u64;
         // Intermediate chunks of the window's blocks (in selected
         // positions), or of whole target chunks when those fit.
         let natural: Vec<u64> = (rolling.read.blocks.block_shape().iter())
@@ -208,40 +192,23 @@ impl RollingCopy {
             })
             .collect();
         let fits = |block: &[u64]| {
-            let (memory, chunk) = per_worker(block);
+            let (memory, chunk) = writer_memory(&rolling, block, types, batch_size);
+            let workers = threads.clamp(1, BlockGrid::covering(shape, block).num_blocks());
             limit.is_none_or(|limit| {
-                workers(block).saturating_mul(memory.saturating_add(chunk.saturating_mul(2)))
-                    <= limit
+                workers.saturating_mul(memory.saturating_add(chunk.saturating_mul(2))) <= limit
             })
         };
         let block = if fits(&aligned) { aligned } else { natural };
-        let (per_worker, chunk_bytes) = per_worker(&block);
-        let workers = workers(&block) as usize;
-        let projected = workers as u64 * per_worker;
-        if let Some(limit) = limit {
-            if projected > limit {
-                return resources_err!(
-                    "COPY TO Zarr of rolling windows over {} needs {} ({workers} writers x {} \
-                     each: the window's blocks of shape {block:?} with their overlap, and a \
-                     chunk of {}) but the memory limit (allowed_mem) is {}; raise the limit, \
-                     shorten the frames or lower zarrfusion.target_partition_bytes",
-                    table.store,
-                    human_readable_size(projected as usize),
-                    human_readable_size(per_worker as usize),
-                    human_readable_size(chunk_bytes as usize),
-                    human_readable_size(limit as usize)
-                );
-            }
-        }
         let metrics = ExecutionPlanMetricsSet::new();
-        let step = Step::Writers(Box::new(RollChunks {
+        let writers = RollChunks::plan(
             rolling,
             exprs,
-            workers,
-            per_worker,
-            batch_size,
-            metrics: metrics.clone(),
-        }));
+            (&block, shape, types),
+            (threads, batch_size, limit),
+            &table.store,
+            metrics.clone(),
+        )?;
+        let step = Step::Writers(Box::new(writers));
         let limit = session.runtime_env().memory_pool.memory_limit();
         Ok(SelectionCopyExec::new(
             Arc::new(grid.blockwise(block, step, limit)?),
@@ -276,10 +243,24 @@ impl UserDefinedLogicalNodeCore for RollingCopy {
     }
 }
 
+/// What a writer of chunks of shape `block` of variables of `types` holds:
+/// the window's partition over a chunk and the chunk it fills (and
+/// encodes, written straight into the target); and the chunk alone.
+fn writer_memory(rolling: &Rolling, block: &[u64], types: &[DataType], batch: usize) -> (u64, u64) {
+    let width: u64 = (types.iter())
+        .map(|t| t.primitive_width().unwrap_or(8) as u64)
+        .sum();
+    let chunk = block.iter().fold(width, |n, &b| n.saturating_mul(b));
+    (
+        (rolling.partition_memory(block, batch) as u64).saturating_add(chunk),
+        chunk,
+    )
+}
+
 /// Step 1 of a rolling copy: each writer rolls a run of the intermediate
 /// chunks along the rolled dimension (chunks numbered with it innermost),
 /// keeping the frames' overlap from one chunk to the next.
-struct RollChunks {
+pub(crate) struct RollChunks {
     rolling: Arc<Rolling>,
     /// The variables, over the window's rows.
     exprs: Vec<Arc<dyn PhysicalExpr>>,
@@ -302,16 +283,22 @@ impl StepWriters for RollChunks {
         &self.exprs
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn write_chunks(
         &self,
         copy: &BlockwiseStep,
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        tasks: Range<u64>,
+        may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
     ) -> Result<()> {
         let dim = self.rolling.dim;
         let workers = self.workers as u64;
         let chunks = copy.chunks();
-        let all = 0..chunks.num_blocks();
+        let all = tasks;
         run_tasks(
             workers,
             self.workers,
@@ -327,6 +314,12 @@ impl StepWriters for RollChunks {
                         break;
                     }
                     let compact = chunks.block_along(dim, j);
+                    may_write().map_err(|e| {
+                        DataFusionError::Execution(format!(
+                            "the COPY of '{}', chunk {j}: {e}",
+                            copy.table.store
+                        ))
+                    })?;
                     self.write_chunk(copy, &compact, &mut roller, &mut values, arrays)?;
                 }
                 Ok::<_, DataFusionError>(0)
@@ -337,6 +330,57 @@ impl StepWriters for RollChunks {
 }
 
 impl RollChunks {
+    /// The writers of `rolling`'s windows into chunks of shape `block` of
+    /// the selected `shape`, variables `exprs` of `types` (over the
+    /// window's rows), on at most `threads` threads of batches of
+    /// `batch_size` rows; refused (naming `store`) when they cannot fit
+    /// `limit`.
+    pub(crate) fn plan(
+        rolling: Arc<Rolling>,
+        exprs: Vec<Arc<dyn PhysicalExpr>>,
+        (block, shape, types): (&[u64], &[u64], &[DataType]),
+        (threads, batch_size, limit): (u64, usize, Option<u64>),
+        store: &str,
+        metrics: ExecutionPlanMetricsSet,
+    ) -> Result<Self> {
+        let (per_worker, chunk_bytes) = writer_memory(&rolling, block, types, batch_size);
+        let chunks = BlockGrid::covering(shape, block).num_blocks();
+        let workers = threads.clamp(1, chunks.max(1)) as usize;
+        let projected = (workers as u64).saturating_mul(per_worker);
+        if let Some(limit) = limit {
+            if projected > limit {
+                return resources_err!(
+                    "COPY TO Zarr of rolling windows over {store} needs {} ({workers} writers x {} \
+                     each: the window's blocks of shape {block:?} with their overlap, and a \
+                     chunk of {}) but the memory limit (allowed_mem) is {}; raise the limit, \
+                     shorten the frames or lower zarrfusion.target_partition_bytes",
+                    human_readable_size(projected as usize),
+                    human_readable_size(per_worker as usize),
+                    human_readable_size(chunk_bytes as usize),
+                    human_readable_size(limit as usize)
+                );
+            }
+        }
+        Ok(Self {
+            rolling,
+            exprs,
+            workers,
+            per_worker,
+            batch_size,
+            metrics,
+        })
+    }
+
+    /// The window the writers roll.
+    pub(crate) fn rolling(&self) -> &Arc<Rolling> {
+        &self.rolling
+    }
+
+    /// The rows of a batch the window rolls.
+    pub(crate) fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
     /// One chunk, `compact` (selected positions): the rolling windows of
     /// the source boxes it covers, evaluated and written.
     fn write_chunk(

@@ -209,9 +209,7 @@ impl SelectionCopyExec {
     }
 
     /// This copy with its steps' rounds of tasks as its inputs, to run on
-    /// a cluster's workers; `None` when they already are, or when its
-    /// step 1 is another operator's writers (a rolling copy's, run on one
-    /// machine). A local target's temporary directory and the
+    /// a cluster's workers; `None` when they already are. A local target's temporary directory and the
     /// intermediate store (in `work_dir`, which every worker must reach)
     /// are named now, for the workers to write into.
     pub fn on_cluster(&self) -> Result<Option<Self>> {
@@ -219,9 +217,7 @@ impl SelectionCopyExec {
             return Ok(None);
         }
         let runtime = Arc::clone(&self.blockwise.runtime);
-        let Some(cluster) = ClusterSelection::plan(&self.blockwise, &runtime)? else {
-            return Ok(None);
-        };
+        let cluster = ClusterSelection::plan(&self.blockwise, &runtime)?;
         Ok(Some(Self {
             blockwise: Arc::clone(&self.blockwise),
             cluster: Some(cluster),
