@@ -228,6 +228,34 @@ def test_a_selection_copy_from_a_bucket_to_a_bucket_through_a_work_dir_in_it(wor
         server.stop()
 
 
+def test_a_rolling_copy_rolls_its_chunks_on_the_workers_and_equals_xarray(workers, tmp_path):
+    """``COPY (SELECT ..., avg(t2m) OVER (... ROWS BETWEEN 23 PRECEDING AND
+    CURRENT ROW) ...)``: the two worker processes roll runs of chunks along
+    time (a round of blockwise tasks travelling with the window) and write
+    the target's chunks; the values are xarray's ``rolling(time=24,
+    min_periods=1).mean()``."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    ctx = zf.SessionContext(workers=workers, config={"zarrfusion.bytes_per_task": 1})
+    ctx.register_zarr("era5", demo)
+    out = tmp_path / "running.zarr"
+    sql = (
+        "COPY (SELECT time, lat, lon, avg(t2m) OVER w AS m FROM era5 WINDOW w AS "
+        "(PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)) "
+        f"TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=24')"
+    )
+    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    assert "BlockwiseTasksExec" in distributed and "rolled along time" in distributed, distributed
+    assert "tasks=2" in distributed, distributed
+    ctx.sql(sql).collect()
+    got = xr.open_zarr(out, chunks=None).load()
+    t2m = xr.open_zarr(demo, chunks=None).load().t2m.astype("float64")
+    want = t2m.rolling(time=24, min_periods=1).mean()
+    np.testing.assert_array_equal(got.time.values, want.time.values)
+    np.testing.assert_allclose(got.m.values, want.values, rtol=1e-12)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["running.zarr"]
+
+
 def test_a_worker_nobody_listens_on_fails_the_query_naming_it(fixtures, workers):
     nobody = "127.0.0.1:1"
     ctx = zf.SessionContext(workers=[workers[0], nobody], config={"zarrfusion.bytes_per_task": 1})
