@@ -1287,3 +1287,41 @@ async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
         .expect_err("fewer expressions than variables accepted");
     assert!(err.contains("2 variables with 1 expressions"), "{err}");
 }
+
+/// `rechunk(...)` in a session with workers: its copy is made by the
+/// session as the query starts, so its scan, and the plan above it, run in
+/// the session (not yet on the workers) with the answer of a session
+/// without workers; before, its stage went to the workers, which could
+/// not receive the copy and timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rechunk_table_in_a_session_with_workers_runs_in_the_session() {
+    let demo = repo_root().join("demo/era5.zarr");
+    let sql = "SELECT lat, avg(t2m) AS m, count(*) AS n FROM rechunk('era5', time => 96, \
+               lat => 4) GROUP BY lat ORDER BY lat";
+    let local = new_context();
+    (local
+        .register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let want = query_rows(&local, "without workers", sql).await;
+    let workers = start_workers(2).await;
+    let ctx = cluster_session(&workers).await;
+    (ctx.sql("SET zarrfusion.bytes_per_task = 1").await).unwrap();
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let plan = physical_plan(&ctx, sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("RechunkExec") && !shown.contains("Network"),
+        "{shown}"
+    );
+    let got = query_rows(&ctx, "with workers", sql).await;
+    assert_eq!(got.len(), 33);
+    let text = |rows: &[Vec<Value>]| -> Vec<String> {
+        (rows.iter())
+            .map(|r| r.iter().map(Value::to_string).collect::<Vec<_>>().join("|"))
+            .collect()
+    };
+    assert_close(&text(&got), &text(&want));
+}

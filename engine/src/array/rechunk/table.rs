@@ -54,7 +54,8 @@ use futures::{StreamExt, TryStreamExt};
 use super::{fmt_array_plans, ArrayRechunk, PreparedRechunk, RechunkOptions, RechunkSummary};
 use crate::plan_methods::{named_plan_methods, no_expressions_method};
 use crate::table::{
-    literal_text, open_dataset, zarr_source, TableFunctionCall, ZarrTable, ZarrTableOptions,
+    literal_text, open_dataset, zarr_source, TableFunctionCall, ZarrScanExec, ZarrTable,
+    ZarrTableOptions,
 };
 use crate::write::scratch::{default_work_dir, ScratchStore};
 
@@ -269,6 +270,12 @@ impl TableProvider for RechunkTable {
             );
         }
         let scan = rechunked.scan(state, projection, filters, limit).await?;
+        // The copy is made by this process as the query starts: on a
+        // cluster the scan (and what is above it) stays here.
+        let scan = match scan.downcast_ref::<ZarrScanExec>() {
+            Some(zarr) => Arc::new(zarr.with_tasks(1).on_the_session()) as _,
+            None => scan,
+        };
         // Only the variables the query reads are copied.
         let schema = self.source.schema();
         let variables = match projection {
