@@ -954,14 +954,21 @@ async fn a_copy_s_rechunk_tasks_round_trip_and_malformed_ones_are_refused() {
     assert!(wire.decode_bytes(b"{\"node\": \"rechunk_tasks\"}").is_err());
 }
 
-/// The scratch stores named `stem`-... this process left in the default
-/// work_dir.
-fn scratch_left(stem: &str) -> Vec<String> {
-    let prefix = format!("{stem}-{}-", std::process::id());
-    std::fs::read_dir(std::env::temp_dir())
+/// A work_dir of its own for a test under `dir` (tests of one process run
+/// at once: another's scratch stores are not this one's leftovers), and
+/// the statement setting it.
+fn own_work_dir(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let set = format!("SET zarrfusion.work_dir = '{}'", work.display());
+    (work, set)
+}
+
+/// What is left in the work_dir `work`.
+fn work_left(work: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(work)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(&prefix))
         .collect()
 }
 
@@ -992,7 +999,9 @@ async fn a_selection_copy_makes_its_chunks_on_the_workers() {
         .unwrap();
     let workers = start_workers(2).await;
     let ctx = cluster_session(&workers).await;
+    let (work, set_work) = own_work_dir(&dir);
     (ctx.sql("SET zarrfusion.bytes_per_task = 1").await).unwrap();
+    (ctx.sql(&set_work).await).unwrap();
     (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
         .await)
         .unwrap();
@@ -1029,12 +1038,13 @@ async fn a_selection_copy_makes_its_chunks_on_the_workers() {
         assert!(got.contains(&want[0][0].to_string()), "{got} vs {want:?}");
         assert_same_files(&alone, &on_cluster);
         assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
-        assert!(scratch_left("zarrfusion-copy").is_empty());
+        assert!(work_left(&work).is_empty(), "{:?}", work_left(&work));
     }
 
     // Workers that cannot hold a task: refused, nothing left.
     let tight = start_workers_in(2, || limited(4 << 10)).await;
     let ctx = cluster_session(&tight).await;
+    (ctx.sql(&set_work).await).unwrap();
     (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
         .await)
         .unwrap();
@@ -1050,7 +1060,7 @@ async fn a_selection_copy_makes_its_chunks_on_the_workers() {
     );
     assert!(!refused.exists());
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
-    assert!(scratch_left("zarrfusion-copy").is_empty());
+    assert!(work_left(&work).is_empty(), "{:?}", work_left(&work));
 }
 
 /// The tasks of a COPY of a selection through the codec: the blockwise
@@ -1180,6 +1190,7 @@ async fn a_rolling_copy_rolls_its_chunks_on_the_workers() {
         (ROLLING_COPY.replace("{target}", &target.to_string_lossy())).replace("{chunks}", chunks)
     };
     let workers = start_workers(2).await;
+    let (work, set_work) = own_work_dir(&dir);
     // In 5 MB a writer cannot encode whole target chunks itself: the
     // chunks go through the intermediate store and the rechunk.
     let small = [
@@ -1208,10 +1219,8 @@ async fn a_rolling_copy_rolls_its_chunks_on_the_workers() {
         let local = zarrfusion::new_context_with(session_config(), runtime());
         let ctx = distributed_context(session_config(), runtime(), workers.urls.clone());
         for c in [&local, &ctx] {
-            for setting in settings
-                .iter()
-                .chain(&["SET zarrfusion.bytes_per_task = 1"])
-            {
+            let own = ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()];
+            for setting in settings.iter().chain(&own) {
                 (c.sql(setting).await.unwrap().collect().await).unwrap();
             }
             (c.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
@@ -1236,7 +1245,7 @@ async fn a_rolling_copy_rolls_its_chunks_on_the_workers() {
             .unwrap();
         assert_same_files(&alone, &on_cluster);
         assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
-        assert!(scratch_left("zarrfusion-copy").is_empty());
+        assert!(work_left(&work).is_empty(), "{:?}", work_left(&work));
     }
 }
 

@@ -219,7 +219,7 @@ struct BlockwiseRun {
 enum Kernel {
     /// The expressions over the source box each chunk covers (a COPY of a
     /// selection): the read, the expressions over its columns.
-    Evaluate(Read),
+    Evaluate(Box<Read>),
     /// Rolling windows rolled along runs of chunks (a COPY of rolling
     /// windows): the window, the expressions over its rows.
     Roll(Box<Window>),
@@ -525,7 +525,7 @@ impl ZarrCodec {
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let (read, rolling) = match run.kernel {
-            Kernel::Evaluate(read) => (self.decode_read(read, ctx)?, None),
+            Kernel::Evaluate(read) => (self.decode_read(*read, ctx)?, None),
             Kernel::Roll(window) => {
                 let window = self.decode_window(*window, ctx)?;
                 let Some(window) = window.downcast_ref::<RollingWindowExec>() else {
@@ -783,7 +783,7 @@ impl ZarrCodec {
     fn encode_blockwise(&self, step: &BlockwiseTasksExec) -> Result<Node> {
         let (kernel, exprs) = match &step.blocks().step {
             Step::Evaluate(evaluate) => (
-                Kernel::Evaluate(Read::of(&step.evaluate_read(evaluate)?)?),
+                Kernel::Evaluate(Box::new(Read::of(&step.evaluate_read(evaluate)?)?)),
                 evaluate.exprs.as_slice(),
             ),
             Step::Writers(writers) => {
