@@ -21,8 +21,14 @@ use crate::memory::reserve;
 
 /// Plan properties of an operator whose output is one `count` row.
 pub(crate) fn count_properties() -> Arc<PlanProperties> {
+    counted_properties("count")
+}
+
+/// Plan properties of an operator whose output is one row of one
+/// `UInt64` column, `column` (a write's row count, a run's tasks).
+pub(crate) fn counted_properties(column: &str) -> Arc<PlanProperties> {
     let schema = Arc::new(Schema::new(vec![Field::new(
-        "count",
+        column,
         DataType::UInt64,
         false,
     )]));

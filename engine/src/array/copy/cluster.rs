@@ -20,17 +20,13 @@ use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{exec_err, human_readable_size, plan_err, DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion_distributed::DistributedTaskContext;
 use serde::{Deserialize, Serialize};
 use zarrs::storage::store::MemoryStore;
@@ -45,7 +41,7 @@ use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::store::{variable_array, GroupVariable};
 use crate::write::target::StagedTarget;
-use crate::write::write_job::{WriteJob, Written};
+use crate::write::write_job::{counted_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
 
 /// The most chunks a received blockwise step may make.
@@ -150,21 +146,11 @@ impl fmt::Debug for BlockwiseTasksExec {
 
 impl BlockwiseTasksExec {
     fn new(blocks: Arc<BlockwiseStep>, sent: Arc<BlockwiseTasks>) -> Self {
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            "tasks",
-            DataType::UInt64,
-            false,
-        )]));
         Self {
             blocks,
             sent,
             tasks: 1,
-            properties: Arc::new(PlanProperties::new(
-                EquivalenceProperties::new(schema),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Final,
-                Boundedness::Bounded,
-            )),
+            properties: counted_properties("tasks"),
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }

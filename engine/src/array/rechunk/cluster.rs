@@ -28,16 +28,11 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::{exec_err, human_readable_size, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::EquivalenceProperties;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion_distributed::DistributedTaskContext;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -50,7 +45,7 @@ use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::write::stamp::SCRATCH_MARKER;
 use crate::write::store::io_error;
 use crate::write::target::StagedTarget;
-use crate::write::write_job::{WriteJob, Written};
+use crate::write::write_job::{counted_properties, WriteJob, Written};
 use crate::zarr::{open_writable_remote, RemoteStorage, StoreLocation};
 
 /// A rechunk's tasks as they travel to a cluster's workers.
@@ -252,23 +247,13 @@ impl RechunkTasksExec {
         target: StagedTarget,
         round: usize,
     ) -> Self {
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            "tasks",
-            DataType::UInt64,
-            false,
-        )]));
         Self {
             rechunk,
             planned,
             target,
             round,
             tasks: 1,
-            properties: Arc::new(PlanProperties::new(
-                EquivalenceProperties::new(schema),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Final,
-                Boundedness::Bounded,
-            )),
+            properties: counted_properties("tasks"),
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
