@@ -5,8 +5,9 @@
     python bench/bench_cluster.py [--repeat 3] [--queries Q1,Q3] [--store bench/data/era5_1gb.zarr]
 
 Queries: Q1 and Q3 (dense reductions), R (the whole table copied into space chunks, the rechunk
-of ``bench_rechunk.py`` as ``COPY ... STORED AS ZARR``; its target removed before each run, not
-timed; no hash arm).
+of ``bench_rechunk.py`` as ``COPY ... STORED AS ZARR``), S (a COPY of the northern half with
+``t2m - 273.15`` as float64 into space chunks: on workers a round of blockwise tasks, then the
+rechunk's rounds); the COPYs' targets removed before each run, not timed; no hash arm.
 
 Arms (every run a fresh shell process; workers started fresh for each run, not timed):
 
@@ -43,13 +44,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECHUNK_TARGET = Path("/tmp/bench_cluster_rechunk.zarr")
+SELECTION_TARGET = Path("/tmp/bench_cluster_selection.zarr")
 QUERIES = {
     "Q1": "SELECT lat, avg(t2m) FROM era5 GROUP BY lat ORDER BY lat",
     "Q3": "SELECT lat, lon, avg(t2m*t2m) FROM era5 GROUP BY lat, lon",
     # The rechunk of bench_rechunk.py (time chunks to space chunks) as a COPY of the table:
     # on workers, each writes its runs of the target's chunks (a round per stage).
     "R": f"COPY era5 TO '{RECHUNK_TARGET}' STORED AS ZARR OPTIONS ('chunks' 'time=264,lat=16,lon=16')",
+    # A COPY of a selection with a computed variable: on workers, a round of blockwise tasks
+    # (the expression chunk by chunk into the intermediate store), then the rechunk's rounds.
+    "S": f"COPY (SELECT time, lat, lon, t2m - 273.15 AS t2m_c FROM era5 WHERE lat > 0) TO "
+    f"'{SELECTION_TARGET}' STORED AS ZARR OPTIONS ('chunks' 'time=264,lat=16,lon=16')",
 }
+# The COPYs' targets, removed before each run.
+COPY_TARGETS = {"R": RECHUNK_TARGET, "S": SELECTION_TARGET}
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 
 
@@ -144,7 +152,7 @@ def main() -> None:
             "2 workers (dense)": (2, None, [create, sql]),
             "2 workers (hash)": (2, None, [hash_plan, create, sql]),
         }
-        if q == "R":
+        if q in COPY_TARGETS:
             del arms["2 workers (hash)"]
         answers = {}
         explain_net = {}
@@ -162,13 +170,13 @@ def main() -> None:
                 else:
                     statements_run = statements
                 try:
-                    if q == "R":
-                        subprocess.run(["rm", "-rf", str(RECHUNK_TARGET)], check=True)
+                    if q in COPY_TARGETS:
+                        subprocess.run(["rm", "-rf", str(COPY_TARGETS[q])], check=True)
                     cmd = [*extra, "-q", "--format", "csv"]
                     for s in statements_run:
                         cmd += ["-c", s]
                     elapsed, peak, out = run_child_rss(cmd, pin)
-                    if workers and i == 0 and q != "R":
+                    if workers and i == 0 and q not in COPY_TARGETS:
                         setup = [x for s in statements_run[:-1] for x in ("-c", s)]
                         explain = run_child_rss([*extra, "-q", *setup, "-c", f"EXPLAIN ANALYZE {sql}"], None)[2]
                         explain_net[arm] = network_bytes(explain)
