@@ -7,7 +7,9 @@
 Queries: Q1 and Q3 (dense reductions), R (the whole table copied into space chunks, the rechunk
 of ``bench_rechunk.py`` as ``COPY ... STORED AS ZARR``), S (a COPY of the northern half with
 ``t2m - 273.15`` as float64 into space chunks: on workers a round of blockwise tasks, then the
-rechunk's rounds); the COPYs' targets removed before each run, not timed; no hash arm.
+rechunk's rounds), W (a COPY of a 24-step running mean of t2m: on workers a round of tasks
+rolling runs of chunks along time); the COPYs' targets removed before each run, not timed; no
+hash arm.
 
 Arms (every run a fresh shell process; workers started fresh for each run, not timed):
 
@@ -45,6 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECHUNK_TARGET = Path("/tmp/bench_cluster_rechunk.zarr")
 SELECTION_TARGET = Path("/tmp/bench_cluster_selection.zarr")
+ROLLING_TARGET = Path("/tmp/bench_cluster_rolling.zarr")
 QUERIES = {
     "Q1": "SELECT lat, avg(t2m) FROM era5 GROUP BY lat ORDER BY lat",
     "Q3": "SELECT lat, lon, avg(t2m*t2m) FROM era5 GROUP BY lat, lon",
@@ -55,9 +58,14 @@ QUERIES = {
     # (the expression chunk by chunk into the intermediate store), then the rechunk's rounds.
     "S": f"COPY (SELECT time, lat, lon, t2m - 273.15 AS t2m_c FROM era5 WHERE lat > 0) TO "
     f"'{SELECTION_TARGET}' STORED AS ZARR OPTIONS ('chunks' 'time=264,lat=16,lon=16')",
+    # A COPY of a 24-step running mean: on workers, a round of tasks each rolling a run of chunks
+    # along time (straight into the target's chunks when they fit).
+    "W": "COPY (SELECT time, lat, lon, avg(t2m) OVER w AS t2m_24 FROM era5 WINDOW w AS (PARTITION BY "
+    "lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)) TO "
+    f"'{ROLLING_TARGET}' STORED AS ZARR",
 }
 # The COPYs' targets, removed before each run.
-COPY_TARGETS = {"R": RECHUNK_TARGET, "S": SELECTION_TARGET}
+COPY_TARGETS = {"R": RECHUNK_TARGET, "S": SELECTION_TARGET, "W": ROLLING_TARGET}
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 
 
