@@ -215,12 +215,7 @@ def test_a_selection_copy_from_a_bucket_to_a_bucket_through_a_work_dir_in_it(wor
         through = "".join(f", '{k}' '{v}'" for k, v in server.options().items())
         sql = SELECTION.format(target="s3://selection/north.zarr", extra=through)
         ctx.sql(sql).collect()
-        client = server.client()
-        copied = tmp_path / "north.zarr"
-        for key in server.keys("north.zarr/"):
-            path = copied / key[len("north.zarr/") :]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(client.get_object(Bucket=server.bucket, Key=key)["Body"].read())
+        copied = server.download("north.zarr", tmp_path / "north.zarr")
         _assert_selection(xr.open_zarr(copied, chunks=None).load(), _selection_answer(demo))
         assert not any(".zarrfusion-write" in key for key in server.keys("north.zarr/"))
         assert server.keys("work/") == [], server.keys("work/")
@@ -295,12 +290,7 @@ def test_a_worker_killed_mid_query_fails_it_in_bounded_time_and_a_copy_leaves_no
         plan = ctx.sql(f"EXPLAIN {to_bucket}").to_pandas()
         assert "RechunkTasksExec" in plan["plan"].str.cat(), plan
         ctx.sql(to_bucket).collect()
-        client = server.client()
-        copied = tmp_path / "whole.zarr"
-        for key in server.keys("whole.zarr/"):
-            path = copied / key[len("whole.zarr/") :]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(client.get_object(Bucket=server.bucket, Key=key)["Body"].read())
+        copied = server.download("whole.zarr", tmp_path / "whole.zarr")
         want = xr.open_zarr(fixtures / "v3_basic.zarr", chunks=None).load()
         xr.testing.assert_identical(xr.open_zarr(copied, chunks=None).load(), want)
         assert not any(".zarrfusion-write" in key for key in server.keys("whole.zarr/"))

@@ -475,16 +475,6 @@ def test_a_cache_in_a_bucket_is_held_to_the_allowed_locations(s3, window_store, 
     assert not (tmp_path / "elsewhere").exists()
 
 
-def download(s3, prefix: str, into: pathlib.Path) -> pathlib.Path:
-    """Copies every object under ``prefix/`` into the directory ``into``."""
-    client = s3.client()
-    for key in s3.keys(prefix + "/"):
-        path = into / key[len(prefix) + 1 :]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
-    return into
-
-
 def test_opening_asks_for_metadata_and_coordinates_together(s3):
     """Registration costs round trips, not requests one after another: the
     candidate metadata documents are asked for together, then every
@@ -624,8 +614,8 @@ def test_copy_to_s3_writes_a_store_xarray_reads(s3, tmp_path):
     stats = s3.proxy.stats()
     # The source's 64 chunks were read ahead (several in flight), each once.
     assert stats["max_in_flight"] >= 4, stats
-    got = xr.open_zarr(download(s3, "copies/north.zarr", tmp_path / "north.zarr"))
-    source = xr.open_zarr(download(s3, "many.zarr", tmp_path / "many.zarr"))
+    got = xr.open_zarr(s3.download("copies/north.zarr", tmp_path / "north.zarr"))
+    source = xr.open_zarr(s3.download("many.zarr", tmp_path / "many.zarr"))
     want = (source.t * 2 + 1).sel(lat=source.lat > 0)
     np.testing.assert_allclose(got.u.to_numpy(), want.to_numpy().astype("float64"), rtol=1e-6)
     np.testing.assert_array_equal(got.lat.to_numpy(), want.lat.to_numpy())
@@ -648,7 +638,7 @@ def test_a_copy_to_s3_writes_with_the_options_it_is_given(s3, tmp_path):
     puts = s3.proxy.stats()["methods"].get("PUT", 0)
     written = s3.keys("copies/own.zarr/")
     assert written and puts >= len(written), (puts, written)
-    got = xr.open_zarr(download(s3, "copies/own.zarr", tmp_path / "own.zarr"))
+    got = xr.open_zarr(s3.download("copies/own.zarr", tmp_path / "own.zarr"))
     want = xr.open_zarr(FIXTURES / "v3_basic.zarr")
     np.testing.assert_array_equal(got.t2m.to_numpy(), want.t2m.to_numpy())
     with pytest.raises(zf.ZarrFusionError, match="local path"):
@@ -670,7 +660,7 @@ def test_a_bucket_given_disagreeing_options_refuses_statements_without_options(s
     agreeing.register_zarr("a", "s3://fixtures/v3_basic.zarr", **s3.options())
     agreeing.register_zarr("b", "s3://fixtures/v3_basic.zarr", **s3.options(**{"retry.max_retries": "2"}))
     agreeing.sql("COPY a TO 's3://fixtures/copies/agreeing.zarr' STORED AS ZARR").collect()
-    got = xr.open_zarr(download(s3, "copies/agreeing.zarr", tmp_path / "agreeing.zarr"))
+    got = xr.open_zarr(s3.download("copies/agreeing.zarr", tmp_path / "agreeing.zarr"))
     np.testing.assert_array_equal(got.t2m.to_numpy(), want)
 
     ctx = zf.SessionContext()
@@ -695,7 +685,7 @@ def test_a_bucket_given_disagreeing_options_refuses_statements_without_options(s
     # With its own options the COPY goes through.
     options = ", ".join(f"'{k}' '{v}'" for k, v in s3.options().items())
     ctx.sql(f"COPY straight TO 's3://fixtures/copies/ambiguous.zarr' STORED AS ZARR OPTIONS ({options})").collect()
-    got = xr.open_zarr(download(s3, "copies/ambiguous.zarr", tmp_path / "ambiguous.zarr"))
+    got = xr.open_zarr(s3.download("copies/ambiguous.zarr", tmp_path / "ambiguous.zarr"))
     np.testing.assert_array_equal(got.t2m.to_numpy(), want)
 
 
@@ -740,8 +730,8 @@ def test_two_copies_to_one_prefix_at_once_write_one_store_and_erase_nothing_of_i
     s3.proxy.configure()
     keys = s3.keys("copies/race.zarr/")
     assert not any(k.endswith(".zarrfusion-write") for k in keys), keys
-    got = xr.open_zarr(download(s3, "copies/race.zarr", tmp_path / "race.zarr"))
-    want = xr.open_zarr(download(s3, "many.zarr", tmp_path / "many.zarr"))
+    got = xr.open_zarr(s3.download("copies/race.zarr", tmp_path / "race.zarr"))
+    want = xr.open_zarr(s3.download("many.zarr", tmp_path / "many.zarr"))
     for name in want.data_vars:
         np.testing.assert_array_equal(got[name].to_numpy(), want[name].to_numpy())
 
@@ -775,7 +765,7 @@ def test_a_copy_takes_over_a_killed_writers_prefix_of_this_machine_only(s3, tmp_
     ctx.sql("COPY t TO 's3://fixtures/copies/killed.zarr' STORED AS ZARR").collect()
     keys = s3.keys("copies/killed.zarr/")
     assert "copies/killed.zarr/t2m/c/9/9/9" not in keys and "copies/killed.zarr/.zarrfusion-write" not in keys, keys
-    got = xr.open_zarr(download(s3, "copies/killed.zarr", tmp_path / "killed.zarr"))
+    got = xr.open_zarr(s3.download("copies/killed.zarr", tmp_path / "killed.zarr"))
     want = xr.open_zarr(FIXTURES / "v3_basic.zarr")
     np.testing.assert_array_equal(got.t2m.to_numpy(), want.t2m.to_numpy())
 
@@ -828,7 +818,7 @@ def test_rechunk_from_s3_reads_ahead_of_its_tasks(s3, tmp_path):
         answers[concurrency] = s3.proxy.stats()
         got = xr.open_zarr(target)
         assert got.t.encoding["chunks"] == (8, 6, 64)
-    source = xr.open_zarr(download(s3, "many.zarr", tmp_path / "many.zarr"))
+    source = xr.open_zarr(s3.download("many.zarr", tmp_path / "many.zarr"))
     np.testing.assert_array_equal(got.t.to_numpy(), source.t.to_numpy())
     ahead, demand = answers[16], answers[0]
     assert ahead["methods"]["GET"] == demand["methods"]["GET"], answers

@@ -430,6 +430,15 @@ class Server:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
+    def download(self, prefix: str, into: pathlib.Path) -> pathlib.Path:
+        """Copies every object under ``prefix/`` into the directory ``into``."""
+        client = self.client()
+        for key in self.keys(prefix + "/"):
+            path = into / key[len(prefix) + 1 :]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        return into
+
     def options(self, through_proxy: bool = True, **extra: str) -> dict[str, str]:
         """zarrfusion table options reaching this server."""
         options = {

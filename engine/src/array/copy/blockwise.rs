@@ -48,7 +48,7 @@ use crate::write::store::{
 };
 use crate::write::target::CopyTarget;
 use crate::write::write_job::Written;
-use crate::zarr::ChunkBufferPool;
+use crate::zarr::{ChunkBufferPool, StoreLocation};
 
 /// One variable of the written store: its name and the expression of the
 /// table's columns that computes it.
@@ -452,6 +452,13 @@ impl BlockwiseStep {
         self.step.memory()
     }
 
+    /// Decoded bytes of a cell of the variables written.
+    pub(crate) fn cell_bytes(&self) -> u64 {
+        (self.types.iter())
+            .map(|t| t.primitive_width().unwrap_or(8) as u64)
+            .sum()
+    }
+
     /// The cells of chunk `task`.
     pub(crate) fn chunk_cells(&self, task: u64) -> u64 {
         let chunk = self.chunks().block(task);
@@ -640,43 +647,54 @@ impl Blockwise {
             .max(COORDINATE_WRITE_MEMORY)
     }
 
-    /// What writing it did, `bytes_read` by step 2.
-    pub(crate) fn written(&self, bytes_read: u64) -> Written {
-        let cells: u64 = self.blocks.shape.iter().product();
-        let step1 = cells * self.blocks.types.len() as u64 * width_of(&self.blocks.types);
-        let step2 = match self.direct {
-            true => 0,
-            false => step1,
-        };
+    /// What writing it did, step 2 (the rechunk, when there is one)
+    /// having read and written `step2` decoded bytes.
+    pub(crate) fn written(&self, step2: (u64, u64)) -> Written {
+        let blocks = &self.blocks;
+        let cells = (blocks.shape.iter()).fold(1u64, |n, &len| n.saturating_mul(len));
         Written {
             rows: cells,
-            bytes_read,
-            bytes_written: step1 + step2,
+            bytes_read: step2.0,
+            bytes_written: cells
+                .saturating_mul(blocks.cell_bytes())
+                .saturating_add(step2.1),
         }
+    }
+
+    /// The directory (or prefix) of its intermediate store.
+    pub(crate) fn work_dir(&self) -> StoreLocation {
+        (self.rechunk.work_dir.clone()).unwrap_or_else(default_work_dir)
+    }
+
+    /// The write options of its intermediate store: the target's,
+    /// uncompressed.
+    pub(crate) fn intermediate_options(&self) -> ZarrWriteOptions {
+        ZarrWriteOptions {
+            codec: Codec::None,
+            ..self.to.options.clone()
+        }
+    }
+
+    /// Its intermediate store's group in `storage`, coordinates and
+    /// metadata stored, in chunks of step 1.
+    pub(crate) fn start_intermediate(
+        &self,
+        storage: &ReadableWritableListableStorage,
+    ) -> Result<GroupWrite> {
+        let options = self.intermediate_options();
+        let group = self.blocks.group(storage, &options, &self.blocks.block)?;
+        group.store_metadata()?;
+        Ok(group)
     }
 
     /// Runs both steps.
     pub(crate) fn run(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<Written> {
-        let cells: u64 = self.blocks.shape.iter().product();
-        let step1 = cells * self.blocks.types.len() as u64 * width_of(&self.blocks.types);
         if self.direct {
             self.write_direct(runtime, cancelled)?;
-            return Ok(self.written(0));
+            return Ok(self.written((0, 0)));
         }
-        let work_dir = self
-            .rechunk
-            .work_dir
-            .clone()
-            .unwrap_or_else(default_work_dir);
-        let scratch = ScratchStore::create(&work_dir, "zarrfusion-copy", ".zarr", runtime)?;
-        let plain = ZarrWriteOptions {
-            codec: Codec::None,
-            ..self.to.options.clone()
-        };
-        let group = self
-            .blocks
-            .group(scratch.storage(), &plain, &self.blocks.block)?;
-        group.store_metadata()?;
+        let scratch = ScratchStore::create(&self.work_dir(), "zarrfusion-copy", ".zarr", runtime)?;
+        let group = self.start_intermediate(scratch.storage())?;
         self.blocks.write_step(
             &group.variables,
             0..self.blocks.tasks(),
@@ -697,11 +715,7 @@ impl Blockwise {
             runtime,
         )?;
         let summary = prepared.write_to(&self.to, cancelled)?;
-        Ok(Written {
-            rows: cells,
-            bytes_read: summary.bytes_read,
-            bytes_written: step1 + summary.bytes_written,
-        })
+        Ok(self.written((summary.bytes_read, summary.bytes_written)))
     }
 
     /// Whether each intermediate chunk is whole chunks of the target (the

@@ -37,8 +37,8 @@ use super::whole::{run_cluster_tasks, ClusterCopy};
 use crate::array::rechunk::{PreparedRechunk, RechunkTasksExec, TargetEncoding, WorkStore};
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::{share_of, BlockGrid, BlockRead, GridTable, Selection};
-use crate::write::options::{Codec, ZarrWriteOptions};
-use crate::write::scratch::{default_work_dir, ScratchStore};
+use crate::write::options::ZarrWriteOptions;
+use crate::write::scratch::ScratchStore;
 use crate::write::store::{variable_array, GroupVariable};
 use crate::write::target::StagedTarget;
 use crate::write::write_job::{counted_properties, WriteJob, Written};
@@ -276,11 +276,8 @@ impl BlockwiseTasksExec {
 
     /// Decoded bytes written.
     pub fn bytes_written(&self) -> u64 {
-        let cells: u64 = self.blocks.shape.iter().product();
-        let width: u64 = (self.blocks.types.iter())
-            .map(|t| t.primitive_width().unwrap_or(8) as u64)
-            .sum();
-        cells.saturating_mul(width)
+        let cells = (self.blocks.shape.iter()).fold(1u64, |n, &len| n.saturating_mul(len));
+        cells.saturating_mul(self.blocks.cell_bytes())
     }
 }
 
@@ -359,7 +356,7 @@ impl ExecutionPlan for BlockwiseTasksExec {
             Ok(Written {
                 rows: run.end - run.start,
                 bytes_read: 0,
-                bytes_written: cells.saturating_mul(blocks.types.len() as u64 * 8),
+                bytes_written: cells.saturating_mul(blocks.cell_bytes()),
             })
         })
     }
@@ -393,11 +390,7 @@ impl ClusterSelection {
     /// The rounds of `copy` on a cluster's workers.
     pub(crate) fn plan(copy: &Blockwise, runtime: &RuntimeEnv) -> Result<Self> {
         let staged = copy.to.staged()?;
-        let work_dir = copy
-            .rechunk
-            .work_dir
-            .clone()
-            .unwrap_or_else(default_work_dir);
+        let work_dir = copy.work_dir();
         let (into, encoding, chunks, rechunk) = match copy.direct {
             true => (
                 ChunksInto::Target {
@@ -409,10 +402,7 @@ impl ClusterSelection {
             ),
             false => {
                 let intermediate = ScratchStore::name(&work_dir, "zarrfusion-copy", ".zarr");
-                let plain = TargetEncoding {
-                    codec: Codec::None,
-                    ..TargetEncoding::of(&copy.to.options)
-                };
+                let plain = TargetEncoding::of(&copy.intermediate_options());
                 let rechunk =
                     ClusterRechunk::plan(copy, intermediate.clone(), &staged, &work_dir, runtime)?;
                 (
@@ -480,7 +470,7 @@ impl ClusterSelection {
         handle: &tokio::runtime::Handle,
         context: &Arc<TaskContext>,
         cancelled: &AtomicBool,
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let runtime = context.runtime_env();
         let step1 = |cancelled: &AtomicBool| {
             let tasks = copy.blocks.tasks();
@@ -497,30 +487,30 @@ impl ClusterSelection {
                         group.store_metadata()
                     }
                     Some(rechunk) => {
-                        let work_dir =
-                            (copy.rechunk.work_dir.clone()).unwrap_or_else(default_work_dir);
                         let intermediate = ScratchStore::create_at(
-                            &work_dir,
+                            &copy.work_dir(),
                             rechunk.intermediate.clone(),
                             &runtime,
                         )?;
-                        let plain = ZarrWriteOptions {
-                            codec: Codec::None,
-                            ..copy.to.options.clone()
-                        };
-                        let group = (copy.blocks).group(
-                            intermediate.storage(),
-                            &plain,
-                            &copy.blocks.block,
-                        )?;
-                        group.store_metadata()?;
+                        copy.start_intermediate(intermediate.storage())?;
                         step1(cancelled)?;
                         let prepared = &rechunk.prepared;
                         rechunk.rounds.run(prepared, handle, context, cancelled)?;
                         prepared.write_metadata(out)
                     }
                 }
-            })
+            })?;
+        // The rechunk's decoded bytes read and written, as planned.
+        let step2 = (self.rechunk.iter().flat_map(|r| r.prepared.arrays())).fold(
+            (0u64, 0u64),
+            |(read, written), a| {
+                (
+                    read.saturating_add(a.plan.bytes_read()),
+                    written.saturating_add(a.plan.bytes_written()),
+                )
+            },
+        );
+        Ok(copy.written(step2))
     }
 }
 
@@ -537,13 +527,7 @@ impl ClusterRechunk {
     ) -> Result<Self> {
         let memory = Arc::new(MemoryStore::new());
         let metadata: ReadableWritableListableStorage = memory.clone();
-        let plain = ZarrWriteOptions {
-            codec: Codec::None,
-            ..copy.to.options.clone()
-        };
-        (copy.blocks)
-            .group(&metadata, &plain, &copy.blocks.block)?
-            .store_metadata()?;
+        copy.start_intermediate(&metadata)?;
         let chunks: Vec<(String, u64)> = (copy.blocks.table.dims.iter())
             .zip(&copy.target_chunks)
             .map(|(d, &c)| (d.name.clone(), c))

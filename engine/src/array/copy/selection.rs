@@ -329,10 +329,7 @@ impl ExecutionPlan for SelectionCopyExec {
         let task_context = Arc::clone(&context);
         job.run(partition, &context, move |cancelled| match cluster {
             None => writer.run(&runtime, cancelled),
-            Some(cluster) => {
-                cluster.run(&writer, &handle, &task_context, cancelled)?;
-                Ok(writer.written(0))
-            }
+            Some(cluster) => cluster.run(&writer, &handle, &task_context, cancelled),
         })
     }
 
