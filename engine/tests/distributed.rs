@@ -24,6 +24,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use url::Url;
+use zarrfusion::array::fft::FftExec;
 use zarrfusion::array::rolling::RollingWindowExec;
 use zarrfusion::array::DenseReductionExec;
 use zarrfusion::distributed::{serve_worker, ZarrCodec};
@@ -1333,4 +1334,138 @@ async fn a_rechunk_table_in_a_session_with_workers_runs_in_the_session() {
             .collect()
     };
     assert_close(&text(&got), &text(&want));
+}
+
+/// The `FftExec` of `sql`, as `ctx` plans it.
+async fn planned_fft(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+) -> Arc<dyn ExecutionPlan> {
+    let plan = physical_plan(ctx, sql).await;
+    let mut stack = vec![plan];
+    while let Some(node) = stack.pop() {
+        if node.downcast_ref::<FftExec>().is_some() {
+            return node;
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    panic!("no transform in {sql}");
+}
+
+/// Every case of the FFT fixture (xrft's answers) through two workers:
+/// blocks whole along the transformed dimensions, dealt to tasks of a
+/// stage on the workers, chains of transforms (views of views) included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_fft_case_gives_xrft_s_answer_through_two_workers() {
+    let workers = start_workers(2).await;
+    let cases = common::fft::cases();
+    assert!(cases.len() >= 20);
+    let mut chains = 0;
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let ctx = cluster_session(&workers).await;
+        // Blocks of a few lines: several per task.
+        ctx.sql("SET zarrfusion.target_partition_bytes = 2000")
+            .await
+            .unwrap();
+        common::fft::create_views(&ctx, case).await;
+        let sql = format!("SELECT * FROM {}", common::fft::sql_call(case));
+        let plan = physical_plan(&ctx, &sql).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(
+            shown.contains("FftExec") && shown.contains("tasks=2") && shown.contains("Network"),
+            "{name}: the transform is not on the workers:\n{shown}"
+        );
+        chains += usize::from(case["views"].as_array().is_some_and(|v| !v.is_empty()));
+        common::fft::check_case(&ctx, case).await;
+    }
+    assert!(chains >= 2, "{chains} chained cases");
+}
+
+/// A transform whose path makes stores in work_dir first (the four-step
+/// passes, a staged transform) runs in the session, with xrft's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transform_through_work_dir_runs_in_the_session() {
+    let workers = start_workers(2).await;
+    let dir = scratch("fft-in-session");
+    let (work, set_work) = own_work_dir(&dir);
+    let cases = common::fft::cases();
+    for name in ["lat_f64", "lat_lon"] {
+        let case = cases.iter().find(|c| c["name"] == name).unwrap();
+        let ctx = cluster_session(&workers).await;
+        for set in [
+            set_work.as_str(),
+            "SET zarrfusion.fft_strategy = 'four_step'",
+        ] {
+            ctx.sql(set).await.unwrap();
+        }
+        let sql = format!("SELECT * FROM {}", common::fft::sql_call(case));
+        let plan = physical_plan(&ctx, &sql).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(!shown.contains("strategy=whole lines"), "{name}:\n{shown}");
+        assert!(!shown.contains("Network"), "{name}:\n{shown}");
+        common::fft::check_case(&ctx, case).await;
+    }
+    assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transform_round_trips_and_a_malformed_one_is_refused() {
+    let cases = common::fft::cases();
+    let ctx = new_context();
+    ctx.sql("SET zarrfusion.target_partition_bytes = 2000")
+        .await
+        .unwrap();
+    // Filters on a dimension not transformed choose the blocks read.
+    let later = "WHERE time > TIMESTAMP '2020-01-01 00:00:00'";
+    let queries = [
+        ("lat_lon", later),
+        ("window_detrend_f32", later),
+        ("ifft_lag", ""),
+        ("chain_lat_lon", ""),
+    ];
+    for (name, filter) in queries {
+        let case = cases.iter().find(|c| c["name"] == name).unwrap();
+        common::fft::create_views(&ctx, case).await;
+        let sql = format!("SELECT * FROM {} {filter}", common::fft::sql_call(case));
+        let fft = planned_fft(&ctx, &sql).await;
+        // Whole, through the codec: the same plan and rows.
+        assert_round_trip(&ctx, &fft).await;
+    }
+    let case = cases.iter().find(|c| c["name"] == "chain_lat_lon").unwrap();
+    let sql = format!("SELECT * FROM {}", common::fft::sql_call(case));
+    let fft = planned_fft(&ctx, &sql).await;
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(fft);
+    assert_eq!(sent["transforms"].as_array().unwrap().len(), 2);
+    wire.decode(&sent).expect("the transform as sent");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("tasks", Value::from(0), "tasks"),
+        ("partitions", Value::from(1u64 << 40), "partitions"),
+        ("batch_size", Value::from(0), "batch_size"),
+        ("transforms", serde_json::json!([]), "transforms"),
+        (
+            "transforms",
+            serde_json::json!([["fft", [["dims", "lat"]]], ["fft", [["colour", "red"]]]]),
+            "unknown option 'colour'",
+        ),
+        (
+            "transforms",
+            serde_json::json!([["rfft", [["dims", "lat"]]]]),
+            "'rfft'",
+        ),
+        (
+            "transforms",
+            serde_json::json!([["fft", [["dims", "height"]]]]),
+            "unknown dimension 'height'",
+        ),
+        ("variable", Value::from("nothing"), "unknown variable"),
+        ("projection", serde_json::json!([0, 9]), "columns"),
+        ("projection", serde_json::json!([]), "columns"),
+        ("block_shape", serde_json::json!([1, 1, 1]), "cut its lines"),
+        ("block_shape", serde_json::json!([0, 1, 1]), "blocks"),
+        ("selection", serde_json::json!([[[5, 2]]]), "selection"),
+        ("columns", serde_json::json!([["x", "Int8"]]), "changed"),
+    ];
+    wire.refuses(&sent, cases);
 }

@@ -251,6 +251,33 @@ def test_a_rolling_copy_rolls_its_chunks_on_the_workers_and_equals_xarray(worker
     assert sorted(p.name for p in tmp_path.iterdir()) == ["running.zarr"]
 
 
+def test_transforms_run_on_the_workers_and_equal_xrft(workers):
+    """``fft(...)`` along two dimensions, and the ``ifft`` of a view of it
+    (a chain, transformed block by block without a store between them),
+    through the two worker processes: blocks of whole lines dealt to a
+    stage of two tasks; the values are xrft's (the fixture's expected
+    stores)."""
+    from test_fft import FFT, close, expected
+
+    ctx = zf.SessionContext(
+        workers=workers,
+        config={"zarrfusion.bytes_per_task": 1, "zarrfusion.target_partition_bytes": 2000},
+    )
+    grid = FFT / "data" / "grid.zarr"
+    forward = f"SELECT * FROM fft('{grid}', 'z', dims => 'lat,lon')"
+    ctx.sql(f"CREATE VIEW spectrum AS {forward}").collect()
+    back = "SELECT * FROM ifft('spectrum', 'z', dims => 'freq_lat,freq_lon', lag => '30,90')"
+    for sql, name, dims in [
+        (forward, "lat_lon", ["time", "freq_lat", "freq_lon"]),
+        (back, "chain_lat_lon", ["time", "lat", "lon"]),
+    ]:
+        plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+        distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+        assert "FftExec" in distributed and "tasks=2" in distributed, distributed
+        assert "Network" in distributed, distributed
+        close(ctx.sql(sql).to_xarray(dims=dims)["z"], expected(name), 1e-9)
+
+
 def test_a_worker_nobody_listens_on_fails_the_query_naming_it(fixtures, workers):
     nobody = "127.0.0.1:1"
     ctx = zf.SessionContext(workers=[workers[0], nobody], config={"zarrfusion.bytes_per_task": 1})

@@ -19,6 +19,17 @@
 //! frames as the planner does ([`MAX_FRAME`]) and fits the window to its
 //! own `allowed_mem`.
 //!
+//! An [`FftExec`] reading a variable block by block (itself, or through
+//! inner transforms: a chain) travels as the variable's table source, its
+//! name, each transform's function and options as SQL names them, its
+//! output columns, selection, block shape, partitions, limit, batch size,
+//! read-ahead and tasks; the worker opens the table, makes the transforms
+//! again with SQL's checks, refuses blocks that cut a transformed line
+//! and fits the transform to its own `allowed_mem` on its own device. A
+//! transform whose path makes a store in `work_dir` first (a rechunked
+//! copy, the four-step passes, a staged transform) is not sent: it runs in
+//! the session ([`crate::distributed::tasks`] gives it one task).
+//!
 //! A [`RechunkTasksExec`] (a round of a `COPY`'s rechunk tasks) travels as
 //! the rechunk's plain data ([`RechunkTasks`]: source, chunk lengths, each
 //! array's stages (chunks and task regions) and target metadata, the
@@ -59,6 +70,8 @@ use serde::{Deserialize, Serialize};
 use crate::array::copy::blockwise::{Evaluate, SelectedGrid, Step, StepWriters};
 use crate::array::copy::cluster::{BlockwiseTasks, BlockwiseTasksExec, ChunksInto};
 use crate::array::copy::rolling::RollChunks;
+use crate::array::fft::exec::FftBlocks;
+use crate::array::fft::{FftExec, FftOptions, FftTable};
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkTasks, RechunkTasksExec};
 use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, Rolling, RollingParts};
@@ -80,6 +93,9 @@ const MAX_PARTITIONS: usize = 1 << 12;
 const MAX_TASKS: usize = 1 << 16;
 /// The most aggregates a received reduction may have.
 const MAX_AGGREGATES: usize = 1 << 10;
+
+/// The most transforms a received chain may make, one of another.
+const MAX_TRANSFORMS: usize = 1 << 6;
 
 /// The most arrays a received rechunk may copy.
 const MAX_ARRAYS: usize = 1 << 12;
@@ -199,6 +215,45 @@ enum Node {
     Window(Window),
     RechunkTasks(RechunkRun),
     Blockwise(BlockwiseRun),
+    Transform(Transform),
+}
+
+impl Node {
+    /// What the node is, in errors.
+    fn what(&self) -> &'static str {
+        match self {
+            Self::Scan(_) => "a Zarr scan",
+            Self::Reduction(_) => "a dense reduction",
+            Self::Window(_) => "a rolling window",
+            Self::RechunkTasks(_) => "a rechunk's tasks",
+            Self::Blockwise(_) => "a blockwise step",
+            Self::Transform(_) => "a transform",
+        }
+    }
+}
+
+/// A transform's blocks as they travel ([`FftExec`]): the variable's
+/// table, the transforms (innermost first, as SQL names their options),
+/// the blocks and how their rows are sent.
+#[derive(Debug, Serialize, Deserialize)]
+struct Transform {
+    source: Source,
+    /// The table's columns when the plan was made: names and types.
+    columns: Vec<(String, String)>,
+    variable: String,
+    /// Each transform's function (`fft`, `ifft`) and options.
+    transforms: Vec<(String, Vec<(String, String)>)>,
+    /// The output columns: indices into the transform's schema.
+    projection: Vec<usize>,
+    /// The filters' selection of the other dimensions, over the
+    /// variable's grid (`None`: every block).
+    selection: Option<Vec<Vec<Range<u64>>>>,
+    block_shape: Vec<u64>,
+    partitions: usize,
+    limit: Option<usize>,
+    batch_size: usize,
+    io_concurrency: usize,
+    tasks: usize,
 }
 
 /// A run of step 1 of a chunk-by-chunk COPY as it travels: how its chunks
@@ -398,6 +453,50 @@ impl Source {
     }
 }
 
+impl Transform {
+    fn of(exec: &FftExec) -> Result<Self> {
+        let table = exec.table();
+        let Some((grid, variable, options)) = table.chain() else {
+            return not_impl_err!(
+                "the transform of '{}' variable '{}' cannot run on a cluster's workers: its path \
+                 makes a store in work_dir first, which runs in the session",
+                table.source().store(),
+                table.source().variable()
+            );
+        };
+        let transforms = options
+            .iter()
+            .map(|o| {
+                let (function, named) = o.named().ok_or_else(|| {
+                    exec_datafusion_err!(
+                        "the transform of '{}' has options that cannot be sent: {o:?}",
+                        grid.store
+                    )
+                })?;
+                Ok((function.to_string(), named))
+            })
+            .collect::<Result<_>>()?;
+        let blocks = exec.blocks();
+        let shape = table.block_space();
+        Ok(Self {
+            source: Source::of(grid)?,
+            columns: columns_of(grid),
+            variable: grid.variables[variable].name().to_string(),
+            transforms,
+            projection: blocks.projection,
+            selection: blocks
+                .selection
+                .map(|s| (0..shape.len()).map(|d| s.ranges(d).to_vec()).collect()),
+            block_shape: blocks.blocks.block_shape().to_vec(),
+            partitions: blocks.partitions,
+            limit: blocks.limit,
+            batch_size: blocks.batch_size,
+            io_concurrency: blocks.io_concurrency,
+            tasks: exec.tasks(),
+        })
+    }
+}
+
 impl Read {
     fn of(read: &BlockRead) -> Result<Self> {
         Ok(Self {
@@ -514,6 +613,91 @@ impl ZarrCodec {
 }
 
 impl ZarrCodec {
+    /// A transform's blocks received by a worker: its table opened again
+    /// and checked to have the columns the plan was made for, the
+    /// transforms made again from their options (checked as SQL's are),
+    /// the blocks checked to be whole along every transformed dimension,
+    /// its tasks fitted to the worker's `allowed_mem` on the worker's own
+    /// device (`zarrfusion.device`).
+    fn decode_transform(&self, t: Transform, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
+        let grid = self.open(&t.source, ctx)?;
+        let store = grid.store.clone();
+        if columns_of(&grid) != t.columns {
+            return plan_err!(
+                "the Zarr table over {store} has changed since the query was planned: its \
+                 columns are now {:?}, the plan expects {:?}",
+                columns_of(&grid),
+                t.columns
+            );
+        }
+        let limits = [
+            ("partitions", t.partitions, MAX_PARTITIONS),
+            ("tasks", t.tasks, MAX_TASKS),
+            ("batch_size", t.batch_size, MAX_BATCH_ROWS),
+            ("transforms", t.transforms.len(), MAX_TRANSFORMS),
+        ];
+        for (what, n, most) in limits {
+            if n == 0 || n > most {
+                return plan_err!("a transform of {store} asks for {n} {what} (1 to {most})");
+            }
+        }
+        let transforms = (t.transforms.iter())
+            .map(|(function, named)| {
+                let mut options = match function.as_str() {
+                    "fft" => FftOptions::forward(Vec::new()),
+                    "ifft" => FftOptions::inverse(Vec::new()),
+                    other => return plan_err!("a transform of {store} by '{other}'"),
+                };
+                options.set(named, function)?;
+                Ok(options)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let table = FftTable::of_chain(grid, &t.variable, transforms)?;
+        let fields = table.schema_ref().fields().len();
+        if t.projection.is_empty() || t.projection.iter().any(|&i| i >= fields) {
+            return plan_err!(
+                "a transform of {store} sends columns {:?} of {fields}",
+                t.projection
+            );
+        }
+        let shape = table.block_space();
+        let selection = match t.selection {
+            Some(ranges) => Some(
+                Selection::from_ranges(ranges, &shape)
+                    .map_err(|e| exec_datafusion_err!("a transform of {store}: {e}"))?,
+            ),
+            None => None,
+        };
+        let all = Selection::all(&shape);
+        let blocks =
+            BlockGrid::with_block_shape(&shape, t.block_shape, selection.as_ref().unwrap_or(&all))
+                .map_err(|e| exec_datafusion_err!("a transform of {store}: {e}"))?;
+        if let Some(d) = table.cut_lines(blocks.block_shape()) {
+            return plan_err!(
+                "a transform of {store} reads blocks of shape {:?}, which cut its lines along \
+                 dimension {d} (of length {})",
+                blocks.block_shape(),
+                shape[d]
+            );
+        }
+        let config = ZarrConfig::of(ctx.session_config().options());
+        let memory_limit = match ctx.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let run = FftBlocks {
+            projection: t.projection,
+            selection,
+            blocks,
+            partitions: t.partitions,
+            limit: t.limit,
+            batch_size: t.batch_size,
+            io_concurrency: t.io_concurrency,
+        };
+        let exec = FftExec::with_blocks(&table, run, &config.device, memory_limit)?;
+        Ok(Arc::new(exec.with_tasks(t.tasks)))
+    }
+
     /// Step 1 of a COPY of a selection received by a worker: its read
     /// made again, its expressions over the columns read, writing only
     /// into a COPY's intermediate store or temporary directory (or an
@@ -959,37 +1143,17 @@ impl PhysicalExtensionCodec for ZarrCodec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let node: Node = serde_json::from_slice(buf)
             .map_err(|e| exec_datafusion_err!("a malformed zarrfusion plan node: {e}"))?;
+        // Every zarrfusion node that travels is a leaf.
+        if !inputs.is_empty() {
+            return plan_err!("{} has no inputs, got {}", node.what(), inputs.len());
+        }
         match node {
-            Node::Scan(scan) => {
-                if !inputs.is_empty() {
-                    return plan_err!("a Zarr scan has no inputs, got {}", inputs.len());
-                }
-                self.decode_scan(scan, ctx)
-            }
-            Node::Reduction(reduction) => {
-                if !inputs.is_empty() {
-                    return plan_err!("a dense reduction has no inputs, got {}", inputs.len());
-                }
-                self.decode_reduction(reduction, ctx)
-            }
-            Node::Window(window) => {
-                if !inputs.is_empty() {
-                    return plan_err!("a rolling window has no inputs, got {}", inputs.len());
-                }
-                self.decode_window(window, ctx)
-            }
-            Node::RechunkTasks(run) => {
-                if !inputs.is_empty() {
-                    return plan_err!("a rechunk's tasks have no inputs, got {}", inputs.len());
-                }
-                decode_rechunk(run, ctx)
-            }
-            Node::Blockwise(run) => {
-                if !inputs.is_empty() {
-                    return plan_err!("a blockwise step has no inputs, got {}", inputs.len());
-                }
-                self.decode_blockwise(run, ctx)
-            }
+            Node::Scan(scan) => self.decode_scan(scan, ctx),
+            Node::Reduction(reduction) => self.decode_reduction(reduction, ctx),
+            Node::Window(window) => self.decode_window(window, ctx),
+            Node::RechunkTasks(run) => decode_rechunk(run, ctx),
+            Node::Blockwise(run) => self.decode_blockwise(run, ctx),
+            Node::Transform(transform) => self.decode_transform(transform, ctx),
         }
     }
 
@@ -1029,10 +1193,15 @@ impl PhysicalExtensionCodec for ZarrCodec {
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a rolling window: {e}"));
         }
+        if let Some(fft) = node.downcast_ref::<FftExec>() {
+            let encoded = Node::Transform(Transform::of(fft)?);
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a transform: {e}"));
+        }
         let Some(scan) = node.downcast_ref::<ZarrScanExec>() else {
             return not_impl_err!(
                 "{} cannot run on a cluster's workers yet (zarrfusion distributes Zarr scans, \
-                 dense reductions, rolling windows and the steps of a COPY)",
+                 dense reductions, rolling windows, transforms and the steps of a COPY)",
                 node.name()
             );
         };

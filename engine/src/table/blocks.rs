@@ -11,10 +11,14 @@
 //! with one dimension innermost ([`BlockGrid::block_along`]).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use datafusion::catalog::Session;
 use datafusion::common::config::ConfigOptions;
+use datafusion::common::{exec_err, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::execution::TaskContext;
+use datafusion_distributed::DistributedTaskContext;
 
 use super::dataset::GridTable;
 use super::selection::Selection;
@@ -234,6 +238,38 @@ pub fn share_of(range: Range<u64>, i: u64, n: u64) -> Range<u64> {
     let n = u128::from(n.max(1));
     let at = |i: u64| range.start + (len * u128::from(i).min(n) / n) as u64;
     at(i)..at(i.saturating_add(1))
+}
+
+/// Which of `tasks` tasks of a cluster's stage this execution of `node`
+/// (over `of`, a store) runs as: 0 when `tasks` is 1 (one process runs
+/// them all), else the task its `DistributedTaskContext` names, which must
+/// be one of the `tasks` it was planned for.
+pub fn task_index(node: &str, of: &str, tasks: usize, context: &Arc<TaskContext>) -> Result<usize> {
+    if tasks <= 1 {
+        return Ok(0);
+    }
+    let ctx = DistributedTaskContext::from_ctx(context);
+    if ctx.task_count != tasks || ctx.task_index >= tasks {
+        return exec_err!(
+            "{node} over {of} was planned for {tasks} tasks, but runs as task {} of {}",
+            ctx.task_index,
+            ctx.task_count
+        );
+    }
+    Ok(ctx.task_index)
+}
+
+/// The share of `all` (blocks, or tasks of a node) that this execution of
+/// `node` runs as task [`task_index`] of `tasks`: contiguous runs in order.
+pub fn task_share(
+    node: &str,
+    of: &str,
+    tasks: usize,
+    all: Range<u64>,
+    context: &Arc<TaskContext>,
+) -> Result<Range<u64>> {
+    let task = task_index(node, of, tasks, context)?;
+    Ok(share_of(all, task as u64, tasks.max(1) as u64))
 }
 
 /// The boxes of `selection` inside `extent`: the Cartesian product of the

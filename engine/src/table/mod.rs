@@ -18,7 +18,7 @@ mod scan;
 mod selection;
 
 pub use block_read::BlockRead;
-pub use blocks::{boxes_in_block, share_of, BlockGrid};
+pub use blocks::{boxes_in_block, share_of, task_index, task_share, BlockGrid};
 pub use broadcast::{
     Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, MAX_BROADCAST_BYTES,
 };

@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
+use datafusion::common::{human_readable_size, resources_err, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -27,11 +27,10 @@ use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
-use datafusion_distributed::DistributedTaskContext;
 use tokio::sync::mpsc::Sender;
 
 use super::block_read::BlockRead;
-use super::blocks::{boxes_in_block, share_of};
+use super::blocks::{boxes_in_block, share_of, task_index};
 use super::broadcast::BroadcastInputs;
 use super::cells::BoxCells;
 use super::read_ahead::ReadAheadPlan;
@@ -360,22 +359,8 @@ impl ExecutionPlan for ZarrScanExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let task = match self.tasks {
-            1 => 0,
-            tasks => {
-                let ctx = DistributedTaskContext::from_ctx(&context);
-                if ctx.task_count != tasks || ctx.task_index >= tasks {
-                    return exec_err!(
-                        "ZarrScanExec over {} was planned for {tasks} tasks, but runs as task {} \
-                         of {}",
-                        self.read.table.store,
-                        ctx.task_index,
-                        ctx.task_count
-                    );
-                }
-                ctx.task_index
-            }
-        };
+        let store = &self.read.table.store;
+        let task = task_index("ZarrScanExec", store, self.tasks, &context)?;
         let blocks = self.partition_blocks(task, partition);
         let progress = context.session_config().get_extension::<ScanProgress>();
         if let Some(progress) = &progress {

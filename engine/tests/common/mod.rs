@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fft;
+
 use std::path::{Path, PathBuf};
 
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};

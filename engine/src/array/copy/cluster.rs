@@ -27,7 +27,6 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use datafusion_distributed::DistributedTaskContext;
 use serde::{Deserialize, Serialize};
 use zarrs::storage::store::MemoryStore;
 use zarrs::storage::ReadableWritableListableStorage;
@@ -36,7 +35,7 @@ use super::blockwise::{Blockwise, BlockwiseStep, Evaluate, SelectedGrid, Step};
 use super::whole::{run_cluster_tasks, ClusterCopy};
 use crate::array::rechunk::{PreparedRechunk, RechunkTasksExec, TargetEncoding, WorkStore};
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
-use crate::table::{share_of, BlockGrid, BlockRead, GridTable, Selection};
+use crate::table::{task_share, BlockGrid, BlockRead, GridTable, Selection};
 use crate::write::options::ZarrWriteOptions;
 use crate::write::scratch::ScratchStore;
 use crate::write::store::{variable_array, GroupVariable};
@@ -305,22 +304,8 @@ impl ExecutionPlan for BlockwiseTasksExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let all = self.blocks.tasks();
-        let run = match self.tasks {
-            1 => 0..all,
-            tasks => {
-                let ctx = DistributedTaskContext::from_ctx(&context);
-                if ctx.task_count != tasks || ctx.task_index >= tasks {
-                    return exec_err!(
-                        "BlockwiseTasksExec of {} was planned for {tasks} tasks, but runs as \
-                         task {} of {}",
-                        self.blocks.table.store,
-                        ctx.task_index,
-                        ctx.task_count
-                    );
-                }
-                share_of(0..all, ctx.task_index as u64, tasks as u64)
-            }
-        };
+        let store = &self.blocks.table.store;
+        let run = task_share("BlockwiseTasksExec", store, self.tasks, 0..all, &context)?;
         let (blocks, sent) = (Arc::clone(&self.blocks), Arc::clone(&self.sent));
         let runtime = context.runtime_env();
         let job = WriteJob {

@@ -42,7 +42,9 @@ use crate::device::{choose_device, staging_memory, Device};
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::cells::dimension_indices;
-use crate::table::{BlockGrid, Coordinate, ReadAheadPlan, Selection, TableReadAhead};
+use crate::table::{
+    share_of, task_share, BlockGrid, Coordinate, ReadAheadPlan, Selection, TableReadAhead,
+};
 use crate::zarr::ChunkBufferPool;
 
 /// What every partition of an [`FftExec`] shares.
@@ -62,9 +64,11 @@ struct FftJob {
     device: Device,
     /// Page-locked bytes the kernels stage through on a GPU.
     staging: usize,
-    /// Whether filters chose the blocks (rows are then a superset of the
-    /// answer, filtered above).
-    filtered: bool,
+    /// The selection of the other dimensions filters chose the blocks by
+    /// (rows are then a superset of the answer, filtered above).
+    selection: Option<Selection>,
+    /// Chunk requests in flight the read-ahead was planned for.
+    io_concurrency: usize,
     /// Each task's reads ahead of it (a variable read from an object store
     /// block by block).
     read_ahead: ReadAheadPlan,
@@ -433,6 +437,30 @@ pub struct FftExec {
     job: Arc<FftJob>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+    /// The tasks of a cluster's stage the blocks are dealt to (1: one
+    /// process transforms them all; see [`Self::with_tasks`]).
+    tasks: usize,
+}
+
+/// The blocks an [`FftExec`] reads and how it sends their rows, as a
+/// session plans them and a cluster's worker receives them.
+#[derive(Debug, Clone)]
+pub struct FftBlocks {
+    /// The output columns (indices into the transform's schema).
+    pub projection: Vec<usize>,
+    /// The selection of the other dimensions that filters chose the
+    /// blocks by (`None`: every block).
+    pub selection: Option<Selection>,
+    /// The blocks, whole along the transformed dimensions.
+    pub blocks: BlockGrid,
+    /// The most tasks run at once.
+    pub partitions: usize,
+    /// The most rows sent.
+    pub limit: Option<usize>,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Chunk requests in flight when reading ahead.
+    pub io_concurrency: usize,
 }
 
 impl FftExec {
@@ -449,11 +477,40 @@ impl FftExec {
     ) -> Result<Self> {
         let chunk = table.block_chunk();
         let parallelism = options.execution.target_partitions.max(1);
-        let filtered = selection.is_some();
-        let selection = selection.unwrap_or_else(|| Selection::all(&table.block_space()));
-        let blocks = plan_blocks(table, &chunk, &selection, options, memory_limit);
+        let all = Selection::all(&table.block_space());
+        let blocks = plan_blocks(
+            table,
+            &chunk,
+            selection.as_ref().unwrap_or(&all),
+            options,
+            memory_limit,
+        );
+        let config = ZarrConfig::of(options);
+        let run = FftBlocks {
+            projection,
+            partitions: (blocks.num_blocks() as usize).clamp(1, parallelism),
+            selection,
+            blocks,
+            limit,
+            batch_size: usize::from(options.execution.batch_size).max(1),
+            io_concurrency: config.io_concurrency,
+        };
+        Self::with_blocks(table, run, &config.device, memory_limit)
+    }
+
+    /// The transform of `table` reading the blocks `run` plans (as a
+    /// session planned them, or as a cluster's worker received them) on
+    /// the device `device` names, with at most `run.partitions` tasks at
+    /// once: fewer when `memory_limit` needs, refused when one does not
+    /// fit.
+    pub(crate) fn with_blocks(
+        table: &FftTable,
+        run: FftBlocks,
+        device: &str,
+        memory_limit: Option<usize>,
+    ) -> Result<Self> {
         let source = table.source();
-        let device = choose_device(&ZarrConfig::of(options).device).map_err(|e| {
+        let device = choose_device(device).map_err(|e| {
             DataFusionError::Plan(format!(
                 "FftExec of '{}' variable '{}': {e}",
                 source.store(),
@@ -461,7 +518,7 @@ impl FftExec {
             ))
         })?;
         let full_schema = table.schema();
-        let schema = Arc::new(full_schema.project(&projection)?);
+        let schema = Arc::new(full_schema.project(&run.projection)?);
         let metrics = ExecutionPlanMetricsSet::new();
         let staging = staging_memory(device, memory_limit);
         let job = FftJob {
@@ -471,18 +528,21 @@ impl FftExec {
                 .map(|d| d.coordinate)
                 .collect(),
             table: Arc::new(table.clone()),
-            projection,
+            projection: run.projection,
             schema: Arc::clone(&schema),
-            batch_size: usize::from(options.execution.batch_size).max(1),
-            limit,
-            blocks,
+            batch_size: run.batch_size.max(1),
+            limit: run.limit,
+            blocks: run.blocks,
             kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
             device,
             staging,
-            filtered,
+            selection: run.selection,
+            io_concurrency: run.io_concurrency,
             read_ahead: ReadAheadPlan::for_chunks(0, 0, 1, 0),
         };
-        let mut partitions = (job.blocks.num_blocks() as usize).clamp(1, parallelism);
+        let mut partitions = run
+            .partitions
+            .clamp(1, (job.blocks.num_blocks() as usize).max(1));
         if let Some(limit) = memory_limit {
             let fits = |p: usize| p * job.per_task_memory() + job.kernel_memory() <= limit;
             while partitions > 1 && !fits(partitions) {
@@ -509,8 +569,7 @@ impl FftExec {
         // ahead, in what memory the tasks leave.
         let mut job = job;
         if job.reads_values() {
-            let io_concurrency = ZarrConfig::of(options).io_concurrency;
-            let mut plan = read_ahead_plan(table, job.blocks.block_shape(), io_concurrency, 1)
+            let mut plan = read_ahead_plan(table, job.blocks.block_shape(), job.io_concurrency, 1)
                 .split(partitions);
             if let Some(limit) = memory_limit {
                 let used = partitions * job.per_task_memory() + job.kernel_memory();
@@ -528,7 +587,58 @@ impl FftExec {
             job: Arc::new(job),
             properties,
             metrics,
+            tasks: 1,
         })
+    }
+
+    /// This transform with its blocks dealt to `tasks` tasks of a
+    /// cluster's stage: each (its index from its `DistributedTaskContext`)
+    /// transforms its own run, split among its partitions.
+    pub fn with_tasks(&self, tasks: usize) -> Self {
+        Self {
+            job: Arc::clone(&self.job),
+            properties: Arc::clone(&self.properties),
+            // The kernels' clock counts into these.
+            metrics: self.metrics.clone(),
+            tasks: tasks.max(1),
+        }
+    }
+
+    /// The tasks the blocks are dealt to.
+    pub fn tasks(&self) -> usize {
+        self.tasks
+    }
+
+    /// The transform.
+    pub fn table(&self) -> &FftTable {
+        &self.job.table
+    }
+
+    /// The blocks it reads and how, as [`Self::with_blocks`] takes them.
+    pub fn blocks(&self) -> FftBlocks {
+        let job = &self.job;
+        FftBlocks {
+            projection: job.projection.clone(),
+            selection: job.selection.clone(),
+            blocks: job.blocks.clone(),
+            partitions: self.partitions(),
+            limit: job.limit,
+            batch_size: job.batch_size,
+            io_concurrency: job.io_concurrency,
+        }
+    }
+
+    /// Bytes of the variable its blocks read (what a cluster's tasks are
+    /// sized by): the blocks' cells times a stored value's bytes.
+    pub fn bytes_read(&self) -> u64 {
+        let job = &self.job;
+        if !job.reads_values() {
+            return 0;
+        }
+        let cells: u64 = job.blocks.block_shape().iter().product();
+        (job.blocks.num_blocks())
+            .saturating_mul(cells)
+            .saturating_mul(job.source().element_size() as u64)
     }
 
     /// Memory the whole operator is projected to hold at its peak.
@@ -543,11 +653,17 @@ impl FftExec {
         self.properties.partitioning.partition_count()
     }
 
-    fn partition_blocks(&self, partition: usize) -> std::ops::Range<u64> {
-        let n = self.partitions() as u64;
-        let total = self.job.blocks.num_blocks();
-        let p = partition as u64;
-        (p * total / n)..((p + 1) * total / n)
+    /// The blocks partition `partition` transforms: its share of all of
+    /// them, or on a cluster of the run of the task it runs as.
+    fn partition_blocks(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+    ) -> Result<std::ops::Range<u64>> {
+        let all = 0..self.job.blocks.num_blocks();
+        let store = self.job.source().store();
+        let run = task_share("FftExec", store, self.tasks, all, context)?;
+        Ok(share_of(run, partition as u64, self.partitions() as u64))
     }
 }
 
@@ -579,7 +695,7 @@ impl DisplayAs for FftExec {
         write!(
             f,
             "FftExec: store={}, variable={}, {} along [{}] ({}), strategy={} (blocks of shape \
-             {:?}, {} blocks, {} tasks{}), device={}, precision={}, projected_memory={}, read={}",
+             {:?}, {} blocks, {} tasks{}), device={}, precision={}, projected_memory={}, read={}{}",
             job.source().store(),
             job.source().variable(),
             if options.inverse { "ifft" } else { "fft" },
@@ -602,6 +718,10 @@ impl DisplayAs for FftExec {
             } else {
                 0
             }),
+            match self.tasks {
+                1 => String::new(),
+                tasks => format!(", tasks={tasks}"),
+            },
         )
     }
 }
@@ -614,7 +734,7 @@ impl ExecutionPlan for FftExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let blocks = self.partition_blocks(partition);
+        let blocks = self.partition_blocks(partition, &context)?;
         let job = Arc::clone(&self.job);
         let memory = (job.per_task_memory())
             .saturating_add(job.read_ahead.memory())
@@ -676,6 +796,7 @@ impl ExecutionPlan for FftExec {
 
     metered_plan_methods!(|exec| {
         let job = &exec.job;
-        (job.limit.is_none() && !job.filtered).then(|| job.table.output_shape().iter().product())
+        (job.limit.is_none() && job.selection.is_none())
+            .then(|| job.table.output_shape().iter().product())
     });
 }

@@ -162,6 +162,47 @@ impl FftOptions {
         Ok(())
     }
 
+    /// These options as SQL names them (`fft(..., dims => 'lat')`):
+    /// what a cluster's worker is sent and sets again with [`Self::set`]
+    /// (a function that cannot be said so, `None`: a dimension with a
+    /// comma in its name, say).
+    pub fn named(&self) -> Option<(&'static str, Vec<(String, String)>)> {
+        let function = if self.inverse { "ifft" } else { "fft" };
+        let list = |items: Vec<String>| items.join(",");
+        let mut named = vec![
+            ("dims".to_string(), list(self.dims.clone())),
+            ("shift".to_string(), self.shift.to_string()),
+            ("true_phase".to_string(), self.true_phase.to_string()),
+            (
+                "true_amplitude".to_string(),
+                self.true_amplitude.to_string(),
+            ),
+            ("spacing_tol".to_string(), self.spacing_tol.to_string()),
+            ("prefix".to_string(), self.prefix.clone()),
+        ];
+        if let Some(real) = &self.real_dim {
+            named.push(("real_dim".to_string(), real.clone()));
+        }
+        if let Some(detrend) = self.detrend {
+            let name = match detrend {
+                Detrend::Constant => "constant",
+                Detrend::Linear => "linear",
+            };
+            named.push(("detrend".to_string(), name.to_string()));
+        }
+        if let Some(window) = self.window {
+            named.push(("window".to_string(), window.name()));
+        }
+        if let Some(lag) = &self.lag {
+            let lags = lag.iter().map(f64::to_string).collect();
+            named.push(("lag".to_string(), list(lags)));
+        }
+        let mut again = Self::forward(Vec::new());
+        again.inverse = self.inverse;
+        let same = again.set(&named, function).is_ok() && again == *self;
+        same.then_some((function, named))
+    }
+
     /// The dimensions in the order they are transformed: the real one last
     /// going forward, first going back.
     pub fn transform_order(&self) -> Vec<String> {
@@ -240,6 +281,31 @@ mod tests {
         assert_eq!(options.transform_order(), ["lon", "lat"]);
         assert_eq!(options.output_name("lat"), "freq_lat");
         assert_eq!(FftOptions::inverse(vec![]).output_name("freq_lat"), "lat");
+    }
+
+    #[test]
+    fn options_named_as_sql_set_the_same_options() {
+        let mut forward = FftOptions::forward(vec!["lat".into(), "lon".into()]);
+        forward.real_dim = Some("lon".into());
+        forward.detrend = Some(Detrend::Linear);
+        forward.window = Some(Window::Tukey(0.25));
+        forward.spacing_tol = 0.1 + 0.2;
+        let mut inverse = FftOptions::inverse(vec!["freq_x".into()]);
+        inverse.lag = Some(vec![45.0, -1.0 / 3.0]);
+        inverse.shift = false;
+        inverse.prefix = "k_".into();
+        for options in [forward, inverse, FftOptions::forward(vec!["t".into()])] {
+            let (function, named) = options.named().expect("said in SQL");
+            let mut again = if function == "ifft" {
+                FftOptions::inverse(vec![])
+            } else {
+                FftOptions::forward(vec![])
+            };
+            again.set(&named, function).unwrap();
+            assert_eq!(again, options);
+        }
+        let odd = FftOptions::forward(vec!["a,b".into()]);
+        assert!(odd.named().is_none());
     }
 
     #[test]

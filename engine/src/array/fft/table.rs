@@ -50,8 +50,8 @@ use super::options::FftOptions;
 use super::source::{ArraySource, SourceDimension, TransformOutput};
 use super::transform::FftTransform;
 use crate::table::{
-    literal_text, pushed_dimension, registered_table, store_table, Coordinate, TableFunctionCall,
-    ZarrTable,
+    literal_text, pushed_dimension, registered_table, store_table, Coordinate, GridTable,
+    TableFunctionCall, ZarrTable,
 };
 use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
 
@@ -332,6 +332,69 @@ impl FftTable {
             four_step: None,
             asked: None,
         })
+    }
+
+    /// The variable and the transforms this one makes of it, innermost
+    /// first, when it reads a variable of a table opened from a location
+    /// (itself, or through inner transforms) block by block as planned,
+    /// with nothing made in `work_dir` first: what a cluster's worker can
+    /// make again ([`Self::of_chain`]). `None` for the other paths (a
+    /// rechunked copy, the four-step path, a staged transform, a
+    /// detrended source), which run in the session.
+    pub fn chain(&self) -> Option<(&Arc<GridTable>, usize, Vec<&FftOptions>)> {
+        if self.four_step.is_some() || self.asked.is_some() {
+            return None;
+        }
+        let (grid, variable, mut transforms) = match &self.source {
+            ArraySource::Zarr { grid, variable } => (grid, *variable, Vec::new()),
+            ArraySource::Transformed(inner) => inner.as_any().downcast_ref::<Self>()?.chain()?,
+            _ => return None,
+        };
+        if grid.source.is_none() {
+            return None;
+        }
+        transforms.push(&self.transform.options);
+        Some((grid, variable, transforms))
+    }
+
+    /// Variable `variable` of `grid` transformed by `transforms` in turn
+    /// (innermost first): a [`Self::chain`] made again.
+    pub fn of_chain(
+        grid: Arc<GridTable>,
+        variable: &str,
+        transforms: Vec<FftOptions>,
+    ) -> Result<Self> {
+        let mut transforms = transforms.into_iter();
+        let Some(first) = transforms.next() else {
+            return plan_err!("a chain of transforms of '{}' has none", grid.store);
+        };
+        let function = if first.inverse { "ifft" } else { "fft" };
+        let source = ArraySource::zarr_variable(grid, Some(variable), function)?;
+        let mut table = Self::new(source, first)?;
+        for options in transforms {
+            table = Self::new(ArraySource::Transformed(Arc::new(table)), options)?;
+        }
+        Ok(table)
+    }
+
+    /// The first dimension along which blocks of shape `block` (of
+    /// [`Self::block_space`]) cut the lines of this transform or of an
+    /// inner one, which blocks must hold whole; `None` when none does.
+    pub(crate) fn cut_lines(&self, block: &[u64]) -> Option<usize> {
+        let shape = self.block_space();
+        let mut table = Some(self);
+        while let Some(t) = table {
+            for (axis, _) in &t.transform.axes {
+                if block.get(*axis).is_none_or(|&b| b < shape[*axis]) {
+                    return Some(*axis);
+                }
+            }
+            table = match &t.source {
+                ArraySource::Transformed(inner) => inner.as_any().downcast_ref::<Self>(),
+                _ => None,
+            };
+        }
+        None
     }
 
     /// The output schema: the dimensions, then the variable.

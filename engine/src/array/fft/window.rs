@@ -68,6 +68,23 @@ impl Window {
         }
     }
 
+    /// The name [`Self::parse`] takes (`tukey:0.5`).
+    pub fn name(self) -> String {
+        let name = match self {
+            Self::Hann => "hann",
+            Self::Hamming => "hamming",
+            Self::Blackman => "blackman",
+            Self::BlackmanHarris => "blackmanharris",
+            Self::Nuttall => "nuttall",
+            Self::Flattop => "flattop",
+            Self::Tukey(alpha) => return format!("tukey:{alpha}"),
+            Self::Boxcar => "boxcar",
+            Self::Bartlett => "bartlett",
+            Self::Cosine => "cosine",
+        };
+        name.to_string()
+    }
+
     /// The `n` values of the periodic window (scipy's `sym=False`: the
     /// symmetric window of `n + 1` points without its last).
     pub fn values(self, n: usize) -> Vec<f64> {

@@ -33,7 +33,6 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use datafusion_distributed::DistributedTaskContext;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use zarrs::filesystem::FilesystemStore;
@@ -42,6 +41,7 @@ use zarrs::storage::{ReadableWritableListableStorage, StoreKey};
 use super::{PreparedRechunk, RechunkOptions, TargetEncoding};
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
+use crate::table::task_index;
 use crate::write::stamp::SCRATCH_MARKER;
 use crate::write::store::io_error;
 use crate::write::target::StagedTarget;
@@ -307,18 +307,14 @@ impl RechunkTasksExec {
         if self.tasks == 1 {
             return Ok(all);
         }
-        let ctx = DistributedTaskContext::from_ctx(context);
-        if ctx.task_count != self.tasks || ctx.task_index >= self.tasks {
-            return exec_err!(
-                "RechunkTasksExec of {} was planned for {} tasks, but runs as task {} of {}",
-                self.rechunk.source,
-                self.tasks,
-                ctx.task_index,
-                ctx.task_count
-            );
-        }
+        let task = task_index(
+            "RechunkTasksExec",
+            &self.rechunk.source,
+            self.tasks,
+            context,
+        )?;
         let segments = self.rechunk.round_task_weights(self.round);
-        let (i, n) = (ctx.task_index as u64, self.tasks as u64);
+        let (i, n) = (task as u64, self.tasks as u64);
         Ok(share_by_weight(&segments, i, n))
     }
 }

@@ -36,7 +36,6 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use datafusion::physical_planner::PhysicalPlanner;
-use datafusion_distributed::DistributedTaskContext;
 use futures::{StreamExt, TryStreamExt};
 
 use super::accumulators::{DenseAccumulator, ReduceOp, RowCounts};
@@ -50,7 +49,7 @@ use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, share_of, BlockRead, BoxCells, BroadcastInputs, GridTable, ReadAheadPlan,
+    boxes_in_block, task_share, BlockRead, BoxCells, BroadcastInputs, GridTable, ReadAheadPlan,
     TableReadAhead,
 };
 use crate::zarr::ChunkBufferPool;
@@ -476,17 +475,8 @@ impl DenseReductionExec {
             Emit::Results | Emit::States { tasks: 1 } => return Ok(all),
             Emit::States { tasks } => tasks,
         };
-        let ctx = DistributedTaskContext::from_ctx(context);
-        if ctx.task_count != tasks || ctx.task_index >= tasks {
-            return datafusion::common::exec_err!(
-                "DenseReductionExec over {} was planned for {tasks} tasks, but runs as task {} \
-                 of {}",
-                self.reduction.read.table.store,
-                ctx.task_index,
-                ctx.task_count
-            );
-        }
-        Ok(share_of(all, ctx.task_index as u64, tasks as u64))
+        let store = &self.reduction.read.table.store;
+        task_share("DenseReductionExec", store, tasks, all, context)
     }
 
     /// Memory one worker holds: a decoded block, the temporaries of one run

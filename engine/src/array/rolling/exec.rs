@@ -43,7 +43,6 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use datafusion::physical_planner::PhysicalPlanner;
-use datafusion_distributed::DistributedTaskContext;
 use tokio::sync::mpsc::Sender;
 
 use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
@@ -51,7 +50,7 @@ use super::node::RollingWindow;
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
-use crate::table::{boxes_in_block, share_of, BlockRead, BoxCells};
+use crate::table::{boxes_in_block, share_of, task_share, BlockRead, BoxCells};
 use crate::zarr::ChunkBufferPool;
 
 /// One aggregate, planned.
@@ -384,20 +383,9 @@ impl RollingWindowExec {
     /// dimension): its share of all of them, or on a cluster of the run of
     /// the task it runs as (from its `DistributedTaskContext`).
     fn partition_blocks(&self, partition: usize, context: &Arc<TaskContext>) -> Result<Range<u64>> {
-        let mut run = 0..self.rolling.read.blocks.num_blocks();
-        if self.tasks > 1 {
-            let ctx = DistributedTaskContext::from_ctx(context);
-            if ctx.task_count != self.tasks || ctx.task_index >= self.tasks {
-                return datafusion::common::exec_err!(
-                    "RollingWindowExec over {} was planned for {} tasks, but runs as task {} of {}",
-                    self.rolling.read.table.store,
-                    self.tasks,
-                    ctx.task_index,
-                    ctx.task_count
-                );
-            }
-            run = share_of(run, ctx.task_index as u64, self.tasks as u64);
-        }
+        let all = 0..self.rolling.read.blocks.num_blocks();
+        let store = &self.rolling.read.table.store;
+        let run = task_share("RollingWindowExec", store, self.tasks, all, context)?;
         Ok(share_of(run, partition as u64, self.partitions as u64))
     }
 }
