@@ -350,9 +350,7 @@ impl FftTable {
             ArraySource::Transformed(inner) => inner.as_any().downcast_ref::<Self>()?.chain()?,
             _ => return None,
         };
-        if grid.source.is_none() {
-            return None;
-        }
+        grid.source.as_ref()?;
         transforms.push(&self.transform.options);
         Some((grid, variable, transforms))
     }
