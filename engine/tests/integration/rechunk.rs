@@ -4,7 +4,7 @@
 //! under budgets that force intermediate arrays; refusals and failures
 //! leave nothing behind.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

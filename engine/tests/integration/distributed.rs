@@ -8,7 +8,7 @@
 //! reduction's partial states whole and refuse malformed ones with an error. Real worker processes (`zarrfusion worker`) are started
 //! by the shell's tests (`cli/tests/worker.rs`).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

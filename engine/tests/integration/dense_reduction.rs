@@ -3,7 +3,7 @@
 //! (The answers themselves are checked against pandas in `fixtures.rs`,
 //! with the rule on and off.)
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! `tests/fixtures/make_climate_fixture.py`), and DataFusion's own window
 //! (the rule off) giving the same answers.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

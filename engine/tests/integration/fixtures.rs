@@ -3,7 +3,7 @@
 //! and without filter pushdown, for every dimension set; every oracle query
 //! also gives the same answer with and without the dense reduction rule.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -2,7 +2,7 @@
 //! shows of it, edges from inputs to their readers, metrics after running;
 //! SVG through Graphviz where it is installed, a clear error where not.
 
-mod common;
+use crate::common;
 
 use zarrfusion::explain::{plan_dot, render_svg};
 

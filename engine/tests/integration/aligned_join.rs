@@ -3,7 +3,7 @@
 //! and give exactly what DataFusion's hash join gives; other joins stay
 //! hash joins.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! stores read from disk: over HTTP from a local server, and from a real S3
 //! server (moto's, behind a fault-injecting proxy).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::TcpListener;

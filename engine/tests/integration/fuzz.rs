@@ -22,9 +22,9 @@
 //! seed (`ZARRFUSION_FUZZ_SEED`, `random` for a fresh one). Longer runs, and
 //! how many inputs they tried, are recorded in `docs/bad-input.md`; a
 //! failure's input is shrunk by proptest, kept in
-//! `engine/tests/fuzz.proptest-regressions` and replayed first on every run.
+//! `engine/tests/integration/fuzz.proptest-regressions` and replayed first on every run.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! and URL prefixes reads, writes and works only under them, whatever the
 //! SQL, and SQL cannot lift the restriction.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! become missing values; non-grids, existing targets, failures midway and
 //! a small memory budget leave nothing at the target.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -3,7 +3,7 @@
 //! pipeline (the stores are written by zarr-python, see `make_fixtures.py`),
 //! and a chunk file of the wrong size is an error naming the chunk.
 
-mod common;
+use crate::common;
 
 use std::ops::Range;
 

@@ -4,7 +4,7 @@
 //! compared, coordinates and values, with the expected store; plus the
 //! errors a bad call gets and the memory refusal.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

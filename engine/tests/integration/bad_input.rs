@@ -1,7 +1,7 @@
 //! Bad input gets a clear error naming the store, array and chunk, never a
 //! panic and never a partial result.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 
@@ -475,7 +475,7 @@ async fn shapes_and_chunks_declaring_more_than_64_pib_are_refused_at_open() {
         .unwrap();
 }
 
-/// Found by the fuzz targets (tests/fuzz.rs): a v2 `vlen-utf8` chunk whose
+/// Found by the fuzz targets (`fuzz.rs`): a v2 `vlen-utf8` chunk whose
 /// string length is corrupt made zarrs' codec index past its buffer and
 /// panic; the query got "task panicked". Now the error names the chunk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
