@@ -278,6 +278,31 @@ def test_transforms_run_on_the_workers_and_equal_xrft(workers):
         close(ctx.sql(sql).to_xarray(dims=dims)["z"], expected(name), 1e-9)
 
 
+def test_four_step_passes_run_on_the_workers_and_equal_xrft(workers, tmp_path):
+    """An FFT along ``lat`` by the four-step path: its two passes run on the
+    two worker processes, a stage each, writing into the scratch store the
+    session made in ``work_dir`` (a directory every worker sees); the
+    session reads the output. The values are xrft's, and nothing is left
+    in ``work_dir``."""
+    from test_fft import FFT, close, expected
+
+    work = tmp_path / "work"
+    work.mkdir()
+    config = {
+        "zarrfusion.bytes_per_task": 1,
+        "zarrfusion.fft_strategy": "four_step",
+        "zarrfusion.work_dir": str(work),
+    }
+    ctx = zf.SessionContext(workers=workers, config=config)
+    sql = f"SELECT * FROM fft('{FFT / 'data' / 'grid.zarr'}', 'z', dims => 'lat')"
+    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    assert distributed.count("FourStepPassExec: pass") == 2, distributed
+    assert "passes on the cluster's workers" in distributed and "Network" in distributed, distributed
+    close(ctx.sql(sql).to_xarray(dims=["time", "freq_lat", "lon"])["z"], expected("lat_f64"), 1e-9)
+    assert list(work.iterdir()) == []
+
+
 def test_a_worker_nobody_listens_on_fails_the_query_naming_it(fixtures, workers):
     nobody = "127.0.0.1:1"
     ctx = zf.SessionContext(workers=[workers[0], nobody], config={"zarrfusion.bytes_per_task": 1})

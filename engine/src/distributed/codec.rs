@@ -71,20 +71,22 @@ use crate::array::copy::blockwise::{Evaluate, SelectedGrid, Step, StepWriters};
 use crate::array::copy::cluster::{BlockwiseTasks, BlockwiseTasksExec, ChunksInto};
 use crate::array::copy::rolling::RollChunks;
 use crate::array::fft::exec::FftBlocks;
-use crate::array::fft::{FftExec, FftOptions, FftTable};
+use crate::array::fft::four_step::{FourStep, FourStepInput, FourStepPlan};
+use crate::array::fft::{FftExec, FftOptions, FftTable, FourStepPassExec};
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkTasks, RechunkTasksExec};
 use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, Rolling, RollingParts};
 use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
 use crate::array::{key_schema, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec, ReductionParts};
 use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
+use crate::device::choose_device;
 use crate::error::lock;
 use crate::table::{
     open_dataset_blocking, run_blocking, BlockGrid, BlockRead, GridSource, GridTable, Selection,
     TableSource, ZarrScanExec, ZarrTableOptions,
 };
 use crate::write::target::StagedTarget;
-use crate::zarr::StoreLocation;
+use crate::zarr::{StoreLocation, MAX_IO_CONCURRENCY};
 
 /// The most partitions and tasks a received scan may ask for (a malformed
 /// plan must not make a worker allocate per partition); its rows per batch
@@ -216,6 +218,7 @@ enum Node {
     RechunkTasks(RechunkRun),
     Blockwise(BlockwiseRun),
     Transform(Transform),
+    FourStepPass(FourStepPass),
 }
 
 impl Node {
@@ -228,6 +231,7 @@ impl Node {
             Self::RechunkTasks(_) => "a rechunk's tasks",
             Self::Blockwise(_) => "a blockwise step",
             Self::Transform(_) => "a transform",
+            Self::FourStepPass(_) => "a four-step transform's pass",
         }
     }
 }
@@ -253,6 +257,29 @@ struct Transform {
     limit: Option<usize>,
     batch_size: usize,
     io_concurrency: usize,
+    tasks: usize,
+}
+
+/// A run of one pass of a four-step transform as it travels
+/// ([`FourStepPassExec`]): the variable's table, the transform (as SQL
+/// names its options), the plan, the scratch store the session made in
+/// `work_dir` and the pass.
+#[derive(Debug, Serialize, Deserialize)]
+struct FourStepPass {
+    source: Source,
+    /// The table's columns when the plan was made: names and types.
+    columns: Vec<(String, String)>,
+    variable: String,
+    /// The transform's function (`fft`, `ifft`) and options.
+    transform: (String, Vec<(String, String)>),
+    plan: FourStepPlan,
+    /// The scratch store of the intermediates: a path or a URL.
+    work: String,
+    io_concurrency: usize,
+    /// Bytes each pass may read ahead.
+    read_ahead: [usize; 2],
+    /// 0: across chunks, 1: within chunks.
+    pass: usize,
     tasks: usize,
 }
 
@@ -497,6 +524,40 @@ impl Transform {
     }
 }
 
+impl FourStepPass {
+    fn of(exec: &FourStepPassExec) -> Result<Self> {
+        let table = exec.table();
+        let Some((grid, variable, options)) = table.four_step_chain() else {
+            return not_impl_err!(
+                "the four-step transform of '{}' variable '{}' cannot run on a cluster's \
+                 workers: its source is made in the session first",
+                table.source().store(),
+                table.source().variable()
+            );
+        };
+        let (function, named) = options.named().ok_or_else(|| {
+            exec_datafusion_err!(
+                "the transform of '{}' has options that cannot be sent: {options:?}",
+                grid.store
+            )
+        })?;
+        let four_step = exec.four_step();
+        let (io_concurrency, read_ahead) = four_step.reads_ahead();
+        Ok(Self {
+            source: Source::of(grid)?,
+            columns: columns_of(grid),
+            variable: grid.variables[variable].name().to_string(),
+            transform: (function.to_string(), named),
+            plan: four_step.plan.clone(),
+            work: four_step.location().to_string(),
+            io_concurrency,
+            read_ahead,
+            pass: exec.pass(),
+            tasks: exec.tasks(),
+        })
+    }
+}
+
 impl Read {
     fn of(read: &BlockRead) -> Result<Self> {
         Ok(Self {
@@ -619,29 +680,34 @@ impl ZarrCodec {
     /// the blocks checked to be whole along every transformed dimension,
     /// its tasks fitted to the worker's `allowed_mem` on the worker's own
     /// device (`zarrfusion.device`).
-    fn decode_transform(&self, t: Transform, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-        let grid = self.open(&t.source, ctx)?;
+    /// The transforms `transforms` (innermost first) of variable
+    /// `variable` of the table `source` received with the columns
+    /// `columns`, made again with SQL's checks.
+    fn transform_table(
+        &self,
+        source: &Source,
+        columns: &[(String, String)],
+        variable: &str,
+        transforms: &[(String, Vec<(String, String)>)],
+        ctx: &TaskContext,
+    ) -> Result<FftTable> {
+        let grid = self.open(source, ctx)?;
         let store = grid.store.clone();
-        if columns_of(&grid) != t.columns {
+        if columns_of(&grid) != columns {
             return plan_err!(
                 "the Zarr table over {store} has changed since the query was planned: its \
                  columns are now {:?}, the plan expects {:?}",
                 columns_of(&grid),
-                t.columns
+                columns
             );
         }
-        let limits = [
-            ("partitions", t.partitions, MAX_PARTITIONS),
-            ("tasks", t.tasks, MAX_TASKS),
-            ("batch_size", t.batch_size, MAX_BATCH_ROWS),
-            ("transforms", t.transforms.len(), MAX_TRANSFORMS),
-        ];
-        for (what, n, most) in limits {
-            if n == 0 || n > most {
-                return plan_err!("a transform of {store} asks for {n} {what} (1 to {most})");
-            }
+        if transforms.is_empty() || transforms.len() > MAX_TRANSFORMS {
+            return plan_err!(
+                "a transform of {store} asks for {} transforms (1 to {MAX_TRANSFORMS})",
+                transforms.len()
+            );
         }
-        let transforms = (t.transforms.iter())
+        let transforms = (transforms.iter())
             .map(|(function, named)| {
                 let mut options = match function.as_str() {
                     "fft" => FftOptions::forward(Vec::new()),
@@ -652,7 +718,22 @@ impl ZarrCodec {
                 Ok(options)
             })
             .collect::<Result<Vec<_>>>()?;
-        let table = FftTable::of_chain(grid, &t.variable, transforms)?;
+        FftTable::of_chain(grid, variable, transforms)
+    }
+
+    fn decode_transform(&self, t: Transform, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = self.transform_table(&t.source, &t.columns, &t.variable, &t.transforms, ctx)?;
+        let store = table.source().store().to_string();
+        let limits = [
+            ("partitions", t.partitions, MAX_PARTITIONS),
+            ("tasks", t.tasks, MAX_TASKS),
+            ("batch_size", t.batch_size, MAX_BATCH_ROWS),
+        ];
+        for (what, n, most) in limits {
+            if n == 0 || n > most {
+                return plan_err!("a transform of {store} asks for {n} {what} (1 to {most})");
+            }
+        }
         let fields = table.schema_ref().fields().len();
         if t.projection.is_empty() || t.projection.iter().any(|&i| i >= fields) {
             return plan_err!(
@@ -696,6 +777,84 @@ impl ZarrCodec {
         };
         let exec = FftExec::with_blocks(&table, run, &config.device, memory_limit)?;
         Ok(Arc::new(exec.with_tasks(t.tasks)))
+    }
+
+    /// A run of a four-step transform's pass received by a worker: the
+    /// transform made again with SQL's checks, its plan checked against it
+    /// (and its blocks' memory computed again), writing only into a
+    /// four-step scratch store its `allowed_locations` permit whose
+    /// intermediates are what the plan makes, its blocks fitted to the
+    /// worker's `allowed_mem` on the worker's own device.
+    fn decode_four_step_pass(
+        &self,
+        p: FourStepPass,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let transforms = std::slice::from_ref(&p.transform);
+        let table = self.transform_table(&p.source, &p.columns, &p.variable, transforms, ctx)?;
+        let store = table.source().store().to_string();
+        if p.tasks == 0 || p.tasks > MAX_TASKS {
+            return plan_err!(
+                "a four-step transform of {store} asks for {} tasks",
+                p.tasks
+            );
+        }
+        if p.pass > 1 {
+            return plan_err!(
+                "a four-step transform of {store} runs pass {} of 2",
+                p.pass + 1
+            );
+        }
+        let options =
+            RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
+        let what = (
+            "zarrfusion-fft-four-step-",
+            "a four-step transform's scratch store",
+        );
+        check_scratch(&p.work, what, &options, &store)?;
+        let [(axis, axis_transform)] = table.transform().axes.as_slice() else {
+            return plan_err!(
+                "a four-step transform of {store} along {} dimensions",
+                table.transform().axes.len()
+            );
+        };
+        let source = table.source();
+        let input = FourStepInput {
+            shape: source.shape(),
+            chunk: source.chunk_shape(),
+            peak_bytes_per_cell: source.peak_bytes_per_cell(),
+            single: table.single_precision(),
+        };
+        let plan = (p.plan.received(&input, *axis, axis_transform.len))
+            .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
+        let runtime = ctx.runtime_env();
+        let io_concurrency = p.io_concurrency.min(MAX_IO_CONCURRENCY);
+        let four_step = run_blocking(|| {
+            FourStep::open(
+                plan,
+                &input.shape,
+                input.single,
+                &p.work,
+                io_concurrency,
+                p.read_ahead,
+                &runtime,
+            )
+        })?;
+        let config = ZarrConfig::of(ctx.session_config().options());
+        let device = choose_device(&config.device)
+            .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
+        let memory_limit = match ctx.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let exec = FourStepPassExec::new(
+            Arc::new(table),
+            Arc::new(four_step),
+            p.pass,
+            device,
+            memory_limit,
+        )?;
+        Ok(Arc::new(exec.with_tasks(p.tasks)))
     }
 
     /// Step 1 of a COPY of a selection received by a worker: its read
@@ -1154,6 +1313,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
             Node::RechunkTasks(run) => decode_rechunk(run, ctx),
             Node::Blockwise(run) => self.decode_blockwise(run, ctx),
             Node::Transform(transform) => self.decode_transform(transform, ctx),
+            Node::FourStepPass(pass) => self.decode_four_step_pass(pass, ctx),
         }
     }
 
@@ -1192,6 +1352,11 @@ impl PhysicalExtensionCodec for ZarrCodec {
             let encoded = self.encode_window(window)?;
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a rolling window: {e}"));
+        }
+        if let Some(pass) = node.downcast_ref::<FourStepPassExec>() {
+            let encoded = Node::FourStepPass(FourStepPass::of(pass)?);
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a four-step transform's pass: {e}"));
         }
         if let Some(fft) = node.downcast_ref::<FftExec>() {
             let encoded = Node::Transform(Transform::of(fft)?);

@@ -17,6 +17,9 @@
 //! - [`copies`]: a `COPY` of a whole table on a cluster: the workers write
 //!   the target's chunks (the rechunk's tasks), the session stages the
 //!   target and commits it.
+//! - [`transforms`]: a transform on the four-step path on a cluster: the
+//!   workers run its two passes' blocks, a stage each, into a scratch
+//!   store the session made; the session reads the output.
 //! - [`cluster`]: a session's side: the workers' addresses and the
 //!   distributed planner, added to the session state ([`crate::session`]
 //!   builds it).
@@ -54,6 +57,7 @@ pub mod codec;
 pub mod copies;
 pub mod reductions;
 pub mod tasks;
+pub mod transforms;
 pub mod worker;
 
 pub(crate) use cluster::keep_partial_aggregates;

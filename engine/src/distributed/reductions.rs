@@ -83,7 +83,8 @@ impl PhysicalOptimizerRule for GatherStates {
 /// ([`crate::window_frames::physical_rules`]) with [`ClusterReductions`] first
 /// (before the rule that places repartitions and sorts, which then places
 /// them for the final aggregate as for any other), and right after that
-/// rule [`ClusterCopies`](super::copies::ClusterCopies) and [`GatherStates`]
+/// rule [`ClusterCopies`](super::copies::ClusterCopies),
+/// [`ClusterPasses`](super::transforms::ClusterPasses) and [`GatherStates`]
 /// (which gather what they send to the workers).
 pub fn rules_with_cluster_reductions() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = crate::window_frames::physical_rules();
@@ -92,6 +93,7 @@ pub fn rules_with_cluster_reductions() -> Vec<Arc<dyn PhysicalOptimizerRule + Se
         .position(|r| r.name() == "EnsureRequirements")
         .map_or(rules.len(), |i| i + 1);
     rules.insert(requirements, Arc::new(GatherStates));
+    rules.insert(requirements, Arc::new(super::transforms::ClusterPasses));
     rules.insert(requirements, Arc::new(super::copies::ClusterCopies));
     rules.insert(0, Arc::new(ClusterReductions));
     rules

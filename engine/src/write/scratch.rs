@@ -2,7 +2,9 @@
 //! them (a rechunk's intermediate arrays, the rechunked copy a query
 //! scans, a COPY's blockwise step, the FFT's stages and passes), in
 //! `work_dir`, a local directory or an object-store URL; erased when
-//! dropped, and swept by a later process when a killed one left them.
+//! dropped by the process that made them (a cluster's workers open them
+//! without owning them), and swept by a later process when a killed one
+//! left them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,12 +27,15 @@ pub fn default_work_dir() -> StoreLocation {
 }
 
 /// A fresh store under a work directory, erased (everything under its
-/// root) when dropped.
+/// root) when the one that made it drops it.
 pub struct ScratchStore {
     storage: ReadableWritableListableStorage,
     location: StoreLocation,
     /// The object store, when `work_dir` is one (for reading ahead).
     remote: Option<Arc<RemoteStorage>>,
+    /// Whether this process made it (and erases it when dropped), rather
+    /// than opened one a session made ([`open`](Self::open)).
+    owned: bool,
 }
 
 impl std::fmt::Debug for ScratchStore {
@@ -106,7 +111,59 @@ impl ScratchStore {
             storage,
             location,
             remote,
+            owned: true,
         })
+    }
+
+    /// The scratch store at `location` that a session made, as a cluster's
+    /// worker writes into it: not erased when dropped. A local one must
+    /// exist (it is gone only when the operation that made it failed or
+    /// ended).
+    pub fn open(location: &str, runtime: &RuntimeEnv) -> Result<Self> {
+        let parsed = StoreLocation::parse(location)?;
+        if let StoreLocation::Local(path) = &parsed {
+            if !path.is_dir() {
+                return Err(gone(location));
+            }
+        }
+        let (storage, remote): (ReadableWritableListableStorage, _) = match &parsed {
+            StoreLocation::Remote(url) => {
+                let remote = open_writable_remote(location, url, &HashMap::new(), runtime)?;
+                (Arc::clone(&remote) as _, Some(remote))
+            }
+            StoreLocation::Local(_) => (
+                open_writable_storage(location, &parsed, &HashMap::new(), runtime)?,
+                None,
+            ),
+        };
+        Ok(Self {
+            storage,
+            location: parsed,
+            remote,
+            owned: false,
+        })
+    }
+
+    /// Whether the store is still there: a local directory exists, an
+    /// object-store one still holds its owner's marker. A cluster's task
+    /// checks before it writes, so that a task still running when the
+    /// operation failed elsewhere (and the session erased the store)
+    /// writes nothing more.
+    pub fn still_there(&self) -> Result<()> {
+        let there = match &self.location {
+            StoreLocation::Local(path) => path.is_dir(),
+            StoreLocation::Remote(_) => {
+                let marker = StoreKey::new(SCRATCH_MARKER)
+                    .map_err(|e| DataFusionError::Execution(e.to_string()))?;
+                (self.storage.get(&marker))
+                    .map_err(|e| DataFusionError::Execution(format!("{}: {e}", self.location)))?
+                    .is_some()
+            }
+        };
+        match there {
+            true => Ok(()),
+            false => Err(gone(&self.location.to_string())),
+        }
     }
 
     /// The object store, when the store is in one: what reading ahead of
@@ -139,8 +196,19 @@ fn work_dir_error(e: crate::error::ZarrFusionError) -> DataFusionError {
     DataFusionError::Execution(format!("work_dir: {e}"))
 }
 
+/// A scratch store that is no longer there.
+fn gone(location: &str) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "the scratch store '{location}' is gone (the operation that made it failed or was \
+         cancelled)"
+    ))
+}
+
 impl Drop for ScratchStore {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         match &self.location {
             StoreLocation::Local(dir) => {
                 let _ = std::fs::remove_dir_all(dir);

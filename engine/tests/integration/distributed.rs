@@ -1382,16 +1382,23 @@ async fn every_fft_case_gives_xrft_s_answer_through_two_workers() {
     assert!(chains >= 2, "{chains} chained cases");
 }
 
-/// A transform whose path makes stores in work_dir first (the four-step
-/// passes, a staged transform) runs in the session, with xrft's answer.
+/// A transform on the four-step path runs its two passes on the workers:
+/// a stage each (`FourStepPassExec`, its blocks dealt to tasks), writing
+/// the intermediates into the scratch store the session made in work_dir;
+/// the session reads the output once both are done. Every one-dimension
+/// case gives xrft's answer that way; a detrended source (its fit is a
+/// pass of its own), a staged transform (several dimensions) and a chain
+/// whose inner transform is stored first run in the session, with xrft's
+/// answer too. Nothing is left in work_dir.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_transform_through_work_dir_runs_in_the_session() {
+async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_session() {
     let workers = start_workers(2).await;
-    let dir = scratch("fft-in-session");
+    let dir = scratch("fft-four-step-cluster");
     let (work, set_work) = own_work_dir(&dir);
-    let cases = common::fft::cases();
-    for name in ["lat_f64", "lat_lon"] {
-        let case = cases.iter().find(|c| c["name"] == name).unwrap();
+    let (mut on_workers, mut in_session) = (0, 0);
+    for case in &common::fft::cases() {
+        let name = case["name"].as_str().unwrap();
+        let args = case["args"].as_object().unwrap();
         let ctx = cluster_session(&workers).await;
         for set in [
             set_work.as_str(),
@@ -1399,14 +1406,174 @@ async fn a_transform_through_work_dir_runs_in_the_session() {
         ] {
             ctx.sql(set).await.unwrap();
         }
+        common::fft::create_views(&ctx, case).await;
         let sql = format!("SELECT * FROM {}", common::fft::sql_call(case));
         let plan = physical_plan(&ctx, &sql).await;
         let shown = displayable(plan.as_ref()).indent(true).to_string();
-        assert!(!shown.contains("strategy=whole lines"), "{name}:\n{shown}");
-        assert!(!shown.contains("Network"), "{name}:\n{shown}");
+        let one_dimension = !args["dims"].as_str().unwrap().contains(',');
+        if one_dimension && case.get("views").is_none() && !args.contains_key("detrend") {
+            assert_eq!(
+                shown.matches("FourStepPassExec: pass").count(),
+                2,
+                "{name}:\n{shown}"
+            );
+            assert!(
+                shown.contains("passes on the cluster's workers"),
+                "{name}:\n{shown}"
+            );
+            assert!(shown.contains("Network"), "{name}:\n{shown}");
+            // Each pass's blocks dealt to several tasks.
+            for line in shown.lines().filter(|l| l.contains("FourStepPassExec")) {
+                assert!(line.contains(", tasks="), "{name}:\n{shown}");
+            }
+            on_workers += 1;
+        } else {
+            assert!(!shown.contains("FourStepPassExec"), "{name}:\n{shown}");
+            assert!(!shown.contains("Network"), "{name}:\n{shown}");
+            in_session += 1;
+        }
         common::fft::check_case(&ctx, case).await;
     }
+    assert!(on_workers >= 10, "{on_workers} cases on the workers");
+    assert!(in_session >= 10, "{in_session} cases in the session");
+    // An aggregate over a spectrum whose passes run on the workers: the
+    // rows of a session without workers (whose four-step path is checked
+    // against xrft in fft.rs).
+    let sql = "SELECT freq_lat, sum(z['re'] * z['re'] + z['im'] * z['im']) AS power \
+               FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat') \
+               GROUP BY freq_lat ORDER BY freq_lat";
+    let local = new_context();
+    let cluster = cluster_session(&workers).await;
+    for ctx in [&local, &cluster] {
+        for set in [
+            set_work.as_str(),
+            "SET zarrfusion.fft_strategy = 'four_step'",
+        ] {
+            ctx.sql(set).await.unwrap();
+        }
+    }
+    let shown = displayable(physical_plan(&cluster, sql).await.as_ref())
+        .indent(true)
+        .to_string();
+    assert_eq!(
+        shown.matches("FourStepPassExec: pass").count(),
+        2,
+        "{shown}"
+    );
+    let want = query_rows(&local, "power", sql).await;
+    assert_eq!(want.len(), 9);
+    assert_rows("power", &query_rows(&cluster, "power", sql).await, &want);
     assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
+/// A four-step pass round trips through the codec (the same plan, the
+/// same count of blocks run) and a malformed one is refused naming what is
+/// wrong: a plan that does not fit the transform, a pass or tasks out of
+/// range, a scratch store that is not a four-step one or is gone, one
+/// whose intermediates are not what the plan makes, a transform or table
+/// that changed; a worker whose allowed_mem cannot hold a block refuses
+/// it with the numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_four_step_pass_round_trips_and_a_malformed_one_is_refused() {
+    let dir = scratch("fft-four-step-codec");
+    let (work, set_work) = own_work_dir(&dir);
+    let ctx = new_context();
+    for set in [
+        set_work.as_str(),
+        "SET zarrfusion.fft_strategy = 'four_step'",
+    ] {
+        ctx.sql(set).await.unwrap();
+    }
+    let cases = common::fft::cases();
+    // Along lon (12 = 2 × 6 = 3 × 4): a line with more than one split.
+    let case = cases.iter().find(|c| c["name"] == "lon_numpy").unwrap();
+    let sql = format!("SELECT * FROM {}", common::fft::sql_call(case));
+    let fft = planned_fft(&ctx, &sql).await;
+    let fft = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+        .unwrap()
+        .expect("a four-step path's passes");
+    let passes: Vec<Arc<dyn ExecutionPlan>> = (fft.children().iter())
+        .map(|gather| Arc::clone(gather.children()[0]))
+        .collect();
+    assert_eq!(passes.len(), 2);
+    for pass in &passes {
+        assert_round_trip(&ctx, pass).await;
+    }
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(Arc::clone(&passes[0]));
+    wire.decode(&sent).expect("the pass as sent");
+    let store = sent["work"].as_str().unwrap().to_string();
+    let gone = work.join("zarrfusion-fft-four-step-gone.zarr");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("pass", Value::from(2), "pass 3 of 2"),
+        ("tasks", Value::from(0), "tasks"),
+        (
+            "work",
+            Value::from(dir.to_string_lossy()),
+            "not a four-step transform",
+        ),
+        ("work", Value::from(gone.to_string_lossy()), "is gone"),
+        (
+            "transform",
+            serde_json::json!(["fft", [["dims", "lat"]]]),
+            "a four-step plan along dimension",
+        ),
+        (
+            "transform",
+            serde_json::json!(["fft", [["dims", "height"]]]),
+            "unknown dimension 'height'",
+        ),
+        ("variable", Value::from("nothing"), "unknown variable"),
+        ("columns", serde_json::json!([["x", "Int8"]]), "changed"),
+    ];
+    wire.refuses(&sent, cases);
+    let plan = &sent["plan"];
+    let (n1, n2) = (
+        plan["columns"].as_u64().unwrap(),
+        plan["rows"].as_u64().unwrap(),
+    );
+    let bad_plans: Vec<(&str, Value, &str)> = vec![
+        ("columns", Value::from(n1 * n2), "splits a line"),
+        ("rows", Value::from(n2 + 1), "splits a line"),
+        ("column_block", Value::from(0), "do not divide"),
+        ("row_block", Value::from(n2 + 1), "do not divide"),
+        ("batch", serde_json::json!([1, 1]), "batches"),
+        ("workers", serde_json::json!([0, 1]), "batches"),
+    ];
+    for (field, value, says) in bad_plans {
+        let mut bad = sent.clone();
+        bad["plan"][field] = value.clone();
+        let err = wire
+            .decode(&bad)
+            .expect_err(&format!("plan {field} = {value} accepted"));
+        assert!(err.contains(says), "plan {field} = {value}: {err}");
+    }
+    // Another split of the same line: the stored intermediates are not
+    // what it makes.
+    let other = (2..n1 * n2)
+        .find(|&c| (n1 * n2) % c == 0 && c != n1)
+        .expect("another split");
+    let mut bad = sent.clone();
+    bad["plan"]["columns"] = Value::from(other);
+    bad["plan"]["rows"] = Value::from(n1 * n2 / other);
+    for field in ["column_block", "row_block", "spectrum_rows"] {
+        bad["plan"][field] = Value::from(1);
+    }
+    let err = wire.decode(&bad).expect_err("another split accepted");
+    assert!(err.contains("is not the array its plan makes"), "{err}");
+    // A worker whose allowed_mem cannot hold a block of the pass (half
+    // of what the session's plan says one holds).
+    let block = plan["task_memory"][0].as_u64().unwrap() as usize;
+    let small = zarrfusion::new_context_with(session_config(), limited(block / 2));
+    small.sql(&set_work).await.unwrap();
+    let err = Wire::new(&small)
+        .decode(&sent)
+        .expect_err("a block over allowed_mem");
+    assert!(err.contains("for a block of its pass 1"), "{err}");
+    assert!(err.contains("allowed_mem"), "{err}");
+    assert!(std::path::Path::new(&store).is_dir(), "{store}");
+    drop(fft);
+    drop(passes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

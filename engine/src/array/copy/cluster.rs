@@ -17,7 +17,7 @@
 //! intermediate store is erased however the COPY ends.
 
 use std::fmt;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
@@ -32,8 +32,9 @@ use zarrs::storage::store::MemoryStore;
 use zarrs::storage::ReadableWritableListableStorage;
 
 use super::blockwise::{Blockwise, BlockwiseStep, Evaluate, SelectedGrid, Step};
-use super::whole::{run_cluster_tasks, ClusterCopy};
-use crate::array::rechunk::{PreparedRechunk, RechunkTasksExec, TargetEncoding, WorkStore};
+use super::whole::ClusterCopy;
+use crate::array::rechunk::{PreparedRechunk, RechunkTasksExec, TargetEncoding};
+use crate::array::tasks::run_cluster_tasks;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::{task_share, BlockGrid, BlockRead, GridTable, Selection};
 use crate::write::options::ZarrWriteOptions;
@@ -325,9 +326,9 @@ impl ExecutionPlan for BlockwiseTasksExec {
             };
             match &sent.into {
                 ChunksInto::Scratch { location } => {
-                    let scratch = WorkStore::open(location, &runtime)?;
-                    let arrays = arrays_in(&scratch.storage)?;
-                    let may_write = || scratch.still_there(location);
+                    let scratch = ScratchStore::open(location, &runtime)?;
+                    let arrays = arrays_in(scratch.storage())?;
+                    let may_write = || scratch.still_there().map_err(|e| e.to_string());
                     blocks.write_step(&arrays, run.clone(), &may_write, cancelled)?;
                 }
                 ChunksInto::Target { staged } => {
@@ -460,7 +461,15 @@ impl ClusterSelection {
         let step1 = |cancelled: &AtomicBool| {
             let tasks = copy.blocks.tasks();
             let input = Arc::clone(&self.blockwise);
-            run_cluster_tasks(handle, input, Arc::clone(context), cancelled, tasks)
+            let stopped = || cancelled.load(Ordering::Relaxed);
+            run_cluster_tasks(
+                handle,
+                input,
+                Arc::clone(context),
+                &stopped,
+                tasks,
+                "the COPY",
+            )
         };
         copy.to
             .write_staged(&self.staged, &runtime, cancelled, |out| {

@@ -19,12 +19,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use datafusion::arrow::array::AsArray;
-use datafusion::arrow::datatypes::UInt64Type;
 use datafusion::common::exec_err;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execute_stream;
-use futures::StreamExt;
 
 use datafusion::catalog::Session;
 use datafusion::common::Column;
@@ -39,6 +35,7 @@ use crate::array::rechunk::{
     fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkTasksExec, TargetEncoding,
 };
 use crate::array::scan_path::{down_to_scan, ScanPath};
+use crate::array::tasks::run_cluster_tasks;
 use crate::plan_methods::{
     leaf_node_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
     node_identity,
@@ -375,12 +372,14 @@ impl ClusterCopy {
             .transpose()?;
         for (round, input) in self.rounds.iter().enumerate() {
             let expected = prepared.round_tasks(round);
+            let stopped = || cancelled.load(Ordering::Relaxed);
             run_cluster_tasks(
                 handle,
                 Arc::clone(input),
                 Arc::clone(context),
-                cancelled,
+                &stopped,
                 expected,
+                "the COPY",
             )?;
             if let Some(work) = &work {
                 for read in prepared.read_by_round(round) {
@@ -390,47 +389,6 @@ impl ClusterCopy {
         }
         Ok(())
     }
-}
-
-/// Runs `input` (a round of a cluster's rechunk tasks under the gathering
-/// of their counts) to its end from a blocking thread, stopping when `cancelled` is
-/// set; an error unless the tasks it ran add up to `expected`.
-pub(crate) fn run_cluster_tasks(
-    handle: &tokio::runtime::Handle,
-    input: Arc<dyn ExecutionPlan>,
-    context: Arc<TaskContext>,
-    cancelled: &AtomicBool,
-    expected: u64,
-) -> Result<()> {
-    handle.block_on(async {
-        let mut stream = execute_stream(input, context)?;
-        let mut ran = 0u64;
-        loop {
-            tokio::select! {
-                batch = stream.next() => match batch {
-                    None => break,
-                    Some(batch) => {
-                        let batch = batch?;
-                        let counts = batch.column(0).as_primitive_opt::<UInt64Type>().ok_or_else(|| {
-                            DataFusionError::Internal("a rechunk task's count is not a UInt64".into())
-                        })?;
-                        ran += counts.iter().flatten().sum::<u64>();
-                    }
-                },
-                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
-                    if cancelled.load(Ordering::Relaxed) {
-                        return exec_err!("the COPY was cancelled");
-                    }
-                }
-            }
-        }
-        if ran != expected {
-            return exec_err!(
-                "the COPY's tasks on the cluster ran {ran} of its {expected} rechunk tasks"
-            );
-        }
-        Ok(())
-    })
 }
 
 impl DisplayAs for ArrayCopyExec {

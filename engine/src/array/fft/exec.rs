@@ -24,6 +24,7 @@ use datafusion::catalog::TableProvider;
 use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
@@ -33,14 +34,16 @@ use datafusion::physical_plan::{
 use zarrfusion_udfs::complex::complex_array;
 
 use super::kernels::{Kernels, Precision, TransformClock};
+use super::passes::FourStepPassExec;
 use super::source::ArraySource;
 use super::table::FftTable;
 use super::transform::FftTransform;
+use crate::array::tasks::run_cluster_tasks;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
 use crate::memory::reserve;
-use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
+use crate::plan_methods::{metered_plan_methods, named_plan_methods, no_expressions_method};
 use crate::table::cells::dimension_indices;
 use crate::table::{
     share_of, task_share, BlockGrid, Coordinate, ReadAheadPlan, Selection, TableReadAhead,
@@ -72,6 +75,9 @@ struct FftJob {
     /// Each task's reads ahead of it (a variable read from an object store
     /// block by block).
     read_ahead: ReadAheadPlan,
+    /// The memory limit it was fitted to (the passes of a four-step path
+    /// on a cluster are planned with it).
+    memory_limit: Option<usize>,
 }
 
 impl FftJob {
@@ -440,6 +446,10 @@ pub struct FftExec {
     /// The tasks of a cluster's stage the blocks are dealt to (1: one
     /// process transforms them all; see [`Self::with_tasks`]).
     tasks: usize,
+    /// On a cluster, the four-step path's passes, one stage each (their
+    /// [`FourStepPassExec`] under the gathering of their counts), run on
+    /// the workers before the output is read (see [`Self::on_cluster`]).
+    passes: Vec<Arc<dyn ExecutionPlan>>,
 }
 
 /// The blocks an [`FftExec`] reads and how it sends their rows, as a
@@ -539,6 +549,7 @@ impl FftExec {
             selection: run.selection,
             io_concurrency: run.io_concurrency,
             read_ahead: ReadAheadPlan::for_chunks(0, 0, 1, 0),
+            memory_limit,
         };
         let mut partitions = run
             .partitions
@@ -588,6 +599,7 @@ impl FftExec {
             properties,
             metrics,
             tasks: 1,
+            passes: Vec::new(),
         })
     }
 
@@ -601,7 +613,43 @@ impl FftExec {
             // The kernels' clock counts into these.
             metrics: self.metrics.clone(),
             tasks: tasks.max(1),
+            passes: self.passes.clone(),
         }
+    }
+
+    /// This transform with the passes of its four-step path as its inputs,
+    /// to run on a cluster's workers ([`super::passes`]): a stage each,
+    /// [`FourStepPassExec`] under the gathering of its blocks' counts,
+    /// run one after the other before the output is read here. `None` when
+    /// they already are, for the other paths (whole lines read from the
+    /// variable go to the workers themselves, see [`Self::with_tasks`]) and
+    /// for a four-step path a worker cannot make again (a detrended source,
+    /// a table not opened from a location), which runs in the session.
+    pub fn on_cluster(&self) -> Result<Option<Self>> {
+        let table = &self.job.table;
+        let Some(four_step) = table.four_step() else {
+            return Ok(None);
+        };
+        if !self.passes.is_empty() || table.four_step_chain().is_none() {
+            return Ok(None);
+        }
+        let passes = [0, 1]
+            .into_iter()
+            .map(|pass| {
+                let exec = FourStepPassExec::new(
+                    Arc::clone(table),
+                    Arc::clone(four_step),
+                    pass,
+                    self.job.device,
+                    self.job.memory_limit,
+                )?;
+                Ok(Arc::new(CoalescePartitionsExec::new(Arc::new(exec))) as _)
+            })
+            .collect::<Result<_>>()?;
+        Ok(Some(Self {
+            passes,
+            ..self.with_tasks(self.tasks)
+        }))
     }
 
     /// The tasks the blocks are dealt to.
@@ -722,12 +770,39 @@ impl DisplayAs for FftExec {
                 1 => String::new(),
                 tasks => format!(", tasks={tasks}"),
             },
-        )
+        )?;
+        if !self.passes.is_empty() {
+            write!(f, ", passes on the cluster's workers")?;
+        }
+        Ok(())
     }
 }
 
 impl ExecutionPlan for FftExec {
-    leaf_plan_methods!("FftExec");
+    named_plan_methods!("FftExec");
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.passes.iter().collect()
+    }
+
+    no_expressions_method!();
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != self.passes.len() {
+            return exec_err!(
+                "FftExec has {} children, got {}",
+                self.passes.len(),
+                children.len()
+            );
+        }
+        Ok(Arc::new(Self {
+            passes: children,
+            ..self.with_tasks(self.tasks)
+        }))
+    }
 
     fn execute(
         &self,
@@ -750,10 +825,51 @@ impl ExecutionPlan for FftExec {
         )?;
         let blocks_done = MetricBuilder::new(&self.metrics).counter("blocks", partition);
         let transform_time = MetricBuilder::new(&self.metrics).subset_time("block_time", partition);
+        // On a cluster, the four-step path's passes run on the workers
+        // first (once, whichever partition comes first; the others wait).
+        let passes = match self.passes.as_slice() {
+            [] => None,
+            passes => {
+                let handle = tokio::runtime::Handle::try_current().map_err(|e| {
+                    DataFusionError::Execution(format!("FftExec needs a runtime: {e}"))
+                })?;
+                Some((handle, passes.to_vec(), Arc::clone(&context)))
+            }
+        };
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&job.schema), 2);
         let tx = builder.tx();
         builder.spawn_blocking(move || {
             let _reservation = reservation;
+            let failed = |e: String| {
+                DataFusionError::Execution(format!(
+                    "fft of '{}' variable '{}': {e}",
+                    job.source().store(),
+                    job.source().variable()
+                ))
+            };
+            if let (Some((handle, passes, context)), Some(four_step)) =
+                (passes, job.table.four_step())
+            {
+                let stopped = || tx.is_closed();
+                four_step
+                    .ensure_done_by(|| {
+                        for (pass, input) in passes.into_iter().enumerate() {
+                            let blocks = four_step.pass_tasks(pass);
+                            let what = format!("pass {} of the four-step transform", pass + 1);
+                            run_cluster_tasks(
+                                &handle,
+                                input,
+                                Arc::clone(&context),
+                                &stopped,
+                                blocks,
+                                &what,
+                            )
+                            .map_err(|e| e.to_string())?;
+                        }
+                        Ok(())
+                    })
+                    .map_err(failed)?;
+            }
             // The blocks' chunks, read ahead once they exist (a copy in
             // work_dir is made first).
             let read_ahead = start_read_ahead(
@@ -764,13 +880,7 @@ impl ExecutionPlan for FftExec {
                 blocks.clone(),
                 1,
             )
-            .map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "fft of '{}' variable '{}': {e}",
-                    job.source().store(),
-                    job.source().variable()
-                ))
-            })?;
+            .map_err(failed)?;
             let pool = ChunkBufferPool::new();
             let mut remaining = job.limit.map(|l| l as u64);
             for id in blocks {

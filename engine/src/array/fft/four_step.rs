@@ -42,7 +42,12 @@
 //! Other dimensions ride along in batches of the source's chunks (smaller
 //! when memory asks). Each pass runs its blocks on as many workers as the
 //! memory limit allows; the passes run once, on the first read, and the
-//! intermediates go when the plan is dropped. Real-input transforms run as
+//! intermediates go when the plan is dropped. On a cluster each pass is a
+//! stage whose tasks run runs of its blocks on the workers
+//! ([`FourStep::run_pass`], in a store the worker opens with
+//! [`FourStep::open`]; see [`super::passes`]), and the session's operator
+//! reads the output once both are done
+//! ([`FourStep::ensure_done_by`]). Real-input transforms run as
 //! complex ones; real-output ones (`irfft`) extend their input to its
 //! Hermitian whole and keep the real part.
 
@@ -54,6 +59,7 @@ use datafusion::common::human_readable_size;
 use rayon::prelude::*;
 use rustfft::num_complex::Complex;
 use rustfft::{Fft, FftDirection, FftPlanner};
+use serde::{Deserialize, Serialize};
 use zarrs::array::{Array, ArrayBuilder, ArraySubset};
 use zarrs::storage::ReadableListableStorageTraits;
 
@@ -67,8 +73,11 @@ use crate::table::{BlockGrid, ReadAheadPlan};
 use crate::write::scratch::ScratchStore;
 use crate::zarr::{chunk_keys, ChunkBufferPool, ReadAhead, StoreLocation, ZarrArray};
 
-/// The shape of a four-step transform (see the module docs).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The shape of a four-step transform (see the module docs); it travels
+/// to a cluster's workers with the passes' tasks
+/// ([`super::passes::FourStepPassExec`]), checked there by
+/// [`received`](Self::received).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FourStepPlan {
     /// The transformed axis of the source.
     pub axis: usize,
@@ -125,6 +134,30 @@ fn largest_divisor(n: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
     divisors(n).into_iter().rev().find(|&d| fits(d))
 }
 
+/// Memory of one block of each pass over `lines` lines a batch, a line
+/// of `n1 × n2` split into blocks of `c1` columns (the first pass: their
+/// values three times over, beside one decoded chunk of the source along
+/// the axis) and of `r` rows (the second); saturating.
+fn pass_memory(
+    input: &FourStepInput,
+    axis: usize,
+    lines: usize,
+    [n1, n2]: [usize; 2],
+    [c1, r]: [usize; 2],
+) -> [usize; 2] {
+    let cb = complex_size(input.single);
+    let chunk = input.chunk[axis].min(input.shape[axis]) as usize;
+    let read = chunk
+        .saturating_mul(lines)
+        .saturating_mul(input.peak_bytes_per_cell.saturating_add(cb));
+    let values = |n: usize, block: usize| {
+        [3, lines, block, n, cb]
+            .into_iter()
+            .fold(1usize, usize::saturating_mul)
+    };
+    [values(n2, c1).saturating_add(read), values(n1, r)]
+}
+
 /// What planning a four-step transform needs to know of the source.
 #[derive(Debug, Clone)]
 pub struct FourStepInput {
@@ -154,6 +187,9 @@ impl FourStepPlan {
         let len = axis_transform.len;
         let cb = complex_size(input.single);
         let room = limit.saturating_sub(reserved);
+        let memory = |lines: u64, split: [usize; 2], blocks: [usize; 2]| {
+            pass_memory(input, axis, lines as usize, split, blocks)
+        };
         let factors: Vec<usize> = divisors(len)
             .into_iter()
             .filter(|&d| d > 1 && d < len)
@@ -164,14 +200,8 @@ impl FourStepPlan {
                  {len} has no factors; pad or trim the dimension to a length with small factors"
             ));
         }
-        // Chunks of the source along the axis read per column block: one
-        // decoded chunk at a time.
-        let mut chunk_cells = input.chunk.clone();
-        chunk_cells[axis] = chunk_cells[axis].min(input.shape[axis]);
-        let read_memory = |batch: u64| {
-            (chunk_cells[axis] * batch) as usize * input.peak_bytes_per_cell
-                + chunk_cells[axis] as usize * batch as usize * cb
-        };
+        // One decoded chunk of the source along the axis at a time.
+        let read_memory = |lines: u64| memory(lines, [1, 1], [0, 0])[0];
         // Other dimensions: the source's chunks, halved until a batch fits.
         let mut batch = input.chunk.clone();
         batch[axis] = 1;
@@ -180,9 +210,8 @@ impl FourStepPlan {
         }
         loop {
             let lines = batch.iter().product::<u64>();
-            let second = |n1: usize, r: usize| 3 * lines as usize * r * n1 * cb;
-            let first =
-                |n2: usize, c1: usize| 3 * lines as usize * c1 * n2 * cb + read_memory(lines);
+            let second = |n1: usize, r: usize| memory(lines, [n1, 1], [0, r])[1];
+            let first = |n2: usize, c1: usize| memory(lines, [1, n2], [c1, 0])[0];
             // The longest rows that fit, so columns are short and their
             // blocks wide (fewer, larger reads of the source).
             let columns = largest_divisor(len, |n1| {
@@ -232,6 +261,64 @@ impl FourStepPlan {
         }
     }
 
+    /// A plan sent by a session, as a cluster's worker checks it before
+    /// anything is opened: its split and blocks must divide a line of the
+    /// transform's length `len` along `axis` of `input` and its batches fit
+    /// the source; the blocks' memory is computed again here (the worker
+    /// fits its tasks to its own `allowed_mem` with it), not taken from the
+    /// plan.
+    pub fn received(
+        mut self,
+        input: &FourStepInput,
+        axis: usize,
+        len: usize,
+    ) -> Result<Self, String> {
+        let rank = input.shape.len();
+        let divides = |part: usize, whole: usize| part > 0 && whole.is_multiple_of(part);
+        let split = self.columns.checked_mul(self.rows);
+        if self.axis != axis || self.len != len || axis >= rank || input.chunk.len() != rank {
+            return Err(format!(
+                "a four-step plan along dimension {} of length {} for a transform along \
+                 dimension {axis} of length {len}",
+                self.axis, self.len
+            ));
+        }
+        if split != Some(len) || self.columns < 2 || self.rows < 2 {
+            return Err(format!(
+                "a four-step plan splits a line of length {len} into {} × {}",
+                self.columns, self.rows
+            ));
+        }
+        if !divides(self.column_block, self.columns)
+            || !divides(self.row_block, self.rows)
+            || !divides(self.spectrum_rows, self.columns)
+        {
+            return Err(format!(
+                "a four-step plan's blocks ({} columns, {} rows, {} spectrum rows) do not divide \
+                 its {} × {} split",
+                self.column_block, self.row_block, self.spectrum_rows, self.columns, self.rows
+            ));
+        }
+        let batch_fits = self.batch.len() == rank
+            && self.batch[axis] == 1
+            && (self.batch.iter().zip(&input.shape)).all(|(&b, &n)| b >= 1 && b <= n.max(1));
+        if !batch_fits || self.workers.contains(&0) {
+            return Err(format!(
+                "a four-step plan's batches {:?} (workers {:?}) for a source of shape {:?}",
+                self.batch, self.workers, input.shape
+            ));
+        }
+        let lines = self.batch.iter().fold(1u64, |n, &b| n.saturating_mul(b)) as usize;
+        self.task_memory = pass_memory(
+            input,
+            axis,
+            lines,
+            [self.columns, self.rows],
+            [self.column_block, self.row_block],
+        );
+        Ok(self)
+    }
+
     /// Output positions per chunk of the output.
     pub fn output_chunk(&self) -> u64 {
         (self.spectrum_rows * self.rows) as u64
@@ -268,6 +355,10 @@ pub struct FourStep {
     read_ahead_bytes: [usize; 2],
     done: OnceLock<Result<(), String>>,
     cancelled: AtomicBool,
+    /// Opened by a cluster's worker in a store the session made
+    /// ([`open`](Self::open)): each block checks the store is still there
+    /// before it writes.
+    received: bool,
 }
 
 impl std::fmt::Debug for FourStep {
@@ -296,6 +387,47 @@ fn intermediate_shape(plan: &FourStepPlan, shape: &[u64]) -> Vec<u64> {
         .collect();
     out.extend([plan.rows as u64, plan.columns as u64]);
     out
+}
+
+/// The intermediates of `plan` over a source of shape `shape` in
+/// `scratch` (not stored): `columns` (chunks of a batch of lines, `r`
+/// rows of `c1`) and `spectrum` (`r` rows of `q`).
+fn intermediates(
+    plan: &FourStepPlan,
+    shape: &[u64],
+    single: bool,
+    scratch: &ScratchStore,
+) -> datafusion::common::Result<[ScratchArray; 2]> {
+    let full = intermediate_shape(plan, shape);
+    let data_type = if single {
+        zarrs::array::data_type::complex64()
+    } else {
+        zarrs::array::data_type::complex128()
+    };
+    let mut chunk: Vec<u64> = (plan.batch.iter().enumerate())
+        .filter(|(d, _)| *d != plan.axis)
+        .map(|(_, &b)| b)
+        .collect();
+    chunk.extend([plan.row_block as u64, plan.column_block as u64]);
+    let make = |name: &str, chunk: &[u64]| {
+        ArrayBuilder::new(
+            full.clone(),
+            chunk,
+            data_type.clone(),
+            zarrs::array::FillValue::new(vec![0u8; complex_size(single)]),
+        )
+        .build(Arc::clone(scratch.storage()), name)
+        .map_err(|e| {
+            datafusion::common::DataFusionError::Execution(format!(
+                "the four-step transform's '{name}' in '{}': {e}",
+                scratch.location()
+            ))
+        })
+    };
+    let columns = make("/columns", &chunk)?;
+    let n = chunk.len();
+    chunk[n - 1] = plan.spectrum_rows as u64;
+    Ok([columns, make("/spectrum", &chunk)?])
 }
 
 /// The other dimensions of `extent` (`extent` without the axis).
@@ -455,38 +587,75 @@ impl FourStep {
         runtime: &datafusion::execution::runtime_env::RuntimeEnv,
     ) -> datafusion::common::Result<Self> {
         let scratch = ScratchStore::create(work_dir, "zarrfusion-fft-four-step", ".zarr", runtime)?;
-        let full = intermediate_shape(&plan, shape);
-        let mut batch: Vec<u64> = plan
-            .batch
-            .iter()
-            .enumerate()
-            .filter(|(d, _)| *d != plan.axis)
-            .map(|(_, &b)| b)
-            .collect();
-        let data_type = if single {
-            zarrs::array::data_type::complex64()
-        } else {
-            zarrs::array::data_type::complex128()
-        };
-        let make = |name: &str, chunk: &[u64]| {
-            let array = ArrayBuilder::new(
-                full.clone(),
-                chunk,
-                data_type.clone(),
-                zarrs::array::FillValue::new(vec![0u8; complex_size(single)]),
-            )
-            .build(Arc::clone(scratch.storage()), name)
-            .map_err(|e| datafusion::common::DataFusionError::Execution(e.to_string()))?;
-            array
-                .store_metadata()
-                .map_err(|e| datafusion::common::DataFusionError::Execution(e.to_string()))?;
-            Ok::<_, datafusion::common::DataFusionError>(array)
-        };
-        batch.extend([plan.row_block as u64, plan.column_block as u64]);
-        let columns = make("/columns", &batch)?;
-        let n = batch.len();
-        batch[n - 1] = plan.spectrum_rows as u64;
-        let spectrum = make("/spectrum", &batch)?;
+        let reads_ahead = (io_concurrency, read_ahead_bytes);
+        let made = Self::in_store(plan, shape, single, scratch, reads_ahead, false)?;
+        for array in [&made.columns, &made.spectrum] {
+            array.store_metadata().map_err(|e| {
+                datafusion::common::DataFusionError::Execution(format!(
+                    "work_dir '{}': {e}",
+                    made.location()
+                ))
+            })?;
+        }
+        Ok(made)
+    }
+
+    /// The intermediates of `plan` over a source of shape `shape` that a
+    /// session made at `location` ([`create`](Self::create)), as a
+    /// cluster's worker opens them to run its tasks of a pass: their
+    /// metadata must be what `plan` makes, and they are not erased when
+    /// this is dropped.
+    pub fn open(
+        plan: FourStepPlan,
+        shape: &[u64],
+        single: bool,
+        location: &str,
+        io_concurrency: usize,
+        read_ahead_bytes: [usize; 2],
+        runtime: &datafusion::execution::runtime_env::RuntimeEnv,
+    ) -> datafusion::common::Result<Self> {
+        let scratch = ScratchStore::open(location, runtime)?;
+        let reads_ahead = (io_concurrency, read_ahead_bytes);
+        let opened = Self::in_store(plan, shape, single, scratch, reads_ahead, true)?;
+        for array in [&opened.columns, &opened.spectrum] {
+            let path = array.path().as_str();
+            let storage = Arc::clone(opened.scratch.storage());
+            let stored = Array::open(storage, path).map_err(|e| {
+                datafusion::common::DataFusionError::Execution(format!(
+                    "the four-step transform's '{path}' in '{location}': {e}"
+                ))
+            })?;
+            let zeros = vec![0; array.dimensionality()];
+            let chunks = |a: &ScratchArray| a.chunk_shape(&zeros).ok();
+            let same = stored.shape() == array.shape()
+                && stored.data_type() == array.data_type()
+                && chunks(&stored) == chunks(array);
+            if !same {
+                return datafusion::common::exec_err!(
+                    "the four-step transform's '{path}' in '{location}' is not the array its \
+                     plan makes (shape {:?} in chunks {:?}, not {:?} in {:?})",
+                    stored.shape(),
+                    chunks(&stored),
+                    array.shape(),
+                    chunks(array)
+                );
+            }
+        }
+        Ok(opened)
+    }
+
+    /// The transform `plan` with its intermediates in `scratch` (made or
+    /// `received` from a session), reading ahead as `reads_ahead` says
+    /// (requests in flight, each pass's bytes).
+    fn in_store(
+        plan: FourStepPlan,
+        shape: &[u64],
+        single: bool,
+        scratch: ScratchStore,
+        (io_concurrency, read_ahead_bytes): (usize, [usize; 2]),
+        received: bool,
+    ) -> datafusion::common::Result<Self> {
+        let [columns, spectrum] = intermediates(&plan, shape, single, &scratch)?;
         Ok(Self {
             plan,
             single,
@@ -497,7 +666,14 @@ impl FourStep {
             read_ahead_bytes,
             done: OnceLock::new(),
             cancelled: AtomicBool::new(false),
+            received,
         })
+    }
+
+    /// Chunk requests kept in flight when reading ahead, and the bytes
+    /// each pass's reading ahead may hold.
+    pub fn reads_ahead(&self) -> (usize, [usize; 2]) {
+        (self.io_concurrency, self.read_ahead_bytes)
     }
 
     /// Where the intermediates are.
@@ -568,19 +744,91 @@ impl FourStep {
         )
     }
 
-    /// Runs both passes unless done; every caller waits for them.
+    /// Runs both passes here unless done; every caller waits for them.
     pub fn ensure_done<P: Precision>(
         &self,
         source: &ArraySource,
         transform: &AxisTransform,
         kernels: &Kernels,
     ) -> Result<(), String> {
-        self.done
-            .get_or_init(|| {
-                self.across_chunks::<P>(source, transform, kernels)?;
-                self.within_chunks::<P>(transform, kernels)
-            })
-            .clone()
+        self.ensure_done_by(|| {
+            for pass in [0, 1] {
+                let (tasks, workers) = (0..self.pass_tasks(pass), self.plan.workers[pass]);
+                let cancelled = &self.cancelled;
+                self.run_pass::<P>(pass, source, transform, kernels, tasks, workers, cancelled)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs both passes by `run` unless done (a cluster's session runs
+    /// them on the workers); every caller waits for them.
+    pub fn ensure_done_by(&self, run: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+        self.done.get_or_init(run).clone()
+    }
+
+    /// The blocks (tasks) of pass `pass` (0: across chunks, 1: within).
+    pub fn pass_tasks(&self, pass: usize) -> u64 {
+        let full = self.columns.shape();
+        let batches = self.batches(&full[..full.len() - 2]).num_blocks();
+        let plan = &self.plan;
+        let blocks = match pass {
+            0 => plan.columns / plan.column_block,
+            _ => plan.rows / plan.row_block,
+        };
+        batches.saturating_mul(blocks as u64)
+    }
+
+    /// Bytes pass `pass` reads: the source's values (once per column
+    /// block meeting a chunk, counted once here), or the columns.
+    pub fn pass_bytes(&self, pass: usize, element_size: usize) -> u64 {
+        let cells = self.columns.shape().iter().product::<u64>();
+        let size = match pass {
+            0 => element_size,
+            _ => complex_size(self.single),
+        };
+        cells.saturating_mul(size as u64)
+    }
+
+    /// Memory one block of pass `pass` holds, and what its read-ahead may
+    /// hold beside its blocks.
+    pub fn pass_memory(&self, pass: usize) -> (usize, usize) {
+        (self.plan.task_memory[pass], self.read_ahead_bytes[pass])
+    }
+
+    /// Runs the blocks `tasks` of pass `pass` (of [`pass_tasks`](Self::pass_tasks)),
+    /// `workers` at once, stopping when `cancelled` is set: all of both
+    /// passes in the process that planned the transform, or a cluster
+    /// task's run of them on a worker (pass 0 must be done everywhere
+    /// before any block of pass 1 runs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_pass<P: Precision>(
+        &self,
+        pass: usize,
+        source: &ArraySource,
+        transform: &AxisTransform,
+        kernels: &Kernels,
+        tasks: Range<u64>,
+        workers: usize,
+        cancelled: &AtomicBool,
+    ) -> Result<(), String> {
+        match pass {
+            0 => self.across_chunks::<P>(source, transform, kernels, tasks, workers, cancelled)?,
+            _ => self.within_chunks::<P>(transform, kernels, tasks, workers, cancelled)?,
+        }
+        if cancelled.load(Ordering::Relaxed) {
+            return Err("cancelled".into());
+        }
+        Ok(())
+    }
+
+    /// On a worker, that the session's store is still there before a
+    /// block writes into it.
+    fn may_write(&self) -> Result<(), String> {
+        match self.received {
+            true => self.scratch.still_there().map_err(|e| e.to_string()),
+            false => Ok(()),
+        }
     }
 
     /// The batches of lines: blocks of the other dimensions, whose shape
@@ -598,6 +846,9 @@ impl FourStep {
         source: &ArraySource,
         transform: &AxisTransform,
         kernels: &Kernels,
+        tasks: Range<u64>,
+        workers: usize,
+        cancelled: &AtomicBool,
     ) -> Result<(), String> {
         let plan = &self.plan;
         let (n1, n2, c1) = (plan.columns, plan.rows, plan.column_block);
@@ -620,7 +871,6 @@ impl FourStep {
         };
         let has_pre = transform.has_pre();
         let chunk = shape[plan.axis].min(source.chunk_shape()[plan.axis]) as usize;
-        let tasks = batches.num_blocks() * blocks;
         // The source exists (a copy in work_dir is made) before its chunks
         // are read ahead.
         source.prepare(kernels)?;
@@ -628,7 +878,7 @@ impl FourStep {
             let batches = batches.clone();
             let transform = transform.clone();
             let plan = plan.clone();
-            self.read_ahead_first_pass(source, tasks, move |task| {
+            self.read_ahead_first_pass(source, tasks.clone(), workers, move |task| {
                 let cells = batches.block(task / blocks);
                 let a = (task % blocks) as usize * plan.column_block;
                 column_reads(&plan, a, chunk, |j| input_position(&transform, len, j))
@@ -641,12 +891,14 @@ impl FourStep {
                     .collect()
             })
         };
+        let first = tasks.start;
         run_tasks(
-            tasks,
-            plan.workers[0],
-            &self.cancelled,
+            tasks.end.saturating_sub(tasks.start),
+            workers,
+            cancelled,
             ChunkBufferPool::new,
             |pool, task| {
+                let task = first + task;
                 let cells = batches.block(task / blocks);
                 let a = (task % blocks) as usize * c1;
                 let lines: usize = cells.iter().map(|r| (r.end - r.start) as usize).product();
@@ -717,12 +969,13 @@ impl FourStep {
                 drop(z);
                 let mut subset = cells.clone();
                 subset.extend([0..n2 as u64, a as u64..(a + c1) as u64]);
+                self.may_write()?;
                 P::store_complex(&self.columns, &ArraySubset::new_with_ranges(&subset), &rows)
                     .map_err(|e| format!("writing columns {subset:?} to work_dir: {e}"))?;
                 Ok::<u64, String>((rows.len() * std::mem::size_of::<Complex<P>>()) as u64)
             },
         )?;
-        self.check_cancelled()
+        Ok(())
     }
 
     /// The second pass: row blocks of `columns` transformed along the rows
@@ -731,6 +984,9 @@ impl FourStep {
         &self,
         transform: &AxisTransform,
         kernels: &Kernels,
+        tasks: Range<u64>,
+        workers: usize,
+        cancelled: &AtomicBool,
     ) -> Result<(), String> {
         let plan = &self.plan;
         let (n1, n2, r) = (plan.columns, plan.rows, plan.row_block);
@@ -738,26 +994,28 @@ impl FourStep {
         let batches = self.batches(&full[..full.len() - 2]);
         let blocks = (n2 / r) as u64;
         let rows = RowTransform::<P>::new(kernels, n1, complex_kind(transform.kind));
-        let tasks = batches.num_blocks() * blocks;
         let block = move |task: u64| {
             let mut subset = batches.block(task / blocks);
             let s = (task % blocks) as usize * r;
             subset.extend([s as u64..(s + r) as u64, 0..n1 as u64]);
             subset
         };
-        let read_ahead = self.read_ahead_second_pass(tasks, block.clone())?;
+        let read_ahead = self.read_ahead_second_pass(tasks.clone(), workers, block.clone())?;
+        let first = tasks.start;
         run_tasks(
-            tasks,
-            plan.workers[1],
-            &self.cancelled,
+            tasks.end.saturating_sub(tasks.start),
+            workers,
+            cancelled,
             || (),
             |_, task| {
+                let task = first + task;
                 let subset = block(task);
                 let region = ArraySubset::new_with_ranges(&subset);
                 let read = P::retrieve_complex(&self.columns, &region)
                     .map_err(|e| format!("reading columns {subset:?} from work_dir: {e}"))?;
                 // [line][f2][j1]: rows of j1 are contiguous.
                 let read = rows.apply(read)?;
+                self.may_write()?;
                 P::store_complex(&self.spectrum, &region, &read)
                     .map_err(|e| format!("writing spectrum {subset:?} to work_dir: {e}"))?;
                 // The region is whole chunks of `columns`, read by this
@@ -778,7 +1036,7 @@ impl FourStep {
                 Ok::<u64, String>((read.len() * std::mem::size_of::<Complex<P>>()) as u64)
             },
         )?;
-        self.check_cancelled()
+        Ok(())
     }
 
     /// From an object-store `work_dir`: the chunks of `columns` the second
@@ -788,7 +1046,8 @@ impl FourStep {
     /// done, and as many more as fit).
     fn read_ahead_second_pass(
         &self,
-        tasks: u64,
+        tasks: Range<u64>,
+        workers: usize,
         block: impl Fn(u64) -> Vec<Range<u64>> + Send + 'static,
     ) -> Result<Option<ReadAhead>, String> {
         let (Some(remote), Some(read_ahead)) =
@@ -796,7 +1055,6 @@ impl FourStep {
         else {
             return Ok(None);
         };
-        let plan = &self.plan;
         // The keys are found by the window's own copy of the array (an
         // array opens from its metadata alone).
         let columns = Array::new_with_metadata(
@@ -806,7 +1064,7 @@ impl FourStep {
         )
         .map_err(|e| e.to_string())?;
         Ok(
-            read_ahead.start_keys(Arc::clone(remote), 0..tasks, plan.workers[1], move |task| {
+            read_ahead.start_keys(Arc::clone(remote), tasks, workers, move |task| {
                 chunk_keys(&columns, &block(task))
             }),
         )
@@ -863,12 +1121,13 @@ impl FourStep {
     fn read_ahead_first_pass(
         &self,
         source: &ArraySource,
-        tasks: u64,
+        tasks: Range<u64>,
+        workers: usize,
         reads: impl Fn(u64) -> Vec<(u64, Vec<Range<u64>>)> + Send + 'static,
     ) -> Option<ReadAhead> {
         let (array, plan) = self.first_pass_read_ahead(source)?;
         let remote = Arc::clone(array.remote()?);
-        plan.start_numbered(remote, 0..tasks, self.plan.workers[0], move |task| {
+        plan.start_numbered(remote, tasks, workers, move |task| {
             reads(task)
                 .into_iter()
                 .flat_map(|(number, extent)| {
@@ -879,14 +1138,6 @@ impl FourStep {
                 })
                 .collect()
         })
-    }
-
-    fn check_cancelled(&self) -> Result<(), String> {
-        if self.cancelled.load(Ordering::Relaxed) {
-            Err("cancelled".into())
-        } else {
-            Ok(())
-        }
     }
 
     /// The reads of the spectrum that give the output positions `extent`

@@ -17,6 +17,7 @@
 //! | [`source`] | what a transform reads: a Zarr variable, a rechunked copy of one, a detrended source (its trend fitted in a pass first), another transform's output |
 //! | [`four_step`] | the four-step (Bailey) path for lines larger than memory |
 //! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
+//! | [`passes`] | the four-step path's passes as a cluster's stages (`FourStepPassExec`) |
 //! | [`exec`] | `FftExec`, the operator |
 //! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`) |
 //! | [`staged`] | transforms along several dimensions, one dimension at a time, when blocks of whole lines do not fit |
@@ -38,6 +39,7 @@ pub mod fit;
 pub mod four_step;
 pub mod kernels;
 pub mod options;
+pub mod passes;
 pub mod source;
 pub mod staged;
 pub mod table;
@@ -47,6 +49,7 @@ pub mod window;
 pub use copy::{FftCopy, FftCopyExec};
 pub use exec::FftExec;
 pub use options::{Detrend, FftOptions};
+pub use passes::FourStepPassExec;
 pub use source::ArraySource;
 pub use table::{fft_plan, fft_scan, FftPlanner, FftTable};
 pub use transform::FftTransform;

@@ -334,6 +334,21 @@ impl FftTable {
         })
     }
 
+    /// The variable and the transform of a four-step path that reads it
+    /// from a table opened from a location: what a cluster's worker makes
+    /// again ([`Self::of_chain`] of this one transform) to run its blocks
+    /// of the passes ([`super::passes`]). `None` for the other paths and
+    /// for a detrended source (its fit is a pass of its own, in the
+    /// session).
+    pub fn four_step_chain(&self) -> Option<(&Arc<GridTable>, usize, &FftOptions)> {
+        self.four_step.as_ref()?;
+        let ArraySource::Zarr { grid, variable } = &self.source else {
+            return None;
+        };
+        grid.source.as_ref()?;
+        Some((grid, *variable, &self.transform.options))
+    }
+
     /// The variable and the transforms this one makes of it, innermost
     /// first, when it reads a variable of a table opened from a location
     /// (itself, or through inner transforms) block by block as planned,

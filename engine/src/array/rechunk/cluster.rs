@@ -23,30 +23,25 @@
 //!   run of a round's tasks (numbered across the arrays), yielding how many
 //!   it ran; the session checks they add up to all of them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::common::{exec_err, human_readable_size, Result};
-use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::common::{human_readable_size, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use zarrs::filesystem::FilesystemStore;
-use zarrs::storage::{ReadableWritableListableStorage, StoreKey};
 
 use super::{PreparedRechunk, RechunkOptions, TargetEncoding};
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::task_index;
-use crate::write::stamp::SCRATCH_MARKER;
-use crate::write::store::io_error;
+use crate::write::scratch::ScratchStore;
 use crate::write::target::StagedTarget;
 use crate::write::write_job::{counted_properties, WriteJob, Written};
-use crate::zarr::{open_writable_remote, RemoteStorage, StoreLocation};
 
 /// A rechunk's tasks as they travel to a cluster's workers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,70 +120,6 @@ pub struct StageTasks {
     pub tasks: u64,
     /// The decoded bytes they write.
     pub bytes_written: u64,
-}
-
-/// The scratch store of a rechunk's intermediate arrays, as a worker
-/// opens it.
-pub struct WorkStore {
-    /// The store.
-    pub storage: ReadableWritableListableStorage,
-    /// Its object store, when it is in one (for reading ahead).
-    pub remote: Option<Arc<RemoteStorage>>,
-}
-
-impl WorkStore {
-    /// The scratch store at `location`, which the session made: a local
-    /// one must exist (it is gone only when the rechunk failed or ended).
-    pub fn open(location: &str, runtime: &RuntimeEnv) -> Result<Self> {
-        match StoreLocation::parse(location)? {
-            StoreLocation::Local(path) => {
-                if !path.is_dir() {
-                    return exec_err!(
-                        "the rechunk's scratch store '{}' is gone (the COPY failed or was \
-                         cancelled)",
-                        path.display()
-                    );
-                }
-                Ok(Self {
-                    storage: Arc::new(FilesystemStore::new(&path).map_err(|e| io_error(&path, e))?),
-                    remote: None,
-                })
-            }
-            StoreLocation::Remote(url) => {
-                let remote = open_writable_remote(location, &url, &HashMap::new(), runtime)?;
-                Ok(Self {
-                    storage: Arc::clone(&remote) as _,
-                    remote: Some(remote),
-                })
-            }
-        }
-    }
-}
-
-impl WorkStore {
-    /// Whether the scratch store at `location` (opened as this) is still
-    /// there: a local directory exists, an object-store one still holds
-    /// its owner's marker. A task checks before it writes, so that a task
-    /// still running when the COPY failed elsewhere (and the session
-    /// erased the store) writes nothing more.
-    pub fn still_there(&self, location: &str) -> Result<(), String> {
-        let there = match &self.remote {
-            None => std::path::Path::new(location).is_dir(),
-            Some(_) => {
-                let marker = StoreKey::new(SCRATCH_MARKER).map_err(|e| e.to_string())?;
-                self.storage
-                    .get(&marker)
-                    .map_err(|e| e.to_string())?
-                    .is_some()
-            }
-        };
-        match there {
-            true => Ok(()),
-            false => Err(format!(
-                "the scratch store '{location}' is gone (the COPY failed or was cancelled)"
-            )),
-        }
-    }
 }
 
 /// A run of a round of a rechunk's tasks, writing intermediate arrays
@@ -419,7 +350,7 @@ impl ExecutionPlan for RechunkTasksExec {
             };
             let out = target.open(writer.runtime())?;
             let work = (rechunk.work.as_deref())
-                .map(|w| WorkStore::open(w, writer.runtime()))
+                .map(|w| ScratchStore::open(w, writer.runtime()))
                 .transpose()?;
             let may_write = || target.still_staged(&out);
             let done =

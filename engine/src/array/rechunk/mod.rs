@@ -53,7 +53,7 @@ use zarrs::storage::{
     ReadableWritableListableStorageTraits, StoreKey,
 };
 
-pub use cluster::{ArrayTasks, RechunkTasks, RechunkTasksExec, StageTasks, WorkStore};
+pub use cluster::{ArrayTasks, RechunkTasks, RechunkTasksExec, StageTasks};
 pub use plan::{RechunkPlan, StagePlan};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
@@ -910,7 +910,7 @@ impl PreparedRechunk {
     pub fn copy_task_run(
         &self,
         out: &ReadableWritableListableStorage,
-        work: Option<&WorkStore>,
+        work: Option<&ScratchStore>,
         (round, run): (usize, std::ops::Range<u64>),
         may_write: &(dyn Fn() -> Result<(), String> + Sync),
         cancelled: &AtomicBool,
@@ -939,7 +939,7 @@ impl PreparedRechunk {
                 let md = with_chunks(&job.entry.metadata, &plan.stages[stage].to, plain)
                     .map_err(fail)?;
                 let path = Self::intermediate_path(index, stage);
-                Array::new_with_metadata(Arc::clone(&work.storage), &path, md)
+                Array::new_with_metadata(Arc::clone(work.storage()), &path, md)
                     .map_err(|e| fail(e.to_string()))
             };
             let output = match round + 1 == plan.stages.len() {
@@ -972,7 +972,7 @@ impl PreparedRechunk {
                 }
                 _ => {
                     let input = work_for(round - 1)?;
-                    let read_ahead = match work.and_then(|w| w.remote.as_ref()) {
+                    let read_ahead = match work.and_then(|w| w.remote()) {
                         Some(remote) => {
                             self.intermediate_read_ahead(job, stage, &input, remote, mine.clone())?
                         }

@@ -1,0 +1,27 @@
+//! A transform on the four-step path on a cluster: a physical optimizer
+//! rule of sessions with workers. [`ClusterPasses`] gives each
+//! [`FftExec`] on that path its two passes as inputs
+//! ([`FftExec::on_cluster`]: per pass a
+//! [`FourStepPassExec`](crate::array::fft::FourStepPassExec) under the
+//! gathering of its blocks' counts). The distributed planner puts a
+//! network boundary at each gathering, each pass's stage is split into
+//! tasks by the bytes it reads ([`super::tasks`]), the workers write the
+//! intermediates into the scratch store the session made in `work_dir`,
+//! and the session reads the output once both passes are done. Transforms
+//! by whole lines need no rule: their `FftExec` is a stage's leaf itself.
+
+use std::sync::Arc;
+
+use crate::array::fft::FftExec;
+use crate::plan_methods::physical_bottom_up_rule;
+
+/// Runs the passes of every four-step transform of a plan on the workers.
+#[derive(Debug, Default)]
+pub struct ClusterPasses;
+
+physical_bottom_up_rule!(ClusterPasses, "zarrfusion_cluster_passes", |node, _| {
+    let Some(fft) = node.downcast_ref::<FftExec>() else {
+        return Ok(None);
+    };
+    Ok(fft.on_cluster()?.map(|f| Arc::new(f) as _))
+});
