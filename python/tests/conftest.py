@@ -3,6 +3,8 @@ under tests/fixtures/data, and small stores written here by xarray."""
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import pathlib
 
 import numpy as np
@@ -14,11 +16,45 @@ FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / 
 @pytest.fixture(autouse=True, scope="session")
 def index_cache_dir(tmp_path_factory) -> pathlib.Path:
     """Keeps the window-index cache of the test run out of the user's home."""
-    import os
-
     path = tmp_path_factory.mktemp("zarrfusion-cache")
     os.environ["ZARRFUSION_CACHE_DIR"] = str(path)
     return path
+
+
+#: Seconds one test may take before the run is stopped with every thread's
+#: stack (``ZARRFUSION_TEST_TIMEOUT`` changes it; 0 turns it off). A test
+#: parked in the engine does not run Python's signal handlers, so the
+#: watchdog is faulthandler's thread, which ends the process: a hang fails
+#: the run in minutes, naming the test in the dumped stacks, instead of
+#: running into CI's limit.
+TEST_TIMEOUT_S = float(os.environ.get("ZARRFUSION_TEST_TIMEOUT", "300"))
+
+
+@pytest.fixture(scope="session")
+def real_stderr(request):
+    """The terminal's standard error, which pytest's capture replaces
+    while tests run (the watchdog's dump must reach the log)."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        fd = os.dup(2)
+    else:
+        with capture.global_and_fixture_disabled():
+            fd = os.dup(2)
+    with os.fdopen(fd, "w") as stream:
+        yield stream
+
+
+@pytest.fixture(autouse=True)
+def time_limit(real_stderr):
+    """Stops the whole run if this test takes over ``TEST_TIMEOUT_S``."""
+    if TEST_TIMEOUT_S <= 0:
+        yield
+        return
+    faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=True, file=real_stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture
