@@ -141,6 +141,41 @@ def test_a_copy_through_intermediate_arrays_runs_a_round_per_stage_on_the_worker
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.zarr", "work"]
 
 
+def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray(workers, tmp_path):
+    """``rechunk(...)`` in 300 KB: the copy into the rechunked store runs on
+    the two worker processes as a round of tasks per stage (through
+    intermediate arrays), writing into the store the session made in its
+    work_dir; the session scans it and gets xarray's zonal means, and the
+    work_dir is empty once the query is done."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    work = tmp_path / "work"
+    work.mkdir()
+    ctx = zf.SessionContext(
+        workers=workers,
+        allowed_mem="300KB",
+        config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)},
+    )
+    ctx.register_zarr("era5", demo)
+    sql = (
+        "SELECT lat, avg(t2m) AS t, min(v10) AS v FROM rechunk('era5', time => 96, lat => 1, lon => 2) "
+        "GROUP BY lat"
+    )
+    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    assert "copied by the cluster's workers" in distributed, distributed
+    assert "round=0" in distributed and "round=1" in distributed and "Network" in distributed, distributed
+    ds = xr.open_zarr(demo, chunks=None).load()
+    # Sorted here: a sort in the session would want more than 300 KB.
+    got = ctx.sql(sql).to_pandas().set_index("lat").sort_index()
+    want_t = ds.t2m.mean(["time", "lon"]).to_series().sort_index()
+    want_v = ds.v10.min(["time", "lon"]).to_series().sort_index()
+    assert got.index.tolist() == want_t.index.tolist()
+    np.testing.assert_allclose(got["t"], want_t, rtol=1e-6)
+    np.testing.assert_array_equal(got["v"], want_v)
+    del plan
+    assert list(work.iterdir()) == [], list(work.rglob("*"))
+
+
 def _selection_answer(demo: pathlib.Path) -> xr.Dataset:
     """xarray's answer to the selection COPY below: the northern half,
     degrees Celsius as float64 (273.15 is a float64) and the wind speed

@@ -102,6 +102,42 @@ const MAX_TRANSFORMS: usize = 1 << 6;
 /// The most arrays a received rechunk may copy.
 const MAX_ARRAYS: usize = 1 << 12;
 
+/// Refuses a received node asking for a count out of its bounds: each
+/// `(what, n, most)` must have `n` from 1 to `most`; `subject` names the
+/// node and what it reads ("a scan of {store}").
+fn check_counts(subject: &str, counts: &[(&str, usize, usize)]) -> Result<()> {
+    for &(what, n, most) in counts {
+        if n == 0 || n > most {
+            return plan_err!("{subject} asks for {n} {what} (1 to {most})");
+        }
+    }
+    Ok(())
+}
+
+/// The worker's memory budget, when it has one.
+fn memory_limit(ctx: &TaskContext) -> Option<usize> {
+    match ctx.memory_pool().memory_limit() {
+        MemoryLimit::Finite(bytes) => Some(bytes),
+        _ => None,
+    }
+}
+
+/// A received type's name (as Arrow writes it) read back, or an error
+/// naming `subject`.
+fn parse_type(subject: &str, text: &str) -> Result<DataType> {
+    (text.parse::<DataType>()).map_err(|e| exec_datafusion_err!("{subject}: type {text:?}: {e}"))
+}
+
+/// A received schema: each field's name, type and nullability.
+fn schema_of(subject: &str, fields: &[(String, String, bool)]) -> Result<SchemaRef> {
+    let fields = (fields.iter())
+        .map(|(name, data_type, nullable)| {
+            Ok(Field::new(name, parse_type(subject, data_type)?, *nullable))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(Schema::new(fields)))
+}
+
 /// A run of a rechunk's tasks received by a worker: planned again from the
 /// source under the worker's settings ([`PreparedRechunk::for_cluster_tasks`]:
 /// its `allowed_locations` and `allowed_mem`), writing into a staged target
@@ -113,16 +149,13 @@ fn decode_rechunk(run: RechunkRun, ctx: &TaskContext) -> Result<Arc<dyn Executio
         round,
         tasks,
     } = run;
-    if tasks == 0 || tasks > MAX_TASKS {
-        return plan_err!("a rechunk of {} asks for {tasks} tasks", rechunk.source);
-    }
-    if rechunk.arrays.is_empty() || rechunk.arrays.len() > MAX_ARRAYS {
-        return plan_err!(
-            "a rechunk of {} copies {} arrays (1 to {MAX_ARRAYS})",
-            rechunk.source,
-            rechunk.arrays.len()
-        );
-    }
+    check_counts(
+        &format!("a rechunk of {}", rechunk.source),
+        &[
+            ("tasks", tasks, MAX_TASKS),
+            ("arrays", rechunk.arrays.len(), MAX_ARRAYS),
+        ],
+    )?;
     let options = RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
     check_staged(&target, &options, &rechunk.source)?;
     if let Some(work) = &rechunk.work {
@@ -154,8 +187,9 @@ fn decode_rechunk(run: RechunkRun, ctx: &TaskContext) -> Result<Arc<dyn Executio
 }
 
 /// Refuses a staged target a received write from `source` may not write
-/// into: a local one that is not a COPY's temporary directory, or one the
-/// worker's `allowed_locations` do not permit.
+/// into: a local one that is not a COPY's temporary directory, a scratch
+/// store that is not a `rechunk(...)`'s, or one the worker's
+/// `allowed_locations` do not permit.
 fn check_staged(target: &StagedTarget, options: &RechunkOptions, source: &str) -> Result<()> {
     let location = match target {
         StagedTarget::Local { path } => {
@@ -169,6 +203,10 @@ fn check_staged(target: &StagedTarget, options: &RechunkOptions, source: &str) -
             StoreLocation::Local(path.clone())
         }
         StagedTarget::Remote { url, .. } => StoreLocation::parse(url)?,
+        StagedTarget::Scratch { location } => {
+            let what = ("zarrfusion-rechunked-", "the store of a rechunk(...)");
+            return check_scratch(location, what, options, source);
+        }
     };
     Ok(options.allowed.check(&location, &target.to_string())?)
 }
@@ -647,16 +685,14 @@ impl ZarrCodec {
     fn decode_scan(&self, scan: Scan, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
         let read = self.decode_read(scan.read, ctx)?;
         let store = &read.table.store;
-        let limits = [
-            ("partitions", scan.partitions, MAX_PARTITIONS),
-            ("tasks", scan.tasks, MAX_TASKS),
-            ("batch_size", scan.batch_size, MAX_BATCH_ROWS),
-        ];
-        for (what, n, most) in limits {
-            if n == 0 || n > most {
-                return plan_err!("a scan of {store} asks for {n} {what} (1 to {most})");
-            }
-        }
+        check_counts(
+            &format!("a scan of {store}"),
+            &[
+                ("partitions", scan.partitions, MAX_PARTITIONS),
+                ("tasks", scan.tasks, MAX_TASKS),
+                ("batch_size", scan.batch_size, MAX_BATCH_ROWS),
+            ],
+        )?;
         let mut exec = ZarrScanExec::new(
             read,
             scan.partitions,
@@ -701,12 +737,10 @@ impl ZarrCodec {
                 columns
             );
         }
-        if transforms.is_empty() || transforms.len() > MAX_TRANSFORMS {
-            return plan_err!(
-                "a transform of {store} asks for {} transforms (1 to {MAX_TRANSFORMS})",
-                transforms.len()
-            );
-        }
+        check_counts(
+            &format!("a transform of {store}"),
+            &[("transforms", transforms.len(), MAX_TRANSFORMS)],
+        )?;
         let transforms = (transforms.iter())
             .map(|(function, named)| {
                 let mut options = match function.as_str() {
@@ -724,16 +758,14 @@ impl ZarrCodec {
     fn decode_transform(&self, t: Transform, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
         let table = self.transform_table(&t.source, &t.columns, &t.variable, &t.transforms, ctx)?;
         let store = table.source().store().to_string();
-        let limits = [
-            ("partitions", t.partitions, MAX_PARTITIONS),
-            ("tasks", t.tasks, MAX_TASKS),
-            ("batch_size", t.batch_size, MAX_BATCH_ROWS),
-        ];
-        for (what, n, most) in limits {
-            if n == 0 || n > most {
-                return plan_err!("a transform of {store} asks for {n} {what} (1 to {most})");
-            }
-        }
+        check_counts(
+            &format!("a transform of {store}"),
+            &[
+                ("partitions", t.partitions, MAX_PARTITIONS),
+                ("tasks", t.tasks, MAX_TASKS),
+                ("batch_size", t.batch_size, MAX_BATCH_ROWS),
+            ],
+        )?;
         let fields = table.schema_ref().fields().len();
         if t.projection.is_empty() || t.projection.iter().any(|&i| i >= fields) {
             return plan_err!(
@@ -762,10 +794,7 @@ impl ZarrCodec {
             );
         }
         let config = ZarrConfig::of(ctx.session_config().options());
-        let memory_limit = match ctx.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => Some(bytes),
-            _ => None,
-        };
+        let memory_limit = memory_limit(ctx);
         let run = FftBlocks {
             projection: t.projection,
             selection,
@@ -793,12 +822,10 @@ impl ZarrCodec {
         let transforms = std::slice::from_ref(&p.transform);
         let table = self.transform_table(&p.source, &p.columns, &p.variable, transforms, ctx)?;
         let store = table.source().store().to_string();
-        if p.tasks == 0 || p.tasks > MAX_TASKS {
-            return plan_err!(
-                "a four-step transform of {store} asks for {} tasks",
-                p.tasks
-            );
-        }
+        check_counts(
+            &format!("a four-step transform of {store}"),
+            &[("tasks", p.tasks, MAX_TASKS)],
+        )?;
         if p.pass > 1 {
             return plan_err!(
                 "a four-step transform of {store} runs pass {} of 2",
@@ -843,10 +870,7 @@ impl ZarrCodec {
         let config = ZarrConfig::of(ctx.session_config().options());
         let device = choose_device(&config.device)
             .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
-        let memory_limit = match ctx.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => Some(bytes),
-            _ => None,
-        };
+        let memory_limit = memory_limit(ctx);
         let exec = FourStepPassExec::new(
             Arc::new(table),
             Arc::new(four_step),
@@ -879,9 +903,10 @@ impl ZarrCodec {
             }
         };
         let store = read.table.store.clone();
-        if run.tasks == 0 || run.tasks > MAX_TASKS {
-            return plan_err!("a blockwise step over {store} asks for {} tasks", run.tasks);
-        }
+        check_counts(
+            &format!("a blockwise step over {store}"),
+            &[("tasks", run.tasks, MAX_TASKS)],
+        )?;
         if run.exprs.len() > MAX_ARRAYS {
             return plan_err!(
                 "a blockwise step over {store} writes {} variables",
@@ -1059,10 +1084,8 @@ impl ZarrCodec {
             );
         }
         let input = Arc::clone(&read.schema);
-        let parse_type = |text: &str| {
-            text.parse::<DataType>()
-                .map_err(|e| exec_datafusion_err!("a reduction of {store}: type {text:?}: {e}"))
-        };
+        let subject = format!("a reduction of {store}");
+        let parse_type = |text: &str| parse_type(&subject, text);
         let mut aggregates = Vec::with_capacity(n);
         for a in reduction.aggregates {
             let Some(op) = ReduceOp::from_name(&a.op) else {
@@ -1095,15 +1118,8 @@ impl ZarrCodec {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut fields = Vec::with_capacity(reduction.states.len());
-        for (name, data_type, nullable) in &reduction.states {
-            fields.push(Field::new(name, parse_type(data_type)?, *nullable));
-        }
-        let schema: SchemaRef = Arc::new(Schema::new(fields));
-        let memory_limit = match ctx.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => Some(bytes),
-            _ => None,
-        };
+        let schema = schema_of(&subject, &reduction.states)?;
+        let memory_limit = memory_limit(ctx);
         let parts = ReductionParts {
             read,
             groups,
@@ -1197,19 +1213,15 @@ impl ZarrCodec {
     fn decode_window(&self, w: Window, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
         let read = self.decode_read(w.read, ctx)?;
         let store = &read.table.store;
-        let limits = [
-            ("partitions", w.partitions, MAX_PARTITIONS),
-            ("tasks", w.tasks, MAX_TASKS),
-            ("batch_size", w.batch_size, MAX_BATCH_ROWS),
-            ("aggregates", w.aggregates.len(), MAX_AGGREGATES),
-        ];
-        for (what, n, most) in limits {
-            if n == 0 || n > most {
-                return plan_err!(
-                    "a rolling window over {store} asks for {n} {what} (1 to {most})"
-                );
-            }
-        }
+        check_counts(
+            &format!("a rolling window over {store}"),
+            &[
+                ("partitions", w.partitions, MAX_PARTITIONS),
+                ("tasks", w.tasks, MAX_TASKS),
+                ("batch_size", w.batch_size, MAX_BATCH_ROWS),
+                ("aggregates", w.aggregates.len(), MAX_AGGREGATES),
+            ],
+        )?;
         if let Some(bad) = w.arg_places.iter().find(|&&p| p >= read.columns.len()) {
             return plan_err!(
                 "a rolling window over {store} takes its arguments from column {bad} of {}",
@@ -1229,11 +1241,8 @@ impl ZarrCodec {
                 .map(|&p| input.field(p).clone())
                 .collect::<Vec<_>>(),
         );
-        let parse_type = |text: &str| {
-            text.parse::<DataType>().map_err(|e| {
-                exec_datafusion_err!("a rolling window over {store}: type {text:?}: {e}")
-            })
-        };
+        let subject = format!("a rolling window over {store}");
+        let parse_type = |text: &str| parse_type(&subject, text);
         let mut aggregates = Vec::with_capacity(w.aggregates.len());
         for a in w.aggregates {
             let Some(op) = RollOp::from_name(&a.op) else {
@@ -1265,14 +1274,8 @@ impl ZarrCodec {
         let args = (w.args.iter())
             .map(|e| self.decode_expr(e, ctx, &arg_input))
             .collect::<Result<Vec<_>>>()?;
-        let mut fields = Vec::with_capacity(w.schema.len());
-        for (name, data_type, nullable) in &w.schema {
-            fields.push(Field::new(name, parse_type(data_type)?, *nullable));
-        }
-        let memory_limit = match ctx.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => Some(bytes),
-            _ => None,
-        };
+        let schema = schema_of(&subject, &w.schema)?;
+        let memory_limit = memory_limit(ctx);
         let parts = RollingParts {
             read,
             dim: w.dim,
@@ -1280,7 +1283,7 @@ impl ZarrCodec {
             outputs,
             args,
             aggregates,
-            schema: Arc::new(Schema::new(fields)),
+            schema,
             partitions: w.partitions,
             batch_size: w.batch_size,
             tasks: w.tasks,

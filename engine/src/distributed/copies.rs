@@ -10,21 +10,29 @@
 //! the target's chunks while the session stages and commits the target.
 //! A [`SelectionCopyExec`] (a COPY of a selection with computed variables)
 //! gets its blockwise round first, then its rechunk's
-//! ([`SelectionCopyExec::on_cluster`]).
+//! ([`SelectionCopyExec::on_cluster`]); a `rechunk(...)`'s
+//! [`RechunkExec`] gets its copy's rounds beside its scan
+//! ([`RechunkExec::on_cluster`]), the workers writing into the rechunked
+//! store the session made in `work_dir`.
 
 use std::sync::Arc;
 
 use crate::array::copy::selection::SelectionCopyExec;
 use crate::array::copy::whole::ArrayCopyExec;
+use crate::array::rechunk::RechunkExec;
 use crate::plan_methods::physical_bottom_up_rule;
 
-/// Runs the tasks of every whole-table `COPY` of a plan on the workers.
+/// Runs the tasks of every `COPY` and `rechunk(...)` of a plan on the
+/// workers.
 #[derive(Debug, Default)]
 pub struct ClusterCopies;
 
 physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
     if let Some(copy) = node.downcast_ref::<SelectionCopyExec>() {
         return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));
+    }
+    if let Some(rechunk) = node.downcast_ref::<RechunkExec>() {
+        return Ok(rechunk.on_cluster()?.map(|r| Arc::new(r) as _));
     }
     let Some(copy) = node.downcast_ref::<ArrayCopyExec>() else {
         return Ok(None);

@@ -150,20 +150,7 @@ impl ScratchStore {
     /// operation failed elsewhere (and the session erased the store)
     /// writes nothing more.
     pub fn still_there(&self) -> Result<()> {
-        let there = match &self.location {
-            StoreLocation::Local(path) => path.is_dir(),
-            StoreLocation::Remote(_) => {
-                let marker = StoreKey::new(SCRATCH_MARKER)
-                    .map_err(|e| DataFusionError::Execution(e.to_string()))?;
-                (self.storage.get(&marker))
-                    .map_err(|e| DataFusionError::Execution(format!("{}: {e}", self.location)))?
-                    .is_some()
-            }
-        };
-        match there {
-            true => Ok(()),
-            false => Err(gone(&self.location.to_string())),
-        }
+        still_there(&self.location, &self.storage)
     }
 
     /// The object store, when the store is in one: what reading ahead of
@@ -188,6 +175,29 @@ impl ScratchStore {
         if let Ok(prefix) = StorePrefix::new(prefix) {
             let _ = self.storage.erase_prefix(&prefix);
         }
+    }
+}
+
+/// Whether the scratch store at `location` (opened as `storage`) is still
+/// there: a local directory exists, an object-store one still holds its
+/// owner's marker (see [`ScratchStore::still_there`]).
+pub(crate) fn still_there(
+    location: &StoreLocation,
+    storage: &ReadableWritableListableStorage,
+) -> Result<()> {
+    let there = match location {
+        StoreLocation::Local(path) => path.is_dir(),
+        StoreLocation::Remote(_) => {
+            let marker = StoreKey::new(SCRATCH_MARKER)
+                .map_err(|e| DataFusionError::Execution(e.to_string()))?;
+            (storage.get(&marker))
+                .map_err(|e| DataFusionError::Execution(format!("{location}: {e}")))?
+                .is_some()
+        }
+    };
+    match there {
+        true => Ok(()),
+        false => Err(gone(&location.to_string())),
     }
 }
 

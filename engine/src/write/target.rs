@@ -22,6 +22,7 @@ use zarrs::filesystem::FilesystemStore;
 use zarrs::storage::{ReadableWritableListableStorage, StoreKey};
 
 use super::options::ZarrWriteOptions;
+use super::scratch::{still_there, ScratchStore};
 use super::store::{
     check_target, io_error, temporary_beside, write_atomically_at, write_claimed, GroupWrite,
     CLAIM_KEY,
@@ -151,6 +152,12 @@ pub enum StagedTarget {
         /// The COPY's object-store options.
         storage: BTreeMap<String, String>,
     },
+    /// The scratch store a `rechunk(...)` made in `work_dir` (a path or a
+    /// URL) and wrote the metadata of, which its query then reads.
+    Scratch {
+        /// Its location.
+        location: String,
+    },
 }
 
 impl StagedTarget {
@@ -177,6 +184,9 @@ impl StagedTarget {
                 let options = storage.clone().into_iter().collect();
                 Ok(open_writable_remote(url, &parsed, &options, runtime)?)
             }
+            Self::Scratch { location } => {
+                Ok(Arc::clone(ScratchStore::open(location, runtime)?.storage()))
+            }
         }
     }
 }
@@ -194,6 +204,10 @@ impl StagedTarget {
                 let claim = StoreKey::new(CLAIM_KEY).map_err(|e| e.to_string())?;
                 out.get(&claim).map_err(|e| e.to_string())?.is_some()
             }
+            Self::Scratch { location } => {
+                let parsed = StoreLocation::parse(location).map_err(|e| e.to_string())?;
+                return still_there(&parsed, out).map_err(|e| e.to_string());
+            }
         };
         match staged {
             true => Ok(()),
@@ -209,6 +223,7 @@ impl fmt::Display for StagedTarget {
         match self {
             Self::Local { path } => write!(f, "{}", path.display()),
             Self::Remote { url, .. } => write!(f, "{url}"),
+            Self::Scratch { location } => write!(f, "{location}"),
         }
     }
 }

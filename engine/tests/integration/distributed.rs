@@ -1298,42 +1298,138 @@ async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
     assert!(err.contains("2 variables with 1 expressions"), "{err}");
 }
 
-/// `rechunk(...)` in a session with workers: its copy is made by the
-/// session as the query starts, so its scan, and the plan above it, run in
-/// the session (not yet on the workers) with the answer of a session
-/// without workers; before, its stage went to the workers, which could
-/// not receive the copy and timed out.
+/// `rechunk(...)` in a session with workers: its copy's tasks run on the
+/// workers as rounds (one per stage of the rechunk), writing into the
+/// rechunked store the session made in its `work_dir` (which every worker
+/// here sees), and the session then scans that store: the answer of a
+/// session without workers, in one stage or through intermediate arrays,
+/// and nothing left in `work_dir`. Before, the copy was made by the
+/// session's process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_rechunk_table_in_a_session_with_workers_runs_in_the_session() {
+async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machine() {
+    let dir = scratch("cluster-rechunk-table");
+    let (work, set_work) = own_work_dir(&dir);
     let demo = repo_root().join("demo/era5.zarr");
-    let sql = "SELECT lat, avg(t2m) AS m, count(*) AS n FROM rechunk('era5', time => 96, \
-               lat => 4) GROUP BY lat ORDER BY lat";
-    let local = new_context();
-    (local
-        .register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
-        .await)
-        .unwrap();
-    let want = query_rows(&local, "without workers", sql).await;
-    let workers = start_workers(2).await;
-    let ctx = cluster_session(&workers).await;
-    (ctx.sql("SET zarrfusion.bytes_per_task = 1").await).unwrap();
-    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
-        .await)
-        .unwrap();
-    let plan = physical_plan(&ctx, sql).await;
-    let shown = displayable(plan.as_ref()).indent(true).to_string();
-    assert!(
-        shown.contains("RechunkExec") && !shown.contains("Network"),
-        "{shown}"
-    );
-    let got = query_rows(&ctx, "with workers", sql).await;
-    assert_eq!(got.len(), 33);
     let text = |rows: &[Vec<Value>]| -> Vec<String> {
         (rows.iter())
             .map(|r| r.iter().map(Value::to_string).collect::<Vec<_>>().join("|"))
             .collect()
     };
-    assert_close(&text(&got), &text(&want));
+    let workers = start_workers(2).await;
+    // One stage per array; then lat chunks of 1 in 300 KiB: through
+    // intermediate arrays, a round of tasks per stage.
+    let cases = [
+        ("time => 96, lat => 4", None, 1),
+        ("time => 96, lat => 1, lon => 2", Some(300usize << 10), 2),
+    ];
+    for (chunks, memory, at_least_rounds) in cases {
+        // Sorted here: a sort in the session would want more than 300 KiB.
+        let sql = format!(
+            "SELECT lat, avg(t2m) AS m, max(u10) AS u, count(*) AS n FROM rechunk('era5', \
+             {chunks}) GROUP BY lat"
+        );
+        let local = new_context();
+        (local
+            .register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+            .await)
+            .unwrap();
+        let mut want = query_rows(&local, "without workers", &sql).await;
+        sort_rows(&mut want, 1);
+        let ctx = match memory {
+            None => cluster_session(&workers).await,
+            Some(bytes) => {
+                distributed_context(session_config(), limited(bytes), workers.urls.clone())
+            }
+        };
+        (ctx.sql("SET zarrfusion.bytes_per_task = 1").await).unwrap();
+        (ctx.sql(&set_work).await).unwrap();
+        (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+            .await)
+            .unwrap();
+        let plan = physical_plan(&ctx, &sql).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(
+            shown.contains("RechunkExec")
+                && shown.contains("copied by the cluster's workers")
+                && shown.contains("RechunkTasksExec")
+                && shown.contains("tasks=2")
+                && shown.contains("Network"),
+            "{chunks}:\n{shown}"
+        );
+        for round in 0..at_least_rounds {
+            assert!(
+                shown.contains(&format!("round={round}")),
+                "{chunks}:\n{shown}"
+            );
+        }
+        let mut got = query_rows(&ctx, "with workers", &sql).await;
+        sort_rows(&mut got, 1);
+        assert_eq!(got.len(), 33, "{chunks}");
+        assert_close(&text(&got), &text(&want));
+        drop(plan);
+        assert!(
+            work_left(&work).is_empty(),
+            "{chunks}: {:?}",
+            work_left(&work)
+        );
+    }
+
+    // The copy's tasks through the codec: the same plan; a worker refuses
+    // to write anywhere but a rechunk(...)'s store.
+    use zarrfusion::array::rechunk::{RechunkExec, RechunkTasksExec};
+    let ctx = new_context();
+    (ctx.sql(&set_work).await).unwrap();
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let sql = "SELECT lat, avg(t2m) FROM rechunk('era5', time => 96) GROUP BY lat";
+    let plan = physical_plan(&ctx, sql).await;
+    let mut found = vec![Arc::clone(&plan)];
+    let rechunk = loop {
+        let node = found.pop().expect("a RechunkExec");
+        if node.downcast_ref::<RechunkExec>().is_some() {
+            break node;
+        }
+        found.extend(node.children().into_iter().cloned());
+    };
+    let rechunk = rechunk.downcast_ref::<RechunkExec>().unwrap();
+    let on_cluster = rechunk
+        .on_cluster()
+        .unwrap()
+        .expect("its copy on the workers");
+    assert!(on_cluster.on_cluster().unwrap().is_none());
+    let gathered = on_cluster.children()[1];
+    let tasks = Arc::clone(gathered.children()[0]);
+    let tasks = Arc::new(
+        (tasks.downcast_ref::<RechunkTasksExec>())
+            .expect("the copy's tasks")
+            .with_tasks(2),
+    ) as Arc<dyn ExecutionPlan>;
+    assert!(
+        tasks
+            .downcast_ref::<RechunkTasksExec>()
+            .unwrap()
+            .rechunk()
+            .arrays
+            .len()
+            == 1
+    );
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    assert_eq!(show(&back), show(&tasks));
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(Arc::clone(&tasks));
+    assert_eq!(sent["target"]["kind"], "scratch", "{sent}");
+    let mut elsewhere = sent.clone();
+    elsewhere["target"]["location"] =
+        Value::from(dir.join("mine.zarr").to_string_lossy().into_owned());
+    let err = wire
+        .decode(&elsewhere)
+        .expect_err("wrote outside a rechunk's store");
+    assert!(err.contains("not the store of a rechunk(...)"), "{err}");
 }
 
 /// The `FftExec` of `sql`, as `ctx` plans it.

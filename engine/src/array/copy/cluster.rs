@@ -32,8 +32,7 @@ use zarrs::storage::store::MemoryStore;
 use zarrs::storage::ReadableWritableListableStorage;
 
 use super::blockwise::{Blockwise, BlockwiseStep, Evaluate, SelectedGrid, Step};
-use super::whole::ClusterCopy;
-use crate::array::rechunk::{PreparedRechunk, RechunkTasksExec, TargetEncoding};
+use crate::array::rechunk::{ClusterRounds, PreparedRechunk, TargetEncoding};
 use crate::array::tasks::run_cluster_tasks;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::{task_share, BlockGrid, BlockRead, GridTable, Selection};
@@ -368,8 +367,7 @@ pub(crate) struct ClusterSelection {
 #[derive(Debug, Clone)]
 struct ClusterRechunk {
     intermediate: StoreLocation,
-    prepared: Arc<PreparedRechunk>,
-    rounds: ClusterCopy,
+    rounds: ClusterRounds,
 }
 
 impl ClusterSelection {
@@ -389,8 +387,7 @@ impl ClusterSelection {
             false => {
                 let intermediate = ScratchStore::name(&work_dir, "zarrfusion-copy", ".zarr");
                 let plain = TargetEncoding::of(&copy.intermediate_options());
-                let rechunk =
-                    ClusterRechunk::plan(copy, intermediate.clone(), &staged, &work_dir, runtime)?;
+                let rechunk = ClusterRechunk::plan(copy, intermediate.clone(), &staged, runtime)?;
                 (
                     ChunksInto::Scratch {
                         location: intermediate.to_string(),
@@ -436,10 +433,14 @@ impl ClusterSelection {
             );
         }
         let blockwise = rounds.remove(0);
-        let rechunk = self.rechunk.clone().map(|mut r| {
-            r.rounds.rounds = rounds;
-            r
-        });
+        let rechunk = (self.rechunk.as_ref())
+            .map(|r| {
+                Ok::<_, DataFusionError>(ClusterRechunk {
+                    intermediate: r.intermediate.clone(),
+                    rounds: r.rounds.with_rounds(rounds)?,
+                })
+            })
+            .transpose()?;
         Ok(Self {
             staged: self.staged.clone(),
             blockwise,
@@ -488,22 +489,22 @@ impl ClusterSelection {
                         )?;
                         copy.start_intermediate(intermediate.storage())?;
                         step1(cancelled)?;
-                        let prepared = &rechunk.prepared;
-                        rechunk.rounds.run(prepared, handle, context, cancelled)?;
-                        prepared.write_metadata(out)
+                        rechunk.rounds.run(handle, context, cancelled, "the COPY")?;
+                        rechunk.rounds.prepared().write_metadata(out)
                     }
                 }
             })?;
         // The rechunk's decoded bytes read and written, as planned.
-        let step2 = (self.rechunk.iter().flat_map(|r| r.prepared.arrays())).fold(
-            (0u64, 0u64),
-            |(read, written), a| {
-                (
-                    read.saturating_add(a.plan.bytes_read()),
-                    written.saturating_add(a.plan.bytes_written()),
-                )
-            },
-        );
+        let step2 = (self
+            .rechunk
+            .iter()
+            .flat_map(|r| r.rounds.prepared().arrays()))
+        .fold((0u64, 0u64), |(read, written), a| {
+            (
+                read.saturating_add(a.plan.bytes_read()),
+                written.saturating_add(a.plan.bytes_written()),
+            )
+        });
         Ok(copy.written(step2))
     }
 }
@@ -516,7 +517,6 @@ impl ClusterRechunk {
         copy: &Blockwise,
         intermediate: StoreLocation,
         staged: &StagedTarget,
-        work_dir: &StoreLocation,
         runtime: &RuntimeEnv,
     ) -> Result<Self> {
         let memory = Arc::new(MemoryStore::new());
@@ -534,25 +534,9 @@ impl ClusterRechunk {
             &copy.rechunk,
             runtime,
         )?;
-        let work = (prepared.has_intermediates())
-            .then(|| ScratchStore::name(work_dir, "zarrfusion-rechunk", ""));
-        let tasks = Arc::new(prepared.cluster_tasks(work.as_ref())?);
-        let prepared = Arc::new(prepared);
-        let rounds = (0..prepared.rounds())
-            .map(|round| {
-                let exec = RechunkTasksExec::new(
-                    Arc::clone(&tasks),
-                    Arc::clone(&prepared),
-                    staged.clone(),
-                    round,
-                );
-                Arc::new(CoalescePartitionsExec::new(Arc::new(exec))) as Arc<dyn ExecutionPlan>
-            })
-            .collect();
         Ok(Self {
             intermediate,
-            prepared,
-            rounds: ClusterCopy::new(staged.clone(), work, rounds),
+            rounds: ClusterRounds::plan(&Arc::new(prepared), staged.clone())?,
         })
     }
 }

@@ -16,11 +16,9 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use datafusion::common::exec_err;
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 
 use datafusion::catalog::Session;
 use datafusion::common::Column;
@@ -32,18 +30,16 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
 use crate::array::rechunk::{
-    fmt_array_plans, PreparedRechunk, RechunkOptions, RechunkTasksExec, TargetEncoding,
+    fmt_array_plans, ClusterRounds, PreparedRechunk, RechunkOptions, TargetEncoding,
 };
 use crate::array::scan_path::{down_to_scan, ScanPath};
-use crate::array::tasks::run_cluster_tasks;
 use crate::plan_methods::{
     leaf_node_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
     node_identity,
 };
 use crate::table::GridTable;
 use crate::write::options::ZarrVersion;
-use crate::write::scratch::ScratchStore;
-use crate::write::target::{CopyTarget, StagedTarget};
+use crate::write::target::CopyTarget;
 use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
 
@@ -263,7 +259,7 @@ pub struct ArrayCopyExec {
     rows: u64,
     variables: Vec<String>,
     /// On a cluster: where its tasks write, and their rounds.
-    cluster: Option<ClusterCopy>,
+    cluster: Option<ClusterRounds>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -291,30 +287,11 @@ impl ArrayCopyExec {
         if self.cluster.is_some() {
             return Ok(None);
         }
-        let prepared = &self.prepared;
-        let work = (prepared.has_intermediates())
-            .then(|| ScratchStore::name(prepared.work_dir(), "zarrfusion-rechunk", ""));
-        let rechunk = Arc::new(prepared.cluster_tasks(work.as_ref())?);
-        let staged = self.to.staged()?;
-        let rounds = (0..prepared.rounds())
-            .map(|round| {
-                let tasks = RechunkTasksExec::new(
-                    Arc::clone(&rechunk),
-                    Arc::clone(prepared),
-                    staged.clone(),
-                    round,
-                );
-                Arc::new(CoalescePartitionsExec::new(Arc::new(tasks))) as Arc<dyn ExecutionPlan>
-            })
-            .collect();
-        Ok(Some(self.with_cluster(Some(ClusterCopy {
-            staged,
-            work,
-            rounds,
-        }))))
+        let rounds = ClusterRounds::plan(&self.prepared, self.to.staged()?)?;
+        Ok(Some(self.with_cluster(Some(rounds))))
     }
 
-    fn with_cluster(&self, cluster: Option<ClusterCopy>) -> Self {
+    fn with_cluster(&self, cluster: Option<ClusterRounds>) -> Self {
         Self {
             prepared: Arc::clone(&self.prepared),
             to: self.to.clone(),
@@ -324,70 +301,6 @@ impl ArrayCopyExec {
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }
-    }
-}
-
-/// A whole-table COPY on a cluster: where its tasks write, and their
-/// rounds.
-#[derive(Debug, Clone)]
-pub(crate) struct ClusterCopy {
-    /// The target, staged by the session.
-    staged: StagedTarget,
-    /// The scratch store of the intermediate arrays, when an array takes
-    /// more than one stage.
-    work: Option<StoreLocation>,
-    /// Each round's tasks (every array's stage of that number) under the
-    /// gathering of their counts, in order.
-    pub(crate) rounds: Vec<Arc<dyn ExecutionPlan>>,
-}
-
-impl ClusterCopy {
-    /// The rounds `rounds` writing into `staged`, the intermediate arrays
-    /// into the scratch store `work`.
-    pub(crate) fn new(
-        staged: StagedTarget,
-        work: Option<StoreLocation>,
-        rounds: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Self {
-        Self {
-            staged,
-            work,
-            rounds,
-        }
-    }
-
-    /// Makes the scratch store, runs the rounds one after another (each
-    /// must have run all its tasks), erasing each intermediate array once
-    /// the next round has read it; the scratch store is erased when this
-    /// ends, however it ends.
-    pub(crate) fn run(
-        &self,
-        prepared: &PreparedRechunk,
-        handle: &tokio::runtime::Handle,
-        context: &Arc<TaskContext>,
-        cancelled: &AtomicBool,
-    ) -> Result<()> {
-        let work = (self.work.clone())
-            .map(|w| ScratchStore::create_at(prepared.work_dir(), w, &context.runtime_env()))
-            .transpose()?;
-        for (round, input) in self.rounds.iter().enumerate() {
-            let expected = prepared.round_tasks(round);
-            let stopped = || cancelled.load(Ordering::Relaxed);
-            run_cluster_tasks(
-                handle,
-                Arc::clone(input),
-                Arc::clone(context),
-                &stopped,
-                expected,
-                "the COPY",
-            )?;
-            if let Some(work) = &work {
-                for read in prepared.read_by_round(round) {
-                    work.erase(&read);
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -432,10 +345,9 @@ impl ExecutionPlan for ArrayCopyExec {
         }
         match &self.cluster {
             None => Ok(self),
-            Some(cluster) => Ok(Arc::new(self.with_cluster(Some(ClusterCopy {
-                rounds: children,
-                ..cluster.clone()
-            })))),
+            Some(cluster) => Ok(Arc::new(
+                self.with_cluster(Some(cluster.with_rounds(children)?)),
+            )),
         }
     }
 
@@ -477,7 +389,7 @@ impl ExecutionPlan for ArrayCopyExec {
                 });
             };
             to.write_staged(&cluster.staged, writer.runtime(), cancelled, |out| {
-                cluster.run(&writer, &handle, &context, cancelled)?;
+                cluster.run(&handle, &context, cancelled, "the COPY")?;
                 writer.write_metadata(out)
             })?;
             let bytes_written = writer.arrays().map(|a| a.plan.bytes_written()).sum();

@@ -22,26 +22,33 @@
 //! - [`RechunkTasksExec`]: the leaf a distributed task runs: its contiguous
 //!   run of a round's tasks (numbered across the arrays), yielding how many
 //!   it ran; the session checks they add up to all of them.
+//! - [`ClusterRounds`]: the rounds as the session holds and runs them, one
+//!   input of the operator each (a `COPY` of a whole table or of a
+//!   selection, a `rechunk(...)`).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use datafusion::common::{human_readable_size, Result};
+use datafusion::common::{exec_err, human_readable_size, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{PreparedRechunk, RechunkOptions, TargetEncoding};
+use crate::array::tasks::run_cluster_tasks;
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::task_index;
 use crate::write::scratch::ScratchStore;
 use crate::write::target::StagedTarget;
 use crate::write::write_job::{counted_properties, WriteJob, Written};
+use crate::zarr::StoreLocation;
 
 /// A rechunk's tasks as they travel to a cluster's workers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -247,6 +254,108 @@ impl RechunkTasksExec {
         let segments = self.rechunk.round_task_weights(self.round);
         let (i, n) = (task as u64, self.tasks as u64);
         Ok(share_by_weight(&segments, i, n))
+    }
+}
+
+/// A rechunk's rounds on a cluster's workers as the session holds them:
+/// the rechunk, where its tasks write, the scratch store of its
+/// intermediate arrays, and each round's tasks ([`RechunkTasksExec`])
+/// under the gathering of their counts, where the distributed planner puts
+/// a network boundary. The operator that holds them has them as inputs
+/// and runs them in order ([`run`](Self::run)).
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterRounds {
+    prepared: Arc<PreparedRechunk>,
+    /// Where the tasks write the target's chunks, staged by the session.
+    pub(crate) staged: StagedTarget,
+    /// The scratch store of the intermediate arrays, when an array takes
+    /// more than one stage.
+    work: Option<StoreLocation>,
+    /// Each round's tasks (every array's stage of that number) under the
+    /// gathering of their counts, in order.
+    pub(crate) rounds: Vec<Arc<dyn ExecutionPlan>>,
+}
+
+impl ClusterRounds {
+    /// The rounds of `prepared` writing into `staged`; the scratch store
+    /// of the intermediate arrays is named now, in `work_dir` (which every
+    /// worker must reach), and made when the rounds run.
+    pub(crate) fn plan(prepared: &Arc<PreparedRechunk>, staged: StagedTarget) -> Result<Self> {
+        let work = (prepared.has_intermediates())
+            .then(|| ScratchStore::name(prepared.work_dir(), "zarrfusion-rechunk", ""));
+        let tasks = Arc::new(prepared.cluster_tasks(work.as_ref())?);
+        let rounds = (0..prepared.rounds())
+            .map(|round| {
+                let exec = RechunkTasksExec::new(
+                    Arc::clone(&tasks),
+                    Arc::clone(prepared),
+                    staged.clone(),
+                    round,
+                );
+                Arc::new(CoalescePartitionsExec::new(Arc::new(exec))) as Arc<dyn ExecutionPlan>
+            })
+            .collect();
+        Ok(Self {
+            prepared: Arc::clone(prepared),
+            staged,
+            work,
+            rounds,
+        })
+    }
+
+    /// The rechunk whose rounds these are.
+    pub(crate) fn prepared(&self) -> &Arc<PreparedRechunk> {
+        &self.prepared
+    }
+
+    /// These rounds replaced by `rounds` (the inputs the planner gave back).
+    pub(crate) fn with_rounds(&self, rounds: Vec<Arc<dyn ExecutionPlan>>) -> Result<Self> {
+        if rounds.len() != self.rounds.len() {
+            return exec_err!(
+                "the rechunk of '{}' has {} rounds, got {}",
+                self.prepared.source(),
+                self.rounds.len(),
+                rounds.len()
+            );
+        }
+        Ok(Self {
+            rounds,
+            ..self.clone()
+        })
+    }
+
+    /// Makes the scratch store, runs the rounds one after another (each
+    /// must have run all its tasks; `what` names the operation in errors),
+    /// erasing each intermediate array once the next round has read it;
+    /// the scratch store is erased when this ends, however it ends.
+    pub(crate) fn run(
+        &self,
+        handle: &tokio::runtime::Handle,
+        context: &Arc<TaskContext>,
+        cancelled: &AtomicBool,
+        what: &str,
+    ) -> Result<()> {
+        let prepared = &self.prepared;
+        let work = (self.work.clone())
+            .map(|w| ScratchStore::create_at(prepared.work_dir(), w, &context.runtime_env()))
+            .transpose()?;
+        for (round, input) in self.rounds.iter().enumerate() {
+            let stopped = || cancelled.load(Ordering::Relaxed);
+            run_cluster_tasks(
+                handle,
+                Arc::clone(input),
+                Arc::clone(context),
+                &stopped,
+                prepared.round_tasks(round),
+                what,
+            )?;
+            if let Some(work) = &work {
+                for read in prepared.read_by_round(round) {
+                    work.erase(&read);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -48,11 +48,9 @@ use serde_json::{json, Map, Value};
 use zarrs::array::Array;
 use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
-use zarrs::storage::{
-    ReadableListableStorageTraits, ReadableWritableListableStorage,
-    ReadableWritableListableStorageTraits, StoreKey,
-};
+use zarrs::storage::{ReadableListableStorageTraits, ReadableWritableListableStorage, StoreKey};
 
+pub(crate) use cluster::ClusterRounds;
 pub use cluster::{ArrayTasks, RechunkTasks, RechunkTasksExec, StageTasks};
 pub use plan::{RechunkPlan, StagePlan};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
@@ -249,6 +247,16 @@ struct Job {
     entry: ArrayEntry,
     source: Array<dyn ReadableListableStorageTraits>,
     rechunk: ArrayRechunk,
+}
+
+impl Clone for Job {
+    fn clone(&self) -> Self {
+        Self {
+            entry: self.entry.clone(),
+            source: self.source.with_storage(self.source.storage()),
+            rechunk: self.rechunk.clone(),
+        }
+    }
 }
 
 /// Plans the rechunk of every array of the store at `source` to `chunks`
@@ -697,6 +705,26 @@ impl PreparedRechunk {
         }
     }
 
+    /// The rechunk of the arrays `which` accepts only (a `rechunk(...)`
+    /// copies the variables its query reads).
+    pub fn retained(&self, which: impl Fn(&ArrayRechunk) -> bool) -> Self {
+        Self {
+            source: self.source.clone(),
+            storage: Arc::clone(&self.storage),
+            remote: self.remote.clone(),
+            jobs: (self.jobs.iter())
+                .filter(|job| which(&job.rechunk))
+                .cloned()
+                .collect(),
+            work_dir: self.work_dir.clone(),
+            runtime: Arc::clone(&self.runtime),
+            encoding: self.encoding,
+            chunks: self.chunks.clone(),
+            options: self.options.clone(),
+            before_written: self.before_written,
+        }
+    }
+
     /// Where intermediate arrays go (a scratch store inside it).
     pub fn work_dir(&self) -> &StoreLocation {
         &self.work_dir
@@ -916,8 +944,35 @@ impl PreparedRechunk {
         cancelled: &AtomicBool,
     ) -> Result<copy::StageCounts> {
         self.check_written()?;
+        let (done, _) = self.run_round(
+            out,
+            work,
+            (round, run),
+            &|_| true,
+            Some(may_write),
+            cancelled,
+        )?;
+        Ok(done)
+    }
+
+    /// The tasks numbered `run` of round `round`, of the arrays `which`
+    /// accepts (numbered across all the arrays all the same): the tasks
+    /// run and the decoded bytes written, and of those the bytes written
+    /// into `out` (the arrays whose last stage this round is). One
+    /// implementation for a cluster's tasks and a single process's rounds
+    /// ([`copy_arrays`](Self::copy_arrays)).
+    fn run_round(
+        &self,
+        out: &ReadableWritableListableStorage,
+        work: Option<&ScratchStore>,
+        (round, run): (usize, std::ops::Range<u64>),
+        which: &dyn Fn(&ArrayRechunk) -> bool,
+        may_write: Option<&(dyn Fn() -> Result<(), String> + Sync)>,
+        cancelled: &AtomicBool,
+    ) -> Result<(copy::StageCounts, u64)> {
         let mut first = 0u64;
         let mut done = copy::StageCounts::default();
+        let mut target_bytes = 0u64;
         for (index, job) in self.jobs.iter().enumerate() {
             let fail = |e: String| self.fail(job, e);
             let plan = &job.rechunk.plan;
@@ -927,7 +982,7 @@ impl PreparedRechunk {
             let tasks = first..first + stage.tasks;
             first = tasks.end;
             let mine = run.start.max(tasks.start)..run.end.min(tasks.end);
-            if mine.is_empty() {
+            if mine.is_empty() || !which(&job.rechunk) {
                 continue;
             }
             let mine = mine.start - tasks.start..mine.end - tasks.start;
@@ -942,7 +997,8 @@ impl PreparedRechunk {
                 Array::new_with_metadata(Arc::clone(work.storage()), &path, md)
                     .map_err(|e| fail(e.to_string()))
             };
-            let output = match round + 1 == plan.stages.len() {
+            let last = round + 1 == plan.stages.len();
+            let output = match last {
                 true => Array::new_with_metadata(
                     Arc::clone(out),
                     &job.entry.path,
@@ -966,7 +1022,7 @@ impl PreparedRechunk {
                         &output,
                         plan.workers,
                         ahead,
-                        Some(may_write),
+                        may_write,
                         cancelled,
                     )
                 }
@@ -986,7 +1042,7 @@ impl PreparedRechunk {
                         &output,
                         plan.workers,
                         ahead,
-                        Some(may_write),
+                        may_write,
                         cancelled,
                     )
                 }
@@ -994,11 +1050,14 @@ impl PreparedRechunk {
             .map_err(&fail)?;
             done.tasks += counts.tasks;
             done.bytes_written += counts.bytes_written;
+            if last {
+                target_bytes += counts.bytes_written;
+            }
         }
         if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
             return exec_err!("the rechunk of '{}' was cancelled", self.source);
         }
-        Ok(done)
+        Ok((done, target_bytes))
     }
 
     /// Reads of an intermediate array `input` (in an object-store
@@ -1164,7 +1223,10 @@ impl PreparedRechunk {
         self.copy_arrays(out, |_| true, cancelled)
     }
 
-    /// [`copy_data`](Self::copy_data) for the arrays `which` accepts.
+    /// [`copy_data`](Self::copy_data) for the arrays `which` accepts: the
+    /// rounds a cluster runs ([`copy_task_run`](Self::copy_task_run)),
+    /// every task of each in this process, each round's intermediate
+    /// arrays erased once the next round has read them.
     pub fn copy_arrays(
         &self,
         out: &ReadableWritableListableStorage,
@@ -1173,126 +1235,38 @@ impl PreparedRechunk {
     ) -> Result<RechunkSummary> {
         self.check_written()?;
         let started = Instant::now();
-        // Created on the first intermediate array.
-        let mut scratch: Option<ScratchStore> = None;
+        let arrays: Vec<ArrayRechunk> = self.arrays().filter(|a| which(a)).cloned().collect();
+        let rounds = arrays.iter().map(|a| a.plan.stages.len()).max();
+        let scratch = match rounds.unwrap_or(0) > 1 {
+            true => Some(ScratchStore::create(
+                &self.work_dir,
+                "zarrfusion-rechunk",
+                "",
+                &self.runtime,
+            )?),
+            false => None,
+        };
         let mut summary = RechunkSummary {
-            arrays: Vec::new(),
-            bytes_read: 0,
+            bytes_read: arrays.iter().map(|a| a.plan.bytes_read()).sum(),
+            arrays,
             bytes_written: 0,
             target_bytes: 0,
             seconds: 0.0,
         };
-        for job in self.jobs.iter().filter(|job| which(&job.rechunk)) {
-            let fail = |e: String| self.fail(job, e);
-            let plan = &job.rechunk.plan;
-            let last = plan.stages.len() - 1;
-            let output = Array::new_with_metadata(
-                Arc::clone(out),
-                &job.entry.path,
-                self.target_metadata(job)?,
-            )
-            .map_err(|e| fail(e.to_string()))?;
-            // Intermediates of this array; each is erased once read.
-            let array_dir = format!("/{}", summary.arrays.len());
-            let mut previous: Option<(Array<dyn ReadableWritableListableStorageTraits>, String)> =
-                None;
-            for (i, stage) in plan.stages.iter().enumerate() {
-                // The first stage reads the source, the others the stage
-                // before in work_dir: ahead of their tasks when remote.
-                let scratch_remote = scratch.as_ref().and_then(ScratchStore::remote);
-                let read_ahead = match (&previous, &self.remote, scratch_remote) {
-                    (None, Some(remote), _) => {
-                        self.source_read_ahead(job, stage, remote, 0..stage.tasks)?
-                    }
-                    (Some((input, _)), _, Some(remote)) => {
-                        self.intermediate_read_ahead(job, stage, input, remote, 0..stage.tasks)?
-                    }
-                    _ => None,
-                };
-                let read_ahead = read_ahead.as_ref();
-                let counts = if i == last {
-                    run_after(
-                        &previous,
-                        &job.source,
-                        stage,
-                        &output,
-                        plan.workers,
-                        read_ahead,
-                        cancelled,
-                    )
-                    .map_err(&fail)?
-                } else {
-                    let work = match &mut scratch {
-                        Some(work) => work,
-                        None => scratch.insert(ScratchStore::create(
-                            &self.work_dir,
-                            "zarrfusion-rechunk",
-                            "",
-                            &self.runtime,
-                        )?),
-                    };
-                    let stage_path = format!("{array_dir}/stage{i}");
-                    // Uncompressed, unless the elements need their own codec.
-                    let plain = job.source.data_type().fixed_size().is_some();
-                    let md = with_chunks(&job.entry.metadata, &stage.to, plain).map_err(&fail)?;
-                    let next =
-                        Array::new_with_metadata(Arc::clone(work.storage()), &stage_path, md)
-                            .map_err(|e| fail(e.to_string()))?;
-                    let counts = run_after(
-                        &previous,
-                        &job.source,
-                        stage,
-                        &next,
-                        plan.workers,
-                        read_ahead,
-                        cancelled,
-                    )
-                    .map_err(&fail)?;
-                    if let Some((_, read_path)) = previous.replace((next, stage_path)) {
-                        work.erase(&read_path);
-                    }
-                    counts
-                };
-                summary.bytes_written += counts.bytes_written;
-                if i == last {
-                    summary.target_bytes += counts.bytes_written;
+        for round in 0..rounds.unwrap_or(0) {
+            let run = (round, 0..self.round_tasks(round));
+            let (counts, target_bytes) =
+                self.run_round(out, scratch.as_ref(), run, &which, None, cancelled)?;
+            summary.bytes_written += counts.bytes_written;
+            summary.target_bytes += target_bytes;
+            if let Some(work) = &scratch {
+                for read in self.read_by_round(round) {
+                    work.erase(&read);
                 }
             }
-            if let Some(work) = &scratch {
-                work.erase(&array_dir);
-            }
-            summary.bytes_read += plan.bytes_read();
-            summary.arrays.push(job.rechunk.clone());
-        }
-        if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
-            return exec_err!("the rechunk of '{}' was cancelled", self.source);
         }
         summary.seconds = started.elapsed().as_secs_f64();
         Ok(summary)
-    }
-}
-
-/// Runs `stage` into `output`, reading the previous stage's intermediate
-/// array, or the source for the first stage, with `read_ahead`.
-fn run_after<W>(
-    previous: &Option<(Array<dyn ReadableWritableListableStorageTraits>, String)>,
-    source: &Array<dyn ReadableListableStorageTraits>,
-    stage: &StagePlan,
-    output: &Array<W>,
-    workers: usize,
-    read_ahead: Option<&ReadAhead>,
-    cancelled: &AtomicBool,
-) -> Result<copy::StageCounts, String>
-where
-    W: zarrs::storage::ReadableWritableStorageTraits + ?Sized + 'static,
-{
-    match previous {
-        None => copy::run_stage(
-            stage, None, source, output, workers, read_ahead, None, cancelled,
-        ),
-        Some((input, _)) => copy::run_stage(
-            stage, None, input, output, workers, read_ahead, None, cancelled,
-        ),
     }
 }
 

@@ -23,6 +23,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -51,13 +52,16 @@ use datafusion::sql::sqlparser::ast::TableFactor;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::{fmt_array_plans, ArrayRechunk, PreparedRechunk, RechunkOptions, RechunkSummary};
+use super::{
+    fmt_array_plans, ArrayRechunk, ClusterRounds, PreparedRechunk, RechunkOptions, RechunkSummary,
+};
 use crate::plan_methods::{named_plan_methods, no_expressions_method};
 use crate::table::{
     literal_text, open_dataset, zarr_source, TableFunctionCall, ZarrScanExec, ZarrTable,
     ZarrTableOptions,
 };
 use crate::write::scratch::{default_work_dir, ScratchStore};
+use crate::write::target::StagedTarget;
 
 /// Plans `rechunk(...)` in `FROM` clauses.
 #[derive(Debug)]
@@ -292,7 +296,7 @@ impl TableProvider for RechunkTable {
             cancelled: Arc::new(AtomicBool::new(false)),
             copy: OnceLock::new(),
         });
-        Ok(Arc::new(RechunkExec::new(job, scan)))
+        Ok(Arc::new(RechunkExec::new(job, scan, None)))
     }
 
     fn statistics(&self) -> Option<Statistics> {
@@ -361,10 +365,19 @@ impl CopyJob {
     }
 
     /// Starts the copy unless it has started, and waits for it. The copy
-    /// reserves its projected memory in the session's memory pool.
-    async fn run(&self, context: &TaskContext) -> Result<Arc<RechunkSummary>> {
+    /// reserves its projected memory in the session's memory pool; on a
+    /// cluster (`cluster`: its rounds) the workers copy and the session
+    /// holds nothing for it.
+    async fn run(
+        &self,
+        context: &Arc<TaskContext>,
+        cluster: Option<&ClusterRounds>,
+    ) -> Result<Arc<RechunkSummary>> {
         let copy = self.copy.get_or_init(|| {
-            let projected = self.projected_memory();
+            let projected = match cluster {
+                Some(_) => 0,
+                None => self.projected_memory(),
+            };
             let reservation = MemoryConsumer::new("RechunkExec").register(context.memory_pool());
             let reserved = reservation.try_grow(projected as usize).map_err(|e| {
                 Arc::new(DataFusionError::ResourcesExhausted(format!(
@@ -378,13 +391,28 @@ impl CopyJob {
             let store = Arc::clone(&self.store);
             let cancelled = Arc::clone(&self.cancelled);
             let variables = self.variables.clone();
-            let handle = reserved.map(|()| {
-                tokio::task::spawn_blocking(move || {
-                    let copies = |a: &ArrayRechunk| copied(a, &variables);
-                    let summary = prepared.copy_arrays(store.storage(), copies, &cancelled);
+            let (cluster, context) = (cluster.cloned(), Arc::clone(context));
+            let handle = reserved.and_then(|()| {
+                let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+                    Arc::new(DataFusionError::Execution(format!(
+                        "RechunkExec needs a runtime: {e}"
+                    )))
+                })?;
+                Ok(tokio::task::spawn_blocking(move || {
+                    let summary = match cluster {
+                        Some(rounds) => {
+                            let started = Instant::now();
+                            (rounds.run(&runtime, &context, &cancelled, "the rechunk"))
+                                .map(|()| planned_summary(rounds.prepared(), started))
+                        }
+                        None => {
+                            let copies = |a: &ArrayRechunk| copied(a, &variables);
+                            prepared.copy_arrays(store.storage(), copies, &cancelled)
+                        }
+                    };
                     drop(reservation);
                     summary
-                })
+                }))
             });
             async move {
                 let summary = handle?
@@ -400,24 +428,78 @@ impl CopyJob {
     }
 }
 
+/// What the rechunk `prepared` did by its plan, its rounds having run on
+/// a cluster's workers from `started`.
+fn planned_summary(prepared: &PreparedRechunk, started: Instant) -> RechunkSummary {
+    let arrays: Vec<ArrayRechunk> = prepared.arrays().cloned().collect();
+    RechunkSummary {
+        bytes_read: arrays.iter().map(|a| a.plan.bytes_read()).sum(),
+        bytes_written: arrays.iter().map(|a| a.plan.bytes_written()).sum(),
+        target_bytes: (arrays.iter())
+            .filter_map(|a| a.plan.stages.last())
+            .map(|s| s.bytes_written)
+            .sum(),
+        arrays,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
 /// Copies the source into the rechunked store on first execution, then
 /// runs its child, the scan of the rechunked store.
+///
+/// On a cluster ([`on_cluster`](Self::on_cluster)) the copy's tasks run on
+/// the workers as its other inputs, one per round of the rechunk
+/// ([`crate::array::rechunk::RechunkTasksExec`] under the gathering of
+/// their counts), writing into the rechunked store; its scan stays in the
+/// session.
 #[derive(Debug)]
 pub struct RechunkExec {
     job: Arc<CopyJob>,
     scan: Arc<dyn ExecutionPlan>,
+    /// On a cluster: the copy's rounds.
+    cluster: Option<ClusterRounds>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl RechunkExec {
-    fn new(job: Arc<CopyJob>, scan: Arc<dyn ExecutionPlan>) -> Self {
+    fn new(
+        job: Arc<CopyJob>,
+        scan: Arc<dyn ExecutionPlan>,
+        cluster: Option<ClusterRounds>,
+    ) -> Self {
         Self {
             job,
             properties: Arc::clone(scan.properties()),
             scan,
+            cluster,
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// This rechunk with its copy's rounds of tasks as inputs beside its
+    /// scan, to run on a cluster's workers (which write into the rechunked
+    /// store, in `work_dir`: every worker must reach it); `None` when they
+    /// already are or the query copies no array (it reads coordinates
+    /// only).
+    pub fn on_cluster(&self) -> Result<Option<Self>> {
+        if self.cluster.is_some() {
+            return Ok(None);
+        }
+        let job = &self.job;
+        let prepared = Arc::new(job.prepared.retained(|a| job.copies(a)));
+        if prepared.rounds() == 0 {
+            return Ok(None);
+        }
+        let staged = StagedTarget::Scratch {
+            location: job.store.location().to_string(),
+        };
+        let rounds = ClusterRounds::plan(&prepared, staged)?;
+        Ok(Some(Self::new(
+            Arc::clone(job),
+            Arc::clone(&self.scan),
+            Some(rounds),
+        )))
     }
 
     /// The plans of the arrays this query copies (the variables it reads).
@@ -436,7 +518,11 @@ impl DisplayAs for RechunkExec {
             human_readable_size(self.job.projected_memory() as usize)
         )?;
         fmt_array_plans(f, self.job.arrays())?;
-        write!(f, "]")
+        write!(f, "]")?;
+        match &self.cluster {
+            Some(_) => write!(f, ", copied by the cluster's workers"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -444,15 +530,18 @@ impl ExecutionPlan for RechunkExec {
     named_plan_methods!("RechunkExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.scan]
+        let rounds = self.cluster.iter().flat_map(|c| &c.rounds);
+        std::iter::once(&self.scan).chain(rounds).collect()
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
+        vec![false; self.children().len()]
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
+        let mut kept = vec![false; self.children().len()];
+        kept[0] = true;
+        kept
     }
 
     no_expressions_method!();
@@ -461,10 +550,16 @@ impl ExecutionPlan for RechunkExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let [scan] = children.as_slice() else {
-            return exec_err!("RechunkExec takes one child, got {}", children.len());
+        let Some((scan, rounds)) = children.split_first() else {
+            return exec_err!("RechunkExec takes its scan and its rounds, got no child");
         };
-        Ok(Arc::new(Self::new(Arc::clone(&self.job), Arc::clone(scan))))
+        let cluster = match &self.cluster {
+            Some(cluster) => Some(cluster.with_rounds(rounds.to_vec())?),
+            None if rounds.is_empty() => None,
+            None => return exec_err!("RechunkExec takes one child, got {}", children.len()),
+        };
+        let job = Arc::clone(&self.job);
+        Ok(Arc::new(Self::new(job, Arc::clone(scan), cluster)))
     }
 
     fn execute(
@@ -474,6 +569,7 @@ impl ExecutionPlan for RechunkExec {
     ) -> Result<SendableRecordBatchStream> {
         let job = Arc::clone(&self.job);
         let scan = Arc::clone(&self.scan);
+        let cluster = self.cluster.clone();
         let bytes_read = MetricBuilder::new(&self.metrics).counter("bytes_read", partition);
         let bytes_written = MetricBuilder::new(&self.metrics).counter("bytes_written", partition);
         let copy_time = MetricBuilder::new(&self.metrics).subset_time("copy_time", partition);
@@ -483,7 +579,7 @@ impl ExecutionPlan for RechunkExec {
         let keep = Arc::clone(&self.job);
         let stream = futures::stream::once(async move {
             let timer = copy_time.timer();
-            let summary = job.run(&context).await?;
+            let summary = job.run(&context, cluster.as_ref()).await?;
             timer.done();
             // Counted once, by partition 0.
             if partition == 0 {
@@ -514,7 +610,7 @@ impl ExecutionPlan for RechunkExec {
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
         match input_stats {
-            [stats] => Ok(Arc::clone(stats)),
+            [stats, ..] => Ok(Arc::clone(stats)),
             _ => Ok(Arc::new(Statistics::new_unknown(&self.scan.schema()))),
         }
     }
