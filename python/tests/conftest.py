@@ -3,9 +3,12 @@ under tests/fixtures/data, and small stores written here by xarray."""
 
 from __future__ import annotations
 
+import _thread
 import faulthandler
 import os
 import pathlib
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -42,6 +45,30 @@ def real_stderr(request):
             fd = os.dup(2)
     with os.fdopen(fd, "w") as stream:
         yield stream
+
+
+@pytest.fixture
+def ctrl_c():
+    """Presses Ctrl-C during the test, as a user at a terminal would:
+    ``ctrl_c(0.5)`` interrupts the main thread half a second later. For the
+    test, SIGINT raises ``KeyboardInterrupt`` whatever the process inherited:
+    a process started in the background by a non-interactive shell ignores
+    SIGINT, and then ``interrupt_main`` does nothing (the test would wait for
+    a query that never ends)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timers = []
+
+    def press(after: float) -> None:
+        timer = threading.Timer(after, _thread.interrupt_main)
+        timers.append(timer)
+        timer.start()
+
+    try:
+        yield press
+    finally:
+        for timer in timers:
+            timer.cancel()
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(autouse=True)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import _thread
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -208,15 +205,11 @@ def test_errors_are_typed_and_say_where(fixtures, tmp_path):
     assert type(caught.value) is zf.ZarrFusionError and caught.value.store is None
 
 
-def test_ctrl_c_cancels_a_running_query(ctx):
+def test_ctrl_c_cancels_a_running_query(ctx, ctrl_c):
     df = ctx.sql("SELECT sum(value) FROM generate_series(1, 100000000000)")
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            df.to_pandas()
-    finally:
-        timer.cancel()
+    ctrl_c(0.5)
+    with pytest.raises(KeyboardInterrupt):
+        df.to_pandas()
 
 
 def test_a_join_on_all_dimensions_equals_xarray(ctx, fixtures):
@@ -305,7 +298,7 @@ def test_complex_and_half_precision_values_equal_numpy(tmp_path, dtype, zarr_for
             assert r["z"] == float(want)
 
 
-def test_ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer():
+def test_ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer(ctrl_c):
     """A store behind a server that accepts connections and never answers:
     Ctrl-C interrupts ``register_zarr`` within two seconds."""
     import socket
@@ -316,8 +309,7 @@ def test_ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer():
     server.listen(16)
     port = server.getsockname()[1]
     ctx = zf.SessionContext()
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
+    ctrl_c(0.5)
     started = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -326,11 +318,10 @@ def test_ctrl_c_cancels_the_opening_of_a_store_that_does_not_answer():
             )
         assert time.monotonic() - started < 2.5
     finally:
-        timer.cancel()
         server.close()
 
 
-def test_a_dimension_of_a_trillion_positions_filters_at_once_and_ctrl_c_stops_a_scan_of_it(trillion_store):
+def test_a_dimension_of_a_trillion_positions_filters_at_once_and_ctrl_c_stops_a_scan_of_it(trillion_store, ctrl_c):
     import time
 
     ctx = zf.SessionContext()
@@ -342,12 +333,8 @@ def test_a_dimension_of_a_trillion_positions_filters_at_once_and_ctrl_c_stops_a_
     assert time.monotonic() - started < 5
     # Any other filter goes through the rows: 10^12 of them, stopped by Ctrl-C.
     df = ctx.sql("SELECT count(*) FROM t WHERE x % 7 = 3")
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
+    ctrl_c(0.5)
     started = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            df.to_pandas()
-        assert time.monotonic() - started < 2.5
-    finally:
-        timer.cancel()
+    with pytest.raises(KeyboardInterrupt):
+        df.to_pandas()
+    assert time.monotonic() - started < 2.5

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import _thread
-
 import numpy as np
 import pytest
 import xarray as xr
@@ -74,16 +71,12 @@ def test_failed_and_refused_writes_leave_nothing(ctx, fixtures, tmp_path):
     assert [p.name for p in existing.iterdir()] == ["keep.txt"]
 
 
-def test_ctrl_c_cancels_a_write_and_leaves_nothing(ctx, tmp_path):
+def test_ctrl_c_cancels_a_write_and_leaves_nothing(ctx, tmp_path, ctrl_c):
     out = tmp_path / "slow.zarr"
     df = ctx.sql("SELECT 1 AS x, sum(value) AS y FROM generate_series(1, 100000000000)")
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            df.to_zarr(out, dims=["x"])
-    finally:
-        timer.cancel()
+    ctrl_c(0.5)
+    with pytest.raises(KeyboardInterrupt):
+        df.to_zarr(out, dims=["x"])
     assert list(tmp_path.iterdir()) == []
 
 
