@@ -338,6 +338,33 @@ def test_four_step_passes_run_on_the_workers_and_equal_xrft(workers, tmp_path):
     assert list(work.iterdir()) == []
 
 
+def test_a_copy_of_a_transform_is_written_by_the_workers_and_equals_xrft(workers, tmp_path):
+    """``COPY`` of an FFT along ``lat`` through the two worker processes:
+    each task transforms a run of blocks and writes them as whole chunks of
+    the target the session staged; the session commits it. xarray reads
+    the store back as xrft's spectrum, and nothing else is left."""
+    from test_fft import FFT, close, expected
+
+    ctx = zf.SessionContext(
+        workers=workers,
+        config={"zarrfusion.bytes_per_task": 1, "zarrfusion.target_partition_bytes": 2000},
+    )
+    out = tmp_path / "spectrum.zarr"
+    sql = (
+        f"COPY (SELECT * FROM fft('{FFT / 'data' / 'grid.zarr'}', 'z', dims => 'lat')) "
+        f"TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=1,lon=5')"
+    )
+    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    assert "FftCopyTasksExec" in distributed and "tasks=2" in distributed, distributed
+    assert "tasks on the cluster's workers" in distributed and "Network" in distributed, distributed
+    ctx.sql(sql).collect()
+    got = xr.open_zarr(out, consolidated=False).load()
+    assert got.z.encoding["chunks"] == (1, got.sizes["freq_lat"], 5)
+    close(got.z, expected("lat_f64"), 1e-9)
+    assert [p.name for p in tmp_path.iterdir()] == ["spectrum.zarr"]
+
+
 def test_a_worker_nobody_listens_on_fails_the_query_naming_it(fixtures, workers):
     nobody = "127.0.0.1:1"
     ctx = zf.SessionContext(workers=[workers[0], nobody], config={"zarrfusion.bytes_per_task": 1})

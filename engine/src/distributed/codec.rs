@@ -70,6 +70,7 @@ use serde::{Deserialize, Serialize};
 use crate::array::copy::blockwise::{Evaluate, SelectedGrid, Step, StepWriters};
 use crate::array::copy::cluster::{BlockwiseTasks, BlockwiseTasksExec, ChunksInto};
 use crate::array::copy::rolling::RollChunks;
+use crate::array::fft::copy::{FftCopyTasks, FftCopyTasksExec};
 use crate::array::fft::exec::FftBlocks;
 use crate::array::fft::four_step::{FourStep, FourStepInput, FourStepPlan};
 use crate::array::fft::{FftExec, FftOptions, FftTable, FourStepPassExec};
@@ -136,6 +137,28 @@ fn schema_of(subject: &str, fields: &[(String, String, bool)]) -> Result<SchemaR
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Arc::new(Schema::new(fields)))
+}
+
+/// The blocks of shape `block_shape` of a received transform `table` over
+/// `selection` of its grid; refused when they cut its lines.
+fn line_blocks(
+    table: &FftTable,
+    block_shape: Vec<u64>,
+    selection: &Selection,
+) -> Result<BlockGrid> {
+    let store = table.source().store();
+    let shape = table.block_space();
+    let blocks = BlockGrid::with_block_shape(&shape, block_shape, selection)
+        .map_err(|e| exec_datafusion_err!("a transform of {store}: {e}"))?;
+    if let Some(d) = table.cut_lines(blocks.block_shape()) {
+        return plan_err!(
+            "a transform of {store} reads blocks of shape {:?}, which cut its lines along \
+             dimension {d} (of length {})",
+            blocks.block_shape(),
+            shape[d]
+        );
+    }
+    Ok(blocks)
 }
 
 /// A run of a rechunk's tasks received by a worker: planned again from the
@@ -257,6 +280,7 @@ enum Node {
     Blockwise(BlockwiseRun),
     Transform(Transform),
     FourStepPass(FourStepPass),
+    TransformCopy(TransformCopy),
 }
 
 impl Node {
@@ -270,6 +294,7 @@ impl Node {
             Self::Blockwise(_) => "a blockwise step",
             Self::Transform(_) => "a transform",
             Self::FourStepPass(_) => "a four-step transform's pass",
+            Self::TransformCopy(_) => "a COPY of a transform's blocks",
         }
     }
 }
@@ -279,12 +304,8 @@ impl Node {
 /// the blocks and how their rows are sent.
 #[derive(Debug, Serialize, Deserialize)]
 struct Transform {
-    source: Source,
-    /// The table's columns when the plan was made: names and types.
-    columns: Vec<(String, String)>,
-    variable: String,
-    /// Each transform's function (`fft`, `ifft`) and options.
-    transforms: Vec<(String, Vec<(String, String)>)>,
+    #[serde(flatten)]
+    chain: Chain,
     /// The output columns: indices into the transform's schema.
     projection: Vec<usize>,
     /// The filters' selection of the other dimensions, over the
@@ -295,6 +316,30 @@ struct Transform {
     limit: Option<usize>,
     batch_size: usize,
     io_concurrency: usize,
+    tasks: usize,
+}
+
+/// A chain of transforms of a stored variable as it travels: the
+/// variable's table, the transforms (innermost first, as SQL names their
+/// options).
+#[derive(Debug, Serialize, Deserialize)]
+struct Chain {
+    source: Source,
+    /// The table's columns when the plan was made: names and types.
+    columns: Vec<(String, String)>,
+    variable: String,
+    /// Each transform's function (`fft`, `ifft`) and options.
+    transforms: Vec<(String, Vec<(String, String)>)>,
+}
+
+/// A run of the blocks of a `COPY` of a transform as it travels
+/// ([`FftCopyTasksExec`]): the transform, its blocks, the chunks they are
+/// and where they go, and the distributed tasks it is dealt to.
+#[derive(Debug, Serialize, Deserialize)]
+struct TransformCopy {
+    chain: Chain,
+    block_shape: Vec<u64>,
+    copy: FftCopyTasks,
     tasks: usize,
 }
 
@@ -518,9 +563,8 @@ impl Source {
     }
 }
 
-impl Transform {
-    fn of(exec: &FftExec) -> Result<Self> {
-        let table = exec.table();
+impl Chain {
+    fn of(table: &FftTable) -> Result<Self> {
         let Some((grid, variable, options)) = table.chain() else {
             return not_impl_err!(
                 "the transform of '{}' variable '{}' cannot run on a cluster's workers: its path \
@@ -541,13 +585,22 @@ impl Transform {
                 Ok((function.to_string(), named))
             })
             .collect::<Result<_>>()?;
-        let blocks = exec.blocks();
-        let shape = table.block_space();
         Ok(Self {
             source: Source::of(grid)?,
             columns: columns_of(grid),
             variable: grid.variables[variable].name().to_string(),
             transforms,
+        })
+    }
+}
+
+impl Transform {
+    fn of(exec: &FftExec) -> Result<Self> {
+        let table = exec.table();
+        let blocks = exec.blocks();
+        let shape = table.block_space();
+        Ok(Self {
+            chain: Chain::of(table)?,
             projection: blocks.projection,
             selection: blocks
                 .selection
@@ -719,17 +772,16 @@ impl ZarrCodec {
     /// The transforms `transforms` (innermost first) of variable
     /// `variable` of the table `source` received with the columns
     /// `columns`, made again with SQL's checks.
-    fn transform_table(
-        &self,
-        source: &Source,
-        columns: &[(String, String)],
-        variable: &str,
-        transforms: &[(String, Vec<(String, String)>)],
-        ctx: &TaskContext,
-    ) -> Result<FftTable> {
+    fn transform_table(&self, chain: &Chain, ctx: &TaskContext) -> Result<FftTable> {
+        let Chain {
+            source,
+            columns,
+            variable,
+            transforms,
+        } = chain;
         let grid = self.open(source, ctx)?;
         let store = grid.store.clone();
-        if columns_of(&grid) != columns {
+        if &columns_of(&grid) != columns {
             return plan_err!(
                 "the Zarr table over {store} has changed since the query was planned: its \
                  columns are now {:?}, the plan expects {:?}",
@@ -756,7 +808,7 @@ impl ZarrCodec {
     }
 
     fn decode_transform(&self, t: Transform, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-        let table = self.transform_table(&t.source, &t.columns, &t.variable, &t.transforms, ctx)?;
+        let table = self.transform_table(&t.chain, ctx)?;
         let store = table.source().store().to_string();
         check_counts(
             &format!("a transform of {store}"),
@@ -782,17 +834,7 @@ impl ZarrCodec {
             None => None,
         };
         let all = Selection::all(&shape);
-        let blocks =
-            BlockGrid::with_block_shape(&shape, t.block_shape, selection.as_ref().unwrap_or(&all))
-                .map_err(|e| exec_datafusion_err!("a transform of {store}: {e}"))?;
-        if let Some(d) = table.cut_lines(blocks.block_shape()) {
-            return plan_err!(
-                "a transform of {store} reads blocks of shape {:?}, which cut its lines along \
-                 dimension {d} (of length {})",
-                blocks.block_shape(),
-                shape[d]
-            );
-        }
+        let blocks = line_blocks(&table, t.block_shape, selection.as_ref().unwrap_or(&all))?;
         let config = ZarrConfig::of(ctx.session_config().options());
         let memory_limit = memory_limit(ctx);
         let run = FftBlocks {
@@ -808,6 +850,42 @@ impl ZarrCodec {
         Ok(Arc::new(exec.with_tasks(t.tasks)))
     }
 
+    /// A run of the blocks of a COPY of a transform received by a worker:
+    /// the transform made again with SQL's checks, its blocks whole lines,
+    /// writing only into a COPY's staged target the worker's
+    /// `allowed_locations` permit, its tasks fitted to the worker's
+    /// `allowed_mem` on the worker's own device.
+    fn decode_transform_copy(
+        &self,
+        c: TransformCopy,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = self.transform_table(&c.chain, ctx)?;
+        let store = table.source().store().to_string();
+        check_counts(
+            &format!("a COPY of the transform of {store}"),
+            &[("tasks", c.tasks, MAX_TASKS)],
+        )?;
+        let options =
+            RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
+        if let StagedTarget::Scratch { location } = &c.copy.into {
+            return plan_err!(
+                "a COPY of the transform of {store} writes into '{location}', not a COPY's target"
+            );
+        }
+        check_staged(&c.copy.into, &options, &store)?;
+        let shape = table.block_space();
+        let blocks = line_blocks(&table, c.block_shape, &Selection::all(&shape))?;
+        let exec = FftCopyTasksExec::received(
+            Arc::new(table),
+            blocks,
+            c.copy,
+            memory_limit(ctx),
+            ctx.session_config().options(),
+        )?;
+        Ok(Arc::new(exec.with_tasks(c.tasks)))
+    }
+
     /// A run of a four-step transform's pass received by a worker: the
     /// transform made again with SQL's checks, its plan checked against it
     /// (and its blocks' memory computed again), writing only into a
@@ -819,8 +897,13 @@ impl ZarrCodec {
         p: FourStepPass,
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let transforms = std::slice::from_ref(&p.transform);
-        let table = self.transform_table(&p.source, &p.columns, &p.variable, transforms, ctx)?;
+        let chain = Chain {
+            source: p.source.clone(),
+            columns: p.columns.clone(),
+            variable: p.variable.clone(),
+            transforms: vec![p.transform.clone()],
+        };
+        let table = self.transform_table(&chain, ctx)?;
         let store = table.source().store().to_string();
         check_counts(
             &format!("a four-step transform of {store}"),
@@ -1317,6 +1400,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
             Node::Blockwise(run) => self.decode_blockwise(run, ctx),
             Node::Transform(transform) => self.decode_transform(transform, ctx),
             Node::FourStepPass(pass) => self.decode_four_step_pass(pass, ctx),
+            Node::TransformCopy(copy) => self.decode_transform_copy(copy, ctx),
         }
     }
 
@@ -1360,6 +1444,16 @@ impl PhysicalExtensionCodec for ZarrCodec {
             let encoded = Node::FourStepPass(FourStepPass::of(pass)?);
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a four-step transform's pass: {e}"));
+        }
+        if let Some(copy) = node.downcast_ref::<FftCopyTasksExec>() {
+            let encoded = Node::TransformCopy(TransformCopy {
+                chain: Chain::of(copy.table())?,
+                block_shape: copy.blocks().block_shape().to_vec(),
+                copy: copy.sent().clone(),
+                tasks: copy.tasks(),
+            });
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a COPY of a transform: {e}"));
         }
         if let Some(fft) = node.downcast_ref::<FftExec>() {
             let encoded = Node::Transform(Transform::of(fft)?);

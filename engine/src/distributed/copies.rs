@@ -13,12 +13,17 @@
 //! ([`SelectionCopyExec::on_cluster`]); a `rechunk(...)`'s
 //! [`RechunkExec`] gets its copy's rounds beside its scan
 //! ([`RechunkExec::on_cluster`]), the workers writing into the rechunked
-//! store the session made in `work_dir`.
+//! store the session made in `work_dir`. An [`FftCopyExec`] (a COPY of a
+//! transform) gets its blocks' tasks ([`FftCopyExec::on_cluster`]: a
+//! [`FftCopyTasksExec`](crate::array::fft::copy::FftCopyTasksExec) under
+//! the gathering of their counts), the workers writing whole chunks of the
+//! staged target.
 
 use std::sync::Arc;
 
 use crate::array::copy::selection::SelectionCopyExec;
 use crate::array::copy::whole::ArrayCopyExec;
+use crate::array::fft::FftCopyExec;
 use crate::array::rechunk::RechunkExec;
 use crate::plan_methods::physical_bottom_up_rule;
 
@@ -29,6 +34,9 @@ pub struct ClusterCopies;
 
 physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
     if let Some(copy) = node.downcast_ref::<SelectionCopyExec>() {
+        return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));
+    }
+    if let Some(copy) = node.downcast_ref::<FftCopyExec>() {
         return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));
     }
     if let Some(rechunk) = node.downcast_ref::<RechunkExec>() {

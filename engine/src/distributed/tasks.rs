@@ -1,6 +1,6 @@
 //! How a Zarr scan's, a dense reduction's, a rolling window's, a
-//! transform's (or its four-step passes'), a rechunk's or a COPY's
-//! blockwise stage is split among a
+//! transform's (or its four-step passes'), a rechunk's, a COPY's
+//! blockwise stage or a COPY of a transform is split among a
 //! cluster's tasks: the distributed
 //! planner asks each leaf how many tasks it wants ([`scan_tasks`]: its
 //! decoded bytes (a rechunk's: written) over `zarrfusion.bytes_per_task`,
@@ -18,6 +18,7 @@ use datafusion_distributed::{
 };
 
 use crate::array::copy::cluster::BlockwiseTasksExec;
+use crate::array::fft::copy::FftCopyTasksExec;
 use crate::array::fft::{FftExec, FourStepPassExec};
 use crate::array::rechunk::RechunkTasksExec;
 use crate::array::rolling::RollingWindowExec;
@@ -43,6 +44,8 @@ pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEv
         (window.decoded_bytes(), window.read().blocks.num_blocks())
     } else if let Some(pass) = ev.plan.downcast_ref::<FourStepPassExec>() {
         (pass.bytes_read(), pass.pass_tasks())
+    } else if let Some(copy) = ev.plan.downcast_ref::<FftCopyTasksExec>() {
+        (copy.bytes_read(), copy.blocks().num_blocks())
     } else if let Some(fft) = ev.plan.downcast_ref::<FftExec>() {
         if fft.table().chain().is_none() {
             // Its path makes a store in work_dir first: in the session.
@@ -92,6 +95,11 @@ pub fn deal_scan_blocks(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNo
     if let Some(pass) = ev.plan.downcast_ref::<FourStepPassExec>() {
         return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
             pass.with_tasks(ev.task_count),
+        ))));
+    }
+    if let Some(copy) = ev.plan.downcast_ref::<FftCopyTasksExec>() {
+        return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
+            copy.with_tasks(ev.task_count),
         ))));
     }
     if let Some(rechunk) = ev.plan.downcast_ref::<RechunkTasksExec>() {

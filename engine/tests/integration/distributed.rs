@@ -1432,6 +1432,152 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
     assert!(err.contains("not the store of a rechunk(...)"), "{err}");
 }
 
+const FFT_COPY: &str = "COPY (SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', \
+     dims => 'lat')) TO '{target}' STORED AS ZARR OPTIONS ('chunks' 'time=1,lon=5', \
+     'zarr_format' '2')";
+
+/// A `COPY` of a transform on a cluster: the workers transform runs of
+/// its blocks (a stage of `FftCopyTasksExec` tasks) and write them as
+/// whole chunks of the target the session staged; the session commits it
+/// metadata last. The store is xrft's spectrum and the one the same COPY
+/// writes on one machine, file for file; nothing is left beside it.
+/// Workers that cannot hold a block refuse it, leaving nothing; the tasks
+/// round-trip through the codec, and malformed ones are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_of_a_transform_writes_its_blocks_on_the_workers() {
+    use zarrfusion::array::fft::FftCopyExec;
+
+    std::env::set_current_dir(repo_root()).unwrap();
+    let dir = scratch("cluster-fft-copy");
+    let copy_to =
+        |target: &std::path::Path| FFT_COPY.replace("{target}", &target.to_string_lossy());
+    let local = new_context();
+    (local
+        .sql("SET zarrfusion.target_partition_bytes = 2000")
+        .await)
+        .unwrap();
+    let alone = dir.join("alone.zarr");
+    query_rows(
+        &local,
+        "a COPY of a transform on one machine",
+        &copy_to(&alone),
+    )
+    .await;
+
+    let workers = start_workers(2).await;
+    let ctx = cluster_session(&workers).await;
+    for set in [
+        "SET zarrfusion.target_partition_bytes = 2000",
+        "SET zarrfusion.bytes_per_task = 1",
+    ] {
+        (ctx.sql(set).await).unwrap();
+    }
+    let on_cluster = dir.join("cluster.zarr");
+    let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("FftCopyExec")
+            && shown.contains("tasks on the cluster's workers")
+            && shown.contains("Network")
+            && shown.contains("FftCopyTasksExec")
+            && shown.contains("tasks=2"),
+        "{shown}"
+    );
+    let counts = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+        .await
+        .unwrap();
+    let got = datafusion::arrow::util::pretty::pretty_format_batches(&counts)
+        .unwrap()
+        .to_string();
+    let want = query_rows(
+        &local,
+        "rows",
+        "SELECT count(*) FROM read_zarr('tests/fixtures/fft/data/grid.zarr')",
+    )
+    .await;
+    assert!(got.contains(&want[0][0].to_string()), "{got} vs {want:?}");
+    assert_same_files(&alone, &on_cluster);
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    crate::fft::assert_holds_xrfts_lat_spectrum(&local, on_cluster.to_str().unwrap()).await;
+
+    // Workers that cannot hold a block: refused while planning, nothing left.
+    let tight = start_workers_in(2, || limited(512)).await;
+    let ctx = cluster_session(&tight).await;
+    let refused = dir.join("refused.zarr");
+    let failed = ctx.sql(&copy_to(&refused)).await.unwrap().collect().await;
+    let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
+    let named = (tight.urls.iter())
+        .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
+    assert!(
+        named && message.contains("allowed_mem"),
+        "a worker with 512 bytes transformed the COPY's blocks, or its refusal does not say so: \
+         {message}"
+    );
+    assert!(!refused.exists());
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+
+    // The tasks through the codec: the same plan; malformed ones refused.
+    let mut plan = physical_plan(&local, &copy_to(&dir.join("codec.zarr"))).await;
+    while plan.downcast_ref::<FftCopyExec>().is_none() {
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        plan = Arc::clone(plan.children().first().expect(&shown));
+    }
+    let copy = plan.downcast_ref::<FftCopyExec>().unwrap();
+    let on_cluster = copy.on_cluster().unwrap().expect("a chain of transforms");
+    let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &local.task_ctx(), &codec).unwrap();
+    assert_eq!(show(&back), show(&tasks));
+    let wire = Wire::new(&local);
+    let sent = wire.encode(tasks);
+    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    let refuses = |change: &dyn Fn(&mut Value), says: &str| {
+        let mut bad = sent.clone();
+        change(&mut bad);
+        let err = wire.decode(&bad).expect_err(&format!("accepted: {bad}"));
+        assert!(err.contains(says), "{says}: {err}");
+    };
+    refuses(&|v| v["tasks"] = Value::from(0), "tasks");
+    refuses(
+        &|v| v["copy"]["chunks"] = serde_json::json!([1, 9]),
+        "not whole chunks",
+    );
+    refuses(
+        &|v| v["copy"]["chunks"] = serde_json::json!([1, 9, 0]),
+        "not whole chunks",
+    );
+    refuses(
+        &|v| v["copy"]["chunks"] = serde_json::json!([1, 9, 3]),
+        "not whole chunks",
+    );
+    refuses(
+        &|v| v["block_shape"] = serde_json::json!([1, 4, 5]),
+        "cut its lines",
+    );
+    refuses(
+        &|v| v["chain"]["transforms"][0][0] = Value::from("dct"),
+        "by 'dct'",
+    );
+    refuses(
+        &|v| {
+            v["copy"]["into"] = serde_json::json!({"kind": "local", "path": dir.to_string_lossy()})
+        },
+        "not a COPY's temporary directory",
+    );
+    refuses(
+        &|v| {
+            v["copy"]["into"] = serde_json::json!({
+                "kind": "scratch",
+                "location": dir.join("zarrfusion-rechunked-1.zarr").to_string_lossy(),
+            })
+        },
+        "not a COPY's target",
+    );
+}
+
 /// The `FftExec` of `sql`, as `ctx` plans it.
 async fn planned_fft(
     ctx: &datafusion::prelude::SessionContext,

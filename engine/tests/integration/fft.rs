@@ -437,7 +437,7 @@ async fn copy_of_a_transform_is_written_block_by_block_in_the_chunks_asked() {
 
 /// Asserts that the store at `spec` holds xrft's spectrum of `z` along lat
 /// (`lat_f64`).
-async fn assert_holds_xrfts_lat_spectrum(ctx: &SessionContext, spec: &str) {
+pub(crate) async fn assert_holds_xrfts_lat_spectrum(ctx: &SessionContext, spec: &str) {
     let got = collect(
         ctx,
         &format!(

@@ -19,6 +19,7 @@
 //! first and its metadata last, and is erased when the copy fails.
 
 use std::fmt;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -33,8 +34,11 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use serde::{Deserialize, Serialize};
+use zarrfusion_udfs::complex::complex_part;
 use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
@@ -43,20 +47,24 @@ use super::exec::{
 };
 use super::kernels::{Kernels, Precision, TransformClock};
 use super::table::FftTable;
-use crate::array::tasks::run_tasks;
+use crate::array::rechunk::TargetEncoding;
+use crate::array::tasks::{run_cluster_tasks, run_tasks};
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
 use crate::plan_methods::{
-    leaf_node_methods, leaf_plan_methods, metered_plan_methods, node_identity,
+    leaf_node_methods, leaf_plan_methods, metered_plan_methods, named_plan_methods,
+    no_expressions_method, node_identity,
 };
-use crate::table::{BlockGrid, ReadAheadPlan, Selection};
+use crate::table::{task_share, BlockGrid, ReadAheadPlan, Selection};
 use crate::write::grid::field_attributes;
+use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
-    prepare_group, store_box, GroupCoordinate, GroupVariable, COORDINATE_WRITE_MEMORY,
+    prepare_group, store_box, variable_array, GroupCoordinate, GroupVariable,
+    COORDINATE_WRITE_MEMORY,
 };
-use crate::write::target::CopyTarget;
-use crate::write::write_job::{count_properties, WriteJob, Written};
+use crate::write::target::{CopyTarget, StagedTarget};
+use crate::write::write_job::{count_properties, counted_properties, WriteJob, Written};
 use crate::zarr::ChunkBufferPool;
 
 /// The [`FftCopy`] a COPY is, when its input is a whole transform result:
@@ -192,14 +200,17 @@ impl FftCopy {
         let metrics = ExecutionPlanMetricsSet::new();
         Ok(FftCopyExec {
             job: Arc::new(CopyJob {
-                table: Arc::clone(table),
-                tasks,
+                writes: Arc::new(BlockWrites {
+                    table: Arc::clone(table),
+                    tasks,
+                    kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
+                    device,
+                }),
                 chunks,
                 to: self.to.clone(),
                 runtime: Arc::clone(session.runtime_env()),
-                kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
-                device,
             }),
+            cluster: None,
             properties: count_properties(),
             metrics,
         })
@@ -234,26 +245,20 @@ impl UserDefinedLogicalNodeCore for FftCopy {
 /// The copy, planned.
 #[derive(Debug)]
 struct CopyJob {
-    table: Arc<FftTable>,
-    /// The blocks and the tasks writing them.
-    tasks: WriteTasks,
+    /// The blocks and how they are written.
+    writes: Arc<BlockWrites>,
     /// The target variable's chunk shape.
     chunks: Vec<u64>,
     to: CopyTarget,
     /// Where an object-store target's credentials are registered.
     runtime: Arc<RuntimeEnv>,
-    kernels: Kernels,
-    /// Where the transforms run.
-    device: Device,
 }
-
-type Arrays = [ZarrsArray<dyn ReadableWritableListableStorageTraits>];
 
 impl CopyJob {
     /// The most memory the write holds: its tasks', or its coordinates'
     /// (written before the tasks run).
     fn projected(&self) -> usize {
-        self.tasks
+        (self.writes.tasks)
             .projected()
             .max(usize::try_from(COORDINATE_WRITE_MEMORY).unwrap_or(usize::MAX))
     }
@@ -263,49 +268,146 @@ impl CopyJob {
     /// block), renamed into place; an object-store one (which must be
     /// empty) with its metadata last, erased when the copy fails.
     fn write(&self, cancelled: &AtomicBool) -> Result<Written> {
+        let writes = &self.writes;
         self.to.write_group(
             &self.runtime,
             cancelled,
             |storage| {
-                let (coordinates, variable) = output_group(&self.table, self.chunks.clone(), true);
+                let (coordinates, variable) =
+                    output_group(&writes.table, self.chunks.clone(), true);
                 prepare_group(storage, &coordinates, &[variable], &self.to.options)
             },
-            |group| self.write_blocks(&group.variables, cancelled),
+            |group| {
+                let all = 0..writes.tasks.blocks.num_blocks();
+                let bytes = writes.write(&group.variables[0], all, &|| Ok(()), cancelled)?;
+                Ok(writes.written(bytes))
+            },
         )
     }
 
-    /// Every block, on `workers` threads.
-    fn write_blocks(&self, arrays: &Arrays, cancelled: &AtomicBool) -> Result<Written> {
+    /// Writes the store with the blocks written by a cluster's workers:
+    /// stages the target, stores the group and the coordinates, runs the
+    /// tasks (`cluster`) and stores the metadata last, atomically (see
+    /// [`CopyTarget::write_staged`]).
+    fn write_on_cluster(
+        &self,
+        cluster: &ClusterCopy,
+        handle: &tokio::runtime::Handle,
+        context: &Arc<TaskContext>,
+        cancelled: &AtomicBool,
+    ) -> Result<Written> {
+        let writes = &self.writes;
+        let runtime = context.runtime_env();
+        self.to
+            .write_staged(&cluster.staged, &runtime, cancelled, |out| {
+                let (coordinates, variable) =
+                    output_group(&writes.table, self.chunks.clone(), true);
+                let group = prepare_group(out, &coordinates, &[variable], &self.to.options)?;
+                let stopped = || cancelled.load(Ordering::Relaxed);
+                let blocks = writes.tasks.blocks.num_blocks();
+                let tasks = Arc::clone(&cluster.tasks);
+                run_cluster_tasks(
+                    handle,
+                    tasks,
+                    Arc::clone(context),
+                    &stopped,
+                    blocks,
+                    "the COPY",
+                )?;
+                group.store_metadata()
+            })?;
+        let cells = (writes.table.output_shape().iter()).fold(1u64, |n, &l| n.saturating_mul(l));
+        Ok(writes.written(cells.saturating_mul(writes.value_bytes())))
+    }
+}
+
+/// The blocks of a transform and how they are written into a store's
+/// variable: the kernel of a COPY, run by the session or, in runs of
+/// blocks, by a cluster's workers ([`FftCopyTasksExec`]).
+#[derive(Debug)]
+pub(crate) struct BlockWrites {
+    table: Arc<FftTable>,
+    /// The blocks and the tasks writing them.
+    tasks: WriteTasks,
+    kernels: Kernels,
+    /// Where the transforms run.
+    device: Device,
+}
+
+type Array = ZarrsArray<dyn ReadableWritableListableStorageTraits>;
+
+impl BlockWrites {
+    /// Transforms the blocks numbered `ids` and stores them in `array`,
+    /// each once `may_write` says the store still wants it, on the tasks'
+    /// threads; the bytes stored.
+    fn write(
+        &self,
+        array: &Array,
+        ids: Range<u64>,
+        may_write: &(dyn Fn() -> std::result::Result<(), String> + Sync),
+        cancelled: &AtomicBool,
+    ) -> Result<u64> {
+        let source = self.table.source();
         let source_failed = |e: String| {
             DataFusionError::Execution(format!(
                 "COPY of the transform of '{}' variable '{}': {e}",
-                self.table.source().store(),
-                self.table.source().variable()
+                source.store(),
+                source.variable()
             ))
         };
+        let blocks = self.tasks.blocks.num_blocks();
+        if ids.end > blocks {
+            return exec_err!(
+                "the COPY of the transform of '{}' has {blocks} blocks, not {}",
+                source.store(),
+                ids.end
+            );
+        }
         let bytes = self.tasks.run(
             &self.table,
             &self.kernels,
+            ids,
             cancelled,
             source_failed,
-            |pool, id| self.write_block(id, arrays, pool),
+            |pool, id| {
+                may_write().map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "COPY of the transform of '{}', block {id}: {e}",
+                        source.store()
+                    ))
+                })?;
+                self.write_block(id, array, pool)
+            },
         )?;
         if cancelled.load(Ordering::Relaxed) {
-            return exec_err!(
-                "the COPY of '{}' was cancelled",
-                self.table.source().store()
-            );
+            return exec_err!("the COPY of '{}' was cancelled", source.store());
         }
+        Ok(bytes)
+    }
+
+    /// Bytes of one output value as stored.
+    fn value_bytes(&self) -> u64 {
+        let complex = complex_part(&self.table.value_type()).is_some();
+        let complex_bytes = self.table.complex_bytes() as u64;
+        if complex {
+            complex_bytes
+        } else {
+            complex_bytes / 2
+        }
+    }
+
+    /// What a copy writing `bytes` did.
+    fn written(&self, bytes: u64) -> Written {
         let source = self.table.source();
-        Ok(Written {
+        Written {
             rows: self.table.output_shape().iter().product(),
             bytes_read: source.shape().iter().product::<u64>() * source.element_size() as u64,
             bytes_written: bytes,
-        })
+        }
     }
 
     /// Transforms block `id` and stores it; returns the bytes stored.
-    fn write_block(&self, id: u64, arrays: &Arrays, pool: &ChunkBufferPool) -> Result<u64> {
+    fn write_block(&self, id: u64, array: &Array, pool: &ChunkBufferPool) -> Result<u64> {
         let extent = self.tasks.blocks.block(id);
         let fail = |message: String| {
             DataFusionError::Execution(format!(
@@ -331,7 +433,7 @@ impl CopyJob {
         }
         .map_err(fail)?;
         let out_extent = self.table.output_extent(&extent);
-        store_box(&arrays[0], &out_extent, bytes.as_slice()).map_err(fail)?;
+        store_box(array, &out_extent, bytes.as_slice()).map_err(fail)?;
         Ok(bytes.len() as u64)
     }
 }
@@ -406,35 +508,37 @@ impl WriteTasks {
             .saturating_add(self.read_ahead.memory())
     }
 
-    /// Runs `task` on every block (its number), on the workers, with the
-    /// blocks' chunks read ahead of them when planned (what they read
-    /// made first: a copy in `work_dir`, or the four-step path's spectrum,
-    /// whose failure `source_failed` turns into the tasks' error); returns
-    /// the sum of what the tasks return.
+    /// Runs `task` on the blocks numbered `ids` (given the number), on the
+    /// workers, with the blocks' chunks read ahead of them when planned
+    /// (what they read made first: a copy in `work_dir`, or the four-step
+    /// path's spectrum, whose failure `source_failed` turns into the tasks'
+    /// error); returns the sum of what the tasks return.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<E: Send + From<crate::error::Panicked>>(
         &self,
         table: &FftTable,
         kernels: &Kernels,
+        ids: Range<u64>,
         cancelled: &AtomicBool,
         source_failed: impl FnOnce(String) -> E,
         task: impl Fn(&mut ChunkBufferPool, u64) -> std::result::Result<u64, E> + Sync,
     ) -> std::result::Result<u64, E> {
-        let blocks = self.blocks.num_blocks();
         let read_ahead = start_read_ahead(
             table,
             &self.read_ahead,
             kernels,
             &self.blocks,
-            0..blocks,
+            ids.clone(),
             self.workers,
         )
         .map_err(source_failed)?;
         run_tasks(
-            blocks,
+            ids.end.saturating_sub(ids.start),
             self.workers,
             cancelled,
             ChunkBufferPool::new,
-            |pool, id| {
+            |pool, i| {
+                let id = ids.start + i;
                 let done = task(pool, id);
                 if let Some(read_ahead) = &read_ahead {
                     read_ahead.done_with(id);
@@ -492,36 +596,116 @@ pub(crate) fn block_bytes<P: Precision>(
 
 /// Transforms blocks of a source and stores them in a new Zarr store;
 /// its output is the row count, as `COPY` gives.
+///
+/// On a cluster ([`on_cluster`](Self::on_cluster)) the blocks are written
+/// by the workers, in runs of blocks ([`FftCopyTasksExec`], its input),
+/// into the target the session stages, and the session commits it.
 #[derive(Debug)]
 pub struct FftCopyExec {
     job: Arc<CopyJob>,
+    /// On a cluster: where the tasks write, and the tasks.
+    cluster: Option<ClusterCopy>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+}
+
+/// A COPY of a transform on a cluster.
+#[derive(Debug, Clone)]
+struct ClusterCopy {
+    /// The target, staged by the session.
+    staged: StagedTarget,
+    /// The blocks' tasks under the gathering of their counts.
+    tasks: Arc<dyn ExecutionPlan>,
+}
+
+impl FftCopyExec {
+    /// This copy with its blocks' tasks as its input, to run on a
+    /// cluster's workers; `None` when they already are, or when the
+    /// transform cannot travel (its path makes a store in `work_dir`
+    /// first: the four-step path, a staged transform, a detrended or
+    /// rechunked source), which then runs in the session. A local
+    /// target's temporary directory is named now, for the workers to
+    /// write into.
+    pub fn on_cluster(&self) -> Result<Option<Self>> {
+        let writes = &self.job.writes;
+        if self.cluster.is_some() || writes.table.chain().is_none() {
+            return Ok(None);
+        }
+        let staged = self.job.to.staged()?;
+        let sent = FftCopyTasks {
+            chunks: self.job.chunks.clone(),
+            into: staged.clone(),
+            encoding: TargetEncoding::of(&self.job.to.options),
+        };
+        let tasks = FftCopyTasksExec::new(Arc::clone(writes), Arc::new(sent));
+        Ok(Some(Self {
+            job: Arc::clone(&self.job),
+            cluster: Some(ClusterCopy {
+                staged,
+                tasks: Arc::new(CoalescePartitionsExec::new(Arc::new(tasks))),
+            }),
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
+    }
 }
 
 impl DisplayAs for FftCopyExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let job = &self.job;
+        let writes = &job.writes;
         write!(
             f,
             "FftCopyExec: store={}, variable={}, target={}, blocks={} of shape {:?}, chunks={:?}, \
              workers={}{}, device={}, projected_memory={}",
-            job.table.source().store(),
-            job.table.source().variable(),
+            writes.table.source().store(),
+            writes.table.source().variable(),
             job.to.location,
-            job.tasks.blocks.num_blocks(),
-            job.tasks.blocks.block_shape(),
+            writes.tasks.blocks.num_blocks(),
+            writes.tasks.blocks.block_shape(),
             job.chunks,
-            job.tasks.workers,
-            job.tasks.read_ahead,
-            job.device,
+            writes.tasks.workers,
+            writes.tasks.read_ahead,
+            writes.device,
             human_readable_size(job.projected())
-        )
+        )?;
+        match &self.cluster {
+            Some(_) => write!(f, ", tasks on the cluster's workers"),
+            None => Ok(()),
+        }
     }
 }
 
 impl ExecutionPlan for FftCopyExec {
-    leaf_plan_methods!("FftCopyExec");
+    named_plan_methods!("FftCopyExec");
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.cluster.iter().map(|c| &c.tasks).collect()
+    }
+
+    no_expressions_method!();
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match (&self.cluster, children.len()) {
+            (None, 0) => Ok(self),
+            (Some(cluster), 1) => Ok(Arc::new(Self {
+                job: Arc::clone(&self.job),
+                cluster: Some(ClusterCopy {
+                    staged: cluster.staged.clone(),
+                    tasks: children.remove(0),
+                }),
+                properties: Arc::clone(&self.properties),
+                metrics: ExecutionPlanMetricsSet::new(),
+            })),
+            (cluster, n) => exec_err!(
+                "FftCopyExec has {} children, got {n}",
+                usize::from(cluster.is_some())
+            ),
+        }
+    }
 
     fn execute(
         &self,
@@ -529,15 +713,219 @@ impl ExecutionPlan for FftCopyExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let job = Arc::clone(&self.job);
+        let cluster = self.cluster.clone();
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|e| DataFusionError::Execution(format!("FftCopyExec needs a runtime: {e}")))?;
+        let task_context = Arc::clone(&context);
         WriteJob {
             operator: "FftCopyExec",
-            store: self.job.table.source().store(),
-            projected: self.job.projected(),
+            store: self.job.writes.table.source().store(),
+            // The session holds the coordinates only when the tasks run on
+            // the workers.
+            projected: match &cluster {
+                Some(_) => COORDINATE_WRITE_MEMORY as usize,
+                None => self.job.projected(),
+            },
             metrics: &self.metrics,
             properties: &self.properties,
         }
-        .run(partition, &context, move |cancelled| job.write(cancelled))
+        .run(partition, &context, move |cancelled| match cluster {
+            None => job.write(cancelled),
+            Some(cluster) => job.write_on_cluster(&cluster, &handle, &task_context, cancelled),
+        })
     }
 
     metered_plan_methods!(|_| None);
+}
+
+/// A run of a transform's blocks written by a cluster's worker, as it
+/// travels beside the transform and its blocks (which the codec carries).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FftCopyTasks {
+    /// The target variable's chunk shape (each block is whole chunks of
+    /// it).
+    pub chunks: Vec<u64>,
+    /// Where the session staged the target.
+    pub into: StagedTarget,
+    /// The target's format and compression.
+    pub encoding: TargetEncoding,
+}
+
+/// A run of the blocks of a COPY of a transform: the leaf of a cluster's
+/// stage, writing whole chunks of the staged target. Its one partition
+/// yields one row, `tasks`: how many blocks it wrote.
+#[derive(Debug)]
+pub struct FftCopyTasksExec {
+    writes: Arc<BlockWrites>,
+    sent: Arc<FftCopyTasks>,
+    /// The distributed tasks the blocks are dealt to.
+    tasks: usize,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl FftCopyTasksExec {
+    fn new(writes: Arc<BlockWrites>, sent: Arc<FftCopyTasks>) -> Self {
+        Self {
+            writes,
+            sent,
+            tasks: 1,
+            properties: counted_properties("tasks"),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// The tasks as a worker receives them: the transform `table` (made
+    /// again with SQL's checks) in `blocks` (read in the worker's
+    /// session, `options`), writing chunks `sent`; refused when the blocks
+    /// are not whole chunks of the target, or when one task does not fit
+    /// the worker's memory limit `limit` on its own device.
+    pub(crate) fn received(
+        table: Arc<FftTable>,
+        blocks: BlockGrid,
+        sent: FftCopyTasks,
+        limit: Option<usize>,
+        options: &ConfigOptions,
+    ) -> Result<Self> {
+        let store = table.source().store().to_string();
+        let shape = table.output_shape();
+        let block_out: Vec<u64> = (table.output_extent(&blocks.block(0)).iter())
+            .map(|r| r.end - r.start)
+            .collect();
+        let aligned = |d: usize| {
+            let (b, c, n) = (block_out[d], sent.chunks[d], shape[d]);
+            c > 0 && c <= n.max(1) && (b == n || b % c == 0)
+        };
+        if sent.chunks.len() != shape.len() || !(0..shape.len()).all(aligned) {
+            return plan_err!(
+                "a COPY of the transform of {store} writes blocks of shape {block_out:?} into \
+                 chunks {:?} of an output of shape {shape:?}: not whole chunks",
+                sent.chunks
+            );
+        }
+        let device = choose_device(&ZarrConfig::of(options).device).map_err(|e| {
+            DataFusionError::Plan(format!("a COPY of the transform of {store}: {e}"))
+        })?;
+        let staging = staging_memory(device, limit);
+        let tasks = WriteTasks::plan(&table, blocks, staging, limit, options);
+        if let (false, Some(limit)) = (tasks.fits(limit), limit) {
+            return resources_err!(
+                "a COPY of the transform of {store} needs {} for one task (a block of shape \
+                 {:?}) plus {} for the kernel's threads, but the worker's memory limit \
+                 (allowed_mem) is {}",
+                human_readable_size(tasks.task_memory),
+                tasks.blocks.block_shape(),
+                human_readable_size(tasks.kernel_memory),
+                human_readable_size(limit)
+            );
+        }
+        let metrics = ExecutionPlanMetricsSet::new();
+        let writes = BlockWrites {
+            table,
+            tasks,
+            kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
+            device,
+        };
+        Ok(Self {
+            metrics,
+            ..Self::new(Arc::new(writes), Arc::new(sent))
+        })
+    }
+
+    /// A copy dealing the blocks to `tasks` distributed tasks.
+    pub fn with_tasks(&self, tasks: usize) -> Self {
+        Self {
+            tasks: tasks.max(1),
+            ..Self::new(Arc::clone(&self.writes), Arc::clone(&self.sent))
+        }
+    }
+
+    /// The distributed tasks the blocks are dealt to.
+    pub fn tasks(&self) -> usize {
+        self.tasks
+    }
+
+    /// The run as it travels (beside the transform and its blocks).
+    pub fn sent(&self) -> &FftCopyTasks {
+        &self.sent
+    }
+
+    /// The transform.
+    pub fn table(&self) -> &Arc<FftTable> {
+        &self.writes.table
+    }
+
+    /// Its blocks.
+    pub fn blocks(&self) -> &BlockGrid {
+        &self.writes.tasks.blocks
+    }
+
+    /// Decoded bytes the blocks read.
+    pub fn bytes_read(&self) -> u64 {
+        self.writes.written(0).bytes_read
+    }
+}
+
+impl DisplayAs for FftCopyTasksExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let tasks = &self.writes.tasks;
+        write!(
+            f,
+            "FftCopyTasksExec: store={}, variable={}, into={}, blocks={} of shape {:?}, \
+             chunks={:?}, workers={}, device={}, projected_memory={}, tasks={}",
+            self.writes.table.source().store(),
+            self.writes.table.source().variable(),
+            self.sent.into,
+            tasks.blocks.num_blocks(),
+            tasks.blocks.block_shape(),
+            self.sent.chunks,
+            tasks.workers,
+            self.writes.device,
+            human_readable_size(tasks.projected()),
+            self.tasks
+        )
+    }
+}
+
+impl ExecutionPlan for FftCopyTasksExec {
+    leaf_plan_methods!("FftCopyTasksExec");
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let store = self.writes.table.source().store();
+        let all = 0..self.writes.tasks.blocks.num_blocks();
+        let run = task_share("FftCopyTasksExec", store, self.tasks, all, &context)?;
+        let (writes, sent) = (Arc::clone(&self.writes), Arc::clone(&self.sent));
+        let runtime = context.runtime_env();
+        WriteJob {
+            operator: "FftCopyTasksExec",
+            store,
+            projected: self.writes.tasks.projected(),
+            metrics: &self.metrics,
+            properties: &self.properties,
+        }
+        .run(partition, &context, move |cancelled| {
+            let out = sent.into.open(&runtime)?;
+            let (coordinates, variable) = output_group(&writes.table, sent.chunks.clone(), false);
+            let dims: Vec<String> = coordinates.into_iter().map(|c| c.name).collect();
+            let options = ZarrWriteOptions {
+                codec: sent.encoding.codec,
+                zarr_format: sent.encoding.zarr_format,
+                ..ZarrWriteOptions::default()
+            };
+            let array = variable_array(&out, &variable, &dims, &options)?;
+            let may_write = || sent.into.still_staged(&out);
+            let bytes = writes.write(&array, run.clone(), &may_write, cancelled)?;
+            Ok(Written {
+                rows: run.end - run.start,
+                bytes_read: 0,
+                bytes_written: bytes,
+            })
+        })
+    }
+
+    metered_plan_methods!(|_| Some(1));
 }

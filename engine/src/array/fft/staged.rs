@@ -220,6 +220,7 @@ impl StagedTransform {
                 self.tasks.run(
                     &self.inner,
                     kernels,
+                    0..self.tasks.blocks.num_blocks(),
                     &self.cancelled,
                     |e| e,
                     |pool, id| self.write_block(id, kernels, pool),
