@@ -28,7 +28,12 @@
 //! and fits the transform to its own `allowed_mem` on its own device. A
 //! transform whose path makes a store in `work_dir` first (a rechunked
 //! copy, the four-step passes, a staged transform) is not sent: it runs in
-//! the session ([`crate::distributed::tasks`] gives it one task).
+//! the session ([`crate::distributed::tasks`] gives it one task). An
+//! [`FftCopyTasksExec`] (a run of a `COPY` of a transform's blocks) sends
+//! the same chain, its blocks' shape and [`FftCopyTasks`] (the target's
+//! chunks and encoding, where it is staged); the worker also refuses blocks
+//! that are not whole chunks of the target and targets that are not a
+//! COPY's.
 //!
 //! A [`RechunkTasksExec`] (a round of a `COPY`'s rechunk tasks) travels as
 //! the rechunk's plain data ([`RechunkTasks`]: source, chunk lengths, each

@@ -17,6 +17,12 @@
 //! local store is written beside the target and renamed into place when
 //! complete; an object-store target (which must be empty) gets its chunks
 //! first and its metadata last, and is erased when the copy fails.
+//!
+//! Primitives (see [`crate::array`]): blockwise (the transform of each
+//! block, written as whole target chunks) + write. On a cluster the
+//! blocks are dealt in runs to a stage's tasks ([`FftCopyTasksExec`]),
+//! which write into the target the session staged; the session writes
+//! the coordinates first and the metadata last.
 
 use std::fmt;
 use std::ops::Range;
@@ -513,7 +519,6 @@ impl WriteTasks {
     /// (what they read made first: a copy in `work_dir`, or the four-step
     /// path's spectrum, whose failure `source_failed` turns into the tasks'
     /// error); returns the sum of what the tasks return.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run<E: Send + From<crate::error::Panicked>>(
         &self,
         table: &FftTable,

@@ -19,7 +19,7 @@
 //! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
 //! | [`passes`] | the four-step path's passes as a cluster's stages (`FourStepPassExec`) |
 //! | [`exec`] | `FftExec`, the operator |
-//! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`) |
+//! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`), on a cluster in runs of blocks on the workers (`FftCopyTasksExec`) |
 //! | [`staged`] | transforms along several dimensions, one dimension at a time, when blocks of whole lines do not fit |
 //! | [`fit`] | the path a transform takes within the memory budget, and the operator its scan plans |
 //!
