@@ -8,8 +8,9 @@ Queries: Q1 and Q3 (dense reductions), R (the whole table copied into space chun
 of ``bench_rechunk.py`` as ``COPY ... STORED AS ZARR``), S (a COPY of the northern half with
 ``t2m - 273.15`` as float64 into space chunks: on workers a round of blockwise tasks, then the
 rechunk's rounds), W (a COPY of a 24-step running mean of t2m: on workers a round of tasks
-rolling runs of chunks along time); the COPYs' targets removed before each run, not timed; no
-hash arm.
+rolling runs of chunks along time), F (a COPY of the FFT of t2m along lon, complex64: on workers
+a stage of tasks each transforming a run of blocks and writing them as whole chunks of the
+target); the COPYs' targets removed before each run, not timed; no hash arm.
 
 Arms (every run a fresh shell process; workers started fresh for each run, not timed):
 
@@ -22,6 +23,12 @@ Arms (every run a fresh shell process; workers started fresh for each run, not t
 * ``2 workers (hash)``: the same with ``zarrfusion.dense_reduction = false``: DataFusion's
   partial and final aggregates over distributed scans (the cluster's plan before the dense
   reduction ran on workers).
+
+and for F the peer, ``xarray + xrft, Dask 2 workers``: ``xrft.fft`` of the store opened with
+Dask (a chunk per time step), cast to complex64 and written with zstd level 3 (zarrfusion's
+type and codec) by a ``distributed.LocalCluster`` of two single-threaded worker processes with
+the same memory limit; its time is the computation's (opening, transform, write), without the
+cluster's start, and its peak RSS the client's, the workers' beside it.
 
 A session with one worker runs a one-task stage in its own process (datafusion-distributed's
 routing), so "one worker" is the ``local 1 core`` arm. Times are the shell's wall time
@@ -48,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECHUNK_TARGET = Path("/tmp/bench_cluster_rechunk.zarr")
 SELECTION_TARGET = Path("/tmp/bench_cluster_selection.zarr")
 ROLLING_TARGET = Path("/tmp/bench_cluster_rolling.zarr")
+FFT_TARGET = Path("/tmp/bench_cluster_fft.zarr")
 QUERIES = {
     "Q1": "SELECT lat, avg(t2m) FROM era5 GROUP BY lat ORDER BY lat",
     "Q3": "SELECT lat, lon, avg(t2m*t2m) FROM era5 GROUP BY lat, lon",
@@ -63,10 +71,36 @@ QUERIES = {
     "W": "COPY (SELECT time, lat, lon, avg(t2m) OVER w AS t2m_24 FROM era5 WINDOW w AS (PARTITION BY "
     "lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)) TO "
     f"'{ROLLING_TARGET}' STORED AS ZARR",
+    # A COPY of a transform by whole lines (each chunk holds whole lines of lon): on workers, a
+    # stage of tasks each transforming a run of blocks into whole chunks of the target.
+    "F": f"COPY (SELECT * FROM fft('era5', 't2m', dims => 'lon')) TO '{FFT_TARGET}' STORED AS ZARR",
 }
 # The COPYs' targets, removed before each run.
-COPY_TARGETS = {"R": RECHUNK_TARGET, "S": SELECTION_TARGET, "W": ROLLING_TARGET}
+COPY_TARGETS = {"R": RECHUNK_TARGET, "S": SELECTION_TARGET, "W": ROLLING_TARGET, "F": FFT_TARGET}
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+# F's peer: xrft over Dask on two worker processes (argv: store, target, memory limit). Prints the
+# computation's seconds and each worker's peak RSS.
+DASK_FFT = '''
+import resource, sys, time
+import xarray as xr, xrft, zarr
+from dask.distributed import Client, LocalCluster
+store, target, memory = sys.argv[1:4]
+with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=memory, processes=True) as cluster, Client(cluster) as client:
+    start = time.perf_counter()
+    ds = xr.open_zarr(store, chunks={"time": 1})
+    spectrum = xrft.fft(ds.t2m, dim="lon").astype("complex64").rename("t2m")
+    out = spectrum.to_dataset()
+    for variable in out.variables.values():
+        variable.encoding = {}  # the source's (v2 compressors) do not apply to a v3 store
+    codec = zarr.codecs.ZstdCodec(level=3)
+    out.to_zarr(target, mode="w", encoding={"t2m": {"compressors": [codec]}})
+    elapsed = time.perf_counter() - start
+    peaks = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print("count")
+    print(spectrum.size)
+    print(f"elapsed {elapsed}", file=sys.stderr)
+    print(f"workers {' '.join(str(v) for v in peaks.values())}", file=sys.stderr)
+'''
 
 
 def binary() -> Path:
@@ -96,13 +130,13 @@ def vm_hwm(pid: int) -> int:
     return 0
 
 
-def run_child_rss(args: list[str], pin: str | None) -> tuple[float, int, str]:
+def run_child_rss(args: list[str], pin: str | None, program: list[str] | None = None) -> tuple[float, int, str]:
     """The shell's wall time, its own peak RSS and stdout.
 
     The peak is the child's VmHWM, read every 5 ms until it exits, not ``ru_maxrss``:
     a forked child's ``ru_maxrss`` starts at this process's RSS, which grows with the
     answers it keeps (~40 MB per Q3 answer)."""
-    argv = (["taskset", "-c", pin] if pin else []) + [str(binary()), *args]
+    argv = (["taskset", "-c", pin] if pin else []) + (program or [str(binary())]) + args
     out_path = Path("/tmp/bench_cluster.out")
     with open(out_path, "w") as out, open("/tmp/bench_cluster.err", "w") as err:
         start = time.perf_counter()
@@ -118,6 +152,16 @@ def run_child_rss(args: list[str], pin: str | None) -> tuple[float, int, str]:
     if p.returncode != 0:
         raise RuntimeError(f"{argv} failed: {Path('/tmp/bench_cluster.err').read_text()[-2000:]}")
     return elapsed, peak, out_path.read_text()
+
+
+def run_dask_fft(store: str, target: Path, memory: str) -> tuple[float, int, str, list[int]]:
+    """F's peer (``DASK_FFT``): the computation's seconds, the client's peak RSS, its stdout
+    (the count, as the shell prints it) and each Dask worker's peak RSS."""
+    _, peak, out = run_child_rss([DASK_FFT, store, str(target), memory], None, program=[sys.executable, "-c"])
+    err = Path("/tmp/bench_cluster.err").read_text()
+    elapsed = float(re.search(r"elapsed (\S+)", err).group(1))
+    workers = [int(v) for v in re.search(r"workers (.*)", err).group(1).split()]
+    return elapsed, peak, out, workers
 
 
 def network_bytes(explain: str) -> tuple[float, float]:
@@ -162,38 +206,43 @@ def main() -> None:
         }
         if q in COPY_TARGETS:
             del arms["2 workers (hash)"]
+        if q == "F":
+            arms["xarray + xrft, Dask 2 workers"] = ("dask", None, [])
         answers = {}
         explain_net = {}
         for arm, (workers, pin, statements) in arms.items():
             times, rss, worker_rss = [], [], []
             for i in range(args.repeat + 1):
-                procs = []
+                procs, hwm = [], []
                 extra = ["-m", args.memory]
-                if workers:
-                    started = [start_worker(core, args.memory) for core in range(workers)]
-                    procs = [p for p, _ in started]
-                    extra += ["--workers", ",".join(a for _, a in started)]
-                    # One task per worker: the scan's decoded bytes over the workers.
-                    statements_run = ["SET zarrfusion.bytes_per_task = 1", *statements]
+                if q in COPY_TARGETS:
+                    subprocess.run(["rm", "-rf", str(COPY_TARGETS[q])], check=True)
+                if workers == "dask":
+                    elapsed, peak, out, hwm = run_dask_fft(store, COPY_TARGETS[q], args.memory)
                 else:
-                    statements_run = statements
-                try:
-                    if q in COPY_TARGETS:
-                        subprocess.run(["rm", "-rf", str(COPY_TARGETS[q])], check=True)
-                    cmd = [*extra, "-q", "--format", "csv"]
-                    for s in statements_run:
-                        cmd += ["-c", s]
-                    elapsed, peak, out = run_child_rss(cmd, pin)
-                    if workers and i == 0 and q not in COPY_TARGETS:
-                        setup = [x for s in statements_run[:-1] for x in ("-c", s)]
-                        explain = run_child_rss([*extra, "-q", *setup, "-c", f"EXPLAIN ANALYZE {sql}"], None)[2]
-                        explain_net[arm] = network_bytes(explain)
-                    hwm = [vm_hwm(p.pid) for p in procs]
-                finally:
-                    for p in procs:
-                        p.terminate()
-                    for p in procs:
-                        p.wait(timeout=30)
+                    if workers:
+                        started = [start_worker(core, args.memory) for core in range(workers)]
+                        procs = [p for p, _ in started]
+                        extra += ["--workers", ",".join(a for _, a in started)]
+                        # One task per worker: the scan's decoded bytes over the workers.
+                        statements_run = ["SET zarrfusion.bytes_per_task = 1", *statements]
+                    else:
+                        statements_run = statements
+                    try:
+                        cmd = [*extra, "-q", "--format", "csv"]
+                        for s in statements_run:
+                            cmd += ["-c", s]
+                        elapsed, peak, out = run_child_rss(cmd, pin)
+                        if workers and i == 0 and q not in COPY_TARGETS:
+                            setup = [x for s in statements_run[:-1] for x in ("-c", s)]
+                            explain = run_child_rss([*extra, "-q", *setup, "-c", f"EXPLAIN ANALYZE {sql}"], None)[2]
+                            explain_net[arm] = network_bytes(explain)
+                        hwm = [vm_hwm(p.pid) for p in procs]
+                    finally:
+                        for p in procs:
+                            p.terminate()
+                        for p in procs:
+                            p.wait(timeout=30)
                 answers[arm] = sorted(out.strip().splitlines()[1:])
                 if i == 0:
                     continue  # warm-up: page cache

@@ -62,6 +62,12 @@ def _stop(processes: list[subprocess.Popen]) -> None:
         p.wait(timeout=30)
 
 
+def _distributed_plan(ctx: zf.SessionContext, sql: str) -> str:
+    """The distributed plan ``EXPLAIN`` shows of ``sql``."""
+    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
+    return plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+
+
 @pytest.fixture(scope="module")
 def workers():
     processes, addresses = _start_workers(2)
@@ -75,8 +81,7 @@ def test_group_by_through_two_workers_equals_xarray(fixtures, workers, store):
     ctx = zf.SessionContext(workers=workers, config={"zarrfusion.bytes_per_task": 1})
     ctx.register_zarr("t", fixtures / store)
     sql = "SELECT lat, avg(t2m) AS t, max(u10) AS u FROM t WHERE lon >= 0 GROUP BY lat ORDER BY lat"
-    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
-    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    distributed = _distributed_plan(ctx, sql)
     assert "tasks=" in distributed and "NetworkShuffleExec" in distributed, distributed
     got = ctx.sql(sql).to_pandas()
     ds = xr.open_zarr(fixtures / store, chunks=None).load()
@@ -99,8 +104,7 @@ def test_a_copy_of_a_whole_table_is_written_by_the_workers_and_equals_xarray(fix
     ctx.register_zarr("t", fixtures / "v3_basic.zarr")
     out = tmp_path / "copy.zarr"
     sql = f"COPY t TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=2,lat=1')"
-    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
-    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    distributed = _distributed_plan(ctx, sql)
     assert "RechunkTasksExec" in distributed and "tasks=2" in distributed, distributed
     assert "Network" in distributed, distributed
     ctx.sql(sql).collect()
@@ -128,8 +132,7 @@ def test_a_copy_through_intermediate_arrays_runs_a_round_per_stage_on_the_worker
     ctx.register_zarr("era5", demo)
     out = tmp_path / "space.zarr"
     sql = f"COPY era5 TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=96,lat=1,lon=2')"
-    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
-    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    distributed = _distributed_plan(ctx, sql)
     assert "round=0" in distributed and "round=1" in distributed, distributed
     ctx.sql(sql).collect()
     got = xr.open_zarr(out, chunks=None).load()
@@ -160,8 +163,7 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
         "SELECT lat, avg(t2m) AS t, min(v10) AS v FROM rechunk('era5', time => 96, lat => 1, lon => 2) "
         "GROUP BY lat"
     )
-    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
-    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    distributed = _distributed_plan(ctx, sql)
     assert "copied by the cluster's workers" in distributed, distributed
     assert "round=0" in distributed and "round=1" in distributed and "Network" in distributed, distributed
     ds = xr.open_zarr(demo, chunks=None).load()
@@ -172,7 +174,6 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
     assert got.index.tolist() == want_t.index.tolist()
     np.testing.assert_allclose(got["t"], want_t, rtol=1e-6)
     np.testing.assert_array_equal(got["v"], want_v)
-    del plan
     assert list(work.iterdir()) == [], list(work.rglob("*"))
 
 
@@ -221,8 +222,7 @@ def test_a_selection_copy_makes_its_chunks_and_rechunks_them_on_the_workers(work
     ctx.register_zarr("era5", demo)
     out = tmp_path / "north.zarr"
     sql = SELECTION.format(target=out, extra="")
-    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
-    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    distributed = _distributed_plan(ctx, sql)
     assert "BlockwiseTasksExec" in distributed and "RechunkTasksExec" in distributed, distributed
     assert "planned when it runs" in distributed and "tasks=2" in distributed, distributed
     ctx.sql(sql).collect()
@@ -273,8 +273,7 @@ def test_a_rolling_copy_rolls_its_chunks_on_the_workers_and_equals_xarray(worker
         "(PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)) "
         f"TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=24')"
     )
-    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
-    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    distributed = _distributed_plan(ctx, sql)
     assert "BlockwiseTasksExec" in distributed and "rolled along time" in distributed, distributed
     assert "tasks=2" in distributed, distributed
     ctx.sql(sql).collect()
@@ -306,8 +305,7 @@ def test_transforms_run_on_the_workers_and_equal_xrft(workers):
         (forward, "lat_lon", ["time", "freq_lat", "freq_lon"]),
         (back, "chain_lat_lon", ["time", "lat", "lon"]),
     ]:
-        plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
-        distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+        distributed = _distributed_plan(ctx, sql)
         assert "FftExec" in distributed and "tasks=2" in distributed, distributed
         assert "Network" in distributed, distributed
         close(ctx.sql(sql).to_xarray(dims=dims)["z"], expected(name), 1e-9)
@@ -330,8 +328,7 @@ def test_four_step_passes_run_on_the_workers_and_equal_xrft(workers, tmp_path):
     }
     ctx = zf.SessionContext(workers=workers, config=config)
     sql = f"SELECT * FROM fft('{FFT / 'data' / 'grid.zarr'}', 'z', dims => 'lat')"
-    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
-    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    distributed = _distributed_plan(ctx, sql)
     assert distributed.count("FourStepPassExec: pass") == 2, distributed
     assert "passes on the cluster's workers" in distributed and "Network" in distributed, distributed
     close(ctx.sql(sql).to_xarray(dims=["time", "freq_lat", "lon"])["z"], expected("lat_f64"), 1e-9)
@@ -354,8 +351,7 @@ def test_a_copy_of_a_transform_is_written_by_the_workers_and_equals_xrft(workers
         f"COPY (SELECT * FROM fft('{FFT / 'data' / 'grid.zarr'}', 'z', dims => 'lat')) "
         f"TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=1,lon=5')"
     )
-    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()
-    distributed = plan.loc[plan["plan_type"] == "distributed_plan", "plan"].iloc[0]
+    distributed = _distributed_plan(ctx, sql)
     assert "FftCopyTasksExec" in distributed and "tasks=2" in distributed, distributed
     assert "tasks on the cluster's workers" in distributed and "Network" in distributed, distributed
     ctx.sql(sql).collect()

@@ -712,6 +712,54 @@ async fn aligned_joins_run_on_the_workers_as_zipped_scans() {
 }
 
 /// Every file under `dir`: its path below `dir` and its bytes.
+/// Runs the COPY `plan` on `ctx` and asserts that its count is `want`'s
+/// one value (a count on one machine).
+async fn assert_copy_count(
+    ctx: &datafusion::prelude::SessionContext,
+    plan: Arc<dyn ExecutionPlan>,
+    want: &[Vec<Value>],
+) {
+    let counts = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+        .await
+        .unwrap();
+    let got = datafusion::arrow::util::pretty::pretty_format_batches(&counts)
+        .unwrap()
+        .to_string();
+    assert!(got.contains(&want[0][0].to_string()), "{got} vs {want:?}");
+}
+
+/// Asserts that the COPY `sql` to `target` on a session of `tight`'s
+/// workers fails naming one of them and `allowed_mem` (else: `did`, what a
+/// worker did), leaving no target.
+async fn assert_refused_by_a_worker(
+    ctx: &datafusion::prelude::SessionContext,
+    tight: &Workers,
+    sql: &str,
+    target: &std::path::Path,
+    did: &str,
+) {
+    let failed = ctx.sql(sql).await.unwrap().collect().await;
+    let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
+    let named = (tight.urls.iter())
+        .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
+    assert!(
+        named && message.contains("allowed_mem"),
+        "{did}, or its refusal does not say so: {message}"
+    );
+    assert!(!target.exists());
+}
+
+/// The first node of type `T` down the first children of `plan`.
+fn first_node<T: ExecutionPlan + 'static>(
+    mut plan: Arc<dyn ExecutionPlan>,
+) -> Arc<dyn ExecutionPlan> {
+    while plan.downcast_ref::<T>().is_none() {
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        plan = Arc::clone(plan.children().first().expect(&shown));
+    }
+    plan
+}
+
 fn files_under(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let mut files = std::collections::BTreeMap::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -795,14 +843,8 @@ async fn a_whole_table_copy_writes_its_chunks_on_the_workers() {
             && shown.contains("tasks=2"),
         "{shown}"
     );
-    let counts = datafusion::physical_plan::collect(plan, ctx.task_ctx())
-        .await
-        .unwrap();
     let want = query_rows(&local, "rows", "SELECT count(*) AS count FROM era5").await;
-    let got = datafusion::arrow::util::pretty::pretty_format_batches(&counts)
-        .unwrap()
-        .to_string();
-    assert!(got.contains(&want[0][0].to_string()), "{got} vs {want:?}");
+    assert_copy_count(&ctx, plan, &want).await;
     assert_same_files(&alone, &on_cluster);
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
 
@@ -850,15 +892,8 @@ async fn a_whole_table_copy_writes_its_chunks_on_the_workers() {
         .await)
         .unwrap();
     let refused = dir.join("refused.zarr");
-    let failed = ctx.sql(&copy_to(&refused)).await.unwrap().collect().await;
-    let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
-    let named = (tight.urls.iter())
-        .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
-    assert!(
-        named && message.contains("allowed_mem"),
-        "a worker with 512 bytes wrote the COPY's chunks, or its refusal does not say so: {message}"
-    );
-    assert!(!refused.exists());
+    let did = "a worker with 512 bytes wrote the COPY's chunks";
+    assert_refused_by_a_worker(&ctx, &tight, &copy_to(&refused), &refused, did).await;
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
 }
 
@@ -877,11 +912,7 @@ async fn a_copy_s_rechunk_tasks_round_trip_and_malformed_ones_are_refused() {
         .await)
         .unwrap();
     let sql = WHOLE_COPY.replace("{}", &dir.join("out.zarr").to_string_lossy());
-    let mut plan = physical_plan(&ctx, &sql).await;
-    while plan.downcast_ref::<ArrayCopyExec>().is_none() {
-        let shown = displayable(plan.as_ref()).indent(true).to_string();
-        plan = Arc::clone(plan.children().first().expect(&shown));
-    }
+    let plan = first_node::<ArrayCopyExec>(physical_plan(&ctx, &sql).await);
     let copy = plan.downcast_ref::<ArrayCopyExec>().unwrap();
     let on_cluster = copy.on_cluster().unwrap().expect("one stage per array");
     let gathered = on_cluster.children()[0];
@@ -1024,19 +1055,13 @@ async fn a_selection_copy_makes_its_chunks_on_the_workers() {
                 && shown.contains("tasks=2"),
             "{shown}"
         );
-        let counts = datafusion::physical_plan::collect(plan, ctx.task_ctx())
-            .await
-            .unwrap();
-        let got = datafusion::arrow::util::pretty::pretty_format_batches(&counts)
-            .unwrap()
-            .to_string();
         let want = query_rows(
             &local,
             "rows",
             "SELECT count(*) AS count FROM era5 WHERE lat > 0",
         )
         .await;
-        assert!(got.contains(&want[0][0].to_string()), "{got} vs {want:?}");
+        assert_copy_count(&ctx, plan, &want).await;
         assert_same_files(&alone, &on_cluster);
         assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
         assert!(work_left(&work).is_empty(), "{:?}", work_left(&work));
@@ -1051,15 +1076,8 @@ async fn a_selection_copy_makes_its_chunks_on_the_workers() {
         .unwrap();
     let refused = dir.join("refused.zarr");
     let sql = copy_to(&refused, "time=7,lat=11,lon=16");
-    let failed = ctx.sql(&sql).await.unwrap().collect().await;
-    let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
-    let named = (tight.urls.iter())
-        .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
-    assert!(
-        named && message.contains("allowed_mem"),
-        "a worker with 4 KiB made the COPY's chunks, or its refusal does not say so: {message}"
-    );
-    assert!(!refused.exists());
+    let did = "a worker with 4 KiB made the COPY's chunks";
+    assert_refused_by_a_worker(&ctx, &tight, &sql, &refused, did).await;
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     assert!(work_left(&work).is_empty(), "{:?}", work_left(&work));
 }
@@ -1081,11 +1099,7 @@ async fn a_selection_copy_s_tasks_round_trip_and_malformed_ones_are_refused() {
         .unwrap();
     let sql = (SELECTION_COPY.replace("{target}", &dir.join("out.zarr").to_string_lossy()))
         .replace("{chunks}", "time=7,lat=11,lon=16");
-    let mut plan = physical_plan(&ctx, &sql).await;
-    while plan.downcast_ref::<SelectionCopyExec>().is_none() {
-        let shown = displayable(plan.as_ref()).indent(true).to_string();
-        plan = Arc::clone(plan.children().first().expect(&shown));
-    }
+    let plan = first_node::<SelectionCopyExec>(physical_plan(&ctx, &sql).await);
     let copy = plan.downcast_ref::<SelectionCopyExec>().unwrap();
     let on_cluster = copy.on_cluster().unwrap().expect("computed variables");
     let rounds = on_cluster.children();
@@ -1265,11 +1279,7 @@ async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
         .unwrap();
     let sql = (ROLLING_COPY.replace("{target}", &dir.join("out.zarr").to_string_lossy()))
         .replace("{chunks}", "time=24");
-    let mut plan = physical_plan(&ctx, &sql).await;
-    while plan.downcast_ref::<SelectionCopyExec>().is_none() {
-        let shown = displayable(plan.as_ref()).indent(true).to_string();
-        plan = Arc::clone(plan.children().first().expect(&shown));
-    }
+    let plan = first_node::<SelectionCopyExec>(physical_plan(&ctx, &sql).await);
     let on_cluster = (plan.downcast_ref::<SelectionCopyExec>().unwrap())
         .on_cluster()
         .unwrap()
@@ -1483,19 +1493,13 @@ async fn a_copy_of_a_transform_writes_its_blocks_on_the_workers() {
             && shown.contains("tasks=2"),
         "{shown}"
     );
-    let counts = datafusion::physical_plan::collect(plan, ctx.task_ctx())
-        .await
-        .unwrap();
-    let got = datafusion::arrow::util::pretty::pretty_format_batches(&counts)
-        .unwrap()
-        .to_string();
     let want = query_rows(
         &local,
         "rows",
         "SELECT count(*) FROM read_zarr('tests/fixtures/fft/data/grid.zarr')",
     )
     .await;
-    assert!(got.contains(&want[0][0].to_string()), "{got} vs {want:?}");
+    assert_copy_count(&ctx, plan, &want).await;
     assert_same_files(&alone, &on_cluster);
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     crate::fft::assert_holds_xrfts_lat_spectrum(&local, on_cluster.to_str().unwrap()).await;
@@ -1504,24 +1508,13 @@ async fn a_copy_of_a_transform_writes_its_blocks_on_the_workers() {
     let tight = start_workers_in(2, || limited(512)).await;
     let ctx = cluster_session(&tight).await;
     let refused = dir.join("refused.zarr");
-    let failed = ctx.sql(&copy_to(&refused)).await.unwrap().collect().await;
-    let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
-    let named = (tight.urls.iter())
-        .any(|url| message.contains(&format!("worker {}", url.as_str().trim_end_matches('/'))));
-    assert!(
-        named && message.contains("allowed_mem"),
-        "a worker with 512 bytes transformed the COPY's blocks, or its refusal does not say so: \
-         {message}"
-    );
-    assert!(!refused.exists());
+    let did = "a worker with 512 bytes transformed the COPY's blocks";
+    assert_refused_by_a_worker(&ctx, &tight, &copy_to(&refused), &refused, did).await;
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
 
     // The tasks through the codec: the same plan; malformed ones refused.
-    let mut plan = physical_plan(&local, &copy_to(&dir.join("codec.zarr"))).await;
-    while plan.downcast_ref::<FftCopyExec>().is_none() {
-        let shown = displayable(plan.as_ref()).indent(true).to_string();
-        plan = Arc::clone(plan.children().first().expect(&shown));
-    }
+    let plan =
+        first_node::<FftCopyExec>(physical_plan(&local, &copy_to(&dir.join("codec.zarr"))).await);
     let copy = plan.downcast_ref::<FftCopyExec>().unwrap();
     let on_cluster = copy.on_cluster().unwrap().expect("a chain of transforms");
     let tasks = Arc::clone(on_cluster.children()[0].children()[0]);

@@ -793,6 +793,9 @@ impl FftCopyTasksExec {
         options: &ConfigOptions,
     ) -> Result<Self> {
         let store = table.source().store().to_string();
+        if blocks.num_blocks() == 0 {
+            return plan_err!("a COPY of the transform of {store} is sent no blocks");
+        }
         let shape = table.output_shape();
         let block_out: Vec<u64> = (table.output_extent(&blocks.block(0)).iter())
             .map(|r| r.end - r.start)
