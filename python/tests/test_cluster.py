@@ -361,6 +361,35 @@ def test_a_copy_of_a_transform_is_written_by_the_workers_and_equals_xrft(workers
     assert [p.name for p in tmp_path.iterdir()] == ["spectrum.zarr"]
 
 
+def test_a_copy_of_a_transform_from_a_bucket_to_a_bucket_is_written_by_the_workers(workers, tmp_path):
+    """The same COPY of a transform with the source and the target in an S3
+    bucket: the workers read the blocks and write the target's chunks
+    under the prefix the session claimed; the session stores the metadata
+    last. xarray reads xrft's spectrum back, and no claim is left."""
+    from test_fft import FFT, close, expected
+
+    server = s3_server.start({"grid.zarr": FFT / "data" / "grid.zarr"}, bucket="spectra")
+    try:
+        ctx = zf.SessionContext(
+            workers=workers,
+            config={"zarrfusion.bytes_per_task": 1, "zarrfusion.target_partition_bytes": 2000},
+        )
+        ctx.register_zarr("grid", "s3://spectra/grid.zarr", **server.options())
+        through = "".join(f", '{k}' '{v}'" for k, v in server.options().items())
+        sql = (
+            "COPY (SELECT * FROM fft('grid', 'z', dims => 'lat')) TO 's3://spectra/spectrum.zarr' "
+            f"STORED AS ZARR OPTIONS ('chunks' 'time=1,lon=5'{through})"
+        )
+        distributed = _distributed_plan(ctx, sql)
+        assert "FftCopyTasksExec" in distributed and "tasks=2" in distributed, distributed
+        ctx.sql(sql).collect()
+        copied = server.download("spectrum.zarr", tmp_path / "spectrum.zarr")
+        close(xr.open_zarr(copied, consolidated=False).load().z, expected("lat_f64"), 1e-9)
+        assert not any(".zarrfusion-write" in key for key in server.keys("spectrum.zarr/"))
+    finally:
+        server.stop()
+
+
 def test_a_worker_nobody_listens_on_fails_the_query_naming_it(fixtures, workers):
     nobody = "127.0.0.1:1"
     ctx = zf.SessionContext(workers=[workers[0], nobody], config={"zarrfusion.bytes_per_task": 1})
