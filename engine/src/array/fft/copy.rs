@@ -840,10 +840,12 @@ impl FftCopyTasksExec {
         })
     }
 
-    /// A copy dealing the blocks to `tasks` distributed tasks.
+    /// A copy dealing the blocks to `tasks` distributed tasks (reporting
+    /// to the same metrics, which its kernels' clock reports to).
     pub fn with_tasks(&self, tasks: usize) -> Self {
         Self {
             tasks: tasks.max(1),
+            metrics: self.metrics.clone(),
             ..Self::new(Arc::clone(&self.writes), Arc::clone(&self.sent))
         }
     }
