@@ -74,8 +74,9 @@ pub fn new_context_with(config: SessionConfig, runtime: Arc<RuntimeEnv>) -> Sess
 /// split into tasks by their bytes (a dense reduction's tasks give partial
 /// states, merged by DataFusion's final aggregate; a rolling window's tasks
 /// each roll a run of blocks, reading the overlap before it; an aligned
-/// join's zip is such a scan, of both stores). Joins with small results are
-/// planned as DataFusion's joins (`zarrfusion.broadcast_join` is off).
+/// join's zip is such a scan, of both stores; a join with a small result
+/// keyed by dimensions runs its small side as a stage of its own, its rows
+/// broadcast to the grid's tasks).
 pub fn distributed_context(
     config: SessionConfig,
     runtime: Arc<RuntimeEnv>,
@@ -106,9 +107,6 @@ fn build_context(
         .with_batch_size(rows.clamp(1, MAX_BATCH_ROWS))
         .with_target_partitions(partitions.clamp(1, MAX_TARGET_PARTITIONS));
     if workers.is_some() {
-        if let Some(zarr) = config.options_mut().extensions.get_mut::<ZarrConfig>() {
-            zarr.broadcast_join = false;
-        }
         keep_partial_aggregates(config.options_mut());
     }
     let read_zarr: Arc<dyn RelationPlanner> = Arc::new(ReadZarrPlanner::new(Arc::clone(&runtime)));

@@ -177,6 +177,33 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
     assert list(work.iterdir()) == [], list(work.rglob("*"))
 
 
+def test_an_anomaly_broadcasts_its_climatology_to_the_workers_and_equals_xarray(workers):
+    """A monthly anomaly's zonal mean over the demo store: the climatology
+    (a ``GROUP BY`` of its own, on the workers) runs once as a stage and its
+    rows are broadcast to the tasks reading the grid, with no hash join; the
+    answer is xarray's ``groupby("time.month") - climatology``."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    ctx = zf.SessionContext(workers=workers, config={"zarrfusion.bytes_per_task": 1})
+    ctx.register_zarr("era5", demo)
+    sql = (
+        "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
+        "FROM era5 GROUP BY 1, 2, 3) "
+        "SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS a FROM era5 JOIN clim "
+        "ON extract(month FROM era5.time) = clim.month AND era5.lat = clim.lat AND era5.lon = clim.lon "
+        "GROUP BY 1, 2"
+    )
+    distributed = _distributed_plan(ctx, sql)
+    assert "NetworkBroadcastExec" in distributed and "broadcast=[clim" in distributed, distributed
+    assert "HashJoinExec" not in distributed, distributed
+    got = ctx.sql(sql).to_pandas().set_index(["time", "lat"]).sort_index()
+    ds = xr.open_zarr(demo, chunks=None).load()
+    t2m = ds.t2m.astype("float64")
+    anomaly = t2m.groupby("time.month") - t2m.groupby("time.month").mean("time")
+    want = anomaly.mean("lon").to_series().sort_index()
+    assert got.index.tolist() == want.index.tolist()
+    np.testing.assert_allclose(got["a"], want, rtol=1e-9, atol=1e-9)
+
+
 def _selection_answer(demo: pathlib.Path) -> xr.Dataset:
     """xarray's answer to the selection COPY below: the northern half,
     degrees Celsius as float64 (273.15 is a float64) and the wind speed

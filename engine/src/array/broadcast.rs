@@ -35,13 +35,16 @@
 //! (its other conditions become a filter) or keeps every cell of the grid
 //! (`era5 LEFT JOIN clim`: cells without a row get NULLs). Anything else
 //! stays DataFusion's join. `SET zarrfusion.broadcast_join = false` turns
-//! the rule off; it is off in sessions with workers.
+//! the rule off. On a cluster the small side is a stage of its own,
+//! broadcast to the grid's tasks ([`crate::distributed::broadcasts`]).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use datafusion::common::{Column, NullEquality, Result};
 use datafusion::logical_expr::{when, Distinct, Expr, ExprSchemable, Join, JoinType, LogicalPlan};
 use datafusion::physical_expr::execution_props::ExecutionProps;
+use datafusion::physical_expr::PhysicalExpr;
 
 use super::reduce::{physical_key, DenseReduction, DimKeys, MAX_KEYED_POSITIONS};
 use super::scan_path::{down_to_scan, join_as_scan};
@@ -238,16 +241,37 @@ fn keyed_dims(
             .map(|&i| physical_key(&keys[i], dim, &props))
             .collect::<Result<Vec<_>>>()
             .ok()?;
-        let all = 0..dim.len;
-        let evaluated = DimKeys::evaluate(table, d, std::slice::from_ref(&all), &physical).ok()?;
-        out.push(BroadcastDim {
-            dim: d,
-            keys: evaluated.map.keys,
-            distinct: evaluated.values,
-            columns: on_dim.iter().map(|&i| key_columns[i]).collect(),
-        });
+        out.push(
+            keyed_dim(
+                table,
+                d,
+                physical,
+                on_dim.iter().map(|&i| key_columns[i]).collect(),
+            )
+            .ok()?,
+        );
     }
     Some(out)
+}
+
+/// Dimension `d` of `table` keyed by `exprs` (functions of its coordinate
+/// over [`key_schema`](super::reduce::key_schema)), meeting the small
+/// side's columns `columns`: the keys evaluated at every position.
+pub fn keyed_dim(
+    table: &GridTable,
+    d: usize,
+    exprs: Vec<Arc<dyn PhysicalExpr>>,
+    columns: Vec<usize>,
+) -> Result<BroadcastDim> {
+    let all = 0..table.dims[d].len;
+    let evaluated = DimKeys::evaluate(table, d, std::slice::from_ref(&all), &exprs)?;
+    Ok(BroadcastDim {
+        dim: d,
+        keys: evaluated.map.keys,
+        distinct: evaluated.values,
+        columns,
+        exprs,
+    })
 }
 
 /// Output columns of `plan` that no two of its rows agree on, all

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::Result;
 use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_plan::ExecutionPlan;
@@ -43,7 +44,11 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
             let read = exec.read();
             let broadcasts =
                 BroadcastInputs::plan(read.table.broadcasts_read(&read.columns), session).await?;
-            let exec = exec.with_broadcasts(broadcasts, session)?;
+            let limit = match session.runtime_env().memory_pool.memory_limit() {
+                MemoryLimit::Finite(limit) => Some(limit),
+                _ => None,
+            };
+            let exec = exec.with_broadcasts(broadcasts, limit)?;
             return Ok(Some(Arc::new(exec)));
         }
         if let Some(window) = node.as_any().downcast_ref::<RollingWindow>() {

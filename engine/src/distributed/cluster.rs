@@ -13,6 +13,8 @@ use super::channel::WorkerChannels;
 use super::codec::ZarrCodec;
 use super::reductions::rules_with_cluster_reductions;
 use super::tasks::{deal_scan_blocks, scan_tasks};
+use crate::array::ArrayQueryPlanner;
+use crate::table::SmallSidePlanner;
 
 /// Workers at fixed addresses.
 #[derive(Debug, Clone)]
@@ -76,6 +78,8 @@ pub fn parse_workers(list: &str) -> Result<Vec<Url>> {
 pub fn distribute(mut builder: SessionStateBuilder, workers: Vec<Url>) -> SessionStateBuilder {
     if let Some(config) = builder.config().as_mut() {
         config.set_extension(Arc::new(ClusterWorkers(workers.clone())));
+        // A join's small side is planned as part of its grid's plan.
+        config.set_extension(Arc::new(SmallSidePlanner(Arc::new(ArrayQueryPlanner))));
     }
     builder
         .with_physical_optimizer_rules(rules_with_cluster_reductions())

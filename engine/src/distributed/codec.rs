@@ -72,6 +72,7 @@ use datafusion_proto::protobuf::PhysicalExprNode;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
+use crate::array::broadcast::keyed_dim;
 use crate::array::copy::blockwise::{Evaluate, SelectedGrid, Step, StepWriters};
 use crate::array::copy::cluster::{BlockwiseTasks, BlockwiseTasksExec, ChunksInto};
 use crate::array::copy::rolling::RollChunks;
@@ -88,8 +89,8 @@ use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
 use crate::device::choose_device;
 use crate::error::lock;
 use crate::table::{
-    open_dataset_blocking, run_blocking, BlockGrid, BlockRead, GridSource, GridTable, Selection,
-    TableSource, ZarrScanExec, ZarrTableOptions,
+    open_dataset_blocking, run_blocking, BlockGrid, BlockRead, Broadcast, BroadcastInputs,
+    GridSource, GridTable, Selection, TableSource, ZarrScanExec, ZarrTableOptions, TASKS_OF_STAGE,
 };
 use crate::write::target::StagedTarget;
 use crate::zarr::{StoreLocation, MAX_IO_CONCURRENCY};
@@ -98,6 +99,9 @@ use crate::zarr::{StoreLocation, MAX_IO_CONCURRENCY};
 /// plan must not make a worker allocate per partition); its rows per batch
 /// are held to [`MAX_BATCH_ROWS`], as a session's are.
 const MAX_PARTITIONS: usize = 1 << 12;
+
+/// The most tables a received read may have joined in.
+const MAX_JOINED: usize = 64;
 const MAX_TASKS: usize = 1 << 16;
 /// The most aggregates a received reduction may have.
 const MAX_AGGREGATES: usize = 1 << 10;
@@ -416,6 +420,37 @@ enum Source {
         left: Box<Source>,
         right: Box<Source>,
     },
+    /// A grid with small tables joined in on some of its dimensions
+    /// (broadcast columns, [`GridTable::with_broadcast`]); their rows are
+    /// the node's inputs.
+    Joined {
+        grid: Box<Source>,
+        joined: Vec<Joined>,
+    },
+}
+
+/// A small table joined into a grid as it travels: how its keys are made
+/// from the grid's coordinates and which of its columns the grid gets
+/// ([`Broadcast`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Joined {
+    dims: Vec<JoinedDim>,
+    /// The small side's columns the grid gets.
+    values: Vec<usize>,
+    /// The grid's new columns (names and types): the values', then the
+    /// `matched` column.
+    fields: Vec<(String, String)>,
+    label: String,
+}
+
+/// A dimension a joined table is keyed by: the functions of its
+/// coordinate (protobuf physical expressions over its column alone, in
+/// base64) and the small side's columns they meet.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct JoinedDim {
+    dim: usize,
+    keys: Vec<String>,
+    columns: Vec<usize>,
 }
 
 /// How to open a table again.
@@ -532,7 +567,16 @@ struct Aggregate {
 }
 
 impl Source {
+    /// How to make `table` again, with no table joined in (those travel
+    /// with their inputs: [`ZarrCodec::joined_read`]).
     fn of(table: &GridTable) -> Result<Self> {
+        if !table.broadcasts.is_empty() {
+            return not_impl_err!(
+                "the Zarr table over {} with a table joined in (a broadcast join) runs on a \
+                 cluster's workers in scans and GROUP BYs only",
+                table.store
+            );
+        }
         let Some(source) = &table.source else {
             return not_impl_err!(
                 "the Zarr table over {} cannot run on a cluster's workers: it was made in this \
@@ -713,6 +757,17 @@ impl ZarrCodec {
                 };
                 Arc::new(zipped)
             }
+            Source::Joined { grid, joined } => {
+                let mut table = self.open(grid, ctx)?;
+                check_counts(
+                    &format!("a join with {}", table.store),
+                    &[("joined tables", joined.len(), MAX_JOINED)],
+                )?;
+                for j in joined {
+                    table = Arc::new(table.with_broadcast(self.joined(&table, j, ctx)?));
+                }
+                table
+            }
         };
         lock(&self.opened).insert(key, Arc::clone(&table));
         Ok(table)
@@ -722,6 +777,19 @@ impl ZarrCodec {
     /// opened and checked to have the columns the plan was made for, its
     /// selection and blocks checked against the table's grid.
     fn decode_read(&self, read: Read, ctx: &TaskContext) -> Result<BlockRead> {
+        let read = self.decode_joined_read(read, ctx)?;
+        if !read.table.broadcasts_read(&read.columns).is_empty() {
+            return plan_err!(
+                "a read of {} with a table joined in was sent to a node that cannot join it",
+                read.table.store
+            );
+        }
+        Ok(read)
+    }
+
+    /// A read received by a node that joins the small tables it reads
+    /// (its inputs): a scan or a reduction.
+    fn decode_joined_read(&self, read: Read, ctx: &TaskContext) -> Result<BlockRead> {
         let table = self.open(&read.source, ctx)?;
         let store = &table.store;
         if columns_of(&table) != read.columns {
@@ -740,25 +808,35 @@ impl ZarrCodec {
         BlockRead::new(table, read.read, selection, blocks)
     }
 
-    fn decode_scan(&self, scan: Scan, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-        let read = self.decode_read(scan.read, ctx)?;
+    fn decode_scan(
+        &self,
+        scan: Scan,
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let (read, broadcasts) = self.joined_inputs(scan.read, inputs, ctx)?;
         let store = &read.table.store;
+        let stage_tasks = scan.tasks == TASKS_OF_STAGE && !broadcasts.is_empty();
         check_counts(
             &format!("a scan of {store}"),
             &[
                 ("partitions", scan.partitions, MAX_PARTITIONS),
-                ("tasks", scan.tasks, MAX_TASKS),
+                ("tasks", scan.tasks.max(usize::from(stage_tasks)), MAX_TASKS),
                 ("batch_size", scan.batch_size, MAX_BATCH_ROWS),
             ],
         )?;
-        let mut exec = ZarrScanExec::new(
+        let exec = ZarrScanExec::new(
             read,
             scan.partitions,
             scan.limit,
             scan.batch_size,
             scan.io_concurrency,
-        )
-        .with_tasks(scan.tasks);
+        );
+        let exec = match stage_tasks {
+            true => exec.with_tasks_of_stage(),
+            false => exec.with_tasks(scan.tasks),
+        };
+        let mut exec = exec.with_broadcasts(broadcasts);
         if let MemoryLimit::Finite(bytes) = ctx.memory_pool().memory_limit() {
             exec = exec.fit_batches(bytes).fit_read_ahead(bytes);
             exec.check_memory(bytes)?;
@@ -768,6 +846,106 @@ impl ZarrCodec {
 }
 
 impl ZarrCodec {
+    /// `read` as it travels from a node that joins the small tables it
+    /// reads (a scan or a reduction): its table's joined tables with it.
+    fn joined_read(&self, read: &BlockRead) -> Result<Read> {
+        let table = &read.table;
+        if table.broadcasts.is_empty() {
+            return Read::of(read);
+        }
+        let Some(grid) = &table.source else {
+            return internal_err!("the Zarr table over {} has no source", table.store);
+        };
+        let mut joined = Vec::with_capacity(table.broadcasts.len());
+        for b in &table.broadcasts {
+            let dims = (b.dims.iter())
+                .map(|d| {
+                    Ok(JoinedDim {
+                        dim: d.dim,
+                        keys: (d.exprs.iter())
+                            .map(|e| self.encode_expr(e))
+                            .collect::<Result<_>>()?,
+                        columns: d.columns.clone(),
+                    })
+                })
+                .collect::<Result<_>>()?;
+            joined.push(Joined {
+                dims,
+                values: b.values.clone(),
+                fields: (b.fields.iter())
+                    .map(|f| (f.name().clone(), f.data_type().to_string()))
+                    .collect(),
+                label: b.label.clone(),
+            });
+        }
+        Ok(Read {
+            source: Source::Joined {
+                grid: Box::new(Source::of_grid(grid, &table.store)?),
+                joined,
+            },
+            columns: columns_of(table),
+            read: read.columns.clone(),
+            selection: read.selection_ranges(),
+            block_shape: read.blocks.block_shape().to_vec(),
+        })
+    }
+
+    /// The table `joined` describes, joined into `table` on this worker:
+    /// its keys evaluated again over the worker's own coordinates.
+    fn joined(&self, table: &GridTable, joined: &Joined, ctx: &TaskContext) -> Result<Broadcast> {
+        let store = &table.store;
+        let n_dims = table.dims.len();
+        let mut dims = Vec::with_capacity(joined.dims.len());
+        for (i, d) in joined.dims.iter().enumerate() {
+            let ordered = i == 0 || joined.dims[i - 1].dim < d.dim;
+            if d.dim >= n_dims || !ordered {
+                return plan_err!(
+                    "a join with {store} is keyed by dimension {} of {n_dims} (dimensions in \
+                     order, each once)",
+                    d.dim
+                );
+            }
+            check_counts(
+                &format!("a join with {store}"),
+                &[("keys", d.keys.len(), MAX_AGGREGATES)],
+            )?;
+            if d.columns.len() != d.keys.len() {
+                return plan_err!("a join with {store}: keys and columns disagree");
+            }
+            let schema = key_schema(&table.dims[d.dim]);
+            let exprs = (d.keys.iter())
+                .map(|e| self.decode_expr(e, ctx, &schema))
+                .collect::<Result<Vec<_>>>()?;
+            dims.push(keyed_dim(table, d.dim, exprs, d.columns.clone())?);
+        }
+        let subject = format!("a join with {store}");
+        let mut fields = Vec::with_capacity(joined.fields.len());
+        for (k, (name, data_type)) in joined.fields.iter().enumerate() {
+            let data_type = parse_type(&subject, data_type)?;
+            let matched = k + 1 == joined.fields.len();
+            fields.push(Field::new(name, data_type, !matched));
+        }
+        if fields.last().map(|f| f.data_type()) != Some(&DataType::Boolean) {
+            return plan_err!("{subject}: its last column is not the `matched` column");
+        }
+        Broadcast::received(dims, joined.values.clone(), fields, joined.label.clone())
+    }
+
+    /// A read received with the small tables it joins (`inputs`, their
+    /// rows): the read made again and the broadcasts it reads, each
+    /// checked to meet its input's columns.
+    fn joined_inputs(
+        &self,
+        read: Read,
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+    ) -> Result<(BlockRead, BroadcastInputs)> {
+        let read = self.decode_joined_read(read, ctx)?;
+        let broadcasts = read.table.broadcasts_read(&read.columns);
+        let broadcasts = BroadcastInputs::received(broadcasts, inputs.to_vec())?;
+        Ok((read, broadcasts))
+    }
+
     /// A transform's blocks received by a worker: its table opened again
     /// and checked to have the columns the plan was made for, the
     /// transforms made again from their options (checked as SQL's are),
@@ -1093,7 +1271,7 @@ impl ZarrCodec {
         }
         let states = r.schema();
         Ok(Node::Reduction(Reduction {
-            read: Read::of(r.read())?,
+            read: self.joined_read(r.read())?,
             groups: r
                 .group_keys()
                 .iter()
@@ -1119,9 +1297,11 @@ impl ZarrCodec {
     fn decode_reduction(
         &self,
         reduction: Reduction,
+        inputs: &[Arc<dyn ExecutionPlan>],
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let read = self.decode_read(reduction.read, ctx)?;
+        let (read, broadcasts) = self.joined_inputs(reduction.read, inputs, ctx)?;
+        let stage_tasks = reduction.tasks == TASKS_OF_STAGE && !broadcasts.is_empty();
         let (table, selection) = (&read.table, &read.selection);
         let store = &table.store;
         let n_dims = table.dims.len();
@@ -1151,7 +1331,8 @@ impl ZarrCodec {
             );
         }
         let n = reduction.aggregates.len();
-        if n > MAX_AGGREGATES || reduction.tasks == 0 || reduction.tasks > MAX_TASKS {
+        let tasks_known = (1..=MAX_TASKS).contains(&reduction.tasks);
+        if n > MAX_AGGREGATES || !(tasks_known || stage_tasks) {
             return plan_err!(
                 "a reduction of {store} has {n} aggregates (at most {MAX_AGGREGATES}) over {} \
                  tasks (1 to {MAX_TASKS})",
@@ -1218,11 +1399,8 @@ impl ZarrCodec {
             io_concurrency: reduction.io_concurrency,
         };
         let parallelism = ctx.session_config().target_partitions();
-        Ok(Arc::new(DenseReductionExec::states_of(
-            parts,
-            parallelism,
-            memory_limit,
-        )?))
+        let exec = DenseReductionExec::states_of(parts, parallelism, memory_limit)?;
+        Ok(Arc::new(exec.with_broadcasts(broadcasts, memory_limit)?))
     }
 }
 
@@ -1393,13 +1571,15 @@ impl PhysicalExtensionCodec for ZarrCodec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let node: Node = serde_json::from_slice(buf)
             .map_err(|e| exec_datafusion_err!("a malformed zarrfusion plan node: {e}"))?;
-        // Every zarrfusion node that travels is a leaf.
-        if !inputs.is_empty() {
+        // Every zarrfusion node that travels is a leaf, but for the rows of
+        // the tables a scan or a reduction joins in.
+        let joins = matches!(node, Node::Scan(_) | Node::Reduction(_));
+        if !joins && !inputs.is_empty() {
             return plan_err!("{} has no inputs, got {}", node.what(), inputs.len());
         }
         match node {
-            Node::Scan(scan) => self.decode_scan(scan, ctx),
-            Node::Reduction(reduction) => self.decode_reduction(reduction, ctx),
+            Node::Scan(scan) => self.decode_scan(scan, inputs, ctx),
+            Node::Reduction(reduction) => self.decode_reduction(reduction, inputs, ctx),
             Node::Window(window) => self.decode_window(window, ctx),
             Node::RechunkTasks(run) => decode_rechunk(run, ctx),
             Node::Blockwise(run) => self.decode_blockwise(run, ctx),
@@ -1473,7 +1653,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
             );
         };
         let encoded = Node::Scan(Scan {
-            read: Read::of(scan.read())?,
+            read: self.joined_read(scan.read())?,
             partitions: scan.properties().partitioning.partition_count(),
             limit: scan.limit(),
             batch_size: scan.batch_size(),

@@ -17,6 +17,9 @@
 //! - [`copies`]: a `COPY` of a whole table on a cluster: the workers write
 //!   the target's chunks (the rechunk's tasks), the session stages the
 //!   target and commits it.
+//! - [`broadcasts`]: a join of a grid with a small result keyed by some
+//!   of its dimensions (an anomaly) on a cluster: the small side runs as a
+//!   stage of its own and its rows are broadcast to the grid's tasks.
 //! - [`transforms`]: a transform on the four-step path on a cluster: the
 //!   workers run its two passes' blocks, a stage each, into a scratch
 //!   store the session made; the session reads the output.
@@ -51,6 +54,7 @@
 //! tables' options, credentials given in `OPTIONS` included (credentials
 //! from the workers' own environment travel nowhere).
 
+pub mod broadcasts;
 pub mod channel;
 pub mod cluster;
 pub mod codec;

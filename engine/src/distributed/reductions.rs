@@ -84,14 +84,17 @@ impl PhysicalOptimizerRule for GatherStates {
 /// (before the rule that places repartitions and sorts, which then places
 /// them for the final aggregate as for any other), and right after that
 /// rule [`ClusterCopies`](super::copies::ClusterCopies),
-/// [`ClusterPasses`](super::transforms::ClusterPasses) and [`GatherStates`]
-/// (which gather what they send to the workers).
+/// [`ClusterPasses`](super::transforms::ClusterPasses), [`GatherStates`]
+/// (which gather what they send to the workers) and
+/// [`ClusterBroadcasts`](super::broadcasts::ClusterBroadcasts) (which
+/// broadcasts the small sides of joins).
 pub fn rules_with_cluster_reductions() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = crate::window_frames::physical_rules();
     let requirements = rules
         .iter()
         .position(|r| r.name() == "EnsureRequirements")
         .map_or(rules.len(), |i| i + 1);
+    rules.insert(requirements, Arc::new(super::broadcasts::ClusterBroadcasts));
     rules.insert(requirements, Arc::new(GatherStates));
     rules.insert(requirements, Arc::new(super::transforms::ClusterPasses));
     rules.insert(requirements, Arc::new(super::copies::ClusterCopies));

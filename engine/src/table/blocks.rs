@@ -240,23 +240,37 @@ pub fn share_of(range: Range<u64>, i: u64, n: u64) -> Range<u64> {
     at(i)..at(i.saturating_add(1))
 }
 
+/// A node's tasks when it takes them from its stage (a node that is not
+/// a stage's leaf, such as a scan with a table joined in, whose stage's
+/// tasks the distributed planner counts without telling it): each
+/// execution runs as the task its `DistributedTaskContext` names, of as
+/// many as that says.
+pub const TASKS_OF_STAGE: usize = 0;
+
 /// Which of `tasks` tasks of a cluster's stage this execution of `node`
-/// (over `of`, a store) runs as: 0 when `tasks` is 1 (one process runs
-/// them all), else the task its `DistributedTaskContext` names, which must
-/// be one of the `tasks` it was planned for.
-pub fn task_index(node: &str, of: &str, tasks: usize, context: &Arc<TaskContext>) -> Result<usize> {
-    if tasks <= 1 {
-        return Ok(0);
+/// (over `of`, a store) runs as, and of how many: task 0 of 1 when `tasks`
+/// is 1 (one process runs them all), else the task its
+/// `DistributedTaskContext` names, which must be one of the `tasks` it was
+/// planned for ([`TASKS_OF_STAGE`]: of as many as it says).
+pub fn task_index(
+    node: &str,
+    of: &str,
+    tasks: usize,
+    context: &Arc<TaskContext>,
+) -> Result<(usize, usize)> {
+    if tasks == 1 {
+        return Ok((0, 1));
     }
     let ctx = DistributedTaskContext::from_ctx(context);
-    if ctx.task_count != tasks || ctx.task_index >= tasks {
+    let planned = ctx.task_count == tasks || tasks == TASKS_OF_STAGE;
+    if !planned || ctx.task_index >= ctx.task_count {
         return exec_err!(
             "{node} over {of} was planned for {tasks} tasks, but runs as task {} of {}",
             ctx.task_index,
             ctx.task_count
         );
     }
-    Ok(ctx.task_index)
+    Ok((ctx.task_index, ctx.task_count))
 }
 
 /// The share of `all` (blocks, or tasks of a node) that this execution of
@@ -268,8 +282,8 @@ pub fn task_share(
     all: Range<u64>,
     context: &Arc<TaskContext>,
 ) -> Result<Range<u64>> {
-    let task = task_index(node, of, tasks, context)?;
-    Ok(share_of(all, task as u64, tasks.max(1) as u64))
+    let (task, count) = task_index(node, of, tasks, context)?;
+    Ok(share_of(all, task as u64, count as u64))
 }
 
 /// The boxes of `selection` inside `extent`: the Cartesian product of the

@@ -33,13 +33,15 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::compute::{concat, take};
-use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
 use datafusion::catalog::Session;
 use datafusion::common::{exec_err, human_readable_size, internal_err, plan_err, Result};
+use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
-use datafusion::execution::TaskContext;
+use datafusion::execution::{SessionState, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::StreamExt;
@@ -57,6 +59,10 @@ pub struct BroadcastDim {
     pub distinct: Vec<ArrayRef>,
     /// The small side's output columns holding each component.
     pub columns: Vec<usize>,
+    /// The functions of the dimension's coordinate the keys are, one per
+    /// component, planned over its column alone (a cluster's worker
+    /// evaluates them again over its own copy of the coordinate).
+    pub exprs: Vec<Arc<dyn PhysicalExpr>>,
 }
 
 impl BroadcastDim {
@@ -74,8 +80,9 @@ impl BroadcastDim {
 /// A small table joined into a grid: its columns, as columns of the grid.
 #[derive(Debug)]
 pub struct Broadcast {
-    /// The small side, at most one row per key tuple.
-    pub plan: LogicalPlan,
+    /// The small side, at most one row per key tuple (`None` on a
+    /// cluster's worker, where it arrives as its operator's input).
+    pub plan: Option<LogicalPlan>,
     /// The dimensions it is keyed by, in the grid's order.
     pub dims: Vec<BroadcastDim>,
     /// The small side's output columns it gives the grid, in order.
@@ -117,6 +124,50 @@ impl Broadcast {
             })
             .collect();
         fields.push(Field::new(&names[values.len()], DataType::Boolean, false));
+        Self::assemble(Some(plan), dims, values, fields, label)
+    }
+
+    /// A broadcast a cluster's worker received: its small side's plan is
+    /// its operator's input, whose schema [`Self::check_input`] checks.
+    /// `fields` are the grid's new columns (the values', then the
+    /// `matched` column).
+    pub fn received(
+        dims: Vec<BroadcastDim>,
+        values: Vec<usize>,
+        fields: Vec<Field>,
+        label: String,
+    ) -> Result<Self> {
+        if fields.len() != values.len() + 1 {
+            return plan_err!(
+                "the broadcast of {label} gives {} columns for {} values",
+                fields.len(),
+                values.len()
+            );
+        }
+        for d in &dims {
+            let lengths_agree = d.columns.len() == d.distinct.len()
+                && d.exprs.len() == d.distinct.len()
+                && d.distinct.iter().all(|a| a.len() == d.len());
+            if d.distinct.is_empty() || !lengths_agree {
+                return plan_err!("the broadcast of {label}: a keyed dimension's keys disagree");
+            }
+            if let Some(k) = d.keys.iter().find(|&&k| k as usize >= d.len()) {
+                return plan_err!(
+                    "the broadcast of {label}: key {k} of {} distinct ones",
+                    d.len()
+                );
+            }
+        }
+        Self::assemble(None, dims, values, fields, label)
+    }
+
+    fn assemble(
+        plan: Option<LogicalPlan>,
+        dims: Vec<BroadcastDim>,
+        values: Vec<usize>,
+        fields: Vec<Field>,
+        label: String,
+    ) -> Result<Self> {
         let broadcast = Self {
             plan,
             dims,
@@ -134,6 +185,33 @@ impl Broadcast {
             );
         }
         Ok(broadcast)
+    }
+
+    /// Checks that `schema`, the small side's as its operator's input
+    /// gives it, has the key and value columns this broadcast reads, of
+    /// their types.
+    pub fn check_input(&self, schema: &Schema) -> Result<()> {
+        let wrong = |what: &str, c: usize, expected: &DataType| {
+            let found = schema.fields().get(c).map(|f| f.data_type().to_string());
+            plan_err!(
+                "the small side of the join with {} gives no {what} column {c} of type \
+                 {expected} (found {found:?})",
+                self.label
+            )
+        };
+        for d in &self.dims {
+            for (&c, keys) in d.columns.iter().zip(&d.distinct) {
+                if schema.fields().get(c).map(|f| f.data_type()) != Some(keys.data_type()) {
+                    return wrong("key", c, keys.data_type());
+                }
+            }
+        }
+        for (&c, field) in self.values.iter().zip(&self.fields) {
+            if schema.fields().get(c).map(|f| f.data_type()) != Some(field.data_type()) {
+                return wrong("value", c, field.data_type());
+            }
+        }
+        Ok(())
     }
 
     /// Cells of the dense array: the product of the keyed dimensions'
@@ -272,10 +350,10 @@ impl Broadcast {
             }
         }
         let indices: UInt32Array = slot.iter().map(|&s| (s != u32::MAX).then_some(s)).collect();
-        let values = (kept.iter().zip(&self.values))
-            .map(|(parts, &c)| {
+        let values = (kept.iter().zip(&self.fields))
+            .map(|(parts, field)| {
                 let all = match parts.as_slice() {
-                    [] => new_empty_array(self.plan.schema().field(c).data_type()),
+                    [] => new_empty_array(field.data_type()),
                     [one] => Arc::clone(one),
                     _ => {
                         let parts: Vec<&dyn Array> = parts.iter().map(|p| p.as_ref()).collect();
@@ -429,6 +507,18 @@ pub struct BroadcastValues {
     _reservation: MemoryReservation,
 }
 
+/// The planner a session with workers plans a join's small side with: its
+/// own query planner, before the distributed planner (which would make the
+/// small side a distributed plan of its own, run apart from the grid's).
+#[derive(Clone)]
+pub struct SmallSidePlanner(pub Arc<dyn QueryPlanner + Send + Sync>);
+
+impl std::fmt::Debug for SmallSidePlanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SmallSidePlanner")
+    }
+}
+
 /// The broadcasts an operator reads, with their small sides planned: the
 /// operator's children.
 #[derive(Debug, Clone, Default)]
@@ -439,13 +529,53 @@ pub struct BroadcastInputs {
 impl BroadcastInputs {
     /// Plans the small sides of `broadcasts` (those a scan reads:
     /// `GridTable::broadcasts_read`).
+    /// In a session with workers, a small side is planned as part of the
+    /// grid's plan ([`SmallSidePlanner`]), which the distributed planner
+    /// then cuts into stages, the small side's broadcast to the grid's
+    /// tasks.
     pub async fn plan(broadcasts: Vec<Arc<Broadcast>>, session: &dyn Session) -> Result<Self> {
         let mut entries = Vec::with_capacity(broadcasts.len());
+        let own_planner = session.config().get_extension::<SmallSidePlanner>();
+        let state = session.as_any().downcast_ref::<SessionState>();
         for broadcast in broadcasts {
-            let plan = session.create_physical_plan(&broadcast.plan).await?;
+            let Some(logical) = &broadcast.plan else {
+                return internal_err!(
+                    "the small side of the join with {} was received, not planned here",
+                    broadcast.label
+                );
+            };
+            let plan = match (&own_planner, state) {
+                (Some(planner), Some(state)) => {
+                    let optimized = state.optimize(logical)?;
+                    (planner.0).create_physical_plan(&optimized, state).await?
+                }
+                _ => session.create_physical_plan(logical).await?,
+            };
             entries.push((broadcast, plan));
         }
         Ok(Self { entries })
+    }
+
+    /// The broadcasts `broadcasts` with their small sides' plans `inputs`
+    /// (as a cluster's worker receives them: each checked to give the
+    /// columns its broadcast reads).
+    pub fn received(
+        broadcasts: Vec<Arc<Broadcast>>,
+        inputs: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Self> {
+        if broadcasts.len() != inputs.len() {
+            return plan_err!(
+                "an operator reading {} tables joined in was sent {} inputs",
+                broadcasts.len(),
+                inputs.len()
+            );
+        }
+        for (broadcast, input) in broadcasts.iter().zip(&inputs) {
+            broadcast.check_input(&input.schema())?;
+        }
+        Ok(Self {
+            entries: broadcasts.into_iter().zip(inputs).collect(),
+        })
     }
 
     /// Whether there is none.
@@ -524,21 +654,19 @@ mod tests {
                 keys: vec![0, 0, 1, 1],
                 distinct: vec![Arc::new(UInt32Array::from(vec![1, 2])) as ArrayRef],
                 columns: vec![0],
+                exprs: Vec::new(),
             },
             BroadcastDim {
                 dim: 2,
                 keys: vec![0, 1, 2],
                 distinct: vec![Arc::new(UInt32Array::from(vec![10, 20, 30])) as ArrayRef],
                 columns: vec![1],
+                exprs: Vec::new(),
             },
         ];
         assert_eq!(c_strides(&dims), vec![3, 1]);
-        let plan = LogicalPlan::EmptyRelation(datafusion::logical_expr::EmptyRelation {
-            produce_one_row: false,
-            schema: Arc::new(datafusion::common::DFSchema::empty()),
-        });
         let b = Broadcast {
-            plan,
+            plan: None,
             dims,
             values: vec![],
             fields: vec![],

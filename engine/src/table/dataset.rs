@@ -114,8 +114,9 @@ pub struct GridTable {
     /// The store, as the user wrote it.
     pub store: String,
     /// How to make this table again (`None`: a table made here from what
-    /// another process cannot make, such as a broadcast join's or a staged
-    /// transform's).
+    /// another process cannot make, such as a staged transform's); for a
+    /// table with tables joined in ([`Self::with_broadcast`]), how to make
+    /// its grid (the joined tables travel with their operators' inputs).
     pub source: Option<GridSource>,
     /// Dimensions, outermost first.
     pub dims: Vec<Arc<Dimension>>,
@@ -220,7 +221,7 @@ impl GridTable {
         broadcasts.push(Arc::new(broadcast));
         GridTable {
             store: self.store.clone(),
-            source: None,
+            source: self.source.clone(),
             dims: self.dims.clone(),
             variables: self.variables.clone(),
             broadcasts,

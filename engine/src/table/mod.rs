@@ -18,9 +18,10 @@ mod scan;
 mod selection;
 
 pub use block_read::BlockRead;
-pub use blocks::{boxes_in_block, share_of, task_index, task_share, BlockGrid};
+pub use blocks::{boxes_in_block, share_of, task_index, task_share, BlockGrid, TASKS_OF_STAGE};
 pub use broadcast::{
-    Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, MAX_BROADCAST_BYTES,
+    Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, SmallSidePlanner,
+    MAX_BROADCAST_BYTES,
 };
 pub use cells::BoxCells;
 pub use coordinate::{Coordinate, CoordinateFormula};

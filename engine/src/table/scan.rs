@@ -30,7 +30,7 @@ use datafusion::physical_plan::{
 use tokio::sync::mpsc::Sender;
 
 use super::block_read::BlockRead;
-use super::blocks::{boxes_in_block, share_of, task_index};
+use super::blocks::{boxes_in_block, share_of, task_index, TASKS_OF_STAGE};
 use super::broadcast::BroadcastInputs;
 use super::cells::BoxCells;
 use super::read_ahead::ReadAheadPlan;
@@ -57,7 +57,8 @@ pub struct ZarrScanExec {
     /// Chunk reads the scan may keep in flight (`zarrfusion.io_concurrency`).
     io_concurrency: usize,
     /// The tasks of a cluster's stage the blocks are dealt to (1: one
-    /// process reads them all; see [`Self::with_tasks`]).
+    /// process reads them all; see [`Self::with_tasks`];
+    /// [`TASKS_OF_STAGE`]: as many as its stage runs).
     tasks: usize,
     /// The small sides of the broadcast columns read: the scan's children.
     broadcasts: BroadcastInputs,
@@ -134,13 +135,25 @@ impl ZarrScanExec {
     /// `DistributedTaskContext`) reads its own run, split among its
     /// partitions.
     pub fn with_tasks(&self, tasks: usize) -> Self {
+        self.dealt(tasks.max(1))
+    }
+
+    /// This scan with its blocks dealt to the tasks of the cluster's
+    /// stage it runs in, however many the distributed planner gives it
+    /// (a scan with a table joined in is not its stage's leaf: the planner
+    /// counts its tasks without telling it).
+    pub fn with_tasks_of_stage(&self) -> Self {
+        self.dealt(TASKS_OF_STAGE)
+    }
+
+    fn dealt(&self, tasks: usize) -> Self {
         Self {
             read: Arc::clone(&self.read),
             limit: self.limit,
             batch_size: self.batch_size,
             read_ahead: self.read_ahead,
             io_concurrency: self.io_concurrency,
-            tasks: tasks.max(1),
+            tasks,
             broadcasts: self.broadcasts.clone(),
             session_only: self.session_only,
             properties: Arc::clone(&self.properties),
@@ -151,7 +164,7 @@ impl ZarrScanExec {
     /// A copy of this scan joining `broadcasts` in (its children
     /// replaced).
     fn rejoined(&self, broadcasts: BroadcastInputs) -> Self {
-        let mut scan = self.with_tasks(self.tasks);
+        let mut scan = self.dealt(self.tasks);
         scan.broadcasts = broadcasts;
         scan
     }
@@ -310,10 +323,10 @@ impl ZarrScanExec {
         }
     }
 
-    /// The blocks partition `partition` of task `task` reads.
-    fn partition_blocks(&self, task: usize, partition: usize) -> Range<u64> {
+    /// The blocks partition `partition` of task `task` of `tasks` reads.
+    fn partition_blocks(&self, (task, tasks): (usize, usize), partition: usize) -> Range<u64> {
         let total = self.read.blocks.num_blocks();
-        let run = share_of(0..total, task as u64, self.tasks as u64);
+        let run = share_of(0..total, task as u64, tasks as u64);
         let n = self.properties.partitioning.partition_count() as u64;
         share_of(run, partition as u64, n)
     }
@@ -342,8 +355,10 @@ impl DisplayAs for ZarrScanExec {
         if let Some(limit) = self.limit {
             write!(f, ", limit={limit}")?;
         }
-        if self.tasks > 1 {
-            write!(f, ", tasks={}", self.tasks)?;
+        match self.tasks {
+            TASKS_OF_STAGE => write!(f, ", tasks=its stage's")?,
+            1 => {}
+            n => write!(f, ", tasks={n}")?,
         }
         Ok(())
     }

@@ -226,8 +226,13 @@ impl Wire {
     }
 
     fn decode_bytes(&self, bytes: &[u8]) -> Result<(), String> {
+        self.decode_with(bytes, &[])
+    }
+
+    /// A worker's decoding of `bytes` with the node's inputs `inputs`.
+    fn decode_with(&self, bytes: &[u8], inputs: &[Arc<dyn ExecutionPlan>]) -> Result<(), String> {
         self.codec
-            .try_decode(bytes, &[], &self.task, &CONVERTER)
+            .try_decode(bytes, inputs, &self.task, &CONVERTER)
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
@@ -275,6 +280,8 @@ async fn a_malformed_scan_is_an_error_naming_what_is_wrong() {
         ("partitions", Value::from(u64::MAX), "partitions"),
         ("partitions", Value::from(0), "partitions"),
         ("tasks", Value::from(1u64 << 40), "tasks"),
+        // Tasks taken from the stage: only with a table joined in.
+        ("tasks", Value::from(0), "tasks"),
         ("batch_size", Value::from(0), "batch_size"),
         ("read", serde_json::json!([0, 99]), "column 99"),
         (
@@ -1870,4 +1877,102 @@ async fn a_transform_round_trips_and_a_malformed_one_is_refused() {
         ("columns", serde_json::json!([["x", "Int8"]]), "changed"),
     ];
     wire.refuses(&sent, cases);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn anomalies_broadcast_their_small_side_to_the_workers_with_xarray_s_answers() {
+    let workers = start_workers(2).await;
+    let queries = common::expected_queries("anomaly_queries.json");
+    assert!(queries.len() >= 5);
+    for q in &queries {
+        let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
+        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        let ctx = cluster_session(&workers).await;
+        ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+            .await
+            .unwrap();
+        let plan = physical_plan(&ctx, sql).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        // The small side is a stage of its own, broadcast to the grid's
+        // tasks, which read the grid on the workers: no hash join.
+        assert!(
+            shown.contains("NetworkBroadcastExec")
+                && shown.contains("broadcast=[")
+                && shown.contains("tasks=its stage's")
+                && !shown.contains("HashJoinExec"),
+            "{name}:\n{shown}"
+        );
+        let got = query_rows(&ctx, &format!("{name} through workers"), sql).await;
+        assert_rows(&format!("{name} through workers"), &got, &want);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_with_a_table_joined_in_round_trips_and_a_malformed_join_is_refused() {
+    let ctx = new_context();
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let sql = "SELECT t.time, t.lat, t.lon, t.t2m - v.c AS a FROM t JOIN \
+               (SELECT CAST(column1 AS REAL) AS lat, max(column2) AS c FROM \
+               (VALUES (50, 1.0), (30, 2.5), (10, -1.0)) GROUP BY 1) v ON t.lat = v.lat \
+               WHERE t.time < '2019-11-03'";
+    let plan = physical_plan(&ctx, sql).await;
+    let mut scans = Vec::new();
+    find_scans(&plan, &mut scans);
+    let scan = scans.remove(0);
+    let shown = displayable(scan.as_ref()).indent(true).to_string();
+    assert!(shown.contains("broadcast=[v by (lat: 6)"), "{shown}");
+    // The scan and the small side's plan, its input, through the codec.
+    assert_round_trip(&ctx, &scan).await;
+
+    let wire = Wire::new(&ctx);
+    let inputs: Vec<Arc<dyn ExecutionPlan>> = scan.children().into_iter().cloned().collect();
+    let sent = wire.encode(Arc::clone(&scan));
+    assert_eq!(sent["source"]["kind"], "joined", "{sent}");
+    let decode = |sent: &Value, inputs: &[Arc<dyn ExecutionPlan>]| {
+        wire.decode_with(&serde_json::to_vec(sent).unwrap(), inputs)
+    };
+    decode(&sent, &inputs).expect("the scan as sent");
+    let err = decode(&sent, &[]).expect_err("no inputs accepted");
+    assert!(err.contains("sent 0 inputs"), "{err}");
+    let joined = |field: &str, value: Value| {
+        let mut bad = sent.clone();
+        bad["source"]["joined"][0][field] = value;
+        bad
+    };
+    let mut cases = vec![
+        (
+            joined("values", serde_json::json!([7])),
+            "no value column 7",
+        ),
+        (
+            joined(
+                "fields",
+                serde_json::json!([["c", "Float64"], ["matched", "Int8"]]),
+            ),
+            "matched",
+        ),
+        (
+            joined(
+                "dims",
+                serde_json::json!([{"dim": 5, "keys": [], "columns": []}]),
+            ),
+            "dimension 5",
+        ),
+        (
+            joined(
+                "dims",
+                serde_json::json!([{"dim": 1, "keys": ["%%"], "columns": [0]}]),
+            ),
+            "base64",
+        ),
+    ];
+    let mut two_keys = sent.clone();
+    two_keys["source"]["joined"][0]["dims"][0]["columns"] = serde_json::json!([0, 1]);
+    cases.push((two_keys, "disagree"));
+    for (bad, says) in cases {
+        let err = decode(&bad, &inputs).expect_err(&format!("{bad} accepted"));
+        assert!(err.contains(says), "{says}: {err}");
+    }
 }

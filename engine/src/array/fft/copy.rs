@@ -402,12 +402,17 @@ impl BlockWrites {
         }
     }
 
+    /// Decoded bytes the blocks read: the whole source once.
+    fn bytes_read(&self) -> u64 {
+        let source = self.table.source();
+        source.shape().iter().product::<u64>() * source.element_size() as u64
+    }
+
     /// What a copy writing `bytes` did.
     fn written(&self, bytes: u64) -> Written {
-        let source = self.table.source();
         Written {
             rows: self.table.output_shape().iter().product(),
-            bytes_read: source.shape().iter().product::<u64>() * source.element_size() as u64,
+            bytes_read: self.bytes_read(),
             bytes_written: bytes,
         }
     }
@@ -872,7 +877,7 @@ impl FftCopyTasksExec {
 
     /// Decoded bytes the blocks read.
     pub fn bytes_read(&self) -> u64 {
-        self.writes.written(0).bytes_read
+        self.writes.bytes_read()
     }
 }
 

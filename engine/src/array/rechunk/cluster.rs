@@ -245,14 +245,14 @@ impl RechunkTasksExec {
         if self.tasks == 1 {
             return Ok(all);
         }
-        let task = task_index(
+        let (task, count) = task_index(
             "RechunkTasksExec",
             &self.rechunk.source,
             self.tasks,
             context,
         )?;
         let segments = self.rechunk.round_task_weights(self.round);
-        let (i, n) = (task as u64, self.tasks as u64);
+        let (i, n) = (task as u64, count as u64);
         Ok(share_by_weight(&segments, i, n))
     }
 }

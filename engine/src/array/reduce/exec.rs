@@ -23,7 +23,6 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{human_readable_size, resources_err, DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::ColumnarValue;
@@ -50,7 +49,7 @@ use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
     boxes_in_block, task_share, BlockRead, BoxCells, BroadcastInputs, GridTable, ReadAheadPlan,
-    TableReadAhead,
+    TableReadAhead, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -102,7 +101,8 @@ enum Emit {
     /// One row per group: the aggregates' results.
     Results,
     /// On a cluster: the partial states of one task's run of the blocks,
-    /// the blocks dealt to `tasks` tasks (see `partial`).
+    /// the blocks dealt to `tasks` tasks (see `partial`;
+    /// [`TASKS_OF_STAGE`]: as many as its stage runs).
     States { tasks: usize },
 }
 
@@ -136,7 +136,8 @@ pub struct ReductionParts {
     /// The schema of the states (group columns, then each aggregate's
     /// state columns).
     pub schema: SchemaRef,
-    /// Tasks the blocks are dealt to.
+    /// Tasks the blocks are dealt to ([`TASKS_OF_STAGE`]: as many as its
+    /// stage runs).
     pub tasks: usize,
     /// Chunk requests in flight at once (remote stores).
     pub io_concurrency: usize,
@@ -274,9 +275,7 @@ impl DenseReductionExec {
         reduction.check_states(&parts.schema)?;
         Self::assemble(
             Arc::new(reduction),
-            Emit::States {
-                tasks: parts.tasks.max(1),
-            },
+            Emit::States { tasks: parts.tasks },
             parts.schema,
             parts.io_concurrency,
             parallelism.max(1),
@@ -359,15 +358,15 @@ impl DenseReductionExec {
     }
 
     /// This reduction reading the broadcast columns of `broadcasts` (their
-    /// small sides planned), refused if it then cannot fit the session's
-    /// memory limit.
+    /// small sides planned, or received by a cluster's worker), refused if
+    /// it then cannot fit `memory_limit` (the session's or the worker's).
     pub fn with_broadcasts(
         mut self,
         broadcasts: BroadcastInputs,
-        session: &dyn Session,
+        memory_limit: Option<usize>,
     ) -> Result<Self> {
         self.broadcasts = broadcasts;
-        if let MemoryLimit::Finite(limit) = session.runtime_env().memory_pool.memory_limit() {
+        if let Some(limit) = memory_limit {
             self.check_memory(limit)?;
         }
         Ok(self)
@@ -392,12 +391,23 @@ impl DenseReductionExec {
     /// This reduction giving the partial states of its tasks' runs of the
     /// blocks as `schema` (see `partial`).
     pub(super) fn with_states(&self, schema: SchemaRef, tasks: usize) -> Result<Self> {
+        self.dealt(schema, tasks.max(1))
+    }
+
+    /// This reduction giving the partial states of its blocks dealt to
+    /// the tasks of the cluster's stage it runs in, however many the
+    /// distributed planner gives it (a reduction with a table joined in
+    /// is not its stage's leaf: the planner counts its tasks without
+    /// telling it).
+    pub fn with_tasks_of_stage(&self) -> Result<Self> {
+        self.dealt(Arc::clone(&self.schema), TASKS_OF_STAGE)
+    }
+
+    fn dealt(&self, schema: SchemaRef, tasks: usize) -> Result<Self> {
         self.reduction.check_states(&schema)?;
         let mut exec = Self::assemble(
             Arc::clone(&self.reduction),
-            Emit::States {
-                tasks: tasks.max(1),
-            },
+            Emit::States { tasks },
             schema,
             self.io_concurrency,
             self.workers,
@@ -966,7 +976,10 @@ impl DisplayAs for DenseReductionExec {
             write!(f, ", predicate={predicate}")?;
         }
         if let Emit::States { tasks } = self.emit {
-            write!(f, ", emits=partial states, tasks={tasks}")?;
+            match tasks {
+                TASKS_OF_STAGE => write!(f, ", emits=partial states, tasks=its stage's")?,
+                n => write!(f, ", emits=partial states, tasks={n}")?,
+            }
         }
         if let Some(ordering) = self.properties.output_ordering() {
             write!(f, ", output_ordering=[{ordering}]")?;
