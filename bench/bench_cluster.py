@@ -10,7 +10,11 @@ of ``bench_rechunk.py`` as ``COPY ... STORED AS ZARR``), S (a COPY of the northe
 rechunk's rounds), W (a COPY of a 24-step running mean of t2m: on workers a round of tasks
 rolling runs of chunks along time), F (a COPY of the FFT of t2m along lon, complex64: on workers
 a stage of tasks each transforming a run of blocks and writing them as whole chunks of the
-target); the COPYs' targets removed before each run, not timed; no hash arm.
+target); the COPYs' targets removed before each run, not timed; no hash arm. A (an anomaly's
+zonal mean, ``t2m`` minus its monthly climatology per cell, a broadcast join: on workers the
+climatology's partial states, then its rows broadcast to the tasks reading the grid) has the arm
+``2 workers (hash join)`` instead of the hash arm: ``zarrfusion.broadcast_join = false``,
+DataFusion's hash join on the cluster (its plan before broadcast joins ran on workers).
 
 Arms (every run a fresh shell process; workers started fresh for each run, not timed):
 
@@ -74,6 +78,12 @@ QUERIES = {
     # A COPY of a transform by whole lines (each chunk holds whole lines of lon): on workers, a
     # stage of tasks each transforming a run of blocks into whole chunks of the target.
     "F": f"COPY (SELECT * FROM fft('era5', 't2m', dims => 'lon')) TO '{FFT_TARGET}' STORED AS ZARR",
+    # An anomaly's zonal mean (a broadcast join): on workers, the climatology's partial states,
+    # then its rows broadcast to the tasks reading the grid, whose GROUP BY gives partial states.
+    "A": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c FROM era5 "
+    "GROUP BY 1, 2, 3) SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS a FROM era5 JOIN clim "
+    "ON extract(month FROM era5.time) = clim.month AND era5.lat = clim.lat AND era5.lon = clim.lon "
+    "GROUP BY 1, 2",
 }
 # The COPYs' targets, removed before each run.
 COPY_TARGETS = {"R": RECHUNK_TARGET, "S": SELECTION_TARGET, "W": ROLLING_TARGET, "F": FFT_TARGET}
@@ -208,6 +218,10 @@ def main() -> None:
             del arms["2 workers (hash)"]
         if q == "F":
             arms["xarray + xrft, Dask 2 workers"] = ("dask", None, [])
+        if q == "A":
+            # The cluster's plan before broadcast joins ran on workers: DataFusion's hash join.
+            del arms["2 workers (hash)"]
+            arms["2 workers (hash join)"] = (2, None, ["SET zarrfusion.broadcast_join = false", create, sql])
         answers = {}
         explain_net = {}
         for arm, (workers, pin, statements) in arms.items():
