@@ -50,7 +50,13 @@
 //! aggregates (their arguments and row filter as DataFusion's protobuf
 //! physical expressions) and the schema of its states. The worker checks
 //! them as a scan's, bounds the group state as the planner does
-//! ([`MAX_STATE_BYTES`]), and fits the reduction to its own `allowed_mem`.
+//! ([`MAX_STATE_BYTES`]: the dimensions grouped by as they are before any
+//! key is evaluated, then the groups the keys of functions of a coordinate
+//! make, such as 12 months of a long time axis), and fits the reduction to
+//! its own `allowed_mem`. A scan or reduction reading tables joined in (a
+//! broadcast join's) travels with them: per table, the functions of the
+//! grid's coordinates it is keyed by and the columns it gives; its rows
+//! are the node's inputs, checked to have those columns.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -1339,19 +1345,25 @@ impl ZarrCodec {
                 reduction.tasks
             );
         }
-        let groups = (0..n_dims)
-            .filter(|&d| plain[d] + functions[d] > 0)
-            .fold(1u128, |n, d| {
-                let len: u64 = selection.ranges(d).iter().map(|r| r.end - r.start).sum();
-                n.saturating_mul(u128::from(len))
-            });
-        let state = groups.saturating_mul(8 + 32 * n as u128);
-        if state > MAX_STATE_BYTES as u128 {
-            return plan_err!(
-                "a reduction of {store} has {groups} groups: their state would exceed {} bytes",
-                MAX_STATE_BYTES
-            );
-        }
+        // The groups of the dimensions grouped by as they are, before any
+        // key is evaluated; those grouped by functions of their coordinate
+        // (at most one group per position, often far fewer: 12 months)
+        // are counted once their keys are (below).
+        let state_per_group = 8 + 32 * n as u128;
+        let of = store.clone();
+        let check_state = move |groups: u128| {
+            if groups.saturating_mul(state_per_group) > MAX_STATE_BYTES as u128 {
+                return plan_err!(
+                    "a reduction of {of} has {groups} groups: their state would exceed {} bytes",
+                    MAX_STATE_BYTES
+                );
+            }
+            Ok(())
+        };
+        check_state((0..n_dims).filter(|&d| plain[d] > 0).fold(1u128, |n, d| {
+            let len: u64 = selection.ranges(d).iter().map(|r| r.end - r.start).sum();
+            n.saturating_mul(u128::from(len))
+        }))?;
         let input = Arc::clone(&read.schema);
         let subject = format!("a reduction of {store}");
         let parse_type = |text: &str| parse_type(&subject, text);
@@ -1400,6 +1412,7 @@ impl ZarrCodec {
         };
         let parallelism = ctx.session_config().target_partitions();
         let exec = DenseReductionExec::states_of(parts, parallelism, memory_limit)?;
+        check_state(exec.num_groups() as u128)?;
         Ok(Arc::new(exec.with_broadcasts(broadcasts, memory_limit)?))
     }
 }

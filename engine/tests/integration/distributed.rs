@@ -512,6 +512,30 @@ async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
 }
 
 /// The rolling-window oracle queries (`rolling_queries.json`).
+/// Runs the oracle query `q` over `climate.zarr` (as `t`) through
+/// `workers` after `settings`, asserting xarray's answer; its name and
+/// distributed plan.
+async fn climate_oracle_through(
+    workers: &Workers,
+    settings: &[&str],
+    q: &Value,
+) -> (String, String) {
+    let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
+    let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+    let ctx = cluster_session(workers).await;
+    for setting in settings {
+        ctx.sql(setting).await.unwrap();
+    }
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let plan = physical_plan(&ctx, sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    let got = query_rows(&ctx, &format!("{name} through workers"), sql).await;
+    assert_rows(&format!("{name} through workers"), &got, &want);
+    (name.to_string(), shown)
+}
+
 fn rolling_queries() -> Vec<Value> {
     let path = repo_root().join("tests/fixtures/expected/rolling_queries.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -523,26 +547,15 @@ async fn rolling_windows_run_on_the_workers_with_xarray_s_answers() {
     let queries = rolling_queries();
     assert!(queries.len() >= 6);
     for q in &queries {
-        let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
-        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
-        let ctx = cluster_session(&workers).await;
         // Blocks of a few steps: each task rolls its run, reading the
         // overlap before it from the store.
-        ctx.sql("SET zarrfusion.target_partition_bytes = 1024")
-            .await
-            .unwrap();
-        ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-            .await
-            .unwrap();
-        let plan = physical_plan(&ctx, sql).await;
-        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        let settings = ["SET zarrfusion.target_partition_bytes = 1024"];
+        let (name, shown) = climate_oracle_through(&workers, &settings, q).await;
         assert!(
             shown.contains("RollingWindowExec") && shown.contains("Network"),
             "{name}:\n{shown}"
         );
         assert!(!shown.contains("WindowAggExec"), "{name}:\n{shown}");
-        let got = query_rows(&ctx, &format!("{name} through workers"), sql).await;
-        assert_rows(&format!("{name} through workers"), &got, &want);
     }
 }
 
@@ -1885,14 +1898,7 @@ async fn anomalies_broadcast_their_small_side_to_the_workers_with_xarray_s_answe
     let queries = common::expected_queries("anomaly_queries.json");
     assert!(queries.len() >= 5);
     for q in &queries {
-        let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
-        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
-        let ctx = cluster_session(&workers).await;
-        ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-            .await
-            .unwrap();
-        let plan = physical_plan(&ctx, sql).await;
-        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        let (name, shown) = climate_oracle_through(&workers, &[], q).await;
         // The small side is a stage of its own, broadcast to the grid's
         // tasks, which read the grid on the workers: no hash join.
         assert!(
@@ -1902,8 +1908,6 @@ async fn anomalies_broadcast_their_small_side_to_the_workers_with_xarray_s_answe
                 && !shown.contains("HashJoinExec"),
             "{name}:\n{shown}"
         );
-        let got = query_rows(&ctx, &format!("{name} through workers"), sql).await;
-        assert_rows(&format!("{name} through workers"), &got, &want);
     }
 }
 
@@ -1975,4 +1979,49 @@ async fn a_scan_with_a_table_joined_in_round_trips_and_a_malformed_join_is_refus
         let err = decode(&bad, &inputs).expect_err(&format!("{bad} accepted"));
         assert!(err.contains(says), "{says}: {err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reduction_by_functions_of_a_long_dimension_is_counted_by_its_keys_on_a_worker() {
+    // 400,000 hours x 721 x 1440 (no chunk written: every cell the fill
+    // value), grouped by a function of time with 4 keys: 4.2 M groups,
+    // where the positions would make 415 G.
+    let dir = scratch("cluster-long-keys").join("big.zarr");
+    std::fs::create_dir_all(dir.join("v")).unwrap();
+    std::fs::write(
+        dir.join("zarr.json"),
+        r#"{"zarr_format": 3, "node_type": "group", "attributes": {}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("v/zarr.json"),
+        r#"{"zarr_format": 3, "node_type": "array", "shape": [400000, 721, 1440],
+            "data_type": "float32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1000, 73, 144]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 0.0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "dimension_names": ["time", "lat", "lon"], "attributes": {}}"#,
+    )
+    .unwrap();
+    let ctx = new_context();
+    let path = dir.to_str().unwrap();
+    ctx.register_zarr("big", path, HashMap::new())
+        .await
+        .unwrap();
+    let plan = physical_plan(
+        &ctx,
+        "SELECT time / 100000 AS era, lat, lon, count(v) AS n FROM big GROUP BY 1, 2, 3",
+    )
+    .await;
+    let reduction = first_node::<DenseReductionExec>(plan);
+    let reduction = reduction.downcast_ref::<DenseReductionExec>().unwrap();
+    let states = first_node::<DenseReductionExec>(reduction.on_cluster(2).unwrap());
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(states);
+    wire.decode(&sent).expect("a reduction by 4 keys of time");
+    // Grouped by time itself: 415 G groups, refused before any state.
+    let mut by_time = sent.clone();
+    by_time["groups"][0] = serde_json::json!({"dim": 0, "expr": null});
+    let err = wire.decode(&by_time).expect_err("415 G groups accepted");
+    assert!(err.contains("groups") && err.contains("exceed"), "{err}");
 }

@@ -433,6 +433,12 @@ impl DenseReductionExec {
         }
     }
 
+    /// The groups it folds the cells into (the product of each grouped
+    /// dimension's distinct keys).
+    pub fn num_groups(&self) -> usize {
+        self.reduction.space.num_groups()
+    }
+
     /// What it reads: the table, the columns the expressions read, the
     /// cells reduced and their blocks.
     pub fn read(&self) -> &BlockRead {
