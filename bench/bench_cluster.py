@@ -225,53 +225,66 @@ def main() -> None:
         answers = {}
         explain_net = {}
         for arm, (workers, pin, statements) in arms.items():
-            times, rss, worker_rss = [], [], []
-            for i in range(args.repeat + 1):
-                procs, hwm = [], []
-                extra = ["-m", args.memory]
-                if q in COPY_TARGETS:
-                    subprocess.run(["rm", "-rf", str(COPY_TARGETS[q])], check=True)
-                if workers == "dask":
-                    elapsed, peak, out, hwm = run_dask_fft(store, COPY_TARGETS[q], args.memory)
-                else:
-                    if workers:
-                        started = [start_worker(core, args.memory) for core in range(workers)]
-                        procs = [p for p, _ in started]
-                        extra += ["--workers", ",".join(a for _, a in started)]
-                        # One task per worker: the scan's decoded bytes over the workers.
-                        statements_run = ["SET zarrfusion.bytes_per_task = 1", *statements]
-                    else:
-                        statements_run = statements
-                    try:
-                        cmd = [*extra, "-q", "--format", "csv"]
-                        for s in statements_run:
-                            cmd += ["-c", s]
-                        elapsed, peak, out = run_child_rss(cmd, pin)
-                        if workers and i == 0 and q not in COPY_TARGETS:
-                            setup = [x for s in statements_run[:-1] for x in ("-c", s)]
-                            explain = run_child_rss([*extra, "-q", *setup, "-c", f"EXPLAIN ANALYZE {sql}"], None)[2]
-                            explain_net[arm] = network_bytes(explain)
-                        hwm = [vm_hwm(p.pid) for p in procs]
-                    finally:
-                        for p in procs:
-                            p.terminate()
-                        for p in procs:
-                            p.wait(timeout=30)
-                answers[arm] = sorted(out.strip().splitlines()[1:])
-                if i == 0:
-                    continue  # warm-up: page cache
-                times.append(elapsed)
-                rss.append(peak)
-                if hwm:
-                    worker_rss.append(max(hwm))
-                print(f"{q} {arm} run {i}: {elapsed:.2f} s, RSS {peak / 2**20:.0f} MiB"
-                      + (f", workers {', '.join(f'{h / 2**20:.0f}' for h in hwm)} MiB" if hwm else ""), flush=True)
-            rows.append((q, arm, min(times), statistics.median(times), max(rss), max(worker_rss) if worker_rss else None))
+            try:
+                measured = run_arm(q, arm, workers, pin, statements, args, store, sql, answers, explain_net)
+            except RuntimeError as e:
+                # A peer that cannot do the work within the budget: said, not shrunk.
+                print(f"{q} {arm}: failed: {e}", flush=True)
+                rows.append((q, arm, "failed", str(e).split(" failed: ", 1)[-1], None, None))
+                continue
+            rows.append(measured)
         same = len({"\n".join(_round(a) for a in v) for v in answers.values()}) == 1
         rows.append((q, "answers identical (6 significant digits)", same, None, None, None))
         for arm, net in explain_net.items():
             rows.append((q, "network", (arm, *net), on_disk, None, None))
     report(rows, args, store, on_disk)
+
+
+def run_arm(q, arm, workers, pin, statements, args, store, sql, answers, explain_net):
+    """One arm of query ``q``: a warm-up and ``args.repeat`` runs; its row of the report.
+    Raises ``RuntimeError`` when a run fails."""
+    times, rss, worker_rss = [], [], []
+    for i in range(args.repeat + 1):
+        procs, hwm = [], []
+        extra = ["-m", args.memory]
+        if q in COPY_TARGETS:
+            subprocess.run(["rm", "-rf", str(COPY_TARGETS[q])], check=True)
+        if workers == "dask":
+            elapsed, peak, out, hwm = run_dask_fft(store, COPY_TARGETS[q], args.memory)
+        else:
+            if workers:
+                started = [start_worker(core, args.memory) for core in range(workers)]
+                procs = [p for p, _ in started]
+                extra += ["--workers", ",".join(a for _, a in started)]
+                # One task per worker: the scan's decoded bytes over the workers.
+                statements_run = ["SET zarrfusion.bytes_per_task = 1", *statements]
+            else:
+                statements_run = statements
+            try:
+                cmd = [*extra, "-q", "--format", "csv"]
+                for s in statements_run:
+                    cmd += ["-c", s]
+                elapsed, peak, out = run_child_rss(cmd, pin)
+                if workers and i == 0 and q not in COPY_TARGETS:
+                    setup = [x for s in statements_run[:-1] for x in ("-c", s)]
+                    explain = run_child_rss([*extra, "-q", *setup, "-c", f"EXPLAIN ANALYZE {sql}"], None)[2]
+                    explain_net[arm] = network_bytes(explain)
+                hwm = [vm_hwm(p.pid) for p in procs]
+            finally:
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    p.wait(timeout=30)
+        answers[arm] = sorted(out.strip().splitlines()[1:])
+        if i == 0:
+            continue  # warm-up: page cache
+        times.append(elapsed)
+        rss.append(peak)
+        if hwm:
+            worker_rss.append(max(hwm))
+        print(f"{q} {arm} run {i}: {elapsed:.2f} s, RSS {peak / 2**20:.0f} MiB"
+              + (f", workers {', '.join(f'{h / 2**20:.0f}' for h in hwm)} MiB" if hwm else ""), flush=True)
+    return (q, arm, min(times), statistics.median(times), max(rss), max(worker_rss) if worker_rss else None)
 
 
 def _round(line: str) -> str:
@@ -311,6 +324,10 @@ def report(rows, args, store, on_disk) -> None:
                 f"- {q}, {which}: {net / 1e3:.1f} kB crossed the network (every network boundary's output), "
                 f"{rows_scanned}, {b / 1e6:.0f} MB on disk: {100 * net / b:.4f} % of the bytes on disk"
             )
+        elif a == "failed":
+            first = next((line for line in b.splitlines() if "Error" in line), b.splitlines()[0])
+            lines.append(f"| {q} | {arm} | failed | | | | |")
+            notes.append(f"- {q}, {arm}: failed: `{first.strip()[:400]}`")
         else:
             ratio = base[q] / a if q in base else float("nan")
             lines.append(
