@@ -93,6 +93,10 @@ pub struct Broadcast {
     pub label: String,
     /// The values of the execution in progress, if any.
     current: Mutex<Weak<BroadcastValues>>,
+    /// Per operator reading it (by the address of the small side's plan
+    /// it runs), the values while some of its partitions are yet to take
+    /// them, and how many.
+    pending: Mutex<Vec<(usize, Arc<BroadcastValues>, usize)>>,
     /// Taken while the values are computed, so they are computed once.
     building: tokio::sync::Mutex<()>,
 }
@@ -175,6 +179,7 @@ impl Broadcast {
             fields,
             label,
             current: Mutex::new(Weak::new()),
+            pending: Mutex::new(Vec::new()),
             building: tokio::sync::Mutex::new(()),
         };
         if broadcast.dense_bytes() > MAX_BROADCAST_BYTES {
@@ -265,14 +270,22 @@ impl Broadcast {
     }
 
     /// Computes the small side by running `input` (its physical plan) and
-    /// lays it out, or returns the values an execution in progress holds.
+    /// lays it out, once for the `partitions` partitions of the operator
+    /// reading it: the first to ask computes it, the others take what it
+    /// computed (the last one to take it leaves none behind, so that the
+    /// memory goes with the partitions' own references, and a later
+    /// execution computes it again). On a cluster the small side's rows
+    /// come from a broadcast, which sends each of its partitions once per
+    /// task: running it twice in one execution would fail.
     async fn hold(
         &self,
         input: &Arc<dyn ExecutionPlan>,
         context: &Arc<TaskContext>,
+        partitions: usize,
     ) -> Result<Arc<BroadcastValues>> {
         let _building = self.building.lock().await;
-        if let Some(values) = self.current() {
+        let operator = Arc::as_ptr(input) as *const () as usize;
+        if let Some(values) = self.take_pending(operator) {
             return Ok(values);
         }
         let reservation = MemoryConsumer::new(format!("Broadcast[{}]", self.label))
@@ -283,7 +296,32 @@ impl Broadcast {
             Ok(mut current) => *current = Arc::downgrade(&values),
             Err(poisoned) => *poisoned.into_inner() = Arc::downgrade(&values),
         }
+        if partitions > 1 {
+            let kept = (operator, Arc::clone(&values), partitions - 1);
+            match self.pending.lock() {
+                Ok(mut pending) => pending.push(kept),
+                Err(poisoned) => poisoned.into_inner().push(kept),
+            }
+        }
         Ok(values)
+    }
+
+    /// The values of the execution in progress of the operator running
+    /// `operator` (the address of its small side's plan), taken by one
+    /// more of its partitions (none kept once all have).
+    fn take_pending(&self, operator: usize) -> Option<Arc<BroadcastValues>> {
+        let mut pending = match self.pending.lock() {
+            Ok(pending) => pending,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let at = pending.iter().position(|(o, _, _)| *o == operator)?;
+        let entry = &mut pending[at];
+        let values = Arc::clone(&entry.1);
+        entry.2 -= 1;
+        if entry.2 == 0 {
+            pending.swap_remove(at);
+        }
+        Some(values)
     }
 
     /// The values of the execution in progress.
@@ -319,10 +357,9 @@ impl Broadcast {
         let mut slot: Vec<u32> = vec![u32::MAX; cells];
         let mut kept: Vec<Vec<ArrayRef>> = vec![Vec::new(); self.values.len()];
         let mut kept_rows: usize = 0;
-        // A fresh instance of the plan: it may have run before in this
-        // query (for partitions that started after the values of the
-        // others were dropped), and operators such as a repartition run
-        // once per instance.
+        // A fresh instance of the plan: it may have run before (an earlier
+        // execution of the operator), and operators such as a repartition
+        // run once per instance.
         let input = reset_plan_states(Arc::clone(input))?;
         let mut stream = execute_stream(input, Arc::clone(context))?;
         while let Some(batch) = stream.next().await {
@@ -608,13 +645,17 @@ impl BroadcastInputs {
         (self.entries.iter()).fold(0usize, |n, (b, _)| n.saturating_add(b.memory()))
     }
 
-    /// Computes every broadcast (once for all the partitions running at
-    /// the same time): what is returned must be held while the operator
-    /// reads blocks.
-    pub async fn hold(&self, context: &Arc<TaskContext>) -> Result<Vec<Arc<BroadcastValues>>> {
+    /// Computes every broadcast, once for the `partitions` partitions of
+    /// the operator reading them (each calls this once as it starts): what
+    /// is returned must be held while the operator reads blocks.
+    pub async fn hold(
+        &self,
+        context: &Arc<TaskContext>,
+        partitions: usize,
+    ) -> Result<Vec<Arc<BroadcastValues>>> {
         let mut held = Vec::with_capacity(self.entries.len());
         for (broadcast, plan) in &self.entries {
-            held.push(broadcast.hold(plan, context).await?);
+            held.push(broadcast.hold(plan, context, partitions).await?);
         }
         Ok(held)
     }
@@ -643,6 +684,108 @@ impl BroadcastInputs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::arrow::datatypes::SchemaRef;
+
+    /// A small side counting how often it is run.
+    #[derive(Debug)]
+    struct Counted {
+        schema: SchemaRef,
+        batch: RecordBatch,
+        runs: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl datafusion::physical_plan::streaming::PartitionStream for Counted {
+        fn schema(&self) -> &SchemaRef {
+            &self.schema
+        }
+
+        fn execute(
+            &self,
+            _ctx: Arc<TaskContext>,
+        ) -> datafusion::execution::SendableRecordBatchStream {
+            self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let batches = vec![self.batch.clone()];
+            Box::pin(
+                datafusion::physical_plan::memory::MemoryStream::try_new(
+                    batches,
+                    Arc::clone(&self.schema),
+                    None,
+                )
+                .unwrap(),
+            )
+        }
+    }
+
+    /// The small side runs once per execution of the operator reading it,
+    /// however its partitions interleave: a partition starting after the
+    /// others dropped the values takes the same ones (on a cluster the
+    /// small side's rows come from a broadcast, which sends each partition
+    /// once per task); the next execution runs it again.
+    #[tokio::test]
+    async fn the_small_side_runs_once_for_all_the_partitions_of_an_execution() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::UInt32, false),
+            Field::new("v", DataType::Float64, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(UInt32Array::from(vec![1, 2, 3])),
+                Arc::new(datafusion::arrow::array::Float64Array::from(vec![
+                    0.5, 1.5, 2.5,
+                ])),
+            ],
+        )
+        .unwrap();
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Counted {
+            schema: Arc::clone(&schema),
+            batch,
+            runs: Arc::clone(&runs),
+        };
+        let input: Arc<dyn ExecutionPlan> = Arc::new(
+            datafusion::physical_plan::streaming::StreamingTableExec::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(counted)],
+                None,
+                Vec::new(),
+                false,
+                None,
+            )
+            .unwrap(),
+        );
+        let b = Broadcast {
+            plan: None,
+            dims: vec![BroadcastDim {
+                dim: 0,
+                keys: vec![0, 1, 2],
+                distinct: vec![Arc::new(UInt32Array::from(vec![1, 2, 3])) as ArrayRef],
+                columns: vec![0],
+                exprs: Vec::new(),
+            }],
+            values: vec![1],
+            fields: vec![
+                Field::new("v", DataType::Float64, true),
+                Field::new("matched", DataType::Boolean, false),
+            ],
+            label: "t".into(),
+            current: Mutex::new(Weak::new()),
+            pending: Mutex::new(Vec::new()),
+            building: tokio::sync::Mutex::new(()),
+        };
+        let context = Arc::new(TaskContext::default());
+        // Three partitions, one after the other, each dropping the values
+        // before the next starts.
+        for _ in 0..3 {
+            let held = b.hold(&input, &context, 3).await.unwrap();
+            assert!(held.all_matched);
+            drop(held);
+        }
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The next execution runs it again.
+        drop(b.hold(&input, &context, 3).await.unwrap());
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
 
     #[test]
     fn gather_walks_the_cells_in_c_order() {
@@ -672,6 +815,7 @@ mod tests {
             fields: vec![],
             label: "t".into(),
             current: Mutex::new(Weak::new()),
+            pending: Mutex::new(Vec::new()),
             building: tokio::sync::Mutex::new(()),
         };
         let extent = [1..3, 0..2, 1..3];

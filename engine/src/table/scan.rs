@@ -413,6 +413,7 @@ impl ExecutionPlan for ZarrScanExec {
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.read.schema), 2);
         let tx = builder.tx();
         let broadcasts = self.broadcasts.clone();
+        let partitions = self.properties.partitioning.partition_count();
         let read = move || {
             let _reservation = reservation;
             for id in blocks {
@@ -447,7 +448,7 @@ impl ExecutionPlan for ZarrScanExec {
             // The tables joined in are computed first, and held while the
             // blocks are read.
             builder.spawn(async move {
-                let _held = broadcasts.hold(&context).await?;
+                let _held = broadcasts.hold(&context, partitions).await?;
                 tokio::task::spawn_blocking(read)
                     .await
                     .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?

@@ -1068,8 +1068,9 @@ impl ExecutionPlan for DenseReductionExec {
 
         let broadcasts = self.broadcasts.clone();
         let result = async move {
-            // The tables joined in, computed first and held while folding.
-            let _held = broadcasts.hold(&context).await?;
+            // The tables joined in, computed first and held while folding
+            // (its one partition).
+            let _held = broadcasts.hold(&context, 1).await?;
             let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
             let folding = Arc::clone(&reduction);
             let (_, folded) = tokio::task::spawn_blocking(move || {
