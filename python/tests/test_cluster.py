@@ -362,6 +362,44 @@ def test_four_step_passes_run_on_the_workers_and_equal_xrft(workers, tmp_path):
     assert list(work.iterdir()) == []
 
 
+def test_a_staged_transform_s_first_stage_runs_on_the_workers_and_equals_numpy(workers, tmp_path):
+    """An FFT along ``y`` and ``x`` whose planes do not fit the session's
+    ``allowed_mem`` is staged: its first stage (along ``y``, by whole lines)
+    runs on the two worker processes, a stage of two tasks storing their
+    blocks into the store the session made in ``work_dir`` (a directory
+    every worker sees); the session transforms that store along ``x``. The
+    spectrum is numpy's ``fft2`` shifted as xrft shifts it (coordinates from
+    0 by 1, so xrft's phase and amplitude factors are 1), and nothing is
+    left in ``work_dir``."""
+    data = np.random.default_rng(7).standard_normal((2, 1024, 512))
+    store = tmp_path / "planes.zarr"
+    coords = {"t": [0.0, 1.0], "y": np.arange(1024.0), "x": np.arange(512.0)}
+    xr.Dataset({"v": (("t", "y", "x"), data)}, coords=coords).to_zarr(
+        store, encoding={"v": {"chunks": (1, 1024, 32), "compressors": None}}, zarr_format=3, consolidated=False
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    # A plane needs over 20 MB, more than half of what the limit leaves
+    # beside the kernel's threads; half the limit holds them and blocks of
+    # whole lines of y.
+    kernel = (os.cpu_count() or 1) * 3 * 16384 * 16
+    config = {"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)}
+    ctx = zf.SessionContext(workers=workers, allowed_mem=2 * kernel + 24 * 2**20, config=config)
+    sql = f"SELECT * FROM fft('{store}', 'v', dims => 'y,x')"
+    distributed = _distributed_plan(ctx, sql)
+    for part in ["strategy=staged: along [y] by whole lines", "first stage on the cluster's workers", "Network"]:
+        assert part in distributed, distributed
+    assert "FftCopyTasksExec" in distributed and "tasks=2" in distributed, distributed
+    got = ctx.sql(sql).to_xarray(dims=["t", "freq_y", "freq_x"])["v"]
+    want = np.fft.fftshift(np.fft.fft2(data, axes=(1, 2)), axes=(1, 2))
+    freqs = {d: np.fft.fftshift(np.fft.fftfreq(n)) for d, n in [("freq_y", 1024), ("freq_x", 512)]}
+    for d, f in freqs.items():
+        np.testing.assert_allclose(got[d].values, f, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.values, want, rtol=0, atol=1e-9 * np.abs(want).max())
+    del got
+    assert list(work.iterdir()) == []
+
+
 def test_a_copy_of_a_transform_is_written_by_the_workers_and_equals_xrft(workers, tmp_path):
     """``COPY`` of an FFT along ``lat`` through the two worker processes:
     each task transforms a run of blocks and writes them as whole chunks of

@@ -28,12 +28,15 @@
 //! and fits the transform to its own `allowed_mem` on its own device. A
 //! transform whose path makes a store in `work_dir` first (a rechunked
 //! copy, the four-step passes, a staged transform) is not sent: it runs in
-//! the session ([`crate::distributed::tasks`] gives it one task). An
-//! [`FftCopyTasksExec`] (a run of a `COPY` of a transform's blocks) sends
-//! the same chain, its blocks' shape and [`FftCopyTasks`] (the target's
-//! chunks and encoding, where it is staged); the worker also refuses blocks
-//! that are not whole chunks of the target and targets that are not a
-//! COPY's.
+//! the session ([`crate::distributed::tasks`] gives it one task), its
+//! four-step passes or first stage as stages of their own. An
+//! [`FftCopyTasksExec`] (a run of a `COPY` of a transform's blocks, or of
+//! the blocks of a staged transform's first stage) sends the same chain,
+//! its blocks' shape and [`FftCopyTasks`] (the target's chunks and
+//! encoding, where it is staged); the worker also refuses blocks that are
+//! not whole chunks of the target and targets that are not a COPY's or a
+//! staged transform's store (which must hold the array as the tasks write
+//! it).
 //!
 //! A [`RechunkTasksExec`] (a round of a `COPY`'s rechunk tasks) travels as
 //! the rechunk's plain data ([`RechunkTasks`]: source, chunk lengths, each
@@ -1039,9 +1042,11 @@ impl ZarrCodec {
         Ok(Arc::new(exec.with_tasks(t.tasks)))
     }
 
-    /// A run of the blocks of a COPY of a transform received by a worker:
-    /// the transform made again with SQL's checks, its blocks whole lines,
-    /// writing only into a COPY's staged target the worker's
+    /// A run of the blocks of a COPY of a transform (or of a staged
+    /// transform's first stage) received by a worker: the transform made
+    /// again with SQL's checks, its blocks whole lines, writing only into a
+    /// COPY's staged target (or a staged transform's store, which must
+    /// hold the array as the tasks write it) the worker's
     /// `allowed_locations` permit, its tasks fitted to the worker's
     /// `allowed_mem` on the worker's own device.
     fn decode_transform_copy(
@@ -1057,12 +1062,15 @@ impl ZarrCodec {
         )?;
         let options =
             RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
-        if let StagedTarget::Scratch { location } = &c.copy.into {
-            return plan_err!(
-                "a COPY of the transform of {store} writes into '{location}', not a COPY's target"
-            );
+        match &c.copy.into {
+            // The first stage of a staged transform, into the store the
+            // session made in its work_dir.
+            StagedTarget::Scratch { location } => {
+                let what = ("zarrfusion-fft-staged-", "a staged transform's store");
+                check_scratch(location, what, &options, &store)?
+            }
+            into => check_staged(into, &options, &store)?,
         }
-        check_staged(&c.copy.into, &options, &store)?;
         let shape = table.block_space();
         let blocks = line_blocks(&table, c.block_shape, &Selection::all(&shape))?;
         let exec = FftCopyTasksExec::received(

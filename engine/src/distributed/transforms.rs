@@ -1,21 +1,26 @@
-//! A transform on the four-step path on a cluster: a physical optimizer
-//! rule of sessions with workers. [`ClusterPasses`] gives each
-//! [`FftExec`] on that path its two passes as inputs
-//! ([`FftExec::on_cluster`]: per pass a
-//! [`FourStepPassExec`](crate::array::fft::FourStepPassExec) under the
-//! gathering of its blocks' counts). The distributed planner puts a
-//! network boundary at each gathering, each pass's stage is split into
+//! Transforms whose path writes a store in `work_dir` first, on a
+//! cluster: a physical optimizer rule of sessions with workers.
+//! [`ClusterPasses`] gives each [`FftExec`] on the four-step path its two
+//! passes as inputs, and each staged transform (or chain whose inner
+//! transform is stored first) its first stage ([`FftExec::on_cluster`]:
+//! per pass a [`FourStepPassExec`](crate::array::fft::FourStepPassExec),
+//! for a first stage an
+//! [`FftCopyTasksExec`](crate::array::fft::copy::FftCopyTasksExec), each
+//! under the gathering of its blocks' counts). The distributed planner
+//! puts a network boundary at each gathering, each stage is split into
 //! tasks by the bytes it reads ([`super::tasks`]), the workers write the
-//! intermediates into the scratch store the session made in `work_dir`,
-//! and the session reads the output once both passes are done. Transforms
-//! by whole lines need no rule: their `FftExec` is a stage's leaf itself.
+//! intermediates or the first stage's output into the store the session
+//! made in `work_dir`, and the session reads the output once they are
+//! done. Transforms by whole lines need no rule: their `FftExec` is a
+//! stage's leaf itself.
 
 use std::sync::Arc;
 
 use crate::array::fft::FftExec;
 use crate::plan_methods::physical_bottom_up_rule;
 
-/// Runs the passes of every four-step transform of a plan on the workers.
+/// Runs the passes of every four-step transform of a plan, and the first
+/// stage of every staged one, on the workers.
 #[derive(Debug, Default)]
 pub struct ClusterPasses;
 

@@ -1587,7 +1587,7 @@ async fn a_copy_of_a_transform_writes_its_blocks_on_the_workers() {
                 "location": dir.join("zarrfusion-rechunked-1.zarr").to_string_lossy(),
             })
         },
-        "not a COPY's target",
+        "not a staged transform's store",
     );
 }
 
@@ -1719,6 +1719,163 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
     assert_eq!(want.len(), 9);
     assert_rows("power", &query_rows(&cluster, "power", sql).await, &want);
     assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
+/// Writes a Zarr v3 store at `dir`: `v` over (t 2, y 1024, x 512),
+/// float64, uncompressed, in chunks of (1, 1024, 32), with a smooth field
+/// and a ripple on both axes; coordinates `t`, `y` and `x` (0, 1, ...).
+fn write_planes(dir: &std::path::Path) {
+    let (nt, ny, nx, cx) = (2usize, 1024usize, 512usize, 32usize);
+    let write = |path: std::path::PathBuf, text: String| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    let array = |shape: &[usize], chunks: &[usize], dims: &[&str]| {
+        serde_json::json!({
+            "zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float64",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": "NaN",
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "dimension_names": dims, "attributes": {}
+        })
+        .to_string()
+    };
+    let bytes = |values: &mut dyn Iterator<Item = f64>| -> Vec<u8> {
+        values.flat_map(f64::to_le_bytes).collect()
+    };
+    write(
+        dir.join("zarr.json"),
+        r#"{"zarr_format": 3, "node_type": "group", "attributes": {}}"#.into(),
+    );
+    for (name, n) in [("t", nt), ("y", ny), ("x", nx)] {
+        write(dir.join(name).join("zarr.json"), array(&[n], &[n], &[name]));
+        let path = dir.join(name).join("c").join("0");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes(&mut (0..n).map(|i| i as f64))).unwrap();
+    }
+    write(
+        dir.join("v").join("zarr.json"),
+        array(&[nt, ny, nx], &[1, ny, cx], &["t", "y", "x"]),
+    );
+    for t in 0..nt {
+        for c in 0..nx / cx {
+            let value = |y: usize, x: usize| {
+                let (tf, yf, xf) = (t as f64, y as f64, x as f64);
+                (0.05 * yf + 0.3 * tf).sin() * (0.07 * xf).cos()
+                    + 0.01 * ((y * x) % 17) as f64
+                    + 0.2 * (0.9 * xf - 0.4 * yf).sin()
+            };
+            let mut cells = (0..ny).flat_map(|y| (c * cx..(c + 1) * cx).map(move |x| (y, x)));
+            let path = dir.join(format!("v/c/{t}/0/{c}"));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes(&mut cells.by_ref().map(|(y, x)| value(y, x)))).unwrap();
+        }
+    }
+}
+
+/// A transform along two dimensions whose planes do not fit the session's
+/// allowed_mem is staged: its first stage (along y, by whole lines) is a
+/// stage of the plan whose tasks transform runs of its blocks on the
+/// workers and store them in the store the session made in work_dir; the
+/// session reads that store along x. The spectrum is the one a session
+/// without workers or a limit computes by whole planes (checked against
+/// xrft in fft.rs): per frequency of y, weighted sums over every cell.
+/// Nothing is left in work_dir. The first stage's tasks round trip
+/// through the codec; a worker refuses a store not named as a staged
+/// transform's, and one that holds the array otherwise than it writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
+    let dir = scratch("cluster-fft-staged");
+    let store = dir.join("planes.zarr");
+    write_planes(&store);
+    let (work, set_work) = own_work_dir(&dir);
+    let sql = format!(
+        "SELECT freq_y, sum(v['re'] * cos(7 * freq_x + 3 * freq_y)) AS a, \
+         sum(v['im'] * sin(5 * freq_x - 2 * freq_y + t)) AS b, \
+         sum(v['re'] * v['re'] + v['im'] * v['im']) AS power \
+         FROM fft('{}', 'v', dims => 'y,x') GROUP BY freq_y ORDER BY freq_y",
+        store.display()
+    );
+    let local = new_context();
+    let shown = common::explain_text(&local, &sql).await;
+    assert!(shown.contains("strategy=whole lines"), "{shown}");
+    let want = query_rows(&local, "whole planes", &sql).await;
+    assert_eq!(want.len(), 1024);
+
+    // A plane needs over 20 MB, more than half of what the limit leaves
+    // beside the kernel's threads; half the limit holds them and blocks of
+    // whole lines of y, and the sort's reservation (10 MB) fits beside the
+    // transform.
+    let kernel = rayon::current_num_threads() * 3 * 16384 * 16;
+    let limit = 2 * kernel + (24 << 20);
+    let workers = start_workers(2).await;
+    let ctx = distributed_context(session_config(), limited(limit), workers.urls.clone());
+    for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
+        ctx.sql(set).await.unwrap();
+    }
+    let plan = physical_plan(&ctx, &sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in [
+        "strategy=staged: along [y] by whole lines",
+        "first stage on the cluster's workers",
+        "Network",
+        "FftCopyTasksExec",
+        "zarrfusion-fft-staged-",
+        "tasks=2",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    let got = query_rows(&ctx, "staged on the workers", &sql).await;
+    assert_rows("staged on the workers", &got, &want);
+    drop(plan);
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    // The first stage's tasks through the codec.
+    let alone = zarrfusion::new_context_with(session_config(), limited(limit));
+    alone.sql(&set_work).await.unwrap();
+    let fft = first_node::<FftExec>(physical_plan(&alone, &sql).await);
+    let on_cluster = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+        .unwrap()
+        .expect("a first stage by whole lines");
+    let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &alone.task_ctx(), &codec).unwrap();
+    assert_eq!(show(&back), show(&tasks));
+    let wire = Wire::new(&alone);
+    let sent = wire.encode(tasks);
+    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    let mut elsewhere = sent.clone();
+    elsewhere["copy"]["into"]["location"] =
+        Value::from(work.join("zarrfusion-rechunked-1.zarr").to_string_lossy());
+    let err = wire
+        .decode(&elsewhere)
+        .expect_err("a rechunk's store accepted");
+    assert!(err.contains("not a staged transform's store"), "{err}");
+    // Chunks half as wide along x: accepted as whole chunks, refused when
+    // the task finds the store's array otherwise.
+    let mut other = sent.clone();
+    other["copy"]["chunks"][2] = Value::from(sent["copy"]["chunks"][2].as_u64().unwrap() / 2);
+    other["tasks"] = Value::from(1);
+    let task = codec
+        .try_decode(
+            other.to_string().as_bytes(),
+            &[],
+            &alone.task_ctx(),
+            &CONVERTER,
+        )
+        .unwrap();
+    let err = datafusion::physical_plan::collect(task, alone.task_ctx())
+        .await
+        .expect_err("wrote into a store holding the array otherwise")
+        .to_string();
+    assert!(
+        err.contains("otherwise than the transform writes it"),
+        "{err}"
+    );
 }
 
 /// A four-step pass round trips through the codec (the same plan, the

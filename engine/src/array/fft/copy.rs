@@ -45,8 +45,8 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use serde::{Deserialize, Serialize};
 use zarrfusion_udfs::complex::complex_part;
-use zarrs::array::Array as ZarrsArray;
-use zarrs::storage::ReadableWritableListableStorageTraits;
+use zarrs::array::{Array as ZarrsArray, ArrayMetadataOptions};
+use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
 use super::exec::{
     block_memory, kernel_memory, plan_blocks, read_ahead_plan, start_read_ahead, transformed_block,
@@ -356,7 +356,7 @@ impl BlockWrites {
         let source = self.table.source();
         let source_failed = |e: String| {
             DataFusionError::Execution(format!(
-                "COPY of the transform of '{}' variable '{}': {e}",
+                "writing the transform of '{}' variable '{}': {e}",
                 source.store(),
                 source.variable()
             ))
@@ -364,7 +364,7 @@ impl BlockWrites {
         let blocks = self.tasks.blocks.num_blocks();
         if ids.end > blocks {
             return exec_err!(
-                "the COPY of the transform of '{}' has {blocks} blocks, not {}",
+                "the transform of '{}' has {blocks} blocks to write, not {}",
                 source.store(),
                 ids.end
             );
@@ -378,7 +378,7 @@ impl BlockWrites {
             |pool, id| {
                 may_write().map_err(|e| {
                     DataFusionError::Execution(format!(
-                        "COPY of the transform of '{}', block {id}: {e}",
+                        "writing the transform of '{}', block {id}: {e}",
                         source.store()
                     ))
                 })?;
@@ -386,7 +386,10 @@ impl BlockWrites {
             },
         )?;
         if cancelled.load(Ordering::Relaxed) {
-            return exec_err!("the COPY of '{}' was cancelled", source.store());
+            return exec_err!(
+                "writing the transform of '{}' was cancelled",
+                source.store()
+            );
         }
         Ok(bytes)
     }
@@ -420,33 +423,33 @@ impl BlockWrites {
     /// Transforms block `id` and stores it; returns the bytes stored.
     fn write_block(&self, id: u64, array: &Array, pool: &ChunkBufferPool) -> Result<u64> {
         let extent = self.tasks.blocks.block(id);
-        let fail = |message: String| {
+        store_transformed_block(&self.table, &self.kernels, &extent, array, pool).map_err(|e| {
             DataFusionError::Execution(format!(
-                "COPY of the transform of '{}' variable '{}', block {extent:?}: {message}",
+                "writing the transform of '{}' variable '{}', block {extent:?}: {e}",
                 self.table.source().store(),
                 self.table.source().variable()
             ))
-        };
-        let bytes = if self.table.single_precision() {
-            block_bytes(transformed_block::<f32>(
-                &self.table,
-                &self.kernels,
-                &extent,
-                pool,
-            ))
-        } else {
-            block_bytes(transformed_block::<f64>(
-                &self.table,
-                &self.kernels,
-                &extent,
-                pool,
-            ))
-        }
-        .map_err(fail)?;
-        let out_extent = self.table.output_extent(&extent);
-        store_box(array, &out_extent, bytes.as_slice()).map_err(fail)?;
-        Ok(bytes.len() as u64)
+        })
     }
+}
+
+/// Transforms the block `extent` of `table` with `kernels` and stores it
+/// in `array` (a store of the table's output, whose chunks the block's
+/// output covers whole); the bytes stored.
+pub(crate) fn store_transformed_block(
+    table: &FftTable,
+    kernels: &Kernels,
+    extent: &[Range<u64>],
+    array: &Array,
+    pool: &ChunkBufferPool,
+) -> std::result::Result<u64, String> {
+    let bytes = if table.single_precision() {
+        block_bytes(transformed_block::<f32>(table, kernels, extent, pool))
+    } else {
+        block_bytes(transformed_block::<f64>(table, kernels, extent, pool))
+    }?;
+    store_box(array, &table.output_extent(extent), bytes.as_slice())?;
+    Ok(bytes.len() as u64)
 }
 
 /// The tasks writing the blocks of a transform to Zarr: each holds a block
@@ -832,6 +835,21 @@ impl FftCopyTasksExec {
                 human_readable_size(limit)
             );
         }
+        Ok(Self::writing(table, tasks, device, staging, sent))
+    }
+
+    /// The tasks writing the blocks of `tasks` of the transform `table`
+    /// where `sent` says, on `device` (staging through `staging`
+    /// page-locked bytes on a GPU): a worker's, or the session's for the
+    /// first stage of a staged transform (`sent` then names its store in
+    /// `work_dir`).
+    pub(crate) fn writing(
+        table: Arc<FftTable>,
+        tasks: WriteTasks,
+        device: Device,
+        staging: usize,
+        sent: FftCopyTasks,
+    ) -> Self {
         let metrics = ExecutionPlanMetricsSet::new();
         let writes = BlockWrites {
             table,
@@ -839,10 +857,10 @@ impl FftCopyTasksExec {
             kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
             device,
         };
-        Ok(Self {
+        Self {
             metrics,
             ..Self::new(Arc::new(writes), Arc::new(sent))
-        })
+        }
     }
 
     /// A copy dealing the blocks to `tasks` distributed tasks (reporting
@@ -932,6 +950,9 @@ impl ExecutionPlan for FftCopyTasksExec {
                 ..ZarrWriteOptions::default()
             };
             let array = variable_array(&out, &variable, &dims, &options)?;
+            if let StagedTarget::Scratch { .. } = &sent.into {
+                check_stored(&out, &array, &sent.into)?;
+            }
             let may_write = || sent.into.still_staged(&out);
             let bytes = writes.write(&array, run.clone(), &may_write, cancelled)?;
             Ok(Written {
@@ -943,4 +964,27 @@ impl ExecutionPlan for FftCopyTasksExec {
     }
 
     metered_plan_methods!(|_| Some(1));
+}
+
+/// Refuses to write `array` into the store `into` (a staged transform's,
+/// which the session made with the array's metadata) unless the store
+/// holds the array as the tasks write it.
+fn check_stored(
+    out: &ReadableWritableListableStorage,
+    array: &Array,
+    into: &StagedTarget,
+) -> Result<()> {
+    let path = array.path().as_str();
+    let stored = ZarrsArray::open(Arc::clone(out), path).map_err(|e| {
+        DataFusionError::Execution(format!("the store '{into}', array {path}: {e}"))
+    })?;
+    // As both would store it (zarrs' own attribute, canonical names).
+    let options = ArrayMetadataOptions::default();
+    if stored.metadata_opt(&options) != array.metadata_opt(&options) {
+        return exec_err!(
+            "the store '{into}' holds the array {path} otherwise than the transform writes it \
+             (its metadata differ)"
+        );
+    }
+    Ok(())
 }

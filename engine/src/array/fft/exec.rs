@@ -35,7 +35,7 @@ use zarrfusion_udfs::complex::complex_array;
 
 use super::kernels::{Kernels, Precision, TransformClock};
 use super::passes::FourStepPassExec;
-use super::source::ArraySource;
+use super::source::{ArraySource, StoredStage};
 use super::table::FftTable;
 use super::transform::FftTransform;
 use crate::array::tasks::run_cluster_tasks;
@@ -446,10 +446,14 @@ pub struct FftExec {
     /// The tasks of a cluster's stage the blocks are dealt to (1: one
     /// process transforms them all; see [`Self::with_tasks`]).
     tasks: usize,
-    /// On a cluster, the four-step path's passes, one stage each (their
-    /// [`FourStepPassExec`] under the gathering of their counts), run on
-    /// the workers before the output is read (see [`Self::on_cluster`]).
-    passes: Vec<Arc<dyn ExecutionPlan>>,
+    /// On a cluster, what the workers run before the output is read (see
+    /// [`Self::on_cluster`]), each under the gathering of its blocks'
+    /// counts: the four-step path's passes, a stage each
+    /// ([`FourStepPassExec`]), or a staged transform's first stage.
+    inputs: Vec<Arc<dyn ExecutionPlan>>,
+    /// A staged transform's first stage when `inputs` runs it, and its
+    /// blocks.
+    first_stage: Option<(Arc<dyn StoredStage>, u64)>,
 }
 
 /// The blocks an [`FftExec`] reads and how it sends their rows, as a
@@ -599,7 +603,8 @@ impl FftExec {
             properties,
             metrics,
             tasks: 1,
-            passes: Vec::new(),
+            inputs: Vec::new(),
+            first_stage: None,
         })
     }
 
@@ -613,24 +618,43 @@ impl FftExec {
             // The kernels' clock counts into these.
             metrics: self.metrics.clone(),
             tasks: tasks.max(1),
-            passes: self.passes.clone(),
+            inputs: self.inputs.clone(),
+            first_stage: self.first_stage.clone(),
         }
     }
 
-    /// This transform with the passes of its four-step path as its inputs,
-    /// to run on a cluster's workers ([`super::passes`]): a stage each,
-    /// [`FourStepPassExec`] under the gathering of its blocks' counts,
-    /// run one after the other before the output is read here. `None` when
-    /// they already are, for the other paths (whole lines read from the
-    /// variable go to the workers themselves, see [`Self::with_tasks`]) and
-    /// for a four-step path a worker cannot make again (a detrended source,
-    /// a table not opened from a location), which runs in the session.
+    /// This transform with what its path writes in `work_dir` first as
+    /// its inputs, to run on a cluster's workers: the passes of its
+    /// four-step path ([`super::passes`]: a stage each,
+    /// [`FourStepPassExec`] under the gathering of its blocks' counts, run
+    /// one after the other), or the first stage of a staged transform (or
+    /// of a chain's stored inner transform, [`super::staged`]: a stage
+    /// whose tasks transform runs of its blocks and store them), before
+    /// the output is read here. `None` when they already are, for the
+    /// other paths (whole lines read from the variable go to the workers
+    /// themselves, see [`Self::with_tasks`]) and for what a worker cannot
+    /// make again (a detrended source, a first stage on the four-step
+    /// path, a table not opened from a location), which runs in the
+    /// session.
     pub fn on_cluster(&self) -> Result<Option<Self>> {
         let table = &self.job.table;
+        if !self.inputs.is_empty() {
+            return Ok(None);
+        }
+        if let ArraySource::Staged(stage) = table.source() {
+            let Some(cluster) = stage.on_cluster(self.job.device) else {
+                return Ok(None);
+            };
+            return Ok(Some(Self {
+                inputs: vec![Arc::new(CoalescePartitionsExec::new(cluster.tasks))],
+                first_stage: Some((Arc::clone(stage), cluster.blocks)),
+                ..self.with_tasks(self.tasks)
+            }));
+        }
         let Some(four_step) = table.four_step() else {
             return Ok(None);
         };
-        if !self.passes.is_empty() || table.four_step_chain().is_none() {
+        if table.four_step_chain().is_none() {
             return Ok(None);
         }
         let passes = [0, 1]
@@ -647,7 +671,7 @@ impl FftExec {
             })
             .collect::<Result<_>>()?;
         Ok(Some(Self {
-            passes,
+            inputs: passes,
             ..self.with_tasks(self.tasks)
         }))
     }
@@ -771,8 +795,10 @@ impl DisplayAs for FftExec {
                 tasks => format!(", tasks={tasks}"),
             },
         )?;
-        if !self.passes.is_empty() {
-            write!(f, ", passes on the cluster's workers")?;
+        match (&self.first_stage, self.inputs.is_empty()) {
+            (Some(_), _) => write!(f, ", first stage on the cluster's workers")?,
+            (None, false) => write!(f, ", passes on the cluster's workers")?,
+            (None, true) => {}
         }
         Ok(())
     }
@@ -782,7 +808,7 @@ impl ExecutionPlan for FftExec {
     named_plan_methods!("FftExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        self.passes.iter().collect()
+        self.inputs.iter().collect()
     }
 
     no_expressions_method!();
@@ -791,15 +817,15 @@ impl ExecutionPlan for FftExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != self.passes.len() {
+        if children.len() != self.inputs.len() {
             return exec_err!(
                 "FftExec has {} children, got {}",
-                self.passes.len(),
+                self.inputs.len(),
                 children.len()
             );
         }
         Ok(Arc::new(Self {
-            passes: children,
+            inputs: children,
             ..self.with_tasks(self.tasks)
         }))
     }
@@ -825,17 +851,19 @@ impl ExecutionPlan for FftExec {
         )?;
         let blocks_done = MetricBuilder::new(&self.metrics).counter("blocks", partition);
         let transform_time = MetricBuilder::new(&self.metrics).subset_time("block_time", partition);
-        // On a cluster, the four-step path's passes run on the workers
-        // first (once, whichever partition comes first; the others wait).
-        let passes = match self.passes.as_slice() {
+        // On a cluster, the four-step path's passes or a staged
+        // transform's first stage run on the workers first (once,
+        // whichever partition comes first; the others wait).
+        let inputs = match self.inputs.as_slice() {
             [] => None,
-            passes => {
+            inputs => {
                 let handle = tokio::runtime::Handle::try_current().map_err(|e| {
                     DataFusionError::Execution(format!("FftExec needs a runtime: {e}"))
                 })?;
-                Some((handle, passes.to_vec(), Arc::clone(&context)))
+                Some((handle, inputs.to_vec(), Arc::clone(&context)))
             }
         };
+        let first_stage = self.first_stage.clone();
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&job.schema), 2);
         let tx = builder.tx();
         builder.spawn_blocking(move || {
@@ -847,11 +875,17 @@ impl ExecutionPlan for FftExec {
                     job.source().variable()
                 ))
             };
-            if let (Some((handle, passes, context)), Some(four_step)) =
-                (passes, job.table.four_step())
-            {
-                let stopped = || tx.is_closed();
-                four_step
+            let stopped = || tx.is_closed();
+            match (inputs, first_stage, job.table.four_step()) {
+                (Some((handle, inputs, context)), Some((stage, blocks)), _) => stage
+                    .written_by(&mut || {
+                        let what = "the first stage of the staged transform";
+                        let (input, context) = (Arc::clone(&inputs[0]), Arc::clone(&context));
+                        run_cluster_tasks(&handle, input, context, &stopped, blocks, what)
+                            .map_err(|e| e.to_string())
+                    })
+                    .map_err(failed)?,
+                (Some((handle, passes, context)), None, Some(four_step)) => four_step
                     .ensure_done_by(|| {
                         for (pass, input) in passes.into_iter().enumerate() {
                             let blocks = four_step.pass_tasks(pass);
@@ -868,7 +902,8 @@ impl ExecutionPlan for FftExec {
                         }
                         Ok(())
                     })
-                    .map_err(failed)?;
+                    .map_err(failed)?,
+                _ => {}
             }
             // The blocks' chunks, read ahead once they exist (a copy in
             // work_dir is made first).

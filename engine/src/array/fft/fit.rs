@@ -249,7 +249,14 @@ impl FftTable {
             .work_dir
             .unwrap_or_else(default_work_dir);
         let stage = tokio::task::spawn_blocking(move || {
-            StagedTransform::prepare(inner, chained, tasks, chunks, &work_dir, &runtime)
+            StagedTransform::prepare(
+                inner,
+                chained,
+                (tasks, staging),
+                chunks,
+                &work_dir,
+                &runtime,
+            )
         })
         .await
         .map_err(|e| DataFusionError::Execution(format!("the FFT planner stopped: {e}")))??;

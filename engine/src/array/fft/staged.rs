@@ -26,6 +26,16 @@
 //! when it does not, the inner transform is stored the same way first (a
 //! *chain*), and the outer one reads the store by whole lines or the
 //! four-step path.
+//!
+//! On a cluster, a first stage by whole lines of a table opened from a
+//! location is a stage of the query's plan
+//! ([`StoredStage::on_cluster`]): its blocks are dealt in runs to tasks
+//! on the workers, each transforming its blocks and storing them into the
+//! store the session made in `work_dir` (which every worker must reach),
+//! as a `COPY` of a transform's tasks store whole chunks of a target
+//! ([`FftCopyTasksExec`]); the session's operator runs that stage to its
+//! end and reads the store. A first stage on the four-step path, or over
+//! a detrended source, runs in the session.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -33,16 +43,20 @@ use std::sync::{Arc, OnceLock};
 use datafusion::common::Result;
 use datafusion::execution::runtime_env::RuntimeEnv;
 
-use super::copy::{block_bytes, output_group, WriteTasks};
-use super::exec::{strategy, transformed_block};
+use super::copy::{
+    output_group, store_transformed_block, FftCopyTasks, FftCopyTasksExec, WriteTasks,
+};
+use super::exec::strategy;
 use super::kernels::{Kernels, ScratchArray};
-use super::source::StoredStage;
+use super::source::{ClusterStage, StoredStage};
 use super::table::FftTable;
+use crate::array::rechunk::TargetEncoding;
+use crate::device::Device;
 use crate::table::{open_dataset_blocking, Dimension, GridTable, ZarrTableOptions};
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::scratch::ScratchStore;
-use crate::write::store::store_box;
 use crate::write::store::write_group;
+use crate::write::target::StagedTarget;
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
 /// The first stage of a staged transform and its output in `work_dir`
@@ -61,6 +75,9 @@ pub struct StagedTransform {
     pub chained: bool,
     /// The tasks writing the first stage's blocks.
     tasks: WriteTasks,
+    /// The page-locked bytes the first stage's kernels stage through on
+    /// a GPU (counted in `tasks`).
+    staging: usize,
     array: ScratchArray,
     scratch: ScratchStore,
     written: OnceLock<std::result::Result<(), String>>,
@@ -99,6 +116,37 @@ impl StoredStage for StagedTransform {
         StagedTransform::ensure_written(self, kernels)
     }
 
+    fn on_cluster(&self, device: Device) -> Option<ClusterStage> {
+        // A worker makes the first stage again from the variable's table:
+        // whole lines of a table opened from a location.
+        self.inner.chain()?;
+        let sent = FftCopyTasks {
+            chunks: self.chunk_shape(),
+            into: StagedTarget::Scratch {
+                location: self.location().to_string(),
+            },
+            encoding: TargetEncoding::of(&stage_encoding()),
+        };
+        let tasks = FftCopyTasksExec::writing(
+            Arc::clone(&self.inner),
+            self.tasks.clone(),
+            device,
+            self.staging,
+            sent,
+        );
+        Some(ClusterStage {
+            tasks: Arc::new(tasks),
+            blocks: self.tasks.blocks.num_blocks(),
+        })
+    }
+
+    fn written_by(
+        &self,
+        run: &mut dyn FnMut() -> std::result::Result<(), String>,
+    ) -> std::result::Result<(), String> {
+        self.written.get_or_init(run).clone()
+    }
+
     fn describe(&self, later: &[&str]) -> String {
         let inner = &self.inner;
         let dims: Vec<&str> = (inner.asked_transform().axes.iter())
@@ -126,11 +174,13 @@ impl StagedTransform {
     /// Writes the metadata and coordinates of `inner`'s output, in chunks
     /// of `chunks` (dividing its blocks' output extents), into a fresh
     /// store in `work_dir`, and opens it; `chained` when `inner` is a
-    /// whole transform another one reads. Blocking.
+    /// whole transform another one reads; `tasks` write its blocks, their
+    /// kernels staging through `staging` page-locked bytes on a GPU.
+    /// Blocking.
     pub fn prepare(
         inner: Arc<FftTable>,
         chained: bool,
-        tasks: WriteTasks,
+        (tasks, staging): (WriteTasks, usize),
         chunks: Vec<u64>,
         work_dir: &StoreLocation,
         runtime: &Arc<RuntimeEnv>,
@@ -141,11 +191,7 @@ impl StagedTransform {
         // store they would need as much as a line of values).
         let (coordinates, variable) = output_group(&inner, chunks, false);
         let name = variable.name.clone();
-        // Uncompressed: written once and read once, right away.
-        let options = ZarrWriteOptions {
-            codec: Codec::None,
-            ..ZarrWriteOptions::default()
-        };
+        let options = stage_encoding();
         let mut arrays = write_group(scratch.storage(), &coordinates, &[variable], &options)?;
         let array = arrays.remove(0);
         let names: Vec<String> = coordinates.iter().map(|c| c.name.clone()).collect();
@@ -182,6 +228,7 @@ impl StagedTransform {
             variable: index,
             chained,
             tasks,
+            staging,
             array,
             scratch,
             written: OnceLock::new(),
@@ -245,15 +292,16 @@ impl StagedTransform {
         pool: &ChunkBufferPool,
     ) -> std::result::Result<u64, String> {
         let extent = self.tasks.blocks.block(id);
-        let inner = &self.inner;
-        let bytes = if inner.single_precision() {
-            block_bytes(transformed_block::<f32>(inner, kernels, &extent, pool))
-        } else {
-            block_bytes(transformed_block::<f64>(inner, kernels, &extent, pool))
-        }?;
-        let out = inner.output_extent(&extent);
-        store_box(&self.array, &out, bytes.as_slice())
-            .map_err(|e| format!("the first stage in work_dir: {e}"))?;
-        Ok(bytes.len() as u64)
+        store_transformed_block(&self.inner, kernels, &extent, &self.array, pool)
+            .map_err(|e| format!("the first stage in work_dir: {e}"))
+    }
+}
+
+/// How the first stage's output is stored: uncompressed (written once
+/// and read once, right away).
+fn stage_encoding() -> ZarrWriteOptions {
+    ZarrWriteOptions {
+        codec: Codec::None,
+        ..ZarrWriteOptions::default()
     }
 }

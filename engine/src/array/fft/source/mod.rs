@@ -18,6 +18,7 @@ use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Int64Type, TimeUnit};
 use datafusion::common::plan_err;
+use datafusion::physical_plan::ExecutionPlan;
 use rustfft::num_complex::Complex;
 use rustfft::num_traits::{FromPrimitive, Zero};
 use rustfft::FftNum;
@@ -30,6 +31,7 @@ pub use rechunked::RechunkedVariable;
 use super::kernels::{Kernels, Precision};
 use super::transform::{FftTransform, InputCoordinate};
 use crate::device::fft_cpu::BlockValues;
+use crate::device::Device;
 use crate::table::{Coordinate, CoordinateFormula, GridTable, RegularCoordinate};
 use crate::zarr::{ChunkBufferPool, ZarrArray};
 
@@ -168,6 +170,24 @@ pub trait StoredStage: std::fmt::Debug + Send + Sync {
     /// How `EXPLAIN` shows the first stage, before the later stage that
     /// runs along `later` (dimension names).
     fn describe(&self, later: &[&str]) -> String;
+    /// The first stage as a cluster's stage whose tasks transform runs of
+    /// its blocks on `device` and store them; `None` when it cannot travel
+    /// (its own path makes a store in `work_dir` first, or its source was
+    /// made in this process), and then runs in the session.
+    fn on_cluster(&self, device: Device) -> Option<ClusterStage>;
+    /// Runs the first stage by `run` (its cluster's tasks) unless done;
+    /// every caller waits for it, and a later
+    /// [`ensure_written`](Self::ensure_written) finds it done.
+    fn written_by(&self, run: &mut dyn FnMut() -> Result<(), String>) -> Result<(), String>;
+}
+
+/// The first stage of a transform as a cluster's stage
+/// ([`StoredStage::on_cluster`]).
+pub struct ClusterStage {
+    /// The stage's leaf: runs of the blocks, each task storing its own.
+    pub tasks: Arc<dyn ExecutionPlan>,
+    /// The blocks every task's count must add up to.
+    pub blocks: u64,
 }
 
 /// What a transform reads (see the module docs).
