@@ -177,6 +177,16 @@ fn find_scans(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<Arc<dyn ExecutionPlan
     }
 }
 
+/// `plan` through the codec and back, checked to be the same plan.
+fn through_codec(ctx: &datafusion::prelude::SessionContext, plan: &Arc<dyn ExecutionPlan>) {
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(plan), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    assert_eq!(show(&back), show(plan));
+}
+
 /// `scan` through the codec and back: the same plan, and partition by
 /// partition the same rows (each reads the same blocks in the same order).
 async fn assert_round_trip(
@@ -1305,12 +1315,7 @@ async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
         .unwrap()
         .expect("rolling writers");
     let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
-    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
-    let codec = ZarrCodec::default();
-    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
-    let back =
-        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
-    assert_eq!(show(&back), show(&tasks));
+    through_codec(&ctx, &tasks);
     let wire = Wire::new(&ctx);
     let sent = wire.encode(tasks);
     assert_eq!(sent["kernel"]["kernel"], "roll", "{sent}");
@@ -1444,12 +1449,7 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
             .len()
             == 1
     );
-    let codec = ZarrCodec::default();
-    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
-    let back =
-        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
-    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
-    assert_eq!(show(&back), show(&tasks));
+    through_codec(&ctx, &tasks);
     let wire = Wire::new(&ctx);
     let sent = wire.encode(Arc::clone(&tasks));
     assert_eq!(sent["target"]["kind"], "scratch", "{sent}");
@@ -1538,12 +1538,7 @@ async fn a_copy_of_a_transform_writes_its_blocks_on_the_workers() {
     let copy = plan.downcast_ref::<FftCopyExec>().unwrap();
     let on_cluster = copy.on_cluster().unwrap().expect("a chain of transforms");
     let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
-    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
-    let codec = ZarrCodec::default();
-    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
-    let back =
-        physical_plan_from_bytes_with_extension_codec(&bytes, &local.task_ctx(), &codec).unwrap();
-    assert_eq!(show(&back), show(&tasks));
+    through_codec(&local, &tasks);
     let wire = Wire::new(&local);
     let sent = wire.encode(tasks);
     assert_eq!(sent["node"], "transform_copy", "{sent}");
@@ -1839,12 +1834,7 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
         .unwrap()
         .expect("a first stage by whole lines");
     let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
-    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
-    let codec = ZarrCodec::default();
-    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tasks), &codec).unwrap();
-    let back =
-        physical_plan_from_bytes_with_extension_codec(&bytes, &alone.task_ctx(), &codec).unwrap();
-    assert_eq!(show(&back), show(&tasks));
+    through_codec(&alone, &tasks);
     let wire = Wire::new(&alone);
     let sent = wire.encode(tasks);
     assert_eq!(sent["node"], "transform_copy", "{sent}");
@@ -1860,7 +1850,7 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     let mut other = sent.clone();
     other["copy"]["chunks"][2] = Value::from(sent["copy"]["chunks"][2].as_u64().unwrap() / 2);
     other["tasks"] = Value::from(1);
-    let task = codec
+    let task = ZarrCodec::default()
         .try_decode(
             other.to_string().as_bytes(),
             &[],
