@@ -38,7 +38,8 @@ A session with one worker runs a one-task stage in its own process (datafusion-d
 routing), so "one worker" is the ``local 1 core`` arm. Times are the shell's wall time
 (process start to exit, the store's opening included); peak RSS is ``VmHWM`` of the shell
 (read every 5 ms while it runs) and of each worker. Network bytes are the ``output_bytes`` of every network
-boundary in one ``EXPLAIN ANALYZE`` run; bytes read are the scanned chunks' bytes on disk and
+boundary in one ``EXPLAIN ANALYZE`` run (a broadcast boundary, ``NetworkBroadcastExec``, reports
+none: A's broadcast rows are not in the count); bytes read are the scanned chunks' bytes on disk and
 decoded. Appends a section to bench/RESULTS.md.
 """
 
@@ -321,7 +322,8 @@ def report(rows, args, store, on_disk) -> None:
             rows_scanned = (f"{scanned / 1e6:.1f} M rows scanned" if scanned
                             else "no rows scanned as rows (the cells folded where they are decoded)")
             notes.append(
-                f"- {q}, {which}: {net / 1e3:.1f} kB crossed the network (every network boundary's output), "
+                f"- {q}, {which}: {net / 1e3:.1f} kB crossed the network (every network boundary's output; "
+                f"a broadcast boundary reports none), "
                 f"{rows_scanned}, {b / 1e6:.0f} MB on disk: {100 * net / b:.4f} % of the bytes on disk"
             )
         elif a == "failed":
