@@ -95,7 +95,10 @@ pub struct Broadcast {
     current: Mutex<Weak<BroadcastValues>>,
     /// Per operator reading it (by the address of the small side's plan
     /// it runs), the values while some of its partitions are yet to take
-    /// them, and how many.
+    /// them, and how many. An execution stopped before all of its
+    /// partitions started (a `LIMIT` met early) leaves its entry, and its
+    /// memory, until the plan is dropped; the operator's next execution
+    /// takes those values first.
     pending: Mutex<Vec<(usize, Arc<BroadcastValues>, usize)>>,
     /// Taken while the values are computed, so they are computed once.
     building: tokio::sync::Mutex<()>,
