@@ -4,7 +4,8 @@
 
     python bench/bench_cluster.py [--repeat 3] [--queries Q1,Q3] [--store bench/data/era5_1gb.zarr]
 
-Queries: Q1 and Q3 (dense reductions), R (the whole table copied into space chunks, the rechunk
+Queries: Q1 and Q3 (dense reductions), QM (Quadratic Means: ``GROUP BY j, i`` of three means of
+products over the 6 GB float64 store of ``bench_quadratic.py --make``, 1.9 M groups), R (the whole table copied into space chunks, the rechunk
 of ``bench_rechunk.py`` as ``COPY ... STORED AS ZARR``), S (a COPY of the northern half with
 ``t2m - 273.15`` as float64 into space chunks: on workers a round of blockwise tasks, then the
 rechunk's rounds), W (a COPY of a 24-step running mean of t2m: on workers a round of tasks
@@ -81,11 +82,17 @@ QUERIES = {
     "F": f"COPY (SELECT * FROM fft('era5', 't2m', dims => 'lon')) TO '{FFT_TARGET}' STORED AS ZARR",
     # An anomaly's zonal mean (a broadcast join): on workers, the climatology's partial states,
     # then its rows broadcast to the tasks reading the grid, whose GROUP BY gives partial states.
+    # Quadratic Means (the "Optimizing Cubed" seed, bench_quadratic.py's query) on its own 6 GB
+    # store of float64 u, v (QUERY_STORES).
+    "QM": "SELECT j, i, avg(u*u) AS uu, avg(v*v) AS vv, avg(u*v) AS uv FROM quad GROUP BY j, i ORDER BY j, i",
     "A": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c FROM era5 "
     "GROUP BY 1, 2, 3) SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS a FROM era5 JOIN clim "
     "ON extract(month FROM era5.time) = clim.month AND era5.lat = clim.lat AND era5.lon = clim.lon "
     "GROUP BY 1, 2",
 }
+# Queries over another store than --store: (table name, store, its variables), made by
+# `bench/bench_quadratic.py --make`.
+QUERY_STORES = {"QM": ("quad", ROOT / "bench" / "data" / "quad.zarr", ("u", "v"))}
 # The COPYs' targets, removed before each run.
 COPY_TARGETS = {"R": RECHUNK_TARGET, "S": SELECTION_TARGET, "W": ROLLING_TARGET, "F": FFT_TARGET}
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
@@ -202,13 +209,23 @@ def main() -> None:
     args = ap.parse_args()
     if not binary().exists():
         sys.exit(f"{binary()} is not built: cargo build --workspace")
-    store = args.store
-    on_disk = sum(f.stat().st_size for f in Path(store, "t2m").rglob("*") if f.is_file() and not f.name.startswith("."))
-    create = f"CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION '{store}'"
     hash_plan = "SET zarrfusion.dense_reduction = false"
     rows = []
+    stores = {}
     for q in args.queries.split(","):
         sql = QUERIES[q]
+        table, store, variables = QUERY_STORES.get(q, ("era5", args.store, ("t2m",)))
+        store = str(store)
+        if not Path(store).exists():
+            sys.exit(f"{store} is missing (QM's: python bench/bench_quadratic.py --make)")
+        on_disk = sum(
+            f.stat().st_size
+            for v in variables
+            for f in Path(store, v).rglob("*")
+            if f.is_file() and not f.name.startswith(".")
+        )
+        stores[q] = (store, variables, on_disk)
+        create = f"CREATE EXTERNAL TABLE {table} STORED AS ZARR LOCATION '{store}'"
         arms = {
             "local 1 core (dense)": (None, "0", [create, sql]),
             "local 2 cores (dense)": (None, None, [create, sql]),
@@ -238,7 +255,7 @@ def main() -> None:
         rows.append((q, "answers identical (6 significant digits)", same, None, None, None))
         for arm, net in explain_net.items():
             rows.append((q, "network", (arm, *net), on_disk, None, None))
-    report(rows, args, store, on_disk)
+    report(rows, args, stores)
 
 
 def run_arm(q, arm, workers, pin, statements, args, store, sql, answers, explain_net):
@@ -298,7 +315,7 @@ def _round(line: str) -> str:
     return ",".join(out)
 
 
-def report(rows, args, store, on_disk) -> None:
+def report(rows, args, stores) -> None:
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     load = os.getloadavg()
     lines = [
@@ -306,7 +323,11 @@ def report(rows, args, store, on_disk) -> None:
         "",
         f"- Command: `python bench/bench_cluster.py --repeat {args.repeat} --queries {args.queries}`",
         f"- Machine: {os.cpu_count()} cores; load average {load[0]:.2f} at the end. zarrfusion: `{binary()}`.",
-        f"- Store: `{store}` (t2m chunks {on_disk / 1e6:.1f} MB on disk). allowed_mem {args.memory} (the session's and each worker's).",
+        *(
+            f"- {q}: store `{store}` ({', '.join(variables)} chunks {on_disk / 1e6:.1f} MB on disk)."
+            for q, (store, variables, on_disk) in stores.items()
+        ),
+        f"- allowed_mem {args.memory} (the session's and each worker's).",
         f"- Each arm: a warm-up run, then {args.repeat} runs; best and median of the shell's wall time.",
         "",
         "| query | arm | best s | median s | vs 1 core (dense) | shell peak RSS MiB | worker peak RSS MiB |",

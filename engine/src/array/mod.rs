@@ -69,8 +69,8 @@ pub mod zip;
 pub use broadcast::BroadcastJoinRule;
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};
 pub use reduce::{
-    key_schema, DenseReduction, DenseReductionExec, DenseReductionRule, GroupKey, KeySpec,
-    ReduceOp, ReduceSpec, ReductionParts,
+    key_schema, DenseMergeExec, DenseReduction, DenseReductionExec, DenseReductionRule, GroupKey,
+    KeySpec, ReduceOp, ReduceSpec, ReductionParts,
 };
 pub use rolling::{RollingWindow, RollingWindowExec, RollingWindowRule};
 pub use scan_path::TableRead;

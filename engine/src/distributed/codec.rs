@@ -93,7 +93,9 @@ use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkTasks, Rechu
 use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, Rolling, RollingParts};
 use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
-use crate::array::{key_schema, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec, ReductionParts};
+use crate::array::{
+    key_schema, DenseMergeExec, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec, ReductionParts,
+};
 use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
 use crate::device::choose_device;
 use crate::error::lock;
@@ -155,6 +157,13 @@ fn schema_of(subject: &str, fields: &[(String, String, bool)]) -> Result<SchemaR
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Arc::new(Schema::new(fields)))
+}
+
+/// The columns of `schema` as they travel: name, type, nullable.
+fn columns(schema: &Schema) -> Vec<(String, String, bool)> {
+    (schema.fields().iter())
+        .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
+        .collect()
 }
 
 /// The blocks of shape `block_shape` of a received transform `table` over
@@ -293,6 +302,7 @@ pub struct ZarrCodec {
 enum Node {
     Scan(Scan),
     Reduction(Reduction),
+    Merge(Merge),
     Window(Window),
     RechunkTasks(RechunkRun),
     Blockwise(BlockwiseRun),
@@ -307,6 +317,7 @@ impl Node {
         match self {
             Self::Scan(_) => "a Zarr scan",
             Self::Reduction(_) => "a dense reduction",
+            Self::Merge(_) => "a merge of a dense reduction's states",
             Self::Window(_) => "a rolling window",
             Self::RechunkTasks(_) => "a rechunk's tasks",
             Self::Blockwise(_) => "a blockwise step",
@@ -513,8 +524,22 @@ struct Reduction {
     predicate: Option<String>,
     /// The states' columns: name, type, nullable.
     states: Vec<(String, String, bool)>,
+    /// Whether each state row is led by its group's position instead of
+    /// its coordinates.
+    #[serde(default)]
+    positioned: bool,
     io_concurrency: usize,
     tasks: usize,
+}
+
+/// The merge of a dense reduction's positioned states as it travels
+/// ([`DenseMergeExec`]): the reduction (its groups and aggregates) and the
+/// result's columns; its one input is the gathered states.
+#[derive(Debug, Serialize, Deserialize)]
+struct Merge {
+    reduction: Reduction,
+    /// The result's columns: name, type, nullable.
+    results: Vec<(String, String, bool)>,
 }
 
 /// A rolling window's runs of blocks as they travel.
@@ -1273,7 +1298,7 @@ impl ZarrCodec {
         parse_physical_expr(&proto, ctx, schema, self)
     }
 
-    fn encode_reduction(&self, r: &DenseReductionExec, tasks: usize) -> Result<Node> {
+    fn encode_reduction(&self, r: &DenseReductionExec, tasks: usize) -> Result<Reduction> {
         let mut aggregates = Vec::new();
         for a in r.aggregates() {
             aggregates.push(Aggregate {
@@ -1284,7 +1309,7 @@ impl ZarrCodec {
             });
         }
         let states = r.schema();
-        Ok(Node::Reduction(Reduction {
+        Ok(Reduction {
             read: self.joined_read(r.read())?,
             groups: r
                 .group_keys()
@@ -1298,14 +1323,11 @@ impl ZarrCodec {
                 .collect::<Result<_>>()?,
             aggregates,
             predicate: r.predicate().map(|e| self.encode_expr(e)).transpose()?,
-            states: states
-                .fields()
-                .iter()
-                .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
-                .collect(),
+            states: columns(&states),
+            positioned: r.positioned(),
             io_concurrency: r.io_concurrency(),
             tasks,
-        }))
+        })
     }
 
     fn decode_reduction(
@@ -1415,6 +1437,7 @@ impl ZarrCodec {
             aggregates,
             predicate,
             schema,
+            positioned: reduction.positioned,
             tasks: reduction.tasks,
             io_concurrency: reduction.io_concurrency,
         };
@@ -1426,6 +1449,38 @@ impl ZarrCodec {
 }
 
 impl ZarrCodec {
+    /// A merge of a dense reduction's positioned states: the reduction
+    /// made again (and checked) as a reduction would be, merging what
+    /// `input` gathers.
+    fn decode_merge(
+        &self,
+        merge: Merge,
+        input: &Arc<dyn ExecutionPlan>,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !merge.reduction.positioned || merge.reduction.tasks != 1 {
+            return plan_err!(
+                "a merge of a dense reduction's states merges positioned states of one task's \
+                 plan"
+            );
+        }
+        let states = self.decode_reduction(merge.reduction, &[], ctx)?;
+        let Some(states) = states.downcast_ref::<DenseReductionExec>() else {
+            return internal_err!("a dense reduction decoded as {}", states.name());
+        };
+        let store = states.read().table.store.clone();
+        let results = schema_of(
+            &format!("a merge of a reduction of {store}"),
+            &merge.results,
+        )?;
+        let states = Arc::new(states.with_tasks(1)?);
+        Ok(Arc::new(DenseMergeExec::new(
+            states,
+            Arc::clone(input),
+            results,
+        )?))
+    }
+
     fn encode_blockwise(&self, step: &BlockwiseTasksExec) -> Result<Node> {
         let (kernel, exprs) = match &step.blocks().step {
             Step::Evaluate(evaluate) => (
@@ -1594,13 +1649,20 @@ impl PhysicalExtensionCodec for ZarrCodec {
             .map_err(|e| exec_datafusion_err!("a malformed zarrfusion plan node: {e}"))?;
         // Every zarrfusion node that travels is a leaf, but for the rows of
         // the tables a scan or a reduction joins in.
+        // A merge's one input is the states it merges.
         let joins = matches!(node, Node::Scan(_) | Node::Reduction(_));
-        if !joins && !inputs.is_empty() {
-            return plan_err!("{} has no inputs, got {}", node.what(), inputs.len());
+        let expected = usize::from(matches!(node, Node::Merge(_)));
+        if !joins && inputs.len() != expected {
+            return plan_err!(
+                "{} has {expected} inputs, got {}",
+                node.what(),
+                inputs.len()
+            );
         }
         match node {
             Node::Scan(scan) => self.decode_scan(scan, inputs, ctx),
             Node::Reduction(reduction) => self.decode_reduction(reduction, inputs, ctx),
+            Node::Merge(merge) => self.decode_merge(merge, &inputs[0], ctx),
             Node::Window(window) => self.decode_window(window, ctx),
             Node::RechunkTasks(run) => decode_rechunk(run, ctx),
             Node::Blockwise(run) => self.decode_blockwise(run, ctx),
@@ -1622,9 +1684,17 @@ impl PhysicalExtensionCodec for ZarrCodec {
                     "a dense reduction runs on a cluster's workers as partial states only"
                 );
             };
-            let encoded = self.encode_reduction(reduction, tasks)?;
+            let encoded = Node::Reduction(self.encode_reduction(reduction, tasks)?);
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a dense reduction: {e}"));
+        }
+        if let Some(merge) = node.downcast_ref::<DenseMergeExec>() {
+            let encoded = Node::Merge(Merge {
+                reduction: self.encode_reduction(merge.states(), 1)?,
+                results: columns(&merge.schema()),
+            });
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a dense reduction's merge: {e}"));
         }
         if let Some(rechunk) = node.downcast_ref::<RechunkTasksExec>() {
             let encoded = Node::RechunkTasks(RechunkRun {

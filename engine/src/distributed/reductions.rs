@@ -1,12 +1,12 @@
 //! Dense reductions on a cluster: physical optimizer rules of sessions
 //! with workers. [`ClusterReductions`] plans each dense reduction as
-//! partial states per task under DataFusion's final aggregate
-//! ([`DenseReductionExec::on_cluster`]); [`GatherStates`] keeps the
-//! gathering of the states of a reduction without `GROUP BY`, which
-//! DataFusion drops as one partition needs none. The distributed planner
-//! then puts a network shuffle (or gather) between the two, and the
-//! reduction's stage is split into tasks by its decoded bytes like a
-//! scan's ([`super::tasks`]).
+//! partial states per task under their merge, a [`DenseMergeExec`] (or
+//! DataFusion's final aggregate; see [`DenseReductionExec::on_cluster`]);
+//! [`GatherStates`] keeps the gathering of the states under a merge or a
+//! `Final` aggregate, which DataFusion drops as one partition needs none.
+//! The distributed planner then puts a network gather (or shuffle) between
+//! the two, and the reduction's stage is split into tasks by its decoded
+//! bytes like a scan's ([`super::tasks`]).
 
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 
-use crate::array::DenseReductionExec;
+use crate::array::{DenseMergeExec, DenseReductionExec};
 use crate::plan_methods::physical_bottom_up_rule;
 
 /// Plans every dense reduction of a plan for a cluster.
@@ -37,10 +37,10 @@ physical_bottom_up_rule!(
     }
 );
 
-/// Gathers the partial states of a dense reduction without `GROUP BY`
-/// under its final aggregate: the gathering is where the distributed
-/// planner puts the network boundary that sends the reduction's tasks to
-/// the workers.
+/// Gathers the partial states of a dense reduction under their merge (a
+/// [`DenseMergeExec`], or the `Final` aggregate of a reduction without
+/// `GROUP BY`): the gathering is where the distributed planner puts the
+/// network boundary that sends the reduction's tasks to the workers.
 #[derive(Debug, Default)]
 pub struct GatherStates;
 
@@ -51,14 +51,18 @@ impl PhysicalOptimizerRule for GatherStates {
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
-            let Some(aggregate) = node.downcast_ref::<AggregateExec>() else {
-                return Ok(Transformed::no(node));
+            let states = if let Some(merge) = node.downcast_ref::<DenseMergeExec>() {
+                merge.children()[0]
+            } else {
+                match node.downcast_ref::<AggregateExec>() {
+                    Some(a) if *a.mode() == AggregateMode::Final => a.input(),
+                    _ => return Ok(Transformed::no(node)),
+                }
             };
-            let states = aggregate.input();
             let gives_states = states
                 .downcast_ref::<DenseReductionExec>()
                 .is_some_and(|r| r.tasks().is_some());
-            if *aggregate.mode() != AggregateMode::Final || !gives_states {
+            if !gives_states {
                 return Ok(Transformed::no(node));
             }
             let gathered = Arc::new(CoalescePartitionsExec::new(Arc::clone(states)));

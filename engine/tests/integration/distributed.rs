@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 use url::Url;
 use zarrfusion::array::fft::FftExec;
 use zarrfusion::array::rolling::RollingWindowExec;
-use zarrfusion::array::DenseReductionExec;
+use zarrfusion::array::{DenseMergeExec, DenseReductionExec};
 use zarrfusion::distributed::{serve_worker, ZarrCodec};
 use zarrfusion::table::ZarrScanExec;
 use zarrfusion::{distributed_context, new_context, session_config, ZarrConfig, ZarrContextExt};
@@ -388,6 +388,111 @@ async fn a_dense_reduction_s_states_round_trip_and_merge_to_its_answer() {
     let want = sorted_rows(whole, &ctx).await;
     assert!(want.len() > 1, "{want:?}");
     assert_close(&sorted_rows(cluster, &ctx).await, &want);
+}
+
+/// Rows of every partition of `plan` in the order they come, as text.
+async fn ordered_rows(
+    plan: Arc<dyn ExecutionPlan>,
+    ctx: &datafusion::prelude::SessionContext,
+) -> Vec<String> {
+    let batches = collect_partitioned(plan, ctx.task_ctx()).await.unwrap();
+    let batches: Vec<_> = batches.into_iter().flatten().collect();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    text.lines()
+        .filter(|l| l.starts_with("| "))
+        .map(String::from)
+        .collect()
+}
+
+/// A dense reduction grouped by dimensions merges its tasks' states by
+/// group position: the merge gives the rows of one machine's reduction in
+/// the same order (groups no row passed the filter left out), crosses the
+/// codec with its states whole, and a malformed merge is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reduction_s_states_merge_by_group_position_in_one_machine_s_order() {
+    let sql = "SELECT lat, lon, avg(t2m), var(u10), min(t2m), max(u10), sum(t2m), count(*) \
+               FROM t WHERE t2m > 285 GROUP BY lat, lon ORDER BY lat, lon";
+    let (ctx, whole, cluster, states) = planned_states(sql).await;
+    let merge = cluster.downcast_ref::<DenseMergeExec>().unwrap_or_else(|| {
+        panic!(
+            "not merged by position: {}",
+            displayable(cluster.as_ref()).indent(true)
+        )
+    });
+    let shown = displayable(cluster.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("merges=partial states by group position"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("emits=partial states by group position"),
+        "{shown}"
+    );
+    // One machine's order: no sort needed above either.
+    assert_eq!(
+        cluster.properties().output_ordering(),
+        whole.properties().output_ordering()
+    );
+    let want = ordered_rows(Arc::clone(&whole), &ctx).await;
+    let all_groups = ordered_rows(
+        physical_plan(&ctx, "SELECT lat, lon, count(*) FROM t GROUP BY lat, lon").await,
+        &ctx,
+    )
+    .await;
+    assert!(
+        want.len() > 1 && want.len() < all_groups.len(),
+        "the filter should leave some groups out: {} of {}",
+        want.len(),
+        all_groups.len()
+    );
+    assert_close(&ordered_rows(Arc::clone(&cluster), &ctx).await, &want);
+    // The merge and its states through the codec: the same plan, the same rows.
+    through_codec(&ctx, &cluster);
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&cluster), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    assert_close(&ordered_rows(back, &ctx).await, &want);
+
+    // A malformed merge is refused, naming what is wrong.
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(Arc::clone(&cluster));
+    let input = [Arc::clone(&states)];
+    let decode = |v: &Value| wire.decode_with(&serde_json::to_vec(v).unwrap(), &input);
+    decode(&sent).expect("the merge as sent");
+    let err = wire
+        .decode(&sent)
+        .expect_err("a merge without its input accepted");
+    assert!(err.contains("1 inputs, got 0"), "{err}");
+    let mut cases: Vec<(Value, &str)> = Vec::new();
+    let mut bad = sent.clone();
+    bad["reduction"]["positioned"] = Value::from(false);
+    cases.push((bad, "positioned states"));
+    let mut bad = sent.clone();
+    bad["reduction"]["tasks"] = Value::from(2);
+    cases.push((bad, "positioned states"));
+    let mut bad = sent.clone();
+    bad["results"][2][1] = Value::from("Utf8");
+    cases.push((bad, "gives"));
+    let mut bad = sent.clone();
+    bad["results"] = serde_json::json!([]);
+    cases.push((bad, "gives"));
+    let mut bad = sent.clone();
+    bad["reduction"]["states"][0][1] = Value::from("Float64");
+    cases.push((bad, "partial states"));
+    for (bad, says) in cases {
+        let err = decode(&bad).expect_err(&format!("{bad} accepted"));
+        assert!(err.contains(says), "{err}");
+    }
+    // Its input must give the states it merges.
+    let err = wire
+        .decode_with(&serde_json::to_vec(&sent).unwrap(), &[Arc::clone(&whole)])
+        .expect_err("a merge of results accepted");
+    assert!(err.contains("merges states"), "{err}");
+    // (The rows as text start with their header.)
+    assert_eq!(merge.states().num_groups(), all_groups.len() - 1);
 }
 
 /// Rows of text equal cell by cell, numbers within a relative 1e-9.

@@ -78,7 +78,7 @@ struct PhysicalReduce {
 
 /// Everything a worker needs, shared by all of them.
 #[derive(Debug)]
-struct Reduction {
+pub(super) struct Reduction {
     /// The columns the expressions read, the cells and their blocks.
     read: BlockRead,
     space: GroupSpace,
@@ -102,8 +102,10 @@ enum Emit {
     Results,
     /// On a cluster: the partial states of one task's run of the blocks,
     /// the blocks dealt to `tasks` tasks (see `partial`;
-    /// [`TASKS_OF_STAGE`]: as many as its stage runs).
-    States { tasks: usize },
+    /// [`TASKS_OF_STAGE`]: as many as its stage runs), each group's row
+    /// led by its group's coordinates, or when `positioned` by its
+    /// position in the group space (see `merge`).
+    States { tasks: usize, positioned: bool },
 }
 
 /// One aggregate of a dense reduction, as it crosses the network: what it
@@ -133,9 +135,14 @@ pub struct ReductionParts {
     pub aggregates: Vec<ReduceSpec>,
     /// A row filter, if any.
     pub predicate: Option<Arc<dyn PhysicalExpr>>,
-    /// The schema of the states (group columns, then each aggregate's
-    /// state columns).
+    /// The schema of the states (group columns, or when `positioned` the
+    /// group's position, then each aggregate's state columns).
     pub schema: SchemaRef,
+    /// Whether each group's row is led by its position in the group space
+    /// instead of its coordinates (the states a [`DenseMergeExec`] merges).
+    ///
+    /// [`DenseMergeExec`]: super::DenseMergeExec
+    pub positioned: bool,
     /// Tasks the blocks are dealt to ([`TASKS_OF_STAGE`]: as many as its
     /// stage runs).
     pub tasks: usize,
@@ -272,10 +279,13 @@ impl DenseReductionExec {
             });
         }
         let reduction = Reduction::new(parts.read, parts.groups, aggregates, parts.predicate)?;
-        reduction.check_states(&parts.schema)?;
+        reduction.check_states(&parts.schema, parts.positioned)?;
         Self::assemble(
             Arc::new(reduction),
-            Emit::States { tasks: parts.tasks },
+            Emit::States {
+                tasks: parts.tasks,
+                positioned: parts.positioned,
+            },
             parts.schema,
             parts.io_concurrency,
             parallelism.max(1),
@@ -389,9 +399,15 @@ impl DenseReductionExec {
     }
 
     /// This reduction giving the partial states of its tasks' runs of the
-    /// blocks as `schema` (see `partial`).
-    pub(super) fn with_states(&self, schema: SchemaRef, tasks: usize) -> Result<Self> {
-        self.dealt(schema, tasks.max(1))
+    /// blocks as `schema` (see `partial`), each led by its group's
+    /// position when `positioned`.
+    pub(super) fn with_states(
+        &self,
+        schema: SchemaRef,
+        tasks: usize,
+        positioned: bool,
+    ) -> Result<Self> {
+        self.dealt(schema, tasks.max(1), positioned)
     }
 
     /// This reduction giving the partial states of its blocks dealt to
@@ -400,14 +416,14 @@ impl DenseReductionExec {
     /// is not its stage's leaf: the planner counts its tasks without
     /// telling it).
     pub fn with_tasks_of_stage(&self) -> Result<Self> {
-        self.dealt(Arc::clone(&self.schema), TASKS_OF_STAGE)
+        self.dealt(Arc::clone(&self.schema), TASKS_OF_STAGE, self.positioned())
     }
 
-    fn dealt(&self, schema: SchemaRef, tasks: usize) -> Result<Self> {
-        self.reduction.check_states(&schema)?;
+    fn dealt(&self, schema: SchemaRef, tasks: usize, positioned: bool) -> Result<Self> {
+        self.reduction.check_states(&schema, positioned)?;
         let mut exec = Self::assemble(
             Arc::clone(&self.reduction),
-            Emit::States { tasks },
+            Emit::States { tasks, positioned },
             schema,
             self.io_concurrency,
             self.workers,
@@ -421,7 +437,27 @@ impl DenseReductionExec {
     /// This reduction with its blocks dealt to `tasks` tasks of a cluster's
     /// stage in contiguous runs (when it gives partial states).
     pub fn with_tasks(&self, tasks: usize) -> Result<Self> {
-        self.with_states(Arc::clone(&self.schema), tasks)
+        self.with_states(Arc::clone(&self.schema), tasks, self.positioned())
+    }
+
+    /// Whether its partial states are led by their groups' positions in
+    /// the group space (merged by a [`DenseMergeExec`]) rather than their
+    /// coordinates (merged by DataFusion's final aggregate).
+    ///
+    /// [`DenseMergeExec`]: super::DenseMergeExec
+    pub fn positioned(&self) -> bool {
+        matches!(
+            self.emit,
+            Emit::States {
+                positioned: true,
+                ..
+            }
+        )
+    }
+
+    /// What it folds, shared with the merge of its states.
+    pub(super) fn reduction(&self) -> &Arc<Reduction> {
+        &self.reduction
     }
 
     /// The tasks the blocks are dealt to (`None`: the reduction gives its
@@ -429,7 +465,7 @@ impl DenseReductionExec {
     pub fn tasks(&self) -> Option<usize> {
         match self.emit {
             Emit::Results => None,
-            Emit::States { tasks } => Some(tasks),
+            Emit::States { tasks, .. } => Some(tasks),
         }
     }
 
@@ -488,8 +524,8 @@ impl DenseReductionExec {
     fn blocks_of_task(&self, context: &Arc<TaskContext>) -> Result<Range<u64>> {
         let all = 0..self.reduction.read.blocks.num_blocks();
         let tasks = match self.emit {
-            Emit::Results | Emit::States { tasks: 1 } => return Ok(all),
-            Emit::States { tasks } => tasks,
+            Emit::Results | Emit::States { tasks: 1, .. } => return Ok(all),
+            Emit::States { tasks, .. } => tasks,
         };
         let store = &self.reduction.read.table.store;
         task_share("DenseReductionExec", store, tasks, all, context)
@@ -570,7 +606,7 @@ impl Reduction {
     }
 
     /// The type of each group column.
-    fn key_types(&self) -> Result<Vec<DataType>> {
+    pub(super) fn key_types(&self) -> Result<Vec<DataType>> {
         self.keys
             .iter()
             .map(|k| match &k.expr {
@@ -580,10 +616,14 @@ impl Reduction {
             .collect()
     }
 
-    /// Checks that `schema` is the group columns, then each aggregate's
-    /// state columns ([`ReduceOp::state_types`]).
-    fn check_states(&self, schema: &SchemaRef) -> Result<()> {
-        let mut expected = self.key_types()?;
+    /// Checks that `schema` is the group columns (when `positioned`: the
+    /// group's position), then each aggregate's state columns
+    /// ([`ReduceOp::state_types`]).
+    fn check_states(&self, schema: &SchemaRef, positioned: bool) -> Result<()> {
+        let mut expected = match positioned {
+            true => vec![DataType::UInt64],
+            false => self.key_types()?,
+        };
         for a in &self.aggregates {
             expected.extend(a.op.state_types(&a.output_type));
         }
@@ -778,8 +818,34 @@ impl Reduction {
         Ok(())
     }
 
+    /// The groups it folds into (the product of each grouped dimension's
+    /// distinct keys).
+    pub(super) fn num_groups(&self) -> usize {
+        self.space.num_groups()
+    }
+
+    /// Where it reads from, for messages.
+    pub(super) fn store(&self) -> &str {
+        &self.read.table.store
+    }
+
+    /// Whether a row filter decides which groups exist.
+    pub(super) fn filters_groups(&self) -> bool {
+        self.predicate.is_some() && !self.keys.is_empty()
+    }
+
+    /// The order of its result rows (see [`output_ordering`]).
+    pub(super) fn ordering(&self, schema: &SchemaRef) -> Vec<PhysicalSortExpr> {
+        output_ordering(schema, &self.read.table, &self.keys)
+    }
+
+    /// Bytes of the keys' maps and values it holds.
+    pub(super) fn key_bytes(&self) -> usize {
+        self.key_bytes
+    }
+
     /// The keys of every group, a column per grouping column.
-    fn group_columns(&self) -> Result<Vec<ArrayRef>> {
+    pub(super) fn group_columns(&self) -> Result<Vec<ArrayRef>> {
         let mut columns = Vec::with_capacity(self.keys.len());
         for (i, k) in self.keys.iter().enumerate() {
             let d = k.dim;
@@ -816,12 +882,21 @@ impl Reduction {
         Ok(batch)
     }
 
-    /// The partial states: group coordinates, then each aggregate's state
-    /// columns, for the groups this task's rows fell in (with no GROUP BY,
-    /// the one group always).
-    fn states(&self, mut partial: Partial, schema: &SchemaRef) -> Result<RecordBatch> {
+    /// The partial states: group coordinates (when `positioned`: the
+    /// group's position), then each aggregate's state columns, for the
+    /// groups this task's rows fell in (with no GROUP BY, the one group
+    /// always).
+    fn states(
+        &self,
+        mut partial: Partial,
+        schema: &SchemaRef,
+        positioned: bool,
+    ) -> Result<RecordBatch> {
         let rows = partial.rows.settled();
-        let mut columns = self.group_columns()?;
+        let mut columns = match positioned {
+            true => vec![Arc::new(UInt64Array::from_iter_values(0..rows.len() as u64)) as ArrayRef],
+            false => self.group_columns()?,
+        };
         for accumulator in &partial.accumulators {
             columns.extend(accumulator.state(rows)?);
         }
@@ -981,10 +1056,11 @@ impl DisplayAs for DenseReductionExec {
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
         }
-        if let Emit::States { tasks } = self.emit {
+        if let Emit::States { tasks, positioned } = self.emit {
+            let by = if positioned { " by group position" } else { "" };
             match tasks {
-                TASKS_OF_STAGE => write!(f, ", emits=partial states, tasks=its stage's")?,
-                n => write!(f, ", emits=partial states, tasks={n}")?,
+                TASKS_OF_STAGE => write!(f, ", emits=partial states{by}, tasks=its stage's")?,
+                n => write!(f, ", emits=partial states{by}, tasks={n}")?,
             }
         }
         if let Some(ordering) = self.properties.output_ordering() {
@@ -1089,7 +1165,7 @@ impl ExecutionPlan for DenseReductionExec {
             };
             let batch = match emit {
                 Emit::Results => reduction.finish(merged, &schema)?,
-                Emit::States { .. } => reduction.states(merged, &schema)?,
+                Emit::States { positioned, .. } => reduction.states(merged, &schema, positioned)?,
             };
             drop(reservation);
             output_rows.add(batch.num_rows());

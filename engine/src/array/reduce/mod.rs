@@ -9,7 +9,8 @@
 //! | `rule` | [`DenseReductionRule`], which finds such aggregates in plain SQL |
 //! | `node` | [`DenseReduction`], the logical plan node |
 //! | `exec` | [`DenseReductionExec`], the operator: fused decode, evaluate and fold, then a tree merge |
-//! | `partial` | the same on a cluster: each task's partial states, merged by DataFusion's final aggregate |
+//! | `partial` | the same on a cluster: each task's partial states, merged by `merge` (or DataFusion's final aggregate) |
+//! | `merge` | [`DenseMergeExec`], the tasks' partial states merged by group position |
 //! | `groups` | the dense group space and how rows of a box map onto it |
 //! | `keys` | grouping by functions of one dimension's coordinate (resampling, climatologies, coarsening) |
 //! | `accumulators` | per-group state of `count`, `sum`, `avg`, `min`, `max`, `var`, `stddev` |
@@ -31,6 +32,7 @@ mod elementwise;
 mod exec;
 mod groups;
 mod keys;
+mod merge;
 mod node;
 mod partial;
 mod rule;
@@ -39,5 +41,6 @@ pub use accumulators::{numeric_domain, DenseAccumulator, ReduceOp};
 pub use exec::{DenseReductionExec, ReduceSpec, ReductionParts};
 pub use groups::{GroupSpace, KeyMap, Line};
 pub use keys::{key_schema, physical_key, DimKeys, KeySpec, MAX_KEYED_POSITIONS};
+pub use merge::{DenseMergeExec, GROUP_POSITION};
 pub use node::{DenseReduction, GroupKey, ReduceExpr};
 pub use rule::{DenseReductionRule, MAX_STATE_BYTES};

@@ -1,13 +1,15 @@
 //! A dense reduction on a cluster: partial states per task, merged by
-//! DataFusion's final aggregate.
+//! group position (or by DataFusion's final aggregate).
 //!
 //! Each task of the reduction's stage folds its run of the blocks into
 //! dense per-group state, as on one machine, and sends that state as rows:
-//! the group's coordinates, then each aggregate's state in the layout of
-//! DataFusion's own aggregate function (`avg`: count and sum; `var`:
-//! count, mean and sum of squared deviations, ...; see
-//! [`ReduceOp::state_types`]). DataFusion's final aggregate merges them,
-//! after a hash shuffle of the groups (or gathered, without `GROUP BY`):
+//! the group's position in the group space (or its coordinates), then
+//! each aggregate's state in the layout of DataFusion's own aggregate
+//! function (`avg`: count and sum; `var`: count, mean and sum of squared
+//! deviations, ...; see [`ReduceOp::state_types`]). A [`DenseMergeExec`]
+//! adds them up by position (see `merge`); a reduction reading a table
+//! joined in, or without `GROUP BY`, is merged by DataFusion's final
+//! aggregate instead, after a hash shuffle of the groups (or gathered):
 //! what crosses the network is one row per group per task, never the
 //! cells.
 
@@ -23,7 +25,7 @@ use datafusion::functions_aggregate::stddev::{stddev_pop_udaf, stddev_udaf};
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::functions_aggregate::variance::{var_pop_udaf, var_samp_udaf};
 use datafusion::logical_expr::AggregateUDF;
-use datafusion::physical_expr::aggregate::AggregateExprBuilder;
+use datafusion::physical_expr::aggregate::{AggregateExprBuilder, AggregateFunctionExpr};
 use datafusion::physical_expr::expressions::{cast, lit, Column};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
@@ -34,6 +36,7 @@ use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
 use super::accumulators::{numeric_domain, ReduceOp};
 use super::exec::DenseReductionExec;
+use super::merge::{DenseMergeExec, GROUP_POSITION};
 
 /// DataFusion's aggregate function computing `op`.
 fn function(op: ReduceOp) -> Arc<AggregateUDF> {
@@ -51,19 +54,16 @@ fn function(op: ReduceOp) -> Arc<AggregateUDF> {
 }
 
 impl DenseReductionExec {
-    /// This reduction as a cluster runs it: the reduction giving the
-    /// partial states of each task's blocks, under DataFusion's final
-    /// aggregate (`FinalPartitioned` over a hash shuffle of the groups into
-    /// `target_partitions`, gathered into one partition; `Final` over the
-    /// gathered states without `GROUP BY`). Same columns, same rows; the
-    /// rows' order is not kept (a sort above it stays).
-    pub fn on_cluster(&self, target_partitions: usize) -> Result<Arc<dyn ExecutionPlan>> {
+    /// DataFusion's partial aggregate computing what this reduction
+    /// computes, named as `results` names its columns (its grouping
+    /// columns, then its aggregates), over the columns read and the grouped
+    /// dimensions; the schema of that input.
+    fn partial_aggregate(&self, results: &Schema) -> Result<(AggregateExec, SchemaRef)> {
         let read = self.read();
         let table = &read.table;
         let keys = self.group_keys();
         let n_groups = keys.len();
-        let output = self.schema();
-
+        let output = results;
         // The aggregates' input: the columns read, then the grouped
         // dimensions (the arguments' column indices stay valid).
         let mut fields: Vec<Field> = (read.columns.iter())
@@ -127,8 +127,51 @@ impl DenseReductionExec {
             Arc::new(EmptyExec::new(Arc::clone(&input))),
             Arc::clone(&input),
         )?;
+        Ok((partial, input))
+    }
 
-        let states: Arc<dyn ExecutionPlan> = Arc::new(self.with_states(partial.schema(), 1)?);
+    /// DataFusion's functions of the aggregates this reduction computes,
+    /// named as `results` names them: those whose state its tasks send.
+    pub(super) fn datafusion_aggregates(
+        &self,
+        results: &Schema,
+    ) -> Result<Vec<Arc<AggregateFunctionExpr>>> {
+        Ok(self.partial_aggregate(results)?.0.aggr_expr().to_vec())
+    }
+
+    /// This reduction as a cluster runs it: the reduction giving the
+    /// partial states of each task's blocks, under their merge. Grouped by
+    /// dimensions (and reading no table joined in), the states are led by
+    /// their groups' positions and gathered into a [`DenseMergeExec`],
+    /// which gives the rows in the order of one machine's reduction;
+    /// otherwise DataFusion's final aggregate merges them (`FinalPartitioned`
+    /// over a hash shuffle of the groups into `target_partitions`, gathered
+    /// into one partition; `Final` over the gathered states without
+    /// `GROUP BY`), and the rows' order is not kept (a sort above it
+    /// stays). Same columns, same rows.
+    pub fn on_cluster(&self, target_partitions: usize) -> Result<Arc<dyn ExecutionPlan>> {
+        let read = self.read();
+        let table = &read.table;
+        let n_groups = self.group_keys().len();
+        let output = self.schema();
+        let (partial, input) = self.partial_aggregate(&output)?;
+        let joins = !table.broadcasts_read(&read.columns).is_empty();
+        let by_group = (partial.aggr_expr().iter()).all(|a| a.groups_accumulator_supported());
+        if n_groups > 0 && !joins && by_group {
+            let partial_schema = partial.schema();
+            let mut fields = vec![Field::new(GROUP_POSITION, DataType::UInt64, false)];
+            fields.extend(
+                partial_schema.fields()[n_groups..]
+                    .iter()
+                    .map(|f| f.as_ref().clone()),
+            );
+            let states = Arc::new(self.with_states(Arc::new(Schema::new(fields)), 1, true)?);
+            let gathered = Arc::new(CoalescePartitionsExec::new(Arc::clone(&states) as _));
+            return Ok(Arc::new(DenseMergeExec::new(states, gathered, output)?));
+        }
+
+        let states: Arc<dyn ExecutionPlan> =
+            Arc::new(self.with_states(partial.schema(), 1, false)?);
         let (mode, gathered): (_, Arc<dyn ExecutionPlan>) = if n_groups == 0 {
             (
                 AggregateMode::Final,
