@@ -588,7 +588,8 @@ fn sql_examples_give_the_same_answers_through_two_worker_processes() {
         "{plan}"
     );
     // After running: each stage's metrics, and only the partial states
-    // cross the shuffle (a row per latitude and task), not the cells.
+    // cross the network (a row per latitude and task, gathered into the
+    // session and merged there by group position), not the cells.
     let analyze = on_workers(
         &list,
         "EXPLAIN ANALYZE SELECT lat, avg(t2m) FROM era5 GROUP BY lat",
@@ -605,8 +606,9 @@ fn sql_examples_give_the_same_answers_through_two_worker_processes() {
     };
     let shuffle = plan
         .lines()
-        .find(|l| l.contains("NetworkShuffleExec") && l.contains("metrics="))
-        .unwrap_or_else(|| panic!("no shuffle with metrics in {plan}"));
+        .find(|l| l.contains("NetworkCoalesceExec") && l.contains("metrics="))
+        .unwrap_or_else(|| panic!("no gather with metrics in {plan}"));
+    assert!(plan.contains("DenseMergeExec"), "{plan}");
     let scan = plan
         .lines()
         .find(|l| l.contains("DenseReductionExec"))

@@ -82,7 +82,10 @@ def test_group_by_through_two_workers_equals_xarray(fixtures, workers, store):
     ctx.register_zarr("t", fixtures / store)
     sql = "SELECT lat, avg(t2m) AS t, max(u10) AS u FROM t WHERE lon >= 0 GROUP BY lat ORDER BY lat"
     distributed = _distributed_plan(ctx, sql)
-    assert "tasks=" in distributed and "NetworkShuffleExec" in distributed, distributed
+    # The tasks' partial states gathered into the session and merged there
+    # by group position.
+    assert "tasks=" in distributed and "NetworkCoalesceExec" in distributed, distributed
+    assert "merges=partial states by group position" in distributed, distributed
     got = ctx.sql(sql).to_pandas()
     ds = xr.open_zarr(fixtures / store, chunks=None).load()
     ds = ds.where(ds.lon >= 0, drop=True)

@@ -626,6 +626,101 @@ async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
     }
 }
 
+/// A merge of states that would not fit the session's allowed_mem is left
+/// to DataFusion's final aggregate, spread over the workers, with the same
+/// answer; one that fits is planned within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_merge_too_big_for_the_session_is_left_to_the_final_aggregate() {
+    use datafusion::arrow::array::{ArrayRef, AsArray};
+    use datafusion::arrow::compute::{cast, concat_batches};
+    use datafusion::arrow::datatypes::{DataType, Float64Type};
+    // 8 x 512 x 1024 in small chunks, none written (every cell the fill
+    // value): grouped by lat, lon, 524,288 groups, whose merge (their
+    // states and results) holds more than one worker's reduction.
+    let dir = scratch("cluster-big-merge").join("grid.zarr");
+    std::fs::create_dir_all(dir.join("v")).unwrap();
+    std::fs::write(
+        dir.join("zarr.json"),
+        r#"{"zarr_format": 3, "node_type": "group", "attributes": {}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("v/zarr.json"),
+        r#"{"zarr_format": 3, "node_type": "array", "shape": [8, 512, 1024],
+            "data_type": "float32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1, 64, 128]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 1.5, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "dimension_names": ["time", "lat", "lon"], "attributes": {}}"#,
+    )
+    .unwrap();
+    let workers = start_workers(2).await;
+    let sql =
+        "SELECT lat, lon, avg(v) AS a, count(v) AS n FROM g GROUP BY lat, lon ORDER BY lat, lon";
+    let path = dir.to_str().unwrap().to_string();
+    let session = |runtime: Arc<RuntimeEnv>| {
+        let (urls, path) = (workers.urls.clone(), path.clone());
+        async move {
+            let ctx = distributed_context(session_config(), runtime, urls);
+            ctx.sql("SET zarrfusion.bytes_per_task = 1").await.unwrap();
+            ctx.sql("SET datafusion.execution.target_partitions = 1")
+                .await
+                .unwrap();
+            ctx.register_zarr("g", &path, HashMap::new()).await.unwrap();
+            ctx
+        }
+    };
+    let (mut merged, mut left) = (0, 0);
+    for mb in [16, 24, 32, 48, 64, 96] {
+        let limit = mb << 20;
+        let ctx = session(limited(limit)).await;
+        let Ok(plan) = ctx.sql(sql).await.unwrap().create_physical_plan().await else {
+            continue; // the reduction itself does not fit
+        };
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(shown.contains("emits=partial states"), "{shown}");
+        match first_node_of::<DenseMergeExec>(&plan) {
+            Some(merge) => {
+                let bytes = merge
+                    .downcast_ref::<DenseMergeExec>()
+                    .unwrap()
+                    .projected_memory();
+                assert!(
+                    bytes <= limit,
+                    "a merge of {bytes} bytes under {limit}: {shown}"
+                );
+                merged += 1;
+            }
+            None => {
+                assert!(shown.contains("mode=FinalPartitioned"), "{shown}");
+                left += 1;
+            }
+        }
+        // Either way, every group once, in order, with its 8 cells.
+        let batches = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+            .await
+            .unwrap_or_else(|e| panic!("under {mb} MB: {e}"));
+        let batch = concat_batches(&batches[0].schema(), &batches).unwrap();
+        assert_eq!(batch.num_rows(), 512 * 1024, "under {mb} MB");
+        let columns: Vec<ArrayRef> = (0..4)
+            .map(|i| cast(batch.column(i), &DataType::Float64).unwrap())
+            .collect();
+        let cell = |r: usize| -> Vec<f64> {
+            (columns.iter())
+                .map(|c| c.as_primitive::<Float64Type>().value(r))
+                .collect()
+        };
+        for r in (0..batch.num_rows()).step_by(997) {
+            let want = [(r / 1024) as f64, (r % 1024) as f64, 1.5, 8.0];
+            assert_eq!(cell(r), want, "row {r} under {mb} MB");
+        }
+    }
+    assert!(
+        merged > 0 && left > 0,
+        "merged under {merged} limits, left to the aggregate under {left}"
+    );
+}
+
 /// The rolling-window oracle queries (`rolling_queries.json`).
 /// Runs the oracle query `q` over `climate.zarr` (as `t`) through
 /// `workers` after `settings`, asserting xarray's answer; its name and
@@ -893,6 +988,16 @@ fn first_node<T: ExecutionPlan + 'static>(
         plan = Arc::clone(plan.children().first().expect(&shown));
     }
     plan
+}
+
+/// The first node of type `T` in `plan`, depth first.
+fn first_node_of<T: ExecutionPlan + 'static>(
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Option<Arc<dyn ExecutionPlan>> {
+    if plan.downcast_ref::<T>().is_some() {
+        return Some(Arc::clone(plan));
+    }
+    plan.children().into_iter().find_map(first_node_of::<T>)
 }
 
 fn files_under(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {

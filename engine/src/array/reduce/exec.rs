@@ -161,6 +161,8 @@ pub struct DenseReductionExec {
     read_ahead: ReadAheadPlan,
     /// The small sides of the broadcast columns read: the children.
     broadcasts: BroadcastInputs,
+    /// The memory limit (allowed_mem) it was planned under, if any.
+    memory_limit: Option<usize>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -330,6 +332,7 @@ impl DenseReductionExec {
             io_concurrency,
             read_ahead,
             broadcasts: BroadcastInputs::default(),
+            memory_limit,
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -392,6 +395,7 @@ impl DenseReductionExec {
             io_concurrency: self.io_concurrency,
             read_ahead: self.read_ahead,
             broadcasts,
+            memory_limit: self.memory_limit,
             schema: Arc::clone(&self.schema),
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -429,6 +433,7 @@ impl DenseReductionExec {
             self.workers,
             None,
         )?;
+        exec.memory_limit = self.memory_limit;
         exec.read_ahead = self.read_ahead;
         exec.broadcasts = self.broadcasts.clone();
         Ok(exec)
@@ -438,6 +443,11 @@ impl DenseReductionExec {
     /// stage in contiguous runs (when it gives partial states).
     pub fn with_tasks(&self, tasks: usize) -> Result<Self> {
         self.with_states(Arc::clone(&self.schema), tasks, self.positioned())
+    }
+
+    /// The memory limit (allowed_mem) it was planned under, if any.
+    pub fn memory_limit(&self) -> Option<usize> {
+        self.memory_limit
     }
 
     /// Whether its partial states are led by their groups' positions in

@@ -234,14 +234,9 @@ impl ExecutionPlan for DenseMergeExec {
         }
         let reduction = Arc::clone(&self.reduction);
         let store = reduction.store().to_string();
-        let reservation = reserve(
-            "DenseMergeExec",
-            &store,
-            0,
-            self.projected_memory(),
-            &context,
-            &self.metrics,
-        )?;
+        let projected = self.projected_memory();
+        let metrics = self.metrics.clone();
+        let reserving = Arc::clone(&context);
         let mut accumulators = (self.aggregates.iter())
             .map(|a| a.create_groups_accumulator())
             .collect::<Result<Vec<_>>>()?;
@@ -257,11 +252,25 @@ impl ExecutionPlan for DenseMergeExec {
             // are first met (each new one in the batch that meets it), so
             // each position gets the next slot when first sent: a lookup
             // in a dense array, not a hash table.
-            let mut slot_of = vec![NO_SLOT; groups];
+            // Reserved once the states come: a task of the stage below that
+            // runs in this process has then let its own memory go.
+            let mut reservation = None;
+            let mut reserve_once = || -> Result<()> {
+                if reservation.is_none() {
+                    let r = reserve("DenseMergeExec", &store, 0, projected, &reserving, &metrics)?;
+                    reservation = Some(r);
+                }
+                Ok(())
+            };
+            let mut slot_of = Vec::new();
             let mut slots = 0usize;
             let mut indices: Vec<usize> = Vec::new();
             while let Some(batch) = input.next().await {
                 let batch = batch?;
+                reserve_once()?;
+                if slot_of.is_empty() {
+                    slot_of = vec![NO_SLOT; groups];
+                }
                 let _timer = merge_time.timer();
                 let Some(positions) = batch.column(0).as_primitive_opt::<UInt64Type>() else {
                     return internal_err!(
@@ -294,6 +303,7 @@ impl ExecutionPlan for DenseMergeExec {
                     column += n;
                 }
             }
+            reserve_once()?;
             let timer = merge_time.timer();
             // The groups sent, in C order: their positions and slots.
             let (mut positions, mut order) = (Vec::with_capacity(slots), Vec::with_capacity(slots));

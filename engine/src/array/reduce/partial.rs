@@ -141,8 +141,9 @@ impl DenseReductionExec {
 
     /// This reduction as a cluster runs it: the reduction giving the
     /// partial states of each task's blocks, under their merge. Grouped by
-    /// dimensions (and reading no table joined in), the states are led by
-    /// their groups' positions and gathered into a [`DenseMergeExec`],
+    /// dimensions (reading no table joined in, and when the merge fits the
+    /// memory limit this reduction was planned under), the states are led
+    /// by their groups' positions and gathered into a [`DenseMergeExec`],
     /// which gives the rows in the order of one machine's reduction;
     /// otherwise DataFusion's final aggregate merges them (`FinalPartitioned`
     /// over a hash shuffle of the groups into `target_partitions`, gathered
@@ -167,7 +168,15 @@ impl DenseReductionExec {
             );
             let states = Arc::new(self.with_states(Arc::new(Schema::new(fields)), 1, true)?);
             let gathered = Arc::new(CoalescePartitionsExec::new(Arc::clone(&states) as _));
-            return Ok(Arc::new(DenseMergeExec::new(states, gathered, output)?));
+            let merge = DenseMergeExec::new(states, gathered, Arc::clone(&output))?;
+            // The merge runs in the session: within its allowed_mem, or
+            // left to the final aggregate, spread over the workers.
+            if self
+                .memory_limit()
+                .is_none_or(|limit| merge.projected_memory() <= limit)
+            {
+                return Ok(Arc::new(merge));
+            }
         }
 
         let states: Arc<dyn ExecutionPlan> =
