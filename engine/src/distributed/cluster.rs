@@ -12,6 +12,7 @@ use url::Url;
 use super::channel::WorkerChannels;
 use super::codec::ZarrCodec;
 use super::reductions::rules_with_cluster_reductions;
+use super::stages::CheckedStages;
 use super::tasks::{deal_scan_blocks, scan_tasks};
 use crate::array::ArrayQueryPlanner;
 use crate::table::SmallSidePlanner;
@@ -81,14 +82,19 @@ pub fn distribute(mut builder: SessionStateBuilder, workers: Vec<Url>) -> Sessio
         // A join's small side is planned as part of its grid's plan.
         config.set_extension(Arc::new(SmallSidePlanner(Arc::new(ArrayQueryPlanner))));
     }
-    builder
+    let mut builder = builder
         .with_physical_optimizer_rules(rules_with_cluster_reductions())
         .with_distributed_worker_resolver(FixedWorkers(workers))
         .with_distributed_channel_resolver(WorkerChannels::default())
         .with_distributed_planner()
         .with_distributed_user_codec(ZarrCodec::default())
         .with_distributed_desired_task_count_handler(scan_tasks)
-        .with_distributed_scale_up_leaf_node_handler(deal_scan_blocks)
+        .with_distributed_scale_up_leaf_node_handler(deal_scan_blocks);
+    // Every worker stage encoded once while planning.
+    match builder.query_planner().take() {
+        Some(distributed) => builder.with_query_planner(Arc::new(CheckedStages(distributed))),
+        None => builder,
+    }
 }
 
 #[cfg(test)]

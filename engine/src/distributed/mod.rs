@@ -26,6 +26,8 @@
 //! - [`cluster`]: a session's side: the workers' addresses and the
 //!   distributed planner, added to the session state ([`crate::session`]
 //!   builds it).
+//! - [`stages`]: every stage the workers run encoded once while planning,
+//!   so a node that cannot travel fails the query at once, named.
 //! - [`channel`]: how workers are reached: keep-alive pings that notice a
 //!   worker gone quiet, errors naming the worker, stage and task.
 //! - [`worker`]: a worker's side: the session each query gets (zarrfusion's
@@ -60,6 +62,7 @@ pub mod cluster;
 pub mod codec;
 pub mod copies;
 pub mod reductions;
+pub mod stages;
 pub mod tasks;
 pub mod transforms;
 pub mod worker;

@@ -1543,6 +1543,53 @@ async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
     assert!(err.contains("2 variables with 1 expressions"), "{err}");
 }
 
+/// A stage the workers would run holding a node that cannot travel (here
+/// `rechunk(...)`'s copy, which only the session runs, on one side of a
+/// hash join split among the workers) is refused while planning, naming
+/// the node, instead of leaving a worker waiting for its plan until its
+/// time-out (10 s, measured before the check); plans that travel still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_stage_that_cannot_travel_is_refused_while_planning() {
+    let dir = scratch("cluster-stage-check");
+    let (_work, set_work) = own_work_dir(&dir);
+    let workers = start_workers(2).await;
+    let ctx = cluster_session(&workers).await;
+    ctx.sql(&set_work).await.unwrap();
+    let demo = repo_root().join("demo/era5.zarr");
+    ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await
+        .unwrap();
+    let sql = "SELECT a.lat, count(*) FROM rechunk('era5', time => 48, lat => 11) a JOIN era5 b \
+               ON a.time = b.time AND a.lat = b.lat AND a.lon = b.lon AND b.t2m > a.t2m \
+               GROUP BY a.lat";
+    let started = std::time::Instant::now();
+    let planned = ctx.sql(sql).await.unwrap().create_physical_plan().await;
+    let err = planned
+        .expect_err("a stage that cannot travel planned")
+        .to_string();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.contains(
+            "would run on the cluster's workers, but RechunkExec cannot run on a \
+                      cluster's workers yet"
+        ) && !err.contains("Plan:"),
+        "{err}"
+    );
+    // A query whose stages all travel plans and runs.
+    let rows = query_rows(
+        &ctx,
+        "join of scans",
+        "SELECT count(*) FROM era5 a JOIN era5 b \
+        ON a.time = b.time AND a.lat = b.lat AND a.lon = b.lon AND b.t2m >= a.t2m",
+    )
+    .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+}
+
 /// `rechunk(...)` in a session with workers: its copy's tasks run on the
 /// workers as rounds (one per stage of the rechunk), writing into the
 /// rechunked store the session made in its `work_dir` (which every worker
