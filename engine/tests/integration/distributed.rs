@@ -626,6 +626,33 @@ async fn a_task_too_big_for_a_worker_is_refused_before_it_runs() {
     }
 }
 
+/// A Zarr v3 store in a scratch directory (`name`) holding one float32
+/// array `v` over `time`, `lat`, `lon` of `shape` in chunks of `chunks`,
+/// none written: every cell `fill`.
+fn metadata_only_store(
+    name: &str,
+    shape: [u64; 3],
+    chunks: [u64; 3],
+    fill: f64,
+) -> std::path::PathBuf {
+    let dir = scratch(name).join("grid.zarr");
+    std::fs::create_dir_all(dir.join("v")).unwrap();
+    std::fs::write(
+        dir.join("zarr.json"),
+        r#"{"zarr_format": 3, "node_type": "group", "attributes": {}}"#,
+    )
+    .unwrap();
+    let array = serde_json::json!({
+        "zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float32",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        "dimension_names": ["time", "lat", "lon"], "attributes": {}
+    });
+    std::fs::write(dir.join("v/zarr.json"), array.to_string()).unwrap();
+    dir
+}
+
 /// A merge of states that would not fit the session's allowed_mem is left
 /// to DataFusion's final aggregate, spread over the workers, with the same
 /// answer; one that fits is planned within it.
@@ -637,23 +664,7 @@ async fn a_merge_too_big_for_the_session_is_left_to_the_final_aggregate() {
     // 8 x 512 x 1024 in small chunks, none written (every cell the fill
     // value): grouped by lat, lon, 524,288 groups, whose merge (their
     // states and results) holds more than one worker's reduction.
-    let dir = scratch("cluster-big-merge").join("grid.zarr");
-    std::fs::create_dir_all(dir.join("v")).unwrap();
-    std::fs::write(
-        dir.join("zarr.json"),
-        r#"{"zarr_format": 3, "node_type": "group", "attributes": {}}"#,
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("v/zarr.json"),
-        r#"{"zarr_format": 3, "node_type": "array", "shape": [8, 512, 1024],
-            "data_type": "float32",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1, 64, 128]}},
-            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": 1.5, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-            "dimension_names": ["time", "lat", "lon"], "attributes": {}}"#,
-    )
-    .unwrap();
+    let dir = metadata_only_store("cluster-big-merge", [8, 512, 1024], [1, 64, 128], 1.5);
     let workers = start_workers(2).await;
     let sql =
         "SELECT lat, lon, avg(v) AS a, count(v) AS n FROM g GROUP BY lat, lon ORDER BY lat, lon";
@@ -2390,23 +2401,12 @@ async fn a_reduction_by_functions_of_a_long_dimension_is_counted_by_its_keys_on_
     // 400,000 hours x 721 x 1440 (no chunk written: every cell the fill
     // value), grouped by a function of time with 4 keys: 4.2 M groups,
     // where the positions would make 415 G.
-    let dir = scratch("cluster-long-keys").join("big.zarr");
-    std::fs::create_dir_all(dir.join("v")).unwrap();
-    std::fs::write(
-        dir.join("zarr.json"),
-        r#"{"zarr_format": 3, "node_type": "group", "attributes": {}}"#,
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("v/zarr.json"),
-        r#"{"zarr_format": 3, "node_type": "array", "shape": [400000, 721, 1440],
-            "data_type": "float32",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1000, 73, 144]}},
-            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": 0.0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-            "dimension_names": ["time", "lat", "lon"], "attributes": {}}"#,
-    )
-    .unwrap();
+    let dir = metadata_only_store(
+        "cluster-long-keys",
+        [400000, 721, 1440],
+        [1000, 73, 144],
+        0.0,
+    );
     let ctx = new_context();
     let path = dir.to_str().unwrap();
     ctx.register_zarr("big", path, HashMap::new())

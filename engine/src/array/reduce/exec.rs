@@ -35,7 +35,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use datafusion::physical_planner::PhysicalPlanner;
-use futures::{StreamExt, TryStreamExt};
+use futures::{Future, StreamExt, TryFutureExt, TryStreamExt};
 
 use super::accumulators::{DenseAccumulator, ReduceOp, RowCounts};
 use super::elementwise::FusedExpr;
@@ -919,6 +919,26 @@ impl Reduction {
     }
 }
 
+/// The one batch `result` makes, sent in slices of `batch_size` rows (one
+/// empty batch when it has none): a reduction's output and its merge's.
+pub(super) fn in_batches(
+    schema: SchemaRef,
+    result: impl Future<Output = Result<RecordBatch>> + Send + 'static,
+    batch_size: usize,
+) -> SendableRecordBatchStream {
+    let batch_size = batch_size.max(1);
+    let sliced = result.map_ok(move |batch| {
+        let rows = batch.num_rows();
+        let slices: Vec<Result<RecordBatch>> = (0..rows.max(1))
+            .step_by(batch_size)
+            .map(|start| Ok(batch.slice(start, batch_size.min(rows - start))))
+            .collect();
+        futures::stream::iter(slices)
+    });
+    let stream = futures::stream::once(sliced).try_flatten();
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream.boxed()))
+}
+
 /// The order of the result rows: C order of the grouped dimensions taken in
 /// the table's order, which sorts them by the coordinate values of each
 /// dimension grouped by its coordinate as far as those values are strictly
@@ -1179,17 +1199,9 @@ impl ExecutionPlan for DenseReductionExec {
             };
             drop(reservation);
             output_rows.add(batch.num_rows());
-            let batches: Vec<Result<RecordBatch>> = (0..batch.num_rows().max(1))
-                .step_by(batch_size)
-                .map(|start| Ok(batch.slice(start, batch_size.min(batch.num_rows() - start))))
-                .collect();
-            Ok::<_, DataFusionError>(futures::stream::iter(batches))
+            Ok::<_, DataFusionError>(batch)
         };
-        let stream = futures::stream::once(result).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.schema),
-            stream.boxed(),
-        )))
+        Ok(in_batches(Arc::clone(&self.schema), result, batch_size))
     }
 
     metered_plan_methods!(|exec| {

@@ -31,13 +31,12 @@ use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::{Distribution, EquivalenceProperties};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 
-use super::exec::{DenseReductionExec, Reduction};
+use super::exec::{in_batches, DenseReductionExec, Reduction};
 use crate::memory::reserve;
 use crate::plan_methods::{metered_plan_methods, named_plan_methods, no_expressions_method};
 
@@ -327,17 +326,9 @@ impl ExecutionPlan for DenseMergeExec {
             drop(timer);
             drop(reservation);
             output_rows.add(batch.num_rows());
-            let batches: Vec<Result<RecordBatch>> = (0..batch.num_rows().max(1))
-                .step_by(batch_size)
-                .map(|start| Ok(batch.slice(start, batch_size.min(batch.num_rows() - start))))
-                .collect();
-            Ok(futures::stream::iter(batches))
+            Ok(batch)
         };
-        let stream = futures::stream::once(result).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.schema),
-            stream.boxed(),
-        )))
+        Ok(in_batches(Arc::clone(&self.schema), result, batch_size))
     }
 
     metered_plan_methods!(|exec| {
