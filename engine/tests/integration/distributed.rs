@@ -352,16 +352,7 @@ async fn sorted_rows(
     plan: Arc<dyn ExecutionPlan>,
     ctx: &datafusion::prelude::SessionContext,
 ) -> Vec<String> {
-    let batches = collect_partitioned(plan, ctx.task_ctx()).await.unwrap();
-    let batches: Vec<_> = batches.into_iter().flatten().collect();
-    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
-        .unwrap()
-        .to_string();
-    let mut rows: Vec<String> = text
-        .lines()
-        .filter(|l| l.starts_with("| "))
-        .map(String::from)
-        .collect();
+    let mut rows = ordered_rows(plan, ctx).await;
     rows.sort();
     rows
 }
