@@ -247,10 +247,6 @@ impl ExecutionPlan for DenseMergeExec {
         let merge_time = MetricBuilder::new(&self.metrics).subset_time("merge_time", 0);
         let result = async move {
             let groups = reduction.num_groups();
-            // DataFusion's accumulators number groups in the order they
-            // are first met (each new one in the batch that meets it), so
-            // each position gets the next slot when first sent: a lookup
-            // in a dense array, not a hash table.
             // Reserved once the states come: a task of the stage below that
             // runs in this process has then let its own memory go.
             let mut reservation = None;
@@ -261,6 +257,10 @@ impl ExecutionPlan for DenseMergeExec {
                 }
                 Ok(())
             };
+            // DataFusion's accumulators number groups in the order they
+            // are first met (each new one in the batch that meets it), so
+            // each position gets the next slot when first sent: a lookup
+            // in a dense array, not a hash table.
             let mut slot_of = Vec::new();
             let mut slots = 0usize;
             let mut indices: Vec<usize> = Vec::new();
