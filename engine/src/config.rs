@@ -96,6 +96,12 @@ extensions_options! {
         /// stage runs on as many tasks as this divides its bytes into (at
         /// most one per block, at most the engine's limit).
         pub bytes_per_task: usize, default = 256 * 1024 * 1024
+        /// Where a cluster merges a dense reduction's partial states:
+        /// `auto` (in a tree when its stage runs more than two tasks),
+        /// `session` (every task's states into the session, merged there),
+        /// or `tree` (merged first on the workers, each merging a share of
+        /// the groups from every task, then once more in the session).
+        pub state_merge: String, default = "auto".to_string()
         /// Keep the metadata and coordinates read when opening an
         /// object-store table in the cache directory
         /// (`$ZARRFUSION_CACHE_DIR/opening`, else
@@ -217,7 +223,8 @@ pub const MAX_TARGET_PARTITIONS: usize = 1024;
 /// Checks a setting's value where the setting's type does not say enough,
 /// so that a bad value is refused when it is set (by `SET`, the shell's
 /// flags, Python's `SessionContext`): `zarrfusion.io_concurrency` at most
-/// [`MAX_IO_CONCURRENCY`], `zarrfusion.retry.*` and `zarrfusion.client.*`
+/// [`MAX_IO_CONCURRENCY`], `zarrfusion.state_merge` one of its values,
+/// `zarrfusion.retry.*` and `zarrfusion.client.*`
 /// the way the table options of the same names are checked, and
 /// DataFusion's `datafusion.execution.batch_size` and `target_partitions`
 /// at most [`MAX_BATCH_ROWS`] and [`MAX_TARGET_PARTITIONS`]. Other
@@ -239,6 +246,12 @@ pub fn check_setting(variable: &str, value: &str) -> Result<()> {
     let Some(key) = lower.strip_prefix("zarrfusion.") else {
         return Ok(());
     };
+    if key == "state_merge" {
+        return match value.trim().to_ascii_lowercase().as_str() {
+            "auto" | "session" | "tree" => Ok(()),
+            other => plan_err!("{variable} is '{other}'; it takes auto, session or tree"),
+        };
+    }
     if key == "io_concurrency" {
         return match value.trim().parse::<usize>() {
             Ok(n) if n > MAX_IO_CONCURRENCY => {

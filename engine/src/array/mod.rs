@@ -70,7 +70,7 @@ pub use broadcast::BroadcastJoinRule;
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};
 pub use reduce::{
     key_schema, DenseMergeExec, DenseReduction, DenseReductionExec, DenseReductionRule, GroupKey,
-    KeySpec, ReduceOp, ReduceSpec, ReductionParts,
+    KeySpec, Merged, ReduceOp, ReduceSpec, ReductionParts, GROUP_POSITION,
 };
 pub use rolling::{RollingWindow, RollingWindowExec, RollingWindowRule};
 pub use scan_path::TableRead;

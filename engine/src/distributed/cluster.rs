@@ -83,7 +83,7 @@ pub fn distribute(mut builder: SessionStateBuilder, workers: Vec<Url>) -> Sessio
         config.set_extension(Arc::new(SmallSidePlanner(Arc::new(ArrayQueryPlanner))));
     }
     let mut builder = builder
-        .with_physical_optimizer_rules(rules_with_cluster_reductions())
+        .with_physical_optimizer_rules(rules_with_cluster_reductions(workers.len()))
         .with_distributed_worker_resolver(FixedWorkers(workers))
         .with_distributed_channel_resolver(WorkerChannels::default())
         .with_distributed_planner()

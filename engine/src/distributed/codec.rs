@@ -94,7 +94,8 @@ use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, Rolling, RollingParts};
 use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
 use crate::array::{
-    key_schema, DenseMergeExec, DenseReductionExec, KeySpec, ReduceOp, ReduceSpec, ReductionParts,
+    key_schema, DenseMergeExec, DenseReductionExec, KeySpec, Merged, ReduceOp, ReduceSpec,
+    ReductionParts,
 };
 use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
 use crate::device::choose_device;
@@ -534,12 +535,16 @@ struct Reduction {
 
 /// The merge of a dense reduction's positioned states as it travels
 /// ([`DenseMergeExec`]): the reduction (its groups and aggregates) and the
-/// result's columns; its one input is the gathered states.
+/// result's columns; its one input is the gathered states (a level of the
+/// merge tree: the states hashed by position).
 #[derive(Debug, Serialize, Deserialize)]
 struct Merge {
     reduction: Reduction,
     /// The result's columns: name, type, nullable.
     results: Vec<(String, String, bool)>,
+    /// A level of the merge tree, giving merged states, not results.
+    #[serde(default)]
+    level: bool,
 }
 
 /// A rolling window's runs of blocks as they travel.
@@ -1474,11 +1479,11 @@ impl ZarrCodec {
             &merge.results,
         )?;
         let states = Arc::new(states.with_tasks(1)?);
-        Ok(Arc::new(DenseMergeExec::new(
-            states,
-            Arc::clone(input),
-            results,
-        )?))
+        let input = Arc::clone(input);
+        Ok(Arc::new(match merge.level {
+            true => DenseMergeExec::level(states, input, results)?,
+            false => DenseMergeExec::new(states, input, results)?,
+        }))
     }
 
     fn encode_blockwise(&self, step: &BlockwiseTasksExec) -> Result<Node> {
@@ -1691,7 +1696,8 @@ impl PhysicalExtensionCodec for ZarrCodec {
         if let Some(merge) = node.downcast_ref::<DenseMergeExec>() {
             let encoded = Node::Merge(Merge {
                 reduction: self.encode_reduction(merge.states(), 1)?,
-                results: columns(&merge.schema()),
+                results: columns(merge.results()),
+                level: merge.merged() == Merged::States,
             });
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a dense reduction's merge: {e}"));

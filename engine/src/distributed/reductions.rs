@@ -11,36 +11,97 @@
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::Result;
+use datafusion::common::{plan_err, Result};
 use datafusion::config::ConfigOptions;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, ExecutionPlan, Partitioning, ReplaceChildrenOptions,
+};
 
-use crate::array::{DenseMergeExec, DenseReductionExec};
-use crate::plan_methods::physical_bottom_up_rule;
+use datafusion_distributed::DistributedConfig;
 
-/// Plans every dense reduction of a plan for a cluster.
-#[derive(Debug, Default)]
-pub struct ClusterReductions;
+use super::tasks::tasks_for;
+use crate::array::{DenseMergeExec, DenseReductionExec, Merged, GROUP_POSITION};
+use crate::config::ZarrConfig;
 
-physical_bottom_up_rule!(
-    ClusterReductions,
-    "zarrfusion_cluster_reductions",
-    |node, config| match node.downcast_ref::<DenseReductionExec>() {
-        Some(reduction) if reduction.tasks().is_none() => {
-            let partitions = config.execution.target_partitions;
-            reduction.on_cluster(partitions).map(Some)
-        }
-        _ => Ok(None),
+/// Plans every dense reduction of a plan for a cluster of `workers`
+/// workers, its states merged in a tree or in the session
+/// (`zarrfusion.state_merge`; see [`DenseReductionExec::on_cluster`]).
+#[derive(Debug)]
+pub struct ClusterReductions {
+    workers: usize,
+}
+
+impl ClusterReductions {
+    /// The rule for a cluster of `workers` workers.
+    pub fn new(workers: usize) -> Self {
+        Self { workers }
     }
-);
 
-/// Gathers the partial states of a dense reduction under their merge (a
-/// [`DenseMergeExec`], or the `Final` aggregate of a reduction without
-/// `GROUP BY`): the gathering is where the distributed planner puts the
-/// network boundary that sends the reduction's tasks to the workers.
+    /// Whether `reduction`'s states merge in a tree under `config`: asked
+    /// for, or (`auto`) when its stage runs more than two tasks, where the
+    /// session would receive and merge more than two states per group.
+    fn tree(&self, reduction: &DenseReductionExec, config: &ConfigOptions) -> Result<bool> {
+        let setting = ZarrConfig::of(config).state_merge;
+        match setting.trim().to_ascii_lowercase().as_str() {
+            "tree" => Ok(true),
+            "session" => Ok(false),
+            "auto" => {
+                let most = config
+                    .extensions
+                    .get::<DistributedConfig>()
+                    .map_or(0, |d| d.max_tasks_per_stage);
+                let most = if most == 0 { self.workers } else { most };
+                let wanted = tasks_for(
+                    reduction.decoded_bytes(),
+                    reduction.read().blocks.num_blocks(),
+                    config,
+                );
+                Ok(wanted.min(most) > 2)
+            }
+            other => {
+                plan_err!("zarrfusion.state_merge is '{other}'; it takes auto, session or tree")
+            }
+        }
+    }
+}
+
+impl PhysicalOptimizerRule for ClusterReductions {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| match node.downcast_ref::<DenseReductionExec>() {
+            Some(reduction) if reduction.tasks().is_none() => {
+                let partitions = config.execution.target_partitions;
+                let tree = self.tree(reduction, config)?;
+                Ok(Transformed::yes(reduction.on_cluster(partitions, tree)?))
+            }
+            _ => Ok(Transformed::no(node)),
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "zarrfusion_cluster_reductions"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// Gathers the partial states of a dense reduction (or of a level of their
+/// merge tree) under their merge (a [`DenseMergeExec`], or the `Final`
+/// aggregate of a reduction without `GROUP BY`), and shuffles them by group
+/// position under a level of the merge tree: the gathering (the shuffle)
+/// is where the distributed planner puts the network boundary that sends
+/// the reduction's tasks (or the level's) to the workers.
 #[derive(Debug, Default)]
 pub struct GatherStates;
 
@@ -48,27 +109,41 @@ impl PhysicalOptimizerRule for GatherStates {
     fn optimize(
         &self,
         plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
+        config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        let partitions = config.execution.target_partitions.max(1);
         plan.transform_up(|node| {
-            let states = if let Some(merge) = node.downcast_ref::<DenseMergeExec>() {
-                merge.children()[0]
+            let (states, level) = if let Some(merge) = node.downcast_ref::<DenseMergeExec>() {
+                (merge.children()[0], merge.merged() == Merged::States)
             } else {
                 match node.downcast_ref::<AggregateExec>() {
-                    Some(a) if *a.mode() == AggregateMode::Final => a.input(),
+                    Some(a) if *a.mode() == AggregateMode::Final => (a.input(), false),
                     _ => return Ok(Transformed::no(node)),
                 }
             };
-            let gives_states = states
-                .downcast_ref::<DenseReductionExec>()
-                .is_some_and(|r| r.tasks().is_some());
+            let gives_states = match states.downcast_ref::<DenseMergeExec>() {
+                Some(below) => below.merged() == Merged::States,
+                None => states
+                    .downcast_ref::<DenseReductionExec>()
+                    .is_some_and(|r| r.tasks().is_some()),
+            };
             if !gives_states {
                 return Ok(Transformed::no(node));
             }
-            let gathered = Arc::new(CoalescePartitionsExec::new(Arc::clone(states)));
+            // A level takes the states shuffled by position; DataFusion
+            // drops that shuffle too, as the states come in one partition
+            // before the distributed planner splits them into tasks.
+            let input: Arc<dyn ExecutionPlan> = match level {
+                true => {
+                    let position = Arc::new(Column::new(GROUP_POSITION, 0));
+                    let hashed = Partitioning::Hash(vec![position], partitions);
+                    Arc::new(RepartitionExec::try_new(Arc::clone(states), hashed)?)
+                }
+                false => Arc::new(CoalescePartitionsExec::new(Arc::clone(states))),
+            };
             let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
             Ok(Transformed::yes(
-                node.replace_children(vec![gathered], options)?,
+                node.replace_children(vec![input], options)?,
             ))
         })
         .map(|t| t.data)
@@ -92,7 +167,9 @@ impl PhysicalOptimizerRule for GatherStates {
 /// (which gather what they send to the workers) and
 /// [`ClusterBroadcasts`](super::broadcasts::ClusterBroadcasts) (which
 /// broadcasts the small sides of joins).
-pub fn rules_with_cluster_reductions() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+pub fn rules_with_cluster_reductions(
+    workers: usize,
+) -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = crate::window_frames::physical_rules();
     let requirements = rules
         .iter()
@@ -102,6 +179,6 @@ pub fn rules_with_cluster_reductions() -> Vec<Arc<dyn PhysicalOptimizerRule + Se
     rules.insert(requirements, Arc::new(GatherStates));
     rules.insert(requirements, Arc::new(super::transforms::ClusterPasses));
     rules.insert(requirements, Arc::new(super::copies::ClusterCopies));
-    rules.insert(0, Arc::new(ClusterReductions));
+    rules.insert(0, Arc::new(ClusterReductions::new(workers)));
     rules
 }

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use datafusion::common::Result;
+use datafusion::config::ConfigOptions;
 use datafusion_distributed::{
     DesiredTaskCountEvent, DesiredTaskCountEventResponse, ScaleUpLeafNodeEvent,
     ScaleUpLeafNodeEventResponse,
@@ -60,13 +61,18 @@ pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEv
             reduction.read().blocks.num_blocks(),
         )
     };
-    let per_task = ZarrConfig::of(ev.session_config.options())
-        .bytes_per_task
-        .max(1) as u64;
+    let tasks = tasks_for(bytes, blocks, ev.session_config.options());
+    Some(Ok(DesiredTaskCountEventResponse::desired(tasks)))
+}
+
+/// The tasks a leaf reading (or writing) `bytes` in `blocks` blocks wants
+/// under `config`: one per `zarrfusion.bytes_per_task`, at least one, at
+/// most one per block (the engine then gives at most its limit, a task per
+/// worker unless set otherwise).
+pub fn tasks_for(bytes: u64, blocks: u64, config: &ConfigOptions) -> usize {
+    let per_task = ZarrConfig::of(config).bytes_per_task.max(1) as u64;
     let tasks = bytes.div_ceil(per_task).clamp(1, blocks.max(1));
-    Some(Ok(DesiredTaskCountEventResponse::desired(
-        usize::try_from(tasks).unwrap_or(usize::MAX),
-    )))
+    usize::try_from(tasks).unwrap_or(usize::MAX)
 }
 
 /// A Zarr scan or a dense reduction's partial states dealing its blocks to

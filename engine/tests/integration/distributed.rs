@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 use url::Url;
 use zarrfusion::array::fft::FftExec;
 use zarrfusion::array::rolling::RollingWindowExec;
-use zarrfusion::array::{DenseMergeExec, DenseReductionExec};
+use zarrfusion::array::{DenseMergeExec, DenseReductionExec, Merged};
 use zarrfusion::distributed::{serve_worker, ZarrCodec};
 use zarrfusion::table::ZarrScanExec;
 use zarrfusion::{distributed_context, new_context, session_config, ZarrConfig, ZarrContextExt};
@@ -88,6 +88,34 @@ async fn cluster_session(workers: &Workers) -> datafusion::prelude::SessionConte
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
     let workers = start_workers(2).await;
+    // Two tasks: the states merge in the session.
+    let (trees, _) = every_oracle_query_through(&workers, &[]).await;
+    assert_eq!(trees, 0, "a merge tree for two tasks");
+}
+
+/// Dense reductions' states merged in a tree (a level on the workers, then
+/// the session) give xarray's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_oracle_query_gives_xarray_s_answer_with_states_merged_in_a_tree() {
+    let workers = start_workers(3).await;
+    // A block per chunk; a tree even where a stage has fewer than three
+    // tasks (`auto` would merge those in the session).
+    let settings = [
+        "SET zarrfusion.target_partition_bytes = 1",
+        "SET zarrfusion.state_merge = 'tree'",
+    ];
+    let (trees, merges) = every_oracle_query_through(&workers, &settings).await;
+    assert!(
+        trees >= 10 && trees == merges,
+        "{trees} of {merges} merges by group position were trees"
+    );
+}
+
+/// Runs every oracle query through `workers` after `settings`, asserting
+/// xarray's answers and that scans and dense reductions were split among
+/// the workers; the number of plans merging states in a tree, and by
+/// group position.
+async fn every_oracle_query_through(workers: &Workers, settings: &[&str]) -> (usize, usize) {
     let read = |name: &str| -> Vec<Value> {
         let path = repo_root().join("tests/fixtures/expected").join(name);
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -100,12 +128,16 @@ async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
     let mut distributed = 0;
     let mut reductions = [0, 0];
     let mut keyed = 0;
+    let (mut trees, mut merges) = (0, 0);
     for q in queries.iter().chain(&climate) {
         let name = q["name"].as_str().unwrap();
         let store = q["store"].as_str().unwrap();
         let sql = q["sql"].as_str().unwrap();
         let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
-        let ctx = cluster_session(&workers).await;
+        let ctx = cluster_session(workers).await;
+        for setting in settings {
+            ctx.sql(setting).await.unwrap();
+        }
         ctx.register_zarr("t", &fixture(store), table_options(q.get("dims")))
             .await
             .unwrap_or_else(|e| panic!("registering {store}: {e}"));
@@ -121,6 +153,8 @@ async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
                 keyed += usize::from(climate.contains(q));
             }
         }
+        trees += usize::from(shown.contains("a level of the merge tree"));
+        merges += usize::from(shown.contains("merges=partial states by group position"));
         let got = query_rows(&ctx, &format!("{name} through workers"), sql).await;
         assert_rows(&format!("{name} through workers"), &got, &want);
     }
@@ -140,6 +174,7 @@ async fn every_oracle_query_gives_xarray_s_answer_through_two_workers() {
         reductions[0],
         reductions[1]
     );
+    (trees, merges)
 }
 
 /// The physical plan `ctx` makes of `sql`.
@@ -342,7 +377,7 @@ async fn planned_states(
     };
     let whole = find(&plan);
     let reduction = whole.downcast_ref::<DenseReductionExec>().unwrap();
-    let cluster = reduction.on_cluster(2).unwrap();
+    let cluster = reduction.on_cluster(2, false).unwrap();
     let states = find(&cluster);
     (ctx, whole, cluster, states)
 }
@@ -484,6 +519,123 @@ async fn a_reduction_s_states_merge_by_group_position_in_one_machine_s_order() {
     assert!(err.contains("merges states"), "{err}");
     // (The rows as text start with their header.)
     assert_eq!(merge.states().num_groups(), all_groups.len() - 1);
+}
+
+/// A dense reduction's states merged in a tree: a level merging the
+/// states each partition of a shuffle by group position receives (on the
+/// workers), then the session's merge of one state per group. The same
+/// rows in one machine's order; the level crosses the codec (a malformed
+/// one refused); on three workers the session receives one state per
+/// group, not one per group and task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reduction_s_states_merge_in_a_tree_on_the_workers() {
+    let sql = "SELECT lat, lon, avg(t2m), var(u10), min(t2m), max(u10), sum(t2m), count(*) \
+               FROM t WHERE t2m > 285 GROUP BY lat, lon ORDER BY lat, lon";
+    let (ctx, whole, _, _) = planned_states(sql).await;
+    let reduction = whole.downcast_ref::<DenseReductionExec>().unwrap();
+    let tree = reduction.on_cluster(3, true).unwrap();
+    let shown = displayable(tree.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("gives=states by group position (a level of the merge tree)")
+            && shown.contains("partitioning=Hash([__zarrfusion_group@0], 3)"),
+        "{shown}"
+    );
+    assert_eq!(
+        tree.properties().output_ordering(),
+        whole.properties().output_ordering()
+    );
+    let want = ordered_rows(Arc::clone(&whole), &ctx).await;
+    assert!(want.len() > 1, "{want:?}");
+    assert_close(&ordered_rows(Arc::clone(&tree), &ctx).await, &want);
+    // Through the codec, the root and its level: the same plan and rows.
+    through_codec(&ctx, &tree);
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tree), &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    assert_close(&ordered_rows(back, &ctx).await, &want);
+
+    // A level travels on its own: its input is the shuffle by position.
+    let root = tree.downcast_ref::<DenseMergeExec>().unwrap();
+    let level = first_node_of::<DenseMergeExec>(&root.children()[0]).expect(&shown);
+    assert_eq!(
+        level.downcast_ref::<DenseMergeExec>().unwrap().merged(),
+        Merged::States
+    );
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(Arc::clone(&level));
+    assert_eq!(sent["level"], Value::from(true), "{sent}");
+    let shuffled = [Arc::clone(&level.children()[0])];
+    let decode = |v: &Value| wire.decode_with(&serde_json::to_vec(v).unwrap(), &shuffled);
+    decode(&sent).expect("the level as sent");
+    let mut bad = sent.clone();
+    bad["results"][2][1] = Value::from("Utf8");
+    let err = decode(&bad).expect_err("a level giving other results accepted");
+    assert!(err.contains("gives"), "{err}");
+    let err = wire
+        .decode_with(&serde_json::to_vec(&sent).unwrap(), &[Arc::clone(&whole)])
+        .expect_err("a level over results accepted");
+    assert!(err.contains("merges states"), "{err}");
+
+    // Three workers, a task each (a block per chunk, 8 chunks): the level
+    // runs on them and the session receives each group's state once.
+    let workers = start_workers(3).await;
+    let cluster = cluster_session(&workers).await;
+    cluster
+        .sql("SET zarrfusion.target_partition_bytes = 1")
+        .await
+        .unwrap();
+    cluster
+        .register_zarr("t", &fixture("v3_basic.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let plan = physical_plan(&cluster, sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("NetworkShuffleExec") && shown.contains("a level of the merge tree"),
+        "{shown}"
+    );
+    let one_machine = ordered_rows(physical_plan(&ctx, sql).await, &ctx).await;
+    assert_close(&ordered_rows(plan, &cluster).await, &one_machine);
+    let batches = (cluster.sql(&format!("EXPLAIN ANALYZE {sql}")).await)
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let analyzed = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    let rows_out = |node: &str| -> Vec<usize> {
+        (analyzed.lines())
+            .filter(|l| l.contains(node))
+            .filter_map(|l| l.split("output_rows=").nth(1))
+            .map(|r| r.split([',', ']']).next().unwrap().trim().parse().unwrap())
+            .collect()
+    };
+    let groups = want.len() - 1; // its first line is the header
+    assert_eq!(rows_out("NetworkCoalesceExec"), vec![groups], "{analyzed}");
+    let shuffled = rows_out("NetworkShuffleExec");
+    assert!(
+        shuffled.len() == 1 && shuffled[0] > groups,
+        "{shuffled:?} states shuffled for {groups} groups: {analyzed}"
+    );
+    // Asked for by name, the session merges every task's states itself.
+    cluster
+        .sql("SET zarrfusion.state_merge = 'session'")
+        .await
+        .unwrap();
+    let plan = physical_plan(&cluster, sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(!shown.contains("a level of the merge tree"), "{shown}");
+    // An unknown value is refused (by the front doors' SET, else when a
+    // reduction is planned).
+    let err = match cluster.sql("SET zarrfusion.state_merge = 'workers'").await {
+        Err(e) => e.to_string(),
+        Ok(_) => (cluster.sql(sql).await.unwrap().create_physical_plan().await)
+            .expect_err("an unknown merge accepted")
+            .to_string(),
+    };
+    assert!(err.contains("auto, session or tree"), "{err}");
 }
 
 /// Rows of text equal cell by cell, numbers within a relative 1e-9.
@@ -2410,7 +2562,7 @@ async fn a_reduction_by_functions_of_a_long_dimension_is_counted_by_its_keys_on_
     .await;
     let reduction = first_node::<DenseReductionExec>(plan);
     let reduction = reduction.downcast_ref::<DenseReductionExec>().unwrap();
-    let states = first_node::<DenseReductionExec>(reduction.on_cluster(2).unwrap());
+    let states = first_node::<DenseReductionExec>(reduction.on_cluster(2, false).unwrap());
     let wire = Wire::new(&ctx);
     let sent = wire.encode(states);
     wire.decode(&sent).expect("a reduction by 4 keys of time");

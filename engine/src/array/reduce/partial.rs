@@ -150,7 +150,17 @@ impl DenseReductionExec {
     /// into one partition; `Final` over the gathered states without
     /// `GROUP BY`), and the rows' order is not kept (a sort above it
     /// stays). Same columns, same rows.
-    pub fn on_cluster(&self, target_partitions: usize) -> Result<Arc<dyn ExecutionPlan>> {
+    ///
+    /// With `tree`, the positioned states are first merged on the workers
+    /// (a [`DenseMergeExec`] level over a shuffle of the states by position
+    /// into `target_partitions` per task), so that the session receives
+    /// and merges one state per group instead of one per group and task;
+    /// not when that level would not fit the memory limit.
+    pub fn on_cluster(
+        &self,
+        target_partitions: usize,
+        tree: bool,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         let read = self.read();
         let table = &read.table;
         let n_groups = self.group_keys().len();
@@ -167,14 +177,24 @@ impl DenseReductionExec {
                     .map(|f| f.as_ref().clone()),
             );
             let states = Arc::new(self.with_states(Arc::new(Schema::new(fields)), 1, true)?);
-            let gathered = Arc::new(CoalescePartitionsExec::new(Arc::clone(&states) as _));
+            let fits = |bytes: usize| self.memory_limit().is_none_or(|limit| bytes <= limit);
+            let mut merged: Arc<dyn ExecutionPlan> = Arc::clone(&states) as _;
+            if tree {
+                let position = Arc::new(Column::new(GROUP_POSITION, 0)) as Arc<dyn PhysicalExpr>;
+                let hashed = Partitioning::Hash(vec![position], target_partitions.max(1));
+                let shuffled = Arc::new(RepartitionExec::try_new(merged, hashed)?);
+                let level =
+                    DenseMergeExec::level(Arc::clone(&states), shuffled, Arc::clone(&output))?;
+                merged = match fits(level.projected_memory()) {
+                    true => Arc::new(level),
+                    false => Arc::clone(&states) as _,
+                };
+            }
+            let gathered = Arc::new(CoalescePartitionsExec::new(merged));
             let merge = DenseMergeExec::new(states, gathered, Arc::clone(&output))?;
             // The merge runs in the session: within its allowed_mem, or
             // left to the final aggregate, spread over the workers.
-            if self
-                .memory_limit()
-                .is_none_or(|limit| merge.projected_memory() <= limit)
-            {
+            if fits(merge.projected_memory()) {
                 return Ok(Arc::new(merge));
             }
         }
