@@ -24,7 +24,11 @@ Arms (every run a fresh shell process; workers started fresh for each run, not t
 * ``local 2 cores (dense)``: the same in one process on both cores;
 * ``2 workers (dense)``: workers pinned to cores 0 and 1 (``taskset``), the session unpinned and
   ``zarrfusion.bytes_per_task`` such that the reduction gets one task per worker: each task
-  folds its blocks into partial states, merged by DataFusion's final aggregate;
+  folds its blocks into partial states, merged by group position in the session (the default
+  for two tasks, ``zarrfusion.state_merge = 'auto'``);
+* ``2 workers (dense, merge tree)`` (Q1, Q3, QM): the same with ``zarrfusion.state_merge =
+  'tree'``: the states shuffled by group position between the workers, each merging a share of
+  the groups, then merged once more in the session (the default from three tasks a stage);
 * ``2 workers (hash)``: the same with ``zarrfusion.dense_reduction = false``: DataFusion's
   partial and final aggregates over distributed scans (the cluster's plan before the dense
   reduction ran on workers).
@@ -232,6 +236,8 @@ def main() -> None:
             "2 workers (dense)": (2, None, [create, sql]),
             "2 workers (hash)": (2, None, [hash_plan, create, sql]),
         }
+        if q in ("Q1", "Q3", "QM"):
+            arms["2 workers (dense, merge tree)"] = (2, None, ["SET zarrfusion.state_merge = 'tree'", create, sql])
         if q in COPY_TARGETS:
             del arms["2 workers (hash)"]
         if q == "F":

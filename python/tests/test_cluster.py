@@ -97,6 +97,45 @@ def test_group_by_through_two_workers_equals_xarray(fixtures, workers, store):
     np.testing.assert_allclose(got["u"], want["u"], rtol=1e-12)
 
 
+def test_states_merge_in_a_tree_through_three_workers_and_equal_xarray(fixtures):
+    # Three tasks (a block per chunk, a task per worker): the states are
+    # shuffled between the workers by group position, merged there, and
+    # once more in the session.
+    processes, addresses = _start_workers(3)
+    try:
+        config = {"zarrfusion.bytes_per_task": 1, "zarrfusion.target_partition_bytes": 1}
+        ctx = zf.SessionContext(workers=addresses, config=config)
+        ctx.register_zarr("t", fixtures / "climate.zarr")
+        sql = (
+            "SELECT lat, lon, avg(t2m) AS t, max(u10) AS u, count(t2m) AS n FROM t "
+            "WHERE t2m > 280 GROUP BY lat, lon ORDER BY lat, lon"
+        )
+        distributed = _distributed_plan(ctx, sql)
+        assert "a level of the merge tree" in distributed, distributed
+        assert "NetworkShuffleExec" in distributed and "tasks=3" in distributed, distributed
+        got = ctx.sql(sql).to_pandas()
+        ctx.sql("SET zarrfusion.state_merge = 'session'").collect()
+        assert "a level of the merge tree" not in _distributed_plan(ctx, sql)
+        in_session = ctx.sql(sql).to_pandas()
+    finally:
+        _stop(processes)
+    ds = xr.open_zarr(fixtures / "climate.zarr", chunks=None).load()
+    warm = ds.t2m.where(ds.t2m > 280)
+    want = pd.DataFrame(
+        {
+            "t": warm.mean("time").to_series(),
+            "u": ds.u10.where(ds.t2m > 280).max("time").to_series(),
+            "n": warm.count("time").to_series(),
+        }
+    )
+    want = want[want["n"] > 0].sort_index()
+    assert list(zip(got["lat"], got["lon"])) == list(want.index)
+    np.testing.assert_allclose(got["t"], want["t"], rtol=1e-6)
+    np.testing.assert_allclose(got["u"], want["u"], rtol=1e-12)
+    np.testing.assert_array_equal(got["n"], want["n"])
+    pd.testing.assert_frame_equal(got, in_session)
+
+
 def test_a_copy_of_a_whole_table_is_written_by_the_workers_and_equals_xarray(fixtures, workers, tmp_path):
     """``COPY t TO ... STORED AS ZARR``: the rechunk's tasks run on the two
     worker processes (the distributed plan shows them in a stage of two
