@@ -72,6 +72,7 @@ use datafusion::common::{exec_datafusion_err, internal_err, not_impl_err, plan_e
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
@@ -547,6 +548,13 @@ struct Merge {
     level: bool,
 }
 
+/// The rows of the tables a received node joins in: its inputs, or (a
+/// merge, which reads nothing) empty stand-ins of their columns.
+enum JoinedRows<'a> {
+    Inputs(&'a [Arc<dyn ExecutionPlan>]),
+    StandIns,
+}
+
 /// A rolling window's runs of blocks as they travel.
 #[derive(Debug, Serialize, Deserialize)]
 struct Window {
@@ -853,7 +861,7 @@ impl ZarrCodec {
         inputs: &[Arc<dyn ExecutionPlan>],
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let (read, broadcasts) = self.joined_inputs(scan.read, inputs, ctx)?;
+        let (read, broadcasts) = self.joined_inputs(scan.read, JoinedRows::Inputs(inputs), ctx)?;
         let store = &read.table.store;
         let stage_tasks = scan.tasks == TASKS_OF_STAGE && !broadcasts.is_empty();
         check_counts(
@@ -976,12 +984,18 @@ impl ZarrCodec {
     fn joined_inputs(
         &self,
         read: Read,
-        inputs: &[Arc<dyn ExecutionPlan>],
+        inputs: JoinedRows,
         ctx: &TaskContext,
     ) -> Result<(BlockRead, BroadcastInputs)> {
         let read = self.decode_joined_read(read, ctx)?;
         let broadcasts = read.table.broadcasts_read(&read.columns);
-        let broadcasts = BroadcastInputs::received(broadcasts, inputs.to_vec())?;
+        let inputs = match inputs {
+            JoinedRows::Inputs(inputs) => inputs.to_vec(),
+            JoinedRows::StandIns => (broadcasts.iter())
+                .map(|b| Arc::new(EmptyExec::new(Arc::new(b.stand_in_schema()))) as _)
+                .collect(),
+        };
+        let broadcasts = BroadcastInputs::received(broadcasts, inputs)?;
         Ok((read, broadcasts))
     }
 
@@ -1338,7 +1352,7 @@ impl ZarrCodec {
     fn decode_reduction(
         &self,
         reduction: Reduction,
-        inputs: &[Arc<dyn ExecutionPlan>],
+        inputs: JoinedRows,
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let (read, broadcasts) = self.joined_inputs(reduction.read, inputs, ctx)?;
@@ -1469,7 +1483,9 @@ impl ZarrCodec {
                  plan"
             );
         }
-        let states = self.decode_reduction(merge.reduction, &[], ctx)?;
+        // The merge reads nothing: the tables its reduction joins in are
+        // stand-ins, never run.
+        let states = self.decode_reduction(merge.reduction, JoinedRows::StandIns, ctx)?;
         let Some(states) = states.downcast_ref::<DenseReductionExec>() else {
             return internal_err!("a dense reduction decoded as {}", states.name());
         };
@@ -1666,7 +1682,9 @@ impl PhysicalExtensionCodec for ZarrCodec {
         }
         match node {
             Node::Scan(scan) => self.decode_scan(scan, inputs, ctx),
-            Node::Reduction(reduction) => self.decode_reduction(reduction, inputs, ctx),
+            Node::Reduction(reduction) => {
+                self.decode_reduction(reduction, JoinedRows::Inputs(inputs), ctx)
+            }
             Node::Merge(merge) => self.decode_merge(merge, &inputs[0], ctx),
             Node::Window(window) => self.decode_window(window, ctx),
             Node::RechunkTasks(run) => decode_rechunk(run, ctx),

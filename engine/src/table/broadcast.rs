@@ -195,6 +195,28 @@ impl Broadcast {
         Ok(broadcast)
     }
 
+    /// Columns that pass [`Broadcast::check_input`], the others `Null`:
+    /// the schema of a stand-in for a small side that is never run.
+    pub fn stand_in_schema(&self) -> Schema {
+        let mut types: Vec<(usize, DataType)> = Vec::new();
+        for d in &self.dims {
+            for (&c, keys) in d.columns.iter().zip(&d.distinct) {
+                types.push((c, keys.data_type().clone()));
+            }
+        }
+        for (&c, field) in self.values.iter().zip(&self.fields) {
+            types.push((c, field.data_type().clone()));
+        }
+        let width = types.iter().map(|(c, _)| c + 1).max().unwrap_or(0);
+        let mut fields: Vec<Field> = (0..width)
+            .map(|c| Field::new(format!("c{c}"), DataType::Null, true))
+            .collect();
+        for (c, t) in types {
+            fields[c] = Field::new(format!("c{c}"), t, true);
+        }
+        Schema::new(fields)
+    }
+
     /// Checks that `schema`, the small side's as its operator's input
     /// gives it, has the key and value columns this broadcast reads, of
     /// their types.

@@ -2469,6 +2469,38 @@ async fn anomalies_broadcast_their_small_side_to_the_workers_with_xarray_s_answe
     }
 }
 
+/// A reduction reading a table joined in (an anomaly's zonal mean) merges
+/// its states by group position too, in the session or in a tree, with
+/// xarray's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn anomalies_merge_their_states_by_group_position_in_the_session_or_a_tree() {
+    let workers = start_workers(3).await;
+    let queries = common::expected_queries("anomaly_queries.json");
+    for merge in ["session", "tree"] {
+        let setting = format!("SET zarrfusion.state_merge = '{merge}'");
+        let mut by_position = 0;
+        for q in &queries {
+            let (name, shown) = climate_oracle_through(&workers, &[&setting], q).await;
+            assert!(!shown.contains("FinalPartitioned"), "{name}:\n{shown}");
+            // The grid's reduction, reading the broadcast.
+            let joined = shown.lines().any(|l| {
+                l.contains("DenseReductionExec")
+                    && l.contains("broadcast=[")
+                    && l.contains("emits=partial states by group position")
+            });
+            if joined {
+                by_position += 1;
+                let tree = shown.contains("a level of the merge tree");
+                assert_eq!(tree, merge == "tree", "{name}:\n{shown}");
+            }
+        }
+        assert!(
+            by_position >= 3,
+            "{by_position} anomalies merged by position"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scan_with_a_table_joined_in_round_trips_and_a_malformed_join_is_refused() {
     let ctx = new_context();

@@ -166,9 +166,8 @@ impl DenseReductionExec {
         let n_groups = self.group_keys().len();
         let output = self.schema();
         let (partial, input) = self.partial_aggregate(&output)?;
-        let joins = !table.broadcasts_read(&read.columns).is_empty();
         let by_group = (partial.aggr_expr().iter()).all(|a| a.groups_accumulator_supported());
-        if n_groups > 0 && !joins && by_group {
+        if n_groups > 0 && by_group {
             let partial_schema = partial.schema();
             let mut fields = vec![Field::new(GROUP_POSITION, DataType::UInt64, false)];
             fields.extend(
