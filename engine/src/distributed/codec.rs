@@ -68,7 +68,10 @@ use std::sync::{Arc, Mutex};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::{exec_datafusion_err, internal_err, not_impl_err, plan_err, Result};
+use datafusion::common::{
+    exec_datafusion_err, human_readable_size, internal_err, not_impl_err, plan_err, resources_err,
+    Result,
+};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
@@ -548,8 +551,9 @@ struct Merge {
     level: bool,
 }
 
-/// The rows of the tables a received node joins in: its inputs, or (a
-/// merge, which reads nothing) empty stand-ins of their columns.
+/// The rows of the tables a received node joins in: its inputs, or (the
+/// reduction of a merge, which is not run) empty stand-ins of their
+/// columns.
 enum JoinedRows<'a> {
     Inputs(&'a [Arc<dyn ExecutionPlan>]),
     StandIns,
@@ -1355,6 +1359,9 @@ impl ZarrCodec {
         inputs: JoinedRows,
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        // A merge's reduction is not run: only the merge is fitted to the
+        // worker's allowed_mem.
+        let runs = matches!(inputs, JoinedRows::Inputs(_));
         let (read, broadcasts) = self.joined_inputs(reduction.read, inputs, ctx)?;
         let stage_tasks = reduction.tasks == TASKS_OF_STAGE && !broadcasts.is_empty();
         let (table, selection) = (&read.table, &read.selection);
@@ -1449,7 +1456,7 @@ impl ZarrCodec {
             })
             .collect::<Result<Vec<_>>>()?;
         let schema = schema_of(&subject, &reduction.states)?;
-        let memory_limit = memory_limit(ctx);
+        let memory_limit = memory_limit(ctx).filter(|_| runs);
         let parts = ReductionParts {
             read,
             groups,
@@ -1496,10 +1503,23 @@ impl ZarrCodec {
         )?;
         let states = Arc::new(states.with_tasks(1)?);
         let input = Arc::clone(input);
-        Ok(Arc::new(match merge.level {
+        let merge = match merge.level {
             true => DenseMergeExec::level(states, input, results)?,
             false => DenseMergeExec::new(states, input, results)?,
-        }))
+        };
+        // Fitted to this worker's own allowed_mem, as the session fitted
+        // it to its own.
+        let needs = merge.projected_memory();
+        if let Some(limit) = memory_limit(ctx).filter(|&limit| needs > limit) {
+            return resources_err!(
+                "DenseMergeExec over {store} needs {} to merge {} groups' states but this \
+                 worker's memory limit (allowed_mem) is {}",
+                human_readable_size(needs),
+                merge.states().num_groups(),
+                human_readable_size(limit)
+            );
+        }
+        Ok(Arc::new(merge))
     }
 
     fn encode_blockwise(&self, step: &BlockwiseTasksExec) -> Result<Node> {

@@ -576,6 +576,16 @@ async fn a_reduction_s_states_merge_in_a_tree_on_the_workers() {
         .decode_with(&serde_json::to_vec(&sent).unwrap(), &[Arc::clone(&whole)])
         .expect_err("a level over results accepted");
     assert!(err.contains("merges states"), "{err}");
+    // A worker whose allowed_mem cannot hold the level refuses it.
+    let small =
+        datafusion::prelude::SessionContext::new_with_config_rt(session_config(), limited(1024));
+    let err = Wire::new(&small)
+        .decode_with(&serde_json::to_vec(&sent).unwrap(), &shuffled)
+        .expect_err("a level beyond the worker's allowed_mem accepted");
+    assert!(
+        err.contains("DenseMergeExec") && err.contains("allowed_mem") && err.contains("1024"),
+        "{err}"
+    );
 
     // Three workers, a task each (a block per chunk, 8 chunks): the level
     // runs on them and the session receives each group's state once.
