@@ -106,6 +106,48 @@ pub(crate) fn run_tasks_keeping_states<S: Send, E: Send + From<Panicked>>(
     }
 }
 
+/// Runs `input` (a round of tasks on a cluster's workers under the
+/// gathering of their counts: each row one `UInt64` count of tasks run) to
+/// its end from a blocking thread, stopping when `cancelled` says so; an
+/// error unless the tasks it ran add up to `expected`. `what` names the
+/// operation in errors.
+pub(crate) fn run_cluster_tasks(
+    handle: &tokio::runtime::Handle,
+    input: Arc<dyn ExecutionPlan>,
+    context: Arc<TaskContext>,
+    cancelled: &dyn Fn() -> bool,
+    expected: u64,
+    what: &str,
+) -> Result<()> {
+    handle.block_on(async {
+        let mut stream = execute_stream(input, context)?;
+        let mut ran = 0u64;
+        loop {
+            tokio::select! {
+                batch = stream.next() => match batch {
+                    None => break,
+                    Some(batch) => {
+                        let batch = batch?;
+                        let counts = batch.column(0).as_primitive_opt::<UInt64Type>().ok_or_else(|| {
+                            DataFusionError::Internal(format!("a count of {what}'s tasks is not a UInt64"))
+                        })?;
+                        ran = ran.saturating_add(counts.iter().flatten().fold(0u64, u64::saturating_add));
+                    }
+                },
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
+                    if cancelled() {
+                        return exec_err!("{what} was cancelled");
+                    }
+                }
+            }
+        }
+        if ran != expected {
+            return exec_err!("{what}'s tasks on the cluster ran {ran} of its {expected} tasks");
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,46 +261,4 @@ mod tests {
         .unwrap_err();
         assert_eq!(err, "internal error: a task runner panicked: no state");
     }
-}
-
-/// Runs `input` (a round of tasks on a cluster's workers under the
-/// gathering of their counts: each row one `UInt64` count of tasks run) to
-/// its end from a blocking thread, stopping when `cancelled` says so; an
-/// error unless the tasks it ran add up to `expected`. `what` names the
-/// operation in errors.
-pub(crate) fn run_cluster_tasks(
-    handle: &tokio::runtime::Handle,
-    input: Arc<dyn ExecutionPlan>,
-    context: Arc<TaskContext>,
-    cancelled: &dyn Fn() -> bool,
-    expected: u64,
-    what: &str,
-) -> Result<()> {
-    handle.block_on(async {
-        let mut stream = execute_stream(input, context)?;
-        let mut ran = 0u64;
-        loop {
-            tokio::select! {
-                batch = stream.next() => match batch {
-                    None => break,
-                    Some(batch) => {
-                        let batch = batch?;
-                        let counts = batch.column(0).as_primitive_opt::<UInt64Type>().ok_or_else(|| {
-                            DataFusionError::Internal(format!("a count of {what}'s tasks is not a UInt64"))
-                        })?;
-                        ran = ran.saturating_add(counts.iter().flatten().fold(0u64, u64::saturating_add));
-                    }
-                },
-                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
-                    if cancelled() {
-                        return exec_err!("{what} was cancelled");
-                    }
-                }
-            }
-        }
-        if ran != expected {
-            return exec_err!("{what}'s tasks on the cluster ran {ran} of its {expected} tasks");
-        }
-        Ok(())
-    })
 }

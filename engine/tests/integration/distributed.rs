@@ -212,14 +212,19 @@ fn find_scans(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<Arc<dyn ExecutionPlan
     }
 }
 
-/// `plan` through the codec and back, checked to be the same plan.
-fn through_codec(ctx: &datafusion::prelude::SessionContext, plan: &Arc<dyn ExecutionPlan>) {
+/// `plan` through the codec and back, checked to be the same plan; the
+/// plan decoded.
+fn through_codec(
+    ctx: &datafusion::prelude::SessionContext,
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Arc<dyn ExecutionPlan> {
     let codec = ZarrCodec::default();
     let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(plan), &codec).unwrap();
     let back =
         physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
     let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
     assert_eq!(show(&back), show(plan));
+    back
 }
 
 /// `scan` through the codec and back: the same plan, and partition by
@@ -475,11 +480,7 @@ async fn a_reduction_s_states_merge_by_group_position_in_one_machine_s_order() {
     );
     assert_close(&ordered_rows(Arc::clone(&cluster), &ctx).await, &want);
     // The merge and its states through the codec: the same plan, the same rows.
-    through_codec(&ctx, &cluster);
-    let codec = ZarrCodec::default();
-    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&cluster), &codec).unwrap();
-    let back =
-        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    let back = through_codec(&ctx, &cluster);
     assert_close(&ordered_rows(back, &ctx).await, &want);
 
     // A malformed merge is refused, naming what is wrong.
@@ -548,16 +549,12 @@ async fn a_reduction_s_states_merge_in_a_tree_on_the_workers() {
     assert!(want.len() > 1, "{want:?}");
     assert_close(&ordered_rows(Arc::clone(&tree), &ctx).await, &want);
     // Through the codec, the root and its level: the same plan and rows.
-    through_codec(&ctx, &tree);
-    let codec = ZarrCodec::default();
-    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&tree), &codec).unwrap();
-    let back =
-        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    let back = through_codec(&ctx, &tree);
     assert_close(&ordered_rows(back, &ctx).await, &want);
 
     // A level travels on its own: its input is the shuffle by position.
     let root = tree.downcast_ref::<DenseMergeExec>().unwrap();
-    let level = first_node_of::<DenseMergeExec>(&root.children()[0]).expect(&shown);
+    let level = first_node_of::<DenseMergeExec>(root.children()[0]).expect(&shown);
     assert_eq!(
         level.downcast_ref::<DenseMergeExec>().unwrap().merged(),
         Merged::States
@@ -565,7 +562,7 @@ async fn a_reduction_s_states_merge_in_a_tree_on_the_workers() {
     let wire = Wire::new(&ctx);
     let sent = wire.encode(Arc::clone(&level));
     assert_eq!(sent["level"], Value::from(true), "{sent}");
-    let shuffled = [Arc::clone(&level.children()[0])];
+    let shuffled = [Arc::clone(level.children()[0])];
     let decode = |v: &Value| wire.decode_with(&serde_json::to_vec(v).unwrap(), &shuffled);
     decode(&sent).expect("the level as sent");
     let mut bad = sent.clone();

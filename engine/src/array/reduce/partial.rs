@@ -141,8 +141,8 @@ impl DenseReductionExec {
 
     /// This reduction as a cluster runs it: the reduction giving the
     /// partial states of each task's blocks, under their merge. Grouped by
-    /// dimensions (reading no table joined in, and when the merge fits the
-    /// memory limit this reduction was planned under), the states are led
+    /// dimensions (when the merge fits the memory limit this reduction was
+    /// planned under; tables joined in or not), the states are led
     /// by their groups' positions and gathered into a [`DenseMergeExec`],
     /// which gives the rows in the order of one machine's reduction;
     /// otherwise DataFusion's final aggregate merges them (`FinalPartitioned`
