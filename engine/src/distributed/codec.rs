@@ -29,7 +29,15 @@
 //! transform whose path makes a store in `work_dir` first (a rechunked
 //! copy, the four-step passes, a staged transform) is not sent: it runs in
 //! the session ([`crate::distributed::tasks`] gives it one task), its
-//! four-step passes or first stage as stages of their own. An
+//! four-step passes or first stage as stages of their own; but the stage
+//! after a staged transform's first, reading its stored output by whole
+//! lines, travels as the transform as asked (the chain), the first stage
+//! (its chain), the store the session made in `work_dir` and its chunks,
+//! the first stage's blocks and this stage's transform: the worker makes
+//! both again, refuses a store not named as a staged transform's or not
+//! holding the array as the first stage writes it, and reads it once its
+//! input (the first stage's counts, broadcast) says every block is there.
+//! An
 //! [`FftCopyTasksExec`] (a run of a `COPY` of a transform's blocks, or of
 //! the blocks of a staged transform's first stage) sends the same chain,
 //! its blocks' shape and [`FftCopyTasks`] (the target's chunks and
@@ -92,7 +100,9 @@ use crate::array::copy::rolling::RollChunks;
 use crate::array::fft::copy::{FftCopyTasks, FftCopyTasksExec};
 use crate::array::fft::exec::FftBlocks;
 use crate::array::fft::four_step::{FourStep, FourStepInput, FourStepPlan};
-use crate::array::fft::{FftExec, FftOptions, FftTable, FourStepPassExec};
+use crate::array::fft::source::StoredStage;
+use crate::array::fft::staged::{ReceivedStage, StagedTransform};
+use crate::array::fft::{ArraySource, FftExec, FftOptions, FftTable, FourStepPassExec};
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkTasks, RechunkTasksExec};
 use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, Rolling, RollingParts};
@@ -118,6 +128,8 @@ const MAX_PARTITIONS: usize = 1 << 12;
 
 /// The most tables a received read may have joined in.
 const MAX_JOINED: usize = 64;
+/// The most columns a small side joined in may have.
+const MAX_JOINED_COLUMNS: usize = 1 << 12;
 const MAX_TASKS: usize = 1 << 16;
 /// The most aggregates a received reduction may have.
 const MAX_AGGREGATES: usize = 1 << 10;
@@ -351,6 +363,26 @@ struct Transform {
     batch_size: usize,
     io_concurrency: usize,
     tasks: usize,
+    /// For the stage after a staged transform's first: that first stage
+    /// (the chain is then the transform as asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    staged: Option<Box<LaterStageRead>>,
+}
+
+/// The stage after a staged transform's first as it travels (see
+/// [`StagedTransform::later_stage_of`]): the first stage, where the
+/// session stores its output and in what chunks, the blocks its tasks
+/// store, and this stage's transform of that output.
+#[derive(Debug, Serialize, Deserialize)]
+struct LaterStageRead {
+    first: Chain,
+    /// The store in `work_dir`: a path or a URL.
+    location: String,
+    chunks: Vec<u64>,
+    /// The first stage's blocks, which its tasks' counts add up to.
+    blocks: u64,
+    /// This stage's function (`fft`, `ifft`) and options.
+    later: (String, Vec<(String, String)>),
 }
 
 /// A chain of transforms of a stored variable as it travels: the
@@ -673,17 +705,13 @@ impl Chain {
                 table.source().variable()
             );
         };
-        let transforms = options
-            .iter()
-            .map(|o| {
-                let (function, named) = o.named().ok_or_else(|| {
-                    exec_datafusion_err!(
-                        "the transform of '{}' has options that cannot be sent: {o:?}",
-                        grid.store
-                    )
-                })?;
-                Ok((function.to_string(), named))
-            })
+        Self::of_variable(grid, variable, &options)
+    }
+
+    /// Variable `variable` of `grid` transformed by `options` in turn.
+    fn of_variable(grid: &GridTable, variable: usize, options: &[&FftOptions]) -> Result<Self> {
+        let transforms = (options.iter())
+            .map(|o| sent_options(o, &grid.store))
             .collect::<Result<_>>()?;
         Ok(Self {
             source: Source::of(grid)?,
@@ -694,13 +722,65 @@ impl Chain {
     }
 }
 
+/// A transform's function and options as SQL names them, to send.
+fn sent_options(options: &FftOptions, store: &str) -> Result<(String, Vec<(String, String)>)> {
+    let (function, named) = options.named().ok_or_else(|| {
+        exec_datafusion_err!(
+            "the transform of '{store}' has options that cannot be sent: {options:?}"
+        )
+    })?;
+    Ok((function.to_string(), named))
+}
+
+/// A transform's options received as SQL names them, checked as SQL's.
+fn received_options(
+    (function, named): &(String, Vec<(String, String)>),
+    store: &str,
+) -> Result<FftOptions> {
+    let mut options = match function.as_str() {
+        "fft" => FftOptions::forward(Vec::new()),
+        "ifft" => FftOptions::inverse(Vec::new()),
+        other => return plan_err!("a transform of {store} by '{other}'"),
+    };
+    options.set(named, function)?;
+    Ok(options)
+}
+
+impl LaterStageRead {
+    /// What a stage after a staged transform's first (`exec`) sends
+    /// besides the transform as asked: `None` for other transforms.
+    fn of(exec: &FftExec) -> Result<Option<(Chain, Self)>> {
+        let (Some(later), Some((_, blocks))) = (
+            StagedTransform::later_stage_of(exec.table()),
+            exec.first_stage(),
+        ) else {
+            return Ok(None);
+        };
+        let (grid, variable, asked) = &later.asked;
+        let first = later.first;
+        let read = Self {
+            first: Chain::of(&first.inner)?,
+            location: first.location().to_string(),
+            chunks: first.chunk_shape(),
+            blocks,
+            later: sent_options(later.later, &grid.store)?,
+        };
+        Ok(Some((Chain::of_variable(grid, *variable, asked)?, read)))
+    }
+}
+
 impl Transform {
     fn of(exec: &FftExec) -> Result<Self> {
         let table = exec.table();
         let blocks = exec.blocks();
         let shape = table.block_space();
+        let (chain, staged) = match LaterStageRead::of(exec)? {
+            Some((asked, read)) => (asked, Some(Box::new(read))),
+            None => (Chain::of(table)?, None),
+        };
         Ok(Self {
-            chain: Chain::of(table)?,
+            chain,
+            staged,
             projection: blocks.projection,
             selection: blocks
                 .selection
@@ -979,6 +1059,17 @@ impl ZarrCodec {
         if fields.last().map(|f| f.data_type()) != Some(&DataType::Boolean) {
             return plan_err!("{subject}: its last column is not the `matched` column");
         }
+        // Bounded before anything is sized by them (a merge's stand-ins of
+        // the small side have as many columns as the largest index).
+        let columns = joined.dims.iter().flat_map(|d| &d.columns);
+        if let Some(c) = columns
+            .chain(&joined.values)
+            .find(|&&c| c >= MAX_JOINED_COLUMNS)
+        {
+            return plan_err!(
+                "{subject}: column {c} of its small side (at most {MAX_JOINED_COLUMNS} columns)"
+            );
+        }
         Broadcast::received(dims, joined.values.clone(), fields, joined.label.clone())
     }
 
@@ -1034,27 +1125,88 @@ impl ZarrCodec {
             &[("transforms", transforms.len(), MAX_TRANSFORMS)],
         )?;
         let transforms = (transforms.iter())
-            .map(|(function, named)| {
-                let mut options = match function.as_str() {
-                    "fft" => FftOptions::forward(Vec::new()),
-                    "ifft" => FftOptions::inverse(Vec::new()),
-                    other => return plan_err!("a transform of {store} by '{other}'"),
-                };
-                options.set(named, function)?;
-                Ok(options)
-            })
+            .map(|sent| received_options(sent, &store))
             .collect::<Result<Vec<_>>>()?;
         FftTable::of_chain(grid, variable, transforms)
     }
 
-    fn decode_transform(&self, t: Transform, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-        let table = self.transform_table(&t.chain, ctx)?;
+    /// The stage after a staged transform's first received by a worker
+    /// (the transform as asked, `asked`): the first stage made again, its
+    /// output opened from the store `read` names, which must be a staged
+    /// transform's the worker's `allowed_locations` permit and hold the
+    /// array as the first stage writes it, and this stage's transform of
+    /// it, which must give the asked transform's output.
+    fn later_stage_table(
+        &self,
+        asked: &Chain,
+        read: LaterStageRead,
+        ctx: &TaskContext,
+    ) -> Result<(FftTable, Arc<dyn StoredStage>)> {
+        let what = |chain: &Chain| {
+            serde_json::to_value((&chain.source, &chain.columns, &chain.variable)).ok()
+        };
+        if what(asked) != what(&read.first) {
+            return plan_err!(
+                "the stage after a staged transform's first reads variable '{}' but its first \
+                 stage transforms '{}' (or another table)",
+                asked.variable,
+                read.first.variable
+            );
+        }
+        let first = self.transform_table(&read.first, ctx)?;
+        let store = first.source().store().to_string();
+        let options =
+            RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
+        let names = ("zarrfusion-fft-staged-", "a staged transform's store");
+        check_scratch(&read.location, names, &options, &store)?;
+        let later = received_options(&read.later, &store)?;
+        let asked = self.transform_table(asked, ctx)?;
+        let runtime = ctx.runtime_env();
+        let stage =
+            run_blocking(|| ReceivedStage::open(&first, &read.location, read.chunks, &runtime))?;
+        let stage: Arc<dyn StoredStage> = Arc::new(stage);
+        let table = FftTable::new(ArraySource::Staged(Arc::clone(&stage)), later)?;
+        let gives = |t: &FftTable| {
+            let dims = t.output_dims().into_iter().map(|d| d.name);
+            (dims.collect::<Vec<_>>(), t.output_shape(), t.value_type())
+        };
+        if gives(&table) != gives(&asked) {
+            return plan_err!(
+                "the stage after the staged transform of {store} gives {:?}, not the output of \
+                 the transform as asked, {:?}",
+                gives(&table),
+                gives(&asked)
+            );
+        }
+        Ok((table.giving_output_of(&asked), stage))
+    }
+
+    fn decode_transform(
+        &self,
+        t: Transform,
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let (table, first_stage) = match t.staged {
+            Some(read) => {
+                let blocks = read.blocks;
+                let (table, stage) = self.later_stage_table(&t.chain, *read, ctx)?;
+                (table, Some((stage, blocks)))
+            }
+            None => (self.transform_table(&t.chain, ctx)?, None),
+        };
         let store = table.source().store().to_string();
         check_counts(
             &format!("a transform of {store}"),
             &[
                 ("partitions", t.partitions, MAX_PARTITIONS),
-                ("tasks", t.tasks, MAX_TASKS),
+                // A later stage's blocks are dealt to the tasks of its
+                // stage, whatever it says.
+                (
+                    "tasks",
+                    t.tasks.max(usize::from(first_stage.is_some())),
+                    MAX_TASKS,
+                ),
                 ("batch_size", t.batch_size, MAX_BATCH_ROWS),
             ],
         )?;
@@ -1087,7 +1239,12 @@ impl ZarrCodec {
             io_concurrency: t.io_concurrency,
         };
         let exec = FftExec::with_blocks(&table, run, &config.device, memory_limit)?;
-        Ok(Arc::new(exec.with_tasks(t.tasks)))
+        Ok(Arc::new(match (first_stage, inputs) {
+            (Some((stage, blocks)), [input]) => {
+                exec.after_first_stage(Arc::clone(input), stage, blocks)
+            }
+            _ => exec.with_tasks(t.tasks),
+        }))
     }
 
     /// A run of the blocks of a COPY of a transform (or of a staged
@@ -1691,8 +1848,14 @@ impl PhysicalExtensionCodec for ZarrCodec {
         // Every zarrfusion node that travels is a leaf, but for the rows of
         // the tables a scan or a reduction joins in.
         // A merge's one input is the states it merges.
+        // The stage after a staged transform's first: the first stage's
+        // counts.
         let joins = matches!(node, Node::Scan(_) | Node::Reduction(_));
-        let expected = usize::from(matches!(node, Node::Merge(_)));
+        let expected = usize::from(match &node {
+            Node::Merge(_) => true,
+            Node::Transform(t) => t.staged.is_some(),
+            _ => false,
+        });
         if !joins && inputs.len() != expected {
             return plan_err!(
                 "{} has {expected} inputs, got {}",
@@ -1709,7 +1872,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
             Node::Window(window) => self.decode_window(window, ctx),
             Node::RechunkTasks(run) => decode_rechunk(run, ctx),
             Node::Blockwise(run) => self.decode_blockwise(run, ctx),
-            Node::Transform(transform) => self.decode_transform(transform, ctx),
+            Node::Transform(transform) => self.decode_transform(transform, inputs, ctx),
             Node::FourStepPass(pass) => self.decode_four_step_pass(pass, ctx),
             Node::TransformCopy(copy) => self.decode_transform_copy(copy, ctx),
         }

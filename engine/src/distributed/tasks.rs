@@ -25,7 +25,7 @@ use crate::array::rechunk::RechunkTasksExec;
 use crate::array::rolling::RollingWindowExec;
 use crate::array::DenseReductionExec;
 use crate::config::ZarrConfig;
-use crate::table::ZarrScanExec;
+use crate::table::{ZarrScanExec, TASKS_OF_STAGE};
 
 /// The tasks a Zarr scan or a dense reduction's partial states want: one
 /// per `zarrfusion.bytes_per_task` of decoded bytes, at least one, at most
@@ -48,8 +48,10 @@ pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEv
     } else if let Some(copy) = ev.plan.downcast_ref::<FftCopyTasksExec>() {
         (copy.bytes_read(), copy.blocks().num_blocks())
     } else if let Some(fft) = ev.plan.downcast_ref::<FftExec>() {
-        if fft.table().chain().is_none() {
-            // Its path makes a store in work_dir first: in the session.
+        if fft.tasks() != TASKS_OF_STAGE && fft.table().chain().is_none() {
+            // Its path makes a store in work_dir first: in the session
+            // (but for the stage after a staged transform's first, which
+            // reads that store on the workers).
             return Some(Ok(DesiredTaskCountEventResponse::desired(1)));
         }
         (fft.bytes_read(), fft.blocks().blocks.num_blocks())

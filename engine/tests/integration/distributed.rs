@@ -2191,12 +2191,16 @@ fn write_planes(dir: &std::path::Path) {
 /// allowed_mem is staged: its first stage (along y, by whole lines) is a
 /// stage of the plan whose tasks transform runs of its blocks on the
 /// workers and store them in the store the session made in work_dir; the
-/// session reads that store along x. The spectrum is the one a session
-/// without workers or a limit computes by whole planes (checked against
-/// xrft in fft.rs): per frequency of y, weighted sums over every cell.
-/// Nothing is left in work_dir. The first stage's tasks round trip
-/// through the codec; a worker refuses a store not named as a staged
-/// transform's, and one that holds the array otherwise than it writes it.
+/// stage after it reads that store along x on the workers too, each task
+/// once the first stage's counts (broadcast) say every block is there.
+/// The spectrum is the one a session without workers or a limit computes
+/// by whole planes (checked against xrft in fft.rs): per frequency of y,
+/// weighted sums over every cell. Nothing is left in work_dir. Both
+/// stages round trip through the codec (the later one: the same rows as
+/// the session's own); a worker refuses a store not named as a staged
+/// transform's, and one that holds the array otherwise than the first
+/// stage writes it, a later stage of another variable than its first
+/// stage's, or without its input.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     let dir = scratch("cluster-fft-staged");
@@ -2236,9 +2240,16 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
         "FftCopyTasksExec",
         "zarrfusion-fft-staged-",
         "tasks=2",
+        "BroadcastExec",
     ] {
         assert!(shown.contains(part), "{part}:\n{shown}");
     }
+    // The stage after the first reads on the workers: its blocks dealt to
+    // the tasks of its stage, below a network boundary to the session.
+    let reading = (shown.lines())
+        .find(|l| l.contains("FftExec:"))
+        .unwrap_or_else(|| panic!("no FftExec:\n{shown}"));
+    assert!(reading.contains("tasks=its stage's"), "{shown}");
     let got = query_rows(&ctx, "staged on the workers", &sql).await;
     assert_rows("staged on the workers", &got, &want);
     drop(plan);
@@ -2284,6 +2295,63 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
         err.contains("otherwise than the transform writes it"),
         "{err}"
     );
+
+    // The stage after the first through the codec, its input the first
+    // stage's tasks: the rows the session's own staged transform gives.
+    let reading = (on_cluster.reading_on_cluster()).expect("a later stage by whole lines");
+    let sent = wire.encode(Arc::new(reading));
+    assert_eq!(sent["node"], "transform", "{sent}");
+    assert!(sent["staged"]["blocks"].as_u64().unwrap() > 1, "{sent}");
+    let first = Arc::clone(on_cluster.children()[0]);
+    let codec = ZarrCodec::default();
+    let decode = |sent: &Value, inputs: &[Arc<dyn ExecutionPlan>]| {
+        let bytes = sent.to_string();
+        codec.try_decode(bytes.as_bytes(), inputs, &alone.task_ctx(), &CONVERTER)
+    };
+    let back = decode(&sent, &[Arc::clone(&first)]).unwrap();
+    let shown = displayable(back.as_ref()).indent(true).to_string();
+    assert!(shown.contains("tasks=its stage's"), "{shown}");
+    assert!(
+        shown.contains("first stage on the cluster's workers"),
+        "{shown}"
+    );
+    let task = alone.task_ctx();
+    let want = collect_partitioned(Arc::clone(&fft), Arc::clone(&task))
+        .await
+        .unwrap();
+    let got = collect_partitioned(back, task).await.unwrap();
+    assert_eq!(got, want);
+    assert_eq!(
+        want.iter().flatten().map(|b| b.num_rows()).sum::<usize>(),
+        2 * 1024 * 512
+    );
+    let refused = |sent: &Value, inputs: &[Arc<dyn ExecutionPlan>], says: &str| {
+        let err = decode(sent, inputs).expect_err(says).to_string();
+        assert!(err.contains(says), "{says}: {err}");
+    };
+    let mut elsewhere = sent.clone();
+    elsewhere["staged"]["location"] =
+        Value::from(work.join("zarrfusion-rechunked-1.zarr").to_string_lossy());
+    refused(
+        &elsewhere,
+        &[Arc::clone(&first)],
+        "not a staged transform's store",
+    );
+    let mut other = sent.clone();
+    other["staged"]["chunks"][2] = Value::from(sent["staged"]["chunks"][2].as_u64().unwrap() / 2);
+    refused(
+        &other,
+        &[Arc::clone(&first)],
+        "otherwise than the first stage",
+    );
+    let mut another = sent.clone();
+    another["staged"]["first"]["variable"] = Value::from("t");
+    refused(
+        &another,
+        &[Arc::clone(&first)],
+        "but its first stage transforms 't'",
+    );
+    refused(&sent, &[], "has 1 inputs, got 0");
 }
 
 /// A four-step pass round trips through the codec (the same plan, the
@@ -2546,6 +2614,10 @@ async fn a_scan_with_a_table_joined_in_round_trips_and_a_malformed_join_is_refus
         (
             joined("values", serde_json::json!([7])),
             "no value column 7",
+        ),
+        (
+            joined("values", serde_json::json!([1u64 << 40])),
+            "column 1099511627776 of its small side",
         ),
         (
             joined(

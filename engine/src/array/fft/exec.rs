@@ -31,6 +31,7 @@ use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
+use datafusion_distributed::BroadcastExec;
 use zarrfusion_udfs::complex::complex_array;
 
 use super::kernels::{Kernels, Precision, TransformClock};
@@ -47,6 +48,7 @@ use crate::plan_methods::{metered_plan_methods, named_plan_methods, no_expressio
 use crate::table::cells::dimension_indices;
 use crate::table::{
     share_of, task_share, BlockGrid, Coordinate, ReadAheadPlan, Selection, TableReadAhead,
+    TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -609,18 +611,62 @@ impl FftExec {
     }
 
     /// This transform with its blocks dealt to `tasks` tasks of a
-    /// cluster's stage: each (its index from its `DistributedTaskContext`)
-    /// transforms its own run, split among its partitions.
+    /// cluster's stage ([`TASKS_OF_STAGE`]: as many as its stage runs):
+    /// each (its index from its `DistributedTaskContext`) transforms its
+    /// own run, split among its partitions.
     pub fn with_tasks(&self, tasks: usize) -> Self {
         Self {
             job: Arc::clone(&self.job),
             properties: Arc::clone(&self.properties),
             // The kernels' clock counts into these.
             metrics: self.metrics.clone(),
-            tasks: tasks.max(1),
+            tasks,
             inputs: self.inputs.clone(),
             first_stage: self.first_stage.clone(),
         }
+    }
+
+    /// This transform, whose first stage [`Self::on_cluster`] runs on a
+    /// cluster's workers, run on the workers too (when they can make it
+    /// again, see `StagedTransform::later_stage_of`): each task of its
+    /// stage gets every count of the first stage's tasks (a broadcast)
+    /// and reads its own blocks once all are stored, instead of the
+    /// session gathering the counts and reading every block. `None`
+    /// without such a first stage.
+    pub fn reading_on_cluster(&self) -> Option<Self> {
+        let (stage, blocks) = self.first_stage.clone()?;
+        // The first stage's tasks, under the gathering `on_cluster` made.
+        let [gathered] = self.inputs.as_slice() else {
+            return None;
+        };
+        let tasks = gathered.downcast_ref::<CoalescePartitionsExec>()?.input();
+        let broadcast = Arc::new(BroadcastExec::new(Arc::clone(tasks), 1));
+        Some(self.after_first_stage(broadcast, stage, blocks))
+    }
+
+    /// This transform, the stage after a staged transform's first as a
+    /// cluster's worker received it, reading `stage` once `input` (the
+    /// first stage's counts of its `blocks` blocks) says every block is
+    /// stored, its own blocks dealt to the tasks of its stage.
+    pub fn after_first_stage(
+        &self,
+        input: Arc<dyn ExecutionPlan>,
+        stage: Arc<dyn StoredStage>,
+        blocks: u64,
+    ) -> Self {
+        Self {
+            inputs: vec![input],
+            first_stage: Some((stage, blocks)),
+            ..self.with_tasks(TASKS_OF_STAGE)
+        }
+    }
+
+    /// The first stage its input runs on a cluster's workers (see
+    /// [`Self::on_cluster`]), and its blocks.
+    pub fn first_stage(&self) -> Option<(&Arc<dyn StoredStage>, u64)> {
+        self.first_stage
+            .as_ref()
+            .map(|(stage, blocks)| (stage, *blocks))
     }
 
     /// This transform with what its path writes in `work_dir` first as
@@ -792,6 +838,7 @@ impl DisplayAs for FftExec {
             }),
             match self.tasks {
                 1 => String::new(),
+                TASKS_OF_STAGE => ", tasks=its stage's".to_string(),
                 tasks => format!(", tasks={tasks}"),
             },
         )?;

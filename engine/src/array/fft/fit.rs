@@ -261,14 +261,7 @@ impl FftTable {
         .await
         .map_err(|e| DataFusionError::Execution(format!("the FFT planner stopped: {e}")))??;
         let outer = FftTable::new(ArraySource::Staged(Arc::new(stage)), options)?;
-        let outer = outer.fit(state, Some(rest)).await?;
-        // The output is this transform's: its coordinates and attributes.
-        Ok(FftTable {
-            dims: self.dims.clone(),
-            schema: Arc::clone(&self.schema),
-            asked: Some(Arc::clone(&self.transform)),
-            ..outer
-        })
+        Ok(outer.fit(state, Some(rest)).await?.giving_output_of(self))
     }
 
     /// The chunks of the stored output of `inner` (blocks of `block_out`

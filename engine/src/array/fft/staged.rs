@@ -33,14 +33,21 @@
 //! on the workers, each transforming its blocks and storing them into the
 //! store the session made in `work_dir` (which every worker must reach),
 //! as a `COPY` of a transform's tasks store whole chunks of a target
-//! ([`FftCopyTasksExec`]); the session's operator runs that stage to its
-//! end and reads the store. A first stage on the four-step path, or over
-//! a detrended source, runs in the session.
+//! ([`FftCopyTasksExec`]). The stage after it, when it reads by whole
+//! lines, runs on the workers too ([`StagedTransform::later_stage_of`]):
+//! each of its tasks gets every count of the first stage's tasks (a
+//! broadcast), checks that every block was stored, and reads its own
+//! blocks of the store ([`ReceivedStage`]: the store as a worker opens it,
+//! refused unless it holds the array as the first stage writes it);
+//! otherwise the session's operator runs the first stage to its end and
+//! reads the store. A first stage on the four-step path, or over a
+//! detrended source, runs in the session.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use datafusion::common::Result;
+use datafusion::common::{exec_err, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 
 use super::copy::{
@@ -48,7 +55,8 @@ use super::copy::{
 };
 use super::exec::strategy;
 use super::kernels::{Kernels, ScratchArray};
-use super::source::{ClusterStage, StoredStage};
+use super::options::FftOptions;
+use super::source::{ArraySource, ClusterStage, StoredStage};
 use super::table::FftTable;
 use crate::array::rechunk::TargetEncoding;
 use crate::device::Device;
@@ -56,6 +64,7 @@ use crate::table::{open_dataset_blocking, Dimension, GridTable, ZarrTableOptions
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::scratch::ScratchStore;
 use crate::write::store::write_group;
+use crate::write::store::GroupCoordinate;
 use crate::write::target::StagedTarget;
 use crate::zarr::{ChunkBufferPool, StoreLocation};
 
@@ -147,6 +156,10 @@ impl StoredStage for StagedTransform {
         self.written.get_or_init(run).clone()
     }
 
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
     fn describe(&self, later: &[&str]) -> String {
         let inner = &self.inner;
         let dims: Vec<&str> = (inner.asked_transform().axes.iter())
@@ -168,6 +181,20 @@ impl StoredStage for StagedTransform {
             later.join(", ")
         )
     }
+}
+
+/// The stage after a staged transform's first (or a chain's stored inner
+/// transform) as a cluster's worker makes it again
+/// ([`StagedTransform::later_stage_of`]).
+pub struct LaterStage<'a> {
+    /// The first stage.
+    pub first: &'a StagedTransform,
+    /// The transform as asked: the variable (of a table opened from a
+    /// location, its index in the grid's variables) and the transforms
+    /// made of it, innermost first.
+    pub asked: (&'a Arc<GridTable>, usize, Vec<&'a FftOptions>),
+    /// This stage's transform of the first stage's output.
+    pub later: &'a FftOptions,
 }
 
 impl StagedTransform {
@@ -194,37 +221,11 @@ impl StagedTransform {
         let options = stage_encoding();
         let mut arrays = write_group(scratch.storage(), &coordinates, &[variable], &options)?;
         let array = arrays.remove(0);
-        let names: Vec<String> = coordinates.iter().map(|c| c.name.clone()).collect();
-        let table_options = ZarrTableOptions {
-            dims: Some(names.clone()),
-            // A scratch store is opened once: nothing to keep for later.
-            open_cache: Some(false),
-            ..ZarrTableOptions::default()
-        };
         let location = scratch.location().to_string();
-        let dims = coordinates
-            .into_iter()
-            .map(|c| {
-                Arc::new(Dimension {
-                    name: c.name,
-                    len: c.values.len(),
-                    coordinate: c.values,
-                    attributes: c.attributes,
-                })
-            })
-            .collect();
-        let grid = open_dataset_blocking(&location, &table_options, runtime)?
-            .table(Some(&names))?
-            .with_dimensions(dims)?;
-        let Some(index) = grid.variables.iter().position(|v| v.name() == name) else {
-            return datafusion::common::exec_err!(
-                "the staged transform of '{}' lacks variable '{name}'",
-                inner.source().store()
-            );
-        };
+        let (grid, index) = open_stage(&inner, &location, coordinates, &name, runtime)?;
         Ok(Self {
             inner,
-            grid: Arc::new(grid),
+            grid,
             variable: index,
             chained,
             tasks,
@@ -234,6 +235,34 @@ impl StagedTransform {
             written: OnceLock::new(),
             cancelled: AtomicBool::new(false),
         })
+    }
+
+    /// The stage after this first one as a cluster's worker makes it
+    /// again, when `table` is that stage, reads by whole lines, and this
+    /// first stage runs on the workers ([`StoredStage::on_cluster`]).
+    pub fn later_stage_of(table: &FftTable) -> Option<LaterStage<'_>> {
+        let ArraySource::Staged(stage) = table.source() else {
+            return None;
+        };
+        let first = stage.as_any().downcast_ref::<Self>()?;
+        if table.four_step().is_some() {
+            return None;
+        }
+        // The transform as asked: of what the first stage reads (the same
+        // variable and inner transforms) or, for a chain, of its output.
+        let (grid, variable, mut asked) = first.inner.chain()?;
+        if !first.chained {
+            asked.pop();
+        }
+        asked.push(&table.asked_transform().options);
+        let named = |o: &FftOptions| o.named().is_some();
+        (asked.iter().all(|o| named(o)) && named(&table.transform().options)).then_some(
+            LaterStage {
+                first,
+                asked: (grid, variable, asked),
+                later: &table.transform().options,
+            },
+        )
     }
 
     /// Where the stored output is.
@@ -294,6 +323,155 @@ impl StagedTransform {
         let extent = self.tasks.blocks.block(id);
         store_transformed_block(&self.inner, kernels, &extent, &self.array, pool)
             .map_err(|e| format!("the first stage in work_dir: {e}"))
+    }
+}
+
+/// Opens the store at `location` holding `inner`'s output as `coordinates`
+/// and variable `name` describe it: its dimensions are `inner`'s output
+/// coordinates (the store keeps none), and the variable's index among the
+/// grid's. Blocking.
+fn open_stage(
+    inner: &FftTable,
+    location: &str,
+    coordinates: Vec<GroupCoordinate>,
+    name: &str,
+    runtime: &Arc<RuntimeEnv>,
+) -> Result<(Arc<GridTable>, usize)> {
+    let names: Vec<String> = coordinates.iter().map(|c| c.name.clone()).collect();
+    let table_options = ZarrTableOptions {
+        dims: Some(names.clone()),
+        // A scratch store is opened once: nothing to keep for later.
+        open_cache: Some(false),
+        ..ZarrTableOptions::default()
+    };
+    let dims = coordinates
+        .into_iter()
+        .map(|c| {
+            Arc::new(Dimension {
+                name: c.name,
+                len: c.values.len(),
+                coordinate: c.values,
+                attributes: c.attributes,
+            })
+        })
+        .collect();
+    let grid = open_dataset_blocking(location, &table_options, runtime)?
+        .table(Some(&names))?
+        .with_dimensions(dims)?;
+    let Some(index) = grid.variables.iter().position(|v| v.name() == name) else {
+        return exec_err!(
+            "the staged transform of '{}' lacks variable '{name}' in {location}",
+            inner.source().store()
+        );
+    };
+    Ok((Arc::new(grid), index))
+}
+
+/// The stored output of a staged transform's first stage as a cluster's
+/// worker reads it in the stage after it: the store the session made in
+/// `work_dir`, which the first stage's tasks (the input of the operator
+/// reading it) write before it is read (see the module docs).
+#[derive(Debug)]
+pub struct ReceivedStage {
+    grid: Arc<GridTable>,
+    variable: usize,
+    /// The store the first stage reads.
+    store: String,
+    /// The first stage's transformed dimensions.
+    dims: Vec<String>,
+    location: String,
+    written: OnceLock<std::result::Result<(), String>>,
+}
+
+impl ReceivedStage {
+    /// The output of `first` (a first stage as a worker made it again) in
+    /// the store at `location`, in chunks of `chunks`: refused unless the
+    /// store holds the array as the first stage's tasks write it (the
+    /// metadata the session wrote). Blocking.
+    pub fn open(
+        first: &FftTable,
+        location: &str,
+        chunks: Vec<u64>,
+        runtime: &Arc<RuntimeEnv>,
+    ) -> Result<Self> {
+        let (coordinates, want) = output_group(first, chunks, false);
+        let name = want.name.clone();
+        let (grid, index) = open_stage(first, location, coordinates, &name, runtime)?;
+        let stored = &grid.variables[index];
+        let found = (stored.shape(), stored.chunk_shape(), stored.data_type());
+        if found != (want.shape.as_slice(), want.chunks.clone(), &want.data_type) {
+            return exec_err!(
+                "the store '{location}' holds variable '{name}' as {:?} in chunks of {:?} ({}), \
+                 otherwise than the first stage of the staged transform of '{}' writes it: \
+                 {:?} in chunks of {:?} ({})",
+                found.0,
+                found.1,
+                found.2,
+                first.source().store(),
+                want.shape,
+                want.chunks,
+                want.data_type
+            );
+        }
+        Ok(Self {
+            store: first.source().store().to_string(),
+            dims: (first.transform.axes.iter())
+                .map(|(_, a)| a.dim.clone())
+                .collect(),
+            grid,
+            variable: index,
+            location: location.to_string(),
+            written: OnceLock::new(),
+        })
+    }
+}
+
+impl StoredStage for ReceivedStage {
+    fn grid(&self) -> &Arc<GridTable> {
+        &self.grid
+    }
+
+    fn variable(&self) -> usize {
+        self.variable
+    }
+
+    fn store(&self) -> &str {
+        &self.store
+    }
+
+    fn ensure_written(&self, _kernels: &Kernels) -> std::result::Result<(), String> {
+        // Written by the first stage's tasks, which this worker's operator
+        // runs first (`written_by`); nothing here writes it.
+        self.written.get().cloned().unwrap_or_else(|| {
+            Err(format!(
+                "the first stage's output in {} is read before its tasks ran",
+                self.location
+            ))
+        })
+    }
+
+    fn on_cluster(&self, _device: Device) -> Option<ClusterStage> {
+        None
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn written_by(
+        &self,
+        run: &mut dyn FnMut() -> std::result::Result<(), String>,
+    ) -> std::result::Result<(), String> {
+        self.written.get_or_init(run).clone()
+    }
+
+    fn describe(&self, later: &[&str]) -> String {
+        format!(
+            "staged: along [{}] on the cluster's workers into {}, then along [{}] by ",
+            self.dims.join(", "),
+            self.location,
+            later.join(", ")
+        )
     }
 }
 

@@ -390,6 +390,18 @@ impl FftTable {
         Ok(table)
     }
 
+    /// This transform, the last stage of `asked` (a staged transform, or
+    /// one whose inner transform is stored first), giving `asked`'s
+    /// output: its coordinates, their attributes and its schema.
+    pub fn giving_output_of(self, asked: &FftTable) -> Self {
+        Self {
+            dims: asked.dims.clone(),
+            schema: Arc::clone(&asked.schema),
+            asked: Some(Arc::clone(&asked.transform)),
+            ..self
+        }
+    }
+
     /// The first dimension along which blocks of shape `block` (of
     /// [`Self::block_space`]) cut the lines of this transform or of an
     /// inner one, which blocks must hold whole; `None` when none does.

@@ -179,6 +179,9 @@ pub trait StoredStage: std::fmt::Debug + Send + Sync {
     /// every caller waits for it, and a later
     /// [`ensure_written`](Self::ensure_written) finds it done.
     fn written_by(&self, run: &mut dyn FnMut() -> Result<(), String>) -> Result<(), String>;
+    /// This stage as `Any`, for the planner and the codec to take the
+    /// first stage back.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// The first stage of a transform as a cluster's stage
