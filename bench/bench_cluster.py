@@ -37,7 +37,12 @@ and for F the peer, ``xarray + xrft, Dask 2 workers``: ``xrft.fft`` of the store
 Dask (a chunk per time step), cast to complex64 and written with zstd level 3 (zarrfusion's
 type and codec) by a ``distributed.LocalCluster`` of two single-threaded worker processes with
 the same memory limit; its time is the computation's (opening, transform, write), without the
-cluster's start, and its peak RSS the client's, the workers' beside it.
+cluster's start, and its peak RSS the client's, the workers' beside it. For QM the peer
+``Dask 2 workers`` computes the three means as ``bench_quadratic.py``'s dask arm does
+(``da.from_zarr`` in the store's chunks, ``dask.compute`` of the three) on the same kind of
+cluster; its time is the computation's (the means brought to the client), without the cluster's
+start and without printing the 1.9 M rows (the shell's time includes its start, planning and
+printing them), which it then prints, untimed, for the answers' check.
 
 A session with one worker runs a one-task stage in its own process (datafusion-distributed's
 routing), so "one worker" is the ``local 1 core`` arm. Times are the shell's wall time
@@ -124,6 +129,32 @@ with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=memory, proces
     print(f"workers {' '.join(str(v) for v in peaks.values())}", file=sys.stderr)
 '''
 
+# QM's peer: the three means over Dask on two worker processes (argv: store, memory limit), as
+# bench_quadratic.py's dask arm computes them (da.from_zarr in the store's chunks). Prints the
+# computation's seconds and each worker's peak RSS; then, not timed, the means as the shell's CSV
+# rows (j, i, uu, vv, uv) for the answers' check.
+DASK_QM = '''
+import resource, sys, time
+import dask, dask.array as da, numpy as np
+from dask.distributed import Client, LocalCluster
+store, memory = sys.argv[1:3]
+with LocalCluster(n_workers=2, threads_per_worker=1, memory_limit=memory, processes=True) as cluster, Client(cluster) as client:
+    start = time.perf_counter()
+    u = da.from_zarr(store, component="u")
+    v = da.from_zarr(store, component="v")
+    means = [m[0] for m in dask.compute((u * u).mean(axis=0), (v * v).mean(axis=0), (u * v).mean(axis=0))]
+    elapsed = time.perf_counter() - start
+    peaks = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print(f"elapsed {elapsed}", file=sys.stderr)
+print(f"workers {' '.join(str(v) for v in peaks.values())}", file=sys.stderr)
+j, i = np.indices(means[0].shape)
+rows = np.column_stack([j.ravel(), i.ravel(), *(m.ravel() for m in means)])
+out = sys.stdout
+out.write("j,i,uu,vv,uv\\n")
+for row in rows:
+    out.write(f"{int(row[0])},{int(row[1])},{float(row[2])!r},{float(row[3])!r},{float(row[4])!r}\\n")
+'''
+
 
 def binary() -> Path:
     target = os.environ.get("CARGO_TARGET_DIR") or Path.home() / ".cache" / "zarrfusion-target"
@@ -176,10 +207,10 @@ def run_child_rss(args: list[str], pin: str | None, program: list[str] | None = 
     return elapsed, peak, out_path.read_text()
 
 
-def run_dask_fft(store: str, target: Path, memory: str) -> tuple[float, int, str, list[int]]:
-    """F's peer (``DASK_FFT``): the computation's seconds, the client's peak RSS, its stdout
-    (the count, as the shell prints it) and each Dask worker's peak RSS."""
-    _, peak, out = run_child_rss([DASK_FFT, store, str(target), memory], None, program=[sys.executable, "-c"])
+def run_dask(script: str, args: list[str]) -> tuple[float, int, str, list[int]]:
+    """A Dask peer (``DASK_FFT``, ``DASK_QM``): the computation's seconds, the client's peak
+    RSS, its stdout (what the shell prints for the same query) and each Dask worker's peak RSS."""
+    _, peak, out = run_child_rss([script, *args], None, program=[sys.executable, "-c"])
     err = Path("/tmp/bench_cluster.err").read_text()
     elapsed = float(re.search(r"elapsed (\S+)", err).group(1))
     workers = [int(v) for v in re.search(r"workers (.*)", err).group(1).split()]
@@ -242,6 +273,8 @@ def main() -> None:
             del arms["2 workers (hash)"]
         if q == "F":
             arms["xarray + xrft, Dask 2 workers"] = ("dask", None, [])
+        if q == "QM":
+            arms["Dask 2 workers"] = ("dask", None, [])
         if q == "A":
             # The cluster's plan before broadcast joins ran on workers: DataFusion's hash join.
             del arms["2 workers (hash)"]
@@ -274,7 +307,10 @@ def run_arm(q, arm, workers, pin, statements, args, store, sql, answers, explain
         if q in COPY_TARGETS:
             subprocess.run(["rm", "-rf", str(COPY_TARGETS[q])], check=True)
         if workers == "dask":
-            elapsed, peak, out, hwm = run_dask_fft(store, COPY_TARGETS[q], args.memory)
+            if q == "F":
+                elapsed, peak, out, hwm = run_dask(DASK_FFT, [store, str(COPY_TARGETS[q]), args.memory])
+            else:
+                elapsed, peak, out, hwm = run_dask(DASK_QM, [store, args.memory])
         else:
             if workers:
                 started = [start_worker(core, args.memory) for core in range(workers)]

@@ -409,7 +409,9 @@ def test_a_staged_transform_s_first_stage_runs_on_the_workers_and_equals_numpy(w
     ``allowed_mem`` is staged: its first stage (along ``y``, by whole lines)
     runs on the two worker processes, a stage of two tasks storing their
     blocks into the store the session made in ``work_dir`` (a directory
-    every worker sees); the session transforms that store along ``x``. The
+    every worker sees); the stage after it transforms that store along
+    ``x`` on the workers too, its tasks reading once the first stage's
+    counts (broadcast to each) say every block is stored. The
     spectrum is numpy's ``fft2`` shifted as xrft shifts it (coordinates from
     0 by 1, so xrft's phase and amplitude factors are 1), and nothing is
     left in ``work_dir``."""
@@ -432,6 +434,8 @@ def test_a_staged_transform_s_first_stage_runs_on_the_workers_and_equals_numpy(w
     for part in ["strategy=staged: along [y] by whole lines", "first stage on the cluster's workers", "Network"]:
         assert part in distributed, distributed
     assert "FftCopyTasksExec" in distributed and "tasks=2" in distributed, distributed
+    reading = next(line for line in distributed.splitlines() if "FftExec:" in line)
+    assert "tasks=its stage's" in reading and "NetworkBroadcastExec" in distributed, distributed
     got = ctx.sql(sql).to_xarray(dims=["t", "freq_y", "freq_x"])["v"]
     want = np.fft.fftshift(np.fft.fft2(data, axes=(1, 2)), axes=(1, 2))
     freqs = {d: np.fft.fftshift(np.fft.fftfreq(n)) for d, n in [("freq_y", 1024), ("freq_x", 512)]}
