@@ -44,7 +44,10 @@
 //! encoding, where it is staged); the worker also refuses blocks that are
 //! not whole chunks of the target and targets that are not a COPY's or a
 //! staged transform's store (which must hold the array as the tasks write
-//! it).
+//! it). A staged transform's first stage on the four-step path sends its
+//! one transform and its four-step plan and intermediates as a pass does;
+//! the worker opens them as a pass's (the passes ran before, as stages of
+//! their own) and refuses blocks that are not whole blocks of its output.
 //!
 //! A [`RechunkTasksExec`] (a round of a `COPY`'s rechunk tasks) travels as
 //! the rechunk's plain data ([`RechunkTasks`]: source, chunk lengths, each
@@ -194,6 +197,19 @@ fn line_blocks(
     let shape = table.block_space();
     let blocks = BlockGrid::with_block_shape(&shape, block_shape, selection)
         .map_err(|e| exec_datafusion_err!("a transform of {store}: {e}"))?;
+    if table.four_step().is_some() {
+        // Blocks of the output, whole batches of lines and output chunks.
+        let chunk = table.block_chunk();
+        let block = blocks.block_shape();
+        if let Some(d) = (0..shape.len()).find(|&d| block[d] % chunk[d] != 0 && block[d] < shape[d])
+        {
+            return plan_err!(
+                "a four-step transform of {store} reads blocks of shape {block:?}, not whole \
+                 blocks of {chunk:?} along dimension {d}"
+            );
+        }
+        return Ok(blocks);
+    }
     if let Some(d) = table.cut_lines(blocks.block_shape()) {
         return plan_err!(
             "a transform of {store} reads blocks of shape {:?}, which cut its lines along \
@@ -305,6 +321,48 @@ fn scratch_name(location: &StoreLocation) -> Option<String> {
     }
 }
 
+/// The intermediates of a four-step transform of `table` received by a
+/// worker (`at`): only a four-step scratch store its `allowed_locations`
+/// permit, the plan checked against the transform (and its blocks' memory
+/// computed again), the intermediates' metadata what the plan makes.
+fn open_four_step(table: &FftTable, at: FourStepAt, ctx: &TaskContext) -> Result<FourStep> {
+    let store = table.source().store().to_string();
+    let options = RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
+    let what = (
+        "zarrfusion-fft-four-step-",
+        "a four-step transform's scratch store",
+    );
+    check_scratch(&at.work, what, &options, &store)?;
+    let [(axis, axis_transform)] = table.transform().axes.as_slice() else {
+        return plan_err!(
+            "a four-step transform of {store} along {} dimensions",
+            table.transform().axes.len()
+        );
+    };
+    let source = table.source();
+    let input = FourStepInput {
+        shape: source.shape(),
+        chunk: source.chunk_shape(),
+        peak_bytes_per_cell: source.peak_bytes_per_cell(),
+        single: table.single_precision(),
+    };
+    let plan = (at.plan.received(&input, *axis, axis_transform.len))
+        .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
+    let runtime = ctx.runtime_env();
+    let io_concurrency = at.io_concurrency.min(MAX_IO_CONCURRENCY);
+    run_blocking(|| {
+        FourStep::open(
+            plan,
+            &input.shape,
+            input.single,
+            &at.work,
+            io_concurrency,
+            at.read_ahead,
+            &runtime,
+        )
+    })
+}
+
 /// zarrfusion's `PhysicalExtensionCodec`: registered on the session that
 /// plans a distributed query and on every worker.
 #[derive(Debug, Default)]
@@ -404,9 +462,39 @@ struct Chain {
 #[derive(Debug, Serialize, Deserialize)]
 struct TransformCopy {
     chain: Chain,
+    /// For a transform on the four-step path (a staged transform's first
+    /// stage): its intermediates, which its passes wrote before (the chain
+    /// is then its one transform).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    four_step: Option<Box<FourStepAt>>,
     block_shape: Vec<u64>,
     copy: FftCopyTasks,
     tasks: usize,
+}
+
+/// A four-step transform's plan and intermediates as they travel: the
+/// plan, the scratch store the session made in `work_dir` and how it is
+/// read.
+#[derive(Debug, Serialize, Deserialize)]
+struct FourStepAt {
+    plan: FourStepPlan,
+    /// The scratch store of the intermediates: a path or a URL.
+    work: String,
+    io_concurrency: usize,
+    /// Bytes each pass may read ahead.
+    read_ahead: [usize; 2],
+}
+
+impl FourStepAt {
+    fn of(four_step: &FourStep) -> Self {
+        let (io_concurrency, read_ahead) = four_step.reads_ahead();
+        Self {
+            plan: four_step.plan.clone(),
+            work: four_step.location().to_string(),
+            io_concurrency,
+            read_ahead,
+        }
+    }
 }
 
 /// A run of one pass of a four-step transform as it travels
@@ -421,12 +509,8 @@ struct FourStepPass {
     variable: String,
     /// The transform's function (`fft`, `ifft`) and options.
     transform: (String, Vec<(String, String)>),
-    plan: FourStepPlan,
-    /// The scratch store of the intermediates: a path or a URL.
-    work: String,
-    io_concurrency: usize,
-    /// Bytes each pass may read ahead.
-    read_ahead: [usize; 2],
+    #[serde(flatten)]
+    at: FourStepAt,
     /// 0: across chunks, 1: within chunks.
     pass: usize,
     tasks: usize,
@@ -812,17 +896,12 @@ impl FourStepPass {
                 grid.store
             )
         })?;
-        let four_step = exec.four_step();
-        let (io_concurrency, read_ahead) = four_step.reads_ahead();
         Ok(Self {
             source: Source::of(grid)?,
             columns: columns_of(grid),
             variable: grid.variables[variable].name().to_string(),
             transform: (function.to_string(), named),
-            plan: four_step.plan.clone(),
-            work: four_step.location().to_string(),
-            io_concurrency,
-            read_ahead,
+            at: FourStepAt::of(exec.four_step()),
             pass: exec.pass(),
             tasks: exec.tasks(),
         })
@@ -1259,12 +1338,28 @@ impl ZarrCodec {
         c: TransformCopy,
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let table = self.transform_table(&c.chain, ctx)?;
+        if c.four_step.is_some() && c.chain.transforms.len() != 1 {
+            return plan_err!(
+                "a four-step transform of {:?} sent as a chain of {} transforms",
+                c.chain.variable,
+                c.chain.transforms.len()
+            );
+        }
+        let mut table = self.transform_table(&c.chain, ctx)?;
         let store = table.source().store().to_string();
         check_counts(
             &format!("a COPY of the transform of {store}"),
             &[("tasks", c.tasks, MAX_TASKS)],
         )?;
+        if let Some(at) = c.four_step {
+            let four_step = open_four_step(&table, *at, ctx)?;
+            // Its passes ran before, as stages of their own (the session
+            // runs them first): this stage reads the output.
+            four_step
+                .ensure_done_by(|| Ok(()))
+                .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
+            table = table.with_four_step(Arc::new(four_step));
+        }
         let options =
             RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
         match &c.copy.into {
@@ -1317,41 +1412,7 @@ impl ZarrCodec {
                 p.pass + 1
             );
         }
-        let options =
-            RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
-        let what = (
-            "zarrfusion-fft-four-step-",
-            "a four-step transform's scratch store",
-        );
-        check_scratch(&p.work, what, &options, &store)?;
-        let [(axis, axis_transform)] = table.transform().axes.as_slice() else {
-            return plan_err!(
-                "a four-step transform of {store} along {} dimensions",
-                table.transform().axes.len()
-            );
-        };
-        let source = table.source();
-        let input = FourStepInput {
-            shape: source.shape(),
-            chunk: source.chunk_shape(),
-            peak_bytes_per_cell: source.peak_bytes_per_cell(),
-            single: table.single_precision(),
-        };
-        let plan = (p.plan.received(&input, *axis, axis_transform.len))
-            .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
-        let runtime = ctx.runtime_env();
-        let io_concurrency = p.io_concurrency.min(MAX_IO_CONCURRENCY);
-        let four_step = run_blocking(|| {
-            FourStep::open(
-                plan,
-                &input.shape,
-                input.single,
-                &p.work,
-                io_concurrency,
-                p.read_ahead,
-                &runtime,
-            )
-        })?;
+        let four_step = open_four_step(&table, p.at, ctx)?;
         let config = ZarrConfig::of(ctx.session_config().options());
         let device = choose_device(&config.device)
             .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
@@ -1929,8 +1990,17 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 .map_err(|e| exec_datafusion_err!("encoding a four-step transform's pass: {e}"));
         }
         if let Some(copy) = node.downcast_ref::<FftCopyTasksExec>() {
+            let table = copy.table();
+            let (chain, four_step) = match (table.four_step(), table.four_step_chain()) {
+                (Some(four_step), Some((grid, variable, options))) => (
+                    Chain::of_variable(grid, variable, &[options])?,
+                    Some(Box::new(FourStepAt::of(four_step))),
+                ),
+                _ => (Chain::of(table)?, None),
+            };
             let encoded = Node::TransformCopy(TransformCopy {
-                chain: Chain::of(copy.table())?,
+                chain,
+                four_step,
                 block_shape: copy.blocks().block_shape().to_vec(),
                 copy: copy.sent().clone(),
                 tasks: copy.tasks(),

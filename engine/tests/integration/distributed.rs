@@ -2054,16 +2054,17 @@ async fn every_fft_case_gives_xrft_s_answer_through_two_workers() {
 /// a stage each (`FourStepPassExec`, its blocks dealt to tasks), writing
 /// the intermediates into the scratch store the session made in work_dir;
 /// the session reads the output once both are done. Every one-dimension
-/// case gives xrft's answer that way; a detrended source (its fit is a
-/// pass of its own), a staged transform (several dimensions) and a chain
-/// whose inner transform is stored first run in the session, with xrft's
-/// answer too. Nothing is left in work_dir.
+/// case gives xrft's answer that way. A staged transform (several
+/// dimensions) and a chain whose inner transform is stored first run their
+/// first stage's passes and blocks on the workers (three stages), the rest
+/// in the session; a detrended source (its fit is a pass of its own) runs
+/// in the session; all with xrft's answer. Nothing is left in work_dir.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_session() {
     let workers = start_workers(2).await;
     let dir = scratch("fft-four-step-cluster");
     let (work, set_work) = own_work_dir(&dir);
-    let (mut on_workers, mut in_session) = (0, 0);
+    let (mut on_workers, mut first_stages, mut in_session) = (0, 0, 0);
     for case in &common::fft::cases() {
         let name = case["name"].as_str().unwrap();
         let args = case["args"].as_object().unwrap();
@@ -2095,6 +2096,18 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
                 assert!(line.contains(", tasks="), "{name}:\n{shown}");
             }
             on_workers += 1;
+        } else if shown.contains("first stage on the cluster's workers") {
+            // A staged transform's (or a chain's inner) first stage on the
+            // four-step path: its two passes, then its blocks, on the
+            // workers; the rest in the session.
+            assert!(!args.contains_key("detrend"), "{name}:\n{shown}");
+            assert_eq!(
+                shown.matches("FourStepPassExec: pass").count(),
+                2,
+                "{name}:\n{shown}"
+            );
+            assert!(shown.contains("FftCopyTasksExec"), "{name}:\n{shown}");
+            first_stages += 1;
         } else {
             assert!(!shown.contains("FourStepPassExec"), "{name}:\n{shown}");
             assert!(!shown.contains("Network"), "{name}:\n{shown}");
@@ -2103,7 +2116,11 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
         common::fft::check_case(&ctx, case).await;
     }
     assert!(on_workers >= 10, "{on_workers} cases on the workers");
-    assert!(in_session >= 10, "{in_session} cases in the session");
+    assert!(
+        first_stages >= 8,
+        "{first_stages} first stages on the workers"
+    );
+    assert!(in_session >= 5, "{in_session} cases in the session");
     // An aggregate over a spectrum whose passes run on the workers: the
     // rows of a session without workers (whose four-step path is checked
     // against xrft in fft.rs).
@@ -2352,6 +2369,91 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
         "but its first stage transforms 't'",
     );
     refused(&sent, &[], "has 1 inputs, got 0");
+}
+
+/// A staged transform whose first stage takes the four-step path
+/// (`zarrfusion.fft_strategy = 'four_step'`) runs that stage's two passes
+/// on the workers, a stage each, then its blocks' stage, whose tasks read
+/// the intermediates and store the first stage's output; the session runs
+/// the three in turn and reads the store (by the four-step path too). The
+/// spectrum is the whole-plane one of a session without workers or a
+/// limit; nothing is left in work_dir. The blocks' tasks round trip
+/// through the codec with the four-step path they read; a worker refuses
+/// them with intermediates in a store that is not a four-step one, or sent
+/// as a chain of two transforms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_staged_transform_s_four_step_first_stage_runs_its_passes_on_the_workers() {
+    let dir = scratch("cluster-fft-staged-four-step");
+    let store = dir.join("planes.zarr");
+    write_planes(&store);
+    let (work, set_work) = own_work_dir(&dir);
+    let sql = format!(
+        "SELECT freq_y, sum(v['re'] * cos(7 * freq_x + 3 * freq_y)) AS a, \
+         sum(v['im'] * sin(5 * freq_x - 2 * freq_y + t)) AS b, \
+         sum(v['re'] * v['re'] + v['im'] * v['im']) AS power \
+         FROM fft('{}', 'v', dims => 'y,x') GROUP BY freq_y ORDER BY freq_y",
+        store.display()
+    );
+    let want = query_rows(&new_context(), "whole planes", &sql).await;
+    assert_eq!(want.len(), 1024);
+
+    let workers = start_workers(2).await;
+    let ctx = distributed_context(session_config(), limited(256 << 20), workers.urls.clone());
+    let four_step = "SET zarrfusion.fft_strategy = 'four_step'";
+    for set in [
+        "SET zarrfusion.bytes_per_task = 1",
+        four_step,
+        set_work.as_str(),
+    ] {
+        ctx.sql(set).await.unwrap();
+    }
+    let plan = physical_plan(&ctx, &sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in [
+        "strategy=staged: along [y] by four-step",
+        "first stage on the cluster's workers",
+        "FourStepPassExec: pass 1",
+        "FourStepPassExec: pass 2",
+        "FftCopyTasksExec",
+        "zarrfusion-fft-staged-",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    let got = query_rows(&ctx, "four-step first stage on the workers", &sql).await;
+    assert_rows("four-step first stage on the workers", &got, &want);
+    drop(plan);
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    // The blocks' tasks through the codec, with the four-step path.
+    let alone = zarrfusion::new_context_with(session_config(), limited(256 << 20));
+    for set in [four_step, set_work.as_str()] {
+        alone.sql(set).await.unwrap();
+    }
+    let fft = first_node::<FftExec>(physical_plan(&alone, &sql).await);
+    let on_cluster = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+        .unwrap()
+        .expect("a first stage on the four-step path");
+    assert_eq!(on_cluster.children().len(), 3, "two passes and the blocks");
+    assert!(on_cluster.reading_on_cluster().is_none());
+    let tasks = Arc::clone(on_cluster.children()[2].children()[0]);
+    through_codec(&alone, &tasks);
+    let wire = Wire::new(&alone);
+    let sent = wire.encode(tasks);
+    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    let mut elsewhere = sent.clone();
+    elsewhere["four_step"]["work"] = sent["copy"]["into"]["location"].clone();
+    let err = wire
+        .decode(&elsewhere)
+        .expect_err("a staged store accepted");
+    assert!(
+        err.contains("not a four-step transform's scratch store"),
+        "{err}"
+    );
+    let mut chained = sent.clone();
+    let transform = sent["chain"]["transforms"][0].clone();
+    chained["chain"]["transforms"] = Value::from(vec![transform.clone(), transform]);
+    let err = wire.decode(&chained).expect_err("a chain accepted");
+    assert!(err.contains("chain of 2 transforms"), "{err}");
 }
 
 /// A four-step pass round trips through the codec (the same plan, the

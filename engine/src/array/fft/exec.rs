@@ -453,10 +453,14 @@ pub struct FftExec {
     /// counts: the four-step path's passes, a stage each
     /// ([`FourStepPassExec`]), or a staged transform's first stage.
     inputs: Vec<Arc<dyn ExecutionPlan>>,
-    /// A staged transform's first stage when `inputs` runs it, and its
-    /// blocks.
-    first_stage: Option<(Arc<dyn StoredStage>, u64)>,
+    /// A staged transform's first stage when `inputs` runs it, and per
+    /// input the blocks its tasks' counts add up to and what it is.
+    first_stage: Option<(Arc<dyn StoredStage>, StageCounts)>,
 }
+
+/// Per input of a first stage on a cluster, the blocks its tasks' counts
+/// add up to and what it is (for errors).
+type StageCounts = Vec<(u64, String)>;
 
 /// The blocks an [`FftExec`] reads and how it sends their rows, as a
 /// session plans them and a cluster's worker receives them.
@@ -634,11 +638,14 @@ impl FftExec {
     /// session gathering the counts and reading every block. `None`
     /// without such a first stage.
     pub fn reading_on_cluster(&self) -> Option<Self> {
-        let (stage, blocks) = self.first_stage.clone()?;
-        // The first stage's tasks, under the gathering `on_cluster` made.
+        let (stage, blocks) = self.first_stage()?;
+        // The first stage's tasks, under the gathering `on_cluster` made
+        // (one stage: a first stage on the four-step path runs its passes
+        // before, in turn, from the session).
         let [gathered] = self.inputs.as_slice() else {
             return None;
         };
+        let stage = Arc::clone(stage);
         let tasks = gathered.downcast_ref::<CoalescePartitionsExec>()?.input();
         let broadcast = Arc::new(BroadcastExec::new(Arc::clone(tasks), 1));
         Some(self.after_first_stage(broadcast, stage, blocks))
@@ -654,19 +661,20 @@ impl FftExec {
         stage: Arc<dyn StoredStage>,
         blocks: u64,
     ) -> Self {
+        let what = "the first stage of the staged transform".to_string();
         Self {
             inputs: vec![input],
-            first_stage: Some((stage, blocks)),
+            first_stage: Some((stage, vec![(blocks, what)])),
             ..self.with_tasks(TASKS_OF_STAGE)
         }
     }
 
-    /// The first stage its input runs on a cluster's workers (see
-    /// [`Self::on_cluster`]), and its blocks.
+    /// The first stage its inputs run on a cluster's workers (see
+    /// [`Self::on_cluster`]), and the blocks of its last input (the runs
+    /// of its blocks, each task storing its own).
     pub fn first_stage(&self) -> Option<(&Arc<dyn StoredStage>, u64)> {
-        self.first_stage
-            .as_ref()
-            .map(|(stage, blocks)| (stage, *blocks))
+        let (stage, steps) = self.first_stage.as_ref()?;
+        Some((stage, steps.last()?.0))
     }
 
     /// This transform with what its path writes in `work_dir` first as
@@ -675,13 +683,13 @@ impl FftExec {
     /// [`FourStepPassExec`] under the gathering of its blocks' counts, run
     /// one after the other), or the first stage of a staged transform (or
     /// of a chain's stored inner transform, [`super::staged`]: a stage
-    /// whose tasks transform runs of its blocks and store them), before
-    /// the output is read here. `None` when they already are, for the
-    /// other paths (whole lines read from the variable go to the workers
-    /// themselves, see [`Self::with_tasks`]) and for what a worker cannot
-    /// make again (a detrended source, a first stage on the four-step
-    /// path, a table not opened from a location), which runs in the
-    /// session.
+    /// whose tasks transform runs of its blocks and store them, after its
+    /// own four-step passes when it takes that path), before the output is
+    /// read here. `None` when they already are, for the other paths (whole
+    /// lines read from the variable go to the workers themselves, see
+    /// [`Self::with_tasks`]) and for what a worker cannot make again (a
+    /// detrended source, a table not opened from a location), which runs
+    /// in the session.
     pub fn on_cluster(&self) -> Result<Option<Self>> {
         let table = &self.job.table;
         if !self.inputs.is_empty() {
@@ -691,9 +699,15 @@ impl FftExec {
             let Some(cluster) = stage.on_cluster(self.job.device) else {
                 return Ok(None);
             };
+            let (inputs, steps) = (cluster.steps.into_iter())
+                .map(|s| {
+                    let gathered = Arc::new(CoalescePartitionsExec::new(s.leaf));
+                    (gathered as Arc<dyn ExecutionPlan>, (s.blocks, s.what))
+                })
+                .unzip();
             return Ok(Some(Self {
-                inputs: vec![Arc::new(CoalescePartitionsExec::new(cluster.tasks))],
-                first_stage: Some((Arc::clone(stage), cluster.blocks)),
+                inputs,
+                first_stage: Some((Arc::clone(stage), steps)),
                 ..self.with_tasks(self.tasks)
             }));
         }
@@ -924,12 +938,17 @@ impl ExecutionPlan for FftExec {
             };
             let stopped = || tx.is_closed();
             match (inputs, first_stage, job.table.four_step()) {
-                (Some((handle, inputs, context)), Some((stage, blocks)), _) => stage
+                (Some((handle, inputs, context)), Some((stage, steps)), _) => stage
                     .written_by(&mut || {
-                        let what = "the first stage of the staged transform";
-                        let (input, context) = (Arc::clone(&inputs[0]), Arc::clone(&context));
-                        run_cluster_tasks(&handle, input, context, &stopped, blocks, what)
-                            .map_err(|e| e.to_string())
+                        // One stage after the other: the four-step passes,
+                        // when the first stage takes that path, then its
+                        // blocks.
+                        for (input, (blocks, what)) in inputs.iter().zip(&steps) {
+                            let (input, context) = (Arc::clone(input), Arc::clone(&context));
+                            run_cluster_tasks(&handle, input, context, &stopped, *blocks, what)
+                                .map_err(|e| e.to_string())?;
+                        }
+                        Ok(())
                     })
                     .map_err(failed)?,
                 (Some((handle, passes, context)), None, Some(four_step)) => four_step

@@ -40,8 +40,11 @@
 //! blocks of the store ([`ReceivedStage`]: the store as a worker opens it,
 //! refused unless it holds the array as the first stage writes it);
 //! otherwise the session's operator runs the first stage to its end and
-//! reads the store. A first stage on the four-step path, or over a
-//! detrended source, runs in the session.
+//! reads the store. A first stage on the four-step path runs its two
+//! passes on the workers first, a stage each, then its blocks' stage,
+//! which reads the intermediates (the session runs the three in turn and
+//! reads the store itself). A first stage over a detrended source runs in
+//! the session.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,7 +59,8 @@ use super::copy::{
 use super::exec::strategy;
 use super::kernels::{Kernels, ScratchArray};
 use super::options::FftOptions;
-use super::source::{ArraySource, ClusterStage, StoredStage};
+use super::passes::FourStepPassExec;
+use super::source::{ArraySource, ClusterStage, ClusterStep, StoredStage};
 use super::table::FftTable;
 use crate::array::rechunk::TargetEncoding;
 use crate::device::Device;
@@ -127,8 +131,34 @@ impl StoredStage for StagedTransform {
 
     fn on_cluster(&self, device: Device) -> Option<ClusterStage> {
         // A worker makes the first stage again from the variable's table:
-        // whole lines of a table opened from a location.
-        self.inner.chain()?;
+        // whole lines of a table opened from a location, or the four-step
+        // path over one, whose passes run first, a stage each.
+        let mut steps = Vec::new();
+        match self.inner.four_step() {
+            Some(four_step) => {
+                self.inner.four_step_chain()?;
+                for pass in 0..2 {
+                    // Fitted to the plan's memory already: each worker fits
+                    // it to its own allowed_mem when it receives it.
+                    let leaf = FourStepPassExec::new(
+                        Arc::clone(&self.inner),
+                        Arc::clone(four_step),
+                        pass,
+                        device,
+                        None,
+                    )
+                    .ok()?;
+                    steps.push(ClusterStep {
+                        leaf: Arc::new(leaf),
+                        blocks: four_step.pass_tasks(pass),
+                        what: format!("pass {} of the first stage's four-step transform", pass + 1),
+                    });
+                }
+            }
+            None => {
+                self.inner.chain()?;
+            }
+        }
         let sent = FftCopyTasks {
             chunks: self.chunk_shape(),
             into: StagedTarget::Scratch {
@@ -143,17 +173,28 @@ impl StoredStage for StagedTransform {
             self.staging,
             sent,
         );
-        Some(ClusterStage {
-            tasks: Arc::new(tasks),
+        steps.push(ClusterStep {
+            leaf: Arc::new(tasks),
             blocks: self.tasks.blocks.num_blocks(),
-        })
+            what: "the first stage of the staged transform".to_string(),
+        });
+        Some(ClusterStage { steps })
     }
 
     fn written_by(
         &self,
         run: &mut dyn FnMut() -> std::result::Result<(), String>,
     ) -> std::result::Result<(), String> {
-        self.written.get_or_init(run).clone()
+        self.written
+            .get_or_init(|| {
+                run()?;
+                // Nothing reads the stage's four-step intermediates again.
+                if let Some(four_step) = self.inner.four_step() {
+                    four_step.release();
+                }
+                Ok(())
+            })
+            .clone()
     }
 
     fn as_any(&self) -> &dyn Any {

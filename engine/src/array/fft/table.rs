@@ -390,6 +390,15 @@ impl FftTable {
         Ok(table)
     }
 
+    /// This transform by the four-step path whose plan and intermediates
+    /// are `four_step` (as a cluster's worker opened them).
+    pub fn with_four_step(self, four_step: Arc<FourStep>) -> Self {
+        Self {
+            four_step: Some(four_step),
+            ..self
+        }
+    }
+
     /// This transform, the last stage of `asked` (a staged transform, or
     /// one whose inner transform is stored first), giving `asked`'s
     /// output: its coordinates, their attributes and its schema.

@@ -170,10 +170,11 @@ pub trait StoredStage: std::fmt::Debug + Send + Sync {
     /// How `EXPLAIN` shows the first stage, before the later stage that
     /// runs along `later` (dimension names).
     fn describe(&self, later: &[&str]) -> String;
-    /// The first stage as a cluster's stage whose tasks transform runs of
-    /// its blocks on `device` and store them; `None` when it cannot travel
-    /// (its own path makes a store in `work_dir` first, or its source was
-    /// made in this process), and then runs in the session.
+    /// The first stage as a cluster's stages whose tasks transform runs of
+    /// its blocks on `device` and store them (after its four-step passes,
+    /// when it takes that path); `None` when it cannot travel (its source
+    /// is made in this process: a detrended or rechunked one, or a table
+    /// not opened from a location), and then runs in the session.
     fn on_cluster(&self, device: Device) -> Option<ClusterStage>;
     /// Runs the first stage by `run` (its cluster's tasks) unless done;
     /// every caller waits for it, and a later
@@ -184,13 +185,23 @@ pub trait StoredStage: std::fmt::Debug + Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// The first stage of a transform as a cluster's stage
-/// ([`StoredStage::on_cluster`]).
+/// The first stage of a transform as a cluster's stages
+/// ([`StoredStage::on_cluster`]), run one after the other: the passes of
+/// its four-step path, when it takes that path, then the runs of its
+/// blocks, each task storing its own.
 pub struct ClusterStage {
-    /// The stage's leaf: runs of the blocks, each task storing its own.
-    pub tasks: Arc<dyn ExecutionPlan>,
+    /// Each stage's leaf, in the order they run.
+    pub steps: Vec<ClusterStep>,
+}
+
+/// One stage of a [`ClusterStage`].
+pub struct ClusterStep {
+    /// The stage's leaf, whose tasks each yield how many blocks they ran.
+    pub leaf: Arc<dyn ExecutionPlan>,
     /// The blocks every task's count must add up to.
     pub blocks: u64,
+    /// What it is, for errors.
+    pub what: String,
 }
 
 /// What a transform reads (see the module docs).
