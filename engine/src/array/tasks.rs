@@ -119,33 +119,42 @@ pub(crate) fn run_cluster_tasks(
     expected: u64,
     what: &str,
 ) -> Result<()> {
-    handle.block_on(async {
-        let mut stream = execute_stream(input, context)?;
-        let mut ran = 0u64;
-        loop {
-            tokio::select! {
-                batch = stream.next() => match batch {
-                    None => break,
-                    Some(batch) => {
-                        let batch = batch?;
-                        let counts = batch.column(0).as_primitive_opt::<UInt64Type>().ok_or_else(|| {
-                            DataFusionError::Internal(format!("a count of {what}'s tasks is not a UInt64"))
-                        })?;
-                        ran = ran.saturating_add(counts.iter().flatten().fold(0u64, u64::saturating_add));
-                    }
-                },
-                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
-                    if cancelled() {
-                        return exec_err!("{what} was cancelled");
-                    }
+    handle.block_on(cluster_tasks_ran(input, context, cancelled, expected, what))
+}
+
+/// [`run_cluster_tasks`] from an async task.
+pub(crate) async fn cluster_tasks_ran(
+    input: Arc<dyn ExecutionPlan>,
+    context: Arc<TaskContext>,
+    cancelled: impl Fn() -> bool,
+    expected: u64,
+    what: &str,
+) -> Result<()> {
+    let mut stream = execute_stream(input, context)?;
+    let mut ran = 0u64;
+    loop {
+        tokio::select! {
+            batch = stream.next() => match batch {
+                None => break,
+                Some(batch) => {
+                    let batch = batch?;
+                    let counts = batch.column(0).as_primitive_opt::<UInt64Type>().ok_or_else(|| {
+                        DataFusionError::Internal(format!("a count of {what}'s tasks is not a UInt64"))
+                    })?;
+                    ran = ran.saturating_add(counts.iter().flatten().fold(0u64, u64::saturating_add));
+                }
+            },
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
+                if cancelled() {
+                    return exec_err!("{what} was cancelled");
                 }
             }
         }
-        if ran != expected {
-            return exec_err!("{what}'s tasks on the cluster ran {ran} of its {expected} tasks");
-        }
-        Ok(())
-    })
+    }
+    if ran != expected {
+        return exec_err!("{what}'s tasks on the cluster ran {ran} of its {expected} tasks");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -116,6 +116,7 @@ use crate::array::{
 };
 use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
 use crate::device::choose_device;
+use crate::distributed::barrier::AfterExec;
 use crate::error::lock;
 use crate::table::{
     open_dataset_blocking, run_blocking, BlockGrid, BlockRead, Broadcast, BroadcastInputs,
@@ -384,6 +385,16 @@ enum Node {
     Transform(Transform),
     FourStepPass(FourStepPass),
     TransformCopy(TransformCopy),
+    After(After),
+}
+
+/// A round run after the previous one's counts ([`AfterExec`]): the blocks
+/// they add up to and what that round is; its two inputs are the counts
+/// and the round.
+#[derive(Debug, Serialize, Deserialize)]
+struct After {
+    blocks: u64,
+    what: String,
 }
 
 impl Node {
@@ -399,6 +410,7 @@ impl Node {
             Self::Transform(_) => "a transform",
             Self::FourStepPass(_) => "a four-step transform's pass",
             Self::TransformCopy(_) => "a COPY of a transform's blocks",
+            Self::After(_) => "a round after another",
         }
     }
 }
@@ -843,7 +855,7 @@ impl LaterStageRead {
         let (grid, variable, asked) = &later.asked;
         let first = later.first;
         let read = Self {
-            first: Chain::of(&first.inner)?,
+            first: Chain::of_variable(grid, *variable, &later.first_transforms)?,
             location: first.location().to_string(),
             chunks: first.chunk_shape(),
             blocks,
@@ -1912,11 +1924,12 @@ impl PhysicalExtensionCodec for ZarrCodec {
         // The stage after a staged transform's first: the first stage's
         // counts.
         let joins = matches!(node, Node::Scan(_) | Node::Reduction(_));
-        let expected = usize::from(match &node {
-            Node::Merge(_) => true,
-            Node::Transform(t) => t.staged.is_some(),
-            _ => false,
-        });
+        let expected = match &node {
+            Node::Merge(_) => 1,
+            Node::Transform(t) => usize::from(t.staged.is_some()),
+            Node::After(_) => 2,
+            _ => 0,
+        };
         if !joins && inputs.len() != expected {
             return plan_err!(
                 "{} has {expected} inputs, got {}",
@@ -1936,6 +1949,15 @@ impl PhysicalExtensionCodec for ZarrCodec {
             Node::Transform(transform) => self.decode_transform(transform, inputs, ctx),
             Node::FourStepPass(pass) => self.decode_four_step_pass(pass, ctx),
             Node::TransformCopy(copy) => self.decode_transform_copy(copy, ctx),
+            Node::After(After { blocks, what }) => {
+                // A name for errors: kept short.
+                let what: String = what.chars().take(200).collect();
+                let [before, then] = inputs else {
+                    return internal_err!("a round after another without its two inputs");
+                };
+                let (before, then) = (Arc::clone(before), Arc::clone(then));
+                Ok(Arc::new(AfterExec::new(before, then, blocks, what)))
+            }
         }
     }
 
@@ -2007,6 +2029,14 @@ impl PhysicalExtensionCodec for ZarrCodec {
             });
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a COPY of a transform: {e}"));
+        }
+        if let Some(after) = node.downcast_ref::<AfterExec>() {
+            let encoded = Node::After(After {
+                blocks: after.blocks(),
+                what: after.what().to_string(),
+            });
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a round after another: {e}"));
         }
         if let Some(fft) = node.downcast_ref::<FftExec>() {
             let encoded = Node::Transform(Transform::of(fft)?);

@@ -23,6 +23,8 @@
 //! - [`transforms`]: a transform on the four-step path on a cluster: the
 //!   workers run its two passes' blocks, a stage each, into a scratch
 //!   store the session made; the session reads the output.
+//! - [`barrier`]: rounds that run one after the other on the workers
+//!   (each task of a round waits for every count of the previous one).
 //! - [`cluster`]: a session's side: the workers' addresses and the
 //!   distributed planner, added to the session state ([`crate::session`]
 //!   builds it).
@@ -56,6 +58,7 @@
 //! tables' options, credentials given in `OPTIONS` included (credentials
 //! from the workers' own environment travel nowhere).
 
+pub mod barrier;
 pub mod broadcasts;
 pub mod channel;
 pub mod cluster;

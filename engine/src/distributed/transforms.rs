@@ -13,15 +13,18 @@
 //! made in `work_dir`, and the session reads the output once they are
 //! done. The stage after a staged transform's first, when it reads by
 //! whole lines, runs on the workers too
-//! ([`FftExec::reading_on_cluster`]): the first stage's counts are
+//! ([`reading_on_cluster`]): the first stage's counts are
 //! broadcast to each of its tasks, which reads its own blocks of the
-//! stored output once every block is there. Transforms by whole lines
-//! need no rule: their `FftExec` is a stage's leaf itself.
+//! stored output once every block is there; a first stage on the
+//! four-step path runs its rounds (two passes, then its blocks) one after
+//! the other on the workers for it ([`super::barrier`]). Transforms by
+//! whole lines need no rule: their `FftExec` is a stage's leaf itself.
 
 use std::sync::Arc;
 
 use crate::array::fft::staged::StagedTransform;
 use crate::array::fft::FftExec;
+use crate::distributed::barrier::after_each_other;
 use crate::plan_methods::physical_bottom_up_rule;
 
 /// Runs the passes of every four-step transform of a plan, and the first
@@ -36,9 +39,21 @@ physical_bottom_up_rule!(ClusterPasses, "zarrfusion_cluster_passes", |node, _| {
     let Some(fft) = fft.on_cluster()? else {
         return Ok(None);
     };
-    // The stage after a staged transform's first, on the workers too when
-    // they can make it again.
-    let reading =
-        StagedTransform::later_stage_of(fft.table()).and_then(|_| fft.reading_on_cluster());
-    Ok(Some(Arc::new(reading.unwrap_or(fft))))
+    Ok(Some(Arc::new(reading_on_cluster(&fft).unwrap_or(fft))))
 });
+
+/// `fft`, whose first stage [`FftExec::on_cluster`] put on the workers,
+/// with the stage after it on the workers too, when a worker can make it
+/// again ([`StagedTransform::later_stage_of`]): the first stage's rounds
+/// (its four-step passes, then its blocks) one after the other on the
+/// workers ([`after_each_other`]), the last one's counts broadcast to each
+/// task of the later stage, which reads its own blocks once every block
+/// is stored. `None` otherwise (the session then runs the rounds in turn
+/// and reads the store).
+pub fn reading_on_cluster(fft: &FftExec) -> Option<FftExec> {
+    StagedTransform::later_stage_of(fft.table())?;
+    let (stage, _) = fft.first_stage()?;
+    let rounds = fft.first_stage_rounds()?.into_iter();
+    let (input, blocks, _) = after_each_other(rounds.map(|r| (r.leaf, r.blocks, r.what)))?;
+    Some(fft.after_first_stage(input, Arc::clone(stage), blocks))
+}

@@ -27,6 +27,8 @@ use url::Url;
 use zarrfusion::array::fft::FftExec;
 use zarrfusion::array::rolling::RollingWindowExec;
 use zarrfusion::array::{DenseMergeExec, DenseReductionExec, Merged};
+use zarrfusion::distributed::barrier::AfterExec;
+use zarrfusion::distributed::transforms::reading_on_cluster;
 use zarrfusion::distributed::{serve_worker, ZarrCodec};
 use zarrfusion::table::ZarrScanExec;
 use zarrfusion::{distributed_context, new_context, session_config, ZarrConfig, ZarrContextExt};
@@ -2155,7 +2157,12 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
 /// float64, uncompressed, in chunks of (1, 1024, 32), with a smooth field
 /// and a ripple on both axes; coordinates `t`, `y` and `x` (0, 1, ...).
 fn write_planes(dir: &std::path::Path) {
-    let (nt, ny, nx, cx) = (2usize, 1024usize, 512usize, 32usize);
+    write_grid(dir, (2, 1024, 512, 32));
+}
+
+/// Writes a Zarr v3 store at `dir` as [`write_planes`] does, of `nt`
+/// planes of `ny` x `nx`, in chunks of (1, `ny`, `cx`).
+fn write_grid(dir: &std::path::Path, (nt, ny, nx, cx): (usize, usize, usize, usize)) {
     let write = |path: std::path::PathBuf, text: String| {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, text).unwrap();
@@ -2204,6 +2211,24 @@ fn write_planes(dir: &std::path::Path) {
     }
 }
 
+/// A store of planes (`write_planes`, returned first) in the directory `dir`, its
+/// own work_dir (and the statement setting it), and a query of weighted
+/// sums over the spectrum of the planes along `y` and `x`, per frequency
+/// of `y`.
+fn planes_query(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String, String) {
+    let store = dir.join("planes.zarr");
+    write_planes(&store);
+    let (work, set_work) = own_work_dir(dir);
+    let sql = format!(
+        "SELECT freq_y, sum(v['re'] * cos(7 * freq_x + 3 * freq_y)) AS a, \
+         sum(v['im'] * sin(5 * freq_x - 2 * freq_y + t)) AS b, \
+         sum(v['re'] * v['re'] + v['im'] * v['im']) AS power \
+         FROM fft('{}', 'v', dims => 'y,x') GROUP BY freq_y ORDER BY freq_y",
+        store.display()
+    );
+    (store, work, set_work, sql)
+}
+
 /// A transform along two dimensions whose planes do not fit the session's
 /// allowed_mem is staged: its first stage (along y, by whole lines) is a
 /// stage of the plan whose tasks transform runs of its blocks on the
@@ -2221,16 +2246,7 @@ fn write_planes(dir: &std::path::Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     let dir = scratch("cluster-fft-staged");
-    let store = dir.join("planes.zarr");
-    write_planes(&store);
-    let (work, set_work) = own_work_dir(&dir);
-    let sql = format!(
-        "SELECT freq_y, sum(v['re'] * cos(7 * freq_x + 3 * freq_y)) AS a, \
-         sum(v['im'] * sin(5 * freq_x - 2 * freq_y + t)) AS b, \
-         sum(v['re'] * v['re'] + v['im'] * v['im']) AS power \
-         FROM fft('{}', 'v', dims => 'y,x') GROUP BY freq_y ORDER BY freq_y",
-        store.display()
-    );
+    let (store, work, set_work, sql) = planes_query(&dir);
     let local = new_context();
     let shown = common::explain_text(&local, &sql).await;
     assert!(shown.contains("strategy=whole lines"), "{shown}");
@@ -2269,6 +2285,35 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     assert!(reading.contains("tasks=its stage's"), "{shown}");
     let got = query_rows(&ctx, "staged on the workers", &sql).await;
     assert_rows("staged on the workers", &got, &want);
+    drop(plan);
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    // A chain: the transform along x of a view of the transform along y,
+    // whose blocks (whole planes) do not fit: the inner transform is
+    // stored first by the workers, and the outer one reads the store on
+    // the workers too. The same spectrum.
+    let planes = format!("fft('{}', 'v', dims => 'y,x')", store.display());
+    let view = format!(
+        "CREATE VIEW spec_y AS SELECT * FROM {}",
+        planes.replace("y,x", "y")
+    );
+    ctx.sql(&view).await.unwrap();
+    let chained = sql.replace(&planes, "fft('spec_y', 'v', dims => 'x')");
+    let plan = physical_plan(&ctx, &chained).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in [
+        "strategy=chained: fft along [y] by whole lines",
+        "first stage on the cluster's workers",
+        "BroadcastExec",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    let reading = (shown.lines())
+        .find(|l| l.contains("FftExec:"))
+        .unwrap_or_else(|| panic!("no FftExec:\n{shown}"));
+    assert!(reading.contains("tasks=its stage's"), "{shown}");
+    let got = query_rows(&ctx, "chained on the workers", &chained).await;
+    assert_rows("chained on the workers", &got, &want);
     drop(plan);
     assert_eq!(work_left(&work), Vec::<String>::new());
 
@@ -2315,7 +2360,7 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
 
     // The stage after the first through the codec, its input the first
     // stage's tasks: the rows the session's own staged transform gives.
-    let reading = (on_cluster.reading_on_cluster()).expect("a later stage by whole lines");
+    let reading = reading_on_cluster(&on_cluster).expect("a later stage by whole lines");
     let sent = wire.encode(Arc::new(reading));
     assert_eq!(sent["node"], "transform", "{sent}");
     assert!(sent["staged"]["blocks"].as_u64().unwrap() > 1, "{sent}");
@@ -2384,16 +2429,7 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_staged_transform_s_four_step_first_stage_runs_its_passes_on_the_workers() {
     let dir = scratch("cluster-fft-staged-four-step");
-    let store = dir.join("planes.zarr");
-    write_planes(&store);
-    let (work, set_work) = own_work_dir(&dir);
-    let sql = format!(
-        "SELECT freq_y, sum(v['re'] * cos(7 * freq_x + 3 * freq_y)) AS a, \
-         sum(v['im'] * sin(5 * freq_x - 2 * freq_y + t)) AS b, \
-         sum(v['re'] * v['re'] + v['im'] * v['im']) AS power \
-         FROM fft('{}', 'v', dims => 'y,x') GROUP BY freq_y ORDER BY freq_y",
-        store.display()
-    );
+    let (_, work, set_work, sql) = planes_query(&dir);
     let want = query_rows(&new_context(), "whole planes", &sql).await;
     assert_eq!(want.len(), 1024);
 
@@ -2434,7 +2470,7 @@ async fn a_staged_transform_s_four_step_first_stage_runs_its_passes_on_the_worke
         .unwrap()
         .expect("a first stage on the four-step path");
     assert_eq!(on_cluster.children().len(), 3, "two passes and the blocks");
-    assert!(on_cluster.reading_on_cluster().is_none());
+    assert!(reading_on_cluster(&on_cluster).is_none());
     let tasks = Arc::clone(on_cluster.children()[2].children()[0]);
     through_codec(&alone, &tasks);
     let wire = Wire::new(&alone);
@@ -2454,6 +2490,91 @@ async fn a_staged_transform_s_four_step_first_stage_runs_its_passes_on_the_worke
     chained["chain"]["transforms"] = Value::from(vec![transform.clone(), transform]);
     let err = wire.decode(&chained).expect_err("a chain accepted");
     assert!(err.contains("chain of 2 transforms"), "{err}");
+}
+
+/// A staged transform whose first stage (along a long y) takes the
+/// four-step path under allowed_mem while the stage after it (along a
+/// short x) reads by whole lines runs all of it on the workers: the first
+/// stage's passes and blocks one round after the other (each round's tasks
+/// after every count of the previous one, broadcast: `AfterExec`), and the
+/// later stage's tasks once the last round's counts say every block is
+/// stored. The spectrum is the whole-plane one of a session without
+/// workers or a limit; nothing is left in work_dir. A round after another
+/// round trips through the codec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_four_step_first_stage_and_the_stage_after_it_run_in_rounds_on_the_workers() {
+    let dir = scratch("cluster-fft-rounds");
+    let store = dir.join("long.zarr");
+    let ny = 1 << 16;
+    write_grid(&store, (2, ny, 8, 8));
+    let (work, set_work) = own_work_dir(&dir);
+    let sql = format!(
+        "SELECT freq_x, sum(v['re'] * cos(7 * freq_x + 3000 * freq_y)) AS a, \
+         sum(v['re'] * v['re'] + v['im'] * v['im']) AS power \
+         FROM fft('{}', 'v', dims => 'y,x') GROUP BY freq_x ORDER BY freq_x",
+        store.display()
+    );
+    let want = query_rows(&new_context(), "whole planes", &sql).await;
+    assert_eq!(want.len(), 8);
+
+    // A line of y (with its kernel's threads) does not fit half the limit,
+    // a block of whole lines of x fits the other half.
+    let kernel = rayon::current_num_threads() * 3 * ny * 16;
+    let limit = 2 * kernel + (8 << 20);
+    let workers = start_workers(2).await;
+    let ctx = distributed_context(session_config(), limited(limit), workers.urls.clone());
+    for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
+        ctx.sql(set).await.unwrap();
+    }
+    let plan = physical_plan(&ctx, &sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in [
+        "strategy=staged: along [y] by four-step",
+        "AfterExec: after pass 1 of the first stage's four-step transform",
+        "AfterExec: after pass 2 of the first stage's four-step transform",
+        "FourStepPassExec: pass 1",
+        "FftCopyTasksExec",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    assert_eq!(shown.matches("NetworkBroadcastExec").count(), 3, "{shown}");
+    let reading = (shown.lines())
+        .find(|l| l.contains("FftExec:"))
+        .unwrap_or_else(|| panic!("no FftExec:\n{shown}"));
+    assert!(reading.contains("then along [x] by whole lines"), "{shown}");
+    assert!(reading.contains("tasks=its stage's"), "{shown}");
+    let got = query_rows(&ctx, "rounds on the workers", &sql).await;
+    assert_rows("rounds on the workers", &got, &want);
+    drop(plan);
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    // A round after another through the codec: its blocks and what the
+    // previous round is; its two inputs as children.
+    let alone = zarrfusion::new_context_with(session_config(), limited(limit));
+    alone.sql(&set_work).await.unwrap();
+    let fft = first_node::<FftExec>(physical_plan(&alone, &sql).await);
+    let on_cluster = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+        .unwrap()
+        .expect("a first stage on the four-step path");
+    let reading = reading_on_cluster(&on_cluster).expect("a later stage by whole lines");
+    let after = first_node_of::<AfterExec>(&(Arc::new(reading) as Arc<dyn ExecutionPlan>))
+        .expect("rounds after each other");
+    let wire = Wire::new(&alone);
+    let sent = wire.encode(Arc::clone(&after));
+    assert_eq!(sent["node"], "after", "{sent}");
+    assert_eq!(
+        sent["what"],
+        "pass 2 of the first stage's four-step transform"
+    );
+    let children: Vec<_> = after.children().into_iter().cloned().collect();
+    let bytes = sent.to_string();
+    let back = ZarrCodec::default()
+        .try_decode(bytes.as_bytes(), &children, &alone.task_ctx(), &CONVERTER)
+        .unwrap();
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    assert_eq!(show(&back), show(&after));
+    let err = wire.decode(&sent).expect_err("a round without its inputs");
+    assert!(err.contains("has 2 inputs, got 0"), "{err}");
 }
 
 /// A four-step pass round trips through the codec (the same plan, the

@@ -31,12 +31,11 @@ use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
-use datafusion_distributed::BroadcastExec;
 use zarrfusion_udfs::complex::complex_array;
 
 use super::kernels::{Kernels, Precision, TransformClock};
 use super::passes::FourStepPassExec;
-use super::source::{ArraySource, StoredStage};
+use super::source::{ArraySource, ClusterStep, StoredStage};
 use super::table::FftTable;
 use super::transform::FftTransform;
 use crate::array::tasks::run_cluster_tasks;
@@ -630,25 +629,22 @@ impl FftExec {
         }
     }
 
-    /// This transform, whose first stage [`Self::on_cluster`] runs on a
-    /// cluster's workers, run on the workers too (when they can make it
-    /// again, see `StagedTransform::later_stage_of`): each task of its
-    /// stage gets every count of the first stage's tasks (a broadcast)
-    /// and reads its own blocks once all are stored, instead of the
-    /// session gathering the counts and reading every block. `None`
-    /// without such a first stage.
-    pub fn reading_on_cluster(&self) -> Option<Self> {
-        let (stage, blocks) = self.first_stage()?;
-        // The first stage's tasks, under the gathering `on_cluster` made
-        // (one stage: a first stage on the four-step path runs its passes
-        // before, in turn, from the session).
-        let [gathered] = self.inputs.as_slice() else {
-            return None;
-        };
-        let stage = Arc::clone(stage);
-        let tasks = gathered.downcast_ref::<CoalescePartitionsExec>()?.input();
-        let broadcast = Arc::new(BroadcastExec::new(Arc::clone(tasks), 1));
-        Some(self.after_first_stage(broadcast, stage, blocks))
+    /// The rounds of the first stage [`Self::on_cluster`] put on a
+    /// cluster's workers, in the order they run: each stage's leaf (its
+    /// tasks each yield how many blocks they ran), the blocks their counts
+    /// add up to and what it is. `None` without such a first stage.
+    pub fn first_stage_rounds(&self) -> Option<Vec<ClusterStep>> {
+        let (_, steps) = self.first_stage.as_ref()?;
+        (self.inputs.iter().zip(steps))
+            .map(|(gathered, (blocks, what))| {
+                let leaf = gathered.downcast_ref::<CoalescePartitionsExec>()?.input();
+                Some(ClusterStep {
+                    leaf: Arc::clone(leaf),
+                    blocks: *blocks,
+                    what: what.clone(),
+                })
+            })
+            .collect()
     }
 
     /// This transform, the stage after a staged transform's first as a

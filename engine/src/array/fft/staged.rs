@@ -230,6 +230,9 @@ impl StoredStage for StagedTransform {
 pub struct LaterStage<'a> {
     /// The first stage.
     pub first: &'a StagedTransform,
+    /// The transforms the first stage makes of the variable (of
+    /// `asked`'s table), innermost first.
+    pub first_transforms: Vec<&'a FftOptions>,
     /// The transform as asked: the variable (of a table opened from a
     /// location, its index in the grid's variables) and the transforms
     /// made of it, innermost first.
@@ -289,21 +292,30 @@ impl StagedTransform {
         if table.four_step().is_some() {
             return None;
         }
+        // The first stage: whole lines or the four-step path of a table
+        // opened from a location (its output is the same either way).
+        let (grid, variable, transforms) = match first.inner.chain() {
+            Some(chain) => chain,
+            None => {
+                let (grid, variable, options) = first.inner.four_step_chain()?;
+                (grid, variable, vec![options])
+            }
+        };
         // The transform as asked: of what the first stage reads (the same
         // variable and inner transforms) or, for a chain, of its output.
-        let (grid, variable, mut asked) = first.inner.chain()?;
+        let mut asked = transforms.clone();
         if !first.chained {
             asked.pop();
         }
         asked.push(&table.asked_transform().options);
         let named = |o: &FftOptions| o.named().is_some();
-        (asked.iter().all(|o| named(o)) && named(&table.transform().options)).then_some(
-            LaterStage {
-                first,
-                asked: (grid, variable, asked),
-                later: &table.transform().options,
-            },
-        )
+        let sendable = asked.iter().chain(&transforms).all(|o| named(o));
+        (sendable && named(&table.transform().options)).then_some(LaterStage {
+            first,
+            first_transforms: transforms,
+            asked: (grid, variable, asked),
+            later: &table.transform().options,
+        })
     }
 
     /// Where the stored output is.
