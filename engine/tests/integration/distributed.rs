@@ -2229,6 +2229,34 @@ fn planes_query(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBu
     (store, work, set_work, sql)
 }
 
+/// Runs `sql` in `ctx` (a session with workers) whose plan shows each of
+/// `parts`, the `FftExec` reading a stored first stage on the workers (its
+/// blocks dealt to the tasks of its stage, below a network boundary to the
+/// session): its rows are `want`, and nothing is left in `work` once the
+/// plan is dropped. Gives the plan as shown.
+async fn read_on_the_workers(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+    parts: &[&str],
+    want: &[Vec<Value>],
+    work: &std::path::Path,
+) -> String {
+    let plan = physical_plan(ctx, sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in parts {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    let reading = (shown.lines())
+        .find(|l| l.contains("FftExec:"))
+        .unwrap_or_else(|| panic!("no FftExec:\n{shown}"));
+    assert!(reading.contains("tasks=its stage's"), "{shown}");
+    let got = query_rows(ctx, sql, sql).await;
+    assert_rows(sql, &got, want);
+    drop(plan);
+    assert_eq!(work_left(work), Vec::<String>::new());
+    shown
+}
+
 /// A transform along two dimensions whose planes do not fit the session's
 /// allowed_mem is staged: its first stage (along y, by whole lines) is a
 /// stage of the plan whose tasks transform runs of its blocks on the
@@ -2264,9 +2292,7 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
         ctx.sql(set).await.unwrap();
     }
-    let plan = physical_plan(&ctx, &sql).await;
-    let shown = displayable(plan.as_ref()).indent(true).to_string();
-    for part in [
+    let parts = [
         "strategy=staged: along [y] by whole lines",
         "first stage on the cluster's workers",
         "Network",
@@ -2274,19 +2300,8 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
         "zarrfusion-fft-staged-",
         "tasks=2",
         "BroadcastExec",
-    ] {
-        assert!(shown.contains(part), "{part}:\n{shown}");
-    }
-    // The stage after the first reads on the workers: its blocks dealt to
-    // the tasks of its stage, below a network boundary to the session.
-    let reading = (shown.lines())
-        .find(|l| l.contains("FftExec:"))
-        .unwrap_or_else(|| panic!("no FftExec:\n{shown}"));
-    assert!(reading.contains("tasks=its stage's"), "{shown}");
-    let got = query_rows(&ctx, "staged on the workers", &sql).await;
-    assert_rows("staged on the workers", &got, &want);
-    drop(plan);
-    assert_eq!(work_left(&work), Vec::<String>::new());
+    ];
+    read_on_the_workers(&ctx, &sql, &parts, &want, &work).await;
 
     // A chain: the transform along x of a view of the transform along y,
     // whose blocks (whole planes) do not fit: the inner transform is
@@ -2299,23 +2314,12 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     );
     ctx.sql(&view).await.unwrap();
     let chained = sql.replace(&planes, "fft('spec_y', 'v', dims => 'x')");
-    let plan = physical_plan(&ctx, &chained).await;
-    let shown = displayable(plan.as_ref()).indent(true).to_string();
-    for part in [
+    let parts = [
         "strategy=chained: fft along [y] by whole lines",
         "first stage on the cluster's workers",
         "BroadcastExec",
-    ] {
-        assert!(shown.contains(part), "{part}:\n{shown}");
-    }
-    let reading = (shown.lines())
-        .find(|l| l.contains("FftExec:"))
-        .unwrap_or_else(|| panic!("no FftExec:\n{shown}"));
-    assert!(reading.contains("tasks=its stage's"), "{shown}");
-    let got = query_rows(&ctx, "chained on the workers", &chained).await;
-    assert_rows("chained on the workers", &got, &want);
-    drop(plan);
-    assert_eq!(work_left(&work), Vec::<String>::new());
+    ];
+    read_on_the_workers(&ctx, &chained, &parts, &want, &work).await;
 
     // The first stage's tasks through the codec.
     let alone = zarrfusion::new_context_with(session_config(), limited(limit));
@@ -2526,27 +2530,16 @@ async fn a_four_step_first_stage_and_the_stage_after_it_run_in_rounds_on_the_wor
     for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
         ctx.sql(set).await.unwrap();
     }
-    let plan = physical_plan(&ctx, &sql).await;
-    let shown = displayable(plan.as_ref()).indent(true).to_string();
-    for part in [
+    let parts = [
         "strategy=staged: along [y] by four-step",
         "AfterExec: after pass 1 of the first stage's four-step transform",
         "AfterExec: after pass 2 of the first stage's four-step transform",
         "FourStepPassExec: pass 1",
         "FftCopyTasksExec",
-    ] {
-        assert!(shown.contains(part), "{part}:\n{shown}");
-    }
+        "then along [x] by whole lines",
+    ];
+    let shown = read_on_the_workers(&ctx, &sql, &parts, &want, &work).await;
     assert_eq!(shown.matches("NetworkBroadcastExec").count(), 3, "{shown}");
-    let reading = (shown.lines())
-        .find(|l| l.contains("FftExec:"))
-        .unwrap_or_else(|| panic!("no FftExec:\n{shown}"));
-    assert!(reading.contains("then along [x] by whole lines"), "{shown}");
-    assert!(reading.contains("tasks=its stage's"), "{shown}");
-    let got = query_rows(&ctx, "rounds on the workers", &sql).await;
-    assert_rows("rounds on the workers", &got, &want);
-    drop(plan);
-    assert_eq!(work_left(&work), Vec::<String>::new());
 
     // A round after another through the codec: its blocks and what the
     // previous round is; its two inputs as children.
