@@ -190,8 +190,10 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
     """``rechunk(...)`` in 300 KB: the copy into the rechunked store runs on
     the two worker processes as a round of tasks per stage (through
     intermediate arrays), writing into the store the session made in its
-    work_dir; the session scans it and gets xarray's zonal means, and the
-    work_dir is empty once the query is done."""
+    work_dir, one round after the other; then the workers scan it (each
+    task once the last round's counts say every chunk is there) and the
+    answer is xarray's zonal means; the work_dir is empty once the query
+    is done."""
     demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
     work = tmp_path / "work"
     work.mkdir()
@@ -206,8 +208,9 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
         "GROUP BY lat"
     )
     distributed = _distributed_plan(ctx, sql)
-    assert "copied by the cluster's workers" in distributed, distributed
+    assert "copied and scanned by the cluster's workers" in distributed, distributed
     assert "round=0" in distributed and "round=1" in distributed and "Network" in distributed, distributed
+    assert "AfterExec: after round 1 of the rechunk" in distributed, distributed
     ds = xr.open_zarr(demo, chunks=None).load()
     # Sorted here: a sort in the session would want more than 300 KB.
     got = ctx.sql(sql).to_pandas().set_index("lat").sort_index()
@@ -216,6 +219,35 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
     assert got.index.tolist() == want_t.index.tolist()
     np.testing.assert_allclose(got["t"], want_t, rtol=1e-6)
     np.testing.assert_array_equal(got["v"], want_v)
+    assert list(work.iterdir()) == [], list(work.rglob("*"))
+
+
+def test_a_rechunk_joined_with_a_table_runs_on_the_workers_and_equals_xarray(workers, tmp_path):
+    """``rechunk(...)`` on one side of a hash join: its copy, its scan and
+    the join all run on the worker processes (before, the plan was refused:
+    the copy could run in the session only); the answer is xarray's."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    work = tmp_path / "work"
+    work.mkdir()
+    ctx = zf.SessionContext(
+        workers=workers,
+        config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)},
+    )
+    ctx.register_zarr("era5", demo)
+    sql = (
+        "SELECT a.lat, avg(b.u10 - a.t2m) AS d, count(*) AS n "
+        "FROM rechunk('era5', time => 96, lat => 4) a JOIN era5 b "
+        "ON a.time = b.time AND a.lat = b.lat AND a.lon = b.lon GROUP BY a.lat"
+    )
+    distributed = _distributed_plan(ctx, sql)
+    assert "copied and scanned by the cluster's workers" in distributed, distributed
+    assert "HashJoinExec" in distributed and "RechunkTasksExec" in distributed, distributed
+    ds = xr.open_zarr(demo, chunks=None).load()
+    got = ctx.sql(sql).to_pandas().set_index("lat").sort_index()
+    want = (ds.u10 - ds.t2m).mean(["time", "lon"]).to_series().sort_index()
+    assert got.index.tolist() == want.index.tolist()
+    np.testing.assert_allclose(got["d"], want, rtol=1e-5)
+    assert (got["n"] == ds.sizes["time"] * ds.sizes["lon"]).all()
     assert list(work.iterdir()) == [], list(work.rglob("*"))
 
 

@@ -106,7 +106,9 @@ use crate::array::fft::four_step::{FourStep, FourStepInput, FourStepPlan};
 use crate::array::fft::source::StoredStage;
 use crate::array::fft::staged::{ReceivedStage, StagedTransform};
 use crate::array::fft::{ArraySource, FftExec, FftOptions, FftTable, FourStepPassExec};
-use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkTasks, RechunkTasksExec};
+use crate::array::rechunk::{
+    PreparedRechunk, RechunkExec, RechunkOptions, RechunkTasks, RechunkTasksExec,
+};
 use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, Rolling, RollingParts};
 use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
@@ -386,6 +388,11 @@ enum Node {
     FourStepPass(FourStepPass),
     TransformCopy(TransformCopy),
     After(After),
+    /// A `rechunk(...)` whose copy and scan run on the workers
+    /// ([`RechunkExec::on_workers`]): the session's node keeps its stores
+    /// for the query, a worker runs its one input (the scan after the
+    /// copy's rounds) in its place.
+    Rechunked,
 }
 
 /// A round run after the previous one's counts ([`AfterExec`]): the blocks
@@ -411,6 +418,7 @@ impl Node {
             Self::FourStepPass(_) => "a four-step transform's pass",
             Self::TransformCopy(_) => "a COPY of a transform's blocks",
             Self::After(_) => "a round after another",
+            Self::Rechunked => "a rechunk(...) on the workers",
         }
     }
 }
@@ -1928,6 +1936,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
             Node::Merge(_) => 1,
             Node::Transform(t) => usize::from(t.staged.is_some()),
             Node::After(_) => 2,
+            Node::Rechunked => 1,
             _ => 0,
         };
         if !joins && inputs.len() != expected {
@@ -1958,6 +1967,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 let (before, then) = (Arc::clone(before), Arc::clone(then));
                 Ok(Arc::new(AfterExec::new(before, then, blocks, what)))
             }
+            Node::Rechunked => Ok(Arc::clone(&inputs[0])),
         }
     }
 
@@ -2029,6 +2039,15 @@ impl PhysicalExtensionCodec for ZarrCodec {
             });
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a COPY of a transform: {e}"));
+        }
+        if let Some(rechunk) = node.downcast_ref::<RechunkExec>() {
+            if !rechunk.is_on_workers() {
+                return not_impl_err!(
+                    "a rechunk(...) copied in the session cannot run on a cluster's workers"
+                );
+            }
+            return serde_json::to_writer(buf, &Node::Rechunked)
+                .map_err(|e| exec_datafusion_err!("encoding a rechunk(...): {e}"));
         }
         if let Some(after) = node.downcast_ref::<AfterExec>() {
             let encoded = Node::After(After {

@@ -10,10 +10,12 @@
 //! the target's chunks while the session stages and commits the target.
 //! A [`SelectionCopyExec`] (a COPY of a selection with computed variables)
 //! gets its blockwise round first, then its rechunk's
-//! ([`SelectionCopyExec::on_cluster`]); a `rechunk(...)`'s
-//! [`RechunkExec`] gets its copy's rounds beside its scan
-//! ([`RechunkExec::on_cluster`]), the workers writing into the rechunked
-//! store the session made in `work_dir`. An [`FftCopyExec`] (a COPY of a
+//! ([`SelectionCopyExec::on_cluster`]). A `rechunk(...)`'s [`RechunkExec`]
+//! runs all on the workers ([`rechunk_on_workers`]): its copy's rounds one
+//! after the other (writing into the rechunked store the session made in
+//! `work_dir`), then its scan, each task of which first runs the last
+//! round's counts ([`AfterExec`]), so that what is above the scan (a
+//! partial aggregate, a join's side) runs on the workers too. An [`FftCopyExec`] (a COPY of a
 //! transform) gets its blocks' tasks ([`FftCopyExec::on_cluster`]: a
 //! [`FftCopyTasksExec`](crate::array::fft::copy::FftCopyTasksExec) under
 //! the gathering of their counts), the workers writing whole chunks of the
@@ -21,10 +23,14 @@
 
 use std::sync::Arc;
 
+use datafusion::common::Result;
+use datafusion::physical_plan::ExecutionPlan;
+
 use crate::array::copy::selection::SelectionCopyExec;
 use crate::array::copy::whole::ArrayCopyExec;
 use crate::array::fft::FftCopyExec;
 use crate::array::rechunk::RechunkExec;
+use crate::distributed::barrier::{after_each_other, AfterExec};
 use crate::plan_methods::physical_bottom_up_rule;
 
 /// Runs the tasks of every `COPY` and `rechunk(...)` of a plan on the
@@ -40,10 +46,28 @@ physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
         return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));
     }
     if let Some(rechunk) = node.downcast_ref::<RechunkExec>() {
-        return Ok(rechunk.on_cluster()?.map(|r| Arc::new(r) as _));
+        return Ok(rechunk_on_workers(rechunk)?.map(|r| Arc::new(r) as _));
     }
     let Some(copy) = node.downcast_ref::<ArrayCopyExec>() else {
         return Ok(None);
     };
     Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _))
 });
+
+/// `rechunk` with its copy's rounds one after the other on the workers
+/// ([`after_each_other`]) and its scan after the last one: each of the
+/// scan's tasks runs that round's counts, broadcast, to their end and
+/// checks they add up to its tasks before it reads. `None` when it runs on
+/// the workers already.
+pub fn rechunk_on_workers(rechunk: &RechunkExec) -> Result<Option<RechunkExec>> {
+    let Some(rounds) = rechunk.cluster_rounds()? else {
+        return Ok(None);
+    };
+    let rounds = rounds.into_iter().map(|r| (r.leaf, r.tasks, r.what));
+    let scan = Arc::clone(rechunk.scan());
+    let read: Arc<dyn ExecutionPlan> = match after_each_other(rounds) {
+        Some((before, tasks, what)) => Arc::new(AfterExec::new(before, scan, tasks, what)),
+        None => scan,
+    };
+    Ok(Some(rechunk.on_workers(read)))
+}

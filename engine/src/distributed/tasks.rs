@@ -29,13 +29,9 @@ use crate::table::{ZarrScanExec, TASKS_OF_STAGE};
 
 /// The tasks a Zarr scan or a dense reduction's partial states want: one
 /// per `zarrfusion.bytes_per_task` of decoded bytes, at least one, at most
-/// one per block; one for a scan of a store only the session has (a
-/// `rechunk(...)`'s copy), whose stage then runs in the session.
+/// one per block.
 pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEventResponse>> {
     let (bytes, blocks) = if let Some(scan) = ev.plan.downcast_ref::<ZarrScanExec>() {
-        if scan.is_session_only() {
-            return Some(Ok(DesiredTaskCountEventResponse::desired(1)));
-        }
         (scan.decoded_bytes(), scan.read().blocks.num_blocks())
     } else if let Some(rechunk) = ev.plan.downcast_ref::<RechunkTasksExec>() {
         (rechunk.bytes_written(), rechunk.rechunk_tasks())

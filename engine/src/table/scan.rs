@@ -62,9 +62,6 @@ pub struct ZarrScanExec {
     tasks: usize,
     /// The small sides of the broadcast columns read: the scan's children.
     broadcasts: BroadcastInputs,
-    /// Whether it reads a store only the session's process has (see
-    /// [`Self::on_the_session`]).
-    session_only: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -103,24 +100,9 @@ impl ZarrScanExec {
             io_concurrency,
             tasks: 1,
             broadcasts: BroadcastInputs::default(),
-            session_only: false,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }
-    }
-
-    /// This scan as one that reads a store only the session's process has
-    /// when the scan runs (the copy a `rechunk(...)` makes as the query
-    /// starts): a cluster gives it one task, so that its stage runs in the
-    /// session rather than on a worker.
-    pub fn on_the_session(mut self) -> Self {
-        self.session_only = true;
-        self
-    }
-
-    /// Whether it runs in the session's process only.
-    pub fn is_session_only(&self) -> bool {
-        self.session_only
     }
 
     /// This scan reading the broadcast columns of `broadcasts` (their
@@ -155,7 +137,6 @@ impl ZarrScanExec {
             io_concurrency: self.io_concurrency,
             tasks,
             broadcasts: self.broadcasts.clone(),
-            session_only: self.session_only,
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }

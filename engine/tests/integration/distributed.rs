@@ -1707,10 +1707,11 @@ async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
 }
 
 /// A stage the workers would run holding a node that cannot travel (here
-/// `rechunk(...)`'s copy, which only the session runs, on one side of a
-/// hash join split among the workers) is refused while planning, naming
-/// the node, instead of leaving a worker waiting for its plan until its
-/// time-out (10 s, measured before the check); plans that travel still run.
+/// a four-step transform's output, which only the session reads, on one
+/// side of a hash join split among the workers) is refused while
+/// planning, naming the node, instead of leaving a worker waiting for its
+/// plan until its time-out (10 s, measured before the check); plans that
+/// travel still run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_stage_that_cannot_travel_is_refused_while_planning() {
     let dir = scratch("cluster-stage-check");
@@ -1718,13 +1719,15 @@ async fn a_worker_stage_that_cannot_travel_is_refused_while_planning() {
     let workers = start_workers(2).await;
     let ctx = cluster_session(&workers).await;
     ctx.sql(&set_work).await.unwrap();
+    ctx.sql("SET zarrfusion.fft_strategy = 'four_step'")
+        .await
+        .unwrap();
     let demo = repo_root().join("demo/era5.zarr");
     ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
         .await
         .unwrap();
-    let sql = "SELECT a.lat, count(*) FROM rechunk('era5', time => 48, lat => 11) a JOIN era5 b \
-               ON a.time = b.time AND a.lat = b.lat AND a.lon = b.lon AND b.t2m > a.t2m \
-               GROUP BY a.lat";
+    let sql = "SELECT a.freq_lat, count(*) FROM fft('era5', 't2m', dims => 'lat') a JOIN era5 b \
+               ON a.time = b.time AND a.lon = b.lon AND b.t2m > a.t2m['re'] GROUP BY a.freq_lat";
     let started = std::time::Instant::now();
     let planned = ctx.sql(sql).await.unwrap().create_physical_plan().await;
     let err = planned
@@ -1736,10 +1739,9 @@ async fn a_worker_stage_that_cannot_travel_is_refused_while_planning() {
         started.elapsed()
     );
     assert!(
-        err.contains(
-            "would run on the cluster's workers, but RechunkExec cannot run on a \
-                      cluster's workers yet"
-        ) && !err.contains("Plan:"),
+        err.contains("would run on the cluster's workers, but the transform of")
+            && err.contains("makes a store in work_dir first")
+            && !err.contains("Plan:"),
         "{err}"
     );
     // A query whose stages all travel plans and runs.
@@ -1805,10 +1807,21 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
         let shown = displayable(plan.as_ref()).indent(true).to_string();
         assert!(
             shown.contains("RechunkExec")
-                && shown.contains("copied by the cluster's workers")
+                && shown.contains("copied and scanned by the cluster's workers")
                 && shown.contains("RechunkTasksExec")
+                && shown.contains("AfterExec: after round")
+                && shown.contains("ZarrScanExec")
                 && shown.contains("tasks=2")
                 && shown.contains("Network"),
+            "{chunks}:\n{shown}"
+        );
+        // The scan (and the partial aggregate above it) runs in tasks on
+        // the workers, not in the session.
+        let scan_line = (shown.lines())
+            .find(|l| l.contains("ZarrScanExec"))
+            .unwrap_or_default();
+        assert!(
+            scan_line.contains("tasks=2") || scan_line.contains("tasks=its stage's"),
             "{chunks}:\n{shown}"
         );
         for round in 0..at_least_rounds {
@@ -1827,11 +1840,45 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
             "{chunks}: {:?}",
             work_left(&work)
         );
+
+        // Joined with a table: both sides split among the workers (before,
+        // refused while planning: the copy ran in the session only). Not
+        // in 300 KiB, where the other side's scan alone does not fit.
+        if memory.is_some() {
+            continue;
+        }
+        let joined = format!(
+            "SELECT a.lat, count(*) AS n, sum(b.u10 - a.t2m) AS d FROM rechunk('era5', {chunks}) \
+             a JOIN era5 b ON a.time = b.time AND a.lat = b.lat AND a.lon = b.lon AND \
+             b.t2m >= a.t2m GROUP BY a.lat"
+        );
+        let mut want = query_rows(&local, "joined without workers", &joined).await;
+        sort_rows(&mut want, 1);
+        let plan = physical_plan(&ctx, &joined).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(
+            shown.contains("copied and scanned by the cluster's workers")
+                && shown.contains("HashJoinExec"),
+            "{chunks}:\n{shown}"
+        );
+        let mut got = query_rows(&ctx, "joined with workers", &joined).await;
+        sort_rows(&mut got, 1);
+        assert_eq!(got.len(), 33, "{chunks}");
+        assert_close(&text(&got), &text(&want));
+        drop(plan);
+        assert!(
+            work_left(&work).is_empty(),
+            "{chunks}: {:?}",
+            work_left(&work)
+        );
     }
 
     // The copy's tasks through the codec: the same plan; a worker refuses
     // to write anywhere but a rechunk(...)'s store.
+    use datafusion::physical_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
     use zarrfusion::array::rechunk::{RechunkExec, RechunkTasksExec};
+    use zarrfusion::distributed::barrier::AfterExec;
+    use zarrfusion::distributed::copies::rechunk_on_workers;
     let ctx = new_context();
     (ctx.sql(&set_work).await).unwrap();
     (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
@@ -1848,13 +1895,19 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
         found.extend(node.children().into_iter().cloned());
     };
     let rechunk = rechunk.downcast_ref::<RechunkExec>().unwrap();
-    let on_cluster = rechunk
-        .on_cluster()
+    let on_workers = rechunk_on_workers(rechunk)
         .unwrap()
         .expect("its copy on the workers");
-    assert!(on_cluster.on_cluster().unwrap().is_none());
-    let gathered = on_cluster.children()[1];
-    let tasks = Arc::clone(gathered.children()[0]);
+    assert!(rechunk_on_workers(&on_workers).unwrap().is_none());
+    // The scan after the one round's counts, broadcast.
+    let after = on_workers.children()[0];
+    assert!(
+        after.downcast_ref::<AfterExec>().is_some(),
+        "{}",
+        after.name()
+    );
+    let broadcast = after.children()[0];
+    let tasks = Arc::clone(broadcast.children()[0]);
     let tasks = Arc::new(
         (tasks.downcast_ref::<RechunkTasksExec>())
             .expect("the copy's tasks")
@@ -1870,6 +1923,18 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
             == 1
     );
     through_codec(&ctx, &tasks);
+    // The session's node travels as its input: a worker runs the scan
+    // after the rounds in its place (the session keeps the stores).
+    let scan = Arc::clone(rechunk.children()[0]);
+    let recompute = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+    let kept = Arc::new(on_workers).replace_children(vec![Arc::clone(&scan)], recompute);
+    let kept = kept.unwrap();
+    let codec = ZarrCodec::default();
+    let bytes = physical_plan_to_bytes_with_extension_codec(kept, &codec).unwrap();
+    let back =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec).unwrap();
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    assert_eq!(show(&back), show(&scan));
     let wire = Wire::new(&ctx);
     let sent = wire.encode(Arc::clone(&tasks));
     assert_eq!(sent["target"]["kind"], "scratch", "{sent}");

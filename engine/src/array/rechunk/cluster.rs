@@ -283,16 +283,9 @@ impl ClusterRounds {
     pub(crate) fn plan(prepared: &Arc<PreparedRechunk>, staged: StagedTarget) -> Result<Self> {
         let work = (prepared.has_intermediates())
             .then(|| ScratchStore::name(prepared.work_dir(), "zarrfusion-rechunk", ""));
-        let tasks = Arc::new(prepared.cluster_tasks(work.as_ref())?);
-        let rounds = (0..prepared.rounds())
+        let rounds = (round_leaves(prepared, &staged, work.as_ref())?.into_iter())
             .map(|round| {
-                let exec = RechunkTasksExec::new(
-                    Arc::clone(&tasks),
-                    Arc::clone(prepared),
-                    staged.clone(),
-                    round,
-                );
-                Arc::new(CoalescePartitionsExec::new(Arc::new(exec))) as Arc<dyn ExecutionPlan>
+                Arc::new(CoalescePartitionsExec::new(round.leaf)) as Arc<dyn ExecutionPlan>
             })
             .collect();
         Ok(Self {
@@ -357,6 +350,41 @@ impl ClusterRounds {
         }
         Ok(())
     }
+}
+
+/// One round of a rechunk on a cluster: the leaf of its stage (a
+/// [`RechunkTasksExec`], whose tasks yield how many of the round's tasks
+/// they ran), the tasks they add up to, and what it is (in errors).
+pub(crate) struct Round {
+    /// The round's tasks.
+    pub(crate) leaf: Arc<dyn ExecutionPlan>,
+    /// How many tasks the round has.
+    pub(crate) tasks: u64,
+    /// What it is.
+    pub(crate) what: String,
+}
+
+/// The rounds of `prepared` in order, writing into `staged` and their
+/// intermediate arrays into the scratch store `work` (which must exist
+/// when they run).
+pub(crate) fn round_leaves(
+    prepared: &Arc<PreparedRechunk>,
+    staged: &StagedTarget,
+    work: Option<&StoreLocation>,
+) -> Result<Vec<Round>> {
+    let tasks = Arc::new(prepared.cluster_tasks(work)?);
+    Ok((0..prepared.rounds())
+        .map(|round| Round {
+            leaf: Arc::new(RechunkTasksExec::new(
+                Arc::clone(&tasks),
+                Arc::clone(prepared),
+                staged.clone(),
+                round,
+            )),
+            tasks: prepared.round_tasks(round),
+            what: format!("round {round} of the rechunk of {}", prepared.source()),
+        })
+        .collect())
 }
 
 /// Share `i` of `n` of tasks numbered in order, given as runs of

@@ -1220,16 +1220,18 @@ impl PreparedRechunk {
         out: &ReadableWritableListableStorage,
         cancelled: &AtomicBool,
     ) -> Result<RechunkSummary> {
-        self.copy_arrays(out, |_| true, cancelled)
+        self.copy_arrays(out, None, |_| true, cancelled)
     }
 
     /// [`copy_data`](Self::copy_data) for the arrays `which` accepts: the
     /// rounds a cluster runs ([`copy_task_run`](Self::copy_task_run)),
     /// every task of each in this process, each round's intermediate
-    /// arrays erased once the next round has read them.
+    /// arrays erased once the next round has read them (in `work` when
+    /// given, else in a scratch store of their own in `work_dir`).
     pub fn copy_arrays(
         &self,
         out: &ReadableWritableListableStorage,
+        work: Option<&ScratchStore>,
         which: impl Fn(&ArrayRechunk) -> bool,
         cancelled: &AtomicBool,
     ) -> Result<RechunkSummary> {
@@ -1237,15 +1239,16 @@ impl PreparedRechunk {
         let started = Instant::now();
         let arrays: Vec<ArrayRechunk> = self.arrays().filter(|a| which(a)).cloned().collect();
         let rounds = arrays.iter().map(|a| a.plan.stages.len()).max();
-        let scratch = match rounds.unwrap_or(0) > 1 {
-            true => Some(ScratchStore::create(
+        let own = match (rounds.unwrap_or(0) > 1, work) {
+            (true, None) => Some(ScratchStore::create(
                 &self.work_dir,
                 "zarrfusion-rechunk",
                 "",
                 &self.runtime,
             )?),
-            false => None,
+            _ => None,
         };
+        let scratch = own.as_ref().or(work);
         let mut summary = RechunkSummary {
             bytes_read: arrays.iter().map(|a| a.plan.bytes_read()).sum(),
             arrays,
@@ -1256,10 +1259,10 @@ impl PreparedRechunk {
         for round in 0..rounds.unwrap_or(0) {
             let run = (round, 0..self.round_tasks(round));
             let (counts, target_bytes) =
-                self.run_round(out, scratch.as_ref(), run, &which, None, cancelled)?;
+                self.run_round(out, scratch, run, &which, None, cancelled)?;
             summary.bytes_written += counts.bytes_written;
             summary.target_bytes += target_bytes;
-            if let Some(work) = &scratch {
+            if let Some(work) = scratch {
                 for read in self.read_by_round(round) {
                     work.erase(&read);
                 }

@@ -23,7 +23,6 @@ use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -52,13 +51,11 @@ use datafusion::sql::sqlparser::ast::TableFactor;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::{
-    fmt_array_plans, ArrayRechunk, ClusterRounds, PreparedRechunk, RechunkOptions, RechunkSummary,
-};
+use super::cluster::{round_leaves, Round};
+use super::{fmt_array_plans, ArrayRechunk, PreparedRechunk, RechunkOptions, RechunkSummary};
 use crate::plan_methods::{named_plan_methods, no_expressions_method};
 use crate::table::{
-    literal_text, open_dataset, zarr_source, TableFunctionCall, ZarrScanExec, ZarrTable,
-    ZarrTableOptions,
+    literal_text, open_dataset, zarr_source, TableFunctionCall, ZarrTable, ZarrTableOptions,
 };
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::target::StagedTarget;
@@ -237,8 +234,18 @@ impl TableProvider for RechunkTable {
         options.source_storage = grid.storage_options();
         let store = grid.store.clone();
         let chunks = self.chunks.clone();
-        let (prepared, guard) = {
+        // Only the variables the query reads are copied.
+        let schema = self.source.schema();
+        let variables: Vec<String> = match projection {
+            Some(columns) => columns
+                .iter()
+                .map(|&i| schema.field(i).name().clone())
+                .collect(),
+            None => schema.fields().iter().map(|f| f.name().clone()).collect(),
+        };
+        let (prepared, guard, work) = {
             let runtime = Arc::clone(&runtime);
+            let variables = variables.clone();
             tokio::task::spawn_blocking(move || {
                 let prepared = PreparedRechunk::new(&store, &chunks, &options, &runtime)?;
                 let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
@@ -246,8 +253,17 @@ impl TableProvider for RechunkTable {
                     ScratchStore::create(&work_dir, "zarrfusion-rechunked", ".zarr", &runtime)?;
                 prepared.write_metadata(scratch.storage())?;
                 // Coordinates now: opening the store reads them.
-                prepared.copy_arrays(scratch.storage(), is_coordinate, &AtomicBool::new(false))?;
-                Ok::<_, DataFusionError>((prepared, Arc::new(scratch)))
+                let coordinates = AtomicBool::new(false);
+                prepared.copy_arrays(scratch.storage(), None, is_coordinate, &coordinates)?;
+                let copied = prepared.retained(|a| copied(a, &variables));
+                // Made now (as the rechunked store is) so that a cluster's
+                // workers find it when their rounds run.
+                let work = (copied.has_intermediates())
+                    .then(|| {
+                        ScratchStore::create(copied.work_dir(), "zarrfusion-rechunk", "", &runtime)
+                    })
+                    .transpose()?;
+                Ok::<_, DataFusionError>((copied, Arc::new(scratch), work.map(Arc::new)))
             })
             .await
             .map_err(|e| {
@@ -274,29 +290,14 @@ impl TableProvider for RechunkTable {
             );
         }
         let scan = rechunked.scan(state, projection, filters, limit).await?;
-        // The copy is made by this process as the query starts: on a
-        // cluster the scan (and what is above it) stays here.
-        let scan = match scan.downcast_ref::<ZarrScanExec>() {
-            Some(zarr) => Arc::new(zarr.with_tasks(1).on_the_session()) as _,
-            None => scan,
-        };
-        // Only the variables the query reads are copied.
-        let schema = self.source.schema();
-        let variables = match projection {
-            Some(columns) => columns
-                .iter()
-                .map(|&i| schema.field(i).name().clone())
-                .collect(),
-            None => schema.fields().iter().map(|f| f.name().clone()).collect(),
-        };
         let job = Arc::new(CopyJob {
             prepared: Arc::new(prepared),
-            variables,
             store: guard,
+            work,
             cancelled: Arc::new(AtomicBool::new(false)),
             copy: OnceLock::new(),
         });
-        Ok(Arc::new(RechunkExec::new(job, scan, None)))
+        Ok(Arc::new(RechunkExec::new(job, scan, false)))
     }
 
     fn statistics(&self) -> Option<Statistics> {
@@ -320,12 +321,14 @@ type CopyOutcome = Result<Arc<RechunkSummary>, Arc<DataFusionError>>;
 
 /// The copy into the rechunked store, started once by whichever partition
 /// runs first. Dropping the job (the plan) cancels a copy in flight; the
-/// store's directory goes when both the plan and the copy are done with it.
+/// stores go when both the plan and the copy are done with them.
 struct CopyJob {
+    /// The rechunk of the arrays the query reads.
     prepared: Arc<PreparedRechunk>,
-    /// The columns the query reads: the arrays to copy.
-    variables: Vec<String>,
     store: Arc<ScratchStore>,
+    /// The scratch store of the intermediate arrays, when an array takes
+    /// more than one stage.
+    work: Option<Arc<ScratchStore>>,
     cancelled: Arc<AtomicBool>,
     copy: OnceLock<Shared<BoxFuture<'static, CopyOutcome>>>,
 }
@@ -346,38 +349,19 @@ impl Drop for CopyJob {
 }
 
 impl CopyJob {
-    /// Whether the copy includes `array` (coordinates were copied while planning).
-    fn copies(&self, array: &ArrayRechunk) -> bool {
-        copied(array, &self.variables)
-    }
-
-    /// The plans of the arrays the copy includes.
-    fn arrays(&self) -> impl Iterator<Item = &ArrayRechunk> {
-        self.prepared.arrays().filter(|a| self.copies(a))
-    }
-
     /// The most memory the copy's tasks hold together.
     fn projected_memory(&self) -> u64 {
-        self.arrays()
+        (self.prepared.arrays())
             .map(ArrayRechunk::projected_memory)
             .max()
             .unwrap_or(0)
     }
 
     /// Starts the copy unless it has started, and waits for it. The copy
-    /// reserves its projected memory in the session's memory pool; on a
-    /// cluster (`cluster`: its rounds) the workers copy and the session
-    /// holds nothing for it.
-    async fn run(
-        &self,
-        context: &Arc<TaskContext>,
-        cluster: Option<&ClusterRounds>,
-    ) -> Result<Arc<RechunkSummary>> {
+    /// reserves its projected memory in the session's memory pool.
+    async fn run(&self, context: &Arc<TaskContext>) -> Result<Arc<RechunkSummary>> {
         let copy = self.copy.get_or_init(|| {
-            let projected = match cluster {
-                Some(_) => 0,
-                None => self.projected_memory(),
-            };
+            let projected = self.projected_memory();
             let reservation = MemoryConsumer::new("RechunkExec").register(context.memory_pool());
             let reserved = reservation.try_grow(projected as usize).map_err(|e| {
                 Arc::new(DataFusionError::ResourcesExhausted(format!(
@@ -388,31 +372,15 @@ impl CopyJob {
                 )))
             });
             let prepared = Arc::clone(&self.prepared);
-            let store = Arc::clone(&self.store);
+            let (store, work) = (Arc::clone(&self.store), self.work.clone());
             let cancelled = Arc::clone(&self.cancelled);
-            let variables = self.variables.clone();
-            let (cluster, context) = (cluster.cloned(), Arc::clone(context));
-            let handle = reserved.and_then(|()| {
-                let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
-                    Arc::new(DataFusionError::Execution(format!(
-                        "RechunkExec needs a runtime: {e}"
-                    )))
-                })?;
-                Ok(tokio::task::spawn_blocking(move || {
-                    let summary = match cluster {
-                        Some(rounds) => {
-                            let started = Instant::now();
-                            (rounds.run(&runtime, &context, &cancelled, "the rechunk"))
-                                .map(|()| planned_summary(rounds.prepared(), started))
-                        }
-                        None => {
-                            let copies = |a: &ArrayRechunk| copied(a, &variables);
-                            prepared.copy_arrays(store.storage(), copies, &cancelled)
-                        }
-                    };
+            let handle = reserved.map(|()| {
+                tokio::task::spawn_blocking(move || {
+                    let work = work.as_deref();
+                    let summary = prepared.copy_arrays(store.storage(), work, |_| true, &cancelled);
                     drop(reservation);
                     summary
-                }))
+                })
             });
             async move {
                 let summary = handle?
@@ -428,83 +396,73 @@ impl CopyJob {
     }
 }
 
-/// What the rechunk `prepared` did by its plan, its rounds having run on
-/// a cluster's workers from `started`.
-fn planned_summary(prepared: &PreparedRechunk, started: Instant) -> RechunkSummary {
-    let arrays: Vec<ArrayRechunk> = prepared.arrays().cloned().collect();
-    RechunkSummary {
-        bytes_read: arrays.iter().map(|a| a.plan.bytes_read()).sum(),
-        bytes_written: arrays.iter().map(|a| a.plan.bytes_written()).sum(),
-        target_bytes: (arrays.iter())
-            .filter_map(|a| a.plan.stages.last())
-            .map(|s| s.bytes_written)
-            .sum(),
-        arrays,
-        seconds: started.elapsed().as_secs_f64(),
-    }
-}
-
 /// Copies the source into the rechunked store on first execution, then
 /// runs its child, the scan of the rechunked store.
 ///
-/// On a cluster ([`on_cluster`](Self::on_cluster)) the copy's tasks run on
-/// the workers as its other inputs, one per round of the rechunk
-/// ([`crate::array::rechunk::RechunkTasksExec`] under the gathering of
-/// their counts), writing into the rechunked store; its scan stays in the
-/// session.
+/// On a cluster ([`on_workers`](Self::on_workers)) the copy's tasks run on
+/// the workers in rounds, one per stage of the rechunk
+/// ([`crate::array::rechunk::RechunkTasksExec`]), writing into the
+/// rechunked store, and its scan runs there too once the last round is
+/// done (its child is then that scan after the rounds, which a
+/// `distributed` rule puts together). The node itself only keeps the
+/// stores for the query: a worker runs its child in its place.
 #[derive(Debug)]
 pub struct RechunkExec {
     job: Arc<CopyJob>,
     scan: Arc<dyn ExecutionPlan>,
-    /// On a cluster: the copy's rounds.
-    cluster: Option<ClusterRounds>,
+    /// Whether the copy and the scan run on a cluster's workers.
+    on_workers: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl RechunkExec {
-    fn new(
-        job: Arc<CopyJob>,
-        scan: Arc<dyn ExecutionPlan>,
-        cluster: Option<ClusterRounds>,
-    ) -> Self {
+    fn new(job: Arc<CopyJob>, scan: Arc<dyn ExecutionPlan>, on_workers: bool) -> Self {
         Self {
             job,
             properties: Arc::clone(scan.properties()),
             scan,
-            cluster,
+            on_workers,
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
 
-    /// This rechunk with its copy's rounds of tasks as inputs beside its
-    /// scan, to run on a cluster's workers (which write into the rechunked
-    /// store, in `work_dir`: every worker must reach it); `None` when they
-    /// already are or the query copies no array (it reads coordinates
-    /// only).
-    pub fn on_cluster(&self) -> Result<Option<Self>> {
-        if self.cluster.is_some() {
+    /// The copy's rounds on a cluster's workers (which write into the
+    /// rechunked store, in `work_dir`: every worker must reach it), in
+    /// order: each one's tasks, the tasks they add up to and what it is;
+    /// none when the query copies no array (it reads coordinates only),
+    /// `None` when this rechunk runs on the workers already.
+    pub(crate) fn cluster_rounds(&self) -> Result<Option<Vec<Round>>> {
+        if self.on_workers {
             return Ok(None);
         }
         let job = &self.job;
-        let prepared = Arc::new(job.prepared.retained(|a| job.copies(a)));
-        if prepared.rounds() == 0 {
-            return Ok(None);
-        }
         let staged = StagedTarget::Scratch {
             location: job.store.location().to_string(),
         };
-        let rounds = ClusterRounds::plan(&prepared, staged)?;
-        Ok(Some(Self::new(
-            Arc::clone(job),
-            Arc::clone(&self.scan),
-            Some(rounds),
-        )))
+        let work = job.work.as_ref().map(|w| w.location());
+        round_leaves(&job.prepared, &staged, work).map(Some)
+    }
+
+    /// The scan of the rechunked store.
+    pub fn scan(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.scan
+    }
+
+    /// This rechunk with its copy and scan on a cluster's workers: `read`
+    /// is its scan after the copy's rounds ([`Self::cluster_rounds`]).
+    pub fn on_workers(&self, read: Arc<dyn ExecutionPlan>) -> Self {
+        Self::new(Arc::clone(&self.job), read, true)
+    }
+
+    /// Whether the copy and the scan run on a cluster's workers.
+    pub fn is_on_workers(&self) -> bool {
+        self.on_workers
     }
 
     /// The plans of the arrays this query copies (the variables it reads).
     pub fn arrays(&self) -> impl Iterator<Item = &ArrayRechunk> {
-        self.job.arrays()
+        self.job.prepared.arrays()
     }
 }
 
@@ -517,11 +475,11 @@ impl DisplayAs for RechunkExec {
             prepared.source(),
             human_readable_size(self.job.projected_memory() as usize)
         )?;
-        fmt_array_plans(f, self.job.arrays())?;
+        fmt_array_plans(f, prepared.arrays())?;
         write!(f, "]")?;
-        match &self.cluster {
-            Some(_) => write!(f, ", copied by the cluster's workers"),
-            None => Ok(()),
+        match self.on_workers {
+            true => write!(f, ", copied and scanned by the cluster's workers"),
+            false => Ok(()),
         }
     }
 }
@@ -530,18 +488,15 @@ impl ExecutionPlan for RechunkExec {
     named_plan_methods!("RechunkExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        let rounds = self.cluster.iter().flat_map(|c| &c.rounds);
-        std::iter::once(&self.scan).chain(rounds).collect()
+        vec![&self.scan]
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false; self.children().len()]
+        vec![false]
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
-        let mut kept = vec![false; self.children().len()];
-        kept[0] = true;
-        kept
+        vec![true]
     }
 
     no_expressions_method!();
@@ -550,16 +505,11 @@ impl ExecutionPlan for RechunkExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let Some((scan, rounds)) = children.split_first() else {
-            return exec_err!("RechunkExec takes its scan and its rounds, got no child");
-        };
-        let cluster = match &self.cluster {
-            Some(cluster) => Some(cluster.with_rounds(rounds.to_vec())?),
-            None if rounds.is_empty() => None,
-            None => return exec_err!("RechunkExec takes one child, got {}", children.len()),
-        };
+        let [scan] = <[_; 1]>::try_from(children).map_err(|c| {
+            DataFusionError::Internal(format!("RechunkExec takes one child, got {}", c.len()))
+        })?;
         let job = Arc::clone(&self.job);
-        Ok(Arc::new(Self::new(job, Arc::clone(scan), cluster)))
+        Ok(Arc::new(Self::new(job, scan, self.on_workers)))
     }
 
     fn execute(
@@ -567,9 +517,21 @@ impl ExecutionPlan for RechunkExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        if self.on_workers {
+            // Run by the session, the rounds still run on the workers (the
+            // scan waits for them); the stream keeps the stores alive.
+            let keep = Arc::clone(&self.job);
+            let stream = self.scan.execute(partition, context)?.map(move |batch| {
+                let _stores = &keep;
+                batch
+            });
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                self.scan.schema(),
+                stream.boxed(),
+            )));
+        }
         let job = Arc::clone(&self.job);
         let scan = Arc::clone(&self.scan);
-        let cluster = self.cluster.clone();
         let bytes_read = MetricBuilder::new(&self.metrics).counter("bytes_read", partition);
         let bytes_written = MetricBuilder::new(&self.metrics).counter("bytes_written", partition);
         let copy_time = MetricBuilder::new(&self.metrics).subset_time("copy_time", partition);
@@ -579,7 +541,7 @@ impl ExecutionPlan for RechunkExec {
         let keep = Arc::clone(&self.job);
         let stream = futures::stream::once(async move {
             let timer = copy_time.timer();
-            let summary = job.run(&context, cluster.as_ref()).await?;
+            let summary = job.run(&context).await?;
             timer.done();
             // Counted once, by partition 0.
             if partition == 0 {
@@ -591,7 +553,7 @@ impl ExecutionPlan for RechunkExec {
         })
         .try_flatten()
         .map(move |batch| {
-            let _store = &keep.store;
+            let _stores = &keep;
             batch
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(

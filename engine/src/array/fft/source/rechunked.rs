@@ -114,7 +114,12 @@ impl RechunkedVariable {
             .get_or_init(|| {
                 let name = self.grid.variables[self.variable].name();
                 self.prepared
-                    .copy_arrays(self.scratch.storage(), |a| a.name == name, &self.cancelled)
+                    .copy_arrays(
+                        self.scratch.storage(),
+                        None,
+                        |a| a.name == name,
+                        &self.cancelled,
+                    )
                     .map(|_| ())
                     .map_err(|e| format!("rechunking '{}' into work_dir: {e}", self.store))
             })
