@@ -17,7 +17,8 @@
 //! first time any partition runs (the variables the query reads, through
 //! intermediate arrays when one pass does not fit) and then scans it. The
 //! directory is removed when the plan is dropped, and a plan dropped
-//! mid-copy cancels the copy.
+//! mid-copy cancels the copy. On a cluster the copy and the scan run on
+//! the workers ([`RechunkExec::on_workers`]).
 
 use std::any::Any;
 use std::fmt;
