@@ -445,6 +445,11 @@ struct Transform {
     /// (the chain is then the transform as asked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     staged: Option<Box<LaterStageRead>>,
+    /// For the output of a transform on the four-step path, read once its
+    /// passes ran on the workers: the plan and intermediates (the chain is
+    /// then the one transform).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    four_step: Option<Box<FourStepAt>>,
 }
 
 /// The stage after a staged transform's first as it travels (see
@@ -503,6 +508,15 @@ struct FourStepAt {
     io_concurrency: usize,
     /// Bytes each pass may read ahead.
     read_ahead: [usize; 2],
+}
+
+/// What a received transform reads after (its one input's counts).
+enum ReadAfter {
+    /// A staged transform's first stage, of so many blocks, stored in
+    /// this store.
+    FirstStage(Arc<dyn StoredStage>, u64),
+    /// The four-step path's passes.
+    Passes,
 }
 
 impl FourStepAt {
@@ -878,13 +892,27 @@ impl Transform {
         let table = exec.table();
         let blocks = exec.blocks();
         let shape = table.block_space();
-        let (chain, staged) = match LaterStageRead::of(exec)? {
-            Some((asked, read)) => (asked, Some(Box::new(read))),
-            None => (Chain::of(table)?, None),
+        let (chain, staged, four_step) = match (LaterStageRead::of(exec)?, table.four_step()) {
+            (Some((asked, read)), _) => (asked, Some(Box::new(read)), None),
+            (None, Some(four_step)) => {
+                let Some((grid, variable, options)) = table.four_step_chain() else {
+                    return not_impl_err!(
+                        "the transform of '{}' variable '{}' cannot run on a cluster's workers: \
+                         its path makes a store in work_dir first from a source made in the \
+                         session",
+                        table.source().store(),
+                        table.source().variable()
+                    );
+                };
+                let chain = Chain::of_variable(grid, variable, &[options])?;
+                (chain, None, Some(Box::new(FourStepAt::of(four_step))))
+            }
+            (None, None) => (Chain::of(table)?, None, None),
         };
         Ok(Self {
             chain,
             staged,
+            four_step,
             projection: blocks.projection,
             selection: blocks
                 .selection
@@ -1286,13 +1314,37 @@ impl ZarrCodec {
         inputs: &[Arc<dyn ExecutionPlan>],
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let (table, first_stage) = match t.staged {
-            Some(read) => {
+        let (table, first_stage) = match (t.staged, t.four_step) {
+            (Some(_), Some(_)) => {
+                return plan_err!(
+                    "a transform of {:?} sent as both a staged transform's later stage and a \
+                     four-step output",
+                    t.chain.variable
+                );
+            }
+            (Some(read), None) => {
                 let blocks = read.blocks;
                 let (table, stage) = self.later_stage_table(&t.chain, *read, ctx)?;
-                (table, Some((stage, blocks)))
+                (table, Some(ReadAfter::FirstStage(stage, blocks)))
             }
-            None => (self.transform_table(&t.chain, ctx)?, None),
+            (None, Some(at)) => {
+                if t.chain.transforms.len() != 1 {
+                    return plan_err!(
+                        "a four-step transform of {:?} sent as a chain of {} transforms",
+                        t.chain.variable,
+                        t.chain.transforms.len()
+                    );
+                }
+                let table = self.transform_table(&t.chain, ctx)?;
+                // Its passes run on the workers before it reads: this
+                // stage's input is the second pass's counts.
+                let four_step = open_four_step(&table, *at, ctx)?;
+                (
+                    table.with_four_step(Arc::new(four_step)),
+                    Some(ReadAfter::Passes),
+                )
+            }
+            (None, None) => (self.transform_table(&t.chain, ctx)?, None),
         };
         let store = table.source().store().to_string();
         check_counts(
@@ -1339,9 +1391,10 @@ impl ZarrCodec {
         };
         let exec = FftExec::with_blocks(&table, run, &config.device, memory_limit)?;
         Ok(Arc::new(match (first_stage, inputs) {
-            (Some((stage, blocks)), [input]) => {
+            (Some(ReadAfter::FirstStage(stage, blocks)), [input]) => {
                 exec.after_first_stage(Arc::clone(input), stage, blocks)
             }
+            (Some(ReadAfter::Passes), [input]) => exec.after_passes(Arc::clone(input)),
             _ => exec.with_tasks(t.tasks),
         }))
     }
@@ -1934,7 +1987,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
         let joins = matches!(node, Node::Scan(_) | Node::Reduction(_));
         let expected = match &node {
             Node::Merge(_) => 1,
-            Node::Transform(t) => usize::from(t.staged.is_some()),
+            Node::Transform(t) => usize::from(t.staged.is_some() || t.four_step.is_some()),
             Node::After(_) => 2,
             Node::Rechunked => 1,
             _ => 0,

@@ -42,8 +42,11 @@ physical_bottom_up_rule!(ClusterPasses, "zarrfusion_cluster_passes", |node, _| {
     Ok(Some(Arc::new(reading_on_cluster(&fft).unwrap_or(fft))))
 });
 
-/// `fft`, whose first stage [`FftExec::on_cluster`] put on the workers,
-/// with the stage after it on the workers too, when a worker can make it
+/// `fft` on the four-step path, whose passes [`FftExec::on_cluster`] put
+/// on the workers, with the passes one after the other there and its
+/// output read there too, each task once the second pass's counts say
+/// every block ran. `fft`, whose first stage [`FftExec::on_cluster`] put
+/// on the workers, with the stage after it on the workers too, when a worker can make it
 /// again ([`StagedTransform::later_stage_of`]): the first stage's rounds
 /// (its four-step passes, then its blocks) one after the other on the
 /// workers ([`after_each_other`]), the last one's counts broadcast to each
@@ -51,6 +54,11 @@ physical_bottom_up_rule!(ClusterPasses, "zarrfusion_cluster_passes", |node, _| {
 /// is stored. `None` otherwise (the session then runs the rounds in turn
 /// and reads the store).
 pub fn reading_on_cluster(fft: &FftExec) -> Option<FftExec> {
+    if let Some(passes) = fft.pass_rounds() {
+        let rounds = passes.into_iter().map(|r| (r.leaf, r.blocks, r.what));
+        let (input, _, _) = after_each_other(rounds)?;
+        return Some(fft.after_passes(input));
+    }
     StagedTransform::later_stage_of(fft.table())?;
     let (stage, _) = fft.first_stage()?;
     let rounds = fft.first_stage_rounds()?.into_iter();

@@ -1707,8 +1707,8 @@ async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
 }
 
 /// A stage the workers would run holding a node that cannot travel (here
-/// a four-step transform's output, which only the session reads, on one
-/// side of a hash join split among the workers) is refused while
+/// a detrended four-step transform, whose fit pass runs in the session
+/// only, on one side of a hash join split among the workers) is refused while
 /// planning, naming the node, instead of leaving a worker waiting for its
 /// plan until its time-out (10 s, measured before the check); plans that
 /// travel still run.
@@ -1726,8 +1726,9 @@ async fn a_worker_stage_that_cannot_travel_is_refused_while_planning() {
     ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
         .await
         .unwrap();
-    let sql = "SELECT a.freq_lat, count(*) FROM fft('era5', 't2m', dims => 'lat') a JOIN era5 b \
-               ON a.time = b.time AND a.lon = b.lon AND b.t2m > a.t2m['re'] GROUP BY a.freq_lat";
+    let sql = "SELECT a.freq_lat, count(*) FROM fft('era5', 't2m', dims => 'lat', detrend => \
+               'linear') a JOIN era5 b ON a.time = b.time AND a.lon = b.lon AND b.t2m > \
+               a.t2m['re'] GROUP BY a.freq_lat";
     let started = std::time::Instant::now();
     let planned = ctx.sql(sql).await.unwrap().create_physical_plan().await;
     let err = planned
@@ -2119,8 +2120,10 @@ async fn every_fft_case_gives_xrft_s_answer_through_two_workers() {
 
 /// A transform on the four-step path runs its two passes on the workers:
 /// a stage each (`FourStepPassExec`, its blocks dealt to tasks), writing
-/// the intermediates into the scratch store the session made in work_dir;
-/// the session reads the output once both are done. Every one-dimension
+/// the intermediates into the scratch store the session made in work_dir,
+/// the second after the first on the workers (`AfterExec`); the output is
+/// read there too, by tasks of its own once the second pass's counts are
+/// in, so a join above it is split among the workers. Every one-dimension
 /// case gives xrft's answer that way. A staged transform (several
 /// dimensions) and a chain whose inner transform is stored first run their
 /// first stage's passes and blocks on the workers (three stages), the rest
@@ -2154,9 +2157,14 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
                 "{name}:\n{shown}"
             );
             assert!(
-                shown.contains("passes on the cluster's workers"),
+                shown.contains("passes on the cluster's workers")
+                    && shown.contains("AfterExec: after pass 1 of the four-step transform"),
                 "{name}:\n{shown}"
             );
+            let fft_line = (shown.lines())
+                .find(|l| l.contains("FftExec"))
+                .unwrap_or_default();
+            assert!(fft_line.contains("tasks=its stage's"), "{name}:\n{shown}");
             assert!(shown.contains("Network"), "{name}:\n{shown}");
             // Each pass's blocks dealt to several tasks.
             for line in shown.lines().filter(|l| l.contains("FourStepPassExec")) {
@@ -2215,6 +2223,113 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
     let want = query_rows(&local, "power", sql).await;
     assert_eq!(want.len(), 9);
     assert_rows("power", &query_rows(&cluster, "power", sql).await, &want);
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    // Joined with a table: the spectrum is read on the workers, both sides
+    // of the join split among them (before, refused while planning: the
+    // session read the output); the rows of a session without workers.
+    let demo = repo_root().join("demo/era5.zarr");
+    for ctx in [&local, &cluster] {
+        (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+            .await)
+            .unwrap();
+    }
+    let sql = "SELECT a.freq_lat, count(*) AS n, sum(b.t2m * a.t2m['re']) AS s FROM fft('era5', \
+               't2m', dims => 'lat') a JOIN era5 b ON a.time = b.time AND a.lon = b.lon \
+               WHERE b.lat = 80 GROUP BY a.freq_lat ORDER BY a.freq_lat";
+    let shown = displayable(physical_plan(&cluster, sql).await.as_ref())
+        .indent(true)
+        .to_string();
+    assert!(
+        shown.contains("HashJoinExec") && shown.contains("AfterExec: after pass 1"),
+        "{shown}"
+    );
+    let want = query_rows(&local, "joined", sql).await;
+    assert_eq!(want.len(), 33);
+    assert_rows("joined", &query_rows(&cluster, "joined", sql).await, &want);
+    assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
+/// The output of a transform on the four-step path through the codec, as
+/// a worker receives it once the passes run on the workers: its input is
+/// the second pass's counts (the first pass run before it); the rows are
+/// those of the session's own transform. A worker refuses it as a chain
+/// of two transforms, with intermediates in a store that is not a four-step one, and without its
+/// input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_four_step_output_read_on_the_workers_round_trips_through_the_codec() {
+    std::env::set_current_dir(repo_root()).unwrap();
+    let dir = scratch("fft-four-step-output-codec");
+    let (work, set_work) = own_work_dir(&dir);
+    let alone = new_context();
+    for set in [
+        set_work.as_str(),
+        "SET zarrfusion.fft_strategy = 'four_step'",
+    ] {
+        alone.sql(set).await.unwrap();
+    }
+    let sql = "SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat')";
+    // The rows of the session's own transform (a plan of its own: its
+    // output read releases its intermediates).
+    let own = first_node::<FftExec>(physical_plan(&alone, sql).await);
+    let want = collect_partitioned(own, alone.task_ctx()).await.unwrap();
+    let fft = first_node::<FftExec>(physical_plan(&alone, sql).await);
+    let on_cluster = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+        .unwrap()
+        .expect("its passes on the workers");
+    let reading = reading_on_cluster(&on_cluster).expect("its output read on the workers");
+    let shown = displayable(&reading).indent(true).to_string();
+    assert!(
+        shown.contains("tasks=its stage's")
+            && shown.contains("AfterExec: after pass 1 of the four-step transform"),
+        "{shown}"
+    );
+    let wire = Wire::new(&alone);
+    let sent = wire.encode(Arc::new(reading));
+    assert_eq!(sent["node"], "transform", "{sent}");
+    assert!(sent["four_step"]["work"].is_string(), "{sent}");
+    // Pass 1 runs first (on the workers, the AfterExec below the input);
+    // the decoded output's input is pass 2's counts.
+    let task = alone.task_ctx();
+    let (pass1, pass2) = (on_cluster.children()[0], on_cluster.children()[1]);
+    let counted = collect_partitioned(Arc::clone(pass1), Arc::clone(&task)).await;
+    counted.unwrap();
+    let codec = ZarrCodec::default();
+    let decode = |sent: &Value, inputs: &[Arc<dyn ExecutionPlan>]| {
+        let bytes = sent.to_string();
+        codec.try_decode(bytes.as_bytes(), inputs, &alone.task_ctx(), &CONVERTER)
+    };
+    let back = decode(&sent, &[Arc::clone(pass2)]).unwrap();
+    let shown = displayable(back.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("tasks=its stage's") && shown.contains("passes on the cluster's workers"),
+        "{shown}"
+    );
+    let got = collect_partitioned(back, task).await.unwrap();
+    assert!(want.iter().flatten().map(|b| b.num_rows()).sum::<usize>() > 0);
+    assert_eq!(got, want);
+    let refused = |sent: &Value, inputs: &[Arc<dyn ExecutionPlan>], says: &str| {
+        let err = decode(sent, inputs).expect_err(says).to_string();
+        assert!(err.contains(says), "{says}: {err}");
+    };
+    let mut chain = sent.clone();
+    let transform = chain["transforms"][0].clone();
+    chain["transforms"] = Value::from(vec![transform.clone(), transform]);
+    refused(
+        &chain,
+        &[Arc::clone(pass2)],
+        "sent as a chain of 2 transforms",
+    );
+    let mut elsewhere = sent.clone();
+    elsewhere["four_step"]["work"] =
+        Value::from(work.join("zarrfusion-rechunked-1.zarr").to_string_lossy());
+    refused(
+        &elsewhere,
+        &[Arc::clone(pass2)],
+        "four-step transform's scratch store",
+    );
+    refused(&sent, &[], "has 1 inputs, got 0");
+    drop((fft, on_cluster));
     assert_eq!(work_left(&work), Vec::<String>::new());
 }
 

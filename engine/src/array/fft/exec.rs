@@ -457,6 +457,11 @@ pub struct FftExec {
     first_stage: Option<(Arc<dyn StoredStage>, StageCounts)>,
 }
 
+/// A four-step pass as errors name it.
+fn pass_name(pass: usize) -> String {
+    format!("pass {} of the four-step transform", pass + 1)
+}
+
 /// Per input of a first stage on a cluster, the blocks its tasks' counts
 /// add up to and what it is (for errors).
 type StageCounts = Vec<(u64, String)>;
@@ -645,6 +650,40 @@ impl FftExec {
                 })
             })
             .collect()
+    }
+
+    /// The two passes [`Self::on_cluster`] put on a cluster's workers for
+    /// the four-step path, in order: each pass's leaf (its tasks each
+    /// yield how many blocks they ran), the blocks their counts add up to
+    /// and what it is. `None` for other paths, or when they already run
+    /// one after the other on the workers.
+    pub fn pass_rounds(&self) -> Option<Vec<ClusterStep>> {
+        let four_step = self.job.table.four_step()?;
+        if self.first_stage.is_some() || self.inputs.len() != 2 {
+            return None;
+        }
+        (self.inputs.iter().enumerate())
+            .map(|(pass, gathered)| {
+                let leaf = gathered.downcast_ref::<CoalescePartitionsExec>()?.input();
+                Some(ClusterStep {
+                    leaf: Arc::clone(leaf),
+                    blocks: four_step.pass_tasks(pass),
+                    what: pass_name(pass),
+                })
+            })
+            .collect()
+    }
+
+    /// This transform on the four-step path reading its output on a
+    /// cluster's workers once `input` (the second pass's counts, that pass
+    /// run after the first on the workers) says every block of the last
+    /// pass ran, its own blocks dealt to the tasks of its stage.
+    pub fn after_passes(&self, input: Arc<dyn ExecutionPlan>) -> Self {
+        Self {
+            inputs: vec![input],
+            first_stage: None,
+            ..self.with_tasks(TASKS_OF_STAGE)
+        }
     }
 
     /// This transform, the stage after a staged transform's first as a
@@ -949,9 +988,13 @@ impl ExecutionPlan for FftExec {
                     .map_err(failed)?,
                 (Some((handle, passes, context)), None, Some(four_step)) => four_step
                     .ensure_done_by(|| {
-                        for (pass, input) in passes.into_iter().enumerate() {
+                        // Both passes' counts, run in turn; or the second
+                        // pass's only, the first run before it on the
+                        // workers (`after_passes`).
+                        let first = 2usize.saturating_sub(passes.len());
+                        for (pass, input) in (first..).zip(passes) {
                             let blocks = four_step.pass_tasks(pass);
-                            let what = format!("pass {} of the four-step transform", pass + 1);
+                            let what = pass_name(pass);
                             run_cluster_tasks(
                                 &handle,
                                 input,
