@@ -414,10 +414,12 @@ def test_transforms_run_on_the_workers_and_equal_xrft(workers):
 
 def test_four_step_passes_run_on_the_workers_and_equal_xrft(workers, tmp_path):
     """An FFT along ``lat`` by the four-step path: its two passes run on the
-    two worker processes, a stage each, writing into the scratch store the
-    session made in ``work_dir`` (a directory every worker sees); the
-    session reads the output. The values are xrft's, and nothing is left
-    in ``work_dir``."""
+    two worker processes, a stage each, one after the other, writing into
+    the scratch store the session made in ``work_dir`` (a directory every
+    worker sees); the output is read there too, once the second pass's
+    counts are in. The values are xrft's; joined with the grid, the join
+    runs on the workers and its sums are xrft's spectrum's; nothing is
+    left in ``work_dir``."""
     from test_fft import FFT, close, expected
 
     work = tmp_path / "work"
@@ -432,7 +434,25 @@ def test_four_step_passes_run_on_the_workers_and_equal_xrft(workers, tmp_path):
     distributed = _distributed_plan(ctx, sql)
     assert distributed.count("FourStepPassExec: pass") == 2, distributed
     assert "passes on the cluster's workers" in distributed and "Network" in distributed, distributed
+    assert "AfterExec: after pass 1 of the four-step transform" in distributed, distributed
     close(ctx.sql(sql).to_xarray(dims=["time", "freq_lat", "lon"])["z"], expected("lat_f64"), 1e-9)
+    assert list(work.iterdir()) == []
+
+    grid = xr.open_zarr(FFT / "data" / "grid.zarr", consolidated=False).load()
+    lat0 = float(grid.lat[0])
+    ctx.register_zarr("grid", FFT / "data" / "grid.zarr")
+    joined = (
+        f"SELECT a.freq_lat, sum(b.z * a.z['re']) AS s FROM fft('{FFT / 'data' / 'grid.zarr'}', 'z', "
+        f"dims => 'lat') a JOIN grid b ON a.time = b.time AND a.lon = b.lon WHERE b.lat = {lat0} "
+        "GROUP BY a.freq_lat"
+    )
+    distributed = _distributed_plan(ctx, joined)
+    assert "HashJoinExec" in distributed and "AfterExec: after pass 1" in distributed, distributed
+    got = ctx.sql(joined).to_pandas().set_index("freq_lat").sort_index()["s"]
+    spectrum = expected("lat_f64")
+    want = (grid.z.isel(lat=0) * spectrum.real).sum(["time", "lon"]).to_series().sort_index()
+    np.testing.assert_allclose(got.index.values, want.index.values.astype(float), rtol=1e-9)
+    np.testing.assert_allclose(got.values, want.values, rtol=1e-9, atol=1e-9 * float(np.abs(want).max()))
     assert list(work.iterdir()) == []
 
 
