@@ -251,6 +251,49 @@ def test_a_rechunk_joined_with_a_table_runs_on_the_workers_and_equals_xarray(wor
     assert list(work.iterdir()) == [], list(work.rglob("*"))
 
 
+def test_a_rechunk_from_a_bucket_through_a_work_dir_in_it_runs_on_the_workers(workers):
+    """``rechunk(...)`` of a store in an S3 bucket with the work_dir in the
+    bucket too, in 300 KB (through intermediate arrays): the workers read
+    the source, write the intermediate arrays and the rechunked store into
+    the bucket one round after the other, then scan it there for the
+    ``GROUP BY``; the answer is xarray's and nothing is left under the
+    work_dir."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    server = s3_server.start({"era5.zarr": demo}, bucket="rechunked")
+    try:
+        ctx = zf.SessionContext(
+            workers=workers,
+            allowed_mem="300KB",
+            config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": "s3://rechunked/work"},
+        )
+        ctx.register_zarr("era5", "s3://rechunked/era5.zarr", **server.options())
+        sql = (
+            "SELECT lat, avg(t2m) AS t, min(v10) AS v FROM rechunk('era5', time => 96, lat => 1, lon => 2) "
+            "GROUP BY lat"
+        )
+        distributed = _distributed_plan(ctx, sql)
+        assert "copied and scanned by the cluster's workers" in distributed, distributed
+        assert "AfterExec: after round 1 of the rechunk" in distributed, distributed
+        assert "s3://rechunked/work/zarrfusion-rechunked-" in distributed, distributed
+        ds = xr.open_zarr(demo, chunks=None).load()
+        got = ctx.sql(sql).to_pandas().set_index("lat").sort_index()
+        want_t = ds.t2m.mean(["time", "lon"]).to_series().sort_index()
+        want_v = ds.v10.min(["time", "lon"]).to_series().sort_index()
+        assert got.index.tolist() == want_t.index.tolist()
+        np.testing.assert_allclose(got["t"], want_t, rtol=1e-6)
+        np.testing.assert_array_equal(got["v"], want_v)
+        del ctx
+        import gc
+
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while server.keys("work/") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.keys("work/") == [], server.keys("work/")
+    finally:
+        server.stop()
+
+
 def test_an_anomaly_broadcasts_its_climatology_to_the_workers_and_equals_xarray(workers):
     """A monthly anomaly's zonal mean over the demo store: the climatology
     (a ``GROUP BY`` of its own, on the workers) runs once as a stage and its

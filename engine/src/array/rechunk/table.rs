@@ -21,6 +21,7 @@
 //! the workers ([`RechunkExec::on_workers`]).
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -60,6 +61,7 @@ use crate::table::{
 };
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::target::StagedTarget;
+use crate::zarr::StoreLocation;
 
 /// Plans `rechunk(...)` in `FROM` clauses.
 #[derive(Debug)]
@@ -276,6 +278,13 @@ impl TableProvider for RechunkTable {
             dims: Some(dims),
             // A scratch store is opened once: nothing to keep for later.
             open_cache: Some(false),
+            // In the source's bucket, with its client's options: what a
+            // cluster's worker opens the store with (it may not have met
+            // the bucket's client yet when it does).
+            storage: match same_bucket(guard.location(), &grid.store) {
+                true => grid.storage_options(),
+                false => HashMap::new(),
+            },
             ..ZarrTableOptions::default()
         };
         let location = guard.location().to_string();
@@ -303,6 +312,17 @@ impl TableProvider for RechunkTable {
 
     fn statistics(&self) -> Option<Statistics> {
         self.source.statistics()
+    }
+}
+
+/// Whether `location` is in the bucket of the store at `store` (both
+/// object-store URLs of one scheme and authority).
+fn same_bucket(location: &StoreLocation, store: &str) -> bool {
+    match (location, StoreLocation::parse(store)) {
+        (StoreLocation::Remote(a), Ok(StoreLocation::Remote(b))) => {
+            a.scheme() == b.scheme() && a.authority() == b.authority()
+        }
+        _ => false,
     }
 }
 
