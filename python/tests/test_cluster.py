@@ -203,13 +203,21 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
         config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)},
     )
     ctx.register_zarr("era5", demo)
+    distributed = _rechunked_zonal_means(ctx, demo)
+    assert "round=0" in distributed and "round=1" in distributed and "Network" in distributed, distributed
+    assert list(work.iterdir()) == [], list(work.rglob("*"))
+
+
+def _rechunked_zonal_means(ctx: zf.SessionContext, demo: pathlib.Path) -> str:
+    """Checks that the zonal means of ``t2m`` and ``v10`` over ``era5`` read
+    in chunks of (96, 1, 2), in 300 KB, run in rounds then a scan on the
+    workers, and are xarray's; gives the distributed plan."""
     sql = (
         "SELECT lat, avg(t2m) AS t, min(v10) AS v FROM rechunk('era5', time => 96, lat => 1, lon => 2) "
         "GROUP BY lat"
     )
     distributed = _distributed_plan(ctx, sql)
     assert "copied and scanned by the cluster's workers" in distributed, distributed
-    assert "round=0" in distributed and "round=1" in distributed and "Network" in distributed, distributed
     assert "AfterExec: after round 1 of the rechunk" in distributed, distributed
     ds = xr.open_zarr(demo, chunks=None).load()
     # Sorted here: a sort in the session would want more than 300 KB.
@@ -219,7 +227,7 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
     assert got.index.tolist() == want_t.index.tolist()
     np.testing.assert_allclose(got["t"], want_t, rtol=1e-6)
     np.testing.assert_array_equal(got["v"], want_v)
-    assert list(work.iterdir()) == [], list(work.rglob("*"))
+    return distributed
 
 
 def test_a_rechunk_joined_with_a_table_runs_on_the_workers_and_equals_xarray(workers, tmp_path):
@@ -267,21 +275,8 @@ def test_a_rechunk_from_a_bucket_through_a_work_dir_in_it_runs_on_the_workers(wo
             config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": "s3://rechunked/work"},
         )
         ctx.register_zarr("era5", "s3://rechunked/era5.zarr", **server.options())
-        sql = (
-            "SELECT lat, avg(t2m) AS t, min(v10) AS v FROM rechunk('era5', time => 96, lat => 1, lon => 2) "
-            "GROUP BY lat"
-        )
-        distributed = _distributed_plan(ctx, sql)
-        assert "copied and scanned by the cluster's workers" in distributed, distributed
-        assert "AfterExec: after round 1 of the rechunk" in distributed, distributed
+        distributed = _rechunked_zonal_means(ctx, demo)
         assert "s3://rechunked/work/zarrfusion-rechunked-" in distributed, distributed
-        ds = xr.open_zarr(demo, chunks=None).load()
-        got = ctx.sql(sql).to_pandas().set_index("lat").sort_index()
-        want_t = ds.t2m.mean(["time", "lon"]).to_series().sort_index()
-        want_v = ds.v10.min(["time", "lon"]).to_series().sort_index()
-        assert got.index.tolist() == want_t.index.tolist()
-        np.testing.assert_allclose(got["t"], want_t, rtol=1e-6)
-        np.testing.assert_array_equal(got["v"], want_v)
         del ctx
         import gc
 
@@ -510,20 +505,11 @@ def test_a_staged_transform_s_first_stage_runs_on_the_workers_and_equals_numpy(w
     spectrum is numpy's ``fft2`` shifted as xrft shifts it (coordinates from
     0 by 1, so xrft's phase and amplitude factors are 1), and nothing is
     left in ``work_dir``."""
-    data = np.random.default_rng(7).standard_normal((2, 1024, 512))
-    store = tmp_path / "planes.zarr"
-    coords = {"t": [0.0, 1.0], "y": np.arange(1024.0), "x": np.arange(512.0)}
-    xr.Dataset({"v": (("t", "y", "x"), data)}, coords=coords).to_zarr(
-        store, encoding={"v": {"chunks": (1, 1024, 32), "compressors": None}}, zarr_format=3, consolidated=False
-    )
+    data, store = _planes(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
-    # A plane needs over 20 MB, more than half of what the limit leaves
-    # beside the kernel's threads; half the limit holds them and blocks of
-    # whole lines of y.
-    kernel = (os.cpu_count() or 1) * 3 * 16384 * 16
     config = {"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)}
-    ctx = zf.SessionContext(workers=workers, allowed_mem=2 * kernel + 24 * 2**20, config=config)
+    ctx = zf.SessionContext(workers=workers, allowed_mem=_PLANES_MEMORY, config=config)
     sql = f"SELECT * FROM fft('{store}', 'v', dims => 'y,x')"
     distributed = _distributed_plan(ctx, sql)
     for part in ["strategy=staged: along [y] by whole lines", "first stage on the cluster's workers", "Network"]:
@@ -531,14 +517,66 @@ def test_a_staged_transform_s_first_stage_runs_on_the_workers_and_equals_numpy(w
     assert "FftCopyTasksExec" in distributed and "tasks=2" in distributed, distributed
     reading = next(line for line in distributed.splitlines() if "FftExec:" in line)
     assert "tasks=its stage's" in reading and "NetworkBroadcastExec" in distributed, distributed
-    got = ctx.sql(sql).to_xarray(dims=["t", "freq_y", "freq_x"])["v"]
+    _assert_fft2(ctx.sql(sql).to_xarray(dims=["t", "freq_y", "freq_x"])["v"], data)
+    assert list(work.iterdir()) == []
+
+
+def test_a_staged_transform_from_a_bucket_through_a_work_dir_in_it_runs_on_the_workers(workers, tmp_path):
+    """The same staged FFT with the store and the work_dir in an S3
+    bucket: the workers read the store, store the first stage in the
+    bucket and read it back for the later stage; numpy's ``fft2``, and
+    nothing is left under the work_dir."""
+    data, store = _planes(tmp_path)
+    server = s3_server.start({"planes.zarr": store}, bucket="staged")
+    try:
+        config = {"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": "s3://staged/work"}
+        ctx = zf.SessionContext(workers=workers, allowed_mem=_PLANES_MEMORY, config=config)
+        ctx.register_zarr("planes", "s3://staged/planes.zarr", **server.options())
+        sql = "SELECT * FROM fft('planes', 'v', dims => 'y,x')"
+        distributed = _distributed_plan(ctx, sql)
+        assert "first stage on the cluster's workers" in distributed, distributed
+        assert "s3://staged/work/zarrfusion-fft-staged-" in distributed, distributed
+        _assert_fft2(ctx.sql(sql).to_xarray(dims=["t", "freq_y", "freq_x"])["v"], data)
+        del ctx
+        import gc
+
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while server.keys("work/") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.keys("work/") == [], server.keys("work/")
+    finally:
+        server.stop()
+
+
+# A plane needs over 20 MB, more than half of what this limit leaves beside
+# the kernel's threads; half the limit holds them and blocks of whole lines
+# of y.
+_PLANES_MEMORY = 2 * (os.cpu_count() or 1) * 3 * 16384 * 16 + 24 * 2**20
+
+
+def _planes(tmp_path: pathlib.Path) -> tuple[np.ndarray, pathlib.Path]:
+    """Random planes ``v`` over (t 2, y 1024, x 512), float64, in chunks of
+    (1, 1024, 32), coordinates from 0 by 1, written by xarray: the values
+    and the store."""
+    data = np.random.default_rng(7).standard_normal((2, 1024, 512))
+    store = tmp_path / "planes.zarr"
+    coords = {"t": [0.0, 1.0], "y": np.arange(1024.0), "x": np.arange(512.0)}
+    xr.Dataset({"v": (("t", "y", "x"), data)}, coords=coords).to_zarr(
+        store, encoding={"v": {"chunks": (1, 1024, 32), "compressors": None}}, zarr_format=3, consolidated=False
+    )
+    return data, store
+
+
+def _assert_fft2(got: xr.DataArray, data: np.ndarray) -> None:
+    """``got`` is numpy's ``fft2`` of ``data`` along its last two axes,
+    shifted as xrft shifts it (coordinates from 0 by 1, so xrft's phase and
+    amplitude factors are 1)."""
     want = np.fft.fftshift(np.fft.fft2(data, axes=(1, 2)), axes=(1, 2))
     freqs = {d: np.fft.fftshift(np.fft.fftfreq(n)) for d, n in [("freq_y", 1024), ("freq_x", 512)]}
     for d, f in freqs.items():
         np.testing.assert_allclose(got[d].values, f, rtol=0, atol=1e-12)
     np.testing.assert_allclose(got.values, want, rtol=0, atol=1e-9 * np.abs(want).max())
-    del got
-    assert list(work.iterdir()) == []
 
 
 def test_a_copy_of_a_transform_is_written_by_the_workers_and_equals_xrft(workers, tmp_path):
