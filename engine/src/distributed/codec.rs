@@ -450,6 +450,11 @@ struct Transform {
     /// then the one transform).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     four_step: Option<Box<FourStepAt>>,
+    /// For a transform reading a rechunked copy of its variable, made by
+    /// the workers before (the chain is then the one transform of the
+    /// variable as stored): where the copy is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rechunked: Option<String>,
 }
 
 /// The stage after a staged transform's first as it travels (see
@@ -890,8 +895,15 @@ impl LaterStageRead {
 impl Transform {
     fn of(exec: &FftExec) -> Result<Self> {
         let table = exec.table();
-        let blocks = exec.blocks();
-        let shape = table.block_space();
+        if let ArraySource::Rechunked(copy) = table.source() {
+            let source = &copy.source;
+            let name = table.source().variable();
+            let Some(variable) = source.variables.iter().position(|v| v.name() == name) else {
+                return internal_err!("the rechunked copy of {} lacks '{name}'", source.store);
+            };
+            let chain = Chain::of_variable(source, variable, &[&table.transform().options])?;
+            return Ok(Self::with(exec, chain, None, None, Some(copy.location())));
+        }
         let (chain, staged, four_step) = match (LaterStageRead::of(exec)?, table.four_step()) {
             (Some((asked, read)), _) => (asked, Some(Box::new(read)), None),
             (None, Some(four_step)) => {
@@ -909,10 +921,27 @@ impl Transform {
             }
             (None, None) => (Chain::of(table)?, None, None),
         };
-        Ok(Self {
+        Ok(Self::with(exec, chain, staged, four_step, None))
+    }
+
+    /// `exec`'s blocks as they travel, reading `chain` (through the later
+    /// stage `staged`, the four-step path `four_step` or the rechunked
+    /// copy at `rechunked`, when given).
+    fn with(
+        exec: &FftExec,
+        chain: Chain,
+        staged: Option<Box<LaterStageRead>>,
+        four_step: Option<Box<FourStepAt>>,
+        rechunked: Option<String>,
+    ) -> Self {
+        let table = exec.table();
+        let blocks = exec.blocks();
+        let shape = table.block_space();
+        Self {
             chain,
             staged,
             four_step,
+            rechunked,
             projection: blocks.projection,
             selection: blocks
                 .selection
@@ -923,7 +952,7 @@ impl Transform {
             batch_size: blocks.batch_size,
             io_concurrency: blocks.io_concurrency,
             tasks: exec.tasks(),
-        })
+        }
     }
 }
 
@@ -1257,6 +1286,67 @@ impl ZarrCodec {
         FftTable::of_chain(grid, variable, transforms)
     }
 
+    /// A transform reading a rechunked copy of its variable received by a
+    /// worker (its copy made by the workers' rounds before it reads): the
+    /// transform of `chain` (one, of the variable as stored) made again
+    /// with SQL's checks, reading the copy at `location`, which must be a
+    /// rechunk's store the worker's `allowed_locations` permit holding the
+    /// variable in the source's shape; the coordinates are the source's.
+    fn rechunked_copy(&self, chain: &Chain, location: &str, ctx: &TaskContext) -> Result<FftTable> {
+        if chain.transforms.len() != 1 {
+            return plan_err!(
+                "a transform of a rechunked copy of {:?} sent as a chain of {} transforms",
+                chain.variable,
+                chain.transforms.len()
+            );
+        }
+        let table = self.transform_table(chain, ctx)?;
+        let Some((source, variable)) = table.source().stored() else {
+            return internal_err!(
+                "a transform of {:?} reads no stored variable",
+                chain.variable
+            );
+        };
+        let store = source.store.clone();
+        let options =
+            RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
+        let what = ("zarrfusion-rechunked-", "a rechunked copy");
+        check_scratch(location, what, &options, &store)?;
+        let dims: Vec<String> = source.dims.iter().map(|d| d.name.clone()).collect();
+        let parsed = StoreLocation::parse(location)?;
+        let opening = ZarrTableOptions {
+            dims: Some(dims.clone()),
+            open_cache: Some(false),
+            storage: match parsed.in_bucket_of(&store) {
+                true => source.storage_options(),
+                false => HashMap::new(),
+            },
+            allowed: ZarrConfig::of(ctx.session_config().options()).allowed()?,
+            ..ZarrTableOptions::default()
+        };
+        let runtime = ctx.runtime_env();
+        let copy = open_dataset_blocking(location, &opening, &runtime)?
+            .table(Some(&dims))?
+            .with_dimensions(source.dims.clone())?;
+        let name = source.variables[variable].name();
+        let stored = &source.variables[variable];
+        let Some(index) = copy.variables.iter().position(|v| v.name() == name) else {
+            return plan_err!("the rechunked copy '{location}' of {store} lacks '{name}'");
+        };
+        let copied = &copy.variables[index];
+        if copied.shape() != stored.shape() || copied.data_type() != stored.data_type() {
+            return plan_err!(
+                "the rechunked copy '{location}' holds '{name}' otherwise than {store} does \
+                 (shape {:?} of {}, not {:?} of {})",
+                copied.shape(),
+                copied.data_type(),
+                stored.shape(),
+                stored.data_type()
+            );
+        }
+        Ok(table.reading_copy(Arc::new(copy), index))
+    }
+
     /// The stage after a staged transform's first received by a worker
     /// (the transform as asked, `asked`): the first stage made again, its
     /// output opened from the store `read` names, which must be a staged
@@ -1314,6 +1404,9 @@ impl ZarrCodec {
         inputs: &[Arc<dyn ExecutionPlan>],
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        // A read after a first stage, the passes or a copy's rounds may
+        // take its tasks from its stage.
+        let of_stage = t.staged.is_some() || t.four_step.is_some() || t.rechunked.is_some();
         let (table, first_stage) = match (t.staged, t.four_step) {
             (Some(_), Some(_)) => {
                 return plan_err!(
@@ -1344,20 +1437,17 @@ impl ZarrCodec {
                     Some(ReadAfter::Passes),
                 )
             }
-            (None, None) => (self.transform_table(&t.chain, ctx)?, None),
+            (None, None) => match t.rechunked {
+                Some(location) => (self.rechunked_copy(&t.chain, &location, ctx)?, None),
+                None => (self.transform_table(&t.chain, ctx)?, None),
+            },
         };
         let store = table.source().store().to_string();
         check_counts(
             &format!("a transform of {store}"),
             &[
                 ("partitions", t.partitions, MAX_PARTITIONS),
-                // A later stage's blocks are dealt to the tasks of its
-                // stage, whatever it says.
-                (
-                    "tasks",
-                    t.tasks.max(usize::from(first_stage.is_some())),
-                    MAX_TASKS,
-                ),
+                ("tasks", t.tasks.max(usize::from(of_stage)), MAX_TASKS),
                 ("batch_size", t.batch_size, MAX_BATCH_ROWS),
             ],
         )?;

@@ -18,13 +18,17 @@
 //! stored output once every block is there; a first stage on the
 //! four-step path runs its rounds (two passes, then its blocks) one after
 //! the other on the workers for it ([`super::barrier`]). Transforms by
-//! whole lines need no rule: their `FftExec` is a stage's leaf itself.
+//! whole lines need no rule: their `FftExec` is a stage's leaf itself. A
+//! transform reading a rechunked copy of its variable (when a block of
+//! whole lines in the store's chunks does not fit) gets the copy's rounds
+//! on the workers and reads the copy there ([`reading_copy_on_cluster`]).
 
 use std::sync::Arc;
 
 use crate::array::fft::staged::StagedTransform;
 use crate::array::fft::FftExec;
-use crate::distributed::barrier::after_each_other;
+use crate::array::rechunk::cluster::Round;
+use crate::distributed::barrier::{after_each_other, AfterExec};
 use crate::plan_methods::physical_bottom_up_rule;
 
 /// Runs the passes of every four-step transform of a plan, and the first
@@ -36,6 +40,9 @@ physical_bottom_up_rule!(ClusterPasses, "zarrfusion_cluster_passes", |node, _| {
     let Some(fft) = node.downcast_ref::<FftExec>() else {
         return Ok(None);
     };
+    if let Some(rounds) = fft.copy_rounds() {
+        return Ok(reading_copy_on_cluster(fft, rounds?).map(|r| Arc::new(r) as _));
+    }
     let Some(fft) = fft.on_cluster()? else {
         return Ok(None);
     };
@@ -64,4 +71,16 @@ pub fn reading_on_cluster(fft: &FftExec) -> Option<FftExec> {
     let rounds = fft.first_stage_rounds()?.into_iter();
     let (input, blocks, _) = after_each_other(rounds.map(|r| (r.leaf, r.blocks, r.what)))?;
     Some(fft.after_first_stage(input, Arc::clone(stage), blocks))
+}
+
+/// `fft`, reading a rechunked copy of its variable, with the copy's
+/// rounds (`rounds`) one after the other on the workers and its blocks
+/// read there too, each task once the last round's counts say every task
+/// of it ran (an [`AfterExec`] over it). `None` when the copy has no
+/// round.
+fn reading_copy_on_cluster(fft: &FftExec, rounds: Vec<Round>) -> Option<AfterExec> {
+    let rounds = rounds.into_iter().map(|r| (r.leaf, r.tasks, r.what));
+    let (before, tasks, what) = after_each_other(rounds)?;
+    let reading = Arc::new(fft.reading_copy_on_workers());
+    Some(AfterExec::new(before, reading, tasks, what))
 }

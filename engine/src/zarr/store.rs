@@ -68,6 +68,18 @@ impl StoreLocation {
         }
     }
 
+    /// Whether this is in the bucket of the store at `store`: both
+    /// object-store URLs of one scheme and authority (what one client
+    /// reaches with the same options).
+    pub fn in_bucket_of(&self, store: &str) -> bool {
+        match (self, Self::parse(store)) {
+            (Self::Remote(a), Ok(Self::Remote(b))) => {
+                a.scheme() == b.scheme() && a.authority() == b.authority()
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the store is reached over the network by an object store
     /// zarrfusion builds (S3, GCS, Azure, HTTP), whose ETags tell versions
     /// of an object apart; not a local path, nor a store registered for

@@ -1756,6 +1756,29 @@ async fn a_worker_stage_that_cannot_travel_is_refused_while_planning() {
     assert_eq!(rows.len(), 1, "{rows:?}");
 }
 
+/// `sql` (a `GROUP BY lat` over the demo store, planned as `plan`) gives
+/// in `ctx` the rows `want` (sorted by lat), and nothing is left in `work`
+/// once the plan is dropped.
+async fn rows_by_lat_then_nothing_left(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+    want: &[Vec<Value>],
+    plan: Arc<dyn ExecutionPlan>,
+    work: &std::path::Path,
+) {
+    let text = |rows: &[Vec<Value>]| -> Vec<String> {
+        (rows.iter())
+            .map(|r| r.iter().map(Value::to_string).collect::<Vec<_>>().join("|"))
+            .collect()
+    };
+    let mut got = query_rows(ctx, "with workers", sql).await;
+    sort_rows(&mut got, 1);
+    assert_eq!(got.len(), 33, "{sql}");
+    assert_close(&text(&got), &text(want));
+    drop(plan);
+    assert!(work_left(work).is_empty(), "{sql}: {:?}", work_left(work));
+}
+
 /// `rechunk(...)` in a session with workers: its copy's tasks run on the
 /// workers as rounds (one per stage of the rechunk), writing into the
 /// rechunked store the session made in its `work_dir` (which every worker
@@ -1768,11 +1791,6 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
     let dir = scratch("cluster-rechunk-table");
     let (work, set_work) = own_work_dir(&dir);
     let demo = repo_root().join("demo/era5.zarr");
-    let text = |rows: &[Vec<Value>]| -> Vec<String> {
-        (rows.iter())
-            .map(|r| r.iter().map(Value::to_string).collect::<Vec<_>>().join("|"))
-            .collect()
-    };
     let workers = start_workers(2).await;
     // One stage per array; then lat chunks of 1 in 300 KiB: through
     // intermediate arrays, a round of tasks per stage.
@@ -1831,16 +1849,7 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
                 "{chunks}:\n{shown}"
             );
         }
-        let mut got = query_rows(&ctx, "with workers", &sql).await;
-        sort_rows(&mut got, 1);
-        assert_eq!(got.len(), 33, "{chunks}");
-        assert_close(&text(&got), &text(&want));
-        drop(plan);
-        assert!(
-            work_left(&work).is_empty(),
-            "{chunks}: {:?}",
-            work_left(&work)
-        );
+        rows_by_lat_then_nothing_left(&ctx, &sql, &want, plan, &work).await;
 
         // Joined with a table: both sides split among the workers (before,
         // refused while planning: the copy ran in the session only). Not
@@ -1862,16 +1871,7 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
                 && shown.contains("HashJoinExec"),
             "{chunks}:\n{shown}"
         );
-        let mut got = query_rows(&ctx, "joined with workers", &joined).await;
-        sort_rows(&mut got, 1);
-        assert_eq!(got.len(), 33, "{chunks}");
-        assert_close(&text(&got), &text(&want));
-        drop(plan);
-        assert!(
-            work_left(&work).is_empty(),
-            "{chunks}: {:?}",
-            work_left(&work)
-        );
+        rows_by_lat_then_nothing_left(&ctx, &joined, &want, plan, &work).await;
     }
 
     // The copy's tasks through the codec: the same plan; a worker refuses
@@ -2331,6 +2331,102 @@ async fn a_four_step_output_read_on_the_workers_round_trips_through_the_codec() 
     refused(&sent, &[], "has 1 inputs, got 0");
     drop((fft, on_cluster));
     assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
+/// A transform along x of planes whose store chunks (1, 1024, 32) make a
+/// block of whole lines a whole plane, which does not fit the session's
+/// allowed_mem: the variable is copied into chunks whole along x first
+/// (the rechunked path). On a cluster the copy's rounds run on the
+/// workers, then the transform reads the copy there, each task once the
+/// last round's counts are in: the rows of a session without workers or
+/// a limit (whole lines in the store's chunks), nothing left in work_dir.
+/// The read through the codec gives the session's own rows; a worker
+/// refuses a copy that is not a rechunk's store, and a chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transform_of_a_rechunked_copy_runs_the_copy_and_the_transform_on_the_workers() {
+    let dir = scratch("cluster-fft-rechunked");
+    let store = dir.join("planes.zarr");
+    write_planes(&store);
+    let (work, set_work) = own_work_dir(&dir);
+    let sql = format!(
+        "SELECT y, sum(v['re'] * cos(7 * freq_x + t)) AS a, sum(v['im'] * sin(5 * freq_x - t)) \
+         AS b, sum(v['re'] * v['re'] + v['im'] * v['im']) AS power FROM fft('{}', 'v', dims => \
+         'x') GROUP BY y ORDER BY y",
+        store.display()
+    );
+    let local = new_context();
+    let want = query_rows(&local, "whole planes", &sql).await;
+    assert_eq!(want.len(), 1024);
+
+    // A block of whole planes (over 20 MB) takes more than half of what
+    // this limit leaves beside the kernel's threads.
+    let kernel = rayon::current_num_threads() * 3 * 16384 * 16;
+    let limit = 2 * kernel + (12 << 20);
+    let workers = start_workers(2).await;
+    let ctx = distributed_context(session_config(), limited(limit), workers.urls.clone());
+    for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
+        ctx.sql(set).await.unwrap();
+    }
+    let plan = physical_plan(&ctx, &sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in [
+        "strategy=rechunked to",
+        "AfterExec: after round 0 of the rechunk of",
+        "RechunkTasksExec",
+        "zarrfusion-rechunked-fft-",
+        "Network",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    let got = query_rows(&ctx, "rechunked on the workers", &sql).await;
+    assert_rows(&sql, &got, &want);
+    drop(plan);
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    // Through the codec: the copy's rounds run here first, then the read
+    // a worker decodes gives the rows of the session's own transform.
+    let alone = zarrfusion::new_context_with(session_config(), limited(limit));
+    alone.sql(&set_work).await.unwrap();
+    let select = format!("SELECT * FROM fft('{}', 'v', dims => 'x')", store.display());
+    let own = first_node::<FftExec>(physical_plan(&alone, &select).await);
+    let task = alone.task_ctx();
+    let mine = collect_partitioned(own, Arc::clone(&task)).await.unwrap();
+    let fft = first_node::<FftExec>(physical_plan(&alone, &select).await);
+    let fft = fft.downcast_ref::<FftExec>().unwrap();
+    let rounds = fft.copy_rounds().expect("a rechunked copy").unwrap();
+    assert!(!rounds.is_empty());
+    for round in rounds {
+        collect_partitioned(round.leaf, Arc::clone(&task))
+            .await
+            .unwrap();
+    }
+    let reading = fft.reading_copy_on_workers();
+    assert!(fft.copy_rounds().is_none(), "the copy made twice");
+    let wire = Wire::new(&alone);
+    let sent = wire.encode(Arc::new(reading));
+    assert_eq!(sent["node"], "transform", "{sent}");
+    let location = sent["rechunked"].as_str().expect("the copy's location");
+    assert!(location.contains("zarrfusion-rechunked-fft-"), "{sent}");
+    let codec = ZarrCodec::default();
+    let decode = |sent: &Value| {
+        let bytes = sent.to_string();
+        codec.try_decode(bytes.as_bytes(), &[], &alone.task_ctx(), &CONVERTER)
+    };
+    let back = decode(&sent).unwrap();
+    let theirs = collect_partitioned(back, task).await.unwrap();
+    assert!(mine.iter().flatten().map(|b| b.num_rows()).sum::<usize>() == 2 * 1024 * 512);
+    assert_eq!(theirs, mine);
+    let refused = |sent: &Value, says: &str| {
+        let err = decode(sent).expect_err(says).to_string();
+        assert!(err.contains(says), "{says}: {err}");
+    };
+    let mut elsewhere = sent.clone();
+    elsewhere["rechunked"] = Value::from(work.join("mine.zarr").to_string_lossy());
+    refused(&elsewhere, "not a rechunked copy");
+    let mut chain = sent.clone();
+    let transform = chain["transforms"][0].clone();
+    chain["transforms"] = Value::from(vec![transform.clone(), transform]);
+    refused(&chain, "sent as a chain of 2 transforms");
 }
 
 /// Writes a Zarr v3 store at `dir`: `v` over (t 2, y 1024, x 512),

@@ -38,6 +38,7 @@ use super::passes::FourStepPassExec;
 use super::source::{ArraySource, ClusterStep, StoredStage};
 use super::table::FftTable;
 use super::transform::FftTransform;
+use crate::array::rechunk::cluster::Round;
 use crate::array::tasks::run_cluster_tasks;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
@@ -672,6 +673,28 @@ impl FftExec {
                 })
             })
             .collect()
+    }
+
+    /// The rounds of the rechunked copy this transform reads, to run on a
+    /// cluster's workers (see [`Self::reading_copy_on_workers`]); `None`
+    /// for other sources, or once the copy is made (or made by them).
+    pub fn copy_rounds(&self) -> Option<Result<Vec<Round>>> {
+        match self.job.table.source() {
+            ArraySource::Rechunked(copy) if !copy.is_copied() && self.inputs.is_empty() => {
+                Some(copy.rounds())
+            }
+            _ => None,
+        }
+    }
+
+    /// This transform reading its rechunked copy on a cluster's workers
+    /// once they made it ([`Self::copy_rounds`], which whatever holds this
+    /// runs first), its blocks dealt to the tasks of its stage.
+    pub fn reading_copy_on_workers(&self) -> Self {
+        if let ArraySource::Rechunked(copy) = self.job.table.source() {
+            copy.copied_by_workers();
+        }
+        self.with_tasks(TASKS_OF_STAGE)
     }
 
     /// This transform on the four-step path reading its output on a

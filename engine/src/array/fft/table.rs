@@ -390,6 +390,19 @@ impl FftTable {
         Ok(table)
     }
 
+    /// This transform reading variable `variable` of `copy` (a rechunked
+    /// copy of its variable, with the same coordinates, as a cluster's
+    /// worker opened it) instead of the variable as stored.
+    pub fn reading_copy(self, copy: Arc<GridTable>, variable: usize) -> Self {
+        Self {
+            source: ArraySource::Zarr {
+                grid: copy,
+                variable,
+            },
+            ..self
+        }
+    }
+
     /// This transform by the four-step path whose plan and intermediates
     /// are `four_step` (as a cluster's worker opened them).
     pub fn with_four_step(self, four_step: Arc<FourStep>) -> Self {

@@ -355,13 +355,13 @@ impl ClusterRounds {
 /// One round of a rechunk on a cluster: the leaf of its stage (a
 /// [`RechunkTasksExec`], whose tasks yield how many of the round's tasks
 /// they ran), the tasks they add up to, and what it is (in errors).
-pub(crate) struct Round {
+pub struct Round {
     /// The round's tasks.
-    pub(crate) leaf: Arc<dyn ExecutionPlan>,
+    pub leaf: Arc<dyn ExecutionPlan>,
     /// How many tasks the round has.
-    pub(crate) tasks: u64,
+    pub tasks: u64,
     /// What it is.
-    pub(crate) what: String,
+    pub what: String,
 }
 
 /// The rounds of `prepared` in order, writing into `staged` and their

@@ -61,7 +61,6 @@ use crate::table::{
 };
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::target::StagedTarget;
-use crate::zarr::StoreLocation;
 
 /// Plans `rechunk(...)` in `FROM` clauses.
 #[derive(Debug)]
@@ -281,7 +280,7 @@ impl TableProvider for RechunkTable {
             // In the source's bucket, with its client's options: what a
             // cluster's worker opens the store with (it may not have met
             // the bucket's client yet when it does).
-            storage: match same_bucket(guard.location(), &grid.store) {
+            storage: match guard.location().in_bucket_of(&grid.store) {
                 true => grid.storage_options(),
                 false => HashMap::new(),
             },
@@ -312,17 +311,6 @@ impl TableProvider for RechunkTable {
 
     fn statistics(&self) -> Option<Statistics> {
         self.source.statistics()
-    }
-}
-
-/// Whether `location` is in the bucket of the store at `store` (both
-/// object-store URLs of one scheme and authority).
-fn same_bucket(location: &StoreLocation, store: &str) -> bool {
-    match (location, StoreLocation::parse(store)) {
-        (StoreLocation::Remote(a), Ok(StoreLocation::Remote(b))) => {
-            a.scheme() == b.scheme() && a.authority() == b.authority()
-        }
-        _ => false,
     }
 }
 

@@ -1,15 +1,18 @@
 //! A variable copied into new chunks in `work_dir` before a transform
 //! reads it: when a block of whole lines in the store's own chunks does
-//! not fit the budget ([`super::ArraySource::Rechunked`]).
+//! not fit the budget ([`super::ArraySource::Rechunked`]). On a cluster
+//! the copy's rounds run on the workers ([`RechunkedVariable::rounds`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use datafusion::execution::runtime_env::RuntimeEnv;
 
+use crate::array::rechunk::cluster::{round_leaves, Round};
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions};
 use crate::table::{open_dataset_blocking, GridTable, ZarrTableOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
+use crate::write::target::StagedTarget;
 
 /// A variable copied into new chunks in `work_dir` (see
 /// [`super::ArraySource::Rechunked`]). The copy runs once, on the first read;
@@ -18,13 +21,19 @@ use crate::write::scratch::{default_work_dir, ScratchStore};
 pub struct RechunkedVariable {
     /// The store the values come from.
     pub store: String,
-    /// The copy, opened (its metadata and coordinates are written when
-    /// planned).
+    /// Its table.
+    pub source: Arc<GridTable>,
+    /// The copy, opened (its metadata is written when planned; its
+    /// coordinates are the source's).
     pub grid: Arc<GridTable>,
     /// Index of the variable in `grid.variables`.
     pub variable: usize,
-    prepared: PreparedRechunk,
+    prepared: Arc<PreparedRechunk>,
     scratch: ScratchStore,
+    /// The scratch store of the copy's intermediate arrays, when it takes
+    /// more than one stage (made when planned, so that a cluster's
+    /// workers find it).
+    work: Option<ScratchStore>,
     copied: OnceLock<Result<(), String>>,
     cancelled: AtomicBool,
 }
@@ -50,7 +59,7 @@ impl RechunkedVariable {
     /// its metadata and coordinates into a fresh store in `work_dir` and
     /// opens it. Blocking.
     pub fn prepare(
-        grid: &GridTable,
+        grid: &Arc<GridTable>,
         variable: usize,
         chunks: &[(String, u64)],
         options: &RechunkOptions,
@@ -67,9 +76,14 @@ impl RechunkedVariable {
         let prepared =
             PreparedRechunk::new_for(&grid.store, chunks, Some(&arrays), None, options, runtime)?;
         let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
+        // Named as a rechunk(...)'s store: what a cluster's worker writes
+        // the copy into.
         let scratch =
-            ScratchStore::create(&work_dir, "zarrfusion-fft-rechunked", ".zarr", runtime)?;
+            ScratchStore::create(&work_dir, "zarrfusion-rechunked-fft", ".zarr", runtime)?;
         prepared.write_metadata(scratch.storage())?;
+        let work = (prepared.has_intermediates())
+            .then(|| ScratchStore::create(&work_dir, "zarrfusion-rechunk", "", runtime))
+            .transpose()?;
         let dims: Vec<String> = grid.dims.iter().map(|d| d.name.clone()).collect();
         let table_options = ZarrTableOptions {
             dims: Some(dims.clone()),
@@ -89,10 +103,12 @@ impl RechunkedVariable {
         };
         Ok(Self {
             store: grid.store.clone(),
+            source: Arc::clone(grid),
             grid: Arc::new(copy),
             variable: index,
-            prepared,
+            prepared: Arc::new(prepared),
             scratch,
+            work,
             copied: OnceLock::new(),
             cancelled: AtomicBool::new(false),
         })
@@ -116,7 +132,7 @@ impl RechunkedVariable {
                 self.prepared
                     .copy_arrays(
                         self.scratch.storage(),
-                        None,
+                        self.work.as_ref(),
                         |a| a.name == name,
                         &self.cancelled,
                     )
@@ -124,5 +140,32 @@ impl RechunkedVariable {
                     .map_err(|e| format!("rechunking '{}' into work_dir: {e}", self.store))
             })
             .clone()
+    }
+
+    /// Where the copy is: a path or a URL that opens it again.
+    pub fn location(&self) -> String {
+        self.scratch.location().to_string()
+    }
+
+    /// The copy's rounds on a cluster's workers, in order, writing into
+    /// the copy (and its intermediate arrays into their scratch store);
+    /// the copy counts as made once they ran ([`Self::copied_by_workers`]).
+    pub(crate) fn rounds(&self) -> datafusion::common::Result<Vec<Round>> {
+        let staged = StagedTarget::Scratch {
+            location: self.location(),
+        };
+        let work = self.work.as_ref().map(|w| w.location());
+        round_leaves(&self.prepared, &staged, work)
+    }
+
+    /// Whether the copy is made (or was made by a cluster's workers).
+    pub fn is_copied(&self) -> bool {
+        self.copied.get().is_some()
+    }
+
+    /// Marks the copy made by a cluster's workers: whatever reads it runs
+    /// after their rounds.
+    pub(crate) fn copied_by_workers(&self) {
+        let _ = self.copied.set(Ok(()));
     }
 }
