@@ -278,15 +278,22 @@ def test_a_rechunk_from_a_bucket_through_a_work_dir_in_it_runs_on_the_workers(wo
         distributed = _rechunked_zonal_means(ctx, demo)
         assert "s3://rechunked/work/zarrfusion-rechunked-" in distributed, distributed
         del ctx
-        import gc
-
-        gc.collect()
-        deadline = time.monotonic() + 10
-        while server.keys("work/") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert server.keys("work/") == [], server.keys("work/")
+        _assert_work_emptied(server)
     finally:
         server.stop()
+
+
+def _assert_work_emptied(server) -> None:
+    """Nothing is left under ``work/`` in the test server's bucket once the
+    session's plans are gone (their stores are erased from a thread of
+    their own: waited for up to 10 s)."""
+    import gc
+
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while server.keys("work/") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.keys("work/") == [], server.keys("work/")
 
 
 def test_an_anomaly_broadcasts_its_climatology_to_the_workers_and_equals_xarray(workers):
@@ -538,13 +545,7 @@ def test_a_staged_transform_from_a_bucket_through_a_work_dir_in_it_runs_on_the_w
         assert "s3://staged/work/zarrfusion-fft-staged-" in distributed, distributed
         _assert_fft2(ctx.sql(sql).to_xarray(dims=["t", "freq_y", "freq_x"])["v"], data)
         del ctx
-        import gc
-
-        gc.collect()
-        deadline = time.monotonic() + 10
-        while server.keys("work/") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert server.keys("work/") == [], server.keys("work/")
+        _assert_work_emptied(server)
     finally:
         server.stop()
 
