@@ -501,6 +501,35 @@ def test_four_step_passes_run_on_the_workers_and_equal_xrft(workers, tmp_path):
     assert list(work.iterdir()) == []
 
 
+def test_a_detrended_four_step_transform_fits_its_trend_on_the_workers_and_equals_xrft(workers, tmp_path):
+    """An FFT along ``lon`` by the four-step path with ``detrend =>
+    'linear'``: the trend of every line is fitted in a stage of its own on
+    the two worker processes (``DetrendFitExec``, runs of the source's
+    chunks), its sums broadcast to every task of the first pass
+    (``FittedExec``), which removes it from the pieces of lines it reads;
+    nothing of it runs in the session. The values are xrft's (the
+    fixture's ``detrend_linear_1d``: ``xrft.fft(..., detrend='linear')``),
+    and nothing is left in ``work_dir``."""
+    from test_fft import FFT, close, expected
+
+    work = tmp_path / "work"
+    work.mkdir()
+    config = {
+        "zarrfusion.bytes_per_task": 1,
+        "zarrfusion.fft_strategy": "four_step",
+        "zarrfusion.work_dir": str(work),
+    }
+    ctx = zf.SessionContext(workers=workers, config=config)
+    sql = f"SELECT * FROM fft('{FFT / 'data' / 'grid.zarr'}', 'z', dims => 'lon', detrend => 'linear')"
+    distributed = _distributed_plan(ctx, sql)
+    fit = [line for line in distributed.splitlines() if "DetrendFitExec" in line]
+    assert len(fit) == 1 and "tasks=2" in fit[0], distributed
+    assert "FittedExec: after the detrend's fit" in distributed, distributed
+    assert distributed.count("FourStepPassExec: pass") == 2, distributed
+    close(ctx.sql(sql).to_xarray(dims=["time", "lat", "freq_lon"])["z"], expected("detrend_linear_1d"), 1e-9)
+    assert list(work.iterdir()) == []
+
+
 def test_a_staged_transform_s_first_stage_runs_on_the_workers_and_equals_numpy(workers, tmp_path):
     """An FFT along ``y`` and ``x`` whose planes do not fit the session's
     ``allowed_mem`` is staged: its first stage (along ``y``, by whole lines)

@@ -103,9 +103,12 @@ use crate::array::copy::rolling::RollChunks;
 use crate::array::fft::copy::{FftCopyTasks, FftCopyTasksExec};
 use crate::array::fft::exec::FftBlocks;
 use crate::array::fft::four_step::{FourStep, FourStepInput, FourStepPlan};
+use crate::array::fft::source::DetrendedSource;
 use crate::array::fft::source::StoredStage;
 use crate::array::fft::staged::{ReceivedStage, StagedTransform};
-use crate::array::fft::{ArraySource, FftExec, FftOptions, FftTable, FourStepPassExec};
+use crate::array::fft::{
+    ArraySource, DetrendFitExec, FftExec, FftOptions, FftTable, FittedExec, FourStepPassExec,
+};
 use crate::array::rechunk::{
     PreparedRechunk, RechunkExec, RechunkOptions, RechunkTasks, RechunkTasksExec,
 };
@@ -163,6 +166,20 @@ fn memory_limit(ctx: &TaskContext) -> Option<usize> {
     match ctx.memory_pool().memory_limit() {
         MemoryLimit::Finite(bytes) => Some(bytes),
         _ => None,
+    }
+}
+
+/// Refuses `bytes` of `what` a worker's `allowed_mem` cannot hold, with
+/// the numbers.
+fn fits_on_worker(bytes: usize, what: &str, ctx: &TaskContext) -> Result<()> {
+    match memory_limit(ctx) {
+        Some(limit) if bytes > limit => resources_err!(
+            "{what} needs {}, but this worker's memory limit (allowed_mem) is {}; raise it on \
+             every worker",
+            human_readable_size(bytes),
+            human_readable_size(limit)
+        ),
+        _ => Ok(()),
     }
 }
 
@@ -388,6 +405,10 @@ enum Node {
     FourStepPass(FourStepPass),
     TransformCopy(TransformCopy),
     After(After),
+    DetrendFit(DetrendFit),
+    /// The first pass of a detrended four-step transform after its fit
+    /// ([`FittedExec`]): its two inputs are the fit's rows and the pass.
+    Fitted,
     /// A `rechunk(...)` whose copy and scan run on the workers
     /// ([`RechunkExec::on_workers`]): the session's node keeps its stores
     /// for the query, a worker runs its one input (the scan after the
@@ -418,6 +439,8 @@ impl Node {
             Self::FourStepPass(_) => "a four-step transform's pass",
             Self::TransformCopy(_) => "a COPY of a transform's blocks",
             Self::After(_) => "a round after another",
+            Self::DetrendFit(_) => "a detrend's fit",
+            Self::Fitted => "a four-step pass after a detrend's fit",
             Self::Rechunked => "a rechunk(...) on the workers",
         }
     }
@@ -471,6 +494,16 @@ struct LaterStageRead {
     blocks: u64,
     /// This stage's function (`fft`, `ifft`) and options.
     later: (String, Vec<(String, String)>),
+}
+
+/// A run of the chunks of a detrend's fit as it travels
+/// ([`DetrendFitExec`]): the detrended four-step transform (one, of the
+/// variable) and the distributed tasks its chunks are dealt to.
+#[derive(Debug, Serialize, Deserialize)]
+struct DetrendFit {
+    #[serde(flatten)]
+    chain: Chain,
+    tasks: usize,
 }
 
 /// A chain of transforms of a stored variable as it travels: the
@@ -1576,6 +1609,12 @@ impl ZarrCodec {
             );
         }
         let four_step = open_four_step(&table, p.at, ctx)?;
+        // The first pass reads the source with its trend removed, the sums
+        // given by the fit before it (`Fitted`).
+        let table = match p.pass {
+            0 => table.detrended_as_received(1)?,
+            _ => table,
+        };
         let config = ZarrConfig::of(ctx.session_config().options());
         let device = choose_device(&config.device)
             .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
@@ -1588,6 +1627,47 @@ impl ZarrCodec {
             memory_limit,
         )?;
         Ok(Arc::new(exec.with_tasks(p.tasks)))
+    }
+
+    /// A detrend's fit received by a worker: the detrended four-step
+    /// transform made again with SQL's checks (one transform of a
+    /// variable, with a detrend, whose line does not fit in a block), as
+    /// many chunks at once as the worker's `allowed_mem` holds beside
+    /// every line's sums (refused when one does not fit).
+    fn decode_detrend_fit(
+        &self,
+        fit: DetrendFit,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = self.transform_table(&fit.chain, ctx)?;
+        let store = table.source().store().to_string();
+        check_counts(
+            &format!("a detrend's fit of {store}"),
+            &[("tasks", fit.tasks, MAX_TASKS)],
+        )?;
+        let (true, [(axis, _)]) = (
+            table.transform().options.detrend.is_some(),
+            table.transform().axes.as_slice(),
+        ) else {
+            return plan_err!(
+                "a detrend's fit of {store} is sent for a four-step transform along one \
+                 dimension with a detrend"
+            );
+        };
+        let (sums, task) = (
+            DetrendedSource::sums_memory(&table.source().shape(), &[*axis]),
+            DetrendedSource::task_memory(table.source()),
+        );
+        fits_on_worker(
+            sums.saturating_add(task),
+            "a chunk of a detrend's fit beside every line's sums",
+            ctx,
+        )?;
+        let room = memory_limit(ctx).map_or(usize::MAX, |l| l.saturating_sub(sums));
+        let workers = (room / task.max(1)).clamp(1, rayon::current_num_threads().max(1));
+        let table = table.detrended_as_received(workers)?;
+        let exec = DetrendFitExec::new(Arc::new(table))?;
+        Ok(Arc::new(exec.with_tasks(fit.tasks)))
     }
 
     /// Step 1 of a COPY of a selection received by a worker: its read
@@ -2078,7 +2158,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
         let expected = match &node {
             Node::Merge(_) => 1,
             Node::Transform(t) => usize::from(t.staged.is_some() || t.four_step.is_some()),
-            Node::After(_) => 2,
+            Node::After(_) | Node::Fitted => 2,
             Node::Rechunked => 1,
             _ => 0,
         };
@@ -2109,6 +2189,15 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 };
                 let (before, then) = (Arc::clone(before), Arc::clone(then));
                 Ok(Arc::new(AfterExec::new(before, then, blocks, what)))
+            }
+            Node::DetrendFit(fit) => self.decode_detrend_fit(fit, ctx),
+            Node::Fitted => {
+                let [fit, then] = inputs else {
+                    return internal_err!("a pass after a detrend's fit without its two inputs");
+                };
+                let fitted = FittedExec::new(Arc::clone(fit), Arc::clone(then))?;
+                fits_on_worker(fitted.memory(), "the sums of a detrend's lines", ctx)?;
+                Ok(Arc::new(fitted))
             }
             Node::Rechunked => Ok(Arc::clone(&inputs[0])),
         }
@@ -2191,6 +2280,26 @@ impl PhysicalExtensionCodec for ZarrCodec {
             }
             return serde_json::to_writer(buf, &Node::Rechunked)
                 .map_err(|e| exec_datafusion_err!("encoding a rechunk(...): {e}"));
+        }
+        if let Some(fit) = node.downcast_ref::<DetrendFitExec>() {
+            let table = fit.table();
+            let Some((grid, variable, options)) = table.four_step_chain() else {
+                return not_impl_err!(
+                    "the detrend of '{}' is fitted on a cluster's workers only for a \
+                     four-step transform of a variable",
+                    table.source().store()
+                );
+            };
+            let encoded = Node::DetrendFit(DetrendFit {
+                chain: Chain::of_variable(grid, variable, &[options])?,
+                tasks: fit.tasks(),
+            });
+            return serde_json::to_writer(buf, &encoded)
+                .map_err(|e| exec_datafusion_err!("encoding a detrend's fit: {e}"));
+        }
+        if node.downcast_ref::<FittedExec>().is_some() {
+            return serde_json::to_writer(buf, &Node::Fitted)
+                .map_err(|e| exec_datafusion_err!("encoding a pass after a detrend's fit: {e}"));
         }
         if let Some(after) = node.downcast_ref::<AfterExec>() {
             let encoded = Node::After(After {

@@ -1,5 +1,5 @@
 //! How a Zarr scan's, a dense reduction's, a rolling window's, a
-//! transform's (or its four-step passes'), a rechunk's, a COPY's
+//! transform's (or its four-step passes' and detrend fit's), a rechunk's, a COPY's
 //! blockwise stage or a COPY of a transform is split among a
 //! cluster's tasks: the distributed
 //! planner asks each leaf how many tasks it wants ([`scan_tasks`]: its
@@ -20,7 +20,7 @@ use datafusion_distributed::{
 
 use crate::array::copy::cluster::BlockwiseTasksExec;
 use crate::array::fft::copy::FftCopyTasksExec;
-use crate::array::fft::{FftExec, FourStepPassExec};
+use crate::array::fft::{DetrendFitExec, FftExec, FourStepPassExec};
 use crate::array::rechunk::RechunkTasksExec;
 use crate::array::rolling::RollingWindowExec;
 use crate::array::DenseReductionExec;
@@ -41,6 +41,8 @@ pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEv
         (window.decoded_bytes(), window.read().blocks.num_blocks())
     } else if let Some(pass) = ev.plan.downcast_ref::<FourStepPassExec>() {
         (pass.bytes_read(), pass.pass_tasks())
+    } else if let Some(fit) = ev.plan.downcast_ref::<DetrendFitExec>() {
+        (fit.bytes_read(), fit.chunks())
     } else if let Some(copy) = ev.plan.downcast_ref::<FftCopyTasksExec>() {
         (copy.bytes_read(), copy.blocks().num_blocks())
     } else if let Some(fft) = ev.plan.downcast_ref::<FftExec>() {
@@ -104,6 +106,11 @@ pub fn deal_scan_blocks(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNo
     if let Some(copy) = ev.plan.downcast_ref::<FftCopyTasksExec>() {
         return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
             copy.with_tasks(ev.task_count),
+        ))));
+    }
+    if let Some(fit) = ev.plan.downcast_ref::<DetrendFitExec>() {
+        return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
+            fit.with_tasks(ev.task_count),
         ))));
     }
     if let Some(rechunk) = ev.plan.downcast_ref::<RechunkTasksExec>() {

@@ -30,6 +30,7 @@ use crate::array::fft::FftExec;
 use crate::array::rechunk::cluster::Round;
 use crate::distributed::barrier::{after_each_other, AfterExec};
 use crate::plan_methods::physical_bottom_up_rule;
+use datafusion_distributed::BroadcastExec;
 
 /// Runs the passes of every four-step transform of a plan, and the first
 /// stage of every staged one, on the workers.
@@ -43,7 +44,8 @@ physical_bottom_up_rule!(ClusterPasses, "zarrfusion_cluster_passes", |node, _| {
     if let Some(rounds) = fft.copy_rounds() {
         return Ok(reading_copy_on_cluster(fft, rounds?).map(|r| Arc::new(r) as _));
     }
-    let Some(fft) = fft.on_cluster()? else {
+    let broadcast = |rows| Arc::new(BroadcastExec::new(rows, 1)) as _;
+    let Some(fft) = fft.on_cluster(&broadcast)? else {
         return Ok(None);
     };
     Ok(Some(Arc::new(reading_on_cluster(&fft).unwrap_or(fft))))

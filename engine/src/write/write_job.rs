@@ -74,6 +74,25 @@ impl WriteJob<'_> {
         context: &TaskContext,
         write: impl FnOnce(&AtomicBool) -> Result<Written> + Send + 'static,
     ) -> Result<SendableRecordBatchStream> {
+        let schema = Arc::clone(self.properties.eq_properties.schema());
+        self.run_to_batch(partition, context, move |cancelled| {
+            let written = write(cancelled)?;
+            let count = UInt64Array::from(vec![written.rows]);
+            Ok((
+                written,
+                RecordBatch::try_new(schema, vec![Arc::new(count)])?,
+            ))
+        })
+    }
+
+    /// [`Self::run`] for a job whose output is a batch of its own (of the
+    /// schema of its plan properties): the stream yields it.
+    pub fn run_to_batch(
+        self,
+        partition: usize,
+        context: &TaskContext,
+        write: impl FnOnce(&AtomicBool) -> Result<(Written, RecordBatch)> + Send + 'static,
+    ) -> Result<SendableRecordBatchStream> {
         if partition != 0 {
             return exec_err!("{} has one partition, asked for {partition}", self.operator);
         }
@@ -90,12 +109,11 @@ impl WriteJob<'_> {
         let copy_time = MetricBuilder::new(self.metrics).subset_time("copy_time", 0);
         let output_rows = MetricBuilder::new(self.metrics).output_rows(0);
         let schema = Arc::clone(self.properties.eq_properties.schema());
-        let batch_schema = Arc::clone(&schema);
         let stream = futures::stream::once(async move {
             let timer = copy_time.timer();
             let cancelled = Arc::new(AtomicBool::new(false));
             let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
-            let written = tokio::task::spawn_blocking(move || write(&cancelled))
+            let (written, batch) = tokio::task::spawn_blocking(move || write(&cancelled))
                 .await
                 .map_err(|e| {
                     DataFusionError::Execution(format!("the Zarr write stopped: {e}"))
@@ -105,9 +123,8 @@ impl WriteJob<'_> {
             timer.done();
             bytes_read.add(written.bytes_read as usize);
             bytes_written.add(written.bytes_written as usize);
-            output_rows.add(1);
-            let count = UInt64Array::from(vec![written.rows]);
-            Ok(RecordBatch::try_new(batch_schema, vec![Arc::new(count)])?)
+            output_rows.add(batch.num_rows());
+            Ok(batch)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }

@@ -1707,8 +1707,9 @@ async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
 }
 
 /// A stage the workers would run holding a node that cannot travel (here
-/// a detrended four-step transform, whose fit pass runs in the session
-/// only, on one side of a hash join split among the workers) is refused while
+/// a transform along two dimensions staged on the four-step path with a
+/// trend fitted over both, which runs in the session only, on one side of
+/// a hash join split among the workers) is refused while
 /// planning, naming the node, instead of leaving a worker waiting for its
 /// plan until its time-out (10 s, measured before the check); plans that
 /// travel still run.
@@ -1726,8 +1727,8 @@ async fn a_worker_stage_that_cannot_travel_is_refused_while_planning() {
     ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
         .await
         .unwrap();
-    let sql = "SELECT a.freq_lat, count(*) FROM fft('era5', 't2m', dims => 'lat', detrend => \
-               'linear') a JOIN era5 b ON a.time = b.time AND a.lon = b.lon AND b.t2m > \
+    let sql = "SELECT a.freq_lat, count(*) FROM fft('era5', 't2m', dims => 'lat,lon', detrend \
+               => 'linear') a JOIN era5 b ON a.time = b.time AND b.lat = 80 AND b.t2m > \
                a.t2m['re'] GROUP BY a.freq_lat";
     let started = std::time::Instant::now();
     let planned = ctx.sql(sql).await.unwrap().create_physical_plan().await;
@@ -2124,17 +2125,20 @@ async fn every_fft_case_gives_xrft_s_answer_through_two_workers() {
 /// the second after the first on the workers (`AfterExec`); the output is
 /// read there too, by tasks of its own once the second pass's counts are
 /// in, so a join above it is split among the workers. Every one-dimension
-/// case gives xrft's answer that way. A staged transform (several
+/// case gives xrft's answer that way, a detrended one after a stage
+/// fitting its trend (`DetrendFitExec`, its rows broadcast to the first
+/// pass's tasks through `FittedExec`). A staged transform (several
 /// dimensions) and a chain whose inner transform is stored first run their
 /// first stage's passes and blocks on the workers (three stages), the rest
-/// in the session; a detrended source (its fit is a pass of its own) runs
-/// in the session; all with xrft's answer. Nothing is left in work_dir.
+/// in the session; a staged one detrended over several dimensions runs in
+/// the session; all with xrft's answer. Nothing is left in work_dir.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_session() {
     let workers = start_workers(2).await;
     let dir = scratch("fft-four-step-cluster");
     let (work, set_work) = own_work_dir(&dir);
     let (mut on_workers, mut first_stages, mut in_session) = (0, 0, 0);
+    let mut fitted_on_workers = 0;
     for case in &common::fft::cases() {
         let name = case["name"].as_str().unwrap();
         let args = case["args"].as_object().unwrap();
@@ -2150,7 +2154,7 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
         let plan = physical_plan(&ctx, &sql).await;
         let shown = displayable(plan.as_ref()).indent(true).to_string();
         let one_dimension = !args["dims"].as_str().unwrap().contains(',');
-        if one_dimension && case.get("views").is_none() && !args.contains_key("detrend") {
+        if one_dimension && case.get("views").is_none() {
             assert_eq!(
                 shown.matches("FourStepPassExec: pass").count(),
                 2,
@@ -2168,6 +2172,16 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
             assert!(shown.contains("Network"), "{name}:\n{shown}");
             // Each pass's blocks dealt to several tasks.
             for line in shown.lines().filter(|l| l.contains("FourStepPassExec")) {
+                assert!(line.contains(", tasks="), "{name}:\n{shown}");
+            }
+            // A detrend's fit is a stage of its own before the first pass,
+            // its rows broadcast to that pass's tasks.
+            let fitted = shown.contains("FittedExec: after the detrend's fit")
+                && shown.contains("DetrendFitExec: the detrend of");
+            assert_eq!(fitted, args.contains_key("detrend"), "{name}:\n{shown}");
+            fitted_on_workers += usize::from(fitted);
+            // Its chunks dealt to several tasks too.
+            for line in shown.lines().filter(|l| l.contains("DetrendFitExec")) {
                 assert!(line.contains(", tasks="), "{name}:\n{shown}");
             }
             on_workers += 1;
@@ -2190,12 +2204,16 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
         }
         common::fft::check_case(&ctx, case).await;
     }
-    assert!(on_workers >= 10, "{on_workers} cases on the workers");
+    assert!(on_workers >= 12, "{on_workers} cases on the workers");
     assert!(
         first_stages >= 8,
         "{first_stages} first stages on the workers"
     );
-    assert!(in_session >= 5, "{in_session} cases in the session");
+    assert!(in_session >= 3, "{in_session} cases in the session");
+    assert!(
+        fitted_on_workers >= 2,
+        "{fitted_on_workers} detrends fitted on the workers"
+    );
     // An aggregate over a spectrum whose passes run on the workers: the
     // rows of a session without workers (whose four-step path is checked
     // against xrft in fft.rs).
@@ -2274,9 +2292,12 @@ async fn a_four_step_output_read_on_the_workers_round_trips_through_the_codec() 
     let own = first_node::<FftExec>(physical_plan(&alone, sql).await);
     let want = collect_partitioned(own, alone.task_ctx()).await.unwrap();
     let fft = first_node::<FftExec>(physical_plan(&alone, sql).await);
-    let on_cluster = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+    let on_cluster = (fft
+        .downcast_ref::<FftExec>()
         .unwrap()
-        .expect("its passes on the workers");
+        .on_cluster(&|rows| rows))
+    .unwrap()
+    .expect("its passes on the workers");
     let reading = reading_on_cluster(&on_cluster).expect("its output read on the workers");
     let shown = displayable(&reading).indent(true).to_string();
     assert!(
@@ -2330,6 +2351,153 @@ async fn a_four_step_output_read_on_the_workers_round_trips_through_the_codec() 
     );
     refused(&sent, &[], "has 1 inputs, got 0");
     drop((fft, on_cluster));
+    assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
+/// A detrended transform on the four-step path fits its trend in a stage
+/// of its own before the first pass: the fit's tasks and the pass after
+/// it through the codec (the same plans), the pass run on the fit's rows
+/// decoded as a worker receives them. A worker refuses a fit of a
+/// transform without a detrend, absurd task counts, a fit it cannot hold
+/// in its `allowed_mem`, a pass after a fit without its inputs or over
+/// another node, and fit rows naming a line the source does not have or
+/// not counting every chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_detrend_s_fit_runs_as_a_stage_before_the_first_pass() {
+    use datafusion::arrow::array::{Float64Array, RecordBatch, UInt64Array};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use zarrfusion::array::fft::{DetrendFitExec, FittedExec};
+
+    std::env::set_current_dir(repo_root()).unwrap();
+    let dir = scratch("fft-detrend-fit-codec");
+    let (work, set_work) = own_work_dir(&dir);
+    let alone = new_context();
+    for set in [
+        set_work.as_str(),
+        "SET zarrfusion.fft_strategy = 'four_step'",
+    ] {
+        alone.sql(set).await.unwrap();
+    }
+    let sql = "SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat', \
+               detrend => 'linear')";
+    let fft = first_node::<FftExec>(physical_plan(&alone, sql).await);
+    let on_cluster = (fft
+        .downcast_ref::<FftExec>()
+        .unwrap()
+        .on_cluster(&|rows| rows))
+    .unwrap()
+    .expect("its passes on the workers");
+    let pass1 = Arc::clone(on_cluster.children()[0].children()[0]);
+    let fitted = pass1
+        .downcast_ref::<FittedExec>()
+        .expect("the fit before pass 1");
+    let fit = Arc::clone(fitted.children()[0]);
+    let fit_exec = fit.downcast_ref::<DetrendFitExec>().unwrap();
+    let shown = displayable(pass1.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("FittedExec: after the detrend's fit")
+            && shown.contains("DetrendFitExec: the detrend of")
+            && shown.contains("FourStepPassExec: pass 1"),
+        "{shown}"
+    );
+    let wire = Wire::new(&alone);
+    let sent_fit = wire.encode(Arc::new(fit_exec.with_tasks(3)));
+    assert_eq!(sent_fit["node"], "detrend_fit", "{sent_fit}");
+    assert_eq!(sent_fit["tasks"], 3, "{sent_fit}");
+    // The fit and the pass after it decode to the same plan; the pass,
+    // given the decoded fit's rows (its three tasks', as a broadcast would
+    // give them), runs every block of pass 1.
+    let back = through_codec(&alone, &pass1);
+    let task = alone.task_ctx();
+    let ran = collect_partitioned(back, Arc::clone(&task)).await.unwrap();
+    let pass_blocks = fitted.children()[1]
+        .downcast_ref::<zarrfusion::array::fft::FourStepPassExec>()
+        .unwrap()
+        .pass_tasks();
+    let counts: Vec<u64> = (ran.iter().flatten())
+        .flat_map(|b| {
+            let c = b.column(0).as_any().downcast_ref::<UInt64Array>().unwrap();
+            c.values().to_vec()
+        })
+        .collect();
+    assert_eq!(counts.iter().sum::<u64>(), pass_blocks);
+    let codec = ZarrCodec::default();
+    let decode = |sent: &Value, inputs: &[Arc<dyn ExecutionPlan>]| {
+        codec.try_decode(sent.to_string().as_bytes(), inputs, &task, &CONVERTER)
+    };
+    let three = decode(&sent_fit, &[]).unwrap();
+    assert!(displayable(three.as_ref())
+        .one_line()
+        .to_string()
+        .contains("tasks=3"));
+    let refused = |sent: &Value, inputs: &[Arc<dyn ExecutionPlan>], says: &str| {
+        let err = decode(sent, inputs).expect_err(says).to_string();
+        assert!(err.contains(says), "{says}: {err}");
+    };
+    let mut many = sent_fit.clone();
+    many["tasks"] = Value::from(1u64 << 40);
+    refused(&many, &[], "tasks");
+    let mut plain = sent_fit.clone();
+    let options = plain["transforms"][0][1].as_array().unwrap().clone();
+    let kept: Vec<Value> = (options.into_iter())
+        .filter(|o| o[0] != "detrend")
+        .collect();
+    plain["transforms"][0][1] = Value::from(kept);
+    refused(&plain, &[], "with a detrend");
+    let small = zarrfusion::new_context_with(session_config(), limited(1024));
+    let err = codec
+        .try_decode(
+            sent_fit.to_string().as_bytes(),
+            &[],
+            &small.task_ctx(),
+            &CONVERTER,
+        )
+        .expect_err("a fit in 1 KiB");
+    assert!(err.to_string().contains("allowed_mem"), "{err}");
+    let sent_fitted = wire.encode(Arc::clone(&pass1));
+    assert_eq!(sent_fitted["node"], "fitted", "{sent_fitted}");
+    refused(&sent_fitted, &[], "has 2 inputs, got 0");
+    refused(
+        &sent_fitted,
+        &[Arc::clone(&three), Arc::clone(&three)],
+        "comes before the first pass",
+    );
+    // Fit rows from a hostile or broken cluster: a line past the
+    // source's, or too few chunks counted.
+    let schema = fit.schema();
+    let rows = |line: Option<u64>, chunks: u64| {
+        let mut columns: Vec<Arc<dyn datafusion::arrow::array::Array>> =
+            vec![Arc::new(UInt64Array::from(vec![line]))];
+        for _ in 0..6 {
+            columns.push(Arc::new(Float64Array::from(vec![1.0])));
+        }
+        columns.push(Arc::new(UInt64Array::from(vec![chunks])));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), columns).unwrap();
+        MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&schema), None).unwrap()
+            as Arc<dyn ExecutionPlan>
+    };
+    let pass = Arc::clone(fitted.children()[1]);
+    let all = fit_exec.chunks();
+    for (line, chunks, says) in [
+        (
+            Some(1u64 << 40),
+            all,
+            "names line 1099511627776".to_string(),
+        ),
+        (
+            None,
+            all - 1,
+            format!("read {} of its {all} chunks", all - 1),
+        ),
+    ] {
+        let bad = FittedExec::new(rows(line, chunks), Arc::clone(&pass)).unwrap();
+        let err = collect_partitioned(Arc::new(bad), Arc::clone(&task))
+            .await
+            .expect_err(&says)
+            .to_string();
+        assert!(err.contains(&says), "{says}: {err}");
+    }
+    drop((fft, on_cluster, pass, pass1, fit, three));
     assert_eq!(work_left(&work), Vec::<String>::new());
 }
 
@@ -2601,9 +2769,12 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     let alone = zarrfusion::new_context_with(session_config(), limited(limit));
     alone.sql(&set_work).await.unwrap();
     let fft = first_node::<FftExec>(physical_plan(&alone, &sql).await);
-    let on_cluster = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+    let on_cluster = (fft
+        .downcast_ref::<FftExec>()
         .unwrap()
-        .expect("a first stage by whole lines");
+        .on_cluster(&|rows| rows))
+    .unwrap()
+    .expect("a first stage by whole lines");
     let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
     through_codec(&alone, &tasks);
     let wire = Wire::new(&alone);
@@ -2746,9 +2917,12 @@ async fn a_staged_transform_s_four_step_first_stage_runs_its_passes_on_the_worke
         alone.sql(set).await.unwrap();
     }
     let fft = first_node::<FftExec>(physical_plan(&alone, &sql).await);
-    let on_cluster = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+    let on_cluster = (fft
+        .downcast_ref::<FftExec>()
         .unwrap()
-        .expect("a first stage on the four-step path");
+        .on_cluster(&|rows| rows))
+    .unwrap()
+    .expect("a first stage on the four-step path");
     assert_eq!(on_cluster.children().len(), 3, "two passes and the blocks");
     assert!(reading_on_cluster(&on_cluster).is_none());
     let tasks = Arc::clone(on_cluster.children()[2].children()[0]);
@@ -2822,9 +2996,12 @@ async fn a_four_step_first_stage_and_the_stage_after_it_run_in_rounds_on_the_wor
     let alone = zarrfusion::new_context_with(session_config(), limited(limit));
     alone.sql(&set_work).await.unwrap();
     let fft = first_node::<FftExec>(physical_plan(&alone, &sql).await);
-    let on_cluster = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+    let on_cluster = (fft
+        .downcast_ref::<FftExec>()
         .unwrap()
-        .expect("a first stage on the four-step path");
+        .on_cluster(&|rows| rows))
+    .unwrap()
+    .expect("a first stage on the four-step path");
     let reading = reading_on_cluster(&on_cluster).expect("a later stage by whole lines");
     let after = first_node_of::<AfterExec>(&(Arc::new(reading) as Arc<dyn ExecutionPlan>))
         .expect("rounds after each other");
@@ -2869,9 +3046,12 @@ async fn a_four_step_pass_round_trips_and_a_malformed_one_is_refused() {
     let case = cases.iter().find(|c| c["name"] == "lon_numpy").unwrap();
     let sql = format!("SELECT * FROM {}", common::fft::sql_call(case));
     let fft = planned_fft(&ctx, &sql).await;
-    let fft = (fft.downcast_ref::<FftExec>().unwrap().on_cluster())
+    let fft = (fft
+        .downcast_ref::<FftExec>()
         .unwrap()
-        .expect("a four-step path's passes");
+        .on_cluster(&|rows| rows))
+    .unwrap()
+    .expect("a four-step path's passes");
     let passes: Vec<Arc<dyn ExecutionPlan>> = (fft.children().iter())
         .map(|gather| Arc::clone(gather.children()[0]))
         .collect();

@@ -148,6 +148,23 @@ impl TrendSums {
         }
     }
 
+    /// The sums as six numbers (Σ x, then Σ x·c(p) along each
+    /// dimension; real part, imaginary part), as they travel between a
+    /// cluster's tasks.
+    pub fn parts(&self) -> [f64; 6] {
+        let [a, b] = self.moments;
+        let t = self.total;
+        [t.re, t.im, a.re, a.im, b.re, b.im]
+    }
+
+    /// The sums [`Self::parts`] gave.
+    pub fn from_parts([t_re, t_im, a_re, a_im, b_re, b_im]: [f64; 6]) -> Self {
+        Self {
+            total: Complex::new(t_re, t_im),
+            moments: [Complex::new(a_re, a_im), Complex::new(b_re, b_im)],
+        }
+    }
+
     /// Adds the sums of another piece of the same group.
     pub fn merge(&mut self, other: &TrendSums) {
         self.total += other.total;

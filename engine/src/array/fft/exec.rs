@@ -38,6 +38,7 @@ use super::passes::FourStepPassExec;
 use super::source::{ArraySource, ClusterStep, StoredStage};
 use super::table::FftTable;
 use super::transform::FftTransform;
+use super::trend_pass::{DetrendFitExec, FittedExec};
 use crate::array::rechunk::cluster::Round;
 use crate::array::tasks::run_cluster_tasks;
 use crate::config::ZarrConfig;
@@ -467,6 +468,10 @@ fn pass_name(pass: usize) -> String {
 /// add up to and what it is (for errors).
 type StageCounts = Vec<(u64, String)>;
 
+/// What sends a stage's rows to every task of the stage that reads them
+/// (on a cluster, datafusion-distributed's broadcast).
+pub type Broadcast = dyn Fn(Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan>;
+
 /// The blocks an [`FftExec`] reads and how it sends their rows, as a
 /// session plans them and a cluster's worker receives them.
 #[derive(Debug, Clone)]
@@ -746,9 +751,12 @@ impl FftExec {
     /// read here. `None` when they already are, for the other paths (whole
     /// lines read from the variable go to the workers themselves, see
     /// [`Self::with_tasks`]) and for what a worker cannot make again (a
-    /// detrended source, a table not opened from a location), which runs
-    /// in the session.
-    pub fn on_cluster(&self) -> Result<Option<Self>> {
+    /// detrended source but on the four-step path, a table not opened
+    /// from a location), which runs in the session. A detrended source on
+    /// the four-step path has its fit as a stage before the first pass
+    /// ([`super::trend_pass`]), whose rows `broadcast` sends to every task
+    /// of that pass.
+    pub fn on_cluster(&self, broadcast: &Broadcast) -> Result<Option<Self>> {
         let table = &self.job.table;
         if !self.inputs.is_empty() {
             return Ok(None);
@@ -778,14 +786,22 @@ impl FftExec {
         let passes = [0, 1]
             .into_iter()
             .map(|pass| {
-                let exec = FourStepPassExec::new(
+                let exec: Arc<dyn ExecutionPlan> = Arc::new(FourStepPassExec::new(
                     Arc::clone(table),
                     Arc::clone(four_step),
                     pass,
                     self.job.device,
                     self.job.memory_limit,
-                )?;
-                Ok(Arc::new(CoalescePartitionsExec::new(Arc::new(exec))) as _)
+                )?);
+                // A detrend's fit is a stage before the first pass.
+                let exec = match (pass, table.source()) {
+                    (0, ArraySource::Detrended(_)) => {
+                        let fit = Arc::new(DetrendFitExec::new(Arc::clone(table))?);
+                        Arc::new(FittedExec::new(broadcast(fit), exec)?) as _
+                    }
+                    _ => exec,
+                };
+                Ok(Arc::new(CoalescePartitionsExec::new(exec)) as _)
             })
             .collect::<Result<_>>()?;
         Ok(Some(Self {

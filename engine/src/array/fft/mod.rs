@@ -18,6 +18,7 @@
 //! | [`four_step`] | the four-step (Bailey) path for lines larger than memory |
 //! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
 //! | [`passes`] | the four-step path's passes as a cluster's stages (`FourStepPassExec`) |
+//! | [`trend_pass`] | a detrend's fit as a cluster's stage before the first pass (`DetrendFitExec`, `FittedExec`) |
 //! | [`exec`] | `FftExec`, the operator |
 //! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`), on a cluster in runs of blocks on the workers (`FftCopyTasksExec`) |
 //! | [`staged`] | transforms along several dimensions, one dimension at a time, when blocks of whole lines do not fit |
@@ -44,6 +45,7 @@ pub mod source;
 pub mod staged;
 pub mod table;
 pub mod transform;
+pub mod trend_pass;
 pub mod window;
 
 pub use copy::{FftCopy, FftCopyExec};
@@ -53,4 +55,5 @@ pub use passes::FourStepPassExec;
 pub use source::ArraySource;
 pub use table::{fft_plan, fft_scan, FftPlanner, FftTable};
 pub use transform::FftTransform;
+pub use trend_pass::{DetrendFitExec, FittedExec};
 pub use window::Window;

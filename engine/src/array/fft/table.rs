@@ -47,7 +47,7 @@ use zarrfusion_udfs::complex::{complex_part, complex_type};
 
 use super::four_step::FourStep;
 use super::options::FftOptions;
-use super::source::{ArraySource, SourceDimension, TransformOutput};
+use super::source::{ArraySource, DetrendedSource, SourceDimension, TransformOutput};
 use super::transform::FftTransform;
 use crate::table::{
     literal_text, pushed_dimension, registered_table, store_table, Coordinate, GridTable,
@@ -335,18 +335,66 @@ impl FftTable {
     }
 
     /// The variable and the transform of a four-step path that reads it
-    /// from a table opened from a location: what a cluster's worker makes
-    /// again ([`Self::of_chain`] of this one transform) to run its blocks
-    /// of the passes ([`super::passes`]). `None` for the other paths and
-    /// for a detrended source (its fit is a pass of its own, in the
-    /// session).
+    /// from a table opened from a location (with its trend removed first
+    /// when it has a detrend): what a cluster's worker makes again
+    /// ([`Self::of_chain`] of this one transform, then
+    /// [`Self::detrended_as_received`]) to run its blocks of the passes
+    /// ([`super::passes`]) and the detrend's fit
+    /// ([`super::trend_pass`]). `None` for the other paths.
     pub fn four_step_chain(&self) -> Option<(&Arc<GridTable>, usize, &FftOptions)> {
         self.four_step.as_ref()?;
-        let ArraySource::Zarr { grid, variable } = &self.source else {
-            return None;
+        let (grid, variable) = match &self.source {
+            ArraySource::Zarr { grid, variable } => (grid, variable),
+            _ => self.detrended_variable()?,
         };
         grid.source.as_ref()?;
         Some((grid, *variable, &self.transform.options))
+    }
+
+    /// The Zarr variable a source detrended along this one-dimension
+    /// transform's dimension reads (`None` for other sources, and for a
+    /// trend fitted over more dimensions: a staged transform's first
+    /// stage).
+    fn detrended_variable(&self) -> Option<(&Arc<GridTable>, &usize)> {
+        let ArraySource::Detrended(detrended) = &self.source else {
+            return None;
+        };
+        let [(axis, _)] = self.transform.axes.as_slice() else {
+            return None;
+        };
+        if detrended.axes() != [*axis] {
+            return None;
+        }
+        match &detrended.source {
+            ArraySource::Zarr { grid, variable } => Some((grid, variable)),
+            _ => None,
+        }
+    }
+
+    /// This one-dimension transform of a Zarr variable as a cluster's
+    /// worker makes it again for the four-step path: when it has a
+    /// detrend, its source detrended along the transformed dimension, the
+    /// sums given by the fit's tasks (`workers` of them gathering them
+    /// when this process runs one of those tasks); itself otherwise.
+    pub fn detrended_as_received(&self, workers: usize) -> Result<Self> {
+        let (Some(detrend), [(axis, _)]) = (
+            self.transform.options.detrend,
+            self.transform.axes.as_slice(),
+        ) else {
+            return Ok(self.clone());
+        };
+        let ArraySource::Zarr { .. } = &self.source else {
+            return plan_err!(
+                "a detrended four-step transform of '{}' reads a variable",
+                self.source.store()
+            );
+        };
+        let detrended =
+            DetrendedSource::received(self.source.clone(), vec![*axis], detrend, workers);
+        Ok(Self {
+            source: ArraySource::Detrended(Arc::new(detrended)),
+            ..self.clone()
+        })
     }
 
     /// The variable and the transforms this one makes of it, innermost

@@ -36,6 +36,9 @@ pub struct DetrendedSource {
     /// Workers of the pass gathering the sums.
     workers: usize,
     sums: OnceLock<Result<Vec<TrendSums>, String>>,
+    /// Whether this process gathers the sums itself on the first read (a
+    /// cluster's worker is given them instead, see [`Self::received`]).
+    fit_here: bool,
     cancelled: AtomicBool,
 }
 
@@ -105,6 +108,7 @@ impl DetrendedSource {
             detrend,
             workers: workers.max(1),
             sums: OnceLock::new(),
+            fit_here: true,
             cancelled: AtomicBool::new(false),
         }
     }
@@ -158,60 +162,144 @@ impl DetrendedSource {
         self.axes.iter().map(|&a| shape[a] as usize).collect()
     }
 
+    /// The number of groups (positions of the dimensions not in the
+    /// fit's axes), each with its sums.
+    pub fn groups(&self) -> usize {
+        Self::sums_memory(&self.source.shape(), &self.axes) / std::mem::size_of::<TrendSums>()
+    }
+
+    /// The dimensions the trend is fitted over.
+    pub fn axes(&self) -> &[usize] {
+        &self.axes
+    }
+
+    /// The blocks the pass gathering the sums reads: the source's chunks.
+    pub fn fit_blocks(&self) -> BlockGrid {
+        BlockGrid::covering(&self.source.shape(), &self.source.chunk_shape())
+    }
+
+    /// Workers of the pass gathering the sums.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Bytes the pass gathering the sums holds at its peak: a chunk per
+    /// worker and every group's sums.
+    pub fn fit_memory(&self) -> usize {
+        (self.workers.saturating_mul(Self::task_memory(&self.source)))
+            .saturating_add(Self::sums_memory(&self.source.shape(), &self.axes))
+    }
+
+    /// [`Self::new`] as a cluster's worker makes it: its sums are not
+    /// gathered on the first read but given by the fit's tasks
+    /// ([`Self::set_fit`]), `workers` of them gathering them when this
+    /// process runs one.
+    pub fn received(
+        source: ArraySource,
+        axes: Vec<usize>,
+        detrend: Detrend,
+        workers: usize,
+    ) -> Self {
+        let mut made = Self::new(source, axes, detrend, workers);
+        made.fit_here = false;
+        made
+    }
+
+    /// Every group's sums, gathered by the fit's tasks on a cluster (see
+    /// [`crate::array::fft::trend_pass`]); refused when not one per group.
+    /// Sums already gathered are kept.
+    pub fn set_fit(&self, sums: Vec<TrendSums>) -> Result<(), String> {
+        if sums.len() != self.groups() {
+            return Err(format!(
+                "{} sums for the {} groups of the detrend of '{}' variable '{}'",
+                sums.len(),
+                self.groups(),
+                self.source.store(),
+                self.source.variable()
+            ));
+        }
+        // Set once (a worker's node runs its fit once); a second fit of
+        // the same source gives the same sums.
+        let _ = self.sums.set(Ok(sums));
+        Ok(())
+    }
+
+    /// The sums of every group over the source's chunks numbered `blocks`
+    /// (of [`Self::fit_blocks`]), gathered by the pass's workers; groups
+    /// those chunks do not reach hold zeros.
+    pub fn gather<P: Precision>(
+        &self,
+        blocks: Range<u64>,
+        kernels: &Kernels,
+        cancelled: &AtomicBool,
+    ) -> Result<Vec<TrendSums>, String> {
+        let shape = self.source.shape();
+        let lengths = self.lengths();
+        let total = Mutex::new(vec![TrendSums::default(); self.groups()]);
+        let wide = |x: P| x.to_f64().unwrap_or(f64::NAN);
+        let grid = self.fit_blocks();
+        if blocks.end > grid.num_blocks() {
+            return Err(format!(
+                "the detrend's fit has {} chunks, not {}",
+                grid.num_blocks(),
+                blocks.end
+            ));
+        }
+        run_tasks(
+            blocks.end.saturating_sub(blocks.start),
+            self.workers,
+            cancelled,
+            ChunkBufferPool::new,
+            |pool, task| {
+                let extent = grid.block(blocks.start + task);
+                let values = self.source.read::<P>(&extent, pool, kernels)?;
+                // The block's groups, and their index in the source.
+                let local_groups: u64 = (0..shape.len())
+                    .filter(|d| !self.axes.contains(d))
+                    .map(|d| extent[d].end - extent[d].start)
+                    .product();
+                let mut part = vec![(0, TrendSums::default()); local_groups as usize];
+                for_each_cell(
+                    &extent,
+                    &shape,
+                    &self.axes,
+                    |cell, [group, local], along| {
+                        let v = match &values {
+                            BlockValues::Real(v) => Complex::new(wide(v[cell]), 0.0),
+                            BlockValues::Complex(v) => {
+                                Complex::new(wide(v[cell].re), wide(v[cell].im))
+                            }
+                        };
+                        part[local].0 = group;
+                        part[local].1.add(v, along, &lengths);
+                    },
+                );
+                let mut total = total
+                    .lock()
+                    .map_err(|_| "a detrend task failed".to_string())?;
+                for (group, sums) in &part {
+                    total[*group].merge(sums);
+                }
+                Ok::<u64, String>(0)
+            },
+        )?;
+        if cancelled.load(Ordering::Relaxed) {
+            return Err("cancelled".to_string());
+        }
+        total
+            .into_inner()
+            .map_err(|_| "a detrend task failed".to_string())
+    }
+
     /// Every group's sums, gathered once; every caller waits for them.
     fn sums<P: Precision>(&self, kernels: &Kernels) -> Result<&[TrendSums], String> {
         let sums = self.sums.get_or_init(|| {
-            let shape = self.source.shape();
-            let chunk = self.source.chunk_shape();
-            let lengths = self.lengths();
-            let groups = Self::sums_memory(&shape, &self.axes) / std::mem::size_of::<TrendSums>();
-            let total = Mutex::new(vec![TrendSums::default(); groups]);
-            let wide = |x: P| x.to_f64().unwrap_or(f64::NAN);
-            let blocks = BlockGrid::covering(&shape, &chunk);
-            run_tasks(
-                blocks.num_blocks(),
-                self.workers,
-                &self.cancelled,
-                ChunkBufferPool::new,
-                |pool, task| {
-                    let extent = blocks.block(task);
-                    let values = self.source.read::<P>(&extent, pool, kernels)?;
-                    // The block's groups, and their index in the source.
-                    let local_groups: u64 = (0..shape.len())
-                        .filter(|d| !self.axes.contains(d))
-                        .map(|d| extent[d].end - extent[d].start)
-                        .product();
-                    let mut part = vec![(0, TrendSums::default()); local_groups as usize];
-                    for_each_cell(
-                        &extent,
-                        &shape,
-                        &self.axes,
-                        |cell, [group, local], along| {
-                            let v = match &values {
-                                BlockValues::Real(v) => Complex::new(wide(v[cell]), 0.0),
-                                BlockValues::Complex(v) => {
-                                    Complex::new(wide(v[cell].re), wide(v[cell].im))
-                                }
-                            };
-                            part[local].0 = group;
-                            part[local].1.add(v, along, &lengths);
-                        },
-                    );
-                    let mut total = total
-                        .lock()
-                        .map_err(|_| "a detrend task failed".to_string())?;
-                    for (group, sums) in &part {
-                        total[*group].merge(sums);
-                    }
-                    Ok::<u64, String>(0)
-                },
-            )?;
-            if self.cancelled.load(Ordering::Relaxed) {
-                return Err("cancelled".to_string());
+            if !self.fit_here {
+                return Err(
+                    "its fit did not reach this worker before its blocks were read".to_string(),
+                );
             }
-            total
-                .into_inner()
-                .map_err(|_| "a detrend task failed".to_string())
+            self.gather::<P>(0..self.fit_blocks().num_blocks(), kernels, &self.cancelled)
         });
         sums.as_deref().map_err(|e| {
             format!(
