@@ -557,6 +557,35 @@ def test_a_staged_transform_s_first_stage_runs_on_the_workers_and_equals_numpy(w
     assert list(work.iterdir()) == []
 
 
+def test_a_staged_detrended_transform_fits_its_trend_on_the_workers_and_equals_numpy(workers, tmp_path):
+    """The staged FFT with ``detrend => 'constant'`` (xrft removes each
+    plane's mean over both dimensions at once, which the first stage's
+    lines along ``y`` do not hold): the plane means are fitted in a stage
+    of their own on the two worker processes (``DetrendFitExec``), their
+    sums broadcast to every task of the first stage (``FittedExec``). The
+    spectrum is numpy's ``fft2`` of the planes less their means, and
+    nothing is left in ``work_dir``."""
+    data, store = _planes(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    config = {"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)}
+    ctx = zf.SessionContext(workers=workers, allowed_mem=_PLANES_MEMORY, config=config)
+    sql = f"SELECT * FROM fft('{store}', 'v', dims => 'y,x', detrend => 'constant')"
+    distributed = _distributed_plan(ctx, sql)
+    for part in [
+        "strategy=staged: along [y] by whole lines",
+        "first stage on the cluster's workers",
+        "FittedExec: after the detrend's fit",
+        "FftCopyTasksExec",
+    ]:
+        assert part in distributed, distributed
+    fit = [line for line in distributed.splitlines() if "DetrendFitExec" in line]
+    assert len(fit) == 1 and "tasks=2" in fit[0], distributed
+    centred = data - data.mean(axis=(1, 2), keepdims=True)
+    _assert_fft2(ctx.sql(sql).to_xarray(dims=["t", "freq_y", "freq_x"])["v"], centred)
+    assert list(work.iterdir()) == []
+
+
 def test_a_staged_transform_from_a_bucket_through_a_work_dir_in_it_runs_on_the_workers(workers, tmp_path):
     """The same staged FFT with the store and the work_dir in an S3
     bucket: the workers read the store, store the first stage in the

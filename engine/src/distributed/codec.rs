@@ -107,7 +107,8 @@ use crate::array::fft::source::DetrendedSource;
 use crate::array::fft::source::StoredStage;
 use crate::array::fft::staged::{ReceivedStage, StagedTransform};
 use crate::array::fft::{
-    ArraySource, DetrendFitExec, FftExec, FftOptions, FftTable, FittedExec, FourStepPassExec,
+    ArraySource, Detrend, DetrendFitExec, FftExec, FftOptions, FftTable, FittedExec,
+    FourStepPassExec,
 };
 use crate::array::rechunk::{
     PreparedRechunk, RechunkExec, RechunkOptions, RechunkTasks, RechunkTasksExec,
@@ -165,6 +166,23 @@ fn check_counts(subject: &str, counts: &[(&str, usize, usize)]) -> Result<()> {
 fn memory_limit(ctx: &TaskContext) -> Option<usize> {
     match ctx.memory_pool().memory_limit() {
         MemoryLimit::Finite(bytes) => Some(bytes),
+        _ => None,
+    }
+}
+
+/// The detrended source `plan` reads the values of: the first pass of a
+/// four-step transform, or the blocks of a staged transform's first stage
+/// by whole lines, whose source is detrended (looked for under what
+/// DataFusion wraps a leaf in, `CooperativeExec`).
+fn reading_detrended(plan: &Arc<dyn ExecutionPlan>) -> Option<&Arc<DetrendedSource>> {
+    if let Some(pass) = plan.downcast_ref::<FourStepPassExec>() {
+        return (pass.pass() == 0).then(|| pass.table().detrended())?;
+    }
+    if let Some(copy) = plan.downcast_ref::<FftCopyTasksExec>() {
+        return (copy.table().four_step().is_none()).then(|| copy.table().detrended())?;
+    }
+    match plan.children().as_slice() {
+        [only] => reading_detrended(only),
         _ => None,
     }
 }
@@ -517,6 +535,40 @@ struct Chain {
     variable: String,
     /// Each transform's function (`fft`, `ifft`) and options.
     transforms: Vec<(String, Vec<(String, String)>)>,
+    /// A trend removed from the variable before the innermost transform
+    /// reads it (the four-step path, a staged transform's first stage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    detrend: Option<SentDetrend>,
+}
+
+/// A trend removed from a transform's source as it travels: `constant` or
+/// `linear`, and the dimensions (indices) it is fitted over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SentDetrend {
+    detrend: String,
+    axes: Vec<usize>,
+}
+
+impl SentDetrend {
+    /// The trend `table` removes from its source, if any.
+    fn of(table: &FftTable) -> Option<Self> {
+        let detrended = table.detrended()?;
+        Some(Self {
+            detrend: format!("{:?}", detrended.detrend()).to_lowercase(),
+            axes: detrended.axes().to_vec(),
+        })
+    }
+
+    /// `table` (made again from the variable) removing this trend, its
+    /// sums from the fit's tasks.
+    fn received(&self, table: &FftTable) -> Result<FftTable> {
+        let detrend = match self.detrend.as_str() {
+            "constant" => Detrend::Constant,
+            "linear" => Detrend::Linear,
+            other => return plan_err!("a detrend {other:?} (constant or linear)"),
+        };
+        table.with_received_detrend(detrend, self.axes.clone(), 1)
+    }
 }
 
 /// A run of the blocks of a `COPY` of a transform as it travels
@@ -581,6 +633,9 @@ struct FourStepPass {
     variable: String,
     /// The transform's function (`fft`, `ifft`) and options.
     transform: (String, Vec<(String, String)>),
+    /// A trend removed from the variable before the first pass reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    detrend: Option<SentDetrend>,
     #[serde(flatten)]
     at: FourStepAt,
     /// 0: across chunks, 1: within chunks.
@@ -861,7 +916,27 @@ impl Chain {
                 table.source().variable()
             );
         };
-        Self::of_variable(grid, variable, &options)
+        Ok(Self {
+            detrend: SentDetrend::of(table),
+            ..Self::of_variable(grid, variable, &options)?
+        })
+    }
+
+    /// The one transform of `table` on the four-step path (its variable's
+    /// trend removed first when it has one).
+    fn of_four_step(table: &FftTable) -> Result<Self> {
+        let Some((grid, variable, options)) = table.four_step_chain() else {
+            return not_impl_err!(
+                "the transform of '{}' variable '{}' cannot run on a cluster's workers: its \
+                 path makes a store in work_dir first from a source made in the session",
+                table.source().store(),
+                table.source().variable()
+            );
+        };
+        Ok(Self {
+            detrend: SentDetrend::of(table),
+            ..Self::of_variable(grid, variable, &[options])?
+        })
     }
 
     /// Variable `variable` of `grid` transformed by `options` in turn.
@@ -874,6 +949,7 @@ impl Chain {
             columns: columns_of(grid),
             variable: grid.variables[variable].name().to_string(),
             transforms,
+            detrend: None,
         })
     }
 }
@@ -940,16 +1016,7 @@ impl Transform {
         let (chain, staged, four_step) = match (LaterStageRead::of(exec)?, table.four_step()) {
             (Some((asked, read)), _) => (asked, Some(Box::new(read)), None),
             (None, Some(four_step)) => {
-                let Some((grid, variable, options)) = table.four_step_chain() else {
-                    return not_impl_err!(
-                        "the transform of '{}' variable '{}' cannot run on a cluster's workers: \
-                         its path makes a store in work_dir first from a source made in the \
-                         session",
-                        table.source().store(),
-                        table.source().variable()
-                    );
-                };
-                let chain = Chain::of_variable(grid, variable, &[options])?;
+                let chain = Chain::of_four_step(table)?;
                 (chain, None, Some(Box::new(FourStepAt::of(four_step))))
             }
             (None, None) => (Chain::of(table)?, None, None),
@@ -1011,6 +1078,7 @@ impl FourStepPass {
             columns: columns_of(grid),
             variable: grid.variables[variable].name().to_string(),
             transform: (function.to_string(), named),
+            detrend: SentDetrend::of(table),
             at: FourStepAt::of(exec.four_step()),
             pass: exec.pass(),
             tasks: exec.tasks(),
@@ -1298,6 +1366,7 @@ impl ZarrCodec {
             columns,
             variable,
             transforms,
+            detrend,
         } = chain;
         let grid = self.open(source, ctx)?;
         let store = grid.store.clone();
@@ -1316,7 +1385,13 @@ impl ZarrCodec {
         let transforms = (transforms.iter())
             .map(|sent| received_options(sent, &store))
             .collect::<Result<Vec<_>>>()?;
-        FftTable::of_chain(grid, variable, transforms)
+        let one = transforms.len() == 1;
+        let table = FftTable::of_chain(grid, variable, transforms)?;
+        match detrend {
+            Some(_) if !one => plan_err!("a detrend of {store} sent with a chain of transforms"),
+            Some(detrend) => detrend.received(&table),
+            None => Ok(table),
+        }
     }
 
     /// A transform reading a rechunked copy of its variable received by a
@@ -1595,6 +1670,7 @@ impl ZarrCodec {
             columns: p.columns.clone(),
             variable: p.variable.clone(),
             transforms: vec![p.transform.clone()],
+            detrend: p.detrend.clone(),
         };
         let table = self.transform_table(&chain, ctx)?;
         let store = table.source().store().to_string();
@@ -1608,13 +1684,9 @@ impl ZarrCodec {
                 p.pass + 1
             );
         }
+        // The first pass reads the source with its trend removed (when it
+        // has one), the sums given by the fit before it (`Fitted`).
         let four_step = open_four_step(&table, p.at, ctx)?;
-        // The first pass reads the source with its trend removed, the sums
-        // given by the fit before it (`Fitted`).
-        let table = match p.pass {
-            0 => table.detrended_as_received(1)?,
-            _ => table,
-        };
         let config = ZarrConfig::of(ctx.session_config().options());
         let device = choose_device(&config.device)
             .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
@@ -1629,11 +1701,11 @@ impl ZarrCodec {
         Ok(Arc::new(exec.with_tasks(p.tasks)))
     }
 
-    /// A detrend's fit received by a worker: the detrended four-step
-    /// transform made again with SQL's checks (one transform of a
-    /// variable, with a detrend, whose line does not fit in a block), as
-    /// many chunks at once as the worker's `allowed_mem` holds beside
-    /// every line's sums (refused when one does not fit).
+    /// A detrend's fit received by a worker: the detrended transform (one,
+    /// of a variable: the four-step path, a staged transform's first
+    /// stage) made again with SQL's checks, as many chunks at once as the
+    /// worker's `allowed_mem` holds beside every line's sums (refused when
+    /// one does not fit).
     fn decode_detrend_fit(
         &self,
         fit: DetrendFit,
@@ -1645,18 +1717,12 @@ impl ZarrCodec {
             &format!("a detrend's fit of {store}"),
             &[("tasks", fit.tasks, MAX_TASKS)],
         )?;
-        let (true, [(axis, _)]) = (
-            table.transform().options.detrend.is_some(),
-            table.transform().axes.as_slice(),
-        ) else {
-            return plan_err!(
-                "a detrend's fit of {store} is sent for a four-step transform along one \
-                 dimension with a detrend"
-            );
+        let Some(detrended) = table.detrended() else {
+            return plan_err!("a detrend's fit of {store} is sent for a transform with a detrend");
         };
         let (sums, task) = (
-            DetrendedSource::sums_memory(&table.source().shape(), &[*axis]),
-            DetrendedSource::task_memory(table.source()),
+            DetrendedSource::sums_memory(&detrended.source.shape(), detrended.axes()),
+            DetrendedSource::task_memory(&detrended.source),
         );
         fits_on_worker(
             sums.saturating_add(task),
@@ -1665,7 +1731,7 @@ impl ZarrCodec {
         )?;
         let room = memory_limit(ctx).map_or(usize::MAX, |l| l.saturating_sub(sums));
         let workers = (room / task.max(1)).clamp(1, rayon::current_num_threads().max(1));
-        let table = table.detrended_as_received(workers)?;
+        let table = table.with_fit_workers(workers);
         let exec = DetrendFitExec::new(Arc::new(table))?;
         Ok(Arc::new(exec.with_tasks(fit.tasks)))
     }
@@ -2195,7 +2261,15 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 let [fit, then] = inputs else {
                     return internal_err!("a pass after a detrend's fit without its two inputs");
                 };
-                let fitted = FittedExec::new(Arc::clone(fit), Arc::clone(then))?;
+                let Some(detrended) = reading_detrended(then).cloned() else {
+                    return plan_err!(
+                        "a detrend's fit comes before the first stage reading a detrended \
+                         source (the first pass of a four-step transform, or a staged \
+                         transform's first stage by whole lines), not before {}",
+                        then.name()
+                    );
+                };
+                let fitted = FittedExec::new(Arc::clone(fit), Arc::clone(then), detrended)?;
                 fits_on_worker(fitted.memory(), "the sums of a detrend's lines", ctx)?;
                 Ok(Arc::new(fitted))
             }
@@ -2255,12 +2329,12 @@ impl PhysicalExtensionCodec for ZarrCodec {
         }
         if let Some(copy) = node.downcast_ref::<FftCopyTasksExec>() {
             let table = copy.table();
-            let (chain, four_step) = match (table.four_step(), table.four_step_chain()) {
-                (Some(four_step), Some((grid, variable, options))) => (
-                    Chain::of_variable(grid, variable, &[options])?,
+            let (chain, four_step) = match table.four_step() {
+                Some(four_step) => (
+                    Chain::of_four_step(table)?,
                     Some(Box::new(FourStepAt::of(four_step))),
                 ),
-                _ => (Chain::of(table)?, None),
+                None => (Chain::of(table)?, None),
             };
             let encoded = Node::TransformCopy(TransformCopy {
                 chain,
@@ -2283,15 +2357,12 @@ impl PhysicalExtensionCodec for ZarrCodec {
         }
         if let Some(fit) = node.downcast_ref::<DetrendFitExec>() {
             let table = fit.table();
-            let Some((grid, variable, options)) = table.four_step_chain() else {
-                return not_impl_err!(
-                    "the detrend of '{}' is fitted on a cluster's workers only for a \
-                     four-step transform of a variable",
-                    table.source().store()
-                );
+            let chain = match table.four_step() {
+                Some(_) => Chain::of_four_step(table)?,
+                None => Chain::of(table)?,
             };
             let encoded = Node::DetrendFit(DetrendFit {
-                chain: Chain::of_variable(grid, variable, &[options])?,
+                chain,
                 tasks: fit.tasks(),
             });
             return serde_json::to_writer(buf, &encoded)

@@ -1707,9 +1707,9 @@ async fn a_rolling_copy_s_tasks_round_trip_and_a_malformed_window_is_refused() {
 }
 
 /// A stage the workers would run holding a node that cannot travel (here
-/// a transform along two dimensions staged on the four-step path with a
-/// trend fitted over both, which runs in the session only, on one side of
-/// a hash join split among the workers) is refused while
+/// the inverse of a transform along two dimensions, both staged on the
+/// four-step path, which runs in the session only, on one side of a hash
+/// join split among the workers) is refused while
 /// planning, naming the node, instead of leaving a worker waiting for its
 /// plan until its time-out (10 s, measured before the check); plans that
 /// travel still run.
@@ -1727,9 +1727,12 @@ async fn a_worker_stage_that_cannot_travel_is_refused_while_planning() {
     ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
         .await
         .unwrap();
-    let sql = "SELECT a.freq_lat, count(*) FROM fft('era5', 't2m', dims => 'lat,lon', detrend \
-               => 'linear') a JOIN era5 b ON a.time = b.time AND b.lat = 80 AND b.t2m > \
-               a.t2m['re'] GROUP BY a.freq_lat";
+    ctx.sql("CREATE VIEW spectrum AS SELECT * FROM fft('era5', 't2m', dims => 'lat,lon')")
+        .await
+        .unwrap();
+    let sql = "SELECT a.lat, count(*) FROM ifft('spectrum', 't2m', dims => 'freq_lat,freq_lon', \
+               lag => '30,90') a JOIN era5 b ON a.time = b.time AND b.lat = 80 AND b.t2m > \
+               a.t2m['re'] GROUP BY a.lat";
     let started = std::time::Instant::now();
     let planned = ctx.sql(sql).await.unwrap().create_physical_plan().await;
     let err = planned
@@ -2129,9 +2132,10 @@ async fn every_fft_case_gives_xrft_s_answer_through_two_workers() {
 /// fitting its trend (`DetrendFitExec`, its rows broadcast to the first
 /// pass's tasks through `FittedExec`). A staged transform (several
 /// dimensions) and a chain whose inner transform is stored first run their
-/// first stage's passes and blocks on the workers (three stages), the rest
-/// in the session; a staged one detrended over several dimensions runs in
-/// the session; all with xrft's answer. Nothing is left in work_dir.
+/// first stage's passes and blocks on the workers (three stages; a trend
+/// fitted over both dimensions a stage before them), the rest in the
+/// session; a chain of staged transforms runs in the session; all with
+/// xrft's answer. Nothing is left in work_dir.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_session() {
     let workers = start_workers(2).await;
@@ -2189,13 +2193,18 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
             // A staged transform's (or a chain's inner) first stage on the
             // four-step path: its two passes, then its blocks, on the
             // workers; the rest in the session.
-            assert!(!args.contains_key("detrend"), "{name}:\n{shown}");
             assert_eq!(
                 shown.matches("FourStepPassExec: pass").count(),
                 2,
                 "{name}:\n{shown}"
             );
             assert!(shown.contains("FftCopyTasksExec"), "{name}:\n{shown}");
+            // A trend fitted over both dimensions: its fit a stage before
+            // the first pass.
+            let fitted = shown.contains("FittedExec: after the detrend's fit")
+                && shown.contains("DetrendFitExec: the detrend of");
+            assert_eq!(fitted, args.contains_key("detrend"), "{name}:\n{shown}");
+            fitted_on_workers += usize::from(fitted);
             first_stages += 1;
         } else {
             assert!(!shown.contains("FourStepPassExec"), "{name}:\n{shown}");
@@ -2206,12 +2215,12 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
     }
     assert!(on_workers >= 12, "{on_workers} cases on the workers");
     assert!(
-        first_stages >= 8,
+        first_stages >= 10,
         "{first_stages} first stages on the workers"
     );
-    assert!(in_session >= 3, "{in_session} cases in the session");
+    assert!(in_session >= 1, "{in_session} cases in the session");
     assert!(
-        fitted_on_workers >= 2,
+        fitted_on_workers >= 4,
         "{fitted_on_workers} detrends fitted on the workers"
     );
     // An aggregate over a spectrum whose passes run on the workers: the
@@ -2438,12 +2447,14 @@ async fn a_detrend_s_fit_runs_as_a_stage_before_the_first_pass() {
     many["tasks"] = Value::from(1u64 << 40);
     refused(&many, &[], "tasks");
     let mut plain = sent_fit.clone();
-    let options = plain["transforms"][0][1].as_array().unwrap().clone();
-    let kept: Vec<Value> = (options.into_iter())
-        .filter(|o| o[0] != "detrend")
-        .collect();
-    plain["transforms"][0][1] = Value::from(kept);
+    plain.as_object_mut().unwrap().remove("detrend");
     refused(&plain, &[], "with a detrend");
+    let mut elsewhere = sent_fit.clone();
+    elsewhere["detrend"]["axes"] = Value::from(vec![0, 5]);
+    refused(&elsewhere, &[], "fitted over dimensions [0, 5]");
+    let mut unknown = sent_fit.clone();
+    unknown["detrend"]["detrend"] = Value::from("quadratic");
+    refused(&unknown, &[], "constant or linear");
     let small = zarrfusion::new_context_with(session_config(), limited(1024));
     let err = codec
         .try_decode(
@@ -2460,7 +2471,7 @@ async fn a_detrend_s_fit_runs_as_a_stage_before_the_first_pass() {
     refused(
         &sent_fitted,
         &[Arc::clone(&three), Arc::clone(&three)],
-        "comes before the first pass",
+        "comes before the first stage reading a detrended source",
     );
     // Fit rows from a hostile or broken cluster: a line past the
     // source's, or too few chunks counted.
@@ -2490,7 +2501,8 @@ async fn a_detrend_s_fit_runs_as_a_stage_before_the_first_pass() {
             format!("read {} of its {all} chunks", all - 1),
         ),
     ] {
-        let bad = FittedExec::new(rows(line, chunks), Arc::clone(&pass)).unwrap();
+        let detrended = Arc::clone(fit_exec.table().detrended().unwrap());
+        let bad = FittedExec::new(rows(line, chunks), Arc::clone(&pass), detrended).unwrap();
         let err = collect_partitioned(Arc::new(bad), Arc::clone(&task))
             .await
             .expect_err(&says)
@@ -2709,7 +2721,8 @@ async fn read_on_the_workers(
 /// once the first stage's counts (broadcast) say every block is there.
 /// The spectrum is the one a session without workers or a limit computes
 /// by whole planes (checked against xrft in fft.rs): per frequency of y,
-/// weighted sums over every cell. Nothing is left in work_dir. Both
+/// weighted sums over every cell; with a linear detrend, its fit a stage
+/// before the first. Nothing is left in work_dir. Both
 /// stages round trip through the codec (the later one: the same rows as
 /// the session's own); a worker refuses a store not named as a staged
 /// transform's, and one that holds the array otherwise than the first
@@ -2764,6 +2777,22 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
         "BroadcastExec",
     ];
     read_on_the_workers(&ctx, &chained, &parts, &want, &work).await;
+
+    // Detrended: the plane's linear trend is fitted in a stage before the
+    // first, its sums broadcast to the first stage's tasks; the spectrum
+    // of a session removing it from whole planes.
+    let detrended = sql.replace("dims => 'y,x'", "dims => 'y,x', detrend => 'linear'");
+    let want_detrended = query_rows(&local, "whole planes detrended", &detrended).await;
+    assert_eq!(want_detrended.len(), 1024);
+    assert_ne!(want_detrended, want);
+    let parts = [
+        "strategy=staged: along [y] by whole lines",
+        "first stage on the cluster's workers",
+        "FittedExec: after the detrend's fit",
+        "DetrendFitExec: the detrend of",
+        "FftCopyTasksExec",
+    ];
+    read_on_the_workers(&ctx, &detrended, &parts, &want_detrended, &work).await;
 
     // The first stage's tasks through the codec.
     let alone = zarrfusion::new_context_with(session_config(), limited(limit));

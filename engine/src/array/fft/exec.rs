@@ -35,7 +35,7 @@ use zarrfusion_udfs::complex::complex_array;
 
 use super::kernels::{Kernels, Precision, TransformClock};
 use super::passes::FourStepPassExec;
-use super::source::{ArraySource, ClusterStep, StoredStage};
+use super::source::{ArraySource, Broadcast, ClusterStep, StoredStage};
 use super::table::FftTable;
 use super::transform::FftTransform;
 use super::trend_pass::{DetrendFitExec, FittedExec};
@@ -468,10 +468,6 @@ fn pass_name(pass: usize) -> String {
 /// add up to and what it is (for errors).
 type StageCounts = Vec<(u64, String)>;
 
-/// What sends a stage's rows to every task of the stage that reads them
-/// (on a cluster, datafusion-distributed's broadcast).
-pub type Broadcast = dyn Fn(Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan>;
-
 /// The blocks an [`FftExec`] reads and how it sends their rows, as a
 /// session plans them and a cluster's worker receives them.
 #[derive(Debug, Clone)]
@@ -762,7 +758,7 @@ impl FftExec {
             return Ok(None);
         }
         if let ArraySource::Staged(stage) = table.source() {
-            let Some(cluster) = stage.on_cluster(self.job.device) else {
+            let Some(cluster) = stage.on_cluster(self.job.device, broadcast) else {
                 return Ok(None);
             };
             let (inputs, steps) = (cluster.steps.into_iter())
@@ -794,10 +790,11 @@ impl FftExec {
                     self.job.memory_limit,
                 )?);
                 // A detrend's fit is a stage before the first pass.
-                let exec = match (pass, table.source()) {
-                    (0, ArraySource::Detrended(_)) => {
+                let exec = match (pass, table.detrended()) {
+                    (0, Some(detrended)) => {
                         let fit = Arc::new(DetrendFitExec::new(Arc::clone(table))?);
-                        Arc::new(FittedExec::new(broadcast(fit), exec)?) as _
+                        let detrended = Arc::clone(detrended);
+                        Arc::new(FittedExec::new(broadcast(fit), exec, detrended)?) as _
                     }
                     _ => exec,
                 };

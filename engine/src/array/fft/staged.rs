@@ -60,8 +60,9 @@ use super::exec::strategy;
 use super::kernels::{Kernels, ScratchArray};
 use super::options::FftOptions;
 use super::passes::FourStepPassExec;
-use super::source::{ArraySource, ClusterStage, ClusterStep, StoredStage};
+use super::source::{ArraySource, Broadcast, ClusterStage, ClusterStep, StoredStage};
 use super::table::FftTable;
+use super::trend_pass::{DetrendFitExec, FittedExec};
 use crate::array::rechunk::TargetEncoding;
 use crate::device::Device;
 use crate::table::{open_dataset_blocking, Dimension, GridTable, ZarrTableOptions};
@@ -129,7 +130,7 @@ impl StoredStage for StagedTransform {
         StagedTransform::ensure_written(self, kernels)
     }
 
-    fn on_cluster(&self, device: Device) -> Option<ClusterStage> {
+    fn on_cluster(&self, device: Device, broadcast: &Broadcast) -> Option<ClusterStage> {
         // A worker makes the first stage again from the variable's table:
         // whole lines of a table opened from a location, or the four-step
         // path over one, whose passes run first, a stage each.
@@ -178,6 +179,14 @@ impl StoredStage for StagedTransform {
             blocks: self.tasks.blocks.num_blocks(),
             what: "the first stage of the staged transform".to_string(),
         });
+        // A detrend's fit is a stage before the first that reads the
+        // source (the first pass, or the blocks by whole lines).
+        if let Some(detrended) = self.inner.detrended() {
+            let fit = Arc::new(DetrendFitExec::new(Arc::clone(&self.inner)).ok()?);
+            let first = &mut steps[0];
+            let (then, detrended) = (Arc::clone(&first.leaf), Arc::clone(detrended));
+            first.leaf = Arc::new(FittedExec::new(broadcast(fit), then, detrended).ok()?);
+        }
         Some(ClusterStage { steps })
     }
 
@@ -503,7 +512,7 @@ impl StoredStage for ReceivedStage {
         })
     }
 
-    fn on_cluster(&self, _device: Device) -> Option<ClusterStage> {
+    fn on_cluster(&self, _device: Device, _broadcast: &Broadcast) -> Option<ClusterStage> {
         None
     }
 

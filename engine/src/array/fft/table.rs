@@ -46,7 +46,7 @@ use datafusion::sql::sqlparser::ast::TableFactor;
 use zarrfusion_udfs::complex::{complex_part, complex_type};
 
 use super::four_step::FourStep;
-use super::options::FftOptions;
+use super::options::{Detrend, FftOptions};
 use super::source::{ArraySource, DetrendedSource, SourceDimension, TransformOutput};
 use super::transform::FftTransform;
 use crate::table::{
@@ -335,83 +335,123 @@ impl FftTable {
     }
 
     /// The variable and the transform of a four-step path that reads it
-    /// from a table opened from a location (with its trend removed first
-    /// when it has a detrend): what a cluster's worker makes again
-    /// ([`Self::of_chain`] of this one transform, then
-    /// [`Self::detrended_as_received`]) to run its blocks of the passes
-    /// ([`super::passes`]) and the detrend's fit
+    /// (with its trend removed first when it has a detrend, see
+    /// [`Self::detrended`]) from a table opened from a location: what a
+    /// cluster's worker makes again ([`Self::of_chain`] of this one
+    /// transform, then [`Self::with_received_detrend`]) to run its blocks of
+    /// the passes ([`super::passes`]) and the detrend's fit
     /// ([`super::trend_pass`]). `None` for the other paths.
     pub fn four_step_chain(&self) -> Option<(&Arc<GridTable>, usize, &FftOptions)> {
         self.four_step.as_ref()?;
-        let (grid, variable) = match &self.source {
-            ArraySource::Zarr { grid, variable } => (grid, variable),
-            _ => self.detrended_variable()?,
-        };
+        let (grid, variable) = self.variable_read()?;
         grid.source.as_ref()?;
-        Some((grid, *variable, &self.transform.options))
+        Some((grid, variable, &self.transform.options))
     }
 
-    /// The Zarr variable a source detrended along this one-dimension
-    /// transform's dimension reads (`None` for other sources, and for a
-    /// trend fitted over more dimensions: a staged transform's first
-    /// stage).
-    fn detrended_variable(&self) -> Option<(&Arc<GridTable>, &usize)> {
-        let ArraySource::Detrended(detrended) = &self.source else {
-            return None;
-        };
-        let [(axis, _)] = self.transform.axes.as_slice() else {
-            return None;
-        };
-        if detrended.axes() != [*axis] {
-            return None;
-        }
-        match &detrended.source {
-            ArraySource::Zarr { grid, variable } => Some((grid, variable)),
+    /// The source with a trend removed that this transform reads (for the
+    /// four-step path and a staged transform's first stage, whose blocks
+    /// do not hold whole groups), `None` for other sources.
+    pub fn detrended(&self) -> Option<&Arc<DetrendedSource>> {
+        match &self.source {
+            ArraySource::Detrended(detrended) => Some(detrended),
             _ => None,
         }
     }
 
-    /// This one-dimension transform of a Zarr variable as a cluster's
-    /// worker makes it again for the four-step path: when it has a
-    /// detrend, its source detrended along the transformed dimension, the
-    /// sums given by the fit's tasks (`workers` of them gathering them
-    /// when this process runs one of those tasks); itself otherwise.
-    pub fn detrended_as_received(&self, workers: usize) -> Result<Self> {
-        let (Some(detrend), [(axis, _)]) = (
-            self.transform.options.detrend,
-            self.transform.axes.as_slice(),
-        ) else {
-            return Ok(self.clone());
+    /// The Zarr variable this transform reads, as stored or with a trend
+    /// removed.
+    fn variable_read(&self) -> Option<(&Arc<GridTable>, usize)> {
+        let source = match &self.source {
+            ArraySource::Detrended(detrended) => &detrended.source,
+            source => source,
         };
-        let ArraySource::Zarr { .. } = &self.source else {
+        match source {
+            ArraySource::Zarr { grid, variable } => Some((grid, *variable)),
+            _ => None,
+        }
+    }
+
+    /// This transform of a Zarr variable as a cluster's worker makes it
+    /// again when the session's removes a trend fitted over `axes` from
+    /// its source: that source detrended, its sums given by the fit's
+    /// tasks ([`super::trend_pass`]; `workers` of them gathering them
+    /// when this process runs one of those tasks). Refused for another
+    /// source, and for axes that are not one or two of the source's
+    /// dimensions, in order, among them those this transform transforms.
+    pub fn with_received_detrend(
+        &self,
+        detrend: Detrend,
+        axes: Vec<usize>,
+        workers: usize,
+    ) -> Result<Self> {
+        let source = match &self.source {
+            ArraySource::Detrended(detrended) => &detrended.source,
+            source => source,
+        };
+        let ArraySource::Zarr { .. } = source else {
             return plan_err!(
-                "a detrended four-step transform of '{}' reads a variable",
+                "a detrend of '{}' is received for a transform of a stored variable only",
                 self.source.store()
             );
         };
-        let detrended =
-            DetrendedSource::received(self.source.clone(), vec![*axis], detrend, workers);
+        let rank = source.shape().len();
+        let ordered = axes.windows(2).all(|w| w[0] < w[1]);
+        let covers = (self.transform.axes.iter()).all(|(a, _)| axes.contains(a));
+        if axes.is_empty() || axes.len() > 2 || !ordered || !covers || axes[axes.len() - 1] >= rank
+        {
+            return plan_err!(
+                "a detrend of '{}' fitted over dimensions {axes:?} of {rank}, for a transform \
+                 along {:?}",
+                self.source.store(),
+                self.transform
+                    .axes
+                    .iter()
+                    .map(|(a, _)| a)
+                    .collect::<Vec<_>>()
+            );
+        }
+        let detrended = DetrendedSource::received(source.clone(), axes, detrend, workers);
         Ok(Self {
             source: ArraySource::Detrended(Arc::new(detrended)),
             ..self.clone()
         })
     }
 
+    /// This transform with its detrended source's sums gathered by
+    /// `workers` when this process runs its fit (itself without one).
+    pub fn with_fit_workers(&self, workers: usize) -> Self {
+        match &self.source {
+            ArraySource::Detrended(detrended) => Self {
+                source: ArraySource::Detrended(Arc::new(detrended.with_workers(workers))),
+                ..self.clone()
+            },
+            _ => self.clone(),
+        }
+    }
+
     /// The variable and the transforms this one makes of it, innermost
     /// first, when it reads a variable of a table opened from a location
-    /// (itself, or through inner transforms) block by block as planned,
-    /// with nothing made in `work_dir` first: what a cluster's worker can
-    /// make again ([`Self::of_chain`]). `None` for the other paths (a
-    /// rechunked copy, the four-step path, a staged transform, a
-    /// detrended source), which run in the session.
+    /// (itself, or through inner transforms; the variable with a trend
+    /// removed first for a staged transform's first stage, see
+    /// [`Self::detrended`]) block by block as planned, with nothing made
+    /// in `work_dir` first: what a cluster's worker can make again
+    /// ([`Self::of_chain`]). `None` for the other paths (a rechunked copy,
+    /// the four-step path, a staged transform), which run in the session.
     pub fn chain(&self) -> Option<(&Arc<GridTable>, usize, Vec<&FftOptions>)> {
         if self.four_step.is_some() || self.asked.is_some() {
             return None;
         }
         let (grid, variable, mut transforms) = match &self.source {
-            ArraySource::Zarr { grid, variable } => (grid, *variable, Vec::new()),
-            ArraySource::Transformed(inner) => inner.as_any().downcast_ref::<Self>()?.chain()?,
-            _ => return None,
+            ArraySource::Transformed(inner) => {
+                let inner = inner.as_any().downcast_ref::<Self>()?;
+                // A detrend travels with the innermost transform only.
+                inner.detrended().is_none().then_some(())?;
+                inner.chain()?
+            }
+            _ => {
+                let (grid, variable) = self.variable_read()?;
+                (grid, variable, Vec::new())
+            }
         };
         grid.source.as_ref()?;
         transforms.push(&self.transform.options);

@@ -1,23 +1,29 @@
-//! A detrend's fit as a cluster's stage, before the four-step passes.
+//! A detrend's fit as a cluster's stage, before the first round that
+//! reads the source.
 //!
-//! A detrended transform on the four-step path removes a trend fitted
-//! over whole lines from blocks that hold pieces of them
+//! A detrended transform whose blocks hold pieces of the groups its trend
+//! is fitted over (the four-step path: pieces of lines; a staged
+//! transform's first stage: lines of one dimension, while xrft fits the
+//! trend over all of them) removes a trend gathered first
 //! ([`super::source::detrended`]): one pass over the source gathers each
-//! line's sums before the first pass reads a block. On a cluster that
-//! pass is a stage of its own: [`DetrendFitExec`] reads a distributed
-//! task's contiguous run of the source's chunks on a worker and yields
-//! the sums of the lines they reach, one row a line, then a row counting
-//! its chunks. Every task of the first pass gets all of them (broadcast)
-//! through a [`FittedExec`], which adds them up into every line's sums,
-//! checks that every chunk was read, and gives them to the pass's
-//! detrended source before the pass reads a block. Only the sums cross
-//! between stages (48 bytes a line and task), never values.
+//! group's sums before the first block is read. On a cluster that pass is
+//! a stage of its own: [`DetrendFitExec`] reads a distributed task's
+//! contiguous run of the source's chunks on a worker and yields the sums
+//! of the groups they reach, one row a group, then a row counting its
+//! chunks. Every task of the first round reading the source (the first
+//! four-step pass, or a staged transform's first stage by whole lines)
+//! gets all of them (broadcast) through a [`FittedExec`], which adds them
+//! up into every group's sums, checks that every chunk was read once, and
+//! gives them to the round's detrended source before it reads a block.
+//! Only the sums cross between stages (48 bytes a group and task), never
+//! values.
 //!
-//! What travels (the codec's `detrend_fit` and `fitted`) is the
-//! transform as the four-step pass sends it and the tasks; a worker makes
-//! the detrended source again with SQL's checks and its own memory limit.
+//! What travels (the codec's `detrend_fit` and `fitted`) is the transform
+//! as its first round sends it, with the trend (its kind and dimensions),
+//! and the tasks; a worker makes the detrended source again with SQL's
+//! checks and its own memory limit.
 //!
-//! Primitives (see [`crate::array`]): read + reduce (per-line sums,
+//! Primitives (see [`crate::array`]): read + reduce (per-group sums,
 //! merged where they are used).
 
 use std::fmt;
@@ -39,8 +45,7 @@ use tokio::sync::OnceCell;
 
 use super::detrend::TrendSums;
 use super::kernels::{Kernels, TransformClock};
-use super::passes::FourStepPassExec;
-use super::source::{ArraySource, DetrendedSource};
+use super::source::DetrendedSource;
 use super::table::FftTable;
 use crate::device::Device;
 use crate::plan_methods::{
@@ -65,16 +70,8 @@ fn fit_schema() -> SchemaRef {
     ]))
 }
 
-/// The detrended source of `table`, a transform whose source is one.
-fn detrended_of(table: &FftTable) -> Option<&Arc<DetrendedSource>> {
-    match table.source() {
-        ArraySource::Detrended(detrended) => Some(detrended),
-        _ => None,
-    }
-}
-
-/// A run of the source's chunks of a detrended four-step transform,
-/// gathering the sums of the lines they reach: the leaf of a cluster's fit
+/// A run of the source's chunks of a detrended transform,
+/// gathering the sums of the groups they reach: the leaf of a cluster's fit
 /// stage (see the module docs).
 #[derive(Debug)]
 pub struct DetrendFitExec {
@@ -92,7 +89,7 @@ impl DetrendFitExec {
     /// The fit of `table`'s detrended source, on one task; refused for a
     /// source that is not detrended.
     pub fn new(table: Arc<FftTable>) -> Result<Self> {
-        let Some(detrended) = detrended_of(&table).cloned() else {
+        let Some(detrended) = table.detrended().cloned() else {
             return plan_err!(
                 "the transform of '{}' variable '{}' has no detrend to fit",
                 table.source().store(),
@@ -251,10 +248,11 @@ impl ExecutionPlan for DetrendFitExec {
     metered_plan_methods!(|_| None);
 }
 
-/// The first pass of a detrended four-step transform, run once its fit
-/// (every fit task's rows, broadcast) is added up and given to the pass's
-/// detrended source (see the module docs). Its partitions and rows are
-/// the pass's.
+/// The first round reading a detrended source (a four-step transform's
+/// first pass, a staged transform's first stage by whole lines), run once
+/// the fit (every fit task's rows, broadcast) is added up and given to
+/// that source (see the module docs). Its partitions and rows are the
+/// round's.
 #[derive(Debug)]
 pub struct FittedExec {
     fit: Arc<dyn ExecutionPlan>,
@@ -267,28 +265,15 @@ pub struct FittedExec {
 }
 
 impl FittedExec {
-    /// `then` (the first pass of a four-step transform whose source is
-    /// detrended) once `fit` (the fit's rows) is added up; refused for
-    /// another node.
-    pub fn new(fit: Arc<dyn ExecutionPlan>, then: Arc<dyn ExecutionPlan>) -> Result<Self> {
-        // The pass, under what DataFusion wraps a leaf in (`CooperativeExec`).
-        let mut pass = Some(&then);
-        while let Some(node) = pass.filter(|n| n.downcast_ref::<FourStepPassExec>().is_none()) {
-            pass = match node.children().as_slice() {
-                [only] => Some(*only),
-                _ => None,
-            };
-        }
-        let detrended = (pass.and_then(|p| p.downcast_ref::<FourStepPassExec>()))
-            .filter(|pass| pass.pass() == 0)
-            .and_then(|pass| detrended_of(pass.table()).cloned());
-        let Some(detrended) = detrended else {
-            return plan_err!(
-                "a detrend's fit comes before the first pass of a detrended four-step \
-                 transform, not before {}",
-                then.name()
-            );
-        };
+    /// `then` (the first stage reading `detrended`: the first pass of a
+    /// four-step transform, or a staged transform's first stage by whole
+    /// lines) once `fit` (the fit's rows) is added up and given to
+    /// `detrended`; refused when `fit` does not give a fit's rows.
+    pub fn new(
+        fit: Arc<dyn ExecutionPlan>,
+        then: Arc<dyn ExecutionPlan>,
+        detrended: Arc<DetrendedSource>,
+    ) -> Result<Self> {
         if fit.schema().fields() != fit_schema().fields() {
             return plan_err!(
                 "the fit of the detrend of '{}' gives rows of {:?}, not a fit's",
@@ -406,7 +391,7 @@ impl ExecutionPlan for FittedExec {
         let [fit, then] = <[_; 2]>::try_from(children).map_err(|c| {
             DataFusionError::Internal(format!("FittedExec has 2 children, got {}", c.len()))
         })?;
-        Ok(Arc::new(Self::new(fit, then)?))
+        Ok(Arc::new(Self::new(fit, then, Arc::clone(&self.detrended))?))
     }
 
     fn execute(

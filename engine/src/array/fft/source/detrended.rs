@@ -168,6 +168,24 @@ impl DetrendedSource {
         Self::sums_memory(&self.source.shape(), &self.axes) / std::mem::size_of::<TrendSums>()
     }
 
+    /// The trend removed.
+    pub fn detrend(&self) -> Detrend {
+        self.detrend
+    }
+
+    /// This source with its sums gathered by `workers` when this process
+    /// runs the fit (none gathered yet; a received source stays one).
+    pub fn with_workers(&self, workers: usize) -> Self {
+        let mut made = Self::new(
+            self.source.clone(),
+            self.axes.clone(),
+            self.detrend,
+            workers,
+        );
+        made.fit_here = self.fit_here;
+        made
+    }
+
     /// The dimensions the trend is fitted over.
     pub fn axes(&self) -> &[usize] {
         &self.axes

@@ -172,10 +172,12 @@ pub trait StoredStage: std::fmt::Debug + Send + Sync {
     fn describe(&self, later: &[&str]) -> String;
     /// The first stage as a cluster's stages whose tasks transform runs of
     /// its blocks on `device` and store them (after its four-step passes,
-    /// when it takes that path); `None` when it cannot travel (its source
-    /// is made in this process: a detrended or rechunked one, or a table
-    /// not opened from a location), and then runs in the session.
-    fn on_cluster(&self, device: Device) -> Option<ClusterStage>;
+    /// when it takes that path; after the fit of its detrend, whose rows
+    /// `broadcast` sends to every task of the first of them); `None` when
+    /// it cannot travel (its source is made in this process: a rechunked
+    /// one, or a table not opened from a location), and then runs in the
+    /// session.
+    fn on_cluster(&self, device: Device, broadcast: &Broadcast) -> Option<ClusterStage>;
     /// Runs the first stage by `run` (its cluster's tasks) unless done;
     /// every caller waits for it, and a later
     /// [`ensure_written`](Self::ensure_written) finds it done.
@@ -184,6 +186,10 @@ pub trait StoredStage: std::fmt::Debug + Send + Sync {
     /// first stage back.
     fn as_any(&self) -> &dyn Any;
 }
+
+/// What sends a stage's rows to every task of the stage that reads them
+/// (on a cluster, datafusion-distributed's broadcast).
+pub type Broadcast = dyn Fn(Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan>;
 
 /// The first stage of a transform as a cluster's stages
 /// ([`StoredStage::on_cluster`]), run one after the other: the passes of
