@@ -91,6 +91,11 @@ QUERIES = {
     "F": f"COPY (SELECT * FROM fft('era5', 't2m', dims => 'lon')) TO '{FFT_TARGET}' STORED AS ZARR",
     # An anomaly's zonal mean (a broadcast join): on workers, the climatology's partial states,
     # then its rows broadcast to the tasks reading the grid, whose GROUP BY gives partial states.
+    # Each cell's time mean through rechunk(...) (time chunks to space chunks, as bench_rechunk.py):
+    # on workers, the copy's rounds into the rechunked store in work_dir, then its scan in tasks
+    # with the GROUP BY's partial states, all on the workers.
+    "RC": "SELECT lat, lon, avg(t2m) FROM rechunk('era5', time => 264, lat => 16, lon => 16) "
+    "GROUP BY lat, lon ORDER BY lat, lon",
     # Quadratic Means (the "Optimizing Cubed" seed, bench_quadratic.py's query) on its own 6 GB
     # store of float64 u, v (QUERY_STORES).
     "QM": "SELECT j, i, avg(u*u) AS uu, avg(v*v) AS vv, avg(u*v) AS uv FROM quad GROUP BY j, i ORDER BY j, i",

@@ -23,7 +23,7 @@
 use std::sync::Arc;
 
 use datafusion::common::stats::Precision;
-use datafusion::common::{Result, Statistics};
+use datafusion::common::{DataFusionError, Result, Statistics};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, StatisticsArgs};
 
 /// Expands, inside an `impl` of `ExecutionPlan` (or of a sink), to
@@ -195,6 +195,17 @@ macro_rules! metered_plan_methods {
             $crate::plan_methods::row_statistics(self, args, rows(self))
         }
     };
+}
+
+/// The two children of the node `node` given to its `with_new_children`
+/// (an operator run after its first input: a previous round, a fit), in
+/// order; an error naming it for another count.
+pub(crate) fn two_children(
+    node: &str,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+) -> Result<[Arc<dyn ExecutionPlan>; 2]> {
+    <[_; 2]>::try_from(children)
+        .map_err(|c| DataFusionError::Internal(format!("{node} has 2 children, got {}", c.len())))
 }
 
 /// The statistics of `plan`: nothing known but the number of rows, when

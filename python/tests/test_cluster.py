@@ -457,6 +457,19 @@ def test_transforms_run_on_the_workers_and_equal_xrft(workers):
         close(ctx.sql(sql).to_xarray(dims=dims)["z"], expected(name), 1e-9)
 
 
+def _four_step_session(workers: list[str], tmp_path: pathlib.Path) -> tuple[zf.SessionContext, pathlib.Path]:
+    """A session of the two workers that takes the four-step path, a block
+    per task, with its ``work_dir`` (which it gives) in ``tmp_path``."""
+    work = tmp_path / "work"
+    work.mkdir()
+    config = {
+        "zarrfusion.bytes_per_task": 1,
+        "zarrfusion.fft_strategy": "four_step",
+        "zarrfusion.work_dir": str(work),
+    }
+    return zf.SessionContext(workers=workers, config=config), work
+
+
 def test_four_step_passes_run_on_the_workers_and_equal_xrft(workers, tmp_path):
     """An FFT along ``lat`` by the four-step path: its two passes run on the
     two worker processes, a stage each, one after the other, writing into
@@ -467,14 +480,7 @@ def test_four_step_passes_run_on_the_workers_and_equal_xrft(workers, tmp_path):
     left in ``work_dir``."""
     from test_fft import FFT, close, expected
 
-    work = tmp_path / "work"
-    work.mkdir()
-    config = {
-        "zarrfusion.bytes_per_task": 1,
-        "zarrfusion.fft_strategy": "four_step",
-        "zarrfusion.work_dir": str(work),
-    }
-    ctx = zf.SessionContext(workers=workers, config=config)
+    ctx, work = _four_step_session(workers, tmp_path)
     sql = f"SELECT * FROM fft('{FFT / 'data' / 'grid.zarr'}', 'z', dims => 'lat')"
     distributed = _distributed_plan(ctx, sql)
     assert distributed.count("FourStepPassExec: pass") == 2, distributed
@@ -512,14 +518,7 @@ def test_a_detrended_four_step_transform_fits_its_trend_on_the_workers_and_equal
     and nothing is left in ``work_dir``."""
     from test_fft import FFT, close, expected
 
-    work = tmp_path / "work"
-    work.mkdir()
-    config = {
-        "zarrfusion.bytes_per_task": 1,
-        "zarrfusion.fft_strategy": "four_step",
-        "zarrfusion.work_dir": str(work),
-    }
-    ctx = zf.SessionContext(workers=workers, config=config)
+    ctx, work = _four_step_session(workers, tmp_path)
     sql = f"SELECT * FROM fft('{FFT / 'data' / 'grid.zarr'}', 'z', dims => 'lon', detrend => 'linear')"
     distributed = _distributed_plan(ctx, sql)
     fit = [line for line in distributed.splitlines() if "DetrendFitExec" in line]

@@ -17,9 +17,11 @@ use std::sync::{Arc, Mutex};
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::UInt64Type;
 use datafusion::common::{exec_err, DataFusionError, Result};
-use datafusion::execution::TaskContext;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
-use futures::StreamExt;
+use futures::{Future, StreamExt, TryStreamExt};
+use tokio::sync::OnceCell;
 
 use crate::config::MAX_THREADS;
 use crate::error::{catch_panic, Panicked};
@@ -120,6 +122,33 @@ pub(crate) fn run_cluster_tasks(
     what: &str,
 ) -> Result<()> {
     handle.block_on(cluster_tasks_ran(input, context, cancelled, expected, what))
+}
+
+/// Whether what a node runs before its input (a previous round's counts,
+/// a detrend's fit) succeeded, once for all of the node's partitions.
+pub(crate) type RanOnce = Arc<OnceCell<std::result::Result<(), String>>>;
+
+/// Partition `partition` of `then`, once `before` ran: the first of a
+/// node's partitions to get here runs it, the others wait for it, and its
+/// error is every partition's.
+pub(crate) fn after_once(
+    ran: &RanOnce,
+    before: impl Future<Output = Result<()>> + Send + 'static,
+    then: Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: Arc<TaskContext>,
+) -> SendableRecordBatchStream {
+    let ran = Arc::clone(ran);
+    let schema = then.schema();
+    let stream = futures::stream::once(async move {
+        let done = ran
+            .get_or_init(|| async move { before.await.map_err(|e| e.to_string()) })
+            .await;
+        done.clone().map_err(DataFusionError::Execution)?;
+        then.execute(partition, context)
+    })
+    .try_flatten();
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream.boxed()))
 }
 
 /// [`run_cluster_tasks`] from an async task.

@@ -20,16 +20,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::common::{exec_err, DataFusionError, Result};
+use datafusion::common::{exec_err, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion_distributed::BroadcastExec;
-use futures::{StreamExt, TryStreamExt};
-use tokio::sync::OnceCell;
 
-use crate::array::tasks::cluster_tasks_ran;
-use crate::plan_methods::{named_plan_methods, no_expressions_method};
+use crate::array::tasks::{after_once, cluster_tasks_ran, RanOnce};
+use crate::plan_methods::{named_plan_methods, no_expressions_method, two_children};
 
 /// Runs `then` once `before` (a previous round's counts) says every block
 /// of that round ran (see the module docs). Its partitions and rows are
@@ -45,7 +42,7 @@ pub struct AfterExec {
     properties: Arc<PlanProperties>,
     /// Whether the previous round ran, once for all of this node's
     /// partitions.
-    ran: Arc<OnceCell<std::result::Result<(), String>>>,
+    ran: RanOnce,
 }
 
 impl AfterExec {
@@ -63,7 +60,7 @@ impl AfterExec {
             then,
             blocks,
             what,
-            ran: Arc::new(OnceCell::new()),
+            ran: RanOnce::default(),
         }
     }
 
@@ -116,9 +113,7 @@ impl ExecutionPlan for AfterExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let [before, then] = <[_; 2]>::try_from(children).map_err(|c| {
-            DataFusionError::Internal(format!("AfterExec has 2 children, got {}", c.len()))
-        })?;
+        let [before, then] = two_children("AfterExec", children)?;
         Ok(Arc::new(Self::new(
             before,
             then,
@@ -136,26 +131,11 @@ impl ExecutionPlan for AfterExec {
         if partition >= partitions {
             return exec_err!("AfterExec has {partitions} partitions, not partition {partition}");
         }
-        let (before, then) = (Arc::clone(&self.before), Arc::clone(&self.then));
-        let (ran, blocks, what) = (Arc::clone(&self.ran), self.blocks, self.what.clone());
-        let schema = then.schema();
-        let stream = futures::stream::once(async move {
-            // The first partition runs the previous round's counts; the
-            // others wait for it.
-            let counting = Arc::clone(&context);
-            let counted = ran
-                .get_or_init(|| async move {
-                    (cluster_tasks_ran(before, counting, || false, blocks, &what).await)
-                        .map_err(|e| e.to_string())
-                })
-                .await;
-            counted.clone().map_err(DataFusionError::Execution)?;
-            then.execute(partition, context)
-        })
-        .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            stream.boxed(),
-        )))
+        let (before, blocks, what) = (Arc::clone(&self.before), self.blocks, self.what.clone());
+        let counting = Arc::clone(&context);
+        let counted =
+            async move { cluster_tasks_ran(before, counting, || false, blocks, &what).await };
+        let then = Arc::clone(&self.then);
+        Ok(after_once(&self.ran, counted, then, partition, context))
     }
 }

@@ -2277,16 +2277,18 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
     assert_eq!(work_left(&work), Vec::<String>::new());
 }
 
-/// The output of a transform on the four-step path through the codec, as
-/// a worker receives it once the passes run on the workers: its input is
-/// the second pass's counts (the first pass run before it); the rows are
-/// those of the session's own transform. A worker refuses it as a chain
-/// of two transforms, with intermediates in a store that is not a four-step one, and without its
-/// input.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_four_step_output_read_on_the_workers_round_trips_through_the_codec() {
+/// A session without workers that takes the four-step path, run from the
+/// repository's root, with its own work_dir in the scratch directory
+/// `name` (which it gives, with the directory, erased once dropped).
+async fn four_step_session(
+    name: &str,
+) -> (
+    datafusion::prelude::SessionContext,
+    std::path::PathBuf,
+    common::Scratch,
+) {
     std::env::set_current_dir(repo_root()).unwrap();
-    let dir = scratch("fft-four-step-output-codec");
+    let dir = scratch(name);
     let (work, set_work) = own_work_dir(&dir);
     let alone = new_context();
     for set in [
@@ -2295,18 +2297,38 @@ async fn a_four_step_output_read_on_the_workers_round_trips_through_the_codec() 
     ] {
         alone.sql(set).await.unwrap();
     }
+    (alone, work, dir)
+}
+
+/// The transform `sql` plans in `ctx` (on the four-step path) and it with
+/// its passes as a cluster's stages (their rows sent on as they are).
+async fn passes_on_cluster(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+) -> (Arc<dyn ExecutionPlan>, FftExec) {
+    let fft = first_node::<FftExec>(physical_plan(ctx, sql).await);
+    let on_cluster = (fft.downcast_ref::<FftExec>().unwrap())
+        .on_cluster(&|rows| rows)
+        .unwrap()
+        .expect("its passes on the workers");
+    (fft, on_cluster)
+}
+
+/// The output of a transform on the four-step path through the codec, as
+/// a worker receives it once the passes run on the workers: its input is
+/// the second pass's counts (the first pass run before it); the rows are
+/// those of the session's own transform. A worker refuses it as a chain
+/// of two transforms, with intermediates in a store that is not a four-step one, and without its
+/// input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_four_step_output_read_on_the_workers_round_trips_through_the_codec() {
+    let (alone, work, _dir) = four_step_session("fft-four-step-output-codec").await;
     let sql = "SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat')";
     // The rows of the session's own transform (a plan of its own: its
     // output read releases its intermediates).
     let own = first_node::<FftExec>(physical_plan(&alone, sql).await);
     let want = collect_partitioned(own, alone.task_ctx()).await.unwrap();
-    let fft = first_node::<FftExec>(physical_plan(&alone, sql).await);
-    let on_cluster = (fft
-        .downcast_ref::<FftExec>()
-        .unwrap()
-        .on_cluster(&|rows| rows))
-    .unwrap()
-    .expect("its passes on the workers");
+    let (fft, on_cluster) = passes_on_cluster(&alone, sql).await;
     let reading = reading_on_cluster(&on_cluster).expect("its output read on the workers");
     let shown = displayable(&reading).indent(true).to_string();
     assert!(
@@ -2377,25 +2399,10 @@ async fn a_detrend_s_fit_runs_as_a_stage_before_the_first_pass() {
     use datafusion::datasource::memory::MemorySourceConfig;
     use zarrfusion::array::fft::{DetrendFitExec, FittedExec};
 
-    std::env::set_current_dir(repo_root()).unwrap();
-    let dir = scratch("fft-detrend-fit-codec");
-    let (work, set_work) = own_work_dir(&dir);
-    let alone = new_context();
-    for set in [
-        set_work.as_str(),
-        "SET zarrfusion.fft_strategy = 'four_step'",
-    ] {
-        alone.sql(set).await.unwrap();
-    }
+    let (alone, work, _dir) = four_step_session("fft-detrend-fit-codec").await;
     let sql = "SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lat', \
                detrend => 'linear')";
-    let fft = first_node::<FftExec>(physical_plan(&alone, sql).await);
-    let on_cluster = (fft
-        .downcast_ref::<FftExec>()
-        .unwrap()
-        .on_cluster(&|rows| rows))
-    .unwrap()
-    .expect("its passes on the workers");
+    let (fft, on_cluster) = passes_on_cluster(&alone, sql).await;
     let pass1 = Arc::clone(on_cluster.children()[0].children()[0]);
     let fitted = pass1
         .downcast_ref::<FittedExec>()

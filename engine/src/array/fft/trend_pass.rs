@@ -36,20 +36,20 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     execute_stream, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
-use futures::{StreamExt, TryStreamExt};
-use tokio::sync::OnceCell;
+use futures::StreamExt;
 
 use super::detrend::TrendSums;
 use super::kernels::{Kernels, TransformClock};
 use super::source::DetrendedSource;
 use super::table::FftTable;
+use crate::array::tasks::{after_once, RanOnce};
 use crate::device::Device;
 use crate::plan_methods::{
     leaf_plan_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
+    two_children,
 };
 use crate::table::task_share;
 use crate::write::write_job::{WriteJob, Written};
@@ -261,7 +261,7 @@ pub struct FittedExec {
     properties: Arc<PlanProperties>,
     /// Whether the fit was added up, once for all of this node's
     /// partitions.
-    ran: Arc<OnceCell<std::result::Result<(), String>>>,
+    ran: RanOnce,
 }
 
 impl FittedExec {
@@ -286,7 +286,7 @@ impl FittedExec {
             fit,
             then,
             detrended,
-            ran: Arc::new(OnceCell::new()),
+            ran: RanOnce::default(),
         })
     }
 
@@ -388,9 +388,7 @@ impl ExecutionPlan for FittedExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let [fit, then] = <[_; 2]>::try_from(children).map_err(|c| {
-            DataFusionError::Internal(format!("FittedExec has 2 children, got {}", c.len()))
-        })?;
+        let [fit, then] = two_children("FittedExec", children)?;
         Ok(Arc::new(Self::new(fit, then, Arc::clone(&self.detrended))?))
     }
 
@@ -403,24 +401,12 @@ impl ExecutionPlan for FittedExec {
         if partition >= partitions {
             return exec_err!("FittedExec has {partitions} partitions, not partition {partition}");
         }
-        let (fit, then) = (Arc::clone(&self.fit), Arc::clone(&self.then));
-        let (ran, detrended) = (Arc::clone(&self.ran), Arc::clone(&self.detrended));
-        let schema = then.schema();
-        let stream = futures::stream::once(async move {
-            // The first partition adds up the fit; the others wait for it.
-            let adding = Arc::clone(&context);
-            let added = ran
-                .get_or_init(|| async move {
-                    (add_up(fit, adding, detrended).await).map_err(|e| e.to_string())
-                })
-                .await;
-            added.clone().map_err(DataFusionError::Execution)?;
-            then.execute(partition, context)
-        })
-        .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            stream.boxed(),
-        )))
+        let added = add_up(
+            Arc::clone(&self.fit),
+            Arc::clone(&context),
+            Arc::clone(&self.detrended),
+        );
+        let then = Arc::clone(&self.then);
+        Ok(after_once(&self.ran, added, then, partition, context))
     }
 }
