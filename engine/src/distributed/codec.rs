@@ -86,6 +86,7 @@ use datafusion::common::{
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::ExecutionPlan;
@@ -430,7 +431,7 @@ enum Node {
     /// A `rechunk(...)` whose copy and scan run on the workers
     /// ([`RechunkExec::on_workers`]): the session's node keeps its stores
     /// for the query, a worker runs its one input (the scan after the
-    /// copy's rounds) in its place.
+    /// copy's rounds) through a pass-through node in its place.
     Rechunked,
 }
 
@@ -2273,7 +2274,10 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 fits_on_worker(fitted.memory(), "the sums of a detrend's lines", ctx)?;
                 Ok(Arc::new(fitted))
             }
-            Node::Rechunked => Ok(Arc::clone(&inputs[0])),
+            // A node in its place (its input's partitions and rows as
+            // they are): the stage's plan keeps the nodes the session's
+            // has, by which `EXPLAIN ANALYZE` gathers each task's metrics.
+            Node::Rechunked => Ok(Arc::new(CooperativeExec::new(Arc::clone(&inputs[0])))),
         }
     }
 
