@@ -606,14 +606,7 @@ async fn a_reduction_s_states_merge_in_a_tree_on_the_workers() {
     );
     let one_machine = ordered_rows(physical_plan(&ctx, sql).await, &ctx).await;
     assert_close(&ordered_rows(plan, &cluster).await, &one_machine);
-    let batches = (cluster.sql(&format!("EXPLAIN ANALYZE {sql}")).await)
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    let analyzed = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
-        .unwrap()
-        .to_string();
+    let analyzed = common::explain_text(&cluster, &format!("ANALYZE {sql}")).await;
     let rows_out = |node: &str| -> Vec<usize> {
         (analyzed.lines())
             .filter(|l| l.contains(node))
@@ -1858,14 +1851,7 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
             // EXPLAIN ANALYZE gathers every task's metrics by the nodes of
             // its stage's plan (before, a worker's plan had one node fewer
             // in the rechunk's place, and it failed).
-            let batches = (ctx.sql(&format!("EXPLAIN ANALYZE {sql}")).await)
-                .unwrap()
-                .collect()
-                .await
-                .unwrap();
-            let analyzed = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
-                .unwrap()
-                .to_string();
+            let analyzed = common::explain_text(&ctx, &format!("ANALYZE {sql}")).await;
             let scan = (analyzed.lines())
                 .find(|l| l.contains("ZarrScanExec"))
                 .unwrap_or_default();
