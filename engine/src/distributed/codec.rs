@@ -555,7 +555,7 @@ impl SentDetrend {
     fn of(table: &FftTable) -> Option<Self> {
         let detrended = table.detrended()?;
         Some(Self {
-            detrend: format!("{:?}", detrended.detrend()).to_lowercase(),
+            detrend: detrended.detrend().name().to_string(),
             axes: detrended.axes().to_vec(),
         })
     }
@@ -563,10 +563,8 @@ impl SentDetrend {
     /// `table` (made again from the variable) removing this trend, its
     /// sums from the fit's tasks.
     fn received(&self, table: &FftTable) -> Result<FftTable> {
-        let detrend = match self.detrend.as_str() {
-            "constant" => Detrend::Constant,
-            "linear" => Detrend::Linear,
-            other => return plan_err!("a detrend {other:?} (constant or linear)"),
+        let Some(detrend) = Detrend::named(&self.detrend) else {
+            return plan_err!("a detrend {:?} (constant or linear)", self.detrend);
         };
         table.with_received_detrend(detrend, self.axes.clone(), 1)
     }

@@ -452,7 +452,7 @@ impl FftTable {
             return Err(self.plan_error(format!(
                 "the {} detrend is fitted in a pass over the source first, a chunk at a time, \
                  and a chunk needs {}, more than the {} the memory limit (allowed_mem) leaves it",
-                format!("{detrend:?}").to_lowercase(),
+                detrend.name(),
                 human_readable_size(task),
                 human_readable_size(room)
             )));

@@ -15,6 +15,23 @@ pub enum Detrend {
     Linear,
 }
 
+impl Detrend {
+    /// Its name as SQL and xrft write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Detrend::Constant => "constant",
+            Detrend::Linear => "linear",
+        }
+    }
+
+    /// The trend named `name` (any case), if any.
+    pub fn named(name: &str) -> Option<Self> {
+        [Detrend::Constant, Detrend::Linear]
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(name))
+    }
+}
+
 /// An FFT or inverse FFT along dimensions, with xrft's options (`xrft.fft`
 /// and `xrft.ifft`, version 1.0).
 #[derive(Debug, Clone, PartialEq)]
@@ -100,9 +117,8 @@ impl FftOptions {
                 }
                 "detrend" => {
                     self.detrend = match value.trim().to_ascii_lowercase().as_str() {
-                        "constant" => Some(Detrend::Constant),
-                        "linear" => Some(Detrend::Linear),
                         "none" | "" => None,
+                        other if Detrend::named(other).is_some() => Detrend::named(other),
                         other => {
                             return plan_err!(
                                 "{function}: detrend must be 'constant' or 'linear', got '{other}'"
@@ -184,11 +200,7 @@ impl FftOptions {
             named.push(("real_dim".to_string(), real.clone()));
         }
         if let Some(detrend) = self.detrend {
-            let name = match detrend {
-                Detrend::Constant => "constant",
-                Detrend::Linear => "linear",
-            };
-            named.push(("detrend".to_string(), name.to_string()));
+            named.push(("detrend".to_string(), detrend.name().to_string()));
         }
         if let Some(window) = self.window {
             named.push(("window".to_string(), window.name()));

@@ -152,8 +152,8 @@ impl DetrendedSource {
     }
 
     /// `constant` or `linear`.
-    fn kind(&self) -> String {
-        format!("{:?}", self.detrend).to_lowercase()
+    fn kind(&self) -> &'static str {
+        self.detrend.name()
     }
 
     /// The lengths of the source along `axes`.
