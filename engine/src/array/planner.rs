@@ -40,6 +40,18 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
         planning: &PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(reduction) = node.as_any().downcast_ref::<DenseReduction>() {
+            if let Some(rechunk) = &reduction.read.rechunk {
+                // A reduction of `rechunk(...)`: of the rechunked store,
+                // after the copy of the variables it reads.
+                let variables = reduction.variables();
+                let rechunked = rechunk.prepare(session, variables).await?;
+                let node = DenseReduction {
+                    read: reduction.read.reading(rechunked.table().grid()),
+                    ..reduction.clone()
+                };
+                let exec = DenseReductionExec::plan(&node, planner, session, planning)?;
+                return Ok(Some(Arc::new(rechunked.read_by(Arc::new(exec)))));
+            }
             let exec = DenseReductionExec::plan(reduction, planner, session, planning)?;
             let read = exec.read();
             let broadcasts =

@@ -6,7 +6,8 @@
 //! way, and expressions over the plan's output rewritten over the scan's
 //! columns. A [`TableRead`] is where the walk ends for a leaf array node:
 //! the table, the columns its expressions are over and the dimension
-//! filters.
+//! filters. A scan of `rechunk(...)` ([`RechunkTable`]) ends a walk where
+//! an operator can read the rechunked store ([`down_to_scan_or_rechunk`]).
 
 use std::any::Any;
 use std::collections::HashSet;
@@ -22,14 +23,19 @@ use datafusion::logical_expr::{
     Expr, Filter, Join, LogicalPlan, Projection, SubqueryAlias, TableScan, TableScanBuilder,
 };
 
-use crate::table::{select, BlockGrid, BlockRead, GridTable, Selection, ZarrTable};
+use super::rechunk::RechunkTable;
+use crate::table::{
+    select, BlockGrid, BlockRead, BlockTemporaries, GridTable, Selection, ZarrTable,
+};
 
 /// A plan's way down to a Zarr table scan.
 pub(crate) struct ScanPath<'a> {
     /// The scan at the bottom (without a `LIMIT`).
     pub scan: &'a TableScan,
-    /// The scanned table.
+    /// The scanned table (of a `rechunk(...)`: its source).
     pub table: ZarrTable,
+    /// The `rechunk(...)` scanned, if the scan is of one.
+    pub rechunk: Option<Arc<RechunkTable>>,
     /// The expressions asked for, over the scan's columns.
     pub exprs: Vec<Expr>,
     /// The filters met on the way, over the scan's columns.
@@ -41,6 +47,24 @@ pub(crate) struct ScanPath<'a> {
 /// when something else is in the way, the scan has a `LIMIT`, or an
 /// expression is volatile or holds a subquery.
 pub(crate) fn down_to_scan(plan: &LogicalPlan, exprs: Vec<Expr>) -> Result<Option<ScanPath<'_>>> {
+    walk_down(plan, exprs, false)
+}
+
+/// [`down_to_scan`], also ending at a scan of `rechunk(...)`: for an
+/// operator that reads the rechunked store (its table has the source's
+/// dimensions, coordinates and columns) after the copy.
+pub(crate) fn down_to_scan_or_rechunk(
+    plan: &LogicalPlan,
+    exprs: Vec<Expr>,
+) -> Result<Option<ScanPath<'_>>> {
+    walk_down(plan, exprs, true)
+}
+
+fn walk_down(
+    plan: &LogicalPlan,
+    exprs: Vec<Expr>,
+    rechunked: bool,
+) -> Result<Option<ScanPath<'_>>> {
     let mut exprs = exprs;
     let mut predicates: Vec<Expr> = Vec::new();
     let mut input = plan;
@@ -74,8 +98,12 @@ pub(crate) fn down_to_scan(plan: &LogicalPlan, exprs: Vec<Expr>) -> Result<Optio
         return Ok(None);
     };
     let provider: &dyn Any = provider.as_ref();
-    let Some(table) = provider.downcast_ref::<ZarrTable>().cloned() else {
-        return Ok(None);
+    let (table, rechunk) = match provider.downcast_ref::<RechunkTable>() {
+        Some(r) if rechunked => (r.source().clone(), Some(Arc::new(r.clone()))),
+        _ => match provider.downcast_ref::<ZarrTable>() {
+            Some(table) => (table.clone(), None),
+            None => return Ok(None),
+        },
     };
     if exprs
         .iter()
@@ -87,6 +115,7 @@ pub(crate) fn down_to_scan(plan: &LogicalPlan, exprs: Vec<Expr>) -> Result<Optio
     Ok(Some(ScanPath {
         scan,
         table,
+        rechunk,
         exprs,
         predicates,
     }))
@@ -219,6 +248,9 @@ pub struct TableRead {
     pub input_schema: DFSchemaRef,
     /// Filters on single dimensions, evaluated over coordinates.
     pub filters: Vec<Expr>,
+    /// When the table is read in new chunks (`rechunk(...)`): the rechunk,
+    /// of `table`. The operator reads its store, after the copy.
+    pub rechunk: Option<Arc<RechunkTable>>,
 }
 
 impl TableRead {
@@ -229,13 +261,29 @@ impl TableRead {
             table: Arc::clone(table),
             input_schema,
             filters,
+            rechunk: None,
         }
     }
 
+    /// This read in the chunks of `rechunk` (`None`: as stored), a rechunk
+    /// of its table.
+    pub fn with_rechunk(self, rechunk: Option<Arc<RechunkTable>>) -> Self {
+        Self { rechunk, ..self }
+    }
+
+    /// This read of `table` (the rechunked store's, once made), in its
+    /// chunks.
+    pub fn reading(&self, table: &Arc<GridTable>) -> Self {
+        Self::new(table, Arc::clone(&self.input_schema), self.filters.clone())
+    }
+
     /// Whether `other` reads the same table (the same open table, not only
-    /// the same store) under the same filters.
+    /// the same store) under the same filters, in the same chunks.
     pub fn same_as(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.table, &other.table) && self.filters == other.filters
+        let chunks = |r: &Self| r.rechunk.as_ref().map(|r| r.chunks().to_vec());
+        Arc::ptr_eq(&self.table, &other.table)
+            && self.filters == other.filters
+            && chunks(self) == chunks(other)
     }
 
     /// The cells the filters select, under the session's settings.
@@ -245,16 +293,17 @@ impl TableRead {
 
     /// The read of `columns` (indices into the table's schema) over the
     /// cells the filters select, in blocks sized for the session's workers
-    /// (a share of its memory limit each); with that limit and the number
-    /// of workers.
+    /// (a share of its memory limit each, beside `temporaries`); with that
+    /// limit and the number of workers.
     pub fn block_read(
         &self,
         columns: Vec<usize>,
         session: &dyn Session,
+        temporaries: BlockTemporaries,
     ) -> Result<(BlockRead, Option<usize>, usize)> {
         let selection = self.select(session)?;
         let (blocks, memory_limit, parallelism) =
-            BlockGrid::for_workers(&self.table, &columns, &selection, session);
+            BlockGrid::for_workers(&self.table, &columns, &selection, session, temporaries);
         let read = BlockRead::new(Arc::clone(&self.table), columns, selection, blocks)?;
         Ok((read, memory_limit, parallelism))
     }
@@ -288,7 +337,14 @@ impl TableRead {
     /// `store=..., dims=[...]`, as the nodes show it.
     pub fn fmt_table(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let dims = self.table.dims_name().replace('_', ", ");
-        write!(f, "store={}, dims=[{dims}]", self.table.store)
+        write!(f, "store={}, dims=[{dims}]", self.table.store)?;
+        if let Some(rechunk) = &self.rechunk {
+            let chunks: Vec<String> = (rechunk.chunks().iter())
+                .map(|(dim, len)| format!("{dim} => {len}"))
+                .collect();
+            write!(f, ", rechunked=[{}]", chunks.join(", "))?;
+        }
+        Ok(())
     }
 
     /// `, dimension_filters=[...]` when there are filters.

@@ -73,6 +73,11 @@ impl AfterExec {
     pub fn what(&self) -> &str {
         &self.what
     }
+
+    /// What runs after the previous round.
+    pub fn then(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.then
+    }
 }
 
 /// Rounds `rounds` (each a stage's leaf whose tasks yield how many of its

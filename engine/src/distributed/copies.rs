@@ -13,9 +13,10 @@
 //! ([`SelectionCopyExec::on_cluster`]). A `rechunk(...)`'s [`RechunkExec`]
 //! runs all on the workers ([`rechunk_on_workers`]): its copy's rounds one
 //! after the other (writing into the rechunked store the session made in
-//! `work_dir`), then its scan, each task of which first runs the last
-//! round's counts ([`AfterExec`]), so that what is above the scan (a
-//! partial aggregate, a join's side) runs on the workers too. An [`FftCopyExec`] (a COPY of a
+//! `work_dir`), then its scan (or a dense reduction's partial states),
+//! each task of which first runs the last round's counts ([`AfterExec`]),
+//! so that what is above the scan (a partial aggregate, a join's side)
+//! runs on the workers too. An [`FftCopyExec`] (a COPY of a
 //! transform) gets its blocks' tasks ([`FftCopyExec::on_cluster`]: a
 //! [`FftCopyTasksExec`](crate::array::fft::copy::FftCopyTasksExec) under
 //! the gathering of their counts), the workers writing whole chunks of the
@@ -23,8 +24,8 @@
 
 use std::sync::Arc;
 
-use datafusion::common::Result;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{not_impl_err, Result};
 
 use crate::array::copy::selection::SelectionCopyExec;
 use crate::array::copy::whole::ArrayCopyExec;
@@ -55,8 +56,9 @@ physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
 });
 
 /// `rechunk` with its copy's rounds one after the other on the workers
-/// ([`after_each_other`]) and its scan after the last one: each of the
-/// scan's tasks runs that round's counts, broadcast, to their end and
+/// ([`after_each_other`]) and its read after the last one: each task of
+/// the plan reading the rechunked store (its scan, or a dense reduction's
+/// partial states) runs that round's counts, broadcast, to their end and
 /// checks they add up to its tasks before it reads. `None` when it runs on
 /// the workers already.
 pub fn rechunk_on_workers(rechunk: &RechunkExec) -> Result<Option<RechunkExec>> {
@@ -64,10 +66,32 @@ pub fn rechunk_on_workers(rechunk: &RechunkExec) -> Result<Option<RechunkExec>> 
         return Ok(None);
     };
     let rounds = rounds.into_iter().map(|r| (r.leaf, r.tasks, r.what));
-    let scan = Arc::clone(rechunk.scan());
-    let read: Arc<dyn ExecutionPlan> = match after_each_other(rounds) {
-        Some((before, tasks, what)) => Arc::new(AfterExec::new(before, scan, tasks, what)),
-        None => scan,
+    let read = Arc::clone(rechunk.read());
+    let Some((before, tasks, what)) = after_each_other(rounds) else {
+        return Ok(Some(rechunk.on_workers(read)));
     };
+    // The leaf reading the store (the plan above it, a reduction's merge,
+    // stays where the distributed planner puts it).
+    let mut leaves = 0;
+    read.apply(|node| {
+        leaves += usize::from(node.children().is_empty());
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if leaves != 1 {
+        return not_impl_err!(
+            "a rechunk(...) read by a plan of {leaves} leaves cannot run on a cluster's workers"
+        );
+    }
+    let read = read
+        .transform_up(|node| match node.children().is_empty() {
+            true => {
+                let (before, what) = (Arc::clone(&before), what.clone());
+                Ok(Transformed::yes(
+                    Arc::new(AfterExec::new(before, node, tasks, what)) as _,
+                ))
+            }
+            false => Ok(Transformed::no(node)),
+        })?
+        .data;
     Ok(Some(rechunk.on_workers(read)))
 }

@@ -24,6 +24,7 @@ use datafusion::physical_plan::{
 
 use datafusion_distributed::DistributedConfig;
 
+use super::barrier::AfterExec;
 use super::tasks::tasks_for;
 use crate::array::{DenseMergeExec, DenseReductionExec, Merged, GROUP_POSITION};
 use crate::config::ZarrConfig;
@@ -121,9 +122,14 @@ impl PhysicalOptimizerRule for GatherStates {
                     _ => return Ok(Transformed::no(node)),
                 }
             };
-            let gives_states = match states.downcast_ref::<DenseMergeExec>() {
+            // States read after a previous round (a rechunk's copy).
+            let reading = match states.downcast_ref::<AfterExec>() {
+                Some(after) => after.then(),
+                None => states,
+            };
+            let gives_states = match reading.downcast_ref::<DenseMergeExec>() {
                 Some(below) => below.merged() == Merged::States,
-                None => states
+                None => reading
                     .downcast_ref::<DenseReductionExec>()
                     .is_some_and(|r| r.tasks().is_some()),
             };

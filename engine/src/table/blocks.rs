@@ -24,6 +24,39 @@ use super::dataset::GridTable;
 use super::selection::Selection;
 use crate::config::ZarrConfig;
 
+/// What an operator holds per block beside the block's decoded columns:
+/// `per_cell` bytes for each of the block's first `cells` cells (buffers
+/// sized by the block up to a cap, such as a reduction's runs of rows).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockTemporaries {
+    /// Bytes per cell.
+    pub per_cell: u64,
+    /// The most cells they are held for.
+    pub cells: u64,
+}
+
+impl BlockTemporaries {
+    /// Their bytes beside a block of `block_cells` cells.
+    pub fn bytes(&self, block_cells: u64) -> u64 {
+        self.cells.min(block_cells).saturating_mul(self.per_cell)
+    }
+
+    /// The most decoded bytes (at `cell_bytes` a cell) a block may hold so
+    /// that it and these temporaries take at most `room` bytes.
+    pub fn block_bytes_within(&self, room: u64, cell_bytes: u64) -> u64 {
+        if self.per_cell == 0 || self.cells == 0 || cell_bytes == 0 {
+            return u64::MAX;
+        }
+        let capped = self.cells.saturating_mul(self.per_cell);
+        let cells = match self.cells.saturating_mul(cell_bytes).saturating_add(capped) <= room {
+            // Beyond the cap, every cell costs its decoded bytes only.
+            true => (room - capped) / cell_bytes,
+            false => room / (cell_bytes + self.per_cell),
+        };
+        cells.saturating_mul(cell_bytes)
+    }
+}
+
 /// The blocks of a scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockGrid {
@@ -165,13 +198,15 @@ impl BlockGrid {
     /// `selection` with a worker per partition of the session: under a
     /// memory limit, blocks shrink (to whole chunks at least) so that each
     /// worker's block takes at most a quarter of its share of the limit
-    /// (the rest: its temporaries, state and reads ahead). Returns them
-    /// with the limit (if any) and the number of workers.
+    /// (the rest: its temporaries, state and reads ahead), and its block
+    /// and `temporaries` together at most half. Returns them with the
+    /// limit (if any) and the number of workers.
     pub fn for_workers(
         table: &GridTable,
         columns: &[usize],
         selection: &Selection,
         session: &dyn Session,
+        temporaries: BlockTemporaries,
     ) -> (Self, Option<usize>, usize) {
         let options = session.config().options();
         let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
@@ -179,13 +214,14 @@ impl BlockGrid {
             _ => None,
         };
         let parallelism = options.execution.target_partitions.max(1);
-        let blocks = Self::for_columns(
-            table,
-            columns,
-            selection,
-            options,
-            memory_limit.map(|bytes| bytes / (4 * parallelism)),
-        );
+        let cell_bytes: u64 = columns.iter().map(|&i| table.cell_bytes(i) as u64).sum();
+        let max_block_bytes = memory_limit.map(|bytes| {
+            let quarter = bytes / (4 * parallelism);
+            let half = (bytes / (2 * parallelism)) as u64;
+            let most = temporaries.block_bytes_within(half, cell_bytes);
+            quarter.min(usize::try_from(most).unwrap_or(usize::MAX))
+        });
+        let blocks = Self::for_columns(table, columns, selection, options, max_block_bytes);
         (blocks, memory_limit, parallelism)
     }
 
@@ -320,6 +356,27 @@ pub fn boxes_in_block(selection: &Selection, extent: &[Range<u64>]) -> Vec<Vec<R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_block_and_its_temporaries_fit_the_room_given() {
+        // A naive search: the most cells whose bytes and temporaries fit.
+        let naive = |t: BlockTemporaries, room: u64, cell: u64| {
+            let fits = |n: u64| n * cell + t.bytes(n) <= room;
+            (0..=room).take_while(|&n| fits(n)).last().unwrap_or(0) * cell
+        };
+        for (per_cell, cells) in [(56, 16), (8, 1), (100, 1000), (3, 7)] {
+            let t = BlockTemporaries { per_cell, cells };
+            for room in [0, 1, 63, 64, 500, 1000, 4099, 20_000] {
+                for cell in [1, 4, 8, 12] {
+                    let got = t.block_bytes_within(room, cell);
+                    assert_eq!(got, naive(t, room, cell), "{t:?} {room} {cell}");
+                }
+            }
+        }
+        let none = BlockTemporaries::default();
+        assert_eq!(none.block_bytes_within(100, 8), u64::MAX);
+        assert_eq!(none.bytes(1000), 0);
+    }
 
     #[test]
     fn blocks_cover_the_grid_once() {

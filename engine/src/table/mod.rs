@@ -18,7 +18,9 @@ mod scan;
 mod selection;
 
 pub use block_read::BlockRead;
-pub use blocks::{boxes_in_block, share_of, task_index, task_share, BlockGrid, TASKS_OF_STAGE};
+pub use blocks::{
+    boxes_in_block, share_of, task_index, task_share, BlockGrid, BlockTemporaries, TASKS_OF_STAGE,
+};
 pub use broadcast::{
     Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, SmallSidePlanner,
     MAX_BROADCAST_BYTES,

@@ -138,6 +138,93 @@ async fn results_equal_the_hash_aggregation_on_the_demo_store() {
     }
 }
 
+/// `GROUP BY` over `rechunk(...)`: a dense reduction of the rechunked
+/// store, after the copy of the variables it reads (before, DataFusion's
+/// hash aggregation over the rechunked store's scan). Every reduction of
+/// the fixture oracles, read in chunks with ragged edges on every
+/// dimension, gives pandas' answer; on the demo store, with many blocks,
+/// the answer of the hash aggregation of the store as it is. Nothing is
+/// left in `work_dir`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_by_of_rechunk_is_a_dense_reduction_of_the_rechunked_store() {
+    let dir = common::scratch("dense-rechunk");
+    let work = dir.join("work");
+    let set_work = format!("SET zarrfusion.work_dir = '{}'", work.display());
+    let path = repo_root().join("tests/fixtures/expected/queries.json");
+    let queries: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let runtime = RuntimeEnv::default();
+    let mut checked = 0;
+    for q in &queries {
+        let name = q["name"].as_str().unwrap();
+        if !(name.starts_with("reduce_") || name.starts_with("group_by_lat")) {
+            continue;
+        }
+        let store = q["store"].as_str().unwrap();
+        let dataset =
+            ZarrDataset::open(&fixture(store), &ZarrTableOptions::default(), &runtime).unwrap();
+        let chunks: Vec<String> = (dataset.table(None).unwrap().dims.iter())
+            .zip([2, 3, 1].iter().cycle())
+            .map(|(d, len)| format!("{} => {len}", d.name))
+            .collect();
+        let sql = q["sql"].as_str().unwrap();
+        let rechunked = format!(" FROM rechunk('t', {}) AS t", chunks.join(", "));
+        let sql = sql.replace(" FROM t", &rechunked);
+        assert!(sql.contains("rechunk("), "{name}: {sql}");
+        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        for pushdown in [true, false] {
+            let ctx = context(store, true, pushdown).await;
+            ctx.sql(&set_work).await.unwrap();
+            let plan = explain_text(&ctx, &sql).await;
+            assert!(
+                plan.contains("RechunkExec")
+                    && plan.contains("DenseReductionExec")
+                    && plan.contains("rechunked=[")
+                    && !plan.contains("AggregateExec"),
+                "{name} (pushdown={pushdown}):\n{plan}"
+            );
+            let got = run(&ctx, &sql).await;
+            assert_rows(&format!("{name} (pushdown={pushdown})"), &got, &want);
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "only {checked} reduction queries found");
+
+    let era5 = repo_root().join("demo/era5.zarr");
+    let small_blocks = "SET zarrfusion.target_partition_bytes = 65536";
+    let dense = session("era5", &era5, true, &[small_blocks, &set_work]).await;
+    let hashed = session("era5", &era5, false, &[]).await;
+    for (chunks, keys, sql) in [
+        (
+            "time => 96, lat => 4, lon => 4",
+            2,
+            "SELECT lat, lon, avg(t2m) AS a, stddev(u10) AS s, min(sp) AS lo, count(sst) AS n \
+             FROM {} GROUP BY lat, lon",
+        ),
+        (
+            "time => 7, lat => 5",
+            1,
+            "SELECT time, sum(t2m - 273.15) AS warm, max(sst) AS hi FROM {} \
+             WHERE lat BETWEEN -30 AND 30 AND u10 > 0 GROUP BY time",
+        ),
+    ] {
+        let over = sql.replace("{}", &format!("rechunk('era5', {chunks})"));
+        let plan = explain_text(&dense, &over).await;
+        assert!(plan.contains("DenseReductionExec"), "{over}:\n{plan}");
+        let mut got = run(&dense, &over).await;
+        let mut want = run(&hashed, &sql.replace("{}", "era5")).await;
+        sort_rows(&mut got, keys);
+        sort_rows(&mut want, keys);
+        assert!(!want.is_empty(), "{sql}: no rows");
+        assert_rows(&over, &got, &want);
+    }
+    let left: Vec<_> = match std::fs::read_dir(&work) {
+        Ok(entries) => entries.map(|e| e.unwrap().file_name()).collect(),
+        Err(_) => Vec::new(),
+    };
+    assert!(left.is_empty(), "left in work_dir: {left:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_by_the_grouped_dimensions_needs_no_sort() {
     // The reduction's rows come in C order of the grouped dimensions, so an

@@ -1779,10 +1779,11 @@ async fn rows_by_lat_then_nothing_left(
 /// `rechunk(...)` in a session with workers: its copy's tasks run on the
 /// workers as rounds (one per stage of the rechunk), writing into the
 /// rechunked store the session made in its `work_dir` (which every worker
-/// here sees), and the session then scans that store: the answer of a
-/// session without workers, in one stage or through intermediate arrays,
-/// and nothing left in `work_dir`. Before, the copy was made by the
-/// session's process.
+/// here sees), and the workers then read that store (a `GROUP BY`'s dense
+/// reduction into partial states, a join's scan): the answer of a session
+/// without workers, in one stage or through intermediate arrays, and
+/// nothing left in `work_dir`. Before, the copy was made by the session's
+/// process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machine() {
     let dir = scratch("cluster-rechunk-table");
@@ -1826,16 +1827,28 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
                 && shown.contains("copied and scanned by the cluster's workers")
                 && shown.contains("RechunkTasksExec")
                 && shown.contains("AfterExec: after round")
-                && shown.contains("ZarrScanExec")
+                && shown.contains("DenseReductionExec")
+                && !shown.contains("ZarrScanExec")
                 && shown.contains("tasks=2")
                 && shown.contains("Network"),
             "{chunks}:\n{shown}"
         );
-        // The scan (and the partial aggregate above it) runs in tasks on
-        // the workers, not in the session.
-        let scan_line = (shown.lines())
-            .find(|l| l.contains("ZarrScanExec"))
-            .unwrap_or_default();
+        // The reduction of the rechunked store runs in tasks on the
+        // workers (their partial states merged above), after the copy.
+        let lines: Vec<&str> = shown.lines().collect();
+        let at = (lines.iter())
+            .position(|l| l.contains("DenseReductionExec"))
+            .unwrap();
+        let indent = |l: &str| l.len() - l.trim_start().len();
+        let mut parent = at;
+        while parent == at || lines[parent].contains("CooperativeExec") {
+            parent = (0..parent)
+                .rev()
+                .find(|&i| indent(lines[i]) < indent(lines[parent]))
+                .unwrap();
+        }
+        assert!(lines[parent].contains("AfterExec"), "{chunks}:\n{shown}");
+        let scan_line = lines[at];
         assert!(
             scan_line.contains("tasks=2") || scan_line.contains("tasks=its stage's"),
             "{chunks}:\n{shown}"
@@ -1853,7 +1866,7 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
             // in the rechunk's place, and it failed).
             let analyzed = common::explain_text(&ctx, &format!("ANALYZE {sql}")).await;
             let scan = (analyzed.lines())
-                .find(|l| l.contains("ZarrScanExec"))
+                .find(|l| l.contains("DenseReductionExec"))
                 .unwrap_or_default();
             assert!(
                 analyzed.contains("RechunkExec") && scan.contains("output_rows="),
@@ -1896,7 +1909,7 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
     (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
         .await)
         .unwrap();
-    let sql = "SELECT lat, avg(t2m) FROM rechunk('era5', time => 96) GROUP BY lat";
+    let sql = "SELECT lat, t2m FROM rechunk('era5', time => 96) WHERE lon < 10";
     let plan = physical_plan(&ctx, sql).await;
     let mut found = vec![Arc::clone(&plan)];
     let rechunk = loop {
@@ -1911,8 +1924,12 @@ async fn a_rechunk_table_s_copy_runs_on_the_workers_with_the_answer_of_one_machi
         .unwrap()
         .expect("its copy on the workers");
     assert!(rechunk_on_workers(&on_workers).unwrap().is_none());
-    // The scan after the one round's counts, broadcast.
-    let after = on_workers.children()[0];
+    // The scan after the one round's counts, broadcast (the leaf reading
+    // the store, under what is above it).
+    let mut after = on_workers.children()[0];
+    while after.name() == "CooperativeExec" {
+        after = after.children()[0];
+    }
     assert!(
         after.downcast_ref::<AfterExec>().is_some(),
         "{}",

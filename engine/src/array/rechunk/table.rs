@@ -172,7 +172,7 @@ pub fn rechunk_plan(plan: LogicalPlan, chunks: Vec<(String, u64)>) -> Result<Log
 }
 
 /// A Zarr table in new chunk shapes (see the module docs).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RechunkTable {
     source: ZarrTable,
     chunks: Vec<(String, u64)>,
@@ -205,49 +205,32 @@ impl RechunkTable {
     }
 }
 
-#[async_trait]
-impl TableProvider for RechunkTable {
-    fn schema(&self) -> SchemaRef {
-        self.source.schema()
+impl RechunkTable {
+    /// The table read.
+    pub fn source(&self) -> &ZarrTable {
+        &self.source
     }
 
-    fn table_type(&self) -> TableType {
-        TableType::Temporary
+    /// The new chunk lengths, `(dimension, length)`.
+    pub fn chunks(&self) -> &[(String, u64)] {
+        &self.chunks
     }
 
-    fn supports_filters_pushdown(
-        &self,
-        filters: &[&Expr],
-    ) -> Result<Vec<TableProviderFilterPushDown>> {
-        // The rechunked store has the source's coordinates.
-        self.source.supports_filters_pushdown(filters)
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        filters: &[Expr],
-        limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+    /// Plans the rechunk of `variables` (the columns a query reads; only
+    /// those are copied) against the session's `allowed_mem` (refused if
+    /// it cannot fit) and writes the rechunked store's metadata and
+    /// coordinates into a fresh directory of its `work_dir`: the store
+    /// that the plan reading it ([`Rechunked::read_by`]) fills on first
+    /// execution.
+    pub async fn prepare(&self, state: &dyn Session, variables: Vec<String>) -> Result<Rechunked> {
         let runtime = Arc::clone(state.runtime_env());
         let mut options = RechunkOptions::for_session(state.config_options(), &runtime)?;
         let grid = self.source.grid();
         options.source_storage = grid.storage_options();
         let store = grid.store.clone();
         let chunks = self.chunks.clone();
-        // Only the variables the query reads are copied.
-        let schema = self.source.schema();
-        let variables: Vec<String> = match projection {
-            Some(columns) => columns
-                .iter()
-                .map(|&i| schema.field(i).name().clone())
-                .collect(),
-            None => schema.fields().iter().map(|f| f.name().clone()).collect(),
-        };
         let (prepared, guard, work) = {
             let runtime = Arc::clone(&runtime);
-            let variables = variables.clone();
             tokio::task::spawn_blocking(move || {
                 let prepared = PreparedRechunk::new(&store, &chunks, &options, &runtime)?;
                 let work_dir = options.work_dir.clone().unwrap_or_else(default_work_dir);
@@ -298,7 +281,6 @@ impl TableProvider for RechunkTable {
                 self.source.schema()
             );
         }
-        let scan = rechunked.scan(state, projection, filters, limit).await?;
         let job = Arc::new(CopyJob {
             prepared: Arc::new(prepared),
             store: guard,
@@ -306,11 +288,77 @@ impl TableProvider for RechunkTable {
             cancelled: Arc::new(AtomicBool::new(false)),
             copy: OnceLock::new(),
         });
-        Ok(Arc::new(RechunkExec::new(job, scan, false)))
+        Ok(Rechunked {
+            job,
+            table: rechunked,
+        })
+    }
+}
+
+#[async_trait]
+impl TableProvider for RechunkTable {
+    fn schema(&self) -> SchemaRef {
+        self.source.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        // The rechunked store has the source's coordinates.
+        self.source.supports_filters_pushdown(filters)
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        // Only the variables the query reads are copied.
+        let schema = self.source.schema();
+        let variables: Vec<String> = match projection {
+            Some(columns) => columns
+                .iter()
+                .map(|&i| schema.field(i).name().clone())
+                .collect(),
+            None => schema.fields().iter().map(|f| f.name().clone()).collect(),
+        };
+        let rechunked = self.prepare(state, variables).await?;
+        let scan = (rechunked.table())
+            .scan(state, projection, filters, limit)
+            .await?;
+        Ok(Arc::new(rechunked.read_by(scan)))
     }
 
     fn statistics(&self) -> Option<Statistics> {
         self.source.statistics()
+    }
+}
+
+/// A rechunked store made while planning, its data not copied yet: a
+/// table over it, and the copy that fills it.
+#[derive(Debug)]
+pub struct Rechunked {
+    job: Arc<CopyJob>,
+    table: ZarrTable,
+}
+
+impl Rechunked {
+    /// The table over the rechunked store (the source's columns and rows).
+    pub fn table(&self) -> &ZarrTable {
+        &self.table
+    }
+
+    /// `plan`, which reads [`Self::table`], after the copy: it runs on its
+    /// first execution.
+    pub fn read_by(self, plan: Arc<dyn ExecutionPlan>) -> RechunkExec {
+        RechunkExec::new(self.job, plan, false)
     }
 }
 
@@ -406,7 +454,8 @@ impl CopyJob {
 }
 
 /// Copies the source into the rechunked store on first execution, then
-/// runs its child, the scan of the rechunked store.
+/// runs its child, the plan reading the rechunked store: its scan, or a
+/// dense reduction over it (a `GROUP BY` of `rechunk(...)`).
 ///
 /// On a cluster ([`on_workers`](Self::on_workers)) the copy's tasks run on
 /// the workers in rounds, one per stage of the rechunk
@@ -453,8 +502,8 @@ impl RechunkExec {
         round_leaves(&job.prepared, &staged, work).map(Some)
     }
 
-    /// The scan of the rechunked store.
-    pub fn scan(&self) -> &Arc<dyn ExecutionPlan> {
+    /// The plan reading the rechunked store.
+    pub fn read(&self) -> &Arc<dyn ExecutionPlan> {
         &self.scan
     }
 

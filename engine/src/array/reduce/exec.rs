@@ -48,13 +48,23 @@ use crate::memory::reserve;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, task_share, BlockRead, BoxCells, BroadcastInputs, GridTable, ReadAheadPlan,
-    TableReadAhead, TASKS_OF_STAGE,
+    boxes_in_block, task_share, BlockRead, BlockTemporaries, BoxCells, BroadcastInputs, GridTable,
+    ReadAheadPlan, TableReadAhead, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 
 /// Rows evaluated and folded at a time.
 const RUN_ROWS: u64 = 1 << 16;
+
+/// A worker's buffers for a run of rows (at most a block's, at most
+/// [`RUN_ROWS`]) with `aggregates` aggregates over `columns` columns: a
+/// value per row for each, and two more.
+fn run_temporaries(aggregates: usize, columns: usize) -> BlockTemporaries {
+    BlockTemporaries {
+        per_cell: 8 * (aggregates + columns + 2) as u64,
+        cells: RUN_ROWS,
+    }
+}
 
 /// Bytes of variables in one part of a box, when parts are read one by one
 /// from chunk files: a part is folded while its read left it in cache.
@@ -186,7 +196,9 @@ impl DenseReductionExec {
             .filter_map(|a| a.arg.as_ref())
             .chain(node.predicate.as_ref());
         let (input_df, columns) = node.read.columns_read(exprs)?;
-        let (read, memory_limit, parallelism) = node.read.block_read(columns, session)?;
+        let temporaries = run_temporaries(node.aggregates.len(), columns.len());
+        let (read, memory_limit, parallelism) =
+            node.read.block_read(columns, session, temporaries)?;
         let input_schema = Arc::clone(&read.schema);
         let physical = |e: &datafusion::logical_expr::Expr| {
             planner.create_physical_expr(e, &input_df, session, planning)
@@ -546,9 +558,8 @@ impl DenseReductionExec {
     fn per_worker_memory(&self) -> usize {
         let r = &self.reduction;
         let block = r.read.block_cells() as usize * r.read.row_bytes();
-        // Runs of rows are at most a block long.
-        let run = RUN_ROWS.min(r.read.block_cells().max(1)) as usize;
-        let scratch = run * 8 * (r.aggregates.len() + r.read.columns.len() + 2);
+        let scratch = run_temporaries(r.aggregates.len(), r.read.columns.len())
+            .bytes(r.read.block_cells().max(1)) as usize;
         block + scratch + r.state_bytes()
     }
 

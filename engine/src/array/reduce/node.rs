@@ -61,6 +61,21 @@ pub struct DenseReduction {
 }
 
 impl DenseReduction {
+    /// The columns its aggregates and predicate read (not its keys, which
+    /// are dimensions), by name.
+    pub fn variables(&self) -> Vec<String> {
+        let exprs = (self.aggregates.iter())
+            .filter_map(|a| a.arg.as_ref())
+            .chain(self.predicate.as_ref());
+        let mut names: Vec<String> = exprs
+            .flat_map(|e| e.column_refs())
+            .map(|c| c.name.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     fn key(&self) -> (&Vec<Expr>, &Option<Expr>, &Vec<GroupKey>, &Vec<ReduceExpr>) {
         let filters = &self.read.filters;
         (filters, &self.predicate, &self.groups, &self.aggregates)

@@ -1,8 +1,9 @@
 //! `DenseReductionRule`: plain SQL `GROUP BY` over dimensions of a Zarr
 //! table becomes a [`DenseReduction`].
 //!
-//! The rule matches an `Aggregate` whose input is a Zarr table scan, seen
-//! through any projections, aliases and filters, where
+//! The rule matches an `Aggregate` whose input is a Zarr table scan (or a
+//! scan of `rechunk(...)`, whose rechunked store it then reduces after the
+//! copy), seen through any projections, aliases and filters, where
 //! - every grouping expression is a dimension column of the table, or a
 //!   deterministic function of one dimension column alone
 //!   (`date_trunc('day', time)`, `extract(month FROM time)`,
@@ -30,7 +31,7 @@ use datafusion::physical_expr::execution_props::ExecutionProps;
 use super::accumulators::{numeric_domain, ReduceOp};
 use super::keys::{physical_key, DimKeys, MAX_KEYED_POSITIONS};
 use super::node::{DenseReduction, GroupKey, ReduceExpr};
-use crate::array::scan_path::{down_to_scan, TableRead};
+use crate::array::scan_path::{down_to_scan_or_rechunk, TableRead};
 use crate::config::ZarrConfig;
 use crate::plan_methods::bottom_up_rule;
 use crate::table::{select_planning, GridTable, Selection};
@@ -86,7 +87,7 @@ fn dense_reduction(
     let n_group = group.len();
     let args: Vec<Expr> = aggregates.iter().filter_map(|a| a.arg.clone()).collect();
     group.extend(args);
-    let Some(path) = down_to_scan(&aggregate.input, group)? else {
+    let Some(path) = down_to_scan_or_rechunk(&aggregate.input, group)? else {
         return Ok(None);
     };
     let (scan, table, predicates) = (path.scan, path.table.grid(), path.predicates);
@@ -140,7 +141,8 @@ fn dense_reduction(
     }
 
     Ok(Some(DenseReduction {
-        read: TableRead::new(table, Arc::clone(input_schema), scan.filters.clone()),
+        read: TableRead::new(table, Arc::clone(input_schema), scan.filters.clone())
+            .with_rechunk(path.rechunk),
         predicate: conjunction(predicates),
         groups,
         aggregates,

@@ -50,7 +50,7 @@ use super::node::RollingWindow;
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
-use crate::table::{boxes_in_block, share_of, task_share, BlockRead, BoxCells};
+use crate::table::{boxes_in_block, share_of, task_share, BlockRead, BlockTemporaries, BoxCells};
 use crate::zarr::ChunkBufferPool;
 
 /// One aggregate, planned.
@@ -191,7 +191,9 @@ impl RollingWindowExec {
                 output_type: node.schema.field(n_columns + i).data_type().clone(),
             })
             .collect::<Vec<_>>();
-        let (read, memory_limit, parallelism) = node.read.block_read(columns, session)?;
+        let (read, memory_limit, parallelism) =
+            node.read
+                .block_read(columns, session, BlockTemporaries::default())?;
         let partitions = (read.blocks.num_blocks() as usize).clamp(1, parallelism);
         let parts = RollingParts {
             read,
