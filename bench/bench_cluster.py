@@ -92,8 +92,9 @@ QUERIES = {
     # An anomaly's zonal mean (a broadcast join): on workers, the climatology's partial states,
     # then its rows broadcast to the tasks reading the grid, whose GROUP BY gives partial states.
     # Each cell's time mean through rechunk(...) (time chunks to space chunks, as bench_rechunk.py):
-    # on workers, the copy's rounds into the rechunked store in work_dir, then its scan in tasks
-    # with the GROUP BY's partial states, all on the workers.
+    # on workers, the copy's rounds into the rechunked store in work_dir, then the dense
+    # reduction of that store in tasks (partial states), all on the workers; the hash arm
+    # scans the rechunked store under DataFusion's partial aggregates instead.
     "RC": "SELECT lat, lon, avg(t2m) FROM rechunk('era5', time => 264, lat => 16, lon => 16) "
     "GROUP BY lat, lon ORDER BY lat, lon",
     # Quadratic Means (the "Optimizing Cubed" seed, bench_quadratic.py's query) on its own 6 GB

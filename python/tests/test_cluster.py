@@ -190,10 +190,10 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
     """``rechunk(...)`` in 300 KB: the copy into the rechunked store runs on
     the two worker processes as a round of tasks per stage (through
     intermediate arrays), writing into the store the session made in its
-    work_dir, one round after the other; then the workers scan it (each
-    task once the last round's counts say every chunk is there) and the
-    answer is xarray's zonal means; the work_dir is empty once the query
-    is done."""
+    work_dir, one round after the other; then the workers reduce it (the
+    dense reduction's partial states, each task once the last round's
+    counts say every chunk is there) and the answer is xarray's zonal
+    means; the work_dir is empty once the query is done."""
     demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
     work = tmp_path / "work"
     work.mkdir()
@@ -210,8 +210,9 @@ def test_a_rechunk_table_s_copy_runs_on_the_workers_and_its_answer_equals_xarray
 
 def _rechunked_zonal_means(ctx: zf.SessionContext, demo: pathlib.Path) -> str:
     """Checks that the zonal means of ``t2m`` and ``v10`` over ``era5`` read
-    in chunks of (96, 1, 2), in 300 KB, run in rounds then a scan on the
-    workers, and are xarray's; gives the distributed plan."""
+    in chunks of (96, 1, 2), in 300 KB, run in rounds then the dense
+    reduction of the rechunked store on the workers, and are xarray's;
+    gives the distributed plan."""
     sql = (
         "SELECT lat, avg(t2m) AS t, min(v10) AS v FROM rechunk('era5', time => 96, lat => 1, lon => 2) "
         "GROUP BY lat"
@@ -219,6 +220,7 @@ def _rechunked_zonal_means(ctx: zf.SessionContext, demo: pathlib.Path) -> str:
     distributed = _distributed_plan(ctx, sql)
     assert "copied and scanned by the cluster's workers" in distributed, distributed
     assert "AfterExec: after round 1 of the rechunk" in distributed, distributed
+    assert "DenseReductionExec" in distributed and "ZarrScanExec" not in distributed, distributed
     ds = xr.open_zarr(demo, chunks=None).load()
     # Sorted here: a sort in the session would want more than 300 KB.
     got = ctx.sql(sql).to_pandas().set_index("lat").sort_index()

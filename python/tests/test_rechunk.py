@@ -5,8 +5,10 @@ refusals leave nothing."""
 
 from __future__ import annotations
 
+import io
 import os
 
+import numpy as np
 import pytest
 import xarray as xr
 import zarr
@@ -103,6 +105,41 @@ def test_dataframe_rechunk_and_sql_rechunk_read_the_same_dataset(fixtures, tmp_p
     got = box.to_xarray().t
     xr.testing.assert_allclose(got, expected.t.where(expected.lat > 0, drop=True), rtol=0, atol=0)
     del frames, box, got
+    import gc
+
+    gc.collect()
+    assert leftovers(work) == []
+
+
+def test_a_group_by_of_a_rechunked_frame_reduces_the_rechunked_store(fixtures, tmp_path):
+    """``df.rechunk(...)`` then a ``GROUP BY`` over dimensions (and the same
+    in SQL): the dense reduction of the rechunked store, after the copy, in
+    a budget that sends the copy through intermediate arrays; each cell's
+    time mean and the zonal extremes are xarray's; nothing is left."""
+    work = tmp_path / "work"
+    ctx = zf.SessionContext(allowed_mem="160KB", work_dir=work)
+    ctx.register_zarr("src", fixtures / "rechunk_source.zarr")
+    ds = xr.open_zarr(fixtures / "rechunk_source.zarr").load()
+    per_cell = ctx.table("src").rechunk({"time": ds.sizes["time"], "lat": 4, "lon": 4})
+    per_cell = per_cell.aggregate(["lat", "lon"], ["avg(t) AS t", "count(q) AS n"])
+    sql = (
+        f"SELECT lat, min(q) AS lo, max(t) AS hi FROM rechunk('src', time => {ds.sizes['time']}, lat => 4) "
+        "WHERE lon > 0 GROUP BY lat"
+    )
+    for df in [per_cell, ctx.sql(sql)]:
+        shown = io.StringIO()
+        df.explain(file=shown)
+        plan = shown.getvalue()
+        assert "DenseReductionExec" in plan and "RechunkExec" in plan, plan
+        assert "AggregateExec" not in plan, plan
+    got = per_cell.to_xarray()
+    xr.testing.assert_allclose(got.t, ds.t.mean("time"), rtol=1e-6)
+    xr.testing.assert_equal(got.n.astype("int64"), ds.q.count("time").astype("int64"))
+    got = ctx.sql(sql).to_pandas().set_index("lat").sort_index()
+    east = ds.where(ds.lon > 0, drop=True)
+    np.testing.assert_array_equal(got["lo"], east.q.min(["time", "lon"]).to_series().sort_index())
+    np.testing.assert_array_equal(got["hi"], east.t.max(["time", "lon"]).to_series().sort_index())
+    del per_cell, got
     import gc
 
     gc.collect()

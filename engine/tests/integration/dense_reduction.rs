@@ -218,6 +218,32 @@ async fn a_group_by_of_rechunk_is_a_dense_reduction_of_the_rechunked_store() {
         assert!(!want.is_empty(), "{sql}: no rows");
         assert_rows(&over, &got, &want);
     }
+    // In 300 KB, through chunks of (96, 3, 16): a chunk's block per
+    // worker, each folded in runs shorter than a block (before, a run of
+    // rows was a whole block, and the reduction was refused).
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(300 << 10, 1.0)
+        .build()
+        .unwrap();
+    let small = new_context_with(session_config(), Arc::new(runtime));
+    small.sql(&set_work).await.unwrap();
+    small
+        .register_zarr("era5", era5.to_str().unwrap(), HashMap::new())
+        .await
+        .unwrap();
+    let sql = "SELECT lat, avg(t2m) AS a, max(u10) AS u, count(*) AS n FROM {} GROUP BY lat";
+    let over = sql.replace("{}", "rechunk('era5', time => 96, lat => 3, lon => 16)");
+    let plan = explain_text(&small, &over).await;
+    assert!(
+        plan.contains("DenseReductionExec") && plan.contains("runs of"),
+        "{over}:\n{plan}"
+    );
+    let mut got = run(&small, &over).await;
+    let mut want = run(&hashed, &sql.replace("{}", "era5")).await;
+    sort_rows(&mut got, 1);
+    sort_rows(&mut want, 1);
+    assert_rows(&over, &got, &want);
+
     let left: Vec<_> = match std::fs::read_dir(&work) {
         Ok(entries) => entries.map(|e| e.unwrap().file_name()).collect(),
         Err(_) => Vec::new(),
@@ -333,8 +359,10 @@ async fn tiled_reductions_equal_the_hash_aggregation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reduction_over_the_memory_limit_is_refused_before_it_runs() {
+    // One worker (a block of 12 cells, folded in a run of 12 rows, and
+    // the state of 5 groups) needs more than 256 bytes.
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(1024, 1.0)
+        .with_memory_limit(256, 1.0)
         .build()
         .unwrap();
     let ctx = new_context_with(session_config(), Arc::new(runtime));
@@ -347,12 +375,13 @@ async fn a_reduction_over_the_memory_limit_is_refused_before_it_runs() {
         .unwrap()
         .create_physical_plan()
         .await
-        .expect_err("the plan does not fit in 1 KiB")
+        .expect_err("the plan does not fit in 256 bytes")
         .to_string();
     for needle in [
         "DenseReductionExec",
         "memory limit",
-        "1024.0 B",
+        "1 workers x",
+        "256.0 B",
         "v2_basic.zarr",
     ] {
         assert!(

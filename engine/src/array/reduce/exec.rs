@@ -56,13 +56,16 @@ use crate::zarr::ChunkBufferPool;
 /// Rows evaluated and folded at a time.
 const RUN_ROWS: u64 = 1 << 16;
 
+/// The fewest rows a run is cut down to under a tight memory limit.
+const MIN_RUN_ROWS: u64 = 256;
+
 /// A worker's buffers for a run of rows (at most a block's, at most
-/// [`RUN_ROWS`]) with `aggregates` aggregates over `columns` columns: a
+/// `run_rows`) with `aggregates` aggregates over `columns` columns: a
 /// value per row for each, and two more.
-fn run_temporaries(aggregates: usize, columns: usize) -> BlockTemporaries {
+fn run_temporaries(aggregates: usize, columns: usize, run_rows: u64) -> BlockTemporaries {
     BlockTemporaries {
         per_cell: 8 * (aggregates + columns + 2) as u64,
-        cells: RUN_ROWS,
+        cells: run_rows,
     }
 }
 
@@ -103,6 +106,9 @@ pub(super) struct Reduction {
     key_bytes: usize,
     aggregates: Vec<PhysicalReduce>,
     predicate: Option<Arc<dyn PhysicalExpr>>,
+    /// The most rows evaluated and folded at a time ([`RUN_ROWS`], fewer
+    /// under a tight memory limit).
+    run_rows: u64,
 }
 
 /// What a dense reduction gives.
@@ -196,7 +202,7 @@ impl DenseReductionExec {
             .filter_map(|a| a.arg.as_ref())
             .chain(node.predicate.as_ref());
         let (input_df, columns) = node.read.columns_read(exprs)?;
-        let temporaries = run_temporaries(node.aggregates.len(), columns.len());
+        let temporaries = run_temporaries(node.aggregates.len(), columns.len(), RUN_ROWS);
         let (read, memory_limit, parallelism) =
             node.read.block_read(columns, session, temporaries)?;
         let input_schema = Arc::clone(&read.schema);
@@ -244,7 +250,8 @@ impl DenseReductionExec {
         let predicate = node.predicate.as_ref().map(physical).transpose()?;
 
         let options = session.config().options();
-        let reduction = Reduction::new(read, keys, aggregates, predicate)?;
+        let mut reduction = Reduction::new(read, keys, aggregates, predicate)?;
+        let parallelism = reduction.fit(parallelism, memory_limit);
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         Self::assemble(
             Arc::new(reduction),
@@ -292,8 +299,9 @@ impl DenseReductionExec {
                 output_type: a.output,
             });
         }
-        let reduction = Reduction::new(parts.read, parts.groups, aggregates, parts.predicate)?;
+        let mut reduction = Reduction::new(parts.read, parts.groups, aggregates, parts.predicate)?;
         reduction.check_states(&parts.schema, parts.positioned)?;
+        let parallelism = reduction.fit(parallelism, memory_limit);
         Self::assemble(
             Arc::new(reduction),
             Emit::States {
@@ -556,24 +564,15 @@ impl DenseReductionExec {
     /// Memory one worker holds: a decoded block, the temporaries of one run
     /// of rows, and its group state.
     fn per_worker_memory(&self) -> usize {
-        let r = &self.reduction;
-        let block = r.read.block_cells() as usize * r.read.row_bytes();
-        let scratch = run_temporaries(r.aggregates.len(), r.read.columns.len())
-            .bytes(r.read.block_cells().max(1)) as usize;
-        block + scratch + r.state_bytes()
+        self.reduction.worker_memory()
     }
 
     /// Memory the whole reduction is projected to hold at its peak: the
-    /// workers', the output and the chunks read ahead.
+    /// workers', the output and the keys, and the chunks read ahead.
     pub fn projected_memory(&self) -> usize {
-        let r = &self.reduction;
-        let output = (r.space.num_groups())
-            .saturating_mul(8)
-            .saturating_mul(r.keys.len() + r.aggregates.len());
         (self.workers)
             .saturating_mul(self.per_worker_memory())
-            .saturating_add(output)
-            .saturating_add(r.key_bytes)
+            .saturating_add(self.reduction.shared_memory())
             .saturating_add(self.read_ahead.memory())
             .saturating_add(self.broadcasts.memory())
     }
@@ -623,7 +622,48 @@ impl Reduction {
             key_bytes,
             aggregates,
             predicate,
+            run_rows: RUN_ROWS,
         })
+    }
+
+    /// Memory one worker holds: a decoded block, the temporaries of one run
+    /// of rows, and its group state.
+    fn worker_memory(&self) -> usize {
+        let block = self.read.block_cells() as usize * self.read.row_bytes();
+        let runs = run_temporaries(
+            self.aggregates.len(),
+            self.read.columns.len(),
+            self.run_rows,
+        );
+        block + runs.bytes(self.read.block_cells().max(1)) as usize + self.state_bytes()
+    }
+
+    /// Memory held once, whatever the workers: the output and the keys.
+    fn shared_memory(&self) -> usize {
+        (self.space.num_groups())
+            .saturating_mul(8)
+            .saturating_mul(self.keys.len() + self.aggregates.len())
+            .saturating_add(self.key_bytes)
+    }
+
+    /// Fits the reduction's workers (at most `parallelism`, at most one
+    /// per block) to `limit`: shorter runs of rows (down to
+    /// [`MIN_RUN_ROWS`]), then fewer workers, until they fit beside what
+    /// is held once (when they can). Gives the workers.
+    fn fit(&mut self, parallelism: usize, limit: Option<usize>) -> usize {
+        let mut workers = (self.read.blocks.num_blocks() as usize).clamp(1, parallelism.max(1));
+        let Some(limit) = limit else {
+            return workers;
+        };
+        let room = limit.saturating_sub(self.shared_memory());
+        let over = |r: &Self, workers: usize| workers.saturating_mul(r.worker_memory()) > room;
+        while over(self, workers) && self.run_rows > MIN_RUN_ROWS {
+            self.run_rows = (self.run_rows / 2).max(MIN_RUN_ROWS);
+        }
+        while over(self, workers) && workers > 1 {
+            workers -= 1;
+        }
+        workers
     }
 
     /// The type of each group column.
@@ -771,7 +811,7 @@ impl Reduction {
             // Runs of a tile one after the other: each is a batch of its
             // own (a slice, no copy), and together they reuse the state of
             // the tile's groups while it is in cache.
-            for tile in self.space.tiles(&shape, RUN_ROWS, self.state_per_group()) {
+            for tile in (self.space).tiles(&shape, self.run_rows, self.state_per_group()) {
                 for run in tile {
                     let len = run.end - run.start;
                     let batch = cells.batch(&self.read.schema, run.start, len)?;
@@ -1093,6 +1133,10 @@ impl DisplayAs for DenseReductionExec {
             human_readable_size(self.projected_memory()),
             self.read_ahead,
         )?;
+        if r.run_rows < RUN_ROWS {
+            // Shortened to fit the memory limit.
+            write!(f, ", runs of {} rows", r.run_rows)?;
+        }
         write!(f, "{}", self.broadcasts.display(&r.read.table.dim_names()))?;
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
