@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from measure import parse_mem, report, run_child
+from measure import arm_table, parse_mem, report, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "bench/data/quad.zarr"
@@ -120,6 +120,16 @@ def child(arm: str, store: str, mem: str, work: str, threads: int, out: str) -> 
     return result
 
 
+def compute_note(r: dict, base: dict | None) -> str:
+    """The numpy arm's compute time alone, against zarrfusion end to end."""
+    if "compute_seconds" not in r:
+        return ""
+    note = f"compute alone (data in memory): {r['compute_seconds']:.2f} s"
+    if base:
+        note += f"; zarrfusion end to end / numpy compute = {base['seconds'] / r['compute_seconds']:.2f}"
+    return note
+
+
 def run_arm(arm: str, a, scratch: Path) -> dict:
     work = scratch / f"{arm}-work"
     work.mkdir()
@@ -185,24 +195,8 @@ def main() -> None:
         f"{raw / 1e9:.2f} GB raw; allowed_mem {a.allowed_mem} ({budget / 2**20:.0f} MiB); {a.threads} threads",
         f"- Query: `{SQL}`",
         "",
-        "| arm | seconds | zarrfusion is | peak RSS MiB | RSS over allowed_mem MiB | check | notes |",
-        "|---|---:|---:|---:|---:|---|---|",
+        *arm_table(results, base, budget, notes=lambda r: compute_note(r, base), digits=1),
     ]
-    for r in results:
-        if "error" in r:
-            lines.append(f"| {r['arm']} | - | - | - | - | error | {r['error']} |")
-            continue
-        ratio = "-"
-        if base and r is not base:
-            x = r["seconds"] / base["seconds"]
-            ratio = f"{x:.1f}x faster" if x >= 1 else f"{1 / x:.1f}x slower"
-        note = ""
-        if "compute_seconds" in r:
-            note = f"compute alone (data in memory): {r['compute_seconds']:.2f} s"
-            if base:
-                note += f"; zarrfusion end to end / numpy compute = {base['seconds'] / r['compute_seconds']:.2f}"
-        lines.append(f"| {r['arm']} | {r['seconds']:.2f} | {ratio} | {r['peak_rss'] / 2**20:.0f} | "
-                     f"{max(0, r['peak_rss'] - budget) / 2**20:.0f} | {r.get('check', '')} | {note} |")
     lines.append("")
     report(lines, ROOT / "bench/RESULTS.md", write=not a.no_write)
 

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from measure import parse_mem, report, run_child
+from measure import arm_table, parse_mem, report, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ["zarrfusion", "zarrfusion-hash", "zarrfusion-direct", "dask"]
@@ -154,19 +154,8 @@ def main() -> None:
         f"({src.shape[0]}, {a.space}, {a.space}); {src.nbytes / 1e9:.2f} GB raw; allowed_mem {a.allowed_mem} "
         f"({budget / 2**20:.0f} MiB); {a.threads} threads",
         "",
-        "| arm | seconds | zarrfusion is | peak RSS MiB | RSS over allowed_mem MiB | check | notes |",
-        "|---|---:|---:|---:|---:|---|---|",
+        *arm_table(results, base, budget),
     ]
-    for r in results:
-        if "error" in r:
-            lines.append(f"| {r['arm']} | - | - | - | - | error | {r['error']} |")
-            continue
-        ratio = "-"
-        if base and r is not base:
-            x = r["seconds"] / base["seconds"]
-            ratio = f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower"
-        lines.append(f"| {r['arm']} | {r['seconds']:.2f} | {ratio} | {r['peak_rss'] / 2**20:.0f} | "
-                     f"{max(0, r['peak_rss'] - budget) / 2**20:.0f} | {r['check']} | {r.get('note', '')} |")
     lines.append("")
     report(lines, ROOT / "bench/RESULTS.md", write=not a.no_write)
 

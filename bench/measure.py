@@ -68,6 +68,28 @@ def report(lines: list[str], results: Path, write: bool) -> None:
             f.write("\n" + text + "\n")
 
 
+def arm_table(results: list[dict], base: dict | None, budget: int, notes=None, digits: int = 2) -> list[str]:
+    """The lines of a results table of arms run under ``budget`` bytes: seconds,
+    how much faster the ``base`` arm was, peak RSS and how far over the budget,
+    the check, and ``notes(result)`` (or the result's ``note``)."""
+    lines = [
+        "| arm | seconds | zarrfusion is | peak RSS MiB | RSS over allowed_mem MiB | check | notes |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['arm']} | - | - | - | - | error | {r['error']} |")
+            continue
+        ratio = "-"
+        if base and r is not base:
+            x = r["seconds"] / base["seconds"]
+            ratio = f"{x:.{digits}f}x faster" if x >= 1 else f"{1 / x:.{digits}f}x slower"
+        note = notes(r) if notes else r.get("note", "")
+        lines.append(f"| {r['arm']} | {r['seconds']:.2f} | {ratio} | {r['peak_rss'] / 2**20:.0f} | "
+                     f"{max(0, r['peak_rss'] - budget) / 2**20:.0f} | {r.get('check', '')} | {note} |")
+    return lines
+
+
 def arm_arguments(ap, arms: list[str], allowed_mem: str):
     """Adds the options every per-arm benchmark takes to ``ap`` and parses
     them; ``--child ARM DST MEM WORK THREADS`` is how an arm's subprocess is

@@ -54,17 +54,25 @@ async fn run(ctx: &SessionContext, sql: &str) -> Vec<Vec<Value>> {
     common::query_rows(ctx, "query", sql).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn group_by_dimensions_is_planned_as_a_dense_reduction() {
+/// The reductions of `tests/fixtures/expected/queries.json` (SQL over a
+/// fixture registered as `t`, and pandas' rows).
+fn reduction_queries() -> Vec<Value> {
     let path = repo_root().join("tests/fixtures/expected/queries.json");
     let queries: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    (queries.into_iter())
+        .filter(|q| {
+            let name = q["name"].as_str().unwrap();
+            name.starts_with("reduce_") || name.starts_with("group_by_lat")
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_by_dimensions_is_planned_as_a_dense_reduction() {
     let mut checked = 0;
-    for q in &queries {
+    for q in &reduction_queries() {
         let name = q["name"].as_str().unwrap();
-        if !(name.starts_with("reduce_") || name.starts_with("group_by_lat")) {
-            continue;
-        }
         let store = q["store"].as_str().unwrap();
         let sql = q["sql"].as_str().unwrap();
         for pushdown in [true, false] {
@@ -150,16 +158,10 @@ async fn a_group_by_of_rechunk_is_a_dense_reduction_of_the_rechunked_store() {
     let dir = common::scratch("dense-rechunk");
     let work = dir.join("work");
     let set_work = format!("SET zarrfusion.work_dir = '{}'", work.display());
-    let path = repo_root().join("tests/fixtures/expected/queries.json");
-    let queries: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let runtime = RuntimeEnv::default();
     let mut checked = 0;
-    for q in &queries {
+    for q in &reduction_queries() {
         let name = q["name"].as_str().unwrap();
-        if !(name.starts_with("reduce_") || name.starts_with("group_by_lat")) {
-            continue;
-        }
         let store = q["store"].as_str().unwrap();
         let dataset =
             ZarrDataset::open(&fixture(store), &ZarrTableOptions::default(), &runtime).unwrap();
