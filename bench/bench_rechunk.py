@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from measure import parse_mem, report, run_child
+from measure import parse_mem, print_arm, report, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ["zarrfusion", "cubed-threads", "cubed-processes", "dask"]
@@ -140,11 +140,7 @@ def main() -> None:
         for arm in a.arms.split(","):
             r = run_arm(arm, a, target, Path(tmp))
             results.append(r)
-            if "error" in r:
-                print(f"{arm}: ERROR {r['error']}", flush=True)
-            else:
-                print(f"{arm}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB, "
-                      f"{r['bytes_on_disk'] / 1e9:.2f} GB on disk, check {r['check']} {r.get('note', '')}", flush=True)
+            print_arm(r, f", {r['bytes_on_disk'] / 1e9:.2f} GB on disk" if "error" not in r else "")
     ok = {r["arm"]: r for r in results if "error" not in r}
     base = ok.get("zarrfusion")
     budget = parse_mem(a.allowed_mem)

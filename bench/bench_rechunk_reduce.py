@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from measure import arm_table, parse_mem, report, run_child
+from measure import arm_table, parse_mem, print_arm, report, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ["zarrfusion", "zarrfusion-hash", "zarrfusion-direct", "dask"]
@@ -136,11 +136,7 @@ def main() -> None:
                     r["note"] = f"left in work_dir: {[p.name for p in left]}"
             shutil.rmtree(work, ignore_errors=True)
             results.append(r)
-            if "error" in r:
-                print(f"{arm}: ERROR {r['error']}", flush=True)
-            else:
-                print(f"{arm}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB, "
-                      f"check {r['check']} {r.get('note', '')}", flush=True)
+            print_arm(r)
     ok = {r["arm"]: r for r in results if "error" not in r}
     base = ok.get("zarrfusion")
     budget = parse_mem(a.allowed_mem)

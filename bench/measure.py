@@ -68,6 +68,16 @@ def report(lines: list[str], results: Path, write: bool) -> None:
             f.write("\n" + text + "\n")
 
 
+def print_arm(r: dict, extra: str = "") -> None:
+    """Prints an arm's line as it ends: its error, or its time, peak RSS,
+    ``extra``, check and note."""
+    if "error" in r:
+        print(f"{r['arm']}: ERROR {r['error']}", flush=True)
+        return
+    print(f"{r['arm']}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB{extra}, "
+          f"check {r['check']} {r.get('note', '')}", flush=True)
+
+
 def arm_table(results: list[dict], base: dict | None, budget: int, notes=None, digits: int = 2) -> list[str]:
     """The lines of a results table of arms run under ``budget`` bytes: seconds,
     how much faster the ``base`` arm was, peak RSS and how far over the budget,
@@ -139,11 +149,7 @@ def run_arms(script: str, a, tmp: Path, check, extra=None) -> list[dict]:
         for f in tmp.glob(f"{arm}.*.npy"):
             f.unlink()
         results.append(r)
-        if "error" in r:
-            print(f"{arm}: ERROR {r['error']}", flush=True)
-        else:
-            io = (f", read {r['read_bytes'] / 2**30:.2f} GiB, written {r['written_bytes'] / 2**30:.2f} GiB"
-                  if "read_bytes" in r else "")
-            print(f"{arm}: {r['seconds']:.2f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MiB{io}, "
-                  f"check {r['check']} {r.get('note', '')}", flush=True)
+        io = (f", read {r['read_bytes'] / 2**30:.2f} GiB, written {r['written_bytes'] / 2**30:.2f} GiB"
+              if "read_bytes" in r else "")
+        print_arm(r, io)
     return results
