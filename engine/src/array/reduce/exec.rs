@@ -56,8 +56,10 @@ use crate::zarr::ChunkBufferPool;
 /// Rows evaluated and folded at a time.
 const RUN_ROWS: u64 = 1 << 16;
 
-/// The fewest rows a run is cut down to under a tight memory limit.
-const MIN_RUN_ROWS: u64 = 256;
+/// The fewest rows a run is cut down to under a tight memory limit: a
+/// tile's runs are never shorter (see `GroupSpace::tiles`), so no run is
+/// longer than projected.
+const MIN_RUN_ROWS: u64 = super::groups::MIN_TILE_RUN;
 
 /// A worker's buffers for a run of rows (at most a block's, at most
 /// `run_rows`) with `aggregates` aggregates over `columns` columns: a
