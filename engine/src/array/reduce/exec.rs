@@ -200,10 +200,7 @@ impl DenseReductionExec {
         let table = &node.read.table;
 
         // The columns the expressions read, in the input schema's order.
-        let exprs = (node.aggregates.iter())
-            .filter_map(|a| a.arg.as_ref())
-            .chain(node.predicate.as_ref());
-        let (input_df, columns) = node.read.columns_read(exprs)?;
+        let (input_df, columns) = node.read.columns_read(node.exprs())?;
         let temporaries = run_temporaries(node.aggregates.len(), columns.len(), RUN_ROWS);
         let (read, memory_limit, parallelism) =
             node.read.block_read(columns, session, temporaries)?;

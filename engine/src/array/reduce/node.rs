@@ -61,13 +61,18 @@ pub struct DenseReduction {
 }
 
 impl DenseReduction {
-    /// The columns its aggregates and predicate read (not its keys, which
-    /// are dimensions), by name.
-    pub fn variables(&self) -> Vec<String> {
-        let exprs = (self.aggregates.iter())
+    /// The expressions it evaluates over the table's columns: the
+    /// aggregates' arguments, then the predicate.
+    pub fn exprs(&self) -> impl Iterator<Item = &Expr> {
+        (self.aggregates.iter())
             .filter_map(|a| a.arg.as_ref())
-            .chain(self.predicate.as_ref());
-        let mut names: Vec<String> = exprs
+            .chain(self.predicate.as_ref())
+    }
+
+    /// The columns its expressions read (not its keys, which are
+    /// dimensions), by name.
+    pub fn variables(&self) -> Vec<String> {
+        let mut names: Vec<String> = (self.exprs())
             .flat_map(|e| e.column_refs())
             .map(|c| c.name.clone())
             .collect();
