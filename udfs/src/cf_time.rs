@@ -1,13 +1,13 @@
 //! CF time conventions: `<unit> since <reference date>` and durations.
 //!
 //! These are the encodings xarray decodes by default (`decode_times=True`):
-//! a number of units since a reference instant becomes a timestamp, for the
-//! `standard`, `gregorian` and `proleptic_gregorian` calendars. All results are
-//! nanoseconds since the Unix epoch, as numpy's `datetime64[ns]`.
+//! a number of units since a reference date becomes a timestamp, in any of
+//! CF's calendars ([`crate::calendar`]). All results are nanoseconds since
+//! the Unix epoch, as numpy's `datetime64[ns]`.
 
 use std::fmt;
 
-use chrono::{NaiveDate, NaiveDateTime, NaiveTime};
+use crate::calendar::{Calendar, Date};
 
 /// A time unit of the CF conventions, as nanoseconds per unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,12 +40,21 @@ impl TimeUnit {
 /// Errors from parsing CF time attributes or converting values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CfTimeError {
-    /// The `units` attribute is not `<unit> since <date>`.
+    /// The `units` attribute is not `<unit> since <date>`, or its date is
+    /// not a date of the calendar.
     InvalidUnits(String),
-    /// A calendar other than standard, gregorian and proleptic_gregorian.
+    /// A calendar that is none of CF's.
     UnsupportedCalendar(String),
     /// A value that does not fit in `datetime64[ns]`.
     OutOfRange(String),
+    /// A date of the calendar that the proleptic Gregorian calendar lacks
+    /// (the 30th of February of `360_day`), which has no timestamp.
+    NoTimestamp {
+        /// The calendar.
+        calendar: Calendar,
+        /// The date.
+        date: Date,
+    },
 }
 
 impl fmt::Display for CfTimeError {
@@ -54,33 +63,51 @@ impl fmt::Display for CfTimeError {
             Self::InvalidUnits(u) => write!(f, "invalid CF time units '{u}'"),
             Self::UnsupportedCalendar(c) => write!(
                 f,
-                "unsupported CF calendar '{c}' (supported: standard, gregorian, proleptic_gregorian)"
+                "unsupported CF calendar '{c}' (supported: standard, gregorian, \
+                 proleptic_gregorian, noleap, 365_day, all_leap, 366_day, 360_day, julian)"
             ),
             Self::OutOfRange(v) => write!(f, "time value {v} is outside the datetime64[ns] range"),
+            Self::NoTimestamp { calendar, date } => write!(
+                f,
+                "the {} date {date} has no timestamp: the Gregorian calendar has no such day",
+                calendar.name()
+            ),
         }
     }
 }
 
 impl std::error::Error for CfTimeError {}
 
-/// Returns true for the calendars that map onto proleptic Gregorian timestamps.
+/// Returns true for the calendars of the CF conventions (see [`Calendar`]).
 pub fn is_supported_calendar(calendar: &str) -> bool {
-    matches!(
-        calendar.trim().to_ascii_lowercase().as_str(),
-        "standard" | "gregorian" | "proleptic_gregorian"
-    )
+    Calendar::parse(calendar).is_some()
 }
 
-/// A parsed `<unit> since <date>` encoding.
+/// Nanoseconds in a day.
+const DAY: i128 = 86_400_000_000_000;
+
+/// The years a reference date may have (those of chrono's dates).
+const REFERENCE_YEARS: std::ops::RangeInclusive<i64> = -262_142..=262_142;
+
+/// A parsed `<unit> since <date>` encoding in a calendar.
+///
+/// Values become timestamps as xarray shows them: in the `standard` and
+/// `proleptic_gregorian` calendars the instant they count to; in the others
+/// (decoded by xarray to cftime dates) the timestamp with the same date and
+/// time of day, as `CFTimeIndex.to_datetimeindex()` gives it. A date the
+/// Gregorian calendar lacks is [`CfTimeError::NoTimestamp`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CfTime {
     unit: TimeUnit,
-    /// Reference instant, nanoseconds since the Unix epoch (UTC).
-    epoch_nanos: i64,
+    calendar: Calendar,
+    /// The reference instant: nanoseconds since the calendar's day 0
+    /// (1970-01-01 for the Gregorian calendars, see [`crate::calendar`]).
+    reference: i128,
 }
 
 impl CfTime {
-    /// Parses `units` (and an optional `calendar`) into an encoding.
+    /// Parses `units` (and an optional `calendar`, `standard` when absent)
+    /// into an encoding.
     ///
     /// Returns `Ok(None)` when `units` has no `since` (it is not a time).
     pub fn parse(units: &str, calendar: Option<&str>) -> Result<Option<Self>, CfTimeError> {
@@ -88,20 +115,20 @@ impl CfTime {
         let Some(pos) = lower.find(" since ") else {
             return Ok(None);
         };
-        if let Some(cal) = calendar {
-            if !is_supported_calendar(cal) {
-                return Err(CfTimeError::UnsupportedCalendar(cal.to_string()));
-            }
-        }
+        let calendar = match calendar {
+            Some(name) => Calendar::parse(name)
+                .ok_or_else(|| CfTimeError::UnsupportedCalendar(name.to_string()))?,
+            None => Calendar::Standard,
+        };
         let unit = TimeUnit::parse(&units[..pos])
             .ok_or_else(|| CfTimeError::InvalidUnits(units.to_string()))?;
-        let reference = parse_reference(units[pos + 7..].trim())
+        let reference = parse_reference(units[pos + 7..].trim(), calendar)
             .ok_or_else(|| CfTimeError::InvalidUnits(units.to_string()))?;
-        let epoch_nanos = reference
-            .and_utc()
-            .timestamp_nanos_opt()
-            .ok_or_else(|| CfTimeError::OutOfRange(units.to_string()))?;
-        Ok(Some(Self { unit, epoch_nanos }))
+        Ok(Some(Self {
+            unit,
+            calendar,
+            reference,
+        }))
     }
 
     /// The unit of the encoded numbers.
@@ -109,31 +136,57 @@ impl CfTime {
         self.unit
     }
 
+    /// The calendar of the encoded dates.
+    pub fn calendar(&self) -> Calendar {
+        self.calendar
+    }
+
     /// Decodes an integer count of units.
     pub fn decode_i64(&self, value: i64) -> Result<i64, CfTimeError> {
-        value
-            .checked_mul(self.unit.nanos)
-            .and_then(|v| v.checked_add(self.epoch_nanos))
-            .ok_or_else(|| CfTimeError::OutOfRange(value.to_string()))
+        let offset = i128::from(value) * i128::from(self.unit.nanos);
+        self.decode(offset)
+            .ok_or_else(|| CfTimeError::OutOfRange(value.to_string()))?
     }
 
     /// Decodes a (possibly fractional) count of units, rounded to the nanosecond.
     pub fn decode_f64(&self, value: f64) -> Result<i64, CfTimeError> {
-        // Offset in f64 (exact for fractions of the unit), reference in i64:
-        // adding the reference as f64 would lose nanoseconds.
+        // Offset in f64 (exact for fractions of the unit), reference in
+        // integers: adding the reference as f64 would lose nanoseconds.
         let offset = (value * self.unit.nanos as f64).round();
-        if !(offset.is_finite() && offset >= i64::MIN as f64 && offset < i64::MAX as f64) {
+        if !(offset.is_finite() && offset.abs() < 1e30) {
             return Err(CfTimeError::OutOfRange(value.to_string()));
         }
-        (offset as i64)
-            .checked_add(self.epoch_nanos)
-            .ok_or_else(|| CfTimeError::OutOfRange(value.to_string()))
+        self.decode(offset as i128)
+            .ok_or_else(|| CfTimeError::OutOfRange(value.to_string()))?
+    }
+
+    /// The timestamp `offset` nanoseconds after the reference: `None` when
+    /// it is outside the timestamps' range.
+    fn decode(&self, offset: i128) -> Option<Result<i64, CfTimeError>> {
+        let instant = self.reference + offset;
+        if self.calendar.is_gregorian() {
+            return i64::try_from(instant).ok().map(Ok);
+        }
+        // By the date's fields. Timestamps span years 1677 to 2262: a day
+        // number past 10^9 is none of theirs in any calendar.
+        let number = i64::try_from(instant.div_euclid(DAY))
+            .ok()
+            .filter(|n| n.abs() < 1_000_000_000)?;
+        let date = self.calendar.date(number);
+        let Some(day) = Calendar::ProlepticGregorian.day_number(date) else {
+            let calendar = self.calendar;
+            return Some(Err(CfTimeError::NoTimestamp { calendar, date }));
+        };
+        i64::try_from(i128::from(day) * DAY + instant.rem_euclid(DAY))
+            .ok()
+            .map(Ok)
     }
 }
 
-/// Parses the reference date of CF units: `1900-01-01`, `1900-1-1 00:00:00`,
-/// `2000-01-01T12:00:00.5Z`, `1970-01-01 00:00:00 UTC`, `2000-01-01 00:00 +00:00`.
-fn parse_reference(text: &str) -> Option<NaiveDateTime> {
+/// Parses the reference date of CF units (`1900-01-01`, `1900-1-1
+/// 00:00:00`, `2000-01-01T12:00:00.5Z`, `1970-01-01 00:00:00 UTC`,
+/// `2000-01-01 00:00 +00:00`) in `calendar`: nanoseconds since its day 0.
+fn parse_reference(text: &str, calendar: Calendar) -> Option<i128> {
     let text = text.trim();
     let text = text
         .strip_suffix("UTC")
@@ -145,19 +198,24 @@ fn parse_reference(text: &str) -> Option<NaiveDateTime> {
         None => (text, ""),
     };
     let mut fields = date_part.splitn(3, '-');
-    let year: i32 = fields.next()?.parse().ok()?;
+    let year: i64 = fields.next()?.parse().ok()?;
     let month: u32 = fields.next().unwrap_or("1").parse().ok()?;
     let day: u32 = fields.next().unwrap_or("1").parse().ok()?;
-    let date = NaiveDate::from_ymd_opt(year, month, day)?;
+    if !REFERENCE_YEARS.contains(&year) {
+        return None;
+    }
+    let number = calendar.day_number(Date { year, month, day })?;
     // Split off a numeric timezone offset (`+00:00`, `-05`), which shifts the instant.
     let (time_part, offset_minutes) = split_offset(rest)?;
     let time = if time_part.is_empty() {
-        NaiveTime::MIN
+        0
     } else {
         parse_time_of_day(time_part)?
     };
-    date.and_time(time)
-        .checked_sub_signed(chrono::TimeDelta::try_minutes(offset_minutes)?)
+    let reference = i128::from(number) * DAY + time - i128::from(offset_minutes) * 60_000_000_000;
+    // Shifted by its offset, still a date of those years.
+    let shifted = calendar.date(i64::try_from(reference.div_euclid(DAY)).ok()?);
+    REFERENCE_YEARS.contains(&shifted.year).then_some(reference)
 }
 
 /// Splits a numeric timezone offset (`+00:00`, `-0530`, `+5`) off a time
@@ -183,19 +241,24 @@ fn split_offset(text: &str) -> Option<(&str, i64)> {
     Some((time, sign * (hours * 60 + minutes)))
 }
 
-fn parse_time_of_day(text: &str) -> Option<NaiveTime> {
+/// Nanoseconds into the day of `hh[:mm[:ss[.f]]]`.
+fn parse_time_of_day(text: &str) -> Option<i128> {
     let mut fields = text.splitn(3, ':');
     let hour: u32 = fields.next()?.parse().ok()?;
     let minute: u32 = fields.next().unwrap_or("0").parse().ok()?;
     let seconds: f64 = fields.next().unwrap_or("0").parse().ok()?;
-    let whole = seconds.trunc() as u32;
-    let nanos = ((seconds - seconds.trunc()) * 1e9).round() as u32;
-    NaiveTime::from_hms_nano_opt(hour, minute, whole, nanos)
+    if hour > 23 || minute > 59 || !(0.0..60.0).contains(&seconds) {
+        return None;
+    }
+    let nanos = (seconds * 1e9).round() as i128;
+    Some((i128::from(hour) * 60 + i128::from(minute)) * 60_000_000_000 + nanos)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use chrono::NaiveDateTime;
 
     fn ts(text: &str) -> i64 {
         NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S")
@@ -232,11 +295,65 @@ mod tests {
         assert_eq!(t.decode_i64(0).unwrap(), ts("2000-01-01 00:00:00"));
     }
 
+    /// Numbers in units of every calendar decode to the timestamps cftime
+    /// gives them (the dates' fields), or fail as cftime's dates have no
+    /// timestamp (`tests/fixtures/expected/cf_calendars.json`, written by
+    /// `make_calendar_fixture.py`).
+    #[test]
+    fn every_calendar_decodes_as_cftime() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/expected/cf_calendars.json"
+        );
+        let cases: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert!(cases.len() >= 40, "{} cases", cases.len());
+        let (mut stamps, mut lacking, mut outside) = (0, 0, 0);
+        for case in &cases {
+            let (units, calendar) = (case["units"].as_str().unwrap(), case["calendar"].as_str());
+            let time = CfTime::parse(units, calendar).unwrap().unwrap();
+            let expected = case["expected"].as_array().unwrap();
+            for (value, expected) in case["values"].as_array().unwrap().iter().zip(expected) {
+                let decoded = match case["dtype"].as_str().unwrap() {
+                    "int64" => time.decode_i64(value.as_i64().unwrap()),
+                    _ => time.decode_f64(value.as_f64().unwrap()),
+                };
+                let context = format!("{value} {units} ({calendar:?})");
+                match decoded {
+                    Ok(nanos) => {
+                        let got = chrono::DateTime::from_timestamp_nanos(nanos)
+                            .naive_utc()
+                            .format("%Y-%m-%dT%H:%M:%S%.f")
+                            .to_string();
+                        assert_eq!(Some(got.as_str()), expected.as_str(), "{context}");
+                        stamps += 1;
+                    }
+                    Err(CfTimeError::NoTimestamp { date, .. }) => {
+                        let want = expected["no_timestamp"].as_str();
+                        assert_eq!(Some(date.to_string().as_str()), want, "{context}");
+                        lacking += 1;
+                    }
+                    Err(CfTimeError::OutOfRange(_)) => {
+                        assert_eq!(expected.as_str(), Some("out_of_range"), "{context}");
+                        outside += 1;
+                    }
+                    Err(other) => panic!("{context}: {other}"),
+                }
+            }
+        }
+        assert!(
+            stamps > 500 && lacking > 20 && outside > 50,
+            "{stamps} {lacking} {outside}"
+        );
+    }
+
     #[test]
     fn rejects_bad_input() {
         assert_eq!(CfTime::parse("kelvin", None), Ok(None));
         assert!(CfTime::parse("fortnights since 2000-01-01", None).is_err());
-        assert!(CfTime::parse("days since 2000-01-01", Some("noleap")).is_err());
+        assert!(CfTime::parse("days since 2000-01-01", Some("none")).is_err());
+        assert!(CfTime::parse("days since 2001-02-29", Some("noleap")).is_err());
+        assert!(CfTime::parse("days since 2001-02-30", Some("360_day")).is_ok());
         let t = CfTime::parse("days since 2000-01-01", None)
             .unwrap()
             .unwrap();

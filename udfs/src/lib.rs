@@ -1,7 +1,7 @@
 //! Scalar functions over Arrow arrays used by zarrfusion.
 //!
 //! This crate does not know about Zarr stores or the engine: it holds the
-//! pure conversions (CF time first) and exposes them as DataFusion functions.
+//! pure conversions (CF time and its calendars first) and exposes them as DataFusion functions.
 //! The engine reuses the conversions when it decodes coordinates and
 //! registers the functions with every session, the way DataFusion's core
 //! registers its own functions crates. Complex numbers are Arrow structs
@@ -18,6 +18,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod calendar;
 pub mod cf_time;
 mod cf_time_udf;
 pub mod complex;

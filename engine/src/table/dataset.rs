@@ -18,8 +18,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::ArrayRef;
-use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::arrow::array::{ArrayRef, AsArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
 use datafusion::common::human_readable_size;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -29,6 +30,7 @@ use super::coordinate::Coordinate;
 use super::options::ZarrTableOptions;
 use super::regular::RegularCoordinateCheck;
 use crate::error::{Result, ZarrFusionError};
+use zarrfusion_udfs::cf_time::CfTimeError;
 use zarrs::storage::StoreKey;
 
 use crate::zarr::{
@@ -449,12 +451,13 @@ impl ZarrDataset {
         lengths: BTreeMap<String, u64>,
         memory_limit: Option<u64>,
     ) -> Result<Self> {
+        let mut arrays = arrays;
         let mut dims = BTreeMap::new();
-        for array in arrays.iter().filter(|a| is_coordinate(a)) {
+        for array in arrays.iter_mut().filter(|a| is_coordinate(a)) {
             let dim = Dimension {
                 name: array.name().to_string(),
                 len: array.shape()[0],
-                coordinate: read_coordinate(array, memory_limit)?,
+                coordinate: read_dates_or_numbers(array, memory_limit)?,
                 attributes: array.attributes().clone(),
             };
             dims.insert(dim.name.clone(), Arc::new(dim));
@@ -704,6 +707,51 @@ fn read_coordinate(array: &ZarrArray, memory_limit: Option<u64>) -> Result<Coord
     }
     held_whole()?;
     Ok(Coordinate::Values(read(0..len)?))
+}
+
+/// A coordinate's values ([`read_coordinate`]); dates of a calendar some
+/// of whose days have no timestamp keep their numbers when one of them is
+/// such a day (a daily `360_day` calendar's 30th of February), as xarray's
+/// `CFTimeIndex.to_datetimeindex()` refuses them, with a warning naming it.
+fn read_dates_or_numbers(
+    array: &mut Arc<ZarrArray>,
+    memory_limit: Option<u64>,
+) -> Result<Coordinate> {
+    let error = match read_coordinate(array, memory_limit) {
+        Err(error) => error,
+        read => return read,
+    };
+    let Some(time) = array.decoder().dates_lacking_timestamps().copied() else {
+        return Err(error);
+    };
+    // Opened just now, the array is this dataset's alone.
+    let Some(opened) = Arc::get_mut(array) else {
+        return Err(error);
+    };
+    opened.keep_numbers();
+    let numbers = read_coordinate(array, memory_limit)?;
+    let lacking = numbers.pieces(COORDINATE_PIECE).find_map(|piece| {
+        let piece = piece.and_then(|p| cast(&p, &DataType::Float64)).ok()?;
+        let values = piece.as_primitive::<Float64Type>().iter().flatten();
+        values
+            .map(|v| time.decode_f64(v))
+            .find_map(|decoded| match decoded {
+                Err(lacking @ CfTimeError::NoTimestamp { .. }) => Some(lacking),
+                _ => None,
+            })
+    });
+    match lacking {
+        Some(lacking) => {
+            log::warn!(
+                "store '{}' array '{}': {lacking}; the coordinate keeps its numbers",
+                array.store(),
+                array.name(),
+            );
+            Ok(numbers)
+        }
+        // Something else failed.
+        None => Err(error),
+    }
 }
 
 /// Coordinate values read whole, held as their formula when they follow

@@ -273,6 +273,22 @@ impl ZarrArray {
         self.decoder.data_type()
     }
 
+    /// How its values are decoded.
+    pub fn decoder(&self) -> &ColumnDecoder {
+        &self.decoder
+    }
+
+    /// Decodes its times and durations no more: they are read as their
+    /// numbers (see [`ColumnDecoder::keeping_numbers`]).
+    pub fn keep_numbers(&mut self) {
+        self.decoder = self.decoder.keeping_numbers();
+        self.raw = RawChunks::detect(
+            &self.array,
+            self.local_root.as_deref(),
+            self.decoder.nan_scan(),
+        );
+    }
+
     /// The array's attributes, as stored (CF encoding attributes included).
     pub fn attributes(&self) -> &Map<String, Value> {
         self.array.attributes()

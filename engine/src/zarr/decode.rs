@@ -8,7 +8,7 @@
 //! | float16/32/64 | | Float32/Float64, NaN as NULL |
 //! | any number | `_FillValue`, `missing_value` (v2: also the zarr `fill_value`) | Float32/Float64, those values as NULL |
 //! | any number | `scale_factor`, `add_offset` | Float64 (Float32 when both are absent and the source is small), unpacked |
-//! | any number | `units: <unit> since <date>` | Timestamp(ns), via [`zarrfusion_udfs::cf_time`] |
+//! | any number | `units: <unit> since <date>`, any CF `calendar` | Timestamp(ns), via [`zarrfusion_udfs::cf_time`] (dates of model calendars by their fields) |
 //! | numpy datetime64 / timedelta64 | | Timestamp(ns) / Duration(ns), NaT as NULL |
 //! | integers, bool | | themselves |
 //! | string, fixed-length UTF-32 | | Utf8 |
@@ -173,6 +173,9 @@ enum Meaning {
 pub struct ColumnDecoder {
     stored: StoredType,
     meaning: Meaning,
+    /// What the values mean as numbers (`meaning`, unless they are times
+    /// or durations).
+    numbers: Meaning,
     /// Stored values that mean "missing" (`_FillValue`, `missing_value`, v2 `fill_value`).
     missing: Vec<f64>,
     data_type: DataType,
@@ -238,16 +241,9 @@ impl ColumnDecoder {
         let calendar = attributes.get("calendar").and_then(Value::as_str);
         let scale = attributes.get("scale_factor").and_then(attr_number);
         let offset = attributes.get("add_offset").and_then(attr_number);
-        let meaning = if !stored.is_numeric() {
+        // The numbers themselves, when they are no time or duration.
+        let numbers = if !stored.is_numeric() {
             Meaning::Plain
-        } else if let Some(time) = units
-            .map(|u| parse_time(u, calendar))
-            .transpose()?
-            .flatten()
-        {
-            Meaning::Time(time)
-        } else if let Some(unit) = duration_unit(units, attributes) {
-            Meaning::Duration(unit)
         } else if scale.is_some() || offset.is_some() || !missing.is_empty() {
             // xarray's _choose_float_dtype: attribute numbers are Python floats
             // (float64); without them, small sources unpack to float32.
@@ -260,6 +256,30 @@ impl ColumnDecoder {
         } else {
             Meaning::Plain
         };
+        let meaning = if !stored.is_numeric() {
+            Meaning::Plain
+        } else if let Some(time) = units
+            .map(|u| parse_time(u, calendar))
+            .transpose()?
+            .flatten()
+        {
+            Meaning::Time(time)
+        } else if let Some(unit) = duration_unit(units, attributes) {
+            Meaning::Duration(unit)
+        } else {
+            numbers
+        };
+        Ok(Self::with_meaning(stored, meaning, numbers, missing))
+    }
+
+    /// The decoder of `stored` values that mean `meaning` (`numbers` when
+    /// they are taken as numbers).
+    fn with_meaning(
+        stored: StoredType,
+        meaning: Meaning,
+        numbers: Meaning,
+        missing: Vec<f64>,
+    ) -> Self {
         let data_type = match (meaning, stored) {
             (Meaning::Time(_), _) | (Meaning::Plain, StoredType::DateTime64(_)) => {
                 DataType::Timestamp(ArrowTimeUnit::Nanosecond, None)
@@ -287,12 +307,34 @@ impl ColumnDecoder {
                 StoredType::DateTime64(_) | StoredType::TimeDelta64(_) => unreachable!(),
             },
         };
-        Ok(Self {
+        Self {
             stored,
             meaning,
+            numbers,
             missing,
             data_type,
-        })
+        }
+    }
+
+    /// The dates it decodes, when they are of a calendar some of whose
+    /// days have no timestamp (`360_day`, `all_leap`, `julian`; see
+    /// [`Self::keeping_numbers`]).
+    pub fn dates_lacking_timestamps(&self) -> Option<&CfTime> {
+        match &self.meaning {
+            Meaning::Time(time) if time.calendar().lacks_gregorian_days() => Some(time),
+            _ => None,
+        }
+    }
+
+    /// This decoder with times and durations kept as their numbers (as
+    /// xarray's `decode_times=False`).
+    pub fn keeping_numbers(&self) -> Self {
+        Self::with_meaning(
+            self.stored,
+            self.numbers,
+            self.numbers,
+            self.missing.clone(),
+        )
     }
 
     /// The stored type.
@@ -589,7 +631,7 @@ impl ColumnDecoder {
 fn parse_time(units: &str, calendar: Option<&str>) -> Result<Option<CfTime>, String> {
     if let Some(cal) = calendar {
         if !is_supported_calendar(cal) {
-            // xarray would return cftime objects; we keep the raw numbers.
+            // None of CF's calendars (xarray fails to decode it): the numbers.
             log::warn!("calendar '{cal}' is not supported; keeping raw numbers");
             return Ok(None);
         }

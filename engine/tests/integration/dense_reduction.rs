@@ -414,12 +414,21 @@ async fn a_corrupt_chunk_fails_the_reduction_with_its_name() {
     }
 }
 
-/// The queries of `tests/fixtures/expected/climate_queries.json`: SQL and
-/// answers computed with xarray (`resample`, `groupby("time.month")`,
-/// `coarsen`) or pandas from the stores read back by xarray.
+/// The queries of `tests/fixtures/expected/climate_queries.json` and
+/// `calendar_queries.json` (over stores in the `noleap`, `360_day`,
+/// `all_leap` and `julian` calendars): SQL and answers computed with xarray
+/// (`resample`, `groupby("time.month")`, `coarsen`; on cftime dates for the
+/// calendars) or pandas from the stores read back by xarray.
 fn climate_queries() -> Vec<Value> {
-    let path = repo_root().join("tests/fixtures/expected/climate_queries.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    ["climate_queries.json", "calendar_queries.json"]
+        .into_iter()
+        .flat_map(|file| {
+            let path = repo_root().join("tests/fixtures/expected").join(file);
+            let queries: Vec<Value> =
+                serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            queries
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
