@@ -217,6 +217,17 @@ impl Coordinate {
         }
     }
 
+    /// The step between neighbouring values, when they are integers (or
+    /// times, dates, durations: their stored counts) that each follow the
+    /// one before by that step (an index's: 1).
+    pub fn integer_step(&self) -> Option<i64> {
+        match self {
+            Self::Regular(regular) => regular.integer_step(),
+            Self::Index(_) => Some(1),
+            _ => None,
+        }
+    }
+
     /// [`Coordinate::strict_order`] when, besides, no value is NaN (looked
     /// for a piece of values at a time): every value is distinct and
     /// comparable, so each matches once and sorting by the coordinate

@@ -133,6 +133,16 @@ impl RegularCoordinate {
         self.exception_positions.len()
     }
 
+    /// The step between neighbouring values, when they are integers (or
+    /// times, dates, durations: their stored counts) that all follow the
+    /// formula.
+    pub fn integer_step(&self) -> Option<i64> {
+        match self.formula {
+            Formula::Integer { step, .. } if self.exception_positions.is_empty() => Some(step),
+            _ => None,
+        }
+    }
+
     /// The stored value at `position` as a number: an integer's, a
     /// time's or date's stored count, a float's value.
     pub fn number_at(&self, position: u64) -> f64 {

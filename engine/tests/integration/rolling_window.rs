@@ -99,7 +99,17 @@ async fn other_windows_stay_datafusion_s_with_the_same_answers() {
         // A filter on the values takes cells out of the frames.
         "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
          ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS m FROM t WHERE t2m > 280 AND lon = 0",
-        // Unbounded and RANGE frames, and the default frame.
+        // RANGE frames whose distances are not the same positions
+        // everywhere: over two runs of time (values a day apart across the
+        // gap are not 4 steps apart), along the float latitude, in months.
+        "SELECT time, lat, lon, max(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
+         RANGE BETWEEN INTERVAL '1 day' PRECEDING AND CURRENT ROW) AS m FROM t \
+         WHERE (time < '2019-11-04' OR time >= '2020-03-29') AND lon = 0",
+        "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY time, lon ORDER BY lat \
+         RANGE BETWEEN 10 PRECEDING AND CURRENT ROW) AS m FROM t WHERE time < '2019-11-03'",
+        "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
+         RANGE BETWEEN INTERVAL '1 month' PRECEDING AND CURRENT ROW) AS m FROM t WHERE lon = 0",
+        // Unbounded frames, and the default frame (RANGE from the start).
         "SELECT time, lat, lon, sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS s FROM t WHERE lon = 0",
         "SELECT time, lat, lon, sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time) AS s \

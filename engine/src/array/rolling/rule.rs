@@ -12,6 +12,11 @@
 //!          AND <m> PRECEDING|CURRENT ROW|<m> FOLLOWING)
 //! ```
 //!
+//! or with `RANGE BETWEEN <d> PRECEDING|CURRENT ROW|<d> FOLLOWING AND ...`
+//! over a `dim` whose values step by one integer (a regular time axis, an
+//! integer or index dimension): distances (`INTERVAL '1 day'` of days and
+//! hours for times, integers for integers) then hold the same run of
+//! neighbours at every position, a frame in rows;
 //! with one `dim` and one partition for all of them, a numeric argument
 //! (`count`: any), no `DISTINCT` or `FILTER`, a frame of at most
 //! [`MAX_FRAME`] positions, a `dim` whose coordinate is strictly monotonic
@@ -28,11 +33,11 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
 use datafusion::common::{Column, DFSchema, Result, ScalarValue};
-use datafusion::logical_expr::expr::WindowFunction;
+use datafusion::logical_expr::expr::{BinaryExpr, Cast, TryCast, WindowFunction};
 use datafusion::logical_expr::{
-    Expr, ExprSchemable, Extension, LogicalPlan, Projection, Window, WindowFrameBound,
+    Expr, ExprSchemable, Extension, LogicalPlan, Operator, Projection, Window, WindowFrameBound,
     WindowFrameUnits, WindowFunctionDefinition,
 };
 
@@ -42,7 +47,7 @@ use crate::array::reduce::ReduceOp;
 use crate::array::scan_path::{down_to_scan, replace_columns, TableRead};
 use crate::config::ZarrConfig;
 use crate::plan_methods::bottom_up_rule;
-use crate::table::{pushed_dimension, GridTable};
+use crate::table::{pushed_dimension, Coordinate, GridTable};
 
 /// The most positions one frame may span; wider frames keep DataFusion's
 /// window.
@@ -115,8 +120,20 @@ struct Written {
     order_by: Expr,
     ascending: bool,
     /// The frame in the order of `ORDER BY`.
-    frame: Frame,
+    frame: WrittenFrame,
 }
+
+/// A frame as written, in the order of `ORDER BY`.
+enum WrittenFrame {
+    /// `ROWS`: in positions.
+    Rows(Frame),
+    /// `RANGE`: in the `ORDER BY` column's units, from its start to its end.
+    Range(RangeBound, RangeBound),
+}
+
+/// A bound of a `RANGE` frame: `CURRENT ROW` (`None`), or a distance
+/// before (`PRECEDING`: `true`) or after the current row's value.
+type RangeBound = Option<(ScalarValue, bool)>;
 
 /// The rolling window computing `window`, if it is one.
 fn rolling_window(window: &Window) -> Result<Option<RollingWindow>> {
@@ -169,7 +186,7 @@ fn rolling_window(window: &Window) -> Result<Option<RollingWindow>> {
         &written,
         rewritten,
         table,
-        input_schema,
+        (input_schema, &scan.filters),
         window,
         n_columns,
         None,
@@ -226,7 +243,7 @@ fn stacked(
         written,
         rewritten.into_iter(),
         &below.read.table,
-        &below.read.input_schema,
+        (&below.read.input_schema, &below.read.filters),
         window,
         first_output,
         Some(below.dim),
@@ -241,15 +258,16 @@ fn stacked(
 }
 
 /// The rolling aggregates of `written`, whose parts (see
-/// [`window_parts`]) come `rewritten` over the scan's columns, if they all
-/// roll along one dimension (`dim`, when given) partitioned by all the
-/// others, and their types fit; with that dimension. Their output fields
-/// start at `first_output` in `window`'s schema.
+/// [`window_parts`]) come `rewritten` over the scan's columns (`input`:
+/// their schema and the scan's dimension filters), if they all roll along
+/// one dimension (`dim`, when given) partitioned by all the others, and
+/// their types fit; with that dimension. Their output fields start at
+/// `first_output` in `window`'s schema.
 fn roll_exprs(
     written: &[Written],
     mut rewritten: impl Iterator<Item = Expr>,
     table: &GridTable,
-    input_schema: &DFSchema,
+    (input_schema, filters): (&DFSchema, &[Expr]),
     window: &Window,
     first_output: usize,
     mut dim: Option<usize>,
@@ -281,13 +299,27 @@ fn roll_exprs(
         let Some(descends) = table.dims[d].coordinate.distinct_order() else {
             return Ok(None);
         };
+        let frame = match &w.frame {
+            WrittenFrame::Rows(frame) => *frame,
+            WrittenFrame::Range(start, end) => {
+                // Values a distance apart are as many positions apart
+                // within one run of the dimension only.
+                let one_run = (filters.iter())
+                    .filter(|f| pushed_dimension(f, table) == Some(d))
+                    .all(keeps_one_run);
+                match range_rows(start, end, &table.dims[d].coordinate) {
+                    Some(frame) if one_run => frame,
+                    _ => return Ok(None),
+                }
+            }
+        };
         // Sorted against the grid's order, PRECEDING is later in the grid.
         let frame = if w.ascending != descends {
-            w.frame
+            frame
         } else {
             Frame {
-                start: -w.frame.end,
-                end: -w.frame.start,
+                start: -frame.end,
+                end: -frame.start,
             }
         };
         let arg_type = arg.get_type(input_schema)?;
@@ -334,17 +366,17 @@ fn written_expr(expr: &Expr) -> Option<Written> {
     };
     let op = RollOp::of(ReduceOp::of_aggregate(function)?)?;
     let frame = &params.window_frame;
-    if frame.units != WindowFrameUnits::Rows {
-        return None;
-    }
-    let frame = Frame {
-        start: offset(&frame.start_bound)?,
-        end: offset(&frame.end_bound)?,
+    let frame = match frame.units {
+        WindowFrameUnits::Rows => WrittenFrame::Rows(fitting(Frame {
+            start: offset(&frame.start_bound)?,
+            end: offset(&frame.end_bound)?,
+        })?),
+        WindowFrameUnits::Range => WrittenFrame::Range(
+            range_bound(&frame.start_bound)?,
+            range_bound(&frame.end_bound)?,
+        ),
+        WindowFrameUnits::Groups => return None,
     };
-    let width = frame.end.checked_sub(frame.start)?;
-    if width < 0 || width as u64 >= MAX_FRAME {
-        return None;
-    }
     Some(Written {
         op,
         arg: arg.clone(),
@@ -354,6 +386,117 @@ fn written_expr(expr: &Expr) -> Option<Written> {
         frame,
     })
 }
+
+/// `frame`, when it holds a position and at most [`MAX_FRAME`].
+fn fitting(frame: Frame) -> Option<Frame> {
+    let width = frame.end.checked_sub(frame.start)?;
+    (0..MAX_FRAME as i64).contains(&width).then_some(frame)
+}
+
+/// A `RANGE` bound as written; `None` when unbounded.
+fn range_bound(bound: &WindowFrameBound) -> Option<RangeBound> {
+    match bound {
+        WindowFrameBound::CurrentRow => Some(None),
+        WindowFrameBound::Preceding(value) if !value.is_null() => Some(Some((value.clone(), true))),
+        WindowFrameBound::Following(value) if !value.is_null() => {
+            Some(Some((value.clone(), false)))
+        }
+        _ => None,
+    }
+}
+
+/// A `RANGE` frame in positions along `coordinate`, when its values step
+/// by one integer (times: nanoseconds) and the frame's distances are in
+/// their units: a position's frame holds the positions whose values lie
+/// within the distances of its value, the same run of neighbours at every
+/// position (`RANGE BETWEEN INTERVAL '1 day' PRECEDING AND CURRENT ROW`
+/// over 6-hourly times is `ROWS BETWEEN 4 PRECEDING AND CURRENT ROW`).
+fn range_rows(start: &RangeBound, end: &RangeBound, coordinate: &Coordinate) -> Option<Frame> {
+    let step = coordinate
+        .integer_step()?
+        .checked_abs()
+        .filter(|&s| s > 0)?;
+    let data_type = coordinate.data_type();
+    let distance = |bound: &RangeBound| -> Option<i64> {
+        let Some((value, before)) = bound else {
+            return Some(0);
+        };
+        let units = coordinate_units(value, &data_type)?;
+        Some(if *before { -units } else { units })
+    };
+    let (low, high) = (distance(start)?, distance(end)?);
+    // Offsets k with low <= k * step <= high: from ceil(low / step) to
+    // floor(high / step).
+    fitting(Frame {
+        start: -((-low).div_euclid(step)),
+        end: high.div_euclid(step),
+    })
+}
+
+/// Whether a filter on one strictly ordered dimension keeps one run of it:
+/// comparisons of the column (or a numeric or temporal cast of it) with
+/// constants, joined by `AND`.
+fn keeps_one_run(filter: &Expr) -> bool {
+    fn column(e: &Expr) -> bool {
+        match e {
+            Expr::Column(_) => true,
+            Expr::Cast(Cast { expr, field }) | Expr::TryCast(TryCast { expr, field }) => {
+                let data_type = field.data_type();
+                (data_type.is_numeric() || data_type.is_temporal()) && column(expr)
+            }
+            _ => false,
+        }
+    }
+    let constant = |e: &Expr| e.column_refs().is_empty() && !e.is_volatile();
+    match filter {
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::And,
+            right,
+        }) => keeps_one_run(left) && keeps_one_run(right),
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Eq | Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq,
+            right,
+        }) => (column(left) && constant(right)) || (constant(left) && column(right)),
+        Expr::Between(between) if !between.negated => {
+            column(&between.expr) && constant(&between.low) && constant(&between.high)
+        }
+        _ => false,
+    }
+}
+
+/// A `RANGE` distance in the units of a coordinate's stored integers:
+/// an interval of days and nanoseconds for nanosecond times, an integer
+/// for integers. `None` for anything else (months, whose length varies;
+/// floats, whose frames rounding could make differ between positions).
+fn coordinate_units(distance: &ScalarValue, coordinate: &DataType) -> Option<i64> {
+    let units = match (distance, coordinate) {
+        (
+            ScalarValue::IntervalMonthDayNano(Some(interval)),
+            DataType::Timestamp(TimeUnit::Nanosecond, _),
+        ) if interval.months == 0 => i64::from(interval.days)
+            .checked_mul(NANOS_PER_DAY)?
+            .checked_add(interval.nanoseconds)?,
+        (
+            ScalarValue::IntervalDayTime(Some(interval)),
+            DataType::Timestamp(TimeUnit::Nanosecond, _),
+        ) => i64::from(interval.days)
+            .checked_mul(NANOS_PER_DAY)?
+            .checked_add(i64::from(interval.milliseconds).checked_mul(1_000_000)?)?,
+        (value, coordinate) if coordinate.is_integer() && value.data_type().is_integer() => {
+            match value.cast_to(&DataType::Int64).ok()? {
+                ScalarValue::Int64(Some(n)) => n,
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    (units >= 0).then_some(units)
+}
+
+/// Nanoseconds in a day (of a time without a time zone).
+const NANOS_PER_DAY: i64 = 86_400_000_000_000;
 
 /// A bound's offset in rows from the current one; `None` when unbounded.
 fn offset(bound: &WindowFrameBound) -> Option<i64> {
