@@ -33,6 +33,16 @@ def test_xarray_reads_what_to_zarr_wrote(ctx, fixtures, tmp_path, store, zarr_fo
     np.testing.assert_array_equal(got.lon.values, want.lon.values)
     np.testing.assert_allclose(got.t2.values, (want.t2m * 2).values, rtol=1e-6)
     np.testing.assert_array_equal(got.u10.values, want.u10.values)
+    # Attributes as xarray shows them: a variable copied as it is keeps its
+    # own (units, long_name), a computed one has none, the coordinates keep
+    # theirs; what decoding used (fill values, time units) is the writer's.
+    def attrs(da):
+        return {k: v for k, v in da.attrs.items() if k != "_zarrs"}
+
+    assert src.u10.attrs and attrs(got.u10) == src.u10.attrs
+    assert attrs(got.t2) == {}
+    for d in ("time", "lat", "lon"):
+        assert attrs(got[d]) == src[d].attrs, d
 
 
 def test_copy_statement_writes_a_reduction(ctx, fixtures, tmp_path):
@@ -112,3 +122,23 @@ def test_a_whole_table_is_copied_as_stored(fixtures, tmp_path, store, zarr_forma
     xr.testing.assert_identical(got, want)
     for name in variables:
         assert got[name].encoding["chunks"][list(got[name].dims).index(dim)] == 2
+
+
+@pytest.mark.parametrize("store", ["cf_packed.zarr", "cf_packed_v3.zarr", "cal_noleap.zarr"])
+def test_a_copied_selection_keeps_the_attributes_xarray_shows(ctx, fixtures, tmp_path, store):
+    # Packed (scale_factor, add_offset, _FillValue) and model-calendar
+    # sources: the values are written decoded, so only the attributes
+    # xarray shows after decoding travel (units, long_name), never the
+    # packing or the source's time units.
+    ctx.register_zarr("t", fixtures / store)
+    # Times undecoded: attributes other than the time's are the same, and a
+    # model calendar needs no cftime.
+    src = xr.open_zarr(fixtures / store, decode_times=False)
+    out = tmp_path / "out.zarr"
+    ctx.sql(f"COPY (SELECT * FROM t WHERE lat > 0) TO '{out}' STORED AS ZARR").collect()
+    got = xr.open_zarr(out)
+    for name in [*src.data_vars, "lat", "lon"]:
+        kept = {k: v for k, v in got[name].attrs.items() if k != "_zarrs"}
+        assert kept == src[name].attrs, name
+    # The copy's time is the source's dates (a noleap calendar's by their fields).
+    assert got.time.dtype.kind == "M"

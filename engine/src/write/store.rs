@@ -305,6 +305,7 @@ fn write_into(
             data_type: v.values.data_type().clone(),
             shape: shape.clone(),
             chunks: chunks.clone(),
+            attributes: Map::new(),
         })
         .collect();
     let arrays = write_group(&storage, &coordinates, &variables, options)?;
@@ -628,6 +629,8 @@ pub(crate) struct GroupVariable {
     pub shape: Vec<u64>,
     /// Its chunk shape.
     pub chunks: Vec<u64>,
+    /// Its attributes (besides the dimension names).
+    pub attributes: Map<String, Value>,
 }
 
 /// The metadata (JSON) of `variable` of a group written by
@@ -642,7 +645,7 @@ fn variable_metadata(
         &variable.shape,
         &variable.chunks,
         dims,
-        Map::new(),
+        variable.attributes.clone(),
         options,
     )
 }

@@ -639,6 +639,37 @@ fn parse_time(units: &str, calendar: Option<&str>) -> Result<Option<CfTime>, Str
     CfTime::parse(units, calendar).map_err(|e| e.to_string())
 }
 
+/// The attributes xarray shows (`.attrs`) of an array decoded into a
+/// column of `data_type`: the array's own less those its decoding used,
+/// which xarray keeps in `.encoding` (fill and missing values, packing,
+/// `_Unsigned`, `dtype`, the dimension names, `coordinates`; a time's or
+/// duration's `units` and `calendar`), and zarrs' mark of its writes.
+pub fn decoded_attributes(
+    attributes: &Map<String, Value>,
+    data_type: &DataType,
+) -> Map<String, Value> {
+    const ENCODING: [&str; 9] = [
+        "_FillValue",
+        "missing_value",
+        "scale_factor",
+        "add_offset",
+        "_Unsigned",
+        "dtype",
+        "_ARRAY_DIMENSIONS",
+        "coordinates",
+        "_zarrs",
+    ];
+    let time = matches!(
+        data_type,
+        DataType::Timestamp(..) | DataType::Date32 | DataType::Date64 | DataType::Duration(_)
+    );
+    (attributes.iter())
+        .filter(|(key, _)| !ENCODING.contains(&key.as_str()))
+        .filter(|(key, _)| !(time && matches!(key.as_str(), "units" | "calendar")))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
+}
+
 /// xarray decodes a CF duration when the variable was encoded from timedelta64
 /// (it records `dtype: timedelta64[...]`) and `units` is a plain time unit.
 fn duration_unit(units: Option<&str>, attributes: &Map<String, Value>) -> Option<TimeUnit> {

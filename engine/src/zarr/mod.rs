@@ -17,7 +17,7 @@ pub use allowed::AllowedLocations;
 pub use array::{chunk_keys, codec_read, root_name, ZarrArray, MAX_ARRAY_BYTES};
 pub(crate) use array::{dimension_names, is_sharded};
 pub use buffer_pool::{ChunkBufferPool, PooledBytes};
-pub use decode::{ColumnDecoder, StoredType};
+pub use decode::{decoded_attributes, ColumnDecoder, StoredType};
 pub(crate) use hierarchy::read_json;
 pub use hierarchy::{discover_arrays, ArrayEntry};
 pub use network::{network_stats, NetworkStats};

@@ -31,9 +31,10 @@ use datafusion::common::{
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::logical_expr::expr::{Cast, TryCast};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
-use serde_json::Map;
+use serde_json::{Map, Value};
 use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
@@ -48,7 +49,7 @@ use crate::write::store::{
 };
 use crate::write::target::CopyTarget;
 use crate::write::write_job::Written;
-use crate::zarr::{ChunkBufferPool, StoreLocation};
+use crate::zarr::{decoded_attributes, ChunkBufferPool, StoreLocation};
 
 /// One variable of the written store: its name and the expression of the
 /// table's columns that computes it.
@@ -89,6 +90,9 @@ pub(crate) struct CopyGrid {
     pub(crate) types: Vec<DataType>,
     pub(crate) rechunk: RechunkOptions,
     names: Vec<String>,
+    /// Each variable's attributes: its source's, when it is a variable of
+    /// the table as it is (see [`source_attributes`]).
+    attributes: Vec<Map<String, Value>>,
     to: CopyTarget,
     target_chunks: Vec<u64>,
     runtime: Arc<RuntimeEnv>,
@@ -97,11 +101,14 @@ pub(crate) struct CopyGrid {
 impl CopyGrid {
     /// The copy of what `selection` keeps of `table`, `outputs` written
     /// to `to`; refused when the selection keeps no cell or the options
-    /// ask for chunks that cannot be.
+    /// ask for chunks that cannot be. `copied` gives the expression over
+    /// the table's columns an output's expression stands for, when there
+    /// is one (an output that is a variable as it is keeps its attributes).
     pub(crate) fn new(
         table: Arc<GridTable>,
         selection: Selection,
         outputs: &[OutputVariable],
+        copied: &dyn Fn(&Expr) -> Option<Expr>,
         to: &CopyTarget,
         session: &dyn Session,
     ) -> Result<Self> {
@@ -117,6 +124,12 @@ impl CopyGrid {
         let types: Vec<DataType> = outputs.iter().map(|o| o.data_type.clone()).collect();
         let rechunk = RechunkOptions::for_session(session.config_options(), session.runtime_env())?;
         let target_chunks = target_chunks(&table, &shape, &types, &to.options, &rechunk)?;
+        let attributes = (outputs.iter())
+            .map(|o| match copied(&o.expr) {
+                Some(expr) => source_attributes(&table, &expr),
+                None => Map::new(),
+            })
+            .collect();
         Ok(Self {
             table,
             selection,
@@ -124,6 +137,7 @@ impl CopyGrid {
             types,
             rechunk,
             names: outputs.iter().map(|o| o.name.clone()).collect(),
+            attributes,
             to: to.clone(),
             target_chunks,
             runtime: Arc::clone(session.runtime_env()),
@@ -161,6 +175,7 @@ impl CopyGrid {
                 block,
                 names: self.names,
                 types: self.types,
+                attributes: self.attributes,
                 step,
             }),
             to: self.to,
@@ -171,6 +186,26 @@ impl CopyGrid {
             runtime: self.runtime,
         }
         .planned(limit)
+    }
+}
+
+/// The attributes of a written variable computed by `expr`: those xarray
+/// shows of the table's variable when `expr` is that variable as it is
+/// (or cast), none when it computes something else.
+fn source_attributes(table: &GridTable, expr: &Expr) -> Map<String, Value> {
+    let mut expr = expr;
+    while let Expr::Cast(Cast { expr: inner, .. }) | Expr::TryCast(TryCast { expr: inner, .. }) =
+        expr
+    {
+        expr = inner;
+    }
+    let Expr::Column(column) = expr else {
+        return Map::new();
+    };
+    let variable = (table.schema.index_of(&column.name).ok()).and_then(|i| table.variable(i));
+    match variable {
+        Some(v) => decoded_attributes(v.attributes(), v.data_type()),
+        None => Map::new(),
     }
 }
 
@@ -278,6 +313,8 @@ pub(crate) struct BlockwiseStep {
     /// The variables written, and their types.
     pub(crate) names: Vec<String>,
     pub(crate) types: Vec<DataType>,
+    /// The variables' attributes.
+    pub(crate) attributes: Vec<Map<String, Value>>,
     /// How the chunks are made.
     pub(crate) step: Step,
 }
@@ -493,10 +530,11 @@ impl BlockwiseStep {
                 .flat_map(|r| r.clone())
                 .collect();
             let coords = dim.coordinate.take(&UInt64Array::from(indices))?;
+            let attributes = decoded_attributes(&dim.attributes, coords.data_type());
             coordinates.push(GroupCoordinate {
                 name: dim.name.clone(),
                 values: Coordinate::Values(coords),
-                attributes: Map::new(),
+                attributes,
                 stored: true,
             });
         }
@@ -504,11 +542,13 @@ impl BlockwiseStep {
             .names
             .iter()
             .zip(&self.types)
-            .map(|(name, data_type)| GroupVariable {
+            .zip(&self.attributes)
+            .map(|((name, data_type), attributes)| GroupVariable {
                 name: name.clone(),
                 data_type: data_type.clone(),
                 shape: self.shape.clone(),
                 chunks: chunks.to_vec(),
+                attributes: attributes.clone(),
             })
             .collect();
         prepare_group(storage, &coordinates, &variables, options)

@@ -42,6 +42,7 @@ use crate::write::store::{variable_array, GroupVariable};
 use crate::write::target::StagedTarget;
 use crate::write::write_job::{counted_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
+use serde_json::Map;
 
 /// The most chunks a received blockwise step may make.
 const MAX_CHUNKS: u64 = 1 << 40;
@@ -107,6 +108,8 @@ impl BlockwiseTasks {
                     data_type,
                     shape: shape.to_vec(),
                     chunks: self.chunks.clone(),
+                    // The session writes the metadata.
+                    attributes: Map::new(),
                 })
             })
             .collect()
@@ -220,6 +223,8 @@ impl BlockwiseTasksExec {
             selection,
             shape,
             block: sent.block.clone(),
+            // The session writes the metadata, attributes included.
+            attributes: variables.iter().map(|v| v.attributes.clone()).collect(),
             names: variables.into_iter().map(|v| v.name).collect(),
             types,
             step,

@@ -162,6 +162,13 @@ impl RollingCopy {
             Arc::clone(&rolling.read.table),
             rolling.read.selection.clone(),
             &self.outputs,
+            // An input column of the window, not an aggregate.
+            &|expr| match expr {
+                Expr::Column(c) => (self.window.schema.index_of_column(c).ok())
+                    .and_then(|i| self.window.columns.get(i))
+                    .cloned(),
+                _ => None,
+            },
             &self.to,
             session,
         )?;

@@ -123,6 +123,7 @@ impl SelectionCopy {
             Arc::clone(&self.read.table),
             selection,
             &self.outputs,
+            &|expr| Some(expr.clone()),
             &self.to,
             session,
         )?;

@@ -72,6 +72,7 @@ use crate::write::store::{
 use crate::write::target::{CopyTarget, StagedTarget};
 use crate::write::write_job::{count_properties, counted_properties, WriteJob, Written};
 use crate::zarr::ChunkBufferPool;
+use serde_json::Map;
 
 /// The [`FftCopy`] a COPY is, when its input is a whole transform result:
 /// a scan of an `fft(...)`/`ifft(...)` table under aliases and projections
@@ -592,6 +593,7 @@ pub(crate) fn output_group(
         data_type: table.value_type(),
         shape: table.output_shape(),
         chunks,
+        attributes: Map::new(),
     };
     (coordinates, variable)
 }
