@@ -830,8 +830,9 @@ struct Roll {
     op: String,
     /// Which argument (index into `Window::args`).
     arg: usize,
-    /// The frame in grid order: `t + start ..= t + end`.
-    start: i64,
+    /// The frame in grid order: `t + start ..= t + end` (no `start`: from
+    /// the series' start).
+    start: Option<i64>,
     end: i64,
     output: String,
     /// How it is shown.
@@ -2158,9 +2159,11 @@ impl ZarrCodec {
                 return plan_err!("a rolling window over {store} computes {:?}, unknown", a.op);
             };
             let most = MAX_FRAME as i64;
-            if a.start > a.end || a.start < -most || a.end > most || a.end - a.start >= most {
+            let bad_start = (a.start)
+                .is_some_and(|start| start > a.end || start < -most || a.end - start >= most);
+            if bad_start || !(-most..=most).contains(&a.end) {
                 return plan_err!(
-                    "a rolling window over {store} has the frame [{}, {}] (at most {MAX_FRAME} \
+                    "a rolling window over {store} has the frame [{:?}, {}] (at most {MAX_FRAME} \
                      positions, each end within {MAX_FRAME})",
                     a.start,
                     a.end

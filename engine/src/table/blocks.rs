@@ -230,6 +230,12 @@ impl BlockGrid {
         self.counts.iter().product()
     }
 
+    /// Number of blocks along dimension `d`: a column of blocks when they
+    /// are visited with `d` innermost ([`BlockGrid::block_along`]).
+    pub fn count_along(&self, d: usize) -> u64 {
+        self.counts.get(d).copied().unwrap_or(1)
+    }
+
     /// The shape of a (full) block.
     pub fn block_shape(&self) -> &[u64] {
         &self.block_shape
@@ -274,6 +280,20 @@ pub fn share_of(range: Range<u64>, i: u64, n: u64) -> Range<u64> {
     let n = u128::from(n.max(1));
     let at = |i: u64| range.start + (len * u128::from(i).min(n) / n) as u64;
     at(i)..at(i.saturating_add(1))
+}
+
+/// Share `i` of `n` of `range`, cut only between runs of `unit` blocks
+/// (counted from block 0: the columns of blocks along one dimension):
+/// near-equal in runs, the range's first and last runs clipped to it.
+/// [`share_of`] when `unit` is 1.
+pub fn share_of_runs(range: Range<u64>, i: u64, n: u64, unit: u64) -> Range<u64> {
+    let unit = unit.max(1);
+    let runs = share_of(range.start / unit..range.end.div_ceil(unit), i, n);
+    let clip = |run: u64| {
+        run.saturating_mul(unit)
+            .clamp(range.start, range.end.max(range.start))
+    };
+    clip(runs.start)..clip(runs.end)
 }
 
 /// A node's tasks when it takes them from its stage (a node that is not
@@ -376,6 +396,44 @@ mod tests {
         let none = BlockTemporaries::default();
         assert_eq!(none.block_bytes_within(100, 8), u64::MAX);
         assert_eq!(none.bytes(1000), 0);
+    }
+
+    #[test]
+    fn shares_in_runs_cover_the_range_once_cut_between_runs() {
+        for (range, unit) in [
+            (0..12, 4),
+            (0..13, 4),
+            (5..23, 4),
+            (3..4, 5),
+            (0..0, 3),
+            (7..20, 1),
+        ] {
+            for n in 1..6u64 {
+                let shares: Vec<Range<u64>> = (0..n)
+                    .map(|i| share_of_runs(range.clone(), i, n, unit))
+                    .collect();
+                // In order, end to end, over the whole range.
+                let mut at = range.start;
+                for share in &shares {
+                    assert_eq!(share.start, at, "{range:?} / {unit} in {n}: {shares:?}");
+                    assert!(share.end >= share.start);
+                    at = share.end;
+                }
+                assert_eq!(at, range.end, "{range:?} / {unit} in {n}: {shares:?}");
+                // Cut only between runs (or at the range's ends).
+                for share in &shares {
+                    let inside = share.start != range.start && share.start != range.end;
+                    assert!(
+                        !inside || share.start % unit == 0,
+                        "{range:?} / {unit}: {shares:?}"
+                    );
+                }
+                if unit == 1 {
+                    let plain: Vec<_> = (0..n).map(|i| share_of(range.clone(), i, n)).collect();
+                    assert_eq!(shares, plain);
+                }
+            }
+        }
     }
 
     #[test]

@@ -109,11 +109,20 @@ async fn other_windows_stay_datafusion_s_with_the_same_answers() {
          RANGE BETWEEN 10 PRECEDING AND CURRENT ROW) AS m FROM t WHERE time < '2019-11-03'",
         "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
          RANGE BETWEEN INTERVAL '1 month' PRECEDING AND CURRENT ROW) AS m FROM t WHERE lon = 0",
-        // Unbounded frames, and the default frame (RANGE from the start).
-        "SELECT time, lat, lon, sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
-         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS s FROM t WHERE lon = 0",
-        "SELECT time, lat, lon, sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time) AS s \
+        // Frames to the series' end (from its start against the grid's
+        // order: time descending, latitude ascending), over the whole
+        // series (no ORDER BY).
+        "SELECT time, lat, lon, sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time DESC) AS s \
          FROM t WHERE lon = 0",
+        "SELECT time, lat, lon, max(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
+         ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS s FROM t WHERE lon = 0",
+        "SELECT time, lat, lon, sum(t2m) OVER (PARTITION BY time, lon ORDER BY lat \
+         ROWS UNBOUNDED PRECEDING) AS s FROM t WHERE time < '2019-11-03'",
+        "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon) AS m FROM t WHERE lon = 0",
+        // From the start to a distance across two runs of time.
+        "SELECT time, lat, lon, sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
+         RANGE BETWEEN UNBOUNDED PRECEDING AND INTERVAL '1 day' FOLLOWING) AS s FROM t \
+         WHERE (time < '2019-11-04' OR time >= '2020-03-29') AND lon = 0",
         // Ordered by a variable; a ranking function.
         "SELECT time, lat, lon, max(t2m) OVER (PARTITION BY lat, lon ORDER BY u10 \
          ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS m FROM t WHERE lon = 0",

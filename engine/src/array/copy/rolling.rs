@@ -50,7 +50,7 @@ use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
 use crate::array::tasks::run_tasks;
 use crate::plan_methods::{leaf_node_methods, node_identity};
-use crate::table::share_of;
+use crate::table::share_of_runs;
 use crate::table::BlockGrid;
 use crate::write::store::store_box;
 use crate::write::target::CopyTarget;
@@ -305,6 +305,13 @@ impl StepWriters for RollChunks {
         let dim = self.rolling.dim;
         let workers = self.workers as u64;
         let chunks = copy.chunks();
+        // Running totals go along a column of chunks: its chunks stay with
+        // one writer.
+        let unit = if self.rolling.is_running() {
+            chunks.count_along(dim)
+        } else {
+            1
+        };
         let all = tasks;
         run_tasks(
             workers,
@@ -316,7 +323,7 @@ impl StepWriters for RollChunks {
                 let mut roller = Roller::new(&self.rolling, self.batch_size, meters);
                 // The chunk's values, reused from one chunk to the next.
                 let mut values: Vec<Values> = copy.types.iter().map(Values::new).collect();
-                for j in share_of(all.clone(), writer, workers) {
+                for j in share_of_runs(all.clone(), writer, workers, unit) {
                     if cancelled.load(Ordering::Relaxed) {
                         break;
                     }
@@ -351,8 +358,15 @@ impl RollChunks {
         metrics: ExecutionPlanMetricsSet,
     ) -> Result<Self> {
         let (per_worker, chunk_bytes) = writer_memory(&rolling, block, types, batch_size);
-        let chunks = BlockGrid::covering(shape, block).num_blocks();
-        let workers = threads.clamp(1, chunks.max(1)) as usize;
+        let grid = BlockGrid::covering(shape, block);
+        // Running totals: a writer per column of chunks along the dimension.
+        let unit = if rolling.is_running() {
+            grid.count_along(rolling.dim)
+        } else {
+            1
+        };
+        let columns = grid.num_blocks().div_ceil(unit.max(1));
+        let workers = threads.clamp(1, columns.max(1)) as usize;
         let projected = (workers as u64).saturating_mul(per_worker);
         if let Some(limit) = limit {
             if projected > limit {

@@ -47,10 +47,13 @@ use tokio::sync::mpsc::Sender;
 
 use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
 use super::node::RollingWindow;
+use super::running::{accumulate, add_positions, RunningState};
 use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
-use crate::table::{boxes_in_block, share_of, task_share, BlockRead, BlockTemporaries, BoxCells};
+use crate::table::{
+    boxes_in_block, share_of_runs, task_share, BlockRead, BlockTemporaries, BoxCells,
+};
 use crate::zarr::ChunkBufferPool;
 
 /// One aggregate, planned.
@@ -194,7 +197,16 @@ impl RollingWindowExec {
         let (read, memory_limit, parallelism) =
             node.read
                 .block_read(columns, session, BlockTemporaries::default())?;
-        let partitions = (read.blocks.num_blocks() as usize).clamp(1, parallelism);
+        // Running totals go along a column of blocks: its blocks stay
+        // together, in one partition.
+        let running = node.aggregates.iter().any(|a| a.frame.is_running());
+        let unit = if running {
+            read.blocks.count_along(node.dim)
+        } else {
+            1
+        };
+        let partitions =
+            (read.blocks.num_blocks().div_ceil(unit.max(1)) as usize).clamp(1, parallelism);
         let parts = RollingParts {
             read,
             dim: node.dim,
@@ -383,12 +395,16 @@ impl RollingWindowExec {
 
     /// The blocks partition `partition` reads (in the order along the
     /// dimension): its share of all of them, or on a cluster of the run of
-    /// the task it runs as (from its `DistributedTaskContext`).
+    /// the task it runs as (from its `DistributedTaskContext`); whole
+    /// columns of blocks along the dimension when a frame starts at the
+    /// series' start (a task's run may start mid-column: its first box
+    /// then reads the totals before it).
     fn partition_blocks(&self, partition: usize, context: &Arc<TaskContext>) -> Result<Range<u64>> {
         let all = 0..self.rolling.read.blocks.num_blocks();
         let store = &self.rolling.read.table.store;
         let run = task_share("RollingWindowExec", store, self.tasks, all, context)?;
-        Ok(share_of(run, partition as u64, self.partitions as u64))
+        let (n, unit) = (self.partitions as u64, self.rolling.column_blocks());
+        Ok(share_of_runs(run, partition as u64, n, unit))
     }
 }
 
@@ -420,6 +436,7 @@ pub(crate) struct Meters {
     output_rows: Count,
     bytes_decoded: Count,
     halo_positions_read: Count,
+    prefix_positions_read: Count,
     decode_time: Time,
     roll_time: Time,
 }
@@ -432,6 +449,8 @@ impl Meters {
             bytes_decoded: MetricBuilder::new(metrics).counter("bytes_decoded", partition),
             halo_positions_read: MetricBuilder::new(metrics)
                 .counter("halo_positions_read", partition),
+            prefix_positions_read: MetricBuilder::new(metrics)
+                .counter("prefix_positions_read", partition),
             decode_time: MetricBuilder::new(metrics).subset_time("decode_time", partition),
             roll_time: MetricBuilder::new(metrics).subset_time("roll_time", partition),
         }
@@ -448,11 +467,46 @@ impl Meters {
 struct Ring {
     /// Each argument's lines.
     lines: Vec<Lines>,
-    /// Each aggregate's running state.
-    states: Vec<RollState>,
+    /// Each aggregate's state.
+    states: Vec<AggState>,
     /// The positions whose cells the lines hold (missing ones included:
     /// before the series' start, after its end).
     held: Range<usize>,
+}
+
+/// What an aggregate carries from one box to the next along the
+/// dimension: a sliding frame's running sums, or the totals of a frame
+/// from the series' start.
+enum AggState {
+    Sliding(RollState),
+    Running(RunningState),
+}
+
+impl AggState {
+    /// No state for `aggregate` over `lanes` lanes.
+    fn new(aggregate: &PhysicalRoll, lanes: usize) -> Self {
+        if aggregate.frame.is_running() {
+            Self::Running(RunningState::new(lanes, aggregate.op))
+        } else {
+            Self::Sliding(RollState::new(lanes, aggregate.op))
+        }
+    }
+
+    fn forget(&mut self) {
+        match self {
+            Self::Sliding(state) => state.forget(),
+            Self::Running(state) => state.forget(),
+        }
+    }
+
+    /// Bytes per lane.
+    fn lane_bytes(aggregate: &PhysicalRoll) -> usize {
+        if aggregate.frame.is_running() {
+            RunningState::LANE_BYTES
+        } else {
+            RollState::LANE_BYTES
+        }
+    }
 }
 
 /// The rings of the boxes of the current column of blocks, and those of
@@ -471,10 +525,16 @@ impl Rings {
 
     /// The ring of the boxes keyed `key`: kept, else lines of `args`
     /// arguments of `outer x len x inner` cells holding nothing and no
-    /// running states of `ops` (reused from the column before when one has
+    /// states of `aggregates` (reused from the column before when one has
     /// that shape; otherwise the column before's are freed first, so that
     /// at most one column's rings are held).
-    fn take(&mut self, key: &[Range<u64>], args: usize, ops: &[RollOp], shape: [usize; 3]) -> Ring {
+    fn take(
+        &mut self,
+        key: &[Range<u64>],
+        args: usize,
+        aggregates: &[PhysicalRoll],
+        shape: [usize; 3],
+    ) -> Ring {
         let [outer, len, inner] = shape;
         if let Some(ring) = self.active.remove(key) {
             return ring;
@@ -484,15 +544,15 @@ impl Rings {
             Some(k) => {
                 let mut ring = self.spare.swap_remove(k);
                 ring.held = 0..0;
-                ring.states.iter_mut().for_each(RollState::forget);
+                ring.states.iter_mut().for_each(AggState::forget);
                 ring
             }
             None => {
                 self.spare.clear();
                 Ring {
                     lines: (0..args).map(|_| Lines::new(outer, len, inner)).collect(),
-                    states: (ops.iter())
-                        .map(|&op| RollState::new(outer * inner, op))
+                    states: (aggregates.iter())
+                        .map(|a| AggState::new(a, outer * inner))
                         .collect(),
                     held: 0..0,
                 }
@@ -610,12 +670,94 @@ impl Rolling {
             product(&[extremes, held, TILE.min(section), 8]),
             product(&[section, halo, width(&self.arg_schema)]),
             product(&[cells, 8 * self.aggregates.len() + 16]),
-            product(&[section, RollState::LANE_BYTES, self.aggregates.len()]),
+            product(&[
+                section,
+                self.aggregates.iter().map(AggState::lane_bytes).sum(),
+            ]),
             // A batch never spans two blocks.
             product(&[3, batch_size.min(cells), row_bytes]),
         ]
         .into_iter()
         .fold(0usize, usize::saturating_add)
+    }
+
+    /// Whether a frame starts at the series' start.
+    pub(crate) fn is_running(&self) -> bool {
+        self.aggregates.iter().any(|a| a.frame.is_running())
+    }
+
+    /// Blocks that must be read in one run, one after the other: a column
+    /// of blocks along the dimension when a frame starts at the series'
+    /// start (its totals go from each block to the next), else 1.
+    pub(crate) fn column_blocks(&self) -> u64 {
+        if self.is_running() {
+            self.read.blocks.count_along(self.dim).max(1)
+        } else {
+            1
+        }
+    }
+
+    /// Starts the running totals of box `b` (at position `at` of the
+    /// ring), which does not continue the box before: each holds the
+    /// series' cells before its first frame's new ones. None at the
+    /// series' start; from its middle (the first box of a task whose run
+    /// starts mid-column), the cells before are read from the store, a
+    /// block's length at a time, through the ring's lines (free until the
+    /// box is put in them).
+    fn start_running(
+        &self,
+        b: &[Range<u64>],
+        at: usize,
+        ring: &mut Ring,
+        buffers: &ChunkBufferPool,
+        meters: &Meters,
+    ) -> Result<()> {
+        let d = self.dim;
+        let ranges = self.read.selection.ranges(d);
+        let first = ordinal(ranges, b[d].start) as i64;
+        // The series' positions each one's totals start with.
+        let mut wanted: Vec<(usize, u64)> = Vec::new();
+        for (k, (a, state)) in self.aggregates.iter().zip(&mut ring.states).enumerate() {
+            if let AggState::Running(state) = state {
+                let lag = a.frame.end.min(0);
+                state.start(a.op, at as i64 - 1 + lag);
+                let n = (first + lag).max(0) as u64;
+                if n > 0 {
+                    wanted.push((k, n));
+                }
+            }
+        }
+        let along = (self.read.blocks.block_shape()[d].max(1))
+            .min(ring.lines.first().map_or(1, |l| l.len() as u64).max(1));
+        let mut counts: Vec<u64> = wanted.iter().map(|&(_, n)| n).collect();
+        counts.sort_unstable();
+        counts.dedup();
+        for n in counts {
+            for range in selected_after(ranges, 0, n) {
+                let mut start = range.start;
+                while start < range.end {
+                    let piece = start..(start + along).min(range.end);
+                    let len = (piece.end - piece.start) as usize;
+                    let read = (meters, &meters.prefix_positions_read);
+                    self.read_halo(
+                        b,
+                        std::slice::from_ref(&piece),
+                        0,
+                        &mut ring.lines,
+                        buffers,
+                        read,
+                    )?;
+                    for &(k, _) in wanted.iter().filter(|&&(_, m)| m == n) {
+                        let (a, state) = (&self.aggregates[k], &mut ring.states[k]);
+                        if let AggState::Running(state) = state {
+                            add_positions(a.op, &ring.lines[a.arg], 0..len, state)?;
+                        }
+                    }
+                    start = piece.end;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The aggregates as shown, and the positions the frames reach before
@@ -659,7 +801,7 @@ impl Rolling {
         mut at: usize,
         lines: &mut [Lines],
         buffers: &ChunkBufferPool,
-        meters: &Meters,
+        (meters, positions_read): (&Meters, &Count),
     ) -> Result<()> {
         for piece in pieces {
             let mut extent = b.to_vec();
@@ -669,7 +811,7 @@ impl Rolling {
             timer.done();
             meters.bytes_decoded.add(cells.decoded_bytes() as usize);
             let n = (piece.end - piece.start) as usize;
-            meters.halo_positions_read.add(n);
+            positions_read.add(n);
             let batch = cells.batch(&self.arg_schema, 0, cells.num_cells())?;
             for (lines, values) in lines.iter_mut().zip(self.arg_values(&batch)?) {
                 lines.put(at, n, 0, &values)?;
@@ -692,7 +834,6 @@ pub(crate) struct Roller<'a> {
     buffers: ChunkBufferPool,
     meters: Meters,
     batch_size: usize,
-    ops: Vec<RollOp>,
 }
 
 impl<'a> Roller<'a> {
@@ -705,7 +846,6 @@ impl<'a> Roller<'a> {
             buffers: ChunkBufferPool::new(),
             meters,
             batch_size: batch_size.max(1),
-            ops: rolling.aggregates.iter().map(|a| a.op).collect(),
         }
     }
 
@@ -735,7 +875,6 @@ impl<'a> Roller<'a> {
             buffers,
             meters,
             batch_size,
-            ops,
             ..
         } = self;
         let (rolling, batch_size) = (*rolling, *batch_size);
@@ -752,13 +891,15 @@ impl<'a> Roller<'a> {
         let at = ordinal(ranges, b[d].start) as usize + before;
         let mut key = b.to_vec();
         key[d] = 0..0;
-        let mut ring = rings.take(&key, rolling.args.len(), ops, [outer, held, inner]);
+        let shape = [outer, held, inner];
+        let mut ring = rings.take(&key, rolling.args.len(), &rolling.aggregates, shape);
 
         // The overlap before: kept from the box before, or read (and the
         // running states, of no use then, forgotten).
         let kept = ring.held.start <= at - before && at <= ring.held.end && !ring.held.is_empty();
         if !kept {
-            ring.states.iter_mut().for_each(RollState::forget);
+            ring.states.iter_mut().for_each(AggState::forget);
+            rolling.start_running(b, at, &mut ring, buffers, meters)?;
         }
         if before > 0 && !kept {
             let pieces = selected_before(ranges, b[d].start, rolling.before);
@@ -766,7 +907,8 @@ impl<'a> Roller<'a> {
             for lines in &mut ring.lines {
                 lines.clear(at - before, before - n);
             }
-            rolling.read_halo(b, &pieces, at - n, &mut ring.lines, buffers, meters)?;
+            let read = (&*meters, &meters.halo_positions_read);
+            rolling.read_halo(b, &pieces, at - n, &mut ring.lines, buffers, read)?;
         }
 
         // The box itself.
@@ -791,7 +933,8 @@ impl<'a> Roller<'a> {
         if after > 0 {
             let pieces = selected_after(ranges, b[d].end, rolling.after);
             let n = pieces.iter().map(|p| p.end - p.start).sum::<u64>() as usize;
-            rolling.read_halo(b, &pieces, at + main, &mut ring.lines, buffers, meters)?;
+            let read = (&*meters, &meters.halo_positions_read);
+            rolling.read_halo(b, &pieces, at + main, &mut ring.lines, buffers, read)?;
             for lines in &mut ring.lines {
                 lines.clear(at + main + n, after - n);
             }
@@ -801,7 +944,11 @@ impl<'a> Roller<'a> {
         let rolled = (rolling.aggregates.iter())
             .zip(&mut ring.states)
             .map(|(a, state)| {
-                let values = roll(a.op, &ring.lines[a.arg], a.frame, at..at + main, state)?;
+                let (lines, out) = (&ring.lines[a.arg], at..at + main);
+                let values = match state {
+                    AggState::Sliding(state) => roll(a.op, lines, a.frame, out, state)?,
+                    AggState::Running(state) => accumulate(a.op, lines, a.frame.end, out, state)?,
+                };
                 Ok(cast(&values, &a.output_type)?)
             })
             .collect::<Result<Vec<ArrayRef>>>()?;

@@ -80,13 +80,13 @@ impl RollOp {
 }
 
 /// A cell without a value (NULL, or outside the selection).
-const MISSING: u8 = 0;
+pub(super) const MISSING: u8 = 0;
 /// A finite value.
-const FINITE: u8 = 1;
+pub(super) const FINITE: u8 = 1;
 /// NaN, +inf or -inf: stored as 0 in `values`, its kind in `flags`.
-const NAN: u8 = 2;
-const POS_INF: u8 = 3;
-const NEG_INF: u8 = 4;
+pub(super) const NAN: u8 = 2;
+pub(super) const POS_INF: u8 = 3;
+pub(super) const NEG_INF: u8 = 4;
 
 /// The cells of one argument over a box, laid out (outer, t, inner), the
 /// positions `t` taken modulo the number of positions held: a ring along
@@ -94,13 +94,13 @@ const NEG_INF: u8 = 4;
 /// where they are while the next box's cells are put after them.
 #[derive(Debug, Clone)]
 pub struct Lines {
-    outer: usize,
-    len: usize,
-    inner: usize,
+    pub(super) outer: usize,
+    pub(super) len: usize,
+    pub(super) inner: usize,
     /// The finite values (0 elsewhere).
-    values: Vec<f64>,
+    pub(super) values: Vec<f64>,
     /// Each cell's kind: [`MISSING`], [`FINITE`], [`NAN`], [`POS_INF`], [`NEG_INF`].
-    flags: Vec<u8>,
+    pub(super) flags: Vec<u8>,
 }
 
 impl Lines {
@@ -239,7 +239,8 @@ impl Lines {
         }
     }
 
-    fn index(&self, o: usize, t: usize, i: usize) -> usize {
+    /// Where the cell of lane (`o`, `i`) at position `t` is.
+    pub(super) fn index(&self, o: usize, t: usize, i: usize) -> usize {
         (o * self.len + t % self.len) * self.inner + i
     }
 
@@ -255,19 +256,23 @@ impl Lines {
     }
 }
 
-/// A frame in grid order: position `t` aggregates `t + start ..= t + end`.
+/// A frame in grid order: position `t` aggregates `t + start ..= t + end`,
+/// or, without a `start` (`UNBOUNDED PRECEDING`), every position of the
+/// series up to `t + end` (a running total: see [`running`](super::running)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
 pub struct Frame {
-    /// Offset of the frame's first position (negative: before `t`).
-    pub start: i64,
+    /// Offset of the frame's first position (negative: before `t`);
+    /// `None`: the series' first position.
+    pub start: Option<i64>,
     /// Offset of its last position (`>= start`).
     pub end: i64,
 }
 
 impl Frame {
-    /// Positions needed before the first output position.
+    /// Positions needed before the first output position (the cells a
+    /// running total adds last, when its frame ends before `t`).
     pub fn before(&self) -> u64 {
-        self.start.min(0).unsigned_abs()
+        self.start.unwrap_or(self.end).min(0).unsigned_abs()
     }
 
     /// Positions needed after the last output position.
@@ -275,6 +280,20 @@ impl Frame {
         self.end.max(0) as u64
     }
 
+    /// Whether the frame starts at the series' first position.
+    pub fn is_running(&self) -> bool {
+        self.start.is_none()
+    }
+}
+
+/// A frame of rows around each position: `t + start ..= t + end`.
+#[derive(Debug, Clone, Copy)]
+struct Rows {
+    start: i64,
+    end: i64,
+}
+
+impl Rows {
     fn width(&self) -> usize {
         (self.end - self.start + 1) as usize
     }
@@ -335,14 +354,21 @@ pub fn roll(
     out: Range<usize>,
     state: &mut RollState,
 ) -> Result<ArrayRef> {
-    roll_tiled(op, lines, frame, out, TILE, state)
+    let Some(start) = frame.start else {
+        return internal_err!("{} over a running frame rolled as a sliding one", op.name());
+    };
+    let rows = Rows {
+        start,
+        end: frame.end,
+    };
+    roll_tiled(op, lines, rows, out, TILE, state)
 }
 
 /// [`roll`], `tile` lanes at a time.
 fn roll_tiled(
     op: RollOp,
     lines: &Lines,
-    frame: Frame,
+    frame: Rows,
     out: Range<usize>,
     tile: usize,
     state: &mut RollState,
@@ -610,7 +636,7 @@ fn fold_runs(
     i0: usize,
     lanes: usize,
     range: Range<usize>,
-    frame: Frame,
+    frame: Rows,
     pick: fn(f64, f64) -> f64,
     none: f64,
     runs: &mut [f64],
@@ -641,7 +667,7 @@ fn fold_runs(
 
 /// `op` over one lane's frame, cell by cell (a frame with NaN or an
 /// infinity; at least one value).
-fn exact(op: RollOp, lines: &Lines, frame: Frame, o: usize, t: usize, i: usize) -> f64 {
+fn exact(op: RollOp, lines: &Lines, frame: Rows, o: usize, t: usize, i: usize) -> f64 {
     let cells = (t as i64 + frame.start) as usize..=(t as i64 + frame.end) as usize;
     let values = cells.filter_map(|p| lines.value(lines.index(o, p, i)));
     match op {
@@ -688,7 +714,7 @@ mod tests {
         op: RollOp,
         cells: &[Option<f64>],
         (outer, len, inner): (usize, usize, usize),
-        frame: Frame,
+        frame: Rows,
         out: Range<usize>,
     ) -> Vec<Option<f64>> {
         let mut result = Vec::new();
@@ -776,7 +802,11 @@ mod tests {
             (-22, 0),
         ];
         for (start, end) in frames {
-            let frame = Frame { start, end };
+            let frame = Frame {
+                start: Some(start),
+                end,
+            };
+            let rows = Rows { start, end };
             let lo = frame.before() as usize;
             let hi = len - frame.after() as usize;
             for out in [lo..hi, lo..lo + 1, hi - 1..hi, lo + 1..hi.min(lo + 5)] {
@@ -799,9 +829,9 @@ mod tests {
                             vec![out.clone()]
                         };
                         for run in runs {
-                            let want = naive(op, cells, (outer, len, inner), frame, run.clone());
+                            let want = naive(op, cells, (outer, len, inner), rows, run.clone());
                             let shifted = run.start + shift..run.end + shift;
-                            let got = roll_tiled(op, lines, frame, shifted, tile, &mut state);
+                            let got = roll_tiled(op, lines, rows, shifted, tile, &mut state);
                             let got = numbers(&got.unwrap());
                             assert_eq!(got.len(), want.len());
                             for (k, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -844,12 +874,18 @@ mod tests {
         assert_eq!(at(&lines, 1, 3, 1), None);
         // A frame over positions 5..=6 of lane (1, 0): 8 + 10.
         let state = |op| RollState::new(4, op);
-        let frame = Frame { start: -1, end: 0 };
+        let frame = Frame {
+            start: Some(-1),
+            end: 0,
+        };
         let sum = roll(RollOp::Sum, &lines, frame, 6..7, &mut state(RollOp::Sum)).unwrap();
         assert_eq!(sum.as_primitive::<Float64Type>().value(2), 18.0);
         // Frames wider than the ring, pieces longer than the box, boxes
         // longer than the ring are refused.
-        let wide = Frame { start: -5, end: 0 };
+        let wide = Frame {
+            start: Some(-5),
+            end: 0,
+        };
         assert!(roll(RollOp::Sum, &lines, wide, 5..6, &mut state(RollOp::Sum)).is_err());
         // So is a state of other lanes, or without the sums.
         assert!(roll(

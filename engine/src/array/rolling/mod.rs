@@ -6,7 +6,9 @@
 //! `ds.t2m.rolling(time=24).mean()`, with SQL's NULL semantics).
 //!
 //! Primitives (see [`crate::array`]): read (blocks visited along the
-//! rolled dimension, with the frames' halo) + blockwise (the frames).
+//! rolled dimension, with the frames' halo) + blockwise (the frames; a
+//! frame from the series' start carries running totals from one block to
+//! the next instead of a halo).
 //!
 //! | module | owns |
 //! |---|---|
@@ -14,11 +16,13 @@
 //! | [`node`] | the logical node, [`RollingWindow`] |
 //! | [`exec`] | its operator, [`RollingWindowExec`] |
 //! | [`frame`] | the aggregates over the frames of lines of cells |
+//! | [`running`] | the aggregates over frames from the series' start |
 
 pub mod exec;
 pub mod frame;
 pub mod node;
 pub mod rule;
+pub mod running;
 
 pub use exec::RollingWindowExec;
 pub use frame::{Frame, RollOp};

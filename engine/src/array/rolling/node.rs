@@ -13,7 +13,9 @@ use crate::array::scan_path::TableRead;
 use crate::plan_methods::{leaf_node_methods, node_identity};
 
 /// One rolling aggregate: `op(arg) OVER (PARTITION BY <the other
-/// dimensions> ORDER BY <dim> ROWS BETWEEN ...)`, its frame in grid order.
+/// dimensions> ORDER BY <dim> ROWS BETWEEN ...)`, its frame in grid order
+/// (shown `over [-3, +0]`, or `over [unbounded, +0]` from the series'
+/// start).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
 pub struct RollExpr {
     /// What it computes.
@@ -27,12 +29,13 @@ pub struct RollExpr {
 
 impl fmt::Display for RollExpr {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let start =
+            (self.frame.start).map_or_else(|| "unbounded".to_string(), |s| format!("{s:+}"));
         write!(
             f,
-            "{}({}) over [{:+}, {:+}]",
+            "{}({}) over [{start}, {:+}]",
             self.op.name(),
             self.arg,
-            self.frame.start,
             self.frame.end
         )
     }

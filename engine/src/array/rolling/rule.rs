@@ -16,7 +16,11 @@
 //! over a `dim` whose values step by one integer (a regular time axis, an
 //! integer or index dimension): distances (`INTERVAL '1 day'` of days and
 //! hours for times, integers for integers) then hold the same run of
-//! neighbours at every position, a frame in rows;
+//! neighbours at every position, a frame in rows. A frame may also start
+//! at `UNBOUNDED PRECEDING` in the grid's order (`ROWS`, or `RANGE` to
+//! `CURRENT ROW` along any run or to a distance along one run): running
+//! totals, as SQL's default frame with an `ORDER BY` and no frame
+//! (`sum(tp) OVER (PARTITION BY lat, lon ORDER BY time)`);
 //! with one `dim` and one partition for all of them, a numeric argument
 //! (`count`: any), no `DISTINCT` or `FILTER`, a frame of at most
 //! [`MAX_FRAME`] positions, a `dim` whose coordinate is strictly monotonic
@@ -127,8 +131,9 @@ struct Written {
 enum WrittenFrame {
     /// `ROWS`: in positions.
     Rows(Frame),
-    /// `RANGE`: in the `ORDER BY` column's units, from its start to its end.
-    Range(RangeBound, RangeBound),
+    /// `RANGE`: in the `ORDER BY` column's units, from its start (`None`:
+    /// `UNBOUNDED PRECEDING`) to its end.
+    Range(Option<RangeBound>, RangeBound),
 }
 
 /// A bound of a `RANGE` frame: `CURRENT ROW` (`None`), or a distance
@@ -303,23 +308,31 @@ fn roll_exprs(
             WrittenFrame::Rows(frame) => *frame,
             WrittenFrame::Range(start, end) => {
                 // Values a distance apart are as many positions apart
-                // within one run of the dimension only.
-                let one_run = (filters.iter())
-                    .filter(|f| pushed_dimension(f, table) == Some(d))
-                    .all(keeps_one_run);
-                match range_rows(start, end, &table.dims[d].coordinate) {
+                // within one run of the dimension only (CURRENT ROW and
+                // UNBOUNDED PRECEDING are the same rows along any run).
+                let distances = start.as_ref().is_some_and(Option::is_some) || end.is_some();
+                let one_run = !distances
+                    || (filters.iter())
+                        .filter(|f| pushed_dimension(f, table) == Some(d))
+                        .all(keeps_one_run);
+                match range_rows(start.as_ref(), end, &table.dims[d].coordinate) {
                     Some(frame) if one_run => frame,
                     _ => return Ok(None),
                 }
             }
         };
-        // Sorted against the grid's order, PRECEDING is later in the grid.
+        // Sorted against the grid's order, PRECEDING is later in the grid
+        // (a frame from the series' start then runs from its end: kept
+        // DataFusion's).
         let frame = if w.ascending != descends {
             frame
         } else {
+            let Some(start) = frame.start else {
+                return Ok(None);
+            };
             Frame {
-                start: -frame.end,
-                end: -frame.start,
+                start: Some(-frame.end),
+                end: -start,
             }
         };
         let arg_type = arg.get_type(input_schema)?;
@@ -368,11 +381,17 @@ fn written_expr(expr: &Expr) -> Option<Written> {
     let frame = &params.window_frame;
     let frame = match frame.units {
         WindowFrameUnits::Rows => WrittenFrame::Rows(fitting(Frame {
-            start: offset(&frame.start_bound)?,
+            start: match &frame.start_bound {
+                WindowFrameBound::Preceding(value) if value.is_null() => None,
+                bound => Some(offset(bound)?),
+            },
             end: offset(&frame.end_bound)?,
         })?),
         WindowFrameUnits::Range => WrittenFrame::Range(
-            range_bound(&frame.start_bound)?,
+            match &frame.start_bound {
+                WindowFrameBound::Preceding(value) if value.is_null() => None,
+                bound => Some(range_bound(bound)?),
+            },
             range_bound(&frame.end_bound)?,
         ),
         WindowFrameUnits::Groups => return None,
@@ -387,10 +406,15 @@ fn written_expr(expr: &Expr) -> Option<Written> {
     })
 }
 
-/// `frame`, when it holds a position and at most [`MAX_FRAME`].
+/// `frame`, when it holds a position and at most [`MAX_FRAME`] (from the
+/// series' start: when its end is within [`MAX_FRAME`] of the row).
 fn fitting(frame: Frame) -> Option<Frame> {
-    let width = frame.end.checked_sub(frame.start)?;
-    (0..MAX_FRAME as i64).contains(&width).then_some(frame)
+    let most = MAX_FRAME as i64;
+    let Some(start) = frame.start else {
+        return (-most < frame.end && frame.end < most).then_some(frame);
+    };
+    let width = frame.end.checked_sub(start)?;
+    (0..most).contains(&width).then_some(frame)
 }
 
 /// A `RANGE` bound as written; `None` when unbounded.
@@ -405,13 +429,25 @@ fn range_bound(bound: &WindowFrameBound) -> Option<RangeBound> {
     }
 }
 
-/// A `RANGE` frame in positions along `coordinate`, when its values step
-/// by one integer (times: nanoseconds) and the frame's distances are in
-/// their units: a position's frame holds the positions whose values lie
+/// A `RANGE` frame in positions along `coordinate` (whose values are
+/// strictly ordered, without ties), from `start` (`None`: the series'
+/// start) to `end`. `CURRENT ROW` is the row itself; distances need values
+/// that step by one integer (times: nanoseconds) and distances in their
+/// units: a position's frame then holds the positions whose values lie
 /// within the distances of its value, the same run of neighbours at every
 /// position (`RANGE BETWEEN INTERVAL '1 day' PRECEDING AND CURRENT ROW`
 /// over 6-hourly times is `ROWS BETWEEN 4 PRECEDING AND CURRENT ROW`).
-fn range_rows(start: &RangeBound, end: &RangeBound, coordinate: &Coordinate) -> Option<Frame> {
+fn range_rows(
+    start: Option<&RangeBound>,
+    end: &RangeBound,
+    coordinate: &Coordinate,
+) -> Option<Frame> {
+    if start.is_none_or(Option::is_none) && end.is_none() {
+        return fitting(Frame {
+            start: start.map(|_| 0),
+            end: 0,
+        });
+    }
     let step = coordinate
         .integer_step()?
         .checked_abs()
@@ -424,11 +460,15 @@ fn range_rows(start: &RangeBound, end: &RangeBound, coordinate: &Coordinate) -> 
         let units = coordinate_units(value, &data_type)?;
         Some(if *before { -units } else { units })
     };
-    let (low, high) = (distance(start)?, distance(end)?);
+    let high = distance(end)?;
     // Offsets k with low <= k * step <= high: from ceil(low / step) to
     // floor(high / step).
+    let start = match start {
+        Some(bound) => Some(-(-distance(bound)?).div_euclid(step)),
+        None => None,
+    };
     fitting(Frame {
-        start: -((-low).div_euclid(step)),
+        start,
         end: high.div_euclid(step),
     })
 }
