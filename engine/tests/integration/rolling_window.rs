@@ -91,6 +91,38 @@ async fn each_block_s_overlap_comes_from_the_block_before_not_the_store() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_total_reads_each_block_once_unless_its_series_is_cut() {
+    let queries = rolling_queries();
+    let q = (queries.iter())
+        .find(|q| q["name"] == "cumulative_default_frame")
+        .unwrap();
+    let sql = q["sql"].as_str().unwrap();
+    // Blocks of one chunk: 13 along time, in one column. One partition
+    // carries the totals from block to block: nothing is read twice.
+    let blocks = "SET zarrfusion.target_partition_bytes = 1024";
+    let ctx = session(
+        true,
+        &[blocks, "SET datafusion.execution.target_partitions = 1"],
+    )
+    .await;
+    let analyzed = explain_text(&ctx, &format!("ANALYZE {sql}")).await;
+    assert!(analyzed.contains("over [unbounded, +0]"), "{analyzed}");
+    assert!(analyzed.contains("prefix_positions_read=0"), "{analyzed}");
+    // Three partitions cut the column (blocks 0..4, 4..8, 8..13): the
+    // second and third first add the 200 and 400 steps before them.
+    let ctx = session(
+        true,
+        &[blocks, "SET datafusion.execution.target_partitions = 3"],
+    )
+    .await;
+    let analyzed = explain_text(&ctx, &format!("ANALYZE {sql}")).await;
+    assert!(analyzed.contains("partitions=3"), "{analyzed}");
+    assert!(analyzed.contains("prefix_positions_read=600"), "{analyzed}");
+    let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+    assert_rows("cut in three", &run(&ctx, sql).await, &want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_windows_stay_datafusion_s_with_the_same_answers() {
     let cases = [
         // Partitioned by some of the other dimensions only.

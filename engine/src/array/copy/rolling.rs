@@ -305,13 +305,7 @@ impl StepWriters for RollChunks {
         let dim = self.rolling.dim;
         let workers = self.workers as u64;
         let chunks = copy.chunks();
-        // Running totals go along a column of chunks: its chunks stay with
-        // one writer.
-        let unit = if self.rolling.is_running() {
-            chunks.count_along(dim)
-        } else {
-            1
-        };
+        let unit = self.rolling.share_unit(&chunks, workers);
         let all = tasks;
         run_tasks(
             workers,
@@ -358,15 +352,8 @@ impl RollChunks {
         metrics: ExecutionPlanMetricsSet,
     ) -> Result<Self> {
         let (per_worker, chunk_bytes) = writer_memory(&rolling, block, types, batch_size);
-        let grid = BlockGrid::covering(shape, block);
-        // Running totals: a writer per column of chunks along the dimension.
-        let unit = if rolling.is_running() {
-            grid.count_along(rolling.dim)
-        } else {
-            1
-        };
-        let columns = grid.num_blocks().div_ceil(unit.max(1));
-        let workers = threads.clamp(1, columns.max(1)) as usize;
+        let chunks = BlockGrid::covering(shape, block).num_blocks();
+        let workers = threads.clamp(1, chunks.max(1)) as usize;
         let projected = (workers as u64).saturating_mul(per_worker);
         if let Some(limit) = limit {
             if projected > limit {

@@ -52,7 +52,7 @@ use crate::memory::reserve;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, share_of_runs, task_share, BlockRead, BlockTemporaries, BoxCells,
+    boxes_in_block, share_of_runs, task_share, BlockGrid, BlockRead, BlockTemporaries, BoxCells,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -197,16 +197,7 @@ impl RollingWindowExec {
         let (read, memory_limit, parallelism) =
             node.read
                 .block_read(columns, session, BlockTemporaries::default())?;
-        // Running totals go along a column of blocks: its blocks stay
-        // together, in one partition.
-        let running = node.aggregates.iter().any(|a| a.frame.is_running());
-        let unit = if running {
-            read.blocks.count_along(node.dim)
-        } else {
-            1
-        };
-        let partitions =
-            (read.blocks.num_blocks().div_ceil(unit.max(1)) as usize).clamp(1, parallelism);
+        let partitions = (read.blocks.num_blocks() as usize).clamp(1, parallelism);
         let parts = RollingParts {
             read,
             dim: node.dim,
@@ -395,15 +386,14 @@ impl RollingWindowExec {
 
     /// The blocks partition `partition` reads (in the order along the
     /// dimension): its share of all of them, or on a cluster of the run of
-    /// the task it runs as (from its `DistributedTaskContext`); whole
-    /// columns of blocks along the dimension when a frame starts at the
-    /// series' start (a task's run may start mid-column: its first box
-    /// then reads the totals before it).
+    /// the task it runs as (from its `DistributedTaskContext`), in the
+    /// units [`Rolling::share_unit`] says.
     fn partition_blocks(&self, partition: usize, context: &Arc<TaskContext>) -> Result<Range<u64>> {
         let all = 0..self.rolling.read.blocks.num_blocks();
         let store = &self.rolling.read.table.store;
         let run = task_share("RollingWindowExec", store, self.tasks, all, context)?;
-        let (n, unit) = (self.partitions as u64, self.rolling.column_blocks());
+        let n = self.partitions as u64;
+        let unit = self.rolling.share_unit(&self.rolling.read.blocks, n);
         Ok(share_of_runs(run, partition as u64, n, unit))
     }
 }
@@ -686,12 +676,17 @@ impl Rolling {
         self.aggregates.iter().any(|a| a.frame.is_running())
     }
 
-    /// Blocks that must be read in one run, one after the other: a column
-    /// of blocks along the dimension when a frame starts at the series'
-    /// start (its totals go from each block to the next), else 1.
-    pub(crate) fn column_blocks(&self) -> u64 {
-        if self.is_running() {
-            self.read.blocks.count_along(self.dim).max(1)
+    /// The blocks of `grid` (visited along the dimension) that one of
+    /// `shares` shares keeps together: a column of blocks along the
+    /// dimension when a frame starts at the series' start and there are as
+    /// many columns as shares (the totals then go from block to block, and
+    /// the data is read once); else 1 (when there are fewer columns than
+    /// shares, columns are cut so that every core gets work: a share that
+    /// starts mid-series first adds the values before it, read again).
+    pub(crate) fn share_unit(&self, grid: &BlockGrid, shares: u64) -> u64 {
+        let column = grid.count_along(self.dim).max(1);
+        if self.is_running() && grid.num_blocks().div_ceil(column) >= shares {
+            column
         } else {
             1
         }
