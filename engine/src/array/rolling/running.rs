@@ -108,16 +108,16 @@ impl RunningState {
                     *total += v;
                 }
             }
-            RollOp::Min | RollOp::Max => {
-                let pick = if op == RollOp::Min {
-                    f64::min
-                } else {
-                    f64::max
-                };
+            RollOp::Min => {
                 for (total, (&v, &flag)) in totals.iter_mut().zip(values.iter().zip(flags)) {
-                    if flag == FINITE {
-                        *total = pick(*total, v);
-                    }
+                    let v = if flag == FINITE { v } else { f64::INFINITY };
+                    *total = total.min(v);
+                }
+            }
+            RollOp::Max => {
+                for (total, (&v, &flag)) in totals.iter_mut().zip(values.iter().zip(flags)) {
+                    let v = if flag == FINITE { v } else { f64::NEG_INFINITY };
+                    *total = total.max(v);
                 }
             }
             RollOp::Count => {}
@@ -260,10 +260,26 @@ pub fn accumulate(
                     }
                     continue;
                 }
-                for k in 0..lanes {
-                    match state.finish(op, lane + k) {
-                        Some(v) => values[at + k] = v,
-                        None => valid.get_or_insert_with(|| vec![true; n])[at + k] = false,
+                // Lanes of finite values only: their total (or mean) as it
+                // is; others through `finish`.
+                let avg = op == RollOp::Avg;
+                let lane_counts = &state.count[lane..lane + lanes];
+                let lane_seen = &state.seen[lane..lane + lanes];
+                let lane_values = &state.value[lane..lane + lanes];
+                let cells = values[at..at + lanes].iter_mut().zip(lane_values);
+                let mut odd = false;
+                for ((cell, &v), (&c, &seen)) in cells.zip(lane_counts.iter().zip(lane_seen)) {
+                    *cell = if avg { v / c as f64 } else { v };
+                    odd |= c == 0 || seen != 0;
+                }
+                if odd {
+                    for k in 0..lanes {
+                        if lane_counts[k] == 0 || lane_seen[k] != 0 {
+                            match state.finish(op, lane + k) {
+                                Some(v) => values[at + k] = v,
+                                None => valid.get_or_insert_with(|| vec![true; n])[at + k] = false,
+                            }
+                        }
                     }
                 }
             }
