@@ -683,7 +683,7 @@ fn exact(op: RollOp, lines: &Lines, frame: Rows, o: usize, t: usize, i: usize) -
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use datafusion::arrow::array::Float32Array;
 
     use super::*;
@@ -725,22 +725,27 @@ mod tests {
                         .filter(|&p| p >= 0 && (p as usize) < len)
                         .filter_map(|p| cells[(o * len + p as usize) * inner + i])
                         .collect();
-                    result.push(match op {
-                        RollOp::Count => Some(values.len() as f64),
-                        _ if values.is_empty() => None,
-                        RollOp::Sum => Some(values.iter().sum()),
-                        RollOp::Avg => Some(values.iter().sum::<f64>() / values.len() as f64),
-                        RollOp::Min => values.iter().copied().min_by(f64::total_cmp),
-                        RollOp::Max => values.iter().copied().max_by(f64::total_cmp),
-                    });
+                    result.push(aggregate_of(op, &values));
                 }
             }
         }
         result
     }
 
+    /// `op` over `values` in order, as SQL has it (`count`: a number).
+    pub(in crate::array::rolling) fn aggregate_of(op: RollOp, values: &[f64]) -> Option<f64> {
+        match op {
+            RollOp::Count => Some(values.len() as f64),
+            _ if values.is_empty() => None,
+            RollOp::Sum => Some(values.iter().sum()),
+            RollOp::Avg => Some(values.iter().sum::<f64>() / values.len() as f64),
+            RollOp::Min => values.iter().copied().min_by(f64::total_cmp),
+            RollOp::Max => values.iter().copied().max_by(f64::total_cmp),
+        }
+    }
+
     /// A rolled column's cells as numbers.
-    fn numbers(column: &ArrayRef) -> Vec<Option<f64>> {
+    pub(in crate::array::rolling) fn numbers(column: &ArrayRef) -> Vec<Option<f64>> {
         match column.data_type() {
             DataType::Int64 => (column.as_primitive::<datafusion::arrow::datatypes::Int64Type>())
                 .iter()

@@ -297,9 +297,7 @@ pub fn accumulate(
 
 #[cfg(test)]
 mod tests {
-    use datafusion::arrow::array::{Array, AsArray};
-    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
-
+    use super::super::frame::tests::{aggregate_of, numbers};
     use super::*;
 
     const OPS: [RollOp; 5] = [
@@ -326,14 +324,7 @@ mod tests {
                 let values: Vec<f64> = (0..=last)
                     .filter_map(|p| cells[(o * len + p as usize) * inner + i])
                     .collect();
-                result.push(match op {
-                    RollOp::Count => Some(values.len() as f64),
-                    _ if values.is_empty() => None,
-                    RollOp::Sum => Some(values.iter().sum()),
-                    RollOp::Avg => Some(values.iter().sum::<f64>() / values.len() as f64),
-                    RollOp::Min => values.iter().copied().min_by(f64::total_cmp),
-                    RollOp::Max => values.iter().copied().max_by(f64::total_cmp),
-                });
+                result.push(aggregate_of(op, &values));
             }
         }
         result
@@ -374,17 +365,6 @@ mod tests {
         let array: ArrayRef = Arc::new(Float64Array::from(cells.to_vec()));
         lines.put(shift, len, 0, &array).unwrap();
         lines
-    }
-
-    fn numbers(column: &ArrayRef) -> Vec<Option<f64>> {
-        match column.data_type() {
-            datafusion::arrow::datatypes::DataType::Int64 => column
-                .as_primitive::<Int64Type>()
-                .iter()
-                .map(|v| v.map(|v| v as f64))
-                .collect(),
-            _ => column.as_primitive::<Float64Type>().iter().collect(),
-        }
     }
 
     #[test]
