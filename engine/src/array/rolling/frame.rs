@@ -395,12 +395,8 @@ fn roll_tiled(
         );
     }
     let (inner, width) = (lines.inner, out.len());
-    let n = lines.outer * width * inner;
     let count_only = op == RollOp::Count;
-    let mut values = vec![0.0f64; if count_only { 0 } else { n }];
-    let mut counts = vec![0i64; if count_only { n } else { 0 }];
-    // Cells whose frame is empty (NULL), once there is one.
-    let mut valid: Option<Vec<bool>> = None;
+    let mut column = Rolled::new(op, lines.outer * width * inner);
     // Cells whose frame holds NaN or an infinity: computed one by one.
     let mut odd_cells = Vec::new();
     if width > 0 && inner > 0 {
@@ -454,18 +450,18 @@ fn roll_tiled(
                     let at = (o * width + w) * inner + i0;
                     let count = &acc.count[..lanes];
                     if count_only {
-                        for (c, &k) in counts[at..at + lanes].iter_mut().zip(count) {
+                        for (c, &k) in column.counts[at..at + lanes].iter_mut().zip(count) {
                             *c = i64::from(k);
                         }
                     } else {
                         let empty = count.iter().filter(|&&k| k == 0).count();
                         if empty > 0 {
-                            let valid = valid.get_or_insert_with(|| vec![true; n]);
+                            let valid = column.valid();
                             for (v, &k) in valid[at..at + lanes].iter_mut().zip(count) {
                                 *v = k > 0;
                             }
                         }
-                        let cells = &mut values[at..at + lanes];
+                        let cells = &mut column.values[at..at + lanes];
                         match (op, extremum) {
                             (RollOp::Avg, _) => {
                                 for ((v, &s), &k) in cells.iter_mut().zip(&acc.sum).zip(count) {
@@ -505,16 +501,50 @@ fn roll_tiled(
         state.age = if resume { state.age + width } else { width };
         state.at = Some(out.end - 1);
     }
-    if count_only {
-        return Ok(Arc::new(Int64Array::from(counts)));
-    }
     for k in odd_cells {
         let (o, rest) = (k / (width * inner), k % (width * inner));
         let (t, i) = (out.start + rest / inner, rest % inner);
-        values[k] = exact(op, lines, frame, o, t, i);
+        column.values[k] = exact(op, lines, frame, o, t, i);
     }
-    let nulls = valid.map(|valid| NullBuffer::new(BooleanBuffer::from(valid)));
-    Ok(Arc::new(Float64Array::new(values.into(), nulls)))
+    Ok(column.finish())
+}
+
+/// The column a rolling aggregate fills, in C order: `count`'s integers
+/// or the others' numbers, and which cells have no value.
+pub(super) struct Rolled {
+    /// The numbers (none for `count`).
+    pub(super) values: Vec<f64>,
+    /// The counts (`count` only).
+    pub(super) counts: Vec<i64>,
+    /// Which cells have a value, once one has none.
+    valid: Option<Vec<bool>>,
+}
+
+impl Rolled {
+    /// `n` cells of `op`, every one valid.
+    pub(super) fn new(op: RollOp, n: usize) -> Self {
+        let count_only = op == RollOp::Count;
+        Self {
+            values: vec![0.0; if count_only { 0 } else { n }],
+            counts: vec![0; if count_only { n } else { 0 }],
+            valid: None,
+        }
+    }
+
+    /// Which cells have a value (all, until one is marked).
+    pub(super) fn valid(&mut self) -> &mut [bool] {
+        let n = self.values.len();
+        self.valid.get_or_insert_with(|| vec![true; n])
+    }
+
+    /// The column: `int64` for `count`, else `float64` with NULLs.
+    pub(super) fn finish(self) -> ArrayRef {
+        if self.values.is_empty() && !self.counts.is_empty() {
+            return Arc::new(Int64Array::from(self.counts));
+        }
+        let nulls = (self.valid).map(|valid| NullBuffer::new(BooleanBuffer::from(valid)));
+        Arc::new(Float64Array::new(self.values.into(), nulls))
+    }
 }
 
 /// Per lane: non-NULL cells, non-finite cells and the sum of the finite

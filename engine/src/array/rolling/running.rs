@@ -17,13 +17,11 @@
 //! and `avg`; +inf and -inf together make a sum NaN.
 
 use std::ops::Range;
-use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array};
-use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
+use datafusion::arrow::array::ArrayRef;
 use datafusion::common::{internal_err, Result};
 
-use super::frame::{Lines, RollOp, FINITE, MISSING, NAN, NEG_INF, POS_INF, TILE};
+use super::frame::{Lines, RollOp, Rolled, FINITE, MISSING, NAN, NEG_INF, POS_INF, TILE};
 
 /// Which non-finite values a lane has seen: bits of [`RunningState::seen`].
 const SAW_NAN: u8 = 1;
@@ -236,12 +234,8 @@ pub fn accumulate(
     }
     let through = from.unwrap_or(target);
     let (inner, width) = (lines.inner, out.len());
-    let n = lines.outer * width * inner;
     let count_only = op == RollOp::Count;
-    let mut values = vec![0.0f64; if count_only { 0 } else { n }];
-    let mut counts = vec![0i64; if count_only { n } else { 0 }];
-    // Cells whose frame is empty (NULL), once there is one.
-    let mut valid: Option<Vec<bool>> = None;
+    let mut column = Rolled::new(op, lines.outer * width * inner);
     for o in 0..lines.outer {
         for i0 in (0..inner).step_by(TILE) {
             let lanes = TILE.min(inner - i0);
@@ -254,7 +248,7 @@ pub fn accumulate(
                 state.add(op, lines, lines.index(o, p, i0), lane, lanes);
                 let at = (o * width + w) * inner + i0;
                 if count_only {
-                    let cells = counts[at..at + lanes].iter_mut();
+                    let cells = column.counts[at..at + lanes].iter_mut();
                     for (c, &k) in cells.zip(&state.count[lane..lane + lanes]) {
                         *c = k as i64;
                     }
@@ -266,7 +260,7 @@ pub fn accumulate(
                 let lane_counts = &state.count[lane..lane + lanes];
                 let lane_seen = &state.seen[lane..lane + lanes];
                 let lane_values = &state.value[lane..lane + lanes];
-                let cells = values[at..at + lanes].iter_mut().zip(lane_values);
+                let cells = column.values[at..at + lanes].iter_mut().zip(lane_values);
                 let mut odd = false;
                 for ((cell, &v), (&c, &seen)) in cells.zip(lane_counts.iter().zip(lane_seen)) {
                     *cell = if avg { v / c as f64 } else { v };
@@ -276,8 +270,8 @@ pub fn accumulate(
                     for k in 0..lanes {
                         if lane_counts[k] == 0 || lane_seen[k] != 0 {
                             match state.finish(op, lane + k) {
-                                Some(v) => values[at + k] = v,
-                                None => valid.get_or_insert_with(|| vec![true; n])[at + k] = false,
+                                Some(v) => column.values[at + k] = v,
+                                None => column.valid()[at + k] = false,
                             }
                         }
                     }
@@ -288,15 +282,15 @@ pub fn accumulate(
     if !out.is_empty() {
         state.through = Some(last);
     }
-    if count_only {
-        return Ok(Arc::new(Int64Array::from(counts)));
-    }
-    let nulls = valid.map(|valid| NullBuffer::new(BooleanBuffer::from(valid)));
-    Ok(Arc::new(Float64Array::new(values.into(), nulls)))
+    Ok(column.finish())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::Float64Array;
+
     use super::super::frame::tests::{aggregate_of, numbers};
     use super::*;
 
