@@ -672,7 +672,7 @@ impl Rolling {
     }
 
     /// Whether a frame starts at the series' start.
-    pub(crate) fn is_running(&self) -> bool {
+    fn is_running(&self) -> bool {
         self.aggregates.iter().any(|a| a.frame.is_running())
     }
 
