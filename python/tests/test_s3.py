@@ -801,6 +801,43 @@ def test_a_failed_copy_to_s3_leaves_no_object_under_the_prefix(s3):
     assert "copies/failed.zarr/zarr.json" in s3.keys("copies/failed.zarr/")
 
 
+def test_a_copy_of_an_aggregate_to_s3_writes_a_store_xarray_reads_or_nothing(s3, tmp_path):
+    """A result written from rows (daily means, GROUP BY a time truncated
+    to the day) to a bucket: xarray reads back its resample of the source,
+    coordinates with their attributes. When a chunk cannot be written the
+    COPY fails with the server's status and leaves no object under the
+    prefix; once the server takes writes again it goes through."""
+    import xarray as xr
+
+    ctx = zf.SessionContext()
+    ctx.register_zarr("t", "s3://fixtures/v3_basic.zarr", **s3.options(**FAST_RETRIES, **{"retry.max_retries": "1"}))
+    daily = (
+        "COPY (SELECT date_trunc('day', time) AS time, lat, lon, avg(t2m) AS t2m FROM t GROUP BY 1, lat, lon) "
+        "TO 's3://fixtures/copies/{name}.zarr' STORED AS ZARR OPTIONS ('chunks' 'lat=2')"
+    )
+    plan = " ".join(ctx.sql("EXPLAIN " + daily.format(name="plan")).to_arrow_table()["plan"].to_pylist())
+    assert "ZarrSink: target=s3://fixtures/copies/plan.zarr" in plan, plan
+    ctx.sql(daily.format(name="daily")).collect()
+    got = xr.open_zarr(s3.download("copies/daily.zarr", tmp_path / "daily.zarr"))
+    source = xr.open_zarr(FIXTURES / "v3_basic.zarr")
+    want = source.t2m.resample(time="1D").mean()
+    np.testing.assert_allclose(got.t2m.transpose(*want.dims).to_numpy(), want.to_numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(got.time.to_numpy(), want.time.to_numpy())
+    for d in ("lat", "lon"):
+        assert {k: v for k, v in got[d].attrs.items() if k != "_zarrs"} == source[d].attrs, d
+    assert got.t2m.encoding["chunks"][1] == 2
+
+    s3.proxy.configure(fault="503", methods="PUT", match=r"/copies/failed_rows\.zarr/t2m/c/0/1/")
+    with pytest.raises(Exception) as failure:
+        ctx.sql(daily.format(name="failed_rows")).collect()
+    assert "503" in str(failure.value), failure.value
+    assert s3.proxy.stats()["faults"].get("503", 0) >= 2
+    assert s3.keys("copies/failed_rows.zarr/") == []
+    s3.proxy.configure()
+    ctx.sql(daily.format(name="failed_rows")).collect()
+    assert "copies/failed_rows.zarr/zarr.json" in s3.keys("copies/failed_rows.zarr/")
+
+
 def test_rechunk_from_s3_reads_ahead_of_its_tasks(s3, tmp_path):
     """ctx.rechunk of a store in the bucket: many chunk reads in flight,
     each chunk one GET, and the rechunked store holds the source's values

@@ -142,3 +142,30 @@ def test_a_copied_selection_keeps_the_attributes_xarray_shows(ctx, fixtures, tmp
         assert kept == src[name].attrs, name
     # The copy's time is the source's dates (a noleap calendar's by their fields).
     assert got.time.dtype.kind == "M"
+
+
+@pytest.mark.parametrize("store", ["v2_basic.zarr", "v3_basic.zarr"])
+def test_a_copied_reduction_keeps_the_coordinates_attributes_as_xarray_does(ctx, fixtures, tmp_path, store):
+    # xarray's reductions keep their coordinates' attributes (units,
+    # long_name): so does a COPY of an aggregate, whose rows are laid out
+    # as a grid again.
+    ctx.register_zarr("t", fixtures / store)
+    src = open_xr(fixtures / store)
+
+    def attrs(da):
+        return {k: v for k, v in da.attrs.items() if k != "_zarrs"}
+
+    zonal = tmp_path / "zonal.zarr"
+    ctx.sql(f"COPY (SELECT lat, lon, avg(t2m) AS t2m FROM t GROUP BY lat, lon) TO '{zonal}' STORED AS ZARR").collect()
+    want = src.t2m.mean("time")
+    got = open_xr(zonal)
+    for d in ("lat", "lon"):
+        assert want[d].attrs and attrs(got[d]) == want[d].attrs, d
+    daily = tmp_path / "daily.zarr"
+    df = ctx.sql("SELECT date_trunc('day', time) AS time, lat, lon, avg(t2m) AS t2m FROM t GROUP BY 1, lat, lon")
+    df.to_zarr(daily)
+    want = src.t2m.resample(time="1D").mean()
+    got = open_xr(daily)
+    for d in ("time", "lat", "lon"):
+        assert attrs(got[d]) == want[d].attrs, d
+    np.testing.assert_allclose(got.t2m.transpose(*want.dims).values, want.values, rtol=1e-6)

@@ -7,10 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
-use datafusion::common::{human_readable_size, not_impl_err, plan_err, GetExt, Result, Statistics};
+use datafusion::common::{
+    human_readable_size, not_impl_err, plan_err, DataFusionError, GetExt, Result, Statistics,
+};
 use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
 use datafusion::datasource::file_format::{FileFormat, FileFormatFactory};
 use datafusion::datasource::physical_plan::{
@@ -25,16 +27,17 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::statistics::StatisticsContext;
 use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs};
 use object_store::{ObjectMeta, ObjectStore};
+use serde_json::{Map, Value};
 
 use super::grid::grid_bytes;
 use super::options::ZarrWriteOptions;
 use super::sink::ZarrSink;
-use super::store::check_target;
+use super::target::CopyTarget;
 use crate::config::ZarrConfig;
 use crate::plan_methods::no_expressions_method;
 use crate::table::registered_zarr_tables;
-use crate::write::grid::ZARR_DIMENSION;
-use crate::zarr::StoreLocation;
+use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
+use crate::zarr::{decoded_attributes, StoreLocation};
 
 const READ_HINT: &str = "Zarr stores are read with CREATE EXTERNAL TABLE ... STORED AS ZARR or read_zarr(...), not as files";
 
@@ -69,11 +72,44 @@ impl FileFormatFactory for ZarrFormatFactory {
     }
 }
 
-/// The dimensions of the Zarr tables registered in the session, with
-/// whether their coordinate descends: the columns COPY treats as
-/// dimensions when no `dims` option is given, and their order.
-fn session_dimensions(state: &dyn Session) -> BTreeMap<String, bool> {
-    let mut dims = BTreeMap::new();
+/// A dimension of the Zarr tables registered in the session: what COPY
+/// treats as a dimension when no `dims` option is given, how its
+/// coordinate is ordered, and the attributes it is written with.
+#[derive(Debug, Default)]
+struct KnownDimension {
+    /// Whether a registered table's coordinate of this name descends.
+    descends: bool,
+    /// The coordinate's column types in the registered tables.
+    data_types: Vec<DataType>,
+    /// The attributes xarray shows of the coordinate (`units`,
+    /// `long_name`, ...): those the registered tables of this dimension
+    /// agree on.
+    attributes: Map<String, Value>,
+}
+
+impl KnownDimension {
+    /// The attributes a result's column `field` of this dimension's name
+    /// is written with: the registered coordinate's, when the column holds
+    /// the same kind of values (numbers for numbers, times for times: a
+    /// latitude coarsened or a time truncated to the day keeps its units
+    /// and names; a month number named `time` does not).
+    fn attributes_for(&self, field: &Field) -> Option<&Map<String, Value>> {
+        let column = field.data_type();
+        let timestamp = |t: &DataType| matches!(t, DataType::Timestamp(..));
+        let same_kind = |known: &DataType| {
+            known == column
+                || (known.is_numeric() && column.is_numeric())
+                || (timestamp(known) && timestamp(column))
+        };
+        (self.data_types.iter().all(same_kind) && !self.attributes.is_empty())
+            .then_some(&self.attributes)
+    }
+}
+
+/// The dimensions of the Zarr tables registered in the session, by name
+/// (see [`KnownDimension`]).
+fn session_dimensions(state: &dyn Session) -> BTreeMap<String, KnownDimension> {
+    let mut dims: BTreeMap<String, KnownDimension> = BTreeMap::new();
     let Some(state) = state.as_any().downcast_ref::<SessionState>() else {
         return dims;
     };
@@ -81,7 +117,27 @@ fn session_dimensions(state: &dyn Session) -> BTreeMap<String, bool> {
     let tables = futures::executor::block_on(registered_zarr_tables(state.catalog_list().as_ref()));
     for grid in tables {
         for d in &grid.dims {
-            *dims.entry(d.name.clone()).or_insert(false) |= d.descends();
+            let data_type = d.coordinate.data_type();
+            let attributes = decoded_attributes(&d.attributes, &data_type);
+            match dims.get_mut(&d.name) {
+                None => {
+                    let known = KnownDimension {
+                        descends: d.descends(),
+                        data_types: vec![data_type],
+                        attributes,
+                    };
+                    dims.insert(d.name.clone(), known);
+                }
+                Some(known) => {
+                    known.descends |= d.descends();
+                    if !known.data_types.contains(&data_type) {
+                        known.data_types.push(data_type);
+                    }
+                    known
+                        .attributes
+                        .retain(|key, value| attributes.get(key) == Some(value));
+                }
+            }
         }
     }
     dims
@@ -91,7 +147,7 @@ fn session_dimensions(state: &dyn Session) -> BTreeMap<String, bool> {
 #[derive(Debug)]
 pub struct ZarrFormat {
     options: ZarrWriteOptions,
-    known_dims: BTreeMap<String, bool>,
+    known_dims: BTreeMap<String, KnownDimension>,
 }
 
 impl ZarrFormat {
@@ -131,6 +187,37 @@ impl ZarrFormat {
             );
         }
         Ok(dims)
+    }
+}
+
+impl ZarrFormat {
+    /// `schema` with the attributes of its dimension columns `dims` that
+    /// name a registered table's dimension (see
+    /// [`KnownDimension::attributes_for`]) in their field metadata
+    /// ([`ZARR_ATTRIBUTES`], which the sink writes), where the column's
+    /// metadata gives none (a transform's frequencies carry their own).
+    fn with_coordinate_attributes(&self, schema: &SchemaRef, dims: &[usize]) -> Result<SchemaRef> {
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        for &d in dims {
+            let field = &mut fields[d];
+            if field.metadata().contains_key(ZARR_ATTRIBUTES) {
+                continue;
+            }
+            let Some(known) = self.known_dims.get(field.name()) else {
+                continue;
+            };
+            if let Some(attributes) = known.attributes_for(field) {
+                let text = serde_json::to_string(attributes)
+                    .map_err(|e| DataFusionError::Plan(format!("COPY TO Zarr: {e}")))?;
+                let mut metadata = field.metadata().clone();
+                metadata.insert(ZARR_ATTRIBUTES.to_string(), text);
+                field.set_metadata(metadata);
+            }
+        }
+        Ok(Arc::new(Schema::new_with_metadata(
+            fields,
+            schema.metadata().clone(),
+        )))
     }
 }
 
@@ -188,15 +275,8 @@ impl FileFormat for ZarrFormat {
         let location = StoreLocation::parse(&conf.original_url)?;
         let allowed = ZarrConfig::of(state.config_options()).allowed()?;
         allowed.check(&location, &conf.original_url)?;
-        let target = match location {
-            StoreLocation::Local(path) => path,
-            StoreLocation::Remote(url) => {
-                return not_impl_err!(
-                    "COPY TO Zarr writes to local paths; '{url}' is an object-store URL (not supported yet)"
-                )
-            }
-        };
-        check_target(&target)?;
+        let target = CopyTarget::new(location, self.options.clone())?;
+        target.check()?;
         let schema = input.schema();
         let dims = self.dimension_columns(&schema)?;
         let descending = dims
@@ -205,12 +285,13 @@ impl FileFormat for ZarrFormat {
                 let field = schema.field(d);
                 match field.metadata().get(ZARR_DIMENSION) {
                     Some(order) => order == "descending",
-                    None => self.known_dims.get(field.name()).copied().unwrap_or(false),
+                    None => (self.known_dims.get(field.name())).is_some_and(|k| k.descends),
                 }
             })
             .collect();
-        refuse_if_too_large(&input, &dims, &target, state)?;
-        let sink = ZarrSink::new(schema, target, dims, descending, self.options.clone());
+        let schema = self.with_coordinate_attributes(&schema, &dims)?;
+        refuse_if_too_large(&input, &dims, &target.location, state)?;
+        let sink = ZarrSink::new(schema, target, dims, descending);
         Ok(Arc::new(DataSinkExec::new(
             input,
             Arc::new(sink),
@@ -233,7 +314,7 @@ impl FileFormat for ZarrFormat {
 fn refuse_if_too_large(
     input: &Arc<dyn ExecutionPlan>,
     dims: &[usize],
-    target: &std::path::Path,
+    target: &StoreLocation,
     state: &dyn Session,
 ) -> Result<()> {
     let MemoryLimit::Finite(limit) = state.runtime_env().memory_pool.memory_limit() else {
@@ -259,7 +340,7 @@ fn refuse_if_too_large(
              about {rows} rows need {} as batches plus {} as the grid ({} in all), but \
              allowed_mem is {}. Write a smaller selection (WHERE on dimensions), copy the \
              table as it is (COPY t TO ..., which copies array by array), or raise allowed_mem",
-            target.display(),
+            target,
             human_readable_size(rows_bytes as usize),
             human_readable_size(grid as usize),
             human_readable_size(needed as usize),

@@ -1,9 +1,11 @@
-//! The physical side of `COPY ... STORED AS ZARR`: a DataFusion
+//! The physical side of `COPY ... STORED AS ZARR` for results that are
+//! not arrays as they are (aggregates, joins, any query): a DataFusion
 //! [`DataSink`] that collects the result inside the memory budget, lays it
-//! out as a grid and writes the store atomically.
+//! out as a grid and writes the store atomically through its
+//! [`CopyTarget`] (a local path, or an object-store prefix: chunks first,
+//! metadata last, erased on failure), as the array COPYs do.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -17,35 +19,33 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
 use futures::StreamExt;
 
 use super::grid::{assemble, grid_bytes};
-use super::options::ZarrWriteOptions;
-use super::store::write_store;
+use super::store::{chunk_shape, grid_arrays, prepare_group, store_grid};
+use super::target::CopyTarget;
 
 /// Writes a query result to a new Zarr store.
 #[derive(Debug)]
 pub struct ZarrSink {
     schema: SchemaRef,
-    target: PathBuf,
+    target: CopyTarget,
     dims: Vec<usize>,
     descending: Vec<bool>,
-    options: ZarrWriteOptions,
 }
 
 impl ZarrSink {
     /// A sink writing rows of `schema` to `target`, with the columns `dims`
-    /// as dimensions (coordinates descending where `descending` says so).
+    /// as dimensions (coordinates descending where `descending` says so),
+    /// with the target's write options.
     pub fn new(
         schema: SchemaRef,
-        target: PathBuf,
+        target: CopyTarget,
         dims: Vec<usize>,
         descending: Vec<bool>,
-        options: ZarrWriteOptions,
     ) -> Self {
         Self {
             schema,
             target,
             dims,
             descending,
-            options,
         }
     }
 }
@@ -60,10 +60,10 @@ impl DisplayAs for ZarrSink {
         write!(
             f,
             "ZarrSink: target={}, dims=[{}], zarr_format={:?}, codec={:?}",
-            self.target.display(),
+            self.target.location,
             dims.join(", "),
-            self.options.zarr_format,
-            self.options.codec
+            self.target.options.zarr_format,
+            self.target.options.codec
         )
     }
 }
@@ -94,7 +94,7 @@ impl DataSink for ZarrSink {
         let budget = |e: DataFusionError, what: &str| {
             DataFusionError::ResourcesExhausted(format!(
                 "COPY TO Zarr ('{}') holds the whole result in memory before writing it, and {what} does not fit in allowed_mem: {e}. Write a smaller selection (WHERE on dimensions) or raise allowed_mem",
-                self.target.display()
+                self.target.location
             ))
         };
         let reservation = MemoryConsumer::new("ZarrSink").register(context.memory_pool());
@@ -118,7 +118,7 @@ impl DataSink for ZarrSink {
         let dims = self.dims.clone();
         let descending = self.descending.clone();
         let target = self.target.clone();
-        let options = self.options.clone();
+        let runtime = context.runtime_env();
         let cancelled = Arc::new(AtomicBool::new(false));
         let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
         let pool_check = Arc::clone(context.memory_pool());
@@ -139,7 +139,14 @@ impl DataSink for ZarrSink {
                 None
             };
             drop(batches);
-            write_store(&grid, &target, &options, &cancelled)
+            let chunks = chunk_shape(&grid, &target.options)?;
+            let (coordinates, variables) = grid_arrays(&grid, &chunks);
+            target.write_group(
+                &runtime,
+                &cancelled,
+                |storage| prepare_group(storage, &coordinates, &variables, &target.options),
+                |group| store_grid(&grid, group, &chunks, &cancelled),
+            )
         })
         .await
         .map_err(|e| DataFusionError::Execution(format!("the Zarr writer stopped: {e}")))??;
@@ -149,7 +156,7 @@ impl DataSink for ZarrSink {
             "wrote {} cells ({} bytes uncompressed) to {}",
             written.cells,
             written.bytes,
-            self.target.display()
+            self.target.location
         );
         Ok(rows)
     }

@@ -1,11 +1,17 @@
-//! Writing a [`Grid`] as a Zarr store, atomically.
+//! Writing Zarr stores: groups with their coordinates and consolidated
+//! metadata ([`prepare_group`]), a [`Grid`]'s arrays and values, chunks
+//! stored box by box, and the two atomic ways a store appears (used
+//! through [`super::target::CopyTarget`]):
 //!
-//! Everything is written into a temporary directory beside the target,
-//! flushed to disk and renamed onto the target only when complete: on an error or a
-//! cancellation the temporary directory is removed and nothing appears at
-//! the target. An existing target is refused, never overwritten. What a
-//! killed process left beside a target is removed by the next write there
-//! ([`super::stamp`]).
+//! - locally, everything is written into a temporary directory beside the
+//!   target, flushed to disk and renamed onto the target only when
+//!   complete: on an error or a cancellation the temporary directory is
+//!   removed and nothing appears at the target. An existing target is
+//!   refused, never overwritten. What a killed process left beside a
+//!   target is removed by the next write there ([`super::stamp`]);
+//! - in an object store, the empty prefix is claimed, chunks are written
+//!   first and metadata last, and everything is erased on failure
+//!   ([`write_claimed`]).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -20,7 +26,6 @@ use datafusion::common::{exec_err, DataFusionError, Result};
 use serde_json::{json, Map, Value};
 use zarrfusion_udfs::complex::complex_part;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
-use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{
     ReadableWritableListableStorage, ReadableWritableListableStorageTraits,
@@ -56,32 +61,6 @@ pub fn check_target(target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Writes `grid` to `target` with `options`, stopping (and leaving nothing)
-/// when `cancelled` is set.
-pub fn write_store(
-    grid: &Grid,
-    target: &Path,
-    options: &ZarrWriteOptions,
-    cancelled: &AtomicBool,
-) -> Result<WriteSummary> {
-    write_atomically(target, cancelled, |dir| {
-        write_into(grid, dir, options, cancelled)
-    })
-}
-
-/// Runs `write` on a fresh temporary directory beside `target` and renames
-/// it onto `target` when `write` succeeds and `cancelled` is not set;
-/// otherwise removes it, so nothing appears at `target`. An existing
-/// `target` is refused. `write` creates the directory it is given.
-pub fn write_atomically<T>(
-    target: &Path,
-    cancelled: &AtomicBool,
-    write: impl FnOnce(&Path) -> Result<T>,
-) -> Result<T> {
-    let temporary = temporary_beside(target)?;
-    write_atomically_at(target, &temporary, cancelled, write)
-}
-
 /// A fresh name for the temporary directory of a write to `target`, beside
 /// it (what killed writers left there is swept first). An existing
 /// `target`, or one whose directory does not exist, is refused.
@@ -112,9 +91,12 @@ fn parent_of(target: &Path) -> PathBuf {
     }
 }
 
-/// [`write_atomically`] through the temporary directory `temporary` (from
-/// [`temporary_beside`]; a write on a cluster names it while planning, so
-/// that its workers write there).
+/// Runs `write` on the temporary directory `temporary` beside `target`
+/// (from [`temporary_beside`]; a write on a cluster names it while
+/// planning, so that its workers write there) and renames it onto
+/// `target` when `write` succeeds and `cancelled` is not set; otherwise
+/// removes it, so nothing appears at `target`. An existing `target` is
+/// refused. `write` creates the directory it is given.
 pub fn write_atomically_at<T>(
     target: &Path,
     temporary: &Path,
@@ -276,20 +258,13 @@ pub fn io_error(path: &Path, e: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Execution(format!("cannot write Zarr at '{}': {e}", path.display()))
 }
 
-fn write_into(
+/// The arrays a grid is written as: its coordinates (with the attributes
+/// the grid gives them) and its variables, in chunks of `chunks`.
+pub(crate) fn grid_arrays(
     grid: &Grid,
-    dir: &Path,
-    options: &ZarrWriteOptions,
-    cancelled: &AtomicBool,
-) -> Result<WriteSummary> {
-    std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-    let storage: ReadableWritableListableStorage =
-        Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
-    let shape = grid.shape();
-    let chunks = chunk_shape(grid, options)?;
-    let coordinates: Vec<GroupCoordinate> = grid
-        .dims
-        .iter()
+    chunks: &[u64],
+) -> (Vec<GroupCoordinate>, Vec<GroupVariable>) {
+    let coordinates = (grid.dims.iter())
         .map(|d| GroupCoordinate {
             name: d.name.clone(),
             values: Coordinate::Values(Arc::clone(&d.coords)),
@@ -297,29 +272,38 @@ fn write_into(
             stored: true,
         })
         .collect();
-    let variables: Vec<GroupVariable> = grid
-        .variables
-        .iter()
+    let variables = (grid.variables.iter())
         .map(|v| GroupVariable {
             name: v.name.clone(),
             data_type: v.values.data_type().clone(),
-            shape: shape.clone(),
-            chunks: chunks.clone(),
+            shape: grid.shape(),
+            chunks: chunks.to_vec(),
             attributes: Map::new(),
         })
         .collect();
-    let arrays = write_group(&storage, &coordinates, &variables, options)?;
-    let mut bytes: u64 = grid
-        .dims
-        .iter()
+    (coordinates, variables)
+}
+
+/// Stores the values of `grid`'s variables (in chunks of `chunks`) into
+/// `group`'s arrays (made by [`prepare_group`] from [`grid_arrays`]),
+/// stopping when `cancelled` is set; what was written.
+pub(crate) fn store_grid(
+    grid: &Grid,
+    group: &GroupWrite,
+    chunks: &[u64],
+    cancelled: &AtomicBool,
+) -> Result<WriteSummary> {
+    let shape = grid.shape();
+    let mut bytes: u64 = (grid.dims.iter())
         .map(|d| (d.coords.len() * d.coords.data_type().primitive_width().unwrap_or(8)) as u64)
         .sum();
-    for (array, variable) in arrays.iter().zip(&grid.variables) {
+    for (array, variable) in group.variables.iter().zip(&grid.variables) {
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the Zarr write was cancelled");
         }
-        bytes += write_values(array, &variable.values, &shape, &chunks, cancelled)
-            .map_err(|e| io_error(dir, format!("array '{}': {e}", variable.name)))?;
+        bytes += write_values(array, &variable.values, &shape, chunks, cancelled).map_err(|e| {
+            DataFusionError::Execution(format!("COPY TO Zarr: array '{}': {e}", variable.name))
+        })?;
     }
     Ok(WriteSummary {
         cells: shape.iter().product(),

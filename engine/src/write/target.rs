@@ -1,9 +1,11 @@
 //! Where a `COPY ... STORED AS ZARR` writes: the new store, the write
 //! options the COPY gave (chunks, codec, format, object-store settings)
-//! and its output (one column, `count`). Every array COPY (of a table, a
-//! selection, rolling windows, a transform) holds one [`CopyTarget`],
-//! refuses through it a target that exists while planning, and writes its
-//! store through it atomically (`CopyTarget::write_group`). A write on a
+//! and its output (one column, `count`). Every COPY (of a table, a
+//! selection, rolling windows, a transform, or a result written from rows
+//! by [`super::sink::ZarrSink`]) and `rechunk_store` hold one
+//! [`CopyTarget`], refuse through it a target that exists while planning,
+//! and write their store through it atomically (`CopyTarget::write_group`,
+//! `CopyTarget::write_staged`): the one atomic writer. A write on a
 //! cluster stages the store first ([`StagedTarget`]: where its workers
 //! write chunks) and commits it once they are done
 //! (`CopyTarget::write_staged`).
@@ -14,7 +16,8 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use datafusion::common::{exec_err, DFSchemaRef, DataFusionError, Result};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::{exec_err, DFSchema, DFSchemaRef, DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::dml::CopyTo;
 use serde::{Deserialize, Serialize};
@@ -53,6 +56,17 @@ impl CopyTarget {
             options: ZarrWriteOptions::from_map(&copy.options)?,
             schema: Arc::clone(&copy.output_schema),
         }))
+    }
+
+    /// The store at `location` written with `options`, as a COPY's (its
+    /// output one `count` column).
+    pub fn new(location: StoreLocation, options: ZarrWriteOptions) -> Result<Self> {
+        let count = Schema::new(vec![Field::new("count", DataType::UInt64, false)]);
+        Ok(Self {
+            location,
+            options,
+            schema: Arc::new(DFSchema::try_from(count)?),
+        })
     }
 
     /// Refuses a local target that exists: a write never replaces data.

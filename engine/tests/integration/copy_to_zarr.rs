@@ -529,15 +529,47 @@ async fn a_whole_table_is_copied_to_an_object_store() {
         text(&ctx, "SELECT * FROM rolling ORDER BY time, lat, lon").await,
         text(&ctx, &format!("{rolling} ORDER BY time, lat, lon")).await
     );
-    // Rows (a filter on values) are written to local paths only.
+    // Rows (an aggregate, and a filter on values: cells without a row are
+    // missing) are written there too, through the same atomic writer.
+    let rows = [
+        (
+            "mean",
+            "SELECT lat, lon, avg(t2m) AS t FROM era5 GROUP BY lat, lon",
+            "SELECT lat, lon, t FROM mean ORDER BY lat, lon",
+            " ORDER BY lat, lon",
+        ),
+        (
+            "warm",
+            "SELECT time, lat, lon, t2m FROM era5 WHERE t2m > 280",
+            "SELECT time, lat, lon, t2m FROM warm WHERE t2m IS NOT NULL ORDER BY time, lat, lon",
+            " ORDER BY time, lat, lon",
+        ),
+    ];
+    for (name, query, read, order) in rows {
+        let url = format!("memory://out/{name}.zarr");
+        copy(&ctx, &format!("COPY ({query}) TO '{url}' STORED AS ZARR"))
+            .await
+            .unwrap();
+        ctx.register_zarr(name, &url, HashMap::new()).await.unwrap();
+        let want = text(&ctx, &format!("{query}{order}")).await;
+        assert_eq!(text(&ctx, read).await, want, "{name}");
+    }
+    // A target holding anything is refused, and keeps what it holds.
+    let (_, mean, read, order) = rows[0];
     let err = copy(
         &ctx,
-        "COPY (SELECT * FROM era5 WHERE t2m > 280) TO 'memory://out/warm.zarr' STORED AS ZARR",
+        &format!("COPY ({mean}) TO 'memory://out/mean.zarr' STORED AS ZARR"),
     )
     .await
     .unwrap_err()
     .to_string();
-    assert!(err.contains("object-store URL"), "{err}");
+    assert!(err.contains("already exists"), "{err}");
+    ctx.deregister_table("mean").unwrap();
+    ctx.register_zarr("mean", "memory://out/mean.zarr", HashMap::new())
+        .await
+        .unwrap();
+    let want = text(&ctx, &format!("{mean}{order}")).await;
+    assert_eq!(text(&ctx, read).await, want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -609,5 +641,119 @@ async fn a_selection_with_computed_variables_is_written_chunk_by_chunk() {
     .to_string();
     assert!(err.contains("bad_corrupt_chunk.zarr"), "{err}");
     assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The attributes written for array `name` of the store at `dir` (v3's
+/// `zarr.json` or v2's `.zattrs`), less the writer's own mark.
+fn written_attributes(dir: &std::path::Path, name: &str) -> serde_json::Value {
+    let v3 = dir.join(name).join("zarr.json");
+    let mut attributes = match std::fs::read(&v3) {
+        Ok(bytes) => {
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()["attributes"].clone()
+        }
+        Err(_) => {
+            let v2 = dir.join(name).join(".zattrs");
+            let bytes = std::fs::read(&v2).unwrap_or_else(|e| panic!("{}: {e}", v2.display()));
+            serde_json::from_slice(&bytes).unwrap()
+        }
+    };
+    let map = attributes.as_object_mut().unwrap();
+    map.remove("_zarrs");
+    map.remove("_ARRAY_DIMENSIONS");
+    attributes
+}
+
+/// The attributes xarray shows of a fixture's array: those of its
+/// `zarr.json` less what decoding uses (the fixtures' writer, xarray, put
+/// them there).
+fn fixture_attributes(store: &str, name: &str, drop: &[&str]) -> serde_json::Value {
+    let path = std::path::Path::new(&common::fixture(store))
+        .join(name)
+        .join("zarr.json");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let mut attributes = json["attributes"].clone();
+    let map = attributes.as_object_mut().unwrap();
+    for key in ["_FillValue"].iter().chain(drop) {
+        map.remove(*key);
+    }
+    attributes
+}
+
+#[tokio::test]
+async fn a_copied_aggregate_keeps_its_coordinates_attributes() {
+    let dir = scratch("coordinate-attributes");
+    let ctx = new_context();
+    ctx.register_zarr("b", &common::fixture("v3_basic.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let lat = fixture_attributes("v3_basic.zarr", "lat", &[]);
+    let lon = fixture_attributes("v3_basic.zarr", "lon", &[]);
+    // A time decoded to timestamps keeps its names; its units and calendar
+    // are the writer's own.
+    let time = fixture_attributes("v3_basic.zarr", "time", &["units", "calendar"]);
+    assert!(lat["units"] == "degrees_north" && time["long_name"] == "time");
+    let cases: [(&str, &str, &[(&str, &serde_json::Value)]); 4] = [
+        // The dense reduction.
+        (
+            "zonal",
+            "SELECT lat, lon, avg(t2m) AS t FROM b GROUP BY lat, lon",
+            &[("lat", &lat), ("lon", &lon)],
+        ),
+        // Daily means: a time truncated to the day is still a time.
+        (
+            "daily",
+            "SELECT date_trunc('day', time) AS time, lat, max(t2m) AS t FROM b GROUP BY 1, lat",
+            &[("time", &time), ("lat", &lat)],
+        ),
+        // A coarser grid keeps the units of the one it coarsens.
+        (
+            "coarse",
+            "SELECT floor(lon / 90) * 90 AS lon, avg(u10) AS t FROM b GROUP BY 1",
+            &[("lon", &lon)],
+        ),
+        // A month number named `time` is not a time: no time attributes.
+        (
+            "month",
+            "SELECT extract(month FROM time) AS time, avg(t2m) AS t FROM b GROUP BY 1",
+            &[("time", &serde_json::json!({}))],
+        ),
+    ];
+    for (name, query, expected) in cases {
+        let out = dir.join(format!("{name}.zarr"));
+        let sql = format!("COPY ({query}) TO '{}' STORED AS ZARR", out.display());
+        copy(&ctx, &sql).await.unwrap();
+        for (coordinate, want) in expected {
+            let got = written_attributes(&out, coordinate);
+            let want = match *coordinate {
+                // The writer's CF encoding of a time.
+                "time" if name != "month" => {
+                    let mut want = (*want).clone();
+                    want["units"] = got["units"].clone();
+                    want["calendar"] = got["calendar"].clone();
+                    want
+                }
+                _ => (*want).clone(),
+            };
+            assert_eq!(&got, &want, "{name}: {coordinate}");
+        }
+        // The variables computed are not the source's: no attributes.
+        assert_eq!(
+            written_attributes(&out, "t").as_object().map(|m| m.len()),
+            Some(0)
+        );
+    }
+    // Two registered tables whose latitudes disagree on an attribute: the
+    // copy keeps what they agree on.
+    ctx.register_zarr("c", &common::fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let out = dir.join("two.zarr");
+    let sql = format!(
+        "COPY (SELECT lat, avg(t2m) AS t FROM b GROUP BY lat) TO '{}' STORED AS ZARR",
+        out.display()
+    );
+    copy(&ctx, &sql).await.unwrap();
+    assert_eq!(written_attributes(&out, "lat"), serde_json::json!({}));
     std::fs::remove_dir_all(&dir).unwrap();
 }

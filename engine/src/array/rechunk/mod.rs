@@ -46,7 +46,6 @@ use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use serde_json::{json, Map, Value};
 use zarrs::array::Array;
-use zarrs::filesystem::FilesystemStore;
 use zarrs::metadata::ArrayMetadata;
 use zarrs::storage::{ReadableListableStorageTraits, ReadableWritableListableStorage, StoreKey};
 
@@ -59,9 +58,7 @@ use crate::config::ZarrConfig;
 use crate::write::options::{Codec, ZarrVersion, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::sink::CancelOnDrop;
-use crate::write::store::{
-    consolidate, io_error, v2_compressor, v3_compressor, write_atomically, write_claimed,
-};
+use crate::write::store::{consolidate, v2_compressor, v3_compressor};
 use crate::write::target::CopyTarget;
 
 use crate::table::ReadAheadPlan;
@@ -577,8 +574,11 @@ pub fn rechunk_store(
     cancelled: &AtomicBool,
 ) -> Result<RechunkSummary> {
     let display = target.to_string_lossy();
-    (options.allowed).check(&StoreLocation::Local(target.to_path_buf()), &display)?;
-    PreparedRechunk::new(source, chunks, options, runtime)?.write_local(target, cancelled)
+    let location = StoreLocation::Local(target.to_path_buf());
+    (options.allowed).check(&location, &display)?;
+    let to = CopyTarget::new(location, ZarrWriteOptions::default())?;
+    to.check()?;
+    PreparedRechunk::new(source, chunks, options, runtime)?.write_to(&to, cancelled)
 }
 
 /// A planned rechunk of a store: its arrays opened and their plans made
@@ -1138,52 +1138,18 @@ impl PreparedRechunk {
         ))
     }
 
-    /// Writes the whole target into a COPY's target `to`: renamed into
-    /// place when local ([`Self::write_local`]); data, then metadata, into
-    /// an empty object-store prefix otherwise (claimed with the COPY's
-    /// object-store settings: [`Self::write_last_metadata`]).
+    /// Writes the whole target into a COPY's target `to`, atomically
+    /// ([`CopyTarget::write_staged`]: beside a local target and renamed
+    /// into place, or into an empty object-store prefix claimed with the
+    /// COPY's object-store settings, erased when this fails or `cancelled`
+    /// is set): the data first, the metadata last, so that readers of an
+    /// object store see no store until it is complete.
     pub fn write_to(&self, to: &CopyTarget, cancelled: &AtomicBool) -> Result<RechunkSummary> {
-        match &to.location {
-            StoreLocation::Local(path) => self.write_local(path, cancelled),
-            StoreLocation::Remote(url) => write_claimed(
-                &to.location.to_string(),
-                url,
-                &to.options.storage,
-                self.runtime(),
-                |out| self.write_last_metadata(out, cancelled),
-            ),
-        }
-    }
-
-    /// Writes the whole target into a new local store at `target` (which
-    /// must not exist), atomically: beside it, renamed into place when
-    /// complete; nothing is left when it fails or `cancelled` is set.
-    pub fn write_local(&self, target: &Path, cancelled: &AtomicBool) -> Result<RechunkSummary> {
-        let mut summary = None;
-        write_atomically(target, cancelled, |dir| {
-            std::fs::create_dir(dir).map_err(|e| io_error(dir, e))?;
-            let out: ReadableWritableListableStorage =
-                Arc::new(FilesystemStore::new(dir).map_err(|e| io_error(dir, e))?);
-            self.write_metadata(&out)?;
-            summary = Some(self.copy_data(&out, cancelled)?);
-            Ok(())
-        })?;
-        summary.ok_or_else(|| DataFusionError::Internal("the rechunk wrote nothing".into()))
-    }
-
-    /// Writes the whole target into the store `out` (an object store, where
-    /// nothing can be renamed into place, held by
-    /// `write_claimed`, which erases
-    /// what was written when this fails or `cancelled` is set): the data
-    /// first, the metadata last, so that readers see no store until it is
-    /// complete.
-    pub fn write_last_metadata(
-        &self,
-        out: &ReadableWritableListableStorage,
-        cancelled: &AtomicBool,
-    ) -> Result<RechunkSummary> {
-        self.copy_data(out, cancelled)
-            .and_then(|summary| self.write_metadata(out).map(|()| summary))
+        to.write_staged(&to.staged()?, self.runtime(), cancelled, |out| {
+            let summary = self.copy_data(out, cancelled)?;
+            self.write_metadata(out)?;
+            Ok(summary)
+        })
     }
 
     /// Writes the target's metadata (arrays in their new chunks, the
