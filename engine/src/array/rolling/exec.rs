@@ -724,32 +724,33 @@ impl Rolling {
         }
         let along = (self.read.blocks.block_shape()[d].max(1))
             .min(ring.lines.first().map_or(1, |l| l.len() as u64).max(1));
-        let mut counts: Vec<u64> = wanted.iter().map(|&(_, n)| n).collect();
-        counts.sort_unstable();
-        counts.dedup();
-        for n in counts {
-            for range in selected_after(ranges, 0, n) {
-                let mut start = range.start;
-                while start < range.end {
-                    let piece = start..(start + along).min(range.end);
-                    let len = (piece.end - piece.start) as usize;
-                    let read = (meters, &meters.prefix_positions_read);
-                    self.read_halo(
-                        b,
-                        std::slice::from_ref(&piece),
-                        0,
-                        &mut ring.lines,
-                        buffers,
-                        read,
-                    )?;
-                    for &(k, _) in wanted.iter().filter(|&&(_, m)| m == n) {
-                        let (a, state) = (&self.aggregates[k], &mut ring.states[k]);
-                        if let AggState::Running(state) = state {
-                            add_positions(a.op, &ring.lines[a.arg], 0..len, state)?;
-                        }
+        // The longest prefix is read once; each aggregate adds its own
+        // first positions of it, in the series' order.
+        let longest = wanted.iter().map(|&(_, n)| n).max().unwrap_or(0);
+        let mut done = 0u64;
+        for range in selected_after(ranges, 0, longest) {
+            let mut start = range.start;
+            while start < range.end {
+                let piece = start..(start + along).min(range.end);
+                let len = piece.end - piece.start;
+                let read = (meters, &meters.prefix_positions_read);
+                self.read_halo(
+                    b,
+                    std::slice::from_ref(&piece),
+                    0,
+                    &mut ring.lines,
+                    buffers,
+                    read,
+                )?;
+                for &(k, n) in wanted.iter().filter(|&&(_, n)| n > done) {
+                    let (a, state) = (&self.aggregates[k], &mut ring.states[k]);
+                    if let AggState::Running(state) = state {
+                        let used = len.min(n - done) as usize;
+                        add_positions(a.op, &ring.lines[a.arg], 0..used, state)?;
                     }
-                    start = piece.end;
                 }
+                done += len;
+                start = piece.end;
             }
         }
         Ok(())
