@@ -145,10 +145,10 @@ def test_a_copied_selection_keeps_the_attributes_xarray_shows(ctx, fixtures, tmp
 
 
 @pytest.mark.parametrize("store", ["v2_basic.zarr", "v3_basic.zarr"])
-def test_a_copied_reduction_keeps_the_coordinates_attributes_as_xarray_does(ctx, fixtures, tmp_path, store):
-    # xarray's reductions keep their coordinates' attributes (units,
-    # long_name): so does a COPY of an aggregate, whose rows are laid out
-    # as a grid again.
+def test_a_copied_reduction_keeps_the_attributes_as_xarray_does(ctx, fixtures, tmp_path, store):
+    # xarray's reductions keep their coordinates' and variable's
+    # attributes (units, long_name): so does a COPY of an aggregate, whose
+    # rows are laid out as a grid again.
     ctx.register_zarr("t", fixtures / store)
     src = open_xr(fixtures / store)
 
@@ -168,4 +168,7 @@ def test_a_copied_reduction_keeps_the_coordinates_attributes_as_xarray_does(ctx,
     got = open_xr(daily)
     for d in ("time", "lat", "lon"):
         assert attrs(got[d]) == want[d].attrs, d
+    # The variable keeps its own too, as xarray's resample does (a column
+    # named otherwise is another variable: none).
+    assert want.attrs and attrs(got.t2m) == want.attrs
     np.testing.assert_allclose(got.t2m.transpose(*want.dims).values, want.values, rtol=1e-6)

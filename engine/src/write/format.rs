@@ -60,39 +60,39 @@ impl FileFormatFactory for ZarrFormatFactory {
         let options = ZarrWriteOptions::from_map(format_options)?;
         Ok(Arc::new(ZarrFormat {
             options,
-            known_dims: session_dimensions(state),
+            known: session_columns(state),
         }))
     }
 
     fn default(&self) -> Arc<dyn FileFormat> {
         Arc::new(ZarrFormat {
             options: ZarrWriteOptions::default(),
-            known_dims: BTreeMap::new(),
+            known: KnownColumns::default(),
         })
     }
 }
 
-/// A dimension of the Zarr tables registered in the session: what COPY
-/// treats as a dimension when no `dims` option is given, how its
-/// coordinate is ordered, and the attributes it is written with.
+/// A column of the Zarr tables registered in the session, by name: a
+/// dimension (what COPY treats as a dimension when no `dims` option is
+/// given, and how its coordinate is ordered) or a variable, and the
+/// attributes a result's column of that name is written with.
 #[derive(Debug, Default)]
-struct KnownDimension {
+struct KnownColumn {
     /// Whether a registered table's coordinate of this name descends.
     descends: bool,
-    /// The coordinate's column types in the registered tables.
+    /// The column's types in the registered tables.
     data_types: Vec<DataType>,
-    /// The attributes xarray shows of the coordinate (`units`,
-    /// `long_name`, ...): those the registered tables of this dimension
-    /// agree on.
+    /// The attributes xarray shows of the array (`units`, `long_name`,
+    /// ...): those the registered tables' arrays of this name agree on.
     attributes: Map<String, Value>,
 }
 
-impl KnownDimension {
-    /// The attributes a result's column `field` of this dimension's name
-    /// is written with: the registered coordinate's, when the column holds
-    /// the same kind of values (numbers for numbers, times for times: a
-    /// latitude coarsened or a time truncated to the day keeps its units
-    /// and names; a month number named `time` does not).
+impl KnownColumn {
+    /// The attributes a result's column `field` of this name is written
+    /// with: the registered arrays', when the column holds the same kind
+    /// of values (numbers for numbers, times for times: a latitude
+    /// coarsened, a time truncated to the day, a variable's daily mean
+    /// keep their units and names; a month number named `time` does not).
     fn attributes_for(&self, field: &Field) -> Option<&Map<String, Value>> {
         let column = field.data_type();
         let timestamp = |t: &DataType| matches!(t, DataType::Timestamp(..));
@@ -104,14 +104,41 @@ impl KnownDimension {
         (self.data_types.iter().all(same_kind) && !self.attributes.is_empty())
             .then_some(&self.attributes)
     }
+
+    /// Adds a registered array of this name: of `data_type`, with
+    /// `attributes` (as xarray shows them), a coordinate that `descends`.
+    fn add(
+        &mut self,
+        first: bool,
+        descends: bool,
+        data_type: DataType,
+        attributes: Map<String, Value>,
+    ) {
+        self.descends |= descends;
+        if !self.data_types.contains(&data_type) {
+            self.data_types.push(data_type);
+        }
+        if first {
+            self.attributes = attributes;
+        } else {
+            (self.attributes).retain(|key, value| attributes.get(key) == Some(value));
+        }
+    }
 }
 
-/// The dimensions of the Zarr tables registered in the session, by name
-/// (see [`KnownDimension`]).
-fn session_dimensions(state: &dyn Session) -> BTreeMap<String, KnownDimension> {
-    let mut dims: BTreeMap<String, KnownDimension> = BTreeMap::new();
+/// The dimensions and variables of the Zarr tables registered in the
+/// session, by name (see [`KnownColumn`]).
+#[derive(Debug, Default)]
+struct KnownColumns {
+    dims: BTreeMap<String, KnownColumn>,
+    variables: BTreeMap<String, KnownColumn>,
+}
+
+/// The columns of the Zarr tables registered in the session.
+fn session_columns(state: &dyn Session) -> KnownColumns {
+    let mut known = KnownColumns::default();
     let Some(state) = state.as_any().downcast_ref::<SessionState>() else {
-        return dims;
+        return known;
     };
     // Planning is synchronous here; the session's schemas answer at once.
     let tables = futures::executor::block_on(registered_zarr_tables(state.catalog_list().as_ref()));
@@ -119,35 +146,25 @@ fn session_dimensions(state: &dyn Session) -> BTreeMap<String, KnownDimension> {
         for d in &grid.dims {
             let data_type = d.coordinate.data_type();
             let attributes = decoded_attributes(&d.attributes, &data_type);
-            match dims.get_mut(&d.name) {
-                None => {
-                    let known = KnownDimension {
-                        descends: d.descends(),
-                        data_types: vec![data_type],
-                        attributes,
-                    };
-                    dims.insert(d.name.clone(), known);
-                }
-                Some(known) => {
-                    known.descends |= d.descends();
-                    if !known.data_types.contains(&data_type) {
-                        known.data_types.push(data_type);
-                    }
-                    known
-                        .attributes
-                        .retain(|key, value| attributes.get(key) == Some(value));
-                }
-            }
+            let first = !known.dims.contains_key(&d.name);
+            let column = known.dims.entry(d.name.clone()).or_default();
+            column.add(first, d.descends(), data_type, attributes);
+        }
+        for v in &grid.variables {
+            let attributes = decoded_attributes(v.attributes(), v.data_type());
+            let first = !known.variables.contains_key(v.name());
+            let column = known.variables.entry(v.name().to_string()).or_default();
+            column.add(first, false, v.data_type().clone(), attributes);
         }
     }
-    dims
+    known
 }
 
 /// Zarr as a write format.
 #[derive(Debug)]
 pub struct ZarrFormat {
     options: ZarrWriteOptions,
-    known_dims: BTreeMap<String, KnownDimension>,
+    known: KnownColumns,
 }
 
 impl ZarrFormat {
@@ -170,7 +187,7 @@ impl ZarrFormat {
                 .collect::<Result<_>>()?,
             None => (0..names.len())
                 .filter(|&i| {
-                    self.known_dims.contains_key(names[i])
+                    self.known.dims.contains_key(names[i])
                         || schema.field(i).metadata().contains_key(ZARR_DIMENSION)
                 })
                 .collect(),
@@ -191,28 +208,32 @@ impl ZarrFormat {
 }
 
 impl ZarrFormat {
-    /// `schema` with the attributes of its dimension columns `dims` that
-    /// name a registered table's dimension (see
-    /// [`KnownDimension::attributes_for`]) in their field metadata
+    /// `schema` with the attributes of its columns that name a registered
+    /// table's dimension (the columns `dims`) or variable (the others; see
+    /// [`KnownColumn::attributes_for`]) in their field metadata
     /// ([`ZARR_ATTRIBUTES`], which the sink writes), where the column's
     /// metadata gives none (a transform's frequencies carry their own).
-    fn with_coordinate_attributes(&self, schema: &SchemaRef, dims: &[usize]) -> Result<SchemaRef> {
+    fn with_attributes(&self, schema: &SchemaRef, dims: &[usize]) -> Result<SchemaRef> {
         let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-        for &d in dims {
-            let field = &mut fields[d];
+        for (i, field) in fields.iter_mut().enumerate() {
             if field.metadata().contains_key(ZARR_ATTRIBUTES) {
                 continue;
             }
-            let Some(known) = self.known_dims.get(field.name()) else {
+            let known = match dims.contains(&i) {
+                true => &self.known.dims,
+                false => &self.known.variables,
+            };
+            let Some(attributes) = known
+                .get(field.name())
+                .and_then(|k| k.attributes_for(field))
+            else {
                 continue;
             };
-            if let Some(attributes) = known.attributes_for(field) {
-                let text = serde_json::to_string(attributes)
-                    .map_err(|e| DataFusionError::Plan(format!("COPY TO Zarr: {e}")))?;
-                let mut metadata = field.metadata().clone();
-                metadata.insert(ZARR_ATTRIBUTES.to_string(), text);
-                field.set_metadata(metadata);
-            }
+            let text = serde_json::to_string(attributes)
+                .map_err(|e| DataFusionError::Plan(format!("COPY TO Zarr: {e}")))?;
+            let mut metadata = field.metadata().clone();
+            metadata.insert(ZARR_ATTRIBUTES.to_string(), text);
+            field.set_metadata(metadata);
         }
         Ok(Arc::new(Schema::new_with_metadata(
             fields,
@@ -285,11 +306,11 @@ impl FileFormat for ZarrFormat {
                 let field = schema.field(d);
                 match field.metadata().get(ZARR_DIMENSION) {
                     Some(order) => order == "descending",
-                    None => (self.known_dims.get(field.name())).is_some_and(|k| k.descends),
+                    None => (self.known.dims.get(field.name())).is_some_and(|k| k.descends),
                 }
             })
             .collect();
-        let schema = self.with_coordinate_attributes(&schema, &dims)?;
+        let schema = self.with_attributes(&schema, &dims)?;
         refuse_if_too_large(&input, &dims, &target.location, state)?;
         let sink = ZarrSink::new(schema, target, dims, descending);
         Ok(Arc::new(DataSinkExec::new(

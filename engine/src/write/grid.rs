@@ -23,15 +23,16 @@ pub struct GridDimension {
     pub coords: ArrayRef,
     /// Attributes its coordinate array gets: the JSON object in the
     /// column's field metadata under [`ZARR_ATTRIBUTES`] (xrft's
-    /// `direct_lag` and `spacing` of a frequency coordinate), else none.
+    /// `direct_lag` and `spacing` of a frequency coordinate, a registered
+    /// table's coordinate's `units`), else none.
     pub attributes: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The field metadata key whose value (a JSON object) becomes a written
-/// coordinate's Zarr attributes.
+/// coordinate's or variable's Zarr attributes.
 pub const ZARR_ATTRIBUTES: &str = "zarr.attributes";
 
-/// The Zarr attributes a column's field metadata gives its coordinate
+/// The Zarr attributes a column's field metadata gives its array
 /// ([`ZARR_ATTRIBUTES`]), none when it gives none.
 pub fn field_attributes(
     field: &datafusion::arrow::datatypes::Field,
@@ -55,6 +56,9 @@ pub struct GridVariable {
     pub name: String,
     /// The values in C order over the grid (NaN where missing for floats).
     pub values: ArrayRef,
+    /// Attributes its array gets (from the column's field metadata, as a
+    /// dimension's).
+    pub attributes: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A query result laid out as a grid.
@@ -273,6 +277,7 @@ pub fn assemble(
         variables.push(GridVariable {
             name: field.name().clone(),
             values: dense,
+            attributes: field_attributes(field),
         });
     }
     let dims = dims

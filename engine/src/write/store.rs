@@ -258,8 +258,8 @@ pub fn io_error(path: &Path, e: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Execution(format!("cannot write Zarr at '{}': {e}", path.display()))
 }
 
-/// The arrays a grid is written as: its coordinates (with the attributes
-/// the grid gives them) and its variables, in chunks of `chunks`.
+/// The arrays a grid is written as: its coordinates and its variables (in
+/// chunks of `chunks`), with the attributes the grid gives them.
 pub(crate) fn grid_arrays(
     grid: &Grid,
     chunks: &[u64],
@@ -278,7 +278,7 @@ pub(crate) fn grid_arrays(
             data_type: v.values.data_type().clone(),
             shape: grid.shape(),
             chunks: chunks.to_vec(),
-            attributes: Map::new(),
+            attributes: v.attributes.clone(),
         })
         .collect();
     (coordinates, variables)

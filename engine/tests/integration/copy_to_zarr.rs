@@ -681,7 +681,7 @@ fn fixture_attributes(store: &str, name: &str, drop: &[&str]) -> serde_json::Val
 }
 
 #[tokio::test]
-async fn a_copied_aggregate_keeps_its_coordinates_attributes() {
+async fn a_copied_aggregate_keeps_the_attributes_of_what_it_names() {
     let dir = scratch("coordinate-attributes");
     let ctx = new_context();
     ctx.register_zarr("b", &common::fixture("v3_basic.zarr"), HashMap::new())
@@ -743,6 +743,18 @@ async fn a_copied_aggregate_keeps_its_coordinates_attributes() {
             Some(0)
         );
     }
+    // A variable named as the table's keeps its attributes through a
+    // reduction, as in xarray (`ds.t2m.resample(time="1D").mean()`).
+    let out = dir.join("daily_t2m.zarr");
+    let sql = format!(
+        "COPY (SELECT date_trunc('day', time) AS time, lat, lon, avg(t2m) AS t2m FROM b \
+         GROUP BY 1, lat, lon) TO '{}' STORED AS ZARR",
+        out.display()
+    );
+    copy(&ctx, &sql).await.unwrap();
+    let t2m = fixture_attributes("v3_basic.zarr", "t2m", &[]);
+    assert!(t2m["units"] == "K");
+    assert_eq!(written_attributes(&out, "t2m"), t2m);
     // Two registered tables whose latitudes disagree on an attribute: the
     // copy keeps what they agree on.
     ctx.register_zarr("c", &common::fixture("climate.zarr"), HashMap::new())
