@@ -693,7 +693,9 @@ async fn a_copied_aggregate_keeps_the_attributes_of_what_it_names() {
     // are the writer's own.
     let time = fixture_attributes("v3_basic.zarr", "time", &["units", "calendar"]);
     assert!(lat["units"] == "degrees_north" && time["long_name"] == "time");
-    let cases: [(&str, &str, &[(&str, &serde_json::Value)]); 4] = [
+    // (name, query, each coordinate's expected attributes)
+    type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a serde_json::Value)]);
+    let cases: [Case; 4] = [
         // The dense reduction.
         (
             "zonal",
