@@ -107,21 +107,15 @@ impl KnownColumn {
 
     /// Adds a registered array of this name: of `data_type`, with
     /// `attributes` (as xarray shows them), a coordinate that `descends`.
-    fn add(
-        &mut self,
-        first: bool,
-        descends: bool,
-        data_type: DataType,
-        attributes: Map<String, Value>,
-    ) {
-        self.descends |= descends;
-        if !self.data_types.contains(&data_type) {
-            self.data_types.push(data_type);
-        }
-        if first {
+    fn add(&mut self, descends: bool, data_type: DataType, attributes: Map<String, Value>) {
+        if self.data_types.is_empty() {
             self.attributes = attributes;
         } else {
             (self.attributes).retain(|key, value| attributes.get(key) == Some(value));
+        }
+        self.descends |= descends;
+        if !self.data_types.contains(&data_type) {
+            self.data_types.push(data_type);
         }
     }
 }
@@ -146,15 +140,13 @@ fn session_columns(state: &dyn Session) -> KnownColumns {
         for d in &grid.dims {
             let data_type = d.coordinate.data_type();
             let attributes = decoded_attributes(&d.attributes, &data_type);
-            let first = !known.dims.contains_key(&d.name);
             let column = known.dims.entry(d.name.clone()).or_default();
-            column.add(first, d.descends(), data_type, attributes);
+            column.add(d.descends(), data_type, attributes);
         }
         for v in &grid.variables {
             let attributes = decoded_attributes(v.attributes(), v.data_type());
-            let first = !known.variables.contains_key(v.name());
             let column = known.variables.entry(v.name().to_string()).or_default();
-            column.add(first, false, v.data_type().clone(), attributes);
+            column.add(false, v.data_type().clone(), attributes);
         }
     }
     known
@@ -205,9 +197,7 @@ impl ZarrFormat {
         }
         Ok(dims)
     }
-}
 
-impl ZarrFormat {
     /// `schema` with the attributes of its columns that name a registered
     /// table's dimension (the columns `dims`) or variable (the others; see
     /// [`KnownColumn::attributes_for`]) in their field metadata
