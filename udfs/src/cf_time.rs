@@ -141,6 +141,37 @@ impl CfTime {
         self.calendar
     }
 
+    /// Seconds from midnight of `origin` (a date of the calendar) to the
+    /// instant a count of units (`value`) encodes, counted in the
+    /// calendar's own days: what cftime's `date2num(date, "seconds since
+    /// <origin>", calendar)` gives for the decoded date, as xrft counts the
+    /// times of model calendars. `None` when `origin` is no date of the
+    /// calendar or `value` is not finite.
+    pub fn seconds_since(&self, origin: Date, value: f64) -> Option<f64> {
+        let origin = i128::from(self.calendar.day_number(origin)?) * DAY;
+        let seconds = value * (self.unit.nanos as f64 / 1e9);
+        seconds
+            .is_finite()
+            .then(|| (self.reference - origin) as f64 / 1e9 + seconds)
+    }
+
+    /// [`Self::seconds_since`] for a timestamp this encoding decoded (see
+    /// [`Self::decode_i64`]): the instant in the Gregorian calendars, else
+    /// the calendar's date and time of day with the timestamp's fields.
+    pub fn timestamp_seconds_since(&self, origin: Date, timestamp: i64) -> Option<f64> {
+        let origin = self.calendar.day_number(origin)?;
+        let timestamp = i128::from(timestamp);
+        let day = i64::try_from(timestamp.div_euclid(DAY)).ok()?;
+        let day = if self.calendar.is_gregorian() {
+            // Their day numbers count from 1970-01-01, as timestamps do.
+            day
+        } else {
+            self.calendar
+                .day_number(Calendar::ProlepticGregorian.date(day))?
+        };
+        Some((day - origin) as f64 * 86_400.0 + timestamp.rem_euclid(DAY) as f64 / 1e9)
+    }
+
     /// Decodes an integer count of units.
     pub fn decode_i64(&self, value: i64) -> Result<i64, CfTimeError> {
         let offset = i128::from(value) * i128::from(self.unit.nanos);
@@ -428,6 +459,87 @@ mod tests {
             if let Ok(Some(t)) = CfTime::parse(&units, Some(&calendar)) {
                 let _ = t.decode_f64(value);
                 let _ = t.decode_i64(count);
+            }
+        }
+    }
+
+    #[test]
+    fn seconds_since_count_the_calendars_own_days() {
+        let origin = Date {
+            year: 1800,
+            month: 1,
+            day: 1,
+        };
+        // Two hundred years of the calendar to 2000-01-01, then the days of
+        // January and February.
+        for (calendar, year_days, february) in [
+            ("noleap", 365.0, 28.0),
+            ("all_leap", 366.0, 29.0),
+            ("360_day", 360.0, 30.0),
+        ] {
+            let t = CfTime::parse("hours since 2000-01-01", Some(calendar))
+                .unwrap()
+                .unwrap();
+            let start = 200.0 * year_days * 86_400.0;
+            assert_eq!(t.seconds_since(origin, 0.0), Some(start), "{calendar}");
+            let january = if calendar == "360_day" { 30.0 } else { 31.0 };
+            let march = (january + february) * 24.0;
+            assert_eq!(
+                t.seconds_since(origin, march - 6.0).map(|s| s - start),
+                Some((march - 6.0) * 3600.0),
+                "{calendar}"
+            );
+        }
+        let bad = CfTime::parse("days since 2000-01-01", Some("360_day"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(bad.seconds_since(origin, f64::NAN), None);
+        let no_day = Date {
+            year: 1800,
+            month: 2,
+            day: 31,
+        };
+        assert_eq!(bad.seconds_since(no_day, 0.0), None);
+        assert_eq!(bad.timestamp_seconds_since(no_day, 0), None);
+    }
+
+    #[test]
+    fn a_decoded_timestamp_counts_as_the_number_it_came_from() {
+        let origin = Date {
+            year: 1800,
+            month: 1,
+            day: 1,
+        };
+        for calendar in [
+            "standard",
+            "proleptic_gregorian",
+            "noleap",
+            "all_leap",
+            "360_day",
+            "julian",
+        ] {
+            for units in ["hours since 1999-12-01 06:00", "days since 1850-01-01"] {
+                let t = CfTime::parse(units, Some(calendar)).unwrap().unwrap();
+                let step = if units.starts_with("hours") {
+                    7.0
+                } else {
+                    0.75
+                };
+                let mut decoded = 0;
+                for i in 0..4000 {
+                    let value = i as f64 * step;
+                    // Dates the Gregorian calendar lacks have no timestamp.
+                    let Ok(timestamp) = t.decode_f64(value) else {
+                        continue;
+                    };
+                    decoded += 1;
+                    assert_eq!(
+                        t.timestamp_seconds_since(origin, timestamp),
+                        t.seconds_since(origin, value),
+                        "{calendar}, {value} {units}"
+                    );
+                }
+                assert!(decoded > 3900, "{calendar}: {decoded}");
             }
         }
     }

@@ -282,6 +282,7 @@ impl FftTable {
                     coordinate: Coordinate::Computed(Arc::new(axis.clone())),
                     direct_lag: (!options.inverse).then_some(axis.lag),
                     descends: false,
+                    model_calendar: None,
                 },
                 None => dim,
             };

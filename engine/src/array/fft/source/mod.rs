@@ -16,13 +16,17 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Int64Type, TimeUnit};
+use datafusion::arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Float64Type, Int64Type, TimeUnit,
+};
 use datafusion::common::plan_err;
 use datafusion::physical_plan::ExecutionPlan;
 use rustfft::num_complex::Complex;
 use rustfft::num_traits::{FromPrimitive, Zero};
 use rustfft::FftNum;
 use std::ops::Range;
+use zarrfusion_udfs::calendar::Date;
+use zarrfusion_udfs::cf_time::CfTime;
 use zarrfusion_udfs::complex::complex_part;
 
 pub use detrended::DetrendedSource;
@@ -46,11 +50,46 @@ pub struct SourceDimension {
     pub direct_lag: Option<f64>,
     /// Whether the coordinate descends.
     pub descends: bool,
+    /// The CF time encoding of a coordinate of dates of a model calendar
+    /// (`noleap`, `360_day`, ...: xarray's cftime dates), whose times count
+    /// in the calendar's own days.
+    pub model_calendar: Option<CfTime>,
+}
+
+/// The date xrft counts the times of model calendars from (in seconds):
+/// cftime's `date2num(..., "seconds since 1800-01-01 00:00:00", calendar)`.
+const MODEL_CALENDAR_ORIGIN: Date = Date {
+    year: 1800,
+    month: 1,
+    day: 1,
+};
+
+/// The CF time encoding of a coordinate array with these attributes, when
+/// its dates are of a model calendar (see [`SourceDimension::model_calendar`]).
+pub fn model_calendar(attributes: &serde_json::Map<String, serde_json::Value>) -> Option<CfTime> {
+    let units = attributes.get("units")?.as_str()?;
+    let calendar = attributes.get("calendar").and_then(|c| c.as_str());
+    CfTime::parse(units, calendar)
+        .ok()
+        .flatten()
+        .filter(|time| !time.calendar().is_gregorian())
 }
 
 impl SourceDimension {
-    /// The coordinate as numbers (times in seconds, as xrft converts them).
+    /// The coordinate as numbers (times in seconds, as xrft converts them:
+    /// since 1970-01-01 for timestamps, since 1800-01-01 of the calendar for
+    /// the dates of a model calendar, which count in its own days).
     pub fn input_coordinate(&self) -> Result<InputCoordinate, String> {
+        if let Some(time) = self.model_calendar {
+            return Ok(InputCoordinate {
+                numbers: Coordinate::Computed(Arc::new(CalendarSeconds::new(
+                    &self.name,
+                    &self.coordinate,
+                    time,
+                )?)),
+                direct_lag: self.direct_lag,
+            });
+        }
         let values = match &self.coordinate {
             Coordinate::Values(values) => values,
             Coordinate::Regular(regular) => {
@@ -133,6 +172,124 @@ impl CoordinateFormula for RegularNumbers {
 
     fn value_at(&self, position: u64) -> f64 {
         self.values.number_at(position) / self.per_second
+    }
+}
+
+/// The times of a model calendar's dates as seconds since
+/// [`MODEL_CALENDAR_ORIGIN`] in the calendar's own days, computed per
+/// position from the decoded timestamps (the dates' fields) or from the
+/// numbers kept for dates without one (the 30th of February of `360_day`).
+#[derive(Debug)]
+struct CalendarSeconds {
+    values: CalendarValues,
+    time: CfTime,
+}
+
+/// The coordinate [`CalendarSeconds`] reads.
+#[derive(Debug)]
+enum CalendarValues {
+    /// Decoded dates, as timestamps' nanoseconds.
+    Timestamps(ArrayRef),
+    /// Numbers of the encoding's units.
+    Counts(ArrayRef),
+    /// A regular coordinate of either: its timestamps' nanoseconds per
+    /// stored count, or none for numbers.
+    Regular {
+        values: Arc<RegularCoordinate>,
+        nanos: Option<f64>,
+    },
+}
+
+impl CalendarSeconds {
+    /// The seconds of `dim`'s coordinate `coordinate`, encoded as `time`;
+    /// every value is checked to have a date here, so that reading one
+    /// later cannot fail.
+    fn new(dim: &str, coordinate: &Coordinate, time: CfTime) -> Result<Self, String> {
+        let timestamps = matches!(coordinate.data_type(), DataType::Timestamp(_, _));
+        let bad = |other: &DataType| {
+            format!(
+                "coordinate '{dim}' of {} dates is {other}, not times or numbers",
+                time.calendar().name()
+            )
+        };
+        let values = match coordinate {
+            Coordinate::Values(values) if values.null_count() > 0 => {
+                return Err(format!("coordinate '{dim}' has missing values"))
+            }
+            Coordinate::Values(values) if timestamps => CalendarValues::Timestamps(
+                cast(values, &DataType::Timestamp(TimeUnit::Nanosecond, None))
+                    .and_then(|v| cast(&v, &DataType::Int64))
+                    .map_err(|e| e.to_string())?,
+            ),
+            Coordinate::Values(values) if values.data_type().is_numeric() => {
+                CalendarValues::Counts(cast(values, &DataType::Float64).map_err(|e| e.to_string())?)
+            }
+            Coordinate::Regular(regular) if timestamps || regular.data_type().is_numeric() => {
+                CalendarValues::Regular {
+                    values: Arc::clone(regular),
+                    nanos: match regular.data_type() {
+                        DataType::Timestamp(unit, _) => Some(1e9 / per_second(unit)),
+                        _ => None,
+                    },
+                }
+            }
+            other => return Err(bad(&other.data_type())),
+        };
+        let seconds = Self { values, time };
+        for position in 0..coordinate.len() {
+            if seconds.seconds(position).is_none() {
+                return Err(format!(
+                    "coordinate '{dim}' holds a value at position {position} that is no date of the \
+                     {} calendar",
+                    time.calendar().name()
+                ));
+            }
+        }
+        Ok(seconds)
+    }
+
+    /// The seconds of the value at `position`.
+    fn seconds(&self, position: u64) -> Option<f64> {
+        let i = position as usize;
+        let (timestamp, count) = match &self.values {
+            CalendarValues::Timestamps(values) => {
+                (Some(values.as_primitive::<Int64Type>().value(i)), None)
+            }
+            CalendarValues::Counts(values) => {
+                (None, Some(values.as_primitive::<Float64Type>().value(i)))
+            }
+            CalendarValues::Regular {
+                values,
+                nanos: Some(nanos),
+            } => (
+                Some((values.number_at(position) * nanos).round() as i64),
+                None,
+            ),
+            CalendarValues::Regular { values, .. } => (None, Some(values.number_at(position))),
+        };
+        match (timestamp, count) {
+            (Some(timestamp), _) => self
+                .time
+                .timestamp_seconds_since(MODEL_CALENDAR_ORIGIN, timestamp),
+            (_, Some(count)) => self.time.seconds_since(MODEL_CALENDAR_ORIGIN, count),
+            _ => None,
+        }
+    }
+}
+
+impl CoordinateFormula for CalendarSeconds {
+    fn positions(&self) -> u64 {
+        match &self.values {
+            CalendarValues::Timestamps(values) | CalendarValues::Counts(values) => {
+                values.len() as u64
+            }
+            CalendarValues::Regular { values, .. } => values.len(),
+        }
+    }
+
+    fn value_at(&self, position: u64) -> f64 {
+        // Every position was checked when built.
+        self.seconds(position).unwrap_or(f64::NAN)
     }
 }
 
@@ -345,6 +502,7 @@ impl ArraySource {
                     coordinate: d.coordinate.clone(),
                     direct_lag: d.attributes.get("direct_lag").and_then(|v| v.as_f64()),
                     descends: d.descends(),
+                    model_calendar: model_calendar(&d.attributes),
                 })
                 .collect(),
             Origin::Transform(inner) => inner.output_dims(),
