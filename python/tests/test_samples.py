@@ -114,6 +114,40 @@ def test_lead_times_in_steps_and_in_hours_agree(ctx, forecast_store):
         np.testing.assert_array_equal(ga[key][1], gb[key][1])
 
 
+@pytest.fixture(scope="module")
+def noleap_store(forecast_store, tmp_path_factory):
+    """The forecast store's values over 6-hourly dates of the `noleap`
+    calendar from 2000-02-20: the steps cross the 29th of February, which the
+    model lacks (xarray decodes the dates to cftime's)."""
+    ds = xr.open_zarr(forecast_store, chunks=None).load()
+    ds = ds.assign_coords(time=xr.date_range("2000-02-20", periods=40, freq="6h", calendar="noleap", use_cftime=True))
+    ds.time.encoding = {"units": "hours since 2000-01-01", "calendar": "noleap"}
+    path = tmp_path_factory.mktemp("noleap") / "forecast_noleap.zarr"
+    ds.to_zarr(path, encoding={v: {"chunks": (8, 8, 8)} for v in VARIABLES}, zarr_format=3)
+    return path
+
+
+def test_lead_times_count_a_model_calendars_own_days(ctx, noleap_store):
+    ds, data = load(noleap_store)
+    # cftime's arithmetic: every step is 6 hours, across the 28th of February too.
+    steps = np.diff(ds.time.values)
+    assert all(step == np.timedelta64(6, "h") for step in steps)
+    windows = open_windows(
+        ctx, noleap_store, history={"time": 2}, targets={"t2m": "+6h", "precip": "+1d"},
+        valid={"inputs": 0.99, "targets": "all"},
+    )
+    assert windows.channels["targets"] == [{"variable": "t2m", "step": 1}, {"variable": "precip", "step": 4}]
+    expected = expected_samples(data, 2, {"t2m": [1], "precip": [4]}, 0.99, 1.0)
+    got = samples_of(windows.loader(batch_size=16, shuffle="block", stack="channels", seed=5))
+    assert got.keys() == expected.keys()
+    for key, (inputs, targets) in got.items():
+        np.testing.assert_array_equal(inputs, expected[key][0].astype(np.float32))
+        np.testing.assert_array_equal(targets, expected[key][1].astype(np.float32))
+    # A lead time that is no whole number of steps is refused, naming the step.
+    with pytest.raises(ValueError, match="not a whole number of the steps of 'time' \\(6h\\)"):
+        open_windows(ctx, noleap_store, targets={"t2m": "+3h"})
+
+
 def test_jitter_is_seeded_reported_and_keeps_the_rules(ctx, forecast_store):
     _, data = load(forecast_store)
     windows = open_windows(

@@ -62,6 +62,12 @@ impl Dimension {
         )
     }
 
+    /// The CF time encoding of its coordinate when it holds dates of a
+    /// model calendar ([`super::model_calendar`]).
+    pub fn model_calendar(&self) -> Option<zarrfusion_udfs::cf_time::CfTime> {
+        super::model_calendar(&self.attributes)
+    }
+
     /// Whether the dimension has a coordinate array.
     pub fn has_coordinate(&self) -> bool {
         !matches!(self.coordinate, Coordinate::Index(_))

@@ -5,6 +5,7 @@
 mod block_read;
 mod blocks;
 mod broadcast;
+mod calendar;
 pub(crate) mod cells;
 mod coordinate;
 mod dataset;
@@ -26,6 +27,7 @@ pub use broadcast::{
     Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, SmallSidePlanner,
     MAX_BROADCAST_BYTES,
 };
+pub use calendar::{model_calendar, ticks_per_second, CalendarSeconds};
 pub use cells::BoxCells;
 pub use coordinate::{Coordinate, CoordinateFormula};
 pub use dataset::{Dimension, GridColumn, GridSource, GridTable, TableSource, ZarrDataset};

@@ -25,11 +25,13 @@ use std::ops::Range;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit};
+use zarrfusion_udfs::calendar::Date;
+use zarrfusion_udfs::cf_time::CfTime;
 
 use super::geometry::{Validity, WindowShape};
 use super::sources::{Link, Sources};
 use super::WindowError;
-use crate::table::GridTable;
+use crate::table::{CalendarSeconds, Dimension, GridTable};
 
 /// What a sample holds, as the user asks for it.
 #[derive(Debug, Clone, PartialEq)]
@@ -539,16 +541,24 @@ enum StepSize {
 impl StepSize {
     fn of(table: &GridTable, d: usize, range: &Range<u64>) -> Result<Self, WindowError> {
         let dim = &table.dims[d];
-        let DataType::Timestamp(unit, _) = dim.coordinate.data_type() else {
-            return Ok(Self::Steps {
-                why: format!("'{}' does not hold times", dim.name),
-            });
+        let model_calendar = dim.model_calendar();
+        let unit = match dim.coordinate.data_type() {
+            DataType::Timestamp(unit, _) => unit,
+            _ if model_calendar.is_some() => TimeUnit::Nanosecond,
+            _ => {
+                return Ok(Self::Steps {
+                    why: format!("'{}' does not hold times", dim.name),
+                })
+            }
         };
         let len = range.end - range.start;
         if len < 2 {
             return Ok(Self::Steps {
                 why: format!("one step of '{}' is selected", dim.name),
             });
+        }
+        if let Some(time) = model_calendar {
+            return Ok(Self::in_calendar(dim, time, range));
         }
         let values = dim
             .coordinate
@@ -573,6 +583,41 @@ impl StepSize {
                 why: format!("the times of '{}' are not evenly spaced", dim.name),
             }
         })
+    }
+
+    /// The step of times of a model calendar, in its own days (a 6-hourly
+    /// `noleap` series is evenly spaced across the 29th of February its
+    /// timestamps skip; see [`CalendarSeconds`]).
+    fn in_calendar(dim: &Dimension, time: CfTime, range: &Range<u64>) -> Self {
+        let not_even = || Self::Steps {
+            why: format!(
+                "the times of '{}' are not evenly spaced in its {} calendar",
+                dim.name,
+                time.calendar().name()
+            ),
+        };
+        // Any date of every calendar: only differences count.
+        let origin = Date {
+            year: 2000,
+            month: 1,
+            day: 1,
+        };
+        let seconds = match CalendarSeconds::new(&dim.name, &dim.coordinate, time, origin) {
+            Ok(seconds) => seconds,
+            Err(why) => return Self::Steps { why },
+        };
+        let at = |position| seconds.seconds(position).unwrap_or(f64::NAN);
+        let step = at(range.start + 1) - at(range.start);
+        let even = (range.start + 1..range.end).all(|p| at(p) - at(p - 1) == step);
+        let nanos = step * 1e9;
+        if even && step > 0.0 && nanos.fract() == 0.0 && nanos < i64::MAX as f64 {
+            Self::Time {
+                step: nanos as i64,
+                unit: TimeUnit::Nanosecond,
+            }
+        } else {
+            not_even()
+        }
     }
 
     /// The steps of lead time `text` (`"+6h"`, `"-1"`): a whole number of

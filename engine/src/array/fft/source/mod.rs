@@ -16,9 +16,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Float64Type, Int64Type, TimeUnit,
-};
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Int64Type};
 use datafusion::common::plan_err;
 use datafusion::physical_plan::ExecutionPlan;
 use rustfft::num_complex::Complex;
@@ -36,7 +34,9 @@ use super::kernels::{Kernels, Precision};
 use super::transform::{FftTransform, InputCoordinate};
 use crate::device::fft_cpu::BlockValues;
 use crate::device::Device;
-use crate::table::{Coordinate, CoordinateFormula, GridTable, RegularCoordinate};
+use crate::table::{
+    ticks_per_second, CalendarSeconds, Coordinate, CoordinateFormula, GridTable, RegularCoordinate,
+};
 use crate::zarr::{ChunkBufferPool, ZarrArray};
 
 /// One dimension of a source.
@@ -64,17 +64,6 @@ const MODEL_CALENDAR_ORIGIN: Date = Date {
     day: 1,
 };
 
-/// The CF time encoding of a coordinate array with these attributes, when
-/// its dates are of a model calendar (see [`SourceDimension::model_calendar`]).
-pub fn model_calendar(attributes: &serde_json::Map<String, serde_json::Value>) -> Option<CfTime> {
-    let units = attributes.get("units")?.as_str()?;
-    let calendar = attributes.get("calendar").and_then(|c| c.as_str());
-    CfTime::parse(units, calendar)
-        .ok()
-        .flatten()
-        .filter(|time| !time.calendar().is_gregorian())
-}
-
 impl SourceDimension {
     /// The coordinate as numbers (times in seconds, as xrft converts them:
     /// since 1970-01-01 for timestamps, since 1800-01-01 of the calendar for
@@ -86,6 +75,7 @@ impl SourceDimension {
                     &self.name,
                     &self.coordinate,
                     time,
+                    MODEL_CALENDAR_ORIGIN,
                 )?)),
                 direct_lag: self.direct_lag,
             });
@@ -94,7 +84,7 @@ impl SourceDimension {
             Coordinate::Values(values) => values,
             Coordinate::Regular(regular) => {
                 let per_second = match regular.data_type() {
-                    DataType::Timestamp(unit, _) => per_second(unit),
+                    DataType::Timestamp(unit, _) => ticks_per_second(unit),
                     t if t.is_numeric() => 1.0,
                     other => {
                         return Err(format!(
@@ -123,7 +113,7 @@ impl SourceDimension {
         }
         let numbers: ArrayRef = match values.data_type() {
             DataType::Timestamp(unit, _) => {
-                let per_second = per_second(unit);
+                let per_second = ticks_per_second(unit);
                 let ints = cast(values, &DataType::Int64).map_err(|e| e.to_string())?;
                 Arc::new(Float64Array::from_iter_values(
                     ints.as_primitive::<Int64Type>()
@@ -147,16 +137,6 @@ impl SourceDimension {
     }
 }
 
-/// Ticks of a time `unit` per second.
-fn per_second(unit: &TimeUnit) -> f64 {
-    match unit {
-        TimeUnit::Second => 1.0,
-        TimeUnit::Millisecond => 1e3,
-        TimeUnit::Microsecond => 1e6,
-        TimeUnit::Nanosecond => 1e9,
-    }
-}
-
 /// A regular coordinate's values as numbers (times in seconds, as xrft
 /// converts them), computed per position.
 #[derive(Debug)]
@@ -172,124 +152,6 @@ impl CoordinateFormula for RegularNumbers {
 
     fn value_at(&self, position: u64) -> f64 {
         self.values.number_at(position) / self.per_second
-    }
-}
-
-/// The times of a model calendar's dates as seconds since
-/// [`MODEL_CALENDAR_ORIGIN`] in the calendar's own days, computed per
-/// position from the decoded timestamps (the dates' fields) or from the
-/// numbers kept for dates without one (the 30th of February of `360_day`).
-#[derive(Debug)]
-struct CalendarSeconds {
-    values: CalendarValues,
-    time: CfTime,
-}
-
-/// The coordinate [`CalendarSeconds`] reads.
-#[derive(Debug)]
-enum CalendarValues {
-    /// Decoded dates, as timestamps' nanoseconds.
-    Timestamps(ArrayRef),
-    /// Numbers of the encoding's units.
-    Counts(ArrayRef),
-    /// A regular coordinate of either: its timestamps' nanoseconds per
-    /// stored count, or none for numbers.
-    Regular {
-        values: Arc<RegularCoordinate>,
-        nanos: Option<f64>,
-    },
-}
-
-impl CalendarSeconds {
-    /// The seconds of `dim`'s coordinate `coordinate`, encoded as `time`;
-    /// every value is checked to have a date here, so that reading one
-    /// later cannot fail.
-    fn new(dim: &str, coordinate: &Coordinate, time: CfTime) -> Result<Self, String> {
-        let timestamps = matches!(coordinate.data_type(), DataType::Timestamp(_, _));
-        let bad = |other: &DataType| {
-            format!(
-                "coordinate '{dim}' of {} dates is {other}, not times or numbers",
-                time.calendar().name()
-            )
-        };
-        let values = match coordinate {
-            Coordinate::Values(values) if values.null_count() > 0 => {
-                return Err(format!("coordinate '{dim}' has missing values"))
-            }
-            Coordinate::Values(values) if timestamps => CalendarValues::Timestamps(
-                cast(values, &DataType::Timestamp(TimeUnit::Nanosecond, None))
-                    .and_then(|v| cast(&v, &DataType::Int64))
-                    .map_err(|e| e.to_string())?,
-            ),
-            Coordinate::Values(values) if values.data_type().is_numeric() => {
-                CalendarValues::Counts(cast(values, &DataType::Float64).map_err(|e| e.to_string())?)
-            }
-            Coordinate::Regular(regular) if timestamps || regular.data_type().is_numeric() => {
-                CalendarValues::Regular {
-                    values: Arc::clone(regular),
-                    nanos: match regular.data_type() {
-                        DataType::Timestamp(unit, _) => Some(1e9 / per_second(unit)),
-                        _ => None,
-                    },
-                }
-            }
-            other => return Err(bad(&other.data_type())),
-        };
-        let seconds = Self { values, time };
-        for position in 0..coordinate.len() {
-            if seconds.seconds(position).is_none() {
-                return Err(format!(
-                    "coordinate '{dim}' holds a value at position {position} that is no date of the \
-                     {} calendar",
-                    time.calendar().name()
-                ));
-            }
-        }
-        Ok(seconds)
-    }
-
-    /// The seconds of the value at `position`.
-    fn seconds(&self, position: u64) -> Option<f64> {
-        let i = position as usize;
-        let (timestamp, count) = match &self.values {
-            CalendarValues::Timestamps(values) => {
-                (Some(values.as_primitive::<Int64Type>().value(i)), None)
-            }
-            CalendarValues::Counts(values) => {
-                (None, Some(values.as_primitive::<Float64Type>().value(i)))
-            }
-            CalendarValues::Regular {
-                values,
-                nanos: Some(nanos),
-            } => (
-                Some((values.number_at(position) * nanos).round() as i64),
-                None,
-            ),
-            CalendarValues::Regular { values, .. } => (None, Some(values.number_at(position))),
-        };
-        match (timestamp, count) {
-            (Some(timestamp), _) => self
-                .time
-                .timestamp_seconds_since(MODEL_CALENDAR_ORIGIN, timestamp),
-            (_, Some(count)) => self.time.seconds_since(MODEL_CALENDAR_ORIGIN, count),
-            _ => None,
-        }
-    }
-}
-
-impl CoordinateFormula for CalendarSeconds {
-    fn positions(&self) -> u64 {
-        match &self.values {
-            CalendarValues::Timestamps(values) | CalendarValues::Counts(values) => {
-                values.len() as u64
-            }
-            CalendarValues::Regular { values, .. } => values.len(),
-        }
-    }
-
-    fn value_at(&self, position: u64) -> f64 {
-        // Every position was checked when built.
-        self.seconds(position).unwrap_or(f64::NAN)
     }
 }
 
@@ -502,7 +364,7 @@ impl ArraySource {
                     coordinate: d.coordinate.clone(),
                     direct_lag: d.attributes.get("direct_lag").and_then(|v| v.as_f64()),
                     descends: d.descends(),
-                    model_calendar: model_calendar(&d.attributes),
+                    model_calendar: d.model_calendar(),
                 })
                 .collect(),
             Origin::Transform(inner) => inner.output_dims(),
