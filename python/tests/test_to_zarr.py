@@ -140,8 +140,55 @@ def test_a_copied_selection_keeps_the_attributes_xarray_shows(ctx, fixtures, tmp
     for name in [*src.data_vars, "lat", "lon"]:
         kept = {k: v for k, v in got[name].attrs.items() if k != "_zarrs"}
         assert kept == src[name].attrs, name
-    # The copy's time is the source's dates (a noleap calendar's by their fields).
-    assert got.time.dtype.kind == "M"
+    # The copy's time is the source's dates, in the source's calendar (as
+    # xarray writes cftime dates back).
+    calendar = src.time.attrs.get("calendar", "proleptic_gregorian")
+    if calendar == "noleap":
+        assert got.time.encoding["calendar"] == "noleap"
+
+
+def test_copies_keep_a_model_calendar(ctx, fixtures, tmp_path):
+    # xarray writes cftime dates back in their calendar: so do the COPY of a
+    # selection (chunk by chunk), of an aggregate (from rows) and of a
+    # transform, so that xarray reads the same noleap dates back.
+    ctx.register_zarr("t", fixtures / "cal_noleap.zarr")
+    src = open_xr(fixtures / "cal_noleap.zarr")
+    assert src.time.encoding["calendar"] == "noleap"
+
+    def same_dates(got, want):
+        assert got.time.encoding["calendar"] == "noleap"
+        assert list(got.time.values) == list(want.time.values)
+
+    selection = tmp_path / "selection.zarr"
+    ctx.sql(
+        f"COPY (SELECT * FROM t WHERE time >= TIMESTAMP '2000-02-20' AND time < TIMESTAMP '2000-03-10') "
+        f"TO '{selection}' STORED AS ZARR"
+    ).collect()
+    got, want = open_xr(selection), src.sel(time=slice("2000-02-20", "2000-03-09"))
+    assert want.sizes["time"] == 18  # 28 days of February in noleap
+    same_dates(got, want)
+    xr.testing.assert_equal(got.tas.transpose(*want.tas.dims).reset_coords(drop=True), want.tas.reset_coords(drop=True))
+
+    monthly = tmp_path / "monthly.zarr"
+    ctx.sql(
+        f"COPY (SELECT date_trunc('month', time) AS time, lat, lon, avg(tas) AS tas FROM t GROUP BY 1, lat, lon) "
+        f"TO '{monthly}' STORED AS ZARR"
+    ).collect()
+    got, want = open_xr(monthly), src.tas.resample(time="MS").mean()
+    same_dates(got, want)
+    np.testing.assert_allclose(got.tas.transpose(*want.dims).values, want.values, rtol=1e-6)
+    # A time computed into a day the calendar lacks is written as a timestamp.
+    shifted = tmp_path / "shifted.zarr"
+    ctx.sql(
+        f"COPY (SELECT time + INTERVAL '1 day' AS time, lat, lon, tas FROM t WHERE time = TIMESTAMP '2000-02-28') "
+        f"TO '{shifted}' STORED AS ZARR"
+    ).collect()
+    assert open_xr(shifted).time.values[0] == np.datetime64("2000-02-29")
+
+    spectrum = tmp_path / "spectrum.zarr"
+    store = fixtures.parent / "fft" / "data" / "noleap_6h.zarr"
+    ctx.sql(f"COPY (SELECT * FROM fft('{store}', 'v', dims => 'lat')) TO '{spectrum}' STORED AS ZARR").collect()
+    same_dates(open_xr(spectrum), xr.open_zarr(store, consolidated=False))
 
 
 @pytest.mark.parametrize("store", ["v2_basic.zarr", "v3_basic.zarr"])

@@ -160,6 +160,26 @@ impl CfTime {
     /// the calendar's date and time of day with the timestamp's fields.
     pub fn timestamp_seconds_since(&self, origin: Date, timestamp: i64) -> Option<f64> {
         let origin = self.calendar.day_number(origin)?;
+        let (day, nanos) = self.day_of(timestamp)?;
+        Some((day - origin) as f64 * 86_400.0 + nanos as f64 / 1e9)
+    }
+
+    /// The count of units that decodes to `timestamp` (the inverse of
+    /// [`Self::decode_i64`]): `None` when it is no whole number of units
+    /// or stands for no date of the calendar (the 29th of February in
+    /// `noleap`), or the count overflows.
+    pub fn encode(&self, timestamp: i64) -> Option<i64> {
+        let (day, nanos) = self.day_of(timestamp)?;
+        let offset = i128::from(day) * DAY + nanos - self.reference;
+        let unit = i128::from(self.unit.nanos);
+        (offset % unit == 0)
+            .then(|| i64::try_from(offset / unit).ok())
+            .flatten()
+    }
+
+    /// The calendar's day number of the date a decoded timestamp stands
+    /// for, and the nanoseconds into it (see [`Self::timestamp_seconds_since`]).
+    fn day_of(&self, timestamp: i64) -> Option<(i64, i128)> {
         let timestamp = i128::from(timestamp);
         let day = i64::try_from(timestamp.div_euclid(DAY)).ok()?;
         let day = if self.calendar.is_gregorian() {
@@ -169,7 +189,7 @@ impl CfTime {
             self.calendar
                 .day_number(Calendar::ProlepticGregorian.date(day))?
         };
-        Some((day - origin) as f64 * 86_400.0 + timestamp.rem_euclid(DAY) as f64 / 1e9)
+        Some((day, timestamp.rem_euclid(DAY)))
     }
 
     /// Decodes an integer count of units.
@@ -501,6 +521,15 @@ mod tests {
         };
         assert_eq!(bad.seconds_since(no_day, 0.0), None);
         assert_eq!(bad.timestamp_seconds_since(no_day, 0), None);
+        // The 29th of February 2000 is no date of `noleap`.
+        let noleap = CfTime::parse("days since 2000-01-01", Some("noleap"))
+            .unwrap()
+            .unwrap();
+        let leap_day = ts("2000-02-29 00:00:00");
+        assert_eq!(noleap.encode(leap_day), None);
+        assert_eq!(noleap.encode(ts("2000-03-01 00:00:00")), Some(59));
+        assert_eq!(noleap.encode(ts("2000-03-01 06:00:00")), None);
+        assert_eq!(noleap.encode(i64::MAX), None);
     }
 
     #[test]
@@ -538,6 +567,14 @@ mod tests {
                         t.seconds_since(origin, value),
                         "{calendar}, {value} {units}"
                     );
+                    // Encoded back in whole units of the same calendar.
+                    let micros = CfTime::parse("microseconds since 1970-01-01", Some(calendar))
+                        .unwrap()
+                        .unwrap();
+                    let count = micros.encode(timestamp).unwrap();
+                    assert_eq!(micros.decode_i64(count), Ok(timestamp), "{calendar}");
+                    let whole = value.fract() == 0.0;
+                    assert_eq!(t.encode(timestamp).is_some(), whole, "{calendar}, {value}");
                 }
                 assert!(decoded > 3900, "{calendar}: {decoded}");
             }

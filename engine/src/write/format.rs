@@ -28,6 +28,7 @@ use datafusion::physical_plan::statistics::StatisticsContext;
 use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs};
 use object_store::{ObjectMeta, ObjectStore};
 use serde_json::{Map, Value};
+use zarrfusion_udfs::calendar::Calendar;
 
 use super::grid::grid_bytes;
 use super::options::ZarrWriteOptions;
@@ -36,7 +37,7 @@ use super::target::CopyTarget;
 use crate::config::ZarrConfig;
 use crate::plan_methods::no_expressions_method;
 use crate::table::registered_zarr_tables;
-use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_DIMENSION};
+use crate::write::grid::{ZARR_ATTRIBUTES, ZARR_CALENDAR, ZARR_DIMENSION};
 use crate::zarr::{decoded_attributes, StoreLocation};
 
 const READ_HINT: &str = "Zarr stores are read with CREATE EXTERNAL TABLE ... STORED AS ZARR or read_zarr(...), not as files";
@@ -85,6 +86,9 @@ struct KnownColumn {
     /// The attributes xarray shows of the array (`units`, `long_name`,
     /// ...): those the registered tables' arrays of this name agree on.
     attributes: Map<String, Value>,
+    /// The model calendar of each registered array's times (none for
+    /// other values or Gregorian times).
+    calendars: Vec<Option<Calendar>>,
 }
 
 impl KnownColumn {
@@ -105,9 +109,27 @@ impl KnownColumn {
             .then_some(&self.attributes)
     }
 
+    /// The model calendar a result's time column `field` of this name is
+    /// written in: the one every registered array of this name has.
+    fn calendar_for(&self, field: &Field) -> Option<Calendar> {
+        let first = *self.calendars.first()?;
+        let times = matches!(field.data_type(), DataType::Timestamp(..));
+        (times && self.calendars.iter().all(|c| *c == first))
+            .then_some(first)
+            .flatten()
+    }
+
     /// Adds a registered array of this name: of `data_type`, with
-    /// `attributes` (as xarray shows them), a coordinate that `descends`.
-    fn add(&mut self, descends: bool, data_type: DataType, attributes: Map<String, Value>) {
+    /// `attributes` (as xarray shows them), a coordinate that `descends`,
+    /// of times of the model calendar `calendar`.
+    fn add(
+        &mut self,
+        descends: bool,
+        data_type: DataType,
+        attributes: Map<String, Value>,
+        calendar: Option<Calendar>,
+    ) {
+        self.calendars.push(calendar);
         if self.data_types.is_empty() {
             self.attributes = attributes;
         } else {
@@ -140,13 +162,16 @@ fn session_columns(state: &dyn Session) -> KnownColumns {
         for d in &grid.dims {
             let data_type = d.coordinate.data_type();
             let attributes = decoded_attributes(&d.attributes, &data_type);
+            let calendar = (matches!(data_type, DataType::Timestamp(..)))
+                .then(|| d.model_calendar().map(|time| time.calendar()))
+                .flatten();
             let column = known.dims.entry(d.name.clone()).or_default();
-            column.add(d.descends(), data_type, attributes);
+            column.add(d.descends(), data_type, attributes, calendar);
         }
         for v in &grid.variables {
             let attributes = decoded_attributes(v.attributes(), v.data_type());
             let column = known.variables.entry(v.name().to_string()).or_default();
-            column.add(false, v.data_type().clone(), attributes);
+            column.add(false, v.data_type().clone(), attributes, None);
         }
     }
     known
@@ -206,23 +231,25 @@ impl ZarrFormat {
     fn with_attributes(&self, schema: &SchemaRef, dims: &[usize]) -> Result<SchemaRef> {
         let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
         for (i, field) in fields.iter_mut().enumerate() {
-            if field.metadata().contains_key(ZARR_ATTRIBUTES) {
-                continue;
-            }
             let known = match dims.contains(&i) {
                 true => &self.known.dims,
                 false => &self.known.variables,
             };
-            let Some(attributes) = known
-                .get(field.name())
-                .and_then(|k| k.attributes_for(field))
-            else {
+            let Some(known) = known.get(field.name()) else {
                 continue;
             };
-            let text = serde_json::to_string(attributes)
-                .map_err(|e| DataFusionError::Plan(format!("COPY TO Zarr: {e}")))?;
             let mut metadata = field.metadata().clone();
-            metadata.insert(ZARR_ATTRIBUTES.to_string(), text);
+            if !metadata.contains_key(ZARR_ATTRIBUTES) {
+                if let Some(attributes) = known.attributes_for(field) {
+                    let text = serde_json::to_string(attributes)
+                        .map_err(|e| DataFusionError::Plan(format!("COPY TO Zarr: {e}")))?;
+                    metadata.insert(ZARR_ATTRIBUTES.to_string(), text);
+                }
+            }
+            if let Some(calendar) = known.calendar_for(field) {
+                (metadata.entry(ZARR_CALENDAR.to_string()))
+                    .or_insert_with(|| calendar.name().to_string());
+            }
             field.set_metadata(metadata);
         }
         Ok(Arc::new(Schema::new_with_metadata(

@@ -12,6 +12,7 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Arra
 use datafusion::arrow::compute::{cast, concat, sort_to_indices, take, SortOptions};
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef, UInt32Type};
 use datafusion::common::{exec_err, plan_err, Result};
+use zarrfusion_udfs::calendar::Calendar;
 use zarrfusion_udfs::complex::{complex_array, complex_part};
 
 /// One dimension of the grid.
@@ -26,6 +27,20 @@ pub struct GridDimension {
     /// `direct_lag` and `spacing` of a frequency coordinate, a registered
     /// table's coordinate's `units`), else none.
     pub attributes: serde_json::Map<String, serde_json::Value>,
+    /// The model calendar of its times: the column's field metadata under
+    /// [`ZARR_CALENDAR`] (a registered table's coordinate of `noleap`
+    /// dates), else none.
+    pub calendar: Option<Calendar>,
+}
+
+/// The field metadata key naming the model calendar (`noleap`, `360_day`,
+/// ...) whose dates a time column holds, which a written coordinate keeps.
+pub const ZARR_CALENDAR: &str = "zarr.calendar";
+
+/// The model calendar a column's field metadata gives its times
+/// ([`ZARR_CALENDAR`]).
+pub fn field_calendar(field: &datafusion::arrow::datatypes::Field) -> Option<Calendar> {
+    (field.metadata().get(ZARR_CALENDAR)).and_then(|name| Calendar::parse(name))
 }
 
 /// The field metadata key whose value (a JSON object) becomes a written
@@ -287,6 +302,7 @@ pub fn assemble(
             name: names[d].to_string(),
             coords: a.coords,
             attributes: field_attributes(schema.field(d)),
+            calendar: field_calendar(schema.field(d)),
         })
         .collect();
     Ok(Grid { dims, variables })

@@ -18,12 +18,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array};
 use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit};
 use datafusion::common::{exec_err, DataFusionError, Result};
 use serde_json::{json, Map, Value};
+use zarrfusion_udfs::calendar::Calendar;
+use zarrfusion_udfs::cf_time::CfTime;
 use zarrfusion_udfs::complex::complex_part;
 use zarrs::array::{Array as ZarrsArray, ArrayBytes, ArraySubset};
 use zarrs::metadata::ArrayMetadata;
@@ -269,6 +271,21 @@ pub(crate) fn grid_arrays(
             name: d.name.clone(),
             values: Coordinate::Values(Arc::clone(&d.coords)),
             attributes: d.attributes.clone(),
+            // Values computed from a model calendar's dates (`time +
+            // INTERVAL '1 day'`) may be none of its dates: written as
+            // timestamps then.
+            calendar: d.calendar.filter(|&calendar| {
+                let dates = dates_of(&d.coords, calendar);
+                if !dates {
+                    log::warn!(
+                        "COPY TO Zarr: column '{}' holds times that are no dates of the {} \
+                         calendar of the coordinate it is named after; written as timestamps",
+                        d.name,
+                        calendar.name()
+                    );
+                }
+                dates
+            }),
             stored: true,
         })
         .collect();
@@ -397,8 +414,17 @@ pub(crate) fn value_bytes(values: &ArrayRef) -> std::result::Result<(Buffer, usi
     Ok((bytes, width))
 }
 
-/// A coordinate's stored values and attributes: times become CF numbers.
-pub(crate) fn coordinate(coords: &ArrayRef) -> Result<(ArrayRef, Map<String, Value>)> {
+/// A coordinate's stored values and attributes: times become CF numbers,
+/// of their model calendar when they have one (microseconds since
+/// 1970-01-01 of that calendar, so that xarray reads the same cftime
+/// dates back; every time must be a date of it).
+pub(crate) fn coordinate(
+    coords: &ArrayRef,
+    calendar: Option<Calendar>,
+) -> Result<(ArrayRef, Map<String, Value>)> {
+    if let (Some(calendar), DataType::Timestamp(..)) = (calendar, coords.data_type()) {
+        return calendar_times(coords, calendar);
+    }
     let mut attributes = Map::new();
     let cf = |unit: &str| -> Map<String, Value> {
         let mut m = Map::new();
@@ -432,6 +458,53 @@ pub(crate) fn coordinate(coords: &ArrayRef) -> Result<(ArrayRef, Map<String, Val
         other => return exec_err!("cannot write a Zarr coordinate of type {other}"),
     };
     Ok((values, attributes))
+}
+
+/// The units a model calendar's times are written in (see [`coordinate`]).
+const CALENDAR_UNITS: &str = "microseconds since 1970-01-01 00:00:00";
+
+/// The CF encoding of times of `calendar` (see [`coordinate`]).
+fn calendar_encoding(calendar: Calendar) -> Result<CfTime> {
+    match CfTime::parse(CALENDAR_UNITS, Some(calendar.name())) {
+        Ok(Some(time)) => Ok(time),
+        other => exec_err!(
+            "cannot encode times of the {} calendar: {other:?}",
+            calendar.name()
+        ),
+    }
+}
+
+/// Whether every timestamp of `coords` is a date of `calendar` that
+/// [`coordinate`] can write.
+fn dates_of(coords: &ArrayRef, calendar: Calendar) -> bool {
+    calendar_times(coords, calendar).is_ok()
+}
+
+/// Times of a model calendar as [`coordinate`] writes them.
+fn calendar_times(coords: &ArrayRef, calendar: Calendar) -> Result<(ArrayRef, Map<String, Value>)> {
+    let time = calendar_encoding(calendar)?;
+    let nanos = cast(coords, &DataType::Timestamp(TimeUnit::Nanosecond, None))?;
+    let nanos = cast(&nanos, &DataType::Int64)?;
+    let counts = (nanos.as_primitive::<Int64Type>().iter())
+        .map(|t| match t {
+            None => exec_err!(
+                "a coordinate of {} dates holds a missing time",
+                calendar.name()
+            ),
+            Some(t) => time.encode(t).ok_or_else(|| {
+                DataFusionError::Execution(format!(
+                    "the time {} is no date of the {} calendar (or is finer than a microsecond)",
+                    datafusion::arrow::temporal_conversions::timestamp_ns_to_datetime(t)
+                        .map_or_else(|| t.to_string(), |d| d.to_string()),
+                    calendar.name()
+                ))
+            }),
+        })
+        .collect::<Result<Int64Array>>()?;
+    let mut attributes = Map::new();
+    attributes.insert("units".into(), json!(CALENDAR_UNITS));
+    attributes.insert("calendar".into(), json!(calendar.name()));
+    Ok((Arc::new(counts), attributes))
 }
 
 /// The Zarr v3 data type name and v2 dtype of an Arrow type.
@@ -597,6 +670,8 @@ pub(crate) struct GroupCoordinate {
     pub values: Coordinate,
     /// Attributes besides the CF time ones.
     pub attributes: Map<String, Value>,
+    /// The model calendar of its times, when they are dates of one.
+    pub calendar: Option<Calendar>,
     /// Whether the values are stored as a coordinate array; without one
     /// the dimension is named by the variables only (a store whose reader
     /// knows the coordinates, such as a staged transform's).
@@ -751,7 +826,8 @@ pub(crate) fn prepare_group(
         // Values as stored (times become CF numbers), made a chunk at a
         // time from coordinates held as formulas or computed.
         let values = &coordinate_array.values;
-        let (empty, mut attributes) = coordinate(&values.slice(0, 0)?)?;
+        let calendar = coordinate_array.calendar;
+        let (empty, mut attributes) = coordinate(&values.slice(0, 0)?, calendar)?;
         attributes.extend(coordinate_array.attributes.clone());
         let len = values.len();
         let data_type = empty.data_type().clone();
@@ -768,7 +844,7 @@ pub(crate) fn prepare_group(
         let array = store_array(name, metadata, &mut consolidated)?;
         for start in (0..len).step_by(chunk as usize) {
             let count = chunk.min(len - start);
-            let (values, _) = coordinate(&values.slice(start, count)?)?;
+            let (values, _) = coordinate(&values.slice(start, count)?, calendar)?;
             let (bytes, _) = value_bytes(&values).map_err(fail)?;
             store_box(
                 &array,

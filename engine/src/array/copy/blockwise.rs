@@ -535,6 +535,7 @@ impl BlockwiseStep {
                 name: dim.name.clone(),
                 values: Coordinate::Values(coords),
                 attributes,
+                calendar: dim.model_calendar().map(|time| time.calendar()),
                 stored: true,
             });
         }

@@ -585,6 +585,7 @@ pub(crate) fn output_group(
             name: dim.name,
             values: dim.coordinate,
             attributes: field_attributes(schema.field(d)),
+            calendar: dim.model_calendar.map(|time| time.calendar()),
             stored,
         })
         .collect();
