@@ -18,6 +18,7 @@
 //! # }
 //! ```
 
+use datafusion::execution::FunctionRegistry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -146,6 +147,11 @@ fn build_context(
         if let Err(e) = state.register_relation_planner(planner) {
             log::warn!("the {name} table function could not be registered: {e}");
         }
+    }
+    // `extract(doy FROM time)` counts a model calendar's own days.
+    let rewrite = Arc::new(zarrfusion_udfs::DatePartRewrite);
+    if let Err(e) = FunctionRegistry::register_function_rewrite(&mut state, rewrite) {
+        log::warn!("the calendars' date_part could not be registered: {e}");
     }
     // `COPY ... TO 'out.zarr'` (or `STORED AS ZARR`) writes a Zarr store.
     if let Err(e) = state.register_file_format(Arc::new(ZarrFormatFactory), true) {

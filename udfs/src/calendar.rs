@@ -152,6 +152,30 @@ impl Calendar {
         })
     }
 
+    /// The day of its year of `date` (1 for the 1st of January), as
+    /// cftime's `dayofyr`; `None` when the calendar has no such date.
+    pub fn day_of_year(self, date: Date) -> Option<i64> {
+        let first = Date {
+            month: 1,
+            day: 1,
+            ..date
+        };
+        Some(self.day_number(date)? - self.day_number(first)? + 1)
+    }
+
+    /// The day of the week of `date`, Monday 0 to Sunday 6, counted on
+    /// through the calendar's own days, as cftime's `dayofwk`; `None` when
+    /// the calendar has no such date.
+    pub fn weekday(self, date: Date) -> Option<i64> {
+        let number = self.day_number(date)?;
+        Some(match self {
+            // Day 0 of the idealized calendars is a Monday for cftime.
+            Self::NoLeap | Self::AllLeap | Self::Day360 => number.rem_euclid(7),
+            // 1970-01-01 (day 0 of the shared scale) was a Thursday.
+            Self::ProlepticGregorian | Self::Standard | Self::Julian => (number + 3).rem_euclid(7),
+        })
+    }
+
     /// The date of day number `number` (the inverse of
     /// [`Self::day_number`]). Numbers must be within ±10^11.
     pub fn date(self, number: i64) -> Date {
@@ -352,5 +376,48 @@ mod tests {
         assert_eq!(Calendar::parse("365_day"), Some(Calendar::NoLeap));
         assert_eq!(Calendar::parse("366_DAY"), Some(Calendar::AllLeap));
         assert_eq!(Calendar::parse("none"), None);
+    }
+
+    /// Days of the week and of the year follow each other day after day
+    /// through each calendar's own days (the 28th of February to the 1st of
+    /// March in `noleap`, the 30th of February in `360_day`).
+    #[test]
+    fn weekdays_and_days_of_the_year_count_the_calendars_days() {
+        for calendar in ALL {
+            let start = calendar
+                .day_number(Date {
+                    year: 1999,
+                    month: 1,
+                    day: 1,
+                })
+                .unwrap();
+            let mut day_of_year = 0;
+            let mut weekday = calendar.weekday(calendar.date(start)).unwrap();
+            for number in start..start + 3 * 366 {
+                let date = calendar.date(number);
+                day_of_year = if date.month == 1 && date.day == 1 {
+                    1
+                } else {
+                    day_of_year + 1
+                };
+                assert_eq!(calendar.day_of_year(date), Some(day_of_year), "{date}");
+                assert_eq!(calendar.weekday(date), Some(weekday), "{date}");
+                weekday = (weekday + 1) % 7;
+            }
+        }
+        // 2000-01-01 was a Saturday.
+        let date = Date {
+            year: 2000,
+            month: 1,
+            day: 1,
+        };
+        assert_eq!(Calendar::ProlepticGregorian.weekday(date), Some(5));
+        let leap_day = Date {
+            year: 2001,
+            month: 2,
+            day: 29,
+        };
+        assert_eq!(Calendar::NoLeap.weekday(leap_day), None);
+        assert_eq!(Calendar::NoLeap.day_of_year(leap_day), None);
     }
 }

@@ -10,6 +10,7 @@
 //! | function | what it does |
 //! |---|---|
 //! | `cf_time(value, units [, calendar])` | numbers in CF units (`hours since 1900-01-01`) to timestamps |
+//! | `date_part(part, time)`, `extract` | DataFusion's, with the day of the year and of the week of a model calendar's dates counted in its own days |
 
 // Input must never panic: no unwrap, expect or panic outside tests;
 // an invariant proven where it is used is written without them.
@@ -22,8 +23,10 @@ pub mod calendar;
 pub mod cf_time;
 mod cf_time_udf;
 pub mod complex;
+pub mod date_part;
 
 pub use cf_time_udf::CfTimeFunc;
+pub use date_part::{DatePartFunc, DatePartRewrite};
 
 use std::sync::Arc;
 
@@ -31,5 +34,8 @@ use datafusion::logical_expr::ScalarUDF;
 
 /// Every scalar function of this crate, ready to register with a session.
 pub fn all_scalar_functions() -> Vec<Arc<ScalarUDF>> {
-    vec![Arc::new(ScalarUDF::from(CfTimeFunc::new()))]
+    vec![
+        Arc::new(ScalarUDF::from(CfTimeFunc::new())),
+        Arc::new(ScalarUDF::from(DatePartFunc::new())),
+    ]
 }

@@ -31,6 +31,7 @@ use super::options::ZarrTableOptions;
 use super::regular::RegularCoordinateCheck;
 use crate::error::{Result, ZarrFusionError};
 use zarrfusion_udfs::cf_time::CfTimeError;
+use zarrfusion_udfs::date_part::CALENDAR_METADATA;
 use zarrs::storage::StoreKey;
 
 use crate::zarr::{
@@ -53,13 +54,23 @@ pub struct Dimension {
 }
 
 impl Dimension {
-    /// The dimension's column.
+    /// The dimension's column: times of a model calendar name it in their
+    /// field metadata ([`CALENDAR_METADATA`]: `extract(doy FROM time)`
+    /// counts its days, `COPY` writes them in it).
     pub fn field(&self) -> Field {
-        Field::new(
-            &self.name,
-            self.coordinate.data_type(),
-            self.coordinate.nullable(),
-        )
+        let data_type = self.coordinate.data_type();
+        let calendar = match data_type {
+            DataType::Timestamp(..) => self.model_calendar(),
+            _ => None,
+        };
+        let field = Field::new(&self.name, data_type, self.coordinate.nullable());
+        match calendar {
+            Some(time) => field.with_metadata(HashMap::from([(
+                CALENDAR_METADATA.to_string(),
+                time.calendar().name().to_string(),
+            )])),
+            None => field,
+        }
     }
 
     /// The CF time encoding of its coordinate when it holds dates of a

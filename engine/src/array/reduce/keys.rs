@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, UInt32Array};
 use datafusion::arrow::compute::{concat, take};
-use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -57,13 +57,9 @@ pub struct KeySpec {
 }
 
 /// The schema a key's function is written against: the dimension's
-/// column alone.
+/// column alone (with its field metadata: a model calendar's days).
 pub fn key_schema(dim: &Dimension) -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new(
-        &dim.name,
-        dim.coordinate.data_type(),
-        true,
-    )]))
+    Arc::new(Schema::new(vec![dim.field().with_nullable(true)]))
 }
 
 /// `expr`, a function of the column of `dim` alone, planned over
