@@ -148,10 +148,10 @@ fn build_context(
             log::warn!("the {name} table function could not be registered: {e}");
         }
     }
-    // `extract(doy FROM time)` counts a model calendar's own days.
-    let rewrite = Arc::new(zarrfusion_udfs::DatePartRewrite);
+    // `extract(doy FROM time)` and `date_bin` count a model calendar's own days.
+    let rewrite = Arc::new(zarrfusion_udfs::CalendarFunctionsRewrite);
     if let Err(e) = FunctionRegistry::register_function_rewrite(&mut state, rewrite) {
-        log::warn!("the calendars' date_part could not be registered: {e}");
+        log::warn!("the model calendars' date_part and date_bin could not be registered: {e}");
     }
     // `COPY ... TO 'out.zarr'` (or `STORED AS ZARR`) writes a Zarr store.
     if let Err(e) = state.register_file_format(Arc::new(ZarrFormatFactory), true) {

@@ -48,3 +48,26 @@ def test_a_daily_climatology_of_a_noleap_store_is_xarrays(fixtures, dense):
     want = want.sortby(["dayofyear", "lat", "lon"])
     np.testing.assert_array_equal(got.dayofyear.values, want.dayofyear.values)
     np.testing.assert_allclose(got.values, want.values, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_pentads_of_a_noleap_store_are_xarrays(fixtures, dense):
+    # Bins of five model days (xarray's resample(time="5D") on cftime dates):
+    # 73 of them in a noleap year, the 28th of February and the 1st of March
+    # one day apart.
+    ctx = zf.SessionContext()
+    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
+    ctx.register_zarr("t", fixtures / "cal_noleap.zarr")
+    sql = (
+        "SELECT date_bin(INTERVAL '5 days', time, TIMESTAMP '2000-01-01') AS time, lat, lon, avg(tas) AS tas "
+        "FROM t GROUP BY 1, lat, lon"
+    )
+    plan = " ".join(ctx.sql(f"EXPLAIN {sql}").to_arrow_table()["plan"].to_pylist())
+    assert ("DenseReductionExec" in plan) == dense
+    got = ctx.sql(sql).to_xarray()
+    src = xr.open_zarr(fixtures / "cal_noleap.zarr", chunks=None).load()
+    want = src.tas.resample(time="5D").mean()
+    assert got.sizes["time"] == want.sizes["time"] == 73
+    assert list(got.time.values) == list(want.time.values)
+    got = got.tas.transpose(*want.dims).sortby(["lat", "lon"])
+    np.testing.assert_allclose(got.values, want.sortby(["lat", "lon"]).values, rtol=1e-6, equal_nan=True)

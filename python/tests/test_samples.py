@@ -114,17 +114,50 @@ def test_lead_times_in_steps_and_in_hours_agree(ctx, forecast_store):
         np.testing.assert_array_equal(ga[key][1], gb[key][1])
 
 
-@pytest.fixture(scope="module")
-def noleap_store(forecast_store, tmp_path_factory):
-    """The forecast store's values over 6-hourly dates of the `noleap`
-    calendar from 2000-02-20: the steps cross the 29th of February, which the
-    model lacks (xarray decodes the dates to cftime's)."""
+def in_calendar(forecast_store, folder, start, freq, units, calendar):
+    """The forecast store's values over 40 steps of dates of a model
+    calendar (xarray decodes them to cftime's), written into `folder`."""
     ds = xr.open_zarr(forecast_store, chunks=None).load()
-    ds = ds.assign_coords(time=xr.date_range("2000-02-20", periods=40, freq="6h", calendar="noleap", use_cftime=True))
-    ds.time.encoding = {"units": "hours since 2000-01-01", "calendar": "noleap"}
-    path = tmp_path_factory.mktemp("noleap") / "forecast_noleap.zarr"
+    ds = ds.assign_coords(time=xr.date_range(start, periods=40, freq=freq, calendar=calendar, use_cftime=True))
+    ds.time.encoding = {"units": units, "calendar": calendar}
+    path = folder / f"forecast_{calendar}.zarr"
     ds.to_zarr(path, encoding={v: {"chunks": (8, 8, 8)} for v in VARIABLES}, zarr_format=3)
     return path
+
+
+@pytest.fixture(scope="module")
+def noleap_store(forecast_store, tmp_path_factory):
+    """6-hourly from 2000-02-20: the steps cross the 29th of February, which
+    the model lacks."""
+    folder = tmp_path_factory.mktemp("noleap")
+    return in_calendar(forecast_store, folder, "2000-02-20", "6h", "hours since 2000-01-01", "noleap")
+
+
+@pytest.fixture(scope="module")
+def day360_store(forecast_store, tmp_path_factory):
+    """Daily from 2000-02-10 in `360_day`: the 29th and 30th of February have
+    no timestamp (the coordinate keeps its numbers, days since 2000-01-01)."""
+    folder = tmp_path_factory.mktemp("day360")
+    return in_calendar(forecast_store, folder, "2000-02-10", "D", "days since 2000-01-01", "360_day")
+
+
+def test_lead_times_over_dates_kept_as_numbers(ctx, day360_store):
+    # The time coordinate is numbers here, and still the lead dimension,
+    # stepping by the calendar's days.
+    ds, data = load(day360_store)
+    assert [d.day for d in ds.time.values[18:21]] == [28, 29, 30]
+    windows = open_windows(
+        ctx, day360_store, history={"time": 2}, targets={"t2m": "+1d", "precip": "+48h"},
+        valid={"inputs": 0.99, "targets": "all"},
+    )
+    assert windows.lead_dim == "time"
+    assert windows.channels["targets"] == [{"variable": "t2m", "step": 1}, {"variable": "precip", "step": 2}]
+    expected = expected_samples(data, 2, {"t2m": [1], "precip": [2]}, 0.99, 1.0)
+    got = samples_of(windows.loader(batch_size=32, shuffle=None, stack="channels"))
+    assert got.keys() == expected.keys()
+    for key, (inputs, targets) in got.items():
+        np.testing.assert_array_equal(inputs, expected[key][0].astype(np.float32))
+        np.testing.assert_array_equal(targets, expected[key][1].astype(np.float32))
 
 
 def test_lead_times_count_a_model_calendars_own_days(ctx, noleap_store):

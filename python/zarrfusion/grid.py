@@ -22,6 +22,22 @@ def _attrs(name: str, columns: Mapping[str, tuple], is_time: bool) -> dict:
     return {k: v for k, v in attrs.items() if k not in drop}
 
 
+def _model_dates(values, calendar: str):
+    """Timestamps standing for the dates of a model calendar (their fields)
+    as the cftime dates xarray decodes such a calendar's times to."""
+    import cftime
+    import numpy as np
+    import pandas as pd
+
+    return np.array(
+        [
+            cftime.datetime(t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond, calendar=calendar)
+            for t in pd.DatetimeIndex(values)
+        ],
+        dtype=object,
+    )
+
+
 def table_to_xarray(
     table: "pyarrow.Table",
     columns: Mapping[str, tuple],
@@ -35,7 +51,9 @@ def table_to_xarray(
     ``fft`` results do) are dimensions too, with the attributes in
     ``zarr.attributes``. Coordinates come out sorted, descending where the
     coordinate descends. Complex columns (``{re, im}`` structs) become
-    complex arrays.
+    complex arrays. Times of a model calendar (``zarr.calendar`` in their
+    field metadata: ``noleap``, ``360_day``, ...) become its cftime dates, as
+    ``xarray.open_zarr`` decodes them.
     """
     import numpy as np
     import pandas as pd
@@ -85,6 +103,11 @@ def table_to_xarray(
             uniques = uniques[::-1]
         codes.append(code)
         coords[d] = uniques
+    calendars = {f.name: (f.metadata or {}).get(b"zarr.calendar", b"").decode() for f in table.schema}
+    times = {d for d in dims if np.issubdtype(coords[d].dtype, np.datetime64)}
+    for d in times:
+        if calendars.get(d):
+            coords[d] = _model_dates(coords[d], calendars[d])
     sizes = tuple(len(coords[d]) for d in dims)
     cells = int(np.prod(sizes, dtype=np.int64))
     flat = np.ravel_multi_index(codes, sizes) if len(frame) else np.zeros(0, dtype=np.int64)
@@ -114,6 +137,6 @@ def table_to_xarray(
         is_time = np.issubdtype(values.dtype, np.datetime64)
         data_vars[name] = (dims, out.reshape(sizes), _attrs(name, columns, is_time))
     coord_vars = {
-        d: (d, coords[d], _attrs(d, columns, np.issubdtype(coords[d].dtype, np.datetime64))) for d in dims
+        d: (d, coords[d], _attrs(d, columns, d in times)) for d in dims
     }
     return xr.Dataset(data_vars, coords=coord_vars)

@@ -2,7 +2,7 @@
 //!
 //! A time column of a model calendar's dates (`noleap`, `360_day`, ...)
 //! holds timestamps with the dates' fields, and carries the calendar's
-//! name in its field metadata ([`CALENDAR_METADATA`]). The parts that
+//! name in its field metadata ([`CALENDAR_METADATA`](crate::model_calendar::CALENDAR_METADATA)). The parts that
 //! are fields (`year`, `month`, `day`, `hour`, ...) are right as they are;
 //! the day of the year and of the week count the calendar's own days, as
 //! xarray's `dt.dayofyear` and `dt.dayofweek` do on cftime dates: the 1st
@@ -19,12 +19,8 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, AsArray, Int32Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, FieldRef, Int64Type, TimeUnit};
-use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::Transformed;
-use datafusion::common::{exec_err, DFSchema, Result, ScalarValue};
+use datafusion::common::{exec_err, Result, ScalarValue};
 use datafusion::functions::datetime::date_part;
-use datafusion::logical_expr::expr::ScalarFunction;
-use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
 use datafusion::logical_expr::preimage::PreimageResult;
 use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::{
@@ -33,44 +29,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::calendar::{Calendar, Date};
-
-/// The field metadata key naming the model calendar whose dates a time
-/// column holds (the engine sets it on such coordinates; `COPY` writes
-/// the times in it).
-pub const CALENDAR_METADATA: &str = "zarr.calendar";
-
-/// Puts [`DatePartFunc`] in place of DataFusion's `date_part`, which the
-/// SQL planner calls without looking it up for `extract(part FROM t)`.
-#[derive(Debug, Default)]
-pub struct DatePartRewrite;
-
-impl FunctionRewrite for DatePartRewrite {
-    fn name(&self) -> &str {
-        "zarrfusion_date_part"
-    }
-
-    fn rewrite(
-        &self,
-        expr: Expr,
-        _schema: &DFSchema,
-        _config: &ConfigOptions,
-    ) -> Result<Transformed<Expr>> {
-        match expr {
-            Expr::ScalarFunction(call)
-                if call.func.name() == "date_part" && !call.func.inner().is::<DatePartFunc>() =>
-            {
-                let ours = Arc::new(ScalarUDF::from(DatePartFunc::new()));
-                Ok(Transformed::yes(Expr::ScalarFunction(
-                    ScalarFunction::new_udf(ours, call.args),
-                )))
-            }
-            other => Ok(Transformed::no(other)),
-        }
-    }
-}
-
-/// Nanoseconds in a day.
-const DAY: i64 = 86_400_000_000_000;
+use crate::model_calendar::{calendar_of, date_of, delegated_methods};
 
 /// `date_part` over the dates of model calendars (see the module docs).
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -92,12 +51,6 @@ impl DatePartFunc {
     }
 }
 
-/// The model calendar `field`'s metadata gives its dates.
-fn calendar_of(field: &FieldRef) -> Option<Calendar> {
-    let calendar = Calendar::parse(field.metadata().get(CALENDAR_METADATA)?)?;
-    (!calendar.is_gregorian()).then_some(calendar)
-}
-
 /// A part that counts days (`doy`, `dow`, `isodow`), as a function of a
 /// date of `calendar`.
 fn day_part(part: &str) -> Option<fn(Calendar, Date) -> Option<i64>> {
@@ -113,21 +66,7 @@ fn day_part(part: &str) -> Option<fn(Calendar, Date) -> Option<i64>> {
 }
 
 impl ScalarUDFImpl for DatePartFunc {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.inner.aliases()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.inner.return_type(arg_types)
-    }
+    delegated_methods!();
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         self.inner.return_field_from_args(args)
@@ -154,7 +93,7 @@ impl ScalarUDFImpl for DatePartFunc {
         let parts = (nanos.as_primitive::<Int64Type>().iter())
             .map(|time| {
                 let Some(time) = time else { return Ok(None) };
-                let date = Calendar::ProlepticGregorian.date(time.div_euclid(DAY));
+                let (date, _) = date_of(time);
                 match of_date(calendar, date) {
                     Some(part) => Ok(i32::try_from(part).ok()),
                     None => exec_err!(
@@ -181,9 +120,5 @@ impl ScalarUDFImpl for DatePartFunc {
     ) -> Result<PreimageResult> {
         // Only the year has one, the same in every calendar.
         self.inner.preimage(args, lit_expr, info)
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.documentation()
     }
 }

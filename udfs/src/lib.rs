@@ -11,6 +11,7 @@
 //! |---|---|
 //! | `cf_time(value, units [, calendar])` | numbers in CF units (`hours since 1900-01-01`) to timestamps |
 //! | `date_part(part, time)`, `extract` | DataFusion's, with the day of the year and of the week of a model calendar's dates counted in its own days |
+//! | `date_bin(stride, time [, origin])` | DataFusion's, with strides of days over a model calendar's dates counted in its own days |
 
 // Input must never panic: no unwrap, expect or panic outside tests;
 // an invariant proven where it is used is written without them.
@@ -20,13 +21,18 @@
 )]
 
 pub mod calendar;
+pub mod calendar_rewrite;
 pub mod cf_time;
 mod cf_time_udf;
 pub mod complex;
+pub mod date_bin;
 pub mod date_part;
+pub mod model_calendar;
 
+pub use calendar_rewrite::CalendarFunctionsRewrite;
 pub use cf_time_udf::CfTimeFunc;
-pub use date_part::{DatePartFunc, DatePartRewrite};
+pub use date_bin::DateBinFunc;
+pub use date_part::DatePartFunc;
 
 use std::sync::Arc;
 
@@ -37,5 +43,6 @@ pub fn all_scalar_functions() -> Vec<Arc<ScalarUDF>> {
     vec![
         Arc::new(ScalarUDF::from(CfTimeFunc::new())),
         Arc::new(ScalarUDF::from(DatePartFunc::new())),
+        Arc::new(ScalarUDF::from(DateBinFunc::new())),
     ]
 }

@@ -31,7 +31,7 @@ use super::options::ZarrTableOptions;
 use super::regular::RegularCoordinateCheck;
 use crate::error::{Result, ZarrFusionError};
 use zarrfusion_udfs::cf_time::CfTimeError;
-use zarrfusion_udfs::date_part::CALENDAR_METADATA;
+use zarrfusion_udfs::model_calendar::CALENDAR_METADATA;
 use zarrs::storage::StoreKey;
 
 use crate::zarr::{

@@ -479,7 +479,7 @@ impl SampleLayout {
 
 /// The lead dimension's number in `table` (the reference's): the one
 /// named, else the only dimension outside the window dimensions whose
-/// coordinate holds times; `None` when there is no such dimension and
+/// coordinate holds times (or a model calendar's dates as numbers); `None` when there is no such dimension and
 /// neither history nor targets need one.
 pub fn lead_dimension(
     table: &GridTable,
@@ -506,13 +506,14 @@ pub fn lead_dimension(
         }
         return Ok(Some(d));
     }
+    // Times, or the numbers of a model calendar's dates kept as numbers
+    // (a daily `360_day` coordinate holding the 30th of February).
     let times: Vec<usize> = (0..dims.len())
         .filter(|&d| {
+            let dim = &table.dims[d];
             !in_window(dims[d])
-                && matches!(
-                    table.dims[d].coordinate.data_type(),
-                    DataType::Timestamp(_, _)
-                )
+                && (matches!(dim.coordinate.data_type(), DataType::Timestamp(_, _))
+                    || dim.model_calendar().is_some())
         })
         .collect();
     let needed = spec.history > 1 || !spec.targets.is_empty();

@@ -35,7 +35,7 @@ pub struct GridDimension {
 
 /// The field metadata key naming the model calendar (`noleap`, `360_day`,
 /// ...) whose dates a time column holds, which a written coordinate keeps.
-pub const ZARR_CALENDAR: &str = zarrfusion_udfs::date_part::CALENDAR_METADATA;
+pub const ZARR_CALENDAR: &str = zarrfusion_udfs::model_calendar::CALENDAR_METADATA;
 
 /// The model calendar a column's field metadata gives its times
 /// ([`ZARR_CALENDAR`]).

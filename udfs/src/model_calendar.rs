@@ -1,0 +1,137 @@
+//! Time columns of a model calendar's dates (`noleap`, `360_day`, ...).
+//!
+//! Such a column holds timestamps with the dates' fields (see
+//! [`crate::cf_time`]) and names its calendar in its field metadata
+//! ([`CALENDAR_METADATA`]). What counts days over it counts the calendar's
+//! own: [`crate::date_part`] (the day of the year and of the week) and
+//! [`crate::date_bin`] (bins of days), which
+//! [`crate::calendar_rewrite::CalendarFunctionsRewrite`] puts in place of
+//! DataFusion's functions of those names.
+
+use datafusion::arrow::datatypes::FieldRef;
+
+use crate::calendar::Calendar;
+
+/// The field metadata key naming the model calendar whose dates a time
+/// column holds (the engine sets it on such coordinates; `COPY` writes
+/// the times in it).
+pub const CALENDAR_METADATA: &str = "zarr.calendar";
+
+/// The `ScalarUDFImpl` methods of a function over DataFusion's own (its
+/// field `inner`) that answer as that function does: name, aliases,
+/// signature, return type, documentation (the caller imports their types).
+macro_rules! delegated_methods {
+    () => {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+
+        fn aliases(&self) -> &[String] {
+            self.inner.aliases()
+        }
+
+        fn signature(&self) -> &Signature {
+            self.inner.signature()
+        }
+
+        fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+            self.inner.return_type(arg_types)
+        }
+
+        fn documentation(&self) -> Option<&Documentation> {
+            self.inner.documentation()
+        }
+    };
+}
+pub(crate) use delegated_methods;
+
+/// Nanoseconds in a day.
+const DAY: i64 = 86_400_000_000_000;
+
+/// The model calendar `field`'s metadata gives its dates.
+pub(crate) fn calendar_of(field: &FieldRef) -> Option<Calendar> {
+    let calendar = Calendar::parse(field.metadata().get(CALENDAR_METADATA)?)?;
+    (!calendar.is_gregorian()).then_some(calendar)
+}
+
+/// The calendar's date (and nanoseconds into it) a timestamp with its
+/// fields stands for.
+pub(crate) fn date_of(timestamp: i64) -> (crate::calendar::Date, i64) {
+    let date = Calendar::ProlepticGregorian.date(timestamp.div_euclid(DAY));
+    (date, timestamp.rem_euclid(DAY))
+}
+
+/// The day number of 1970-01-01 in `calendar`, where its scale of
+/// nanoseconds starts (day numbers of the idealized calendars count from
+/// year 0, too far for nanoseconds in 64 bits).
+fn epoch_day(calendar: Calendar) -> i64 {
+    let epoch = crate::calendar::Date {
+        year: 1970,
+        month: 1,
+        day: 1,
+    };
+    // Every calendar has that date.
+    calendar.day_number(epoch).unwrap_or(0)
+}
+
+/// A timestamp with the fields of a date of `calendar` as nanoseconds on
+/// the calendar's own scale of days (its days since its 1970-01-01 times
+/// a day, plus the time of day): `None` when the calendar has no such
+/// date or the count overflows.
+pub(crate) fn calendar_nanos(calendar: Calendar, timestamp: i64) -> Option<i64> {
+    let (date, nanos) = date_of(timestamp);
+    let days = calendar.day_number(date)? - epoch_day(calendar);
+    days.checked_mul(DAY)?.checked_add(nanos)
+}
+
+/// The inverse of [`calendar_nanos`]: `None` when the calendar's date has
+/// no timestamp (the 30th of February of `360_day`).
+pub(crate) fn calendar_timestamp(calendar: Calendar, nanos: i64) -> Option<i64> {
+    let date = calendar.date(nanos.div_euclid(DAY) + epoch_day(calendar));
+    let day = Calendar::ProlepticGregorian.day_number(date)?;
+    day.checked_mul(DAY)?.checked_add(nanos.rem_euclid(DAY))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Timestamps of the dates of each calendar go to its scale and back.
+    #[test]
+    fn timestamps_go_to_the_calendars_days_and_back() {
+        for calendar in [
+            Calendar::NoLeap,
+            Calendar::AllLeap,
+            Calendar::Day360,
+            Calendar::Julian,
+        ] {
+            // From 1999-12-30, across the February of 2000 and of 2001.
+            let start = calendar_nanos(calendar, 946_512_000_000_000_000).unwrap();
+            for step in 0..2000i64 {
+                let nanos = start + step * (DAY / 4 + 7);
+                match calendar_timestamp(calendar, nanos) {
+                    Some(timestamp) => {
+                        assert_eq!(calendar_nanos(calendar, timestamp), Some(nanos))
+                    }
+                    // Only dates the Gregorian calendar lacks have none.
+                    None => assert!(Calendar::ProlepticGregorian
+                        .day_number(calendar.date(nanos.div_euclid(DAY) + epoch_day(calendar)))
+                        .is_none()),
+                }
+            }
+        }
+        // The 29th of February 2000 is no date of `noleap`; the ends of the
+        // timestamps are no problem.
+        assert_eq!(
+            calendar_nanos(Calendar::NoLeap, 951_782_400_000_000_000),
+            None
+        );
+        for calendar in [Calendar::NoLeap, Calendar::Day360] {
+            for extreme in [i64::MIN, i64::MAX] {
+                if let Some(nanos) = calendar_nanos(calendar, extreme) {
+                    let _ = calendar_timestamp(calendar, nanos);
+                }
+            }
+        }
+    }
+}
