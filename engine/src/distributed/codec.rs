@@ -817,6 +817,9 @@ struct Window {
     args: Vec<String>,
     aggregates: Vec<Roll>,
     dim: usize,
+    /// Whether `dim` is walked from its end (frames to the series' end).
+    #[serde(default)]
+    backward: bool,
     /// The rows' columns: name, type, nullable.
     schema: Vec<(String, String, bool)>,
     partitions: usize,
@@ -830,8 +833,8 @@ struct Roll {
     op: String,
     /// Which argument (index into `Window::args`).
     arg: usize,
-    /// The frame in grid order: `t + start ..= t + end` (no `start`: from
-    /// the series' start).
+    /// The frame in the walk's order: `t + start ..= t + end` (no
+    /// `start`: from the walk's first position).
     start: Option<i64>,
     end: i64,
     output: String,
@@ -2111,6 +2114,7 @@ impl ZarrCodec {
                 })
                 .collect(),
             dim: r.dim,
+            backward: r.backward(),
             schema: (r.output_schema.fields().iter())
                 .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
                 .collect(),
@@ -2199,6 +2203,7 @@ impl ZarrCodec {
             partitions: w.partitions,
             batch_size: w.batch_size,
             tasks: w.tasks,
+            backward: w.backward,
         };
         Ok(Arc::new(RollingWindowExec::from_parts(
             parts,

@@ -317,7 +317,8 @@ impl StepWriters for RollChunks {
                 let mut roller = Roller::new(&self.rolling, self.batch_size, meters);
                 // The chunk's values, reused from one chunk to the next.
                 let mut values: Vec<Values> = copy.types.iter().map(Values::new).collect();
-                for j in share_of_runs(all.clone(), writer, workers, unit) {
+                let run = share_of_runs(all.clone(), writer, workers, unit);
+                for j in self.rolling.walked(run) {
                     if cancelled.load(Ordering::Relaxed) {
                         break;
                     }
@@ -410,7 +411,11 @@ impl RollChunks {
             .enumerate()
             .map(|(d, r)| source_pieces(copy.selection.ranges(d), r))
             .collect();
-        for (b, offsets) in boxes(&pieces) {
+        let mut boxes = boxes(&pieces);
+        if self.rolling.backward() {
+            boxes.reverse();
+        }
+        for (b, offsets) in boxes {
             let shape: Vec<usize> = b.iter().map(|r| (r.end - r.start) as usize).collect();
             let mut row = 0;
             let mut sink = |batch: RecordBatch| -> Result<bool> {

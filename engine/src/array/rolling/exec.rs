@@ -12,7 +12,11 @@
 //! The lines are a ring along the dimension, kept from one box to the
 //! next of the same run along it: the halo before a box is the end of the
 //! box before it, left in place (read once, never copied), and the box's
-//! cells are put after it. A partition's first box reads its halo before
+//! cells are put after it. A window whose frames run to the series' end
+//! walks it from there: blocks and boxes in reverse order along the
+//! dimension, each box's positions put in the lines from its last, its
+//! frames mirrored (so that a frame to the end is a running one), and its
+//! rows sent in C order (only the order of the boxes is reversed). A partition's first box reads its halo before
 //! from the store, and every box reads the halo after it (the frames'
 //! FOLLOWING rows, the start of the next box). Memory per partition: two
 //! decoded blocks, the ring (the argument lines of a block and its halo),
@@ -27,8 +31,8 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
-use datafusion::arrow::compute::cast;
+use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, UInt64Array};
+use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{human_readable_size, plan_err, resources_err, DFSchema, Result};
@@ -90,6 +94,11 @@ pub(crate) struct RollingParts {
     /// The tasks of a cluster's stage the blocks are dealt to (1: all of
     /// them here).
     pub(crate) tasks: usize,
+    /// Whether the dimension is walked from its end (the frames, in
+    /// `aggregates`, are then mirrored: see [`GridFrame::walked`]).
+    ///
+    /// [`GridFrame::walked`]: super::GridFrame::walked
+    pub(crate) backward: bool,
 }
 
 /// Everything a partition needs, shared by all of them.
@@ -111,9 +120,12 @@ pub(crate) struct Rolling {
     pub(crate) aggregates: Vec<PhysicalRoll>,
     /// The rows sent: the input columns, then the aggregates.
     pub(crate) output_schema: SchemaRef,
-    /// Positions the frames reach before and after a cell, at most.
+    /// Positions the frames reach before and after a cell, at most (in
+    /// the walk's order).
     pub(crate) before: u64,
     pub(crate) after: u64,
+    /// Whether the dimension is walked from its end.
+    pub(crate) backward: bool,
 }
 
 /// The physical operator of a [`RollingWindow`].
@@ -182,18 +194,28 @@ impl RollingWindowExec {
             })
             .collect::<Result<Vec<_>>>()?;
         let n_columns = node.columns.len();
+        let backward = node.backward();
         let aggregates = node
             .aggregates
             .iter()
             .enumerate()
-            .map(|(i, a)| PhysicalRoll {
-                op: a.op,
-                label: a.to_string(),
-                arg: arg_exprs.iter().position(|e| *e == &a.arg).unwrap_or(0),
-                frame: a.frame,
-                output_type: node.schema.field(n_columns + i).data_type().clone(),
+            .map(|(i, a)| {
+                let Some(frame) = a.frame.walked(backward) else {
+                    return plan_err!(
+                        "a rolling window over {} has frames from the series' start and to its \
+                         end ({a}): not one walk along the dimension",
+                        table.store
+                    );
+                };
+                Ok(PhysicalRoll {
+                    op: a.op,
+                    label: a.to_string(),
+                    arg: arg_exprs.iter().position(|e| *e == &a.arg).unwrap_or(0),
+                    frame,
+                    output_type: node.schema.field(n_columns + i).data_type().clone(),
+                })
             })
-            .collect::<Vec<_>>();
+            .collect::<Result<Vec<_>>>()?;
         let (read, memory_limit, parallelism) =
             node.read
                 .block_read(columns, session, BlockTemporaries::default())?;
@@ -209,6 +231,7 @@ impl RollingWindowExec {
             partitions,
             batch_size: session.config().batch_size().max(1),
             tasks: 1,
+            backward,
         };
         Self::from_parts(parts, memory_limit)
     }
@@ -228,6 +251,7 @@ impl RollingWindowExec {
             partitions,
             batch_size,
             tasks,
+            backward,
         } = parts;
         let (table, columns) = (&read.table, &read.columns);
         let store = &table.store;
@@ -279,6 +303,7 @@ impl RollingWindowExec {
             output_schema: Arc::clone(&schema),
             before,
             after,
+            backward,
         };
         let exec = Self::with_parts(Arc::new(rolling), partitions, batch_size, tasks);
         if let Some(limit) = memory_limit {
@@ -551,6 +576,18 @@ impl Rings {
     }
 }
 
+/// The values of a box walked backward, laid out (outer, position in the
+/// walk, inner), in the box's C order.
+fn in_grid_order(values: &ArrayRef, [outer, main, inner]: [usize; 3]) -> Result<ArrayRef> {
+    let indices = UInt64Array::from_iter_values((0..outer).flat_map(|o| {
+        (0..main).rev().flat_map(move |walked| {
+            let first = ((o * main + walked) * inner) as u64;
+            first..first + inner as u64
+        })
+    }));
+    Ok(take(values, &indices, None)?)
+}
+
 /// Selected positions of `ranges` (sorted, disjoint) before `position`.
 fn ordinal(ranges: &[Range<u64>], position: u64) -> u64 {
     (ranges.iter())
@@ -611,10 +648,14 @@ impl Rolling {
     ) -> Result<()> {
         let mut roller = Roller::new(self, batch_size, meters);
         let mut send = |batch: RecordBatch| Ok(tx.blocking_send(Ok(batch)).is_ok());
-        for j in run {
+        for j in self.walked(run) {
             let extent = self.read.blocks.block_along(self.dim, j);
             roller.enter(&extent);
-            for b in boxes_in_block(&self.read.selection, &extent) {
+            let mut boxes = boxes_in_block(&self.read.selection, &extent);
+            if self.backward {
+                boxes.reverse();
+            }
+            for b in boxes {
                 if !roller.roll(&b, &mut send)? {
                     return Ok(());
                 }
@@ -671,9 +712,76 @@ impl Rolling {
         .fold(0usize, usize::saturating_add)
     }
 
-    /// Whether a frame starts at the series' start.
+    /// Whether a frame starts at the series' start (in the walk's order).
     fn is_running(&self) -> bool {
         self.aggregates.iter().any(|a| a.frame.is_running())
+    }
+
+    /// `run` (blocks or chunks visited along the dimension) in the walk's
+    /// order.
+    pub(crate) fn walked(&self, run: Range<u64>) -> Box<dyn Iterator<Item = u64>> {
+        if self.backward {
+            Box::new(run.rev())
+        } else {
+            Box::new(run)
+        }
+    }
+
+    /// Whether the dimension is walked from its end.
+    pub(crate) fn backward(&self) -> bool {
+        self.backward
+    }
+
+    /// The selected positions of the dimension rolled along.
+    fn ranges(&self) -> &[Range<u64>] {
+        self.read.selection.ranges(self.dim)
+    }
+
+    /// Selected positions walked before those of `r` (positions of the
+    /// dimension).
+    fn walked_before(&self, r: &Range<u64>) -> u64 {
+        let ranges = self.ranges();
+        if self.backward {
+            ordinal(ranges, u64::MAX) - ordinal(ranges, r.end)
+        } else {
+            ordinal(ranges, r.start)
+        }
+    }
+
+    /// At most `n` selected positions walked right before `r`, as ranges
+    /// of the dimension in the walk's order (each read in it: see
+    /// [`Rolling::read_halo`]).
+    fn walked_just_before(&self, r: &Range<u64>, n: u64) -> Vec<Range<u64>> {
+        if self.backward {
+            let mut pieces = selected_after(self.ranges(), r.end, n);
+            pieces.reverse();
+            pieces
+        } else {
+            selected_before(self.ranges(), r.start, n)
+        }
+    }
+
+    /// At most `n` selected positions walked right after `r`, as
+    /// [`Rolling::walked_just_before`] gives them.
+    fn walked_just_after(&self, r: &Range<u64>, n: u64) -> Vec<Range<u64>> {
+        if self.backward {
+            let mut pieces = selected_before(self.ranges(), r.start, n);
+            pieces.reverse();
+            pieces
+        } else {
+            selected_after(self.ranges(), r.end, n)
+        }
+    }
+
+    /// The first `n` selected positions of the walk, in its order.
+    fn walk_start(&self, n: u64) -> Vec<Range<u64>> {
+        if self.backward {
+            let mut pieces = selected_before(self.ranges(), u64::MAX, n);
+            pieces.reverse();
+            pieces
+        } else {
+            selected_after(self.ranges(), 0, n)
+        }
     }
 
     /// The blocks of `grid` (visited along the dimension) that one of
@@ -708,8 +816,7 @@ impl Rolling {
         meters: &Meters,
     ) -> Result<()> {
         let d = self.dim;
-        let ranges = self.read.selection.ranges(d);
-        let first = ordinal(ranges, b[d].start) as i64;
+        let first = self.walked_before(&b[d]) as i64;
         // The series' positions each one's totals start with.
         let mut wanted: Vec<(usize, u64)> = Vec::new();
         for (k, (a, state)) in self.aggregates.iter().zip(&mut ring.states).enumerate() {
@@ -728,11 +835,17 @@ impl Rolling {
         // first positions of it, in the series' order.
         let longest = wanted.iter().map(|&(_, n)| n).max().unwrap_or(0);
         let mut done = 0u64;
-        for range in selected_after(ranges, 0, longest) {
-            let mut start = range.start;
-            while start < range.end {
-                let piece = start..(start + along).min(range.end);
-                let len = piece.end - piece.start;
+        for mut range in self.walk_start(longest) {
+            while !range.is_empty() {
+                // A block's length of the range, in the walk's order.
+                let len = (range.end - range.start).min(along);
+                let piece = if self.backward {
+                    range.end -= len;
+                    range.end..range.end + len
+                } else {
+                    range.start += len;
+                    range.start - len..range.start
+                };
                 let read = (meters, &meters.prefix_positions_read);
                 self.read_halo(
                     b,
@@ -750,7 +863,6 @@ impl Rolling {
                     }
                 }
                 done += len;
-                start = piece.end;
             }
         }
         Ok(())
@@ -761,8 +873,9 @@ impl Rolling {
     pub(crate) fn describe(&self) -> String {
         let aggregates: Vec<&str> = self.aggregates.iter().map(|a| a.label.as_str()).collect();
         format!(
-            "rolled along {} ([{}], overlap {}+{})",
+            "rolled along {}{} ([{}], overlap {}+{})",
             self.read.table.dims[self.dim].name,
+            if self.backward { " from its end" } else { "" },
             aggregates.join(", "),
             self.before,
             self.after
@@ -789,7 +902,8 @@ impl Rolling {
     }
 
     /// Reads the arguments over positions `pieces` of dimension `dim` of
-    /// box `b` into `lines` from position `at` on.
+    /// box `b` into `lines` from position `at` on, in the walk's order
+    /// (each piece from its end, when walked backward).
     fn read_halo(
         &self,
         b: &[Range<u64>],
@@ -810,7 +924,7 @@ impl Rolling {
             positions_read.add(n);
             let batch = cells.batch(&self.arg_schema, 0, cells.num_cells())?;
             for (lines, values) in lines.iter_mut().zip(self.arg_values(&batch)?) {
-                lines.put(at, n, 0, &values)?;
+                lines.put_walked(at, n, 0, &values, self.backward)?;
             }
             at += n;
         }
@@ -882,9 +996,8 @@ impl<'a> Roller<'a> {
         let (before, after) = (rolling.before as usize, rolling.after as usize);
         let along = rolling.read.blocks.block_shape()[d] as usize;
         let held = before + 1 + along.max(main) + after;
-        let ranges = rolling.read.selection.ranges(d);
-        // The box's first position in the ring.
-        let at = ordinal(ranges, b[d].start) as usize + before;
+        // The box's first position (in the walk) in the ring.
+        let at = rolling.walked_before(&b[d]) as usize + before;
         let mut key = b.to_vec();
         key[d] = 0..0;
         let shape = [outer, held, inner];
@@ -898,7 +1011,7 @@ impl<'a> Roller<'a> {
             rolling.start_running(b, at, &mut ring, buffers, meters)?;
         }
         if before > 0 && !kept {
-            let pieces = selected_before(ranges, b[d].start, rolling.before);
+            let pieces = rolling.walked_just_before(&b[d], rolling.before);
             let n = pieces.iter().map(|p| p.end - p.start).sum::<u64>() as usize;
             for lines in &mut ring.lines {
                 lines.clear(at - before, before - n);
@@ -919,7 +1032,7 @@ impl<'a> Roller<'a> {
             let len = (batch_size as u64).min(total - start);
             let batch = cells.batch_of(&rolling.arg_schema, &rolling.arg_places, start, len)?;
             for (lines, values) in ring.lines.iter_mut().zip(rolling.arg_values(&batch)?) {
-                lines.put(at, main, start as usize, &values)?;
+                lines.put_walked(at, main, start as usize, &values, rolling.backward)?;
             }
             start += len;
         }
@@ -927,7 +1040,7 @@ impl<'a> Roller<'a> {
 
         // The overlap after: read (missing after the series' end).
         if after > 0 {
-            let pieces = selected_after(ranges, b[d].end, rolling.after);
+            let pieces = rolling.walked_just_after(&b[d], rolling.after);
             let n = pieces.iter().map(|p| p.end - p.start).sum::<u64>() as usize;
             let read = (&*meters, &meters.halo_positions_read);
             rolling.read_halo(b, &pieces, at + main, &mut ring.lines, buffers, read)?;
@@ -944,6 +1057,10 @@ impl<'a> Roller<'a> {
                 let values = match state {
                     AggState::Sliding(state) => roll(a.op, lines, a.frame, out, state)?,
                     AggState::Running(state) => accumulate(a.op, lines, a.frame.end, out, state)?,
+                };
+                let values = match rolling.backward {
+                    true => in_grid_order(&values, [outer, main, inner])?,
+                    false => values,
                 };
                 Ok(cast(&values, &a.output_type)?)
             })
@@ -985,10 +1102,11 @@ impl DisplayAs for RollingWindowExec {
         let aggregates: Vec<&str> = r.aggregates.iter().map(|a| a.label.as_str()).collect();
         write!(
             f,
-            "RollingWindowExec: store={}, along={}, aggr=[{}], rows={}, blocks={} of shape {:?}, \
-             overlap={}+{}, partitions={}, projected_memory={}",
+            "RollingWindowExec: store={}, along={}{}, aggr=[{}], rows={}, blocks={} of shape \
+             {:?}, overlap={}+{}, partitions={}, projected_memory={}",
             r.read.table.store,
             r.read.table.dims[r.dim].name,
+            if r.backward { " from its end" } else { "" },
             aggregates.join(", "),
             r.read.selection.num_cells(),
             r.read.blocks.num_blocks(),

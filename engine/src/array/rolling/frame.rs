@@ -139,6 +139,20 @@ impl Lines {
     /// positions `at..at + n` (modulo the positions held); `piece` is
     /// `float64` or `float32` with NULLs.
     pub fn put(&mut self, at: usize, n: usize, offset: usize, piece: &ArrayRef) -> Result<()> {
+        self.put_walked(at, n, offset, piece, false)
+    }
+
+    /// [`put`](Self::put), the box's positions in reverse order when
+    /// `backward` (its position `t` at `at + n - 1 - t`): a box walked
+    /// from its end.
+    pub fn put_walked(
+        &mut self,
+        at: usize,
+        n: usize,
+        offset: usize,
+        piece: &ArrayRef,
+        backward: bool,
+    ) -> Result<()> {
         let end = offset + piece.len();
         if n > self.len || end > self.outer * n * self.inner {
             return internal_err!(
@@ -151,25 +165,25 @@ impl Lines {
         match piece.data_type() {
             DataType::Float64 => {
                 let piece = piece.as_primitive::<Float64Type>();
-                self.put_values(at, n, offset, piece.values(), piece.nulls());
+                let cells = (piece.values().as_ref(), piece.nulls());
+                self.put_values((at, n, offset), cells, backward);
             }
             DataType::Float32 => {
                 let piece = piece.as_primitive::<Float32Type>();
-                self.put_values(at, n, offset, piece.values(), piece.nulls());
+                let cells = (piece.values().as_ref(), piece.nulls());
+                self.put_values((at, n, offset), cells, backward);
             }
             other => return internal_err!("lines of {other} cells"),
         }
         Ok(())
     }
 
-    /// [`put`](Self::put) of checked numbers.
+    /// [`put_walked`](Self::put_walked) of checked numbers.
     fn put_values<T: Copy + Into<f64>>(
         &mut self,
-        at: usize,
-        n: usize,
-        offset: usize,
-        values: &[T],
-        nulls: Option<&NullBuffer>,
+        (at, n, offset): (usize, usize, usize),
+        (values, nulls): (&[T], Option<&NullBuffer>),
+        backward: bool,
     ) {
         let line = n * self.inner;
         let end = offset + values.len();
@@ -178,11 +192,18 @@ impl Lines {
         while k < end {
             let (o, within) = (k / line, k % line);
             let (t, i) = (within / self.inner, within % self.inner);
-            let p = (at + t) % self.len;
-            // To the end of the line, the piece, or the ring.
-            let run = (line - within)
-                .min(end - k)
-                .min((self.len - p) * self.inner - i);
+            // To the end of the line, the piece, or the ring (walked
+            // backward: of the position, the next one being before it).
+            let (p, run) = if backward {
+                let p = (at + n - 1 - t) % self.len;
+                (p, (self.inner - i).min(end - k))
+            } else {
+                let p = (at + t) % self.len;
+                let run = (line - within)
+                    .min(end - k)
+                    .min((self.len - p) * self.inner - i);
+                (p, run)
+            };
             let dst = (o * self.len + p) * self.inner + i;
             let src = k - offset;
             let cells = &mut self.values[dst..dst + run];
@@ -907,6 +928,22 @@ pub(super) mod tests {
         // Slots 2 and 3 were not written.
         assert_eq!(at(&lines, 0, 2, 0), None);
         assert_eq!(at(&lines, 1, 3, 1), None);
+        // Walked backward, in pieces that cut positions and lanes: the
+        // box's position t at 4 + 2 - t.
+        let mut walked = Lines::new(2, 5, 2);
+        for cut in [0..3, 3..7, 7..12] {
+            let part = piece.slice(cut.start, cut.end - cut.start);
+            walked.put_walked(4, 3, cut.start, &part, true).unwrap();
+        }
+        for o in 0..2 {
+            for t in 0..3 {
+                for i in 0..2 {
+                    let want = Some((o * 6 + t * 2 + i) as f64);
+                    assert_eq!(at(&walked, o, 6 - t, i), want, "o={o} t={t} i={i}");
+                }
+            }
+        }
+        assert_eq!(at(&walked, 0, 3, 0), None);
         // A frame over positions 5..=6 of lane (1, 0): 8 + 10.
         let state = |op| RollState::new(4, op);
         let frame = Frame {

@@ -8,7 +8,8 @@
 //! Primitives (see [`crate::array`]): read (blocks visited along the
 //! rolled dimension, with the frames' halo) + blockwise (the frames; a
 //! frame from the series' start carries running totals from one block to
-//! the next instead of a halo).
+//! the next instead of a halo; a frame to the series' end is walked from
+//! it, the blocks in reverse order).
 //!
 //! | module | owns |
 //! |---|---|
@@ -26,5 +27,5 @@ pub mod running;
 
 pub use exec::RollingWindowExec;
 pub use frame::{Frame, RollOp};
-pub use node::{RollExpr, RollingWindow};
+pub use node::{GridFrame, RollExpr, RollingWindow};
 pub use rule::{RollingWindowRule, MAX_FRAME};

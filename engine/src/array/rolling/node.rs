@@ -12,10 +12,62 @@ use super::frame::{Frame, RollOp};
 use crate::array::scan_path::TableRead;
 use crate::plan_methods::{leaf_node_methods, node_identity};
 
+/// A frame in grid order: position `t` aggregates `t + start ..= t + end`;
+/// without a `start` (`UNBOUNDED PRECEDING` in grid order), from the
+/// series' first position; without an `end` (`UNBOUNDED FOLLOWING`), to its
+/// last. Shown `[-3, +0]`, `[unbounded, +0]`, `[+0, unbounded]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
+pub struct GridFrame {
+    /// Offset of the first position; `None`: the series' first.
+    pub start: Option<i64>,
+    /// Offset of the last position; `None`: the series' last.
+    pub end: Option<i64>,
+}
+
+impl GridFrame {
+    /// The frame in the order the operator walks the positions: the grid's
+    /// (`backward` false), or from the series' end (`backward`: the frame
+    /// mirrored, so that a frame to the series' end is a running one);
+    /// `None` when it is unbounded at the end the walk reaches last.
+    pub fn walked(&self, backward: bool) -> Option<Frame> {
+        if backward {
+            Some(Frame {
+                start: self.end.map(|end| -end),
+                end: -self.start?,
+            })
+        } else {
+            Some(Frame {
+                start: self.start,
+                end: self.end?,
+            })
+        }
+    }
+
+    /// The direction in which every one of `frames` can be walked: `false`
+    /// (the grid's order) unless one runs to the series' end; `None` when
+    /// one runs to each end of the series (or one to both).
+    pub fn direction<'a>(frames: impl IntoIterator<Item = &'a GridFrame>) -> Option<bool> {
+        let (mut from_start, mut to_end) = (false, false);
+        for frame in frames {
+            from_start |= frame.start.is_none();
+            to_end |= frame.end.is_none();
+        }
+        (!(from_start && to_end)).then_some(to_end)
+    }
+}
+
+impl fmt::Display for GridFrame {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let bound =
+            |b: Option<i64>| b.map_or_else(|| "unbounded".to_string(), |b| format!("{b:+}"));
+        write!(f, "[{}, {}]", bound(self.start), bound(self.end))
+    }
+}
+
 /// One rolling aggregate: `op(arg) OVER (PARTITION BY <the other
 /// dimensions> ORDER BY <dim> ROWS BETWEEN ...)`, its frame in grid order
-/// (shown `over [-3, +0]`, or `over [unbounded, +0]` from the series'
-/// start).
+/// (shown `over [-3, +0]`, `over [unbounded, +0]` from the series' start,
+/// `over [+0, unbounded]` to its end).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
 pub struct RollExpr {
     /// What it computes.
@@ -24,20 +76,12 @@ pub struct RollExpr {
     pub arg: Expr,
     /// The positions each cell aggregates, in grid order (an `ORDER BY`
     /// against the coordinate's order swaps PRECEDING and FOLLOWING).
-    pub frame: Frame,
+    pub frame: GridFrame,
 }
 
 impl fmt::Display for RollExpr {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        let start =
-            (self.frame.start).map_or_else(|| "unbounded".to_string(), |s| format!("{s:+}"));
-        write!(
-            f,
-            "{}({}) over [{start}, {:+}]",
-            self.op.name(),
-            self.arg,
-            self.frame.end
-        )
+        write!(f, "{}({}) over {}", self.op.name(), self.arg, self.frame)
     }
 }
 
@@ -56,7 +100,9 @@ pub struct RollingWindow {
     pub dim: usize,
     /// The window's input columns, over the scan's columns.
     pub columns: Vec<Expr>,
-    /// The aggregates, in the order of their output columns.
+    /// The aggregates, in the order of their output columns; their frames
+    /// all run from the series' start, or none does (see
+    /// [`GridFrame::direction`]).
     pub aggregates: Vec<RollExpr>,
     /// Output: the input columns, then the aggregates.
     pub schema: DFSchemaRef,
@@ -80,6 +126,12 @@ impl RollingWindow {
             schema: Arc::new(schema),
             ..self.clone()
         })
+    }
+
+    /// Whether its frames are walked from the series' end (one runs to
+    /// it): see [`GridFrame::walked`].
+    pub fn backward(&self) -> bool {
+        self.aggregates.iter().any(|a| a.frame.end.is_none())
     }
 
     #[allow(clippy::type_complexity)]

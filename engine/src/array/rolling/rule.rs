@@ -17,10 +17,14 @@
 //! integer or index dimension): distances (`INTERVAL '1 day'` of days and
 //! hours for times, integers for integers) then hold the same run of
 //! neighbours at every position, a frame in rows. A frame may also start
-//! at `UNBOUNDED PRECEDING` in the grid's order (`ROWS`, or `RANGE` to
-//! `CURRENT ROW` along any run or to a distance along one run): running
-//! totals, as SQL's default frame with an `ORDER BY` and no frame
-//! (`sum(tp) OVER (PARTITION BY lat, lon ORDER BY time)`);
+//! at `UNBOUNDED PRECEDING` (`ROWS`, or `RANGE` to `CURRENT ROW` along any
+//! run or to a distance along one run): running totals, as SQL's default
+//! frame with an `ORDER BY` and no frame (`sum(tp) OVER (PARTITION BY lat,
+//! lon ORDER BY time)`); or end at `UNBOUNDED FOLLOWING`, the same from
+//! the series' end (so does the default frame under `ORDER BY time DESC`:
+//! what is left of each series, walked from its end). The frames of one
+//! window run to one end of the series at most (not some from its start
+//! and others to its end, nor any over the whole series);
 //! with one `dim` and one partition for all of them, a numeric argument
 //! (`count`: any), no `DISTINCT` or `FILTER`, a frame of at most
 //! [`MAX_FRAME`] positions, a `dim` whose coordinate is strictly monotonic
@@ -45,8 +49,8 @@ use datafusion::logical_expr::{
     WindowFrameUnits, WindowFunctionDefinition,
 };
 
-use super::frame::{Frame, RollOp};
-use super::node::{RollExpr, RollingWindow};
+use super::frame::RollOp;
+use super::node::{GridFrame, RollExpr, RollingWindow};
 use crate::array::reduce::ReduceOp;
 use crate::array::scan_path::{down_to_scan, replace_columns, TableRead};
 use crate::config::ZarrConfig;
@@ -130,10 +134,10 @@ struct Written {
 /// A frame as written, in the order of `ORDER BY`.
 enum WrittenFrame {
     /// `ROWS`: in positions.
-    Rows(Frame),
+    Rows(GridFrame),
     /// `RANGE`: in the `ORDER BY` column's units, from its start (`None`:
-    /// `UNBOUNDED PRECEDING`) to its end.
-    Range(Option<RangeBound>, RangeBound),
+    /// `UNBOUNDED PRECEDING`) to its end (`None`: `UNBOUNDED FOLLOWING`).
+    Range(Option<RangeBound>, Option<RangeBound>),
 }
 
 /// A bound of a `RANGE` frame: `CURRENT ROW` (`None`), or a distance
@@ -199,6 +203,10 @@ fn rolling_window(window: &Window) -> Result<Option<RollingWindow>> {
     else {
         return Ok(None);
     };
+    // One walk along the dimension: from its start or from its end.
+    if GridFrame::direction(aggregates.iter().map(|a| &a.frame)).is_none() {
+        return Ok(None);
+    }
     Ok(Some(RollingWindow {
         read: TableRead::new(table, Arc::clone(input_schema), scan.filters.clone()),
         dim,
@@ -259,6 +267,9 @@ fn stacked(
     let mut merged = below.clone();
     merged.aggregates.extend(aggregates);
     merged.schema = Arc::clone(&window.schema);
+    if GridFrame::direction(merged.aggregates.iter().map(|a| &a.frame)).is_none() {
+        return Ok(None);
+    }
     Ok(Some(merged))
 }
 
@@ -310,29 +321,26 @@ fn roll_exprs(
                 // Values a distance apart are as many positions apart
                 // within one run of the dimension only (CURRENT ROW and
                 // UNBOUNDED PRECEDING are the same rows along any run).
-                let distances = start.as_ref().is_some_and(Option::is_some) || end.is_some();
+                let distances = start.as_ref().is_some_and(Option::is_some)
+                    || end.as_ref().is_some_and(Option::is_some);
                 let one_run = !distances
                     || (filters.iter())
                         .filter(|f| pushed_dimension(f, table) == Some(d))
                         .all(keeps_one_run);
-                match range_rows(start.as_ref(), end, &table.dims[d].coordinate) {
+                match range_rows(start.as_ref(), end.as_ref(), &table.dims[d].coordinate) {
                     Some(frame) if one_run => frame,
                     _ => return Ok(None),
                 }
             }
         };
         // Sorted against the grid's order, PRECEDING is later in the grid
-        // (a frame from the series' start then runs from its end: kept
-        // DataFusion's).
+        // (a frame from the series' start then runs to its end).
         let frame = if w.ascending != descends {
             frame
         } else {
-            let Some(start) = frame.start else {
-                return Ok(None);
-            };
-            Frame {
-                start: Some(-frame.end),
-                end: -start,
+            GridFrame {
+                start: frame.end.map(|end| -end),
+                end: frame.start.map(|start| -start),
             }
         };
         let arg_type = arg.get_type(input_schema)?;
@@ -380,19 +388,13 @@ fn written_expr(expr: &Expr) -> Option<Written> {
     let op = RollOp::of(ReduceOp::of_aggregate(function)?)?;
     let frame = &params.window_frame;
     let frame = match frame.units {
-        WindowFrameUnits::Rows => WrittenFrame::Rows(fitting(Frame {
-            start: match &frame.start_bound {
-                WindowFrameBound::Preceding(value) if value.is_null() => None,
-                bound => Some(offset(bound)?),
-            },
-            end: offset(&frame.end_bound)?,
+        WindowFrameUnits::Rows => WrittenFrame::Rows(fitting(GridFrame {
+            start: bounded(&frame.start_bound, offset)?,
+            end: bounded(&frame.end_bound, offset)?,
         })?),
         WindowFrameUnits::Range => WrittenFrame::Range(
-            match &frame.start_bound {
-                WindowFrameBound::Preceding(value) if value.is_null() => None,
-                bound => Some(range_bound(bound)?),
-            },
-            range_bound(&frame.end_bound)?,
+            bounded(&frame.start_bound, range_bound)?,
+            bounded(&frame.end_bound, range_bound)?,
         ),
         WindowFrameUnits::Groups => return None,
     };
@@ -407,17 +409,39 @@ fn written_expr(expr: &Expr) -> Option<Written> {
 }
 
 /// `frame`, when it holds a position and at most [`MAX_FRAME`] (from the
-/// series' start: when its end is within [`MAX_FRAME`] of the row).
-fn fitting(frame: Frame) -> Option<Frame> {
+/// series' start or to its end: when its other end is within
+/// [`MAX_FRAME`] of the row).
+fn fitting(frame: GridFrame) -> Option<GridFrame> {
     let most = MAX_FRAME as i64;
-    let Some(start) = frame.start else {
-        return (-most < frame.end && frame.end < most).then_some(frame);
-    };
-    let width = frame.end.checked_sub(start)?;
-    (0..most).contains(&width).then_some(frame)
+    match (frame.start, frame.end) {
+        (Some(start), Some(end)) => {
+            let width = end.checked_sub(start)?;
+            (0..most).contains(&width).then_some(frame)
+        }
+        (Some(bound), None) | (None, Some(bound)) => {
+            (-most < bound && bound < most).then_some(frame)
+        }
+        (None, None) => Some(frame),
+    }
 }
 
-/// A `RANGE` bound as written; `None` when unbounded.
+/// `bound` as `read` reads it (`None`: not supported), or `Some(None)`
+/// when it is `UNBOUNDED PRECEDING` or `UNBOUNDED FOLLOWING`.
+fn bounded<T>(
+    bound: &WindowFrameBound,
+    read: impl Fn(&WindowFrameBound) -> Option<T>,
+) -> Option<Option<T>> {
+    match bound {
+        WindowFrameBound::Preceding(value) | WindowFrameBound::Following(value)
+            if value.is_null() =>
+        {
+            Some(None)
+        }
+        bound => read(bound).map(Some),
+    }
+}
+
+/// A `RANGE` bound as written (not unbounded); `None` when unsupported.
 fn range_bound(bound: &WindowFrameBound) -> Option<RangeBound> {
     match bound {
         WindowFrameBound::CurrentRow => Some(None),
@@ -431,7 +455,8 @@ fn range_bound(bound: &WindowFrameBound) -> Option<RangeBound> {
 
 /// A `RANGE` frame in positions along `coordinate` (whose values are
 /// strictly ordered, without ties), from `start` (`None`: the series'
-/// start) to `end`. `CURRENT ROW` is the row itself; distances need values
+/// start) to `end` (`None`: its end). `CURRENT ROW` is the row itself;
+/// distances need values
 /// that step by one integer (times: nanoseconds) and distances in their
 /// units: a position's frame then holds the positions whose values lie
 /// within the distances of its value, the same run of neighbours at every
@@ -439,13 +464,13 @@ fn range_bound(bound: &WindowFrameBound) -> Option<RangeBound> {
 /// over 6-hourly times is `ROWS BETWEEN 4 PRECEDING AND CURRENT ROW`).
 fn range_rows(
     start: Option<&RangeBound>,
-    end: &RangeBound,
+    end: Option<&RangeBound>,
     coordinate: &Coordinate,
-) -> Option<Frame> {
-    if start.is_none_or(Option::is_none) && end.is_none() {
-        return fitting(Frame {
+) -> Option<GridFrame> {
+    if start.is_none_or(Option::is_none) && end.is_none_or(Option::is_none) {
+        return fitting(GridFrame {
             start: start.map(|_| 0),
-            end: 0,
+            end: end.map(|_| 0),
         });
     }
     let step = coordinate
@@ -460,17 +485,17 @@ fn range_rows(
         let units = coordinate_units(value, &data_type)?;
         Some(if *before { -units } else { units })
     };
-    let high = distance(end)?;
     // Offsets k with low <= k * step <= high: from ceil(low / step) to
     // floor(high / step).
     let start = match start {
         Some(bound) => Some(-(-distance(bound)?).div_euclid(step)),
         None => None,
     };
-    fitting(Frame {
-        start,
-        end: high.div_euclid(step),
-    })
+    let end = match end {
+        Some(bound) => Some(distance(bound)?.div_euclid(step)),
+        None => None,
+    };
+    fitting(GridFrame { start, end })
 }
 
 /// Whether a filter on one strictly ordered dimension keeps one run of it:
@@ -538,7 +563,8 @@ fn coordinate_units(distance: &ScalarValue, coordinate: &DataType) -> Option<i64
 /// Nanoseconds in a day (of a time without a time zone).
 const NANOS_PER_DAY: i64 = 86_400_000_000_000;
 
-/// A bound's offset in rows from the current one; `None` when unbounded.
+/// A bound's offset in rows from the current one; `None` when unbounded
+/// or farther than [`MAX_FRAME`].
 fn offset(bound: &WindowFrameBound) -> Option<i64> {
     let rows = |value: &ScalarValue| -> Option<i64> {
         let rows = value.cast_to(&DataType::Int64).ok()?;
