@@ -29,6 +29,10 @@ result in memory):
                SQL: sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time)  (the default frame:
                     from the series' start to the row)
                xarray: ds.t2m.astype("float64").cumsum("time")
+  remaining    the total of every cell from each hour to the last (its count and sum)
+               SQL: sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time DESC)  (the default
+                    frame against the grid's order: from the row to the series' end)
+               xarray: the reversed series' cumsum("time"), reversed back
   rolling-zarr the same 24-hour running mean of every cell written to a new Zarr store
                (v3, float64, the source's chunks (1, 721, 1440), zstd level 3, with coordinates)
                SQL: COPY (SELECT time, lat, lon, avg(t2m) OVER (...) AS m FROM era5)
@@ -82,7 +86,8 @@ STORE = HERE / "data" / "era5_1gb.zarr"
 RESULTS = HERE / "RESULTS.md"
 ZF_PYTHON = os.environ.get("ZARRFUSION_PYTHON", str(Path.home() / ".cache" / "zarrfusion-venv" / "bin" / "python"))
 ARMS = ["zarrfusion", "zarrfusion-hash", "xarray-flox", "xarray-numbagg", "xarray-dask", "xarray-sql"]
-QUERIES = ["read", "daily", "climatology", "coarsen", "rolling", "cumulative", "rolling-zarr", "anomaly"]
+QUERIES = ["read", "daily", "climatology", "coarsen", "rolling", "cumulative", "remaining",
+           "rolling-zarr", "anomaly"]
 # Where rolling-zarr writes (removed before and after each run).
 OUT = HERE / "data" / "rolling_out.zarr"
 ROLLING = ("avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND "
@@ -100,6 +105,8 @@ SQL = {
                "ORDER BY time ROWS BETWEEN 23 PRECEDING AND CURRENT ROW) AS m FROM era5)",
     "cumulative": "SELECT count(m) AS n, sum(m) AS m FROM (SELECT sum(t2m) OVER (PARTITION BY lat, lon "
                   "ORDER BY time) AS m FROM era5)",
+    "remaining": "SELECT count(m) AS n, sum(m) AS m FROM (SELECT sum(t2m) OVER (PARTITION BY lat, lon "
+                 "ORDER BY time DESC) AS m FROM era5)",
     "rolling-zarr": f"COPY (SELECT time, lat, lon, {ROLLING} AS m FROM era5) TO '{OUT}' STORED AS "
                     "ZARR OPTIONS ('chunks' 'time=1,lat=721,lon=1440', 'codec' 'zstd')",
     "anomaly": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
@@ -186,6 +193,11 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         # float64, as SQL's sum; NaN skipped (a cell with no value yet: 0
         # here, NULL in SQL; the store has none).
         out = t2m.astype("float64").cumsum("time")
+    elif query == "remaining":
+        if arm == "xarray-numbagg":
+            return {"skipped": "cumsum does not go through flox or numbagg"}
+        back = {"time": slice(None, None, -1)}
+        out = t2m.astype("float64").isel(back).cumsum("time").isel(back)
     elif query == "anomaly":
         # float64, as SQL's subtraction and avg.
         t64 = t2m.astype("float64")
@@ -208,7 +220,7 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         return {"seconds": seconds, **written()}
     values = np.asarray(out.values, dtype="float64")
     seconds = time.perf_counter() - started
-    if query in ("rolling", "cumulative"):
+    if query in ("rolling", "cumulative", "remaining"):
         return {"seconds": seconds, "groups": int(np.count_nonzero(~np.isnan(values))),
                 "checksum": float(np.nansum(values))}
     if query == "anomaly":
@@ -246,7 +258,7 @@ def answer(query: str, table) -> dict:
     import numpy as np
 
     m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
-    if query in ("rolling", "cumulative"):
+    if query in ("rolling", "cumulative", "remaining"):
         return {"groups": int(table.column("n")[0].as_py()), "checksum": float(m[0])}
     if query == "anomaly":
         return {"groups": table.num_rows, "checksum": float(np.nansum(m**2))}
