@@ -31,8 +31,8 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, UInt64Array};
-use datafusion::arrow::compute::{cast, take};
+use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{human_readable_size, plan_err, resources_err, DFSchema, Result};
@@ -576,18 +576,6 @@ impl Rings {
     }
 }
 
-/// The values of a box walked backward, laid out (outer, position in the
-/// walk, inner), in the box's C order.
-fn in_grid_order(values: &ArrayRef, [outer, main, inner]: [usize; 3]) -> Result<ArrayRef> {
-    let indices = UInt64Array::from_iter_values((0..outer).flat_map(|o| {
-        (0..main).rev().flat_map(move |walked| {
-            let first = ((o * main + walked) * inner) as u64;
-            first..first + inner as u64
-        })
-    }));
-    Ok(take(values, &indices, None)?)
-}
-
 /// Selected positions of `ranges` (sorted, disjoint) before `position`.
 fn ordinal(ranges: &[Range<u64>], position: u64) -> u64 {
     (ranges.iter())
@@ -1054,13 +1042,14 @@ impl<'a> Roller<'a> {
             .zip(&mut ring.states)
             .map(|(a, state)| {
                 let (lines, out) = (&ring.lines[a.arg], at..at + main);
+                // Walked backward, each box's aggregates come back in
+                // grid order.
+                let reversed = rolling.backward;
                 let values = match state {
-                    AggState::Sliding(state) => roll(a.op, lines, a.frame, out, state)?,
-                    AggState::Running(state) => accumulate(a.op, lines, a.frame.end, out, state)?,
-                };
-                let values = match rolling.backward {
-                    true => in_grid_order(&values, [outer, main, inner])?,
-                    false => values,
+                    AggState::Sliding(state) => roll(a.op, lines, (a.frame, out), state, reversed)?,
+                    AggState::Running(state) => {
+                        accumulate(a.op, lines, (a.frame.end, out), state, reversed)?
+                    }
                 };
                 Ok(cast(&values, &a.output_type)?)
             })

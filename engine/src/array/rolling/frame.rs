@@ -365,15 +365,17 @@ impl RollState {
 
 /// `op` over each lane's frame of `lines`, for positions `out`: a column
 /// of `outer x out.len() x inner` cells in C order (`count`: `int64`,
-/// else `float64`). The frames' positions must be held by the lines, and
-/// when `state` is of position `out.start - 1`, so must the cells that
-/// leave its frame. `state` is left of position `out.end - 1`.
+/// else `float64`), its positions in reverse order when `reversed` (a box
+/// walked backward, given back in grid order). The frames' positions must
+/// be held by the lines, and when `state` is of position `out.start - 1`,
+/// so must the cells that leave its frame. `state` is left of position
+/// `out.end - 1`.
 pub fn roll(
     op: RollOp,
     lines: &Lines,
-    frame: Frame,
-    out: Range<usize>,
+    (frame, out): (Frame, Range<usize>),
     state: &mut RollState,
+    reversed: bool,
 ) -> Result<ArrayRef> {
     let Some(start) = frame.start else {
         return internal_err!("{} over a running frame rolled as a sliding one", op.name());
@@ -382,7 +384,9 @@ pub fn roll(
         start,
         end: frame.end,
     };
-    roll_tiled(op, lines, rows, out, TILE, state)
+    let width = out.len();
+    let column = roll_tiled(op, lines, rows, out, TILE, state)?;
+    Ok(column.finish(reversed.then_some([lines.outer, width, lines.inner])))
 }
 
 /// [`roll`], `tile` lanes at a time.
@@ -393,7 +397,7 @@ fn roll_tiled(
     out: Range<usize>,
     tile: usize,
     state: &mut RollState,
-) -> Result<ArrayRef> {
+) -> Result<Rolled> {
     let lanes_held = lines.outer * lines.inner;
     let resume = !out.is_empty()
         && state.at.map(|a| a + 1) == Some(out.start)
@@ -527,7 +531,7 @@ fn roll_tiled(
         let (t, i) = (out.start + rest / inner, rest % inner);
         column.values[k] = exact(op, lines, frame, o, t, i);
     }
-    Ok(column.finish())
+    Ok(column)
 }
 
 /// The column a rolling aggregate fills, in C order: `count`'s integers
@@ -558,13 +562,37 @@ impl Rolled {
         self.valid.get_or_insert_with(|| vec![true; n])
     }
 
-    /// The column: `int64` for `count`, else `float64` with NULLs.
-    pub(super) fn finish(self) -> ArrayRef {
+    /// The column: `int64` for `count`, else `float64` with NULLs; with
+    /// the positions of its `[outer, n, inner]` cells in reverse order
+    /// when `reversed` gives that shape.
+    pub(super) fn finish(mut self, reversed: Option<[usize; 3]>) -> ArrayRef {
+        if let Some([outer, n, inner]) = reversed {
+            reverse_positions(&mut self.values, [outer, n, inner]);
+            reverse_positions(&mut self.counts, [outer, n, inner]);
+            if let Some(valid) = &mut self.valid {
+                reverse_positions(valid, [outer, n, inner]);
+            }
+        }
         if self.values.is_empty() && !self.counts.is_empty() {
             return Arc::new(Int64Array::from(self.counts));
         }
         let nulls = (self.valid).map(|valid| NullBuffer::new(BooleanBuffer::from(valid)));
         Arc::new(Float64Array::new(self.values.into(), nulls))
+    }
+}
+
+/// Swaps, in place, position `t` of `cells` laid out `[outer, n, inner]`
+/// (C order) with position `n - 1 - t` (nothing when they are not that
+/// many: an empty column).
+fn reverse_positions<T>(cells: &mut [T], [outer, n, inner]: [usize; 3]) {
+    if cells.is_empty() || cells.len() != outer * n * inner {
+        return;
+    }
+    for slab in cells.chunks_exact_mut(n * inner) {
+        for t in 0..n / 2 {
+            let (head, tail) = slab.split_at_mut((n - 1 - t) * inner);
+            head[t * inner..(t + 1) * inner].swap_with_slice(&mut tail[..inner]);
+        }
     }
 }
 
@@ -887,7 +915,8 @@ pub(super) mod tests {
                         for run in runs {
                             let want = naive(op, cells, (outer, len, inner), rows, run.clone());
                             let shifted = run.start + shift..run.end + shift;
-                            let got = roll_tiled(op, lines, rows, shifted, tile, &mut state);
+                            let got = roll_tiled(op, lines, rows, shifted, tile, &mut state)
+                                .map(|c| c.finish(None));
                             let got = numbers(&got.unwrap());
                             assert_eq!(got.len(), want.len());
                             for (k, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -903,6 +932,21 @@ pub(super) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn positions_reverse_in_place_within_each_outer_lane() {
+        // [2 outer, 3 positions, 2 inner].
+        let mut cells: Vec<i32> = (0..12).collect();
+        reverse_positions(&mut cells, [2, 3, 2]);
+        assert_eq!(cells, [4, 5, 2, 3, 0, 1, 10, 11, 8, 9, 6, 7]);
+        let mut even: Vec<i32> = (0..4).collect();
+        reverse_positions(&mut even, [1, 4, 1]);
+        assert_eq!(even, [3, 2, 1, 0]);
+        // Not of that shape (a count's empty numbers): left as it is.
+        let mut empty: Vec<f64> = Vec::new();
+        reverse_positions(&mut empty, [2, 3, 2]);
+        assert!(empty.is_empty());
     }
 
     #[test]
@@ -950,7 +994,14 @@ pub(super) mod tests {
             start: Some(-1),
             end: 0,
         };
-        let sum = roll(RollOp::Sum, &lines, frame, 6..7, &mut state(RollOp::Sum)).unwrap();
+        let sum = roll(
+            RollOp::Sum,
+            &lines,
+            (frame, 6..7),
+            &mut state(RollOp::Sum),
+            false,
+        )
+        .unwrap();
         assert_eq!(sum.as_primitive::<Float64Type>().value(2), 18.0);
         // Frames wider than the ring, pieces longer than the box, boxes
         // longer than the ring are refused.
@@ -958,17 +1009,25 @@ pub(super) mod tests {
             start: Some(-5),
             end: 0,
         };
-        assert!(roll(RollOp::Sum, &lines, wide, 5..6, &mut state(RollOp::Sum)).is_err());
-        // So is a state of other lanes, or without the sums.
         assert!(roll(
             RollOp::Sum,
             &lines,
-            frame,
-            6..7,
-            &mut RollState::new(3, RollOp::Sum)
+            (wide, 5..6),
+            &mut state(RollOp::Sum),
+            false
         )
         .is_err());
-        assert!(roll(RollOp::Avg, &lines, frame, 6..7, &mut state(RollOp::Max)).is_err());
+        // So is a state of other lanes, or without the sums.
+        let other_lanes = &mut RollState::new(3, RollOp::Sum);
+        assert!(roll(RollOp::Sum, &lines, (frame, 6..7), other_lanes, false).is_err());
+        assert!(roll(
+            RollOp::Avg,
+            &lines,
+            (frame, 6..7),
+            &mut state(RollOp::Max),
+            false
+        )
+        .is_err());
         assert!(lines.put(1, 3, 1, &piece).is_err());
         assert!(lines.put(0, 6, 0, &piece).is_err());
 
@@ -989,7 +1048,7 @@ pub(super) mod tests {
         assert_eq!((at(&ring, 0, 0, 0), at(&ring, 0, 0, 1)), (None, None));
         assert_eq!(at(&ring, 0, 2, 0), Some(1.5));
         let mut counted = RollState::new(2, RollOp::Count);
-        let count = roll(RollOp::Count, &ring, frame, 3..4, &mut counted).unwrap();
+        let count = roll(RollOp::Count, &ring, (frame, 3..4), &mut counted, false).unwrap();
         let count = count.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
         assert_eq!((count.value(0), count.value(1)), (1, 0));
     }

@@ -203,7 +203,9 @@ pub fn add_positions(
 
 /// `op` over each lane's frame for positions `out`: the cells from the
 /// series' first position to `t + end`. A column of `outer x out.len() x
-/// inner` cells in C order (`count`: `int64`, else `float64`). The totals
+/// inner` cells in C order (`count`: `int64`, else `float64`), its
+/// positions in reverse order when `reversed` (a box walked backward,
+/// given back in grid order). The totals
 /// must hold the cells through position `out.start - 1 + end`, or through
 /// up to `end` positions before it when `end > 0` (a series' first box, or
 /// one started mid-series), and the lines the cells after that up to
@@ -211,9 +213,9 @@ pub fn add_positions(
 pub fn accumulate(
     op: RollOp,
     lines: &Lines,
-    end: i64,
-    out: Range<usize>,
+    (end, out): (i64, Range<usize>),
     state: &mut RunningState,
+    reversed: bool,
 ) -> Result<ArrayRef> {
     let lanes_held = lines.outer * lines.inner;
     let target = out.start as i64 - 1 + end;
@@ -282,7 +284,7 @@ pub fn accumulate(
     if !out.is_empty() {
         state.through = Some(last);
     }
-    Ok(column.finish())
+    Ok(column.finish(reversed.then_some([lines.outer, width, inner])))
 }
 
 #[cfg(test)]
@@ -377,7 +379,8 @@ mod tests {
                 let runs = [0..1, 1..6, 6..len];
                 for run in runs {
                     let out = run.start + shift..run.end + shift;
-                    let got = numbers(&accumulate(op, &lines, end, out, &mut state).unwrap());
+                    let got =
+                        numbers(&accumulate(op, &lines, (end, out), &mut state, false).unwrap());
                     for (w, t) in run.clone().enumerate() {
                         let want = naive(op, &cells, shape, end, t);
                         for o in 0..outer {
@@ -407,7 +410,8 @@ mod tests {
                     let own = lines_of(&head, (outer, before, inner), 0);
                     add_positions(op, &own, 0..before, &mut state).unwrap();
                 }
-                let got = accumulate(op, &lines, end, at..len + shift, &mut state).unwrap();
+                let got =
+                    accumulate(op, &lines, (end, at..len + shift), &mut state, false).unwrap();
                 let got = numbers(&got);
                 let width = len - from;
                 for t in from..len {
@@ -433,19 +437,19 @@ mod tests {
         let lines = lines_of(&cells(outer, len, inner, 0), shape, 0);
         let mut state = RunningState::new(2, RollOp::Sum);
         // Not started.
-        assert!(accumulate(RollOp::Sum, &lines, 0, 0..2, &mut state).is_err());
+        assert!(accumulate(RollOp::Sum, &lines, (0, 0..2), &mut state, false).is_err());
         assert!(add_positions(RollOp::Sum, &lines, 0..2, &mut state).is_err());
         // Started through position 0: positions 2.. would skip position 1.
         state.start(RollOp::Sum, 0);
-        assert!(accumulate(RollOp::Sum, &lines, 0, 2..4, &mut state).is_err());
+        assert!(accumulate(RollOp::Sum, &lines, (0, 2..4), &mut state, false).is_err());
         // Of other lanes; more positions than the lines hold.
         let mut other = RunningState::new(3, RollOp::Sum);
         other.start(RollOp::Sum, -1);
-        assert!(accumulate(RollOp::Sum, &lines, 0, 0..2, &mut other).is_err());
+        assert!(accumulate(RollOp::Sum, &lines, (0, 0..2), &mut other, false).is_err());
         assert!(add_positions(RollOp::Sum, &lines, 0..7, &mut state).is_err());
         // In step: through 1 (and no position before the first: -1).
         state.start(RollOp::Sum, 1);
-        assert!(accumulate(RollOp::Sum, &lines, 0, 2..4, &mut state).is_ok());
+        assert!(accumulate(RollOp::Sum, &lines, (0, 2..4), &mut state, false).is_ok());
         assert_eq!(state.through(), Some(3));
         state.forget();
         assert_eq!(state.through(), None);
