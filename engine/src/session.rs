@@ -38,7 +38,8 @@ use crate::array::copy::CopyToArraysRule;
 use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
 use crate::array::{
-    AlignedJoinRule, ArrayQueryPlanner, BroadcastJoinRule, DenseReductionRule, RollingWindowRule,
+    AlignedJoinRule, ArrayQueryPlanner, BroadcastJoinRule, DenseReductionRule, PartitionTotalsRule,
+    RollingWindowRule,
 };
 use crate::config::{apply_runtime_settings, ZarrConfig, MAX_BATCH_ROWS, MAX_TARGET_PARTITIONS};
 use crate::distributed::{distribute, keep_partial_aggregates, ClusterWorkers};
@@ -120,6 +121,7 @@ fn build_context(
         .with_table_factory("ZARR".to_string(), Arc::new(ZarrTableFactory))
         .with_relation_planners(vec![read_zarr])
         .with_optimizer_rule(Arc::new(AlignedJoinRule))
+        .with_optimizer_rule(Arc::new(PartitionTotalsRule))
         .with_optimizer_rule(Arc::new(DenseReductionRule))
         .with_optimizer_rule(Arc::new(BroadcastJoinRule))
         .with_optimizer_rule(Arc::new(RollingWindowRule))

@@ -93,7 +93,7 @@ bottom_up_rule!(
 
 /// The scan computing `join` with the side `grid_is_left` says as the
 /// grid, if it is a broadcast join.
-fn broadcast_join(join: &Join, grid_is_left: bool) -> Result<Option<LogicalPlan>> {
+pub(crate) fn broadcast_join(join: &Join, grid_is_left: bool) -> Result<Option<LogicalPlan>> {
     let (grid_side, small_side) = match grid_is_left {
         true => (&join.left, &join.right),
         false => (&join.right, &join.left),

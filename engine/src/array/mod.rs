@@ -7,6 +7,7 @@
 //! | [`broadcast`] | joins of a Zarr table with a small result keyed by some of its dimensions, as columns broadcast into it |
 //! | [`copy`] | `COPY ... STORED AS ZARR` of a table's selection, block by block |
 //! | [`fft`] | FFTs along dimensions (`fft(...)`, `ifft(...)`), xrft's semantics |
+//! | [`partition_totals`] | window aggregates over whole partitions (`avg(x) OVER (PARTITION BY lat, lon)`), as a broadcast of their reduction |
 //! | [`reduce`] | dense reductions over dimensions (`GROUP BY` dimensions) |
 //! | [`rechunk`] | copying a store into new chunk shapes within the budget |
 //! | [`rolling`] | rolling windows along a dimension (`avg(x) OVER (... ROWS BETWEEN ...)`) |
@@ -58,6 +59,7 @@
 pub mod broadcast;
 pub mod copy;
 pub mod fft;
+pub mod partition_totals;
 pub mod planner;
 pub mod rechunk;
 pub mod reduce;
@@ -67,6 +69,7 @@ pub(crate) mod tasks;
 pub mod zip;
 
 pub use broadcast::BroadcastJoinRule;
+pub use partition_totals::PartitionTotalsRule;
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};
 pub use reduce::{
     key_schema, DenseMergeExec, DenseReduction, DenseReductionExec, DenseReductionRule, GroupKey,

@@ -299,9 +299,13 @@ impl Broadcast {
     /// reading it: the first to ask computes it, the others take what it
     /// computed (the last one to take it leaves none behind, so that the
     /// memory goes with the partitions' own references, and a later
-    /// execution computes it again). On a cluster the small side's rows
-    /// come from a broadcast, which sends each of its partitions once per
-    /// task: running it twice in one execution would fail.
+    /// execution computes it again). Values another operator holds at the
+    /// time are taken as they are (an operator reading this broadcast
+    /// inside another's small side, as stacked window totals do: computing
+    /// them again would replace the values the other operator reads). On a
+    /// cluster the small side's rows come from a broadcast, which sends
+    /// each of its partitions once per task: running it twice in one
+    /// execution would fail.
     async fn hold(
         &self,
         input: &Arc<dyn ExecutionPlan>,
@@ -313,14 +317,20 @@ impl Broadcast {
         if let Some(values) = self.take_pending(operator) {
             return Ok(values);
         }
-        let reservation = MemoryConsumer::new(format!("Broadcast[{}]", self.label))
-            .register(context.memory_pool());
-        reservation.try_grow(self.memory())?;
-        let values = Arc::new(self.lay_out(input, context, reservation).await?);
-        match self.current.lock() {
-            Ok(mut current) => *current = Arc::downgrade(&values),
-            Err(poisoned) => *poisoned.into_inner() = Arc::downgrade(&values),
-        }
+        let values = match self.current() {
+            Some(values) => values,
+            None => {
+                let reservation = MemoryConsumer::new(format!("Broadcast[{}]", self.label))
+                    .register(context.memory_pool());
+                reservation.try_grow(self.memory())?;
+                let values = Arc::new(self.lay_out(input, context, reservation).await?);
+                match self.current.lock() {
+                    Ok(mut current) => *current = Arc::downgrade(&values),
+                    Err(poisoned) => *poisoned.into_inner() = Arc::downgrade(&values),
+                }
+                values
+            }
+        };
         if partitions > 1 {
             let kept = (operator, Arc::clone(&values), partitions - 1);
             match self.pending.lock() {

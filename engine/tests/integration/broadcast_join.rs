@@ -121,6 +121,63 @@ async fn other_joins_stay_datafusion_s_with_the_same_answers() {
     }
 }
 
+/// Window totals stacked on each other (four partitions, so four windows
+/// one above the other) read each other's broadcast columns: a small side
+/// holding a broadcast another operator holds too takes its values as they
+/// are (computed again, they replaced what the other read: "read before it
+/// is computed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacked_window_totals_are_broadcast_with_the_answers_of_datafusion_s_window() {
+    let sql = "SELECT time, lat, lon, \
+               t2m - avg(t2m) OVER (PARTITION BY extract(month FROM time), lat, lon) AS a, \
+               max(u10) OVER (PARTITION BY lat, lon ORDER BY time \
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS hi, \
+               t2m - avg(t2m) OVER (PARTITION BY time, lat) AS d, \
+               count(*) OVER (PARTITION BY lat) AS n, \
+               stddev(t2m) OVER (PARTITION BY lat) AS s FROM t WHERE lon >= 120";
+    for settings in [&[][..], &SMALL_BLOCKS[..]] {
+        let on = session(true, settings).await;
+        let plan = explain_text(&on, sql).await;
+        assert!(broadcast(&plan), "{plan}");
+        for absent in ["WindowAggExec", "SortExec"] {
+            assert!(!plan.contains(absent), "{absent}:\n{plan}");
+        }
+        assert!(plan.matches("partition_totals by").count() >= 4, "{plan}");
+        let mut got = run(&on, sql).await;
+        let mut want = run(&session(false, settings).await, sql).await;
+        assert_eq!(want.len(), 608 * 6 * 4);
+        sort_rows(&mut got, 3);
+        sort_rows(&mut want, 3);
+        assert_rows(&format!("stacked totals {settings:?}"), &got, &want);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_totals_that_are_not_a_broadcast_stay_datafusion_s_window() {
+    let cases = [
+        // Partitioned by a variable, or by nothing.
+        "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY u10 > 0) AS m FROM t WHERE lon = 0",
+        "SELECT time, lat, lon, avg(t2m) OVER () AS m FROM t WHERE lon = 0",
+        // An aggregate the dense reduction does not compute, and a frame
+        // short of the whole partition.
+        "SELECT time, lat, lon, median(t2m) OVER (PARTITION BY lat, lon) AS m FROM t WHERE lon = 0",
+        "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat ORDER BY time, lon \
+         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS m FROM t WHERE lon < 120",
+    ];
+    let on = session(true, &[]).await;
+    let off = session(false, &[]).await;
+    for sql in cases {
+        let plan = explain_text(&on, sql).await;
+        assert!(plan.contains("WindowAggExec"), "{sql}:\n{plan}");
+        assert!(!plan.contains("partition_totals"), "{sql}:\n{plan}");
+        let mut got = run(&on, sql).await;
+        let mut want = run(&off, sql).await;
+        sort_rows(&mut got, 3);
+        sort_rows(&mut want, 3);
+        assert_rows(sql, &got, &want);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_that_cannot_fit_the_memory_limit_is_refused_before_it_runs() {
     let runtime = RuntimeEnvBuilder::new()

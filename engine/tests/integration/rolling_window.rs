@@ -181,12 +181,9 @@ async fn other_windows_stay_datafusion_s_with_the_same_answers() {
          RANGE BETWEEN 10 PRECEDING AND CURRENT ROW) AS m FROM t WHERE time < '2019-11-03'",
         "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
          RANGE BETWEEN INTERVAL '1 month' PRECEDING AND CURRENT ROW) AS m FROM t WHERE lon = 0",
-        // Frames over the whole series (no ORDER BY, or unbounded at both
-        // ends), and one window with frames from the series' start beside
-        // frames to its end (no one walk computes both).
-        "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon) AS m FROM t WHERE lon = 0",
-        "SELECT time, lat, lon, max(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
-         ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS m FROM t WHERE lon = 0",
+        // One window with frames from the series' start beside frames to
+        // its end (no one walk computes both; frames over whole series are
+        // broadcast totals: broadcast_join.rs).
         "SELECT time, lat, lon, sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time) AS so_far, \
          sum(t2m) OVER (PARTITION BY lat, lon ORDER BY time DESC) AS to_come \
          FROM t WHERE lon = 0",
