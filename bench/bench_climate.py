@@ -46,6 +46,9 @@ result in memory):
                     extract(month FROM era5.time) = clim.month AND lat, lon equal GROUP BY 1, 2
                xarray: (t2m.groupby("time.month") - t2m.groupby("time.month").mean()).mean("lon")
                        (float64, as SQL)
+  anomaly-window  the same anomaly's zonal mean written as a window (the climatology as
+               `avg(t2m) OVER (PARTITION BY extract(month FROM time), lat, lon)`)
+               xarray: as anomaly
   read         the physical floor: one read of every chunk (SQL: sum(t2m);
                xarray: the array loaded and summed); the coarsen query reads 1/11 of it
 
@@ -87,7 +90,7 @@ RESULTS = HERE / "RESULTS.md"
 ZF_PYTHON = os.environ.get("ZARRFUSION_PYTHON", str(Path.home() / ".cache" / "zarrfusion-venv" / "bin" / "python"))
 ARMS = ["zarrfusion", "zarrfusion-hash", "xarray-flox", "xarray-numbagg", "xarray-dask", "xarray-sql"]
 QUERIES = ["read", "daily", "climatology", "coarsen", "rolling", "cumulative", "remaining",
-           "rolling-zarr", "anomaly"]
+           "rolling-zarr", "anomaly", "anomaly-window"]
 # Where rolling-zarr writes (removed before and after each run).
 OUT = HERE / "data" / "rolling_out.zarr"
 ROLLING = ("avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND "
@@ -114,6 +117,8 @@ SQL = {
                "SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS m FROM era5 JOIN clim "
                "ON extract(month FROM era5.time) = clim.month AND era5.lat = clim.lat "
                "AND era5.lon = clim.lon GROUP BY 1, 2",
+    "anomaly-window": "SELECT time, lat, avg(a) AS m FROM (SELECT time, lat, lon, t2m - avg(t2m) OVER "
+                      "(PARTITION BY extract(month FROM time), lat, lon) AS a FROM era5) GROUP BY 1, 2",
 }
 
 
@@ -198,7 +203,7 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
             return {"skipped": "cumsum does not go through flox or numbagg"}
         back = {"time": slice(None, None, -1)}
         out = t2m.astype("float64").isel(back).cumsum("time").isel(back)
-    elif query == "anomaly":
+    elif query in ("anomaly", "anomaly-window"):
         # float64, as SQL's subtraction and avg.
         t64 = t2m.astype("float64")
         months = t64.groupby("time.month")
@@ -223,7 +228,7 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
     if query in ("rolling", "cumulative", "remaining"):
         return {"seconds": seconds, "groups": int(np.count_nonzero(~np.isnan(values))),
                 "checksum": float(np.nansum(values))}
-    if query == "anomaly":
+    if query in ("anomaly", "anomaly-window"):
         # Anomalies sum to zero: their squares are the checksum.
         return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values**2))}
     return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values))}
@@ -260,7 +265,7 @@ def answer(query: str, table) -> dict:
     m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
     if query in ("rolling", "cumulative", "remaining"):
         return {"groups": int(table.column("n")[0].as_py()), "checksum": float(m[0])}
-    if query == "anomaly":
+    if query in ("anomaly", "anomaly-window"):
         return {"groups": table.num_rows, "checksum": float(np.nansum(m**2))}
     return {"groups": table.num_rows, "checksum": float(np.nansum(m))}
 
