@@ -37,13 +37,13 @@
 //! reduction computes) without `DISTINCT`,
 //! `FILTER` or `IGNORE NULLS`, over its whole partition, all partitioned by
 //! the same keys, each a deterministic function of one dimension that is
-//! never NULL (`lat`, `extract(month FROM time)`, `floor(lat / 2)`), whose
-//! dense array of totals (at most the keyed dimensions' lengths multiplied)
-//! stays under [`MAX_BROADCAST_BYTES`]. Anything else keeps DataFusion's
-//! window. It runs when both `zarrfusion.broadcast_join` and
+//! never NULL (`lat`, `extract(month FROM time)`, `floor(lat / 2)`), when
+//! the join is a broadcast (its dense array of totals within
+//! [`MAX_BROADCAST_BYTES`](crate::table::MAX_BROADCAST_BYTES): 12 months x
+//! 721 x 1440 cells for a climatology of ERA5). Anything else keeps
+//! DataFusion's window. It runs when both `zarrfusion.broadcast_join` and
 //! `zarrfusion.rolling_window` are on.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::common::{Column, Result};
@@ -55,10 +55,8 @@ use datafusion::logical_expr::{
 
 use super::broadcast::broadcast_join;
 use super::reduce::ReduceOp;
-use super::scan_path::down_to_scan;
 use crate::config::ZarrConfig;
 use crate::plan_methods::bottom_up_rule;
-use crate::table::MAX_BROADCAST_BYTES;
 
 /// What the reduction joined in is called (`EXPLAIN` shows `broadcast=[
 /// partition_totals by (...)]`).
@@ -139,31 +137,6 @@ fn partition_totals(window: &Window) -> Result<Option<LogicalPlan>> {
         }
     }
 
-    // Each key a function of one dimension of the table read, and their
-    // dense array small enough to broadcast.
-    let Some(path) = down_to_scan(&window.input, keys.clone())? else {
-        return Ok(None);
-    };
-    let table = path.table.grid();
-    let mut keyed = BTreeSet::new();
-    for key in &path.exprs {
-        let refs = key.column_refs();
-        let [column] = refs.into_iter().collect::<Vec<_>>()[..] else {
-            return Ok(None);
-        };
-        let Some(d) = table.dims.iter().position(|d| d.name == column.name) else {
-            return Ok(None);
-        };
-        keyed.insert(d);
-    }
-    let cells = keyed
-        .iter()
-        .fold(1u64, |n, &d| n.saturating_mul(table.dims[d].len));
-    let bytes = cells.saturating_mul(9 * totals.len() as u64 + 1);
-    if bytes > MAX_BROADCAST_BYTES {
-        return Ok(None);
-    }
-
     // The reduction by the keys, named apart from the input's columns.
     let taken = |name: &str| input_schema.fields().iter().any(|f| f.name() == name);
     let fresh = |stem: &str, i: usize| {
@@ -192,8 +165,9 @@ fn partition_totals(window: &Window) -> Result<Option<LogicalPlan>> {
         .join_with_expr_keys(reduction, JoinType::Inner, (keys.clone(), right_keys), None)?
         .build()?;
     // Read as broadcast columns at once, so that a window stacked on this
-    // one finds the table under it; a join that is not one (its totals too
-    // large, say) keeps DataFusion's window.
+    // one finds the table under it; a join that is not one (not over a
+    // Zarr table, keys that are not functions of single dimensions, totals
+    // too large) keeps DataFusion's window.
     let LogicalPlan::Join(join) = &joined else {
         return Ok(None);
     };
