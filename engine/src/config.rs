@@ -60,12 +60,14 @@ extensions_options! {
         /// its dimensions or functions of their coordinates (an anomaly:
         /// `era5 JOIN clim USING (lat, lon)`) as columns of the table,
         /// broadcast from the small side held once as a dense array,
-        /// instead of a hash join.
+        /// instead of a hash join; with `rolling_window`, window aggregates
+        /// over whole partitions as such a join of their reduction.
         pub broadcast_join: bool, default = true
         /// Plan rolling windows along a dimension of a Zarr table
         /// (`avg(x) OVER (PARTITION BY <the other dimensions> ORDER BY
-        /// <dim> ROWS BETWEEN ...)`) as reads of overlapping blocks along
-        /// the dimension instead of DataFusion's sort and window.
+        /// <dim> ROWS BETWEEN ...)`, frames from the series' start or to
+        /// its end) as reads of overlapping blocks along the dimension
+        /// instead of DataFusion's sort and window.
         pub rolling_window: bool, default = true
         /// Where intermediate arrays go (a rechunk's stages, the rechunked
         /// copy a query scans): a local path or an object-store URL; empty:

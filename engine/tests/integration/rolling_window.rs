@@ -90,76 +90,55 @@ async fn each_block_s_overlap_comes_from_the_block_before_not_the_store() {
     assert!(analyzed.contains("halo_positions_read=6"), "{analyzed}");
 }
 
+/// Runs the oracle query `name` over blocks of one chunk (13 along time,
+/// in one column) in one partition, whose `EXPLAIN ANALYZE` must show
+/// `needles` and nothing read twice, then in three partitions cutting the
+/// column (blocks 0..4, 4..8, 8..13 of 50 steps, 608 in all), which must
+/// read `prefix` positions outside their runs; xarray's answer both times.
+async fn prefix_reads(name: &str, needles: &[&str], prefix: usize) {
+    let queries = rolling_queries();
+    let q = queries.iter().find(|q| q["name"] == name).unwrap();
+    let sql = q["sql"].as_str().unwrap();
+    let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+    let blocks = "SET zarrfusion.target_partition_bytes = 1024";
+    for (partitions, read) in [(1, 0), (3, prefix)] {
+        let setting = format!("SET datafusion.execution.target_partitions = {partitions}");
+        let ctx = session(true, &[blocks, &setting]).await;
+        let analyzed = explain_text(&ctx, &format!("ANALYZE {sql}")).await;
+        let shown = [
+            format!("partitions={partitions}"),
+            format!("prefix_positions_read={read}"),
+        ];
+        for needle in needles
+            .iter()
+            .copied()
+            .chain(shown.iter().map(String::as_str))
+        {
+            assert!(analyzed.contains(needle), "{name}, {needle}:\n{analyzed}");
+        }
+        let context = format!("{name} in {partitions} partitions");
+        assert_rows(&context, &run(&ctx, sql).await, &want);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_total_reads_each_block_once_unless_its_series_is_cut() {
-    let queries = rolling_queries();
-    let q = (queries.iter())
-        .find(|q| q["name"] == "cumulative_default_frame")
-        .unwrap();
-    let sql = q["sql"].as_str().unwrap();
-    // Blocks of one chunk: 13 along time, in one column. One partition
-    // carries the totals from block to block: nothing is read twice.
-    let blocks = "SET zarrfusion.target_partition_bytes = 1024";
-    let ctx = session(
-        true,
-        &[blocks, "SET datafusion.execution.target_partitions = 1"],
-    )
-    .await;
-    let analyzed = explain_text(&ctx, &format!("ANALYZE {sql}")).await;
-    assert!(analyzed.contains("over [unbounded, +0]"), "{analyzed}");
-    assert!(analyzed.contains("prefix_positions_read=0"), "{analyzed}");
-    // Three partitions cut the column (blocks 0..4, 4..8, 8..13): the
-    // second and third first add the 200 and 400 steps before them.
-    let ctx = session(
-        true,
-        &[blocks, "SET datafusion.execution.target_partitions = 3"],
-    )
-    .await;
-    let analyzed = explain_text(&ctx, &format!("ANALYZE {sql}")).await;
-    assert!(analyzed.contains("partitions=3"), "{analyzed}");
-    assert!(analyzed.contains("prefix_positions_read=600"), "{analyzed}");
-    let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
-    assert_rows("cut in three", &run(&ctx, sql).await, &want);
+    // One partition carries the totals from block to block; cut in three,
+    // the second and third first add the 200 and 400 steps before them.
+    prefix_reads("cumulative_default_frame", &["over [unbounded, +0]"], 600).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_total_to_the_series_end_walks_it_from_there_reading_each_block_once() {
-    let queries = rolling_queries();
-    let q = (queries.iter())
-        .find(|q| q["name"] == "remaining_totals")
-        .unwrap();
-    let sql = q["sql"].as_str().unwrap();
-    let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
-    // Blocks of one chunk: 13 along time, in one column, walked from the
-    // last. One partition carries the totals back from block to block.
-    let blocks = "SET zarrfusion.target_partition_bytes = 1024";
-    let ctx = session(
-        true,
-        &[blocks, "SET datafusion.execution.target_partitions = 1"],
-    )
-    .await;
-    let analyzed = explain_text(&ctx, &format!("ANALYZE {sql}")).await;
-    for needle in [
+    // Walked from the last block, one partition carries the totals back
+    // from block to block; cut in three, the first and second first add
+    // the 408 and 208 steps after them, from the end.
+    let needles = [
         "along=time from its end",
         "over [+0, unbounded]",
         "over [+2, unbounded]",
-        "prefix_positions_read=0",
-    ] {
-        assert!(analyzed.contains(needle), "{needle}:\n{analyzed}");
-    }
-    assert_rows("one partition", &run(&ctx, sql).await, &want);
-    // Three partitions cut the column (blocks 0..4, 4..8, 8..13 of 50
-    // steps, 608 in all): the first and second first add the 408 and 208
-    // steps after them, from the end.
-    let ctx = session(
-        true,
-        &[blocks, "SET datafusion.execution.target_partitions = 3"],
-    )
-    .await;
-    let analyzed = explain_text(&ctx, &format!("ANALYZE {sql}")).await;
-    assert!(analyzed.contains("partitions=3"), "{analyzed}");
-    assert!(analyzed.contains("prefix_positions_read=616"), "{analyzed}");
-    assert_rows("cut in three", &run(&ctx, sql).await, &want);
+    ];
+    prefix_reads("remaining_totals", &needles, 616).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
