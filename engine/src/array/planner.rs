@@ -17,8 +17,10 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 
 use super::fft::FftCopy;
+use super::rechunk::{RechunkExec, RechunkTable};
 use super::reduce::{DenseReduction, DenseReductionExec};
 use super::rolling::{RollingWindow, RollingWindowExec};
+use super::scan_path::TableRead;
 use crate::array::copy::rolling::RollingCopy;
 use crate::array::copy::selection::SelectionCopy;
 use crate::array::copy::ArrayCopy;
@@ -40,17 +42,18 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
         planning: &PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(reduction) = node.as_any().downcast_ref::<DenseReduction>() {
-            if let Some(rechunk) = &reduction.read.rechunk {
-                // A reduction of `rechunk(...)`: of the rechunked store,
-                // after the copy of the variables it reads.
+            if let Some(read) = &reduction.read.rechunk {
                 let variables = reduction.variables();
-                let rechunked = rechunk.prepare(session, variables).await?;
-                let node = DenseReduction {
-                    read: reduction.read.reading(rechunked.table().grid()),
-                    ..reduction.clone()
-                };
-                let exec = DenseReductionExec::plan(&node, planner, session, planning)?;
-                return Ok(Some(Arc::new(rechunked.read_by(Arc::new(exec)))));
+                return over_rechunk(read, &reduction.read, variables, session, |read| {
+                    let node = DenseReduction {
+                        read,
+                        ..reduction.clone()
+                    };
+                    Ok(Arc::new(DenseReductionExec::plan(
+                        &node, planner, session, planning,
+                    )?))
+                })
+                .await;
             }
             let exec = DenseReductionExec::plan(reduction, planner, session, planning)?;
             let read = exec.read();
@@ -64,6 +67,19 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
             return Ok(Some(Arc::new(exec)));
         }
         if let Some(window) = node.as_any().downcast_ref::<RollingWindow>() {
+            if let Some(read) = &window.read.rechunk {
+                let variables = window.variables();
+                return over_rechunk(read, &window.read, variables, session, |read| {
+                    let node = RollingWindow {
+                        read,
+                        ..window.clone()
+                    };
+                    Ok(Arc::new(RollingWindowExec::plan(
+                        &node, planner, session, planning,
+                    )?))
+                })
+                .await;
+            }
             let exec = RollingWindowExec::plan(window, planner, session, planning)?;
             return Ok(Some(Arc::new(exec)));
         }
@@ -81,6 +97,23 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
         }
         Ok(None)
     }
+}
+
+/// A leaf operator reading `rechunk(...)` (`rechunk`, of `read`'s
+/// table): the rechunked store of `variables` made, the operator `plan`
+/// makes over the read of it, under the [`RechunkExec`] that copies the
+/// variables into it on first execution.
+async fn over_rechunk(
+    rechunk: &RechunkTable,
+    read: &TableRead,
+    variables: Vec<String>,
+    session: &dyn Session,
+    plan: impl FnOnce(TableRead) -> Result<Arc<dyn ExecutionPlan>>,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let rechunked = rechunk.prepare(session, variables).await?;
+    let exec = plan(read.reading(rechunked.table().grid()))?;
+    let exec: RechunkExec = rechunked.read_by(exec);
+    Ok(Some(Arc::new(exec)))
 }
 
 /// DataFusion's physical planner, knowing the array nodes.

@@ -121,6 +121,18 @@ fn walk_down(
     }))
 }
 
+/// The names of the columns `exprs` read, sorted, each once (of a read
+/// of `rechunk(...)`: the variables its copy copies).
+pub(crate) fn column_names<'a>(exprs: impl IntoIterator<Item = &'a Expr>) -> Vec<String> {
+    let mut names: Vec<String> = (exprs.into_iter())
+        .flat_map(|e| e.column_refs())
+        .map(|c| c.name.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// Walks `plan` down through projections and aliases to the first other
 /// node, rewriting `exprs` (over `plan`'s output) over that node's output;
 /// `None` when an expression is volatile or holds a subquery.

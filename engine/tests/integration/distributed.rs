@@ -927,6 +927,40 @@ async fn rolling_windows_run_on_the_workers_with_xarray_s_answers() {
     }
 }
 
+/// A rolling window over `rechunk(...)` on a cluster: the copy's rounds
+/// and then the window over the rechunked store run on the workers (the
+/// window under `AfterExec`), with xarray's answer and nothing left in
+/// `work_dir`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolling_windows_over_rechunk_run_on_the_workers_after_the_copy() {
+    let dir = scratch("cluster-rolling-rechunk");
+    let (work, set_work) = own_work_dir(&dir);
+    let workers = start_workers(2).await;
+    let settings = [
+        "SET zarrfusion.target_partition_bytes = 1024",
+        "SET zarrfusion.bytes_per_task = 1",
+        set_work.as_str(),
+    ];
+    let queries = rolling_queries();
+    for q in queries.iter().step_by(4) {
+        let mut q = q.clone();
+        let sql = (q["sql"].as_str().unwrap())
+            .replace(" FROM t ", " FROM rechunk('t', time => 7, lat => 2) AS t ");
+        q["sql"] = Value::String(sql);
+        let (name, shown) = climate_oracle_through(&workers, &settings, &q).await;
+        assert!(
+            shown.contains("copied and scanned by the cluster's workers")
+                && shown.contains("RechunkTasksExec")
+                && shown.contains("AfterExec: after round")
+                && shown.contains("RollingWindowExec")
+                && !shown.contains("WindowAggExec")
+                && shown.contains("Network"),
+            "{name}:\n{shown}"
+        );
+        assert_eq!(work_left(&work), Vec::<String>::new(), "{name}");
+    }
+}
+
 /// The rolling window of `sql` over the climate fixture, as planned here.
 async fn planned_window(
     sql: &str,

@@ -282,6 +282,63 @@ async fn rolling_windows_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
     assert!(copies >= 12, "{copies} copies");
 }
 
+/// A rolling window over `rechunk(...)` is the rolling operator over the
+/// rechunked store, under the `RechunkExec` that copies what it reads
+/// first (the rechunk and rolling primitives composed, as a dense
+/// reduction of `rechunk(...)` is; before, DataFusion's window sorted the
+/// rechunked scan's rows): every oracle query in chunks of 7, 2 and 3
+/// along time, latitude and longitude, in whole blocks and small ones,
+/// gives xarray's answer, and nothing is left in `work_dir`. A COPY of one
+/// writes its rows (the rolling COPY reads the store as it is chunked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_windows_over_rechunk_roll_the_rechunked_store_with_xarray_s_answers() {
+    let dir = common::scratch("rolling_rechunk");
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let set_work = format!("SET zarrfusion.work_dir = '{}'", work.display());
+    let rechunked = " FROM rechunk('t', time => 7, lat => 2, lon => 3) AS t ";
+    let queries = rolling_queries();
+    for q in &queries {
+        let name = q["name"].as_str().unwrap();
+        let sql = q["sql"].as_str().unwrap().replace(" FROM t ", rechunked);
+        assert!(sql.contains("rechunk("), "{name}: {sql}");
+        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        let small: Vec<&str> = SMALL_BLOCKS
+            .into_iter()
+            .chain([set_work.as_str()])
+            .collect();
+        for settings in [&[set_work.as_str()][..], &small[..]] {
+            let ctx = session(true, settings).await;
+            let plan = explain_text(&ctx, &sql).await;
+            assert!(
+                rolled(&plan) && plan.contains("RechunkExec") && plan.contains("rechunked=["),
+                "{name} ({settings:?}):\n{plan}"
+            );
+            let got = run(&ctx, &sql).await;
+            assert_rows(&format!("{name} over rechunk ({settings:?})"), &got, &want);
+        }
+    }
+    // Copied to Zarr: the same values read back.
+    let q = &queries[0];
+    let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
+    let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+    let query = (sql.replace(" FROM t ", rechunked))
+        .strip_suffix(" ORDER BY time, lat, lon")
+        .unwrap()
+        .to_string();
+    let ctx = session(true, &[set_work.as_str()]).await;
+    let out = dir.join("copied.zarr");
+    let copy = format!("COPY ({query}) TO '{}' STORED AS ZARR", out.display());
+    ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+    ctx.register_zarr("copied", out.to_str().unwrap(), HashMap::new())
+        .await
+        .unwrap();
+    let read = "SELECT time, lat, lon, m, n, hi FROM copied ORDER BY time, lat, lon";
+    assert_rows(&format!("{name} copied"), &run(&ctx, read).await, &want);
+    let left: Vec<_> = std::fs::read_dir(&work).unwrap().collect();
+    assert!(left.is_empty(), "left in work_dir: {left:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_of_rolling_windows_fits_a_budget_its_rows_do_not() {
     let dir = common::scratch("rolling_copy_budget");

@@ -75,7 +75,9 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
     };
     let table = &window.read.table;
     let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
-    if !table.broadcasts.is_empty()
+    // Of `rechunk(...)`: its rows are written (the chunks are the COPY's).
+    if window.read.rechunk.is_some()
+        || !table.broadcasts.is_empty()
         || table.dims.iter().any(|d| d.strict_order().is_none())
         || (to.options.dims)
             .as_ref()

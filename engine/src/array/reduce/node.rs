@@ -8,7 +8,7 @@ use datafusion::common::DFSchemaRef;
 use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 
 use super::accumulators::ReduceOp;
-use crate::array::scan_path::TableRead;
+use crate::array::scan_path::{column_names, TableRead};
 use crate::plan_methods::{leaf_node_methods, node_identity};
 
 /// One aggregate of a reduction.
@@ -72,13 +72,7 @@ impl DenseReduction {
     /// The columns its expressions read (not its keys, which are
     /// dimensions), by name.
     pub fn variables(&self) -> Vec<String> {
-        let mut names: Vec<String> = (self.exprs())
-            .flat_map(|e| e.column_refs())
-            .map(|c| c.name.clone())
-            .collect();
-        names.sort();
-        names.dedup();
-        names
+        column_names(self.exprs())
     }
 
     fn key(&self) -> (&Vec<Expr>, &Option<Expr>, &Vec<GroupKey>, &Vec<ReduceExpr>) {

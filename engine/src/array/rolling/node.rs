@@ -9,7 +9,7 @@ use datafusion::common::{DFSchema, DFSchemaRef, Result};
 use datafusion::logical_expr::{Expr, UserDefinedLogicalNodeCore};
 
 use super::frame::{Frame, RollOp};
-use crate::array::scan_path::TableRead;
+use crate::array::scan_path::{column_names, TableRead};
 use crate::plan_methods::{leaf_node_methods, node_identity};
 
 /// A frame in grid order: position `t` aggregates `t + start ..= t + end`;
@@ -126,6 +126,15 @@ impl RollingWindow {
             schema: Arc::new(schema),
             ..self.clone()
         })
+    }
+
+    /// The columns its input columns and aggregates read, by name.
+    pub fn variables(&self) -> Vec<String> {
+        column_names(
+            self.columns
+                .iter()
+                .chain(self.aggregates.iter().map(|a| &a.arg)),
+        )
     }
 
     /// Whether its frames are walked from the series' end (one runs to

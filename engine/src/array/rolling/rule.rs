@@ -1,8 +1,10 @@
 //! `RollingWindowRule`: a SQL window of rolling aggregates along one
 //! dimension of a Zarr table becomes a [`RollingWindow`].
 //!
-//! The rule matches a `Window` whose input is a Zarr table scan, seen
-//! through any projections and aliases, where every window expression is
+//! The rule matches a `Window` whose input is a Zarr table scan (or a
+//! scan of `rechunk(...)`, whose rechunked store the operator then reads
+//! after the copy), seen through any projections and aliases, where every
+//! window expression is
 //!
 //! ```sql
 //! count|sum|avg|min|max(<expr>) OVER (
@@ -52,7 +54,7 @@ use datafusion::logical_expr::{
 use super::frame::RollOp;
 use super::node::{GridFrame, RollExpr, RollingWindow};
 use crate::array::reduce::ReduceOp;
-use crate::array::scan_path::{down_to_scan, replace_columns, TableRead};
+use crate::array::scan_path::{down_to_scan_or_rechunk, replace_columns, TableRead};
 use crate::config::ZarrConfig;
 use crate::plan_methods::bottom_up_rule;
 use crate::table::{pushed_dimension, Coordinate, GridTable};
@@ -170,10 +172,12 @@ fn rolling_window(window: &Window) -> Result<Option<RollingWindow>> {
     let n_columns = columns.len();
     let mut exprs = columns;
     exprs.extend(window_parts(&written));
-    let Some(path) = down_to_scan(&window.input, exprs)? else {
+    let Some(path) = down_to_scan_or_rechunk(&window.input, exprs)? else {
         return Ok(None);
     };
     let table = path.table.grid();
+    // Of `rechunk(...)`: the rechunked store is read, after the copy.
+    let rechunk = path.rechunk;
     let scan = path.scan;
     // A table joined in keeps DataFusion's window (not yet rolled here).
     if !table.broadcasts.is_empty() {
@@ -208,7 +212,8 @@ fn rolling_window(window: &Window) -> Result<Option<RollingWindow>> {
         return Ok(None);
     }
     Ok(Some(RollingWindow {
-        read: TableRead::new(table, Arc::clone(input_schema), scan.filters.clone()),
+        read: TableRead::new(table, Arc::clone(input_schema), scan.filters.clone())
+            .with_rechunk(rechunk),
         dim,
         columns,
         aggregates,
