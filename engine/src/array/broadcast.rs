@@ -32,8 +32,14 @@
 //! tuple by construction (a `GROUP BY` of its key columns, seen through
 //! projections, aliases, filters, sorts and limits; or `DISTINCT`), its
 //! dense array stays under [`MAX_BROADCAST_BYTES`](crate::table::MAX_BROADCAST_BYTES), and the join is inner
-//! (its other conditions become a filter) or keeps every cell of the grid
-//! (`era5 LEFT JOIN clim`: cells without a row get NULLs). Anything else
+//! (its other conditions become a filter, and cells without a row are
+//! filtered out by the broadcast's `matched` column) or keeps every cell of
+//! the grid (`era5 LEFT JOIN clim`: cells without a row get NULLs). An
+//! inner join whose small side is a dense reduction of the same table,
+//! grouped by the join's keys themselves, without a row filter, over every
+//! cell or the same ones (a climatology of the data), keeps every cell by
+//! construction and filters nothing (see `Coverage`): the table then reads
+//! as a whole grid, so that a rolling window can run over it. Anything else
 //! stays DataFusion's join. `SET zarrfusion.broadcast_join = false` turns
 //! the rule off. On a cluster the small side is a stage of its own,
 //! broadcast to the grid's tasks ([`crate::distributed::broadcasts`]).
@@ -41,7 +47,10 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use datafusion::common::{Column, NullEquality, Result};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{plan_err, Column, NullEquality, Result};
 use datafusion::logical_expr::{when, Distinct, Expr, ExprSchemable, Join, JoinType, LogicalPlan};
 use datafusion::physical_expr::execution_props::ExecutionProps;
 use datafusion::physical_expr::PhysicalExpr;
@@ -167,6 +176,15 @@ pub(crate) fn broadcast_join(join: &Join, grid_is_left: bool) -> Result<Option<L
         // Too large to hold: the hash join.
         Err(_) => return Ok(None),
     };
+    // An inner join drops the cells without a row, unless none lacks one.
+    let inner = join.join_type == JoinType::Inner;
+    let every_cell = Coverage {
+        table,
+        filters: &path.scan.filters,
+        keys: &path.exprs[width..],
+        dims_of_keys: &dims_of_keys,
+    };
+    let drops_cells = inner && !every_cell.met_by(small_side, &key_columns, &broadcast);
     let value_names: Vec<String> = (broadcast.fields.iter())
         .map(|f| f.name().clone())
         .collect();
@@ -179,7 +197,6 @@ pub(crate) fn broadcast_join(join: &Join, grid_is_left: bool) -> Result<Option<L
     // The join's columns: the grid side's as they were; the small side's
     // keys are the grid's (NULL where no row matched, in a left join),
     // its other columns the broadcast's.
-    let inner = join.join_type == JoinType::Inner;
     let mut small_outputs = Vec::with_capacity(small_schema.fields().len());
     let mut value = 0;
     for c in 0..small_schema.fields().len() {
@@ -199,11 +216,130 @@ pub(crate) fn broadcast_join(join: &Join, grid_is_left: bool) -> Result<Option<L
     };
 
     let mut predicates = path.predicates.clone();
-    if inner {
+    if drops_cells {
         predicates.push(column(&matched));
     }
     let filters = path.scan.filters.clone();
     join_as_scan(join, name, provider, filters, predicates, outputs).map(Some)
+}
+
+/// The grid's side of a broadcast join: its cells (`table` under the
+/// dimension filters `filters`) and its keys (`keys`, over the scan's
+/// columns, functions of the dimensions `dims_of_keys`).
+struct Coverage<'a> {
+    table: &'a Arc<GridTable>,
+    filters: &'a [Expr],
+    keys: &'a [Expr],
+    dims_of_keys: &'a [usize],
+}
+
+impl Coverage<'_> {
+    /// Whether every cell meets a row of `small` (whose columns
+    /// `key_columns` meet the keys; `broadcast` its columns) by
+    /// construction, so that an inner join keeps every cell: `small` is
+    /// a dense reduction of the same table without a row filter, over
+    /// every cell or the same ones, grouped by the keys themselves (each
+    /// cell's group is its own keys), and no key is NULL or NaN at any
+    /// position (such a key meets no row).
+    fn met_by(&self, small: &LogicalPlan, key_columns: &[usize], broadcast: &Broadcast) -> bool {
+        let Some((reduction, outputs)) = reduction_outputs(small) else {
+            return false;
+        };
+        let read = &reduction.read;
+        let all_unqualified = |exprs: &[Expr]| -> Option<Vec<Expr>> {
+            exprs.iter().map(|e| unqualified(e.clone())).collect()
+        };
+        let same_cells = read.filters.is_empty()
+            || all_unqualified(&read.filters)
+                .is_some_and(|f| Some(f) == all_unqualified(self.filters));
+        if !Arc::ptr_eq(&read.table, self.table)
+            || read.rechunk.is_some()
+            || reduction.predicate.is_some()
+            || !same_cells
+        {
+            return false;
+        }
+        let grouped_by_keys = (self.keys.iter().zip(self.dims_of_keys).zip(key_columns)).all(
+            |((key, &dim), &column)| {
+                let Some(group) = outputs.get(column).copied().flatten() else {
+                    return false;
+                };
+                let Some(group) = reduction.groups.get(group) else {
+                    return false;
+                };
+                let function = match &group.expr {
+                    Some(expr) => unqualified(expr.clone()),
+                    None => Some(Expr::Column(Column::new_unqualified(
+                        &self.table.dims[dim].name,
+                    ))),
+                };
+                group.dim == dim && function.is_some() && function == unqualified(key.clone())
+            },
+        );
+        let keys_valid = (broadcast.dims.iter())
+            .flat_map(|d| &d.distinct)
+            .all(|keys| keys.null_count() == 0 && !has_nan(keys));
+        grouped_by_keys && keys_valid
+    }
+}
+
+/// The dense reduction `plan` is, seen through projections of its columns
+/// and aliases, and for each of `plan`'s output columns the reduction's
+/// output it is (`None`: computed).
+fn reduction_outputs(plan: &LogicalPlan) -> Option<(&DenseReduction, Vec<Option<usize>>)> {
+    match plan {
+        LogicalPlan::Extension(e) => {
+            let reduction = e.node.as_any().downcast_ref::<DenseReduction>()?;
+            Some((
+                reduction,
+                (0..reduction.schema.fields().len()).map(Some).collect(),
+            ))
+        }
+        LogicalPlan::SubqueryAlias(a) => reduction_outputs(&a.input),
+        LogicalPlan::Projection(p) => {
+            let (reduction, inner) = reduction_outputs(&p.input)?;
+            let input_schema = p.input.schema();
+            let outputs = (p.expr.iter())
+                .map(|e| match e.clone().unalias() {
+                    Expr::Column(c) => input_schema.index_of_column(&c).ok().and_then(|i| inner[i]),
+                    _ => None,
+                })
+                .collect();
+            Some((reduction, outputs))
+        }
+        _ => None,
+    }
+}
+
+/// `expr` with its columns named without their tables and no aliases;
+/// `None` if it holds what cannot be compared so (a subquery).
+fn unqualified(expr: Expr) -> Option<Expr> {
+    expr.unalias_nested()
+        .data
+        .transform(|e| match e {
+            Expr::Column(c) => Ok(Transformed::yes(Expr::Column(Column::new_unqualified(
+                c.name,
+            )))),
+            Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_) => {
+                plan_err!("a subquery")
+            }
+            other => Ok(Transformed::no(other)),
+        })
+        .ok()
+        .map(|t| t.data)
+}
+
+/// Whether a float array holds a NaN.
+fn has_nan(values: &ArrayRef) -> bool {
+    match values.data_type() {
+        DataType::Float32 => {
+            (values.as_primitive::<Float32Type>().iter()).any(|v| v.is_some_and(f32::is_nan))
+        }
+        DataType::Float64 => {
+            (values.as_primitive::<Float64Type>().iter()).any(|v| v.is_some_and(f64::is_nan))
+        }
+        _ => false,
+    }
 }
 
 /// The dimension `key` (over the scan's columns) is a deterministic

@@ -43,7 +43,7 @@
 //! |---|---|
 //! | the scan ([`crate::table::ZarrScanExec`]), an aligned join ([`zip`]), a broadcast join ([`broadcast`]) | read (of a zipped table; with broadcast columns) |
 //! | a dense reduction ([`reduce`]) | read + blockwise (fused elementwise arguments) + reduce |
-//! | a rolling window ([`rolling`]) | read (blocks along the rolled dimension, with a halo) + blockwise (the frames) |
+//! | a rolling window ([`rolling`]) | read (blocks along the rolled dimension, with a halo; with broadcast columns) + blockwise (the frames) |
 //! | a dense reduction or rolling window over `rechunk(...)` | rechunk, then the operator's primitives over the rechunked store |
 //! | rechunk, COPY of a whole table ([`copy::whole`]) | rechunk |
 //! | COPY of a selection ([`copy::selection`]) | read + blockwise into a scratch store + rechunk into the target |

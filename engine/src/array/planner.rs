@@ -24,7 +24,7 @@ use super::scan_path::TableRead;
 use crate::array::copy::rolling::RollingCopy;
 use crate::array::copy::selection::SelectionCopy;
 use crate::array::copy::ArrayCopy;
-use crate::table::BroadcastInputs;
+use crate::table::{BlockRead, BroadcastInputs};
 
 /// Plans the array nodes of `engine::array`.
 #[derive(Debug, Default)]
@@ -56,13 +56,7 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
                 .await;
             }
             let exec = DenseReductionExec::plan(reduction, planner, session, planning)?;
-            let read = exec.read();
-            let broadcasts =
-                BroadcastInputs::plan(read.table.broadcasts_read(&read.columns), session).await?;
-            let limit = match session.runtime_env().memory_pool.memory_limit() {
-                MemoryLimit::Finite(limit) => Some(limit),
-                _ => None,
-            };
+            let (broadcasts, limit) = joined_in(exec.read(), session).await?;
             let exec = exec.with_broadcasts(broadcasts, limit)?;
             return Ok(Some(Arc::new(exec)));
         }
@@ -81,6 +75,8 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
                 .await;
             }
             let exec = RollingWindowExec::plan(window, planner, session, planning)?;
+            let (broadcasts, limit) = joined_in(exec.read(), session).await?;
+            let exec = exec.with_broadcasts(broadcasts, limit)?;
             return Ok(Some(Arc::new(exec)));
         }
         if let Some(copy) = node.as_any().downcast_ref::<ArrayCopy>() {
@@ -97,6 +93,21 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
         }
         Ok(None)
     }
+}
+
+/// The small sides of the broadcast columns `read` reads, planned, and
+/// the session's memory limit their operator must fit with them.
+async fn joined_in(
+    read: &BlockRead,
+    session: &dyn Session,
+) -> Result<(BroadcastInputs, Option<usize>)> {
+    let broadcasts =
+        BroadcastInputs::plan(read.table.broadcasts_read(&read.columns), session).await?;
+    let limit = match session.runtime_env().memory_pool.memory_limit() {
+        MemoryLimit::Finite(limit) => Some(limit),
+        _ => None,
+    };
+    Ok((broadcasts, limit))
 }
 
 /// A leaf operator reading `rechunk(...)` (`rechunk`, of `read`'s

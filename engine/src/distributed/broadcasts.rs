@@ -22,6 +22,7 @@ use std::sync::Arc;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use datafusion_distributed::BroadcastExec;
 
+use crate::array::rolling::RollingWindowExec;
 use crate::array::DenseReductionExec;
 use crate::plan_methods::physical_bottom_up_rule;
 use crate::table::{ZarrScanExec, TASKS_OF_STAGE};
@@ -44,6 +45,11 @@ physical_bottom_up_rule!(
                 return Ok(None);
             }
             Arc::new(scan.with_tasks_of_stage())
+        } else if let Some(window) = node.downcast_ref::<RollingWindowExec>() {
+            if window.tasks() == TASKS_OF_STAGE {
+                return Ok(None);
+            }
+            Arc::new(window.with_tasks_of_stage())
         } else if let Some(reduction) = node.downcast_ref::<DenseReductionExec>() {
             if matches!(reduction.tasks(), None | Some(TASKS_OF_STAGE)) {
                 return Ok(None);

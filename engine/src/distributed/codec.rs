@@ -1752,7 +1752,8 @@ impl ZarrCodec {
         let (read, rolling) = match run.kernel {
             Kernel::Evaluate(read) => (self.decode_read(*read, ctx)?, None),
             Kernel::Roll(window) => {
-                let window = self.decode_window(*window, ctx)?;
+                // A COPY's window joins nothing in.
+                let window = self.decode_window(*window, JoinedRows::Inputs(&[]), ctx)?;
                 let Some(window) = window.downcast_ref::<RollingWindowExec>() else {
                     return internal_err!("a rolling window decoded as {}", window.name());
                 };
@@ -2095,7 +2096,7 @@ impl ZarrCodec {
         tasks: usize,
     ) -> Result<Window> {
         Ok(Window {
-            read: Read::of(&r.read)?,
+            read: self.joined_read(&r.read)?,
             arg_places: r.arg_places.clone(),
             outputs: (r.outputs.iter())
                 .map(|e| self.encode_expr(e))
@@ -2124,14 +2125,20 @@ impl ZarrCodec {
         })
     }
 
-    fn decode_window(&self, w: Window, ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-        let read = self.decode_read(w.read, ctx)?;
+    fn decode_window(
+        &self,
+        w: Window,
+        inputs: JoinedRows,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let (read, broadcasts) = self.joined_inputs(w.read, inputs, ctx)?;
         let store = &read.table.store;
+        let stage_tasks = w.tasks == TASKS_OF_STAGE && !broadcasts.is_empty();
         check_counts(
             &format!("a rolling window over {store}"),
             &[
                 ("partitions", w.partitions, MAX_PARTITIONS),
-                ("tasks", w.tasks, MAX_TASKS),
+                ("tasks", w.tasks.max(usize::from(stage_tasks)), MAX_TASKS),
                 ("batch_size", w.batch_size, MAX_BATCH_ROWS),
                 ("aggregates", w.aggregates.len(), MAX_AGGREGATES),
             ],
@@ -2205,10 +2212,8 @@ impl ZarrCodec {
             tasks: w.tasks,
             backward: w.backward,
         };
-        Ok(Arc::new(RollingWindowExec::from_parts(
-            parts,
-            memory_limit,
-        )?))
+        let exec = RollingWindowExec::from_parts(parts, memory_limit)?;
+        Ok(Arc::new(exec.with_broadcasts(broadcasts, memory_limit)?))
     }
 }
 
@@ -2227,7 +2232,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
         // A merge's one input is the states it merges.
         // The stage after a staged transform's first: the first stage's
         // counts.
-        let joins = matches!(node, Node::Scan(_) | Node::Reduction(_));
+        let joins = matches!(node, Node::Scan(_) | Node::Reduction(_) | Node::Window(_));
         let expected = match &node {
             Node::Merge(_) => 1,
             Node::Transform(t) => usize::from(t.staged.is_some() || t.four_step.is_some()),
@@ -2248,7 +2253,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
                 self.decode_reduction(reduction, JoinedRows::Inputs(inputs), ctx)
             }
             Node::Merge(merge) => self.decode_merge(merge, &inputs[0], ctx),
-            Node::Window(window) => self.decode_window(window, ctx),
+            Node::Window(window) => self.decode_window(window, JoinedRows::Inputs(inputs), ctx),
             Node::RechunkTasks(run) => decode_rechunk(run, ctx),
             Node::Blockwise(run) => self.decode_blockwise(run, ctx),
             Node::Transform(transform) => self.decode_transform(transform, inputs, ctx),

@@ -303,6 +303,16 @@ pub fn share_of_runs(range: Range<u64>, i: u64, n: u64, unit: u64) -> Range<u64>
 /// many as that says.
 pub const TASKS_OF_STAGE: usize = 0;
 
+/// How `EXPLAIN` shows a node's `tasks`: nothing for one, `, tasks=N`,
+/// or `, tasks=its stage's` ([`TASKS_OF_STAGE`]).
+pub fn shown_tasks(tasks: usize) -> String {
+    match tasks {
+        1 => String::new(),
+        TASKS_OF_STAGE => ", tasks=its stage's".to_string(),
+        n => format!(", tasks={n}"),
+    }
+}
+
 /// Which of `tasks` tasks of a cluster's stage this execution of `node`
 /// (over `of`, a store) runs as, and of how many: task 0 of 1 when `tasks`
 /// is 1 (one process runs them all), else the task its

@@ -20,8 +20,8 @@ mod selection;
 
 pub use block_read::BlockRead;
 pub use blocks::{
-    boxes_in_block, share_of, share_of_runs, task_index, task_share, BlockGrid, BlockTemporaries,
-    TASKS_OF_STAGE,
+    boxes_in_block, share_of, share_of_runs, shown_tasks, task_index, task_share, BlockGrid,
+    BlockTemporaries, TASKS_OF_STAGE,
 };
 pub use broadcast::{
     Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, SmallSidePlanner,

@@ -30,7 +30,7 @@ use datafusion::physical_plan::{
 use tokio::sync::mpsc::Sender;
 
 use super::block_read::BlockRead;
-use super::blocks::{boxes_in_block, share_of, task_index, TASKS_OF_STAGE};
+use super::blocks::{boxes_in_block, share_of, shown_tasks, task_index, TASKS_OF_STAGE};
 use super::broadcast::BroadcastInputs;
 use super::cells::BoxCells;
 use super::read_ahead::ReadAheadPlan;
@@ -336,12 +336,7 @@ impl DisplayAs for ZarrScanExec {
         if let Some(limit) = self.limit {
             write!(f, ", limit={limit}")?;
         }
-        match self.tasks {
-            TASKS_OF_STAGE => write!(f, ", tasks=its stage's")?,
-            1 => {}
-            n => write!(f, ", tasks={n}")?,
-        }
-        Ok(())
+        write!(f, "{}", shown_tasks(self.tasks))
     }
 }
 

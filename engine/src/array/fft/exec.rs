@@ -48,8 +48,8 @@ use crate::memory::reserve;
 use crate::plan_methods::{metered_plan_methods, named_plan_methods, no_expressions_method};
 use crate::table::cells::dimension_indices;
 use crate::table::{
-    share_of, task_share, BlockGrid, Coordinate, ReadAheadPlan, Selection, TableReadAhead,
-    TASKS_OF_STAGE,
+    share_of, shown_tasks, task_share, BlockGrid, Coordinate, ReadAheadPlan, Selection,
+    TableReadAhead, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -921,11 +921,7 @@ impl DisplayAs for FftExec {
             } else {
                 0
             }),
-            match self.tasks {
-                1 => String::new(),
-                TASKS_OF_STAGE => ", tasks=its stage's".to_string(),
-                tasks => format!(", tasks={tasks}"),
-            },
+            shown_tasks(self.tasks),
         )?;
         match (&self.first_stage, self.inputs.is_empty()) {
             (Some(_), _) => write!(f, ", first stage on the cluster's workers")?,

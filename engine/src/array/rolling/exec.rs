@@ -35,7 +35,9 @@ use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::{human_readable_size, plan_err, resources_err, DFSchema, Result};
+use datafusion::common::{
+    human_readable_size, plan_err, resources_err, DFSchema, DataFusionError, Result,
+};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{Cast, Expr, ExprSchemable};
@@ -53,10 +55,13 @@ use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
 use super::node::RollingWindow;
 use super::running::{accumulate, add_positions, RunningState};
 use crate::memory::reserve;
-use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
+use crate::plan_methods::{
+    broadcast_children_methods, metered_plan_methods, no_expressions_method,
+};
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, share_of_runs, task_share, BlockGrid, BlockRead, BlockTemporaries, BoxCells,
+    boxes_in_block, share_of_runs, shown_tasks, task_share, BlockGrid, BlockRead, BlockTemporaries,
+    BoxCells, BroadcastInputs, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -136,6 +141,8 @@ pub struct RollingWindowExec {
     batch_size: usize,
     /// The tasks of a cluster's stage its blocks are dealt to (1: all here).
     tasks: usize,
+    /// The small sides of the broadcast columns read: the children.
+    broadcasts: BroadcastInputs,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -307,25 +314,58 @@ impl RollingWindowExec {
         };
         let exec = Self::with_parts(Arc::new(rolling), partitions, batch_size, tasks);
         if let Some(limit) = memory_limit {
-            let projected = exec.projected_memory();
-            if projected > limit {
-                let r = &exec.rolling;
-                return resources_err!(
-                    "RollingWindowExec over {} needs {} ({} partitions x {} per partition: \
-                     blocks of shape {:?}, {} positions of overlap) but the memory limit \
-                     (allowed_mem) is {}; raise the limit, shorten the frames or lower \
-                     zarrfusion.target_partition_bytes",
-                    r.read.table.store,
-                    human_readable_size(projected),
-                    exec.partitions,
-                    human_readable_size(exec.per_partition_memory()),
-                    r.read.blocks.block_shape(),
-                    r.before + r.after,
-                    human_readable_size(limit)
-                );
-            }
+            exec.check_memory(limit)?;
         }
         Ok(exec)
+    }
+
+    /// Refuses this window when its projected memory exceeds `limit`.
+    fn check_memory(&self, limit: usize) -> Result<()> {
+        let projected = self.projected_memory();
+        if projected <= limit {
+            return Ok(());
+        }
+        let r = &self.rolling;
+        resources_err!(
+            "RollingWindowExec over {} needs {} ({} partitions x {} per partition: blocks of \
+             shape {:?}, {} positions of overlap{}) but the memory limit (allowed_mem) is {}; \
+             raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes",
+            r.read.table.store,
+            human_readable_size(projected),
+            self.partitions,
+            human_readable_size(self.per_partition_memory()),
+            r.read.blocks.block_shape(),
+            r.before + r.after,
+            match self.broadcasts.memory() {
+                0 => String::new(),
+                n => format!("; and {} of tables joined in", human_readable_size(n)),
+            },
+            human_readable_size(limit)
+        )
+    }
+
+    /// This window reading the broadcast columns of `broadcasts` (their
+    /// small sides planned, or received by a cluster's worker), refused if
+    /// it then cannot fit `memory_limit` (the session's or the worker's).
+    pub fn with_broadcasts(
+        mut self,
+        broadcasts: BroadcastInputs,
+        memory_limit: Option<usize>,
+    ) -> Result<Self> {
+        self.broadcasts = broadcasts;
+        if let Some(limit) = memory_limit {
+            self.check_memory(limit)?;
+        }
+        Ok(self)
+    }
+
+    /// A copy of this window joining `broadcasts` in (its children
+    /// replaced).
+    fn rejoined(&self, broadcasts: BroadcastInputs) -> Self {
+        Self {
+            broadcasts,
+            ..self.with_tasks(self.tasks)
+        }
     }
 
     fn with_parts(
@@ -345,7 +385,8 @@ impl RollingWindowExec {
             rolling,
             partitions,
             batch_size: batch_size.max(1),
-            tasks: tasks.max(1),
+            tasks,
+            broadcasts: BroadcastInputs::default(),
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -355,12 +396,22 @@ impl RollingWindowExec {
     /// This window with its blocks dealt to `tasks` tasks of a cluster's
     /// stage, in contiguous runs (each task's split among its partitions).
     pub fn with_tasks(&self, tasks: usize) -> Self {
-        Self::with_parts(
-            Arc::clone(&self.rolling),
-            self.partitions,
-            self.batch_size,
-            tasks,
-        )
+        Self {
+            broadcasts: self.broadcasts.clone(),
+            ..Self::with_parts(
+                Arc::clone(&self.rolling),
+                self.partitions,
+                self.batch_size,
+                tasks,
+            )
+        }
+    }
+
+    /// This window with its blocks dealt to the tasks of its cluster's
+    /// stage, however many the stage has (a window whose small sides are
+    /// its inputs is not its stage's leaf, so the stage does not say).
+    pub fn with_tasks_of_stage(&self) -> Self {
+        self.with_tasks(TASKS_OF_STAGE)
     }
 
     /// The tasks its blocks are dealt to (1: all of them here).
@@ -404,9 +455,16 @@ impl RollingWindowExec {
         self.partitions
     }
 
-    /// Memory the whole window is projected to hold at its peak.
+    /// Memory the whole window is projected to hold at its peak: its
+    /// partitions' and the broadcasts' (held once for all).
     pub fn projected_memory(&self) -> usize {
-        self.partitions.saturating_mul(self.per_partition_memory())
+        (self.partitions.saturating_mul(self.per_partition_memory()))
+            .saturating_add(self.broadcasts.memory())
+    }
+
+    /// The small sides of the broadcast columns it reads.
+    pub fn broadcasts(&self) -> &BroadcastInputs {
+        &self.broadcasts
     }
 
     /// The blocks partition `partition` reads (in the order along the
@@ -1104,12 +1162,15 @@ impl DisplayAs for RollingWindowExec {
             r.after,
             self.partitions,
             human_readable_size(self.projected_memory()),
-        )
+        )?;
+        write!(f, "{}", self.broadcasts.display(&r.read.table.dim_names()))?;
+        write!(f, "{}", shown_tasks(self.tasks))
     }
 }
 
 impl ExecutionPlan for RollingWindowExec {
-    leaf_plan_methods!("RollingWindowExec");
+    broadcast_children_methods!("RollingWindowExec");
+    no_expressions_method!();
 
     fn execute(
         &self,
@@ -1140,10 +1201,23 @@ impl ExecutionPlan for RollingWindowExec {
         let batch_size = self.batch_size;
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
         let tx = builder.tx();
-        builder.spawn_blocking(move || {
+        let roll = move || {
             let _reservation = reservation;
             rolling.run_partition(run, batch_size, &tx, meters, progress.as_deref())
-        });
+        };
+        if self.broadcasts.is_empty() {
+            builder.spawn_blocking(roll);
+        } else {
+            // The tables joined in are computed first, and held while the
+            // blocks are rolled.
+            let (broadcasts, partitions) = (self.broadcasts.clone(), self.partitions);
+            builder.spawn(async move {
+                let _held = broadcasts.hold(&context, partitions).await?;
+                tokio::task::spawn_blocking(roll)
+                    .await
+                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?
+            });
+        }
         Ok(builder.build())
     }
 

@@ -32,7 +32,12 @@
 //! [`MAX_FRAME`] positions, a `dim` whose coordinate is strictly monotonic
 //! without NULL or NaN (so `ORDER BY` is the grid's order or its reverse,
 //! without ties), and filters only on single dimensions (pushed into the
-//! scan: a filter on the values would take cells out of the frames).
+//! scan: a filter on the values would take cells out of the frames). The
+//! table may have columns joined in by a broadcast join that keeps every
+//! cell (a left join, or an inner join whose small side covers the grid:
+//! [`crate::array::broadcast`]); an inner join that may leave cells out is
+//! a filter on the values (its `matched` column), and keeps DataFusion's
+//! window.
 //!
 //! Each partition is then one line of cells along `dim`, in grid order, and
 //! each frame a run of neighbours on it: the operator reads blocks along
@@ -179,10 +184,6 @@ fn rolling_window(window: &Window) -> Result<Option<RollingWindow>> {
     // Of `rechunk(...)`: the rechunked store is read, after the copy.
     let rechunk = path.rechunk;
     let scan = path.scan;
-    // A table joined in keeps DataFusion's window (not yet rolled here).
-    if !table.broadcasts.is_empty() {
-        return Ok(None);
-    }
     // Cells filtered on their values would leave holes in the frames.
     if !path.predicates.is_empty()
         || scan
