@@ -49,6 +49,13 @@ result in memory):
   anomaly-window  the same anomaly's zonal mean written as a window (the climatology as
                `avg(t2m) OVER (PARTITION BY extract(month FROM time), lat, lon)`)
                xarray: as anomaly
+  anomaly-rolling  the 24-hour running mean of every cell's anomaly against its monthly
+               climatology (the climatology joined in, then rolled), reduced to its count
+               and sum of squares
+               SQL: avg(era5.t2m - clim.c) OVER (PARTITION BY lat, lon ORDER BY time
+                    ROWS BETWEEN 23 PRECEDING AND CURRENT ROW) over era5 JOIN clim (as anomaly)
+               xarray: (t2m.groupby("time.month") - its mean).rolling(time=24, min_periods=1).mean()
+                       (float64, as SQL)
   read         the physical floor: one read of every chunk (SQL: sum(t2m);
                xarray: the array loaded and summed); the coarsen query reads 1/11 of it
 
@@ -90,7 +97,7 @@ RESULTS = HERE / "RESULTS.md"
 ZF_PYTHON = os.environ.get("ZARRFUSION_PYTHON", str(Path.home() / ".cache" / "zarrfusion-venv" / "bin" / "python"))
 ARMS = ["zarrfusion", "zarrfusion-hash", "xarray-flox", "xarray-numbagg", "xarray-dask", "xarray-sql"]
 QUERIES = ["read", "daily", "climatology", "coarsen", "rolling", "cumulative", "remaining",
-           "rolling-zarr", "anomaly", "anomaly-window"]
+           "rolling-zarr", "anomaly", "anomaly-window", "anomaly-rolling"]
 # Where rolling-zarr writes (removed before and after each run).
 OUT = HERE / "data" / "rolling_out.zarr"
 ROLLING = ("avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND "
@@ -119,6 +126,13 @@ SQL = {
                "AND era5.lon = clim.lon GROUP BY 1, 2",
     "anomaly-window": "SELECT time, lat, avg(a) AS m FROM (SELECT time, lat, lon, t2m - avg(t2m) OVER "
                       "(PARTITION BY extract(month FROM time), lat, lon) AS a FROM era5) GROUP BY 1, 2",
+    # Its sum of squares: running means of anomalies sum to nearly zero.
+    "anomaly-rolling": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
+                       "FROM era5 GROUP BY 1, 2, 3) "
+                       "SELECT count(m) AS n, sum(m * m) AS m FROM (SELECT avg(era5.t2m - clim.c) OVER "
+                       "(PARTITION BY era5.lat, era5.lon ORDER BY era5.time ROWS BETWEEN 23 PRECEDING "
+                       "AND CURRENT ROW) AS m FROM era5 JOIN clim ON extract(month FROM era5.time) = "
+                       "clim.month AND era5.lat = clim.lat AND era5.lon = clim.lon)",
 }
 
 
@@ -208,6 +222,10 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         t64 = t2m.astype("float64")
         months = t64.groupby("time.month")
         out = (months - months.mean(**kwargs)).mean("lon")
+    elif query == "anomaly-rolling":
+        t64 = t2m.astype("float64")
+        months = t64.groupby("time.month")
+        out = (months - months.mean(**kwargs)).rolling(time=24, min_periods=1).mean()
     if query == "rolling-zarr":
         from zarr.codecs import ZstdCodec
 
@@ -231,6 +249,9 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
     if query in ("anomaly", "anomaly-window"):
         # Anomalies sum to zero: their squares are the checksum.
         return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values**2))}
+    if query == "anomaly-rolling":
+        return {"seconds": seconds, "groups": int(np.count_nonzero(~np.isnan(values))),
+                "checksum": float(np.nansum(values**2))}
     return {"seconds": seconds, "groups": int(values.size), "checksum": float(np.nansum(values))}
 
 
@@ -263,7 +284,7 @@ def answer(query: str, table) -> dict:
     import numpy as np
 
     m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
-    if query in ("rolling", "cumulative", "remaining"):
+    if query in ("rolling", "cumulative", "remaining", "anomaly-rolling"):
         return {"groups": int(table.column("n")[0].as_py()), "checksum": float(m[0])}
     if query in ("anomaly", "anomaly-window"):
         return {"groups": table.num_rows, "checksum": float(np.nansum(m**2))}

@@ -237,26 +237,21 @@ impl Coverage<'_> {
     /// Whether every cell meets a row of `small` (whose columns
     /// `key_columns` meet the keys; `broadcast` its columns) by
     /// construction, so that an inner join keeps every cell: `small` is
-    /// a dense reduction of the same table without a row filter, over
+    /// a grouping ([`grouping_of`]) of the same table without a row filter, over
     /// every cell or the same ones, grouped by the keys themselves (each
     /// cell's group is its own keys), and no key is NULL or NaN at any
     /// position (such a key meets no row).
     fn met_by(&self, small: &LogicalPlan, key_columns: &[usize], broadcast: &Broadcast) -> bool {
-        let Some((reduction, outputs)) = reduction_outputs(small) else {
+        let Some((grouping, outputs)) = grouping_of(small) else {
             return false;
         };
-        let read = &reduction.read;
         let all_unqualified = |exprs: &[Expr]| -> Option<Vec<Expr>> {
             exprs.iter().map(|e| unqualified(e.clone())).collect()
         };
-        let same_cells = read.filters.is_empty()
-            || all_unqualified(&read.filters)
+        let same_cells = grouping.filters.is_empty()
+            || all_unqualified(&grouping.filters)
                 .is_some_and(|f| Some(f) == all_unqualified(self.filters));
-        if !Arc::ptr_eq(&read.table, self.table)
-            || read.rechunk.is_some()
-            || reduction.predicate.is_some()
-            || !same_cells
-        {
+        if !Arc::ptr_eq(&grouping.table, self.table) || !same_cells {
             return false;
         }
         let grouped_by_keys = (self.keys.iter().zip(self.dims_of_keys).zip(key_columns)).all(
@@ -264,16 +259,11 @@ impl Coverage<'_> {
                 let Some(group) = outputs.get(column).copied().flatten() else {
                     return false;
                 };
-                let Some(group) = reduction.groups.get(group) else {
+                let Some((group_dim, function)) = grouping.groups.get(group) else {
                     return false;
                 };
-                let function = match &group.expr {
-                    Some(expr) => unqualified(expr.clone()),
-                    None => Some(Expr::Column(Column::new_unqualified(
-                        &self.table.dims[dim].name,
-                    ))),
-                };
-                group.dim == dim && function.is_some() && function == unqualified(key.clone())
+                let function = unqualified(function.clone());
+                *group_dim == dim && function.is_some() && function == unqualified(key.clone())
             },
         );
         let keys_valid = (broadcast.dims.iter())
@@ -283,21 +273,73 @@ impl Coverage<'_> {
     }
 }
 
-/// The dense reduction `plan` is, seen through projections of its columns
-/// and aliases, and for each of `plan`'s output columns the reduction's
-/// output it is (`None`: computed).
-fn reduction_outputs(plan: &LogicalPlan) -> Option<(&DenseReduction, Vec<Option<usize>>)> {
+/// A `GROUP BY` of every row of a table's cells (no row filter): the
+/// table, the dimension filters selecting the cells, and per group its
+/// dimension and the function of that dimension's column it is, over the
+/// table's columns (the column itself for a dimension grouped as it is).
+struct Grouping {
+    table: Arc<GridTable>,
+    filters: Vec<Expr>,
+    groups: Vec<(usize, Expr)>,
+}
+
+/// The grouping `plan` is (a dense reduction, or an aggregate over a
+/// Zarr table's scan without a row filter), seen through projections of
+/// its columns and aliases, and for each of `plan`'s output columns the
+/// group it is (`None`: an aggregate or computed).
+fn grouping_of(plan: &LogicalPlan) -> Option<(Grouping, Vec<Option<usize>>)> {
     match plan {
         LogicalPlan::Extension(e) => {
             let reduction = e.node.as_any().downcast_ref::<DenseReduction>()?;
+            let read = &reduction.read;
+            if read.rechunk.is_some() || reduction.predicate.is_some() {
+                return None;
+            }
+            let table = Arc::clone(&read.table);
+            let groups = (reduction.groups.iter())
+                .map(|g| {
+                    let column = || Expr::Column(Column::new_unqualified(&table.dims[g.dim].name));
+                    (g.dim, g.expr.clone().unwrap_or_else(column))
+                })
+                .collect();
+            let outputs = (0..reduction.schema.fields().len()).map(Some).collect();
+            let filters = read.filters.clone();
             Some((
-                reduction,
-                (0..reduction.schema.fields().len()).map(Some).collect(),
+                Grouping {
+                    table,
+                    filters,
+                    groups,
+                },
+                outputs,
             ))
         }
-        LogicalPlan::SubqueryAlias(a) => reduction_outputs(&a.input),
+        LogicalPlan::Aggregate(a) => {
+            let path = down_to_scan(&a.input, a.group_expr.clone()).ok()??;
+            let table = Arc::clone(path.table.grid());
+            if !path.predicates.is_empty()
+                || (a.group_expr.iter()).any(|e| matches!(e, Expr::GroupingSet(_)))
+            {
+                return None;
+            }
+            let groups = (path.exprs.into_iter())
+                .map(|e| Some((dimension_of(&e, &table)?, e)))
+                .collect::<Option<Vec<_>>>()?;
+            let outputs = (0..a.schema.fields().len())
+                .map(|i| (i < groups.len()).then_some(i))
+                .collect();
+            let filters = path.scan.filters.clone();
+            Some((
+                Grouping {
+                    table,
+                    filters,
+                    groups,
+                },
+                outputs,
+            ))
+        }
+        LogicalPlan::SubqueryAlias(a) => grouping_of(&a.input),
         LogicalPlan::Projection(p) => {
-            let (reduction, inner) = reduction_outputs(&p.input)?;
+            let (grouping, inner) = grouping_of(&p.input)?;
             let input_schema = p.input.schema();
             let outputs = (p.expr.iter())
                 .map(|e| match e.clone().unalias() {
@@ -305,7 +347,7 @@ fn reduction_outputs(plan: &LogicalPlan) -> Option<(&DenseReduction, Vec<Option<
                     _ => None,
                 })
                 .collect();
-            Some((reduction, outputs))
+            Some((grouping, outputs))
         }
         _ => None,
     }
