@@ -86,10 +86,16 @@ impl ExtensionPlanner for ArrayExtensionPlanner {
             return Ok(Some(Arc::new(copy.plan(session).await?)));
         }
         if let Some(copy) = node.as_any().downcast_ref::<RollingCopy>() {
-            return Ok(Some(Arc::new(copy.plan(planner, session, planning)?)));
+            let exec = RollingWindowExec::plan(&copy.window, planner, session, planning)?;
+            let (broadcasts, limit) = joined_in(exec.read(), session).await?;
+            let exec = exec.with_broadcasts(broadcasts, limit)?;
+            return Ok(Some(Arc::new(copy.plan(exec, planner, session, planning)?)));
         }
         if let Some(copy) = node.as_any().downcast_ref::<SelectionCopy>() {
-            return Ok(Some(Arc::new(copy.plan(planner, session, planning)?)));
+            let broadcasts = BroadcastInputs::plan(copy.broadcasts_read()?, session).await?;
+            return Ok(Some(Arc::new(
+                copy.plan(broadcasts, planner, session, planning)?,
+            )));
         }
         Ok(None)
     }

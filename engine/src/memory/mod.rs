@@ -4,5 +4,5 @@
 mod reserve;
 mod size;
 
-pub use reserve::reserve;
+pub use reserve::{reserve, Reservation};
 pub use size::parse_size;

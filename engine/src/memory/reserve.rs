@@ -7,6 +7,13 @@
 //! pool (so concurrent queries share the budget), refuses with the numbers
 //! when the pool cannot give it, and shows it as the operator's
 //! `memory_reserved` metric in `EXPLAIN ANALYZE`.
+//!
+//! An operator holding tables joined in ([`Reservation::after`]) takes its
+//! own memory once their plans have run and freed their working memory, so
+//! that the two are never held at once: each was checked against the limit
+//! on its own when planned.
+
+use std::sync::Arc;
 
 use datafusion::common::{human_readable_size, DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -39,6 +46,66 @@ pub fn reserve(
         .gauge("memory_reserved", partition)
         .set(bytes);
     Ok(reservation)
+}
+
+/// A partition's projected memory, reserved as [`reserve`] does, at once
+/// or later.
+pub struct Reservation {
+    operator: &'static str,
+    store: String,
+    partition: usize,
+    bytes: usize,
+    context: Arc<TaskContext>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl Reservation {
+    /// `bytes` for partition `partition` of `operator` over `store`, in
+    /// `context`'s pool, reported to `metrics`.
+    pub fn new(
+        operator: &'static str,
+        store: &str,
+        partition: usize,
+        bytes: usize,
+        context: &Arc<TaskContext>,
+        metrics: &ExecutionPlanMetricsSet,
+    ) -> Self {
+        Self {
+            operator,
+            store: store.to_string(),
+            partition,
+            bytes,
+            context: Arc::clone(context),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Takes it now.
+    pub fn take(&self) -> Result<MemoryReservation> {
+        reserve(
+            self.operator,
+            &self.store,
+            self.partition,
+            self.bytes,
+            &self.context,
+            &self.metrics,
+        )
+    }
+
+    /// Taken now, unless the partition first waits for something
+    /// (`later`: tables joined in, computed before it starts): then `None`,
+    /// for [`Self::take`] once that is done.
+    pub fn unless(&self, later: bool) -> Result<Option<MemoryReservation>> {
+        (!later).then(|| self.take()).transpose()
+    }
+
+    /// The reservation taken by [`Self::unless`], or taken now.
+    pub fn after(&self, taken: Option<MemoryReservation>) -> Result<MemoryReservation> {
+        match taken {
+            Some(taken) => Ok(taken),
+            None => self.take(),
+        }
+    }
 }
 
 #[cfg(test)]

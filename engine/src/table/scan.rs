@@ -34,12 +34,13 @@ use super::blocks::{boxes_in_block, share_of, shown_tasks, task_index, TASKS_OF_
 use super::broadcast::BroadcastInputs;
 use super::cells::BoxCells;
 use super::read_ahead::ReadAheadPlan;
-use crate::memory::reserve;
+use crate::memory::Reservation;
 use crate::plan_methods::{
     broadcast_children_methods, metered_plan_methods, no_expressions_method,
 };
 use crate::progress::ScanProgress;
 use crate::zarr::ChunkBufferPool;
+use datafusion::execution::memory_pool::MemoryReservation;
 
 /// The smallest batch [`ZarrScanExec::fit_batches`] shrinks batches to.
 pub const MIN_BATCH_ROWS: usize = 64;
@@ -363,14 +364,15 @@ impl ExecutionPlan for ZarrScanExec {
             buffers: ChunkBufferPool::new(),
         };
         // The partition's projected memory, held in the pool while it runs.
-        let reservation = reserve(
+        let reservation = Reservation::new(
             "ZarrScanExec",
             &self.read.table.store,
             partition,
             self.per_partition_memory(),
             &context,
             &self.metrics,
-        )?;
+        );
+        let taken = reservation.unless(!self.broadcasts.is_empty())?;
         let mut remaining = self.limit.map(|l| l as u64);
         let blocks_read = MetricBuilder::new(&self.metrics).counter("blocks_read", partition);
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
@@ -390,7 +392,7 @@ impl ExecutionPlan for ZarrScanExec {
         let tx = builder.tx();
         let broadcasts = self.broadcasts.clone();
         let partitions = self.properties.partitioning.partition_count();
-        let read = move || {
+        let read = move |reservation: MemoryReservation| {
             let _reservation = reservation;
             for id in blocks {
                 if remaining == Some(0) {
@@ -419,13 +421,14 @@ impl ExecutionPlan for ZarrScanExec {
             Ok(())
         };
         if broadcasts.is_empty() {
-            builder.spawn_blocking(read);
+            builder.spawn_blocking(move || read(reservation.after(taken)?));
         } else {
             // The tables joined in are computed first, and held while the
-            // blocks are read.
+            // blocks are read (the partition's memory taken once they are).
             builder.spawn(async move {
                 let _held = broadcasts.hold(&context, partitions).await?;
-                tokio::task::spawn_blocking(read)
+                let taken = reservation.after(taken)?;
+                tokio::task::spawn_blocking(move || read(taken))
                     .await
                     .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?
             });

@@ -204,3 +204,162 @@ async fn a_join_that_cannot_fit_the_memory_limit_is_refused_before_it_runs() {
         assert!(error.contains(needle), "{needle}: {error}");
     }
 }
+
+/// An anomaly, and its running mean, written to Zarr chunk by chunk: the
+/// copy runs the small side first and gathers it into each chunk's cells
+/// (no hash join, no rows collected); read back, xarray's answers, in
+/// whole chunks and small ones. An inner join that may leave cells out
+/// writes its rows, the query's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anomalies_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
+    let dir = common::scratch("anomaly_copy");
+    let copied = [
+        "anomaly_of_each_cell_using",
+        "anomaly_of_each_cell_window",
+        "rolling_anomaly_day_mean",
+        "rolling_anomaly_window_day_mean",
+        "rolling_left_join_sum",
+    ];
+    let queries = anomaly_queries();
+    for name in copied {
+        let q = (queries.iter())
+            .find(|q| q["name"] == name)
+            .unwrap_or_else(|| panic!("no oracle query {name}"));
+        let sql = q["sql"].as_str().unwrap();
+        let mut want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        // The query without its final ORDER BY (the store is a grid).
+        let query = match sql.rsplit_once(" ORDER BY ") {
+            Some((query, order)) if !order.contains(')') => query,
+            _ => sql,
+        };
+        for (i, settings) in [&[][..], &SMALL_BLOCKS[..]].into_iter().enumerate() {
+            let ctx = session(true, settings).await;
+            let names: Vec<String> = (ctx.sql(query).await.unwrap().schema().fields().iter())
+                .skip(3)
+                .map(|f| f.name().clone())
+                .collect();
+            let out = dir.join(format!("{name}{i}.zarr"));
+            let copy = format!(
+                "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=5')",
+                out.display()
+            );
+            let plan = explain_text(&ctx, &copy).await;
+            let writer = (plan.lines()).find(|l| l.contains("SelectionCopyExec: store"));
+            assert!(
+                writer.is_some_and(|l| l.contains("broadcast=["))
+                    && !plan.contains("HashJoinExec")
+                    && !plan.contains("DataSinkExec"),
+                "{name}:\n{plan}"
+            );
+            if name.starts_with("rolling_") {
+                assert!(plan.contains("rolled along"), "{name}:\n{plan}");
+            }
+            ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+            let table = format!("{name}{i}");
+            ctx.register_zarr(&table, out.to_str().unwrap(), HashMap::new())
+                .await
+                .unwrap();
+            let read = format!(
+                "SELECT time, lat, lon, {} FROM {table} ORDER BY time, lat, lon",
+                names.join(", ")
+            );
+            let mut got = run(&ctx, &read).await;
+            sort_rows(&mut got, 3);
+            sort_rows(&mut want, 3);
+            assert_rows(&format!("{name} copied ({settings:?})"), &got, &want);
+        }
+    }
+    // A climatology of some cells only: the inner join leaves the others
+    // out, so the rows are written (a grid of the cells kept).
+    let query = "SELECT t.time, t.lat, t.lon, t.t2m - w.c AS a FROM t JOIN \
+                 (SELECT extract(month FROM time) AS month, lat AS clat, lon AS clon, \
+                 avg(t2m) AS c FROM t WHERE lat >= 30 GROUP BY 1, 2, 3) w \
+                 ON extract(month FROM t.time) = w.month AND t.lat = w.clat AND t.lon = w.clon \
+                 WHERE t.time < '2019-11-03'";
+    let ctx = session(true, &[]).await;
+    let out = dir.join("matched.zarr");
+    let copy = format!("COPY ({query}) TO '{}' STORED AS ZARR", out.display());
+    let plan = explain_text(&ctx, &copy).await;
+    assert!(!plan.contains("SelectionCopyExec"), "{plan}");
+    ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+    ctx.register_zarr("matched", out.to_str().unwrap(), HashMap::new())
+        .await
+        .unwrap();
+    let mut want = run(&ctx, query).await;
+    let mut got = run(&ctx, "SELECT time, lat, lon, a FROM matched").await;
+    assert!(want.len() >= 100, "{} rows", want.len());
+    sort_rows(&mut want, 3);
+    sort_rows(&mut got, 3);
+    assert_rows("an inner join leaving cells out, copied", &got, &want);
+}
+
+/// A copy of an anomaly holds the climatology beside its tasks and writes
+/// chunk by chunk: in 8 MB it writes the anomaly of the demo grid (202,752
+/// cells, two variables), whose rows the rows path cannot hold; its cells
+/// read back are those of DataFusion's hash join (no budget); in 6 MB the
+/// tasks do not fit beside the climatology and it is refused before it
+/// runs, with the numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_an_anomaly_fits_a_budget_its_rows_do_not() {
+    let dir = common::scratch("anomaly_copy_budget");
+    let demo = common::repo_root().join("demo/era5.zarr");
+    let demo = demo.to_str().unwrap();
+    let limited = |bytes: usize| {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(bytes, 1.0)
+            .build()
+            .unwrap();
+        new_context_with(session_config(), Arc::new(runtime))
+    };
+    let query = "SELECT e.time, e.lat, e.lon, e.t2m - m.c AS a, e.sp - m.p AS b FROM era5 e \
+                 JOIN (SELECT lat, lon, avg(t2m) AS c, avg(sp) AS p FROM era5 GROUP BY lat, lon) m \
+                 ON e.lat = m.lat AND e.lon = m.lon";
+    let (fits, refused) = (limited(8 << 20), limited(6 << 20));
+    for ctx in [&fits, &refused] {
+        ctx.register_zarr("era5", demo, HashMap::new())
+            .await
+            .unwrap();
+    }
+    let out = dir.join("anomaly.zarr");
+    let copy = format!("COPY ({query}) TO '{}' STORED AS ZARR", out.display());
+    let error = error_text(&refused, &copy).await;
+    for needle in [
+        "SelectionCopyExec over",
+        "era5.zarr",
+        "allowed_mem",
+        "of tables joined in",
+    ] {
+        assert!(error.contains(needle), "{needle}: {error}");
+    }
+    assert!(!out.exists(), "{}", out.display());
+    let plan = explain_text(&fits, &copy).await;
+    assert!(
+        plan.contains("broadcast=[m by (lat: 33, lon: 64)"),
+        "{plan}"
+    );
+    fits.sql(&copy).await.unwrap().collect().await.unwrap();
+    // The same rows through DataFusion's sink (a value filter keeps the
+    // copy's rule away) do not fit.
+    let rows = format!(
+        "COPY (SELECT * FROM ({query}) WHERE a > -1000) TO '{}' STORED AS ZARR",
+        dir.join("rows.zarr").display()
+    );
+    let error = error_text(&fits, &rows).await;
+    assert!(error.contains("allowed_mem"), "{error}");
+    // Every cell, against the hash join.
+    let free = session(false, &[]).await;
+    free.register_zarr("era5", demo, HashMap::new())
+        .await
+        .unwrap();
+    free.register_zarr("c", out.to_str().unwrap(), HashMap::new())
+        .await
+        .unwrap();
+    let plan = explain_text(&free, query).await;
+    assert!(plan.contains("HashJoinExec"), "{plan}");
+    let mut want = run(&free, query).await;
+    let mut got = run(&free, "SELECT time, lat, lon, a, b FROM c").await;
+    assert_eq!(got.len(), 96 * 33 * 64);
+    sort_rows(&mut want, 3);
+    sort_rows(&mut got, 3);
+    assert_rows("the anomaly copied", &got, &want);
+}

@@ -3518,3 +3518,55 @@ async fn a_reduction_by_functions_of_a_long_dimension_is_counted_by_its_keys_on_
     let err = wire.decode(&by_time).expect_err("415 G groups accepted");
     assert!(err.contains("groups") && err.contains("exceed"), "{err}");
 }
+
+/// A `COPY` of an anomaly (and of its running mean) in a session with
+/// workers: the climatology is computed as the copy's input and the
+/// chunks are written in the session, the store the same COPY writes on
+/// one machine, file for file (that COPY is checked against xarray in
+/// `broadcast_join.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_anomaly_copy_runs_in_the_session_with_the_store_of_one_machine() {
+    let dir = scratch("cluster-anomaly-copy");
+    let workers = start_workers(2).await;
+    let anomaly = "SELECT t.time, t.lat, t.lon, t.t2m - m.c AS a FROM t JOIN \
+                   (SELECT lat, lon, avg(t2m) AS c FROM t GROUP BY lat, lon) m \
+                   ON t.lat = m.lat AND t.lon = m.lon";
+    let rolled = "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, \
+                  avg(t2m) AS c FROM t GROUP BY 1, 2, 3) SELECT t.time, t.lat, t.lon, \
+                  avg(t.t2m - clim.c) OVER (PARTITION BY t.lat, t.lon ORDER BY t.time \
+                  ROWS BETWEEN 3 PRECEDING AND CURRENT ROW) AS m FROM t JOIN clim \
+                  ON extract(month FROM t.time) = clim.month AND t.lat = clim.lat \
+                  AND t.lon = clim.lon";
+    for (name, query) in [("anomaly", anomaly), ("rolled", rolled)] {
+        let local = new_context();
+        let ctx = cluster_session(&workers).await;
+        for c in [&local, &ctx] {
+            (c.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+                .await)
+                .unwrap();
+        }
+        let copy_to = |target: &std::path::Path| {
+            format!(
+                "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=50')",
+                target.display()
+            )
+        };
+        let alone = dir.join(format!("{name}_alone.zarr"));
+        query_rows(&local, "COPY on one machine", &copy_to(&alone)).await;
+        let on_cluster = dir.join(format!("{name}.zarr"));
+        let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(
+            shown.contains("SelectionCopyExec")
+                && shown.contains("broadcast=[")
+                && !shown.contains("tasks on the cluster's workers")
+                && !shown.contains("HashJoinExec"),
+            "{name}:\n{shown}"
+        );
+        datafusion::physical_plan::collect(plan, ctx.task_ctx())
+            .await
+            .unwrap();
+        assert_same_files(&alone, &on_cluster);
+        assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    }
+}

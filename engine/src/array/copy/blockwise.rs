@@ -375,8 +375,8 @@ pub(crate) fn source_long_block(table: &GridTable, columns: &[usize], shape: &[u
     let n_dims = table.dims.len();
     (0..n_dims)
         .map(|d| {
-            (columns.iter().filter(|&&i| i >= n_dims))
-                .map(|&i| table.variables[i - n_dims].chunk_shape()[d])
+            (columns.iter().filter_map(|&i| table.variable(i)))
+                .map(|v| v.chunk_shape()[d])
                 .max()
                 .unwrap_or(shape[d])
                 .clamp(1, shape[d])
@@ -408,7 +408,7 @@ impl Evaluate {
             .collect();
         let box_cells = spans.iter().fold(1u64, |n, &s| n.saturating_mul(s));
         let read_bytes: u64 = (columns.iter().filter(|&&i| i >= n_dims))
-            .map(|&i| table.variables[i - n_dims].peak_bytes_per_cell() as u64)
+            .map(|&i| table.peak_cell_bytes(i) as u64)
             .sum::<u64>()
             + columns.iter().filter(|&&i| i < n_dims).count() as u64 * 8;
         let out_bytes: u64 = exprs.len() as u64 * 2 * 8;

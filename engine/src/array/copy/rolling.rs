@@ -17,7 +17,10 @@
 //! ```
 //!
 //! Both steps run inside `allowed_mem` whatever the size of the result; a
-//! copy whose writers cannot fit is refused before it runs.
+//! copy whose writers cannot fit is refused before it runs. A window over
+//! the columns of a table joined in (an anomaly's running mean) computes
+//! that table first and holds it beside the writers, as a selection copy
+//! does.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -43,7 +46,7 @@ use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
 use super::blockwise::{BlockwiseStep, CopyGrid, MayWrite, OutputVariable, Step, StepWriters};
-use super::selection::SelectionCopyExec;
+use super::selection::{left_beside, SelectionCopyExec};
 use super::whole::split_columns;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
@@ -77,7 +80,6 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
     let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
     // Of `rechunk(...)`: its rows are written (the chunks are the COPY's).
     if window.read.rechunk.is_some()
-        || !table.broadcasts.is_empty()
         || table.dims.iter().any(|d| d.strict_order().is_none())
         || (to.options.dims)
             .as_ref()
@@ -148,17 +150,18 @@ pub struct RollingCopy {
 }
 
 impl RollingCopy {
-    /// Plans the copy: the window's operator, the chunks of both steps and
-    /// their memory; refused when the target exists, the selection is
-    /// empty or a step cannot fit the memory budget.
+    /// Plans the copy over `exec`, its window's operator (with the tables
+    /// joined in that it reads): the chunks of both steps and their
+    /// memory; refused when the target exists, the selection is empty or
+    /// a step cannot fit the memory budget beside the tables joined in.
     pub fn plan(
         &self,
+        exec: RollingWindowExec,
         planner: &dyn PhysicalPlanner,
         session: &dyn Session,
         planning: &PhysicalPlanningContext,
     ) -> Result<SelectionCopyExec> {
         self.to.check()?;
-        let exec = RollingWindowExec::plan(&self.window, planner, session, planning)?;
         let rolling = Arc::clone(exec.rolling());
         let grid = CopyGrid::new(
             Arc::clone(&rolling.read.table),
@@ -182,7 +185,9 @@ impl RollingCopy {
             .collect::<Result<Vec<_>>>()?;
         let target = grid.target_chunks();
         let batch_size = session.config().batch_size().max(1);
-        let limit = match session.runtime_env().memory_pool.memory_limit() {
+        let broadcasts = exec.broadcasts().clone();
+        let (left, joined) = left_beside(session, &broadcasts, &table.store)?;
+        let limit = match left {
             MemoryLimit::Finite(limit) => Some(limit as u64),
             _ => None,
         };
@@ -216,13 +221,13 @@ impl RollingCopy {
             (threads, batch_size, limit),
             &table.store,
             metrics.clone(),
-        )?;
+        )
+        .map_err(|e| joined.explain(e))?;
         let step = Step::Writers(Box::new(writers));
-        let limit = session.runtime_env().memory_pool.memory_limit();
-        Ok(SelectionCopyExec::new(
-            Arc::new(grid.blockwise(block, step, limit)?),
-            metrics,
-        ))
+        Ok(
+            SelectionCopyExec::new(Arc::new(grid.blockwise(block, step, left)?), metrics)
+                .with_broadcasts(broadcasts),
+        )
     }
 
     #[allow(clippy::type_complexity)]

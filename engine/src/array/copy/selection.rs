@@ -20,21 +20,40 @@
 //! COPY (SELECT time, lat, lon, t2m - 273.15 AS t2m_c FROM era5 WHERE lat > 0)
 //! TO 'era5_north.zarr' STORED AS ZARR OPTIONS ('chunks' 'time=240,lat=16,lon=16');
 //! ```
+//!
+//! A variable may read the columns of a table joined in as a broadcast
+//! ([`crate::array::broadcast`]: an anomaly against a climatology, when
+//! the join keeps every cell): the copy computes the small side first (its
+//! plan is the copy's input), holds it beside its steps' memory while the
+//! chunks are written, and gathers it into each chunk's cells as a scan
+//! does. Such a copy runs in the session, also where there are workers.
+//!
+//! ```sql
+//! COPY (SELECT era5.time, era5.lat, era5.lon, era5.t2m - clim.c AS anomaly
+//!       FROM era5 JOIN (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c
+//!                       FROM era5 GROUP BY 1, 2, 3) clim
+//!       ON extract(month FROM era5.time) = clim.month
+//!          AND era5.lat = clim.lat AND era5.lon = clim.lon)
+//! TO 'era5_anomaly.zarr' STORED AS ZARR;
+//! ```
 
 use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::{exec_err, human_readable_size, DFSchema, DataFusionError, Result};
+use datafusion::common::{human_readable_size, resources_err, DFSchema, DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
     Expr, ExprSchemable, TableProviderFilterPushDown, UserDefinedLogicalNodeCore,
 };
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::physical_planner::PhysicalPlanner;
+use futures::TryStreamExt;
 
 use super::blockwise::{source_long_block, Blockwise, CopyGrid, Evaluate, OutputVariable, Step};
 use super::cluster::ClusterSelection;
@@ -44,7 +63,7 @@ use crate::plan_methods::{
     leaf_node_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
     node_identity,
 };
-use crate::table::classify_filters;
+use crate::table::{classify_filters, Broadcast, BroadcastInputs};
 use crate::write::store::COORDINATE_WRITE_MEMORY;
 use crate::write::target::CopyTarget;
 use crate::write::write_job::{count_properties, WriteJob};
@@ -113,6 +132,7 @@ impl SelectionCopy {
     /// selection is empty or a step cannot fit the memory budget.
     pub fn plan(
         &self,
+        broadcasts: BroadcastInputs,
         planner: &dyn PhysicalPlanner,
         session: &dyn Session,
         planning: &PhysicalPlanningContext,
@@ -138,8 +158,9 @@ impl SelectionCopy {
         let batch_schema: SchemaRef = Arc::new(input_df.as_arrow().clone());
 
         let block = source_long_block(&grid.table, &columns, &grid.shape);
-        let limit = session.runtime_env().memory_pool.memory_limit();
-        let step = Step::Evaluate(Evaluate::plan(
+        let store = &grid.table.store;
+        let (limit, joined) = left_beside(session, &broadcasts, store)?;
+        let step = Evaluate::plan(
             &grid.selected(),
             &block,
             columns,
@@ -147,11 +168,68 @@ impl SelectionCopy {
             exprs,
             grid.rechunk.threads,
             &limit,
-        )?);
-        Ok(SelectionCopyExec::new(
-            Arc::new(grid.blockwise(block, step, limit)?),
-            ExecutionPlanMetricsSet::new(),
-        ))
+        )
+        .map_err(|e| joined.explain(e))?;
+        let blockwise = grid.blockwise(block, Step::Evaluate(step), limit)?;
+        Ok(
+            SelectionCopyExec::new(Arc::new(blockwise), ExecutionPlanMetricsSet::new())
+                .with_broadcasts(broadcasts),
+        )
+    }
+
+    /// The tables joined in that the variables read (an anomaly's
+    /// climatology): what the copy computes first and holds.
+    pub fn broadcasts_read(&self) -> Result<Vec<Arc<Broadcast>>> {
+        let (_, columns) = self
+            .read
+            .columns_read(self.outputs.iter().map(|o| &o.expr))?;
+        Ok(self.read.table.broadcasts_read(&columns))
+    }
+}
+
+/// The memory limit a copy's steps must fit beside `broadcasts` (held
+/// while it writes), and what they hold; refused when they alone exceed
+/// the session's limit.
+pub(crate) fn left_beside(
+    session: &dyn Session,
+    broadcasts: &BroadcastInputs,
+    store: &str,
+) -> Result<(MemoryLimit, JoinedMemory)> {
+    let held = broadcasts.memory();
+    let joined = JoinedMemory(held);
+    match session.runtime_env().memory_pool.memory_limit() {
+        MemoryLimit::Finite(limit) if held > 0 => match limit.checked_sub(held) {
+            Some(left) => Ok((MemoryLimit::Finite(left), joined)),
+            None => resources_err!(
+                "the COPY of {store} holds {} of tables joined in but the memory limit \
+                 (allowed_mem) is {}; raise the limit",
+                human_readable_size(held),
+                human_readable_size(limit)
+            ),
+        },
+        limit => Ok((limit, joined)),
+    }
+}
+
+/// Memory the tables joined in hold beside a copy's steps.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JoinedMemory(usize);
+
+impl JoinedMemory {
+    /// `error` (a refusal of the steps within what is left) saying what
+    /// the tables joined in hold of the limit.
+    pub(crate) fn explain(self, error: DataFusionError) -> DataFusionError {
+        match (self.0, error) {
+            (0, error) => error,
+            (held, DataFusionError::ResourcesExhausted(message)) => {
+                DataFusionError::ResourcesExhausted(format!(
+                    "{message}; that limit is what allowed_mem leaves beside {} of tables \
+                     joined in",
+                    human_readable_size(held)
+                ))
+            }
+            (_, error) => error,
+        }
     }
 }
 
@@ -183,6 +261,9 @@ pub struct SelectionCopyExec {
     blockwise: Arc<Blockwise>,
     /// On a cluster: where its tasks write, and their rounds.
     cluster: Option<ClusterSelection>,
+    /// The tables joined in that its variables read (its children here),
+    /// computed first and held while it writes.
+    broadcasts: BroadcastInputs,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -204,17 +285,31 @@ impl SelectionCopyExec {
         Self {
             blockwise,
             cluster: None,
+            broadcasts: BroadcastInputs::default(),
             properties,
             metrics,
         }
     }
 
+    /// This copy computing the tables joined in `broadcasts` (that its
+    /// variables read) first, holding them while it writes.
+    pub(crate) fn with_broadcasts(self, broadcasts: BroadcastInputs) -> Self {
+        Self { broadcasts, ..self }
+    }
+
+    /// Memory it holds while it writes (the tables joined in included).
+    fn projected_memory(&self) -> usize {
+        (self.blockwise.projected_memory() as usize).saturating_add(self.broadcasts.memory())
+    }
+
     /// This copy with its steps' rounds of tasks as its inputs, to run on
-    /// a cluster's workers; `None` when they already are. A local target's temporary directory and the
+    /// a cluster's workers; `None` when they already are, or when it reads
+    /// tables joined in (it then runs in the session, its small sides
+    /// being its inputs). A local target's temporary directory and the
     /// intermediate store (in `work_dir`, which every worker must reach)
     /// are named now, for the workers to write into.
     pub fn on_cluster(&self) -> Result<Option<Self>> {
-        if self.cluster.is_some() {
+        if self.cluster.is_some() || !self.broadcasts.is_empty() {
             return Ok(None);
         }
         let runtime = Arc::clone(&self.blockwise.runtime);
@@ -222,6 +317,7 @@ impl SelectionCopyExec {
         Ok(Some(Self {
             blockwise: Arc::clone(&self.blockwise),
             cluster: Some(cluster),
+            broadcasts: BroadcastInputs::default(),
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }))
@@ -265,11 +361,13 @@ impl DisplayAs for SelectionCopyExec {
         } else {
             "-> rechunk to"
         };
+        let dims = b.blocks.table.dim_names();
         write!(
             f,
-            " {second} {:?}, projected_memory={}",
+            " {second} {:?}{}, projected_memory={}",
             b.target_chunks,
-            human_readable_size(b.projected_memory() as usize)
+            self.broadcasts.display(&dims),
+            human_readable_size(self.projected_memory())
         )?;
         match &self.cluster {
             Some(_) => write!(f, ", tasks on the cluster's workers"),
@@ -282,7 +380,14 @@ impl ExecutionPlan for SelectionCopyExec {
     named_plan_methods!("SelectionCopyExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        self.cluster.iter().flat_map(|c| c.rounds()).collect()
+        match &self.cluster {
+            Some(cluster) => cluster.rounds(),
+            None => self.broadcasts.children(),
+        }
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false; self.children().len()]
     }
 
     no_expressions_method!();
@@ -292,11 +397,18 @@ impl ExecutionPlan for SelectionCopyExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match &self.cluster {
-            None if children.is_empty() => Ok(self),
-            None => exec_err!("SelectionCopyExec has no children, got {}", children.len()),
+            None if children.is_empty() && self.broadcasts.is_empty() => Ok(self),
+            None => Ok(Arc::new(Self {
+                blockwise: Arc::clone(&self.blockwise),
+                cluster: None,
+                broadcasts: self.broadcasts.with_children(children)?,
+                properties: Arc::clone(&self.properties),
+                metrics: ExecutionPlanMetricsSet::new(),
+            })),
             Some(cluster) => Ok(Arc::new(Self {
                 blockwise: Arc::clone(&self.blockwise),
                 cluster: Some(cluster.with_rounds(children)?),
+                broadcasts: BroadcastInputs::default(),
                 properties: Arc::clone(&self.properties),
                 metrics: ExecutionPlanMetricsSet::new(),
             })),
@@ -310,29 +422,65 @@ impl ExecutionPlan for SelectionCopyExec {
     ) -> Result<SendableRecordBatchStream> {
         let blockwise = Arc::clone(&self.blockwise);
         let runtime = context.runtime_env();
-        let cluster = self.cluster.clone();
-        let job = WriteJob {
-            operator: "SelectionCopyExec",
-            store: &blockwise.blocks.table.store,
-            // The session's memory holds the coordinates only when the
-            // tasks run on the workers.
-            projected: match cluster {
-                Some(_) => COORDINATE_WRITE_MEMORY as usize,
-                None => blockwise.projected_memory() as usize,
-            },
-            metrics: &self.metrics,
-            properties: &self.properties,
+        let Some(cluster) = self.cluster.clone() else {
+            if self.broadcasts.is_empty() {
+                let job = write_job(&self.blockwise, &self.metrics, &self.properties);
+                return job.run(partition, &context, move |cancelled| {
+                    blockwise.run(&runtime, cancelled)
+                });
+            }
+            // The tables joined in are computed first and held while the
+            // chunks are written; the copy's memory is taken once their
+            // plans have run.
+            let (broadcasts, metrics, properties) = (
+                self.broadcasts.clone(),
+                self.metrics.clone(),
+                Arc::clone(&self.properties),
+            );
+            let schema = self.schema();
+            let stream = futures::stream::once(async move {
+                let held = broadcasts.hold(&context, 1).await?;
+                let writer = Arc::clone(&blockwise);
+                let job = write_job(&blockwise, &metrics, &properties);
+                job.run(partition, &context, move |cancelled| {
+                    let _held = held;
+                    writer.run(&runtime, cancelled)
+                })
+            })
+            .try_flatten();
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
         };
-        let writer = Arc::clone(&blockwise);
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
             DataFusionError::Execution(format!("SelectionCopyExec needs a runtime: {e}"))
         })?;
         let task_context = Arc::clone(&context);
-        job.run(partition, &context, move |cancelled| match cluster {
-            None => writer.run(&runtime, cancelled),
-            Some(cluster) => cluster.run(&writer, &handle, &task_context, cancelled),
+        let job = WriteJob {
+            // The session's memory holds the coordinates only: the tasks
+            // run on the workers.
+            projected: COORDINATE_WRITE_MEMORY as usize,
+            ..write_job(&self.blockwise, &self.metrics, &self.properties)
+        };
+        job.run(partition, &context, move |cancelled| {
+            cluster.run(&blockwise, &handle, &task_context, cancelled)
         })
     }
 
     metered_plan_methods!(|_| None);
+}
+
+/// The write of `blockwise` on one machine, as an operator's job
+/// reporting to `metrics` (the tables joined in reserve their own memory
+/// as they are held).
+fn write_job<'a>(
+    blockwise: &'a Blockwise,
+    metrics: &'a ExecutionPlanMetricsSet,
+    properties: &'a PlanProperties,
+) -> WriteJob<'a> {
+    WriteJob {
+        operator: "SelectionCopyExec",
+        store: &blockwise.blocks.table.store,
+        projected: blockwise.projected_memory() as usize,
+        metrics,
+        properties,
+    }
 }

@@ -74,11 +74,9 @@ impl<'a> CopyScan<'a> {
         let Some(path) = down_to_scan(&copy.input, exprs)? else {
             return Ok(None);
         };
+        // Columns of tables joined in (an anomaly's climatology) are read
+        // as the table's own: a selection copy computes them first.
         let table = Arc::clone(path.table.grid());
-        // A table joined in (an anomaly) is written through the scan.
-        if !table.broadcasts.is_empty() {
-            return Ok(None);
-        }
         if let Some(given) = &to.options.dims {
             if given.iter().ne(table.dims.iter().map(|d| &d.name)) {
                 return Ok(None);

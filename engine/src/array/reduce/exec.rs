@@ -44,7 +44,7 @@ use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYT
 use super::node::DenseReduction;
 use crate::array::tasks::run_tasks_keeping_states;
 use crate::config::ZarrConfig;
-use crate::memory::reserve;
+use crate::memory::Reservation;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
@@ -1191,14 +1191,16 @@ impl ExecutionPlan for DenseReductionExec {
         let run = self.blocks_of_task(&context)?;
         let workers = self.workers;
         let batch_size = context.session_config().batch_size().max(1);
-        let reservation = reserve(
+        // The tables joined in reserve their own as they are held.
+        let reservation = Reservation::new(
             "DenseReductionExec",
             &reduction.read.table.store,
             0,
-            self.projected_memory(),
+            (self.projected_memory()).saturating_sub(self.broadcasts.memory()),
             &context,
             &self.metrics,
-        )?;
+        );
+        let taken = reservation.unless(!self.broadcasts.is_empty())?;
         let progress = context.session_config().get_extension::<ScanProgress>();
         if let Some(progress) = &progress {
             progress.add_planned(run.end - run.start);
@@ -1231,6 +1233,8 @@ impl ExecutionPlan for DenseReductionExec {
             // The tables joined in, computed first and held while folding
             // (its one partition).
             let _held = broadcasts.hold(&context, 1).await?;
+            // Its own memory, once their plans have run.
+            let reservation = reservation.after(taken)?;
             let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
             let folding = Arc::clone(&reduction);
             let (_, folded) = tokio::task::spawn_blocking(move || {

@@ -54,7 +54,7 @@ use tokio::sync::mpsc::Sender;
 use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
 use super::node::RollingWindow;
 use super::running::{accumulate, add_positions, RunningState};
-use crate::memory::reserve;
+use crate::memory::Reservation;
 use crate::plan_methods::{
     broadcast_children_methods, metered_plan_methods, no_expressions_method,
 };
@@ -64,6 +64,7 @@ use crate::table::{
     BoxCells, BroadcastInputs, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
+use datafusion::execution::memory_pool::MemoryReservation;
 
 /// One aggregate, planned.
 #[derive(Debug, Clone)]
@@ -1188,32 +1189,34 @@ impl ExecutionPlan for RollingWindowExec {
         if let Some(progress) = &progress {
             progress.add_planned(run.end - run.start);
         }
-        let reservation = reserve(
+        let reservation = Reservation::new(
             "RollingWindowExec",
             &self.rolling.read.table.store,
             partition,
             self.per_partition_memory(),
             &context,
             &self.metrics,
-        )?;
+        );
+        let taken = reservation.unless(!self.broadcasts.is_empty())?;
         let meters = Meters::new(&self.metrics, partition);
         let rolling = Arc::clone(&self.rolling);
         let batch_size = self.batch_size;
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
         let tx = builder.tx();
-        let roll = move || {
+        let roll = move |reservation: MemoryReservation| {
             let _reservation = reservation;
             rolling.run_partition(run, batch_size, &tx, meters, progress.as_deref())
         };
         if self.broadcasts.is_empty() {
-            builder.spawn_blocking(roll);
+            builder.spawn_blocking(move || roll(reservation.after(taken)?));
         } else {
             // The tables joined in are computed first, and held while the
-            // blocks are rolled.
+            // blocks are rolled (the partition's memory taken once they are).
             let (broadcasts, partitions) = (self.broadcasts.clone(), self.partitions);
             builder.spawn(async move {
                 let _held = broadcasts.hold(&context, partitions).await?;
-                tokio::task::spawn_blocking(roll)
+                let taken = reservation.after(taken)?;
+                tokio::task::spawn_blocking(move || roll(taken))
                     .await
                     .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?
             });
