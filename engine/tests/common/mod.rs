@@ -265,6 +265,36 @@ pub async fn explain_text(ctx: &datafusion::prelude::SessionContext, sql: &str) 
         .to_string()
 }
 
+/// A COPY of `query` (whose first three columns are the grid's `time`,
+/// `lat` and `lon`) to `out` in chunks of 5 steps along time: the COPY's
+/// plan, then the copied store read back, registered as `table`, in the
+/// order of its grid, its columns those of the query.
+pub async fn copied_back(
+    ctx: &datafusion::prelude::SessionContext,
+    query: &str,
+    out: &Path,
+    table: &str,
+) -> (String, Vec<Vec<Value>>) {
+    use zarrfusion::ZarrContextExt;
+    let schema = ctx.sql(query).await.unwrap().schema().clone();
+    let names: Vec<&String> = schema.fields().iter().skip(3).map(|f| f.name()).collect();
+    let copy = format!(
+        "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=5')",
+        out.display()
+    );
+    let plan = explain_text(ctx, &copy).await;
+    ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+    (ctx.register_zarr(table, out.to_str().unwrap(), Default::default())
+        .await)
+        .unwrap();
+    let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+    let read = format!(
+        "SELECT time, lat, lon, {} FROM {table} ORDER BY time, lat, lon",
+        names.join(", ")
+    );
+    (plan, query_rows(ctx, "read back", &read).await)
+}
+
 /// The error `sql` fails with, while planning or running, as text.
 pub async fn error_text(ctx: &datafusion::prelude::SessionContext, sql: &str) -> String {
     let result = match ctx.sql(sql).await {

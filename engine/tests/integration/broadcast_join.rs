@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{
-    assert_rows, climate_session, error_text, expected_queries, explain_text, fixture, sort_rows,
-    SMALL_BLOCKS,
+    assert_rows, climate_session, copied_back, error_text, expected_queries, explain_text, fixture,
+    sort_rows, SMALL_BLOCKS,
 };
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
@@ -234,16 +234,8 @@ async fn anomalies_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
         };
         for (i, settings) in [&[][..], &SMALL_BLOCKS[..]].into_iter().enumerate() {
             let ctx = session(true, settings).await;
-            let names: Vec<String> = (ctx.sql(query).await.unwrap().schema().fields().iter())
-                .skip(3)
-                .map(|f| f.name().clone())
-                .collect();
             let out = dir.join(format!("{name}{i}.zarr"));
-            let copy = format!(
-                "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=5')",
-                out.display()
-            );
-            let plan = explain_text(&ctx, &copy).await;
+            let (plan, mut got) = copied_back(&ctx, query, &out, &format!("{name}{i}")).await;
             let writer = (plan.lines()).find(|l| l.contains("SelectionCopyExec: store"));
             assert!(
                 writer.is_some_and(|l| l.contains("broadcast=["))
@@ -254,16 +246,6 @@ async fn anomalies_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
             if name.starts_with("rolling_") {
                 assert!(plan.contains("rolled along"), "{name}:\n{plan}");
             }
-            ctx.sql(&copy).await.unwrap().collect().await.unwrap();
-            let table = format!("{name}{i}");
-            ctx.register_zarr(&table, out.to_str().unwrap(), HashMap::new())
-                .await
-                .unwrap();
-            let read = format!(
-                "SELECT time, lat, lon, {} FROM {table} ORDER BY time, lat, lon",
-                names.join(", ")
-            );
-            let mut got = run(&ctx, &read).await;
             sort_rows(&mut got, 3);
             sort_rows(&mut want, 3);
             assert_rows(&format!("{name} copied ({settings:?})"), &got, &want);

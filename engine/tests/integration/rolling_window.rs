@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{
-    assert_rows, climate_session, error_text, expected_queries, explain_text, fixture, sort_rows,
-    SMALL_BLOCKS,
+    assert_rows, climate_session, copied_back, error_text, expected_queries, explain_text, fixture,
+    sort_rows, SMALL_BLOCKS,
 };
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
@@ -241,17 +241,9 @@ async fn rolling_windows_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
             .unwrap_or_else(|| panic!("{name}: {sql}"));
         for (i, settings) in [&[][..], &SMALL_BLOCKS[..]].into_iter().enumerate() {
             let ctx = session(true, settings).await;
-            let names: Vec<String> = (ctx.sql(query).await.unwrap().schema().fields().iter())
-                .skip(3)
-                .map(|f| f.name().clone())
-                .collect();
             let out = dir.join(format!("{name}{i}.zarr"));
-            let copy = format!(
-                "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=5')",
-                out.display()
-            );
+            let (plan, got) = copied_back(&ctx, query, &out, &format!("{name}{i}")).await;
             // Written chunk by chunk by the rolling operator, not collected.
-            let plan = explain_text(&ctx, &copy).await;
             assert!(plan.contains("RollingCopy"), "{name}:\n{plan}");
             assert!(
                 plan.contains("SelectionCopyExec") && plan.contains("rolled along"),
@@ -262,19 +254,6 @@ async fn rolling_windows_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
                 plan.contains("written straight into the target's chunks"),
                 "{name}:\n{plan}"
             );
-            ctx.sql(&copy).await.unwrap().collect().await.unwrap();
-            let table = format!("{name}{i}");
-            ctx.register_zarr(&table, out.to_str().unwrap(), HashMap::new())
-                .await
-                .unwrap();
-            let got = run(
-                &ctx,
-                &format!(
-                    "SELECT time, lat, lon, {} FROM {table} ORDER BY time, lat, lon",
-                    names.join(", ")
-                ),
-            )
-            .await;
             assert_rows(&format!("{name} copied ({settings:?})"), &got, &want);
             copies += 1;
         }
