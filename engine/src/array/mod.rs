@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`broadcast`] | joins of a Zarr table with a small result keyed by some of its dimensions, as columns broadcast into it |
 //! | [`copy`] | `COPY ... STORED AS ZARR` of a table's selection, block by block |
+//! | `elementwise` | `float64` arithmetic arguments evaluated in cache-sized pieces (a dense reduction's folds, a rolling window's lines) |
 //! | [`fft`] | FFTs along dimensions (`fft(...)`, `ifft(...)`), xrft's semantics |
 //! | [`partition_totals`] | window aggregates over whole partitions (`avg(x) OVER (PARTITION BY lat, lon)`), as a broadcast of their reduction |
 //! | [`reduce`] | dense reductions over dimensions (`GROUP BY` dimensions) |
@@ -43,7 +44,7 @@
 //! |---|---|
 //! | the scan ([`crate::table::ZarrScanExec`]), an aligned join ([`zip`]), a broadcast join ([`broadcast`]) | read (of a zipped table; with broadcast columns) |
 //! | a dense reduction ([`reduce`]) | read + blockwise (fused elementwise arguments) + reduce |
-//! | a rolling window ([`rolling`]) | read (blocks along the rolled dimension, with a halo; with broadcast columns) + blockwise (the frames) |
+//! | a rolling window ([`rolling`]) | read (blocks along the rolled dimension, with a halo; with broadcast columns) + blockwise (fused elementwise arguments, the frames) |
 //! | a dense reduction or rolling window over `rechunk(...)` | rechunk, then the operator's primitives over the rechunked store |
 //! | rechunk, COPY of a whole table ([`copy::whole`]) | rechunk |
 //! | COPY of a selection ([`copy::selection`]) | read + blockwise into a scratch store + rechunk into the target |
@@ -59,6 +60,7 @@
 
 pub mod broadcast;
 pub mod copy;
+pub(crate) mod elementwise;
 pub mod fft;
 pub mod partition_totals;
 pub mod planner;

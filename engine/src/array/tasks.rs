@@ -26,6 +26,18 @@ use tokio::sync::OnceCell;
 use crate::config::MAX_THREADS;
 use crate::error::{catch_panic, Panicked};
 
+/// The workers to run `tasks` tasks of `per_task` bytes each on: at most
+/// `threads` and one a task, fewer when that many do not fit `limit`
+/// (at least one: whether one fits is the caller's to check, naming what
+/// it plans).
+pub(crate) fn fitting_workers(threads: u64, tasks: u64, per_task: u64, limit: Option<u64>) -> u64 {
+    let most = threads.clamp(1, tasks.max(1));
+    match limit.and_then(|limit| limit.checked_div(per_task)) {
+        Some(fit) => most.min(fit).max(1),
+        None => most,
+    }
+}
+
 /// Runs tasks `0..tasks` on `workers` threads (at least one, at most
 /// [`MAX_THREADS`] and at most one a task; the calling thread is one of
 /// them, and a thread the system will not start leaves fewer). Each worker
@@ -189,6 +201,20 @@ pub(crate) async fn cluster_tasks_ran(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workers_are_as_many_as_fit() {
+        // As many as threads and tasks allow when nothing limits them.
+        assert_eq!(fitting_workers(8, 100, 10, None), 8);
+        assert_eq!(fitting_workers(8, 3, 10, None), 3);
+        assert_eq!(fitting_workers(0, 0, 10, None), 1);
+        // Fewer when the limit holds fewer tasks at once.
+        assert_eq!(fitting_workers(8, 100, 10, Some(35)), 3);
+        assert_eq!(fitting_workers(8, 100, 10, Some(1000)), 8);
+        // At least one, even when one does not fit (the caller refuses).
+        assert_eq!(fitting_workers(8, 100, 10, Some(5)), 1);
+        assert_eq!(fitting_workers(8, 100, 0, Some(5)), 8);
+    }
 
     #[test]
     fn every_task_runs_once_and_the_first_error_stops_the_rest() {

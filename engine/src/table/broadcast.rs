@@ -29,7 +29,8 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, Weak};
 
 use datafusion::arrow::array::{
-    new_empty_array, Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array,
+    make_array, new_empty_array, Array, ArrayRef, BooleanArray, MutableArrayData, RecordBatch,
+    UInt32Array,
 };
 use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::compute::{concat, take};
@@ -480,7 +481,10 @@ impl Broadcast {
     }
 
     /// Columns `parts` (indices among [`Self::fields`]) for the cells of
-    /// `extent` (one range per grid dimension), in C order.
+    /// `extent` (one range per grid dimension), in C order. Where the
+    /// cells come in runs of consecutive cells of the dense array (a
+    /// longitude keyed as it is, a whole plane of one month) the runs are
+    /// copied whole; else each cell is taken by its index.
     pub fn read(&self, parts: &[usize], extent: &[Range<u64>]) -> Result<Vec<ArrayRef>> {
         let Some(values) = self.current() else {
             return internal_err!(
@@ -488,26 +492,42 @@ impl Broadcast {
                 self.label
             );
         };
-        let indices = UInt32Array::from(self.gather(extent));
+        let (starts, run) = self.runs(extent);
+        let cells = starts.len() * run;
+        let indices = (run < MIN_COPIED_RUN).then(|| UInt32Array::from(expand(&starts, run)));
+        let gathered = |column: &dyn Array| -> Result<ArrayRef> {
+            match &indices {
+                Some(indices) => Ok(take(column, indices, None)?),
+                None => {
+                    let data = column.to_data();
+                    let mut out = MutableArrayData::new(vec![&data], false, cells);
+                    for &start in &starts {
+                        out.try_extend(0, start as usize, start as usize + run)?;
+                    }
+                    Ok(make_array(out.freeze()))
+                }
+            }
+        };
         parts
             .iter()
             .map(|&part| match values.values.get(part) {
-                Some(column) => Ok(take(column.as_ref(), &indices, None)?),
+                Some(column) => gathered(column.as_ref()),
                 None if values.all_matched => {
-                    let all = BooleanBuffer::new_set(indices.len());
+                    let all = BooleanBuffer::new_set(cells);
                     Ok(Arc::new(BooleanArray::new(all, None)) as ArrayRef)
                 }
-                None => Ok(take(&values.matched, &indices, None)?),
+                None => gathered(&values.matched),
             })
             .collect()
     }
 
-    /// The cell of the dense array of each grid cell of `extent`, in C
-    /// order.
-    fn gather(&self, extent: &[Range<u64>]) -> Vec<u32> {
+    /// The cells of the dense array the grid cells of `extent` meet, in C
+    /// order, as runs of consecutive cells: the first cell of each run,
+    /// and the runs' length (no runs when `extent` is empty).
+    fn runs(&self, extent: &[Range<u64>]) -> (Vec<u32>, usize) {
         let strides = c_strides(&self.dims);
         // Each grid dimension's contribution at each position of the extent.
-        let steps: Vec<Vec<u32>> = extent
+        let mut steps: Vec<Vec<u32>> = extent
             .iter()
             .enumerate()
             .map(|(g, range)| {
@@ -520,13 +540,47 @@ impl Broadcast {
                 }
             })
             .collect();
-        let cells: usize = steps.iter().map(Vec::len).product();
-        let mut out = Vec::with_capacity(cells);
-        if cells > 0 {
-            fill(&steps, 0, &mut out);
+        if steps.iter().any(Vec::is_empty) {
+            return (Vec::new(), 0);
         }
-        out
+        // The innermost dimensions whose cells follow each other in the
+        // dense array make one run.
+        let (mut run, mut first) = (1usize, 0u32);
+        while let Some(last) = steps.last() {
+            let consecutive =
+                (last.iter().enumerate()).all(|(i, &s)| s as usize == last[0] as usize + i * run);
+            if !consecutive {
+                break;
+            }
+            run *= last.len();
+            first += last[0];
+            steps.pop();
+        }
+        let mut starts = Vec::with_capacity(steps.iter().map(Vec::len).product());
+        fill(&steps, first, &mut starts);
+        (starts, run)
     }
+
+    /// The cell of the dense array of each grid cell of `extent`, in C
+    /// order.
+    #[cfg(test)]
+    fn gather(&self, extent: &[Range<u64>]) -> Vec<u32> {
+        let (starts, run) = self.runs(extent);
+        expand(&starts, run)
+    }
+}
+
+/// Runs shorter than this are gathered cell by cell (by index): copying
+/// them one by one would cost more.
+const MIN_COPIED_RUN: usize = 64;
+
+/// The cells of runs of `run` cells from each of `starts`.
+fn expand(starts: &[u32], run: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(starts.len() * run);
+    for &start in starts {
+        out.extend((0..run as u32).map(|i| start + i));
+    }
+    out
 }
 
 /// Appends, in C order, the sums of one step of each of `steps` from

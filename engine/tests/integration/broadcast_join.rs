@@ -296,8 +296,8 @@ async fn a_copy_of_an_anomaly_fits_a_budget_its_rows_do_not() {
     let query = "SELECT e.time, e.lat, e.lon, e.t2m - m.c AS a, e.sp - m.p AS b FROM era5 e \
                  JOIN (SELECT lat, lon, avg(t2m) AS c, avg(sp) AS p FROM era5 GROUP BY lat, lon) m \
                  ON e.lat = m.lat AND e.lon = m.lon";
-    let (fits, refused) = (limited(8 << 20), limited(6 << 20));
-    for ctx in [&fits, &refused] {
+    let (two, one, refused) = (limited(8 << 20), limited(6 << 20), limited(3 << 20));
+    for ctx in [&two, &one, &refused] {
         ctx.register_zarr("era5", demo, HashMap::new())
             .await
             .unwrap();
@@ -314,19 +314,23 @@ async fn a_copy_of_an_anomaly_fits_a_budget_its_rows_do_not() {
         assert!(error.contains(needle), "{needle}: {error}");
     }
     assert!(!out.exists(), "{}", out.display());
-    let plan = explain_text(&fits, &copy).await;
+    // Two tasks fit in 8 MB; in 6 MB one does, and the copy runs on one
+    // worker rather than being refused.
+    let plan = explain_text(&two, &copy).await;
+    assert!(plan.contains("2 workers"), "{plan}");
+    let plan = explain_text(&one, &copy).await;
     assert!(
-        plan.contains("broadcast=[m by (lat: 33, lon: 64)"),
+        plan.contains("broadcast=[m by (lat: 33, lon: 64)") && plan.contains("1 workers"),
         "{plan}"
     );
-    fits.sql(&copy).await.unwrap().collect().await.unwrap();
+    one.sql(&copy).await.unwrap().collect().await.unwrap();
     // The same rows through DataFusion's sink (a value filter keeps the
     // copy's rule away) do not fit.
     let rows = format!(
         "COPY (SELECT * FROM ({query}) WHERE a > -1000) TO '{}' STORED AS ZARR",
         dir.join("rows.zarr").display()
     );
-    let error = error_text(&fits, &rows).await;
+    let error = error_text(&one, &rows).await;
     assert!(error.contains("allowed_mem"), "{error}");
     // Every cell, against the hash join.
     let free = session(false, &[]).await;

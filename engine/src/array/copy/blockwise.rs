@@ -39,7 +39,7 @@ use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkPlan, TargetEncoding};
-use crate::array::tasks::run_tasks;
+use crate::array::tasks::{fitting_workers, run_tasks};
 use crate::table::{BlockGrid, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection};
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
@@ -401,7 +401,6 @@ impl Evaluate {
         let (table, selection, shape) = (grid.table, grid.selection, grid.shape);
         let n_dims = table.dims.len();
         let tasks = BlockGrid::covering(shape, block).num_blocks();
-        let workers = (threads as u64).clamp(1, tasks.max(1)) as usize;
         // A task's source box: the longest source span a chunk covers.
         let spans: Vec<u64> = (0..n_dims)
             .map(|d| max_span(selection.ranges(d), shape[d], block[d]))
@@ -413,6 +412,13 @@ impl Evaluate {
             + columns.iter().filter(|&&i| i < n_dims).count() as u64 * 8;
         let out_bytes: u64 = exprs.len() as u64 * 2 * 8;
         let task_memory = box_cells.saturating_mul(read_bytes + out_bytes);
+        // As many workers as fit (fewer than threads where their tasks
+        // together do not; refused when one does not).
+        let finite = match *limit {
+            MemoryLimit::Finite(limit) => Some(limit as u64),
+            _ => None,
+        };
+        let workers = fitting_workers(threads as u64, tasks, task_memory, finite) as usize;
         let projected = (workers as u64).saturating_mul(task_memory);
         // Each worker decodes a source box at once: its chunks are read
         // ahead whole, in the fewer chunks the memory left holds.
@@ -421,12 +427,10 @@ impl Evaluate {
         if let MemoryLimit::Finite(limit) = *limit {
             if projected > limit as u64 {
                 return resources_err!(
-                    "SelectionCopyExec over {} needs {} ({} workers x {} per task: a source box \
-                     of {box_cells} cells and the computed chunk) but the memory limit (allowed_mem) is {}; \
+                    "SelectionCopyExec over {} needs {} (one task: a source box of {box_cells} \
+                     cells and the computed chunk) but the memory limit (allowed_mem) is {}; \
                      raise the limit or rechunk the source to smaller chunks",
                     table.store,
-                    human_readable_size(projected as usize),
-                    workers,
                     human_readable_size(task_memory as usize),
                     human_readable_size(limit)
                 );

@@ -51,7 +51,7 @@ use super::whole::split_columns;
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
-use crate::array::tasks::run_tasks;
+use crate::array::tasks::{fitting_workers, run_tasks};
 use crate::plan_methods::{leaf_node_methods, node_identity};
 use crate::table::share_of_runs;
 use crate::table::BlockGrid;
@@ -361,16 +361,15 @@ impl RollChunks {
     ) -> Result<Self> {
         let (per_worker, chunk_bytes) = writer_memory(&rolling, block, types, batch_size);
         let chunks = BlockGrid::covering(shape, block).num_blocks();
-        let workers = threads.clamp(1, chunks.max(1)) as usize;
-        let projected = (workers as u64).saturating_mul(per_worker);
+        // As many writers as fit (refused when one does not).
+        let workers = fitting_workers(threads, chunks, per_worker, limit) as usize;
         if let Some(limit) = limit {
-            if projected > limit {
+            if per_worker > limit {
                 return resources_err!(
-                    "COPY TO Zarr of rolling windows over {store} needs {} ({workers} writers x {} \
-                     each: the window's blocks of shape {block:?} with their overlap, and a \
-                     chunk of {}) but the memory limit (allowed_mem) is {}; raise the limit, \
-                     shorten the frames or lower zarrfusion.target_partition_bytes",
-                    human_readable_size(projected as usize),
+                    "COPY TO Zarr of rolling windows over {store} needs {} (one writer: the \
+                     window's blocks of shape {block:?} with their overlap, and a chunk of {}) \
+                     but the memory limit (allowed_mem) is {}; raise the limit, shorten the \
+                     frames or lower zarrfusion.target_partition_bytes",
                     human_readable_size(per_worker as usize),
                     human_readable_size(chunk_bytes as usize),
                     human_readable_size(limit as usize)

@@ -36,8 +36,8 @@ use datafusion::functions_aggregate::sum::Sum;
 use datafusion::functions_aggregate::variance::{VariancePopulation, VarianceSample};
 use datafusion::logical_expr::AggregateUDF;
 
-use super::elementwise::PIECE;
 use super::groups::Line;
+use crate::array::elementwise::PIECE;
 
 /// An aggregate function a dense reduction computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]

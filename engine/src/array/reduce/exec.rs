@@ -38,10 +38,10 @@ use datafusion::physical_planner::PhysicalPlanner;
 use futures::{Future, StreamExt, TryFutureExt, TryStreamExt};
 
 use super::accumulators::{DenseAccumulator, ReduceOp, RowCounts};
-use super::elementwise::FusedExpr;
 use super::groups::{GroupSpace, Line};
 use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYTES};
 use super::node::DenseReduction;
+use crate::array::elementwise::FusedExpr;
 use crate::array::tasks::run_tasks_keeping_states;
 use crate::config::ZarrConfig;
 use crate::memory::Reservation;

@@ -14,7 +14,6 @@
 //! | `groups` | the dense group space and how rows of a box map onto it |
 //! | `keys` | grouping by functions of one dimension's coordinate (resampling, climatologies, coarsening) |
 //! | `accumulators` | per-group state of `count`, `sum`, `avg`, `min`, `max`, `var`, `stddev` |
-//! | `elementwise` | `float64` arithmetic arguments evaluated in cache-sized pieces, folded as they are made |
 //!
 //! ```no_run
 //! # async fn example() -> datafusion::error::Result<()> {
@@ -28,7 +27,6 @@
 //! ```
 
 mod accumulators;
-mod elementwise;
 mod exec;
 mod groups;
 mod keys;

@@ -54,6 +54,7 @@ use tokio::sync::mpsc::Sender;
 use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
 use super::node::RollingWindow;
 use super::running::{accumulate, add_positions, RunningState};
+use crate::array::elementwise::{FusedExpr, PIECE};
 use crate::memory::Reservation;
 use crate::plan_methods::{
     broadcast_children_methods, metered_plan_methods, no_expressions_method,
@@ -123,6 +124,9 @@ pub(crate) struct Rolling {
     /// The distinct arguments, over `arg_schema`, and whether each is a
     /// number (else only its NULLs count).
     pub(crate) args: Vec<(Arc<dyn PhysicalExpr>, bool)>,
+    /// Each argument as a fused expression, when it is `float64`
+    /// arithmetic (see [`FusedExpr`]).
+    fused: Vec<Option<FusedExpr>>,
     pub(crate) aggregates: Vec<PhysicalRoll>,
     /// The rows sent: the input columns, then the aggregates.
     pub(crate) output_schema: SchemaRef,
@@ -291,6 +295,9 @@ impl RollingWindowExec {
                 Ok((arg, numeric))
             })
             .collect::<Result<Vec<_>>>()?;
+        let fused = (args.iter())
+            .map(|(arg, _)| FusedExpr::compile(arg, &arg_schema))
+            .collect();
         let before = (aggregates.iter())
             .map(|a| a.frame.before())
             .max()
@@ -307,6 +314,7 @@ impl RollingWindowExec {
             arg_schema,
             outputs,
             args,
+            fused,
             aggregates,
             output_schema: Arc::clone(&schema),
             before,
@@ -929,23 +937,42 @@ impl Rolling {
         )
     }
 
-    /// The argument columns of `batch`, as `float64` or `float32` cells
-    /// for [`Lines`].
-    fn arg_values(&self, batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
-        self.args
-            .iter()
-            .map(|(arg, numeric)| {
-                let values = arg.evaluate(batch)?.into_array(batch.num_rows())?;
-                if *numeric {
-                    Ok(values)
-                } else {
-                    // Only its NULLs count.
-                    let ones = vec![1.0; values.len()];
-                    let nulls = values.logical_nulls();
-                    Ok(Arc::new(Float64Array::new(ones.into(), nulls)) as ArrayRef)
+    /// Puts the arguments of `batch` (cells `offset..` of a box of `n`
+    /// positions placed at position `at` of the lines) into `lines`, one
+    /// per argument: a fused argument (`float64` arithmetic, as an
+    /// anomaly's `t2m - c`) piece by piece, straight from the batch's
+    /// columns; another (or a batch with NULLs) through Arrow's kernels,
+    /// as `float64` or `float32` cells.
+    fn put_args(
+        &self,
+        batch: &RecordBatch,
+        lines: &mut [Lines],
+        (at, n, offset): (usize, usize, usize),
+    ) -> Result<()> {
+        let rows = batch.num_rows();
+        for ((lines, (arg, numeric)), fused) in lines.iter_mut().zip(&self.args).zip(&self.fused) {
+            let fused = fused.as_ref().and_then(|f| Some((f, f.inputs(batch)?)));
+            if let Some((fused, inputs)) = fused {
+                let (mut piece, mut scratch) = ([0.0; PIECE], fused.scratch());
+                for start in (0..rows).step_by(PIECE) {
+                    let piece = &mut piece[..PIECE.min(rows - start)];
+                    fused.eval(&inputs, start, piece, &mut scratch);
+                    lines.put_numbers((at, n, offset + start), piece, self.backward)?;
                 }
-            })
-            .collect()
+                continue;
+            }
+            let values = arg.evaluate(batch)?.into_array(rows)?;
+            let values = if *numeric {
+                values
+            } else {
+                // Only its NULLs count.
+                let ones = vec![1.0; values.len()];
+                let nulls = values.logical_nulls();
+                Arc::new(Float64Array::new(ones.into(), nulls)) as ArrayRef
+            };
+            lines.put_walked(at, n, offset, &values, self.backward)?;
+        }
+        Ok(())
     }
 
     /// Reads the arguments over positions `pieces` of dimension `dim` of
@@ -970,9 +997,7 @@ impl Rolling {
             let n = (piece.end - piece.start) as usize;
             positions_read.add(n);
             let batch = cells.batch(&self.arg_schema, 0, cells.num_cells())?;
-            for (lines, values) in lines.iter_mut().zip(self.arg_values(&batch)?) {
-                lines.put_walked(at, n, 0, &values, self.backward)?;
-            }
+            self.put_args(&batch, lines, (at, n, 0))?;
             at += n;
         }
         Ok(())
@@ -1078,9 +1103,7 @@ impl<'a> Roller<'a> {
         while start < total {
             let len = (batch_size as u64).min(total - start);
             let batch = cells.batch_of(&rolling.arg_schema, &rolling.arg_places, start, len)?;
-            for (lines, values) in ring.lines.iter_mut().zip(rolling.arg_values(&batch)?) {
-                lines.put_walked(at, main, start as usize, &values, rolling.backward)?;
-            }
+            rolling.put_args(&batch, &mut ring.lines, (at, main, start as usize))?;
             start += len;
         }
         timer.done();

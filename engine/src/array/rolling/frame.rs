@@ -153,15 +153,7 @@ impl Lines {
         piece: &ArrayRef,
         backward: bool,
     ) -> Result<()> {
-        let end = offset + piece.len();
-        if n > self.len || end > self.outer * n * self.inner {
-            return internal_err!(
-                "cells {offset}..{end} of {n} positions do not fit lines of {} x {} x {}",
-                self.outer,
-                self.len,
-                self.inner
-            );
-        }
+        self.check_fits(n, offset, piece.len())?;
         match piece.data_type() {
             DataType::Float64 => {
                 let piece = piece.as_primitive::<Float64Type>();
@@ -174,6 +166,34 @@ impl Lines {
                 self.put_values((at, n, offset), cells, backward);
             }
             other => return internal_err!("lines of {other} cells"),
+        }
+        Ok(())
+    }
+
+    /// [`put_walked`](Self::put_walked) of `float64` cells without NULLs
+    /// (a piece of a fused argument).
+    pub fn put_numbers(
+        &mut self,
+        (at, n, offset): (usize, usize, usize),
+        values: &[f64],
+        backward: bool,
+    ) -> Result<()> {
+        self.check_fits(n, offset, values.len())?;
+        self.put_values((at, n, offset), (values, None), backward);
+        Ok(())
+    }
+
+    /// Refuses `cells` cells from `offset` on of a box of `n` positions
+    /// that do not fit these lines.
+    fn check_fits(&self, n: usize, offset: usize, cells: usize) -> Result<()> {
+        let end = offset + cells;
+        if n > self.len || end > self.outer * n * self.inner {
+            return internal_err!(
+                "cells {offset}..{end} of {n} positions do not fit lines of {} x {} x {}",
+                self.outer,
+                self.len,
+                self.inner
+            );
         }
         Ok(())
     }

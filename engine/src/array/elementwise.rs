@@ -1,13 +1,15 @@
-//! Elementwise arguments of a dense reduction, evaluated in pieces that stay
-//! in L1 cache and are folded right away.
+//! Elementwise arguments of a dense reduction or a rolling window, evaluated
+//! in pieces that stay in L1 cache and are used right away (folded into a
+//! reduction's groups, put into a window's lines).
 //!
-//! An aggregate's argument such as `u * v` evaluated by Arrow writes a whole
-//! run of results to a fresh array that the fold then reads back: two more
-//! passes over memory than the arithmetic needs. For arguments built only
+//! An aggregate's argument such as `u * v` (or an anomaly's `t2m - c`)
+//! evaluated by Arrow writes a whole run of results to a fresh array that
+//! the fold then reads back: two more passes over memory than the
+//! arithmetic needs. For arguments built only
 //! from `float64` arithmetic (`+`, `-`, `*`, `/`, unary `-`) over columns
 //! (`float64`, or `float32` widened by a cast) and literals, a
 //! [`FusedExpr`] instead computes [`PIECE`] rows at a time into a small
-//! buffer, which the accumulator folds before the next piece is computed.
+//! buffer, which is used before the next piece is computed.
 //! The arithmetic is IEEE `f64`, as Arrow's kernels do it, so results are
 //! the same; batches whose input columns hold NULLs keep Arrow's path.
 
