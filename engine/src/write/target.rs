@@ -69,6 +69,18 @@ impl CopyTarget {
         })
     }
 
+    /// This target writing `chunks` (`(dimension, length)`) for the
+    /// dimensions its options leave free: a COPY of a query over
+    /// `rechunk(...)` writes the rechunk's chunks unless it names others.
+    pub fn with_default_chunks(mut self, chunks: &[(String, u64)]) -> Self {
+        for (dim, len) in chunks {
+            if !self.options.chunks.iter().any(|(given, _)| given == dim) {
+                self.options.chunks.push((dim.clone(), *len));
+            }
+        }
+        self
+    }
+
     /// Refuses a local target that exists: a write never replaces data.
     /// (An object-store target is claimed when written: it must be empty.)
     pub fn check(&self) -> Result<()> {

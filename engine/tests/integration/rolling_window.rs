@@ -268,7 +268,9 @@ async fn rolling_windows_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
 /// rechunked scan's rows): every oracle query in chunks of 7, 2 and 3
 /// along time, latitude and longitude, in whole blocks and small ones,
 /// gives xarray's answer, and nothing is left in `work_dir`. A COPY of one
-/// writes its rows (the rolling COPY reads the store as it is chunked).
+/// rolls the store as it is stored, chunk by chunk, and writes the
+/// rechunk's chunks (the COPY's own where it names them); so does a COPY
+/// of a selection or of the whole table of `rechunk(...)`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_windows_over_rechunk_roll_the_rechunked_store_with_xarray_s_answers() {
     let dir = common::scratch("rolling_rechunk");
@@ -306,14 +308,74 @@ async fn rolling_windows_over_rechunk_roll_the_rechunked_store_with_xarray_s_ans
         .unwrap()
         .to_string();
     let ctx = session(true, &[set_work.as_str()]).await;
-    let out = dir.join("copied.zarr");
-    let copy = format!("COPY ({query}) TO '{}' STORED AS ZARR", out.display());
-    ctx.sql(&copy).await.unwrap().collect().await.unwrap();
-    ctx.register_zarr("copied", out.to_str().unwrap(), HashMap::new())
-        .await
-        .unwrap();
-    let read = "SELECT time, lat, lon, m, n, hi FROM copied ORDER BY time, lat, lon";
-    assert_rows(&format!("{name} copied"), &run(&ctx, read).await, &want);
+    let chunks_of = |store: &std::path::Path, array: &str| -> Vec<u64> {
+        let meta = std::fs::read(store.join(array).join("zarr.json")).unwrap();
+        let meta: Value = serde_json::from_slice(&meta).unwrap();
+        serde_json::from_value(meta["chunk_grid"]["configuration"]["chunk_shape"].clone()).unwrap()
+    };
+    // (The query's grid is one latitude and two longitudes.)
+    for (options, chunks) in [("", [7, 1, 2]), (" OPTIONS ('chunks' 'time=5')", [5, 1, 2])] {
+        let out = dir.join(format!("copied{}.zarr", chunks[0]));
+        let copy = format!(
+            "COPY ({query}) TO '{}' STORED AS ZARR{options}",
+            out.display()
+        );
+        let plan = explain_text(&ctx, &copy).await;
+        assert!(
+            plan.contains("rolled along time") && !plan.contains("RechunkExec"),
+            "{plan}"
+        );
+        ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+        let copied = format!("copied{}", chunks[0]);
+        ctx.register_zarr(&copied, out.to_str().unwrap(), HashMap::new())
+            .await
+            .unwrap();
+        let read = format!("SELECT time, lat, lon, m, n, hi FROM {copied} ORDER BY time, lat, lon");
+        assert_rows(&format!("{name} copied"), &run(&ctx, &read).await, &want);
+        for array in ["m", "n", "hi"] {
+            assert_eq!(chunks_of(&out, array), chunks, "{array}{options}");
+        }
+    }
+    // A selection and the whole table of `rechunk(...)`, copied: the
+    // source's values in the rechunk's chunks, one copy.
+    let filtered = "SELECT time, lat, lon, t2m * 2 AS d FROM t WHERE lat > 0";
+    for (select, array) in [("SELECT * FROM t", "t2m"), (filtered, "d")] {
+        let out = dir.join(format!("{array}.zarr"));
+        let copy = format!(
+            "COPY ({}) TO '{}' STORED AS ZARR",
+            select.replace(" FROM t", rechunked.trim_end()),
+            out.display()
+        );
+        let plan = explain_text(&ctx, &copy).await;
+        assert!(
+            !plan.contains("RechunkExec") && !plan.contains("ZarrSink"),
+            "{plan}"
+        );
+        ctx.sql(&copy).await.unwrap().collect().await.unwrap();
+        assert_eq!(chunks_of(&out, array), [7, 2, 3], "{select}");
+        ctx.register_zarr(array, out.to_str().unwrap(), HashMap::new())
+            .await
+            .unwrap();
+        let (got, want) = match array {
+            "t2m" => (
+                run(
+                    &ctx,
+                    "SELECT time, lat, lon, t2m FROM t2m ORDER BY time, lat, lon",
+                )
+                .await,
+                run(
+                    &ctx,
+                    "SELECT time, lat, lon, t2m FROM t ORDER BY time, lat, lon",
+                )
+                .await,
+            ),
+            _ => (
+                run(&ctx, "SELECT * FROM d ORDER BY time, lat, lon").await,
+                run(&ctx, &format!("{filtered} ORDER BY time, lat, lon")).await,
+            ),
+        };
+        assert_rows(&format!("{select} copied"), &got, &want);
+    }
     let left: Vec<_> = std::fs::read_dir(&work).unwrap().collect();
     assert!(left.is_empty(), "left in work_dir: {left:?}");
 }

@@ -16,8 +16,11 @@
 //! TO 'era5_24h.zarr' STORED AS ZARR;
 //! ```
 //!
-//! Both steps run inside `allowed_mem` whatever the size of the result; a
-//! copy whose writers cannot fit is refused before it runs. A window over
+//! Both steps run inside `allowed_mem` whatever the size of the result;
+//! fewer writers run where they do not fit together, and a copy whose one
+//! writer cannot fit is refused before it runs. A window over
+//! `rechunk(...)` reads the source as it is stored (the frames reach
+//! across any chunks) and is written in the rechunk's chunks. A window over
 //! the columns of a table joined in (an anomaly's running mean) computes
 //! that table first and holds it beside the writers, as a selection copy
 //! does.
@@ -78,9 +81,7 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
     };
     let table = &window.read.table;
     let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
-    // Of `rechunk(...)`: its rows are written (the chunks are the COPY's).
-    if window.read.rechunk.is_some()
-        || table.dims.iter().any(|d| d.strict_order().is_none())
+    if table.dims.iter().any(|d| d.strict_order().is_none())
         || (to.options.dims)
             .as_ref()
             .is_some_and(|given| given.iter().ne(dims.iter()))
@@ -129,7 +130,14 @@ pub(crate) fn rolling_copy(copy: &CopyTo) -> Result<Option<RollingCopy>> {
     // The window without the input columns no variable reads (the
     // dimensions are the written grid's).
     let keep: Vec<usize> = used.into_iter().collect();
-    let window = window.keeping(&keep)?;
+    let mut window = window.keeping(&keep)?;
+    // Over `rechunk(...)`: the window reads the source as it is stored
+    // (its frames reach across chunks whatever they are) and the result
+    // is written in the rechunk's chunks (the COPY's own win).
+    let to = match window.read.rechunk.take() {
+        Some(rechunk) => to.with_default_chunks(rechunk.chunks()),
+        None => to,
+    };
     Ok(Some(RollingCopy {
         window,
         outputs,

@@ -14,6 +14,11 @@
 //! COPY era5 TO 'era5_space.zarr' STORED AS ZARR
 //! OPTIONS ('chunks' 'time=240,lat=16,lon=16');
 //! ```
+//!
+//! A COPY of `rechunk(...)` (the whole table here; a selection or rolling
+//! windows) reads the source as it is stored and writes the rechunk's
+//! chunks where the `chunks` option leaves them free: one copy, not a
+//! rechunked store in `work_dir` and then a second.
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,7 +37,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use crate::array::rechunk::{
     fmt_array_plans, ClusterRounds, PreparedRechunk, RechunkOptions, TargetEncoding,
 };
-use crate::array::scan_path::{down_to_scan, ScanPath};
+use crate::array::scan_path::{down_to_scan_or_rechunk, ScanPath};
 use crate::plan_methods::{
     leaf_node_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
     node_identity,
@@ -44,7 +49,8 @@ use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::StoreLocation;
 
 /// A `COPY ... STORED AS ZARR` (without `PARTITIONED BY`) whose input is a
-/// Zarr table seen through projections, aliases and filters.
+/// Zarr table (or `rechunk(...)` of one) seen through projections, aliases
+/// and filters.
 pub(crate) struct CopyScan<'a> {
     /// Where the COPY writes.
     pub to: CopyTarget,
@@ -71,8 +77,15 @@ impl<'a> CopyScan<'a> {
         };
         let columns = copy.input.schema().columns();
         let exprs = columns.iter().cloned().map(Expr::Column).collect();
-        let Some(path) = down_to_scan(&copy.input, exprs)? else {
+        let Some(path) = down_to_scan_or_rechunk(&copy.input, exprs)? else {
             return Ok(None);
+        };
+        // Of `rechunk(...)`: the source is read as it is stored and
+        // written in the rechunk's chunks (the COPY's own win), one
+        // copy instead of two.
+        let to = match &path.rechunk {
+            Some(rechunk) => to.with_default_chunks(rechunk.chunks()),
+            None => to,
         };
         // Columns of tables joined in (an anomaly's climatology) are read
         // as the table's own: a selection copy computes them first.
