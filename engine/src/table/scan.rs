@@ -33,7 +33,7 @@ use super::block_read::BlockRead;
 use super::blocks::{boxes_in_block, share_of, shown_tasks, task_index, TASKS_OF_STAGE};
 use super::broadcast::BroadcastInputs;
 use super::cells::BoxCells;
-use super::read_ahead::ReadAheadPlan;
+use super::read_ahead::{ReadAheadPlan, TableReadAhead};
 use crate::memory::Reservation;
 use crate::plan_methods::{
     broadcast_children_methods, metered_plan_methods, no_expressions_method,
@@ -378,21 +378,22 @@ impl ExecutionPlan for ZarrScanExec {
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let decode_time = MetricBuilder::new(&self.metrics).subset_time("decode_time", partition);
         let bytes_decoded = MetricBuilder::new(&self.metrics).counter("bytes_decoded", partition);
-        let read_ahead = {
-            let read = Arc::clone(&self.read);
-            self.read_ahead.start(
-                &self.read.table,
-                &self.read.columns,
-                blocks.clone(),
-                1,
-                move |id| boxes_in_block(&read.selection, &read.blocks.block(id)),
-            )
+        // Reads ahead (of a remote store) once the partition's memory is
+        // taken: after the tables joined in are computed, if any.
+        let start_read_ahead = {
+            let (read, plan, blocks) = (Arc::clone(&self.read), self.read_ahead, blocks.clone());
+            move || {
+                let boxes = Arc::clone(&read);
+                plan.start(&read.table, &read.columns, blocks, 1, move |id| {
+                    boxes_in_block(&boxes.selection, &boxes.blocks.block(id))
+                })
+            }
         };
         let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.read.schema), 2);
         let tx = builder.tx();
         let broadcasts = self.broadcasts.clone();
         let partitions = self.properties.partitioning.partition_count();
-        let read = move |reservation: MemoryReservation| {
+        let read = move |reservation: MemoryReservation, read_ahead: Option<TableReadAhead>| {
             let _reservation = reservation;
             for id in blocks {
                 if remaining == Some(0) {
@@ -421,14 +422,17 @@ impl ExecutionPlan for ZarrScanExec {
             Ok(())
         };
         if broadcasts.is_empty() {
-            builder.spawn_blocking(move || read(reservation.after(taken)?));
+            let taken = reservation.after(taken)?;
+            let read_ahead = start_read_ahead();
+            builder.spawn_blocking(move || read(taken, read_ahead));
         } else {
             // The tables joined in are computed first, and held while the
             // blocks are read (the partition's memory taken once they are).
             builder.spawn(async move {
                 let _held = broadcasts.hold(&context, partitions).await?;
                 let taken = reservation.after(taken)?;
-                tokio::task::spawn_blocking(move || read(taken))
+                let read_ahead = start_read_ahead();
+                tokio::task::spawn_blocking(move || read(taken, read_ahead))
                     .await
                     .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?
             });

@@ -215,9 +215,14 @@ impl S3Server {
     }
 }
 
-/// Every xarray oracle query (`tests/fixtures/expected/queries.json`)
-/// answered from the stores in a real S3 server gives xarray's rows, while
-/// the proxy refuses the first read of every object with a 503 (retried).
+/// Every xarray oracle query answered from the stores in a real S3 server
+/// gives xarray's rows, while the proxy refuses the first read of every
+/// object with a 503 (retried): the scans of `queries.json`, and the array
+/// operations over a remote store, reading ahead (`climate_queries.json`,
+/// `calendar_queries.json`: dense reductions; `anomaly_queries.json`:
+/// broadcast joins, the climatology computed before the scan or
+/// reduction reads ahead; `rolling_queries.json`: rolling windows, some
+/// over an anomaly).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_oracle_query_answers_from_s3_through_faults() {
     let Some(server) = S3Server::start() else {
@@ -229,9 +234,16 @@ async fn every_oracle_query_answers_from_s3_through_faults() {
         return;
     };
     server.proxy("config?fault=503&first_n=1");
-    let path = repo_root().join("tests/fixtures/expected/queries.json");
-    let queries: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let queries: Vec<serde_json::Value> = [
+        "queries.json",
+        "climate_queries.json",
+        "calendar_queries.json",
+        "anomaly_queries.json",
+        "rolling_queries.json",
+    ]
+    .into_iter()
+    .flat_map(common::expected_queries)
+    .collect();
     for q in &queries {
         let name = q["name"].as_str().unwrap();
         let store = q["store"].as_str().unwrap();

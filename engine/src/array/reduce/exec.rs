@@ -1217,15 +1217,16 @@ impl ExecutionPlan for DenseReductionExec {
         let stop = Arc::new(AtomicBool::new(false));
         // Workers take blocks in order from `next`: the window reads ahead
         // in that order, the blocks the workers read at once interleaved.
-        let read_ahead = {
-            let r = Arc::clone(&reduction);
-            self.read_ahead.start(
-                &reduction.read.table,
-                &reduction.read.columns,
-                run,
-                workers,
-                move |id| boxes_in_block(&r.read.selection, &r.read.blocks.block(id)),
-            )
+        // Reads ahead (of a remote store) once its memory is taken: after
+        // the tables joined in are computed, if any.
+        let start_read_ahead = {
+            let (r, plan) = (Arc::clone(&reduction), self.read_ahead);
+            move || {
+                let boxes = Arc::clone(&r);
+                plan.start(&r.read.table, &r.read.columns, run, workers, move |id| {
+                    boxes_in_block(&boxes.read.selection, &boxes.read.blocks.block(id))
+                })
+            }
         };
 
         let broadcasts = self.broadcasts.clone();
@@ -1235,6 +1236,7 @@ impl ExecutionPlan for DenseReductionExec {
             let _held = broadcasts.hold(&context, 1).await?;
             // Its own memory, once their plans have run.
             let reservation = reservation.after(taken)?;
+            let read_ahead = start_read_ahead();
             let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
             let folding = Arc::clone(&reduction);
             let (_, folded) = tokio::task::spawn_blocking(move || {
