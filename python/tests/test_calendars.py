@@ -5,6 +5,9 @@ dense reduction's groups."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+import cftime
 import numpy as np
 import pytest
 import xarray as xr
@@ -71,3 +74,75 @@ def test_pentads_of_a_noleap_store_are_xarrays(fixtures, dense):
     assert list(got.time.values) == list(want.time.values)
     got = got.tas.transpose(*want.dims).sortby(["lat", "lon"])
     np.testing.assert_allclose(got.values, want.sortby(["lat", "lon"]).values, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+@pytest.mark.parametrize("store", ["cal_noleap.zarr", "cal_all_leap.zarr", "cal_julian.zarr"])
+def test_weeks_of_a_model_calendar_start_on_its_mondays(fixtures, store, dense):
+    # date_trunc('week') over a model calendar's dates: the Monday counted
+    # back over the calendar's own days (cftime's dayofweek), the weekly
+    # means as xarray groups them by those Mondays.
+    ctx = zf.SessionContext()
+    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
+    ctx.register_zarr("t", fixtures / store)
+    sql = "SELECT date_trunc('week', time) AS week, lat, lon, avg(tas) AS tas FROM t GROUP BY 1, lat, lon"
+    plan = " ".join(ctx.sql(f"EXPLAIN {sql}").to_arrow_table()["plan"].to_pylist())
+    assert ("DenseReductionExec" in plan) == dense
+    got = ctx.sql(f"{sql} ORDER BY week, lat, lon").to_arrow_table().to_pydict()
+    src = xr.open_zarr(fixtures / store, chunks=None).load()
+    mondays = [
+        cftime.datetime(d.year, d.month, d.day, calendar=d.calendar) - timedelta(days=int(w))
+        for d, w in zip(src.time.values, src.time.dt.dayofweek.values)  # Monday 0
+    ]
+    weeks = xr.DataArray([m.strftime("%Y-%m-%d") for m in mondays], dims="time", name="week")
+    want = src.tas.groupby(weeks).mean().transpose("week", "lat", "lon").sortby(["lat", "lon"])
+    got_weeks = sorted({w.strftime("%Y-%m-%d") for w in got["week"]})
+    assert got_weeks == list(want.week.values)
+    # Each row: its week, cell and mean against xarray's.
+    assert all(w.hour == 0 and w.minute == 0 for w in got["week"])
+    lats, lons = list(want.lat.values), list(want.lon.values)
+    values = np.array(got["tas"], dtype=float).reshape(len(got_weeks), len(lats), len(lons))
+    assert got["lat"][: len(lats) * len(lons) : len(lons)] == lats
+    np.testing.assert_allclose(values, want.values, rtol=1e-6, equal_nan=True)
+
+
+def _fields(t):
+    return (t.year, t.month, t.day, t.hour, t.minute)
+
+
+def _month_before(t):
+    # A month back by the date's fields, the day clamped to the calendar's
+    # last day of that month (its length from cftime: the next 1st minus this 1st).
+    year, month = (t.year, t.month - 1) if t.month > 1 else (t.year - 1, 12)
+    first = cftime.datetime(year, month, 1, calendar=t.calendar)
+    following = cftime.datetime(year + month // 12, month % 12 + 1, 1, calendar=t.calendar)
+    day = min(t.day, (following - first).days)
+    return cftime.datetime(year, month, day, t.hour, t.minute, calendar=t.calendar)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_differences_and_steps_of_model_times_are_cftimes(ctx, fixtures, store):
+    # `-` and `+` over a model calendar's times count its own days, as
+    # cftime's arithmetic does: steps between times, times since the first
+    # (a literal read as a date of the calendar), a time plus a day and six
+    # hours, and minus a month.
+    src = xr.open_zarr(fixtures / store, chunks=None)
+    times = list(src.time.values)
+    ctx.register_zarr("t", fixtures / store)
+    first = times[0].strftime("%Y-%m-%d %H:%M:%S")
+    got = ctx.sql(
+        f"SELECT t, t - lag(t) OVER (ORDER BY t) AS step, t - TIMESTAMP '{first}' AS since, "
+        "t + INTERVAL '1 day 6 hours' AS later, t - INTERVAL '1 month' AS month_before "
+        "FROM (SELECT DISTINCT time AS t FROM t) ORDER BY t"
+    ).to_arrow_table().to_pydict()
+    assert [_fields(t) for t in got["t"]] == [_fields(t) for t in times]
+    assert got["step"] == [None] + [b - a for a, b in zip(times, times[1:])]
+    assert got["since"] == [t - times[0] for t in times]
+    assert [_fields(t) for t in got["later"]] == [_fields(t + timedelta(days=1, hours=6)) for t in times]
+    assert [_fields(t) for t in got["month_before"]] == [_fields(_month_before(t)) for t in times]
+    # The results are times of the calendar again: their days of the year
+    # are cftime's.
+    doy = ctx.sql(
+        "SELECT DISTINCT time, extract(doy FROM time + INTERVAL '1 day') AS doy FROM t ORDER BY time"
+    ).to_arrow_table().to_pydict()["doy"]
+    assert doy == [(t + timedelta(days=1)).dayofyr for t in times]

@@ -1,21 +1,29 @@
-//! [`CalendarFunctionsRewrite`]: the model calendars' `date_part` and
-//! `date_bin` wherever a plan calls DataFusion's.
+//! [`CalendarFunctionsRewrite`]: the model calendars' `date_part`,
+//! `date_bin`, `date_trunc`, `-` and `+` wherever a plan calls DataFusion's.
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, Result};
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
-use datafusion::logical_expr::{Expr, ScalarUDF};
+use datafusion::logical_expr::{lit, BinaryExpr, Expr, ExprSchemable, Operator, ScalarUDF};
 
+use crate::calendar::Calendar;
+use crate::calendar_arithmetic::{CalendarDifferenceFunc, CalendarShiftFunc};
 use crate::date_bin::DateBinFunc;
 use crate::date_part::DatePartFunc;
+use crate::date_trunc::DateTruncFunc;
+use crate::model_calendar::calendar_of;
 
-/// Puts [`DatePartFunc`] and [`DateBinFunc`] in place of DataFusion's
-/// `date_part` and `date_bin` wherever a plan calls those directly (the
-/// SQL planner does for `extract(part FROM t)`, DataFrame APIs may).
+/// Puts [`DatePartFunc`], [`DateBinFunc`] and [`DateTruncFunc`] in place
+/// of DataFusion's `date_part`, `date_bin` and `date_trunc` wherever a plan
+/// calls those directly (the SQL planner does for `extract(part FROM t)`,
+/// DataFrame APIs may), and the functions of
+/// [`crate::calendar_arithmetic`] in place of `-` and `+` where a side is a
+/// time of a model calendar.
 #[derive(Debug, Default)]
 pub struct CalendarFunctionsRewrite;
 
@@ -27,20 +35,101 @@ impl FunctionRewrite for CalendarFunctionsRewrite {
     fn rewrite(
         &self,
         expr: Expr,
-        _schema: &DFSchema,
+        schema: &DFSchema,
         _config: &ConfigOptions,
     ) -> Result<Transformed<Expr>> {
-        let Expr::ScalarFunction(call) = expr else {
-            return Ok(Transformed::no(expr));
+        let call = match expr {
+            Expr::ScalarFunction(call) => call,
+            Expr::BinaryExpr(binary) => return Ok(arithmetic(binary, schema)),
+            _ => return Ok(Transformed::no(expr)),
         };
         let inner = call.func.inner();
         let ours = match call.func.name() {
             "date_part" if !inner.is::<DatePartFunc>() => ScalarUDF::from(DatePartFunc::new()),
             "date_bin" if !inner.is::<DateBinFunc>() => ScalarUDF::from(DateBinFunc::new()),
+            "date_trunc" if !inner.is::<DateTruncFunc>() => ScalarUDF::from(DateTruncFunc::new()),
             _ => return Ok(Transformed::no(Expr::ScalarFunction(call))),
         };
         Ok(Transformed::yes(Expr::ScalarFunction(
             ScalarFunction::new_udf(Arc::new(ours), call.args),
         )))
     }
+}
+
+/// What a side of `-` or `+` is, as far as model calendars go.
+enum Side {
+    /// A timestamp without a time zone, of a model calendar's dates or not.
+    Time(Option<Calendar>),
+    /// An interval or a duration.
+    Step,
+    /// Anything else.
+    Other,
+}
+
+/// What `expr` is (see [`Side`]).
+fn side(expr: &Expr, schema: &DFSchema) -> Side {
+    let Ok((_, field)) = expr.to_field(schema) else {
+        return Side::Other;
+    };
+    match field.data_type() {
+        DataType::Timestamp(_, None) => Side::Time(calendar_of(&field)),
+        DataType::Interval(_) | DataType::Duration(_) => Side::Step,
+        _ => Side::Other,
+    }
+}
+
+/// `binary` over times of a model calendar as the function of
+/// [`crate::calendar_arithmetic`] that counts its days; as it is
+/// otherwise (no side names a calendar, two calendars, time zones).
+fn arithmetic(binary: BinaryExpr, schema: &DFSchema) -> Transformed<Expr> {
+    let (left, right) = (side(&binary.left, schema), side(&binary.right, schema));
+    let call = |func: ScalarUDF, args: Vec<Expr>, calendar: Calendar| {
+        let mut args = args;
+        args.push(lit(calendar.name()));
+        Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(
+            Arc::new(func),
+            args,
+        )))
+    };
+    let BinaryExpr {
+        left: l,
+        op,
+        right: r,
+    } = binary;
+    match (left, op, right) {
+        (Side::Time(a), Operator::Minus, Side::Time(b)) => match (a, b) {
+            (Some(a), Some(b)) if a != b => {}
+            (Some(calendar), _) | (None, Some(calendar)) => {
+                return call(
+                    ScalarUDF::from(CalendarDifferenceFunc::new()),
+                    vec![*l, *r],
+                    calendar,
+                )
+            }
+            (None, None) => {}
+        },
+        (Side::Time(Some(calendar)), Operator::Plus, Side::Step) => {
+            return call(
+                ScalarUDF::from(CalendarShiftFunc::add()),
+                vec![*l, *r],
+                calendar,
+            )
+        }
+        (Side::Time(Some(calendar)), Operator::Minus, Side::Step) => {
+            return call(
+                ScalarUDF::from(CalendarShiftFunc::subtract()),
+                vec![*l, *r],
+                calendar,
+            )
+        }
+        (Side::Step, Operator::Plus, Side::Time(Some(calendar))) => {
+            return call(
+                ScalarUDF::from(CalendarShiftFunc::add()),
+                vec![*r, *l],
+                calendar,
+            )
+        }
+        _ => {}
+    }
+    Transformed::no(Expr::BinaryExpr(BinaryExpr::new(l, op, r)))
 }

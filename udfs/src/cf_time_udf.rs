@@ -8,13 +8,16 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, TimestampNanosecondArray};
-use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type, Int64Type, TimeUnit};
 use datafusion::common::{exec_err, plan_err, Result, ScalarValue};
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, TypeSignature, Volatility,
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, TypeSignature,
+    Volatility,
 };
 
+use crate::calendar::Calendar;
 use crate::cf_time::CfTime;
+use crate::model_calendar::with_calendar;
 
 /// The `cf_time` scalar function.
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -64,6 +67,25 @@ impl ScalarUDFImpl for CfTimeFunc {
 
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(DataType::Timestamp(TimeUnit::Nanosecond, None))
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        // Dates of a model calendar name it, as its coordinates do, so
+        // that what counts days over them counts the calendar's.
+        let calendar = match args.scalar_arguments.get(2).copied().flatten() {
+            Some(ScalarValue::Utf8(Some(name))) => Calendar::parse(name),
+            _ => None,
+        };
+        let nullable = args.arg_fields.first().is_none_or(|f| f.is_nullable());
+        let field = Arc::new(Field::new(
+            self.name(),
+            DataType::Timestamp(TimeUnit::Nanosecond, None),
+            nullable,
+        ));
+        Ok(with_calendar(
+            field,
+            calendar.filter(|calendar| !calendar.is_gregorian()),
+        ))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {

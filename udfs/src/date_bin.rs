@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, TimestampNanosecondArray};
+use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
     DataType, FieldRef, IntervalMonthDayNanoType, TimeUnit, TimestampNanosecondType,
@@ -31,7 +31,8 @@ use datafusion::logical_expr::{
 };
 
 use crate::model_calendar::{
-    calendar_nanos, calendar_of, calendar_timestamp, date_of, delegated_methods, CALENDAR_METADATA,
+    calendar_nanos, calendar_of, calendar_timestamp, date_of, delegated_methods, mapped,
+    with_calendar,
 };
 
 /// `date_bin` over the dates of model calendars (see the module docs).
@@ -65,24 +66,6 @@ fn without_months(stride: &ColumnarValue) -> bool {
     }
 }
 
-/// Timestamps (nanoseconds) mapped one by one, NULL kept; a value `map`
-/// has no answer for is the error `refused` gives it.
-fn mapped(
-    values: &TimestampNanosecondArray,
-    map: impl Fn(i64) -> Option<i64>,
-    refused: impl Fn(i64) -> String,
-) -> Result<TimestampNanosecondArray> {
-    values
-        .iter()
-        .map(|value| match value {
-            None => Ok(None),
-            Some(value) => map(value)
-                .map(Some)
-                .ok_or_else(|| datafusion::common::DataFusionError::Execution(refused(value))),
-        })
-        .collect()
-}
-
 /// A timestamp argument's value in nanoseconds (`None`: NULL).
 fn nanos_of(value: &ColumnarValue) -> Result<Option<i64>> {
     let value = cast(
@@ -98,18 +81,11 @@ impl ScalarUDFImpl for DateBinFunc {
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         // Bins of a model calendar's dates are dates of it too.
-        let calendar = (args.arg_fields.get(1))
-            .and_then(calendar_of)
-            .map(|calendar| calendar.name().to_string());
-        let field = self.inner.return_field_from_args(args)?;
-        Ok(match calendar {
-            Some(calendar) if matches!(field.data_type(), DataType::Timestamp(..)) => {
-                let mut metadata = field.metadata().clone();
-                metadata.insert(CALENDAR_METADATA.to_string(), calendar);
-                Arc::new(field.as_ref().clone().with_metadata(metadata))
-            }
-            _ => field,
-        })
+        let calendar = args.arg_fields.get(1).and_then(calendar_of);
+        Ok(with_calendar(
+            self.inner.return_field_from_args(args)?,
+            calendar,
+        ))
     }
 
     fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {

@@ -12,6 +12,9 @@
 //! | `cf_time(value, units [, calendar])` | numbers in CF units (`hours since 1900-01-01`) to timestamps |
 //! | `date_part(part, time)`, `extract` | DataFusion's, with the day of the year and of the week of a model calendar's dates counted in its own days |
 //! | `date_bin(stride, time [, origin])` | DataFusion's, with strides of days over a model calendar's dates counted in its own days |
+//! | `date_trunc(unit, time)` | DataFusion's, with the week of a model calendar's dates starting on its own Mondays |
+//! | `calendar_difference(a, b, calendar)` | `a - b` in a model calendar's days (what `-` of its times becomes) |
+//! | `calendar_add(time, step, calendar)`, `calendar_subtract` | a time plus or minus an interval over a model calendar's days (what `+` and `-` become) |
 
 // Input must never panic: no unwrap, expect or panic outside tests;
 // an invariant proven where it is used is written without them.
@@ -21,18 +24,22 @@
 )]
 
 pub mod calendar;
+pub mod calendar_arithmetic;
 pub mod calendar_rewrite;
 pub mod cf_time;
 mod cf_time_udf;
 pub mod complex;
 pub mod date_bin;
 pub mod date_part;
+pub mod date_trunc;
 pub mod model_calendar;
 
+pub use calendar_arithmetic::{CalendarDifferenceFunc, CalendarShiftFunc};
 pub use calendar_rewrite::CalendarFunctionsRewrite;
 pub use cf_time_udf::CfTimeFunc;
 pub use date_bin::DateBinFunc;
 pub use date_part::DatePartFunc;
+pub use date_trunc::DateTruncFunc;
 
 use std::sync::Arc;
 
@@ -44,5 +51,9 @@ pub fn all_scalar_functions() -> Vec<Arc<ScalarUDF>> {
         Arc::new(ScalarUDF::from(CfTimeFunc::new())),
         Arc::new(ScalarUDF::from(DatePartFunc::new())),
         Arc::new(ScalarUDF::from(DateBinFunc::new())),
+        Arc::new(ScalarUDF::from(DateTruncFunc::new())),
+        Arc::new(ScalarUDF::from(CalendarDifferenceFunc::new())),
+        Arc::new(ScalarUDF::from(CalendarShiftFunc::add())),
+        Arc::new(ScalarUDF::from(CalendarShiftFunc::subtract())),
     ]
 }

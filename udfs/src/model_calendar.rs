@@ -3,12 +3,17 @@
 //! Such a column holds timestamps with the dates' fields (see
 //! [`crate::cf_time`]) and names its calendar in its field metadata
 //! ([`CALENDAR_METADATA`]). What counts days over it counts the calendar's
-//! own: [`crate::date_part`] (the day of the year and of the week) and
-//! [`crate::date_bin`] (bins of days), which
-//! [`crate::calendar_rewrite::CalendarFunctionsRewrite`] puts in place of
-//! DataFusion's functions of those names.
+//! own: [`crate::date_part`] (the day of the year and of the week),
+//! [`crate::date_bin`] (bins of days), [`crate::date_trunc`] (weeks) and
+//! [`crate::calendar_arithmetic`] (differences of times, times plus
+//! intervals), which [`crate::calendar_rewrite::CalendarFunctionsRewrite`]
+//! puts in place of DataFusion's functions and operators.
 
-use datafusion::arrow::datatypes::FieldRef;
+use datafusion::arrow::array::TimestampNanosecondArray;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::common::{DataFusionError, Result};
 
 use crate::calendar::Calendar;
 
@@ -46,12 +51,25 @@ macro_rules! delegated_methods {
 pub(crate) use delegated_methods;
 
 /// Nanoseconds in a day.
-const DAY: i64 = 86_400_000_000_000;
+pub(crate) const DAY: i64 = 86_400_000_000_000;
 
 /// The model calendar `field`'s metadata gives its dates.
 pub(crate) fn calendar_of(field: &FieldRef) -> Option<Calendar> {
     let calendar = Calendar::parse(field.metadata().get(CALENDAR_METADATA)?)?;
     (!calendar.is_gregorian()).then_some(calendar)
+}
+
+/// `field` (a function's result) naming `calendar` when it holds
+/// timestamps: dates computed from a model calendar's are dates of it.
+pub(crate) fn with_calendar(field: FieldRef, calendar: Option<Calendar>) -> FieldRef {
+    match calendar {
+        Some(calendar) if matches!(field.data_type(), DataType::Timestamp(..)) => {
+            let mut metadata = field.metadata().clone();
+            metadata.insert(CALENDAR_METADATA.to_string(), calendar.name().to_string());
+            Arc::new(field.as_ref().clone().with_metadata(metadata))
+        }
+        _ => field,
+    }
 }
 
 /// The calendar's date (and nanoseconds into it) a timestamp with its
@@ -80,6 +98,16 @@ fn epoch_day(calendar: Calendar) -> i64 {
 /// date or the count overflows.
 pub(crate) fn calendar_nanos(calendar: Calendar, timestamp: i64) -> Option<i64> {
     let (date, nanos) = date_of(timestamp);
+    date_nanos(calendar, date, nanos)
+}
+
+/// `date` of `calendar` and `nanos` into it as nanoseconds on the
+/// calendar's own scale of days (see [`calendar_nanos`]).
+pub(crate) fn date_nanos(
+    calendar: Calendar,
+    date: crate::calendar::Date,
+    nanos: i64,
+) -> Option<i64> {
     let days = calendar.day_number(date)? - epoch_day(calendar);
     days.checked_mul(DAY)?.checked_add(nanos)
 }
@@ -90,6 +118,24 @@ pub(crate) fn calendar_timestamp(calendar: Calendar, nanos: i64) -> Option<i64> 
     let date = calendar.date(nanos.div_euclid(DAY) + epoch_day(calendar));
     let day = Calendar::ProlepticGregorian.day_number(date)?;
     day.checked_mul(DAY)?.checked_add(nanos.rem_euclid(DAY))
+}
+
+/// Timestamps (nanoseconds) mapped one by one, NULL kept; a value `map`
+/// has no answer for is the error `refused` gives it.
+pub(crate) fn mapped(
+    values: &TimestampNanosecondArray,
+    map: impl Fn(i64) -> Option<i64>,
+    refused: impl Fn(i64) -> String,
+) -> Result<TimestampNanosecondArray> {
+    values
+        .iter()
+        .map(|value| match value {
+            None => Ok(None),
+            Some(value) => map(value)
+                .map(Some)
+                .ok_or_else(|| DataFusionError::Execution(refused(value))),
+        })
+        .collect()
 }
 
 #[cfg(test)]
