@@ -127,10 +127,16 @@ fn build_context(
         .with_optimizer_rule(Arc::new(RollingWindowRule))
         .with_optimizer_rule(Arc::new(CopyToArraysRule))
         .with_query_planner(Arc::new(ArrayQueryPlanner));
-    let builder = match workers {
+    let mut builder = match workers {
         Some(workers) => distribute(builder, workers),
         None => builder,
     };
+    // `extract(month FROM time)` over a time column kept as numbers (a
+    // daily 360_day calendar's) reads its dates: planned as the model
+    // calendars' date_part, ahead of DataFusion's planner.
+    if let Some(planners) = builder.expr_planners() {
+        planners.insert(0, Arc::new(zarrfusion_udfs::CalendarExtractPlanner));
+    }
     let mut state = builder.build();
     let catalogs = Arc::clone(state.catalog_list());
     // `rechunk(...)`, `fft(...)` and `ifft(...)` look registered tables up

@@ -146,3 +146,36 @@ def test_differences_and_steps_of_model_times_are_cftimes(ctx, fixtures, store):
         "SELECT DISTINCT time, extract(doy FROM time + INTERVAL '1 day') AS doy FROM t ORDER BY time"
     ).to_arrow_table().to_pydict()["doy"]
     assert doy == [(t + timedelta(days=1)).dayofyr for t in times]
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_a_daily_360_day_store_groups_by_the_dates_its_numbers_encode(fixtures, dense):
+    # Its 30th of February has no timestamp, so the coordinate keeps its
+    # numbers; extract and date_trunc still read the model's dates, as
+    # xarray's groupby and resample do on the cftime dates it decodes.
+    ctx = zf.SessionContext()
+    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
+    ctx.register_zarr("t", fixtures / "cal_360_day_daily.zarr")
+    src = xr.open_zarr(fixtures / "cal_360_day_daily.zarr", chunks=None).load()
+    units, calendar = src.time.encoding["units"], src.time.encoding["calendar"]
+    assert calendar == "360_day" and (2, 30) in [(t.month, t.day) for t in src.time.values]
+    for key, want in [
+        ("extract(month FROM time)", src.tas.groupby("time.month").mean().rename(month="key")),
+        ("extract(doy FROM time)", src.tas.groupby("time.dayofyear").mean().rename(dayofyear="key")),
+        ("date_trunc('month', time)", src.tas.resample(time="MS").mean().rename(time="key")),
+    ]:
+        sql = f"SELECT {key} AS key, lat, lon, avg(tas) AS tas FROM t GROUP BY 1, lat, lon"
+        plan = " ".join(ctx.sql(f"EXPLAIN {sql}").to_arrow_table()["plan"].to_pylist())
+        assert ("DenseReductionExec" in plan) == dense, plan
+        got = ctx.sql(f"{sql} ORDER BY key, lat, lon").to_arrow_table().to_pydict()
+        want = want.transpose("key", "lat", "lon").sortby(["key", "lat", "lon"])
+        keys = want.key.values
+        if keys.dtype == object:  # cftime month starts: as numbers of the store's units
+            keys = cftime.date2num(list(keys), units, calendar)
+        assert sorted(set(got["key"])) == [float(k) for k in keys], key
+        values = np.array(got["tas"], dtype=float).reshape(want.shape)
+        np.testing.assert_allclose(values, want.values, rtol=1e-6, equal_nan=True)
+    # Weeks start on the calendar's Mondays (cftime's dayofweek 0).
+    got = ctx.sql("SELECT DISTINCT time, date_trunc('week', time) AS week FROM t ORDER BY time").to_arrow_table()
+    mondays = [t - timedelta(days=int(w)) for t, w in zip(src.time.values, src.time.dt.dayofweek.values)]
+    assert got["week"].to_pylist() == list(cftime.date2num(mondays, units, calendar).astype(float))

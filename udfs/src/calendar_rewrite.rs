@@ -1,5 +1,6 @@
 //! [`CalendarFunctionsRewrite`]: the model calendars' `date_part`,
-//! `date_bin`, `date_trunc`, `-` and `+` wherever a plan calls DataFusion's.
+//! `date_bin`, `date_trunc`, `-` and `+` wherever a plan calls DataFusion's,
+//! and `date_part` and `date_trunc` of times kept as numbers.
 
 use std::sync::Arc;
 
@@ -9,21 +10,24 @@ use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, Result};
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
+use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult};
 use datafusion::logical_expr::{lit, BinaryExpr, Expr, ExprSchemable, Operator, ScalarUDF};
 
 use crate::calendar::Calendar;
 use crate::calendar_arithmetic::{CalendarDifferenceFunc, CalendarShiftFunc};
+use crate::cf_numbers::{CfDatePartFunc, CfDateTruncFunc};
 use crate::date_bin::DateBinFunc;
 use crate::date_part::DatePartFunc;
 use crate::date_trunc::DateTruncFunc;
-use crate::model_calendar::calendar_of;
+use crate::model_calendar::{calendar_of, TIME_CALENDAR_METADATA, TIME_UNITS_METADATA};
 
 /// Puts [`DatePartFunc`], [`DateBinFunc`] and [`DateTruncFunc`] in place
 /// of DataFusion's `date_part`, `date_bin` and `date_trunc` wherever a plan
 /// calls those directly (the SQL planner does for `extract(part FROM t)`,
 /// DataFrame APIs may), and the functions of
 /// [`crate::calendar_arithmetic`] in place of `-` and `+` where a side is a
-/// time of a model calendar.
+/// time of a model calendar; `date_part` and `date_trunc` of a time column
+/// kept as numbers become [`crate::cf_numbers`]'s.
 #[derive(Debug, Default)]
 pub struct CalendarFunctionsRewrite;
 
@@ -43,6 +47,9 @@ impl FunctionRewrite for CalendarFunctionsRewrite {
             Expr::BinaryExpr(binary) => return Ok(arithmetic(binary, schema)),
             _ => return Ok(Transformed::no(expr)),
         };
+        if let Some(kept) = over_kept_numbers(&call, schema) {
+            return Ok(Transformed::yes(kept));
+        }
         let inner = call.func.inner();
         let ours = match call.func.name() {
             "date_part" if !inner.is::<DatePartFunc>() => ScalarUDF::from(DatePartFunc::new()),
@@ -52,6 +59,49 @@ impl FunctionRewrite for CalendarFunctionsRewrite {
         };
         Ok(Transformed::yes(Expr::ScalarFunction(
             ScalarFunction::new_udf(Arc::new(ours), call.args),
+        )))
+    }
+}
+
+/// `date_part` or `date_trunc` of a time column kept as numbers (see
+/// [`crate::cf_numbers`]) as the function of that module reading their
+/// dates, with the column's units and calendar.
+fn over_kept_numbers(call: &ScalarFunction, schema: &DFSchema) -> Option<Expr> {
+    let func = match call.func.name() {
+        "date_part" => ScalarUDF::from(CfDatePartFunc::new()),
+        "date_trunc" => ScalarUDF::from(CfDateTruncFunc::new()),
+        _ => return None,
+    };
+    let [part, numbers] = call.args.as_slice() else {
+        return None;
+    };
+    let (_, field) = numbers.to_field(schema).ok()?;
+    let units = field.metadata().get(TIME_UNITS_METADATA)?;
+    let calendar = field.metadata().get(TIME_CALENDAR_METADATA)?;
+    Some(Expr::ScalarFunction(ScalarFunction::new_udf(
+        Arc::new(func),
+        vec![
+            part.clone(),
+            numbers.clone(),
+            lit(units.as_str()),
+            lit(calendar.as_str()),
+        ],
+    )))
+}
+
+/// Plans SQL's `extract(part FROM time)` as [`DatePartFunc`] from the
+/// start, before the types are checked: DataFusion's planner calls its own
+/// `date_part`, which takes no numbers, so a time column kept as numbers
+/// (see [`crate::cf_numbers`]) would be refused before
+/// [`CalendarFunctionsRewrite`] could read its dates. A session puts it
+/// ahead of DataFusion's planners.
+#[derive(Debug, Default)]
+pub struct CalendarExtractPlanner;
+
+impl ExprPlanner for CalendarExtractPlanner {
+    fn plan_extract(&self, args: Vec<Expr>) -> Result<PlannerResult<Vec<Expr>>> {
+        Ok(PlannerResult::Planned(Expr::ScalarFunction(
+            ScalarFunction::new_udf(Arc::new(ScalarUDF::from(DatePartFunc::new())), args),
         )))
     }
 }

@@ -211,6 +211,35 @@ impl CfTime {
             .ok_or_else(|| CfTimeError::OutOfRange(value.to_string()))?
     }
 
+    /// The date of the calendar and the nanoseconds into it that a count
+    /// of units (`value`) encodes, whether or not the date has a timestamp
+    /// (the 30th of February of `360_day` has none): `None` when `value`
+    /// is not finite or the date is past the years 10^9.
+    pub fn date_of(&self, value: f64) -> Option<(Date, i64)> {
+        let offset = (value * self.unit.nanos as f64).round();
+        if !(offset.is_finite() && offset.abs() < 1e30) {
+            return None;
+        }
+        let instant = self.reference + offset as i128;
+        let number = i64::try_from(instant.div_euclid(DAY))
+            .ok()
+            .filter(|n| n.abs() < 1_000_000_000)?;
+        let nanos = i64::try_from(instant.rem_euclid(DAY)).ok()?;
+        Some((self.calendar.date(number), nanos))
+    }
+
+    /// The count of units that encodes `date` of the calendar and `nanos`
+    /// into it (the inverse of [`Self::date_of`]), as a float; `None` when
+    /// the calendar has no such date.
+    pub fn count_of(&self, date: Date, nanos: i64) -> Option<f64> {
+        let instant = i128::from(self.calendar.day_number(date)?) * DAY + i128::from(nanos);
+        let offset = instant - self.reference;
+        let unit = i128::from(self.unit.nanos);
+        // Whole units and their remainder apart, so that large counts keep
+        // every unit.
+        Some((offset.div_euclid(unit)) as f64 + (offset.rem_euclid(unit)) as f64 / unit as f64)
+    }
+
     /// The timestamp `offset` nanoseconds after the reference: `None` when
     /// it is outside the timestamps' range.
     fn decode(&self, offset: i128) -> Option<Result<i64, CfTimeError>> {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, AsArray, Int32Array};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, FieldRef, Int64Type, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type, TimeUnit};
 use datafusion::common::{exec_err, Result, ScalarValue};
 use datafusion::functions::datetime::date_part;
 use datafusion::logical_expr::preimage::PreimageResult;
@@ -29,13 +29,15 @@ use datafusion::logical_expr::{
 };
 
 use crate::calendar::{Calendar, Date};
-use crate::model_calendar::{calendar_of, date_of, delegated_methods};
+use crate::model_calendar::{calendar_of, date_of, delegated_methods, kept_numbers, with_numbers};
 
 /// `date_part` over the dates of model calendars (see the module docs).
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct DatePartFunc {
     /// DataFusion's `date_part`, which answers everything else.
     inner: Arc<ScalarUDF>,
+    /// DataFusion's signature, also taking times kept as numbers.
+    signature: Signature,
 }
 
 impl Default for DatePartFunc {
@@ -47,7 +49,11 @@ impl Default for DatePartFunc {
 impl DatePartFunc {
     /// The function, over DataFusion's own.
     pub fn new() -> Self {
-        Self { inner: date_part() }
+        let inner = date_part();
+        Self {
+            signature: with_numbers(inner.signature()),
+            inner,
+        }
     }
 }
 
@@ -66,13 +72,40 @@ fn day_part(part: &str) -> Option<fn(Calendar, Date) -> Option<i64>> {
 }
 
 impl ScalarUDFImpl for DatePartFunc {
-    delegated_methods!();
+    delegated_methods!(names);
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        match arg_types.get(1) {
+            Some(numbers) if numbers.is_numeric() => Ok(DataType::Int32),
+            _ => self.inner.return_type(arg_types),
+        }
+    }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        // Parts of times kept as numbers: `cf_date_part`'s, which the
+        // plan calls instead (`CalendarFunctionsRewrite`).
+        if kept_numbers(self.name(), args.arg_fields.get(1))?.is_some() {
+            let nullable = args.arg_fields.get(1).is_none_or(|f| f.is_nullable());
+            return Ok(Arc::new(Field::new(self.name(), DataType::Int32, nullable)));
+        }
         self.inner.return_field_from_args(args)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        if let Some(field) = args
+            .arg_fields
+            .get(1)
+            .filter(|f| f.data_type().is_numeric())
+        {
+            return exec_err!(
+                "date_part of the numbers of '{}' runs as cf_date_part, which the plan should call",
+                field.name()
+            );
+        }
         let part = match args.args.first() {
             Some(ColumnarValue::Scalar(ScalarValue::Utf8(Some(part))))
             | Some(ColumnarValue::Scalar(ScalarValue::Utf8View(Some(part)))) => part.clone(),

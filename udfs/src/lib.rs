@@ -14,6 +14,7 @@
 //! | `date_bin(stride, time [, origin])` | DataFusion's, with strides of days over a model calendar's dates counted in its own days |
 //! | `date_trunc(unit, time)` | DataFusion's, with the week of a model calendar's dates starting on its own Mondays |
 //! | `calendar_difference(a, b, calendar)` | `a - b` in a model calendar's days (what `-` of its times becomes) |
+//! | `cf_date_part(part, numbers, units, calendar)`, `cf_date_trunc(unit, ...)` | parts and periods of the dates of a time column kept as CF numbers (a daily `360_day` calendar's; what `extract` and `date_trunc` of it become) |
 //! | `calendar_add(time, step, calendar)`, `calendar_subtract` | a time plus or minus an interval over a model calendar's days (what `+` and `-` become) |
 
 // Input must never panic: no unwrap, expect or panic outside tests;
@@ -26,6 +27,7 @@
 pub mod calendar;
 pub mod calendar_arithmetic;
 pub mod calendar_rewrite;
+pub mod cf_numbers;
 pub mod cf_time;
 mod cf_time_udf;
 pub mod complex;
@@ -35,7 +37,8 @@ pub mod date_trunc;
 pub mod model_calendar;
 
 pub use calendar_arithmetic::{CalendarDifferenceFunc, CalendarShiftFunc};
-pub use calendar_rewrite::CalendarFunctionsRewrite;
+pub use calendar_rewrite::{CalendarExtractPlanner, CalendarFunctionsRewrite};
+pub use cf_numbers::{CfDatePartFunc, CfDateTruncFunc};
 pub use cf_time_udf::CfTimeFunc;
 pub use date_bin::DateBinFunc;
 pub use date_part::DatePartFunc;
@@ -55,5 +58,7 @@ pub fn all_scalar_functions() -> Vec<Arc<ScalarUDF>> {
         Arc::new(ScalarUDF::from(CalendarDifferenceFunc::new())),
         Arc::new(ScalarUDF::from(CalendarShiftFunc::add())),
         Arc::new(ScalarUDF::from(CalendarShiftFunc::subtract())),
+        Arc::new(ScalarUDF::from(CfDatePartFunc::new())),
+        Arc::new(ScalarUDF::from(CfDateTruncFunc::new())),
     ]
 }

@@ -13,7 +13,9 @@ use datafusion::arrow::array::TimestampNanosecondArray;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, FieldRef};
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::types::logical_string;
+use datafusion::common::{plan_err, DataFusionError, Result};
+use datafusion::logical_expr::{Coercion, Signature, TypeSignature, TypeSignatureClass};
 
 use crate::calendar::Calendar;
 
@@ -22,18 +24,25 @@ use crate::calendar::Calendar;
 /// the times in it).
 pub const CALENDAR_METADATA: &str = "zarr.calendar";
 
+/// The field metadata key holding the CF units (`hours since 2000-01-01`)
+/// of a time column that keeps its numbers because some of its dates have
+/// no timestamp (a daily `360_day` coordinate's 30th of February); its
+/// calendar is under [`TIME_CALENDAR_METADATA`]. What reads dates from
+/// such a column ([`crate::cf_numbers`]) decodes the numbers itself.
+pub const TIME_UNITS_METADATA: &str = "zarr.time_units";
+
+/// The field metadata key naming the calendar of a time column kept as
+/// numbers (see [`TIME_UNITS_METADATA`]).
+pub const TIME_CALENDAR_METADATA: &str = "zarr.time_calendar";
+
 /// The `ScalarUDFImpl` methods of a function over DataFusion's own (its
 /// field `inner`) that answer as that function does: name, aliases,
-/// signature, return type, documentation (the caller imports their types).
+/// signature, return type, documentation (the caller imports their types);
+/// `delegated_methods!(names)` leaves the signature and the return type to
+/// the caller.
 macro_rules! delegated_methods {
     () => {
-        fn name(&self) -> &str {
-            self.inner.name()
-        }
-
-        fn aliases(&self) -> &[String] {
-            self.inner.aliases()
-        }
+        delegated_methods!(names);
 
         fn signature(&self) -> &Signature {
             self.inner.signature()
@@ -42,6 +51,15 @@ macro_rules! delegated_methods {
         fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
             self.inner.return_type(arg_types)
         }
+    };
+    (names) => {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+
+        fn aliases(&self) -> &[String] {
+            self.inner.aliases()
+        }
 
         fn documentation(&self) -> Option<&Documentation> {
             self.inner.documentation()
@@ -49,6 +67,45 @@ macro_rules! delegated_methods {
     };
 }
 pub(crate) use delegated_methods;
+
+/// DataFusion's `signature` (of `date_part`, `date_trunc`) also taking
+/// numbers as the time: a time column kept as numbers (see
+/// [`crate::cf_numbers`]), which [`kept_numbers`] checks.
+pub(crate) fn with_numbers(signature: &Signature) -> Signature {
+    let mut variants = match &signature.type_signature {
+        TypeSignature::OneOf(variants) => variants.clone(),
+        other => vec![other.clone()],
+    };
+    variants.push(TypeSignature::Coercible(vec![
+        Coercion::new_exact(TypeSignatureClass::Native(logical_string())),
+        Coercion::new_exact(TypeSignatureClass::Numeric),
+    ]));
+    Signature::one_of(variants, signature.volatility)
+}
+
+/// Whether the time argument's `field` holds numbers, and then its units
+/// and calendar ([`TIME_UNITS_METADATA`]): an error naming `function` for
+/// numbers that are no times kept as numbers.
+pub(crate) fn kept_numbers<'a>(
+    function: &str,
+    field: Option<&'a FieldRef>,
+) -> Result<Option<(&'a str, &'a str)>> {
+    let Some(field) = field.filter(|f| f.data_type().is_numeric()) else {
+        return Ok(None);
+    };
+    let metadata = field.metadata();
+    match (
+        metadata.get(TIME_UNITS_METADATA),
+        metadata.get(TIME_CALENDAR_METADATA),
+    ) {
+        (Some(units), Some(calendar)) => Ok(Some((units, calendar))),
+        _ => plan_err!(
+            "{function}: '{}' is a number, not a time (only a time coordinate that keeps its \
+             numbers, for dates without a timestamp, has dates to read)",
+            field.name()
+        ),
+    }
+}
 
 /// Nanoseconds in a day.
 pub(crate) const DAY: i64 = 86_400_000_000_000;

@@ -31,7 +31,9 @@ use super::options::ZarrTableOptions;
 use super::regular::RegularCoordinateCheck;
 use crate::error::{Result, ZarrFusionError};
 use zarrfusion_udfs::cf_time::CfTimeError;
-use zarrfusion_udfs::model_calendar::CALENDAR_METADATA;
+use zarrfusion_udfs::model_calendar::{
+    CALENDAR_METADATA, TIME_CALENDAR_METADATA, TIME_UNITS_METADATA,
+};
 use zarrs::storage::StoreKey;
 
 use crate::zarr::{
@@ -56,20 +58,30 @@ pub struct Dimension {
 impl Dimension {
     /// The dimension's column: times of a model calendar name it in their
     /// field metadata ([`CALENDAR_METADATA`]: `extract(doy FROM time)`
-    /// counts its days, `COPY` writes them in it).
+    /// counts its days, `COPY` writes them in it); numbers kept for its
+    /// dates name their units and calendar ([`TIME_UNITS_METADATA`]:
+    /// `extract(month FROM time)` reads their dates).
     pub fn field(&self) -> Field {
         let data_type = self.coordinate.data_type();
-        let calendar = match data_type {
-            DataType::Timestamp(..) => self.model_calendar(),
-            _ => None,
+        let field = Field::new(&self.name, data_type.clone(), self.coordinate.nullable());
+        let Some(time) = self.model_calendar() else {
+            return field;
         };
-        let field = Field::new(&self.name, data_type, self.coordinate.nullable());
-        match calendar {
-            Some(time) => field.with_metadata(HashMap::from([(
-                CALENDAR_METADATA.to_string(),
-                time.calendar().name().to_string(),
-            )])),
-            None => field,
+        let calendar = time.calendar().name().to_string();
+        match data_type {
+            DataType::Timestamp(..) => {
+                field.with_metadata(HashMap::from([(CALENDAR_METADATA.to_string(), calendar)]))
+            }
+            // Numbers kept for dates without a timestamp (a daily 360_day
+            // calendar's 30th of February): their units and calendar, so
+            // that `extract` and `date_trunc` read their dates.
+            _ => match self.attributes.get("units").and_then(|u| u.as_str()) {
+                Some(units) => field.with_metadata(HashMap::from([
+                    (TIME_UNITS_METADATA.to_string(), units.to_string()),
+                    (TIME_CALENDAR_METADATA.to_string(), calendar),
+                ])),
+                None => field,
+            },
         }
     }
 

@@ -1,0 +1,429 @@
+//! `date_part` and `date_trunc` over times kept as CF numbers.
+//!
+//! A coordinate of a model calendar holding dates that have no timestamp
+//! (the 29th and 30th of February of a daily `360_day` calendar) keeps its
+//! numbers (`hours since 2000-01-01`), as xarray's `decode_times=False`
+//! shows them; its field metadata names their units and calendar
+//! ([`TIME_UNITS_METADATA`], [`TIME_CALENDAR_METADATA`]). The dates are
+//! still there, as cftime decodes them: these functions read the parts of
+//! each number's date (`extract(month FROM time)`, `doy`, `dow`, ...) and
+//! truncate dates to the start of their year, quarter, month, week, day,
+//! hour, minute or second, as numbers of the same units.
+//! [`crate::calendar_rewrite::CalendarFunctionsRewrite`] puts them in
+//! place of `date_part` and `date_trunc` over such a column, so that
+//! climatologies and monthly means of a daily `360_day` store are written
+//! as for any other:
+//!
+//! ```sql
+//! SELECT extract(month FROM time) AS month, avg(tas) FROM hadgem_daily GROUP BY 1;
+//! SELECT cf_date_part('month', time, 'hours since 2000-01-01', '360_day') FROM hadgem_daily;
+//! ```
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, Int32Array};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type};
+use datafusion::common::{exec_err, plan_err, DataFusionError, Result, ScalarValue};
+use datafusion::logical_expr::{
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
+};
+
+use crate::calendar::{Calendar, Date};
+use crate::cf_time::CfTime;
+use crate::model_calendar::{TIME_CALENDAR_METADATA, TIME_UNITS_METADATA};
+
+/// Nanoseconds in an hour, a minute and a second.
+const HOUR: i64 = 3_600_000_000_000;
+const MINUTE: i64 = 60_000_000_000;
+const SECOND: i64 = 1_000_000_000;
+
+/// A string literal argument.
+fn literal<'a>(function: &str, what: &str, value: Option<&'a ScalarValue>) -> Result<&'a str> {
+    match value {
+        Some(ScalarValue::Utf8(Some(s)))
+        | Some(ScalarValue::Utf8View(Some(s)))
+        | Some(ScalarValue::LargeUtf8(Some(s))) => Ok(s.trim_matches(|c| c == '\'' || c == '"')),
+        _ => plan_err!("{function}: {what} must be a string literal"),
+    }
+}
+
+/// The literal of argument `i` of a call.
+fn argument(args: &[ColumnarValue], i: usize) -> Option<&ScalarValue> {
+    match args.get(i) {
+        Some(ColumnarValue::Scalar(value)) => Some(value),
+        _ => None,
+    }
+}
+
+/// The encoding the third and fourth arguments (units, calendar) name.
+fn encoding(
+    function: &str,
+    units: Option<&ScalarValue>,
+    calendar: Option<&ScalarValue>,
+) -> Result<CfTime> {
+    let units = literal(function, "the units", units)?;
+    let calendar = literal(function, "the calendar", calendar)?;
+    match CfTime::parse(units, Some(calendar)) {
+        Ok(Some(time)) => Ok(time),
+        Ok(None) => plan_err!("{function}: units '{units}' have no 'since <date>'"),
+        Err(e) => plan_err!("{function}: {e}"),
+    }
+}
+
+/// The numbers argument as floats (NULL kept).
+fn counts(value: &ColumnarValue, rows: usize) -> Result<Float64Array> {
+    Ok(cast(&value.to_array(rows)?, &DataType::Float64)?
+        .as_primitive::<Float64Type>()
+        .clone())
+}
+
+/// The result as a scalar when the numbers were one.
+fn result(numbers: &ColumnarValue, values: ArrayRef) -> Result<ColumnarValue> {
+    Ok(match numbers {
+        ColumnarValue::Scalar(_) => ColumnarValue::Scalar(ScalarValue::try_from_array(&values, 0)?),
+        ColumnarValue::Array(_) => ColumnarValue::Array(values),
+    })
+}
+
+/// The signature both functions share: a part or unit, numbers, units and
+/// a calendar.
+fn signature(function: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+    match arg_types {
+        [part, numbers, units, calendar] if numbers.is_numeric() || *numbers == DataType::Null => {
+            Ok(vec![
+                part.clone(),
+                DataType::Float64,
+                units.clone(),
+                calendar.clone(),
+            ])
+        }
+        _ => plan_err!(
+            "{function} takes a part, CF-encoded numbers, their units and calendar, not {arg_types:?}"
+        ),
+    }
+}
+
+/// A part of a date (and the nanoseconds into it) of a calendar.
+type Part = fn(Calendar, Date, i64) -> Option<i64>;
+
+/// The part named `part`, as `date_part` names them.
+fn part(name: &str) -> Option<Part> {
+    Some(match name.to_ascii_lowercase().as_str() {
+        "year" | "years" => |_, d, _| Some(d.year),
+        "quarter" => |_, d, _| Some(i64::from((d.month - 1) / 3 + 1)),
+        "month" | "months" => |_, d, _| Some(i64::from(d.month)),
+        "day" | "days" => |_, d, _| Some(i64::from(d.day)),
+        "hour" | "hours" => |_, _, n| Some(n / HOUR),
+        "minute" | "minutes" => |_, _, n| Some(n % HOUR / MINUTE),
+        "second" | "seconds" => |_, _, n| Some(n % MINUTE / SECOND),
+        "doy" => |c, d, _| c.day_of_year(d),
+        // Sunday 0 to Saturday 6.
+        "dow" => |c, d, _| Some((c.weekday(d)? + 1) % 7),
+        // Monday 1 to Sunday 7.
+        "isodow" => |c, d, _| Some(c.weekday(d)? + 1),
+        _ => return None,
+    })
+}
+
+/// The names [`part`] knows, for errors.
+const PARTS: &str = "year, quarter, month, day, hour, minute, second, doy, dow, isodow";
+
+/// `cf_date_part(part, numbers, units, calendar)`: a part of the dates CF
+/// numbers encode (see the module docs).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CfDatePartFunc {
+    signature: Signature,
+}
+
+impl Default for CfDatePartFunc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CfDatePartFunc {
+    /// The function.
+    pub fn new() -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for CfDatePartFunc {
+    fn name(&self) -> &str {
+        "cf_date_part"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        signature(self.name(), arg_types)
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Int32)
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        let scalar = |i: usize| args.scalar_arguments.get(i).copied().flatten();
+        let name = literal(self.name(), "the part", scalar(0))?;
+        if part(name).is_none() {
+            return plan_err!(
+                "{}: '{name}' of dates kept as numbers is not supported (parts: {PARTS})",
+                self.name()
+            );
+        }
+        encoding(self.name(), scalar(2), scalar(3))?;
+        let nullable = args.arg_fields.get(1).is_none_or(|f| f.is_nullable());
+        Ok(Arc::new(Field::new(self.name(), DataType::Int32, nullable)))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let name = literal(self.name(), "the part", argument(&args.args, 0))?;
+        let Some(of_date) = part(name) else {
+            return exec_err!("{}: no part '{name}' (parts: {PARTS})", self.name());
+        };
+        let time = encoding(
+            self.name(),
+            argument(&args.args, 2),
+            argument(&args.args, 3),
+        )?;
+        let Some(numbers) = args.args.get(1) else {
+            return exec_err!("{} takes four arguments", self.name());
+        };
+        let parts = counts(numbers, args.number_rows)?
+            .iter()
+            .map(|value| {
+                let Some(value) = value.filter(|v| !v.is_nan()) else {
+                    return Ok(None);
+                };
+                let part = time
+                    .date_of(value)
+                    .and_then(|(date, nanos)| of_date(time.calendar(), date, nanos));
+                match part.and_then(|p| i32::try_from(p).ok()) {
+                    Some(part) => Ok(Some(part)),
+                    None => exec_err!(
+                        "{}: {value} {} has no date of the {} calendar",
+                        self.name(),
+                        time_units(&args.args),
+                        time.calendar().name()
+                    ),
+                }
+            })
+            .collect::<Result<Int32Array>>()?;
+        result(numbers, Arc::new(parts))
+    }
+}
+
+/// The units argument, for errors.
+fn time_units(args: &[ColumnarValue]) -> String {
+    match argument(args, 2) {
+        Some(ScalarValue::Utf8(Some(units))) => units.clone(),
+        _ => "units".to_string(),
+    }
+}
+
+/// The start of the period `unit` names holding `date` and `nanos` into it,
+/// in `calendar`: `None` for a unit none of these.
+fn truncated(
+    unit: &str,
+    calendar: Calendar,
+    date: Date,
+    nanos: i64,
+) -> Option<Option<(Date, i64)>> {
+    let day = |date: Date| Some(Some((date, 0)));
+    match unit.to_ascii_lowercase().as_str() {
+        "year" => day(Date {
+            month: 1,
+            day: 1,
+            ..date
+        }),
+        "quarter" => day(Date {
+            month: (date.month - 1) / 3 * 3 + 1,
+            day: 1,
+            ..date
+        }),
+        "month" => day(Date { day: 1, ..date }),
+        "week" => {
+            let monday = calendar
+                .day_number(date)
+                .and_then(|n| Some(n - calendar.weekday(date)?));
+            Some(monday.map(|n| (calendar.date(n), 0)))
+        }
+        "day" => day(date),
+        "hour" => Some(Some((date, nanos - nanos % HOUR))),
+        "minute" => Some(Some((date, nanos - nanos % MINUTE))),
+        "second" => Some(Some((date, nanos - nanos % SECOND))),
+        _ => None,
+    }
+}
+
+/// The units [`truncated`] knows, for errors.
+const UNITS: &str = "year, quarter, month, week, day, hour, minute, second";
+
+/// `cf_date_trunc(unit, numbers, units, calendar)`: the dates CF numbers
+/// encode truncated to the start of a period, as numbers of the same
+/// units (see the module docs).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CfDateTruncFunc {
+    signature: Signature,
+}
+
+impl Default for CfDateTruncFunc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CfDateTruncFunc {
+    /// The function.
+    pub fn new() -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for CfDateTruncFunc {
+    fn name(&self) -> &str {
+        "cf_date_trunc"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        signature(self.name(), arg_types)
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        let scalar = |i: usize| args.scalar_arguments.get(i).copied().flatten();
+        let unit = literal(self.name(), "the unit", scalar(0))?;
+        let probe = Date {
+            year: 2000,
+            month: 1,
+            day: 1,
+        };
+        if truncated(unit, Calendar::NoLeap, probe, 0).is_none() {
+            return plan_err!(
+                "{}: '{unit}' of dates kept as numbers is not supported (units: {UNITS})",
+                self.name()
+            );
+        }
+        let time = encoding(self.name(), scalar(2), scalar(3))?;
+        let units = literal(self.name(), "the units", scalar(2))?;
+        let nullable = args.arg_fields.get(1).is_none_or(|f| f.is_nullable());
+        // Truncated dates are numbers of the same units and calendar.
+        let metadata = [
+            (TIME_UNITS_METADATA.to_string(), units.to_string()),
+            (
+                TIME_CALENDAR_METADATA.to_string(),
+                time.calendar().name().to_string(),
+            ),
+        ];
+        Ok(Arc::new(
+            Field::new(self.name(), DataType::Float64, nullable).with_metadata(metadata.into()),
+        ))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let unit = literal(self.name(), "the unit", argument(&args.args, 0))?;
+        let time = encoding(
+            self.name(),
+            argument(&args.args, 2),
+            argument(&args.args, 3),
+        )?;
+        let Some(numbers) = args.args.get(1) else {
+            return exec_err!("{} takes four arguments", self.name());
+        };
+        let calendar = time.calendar();
+        let starts = counts(numbers, args.number_rows)?
+            .iter()
+            .map(|value| {
+                let Some(value) = value.filter(|v| !v.is_nan()) else {
+                    return Ok(None);
+                };
+                let start = time.date_of(value).and_then(|(date, nanos)| {
+                    truncated(unit, calendar, date, nanos)
+                        .map(|start| start.and_then(|(d, n)| time.count_of(d, n)))
+                });
+                match start {
+                    Some(Some(start)) => Ok(Some(start)),
+                    Some(None) => Err(DataFusionError::Execution(format!(
+                        "{}: {value} {} has no date of the {} calendar",
+                        self.name(),
+                        time_units(&args.args),
+                        calendar.name()
+                    ))),
+                    None => exec_err!("{}: no unit '{unit}' (units: {UNITS})", self.name()),
+                }
+            })
+            .collect::<Result<Float64Array>>()?;
+        result(numbers, Arc::new(starts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every day of two `360_day` years, hourly numbers: the parts are the
+    /// fields of the day counted from the reference, and each period's
+    /// start decodes to its first day.
+    #[test]
+    fn parts_and_starts_of_360_day_numbers() {
+        let time = CfTime::parse("hours since 2000-01-01", Some("360_day"))
+            .unwrap()
+            .unwrap();
+        for n in 0..720i64 {
+            let value = (n * 24 + 13) as f64;
+            let (date, nanos) = time.date_of(value).unwrap();
+            let want = Date {
+                year: 2000 + n / 360,
+                month: (n % 360 / 30 + 1) as u32,
+                day: (n % 30 + 1) as u32,
+            };
+            assert_eq!((date, nanos), (want, 13 * HOUR), "day {n}");
+            assert_eq!(time.count_of(date, nanos), Some(value));
+            let month = part("month").unwrap();
+            assert_eq!(
+                month(Calendar::Day360, date, nanos),
+                Some(i64::from(want.month))
+            );
+            let start = truncated("month", Calendar::Day360, date, nanos)
+                .unwrap()
+                .unwrap();
+            let start = time.count_of(start.0, start.1).unwrap();
+            assert_eq!(start, ((n / 30) * 30 * 24) as f64);
+            // Weeks of the calendar's Mondays: 0 to 6 days back.
+            let week = truncated("week", Calendar::Day360, date, nanos)
+                .unwrap()
+                .unwrap();
+            let back = value - time.count_of(week.0, week.1).unwrap();
+            assert!((13.0..13.0 + 7.0 * 24.0).contains(&back), "{back}");
+            let dow = part("isodow").unwrap()(Calendar::Day360, week.0, 0);
+            assert_eq!(dow, Some(1));
+        }
+        // The 30th of February is there.
+        let (date, _) = time.date_of((59 * 24) as f64).unwrap();
+        assert_eq!(
+            date,
+            Date {
+                year: 2000,
+                month: 2,
+                day: 30
+            }
+        );
+        assert_eq!(time.date_of(f64::NAN), None);
+        assert_eq!(time.date_of(1e300), None);
+    }
+}
