@@ -15,11 +15,11 @@ use datafusion::logical_expr::{lit, BinaryExpr, Expr, ExprSchemable, Operator, S
 
 use crate::calendar::Calendar;
 use crate::calendar_arithmetic::{CalendarDifferenceFunc, CalendarShiftFunc};
-use crate::cf_numbers::{CfDatePartFunc, CfDateTruncFunc};
+use crate::cf_numbers::CfDateFunc;
 use crate::date_bin::DateBinFunc;
 use crate::date_part::DatePartFunc;
 use crate::date_trunc::DateTruncFunc;
-use crate::model_calendar::{calendar_of, TIME_CALENDAR_METADATA, TIME_UNITS_METADATA};
+use crate::model_calendar::{calendar_of, kept_numbers_of};
 
 /// Puts [`DatePartFunc`], [`DateBinFunc`] and [`DateTruncFunc`] in place
 /// of DataFusion's `date_part`, `date_bin` and `date_trunc` wherever a plan
@@ -68,24 +68,18 @@ impl FunctionRewrite for CalendarFunctionsRewrite {
 /// dates, with the column's units and calendar.
 fn over_kept_numbers(call: &ScalarFunction, schema: &DFSchema) -> Option<Expr> {
     let func = match call.func.name() {
-        "date_part" => ScalarUDF::from(CfDatePartFunc::new()),
-        "date_trunc" => ScalarUDF::from(CfDateTruncFunc::new()),
+        "date_part" => ScalarUDF::from(CfDateFunc::part()),
+        "date_trunc" => ScalarUDF::from(CfDateFunc::trunc()),
         _ => return None,
     };
     let [part, numbers] = call.args.as_slice() else {
         return None;
     };
     let (_, field) = numbers.to_field(schema).ok()?;
-    let units = field.metadata().get(TIME_UNITS_METADATA)?;
-    let calendar = field.metadata().get(TIME_CALENDAR_METADATA)?;
+    let (units, calendar) = kept_numbers_of(&field)?;
     Some(Expr::ScalarFunction(ScalarFunction::new_udf(
         Arc::new(func),
-        vec![
-            part.clone(),
-            numbers.clone(),
-            lit(units.as_str()),
-            lit(calendar.as_str()),
-        ],
+        vec![part.clone(), numbers.clone(), lit(units), lit(calendar)],
     )))
 }
 

@@ -4,7 +4,8 @@
 //! (the 29th and 30th of February of a daily `360_day` calendar) keeps its
 //! numbers (`hours since 2000-01-01`), as xarray's `decode_times=False`
 //! shows them; its field metadata names their units and calendar
-//! ([`TIME_UNITS_METADATA`], [`TIME_CALENDAR_METADATA`]). The dates are
+//! ([`TIME_UNITS_METADATA`](crate::model_calendar::TIME_UNITS_METADATA),
+//! [`TIME_CALENDAR_METADATA`](crate::model_calendar::TIME_CALENDAR_METADATA)). The dates are
 //! still there, as cftime decodes them: these functions read the parts of
 //! each number's date (`extract(month FROM time)`, `doy`, `dow`, ...) and
 //! truncate dates to the start of their year, quarter, month, week, day,
@@ -21,17 +22,17 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array, Int32Array};
+use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type};
-use datafusion::common::{exec_err, plan_err, DataFusionError, Result, ScalarValue};
+use datafusion::common::{exec_err, plan_err, Result, ScalarValue};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
 
 use crate::calendar::{Calendar, Date};
 use crate::cf_time::CfTime;
-use crate::model_calendar::{TIME_CALENDAR_METADATA, TIME_UNITS_METADATA};
+use crate::model_calendar::kept_numbers_metadata;
 
 /// Nanoseconds in an hour, a minute and a second.
 const HOUR: i64 = 3_600_000_000_000;
@@ -130,30 +131,84 @@ fn part(name: &str) -> Option<Part> {
 const PARTS: &str = "year, quarter, month, day, hour, minute, second, doy, dow, isodow";
 
 /// `cf_date_part(part, numbers, units, calendar)`: a part of the dates CF
-/// numbers encode (see the module docs).
+/// numbers encode; `cf_date_trunc(unit, numbers, units, calendar)`: those
+/// dates truncated to the start of a period, as numbers of the same units
+/// (see the module docs).
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub struct CfDatePartFunc {
+pub struct CfDateFunc {
     signature: Signature,
+    /// Whether it truncates (`cf_date_trunc`) rather than takes a part.
+    truncate: bool,
 }
 
-impl Default for CfDatePartFunc {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl CfDatePartFunc {
-    /// The function.
-    pub fn new() -> Self {
+impl CfDateFunc {
+    /// `cf_date_part`.
+    pub fn part() -> Self {
         Self {
             signature: Signature::user_defined(Volatility::Immutable),
+            truncate: false,
+        }
+    }
+
+    /// `cf_date_trunc`.
+    pub fn trunc() -> Self {
+        Self {
+            truncate: true,
+            ..Self::part()
+        }
+    }
+
+    /// An error unless it knows the part or unit `name`.
+    fn check(&self, name: &str) -> Result<()> {
+        let probe = Date {
+            year: 2000,
+            month: 1,
+            day: 1,
+        };
+        let (known, what, names) = match self.truncate {
+            true => (
+                truncated(name, Calendar::NoLeap, probe, 0).is_some(),
+                "units",
+                UNITS,
+            ),
+            false => (part(name).is_some(), "parts", PARTS),
+        };
+        if known {
+            return Ok(());
+        }
+        plan_err!(
+            "{}: '{name}' of dates kept as numbers is not supported ({what}: {names})",
+            self.name()
+        )
+    }
+
+    /// The part, or the period's start, of the date `value` encodes
+    /// (`name` known): `None` when it has no date of the calendar.
+    fn of(&self, name: &str, time: &CfTime, value: f64) -> Option<f64> {
+        let (date, nanos) = time.date_of(value)?;
+        if self.truncate {
+            let (date, nanos) = truncated(name, time.calendar(), date, nanos)??;
+            time.count_of(date, nanos)
+        } else {
+            part(name)?(time.calendar(), date, nanos).map(|p| p as f64)
+        }
+    }
+
+    /// The type of its results.
+    fn data_type(&self) -> DataType {
+        match self.truncate {
+            true => DataType::Float64,
+            false => DataType::Int32,
         }
     }
 }
 
-impl ScalarUDFImpl for CfDatePartFunc {
+impl ScalarUDFImpl for CfDateFunc {
     fn name(&self) -> &str {
-        "cf_date_part"
+        match self.truncate {
+            true => "cf_date_trunc",
+            false => "cf_date_part",
+        }
     }
 
     fn signature(&self) -> &Signature {
@@ -165,28 +220,27 @@ impl ScalarUDFImpl for CfDatePartFunc {
     }
 
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Int32)
+        Ok(self.data_type())
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         let scalar = |i: usize| args.scalar_arguments.get(i).copied().flatten();
-        let name = literal(self.name(), "the part", scalar(0))?;
-        if part(name).is_none() {
-            return plan_err!(
-                "{}: '{name}' of dates kept as numbers is not supported (parts: {PARTS})",
-                self.name()
-            );
-        }
-        encoding(self.name(), scalar(2), scalar(3))?;
+        self.check(literal(self.name(), "the part or unit", scalar(0))?)?;
+        let time = encoding(self.name(), scalar(2), scalar(3))?;
         let nullable = args.arg_fields.get(1).is_none_or(|f| f.is_nullable());
-        Ok(Arc::new(Field::new(self.name(), DataType::Int32, nullable)))
+        let field = Field::new(self.name(), self.data_type(), nullable);
+        Ok(Arc::new(if self.truncate {
+            // Truncated dates are numbers of the same units and calendar.
+            let units = literal(self.name(), "the units", scalar(2))?;
+            field.with_metadata(kept_numbers_metadata(units, time.calendar().name()))
+        } else {
+            field
+        }))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let name = literal(self.name(), "the part", argument(&args.args, 0))?;
-        let Some(of_date) = part(name) else {
-            return exec_err!("{}: no part '{name}' (parts: {PARTS})", self.name());
-        };
+        let name = literal(self.name(), "the part or unit", argument(&args.args, 0))?;
+        self.check(name)?;
         let time = encoding(
             self.name(),
             argument(&args.args, 2),
@@ -195,17 +249,14 @@ impl ScalarUDFImpl for CfDatePartFunc {
         let Some(numbers) = args.args.get(1) else {
             return exec_err!("{} takes four arguments", self.name());
         };
-        let parts = counts(numbers, args.number_rows)?
+        let values = counts(numbers, args.number_rows)?
             .iter()
             .map(|value| {
                 let Some(value) = value.filter(|v| !v.is_nan()) else {
                     return Ok(None);
                 };
-                let part = time
-                    .date_of(value)
-                    .and_then(|(date, nanos)| of_date(time.calendar(), date, nanos));
-                match part.and_then(|p| i32::try_from(p).ok()) {
-                    Some(part) => Ok(Some(part)),
+                match self.of(name, &time, value) {
+                    Some(result) => Ok(Some(result)),
                     None => exec_err!(
                         "{}: {value} {} has no date of the {} calendar",
                         self.name(),
@@ -214,8 +265,9 @@ impl ScalarUDFImpl for CfDatePartFunc {
                     ),
                 }
             })
-            .collect::<Result<Int32Array>>()?;
-        result(numbers, Arc::new(parts))
+            .collect::<Result<Float64Array>>()?;
+        // Parts are small whole numbers.
+        result(numbers, cast(&values, &self.data_type())?)
     }
 }
 
@@ -264,113 +316,6 @@ fn truncated(
 
 /// The units [`truncated`] knows, for errors.
 const UNITS: &str = "year, quarter, month, week, day, hour, minute, second";
-
-/// `cf_date_trunc(unit, numbers, units, calendar)`: the dates CF numbers
-/// encode truncated to the start of a period, as numbers of the same
-/// units (see the module docs).
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct CfDateTruncFunc {
-    signature: Signature,
-}
-
-impl Default for CfDateTruncFunc {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl CfDateTruncFunc {
-    /// The function.
-    pub fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
-}
-
-impl ScalarUDFImpl for CfDateTruncFunc {
-    fn name(&self) -> &str {
-        "cf_date_trunc"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        signature(self.name(), arg_types)
-    }
-
-    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Float64)
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        let scalar = |i: usize| args.scalar_arguments.get(i).copied().flatten();
-        let unit = literal(self.name(), "the unit", scalar(0))?;
-        let probe = Date {
-            year: 2000,
-            month: 1,
-            day: 1,
-        };
-        if truncated(unit, Calendar::NoLeap, probe, 0).is_none() {
-            return plan_err!(
-                "{}: '{unit}' of dates kept as numbers is not supported (units: {UNITS})",
-                self.name()
-            );
-        }
-        let time = encoding(self.name(), scalar(2), scalar(3))?;
-        let units = literal(self.name(), "the units", scalar(2))?;
-        let nullable = args.arg_fields.get(1).is_none_or(|f| f.is_nullable());
-        // Truncated dates are numbers of the same units and calendar.
-        let metadata = [
-            (TIME_UNITS_METADATA.to_string(), units.to_string()),
-            (
-                TIME_CALENDAR_METADATA.to_string(),
-                time.calendar().name().to_string(),
-            ),
-        ];
-        Ok(Arc::new(
-            Field::new(self.name(), DataType::Float64, nullable).with_metadata(metadata.into()),
-        ))
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let unit = literal(self.name(), "the unit", argument(&args.args, 0))?;
-        let time = encoding(
-            self.name(),
-            argument(&args.args, 2),
-            argument(&args.args, 3),
-        )?;
-        let Some(numbers) = args.args.get(1) else {
-            return exec_err!("{} takes four arguments", self.name());
-        };
-        let calendar = time.calendar();
-        let starts = counts(numbers, args.number_rows)?
-            .iter()
-            .map(|value| {
-                let Some(value) = value.filter(|v| !v.is_nan()) else {
-                    return Ok(None);
-                };
-                let start = time.date_of(value).and_then(|(date, nanos)| {
-                    truncated(unit, calendar, date, nanos)
-                        .map(|start| start.and_then(|(d, n)| time.count_of(d, n)))
-                });
-                match start {
-                    Some(Some(start)) => Ok(Some(start)),
-                    Some(None) => Err(DataFusionError::Execution(format!(
-                        "{}: {value} {} has no date of the {} calendar",
-                        self.name(),
-                        time_units(&args.args),
-                        calendar.name()
-                    ))),
-                    None => exec_err!("{}: no unit '{unit}' (units: {UNITS})", self.name()),
-                }
-            })
-            .collect::<Result<Float64Array>>()?;
-        result(numbers, Arc::new(starts))
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, AsArray, Int32Array};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, FieldRef, Int64Type, TimeUnit};
 use datafusion::common::{exec_err, Result, ScalarValue};
 use datafusion::functions::datetime::date_part;
 use datafusion::logical_expr::preimage::PreimageResult;
@@ -29,7 +29,9 @@ use datafusion::logical_expr::{
 };
 
 use crate::calendar::{Calendar, Date};
-use crate::model_calendar::{calendar_of, date_of, delegated_methods, kept_numbers, with_numbers};
+use crate::model_calendar::{
+    calendar_of, date_of, delegated_methods, kept_numbers_field, refuse_numbers, with_numbers,
+};
 
 /// `date_part` over the dates of model calendars (see the module docs).
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -86,26 +88,14 @@ impl ScalarUDFImpl for DatePartFunc {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        // Parts of times kept as numbers: `cf_date_part`'s, which the
-        // plan calls instead (`CalendarFunctionsRewrite`).
-        if kept_numbers(self.name(), args.arg_fields.get(1))?.is_some() {
-            let nullable = args.arg_fields.get(1).is_none_or(|f| f.is_nullable());
-            return Ok(Arc::new(Field::new(self.name(), DataType::Int32, nullable)));
+        match kept_numbers_field(self.name(), args.arg_fields, DataType::Int32, false)? {
+            Some(field) => Ok(field),
+            None => self.inner.return_field_from_args(args),
         }
-        self.inner.return_field_from_args(args)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        if let Some(field) = args
-            .arg_fields
-            .get(1)
-            .filter(|f| f.data_type().is_numeric())
-        {
-            return exec_err!(
-                "date_part of the numbers of '{}' runs as cf_date_part, which the plan should call",
-                field.name()
-            );
-        }
+        refuse_numbers(self.name(), &args)?;
         let part = match args.args.first() {
             Some(ColumnarValue::Scalar(ScalarValue::Utf8(Some(part))))
             | Some(ColumnarValue::Scalar(ScalarValue::Utf8View(Some(part)))) => part.clone(),

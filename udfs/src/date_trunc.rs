@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, TimeUnit, TimestampNanosecondType};
-use datafusion::common::{exec_err, Result, ScalarValue};
+use datafusion::arrow::datatypes::{DataType, FieldRef, TimeUnit, TimestampNanosecondType};
+use datafusion::common::{Result, ScalarValue};
 use datafusion::functions::datetime::date_trunc;
 use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
@@ -29,8 +29,8 @@ use datafusion::logical_expr::{
 
 use crate::calendar::Calendar;
 use crate::model_calendar::{
-    calendar_of, date_of, delegated_methods, kept_numbers, mapped, with_calendar, with_numbers,
-    DAY, TIME_CALENDAR_METADATA, TIME_UNITS_METADATA,
+    calendar_of, date_of, delegated_methods, kept_numbers_field, mapped, refuse_numbers,
+    with_calendar, with_numbers, DAY,
 };
 
 /// `date_trunc` over the dates of model calendars (see the module docs).
@@ -98,18 +98,10 @@ impl ScalarUDFImpl for DateTruncFunc {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        // Periods of times kept as numbers: `cf_date_trunc`'s (numbers of
-        // the same units), which the plan calls instead
-        // (`CalendarFunctionsRewrite`).
-        if let Some((units, calendar)) = kept_numbers(self.name(), args.arg_fields.get(1))? {
-            let nullable = args.arg_fields.get(1).is_none_or(|f| f.is_nullable());
-            let metadata = [
-                (TIME_UNITS_METADATA.to_string(), units.to_string()),
-                (TIME_CALENDAR_METADATA.to_string(), calendar.to_string()),
-            ];
-            return Ok(Arc::new(
-                Field::new(self.name(), DataType::Float64, nullable).with_metadata(metadata.into()),
-            ));
+        if let Some(field) =
+            kept_numbers_field(self.name(), args.arg_fields, DataType::Float64, true)?
+        {
+            return Ok(field);
         }
         // Truncated dates of a model calendar are dates of it too.
         let calendar = args.arg_fields.get(1).and_then(calendar_of);
@@ -120,16 +112,7 @@ impl ScalarUDFImpl for DateTruncFunc {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        if let Some(field) = args
-            .arg_fields
-            .get(1)
-            .filter(|f| f.data_type().is_numeric())
-        {
-            return exec_err!(
-                "date_trunc of the numbers of '{}' runs as cf_date_trunc, which the plan should call",
-                field.name()
-            );
-        }
+        refuse_numbers(self.name(), &args)?;
         let nanosecond = DataType::Timestamp(TimeUnit::Nanosecond, None);
         let calendar = match (args.arg_fields.get(1), args.args.get(1)) {
             (Some(field), Some(_))

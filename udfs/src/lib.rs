@@ -38,7 +38,7 @@ pub mod model_calendar;
 
 pub use calendar_arithmetic::{CalendarDifferenceFunc, CalendarShiftFunc};
 pub use calendar_rewrite::{CalendarExtractPlanner, CalendarFunctionsRewrite};
-pub use cf_numbers::{CfDatePartFunc, CfDateTruncFunc};
+pub use cf_numbers::CfDateFunc;
 pub use cf_time_udf::CfTimeFunc;
 pub use date_bin::DateBinFunc;
 pub use date_part::DatePartFunc;
@@ -58,7 +58,7 @@ pub fn all_scalar_functions() -> Vec<Arc<ScalarUDF>> {
         Arc::new(ScalarUDF::from(CalendarDifferenceFunc::new())),
         Arc::new(ScalarUDF::from(CalendarShiftFunc::add())),
         Arc::new(ScalarUDF::from(CalendarShiftFunc::subtract())),
-        Arc::new(ScalarUDF::from(CfDatePartFunc::new())),
-        Arc::new(ScalarUDF::from(CfDateTruncFunc::new())),
+        Arc::new(ScalarUDF::from(CfDateFunc::part())),
+        Arc::new(ScalarUDF::from(CfDateFunc::trunc())),
     ]
 }

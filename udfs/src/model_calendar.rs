@@ -12,10 +12,14 @@
 use datafusion::arrow::array::TimestampNanosecondArray;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, FieldRef};
+use std::collections::HashMap;
+
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::types::logical_string;
-use datafusion::common::{plan_err, DataFusionError, Result};
-use datafusion::logical_expr::{Coercion, Signature, TypeSignature, TypeSignatureClass};
+use datafusion::common::{exec_err, plan_err, DataFusionError, Result};
+use datafusion::logical_expr::{
+    Coercion, ScalarFunctionArgs, Signature, TypeSignature, TypeSignatureClass,
+};
 
 use crate::calendar::Calendar;
 
@@ -86,7 +90,7 @@ pub(crate) fn with_numbers(signature: &Signature) -> Signature {
 /// Whether the time argument's `field` holds numbers, and then its units
 /// and calendar ([`TIME_UNITS_METADATA`]): an error naming `function` for
 /// numbers that are no times kept as numbers.
-pub(crate) fn kept_numbers<'a>(
+fn kept_numbers<'a>(
     function: &str,
     field: Option<&'a FieldRef>,
 ) -> Result<Option<(&'a str, &'a str)>> {
@@ -104,6 +108,60 @@ pub(crate) fn kept_numbers<'a>(
              numbers, for dates without a timestamp, has dates to read)",
             field.name()
         ),
+    }
+}
+
+/// The field of `function`'s result (the model calendars' `date_part` or
+/// `date_trunc`) over a time column kept as numbers: `data_type`, naming
+/// the numbers' units and calendar when `dates` (truncated dates are
+/// numbers of the same units); `None` when the time argument is no
+/// number. The plan calls [`crate::cf_numbers`]'s function in its place
+/// ([`crate::calendar_rewrite::CalendarFunctionsRewrite`]).
+pub(crate) fn kept_numbers_field(
+    function: &str,
+    arg_fields: &[FieldRef],
+    data_type: DataType,
+    dates: bool,
+) -> Result<Option<FieldRef>> {
+    let Some((units, calendar)) = kept_numbers(function, arg_fields.get(1))? else {
+        return Ok(None);
+    };
+    let nullable = arg_fields.get(1).is_none_or(|f| f.is_nullable());
+    let field = Field::new(function, data_type, nullable);
+    Ok(Some(Arc::new(if dates {
+        field.with_metadata(kept_numbers_metadata(units, calendar))
+    } else {
+        field
+    })))
+}
+
+/// The field metadata of numbers of `units` encoding dates of `calendar`.
+pub(crate) fn kept_numbers_metadata(units: &str, calendar: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (TIME_UNITS_METADATA.to_string(), units.to_string()),
+        (TIME_CALENDAR_METADATA.to_string(), calendar.to_string()),
+    ])
+}
+
+/// The units and calendar of the time column kept as numbers that
+/// `field` is, if it is one.
+pub(crate) fn kept_numbers_of(field: &FieldRef) -> Option<(&str, &str)> {
+    kept_numbers("", Some(field)).ok().flatten()
+}
+
+/// An error when numbers reach `function`'s `invoke`: the plan calls
+/// [`crate::cf_numbers`]'s function in its place.
+pub(crate) fn refuse_numbers(function: &str, args: &ScalarFunctionArgs) -> Result<()> {
+    match args
+        .arg_fields
+        .get(1)
+        .filter(|f| f.data_type().is_numeric())
+    {
+        Some(field) => exec_err!(
+            "{function} of the numbers of '{}' runs as cf_{function}, which the plan should call",
+            field.name()
+        ),
+        None => Ok(()),
     }
 }
 
