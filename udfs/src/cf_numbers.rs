@@ -158,39 +158,19 @@ impl CfDateFunc {
         }
     }
 
-    /// An error unless it knows the part or unit `name`.
-    fn check(&self, name: &str) -> Result<()> {
-        let probe = Date {
-            year: 2000,
-            month: 1,
-            day: 1,
-        };
+    /// What `name` asks of each date: an error unless it knows the part
+    /// or unit.
+    fn operation(&self, name: &str) -> Result<Operation> {
         let (known, what, names) = match self.truncate {
-            true => (
-                truncated(name, Calendar::NoLeap, probe, 0).is_some(),
-                "units",
-                UNITS,
-            ),
-            false => (part(name).is_some(), "parts", PARTS),
+            true => (truncation(name).map(Operation::Truncate), "units", UNITS),
+            false => (part(name).map(Operation::Part), "parts", PARTS),
         };
-        if known {
-            return Ok(());
-        }
-        plan_err!(
-            "{}: '{name}' of dates kept as numbers is not supported ({what}: {names})",
-            self.name()
-        )
-    }
-
-    /// The part, or the period's start, of the date `value` encodes
-    /// (`name` known): `None` when it has no date of the calendar.
-    fn of(&self, name: &str, time: &CfTime, value: f64) -> Option<f64> {
-        let (date, nanos) = time.date_of(value)?;
-        if self.truncate {
-            let (date, nanos) = truncated(name, time.calendar(), date, nanos)??;
-            time.count_of(date, nanos)
-        } else {
-            part(name)?(time.calendar(), date, nanos).map(|p| p as f64)
+        match known {
+            Some(operation) => Ok(operation),
+            None => plan_err!(
+                "{}: '{name}' of dates kept as numbers is not supported ({what}: {names})",
+                self.name()
+            ),
         }
     }
 
@@ -225,7 +205,7 @@ impl ScalarUDFImpl for CfDateFunc {
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         let scalar = |i: usize| args.scalar_arguments.get(i).copied().flatten();
-        self.check(literal(self.name(), "the part or unit", scalar(0))?)?;
+        self.operation(literal(self.name(), "the part or unit", scalar(0))?)?;
         let time = encoding(self.name(), scalar(2), scalar(3))?;
         let nullable = args.arg_fields.get(1).is_none_or(|f| f.is_nullable());
         let field = Field::new(self.name(), self.data_type(), nullable);
@@ -240,7 +220,7 @@ impl ScalarUDFImpl for CfDateFunc {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = literal(self.name(), "the part or unit", argument(&args.args, 0))?;
-        self.check(name)?;
+        let operation = self.operation(name)?;
         let time = encoding(
             self.name(),
             argument(&args.args, 2),
@@ -255,7 +235,7 @@ impl ScalarUDFImpl for CfDateFunc {
                 let Some(value) = value.filter(|v| !v.is_nan()) else {
                     return Ok(None);
                 };
-                match self.of(name, &time, value) {
+                match operation.of(&time, value) {
                     Some(result) => Ok(Some(result)),
                     None => exec_err!(
                         "{}: {value} {} has no date of the {} calendar",
@@ -279,42 +259,67 @@ fn time_units(args: &[ColumnarValue]) -> String {
     }
 }
 
-/// The start of the period `unit` names holding `date` and `nanos` into it,
-/// in `calendar`: `None` for a unit none of these.
-fn truncated(
-    unit: &str,
-    calendar: Calendar,
-    date: Date,
-    nanos: i64,
-) -> Option<Option<(Date, i64)>> {
-    let day = |date: Date| Some(Some((date, 0)));
-    match unit.to_ascii_lowercase().as_str() {
-        "year" => day(Date {
-            month: 1,
-            day: 1,
-            ..date
-        }),
-        "quarter" => day(Date {
-            month: (date.month - 1) / 3 * 3 + 1,
-            day: 1,
-            ..date
-        }),
-        "month" => day(Date { day: 1, ..date }),
-        "week" => {
-            let monday = calendar
-                .day_number(date)
-                .and_then(|n| Some(n - calendar.weekday(date)?));
-            Some(monday.map(|n| (calendar.date(n), 0)))
+/// The start of a period holding a date and the nanoseconds into it, in a
+/// calendar: `None` when the calendar lacks it.
+type Truncation = fn(Calendar, Date, i64) -> Option<(Date, i64)>;
+
+/// The truncation to the start of the period `unit` names.
+fn truncation(unit: &str) -> Option<Truncation> {
+    Some(match unit.to_ascii_lowercase().as_str() {
+        "year" => |_, date, _| {
+            let start = Date {
+                month: 1,
+                day: 1,
+                ..date
+            };
+            Some((start, 0))
+        },
+        "quarter" => |_, date, _| {
+            let start = Date {
+                month: (date.month - 1) / 3 * 3 + 1,
+                day: 1,
+                ..date
+            };
+            Some((start, 0))
+        },
+        "month" => |_, date, _| Some((Date { day: 1, ..date }, 0)),
+        "week" => |calendar, date, _| {
+            let monday = calendar.day_number(date)? - calendar.weekday(date)?;
+            Some((calendar.date(monday), 0))
+        },
+        "day" => |_, date, _| Some((date, 0)),
+        "hour" => |_, date, nanos| Some((date, nanos - nanos % HOUR)),
+        "minute" => |_, date, nanos| Some((date, nanos - nanos % MINUTE)),
+        "second" => |_, date, nanos| Some((date, nanos - nanos % SECOND)),
+        _ => return None,
+    })
+}
+
+/// What a call asks of each date, resolved once from its part or unit.
+#[derive(Clone, Copy)]
+enum Operation {
+    /// A part of the date (`cf_date_part`).
+    Part(Part),
+    /// The start of its period, as a number (`cf_date_trunc`).
+    Truncate(Truncation),
+}
+
+impl Operation {
+    /// The part, or the period's start, of the date `value` encodes:
+    /// `None` when it has no date of the calendar.
+    fn of(self, time: &CfTime, value: f64) -> Option<f64> {
+        let (date, nanos) = time.date_of(value)?;
+        match self {
+            Self::Part(part) => part(time.calendar(), date, nanos).map(|p| p as f64),
+            Self::Truncate(truncate) => {
+                let (date, nanos) = truncate(time.calendar(), date, nanos)?;
+                time.count_of(date, nanos)
+            }
         }
-        "day" => day(date),
-        "hour" => Some(Some((date, nanos - nanos % HOUR))),
-        "minute" => Some(Some((date, nanos - nanos % MINUTE))),
-        "second" => Some(Some((date, nanos - nanos % SECOND))),
-        _ => None,
     }
 }
 
-/// The units [`truncated`] knows, for errors.
+/// The units [`truncation`] knows, for errors.
 const UNITS: &str = "year, quarter, month, week, day, hour, minute, second";
 
 #[cfg(test)]
@@ -344,15 +349,11 @@ mod tests {
                 month(Calendar::Day360, date, nanos),
                 Some(i64::from(want.month))
             );
-            let start = truncated("month", Calendar::Day360, date, nanos)
-                .unwrap()
-                .unwrap();
+            let start = truncation("month").unwrap()(Calendar::Day360, date, nanos).unwrap();
             let start = time.count_of(start.0, start.1).unwrap();
             assert_eq!(start, ((n / 30) * 30 * 24) as f64);
             // Weeks of the calendar's Mondays: 0 to 6 days back.
-            let week = truncated("week", Calendar::Day360, date, nanos)
-                .unwrap()
-                .unwrap();
+            let week = truncation("week").unwrap()(Calendar::Day360, date, nanos).unwrap();
             let back = value - time.count_of(week.0, week.1).unwrap();
             assert!((13.0..13.0 + 7.0 * 24.0).contains(&back), "{back}");
             let dow = part("isodow").unwrap()(Calendar::Day360, week.0, 0);
