@@ -163,6 +163,17 @@ def test_a_daily_360_day_store_groups_by_the_dates_its_numbers_encode(fixtures, 
         ("extract(month FROM time)", src.tas.groupby("time.month").mean().rename(month="key")),
         ("extract(doy FROM time)", src.tas.groupby("time.dayofyear").mean().rename(dayofyear="key")),
         ("date_trunc('month', time)", src.tas.resample(time="MS").mean().rename(time="key")),
+        # Weeks of the model's days from an origin before the store's
+        # first day (the 29th of January starts the first) and from
+        # 1970-01-01 of the calendar when none is given.
+        (
+            "date_bin(INTERVAL '7 days', time, TIMESTAMP '2000-01-01')",
+            src.tas.resample(time="7D", origin=cftime.Datetime360Day(2000, 1, 1)).mean().rename(time="key"),
+        ),
+        (
+            "date_bin(INTERVAL '7 days', time)",
+            src.tas.resample(time="7D", origin=cftime.Datetime360Day(1970, 1, 1)).mean().rename(time="key"),
+        ),
     ]:
         sql = f"SELECT {key} AS key, lat, lon, avg(tas) AS tas FROM t GROUP BY 1, lat, lon"
         plan = " ".join(ctx.sql(f"EXPLAIN {sql}").to_arrow_table()["plan"].to_pylist())
@@ -179,3 +190,78 @@ def test_a_daily_360_day_store_groups_by_the_dates_its_numbers_encode(fixtures, 
     got = ctx.sql("SELECT DISTINCT time, date_trunc('week', time) AS week FROM t ORDER BY time").to_arrow_table()
     mondays = [t - timedelta(days=int(w)) for t, w in zip(src.time.values, src.time.dt.dayofweek.values)]
     assert got["week"].to_pylist() == list(cftime.date2num(mondays, units, calendar).astype(float))
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_bins_of_dates_kept_as_numbers_are_written_as_those_dates(fixtures, tmp_path, dense):
+    # A daily 360_day store's pentads and month starts are numbers of its
+    # units; COPY writes them with those units and the calendar, so that
+    # xarray reads back the cftime dates of its own resample.
+    ctx = zf.SessionContext()
+    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
+    ctx.register_zarr("t", fixtures / "cal_360_day_daily.zarr")
+    src = xr.open_zarr(fixtures / "cal_360_day_daily.zarr", chunks=None).load()
+    for key, want in [
+        ("date_bin(INTERVAL '5 days', time, TIMESTAMP '2000-01-01')", src.tas.resample(time="5D").mean()),
+        ("date_trunc('month', time)", src.tas.resample(time="MS").mean()),
+    ]:
+        out = tmp_path / f"bins_{len(key)}.zarr"
+        ctx.sql(
+            f"COPY (SELECT {key} AS start, lat, lon, avg(tas) AS tas FROM t GROUP BY 1, lat, lon) "
+            f"TO '{out}' STORED AS ZARR OPTIONS ('dims' 'start,lat,lon')"
+        ).collect()
+        got = xr.open_zarr(out, chunks=None).load()
+        assert got.start.encoding["calendar"] == "360_day", key
+        assert list(got.start.values) == list(want.time.values), key
+        np.testing.assert_allclose(
+            got.tas.transpose("start", "lat", "lon").sortby(["lat", "lon"]).values,
+            want.transpose("time", "lat", "lon").sortby(["lat", "lon"]).values,
+            rtol=1e-6,
+            equal_nan=True,
+        )
+
+
+@pytest.mark.parametrize("rolling", [True, False])
+@pytest.mark.parametrize(
+    "store, distance, days",
+    [
+        ("cal_noleap.zarr", "INTERVAL '1 day'", 1),
+        ("cal_noleap.zarr", "INTERVAL '2 days 12 hours'", 2.5),
+        ("cal_360_day.zarr", "INTERVAL '30 days'", 30),
+        ("cal_julian.zarr", "INTERVAL '3 days'", 3),
+        ("cal_all_leap.zarr", "INTERVAL '1 day'", 1),
+    ],
+)
+def test_range_frames_over_model_times_count_the_calendars_days(fixtures, store, distance, days, rolling):
+    # A RANGE frame of days over a model calendar's times holds the times
+    # within that many of the calendar's days (cftime's differences): from
+    # a noleap 1st of March, a day back is the 28th of February (two
+    # Gregorian days); a 360_day month is 30 days. The oracle averages
+    # each cell's values over the times s with 0 <= t - s <= the distance.
+    ctx = zf.SessionContext()
+    ctx.sql(f"SET zarrfusion.rolling_window = {str(rolling).lower()}").collect()
+    ctx.register_zarr("t", fixtures / store)
+    sql = (
+        f"SELECT time, lat, lon, avg(tas) OVER (PARTITION BY lat, lon ORDER BY time "
+        f"RANGE BETWEEN {distance} PRECEDING AND CURRENT ROW) AS m, "
+        f"count(tas) OVER (PARTITION BY lat, lon ORDER BY time "
+        f"RANGE BETWEEN {distance} PRECEDING AND CURRENT ROW) AS n FROM t"
+    )
+    plan = " ".join(ctx.sql(f"EXPLAIN {sql}").to_arrow_table()["plan"].to_pylist())
+    assert ("RollingWindowExec" in plan) == rolling, plan
+    got = ctx.sql(f"{sql} ORDER BY time, lat, lon").to_arrow_table().to_pydict()
+    src = xr.open_zarr(fixtures / store, chunks=None).load().transpose("time", "lat", "lon").sortby(["lat", "lon"])
+    times = list(src.time.values)
+    values = src.tas.values.astype(float)
+    want_m, want_n = [], []
+    for i, t in enumerate(times):
+        inside = [j for j, s in enumerate(times) if timedelta(0) <= t - s <= timedelta(days=days)]
+        window = values[inside]
+        n = (~np.isnan(window)).sum(axis=0)
+        with np.errstate(invalid="ignore"):
+            m = np.where(n > 0, np.nansum(window, axis=0) / np.maximum(n, 1), np.nan)
+        want_m.extend(m.ravel().tolist())
+        want_n.extend(n.ravel().tolist())
+    assert got["n"] == want_n
+    got_m = np.array([np.nan if v is None else v for v in got["m"]], dtype=float)
+    np.testing.assert_allclose(got_m, want_m, rtol=1e-6, equal_nan=True)

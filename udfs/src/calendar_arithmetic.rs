@@ -22,6 +22,11 @@
 //! SELECT calendar_difference(time, TIMESTAMP '2000-02-28', 'noleap') FROM cmip_noleap;
 //! SELECT calendar_add(time, INTERVAL '1 day', 'noleap') FROM cmip_noleap;
 //! ```
+//!
+//! A window's `RANGE` frame of days and hours over such times counts the
+//! calendar's days the same way: the rewrite orders it by
+//! `calendar_scale(time, calendar)`, the times on the calendar's own scale
+//! of days, where distances are the calendar's.
 
 use std::sync::Arc;
 
@@ -34,13 +39,14 @@ use datafusion::arrow::datatypes::{
     TimeUnit, TimestampNanosecondType,
 };
 use datafusion::common::{exec_err, plan_err, DataFusionError, Result, ScalarValue};
+use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
 
 use crate::calendar::{Calendar, Date};
 use crate::model_calendar::{
-    calendar_nanos, calendar_timestamp, date_nanos, date_of, with_calendar,
+    calendar_nanos, calendar_timestamp, date_nanos, date_of, mapped, with_calendar,
 };
 
 /// Timestamps in nanoseconds, without a time zone (what a model
@@ -181,6 +187,89 @@ impl ScalarUDFImpl for CalendarDifferenceFunc {
             })
             .collect::<Result<DurationNanosecondArray>>()?;
         result(&args.args, Arc::new(differences))
+    }
+}
+
+/// `calendar_scale(time, calendar)`: a time of a model calendar's dates
+/// as a timestamp on the calendar's own scale of days (its days since its
+/// 1970-01-01, and the time of day), where the distance between two times
+/// is the calendar's: what a window's `RANGE` frame of days and hours over
+/// such times orders by (see the module docs). It keeps the times' order.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CalendarScaleFunc {
+    signature: Signature,
+}
+
+impl Default for CalendarScaleFunc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CalendarScaleFunc {
+    /// The function.
+    pub fn new() -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for CalendarScaleFunc {
+    fn name(&self) -> &str {
+        "calendar_scale"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        match arg_types {
+            [DataType::Timestamp(_, None), name] => Ok(vec![NANOSECONDS, name.clone()]),
+            _ => plan_err!(
+                "calendar_scale takes a timestamp without a time zone and a calendar's name, not {arg_types:?}"
+            ),
+        }
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(NANOSECONDS)
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        named_calendar(self.name(), args.scalar_arguments.get(1).copied().flatten())?;
+        let nullable = args.arg_fields.first().is_none_or(|f| f.is_nullable());
+        Ok(Arc::new(Field::new(self.name(), NANOSECONDS, nullable)))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let calendar = calendar_argument(self.name(), &args.args)?;
+        let [time, _] = args.args.as_slice() else {
+            return exec_err!("calendar_scale takes two arguments");
+        };
+        let scaled = mapped(
+            &times(time, args.number_rows)?,
+            |t| calendar_nanos(calendar, t),
+            |t| {
+                format!(
+                    "calendar_scale: {} is no date of the {} calendar",
+                    date_of(t).0,
+                    calendar.name()
+                )
+            },
+        )?;
+        result(&args.args, Arc::new(scaled))
+    }
+
+    fn output_ordering(&self, input: &[ExprProperties]) -> Result<SortProperties> {
+        Ok(input
+            .first()
+            .map_or(SortProperties::Unordered, |time| time.sort_properties))
+    }
+
+    fn preserves_lex_ordering(&self, _inputs: &[ExprProperties]) -> Result<bool> {
+        Ok(true)
     }
 }
 

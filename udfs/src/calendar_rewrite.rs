@@ -1,21 +1,25 @@
 //! [`CalendarFunctionsRewrite`]: the model calendars' `date_part`,
 //! `date_bin`, `date_trunc`, `-` and `+` wherever a plan calls DataFusion's,
-//! and `date_part` and `date_trunc` of times kept as numbers.
+//! `RANGE` frames counting their days,
+//! and `date_part`, `date_trunc` and `date_bin` of times kept as numbers.
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, IntervalUnit};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{DFSchema, Result};
-use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::common::{DFSchema, Result, ScalarValue};
+use datafusion::logical_expr::expr::{ScalarFunction, WindowFunction};
 use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
 use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult};
-use datafusion::logical_expr::{lit, BinaryExpr, Expr, ExprSchemable, Operator, ScalarUDF};
+use datafusion::logical_expr::{
+    lit, BinaryExpr, Expr, ExprSchemable, Operator, ScalarUDF, WindowFrameBound, WindowFrameUnits,
+};
 
 use crate::calendar::Calendar;
-use crate::calendar_arithmetic::{CalendarDifferenceFunc, CalendarShiftFunc};
-use crate::cf_numbers::CfDateFunc;
+use crate::calendar_arithmetic::{CalendarDifferenceFunc, CalendarScaleFunc, CalendarShiftFunc};
+use crate::cf_numbers::{CfDateBinFunc, CfDateFunc};
+use crate::date_bin::stride_nanos;
 use crate::date_bin::DateBinFunc;
 use crate::date_part::DatePartFunc;
 use crate::date_trunc::DateTruncFunc;
@@ -26,8 +30,11 @@ use crate::model_calendar::{calendar_of, kept_numbers_of};
 /// calls those directly (the SQL planner does for `extract(part FROM t)`,
 /// DataFrame APIs may), and the functions of
 /// [`crate::calendar_arithmetic`] in place of `-` and `+` where a side is a
-/// time of a model calendar; `date_part` and `date_trunc` of a time column
-/// kept as numbers become [`crate::cf_numbers`]'s.
+/// time of a model calendar, and a window's `RANGE` frame of days and hours
+/// over such a time is ordered by [`CalendarScaleFunc`] (so that its
+/// distances count the calendar's days); `date_part`, `date_trunc` and
+/// `date_bin` of a time column kept as numbers become
+/// [`crate::cf_numbers`]'s.
 #[derive(Debug, Default)]
 pub struct CalendarFunctionsRewrite;
 
@@ -45,6 +52,7 @@ impl FunctionRewrite for CalendarFunctionsRewrite {
         let call = match expr {
             Expr::ScalarFunction(call) => call,
             Expr::BinaryExpr(binary) => return Ok(arithmetic(binary, schema)),
+            Expr::WindowFunction(window) => return Ok(range_over_calendar(*window, schema)),
             _ => return Ok(Transformed::no(expr)),
         };
         if let Some(kept) = over_kept_numbers(&call, schema) {
@@ -63,23 +71,32 @@ impl FunctionRewrite for CalendarFunctionsRewrite {
     }
 }
 
-/// `date_part` or `date_trunc` of a time column kept as numbers (see
-/// [`crate::cf_numbers`]) as the function of that module reading their
-/// dates, with the column's units and calendar.
+/// `date_part`, `date_trunc` or `date_bin` of a time column kept as
+/// numbers (see [`crate::cf_numbers`]) as the function of that module
+/// reading their dates, with the column's units and calendar (and
+/// `date_bin`'s origin, 1970-01-01 when not given).
 fn over_kept_numbers(call: &ScalarFunction, schema: &DFSchema) -> Option<Expr> {
-    let func = match call.func.name() {
-        "date_part" => ScalarUDF::from(CfDateFunc::part()),
-        "date_trunc" => ScalarUDF::from(CfDateFunc::trunc()),
+    let epoch = || lit(ScalarValue::TimestampNanosecond(Some(0), None));
+    let (func, origin) = match (call.func.name(), call.args.as_slice()) {
+        ("date_part", [_, _]) => (ScalarUDF::from(CfDateFunc::part()), None),
+        ("date_trunc", [_, _]) => (ScalarUDF::from(CfDateFunc::trunc()), None),
+        ("date_bin", [_, _]) => (ScalarUDF::from(CfDateBinFunc::new()), Some(epoch())),
+        ("date_bin", [_, _, origin]) => {
+            (ScalarUDF::from(CfDateBinFunc::new()), Some(origin.clone()))
+        }
         _ => return None,
     };
-    let [part, numbers] = call.args.as_slice() else {
+    let [first, numbers, ..] = call.args.as_slice() else {
         return None;
     };
     let (_, field) = numbers.to_field(schema).ok()?;
     let (units, calendar) = kept_numbers_of(&field)?;
+    let mut args = vec![first.clone(), numbers.clone()];
+    args.extend(origin);
+    args.extend([lit(units), lit(calendar)]);
     Some(Expr::ScalarFunction(ScalarFunction::new_udf(
         Arc::new(func),
-        vec![part.clone(), numbers.clone(), lit(units), lit(calendar)],
+        args,
     )))
 }
 
@@ -176,4 +193,52 @@ fn arithmetic(binary: BinaryExpr, schema: &DFSchema) -> Transformed<Expr> {
         _ => {}
     }
     Transformed::no(Expr::BinaryExpr(BinaryExpr::new(l, op, r)))
+}
+
+/// `window` with a `RANGE` frame of distances of days and hours (no
+/// months) ordered by one time of a model calendar, ordered by that time
+/// on the calendar's own scale of days instead ([`CalendarScaleFunc`]),
+/// so that `INTERVAL '1 day' PRECEDING` from a `noleap` 1st of March
+/// reaches the 28th of February; as it is otherwise.
+fn range_over_calendar(mut window: WindowFunction, schema: &DFSchema) -> Transformed<Expr> {
+    let frame = &window.params.window_frame;
+    let distance = |bound: &WindowFrameBound| match bound {
+        // The SQL planner leaves `INTERVAL '1 day'` as its text ('1 day')
+        // for type coercion to read against the ORDER BY's type.
+        WindowFrameBound::Preceding(value) | WindowFrameBound::Following(value) => {
+            (!value.is_null()).then(|| {
+                let interval = DataType::Interval(IntervalUnit::MonthDayNano);
+                let value = match value.data_type() {
+                    DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => {
+                        value.cast_to(&interval).ok()
+                    }
+                    _ => Some(value.clone()),
+                };
+                value.as_ref().and_then(stride_nanos).is_some()
+            })
+        }
+        WindowFrameBound::CurrentRow => None,
+    };
+    let distances = [distance(&frame.start_bound), distance(&frame.end_bound)];
+    // Some distance, and all of them of days and hours.
+    let of_days = distances.contains(&Some(true)) && !distances.contains(&Some(false));
+    let calendar = match window.params.order_by.as_slice() {
+        [order] if frame.units == WindowFrameUnits::Range && of_days => {
+            match side(&order.expr, schema) {
+                Side::Time(Some(calendar)) => Some(calendar),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    let Some(calendar) = calendar else {
+        return Transformed::no(Expr::WindowFunction(Box::new(window)));
+    };
+    if let Some(order) = window.params.order_by.first_mut() {
+        order.expr = Expr::ScalarFunction(ScalarFunction::new_udf(
+            Arc::new(ScalarUDF::from(CalendarScaleFunc::new())),
+            vec![order.expr.clone(), lit(calendar.name())],
+        ));
+    }
+    Transformed::yes(Expr::WindowFunction(Box::new(window)))
 }

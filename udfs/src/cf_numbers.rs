@@ -9,7 +9,9 @@
 //! still there, as cftime decodes them: these functions read the parts of
 //! each number's date (`extract(month FROM time)`, `doy`, `dow`, ...) and
 //! truncate dates to the start of their year, quarter, month, week, day,
-//! hour, minute or second, as numbers of the same units.
+//! hour, minute or second, and bin them by strides of days and hours
+//! counted in the calendar's days (`date_bin`), as numbers of the same
+//! units.
 //! [`crate::calendar_rewrite::CalendarFunctionsRewrite`] puts them in
 //! place of `date_part` and `date_trunc` over such a column, so that
 //! climatologies and monthly means of a daily `360_day` store are written
@@ -17,6 +19,8 @@
 //!
 //! ```sql
 //! SELECT extract(month FROM time) AS month, avg(tas) FROM hadgem_daily GROUP BY 1;
+//! SELECT date_bin(INTERVAL '5 days', time, TIMESTAMP '2000-01-01') AS pentad, avg(tas)
+//! FROM hadgem_daily GROUP BY 1;
 //! SELECT cf_date_part('month', time, 'hours since 2000-01-01', '360_day') FROM hadgem_daily;
 //! ```
 
@@ -24,7 +28,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type, TimeUnit};
 use datafusion::common::{exec_err, plan_err, Result, ScalarValue};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
@@ -32,7 +36,8 @@ use datafusion::logical_expr::{
 
 use crate::calendar::{Calendar, Date};
 use crate::cf_time::CfTime;
-use crate::model_calendar::kept_numbers_metadata;
+use crate::date_bin::{nanos_of, stride_nanos};
+use crate::model_calendar::{date_nanos, date_of, kept_numbers_metadata, nanos_date};
 
 /// Nanoseconds in an hour, a minute and a second.
 const HOUR: i64 = 3_600_000_000_000;
@@ -240,7 +245,7 @@ impl ScalarUDFImpl for CfDateFunc {
                     None => exec_err!(
                         "{}: {value} {} has no date of the {} calendar",
                         self.name(),
-                        time_units(&args.args),
+                        time_units(args.args.get(2..).unwrap_or_default()),
                         time.calendar().name()
                     ),
                 }
@@ -251,9 +256,167 @@ impl ScalarUDFImpl for CfDateFunc {
     }
 }
 
-/// The units argument, for errors.
+/// `cf_date_bin(stride, numbers, origin, units, calendar)`: the dates CF
+/// numbers encode binned by a stride of days and hours counted in the
+/// calendar's days from `origin` (a timestamp with the fields of a date of
+/// the calendar), each bin's start as a number of the same units: what
+/// `date_bin` of a time column kept as numbers becomes (see the module
+/// docs). Strides of months are refused (`date_trunc('month', time)` bins
+/// by months).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CfDateBinFunc {
+    signature: Signature,
+}
+
+impl Default for CfDateBinFunc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CfDateBinFunc {
+    /// The function.
+    pub fn new() -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+
+    /// The stride's nanoseconds: an error for one of months, none or less.
+    fn stride(&self, stride: Option<&ScalarValue>) -> Result<i64> {
+        match stride.and_then(stride_nanos) {
+            Some(nanos) if nanos > 0 => Ok(nanos),
+            _ => plan_err!(
+                "{}: the stride must be a positive interval of days, hours or less ({}); \
+                 date_trunc('month', time) bins dates kept as numbers by months",
+                self.name(),
+                stride.map_or("none".to_string(), |s| s.to_string())
+            ),
+        }
+    }
+}
+
+impl ScalarUDFImpl for CfDateBinFunc {
+    fn name(&self) -> &str {
+        "cf_date_bin"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        match arg_types {
+            [stride @ DataType::Interval(_), numbers, origin, units, calendar]
+                if numbers.is_numeric() || *numbers == DataType::Null =>
+            {
+                Ok(vec![
+                    stride.clone(),
+                    DataType::Float64,
+                    match origin {
+                        DataType::Timestamp(_, None) | DataType::Null => {
+                            DataType::Timestamp(TimeUnit::Nanosecond, None)
+                        }
+                        other => other.clone(),
+                    },
+                    units.clone(),
+                    calendar.clone(),
+                ])
+            }
+            _ => plan_err!(
+                "{} takes a stride, CF-encoded numbers, an origin, their units and calendar, \
+                 not {arg_types:?}",
+                self.name()
+            ),
+        }
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        let scalar = |i: usize| args.scalar_arguments.get(i).copied().flatten();
+        self.stride(scalar(0))?;
+        let time = encoding(self.name(), scalar(3), scalar(4))?;
+        let units = literal(self.name(), "the units", scalar(3))?;
+        let nullable = args.arg_fields.get(1).is_none_or(|f| f.is_nullable())
+            || args.arg_fields.get(2).is_none_or(|f| f.is_nullable());
+        let field = Field::new(self.name(), DataType::Float64, nullable);
+        Ok(Arc::new(field.with_metadata(kept_numbers_metadata(
+            units,
+            time.calendar().name(),
+        ))))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let stride = self.stride(argument(&args.args, 0))?;
+        let time = encoding(
+            self.name(),
+            argument(&args.args, 3),
+            argument(&args.args, 4),
+        )?;
+        let (Some(numbers), Some(origin)) = (args.args.get(1), args.args.get(2)) else {
+            return exec_err!("{} takes five arguments", self.name());
+        };
+        let calendar = time.calendar();
+        let origin = match origin {
+            ColumnarValue::Scalar(_) => nanos_of(origin)?,
+            ColumnarValue::Array(_) => {
+                return exec_err!("{}: the origin must be one timestamp", self.name())
+            }
+        };
+        // A NULL origin bins nothing, as DataFusion's date_bin.
+        let Some(origin) = origin else {
+            let nulls = Float64Array::new_null(args.number_rows);
+            return result(numbers, Arc::new(nulls));
+        };
+        let (date, nanos) = date_of(origin);
+        let Some(origin) = date_nanos(calendar, date, nanos) else {
+            return exec_err!(
+                "{}: the origin {date} is no date of the {} calendar",
+                self.name(),
+                calendar.name()
+            );
+        };
+        let values = counts(numbers, args.number_rows)?
+            .iter()
+            .map(|value| {
+                let Some(value) = value.filter(|v| !v.is_nan()) else {
+                    return Ok(None);
+                };
+                match bin_start(&time, origin, stride, value) {
+                    Some(start) => Ok(Some(start)),
+                    None => exec_err!(
+                        "{}: {value} {} has no bin of the {} calendar from the origin",
+                        self.name(),
+                        time_units(args.args.get(3..).unwrap_or_default()),
+                        calendar.name()
+                    ),
+                }
+            })
+            .collect::<Result<Float64Array>>()?;
+        result(numbers, Arc::new(values))
+    }
+}
+
+/// The start of the bin of `stride` nanoseconds from `origin` (both on
+/// the calendar's own scale of days, see
+/// [`crate::model_calendar::date_nanos`]) holding the date `value`
+/// encodes, as a number of `time`'s units: `None` when there is no such
+/// date or the count overflows.
+fn bin_start(time: &CfTime, origin: i64, stride: i64, value: f64) -> Option<f64> {
+    let calendar = time.calendar();
+    let (date, nanos) = time.date_of(value)?;
+    let since = date_nanos(calendar, date, nanos)?.checked_sub(origin)?;
+    let start = origin.checked_add(since.div_euclid(stride).checked_mul(stride)?)?;
+    let (date, nanos) = nanos_date(calendar, start);
+    time.count_of(date, nanos)
+}
+
+/// The units argument (the first of `args`), for errors.
 fn time_units(args: &[ColumnarValue]) -> String {
-    match argument(args, 2) {
+    match argument(args, 0) {
         Some(ScalarValue::Utf8(Some(units))) => units.clone(),
         _ => "units".to_string(),
     }
@@ -325,6 +488,7 @@ const UNITS: &str = "year, quarter, month, week, day, hour, minute, second";
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model_calendar::DAY;
 
     /// Every day of two `360_day` years, hourly numbers: the parts are the
     /// fields of the day counted from the reference, and each period's
@@ -369,6 +533,31 @@ mod tests {
                 day: 30
             }
         );
+        // Bins of 7 days from the 3rd of January (day 2): each starts on a
+        // day 2 + 7k at most 6 days back, and bins of 6 hours hold their hour.
+        let origin = date_nanos(
+            Calendar::Day360,
+            Date {
+                year: 2000,
+                month: 1,
+                day: 3,
+            },
+            0,
+        )
+        .unwrap();
+        for n in 0..720i64 {
+            let value = (n * 24 + 13) as f64;
+            let week = bin_start(&time, origin, 7 * DAY, value).unwrap();
+            let day = week / 24.0;
+            assert_eq!(day.fract(), 0.0);
+            assert_eq!((day as i64 - 2).rem_euclid(7), 0, "day {n}");
+            assert!((0..7).contains(&(n - day as i64)), "day {n}");
+            let quarter = bin_start(&time, origin, 6 * HOUR, value).unwrap();
+            assert_eq!(quarter, (n * 24 + 12) as f64);
+        }
+        // Before the origin too, and no bin past the end of the scale.
+        assert_eq!(bin_start(&time, origin, 7 * DAY, 0.0), Some(-5.0 * 24.0));
+        assert_eq!(bin_start(&time, origin, 7 * DAY, 1e300), None);
         assert_eq!(time.date_of(f64::NAN), None);
         assert_eq!(time.date_of(1e300), None);
     }

@@ -8,7 +8,9 @@
 //! date of the calendar too (the 1st of January 1970 when not given), and
 //! so are the bins: the result names the calendar as its input does.
 //! Strides of months, other columns and other types are DataFusion's
-//! `date_bin`.
+//! `date_bin`. Over a time column kept as numbers (a daily `360_day`
+//! calendar's, see [`crate::cf_numbers`]) it is `cf_date_bin`, which bins
+//! the dates those numbers encode the same way.
 //!
 //! ```sql
 //! SELECT date_bin(INTERVAL '5 days', time, TIMESTAMP '2000-01-01') AS pentad, avg(tas)
@@ -27,12 +29,12 @@ use datafusion::functions::datetime::date_bin;
 use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
     ColumnarValue, Documentation, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
-    Signature,
+    Signature, TypeSignatureClass,
 };
 
 use crate::model_calendar::{
-    calendar_nanos, calendar_of, calendar_timestamp, date_of, delegated_methods, mapped,
-    with_calendar,
+    also_taking, calendar_nanos, calendar_of, calendar_timestamp, date_of, delegated_methods,
+    kept_numbers_field, mapped, refuse_numbers, with_calendar, DAY,
 };
 
 /// `date_bin` over the dates of model calendars (see the module docs).
@@ -40,6 +42,8 @@ use crate::model_calendar::{
 pub struct DateBinFunc {
     /// DataFusion's `date_bin`, which bins.
     inner: Arc<ScalarUDF>,
+    /// DataFusion's signature, also taking times kept as numbers.
+    signature: Signature,
 }
 
 impl Default for DateBinFunc {
@@ -51,23 +55,48 @@ impl Default for DateBinFunc {
 impl DateBinFunc {
     /// The function, over DataFusion's own.
     pub fn new() -> Self {
-        Self { inner: date_bin() }
+        let inner = date_bin();
+        let (interval, numbers, time) = (
+            TypeSignatureClass::Interval,
+            TypeSignatureClass::Numeric,
+            TypeSignatureClass::Timestamp,
+        );
+        Self {
+            signature: also_taking(
+                inner.signature(),
+                &[
+                    &[interval.clone(), numbers.clone()],
+                    &[interval, numbers, time],
+                ],
+            ),
+            inner,
+        }
+    }
+}
+
+/// The nanoseconds of a stride without months (days, hours, ...): `None`
+/// for one with months, NULL, or too long for 64 bits.
+pub(crate) fn stride_nanos(stride: &ScalarValue) -> Option<i64> {
+    match stride {
+        ScalarValue::IntervalDayTime(Some(v)) => i64::from(v.days)
+            .checked_mul(DAY)?
+            .checked_add(i64::from(v.milliseconds).checked_mul(1_000_000)?),
+        ScalarValue::IntervalMonthDayNano(Some(v)) => {
+            let (months, days, nanos) = IntervalMonthDayNanoType::to_parts(*v);
+            (months == 0).then_some(())?;
+            i64::from(days).checked_mul(DAY)?.checked_add(nanos)
+        }
+        _ => None,
     }
 }
 
 /// Whether `stride` is an interval without months (days, hours, ...).
 fn without_months(stride: &ColumnarValue) -> bool {
-    match stride {
-        ColumnarValue::Scalar(ScalarValue::IntervalDayTime(Some(_))) => true,
-        ColumnarValue::Scalar(ScalarValue::IntervalMonthDayNano(Some(v))) => {
-            IntervalMonthDayNanoType::to_parts(*v).0 == 0
-        }
-        _ => false,
-    }
+    matches!(stride, ColumnarValue::Scalar(stride) if stride_nanos(stride).is_some())
 }
 
 /// A timestamp argument's value in nanoseconds (`None`: NULL).
-fn nanos_of(value: &ColumnarValue) -> Result<Option<i64>> {
+pub(crate) fn nanos_of(value: &ColumnarValue) -> Result<Option<i64>> {
     let value = cast(
         &value.to_array(1)?,
         &DataType::Timestamp(TimeUnit::Nanosecond, None),
@@ -77,9 +106,26 @@ fn nanos_of(value: &ColumnarValue) -> Result<Option<i64>> {
 }
 
 impl ScalarUDFImpl for DateBinFunc {
-    delegated_methods!();
+    delegated_methods!(names);
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        match arg_types.get(1) {
+            Some(numbers) if numbers.is_numeric() => Ok(DataType::Float64),
+            _ => self.inner.return_type(arg_types),
+        }
+    }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        // Bins of dates kept as numbers are numbers of the same units.
+        if let Some(field) =
+            kept_numbers_field(self.name(), args.arg_fields, DataType::Float64, true)?
+        {
+            return Ok(field);
+        }
         // Bins of a model calendar's dates are dates of it too.
         let calendar = args.arg_fields.get(1).and_then(calendar_of);
         Ok(with_calendar(
@@ -89,6 +135,7 @@ impl ScalarUDFImpl for DateBinFunc {
     }
 
     fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        refuse_numbers(self.name(), &args)?;
         let nanosecond = DataType::Timestamp(TimeUnit::Nanosecond, None);
         let calendar = match (args.arg_fields.get(1), args.args.first()) {
             (Some(field), Some(stride))
@@ -140,7 +187,7 @@ impl ScalarUDFImpl for DateBinFunc {
                 format!(
                     "date_bin: a bin starts {} days after 1970-01-01 of the {name} calendar, \
                      on a date that has no timestamp",
-                    n.div_euclid(86_400_000_000_000)
+                    n.div_euclid(DAY)
                 )
             },
         )?;

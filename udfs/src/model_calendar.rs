@@ -76,14 +76,25 @@ pub(crate) use delegated_methods;
 /// numbers as the time: a time column kept as numbers (see
 /// [`crate::cf_numbers`]), which [`kept_numbers`] checks.
 pub(crate) fn with_numbers(signature: &Signature) -> Signature {
+    also_taking(
+        signature,
+        &[&[
+            TypeSignatureClass::Native(logical_string()),
+            TypeSignatureClass::Numeric,
+        ]],
+    )
+}
+
+/// `signature` also taking arguments of each list of `classes` (coerced
+/// to a type of the class): `date_bin` over numbers, say.
+pub(crate) fn also_taking(signature: &Signature, classes: &[&[TypeSignatureClass]]) -> Signature {
     let mut variants = match &signature.type_signature {
         TypeSignature::OneOf(variants) => variants.clone(),
         other => vec![other.clone()],
     };
-    variants.push(TypeSignature::Coercible(vec![
-        Coercion::new_exact(TypeSignatureClass::Native(logical_string())),
-        Coercion::new_exact(TypeSignatureClass::Numeric),
-    ]));
+    variants.extend(classes.iter().map(|classes| {
+        TypeSignature::Coercible(classes.iter().cloned().map(Coercion::new_exact).collect())
+    }));
     Signature::one_of(variants, signature.volatility)
 }
 
@@ -211,7 +222,7 @@ fn epoch_day(calendar: Calendar) -> i64 {
 /// the calendar's own scale of days (its days since its 1970-01-01 times
 /// a day, plus the time of day): `None` when the calendar has no such
 /// date or the count overflows.
-pub(crate) fn calendar_nanos(calendar: Calendar, timestamp: i64) -> Option<i64> {
+pub fn calendar_nanos(calendar: Calendar, timestamp: i64) -> Option<i64> {
     let (date, nanos) = date_of(timestamp);
     date_nanos(calendar, date, nanos)
 }
@@ -230,9 +241,17 @@ pub(crate) fn date_nanos(
 /// The inverse of [`calendar_nanos`]: `None` when the calendar's date has
 /// no timestamp (the 30th of February of `360_day`).
 pub(crate) fn calendar_timestamp(calendar: Calendar, nanos: i64) -> Option<i64> {
-    let date = calendar.date(nanos.div_euclid(DAY) + epoch_day(calendar));
+    let (date, nanos) = nanos_date(calendar, nanos);
     let day = Calendar::ProlepticGregorian.day_number(date)?;
-    day.checked_mul(DAY)?.checked_add(nanos.rem_euclid(DAY))
+    day.checked_mul(DAY)?.checked_add(nanos)
+}
+
+/// The date of `calendar` and the nanoseconds into it that nanoseconds on
+/// the calendar's own scale of days stand for (the inverse of
+/// [`date_nanos`]).
+pub(crate) fn nanos_date(calendar: Calendar, nanos: i64) -> (crate::calendar::Date, i64) {
+    let date = calendar.date(nanos.div_euclid(DAY) + epoch_day(calendar));
+    (date, nanos.rem_euclid(DAY))
 }
 
 /// Timestamps (nanoseconds) mapped one by one, NULL kept; a value `map`

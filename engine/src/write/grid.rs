@@ -14,6 +14,7 @@ use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef, 
 use datafusion::common::{exec_err, plan_err, Result};
 use zarrfusion_udfs::calendar::Calendar;
 use zarrfusion_udfs::complex::{complex_array, complex_part};
+use zarrfusion_udfs::model_calendar::{TIME_CALENDAR_METADATA, TIME_UNITS_METADATA};
 
 /// One dimension of the grid.
 #[derive(Debug)]
@@ -48,15 +49,25 @@ pub fn field_calendar(field: &datafusion::arrow::datatypes::Field) -> Option<Cal
 pub const ZARR_ATTRIBUTES: &str = "zarr.attributes";
 
 /// The Zarr attributes a column's field metadata gives its array
-/// ([`ZARR_ATTRIBUTES`]), none when it gives none.
+/// ([`ZARR_ATTRIBUTES`]), none when it gives none; times kept as numbers
+/// (a daily `360_day` coordinate, its `date_trunc` or `date_bin`) are
+/// written with their units and calendar, so that readers decode them.
 pub fn field_attributes(
     field: &datafusion::arrow::datatypes::Field,
 ) -> serde_json::Map<String, serde_json::Value> {
-    field
-        .metadata()
+    let metadata = field.metadata();
+    let mut attributes: serde_json::Map<String, serde_json::Value> = metadata
         .get(ZARR_ATTRIBUTES)
         .and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if let (Some(units), Some(calendar)) = (
+        metadata.get(TIME_UNITS_METADATA),
+        metadata.get(TIME_CALENDAR_METADATA),
+    ) {
+        attributes.insert("units".into(), units.clone().into());
+        attributes.insert("calendar".into(), calendar.clone().into());
+    }
+    attributes
 }
 
 /// The field metadata key marking a column as a dimension for `COPY ...

@@ -16,7 +16,8 @@
 //!
 //! or with `RANGE BETWEEN <d> PRECEDING|CURRENT ROW|<d> FOLLOWING AND ...`
 //! over a `dim` whose values step by one integer (a regular time axis, an
-//! integer or index dimension): distances (`INTERVAL '1 day'` of days and
+//! integer or index dimension; a model calendar's times by its own days,
+//! ordered by `calendar_scale(time, calendar)`): distances (`INTERVAL '1 day'` of days and
 //! hours for times, integers for integers) then hold the same run of
 //! neighbours at every position, a frame in rows. A frame may also start
 //! at `UNBOUNDED PRECEDING` (`ROWS`, or `RANGE` to `CURRENT ROW` along any
@@ -48,13 +49,18 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, TimeUnit, TimestampNanosecondType};
 use datafusion::common::{Column, DFSchema, Result, ScalarValue};
 use datafusion::logical_expr::expr::{BinaryExpr, Cast, TryCast, WindowFunction};
 use datafusion::logical_expr::{
     Expr, ExprSchemable, Extension, LogicalPlan, Operator, Projection, Window, WindowFrameBound,
     WindowFrameUnits, WindowFunctionDefinition,
 };
+use zarrfusion_udfs::calendar::Calendar;
+use zarrfusion_udfs::model_calendar::calendar_nanos;
+use zarrfusion_udfs::CalendarScaleFunc;
 
 use super::frame::RollOp;
 use super::node::{GridFrame, RollExpr, RollingWindow};
@@ -303,13 +309,16 @@ fn roll_exprs(
         let Some(arg) = rewritten.next() else {
             return Ok(None);
         };
-        let order = rewritten.next().as_ref().and_then(dim_of);
+        let order = rewritten
+            .next()
+            .as_ref()
+            .and_then(|e| ordered_by(e, &dim_of));
         let partition: Option<BTreeSet<usize>> = rewritten
             .by_ref()
             .take(w.partition_by.len())
             .map(|e| dim_of(&e))
             .collect();
-        let (Some(d), Some(partition)) = (order, partition) else {
+        let (Some((d, calendar)), Some(partition)) = (order, partition) else {
             return Ok(None);
         };
         // One line per partition: every other dimension, and only them.
@@ -333,7 +342,13 @@ fn roll_exprs(
                     || (filters.iter())
                         .filter(|f| pushed_dimension(f, table) == Some(d))
                         .all(keeps_one_run);
-                match range_rows(start.as_ref(), end.as_ref(), &table.dims[d].coordinate) {
+                let coordinate = &table.dims[d].coordinate;
+                // Over a model calendar's times, distances count its days.
+                let step = match calendar {
+                    Some(calendar) => calendar_step(coordinate, calendar),
+                    None => coordinate.integer_step(),
+                };
+                match range_rows(start.as_ref(), end.as_ref(), step, coordinate) {
                     Some(frame) if one_run => frame,
                     _ => return Ok(None),
                 }
@@ -463,7 +478,9 @@ fn range_bound(bound: &WindowFrameBound) -> Option<RangeBound> {
 /// strictly ordered, without ties), from `start` (`None`: the series'
 /// start) to `end` (`None`: its end). `CURRENT ROW` is the row itself;
 /// distances need values
-/// that step by one integer (times: nanoseconds) and distances in their
+/// that step by one integer, `step` (times: nanoseconds, of a model
+/// calendar's own days when it orders by `calendar_scale`; `None` when
+/// they do not), and distances in their
 /// units: a position's frame then holds the positions whose values lie
 /// within the distances of its value, the same run of neighbours at every
 /// position (`RANGE BETWEEN INTERVAL '1 day' PRECEDING AND CURRENT ROW`
@@ -471,6 +488,7 @@ fn range_bound(bound: &WindowFrameBound) -> Option<RangeBound> {
 fn range_rows(
     start: Option<&RangeBound>,
     end: Option<&RangeBound>,
+    step: Option<i64>,
     coordinate: &Coordinate,
 ) -> Option<GridFrame> {
     if start.is_none_or(Option::is_none) && end.is_none_or(Option::is_none) {
@@ -479,10 +497,7 @@ fn range_rows(
             end: end.map(|_| 0),
         });
     }
-    let step = coordinate
-        .integer_step()?
-        .checked_abs()
-        .filter(|&s| s > 0)?;
+    let step = step?.checked_abs().filter(|&s| s > 0)?;
     let data_type = coordinate.data_type();
     let distance = |bound: &RangeBound| -> Option<i64> {
         let Some((value, before)) = bound else {
@@ -502,6 +517,56 @@ fn range_rows(
         None => None,
     };
     fitting(GridFrame { start, end })
+}
+
+/// The dimension a window orders by (`dim_of` reads a column), and the
+/// model calendar when it orders by its times on the calendar's own scale
+/// of days (`calendar_scale(time, 'noleap')`, which a `RANGE` frame of
+/// days over such times orders by).
+fn ordered_by(
+    order: &Expr,
+    dim_of: &impl Fn(&Expr) -> Option<usize>,
+) -> Option<(usize, Option<Calendar>)> {
+    let Expr::ScalarFunction(call) = order else {
+        return Some((dim_of(order)?, None));
+    };
+    if !call.func.inner().is::<CalendarScaleFunc>() {
+        return None;
+    }
+    let [time, Expr::Literal(name, _)] = call.args.as_slice() else {
+        return None;
+    };
+    let calendar = Calendar::parse(name.try_as_str()??)?;
+    Some((dim_of(time)?, Some(calendar)))
+}
+
+/// The step between neighbouring times of `coordinate` on `calendar`'s own
+/// scale of days, when they all follow the one before by it (a daily
+/// `noleap` axis: one day, across the Gregorian 29th of February too).
+fn calendar_step(coordinate: &Coordinate, calendar: Calendar) -> Option<i64> {
+    let (mut previous, mut step) = (None::<i64>, None::<i64>);
+    for piece in coordinate.pieces(Coordinate::PIECE) {
+        let piece = cast(
+            &piece.ok()?,
+            &DataType::Timestamp(TimeUnit::Nanosecond, None),
+        )
+        .ok()?;
+        let times = piece.as_primitive::<TimestampNanosecondType>();
+        if times.null_count() > 0 {
+            return None;
+        }
+        for &time in times.values() {
+            let time = calendar_nanos(calendar, time)?;
+            if let Some(previous) = previous {
+                let difference = time.checked_sub(previous)?;
+                if *step.get_or_insert(difference) != difference {
+                    return None;
+                }
+            }
+            previous = Some(time);
+        }
+    }
+    step
 }
 
 /// Whether a filter on one strictly ordered dimension keeps one run of it:
