@@ -664,3 +664,85 @@ fn a_worker_s_memory_limit_refuses_a_task_that_cannot_fit_it() {
         "{stderr}"
     );
 }
+
+/// The files under `dir`, by their path inside it.
+fn files_under(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let name = path.strip_prefix(dir).unwrap().display().to_string();
+                files.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// An anomaly against the monthly climatology, and its running mean, copied
+/// to Zarr by a session with two worker processes (the climatology a stage
+/// on the workers, held as a broadcast beside the session's chunk writers)
+/// are the stores the same COPYs write on one machine, file for file (those
+/// are checked against xarray in engine/tests/integration).
+#[test]
+fn anomaly_copies_through_two_worker_processes_are_the_copies_of_one_machine() {
+    let workers = [WorkerProcess::start(), WorkerProcess::start()];
+    let list = format!("{},{}", workers[0].address, workers[1].address);
+    let dir = std::env::temp_dir().join(format!("zf-anomaly-copy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let clim = "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, \
+                avg(t2m) AS c FROM era5 GROUP BY 1, 2, 3) ";
+    let on = " FROM era5 e JOIN clim ON extract(month FROM e.time) = clim.month \
+              AND e.lat = clim.lat AND e.lon = clim.lon";
+    let anomaly = format!("{clim}SELECT e.time, e.lat, e.lon, e.t2m - clim.c AS a{on}");
+    let rolled = format!(
+        "{clim}SELECT e.time, e.lat, e.lon, avg(e.t2m - clim.c) OVER (PARTITION BY e.lat, \
+         e.lon ORDER BY e.time ROWS BETWEEN 5 PRECEDING AND CURRENT ROW) AS m{on}"
+    );
+    for (name, query) in [("anomaly", anomaly), ("rolled", rolled)] {
+        let copy = |target: &Path| {
+            format!(
+                "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=10')",
+                target.display()
+            )
+        };
+        let alone = dir.join(format!("{name}_alone.zarr"));
+        let output = zarrfusion(&[
+            "-q",
+            "-c",
+            "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'",
+            "-c",
+            &copy(&alone),
+        ]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let on_cluster = dir.join(format!("{name}.zarr"));
+        let explain = on_workers(&list, &format!("EXPLAIN {}", copy(&on_cluster)));
+        let plan = stdout(&explain);
+        assert!(explain.status.success(), "{}", stderr(&explain));
+        assert!(
+            plan.contains("SelectionCopyExec")
+                && plan.contains("broadcast=[")
+                && plan.contains("tasks=")
+                && !plan.contains("HashJoinExec"),
+            "{name}:\n{plan}"
+        );
+        let output = on_workers(&list, &copy(&on_cluster));
+        assert!(output.status.success(), "{}", stderr(&output));
+        let (want, got) = (files_under(&alone), files_under(&on_cluster));
+        assert!(want.len() > 10, "{name}: {:?}", want.keys());
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            "{name}"
+        );
+        for (file, bytes) in &want {
+            assert!(&got[file] == bytes, "{name}: {file} differs");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -265,3 +265,28 @@ def test_range_frames_over_model_times_count_the_calendars_days(fixtures, store,
     assert got["n"] == want_n
     got_m = np.array([np.nan if v is None else v for v in got["m"]], dtype=float)
     np.testing.assert_allclose(got_m, want_m, rtol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_dates_select_times_kept_as_numbers_as_xarray_sel_does(fixtures, dense):
+    # A daily 360_day store's times are filtered by its dates (the 30th of
+    # February too), as xarray's sel on its cftime index; the filter is one
+    # on the dimension, pruned in the scan.
+    ctx = zf.SessionContext()
+    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
+    ctx.register_zarr("t", fixtures / "cal_360_day_daily.zarr")
+    src = xr.open_zarr(fixtures / "cal_360_day_daily.zarr", chunks=None).load()
+    day = cftime.Datetime360Day
+    for where, want in [
+        ("time BETWEEN '2000-02-10' AND '2000-02-30'", src.sel(time=slice(day(2000, 2, 10), day(2000, 2, 30)))),
+        ("time >= TIMESTAMP '2000-03-05 00:00:00'", src.sel(time=slice(day(2000, 3, 5), None))),
+        ("time < '2000-02-30'", src.where(src.time < day(2000, 2, 30), drop=True)),
+        ("time IN ('2000-02-29', '2000-02-30')", src.sel(time=[day(2000, 2, 29), day(2000, 2, 30)])),
+    ]:
+        sql = f"SELECT lat, lon, avg(tas) AS tas, count(*) AS n FROM t WHERE {where} GROUP BY lat, lon"
+        plan = " ".join(ctx.sql(f"EXPLAIN {sql}").to_arrow_table()["plan"].to_pylist())
+        assert "FilterExec" not in plan, plan
+        got = ctx.sql(f"{sql} ORDER BY lat, lon").to_arrow_table().to_pydict()
+        want = want.tas.transpose("time", "lat", "lon").sortby(["lat", "lon"])
+        assert got["n"] == [want.sizes["time"]] * 4, where
+        np.testing.assert_allclose(got["tas"], want.mean("time").values.ravel(), rtol=1e-6)

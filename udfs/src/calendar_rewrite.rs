@@ -1,6 +1,7 @@
 //! [`CalendarFunctionsRewrite`]: the model calendars' `date_part`,
 //! `date_bin`, `date_trunc`, `-` and `+` wherever a plan calls DataFusion's,
-//! `RANGE` frames counting their days,
+//! `RANGE` frames counting their days, dates compared with times kept as
+//! numbers as those numbers,
 //! and `date_part`, `date_trunc` and `date_bin` of times kept as numbers.
 
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::{DataType, IntervalUnit};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{DFSchema, Result, ScalarValue};
+use datafusion::common::{plan_err, DFSchema, Result, ScalarValue};
 use datafusion::logical_expr::expr::{ScalarFunction, WindowFunction};
 use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
 use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult};
@@ -19,11 +20,12 @@ use datafusion::logical_expr::{
 use crate::calendar::Calendar;
 use crate::calendar_arithmetic::{CalendarDifferenceFunc, CalendarScaleFunc, CalendarShiftFunc};
 use crate::cf_numbers::{CfDateBinFunc, CfDateFunc};
+use crate::cf_time::CfTime;
 use crate::date_bin::stride_nanos;
 use crate::date_bin::DateBinFunc;
 use crate::date_part::DatePartFunc;
 use crate::date_trunc::DateTruncFunc;
-use crate::model_calendar::{calendar_of, kept_numbers_of};
+use crate::model_calendar::{calendar_of, date_of, kept_numbers_of, DAY};
 
 /// Puts [`DatePartFunc`], [`DateBinFunc`] and [`DateTruncFunc`] in place
 /// of DataFusion's `date_part`, `date_bin` and `date_trunc` wherever a plan
@@ -51,7 +53,23 @@ impl FunctionRewrite for CalendarFunctionsRewrite {
     ) -> Result<Transformed<Expr>> {
         let call = match expr {
             Expr::ScalarFunction(call) => call,
+            Expr::BinaryExpr(binary)
+                if matches!(
+                    binary.op,
+                    Operator::Eq
+                        | Operator::NotEq
+                        | Operator::Lt
+                        | Operator::LtEq
+                        | Operator::Gt
+                        | Operator::GtEq
+                        | Operator::IsDistinctFrom
+                        | Operator::IsNotDistinctFrom
+                ) =>
+            {
+                return compared_with_dates(Expr::BinaryExpr(binary), schema)
+            }
             Expr::BinaryExpr(binary) => return Ok(arithmetic(binary, schema)),
+            Expr::Between(_) | Expr::InList(_) => return compared_with_dates(expr, schema),
             Expr::WindowFunction(window) => return Ok(range_over_calendar(*window, schema)),
             _ => return Ok(Transformed::no(expr)),
         };
@@ -241,4 +259,136 @@ fn range_over_calendar(mut window: WindowFunction, schema: &DFSchema) -> Transfo
         ));
     }
     Transformed::yes(Expr::WindowFunction(Box::new(window)))
+}
+
+/// A date literal as written: `'2000-02-30'`, `TIMESTAMP '2000-02-10'`,
+/// `DATE '2000-02-10'` (text the calendar reads), or a timestamp's value.
+enum DateLiteral {
+    /// The text of a date (and time).
+    Text(String),
+    /// A timestamp with the fields of a date, in nanoseconds.
+    Nanos(i64),
+}
+
+/// `expr` as a date literal, if it is one.
+fn date_literal(expr: &Expr) -> Option<DateLiteral> {
+    let text = |value: &ScalarValue| match value {
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => Some(DateLiteral::Text(s.clone())),
+        _ => None,
+    };
+    match expr {
+        Expr::Literal(value, _) => text(value).or_else(|| {
+            let nanos = match value {
+                ScalarValue::TimestampNanosecond(Some(v), None) => Some(*v),
+                ScalarValue::TimestampMicrosecond(Some(v), None) => v.checked_mul(1_000),
+                ScalarValue::TimestampMillisecond(Some(v), None) => v.checked_mul(1_000_000),
+                ScalarValue::TimestampSecond(Some(v), None) => v.checked_mul(1_000_000_000),
+                ScalarValue::Date32(Some(days)) => i64::from(*days).checked_mul(DAY),
+                _ => None,
+            };
+            nanos.map(DateLiteral::Nanos)
+        }),
+        // `TIMESTAMP '...'` and `DATE '...'` before type coercion.
+        Expr::Cast(cast)
+            if matches!(
+                cast.field.data_type(),
+                DataType::Timestamp(_, None) | DataType::Date32 | DataType::Date64
+            ) =>
+        {
+            match cast.expr.as_ref() {
+                Expr::Literal(value, _) => text(value),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The encoding and type of `expr` when it is a time column kept as
+/// numbers (see [`crate::cf_numbers`]).
+fn kept_numbers(expr: &Expr, schema: &DFSchema) -> Option<(CfTime, DataType)> {
+    let (_, field) = expr.to_field(schema).ok()?;
+    let (units, calendar) = kept_numbers_of(&field)?;
+    let time = CfTime::parse(units, Some(calendar)).ok()??;
+    Some((time, field.data_type().clone()))
+}
+
+/// The number encoding `literal` for a time column kept as numbers of
+/// `time`'s units and calendar, of the column's type `data_type` when it
+/// is a whole number (so that the comparison is one of the column, which
+/// the scan takes as a dimension filter): an error for a date the
+/// calendar lacks.
+fn encoded(literal: DateLiteral, time: &CfTime, data_type: &DataType) -> Result<Expr> {
+    let (count, written) = match literal {
+        DateLiteral::Text(text) => (time.count_of_text(text.trim()), text),
+        DateLiteral::Nanos(nanos) => {
+            let (date, time_of_day) = date_of(nanos);
+            (time.count_of(date, time_of_day), date.to_string())
+        }
+    };
+    let Some(count) = count else {
+        return plan_err!(
+            "'{written}' is no date of the {} calendar, whose times this column keeps as numbers",
+            time.calendar().name()
+        );
+    };
+    let value = ScalarValue::Float64(Some(count));
+    let whole = count.fract() == 0.0 && data_type.is_integer();
+    Ok(lit(match whole {
+        true => value.cast_to(data_type).unwrap_or(value),
+        false => value,
+    }))
+}
+
+/// A comparison (`time >= '2000-02-30'`), `BETWEEN` or `IN` of a time
+/// column kept as numbers with date literals, those literals as the
+/// numbers encoding them in the column's units and calendar: a daily
+/// `360_day` store's times are filtered by its dates (and the scan prunes
+/// them as any dimension filter); as it is otherwise.
+fn compared_with_dates(expr: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    let swap = |side: &mut Box<Expr>, kept: &(CfTime, DataType)| -> Result<bool> {
+        match date_literal(side) {
+            Some(literal) => {
+                **side = encoded(literal, &kept.0, &kept.1)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    };
+    let mut expr = expr;
+    let changed = match &mut expr {
+        Expr::BinaryExpr(binary) => match (
+            kept_numbers(&binary.left, schema),
+            kept_numbers(&binary.right, schema),
+        ) {
+            (Some(kept), None) => swap(&mut binary.right, &kept)?,
+            (None, Some(kept)) => swap(&mut binary.left, &kept)?,
+            _ => false,
+        },
+        Expr::Between(between) => match kept_numbers(&between.expr, schema) {
+            Some(kept) => swap(&mut between.low, &kept)? | swap(&mut between.high, &kept)?,
+            None => false,
+        },
+        Expr::InList(in_list) => match kept_numbers(&in_list.expr, schema) {
+            Some(kept) => {
+                let mut changed = false;
+                for item in in_list.list.iter_mut() {
+                    if let Some(literal) = date_literal(item) {
+                        *item = encoded(literal, &kept.0, &kept.1)?;
+                        changed = true;
+                    }
+                }
+                changed
+            }
+            None => false,
+        },
+        _ => false,
+    };
+    Ok(match (changed, expr) {
+        (true, expr) => Transformed::yes(expr),
+        (false, Expr::BinaryExpr(binary)) => arithmetic(binary, schema),
+        (false, expr) => Transformed::no(expr),
+    })
 }

@@ -233,11 +233,25 @@ impl CfTime {
     /// the calendar has no such date.
     pub fn count_of(&self, date: Date, nanos: i64) -> Option<f64> {
         let instant = i128::from(self.calendar.day_number(date)?) * DAY + i128::from(nanos);
+        Some(self.count_of_instant(instant))
+    }
+
+    /// The count of units that encodes the date and time `text` names in
+    /// the calendar, written as CF units write their reference date
+    /// (`2000-02-30`, `2000-02-30 12:00`): `None` when it names no date of
+    /// the calendar (a literal compared with a time kept as numbers).
+    pub fn count_of_text(&self, text: &str) -> Option<f64> {
+        Some(self.count_of_instant(parse_reference(text, self.calendar)?))
+    }
+
+    /// The count of units that encodes `instant` (nanoseconds since the
+    /// calendar's day 0).
+    fn count_of_instant(&self, instant: i128) -> f64 {
         let offset = instant - self.reference;
         let unit = i128::from(self.unit.nanos);
         // Whole units and their remainder apart, so that large counts keep
         // every unit.
-        Some((offset.div_euclid(unit)) as f64 + (offset.rem_euclid(unit)) as f64 / unit as f64)
+        (offset.div_euclid(unit)) as f64 + (offset.rem_euclid(unit)) as f64 / unit as f64
     }
 
     /// The timestamp `offset` nanoseconds after the reference: `None` when
