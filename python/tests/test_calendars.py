@@ -17,6 +17,15 @@ import zarrfusion as zf
 STORES = ["cal_noleap.zarr", "cal_360_day.zarr", "cal_all_leap.zarr", "cal_julian.zarr"]
 
 
+def _session(store, setting, on):
+    """A session with `store` registered as t and `zarrfusion.<setting>`
+    (a rule) on or off."""
+    ctx = zf.SessionContext()
+    ctx.sql(f"SET zarrfusion.{setting} = {str(on).lower()}").collect()
+    ctx.register_zarr("t", store)
+    return ctx
+
+
 @pytest.mark.parametrize("store", STORES)
 def test_days_of_the_year_and_of_the_week_are_cftimes(ctx, fixtures, store):
     src = xr.open_zarr(fixtures / store, chunks=None)
@@ -37,9 +46,7 @@ def test_days_of_the_year_and_of_the_week_are_cftimes(ctx, fixtures, store):
 def test_a_daily_climatology_of_a_noleap_store_is_xarrays(fixtures, dense):
     # In a leap year of the Gregorian calendar the 1st of March of `noleap`
     # is day 60, not 61: a day-of-year climatology groups as xarray's.
-    ctx = zf.SessionContext()
-    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
-    ctx.register_zarr("t", fixtures / "cal_noleap.zarr")
+    ctx = _session(fixtures / "cal_noleap.zarr", "dense_reduction", dense)
     sql = "SELECT extract(doy FROM time) AS dayofyear, lat, lon, avg(tas) AS tas FROM t GROUP BY 1, lat, lon"
     plan = " ".join(ctx.sql(f"EXPLAIN {sql}").to_arrow_table()["plan"].to_pylist())
     assert ("DenseReductionExec" in plan) == dense
@@ -58,9 +65,7 @@ def test_pentads_of_a_noleap_store_are_xarrays(fixtures, dense):
     # Bins of five model days (xarray's resample(time="5D") on cftime dates):
     # 73 of them in a noleap year, the 28th of February and the 1st of March
     # one day apart.
-    ctx = zf.SessionContext()
-    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
-    ctx.register_zarr("t", fixtures / "cal_noleap.zarr")
+    ctx = _session(fixtures / "cal_noleap.zarr", "dense_reduction", dense)
     sql = (
         "SELECT date_bin(INTERVAL '5 days', time, TIMESTAMP '2000-01-01') AS time, lat, lon, avg(tas) AS tas "
         "FROM t GROUP BY 1, lat, lon"
@@ -82,9 +87,7 @@ def test_weeks_of_a_model_calendar_start_on_its_mondays(fixtures, store, dense):
     # date_trunc('week') over a model calendar's dates: the Monday counted
     # back over the calendar's own days (cftime's dayofweek), the weekly
     # means as xarray groups them by those Mondays.
-    ctx = zf.SessionContext()
-    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
-    ctx.register_zarr("t", fixtures / store)
+    ctx = _session(fixtures / store, "dense_reduction", dense)
     sql = "SELECT date_trunc('week', time) AS week, lat, lon, avg(tas) AS tas FROM t GROUP BY 1, lat, lon"
     plan = " ".join(ctx.sql(f"EXPLAIN {sql}").to_arrow_table()["plan"].to_pylist())
     assert ("DenseReductionExec" in plan) == dense
@@ -153,9 +156,7 @@ def test_a_daily_360_day_store_groups_by_the_dates_its_numbers_encode(fixtures, 
     # Its 30th of February has no timestamp, so the coordinate keeps its
     # numbers; extract and date_trunc still read the model's dates, as
     # xarray's groupby and resample do on the cftime dates it decodes.
-    ctx = zf.SessionContext()
-    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
-    ctx.register_zarr("t", fixtures / "cal_360_day_daily.zarr")
+    ctx = _session(fixtures / "cal_360_day_daily.zarr", "dense_reduction", dense)
     src = xr.open_zarr(fixtures / "cal_360_day_daily.zarr", chunks=None).load()
     units, calendar = src.time.encoding["units"], src.time.encoding["calendar"]
     assert calendar == "360_day" and (2, 30) in [(t.month, t.day) for t in src.time.values]
@@ -197,9 +198,7 @@ def test_bins_of_dates_kept_as_numbers_are_written_as_those_dates(fixtures, tmp_
     # A daily 360_day store's pentads and month starts are numbers of its
     # units; COPY writes them with those units and the calendar, so that
     # xarray reads back the cftime dates of its own resample.
-    ctx = zf.SessionContext()
-    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
-    ctx.register_zarr("t", fixtures / "cal_360_day_daily.zarr")
+    ctx = _session(fixtures / "cal_360_day_daily.zarr", "dense_reduction", dense)
     src = xr.open_zarr(fixtures / "cal_360_day_daily.zarr", chunks=None).load()
     for key, want in [
         ("date_bin(INTERVAL '5 days', time, TIMESTAMP '2000-01-01')", src.tas.resample(time="5D").mean()),
@@ -238,9 +237,7 @@ def test_range_frames_over_model_times_count_the_calendars_days(fixtures, store,
     # a noleap 1st of March, a day back is the 28th of February (two
     # Gregorian days); a 360_day month is 30 days. The oracle averages
     # each cell's values over the times s with 0 <= t - s <= the distance.
-    ctx = zf.SessionContext()
-    ctx.sql(f"SET zarrfusion.rolling_window = {str(rolling).lower()}").collect()
-    ctx.register_zarr("t", fixtures / store)
+    ctx = _session(fixtures / store, "rolling_window", rolling)
     sql = (
         f"SELECT time, lat, lon, avg(tas) OVER (PARTITION BY lat, lon ORDER BY time "
         f"RANGE BETWEEN {distance} PRECEDING AND CURRENT ROW) AS m, "
@@ -272,9 +269,7 @@ def test_dates_select_times_kept_as_numbers_as_xarray_sel_does(fixtures, dense):
     # A daily 360_day store's times are filtered by its dates (the 30th of
     # February too), as xarray's sel on its cftime index; the filter is one
     # on the dimension, pruned in the scan.
-    ctx = zf.SessionContext()
-    ctx.sql(f"SET zarrfusion.dense_reduction = {str(dense).lower()}").collect()
-    ctx.register_zarr("t", fixtures / "cal_360_day_daily.zarr")
+    ctx = _session(fixtures / "cal_360_day_daily.zarr", "dense_reduction", dense)
     src = xr.open_zarr(fixtures / "cal_360_day_daily.zarr", chunks=None).load()
     day = cftime.Datetime360Day
     for where, want in [

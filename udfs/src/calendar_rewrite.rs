@@ -278,8 +278,14 @@ fn date_literal(expr: &Expr) -> Option<DateLiteral> {
         | ScalarValue::Utf8View(Some(s)) => Some(DateLiteral::Text(s.clone())),
         _ => None,
     };
+    // Bare text names a date when written as one (`2000-02-30`): a number
+    // as text (`'720'`) stays the number DataFusion reads.
+    let dated = |literal: Option<DateLiteral>| match literal {
+        Some(DateLiteral::Text(text)) if !text.trim().get(1..)?.contains('-') => None,
+        literal => literal,
+    };
     match expr {
-        Expr::Literal(value, _) => text(value).or_else(|| {
+        Expr::Literal(value, _) => dated(text(value)).or_else(|| {
             let nanos = match value {
                 ScalarValue::TimestampNanosecond(Some(v), None) => Some(*v),
                 ScalarValue::TimestampMicrosecond(Some(v), None) => v.checked_mul(1_000),

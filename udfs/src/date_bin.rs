@@ -106,18 +106,7 @@ pub(crate) fn nanos_of(value: &ColumnarValue) -> Result<Option<i64>> {
 }
 
 impl ScalarUDFImpl for DateBinFunc {
-    delegated_methods!(names);
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        match arg_types.get(1) {
-            Some(numbers) if numbers.is_numeric() => Ok(DataType::Float64),
-            _ => self.inner.return_type(arg_types),
-        }
-    }
+    delegated_methods!(dates of numbers);
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         // Bins of dates kept as numbers are numbers of the same units.

@@ -84,18 +84,7 @@ fn week_start(calendar: Calendar, timestamp: i64) -> Option<i64> {
 }
 
 impl ScalarUDFImpl for DateTruncFunc {
-    delegated_methods!(names);
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        match arg_types.get(1) {
-            Some(numbers) if numbers.is_numeric() => Ok(DataType::Float64),
-            _ => self.inner.return_type(arg_types),
-        }
-    }
+    delegated_methods!(dates of numbers);
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         if let Some(field) =

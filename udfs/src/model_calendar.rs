@@ -43,7 +43,10 @@ pub const TIME_CALENDAR_METADATA: &str = "zarr.time_calendar";
 /// field `inner`) that answer as that function does: name, aliases,
 /// signature, return type, documentation (the caller imports their types);
 /// `delegated_methods!(names)` leaves the signature and the return type to
-/// the caller.
+/// the caller; `delegated_methods!(dates of numbers)` takes its own
+/// `signature` field (DataFusion's, also taking times kept as numbers, see
+/// [`with_numbers`]) and answers numbers (`Float64`, dates of the same
+/// units) for numbers.
 macro_rules! delegated_methods {
     () => {
         delegated_methods!(names);
@@ -54,6 +57,20 @@ macro_rules! delegated_methods {
 
         fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
             self.inner.return_type(arg_types)
+        }
+    };
+    (dates of numbers) => {
+        delegated_methods!(names);
+
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+            match arg_types.get(1) {
+                Some(numbers) if numbers.is_numeric() => Ok(DataType::Float64),
+                _ => self.inner.return_type(arg_types),
+            }
         }
     };
     (names) => {
