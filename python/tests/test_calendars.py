@@ -229,6 +229,11 @@ def test_bins_of_dates_kept_as_numbers_are_written_as_those_dates(fixtures, tmp_
         ("cal_360_day.zarr", "INTERVAL '30 days'", 30),
         ("cal_julian.zarr", "INTERVAL '3 days'", 3),
         ("cal_all_leap.zarr", "INTERVAL '1 day'", 1),
+        # Times kept as numbers (hours): distances in hours, a 360_day
+        # month of 30 days, 36 hours holding the times one whole day back.
+        ("cal_360_day_daily.zarr", "INTERVAL '2 days'", 2),
+        ("cal_360_day_daily.zarr", "INTERVAL '1 month'", 30),
+        ("cal_360_day_daily.zarr", "INTERVAL '36 hours'", 1.5),
     ],
 )
 def test_range_frames_over_model_times_count_the_calendars_days(fixtures, store, distance, days, rolling):
@@ -285,3 +290,76 @@ def test_dates_select_times_kept_as_numbers_as_xarray_sel_does(fixtures, dense):
         want = want.tas.transpose("time", "lat", "lon").sortby(["lat", "lon"])
         assert got["n"] == [want.sizes["time"]] * 4, where
         np.testing.assert_allclose(got["tas"], want.mean("time").values.ravel(), rtol=1e-6)
+
+
+def _months_from(origin, months, t):
+    """The start of the bin of `months` months from `origin` holding `t`:
+    the latest of origin + k * months months (the day kept, or the month's
+    last day of the calendar) not after t, found by walking k."""
+    starts = []
+    for k in range(-40, 40):
+        total = origin.year * 12 + origin.month - 1 + k * months
+        year, month = divmod(total, 12)
+        first = cftime.datetime(year, month + 1, 1, calendar=t.calendar)
+        following = cftime.datetime(year + (month + 1) // 12, (month + 1) % 12 + 1, 1, calendar=t.calendar)
+        day = min(origin.day, (following - first).days)
+        starts.append(cftime.datetime(year, month + 1, day, origin.hour, calendar=t.calendar))
+    return max(s for s in starts if s <= t)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_dates_kept_as_numbers_bin_by_months_and_step_as_cftime_does(fixtures, dense):
+    # A daily 360_day store keeps its times as numbers; date_bin by months
+    # counts their dates' months (seasons from December as xarray's
+    # resample QS-DEC; months from the 16th against a walk over cftime
+    # month steps), and + and - step over the calendar as cftime's
+    # arithmetic, giving numbers of the same units, or durations.
+    ctx = _session(fixtures / "cal_360_day_daily.zarr", "dense_reduction", dense)
+    src = xr.open_zarr(fixtures / "cal_360_day_daily.zarr", chunks=None).load()
+    units, calendar = src.time.encoding["units"], src.time.encoding["calendar"]
+    times = list(src.time.values)
+    day = cftime.Datetime360Day
+    seasons = src.tas.resample(time="QS-DEC").mean()
+    for key, want_keys, want in [
+        (
+            "date_bin(INTERVAL '3 months', time, TIMESTAMP '1999-12-01')",
+            list(seasons.time.values),
+            seasons.rename(time="key"),
+        ),
+        (
+            "date_bin(INTERVAL '1 month', time, TIMESTAMP '2000-01-16 12:00:00')",
+            None,
+            src.tas.groupby(
+                xr.DataArray(
+                    cftime.date2num([_months_from(day(2000, 1, 16, 12), 1, t) for t in times], units, calendar),
+                    dims="time",
+                    name="key",
+                )
+            ).mean(),
+        ),
+    ]:
+        sql = f"SELECT {key} AS key, lat, lon, avg(tas) AS tas FROM t GROUP BY 1, lat, lon"
+        plan = " ".join(ctx.sql(f"EXPLAIN {sql}").to_arrow_table()["plan"].to_pylist())
+        assert ("DenseReductionExec" in plan) == dense, plan
+        got = ctx.sql(f"{sql} ORDER BY key, lat, lon").to_arrow_table().to_pydict()
+        want = want.transpose("key", "lat", "lon").sortby(["key", "lat", "lon"])
+        keys = want_keys if want_keys is not None else list(want.key.values)
+        if want_keys is not None:
+            keys = cftime.date2num(keys, units, calendar)
+        assert sorted(set(got["key"])) == [float(k) for k in keys], key
+        values = np.array(got["tas"], dtype=float).reshape(want.shape)
+        np.testing.assert_allclose(values, want.values, rtol=1e-6, equal_nan=True)
+
+    got = ctx.sql(
+        "SELECT t, t + INTERVAL '1 day 6 hours' AS later, t - INTERVAL '1 month' AS month_before, "
+        "t - lag(t) OVER (ORDER BY t) AS step, t - '2000-02-28' AS since, "
+        "extract(day FROM t + INTERVAL '1 day') AS next_day "
+        "FROM (SELECT DISTINCT time AS t FROM t) ORDER BY t"
+    ).to_arrow_table().to_pydict()
+    encode = lambda ts: list(cftime.date2num(ts, units, calendar).astype(float))  # noqa: E731
+    assert got["t"] == encode(times)
+    assert got["later"] == encode([t + timedelta(days=1, hours=6) for t in times])
+    assert got["month_before"] == encode([_month_before(t) for t in times])
+    assert got["step"] == [None] + [b - a for a, b in zip(times, times[1:])]
+    assert got["since"] == [t - day(2000, 2, 28) for t in times]
+    assert got["next_day"] == [(t + timedelta(days=1)).day for t in times]

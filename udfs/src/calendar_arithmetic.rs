@@ -301,12 +301,68 @@ impl CalendarShiftFunc {
     }
 }
 
-/// The timestamp of `timestamp`'s date of `calendar` moved by `months`,
-/// then `days` and `nanos` along the calendar's days: `None` when the
-/// timestamp is no date of the calendar, the result has no timestamp (the
-/// 30th of February of `360_day`) or the step overflows.
-fn shifted(calendar: Calendar, timestamp: i64, months: i32, days: i32, nanos: i64) -> Option<i64> {
-    let (date, time_of_day) = date_of(timestamp);
+/// A step: months, days and nanoseconds (an interval's fields, or a
+/// duration's nanoseconds).
+pub(crate) type Step = (i32, i32, i64);
+
+/// The type a step argument (an interval or a duration) is taken as:
+/// `None` for any other.
+pub(crate) fn step_type(arg: Option<&DataType>) -> Option<DataType> {
+    match arg {
+        Some(DataType::Interval(_)) => Some(DataType::Interval(IntervalUnit::MonthDayNano)),
+        Some(DataType::Duration(_)) => Some(DataType::Duration(TimeUnit::Nanosecond)),
+        _ => None,
+    }
+}
+
+/// Each row's step (an argument of [`step_type`]) as months, days and
+/// nanoseconds (`None`: NULL).
+pub(crate) fn steps(
+    function: &str,
+    step: &ColumnarValue,
+    rows: usize,
+) -> Result<Vec<Option<Step>>> {
+    let step = step.to_array(rows)?;
+    Ok(match step.data_type() {
+        DataType::Interval(IntervalUnit::MonthDayNano) => step
+            .as_primitive::<IntervalMonthDayNanoType>()
+            .iter()
+            .map(|s| s.map(|s| (s.months, s.days, s.nanoseconds)))
+            .collect(),
+        DataType::Duration(TimeUnit::Nanosecond) => step
+            .as_primitive::<DurationNanosecondType>()
+            .iter()
+            .map(|s| s.map(|s| (0, 0, s)))
+            .collect(),
+        other => return exec_err!("{function}: a step of type {other}"),
+    })
+}
+
+/// `step`, or its opposite when `subtract`: `None` when that overflows.
+pub(crate) fn signed((months, days, nanos): Step, subtract: bool) -> Option<Step> {
+    if subtract {
+        Some((
+            months.checked_neg()?,
+            days.checked_neg()?,
+            nanos.checked_neg()?,
+        ))
+    } else {
+        Some((months, days, nanos))
+    }
+}
+
+/// `date` of `calendar` (and `time_of_day` into it) moved by `step`: its
+/// months by the date's fields (the day kept, or the calendar's last of
+/// the month where that is shorter), then its days and nanoseconds along
+/// the calendar's days; nanoseconds on the calendar's own scale of days
+/// (see [`date_nanos`]). `None` when the calendar lacks the date or the
+/// step overflows.
+pub(crate) fn shifted_date(
+    calendar: Calendar,
+    date: Date,
+    time_of_day: i64,
+    (months, days, nanos): Step,
+) -> Option<i64> {
     calendar.day_number(date)?;
     let month = (date.year.checked_mul(12)?)
         .checked_add(i64::from(date.month) - 1)?
@@ -319,7 +375,17 @@ fn shifted(calendar: Calendar, timestamp: i64, months: i32, days: i32, nanos: i6
     };
     let start = date_nanos(calendar, date, time_of_day)?;
     let step = i64::from(days).checked_mul(crate::model_calendar::DAY)?;
-    calendar_timestamp(calendar, start.checked_add(step)?.checked_add(nanos)?)
+    start.checked_add(step)?.checked_add(nanos)
+}
+
+/// The timestamp of `timestamp`'s date of `calendar` moved by `months`,
+/// then `days` and `nanos` (see [`shifted_date`]): `None` when the
+/// timestamp is no date of the calendar, the result has no timestamp (the
+/// 30th of February of `360_day`) or the step overflows.
+fn shifted(calendar: Calendar, timestamp: i64, months: i32, days: i32, nanos: i64) -> Option<i64> {
+    let (date, time_of_day) = date_of(timestamp);
+    let moved = shifted_date(calendar, date, time_of_day, (months, days, nanos))?;
+    calendar_timestamp(calendar, moved)
 }
 
 impl ScalarUDFImpl for CalendarShiftFunc {
@@ -336,11 +402,7 @@ impl ScalarUDFImpl for CalendarShiftFunc {
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        let step = match arg_types.get(1) {
-            Some(DataType::Interval(_)) => DataType::Interval(IntervalUnit::MonthDayNano),
-            Some(DataType::Duration(_)) => DataType::Duration(TimeUnit::Nanosecond),
-            _ => DataType::Null,
-        };
+        let step = step_type(arg_types.get(1)).unwrap_or(DataType::Null);
         match arg_types {
             [DataType::Timestamp(_, None), _, name] if step != DataType::Null => {
                 Ok(vec![NANOSECONDS, step, name.clone()])
@@ -375,37 +437,12 @@ impl ScalarUDFImpl for CalendarShiftFunc {
         };
         let rows = args.number_rows;
         let time = times(time, rows)?;
-        // Each row's step as months, days and nanoseconds.
-        let step = step.to_array(rows)?;
-        let steps: Vec<Option<(i32, i32, i64)>> = match step.data_type() {
-            DataType::Interval(IntervalUnit::MonthDayNano) => step
-                .as_primitive::<IntervalMonthDayNanoType>()
-                .iter()
-                .map(|s| s.map(|s| (s.months, s.days, s.nanoseconds)))
-                .collect(),
-            DataType::Duration(TimeUnit::Nanosecond) => step
-                .as_primitive::<DurationNanosecondType>()
-                .iter()
-                .map(|s| s.map(|s| (0, 0, s)))
-                .collect(),
-            other => return exec_err!("{}: a step of type {other}", self.name()),
-        };
-        let sign = |(months, days, nanos): (i32, i32, i64)| {
-            if self.subtract {
-                Some((
-                    months.checked_neg()?,
-                    days.checked_neg()?,
-                    nanos.checked_neg()?,
-                ))
-            } else {
-                Some((months, days, nanos))
-            }
-        };
+        let steps = steps(self.name(), step, rows)?;
         let stepped = time
             .iter()
             .zip(steps)
             .map(|pair| match pair {
-                (Some(t), Some(step)) => sign(step)
+                (Some(t), Some(step)) => signed(step, self.subtract)
                     .and_then(|(months, days, nanos)| shifted(calendar, t, months, days, nanos))
                     .map(Some)
                     .ok_or_else(|| {

@@ -1,4 +1,5 @@
-//! `date_part` and `date_trunc` over times kept as CF numbers.
+//! `date_part`, `date_trunc`, `date_bin`, `+` and `-` over times kept as
+//! CF numbers.
 //!
 //! A coordinate of a model calendar holding dates that have no timestamp
 //! (the 29th and 30th of February of a daily `360_day` calendar) keeps its
@@ -9,11 +10,15 @@
 //! still there, as cftime decodes them: these functions read the parts of
 //! each number's date (`extract(month FROM time)`, `doy`, `dow`, ...) and
 //! truncate dates to the start of their year, quarter, month, week, day,
-//! hour, minute or second, and bin them by strides of days and hours
-//! counted in the calendar's days (`date_bin`), as numbers of the same
-//! units.
+//! hour, minute or second, bin them by strides of days and hours
+//! counted in the calendar's days or of months (`date_bin`), and step them
+//! by intervals (`time + INTERVAL '1 day'`), as numbers of the same units;
+//! the difference of two (`time - lag(time) OVER (...)`) is a duration of
+//! the calendar's time.
 //! [`crate::calendar_rewrite::CalendarFunctionsRewrite`] puts them in
-//! place of `date_part` and `date_trunc` over such a column, so that
+//! place of `date_part`, `date_trunc`, `date_bin`, `+` and `-` over such a
+//! column (and gives a window's `RANGE` frame over it its distances in
+//! the numbers' units), so that
 //! climatologies and monthly means of a daily `360_day` store are written
 //! as for any other:
 //!
@@ -26,7 +31,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, Float64Array};
+use datafusion::arrow::array::{ArrayRef, AsArray, DurationNanosecondArray, Float64Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type, TimeUnit};
 use datafusion::common::{exec_err, plan_err, Result, ScalarValue};
@@ -35,6 +40,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::calendar::{Calendar, Date};
+use crate::calendar_arithmetic::{shifted_date, signed, step_type, steps};
 use crate::cf_time::CfTime;
 use crate::date_bin::{nanos_of, stride_nanos};
 use crate::model_calendar::{date_nanos, date_of, kept_numbers_metadata, nanos_date};
@@ -84,12 +90,14 @@ fn counts(value: &ColumnarValue, rows: usize) -> Result<Float64Array> {
         .clone())
 }
 
-/// The result as a scalar when the numbers were one.
-fn result(numbers: &ColumnarValue, values: ArrayRef) -> Result<ColumnarValue> {
-    Ok(match numbers {
-        ColumnarValue::Scalar(_) => ColumnarValue::Scalar(ScalarValue::try_from_array(&values, 0)?),
-        ColumnarValue::Array(_) => ColumnarValue::Array(values),
-    })
+/// The result as a scalar when every input it was computed from was one.
+fn result(inputs: &[ColumnarValue], values: ArrayRef) -> Result<ColumnarValue> {
+    Ok(
+        match inputs.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
+            true => ColumnarValue::Scalar(ScalarValue::try_from_array(&values, 0)?),
+            false => ColumnarValue::Array(values),
+        },
+    )
 }
 
 /// The signature both functions share: a part or unit, numbers, units and
@@ -252,17 +260,21 @@ impl ScalarUDFImpl for CfDateFunc {
             })
             .collect::<Result<Float64Array>>()?;
         // Parts are small whole numbers.
-        result(numbers, cast(&values, &self.data_type())?)
+        result(
+            std::slice::from_ref(numbers),
+            cast(&values, &self.data_type())?,
+        )
     }
 }
 
 /// `cf_date_bin(stride, numbers, origin, units, calendar)`: the dates CF
-/// numbers encode binned by a stride of days and hours counted in the
-/// calendar's days from `origin` (a timestamp with the fields of a date of
-/// the calendar), each bin's start as a number of the same units: what
-/// `date_bin` of a time column kept as numbers becomes (see the module
-/// docs). Strides of months are refused (`date_trunc('month', time)` bins
-/// by months).
+/// numbers encode binned by a stride counted from `origin` (a timestamp
+/// with the fields of a date of the calendar), each bin's start as a
+/// number of the same units: what `date_bin` of a time column kept as
+/// numbers becomes (see the module docs). A stride of days and hours
+/// counts the calendar's days; one of months counts the dates' months, as
+/// DataFusion's `date_bin` does (the bins start on the origin's day of the
+/// month, or the calendar's last day of a shorter month).
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct CfDateBinFunc {
     signature: Signature,
@@ -282,18 +294,38 @@ impl CfDateBinFunc {
         }
     }
 
-    /// The stride's nanoseconds: an error for one of months, none or less.
-    fn stride(&self, stride: Option<&ScalarValue>) -> Result<i64> {
-        match stride.and_then(stride_nanos) {
-            Some(nanos) if nanos > 0 => Ok(nanos),
+    /// The stride: nanoseconds (days, hours, ...) or months, never both;
+    /// an error for none, one of no length, or one mixing months with days.
+    fn stride(&self, stride: Option<&ScalarValue>) -> Result<Stride> {
+        let months = match stride {
+            Some(ScalarValue::IntervalYearMonth(Some(months))) => Some(i64::from(*months)),
+            Some(ScalarValue::IntervalMonthDayNano(Some(v)))
+                if v.days == 0 && v.nanoseconds == 0 =>
+            {
+                Some(i64::from(v.months))
+            }
+            _ => None,
+        };
+        match (stride.and_then(stride_nanos), months) {
+            (Some(nanos), _) if nanos > 0 => Ok(Stride::Nanos(nanos)),
+            (_, Some(months)) if months > 0 => Ok(Stride::Months(months)),
             _ => plan_err!(
-                "{}: the stride must be a positive interval of days, hours or less ({}); \
-                 date_trunc('month', time) bins dates kept as numbers by months",
+                "{}: the stride must be a positive interval of months, or of days, hours or \
+                 less, not both ({})",
                 self.name(),
                 stride.map_or("none".to_string(), |s| s.to_string())
             ),
         }
     }
+}
+
+/// A `date_bin` stride over dates kept as numbers.
+#[derive(Debug, Clone, Copy)]
+enum Stride {
+    /// Nanoseconds of the calendar's days.
+    Nanos(i64),
+    /// Months of its dates.
+    Months(i64),
 }
 
 impl ScalarUDFImpl for CfDateBinFunc {
@@ -369,23 +401,23 @@ impl ScalarUDFImpl for CfDateBinFunc {
         // A NULL origin bins nothing, as DataFusion's date_bin.
         let Some(origin) = origin else {
             let nulls = Float64Array::new_null(args.number_rows);
-            return result(numbers, Arc::new(nulls));
+            return result(std::slice::from_ref(numbers), Arc::new(nulls));
         };
         let (date, nanos) = date_of(origin);
-        let Some(origin) = date_nanos(calendar, date, nanos) else {
+        if date_nanos(calendar, date, nanos).is_none() {
             return exec_err!(
                 "{}: the origin {date} is no date of the {} calendar",
                 self.name(),
                 calendar.name()
             );
-        };
+        }
         let values = counts(numbers, args.number_rows)?
             .iter()
             .map(|value| {
                 let Some(value) = value.filter(|v| !v.is_nan()) else {
                     return Ok(None);
                 };
-                match bin_start(&time, origin, stride, value) {
+                match bin_start(&time, (date, nanos), stride, value) {
                     Some(start) => Ok(Some(start)),
                     None => exec_err!(
                         "{}: {value} {} has no bin of the {} calendar from the origin",
@@ -396,22 +428,284 @@ impl ScalarUDFImpl for CfDateBinFunc {
                 }
             })
             .collect::<Result<Float64Array>>()?;
-        result(numbers, Arc::new(values))
+        result(std::slice::from_ref(numbers), Arc::new(values))
     }
 }
 
-/// The start of the bin of `stride` nanoseconds from `origin` (both on
-/// the calendar's own scale of days, see
-/// [`crate::model_calendar::date_nanos`]) holding the date `value`
+/// The start of the bin of `stride` from `origin` (a date of `time`'s
+/// calendar and the nanoseconds into it) holding the date `value`
 /// encodes, as a number of `time`'s units: `None` when there is no such
-/// date or the count overflows.
-fn bin_start(time: &CfTime, origin: i64, stride: i64, value: f64) -> Option<f64> {
+/// date or the count overflows. Bins of nanoseconds count the calendar's
+/// own days (see [`crate::model_calendar::date_nanos`]); bins of months
+/// count the months between the dates' fields, a bin starting after the
+/// date (the origin's day is later in the month) giving way to the one
+/// before, as DataFusion's `date_bin` by months.
+fn bin_start(
+    time: &CfTime,
+    (origin, into): (Date, i64),
+    stride: Stride,
+    value: f64,
+) -> Option<f64> {
     let calendar = time.calendar();
     let (date, nanos) = time.date_of(value)?;
-    let since = date_nanos(calendar, date, nanos)?.checked_sub(origin)?;
-    let start = origin.checked_add(since.div_euclid(stride).checked_mul(stride)?)?;
+    let at = date_nanos(calendar, date, nanos)?;
+    let start = match stride {
+        Stride::Nanos(stride) => {
+            let origin = date_nanos(calendar, origin, into)?;
+            let since = at.checked_sub(origin)?;
+            origin.checked_add(since.div_euclid(stride).checked_mul(stride)?)?
+        }
+        Stride::Months(stride) => {
+            let months = |d: Date| d.year.checked_mul(12)?.checked_add(i64::from(d.month));
+            let since = months(date)?.checked_sub(months(origin)?)?;
+            let start = |k: i64| {
+                let step = (i32::try_from(k).ok()?, 0, 0);
+                shifted_date(calendar, origin, into, step)
+            };
+            let k = since.div_euclid(stride).checked_mul(stride)?;
+            match start(k)? {
+                first if first > at => start(k.checked_sub(stride)?)?,
+                first => first,
+            }
+        }
+    };
     let (date, nanos) = nanos_date(calendar, start);
     time.count_of(date, nanos)
+}
+
+/// `cf_date_add(numbers, step, units, calendar)` and
+/// `cf_date_subtract(...)`: the dates CF numbers encode plus or minus an
+/// interval or a duration, stepped as a model calendar's times are (see
+/// [`crate::calendar_arithmetic`]: months by the date's fields, then days
+/// along the calendar's days), as numbers of the same units: what `+` and
+/// `-` of a time column kept as numbers and a step become.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CfDateShiftFunc {
+    signature: Signature,
+    /// Whether the step is taken away (`cf_date_subtract`).
+    subtract: bool,
+}
+
+impl CfDateShiftFunc {
+    /// `cf_date_add`.
+    pub fn add() -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+            subtract: false,
+        }
+    }
+
+    /// `cf_date_subtract`.
+    pub fn subtract() -> Self {
+        Self {
+            subtract: true,
+            ..Self::add()
+        }
+    }
+}
+
+impl ScalarUDFImpl for CfDateShiftFunc {
+    fn name(&self) -> &str {
+        match self.subtract {
+            true => "cf_date_subtract",
+            false => "cf_date_add",
+        }
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        match (arg_types, step_type(arg_types.get(1))) {
+            ([numbers, _, units, calendar], Some(step))
+                if numbers.is_numeric() || *numbers == DataType::Null =>
+            {
+                Ok(vec![
+                    DataType::Float64,
+                    step,
+                    units.clone(),
+                    calendar.clone(),
+                ])
+            }
+            _ => plan_err!(
+                "{} takes CF-encoded numbers, an interval or a duration, their units and \
+                 calendar, not {arg_types:?}",
+                self.name()
+            ),
+        }
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        let scalar = |i: usize| args.scalar_arguments.get(i).copied().flatten();
+        let time = encoding(self.name(), scalar(2), scalar(3))?;
+        let units = literal(self.name(), "the units", scalar(2))?;
+        let nullable = args.arg_fields.iter().take(2).any(|f| f.is_nullable());
+        let field = Field::new(self.name(), DataType::Float64, nullable);
+        // Dates stepped are dates of the same units and calendar.
+        Ok(Arc::new(field.with_metadata(kept_numbers_metadata(
+            units,
+            time.calendar().name(),
+        ))))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let time = encoding(
+            self.name(),
+            argument(&args.args, 2),
+            argument(&args.args, 3),
+        )?;
+        let (Some(numbers), Some(step)) = (args.args.first(), args.args.get(1)) else {
+            return exec_err!("{} takes four arguments", self.name());
+        };
+        let rows = args.number_rows;
+        let calendar = time.calendar();
+        let stepped = counts(numbers, rows)?
+            .iter()
+            .zip(steps(self.name(), step, rows)?)
+            .map(|pair| {
+                let (Some(value), Some(step)) = pair else {
+                    return Ok(None);
+                };
+                if value.is_nan() {
+                    return Ok(None);
+                }
+                let moved = signed(step, self.subtract).and_then(|step| {
+                    let (date, nanos) = time.date_of(value)?;
+                    let moved = shifted_date(calendar, date, nanos, step)?;
+                    let (date, nanos) = nanos_date(calendar, moved);
+                    time.count_of(date, nanos)
+                });
+                match moved {
+                    Some(moved) => Ok(Some(moved)),
+                    None => exec_err!(
+                        "{}: {value} {} of the {} calendar {} {step:?} (months, days, \
+                         nanoseconds) is no date of it, or overflows",
+                        self.name(),
+                        time_units(args.args.get(2..).unwrap_or_default()),
+                        calendar.name(),
+                        if self.subtract { "minus" } else { "plus" }
+                    ),
+                }
+            })
+            .collect::<Result<Float64Array>>()?;
+        result(args.args.get(..2).unwrap_or_default(), Arc::new(stepped))
+    }
+}
+
+/// `cf_date_difference(a, b, units, calendar)`: `a - b` of two counts of
+/// the same CF units and calendar as a duration: the calendar's own time
+/// between the dates they encode (CF numbers count it), what `-` of two
+/// times kept as numbers (or of one and a date) becomes.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CfDateDifferenceFunc {
+    signature: Signature,
+}
+
+impl Default for CfDateDifferenceFunc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CfDateDifferenceFunc {
+    /// The function.
+    pub fn new() -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+}
+
+/// The nanoseconds from `b` to `a`, counts of `unit` nanoseconds: exact
+/// for whole counts, rounded to the nanosecond otherwise; `None` when it
+/// overflows.
+fn nanos_between(unit: i64, a: f64, b: f64) -> Option<i64> {
+    let whole = |v: f64| v.fract() == 0.0 && v.abs() < 2f64.powi(53);
+    if whole(a) && whole(b) {
+        return (a as i64).checked_sub(b as i64)?.checked_mul(unit);
+    }
+    let nanos = ((a - b) * unit as f64).round();
+    (nanos.is_finite() && nanos.abs() < 9.2e18).then_some(nanos as i64)
+}
+
+impl ScalarUDFImpl for CfDateDifferenceFunc {
+    fn name(&self) -> &str {
+        "cf_date_difference"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let number = |t: &DataType| t.is_numeric() || *t == DataType::Null;
+        match arg_types {
+            [a, b, units, calendar] if number(a) && number(b) => Ok(vec![
+                DataType::Float64,
+                DataType::Float64,
+                units.clone(),
+                calendar.clone(),
+            ]),
+            _ => plan_err!(
+                "{} takes two CF-encoded numbers, their units and calendar, not {arg_types:?}",
+                self.name()
+            ),
+        }
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Duration(TimeUnit::Nanosecond))
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        let scalar = |i: usize| args.scalar_arguments.get(i).copied().flatten();
+        encoding(self.name(), scalar(2), scalar(3))?;
+        let nullable = args.arg_fields.iter().take(2).any(|f| f.is_nullable());
+        Ok(Arc::new(Field::new(
+            self.name(),
+            DataType::Duration(TimeUnit::Nanosecond),
+            nullable,
+        )))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let time = encoding(
+            self.name(),
+            argument(&args.args, 2),
+            argument(&args.args, 3),
+        )?;
+        let (Some(a), Some(b)) = (args.args.first(), args.args.get(1)) else {
+            return exec_err!("{} takes four arguments", self.name());
+        };
+        let rows = args.number_rows;
+        let unit = time.unit().nanos();
+        let differences = counts(a, rows)?
+            .iter()
+            .zip(counts(b, rows)?.iter())
+            .map(|pair| match pair {
+                (Some(a), Some(b)) if !a.is_nan() && !b.is_nan() => {
+                    match nanos_between(unit, a, b) {
+                        Some(nanos) => Ok(Some(nanos)),
+                        None => exec_err!(
+                            "{}: {a} minus {b} {} overflows a duration in nanoseconds",
+                            self.name(),
+                            time_units(args.args.get(2..).unwrap_or_default())
+                        ),
+                    }
+                }
+                _ => Ok(None),
+            })
+            .collect::<Result<DurationNanosecondArray>>()?;
+        result(
+            args.args.get(..2).unwrap_or_default(),
+            Arc::new(differences),
+        )
+    }
 }
 
 /// The units argument (the first of `args`), for errors.
@@ -535,30 +829,91 @@ mod tests {
         );
         // Bins of 7 days from the 3rd of January (day 2): each starts on a
         // day 2 + 7k at most 6 days back, and bins of 6 hours hold their hour.
-        let origin = date_nanos(
-            Calendar::Day360,
+        let origin = (
             Date {
                 year: 2000,
                 month: 1,
                 day: 3,
             },
             0,
-        )
-        .unwrap();
+        );
+        let (week, six_hours) = (Stride::Nanos(7 * DAY), Stride::Nanos(6 * HOUR));
         for n in 0..720i64 {
             let value = (n * 24 + 13) as f64;
-            let week = bin_start(&time, origin, 7 * DAY, value).unwrap();
-            let day = week / 24.0;
+            let start = bin_start(&time, origin, week, value).unwrap();
+            let day = start / 24.0;
             assert_eq!(day.fract(), 0.0);
             assert_eq!((day as i64 - 2).rem_euclid(7), 0, "day {n}");
             assert!((0..7).contains(&(n - day as i64)), "day {n}");
-            let quarter = bin_start(&time, origin, 6 * HOUR, value).unwrap();
+            let quarter = bin_start(&time, origin, six_hours, value).unwrap();
             assert_eq!(quarter, (n * 24 + 12) as f64);
         }
         // Before the origin too, and no bin past the end of the scale.
-        assert_eq!(bin_start(&time, origin, 7 * DAY, 0.0), Some(-5.0 * 24.0));
-        assert_eq!(bin_start(&time, origin, 7 * DAY, 1e300), None);
+        assert_eq!(bin_start(&time, origin, week, 0.0), Some(-5.0 * 24.0));
+        assert_eq!(bin_start(&time, origin, week, 1e300), None);
         assert_eq!(time.date_of(f64::NAN), None);
         assert_eq!(time.date_of(1e300), None);
+    }
+
+    /// Bins of months start on the origin's day of the month (the
+    /// calendar's last day of a shorter month): each date's bin is the
+    /// latest of the origin's month steps (a multiple of the stride) that
+    /// does not start after it, found by walking every step.
+    #[test]
+    fn bins_of_months_start_on_the_origin_s_day() {
+        for (units, calendar) in [
+            ("hours since 2000-01-01", "360_day"),
+            ("days since 1999-06-01 06:00", "noleap"),
+            ("hours since 2000-01-01", "all_leap"),
+        ] {
+            let time = CfTime::parse(units, Some(calendar)).unwrap().unwrap();
+            let cal = time.calendar();
+            let per_day = 86_400e9 / time.unit().nanos() as f64;
+            for origin in [
+                (
+                    Date {
+                        year: 1999,
+                        month: 12,
+                        day: 1,
+                    },
+                    0,
+                ),
+                (
+                    Date {
+                        year: 2000,
+                        month: 1,
+                        day: 30,
+                    },
+                    12 * HOUR,
+                ),
+            ] {
+                let at = |(date, nanos): (Date, i64)| date_nanos(cal, date, nanos).unwrap();
+                for months in [1i64, 3, 5] {
+                    let starts: Vec<i64> = (-40..40)
+                        .map(|k| {
+                            shifted_date(cal, origin.0, origin.1, ((k * months) as i32, 0, 0))
+                                .unwrap()
+                        })
+                        .collect();
+                    for n in 0..800 {
+                        let value = (n as f64 + 0.25) * per_day;
+                        let (date, nanos) = time.date_of(value).unwrap();
+                        let want = starts
+                            .iter()
+                            .filter(|&&s| s <= at((date, nanos)))
+                            .max()
+                            .unwrap();
+                        let got = bin_start(&time, origin, Stride::Months(months), value).unwrap();
+                        let (d, n2) = time.date_of(got).unwrap();
+                        assert_eq!(
+                            at((d, n2)),
+                            *want,
+                            "{calendar} {date} by {months} from {:?}",
+                            origin.0
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -15,6 +15,7 @@
 //! | `date_trunc(unit, time)` | DataFusion's, with the week of a model calendar's dates starting on its own Mondays |
 //! | `calendar_difference(a, b, calendar)` | `a - b` in a model calendar's days (what `-` of its times becomes) |
 //! | `cf_date_part(part, numbers, units, calendar)`, `cf_date_trunc(unit, ...)`, `cf_date_bin(stride, numbers, origin, units, calendar)` | parts, periods and bins of the dates of a time column kept as CF numbers (a daily `360_day` calendar's; what `extract`, `date_trunc` and `date_bin` of it become) |
+//! | `cf_date_add(numbers, step, units, calendar)`, `cf_date_subtract`, `cf_date_difference(a, b, units, calendar)` | steps and differences of the dates of a time column kept as CF numbers (what `+` and `-` of it become) |
 //! | `calendar_add(time, step, calendar)`, `calendar_subtract` | a time plus or minus an interval over a model calendar's days (what `+` and `-` become) |
 //! | `calendar_scale(time, calendar)` | a time of a model calendar on its own scale of days (what a `RANGE` frame's `ORDER BY` over its times becomes) |
 
@@ -39,7 +40,7 @@ pub mod model_calendar;
 
 pub use calendar_arithmetic::{CalendarDifferenceFunc, CalendarScaleFunc, CalendarShiftFunc};
 pub use calendar_rewrite::{CalendarExtractPlanner, CalendarFunctionsRewrite};
-pub use cf_numbers::{CfDateBinFunc, CfDateFunc};
+pub use cf_numbers::{CfDateBinFunc, CfDateDifferenceFunc, CfDateFunc, CfDateShiftFunc};
 pub use cf_time_udf::CfTimeFunc;
 pub use date_bin::DateBinFunc;
 pub use date_part::DatePartFunc;
@@ -63,5 +64,8 @@ pub fn all_scalar_functions() -> Vec<Arc<ScalarUDF>> {
         Arc::new(ScalarUDF::from(CfDateFunc::part())),
         Arc::new(ScalarUDF::from(CfDateFunc::trunc())),
         Arc::new(ScalarUDF::from(CfDateBinFunc::new())),
+        Arc::new(ScalarUDF::from(CfDateShiftFunc::add())),
+        Arc::new(ScalarUDF::from(CfDateShiftFunc::subtract())),
+        Arc::new(ScalarUDF::from(CfDateDifferenceFunc::new())),
     ]
 }
