@@ -131,11 +131,12 @@ fn build_context(
         Some(workers) => distribute(builder, workers),
         None => builder,
     };
-    // `extract(month FROM time)` over a time column kept as numbers (a
-    // daily 360_day calendar's) reads its dates: planned as the model
-    // calendars' date_part, ahead of DataFusion's planner.
+    // `extract(month FROM time)` and `time - '2000-02-28'` over a time
+    // column kept as numbers (a daily 360_day calendar's) read its dates:
+    // planned as the model calendars' functions, ahead of DataFusion's
+    // planner.
     if let Some(planners) = builder.expr_planners() {
-        planners.insert(0, Arc::new(zarrfusion_udfs::CalendarExtractPlanner));
+        planners.insert(0, Arc::new(zarrfusion_udfs::CalendarExprPlanner));
     }
     let mut state = builder.build();
     let catalogs = Arc::clone(state.catalog_list());

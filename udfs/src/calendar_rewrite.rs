@@ -13,10 +13,11 @@ use datafusion::common::tree_node::Transformed;
 use datafusion::common::{plan_err, DFSchema, Result, ScalarValue};
 use datafusion::logical_expr::expr::{ScalarFunction, WindowFunction};
 use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
-use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult};
+use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult, RawBinaryExpr};
 use datafusion::logical_expr::{
     lit, BinaryExpr, Expr, ExprSchemable, Operator, ScalarUDF, WindowFrameBound, WindowFrameUnits,
 };
+use datafusion::sql::sqlparser::ast::BinaryOperator;
 
 use crate::calendar::Calendar;
 use crate::calendar_arithmetic::{CalendarDifferenceFunc, CalendarScaleFunc, CalendarShiftFunc};
@@ -118,16 +119,44 @@ fn over_kept_numbers(call: &ScalarFunction, schema: &DFSchema) -> Option<Expr> {
     )))
 }
 
-/// Plans SQL's `extract(part FROM time)` as [`DatePartFunc`] from the
-/// start, before the types are checked: DataFusion's planner calls its own
-/// `date_part`, which takes no numbers, so a time column kept as numbers
-/// (see [`crate::cf_numbers`]) would be refused before
-/// [`CalendarFunctionsRewrite`] could read its dates. A session puts it
-/// ahead of DataFusion's planners.
+/// Plans what over a time column kept as numbers (see
+/// [`crate::cf_numbers`]) DataFusion's SQL planner would refuse before
+/// [`CalendarFunctionsRewrite`] could read its dates: SQL's `extract(part
+/// FROM time)` as [`DatePartFunc`] (DataFusion's planner calls its own
+/// `date_part`, which takes no numbers), and `time - '2000-02-28'` (a date
+/// written as text, whose type the planner cannot subtract from numbers)
+/// as the difference of their dates, as the rewrite plans `-` and `+` of
+/// such a column. A session puts it ahead of DataFusion's planners.
 #[derive(Debug, Default)]
-pub struct CalendarExtractPlanner;
+pub struct CalendarExprPlanner;
 
-impl ExprPlanner for CalendarExtractPlanner {
+impl ExprPlanner for CalendarExprPlanner {
+    fn plan_binary_op(
+        &self,
+        expr: RawBinaryExpr,
+        schema: &DFSchema,
+    ) -> Result<PlannerResult<RawBinaryExpr>> {
+        let op = match expr.op {
+            BinaryOperator::Minus => Operator::Minus,
+            BinaryOperator::Plus => Operator::Plus,
+            _ => return Ok(PlannerResult::Original(expr)),
+        };
+        let RawBinaryExpr {
+            op: written,
+            left,
+            right,
+        } = expr;
+        let binary = BinaryExpr::new(Box::new(left), op, Box::new(right));
+        Ok(match kept_arithmetic(&binary, schema)? {
+            Some(planned) => PlannerResult::Planned(planned),
+            None => PlannerResult::Original(RawBinaryExpr {
+                op: written,
+                left: *binary.left,
+                right: *binary.right,
+            }),
+        })
+    }
+
     fn plan_extract(&self, args: Vec<Expr>) -> Result<PlannerResult<Vec<Expr>>> {
         Ok(PlannerResult::Planned(Expr::ScalarFunction(
             ScalarFunction::new_udf(Arc::new(ScalarUDF::from(DatePartFunc::new())), args),

@@ -39,7 +39,7 @@ pub mod date_trunc;
 pub mod model_calendar;
 
 pub use calendar_arithmetic::{CalendarDifferenceFunc, CalendarScaleFunc, CalendarShiftFunc};
-pub use calendar_rewrite::{CalendarExtractPlanner, CalendarFunctionsRewrite};
+pub use calendar_rewrite::{CalendarExprPlanner, CalendarFunctionsRewrite};
 pub use cf_numbers::{CfDateBinFunc, CfDateDifferenceFunc, CfDateFunc, CfDateShiftFunc};
 pub use cf_time_udf::CfTimeFunc;
 pub use date_bin::DateBinFunc;
