@@ -297,7 +297,7 @@ def _months_from(origin, months, t):
     the latest of origin + k * months months (the day kept, or the month's
     last day of the calendar) not after t, found by walking k."""
     starts = []
-    for k in range(-40, 40):
+    for k in range(-400, 400):
         total = origin.year * 12 + origin.month - 1 + k * months
         year, month = divmod(total, 12)
         first = cftime.datetime(year, month + 1, 1, calendar=t.calendar)
@@ -363,3 +363,29 @@ def test_dates_kept_as_numbers_bin_by_months_and_step_as_cftime_does(fixtures, d
     assert got["step"] == [None] + [b - a for a, b in zip(times, times[1:])]
     assert got["since"] == [t - day(2000, 2, 28) for t in times]
     assert got["next_day"] == [(t + timedelta(days=1)).day for t in times]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_bins_of_months_start_on_the_calendars_days(ctx, fixtures, store):
+    # date_bin by months over a model calendar's times starts its bins on
+    # the origin's day of the calendar's months, or its last day of a
+    # shorter one (a noleap February ends on the 28th, an all_leap one on
+    # the 29th), as a walk over cftime month steps finds them. A 360_day
+    # store's times are timestamps only while none is a 29th or 30th of
+    # February: bins from the 30th start there, an error naming the date.
+    src = xr.open_zarr(fixtures / store, chunks=None)
+    times = list(src.time.values)
+    ctx.register_zarr("t", fixtures / store)
+    day = 16 if store == "cal_360_day.zarr" else 30
+    origin = cftime.datetime(2000, 1, day, 6, calendar=times[0].calendar)
+    for months in [1, 2]:
+        got = ctx.sql(
+            f"SELECT DISTINCT time, date_bin(INTERVAL '{months} months', time, "
+            f"TIMESTAMP '2000-01-{day} 06:00:00') AS m FROM t ORDER BY time"
+        ).to_arrow_table().to_pydict()
+        assert [_fields(t) for t in got["time"]] == [_fields(t) for t in times]
+        want = [_fields(_months_from(origin, months, t)) for t in times]
+        assert [_fields(m) for m in got["m"]] == want, (store, months)
+    if store == "cal_360_day.zarr":
+        with pytest.raises(zf.ZarrFusionError, match="has no bin of 1 months from 2000-01-30 with a timestamp"):
+            ctx.sql("SELECT date_bin(INTERVAL '1 month', time, TIMESTAMP '2000-01-30') FROM t").collect()

@@ -42,7 +42,7 @@ use datafusion::logical_expr::{
 use crate::calendar::{Calendar, Date};
 use crate::calendar_arithmetic::{shifted_date, signed, step_type, steps};
 use crate::cf_time::CfTime;
-use crate::date_bin::{nanos_of, stride_nanos};
+use crate::date_bin::{month_bin_start, nanos_of, stride_months, stride_nanos};
 use crate::model_calendar::{date_nanos, date_of, kept_numbers_metadata, nanos_date};
 
 /// Nanoseconds in an hour, a minute and a second.
@@ -297,15 +297,7 @@ impl CfDateBinFunc {
     /// The stride: nanoseconds (days, hours, ...) or months, never both;
     /// an error for none, one of no length, or one mixing months with days.
     fn stride(&self, stride: Option<&ScalarValue>) -> Result<Stride> {
-        let months = match stride {
-            Some(ScalarValue::IntervalYearMonth(Some(months))) => Some(i64::from(*months)),
-            Some(ScalarValue::IntervalMonthDayNano(Some(v)))
-                if v.days == 0 && v.nanoseconds == 0 =>
-            {
-                Some(i64::from(v.months))
-            }
-            _ => None,
-        };
+        let months = stride.and_then(stride_months);
         match (stride.and_then(stride_nanos), months) {
             (Some(nanos), _) if nanos > 0 => Ok(Stride::Nanos(nanos)),
             (_, Some(months)) if months > 0 => Ok(Stride::Months(months)),
@@ -455,19 +447,7 @@ fn bin_start(
             let since = at.checked_sub(origin)?;
             origin.checked_add(since.div_euclid(stride).checked_mul(stride)?)?
         }
-        Stride::Months(stride) => {
-            let months = |d: Date| d.year.checked_mul(12)?.checked_add(i64::from(d.month));
-            let since = months(date)?.checked_sub(months(origin)?)?;
-            let start = |k: i64| {
-                let step = (i32::try_from(k).ok()?, 0, 0);
-                shifted_date(calendar, origin, into, step)
-            };
-            let k = since.div_euclid(stride).checked_mul(stride)?;
-            match start(k)? {
-                first if first > at => start(k.checked_sub(stride)?)?,
-                first => first,
-            }
-        }
+        Stride::Months(stride) => month_bin_start(calendar, (origin, into), stride, (date, nanos))?,
     };
     let (date, nanos) = nanos_date(calendar, start);
     time.count_of(date, nanos)

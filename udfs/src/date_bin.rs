@@ -7,7 +7,10 @@
 //! 28th of February and the 1st of March one day apart. The origin is a
 //! date of the calendar too (the 1st of January 1970 when not given), and
 //! so are the bins: the result names the calendar as its input does.
-//! Strides of months, other columns and other types are DataFusion's
+//! Strides of months count the dates' months, as DataFusion's do, the
+//! bins starting on the origin's day of the calendar's months (or its
+//! last day of a shorter one: a `noleap` February has no 29th, every
+//! `360_day` month a 30th). Other columns and types are DataFusion's
 //! `date_bin`. Over a time column kept as numbers (a daily `360_day`
 //! calendar's, see [`crate::cf_numbers`]) it is `cf_date_bin`, which bins
 //! the dates those numbers encode the same way.
@@ -32,9 +35,11 @@ use datafusion::logical_expr::{
     Signature, TypeSignatureClass,
 };
 
+use crate::calendar::{Calendar, Date};
+use crate::calendar_arithmetic::shifted_date;
 use crate::model_calendar::{
-    also_taking, calendar_nanos, calendar_of, calendar_timestamp, date_of, delegated_methods,
-    kept_numbers_field, mapped, refuse_numbers, with_calendar, DAY,
+    also_taking, calendar_nanos, calendar_of, calendar_timestamp, date_nanos, date_of,
+    delegated_methods, kept_numbers_field, mapped, refuse_numbers, with_calendar, DAY,
 };
 
 /// `date_bin` over the dates of model calendars (see the module docs).
@@ -90,6 +95,43 @@ pub(crate) fn stride_nanos(stride: &ScalarValue) -> Option<i64> {
     }
 }
 
+/// The months of a stride of months only: `None` for one with days or
+/// less, NULL, or another type.
+pub(crate) fn stride_months(stride: &ScalarValue) -> Option<i64> {
+    match stride {
+        ScalarValue::IntervalYearMonth(Some(months)) => Some(i64::from(*months)),
+        ScalarValue::IntervalMonthDayNano(Some(v)) if v.days == 0 && v.nanoseconds == 0 => {
+            Some(i64::from(v.months))
+        }
+        _ => None,
+    }
+}
+
+/// The start of the bin of `stride` months from `origin` (a date of
+/// `calendar` and the nanoseconds into it) holding `date` (and `nanos`
+/// into it), on the calendar's own scale of days (see
+/// [`crate::model_calendar::date_nanos`]): the months between the dates'
+/// fields in whole strides, the bins starting on the origin's day of the
+/// month (or the calendar's last day of a shorter month), one starting
+/// after the date giving way to the one before, as DataFusion's `date_bin`
+/// by months. `None` when the calendar lacks a date or a count overflows.
+pub(crate) fn month_bin_start(
+    calendar: Calendar,
+    (origin, into): (Date, i64),
+    stride: i64,
+    (date, nanos): (Date, i64),
+) -> Option<i64> {
+    let at = date_nanos(calendar, date, nanos)?;
+    let months = |d: Date| d.year.checked_mul(12)?.checked_add(i64::from(d.month));
+    let since = months(date)?.checked_sub(months(origin)?)?;
+    let start = |k: i64| shifted_date(calendar, origin, into, (i32::try_from(k).ok()?, 0, 0));
+    let k = since.div_euclid(stride).checked_mul(stride)?;
+    match start(k)? {
+        first if first > at => start(k.checked_sub(stride)?),
+        first => Some(first),
+    }
+}
+
 /// Whether `stride` is an interval without months (days, hours, ...).
 fn without_months(stride: &ColumnarValue) -> bool {
     matches!(stride, ColumnarValue::Scalar(stride) if stride_nanos(stride).is_some())
@@ -103,6 +145,49 @@ pub(crate) fn nanos_of(value: &ColumnarValue) -> Result<Option<i64>> {
     )?;
     let value = value.as_primitive::<TimestampNanosecondType>();
     Ok((value.len() == 1 && value.is_valid(0)).then(|| value.value(0)))
+}
+
+/// `date_bin` by `stride` months of `times`, dates of a model `calendar`,
+/// from `origin` (a timestamp with the fields of one of its dates): the
+/// bins start on the origin's day of the calendar's months
+/// ([`month_bin_start`]), where DataFusion's would start on Gregorian
+/// ones (a `noleap` 29th of February, a `360_day` 31st).
+fn by_months(
+    calendar: Calendar,
+    stride: i64,
+    origin: i64,
+    times: &ColumnarValue,
+    rows: usize,
+) -> Result<ColumnarValue> {
+    let name = calendar.name();
+    let origin = date_of(origin);
+    if date_nanos(calendar, origin.0, origin.1).is_none() {
+        return exec_err!(
+            "date_bin: the origin {} is no date of the {name} calendar",
+            origin.0
+        );
+    }
+    let nanosecond = DataType::Timestamp(TimeUnit::Nanosecond, None);
+    let values = cast(&times.to_array(rows)?, &nanosecond)?;
+    let binned = mapped(
+        values.as_primitive::<TimestampNanosecondType>(),
+        |t| {
+            let start = month_bin_start(calendar, origin, stride, date_of(t))?;
+            calendar_timestamp(calendar, start)
+        },
+        |t| {
+            format!(
+                "date_bin: {} of the {name} calendar has no bin of {stride} months from {} \
+                 with a timestamp, or is no date of it",
+                date_of(t).0,
+                origin.0
+            )
+        },
+    )?;
+    Ok(match times {
+        ColumnarValue::Scalar(_) => ColumnarValue::Scalar(ScalarValue::try_from_array(&binned, 0)?),
+        ColumnarValue::Array(_) => ColumnarValue::Array(Arc::new(binned)),
+    })
 }
 
 impl ScalarUDFImpl for DateBinFunc {
@@ -139,6 +224,17 @@ impl ScalarUDFImpl for DateBinFunc {
             Some(origin) => nanos_of(origin)?,
             None => Some(0),
         };
+        let months = match (args.arg_fields.get(1), args.args.first()) {
+            (Some(field), Some(ColumnarValue::Scalar(stride)))
+                if *field.data_type() == nanosecond =>
+            {
+                calendar_of(field).zip(stride_months(stride).filter(|&m| m > 0))
+            }
+            _ => None,
+        };
+        if let (Some((calendar, stride)), Some(origin)) = (months, origin) {
+            return by_months(calendar, stride, origin, &args.args[1], args.number_rows);
+        }
         let (Some(calendar), Some(origin)) = (calendar, origin) else {
             return self.inner.invoke_with_args(args);
         };
