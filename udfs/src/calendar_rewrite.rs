@@ -305,10 +305,7 @@ fn bound_interval(bound: &WindowFrameBound) -> Option<IntervalMonthDayNano> {
         return None;
     };
     let value = match value.data_type() {
-        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => value
-            .cast_to(&DataType::Interval(IntervalUnit::MonthDayNano))
-            .ok()?,
-        DataType::Interval(_) => value
+        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 | DataType::Interval(_) => value
             .cast_to(&DataType::Interval(IntervalUnit::MonthDayNano))
             .ok()?,
         _ => return None,

@@ -440,9 +440,9 @@ fn bin_start(
 ) -> Option<f64> {
     let calendar = time.calendar();
     let (date, nanos) = time.date_of(value)?;
-    let at = date_nanos(calendar, date, nanos)?;
     let start = match stride {
         Stride::Nanos(stride) => {
+            let at = date_nanos(calendar, date, nanos)?;
             let origin = date_nanos(calendar, origin, into)?;
             let since = at.checked_sub(origin)?;
             origin.checked_add(since.div_euclid(stride).checked_mul(stride)?)?
