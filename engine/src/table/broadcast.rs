@@ -32,7 +32,6 @@ use datafusion::arrow::array::{
     make_array, new_empty_array, Array, ArrayRef, BooleanArray, MutableArrayData, RecordBatch,
     UInt32Array,
 };
-use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::compute::{concat, take};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
@@ -438,7 +437,6 @@ impl Broadcast {
             .collect::<Result<Vec<ArrayRef>>>()?;
         let matched: BooleanArray = slot.iter().map(|&s| Some(s != u32::MAX)).collect();
         Ok(BroadcastValues {
-            all_matched: kept_rows == cells,
             values,
             matched,
             _reservation: reservation,
@@ -481,11 +479,12 @@ impl Broadcast {
     }
 
     /// Columns `parts` (indices among [`Self::fields`]) for the cells of
-    /// `extent` (one range per grid dimension), in C order. Where the
-    /// cells come in runs of consecutive cells of the dense array (a
-    /// longitude keyed as it is, a whole plane of one month) the runs are
-    /// copied whole; else each cell is taken by its index.
-    pub fn read(&self, parts: &[usize], extent: &[Range<u64>]) -> Result<Vec<ArrayRef>> {
+    /// `extent` (one range per grid dimension), in C order, as runs of
+    /// their dense arrays: nothing is copied until rows are asked for
+    /// ([`BroadcastRuns::rows`]), and rows within one run (a longitude
+    /// keyed as it is, a whole plane of one month) are a slice of the
+    /// dense array, never copied.
+    pub fn read(&self, parts: &[usize], extent: &[Range<u64>]) -> Result<Vec<BroadcastRuns>> {
         let Some(values) = self.current() else {
             return internal_err!(
                 "the broadcast of {} is read before it is computed",
@@ -493,30 +492,19 @@ impl Broadcast {
             );
         };
         let (starts, run) = self.runs(extent);
-        let cells = starts.len() * run;
-        let indices = (run < MIN_COPIED_RUN).then(|| UInt32Array::from(expand(&starts, run)));
-        let gathered = |column: &dyn Array| -> Result<ArrayRef> {
-            match &indices {
-                Some(indices) => Ok(take(column, indices, None)?),
-                None => {
-                    let data = column.to_data();
-                    let mut out = MutableArrayData::new(vec![&data], false, cells);
-                    for &start in &starts {
-                        out.try_extend(0, start as usize, start as usize + run)?;
-                    }
-                    Ok(make_array(out.freeze()))
-                }
-            }
-        };
+        let starts: Arc<[u32]> = starts.into();
         parts
             .iter()
-            .map(|&part| match values.values.get(part) {
-                Some(column) => gathered(column.as_ref()),
-                None if values.all_matched => {
-                    let all = BooleanBuffer::new_set(cells);
-                    Ok(Arc::new(BooleanArray::new(all, None)) as ArrayRef)
-                }
-                None => gathered(&values.matched),
+            .map(|&part| {
+                let dense = match values.values.get(part) {
+                    Some(column) => Arc::clone(column),
+                    None => Arc::new(values.matched.clone()) as ArrayRef,
+                };
+                Ok(BroadcastRuns {
+                    dense,
+                    starts: Arc::clone(&starts),
+                    run,
+                })
             })
             .collect()
     }
@@ -570,11 +558,71 @@ impl Broadcast {
     }
 }
 
+/// One broadcast column over the cells of a box, in C order: runs of
+/// `run` consecutive cells of its dense array, from each of `starts`.
+#[derive(Debug, Clone)]
+pub struct BroadcastRuns {
+    dense: ArrayRef,
+    starts: Arc<[u32]>,
+    run: usize,
+}
+
+impl BroadcastRuns {
+    /// Number of cells.
+    pub fn len(&self) -> usize {
+        self.starts.len() * self.run
+    }
+
+    /// Whether there is no cell.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Cells `start..start + len` as one array: a slice of the dense array
+    /// when they lie in one run; else the runs' pieces copied, or (runs
+    /// too short to copy one by one) each cell taken by its index.
+    pub fn rows(&self, start: usize, len: usize) -> Result<ArrayRef> {
+        if start + len > self.len() {
+            return internal_err!(
+                "rows {start}..{} of a broadcast column of {} cells",
+                start + len,
+                self.len()
+            );
+        }
+        if len == 0 {
+            return Ok(self.dense.slice(0, 0));
+        }
+        let (first, last) = (start / self.run, (start + len - 1) / self.run);
+        if first == last {
+            let at = self.starts[first] as usize + start % self.run;
+            return Ok(self.dense.slice(at, len));
+        }
+        if self.run < MIN_COPIED_RUN {
+            let indices: UInt32Array = (start..start + len)
+                .map(|i| self.starts[i / self.run] + (i % self.run) as u32)
+                .collect();
+            return Ok(take(self.dense.as_ref(), &indices, None)?);
+        }
+        let data = self.dense.to_data();
+        let mut out = MutableArrayData::new(vec![&data], false, len);
+        let mut at = start;
+        while at < start + len {
+            let (r, offset) = (at / self.run, at % self.run);
+            let piece = (self.run - offset).min(start + len - at);
+            let from = self.starts[r] as usize + offset;
+            out.try_extend(0, from, from + piece)?;
+            at += piece;
+        }
+        Ok(make_array(out.freeze()))
+    }
+}
+
 /// Runs shorter than this are gathered cell by cell (by index): copying
 /// them one by one would cost more.
 const MIN_COPIED_RUN: usize = 64;
 
 /// The cells of runs of `run` cells from each of `starts`.
+#[cfg(test)]
 fn expand(starts: &[u32], run: usize) -> Vec<u32> {
     let mut out = Vec::with_capacity(starts.len() * run);
     for &start in starts {
@@ -627,8 +675,6 @@ pub struct BroadcastValues {
     values: Vec<ArrayRef>,
     /// Whether each cell has a row.
     matched: BooleanArray,
-    /// Whether every cell has one.
-    all_matched: bool,
     /// The memory pool's share.
     _reservation: MemoryReservation,
 }
@@ -867,7 +913,7 @@ mod tests {
         // before the next starts.
         for _ in 0..3 {
             let held = b.hold(&input, &context, 3).await.unwrap();
-            assert!(held.all_matched);
+            assert_eq!(held.matched.true_count(), held.matched.len());
             drop(held);
         }
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -913,5 +959,48 @@ mod tests {
             .collect();
         assert_eq!(b.gather(&extent), expected);
         assert_eq!(b.cells(), 6);
+    }
+
+    #[test]
+    fn rows_of_runs_are_the_cells_they_cover() {
+        use datafusion::arrow::array::{AsArray, Float64Array};
+        use datafusion::arrow::datatypes::Float64Type;
+        // A dense array with NULLs (cells without a row), read as runs of
+        // three lengths: by index, copied, and one run (sliced).
+        let dense: Float64Array = (0..400)
+            .map(|i| (i % 7 != 3).then_some(f64::from(i) * 0.5))
+            .collect();
+        let dense: ArrayRef = Arc::new(dense);
+        for (starts, run) in [
+            (vec![5u32, 40, 40, 90, 2, 300], 3usize),
+            (vec![100, 0, 100, 250], 70),
+            (vec![17], 350),
+        ] {
+            let runs = BroadcastRuns {
+                dense: Arc::clone(&dense),
+                starts: starts.clone().into(),
+                run,
+            };
+            let cells = expand(&starts, run);
+            assert_eq!(runs.len(), cells.len());
+            for start in [0, 1, run - 1, run, cells.len() / 2, cells.len() - 1] {
+                for len in [0, 1, 2, run, run + 1, 2 * run + 5, cells.len()] {
+                    let len = len.min(cells.len() - start);
+                    let got = runs.rows(start, len).unwrap();
+                    let indices = UInt32Array::from(cells[start..start + len].to_vec());
+                    let want = take(dense.as_ref(), &indices, None).unwrap();
+                    assert_eq!(&got, &want, "runs of {run}, rows {start}+{len}");
+                }
+            }
+            assert!(runs.rows(cells.len(), 1).is_err());
+            // Rows within one run are the dense array's own values.
+            if starts.len() > 1 {
+                let got = runs.rows(run + 1, run - 2).unwrap();
+                let got = got.as_primitive::<Float64Type>().values().as_ptr();
+                let dense = dense.as_primitive::<Float64Type>().values();
+                let at = starts[1] as usize + 1;
+                assert_eq!(got, dense[at..].as_ptr(), "runs of {run}: copied");
+            }
+        }
     }
 }

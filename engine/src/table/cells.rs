@@ -2,7 +2,8 @@
 //!
 //! Variables are read and decoded once per box; dimension columns are
 //! generated from the coordinates for any run of rows, never stored per
-//! cell. Both the scan and the array operators build their record batches
+//! cell; a broadcast column's rows are sliced from its dense array (copied
+//! only where they cross from one of its runs to another). Both the scan and the array operators build their record batches
 //! through [`BoxCells`].
 
 use std::ops::Range;
@@ -12,6 +13,7 @@ use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions, UInt64
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 
+use super::broadcast::BroadcastRuns;
 use super::dataset::GridTable;
 use crate::error::ZarrFusionError;
 use crate::zarr::ChunkBufferPool;
@@ -22,7 +24,16 @@ pub struct BoxCells<'a> {
     columns: &'a [usize],
     extent: &'a [Range<u64>],
     shape: Vec<u64>,
-    variables: Vec<Option<ArrayRef>>,
+    variables: Vec<Option<Values>>,
+}
+
+/// A column read for a box.
+enum Values {
+    /// A variable, decoded.
+    Decoded(ArrayRef),
+    /// A broadcast column, sliced from its dense array when rows are asked
+    /// for.
+    Broadcast(BroadcastRuns),
 }
 
 impl<'a> BoxCells<'a> {
@@ -35,9 +46,12 @@ impl<'a> BoxCells<'a> {
         extent: &'a [Range<u64>],
         pool: &ChunkBufferPool,
     ) -> crate::error::Result<Self> {
-        let mut variables: Vec<Option<ArrayRef>> = columns
+        let mut variables: Vec<Option<Values>> = columns
             .iter()
-            .map(|&i| table.variable(i).map(|v| v.read(extent, pool)).transpose())
+            .map(|&i| {
+                let read = table.variable(i).map(|v| v.read(extent, pool));
+                read.transpose().map(|v| v.map(Values::Decoded))
+            })
             .collect::<crate::error::Result<_>>()?;
         // Each broadcast's columns at once (the cells' places are found once).
         for (k, broadcast) in table.broadcasts.iter().enumerate() {
@@ -53,8 +67,8 @@ impl<'a> BoxCells<'a> {
             let read = broadcast
                 .read(&parts, extent)
                 .map_err(|e| ZarrFusionError::store(&table.store, e.to_string()))?;
-            for (place, values) in places.into_iter().zip(read) {
-                variables[place] = Some(values);
+            for (place, runs) in places.into_iter().zip(read) {
+                variables[place] = Some(Values::Broadcast(runs));
             }
         }
         Ok(Self {
@@ -101,7 +115,8 @@ impl<'a> BoxCells<'a> {
         let columns = which
             .iter()
             .map(|&k| match &self.variables[k] {
-                Some(values) => Ok(values.slice(start as usize, len as usize)),
+                Some(Values::Decoded(values)) => Ok(values.slice(start as usize, len as usize)),
+                Some(Values::Broadcast(runs)) => runs.rows(start as usize, len as usize),
                 None => self.dimension_column(self.columns[k], start, len),
             })
             .collect::<Result<Vec<_>>>()?;

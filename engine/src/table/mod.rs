@@ -24,7 +24,7 @@ pub use blocks::{
     BlockTemporaries, TASKS_OF_STAGE,
 };
 pub use broadcast::{
-    Broadcast, BroadcastDim, BroadcastInputs, BroadcastValues, SmallSidePlanner,
+    Broadcast, BroadcastDim, BroadcastInputs, BroadcastRuns, BroadcastValues, SmallSidePlanner,
     MAX_BROADCAST_BYTES,
 };
 pub use calendar::{model_calendar, ticks_per_second, CalendarSeconds};

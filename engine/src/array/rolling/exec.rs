@@ -996,13 +996,22 @@ impl Rolling {
             meters.bytes_decoded.add(cells.decoded_bytes() as usize);
             let n = (piece.end - piece.start) as usize;
             positions_read.add(n);
-            let batch = cells.batch(&self.arg_schema, 0, cells.num_cells())?;
-            self.put_args(&batch, lines, (at, n, 0))?;
+            // In pieces, so a broadcast column's rows are slices of its
+            // dense array rather than one copy of the whole halo.
+            let total = cells.num_cells() as usize;
+            for start in (0..total).step_by(HALO_ROWS) {
+                let len = HALO_ROWS.min(total - start);
+                let batch = cells.batch(&self.arg_schema, start as u64, len as u64)?;
+                self.put_args(&batch, lines, (at, n, start))?;
+            }
             at += n;
         }
         Ok(())
     }
 }
+
+/// Rows of a halo's box put into the lines at a time.
+const HALO_ROWS: usize = 8192;
 
 /// One partition's (or one writer's) rolling of boxes in order: the rings
 /// of the column of blocks being read (see [`Ring`]), the chunk buffers,
