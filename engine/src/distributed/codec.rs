@@ -48,6 +48,10 @@
 //! one transform and its four-step plan and intermediates as a pass does;
 //! the worker opens them as a pass's (the passes ran before, as stages of
 //! their own) and refuses blocks that are not whole blocks of its output.
+//! A COPY of a transform of a rechunked copy of its variable (the copy's
+//! rounds ran on the workers before) sends the transform of the variable
+//! as stored and the copy's location, which the worker opens and checks
+//! as a transform's read of the copy.
 //!
 //! A [`RechunkTasksExec`] (a round of a `COPY`'s rechunk tasks) travels as
 //! the rechunk's plain data ([`RechunkTasks`]: source, chunk lengths, each
@@ -104,8 +108,8 @@ use crate::array::copy::rolling::RollChunks;
 use crate::array::fft::copy::{FftCopyTasks, FftCopyTasksExec};
 use crate::array::fft::exec::FftBlocks;
 use crate::array::fft::four_step::{FourStep, FourStepInput, FourStepPlan};
-use crate::array::fft::source::DetrendedSource;
 use crate::array::fft::source::StoredStage;
+use crate::array::fft::source::{DetrendedSource, RechunkedVariable};
 use crate::array::fft::staged::{ReceivedStage, StagedTransform};
 use crate::array::fft::{
     ArraySource, Detrend, DetrendFitExec, FftExec, FftOptions, FftTable, FittedExec,
@@ -581,6 +585,11 @@ struct TransformCopy {
     /// is then its one transform).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     four_step: Option<Box<FourStepAt>>,
+    /// For a transform reading a rechunked copy of its variable, made by
+    /// the workers' rounds before the tasks run: where the copy is (the
+    /// chain is then its one transform of the variable as stored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rechunked: Option<String>,
     block_shape: Vec<u64>,
     copy: FftCopyTasks,
     tasks: usize,
@@ -942,6 +951,18 @@ impl Chain {
         })
     }
 
+    /// The one transform of `table`, reading `copy`, a rechunked copy of
+    /// its variable: the transform of the variable as stored (the worker
+    /// reads the copy instead).
+    fn of_rechunked(table: &FftTable, copy: &RechunkedVariable) -> Result<Self> {
+        let source = &copy.source;
+        let name = table.source().variable();
+        let Some(variable) = source.variables.iter().position(|v| v.name() == name) else {
+            return internal_err!("the rechunked copy of {} lacks '{name}'", source.store);
+        };
+        Self::of_variable(source, variable, &[&table.transform().options])
+    }
+
     /// Variable `variable` of `grid` transformed by `options` in turn.
     fn of_variable(grid: &GridTable, variable: usize, options: &[&FftOptions]) -> Result<Self> {
         let transforms = (options.iter())
@@ -1008,12 +1029,7 @@ impl Transform {
     fn of(exec: &FftExec) -> Result<Self> {
         let table = exec.table();
         if let ArraySource::Rechunked(copy) = table.source() {
-            let source = &copy.source;
-            let name = table.source().variable();
-            let Some(variable) = source.variables.iter().position(|v| v.name() == name) else {
-                return internal_err!("the rechunked copy of {} lacks '{name}'", source.store);
-            };
-            let chain = Chain::of_variable(source, variable, &[&table.transform().options])?;
+            let chain = Chain::of_rechunked(table, copy)?;
             return Ok(Self::with(exec, chain, None, None, Some(copy.location())));
         }
         let (chain, staged, four_step) = match (LaterStageRead::of(exec)?, table.four_step()) {
@@ -1619,7 +1635,18 @@ impl ZarrCodec {
                 c.chain.transforms.len()
             );
         }
-        let mut table = self.transform_table(&c.chain, ctx)?;
+        let mut table = match (&c.rechunked, &c.four_step) {
+            (Some(_), Some(_)) => {
+                return plan_err!(
+                    "a COPY of a transform of {:?} sent as both a rechunked copy's and a \
+                     four-step output's",
+                    c.chain.variable
+                );
+            }
+            // Its copy's rounds ran on the workers before this stage.
+            (Some(location), None) => self.rechunked_copy(&c.chain, location, ctx)?,
+            (None, _) => self.transform_table(&c.chain, ctx)?,
+        };
         let store = table.source().store().to_string();
         check_counts(
             &format!("a COPY of the transform of {store}"),
@@ -2344,16 +2371,22 @@ impl PhysicalExtensionCodec for ZarrCodec {
         }
         if let Some(copy) = node.downcast_ref::<FftCopyTasksExec>() {
             let table = copy.table();
-            let (chain, four_step) = match table.four_step() {
-                Some(four_step) => (
+            let (chain, four_step, rechunked) = match (table.source(), table.four_step()) {
+                (ArraySource::Rechunked(copied), _) => {
+                    let chain = Chain::of_rechunked(table, copied)?;
+                    (chain, None, Some(copied.location()))
+                }
+                (_, Some(four_step)) => (
                     Chain::of_four_step(table)?,
                     Some(Box::new(FourStepAt::of(four_step))),
+                    None,
                 ),
-                None => (Chain::of(table)?, None),
+                (_, None) => (Chain::of(table)?, None, None),
             };
             let encoded = Node::TransformCopy(TransformCopy {
                 chain,
                 four_step,
+                rechunked,
                 block_shape: copy.blocks().block_shape().to_vec(),
                 copy: copy.sent().clone(),
                 tasks: copy.tasks(),

@@ -20,7 +20,9 @@
 //! transform) gets its blocks' tasks ([`FftCopyExec::on_cluster`]: a
 //! [`FftCopyTasksExec`](crate::array::fft::copy::FftCopyTasksExec) under
 //! the gathering of their counts), the workers writing whole chunks of the
-//! staged target.
+//! staged target; when the transform reads a rechunked copy of its
+//! variable, the copy's rounds run on the workers first and each task of
+//! the COPY after the last one's counts ([`fft_copy_after_its_copy`]).
 
 use std::sync::Arc;
 
@@ -30,6 +32,7 @@ use datafusion::common::{not_impl_err, Result};
 use crate::array::copy::selection::SelectionCopyExec;
 use crate::array::copy::whole::ArrayCopyExec;
 use crate::array::fft::FftCopyExec;
+use crate::array::rechunk::cluster::Round;
 use crate::array::rechunk::RechunkExec;
 use crate::distributed::barrier::{after_each_other, AfterExec};
 use crate::plan_methods::physical_bottom_up_rule;
@@ -44,6 +47,9 @@ physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
         return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));
     }
     if let Some(copy) = node.downcast_ref::<FftCopyExec>() {
+        if let Some(rounds) = copy.copy_rounds() {
+            return Ok(fft_copy_after_its_copy(copy, rounds?)?.map(|c| Arc::new(c) as _));
+        }
         return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));
     }
     if let Some(rechunk) = node.downcast_ref::<RechunkExec>() {
@@ -54,6 +60,20 @@ physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
     };
     Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _))
 });
+
+/// `copy`, a COPY of a transform reading a rechunked copy of its variable,
+/// with the copy's rounds (`rounds`) one after the other on the workers
+/// and its blocks' tasks there too, each once the last round's counts say
+/// every task of it ran (an [`AfterExec`] over them). `None` when the copy
+/// has no round (the COPY then runs in the session).
+fn fft_copy_after_its_copy(copy: &FftCopyExec, rounds: Vec<Round>) -> Result<Option<FftCopyExec>> {
+    let rounds = rounds.into_iter().map(|r| (r.leaf, r.tasks, r.what));
+    let Some((before, tasks, what)) = after_each_other(rounds) else {
+        return Ok(None);
+    };
+    let after = |leaf| Arc::new(AfterExec::new(before, leaf, tasks, what)) as _;
+    copy.reading_copy_on_workers(after).map(Some)
+}
 
 /// `rechunk` with its copy's rounds one after the other on the workers
 /// ([`after_each_other`]) and its read after the last one: each task of

@@ -2743,6 +2743,112 @@ async fn a_transform_of_a_rechunked_copy_runs_the_copy_and_the_transform_on_the_
     refused(&chain, "sent as a chain of 2 transforms");
 }
 
+/// A `COPY` of a transform whose blocks of whole lines do not fit in the
+/// store's chunks (the planes above): the variable is copied into chunks
+/// whole along x first. On a cluster the copy's rounds run on the
+/// workers, then the COPY's tasks there too, each once the last round's
+/// counts are in, writing whole chunks of the target the session staged.
+/// The store is the one the same COPY writes on one machine under the same
+/// limit, file for file; nothing is left in work_dir or beside the
+/// target. The tasks through the codec carry the copy's location and give
+/// the same plan; a worker refuses a copy that is not a rechunk's store,
+/// and a chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
+    use zarrfusion::array::fft::FftCopyExec;
+
+    let dir = scratch("cluster-fft-copy-rechunked");
+    let store = dir.join("planes.zarr");
+    write_planes(&store);
+    let (work, set_work) = own_work_dir(&dir);
+    let copy_to = |target: &std::path::Path| {
+        format!(
+            "COPY (SELECT * FROM fft('{}', 'v', dims => 'x')) TO '{}' STORED AS ZARR",
+            store.display(),
+            target.display()
+        )
+    };
+    // As above: a block of whole planes does not fit beside the kernel.
+    let kernel = rayon::current_num_threads() * 3 * 16384 * 16;
+    let limit = 2 * kernel + (12 << 20);
+    let alone = zarrfusion::new_context_with(session_config(), limited(limit));
+    alone.sql(&set_work).await.unwrap();
+    let one = dir.join("alone.zarr");
+    query_rows(&alone, "the COPY on one machine", &copy_to(&one)).await;
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    let workers = start_workers(2).await;
+    let ctx = distributed_context(session_config(), limited(limit), workers.urls.clone());
+    for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
+        ctx.sql(set).await.unwrap();
+    }
+    let on_cluster = dir.join("cluster.zarr");
+    let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in [
+        "FftCopyExec",
+        "tasks on the cluster's workers",
+        "AfterExec: after round 0 of the rechunk of",
+        "RechunkTasksExec",
+        "FftCopyTasksExec",
+        "Network",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    let rows = vec![vec![Value::from(2 * 1024 * 512)]];
+    assert_copy_count(&ctx, plan, &rows).await;
+    assert_same_files(&one, &on_cluster);
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    // The tasks through the codec: the same plan, carrying the copy's
+    // location; other locations and chains refused.
+    let target = dir.join("codec.zarr");
+    let plan = first_node::<FftCopyExec>(physical_plan(&alone, &copy_to(&target)).await);
+    let copy = plan.downcast_ref::<FftCopyExec>().unwrap();
+    assert!(copy.on_cluster().unwrap().is_none(), "sent before its copy");
+    assert!(!copy
+        .copy_rounds()
+        .expect("a rechunked copy")
+        .unwrap()
+        .is_empty());
+    let on_cluster = copy.reading_copy_on_workers(|leaf| leaf).unwrap();
+    assert!(on_cluster.copy_rounds().is_none(), "the copy made twice");
+    let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
+    let wire = Wire::new(&alone);
+    let sent = wire.encode(Arc::clone(&tasks));
+    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    let location = sent["rechunked"].as_str().expect("the copy's location");
+    assert!(location.contains("zarrfusion-rechunked-fft-"), "{sent}");
+    // The worker's tasks read the copy (and name it), else the same plan.
+    let bytes = sent.to_string();
+    let codec = ZarrCodec::default();
+    let back = (codec.try_decode(bytes.as_bytes(), &[], &alone.task_ctx(), &CONVERTER)).unwrap();
+    let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    let store = store.display().to_string();
+    assert_eq!(show(&back), show(&tasks).replace(&store, location));
+    let refuses = |change: &dyn Fn(&mut Value), says: &str| {
+        let mut bad = sent.clone();
+        change(&mut bad);
+        let err = wire.decode(&bad).expect_err(&format!("accepted: {bad}"));
+        assert!(err.contains(says), "{says}: {err}");
+    };
+    let elsewhere = work.join("mine.zarr").to_string_lossy().into_owned();
+    refuses(
+        &|v| v["rechunked"] = Value::from(elsewhere.as_str()),
+        "not a rechunked copy",
+    );
+    refuses(
+        &|v| {
+            let transform = v["chain"]["transforms"][0].clone();
+            v["chain"]["transforms"] = Value::from(vec![transform.clone(), transform]);
+        },
+        "sent as a chain of 2 transforms",
+    );
+    drop((plan, on_cluster, tasks, back));
+    assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
 /// Writes a Zarr v3 store at `dir`: `v` over (t 2, y 1024, x 512),
 /// float64, uncompressed, in chunks of (1, 1024, 32), with a smooth field
 /// and a ripple on both axes; coordinates `t`, `y` and `x` (0, 1, ...).

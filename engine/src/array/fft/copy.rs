@@ -52,7 +52,9 @@ use super::exec::{
     block_memory, kernel_memory, plan_blocks, read_ahead_plan, start_read_ahead, transformed_block,
 };
 use super::kernels::{Kernels, Precision, TransformClock};
+use super::source::ArraySource;
 use super::table::FftTable;
+use crate::array::rechunk::cluster::Round;
 use crate::array::rechunk::TargetEncoding;
 use crate::array::tasks::{run_cluster_tasks, run_tasks};
 use crate::config::ZarrConfig;
@@ -637,32 +639,74 @@ struct ClusterCopy {
 impl FftCopyExec {
     /// This copy with its blocks' tasks as its input, to run on a
     /// cluster's workers; `None` when they already are, or when the
-    /// transform cannot travel (its path makes a store in `work_dir`
-    /// first: the four-step path, a staged transform, a detrended or
-    /// rechunked source), which then runs in the session. A local
-    /// target's temporary directory is named now, for the workers to
-    /// write into.
+    /// transform cannot travel as it is (its path makes a store in
+    /// `work_dir` first: the four-step path, a staged transform, a
+    /// detrended source), which then runs in the session. A transform of
+    /// a rechunked copy of its variable has the copy made on the workers
+    /// first ([`Self::copy_rounds`], [`Self::reading_copy_on_workers`]). A
+    /// local target's temporary directory is named now, for the workers
+    /// to write into.
     pub fn on_cluster(&self) -> Result<Option<Self>> {
-        let writes = &self.job.writes;
-        if self.cluster.is_some() || writes.table.chain().is_none() {
+        if self.cluster.is_some() || self.job.writes.table.chain().is_none() {
             return Ok(None);
         }
+        self.tasks_on_cluster(|tasks| tasks).map(Some)
+    }
+
+    /// The rounds of the rechunked copy of its variable the transform
+    /// reads, to run on a cluster's workers before its blocks' tasks (see
+    /// [`Self::reading_copy_on_workers`]); `None` for other sources, once
+    /// the copy is made (or made by them), or when the tasks are on the
+    /// workers already.
+    pub fn copy_rounds(&self) -> Option<Result<Vec<Round>>> {
+        match self.job.writes.table.source() {
+            ArraySource::Rechunked(copy) if self.cluster.is_none() && !copy.is_copied() => {
+                Some(copy.rounds())
+            }
+            _ => None,
+        }
+    }
+
+    /// This copy with its blocks' tasks on a cluster's workers, reading
+    /// the rechunked copy of the variable once they made it: `after` puts
+    /// the tasks' leaf after the copy's rounds ([`Self::copy_rounds`],
+    /// whose counts it runs first).
+    pub fn reading_copy_on_workers(
+        &self,
+        after: impl FnOnce(Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan>,
+    ) -> Result<Self> {
+        if let ArraySource::Rechunked(copy) = self.job.writes.table.source() {
+            copy.copied_by_workers();
+        }
+        self.tasks_on_cluster(after)
+    }
+
+    /// This copy with its blocks' tasks (their leaf passed through `leaf`)
+    /// under the gathering of their counts as its input.
+    fn tasks_on_cluster(
+        &self,
+        leaf: impl FnOnce(Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan>,
+    ) -> Result<Self> {
+        let writes = &self.job.writes;
         let staged = self.job.to.staged()?;
         let sent = FftCopyTasks {
             chunks: self.job.chunks.clone(),
             into: staged.clone(),
             encoding: TargetEncoding::of(&self.job.to.options),
         };
-        let tasks = FftCopyTasksExec::new(Arc::clone(writes), Arc::new(sent));
-        Ok(Some(Self {
+        let tasks = leaf(Arc::new(FftCopyTasksExec::new(
+            Arc::clone(writes),
+            Arc::new(sent),
+        )));
+        Ok(Self {
             job: Arc::clone(&self.job),
             cluster: Some(ClusterCopy {
                 staged,
-                tasks: Arc::new(CoalescePartitionsExec::new(Arc::new(tasks))),
+                tasks: Arc::new(CoalescePartitionsExec::new(tasks)),
             }),
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
-        }))
+        })
     }
 }
 
