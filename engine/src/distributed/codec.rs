@@ -44,8 +44,9 @@
 //! encoding, where it is staged); the worker also refuses blocks that are
 //! not whole chunks of the target and targets that are not a COPY's or a
 //! staged transform's store (which must hold the array as the tasks write
-//! it). A staged transform's first stage on the four-step path sends its
-//! one transform and its four-step plan and intermediates as a pass does;
+//! it). A COPY of a transform, or a staged transform's first stage, on
+//! the four-step path sends its one transform and its four-step plan and
+//! intermediates as a pass does;
 //! the worker opens them as a pass's (the passes ran before, as stages of
 //! their own) and refuses blocks that are not whole blocks of its output.
 //! A COPY of a transform of a rechunked copy of its variable (the copy's
@@ -242,10 +243,8 @@ fn line_blocks(
         .map_err(|e| exec_datafusion_err!("a transform of {store}: {e}"))?;
     if table.four_step().is_some() {
         // Blocks of the output, whole batches of lines and output chunks.
-        let chunk = table.block_chunk();
-        let block = blocks.block_shape();
-        if let Some(d) = (0..shape.len()).find(|&d| block[d] % chunk[d] != 0 && block[d] < shape[d])
-        {
+        let (chunk, block) = (table.block_chunk(), blocks.block_shape());
+        if let Some(d) = table.cuts_output_blocks(block) {
             return plan_err!(
                 "a four-step transform of {store} reads blocks of shape {block:?}, not whole \
                  blocks of {chunk:?} along dimension {d}"
@@ -580,9 +579,9 @@ impl SentDetrend {
 #[derive(Debug, Serialize, Deserialize)]
 struct TransformCopy {
     chain: Chain,
-    /// For a transform on the four-step path (a staged transform's first
-    /// stage): its intermediates, which its passes wrote before (the chain
-    /// is then its one transform).
+    /// For a transform on the four-step path (a COPY's, or a staged
+    /// transform's first stage): its intermediates, which its passes wrote
+    /// before (the chain is then its one transform).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     four_step: Option<Box<FourStepAt>>,
     /// For a transform reading a rechunked copy of its variable, made by

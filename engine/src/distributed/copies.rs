@@ -21,8 +21,10 @@
 //! [`FftCopyTasksExec`](crate::array::fft::copy::FftCopyTasksExec) under
 //! the gathering of their counts), the workers writing whole chunks of the
 //! staged target; when the transform reads a rechunked copy of its
-//! variable, the copy's rounds run on the workers first and each task of
-//! the COPY after the last one's counts ([`fft_copy_after_its_copy`]).
+//! variable or takes the four-step path, the copy's rounds or the two
+//! passes (after the detrend's fit, when it has one) run on the workers
+//! first and each task of the COPY after the last one's counts
+//! ([`fft_copy_after_rounds`]).
 
 use std::sync::Arc;
 
@@ -31,11 +33,12 @@ use datafusion::common::{not_impl_err, Result};
 
 use crate::array::copy::selection::SelectionCopyExec;
 use crate::array::copy::whole::ArrayCopyExec;
+use crate::array::fft::source::ClusterStep;
 use crate::array::fft::FftCopyExec;
-use crate::array::rechunk::cluster::Round;
 use crate::array::rechunk::RechunkExec;
 use crate::distributed::barrier::{after_each_other, AfterExec};
 use crate::plan_methods::physical_bottom_up_rule;
+use datafusion_distributed::BroadcastExec;
 
 /// Runs the tasks of every `COPY` and `rechunk(...)` of a plan on the
 /// workers.
@@ -47,8 +50,9 @@ physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
         return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));
     }
     if let Some(copy) = node.downcast_ref::<FftCopyExec>() {
-        if let Some(rounds) = copy.copy_rounds() {
-            return Ok(fft_copy_after_its_copy(copy, rounds?)?.map(|c| Arc::new(c) as _));
+        let broadcast = |rows| Arc::new(BroadcastExec::new(rows, 1)) as _;
+        if let Some(rounds) = copy.rounds_first(&broadcast) {
+            return Ok(fft_copy_after_rounds(copy, rounds?)?.map(|c| Arc::new(c) as _));
         }
         return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));
     }
@@ -61,18 +65,22 @@ physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
     Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _))
 });
 
-/// `copy`, a COPY of a transform reading a rechunked copy of its variable,
-/// with the copy's rounds (`rounds`) one after the other on the workers
-/// and its blocks' tasks there too, each once the last round's counts say
-/// every task of it ran (an [`AfterExec`] over them). `None` when the copy
-/// has no round (the COPY then runs in the session).
-fn fft_copy_after_its_copy(copy: &FftCopyExec, rounds: Vec<Round>) -> Result<Option<FftCopyExec>> {
-    let rounds = rounds.into_iter().map(|r| (r.leaf, r.tasks, r.what));
+/// `copy`, a COPY of a transform whose path makes a store in `work_dir`
+/// first (a rechunked copy of its variable, the four-step passes), with
+/// the rounds making it (`rounds`) one after the other on the workers and
+/// its blocks' tasks there too, each once the last round's counts say
+/// every task of it ran (an [`AfterExec`] over them). `None` without
+/// rounds (the COPY then runs in the session).
+fn fft_copy_after_rounds(
+    copy: &FftCopyExec,
+    rounds: Vec<ClusterStep>,
+) -> Result<Option<FftCopyExec>> {
+    let rounds = rounds.into_iter().map(|r| (r.leaf, r.blocks, r.what));
     let Some((before, tasks, what)) = after_each_other(rounds) else {
         return Ok(None);
     };
     let after = |leaf| Arc::new(AfterExec::new(before, leaf, tasks, what)) as _;
-    copy.reading_copy_on_workers(after).map(Some)
+    copy.after_rounds_on_workers(after).map(Some)
 }
 
 /// `rechunk` with its copy's rounds one after the other on the workers

@@ -2203,6 +2203,107 @@ async fn a_copy_of_a_transform_writes_its_blocks_on_the_workers() {
     );
 }
 
+/// A `COPY` of a transform on the four-step path on a cluster: its two
+/// passes run on the workers (a stage each, the second after the first),
+/// then the COPY's tasks there too, each once the second pass's counts
+/// are in, writing whole chunks of the target the session staged; a
+/// detrended transform fits its trend in a stage before the first pass,
+/// its rows broadcast to that pass's tasks. Each store is the one the
+/// same COPY writes on one machine: file for file (and xrft's spectrum),
+/// the detrended one value for value within rounding; nothing is left in
+/// work_dir or beside the targets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_of_a_four_step_transform_runs_its_passes_and_blocks_on_the_workers() {
+    let (local, work, dir) = four_step_session("cluster-fft-copy-four-step").await;
+    let workers = start_workers(2).await;
+    let ctx = cluster_session(&workers).await;
+    let set_work = format!("SET zarrfusion.work_dir = '{}'", work.display());
+    for set in [
+        set_work.as_str(),
+        "SET zarrfusion.fft_strategy = 'four_step'",
+    ] {
+        ctx.sql(set).await.unwrap();
+    }
+    let want = query_rows(
+        &local,
+        "rows",
+        "SELECT count(*) FROM read_zarr('tests/fixtures/fft/data/grid.zarr')",
+    )
+    .await;
+    // xrft's detrend_linear_1d case: the trend's sums are added in another
+    // order on two workers, so its values agree within rounding.
+    let cases = [
+        ("plain", "dims => 'lat'", "time=1,lon=5", None),
+        (
+            "detrended",
+            "dims => 'lon', detrend => 'linear'",
+            "time=2,lat=4",
+            Some("time, lat, freq_lon"),
+        ),
+    ];
+    for (name, args, chunks, rounded) in cases {
+        let copy_to = |target: &std::path::Path| {
+            format!(
+                "COPY (SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', {args})) TO \
+                 '{}' STORED AS ZARR OPTIONS ('chunks' '{chunks}')",
+                target.display()
+            )
+        };
+        let alone = dir.join(format!("{name}-alone.zarr"));
+        query_rows(&local, "the COPY on one machine", &copy_to(&alone)).await;
+        let on_cluster = dir.join(format!("{name}-cluster.zarr"));
+        let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        for part in [
+            "FftCopyExec",
+            "tasks on the cluster's workers",
+            "AfterExec: after pass 2 of the four-step transform",
+            "FftCopyTasksExec",
+            "Network",
+        ] {
+            assert!(shown.contains(part), "{name}: {part}:\n{shown}");
+        }
+        assert_eq!(
+            shown.matches("FourStepPassExec: pass").count(),
+            2,
+            "{shown}"
+        );
+        let fitted = shown.contains("FittedExec: after the detrend's fit")
+            && shown.contains("DetrendFitExec: the detrend of");
+        assert_eq!(fitted, rounded.is_some(), "{name}:\n{shown}");
+        assert_copy_count(&ctx, plan, &want).await;
+        let Some(dims) = rounded else {
+            assert_same_files(&alone, &on_cluster);
+            continue;
+        };
+        let values = |store: &std::path::Path| {
+            format!(
+                "SELECT {dims}, z['re'] AS re, z['im'] AS im FROM read_zarr('{}') ORDER BY {dims}",
+                store.display()
+            )
+        };
+        let got = query_rows(&local, "the cluster's store", &values(&on_cluster)).await;
+        let expected = query_rows(&local, "one machine's store", &values(&alone)).await;
+        assert_eq!(expected.len(), 432);
+        assert_rows(name, &got, &expected);
+    }
+    // Chunks that cut the four-step output's blocks: in the session.
+    let cut = dir.join("cut.zarr");
+    let sql = format!(
+        "COPY (SELECT * FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', dims => 'lon')) TO \
+         '{}' STORED AS ZARR OPTIONS ('chunks' 'time=1,lat=3')",
+        cut.display()
+    );
+    let plan = physical_plan(&ctx, &sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(!shown.contains("Network"), "{shown}");
+    assert_copy_count(&ctx, plan, &want).await;
+    let plain = dir.join("plain-cluster.zarr");
+    crate::fft::assert_holds_xrfts_lat_spectrum(&local, plain.to_str().unwrap()).await;
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
 /// The `FftExec` of `sql`, as `ctx` plans it.
 async fn planned_fft(
     ctx: &datafusion::prelude::SessionContext,
@@ -2807,13 +2908,13 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
     let plan = first_node::<FftCopyExec>(physical_plan(&alone, &copy_to(&target)).await);
     let copy = plan.downcast_ref::<FftCopyExec>().unwrap();
     assert!(copy.on_cluster().unwrap().is_none(), "sent before its copy");
-    assert!(!copy
-        .copy_rounds()
-        .expect("a rechunked copy")
-        .unwrap()
-        .is_empty());
-    let on_cluster = copy.reading_copy_on_workers(|leaf| leaf).unwrap();
-    assert!(on_cluster.copy_rounds().is_none(), "the copy made twice");
+    let rounds = copy.rounds_first(&|rows| rows).expect("a rechunked copy");
+    assert!(!rounds.unwrap().is_empty());
+    let on_cluster = copy.after_rounds_on_workers(|leaf| leaf).unwrap();
+    assert!(
+        copy.rounds_first(&|rows| rows).is_none(),
+        "the copy made twice"
+    );
     let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
     let wire = Wire::new(&alone);
     let sent = wire.encode(Arc::clone(&tasks));

@@ -48,12 +48,15 @@ use zarrfusion_udfs::complex::complex_part;
 use zarrs::array::{Array as ZarrsArray, ArrayMetadataOptions};
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
+use super::exec::pass_name;
 use super::exec::{
     block_memory, kernel_memory, plan_blocks, read_ahead_plan, start_read_ahead, transformed_block,
 };
 use super::kernels::{Kernels, Precision, TransformClock};
-use super::source::ArraySource;
+use super::passes::FourStepPassExec;
+use super::source::{ArraySource, Broadcast, ClusterStep};
 use super::table::FftTable;
+use super::trend_pass::{DetrendFitExec, FittedExec};
 use crate::array::rechunk::cluster::Round;
 use crate::array::rechunk::TargetEncoding;
 use crate::array::tasks::{run_cluster_tasks, run_tasks};
@@ -639,13 +642,12 @@ struct ClusterCopy {
 impl FftCopyExec {
     /// This copy with its blocks' tasks as its input, to run on a
     /// cluster's workers; `None` when they already are, or when the
-    /// transform cannot travel as it is (its path makes a store in
-    /// `work_dir` first: the four-step path, a staged transform, a
-    /// detrended source), which then runs in the session. A transform of
-    /// a rechunked copy of its variable has the copy made on the workers
-    /// first ([`Self::copy_rounds`], [`Self::reading_copy_on_workers`]). A
-    /// local target's temporary directory is named now, for the workers
-    /// to write into.
+    /// transform's path makes a store in `work_dir` first: a transform
+    /// of a rechunked copy of its variable or on the four-step path has
+    /// that store made on the workers first ([`Self::rounds_first`],
+    /// [`Self::after_rounds_on_workers`]); a staged transform runs in the
+    /// session. A local target's temporary directory is named now, for the
+    /// workers to write into.
     pub fn on_cluster(&self) -> Result<Option<Self>> {
         if self.cluster.is_some() || self.job.writes.table.chain().is_none() {
             return Ok(None);
@@ -653,25 +655,63 @@ impl FftCopyExec {
         self.tasks_on_cluster(|tasks| tasks).map(Some)
     }
 
-    /// The rounds of the rechunked copy of its variable the transform
-    /// reads, to run on a cluster's workers before its blocks' tasks (see
-    /// [`Self::reading_copy_on_workers`]); `None` for other sources, once
-    /// the copy is made (or made by them), or when the tasks are on the
-    /// workers already.
-    pub fn copy_rounds(&self) -> Option<Result<Vec<Round>>> {
-        match self.job.writes.table.source() {
-            ArraySource::Rechunked(copy) if self.cluster.is_none() && !copy.is_copied() => {
-                Some(copy.rounds())
-            }
-            _ => None,
+    /// What runs on a cluster's workers before the COPY's tasks, a stage
+    /// each, one after the other: the rounds of the rechunked copy of the
+    /// variable the transform reads, or the two passes of its four-step
+    /// path (after the fit of its detrend, whose rows `broadcast` sends to
+    /// the first pass's tasks); `None` for other paths (whole lines of a
+    /// stored variable need nothing first, a staged transform runs in the
+    /// session), for a four-step output whose blocks the target's chunks
+    /// cut (in the session too), once the copy is made (or made by them),
+    /// or when the tasks are on the workers already. See
+    /// [`Self::after_rounds_on_workers`].
+    pub fn rounds_first(&self, broadcast: &Broadcast) -> Option<Result<Vec<ClusterStep>>> {
+        let table = &self.job.writes.table;
+        if self.cluster.is_some() {
+            return None;
         }
+        if let ArraySource::Rechunked(copy) = table.source() {
+            let step = |r: Round| ClusterStep {
+                leaf: r.leaf,
+                blocks: r.tasks,
+                what: r.what,
+            };
+            return (!copy.is_copied()).then(|| Ok(copy.rounds()?.into_iter().map(step).collect()));
+        }
+        let four_step = table.four_step()?;
+        // A worker makes the transform again from the variable's table, and
+        // reads its output in whole blocks only (the target's chunks may
+        // cut them: the COPY then runs in the session).
+        table.four_step_chain()?;
+        let blocks = self.job.writes.tasks.blocks.block_shape();
+        if table.cuts_output_blocks(blocks).is_some() {
+            return None;
+        }
+        let pass = |pass: usize| {
+            // Fitted to the plan's memory already: each worker fits it to
+            // its own allowed_mem when it receives it.
+            let (on, device) = (Arc::clone(four_step), self.job.writes.device);
+            let exec = FourStepPassExec::new(Arc::clone(table), on, pass, device, None);
+            let mut leaf: Arc<dyn ExecutionPlan> = Arc::new(exec?);
+            if let (0, Some(detrended)) = (pass, table.detrended()) {
+                let fit = Arc::new(DetrendFitExec::new(Arc::clone(table))?);
+                let detrended = Arc::clone(detrended);
+                leaf = Arc::new(FittedExec::new(broadcast(fit), leaf, detrended)?);
+            }
+            Ok(ClusterStep {
+                leaf,
+                blocks: four_step.pass_tasks(pass),
+                what: pass_name(pass),
+            })
+        };
+        Some((0..2).map(pass).collect())
     }
 
-    /// This copy with its blocks' tasks on a cluster's workers, reading
-    /// the rechunked copy of the variable once they made it: `after` puts
-    /// the tasks' leaf after the copy's rounds ([`Self::copy_rounds`],
-    /// whose counts it runs first).
-    pub fn reading_copy_on_workers(
+    /// This copy with its blocks' tasks on a cluster's workers after what
+    /// [`Self::rounds_first`] gives: `after` puts the tasks' leaf after
+    /// those rounds (whose last counts it runs first). A rechunked copy
+    /// counts as made by the workers from then on.
+    pub fn after_rounds_on_workers(
         &self,
         after: impl FnOnce(Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan>,
     ) -> Result<Self> {

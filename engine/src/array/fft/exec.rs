@@ -460,7 +460,7 @@ pub struct FftExec {
 }
 
 /// A four-step pass as errors name it.
-fn pass_name(pass: usize) -> String {
+pub(super) fn pass_name(pass: usize) -> String {
     format!("pass {} of the four-step transform", pass + 1)
 }
 

@@ -566,6 +566,16 @@ impl FftTable {
         self.four_step.as_ref()
     }
 
+    /// On the four-step path, the first dimension along which blocks of
+    /// shape `block` (of [`Self::block_space`]) are not whole blocks of
+    /// its output (multiples of [`Self::block_chunk`], or the whole
+    /// dimension), which a cluster's worker reads only whole; `None` when
+    /// none is.
+    pub(crate) fn cuts_output_blocks(&self, block: &[u64]) -> Option<usize> {
+        let (shape, chunk) = (self.block_space(), self.block_chunk());
+        (0..shape.len()).find(|&d| !block[d].is_multiple_of(chunk[d].max(1)) && block[d] < shape[d])
+    }
+
     /// The shape blocks of the operator index: the source's (blocks whole
     /// along the transformed dimensions), or for the four-step path the
     /// output's.
