@@ -48,9 +48,9 @@ use zarrfusion_udfs::complex::complex_part;
 use zarrs::array::{Array as ZarrsArray, ArrayMetadataOptions};
 use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
 
-use super::exec::pass_name;
 use super::exec::{
-    block_memory, kernel_memory, plan_blocks, read_ahead_plan, start_read_ahead, transformed_block,
+    block_memory, kernel_memory, pass_name, plan_blocks, read_ahead_plan, start_read_ahead,
+    transformed_block,
 };
 use super::kernels::{Kernels, Precision, TransformClock};
 use super::passes::FourStepPassExec;
