@@ -27,9 +27,11 @@
 //! again with SQL's checks, refuses blocks that cut a transformed line
 //! and fits the transform to its own `allowed_mem` on its own device. A
 //! transform whose path makes a store in `work_dir` first (a rechunked
-//! copy, the four-step passes, a staged transform) is not sent: it runs in
-//! the session ([`crate::distributed::tasks`] gives it one task), its
-//! four-step passes or first stage as stages of their own; but the stage
+//! copy, the four-step passes, a staged transform) is sent only once that
+//! store is made on the workers (the copy's rounds, the passes or the
+//! first stage as stages of their own before it: it then carries the
+//! copy's location or the four-step plan), else it runs in the session
+//! ([`crate::distributed::tasks`] gives it one task); the stage
 //! after a staged transform's first, reading its stored output by whole
 //! lines, travels as the transform as asked (the chain), the first stage
 //! (its chain), the store the session made in `work_dir` and its chunks,
