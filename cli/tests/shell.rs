@@ -1,7 +1,8 @@
 //! The `zarrfusion` binary: the SQL examples give the answers xarray gives
 //! (`sql-examples/expected/*.csv`, written by `demo/make_demo.py`), also
-//! through two `zarrfusion worker` processes; output formats, backslash
-//! commands, and errors (message on stderr, exit 1, no panic).
+//! through two `zarrfusion worker` processes, whose COPYs (anomalies,
+//! transforms) write the stores one machine writes; output formats,
+//! backslash commands, and errors (message on stderr, exit 1, no panic).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -744,5 +745,140 @@ fn anomaly_copies_through_two_worker_processes_are_the_copies_of_one_machine() {
             assert!(&got[file] == bytes, "{name}: {file} differs");
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `COPY`s of transforms by a session with two worker processes: on the
+/// four-step path its passes (after a linear detrend's fit) and then the
+/// COPY's tasks run on the workers, through the scratch store in
+/// `work_dir`; under a memory limit too small for a block of whole lines
+/// in the store's chunks, the rounds of the variable's rechunked copy and
+/// then the COPY's tasks over it. Each store is the one the same COPY
+/// writes on one machine: file for file, the detrended one value for value
+/// within rounding (the trend's sums are added in another order); nothing
+/// is left in `work_dir` (those stores are checked against xrft in
+/// engine/tests/integration).
+#[test]
+fn transform_copies_through_two_worker_processes_are_the_copies_of_one_machine() {
+    let workers = [WorkerProcess::start(), WorkerProcess::start()];
+    let list = format!("{},{}", workers[0].address, workers[1].address);
+    let dir = std::env::temp_dir().join(format!("zf-fft-copy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let set_work = format!("SET zarrfusion.work_dir = '{}'", work.display());
+    let run = |workers: Option<&str>, before: &[&str], sql: &str| {
+        let mut args = vec!["-q", "--format", "csv"];
+        if let Some(list) = workers {
+            args.extend(["--workers", list, "-c", "SET zarrfusion.bytes_per_task = 1"]);
+        }
+        args.extend(before);
+        args.extend(["-c", &set_work, "-c", sql]);
+        let output = zarrfusion(&args);
+        assert!(output.status.success(), "{sql}:\n{}", stderr(&output));
+        stdout(&output)
+    };
+    let four_step = ["-c", "SET zarrfusion.fft_strategy = 'four_step'"];
+    let passes = ["FourStepPassExec: pass"].as_slice();
+    let rounds = [
+        "AfterExec: after round 0 of the rechunk of demo/era5.zarr",
+        "RechunkTasksExec",
+    ];
+    let cases = [
+        (
+            "plain",
+            "dims => 'lon'",
+            false,
+            four_step.as_slice(),
+            passes,
+        ),
+        (
+            "detrended",
+            "dims => 'time', detrend => 'linear'",
+            true,
+            four_step.as_slice(),
+            passes,
+        ),
+        // A block of whole time lines in the store's chunks is the whole
+        // array (3.2 MB as complex numbers).
+        (
+            "rechunked",
+            "dims => 'time'",
+            false,
+            ["--memory-limit", "4MB"].as_slice(),
+            rounds.as_slice(),
+        ),
+    ];
+    for (name, args, rounded, before, stages) in cases {
+        let copy = |target: &Path| {
+            format!(
+                "COPY (SELECT * FROM fft('demo/era5.zarr', 't2m', {args})) TO '{}' STORED AS ZARR",
+                target.display()
+            )
+        };
+        let alone = dir.join(format!("{name}_alone.zarr"));
+        run(None, before, &copy(&alone));
+        let on_cluster = dir.join(format!("{name}.zarr"));
+        let plan = run(
+            Some(&list),
+            before,
+            &format!("EXPLAIN {}", copy(&on_cluster)),
+        );
+        let common = [
+            "FftCopyExec",
+            "tasks on the cluster's workers",
+            "FftCopyTasksExec",
+            "Network",
+        ];
+        for part in common.iter().chain(stages) {
+            assert!(plan.contains(part), "{name}: {part}:\n{plan}");
+        }
+        assert_eq!(plan.contains("DetrendFitExec"), rounded, "{name}:\n{plan}");
+        run(Some(&list), before, &copy(&on_cluster));
+        let (want, got) = (files_under(&alone), files_under(&on_cluster));
+        assert!(want.len() > 4, "{name}: {:?}", want.keys());
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            "{name}"
+        );
+        if !rounded {
+            for (file, bytes) in &want {
+                assert!(&got[file] == bytes, "{name}: {file} differs");
+            }
+            continue;
+        }
+        let values = |store: &Path| {
+            run(
+                None,
+                &[],
+                &format!(
+                    "SELECT freq_time, lat, lon, t2m['re'], t2m['im'] FROM read_zarr('{}') \
+                     ORDER BY freq_time, lat, lon",
+                    store.display()
+                ),
+            )
+        };
+        let (want, got) = (csv(&values(&alone)), csv(&values(&on_cluster)));
+        assert_eq!(want.len(), 96 * 33 * 64 + 1, "{name}: rows");
+        assert_eq!(got.len(), want.len(), "{name}: rows");
+        let scale = want
+            .iter()
+            .skip(1)
+            .flat_map(|row| row[3..].iter().filter_map(|v| v.parse::<f64>().ok()))
+            .fold(0f64, |m, v| m.max(v.abs()));
+        for (g, w) in got.iter().zip(&want).skip(1) {
+            assert_eq!(g[..3], w[..3], "{name}: coordinates");
+            for (a, e) in g[3..].iter().zip(&w[3..]) {
+                let close = match (a.parse::<f64>(), e.parse::<f64>()) {
+                    (Ok(a), Ok(e)) => a == e || (a - e).abs() <= 1e-9 * scale,
+                    _ => a == e,
+                };
+                assert!(close, "{name}: got {g:?}, expected {w:?}");
+            }
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(&work).unwrap().flatten().collect();
+    assert!(left.is_empty(), "left in work_dir: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
