@@ -54,7 +54,10 @@
 //! A COPY of a transform of a rechunked copy of its variable (the copy's
 //! rounds ran on the workers before) sends the transform of the variable
 //! as stored and the copy's location, which the worker opens and checks
-//! as a transform's read of the copy.
+//! as a transform's read of the copy. A COPY of a staged transform (its
+//! first stage's rounds ran on the workers before) sends the transform as
+//! asked and the first stage as the stage after it does for a query,
+//! which the worker makes and checks the same way.
 //!
 //! A [`RechunkTasksExec`] (a round of a `COPY`'s rechunk tasks) travels as
 //! the rechunk's plain data ([`RechunkTasks`]: source, chunk lengths, each
@@ -113,7 +116,7 @@ use crate::array::fft::exec::FftBlocks;
 use crate::array::fft::four_step::{FourStep, FourStepInput, FourStepPlan};
 use crate::array::fft::source::StoredStage;
 use crate::array::fft::source::{DetrendedSource, RechunkedVariable};
-use crate::array::fft::staged::{ReceivedStage, StagedTransform};
+use crate::array::fft::staged::{LaterStage, ReceivedStage, StagedTransform};
 use crate::array::fft::{
     ArraySource, Detrend, DetrendFitExec, FftExec, FftOptions, FftTable, FittedExec,
     FourStepPassExec,
@@ -591,6 +594,11 @@ struct TransformCopy {
     /// chain is then its one transform of the variable as stored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rechunked: Option<String>,
+    /// For the stage after a staged transform's first, whose rounds ran on
+    /// the workers before the tasks: that first stage (the chain is then
+    /// the transform as asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    staged: Option<Box<LaterStageRead>>,
     block_shape: Vec<u64>,
     copy: FftCopyTasks,
     tasks: usize,
@@ -1013,6 +1021,12 @@ impl LaterStageRead {
         ) else {
             return Ok(None);
         };
+        Self::of_later(later, blocks).map(Some)
+    }
+
+    /// What `later` sends besides the transform as asked (the chain
+    /// returned with it), the first stage's tasks storing `blocks`.
+    fn of_later(later: LaterStage<'_>, blocks: u64) -> Result<(Chain, Self)> {
         let (grid, variable, asked) = &later.asked;
         let first = later.first;
         let read = Self {
@@ -1022,7 +1036,7 @@ impl LaterStageRead {
             blocks,
             later: sent_options(later.later, &grid.store)?,
         };
-        Ok(Some((Chain::of_variable(grid, *variable, asked)?, read)))
+        Ok((Chain::of_variable(grid, *variable, asked)?, read))
     }
 }
 
@@ -1636,17 +1650,32 @@ impl ZarrCodec {
                 c.chain.transforms.len()
             );
         }
-        let mut table = match (&c.rechunked, &c.four_step) {
-            (Some(_), Some(_)) => {
-                return plan_err!(
-                    "a COPY of a transform of {:?} sent as both a rechunked copy's and a \
-                     four-step output's",
-                    c.chain.variable
-                );
-            }
+        let paths = [
+            c.rechunked.is_some(),
+            c.four_step.is_some(),
+            c.staged.is_some(),
+        ];
+        if paths.iter().filter(|&&p| p).count() > 1 {
+            return plan_err!(
+                "a COPY of a transform of {:?} sent as more than one of a rechunked copy's, a \
+                 four-step output's and a staged transform's later stage",
+                c.chain.variable
+            );
+        }
+        let mut table = match (&c.rechunked, c.staged) {
             // Its copy's rounds ran on the workers before this stage.
-            (Some(location), None) => self.rechunked_copy(&c.chain, location, ctx)?,
-            (None, _) => self.transform_table(&c.chain, ctx)?,
+            (Some(location), _) => self.rechunked_copy(&c.chain, location, ctx)?,
+            // The first stage's rounds ran on the workers before this
+            // stage (the session runs them first, and each task checks
+            // their counts before it reads): this stage reads its store.
+            (None, Some(read)) => {
+                let (table, stage) = self.later_stage_table(&c.chain, *read, ctx)?;
+                stage
+                    .written_by(&mut || Ok(()))
+                    .map_err(|e| exec_datafusion_err!("a staged transform: {e}"))?;
+                table
+            }
+            (None, None) => self.transform_table(&c.chain, ctx)?,
         };
         let store = table.source().store().to_string();
         check_counts(
@@ -2372,22 +2401,40 @@ impl PhysicalExtensionCodec for ZarrCodec {
         }
         if let Some(copy) = node.downcast_ref::<FftCopyTasksExec>() {
             let table = copy.table();
-            let (chain, four_step, rechunked) = match (table.source(), table.four_step()) {
-                (ArraySource::Rechunked(copied), _) => {
-                    let chain = Chain::of_rechunked(table, copied)?;
-                    (chain, None, Some(copied.location()))
-                }
-                (_, Some(four_step)) => (
-                    Chain::of_four_step(table)?,
-                    Some(Box::new(FourStepAt::of(four_step))),
-                    None,
-                ),
-                (_, None) => (Chain::of(table)?, None, None),
-            };
+            type Paths = (
+                Option<Box<FourStepAt>>,
+                Option<String>,
+                Option<Box<LaterStageRead>>,
+            );
+            let (chain, (four_step, rechunked, staged)): (Chain, Paths) =
+                match (table.source(), table.four_step()) {
+                    (ArraySource::Rechunked(copied), _) => (
+                        Chain::of_rechunked(table, copied)?,
+                        (None, Some(copied.location()), None),
+                    ),
+                    (ArraySource::Staged(_), None) => {
+                        let Some(later) = StagedTransform::later_stage_of(table) else {
+                            return not_impl_err!(
+                                "a COPY of the staged transform of '{}' cannot run on a \
+                                 cluster's workers: its later stage is not one they make again",
+                                table.source().store()
+                            );
+                        };
+                        let blocks = later.first.blocks();
+                        let (asked, read) = LaterStageRead::of_later(later, blocks)?;
+                        (asked, (None, None, Some(Box::new(read))))
+                    }
+                    (_, Some(at)) => (
+                        Chain::of_four_step(table)?,
+                        (Some(Box::new(FourStepAt::of(at))), None, None),
+                    ),
+                    (_, None) => (Chain::of(table)?, (None, None, None)),
+                };
             let encoded = Node::TransformCopy(TransformCopy {
                 chain,
                 four_step,
                 rechunked,
+                staged,
                 block_shape: copy.blocks().block_shape().to_vec(),
                 copy: copy.sent().clone(),
                 tasks: copy.tasks(),

@@ -24,7 +24,9 @@
 //! variable or takes the four-step path, the copy's rounds or the two
 //! passes (after the detrend's fit, when it has one) run on the workers
 //! first and each task of the COPY after the last one's counts
-//! ([`fft_copy_after_rounds`]).
+//! ([`fft_copy_after_rounds`]); for a staged transform, the first stage's
+//! rounds, then the COPY's tasks transforming its stored output along the
+//! later dimensions.
 
 use std::sync::Arc;
 
@@ -33,7 +35,8 @@ use datafusion::common::{not_impl_err, Result};
 
 use crate::array::copy::selection::SelectionCopyExec;
 use crate::array::copy::whole::ArrayCopyExec;
-use crate::array::fft::source::ClusterStep;
+use crate::array::fft::source::{ArraySource, ClusterStep};
+use crate::array::fft::staged::StagedTransform;
 use crate::array::fft::FftCopyExec;
 use crate::array::rechunk::RechunkExec;
 use crate::distributed::barrier::{after_each_other, AfterExec};
@@ -51,7 +54,12 @@ physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
     }
     if let Some(copy) = node.downcast_ref::<FftCopyExec>() {
         let broadcast = |rows| Arc::new(BroadcastExec::new(rows, 1)) as _;
-        if let Some(rounds) = copy.rounds_first(&broadcast) {
+        // The stage after a staged transform's first must be one a worker
+        // makes again (else the COPY runs in the session).
+        let table = copy.table();
+        let sendable = !matches!(table.source(), ArraySource::Staged(_))
+            || StagedTransform::later_stage_of(table).is_some();
+        if let Some(rounds) = copy.rounds_first(&broadcast).filter(|_| sendable) {
             return Ok(fft_copy_after_rounds(copy, rounds?)?.map(|c| Arc::new(c) as _));
         }
         return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));

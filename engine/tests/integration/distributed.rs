@@ -3237,6 +3237,125 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     refused(&sent, &[], "has 1 inputs, got 0");
 }
 
+/// A `COPY` of a transform staged one dimension at a time (planes larger
+/// than the session's allowed_mem): on a cluster its first stage's tasks
+/// store their blocks in the store the session made in work_dir, then the
+/// COPY's tasks, each once the first stage's counts are in, transform that
+/// store along x and write whole chunks of the target the session staged.
+/// The store is the one the same COPY writes on one machine under the
+/// same limit, file for file; nothing is left in work_dir or beside the
+/// target. The COPY's tasks round trip through the codec carrying the
+/// first stage (the same plan); a worker refuses them sent as a later
+/// stage and a rechunked copy's at once, and a first stage in a store that
+/// is not a staged transform's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
+    use zarrfusion::array::fft::FftCopyExec;
+
+    let dir = scratch("cluster-fft-copy-staged");
+    let store = dir.join("planes.zarr");
+    write_planes(&store);
+    let (work, set_work) = own_work_dir(&dir);
+    let copy_to = |target: &std::path::Path| {
+        format!(
+            "COPY (SELECT * FROM fft('{}', 'v', dims => 'y,x')) TO '{}' STORED AS ZARR",
+            store.display(),
+            target.display()
+        )
+    };
+    // As for the staged query above: a plane does not fit.
+    let kernel = rayon::current_num_threads() * 3 * 16384 * 16;
+    let limit = 2 * kernel + (24 << 20);
+    let alone = zarrfusion::new_context_with(session_config(), limited(limit));
+    alone.sql(&set_work).await.unwrap();
+    let one = dir.join("alone.zarr");
+    let shown = common::explain_text(&alone, &copy_to(&one)).await;
+    assert!(shown.contains("staged"), "{shown}");
+    query_rows(&alone, "the COPY on one machine", &copy_to(&one)).await;
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    let workers = start_workers(2).await;
+    let ctx = distributed_context(session_config(), limited(limit), workers.urls.clone());
+    for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
+        ctx.sql(set).await.unwrap();
+    }
+    let on_cluster = dir.join("cluster.zarr");
+    let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in [
+        "FftCopyExec",
+        "tasks on the cluster's workers",
+        "AfterExec: after the first stage of the staged transform",
+        "zarrfusion-fft-staged-",
+        "Network",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    // The first stage's tasks and the COPY's.
+    assert_eq!(shown.matches("FftCopyTasksExec").count(), 2, "{shown}");
+    let rows = vec![vec![Value::from(2 * 1024 * 512)]];
+    assert_copy_count(&ctx, plan, &rows).await;
+    assert_same_files(&one, &on_cluster);
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    // The COPY's tasks through the codec, after the first stage's.
+    let target = dir.join("codec.zarr");
+    let plan = first_node::<FftCopyExec>(physical_plan(&alone, &copy_to(&target)).await);
+    let copy = plan.downcast_ref::<FftCopyExec>().unwrap();
+    assert!(
+        copy.on_cluster().unwrap().is_none(),
+        "sent before its first stage"
+    );
+    let rounds = copy.rounds_first(&|rows| rows).expect("a first stage");
+    assert!(!rounds.unwrap().is_empty());
+    let on_cluster = copy.after_rounds_on_workers(|leaf| leaf).unwrap();
+    let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
+    let wire = Wire::new(&alone);
+    let sent = wire.encode(Arc::clone(&tasks));
+    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    assert!(sent["staged"]["blocks"].as_u64().unwrap() > 1, "{sent}");
+    let bytes = sent.to_string();
+    let codec = ZarrCodec::default();
+    let back = (codec.try_decode(bytes.as_bytes(), &[], &alone.task_ctx(), &CONVERTER)).unwrap();
+    // The same plan, but for the threads and memory of its blocks, which
+    // the worker fits to its own allowed_mem (the session fitted them
+    // beside the first stage's).
+    let show = |p: &Arc<dyn ExecutionPlan>| {
+        let shown = displayable(p.as_ref()).indent(true).to_string();
+        let fitted =
+            |part: &&str| part.starts_with("workers=") || part.starts_with("projected_memory=");
+        let parts: Vec<&str> = shown.split(", ").filter(|p| !fitted(p)).collect();
+        parts.join(", ")
+    };
+    assert_eq!(show(&back), show(&tasks));
+    assert!(
+        show(&back).contains("blocks=8 of shape [1, 256, 512]"),
+        "{}",
+        show(&back)
+    );
+    let refuses = |change: &dyn Fn(&mut Value), says: &str| {
+        let mut bad = sent.clone();
+        change(&mut bad);
+        let err = wire.decode(&bad).expect_err(&format!("accepted: {bad}"));
+        assert!(err.contains(says), "{says}: {err}");
+    };
+    let elsewhere = work
+        .join("zarrfusion-rechunked-1.zarr")
+        .to_string_lossy()
+        .into_owned();
+    refuses(
+        &|v| v["rechunked"] = Value::from(elsewhere.as_str()),
+        "more than one of",
+    );
+    refuses(
+        &|v| v["staged"]["location"] = Value::from(elsewhere.as_str()),
+        "not a staged transform's store",
+    );
+    drop((plan, on_cluster, tasks, back));
+    assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
 /// A staged transform whose first stage takes the four-step path
 /// (`zarrfusion.fft_strategy = 'four_step'`) runs that stage's two passes
 /// on the workers, a stage each, then its blocks' stage, whose tasks read

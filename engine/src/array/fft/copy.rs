@@ -655,20 +655,33 @@ impl FftCopyExec {
         self.tasks_on_cluster(|tasks| tasks).map(Some)
     }
 
+    /// The transform copied.
+    pub fn table(&self) -> &Arc<FftTable> {
+        &self.job.writes.table
+    }
+
     /// What runs on a cluster's workers before the COPY's tasks, a stage
     /// each, one after the other: the rounds of the rechunked copy of the
-    /// variable the transform reads, or the two passes of its four-step
-    /// path (after the fit of its detrend, whose rows `broadcast` sends to
-    /// the first pass's tasks); `None` for other paths (whole lines of a
-    /// stored variable need nothing first, a staged transform runs in the
-    /// session), for a four-step output whose blocks the target's chunks
-    /// cut (in the session too), once the copy is made (or made by them),
-    /// or when the tasks are on the workers already. See
+    /// variable the transform reads, the two passes of its four-step path
+    /// (after the fit of its detrend, whose rows `broadcast` sends to the
+    /// first pass's tasks), or the first stage of a staged transform (its
+    /// own passes first when it takes the four-step path), whose stored
+    /// output the COPY's tasks then transform along the later dimensions
+    /// (the caller checks a worker can make that stage again); `None` for
+    /// other paths (whole lines of a stored variable need nothing first; a
+    /// first stage a worker cannot make again runs in the session), for a
+    /// four-step output whose blocks the target's chunks cut (in the
+    /// session too), once the copy is made (or made by them), or when the
+    /// tasks are on the workers already. See
     /// [`Self::after_rounds_on_workers`].
     pub fn rounds_first(&self, broadcast: &Broadcast) -> Option<Result<Vec<ClusterStep>>> {
         let table = &self.job.writes.table;
         if self.cluster.is_some() {
             return None;
+        }
+        if let ArraySource::Staged(stage) = table.source() {
+            let stage = stage.on_cluster(self.job.writes.device, broadcast)?;
+            return Some(Ok(stage.steps));
         }
         if let ArraySource::Rechunked(copy) = table.source() {
             let step = |r: Round| ClusterStep {

@@ -327,6 +327,11 @@ impl StagedTransform {
         })
     }
 
+    /// The blocks its tasks store.
+    pub fn blocks(&self) -> u64 {
+        self.tasks.blocks.num_blocks()
+    }
+
     /// Where the stored output is.
     pub fn location(&self) -> &StoreLocation {
         self.scratch.location()
