@@ -3243,7 +3243,8 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
 /// COPY's tasks, each once the first stage's counts are in, transform that
 /// store along x and write whole chunks of the target the session staged.
 /// The store is the one the same COPY writes on one machine under the
-/// same limit, file for file; nothing is left in work_dir or beside the
+/// same limit, file for file (detrended, its trend fitted in a stage of
+/// its own: within rounding); nothing is left in work_dir or beside the
 /// target. The COPY's tasks round trip through the codec carrying the
 /// first stage (the same plan); a worker refuses them sent as a later
 /// stage and a rechunked copy's at once, and a first stage in a store that
@@ -3296,6 +3297,44 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
     let rows = vec![vec![Value::from(2 * 1024 * 512)]];
     assert_copy_count(&ctx, plan, &rows).await;
     assert_same_files(&one, &on_cluster);
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    assert_eq!(work_left(&work), Vec::<String>::new());
+
+    // Detrended: the plane's linear trend fitted in a stage before the
+    // first, its sums broadcast to the first stage's tasks. Added in
+    // another order on two workers, the stores agree within rounding: per
+    // frequency of y, weighted sums over every cell.
+    let detrended = |target: &std::path::Path| {
+        copy_to(target).replace("dims => 'y,x'", "dims => 'y,x', detrend => 'linear'")
+    };
+    let one_detrended = dir.join("alone-detrended.zarr");
+    query_rows(&alone, "the detrended COPY", &detrended(&one_detrended)).await;
+    let cluster_detrended = dir.join("cluster-detrended.zarr");
+    let plan = physical_plan(&ctx, &detrended(&cluster_detrended)).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in [
+        "AfterExec: after the first stage of the staged transform",
+        "FittedExec: after the detrend's fit",
+        "DetrendFitExec: the detrend of",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    assert_copy_count(&ctx, plan, &rows).await;
+    let sums = |store: &std::path::Path| {
+        format!(
+            "SELECT freq_y, sum(v['re'] * cos(7 * freq_x + 3 * freq_y)) AS a, \
+             sum(v['im'] * sin(5 * freq_x - 2 * freq_y + t)) AS b, \
+             sum(v['re'] * v['re'] + v['im'] * v['im']) AS power \
+             FROM read_zarr('{}') GROUP BY freq_y ORDER BY freq_y",
+            store.display()
+        )
+    };
+    let want = query_rows(&alone, "one machine's store", &sums(&one_detrended)).await;
+    let got = query_rows(&alone, "the cluster's store", &sums(&cluster_detrended)).await;
+    assert_eq!(want.len(), 1024);
+    assert_rows("detrended", &got, &want);
+    let plain = query_rows(&alone, "the plain store", &sums(&one)).await;
+    assert_ne!(plain, want, "the trend removed");
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     assert_eq!(work_left(&work), Vec::<String>::new());
 
