@@ -59,7 +59,7 @@ physical_bottom_up_rule!(ClusterCopies, "zarrfusion_cluster_copies", |node, _| {
         let table = copy.table();
         let sendable = !matches!(table.source(), ArraySource::Staged(_))
             || StagedTransform::later_stage_of(table).is_some();
-        if let Some(rounds) = copy.rounds_first(&broadcast).filter(|_| sendable) {
+        if let Some(rounds) = sendable.then(|| copy.rounds_first(&broadcast)).flatten() {
             return Ok(fft_copy_after_rounds(copy, rounds?)?.map(|c| Arc::new(c) as _));
         }
         return Ok(copy.on_cluster()?.map(|c| Arc::new(c) as _));

@@ -2858,31 +2858,17 @@ async fn a_transform_of_a_rechunked_copy_runs_the_copy_and_the_transform_on_the_
 async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
     use zarrfusion::array::fft::FftCopyExec;
 
-    let dir = scratch("cluster-fft-copy-rechunked");
-    let store = dir.join("planes.zarr");
-    write_planes(&store);
-    let (work, set_work) = own_work_dir(&dir);
-    let copy_to = |target: &std::path::Path| {
-        format!(
-            "COPY (SELECT * FROM fft('{}', 'v', dims => 'x')) TO '{}' STORED AS ZARR",
-            store.display(),
-            target.display()
-        )
-    };
     // As above: a block of whole planes does not fit beside the kernel.
-    let kernel = rayon::current_num_threads() * 3 * 16384 * 16;
-    let limit = 2 * kernel + (12 << 20);
-    let alone = zarrfusion::new_context_with(session_config(), limited(limit));
-    alone.sql(&set_work).await.unwrap();
-    let one = dir.join("alone.zarr");
-    query_rows(&alone, "the COPY on one machine", &copy_to(&one)).await;
-    assert_eq!(work_left(&work), Vec::<String>::new());
-
-    let workers = start_workers(2).await;
-    let ctx = distributed_context(session_config(), limited(limit), workers.urls.clone());
-    for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
-        ctx.sql(set).await.unwrap();
-    }
+    let case = TransformCopyCase::new("cluster-fft-copy-rechunked", "x", 12 << 20).await;
+    let TransformCopyCase {
+        dir,
+        work,
+        alone,
+        ctx,
+        one,
+        ..
+    } = &case;
+    let copy_to = |target: &std::path::Path| case.copy_to(target);
     let on_cluster = dir.join("cluster.zarr");
     let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
     let shown = displayable(plan.as_ref()).indent(true).to_string();
@@ -2904,21 +2890,13 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
 
     // The tasks through the codec: the same plan, carrying the copy's
     // location; other locations and chains refused.
-    let target = dir.join("codec.zarr");
-    let plan = first_node::<FftCopyExec>(physical_plan(&alone, &copy_to(&target)).await);
+    let (plan, on_cluster, tasks, sent) = case.tasks_sent("its copy").await;
     let copy = plan.downcast_ref::<FftCopyExec>().unwrap();
-    assert!(copy.on_cluster().unwrap().is_none(), "sent before its copy");
-    let rounds = copy.rounds_first(&|rows| rows).expect("a rechunked copy");
-    assert!(!rounds.unwrap().is_empty());
-    let on_cluster = copy.after_rounds_on_workers(|leaf| leaf).unwrap();
     assert!(
         copy.rounds_first(&|rows| rows).is_none(),
         "the copy made twice"
     );
-    let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
-    let wire = Wire::new(&alone);
-    let sent = wire.encode(Arc::clone(&tasks));
-    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    let wire = Wire::new(alone);
     let location = sent["rechunked"].as_str().expect("the copy's location");
     assert!(location.contains("zarrfusion-rechunked-fft-"), "{sent}");
     // The worker's tasks read the copy (and name it), else the same plan.
@@ -2926,7 +2904,7 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
     let codec = ZarrCodec::default();
     let back = (codec.try_decode(bytes.as_bytes(), &[], &alone.task_ctx(), &CONVERTER)).unwrap();
     let show = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
-    let store = store.display().to_string();
+    let store = case.store.display().to_string();
     assert_eq!(show(&back), show(&tasks).replace(&store, location));
     let refuses = |change: &dyn Fn(&mut Value), says: &str| {
         let mut bad = sent.clone();
@@ -2948,6 +2926,92 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
     );
     drop((plan, on_cluster, tasks, back));
     assert_eq!(work_left(&work), Vec::<String>::new());
+}
+
+/// The setup of the tests of a COPY of a transform on the workers: the
+/// planes store, a work_dir of the test's own, a session alone and one of
+/// two workers (`bytes_per_task` 1) under a limit where the transform's
+/// path makes a store in work_dir (the kernel's memory twice and `extra`
+/// bytes), and the COPY written by the session alone (`one`).
+struct TransformCopyCase {
+    dir: common::Scratch,
+    store: std::path::PathBuf,
+    work: std::path::PathBuf,
+    dims: &'static str,
+    alone: datafusion::prelude::SessionContext,
+    ctx: datafusion::prelude::SessionContext,
+    one: std::path::PathBuf,
+    _workers: Workers,
+}
+
+impl TransformCopyCase {
+    async fn new(name: &str, dims: &'static str, extra: usize) -> Self {
+        let dir = scratch(name);
+        let store = dir.join("planes.zarr");
+        write_planes(&store);
+        let (work, set_work) = own_work_dir(&dir);
+        let kernel = rayon::current_num_threads() * 3 * 16384 * 16;
+        let limit = 2 * kernel + extra;
+        let alone = zarrfusion::new_context_with(session_config(), limited(limit));
+        alone.sql(&set_work).await.unwrap();
+        let workers = start_workers(2).await;
+        let ctx = distributed_context(session_config(), limited(limit), workers.urls.clone());
+        for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
+            ctx.sql(set).await.unwrap();
+        }
+        let case = Self {
+            one: dir.join("alone.zarr"),
+            dir,
+            store,
+            work,
+            dims,
+            alone,
+            ctx,
+            _workers: workers,
+        };
+        let sql = case.copy_to(&case.one);
+        query_rows(&case.alone, "the COPY on one machine", &sql).await;
+        assert_eq!(work_left(&case.work), Vec::<String>::new());
+        case
+    }
+
+    /// The COPY of the transform to `target`.
+    fn copy_to(&self, target: &std::path::Path) -> String {
+        format!(
+            "COPY (SELECT * FROM fft('{}', 'v', dims => '{}')) TO '{}' STORED AS ZARR",
+            self.store.display(),
+            self.dims,
+            target.display()
+        )
+    }
+
+    /// The session alone's COPY (its `FftCopyExec`), given the rounds
+    /// that make `first` (which must run before its tasks are sent) and its
+    /// tasks after them; the tasks, and the tasks as the codec sends them.
+    async fn tasks_sent(
+        &self,
+        first: &str,
+    ) -> (
+        Arc<dyn ExecutionPlan>,
+        zarrfusion::array::fft::FftCopyExec,
+        Arc<dyn ExecutionPlan>,
+        Value,
+    ) {
+        use zarrfusion::array::fft::FftCopyExec;
+        let target = self.dir.join("codec.zarr");
+        let plan = physical_plan(&self.alone, &self.copy_to(&target)).await;
+        let plan = first_node::<FftCopyExec>(plan);
+        let copy = plan.downcast_ref::<FftCopyExec>().unwrap();
+        let before = format!("sent before {first}");
+        assert!(copy.on_cluster().unwrap().is_none(), "{before}");
+        let rounds = copy.rounds_first(&|rows| rows).expect(first);
+        assert!(!rounds.unwrap().is_empty());
+        let on_cluster = copy.after_rounds_on_workers(|leaf| leaf).unwrap();
+        let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
+        let sent = Wire::new(&self.alone).encode(Arc::clone(&tasks));
+        assert_eq!(sent["node"], "transform_copy", "{sent}");
+        (plan, on_cluster, tasks, sent)
+    }
 }
 
 /// Writes a Zarr v3 store at `dir`: `v` over (t 2, y 1024, x 512),
@@ -3251,35 +3315,19 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
 /// is not a staged transform's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
-    use zarrfusion::array::fft::FftCopyExec;
-
-    let dir = scratch("cluster-fft-copy-staged");
-    let store = dir.join("planes.zarr");
-    write_planes(&store);
-    let (work, set_work) = own_work_dir(&dir);
-    let copy_to = |target: &std::path::Path| {
-        format!(
-            "COPY (SELECT * FROM fft('{}', 'v', dims => 'y,x')) TO '{}' STORED AS ZARR",
-            store.display(),
-            target.display()
-        )
-    };
     // As for the staged query above: a plane does not fit.
-    let kernel = rayon::current_num_threads() * 3 * 16384 * 16;
-    let limit = 2 * kernel + (24 << 20);
-    let alone = zarrfusion::new_context_with(session_config(), limited(limit));
-    alone.sql(&set_work).await.unwrap();
-    let one = dir.join("alone.zarr");
-    let shown = common::explain_text(&alone, &copy_to(&one)).await;
+    let case = TransformCopyCase::new("cluster-fft-copy-staged", "y,x", 24 << 20).await;
+    let TransformCopyCase {
+        dir,
+        work,
+        alone,
+        ctx,
+        one,
+        ..
+    } = &case;
+    let copy_to = |target: &std::path::Path| case.copy_to(target);
+    let shown = common::explain_text(alone, &copy_to(&dir.join("shown.zarr"))).await;
     assert!(shown.contains("staged"), "{shown}");
-    query_rows(&alone, "the COPY on one machine", &copy_to(&one)).await;
-    assert_eq!(work_left(&work), Vec::<String>::new());
-
-    let workers = start_workers(2).await;
-    let ctx = distributed_context(session_config(), limited(limit), workers.urls.clone());
-    for set in ["SET zarrfusion.bytes_per_task = 1", set_work.as_str()] {
-        ctx.sql(set).await.unwrap();
-    }
     let on_cluster = dir.join("cluster.zarr");
     let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
     let shown = displayable(plan.as_ref()).indent(true).to_string();
@@ -3339,20 +3387,8 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
     assert_eq!(work_left(&work), Vec::<String>::new());
 
     // The COPY's tasks through the codec, after the first stage's.
-    let target = dir.join("codec.zarr");
-    let plan = first_node::<FftCopyExec>(physical_plan(&alone, &copy_to(&target)).await);
-    let copy = plan.downcast_ref::<FftCopyExec>().unwrap();
-    assert!(
-        copy.on_cluster().unwrap().is_none(),
-        "sent before its first stage"
-    );
-    let rounds = copy.rounds_first(&|rows| rows).expect("a first stage");
-    assert!(!rounds.unwrap().is_empty());
-    let on_cluster = copy.after_rounds_on_workers(|leaf| leaf).unwrap();
-    let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
-    let wire = Wire::new(&alone);
-    let sent = wire.encode(Arc::clone(&tasks));
-    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    let (plan, on_cluster, tasks, sent) = case.tasks_sent("its first stage").await;
+    let wire = Wire::new(alone);
     assert!(sent["staged"]["blocks"].as_u64().unwrap() > 1, "{sent}");
     let bytes = sent.to_string();
     let codec = ZarrCodec::default();

@@ -176,7 +176,7 @@ impl StoredStage for StagedTransform {
         );
         steps.push(ClusterStep {
             leaf: Arc::new(tasks),
-            blocks: self.tasks.blocks.num_blocks(),
+            blocks: self.blocks(),
             what: "the first stage of the staged transform".to_string(),
         });
         // A detrend's fit is a stage before the first that reads the
@@ -348,7 +348,7 @@ impl StagedTransform {
         format!(
             "blocks of shape {:?}, {} blocks, {} tasks{}, {}",
             self.tasks.blocks.block_shape(),
-            self.tasks.blocks.num_blocks(),
+            self.blocks(),
             self.tasks.workers,
             self.tasks.read_ahead,
             datafusion::common::human_readable_size(self.tasks.projected())
@@ -363,7 +363,7 @@ impl StagedTransform {
                 self.tasks.run(
                     &self.inner,
                     kernels,
-                    0..self.tasks.blocks.num_blocks(),
+                    0..self.blocks(),
                     &self.cancelled,
                     |e| e,
                     |pool, id| self.write_block(id, kernels, pool),
