@@ -433,6 +433,56 @@ def test_a_rolling_copy_rolls_its_chunks_on_the_workers_and_equals_xarray(worker
     assert sorted(p.name for p in tmp_path.iterdir()) == ["running.zarr"]
 
 
+def test_an_anomaly_copy_makes_its_chunks_on_the_workers_and_equals_xarray(workers, tmp_path):
+    """``COPY`` of a monthly anomaly and of its 24-hour running mean (variables
+    reading a climatology joined in): the climatology runs once as a stage of
+    its own on the workers and its rows are broadcast to the blockwise tasks,
+    which make the chunks on the two worker processes (no hash join); the
+    values are xarray's ``groupby("time.month") - climatology`` and its
+    ``rolling(time=24, min_periods=1).mean()``, and the work_dir is empty
+    afterwards."""
+    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
+    work = tmp_path / "work"
+    work.mkdir()
+    ctx = zf.SessionContext(
+        workers=workers, config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)}
+    )
+    ctx.register_zarr("era5", demo)
+    clim = (
+        "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
+        "FROM era5 GROUP BY 1, 2, 3) "
+    )
+    joined = (
+        "FROM era5 JOIN clim ON extract(month FROM era5.time) = clim.month "
+        "AND era5.lat = clim.lat AND era5.lon = clim.lon"
+    )
+    t2m = xr.open_zarr(demo, chunks=None).load().t2m.astype("float64")
+    anomaly = t2m.groupby("time.month") - t2m.groupby("time.month").mean("time")
+    running = (
+        "avg(era5.t2m - clim.c) OVER (PARTITION BY era5.lat, era5.lon ORDER BY era5.time "
+        "ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)"
+    )
+    cases = {
+        "anomaly": ("era5.t2m - clim.c", anomaly, "time=7,lat=11,lon=16"),
+        "running": (running, anomaly.rolling(time=24, min_periods=1).mean(), "time=24"),
+    }
+    for name, (value, want, chunks) in cases.items():
+        out = tmp_path / f"{name}.zarr"
+        query = f"{clim}SELECT era5.time, era5.lat, era5.lon, {value} AS a {joined}"
+        sql = f"COPY ({query}) TO '{out}' STORED AS ZARR OPTIONS ('chunks' '{chunks}')"
+        distributed = _distributed_plan(ctx, sql)
+        step = next(line for line in distributed.splitlines() if "BlockwiseTasksExec" in line)
+        assert "broadcast=[clim" in step and "tasks=its stage's" in step, distributed
+        assert "NetworkBroadcastExec" in distributed and "HashJoinExec" not in distributed, distributed
+        ctx.sql(sql).collect()
+        got = xr.open_zarr(out, chunks=None).load()
+        want = want.transpose("time", "lat", "lon")
+        np.testing.assert_array_equal(got.time.values, want.time.values)
+        np.testing.assert_array_equal(got.lat.values, want.lat.values)
+        np.testing.assert_allclose(got.a.values, want.values, rtol=1e-9, atol=1e-9)
+    assert list(work.iterdir()) == [], list(work.rglob("*"))
+
+
 def test_transforms_run_on_the_workers_and_equal_xrft(workers):
     """``fft(...)`` along two dimensions, and the ``ifft`` of a view of it
     (a chain, transformed block by block without a store between them),

@@ -1,7 +1,8 @@
 //! Broadcast joins on a cluster: a physical optimizer rule of sessions
-//! with workers. A Zarr scan or dense reduction reading a table joined in
-//! on some of its dimensions ([broadcast columns](crate::table::Broadcast),
-//! an anomaly's climatology) has the small side's plan as its input.
+//! with workers. A Zarr scan, dense reduction, rolling window or a COPY's
+//! blockwise step reading a table joined in on some of its dimensions
+//! ([broadcast columns](crate::table::Broadcast), an anomaly's
+//! climatology) has the small side's plan as its input.
 //! [`ClusterBroadcasts`] puts datafusion-distributed's `BroadcastExec` over
 //! each such input and deals the operator's blocks to the tasks of its
 //! stage ([`ZarrScanExec::with_tasks_of_stage`]). The distributed planner
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use datafusion_distributed::BroadcastExec;
 
+use crate::array::copy::cluster::BlockwiseTasksExec;
 use crate::array::rolling::RollingWindowExec;
 use crate::array::DenseReductionExec;
 use crate::plan_methods::physical_bottom_up_rule;
@@ -50,6 +52,11 @@ physical_bottom_up_rule!(
                 return Ok(None);
             }
             Arc::new(window.with_tasks_of_stage())
+        } else if let Some(step) = node.downcast_ref::<BlockwiseTasksExec>() {
+            if step.tasks() == TASKS_OF_STAGE {
+                return Ok(None);
+            }
+            Arc::new(step.with_tasks_of_stage())
         } else if let Some(reduction) = node.downcast_ref::<DenseReductionExec>() {
             if matches!(reduction.tasks(), None | Some(TASKS_OF_STAGE)) {
                 return Ok(None);

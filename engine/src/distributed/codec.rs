@@ -1197,20 +1197,9 @@ impl ZarrCodec {
 
     /// The read `read` describes, made again on this worker: its table
     /// opened and checked to have the columns the plan was made for, its
-    /// selection and blocks checked against the table's grid.
-    fn decode_read(&self, read: Read, ctx: &TaskContext) -> Result<BlockRead> {
-        let read = self.decode_joined_read(read, ctx)?;
-        if !read.table.broadcasts_read(&read.columns).is_empty() {
-            return plan_err!(
-                "a read of {} with a table joined in was sent to a node that cannot join it",
-                read.table.store
-            );
-        }
-        Ok(read)
-    }
-
-    /// A read received by a node that joins the small tables it reads
-    /// (its inputs): a scan or a reduction.
+    /// selection and blocks checked against the table's grid. The tables
+    /// it joins in are those of the node receiving it (its inputs: a scan,
+    /// a reduction, a rolling window or a COPY's blockwise step).
     fn decode_joined_read(&self, read: Read, ctx: &TaskContext) -> Result<BlockRead> {
         let table = self.open(&read.source, ctx)?;
         let store = &table.store;
@@ -1797,31 +1786,38 @@ impl ZarrCodec {
     }
 
     /// Step 1 of a COPY of a selection received by a worker: its read
-    /// made again, its expressions over the columns read, writing only
+    /// made again, its expressions over the columns read (and those of
+    /// the tables it joins in, whose rows are its `inputs`), writing only
     /// into a COPY's intermediate store or temporary directory (or an
     /// object-store prefix its `allowed_locations` permit), its tasks
-    /// fitted to the worker's `allowed_mem`.
+    /// fitted to the worker's `allowed_mem` beside the tables joined in.
     fn decode_blockwise(
         &self,
         run: BlockwiseRun,
+        inputs: &[Arc<dyn ExecutionPlan>],
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let (read, rolling) = match run.kernel {
-            Kernel::Evaluate(read) => (self.decode_read(*read, ctx)?, None),
+        let (read, broadcasts, rolling) = match run.kernel {
+            Kernel::Evaluate(read) => {
+                let (read, broadcasts) =
+                    self.joined_inputs(*read, JoinedRows::Inputs(inputs), ctx)?;
+                (read, broadcasts, None)
+            }
             Kernel::Roll(window) => {
-                // A COPY's window joins nothing in.
-                let window = self.decode_window(*window, JoinedRows::Inputs(&[]), ctx)?;
+                let window = self.decode_window(*window, JoinedRows::Inputs(inputs), ctx)?;
                 let Some(window) = window.downcast_ref::<RollingWindowExec>() else {
                     return internal_err!("a rolling window decoded as {}", window.name());
                 };
                 let rolling = Arc::clone(window.rolling());
-                (rolling.read.clone(), Some(rolling))
+                let broadcasts = window.broadcasts().clone();
+                (rolling.read.clone(), broadcasts, Some(rolling))
             }
         };
         let store = read.table.store.clone();
+        let stage_tasks = run.tasks == TASKS_OF_STAGE && !broadcasts.is_empty();
         check_counts(
             &format!("a blockwise step over {store}"),
-            &[("tasks", run.tasks, MAX_TASKS)],
+            &[("tasks", run.tasks.max(usize::from(stage_tasks)), MAX_TASKS)],
         )?;
         if run.exprs.len() > MAX_ARRAYS {
             return plan_err!(
@@ -1845,7 +1841,22 @@ impl ZarrCodec {
         let exprs = (run.exprs.iter())
             .map(|e| self.decode_expr(e, ctx, &schema))
             .collect::<Result<Vec<_>>>()?;
-        let limit = ctx.memory_pool().memory_limit();
+        // The tables joined in are held beside the chunks being made.
+        let limit = match ctx.memory_pool().memory_limit() {
+            MemoryLimit::Finite(bytes) => {
+                let held = broadcasts.memory();
+                if held > bytes {
+                    return resources_err!(
+                        "a blockwise step over {store} joins in tables of {} but the \
+                         worker's memory limit (allowed_mem) is {}",
+                        human_readable_size(held),
+                        human_readable_size(bytes)
+                    );
+                }
+                MemoryLimit::Finite(bytes - held)
+            }
+            other => other,
+        };
         let batch_size = ctx.session_config().batch_size().max(1);
         let BlockRead {
             table,
@@ -1857,7 +1868,7 @@ impl ZarrCodec {
         let threads = options.threads;
         let exec = BlockwiseTasksExec::received(
             (table, selection),
-            run.step,
+            (run.step, broadcasts),
             threads,
             |grid, block, types, threads| match rolling {
                 None => {
@@ -1886,7 +1897,10 @@ impl ZarrCodec {
                 }
             },
         )?;
-        Ok(Arc::new(exec.with_tasks(run.tasks)))
+        Ok(Arc::new(match stage_tasks {
+            true => exec.with_tasks_of_stage(),
+            false => exec.with_tasks(run.tasks),
+        }))
     }
 
     /// `expr` as it travels.
@@ -2113,7 +2127,7 @@ impl ZarrCodec {
     fn encode_blockwise(&self, step: &BlockwiseTasksExec) -> Result<Node> {
         let (kernel, exprs) = match &step.blocks().step {
             Step::Evaluate(evaluate) => (
-                Kernel::Evaluate(Box::new(Read::of(&step.evaluate_read(evaluate)?)?)),
+                Kernel::Evaluate(Box::new(self.joined_read(&step.evaluate_read(evaluate)?)?)),
                 evaluate.exprs.as_slice(),
             ),
             Step::Writers(writers) => {
@@ -2285,11 +2299,15 @@ impl PhysicalExtensionCodec for ZarrCodec {
         let node: Node = serde_json::from_slice(buf)
             .map_err(|e| exec_datafusion_err!("a malformed zarrfusion plan node: {e}"))?;
         // Every zarrfusion node that travels is a leaf, but for the rows of
-        // the tables a scan or a reduction joins in.
+        // the tables a scan, a reduction, a rolling window or a COPY's
+        // blockwise step joins in.
         // A merge's one input is the states it merges.
         // The stage after a staged transform's first: the first stage's
         // counts.
-        let joins = matches!(node, Node::Scan(_) | Node::Reduction(_) | Node::Window(_));
+        let joins = matches!(
+            node,
+            Node::Scan(_) | Node::Reduction(_) | Node::Window(_) | Node::Blockwise(_)
+        );
         let expected = match &node {
             Node::Merge(_) => 1,
             Node::Transform(t) => usize::from(t.staged.is_some() || t.four_step.is_some()),
@@ -2312,7 +2330,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
             Node::Merge(merge) => self.decode_merge(merge, &inputs[0], ctx),
             Node::Window(window) => self.decode_window(window, JoinedRows::Inputs(inputs), ctx),
             Node::RechunkTasks(run) => decode_rechunk(run, ctx),
-            Node::Blockwise(run) => self.decode_blockwise(run, ctx),
+            Node::Blockwise(run) => self.decode_blockwise(run, inputs, ctx),
             Node::Transform(transform) => self.decode_transform(transform, inputs, ctx),
             Node::FourStepPass(pass) => self.decode_four_step_pass(pass, ctx),
             Node::TransformCopy(copy) => self.decode_transform_copy(copy, ctx),

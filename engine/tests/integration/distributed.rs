@@ -1579,6 +1579,114 @@ async fn a_selection_copy_makes_its_chunks_on_the_workers() {
     assert!(work_left(&work).is_empty(), "{:?}", work_left(&work));
 }
 
+/// A `COPY` of an anomaly, or of its running mean (variables reading a
+/// climatology joined in as a broadcast), on a cluster: the climatology is
+/// a stage of its own whose rows are broadcast to the tasks of the
+/// blockwise step, which make the chunks on the workers holding it beside
+/// them (and the rechunk of the intermediate store runs there too). The
+/// store is the one the same COPY writes on one machine, file for file
+/// (that COPY is checked against xarray in `broadcast_join.rs`), and
+/// nothing is left. The step's tasks travel with the small side's plan as
+/// their input: refused without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_of_an_anomaly_broadcasts_its_climatology_to_the_workers_making_its_chunks() {
+    use zarrfusion::array::copy::selection::SelectionCopyExec;
+
+    let dir = scratch("cluster-anomaly-copy");
+    let queries = common::expected_queries("anomaly_queries.json");
+    let local = new_context();
+    let workers = start_workers(2).await;
+    let ctx = cluster_session(&workers).await;
+    let (work, set_work) = own_work_dir(&dir);
+    (ctx.sql(&set_work).await).unwrap();
+    for c in [&local, &ctx] {
+        (c.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+            .await)
+            .unwrap();
+    }
+    // Over the whole grid too.
+    let whole = [
+        (
+            "whole_anomaly",
+            "SELECT t.time, t.lat, t.lon, t.t2m - m.c AS a FROM t JOIN \
+             (SELECT lat, lon, avg(t2m) AS c FROM t GROUP BY lat, lon) m \
+             ON t.lat = m.lat AND t.lon = m.lon",
+        ),
+        (
+            "whole_rolled",
+            "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, \
+             avg(t2m) AS c FROM t GROUP BY 1, 2, 3) SELECT t.time, t.lat, t.lon, \
+             avg(t.t2m - clim.c) OVER (PARTITION BY t.lat, t.lon ORDER BY t.time \
+             ROWS BETWEEN 3 PRECEDING AND CURRENT ROW) AS m FROM t JOIN clim \
+             ON extract(month FROM t.time) = clim.month AND t.lat = clim.lat \
+             AND t.lon = clim.lon",
+        ),
+    ];
+    for (name, chunks, rolled) in [
+        ("anomaly_of_each_cell_using", "time=5,lat=3,lon=2", false),
+        ("anomaly_of_each_cell_using", "time=4,lat=6,lon=3", false),
+        ("rolling_anomaly_day_mean", "time=5,lat=1,lon=2", true),
+        ("rolling_left_join_sum", "time=3,lat=1,lon=1", true),
+        ("whole_anomaly", "time=50", false),
+        ("whole_rolled", "time=50,lat=3,lon=3", true),
+    ] {
+        let sql = (queries.iter())
+            .find(|q| q["name"] == name)
+            .and_then(|q| q["sql"].as_str())
+            .or_else(|| whole.iter().find(|(n, _)| *n == name).map(|(_, sql)| *sql))
+            .unwrap_or_else(|| panic!("no oracle query {name}"));
+        // The query without its final ORDER BY (the store is a grid).
+        let query = match sql.rsplit_once(" ORDER BY ") {
+            Some((query, order)) if !order.contains(')') => query,
+            _ => sql,
+        };
+        let copy_to = |target: &std::path::Path| {
+            format!(
+                "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' '{chunks}')",
+                target.display()
+            )
+        };
+        let alone = dir.join(format!("{name}-{chunks}-alone.zarr"));
+        let want = query_rows(&local, "the COPY on one machine", &copy_to(&alone)).await;
+        let on_cluster = dir.join(format!("{name}-{chunks}.zarr"));
+        let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        let step = (shown.lines()).find(|l| l.contains("BlockwiseTasksExec"));
+        assert!(
+            shown.contains("tasks on the cluster's workers")
+                && step.is_some_and(|l| l.contains("broadcast=[") && l.contains("its stage's"))
+                && shown.contains("NetworkBroadcastExec")
+                && !shown.contains("HashJoinExec"),
+            "{name}:\n{shown}"
+        );
+        assert_eq!(shown.contains("rolled along"), rolled, "{name}:\n{shown}");
+        assert_copy_count(&ctx, plan, &want).await;
+        assert_same_files(&alone, &on_cluster);
+        assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+        assert!(work_left(&work).is_empty(), "{:?}", work_left(&work));
+
+        // The step's tasks through the codec, the small side's plan their
+        // input.
+        let target = dir.join("codec.zarr");
+        let plan = first_node::<SelectionCopyExec>(physical_plan(&local, &copy_to(&target)).await);
+        let copy = plan.downcast_ref::<SelectionCopyExec>().unwrap();
+        let on_cluster = copy.on_cluster().unwrap().expect("its rounds");
+        let step = Arc::clone(on_cluster.children()[0].children()[0]);
+        assert_eq!(step.name(), "BlockwiseTasksExec");
+        let inputs: Vec<Arc<dyn ExecutionPlan>> = step.children().into_iter().cloned().collect();
+        assert_eq!(inputs.len(), 1, "the climatology");
+        let wire = Wire::new(&local);
+        let sent = serde_json::to_vec(&wire.encode(Arc::clone(&step))).unwrap();
+        wire.decode_with(&sent, &inputs).expect("the step as sent");
+        let err = wire
+            .decode_with(&sent, &[])
+            .expect_err("no inputs accepted");
+        assert!(err.contains("sent 0 inputs"), "{err}");
+        drop((plan, on_cluster, step));
+        assert!(work_left(&work).is_empty(), "{:?}", work_left(&work));
+    }
+}
+
 /// The tasks of a COPY of a selection through the codec: the blockwise
 /// step and the rechunk of its intermediate store give the same plan; a
 /// worker refuses chunks that do not fit the selection, variables that do
@@ -2870,7 +2978,7 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
     } = &case;
     let copy_to = |target: &std::path::Path| case.copy_to(target);
     let on_cluster = dir.join("cluster.zarr");
-    let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
+    let plan = physical_plan(ctx, &copy_to(&on_cluster)).await;
     let shown = displayable(plan.as_ref()).indent(true).to_string();
     for part in [
         "FftCopyExec",
@@ -2883,10 +2991,10 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
         assert!(shown.contains(part), "{part}:\n{shown}");
     }
     let rows = vec![vec![Value::from(2 * 1024 * 512)]];
-    assert_copy_count(&ctx, plan, &rows).await;
-    assert_same_files(&one, &on_cluster);
-    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
-    assert_eq!(work_left(&work), Vec::<String>::new());
+    assert_copy_count(ctx, plan, &rows).await;
+    assert_same_files(one, &on_cluster);
+    assert!(leftovers(dir).is_empty(), "{:?}", leftovers(dir));
+    assert_eq!(work_left(work), Vec::<String>::new());
 
     // The tasks through the codec: the same plan, carrying the copy's
     // location; other locations and chains refused.
@@ -2925,7 +3033,7 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
         "sent as a chain of 2 transforms",
     );
     drop((plan, on_cluster, tasks, back));
-    assert_eq!(work_left(&work), Vec::<String>::new());
+    assert_eq!(work_left(work), Vec::<String>::new());
 }
 
 /// The setup of the tests of a COPY of a transform on the workers: the
@@ -3329,7 +3437,7 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
     let shown = common::explain_text(alone, &copy_to(&dir.join("shown.zarr"))).await;
     assert!(shown.contains("staged"), "{shown}");
     let on_cluster = dir.join("cluster.zarr");
-    let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
+    let plan = physical_plan(ctx, &copy_to(&on_cluster)).await;
     let shown = displayable(plan.as_ref()).indent(true).to_string();
     for part in [
         "FftCopyExec",
@@ -3343,10 +3451,10 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
     // The first stage's tasks and the COPY's.
     assert_eq!(shown.matches("FftCopyTasksExec").count(), 2, "{shown}");
     let rows = vec![vec![Value::from(2 * 1024 * 512)]];
-    assert_copy_count(&ctx, plan, &rows).await;
-    assert_same_files(&one, &on_cluster);
-    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
-    assert_eq!(work_left(&work), Vec::<String>::new());
+    assert_copy_count(ctx, plan, &rows).await;
+    assert_same_files(one, &on_cluster);
+    assert!(leftovers(dir).is_empty(), "{:?}", leftovers(dir));
+    assert_eq!(work_left(work), Vec::<String>::new());
 
     // Detrended: the plane's linear trend fitted in a stage before the
     // first, its sums broadcast to the first stage's tasks. Added in
@@ -3356,9 +3464,9 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
         copy_to(target).replace("dims => 'y,x'", "dims => 'y,x', detrend => 'linear'")
     };
     let one_detrended = dir.join("alone-detrended.zarr");
-    query_rows(&alone, "the detrended COPY", &detrended(&one_detrended)).await;
+    query_rows(alone, "the detrended COPY", &detrended(&one_detrended)).await;
     let cluster_detrended = dir.join("cluster-detrended.zarr");
-    let plan = physical_plan(&ctx, &detrended(&cluster_detrended)).await;
+    let plan = physical_plan(ctx, &detrended(&cluster_detrended)).await;
     let shown = displayable(plan.as_ref()).indent(true).to_string();
     for part in [
         "AfterExec: after the first stage of the staged transform",
@@ -3367,7 +3475,7 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
     ] {
         assert!(shown.contains(part), "{part}:\n{shown}");
     }
-    assert_copy_count(&ctx, plan, &rows).await;
+    assert_copy_count(ctx, plan, &rows).await;
     let sums = |store: &std::path::Path| {
         format!(
             "SELECT freq_y, sum(v['re'] * cos(7 * freq_x + 3 * freq_y)) AS a, \
@@ -3377,14 +3485,14 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
             store.display()
         )
     };
-    let want = query_rows(&alone, "one machine's store", &sums(&one_detrended)).await;
-    let got = query_rows(&alone, "the cluster's store", &sums(&cluster_detrended)).await;
+    let want = query_rows(alone, "one machine's store", &sums(&one_detrended)).await;
+    let got = query_rows(alone, "the cluster's store", &sums(&cluster_detrended)).await;
     assert_eq!(want.len(), 1024);
     assert_rows("detrended", &got, &want);
-    let plain = query_rows(&alone, "the plain store", &sums(&one)).await;
+    let plain = query_rows(alone, "the plain store", &sums(one)).await;
     assert_ne!(plain, want, "the trend removed");
-    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
-    assert_eq!(work_left(&work), Vec::<String>::new());
+    assert!(leftovers(dir).is_empty(), "{:?}", leftovers(dir));
+    assert_eq!(work_left(work), Vec::<String>::new());
 
     // The COPY's tasks through the codec, after the first stage's.
     let (plan, on_cluster, tasks, sent) = case.tasks_sent("its first stage").await;
@@ -3428,7 +3536,7 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
         "not a staged transform's store",
     );
     drop((plan, on_cluster, tasks, back));
-    assert_eq!(work_left(&work), Vec::<String>::new());
+    assert_eq!(work_left(work), Vec::<String>::new());
 }
 
 /// A staged transform whose first stage takes the four-step path
@@ -3918,56 +4026,4 @@ async fn a_reduction_by_functions_of_a_long_dimension_is_counted_by_its_keys_on_
     by_time["groups"][0] = serde_json::json!({"dim": 0, "expr": null});
     let err = wire.decode(&by_time).expect_err("415 G groups accepted");
     assert!(err.contains("groups") && err.contains("exceed"), "{err}");
-}
-
-/// A `COPY` of an anomaly (and of its running mean) in a session with
-/// workers: the climatology is computed as the copy's input and the
-/// chunks are written in the session, the store the same COPY writes on
-/// one machine, file for file (that COPY is checked against xarray in
-/// `broadcast_join.rs`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_anomaly_copy_runs_in_the_session_with_the_store_of_one_machine() {
-    let dir = scratch("cluster-anomaly-copy");
-    let workers = start_workers(2).await;
-    let anomaly = "SELECT t.time, t.lat, t.lon, t.t2m - m.c AS a FROM t JOIN \
-                   (SELECT lat, lon, avg(t2m) AS c FROM t GROUP BY lat, lon) m \
-                   ON t.lat = m.lat AND t.lon = m.lon";
-    let rolled = "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, \
-                  avg(t2m) AS c FROM t GROUP BY 1, 2, 3) SELECT t.time, t.lat, t.lon, \
-                  avg(t.t2m - clim.c) OVER (PARTITION BY t.lat, t.lon ORDER BY t.time \
-                  ROWS BETWEEN 3 PRECEDING AND CURRENT ROW) AS m FROM t JOIN clim \
-                  ON extract(month FROM t.time) = clim.month AND t.lat = clim.lat \
-                  AND t.lon = clim.lon";
-    for (name, query) in [("anomaly", anomaly), ("rolled", rolled)] {
-        let local = new_context();
-        let ctx = cluster_session(&workers).await;
-        for c in [&local, &ctx] {
-            (c.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-                .await)
-                .unwrap();
-        }
-        let copy_to = |target: &std::path::Path| {
-            format!(
-                "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=50')",
-                target.display()
-            )
-        };
-        let alone = dir.join(format!("{name}_alone.zarr"));
-        query_rows(&local, "COPY on one machine", &copy_to(&alone)).await;
-        let on_cluster = dir.join(format!("{name}.zarr"));
-        let plan = physical_plan(&ctx, &copy_to(&on_cluster)).await;
-        let shown = displayable(plan.as_ref()).indent(true).to_string();
-        assert!(
-            shown.contains("SelectionCopyExec")
-                && shown.contains("broadcast=[")
-                && !shown.contains("tasks on the cluster's workers")
-                && !shown.contains("HashJoinExec"),
-            "{name}:\n{shown}"
-        );
-        datafusion::physical_plan::collect(plan, ctx.task_ctx())
-            .await
-            .unwrap();
-        assert_same_files(&alone, &on_cluster);
-        assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
-    }
 }

@@ -15,6 +15,12 @@
 //! (coordinates and metadata) before the first round and the target's
 //! metadata after the last, and commits the target atomically; the
 //! intermediate store is erased however the COPY ends.
+//!
+//! When the variables read a table joined in (an anomaly against its
+//! climatology), its plan is step 1's input: the distributed planner makes
+//! it a stage of its own and broadcasts its rows to each task of step 1
+//! ([`crate::distributed::broadcasts`]), which holds them as a dense array
+//! beside its chunks, as the session does on one machine.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,7 +32,9 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use zarrs::storage::store::MemoryStore;
 use zarrs::storage::ReadableWritableListableStorage;
@@ -34,8 +42,10 @@ use zarrs::storage::ReadableWritableListableStorage;
 use super::blockwise::{Blockwise, BlockwiseStep, Evaluate, SelectedGrid, Step};
 use crate::array::rechunk::{ClusterRounds, PreparedRechunk, TargetEncoding};
 use crate::array::tasks::run_cluster_tasks;
-use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
-use crate::table::{task_share, BlockGrid, BlockRead, GridTable, Selection};
+use crate::plan_methods::{metered_plan_methods, named_plan_methods, no_expressions_method};
+use crate::table::{
+    task_share, BlockGrid, BlockRead, BroadcastInputs, GridTable, Selection, TASKS_OF_STAGE,
+};
 use crate::write::options::ZarrWriteOptions;
 use crate::write::scratch::ScratchStore;
 use crate::write::store::{variable_array, GroupVariable};
@@ -126,13 +136,18 @@ impl BlockwiseTasks {
 }
 
 /// A run of the chunks of step 1 of a COPY of a selection: the leaf of a
-/// cluster's blockwise stage. Its one partition yields one row, `tasks`:
-/// how many chunks it made.
+/// cluster's blockwise stage (or, when its variables read tables joined
+/// in, the node over their broadcasts). Its one partition yields one row,
+/// `tasks`: how many chunks it made.
 pub struct BlockwiseTasksExec {
     blocks: Arc<BlockwiseStep>,
     sent: Arc<BlockwiseTasks>,
-    /// The distributed tasks the chunks are dealt to.
+    /// The distributed tasks the chunks are dealt to ([`TASKS_OF_STAGE`]:
+    /// as many as its stage runs).
     tasks: usize,
+    /// The tables joined in that its variables read (its children),
+    /// computed first and held while it writes.
+    broadcasts: BroadcastInputs,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -147,11 +162,16 @@ impl fmt::Debug for BlockwiseTasksExec {
 }
 
 impl BlockwiseTasksExec {
-    fn new(blocks: Arc<BlockwiseStep>, sent: Arc<BlockwiseTasks>) -> Self {
+    fn new(
+        blocks: Arc<BlockwiseStep>,
+        sent: Arc<BlockwiseTasks>,
+        broadcasts: BroadcastInputs,
+    ) -> Self {
         Self {
             blocks,
             sent,
             tasks: 1,
+            broadcasts,
             properties: counted_properties("tasks"),
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -160,14 +180,14 @@ impl BlockwiseTasksExec {
     /// Step 1 as a worker receives it: what `selection` keeps of `table`
     /// (opened again under the worker's policy) in the chunks `sent`,
     /// made by `step` (given the selected grid, the chunks' shape, the
-    /// variables' types and the threads it may use, at most `threads`);
-    /// refused when the chunks
-    /// do not fit the selection or the arrays written are not whole chunks
-    /// of them (and by `step` when its tasks cannot fit the worker's
-    /// `allowed_mem`).
+    /// variables' types and the threads it may use, at most `threads`),
+    /// reading the tables joined in of `broadcasts`; refused when the
+    /// chunks do not fit the selection or the arrays written are not whole
+    /// chunks of them (and by `step` when its tasks cannot fit the worker's
+    /// `allowed_mem` beside the broadcasts).
     pub(crate) fn received(
         (table, selection): (Arc<GridTable>, Selection),
-        sent: BlockwiseTasks,
+        (sent, broadcasts): (BlockwiseTasks, BroadcastInputs),
         threads: usize,
         step: impl FnOnce(&SelectedGrid<'_>, &[u64], &[DataType], usize) -> Result<Step>,
     ) -> Result<Self> {
@@ -229,14 +249,33 @@ impl BlockwiseTasksExec {
             types,
             step,
         };
-        Ok(Self::new(Arc::new(blocks), Arc::new(sent)))
+        Ok(Self::new(Arc::new(blocks), Arc::new(sent), broadcasts))
     }
 
     /// A copy dealing the chunks to `tasks` distributed tasks.
     pub fn with_tasks(&self, tasks: usize) -> Self {
         Self {
             tasks: tasks.max(1),
-            ..Self::new(Arc::clone(&self.blocks), Arc::clone(&self.sent))
+            ..self.rejoined(self.broadcasts.clone())
+        }
+    }
+
+    /// A copy dealing the chunks to the tasks of its cluster's stage,
+    /// however many the stage has (a step whose small sides are its
+    /// inputs is not its stage's leaf, so the stage does not say).
+    pub fn with_tasks_of_stage(&self) -> Self {
+        Self {
+            tasks: TASKS_OF_STAGE,
+            ..self.rejoined(self.broadcasts.clone())
+        }
+    }
+
+    /// A copy of this step joining `broadcasts` in (its children
+    /// replaced).
+    fn rejoined(&self, broadcasts: BroadcastInputs) -> Self {
+        Self {
+            tasks: self.tasks,
+            ..Self::new(Arc::clone(&self.blocks), Arc::clone(&self.sent), broadcasts)
         }
     }
 
@@ -287,21 +326,48 @@ impl BlockwiseTasksExec {
 
 impl DisplayAs for BlockwiseTasksExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let dims = self.blocks.table.dim_names();
         write!(
             f,
-            "BlockwiseTasksExec: store={}, into={}, chunks {:?} ({} tasks), projected_memory={}, tasks={}",
+            "BlockwiseTasksExec: store={}, into={}, chunks {:?} ({} tasks){}, projected_memory={}, tasks={}",
             self.blocks.table.store,
             self.sent.into,
             self.blocks.block,
             self.blocks.tasks(),
+            self.broadcasts.display(&dims),
             human_readable_size(self.blocks.memory() as usize),
-            self.tasks
+            match self.tasks {
+                TASKS_OF_STAGE => "its stage's".to_string(),
+                n => n.to_string(),
+            }
         )
     }
 }
 
 impl ExecutionPlan for BlockwiseTasksExec {
-    leaf_plan_methods!("BlockwiseTasksExec");
+    named_plan_methods!("BlockwiseTasksExec");
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.broadcasts.children()
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false; self.broadcasts.children().len()]
+    }
+
+    no_expressions_method!();
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() && self.broadcasts.is_empty() {
+            return Ok(self);
+        }
+        Ok(Arc::new(
+            self.rejoined(self.broadcasts.with_children(children)?),
+        ))
+    }
 
     fn execute(
         &self,
@@ -313,14 +379,7 @@ impl ExecutionPlan for BlockwiseTasksExec {
         let run = task_share("BlockwiseTasksExec", store, self.tasks, 0..all, &context)?;
         let (blocks, sent) = (Arc::clone(&self.blocks), Arc::clone(&self.sent));
         let runtime = context.runtime_env();
-        let job = WriteJob {
-            operator: "BlockwiseTasksExec",
-            store: &self.blocks.table.store,
-            projected: self.blocks.memory() as usize,
-            metrics: &self.metrics,
-            properties: &self.properties,
-        };
-        job.run(partition, &context, move |cancelled| {
+        let write = move |cancelled: &AtomicBool| {
             let dims: Vec<String> = blocks.table.dims.iter().map(|d| d.name.clone()).collect();
             let options = sent.write_options();
             let arrays_in = |storage: &ReadableWritableListableStorage| {
@@ -348,10 +407,54 @@ impl ExecutionPlan for BlockwiseTasksExec {
                 bytes_read: 0,
                 bytes_written: cells.saturating_mul(blocks.cell_bytes()),
             })
+        };
+        let (store, projected) = (
+            self.blocks.table.store.clone(),
+            self.blocks.memory() as usize,
+        );
+        if self.broadcasts.is_empty() {
+            let job = step_job(&store, projected, &self.metrics, &self.properties);
+            return job.run(partition, &context, write);
+        }
+        // The tables joined in are computed first (their rows broadcast to
+        // this task) and held while the chunks are written; they reserve
+        // their own memory as they are held.
+        let (broadcasts, metrics, properties) = (
+            self.broadcasts.clone(),
+            self.metrics.clone(),
+            Arc::clone(&self.properties),
+        );
+        let schema = self.schema();
+        let stream = futures::stream::once(async move {
+            let held = broadcasts.hold(&context, 1).await?;
+            let job = step_job(&store, projected, &metrics, &properties);
+            job.run(partition, &context, move |cancelled| {
+                let _held = held;
+                write(cancelled)
+            })
         })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
     metered_plan_methods!(|_| Some(1));
+}
+
+/// Step 1's run of chunks over `store`, projected to hold `projected`
+/// bytes, as an operator's job reporting to `metrics`.
+fn step_job<'a>(
+    store: &'a str,
+    projected: usize,
+    metrics: &'a ExecutionPlanMetricsSet,
+    properties: &'a PlanProperties,
+) -> WriteJob<'a> {
+    WriteJob {
+        operator: "BlockwiseTasksExec",
+        store,
+        projected,
+        metrics,
+        properties,
+    }
 }
 
 /// A COPY of a selection on a cluster: where its tasks write, and their
@@ -376,8 +479,13 @@ struct ClusterRechunk {
 }
 
 impl ClusterSelection {
-    /// The rounds of `copy` on a cluster's workers.
-    pub(crate) fn plan(copy: &Blockwise, runtime: &RuntimeEnv) -> Result<Self> {
+    /// The rounds of `copy` on a cluster's workers, its step 1 reading the
+    /// tables joined in of `broadcasts` (their plans its inputs).
+    pub(crate) fn plan(
+        copy: &Blockwise,
+        broadcasts: BroadcastInputs,
+        runtime: &RuntimeEnv,
+    ) -> Result<Self> {
         let staged = copy.to.staged()?;
         let work_dir = copy.work_dir();
         let (into, encoding, chunks, rechunk) = match copy.direct {
@@ -414,7 +522,7 @@ impl ClusterSelection {
             workers: copy.blocks.step.workers(),
         };
         let blocks = Arc::clone(&copy.blocks);
-        let exec = BlockwiseTasksExec::new(blocks, Arc::new(sent));
+        let exec = BlockwiseTasksExec::new(blocks, Arc::new(sent), broadcasts);
         Ok(Self {
             staged,
             blockwise: Arc::new(CoalescePartitionsExec::new(Arc::new(exec))),

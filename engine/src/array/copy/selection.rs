@@ -26,7 +26,9 @@
 //! the join keeps every cell): the copy computes the small side first (its
 //! plan is the copy's input), holds it beside its steps' memory while the
 //! chunks are written, and gathers it into each chunk's cells as a scan
-//! does. Such a copy runs in the session, also where there are workers.
+//! does. On a cluster the small side's rows are broadcast to the workers
+//! making step 1's chunks, each holding them as the session does here
+//! ([`super::cluster`]).
 //!
 //! ```sql
 //! COPY (SELECT era5.time, era5.lat, era5.lon, era5.t2m - clim.c AS anomaly
@@ -303,17 +305,19 @@ impl SelectionCopyExec {
     }
 
     /// This copy with its steps' rounds of tasks as its inputs, to run on
-    /// a cluster's workers; `None` when they already are, or when it reads
-    /// tables joined in (it then runs in the session, its small sides
-    /// being its inputs). A local target's temporary directory and the
-    /// intermediate store (in `work_dir`, which every worker must reach)
-    /// are named now, for the workers to write into.
+    /// a cluster's workers; `None` when they already are. The tables
+    /// joined in that its variables read become the inputs of its step 1,
+    /// whose tasks hold them (they are not held here). A local target's
+    /// temporary directory and the intermediate store (in `work_dir`,
+    /// which every worker must reach) are named now, for the workers to
+    /// write into.
     pub fn on_cluster(&self) -> Result<Option<Self>> {
-        if self.cluster.is_some() || !self.broadcasts.is_empty() {
+        if self.cluster.is_some() {
             return Ok(None);
         }
         let runtime = Arc::clone(&self.blockwise.runtime);
-        let cluster = ClusterSelection::plan(&self.blockwise, &runtime)?;
+        let broadcasts = self.broadcasts.clone();
+        let cluster = ClusterSelection::plan(&self.blockwise, broadcasts, &runtime)?;
         Ok(Some(Self {
             blockwise: Arc::clone(&self.blockwise),
             cluster: Some(cluster),
