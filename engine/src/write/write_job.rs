@@ -15,9 +15,11 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{Partitioning, PlanProperties};
+use futures::TryStreamExt;
 
 use super::sink::CancelOnDrop;
 use crate::memory::reserve;
+use crate::table::BroadcastInputs;
 
 /// Plan properties of an operator whose output is one `count` row.
 pub(crate) fn count_properties() -> Arc<PlanProperties> {
@@ -83,6 +85,38 @@ impl WriteJob<'_> {
                 RecordBatch::try_new(schema, vec![Arc::new(count)])?,
             ))
         })
+    }
+
+    /// [`Self::run`] for an operator whose write reads tables joined in:
+    /// `broadcasts` are computed first (their plans run, each reserving
+    /// its own memory as it is held), then `write` runs as [`Self::run`]
+    /// runs it, the tables held until it is done.
+    pub fn run_holding(
+        self,
+        broadcasts: BroadcastInputs,
+        partition: usize,
+        context: Arc<TaskContext>,
+        write: impl FnOnce(&AtomicBool) -> Result<Written> + Send + 'static,
+    ) -> Result<SendableRecordBatchStream> {
+        let (operator, store, projected) = (self.operator, self.store.to_string(), self.projected);
+        let (metrics, properties) = (self.metrics.clone(), self.properties.clone());
+        let schema = Arc::clone(properties.eq_properties.schema());
+        let stream = futures::stream::once(async move {
+            let held = broadcasts.hold(&context, 1).await?;
+            let job = WriteJob {
+                operator,
+                store: &store,
+                projected,
+                metrics: &metrics,
+                properties: &properties,
+            };
+            job.run(partition, &context, move |cancelled| {
+                let _held = held;
+                write(cancelled)
+            })
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
     /// [`Self::run`] for a job whose output is a batch of its own (of the

@@ -32,9 +32,7 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use zarrs::storage::store::MemoryStore;
 use zarrs::storage::ReadableWritableListableStorage;
@@ -408,53 +406,20 @@ impl ExecutionPlan for BlockwiseTasksExec {
                 bytes_written: cells.saturating_mul(blocks.cell_bytes()),
             })
         };
-        let (store, projected) = (
-            self.blocks.table.store.clone(),
-            self.blocks.memory() as usize,
-        );
-        if self.broadcasts.is_empty() {
-            let job = step_job(&store, projected, &self.metrics, &self.properties);
-            return job.run(partition, &context, write);
+        let job = WriteJob {
+            operator: "BlockwiseTasksExec",
+            store: &self.blocks.table.store,
+            projected: self.blocks.memory() as usize,
+            metrics: &self.metrics,
+            properties: &self.properties,
+        };
+        match self.broadcasts.is_empty() {
+            true => job.run(partition, &context, write),
+            false => job.run_holding(self.broadcasts.clone(), partition, context, write),
         }
-        // The tables joined in are computed first (their rows broadcast to
-        // this task) and held while the chunks are written; they reserve
-        // their own memory as they are held.
-        let (broadcasts, metrics, properties) = (
-            self.broadcasts.clone(),
-            self.metrics.clone(),
-            Arc::clone(&self.properties),
-        );
-        let schema = self.schema();
-        let stream = futures::stream::once(async move {
-            let held = broadcasts.hold(&context, 1).await?;
-            let job = step_job(&store, projected, &metrics, &properties);
-            job.run(partition, &context, move |cancelled| {
-                let _held = held;
-                write(cancelled)
-            })
-        })
-        .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
     metered_plan_methods!(|_| Some(1));
-}
-
-/// Step 1's run of chunks over `store`, projected to hold `projected`
-/// bytes, as an operator's job reporting to `metrics`.
-fn step_job<'a>(
-    store: &'a str,
-    projected: usize,
-    metrics: &'a ExecutionPlanMetricsSet,
-    properties: &'a PlanProperties,
-) -> WriteJob<'a> {
-    WriteJob {
-        operator: "BlockwiseTasksExec",
-        store,
-        projected,
-        metrics,
-        properties,
-    }
 }
 
 /// A COPY of a selection on a cluster: where its tasks write, and their

@@ -40,6 +40,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -52,10 +53,8 @@ use datafusion::logical_expr::{
     Expr, ExprSchemable, TableProviderFilterPushDown, UserDefinedLogicalNodeCore,
 };
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::physical_planner::PhysicalPlanner;
-use futures::TryStreamExt;
 
 use super::blockwise::{source_long_block, Blockwise, CopyGrid, Evaluate, OutputVariable, Step};
 use super::cluster::ClusterSelection;
@@ -427,32 +426,15 @@ impl ExecutionPlan for SelectionCopyExec {
         let blockwise = Arc::clone(&self.blockwise);
         let runtime = context.runtime_env();
         let Some(cluster) = self.cluster.clone() else {
-            if self.broadcasts.is_empty() {
-                let job = write_job(&self.blockwise, &self.metrics, &self.properties);
-                return job.run(partition, &context, move |cancelled| {
-                    blockwise.run(&runtime, cancelled)
-                });
-            }
+            let job = write_job(&self.blockwise, &self.metrics, &self.properties);
+            let write = move |cancelled: &AtomicBool| blockwise.run(&runtime, cancelled);
             // The tables joined in are computed first and held while the
             // chunks are written; the copy's memory is taken once their
             // plans have run.
-            let (broadcasts, metrics, properties) = (
-                self.broadcasts.clone(),
-                self.metrics.clone(),
-                Arc::clone(&self.properties),
-            );
-            let schema = self.schema();
-            let stream = futures::stream::once(async move {
-                let held = broadcasts.hold(&context, 1).await?;
-                let writer = Arc::clone(&blockwise);
-                let job = write_job(&blockwise, &metrics, &properties);
-                job.run(partition, &context, move |cancelled| {
-                    let _held = held;
-                    writer.run(&runtime, cancelled)
-                })
-            })
-            .try_flatten();
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
+            return match self.broadcasts.is_empty() {
+                true => job.run(partition, &context, write),
+                false => job.run_holding(self.broadcasts.clone(), partition, context, write),
+            };
         };
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
             DataFusionError::Execution(format!("SelectionCopyExec needs a runtime: {e}"))
