@@ -354,13 +354,9 @@ SELECTION = (
 )
 
 
-def test_a_selection_copy_makes_its_chunks_and_rechunks_them_on_the_workers(workers, tmp_path):
-    """``COPY (SELECT ... computed ... WHERE lat > 0)``: the two worker
-    processes evaluate the expressions chunk by chunk into the
-    intermediate store in the session's work_dir (a round of blockwise
-    tasks), then rechunk it into the target (a round of rechunk tasks
-    planned when they run); the values are xarray's and the work_dir is
-    empty afterwards."""
+def _demo_with_work_dir(workers: list[str], tmp_path: pathlib.Path):
+    """The demo store, an empty work_dir in ``tmp_path`` and a session with
+    ``workers`` (a task per block) using it, the demo registered as ``era5``."""
     demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
     work = tmp_path / "work"
     work.mkdir()
@@ -368,6 +364,17 @@ def test_a_selection_copy_makes_its_chunks_and_rechunks_them_on_the_workers(work
         workers=workers, config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)}
     )
     ctx.register_zarr("era5", demo)
+    return demo, work, ctx
+
+
+def test_a_selection_copy_makes_its_chunks_and_rechunks_them_on_the_workers(workers, tmp_path):
+    """``COPY (SELECT ... computed ... WHERE lat > 0)``: the two worker
+    processes evaluate the expressions chunk by chunk into the
+    intermediate store in the session's work_dir (a round of blockwise
+    tasks), then rechunk it into the target (a round of rechunk tasks
+    planned when they run); the values are xarray's and the work_dir is
+    empty afterwards."""
+    demo, work, ctx = _demo_with_work_dir(workers, tmp_path)
     out = tmp_path / "north.zarr"
     sql = SELECTION.format(target=out, extra="")
     distributed = _distributed_plan(ctx, sql)
@@ -441,13 +448,7 @@ def test_an_anomaly_copy_makes_its_chunks_on_the_workers_and_equals_xarray(worke
     values are xarray's ``groupby("time.month") - climatology`` and its
     ``rolling(time=24, min_periods=1).mean()``, and the work_dir is empty
     afterwards."""
-    demo = pathlib.Path(__file__).resolve().parents[2] / "demo" / "era5.zarr"
-    work = tmp_path / "work"
-    work.mkdir()
-    ctx = zf.SessionContext(
-        workers=workers, config={"zarrfusion.bytes_per_task": 1, "zarrfusion.work_dir": str(work)}
-    )
-    ctx.register_zarr("era5", demo)
+    demo, work, ctx = _demo_with_work_dir(workers, tmp_path)
     clim = (
         "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
         "FROM era5 GROUP BY 1, 2, 3) "
