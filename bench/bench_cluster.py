@@ -15,7 +15,9 @@ target); the COPYs' targets removed before each run, not timed; no hash arm. A (
 zonal mean, ``t2m`` minus its monthly climatology per cell, a broadcast join: on workers the
 climatology's partial states, then its rows broadcast to the tasks reading the grid) has the arm
 ``2 workers (hash join)`` instead of the hash arm: ``zarrfusion.broadcast_join = false``,
-DataFusion's hash join on the cluster (its plan before broadcast joins ran on workers).
+DataFusion's hash join on the cluster (its plan before broadcast joins ran on workers). AC (a COPY
+of each cell's anomaly into space chunks: on workers the climatology's stage, its rows broadcast
+to a round of blockwise tasks, then the rechunk's rounds; no hash arm).
 
 Arms (every run a fresh shell process; workers started fresh for each run, not timed):
 
@@ -71,6 +73,7 @@ RECHUNK_TARGET = Path("/tmp/bench_cluster_rechunk.zarr")
 SELECTION_TARGET = Path("/tmp/bench_cluster_selection.zarr")
 ROLLING_TARGET = Path("/tmp/bench_cluster_rolling.zarr")
 FFT_TARGET = Path("/tmp/bench_cluster_fft.zarr")
+ANOMALY_TARGET = Path("/tmp/bench_cluster_anomaly.zarr")
 QUERIES = {
     "Q1": "SELECT lat, avg(t2m) FROM era5 GROUP BY lat ORDER BY lat",
     "Q3": "SELECT lat, lon, avg(t2m*t2m) FROM era5 GROUP BY lat, lon",
@@ -104,12 +107,26 @@ QUERIES = {
     "GROUP BY 1, 2, 3) SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS a FROM era5 JOIN clim "
     "ON extract(month FROM era5.time) = clim.month AND era5.lat = clim.lat AND era5.lon = clim.lon "
     "GROUP BY 1, 2",
+    # A COPY of each cell's anomaly against its monthly climatology into space chunks: on workers
+    # the climatology's partial states, then its rows broadcast to the round of blockwise tasks
+    # (each holding it beside its chunks), then the rechunk's rounds.
+    "AC": "COPY (WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
+    "FROM era5 GROUP BY 1, 2, 3) SELECT era5.time, era5.lat, era5.lon, era5.t2m - clim.c AS a "
+    "FROM era5 JOIN clim ON extract(month FROM era5.time) = clim.month AND era5.lat = clim.lat "
+    f"AND era5.lon = clim.lon) TO '{ANOMALY_TARGET}' STORED AS ZARR OPTIONS "
+    "('chunks' 'time=264,lat=16,lon=16')",
 }
 # Queries over another store than --store: (table name, store, its variables), made by
 # `bench/bench_quadratic.py --make`.
 QUERY_STORES = {"QM": ("quad", ROOT / "bench" / "data" / "quad.zarr", ("u", "v"))}
 # The COPYs' targets, removed before each run.
-COPY_TARGETS = {"R": RECHUNK_TARGET, "S": SELECTION_TARGET, "W": ROLLING_TARGET, "F": FFT_TARGET}
+COPY_TARGETS = {
+    "R": RECHUNK_TARGET,
+    "S": SELECTION_TARGET,
+    "W": ROLLING_TARGET,
+    "F": FFT_TARGET,
+    "AC": ANOMALY_TARGET,
+}
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 # F's peer: xrft over Dask on two worker processes (argv: store, target, memory limit). Prints the
 # computation's seconds and each worker's peak RSS.

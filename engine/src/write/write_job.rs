@@ -3,6 +3,7 @@
 //! blocking thread inside a memory reservation (cancelled, leaving
 //! nothing, when the stream is dropped).
 
+use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -52,6 +53,19 @@ pub(crate) struct Written {
     pub bytes_written: u64,
 }
 
+/// When a write reading tables joined in takes its memory
+/// ([`WriteJob::run_holding`]).
+pub(crate) enum Joined {
+    /// After the tables are computed: their plans run in this process
+    /// first and give back what they used before the write reserves its
+    /// own (the session).
+    ComputedFirst,
+    /// Before the tables are received: their rows come over the network,
+    /// whose buffers the engine keeps in the memory pool while they are
+    /// held, so the write reserves its own first (a cluster's worker).
+    Received,
+}
+
 /// A write run by an operator.
 pub(crate) struct WriteJob<'a> {
     /// The operator's name, for messages.
@@ -87,36 +101,52 @@ impl WriteJob<'_> {
         })
     }
 
-    /// [`Self::run`] for an operator whose write reads tables joined in:
-    /// `broadcasts` are computed first (their plans run, each reserving
-    /// its own memory as it is held), then `write` runs as [`Self::run`]
-    /// runs it, the tables held until it is done.
+    /// [`Self::run`] for an operator whose write reads tables joined in
+    /// (`broadcasts`, computed as `joined` says, each reserving its own
+    /// memory as it is held): `write` runs as [`Self::run`] runs it, the
+    /// tables held until it is done.
     pub fn run_holding(
         self,
-        broadcasts: BroadcastInputs,
+        (broadcasts, joined): (BroadcastInputs, Joined),
         partition: usize,
         context: Arc<TaskContext>,
         write: impl FnOnce(&AtomicBool) -> Result<Written> + Send + 'static,
     ) -> Result<SendableRecordBatchStream> {
-        let (operator, store, projected) = (self.operator, self.store.to_string(), self.projected);
-        let (metrics, properties) = (self.metrics.clone(), self.properties.clone());
-        let schema = Arc::clone(properties.eq_properties.schema());
-        let stream = futures::stream::once(async move {
-            let held = broadcasts.hold(&context, 1).await?;
-            let job = WriteJob {
-                operator,
-                store: &store,
-                projected,
-                metrics: &metrics,
-                properties: &properties,
-            };
-            job.run(partition, &context, move |cancelled| {
-                let _held = held;
-                write(cancelled)
+        let schema = Arc::clone(self.properties.eq_properties.schema());
+        if let Joined::ComputedFirst = joined {
+            let (operator, store, projected) =
+                (self.operator, self.store.to_string(), self.projected);
+            let (metrics, properties) = (self.metrics.clone(), self.properties.clone());
+            let stream = futures::stream::once(async move {
+                let held = broadcasts.hold(&context, 1).await?;
+                let job = WriteJob {
+                    operator,
+                    store: &store,
+                    projected,
+                    metrics: &metrics,
+                    properties: &properties,
+                };
+                job.run(partition, &context, move |cancelled| {
+                    let _held = held;
+                    write(cancelled)
+                })
             })
+            .try_flatten();
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
+        }
+        let task = Arc::clone(&context);
+        let hold = async move { broadcasts.hold(&task, 1).await };
+        self.run_prepared(partition, &context, hold, move |cancelled, held| {
+            let written = {
+                let _held = held;
+                write(cancelled)?
+            };
+            let count = UInt64Array::from(vec![written.rows]);
+            Ok((
+                written,
+                RecordBatch::try_new(schema, vec![Arc::new(count)])?,
+            ))
         })
-        .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
     /// [`Self::run`] for a job whose output is a batch of its own (of the
@@ -126,6 +156,23 @@ impl WriteJob<'_> {
         partition: usize,
         context: &TaskContext,
         write: impl FnOnce(&AtomicBool) -> Result<(Written, RecordBatch)> + Send + 'static,
+    ) -> Result<SendableRecordBatchStream> {
+        let ready = futures::future::ready(Ok(()));
+        self.run_prepared(partition, context, ready, move |cancelled, ()| {
+            write(cancelled)
+        })
+    }
+
+    /// Reserves the projected memory, then awaits `prepare` (what the
+    /// write needs made first), then runs `write` (given the cancellation
+    /// flag and what `prepare` gave) on a blocking thread; the stream
+    /// yields its batch.
+    fn run_prepared<P: Send + 'static>(
+        self,
+        partition: usize,
+        context: &TaskContext,
+        prepare: impl Future<Output = Result<P>> + Send + 'static,
+        write: impl FnOnce(&AtomicBool, P) -> Result<(Written, RecordBatch)> + Send + 'static,
     ) -> Result<SendableRecordBatchStream> {
         if partition != 0 {
             return exec_err!("{} has one partition, asked for {partition}", self.operator);
@@ -144,10 +191,11 @@ impl WriteJob<'_> {
         let output_rows = MetricBuilder::new(self.metrics).output_rows(0);
         let schema = Arc::clone(self.properties.eq_properties.schema());
         let stream = futures::stream::once(async move {
+            let prepared = prepare.await?;
             let timer = copy_time.timer();
             let cancelled = Arc::new(AtomicBool::new(false));
             let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
-            let (written, batch) = tokio::task::spawn_blocking(move || write(&cancelled))
+            let (written, batch) = tokio::task::spawn_blocking(move || write(&cancelled, prepared))
                 .await
                 .map_err(|e| {
                     DataFusionError::Execution(format!("the Zarr write stopped: {e}"))

@@ -48,7 +48,7 @@ use crate::write::options::ZarrWriteOptions;
 use crate::write::scratch::ScratchStore;
 use crate::write::store::{variable_array, GroupVariable};
 use crate::write::target::StagedTarget;
-use crate::write::write_job::{counted_properties, WriteJob, Written};
+use crate::write::write_job::{counted_properties, Joined, WriteJob, Written};
 use crate::zarr::StoreLocation;
 use serde_json::Map;
 
@@ -415,7 +415,11 @@ impl ExecutionPlan for BlockwiseTasksExec {
         };
         match self.broadcasts.is_empty() {
             true => job.run(partition, &context, write),
-            false => job.run_holding(self.broadcasts.clone(), partition, context, write),
+            false => {
+                // The small sides' rows are broadcast over the network.
+                let joined = (self.broadcasts.clone(), Joined::Received);
+                job.run_holding(joined, partition, context, write)
+            }
         }
     }
 

@@ -67,7 +67,7 @@ use crate::plan_methods::{
 use crate::table::{classify_filters, Broadcast, BroadcastInputs};
 use crate::write::store::COORDINATE_WRITE_MEMORY;
 use crate::write::target::CopyTarget;
-use crate::write::write_job::{count_properties, WriteJob};
+use crate::write::write_job::{count_properties, Joined, WriteJob};
 use crate::zarr::StoreLocation;
 
 /// The [`SelectionCopy`] that a COPY is, when it reads a Zarr table under
@@ -433,7 +433,10 @@ impl ExecutionPlan for SelectionCopyExec {
             // plans have run.
             return match self.broadcasts.is_empty() {
                 true => job.run(partition, &context, write),
-                false => job.run_holding(self.broadcasts.clone(), partition, context, write),
+                false => {
+                    let joined = (self.broadcasts.clone(), Joined::ComputedFirst);
+                    job.run_holding(joined, partition, context, write)
+                }
             };
         };
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
