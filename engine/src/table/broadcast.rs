@@ -780,6 +780,15 @@ impl BroadcastInputs {
         (self.entries.iter()).fold(0usize, |n, (b, _)| n.saturating_add(b.memory()))
     }
 
+    /// Their memory as an operator's refusal names it after its own:
+    /// `"; and 1.2 MB of tables joined in"`, or nothing without any.
+    pub fn memory_clause(&self) -> String {
+        match self.memory() {
+            0 => String::new(),
+            n => format!("; and {} of tables joined in", human_readable_size(n)),
+        }
+    }
+
     /// Computes every broadcast, once for the `partitions` partitions of
     /// the operator reading them (each calls this once as it starts): what
     /// is returned must be held while the operator reads blocks.

@@ -288,10 +288,7 @@ impl ZarrScanExec {
                 0 => String::new(),
                 n => format!(", and {n} chunks read ahead"),
             },
-            match self.broadcasts.memory() {
-                0 => String::new(),
-                n => format!("; and {} of tables joined in", human_readable_size(n)),
-            },
+            self.broadcasts.memory_clause(),
             human_readable_size(limit)
         )
     }

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{RecordBatch, UInt64Array};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{exec_err, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
@@ -66,6 +66,14 @@ pub(crate) enum Joined {
     Received,
 }
 
+/// `written`, with the batch of its row count (of `schema`: one `UInt64`
+/// column).
+fn with_count(schema: SchemaRef, written: Written) -> Result<(Written, RecordBatch)> {
+    let count = UInt64Array::from(vec![written.rows]);
+    let batch = RecordBatch::try_new(schema, vec![Arc::new(count)])?;
+    Ok((written, batch))
+}
+
 /// A write run by an operator.
 pub(crate) struct WriteJob<'a> {
     /// The operator's name, for messages.
@@ -92,12 +100,7 @@ impl WriteJob<'_> {
     ) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(self.properties.eq_properties.schema());
         self.run_to_batch(partition, context, move |cancelled| {
-            let written = write(cancelled)?;
-            let count = UInt64Array::from(vec![written.rows]);
-            Ok((
-                written,
-                RecordBatch::try_new(schema, vec![Arc::new(count)])?,
-            ))
+            with_count(schema, write(cancelled)?)
         })
     }
 
@@ -141,11 +144,7 @@ impl WriteJob<'_> {
                 let _held = held;
                 write(cancelled)?
             };
-            let count = UInt64Array::from(vec![written.rows]);
-            Ok((
-                written,
-                RecordBatch::try_new(schema, vec![Arc::new(count)])?,
-            ))
+            with_count(schema, written)
         })
     }
 

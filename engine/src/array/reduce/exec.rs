@@ -381,10 +381,7 @@ impl DenseReductionExec {
             human_readable_size(self.per_worker_memory()),
             self.reduction.read.block_cells(),
             human_readable_size(self.reduction.state_bytes()),
-            match self.broadcasts.memory() {
-                0 => String::new(),
-                n => format!("; and {} of tables joined in", human_readable_size(n)),
-            },
+            self.broadcasts.memory_clause(),
             human_readable_size(limit)
         )
     }

@@ -345,10 +345,7 @@ impl RollingWindowExec {
             human_readable_size(self.per_partition_memory()),
             r.read.blocks.block_shape(),
             r.before + r.after,
-            match self.broadcasts.memory() {
-                0 => String::new(),
-                n => format!("; and {} of tables joined in", human_readable_size(n)),
-            },
+            self.broadcasts.memory_clause(),
             human_readable_size(limit)
         )
     }
