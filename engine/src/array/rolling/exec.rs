@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{
     human_readable_size, plan_err, resources_err, DFSchema, DataFusionError, Result,
@@ -41,6 +41,7 @@ use datafusion::common::{
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{Cast, Expr, ExprSchemable};
+use datafusion::physical_expr::expressions::{CastExpr, Column};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
@@ -127,6 +128,10 @@ pub(crate) struct Rolling {
     /// Each argument as a fused expression, when it is `float64`
     /// arithmetic (see [`FusedExpr`]).
     fused: Vec<Option<FusedExpr>>,
+    /// Each argument's `float32` column in `arg_schema`, when it is one
+    /// (as it is, or widened): its lines hold the column's values as
+    /// `f32` (see [`Lines::holding`]).
+    single: Vec<Option<usize>>,
     pub(crate) aggregates: Vec<PhysicalRoll>,
     /// The rows sent: the input columns, then the aggregates.
     pub(crate) output_schema: SchemaRef,
@@ -298,6 +303,9 @@ impl RollingWindowExec {
         let fused = (args.iter())
             .map(|(arg, _)| FusedExpr::compile(arg, &arg_schema))
             .collect();
+        let single = (args.iter())
+            .map(|(arg, _)| float32_column(arg, &arg_schema))
+            .collect();
         let before = (aggregates.iter())
             .map(|a| a.frame.before())
             .max()
@@ -315,6 +323,7 @@ impl RollingWindowExec {
             outputs,
             args,
             fused,
+            single,
             aggregates,
             output_schema: Arc::clone(&schema),
             before,
@@ -502,6 +511,20 @@ fn unwidened<'a>(arg: &'a Expr, schema: &DFSchema) -> &'a Expr {
 }
 
 /// The names of the columns `exprs` read.
+/// The `float32` column `arg` reads, as it is or widened (`CAST(t2m AS
+/// Float64)`, as SQL's coercion makes `avg(t2m)`'s argument), when it is
+/// one.
+fn float32_column(arg: &Arc<dyn PhysicalExpr>, schema: &Schema) -> Option<usize> {
+    let column = match arg.downcast_ref::<CastExpr>() {
+        Some(cast) if cast.cast_type() == &DataType::Float64 => cast.expr(),
+        Some(_) => return None,
+        None => arg,
+    };
+    let column = column.downcast_ref::<Column>()?;
+    let field = schema.fields().get(column.index())?;
+    (field.data_type() == &DataType::Float32).then_some(column.index())
+}
+
 fn column_names<'a>(exprs: impl Iterator<Item = &'a Expr>) -> HashSet<String> {
     let mut names = HashSet::new();
     for e in exprs {
@@ -602,15 +625,16 @@ impl Rings {
         self.spare = self.active.drain().map(|(_, ring)| ring).collect();
     }
 
-    /// The ring of the boxes keyed `key`: kept, else lines of `args`
-    /// arguments of `outer x len x inner` cells holding nothing and no
+    /// The ring of the boxes keyed `key`: kept, else lines of the
+    /// arguments (`f32` values for those with a `single` column) of
+    /// `outer x len x inner` cells holding nothing and no
     /// states of `aggregates` (reused from the column before when one has
     /// that shape; otherwise the column before's are freed first, so that
     /// at most one column's rings are held).
     fn take(
         &mut self,
         key: &[Range<u64>],
-        args: usize,
+        single: &[Option<usize>],
         aggregates: &[PhysicalRoll],
         shape: [usize; 3],
     ) -> Ring {
@@ -629,7 +653,9 @@ impl Rings {
             None => {
                 self.spare.clear();
                 Ring {
-                    lines: (0..args).map(|_| Lines::new(outer, len, inner)).collect(),
+                    lines: (single.iter())
+                        .map(|s| Lines::holding(outer, len, inner, s.is_some()))
+                        .collect(),
                     states: (aggregates.iter())
                         .map(|a| AggState::new(a, outer * inner))
                         .collect(),
@@ -749,7 +775,13 @@ impl Rolling {
         let product = |terms: &[usize]| terms.iter().fold(1usize, |p, &t| p.saturating_mul(t));
         [
             product(&[2, cells, width(&self.read.schema)]),
-            product(&[section, held, Lines::CELL_BYTES, self.args.len()]),
+            product(&[
+                section,
+                held,
+                (self.single.iter())
+                    .map(|s| Lines::cell_bytes(s.is_some()))
+                    .sum(),
+            ]),
             product(&[extremes, held, TILE.min(section), 8]),
             product(&[section, halo, width(&self.arg_schema)]),
             product(&[cells, 8 * self.aggregates.len() + 16]),
@@ -947,7 +979,13 @@ impl Rolling {
         (at, n, offset): (usize, usize, usize),
     ) -> Result<()> {
         let rows = batch.num_rows();
-        for ((lines, (arg, numeric)), fused) in lines.iter_mut().zip(&self.args).zip(&self.fused) {
+        let args = (self.args.iter()).zip(&self.fused).zip(&self.single);
+        for (lines, (((arg, numeric), fused), single)) in lines.iter_mut().zip(args) {
+            if let Some(column) = single {
+                let values = batch.column(*column);
+                lines.put_walked(at, n, offset, values, self.backward)?;
+                continue;
+            }
             let fused = fused.as_ref().and_then(|f| Some((f, f.inputs(batch)?)));
             if let Some((fused, inputs)) = fused {
                 let (mut piece, mut scratch) = ([0.0; PIECE], fused.scratch());
@@ -1079,7 +1117,7 @@ impl<'a> Roller<'a> {
         let mut key = b.to_vec();
         key[d] = 0..0;
         let shape = [outer, held, inner];
-        let mut ring = rings.take(&key, rolling.args.len(), &rolling.aggregates, shape);
+        let mut ring = rings.take(&key, &rolling.single, &rolling.aggregates, shape);
 
         // The overlap before: kept from the box before, or read (and the
         // running states, of no use then, forgotten).

@@ -2,7 +2,10 @@
 //!
 //! The cells of one argument are [`Lines`]: a box laid out (outer, t,
 //! inner) in C order, `t` the rolled axis, each cell a value and a flag
-//! (missing, finite, NaN, +inf, -inf). [`roll`] gives, for a run of
+//! (missing, finite, NaN, +inf, -inf). The values are `f64`, or `f32` for
+//! an argument that is a `float32` column (`avg(t2m)`, widened by SQL's
+//! coercion): held as read, widened exactly as they are summed, so the
+//! results are the same in little more than half the memory. [`roll`] gives, for a run of
 //! positions `t`, the aggregate over each lane's frame `t + start ..= t +
 //! end`, with SQL's semantics: `NULL` cells are skipped, an empty frame
 //! gives `NULL` (`count`: 0), NaN is greater than every number (so it wins
@@ -88,6 +91,50 @@ pub(super) const NAN: u8 = 2;
 pub(super) const POS_INF: u8 = 3;
 pub(super) const NEG_INF: u8 = 4;
 
+/// A value lines hold: `f64`, or an `f32` read from a `float32` column
+/// (only such values are put in `f32` lines, so narrowing is exact).
+pub(super) trait Cell: Copy + Into<f64> {
+    /// The value as held.
+    fn narrowed(v: f64) -> Self;
+
+    /// The value as a number.
+    fn widened(self) -> f64 {
+        self.into()
+    }
+}
+
+impl Cell for f64 {
+    fn narrowed(v: f64) -> Self {
+        v
+    }
+}
+
+impl Cell for f32 {
+    fn narrowed(v: f64) -> Self {
+        v as f32
+    }
+}
+
+/// The finite values of lines (0 elsewhere), of either width.
+#[derive(Debug, Clone)]
+pub(super) enum Values {
+    F64(Vec<f64>),
+    F32(Vec<f32>),
+}
+
+/// Evaluates `$body` with `$v` bound to the values of `$values` (a
+/// [`Values`], or a reference to one), whichever their width: the body is
+/// compiled once for each.
+macro_rules! with_values {
+    ($values:expr, $v:ident => $body:expr) => {
+        match $values {
+            Values::F64($v) => $body,
+            Values::F32($v) => $body,
+        }
+    };
+}
+pub(super) use with_values;
+
 /// The cells of one argument over a box, laid out (outer, t, inner), the
 /// positions `t` taken modulo the number of positions held: a ring along
 /// the rolled axis, so that the positions one box leaves to the next stay
@@ -98,26 +145,43 @@ pub struct Lines {
     pub(super) len: usize,
     pub(super) inner: usize,
     /// The finite values (0 elsewhere).
-    pub(super) values: Vec<f64>,
+    pub(super) values: Values,
     /// Each cell's kind: [`MISSING`], [`FINITE`], [`NAN`], [`POS_INF`], [`NEG_INF`].
     pub(super) flags: Vec<u8>,
 }
 
 impl Lines {
-    /// `len` positions of `outer x inner` lanes, every cell missing.
+    /// `len` positions of `outer x inner` lanes, every cell missing,
+    /// holding `f64` values.
     pub fn new(outer: usize, len: usize, inner: usize) -> Self {
+        Self::holding(outer, len, inner, false)
+    }
+
+    /// [`Lines::new`], holding `f32` values when `single` (the lines of
+    /// a `float32` column: only its values may be put).
+    pub fn holding(outer: usize, len: usize, inner: usize, single: bool) -> Self {
         let cells = outer * len * inner;
         Self {
             outer,
             len,
             inner,
-            values: vec![0.0; cells],
+            values: match single {
+                true => Values::F32(vec![0.0; cells]),
+                false => Values::F64(vec![0.0; cells]),
+            },
             flags: vec![MISSING; cells],
         }
     }
 
-    /// Bytes per cell.
-    pub const CELL_BYTES: usize = 9;
+    /// Bytes per cell of lines holding `f32` values when `single`, else
+    /// `f64` (a value and a flag).
+    pub fn cell_bytes(single: bool) -> usize {
+        if single {
+            5
+        } else {
+            9
+        }
+    }
 
     /// Number of positions held along the rolled axis.
     pub fn len(&self) -> usize {
@@ -132,6 +196,11 @@ impl Lines {
     /// Whether these are lines of `outer x len x inner` cells.
     pub fn has_shape(&self, outer: usize, len: usize, inner: usize) -> bool {
         (self.outer, self.len, self.inner) == (outer, len, inner)
+    }
+
+    /// Whether they hold `f32` values.
+    pub fn is_single(&self) -> bool {
+        matches!(self.values, Values::F32(_))
     }
 
     /// Puts cells `offset..offset + piece.len()` (in C order) of a box of
@@ -155,6 +224,9 @@ impl Lines {
     ) -> Result<()> {
         self.check_fits(n, offset, piece.len())?;
         match piece.data_type() {
+            DataType::Float64 if self.is_single() => {
+                return internal_err!("float64 cells put in lines of float32 values")
+            }
             DataType::Float64 => {
                 let piece = piece.as_primitive::<Float64Type>();
                 let cells = (piece.values().as_ref(), piece.nulls());
@@ -179,6 +251,9 @@ impl Lines {
         backward: bool,
     ) -> Result<()> {
         self.check_fits(n, offset, values.len())?;
+        if self.is_single() {
+            return internal_err!("numbers put in lines of float32 values");
+        }
         self.put_values((at, n, offset), (values, None), backward);
         Ok(())
     }
@@ -198,73 +273,19 @@ impl Lines {
         Ok(())
     }
 
-    /// [`put_walked`](Self::put_walked) of checked numbers.
+    /// [`put_walked`](Self::put_walked) of checked numbers (`f32` ones
+    /// only, into lines holding `f32`).
     fn put_values<T: Copy + Into<f64>>(
         &mut self,
         (at, n, offset): (usize, usize, usize),
-        (values, nulls): (&[T], Option<&NullBuffer>),
+        cells: (&[T], Option<&NullBuffer>),
         backward: bool,
     ) {
-        let line = n * self.inner;
-        let end = offset + values.len();
-        let nulls = nulls.filter(|n| n.null_count() > 0);
-        let mut k = offset;
-        while k < end {
-            let (o, within) = (k / line, k % line);
-            let (t, i) = (within / self.inner, within % self.inner);
-            // To the end of the line, the piece, or the ring (walked
-            // backward: of the position, the next one being before it).
-            let (p, run) = if backward {
-                let p = (at + n - 1 - t) % self.len;
-                (p, (self.inner - i).min(end - k))
-            } else {
-                let p = (at + t) % self.len;
-                let run = (line - within)
-                    .min(end - k)
-                    .min((self.len - p) * self.inner - i);
-                (p, run)
-            };
-            let dst = (o * self.len + p) * self.inner + i;
-            let src = k - offset;
-            let cells = &mut self.values[dst..dst + run];
-            let flags = &mut self.flags[dst..dst + run];
-            let mut finite = true;
-            for ((cell, flag), &v) in cells
-                .iter_mut()
-                .zip(flags.iter_mut())
-                .zip(&values[src..src + run])
-            {
-                let v: f64 = v.into();
-                let f = v.is_finite();
-                *cell = v;
-                *flag = if f { FINITE } else { MISSING };
-                finite &= f;
-            }
-            // The rare cells: NaN and infinities, then NULLs.
-            if !finite {
-                for (flag, v) in flags.iter_mut().zip(cells.iter_mut()) {
-                    if !v.is_finite() {
-                        *flag = if v.is_nan() {
-                            NAN
-                        } else if *v > 0.0 {
-                            POS_INF
-                        } else {
-                            NEG_INF
-                        };
-                        *v = 0.0;
-                    }
-                }
-            }
-            if let Some(nulls) = nulls {
-                for j in 0..run {
-                    if nulls.is_null(src + j) {
-                        flags[j] = MISSING;
-                        cells[j] = 0.0;
-                    }
-                }
-            }
-            k += run;
-        }
+        let shape = (self.len, self.inner);
+        let flags = &mut self.flags;
+        with_values!(&mut self.values, held => {
+            put_cells(held, flags, shape, (at, n, offset), cells, backward)
+        })
     }
 
     /// Makes positions `at..at + n` (modulo the positions held) missing in
@@ -274,7 +295,7 @@ impl Lines {
             let p = t % self.len;
             for o in 0..self.outer {
                 let dst = (o * self.len + p) * self.inner;
-                self.values[dst..dst + self.inner].fill(0.0);
+                with_values!(&mut self.values, v => v[dst..dst + self.inner].fill(Cell::narrowed(0.0)));
                 self.flags[dst..dst + self.inner].fill(MISSING);
             }
         }
@@ -289,11 +310,82 @@ impl Lines {
     fn value(&self, index: usize) -> Option<f64> {
         match self.flags[index] {
             MISSING => None,
-            FINITE => Some(self.values[index]),
+            FINITE => Some(with_values!(&self.values, v => v[index].widened())),
             NAN => Some(f64::NAN),
             POS_INF => Some(f64::INFINITY),
             _ => Some(f64::NEG_INFINITY),
         }
+    }
+}
+
+/// Puts the cells of [`Lines::put_values`] into `held` and `flags`, of
+/// lines of `len` positions of `inner` lanes.
+fn put_cells<T: Copy + Into<f64>, D: Cell>(
+    held: &mut [D],
+    flags: &mut [u8],
+    (len, inner): (usize, usize),
+    (at, n, offset): (usize, usize, usize),
+    (values, nulls): (&[T], Option<&NullBuffer>),
+    backward: bool,
+) {
+    let line = n * inner;
+    let end = offset + values.len();
+    let nulls = nulls.filter(|n| n.null_count() > 0);
+    let mut k = offset;
+    while k < end {
+        let (o, within) = (k / line, k % line);
+        let (t, i) = (within / inner, within % inner);
+        // To the end of the line, the piece, or the ring (walked
+        // backward: of the position, the next one being before it).
+        let (p, run) = if backward {
+            let p = (at + n - 1 - t) % len;
+            (p, (inner - i).min(end - k))
+        } else {
+            let p = (at + t) % len;
+            let run = (line - within).min(end - k).min((len - p) * inner - i);
+            (p, run)
+        };
+        let dst = (o * len + p) * inner + i;
+        let src = k - offset;
+        let cells = &mut held[dst..dst + run];
+        let flags = &mut flags[dst..dst + run];
+        let mut finite = true;
+        for ((cell, flag), &v) in cells
+            .iter_mut()
+            .zip(flags.iter_mut())
+            .zip(&values[src..src + run])
+        {
+            let v: f64 = v.into();
+            let f = v.is_finite();
+            *cell = D::narrowed(v);
+            *flag = if f { FINITE } else { MISSING };
+            finite &= f;
+        }
+        // The rare cells: NaN and infinities, then NULLs.
+        if !finite {
+            for (flag, cell) in flags.iter_mut().zip(cells.iter_mut()) {
+                let v: f64 = (*cell).into();
+                if !v.is_finite() {
+                    *flag = if v.is_nan() {
+                        NAN
+                    } else if v > 0.0 {
+                        POS_INF
+                    } else {
+                        NEG_INF
+                    };
+                    *cell = D::narrowed(0.0);
+                }
+            }
+        }
+        if let Some(nulls) = nulls {
+            for j in 0..run {
+                if nulls.is_null(src + j) {
+                    flags[j] = MISSING;
+                    cells[j] = D::narrowed(0.0);
+                }
+            }
+        }
+        k += run;
     }
 }
 
@@ -684,9 +776,11 @@ impl Running {
         }
         self.odd_cells += u64::from(odd_cells);
         if !self.sum.is_empty() {
-            let values = &lines.values[at..at + lanes];
-            let sums = self.sum[..lanes].iter_mut().zip(values);
-            sums.for_each(|(s, v)| *s += v);
+            let sums = &mut self.sum[..lanes];
+            with_values!(&lines.values, values => {
+                let values = &values[at..at + lanes];
+                sums.iter_mut().zip(values).for_each(|(s, &v)| *s += v.widened());
+            })
         }
     }
 
@@ -713,12 +807,13 @@ impl Running {
             .odd_cells
             .wrapping_add(i64::from(odd_cells as i32) as u64);
         if !self.sum.is_empty() {
-            let entering = &lines.values[enter..enter + lanes];
-            let leaving = &lines.values[leave..leave + lanes];
-            let sums = self.sum[..lanes]
-                .iter_mut()
-                .zip(entering.iter().zip(leaving));
-            sums.for_each(|(s, (e, l))| *s += e - l);
+            let sums = &mut self.sum[..lanes];
+            with_values!(&lines.values, values => {
+                let entering = &values[enter..enter + lanes];
+                let leaving = &values[leave..leave + lanes];
+                let sums = sums.iter_mut().zip(entering.iter().zip(leaving));
+                sums.for_each(|(s, (&e, &l))| *s += e.widened() - l.widened());
+            })
         }
     }
 }
@@ -743,12 +838,16 @@ fn fold_runs(
     let len = range.len();
     for (p, t) in range.enumerate() {
         let at = lines.index(o, t, i0);
-        let cells = lines.values[at..at + lanes]
-            .iter()
-            .zip(&lines.flags[at..at + lanes]);
-        for (run, (&v, &f)) in runs[p * lanes..(p + 1) * lanes].iter_mut().zip(cells) {
-            *run = if f == FINITE { v } else { none };
-        }
+        let (run, flags) = (
+            &mut runs[p * lanes..(p + 1) * lanes],
+            &lines.flags[at..at + lanes],
+        );
+        with_values!(&lines.values, values => {
+            let cells = values[at..at + lanes].iter().zip(flags);
+            for (run, (&v, &f)) in run.iter_mut().zip(cells) {
+                *run = if f == FINITE { v.widened() } else { none };
+            }
+        })
     }
     let mut span = 1usize;
     while span * 2 <= frame.width() {
@@ -885,6 +984,52 @@ pub(super) mod tests {
             let mut lines = Lines::new(outer, len, inner);
             lines.put(shift, len, 0, &array).unwrap();
             check_frames(&lines, shift, &cells, (outer, len, inner));
+        }
+    }
+
+    #[test]
+    fn lines_of_float32_values_roll_as_float64_lines_of_the_same_values() {
+        let (outer, len, inner) = (2usize, 29usize, 7usize);
+        let singles: Vec<Option<f32>> = (0..outer * len * inner)
+            .map(|k| match k % 31 {
+                0 | 9 => None,
+                17 if k % 2 == 0 => Some(f32::NAN),
+                13 if k % 3 == 0 => Some(f32::INFINITY),
+                _ => Some(((k * 7919) % 1000) as f32 / 7.0 - 70.0),
+            })
+            .collect();
+        let widened: Vec<Option<f64>> = singles.iter().map(|c| c.map(f64::from)).collect();
+        let f32s: ArrayRef = Arc::new(Float32Array::from(singles));
+        let f64s: ArrayRef = Arc::new(Float64Array::from(widened.clone()));
+        for shift in [0, 11] {
+            let mut single = Lines::holding(outer, len, inner, true);
+            single.put(shift, len, 0, &f32s).unwrap();
+            assert!(single.is_single());
+            check_frames(&single, shift, &widened, (outer, len, inner));
+            let mut double = Lines::new(outer, len, inner);
+            double.put(shift, len, 0, &f64s).unwrap();
+            let bits = |c: &ArrayRef| -> Vec<Option<u64>> {
+                numbers(c).iter().map(|v| v.map(f64::to_bits)).collect()
+            };
+            for op in [RollOp::Count, RollOp::Sum, RollOp::Avg, RollOp::Min, RollOp::Max] {
+                for (start, end) in [(-23, 0), (-2, 3), (0, 0)] {
+                    let frame = Frame { start: Some(start), end };
+                    let out = frame.before() as usize..len - frame.after() as usize;
+                    let out = out.start + shift..out.end + shift;
+                    let rolled = |lines: &Lines| {
+                        let mut state = RollState::new(outer * inner, op);
+                        roll(op, lines, (frame, out.clone()), &mut state, false).unwrap()
+                    };
+                    let (a, b) = (rolled(&single), rolled(&double));
+                    assert_eq!(bits(&a), bits(&b), "{} over {frame:?}", op.name());
+                }
+            }
+            // Only a float32 column's values go into them.
+            let err = single.put(shift, len, 0, &f64s).unwrap_err().to_string();
+            assert!(err.contains("float64 cells put in lines of float32"), "{err}");
+            let numbers = vec![1.5; inner];
+            let err = single.put_numbers((0, 1, 0), &numbers, false).unwrap_err();
+            assert!(err.to_string().contains("numbers put in lines of float32"), "{err}");
         }
     }
 

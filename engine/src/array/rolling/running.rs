@@ -21,7 +21,9 @@ use std::ops::Range;
 use datafusion::arrow::array::ArrayRef;
 use datafusion::common::{internal_err, Result};
 
-use super::frame::{Lines, RollOp, Rolled, FINITE, MISSING, NAN, NEG_INF, POS_INF, TILE};
+use super::frame::{
+    with_values, Lines, RollOp, Rolled, Values, FINITE, MISSING, NAN, NEG_INF, POS_INF, TILE,
+};
 
 /// Which non-finite values a lane has seen: bits of [`RunningState::seen`].
 const SAW_NAN: u8 = 1;
@@ -81,7 +83,6 @@ impl RunningState {
     /// `lane..lane + lanes`.
     fn add(&mut self, op: RollOp, lines: &Lines, at: usize, lane: usize, lanes: usize) {
         let flags = &lines.flags[at..at + lanes];
-        let values = &lines.values[at..at + lanes];
         let counts = &mut self.count[lane..lane + lanes];
         let mut odd = false;
         for (count, &flag) in counts.iter_mut().zip(flags) {
@@ -99,27 +100,7 @@ impl RunningState {
             }
         }
         let totals = self.value.get_mut(lane..lane + lanes).unwrap_or_default();
-        match op {
-            // Non-finite and missing cells hold 0.
-            RollOp::Sum | RollOp::Avg => {
-                for (total, &v) in totals.iter_mut().zip(values) {
-                    *total += v;
-                }
-            }
-            RollOp::Min => {
-                for (total, (&v, &flag)) in totals.iter_mut().zip(values.iter().zip(flags)) {
-                    let v = if flag == FINITE { v } else { f64::INFINITY };
-                    *total = total.min(v);
-                }
-            }
-            RollOp::Max => {
-                for (total, (&v, &flag)) in totals.iter_mut().zip(values.iter().zip(flags)) {
-                    let v = if flag == FINITE { v } else { f64::NEG_INFINITY };
-                    *total = total.max(v);
-                }
-            }
-            RollOp::Count => {}
-        }
+        with_values!(&lines.values, values => add_values(op, totals, &values[at..at + lanes], flags))
     }
 
     /// The aggregate of lane `lane`'s totals; `None` when it has no value.
@@ -158,6 +139,39 @@ impl RunningState {
             RollOp::Min => f64::NAN,
             RollOp::Count => count as f64,
         })
+    }
+}
+
+/// Adds `values` (their kinds `flags`) to the totals of `op`.
+fn add_values<T: Copy + Into<f64>>(op: RollOp, totals: &mut [f64], values: &[T], flags: &[u8]) {
+    match op {
+        // Non-finite and missing cells hold 0.
+        RollOp::Sum | RollOp::Avg => {
+            for (total, &v) in totals.iter_mut().zip(values) {
+                *total += v.into();
+            }
+        }
+        RollOp::Min => {
+            for (total, (&v, &flag)) in totals.iter_mut().zip(values.iter().zip(flags)) {
+                let v = if flag == FINITE {
+                    v.into()
+                } else {
+                    f64::INFINITY
+                };
+                *total = total.min(v);
+            }
+        }
+        RollOp::Max => {
+            for (total, (&v, &flag)) in totals.iter_mut().zip(values.iter().zip(flags)) {
+                let v = if flag == FINITE {
+                    v.into()
+                } else {
+                    f64::NEG_INFINITY
+                };
+                *total = total.max(v);
+            }
+        }
+        RollOp::Count => {}
     }
 }
 
