@@ -24,7 +24,7 @@ use super::scan_path::TableRead;
 use crate::array::copy::rolling::RollingCopy;
 use crate::array::copy::selection::SelectionCopy;
 use crate::array::copy::ArrayCopy;
-use crate::table::{BlockRead, BroadcastInputs};
+use crate::table::{BlockRead, BroadcastInputs, ReadsBroadcasts};
 
 /// Plans the array nodes of `engine::array`.
 #[derive(Debug, Default)]

@@ -137,7 +137,8 @@ use crate::distributed::barrier::AfterExec;
 use crate::error::lock;
 use crate::table::{
     open_dataset_blocking, run_blocking, BlockGrid, BlockRead, Broadcast, BroadcastInputs,
-    GridSource, GridTable, Selection, TableSource, ZarrScanExec, ZarrTableOptions, TASKS_OF_STAGE,
+    GridSource, GridTable, ReadsBroadcasts, Selection, TableSource, ZarrScanExec, ZarrTableOptions,
+    TASKS_OF_STAGE,
 };
 use crate::write::target::StagedTarget;
 use crate::zarr::{StoreLocation, MAX_IO_CONCURRENCY};

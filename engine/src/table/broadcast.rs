@@ -698,6 +698,33 @@ pub struct BroadcastInputs {
     entries: Vec<(Arc<Broadcast>, Arc<dyn ExecutionPlan>)>,
 }
 
+/// An operator reading broadcast columns within a memory limit of its
+/// own (the dense reduction, the rolling window): given its tables joined
+/// in, it checks again that it fits.
+pub trait ReadsBroadcasts: Sized {
+    /// Its tables joined in.
+    fn broadcasts_mut(&mut self) -> &mut BroadcastInputs;
+
+    /// Refuses the operator, with the numbers, when its projected memory
+    /// (the tables' included) exceeds `limit`.
+    fn check_memory(&self, limit: usize) -> Result<()>;
+
+    /// This operator reading the broadcast columns of `broadcasts` (their
+    /// small sides planned, or received by a cluster's worker), refused if
+    /// it then cannot fit `memory_limit` (the session's or the worker's).
+    fn with_broadcasts(
+        mut self,
+        broadcasts: BroadcastInputs,
+        memory_limit: Option<usize>,
+    ) -> Result<Self> {
+        *self.broadcasts_mut() = broadcasts;
+        if let Some(limit) = memory_limit {
+            self.check_memory(limit)?;
+        }
+        Ok(self)
+    }
+}
+
 impl BroadcastInputs {
     /// Plans the small sides of `broadcasts` (those a scan reads:
     /// `GridTable::broadcasts_read`).

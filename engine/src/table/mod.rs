@@ -24,8 +24,8 @@ pub use blocks::{
     BlockTemporaries, TASKS_OF_STAGE,
 };
 pub use broadcast::{
-    Broadcast, BroadcastDim, BroadcastInputs, BroadcastRuns, BroadcastValues, SmallSidePlanner,
-    MAX_BROADCAST_BYTES,
+    Broadcast, BroadcastDim, BroadcastInputs, BroadcastRuns, BroadcastValues, ReadsBroadcasts,
+    SmallSidePlanner, MAX_BROADCAST_BYTES,
 };
 pub use calendar::{model_calendar, ticks_per_second, CalendarSeconds};
 pub use cells::BoxCells;

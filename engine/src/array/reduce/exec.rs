@@ -49,7 +49,7 @@ use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
     boxes_in_block, task_share, BlockRead, BlockTemporaries, BoxCells, BroadcastInputs, GridTable,
-    ReadAheadPlan, TableReadAhead, TASKS_OF_STAGE,
+    ReadAheadPlan, ReadsBroadcasts, TableReadAhead, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -362,43 +362,6 @@ impl DenseReductionExec {
             exec.check_memory(limit)?;
         }
         Ok(exec)
-    }
-
-    /// Refuses the reduction when its projected memory exceeds `limit`.
-    fn check_memory(&self, limit: usize) -> Result<()> {
-        let projected = self.projected_memory();
-        if projected <= limit {
-            return Ok(());
-        }
-        resources_err!(
-            "DenseReductionExec over {} needs {} ({} workers x {} per worker: a block \
-             of {} decoded cells, {} of group state{}) but the memory limit (allowed_mem) is {}; \
-             raise the limit, group by fewer dimensions or lower \
-             zarrfusion.target_partition_bytes",
-            self.reduction.read.table.store,
-            human_readable_size(projected),
-            self.workers,
-            human_readable_size(self.per_worker_memory()),
-            self.reduction.read.block_cells(),
-            human_readable_size(self.reduction.state_bytes()),
-            self.broadcasts.memory_clause(),
-            human_readable_size(limit)
-        )
-    }
-
-    /// This reduction reading the broadcast columns of `broadcasts` (their
-    /// small sides planned, or received by a cluster's worker), refused if
-    /// it then cannot fit `memory_limit` (the session's or the worker's).
-    pub fn with_broadcasts(
-        mut self,
-        broadcasts: BroadcastInputs,
-        memory_limit: Option<usize>,
-    ) -> Result<Self> {
-        self.broadcasts = broadcasts;
-        if let Some(limit) = memory_limit {
-            self.check_memory(limit)?;
-        }
-        Ok(self)
     }
 
     /// A copy of this reduction joining `broadcasts` in (its children
@@ -1091,6 +1054,33 @@ struct StopOnDrop(Arc<AtomicBool>);
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl ReadsBroadcasts for DenseReductionExec {
+    fn broadcasts_mut(&mut self) -> &mut BroadcastInputs {
+        &mut self.broadcasts
+    }
+
+    fn check_memory(&self, limit: usize) -> Result<()> {
+        let projected = self.projected_memory();
+        if projected <= limit {
+            return Ok(());
+        }
+        resources_err!(
+            "DenseReductionExec over {} needs {} ({} workers x {} per worker: a block \
+             of {} decoded cells, {} of group state{}) but the memory limit (allowed_mem) is {}; \
+             raise the limit, group by fewer dimensions or lower \
+             zarrfusion.target_partition_bytes",
+            self.reduction.read.table.store,
+            human_readable_size(projected),
+            self.workers,
+            human_readable_size(self.per_worker_memory()),
+            self.reduction.read.block_cells(),
+            human_readable_size(self.reduction.state_bytes()),
+            self.broadcasts.memory_clause(),
+            human_readable_size(limit)
+        )
     }
 }
 

@@ -63,7 +63,7 @@ use crate::plan_methods::{
 use crate::progress::ScanProgress;
 use crate::table::{
     boxes_in_block, share_of_runs, shown_tasks, task_share, BlockGrid, BlockRead, BlockTemporaries,
-    BoxCells, BroadcastInputs, TASKS_OF_STAGE,
+    BoxCells, BroadcastInputs, ReadsBroadcasts, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 use datafusion::execution::memory_pool::MemoryReservation;
@@ -335,43 +335,6 @@ impl RollingWindowExec {
             exec.check_memory(limit)?;
         }
         Ok(exec)
-    }
-
-    /// Refuses this window when its projected memory exceeds `limit`.
-    fn check_memory(&self, limit: usize) -> Result<()> {
-        let projected = self.projected_memory();
-        if projected <= limit {
-            return Ok(());
-        }
-        let r = &self.rolling;
-        resources_err!(
-            "RollingWindowExec over {} needs {} ({} partitions x {} per partition: blocks of \
-             shape {:?}, {} positions of overlap{}) but the memory limit (allowed_mem) is {}; \
-             raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes",
-            r.read.table.store,
-            human_readable_size(projected),
-            self.partitions,
-            human_readable_size(self.per_partition_memory()),
-            r.read.blocks.block_shape(),
-            r.before + r.after,
-            self.broadcasts.memory_clause(),
-            human_readable_size(limit)
-        )
-    }
-
-    /// This window reading the broadcast columns of `broadcasts` (their
-    /// small sides planned, or received by a cluster's worker), refused if
-    /// it then cannot fit `memory_limit` (the session's or the worker's).
-    pub fn with_broadcasts(
-        mut self,
-        broadcasts: BroadcastInputs,
-        memory_limit: Option<usize>,
-    ) -> Result<Self> {
-        self.broadcasts = broadcasts;
-        if let Some(limit) = memory_limit {
-            self.check_memory(limit)?;
-        }
-        Ok(self)
     }
 
     /// A copy of this window joining `broadcasts` in (its children
@@ -1208,6 +1171,33 @@ impl<'a> Roller<'a> {
             start += len;
         }
         Ok(true)
+    }
+}
+
+impl ReadsBroadcasts for RollingWindowExec {
+    fn broadcasts_mut(&mut self) -> &mut BroadcastInputs {
+        &mut self.broadcasts
+    }
+
+    fn check_memory(&self, limit: usize) -> Result<()> {
+        let projected = self.projected_memory();
+        if projected <= limit {
+            return Ok(());
+        }
+        let r = &self.rolling;
+        resources_err!(
+            "RollingWindowExec over {} needs {} ({} partitions x {} per partition: blocks of \
+             shape {:?}, {} positions of overlap{}) but the memory limit (allowed_mem) is {}; \
+             raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes",
+            r.read.table.store,
+            human_readable_size(projected),
+            self.partitions,
+            human_readable_size(self.per_partition_memory()),
+            r.read.blocks.block_shape(),
+            r.before + r.after,
+            self.broadcasts.memory_clause(),
+            human_readable_size(limit)
+        )
     }
 }
 
