@@ -1015,12 +1015,19 @@ pub(super) mod tests {
                 }
             })
             .collect();
-        let array: ArrayRef = Arc::new(Float64Array::from(cells.clone()));
         // Laid out from slot 0 and around the ring, from slot 7.
-        for shift in [0, 7] {
+        check_laid_out(&cells, (outer, len, inner), [0, 7]);
+    }
+
+    /// [`check_frames`] of lines holding `cells` of `shape` from each
+    /// position of `shifts` on.
+    fn check_laid_out(cells: &[Option<f64>], shape: (usize, usize, usize), shifts: [usize; 2]) {
+        let (outer, len, inner) = shape;
+        let array: ArrayRef = Arc::new(Float64Array::from(cells.to_vec()));
+        for shift in shifts {
             let mut lines = Lines::new(outer, len, inner);
             lines.put(shift, len, 0, &array).unwrap();
-            check_frames(&lines, shift, &cells, (outer, len, inner));
+            check_frames(&lines, shift, cells, shape);
         }
     }
 
@@ -1044,12 +1051,7 @@ pub(super) mod tests {
                 }
             })
             .collect();
-        let array: ArrayRef = Arc::new(Float64Array::from(cells.clone()));
-        for shift in [0, 13] {
-            let mut lines = Lines::new(outer, len, inner);
-            lines.put(shift, len, 0, &array).unwrap();
-            check_frames(&lines, shift, &cells, (outer, len, inner));
-        }
+        check_laid_out(&cells, (outer, len, inner), [0, 13]);
     }
 
     #[test]
