@@ -923,16 +923,18 @@ pub(super) mod tests {
 
     use super::*;
 
+    /// Every rolling aggregate.
+    pub(in crate::array::rolling) const OPS: [RollOp; 5] = [
+        RollOp::Count,
+        RollOp::Sum,
+        RollOp::Avg,
+        RollOp::Min,
+        RollOp::Max,
+    ];
+
     #[test]
     fn rolling_aggregates_are_the_reductions_of_their_names() {
-        let ops = [
-            RollOp::Count,
-            RollOp::Sum,
-            RollOp::Avg,
-            RollOp::Min,
-            RollOp::Max,
-        ];
-        for op in ops {
+        for op in OPS {
             let reduce = ReduceOp::from_name(op.name()).unwrap();
             assert_eq!(
                 (RollOp::of(reduce), RollOp::from_name(op.name())),
@@ -1078,13 +1080,7 @@ pub(super) mod tests {
             let bits = |c: &ArrayRef| -> Vec<Option<u64>> {
                 numbers(c).iter().map(|v| v.map(f64::to_bits)).collect()
             };
-            for op in [
-                RollOp::Count,
-                RollOp::Sum,
-                RollOp::Avg,
-                RollOp::Min,
-                RollOp::Max,
-            ] {
+            for op in OPS {
                 for (start, end) in [(-23, 0), (-2, 3), (0, 0)] {
                     let frame = Frame {
                         start: Some(start),
@@ -1141,13 +1137,7 @@ pub(super) mod tests {
             let lo = frame.before() as usize;
             let hi = len - frame.after() as usize;
             for out in [lo..hi, lo..lo + 1, hi - 1..hi, lo + 1..hi.min(lo + 5)] {
-                for op in [
-                    RollOp::Count,
-                    RollOp::Sum,
-                    RollOp::Avg,
-                    RollOp::Min,
-                    RollOp::Max,
-                ] {
+                for op in OPS {
                     // Tiles of lanes that split the 5 lanes, and one that
                     // does not; in one run, and in two, the second resuming
                     // from the first's running state.

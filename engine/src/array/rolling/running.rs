@@ -307,16 +307,8 @@ mod tests {
 
     use datafusion::arrow::array::Float64Array;
 
-    use super::super::frame::tests::{aggregate_of, numbers};
+    use super::super::frame::tests::{aggregate_of, numbers, OPS};
     use super::*;
-
-    const OPS: [RollOp; 5] = [
-        RollOp::Count,
-        RollOp::Sum,
-        RollOp::Avg,
-        RollOp::Min,
-        RollOp::Max,
-    ];
 
     /// Each lane's running aggregate through `t + end`, from the cells'
     /// numbers (in order, as DataFusion's window adds them).
