@@ -46,6 +46,8 @@ use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::StreamExt;
 
+use super::slices::batch_slice;
+
 /// One dimension a broadcast is keyed by.
 #[derive(Debug)]
 pub struct BroadcastDim {
@@ -595,7 +597,7 @@ impl BroadcastRuns {
         let (first, last) = (start / self.run, (start + len - 1) / self.run);
         if first == last {
             let at = self.starts[first] as usize + start % self.run;
-            return Ok(self.dense.slice(at, len));
+            return Ok(batch_slice(&self.dense, at, len));
         }
         if self.run < MIN_COPIED_RUN {
             let indices: UInt32Array = (start..start + len)

@@ -15,6 +15,7 @@ use datafusion::common::Result;
 
 use super::broadcast::BroadcastRuns;
 use super::dataset::GridTable;
+use super::slices::batch_slice;
 use crate::error::ZarrFusionError;
 use crate::zarr::ChunkBufferPool;
 
@@ -115,7 +116,9 @@ impl<'a> BoxCells<'a> {
         let columns = which
             .iter()
             .map(|&k| match &self.variables[k] {
-                Some(Values::Decoded(values)) => Ok(values.slice(start as usize, len as usize)),
+                Some(Values::Decoded(values)) => {
+                    Ok(batch_slice(values, start as usize, len as usize))
+                }
                 Some(Values::Broadcast(runs)) => runs.rows(start as usize, len as usize),
                 None => self.dimension_column(self.columns[k], start, len),
             })

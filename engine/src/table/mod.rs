@@ -17,6 +17,7 @@ mod read_zarr;
 mod regular;
 mod scan;
 mod selection;
+mod slices;
 
 pub use block_read::BlockRead;
 pub use blocks::{
@@ -43,3 +44,4 @@ pub use regular::RegularCoordinate;
 pub use scan::ZarrScanExec;
 pub(crate) use selection::pushed_dimension;
 pub use selection::{classify_filters, long_dimension_refusal, select, select_planning, Selection};
+pub use slices::{batch_rows, batch_slice};

@@ -30,4 +30,5 @@ mod fuzz;
 mod object_store;
 mod rechunk;
 mod rolling_window;
+mod sorted_output;
 mod sqllogictest;

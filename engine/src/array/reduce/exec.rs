@@ -48,8 +48,8 @@ use crate::memory::Reservation;
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, task_share, BlockRead, BlockTemporaries, BoxCells, BroadcastInputs, GridTable,
-    ReadAheadPlan, ReadsBroadcasts, TableReadAhead, TASKS_OF_STAGE,
+    batch_rows, boxes_in_block, task_share, BlockRead, BlockTemporaries, BoxCells, BroadcastInputs,
+    GridTable, ReadAheadPlan, ReadsBroadcasts, TableReadAhead, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -941,7 +941,7 @@ pub(super) fn in_batches(
         let rows = batch.num_rows();
         let slices: Vec<Result<RecordBatch>> = (0..rows.max(1))
             .step_by(batch_size)
-            .map(|start| Ok(batch.slice(start, batch_size.min(rows - start))))
+            .map(|start| batch_rows(&batch, start, batch_size.min(rows - start)))
             .collect();
         futures::stream::iter(slices)
     });

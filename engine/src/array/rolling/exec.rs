@@ -20,7 +20,8 @@
 //! from the store, and every box reads the halo after it (the frames'
 //! FOLLOWING rows, the start of the next box). Memory per partition: two
 //! decoded blocks, the ring (the argument lines of a block and its halo),
-//! the halo read, the aggregates of a block, and the batches in flight; a
+//! the halo read, the aggregates of two blocks (the batches in flight are
+//! views of the one before's), and the batches in flight; a
 //! window whose projected memory exceeds the session's limit is refused
 //! while planning.
 //!
@@ -62,8 +63,8 @@ use crate::plan_methods::{
 };
 use crate::progress::ScanProgress;
 use crate::table::{
-    boxes_in_block, share_of_runs, shown_tasks, task_share, BlockGrid, BlockRead, BlockTemporaries,
-    BoxCells, BroadcastInputs, ReadsBroadcasts, TASKS_OF_STAGE,
+    batch_slice, boxes_in_block, share_of_runs, shown_tasks, task_share, BlockGrid, BlockRead,
+    BlockTemporaries, BoxCells, BroadcastInputs, ReadsBroadcasts, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 use datafusion::execution::memory_pool::MemoryReservation;
@@ -417,10 +418,18 @@ impl RollingWindowExec {
     /// ring (the argument lines of a block with its overlap, kept from one
     /// block to the next; and the extremum passes' tile), the halo read,
     /// the aggregates of a block, their running states, and the batches in
-    /// flight.
+    /// flight, which are views of the block before's aggregates and keep
+    /// them alive while the next block rolls.
     pub fn per_partition_memory(&self) -> usize {
-        self.rolling
-            .partition_memory(self.rolling.read.blocks.block_shape(), self.batch_size)
+        let shape = self.rolling.read.blocks.block_shape();
+        let cells = shape.iter().fold(1usize, |p, &n| {
+            p.saturating_mul(usize::try_from(n).unwrap_or(usize::MAX))
+        });
+        let sent: usize = (self.rolling.aggregates.iter())
+            .map(|a| a.output_type.primitive_width().unwrap_or(8) + 1)
+            .sum();
+        (self.rolling.partition_memory(shape, self.batch_size))
+            .saturating_add(cells.saturating_mul(sent))
     }
 
     /// What every partition reads and computes.
@@ -1161,7 +1170,7 @@ impl<'a> Roller<'a> {
             columns.extend(
                 rolled
                     .iter()
-                    .map(|values| values.slice(start as usize, len as usize)),
+                    .map(|values| batch_slice(values, start as usize, len as usize)),
             );
             let out = RecordBatch::try_new(Arc::clone(&rolling.output_schema), columns)?;
             meters.output_rows.add(len as usize);
