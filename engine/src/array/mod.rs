@@ -56,7 +56,12 @@
 //! A new operator writes its kernel and its plan: the logical node starts
 //! from a `TableRead`, the operator holds a `BlockRead` and runs its kernel
 //! on the task runner; it reports its projected memory and is refused by
-//! the one check before it runs.
+//! the one check before it runs (a [`crate::memory::Projection`]: its
+//! units of work, what each holds and what is held once, added up for
+//! `EXPLAIN` and the pool, and checked against `allowed_mem` with every
+//! part named: the scan's, the dense reduction's, the rolling window's,
+//! the FFT's and its four-step passes', and the COPYs' steps' and
+//! writers').
 
 pub mod broadcast;
 pub mod copy;

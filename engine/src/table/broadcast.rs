@@ -47,6 +47,7 @@ use datafusion::physical_plan::{execute_stream, ExecutionPlan};
 use futures::StreamExt;
 
 use super::slices::batch_slice;
+use crate::memory::Projection;
 
 /// One dimension a broadcast is keyed by.
 #[derive(Debug)]
@@ -707,9 +708,14 @@ pub trait ReadsBroadcasts: Sized {
     /// Its tables joined in.
     fn broadcasts_mut(&mut self) -> &mut BroadcastInputs;
 
+    /// Its projected memory, the tables' included.
+    fn projection(&self) -> Projection;
+
     /// Refuses the operator, with the numbers, when its projected memory
     /// (the tables' included) exceeds `limit`.
-    fn check_memory(&self, limit: usize) -> Result<()>;
+    fn check_memory(&self, limit: usize) -> Result<()> {
+        self.projection().check(limit)
+    }
 
     /// This operator reading the broadcast columns of `broadcasts` (their
     /// small sides planned, or received by a cluster's worker), refused if
@@ -807,15 +813,6 @@ impl BroadcastInputs {
     /// Memory the broadcasts hold while the operator runs.
     pub fn memory(&self) -> usize {
         (self.entries.iter()).fold(0usize, |n, (b, _)| n.saturating_add(b.memory()))
-    }
-
-    /// Their memory as an operator's refusal names it after its own:
-    /// `"; and 1.2 MB of tables joined in"`, or nothing without any.
-    pub fn memory_clause(&self) -> String {
-        match self.memory() {
-            0 => String::new(),
-            n => format!("; and {} of tables joined in", human_readable_size(n)),
-        }
     }
 
     /// Computes every broadcast, once for the `partitions` partitions of

@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::common::{human_readable_size, resources_err, DataFusionError, Result};
+use datafusion::common::{human_readable_size, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -34,7 +34,7 @@ use super::blocks::{boxes_in_block, share_of, shown_tasks, task_index, TASKS_OF_
 use super::broadcast::BroadcastInputs;
 use super::cells::BoxCells;
 use super::read_ahead::{ReadAheadPlan, TableReadAhead};
-use crate::memory::Reservation;
+use crate::memory::{Projection, Reservation};
 use crate::plan_methods::{
     broadcast_children_methods, metered_plan_methods, no_expressions_method,
 };
@@ -263,34 +263,37 @@ impl ZarrScanExec {
     /// Memory the whole scan is projected to hold at its peak: its
     /// partitions' and the broadcasts' (held once for all).
     pub fn projected_memory(&self) -> usize {
-        (self.properties.partitioning.partition_count())
-            .saturating_mul(self.per_partition_memory())
-            .saturating_add(self.broadcasts.memory())
+        self.projection().total()
+    }
+
+    /// Its projected memory in parts: each partition's two blocks, batches
+    /// and reads ahead, and the tables joined in.
+    pub fn projection(&self) -> Projection {
+        let read_ahead = match self.read_ahead.depth() {
+            0 => String::new(),
+            n => format!(", and {n} chunks read ahead"),
+        };
+        Projection::new(
+            "ZarrScanExec",
+            &self.read.table.store,
+            self.properties.partitioning.partition_count(),
+            "partition",
+            self.per_partition_memory(),
+        )
+        .holding(format!(
+            "two blocks of shape {:?} and the batches in flight{read_ahead}",
+            self.read.blocks.block_shape()
+        ))
+        .and(self.broadcasts.memory(), "tables joined in")
+        .advice(
+            "raise it, read fewer columns, or rechunk the store to smaller chunks (a block is at \
+             least one chunk)",
+        )
     }
 
     /// Refuses the scan when its projected memory exceeds `limit`.
     pub fn check_memory(&self, limit: usize) -> Result<()> {
-        let projected = self.projected_memory();
-        if projected <= limit {
-            return Ok(());
-        }
-        resources_err!(
-            "ZarrScanExec over {} needs {} ({} partitions x {} per partition: two blocks of \
-             shape {:?} and the batches in flight{}{}) but the memory limit (allowed_mem) is \
-             {}; raise it, read fewer columns, or rechunk the store to smaller chunks (a block \
-             is at least one chunk)",
-            self.read.table.store,
-            human_readable_size(projected),
-            self.properties.partitioning.partition_count(),
-            human_readable_size(self.per_partition_memory()),
-            self.read.blocks.block_shape(),
-            match self.read_ahead.depth() {
-                0 => String::new(),
-                n => format!(", and {n} chunks read ahead"),
-            },
-            self.broadcasts.memory_clause(),
-            human_readable_size(limit)
-        )
+        self.projection().check(limit)
     }
 
     /// Rows the scan produces.

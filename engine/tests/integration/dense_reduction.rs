@@ -382,7 +382,7 @@ async fn a_reduction_over_the_memory_limit_is_refused_before_it_runs() {
     for needle in [
         "DenseReductionExec",
         "memory limit",
-        "1 workers x",
+        "1 worker x",
         "256.0 B",
         "v2_basic.zarr",
     ] {

@@ -1726,6 +1726,130 @@ async fn a_copy_of_an_anomaly_broadcasts_its_climatology_to_the_workers_making_i
     assert!(work_left(&work).is_empty(), "{:?}", work_left(&work));
 }
 
+/// datafusion-distributed's `BroadcastExec` keeps every batch its input
+/// sends for all its consumer tasks and reserves each as arrow counts it
+/// (`get_array_memory_size`, every buffer the batch holds, in full). A
+/// climatology sent as arrow slices of its one result batch was reserved
+/// once per batch: 2.5 GB for a 19.8 MB climatology on a worker of the
+/// cluster benchmark (bench/RESULTS.md 2026-12-04 21:38). Sent as views
+/// counting their own rows (`table::batch_rows`, through which a dense
+/// reduction and the merge of a cluster's states both send their result),
+/// the broadcast reserves the rows once, whatever the number of batches or
+/// consumers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_of_a_climatology_reserves_its_rows_once() {
+    use datafusion::arrow::array::Array;
+    use datafusion_distributed::BroadcastExec;
+    use futures::StreamExt;
+
+    let pool = Arc::new(ByConsumer::default());
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::clone(&pool) as _)
+        .build_arc()
+        .unwrap();
+    // Batches of 64 rows: the 2,112 cells' climatology in 33 of them.
+    let ctx = zarrfusion::new_context_with(session_config().with_batch_size(64), runtime);
+    let demo = repo_root().join("demo/era5.zarr");
+    (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+        .await)
+        .unwrap();
+    let sql = "SELECT lat, lon, avg(t2m) AS c FROM era5 GROUP BY lat, lon";
+    let plan = physical_plan(&ctx, sql).await;
+    assert!(
+        first_node_of::<DenseReductionExec>(&plan).is_some(),
+        "{}",
+        displayable(plan.as_ref()).indent(true)
+    );
+    let consumers = 3;
+    let broadcast = Arc::new(BroadcastExec::new(plan, consumers));
+    let partitions = broadcast.properties().partitioning.partition_count();
+    let mut streams: Vec<_> = (0..partitions)
+        .map(|p| broadcast.execute(p, ctx.task_ctx()).unwrap())
+        .collect();
+    let mut each = vec![(0, 0); consumers];
+    for (p, stream) in streams.iter_mut().enumerate() {
+        while let Some(batch) = stream.next().await {
+            let batch = batch.unwrap();
+            // The bytes of its rows: values and validity.
+            let own: usize = (batch.columns().iter())
+                .map(|c| {
+                    let width = c.data_type().primitive_width().unwrap();
+                    c.len() * width + c.nulls().map_or(0, |_| c.len().div_ceil(8))
+                })
+                .sum();
+            let consumer = &mut each[p * consumers / partitions];
+            *consumer = (consumer.0 + batch.num_rows(), consumer.1 + own);
+        }
+    }
+    assert!(
+        each.iter().all(|&(rows, _)| rows == 2112),
+        "each consumer gets every cell's row: {each:?}"
+    );
+    let rows_bytes = each[0].1;
+    let reserved = pool.broadcast_peak();
+    assert!(
+        reserved >= rows_bytes && reserved <= 2 * rows_bytes,
+        "BroadcastExec reserved {reserved} bytes at most for {rows_bytes} bytes of rows"
+    );
+}
+
+/// A memory pool without a limit that keeps, beside the total, the most
+/// datafusion-distributed's `BroadcastExec` reserved at once.
+#[derive(Debug, Default)]
+struct ByConsumer {
+    reserved: std::sync::atomic::AtomicUsize,
+    broadcast: std::sync::atomic::AtomicUsize,
+    broadcast_peak: std::sync::atomic::AtomicUsize,
+}
+
+impl ByConsumer {
+    fn broadcast_peak(&self) -> usize {
+        self.broadcast_peak.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl std::fmt::Display for ByConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ByConsumer")
+    }
+}
+
+impl datafusion::execution::memory_pool::MemoryPool for ByConsumer {
+    fn name(&self) -> &str {
+        "ByConsumer"
+    }
+
+    fn grow(&self, reservation: &datafusion::execution::memory_pool::MemoryReservation, n: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.reserved.fetch_add(n, SeqCst);
+        if reservation.consumer().name().starts_with("BroadcastExec") {
+            let now = self.broadcast.fetch_add(n, SeqCst) + n;
+            self.broadcast_peak.fetch_max(now, SeqCst);
+        }
+    }
+
+    fn shrink(&self, reservation: &datafusion::execution::memory_pool::MemoryReservation, n: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.reserved.fetch_sub(n, SeqCst);
+        if reservation.consumer().name().starts_with("BroadcastExec") {
+            self.broadcast.fetch_sub(n, SeqCst);
+        }
+    }
+
+    fn try_grow(
+        &self,
+        reservation: &datafusion::execution::memory_pool::MemoryReservation,
+        n: usize,
+    ) -> datafusion::common::Result<()> {
+        self.grow(reservation, n);
+        Ok(())
+    }
+
+    fn reserved(&self) -> usize {
+        self.reserved.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// The blockwise step of the `COPY` `sql` planned by `ctx` on one machine
 /// (its tasks, as a cluster would get them), its inputs (the tables joined
 /// in), and the step as the codec sends it.

@@ -27,7 +27,7 @@ use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{
-    exec_err, human_readable_size, plan_err, resources_err, DataFusionError, Result,
+    exec_err, plan_err, DataFusionError, Result,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -40,6 +40,7 @@ use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableSt
 
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkPlan, TargetEncoding};
 use crate::array::tasks::{fitting_workers, run_tasks};
+use crate::memory::Projection;
 use crate::table::{BlockGrid, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection};
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
@@ -420,21 +421,23 @@ impl Evaluate {
         };
         let workers = fitting_workers(threads as u64, tasks, task_memory, finite) as usize;
         let projected = (workers as u64).saturating_mul(task_memory);
+        let projection = Projection::new(
+            "SelectionCopyExec",
+            &table.store,
+            workers,
+            "task",
+            usize::try_from(task_memory).unwrap_or(usize::MAX),
+        )
+        .holding(format!(
+            "a source box of {box_cells} cells and the computed chunk"
+        ))
+        .advice("raise the limit or rechunk the source to smaller chunks");
         // Each worker decodes a source box at once: its chunks are read
         // ahead whole, in the fewer chunks the memory left holds.
         let mut read_ahead =
             ReadAheadPlan::new(table, &columns, grid.io_concurrency, &spans, workers);
         if let MemoryLimit::Finite(limit) = *limit {
-            if projected > limit as u64 {
-                return resources_err!(
-                    "SelectionCopyExec over {} needs {} (one task: a source box of {box_cells} \
-                     cells and the computed chunk) but the memory limit (allowed_mem) is {}; \
-                     raise the limit or rechunk the source to smaller chunks",
-                    table.store,
-                    human_readable_size(task_memory as usize),
-                    human_readable_size(limit)
-                );
-            }
+            projection.check(limit)?;
             read_ahead =
                 read_ahead.within(usize::try_from(limit as u64 - projected).unwrap_or(usize::MAX));
         }

@@ -37,7 +37,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::ArrowNativeType;
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
 use datafusion::catalog::Session;
-use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
+use datafusion::common::{exec_err, human_readable_size, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -55,6 +55,7 @@ use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
 use crate::array::tasks::{fitting_workers, run_tasks};
+use crate::memory::Projection;
 use crate::plan_methods::{leaf_node_methods, node_identity};
 use crate::table::share_of_runs;
 use crate::table::BlockGrid;
@@ -372,17 +373,22 @@ impl RollChunks {
         // As many writers as fit (refused when one does not).
         let workers = fitting_workers(threads, chunks, per_worker, limit) as usize;
         if let Some(limit) = limit {
-            if per_worker > limit {
-                return resources_err!(
-                    "COPY TO Zarr of rolling windows over {store} needs {} (one writer: the \
-                     window's blocks of shape {block:?} with their overlap, and a chunk of {}) \
-                     but the memory limit (allowed_mem) is {}; raise the limit, shorten the \
-                     frames or lower zarrfusion.target_partition_bytes",
-                    human_readable_size(per_worker as usize),
-                    human_readable_size(chunk_bytes as usize),
-                    human_readable_size(limit as usize)
-                );
-            }
+            let bytes = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+            Projection::new(
+                "COPY TO Zarr of rolling windows",
+                store,
+                workers,
+                "writer",
+                bytes(per_worker),
+            )
+            .holding(format!(
+                "the window's blocks of shape {block:?} with their overlap, and a chunk of {}",
+                human_readable_size(bytes(chunk_bytes))
+            ))
+            .advice(
+                "raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes",
+            )
+            .check(bytes(limit))?;
         }
         Ok(Self {
             rolling,

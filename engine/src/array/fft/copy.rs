@@ -32,7 +32,7 @@ use std::sync::Arc;
 use datafusion::catalog::Session;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::{
-    exec_err, human_readable_size, plan_err, resources_err, DataFusionError, Result,
+    exec_err, human_readable_size, plan_err, DataFusionError, Result,
 };
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -63,6 +63,7 @@ use crate::array::tasks::{run_cluster_tasks, run_tasks};
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
+use crate::memory::Projection;
 use crate::plan_methods::{
     leaf_node_methods, leaf_plan_methods, metered_plan_methods, named_plan_methods,
     no_expressions_method, node_identity,
@@ -195,19 +196,8 @@ impl FftCopy {
             .collect();
         let staging = staging_memory(device, memory_limit);
         let tasks = WriteTasks::plan(table, blocks, staging, memory_limit, options);
-        if let (false, Some(limit)) = (tasks.fits(memory_limit), memory_limit) {
-            return resources_err!(
-                "FftCopyExec of '{}' variable '{}' needs {} for one task (a block of shape \
-                 {:?} read, transformed and encoded) plus {} for the kernel's threads, but \
-                 the memory limit (allowed_mem) is {}; raise it, or give smaller chunks \
-                 along the other dimensions",
-                table.source().store(),
-                table.source().variable(),
-                human_readable_size(tasks.task_memory),
-                tasks.blocks.block_shape(),
-                human_readable_size(tasks.kernel_memory),
-                human_readable_size(limit)
-            );
+        if let Some(limit) = memory_limit {
+            tasks.projection("FftCopyExec", table).check(limit)?;
         }
         let metrics = ExecutionPlanMetricsSet::new();
         Ok(FftCopyExec {
@@ -526,6 +516,26 @@ impl WriteTasks {
             .saturating_mul(self.task_memory)
             .saturating_add(self.kernel_memory)
             .saturating_add(self.read_ahead.memory())
+    }
+
+    /// Their projected memory in parts, as `operator` writing the blocks of
+    /// `table` reports it (its total is [`Self::projected`]).
+    fn projection(&self, operator: &'static str, table: &FftTable) -> Projection {
+        let source = table.source();
+        Projection::new(
+            operator,
+            &format!("'{}' variable '{}'", source.store(), source.variable()),
+            self.workers,
+            "task",
+            self.task_memory,
+        )
+        .holding(format!(
+            "a block of shape {:?} read, transformed and encoded",
+            self.blocks.block_shape()
+        ))
+        .and(self.kernel_memory, "the kernel's threads")
+        .and(self.read_ahead.memory(), "chunks read ahead")
+        .advice("raise it, or give smaller chunks along the other dimensions")
     }
 
     /// Runs `task` on the blocks numbered `ids` (given the number), on the
@@ -924,16 +934,10 @@ impl FftCopyTasksExec {
         })?;
         let staging = staging_memory(device, limit);
         let tasks = WriteTasks::plan(&table, blocks, staging, limit, options);
-        if let (false, Some(limit)) = (tasks.fits(limit), limit) {
-            return resources_err!(
-                "a COPY of the transform of {store} needs {} for one task (a block of shape \
-                 {:?}) plus {} for the kernel's threads, but the worker's memory limit \
-                 (allowed_mem) is {}",
-                human_readable_size(tasks.task_memory),
-                tasks.blocks.block_shape(),
-                human_readable_size(tasks.kernel_memory),
-                human_readable_size(limit)
-            );
+        if let Some(limit) = limit {
+            (tasks.projection("FftCopyTasksExec", &table))
+                .advice("raise the worker's allowed_mem")
+                .check(limit)?;
         }
         Ok(Self::writing(table, tasks, device, staging, sent))
     }

@@ -21,7 +21,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::TableProvider;
-use datafusion::common::{exec_err, human_readable_size, resources_err, DataFusionError, Result};
+use datafusion::common::{exec_err, human_readable_size, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -44,7 +44,7 @@ use crate::array::tasks::run_cluster_tasks;
 use crate::config::ZarrConfig;
 use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
-use crate::memory::reserve;
+use crate::memory::{reserve, Projection};
 use crate::plan_methods::{metered_plan_methods, named_plan_methods, no_expressions_method};
 use crate::table::cells::dimension_indices;
 use crate::table::{
@@ -134,6 +134,28 @@ impl FftJob {
             return 0;
         }
         kernel_memory(&self.table) + self.staging
+    }
+
+    /// Its projected memory with `tasks` tasks at once: each its block
+    /// and the chunks it reads ahead, beside the kernel's threads.
+    fn projection(&self, tasks: usize) -> Projection {
+        let source = self.source();
+        Projection::new(
+            "FftExec",
+            &format!("'{}' variable '{}'", source.store(), source.variable()),
+            tasks,
+            "task",
+            (self.per_task_memory()).saturating_add(self.read_ahead.memory()),
+        )
+        .holding(format!(
+            "a block of shape {:?}, whole along the transformed dimensions, read, transformed \
+             and turned into rows",
+            self.blocks.block_shape()
+        ))
+        .and(self.kernel_memory(), "the kernel's threads")
+        .advice(
+            "raise it, or rechunk the store to smaller chunks along the other dimensions",
+        )
     }
 
     /// The transformed values of the block `extent`.
@@ -571,25 +593,11 @@ impl FftExec {
             .partitions
             .clamp(1, (job.blocks.num_blocks() as usize).max(1));
         if let Some(limit) = memory_limit {
-            let fits = |p: usize| p * job.per_task_memory() + job.kernel_memory() <= limit;
+            let fits = |p: usize| job.projection(p).total() <= limit;
             while partitions > 1 && !fits(partitions) {
                 partitions -= 1;
             }
-            if !fits(partitions) {
-                return resources_err!(
-                    "FftExec of '{}' variable '{}' needs {} for one task (a block of shape {:?}, \
-                     whole along the transformed dimensions, read, transformed and turned into \
-                     rows) plus {} for the kernel's threads, but the memory limit \
-                     (allowed_mem) is {}; raise it, or rechunk the store to smaller chunks along \
-                     the other dimensions",
-                    source.store(),
-                    source.variable(),
-                    human_readable_size(job.per_task_memory()),
-                    job.blocks.block_shape(),
-                    human_readable_size(job.kernel_memory()),
-                    human_readable_size(limit)
-                );
-            }
+            job.projection(partitions).check(limit)?;
         }
         // Blocks of a stored array read as they are (the variable, or its
         // rechunked copy or first stage in work_dir): their chunks are read
@@ -846,10 +854,7 @@ impl FftExec {
 
     /// Memory the whole operator is projected to hold at its peak.
     pub fn projected_memory(&self) -> usize {
-        (self.job.per_task_memory())
-            .saturating_add(self.job.read_ahead.memory())
-            .saturating_mul(self.partitions())
-            .saturating_add(self.job.kernel_memory())
+        self.job.projection(self.partitions()).total()
     }
 
     fn partitions(&self) -> usize {

@@ -27,7 +27,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::common::{human_readable_size, plan_err, resources_err, DataFusionError, Result};
+use datafusion::common::{human_readable_size, plan_err, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
@@ -36,6 +36,7 @@ use super::four_step::FourStep;
 use super::kernels::{Kernels, TransformClock};
 use super::table::FftTable;
 use crate::device::{staging_memory, Device};
+use crate::memory::Projection;
 use crate::plan_methods::{leaf_plan_methods, metered_plan_methods};
 use crate::table::task_share;
 use crate::write::write_job::{counted_properties, WriteJob, Written};
@@ -92,20 +93,20 @@ impl FourStepPassExec {
         let staging = staging_memory(device, memory_limit);
         let mut workers = four_step.plan.workers[pass].max(1);
         if let Some(limit) = memory_limit {
+            // One block at a time must fit; then as many as do.
+            Projection::new(
+                "FourStepPassExec",
+                &format!("'{}' variable '{}'", source.store(), source.variable()),
+                1,
+                "block",
+                block,
+            )
+            .holding(format!("a block of its pass {} ({what})", pass + 1))
+            .and(read_ahead, "chunks read ahead")
+            .and(staging, "staging for the kernels")
+            .advice("raise it on every worker")
+            .check(limit)?;
             let room = limit.saturating_sub(read_ahead.saturating_add(staging));
-            if block > room {
-                return resources_err!(
-                    "the four-step transform of '{}' variable '{}' needs {} for a block of its \
-                     pass {} ({what}) beside {} of read-ahead and staging, but the memory limit \
-                     (allowed_mem) is {}; raise it on every worker",
-                    source.store(),
-                    source.variable(),
-                    human_readable_size(block),
-                    pass + 1,
-                    human_readable_size(read_ahead.saturating_add(staging)),
-                    human_readable_size(limit)
-                );
-            }
             workers = workers.min(room / block.max(1)).max(1);
         }
         let metrics = ExecutionPlanMetricsSet::new();

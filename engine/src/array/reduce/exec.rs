@@ -22,7 +22,7 @@ use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter, tak
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{human_readable_size, resources_err, DataFusionError, Result};
+use datafusion::common::{human_readable_size, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::ColumnarValue;
@@ -44,7 +44,7 @@ use super::node::DenseReduction;
 use crate::array::elementwise::FusedExpr;
 use crate::array::tasks::run_tasks_keeping_states;
 use crate::config::ZarrConfig;
-use crate::memory::Reservation;
+use crate::memory::{Projection, Reservation};
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
@@ -529,11 +529,7 @@ impl DenseReductionExec {
     /// Memory the whole reduction is projected to hold at its peak: the
     /// workers', the output and the keys, and the chunks read ahead.
     pub fn projected_memory(&self) -> usize {
-        (self.workers)
-            .saturating_mul(self.per_worker_memory())
-            .saturating_add(self.reduction.shared_memory())
-            .saturating_add(self.read_ahead.memory())
-            .saturating_add(self.broadcasts.memory())
+        self.projection().total()
     }
 }
 
@@ -1062,24 +1058,26 @@ impl ReadsBroadcasts for DenseReductionExec {
         &mut self.broadcasts
     }
 
-    fn check_memory(&self, limit: usize) -> Result<()> {
-        let projected = self.projected_memory();
-        if projected <= limit {
-            return Ok(());
-        }
-        resources_err!(
-            "DenseReductionExec over {} needs {} ({} workers x {} per worker: a block \
-             of {} decoded cells, {} of group state{}) but the memory limit (allowed_mem) is {}; \
-             raise the limit, group by fewer dimensions or lower \
-             zarrfusion.target_partition_bytes",
-            self.reduction.read.table.store,
-            human_readable_size(projected),
+    fn projection(&self) -> Projection {
+        let r = &self.reduction;
+        Projection::new(
+            "DenseReductionExec",
+            &r.read.table.store,
             self.workers,
-            human_readable_size(self.per_worker_memory()),
-            self.reduction.read.block_cells(),
-            human_readable_size(self.reduction.state_bytes()),
-            self.broadcasts.memory_clause(),
-            human_readable_size(limit)
+            "worker",
+            self.per_worker_memory(),
+        )
+        .holding(format!(
+            "a block of {} decoded cells, {} of group state",
+            r.read.block_cells(),
+            human_readable_size(r.state_bytes())
+        ))
+        .and(r.shared_memory(), "the output and its keys")
+        .and(self.read_ahead.memory(), "chunks read ahead")
+        .and(self.broadcasts.memory(), "tables joined in")
+        .advice(
+            "raise the limit, group by fewer dimensions or lower \
+             zarrfusion.target_partition_bytes",
         )
     }
 }

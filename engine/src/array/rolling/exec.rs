@@ -37,7 +37,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{
-    human_readable_size, plan_err, resources_err, DFSchema, DataFusionError, Result,
+    human_readable_size, plan_err, DFSchema, DataFusionError, Result,
 };
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -57,7 +57,7 @@ use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
 use super::node::RollingWindow;
 use super::running::{accumulate, add_positions, RunningState};
 use crate::array::elementwise::{FusedExpr, PIECE};
-use crate::memory::Reservation;
+use crate::memory::{Projection, Reservation};
 use crate::plan_methods::{
     broadcast_children_methods, metered_plan_methods, no_expressions_method,
 };
@@ -445,8 +445,7 @@ impl RollingWindowExec {
     /// Memory the whole window is projected to hold at its peak: its
     /// partitions' and the broadcasts' (held once for all).
     pub fn projected_memory(&self) -> usize {
-        (self.partitions.saturating_mul(self.per_partition_memory()))
-            .saturating_add(self.broadcasts.memory())
+        self.projection().total()
     }
 
     /// The small sides of the broadcast columns it reads.
@@ -1188,24 +1187,23 @@ impl ReadsBroadcasts for RollingWindowExec {
         &mut self.broadcasts
     }
 
-    fn check_memory(&self, limit: usize) -> Result<()> {
-        let projected = self.projected_memory();
-        if projected <= limit {
-            return Ok(());
-        }
+    fn projection(&self) -> Projection {
         let r = &self.rolling;
-        resources_err!(
-            "RollingWindowExec over {} needs {} ({} partitions x {} per partition: blocks of \
-             shape {:?}, {} positions of overlap{}) but the memory limit (allowed_mem) is {}; \
-             raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes",
-            r.read.table.store,
-            human_readable_size(projected),
+        Projection::new(
+            "RollingWindowExec",
+            &r.read.table.store,
             self.partitions,
-            human_readable_size(self.per_partition_memory()),
+            "partition",
+            self.per_partition_memory(),
+        )
+        .holding(format!(
+            "blocks of shape {:?}, {} positions of overlap",
             r.read.blocks.block_shape(),
-            r.before + r.after,
-            self.broadcasts.memory_clause(),
-            human_readable_size(limit)
+            r.before + r.after
+        ))
+        .and(self.broadcasts.memory(), "tables joined in")
+        .advice(
+            "raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes",
         )
     }
 }
