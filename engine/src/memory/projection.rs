@@ -89,9 +89,10 @@ impl Projection {
 
     /// The most it holds at once: every unit's and what is held once.
     pub fn total(&self) -> usize {
-        (self.shared.iter()).fold(self.units.saturating_mul(self.per_unit), |total, (bytes, _)| {
-            total.saturating_add(*bytes)
-        })
+        (self.shared.iter()).fold(
+            self.units.saturating_mul(self.per_unit),
+            |total, (bytes, _)| total.saturating_add(*bytes),
+        )
     }
 
     /// Refuses the operator, naming every part, when its total exceeds
@@ -154,6 +155,9 @@ mod tests {
         assert!(fits.check(24).is_err());
         let one = Projection::new("X", "a.zarr", 1, "task", 10).check(9);
         let text = one.unwrap_err().to_string();
-        assert!(text.contains("needs 10.0 B (1 task x 10.0 B per task)"), "{text}");
+        assert!(
+            text.contains("needs 10.0 B (1 task x 10.0 B per task)"),
+            "{text}"
+        );
     }
 }

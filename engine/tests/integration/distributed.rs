@@ -1804,7 +1804,8 @@ struct ByConsumer {
 
 impl ByConsumer {
     fn broadcast_peak(&self) -> usize {
-        self.broadcast_peak.load(std::sync::atomic::Ordering::SeqCst)
+        self.broadcast_peak
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -1828,7 +1829,11 @@ impl datafusion::execution::memory_pool::MemoryPool for ByConsumer {
         }
     }
 
-    fn shrink(&self, reservation: &datafusion::execution::memory_pool::MemoryReservation, n: usize) {
+    fn shrink(
+        &self,
+        reservation: &datafusion::execution::memory_pool::MemoryReservation,
+        n: usize,
+    ) {
         use std::sync::atomic::Ordering::SeqCst;
         self.reserved.fetch_sub(n, SeqCst);
         if reservation.consumer().name().starts_with("BroadcastExec") {
@@ -3964,7 +3969,8 @@ async fn a_four_step_pass_round_trips_and_a_malformed_one_is_refused() {
     let err = Wire::new(&small)
         .decode(&sent)
         .expect_err("a block over allowed_mem");
-    assert!(err.contains("for a block of its pass 1"), "{err}");
+    assert!(err.contains("(1 block x"), "{err}");
+    assert!(err.contains("per block: a block of its pass 1"), "{err}");
     assert!(err.contains("allowed_mem"), "{err}");
     assert!(std::path::Path::new(&store).is_dir(), "{store}");
     drop(fft);

@@ -26,9 +26,7 @@ use datafusion::arrow::array::{Array as _, ArrayRef, AsArray, RecordBatch, UInt6
 use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::{
-    exec_err, plan_err, DataFusionError, Result,
-};
+use datafusion::common::{exec_err, plan_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::expr::{Cast, TryCast};

@@ -31,9 +31,7 @@ use std::sync::Arc;
 
 use datafusion::catalog::Session;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::{
-    exec_err, human_readable_size, plan_err, DataFusionError, Result,
-};
+use datafusion::common::{exec_err, human_readable_size, plan_err, DataFusionError, Result};
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;

@@ -153,9 +153,7 @@ impl FftJob {
             self.blocks.block_shape()
         ))
         .and(self.kernel_memory(), "the kernel's threads")
-        .advice(
-            "raise it, or rechunk the store to smaller chunks along the other dimensions",
-        )
+        .advice("raise it, or rechunk the store to smaller chunks along the other dimensions")
     }
 
     /// The transformed values of the block `extent`.

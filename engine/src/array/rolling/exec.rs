@@ -36,9 +36,7 @@ use datafusion::arrow::array::{Array, ArrayRef, Float64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::{
-    human_readable_size, plan_err, DFSchema, DataFusionError, Result,
-};
+use datafusion::common::{human_readable_size, plan_err, DFSchema, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{Cast, Expr, ExprSchemable};
@@ -1202,9 +1200,7 @@ impl ReadsBroadcasts for RollingWindowExec {
             r.before + r.after
         ))
         .and(self.broadcasts.memory(), "tables joined in")
-        .advice(
-            "raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes",
-        )
+        .advice("raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes")
     }
 }
 
