@@ -418,26 +418,24 @@ impl Evaluate {
             _ => None,
         };
         let workers = fitting_workers(threads as u64, tasks, task_memory, finite) as usize;
-        let projected = (workers as u64).saturating_mul(task_memory);
-        let projection = Projection::new(
-            "SelectionCopyExec",
-            &table.store,
-            workers,
-            "task",
-            usize::try_from(task_memory).unwrap_or(usize::MAX),
-        )
-        .holding(format!(
-            "a source box of {box_cells} cells and the computed chunk"
-        ))
-        .advice("raise the limit or rechunk the source to smaller chunks");
         // Each worker decodes a source box at once: its chunks are read
         // ahead whole, in the fewer chunks the memory left holds.
         let mut read_ahead =
             ReadAheadPlan::new(table, &columns, grid.io_concurrency, &spans, workers);
         if let MemoryLimit::Finite(limit) = *limit {
+            let projection = Projection::new(
+                "SelectionCopyExec",
+                &table.store,
+                workers,
+                "task",
+                usize::try_from(task_memory).unwrap_or(usize::MAX),
+            )
+            .holding(format!(
+                "a source box of {box_cells} cells and the computed chunk"
+            ))
+            .advice("raise the limit or rechunk the source to smaller chunks");
             projection.check(limit)?;
-            read_ahead =
-                read_ahead.within(usize::try_from(limit as u64 - projected).unwrap_or(usize::MAX));
+            read_ahead = read_ahead.within(limit - projection.total());
         }
         Ok(Self {
             columns,
