@@ -36,3 +36,39 @@ def test_the_readme_tour_prints_what_it_shows():
             assert out.getvalue() == shown, f"README block:\n{code}\nprinted:\n{out.getvalue()}"
     finally:
         os.chdir(cwd)
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def heading_anchors(page: pathlib.Path) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, punctuation
+    other than hyphens dropped, spaces as hyphens; fenced code skipped)."""
+    anchors, fenced = set(), False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_every_docs_page_is_linked_from_the_readme_and_every_link_resolves():
+    readme = ROOT / "README.md"
+    pages = [readme, *sorted((ROOT / "docs").glob("*.md"))]
+    linked = {(ROOT / target.split("#")[0]).resolve() for target in LINK.findall(readme.read_text())}
+    unlinked = [p.name for p in pages[1:] if p.resolve() not in linked]
+    assert not unlinked, f"docs pages the README does not link to: {unlinked}"
+    broken = []
+    for page in pages:
+        for target in LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "links that lead nowhere:\n" + "\n".join(broken)
