@@ -510,30 +510,27 @@ impl WriteTasks {
 
     /// The most memory the tasks hold together, their read-ahead included.
     pub fn projected(&self) -> usize {
-        (self.workers)
-            .saturating_mul(self.task_memory)
-            .saturating_add(self.kernel_memory)
-            .saturating_add(self.read_ahead.memory())
+        self.parts("FftCopyExec", String::new()).total()
     }
 
     /// Their projected memory in parts, as `operator` writing the blocks of
     /// `table` reports it (its total is [`Self::projected`]).
     fn projection(&self, operator: &'static str, table: &FftTable) -> Projection {
         let source = table.source();
-        Projection::new(
-            operator,
-            &format!("'{}' variable '{}'", source.store(), source.variable()),
-            self.workers,
-            "task",
-            self.task_memory,
-        )
-        .holding(format!(
-            "a block of shape {:?} read, transformed and encoded",
-            self.blocks.block_shape()
-        ))
-        .and(self.kernel_memory, "the kernel's threads")
-        .and(self.read_ahead.memory(), "chunks read ahead")
-        .advice("raise it, or give smaller chunks along the other dimensions")
+        let store = format!("'{}' variable '{}'", source.store(), source.variable());
+        self.parts(operator, store)
+    }
+
+    /// [`Self::projection`] of the blocks of `store`.
+    fn parts(&self, operator: &'static str, store: String) -> Projection {
+        Projection::new(operator, &store, self.workers, "task", self.task_memory)
+            .holding(format!(
+                "a block of shape {:?} read, transformed and encoded",
+                self.blocks.block_shape()
+            ))
+            .and(self.kernel_memory, "the kernel's threads")
+            .and(self.read_ahead.memory(), "chunks read ahead")
+            .advice("raise it, or give smaller chunks along the other dimensions")
     }
 
     /// Runs `task` on the blocks numbered `ids` (given the number), on the
