@@ -434,7 +434,8 @@ fn keyed_dims(
 
 /// Dimension `d` of `table` keyed by `exprs` (functions of its coordinate
 /// over [`key_schema`](super::reduce::key_schema)), meeting the small
-/// side's columns `columns`: the keys evaluated at every position.
+/// side's columns `columns`: the keys evaluated at every position,
+/// numbered in the order they are met along it.
 pub fn keyed_dim(
     table: &GridTable,
     d: usize,
@@ -443,13 +444,8 @@ pub fn keyed_dim(
 ) -> Result<BroadcastDim> {
     let all = 0..table.dims[d].len;
     let evaluated = DimKeys::evaluate(table, d, std::slice::from_ref(&all), &exprs)?;
-    Ok(BroadcastDim {
-        dim: d,
-        keys: evaluated.map.keys,
-        distinct: evaluated.values,
-        columns,
-        exprs,
-    })
+    let keys = (evaluated.map.keys, evaluated.values);
+    BroadcastDim::in_order_met(d, keys, columns, exprs)
 }
 
 /// Output columns of `plan` that no two of its rows agree on, all

@@ -57,8 +57,9 @@ pub struct BroadcastDim {
     /// For each position of the dimension, its key: the index of its
     /// tuple among `distinct`.
     pub keys: Vec<u32>,
-    /// The distinct key tuples over the dimension, sorted (one array per
-    /// component, all as long).
+    /// The distinct key tuples over the dimension, in the order they first
+    /// appear along it (one array per component, all as long; see
+    /// [`BroadcastDim::in_order_met`]).
     pub distinct: Vec<ArrayRef>,
     /// The small side's output columns holding each component.
     pub columns: Vec<usize>,
@@ -69,6 +70,53 @@ pub struct BroadcastDim {
 }
 
 impl BroadcastDim {
+    /// Dimension `dim` keyed by `exprs` (meeting the small side's
+    /// `columns`): each position's key (`keys`, its index among the
+    /// tuples `distinct`, in any order) renumbered in the order the keys
+    /// are first met along the dimension, `distinct` in that order too.
+    /// Positions that follow each other with keys that do then have
+    /// consecutive keys (a descending latitude keyed by itself as well as
+    /// an ascending one), so the cells of a box meet long runs of the
+    /// dense array, read as slices of it ([`BroadcastRuns::rows`]) rather
+    /// than copied.
+    pub fn in_order_met(
+        dim: usize,
+        (keys, distinct): (Vec<u32>, Vec<ArrayRef>),
+        columns: Vec<usize>,
+        exprs: Vec<Arc<dyn PhysicalExpr>>,
+    ) -> Result<Self> {
+        let n = distinct.first().map_or(0, |a| a.len());
+        if let Some(k) = keys.iter().find(|&&k| k as usize >= n) {
+            return internal_err!("key {k} of dimension {dim} among {n} distinct ones");
+        }
+        let mut rank = vec![u32::MAX; n];
+        let mut order: Vec<u32> = Vec::with_capacity(n);
+        for &k in &keys {
+            if rank[k as usize] == u32::MAX {
+                rank[k as usize] = order.len() as u32;
+                order.push(k);
+            }
+        }
+        // Tuples no position has keep their place after the others.
+        for k in 0..n {
+            if rank[k] == u32::MAX {
+                rank[k] = order.len() as u32;
+                order.push(k as u32);
+            }
+        }
+        let order = UInt32Array::from(order);
+        let distinct = (distinct.iter())
+            .map(|a| take(a.as_ref(), &order, None))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Self {
+            dim,
+            keys: keys.iter().map(|&k| rank[k as usize]).collect(),
+            distinct,
+            columns,
+            exprs,
+        })
+    }
+
     /// Number of distinct keys.
     pub fn len(&self) -> usize {
         self.distinct.first().map_or(0, |a| a.len())
@@ -387,8 +435,8 @@ impl Broadcast {
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let distinct = (converters.iter().zip(&self.dims))
-            .map(|(c, d)| c.convert_columns(&d.distinct))
-            .collect::<std::result::Result<Vec<Rows>, _>>()?;
+            .map(|(c, d)| Ok(KeyRows::new(c.convert_columns(&d.distinct)?)))
+            .collect::<Result<Vec<KeyRows>>>()?;
         let strides = c_strides(&self.dims);
         let cells = usize::try_from(self.cells()).unwrap_or(usize::MAX);
         // The row (among the kept ones) of each cell.
@@ -452,7 +500,7 @@ impl Broadcast {
         &self,
         batch: &RecordBatch,
         converters: &[RowConverter],
-        distinct: &[Rows],
+        distinct: &[KeyRows],
         strides: &[usize],
     ) -> Result<Vec<Option<usize>>> {
         let n = batch.num_rows();
@@ -475,7 +523,7 @@ impl Broadcast {
             let rows = converter.convert_columns(&columns)?;
             for (i, cell) in cells.iter_mut().enumerate() {
                 let Some(at) = cell else { continue };
-                *cell = search(keys, rows.row(i)).map(|k| *at + k * stride);
+                *cell = keys.find(rows.row(i)).map(|k| *at + k * stride);
             }
         }
         Ok(cells)
@@ -658,17 +706,26 @@ fn c_strides(dims: &[BroadcastDim]) -> Vec<usize> {
 }
 
 /// The index of `row` among the sorted `rows`.
-fn search(rows: &Rows, row: datafusion::arrow::row::Row<'_>) -> Option<usize> {
-    let (mut low, mut high) = (0, rows.num_rows());
-    while low < high {
-        let mid = low + (high - low) / 2;
-        match rows.row(mid).cmp(&row) {
-            std::cmp::Ordering::Less => low = mid + 1,
-            std::cmp::Ordering::Greater => high = mid,
-            std::cmp::Ordering::Equal => return Some(mid),
-        }
+/// A keyed dimension's distinct key tuples as rows, with their order
+/// sorted, to find a row's tuple by binary search.
+struct KeyRows {
+    rows: Rows,
+    /// The indices of `rows`, sorted by their rows.
+    sorted: Vec<usize>,
+}
+
+impl KeyRows {
+    fn new(rows: Rows) -> Self {
+        let mut sorted: Vec<usize> = (0..rows.num_rows()).collect();
+        sorted.sort_unstable_by(|&a, &b| rows.row(a).cmp(&rows.row(b)));
+        Self { rows, sorted }
     }
-    None
+
+    /// The index of the tuple `row` is, if any.
+    fn find(&self, row: datafusion::arrow::row::Row<'_>) -> Option<usize> {
+        let at = (self.sorted).binary_search_by(|&k| self.rows.row(k).cmp(&row));
+        at.ok().map(|at| self.sorted[at])
+    }
 }
 
 /// A broadcast's small side, laid out for one execution.
@@ -994,6 +1051,70 @@ mod tests {
             .collect();
         assert_eq!(b.gather(&extent), expected);
         assert_eq!(b.cells(), 6);
+    }
+
+    #[test]
+    fn keys_in_the_order_met_make_a_descending_dimension_one_run() {
+        use datafusion::arrow::array::{AsArray, Float64Array};
+        use datafusion::arrow::row::{RowConverter, SortField};
+        // A grid (time, lat, lon) of 2 x 3 x 4 positions, latitudes
+        // descending (10, 0, -10), keyed by lat and lon as the dense
+        // reduction numbers them (sorted: lat 10 is key 2).
+        let lat: ArrayRef = Arc::new(Float64Array::from(vec![-10.0, 0.0, 10.0]));
+        let lon: ArrayRef = Arc::new(UInt32Array::from(vec![0, 90, 180, 270]));
+        let dims = vec![
+            BroadcastDim::in_order_met(1, (vec![2, 1, 0], vec![lat]), vec![0], Vec::new()).unwrap(),
+            BroadcastDim::in_order_met(2, (vec![0, 1, 2, 3], vec![lon]), vec![1], Vec::new())
+                .unwrap(),
+        ];
+        assert_eq!(dims[0].keys, vec![0, 1, 2]);
+        let met = dims[0].distinct[0].as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+        assert_eq!(met.values().to_vec(), vec![10.0, 0.0, -10.0]);
+        assert_eq!(dims[1].keys, vec![0, 1, 2, 3]);
+        // A key never met keeps a place after the others; a key out of
+        // range is refused.
+        let three: ArrayRef = Arc::new(UInt32Array::from(vec![5, 6, 7]));
+        let unmet = BroadcastDim::in_order_met(
+            0,
+            (vec![2, 2], vec![Arc::clone(&three)]),
+            vec![0],
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(unmet.keys, vec![0, 0]);
+        assert_eq!(
+            unmet.distinct[0]
+                .as_primitive::<datafusion::arrow::datatypes::UInt32Type>()
+                .values()
+                .to_vec(),
+            vec![7, 5, 6]
+        );
+        assert!(
+            BroadcastDim::in_order_met(0, (vec![3], vec![three]), vec![0], Vec::new()).is_err()
+        );
+        let b = Broadcast {
+            plan: None,
+            dims,
+            values: vec![],
+            fields: vec![],
+            label: "t".into(),
+            current: Mutex::new(Weak::new()),
+            pending: Mutex::new(Vec::new()),
+            building: tokio::sync::Mutex::new(()),
+        };
+        // Each time step's plane is one run (with sorted keys, a run per
+        // latitude), and every cell meets its own keys' cell.
+        let (starts, run) = b.runs(&[0..2, 0..3, 0..4]);
+        assert_eq!((starts, run), (vec![0, 0], 12));
+        let gathered = b.gather(&[1..2, 1..3, 1..3]);
+        assert_eq!(gathered, vec![5, 6, 9, 10]);
+        // A row's tuple is found among tuples in any order.
+        let converter = RowConverter::new(vec![SortField::new(DataType::Float64)]).unwrap();
+        let found = KeyRows::new(converter.convert_columns(&b.dims[0].distinct).unwrap());
+        let asked: ArrayRef = Arc::new(Float64Array::from(vec![-10.0, 10.0, 5.0, 0.0]));
+        let asked = converter.convert_columns(&[asked]).unwrap();
+        let at: Vec<Option<usize>> = (0..4).map(|i| found.find(asked.row(i))).collect();
+        assert_eq!(at, vec![Some(2), Some(0), None, Some(1)]);
     }
 
     #[test]
