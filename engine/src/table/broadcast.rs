@@ -521,9 +521,11 @@ impl Broadcast {
                 }
             }
             let rows = converter.convert_columns(&columns)?;
+            let mut last = None;
             for (i, cell) in cells.iter_mut().enumerate() {
                 let Some(at) = cell else { continue };
-                *cell = keys.find(rows.row(i)).map(|k| *at + k * stride);
+                last = keys.find_near(rows.row(i), last);
+                *cell = last.map(|k| *at + k * stride);
             }
         }
         Ok(cells)
@@ -725,6 +727,27 @@ impl KeyRows {
     fn find(&self, row: datafusion::arrow::row::Row<'_>) -> Option<usize> {
         let at = (self.sorted).binary_search_by(|&k| self.rows.row(k).cmp(&row));
         at.ok().map(|at| self.sorted[at])
+    }
+
+    /// [`Self::find`], trying the tuple `near` and the one after it first:
+    /// a small side's rows come in runs of one key of a dimension (a
+    /// climatology's latitude), or with its keys one after the other (its
+    /// longitudes).
+    fn find_near(
+        &self,
+        row: datafusion::arrow::row::Row<'_>,
+        near: Option<usize>,
+    ) -> Option<usize> {
+        if let Some(k) = near {
+            let n = self.rows.num_rows();
+            if let Some(k) = [k, k + 1]
+                .into_iter()
+                .find(|&k| k < n && self.rows.row(k) == row)
+            {
+                return Some(k);
+            }
+        }
+        self.find(row)
     }
 }
 
@@ -1115,6 +1138,13 @@ mod tests {
         let asked = converter.convert_columns(&[asked]).unwrap();
         let at: Vec<Option<usize>> = (0..4).map(|i| found.find(asked.row(i))).collect();
         assert_eq!(at, vec![Some(2), Some(0), None, Some(1)]);
+        // Near a hint, or not: the same tuples.
+        for near in [None, Some(0), Some(1), Some(2), Some(7)] {
+            let at: Vec<Option<usize>> = (0..4)
+                .map(|i| found.find_near(asked.row(i), near))
+                .collect();
+            assert_eq!(at, vec![Some(2), Some(0), None, Some(1)], "near {near:?}");
+        }
     }
 
     #[test]
