@@ -74,11 +74,11 @@ impl BroadcastDim {
     /// `columns`): each position's key (`keys`, its index among the
     /// tuples `distinct`, in any order) renumbered in the order the keys
     /// are first met along the dimension, `distinct` in that order too.
-    /// Positions that follow each other with keys that do then have
-    /// consecutive keys (a descending latitude keyed by itself as well as
-    /// an ascending one), so the cells of a box meet long runs of the
-    /// dense array, read as slices of it ([`BroadcastRuns::rows`]) rather
-    /// than copied.
+    /// Neighbouring positions whose keys are met one after the other then
+    /// have consecutive keys (a descending latitude keyed by itself as
+    /// well as an ascending one), so the cells of a box meet long runs of
+    /// the dense array, read as slices of it ([`BroadcastRuns::rows`])
+    /// rather than copied.
     pub fn in_order_met(
         dim: usize,
         (keys, distinct): (Vec<u32>, Vec<ArrayRef>),
@@ -98,9 +98,9 @@ impl BroadcastDim {
             }
         }
         // Tuples no position has keep their place after the others.
-        for k in 0..n {
-            if rank[k] == u32::MAX {
-                rank[k] = order.len() as u32;
+        for (k, rank) in rank.iter_mut().enumerate() {
+            if *rank == u32::MAX {
+                *rank = order.len() as u32;
                 order.push(k as u32);
             }
         }
@@ -707,7 +707,6 @@ fn c_strides(dims: &[BroadcastDim]) -> Vec<usize> {
     strides
 }
 
-/// The index of `row` among the sorted `rows`.
 /// A keyed dimension's distinct key tuples as rows, with their order
 /// sorted, to find a row's tuple by binary search.
 struct KeyRows {
