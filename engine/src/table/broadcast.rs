@@ -1036,6 +1036,20 @@ mod tests {
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
+    /// A broadcast keyed by `dims`, with no columns.
+    fn keyed_by(dims: Vec<BroadcastDim>) -> Broadcast {
+        Broadcast {
+            plan: None,
+            dims,
+            values: vec![],
+            fields: vec![],
+            label: "t".into(),
+            current: Mutex::new(Weak::new()),
+            pending: Mutex::new(Vec::new()),
+            building: tokio::sync::Mutex::new(()),
+        }
+    }
+
     #[test]
     fn gather_walks_the_cells_in_c_order() {
         // A grid (time, lat, lon) keyed by month of time (positions 0..4
@@ -1057,16 +1071,7 @@ mod tests {
             },
         ];
         assert_eq!(c_strides(&dims), vec![3, 1]);
-        let b = Broadcast {
-            plan: None,
-            dims,
-            values: vec![],
-            fields: vec![],
-            label: "t".into(),
-            current: Mutex::new(Weak::new()),
-            pending: Mutex::new(Vec::new()),
-            building: tokio::sync::Mutex::new(()),
-        };
+        let b = keyed_by(dims);
         let extent = [1..3, 0..2, 1..3];
         let expected: Vec<u32> = (1..3u32)
             .flat_map(|t| (0..2).flat_map(move |_| (1..3u32).map(move |x| (t / 2) * 3 + x)))
@@ -1114,16 +1119,7 @@ mod tests {
         assert!(
             BroadcastDim::in_order_met(0, (vec![3], vec![three]), vec![0], Vec::new()).is_err()
         );
-        let b = Broadcast {
-            plan: None,
-            dims,
-            values: vec![],
-            fields: vec![],
-            label: "t".into(),
-            current: Mutex::new(Weak::new()),
-            pending: Mutex::new(Vec::new()),
-            building: tokio::sync::Mutex::new(()),
-        };
+        let b = keyed_by(dims);
         // Each time step's plane is one run (with sorted keys, a run per
         // latitude), and every cell meets its own keys' cell.
         let (starts, run) = b.runs(&[0..2, 0..3, 0..4]);
