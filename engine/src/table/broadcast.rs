@@ -796,6 +796,12 @@ pub trait ReadsBroadcasts: Sized {
         self.projection().check(limit)
     }
 
+    /// Makes it hold less, where it can (its batches sent one at a time
+    /// rather than in runs); `false` when it cannot.
+    fn hold_less(&mut self) -> bool {
+        false
+    }
+
     /// This operator reading the broadcast columns of `broadcasts` (their
     /// small sides planned, or received by a cluster's worker), refused if
     /// it then cannot fit `memory_limit` (the session's or the worker's).
@@ -806,6 +812,9 @@ pub trait ReadsBroadcasts: Sized {
     ) -> Result<Self> {
         *self.broadcasts_mut() = broadcasts;
         if let Some(limit) = memory_limit {
+            if self.check_memory(limit).is_err() {
+                self.hold_less();
+            }
             self.check_memory(limit)?;
         }
         Ok(self)

@@ -2,6 +2,7 @@
 //! pushdown, and the ways to register them (`CREATE EXTERNAL TABLE`,
 //! `read_zarr`, `register_zarr`).
 
+mod batch_runs;
 mod block_read;
 mod blocks;
 mod broadcast;
@@ -19,6 +20,7 @@ mod scan;
 mod selection;
 mod slices;
 
+pub use batch_runs::{BatchRuns, RunStreamBuilder, RUNS_IN_FLIGHT, RUN_BATCHES};
 pub use block_read::BlockRead;
 pub use blocks::{
     boxes_in_block, share_of, share_of_runs, shown_tasks, task_index, task_share, BlockGrid,

@@ -17,18 +17,16 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
 use datafusion::common::{human_readable_size, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
-use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
-use tokio::sync::mpsc::Sender;
 
+use super::batch_runs::{BatchRuns, RunStreamBuilder, RUNS_IN_FLIGHT, RUN_BATCHES};
 use super::block_read::BlockRead;
 use super::blocks::{boxes_in_block, share_of, shown_tasks, task_index, TASKS_OF_STAGE};
 use super::broadcast::BroadcastInputs;
@@ -53,6 +51,9 @@ pub struct ZarrScanExec {
     limit: Option<usize>,
     /// Rows per batch, as planned.
     batch_size: usize,
+    /// Batches sent to the stream at once ([`RUN_BATCHES`], or one where
+    /// memory is short: see [`Self::fit_batches`]).
+    run_batches: usize,
     /// Each partition's reads ahead of its decoder (remote stores).
     read_ahead: ReadAheadPlan,
     /// Chunk reads the scan may keep in flight (`zarrfusion.io_concurrency`).
@@ -97,6 +98,7 @@ impl ZarrScanExec {
             read: Arc::new(read),
             limit,
             batch_size: batch_size.max(1),
+            run_batches: RUN_BATCHES,
             read_ahead,
             io_concurrency,
             tasks: 1,
@@ -134,6 +136,7 @@ impl ZarrScanExec {
             read: Arc::clone(&self.read),
             limit: self.limit,
             batch_size: self.batch_size,
+            run_batches: self.run_batches,
             read_ahead: self.read_ahead,
             io_concurrency: self.io_concurrency,
             tasks,
@@ -196,8 +199,8 @@ impl ZarrScanExec {
     pub fn per_partition_memory(&self) -> usize {
         self.block_memory()
             .saturating_add(
-                self.batch_rows()
-                    .saturating_mul(3)
+                self.run_rows()
+                    .saturating_mul(RUNS_IN_FLIGHT)
                     .saturating_mul(self.dimension_row_bytes()),
             )
             .saturating_add(self.read_ahead.memory())
@@ -208,9 +211,10 @@ impl ZarrScanExec {
         usize::try_from(self.read.block_cells()).unwrap_or(usize::MAX)
     }
 
-    /// Rows of the largest batch: a batch never spans two blocks.
-    fn batch_rows(&self) -> usize {
-        self.batch_size.min(self.block_cells())
+    /// Rows of the largest run of batches sent at once: a run never
+    /// spans two blocks.
+    fn run_rows(&self) -> usize {
+        (self.batch_size.saturating_mul(self.run_batches)).min(self.block_cells())
     }
 
     /// Two decoded blocks of the projected variables.
@@ -236,12 +240,16 @@ impl ZarrScanExec {
             .sum()
     }
 
-    /// Lowers the batch size (to `MIN_BATCH_ROWS` at least) so that the
-    /// batches in flight fit what `limit` leaves beside the blocks.
+    /// Sends batches one at a time, and then lowers the batch size (to
+    /// `MIN_BATCH_ROWS` at least), so that the batches in flight fit what
+    /// `limit` leaves beside the blocks.
     pub fn fit_batches(mut self, limit: usize) -> Self {
         let partitions = self.properties.partitioning.partition_count();
         let share = limit / partitions.max(1);
-        let row_bytes = 3 * self.dimension_row_bytes();
+        if self.per_partition_memory() > share {
+            self.run_batches = 1;
+        }
+        let row_bytes = RUNS_IN_FLIGHT * self.dimension_row_bytes();
         if row_bytes > 0 && self.per_partition_memory() > share {
             let room = share.saturating_sub(self.block_memory()) / row_bytes;
             self.batch_size = room.clamp(MIN_BATCH_ROWS, self.batch_size);
@@ -389,8 +397,8 @@ impl ExecutionPlan for ZarrScanExec {
                 })
             }
         };
-        let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.read.schema), 2);
-        let tx = builder.tx();
+        let mut builder = RunStreamBuilder::new(Arc::clone(&self.read.schema));
+        let mut runs = builder.runs(self.run_batches);
         let broadcasts = self.broadcasts.clone();
         let partitions = self.properties.partitioning.partition_count();
         let read = move |reservation: MemoryReservation, read_ahead: Option<TableReadAhead>| {
@@ -406,7 +414,7 @@ impl ExecutionPlan for ZarrScanExec {
                         decode_time: &decode_time,
                         bytes_decoded: &bytes_decoded,
                     };
-                    let sent = reader.read_box(&b, &mut remaining, &tx, &meters);
+                    let sent = reader.read_box(&b, &mut remaining, &mut runs, &meters);
                     if !sent? {
                         return Ok(());
                     }
@@ -466,7 +474,7 @@ impl BlockReader {
         &self,
         b: &[Range<u64>],
         remaining: &mut Option<u64>,
-        tx: &Sender<Result<RecordBatch>>,
+        runs: &mut BatchRuns,
         meters: &ScanMeters<'_>,
     ) -> Result<bool> {
         let timer = meters.decode_time.timer();
@@ -484,7 +492,7 @@ impl BlockReader {
             let len = (self.batch_size as u64).min(n - start);
             let batch = cells.batch(&r.schema, start, len)?;
             output_rows.add(len as usize);
-            if tx.blocking_send(Ok(batch)).is_err() {
+            if !runs.push(batch) {
                 return Ok(false);
             }
             start += len;
@@ -492,6 +500,7 @@ impl BlockReader {
         if let Some(left) = remaining {
             *left -= n;
         }
-        Ok(true)
+        // A run never holds two boxes' batches.
+        Ok(runs.flush())
     }
 }

@@ -275,7 +275,7 @@ fn writer_memory(rolling: &Rolling, block: &[u64], types: &[DataType], batch: us
         .sum();
     let chunk = block.iter().fold(width, |n, &b| n.saturating_mul(b));
     (
-        (rolling.partition_memory(block, batch) as u64).saturating_add(chunk),
+        (rolling.partition_memory(block, (batch, 1)) as u64).saturating_add(chunk),
         chunk,
     )
 }

@@ -27,7 +27,6 @@ use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
-use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
@@ -48,8 +47,8 @@ use crate::memory::{reserve, Projection};
 use crate::plan_methods::{metered_plan_methods, named_plan_methods, no_expressions_method};
 use crate::table::cells::dimension_indices;
 use crate::table::{
-    share_of, shown_tasks, task_share, BlockGrid, Coordinate, ReadAheadPlan, Selection,
-    TableReadAhead, TASKS_OF_STAGE,
+    share_of, shown_tasks, task_share, BatchRuns, BlockGrid, Coordinate, ReadAheadPlan,
+    RunStreamBuilder, Selection, TableReadAhead, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -172,7 +171,7 @@ impl FftJob {
         id: u64,
         remaining: &mut Option<u64>,
         pool: &ChunkBufferPool,
-        tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+        runs: &mut BatchRuns,
     ) -> Result<bool> {
         let extent = self.blocks.block(id);
         let values = if self.reads_values() {
@@ -234,7 +233,7 @@ impl FftJob {
             let options = RecordBatchOptions::new().with_row_count(Some(len as usize));
             let batch =
                 RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
-            if tx.blocking_send(Ok(batch)).is_err() {
+            if !runs.push(batch) {
                 return Ok(false);
             }
             start += len;
@@ -242,7 +241,7 @@ impl FftJob {
         if let Some(left) = remaining {
             *left -= n;
         }
-        Ok(true)
+        Ok(runs.flush())
     }
 }
 
@@ -995,8 +994,10 @@ impl ExecutionPlan for FftExec {
             }
         };
         let first_stage = self.first_stage.clone();
-        let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&job.schema), 2);
-        let tx = builder.tx();
+        // Batches sent one at a time: a block's transform takes far longer
+        // than handing its batches over.
+        let mut builder = RunStreamBuilder::new(Arc::clone(&job.schema));
+        let mut runs = builder.runs(1);
         builder.spawn_blocking(move || {
             let _reservation = reservation;
             let failed = |e: String| {
@@ -1006,7 +1007,7 @@ impl ExecutionPlan for FftExec {
                     job.source().variable()
                 ))
             };
-            let stopped = || tx.is_closed();
+            let stopped = || runs.is_closed();
             match (inputs, first_stage, job.table.four_step()) {
                 (Some((handle, inputs, context)), Some((stage, steps)), _) => stage
                     .written_by(&mut || {
@@ -1063,7 +1064,7 @@ impl ExecutionPlan for FftExec {
                     break;
                 }
                 let timer = transform_time.timer();
-                let sent = job.run_block(id, &mut remaining, &pool, &tx);
+                let sent = job.run_block(id, &mut remaining, &pool, &mut runs);
                 if let Some(read_ahead) = &read_ahead {
                     read_ahead.done_with(id);
                 }

@@ -44,12 +44,10 @@ use datafusion::physical_expr::expressions::{CastExpr, Column};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
-use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use datafusion::physical_planner::PhysicalPlanner;
-use tokio::sync::mpsc::Sender;
 
 use super::frame::{roll, Frame, Lines, RollOp, RollState, TILE};
 use super::node::RollingWindow;
@@ -61,8 +59,9 @@ use crate::plan_methods::{
 };
 use crate::progress::ScanProgress;
 use crate::table::{
-    batch_slice, boxes_in_block, share_of_runs, shown_tasks, task_share, BlockGrid, BlockRead,
-    BlockTemporaries, BoxCells, BroadcastInputs, ReadsBroadcasts, TASKS_OF_STAGE,
+    batch_slice, boxes_in_block, share_of_runs, shown_tasks, task_share, BatchRuns, BlockGrid,
+    BlockRead, BlockTemporaries, BoxCells, BroadcastInputs, ReadsBroadcasts, RunStreamBuilder,
+    RUNS_IN_FLIGHT, RUN_BATCHES, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 use datafusion::execution::memory_pool::MemoryReservation;
@@ -148,6 +147,9 @@ pub struct RollingWindowExec {
     rolling: Arc<Rolling>,
     partitions: usize,
     batch_size: usize,
+    /// Batches sent to the stream at once ([`RUN_BATCHES`], or one where
+    /// memory is short).
+    run_batches: usize,
     /// The tasks of a cluster's stage its blocks are dealt to (1: all here).
     tasks: usize,
     /// The small sides of the broadcast columns read: the children.
@@ -329,8 +331,11 @@ impl RollingWindowExec {
             after,
             backward,
         };
-        let exec = Self::with_parts(Arc::new(rolling), partitions, batch_size, tasks);
+        let mut exec = Self::with_parts(Arc::new(rolling), partitions, batch_size, tasks);
         if let Some(limit) = memory_limit {
+            if exec.check_memory(limit).is_err() {
+                exec.hold_less();
+            }
             exec.check_memory(limit)?;
         }
         Ok(exec)
@@ -362,6 +367,7 @@ impl RollingWindowExec {
             rolling,
             partitions,
             batch_size: batch_size.max(1),
+            run_batches: RUN_BATCHES,
             tasks,
             broadcasts: BroadcastInputs::default(),
             schema,
@@ -375,6 +381,7 @@ impl RollingWindowExec {
     pub fn with_tasks(&self, tasks: usize) -> Self {
         Self {
             broadcasts: self.broadcasts.clone(),
+            run_batches: self.run_batches,
             ..Self::with_parts(
                 Arc::clone(&self.rolling),
                 self.partitions,
@@ -426,8 +433,10 @@ impl RollingWindowExec {
         let sent: usize = (self.rolling.aggregates.iter())
             .map(|a| a.output_type.primitive_width().unwrap_or(8) + 1)
             .sum();
-        (self.rolling.partition_memory(shape, self.batch_size))
-            .saturating_add(cells.saturating_mul(sent))
+        (self
+            .rolling
+            .partition_memory(shape, (self.batch_size, self.run_batches)))
+        .saturating_add(cells.saturating_mul(sent))
     }
 
     /// What every partition reads and computes.
@@ -689,12 +698,11 @@ impl Rolling {
         &self,
         run: Range<u64>,
         batch_size: usize,
-        tx: &Sender<Result<RecordBatch>>,
+        runs: &mut BatchRuns,
         meters: Meters,
         progress: Option<&ScanProgress>,
     ) -> Result<()> {
         let mut roller = Roller::new(self, batch_size, meters);
-        let mut send = |batch: RecordBatch| Ok(tx.blocking_send(Ok(batch)).is_ok());
         for j in self.walked(run) {
             let extent = self.read.blocks.block_along(self.dim, j);
             roller.enter(&extent);
@@ -703,7 +711,8 @@ impl Rolling {
                 boxes.reverse();
             }
             for b in boxes {
-                if !roller.roll(&b, &mut send)? {
+                // A run of batches never holds two boxes'.
+                if !roller.roll(&b, &mut |batch| Ok(runs.push(batch)))? || !runs.flush() {
                     return Ok(());
                 }
             }
@@ -715,12 +724,17 @@ impl Rolling {
     }
 
     /// Memory one partition holds at its peak over blocks of `shape` with
-    /// batches of `batch_size` rows: two decoded blocks, the ring (the
+    /// batches of `batch_size` rows sent `run_batches` at a time: two
+    /// decoded blocks, the ring (the
     /// argument lines of a block with its overlap, kept from one block to
     /// the next; and the extremum passes' tile), the halo read, the
     /// aggregates of a block, their running states, and the batches in
     /// flight.
-    pub(crate) fn partition_memory(&self, shape: &[u64], batch_size: usize) -> usize {
+    pub(crate) fn partition_memory(
+        &self,
+        shape: &[u64],
+        (batch_size, run_batches): (usize, usize),
+    ) -> usize {
         let cells = usize::try_from(shape.iter().fold(1u64, |p, &n| p.saturating_mul(n)))
             .unwrap_or(usize::MAX);
         let along = shape[self.dim].max(1) as usize;
@@ -758,8 +772,12 @@ impl Rolling {
                 section,
                 self.aggregates.iter().map(AggState::lane_bytes).sum(),
             ]),
-            // A batch never spans two blocks.
-            product(&[3, batch_size.min(cells), row_bytes]),
+            // A run of batches never spans two blocks.
+            product(&[
+                RUNS_IN_FLIGHT,
+                batch_size.saturating_mul(run_batches).min(cells),
+                row_bytes,
+            ]),
         ]
         .into_iter()
         .fold(0usize, usize::saturating_add)
@@ -1185,6 +1203,12 @@ impl ReadsBroadcasts for RollingWindowExec {
         &mut self.broadcasts
     }
 
+    fn hold_less(&mut self) -> bool {
+        let less = self.run_batches > 1;
+        self.run_batches = 1;
+        less
+    }
+
     fn projection(&self) -> Projection {
         let r = &self.rolling;
         Projection::new(
@@ -1261,11 +1285,11 @@ impl ExecutionPlan for RollingWindowExec {
         let meters = Meters::new(&self.metrics, partition);
         let rolling = Arc::clone(&self.rolling);
         let batch_size = self.batch_size;
-        let mut builder = RecordBatchReceiverStreamBuilder::new(Arc::clone(&self.schema), 2);
-        let tx = builder.tx();
+        let mut builder = RunStreamBuilder::new(Arc::clone(&self.schema));
+        let mut runs = builder.runs(self.run_batches);
         let roll = move |reservation: MemoryReservation| {
             let _reservation = reservation;
-            rolling.run_partition(run, batch_size, &tx, meters, progress.as_deref())
+            rolling.run_partition(run, batch_size, &mut runs, meters, progress.as_deref())
         };
         if self.broadcasts.is_empty() {
             builder.spawn_blocking(move || roll(reservation.after(taken)?));
