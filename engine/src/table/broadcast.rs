@@ -29,11 +29,13 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, Weak};
 
 use datafusion::arrow::array::{
-    make_array, new_empty_array, Array, ArrayRef, BooleanArray, MutableArrayData, RecordBatch,
-    UInt32Array,
+    make_array, new_empty_array, Array, ArrayRef, AsArray, BooleanArray, MutableArrayData,
+    RecordBatch, UInt32Array,
 };
 use datafusion::arrow::compute::{concat, take};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Field, Float16Type, Float32Type, Float64Type, Schema,
+};
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
 use datafusion::catalog::Session;
 use datafusion::common::{exec_err, human_readable_size, internal_err, plan_err, Result};
@@ -509,7 +511,7 @@ impl Broadcast {
             self.dims.iter().zip(converters).zip(distinct).zip(strides)
         {
             let columns: Vec<ArrayRef> = (d.columns.iter())
-                .map(|&c| Arc::clone(batch.column(c)))
+                .map(|&c| signed_zeros_folded(batch.column(c)))
                 .collect();
             for column in &columns {
                 if let Some(nulls) = column.logical_nulls() {
@@ -770,6 +772,23 @@ pub struct SmallSidePlanner(pub Arc<dyn QueryPlanner + Send + Sync>);
 impl std::fmt::Debug for SmallSidePlanner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SmallSidePlanner")
+    }
+}
+
+/// `column` with its `-0.0`s as `+0.0` when it holds floats (a key, as
+/// DataFusion's hash aggregation and join fold them: in SQL `-0.0 = 0.0`,
+/// one group, one key); itself otherwise. NaNs are left as they are.
+pub(crate) fn signed_zeros_folded(column: &ArrayRef) -> ArrayRef {
+    fn folded<T: ArrowPrimitiveType>(column: &ArrayRef) -> ArrayRef {
+        let zero = T::Native::default();
+        let column = column.as_primitive::<T>();
+        Arc::new(column.unary::<_, T>(|v| if v == zero { zero } else { v }))
+    }
+    match column.data_type() {
+        DataType::Float16 => folded::<Float16Type>(column),
+        DataType::Float32 => folded::<Float32Type>(column),
+        DataType::Float64 => folded::<Float64Type>(column),
+        _ => Arc::clone(column),
     }
 }
 

@@ -26,6 +26,7 @@ pub use blocks::{
     boxes_in_block, share_of, share_of_runs, shown_tasks, task_index, task_share, BlockGrid,
     BlockTemporaries, TASKS_OF_STAGE,
 };
+pub(crate) use broadcast::signed_zeros_folded;
 pub use broadcast::{
     Broadcast, BroadcastDim, BroadcastInputs, BroadcastRuns, BroadcastValues, ReadsBroadcasts,
     SmallSidePlanner, MAX_BROADCAST_BYTES,

@@ -79,6 +79,11 @@ impl PooledBytes {
         &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.words)[..self.bytes]
     }
 
+    /// The buffer as `f64`s (as many as its bytes hold), to fill.
+    pub fn as_mut_f64s(&mut self) -> &mut [f64] {
+        &mut bytemuck::cast_slice_mut::<u64, f64>(&mut self.words)[..self.bytes / 8]
+    }
+
     /// The bytes as an Arrow buffer, which returns the allocation to the
     /// pool when its last reference is dropped.
     pub fn into_buffer(self) -> Buffer {

@@ -32,7 +32,7 @@ use datafusion::physical_expr::execution_props::ExecutionProps;
 use datafusion::physical_expr::{create_physical_expr, PhysicalExpr};
 
 use super::groups::KeyMap;
-use crate::table::Coordinate;
+use crate::table::{signed_zeros_folded, Coordinate};
 use crate::table::{Dimension, GridTable};
 
 /// The most positions a dimension grouped by functions of its coordinate
@@ -85,6 +85,31 @@ pub fn physical_key(
         props,
         &PhysicalPlanningContext::default(),
     )
+}
+
+/// Whether dimension `d`'s coordinate has values that one `GROUP BY`
+/// group holds together (equal values, NULLs, `-0.0` and `0.0`, NaNs of
+/// one kind): grouped by, such a dimension groups by its values, as a
+/// function of itself, rather than by position. A strictly ordered
+/// coordinate without NaN is known not to, without going through its
+/// values; another is factorized (an error past `MAX_KEYED_POSITIONS`
+/// positions).
+pub fn coordinate_repeats(table: &GridTable, d: usize) -> Result<bool> {
+    let dim = &table.dims[d];
+    if dim.coordinate.distinct_order().is_some() || dim.len < 2 {
+        return Ok(false);
+    }
+    if dim.len > MAX_KEYED_POSITIONS {
+        return plan_err!(
+            "'{}' of {} has {} positions, too many to look for repeated values",
+            dim.name,
+            table.store,
+            dim.len
+        );
+    }
+    let values = dim.coordinate.to_array()?;
+    let n = values.len();
+    Ok(DimKeys::factorize(&[values], n)?.map.count < n)
 }
 
 /// The keys of one dimension over its selected positions.
@@ -148,6 +173,10 @@ impl DimKeys {
     /// The distinct tuples of `columns` (each `n` long), sorted, and the
     /// key of each row.
     fn factorize(columns: &[ArrayRef], n: usize) -> Result<Self> {
+        // `-0.0` and `+0.0` one key, as in DataFusion's hash aggregation
+        // (`lat % 3` of -30 and of 30).
+        let columns: Vec<ArrayRef> = columns.iter().map(signed_zeros_folded).collect();
+        let columns = columns.as_slice();
         let fields = columns
             .iter()
             .map(|c| SortField::new(c.data_type().clone()))
@@ -230,6 +259,26 @@ mod tests {
         assert_eq!(months.value(3), 3);
         let halves = keys.values[1].as_primitive::<Float64Type>();
         assert_eq!(halves.values().to_vec(), vec![0.0, 0.5, 0.5, 1.5]);
+    }
+
+    /// `-0.0` and `+0.0` are one key, `+0.0` (as DataFusion's hash
+    /// aggregation groups them: `lat % 3` of -30 and 30), NULLs another.
+    #[test]
+    fn factorize_folds_signed_zeros_into_one_key() {
+        let rest: ArrayRef = Arc::new(Float64Array::from(vec![
+            Some(-0.0),
+            Some(0.0),
+            Some(1.0),
+            Some(-0.0),
+            None,
+            Some(-1.0),
+        ]));
+        let keys = DimKeys::factorize(&[rest], 6).unwrap();
+        // NULL, -1, 0, 1.
+        assert_eq!(keys.map.count, 4);
+        assert_eq!(keys.map.keys, vec![2, 2, 3, 2, 0, 1]);
+        let zero = keys.values[0].as_primitive::<Float64Type>().value(2);
+        assert_eq!(zero.to_bits(), 0.0f64.to_bits());
     }
 
     #[test]

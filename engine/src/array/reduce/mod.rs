@@ -38,7 +38,9 @@ mod rule;
 pub use accumulators::{numeric_domain, DenseAccumulator, ReduceOp};
 pub use exec::{DenseReductionExec, ReduceSpec, ReductionParts};
 pub use groups::{GroupSpace, KeyMap, Line};
-pub use keys::{key_schema, physical_key, DimKeys, KeySpec, MAX_KEYED_POSITIONS};
+pub use keys::{
+    coordinate_repeats, key_schema, physical_key, DimKeys, KeySpec, MAX_KEYED_POSITIONS,
+};
 pub use merge::{DenseMergeExec, Merged, GROUP_POSITION};
 pub use node::{DenseReduction, GroupKey, ReduceExpr};
 pub use rule::{DenseReductionRule, MAX_STATE_BYTES};

@@ -29,7 +29,7 @@ use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, Extension, Logica
 use datafusion::physical_expr::execution_props::ExecutionProps;
 
 use super::accumulators::{numeric_domain, ReduceOp};
-use super::keys::{physical_key, DimKeys, MAX_KEYED_POSITIONS};
+use super::keys::{coordinate_repeats, physical_key, DimKeys, MAX_KEYED_POSITIONS};
 use super::node::{DenseReduction, GroupKey, ReduceExpr};
 use crate::array::scan_path::{down_to_scan_or_rechunk, TableRead};
 use crate::config::ZarrConfig;
@@ -167,10 +167,20 @@ fn group_keys(group: &[Expr], table: &GridTable) -> Option<Vec<GroupKey>> {
             other => other,
         };
         let key = match g {
-            Expr::Column(c) => GroupKey {
-                dim: dim_of(&c.name)?,
-                expr: None,
-            },
+            Expr::Column(c) => {
+                let dim = dim_of(&c.name)?;
+                // A coordinate whose values repeat (or hold NULLs or NaNs)
+                // groups by its values, as a function of itself: its equal
+                // values are one group, as in DataFusion's aggregation. (A
+                // dimension too long to key is grouped by position, its
+                // values not gone through.)
+                let keyed = table.dims[dim].len <= MAX_KEYED_POSITIONS
+                    && coordinate_repeats(table, dim).ok()?;
+                GroupKey {
+                    dim,
+                    expr: keyed.then(|| g.clone()),
+                }
+            }
             _ => {
                 if g.is_volatile() {
                     return None;

@@ -32,11 +32,12 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array};
-use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
+use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
 use datafusion::common::{internal_err, Result};
 
 use crate::array::reduce::ReduceOp;
+use crate::zarr::{ChunkBufferPool, PooledBytes};
 
 /// What a rolling aggregate computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
@@ -453,6 +454,8 @@ pub struct RollState {
     count: Vec<u32>,
     odd: Vec<u32>,
     sum: Vec<f64>,
+    /// The buffers of the aggregate's columns, reused block after block.
+    outputs: ChunkBufferPool,
 }
 
 impl RollState {
@@ -465,6 +468,7 @@ impl RollState {
             count: vec![0; lanes],
             odd: vec![0; lanes],
             sum: vec![0.0; if sums { lanes } else { 0 }],
+            outputs: ChunkBufferPool::new(),
         }
     }
 
@@ -535,7 +539,7 @@ fn roll_tiled(
     }
     let (inner, width) = (lines.inner, out.len());
     let count_only = op == RollOp::Count;
-    let mut column = Rolled::new(op, lines.outer * width * inner);
+    let mut column = Rolled::new(op, lines.outer * width * inner, &state.outputs);
     // Cells whose frame holds NaN or an infinity: computed one by one.
     let mut odd_cells = Vec::new();
     if width > 0 && inner > 0 {
@@ -600,7 +604,7 @@ fn roll_tiled(
                                 *v = k > 0;
                             }
                         }
-                        let cells = &mut column.values[at..at + lanes];
+                        let cells = &mut column.values()[at..at + lanes];
                         match (op, extremum) {
                             (RollOp::Avg, _) => {
                                 for ((v, &s), &k) in cells.iter_mut().zip(&acc.sum).zip(count) {
@@ -643,16 +647,22 @@ fn roll_tiled(
     for k in odd_cells {
         let (o, rest) = (k / (width * inner), k % (width * inner));
         let (t, i) = (out.start + rest / inner, rest % inner);
-        column.values[k] = exact(op, lines, frame, o, t, i);
+        column.values()[k] = exact(op, lines, frame, o, t, i);
     }
     Ok(column)
 }
 
 /// The column a rolling aggregate fills, in C order: `count`'s integers
 /// or the others' numbers, and which cells have no value.
+///
+/// The numbers are written into a buffer of the aggregate's pool (see
+/// [`Rolled::new`]), which every cell is written into before the column is
+/// finished.
 pub(super) struct Rolled {
-    /// The numbers (none for `count`).
-    pub(super) values: Vec<f64>,
+    /// Cells.
+    n: usize,
+    /// The numbers (none for `count` or no cells).
+    numbers: Option<PooledBytes>,
     /// The counts (`count` only).
     pub(super) counts: Vec<i64>,
     /// Which cells have a value, once one has none.
@@ -660,19 +670,33 @@ pub(super) struct Rolled {
 }
 
 impl Rolled {
-    /// `n` cells of `op`, every one valid.
-    pub(super) fn new(op: RollOp, n: usize) -> Self {
+    /// `n` cells of `op`, every one valid, the numbers in a buffer of
+    /// `pool`: one a block's column left there once its batches are
+    /// dropped, not a fresh allocation zeroed and mapped page by page (as
+    /// large as a block's cells in `float64`, it would be each time). Its
+    /// cells hold what they held before until written: the caller writes
+    /// every one.
+    pub(super) fn new(op: RollOp, n: usize, pool: &ChunkBufferPool) -> Self {
         let count_only = op == RollOp::Count;
         Self {
-            values: vec![0.0; if count_only { 0 } else { n }],
+            n,
+            numbers: (!count_only && n > 0).then(|| pool.take(n * 8)),
             counts: vec![0; if count_only { n } else { 0 }],
             valid: None,
         }
     }
 
+    /// The numbers, to write (empty for `count`).
+    pub(super) fn values(&mut self) -> &mut [f64] {
+        match &mut self.numbers {
+            Some(numbers) => numbers.as_mut_f64s(),
+            None => &mut [],
+        }
+    }
+
     /// Which cells have a value (all, until one is marked).
     pub(super) fn valid(&mut self) -> &mut [bool] {
-        let n = self.values.len();
+        let n = self.n;
         self.valid.get_or_insert_with(|| vec![true; n])
     }
 
@@ -681,17 +705,21 @@ impl Rolled {
     /// when `reversed` gives that shape.
     pub(super) fn finish(mut self, reversed: Option<[usize; 3]>) -> ArrayRef {
         if let Some([outer, n, inner]) = reversed {
-            reverse_positions(&mut self.values, [outer, n, inner]);
+            reverse_positions(self.values(), [outer, n, inner]);
             reverse_positions(&mut self.counts, [outer, n, inner]);
             if let Some(valid) = &mut self.valid {
                 reverse_positions(valid, [outer, n, inner]);
             }
         }
-        if self.values.is_empty() && !self.counts.is_empty() {
+        if self.numbers.is_none() && !self.counts.is_empty() {
             return Arc::new(Int64Array::from(self.counts));
         }
         let nulls = (self.valid).map(|valid| NullBuffer::new(BooleanBuffer::from(valid)));
-        Arc::new(Float64Array::new(self.values.into(), nulls))
+        let values = match self.numbers {
+            Some(numbers) => ScalarBuffer::new(numbers.into_buffer(), 0, self.n),
+            None => ScalarBuffer::from(Vec::<f64>::new()),
+        };
+        Arc::new(Float64Array::new(values, nulls))
     }
 }
 
@@ -1288,5 +1316,54 @@ pub(super) mod tests {
         let count = roll(RollOp::Count, &ring, (frame, 3..4), &mut counted, false).unwrap();
         let count = count.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
         assert_eq!((count.value(0), count.value(1)), (1, 0));
+    }
+
+    /// A box's column, once dropped, lends its buffer to the next box's
+    /// column of the same aggregate, which writes over every cell: the
+    /// second box's sums are its own, not the first's left behind.
+    #[test]
+    fn a_dropped_column_lends_its_buffer_to_the_next_which_writes_every_cell() {
+        let (lanes, len) = (3, 8);
+        let mut lines = Lines::new(1, len, lanes);
+        let cells: Vec<f64> = (0..len * lanes).map(|c| c as f64).collect();
+        let piece: ArrayRef = Arc::new(Float64Array::from(cells));
+        lines.put(0, len, 0, &piece).unwrap();
+        let frame = Frame {
+            start: Some(-1),
+            end: 0,
+        };
+        let sum_of = |t: usize, i: usize| {
+            let at = |t: usize| (t * lanes + i) as f64;
+            at(t) + if t > 0 { at(t - 1) } else { 0.0 }
+        };
+        let mut state = RollState::new(lanes, RollOp::Sum);
+        let first = roll(RollOp::Sum, &lines, (frame, 1..4), &mut state, false).unwrap();
+        let first_buffer = first.to_data().buffers()[0].as_ptr();
+        drop(first);
+        // Not resumed from the first: summed afresh over positions 4..7.
+        state.forget();
+        let second = roll(RollOp::Sum, &lines, (frame, 4..7), &mut state, false).unwrap();
+        assert_eq!(second.to_data().buffers()[0].as_ptr(), first_buffer);
+        let second = numbers(&second);
+        let want: Vec<Option<f64>> = (4..7)
+            .flat_map(|t| (0..lanes).map(move |i| Some(sum_of(t, i))))
+            .collect();
+        assert_eq!(second, want);
+        // Resumed from the second while it is alive: a buffer of its own.
+        let kept = roll(
+            RollOp::Sum,
+            &lines,
+            (frame, 4..5),
+            &mut state.clone(),
+            false,
+        )
+        .unwrap();
+        let third = roll(RollOp::Sum, &lines, (frame, 7..8), &mut state, false).unwrap();
+        assert_ne!(
+            third.to_data().buffers()[0].as_ptr(),
+            kept.to_data().buffers()[0].as_ptr()
+        );
+        let want: Vec<Option<f64>> = (0..lanes).map(|i| Some(sum_of(7, i))).collect();
+        assert_eq!(numbers(&third), want);
     }
 }

@@ -64,7 +64,7 @@ use zarrfusion_udfs::CalendarScaleFunc;
 
 use super::frame::RollOp;
 use super::node::{GridFrame, RollExpr, RollingWindow};
-use crate::array::reduce::ReduceOp;
+use crate::array::reduce::{coordinate_repeats, ReduceOp};
 use crate::array::scan_path::{down_to_scan_or_rechunk, replace_columns, TableRead};
 use crate::config::ZarrConfig;
 use crate::plan_methods::bottom_up_rule;
@@ -324,6 +324,11 @@ fn roll_exprs(
         // One line per partition: every other dimension, and only them.
         let others: BTreeSet<usize> = (0..table.dims.len()).filter(|&k| k != d).collect();
         if partition != others || dim.is_some_and(|first| first != d) {
+            return Ok(None);
+        }
+        // Other dimensions whose values repeat would make positions with
+        // equal values one partition, not one line each.
+        if (partition.iter()).any(|&k| coordinate_repeats(table, k).unwrap_or(true)) {
             return Ok(None);
         }
         dim = Some(d);

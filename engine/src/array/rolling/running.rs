@@ -24,6 +24,7 @@ use datafusion::common::{internal_err, Result};
 use super::frame::{
     with_values, Lines, RollOp, Rolled, Values, FINITE, MISSING, NAN, NEG_INF, POS_INF, TILE,
 };
+use crate::zarr::ChunkBufferPool;
 
 /// Which non-finite values a lane has seen: bits of [`RunningState::seen`].
 const SAW_NAN: u8 = 1;
@@ -43,6 +44,8 @@ pub struct RunningState {
     /// The sum of the finite values (`sum`, `avg`), or their extremum
     /// (`min`: +inf when there is none; `max`: -inf); nothing for `count`.
     value: Vec<f64>,
+    /// The buffers of the aggregate's columns, reused block after block.
+    outputs: ChunkBufferPool,
 }
 
 impl RunningState {
@@ -53,6 +56,7 @@ impl RunningState {
             count: vec![0; lanes],
             seen: vec![0; lanes],
             value: vec![identity(op); if op == RollOp::Count { 0 } else { lanes }],
+            outputs: ChunkBufferPool::new(),
         }
     }
 
@@ -251,7 +255,7 @@ pub fn accumulate(
     let through = from.unwrap_or(target);
     let (inner, width) = (lines.inner, out.len());
     let count_only = op == RollOp::Count;
-    let mut column = Rolled::new(op, lines.outer * width * inner);
+    let mut column = Rolled::new(op, lines.outer * width * inner, &state.outputs);
     for o in 0..lines.outer {
         for i0 in (0..inner).step_by(TILE) {
             let lanes = TILE.min(inner - i0);
@@ -276,7 +280,7 @@ pub fn accumulate(
                 let lane_counts = &state.count[lane..lane + lanes];
                 let lane_seen = &state.seen[lane..lane + lanes];
                 let lane_values = &state.value[lane..lane + lanes];
-                let cells = column.values[at..at + lanes].iter_mut().zip(lane_values);
+                let cells = column.values()[at..at + lanes].iter_mut().zip(lane_values);
                 let mut odd = false;
                 for ((cell, &v), (&c, &seen)) in cells.zip(lane_counts.iter().zip(lane_seen)) {
                     *cell = if avg { v / c as f64 } else { v };
@@ -286,7 +290,7 @@ pub fn accumulate(
                     for k in 0..lanes {
                         if lane_counts[k] == 0 || lane_seen[k] != 0 {
                             match state.finish(op, lane + k) {
-                                Some(v) => column.values[at + k] = v,
+                                Some(v) => column.values()[at + k] = v,
                                 None => column.valid()[at + k] = false,
                             }
                         }
