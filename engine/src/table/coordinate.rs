@@ -249,6 +249,10 @@ impl Coordinate {
             _ => false,
         };
         let order = self.strict_order()?;
+        // Only floats hold NaN: other values are not walked again.
+        if !matches!(self.data_type(), DataType::Float32 | DataType::Float64) {
+            return Some(order);
+        }
         self.pieces(Self::PIECE)
             .all(|piece| piece.is_ok_and(|values| !has_nan(&values)))
             .then_some(order)

@@ -93,10 +93,16 @@ pub fn physical_key(
 /// function of itself, rather than by position. A strictly ordered
 /// coordinate without NaN is known not to, without going through its
 /// values; another is factorized (an error past `MAX_KEYED_POSITIONS`
-/// positions).
+/// positions). Only a coordinate within that bound is walked: the index
+/// and an integer formula with a step answer without their values, at any
+/// length.
 pub fn coordinate_repeats(table: &GridTable, d: usize) -> Result<bool> {
     let dim = &table.dims[d];
-    if dim.coordinate.distinct_order().is_some() || dim.len < 2 {
+    let stepped = dim.coordinate.integer_step().is_some_and(|step| step != 0);
+    if dim.len < 2 || stepped && dim.coordinate.strict_order().is_some() {
+        return Ok(false);
+    }
+    if dim.len <= MAX_KEYED_POSITIONS && dim.coordinate.distinct_order().is_some() {
         return Ok(false);
     }
     if dim.len > MAX_KEYED_POSITIONS {
@@ -279,6 +285,48 @@ mod tests {
         assert_eq!(keys.map.keys, vec![2, 2, 3, 2, 0, 1]);
         let zero = keys.values[0].as_primitive::<Float64Type>().value(2);
         assert_eq!(zero.to_bits(), 0.0f64.to_bits());
+    }
+
+    fn table_of(coordinate: Coordinate) -> GridTable {
+        use datafusion::arrow::datatypes::Field;
+        let field = Field::new("x", coordinate.data_type(), true);
+        GridTable {
+            store: "test".into(),
+            source: None,
+            dims: vec![Arc::new(Dimension {
+                name: "x".into(),
+                len: coordinate.len(),
+                coordinate,
+                attributes: Default::default(),
+            })],
+            variables: vec![],
+            broadcasts: vec![],
+            schema: Arc::new(Schema::new(vec![field])),
+        }
+    }
+
+    /// An index of 10^12 positions answers at once, without a walk of its
+    /// values (planning a rolling window partitioned by it asks).
+    #[test]
+    fn coordinate_repeats_answers_a_huge_index_without_walking_it() {
+        let started = std::time::Instant::now();
+        let huge = table_of(Coordinate::Index(1 << 40));
+        assert!(!coordinate_repeats(&huge, 0).unwrap());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn coordinate_repeats_finds_equal_values_nulls_and_nans() {
+        let values = |v: Vec<Option<f64>>| Coordinate::Values(Arc::new(Float64Array::from(v)));
+        let repeats = |v| coordinate_repeats(&table_of(values(v)), 0).unwrap();
+        assert!(!repeats(vec![Some(1.0), Some(2.0), Some(3.0)]));
+        assert!(!repeats(vec![Some(3.0), Some(2.0), Some(-1.0)]));
+        assert!(repeats(vec![Some(1.0), Some(2.0), Some(1.0)]));
+        assert!(repeats(vec![Some(1.0), None, None]));
+        // One NaN is one group of its own; two are one group.
+        assert!(!repeats(vec![Some(1.0), Some(f64::NAN), Some(2.0)]));
+        assert!(repeats(vec![Some(f64::NAN), Some(2.0), Some(f64::NAN)]));
+        assert!(repeats(vec![Some(-0.0), Some(1.0), Some(0.0)]));
     }
 
     #[test]
