@@ -34,7 +34,9 @@ impl PySessionContext {
     /// bytes); `work_dir` holds intermediate files; `allowed_locations`
     /// (directories and URL prefixes) restricts where statements may read,
     /// write and work (SQL cannot change it); `config` sets any session
-    /// setting (`{"zarrfusion.dense_reduction": "false"}`); `workers`
+    /// setting (`{"zarrfusion.dense_reduction": "false"}`; also
+    /// `zarrfusion.allowed_mem`, as `SET` takes it, in place of the
+    /// argument); `workers`
     /// (`host:port` addresses) runs queries on `zarrfusion worker`s.
     #[new]
     #[pyo3(signature = (allowed_mem=None, work_dir=None, target_partitions=None, batch_size=None, config=None, allowed_locations=None, workers=None))]
@@ -48,9 +50,31 @@ impl PySessionContext {
         allowed_locations: Option<Vec<String>>,
         workers: Option<Vec<String>>,
     ) -> PyResult<Self> {
+        let mut config = config.unwrap_or_default();
+        // `zarrfusion.allowed_mem` given in `config` as to `SET` (the
+        // runtime's memory pool, not a session setting).
+        let key = (config.keys())
+            .find(|k| k.trim().eq_ignore_ascii_case("zarrfusion.allowed_mem"))
+            .cloned();
+        let configured_mem = match key.and_then(|k| config.remove(&k)) {
+            Some(_) if allowed_mem.is_some() => {
+                return Err(PyValueError::new_err(
+                    "allowed_mem is given twice: as an argument and as config's \
+                     zarrfusion.allowed_mem",
+                ))
+            }
+            value => value,
+        };
         let mut builder = RuntimeEnvBuilder::new();
-        if let Some(limit) = allowed_mem {
-            builder = builder.with_memory_limit(size_argument("allowed_mem", limit)?, 1.0);
+        let limit = match (allowed_mem, configured_mem) {
+            (Some(limit), _) => Some(size_argument("allowed_mem", limit)?),
+            (None, Some(text)) => Some(zarrfusion::memory::parse_size(&text).map_err(|e| {
+                PyValueError::new_err(format!("config: zarrfusion.allowed_mem: {e}"))
+            })?),
+            (None, None) => None,
+        };
+        if let Some(limit) = limit {
+            builder = builder.with_memory_limit(limit, 1.0);
         }
         // A local work_dir also takes DataFusion's spill files; an
         // object-store URL takes the intermediate arrays only.
@@ -92,7 +116,7 @@ impl PySessionContext {
                 .set("zarrfusion.work_dir", url.as_str())
                 .map_err(|e| PyValueError::new_err(format!("work_dir: {e}")))?;
         }
-        for (key, value) in config.unwrap_or_default() {
+        for (key, value) in config {
             zarrfusion::config::check_setting(&key, &value)
                 .map_err(|e| PyValueError::new_err(format!("config: {e}")))?;
             session

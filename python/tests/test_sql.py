@@ -134,6 +134,16 @@ def test_settings_and_memory_budget(fixtures):
         ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
     with pytest.raises(zf.ZarrFusionError, match="zarrfusion.allowed_mem"):
         ctx.sql("SET zarrfusion.allowed_mem = 'lots'")
+    # config takes zarrfusion.allowed_mem as SET does, the argument's pool.
+    configured = zf.SessionContext(config={"zarrfusion.allowed_mem": "4KB"})
+    configured.register_zarr("t", fixtures / "v3_basic.zarr")
+    with pytest.raises(zf.ZarrMemoryError, match="4.0 KB"):
+        configured.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
+    assert configured.sql("SHOW datafusion.runtime.memory_limit").to_pandas()["value"][0] == "4K"
+    with pytest.raises(ValueError, match="zarrfusion.allowed_mem"):
+        zf.SessionContext(config={"zarrfusion.allowed_mem": "lots"})
+    with pytest.raises(ValueError, match="given twice"):
+        zf.SessionContext(allowed_mem="1GB", config={"ZARRFUSION.allowed_mem": "4KB"})
     # Reads in flight: at most 4096, refused past it by every door.
     with pytest.raises(ValueError, match="io_concurrency.*at most 4096"):
         zf.SessionContext(io_concurrency=5000)

@@ -25,7 +25,9 @@ class SessionContext:
     ``COPY``/``CREATE EXTERNAL TABLE`` locations statements may reach to
     these directories and URL prefixes (for a service running SQL written
     by others; SQL cannot change it; see docs/security.md); ``config`` sets
-    any session setting, e.g. ``{"zarrfusion.dense_reduction": "false"}``;
+    any session setting, e.g. ``{"zarrfusion.dense_reduction": "false"}``
+    (``"zarrfusion.allowed_mem"`` too, as ``SET`` takes it, in place of the
+    argument);
     ``workers`` runs queries on a cluster of ``zarrfusion worker``
     processes (``["host1:50051", "host2:50051"]``; see docs/distributed.md):
     each worker's ``allowed_mem`` is its own ``--memory-limit``, and this

@@ -2283,6 +2283,7 @@ impl ZarrCodec {
             batch_size: w.batch_size,
             tasks: w.tasks,
             backward: w.backward,
+            refit: false,
         };
         let exec = RollingWindowExec::from_parts(parts, memory_limit)?;
         Ok(Arc::new(exec.with_broadcasts(broadcasts, memory_limit)?))

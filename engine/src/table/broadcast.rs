@@ -815,8 +815,9 @@ pub trait ReadsBroadcasts: Sized {
         self.projection().check(limit)
     }
 
-    /// Makes it hold less, where it can (its batches sent one at a time
-    /// rather than in runs); `false` when it cannot.
+    /// Makes it hold less by a step, where it can (its batches sent one at
+    /// a time rather than in runs, its blocks smaller); `false` when it
+    /// cannot hold less.
     fn hold_less(&mut self) -> bool {
         false
     }
@@ -831,9 +832,7 @@ pub trait ReadsBroadcasts: Sized {
     ) -> Result<Self> {
         *self.broadcasts_mut() = broadcasts;
         if let Some(limit) = memory_limit {
-            if self.check_memory(limit).is_err() {
-                self.hold_less();
-            }
+            while self.check_memory(limit).is_err() && self.hold_less() {}
             self.check_memory(limit)?;
         }
         Ok(self)

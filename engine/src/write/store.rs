@@ -37,6 +37,7 @@ use zarrs::storage::{
 use super::grid::Grid;
 use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
 use super::stamp::{gone_owner, owner_record, sweep, unique_suffix, Leftover};
+use crate::memory::Projection;
 use crate::table::Coordinate;
 use crate::zarr::open_writable_remote;
 
@@ -741,11 +742,23 @@ pub(crate) fn variable_array(
 /// stays small beside any `allowed_mem`.
 const COORDINATE_CHUNK: u64 = 1 << 17;
 
-/// The most memory writing a group's coordinates holds at once: a chunk of
-/// values (8 bytes each at most) as computed, as stored and encoded, and the
-/// compressor's state. The writers that call [`prepare_group`] count it in
-/// their projected memory (it is written before their tasks run).
-pub(crate) const COORDINATE_WRITE_MEMORY: u64 = 4 * 8 * COORDINATE_CHUNK;
+/// The most memory writing a group's coordinates of `lengths` positions
+/// holds at once: a chunk of values (8 bytes each at most) as computed, as
+/// stored and encoded, and the compressor's state (64 KiB at least). The
+/// writers that call [`prepare_group`] count it in their projected memory
+/// (it is written before their tasks run).
+pub(crate) fn coordinate_write_memory(lengths: &[u64]) -> u64 {
+    let longest = (lengths.iter().copied().max().unwrap_or(1)).clamp(1, COORDINATE_CHUNK);
+    (4 * 8 * longest).max(64 << 10)
+}
+
+/// What writing the coordinates of a copy of `store` into a grid of
+/// `shape` holds, before its steps run.
+pub(crate) fn coordinate_projection(store: &str, shape: &[u64]) -> Projection {
+    let memory = usize::try_from(coordinate_write_memory(shape)).unwrap_or(usize::MAX);
+    Projection::new("COPY TO Zarr", store, 1, "writer", memory)
+        .holding("a chunk of the coordinates' values, stored and encoded")
+}
 
 /// A group whose arrays' data are being written: its coordinates' values
 /// are stored, its variables' chunks are the caller's to store, and its

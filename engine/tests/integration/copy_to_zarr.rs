@@ -771,3 +771,44 @@ async fn a_copied_aggregate_keeps_the_attributes_of_what_it_names() {
     assert_eq!(written_attributes(&out, "lat"), serde_json::json!({}));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A copy's coordinates are counted at what writing them holds (a chunk
+/// of the longest one's values, 64 KiB at least), not at the most any
+/// coordinate could (4 MiB): a copy of the demo runs in 1 MB, and a copy
+/// of the climate fixture whose steps fit 48 KB is refused there while
+/// planning, naming the coordinates.
+#[tokio::test]
+async fn a_copy_counts_its_coordinates_at_their_length() {
+    let dir = scratch("coordinates");
+    let query = "SELECT time, lat, lon, t2m - 273.15 AS c FROM era5 WHERE lat > 0";
+    let small = budget_context(1 << 20).await;
+    let out = dir.join("small.zarr");
+    let sql = format!("COPY ({query}) TO '{}' STORED AS ZARR", out.display());
+    let plan = text(&small, &format!("EXPLAIN {sql}")).await;
+    assert!(plan.contains("SelectionCopyExec"), "{plan}");
+    copy(&small, &sql).await.unwrap();
+    let ctx = context().await;
+    let got = read_back(&ctx, "small", &out, "time, lat, lon, c").await;
+    let want = text(&ctx, &format!("{query} ORDER BY time, lat, lon")).await;
+    assert_eq!(got, want);
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(48 << 10, 1.0)
+        .build_arc()
+        .unwrap();
+    let tiny = new_context_with(session_config(), runtime);
+    (tiny
+        .register_zarr("c", &common::fixture("climate.zarr"), HashMap::new())
+        .await)
+        .unwrap();
+    let out = dir.join("tiny.zarr");
+    let sql = format!(
+        "COPY (SELECT time, lat, lon, t2m - u10 AS v FROM c WHERE lat > 10) TO '{}' STORED AS ZARR",
+        out.display()
+    );
+    let refused = copy(&tiny, &sql).await.unwrap_err().to_string();
+    for needle in ["COPY TO Zarr over", "coordinates", "64.0 KB", "48.0 KB"] {
+        assert!(refused.contains(needle), "{needle}: {refused}");
+    }
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -205,6 +205,54 @@ async fn other_windows_stay_datafusion_s_with_the_same_answers() {
     }
 }
 
+/// Under a budget its first blocks and partitions do not fit, a window
+/// holds less until it does (here blocks of one chunk, 50 steps, in one
+/// partition), and gives the answers of DataFusion's window without a
+/// budget, and xarray's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_fits_its_blocks_and_partitions_to_a_small_budget() {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(256 * 1024, 1.0)
+        .build()
+        .unwrap();
+    let ctx = new_context_with(session_config(), Arc::new(runtime));
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let sql = "SELECT time, lat, lon, avg(t2m) OVER w AS m, count(t2m) OVER w AS n, \
+               max(u10) OVER w AS hi FROM t WINDOW w AS (PARTITION BY lat, lon ORDER BY time \
+               ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)";
+    // Without a budget: blocks of several chunks in two partitions.
+    let free = explain_text(&session(true, &[]).await, sql).await;
+    assert!(rolled(&free), "{free}");
+    assert!(!free.contains("of shape [50, 4, 4]"), "{free}");
+    assert!(free.contains("partitions=2"), "{free}");
+    let plan = explain_text(&ctx, sql).await;
+    assert!(rolled(&plan), "{plan}");
+    assert!(plan.contains("of shape [50, 4, 4]"), "{plan}");
+    assert!(plan.contains("partitions=1"), "{plan}");
+    let mut got = run(&ctx, sql).await;
+    let mut want = run(&session(false, &[]).await, sql).await;
+    assert_eq!(got.len(), 608 * 36);
+    sort_rows(&mut got, 3);
+    sort_rows(&mut want, 3);
+    assert_rows("under 256 KB", &got, &want);
+    // xarray's answers, the rows sorted here (a sort of its own would not
+    // fit the budget).
+    for q in &rolling_queries() {
+        let (name, sql) = (q["name"].as_str().unwrap(), q["sql"].as_str().unwrap());
+        let unsorted = sql.trim_end_matches(" ORDER BY time, lat, lon");
+        assert_ne!(unsorted, sql, "{name}");
+        let mut want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        let plan = explain_text(&ctx, unsorted).await;
+        assert!(rolled(&plan), "{name}:\n{plan}");
+        let mut got = run(&ctx, unsorted).await;
+        sort_rows(&mut got, 3);
+        sort_rows(&mut want, 3);
+        assert_rows(&format!("{name} (256 KB)"), &got, &want);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_that_cannot_fit_the_memory_limit_is_refused_with_the_numbers() {
     let runtime = RuntimeEnvBuilder::new()
@@ -224,6 +272,9 @@ async fn a_window_that_cannot_fit_the_memory_limit_is_refused_with_the_numbers()
         "allowed_mem",
         "16.0 KB",
         "23 positions of overlap",
+        // The least it can hold: blocks of one chunk in one partition.
+        "(1 partition x",
+        "blocks of shape [50, 4, 4]",
     ] {
         assert!(error.contains(needle), "{needle}: {error}");
     }

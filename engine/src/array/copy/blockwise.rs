@@ -43,8 +43,8 @@ use crate::table::{BlockGrid, BoxCells, Coordinate, GridTable, ReadAheadPlan, Se
 use crate::write::options::{Codec, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::store::{
-    chunk_lengths, prepare_group, store_box, GroupCoordinate, GroupVariable, GroupWrite,
-    COORDINATE_WRITE_MEMORY,
+    chunk_lengths, coordinate_projection, coordinate_write_memory, prepare_group, store_box,
+    GroupCoordinate, GroupVariable, GroupWrite,
 };
 use crate::write::target::CopyTarget;
 use crate::write::write_job::Written;
@@ -684,11 +684,16 @@ impl BlockwiseStep {
 impl Blockwise {
     pub(crate) fn projected_memory(&self) -> u64 {
         if self.direct {
-            return self.direct_memory().max(COORDINATE_WRITE_MEMORY);
+            return self.direct_memory().max(self.coordinate_memory());
         }
         (self.blocks.step.memory())
             .max(self.stage2_memory)
-            .max(COORDINATE_WRITE_MEMORY)
+            .max(self.coordinate_memory())
+    }
+
+    /// The memory writing the coordinates holds (before the steps run).
+    pub(crate) fn coordinate_memory(&self) -> u64 {
+        coordinate_write_memory(&self.blocks.shape)
     }
 
     /// What writing it did, step 2 (the rechunk, when there is one)
@@ -791,6 +796,9 @@ impl Blockwise {
     /// and it fits `limit` writing them itself (no intermediate store, no
     /// rechunk), else the rechunk (refused when it cannot fit).
     pub(crate) fn planned(mut self, limit: MemoryLimit) -> Result<Self> {
+        if let MemoryLimit::Finite(limit) = limit {
+            coordinate_projection(&self.blocks.table.store, &self.blocks.shape).check(limit)?;
+        }
         self.direct = self.aligned()
             && match limit {
                 MemoryLimit::Finite(limit) => self.direct_memory() <= limit as u64,

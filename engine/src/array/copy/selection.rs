@@ -65,7 +65,6 @@ use crate::plan_methods::{
     node_identity,
 };
 use crate::table::{classify_filters, Broadcast, BroadcastInputs};
-use crate::write::store::COORDINATE_WRITE_MEMORY;
 use crate::write::target::CopyTarget;
 use crate::write::write_job::{count_properties, Joined, WriteJob};
 use crate::zarr::StoreLocation;
@@ -446,7 +445,7 @@ impl ExecutionPlan for SelectionCopyExec {
         let job = WriteJob {
             // The session's memory holds the coordinates only: the tasks
             // run on the workers.
-            projected: COORDINATE_WRITE_MEMORY as usize,
+            projected: usize::try_from(blockwise.coordinate_memory()).unwrap_or(usize::MAX),
             ..write_job(&self.blockwise, &self.metrics, &self.properties)
         };
         job.run(partition, &context, move |cancelled| {

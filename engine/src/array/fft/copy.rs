@@ -70,8 +70,8 @@ use crate::table::{task_share, BlockGrid, ReadAheadPlan, Selection};
 use crate::write::grid::field_attributes;
 use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
-    prepare_group, store_box, variable_array, GroupCoordinate, GroupVariable,
-    COORDINATE_WRITE_MEMORY,
+    coordinate_projection, coordinate_write_memory, prepare_group, store_box, variable_array,
+    GroupCoordinate, GroupVariable,
 };
 use crate::write::target::{CopyTarget, StagedTarget};
 use crate::write::write_job::{count_properties, counted_properties, WriteJob, Written};
@@ -196,6 +196,7 @@ impl FftCopy {
         let tasks = WriteTasks::plan(table, blocks, staging, memory_limit, options);
         if let Some(limit) = memory_limit {
             tasks.projection("FftCopyExec", table).check(limit)?;
+            coordinate_projection(table.source().store(), &shape).check(limit)?;
         }
         let metrics = ExecutionPlanMetricsSet::new();
         Ok(FftCopyExec {
@@ -260,7 +261,13 @@ impl CopyJob {
     fn projected(&self) -> usize {
         (self.writes.tasks)
             .projected()
-            .max(usize::try_from(COORDINATE_WRITE_MEMORY).unwrap_or(usize::MAX))
+            .max(self.coordinate_memory())
+    }
+
+    /// The memory writing its coordinates holds.
+    fn coordinate_memory(&self) -> usize {
+        let memory = coordinate_write_memory(&self.writes.table.output_shape());
+        usize::try_from(memory).unwrap_or(usize::MAX)
     }
 
     /// Writes the store atomically: a local one beside the target (the
@@ -841,7 +848,7 @@ impl ExecutionPlan for FftCopyExec {
             // The session holds the coordinates only when the tasks run on
             // the workers.
             projected: match &cluster {
-                Some(_) => COORDINATE_WRITE_MEMORY as usize,
+                Some(_) => self.job.coordinate_memory(),
                 None => self.job.projected(),
             },
             metrics: &self.metrics,

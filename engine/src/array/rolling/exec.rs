@@ -21,9 +21,12 @@
 //! FOLLOWING rows, the start of the next box). Memory per partition: two
 //! decoded blocks, the ring (the argument lines of a block and its halo),
 //! the halo read, the aggregates of two blocks (the batches in flight are
-//! views of the one before's), and the batches in flight; a
-//! window whose projected memory exceeds the session's limit is refused
-//! while planning.
+//! views of the one before's), and the batches in flight. A window whose
+//! projected memory exceeds the session's limit holds less, a step at a
+//! time, until it fits: its batches sent one by one, then blocks half as
+//! long along the dimension and then across it (whole chunks still), then
+//! half the partitions; one that does not fit even so is refused while
+//! planning, with the numbers of the least it can hold.
 //!
 //! [`RollingWindow`]: super::RollingWindow
 
@@ -105,6 +108,10 @@ pub(crate) struct RollingParts {
     ///
     /// [`GridFrame::walked`]: super::GridFrame::walked
     pub(crate) backward: bool,
+    /// Whether its blocks and partitions may be made smaller to fit the
+    /// memory limit: planned in this session (a cluster's worker keeps
+    /// those it was sent, which its stage's other tasks share).
+    pub(crate) refit: bool,
 }
 
 /// Everything a partition needs, shared by all of them.
@@ -152,6 +159,9 @@ pub struct RollingWindowExec {
     run_batches: usize,
     /// The tasks of a cluster's stage its blocks are dealt to (1: all here).
     tasks: usize,
+    /// Whether its blocks and partitions may still shrink to fit the
+    /// memory limit (see [`RollingParts::refit`]).
+    refit: bool,
     /// The small sides of the broadcast columns read: the children.
     broadcasts: BroadcastInputs,
     schema: SchemaRef,
@@ -250,6 +260,7 @@ impl RollingWindowExec {
             batch_size: session.config().batch_size().max(1),
             tasks: 1,
             backward,
+            refit: true,
         };
         Self::from_parts(parts, memory_limit)
     }
@@ -270,6 +281,7 @@ impl RollingWindowExec {
             batch_size,
             tasks,
             backward,
+            refit,
         } = parts;
         let (table, columns) = (&read.table, &read.columns);
         let store = &table.store;
@@ -331,14 +343,19 @@ impl RollingWindowExec {
             after,
             backward,
         };
-        let mut exec = Self::with_parts(Arc::new(rolling), partitions, batch_size, tasks);
+        let exec = Self::with_parts(Arc::new(rolling), partitions, batch_size, tasks);
+        Self { refit, ..exec }.fitted(memory_limit)
+    }
+
+    /// This window holding less until it fits `memory_limit` (see
+    /// [`ReadsBroadcasts::hold_less`]); refused, with the numbers of the
+    /// least it can hold, when it cannot.
+    fn fitted(mut self, memory_limit: Option<usize>) -> Result<Self> {
         if let Some(limit) = memory_limit {
-            if exec.check_memory(limit).is_err() {
-                exec.hold_less();
-            }
-            exec.check_memory(limit)?;
+            while self.check_memory(limit).is_err() && self.hold_less() {}
+            self.check_memory(limit)?;
         }
-        Ok(exec)
+        Ok(self)
     }
 
     /// A copy of this window joining `broadcasts` in (its children
@@ -369,6 +386,7 @@ impl RollingWindowExec {
             batch_size: batch_size.max(1),
             run_batches: RUN_BATCHES,
             tasks,
+            refit: false,
             broadcasts: BroadcastInputs::default(),
             schema,
             properties,
@@ -382,6 +400,7 @@ impl RollingWindowExec {
         Self {
             broadcasts: self.broadcasts.clone(),
             run_batches: self.run_batches,
+            refit: self.refit && tasks == 1,
             ..Self::with_parts(
                 Arc::clone(&self.rolling),
                 self.partitions,
@@ -781,6 +800,48 @@ impl Rolling {
         ]
         .into_iter()
         .fold(0usize, usize::saturating_add)
+    }
+
+    /// The same window over smaller blocks, whole chunks of the table
+    /// still: half as long along its dimension, else (one chunk long
+    /// there) half as many chunks along the other dimension that has the
+    /// most (smaller sections: a shorter ring); `None` when a block is one
+    /// chunk.
+    fn with_smaller_blocks(&self) -> Option<Self> {
+        let read = &self.read;
+        let chunks = read.table.chunk_shape();
+        let mut shape = read.blocks.block_shape().to_vec();
+        let count = |d: usize| shape[d] / chunks.get(d).copied().unwrap_or(1).max(1);
+        let d = match count(self.dim) {
+            0 | 1 => (0..shape.len())
+                .filter(|&d| d != self.dim)
+                .max_by_key(|&d| count(d))
+                .filter(|&d| count(d) > 1)?,
+            _ => self.dim,
+        };
+        let halved = count(d).div_ceil(2) * chunks[d].max(1);
+        shape[d] = halved;
+        let grid = BlockGrid::with_block_shape(&read.table.shape(), shape, &read.selection).ok()?;
+        let columns = read.columns.clone();
+        let read = BlockRead::new(
+            Arc::clone(&read.table),
+            columns,
+            read.selection.clone(),
+            grid,
+        );
+        Some(Self {
+            read: read.ok()?,
+            arg_places: self.arg_places.clone(),
+            arg_columns: self.arg_columns.clone(),
+            arg_schema: Arc::clone(&self.arg_schema),
+            outputs: self.outputs.clone(),
+            args: self.args.clone(),
+            fused: self.fused.clone(),
+            single: self.single.clone(),
+            aggregates: self.aggregates.clone(),
+            output_schema: Arc::clone(&self.output_schema),
+            ..*self
+        })
     }
 
     /// Whether a frame starts at the series' start (in the walk's order).
@@ -1203,10 +1264,37 @@ impl ReadsBroadcasts for RollingWindowExec {
         &mut self.broadcasts
     }
 
+    /// Holds less, a step at a time: batches sent one by one; then,
+    /// where the blocks are its own to change, smaller blocks (whole
+    /// chunks still: see [`Rolling::with_smaller_blocks`]); then half the
+    /// partitions.
     fn hold_less(&mut self) -> bool {
-        let less = self.run_batches > 1;
-        self.run_batches = 1;
-        less
+        if self.run_batches > 1 {
+            self.run_batches = 1;
+            return true;
+        }
+        if !self.refit || self.tasks != 1 {
+            return false;
+        }
+        if let Some(smaller) = self.rolling.with_smaller_blocks() {
+            self.rolling = Arc::new(smaller);
+            return true;
+        }
+        if self.partitions < 2 {
+            return false;
+        }
+        *self = Self {
+            broadcasts: std::mem::take(&mut self.broadcasts),
+            run_batches: 1,
+            refit: true,
+            ..Self::with_parts(
+                Arc::clone(&self.rolling),
+                self.partitions / 2,
+                self.batch_size,
+                self.tasks,
+            )
+        };
+        true
     }
 
     fn projection(&self) -> Projection {
@@ -1224,7 +1312,7 @@ impl ReadsBroadcasts for RollingWindowExec {
             r.before + r.after
         ))
         .and(self.broadcasts.memory(), "tables joined in")
-        .advice("raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes")
+        .advice("raise the limit or shorten the frames")
     }
 }
 
