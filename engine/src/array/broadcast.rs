@@ -37,7 +37,8 @@
 //! the grid (`era5 LEFT JOIN clim`: cells without a row get NULLs). An
 //! inner join whose small side is a dense reduction of the same table,
 //! grouped by the join's keys themselves, without a row filter, over every
-//! cell or the same ones (a climatology of the data), keeps every cell by
+//! cell or cells among which the grid's are (a climatology of the data,
+//! the anomalies of some of its cells), keeps every cell by
 //! construction and filters nothing (see `Coverage`): the table then reads
 //! as a whole grid, so that a rolling window can run over it. Anything else
 //! stays DataFusion's join. `SET zarrfusion.broadcast_join = false` turns
@@ -238,7 +239,8 @@ impl Coverage<'_> {
     /// `key_columns` meet the keys; `broadcast` its columns) by
     /// construction, so that an inner join keeps every cell: `small` is
     /// a grouping ([`grouping_of`]) of the same table without a row filter, over
-    /// every cell or the same ones, grouped by the keys themselves (each
+    /// every cell or cells among which the grid's are (its dimension
+    /// filters some of the grid's), grouped by the keys themselves (each
     /// cell's group is its own keys), and no key is NULL or NaN at any
     /// position (such a key meets no row).
     fn met_by(&self, small: &LogicalPlan, key_columns: &[usize], broadcast: &Broadcast) -> bool {
@@ -248,10 +250,12 @@ impl Coverage<'_> {
         let all_unqualified = |exprs: &[Expr]| -> Option<Vec<Expr>> {
             exprs.iter().map(|e| unqualified(e.clone())).collect()
         };
-        let same_cells = grouping.filters.is_empty()
-            || all_unqualified(&grouping.filters)
-                .is_some_and(|f| Some(f) == all_unqualified(self.filters));
-        if !Arc::ptr_eq(&grouping.table, self.table) || !same_cells {
+        // The grid's cells are among the grouping's: each of its filters
+        // is one of the grid's (the grid may be cut further).
+        let among_its_cells = grouping.filters.is_empty()
+            || (all_unqualified(&grouping.filters).zip(all_unqualified(self.filters)))
+                .is_some_and(|(its, mine)| its.iter().all(|f| mine.contains(f)));
+        if !Arc::ptr_eq(&grouping.table, self.table) || !among_its_cells {
             return false;
         }
         let grouped_by_keys = (self.keys.iter().zip(self.dims_of_keys).zip(key_columns)).all(

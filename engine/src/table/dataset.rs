@@ -171,6 +171,28 @@ pub enum GridColumn<'a> {
     Broadcast(&'a Arc<Broadcast>, usize),
 }
 
+#[cfg(test)]
+impl GridTable {
+    /// A table over one dimension `x` holding `coordinate`, without
+    /// variables (for tests of what planning does with a coordinate).
+    pub(crate) fn of_coordinate(coordinate: Coordinate) -> Self {
+        let field = Field::new("x", coordinate.data_type(), coordinate.nullable());
+        Self {
+            store: "test".into(),
+            source: None,
+            dims: vec![Arc::new(Dimension {
+                name: "x".into(),
+                len: coordinate.len(),
+                coordinate,
+                attributes: Default::default(),
+            })],
+            variables: vec![],
+            broadcasts: vec![],
+            schema: Arc::new(Schema::new(vec![field])),
+        }
+    }
+}
+
 impl GridTable {
     /// What column `i` (an index into the schema) is.
     pub fn column(&self, i: usize) -> Option<GridColumn<'_>> {

@@ -526,29 +526,7 @@ mod tests {
     use datafusion::optimizer::simplify_expressions::ExprSimplifier;
     use datafusion::prelude::SessionContext;
 
-    use super::super::dataset::Dimension;
     use super::super::regular::RegularCoordinateCheck;
-
-    fn table_of(coordinate: Coordinate) -> GridTable {
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            "x",
-            coordinate.data_type(),
-            false,
-        )]));
-        GridTable {
-            store: "test".into(),
-            source: None,
-            dims: vec![Arc::new(Dimension {
-                name: "x".into(),
-                len: coordinate.len(),
-                coordinate,
-                attributes: Default::default(),
-            })],
-            variables: vec![],
-            broadcasts: vec![],
-            schema,
-        }
-    }
 
     /// `values` held as their formula.
     fn regular(values: ArrayRef) -> Coordinate {
@@ -611,7 +589,7 @@ mod tests {
             ),
         ];
         for (coordinate, literals) in coordinates {
-            let table = table_of(coordinate);
+            let table = GridTable::of_coordinate(coordinate);
             let mut sqls = Vec::new();
             for (i, a) in literals.iter().enumerate() {
                 let b = literals[(i * 3 + 1) % literals.len()];
@@ -652,7 +630,7 @@ mod tests {
     fn runs_over_allowed_mem_are_refused_with_the_numbers() {
         use datafusion::execution::runtime_env::RuntimeEnvBuilder;
         use datafusion::prelude::SessionConfig;
-        let table = table_of(Coordinate::Index(1 << 20));
+        let table = GridTable::of_coordinate(Coordinate::Index(1 << 20));
         let f = filter(&table, "x % 2 = 0");
         let unlimited = select(
             std::slice::from_ref(&f),
@@ -681,7 +659,7 @@ mod tests {
     #[test]
     fn long_dimensions_bisect_comparisons_and_leave_the_rest() {
         let state = SessionContext::new().state();
-        let table = table_of(Coordinate::Index(1_000_000_000_000));
+        let table = GridTable::of_coordinate(Coordinate::Index(1_000_000_000_000));
         for sql in ["x % 7 = 3", "sin(x) > 0.5", "x IN (1, x)", "x IS NULL"] {
             assert_eq!(
                 pushed_dimension(&filter(&table, sql), &table),

@@ -295,6 +295,25 @@ pub async fn copied_back(
     (plan, query_rows(ctx, "read back", &read).await)
 }
 
+/// A session whose memory pool holds `bytes`, with the store at `path`
+/// registered as `name`.
+pub async fn budget_session(
+    bytes: usize,
+    name: &str,
+    path: &str,
+) -> datafusion::prelude::SessionContext {
+    use zarrfusion::ZarrContextExt;
+    let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+        .with_memory_limit(bytes, 1.0)
+        .build_arc()
+        .unwrap();
+    let ctx = zarrfusion::new_context_with(zarrfusion::session_config(), runtime);
+    ctx.register_zarr(name, path, Default::default())
+        .await
+        .unwrap();
+    ctx
+}
+
 /// The error `sql` fails with, while planning or running, as text.
 pub async fn error_text(ctx: &datafusion::prelude::SessionContext, sql: &str) -> String {
     let result = match ctx.sql(sql).await {

@@ -190,14 +190,7 @@ async fn window_totals_that_are_not_a_broadcast_stay_datafusion_s_window() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_that_cannot_fit_the_memory_limit_is_refused_before_it_runs() {
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(16 * 1024, 1.0)
-        .build()
-        .unwrap();
-    let ctx = new_context_with(session_config(), Arc::new(runtime));
-    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-        .await
-        .unwrap();
+    let ctx = common::budget_session(16 * 1024, "t", &fixture("climate.zarr")).await;
     let sql = anomaly_queries()[0]["sql"].as_str().unwrap().to_string();
     let error = error_text(&ctx, &sql).await;
     for needle in ["climate.zarr", "allowed_mem", "16.0 KB"] {
@@ -251,6 +244,28 @@ async fn anomalies_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
             assert_rows(&format!("{name} copied ({settings:?})"), &got, &want);
         }
     }
+    // The anomalies of some cells against a climatology of every cell
+    // (the grid cut further than the climatology: a filter on the grid's
+    // longitudes, which the join's keys also carry to the climatology,
+    // and one on its times): every cell meets its row, so they are
+    // written chunk by chunk, the rows of DataFusion's hash join.
+    let query = "SELECT t.time, t.lat, t.lon, t.t2m - w.c AS a FROM t JOIN \
+                 (SELECT extract(month FROM time) AS month, lat AS clat, lon AS clon, \
+                 avg(t2m) AS c FROM t GROUP BY 1, 2, 3) w \
+                 ON extract(month FROM t.time) = w.month AND t.lat = w.clat AND t.lon = w.clon \
+                 WHERE t.lon BETWEEN 100 AND 200 AND t.time < '2019-12-15'";
+    let ctx = session(true, &[]).await;
+    let out = dir.join("some_cells.zarr");
+    let (plan, mut got) = copied_back(&ctx, query, &out, "some_cells").await;
+    assert!(
+        plan.contains("SelectionCopyExec: store") && !plan.contains("HashJoinExec"),
+        "{plan}"
+    );
+    let mut want = run(&session(false, &[]).await, query).await;
+    assert!(want.len() >= 100, "{} rows", want.len());
+    sort_rows(&mut want, 3);
+    sort_rows(&mut got, 3);
+    assert_rows("anomalies of some cells, copied", &got, &want);
     // A climatology of some cells only: the inner join leaves the others
     // out, so the rows are written (a grid of the cells kept).
     let query = "SELECT t.time, t.lat, t.lon, t.t2m - w.c AS a FROM t JOIN \

@@ -35,15 +35,7 @@ async fn context() -> SessionContext {
 
 /// A session whose memory pool holds `bytes`, with the demo store as `era5`.
 async fn budget_context(bytes: usize) -> SessionContext {
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(bytes, 1.0)
-        .build_arc()
-        .unwrap();
-    let ctx = new_context_with(session_config(), runtime);
-    ctx.register_zarr("era5", &demo(), HashMap::new())
-        .await
-        .unwrap();
-    ctx
+    common::budget_session(bytes, "era5", &demo()).await
 }
 
 async fn text(ctx: &SessionContext, sql: &str) -> String {
@@ -791,15 +783,7 @@ async fn a_copy_counts_its_coordinates_at_their_length() {
     let got = read_back(&ctx, "small", &out, "time, lat, lon, c").await;
     let want = text(&ctx, &format!("{query} ORDER BY time, lat, lon")).await;
     assert_eq!(got, want);
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(48 << 10, 1.0)
-        .build_arc()
-        .unwrap();
-    let tiny = new_context_with(session_config(), runtime);
-    (tiny
-        .register_zarr("c", &common::fixture("climate.zarr"), HashMap::new())
-        .await)
-        .unwrap();
+    let tiny = common::budget_session(48 << 10, "c", &common::fixture("climate.zarr")).await;
     let out = dir.join("tiny.zarr");
     let sql = format!(
         "COPY (SELECT time, lat, lon, t2m - u10 AS v FROM c WHERE lat > 10) TO '{}' STORED AS ZARR",

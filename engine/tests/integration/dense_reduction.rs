@@ -363,14 +363,7 @@ async fn tiled_reductions_equal_the_hash_aggregation() {
 async fn a_reduction_over_the_memory_limit_is_refused_before_it_runs() {
     // One worker (a block of 12 cells, folded in a run of 12 rows, and
     // the state of 5 groups) needs more than 256 bytes.
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(256, 1.0)
-        .build()
-        .unwrap();
-    let ctx = new_context_with(session_config(), Arc::new(runtime));
-    ctx.register_zarr("t", &fixture("v2_basic.zarr"), HashMap::new())
-        .await
-        .unwrap();
+    let ctx = common::budget_session(256, "t", &fixture("v2_basic.zarr")).await;
     let error = ctx
         .sql("SELECT lat, avg(t2m) FROM t GROUP BY lat")
         .await

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{
-    assert_rows, climate_session, copied_back, error_text, expected_queries, explain_text, fixture,
-    sort_rows, SMALL_BLOCKS,
+    assert_rows, budget_session, climate_session, copied_back, error_text, expected_queries,
+    explain_text, fixture, sort_rows, SMALL_BLOCKS,
 };
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
@@ -211,14 +211,7 @@ async fn other_windows_stay_datafusion_s_with_the_same_answers() {
 /// budget, and xarray's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_fits_its_blocks_and_partitions_to_a_small_budget() {
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(256 * 1024, 1.0)
-        .build()
-        .unwrap();
-    let ctx = new_context_with(session_config(), Arc::new(runtime));
-    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-        .await
-        .unwrap();
+    let ctx = budget_session(256 * 1024, "t", &fixture("climate.zarr")).await;
     let sql = "SELECT time, lat, lon, avg(t2m) OVER w AS m, count(t2m) OVER w AS n, \
                max(u10) OVER w AS hi FROM t WINDOW w AS (PARTITION BY lat, lon ORDER BY time \
                ROWS BETWEEN 23 PRECEDING AND CURRENT ROW)";
@@ -255,14 +248,7 @@ async fn a_window_fits_its_blocks_and_partitions_to_a_small_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_that_cannot_fit_the_memory_limit_is_refused_with_the_numbers() {
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(16 * 1024, 1.0)
-        .build()
-        .unwrap();
-    let ctx = new_context_with(session_config(), Arc::new(runtime));
-    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-        .await
-        .unwrap();
+    let ctx = budget_session(16 * 1024, "t", &fixture("climate.zarr")).await;
     let sql = "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time \
                ROWS BETWEEN 23 PRECEDING AND CURRENT ROW) AS m FROM t";
     let error = error_text(&ctx, sql).await;

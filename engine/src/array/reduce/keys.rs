@@ -287,30 +287,12 @@ mod tests {
         assert_eq!(zero.to_bits(), 0.0f64.to_bits());
     }
 
-    fn table_of(coordinate: Coordinate) -> GridTable {
-        use datafusion::arrow::datatypes::Field;
-        let field = Field::new("x", coordinate.data_type(), true);
-        GridTable {
-            store: "test".into(),
-            source: None,
-            dims: vec![Arc::new(Dimension {
-                name: "x".into(),
-                len: coordinate.len(),
-                coordinate,
-                attributes: Default::default(),
-            })],
-            variables: vec![],
-            broadcasts: vec![],
-            schema: Arc::new(Schema::new(vec![field])),
-        }
-    }
-
     /// An index of 10^12 positions answers at once, without a walk of its
     /// values (planning a rolling window partitioned by it asks).
     #[test]
     fn coordinate_repeats_answers_a_huge_index_without_walking_it() {
         let started = std::time::Instant::now();
-        let huge = table_of(Coordinate::Index(1 << 40));
+        let huge = GridTable::of_coordinate(Coordinate::Index(1 << 40));
         assert!(!coordinate_repeats(&huge, 0).unwrap());
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
@@ -318,7 +300,7 @@ mod tests {
     #[test]
     fn coordinate_repeats_finds_equal_values_nulls_and_nans() {
         let values = |v: Vec<Option<f64>>| Coordinate::Values(Arc::new(Float64Array::from(v)));
-        let repeats = |v| coordinate_repeats(&table_of(values(v)), 0).unwrap();
+        let repeats = |v| coordinate_repeats(&GridTable::of_coordinate(values(v)), 0).unwrap();
         assert!(!repeats(vec![Some(1.0), Some(2.0), Some(3.0)]));
         assert!(!repeats(vec![Some(3.0), Some(2.0), Some(-1.0)]));
         assert!(repeats(vec![Some(1.0), Some(2.0), Some(1.0)]));
