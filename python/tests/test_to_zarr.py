@@ -222,3 +222,53 @@ def test_a_copied_reduction_keeps_the_attributes_as_xarray_does(ctx, fixtures, t
     # named otherwise is another variable: none).
     assert want.attrs and attrs(got.t2m) == want.attrs
     np.testing.assert_allclose(got.t2m.transpose(*want.dims).values, want.values, rtol=1e-6)
+
+
+def test_copied_climate_results_equal_xarray_in_any_row_order(ctx, fixtures, tmp_path):
+    # A dense reduction's rows arrive in the grid's order (latitude
+    # descending as stored) and are laid out as they are; rows in another
+    # order, or a coordinate the grid sorts the other way, find their cells
+    # one by one. Either way the store is xarray's answer. The fixture has
+    # NaN holes and a cell with no value all day (its mean is missing).
+    ctx.register_zarr("c", fixtures / "climate.zarr")
+    src = open_xr(fixtures / "climate.zarr")
+
+    def copied(name, sql, options=""):
+        out = tmp_path / f"{name}.zarr"
+        ctx.sql(f"COPY ({sql}) TO '{out}' STORED AS ZARR {options}").collect()
+        return open_xr(out)
+
+    def same(got, want):
+        got = got.transpose(*want.dims)
+        for d in want.dims:
+            np.testing.assert_array_equal(got[d].values, want[d].values)
+        np.testing.assert_allclose(got.values, want.values, rtol=1e-6)
+
+    daily_sql = "SELECT date_trunc('day', time) AS time, lat, lon, avg(t2m) AS t2m, count(t2m) AS n FROM c GROUP BY 1, lat, lon"
+    daily = copied("daily", daily_sql)
+    resampled = src.t2m.resample(time="1D")
+    assert np.isnan(resampled.mean().sel(time="2019-11-11", lat=40, lon=120))  # a day with no value
+    same(daily.t2m, resampled.mean())
+    same(daily.n, resampled.count())
+    assert daily.n.dtype == np.int64
+    # The same rows in another order: the same store.
+    shuffled = copied("shuffled", f"SELECT * FROM ({daily_sql}) ORDER BY time DESC, lat ASC, lon DESC")
+    xr.testing.assert_identical(shuffled, daily)
+
+    monthly = copied(
+        "monthly", "SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS t2m FROM c GROUP BY 1, lat, lon",
+        "OPTIONS ('dims' 'month,lat,lon')",
+    )
+    same(monthly.t2m, src.t2m.groupby("time.month").mean())
+
+    # floor(lat / 20) * 20 named lat: written descending as the stored
+    # latitude is, though the reduction gives its keys ascending.
+    coarse = copied(
+        "coarse",
+        "SELECT time, floor(lat / 20) * 20 AS lat, lon, avg(t2m) AS t2m FROM c "
+        "WHERE time < TIMESTAMP '2019-11-03' GROUP BY 1, 2, 3",
+    )
+    want = src.t2m.sel(time=slice(None, "2019-11-02T18")).coarsen(lat=2).mean()
+    want = want.assign_coords(lat=np.floor(want.lat.values / 20) * 20)
+    same(coarse.t2m, want)
+    assert list(coarse.lat.values) == [40.0, 20.0, 0.0]

@@ -8,9 +8,13 @@
 
 use std::collections::HashMap;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
-use datafusion::arrow::compute::{cast, concat, sort_to_indices, take, SortOptions};
-use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef, UInt32Type};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float32Array, Float64Array, Int64Array, RecordBatch, UInt32Array,
+};
+use datafusion::arrow::compute::{cast, concat, interleave, sort_to_indices, take, SortOptions};
+use datafusion::arrow::datatypes::{
+    DataType, Float32Type, Float64Type, Int64Type, SchemaRef, UInt32Type,
+};
 use datafusion::common::{exec_err, plan_err, Result};
 use zarrfusion_udfs::calendar::Calendar;
 use zarrfusion_udfs::complex::{complex_array, complex_part};
@@ -135,45 +139,81 @@ struct Axis {
     positions: Vec<u32>,
 }
 
-/// Keys of a dimension column's values for hashing.
-fn keys(column: &ArrayRef, name: &str) -> Result<Vec<u64>> {
-    if column.null_count() > 0 {
-        return plan_err!("cannot write Zarr: dimension column '{name}' has NULL values");
-    }
-    Ok(match column.data_type() {
-        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
-            let f = cast(column, &DataType::Float64)?;
-            f.as_primitive::<Float64Type>()
-                .values()
-                .iter()
-                // -0.0 and 0.0 are one coordinate.
-                .map(|v| if *v == 0.0 { 0 } else { v.to_bits() })
-                .collect()
-        }
-        t if t.is_integer() || t.is_temporal() => {
-            let i = cast(column, &DataType::Int64)?;
-            i.as_primitive::<Int64Type>()
-                .values()
-                .iter()
-                .map(|&v| v as u64)
-                .collect()
-        }
-        other => {
-            return plan_err!(
-                "cannot write Zarr: dimension column '{name}' has type {other}; dimensions must be numbers, dates or timestamps"
-            )
-        }
-    })
+/// A dimension column's values as keys: one key, one coordinate (`-0.0`
+/// and `0.0` are one), read in place.
+enum KeyValues {
+    F32(Float32Array),
+    F64(Float64Array),
+    I64(Int64Array),
 }
 
-fn axis(column: &ArrayRef, name: &str, descending: bool) -> Result<Axis> {
-    let keys = keys(column, name)?;
+impl KeyValues {
+    /// The keys of dimension column `column` (named `name`); refused when
+    /// it holds NULLs or is not of numbers, dates or timestamps.
+    fn of(column: &ArrayRef, name: &str) -> Result<Self> {
+        if column.null_count() > 0 {
+            return plan_err!("cannot write Zarr: dimension column '{name}' has NULL values");
+        }
+        Ok(match column.data_type() {
+            DataType::Float32 => Self::F32(column.as_primitive::<Float32Type>().clone()),
+            DataType::Float16 | DataType::Float64 => {
+                Self::F64(cast(column, &DataType::Float64)?.as_primitive::<Float64Type>().clone())
+            }
+            t if t.is_integer() || t.is_temporal() => {
+                Self::I64(cast(column, &DataType::Int64)?.as_primitive::<Int64Type>().clone())
+            }
+            other => {
+                return plan_err!(
+                    "cannot write Zarr: dimension column '{name}' has type {other}; dimensions must be numbers, dates or timestamps"
+                )
+            }
+        })
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::F64(v) => v.len(),
+            Self::I64(v) => v.len(),
+        }
+    }
+
+    /// The key of row `i`.
+    fn key(&self, i: usize) -> u64 {
+        let float = |v: f64| if v == 0.0 { 0 } else { v.to_bits() };
+        match self {
+            Self::F32(v) => float(f64::from(v.value(i))),
+            Self::F64(v) => float(v.value(i)),
+            Self::I64(v) => v.value(i) as u64,
+        }
+    }
+
+    /// Every row's key, in order.
+    fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.len()).map(|i| self.key(i))
+    }
+
+    /// Gives `f` each row's key in order until it says `false`; whether
+    /// it never did.
+    fn all(&self, mut f: impl FnMut(u64) -> bool) -> bool {
+        let float = |v: f64| if v == 0.0 { 0 } else { v.to_bits() };
+        match self {
+            Self::F32(v) => v.values().iter().all(|&x| f(float(f64::from(x)))),
+            Self::F64(v) => v.values().iter().all(|&x| f(float(x))),
+            Self::I64(v) => v.values().iter().all(|&x| f(x as u64)),
+        }
+    }
+}
+
+/// The sorted distinct values of a dimension `column` (its `keys`) and
+/// each row's position among them.
+fn axis(column: &ArrayRef, keys: &KeyValues, descending: bool) -> Result<Axis> {
     let mut first_seen: Vec<u32> = Vec::new(); // row of each distinct value
     let mut index: HashMap<u64, u32> = HashMap::new();
     let mut ids: Vec<u32> = Vec::with_capacity(keys.len());
-    for (row, key) in keys.iter().enumerate() {
+    for (row, key) in keys.keys().enumerate() {
         let next = first_seen.len() as u32;
-        let id = *index.entry(*key).or_insert(next);
+        let id = *index.entry(key).or_insert(next);
         if id == next {
             first_seen.push(row as u32);
         }
@@ -199,6 +239,12 @@ fn axis(column: &ArrayRef, name: &str, descending: bool) -> Result<Axis> {
 
 /// Lays out `batches` (of `schema`) as a grid over the columns `dims`,
 /// with coordinates descending where `descending` says so.
+///
+/// Rows already in the grid's order, one per cell (a dense reduction's
+/// result, or any result sorted so), are recognized in one pass over their
+/// keys ([`in_grid_order`]) and their columns become the variables as they
+/// are; other rows find their cells through the coordinates' sorted
+/// distinct values. Both give the same grid.
 pub fn assemble(
     schema: &SchemaRef,
     batches: &[RecordBatch],
@@ -215,10 +261,186 @@ pub fn assemble(
         Ok(concat(&parts)?)
     };
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    let axes = dims
+    // The dimension columns are read in place, batch by batch; only rows
+    // out of the grid's order are gathered into one column per dimension.
+    let parts = (dims.iter())
+        .map(|&d| {
+            (batches.iter())
+                .map(|b| KeyValues::of(b.column(d), names[d]))
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let coords = in_grid_order(batches, dims, &parts, descending)?;
+    drop(parts);
+    let (coords, gather) = match coords {
+        Some(coords) => (coords, None),
+        None => {
+            let columns = dims
+                .iter()
+                .map(|&d| column(d))
+                .collect::<Result<Vec<_>>>()?;
+            let keys = (columns.iter().zip(dims))
+                .map(|(c, &d)| KeyValues::of(c, names[d]))
+                .collect::<Result<Vec<_>>>()?;
+            let (coords, gather) = scattered(&columns, &keys, descending, dims, &names)?;
+            (coords, Some(gather))
+        }
+    };
+    let cells = coords.iter().fold(1usize, |n, c| n.saturating_mul(c.len()));
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let complete = rows == cells;
+    let mut variables = Vec::new();
+    for (i, field) in schema.fields().iter().enumerate() {
+        if dims.contains(&i) {
+            continue;
+        }
+        let values = column(i)?;
+        let target = match field.data_type() {
+            DataType::Float32 | DataType::Float64 => field.data_type().clone(),
+            DataType::Float16 => DataType::Float32,
+            t if complex_part(t).is_some() => t.clone(),
+            DataType::Boolean if complete && values.null_count() == 0 => DataType::UInt8,
+            t if t.is_integer() && complete && values.null_count() == 0 => t.clone(),
+            t if t.is_integer() || *t == DataType::Boolean => DataType::Float64,
+            other => {
+                return plan_err!(
+                    "cannot write Zarr: column '{}' has type {other}; variables must be numbers or booleans",
+                    field.name()
+                )
+            }
+        };
+        let values = cast(&values, &target)?;
+        let values = match &gather {
+            Some(gather) => take(&values, gather, None)?,
+            None => values,
+        };
+        let dense = match values.null_count() {
+            0 => values,
+            _ => fill_nan(&values)?,
+        };
+        variables.push(GridVariable {
+            name: field.name().clone(),
+            values: dense,
+            attributes: field_attributes(field),
+        });
+    }
+    let dims = dims
         .iter()
+        .zip(coords)
+        .map(|(&d, coords)| GridDimension {
+            name: names[d].to_string(),
+            coords,
+            attributes: field_attributes(schema.field(d)),
+            calendar: field_calendar(schema.field(d)),
+        })
+        .collect();
+    Ok(Grid { dims, variables })
+}
+
+/// The grid's coordinates when the rows of `batches` (their dimension
+/// columns `dims`, keyed batch by batch as `parts`) are one per cell in its
+/// C order: along each dimension, runs of one value whose length divides
+/// the run of the dimension before it, the values of each dimension
+/// distinct and already in the order the grid sorts them (descending where
+/// `descending` says so). `None` when they are not (the rows are then
+/// placed one by one).
+fn in_grid_order(
+    batches: &[RecordBatch],
+    dims: &[usize],
+    parts: &[Vec<KeyValues>],
+    descending: &[bool],
+) -> Result<Option<Vec<ArrayRef>>> {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    if rows == 0 || rows > u32::MAX as usize {
+        return Ok(None);
+    }
+    // Where each row is: its batch and its row there.
+    let mut starts = Vec::with_capacity(batches.len());
+    let mut start = 0;
+    for b in batches {
+        starts.push(start);
+        start += b.num_rows();
+    }
+    let place = |row: usize| {
+        let b = starts.partition_point(|&s| s <= row) - 1;
+        (b, row - starts[b])
+    };
+    let mut coords = Vec::with_capacity(dims.len());
+    // Rows per value of each dimension, within the run of the one before.
+    let mut span = rows;
+    for (d, &column) in dims.iter().enumerate() {
+        let (b, i) = place(0);
+        let first = parts[d][b].key(i);
+        let mut run = 0;
+        for part in &parts[d] {
+            let counting = |k: u64| {
+                let more = run < span && k == first;
+                run += usize::from(more);
+                more
+            };
+            if !part.all(counting) {
+                break;
+            }
+        }
+        if !span.is_multiple_of(run) {
+            return Ok(None);
+        }
+        let length = span / run;
+        // Every row holds the value of its place along the dimension.
+        let at: Vec<(usize, usize)> = (0..length).map(|j| place(j * run)).collect();
+        let values: Vec<u64> = at.iter().map(|&(b, i)| parts[d][b].key(i)).collect();
+        let mut expected = values.iter().cycle();
+        let (mut want, mut left) = (0, 0);
+        let placed = parts[d].iter().all(|part| {
+            part.all(|k| {
+                if left == 0 {
+                    want = expected.next().copied().unwrap_or(u64::MAX);
+                    left = run;
+                }
+                left -= 1;
+                k == want
+            })
+        });
+        let distinct = values
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            == length;
+        if !placed || !distinct {
+            return Ok(None);
+        }
+        let columns: Vec<&dyn Array> = batches.iter().map(|b| b.column(column).as_ref()).collect();
+        let coordinate = interleave(&columns, &at)?;
+        let order = sort_to_indices(
+            &coordinate,
+            Some(SortOptions {
+                descending: descending[d],
+                nulls_first: false,
+            }),
+            None,
+        )?;
+        if !(order.values().iter().enumerate()).all(|(j, &i)| i as usize == j) {
+            return Ok(None);
+        }
+        coords.push(coordinate);
+        span = run;
+    }
+    Ok((span == 1).then_some(coords))
+}
+
+/// The grid's coordinates (each dimension's distinct values, sorted) and,
+/// per cell in C order, the row that fills it (none: a gap), for rows in
+/// any order; two rows on one cell are refused.
+fn scattered(
+    columns: &[ArrayRef],
+    keys: &[KeyValues],
+    descending: &[bool],
+    dims: &[usize],
+    names: &[&str],
+) -> Result<(Vec<ArrayRef>, UInt32Array)> {
+    let axes = (columns.iter().zip(keys))
         .zip(descending)
-        .map(|(&d, &desc)| column(d).and_then(|c| axis(&c, names[d], desc)))
+        .map(|((c, k), &desc)| axis(c, k, desc))
         .collect::<Result<Vec<_>>>()?;
     let shape: Vec<usize> = axes.iter().map(|a| a.coords.len()).collect();
     // Cells are addressed with u32 (as rows are): a larger grid is refused
@@ -232,7 +454,7 @@ pub fn assemble(
             "cannot write Zarr: the grid {shape:?} has more cells than one write can hold"
         );
     };
-    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let rows = keys.first().map_or(0, KeyValues::len);
     // Cell of each row, in C order.
     let mut cell = vec![0u32; rows];
     let mut stride = 1usize;
@@ -270,53 +492,10 @@ pub fn assemble(
         }
         *slot = row as u32;
     }
-    let complete = rows == cells;
     let gather = datafusion::arrow::array::PrimitiveArray::<UInt32Type>::from_iter(
         source.iter().map(|&r| (r != u32::MAX).then_some(r)),
     );
-    let mut variables = Vec::new();
-    for (i, field) in schema.fields().iter().enumerate() {
-        if dims.contains(&i) {
-            continue;
-        }
-        let values = column(i)?;
-        let target = match field.data_type() {
-            DataType::Float32 | DataType::Float64 => field.data_type().clone(),
-            DataType::Float16 => DataType::Float32,
-            t if complex_part(t).is_some() => t.clone(),
-            DataType::Boolean if complete && values.null_count() == 0 => DataType::UInt8,
-            t if t.is_integer() && complete && values.null_count() == 0 => t.clone(),
-            t if t.is_integer() || *t == DataType::Boolean => DataType::Float64,
-            other => {
-                return plan_err!(
-                    "cannot write Zarr: column '{}' has type {other}; variables must be numbers or booleans",
-                    field.name()
-                )
-            }
-        };
-        let values = cast(&values, &target)?;
-        let dense = if complete && values.null_count() == 0 {
-            take(&values, &gather, None)?
-        } else {
-            fill_nan(&take(&values, &gather, None)?)?
-        };
-        variables.push(GridVariable {
-            name: field.name().clone(),
-            values: dense,
-            attributes: field_attributes(field),
-        });
-    }
-    let dims = dims
-        .iter()
-        .zip(axes)
-        .map(|(&d, a)| GridDimension {
-            name: names[d].to_string(),
-            coords: a.coords,
-            attributes: field_attributes(schema.field(d)),
-            calendar: field_calendar(schema.field(d)),
-        })
-        .collect();
-    Ok(Grid { dims, variables })
+    Ok((axes.into_iter().map(|a| a.coords).collect(), gather))
 }
 
 /// Replaces NULLs of a float or complex array by NaN (the Zarr fill value).
@@ -416,5 +595,159 @@ mod tests {
         let twice =
             assemble(&schema, &[batch.clone(), batch], &[0, 1], &[true, false]).unwrap_err();
         assert!(twice.to_string().contains("not a grid"), "{twice}");
+    }
+
+    /// Rows of a grid of `shape` in C order (dimension `d` descending
+    /// where `descending[d]`): dimension columns `d0`, `d1`, ... (float64,
+    /// int64, timestamps by turn) and a variable `v` (NULL where `holes`
+    /// says), the cell numbers of the rows kept.
+    fn grid_rows(
+        shape: &[usize],
+        descending: &[bool],
+        holes: &[bool],
+    ) -> (SchemaRef, Vec<ArrayRef>) {
+        use datafusion::arrow::array::{Float64Array, TimestampSecondArray};
+        use datafusion::arrow::datatypes::{Field, Schema, TimeUnit};
+        let cells: usize = shape.iter().product();
+        let mut fields = Vec::new();
+        let mut columns: Vec<ArrayRef> = Vec::new();
+        for (d, &n) in shape.iter().enumerate() {
+            let stride: usize = shape[d + 1..].iter().product();
+            let place = |c: usize| {
+                let j = (c / stride % n) as i64;
+                if descending[d] {
+                    n as i64 - 1 - j
+                } else {
+                    j
+                }
+            };
+            let name = format!("d{d}");
+            let (field, column): (Field, ArrayRef) = match d % 3 {
+                0 => (
+                    Field::new(name, DataType::Float64, false),
+                    Arc::new(Float64Array::from_iter_values(
+                        (0..cells).map(|c| place(c) as f64 * 0.5 - 1.0),
+                    )),
+                ),
+                1 => (
+                    Field::new(name, DataType::Int64, false),
+                    Arc::new(Int64Array::from_iter_values(
+                        (0..cells).map(|c| place(c) * 7),
+                    )),
+                ),
+                _ => (
+                    Field::new(name, DataType::Timestamp(TimeUnit::Second, None), false),
+                    Arc::new(TimestampSecondArray::from_iter_values(
+                        (0..cells).map(|c| place(c) * 3600),
+                    )),
+                ),
+            };
+            fields.push(field);
+            columns.push(column);
+        }
+        fields.push(Field::new("v", DataType::Float64, true));
+        columns.push(Arc::new(Float64Array::from_iter(
+            (0..cells).map(|c| (!holes[c % holes.len()]).then_some(c as f64 * 1.25)),
+        )));
+        (Arc::new(Schema::new(fields)), columns)
+    }
+
+    /// Whether the rows of `batch` are in the order of the grid over `dims`
+    /// (laid out as they are).
+    fn in_order_of(batch: &RecordBatch, dims: &[usize], descending: &[bool]) -> bool {
+        // Each row a batch of its own: runs cross the batches' edges.
+        let batches: Vec<RecordBatch> = (0..batch.num_rows()).map(|i| batch.slice(i, 1)).collect();
+        let parts: Vec<Vec<KeyValues>> = (dims.iter())
+            .map(|&d| {
+                batches
+                    .iter()
+                    .map(|b| KeyValues::of(b.column(d), "d").unwrap())
+                    .collect()
+            })
+            .collect();
+        let one = in_grid_order(
+            std::slice::from_ref(batch),
+            dims,
+            &(dims.iter())
+                .map(|&d| vec![KeyValues::of(batch.column(d), "d").unwrap()])
+                .collect::<Vec<_>>(),
+            descending,
+        )
+        .unwrap();
+        let many = in_grid_order(&batches, dims, &parts, descending).unwrap();
+        assert_eq!(one.is_some(), many.is_some());
+        one.is_some()
+    }
+
+    /// The grid's coordinates and values as comparable numbers.
+    fn laid_out(grid: &Grid) -> (Vec<String>, Vec<u64>) {
+        let coords = (grid.dims.iter())
+            .map(|d| format!("{} {:?}", d.name, d.coords))
+            .collect();
+        let values = grid.variables[0].values.as_primitive::<Float64Type>();
+        (
+            coords,
+            values.values().iter().map(|v| v.to_bits()).collect(),
+        )
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn rows_in_grid_order_are_laid_out_as_rows_in_any_order(
+            shape in proptest::collection::vec(1usize..5, 1..4),
+            flags in proptest::collection::vec(proptest::bool::ANY, 3),
+            holes in proptest::collection::vec(proptest::bool::weighted(0.2), 1..7),
+            seed in 0u64..1000,
+            drop in proptest::option::of(0usize..64),
+        ) {
+            let descending = &flags[..shape.len()];
+            let (schema, columns) = grid_rows(&shape, descending, &holes);
+            let dims: Vec<usize> = (0..shape.len()).collect();
+            let cells = columns[0].len();
+            // Rows in order, then shuffled, then with a row left out.
+            let mut order: Vec<u32> = (0..cells as u32).collect();
+            let in_order = RecordBatch::try_new(Arc::clone(&schema), columns.clone()).unwrap();
+            let ordered = assemble(&schema, std::slice::from_ref(&in_order), &dims, descending).unwrap();
+            proptest::prop_assert!(in_order_of(&in_order, &dims, descending));
+            let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            for i in (1..order.len()).rev() {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                order.swap(i, (state >> 33) as usize % (i + 1));
+            }
+            let taken = |rows: &[u32]| {
+                let at = UInt32Array::from(rows.to_vec());
+                let cols = columns.iter().map(|c| take(c, &at, None).unwrap()).collect();
+                RecordBatch::try_new(Arc::clone(&schema), cols).unwrap()
+            };
+            let shuffled = assemble(&schema, &[taken(&order)], &dims, descending).unwrap();
+            proptest::prop_assert_eq!(laid_out(&ordered), laid_out(&shuffled));
+            // The other order of a dimension of several values is not the grid's.
+            if let Some(d) = (0..dims.len()).find(|&d| shape[d] > 1) {
+                let mut other = descending.to_vec();
+                other[d] = !other[d];
+                proptest::prop_assert!(!in_order_of(&in_order, &dims, &other));
+                let flipped = assemble(&schema, std::slice::from_ref(&in_order), &dims, &other).unwrap();
+                let shuffled = assemble(&schema, &[taken(&order)], &dims, &other).unwrap();
+                proptest::prop_assert_eq!(laid_out(&flipped), laid_out(&shuffled));
+            }
+            // A row left out: a gap where it was, unless its values left
+            // with it (a grid of fewer cells, in order or not).
+            if let Some(gone) = drop.filter(|_| cells > 1).map(|k| k % cells) {
+                let kept: Vec<u32> = (0..cells as u32).filter(|&c| c as usize != gone).collect();
+                let batch = taken(&kept);
+                let fast = in_order_of(&batch, &dims, descending);
+                let with_gap = assemble(&schema, std::slice::from_ref(&batch), &dims, descending).unwrap();
+                let reversed: Vec<u32> = kept.iter().rev().copied().collect();
+                let any_order = assemble(&schema, &[taken(&reversed)], &dims, descending).unwrap();
+                proptest::prop_assert_eq!(laid_out(&with_gap), laid_out(&any_order));
+                if with_gap.shape() == ordered.shape() {
+                    proptest::prop_assert!(!fast);
+                    proptest::prop_assert!(f64::from_bits(laid_out(&with_gap).1[gone]).is_nan());
+                }
+            }
+            // The rows twice are not a grid, in order or not.
+            let twice = assemble(&schema, &[in_order.clone(), in_order], &dims, descending).unwrap_err();
+            proptest::prop_assert!(twice.to_string().contains("not a grid"));
+        }
     }
 }

@@ -355,7 +355,9 @@ where
 }
 
 /// Writes `values` (C order over `shape`) one slab of chunks along the
-/// outermost dimension at a time; returns the bytes written (uncompressed).
+/// outermost dimension at a time, each slab holding enough chunks for
+/// zarrs to encode one on every core at once; returns the bytes written
+/// (uncompressed).
 fn write_values(
     array: &ZarrsArray<dyn ReadableWritableListableStorageTraits>,
     values: &ArrayRef,
@@ -369,12 +371,19 @@ fn write_values(
         return Ok(0);
     }
     let row_bytes = (shape[1..].iter().product::<u64>() as usize) * width;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let chunks_across = (shape[1..].iter().zip(&chunk[1..])).fold(1u64, |n, (&len, &c)| {
+        n.saturating_mul(len.div_ceil(c.max(1)))
+    });
+    let slab = chunk[0]
+        .max(1)
+        .saturating_mul(cores.div_ceil(chunks_across).max(1));
     let mut start = 0u64;
     while start < shape[0] {
         if cancelled.load(Ordering::Relaxed) {
             return Err("cancelled".into());
         }
-        let end = (start + chunk[0]).min(shape[0]);
+        let end = start.saturating_add(slab).min(shape[0]);
         let ranges: Vec<Range<u64>> = std::iter::once(start..end)
             .chain(shape[1..].iter().map(|&n| 0..n))
             .collect();
