@@ -243,8 +243,9 @@ fn axis(column: &ArrayRef, keys: &KeyValues, descending: bool) -> Result<Axis> {
 /// Rows already in the grid's order, one per cell (a dense reduction's
 /// result, or any result sorted so), are recognized in one pass over their
 /// keys ([`in_grid_order`]) and their columns become the variables as they
-/// are; other rows find their cells through the coordinates' sorted
-/// distinct values. Both give the same grid.
+/// are (or, where a dimension runs the other way, reversed along it);
+/// other rows find their cells through the coordinates' sorted distinct
+/// values. Both give the same grid.
 pub fn assemble(
     schema: &SchemaRef,
     batches: &[RecordBatch],
@@ -273,7 +274,13 @@ pub fn assemble(
     let coords = in_grid_order(batches, dims, &parts, descending)?;
     drop(parts);
     let (coords, gather) = match coords {
-        Some(coords) => (coords, None),
+        Some((coords, reversed)) => {
+            let shape: Vec<usize> = coords.iter().map(|c| c.len()).collect();
+            let gather = reversed
+                .contains(&true)
+                .then(|| reversal(&shape, &reversed));
+            (coords, gather)
+        }
         None => {
             let columns = dims
                 .iter()
@@ -341,15 +348,16 @@ pub fn assemble(
 /// columns `dims`, keyed batch by batch as `parts`) are one per cell in its
 /// C order: along each dimension, runs of one value whose length divides
 /// the run of the dimension before it, the values of each dimension
-/// distinct and already in the order the grid sorts them (descending where
-/// `descending` says so). `None` when they are not (the rows are then
-/// placed one by one).
+/// distinct and in the order the grid sorts them (descending where
+/// `descending` says so) or in the opposite order (the dimension is then
+/// reversed: said beside the coordinates). `None` when they are not (the
+/// rows are then placed one by one).
 fn in_grid_order(
     batches: &[RecordBatch],
     dims: &[usize],
     parts: &[Vec<KeyValues>],
     descending: &[bool],
-) -> Result<Option<Vec<ArrayRef>>> {
+) -> Result<Option<(Vec<ArrayRef>, Vec<bool>)>> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     if rows == 0 || rows > u32::MAX as usize {
         return Ok(None);
@@ -366,6 +374,7 @@ fn in_grid_order(
         (b, row - starts[b])
     };
     let mut coords = Vec::with_capacity(dims.len());
+    let mut reversed = vec![false; dims.len()];
     // Rows per value of each dimension, within the run of the one before.
     let mut span = rows;
     for (d, &column) in dims.iter().enumerate() {
@@ -419,13 +428,48 @@ fn in_grid_order(
             }),
             None,
         )?;
-        if !(order.values().iter().enumerate()).all(|(j, &i)| i as usize == j) {
-            return Ok(None);
+        let sorted = order.values();
+        let forward = (sorted.iter().enumerate()).all(|(j, &i)| i as usize == j);
+        let backward = (sorted.iter().enumerate()).all(|(j, &i)| i as usize == length - 1 - j);
+        match (forward, backward) {
+            (true, _) => coords.push(coordinate),
+            (false, true) => {
+                coords.push(take(&coordinate, &order, None)?);
+                reversed[d] = true;
+            }
+            (false, false) => return Ok(None),
         }
-        coords.push(coordinate);
         span = run;
     }
-    Ok((span == 1).then_some(coords))
+    Ok((span == 1).then_some((coords, reversed)))
+}
+
+/// Per cell of a grid of `shape` in C order, the row that fills it, for
+/// rows in C order along every dimension but those `reversed`, which run
+/// the other way.
+fn reversal(shape: &[usize], reversed: &[bool]) -> UInt32Array {
+    let cells = shape.iter().product::<usize>();
+    let mut strides = vec![1usize; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    let mut rows = Vec::with_capacity(cells);
+    let mut position = vec![0usize; shape.len()];
+    for _ in 0..cells {
+        let row = (position.iter().zip(shape).zip(&strides).zip(reversed))
+            .map(|(((&p, &n), &stride), &back)| (if back { n - 1 - p } else { p }) * stride)
+            .sum::<usize>();
+        rows.push(row as u32);
+        // The next cell: the odometer turns, innermost first.
+        for d in (0..shape.len()).rev() {
+            position[d] += 1;
+            if position[d] < shape[d] {
+                break;
+            }
+            position[d] = 0;
+        }
+    }
+    UInt32Array::from(rows)
 }
 
 /// The grid's coordinates (each dimension's distinct values, sorted) and,
@@ -721,11 +765,12 @@ mod tests {
             };
             let shuffled = assemble(&schema, &[taken(&order)], &dims, descending).unwrap();
             proptest::prop_assert_eq!(laid_out(&ordered), laid_out(&shuffled));
-            // The other order of a dimension of several values is not the grid's.
+            // A dimension asked the other way round: the rows are still
+            // laid out in one pass, that dimension reversed.
             if let Some(d) = (0..dims.len()).find(|&d| shape[d] > 1) {
                 let mut other = descending.to_vec();
                 other[d] = !other[d];
-                proptest::prop_assert!(!in_order_of(&in_order, &dims, &other));
+                proptest::prop_assert!(in_order_of(&in_order, &dims, &other));
                 let flipped = assemble(&schema, std::slice::from_ref(&in_order), &dims, &other).unwrap();
                 let shuffled = assemble(&schema, &[taken(&order)], &dims, &other).unwrap();
                 proptest::prop_assert_eq!(laid_out(&flipped), laid_out(&shuffled));
@@ -744,6 +789,13 @@ mod tests {
                     proptest::prop_assert!(!fast);
                     proptest::prop_assert!(f64::from_bits(laid_out(&with_gap).1[gone]).is_nan());
                 }
+            }
+            // Two rows swapped along a dimension of three values or more:
+            // neither way round.
+            if shape[shape.len() - 1] >= 3 {
+                let mut swapped: Vec<u32> = (0..cells as u32).collect();
+                swapped.swap(0, 1);
+                proptest::prop_assert!(!in_order_of(&taken(&swapped), &dims, descending));
             }
             // The rows twice are not a grid, in order or not.
             let twice = assemble(&schema, &[in_order.clone(), in_order], &dims, descending).unwrap_err();
