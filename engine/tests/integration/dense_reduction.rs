@@ -593,3 +593,40 @@ async fn the_group_state_is_sized_by_the_positions_the_filters_select() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_workers_group_state_within_the_bound_is_a_dense_reduction_run_by_as_many_as_fit() {
+    // count and sum: 16 bytes of state per group as the rule counts them
+    // (24 in the operator, with the rows per group). 2^25 groups hold
+    // 512 MiB per worker: two workers and the output were over the 1 GiB
+    // bound, which left them to the hash aggregation; now one worker runs
+    // it (two would hold 1.5 GiB). 2^24 groups: two workers. 2^27: over the
+    // bound whatever the workers.
+    let grouped = "SELECT d0, d1, d2, count(*) AS n, sum(v) AS s FROM t GROUP BY 1, 2, 3";
+    let two = "SET datafusion.execution.target_partitions = 2";
+    let cases = [
+        (1u64 << 9, Some(2), None),
+        (1 << 10, Some(1), None),
+        (1 << 12, None, None),
+        // Under a memory limit, as many as fit it beside the output
+        // (671 MB of keys and results, 400 MB of state per worker).
+        (
+            1 << 9,
+            Some(1),
+            Some("SET datafusion.runtime.memory_limit = '1400M'"),
+        ),
+    ];
+    for (d0, workers, limit) in cases {
+        let dir = common::scratch(&format!("dense_state_bound_{d0}_{}", limit.is_some()));
+        store_of_fill_values(&dir, [d0, 256, 128]);
+        let settings: Vec<&str> = [Some(two), limit].into_iter().flatten().collect();
+        let plan = explain_text(&session("t", &dir, true, &settings).await, grouped).await;
+        match workers {
+            Some(w) => assert!(
+                plan.contains("DenseReductionExec") && plan.contains(&format!("workers={w},")),
+                "{d0}: {plan}"
+            ),
+            None => assert!(!plan.contains("DenseReductionExec"), "{d0}: {plan}"),
+        }
+    }
+}

@@ -41,6 +41,7 @@ use super::accumulators::{DenseAccumulator, ReduceOp, RowCounts};
 use super::groups::{GroupSpace, Line};
 use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYTES};
 use super::node::DenseReduction;
+use super::rule::MAX_STATE_BYTES;
 use crate::array::elementwise::FusedExpr;
 use crate::array::tasks::run_tasks_keeping_states;
 use crate::config::ZarrConfig;
@@ -608,7 +609,10 @@ impl Reduction {
     fn fit(&mut self, parallelism: usize, limit: Option<usize>) -> usize {
         let mut workers = (self.read.blocks.num_blocks() as usize).clamp(1, parallelism.max(1));
         let Some(limit) = limit else {
-            return workers;
+            // Without a limit, the workers' group states stay within the
+            // bound the rule holds one worker's to.
+            let most = MAX_STATE_BYTES / self.state_bytes().max(1);
+            return workers.min(most.max(1));
         };
         let room = limit.saturating_sub(self.shared_memory());
         let over = |r: &Self, workers: usize| workers.saturating_mul(r.worker_memory()) > room;

@@ -56,9 +56,8 @@ bottom_up_rule!(
         if !config.dense_reduction {
             return Ok(None);
         }
-        let workers = options.execution.target_partitions.max(1);
         Ok(
-            dense_reduction(aggregate, workers, config.dense_group_functions)?.map(|node| {
+            dense_reduction(aggregate, config.dense_group_functions)?.map(|node| {
                 LogicalPlan::Extension(Extension {
                     node: Arc::new(node),
                 })
@@ -69,11 +68,7 @@ bottom_up_rule!(
 
 /// The dense reduction computing `aggregate`, if it is one.
 /// `functions`: whether grouping by functions of one dimension is allowed.
-fn dense_reduction(
-    aggregate: &Aggregate,
-    workers: usize,
-    functions: bool,
-) -> Result<Option<DenseReduction>> {
+fn dense_reduction(aggregate: &Aggregate, functions: bool) -> Result<Option<DenseReduction>> {
     let mut group = aggregate.group_expr.clone();
     let mut aggregates = Vec::new();
     for expr in &aggregate.aggr_expr {
@@ -133,9 +128,10 @@ fn dense_reduction(
     }
     let state = key_counts
         .iter()
-        .fold(state_bytes as u128 * (workers as u128 + 1), |n, &c| {
-            n.saturating_mul(c as u128)
-        });
+        // One worker's state (the operator runs as many as fit its memory
+        // limit, and without one as many as keep their states within this
+        // bound too).
+        .fold(state_bytes as u128, |n, &c| n.saturating_mul(c as u128));
     if state > MAX_STATE_BYTES as u128 {
         return Ok(None);
     }
