@@ -699,8 +699,11 @@ mod tests {
     /// Whether the rows of `batch` are in the order of the grid over `dims`
     /// (laid out as they are).
     fn in_order_of(batch: &RecordBatch, dims: &[usize], descending: &[bool]) -> bool {
-        // Each row a batch of its own: runs cross the batches' edges.
-        let batches: Vec<RecordBatch> = (0..batch.num_rows()).map(|i| batch.slice(i, 1)).collect();
+        // Each row a batch of its own, after an empty one: runs cross the
+        // batches' edges, and empty batches start where the next one does.
+        let batches: Vec<RecordBatch> = (0..batch.num_rows())
+            .flat_map(|i| [batch.slice(i, 0), batch.slice(i, 1)])
+            .collect();
         let parts: Vec<Vec<KeyValues>> = (dims.iter())
             .map(|&d| {
                 batches
