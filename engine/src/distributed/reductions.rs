@@ -78,7 +78,8 @@ impl PhysicalOptimizerRule for ClusterReductions {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| match node.downcast_ref::<DenseReductionExec>() {
-            Some(reduction) if reduction.tasks().is_none() => {
+            // One in bands of its groups stays in the session.
+            Some(reduction) if reduction.tasks().is_none() && !reduction.in_bands() => {
                 let partitions = config.execution.target_partitions;
                 let tree = self.tree(reduction, config)?;
                 Ok(Transformed::yes(reduction.on_cluster(partitions, tree)?))

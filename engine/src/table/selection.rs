@@ -121,6 +121,23 @@ impl Selection {
         self
     }
 
+    /// This selection with, along dimension `d`, only its selected indices
+    /// numbered `compact` (counting the selected indices in order from 0).
+    pub fn positions(mut self, d: usize, compact: Range<u64>) -> Self {
+        let mut out = Vec::new();
+        let mut first = 0u64;
+        for r in &self.ranges[d] {
+            let len = r.end - r.start;
+            let (start, end) = (compact.start.max(first), compact.end.min(first + len));
+            if start < end {
+                out.push(r.start + (start - first)..r.start + (end - first));
+            }
+            first += len;
+        }
+        self.ranges[d] = out;
+        self
+    }
+
     /// Replaces the selected ranges of dimension `d` (sorted, disjoint).
     #[cfg(test)]
     pub(crate) fn restrict_ranges(&mut self, d: usize, ranges: Vec<Range<u64>>) {
@@ -692,5 +709,30 @@ mod tests {
         s.restrict_to(1, &[]);
         assert_eq!(s.num_cells(), 0);
         assert_eq!(s.bounding_box(), None);
+    }
+
+    #[test]
+    fn positions_keep_the_selected_indices_so_numbered() {
+        let mut s = Selection::all(&[20, 3]);
+        s.restrict_to(0, &[1..4, 6..7, 10..15]);
+        // Numbered 0..9: 1 2 3 | 6 | 10 11 12 13 14.
+        let naive = |compact: Range<u64>| -> Vec<u64> {
+            let all: Vec<u64> = s.ranges(0).iter().flat_map(|r| r.clone()).collect();
+            (compact.start as usize..(compact.end as usize).min(all.len()))
+                .map(|i| all[i])
+                .collect()
+        };
+        for start in 0..10 {
+            for end in start..11 {
+                let kept = s.clone().positions(0, start..end);
+                let got: Vec<u64> = kept.ranges(0).iter().flat_map(|r| r.clone()).collect();
+                assert_eq!(got, naive(start..end), "positions {start}..{end}");
+                assert_eq!(kept.ranges(1), Selection::all(&[20, 3]).ranges(1));
+            }
+        }
+        assert_eq!(
+            s.clone().positions(0, 2..5).ranges(0),
+            &[3..4, 6..7, 10..11]
+        );
     }
 }

@@ -146,6 +146,37 @@ async fn results_equal_the_hash_aggregation_on_the_demo_store() {
     }
 }
 
+/// A reduction whose group state does not fit `allowed_mem` in one pass
+/// runs in bands of its first grouped dimension's keys (days of hourly
+/// steps; latitudes, descending in the demo store), each band's groups
+/// emitted before the next band is read: the answers are the hash
+/// aggregation's, with a row filter that leaves groups out, with a
+/// selection, and when a band holds one key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reductions_in_bands_under_a_memory_limit_equal_the_hash_aggregation() {
+    let store = repo_root().join("demo/era5.zarr");
+    let queries = [
+        "SELECT date_trunc('day', time) AS d, lat, lon, avg(t2m) AS a, max(u10) AS m \
+         FROM era5 GROUP BY 1, 2, 3",
+        "SELECT lat, lon, time, sum(t2m - 273.15) AS s, count(sst) AS n FROM era5 \
+         WHERE t2m > 285 GROUP BY lat, lon, time",
+        "SELECT floor(lat / 4) * 4 AS la, lon, date_trunc('day', time) AS d, stddev(u10) AS s \
+         FROM era5 WHERE lon BETWEEN 10 AND 200 GROUP BY 1, 2, 3",
+    ];
+    for (sql, limit) in queries.iter().flat_map(|q| [(q, "2M"), (q, "1M")]) {
+        let limited = format!("SET datafusion.runtime.memory_limit = '{limit}'");
+        let ctx = session("era5", &store, true, &[&limited]).await;
+        let plan = explain_text(&ctx, sql).await;
+        assert!(plan.contains(", bands="), "{sql} ({limit}):\n{plan}");
+        let mut got = run(&ctx, sql).await;
+        let mut want = run(&session("era5", &store, false, &[]).await, sql).await;
+        sort_rows(&mut got, 3);
+        sort_rows(&mut want, 3);
+        assert!(want.len() > 10_000, "{sql}: {} rows", want.len());
+        assert_rows(&format!("{sql} ({limit})"), &got, &want);
+    }
+}
+
 /// `GROUP BY` over `rechunk(...)`: a dense reduction of the rechunked
 /// store, after the copy of the variables it reads (before, DataFusion's
 /// hash aggregation over the rechunked store's scan). Every reduction of
@@ -428,6 +459,7 @@ fn climate_queries() -> Vec<Value> {
 async fn resampling_climatologies_and_coarsening_are_dense_reductions_with_xarray_s_answers() {
     let queries = climate_queries();
     assert!(queries.len() >= 10, "{} climate queries", queries.len());
+    let mut banded = 0;
     for q in &queries {
         let (name, store, sql) = (
             q["name"].as_str().unwrap(),
@@ -436,24 +468,41 @@ async fn resampling_climatologies_and_coarsening_are_dense_reductions_with_xarra
         );
         let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
         assert!(!want.is_empty(), "{name}: no expected rows");
-        for (dense, small_blocks) in [(true, false), (true, true), (false, false)] {
-            let settings: &[&str] = match small_blocks {
-                // Blocks of a few chunks: keys are folded across blocks and
-                // workers, and a day's steps fall in two blocks.
-                true => &["SET zarrfusion.target_partition_bytes = 1024"],
-                false => &[],
-            };
+        // Blocks of a few chunks: keys are folded across blocks and
+        // workers, and a day's steps fall in two blocks.
+        let small_blocks = "SET zarrfusion.target_partition_bytes = 1024";
+        // Group state held at once cut to 256 bytes: reductions whose first
+        // grouped dimension's keys run along it (resampling, coarsening)
+        // run in bands of a few keys; the others stay in one pass when
+        // they fit, or become hash aggregations.
+        let small_state = "SET zarrfusion.dense_state_bytes = 256";
+        let cases: [(bool, &[&str]); 4] = [
+            (true, &[]),
+            (true, &[small_blocks]),
+            (true, &[small_blocks, small_state]),
+            (false, &[]),
+        ];
+        for (dense, settings) in cases {
             let ctx = session("t", Path::new(&fixture(store)), dense, settings).await;
             let plan = explain_text(&ctx, sql).await;
-            assert_eq!(
-                plan.contains("DenseReductionExec") && !plan.contains("AggregateExec"),
-                dense,
-                "{name} (dense={dense}):\n{plan}"
-            );
+            if settings.contains(&small_state) {
+                banded += usize::from(plan.contains(", bands="));
+            } else {
+                assert_eq!(
+                    plan.contains("DenseReductionExec") && !plan.contains("AggregateExec"),
+                    dense,
+                    "{name} (dense={dense}):\n{plan}"
+                );
+            }
             let got = run(&ctx, sql).await;
-            assert_rows(&format!("{name} (dense={dense})"), &got, &want);
+            assert_rows(
+                &format!("{name} (dense={dense}, {settings:?})"),
+                &got,
+                &want,
+            );
         }
     }
+    assert!(banded >= 8, "{banded} of the queries ran in bands");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -563,7 +612,8 @@ fn store_of_fill_values(dir: &Path, shape: [u64; 3]) {
 async fn the_group_state_is_sized_by_the_positions_the_filters_select() {
     // 2^20 x 256 x 256 cells: grouped by all three dimensions (halving
     // d1), the state of every position would be far over the rule's bound
-    // (MAX_STATE_BYTES); three steps of d0 are 98304 groups.
+    // (MAX_STATE_BYTES): the reduction runs in bands of d0's positions.
+    // Three steps of d0 are 98304 groups, in one pass.
     let dir = common::scratch("dense_selected_state");
     store_of_fill_values(&dir, [1 << 20, 256, 256]);
     let dense = session("t", &dir, true, &[]).await;
@@ -571,7 +621,7 @@ async fn the_group_state_is_sized_by_the_positions_the_filters_select() {
     let grouped = "SELECT d0, floor(d1 / 2) AS y, d2, count(*) AS n, sum(v) AS s FROM t";
     let everything = format!("{grouped} GROUP BY 1, 2, 3");
     let plan = explain_text(&dense, &everything).await;
-    assert!(!plan.contains("DenseReductionExec"), "{plan}");
+    assert!(plan.contains(", bands="), "{plan}");
     for filter in [
         "d0 < 3",
         "d0 BETWEEN 1000 AND 1002",
@@ -580,6 +630,7 @@ async fn the_group_state_is_sized_by_the_positions_the_filters_select() {
         let sql = format!("{grouped} WHERE {filter} GROUP BY 1, 2, 3");
         let plan = explain_text(&dense, &sql).await;
         assert!(plan.contains("DenseReductionExec"), "{sql}:\n{plan}");
+        assert!(!plan.contains(", bands="), "{sql}:\n{plan}");
         let mut got = run(&dense, &sql).await;
         let mut want = run(&hashed, &sql).await;
         assert_eq!(got.len(), 3 * 128 * 256, "{sql}");
@@ -601,13 +652,14 @@ async fn one_workers_group_state_within_the_bound_is_a_dense_reduction_run_by_as
     // 512 MiB per worker: two workers and the output were over the 1 GiB
     // bound, which left them to the hash aggregation; now one worker runs
     // it (two would hold 1.5 GiB). 2^24 groups: two workers. 2^27: over the
-    // bound whatever the workers.
+    // bound whatever the workers, in bands of d0's positions (two workers,
+    // each holding a band's state).
     let grouped = "SELECT d0, d1, d2, count(*) AS n, sum(v) AS s FROM t GROUP BY 1, 2, 3";
     let two = "SET datafusion.execution.target_partitions = 2";
     let cases = [
         (1u64 << 9, Some(2), None),
         (1 << 10, Some(1), None),
-        (1 << 12, None, None),
+        (1 << 12, Some(2), None),
         // Under a memory limit, as many as fit it beside the output
         // (671 MB of keys and results, 400 MB of state per worker).
         (
@@ -620,13 +672,22 @@ async fn one_workers_group_state_within_the_bound_is_a_dense_reduction_run_by_as
         let dir = common::scratch(&format!("dense_state_bound_{d0}_{}", limit.is_some()));
         store_of_fill_values(&dir, [d0, 256, 128]);
         let settings: Vec<&str> = [Some(two), limit].into_iter().flatten().collect();
-        let plan = explain_text(&session("t", &dir, true, &settings).await, grouped).await;
+        let ctx = session("t", &dir, true, &settings).await;
+        let plan = explain_text(&ctx, grouped).await;
         match workers {
             Some(w) => assert!(
                 plan.contains("DenseReductionExec") && plan.contains(&format!("workers={w},")),
                 "{d0}: {plan}"
             ),
             None => assert!(!plan.contains("DenseReductionExec"), "{d0}: {plan}"),
+        }
+        assert_eq!(plan.contains(", bands="), d0 == 1 << 12, "{d0}: {plan}");
+        if d0 == 1 << 12 {
+            // Over the bound with a first grouped dimension whose keys do
+            // not run along its positions: the hash aggregation.
+            let wrapped = "SELECT d0 % 4095 AS k, d1, d2, sum(v) AS s FROM t GROUP BY 1, 2, 3";
+            let plan = explain_text(&ctx, wrapped).await;
+            assert!(!plan.contains("DenseReductionExec"), "{plan}");
         }
     }
 }

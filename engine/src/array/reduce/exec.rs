@@ -23,6 +23,7 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{human_readable_size, DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::ColumnarValue;
@@ -49,8 +50,9 @@ use crate::memory::{Projection, Reservation};
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
 use crate::progress::ScanProgress;
 use crate::table::{
-    batch_rows, boxes_in_block, task_share, BlockRead, BlockTemporaries, BoxCells, BroadcastInputs,
-    GridTable, ReadAheadPlan, ReadsBroadcasts, TableReadAhead, TASKS_OF_STAGE,
+    batch_rows, boxes_in_block, task_share, BlockGrid, BlockRead, BlockTemporaries, BoxCells,
+    BroadcastInputs, GridTable, ReadAheadPlan, ReadsBroadcasts, RunStreamBuilder, TableReadAhead,
+    RUN_BATCHES, TASKS_OF_STAGE,
 };
 use crate::zarr::ChunkBufferPool;
 
@@ -72,6 +74,15 @@ fn run_temporaries(aggregates: usize, columns: usize, run_rows: u64) -> BlockTem
     }
 }
 
+/// State and output a band of a reduction in bands holds (see [`Bands`]),
+/// all its workers together: a fraction of the limit, leaving the rest to
+/// what consumes its rows.
+const BAND_BYTES: usize = 256 << 20;
+
+/// Chunks of the cut dimension a band of a reduction in bands spans at
+/// least, where it fits: a chunk a band boundary cuts is decoded twice.
+const BAND_CHUNKS: u64 = 4;
+
 /// Bytes of variables in one part of a box, when parts are read one by one
 /// from chunk files: a part is folded while its read left it in cache.
 const PART_BYTES: u64 = 4 << 20;
@@ -80,7 +91,7 @@ const PART_BYTES: u64 = 4 << 20;
 const MIN_PART_RUN_BYTES: u64 = 64 << 10;
 
 /// One aggregate, planned.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct PhysicalReduce {
     op: ReduceOp,
     /// How it is shown (`avg(t2m)`).
@@ -112,6 +123,29 @@ pub(super) struct Reduction {
     /// The most rows evaluated and folded at a time ([`RUN_ROWS`], fewer
     /// under a tight memory limit).
     run_rows: u64,
+    /// When its group state is too large to hold at once: the bands it
+    /// runs in.
+    bands: Option<Bands>,
+}
+
+/// A dense reduction whose group state is too large to hold at once
+/// (more than `zarrfusion.dense_state_bytes` for one worker, or more than fits
+/// `allowed_mem`), run in bands: ranges of the keys of its first grouped
+/// dimension (in table order), each folded from the cells whose positions
+/// have those keys, finished and emitted before the next is started. Its
+/// workers hold the state of one band's groups, its output one band's rows.
+/// The keys must run along the positions (a dimension grouped by its
+/// positions, or by `date_trunc` of an ordered time): each band then reads
+/// one run of the dimension's positions, and the bands' rows, one after
+/// the other, are the result in its order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Bands {
+    /// The table dimension cut.
+    dim: usize,
+    /// Its keys per band.
+    keys: usize,
+    /// Whether its keys run backward along its positions.
+    descending: bool,
 }
 
 /// What a dense reduction gives.
@@ -251,7 +285,8 @@ impl DenseReductionExec {
 
         let options = session.config().options();
         let mut reduction = Reduction::new(read, keys, aggregates, predicate)?;
-        let parallelism = reduction.fit(parallelism, memory_limit);
+        let bound = ZarrConfig::of(options).dense_state_bytes;
+        let parallelism = reduction.fit(parallelism, memory_limit, Some(bound));
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         Self::assemble(
             Arc::new(reduction),
@@ -301,7 +336,8 @@ impl DenseReductionExec {
         }
         let mut reduction = Reduction::new(parts.read, parts.groups, aggregates, parts.predicate)?;
         reduction.check_states(&parts.schema, parts.positioned)?;
-        let parallelism = reduction.fit(parallelism, memory_limit);
+        // A task's states are of every group (merged by position).
+        let parallelism = reduction.fit(parallelism, memory_limit, None);
         Self::assemble(
             Arc::new(reduction),
             Emit::States {
@@ -404,6 +440,12 @@ impl DenseReductionExec {
     }
 
     fn dealt(&self, schema: SchemaRef, tasks: usize, positioned: bool) -> Result<Self> {
+        if self.in_bands() {
+            return datafusion::common::not_impl_err!(
+                "the dense reduction over {} runs in bands of its groups, in the session",
+                self.reduction.read.table.store
+            );
+        }
         self.reduction.check_states(&schema, positioned)?;
         let mut exec = Self::assemble(
             Arc::clone(&self.reduction),
@@ -448,6 +490,12 @@ impl DenseReductionExec {
     /// What it folds, shared with the merge of its states.
     pub(super) fn reduction(&self) -> &Arc<Reduction> {
         &self.reduction
+    }
+
+    /// Whether it runs in bands of its groups (see [`Bands`]): in the
+    /// session, its group state too large to deal out as partial states.
+    pub fn in_bands(&self) -> bool {
+        self.reduction.bands.is_some()
     }
 
     /// The tasks the blocks are dealt to (`None`: the reduction gives its
@@ -521,6 +569,68 @@ impl DenseReductionExec {
         task_share("DenseReductionExec", store, tasks, all, context)
     }
 
+    /// The results of a reduction in bands (see [`Bands`]): once the tables
+    /// joined in are held and its memory taken (`held`), each band's blocks
+    /// folded on the workers, its rows finished and sent (in slices of
+    /// `batch_size`) before the next band starts, on one blocking thread
+    /// that stops when the stream is dropped.
+    fn banded_results(
+        &self,
+        held: (BroadcastInputs, Reservation, Option<MemoryReservation>),
+        (context, meters, output_rows): (Arc<TaskContext>, Arc<Meters>, Count),
+        batch_size: usize,
+    ) -> SendableRecordBatchStream {
+        let (broadcasts, reservation, taken) = held;
+        let (reduction, schema) = (Arc::clone(&self.reduction), Arc::clone(&self.schema));
+        let (workers, plan) = (self.workers, self.read_ahead);
+        let mut builder = RunStreamBuilder::new(Arc::clone(&self.schema));
+        let mut runs = builder.runs(RUN_BATCHES);
+        let stop = Arc::new(AtomicBool::new(false));
+        builder.spawn(async move {
+            let _held = broadcasts.hold(&context, 1).await?;
+            let reservation = reservation.after(taken)?;
+            // The stream dropped, this task is, and the workers stop.
+            let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
+            tokio::task::spawn_blocking(move || {
+                for b in 0..reduction.num_bands() {
+                    let band = Arc::new(reduction.band(b)?);
+                    let blocks = band.read.blocks.num_blocks();
+                    if let Some(progress) = &meters.progress {
+                        progress.add_planned(blocks);
+                    }
+                    let boxes = Arc::clone(&band);
+                    let read = &band.read;
+                    let read_ahead = plan.start(&read.table, &read.columns, 0..blocks, workers, {
+                        move |id| {
+                            boxes_in_block(&boxes.read.selection, &boxes.read.blocks.block(id))
+                        }
+                    });
+                    let merged =
+                        band.fold_blocks(0..blocks, workers, &stop, &meters, read_ahead)?;
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    let batch = band.finish(merged, &schema)?;
+                    output_rows.add(batch.num_rows());
+                    for start in (0..batch.num_rows()).step_by(batch_size) {
+                        let len = batch_size.min(batch.num_rows() - start);
+                        if !runs.push(batch_rows(&batch, start, len)?) {
+                            return Ok(());
+                        }
+                    }
+                    if !runs.flush() {
+                        return Ok(());
+                    }
+                }
+                drop(reservation);
+                Ok(())
+            })
+            .await
+            .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?
+        });
+        builder.build()
+    }
+
     /// Memory one worker holds: a decoded block, the temporaries of one run
     /// of rows, and its group state.
     fn per_worker_memory(&self) -> usize {
@@ -579,39 +689,199 @@ impl Reduction {
             aggregates,
             predicate,
             run_rows: RUN_ROWS,
+            bands: None,
         })
+    }
+
+    /// The groups whose state it holds at once: all of them, or one
+    /// band's.
+    fn groups_held(&self) -> usize {
+        match self.bands {
+            None => self.space.num_groups(),
+            Some(bands) => self.groups_per_key(bands.dim).saturating_mul(bands.keys),
+        }
+    }
+
+    /// The groups of each key of grouped dimension `dim`.
+    fn groups_per_key(&self, dim: usize) -> usize {
+        self.space.num_groups() / self.space.keys_of(dim).max(1)
+    }
+
+    /// The bands it runs in (one without bands).
+    fn num_bands(&self) -> usize {
+        match self.bands {
+            None => 1,
+            Some(bands) => self.space.keys_of(bands.dim).div_ceil(bands.keys.max(1)),
+        }
+    }
+
+    /// Band `b` (see [`Bands`]) as a reduction of its own: the selected
+    /// positions of the cut dimension whose keys are the band's, read in
+    /// blocks of the same shape.
+    fn band(&self, b: usize) -> Result<Reduction> {
+        let Some(bands) = self.bands else {
+            return datafusion::common::internal_err!("a reduction without bands has no band {b}");
+        };
+        let count = self.space.keys_of(bands.dim);
+        let keys = (b * bands.keys).min(count)..((b + 1) * bands.keys).min(count);
+        let positions = (self.space).positions_of_keys(bands.dim, keys.clone(), bands.descending);
+        let selection = self.read.selection.clone().positions(bands.dim, positions);
+        let table = &self.read.table;
+        let block_shape = self.read.blocks.block_shape().to_vec();
+        let blocks = BlockGrid::with_block_shape(&table.shape(), block_shape, &selection)
+            .map_err(|e| DataFusionError::Internal(format!("{}: {e}", table.store)))?;
+        let read = BlockRead::new(
+            Arc::clone(table),
+            self.read.columns.clone(),
+            selection,
+            blocks,
+        )?;
+        let keys_per_band = keys.len();
+        let mut band = Reduction::new(
+            read,
+            self.keys.clone(),
+            self.aggregates.clone(),
+            self.predicate.clone(),
+        )?;
+        band.run_rows = self.run_rows;
+        if band.space.keys_of(bands.dim) != keys_per_band {
+            return datafusion::common::internal_err!(
+                "band {b} of the dense reduction over {} has {} keys of '{}', not {keys_per_band}",
+                table.store,
+                band.space.keys_of(bands.dim),
+                table.dims[bands.dim].name
+            );
+        }
+        Ok(band)
+    }
+
+    /// The bands to run in with `workers` workers under `limit`, and the
+    /// workers: none when the whole group state fits (within `bound` for
+    /// one worker, and one worker fits `limit`), or
+    /// when the keys of the first grouped dimension cannot be cut (see
+    /// [`Bands`]). A band holds about [`BAND_BYTES`] of state and output
+    /// (a quarter of `bound` if less),
+    /// or more keys where those span fewer than [`BAND_CHUNKS`] chunks of
+    /// the cut dimension (a chunk a band boundary cuts is decoded by both
+    /// bands), as far as they fit; as many of the workers as fit a band
+    /// of at least a chunk run.
+    fn banding(
+        &self,
+        workers: usize,
+        limit: Option<usize>,
+        bound: usize,
+    ) -> Option<(Bands, usize)> {
+        let dim = *self.dims.first()?;
+        let count = self.space.keys_of(dim);
+        let per_key = self.groups_per_key(dim);
+        let state = self.state_per_group().saturating_mul(per_key);
+        let output = 8usize
+            .saturating_mul(self.keys.len() + self.aggregates.len())
+            .saturating_mul(per_key);
+        let without_state = self.worker_buffers(MIN_RUN_ROWS);
+        let groups = self.space.num_groups();
+        let whole = self.state_per_group().saturating_mul(groups);
+        let fits_whole = whole <= bound
+            && limit.is_none_or(|l| {
+                (without_state.saturating_add(whole)).saturating_add(self.shared_memory_of(groups))
+                    <= l
+            });
+        if fits_whole || count < 2 {
+            return None;
+        }
+        let descending = self.space.key_direction(dim)?;
+        // Positions of the cut dimension a key has, on average, and the
+        // longest chunk of a variable read along it.
+        let positions: u64 = (self.read.selection.ranges(dim).iter())
+            .map(|r| r.end - r.start)
+            .sum();
+        let table = &self.read.table;
+        let chunk = (self.read.columns.iter())
+            .filter_map(|&c| table.variable(c))
+            .map(|v| v.chunk_shape()[dim])
+            .max()
+            .unwrap_or(1);
+        let spanning = |chunks: u64| {
+            (chunks.saturating_mul(chunk).saturating_mul(count as u64)).div_ceil(positions.max(1))
+        };
+        // Keys per band for `w` workers.
+        let keys_for = |w: usize| -> usize {
+            let band = w.saturating_mul(state).saturating_add(output).max(1);
+            let target = BAND_BYTES.min(bound / 4);
+            let wanted = (target / band).max(spanning(BAND_CHUNKS) as usize);
+            let bound = match limit {
+                // Without a limit, the workers' states within the bound
+                // together.
+                None => bound / w.saturating_mul(state).max(1),
+                Some(l) => {
+                    let room = l
+                        .saturating_sub(self.key_bytes)
+                        .saturating_sub(w.saturating_mul(without_state));
+                    let per_key = w.saturating_mul(state).saturating_add(output).max(1);
+                    (room / per_key).min(bound / state.max(1))
+                }
+            };
+            bound.min(wanted).min(count)
+        };
+        let workers = (1..=workers.max(1))
+            .rev()
+            .find(|&w| keys_for(w) >= (spanning(1) as usize).max(1) || w == 1)?;
+        let keys = keys_for(workers);
+        (keys > 0 && keys < count).then_some((
+            Bands {
+                dim,
+                keys,
+                descending,
+            },
+            workers,
+        ))
     }
 
     /// Memory one worker holds: a decoded block, the temporaries of one run
     /// of rows, and its group state.
     fn worker_memory(&self) -> usize {
-        let block = self.read.block_cells() as usize * self.read.row_bytes();
-        let runs = run_temporaries(
-            self.aggregates.len(),
-            self.read.columns.len(),
-            self.run_rows,
-        );
-        block + runs.bytes(self.read.block_cells().max(1)) as usize + self.state_bytes()
+        (self.worker_buffers(self.run_rows)).saturating_add(self.state_bytes())
     }
 
-    /// Memory held once, whatever the workers: the output and the keys.
+    /// Memory one worker holds besides its group state: a decoded block
+    /// and the temporaries of one run of `run_rows` rows.
+    fn worker_buffers(&self, run_rows: u64) -> usize {
+        let block = self.read.block_cells() as usize * self.read.row_bytes();
+        let runs = run_temporaries(self.aggregates.len(), self.read.columns.len(), run_rows);
+        block + runs.bytes(self.read.block_cells().max(1)) as usize
+    }
+
+    /// Memory held once, whatever the workers: the output (one band's)
+    /// and the keys.
     fn shared_memory(&self) -> usize {
-        (self.space.num_groups())
+        self.shared_memory_of(self.groups_held())
+    }
+
+    /// [`Self::shared_memory`] with the output of `groups` groups.
+    fn shared_memory_of(&self, groups: usize) -> usize {
+        groups
             .saturating_mul(8)
             .saturating_mul(self.keys.len() + self.aggregates.len())
             .saturating_add(self.key_bytes)
     }
 
     /// Fits the reduction's workers (at most `parallelism`, at most one
-    /// per block) to `limit`: shorter runs of rows (down to
+    /// per block) to `limit`: bands of its groups when `banding` (the most
+    /// group state held at once) allows them and its state needs them (see
+    /// [`Self::banding`]), shorter runs of rows (down to
     /// [`MIN_RUN_ROWS`]), then fewer workers, until they fit beside what
     /// is held once (when they can). Gives the workers.
-    fn fit(&mut self, parallelism: usize, limit: Option<usize>) -> usize {
+    fn fit(&mut self, parallelism: usize, limit: Option<usize>, banding: Option<usize>) -> usize {
         let mut workers = (self.read.blocks.num_blocks() as usize).clamp(1, parallelism.max(1));
+        let bound = banding.unwrap_or(MAX_STATE_BYTES);
+        if let Some((bands, fewer)) = banding.and_then(|b| self.banding(workers, limit, b)) {
+            self.bands = Some(bands);
+            workers = fewer;
+        }
         let Some(limit) = limit else {
             // Without a limit, the workers' group states stay within the
             // bound the rule holds one worker's to.
-            let most = MAX_STATE_BYTES / self.state_bytes().max(1);
+            let most = bound / self.state_bytes().max(1);
             return workers.min(most.max(1));
         };
         let room = limit.saturating_sub(self.shared_memory());
@@ -715,8 +985,9 @@ impl Reduction {
             + 8
     }
 
+    /// Bytes of one worker's group state (one band's groups').
     fn state_bytes(&self) -> usize {
-        self.state_per_group() * self.space.num_groups()
+        self.state_per_group().saturating_mul(self.groups_held())
     }
 
     /// A fresh partial state: no rows, and one accumulator per aggregate.
@@ -788,6 +1059,30 @@ impl Reduction {
             progress.add_done(1);
         }
         Ok(())
+    }
+
+    /// Folds the blocks `run` on `workers` threads (reading ahead with
+    /// `read_ahead`) and merges their partial states: every group's.
+    fn fold_blocks(
+        &self,
+        run: Range<u64>,
+        workers: usize,
+        stop: &AtomicBool,
+        meters: &Meters,
+        read_ahead: Option<TableReadAhead>,
+    ) -> Result<Partial> {
+        let (first, read_ahead) = (run.start, read_ahead.as_ref());
+        let blocks = run.end.saturating_sub(run.start);
+        let (_, folded) =
+            run_tasks_keeping_states(blocks, workers, stop, Worker::default, |worker, n| {
+                self.fold_block(first + n, worker, meters, read_ahead)?;
+                Ok::<_, DataFusionError>(0)
+            })?;
+        let partials = folded.into_iter().filter_map(|w| w.partial).collect();
+        match merge_tree(partials)? {
+            Some(merged) => Ok(merged),
+            None => self.partial(),
+        }
     }
 
     /// Folds one batch of rows into a partial state.
@@ -1125,6 +1420,15 @@ impl DisplayAs for DenseReductionExec {
             // Shortened to fit the memory limit.
             write!(f, ", runs of {} rows", r.run_rows)?;
         }
+        if let Some(bands) = r.bands {
+            write!(
+                f,
+                ", bands={} of {} keys of {}",
+                r.num_bands(),
+                bands.keys,
+                r.read.table.dims[bands.dim].name
+            )?;
+        }
         write!(f, "{}", self.broadcasts.display(&r.read.table.dim_names()))?;
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
@@ -1191,7 +1495,8 @@ impl ExecutionPlan for DenseReductionExec {
         );
         let taken = reservation.unless(!self.broadcasts.is_empty())?;
         let progress = context.session_config().get_extension::<ScanProgress>();
-        if let Some(progress) = &progress {
+        // (A band's blocks are planned as it starts.)
+        if let (Some(progress), None) = (&progress, reduction.bands) {
             progress.add_planned(run.end - run.start);
         }
         let meters = Arc::new(Meters {
@@ -1219,6 +1524,13 @@ impl ExecutionPlan for DenseReductionExec {
         };
 
         let broadcasts = self.broadcasts.clone();
+        if reduction.bands.is_some() {
+            return Ok(self.banded_results(
+                (broadcasts, reservation, taken),
+                (context, meters, output_rows),
+                batch_size,
+            ));
+        }
         let result = async move {
             // The tables joined in, computed first and held while folding
             // (its one partition).
@@ -1228,20 +1540,11 @@ impl ExecutionPlan for DenseReductionExec {
             let read_ahead = start_read_ahead();
             let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
             let folding = Arc::clone(&reduction);
-            let (_, folded) = tokio::task::spawn_blocking(move || {
-                let read_ahead = read_ahead.as_ref();
-                run_tasks_keeping_states(blocks, workers, &stop, Worker::default, |worker, n| {
-                    folding.fold_block(first + n, worker, &meters, read_ahead)?;
-                    Ok::<_, DataFusionError>(0)
-                })
+            let merged = tokio::task::spawn_blocking(move || {
+                folding.fold_blocks(first..first + blocks, workers, &stop, &meters, read_ahead)
             })
             .await
             .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
-            let partials = folded.into_iter().filter_map(|w| w.partial).collect();
-            let merged = match merge_tree(partials)? {
-                Some(merged) => merged,
-                None => reduction.partial()?,
-            };
             let batch = match emit {
                 Emit::Results => reduction.finish(merged, &schema)?,
                 Emit::States { positioned, .. } => reduction.states(merged, &schema, positioned)?,

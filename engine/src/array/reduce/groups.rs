@@ -61,6 +61,41 @@ pub struct KeyMap {
     pub count: usize,
 }
 
+impl KeyMap {
+    /// Which way the keys run along the positions: `Some(false)` never
+    /// decreasing, `Some(true)` never increasing (each key's positions one
+    /// run, the runs in the order of their keys, forward or backward),
+    /// `None` otherwise.
+    pub fn direction(&self) -> Option<bool> {
+        if self.keys.windows(2).all(|w| w[0] <= w[1]) {
+            Some(false)
+        } else if self.keys.windows(2).all(|w| w[0] >= w[1]) {
+            Some(true)
+        } else {
+            None
+        }
+    }
+
+    /// The positions (in selection order) of the keys `keys`, the keys
+    /// running along the positions as [`Self::direction`] says
+    /// (`descending`).
+    pub fn positions_of(&self, keys: Range<usize>, descending: bool) -> Range<u64> {
+        let key = |k: usize| u32::try_from(k).unwrap_or(u32::MAX);
+        let (low, high) = (key(keys.start), key(keys.end));
+        let (start, end) = match descending {
+            false => (
+                self.keys.partition_point(|&k| k < low),
+                self.keys.partition_point(|&k| k < high),
+            ),
+            true => (
+                self.keys.partition_point(|&k| k >= high),
+                self.keys.partition_point(|&k| k >= low),
+            ),
+        };
+        start as u64..end.max(start) as u64
+    }
+}
+
 /// The groups of a reduction over some dimensions of a selection.
 #[derive(Debug, Clone)]
 pub struct GroupSpace {
@@ -121,6 +156,31 @@ impl GroupSpace {
         self.num_groups
     }
 
+    /// The number of keys of grouped dimension `d`.
+    pub fn keys_of(&self, d: usize) -> usize {
+        self.counts[d]
+    }
+
+    /// Which way the keys of grouped dimension `d` run along its selected
+    /// positions (see [`KeyMap::direction`]; a dimension grouped by its
+    /// positions runs forward).
+    pub fn key_direction(&self, d: usize) -> Option<bool> {
+        match &self.maps[d] {
+            Some(map) => map.direction(),
+            None => Some(false),
+        }
+    }
+
+    /// The selected positions (numbered in selection order) of the keys
+    /// `keys` of grouped dimension `d`, whose keys run `descending` (see
+    /// [`Self::key_direction`]).
+    pub fn positions_of_keys(&self, d: usize, keys: Range<usize>, descending: bool) -> Range<u64> {
+        match &self.maps[d] {
+            Some(map) => map.positions_of(keys, descending),
+            None => keys.start as u64..keys.end as u64,
+        }
+    }
+
     /// The compact position of index `i` of grouped dimension `d`.
     fn position(&self, d: usize, i: u64) -> usize {
         let ranges = &self.ranges[d];
@@ -141,21 +201,32 @@ impl GroupSpace {
     /// group order (a dimension grouped by its coordinate).
     pub fn coordinate_indices(&self, d: usize) -> Vec<u64> {
         let by_position: Vec<u64> = self.ranges[d].iter().flat_map(|(r, _)| r.clone()).collect();
-        self.key_indices(d)
-            .into_iter()
-            .map(|k| by_position[k as usize])
-            .collect()
+        self.per_group(d, |k| by_position[k])
     }
 
     /// For grouped dimension `d`: the key of every group, in group order
     /// (for a dimension grouped by its coordinate, the compact position).
     pub fn key_indices(&self, d: usize) -> Vec<u64> {
+        self.per_group(d, |k| k as u64)
+    }
+
+    /// For grouped dimension `d`: `value` of each group's key, in group
+    /// order (each key's value repeated over the groups of the dimensions
+    /// after it, the keys over and over for those before).
+    fn per_group(&self, d: usize, value: impl Fn(usize) -> u64) -> Vec<u64> {
         let Some(stride) = self.strides[d] else {
             return Vec::new();
         };
-        (0..self.num_groups)
-            .map(|g| ((g / stride) % self.counts[d]) as u64)
-            .collect()
+        let count = self.counts[d];
+        let mut out = Vec::with_capacity(self.num_groups);
+        let values: Vec<u64> = (0..count).map(value).collect();
+        let cycles = self.num_groups / stride.saturating_mul(count).max(1);
+        for _ in 0..cycles {
+            for &v in &values {
+                out.extend(std::iter::repeat_n(v, stride));
+            }
+        }
+        out
     }
 
     /// Cuts the rows of a box of `shape` into tiles of at most `max_rows`
@@ -515,5 +586,52 @@ mod tests {
         assert_eq!(space.num_groups(), 6);
         assert_eq!(space.key_indices(0), vec![0, 0, 0, 1, 1, 1]);
         assert_eq!(space.coordinate_indices(1), vec![0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn key_indices_of_three_dimensions_follow_the_numbering() {
+        let selection = Selection::all(&[3, 4, 5]);
+        let map = KeyMap {
+            keys: vec![0, 1, 1, 0],
+            count: 2,
+        };
+        let space = GroupSpace::new(&selection, &[0, 1, 2], vec![(1, map)]);
+        let (n0, n1, n2) = (3, 2, 5);
+        assert_eq!(space.num_groups(), n0 * n1 * n2);
+        for (d, div, n) in [(0, n1 * n2, n0), (1, n2, n1), (2, 1, n2)] {
+            let naive: Vec<u64> = (0..n0 * n1 * n2).map(|g| ((g / div) % n) as u64).collect();
+            assert_eq!(space.key_indices(d), naive, "dimension {d}");
+        }
+    }
+
+    #[test]
+    fn keys_running_along_the_positions_give_the_positions_of_a_range_of_keys() {
+        let forward = KeyMap {
+            keys: vec![0, 0, 0, 1, 2, 2, 3],
+            count: 4,
+        };
+        let backward = KeyMap {
+            keys: forward.keys.iter().rev().copied().collect(),
+            count: 4,
+        };
+        let neither = KeyMap {
+            keys: vec![0, 1, 0],
+            count: 2,
+        };
+        assert_eq!(forward.direction(), Some(false));
+        assert_eq!(backward.direction(), Some(true));
+        assert_eq!(neither.direction(), None);
+        for (map, descending) in [(&forward, false), (&backward, true)] {
+            for start in 0..=4 {
+                for end in start..=4 {
+                    let got = map.positions_of(start..end, descending);
+                    let naive: Vec<u64> = (0..map.keys.len() as u64)
+                        .filter(|&p| (start..end).contains(&(map.keys[p as usize] as usize)))
+                        .collect();
+                    let got: Vec<u64> = got.collect();
+                    assert_eq!(got, naive, "keys {start}..{end}, descending {descending}");
+                }
+            }
+        }
     }
 }

@@ -13,7 +13,13 @@
 //!   `var_pop`, `stddev` or `stddev_pop` of one deterministic expression
 //!   over the table's columns, without `DISTINCT`, `FILTER` or `ORDER BY`,
 //!   over a numeric argument (`count`: any argument);
-//! - the scan has no `LIMIT`, and the dense state fits [`MAX_STATE_BYTES`].
+//! - the scan has no `LIMIT`, and the dense state fits
+//!   `zarrfusion.dense_state_bytes` (1 GiB, [`MAX_STATE_BYTES`]),
+//!   or the state of each key of the first grouped dimension (in table
+//!   order) does and that dimension's keys run along its positions (it is
+//!   grouped by its positions, or by `date_trunc` of an ordered time): the
+//!   reduction then runs in bands of those keys, each band's groups
+//!   folded and emitted before the next's.
 //!
 //! Anything else keeps DataFusion's hash aggregation. The rule is on by
 //! default; `SET zarrfusion.dense_reduction = false` turns it off, and
@@ -37,8 +43,11 @@ use crate::plan_methods::bottom_up_rule;
 use crate::table::{select_planning, GridTable, Selection};
 
 /// The most memory the per-worker group state of a dense reduction may
-/// take (an upper bound, before filters); larger reductions keep
-/// DataFusion's hash aggregation, which can spill.
+/// take by default (`zarrfusion.dense_state_bytes`; an upper bound, before
+/// filters), and what a worker of a cluster holds a reduction it is sent
+/// to; larger reductions run in bands of their first grouped dimension's
+/// keys, each band's state within it (where that dimension can be cut
+/// so), else keep DataFusion's hash aggregation.
 pub const MAX_STATE_BYTES: usize = 1 << 30;
 
 /// Rewrites `GROUP BY` over dimensions of a Zarr table into a dense reduction.
@@ -56,19 +65,23 @@ bottom_up_rule!(
         if !config.dense_reduction {
             return Ok(None);
         }
-        Ok(
-            dense_reduction(aggregate, config.dense_group_functions)?.map(|node| {
-                LogicalPlan::Extension(Extension {
-                    node: Arc::new(node),
-                })
-            }),
-        )
+        let (functions, bound) = (config.dense_group_functions, config.dense_state_bytes);
+        Ok(dense_reduction(aggregate, functions, bound)?.map(|node| {
+            LogicalPlan::Extension(Extension {
+                node: Arc::new(node),
+            })
+        }))
     }
 );
 
 /// The dense reduction computing `aggregate`, if it is one.
-/// `functions`: whether grouping by functions of one dimension is allowed.
-fn dense_reduction(aggregate: &Aggregate, functions: bool) -> Result<Option<DenseReduction>> {
+/// `functions`: whether grouping by functions of one dimension is allowed;
+/// `bound`: the most group state held at once.
+fn dense_reduction(
+    aggregate: &Aggregate,
+    functions: bool,
+    bound: usize,
+) -> Result<Option<DenseReduction>> {
     let mut group = aggregate.group_expr.clone();
     let mut aggregates = Vec::new();
     for expr in &aggregate.aggr_expr {
@@ -104,7 +117,8 @@ fn dense_reduction(aggregate: &Aggregate, functions: bool) -> Result<Option<Dens
     // of them if the filters cannot be evaluated here).
     let props = ExecutionProps::new();
     let selection = select_planning(&scan.filters, table, &props).ok();
-    let Some(key_counts) = key_counts(&groups, table, selection.as_ref()) else {
+    let Some((key_counts, first_runs_along)) = key_counts(&groups, table, selection.as_ref())
+    else {
         return Ok(None);
     };
 
@@ -132,7 +146,11 @@ fn dense_reduction(aggregate: &Aggregate, functions: bool) -> Result<Option<Dens
         // limit, and without one as many as keep their states within this
         // bound too).
         .fold(state_bytes as u128, |n, &c| n.saturating_mul(c as u128));
-    if state > MAX_STATE_BYTES as u128 {
+    // Over the bound, in bands of the first grouped dimension's keys: each
+    // key's state within it, and the keys running along the positions.
+    let per_key = state / (key_counts.first().copied().unwrap_or(1).max(1) as u128);
+    let bound = bound as u128;
+    if state > bound && !(first_runs_along && per_key <= bound) {
         return Ok(None);
     }
 
@@ -219,19 +237,21 @@ fn group_keys(group: &[Expr], table: &GridTable) -> Option<Vec<GroupKey>> {
 }
 
 /// The number of keys of each grouped dimension over its positions in
-/// `selection` (all of them without one), `None` if a function of a
-/// dimension cannot be evaluated over its coordinate.
+/// `selection` (all of them without one), and whether the first one's keys
+/// run along its positions (see `KeyMap::direction`); `None` if a function
+/// of a dimension cannot be evaluated over its coordinate.
 fn key_counts(
     groups: &[GroupKey],
     table: &GridTable,
     selection: Option<&Selection>,
-) -> Option<Vec<u64>> {
+) -> Option<(Vec<u64>, bool)> {
     let props = ExecutionProps::new();
     let mut dims: Vec<usize> = groups.iter().map(|g| g.dim).collect();
     dims.sort_unstable();
     dims.dedup();
     let mut counts = Vec::with_capacity(dims.len());
-    for d in dims {
+    let mut first_runs_along = true;
+    for (i, d) in dims.into_iter().enumerate() {
         let dim = &table.dims[d];
         let exprs: Vec<&Expr> = groups
             .iter()
@@ -250,9 +270,12 @@ fn key_counts(
             .collect::<Result<Vec<_>>>()
             .ok()?;
         let keys = DimKeys::evaluate(table, d, ranges, &physical).ok()?;
+        if i == 0 {
+            first_runs_along = keys.map.direction().is_some();
+        }
         counts.push(keys.map.count as u64);
     }
-    Some(counts)
+    Some((counts, first_runs_along))
 }
 
 /// The reduction an aggregate expression asks for, if supported.
