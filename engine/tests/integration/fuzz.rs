@@ -1370,6 +1370,7 @@ const SETTINGS: &[&str] = &[
     "zarrfusion.target_partition_bytes",
     "zarrfusion.dense_reduction",
     "zarrfusion.dense_group_functions",
+    "zarrfusion.dense_state_bytes",
     "zarrfusion.rolling_window",
     "zarrfusion.broadcast_join",
     "zarrfusion.bytes_per_task",
