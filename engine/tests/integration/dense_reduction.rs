@@ -647,9 +647,9 @@ async fn the_group_state_is_sized_by_the_positions_the_filters_select() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_workers_group_state_within_the_bound_is_a_dense_reduction_run_by_as_many_as_fit() {
-    // count and sum: 16 bytes of state per group as the rule counts them
-    // (24 in the operator, with the rows per group). 2^25 groups hold
-    // 512 MiB per worker: two workers and the output were over the 1 GiB
+    // count and sum: 24 bytes of state per group (with the rows per
+    // group, as the operator holds them). 2^25 groups hold
+    // 768 MiB per worker: two workers and the output were over the 1 GiB
     // bound, which left them to the hash aggregation; now one worker runs
     // it (two would hold 1.5 GiB). 2^24 groups: two workers. 2^27: over the
     // bound whatever the workers, in bands of d0's positions (two workers,

@@ -123,7 +123,9 @@ fn dense_reduction(
     };
 
     let input_schema = &scan.projected_schema;
-    let mut state_bytes = if predicates.is_empty() { 0 } else { 8 };
+    // The aggregates' state and the rows per group, as the operator holds
+    // them.
+    let mut state_bytes = 8;
     for (i, a) in aggregates.iter().enumerate() {
         let arg_type = match &a.arg {
             Some(arg) => arg.get_type(input_schema)?,
