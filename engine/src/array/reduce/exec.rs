@@ -757,14 +757,13 @@ impl Reduction {
 
     /// The bands to run in with `workers` workers under `limit`, and the
     /// workers: none when the whole group state fits (within `bound` for
-    /// one worker, and one worker fits `limit`), or
-    /// when the keys of the first grouped dimension cannot be cut (see
-    /// [`Bands`]). A band holds about [`BAND_BYTES`] of state and output
-    /// (a quarter of `bound` if less),
-    /// or more keys where those span fewer than [`BAND_CHUNKS`] chunks of
-    /// the cut dimension (a chunk a band boundary cuts is decoded by both
-    /// bands), as far as they fit; as many of the workers as fit a band
-    /// of at least a chunk run.
+    /// one worker, and one worker fits `limit`), or when the keys of the
+    /// first grouped dimension cannot be cut (see [`Bands`]). A band holds
+    /// about [`BAND_BYTES`] of state and output (a quarter of `bound` if
+    /// less), or more keys where those span fewer than [`BAND_CHUNKS`]
+    /// chunks of the cut dimension (a chunk a band boundary cuts is decoded
+    /// by both bands), as far as they fit; as many of the workers run as
+    /// fit a band of at least a chunk.
     fn banding(
         &self,
         workers: usize,
@@ -809,7 +808,7 @@ impl Reduction {
             let band = w.saturating_mul(state).saturating_add(output).max(1);
             let target = BAND_BYTES.min(bound / 4);
             let wanted = (target / band).max(spanning(BAND_CHUNKS) as usize);
-            let bound = match limit {
+            let most = match limit {
                 // Without a limit, the workers' states within the bound
                 // together.
                 None => bound / w.saturating_mul(state).max(1),
@@ -821,7 +820,7 @@ impl Reduction {
                     (room / per_key).min(bound / state.max(1))
                 }
             };
-            bound.min(wanted).min(count)
+            most.min(wanted).min(count)
         };
         let workers = (1..=workers.max(1))
             .rev()
