@@ -120,25 +120,36 @@ def test_the_plan_drawn_as_dot_and_svg(ctx, fixtures, tmp_path, monkeypatch):
 def test_settings_and_memory_budget(fixtures):
     ctx = zf.SessionContext(allowed_mem="4KB", config={"zarrfusion.dense_reduction": True})
     ctx.register_zarr("t", fixtures / "v3_basic.zarr")
+    # Grouped by the hour of day first (its keys repeat along time), the
+    # reduction cannot be cut into bands and does not fit 4 KB in one pass.
+    by_hour = "SELECT extract(hour FROM time) AS h, lat, lon, avg(t2m) FROM t GROUP BY 1, lat, lon"
     with pytest.raises(zf.ZarrMemoryError, match="memory"):
-        ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
+        ctx.sql(by_hour).to_pandas()
+    # Grouped by time first, it runs in bands of time steps within 4 KB.
+    every_cell = "SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon"
+    in_bands = ctx.sql(every_cell).to_pandas()
     with pytest.raises(ValueError, match="allowed_mem"):
         zf.SessionContext(allowed_mem="lots")
     with pytest.raises(ValueError, match="config"):
         zf.SessionContext(config={"zarrfusion.no_such_setting": "1"})
     # SET resizes the pool of the same session.
     ctx.sql("SET zarrfusion.allowed_mem = '1GB'")
-    assert len(ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()) == 6 * 5 * 4
+    one_pass = ctx.sql(every_cell).to_pandas()
+    assert len(one_pass) == 6 * 5 * 4
+    numbers = in_bands.select_dtypes("number").columns
+    assert len(numbers) == 3
+    np.testing.assert_allclose(in_bands[numbers].to_numpy(float), one_pass[numbers].to_numpy(float), rtol=1e-12)
+    assert list(in_bands.time) == list(one_pass.time)
     ctx.sql("SET zarrfusion.allowed_mem = '4kb'")
     with pytest.raises(zf.ZarrFusionError, match="memory"):
-        ctx.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
+        ctx.sql(by_hour).to_pandas()
     with pytest.raises(zf.ZarrFusionError, match="zarrfusion.allowed_mem"):
         ctx.sql("SET zarrfusion.allowed_mem = 'lots'")
     # config takes zarrfusion.allowed_mem as SET does, the argument's pool.
     configured = zf.SessionContext(config={"zarrfusion.allowed_mem": "4KB"})
     configured.register_zarr("t", fixtures / "v3_basic.zarr")
     with pytest.raises(zf.ZarrMemoryError, match="4.0 KB"):
-        configured.sql("SELECT time, lat, lon, avg(t2m) FROM t GROUP BY time, lat, lon").to_pandas()
+        configured.sql(by_hour).to_pandas()
     assert configured.sql("SHOW datafusion.runtime.memory_limit").to_pandas()["value"][0] == "4K"
     with pytest.raises(ValueError, match="zarrfusion.allowed_mem"):
         zf.SessionContext(config={"zarrfusion.allowed_mem": "lots"})
