@@ -37,6 +37,7 @@ use url::Url;
 use crate::array::copy::CopyToArraysRule;
 use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
+use crate::array::reduce::reduction_rows;
 use crate::array::{
     AlignedJoinRule, ArrayQueryPlanner, BroadcastJoinRule, DenseReductionRule, PartitionTotalsRule,
     RollingWindowRule,
@@ -46,6 +47,7 @@ use crate::distributed::{distribute, keep_partial_aggregates, ClusterWorkers};
 use crate::progress::ScanProgress;
 use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
 use crate::window_frames::{physical_rules, CheckWindowFrames};
+use crate::write::rows::RowGrids;
 use crate::write::ZarrFormatFactory;
 
 /// The default session configuration: information schema on, zarrfusion
@@ -111,6 +113,9 @@ fn build_context(
     if workers.is_some() {
         keep_partial_aggregates(config.options_mut());
     }
+    // `COPY` of a dense reduction writes its rows as they come (the writer
+    // asks the operators above it which rows are a grid's cells).
+    let config = config.with_extension(Arc::new(RowGrids(reduction_rows)));
     let read_zarr: Arc<dyn RelationPlanner> = Arc::new(ReadZarrPlanner::new(Arc::clone(&runtime)));
     let builder = SessionStateBuilder::new()
         .with_config(config)

@@ -256,6 +256,44 @@ def test_resampling_and_coarsening_in_bands_equal_xarray(fixtures, tmp_path):
     np.testing.assert_allclose(rows.values, want.values, rtol=1e-6)
 
 
+def test_copied_reduction_is_written_as_its_rows_come_equal_to_xarray(fixtures, tmp_path):
+    # A COPY of a dense reduction is written a slab of chunks at a time as
+    # its rows come (EXPLAIN: streamed=...), in bands, inside an allowed_mem
+    # where the rows and grid the collecting writer holds do not fit (a
+    # filter on values makes it collect: refused). The store is xarray's
+    # answer; latitudes named anew are written ascending (the rows came
+    # descending, as stored), the count as int64.
+    src = open_xr(fixtures / "climate.zarr")
+    # 128 KB: the reduction in bands (64 KB) and a slab of two bins; the
+    # collecting sink's 10,900 rows (435 KB) and grid (175 KB) do not fit.
+    ctx = zf.SessionContext(allowed_mem="128KB", config={"zarrfusion.dense_state_bytes": "4096"})
+    ctx.register_zarr("c", fixtures / "climate.zarr")
+    sql = (
+        "SELECT date_bin(INTERVAL '12 hours', time) AS time, lat AS la, lon, avg(t2m) AS t2m, "
+        "count(t2m) AS n FROM c GROUP BY 1, lat, lon"
+    )
+    out = tmp_path / "streamed.zarr"
+    copy = f"COPY ({sql}) TO '{out}' STORED AS ZARR OPTIONS ('dims' 'time,la,lon', 'chunks' 'time=2')"
+    plan = ctx.sql(f"EXPLAIN {copy}").to_pandas()["plan"].str.cat()
+    assert "streamed=" in plan and ", bands=" in plan, plan
+    ctx.sql(copy).collect()
+    got = open_xr(out)
+    resampled = src.t2m.resample(time="12h")
+    for name, want in [("t2m", resampled.mean()), ("n", resampled.count())]:
+        want = want.rename(lat="la").sortby("la")
+        have = got[name].transpose(*want.dims)
+        for d in want.dims:
+            np.testing.assert_array_equal(have[d].values, want[d].values)
+        np.testing.assert_allclose(have.values, want.values, rtol=1e-6)
+    assert list(got.la.values) == sorted(got.la.values) and got.n.dtype == np.int64
+    with pytest.raises(Exception, match="Resources exhausted"):
+        ctx.sql(
+            f"COPY (SELECT * FROM ({sql}) WHERE n >= 0) TO '{tmp_path / 'collected.zarr'}' "
+            "STORED AS ZARR OPTIONS ('dims' 'time,la,lon')"
+        ).collect()
+    assert not (tmp_path / "collected.zarr").exists()
+
+
 def test_copied_climate_results_equal_xarray_in_any_row_order(ctx, fixtures, tmp_path):
     # A dense reduction's rows arrive in the grid's order (latitude
     # descending as stored) and are laid out as they are; rows in another

@@ -32,6 +32,7 @@ use zarrfusion_udfs::calendar::Calendar;
 
 use super::grid::grid_bytes;
 use super::options::ZarrWriteOptions;
+use super::rows::Streamed;
 use super::sink::ZarrSink;
 use super::target::CopyTarget;
 use crate::config::ZarrConfig;
@@ -317,7 +318,7 @@ impl FileFormat for ZarrFormat {
         target.check()?;
         let schema = input.schema();
         let dims = self.dimension_columns(&schema)?;
-        let descending = dims
+        let descending: Vec<bool> = dims
             .iter()
             .map(|&d| {
                 let field = schema.field(d);
@@ -327,9 +328,13 @@ impl FileFormat for ZarrFormat {
                 }
             })
             .collect();
+        let streamed = Streamed::of(&input, state, &schema, &dims, &descending, &target)?;
+        match &streamed {
+            Some(streamed) => streamed.check_fits(&target.location, state)?,
+            None => refuse_if_too_large(&input, &dims, &target.location, state)?,
+        }
         let schema = self.with_attributes(&schema, &dims)?;
-        refuse_if_too_large(&input, &dims, &target.location, state)?;
-        let sink = ZarrSink::new(schema, target, dims, descending);
+        let sink = ZarrSink::new(schema, target, dims, descending).streaming(streamed);
         Ok(Arc::new(DataSinkExec::new(
             input,
             Arc::new(sink),

@@ -13,7 +13,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::{cast, concat, interleave, sort_to_indices, take, SortOptions};
 use datafusion::arrow::datatypes::{
-    DataType, Float32Type, Float64Type, Int64Type, SchemaRef, UInt32Type,
+    DataType, Field, Float32Type, Float64Type, Int64Type, SchemaRef, UInt32Type,
 };
 use datafusion::common::{exec_err, plan_err, Result};
 use zarrfusion_udfs::calendar::Calendar;
@@ -302,20 +302,7 @@ pub fn assemble(
             continue;
         }
         let values = column(i)?;
-        let target = match field.data_type() {
-            DataType::Float32 | DataType::Float64 => field.data_type().clone(),
-            DataType::Float16 => DataType::Float32,
-            t if complex_part(t).is_some() => t.clone(),
-            DataType::Boolean if complete && values.null_count() == 0 => DataType::UInt8,
-            t if t.is_integer() && complete && values.null_count() == 0 => t.clone(),
-            t if t.is_integer() || *t == DataType::Boolean => DataType::Float64,
-            other => {
-                return plan_err!(
-                    "cannot write Zarr: column '{}' has type {other}; variables must be numbers or booleans",
-                    field.name()
-                )
-            }
-        };
+        let target = written_type(field, complete && values.null_count() == 0)?;
         let values = cast(&values, &target)?;
         let values = match &gather {
             Some(gather) => take(&values, gather, None)?,
@@ -342,6 +329,27 @@ pub fn assemble(
         })
         .collect();
     Ok(Grid { dims, variables })
+}
+
+/// The type variable column `field` is written as: floats and complex
+/// numbers as they are (`float16` as `float32`), integers and booleans
+/// (as `uint8`) as they are when `whole` (every cell has a value), else as
+/// `float64` (NaN where a cell has none); other types are refused.
+pub(crate) fn written_type(field: &Field, whole: bool) -> Result<DataType> {
+    Ok(match field.data_type() {
+        DataType::Float32 | DataType::Float64 => field.data_type().clone(),
+        DataType::Float16 => DataType::Float32,
+        t if complex_part(t).is_some() => t.clone(),
+        DataType::Boolean if whole => DataType::UInt8,
+        t if t.is_integer() && whole => t.clone(),
+        t if t.is_integer() || *t == DataType::Boolean => DataType::Float64,
+        other => {
+            return plan_err!(
+                "cannot write Zarr: column '{}' has type {other}; variables must be numbers or booleans",
+                field.name()
+            )
+        }
+    })
 }
 
 /// The grid's coordinates when the rows of `batches` (their dimension
@@ -447,7 +455,7 @@ fn in_grid_order(
 /// Per cell of a grid of `shape` in C order, the row that fills it, for
 /// rows in C order along every dimension but those `reversed`, which run
 /// the other way.
-fn reversal(shape: &[usize], reversed: &[bool]) -> UInt32Array {
+pub(crate) fn reversal(shape: &[usize], reversed: &[bool]) -> UInt32Array {
     let cells = shape.iter().product::<usize>();
     let mut strides = vec![1usize; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
@@ -543,7 +551,7 @@ fn scattered(
 }
 
 /// Replaces NULLs of a float or complex array by NaN (the Zarr fill value).
-fn fill_nan(values: &ArrayRef) -> Result<ArrayRef> {
+pub(crate) fn fill_nan(values: &ArrayRef) -> Result<ArrayRef> {
     use datafusion::arrow::array::{Float32Array, Float64Array};
     Ok(match values.data_type() {
         t if complex_part(t).is_some() => {

@@ -24,11 +24,13 @@
 //! | [`scratch`] | scratch stores in `work_dir` (local or object store) that the array operators write their intermediate arrays to, erased when dropped |
 //! | [`target`] | where an array COPY writes (location, options, output) and its atomic write of a new store's group |
 //! | [`sink`] | the DataFusion sink: memory budget, cancellation |
+//! | [`rows`] | rows one per cell of a grid known in advance (a dense reduction's), written by the sink as they come |
 //! | [`format`](mod@format) | Zarr registered as a file format for `COPY` |
 
 pub mod format;
 pub mod grid;
 pub mod options;
+pub mod rows;
 pub mod scratch;
 pub mod sink;
 pub mod stamp;

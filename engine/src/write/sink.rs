@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::{human_readable_size, DataFusionError, Result};
 use datafusion::datasource::sink::DataSink;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -19,6 +19,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
 use futures::StreamExt;
 
 use super::grid::{assemble, grid_bytes};
+use super::rows::Streamed;
 use super::store::{chunk_shape, grid_arrays, prepare_group, store_grid};
 use super::target::CopyTarget;
 
@@ -29,6 +30,9 @@ pub struct ZarrSink {
     target: CopyTarget,
     dims: Vec<usize>,
     descending: Vec<bool>,
+    /// When the rows are a grid's cells in its order: how they are written
+    /// as they come (see [`super::rows`]).
+    streamed: Option<Streamed>,
 }
 
 impl ZarrSink {
@@ -46,7 +50,80 @@ impl ZarrSink {
             target,
             dims,
             descending,
+            streamed: None,
         }
+    }
+
+    /// The sink writing the rows as they come, as `streamed` says.
+    pub(crate) fn streaming(self, streamed: Option<Streamed>) -> Self {
+        Self { streamed, ..self }
+    }
+
+    /// Writes the rows `data` brings as they come (see [`super::rows`]),
+    /// within the memory `streamed` projects.
+    async fn write_streamed(
+        &self,
+        streamed: &Streamed,
+        mut data: SendableRecordBatchStream,
+        context: &Arc<TaskContext>,
+    ) -> Result<u64> {
+        let reservation = MemoryConsumer::new("ZarrSink").register(context.memory_pool());
+        let memory = usize::try_from(streamed.memory()).unwrap_or(usize::MAX);
+        reservation.try_grow(memory).map_err(|e| {
+            DataFusionError::ResourcesExhausted(format!(
+                "COPY TO Zarr ('{}'): writing the rows as they come holds {}, which does not fit in allowed_mem: {e}",
+                self.target.location,
+                human_readable_size(memory)
+            ))
+        })?;
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
+        // Two batches in flight: the query runs ahead of the writer by no more.
+        let (send, receive) = tokio::sync::mpsc::channel(2);
+        let writer = {
+            let (schema, target) = (Arc::clone(&self.schema), self.target.clone());
+            let (runtime, cancelled) = (context.runtime_env(), Arc::clone(&cancelled));
+            let streamed = streamed.clone();
+            tokio::task::spawn_blocking(move || {
+                streamed.write(&schema, &target, &runtime, &cancelled, receive)
+            })
+        };
+        let mut rows = 0u64;
+        let mut failed = None;
+        while let Some(batch) = data.next().await {
+            match batch {
+                Ok(batch) => {
+                    rows += batch.num_rows() as u64;
+                    // The writer stopped: its error says why.
+                    if send.send(batch).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    // The writer must not take the rows so far for the result.
+                    cancelled.store(true, Ordering::Relaxed);
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(send);
+        let written = writer
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("the Zarr writer stopped: {e}")));
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let written = written??;
+        guard.1 = true;
+        drop(reservation);
+        log::info!(
+            "wrote {} cells ({} bytes uncompressed) to {} as they came",
+            written.cells,
+            written.bytes,
+            self.target.location
+        );
+        Ok(rows)
     }
 }
 
@@ -64,7 +141,11 @@ impl DisplayAs for ZarrSink {
             dims.join(", "),
             self.target.options.zarr_format,
             self.target.options.codec
-        )
+        )?;
+        match &self.streamed {
+            Some(streamed) => write!(f, ", {}", streamed.describe()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -91,6 +172,9 @@ impl DataSink for ZarrSink {
         mut data: SendableRecordBatchStream,
         context: &Arc<TaskContext>,
     ) -> Result<u64> {
+        if let Some(streamed) = &self.streamed {
+            return self.write_streamed(streamed, data, context).await;
+        }
         let budget = |e: DataFusionError, what: &str| {
             DataFusionError::ResourcesExhausted(format!(
                 "COPY TO Zarr ('{}') holds the whole result in memory before writing it, and {what} does not fit in allowed_mem: {e}. Write a smaller selection (WHERE on dimensions) or raise allowed_mem",

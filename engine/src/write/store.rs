@@ -34,7 +34,7 @@ use zarrs::storage::{
     ReadableWritableStorageTraits, StoreKey, StorePrefix,
 };
 
-use super::grid::Grid;
+use super::grid::{Grid, GridDimension};
 use super::options::{Codec, ZarrVersion, ZarrWriteOptions};
 use super::stamp::{gone_owner, owner_record, sweep, unique_suffix, Leftover};
 use crate::memory::Projection;
@@ -267,29 +267,7 @@ pub(crate) fn grid_arrays(
     grid: &Grid,
     chunks: &[u64],
 ) -> (Vec<GroupCoordinate>, Vec<GroupVariable>) {
-    let coordinates = (grid.dims.iter())
-        .map(|d| GroupCoordinate {
-            name: d.name.clone(),
-            values: Coordinate::Values(Arc::clone(&d.coords)),
-            attributes: d.attributes.clone(),
-            // Values computed from a model calendar's dates (`time +
-            // INTERVAL '1 day'`) may be none of its dates: written as
-            // timestamps then.
-            calendar: d.calendar.filter(|&calendar| {
-                let dates = dates_of(&d.coords, calendar);
-                if !dates {
-                    log::warn!(
-                        "COPY TO Zarr: column '{}' holds times that are no dates of the {} \
-                         calendar of the coordinate it is named after; written as timestamps",
-                        d.name,
-                        calendar.name()
-                    );
-                }
-                dates
-            }),
-            stored: true,
-        })
-        .collect();
+    let coordinates = grid.dims.iter().map(group_coordinate).collect();
     let variables = (grid.variables.iter())
         .map(|v| GroupVariable {
             name: v.name.clone(),
@@ -300,6 +278,31 @@ pub(crate) fn grid_arrays(
         })
         .collect();
     (coordinates, variables)
+}
+
+/// The coordinate array dimension `d` of a grid is written as.
+pub(crate) fn group_coordinate(d: &GridDimension) -> GroupCoordinate {
+    GroupCoordinate {
+        name: d.name.clone(),
+        values: Coordinate::Values(Arc::clone(&d.coords)),
+        attributes: d.attributes.clone(),
+        // Values computed from a model calendar's dates (`time +
+        // INTERVAL '1 day'`) may be none of its dates: written as
+        // timestamps then.
+        calendar: d.calendar.filter(|&calendar| {
+            let dates = dates_of(&d.coords, calendar);
+            if !dates {
+                log::warn!(
+                    "COPY TO Zarr: column '{}' holds times that are no dates of the {} \
+                     calendar of the coordinate it is named after; written as timestamps",
+                    d.name,
+                    calendar.name()
+                );
+            }
+            dates
+        }),
+        stored: true,
+    }
 }
 
 /// Stores the values of `grid`'s variables (in chunks of `chunks`) into

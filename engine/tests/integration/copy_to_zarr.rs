@@ -287,6 +287,104 @@ async fn a_write_that_does_not_fit_the_memory_budget_is_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A COPY of a dense reduction writes its rows as they come, a slab of
+/// whole chunks at a time (its rows are one per cell of a grid its keys
+/// give, in the grid's order): under a budget that cannot hold the result,
+/// the reduction runs in bands and the store reads back as the query, also where its rows run against the
+/// store's order (latitudes named anew, so sorted ascending); a
+/// slab that does not fit beside the reduction is refused before anything
+/// runs, with the numbers.
+#[tokio::test]
+async fn a_reduction_is_written_as_its_rows_come_inside_the_budget() {
+    let dir = scratch("streamed");
+    let hourly =
+        "SELECT time, lat, lon, avg(t2m) AS t2m, count(u10) AS n FROM era5 GROUP BY time, lat, lon";
+    let renamed = "SELECT time, lat AS la, lon, max(v10) AS v FROM era5 GROUP BY time, lat, lon";
+    // A variable computed over the aggregates: DataFusion spreads the
+    // projection over partitions and merges them back in the reduction's
+    // order (its declared ordering), which costs more than 4 MB here.
+    let computed = "SELECT date_trunc('day', time) AS time, lat, lon, avg(t2m) - 273.15 AS c FROM era5 GROUP BY 1, lat, lon";
+    let plain = context().await;
+    // 202,752 rows of 40 bytes (8.1 MB) and their grid (3.2 MB), which the
+    // collecting sink holds, do not fit in 4 MB.
+    let small = budget_context(4 << 20).await;
+    small
+        .sql("SET zarrfusion.dense_state_bytes = 262144")
+        .await
+        .unwrap();
+    for (ctx, name, sql, dims, columns) in [
+        (
+            &small,
+            "hourly",
+            hourly,
+            "time,lat,lon",
+            "time, lat, lon, t2m, n",
+        ),
+        (
+            &small,
+            "renamed",
+            renamed,
+            "time,la,lon",
+            "time, la, lon, v",
+        ),
+        (
+            &plain,
+            "computed",
+            computed,
+            "time,lat,lon",
+            "time, lat, lon, c",
+        ),
+    ] {
+        let out = dir.join(format!("{name}.zarr"));
+        let copy_sql = format!(
+            "COPY ({sql}) TO '{}' STORED AS ZARR OPTIONS ('dims' '{dims}', 'chunks' 'time=1')",
+            out.display()
+        );
+        let plan = text(ctx, &format!("EXPLAIN {copy_sql}")).await;
+        assert!(
+            plan.contains("streamed=") && plan.contains(" of time per write"),
+            "{plan}"
+        );
+        assert_eq!(plan.contains(", bands="), name != "computed", "{plan}");
+        copy(ctx, &copy_sql).await.unwrap();
+        let order = dims.replace(',', ", ");
+        plain
+            .register_zarr(name, &out.to_string_lossy(), HashMap::new())
+            .await
+            .unwrap();
+        let got = text(
+            &plain,
+            &format!("SELECT {columns} FROM {name} ORDER BY {order}"),
+        )
+        .await;
+        let want = text(
+            &plain,
+            &format!("SELECT {columns} FROM ({sql}) ORDER BY {order}"),
+        )
+        .await;
+        assert_eq!(got, want, "{name}");
+    }
+    // One slab of the whole grid (one chunk) does not fit beside the reduction.
+    let err = small
+        .sql(&format!(
+            "COPY ({hourly}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=96')",
+            dir.join("tiny.zarr").display()
+        ))
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("writing its rows 96 at a time along 'time' holds")
+            && err.contains("allowed_mem"),
+        "{err}"
+    );
+    assert!(!dir.join("tiny.zarr").exists() && !dir.join("collected.zarr").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[tokio::test]
 async fn set_allowed_mem_resizes_the_budget_of_later_queries() {
     let dir = scratch("set-budget");

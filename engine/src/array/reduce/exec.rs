@@ -54,6 +54,7 @@ use crate::table::{
     BroadcastInputs, GridTable, ReadAheadPlan, ReadsBroadcasts, RunStreamBuilder, TableReadAhead,
     RUN_BATCHES, TASKS_OF_STAGE,
 };
+use crate::write::rows::RowGrid;
 use crate::zarr::ChunkBufferPool;
 
 /// Rows evaluated and folded at a time.
@@ -490,6 +491,20 @@ impl DenseReductionExec {
     /// What it folds, shared with the merge of its states.
     pub(super) fn reduction(&self) -> &Arc<Reduction> {
         &self.reduction
+    }
+
+    /// The grid its rows lay out, one per cell in C order, when it gives
+    /// its results and every cell has a row (see [`RowGrid`]), with its
+    /// projected memory: what `COPY ... STORED AS ZARR` writes as the rows
+    /// come, a slab at a time, instead of holding them.
+    pub fn row_grid(&self) -> Result<Option<RowGrid>> {
+        if self.emit != Emit::Results {
+            return Ok(None);
+        }
+        Ok(self.reduction.row_grid()?.map(|dims| RowGrid {
+            dims,
+            memory: self.projected_memory(),
+        }))
     }
 
     /// Whether it runs in bands of its groups (see [`Bands`]): in the
@@ -1143,6 +1158,39 @@ impl Reduction {
         &self.read.table.store
     }
 
+    /// The grid its result rows lay out one per cell, in C order: each
+    /// grouped dimension in table order, with the output column of its key
+    /// and the keys' values in the order the rows run along it. `None` when
+    /// a row filter decides which groups exist (a cell may have no row), or
+    /// a dimension is grouped by more than one column (its keys are tuples,
+    /// not a line of the grid).
+    fn row_grid(&self) -> Result<Option<Vec<(usize, ArrayRef)>>> {
+        if self.keys.is_empty() || self.filters_groups() {
+            return Ok(None);
+        }
+        let mut dims = Vec::with_capacity(self.dims.len());
+        for &d in &self.dims {
+            let mut columns = (self.keys.iter().enumerate())
+                .filter(|(_, k)| k.dim == d)
+                .map(|(i, _)| i);
+            let (Some(column), None) = (columns.next(), columns.next()) else {
+                return Ok(None);
+            };
+            let values = match &self.key_values[d] {
+                Some(values) => Arc::clone(&values[0]),
+                None => {
+                    let indices = UInt64Array::from(self.space.selected_indices(d));
+                    self.read.table.dims[d].coordinate.take(&indices)?
+                }
+            };
+            if values.len() != self.space.keys_of(d) {
+                return Ok(None);
+            }
+            dims.push((column, values));
+        }
+        Ok(Some(dims))
+    }
+
     /// Whether a row filter decides which groups exist.
     pub(super) fn filters_groups(&self) -> bool {
         self.predicate.is_some() && !self.keys.is_empty()
@@ -1220,6 +1268,16 @@ impl Reduction {
         }
         let present: BooleanArray = rows.iter().map(|&n| Some(n > 0)).collect();
         Ok(filter_record_batch(&batch, &present)?)
+    }
+}
+
+/// The grid of `plan`'s rows when it is a [`DenseReductionExec`] that
+/// knows it (see [`DenseReductionExec::row_grid`]): the session's
+/// [`RowGrids`](crate::write::rows::RowGrids), which `COPY ... STORED AS ZARR` asks.
+pub fn reduction_rows(plan: &dyn ExecutionPlan) -> Result<Option<RowGrid>> {
+    match plan.downcast_ref::<DenseReductionExec>() {
+        Some(exec) => exec.row_grid(),
+        None => Ok(None),
     }
 }
 

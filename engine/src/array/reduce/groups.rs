@@ -200,8 +200,15 @@ impl GroupSpace {
     /// For grouped dimension `d`: the coordinate index of every group, in
     /// group order (a dimension grouped by its coordinate).
     pub fn coordinate_indices(&self, d: usize) -> Vec<u64> {
-        let by_position: Vec<u64> = self.ranges[d].iter().flat_map(|(r, _)| r.clone()).collect();
+        let by_position = self.selected_indices(d);
         self.per_group(d, |k| by_position[k])
+    }
+
+    /// For grouped dimension `d`: the coordinate index of each selected
+    /// position, in order (a dimension grouped by its coordinate: of each
+    /// key).
+    pub fn selected_indices(&self, d: usize) -> Vec<u64> {
+        self.ranges[d].iter().flat_map(|(r, _)| r.clone()).collect()
     }
 
     /// For grouped dimension `d`: the key of every group, in group order
