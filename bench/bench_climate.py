@@ -401,7 +401,7 @@ def main() -> int:
         f"Machine: {os.cpu_count()} cores, {platform.platform()}; store {STORE.name} "
         f"(264 x 721 x 1440 float32, one chunk per hour); 1-minute load average at the end {load:.2f}.  ",
         f"zarrfusion at `{git_head()}`, allowed_mem 2GB. Time: best and median of {a.repeats} fresh "
-        "processes (opening the store to the result in memory, or for rolling-zarr and daily-zarr to "
+        "processes (opening the store to the result in memory, or for the -zarr queries to "
         "the new store written); peak RSS: the largest of the runs' "
         "process trees. Ratio: the fastest xarray arm's best time over this arm's best time.",
         "",
