@@ -209,9 +209,19 @@ impl Streamed {
         self.shape[1..].iter().product()
     }
 
-    /// The most bytes writing holds at once: a slab's rows as they came,
-    /// its variables laid out, the largest of them encoded, and where the
-    /// store runs the other way, a cell number per cell.
+    /// Batches of `batch_size` rows the query may send ahead of the writer:
+    /// two slabs' rows (at least two batches).
+    pub(crate) fn batches_in_flight(&self, batch_size: usize) -> usize {
+        let rows = 2 * self.slab * self.inner();
+        usize::try_from(rows.div_ceil(batch_size.max(1) as u64))
+            .unwrap_or(usize::MAX)
+            .clamp(2, 1 << 20)
+    }
+
+    /// The most bytes writing holds at once: a slab's rows as they came and
+    /// two more slabs' in flight, its variables laid out, the largest of
+    /// them encoded, and where the store runs the other way, a cell number
+    /// per cell.
     pub(crate) fn memory(&self) -> u64 {
         let cells = self.slab * self.inner();
         let widths: Vec<u64> = (self.variables.iter())
@@ -224,7 +234,7 @@ impl Streamed {
         } else {
             0
         };
-        self.row_bytes * cells + laid_out + encoded + numbers
+        3 * self.row_bytes * cells + laid_out + encoded + numbers
     }
 
     /// Refuses, before anything runs, a write whose input and slab do not

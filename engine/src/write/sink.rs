@@ -78,8 +78,10 @@ impl ZarrSink {
         })?;
         let cancelled = Arc::new(AtomicBool::new(false));
         let mut guard = CancelOnDrop(Arc::clone(&cancelled), false);
-        // Two batches in flight: the query runs ahead of the writer by no more.
-        let (send, receive) = tokio::sync::mpsc::channel(2);
+        // Two slabs of rows in flight: the query goes on (folding its next
+        // band) while the writer encodes, and runs ahead of it by no more.
+        let batch_size = context.session_config().batch_size();
+        let (send, receive) = tokio::sync::mpsc::channel(streamed.batches_in_flight(batch_size));
         let writer = {
             let (schema, target) = (Arc::clone(&self.schema), self.target.clone());
             let (runtime, cancelled) = (context.runtime_env(), Arc::clone(&cancelled));
