@@ -303,15 +303,7 @@ pub fn assemble(
         }
         let values = column(i)?;
         let target = written_type(field, complete && values.null_count() == 0)?;
-        let values = cast(&values, &target)?;
-        let values = match &gather {
-            Some(gather) => take(&values, gather, None)?,
-            None => values,
-        };
-        let dense = match values.null_count() {
-            0 => values,
-            _ => fill_nan(&values)?,
-        };
+        let dense = laid_out(&values, &target, gather.as_ref())?;
         variables.push(GridVariable {
             name: field.name().clone(),
             values: dense,
@@ -350,6 +342,25 @@ pub(crate) fn written_type(field: &Field, whole: bool) -> Result<DataType> {
             )
         }
     })
+}
+
+/// A variable column's `values` as written: cast to its `written` type
+/// (see [`written_type`]), placed on the cells by `gather` (each cell's
+/// row) when they are not in the cells' order, NULLs as NaN.
+pub(crate) fn laid_out(
+    values: &ArrayRef,
+    written: &DataType,
+    gather: Option<&UInt32Array>,
+) -> Result<ArrayRef> {
+    let values = cast(values, written)?;
+    let values = match gather {
+        Some(gather) => take(&values, gather, None)?,
+        None => values,
+    };
+    match values.null_count() {
+        0 => Ok(values),
+        _ => fill_nan(&values),
+    }
 }
 
 /// The grid's coordinates when the rows of `batches` (their dimension
@@ -551,7 +562,7 @@ fn scattered(
 }
 
 /// Replaces NULLs of a float or complex array by NaN (the Zarr fill value).
-pub(crate) fn fill_nan(values: &ArrayRef) -> Result<ArrayRef> {
+fn fill_nan(values: &ArrayRef) -> Result<ArrayRef> {
     use datafusion::arrow::array::{Float32Array, Float64Array};
     Ok(match values.data_type() {
         t if complex_part(t).is_some() => {

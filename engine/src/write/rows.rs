@@ -44,7 +44,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use tokio::sync::mpsc::Receiver;
 
 use super::grid::{
-    field_attributes, field_calendar, fill_nan, reversal, written_type, GridDimension,
+    field_attributes, field_calendar, laid_out, reversal, written_type, GridDimension,
 };
 use super::store::{
     chunk_lengths, group_coordinate, prepare_group, store_box, value_bytes, GroupVariable,
@@ -433,15 +433,7 @@ impl Streamed {
         let mut bytes = 0u64;
         for ((column, written), array) in self.variables.iter().zip(&group.variables) {
             let parts: Vec<&dyn Array> = taken.iter().map(|b| b.column(*column).as_ref()).collect();
-            let values = cast(&concat(&parts)?, written)?;
-            let values = match &gather {
-                Some(gather) => take(&values, gather, None)?,
-                None => values,
-            };
-            let values = match values.null_count() {
-                0 => values,
-                _ => fill_nan(&values)?,
-            };
+            let values = laid_out(&concat(&parts)?, written, gather.as_ref())?;
             let fail = |e: String| {
                 DataFusionError::Execution(format!("COPY TO Zarr: array '{}': {e}", array.path()))
             };
