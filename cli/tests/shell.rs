@@ -827,7 +827,7 @@ fn transform_copies_through_two_worker_processes_are_the_copies_of_one_machine()
         let common = [
             "FftCopyExec",
             "tasks on the cluster's workers",
-            "FftCopyTasksExec",
+            "BlockwiseTasksExec",
             "Network",
         ];
         for part in common.iter().chain(stages) {

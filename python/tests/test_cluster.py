@@ -602,7 +602,7 @@ def test_a_staged_transform_s_first_stage_runs_on_the_workers_and_equals_numpy(w
     distributed = _distributed_plan(ctx, sql)
     for part in ["strategy=staged: along [y] by whole lines", "first stage on the cluster's workers", "Network"]:
         assert part in distributed, distributed
-    assert "FftCopyTasksExec" in distributed and "tasks=2" in distributed, distributed
+    assert "BlockwiseTasksExec" in distributed and "tasks=2" in distributed, distributed
     reading = next(line for line in distributed.splitlines() if "FftExec:" in line)
     assert "tasks=its stage's" in reading and "NetworkBroadcastExec" in distributed, distributed
     _assert_fft2(ctx.sql(sql).to_xarray(dims=["t", "freq_y", "freq_x"])["v"], data)
@@ -628,7 +628,7 @@ def test_a_staged_detrended_transform_fits_its_trend_on_the_workers_and_equals_n
         "strategy=staged: along [y] by whole lines",
         "first stage on the cluster's workers",
         "FittedExec: after the detrend's fit",
-        "FftCopyTasksExec",
+        "BlockwiseTasksExec",
     ]:
         assert part in distributed, distributed
     fit = [line for line in distributed.splitlines() if "DetrendFitExec" in line]
@@ -707,7 +707,7 @@ def test_a_copy_of_a_transform_is_written_by_the_workers_and_equals_xrft(workers
         f"TO '{out}' STORED AS ZARR OPTIONS ('chunks' 'time=1,lon=5')"
     )
     distributed = _distributed_plan(ctx, sql)
-    assert "FftCopyTasksExec" in distributed and "tasks=2" in distributed, distributed
+    assert "BlockwiseTasksExec" in distributed and "tasks=2" in distributed, distributed
     assert "tasks on the cluster's workers" in distributed and "Network" in distributed, distributed
     ctx.sql(sql).collect()
     got = xr.open_zarr(out, consolidated=False).load()
@@ -736,7 +736,7 @@ def test_a_copy_of_a_transform_from_a_bucket_to_a_bucket_is_written_by_the_worke
             f"STORED AS ZARR OPTIONS ('chunks' 'time=1,lon=5'{through})"
         )
         distributed = _distributed_plan(ctx, sql)
-        assert "FftCopyTasksExec" in distributed and "tasks=2" in distributed, distributed
+        assert "BlockwiseTasksExec" in distributed and "tasks=2" in distributed, distributed
         ctx.sql(sql).collect()
         copied = server.download("spectrum.zarr", tmp_path / "spectrum.zarr")
         close(xr.open_zarr(copied, consolidated=False).load().z, expected("lat_f64"), 1e-9)

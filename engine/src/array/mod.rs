@@ -4,6 +4,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`blockwise`] | the blockwise primitive: a kernel making a grid's chunks one by one, on the task runner or a cluster's tasks (one node for every operator built on it) |
 //! | [`broadcast`] | joins of a Zarr table with a small result keyed by some of its dimensions, as columns broadcast into it |
 //! | [`copy`] | `COPY ... STORED AS ZARR` of a table's selection, block by block |
 //! | `elementwise` | `float64` arithmetic arguments evaluated in cache-sized pieces (a dense reduction's folds, a rolling window's lines) |
@@ -63,6 +64,7 @@
 //! the FFT's and its four-step passes', and the COPYs' steps' and
 //! writers').
 
+pub mod blockwise;
 pub mod broadcast;
 pub mod copy;
 pub(crate) mod elementwise;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use datafusion_distributed::BroadcastExec;
 
-use crate::array::copy::cluster::BlockwiseTasksExec;
+use crate::array::blockwise::BlockwiseTasksExec;
 use crate::array::rolling::RollingWindowExec;
 use crate::array::DenseReductionExec;
 use crate::plan_methods::physical_bottom_up_rule;

@@ -39,11 +39,12 @@
 //! both again, refuses a store not named as a staged transform's or not
 //! holding the array as the first stage writes it, and reads it once its
 //! input (the first stage's counts, broadcast) says every block is there.
-//! An
-//! [`FftCopyTasksExec`] (a run of a `COPY` of a transform's blocks, or of
-//! the blocks of a staged transform's first stage) sends the same chain,
-//! its blocks' shape and [`FftCopyTasks`] (the target's chunks and
-//! encoding, where it is staged); the worker also refuses blocks that are
+//! A
+//! [`BlockwiseTasksExec`] whose kernel is a transform's blocks (a run of a
+//! `COPY` of a transform's blocks, or of the blocks of a staged transform's
+//! first stage) sends, as the kernel, the same chain and its blocks' shape
+//! beside the step's [`BlockwiseTasks`] (the target's chunks and encoding,
+//! where it is staged); the worker also refuses blocks that are
 //! not whole chunks of the target and targets that are not a COPY's or a
 //! staged transform's store (which must hold the array as the tasks write
 //! it). A COPY of a transform, or a staged transform's first stage, on
@@ -107,11 +108,12 @@ use datafusion_proto::protobuf::PhysicalExprNode;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
+use crate::array::blockwise::{
+    BlockwiseTasks, BlockwiseTasksExec, ChunksInto, Evaluate, SelectedGrid, Step, StepWriters,
+};
 use crate::array::broadcast::keyed_dim;
-use crate::array::copy::blockwise::{Evaluate, SelectedGrid, Step, StepWriters};
-use crate::array::copy::cluster::{BlockwiseTasks, BlockwiseTasksExec, ChunksInto};
 use crate::array::copy::rolling::RollChunks;
-use crate::array::fft::copy::{FftCopyTasks, FftCopyTasksExec};
+use crate::array::fft::copy::{received_transform_tasks, transform_writes};
 use crate::array::fft::exec::FftBlocks;
 use crate::array::fft::four_step::{FourStep, FourStepInput, FourStepPlan};
 use crate::array::fft::source::StoredStage;
@@ -190,8 +192,9 @@ fn reading_detrended(plan: &Arc<dyn ExecutionPlan>) -> Option<&Arc<DetrendedSour
     if let Some(pass) = plan.downcast_ref::<FourStepPassExec>() {
         return (pass.pass() == 0).then(|| pass.table().detrended())?;
     }
-    if let Some(copy) = plan.downcast_ref::<FftCopyTasksExec>() {
-        return (copy.table().four_step().is_none()).then(|| copy.table().detrended())?;
+    let tasks = plan.downcast_ref::<BlockwiseTasksExec>();
+    if let Some(table) = tasks.and_then(transform_writes).map(|w| w.table()) {
+        return (table.four_step().is_none()).then(|| table.detrended())?;
     }
     match plan.children().as_slice() {
         [only] => reading_detrended(only),
@@ -419,6 +422,49 @@ pub struct ZarrCodec {
     opened: Mutex<HashMap<String, Arc<GridTable>>>,
 }
 
+/// The kernel of a blockwise step writing the blocks `blocks` of the
+/// transform `table`, as it travels: how a worker makes the transform
+/// again (by the path that made what it reads first) and the blocks'
+/// shape.
+fn encode_transform_blocks(table: &Arc<FftTable>, blocks: &BlockGrid) -> Result<TransformBlocks> {
+    type Paths = (
+        Option<Box<FourStepAt>>,
+        Option<String>,
+        Option<Box<LaterStageRead>>,
+    );
+    let (chain, (four_step, rechunked, staged)): (Chain, Paths) =
+        match (table.source(), table.four_step()) {
+            (ArraySource::Rechunked(copied), _) => (
+                Chain::of_rechunked(table, copied)?,
+                (None, Some(copied.location()), None),
+            ),
+            (ArraySource::Staged(_), None) => {
+                let Some(later) = StagedTransform::later_stage_of(table) else {
+                    return not_impl_err!(
+                        "a COPY of the staged transform of '{}' cannot run on a \
+                         cluster's workers: its later stage is not one they make again",
+                        table.source().store()
+                    );
+                };
+                let blocks = later.first.blocks();
+                let (asked, read) = LaterStageRead::of_later(later, blocks)?;
+                (asked, (None, None, Some(Box::new(read))))
+            }
+            (_, Some(at)) => (
+                Chain::of_four_step(table)?,
+                (Some(Box::new(FourStepAt::of(at))), None, None),
+            ),
+            (_, None) => (Chain::of(table)?, (None, None, None)),
+        };
+    Ok(TransformBlocks {
+        chain,
+        four_step,
+        rechunked,
+        staged,
+        block_shape: blocks.block_shape().to_vec(),
+    })
+}
+
 /// A zarrfusion node as it travels.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "node", rename_all = "snake_case")]
@@ -431,7 +477,6 @@ enum Node {
     Blockwise(BlockwiseRun),
     Transform(Transform),
     FourStepPass(FourStepPass),
-    TransformCopy(TransformCopy),
     After(After),
     DetrendFit(DetrendFit),
     /// The first pass of a detrended four-step transform after its fit
@@ -465,7 +510,6 @@ impl Node {
             Self::Blockwise(_) => "a blockwise step",
             Self::Transform(_) => "a transform",
             Self::FourStepPass(_) => "a four-step transform's pass",
-            Self::TransformCopy(_) => "a COPY of a transform's blocks",
             Self::After(_) => "a round after another",
             Self::DetrendFit(_) => "a detrend's fit",
             Self::Fitted => "a four-step pass after a detrend's fit",
@@ -579,11 +623,11 @@ impl SentDetrend {
     }
 }
 
-/// A run of the blocks of a `COPY` of a transform as it travels
-/// ([`FftCopyTasksExec`]): the transform, its blocks, the chunks they are
-/// and where they go, and the distributed tasks it is dealt to.
+/// The kernel of a blockwise step writing a transform's blocks (a `COPY`
+/// of a transform, a staged transform's first stage) as it travels: the
+/// transform and its blocks.
 #[derive(Debug, Serialize, Deserialize)]
-struct TransformCopy {
+struct TransformBlocks {
     chain: Chain,
     /// For a transform on the four-step path (a COPY's, or a staged
     /// transform's first stage): its intermediates, which its passes wrote
@@ -601,8 +645,6 @@ struct TransformCopy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     staged: Option<Box<LaterStageRead>>,
     block_shape: Vec<u64>,
-    copy: FftCopyTasks,
-    tasks: usize,
 }
 
 /// A four-step transform's plan and intermediates as they travel: the
@@ -683,6 +725,9 @@ enum Kernel {
     /// Rolling windows rolled along runs of chunks (a COPY of rolling
     /// windows): the window, the expressions over its rows.
     Roll(Box<Window>),
+    /// A transform's blocks (a COPY of a transform, a staged transform's
+    /// first stage): no expressions.
+    Transform(Box<TransformBlocks>),
 }
 
 /// A run of a rechunk's tasks as it travels: the rechunk, where it writes,
@@ -1628,9 +1673,10 @@ impl ZarrCodec {
     /// hold the array as the tasks write it) the worker's
     /// `allowed_locations` permit, its tasks fitted to the worker's
     /// `allowed_mem` on the worker's own device.
-    fn decode_transform_copy(
+    fn decode_transform_blocks(
         &self,
-        c: TransformCopy,
+        c: TransformBlocks,
+        (sent, tasks): (BlockwiseTasks, usize),
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if c.four_step.is_some() && c.chain.transforms.len() != 1 {
@@ -1670,7 +1716,7 @@ impl ZarrCodec {
         let store = table.source().store().to_string();
         check_counts(
             &format!("a COPY of the transform of {store}"),
-            &[("tasks", c.tasks, MAX_TASKS)],
+            &[("tasks", tasks, MAX_TASKS)],
         )?;
         if let Some(at) = c.four_step {
             let four_step = open_four_step(&table, *at, ctx)?;
@@ -1683,25 +1729,33 @@ impl ZarrCodec {
         }
         let options =
             RechunkOptions::for_session(ctx.session_config().options(), &ctx.runtime_env())?;
-        match &c.copy.into {
+        match &sent.into {
             // The first stage of a staged transform, into the store the
             // session made in its work_dir.
-            StagedTarget::Scratch { location } => {
+            ChunksInto::Target {
+                staged: StagedTarget::Scratch { location },
+            } => {
                 let what = ("zarrfusion-fft-staged-", "a staged transform's store");
                 check_scratch(location, what, &options, &store)?
             }
-            into => check_staged(into, &options, &store)?,
+            ChunksInto::Target { staged } => check_staged(staged, &options, &store)?,
+            ChunksInto::Scratch { .. } => {
+                return plan_err!(
+                    "a COPY of the transform of {store} writes into {}, not a staged target",
+                    sent.into
+                )
+            }
         }
         let shape = table.block_space();
         let blocks = line_blocks(&table, c.block_shape, &Selection::all(&shape))?;
-        let exec = FftCopyTasksExec::received(
+        let exec = received_transform_tasks(
             Arc::new(table),
             blocks,
-            c.copy,
+            sent,
             memory_limit(ctx),
             ctx.session_config().options(),
         )?;
-        Ok(Arc::new(exec.with_tasks(c.tasks)))
+        Ok(Arc::new(exec.with_tasks(tasks)))
     }
 
     /// A run of a four-step transform's pass received by a worker: the
@@ -1799,6 +1853,16 @@ impl ZarrCodec {
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let (read, broadcasts, rolling) = match run.kernel {
+            Kernel::Transform(blocks) => {
+                if !inputs.is_empty() || !run.exprs.is_empty() {
+                    return plan_err!(
+                        "a transform's blocks have no inputs and no expressions, got {} and {}",
+                        inputs.len(),
+                        run.exprs.len()
+                    );
+                }
+                return self.decode_transform_blocks(*blocks, (run.step, run.tasks), ctx);
+            }
             Kernel::Evaluate(read) => {
                 let (read, broadcasts) =
                     self.joined_inputs(*read, JoinedRows::Inputs(inputs), ctx)?;
@@ -2132,14 +2196,19 @@ impl ZarrCodec {
                 evaluate.exprs.as_slice(),
             ),
             Step::Writers(writers) => {
-                let Some(roll) = writers.as_any().downcast_ref::<RollChunks>() else {
-                    return not_impl_err!(
-                        "the chunk-by-chunk COPY of {} cannot run on a cluster's workers yet",
-                        step.blocks().table.store
-                    );
-                };
-                let window = self.encode_rolling(roll.rolling(), 1, roll.batch_size(), 1)?;
-                (Kernel::Roll(Box::new(window)), roll.exprs())
+                if let Some(writes) = transform_writes(step) {
+                    let blocks = encode_transform_blocks(writes.table(), writes.blocks())?;
+                    (Kernel::Transform(Box::new(blocks)), [].as_slice())
+                } else {
+                    let Some(roll) = writers.as_any().downcast_ref::<RollChunks>() else {
+                        return not_impl_err!(
+                            "the chunk-by-chunk COPY of {} cannot run on a cluster's workers yet",
+                            step.blocks().store()
+                        );
+                    };
+                    let window = self.encode_rolling(roll.rolling(), 1, roll.batch_size(), 1)?;
+                    (Kernel::Roll(Box::new(window)), roll.exprs())
+                }
             }
         };
         Ok(Node::Blockwise(BlockwiseRun {
@@ -2335,7 +2404,6 @@ impl PhysicalExtensionCodec for ZarrCodec {
             Node::Blockwise(run) => self.decode_blockwise(run, inputs, ctx),
             Node::Transform(transform) => self.decode_transform(transform, inputs, ctx),
             Node::FourStepPass(pass) => self.decode_four_step_pass(pass, ctx),
-            Node::TransformCopy(copy) => self.decode_transform_copy(copy, ctx),
             Node::After(After { blocks, what }) => {
                 // A name for errors: kept short.
                 let what: String = what.chars().take(200).collect();
@@ -2418,49 +2486,6 @@ impl PhysicalExtensionCodec for ZarrCodec {
             let encoded = Node::FourStepPass(FourStepPass::of(pass)?);
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a four-step transform's pass: {e}"));
-        }
-        if let Some(copy) = node.downcast_ref::<FftCopyTasksExec>() {
-            let table = copy.table();
-            type Paths = (
-                Option<Box<FourStepAt>>,
-                Option<String>,
-                Option<Box<LaterStageRead>>,
-            );
-            let (chain, (four_step, rechunked, staged)): (Chain, Paths) =
-                match (table.source(), table.four_step()) {
-                    (ArraySource::Rechunked(copied), _) => (
-                        Chain::of_rechunked(table, copied)?,
-                        (None, Some(copied.location()), None),
-                    ),
-                    (ArraySource::Staged(_), None) => {
-                        let Some(later) = StagedTransform::later_stage_of(table) else {
-                            return not_impl_err!(
-                                "a COPY of the staged transform of '{}' cannot run on a \
-                                 cluster's workers: its later stage is not one they make again",
-                                table.source().store()
-                            );
-                        };
-                        let blocks = later.first.blocks();
-                        let (asked, read) = LaterStageRead::of_later(later, blocks)?;
-                        (asked, (None, None, Some(Box::new(read))))
-                    }
-                    (_, Some(at)) => (
-                        Chain::of_four_step(table)?,
-                        (Some(Box::new(FourStepAt::of(at))), None, None),
-                    ),
-                    (_, None) => (Chain::of(table)?, (None, None, None)),
-                };
-            let encoded = Node::TransformCopy(TransformCopy {
-                chain,
-                four_step,
-                rechunked,
-                staged,
-                block_shape: copy.blocks().block_shape().to_vec(),
-                copy: copy.sent().clone(),
-                tasks: copy.tasks(),
-            });
-            return serde_json::to_writer(buf, &encoded)
-                .map_err(|e| exec_datafusion_err!("encoding a COPY of a transform: {e}"));
         }
         if let Some(rechunk) = node.downcast_ref::<RechunkExec>() {
             if !rechunk.is_on_workers() {

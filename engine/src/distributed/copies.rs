@@ -18,7 +18,7 @@
 //! so that what is above the scan (a partial aggregate, a join's side)
 //! runs on the workers too. An [`FftCopyExec`] (a COPY of a
 //! transform) gets its blocks' tasks ([`FftCopyExec::on_cluster`]: a
-//! [`FftCopyTasksExec`](crate::array::fft::copy::FftCopyTasksExec) under
+//! [`BlockwiseTasksExec`](crate::array::blockwise::BlockwiseTasksExec) of its blocks under
 //! the gathering of their counts), the workers writing whole chunks of the
 //! staged target; when the transform reads a rechunked copy of its
 //! variable or takes the four-step path, the copy's rounds or the two

@@ -1,6 +1,6 @@
 //! How a Zarr scan's, a dense reduction's, a rolling window's, a
-//! transform's (or its four-step passes' and detrend fit's), a rechunk's, a COPY's
-//! blockwise stage or a COPY of a transform is split among a
+//! transform's (or its four-step passes' and detrend fit's), a rechunk's or a
+//! blockwise step's (a COPY's, a COPY of a transform's) is split among a
 //! cluster's tasks: the distributed
 //! planner asks each leaf how many tasks it wants ([`scan_tasks`]: its
 //! decoded bytes (a rechunk's: written) over `zarrfusion.bytes_per_task`,
@@ -18,8 +18,7 @@ use datafusion_distributed::{
     ScaleUpLeafNodeEventResponse,
 };
 
-use crate::array::copy::cluster::BlockwiseTasksExec;
-use crate::array::fft::copy::FftCopyTasksExec;
+use crate::array::blockwise::BlockwiseTasksExec;
 use crate::array::fft::{DetrendFitExec, FftExec, FourStepPassExec};
 use crate::array::rechunk::RechunkTasksExec;
 use crate::array::rolling::RollingWindowExec;
@@ -36,15 +35,13 @@ pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEv
     } else if let Some(rechunk) = ev.plan.downcast_ref::<RechunkTasksExec>() {
         (rechunk.bytes_written(), rechunk.rechunk_tasks())
     } else if let Some(step) = ev.plan.downcast_ref::<BlockwiseTasksExec>() {
-        (step.bytes_written(), step.chunk_tasks())
+        (step.task_bytes(), step.chunk_tasks())
     } else if let Some(window) = ev.plan.downcast_ref::<RollingWindowExec>() {
         (window.decoded_bytes(), window.read().blocks.num_blocks())
     } else if let Some(pass) = ev.plan.downcast_ref::<FourStepPassExec>() {
         (pass.bytes_read(), pass.pass_tasks())
     } else if let Some(fit) = ev.plan.downcast_ref::<DetrendFitExec>() {
         (fit.bytes_read(), fit.chunks())
-    } else if let Some(copy) = ev.plan.downcast_ref::<FftCopyTasksExec>() {
-        (copy.bytes_read(), copy.blocks().num_blocks())
     } else if let Some(fft) = ev.plan.downcast_ref::<FftExec>() {
         if fft.tasks() != TASKS_OF_STAGE && fft.table().chain().is_none() {
             // Its path makes a store in work_dir first: in the session
@@ -101,11 +98,6 @@ pub fn deal_scan_blocks(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNo
     if let Some(pass) = ev.plan.downcast_ref::<FourStepPassExec>() {
         return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
             pass.with_tasks(ev.task_count),
-        ))));
-    }
-    if let Some(copy) = ev.plan.downcast_ref::<FftCopyTasksExec>() {
-        return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
-            copy.with_tasks(ev.task_count),
         ))));
     }
     if let Some(fit) = ev.plan.downcast_ref::<DetrendFitExec>() {

@@ -5,7 +5,7 @@
 //! transform is stored first) its first stage ([`FftExec::on_cluster`]:
 //! per pass a [`FourStepPassExec`](crate::array::fft::FourStepPassExec),
 //! for a first stage an
-//! [`FftCopyTasksExec`](crate::array::fft::copy::FftCopyTasksExec), each
+//! [`BlockwiseTasksExec`](crate::array::blockwise::BlockwiseTasksExec) of its blocks, each
 //! under the gathering of its blocks' counts). The distributed planner
 //! puts a network boundary at each gathering, each stage is split into
 //! tasks by the bytes it reads ([`super::tasks`]), the workers write the

@@ -2378,7 +2378,7 @@ const FFT_COPY: &str = "COPY (SELECT * FROM fft('tests/fixtures/fft/data/grid.za
      'zarr_format' '2')";
 
 /// A `COPY` of a transform on a cluster: the workers transform runs of
-/// its blocks (a stage of `FftCopyTasksExec` tasks) and write them as
+/// its blocks (a stage of `BlockwiseTasksExec` tasks) and write them as
 /// whole chunks of the target the session staged; the session commits it
 /// metadata last. The store is xrft's spectrum and the one the same COPY
 /// writes on one machine, file for file; nothing is left beside it.
@@ -2420,7 +2420,7 @@ async fn a_copy_of_a_transform_writes_its_blocks_on_the_workers() {
         shown.contains("FftCopyExec")
             && shown.contains("tasks on the cluster's workers")
             && shown.contains("Network")
-            && shown.contains("FftCopyTasksExec")
+            && shown.contains("BlockwiseTasksExec")
             && shown.contains("tasks=2"),
         "{shown}"
     );
@@ -2452,44 +2452,46 @@ async fn a_copy_of_a_transform_writes_its_blocks_on_the_workers() {
     through_codec(&local, &tasks);
     let wire = Wire::new(&local);
     let sent = wire.encode(tasks);
-    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    assert_eq!(sent["node"], "blockwise", "{sent}");
+    assert_eq!(sent["kernel"]["kernel"], "transform", "{sent}");
     wire.refuses_changed(&sent, &|v| v["tasks"] = Value::from(0), "tasks");
     wire.refuses_changed(
         &sent,
-        &|v| v["copy"]["chunks"] = serde_json::json!([1, 9]),
+        &|v| v["step"]["chunks"] = serde_json::json!([1, 9]),
         "not whole chunks",
     );
     wire.refuses_changed(
         &sent,
-        &|v| v["copy"]["chunks"] = serde_json::json!([1, 9, 0]),
+        &|v| v["step"]["chunks"] = serde_json::json!([1, 9, 0]),
         "not whole chunks",
     );
     wire.refuses_changed(
         &sent,
-        &|v| v["copy"]["chunks"] = serde_json::json!([1, 9, 3]),
+        &|v| v["step"]["chunks"] = serde_json::json!([1, 9, 3]),
         "not whole chunks",
     );
     wire.refuses_changed(
         &sent,
-        &|v| v["block_shape"] = serde_json::json!([1, 4, 5]),
+        &|v| v["kernel"]["block_shape"] = serde_json::json!([1, 4, 5]),
         "cut its lines",
     );
     wire.refuses_changed(
         &sent,
-        &|v| v["chain"]["transforms"][0][0] = Value::from("dct"),
+        &|v| v["kernel"]["chain"]["transforms"][0][0] = Value::from("dct"),
         "by 'dct'",
     );
     wire.refuses_changed(
         &sent,
         &|v| {
-            v["copy"]["into"] = serde_json::json!({"kind": "local", "path": dir.to_string_lossy()})
+            v["step"]["into"]["staged"] =
+                serde_json::json!({"kind": "local", "path": dir.to_string_lossy()})
         },
         "not a COPY's temporary directory",
     );
     wire.refuses_changed(
         &sent,
         &|v| {
-            v["copy"]["into"] = serde_json::json!({
+            v["step"]["into"]["staged"] = serde_json::json!({
                 "kind": "scratch",
                 "location": dir.join("zarrfusion-rechunked-1.zarr").to_string_lossy(),
             })
@@ -2553,7 +2555,7 @@ async fn a_copy_of_a_four_step_transform_runs_its_passes_and_blocks_on_the_worke
             "FftCopyExec",
             "tasks on the cluster's workers",
             "AfterExec: after pass 2 of the four-step transform",
-            "FftCopyTasksExec",
+            "BlockwiseTasksExec",
             "Network",
         ] {
             assert!(shown.contains(part), "{name}: {part}:\n{shown}");
@@ -2721,7 +2723,7 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
                 2,
                 "{name}:\n{shown}"
             );
-            assert!(shown.contains("FftCopyTasksExec"), "{name}:\n{shown}");
+            assert!(shown.contains("BlockwiseTasksExec"), "{name}:\n{shown}");
             // A trend fitted over both dimensions: its fit a stage before
             // the first pass.
             let fitted = shown.contains("FittedExec: after the detrend's fit")
@@ -3158,7 +3160,7 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
     case.copies_on_the_cluster(&[
         "AfterExec: after round 0 of the rechunk of",
         "RechunkTasksExec",
-        "FftCopyTasksExec",
+        "BlockwiseTasksExec",
     ])
     .await;
     let (alone, work) = (&case.alone, &case.work);
@@ -3172,7 +3174,9 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
         "the copy made twice"
     );
     let wire = Wire::new(alone);
-    let location = sent["rechunked"].as_str().expect("the copy's location");
+    let location = sent["kernel"]["rechunked"]
+        .as_str()
+        .expect("the copy's location");
     assert!(location.contains("zarrfusion-rechunked-fft-"), "{sent}");
     // The worker's tasks read the copy (and name it), else the same plan.
     let bytes = sent.to_string();
@@ -3184,14 +3188,14 @@ async fn a_copy_of_a_transform_of_a_rechunked_copy_runs_on_the_workers() {
     let elsewhere = work.join("mine.zarr").to_string_lossy().into_owned();
     wire.refuses_changed(
         &sent,
-        &|v| v["rechunked"] = Value::from(elsewhere.as_str()),
+        &|v| v["kernel"]["rechunked"] = Value::from(elsewhere.as_str()),
         "not a rechunked copy",
     );
     wire.refuses_changed(
         &sent,
         &|v| {
-            let transform = v["chain"]["transforms"][0].clone();
-            v["chain"]["transforms"] = Value::from(vec![transform.clone(), transform]);
+            let transform = v["kernel"]["chain"]["transforms"][0].clone();
+            v["kernel"]["chain"]["transforms"] = Value::from(vec![transform.clone(), transform]);
         },
         "sent as a chain of 2 transforms",
     );
@@ -3303,7 +3307,8 @@ impl TransformCopyCase {
         let on_cluster = copy.after_rounds_on_workers(|leaf| leaf).unwrap();
         let tasks = Arc::clone(on_cluster.children()[0].children()[0]);
         let sent = Wire::new(&self.alone).encode(Arc::clone(&tasks));
-        assert_eq!(sent["node"], "transform_copy", "{sent}");
+        assert_eq!(sent["node"], "blockwise", "{sent}");
+        assert_eq!(sent["kernel"]["kernel"], "transform", "{sent}");
         (plan, on_cluster, tasks, sent)
     }
 }
@@ -3452,7 +3457,7 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
         "strategy=staged: along [y] by whole lines",
         "first stage on the cluster's workers",
         "Network",
-        "FftCopyTasksExec",
+        "BlockwiseTasksExec",
         "zarrfusion-fft-staged-",
         "tasks=2",
         "BroadcastExec",
@@ -3489,7 +3494,7 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
         "first stage on the cluster's workers",
         "FittedExec: after the detrend's fit",
         "DetrendFitExec: the detrend of",
-        "FftCopyTasksExec",
+        "BlockwiseTasksExec",
     ];
     read_on_the_workers(&ctx, &detrended, &parts, &want_detrended, &work).await;
 
@@ -3507,9 +3512,10 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     through_codec(&alone, &tasks);
     let wire = Wire::new(&alone);
     let sent = wire.encode(tasks);
-    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    assert_eq!(sent["node"], "blockwise", "{sent}");
+    assert_eq!(sent["kernel"]["kernel"], "transform", "{sent}");
     let mut elsewhere = sent.clone();
-    elsewhere["copy"]["into"]["location"] =
+    elsewhere["step"]["into"]["staged"]["location"] =
         Value::from(work.join("zarrfusion-rechunked-1.zarr").to_string_lossy());
     let err = wire
         .decode(&elsewhere)
@@ -3518,7 +3524,7 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
     // Chunks half as wide along x: accepted as whole chunks, refused when
     // the task finds the store's array otherwise.
     let mut other = sent.clone();
-    other["copy"]["chunks"][2] = Value::from(sent["copy"]["chunks"][2].as_u64().unwrap() / 2);
+    other["step"]["chunks"][2] = Value::from(sent["step"]["chunks"][2].as_u64().unwrap() / 2);
     other["tasks"] = Value::from(1);
     let task = ZarrCodec::default()
         .try_decode(
@@ -3532,10 +3538,7 @@ async fn a_staged_transform_s_first_stage_runs_on_the_workers() {
         .await
         .expect_err("wrote into a store holding the array otherwise")
         .to_string();
-    assert!(
-        err.contains("otherwise than the transform writes it"),
-        "{err}"
-    );
+    assert!(err.contains("otherwise than its tasks write it"), "{err}");
 
     // The stage after the first through the codec, its input the first
     // stage's tasks: the rows the session's own staged transform gives.
@@ -3629,7 +3632,7 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
         ])
         .await;
     // The first stage's tasks and the COPY's.
-    assert_eq!(shown.matches("FftCopyTasksExec").count(), 2, "{shown}");
+    assert_eq!(shown.matches("BlockwiseTasksExec").count(), 2, "{shown}");
     let rows = vec![vec![Value::from(2 * 1024 * 512)]];
 
     // Detrended: the plane's linear trend fitted in a stage before the
@@ -3673,7 +3676,10 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
     // The COPY's tasks through the codec, after the first stage's.
     let (plan, on_cluster, tasks, sent) = case.tasks_sent("its first stage").await;
     let wire = Wire::new(alone);
-    assert!(sent["staged"]["blocks"].as_u64().unwrap() > 1, "{sent}");
+    assert!(
+        sent["kernel"]["staged"]["blocks"].as_u64().unwrap() > 1,
+        "{sent}"
+    );
     let bytes = sent.to_string();
     let codec = ZarrCodec::default();
     let back = (codec.try_decode(bytes.as_bytes(), &[], &alone.task_ctx(), &CONVERTER)).unwrap();
@@ -3699,12 +3705,12 @@ async fn a_copy_of_a_staged_transform_runs_its_stages_on_the_workers() {
         .into_owned();
     wire.refuses_changed(
         &sent,
-        &|v| v["rechunked"] = Value::from(elsewhere.as_str()),
+        &|v| v["kernel"]["rechunked"] = Value::from(elsewhere.as_str()),
         "more than one of",
     );
     wire.refuses_changed(
         &sent,
-        &|v| v["staged"]["location"] = Value::from(elsewhere.as_str()),
+        &|v| v["kernel"]["staged"]["location"] = Value::from(elsewhere.as_str()),
         "not a staged transform's store",
     );
     drop((plan, on_cluster, tasks, back));
@@ -3745,7 +3751,7 @@ async fn a_staged_transform_s_four_step_first_stage_runs_its_passes_on_the_worke
         "first stage on the cluster's workers",
         "FourStepPassExec: pass 1",
         "FourStepPassExec: pass 2",
-        "FftCopyTasksExec",
+        "BlockwiseTasksExec",
         "zarrfusion-fft-staged-",
     ] {
         assert!(shown.contains(part), "{part}:\n{shown}");
@@ -3773,9 +3779,10 @@ async fn a_staged_transform_s_four_step_first_stage_runs_its_passes_on_the_worke
     through_codec(&alone, &tasks);
     let wire = Wire::new(&alone);
     let sent = wire.encode(tasks);
-    assert_eq!(sent["node"], "transform_copy", "{sent}");
+    assert_eq!(sent["node"], "blockwise", "{sent}");
+    assert_eq!(sent["kernel"]["kernel"], "transform", "{sent}");
     let mut elsewhere = sent.clone();
-    elsewhere["four_step"]["work"] = sent["copy"]["into"]["location"].clone();
+    elsewhere["kernel"]["four_step"]["work"] = sent["step"]["into"]["staged"]["location"].clone();
     let err = wire
         .decode(&elsewhere)
         .expect_err("a staged store accepted");
@@ -3784,8 +3791,8 @@ async fn a_staged_transform_s_four_step_first_stage_runs_its_passes_on_the_worke
         "{err}"
     );
     let mut chained = sent.clone();
-    let transform = sent["chain"]["transforms"][0].clone();
-    chained["chain"]["transforms"] = Value::from(vec![transform.clone(), transform]);
+    let transform = sent["kernel"]["chain"]["transforms"][0].clone();
+    chained["kernel"]["chain"]["transforms"] = Value::from(vec![transform.clone(), transform]);
     let err = wire.decode(&chained).expect_err("a chain accepted");
     assert!(err.contains("chain of 2 transforms"), "{err}");
 }
@@ -3829,7 +3836,7 @@ async fn a_four_step_first_stage_and_the_stage_after_it_run_in_rounds_on_the_wor
         "AfterExec: after pass 1 of the first stage's four-step transform",
         "AfterExec: after pass 2 of the first stage's four-step transform",
         "FourStepPassExec: pass 1",
-        "FftCopyTasksExec",
+        "BlockwiseTasksExec",
         "then along [x] by whole lines",
     ];
     let shown = read_on_the_workers(&ctx, &sql, &parts, &want, &work).await;

@@ -6,20 +6,20 @@
 //! | module | owns |
 //! |---|---|
 //! | [`whole`] | a whole table (or an FFT) copied array by array: the rechunk primitive into the target's chunks |
-//! | [`blockwise`] | the two steps of a chunk-by-chunk COPY: blockwise into a scratch store (or the target's chunks), then the rechunk primitive |
+//! | [`steps`] | the two steps of a chunk-by-chunk COPY: the blockwise primitive ([`crate::array::blockwise`]) into a scratch store (or the target's chunks), then the rechunk primitive |
 //! | [`cluster`] | those steps on a cluster's workers: a round of blockwise tasks, then the rechunk's rounds |
 //! | [`selection`] | a selection with computed variables, written through those steps |
-//! | [`rolling`] | rolling windows: the same two steps, step 1 the rolling operator's runs of chunks (`blockwise::StepWriters`) |
+//! | [`rolling`] | rolling windows: the same two steps, step 1 the rolling operator's runs of chunks (a [`crate::array::blockwise::StepWriters`]) |
 //! | [`rule`] | the optimizer rule choosing among them (and the FFT's copy) |
 //!
 //! Each module uses only those above it in this table. All write through the writer below the operators ([`crate::write`]):
 //! its options, its claimed or atomic targets, its write jobs.
 
-pub mod blockwise;
 pub mod cluster;
 pub mod rolling;
 pub mod rule;
 pub mod selection;
+pub mod steps;
 pub mod whole;
 
 pub use rule::CopyToArraysRule;

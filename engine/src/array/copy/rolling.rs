@@ -48,9 +48,10 @@ use datafusion::physical_planner::PhysicalPlanner;
 use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
-use super::blockwise::{BlockwiseStep, CopyGrid, MayWrite, OutputVariable, Step, StepWriters};
 use super::selection::{left_beside, SelectionCopyExec};
+use super::steps::{CopyGrid, OutputVariable};
 use super::whole::split_columns;
+use crate::array::blockwise::{BlockwiseStep, MayWrite, Step, StepWriters};
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
@@ -317,7 +318,7 @@ impl StepWriters for RollChunks {
         tasks: Range<u64>,
         may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let dim = self.rolling.dim;
         let workers = self.workers as u64;
         let chunks = copy.chunks();
@@ -342,7 +343,7 @@ impl StepWriters for RollChunks {
                     may_write().map_err(|e| {
                         DataFusionError::Execution(format!(
                             "the COPY of '{}', chunk {j}: {e}",
-                            copy.table.store
+                            copy.store()
                         ))
                     })?;
                     self.write_chunk(copy, &compact, &mut roller, &mut values, arrays)?;
@@ -350,7 +351,8 @@ impl StepWriters for RollChunks {
                 Ok::<_, DataFusionError>(0)
             },
         )?;
-        Ok(())
+        let cells = all.map(|t| copy.chunk_cells(t)).sum::<u64>();
+        Ok(cells.saturating_mul(copy.cell_bytes()))
     }
 }
 
@@ -426,10 +428,11 @@ impl RollChunks {
         roller.enter(compact);
         // Per dimension, the source ranges the chunk covers and where
         // each starts in the chunk.
+        let (_, selection) = copy.selected()?;
         let pieces: Vec<Vec<(Range<u64>, usize)>> = compact
             .iter()
             .enumerate()
-            .map(|(d, r)| source_pieces(copy.selection.ranges(d), r))
+            .map(|(d, r)| source_pieces(selection.ranges(d), r))
             .collect();
         let mut boxes = boxes(&pieces);
         if self.rolling.backward() {

@@ -56,9 +56,10 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion::physical_planner::PhysicalPlanner;
 
-use super::blockwise::{source_long_block, Blockwise, CopyGrid, Evaluate, OutputVariable, Step};
 use super::cluster::ClusterSelection;
+use super::steps::{Blockwise, CopyGrid, OutputVariable};
 use super::whole::{split_columns, CopyScan};
+use crate::array::blockwise::{source_long_block, Evaluate, Step};
 use crate::array::scan_path::TableRead;
 use crate::plan_methods::{
     leaf_node_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
@@ -271,7 +272,7 @@ pub struct SelectionCopyExec {
 impl fmt::Debug for SelectionCopyExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SelectionCopyExec")
-            .field("store", &self.blockwise.blocks.table.store)
+            .field("store", &self.blockwise.blocks.store())
             .field("target", &self.blockwise.to.location)
             .finish()
     }
@@ -336,7 +337,7 @@ impl DisplayAs for SelectionCopyExec {
         write!(
             f,
             "SelectionCopyExec: store={}, target={}, variables=[{}], shape={:?}, ",
-            b.blocks.table.store,
+            b.blocks.store(),
             b.to.location,
             names.join(", "),
             b.blocks.shape,
@@ -363,12 +364,13 @@ impl DisplayAs for SelectionCopyExec {
         } else {
             "-> rechunk to"
         };
-        let dims = b.blocks.table.dim_names();
+        let dims = b.blocks.dim_names();
         write!(
             f,
             " {second} {:?}{}, projected_memory={}",
             b.target_chunks,
-            self.broadcasts.display(&dims),
+            self.broadcasts
+                .display(&dims.iter().map(String::as_str).collect::<Vec<_>>()),
             human_readable_size(self.projected_memory())
         )?;
         match &self.cluster {
@@ -466,7 +468,7 @@ fn write_job<'a>(
 ) -> WriteJob<'a> {
     WriteJob {
         operator: "SelectionCopyExec",
-        store: &blockwise.blocks.table.store,
+        store: blockwise.blocks.store(),
         projected: blockwise.projected_memory() as usize,
         metrics,
         properties,

@@ -19,8 +19,9 @@
 //! first and its metadata last, and is erased when the copy fails.
 //!
 //! Primitives (see [`crate::array`]): blockwise (the transform of each
-//! block, written as whole target chunks) + write. On a cluster the
-//! blocks are dealt in runs to a stage's tasks ([`FftCopyTasksExec`]),
+//! block, written as whole target chunks: [`BlockWrites`] is the kernel of
+//! a [`BlockwiseStep`]) + write. On a cluster the blocks are dealt in runs
+//! to a stage's tasks (the blockwise primitive's [`BlockwiseTasksExec`]),
 //! which write into the target the session staged; the session writes
 //! the coordinates first and the metadata last.
 
@@ -31,20 +32,23 @@ use std::sync::Arc;
 
 use datafusion::catalog::Session;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::{exec_err, human_readable_size, plan_err, DataFusionError, Result};
+use datafusion::common::{
+    exec_err, human_readable_size, internal_err, plan_err, DataFusionError, Result,
+};
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use serde::{Deserialize, Serialize};
+use serde_json::Map;
 use zarrfusion_udfs::complex::complex_part;
-use zarrs::array::{Array as ZarrsArray, ArrayMetadataOptions};
-use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableStorageTraits};
+use zarrs::array::Array as ZarrsArray;
+use zarrs::storage::ReadableWritableListableStorageTraits;
 
 use super::exec::{
     block_memory, kernel_memory, pass_name, plan_blocks, read_ahead_plan, start_read_ahead,
@@ -55,6 +59,10 @@ use super::passes::FourStepPassExec;
 use super::source::{ArraySource, Broadcast, ClusterStep};
 use super::table::FftTable;
 use super::trend_pass::{DetrendFitExec, FittedExec};
+use crate::array::blockwise::{
+    BlockwiseStep, BlockwiseTasks, BlockwiseTasksExec, ChunksInto, MayWrite, Step, StepGrid,
+    StepWriters,
+};
 use crate::array::rechunk::cluster::Round;
 use crate::array::rechunk::TargetEncoding;
 use crate::array::tasks::{run_cluster_tasks, run_tasks};
@@ -63,20 +71,18 @@ use crate::device::fft_cpu::BlockValues;
 use crate::device::{choose_device, staging_memory, Device};
 use crate::memory::Projection;
 use crate::plan_methods::{
-    leaf_node_methods, leaf_plan_methods, metered_plan_methods, named_plan_methods,
-    no_expressions_method, node_identity,
+    leaf_node_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
+    node_identity,
 };
-use crate::table::{task_share, BlockGrid, ReadAheadPlan, Selection};
+use crate::table::{BlockGrid, BroadcastInputs, ReadAheadPlan, Selection};
 use crate::write::grid::field_attributes;
-use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{
-    coordinate_projection, coordinate_write_memory, prepare_group, store_box, variable_array,
-    GroupCoordinate, GroupVariable,
+    coordinate_projection, coordinate_write_memory, prepare_group, store_box, GroupCoordinate,
+    GroupVariable,
 };
 use crate::write::target::{CopyTarget, StagedTarget};
-use crate::write::write_job::{count_properties, counted_properties, WriteJob, Written};
+use crate::write::write_job::{count_properties, WriteJob, Written};
 use crate::zarr::ChunkBufferPool;
-use serde_json::Map;
 
 /// The [`FftCopy`] a COPY is, when its input is a whole transform result:
 /// a scan of an `fft(...)`/`ifft(...)` table under aliases and projections
@@ -285,8 +291,9 @@ impl CopyJob {
                 prepare_group(storage, &coordinates, &[variable], &self.to.options)
             },
             |group| {
-                let all = 0..writes.tasks.blocks.num_blocks();
-                let bytes = writes.write(&group.variables[0], all, &|| Ok(()), cancelled)?;
+                let blocks = writes.blockwise();
+                let all = 0..blocks.tasks();
+                let bytes = blocks.write_step(&group.variables, all, &|| Ok(()), cancelled)?;
                 Ok(writes.written(bytes))
             },
         )
@@ -329,8 +336,8 @@ impl CopyJob {
 }
 
 /// The blocks of a transform and how they are written into a store's
-/// variable: the kernel of a COPY, run by the session or, in runs of
-/// blocks, by a cluster's workers ([`FftCopyTasksExec`]).
+/// variable: the kernel of a COPY's blockwise step ([`Self::blockwise`]),
+/// run by the session or, in runs of blocks, by a cluster's workers.
 #[derive(Debug)]
 pub(crate) struct BlockWrites {
     table: Arc<FftTable>,
@@ -395,6 +402,38 @@ impl BlockWrites {
         Ok(bytes)
     }
 
+    /// These blocks as a blockwise step: the transform's output grid in
+    /// the blocks' output shape, its one variable made by these writes.
+    pub(crate) fn blockwise(self: &Arc<Self>) -> BlockwiseStep {
+        let table = &self.table;
+        let source = table.source();
+        let block = (table.output_extent(&self.tasks.blocks.block(0)).iter())
+            .map(|r| r.end - r.start)
+            .collect();
+        BlockwiseStep {
+            grid: StepGrid::Output {
+                store: source.store().to_string(),
+                dims: table.output_dims().into_iter().map(|d| d.name).collect(),
+            },
+            shape: table.output_shape(),
+            block,
+            names: vec![source.variable().to_string()],
+            types: vec![table.value_type()],
+            attributes: vec![Map::new()],
+            step: Step::Writers(Box::new(Arc::clone(self))),
+        }
+    }
+
+    /// The transform.
+    pub(crate) fn table(&self) -> &Arc<FftTable> {
+        &self.table
+    }
+
+    /// Its blocks (of the transform's input).
+    pub(crate) fn blocks(&self) -> &BlockGrid {
+        &self.tasks.blocks
+    }
+
     /// Bytes of one output value as stored.
     fn value_bytes(&self) -> u64 {
         let complex = complex_part(&self.table.value_type()).is_some();
@@ -431,6 +470,67 @@ impl BlockWrites {
                 self.table.source().variable()
             ))
         })
+    }
+}
+
+impl fmt::Display for BlockWrites {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = self.table.source();
+        write!(
+            f,
+            "the transform of variable '{}' in blocks={} of shape {:?}, workers={}, device={}",
+            source.variable(),
+            self.tasks.blocks.num_blocks(),
+            self.tasks.blocks.block_shape(),
+            self.tasks.workers,
+            self.device
+        )
+    }
+}
+
+/// The transform's blocks as the kernel of a blockwise step: one task per
+/// block, each writing whole chunks of the one variable.
+impl StepWriters for Arc<BlockWrites> {
+    fn memory(&self) -> u64 {
+        self.tasks.projected() as u64
+    }
+
+    fn workers(&self) -> usize {
+        self.tasks.workers
+    }
+
+    fn exprs(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &[]
+    }
+
+    fn tasks(&self, _copy: &BlockwiseStep) -> u64 {
+        self.tasks.blocks.num_blocks()
+    }
+
+    fn task_bytes(&self, _copy: &BlockwiseStep) -> u64 {
+        self.bytes_read()
+    }
+
+    fn write_chunks(
+        &self,
+        _copy: &BlockwiseStep,
+        arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
+        tasks: Range<u64>,
+        may_write: &MayWrite<'_>,
+        cancelled: &AtomicBool,
+    ) -> Result<u64> {
+        let [array] = arrays else {
+            return internal_err!(
+                "the transform of '{}' writes one array, not {}",
+                self.table.source().store(),
+                arrays.len()
+            );
+        };
+        self.write(array, tasks, may_write, cancelled)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -631,8 +731,8 @@ pub(crate) fn block_bytes<P: Precision>(
 /// its output is the row count, as `COPY` gives.
 ///
 /// On a cluster ([`on_cluster`](Self::on_cluster)) the blocks are written
-/// by the workers, in runs of blocks ([`FftCopyTasksExec`], its input),
-/// into the target the session stages, and the session commits it.
+/// by the workers, in runs of blocks (a [`BlockwiseTasksExec`], its
+/// input), into the target the session stages, and the session commits it.
 #[derive(Debug)]
 pub struct FftCopyExec {
     job: Arc<CopyJob>,
@@ -754,15 +854,11 @@ impl FftCopyExec {
     ) -> Result<Self> {
         let writes = &self.job.writes;
         let staged = self.job.to.staged()?;
-        let sent = FftCopyTasks {
-            chunks: self.job.chunks.clone(),
-            into: staged.clone(),
-            encoding: TargetEncoding::of(&self.job.to.options),
-        };
-        let tasks = leaf(Arc::new(FftCopyTasksExec::new(
-            Arc::clone(writes),
-            Arc::new(sent),
-        )));
+        let encoding = TargetEncoding::of(&self.job.to.options);
+        let chunks = self.job.chunks.clone();
+        let metrics = ExecutionPlanMetricsSet::new();
+        let exec = transform_tasks(writes, chunks, staged.clone(), encoding, metrics);
+        let tasks = leaf(Arc::new(exec));
         Ok(Self {
             job: Arc::clone(&self.job),
             cluster: Some(ClusterCopy {
@@ -863,234 +959,133 @@ impl ExecutionPlan for FftCopyExec {
     metered_plan_methods!(|_| None);
 }
 
-/// A run of a transform's blocks written by a cluster's worker, as it
-/// travels beside the transform and its blocks (which the codec carries).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FftCopyTasks {
-    /// The target variable's chunk shape (each block is whole chunks of
-    /// it).
-    pub chunks: Vec<u64>,
-    /// Where the session staged the target.
-    pub into: StagedTarget,
-    /// The target's format and compression.
-    pub encoding: TargetEncoding,
-}
-
-/// A run of the blocks of a COPY of a transform: the leaf of a cluster's
-/// stage, writing whole chunks of the staged target. Its one partition
-/// yields one row, `tasks`: how many blocks it wrote.
-#[derive(Debug)]
-pub struct FftCopyTasksExec {
-    writes: Arc<BlockWrites>,
-    sent: Arc<FftCopyTasks>,
-    /// The distributed tasks the blocks are dealt to.
-    tasks: usize,
-    properties: Arc<PlanProperties>,
+/// The blockwise tasks writing the blocks of `writes` into `into` (a
+/// COPY's staged target, or the store a staged transform's first stage
+/// made in `work_dir`) in chunks `chunks` encoded as `encoding`, reporting
+/// to `metrics` (those of the kernels' clock, on a worker).
+pub(crate) fn transform_tasks(
+    writes: &Arc<BlockWrites>,
+    chunks: Vec<u64>,
+    into: StagedTarget,
+    encoding: TargetEncoding,
     metrics: ExecutionPlanMetricsSet,
+) -> BlockwiseTasksExec {
+    let step = writes.blockwise();
+    let sent = BlockwiseTasks {
+        block: step.block.clone(),
+        chunks,
+        variables: (step.names.iter().zip(&step.types))
+            .map(|(n, t)| (n.clone(), t.to_string()))
+            .collect(),
+        into: ChunksInto::Target { staged: into },
+        encoding,
+        workers: writes.tasks.workers,
+    };
+    let broadcasts = BroadcastInputs::default();
+    BlockwiseTasksExec::new(Arc::new(step), Arc::new(sent), broadcasts, metrics)
 }
 
-impl FftCopyTasksExec {
-    fn new(writes: Arc<BlockWrites>, sent: Arc<FftCopyTasks>) -> Self {
-        Self {
-            writes,
-            sent,
-            tasks: 1,
-            properties: counted_properties("tasks"),
-            metrics: ExecutionPlanMetricsSet::new(),
-        }
-    }
-
-    /// The tasks as a worker receives them: the transform `table` (made
-    /// again with SQL's checks) in `blocks` (read in the worker's
-    /// session, `options`), writing chunks `sent`; refused when the blocks
-    /// are not whole chunks of the target, or when one task does not fit
-    /// the worker's memory limit `limit` on its own device.
-    pub(crate) fn received(
-        table: Arc<FftTable>,
-        blocks: BlockGrid,
-        sent: FftCopyTasks,
-        limit: Option<usize>,
-        options: &ConfigOptions,
-    ) -> Result<Self> {
-        let store = table.source().store().to_string();
-        if blocks.num_blocks() == 0 {
-            return plan_err!("a COPY of the transform of {store} is sent no blocks");
-        }
-        let shape = table.output_shape();
-        let block_out: Vec<u64> = (table.output_extent(&blocks.block(0)).iter())
-            .map(|r| r.end - r.start)
-            .collect();
-        let aligned = |d: usize| {
-            let (b, c, n) = (block_out[d], sent.chunks[d], shape[d]);
-            c > 0 && c <= n.max(1) && (b == n || b % c == 0)
-        };
-        if sent.chunks.len() != shape.len() || !(0..shape.len()).all(aligned) {
-            return plan_err!(
-                "a COPY of the transform of {store} writes blocks of shape {block_out:?} into \
-                 chunks {:?} of an output of shape {shape:?}: not whole chunks",
-                sent.chunks
-            );
-        }
-        let device = choose_device(&ZarrConfig::of(options).device).map_err(|e| {
-            DataFusionError::Plan(format!("a COPY of the transform of {store}: {e}"))
-        })?;
-        let staging = staging_memory(device, limit);
-        let tasks = WriteTasks::plan(&table, blocks, staging, limit, options);
-        if let Some(limit) = limit {
-            (tasks.projection("FftCopyTasksExec", &table))
-                .advice("raise the worker's allowed_mem")
-                .check(limit)?;
-        }
-        Ok(Self::writing(table, tasks, device, staging, sent))
-    }
-
-    /// The tasks writing the blocks of `tasks` of the transform `table`
-    /// where `sent` says, on `device` (staging through `staging`
-    /// page-locked bytes on a GPU): a worker's, or the session's for the
-    /// first stage of a staged transform (`sent` then names its store in
-    /// `work_dir`).
-    pub(crate) fn writing(
-        table: Arc<FftTable>,
-        tasks: WriteTasks,
-        device: Device,
-        staging: usize,
-        sent: FftCopyTasks,
-    ) -> Self {
-        let metrics = ExecutionPlanMetricsSet::new();
-        let writes = BlockWrites {
-            table,
-            tasks,
-            kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
-            device,
-        };
-        Self {
-            metrics,
-            ..Self::new(Arc::new(writes), Arc::new(sent))
-        }
-    }
-
-    /// A copy dealing the blocks to `tasks` distributed tasks (reporting
-    /// to the same metrics, which its kernels' clock reports to).
-    pub fn with_tasks(&self, tasks: usize) -> Self {
-        Self {
-            tasks: tasks.max(1),
-            metrics: self.metrics.clone(),
-            ..Self::new(Arc::clone(&self.writes), Arc::clone(&self.sent))
-        }
-    }
-
-    /// The distributed tasks the blocks are dealt to.
-    pub fn tasks(&self) -> usize {
-        self.tasks
-    }
-
-    /// The run as it travels (beside the transform and its blocks).
-    pub fn sent(&self) -> &FftCopyTasks {
-        &self.sent
-    }
-
-    /// The transform.
-    pub fn table(&self) -> &Arc<FftTable> {
-        &self.writes.table
-    }
-
-    /// Its blocks.
-    pub fn blocks(&self) -> &BlockGrid {
-        &self.writes.tasks.blocks
-    }
-
-    /// Decoded bytes the blocks read.
-    pub fn bytes_read(&self) -> u64 {
-        self.writes.bytes_read()
-    }
+/// The tasks writing the blocks of `tasks` of the transform `table` where
+/// `sent` says, on `device` (staging through `staging` page-locked bytes
+/// on a GPU), reporting the kernels' time to their own metrics: a
+/// worker's, or the session's for the first stage of a staged transform.
+pub(crate) fn transform_tasks_on(
+    table: Arc<FftTable>,
+    tasks: WriteTasks,
+    (device, staging): (Device, usize),
+    chunks: Vec<u64>,
+    into: StagedTarget,
+    encoding: TargetEncoding,
+) -> BlockwiseTasksExec {
+    let metrics = ExecutionPlanMetricsSet::new();
+    let writes = Arc::new(BlockWrites {
+        table,
+        tasks,
+        kernels: Kernels::on(device, staging, TransformClock::in_metrics(&metrics)),
+        device,
+    });
+    transform_tasks(&writes, chunks, into, encoding, metrics)
 }
 
-impl DisplayAs for FftCopyTasksExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let tasks = &self.writes.tasks;
-        write!(
-            f,
-            "FftCopyTasksExec: store={}, variable={}, into={}, blocks={} of shape {:?}, \
-             chunks={:?}, workers={}, device={}, projected_memory={}, tasks={}",
-            self.writes.table.source().store(),
-            self.writes.table.source().variable(),
-            self.sent.into,
-            tasks.blocks.num_blocks(),
-            tasks.blocks.block_shape(),
-            self.sent.chunks,
-            tasks.workers,
-            self.writes.device,
-            human_readable_size(tasks.projected()),
-            self.tasks
-        )
+/// The tasks of a COPY of a transform (or of a staged transform's first
+/// stage) as a worker receives them: the transform `table` (made again
+/// with SQL's checks) in `blocks` (read in the worker's session,
+/// `options`), writing as `sent` says; refused when they write anything
+/// but the transform's variable, into anything but a staged target, in
+/// anything but whole chunks, or when one task does not fit the worker's
+/// memory limit `limit` on its own device.
+pub(crate) fn received_transform_tasks(
+    table: Arc<FftTable>,
+    blocks: BlockGrid,
+    sent: BlockwiseTasks,
+    limit: Option<usize>,
+    options: &ConfigOptions,
+) -> Result<BlockwiseTasksExec> {
+    let store = table.source().store().to_string();
+    if blocks.num_blocks() == 0 {
+        return plan_err!("a COPY of the transform of {store} is sent no blocks");
     }
-}
-
-impl ExecutionPlan for FftCopyTasksExec {
-    leaf_plan_methods!("FftCopyTasksExec");
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let store = self.writes.table.source().store();
-        let all = 0..self.writes.tasks.blocks.num_blocks();
-        let run = task_share("FftCopyTasksExec", store, self.tasks, all, &context)?;
-        let (writes, sent) = (Arc::clone(&self.writes), Arc::clone(&self.sent));
-        let runtime = context.runtime_env();
-        WriteJob {
-            operator: "FftCopyTasksExec",
-            store,
-            projected: self.writes.tasks.projected(),
-            metrics: &self.metrics,
-            properties: &self.properties,
-        }
-        .run(partition, &context, move |cancelled| {
-            let out = sent.into.open(&runtime)?;
-            let (coordinates, variable) = output_group(&writes.table, sent.chunks.clone(), false);
-            let dims: Vec<String> = coordinates.into_iter().map(|c| c.name).collect();
-            let options = ZarrWriteOptions {
-                codec: sent.encoding.codec,
-                zarr_format: sent.encoding.zarr_format,
-                ..ZarrWriteOptions::default()
-            };
-            let array = variable_array(&out, &variable, &dims, &options)?;
-            if let StagedTarget::Scratch { .. } = &sent.into {
-                check_stored(&out, &array, &sent.into)?;
-            }
-            let may_write = || sent.into.still_staged(&out);
-            let bytes = writes.write(&array, run.clone(), &may_write, cancelled)?;
-            Ok(Written {
-                rows: run.end - run.start,
-                bytes_read: 0,
-                bytes_written: bytes,
-            })
-        })
-    }
-
-    metered_plan_methods!(|_| Some(1));
-}
-
-/// Refuses to write `array` into the store `into` (a staged transform's,
-/// which the session made with the array's metadata) unless the store
-/// holds the array as the tasks write it.
-fn check_stored(
-    out: &ReadableWritableListableStorage,
-    array: &Array,
-    into: &StagedTarget,
-) -> Result<()> {
-    let path = array.path().as_str();
-    let stored = ZarrsArray::open(Arc::clone(out), path).map_err(|e| {
-        DataFusionError::Execution(format!("the store '{into}', array {path}: {e}"))
-    })?;
-    // As both would store it (zarrs' own attribute, canonical names).
-    let options = ArrayMetadataOptions::default();
-    if stored.metadata_opt(&options) != array.metadata_opt(&options) {
-        return exec_err!(
-            "the store '{into}' holds the array {path} otherwise than the transform writes it \
-             (its metadata differ)"
+    let shape = table.output_shape();
+    let block_out: Vec<u64> = (table.output_extent(&blocks.block(0)).iter())
+        .map(|r| r.end - r.start)
+        .collect();
+    let aligned = |d: usize| {
+        let (b, c, n) = (block_out[d], sent.chunks[d], shape[d]);
+        c > 0 && c <= n.max(1) && (b == n || b % c == 0)
+    };
+    if sent.chunks.len() != shape.len() || !(0..shape.len()).all(aligned) {
+        return plan_err!(
+            "a COPY of the transform of {store} writes blocks of shape {block_out:?} into \
+             chunks {:?} of an output of shape {shape:?}: not whole chunks",
+            sent.chunks
         );
     }
-    Ok(())
+    if sent.block != block_out {
+        return plan_err!(
+            "a COPY of the transform of {store} sends blocks of shape {:?}, not {block_out:?}",
+            sent.block
+        );
+    }
+    let variable = (
+        table.source().variable().to_string(),
+        table.value_type().to_string(),
+    );
+    if sent.variables != [variable.clone()] {
+        return plan_err!(
+            "a COPY of the transform of {store} writes {:?}, not {variable:?}",
+            sent.variables
+        );
+    }
+    let ChunksInto::Target { staged: into } = sent.into else {
+        return plan_err!(
+            "a COPY of the transform of {store} writes into {}, not a staged target",
+            sent.into
+        );
+    };
+    let device = choose_device(&ZarrConfig::of(options).device)
+        .map_err(|e| DataFusionError::Plan(format!("a COPY of the transform of {store}: {e}")))?;
+    let staging = staging_memory(device, limit);
+    let tasks = WriteTasks::plan(&table, blocks, staging, limit, options);
+    if let Some(limit) = limit {
+        (tasks.projection("BlockwiseTasksExec", &table))
+            .advice("raise the worker's allowed_mem")
+            .check(limit)?;
+    }
+    let on = (device, staging);
+    Ok(transform_tasks_on(
+        table,
+        tasks,
+        on,
+        sent.chunks,
+        into,
+        sent.encoding,
+    ))
+}
+
+/// The transform's blocks that `tasks` write, when they do.
+pub(crate) fn transform_writes(tasks: &BlockwiseTasksExec) -> Option<&Arc<BlockWrites>> {
+    let Step::Writers(writers) = &tasks.blocks().step else {
+        return None;
+    };
+    writers.as_any().downcast_ref::<Arc<BlockWrites>>()
 }

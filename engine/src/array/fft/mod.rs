@@ -20,7 +20,7 @@
 //! | [`passes`] | the four-step path's passes as a cluster's stages (`FourStepPassExec`) |
 //! | [`trend_pass`] | a detrend's fit as a cluster's stage before the first pass (`DetrendFitExec`, `FittedExec`) |
 //! | [`exec`] | `FftExec`, the operator |
-//! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`), on a cluster in runs of blocks on the workers (`FftCopyTasksExec`) |
+//! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`), on a cluster in runs of blocks on the workers (the blockwise primitive's `BlockwiseTasksExec`, its kernel the transform's blocks) |
 //! | [`staged`] | transforms along several dimensions, one dimension at a time, when blocks of whole lines do not fit |
 //! | [`fit`] | the path a transform takes within the memory budget, and the operator its scan plans |
 //!

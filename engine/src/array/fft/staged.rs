@@ -33,7 +33,7 @@
 //! on the workers, each transforming its blocks and storing them into the
 //! store the session made in `work_dir` (which every worker must reach),
 //! as a `COPY` of a transform's tasks store whole chunks of a target
-//! ([`FftCopyTasksExec`]). The stage after it, when it reads by whole
+//! (the blockwise primitive's [`BlockwiseTasksExec`](crate::array::blockwise::BlockwiseTasksExec)). The stage after it, when it reads by whole
 //! lines, runs on the workers too ([`StagedTransform::later_stage_of`]):
 //! each of its tasks gets every count of the first stage's tasks (a
 //! broadcast), checks that every block was stored, and reads its own
@@ -53,9 +53,7 @@ use std::sync::{Arc, OnceLock};
 use datafusion::common::{exec_err, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 
-use super::copy::{
-    output_group, store_transformed_block, FftCopyTasks, FftCopyTasksExec, WriteTasks,
-};
+use super::copy::{output_group, store_transformed_block, transform_tasks_on, WriteTasks};
 use super::exec::strategy;
 use super::kernels::{Kernels, ScratchArray};
 use super::options::FftOptions;
@@ -160,19 +158,15 @@ impl StoredStage for StagedTransform {
                 self.inner.chain()?;
             }
         }
-        let sent = FftCopyTasks {
-            chunks: self.chunk_shape(),
-            into: StagedTarget::Scratch {
-                location: self.location().to_string(),
-            },
-            encoding: TargetEncoding::of(&stage_encoding()),
-        };
-        let tasks = FftCopyTasksExec::writing(
+        let tasks = transform_tasks_on(
             Arc::clone(&self.inner),
             self.tasks.clone(),
-            device,
-            self.staging,
-            sent,
+            (device, self.staging),
+            self.chunk_shape(),
+            StagedTarget::Scratch {
+                location: self.location().to_string(),
+            },
+            TargetEncoding::of(&stage_encoding()),
         );
         steps.push(ClusterStep {
             leaf: Arc::new(tasks),
