@@ -1118,6 +1118,49 @@ async fn register_pair(ctx: &datafusion::prelude::SessionContext, forecast: &std
     }
 }
 
+/// A COPY of a dense reduction whose states the workers send and the
+/// session merges (`DenseMergeExec`) is written as its rows come
+/// (`streamed=` in `EXPLAIN`: the sink is planned over the reduction, whose
+/// merge gives the same rows in the same order), its store equal to the one
+/// a machine alone writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_of_a_reduction_merged_from_the_workers_is_written_as_its_rows_come() {
+    let dir = scratch("cluster-copy-reduction");
+    let workers = start_workers(2).await;
+    let cluster = cluster_session(&workers).await;
+    let alone = new_context();
+    let demo = repo_root().join("demo/era5.zarr");
+    for ctx in [&cluster, &alone] {
+        (ctx.register_zarr("era5", demo.to_str().unwrap(), HashMap::new())
+            .await)
+            .unwrap();
+    }
+    let copy = |name: &str| {
+        format!(
+            "COPY (SELECT date_trunc('day', time) AS day, lat, lon, avg(t2m) AS m, \
+             count(t2m) AS n FROM era5 GROUP BY date_trunc('day', time), lat, lon) TO '{}' \
+             STORED AS ZARR OPTIONS ('dims' 'day,lat,lon', 'chunks' 'day=2,lat=11,lon=16')",
+            dir.join(name).display()
+        )
+    };
+    let shown = common::explain_text(&cluster, &copy("shown.zarr")).await;
+    for part in ["DenseMergeExec", "streamed=", "emits=partial states"] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    query_rows(&cluster, "the cluster's COPY", &copy("cluster.zarr")).await;
+    query_rows(&alone, "one machine's COPY", &copy("alone.zarr")).await;
+    let read = |name: &str| {
+        format!(
+            "SELECT * FROM read_zarr('{}') ORDER BY day, lat, lon",
+            dir.join(name).display()
+        )
+    };
+    let want = query_rows(&alone, "one machine's store", &read("alone.zarr")).await;
+    let got = query_rows(&alone, "the cluster's store", &read("cluster.zarr")).await;
+    assert!(want.len() > 1000, "{} rows", want.len());
+    assert_eq!(got, want);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn aligned_joins_run_on_the_workers_as_zipped_scans() {
     // A second store on the demo's grid, in other chunks.
