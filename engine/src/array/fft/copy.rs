@@ -407,9 +407,14 @@ impl BlockWrites {
     pub(crate) fn blockwise(self: &Arc<Self>) -> BlockwiseStep {
         let table = &self.table;
         let source = table.source();
-        let block = (table.output_extent(&self.tasks.blocks.block(0)).iter())
-            .map(|r| r.end - r.start)
-            .collect();
+        let blocks = &self.tasks.blocks;
+        // The first block's output shape (the whole output when none).
+        let block = match blocks.num_blocks() {
+            0 => table.output_shape(),
+            _ => (table.output_extent(&blocks.block(0)).iter())
+                .map(|r| r.end - r.start)
+                .collect(),
+        };
         BlockwiseStep {
             grid: StepGrid::Output {
                 store: source.store().to_string(),
@@ -985,10 +990,12 @@ pub(crate) fn transform_tasks(
     BlockwiseTasksExec::new(Arc::new(step), Arc::new(sent), broadcasts, metrics)
 }
 
-/// The tasks writing the blocks of `tasks` of the transform `table` where
-/// `sent` says, on `device` (staging through `staging` page-locked bytes
-/// on a GPU), reporting the kernels' time to their own metrics: a
-/// worker's, or the session's for the first stage of a staged transform.
+/// The tasks writing the blocks of `tasks` of the transform `table` on
+/// `device` (staging through `staging` page-locked bytes on a GPU) into
+/// `into` in chunks `chunks` encoded as `encoding` (see
+/// [`transform_tasks`]), reporting the kernels' time to their own
+/// metrics: a worker's, or the session's for the first stage of a staged
+/// transform.
 pub(crate) fn transform_tasks_on(
     table: Arc<FftTable>,
     tasks: WriteTasks,
