@@ -779,7 +779,7 @@ fn transform_copies_through_two_worker_processes_are_the_copies_of_one_machine()
         stdout(&output)
     };
     let four_step = ["-c", "SET zarrfusion.fft_strategy = 'four_step'"];
-    let passes = ["FourStepPassExec: pass"].as_slice();
+    let passes = ["four-step pass "].as_slice();
     let rounds = [
         "AfterExec: after round 0 of the rechunk of demo/era5.zarr",
         "RechunkTasksExec",

@@ -116,12 +116,12 @@ use crate::array::copy::rolling::RollChunks;
 use crate::array::fft::copy::{received_transform_tasks, transform_writes};
 use crate::array::fft::exec::FftBlocks;
 use crate::array::fft::four_step::{FourStep, FourStepInput, FourStepPlan};
+use crate::array::fft::passes::{pass_writes, PassBlocks};
 use crate::array::fft::source::StoredStage;
 use crate::array::fft::source::{DetrendedSource, RechunkedVariable};
 use crate::array::fft::staged::{LaterStage, ReceivedStage, StagedTransform};
 use crate::array::fft::{
     ArraySource, Detrend, DetrendFitExec, FftExec, FftOptions, FftTable, FittedExec,
-    FourStepPassExec,
 };
 use crate::array::rechunk::{
     PreparedRechunk, RechunkExec, RechunkOptions, RechunkTasks, RechunkTasksExec,
@@ -189,10 +189,10 @@ fn memory_limit(ctx: &TaskContext) -> Option<usize> {
 /// by whole lines, whose source is detrended (looked for under what
 /// DataFusion wraps a leaf in, `CooperativeExec`).
 fn reading_detrended(plan: &Arc<dyn ExecutionPlan>) -> Option<&Arc<DetrendedSource>> {
-    if let Some(pass) = plan.downcast_ref::<FourStepPassExec>() {
+    let tasks = plan.downcast_ref::<BlockwiseTasksExec>();
+    if let Some(pass) = tasks.and_then(pass_writes) {
         return (pass.pass() == 0).then(|| pass.table().detrended())?;
     }
-    let tasks = plan.downcast_ref::<BlockwiseTasksExec>();
     if let Some(table) = tasks.and_then(transform_writes).map(|w| w.table()) {
         return (table.four_step().is_none()).then(|| table.detrended())?;
     }
@@ -476,7 +476,6 @@ enum Node {
     RechunkTasks(RechunkRun),
     Blockwise(BlockwiseRun),
     Transform(Transform),
-    FourStepPass(FourStepPass),
     After(After),
     DetrendFit(DetrendFit),
     /// The first pass of a detrended four-step transform after its fit
@@ -509,7 +508,6 @@ impl Node {
             Self::RechunkTasks(_) => "a rechunk's tasks",
             Self::Blockwise(_) => "a blockwise step",
             Self::Transform(_) => "a transform",
-            Self::FourStepPass(_) => "a four-step transform's pass",
             Self::After(_) => "a round after another",
             Self::DetrendFit(_) => "a detrend's fit",
             Self::Fitted => "a four-step pass after a detrend's fit",
@@ -681,10 +679,10 @@ impl FourStepAt {
     }
 }
 
-/// A run of one pass of a four-step transform as it travels
-/// ([`FourStepPassExec`]): the variable's table, the transform (as SQL
-/// names its options), the plan, the scratch store the session made in
-/// `work_dir` and the pass.
+/// The kernel of a blockwise step running one pass of a four-step
+/// transform ([`PassBlocks`]) as it travels: the variable's table, the
+/// transform (as SQL names its options), the plan, the scratch store the
+/// session made in `work_dir` and the pass.
 #[derive(Debug, Serialize, Deserialize)]
 struct FourStepPass {
     source: Source,
@@ -700,7 +698,6 @@ struct FourStepPass {
     at: FourStepAt,
     /// 0: across chunks, 1: within chunks.
     pass: usize,
-    tasks: usize,
 }
 
 /// A run of step 1 of a chunk-by-chunk COPY as it travels: how its chunks
@@ -728,6 +725,9 @@ enum Kernel {
     /// A transform's blocks (a COPY of a transform, a staged transform's
     /// first stage): no expressions.
     Transform(Box<TransformBlocks>),
+    /// A pass of a four-step transform, into its intermediates: no
+    /// expressions.
+    FourStepPass(Box<FourStepPass>),
 }
 
 /// A run of a rechunk's tasks as it travels: the rechunk, where it writes,
@@ -1137,8 +1137,8 @@ impl Transform {
 }
 
 impl FourStepPass {
-    fn of(exec: &FourStepPassExec) -> Result<Self> {
-        let table = exec.table();
+    fn of(pass: &PassBlocks) -> Result<Self> {
+        let table = pass.table();
         let Some((grid, variable, options)) = table.four_step_chain() else {
             return not_impl_err!(
                 "the four-step transform of '{}' variable '{}' cannot run on a cluster's \
@@ -1159,9 +1159,8 @@ impl FourStepPass {
             variable: grid.variables[variable].name().to_string(),
             transform: (function.to_string(), named),
             detrend: SentDetrend::of(table),
-            at: FourStepAt::of(exec.four_step()),
-            pass: exec.pass(),
-            tasks: exec.tasks(),
+            at: FourStepAt::of(pass.four_step()),
+            pass: pass.pass(),
         })
     }
 }
@@ -1739,7 +1738,7 @@ impl ZarrCodec {
                 check_scratch(location, what, &options, &store)?
             }
             ChunksInto::Target { staged } => check_staged(staged, &options, &store)?,
-            ChunksInto::Scratch { .. } => {
+            ChunksInto::Scratch { .. } | ChunksInto::Intermediates { .. } => {
                 return plan_err!(
                     "a COPY of the transform of {store} writes into {}, not a staged target",
                     sent.into
@@ -1762,11 +1761,13 @@ impl ZarrCodec {
     /// transform made again with SQL's checks, its plan checked against it
     /// (and its blocks' memory computed again), writing only into a
     /// four-step scratch store its `allowed_locations` permit whose
-    /// intermediates are what the plan makes, its blocks fitted to the
-    /// worker's `allowed_mem` on the worker's own device.
+    /// intermediates are what the plan makes (the step's, which writes no
+    /// variable of its own), its blocks fitted to the worker's
+    /// `allowed_mem` on the worker's own device.
     fn decode_four_step_pass(
         &self,
         p: FourStepPass,
+        (sent, tasks): (BlockwiseTasks, usize),
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let chain = Chain {
@@ -1780,7 +1781,7 @@ impl ZarrCodec {
         let store = table.source().store().to_string();
         check_counts(
             &format!("a four-step transform of {store}"),
-            &[("tasks", p.tasks, MAX_TASKS)],
+            &[("tasks", tasks, MAX_TASKS)],
         )?;
         if p.pass > 1 {
             return plan_err!(
@@ -1790,19 +1791,33 @@ impl ZarrCodec {
         }
         // The first pass reads the source with its trend removed (when it
         // has one), the sums given by the fit before it (`Fitted`).
+        let ChunksInto::Intermediates { location } = &sent.into else {
+            return plan_err!(
+                "a four-step transform of {store} writes into {}, not its intermediates",
+                sent.into
+            );
+        };
+        if *location != p.at.work || !sent.variables.is_empty() {
+            return plan_err!(
+                "a four-step transform of {store} writes its intermediates in {}, not {location} \
+                 (and no variables, not {:?})",
+                p.at.work,
+                sent.variables
+            );
+        }
         let four_step = open_four_step(&table, p.at, ctx)?;
         let config = ZarrConfig::of(ctx.session_config().options());
         let device = choose_device(&config.device)
             .map_err(|e| exec_datafusion_err!("a four-step transform of {store}: {e}"))?;
         let memory_limit = memory_limit(ctx);
-        let exec = FourStepPassExec::new(
+        let exec = PassBlocks::tasks(
             Arc::new(table),
             Arc::new(four_step),
             p.pass,
             device,
             memory_limit,
         )?;
-        Ok(Arc::new(exec.with_tasks(p.tasks)))
+        Ok(Arc::new(exec.with_tasks(tasks)))
     }
 
     /// A detrend's fit received by a worker: the detrended transform (one,
@@ -1863,6 +1878,16 @@ impl ZarrCodec {
                 }
                 return self.decode_transform_blocks(*blocks, (run.step, run.tasks), ctx);
             }
+            Kernel::FourStepPass(pass) => {
+                if !inputs.is_empty() || !run.exprs.is_empty() {
+                    return plan_err!(
+                        "a four-step pass has no inputs and no expressions, got {} and {}",
+                        inputs.len(),
+                        run.exprs.len()
+                    );
+                }
+                return self.decode_four_step_pass(*pass, (run.step, run.tasks), ctx);
+            }
             Kernel::Evaluate(read) => {
                 let (read, broadcasts) =
                     self.joined_inputs(*read, JoinedRows::Inputs(inputs), ctx)?;
@@ -1898,6 +1923,12 @@ impl ZarrCodec {
                 check_scratch(location, what, &options, &store)?
             }
             ChunksInto::Target { staged } => check_staged(staged, &options, &store)?,
+            ChunksInto::Intermediates { .. } => {
+                return plan_err!(
+                    "a blockwise step over {store} writes into {}, not a COPY's store",
+                    run.step.into
+                )
+            }
         }
         let schema = match &rolling {
             Some(rolling) => Arc::clone(&rolling.output_schema),
@@ -2199,6 +2230,9 @@ impl ZarrCodec {
                 if let Some(writes) = transform_writes(step) {
                     let blocks = encode_transform_blocks(writes.table(), writes.blocks())?;
                     (Kernel::Transform(Box::new(blocks)), [].as_slice())
+                } else if let Some(pass) = pass_writes(step) {
+                    let pass = FourStepPass::of(pass)?;
+                    (Kernel::FourStepPass(Box::new(pass)), [].as_slice())
                 } else {
                     let Some(roll) = writers.as_any().downcast_ref::<RollChunks>() else {
                         return not_impl_err!(
@@ -2403,7 +2437,6 @@ impl PhysicalExtensionCodec for ZarrCodec {
             Node::RechunkTasks(run) => decode_rechunk(run, ctx),
             Node::Blockwise(run) => self.decode_blockwise(run, inputs, ctx),
             Node::Transform(transform) => self.decode_transform(transform, inputs, ctx),
-            Node::FourStepPass(pass) => self.decode_four_step_pass(pass, ctx),
             Node::After(After { blocks, what }) => {
                 // A name for errors: kept short.
                 let what: String = what.chars().take(200).collect();
@@ -2481,11 +2514,6 @@ impl PhysicalExtensionCodec for ZarrCodec {
             let encoded = self.encode_window(window)?;
             return serde_json::to_writer(buf, &encoded)
                 .map_err(|e| exec_datafusion_err!("encoding a rolling window: {e}"));
-        }
-        if let Some(pass) = node.downcast_ref::<FourStepPassExec>() {
-            let encoded = Node::FourStepPass(FourStepPass::of(pass)?);
-            return serde_json::to_writer(buf, &encoded)
-                .map_err(|e| exec_datafusion_err!("encoding a four-step transform's pass: {e}"));
         }
         if let Some(rechunk) = node.downcast_ref::<RechunkExec>() {
             if !rechunk.is_on_workers() {

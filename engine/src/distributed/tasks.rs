@@ -1,6 +1,6 @@
 //! How a Zarr scan's, a dense reduction's, a rolling window's, a
-//! transform's (or its four-step passes' and detrend fit's), a rechunk's or a
-//! blockwise step's (a COPY's, a COPY of a transform's) is split among a
+//! transform's (or its detrend fit's), a rechunk's or a
+//! blockwise step's (a COPY's, a COPY of a transform's, a four-step pass's) is split among a
 //! cluster's tasks: the distributed
 //! planner asks each leaf how many tasks it wants ([`scan_tasks`]: its
 //! decoded bytes (a rechunk's: written) over `zarrfusion.bytes_per_task`,
@@ -19,7 +19,7 @@ use datafusion_distributed::{
 };
 
 use crate::array::blockwise::BlockwiseTasksExec;
-use crate::array::fft::{DetrendFitExec, FftExec, FourStepPassExec};
+use crate::array::fft::{DetrendFitExec, FftExec};
 use crate::array::rechunk::RechunkTasksExec;
 use crate::array::rolling::RollingWindowExec;
 use crate::array::DenseReductionExec;
@@ -38,8 +38,6 @@ pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEv
         (step.task_bytes(), step.chunk_tasks())
     } else if let Some(window) = ev.plan.downcast_ref::<RollingWindowExec>() {
         (window.decoded_bytes(), window.read().blocks.num_blocks())
-    } else if let Some(pass) = ev.plan.downcast_ref::<FourStepPassExec>() {
-        (pass.bytes_read(), pass.pass_tasks())
     } else if let Some(fit) = ev.plan.downcast_ref::<DetrendFitExec>() {
         (fit.bytes_read(), fit.chunks())
     } else if let Some(fft) = ev.plan.downcast_ref::<FftExec>() {
@@ -93,11 +91,6 @@ pub fn deal_scan_blocks(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNo
     if let Some(fft) = ev.plan.downcast_ref::<FftExec>() {
         return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
             fft.with_tasks(ev.task_count),
-        ))));
-    }
-    if let Some(pass) = ev.plan.downcast_ref::<FourStepPassExec>() {
-        return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(
-            pass.with_tasks(ev.task_count),
         ))));
     }
     if let Some(fit) = ev.plan.downcast_ref::<DetrendFitExec>() {

@@ -3,8 +3,7 @@
 //! [`ClusterPasses`] gives each [`FftExec`] on the four-step path its two
 //! passes as inputs, and each staged transform (or chain whose inner
 //! transform is stored first) its first stage ([`FftExec::on_cluster`]:
-//! per pass a [`FourStepPassExec`](crate::array::fft::FourStepPassExec),
-//! for a first stage an
+//! per pass and for a first stage a
 //! [`BlockwiseTasksExec`](crate::array::blockwise::BlockwiseTasksExec) of its blocks, each
 //! under the gathering of its blocks' counts). The distributed planner
 //! puts a network boundary at each gathering, each stage is split into

@@ -26,7 +26,7 @@
 //! projection.check(8 << 20).unwrap();
 //! ```
 
-use datafusion::common::{human_readable_size, resources_err, Result};
+use datafusion::common::{human_readable_size, resources_datafusion_err, DataFusionError, Result};
 
 /// What an operator projects to hold at its peak, in parts (see the
 /// module docs).
@@ -42,7 +42,10 @@ pub struct Projection {
     /// What is held once for all the units: bytes, and what in words.
     shared: Vec<(usize, String)>,
     /// What to do when it does not fit.
-    advice: &'static str,
+    advice: String,
+    /// The share of `allowed_mem` the limit checked is (`"half of"`), or
+    /// empty for all of it.
+    share: &'static str,
 }
 
 impl Projection {
@@ -63,7 +66,8 @@ impl Projection {
             per_unit,
             held: String::new(),
             shared: Vec::new(),
-            advice: "raise the limit",
+            advice: "raise the limit".to_string(),
+            share: "",
         }
     }
 
@@ -82,8 +86,16 @@ impl Projection {
 
     /// With what to do when it does not fit (`"raise the limit"` unless
     /// said).
-    pub fn advice(mut self, advice: &'static str) -> Self {
-        self.advice = advice;
+    pub fn advice(mut self, advice: impl Into<String>) -> Self {
+        self.advice = advice.into();
+        self
+    }
+
+    /// With the limit it is checked against being `share` of
+    /// `allowed_mem` (`"half of"`: a planner giving each of two steps
+    /// half), as a refusal then says.
+    pub fn share(mut self, share: &'static str) -> Self {
+        self.share = share;
         self
     }
 
@@ -98,10 +110,16 @@ impl Projection {
     /// Refuses the operator, naming every part, when its total exceeds
     /// `limit`.
     pub fn check(&self, limit: usize) -> Result<()> {
-        let total = self.total();
-        if total <= limit {
-            return Ok(());
+        match self.total() <= limit {
+            true => Ok(()),
+            false => Err(self.refusal(limit)),
         }
+    }
+
+    /// The refusal [`Self::check`] gives, for a planner that found that
+    /// nothing it could plan fits `limit` (this its least).
+    pub fn refusal(&self, limit: usize) -> DataFusionError {
+        let total = self.total();
         let shared: String = (self.shared.iter())
             .filter(|(bytes, _)| *bytes > 0)
             .map(|(bytes, what)| format!("; and {} of {what}", human_readable_size(*bytes)))
@@ -111,9 +129,13 @@ impl Projection {
             held => format!(": {held}"),
         };
         let plural = if self.units == 1 { "" } else { "s" };
-        resources_err!(
-            "{} over {} needs {} ({} {}{plural} x {} per {}{held}{shared}) but the memory limit \
-             (allowed_mem) is {}; {}",
+        let share = match self.share {
+            "" => String::new(),
+            share => format!("{share} "),
+        };
+        resources_datafusion_err!(
+            "{} over {} needs {} ({} {}{plural} x {} per {}{held}{shared}) but {share}the memory \
+             limit (allowed_mem) is {}; {}",
             self.operator,
             self.store,
             human_readable_size(total),
@@ -157,6 +179,12 @@ mod tests {
         let text = one.unwrap_err().to_string();
         assert!(
             text.contains("needs 10.0 B (1 task x 10.0 B per task)"),
+            "{text}"
+        );
+        let half = Projection::new("X", "a.zarr", 1, "task", 10).share("half of");
+        let text = half.check(9).unwrap_err().to_string();
+        assert!(
+            text.contains("but half of the memory limit (allowed_mem) is 9.0 B; raise the limit"),
             "{text}"
         );
     }

@@ -2603,11 +2603,7 @@ async fn a_copy_of_a_four_step_transform_runs_its_passes_and_blocks_on_the_worke
         ] {
             assert!(shown.contains(part), "{name}: {part}:\n{shown}");
         }
-        assert_eq!(
-            shown.matches("FourStepPassExec: pass").count(),
-            2,
-            "{shown}"
-        );
+        assert_eq!(shown.matches("four-step pass ").count(), 2, "{shown}");
         let fitted = shown.contains("FittedExec: after the detrend's fit")
             && shown.contains("DetrendFitExec: the detrend of");
         assert_eq!(fitted, rounded.is_some(), "{name}:\n{shown}");
@@ -2691,7 +2687,7 @@ async fn every_fft_case_gives_xrft_s_answer_through_two_workers() {
 }
 
 /// A transform on the four-step path runs its two passes on the workers:
-/// a stage each (`FourStepPassExec`, its blocks dealt to tasks), writing
+/// a stage each (`BlockwiseTasksExec` of a four-step pass, its blocks dealt to tasks), writing
 /// the intermediates into the scratch store the session made in work_dir,
 /// the second after the first on the workers (`AfterExec`); the output is
 /// read there too, by tasks of its own once the second pass's counts are
@@ -2728,7 +2724,7 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
         let one_dimension = !args["dims"].as_str().unwrap().contains(',');
         if one_dimension && case.get("views").is_none() {
             assert_eq!(
-                shown.matches("FourStepPassExec: pass").count(),
+                shown.matches("four-step pass ").count(),
                 2,
                 "{name}:\n{shown}"
             );
@@ -2743,7 +2739,7 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
             assert!(fft_line.contains("tasks=its stage's"), "{name}:\n{shown}");
             assert!(shown.contains("Network"), "{name}:\n{shown}");
             // Each pass's blocks dealt to several tasks.
-            for line in shown.lines().filter(|l| l.contains("FourStepPassExec")) {
+            for line in shown.lines().filter(|l| l.contains("four-step pass ")) {
                 assert!(line.contains(", tasks="), "{name}:\n{shown}");
             }
             // A detrend's fit is a stage of its own before the first pass,
@@ -2762,7 +2758,7 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
             // four-step path: its two passes, then its blocks, on the
             // workers; the rest in the session.
             assert_eq!(
-                shown.matches("FourStepPassExec: pass").count(),
+                shown.matches("four-step pass ").count(),
                 2,
                 "{name}:\n{shown}"
             );
@@ -2775,7 +2771,7 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
             fitted_on_workers += usize::from(fitted);
             first_stages += 1;
         } else {
-            assert!(!shown.contains("FourStepPassExec"), "{name}:\n{shown}");
+            assert!(!shown.contains("four-step pass "), "{name}:\n{shown}");
             assert!(!shown.contains("Network"), "{name}:\n{shown}");
             in_session += 1;
         }
@@ -2810,11 +2806,7 @@ async fn four_step_passes_run_on_the_workers_and_other_work_dir_paths_in_the_ses
     let shown = displayable(physical_plan(&cluster, sql).await.as_ref())
         .indent(true)
         .to_string();
-    assert_eq!(
-        shown.matches("FourStepPassExec: pass").count(),
-        2,
-        "{shown}"
-    );
+    assert_eq!(shown.matches("four-step pass ").count(), 2, "{shown}");
     let want = query_rows(&local, "power", sql).await;
     assert_eq!(want.len(), 9);
     assert_rows("power", &query_rows(&cluster, "power", sql).await, &want);
@@ -2981,7 +2973,7 @@ async fn a_detrend_s_fit_runs_as_a_stage_before_the_first_pass() {
     assert!(
         shown.contains("FittedExec: after the detrend's fit")
             && shown.contains("DetrendFitExec: the detrend of")
-            && shown.contains("FourStepPassExec: pass 1"),
+            && shown.contains("four-step pass 1"),
         "{shown}"
     );
     let wire = Wire::new(&alone);
@@ -2995,9 +2987,9 @@ async fn a_detrend_s_fit_runs_as_a_stage_before_the_first_pass() {
     let task = alone.task_ctx();
     let ran = collect_partitioned(back, Arc::clone(&task)).await.unwrap();
     let pass_blocks = fitted.children()[1]
-        .downcast_ref::<zarrfusion::array::fft::FourStepPassExec>()
+        .downcast_ref::<zarrfusion::array::blockwise::BlockwiseTasksExec>()
         .unwrap()
-        .pass_tasks();
+        .chunk_tasks();
     let counts: Vec<u64> = (ran.iter().flatten())
         .flat_map(|b| {
             let c = b.column(0).as_any().downcast_ref::<UInt64Array>().unwrap();
@@ -3792,8 +3784,8 @@ async fn a_staged_transform_s_four_step_first_stage_runs_its_passes_on_the_worke
     for part in [
         "strategy=staged: along [y] by four-step",
         "first stage on the cluster's workers",
-        "FourStepPassExec: pass 1",
-        "FourStepPassExec: pass 2",
+        "four-step pass 1",
+        "four-step pass 2",
         "BlockwiseTasksExec",
         "zarrfusion-fft-staged-",
     ] {
@@ -3878,7 +3870,7 @@ async fn a_four_step_first_stage_and_the_stage_after_it_run_in_rounds_on_the_wor
         "strategy=staged: along [y] by four-step",
         "AfterExec: after pass 1 of the first stage's four-step transform",
         "AfterExec: after pass 2 of the first stage's four-step transform",
-        "FourStepPassExec: pass 1",
+        "four-step pass 1",
         "BlockwiseTasksExec",
         "then along [x] by whole lines",
     ];
@@ -3955,12 +3947,36 @@ async fn a_four_step_pass_round_trips_and_a_malformed_one_is_refused() {
     }
     let wire = Wire::new(&ctx);
     let sent = wire.encode(Arc::clone(&passes[0]));
+    // A blockwise step whose kernel is the pass.
+    assert_eq!(sent["node"], "blockwise", "{sent}");
+    assert_eq!(sent["kernel"]["kernel"], "four_step_pass", "{sent}");
     wire.decode(&sent).expect("the pass as sent");
-    let store = sent["work"].as_str().unwrap().to_string();
+    let store = sent["kernel"]["work"].as_str().unwrap().to_string();
+    assert_eq!(sent["step"]["into"]["location"], store.as_str(), "{sent}");
+    wire.refuses(&sent, vec![("tasks", Value::from(0), "tasks")]);
+    let step_changes: Vec<(&str, Value, &str)> = vec![
+        (
+            "into",
+            serde_json::json!({"kind": "scratch", "location": store}),
+            "not its intermediates",
+        ),
+        (
+            "into",
+            serde_json::json!({"kind": "intermediates", "location": dir.to_string_lossy()}),
+            "writes its intermediates in",
+        ),
+        (
+            "variables",
+            serde_json::json!([["z", "Float64"]]),
+            "and no variables",
+        ),
+    ];
+    for (field, value, says) in step_changes {
+        wire.refuses_changed(&sent, &|bad| bad["step"][field] = value.clone(), says);
+    }
     let gone = work.join("zarrfusion-fft-four-step-gone.zarr");
     let cases: Vec<(&str, Value, &str)> = vec![
         ("pass", Value::from(2), "pass 3 of 2"),
-        ("tasks", Value::from(0), "tasks"),
         (
             "work",
             Value::from(dir.to_string_lossy()),
@@ -3980,8 +3996,17 @@ async fn a_four_step_pass_round_trips_and_a_malformed_one_is_refused() {
         ("variable", Value::from("nothing"), "unknown variable"),
         ("columns", serde_json::json!([["x", "Int8"]]), "changed"),
     ];
-    wire.refuses(&sent, cases);
-    let plan = &sent["plan"];
+    for (field, value, says) in cases {
+        // Where the pass writes follows its store.
+        let change = |bad: &mut Value| {
+            bad["kernel"][field] = value.clone();
+            if field == "work" {
+                bad["step"]["into"]["location"] = value.clone();
+            }
+        };
+        wire.refuses_changed(&sent, &change, says);
+    }
+    let plan = &sent["kernel"]["plan"];
     let (n1, n2) = (
         plan["columns"].as_u64().unwrap(),
         plan["rows"].as_u64().unwrap(),
@@ -3996,7 +4021,7 @@ async fn a_four_step_pass_round_trips_and_a_malformed_one_is_refused() {
     ];
     for (field, value, says) in bad_plans {
         let mut bad = sent.clone();
-        bad["plan"][field] = value.clone();
+        bad["kernel"]["plan"][field] = value.clone();
         let err = wire
             .decode(&bad)
             .expect_err(&format!("plan {field} = {value} accepted"));
@@ -4008,10 +4033,10 @@ async fn a_four_step_pass_round_trips_and_a_malformed_one_is_refused() {
         .find(|&c| (n1 * n2) % c == 0 && c != n1)
         .expect("another split");
     let mut bad = sent.clone();
-    bad["plan"]["columns"] = Value::from(other);
-    bad["plan"]["rows"] = Value::from(n1 * n2 / other);
+    bad["kernel"]["plan"]["columns"] = Value::from(other);
+    bad["kernel"]["plan"]["rows"] = Value::from(n1 * n2 / other);
     for field in ["column_block", "row_block", "spectrum_rows"] {
-        bad["plan"][field] = Value::from(1);
+        bad["kernel"]["plan"][field] = Value::from(1);
     }
     let err = wire.decode(&bad).expect_err("another split accepted");
     assert!(err.contains("is not the array its plan makes"), "{err}");
@@ -4024,7 +4049,10 @@ async fn a_four_step_pass_round_trips_and_a_malformed_one_is_refused() {
         .decode(&sent)
         .expect_err("a block over allowed_mem");
     assert!(err.contains("(1 block x"), "{err}");
-    assert!(err.contains("per block: a block of its pass 1"), "{err}");
+    assert!(
+        err.contains("per block: a block of its four-step pass 1"),
+        "{err}"
+    );
     assert!(err.contains("allowed_mem"), "{err}");
     assert!(std::path::Path::new(&store).is_dir(), "{store}");
     drop(fft);

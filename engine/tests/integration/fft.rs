@@ -221,6 +221,26 @@ async fn explain_shows_the_strategy_and_memory_and_a_small_budget_is_refused() {
         err.contains("FftExec") && err.contains("allowed_mem") && err.contains("grid.zarr"),
         "{err}"
     );
+    // A trend fitted over both dimensions by a pass over the source first
+    // (a chunk at a time, every line's sums held) within half the limit:
+    // refused with the parts, the share of the limit named.
+    let detrended = "SELECT sum(z['re']) FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', \
+                     dims => 'lat,lon', detrend => 'linear')";
+    let err = budget(8 << 10)
+        .sql(detrended)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("FftExec over 'tests/fixtures/fft/data/grid.zarr' variable 'z' needs")
+            && err.contains("per chunk: the linear detrend's fit")
+            && err.contains("of every group's sums")
+            && err.contains("but half of the memory limit (allowed_mem) is 4.0 KB"),
+        "{err}"
+    );
 }
 
 /// Copies the FFT of `variable` along lat and lon to a Zarr store, runs the

@@ -203,7 +203,7 @@ fn a_plan_that_cannot_fit_is_refused_before_anything_is_written() {
         64 << 10,
     );
     assert!(
-        small.contains("Rechunk") && small.contains("allowed_mem") && small.contains("65536"),
+        small.contains("Rechunk over") && small.contains("allowed_mem) is 64.0 KB"),
         "{small}"
     );
     let unknown = run("rechunk_source.zarr", &[("level", 2)], 64 << 20);

@@ -1,10 +1,11 @@
 //! The blockwise primitive's tasks on a cluster: a run of a
 //! [`BlockwiseStep`]'s chunks as the leaf of a stage ([`BlockwiseTasksExec`]),
 //! dealt to the stage's tasks in contiguous runs, writing into the
-//! intermediate store the session made in `work_dir` or into the staged
-//! target ([`ChunksInto`]). Every operator whose work is a blockwise step
-//! (a COPY of a selection or of rolling windows, a COPY of a transform,
-//! a staged transform's first stage) runs on the workers through this one
+//! intermediate store the session made in `work_dir`, into the staged
+//! target, or into a kernel's own intermediates ([`ChunksInto`]). Every
+//! operator whose work is a blockwise step (a COPY of a selection or of
+//! rolling windows, a COPY of a transform, a staged transform's first
+//! stage, a four-step transform's passes) runs on the workers through this one
 //! node, which the codec carries as the step's chunks and target
 //! ([`BlockwiseTasks`]) beside its kernel.
 
@@ -70,12 +71,22 @@ pub enum ChunksInto {
         /// Where it is staged.
         staged: StagedTarget,
     },
+    /// The kernel's own intermediate arrays (a four-step transform's
+    /// passes), in the scratch store the session made in `work_dir`: the
+    /// kernel opens them and checks the store is still there before each
+    /// block it writes.
+    Intermediates {
+        /// The scratch store's location.
+        location: String,
+    },
 }
 
 impl fmt::Display for ChunksInto {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Scratch { location } => write!(f, "{location}"),
+            Self::Scratch { location } | Self::Intermediates { location } => {
+                write!(f, "{location}")
+            }
             Self::Target { staged } => write!(f, "{staged}"),
         }
     }
@@ -402,6 +413,9 @@ impl ExecutionPlan for BlockwiseTasksExec {
                     }
                     let may_write = || staged.still_staged(&out);
                     blocks.write_step(&arrays, run.clone(), &may_write, cancelled)?
+                }
+                ChunksInto::Intermediates { .. } => {
+                    blocks.write_step(&[], run.clone(), &|| Ok(()), cancelled)?
                 }
             };
             Ok(Written {

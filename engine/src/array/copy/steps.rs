@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::Session;
-use datafusion::common::{plan_err, DataFusionError, Result};
+use datafusion::common::{plan_err, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::expr::{Cast, TryCast};
@@ -241,12 +241,9 @@ fn second_step(
         rechunk.allowed_mem,
         rechunk.threads,
     )
-    .map_err(|e| {
-        DataFusionError::ResourcesExhausted(format!(
-            "COPY TO Zarr of a selection of '{store}': the rechunk from chunks {block:?} to \
-             {target_chunks:?} cannot fit allowed_mem: {e}; raise allowed_mem or choose \
-             smaller chunks"
-        ))
+    .map_err(|no| {
+        let what = format!("'{store}' (its rechunk)");
+        no.refusal("COPY TO Zarr of a selection", &what, rechunk.allowed_mem, 0)
     })?;
     Ok(stage2.projected_memory())
 }

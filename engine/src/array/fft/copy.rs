@@ -55,7 +55,7 @@ use super::exec::{
     transformed_block,
 };
 use super::kernels::{Kernels, Precision, TransformClock};
-use super::passes::FourStepPassExec;
+use super::passes::PassBlocks;
 use super::source::{ArraySource, Broadcast, ClusterStep};
 use super::table::FftTable;
 use super::trend_pass::{DetrendFitExec, FittedExec};
@@ -627,7 +627,7 @@ impl WriteTasks {
 
     /// Their projected memory in parts, as `operator` writing the blocks of
     /// `table` reports it (its total is [`Self::projected`]).
-    fn projection(&self, operator: &'static str, table: &FftTable) -> Projection {
+    pub(crate) fn projection(&self, operator: &'static str, table: &FftTable) -> Projection {
         let source = table.source();
         let store = format!("'{}' variable '{}'", source.store(), source.variable());
         self.parts(operator, store)
@@ -821,7 +821,7 @@ impl FftCopyExec {
             // Fitted to the plan's memory already: each worker fits it to
             // its own allowed_mem when it receives it.
             let (on, device) = (Arc::clone(four_step), self.job.writes.device);
-            let exec = FourStepPassExec::new(Arc::clone(table), on, pass, device, None);
+            let exec = PassBlocks::tasks(Arc::clone(table), on, pass, device, None);
             let mut leaf: Arc<dyn ExecutionPlan> = Arc::new(exec?);
             if let (0, Some(detrended)) = (pass, table.detrended()) {
                 let fit = Arc::new(DetrendFitExec::new(Arc::clone(table))?);

@@ -33,7 +33,7 @@ use datafusion::physical_plan::{
 use zarrfusion_udfs::complex::complex_array;
 
 use super::kernels::{Kernels, Precision, TransformClock};
-use super::passes::FourStepPassExec;
+use super::passes::PassBlocks;
 use super::source::{ArraySource, Broadcast, ClusterStep, StoredStage};
 use super::table::FftTable;
 use super::transform::FftTransform;
@@ -471,7 +471,7 @@ pub struct FftExec {
     /// On a cluster, what the workers run before the output is read (see
     /// [`Self::on_cluster`]), each under the gathering of its blocks'
     /// counts: the four-step path's passes, a stage each
-    /// ([`FourStepPassExec`]), or a staged transform's first stage.
+    /// (blockwise tasks of [`PassBlocks`]), or a staged transform's first stage.
     inputs: Vec<Arc<dyn ExecutionPlan>>,
     /// A staged transform's first stage when `inputs` runs it, and per
     /// input the blocks its tasks' counts add up to and what it is.
@@ -744,7 +744,7 @@ impl FftExec {
     /// This transform with what its path writes in `work_dir` first as
     /// its inputs, to run on a cluster's workers: the passes of its
     /// four-step path ([`super::passes`]: a stage each,
-    /// [`FourStepPassExec`] under the gathering of its blocks' counts, run
+    /// blockwise tasks of [`PassBlocks`] under the gathering of their counts, run
     /// one after the other), or the first stage of a staged transform (or
     /// of a chain's stored inner transform, [`super::staged`]: a stage
     /// whose tasks transform runs of its blocks and store them, after its
@@ -787,7 +787,7 @@ impl FftExec {
         let passes = [0, 1]
             .into_iter()
             .map(|pass| {
-                let exec: Arc<dyn ExecutionPlan> = Arc::new(FourStepPassExec::new(
+                let exec: Arc<dyn ExecutionPlan> = Arc::new(PassBlocks::tasks(
                     Arc::clone(table),
                     Arc::clone(four_step),
                     pass,

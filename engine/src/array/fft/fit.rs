@@ -17,9 +17,7 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision as Exactness;
-use datafusion::common::{
-    human_readable_size, plan_err, resources_err, DataFusionError, Result, Statistics,
-};
+use datafusion::common::{human_readable_size, plan_err, DataFusionError, Result, Statistics};
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
@@ -37,6 +35,7 @@ use super::table::FftTable;
 use crate::array::rechunk::RechunkOptions;
 use crate::config::ZarrConfig;
 use crate::device::{choose_device, staging_memory};
+use crate::memory::Projection;
 use crate::table::{select, Selection};
 use crate::write::scratch::default_work_dir;
 use crate::zarr::StoreLocation;
@@ -94,6 +93,17 @@ impl FftTable {
                 _ => Ok(self.clone()),
             }
         })
+    }
+
+    /// `units` units of work (`unit`) of this transform's operator, each
+    /// holding `per_unit` bytes, as its refusals name them.
+    fn projection(&self, units: usize, unit: &'static str, per_unit: usize) -> Projection {
+        let store = format!(
+            "'{}' variable '{}'",
+            self.source.store(),
+            self.source.variable()
+        );
+        Projection::new("FftExec", &store, units, unit, per_unit)
     }
 
     /// A planning error of this transform's operator, naming the store and
@@ -221,23 +231,20 @@ impl FftTable {
             Some(stage_limit),
         );
         let tasks = WriteTasks::plan(&inner, blocks, staging, Some(stage_limit), config);
-        if !tasks.fits(Some(stage_limit)) {
-            let stage = if chained {
-                "the inner transform"
-            } else {
-                "the first stage"
-            };
-            return Err(self.plan_error(format!(
-                "{stage} (along [{}]) needs {} for one task (a block of shape {:?}) \
-                 plus {} for the kernel's threads, more than the {} it has (half of the memory \
-                 limit, allowed_mem); raise the limit",
+        let stage = if chained {
+            "the inner transform"
+        } else {
+            "the first stage"
+        };
+        (tasks.projection("FftExec", &inner))
+            .holding(format!(
+                "{stage} along [{}], a block of shape {:?} read, transformed and stored",
                 inner_dims.join(", "),
-                human_readable_size(tasks.task_memory),
                 tasks.blocks.block_shape(),
-                human_readable_size(tasks.kernel_memory),
-                human_readable_size(stage_limit)
-            )));
-        }
+            ))
+            .share("the stage's tasks' share of")
+            .advice("raise the limit")
+            .check(stage_limit)?;
         let block_out: Vec<u64> = inner
             .output_extent(&tasks.blocks.block(0))
             .iter()
@@ -446,17 +453,16 @@ impl FftTable {
             return Ok((self.source.clone(), 0));
         };
         let sums = DetrendedSource::sums_memory(&self.source.shape(), &axes);
-        let room = room.saturating_sub(sums);
         let task = DetrendedSource::task_memory(&self.source);
-        if task > room {
-            return Err(self.plan_error(format!(
-                "the {} detrend is fitted in a pass over the source first, a chunk at a time, \
-                 and a chunk needs {}, more than the {} the memory limit (allowed_mem) leaves it",
-                detrend.name(),
-                human_readable_size(task),
-                human_readable_size(room)
-            )));
-        }
+        (self.projection(1, "chunk", task))
+            .holding(format!(
+                "the {} detrend's fit, a pass over the source first, a chunk at a time",
+                detrend.name()
+            ))
+            .and(sums, "every group's sums")
+            .share("half of")
+            .check(room)?;
+        let room = room.saturating_sub(sums);
         let workers = (room / task.max(1)).clamp(1, rayon::current_num_threads().max(1));
         let source = DetrendedSource::new(self.source.clone(), axes, detrend, workers);
         Ok((ArraySource::Detrended(Arc::new(source)), sums))
@@ -497,18 +503,18 @@ impl FftTable {
                 .iter()
                 .map(|(_, a)| a.dim.as_str())
                 .collect();
-            return resources_err!(
-                "FftExec of '{}' variable '{}': one line along [{}] needs {} read and \
-                 transformed, more than half of what the memory limit (allowed_mem) of {} \
-                 leaves beside the kernel's threads; raise the limit, or transform one \
-                 dimension at a time by the four-step path (SET zarrfusion.fft_strategy = \
-                 'auto' or 'four_step')",
-                grid.store,
-                self.source.variable(),
-                dims.join(", "),
-                human_readable_size(block_memory(self, &block)),
-                human_readable_size(limit)
-            );
+            // A block read while the one before is transformed.
+            (self.projection(2, "block", block_memory(self, &block)))
+                .holding(format!(
+                    "lines along [{}] of a rechunked copy, as few as one, read and transformed",
+                    dims.join(", ")
+                ))
+                .and(kernel_memory(self), "the kernel's threads")
+                .advice(
+                    "raise it, or transform one dimension at a time by the four-step path (SET \
+                     zarrfusion.fft_strategy = 'auto' or 'four_step')",
+                )
+                .check(limit)?;
         }
         let chunks: Vec<(String, u64)> = grid
             .dims

@@ -75,7 +75,7 @@ use crate::zarr::{chunk_keys, ChunkBufferPool, ReadAhead, StoreLocation, ZarrArr
 
 /// The shape of a four-step transform (see the module docs); it travels
 /// to a cluster's workers with the passes' tasks
-/// ([`super::passes::FourStepPassExec`]), checked there by
+/// ([`super::passes::PassBlocks`]), checked there by
 /// [`received`](Self::received).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FourStepPlan {

@@ -17,7 +17,7 @@
 //! | [`source`] | what a transform reads: a Zarr variable, a rechunked copy of one, a detrended source (its trend fitted in a pass first), another transform's output |
 //! | [`four_step`] | the four-step (Bailey) path for lines larger than memory |
 //! | [`table`] | the `fft(...)`/`ifft(...)` table functions, `DataFrame.fft` |
-//! | [`passes`] | the four-step path's passes as a cluster's stages (`FourStepPassExec`) |
+//! | [`passes`] | the four-step path's passes as a cluster's blockwise stages (`PassBlocks`, their kernel) |
 //! | [`trend_pass`] | a detrend's fit as a cluster's stage before the first pass (`DetrendFitExec`, `FittedExec`) |
 //! | [`exec`] | `FftExec`, the operator |
 //! | [`copy`] | `COPY` of a transform to Zarr, block by block (`FftCopyExec`), on a cluster in runs of blocks on the workers (the blockwise primitive's `BlockwiseTasksExec`, its kernel the transform's blocks) |
@@ -51,7 +51,6 @@ pub mod window;
 pub use copy::{FftCopy, FftCopyExec};
 pub use exec::FftExec;
 pub use options::{Detrend, FftOptions};
-pub use passes::FourStepPassExec;
 pub use source::ArraySource;
 pub use table::{fft_plan, fft_scan, FftPlanner, FftTable};
 pub use transform::FftTransform;

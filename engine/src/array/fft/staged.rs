@@ -57,7 +57,7 @@ use super::copy::{output_group, store_transformed_block, transform_tasks_on, Wri
 use super::exec::strategy;
 use super::kernels::{Kernels, ScratchArray};
 use super::options::FftOptions;
-use super::passes::FourStepPassExec;
+use super::passes::PassBlocks;
 use super::source::{ArraySource, Broadcast, ClusterStage, ClusterStep, StoredStage};
 use super::table::FftTable;
 use super::trend_pass::{DetrendFitExec, FittedExec};
@@ -139,7 +139,7 @@ impl StoredStage for StagedTransform {
                 for pass in 0..2 {
                     // Fitted to the plan's memory already: each worker fits
                     // it to its own allowed_mem when it receives it.
-                    let leaf = FourStepPassExec::new(
+                    let leaf = PassBlocks::tasks(
                         Arc::clone(&self.inner),
                         Arc::clone(four_step),
                         pass,

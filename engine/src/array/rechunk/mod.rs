@@ -51,10 +51,11 @@ use zarrs::storage::{ReadableListableStorageTraits, ReadableWritableListableStor
 
 pub(crate) use cluster::ClusterRounds;
 pub use cluster::{ArrayTasks, RechunkTasks, RechunkTasksExec, StageTasks};
-pub use plan::{RechunkPlan, StagePlan};
+pub use plan::{NoPlan, RechunkPlan, StagePlan};
 pub use table::{rechunk_plan, rechunk_scan, RechunkExec, RechunkPlanner, RechunkTable};
 
 use crate::config::ZarrConfig;
+use crate::memory::Projection;
 use crate::write::options::{Codec, ZarrVersion, ZarrWriteOptions};
 use crate::write::scratch::{default_work_dir, ScratchStore};
 use crate::write::sink::CancelOnDrop;
@@ -385,13 +386,9 @@ fn plan_jobs(
             options.allowed_mem - read_ahead.memory() as u64,
             options.threads,
         )
-        .map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
-                "Rechunk of store '{source}', array '{}' from chunks {source_chunks:?} to \
-                 {target_chunks:?} cannot fit allowed_mem: {e}; raise allowed_mem or choose \
-                 smaller chunks",
-                entry.name
-            ))
+        .map_err(|no| {
+            let store = format!("store '{source}', array '{}'", entry.name);
+            no.refusal("Rechunk", &store, options.allowed_mem, read_ahead.memory())
         })?;
         for d in &dims {
             if !all_dims.contains(d) {
@@ -890,15 +887,12 @@ impl PreparedRechunk {
             memory = memory.max(rechunk.projected_memory());
             prepared.jobs[i].rechunk = rechunk;
         }
-        if memory > options.allowed_mem {
-            return Err(DataFusionError::ResourcesExhausted(format!(
-                "rechunk of store '{}': its tasks need {} at once but this worker's \
-                 allowed_mem is {}",
-                tasks.source,
-                human_readable_size(memory as usize),
-                human_readable_size(options.allowed_mem as usize)
-            )));
-        }
+        let store = format!("store '{}'", tasks.source);
+        let memory = usize::try_from(memory).unwrap_or(usize::MAX);
+        Projection::new("RechunkTasksExec", &store, 1, "round", memory)
+            .holding("its largest array's tasks at once")
+            .advice("raise this worker's allowed_mem")
+            .check(usize::try_from(options.allowed_mem).unwrap_or(usize::MAX))?;
         Ok(prepared)
     }
 

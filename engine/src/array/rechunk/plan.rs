@@ -17,7 +17,10 @@
 //! multistage plan) cut the bytes read; the plan with the fewest bytes read
 //! and written per worker wins.
 
+use datafusion::common::DataFusionError;
+
 use crate::config::MAX_THREADS;
+use crate::memory::Projection;
 use crate::table::BlockGrid;
 
 /// Most stages tried.
@@ -82,6 +85,46 @@ impl StagePlan {
     }
 }
 
+/// A rechunk no plan fits the budget of: what its smallest task needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoPlan {
+    /// Bytes of the smallest task: a target chunk, a source chunk and the
+    /// encoding buffers.
+    pub least: u64,
+    /// The budget planned for.
+    pub budget: u64,
+    /// The chunks rechunked from and to.
+    pub source: Vec<u64>,
+    pub target: Vec<u64>,
+}
+
+impl NoPlan {
+    /// The refusal of `operator` rechunking `store` (`"store 's', array
+    /// 'a'"`) under `limit` bytes, of which the rechunk had the budget and
+    /// `read_ahead` bytes read chunks ahead.
+    pub fn refusal(
+        &self,
+        operator: &'static str,
+        store: &str,
+        limit: u64,
+        read_ahead: usize,
+    ) -> DataFusionError {
+        let (source, target) = (&self.source, &self.target);
+        let least = usize::try_from(self.least).unwrap_or(usize::MAX);
+        Projection::new(operator, store, 1, "task", least)
+            .holding(format!(
+                "a target chunk {target:?}, a source chunk {source:?} and the encoding buffers \
+                 at the least"
+            ))
+            .and(read_ahead, "chunks read ahead")
+            .advice(format!(
+                "from chunks {source:?} to {target:?} it cannot fit allowed_mem: raise \
+                 allowed_mem or choose smaller chunks"
+            ))
+            .refusal(usize::try_from(limit).unwrap_or(usize::MAX))
+    }
+}
+
 /// How one array is rechunked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RechunkPlan {
@@ -100,7 +143,7 @@ impl RechunkPlan {
     /// Plans rechunking an array of `shape` (`itemsize` bytes per element)
     /// from `source` chunks to `target` chunks within `budget` bytes, with
     /// up to `threads` tasks at once (at most [`MAX_THREADS`]). The error
-    /// says what the smallest stage needs.
+    /// says what the smallest task needs.
     pub fn new(
         shape: &[u64],
         source: &[u64],
@@ -108,7 +151,7 @@ impl RechunkPlan {
         itemsize: u64,
         budget: u64,
         threads: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, NoPlan> {
         let source = clip(source, shape);
         let target = clip(target, shape);
         let mut best: Option<(f64, Self)> = None;
@@ -143,12 +186,11 @@ impl RechunkPlan {
             }
             workers = workers.div_ceil(2);
         }
-        best.map(|(_, plan)| plan).ok_or_else(|| {
-            let least = task_memory(&target, &source, &target, itemsize);
-            format!(
-                "one task needs at least {least} bytes (a target chunk {target:?}, a source \
-                 chunk {source:?} and the encoding buffers) but the budget is {budget} bytes"
-            )
+        best.map(|(_, plan)| plan).ok_or_else(|| NoPlan {
+            least: task_memory(&target, &source, &target, itemsize),
+            budget,
+            source,
+            target,
         })
     }
 
@@ -406,6 +448,20 @@ mod tests {
     #[test]
     fn a_budget_below_one_chunk_is_refused() {
         let err = RechunkPlan::new(&[100, 100], &[100, 1], &[1, 100], 8, 1000, 1).unwrap_err();
-        assert!(err.contains("budget is 1000 bytes"), "{err}");
+        assert_eq!(
+            (err.budget, &err.source[..], &err.target[..]),
+            (1000, &[100, 1][..], &[1, 100][..])
+        );
+        // A target chunk and a source chunk at the least.
+        assert!(err.least >= 2 * 800, "{}", err.least);
+        let refused = err.refusal("Rechunk", "store 's'", 1200, 200).to_string();
+        assert!(
+            refused.contains("Rechunk over store 's' needs ")
+                && refused.contains("(1 task x ")
+                && refused.contains("and 200.0 B of chunks read ahead")
+                && refused.contains("the memory limit (allowed_mem) is 1200.0 B")
+                && refused.contains("from chunks [100, 1] to [1, 100] it cannot fit allowed_mem"),
+            "{refused}"
+        );
     }
 }
