@@ -27,7 +27,7 @@ use futures::future::BoxFuture;
 use super::axis::AxisTransform;
 use super::copy::WriteTasks;
 use super::exec::{block_memory, kernel_lines_memory, kernel_memory, plan_blocks, FftExec};
-use super::four_step::{divisors, FourStep, FourStepInput, FourStepPlan};
+use super::four_step::{divisors, FourStep, FourStepInput, FourStepPlan, NoSplit};
 use super::options::FftOptions;
 use super::source::{ArraySource, DetrendedSource, RechunkedVariable};
 use super::staged::StagedTransform;
@@ -407,7 +407,27 @@ impl FftTable {
                 reserved + set_aside,
                 rayon::current_num_threads(),
             )
-            .map_err(|e| self.plan_error(e))
+            .map_err(|no| match no {
+                NoSplit::Unsplittable(message) => self.plan_error(message),
+                NoSplit::Least {
+                    split: [n1, n2],
+                    blocks: [first, second],
+                } => (self.projection(1, "block", first.max(second)))
+                    .holding(format!(
+                        "an even split of a line of length {} into rows and columns ({n1} × \
+                         {n2}), one line a block at the least: {} in the first pass, {} in \
+                         the second",
+                        axis_transform.len,
+                        human_readable_size(first),
+                        human_readable_size(second)
+                    ))
+                    .and(
+                        reserved + set_aside,
+                        "what reading the output (half the limit), a detrend's sums and reads \
+                         ahead hold",
+                    )
+                    .refusal(limit),
+            })
         };
         let mut plan = plan_with(0)?;
         let mut read_ahead = [0, 0];

@@ -101,6 +101,22 @@ pub struct FourStepPlan {
     pub task_memory: [usize; 2],
 }
 
+/// Why no four-step plan fits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoSplit {
+    /// A line that cannot be split (its length has no factors).
+    Unsplittable(String),
+    /// Even the most even split's blocks of single lines do not fit: the
+    /// split (columns × rows) and a block's bytes in the first and second
+    /// passes.
+    Least {
+        /// `[N1, N2]`.
+        split: [usize; 2],
+        /// A block of the first pass, and of the second.
+        blocks: [usize; 2],
+    },
+}
+
 /// Bytes of one complex value in precision `single` or not.
 fn complex_size(single: bool) -> usize {
     if single {
@@ -183,7 +199,7 @@ impl FourStepPlan {
         limit: usize,
         reserved: usize,
         threads: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, NoSplit> {
         let len = axis_transform.len;
         let cb = complex_size(input.single);
         let room = limit.saturating_sub(reserved);
@@ -195,13 +211,11 @@ impl FourStepPlan {
             .filter(|&d| d > 1 && d < len)
             .collect();
         if factors.is_empty() {
-            return Err(format!(
+            return Err(NoSplit::Unsplittable(format!(
                 "the four-step path splits a line of length {len} into rows and columns, and \
                  {len} has no factors; pad or trim the dimension to a length with small factors"
-            ));
+            )));
         }
-        // One decoded chunk of the source along the axis at a time.
-        let read_memory = |lines: u64| memory(lines, [1, 1], [0, 0])[0];
         // Other dimensions: the source's chunks, halved until a batch fits.
         let mut batch = input.chunk.clone();
         batch[axis] = 1;
@@ -247,15 +261,12 @@ impl FourStepPlan {
                 Some(d) => batch[d] = batch[d].div_ceil(2),
                 None => {
                     let n1 = factors[factors.len() / 2];
-                    return Err(format!(
-                        "even split into rows and columns ({n1} × {}), a line of length {len} \
-                         needs {} per block of the second pass and {} per block of the first, \
-                         more than the {} the memory limit (allowed_mem) leaves",
-                        len / n1,
-                        human_readable_size(3 * n1 * cb),
-                        human_readable_size(3 * (len / n1) * cb + read_memory(1)),
-                        human_readable_size(room)
-                    ));
+                    let n2 = len / n1;
+                    let blocks = [first(n2, 1), second(n1, 1)];
+                    return Err(NoSplit::Least {
+                        split: [n1, n2],
+                        blocks,
+                    });
                 }
             }
         }
@@ -1366,6 +1377,47 @@ mod tests {
         // 0 1 2 | 9 8 | 4
         let positions = [0, 1, 2, 9, 8, 4];
         assert_eq!(runs(6, |k| (positions[k], false)), [(0, 3), (3, 2), (5, 1)]);
+    }
+
+    /// A plan for a line of `len` values in one chunk, of one line of one
+    /// other dimension, within `limit` (half reserved).
+    fn plan_within(len: usize, limit: usize) -> Result<FourStepPlan, NoSplit> {
+        let coords: Vec<f64> = (0..len).map(|i| i as f64).collect();
+        let coordinate = crate::table::Coordinate::Values(Arc::new(
+            datafusion::arrow::array::Float64Array::from(coords),
+        ));
+        let options = super::super::options::FftOptions::forward(vec!["x".into()]);
+        let axis = AxisTransform::forward("x", &coordinate, false, &options).unwrap();
+        let input = FourStepInput {
+            shape: vec![len as u64, 3],
+            chunk: vec![len as u64, 3],
+            peak_bytes_per_cell: 8,
+            single: false,
+        };
+        FourStepPlan::new(0, &axis, &input, limit, limit / 2, 2)
+    }
+
+    #[test]
+    fn a_split_that_cannot_fit_says_its_least_blocks() {
+        // A line of 1024 values fits a few MiB, split into rows and columns.
+        let plan = plan_within(1024, 4 << 20).unwrap();
+        assert_eq!(plan.columns * plan.rows, 1024);
+        // Not in 1 KiB: the most even split's one-line blocks, both larger
+        // than what is left beside what is reserved.
+        let Err(NoSplit::Least {
+            split: [n1, n2],
+            blocks,
+        }) = plan_within(1024, 1 << 10)
+        else {
+            panic!("a four-step plan in 1 KiB");
+        };
+        assert_eq!(n1 * n2, 1024);
+        assert!(blocks.iter().any(|&b| b > 512), "{blocks:?}");
+        // A prime length has no split.
+        let Err(NoSplit::Unsplittable(message)) = plan_within(1021, 4 << 20) else {
+            panic!("a split of 1021");
+        };
+        assert!(message.contains("1021 has no factors"), "{message}");
     }
 
     fn plan(n1: usize, n2: usize, c1: usize) -> FourStepPlan {
