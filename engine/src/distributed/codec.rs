@@ -1867,25 +1867,19 @@ impl ZarrCodec {
         inputs: &[Arc<dyn ExecutionPlan>],
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        // A transform's kernels compute their one variable (or their
+        // intermediates) themselves, from no table joined in.
+        let computed = |what: &str| match (inputs.len(), run.exprs.len()) {
+            (0, 0) => Ok(()),
+            (i, e) => plan_err!("{what} have no inputs and no expressions, got {i} and {e}"),
+        };
         let (read, broadcasts, rolling) = match run.kernel {
             Kernel::Transform(blocks) => {
-                if !inputs.is_empty() || !run.exprs.is_empty() {
-                    return plan_err!(
-                        "a transform's blocks have no inputs and no expressions, got {} and {}",
-                        inputs.len(),
-                        run.exprs.len()
-                    );
-                }
+                computed("a transform's blocks")?;
                 return self.decode_transform_blocks(*blocks, (run.step, run.tasks), ctx);
             }
             Kernel::FourStepPass(pass) => {
-                if !inputs.is_empty() || !run.exprs.is_empty() {
-                    return plan_err!(
-                        "a four-step pass has no inputs and no expressions, got {} and {}",
-                        inputs.len(),
-                        run.exprs.len()
-                    );
-                }
+                computed("a four-step pass's blocks")?;
                 return self.decode_four_step_pass(*pass, (run.step, run.tasks), ctx);
             }
             Kernel::Evaluate(read) => {

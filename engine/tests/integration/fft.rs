@@ -208,15 +208,13 @@ async fn explain_shows_the_strategy_and_memory_and_a_small_budget_is_refused() {
     };
     let text = explain_text(&budget(64 << 10), sql).await;
     assert!(text.contains("strategy=four-step"), "{text}");
+    let refused = |bytes: usize, sql: &'static str| async move {
+        let ctx = budget(bytes);
+        let ran = ctx.sql(sql).await.unwrap().collect().await;
+        ran.unwrap_err().to_string()
+    };
     // In 1 KB not even a block of single lines fits.
-    let err = budget(1 << 10)
-        .sql(sql)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = refused(1 << 10, sql).await;
     assert!(
         err.contains("FftExec") && err.contains("allowed_mem") && err.contains("grid.zarr"),
         "{err}"
@@ -226,14 +224,7 @@ async fn explain_shows_the_strategy_and_memory_and_a_small_budget_is_refused() {
     // refused with the parts, the share of the limit named.
     let detrended = "SELECT sum(z['re']) FROM fft('tests/fixtures/fft/data/grid.zarr', 'z', \
                      dims => 'lat,lon', detrend => 'linear')";
-    let err = budget(8 << 10)
-        .sql(detrended)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = refused(8 << 10, detrended).await;
     assert!(
         err.contains("FftExec over 'tests/fixtures/fft/data/grid.zarr' variable 'z' needs")
             && err.contains("per chunk: the linear detrend's fit")
