@@ -261,12 +261,11 @@ impl StepWriters for Arc<PassBlocks> {
         };
         let blocks = tasks.end.saturating_sub(tasks.start);
         // Each block checks the store is still there before it writes.
+        let (kernels, workers) = (&self.kernels, self.workers);
         let ran = if table.single_precision() {
-            let kernels = &self.kernels;
-            four_step.run_pass::<f32>(pass, source, axis, kernels, tasks, self.workers, cancelled)
+            four_step.run_pass::<f32>(pass, source, axis, kernels, tasks, workers, cancelled)
         } else {
-            let kernels = &self.kernels;
-            four_step.run_pass::<f64>(pass, source, axis, kernels, tasks, self.workers, cancelled)
+            four_step.run_pass::<f64>(pass, source, axis, kernels, tasks, workers, cancelled)
         };
         ran.map_err(|e| {
             DataFusionError::Execution(format!(
