@@ -83,12 +83,7 @@ impl<'a> BoxCells<'a> {
 
     /// Bytes of the variables as stored, decoded (cells times element size).
     pub fn decoded_bytes(&self) -> u64 {
-        self.columns
-            .iter()
-            .filter_map(|&i| self.table.variable(i))
-            .map(|v| v.element_size() as u64)
-            .sum::<u64>()
-            * self.num_cells()
+        self.table.decoded_cell_bytes(self.columns) * self.num_cells()
     }
 
     /// Number of cells in the box.

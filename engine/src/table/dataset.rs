@@ -254,6 +254,15 @@ impl GridTable {
         }
     }
 
+    /// Decoded bytes a cell of the variables among `columns` takes (the
+    /// others are generated or sliced, not decoded).
+    pub fn decoded_cell_bytes(&self, columns: &[usize]) -> u64 {
+        (columns.iter())
+            .filter_map(|&i| self.variable(i))
+            .map(|v| v.element_size() as u64)
+            .sum()
+    }
+
     /// Bytes a cell of column `i` takes at the peak of reading it (stored
     /// and decoded, for a variable).
     pub fn peak_cell_bytes(&self, i: usize) -> usize {

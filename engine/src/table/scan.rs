@@ -184,10 +184,7 @@ impl ZarrScanExec {
     /// sizes the scan's tasks by).
     pub fn decoded_bytes(&self) -> u64 {
         let r = &self.read;
-        let per_cell: u64 = (r.columns.iter())
-            .filter_map(|&i| r.table.variable(i))
-            .map(|v| v.element_size() as u64)
-            .sum();
+        let per_cell = r.table.decoded_cell_bytes(&r.columns);
         r.selection.num_cells().saturating_mul(per_cell.max(1))
     }
 

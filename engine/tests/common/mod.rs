@@ -6,6 +6,7 @@
 pub mod fft;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{
@@ -263,6 +264,44 @@ pub async fn explain_text(ctx: &datafusion::prelude::SessionContext, sql: &str) 
     datafusion::arrow::util::pretty::pretty_format_batches(&batches)
         .unwrap()
         .to_string()
+}
+
+/// Runs `sql` and gives the counters `names` of its plan's (first) node
+/// named `operator`, each summed over its partitions (exact, where
+/// `EXPLAIN ANALYZE` rounds them), and the plan with the node's metrics; a
+/// panic naming what is missing when the node or a counter is not there.
+pub async fn executed_counters<const N: usize>(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+    operator: &str,
+    names: [&str; N],
+) -> ([u64; N], String) {
+    use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+    let plan = (ctx.sql(sql).await.unwrap())
+        .create_physical_plan()
+        .await
+        .unwrap();
+    collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    fn find<'a>(
+        plan: &'a Arc<dyn ExecutionPlan>,
+        operator: &str,
+    ) -> Option<&'a Arc<dyn ExecutionPlan>> {
+        if plan.name() == operator {
+            return Some(plan);
+        }
+        plan.children().into_iter().find_map(|c| find(c, operator))
+    }
+    let node = find(&plan, operator).unwrap_or_else(|| panic!("no {operator} in {shown}"));
+    let metrics = node
+        .metrics()
+        .unwrap_or_else(|| panic!("{operator} has no metrics"));
+    let values = names.map(|name| {
+        let value = (metrics.sum_by_name(name))
+            .unwrap_or_else(|| panic!("no {name} in {operator}'s metrics: {shown}"));
+        value.as_usize() as u64
+    });
+    (values, format!("{shown}\n{metrics}"))
 }
 
 /// A COPY of `query` (whose first three columns are the grid's `time`,

@@ -734,6 +734,82 @@ async fn a_selection_with_computed_variables_is_written_chunk_by_chunk() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A COPY of a selection reports the decoded bytes it read (the selected
+/// cells of the variables its expressions read, as the store's metadata
+/// sizes them) and wrote (every cell of the variables written), whether
+/// its chunks go straight to the target or through a rechunk, which reads
+/// and writes more.
+#[tokio::test]
+async fn a_copy_of_a_selection_reports_the_bytes_it_read_and_wrote() {
+    let dir = scratch("selection_bytes");
+    let ctx = context().await;
+    let zarray: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{}/t2m/.zarray", demo())).unwrap())
+            .unwrap();
+    assert_eq!(zarray["dtype"], "<f4");
+    let shape: Vec<u64> = (zarray["shape"].as_array().unwrap().iter())
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    let lats = text(
+        &ctx,
+        "SELECT count(DISTINCT lat) AS n FROM era5 WHERE lat BETWEEN -31 AND 47",
+    )
+    .await;
+    let lats: u64 = (lats
+        .lines()
+        .nth(3)
+        .unwrap()
+        .trim_matches(|c| c == '|' || c == ' '))
+    .parse()
+    .unwrap();
+    let cells = shape[0] * lats * shape[2];
+    let query = "SELECT time, lat, lon, t2m - 273.15 AS c, u10 * 2 AS u FROM era5 \
+                 WHERE lat BETWEEN -31 AND 47";
+    // Arrays written, sized as the written store's metadata says.
+    let written_bytes = |store: &str, arrays: &[&str]| -> u64 {
+        (arrays.iter())
+            .map(|v| {
+                let path = dir.join(store).join(v).join(".zarray");
+                let zarray: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+                let dtype = zarray["dtype"].as_str().unwrap().to_string();
+                let cells: u64 = (zarray["shape"].as_array().unwrap().iter())
+                    .map(|n| n.as_u64().unwrap())
+                    .product();
+                dtype[2..].parse::<u64>().unwrap() * cells
+            })
+            .sum::<u64>()
+    };
+    let variables = ["c", "u"];
+    let (node, counters) = ("SelectionCopyExec", ["bytes_read", "bytes_written"]);
+    // Chunks of the store's length along time: written straight.
+    let direct = format!(
+        "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=24', 'zarr_format' '2')",
+        dir.join("direct.zarr").display(),
+    );
+    let plan = text(&ctx, &format!("EXPLAIN {direct}")).await;
+    assert!(!plan.contains("-> rechunk"), "{plan}");
+    let ([read, written], shown) = common::executed_counters(&ctx, &direct, node, counters).await;
+    assert_eq!(read, cells * 2 * 4, "{shown}");
+    assert_eq!(written, written_bytes("direct.zarr", &variables), "{shown}");
+    // Chunks that cut the store's: through an intermediate store and a rechunk,
+    // which reads and writes them again.
+    let rechunked = format!(
+        "COPY ({query}) TO '{}' STORED AS ZARR OPTIONS ('chunks' 'time=5,lat=3', 'zarr_format' '2')",
+        dir.join("rechunked.zarr").display()
+    );
+    let plan = text(&ctx, &format!("EXPLAIN {rechunked}")).await;
+    assert!(plan.contains("-> rechunk"), "{plan}");
+    let ([read, written], shown) =
+        common::executed_counters(&ctx, &rechunked, node, counters).await;
+    // The rechunk copies the coordinates too.
+    let step1 = written_bytes("rechunked.zarr", &variables);
+    let step2 = step1 + written_bytes("rechunked.zarr", &["time", "lat", "lon"]);
+    assert!(read >= cells * 2 * 4 + step2, "{shown}");
+    assert_eq!(written, step1 + step2, "{shown}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The attributes written for array `name` of the store at `dir` (v3's
 /// `zarr.json` or v2's `.zattrs`), less the writer's own mark.
 fn written_attributes(dir: &std::path::Path, name: &str) -> serde_json::Value {

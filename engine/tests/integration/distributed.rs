@@ -1902,6 +1902,32 @@ impl datafusion::execution::memory_pool::MemoryPool for ByConsumer {
     }
 }
 
+/// The count `name` of a node's line of `EXPLAIN ANALYZE`, as it shows it
+/// (`3.46 K`: to three digits).
+fn shown_count(line: &str, name: &str) -> f64 {
+    let shown =
+        (line.split(&format!(" {name}=")).nth(1)).unwrap_or_else(|| panic!("no {name} in {line}"));
+    let shown: String = shown
+        .chars()
+        .take_while(|&c| c != ',' && c != ']')
+        .collect();
+    let (number, unit) = shown.split_once(' ').unwrap_or((&shown, ""));
+    let scale = match unit {
+        "" => 1.0,
+        "K" => 1e3,
+        "M" => 1e6,
+        "B" => 1e9,
+        other => panic!("{name} in {other} in {line}"),
+    };
+    three_digits(number.parse::<f64>().unwrap() * scale)
+}
+
+/// `value` to three significant digits (as `EXPLAIN ANALYZE` shows counts).
+fn three_digits(value: f64) -> f64 {
+    let digits = 10f64.powi(value.log10().floor() as i32 - 2);
+    (value / digits).round() * digits
+}
+
 /// The blockwise step of the `COPY` `sql` planned by `ctx` on one machine
 /// (its tasks, as a cluster would get them), its inputs (the tables joined
 /// in), and the step as the codec sends it.
@@ -2477,6 +2503,23 @@ async fn a_copy_of_a_transform_writes_its_blocks_on_the_workers() {
     assert_same_files(&alone, &on_cluster);
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     crate::fft::assert_holds_xrfts_lat_spectrum(&local, on_cluster.to_str().unwrap()).await;
+
+    // The workers' tasks report the source's blocks they read (its 432
+    // float64 cells, once) and the spectrum's they wrote (complex128), as
+    // `EXPLAIN ANALYZE` gathers them.
+    let again = copy_to(&dir.join("analyzed.zarr"));
+    let analyzed = common::explain_text(&ctx, &format!("ANALYZE {again}")).await;
+    let tasks = (analyzed.lines())
+        .find(|l| l.contains("BlockwiseTasksExec:"))
+        .unwrap_or_else(|| panic!("{analyzed}"));
+    for (name, bytes) in [("bytes_read", 432 * 8), ("bytes_written", 432 * 16)] {
+        assert_eq!(
+            shown_count(tasks, name),
+            three_digits(bytes as f64),
+            "{analyzed}"
+        );
+    }
+    std::fs::remove_dir_all(dir.join("analyzed.zarr")).unwrap();
 
     // Workers that cannot hold a block: refused while planning, nothing left.
     let tight = start_workers_in(2, || limited(512)).await;

@@ -444,6 +444,22 @@ async fn copy_of_a_transform_is_written_block_by_block_in_the_chunks_asked() {
     assert_eq!(zarray["chunks"], serde_json::json!([1, 9, 5]));
     assert_eq!(zarray["dtype"], "<c16");
     assert_holds_xrfts_lat_spectrum(&ctx, spec).await;
+
+    // The blocks read are the source once (its cells, float64, as its
+    // metadata says), the bytes written the spectrum's (complex128).
+    let source: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string("tests/fixtures/fft/data/grid.zarr/z/zarr.json").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(source["data_type"], "float64");
+    let cells: u64 = (source["shape"].as_array().unwrap().iter())
+        .map(|n| n.as_u64().unwrap())
+        .product();
+    let again = copy.replace("spec.zarr", "spec_again.zarr");
+    let counters = ["bytes_read", "bytes_written"];
+    let ([read, written], shown) =
+        common::executed_counters(&ctx, &again, "FftCopyExec", counters).await;
+    assert_eq!((read, written), (cells * 8, cells * 16), "{shown}");
 }
 
 /// Asserts that the store at `spec` holds xrft's spectrum of `z` along lat

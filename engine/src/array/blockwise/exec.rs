@@ -395,7 +395,7 @@ impl ExecutionPlan for BlockwiseTasksExec {
                     .map(|v| variable_array(storage, v, &dims, &options))
                     .collect::<Result<Vec<_>>>()
             };
-            let bytes_written = match &sent.into {
+            let bytes = match &sent.into {
                 ChunksInto::Scratch { location } => {
                     let scratch = ScratchStore::open(location, &runtime)?;
                     let arrays = arrays_in(scratch.storage())?;
@@ -420,8 +420,8 @@ impl ExecutionPlan for BlockwiseTasksExec {
             };
             Ok(Written {
                 rows: run.end - run.start,
-                bytes_read: 0,
-                bytes_written,
+                bytes_read: bytes.read,
+                bytes_written: bytes.written,
             })
         };
         let job = WriteJob {

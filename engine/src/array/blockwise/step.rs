@@ -69,6 +69,28 @@ pub(crate) enum StepGrid {
     Output { store: String, dims: Vec<String> },
 }
 
+/// The decoded bytes a run of a step's tasks read and wrote (what
+/// `EXPLAIN ANALYZE` shows as `bytes_read` and `bytes_written`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StepBytes {
+    /// Decoded bytes read: the source boxes, blocks or intermediates.
+    pub(crate) read: u64,
+    /// Decoded bytes written.
+    pub(crate) written: u64,
+}
+
+impl StepBytes {
+    /// `part` of `all` tasks' share of `read` and `written` bytes (tasks
+    /// that read and write alike).
+    pub(crate) fn share(read: u64, written: u64, part: u64, all: u64) -> Self {
+        let of = |bytes: u64| (bytes as u128 * part as u128 / all.max(1) as u128) as u64;
+        Self {
+            read: of(read),
+            written: of(written),
+        }
+    }
+}
+
 /// Says whether a store being written still wants chunks (see
 /// [`StagedTarget::still_staged`](crate::write::target::StagedTarget)).
 pub(crate) type MayWrite<'a> = dyn Fn() -> Result<(), String> + Sync + 'a;
@@ -104,9 +126,15 @@ pub(crate) trait StepWriters: fmt::Display + Send + Sync {
     fn task_bytes(&self, copy: &BlockwiseStep) -> u64 {
         copy.bytes_written()
     }
+    /// The decoded bytes all their tasks read, as planned (what a session
+    /// whose tasks ran on a cluster reports): their task bytes, unless
+    /// they say otherwise.
+    fn planned_read(&self, copy: &BlockwiseStep) -> u64 {
+        self.task_bytes(copy)
+    }
     /// Writes the chunks numbered `tasks` (in the writers' own order) of
     /// the variables `arrays` of `copy`, each only once `may_write` says
-    /// the store still wants it; the decoded bytes written.
+    /// the store still wants it; the decoded bytes read and written.
     fn write_chunks(
         &self,
         copy: &BlockwiseStep,
@@ -114,7 +142,7 @@ pub(crate) trait StepWriters: fmt::Display + Send + Sync {
         tasks: Range<u64>,
         may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
-    ) -> Result<u64>;
+    ) -> Result<StepBytes>;
     /// The writers as they are, for a cluster's codec.
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -303,6 +331,23 @@ impl BlockwiseStep {
         cells.saturating_mul(self.cell_bytes())
     }
 
+    /// The decoded bytes all its tasks read and write, as planned (what a
+    /// session whose tasks ran on a cluster reports): for expressions, the
+    /// selected cells of the variables they read.
+    pub(crate) fn planned_bytes(&self) -> StepBytes {
+        let read = match (&self.step, &self.grid) {
+            (Step::Evaluate(e), StepGrid::Selected { table, selection }) => {
+                (selection.num_cells()).saturating_mul(table.decoded_cell_bytes(&e.columns))
+            }
+            (Step::Evaluate(_), StepGrid::Output { .. }) => 0,
+            (Step::Writers(w), _) => w.planned_read(self),
+        };
+        StepBytes {
+            read,
+            written: self.bytes_written(),
+        }
+    }
+
     /// The decoded bytes a cluster sizes its tasks by.
     pub(crate) fn task_bytes(&self) -> u64 {
         match &self.step {
@@ -387,7 +432,7 @@ impl BlockwiseStep {
         tasks: Range<u64>,
         may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
-    ) -> Result<u64> {
+    ) -> Result<StepBytes> {
         if tasks.end > self.tasks() {
             return exec_err!(
                 "the COPY of '{}' has {} chunks, not {}",
@@ -396,22 +441,25 @@ impl BlockwiseStep {
                 tasks.end
             );
         }
-        let written = match &self.step {
+        let bytes = match &self.step {
             Step::Evaluate(e) => {
                 let cells = tasks.clone().map(|t| self.chunk_cells(t)).sum::<u64>();
-                self.write_chunks(e, arrays, tasks, may_write, cancelled)?;
-                cells.saturating_mul(self.cell_bytes())
+                StepBytes {
+                    read: self.write_chunks(e, arrays, tasks, may_write, cancelled)?,
+                    written: cells.saturating_mul(self.cell_bytes()),
+                }
             }
             Step::Writers(w) => w.write_chunks(self, arrays, tasks, may_write, cancelled)?,
         };
         if cancelled.load(Ordering::Relaxed) {
             return exec_err!("the COPY of '{}' was cancelled", self.store());
         }
-        Ok(written)
+        Ok(bytes)
     }
 
     /// Step 1 by expressions: the chunks numbered `tasks` of the
-    /// variables, on `workers` threads.
+    /// variables, on `workers` threads; the decoded bytes of the source
+    /// boxes read.
     fn write_chunks(
         &self,
         step: &Evaluate,
@@ -419,7 +467,7 @@ impl BlockwiseStep {
         tasks: Range<u64>,
         may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let chunks = self.chunks();
         let (table, selection) = self.selected()?;
         let read_ahead = {
@@ -448,25 +496,25 @@ impl BlockwiseStep {
                         table.store
                     ))
                 })?;
-                let written = self.write_chunk(step, &chunks.block(task), arrays, pool);
+                let read = self.write_chunk(step, &chunks.block(task), arrays, pool);
                 if let Some(read_ahead) = &read_ahead {
                     read_ahead.done_with(task);
                 }
-                written.map(|()| 0)
+                read
             },
-        )?;
-        Ok(())
+        )
     }
 
     /// One chunk: reads the source box it covers, evaluates the
-    /// expressions, keeps the selected cells and writes them.
+    /// expressions, keeps the selected cells and writes them; the decoded
+    /// bytes of the box read.
     fn write_chunk(
         &self,
         step: &Evaluate,
         compact: &[Range<u64>],
         arrays: &[ZarrsArray<dyn ReadableWritableListableStorageTraits>],
         pool: &ChunkBufferPool,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let (table, selection) = self.selected()?;
         let sources = source_indices(selection, compact);
         let extent = source_box(&sources);
@@ -491,7 +539,7 @@ impl BlockwiseStep {
             store_box(array, compact, &bytes)
                 .map_err(|e| DataFusionError::Execution(format!("COPY TO Zarr: {e}")))?;
         }
-        Ok(())
+        Ok(cells.decoded_bytes())
     }
 }
 
@@ -623,7 +671,7 @@ mod tests {
             tasks: Range<u64>,
             may_write: &MayWrite<'_>,
             cancelled: &AtomicBool,
-        ) -> Result<u64> {
+        ) -> Result<StepBytes> {
             let chunks = copy.chunks();
             run_tasks(
                 tasks.end - tasks.start,
@@ -644,7 +692,10 @@ mod tests {
                 },
             )?;
             let cells = tasks.map(|t| copy.chunk_cells(t)).sum::<u64>();
-            Ok(cells * copy.cell_bytes())
+            Ok(StepBytes {
+                read: 0,
+                written: cells * copy.cell_bytes(),
+            })
         }
 
         fn as_any(&self) -> &dyn std::any::Any {
@@ -712,7 +763,7 @@ mod tests {
             let bytes =
                 (step.write_step(std::slice::from_ref(&array), 0..tasks, &|| Ok(()), &never))
                     .unwrap();
-            assert_eq!(bytes, shape.iter().product::<u64>() * 8);
+            assert_eq!(bytes.written, shape.iter().product::<u64>() * 8);
             assert_eq!(written(&step), tasks);
             let all = ArraySubset::new_with_shape(shape.clone());
             let values: Vec<f64> = array.retrieve_array_subset(&all).unwrap();

@@ -206,7 +206,7 @@ impl ClusterSelection {
                 written.saturating_add(a.plan.bytes_written()),
             )
         });
-        Ok(copy.written(step2))
+        Ok(copy.written(copy.blocks.planned_bytes(), step2))
     }
 }
 

@@ -51,7 +51,7 @@ use zarrs::storage::ReadableWritableListableStorageTraits;
 use super::selection::{left_beside, SelectionCopyExec};
 use super::steps::{CopyGrid, OutputVariable};
 use super::whole::split_columns;
-use crate::array::blockwise::{BlockwiseStep, MayWrite, Step, StepWriters};
+use crate::array::blockwise::{BlockwiseStep, MayWrite, Step, StepBytes, StepWriters};
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
@@ -311,6 +311,13 @@ impl StepWriters for RollChunks {
         self
     }
 
+    fn planned_read(&self, copy: &BlockwiseStep) -> u64 {
+        // The selected cells (their halos left out).
+        let read = &self.rolling.read;
+        let cells = (copy.shape.iter()).fold(1u64, |n, &len| n.saturating_mul(len));
+        cells.saturating_mul(read.table.decoded_cell_bytes(&read.columns))
+    }
+
     fn write_chunks(
         &self,
         copy: &BlockwiseStep,
@@ -318,13 +325,13 @@ impl StepWriters for RollChunks {
         tasks: Range<u64>,
         may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
-    ) -> Result<u64> {
+    ) -> Result<StepBytes> {
         let dim = self.rolling.dim;
         let workers = self.workers as u64;
         let chunks = copy.chunks();
         let unit = self.rolling.share_unit(&chunks, workers);
         let all = tasks;
-        run_tasks(
+        let read = run_tasks(
             workers,
             self.workers,
             cancelled,
@@ -348,11 +355,14 @@ impl StepWriters for RollChunks {
                     })?;
                     self.write_chunk(copy, &compact, &mut roller, &mut values, arrays)?;
                 }
-                Ok::<_, DataFusionError>(0)
+                Ok::<_, DataFusionError>(roller.bytes_decoded())
             },
         )?;
         let cells = all.map(|t| copy.chunk_cells(t)).sum::<u64>();
-        Ok(cells.saturating_mul(copy.cell_bytes()))
+        Ok(StepBytes {
+            read,
+            written: cells.saturating_mul(copy.cell_bytes()),
+        })
     }
 }
 

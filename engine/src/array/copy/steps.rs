@@ -31,7 +31,7 @@ use datafusion::logical_expr::Expr;
 use serde_json::{Map, Value};
 use zarrs::storage::ReadableWritableListableStorage;
 
-use crate::array::blockwise::{BlockwiseStep, SelectedGrid, Step, StepGrid};
+use crate::array::blockwise::{BlockwiseStep, SelectedGrid, Step, StepBytes, StepGrid};
 use crate::array::rechunk::{PreparedRechunk, RechunkOptions, RechunkPlan, TargetEncoding};
 use crate::table::{GridTable, Selection};
 use crate::write::options::{Codec, ZarrWriteOptions};
@@ -278,17 +278,15 @@ impl Blockwise {
         coordinate_write_memory(&self.blocks.shape)
     }
 
-    /// What writing it did, step 2 (the rechunk, when there is one)
-    /// having read and written `step2` decoded bytes.
-    pub(crate) fn written(&self, step2: (u64, u64)) -> Written {
-        let blocks = &self.blocks;
-        let cells = (blocks.shape.iter()).fold(1u64, |n, &len| n.saturating_mul(len));
+    /// What writing it did: step 1's bytes `step1`, and step 2 (the
+    /// rechunk, when there is one) having read and written `step2` decoded
+    /// bytes.
+    pub(crate) fn written(&self, step1: StepBytes, step2: (u64, u64)) -> Written {
+        let cells = (self.blocks.shape.iter()).fold(1u64, |n, &len| n.saturating_mul(len));
         Written {
             rows: cells,
-            bytes_read: step2.0,
-            bytes_written: cells
-                .saturating_mul(blocks.cell_bytes())
-                .saturating_add(step2.1),
+            bytes_read: step1.read.saturating_add(step2.0),
+            bytes_written: step1.written.saturating_add(step2.1),
         }
     }
 
@@ -321,12 +319,12 @@ impl Blockwise {
     /// Runs both steps.
     pub(crate) fn run(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<Written> {
         if self.direct {
-            self.write_direct(runtime, cancelled)?;
-            return Ok(self.written((0, 0)));
+            let step1 = self.write_direct(runtime, cancelled)?;
+            return Ok(self.written(step1, (0, 0)));
         }
         let scratch = ScratchStore::create(&self.work_dir(), "zarrfusion-copy", ".zarr", runtime)?;
         let group = self.start_intermediate(scratch.storage())?;
-        self.blocks.write_step(
+        let step1 = self.blocks.write_step(
             &group.variables,
             0..self.blocks.tasks(),
             &|| Ok(()),
@@ -344,7 +342,7 @@ impl Blockwise {
             runtime,
         )?;
         let summary = prepared.write_to(&self.to, cancelled)?;
-        Ok(self.written((summary.bytes_read, summary.bytes_written)))
+        Ok(self.written(step1, (summary.bytes_read, summary.bytes_written)))
     }
 
     /// Whether each intermediate chunk is whole chunks of the target (the
@@ -400,7 +398,7 @@ impl Blockwise {
     /// Step 1 straight into the target, atomically: a local one written
     /// beside it and renamed into place; an object-store one (which must be
     /// empty) with its metadata last, erased when the copy fails.
-    fn write_direct(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<()> {
+    fn write_direct(&self, runtime: &RuntimeEnv, cancelled: &AtomicBool) -> Result<StepBytes> {
         self.to.write_group(
             runtime,
             cancelled,
@@ -410,8 +408,7 @@ impl Blockwise {
             },
             |group| {
                 let all = 0..self.blocks.tasks();
-                (self.blocks).write_step(&group.variables, all, &|| Ok(()), cancelled)?;
-                Ok(())
+                (self.blocks).write_step(&group.variables, all, &|| Ok(()), cancelled)
             },
         )
     }

@@ -60,8 +60,8 @@ use super::source::{ArraySource, Broadcast, ClusterStep};
 use super::table::FftTable;
 use super::trend_pass::{DetrendFitExec, FittedExec};
 use crate::array::blockwise::{
-    BlockwiseStep, BlockwiseTasks, BlockwiseTasksExec, ChunksInto, MayWrite, Step, StepGrid,
-    StepWriters,
+    BlockwiseStep, BlockwiseTasks, BlockwiseTasksExec, ChunksInto, MayWrite, Step, StepBytes,
+    StepGrid, StepWriters,
 };
 use crate::array::rechunk::cluster::Round;
 use crate::array::rechunk::TargetEncoding;
@@ -331,7 +331,10 @@ impl CopyJob {
                 group.store_metadata()
             })?;
         let cells = (writes.table.output_shape().iter()).fold(1u64, |n, &l| n.saturating_mul(l));
-        Ok(writes.written(cells.saturating_mul(writes.value_bytes())))
+        Ok(writes.written(StepBytes {
+            read: writes.bytes_read(),
+            written: cells.saturating_mul(writes.value_bytes()),
+        }))
     }
 }
 
@@ -353,14 +356,15 @@ type Array = ZarrsArray<dyn ReadableWritableListableStorageTraits>;
 impl BlockWrites {
     /// Transforms the blocks numbered `ids` and stores them in `array`,
     /// each once `may_write` says the store still wants it, on the tasks'
-    /// threads; the bytes stored.
+    /// threads; the decoded bytes of the source's blocks read and the
+    /// bytes stored.
     fn write(
         &self,
         array: &Array,
         ids: Range<u64>,
         may_write: &(dyn Fn() -> std::result::Result<(), String> + Sync),
         cancelled: &AtomicBool,
-    ) -> Result<u64> {
+    ) -> Result<StepBytes> {
         let source = self.table.source();
         let source_failed = |e: String| {
             DataFusionError::Execution(format!(
@@ -377,7 +381,11 @@ impl BlockWrites {
                 ids.end
             );
         }
-        let bytes = self.tasks.run(
+        let element = source.element_size() as u64;
+        let read = (ids.clone().map(|id| self.tasks.blocks.block(id)))
+            .map(|extent| extent.iter().map(|r| r.end - r.start).product::<u64>() * element)
+            .sum();
+        let written = self.tasks.run(
             &self.table,
             &self.kernels,
             ids,
@@ -399,7 +407,7 @@ impl BlockWrites {
                 source.store()
             );
         }
-        Ok(bytes)
+        Ok(StepBytes { read, written })
     }
 
     /// These blocks as a blockwise step: the transform's output grid in
@@ -456,12 +464,12 @@ impl BlockWrites {
         source.shape().iter().product::<u64>() * source.element_size() as u64
     }
 
-    /// What a copy writing `bytes` did.
-    fn written(&self, bytes: u64) -> Written {
+    /// What a copy reading and writing `bytes` did.
+    fn written(&self, bytes: StepBytes) -> Written {
         Written {
             rows: self.table.output_shape().iter().product(),
-            bytes_read: self.bytes_read(),
-            bytes_written: bytes,
+            bytes_read: bytes.read,
+            bytes_written: bytes.written,
         }
     }
 
@@ -523,7 +531,7 @@ impl StepWriters for Arc<BlockWrites> {
         tasks: Range<u64>,
         may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
-    ) -> Result<u64> {
+    ) -> Result<StepBytes> {
         let [array] = arrays else {
             return internal_err!(
                 "the transform of '{}' writes one array, not {}",

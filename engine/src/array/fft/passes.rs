@@ -42,8 +42,8 @@ use super::four_step::FourStep;
 use super::kernels::{Kernels, TransformClock};
 use super::table::FftTable;
 use crate::array::blockwise::{
-    BlockwiseStep, BlockwiseTasks, BlockwiseTasksExec, ChunksInto, MayWrite, Step, StepGrid,
-    StepWriters,
+    BlockwiseStep, BlockwiseTasks, BlockwiseTasksExec, ChunksInto, MayWrite, Step, StepBytes,
+    StepGrid, StepWriters,
 };
 use crate::array::rechunk::TargetEncoding;
 use crate::device::{staging_memory, Device};
@@ -246,7 +246,7 @@ impl StepWriters for Arc<PassBlocks> {
         tasks: Range<u64>,
         _may_write: &MayWrite<'_>,
         cancelled: &AtomicBool,
-    ) -> Result<u64> {
+    ) -> Result<StepBytes> {
         let (table, four_step, pass) = (&self.table, &self.four_step, self.pass);
         let source = table.source();
         if !arrays.is_empty() {
@@ -276,9 +276,12 @@ impl StepWriters for Arc<PassBlocks> {
                 source.variable()
             ))
         })?;
-        // Its share of what the pass writes (complex values).
-        let all = four_step.pass_tasks(pass).max(1) as u128;
-        Ok((four_step.pass_bytes(1, 0) as u128 * blocks as u128 / all) as u64)
+        // Its share of what the pass reads (the source's values, or the
+        // first pass's complex values) and writes (complex values).
+        let read = four_step.pass_bytes(pass, source.element_size());
+        let written = four_step.pass_bytes(1, 0);
+        let all = four_step.pass_tasks(pass);
+        Ok(StepBytes::share(read, written, blocks, all))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

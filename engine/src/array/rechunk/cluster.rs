@@ -494,7 +494,7 @@ impl ExecutionPlan for RechunkTasksExec {
                 writer.copy_task_run(&out, work.as_ref(), (round, run), &may_write, cancelled)?;
             Ok(Written {
                 rows: done.tasks,
-                bytes_read: 0,
+                bytes_read: done.bytes_read,
                 bytes_written: done.bytes_written,
             })
         })

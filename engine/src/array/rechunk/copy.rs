@@ -1,7 +1,8 @@
 //! Running one stage of a rechunk: tasks copy regions of whole output
 //! chunks from one Zarr array to another, on a few threads.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use zarrs::array::{Array, ArrayBytes, ArraySubset, CodecOptions};
 use zarrs::storage::{ReadableStorageTraits, ReadableWritableStorageTraits};
@@ -15,8 +16,19 @@ use crate::zarr::{codec_read, ReadAhead};
 pub struct StageCounts {
     /// Tasks run.
     pub tasks: u64,
+    /// Decoded bytes read: the input's chunks each task's region meets.
+    pub bytes_read: u64,
     /// Decoded bytes written.
     pub bytes_written: u64,
+}
+
+impl StageCounts {
+    /// These counts and `other`'s together.
+    pub fn add(&mut self, other: &Self) {
+        self.tasks += other.tasks;
+        self.bytes_read += other.bytes_read;
+        self.bytes_written += other.bytes_written;
+    }
 }
 
 /// Copies `input` into `output` (same shape and data type) task by task
@@ -45,6 +57,7 @@ where
     // the plan projected.
     let options = CodecOptions::default().with_concurrent_target(1);
     let run = run.unwrap_or(0..plan.tasks);
+    let read = AtomicU64::new(0);
     let written = run_tasks(
         run.end.saturating_sub(run.start),
         workers,
@@ -59,6 +72,10 @@ where
             })
             .map_err(|e| read_error(input, &subset, &options, e))?;
             let size = bytes.size() as u64;
+            read.fetch_add(
+                chunks_read(size, &ranges, &plan.from, input.shape()),
+                Ordering::Relaxed,
+            );
             if let Some(read_ahead) = read_ahead {
                 read_ahead.done_with(task);
             }
@@ -76,8 +93,24 @@ where
     }
     Ok(StageCounts {
         tasks: run.end.saturating_sub(run.start),
+        bytes_read: read.into_inner(),
         bytes_written: written,
     })
+}
+
+/// Decoded bytes of the chunks (of shape `chunk`, in an array of `shape`)
+/// that the region `ranges`, `size` bytes decoded, meets.
+fn chunks_read(size: u64, ranges: &[Range<u64>], chunk: &[u64], shape: &[u64]) -> u64 {
+    let (mut cells, mut met) = (1u128, 1u128);
+    for ((r, &c), &n) in ranges.iter().zip(chunk).zip(shape) {
+        let c = c.max(1);
+        cells *= (r.end - r.start) as u128;
+        met *= ((r.end.div_ceil(c) * c).min(n) - r.start / c * c) as u128;
+    }
+    match cells {
+        0 => 0,
+        _ => u64::try_from(size as u128 * met / cells).unwrap_or(u64::MAX),
+    }
 }
 
 /// What failed while reading `subset`: the first of its chunks that

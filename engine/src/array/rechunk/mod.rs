@@ -1042,8 +1042,7 @@ impl PreparedRechunk {
                 }
             }
             .map_err(&fail)?;
-            done.tasks += counts.tasks;
-            done.bytes_written += counts.bytes_written;
+            done.add(&counts);
             if last {
                 target_bytes += counts.bytes_written;
             }
@@ -1210,7 +1209,7 @@ impl PreparedRechunk {
         };
         let scratch = own.as_ref().or(work);
         let mut summary = RechunkSummary {
-            bytes_read: arrays.iter().map(|a| a.plan.bytes_read()).sum(),
+            bytes_read: 0,
             arrays,
             bytes_written: 0,
             target_bytes: 0,
@@ -1220,6 +1219,7 @@ impl PreparedRechunk {
             let run = (round, 0..self.round_tasks(round));
             let (counts, target_bytes) =
                 self.run_round(out, scratch, run, &which, None, cancelled)?;
+            summary.bytes_read += counts.bytes_read;
             summary.bytes_written += counts.bytes_written;
             summary.target_bytes += target_bytes;
             if let Some(work) = scratch {

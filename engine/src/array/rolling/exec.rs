@@ -1123,6 +1123,11 @@ impl<'a> Roller<'a> {
         }
     }
 
+    /// The decoded bytes it has read (its boxes and their halos).
+    pub(crate) fn bytes_decoded(&self) -> u64 {
+        self.meters.bytes_decoded.value() as u64
+    }
+
     /// Enters the block `extent` (at most the blocks' shape): its boxes
     /// are rolled next. A block of another column than the one before
     /// leaves the rings held of no use (their memory is reused).
