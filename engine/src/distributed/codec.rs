@@ -109,7 +109,8 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::array::blockwise::{
-    BlockwiseTasks, BlockwiseTasksExec, ChunksInto, Evaluate, SelectedGrid, Step, StepWriters,
+    BlockwiseTasks, BlockwiseTasksExec, ChunksInto, Evaluate, JoinedMemory, SelectedGrid, Step,
+    StepWriters,
 };
 use crate::array::broadcast::keyed_dim;
 use crate::array::copy::rolling::RollChunks;
@@ -1932,21 +1933,7 @@ impl ZarrCodec {
             .map(|e| self.decode_expr(e, ctx, &schema))
             .collect::<Result<Vec<_>>>()?;
         // The tables joined in are held beside the chunks being made.
-        let limit = match ctx.memory_pool().memory_limit() {
-            MemoryLimit::Finite(bytes) => {
-                let held = broadcasts.memory();
-                if held > bytes {
-                    return resources_err!(
-                        "a blockwise step over {store} joins in tables of {} but the \
-                         worker's memory limit (allowed_mem) is {}",
-                        human_readable_size(held),
-                        human_readable_size(bytes)
-                    );
-                }
-                MemoryLimit::Finite(bytes - held)
-            }
-            other => other,
-        };
+        let joined = JoinedMemory::of(ctx.memory_pool().as_ref(), &broadcasts);
         let batch_size = ctx.session_config().batch_size().max(1);
         let BlockRead {
             table,
@@ -1967,19 +1954,15 @@ impl ZarrCodec {
                         ..*grid
                     };
                     Ok(Step::Evaluate(Evaluate::plan(
-                        &grid, block, columns, schema, exprs, threads, &limit,
+                        &grid, block, columns, schema, exprs, threads, joined,
                     )?))
                 }
                 Some(rolling) => {
-                    let limit = match limit {
-                        MemoryLimit::Finite(bytes) => Some(bytes as u64),
-                        _ => None,
-                    };
                     let writers = RollChunks::plan(
                         rolling,
                         exprs,
                         (block, grid.shape, types),
-                        (threads as u64, batch_size, limit),
+                        (threads as u64, batch_size, joined),
                         &grid.table.store,
                         ExecutionPlanMetricsSet::new(),
                     )?;

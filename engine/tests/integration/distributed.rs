@@ -1764,8 +1764,9 @@ async fn a_copy_of_an_anomaly_broadcasts_its_climatology_to_the_workers_making_i
     let small = zarrfusion::new_context_with(session_config(), limited(8 << 10));
     let err = (Wire::new(&small).decode_with(&sent, &inputs)).expect_err("held in 8 KiB");
     let says = [
-        "joins in tables of",
-        "worker's memory limit (allowed_mem) is 8.0 KB",
+        "SelectionCopyExec over",
+        "of tables joined in",
+        "the memory limit (allowed_mem) is 8.0 KB",
     ];
     assert!(says.iter().all(|s| err.contains(s)), "{err}");
     drop(step);

@@ -20,6 +20,6 @@ pub(crate) mod step;
 
 pub use exec::{BlockwiseTasks, BlockwiseTasksExec, ChunksInto};
 pub(crate) use step::{
-    source_long_block, BlockwiseStep, Evaluate, MayWrite, SelectedGrid, Step, StepBytes, StepGrid,
-    StepWriters,
+    source_long_block, BlockwiseStep, Evaluate, JoinedMemory, MayWrite, SelectedGrid, Step,
+    StepBytes, StepGrid, StepWriters,
 };

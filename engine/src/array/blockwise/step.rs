@@ -23,7 +23,7 @@ use datafusion::arrow::array::{Array as _, ArrayRef, AsArray, RecordBatch, UInt6
 use datafusion::arrow::compute::{cast, take};
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef};
 use datafusion::common::{exec_err, internal_err, DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::execution::memory_pool::{MemoryLimit, MemoryPool};
 use datafusion::physical_expr::PhysicalExpr;
 use serde_json::{Map, Value};
 use zarrs::array::Array as ZarrsArray;
@@ -31,7 +31,9 @@ use zarrs::storage::{ReadableWritableListableStorage, ReadableWritableListableSt
 
 use crate::array::tasks::{fitting_workers, run_tasks};
 use crate::memory::Projection;
-use crate::table::{BlockGrid, BoxCells, Coordinate, GridTable, ReadAheadPlan, Selection};
+use crate::table::{
+    BlockGrid, BoxCells, BroadcastInputs, Coordinate, GridTable, ReadAheadPlan, Selection,
+};
 use crate::write::options::ZarrWriteOptions;
 use crate::write::store::{prepare_group, store_box, GroupCoordinate, GroupVariable, GroupWrite};
 use crate::zarr::{decoded_attributes, ChunkBufferPool};
@@ -186,7 +188,7 @@ impl Evaluate {
         batch_schema: SchemaRef,
         exprs: Vec<Arc<dyn PhysicalExpr>>,
         threads: usize,
-        limit: &MemoryLimit,
+        joined: JoinedMemory,
     ) -> Result<Self> {
         let (table, selection, shape) = (grid.table, grid.selection, grid.shape);
         let n_dims = table.dims.len();
@@ -202,18 +204,16 @@ impl Evaluate {
             + columns.iter().filter(|&&i| i < n_dims).count() as u64 * 8;
         let out_bytes: u64 = exprs.len() as u64 * 2 * 8;
         let task_memory = box_cells.saturating_mul(read_bytes + out_bytes);
-        // As many workers as fit (fewer than threads where their tasks
-        // together do not; refused when one does not).
-        let finite = match *limit {
-            MemoryLimit::Finite(limit) => Some(limit as u64),
-            _ => None,
-        };
-        let workers = fitting_workers(threads as u64, tasks, task_memory, finite) as usize;
+        // As many workers as fit beside the tables joined in (fewer than
+        // threads where their tasks together do not; refused when one
+        // does not).
+        let workers =
+            fitting_workers(threads as u64, tasks, task_memory, joined.left_bytes()) as usize;
         // Each worker decodes a source box at once: its chunks are read
         // ahead whole, in the fewer chunks the memory left holds.
         let mut read_ahead =
             ReadAheadPlan::new(table, &columns, grid.io_concurrency, &spans, workers);
-        if let MemoryLimit::Finite(limit) = *limit {
+        if let Some(limit) = joined.limit {
             let projection = Projection::new(
                 "SelectionCopyExec",
                 &table.store,
@@ -224,6 +224,7 @@ impl Evaluate {
             .holding(format!(
                 "a source box of {box_cells} cells and the computed chunk"
             ))
+            .and(joined.held, "tables joined in")
             .advice("raise the limit or rechunk the source to smaller chunks");
             projection.check(limit)?;
             read_ahead = read_ahead.within(limit - projection.total());
@@ -236,6 +237,45 @@ impl Evaluate {
             task_memory,
             read_ahead,
         })
+    }
+}
+
+/// The memory limit (a session's, or a worker's) and what the tables
+/// joined in (held while a copy writes) take of it: a copy's steps report
+/// them as a part of their [`Projection`], checked against the whole
+/// limit, so a refusal names them beside the steps' own parts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JoinedMemory {
+    /// Bytes the tables joined in hold.
+    pub(crate) held: usize,
+    /// The limit (`None`: none).
+    pub(crate) limit: Option<usize>,
+}
+
+impl JoinedMemory {
+    /// What `broadcasts` hold of the memory limit of `pool`.
+    pub(crate) fn of(pool: &dyn MemoryPool, broadcasts: &BroadcastInputs) -> Self {
+        Self {
+            held: broadcasts.memory(),
+            limit: match pool.memory_limit() {
+                MemoryLimit::Finite(limit) => Some(limit),
+                _ => None,
+            },
+        }
+    }
+
+    /// What the steps may hold beside the tables (nothing when they alone
+    /// take the limit).
+    pub(crate) fn left(&self) -> MemoryLimit {
+        match self.limit {
+            Some(limit) => MemoryLimit::Finite(limit.saturating_sub(self.held)),
+            None => MemoryLimit::Infinite,
+        }
+    }
+
+    /// [`Self::left`] in bytes, when there is a limit.
+    pub(crate) fn left_bytes(&self) -> Option<u64> {
+        (self.limit).map(|limit| limit.saturating_sub(self.held) as u64)
     }
 }
 

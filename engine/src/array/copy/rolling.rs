@@ -38,7 +38,6 @@ use datafusion::arrow::datatypes::ArrowNativeType;
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type};
 use datafusion::catalog::Session;
 use datafusion::common::{exec_err, human_readable_size, DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::logical_expr::dml::CopyTo;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan, UserDefinedLogicalNodeCore};
@@ -48,10 +47,12 @@ use datafusion::physical_planner::PhysicalPlanner;
 use zarrs::array::Array as ZarrsArray;
 use zarrs::storage::ReadableWritableListableStorageTraits;
 
-use super::selection::{left_beside, SelectionCopyExec};
+use super::selection::SelectionCopyExec;
 use super::steps::{CopyGrid, OutputVariable};
 use super::whole::split_columns;
-use crate::array::blockwise::{BlockwiseStep, MayWrite, Step, StepBytes, StepWriters};
+use crate::array::blockwise::{
+    BlockwiseStep, JoinedMemory, MayWrite, Step, StepBytes, StepWriters,
+};
 use crate::array::rolling::exec::{Meters, Roller, Rolling};
 use crate::array::rolling::{RollOp, RollingWindow, RollingWindowExec};
 use crate::array::scan_path::through_projections;
@@ -196,11 +197,8 @@ impl RollingCopy {
         let target = grid.target_chunks();
         let batch_size = session.config().batch_size().max(1);
         let broadcasts = exec.broadcasts().clone();
-        let (left, joined) = left_beside(session, &broadcasts, &table.store)?;
-        let limit = match left {
-            MemoryLimit::Finite(limit) => Some(limit as u64),
-            _ => None,
-        };
+        let joined = JoinedMemory::of(session.runtime_env().memory_pool.as_ref(), &broadcasts);
+        let limit = joined.left_bytes();
         let threads = exec.partitions() as u64;
         // Intermediate chunks of the window's blocks (in selected
         // positions), or of whole target chunks when those fit.
@@ -228,16 +226,16 @@ impl RollingCopy {
             rolling,
             exprs,
             (&block, shape, types),
-            (threads, batch_size, limit),
+            (threads, batch_size, joined),
             &table.store,
             metrics.clone(),
-        )
-        .map_err(|e| joined.explain(e))?;
+        )?;
         let step = Step::Writers(Box::new(writers));
-        Ok(
-            SelectionCopyExec::new(Arc::new(grid.blockwise(block, step, left)?), metrics)
-                .with_broadcasts(broadcasts),
+        Ok(SelectionCopyExec::new(
+            Arc::new(grid.blockwise(block, step, joined.left())?),
+            metrics,
         )
+        .with_broadcasts(broadcasts))
     }
 
     #[allow(clippy::type_complexity)]
@@ -371,20 +369,21 @@ impl RollChunks {
     /// the selected `shape`, variables `exprs` of `types` (over the
     /// window's rows), on at most `threads` threads of batches of
     /// `batch_size` rows; refused (naming `store`) when they cannot fit
-    /// `limit`.
+    /// the session's limit beside the tables joined in (`joined`).
     pub(crate) fn plan(
         rolling: Arc<Rolling>,
         exprs: Vec<Arc<dyn PhysicalExpr>>,
         (block, shape, types): (&[u64], &[u64], &[DataType]),
-        (threads, batch_size, limit): (u64, usize, Option<u64>),
+        (threads, batch_size, joined): (u64, usize, JoinedMemory),
         store: &str,
         metrics: ExecutionPlanMetricsSet,
     ) -> Result<Self> {
         let (per_worker, chunk_bytes) = writer_memory(&rolling, block, types, batch_size);
         let chunks = BlockGrid::covering(shape, block).num_blocks();
-        // As many writers as fit (refused when one does not).
-        let workers = fitting_workers(threads, chunks, per_worker, limit) as usize;
-        if let Some(limit) = limit {
+        // As many writers as fit beside the tables (refused when one does
+        // not).
+        let workers = fitting_workers(threads, chunks, per_worker, joined.left_bytes()) as usize;
+        if let Some(limit) = joined.limit {
             let bytes = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
             Projection::new(
                 "COPY TO Zarr of rolling windows",
@@ -397,10 +396,11 @@ impl RollChunks {
                 "the window's blocks of shape {block:?} with their overlap, and a chunk of {}",
                 human_readable_size(bytes(chunk_bytes))
             ))
+            .and(joined.held, "tables joined in")
             .advice(
                 "raise the limit, shorten the frames or lower zarrfusion.target_partition_bytes",
             )
-            .check(bytes(limit))?;
+            .check(limit)?;
         }
         Ok(Self {
             rolling,

@@ -45,8 +45,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::{human_readable_size, resources_err, DFSchema, DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::common::{human_readable_size, DFSchema, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
@@ -59,7 +58,7 @@ use datafusion::physical_planner::PhysicalPlanner;
 use super::cluster::ClusterSelection;
 use super::steps::{Blockwise, CopyGrid, OutputVariable};
 use super::whole::{split_columns, CopyScan};
-use crate::array::blockwise::{source_long_block, Evaluate, Step};
+use crate::array::blockwise::{source_long_block, Evaluate, JoinedMemory, Step};
 use crate::array::scan_path::TableRead;
 use crate::plan_methods::{
     leaf_node_methods, metered_plan_methods, named_plan_methods, no_expressions_method,
@@ -159,8 +158,7 @@ impl SelectionCopy {
         let batch_schema: SchemaRef = Arc::new(input_df.as_arrow().clone());
 
         let block = source_long_block(&grid.table, &columns, &grid.shape);
-        let store = &grid.table.store;
-        let (limit, joined) = left_beside(session, &broadcasts, store)?;
+        let joined = JoinedMemory::of(session.runtime_env().memory_pool.as_ref(), &broadcasts);
         let step = Evaluate::plan(
             &grid.selected(),
             &block,
@@ -168,10 +166,9 @@ impl SelectionCopy {
             batch_schema,
             exprs,
             grid.rechunk.threads,
-            &limit,
-        )
-        .map_err(|e| joined.explain(e))?;
-        let blockwise = grid.blockwise(block, Step::Evaluate(step), limit)?;
+            joined,
+        )?;
+        let blockwise = grid.blockwise(block, Step::Evaluate(step), joined.left())?;
         Ok(
             SelectionCopyExec::new(Arc::new(blockwise), ExecutionPlanMetricsSet::new())
                 .with_broadcasts(broadcasts),
@@ -185,52 +182,6 @@ impl SelectionCopy {
             .read
             .columns_read(self.outputs.iter().map(|o| &o.expr))?;
         Ok(self.read.table.broadcasts_read(&columns))
-    }
-}
-
-/// The memory limit a copy's steps must fit beside `broadcasts` (held
-/// while it writes), and what they hold; refused when they alone exceed
-/// the session's limit.
-pub(crate) fn left_beside(
-    session: &dyn Session,
-    broadcasts: &BroadcastInputs,
-    store: &str,
-) -> Result<(MemoryLimit, JoinedMemory)> {
-    let held = broadcasts.memory();
-    let joined = JoinedMemory(held);
-    match session.runtime_env().memory_pool.memory_limit() {
-        MemoryLimit::Finite(limit) if held > 0 => match limit.checked_sub(held) {
-            Some(left) => Ok((MemoryLimit::Finite(left), joined)),
-            None => resources_err!(
-                "the COPY of {store} holds {} of tables joined in but the memory limit \
-                 (allowed_mem) is {}; raise the limit",
-                human_readable_size(held),
-                human_readable_size(limit)
-            ),
-        },
-        limit => Ok((limit, joined)),
-    }
-}
-
-/// Memory the tables joined in hold beside a copy's steps.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct JoinedMemory(usize);
-
-impl JoinedMemory {
-    /// `error` (a refusal of the steps within what is left) saying what
-    /// the tables joined in hold of the limit.
-    pub(crate) fn explain(self, error: DataFusionError) -> DataFusionError {
-        match (self.0, error) {
-            (0, error) => error,
-            (held, DataFusionError::ResourcesExhausted(message)) => {
-                DataFusionError::ResourcesExhausted(format!(
-                    "{message}; that limit is what allowed_mem leaves beside {} of tables \
-                     joined in",
-                    human_readable_size(held)
-                ))
-            }
-            (_, error) => error,
-        }
     }
 }
 
