@@ -281,7 +281,7 @@ pub async fn executed_counters<const N: usize>(
         .create_physical_plan()
         .await
         .unwrap();
-    collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+    (collect(Arc::clone(&plan), ctx.task_ctx()).await).unwrap_or_else(|e| panic!("{sql}: {e}"));
     let shown = displayable(plan.as_ref()).indent(true).to_string();
     fn find<'a>(
         plan: &'a Arc<dyn ExecutionPlan>,
@@ -332,6 +332,38 @@ pub async fn copied_back(
         names.join(", ")
     );
     (plan, query_rows(ctx, "read back", &read).await)
+}
+
+/// Decoded bytes of the arrays `arrays` of the store at `store` (cells
+/// times element size, as their v2 or v3 metadata gives them).
+pub fn stored_bytes(store: &Path, arrays: &[&str]) -> u64 {
+    (arrays.iter())
+        .map(|name| {
+            let (v3, v2) = (
+                store.join(name).join("zarr.json"),
+                store.join(name).join(".zarray"),
+            );
+            let text = std::fs::read_to_string(&v3)
+                .or_else(|_| std::fs::read_to_string(&v2))
+                .unwrap_or_else(|e| panic!("{name} of {}: {e}", store.display()));
+            let meta: Value = serde_json::from_str(&text).unwrap();
+            let cells: u64 = (meta["shape"].as_array().unwrap().iter())
+                .map(|n| n.as_u64().unwrap())
+                .product();
+            let size = match (&meta["data_type"], &meta["dtype"]) {
+                (Value::String(t), _) => match t.as_str() {
+                    "float64" | "int64" | "uint64" => 8,
+                    "float32" | "int32" | "uint32" => 4,
+                    "complex128" => 16,
+                    "complex64" => 8,
+                    other => panic!("{name}: {other}"),
+                },
+                (_, Value::String(t)) => t[2..].parse::<u64>().unwrap(),
+                _ => panic!("{name}: no data type in {text}"),
+            };
+            cells * size
+        })
+        .sum()
 }
 
 /// A session whose memory pool holds `bytes`, with the store at `path`

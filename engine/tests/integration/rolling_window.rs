@@ -292,6 +292,42 @@ async fn rolling_windows_copied_to_zarr_chunk_by_chunk_give_xarray_s_answers() {
                 "{name}:\n{plan}"
             );
             assert_rows(&format!("{name} copied ({settings:?})"), &got, &want);
+            // Again in the default chunks (the whole selection along time,
+            // longer than the small blocks: before, such a chunk's boxes
+            // overflowed the writer's rings, an internal error), its
+            // writers report the windows' cells they read (every selected
+            // cell at least once, of a 4-byte variable at least) and the
+            // chunks written, as the store's metadata sizes them.
+            let again = dir.join(format!("{name}{i}_again.zarr"));
+            let copy = format!("COPY ({query}) TO '{}' STORED AS ZARR", again.display());
+            let counters = ["bytes_read", "bytes_written"];
+            let ([read, written], shown) =
+                common::executed_counters(&ctx, &copy, "SelectionCopyExec", counters).await;
+            let schema = ctx.sql(query).await.unwrap().schema().clone();
+            let names: Vec<&str> = (schema.fields().iter().skip(3))
+                .map(|f| f.name().as_str())
+                .collect();
+            let cells = got.len() as u64;
+            assert!(read >= cells * 4, "{name}: {shown}");
+            assert_eq!(
+                written,
+                common::stored_bytes(&again, &names),
+                "{name}: {shown}"
+            );
+            let table = format!("{name}{i}_again");
+            (ctx.register_zarr(&table, again.to_str().unwrap(), HashMap::new())
+                .await)
+                .unwrap();
+            let read_back = format!(
+                "SELECT time, lat, lon, {} FROM {table} ORDER BY time, lat, lon",
+                names.join(", ")
+            );
+            let got = common::query_rows(&ctx, "read back", &read_back).await;
+            assert_rows(
+                &format!("{name} in its own chunks ({settings:?})"),
+                &got,
+                &want,
+            );
             copies += 1;
         }
     }

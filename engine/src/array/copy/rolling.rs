@@ -336,7 +336,9 @@ impl StepWriters for RollChunks {
             || (),
             |(), writer| {
                 let meters = Meters::new(&self.metrics, writer as usize);
-                let mut roller = Roller::new(&self.rolling, self.batch_size, meters);
+                // Boxes as long as the chunk along the dimension, at most.
+                let span = copy.block[dim];
+                let mut roller = Roller::new(&self.rolling, span, self.batch_size, meters);
                 // The chunk's values, reused from one chunk to the next.
                 let mut values: Vec<Values> = copy.types.iter().map(Values::new).collect();
                 let run = share_of_runs(all.clone(), writer, workers, unit);

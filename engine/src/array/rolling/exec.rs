@@ -721,7 +721,8 @@ impl Rolling {
         meters: Meters,
         progress: Option<&ScanProgress>,
     ) -> Result<()> {
-        let mut roller = Roller::new(self, batch_size, meters);
+        let along = self.read.blocks.block_shape()[self.dim];
+        let mut roller = Roller::new(self, along, batch_size, meters);
         for j in self.walked(run) {
             let extent = self.read.blocks.block_along(self.dim, j);
             roller.enter(&extent);
@@ -1108,11 +1109,16 @@ pub(crate) struct Roller<'a> {
     buffers: ChunkBufferPool,
     meters: Meters,
     batch_size: usize,
+    /// The most positions along the rolled dimension a box it rolls has:
+    /// its rings hold as many, with the frames' overlap.
+    span: usize,
 }
 
 impl<'a> Roller<'a> {
-    /// A roller sending batches of `batch_size` rows, reporting to `meters`.
-    pub(crate) fn new(rolling: &'a Rolling, batch_size: usize, meters: Meters) -> Self {
+    /// A roller of boxes of at most `span` positions along the rolled
+    /// dimension (the window's blocks', or a COPY's chunks'), sending
+    /// batches of `batch_size` rows, reporting to `meters`.
+    pub(crate) fn new(rolling: &'a Rolling, span: u64, batch_size: usize, meters: Meters) -> Self {
         Self {
             rolling,
             rings: Rings::default(),
@@ -1120,6 +1126,7 @@ impl<'a> Roller<'a> {
             buffers: ChunkBufferPool::new(),
             meters,
             batch_size: batch_size.max(1),
+            span: usize::try_from(span).unwrap_or(usize::MAX).max(1),
         }
     }
 
@@ -1154,17 +1161,24 @@ impl<'a> Roller<'a> {
             buffers,
             meters,
             batch_size,
+            span,
             ..
         } = self;
-        let (rolling, batch_size) = (*rolling, *batch_size);
+        let (rolling, batch_size, span) = (*rolling, *batch_size, *span);
         let d = rolling.dim;
         let lens: Vec<usize> = b.iter().map(|r| (r.end - r.start) as usize).collect();
         let outer: usize = lens[..d].iter().product();
         let inner: usize = lens[d + 1..].iter().product();
         let main = lens[d];
+        if main > span {
+            return datafusion::common::internal_err!(
+                "a box of {main} positions along '{}' rolled in rings of {span}",
+                rolling.read.table.dims[d].name
+            );
+        }
         let (before, after) = (rolling.before as usize, rolling.after as usize);
-        let along = rolling.read.blocks.block_shape()[d] as usize;
-        let held = before + 1 + along.max(main) + after;
+        // The same for every box, so a column's ring is reused as it is.
+        let held = before + 1 + span + after;
         // The box's first position (in the walk) in the ring.
         let at = rolling.walked_before(&b[d]) as usize + before;
         let mut key = b.to_vec();
