@@ -383,8 +383,8 @@ impl BlockWrites {
         }
         let element = source.element_size() as u64;
         let read = (ids.clone().map(|id| self.tasks.blocks.block(id)))
-            .map(|extent| extent.iter().map(|r| r.end - r.start).product::<u64>() * element)
-            .sum();
+            .map(|extent| (extent.iter()).fold(element, |n, r| n.saturating_mul(r.end - r.start)))
+            .fold(0u64, u64::saturating_add);
         let written = self.tasks.run(
             &self.table,
             &self.kernels,

@@ -104,12 +104,13 @@ fn chunks_read(size: u64, ranges: &[Range<u64>], chunk: &[u64], shape: &[u64]) -
     let (mut cells, mut met) = (1u128, 1u128);
     for ((r, &c), &n) in ranges.iter().zip(chunk).zip(shape) {
         let c = c.max(1);
-        cells *= (r.end - r.start) as u128;
-        met *= ((r.end.div_ceil(c) * c).min(n) - r.start / c * c) as u128;
+        let end = r.end.div_ceil(c).saturating_mul(c).min(n);
+        cells = cells.saturating_mul(r.end.saturating_sub(r.start) as u128);
+        met = met.saturating_mul(end.saturating_sub(r.start / c * c) as u128);
     }
     match cells {
         0 => 0,
-        _ => u64::try_from(size as u128 * met / cells).unwrap_or(u64::MAX),
+        _ => u64::try_from((size as u128).saturating_mul(met) / cells).unwrap_or(u64::MAX),
     }
 }
 
