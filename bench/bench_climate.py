@@ -69,6 +69,11 @@ result in memory):
                float64, one chunk (1, 721, 1440) per bin, zstd level 3, with coordinates;
                2.2 GB of float64 written as the reduction's bands come)
                xarray: ds.t2m.resample(time="3h").mean() as float64, .to_zarr(...) as rolling-zarr
+  diurnal      the mean and standard deviation of every cell at each hour of the day (25 M
+               groups, more group state than one pass holds; the hours repeat along time, so
+               the dense reduction runs in bands of latitudes), their count and sum
+               SQL: GROUP BY extract(hour FROM time), lat, lon: avg(t2m), stddev_pop(t2m)
+               xarray: hours = ds.t2m.groupby("time.hour"); hours.mean() + hours.std()
   read         the physical floor: one read of every chunk (SQL: sum(t2m);
                xarray: the array loaded and summed); the coarsen query reads 1/11 of it
 
@@ -111,7 +116,7 @@ ZF_PYTHON = os.environ.get("ZARRFUSION_PYTHON", str(Path.home() / ".cache" / "za
 ARMS = ["zarrfusion", "zarrfusion-hash", "xarray-flox", "xarray-numbagg", "xarray-dask", "xarray-sql"]
 QUERIES = ["read", "daily", "climatology", "coarsen", "rolling", "cumulative", "remaining",
            "rolling-zarr", "daily-zarr", "anomaly", "anomaly-window", "anomaly-rolling", "resample-3h",
-           "resample-3h-zarr"]
+           "resample-3h-zarr", "diurnal"]
 # Where rolling-zarr writes (removed before and after each run).
 OUT = HERE / "data" / "rolling_out.zarr"
 ROLLING = ("avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND "
@@ -143,6 +148,11 @@ SQL = {
     "resample-3h-zarr": "COPY (SELECT date_bin(INTERVAL '3 hours', time) AS time, lat, lon, avg(t2m) AS m "
                         f"FROM era5 GROUP BY 1, 2, 3) TO '{OUT}' STORED AS ZARR OPTIONS ('chunks' "
                         "'time=1,lat=721,lon=1440', 'codec' 'zstd')",
+    # The diurnal cycle's mean and spread of every cell (25 M groups, over
+    # the state one pass holds; the hours repeat along time), reduced to the
+    # count and the sum of mean + spread.
+    "diurnal": "SELECT count(m) AS n, sum(m + s) AS m FROM (SELECT extract(hour FROM time) AS h, lat, "
+               "lon, avg(t2m) AS m, stddev_pop(t2m) AS s FROM era5 GROUP BY 1, 2, 3)",
     "anomaly": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
                "FROM era5 GROUP BY 1, 2, 3) "
                "SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS m FROM era5 JOIN clim "
@@ -226,6 +236,10 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         out = t2m.groupby("time.month").mean(**kwargs)
     elif query == "resample-3h":
         out = t2m.resample(time="3h").mean(**kwargs)
+    elif query == "diurnal":
+        # xarray's std: ddof=0, as SQL's stddev_pop.
+        hours = t2m.groupby("time.hour")
+        out = hours.mean(**kwargs) + hours.std(**kwargs)
     elif query == "resample-3h-zarr":
         out = t2m.resample(time="3h").mean(**kwargs).astype("float64")
     elif query == "coarsen":
@@ -274,7 +288,7 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         return {"seconds": seconds, **written()}
     values = np.asarray(out.values, dtype="float64")
     seconds = time.perf_counter() - started
-    if query in ("rolling", "cumulative", "remaining", "resample-3h"):
+    if query in ("rolling", "cumulative", "remaining", "resample-3h", "diurnal"):
         return {"seconds": seconds, "groups": int(np.count_nonzero(~np.isnan(values))),
                 "checksum": float(np.nansum(values))}
     if query in ("anomaly", "anomaly-window"):
@@ -315,7 +329,7 @@ def answer(query: str, table) -> dict:
     import numpy as np
 
     m = table.column("m").to_numpy(zero_copy_only=False).astype("float64")
-    if query in ("rolling", "cumulative", "remaining", "anomaly-rolling", "resample-3h"):
+    if query in ("rolling", "cumulative", "remaining", "anomaly-rolling", "resample-3h", "diurnal"):
         return {"groups": int(table.column("n")[0].as_py()), "checksum": float(m[0])}
     if query in ("anomaly", "anomaly-window"):
         return {"groups": table.num_rows, "checksum": float(np.nansum(m**2))}

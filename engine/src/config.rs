@@ -54,11 +54,11 @@ extensions_options! {
         pub dense_group_functions: bool, default = true
         /// The most group state a dense reduction holds at once (one
         /// worker's; without a memory limit, its workers' together). One
-        /// with more runs in bands of its first grouped dimension's keys,
-        /// each band's groups folded and emitted before the next's, where
-        /// that dimension's keys run along its positions (it is grouped by
-        /// them, or by `date_trunc` of an ordered time); else it stays
-        /// DataFusion's hash aggregation.
+        /// with more runs in bands of a grouped dimension's keys (the first
+        /// in table order whose keys run along its positions: it is grouped
+        /// by them, or by `date_trunc` of an ordered time), each band's
+        /// groups folded and emitted before the next's; where no grouped
+        /// dimension's keys do, it stays DataFusion's hash aggregation.
         pub dense_state_bytes: usize, default = 1 << 30
         /// Plan a join of two Zarr tables on all their dimensions, over the
         /// same coordinates, as one scan of their aligned blocks instead of

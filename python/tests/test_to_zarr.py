@@ -256,6 +256,41 @@ def test_resampling_and_coarsening_in_bands_equal_xarray(fixtures, tmp_path):
     np.testing.assert_allclose(rows.values, want.values, rtol=1e-6)
 
 
+def test_a_climatology_over_the_bound_runs_in_bands_of_latitudes_equal_to_xarray(fixtures, tmp_path):
+    # The months repeat along time, so a monthly climatology cannot be cut
+    # by its first grouped dimension; over a bound one latitude's groups fit,
+    # it runs in bands of latitudes (EXPLAIN: keys of lat) instead of
+    # DataFusion's hash aggregation. Its rows come band by band, not in the
+    # grid's order: the COPY collects them and writes xarray's answer.
+    src = open_xr(fixtures / "climate.zarr")
+    # 2 KB: the 180 groups' state (8.6 KB) does not fit, one latitude's does.
+    ctx = zf.SessionContext(config={"zarrfusion.dense_state_bytes": "2048"})
+    ctx.register_zarr("c", fixtures / "climate.zarr")
+    sql = (
+        "SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS t2m, "
+        "stddev_pop(u10) AS u10 FROM c GROUP BY 1, 2, 3"
+    )
+    plan = ctx.sql(f"EXPLAIN {sql}").to_pandas()["plan"].str.cat()
+    assert "DenseReductionExec" in plan and " keys of lat" in plan, plan
+    assert "AggregateExec" not in plan, plan
+    out = tmp_path / "clim.zarr"
+    ctx.sql(f"COPY ({sql}) TO '{out}' STORED AS ZARR OPTIONS ('dims' 'month,lat,lon')").collect()
+    got = open_xr(out)
+    by_month = src.groupby("time.month")
+    for name, want in [("t2m", by_month.mean().t2m), ("u10", by_month.std().u10)]:
+        have = got[name].transpose(*want.dims)
+        for d in want.dims:
+            np.testing.assert_array_equal(have[d].values, want[d].values)
+        np.testing.assert_allclose(have.values, want.values, rtol=1e-5)
+    # Its rows as pandas groups them, in the order ORDER BY asks.
+    rows = ctx.sql(f"{sql} ORDER BY 1, 2, 3").to_pandas()
+    cells = src.to_dataframe().reset_index()
+    cells["month"] = cells.time.dt.month
+    want = cells.groupby(["month", "lat", "lon"]).agg(t2m=("t2m", "mean"))
+    assert list(zip(rows.month, rows.lat, rows.lon)) == list(want.index)
+    np.testing.assert_allclose(rows.t2m.values, want.t2m.values, rtol=1e-5)
+
+
 def test_copied_reduction_is_written_as_its_rows_come_equal_to_xarray(fixtures, tmp_path):
     # A COPY of a dense reduction is written a slab of chunks at a time as
     # its rows come (EXPLAIN: streamed=...), in bands, inside an allowed_mem

@@ -506,6 +506,68 @@ async fn resampling_climatologies_and_coarsening_are_dense_reductions_with_xarra
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn climatologies_over_the_bound_run_in_bands_of_a_later_dimension_with_xarray_s_answers() {
+    // Grouped by the month (whose keys repeat along time: it cannot be cut)
+    // and the grid, over a bound that one latitude's groups fit: the
+    // reduction runs in bands of latitudes. Its rows come band by band, so
+    // it declares no order (DataFusion sorts for ORDER BY) and gives
+    // xarray's `groupby("time.month")` answers; without ORDER BY, the hash
+    // plan's rows in some order.
+    let queries = climate_queries();
+    // A bound under each query's state (5 months or 4 hours x 36 cells)
+    // and over one latitude's.
+    let bound = "SET zarrfusion.dense_state_bytes = 2048";
+    let small_blocks = "SET zarrfusion.target_partition_bytes = 1024";
+    let q = (queries.iter().find(|q| q["name"] == "climatology_by_month")).unwrap();
+    let (store, sql) = (q["store"].as_str().unwrap(), q["sql"].as_str().unwrap());
+    let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+    let store = fixture(store);
+    let hashed = session("t", Path::new(&store), false, &[]).await;
+    // The hours of the day (6-hourly steps: 4 of them) and the grid, with
+    // a variance, against the hash plan.
+    let diurnal = "SELECT date_part('hour', time) AS hour, lat, lon, avg(t2m) AS m, \
+                   stddev(u10) AS s, count(*) AS n FROM t GROUP BY 1, 2, 3";
+    for settings in [&[bound][..], &[bound, small_blocks]] {
+        let ctx = session("t", Path::new(&store), true, settings).await;
+        for sql in [sql, diurnal] {
+            let plan = explain_text(&ctx, sql).await;
+            assert!(
+                plan.contains("DenseReductionExec") && !plan.contains("AggregateExec"),
+                "{sql}:\n{plan}"
+            );
+            assert!(plan.contains(" keys of lat"), "{sql}:\n{plan}");
+            assert_eq!(
+                plan.contains("SortExec"),
+                sql.contains("ORDER BY"),
+                "{plan}"
+            );
+        }
+        let got = run(&ctx, sql).await;
+        assert_rows(&format!("{settings:?}"), &got, &want);
+        // Without ORDER BY, the hash plan's rows in some order.
+        for sql in [sql.split(" ORDER BY").next().unwrap(), diurnal] {
+            let mut got = run(&ctx, sql).await;
+            let mut want = run(&hashed, sql).await;
+            assert_eq!(got.len(), want.len(), "{sql}");
+            sort_rows(&mut got, 3);
+            sort_rows(&mut want, 3);
+            assert_rows(&format!("{sql} ({settings:?})"), &got, &want);
+        }
+    }
+    // The month alone cannot be cut: over the bound, the hash aggregation.
+    let ctx = session(
+        "t",
+        Path::new(&store),
+        true,
+        &["SET zarrfusion.dense_state_bytes = 64"],
+    )
+    .await;
+    let sql = "SELECT extract(month FROM time) AS month, avg(t2m) AS m FROM t GROUP BY 1";
+    let plan = explain_text(&ctx, sql).await;
+    assert!(!plan.contains("DenseReductionExec"), "{plan}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_that_are_not_of_one_dimension_stay_hash_aggregations() {
     let cases = [
         // Two dimensions, a variable, a volatile function.
@@ -684,8 +746,16 @@ async fn one_workers_group_state_within_the_bound_is_a_dense_reduction_run_by_as
         assert_eq!(plan.contains(", bands="), d0 == 1 << 12, "{d0}: {plan}");
         if d0 == 1 << 12 {
             // Over the bound with a first grouped dimension whose keys do
-            // not run along its positions: the hash aggregation.
+            // not run along its positions: in bands of the next one.
             let wrapped = "SELECT d0 % 4095 AS k, d1, d2, sum(v) AS s FROM t GROUP BY 1, 2, 3";
+            let plan = explain_text(&ctx, wrapped).await;
+            assert!(
+                plan.contains("DenseReductionExec") && plan.contains(" keys of d1"),
+                "{plan}"
+            );
+            // None of whose grouped dimensions' keys do: the hash aggregation.
+            let wrapped = "SELECT d0 % 4095 AS k, d1 % 255 AS j, d2 % 127 AS i, sum(v) AS s \
+                           FROM t GROUP BY 1, 2, 3";
             let plan = explain_text(&ctx, wrapped).await;
             assert!(!plan.contains("DenseReductionExec"), "{plan}");
         }

@@ -131,14 +131,17 @@ pub(super) struct Reduction {
 
 /// A dense reduction whose group state is too large to hold at once
 /// (more than `zarrfusion.dense_state_bytes` for one worker, or more than fits
-/// `allowed_mem`), run in bands: ranges of the keys of its first grouped
-/// dimension (in table order), each folded from the cells whose positions
-/// have those keys, finished and emitted before the next is started. Its
-/// workers hold the state of one band's groups, its output one band's rows.
-/// The keys must run along the positions (a dimension grouped by its
-/// positions, or by `date_trunc` of an ordered time): each band then reads
-/// one run of the dimension's positions, and the bands' rows, one after
-/// the other, are the result in its order.
+/// `allowed_mem`), run in bands: ranges of the keys of a grouped dimension
+/// (the first in table order that can be cut), each folded from the cells
+/// whose positions have those keys, finished and emitted before the next
+/// is started. Its workers hold the state of one band's groups, its output
+/// one band's rows. The keys must run along the positions (a dimension
+/// grouped by its positions, or by `date_trunc` of an ordered time): each
+/// band then reads one run of the dimension's positions. Cutting the first
+/// grouped dimension, the bands' rows, one after the other, are the result
+/// in its order; cutting another (`GROUP BY extract(month FROM time), lat,
+/// lon` in bands of latitudes), each band's rows are in the order of its
+/// own groups, and the result declares no order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Bands {
     /// The table dimension cut.
@@ -372,7 +375,7 @@ impl DenseReductionExec {
             workers,
         );
         let ordering = match emit {
-            Emit::Results => output_ordering(&schema, &reduction.read.table, &reduction.keys),
+            Emit::Results => reduction.ordering(&schema),
             // States are shuffled by their groups' hash on a cluster.
             Emit::States { .. } => Vec::new(),
         };
@@ -772,26 +775,16 @@ impl Reduction {
 
     /// The bands to run in with `workers` workers under `limit`, and the
     /// workers: none when the whole group state fits (within `bound` for
-    /// one worker, and one worker fits `limit`), or when the keys of the
-    /// first grouped dimension cannot be cut (see [`Bands`]). A band holds
-    /// about [`BAND_BYTES`] of state and output (a quarter of `bound` if
-    /// less), or more keys where those span fewer than [`BAND_CHUNKS`]
-    /// chunks of the cut dimension (a chunk a band boundary cuts is decoded
-    /// by both bands), as far as they fit; as many of the workers run as
-    /// fit a band of at least a chunk.
+    /// one worker, and one worker fits `limit`), or when no grouped
+    /// dimension's keys can be cut (see [`Bands`]). The first grouped
+    /// dimension (in table order) that can be cut is cut: the result stays
+    /// in the grid's order where that is the first grouped dimension.
     fn banding(
         &self,
         workers: usize,
         limit: Option<usize>,
         bound: usize,
     ) -> Option<(Bands, usize)> {
-        let dim = *self.dims.first()?;
-        let count = self.space.keys_of(dim);
-        let per_key = self.groups_per_key(dim);
-        let state = self.state_per_group().saturating_mul(per_key);
-        let output = 8usize
-            .saturating_mul(self.keys.len() + self.aggregates.len())
-            .saturating_mul(per_key);
         let without_state = self.worker_buffers(MIN_RUN_ROWS);
         let groups = self.space.num_groups();
         let whole = self.state_per_group().saturating_mul(groups);
@@ -800,10 +793,37 @@ impl Reduction {
                 (without_state.saturating_add(whole)).saturating_add(self.shared_memory_of(groups))
                     <= l
             });
-        if fits_whole || count < 2 {
+        if fits_whole {
+            return None;
+        }
+        (self.dims.iter()).find_map(|&dim| self.banding_along(dim, workers, limit, bound))
+    }
+
+    /// [`Self::banding`] cutting grouped dimension `dim`: none when its
+    /// keys do not run along its positions, or not even one key's state
+    /// fits. A band holds about [`BAND_BYTES`] of state and output (a
+    /// quarter of `bound` if less), or more keys where those span fewer
+    /// than [`BAND_CHUNKS`] chunks of the cut dimension (a chunk a band
+    /// boundary cuts is decoded by both bands), as far as they fit; as many
+    /// of the workers run as fit a band of at least a chunk.
+    fn banding_along(
+        &self,
+        dim: usize,
+        workers: usize,
+        limit: Option<usize>,
+        bound: usize,
+    ) -> Option<(Bands, usize)> {
+        let count = self.space.keys_of(dim);
+        if count < 2 {
             return None;
         }
         let descending = self.space.key_direction(dim)?;
+        let per_key = self.groups_per_key(dim);
+        let state = self.state_per_group().saturating_mul(per_key);
+        let output = 8usize
+            .saturating_mul(self.keys.len() + self.aggregates.len())
+            .saturating_mul(per_key);
+        let without_state = self.worker_buffers(MIN_RUN_ROWS);
         // Positions of the cut dimension a key has, on average, and the
         // longest chunk of a variable read along it.
         let positions: u64 = (self.read.selection.ranges(dim).iter())
@@ -849,6 +869,14 @@ impl Reduction {
             },
             workers,
         ))
+    }
+
+    /// Whether its rows come in the grid's order (C order of its grouped
+    /// dimensions): unless it runs in bands of a dimension other than the
+    /// first grouped one.
+    fn rows_in_grid_order(&self) -> bool {
+        self.bands
+            .is_none_or(|bands| self.dims.first() == Some(&bands.dim))
     }
 
     /// Memory one worker holds: a decoded block, the temporaries of one run
@@ -1161,11 +1189,12 @@ impl Reduction {
     /// The grid its result rows lay out one per cell, in C order: each
     /// grouped dimension in table order, with the output column of its key
     /// and the keys' values in the order the rows run along it. `None` when
-    /// a row filter decides which groups exist (a cell may have no row), or
-    /// a dimension is grouped by more than one column (its keys are tuples,
-    /// not a line of the grid).
+    /// a row filter decides which groups exist (a cell may have no row), a
+    /// dimension is grouped by more than one column (its keys are tuples,
+    /// not a line of the grid), or its rows come in bands of a dimension
+    /// other than the first grouped one (not in the grid's order).
     fn row_grid(&self) -> Result<Option<Vec<(usize, ArrayRef)>>> {
-        if self.keys.is_empty() || self.filters_groups() {
+        if self.keys.is_empty() || self.filters_groups() || !self.rows_in_grid_order() {
             return Ok(None);
         }
         let mut dims = Vec::with_capacity(self.dims.len());
@@ -1196,8 +1225,12 @@ impl Reduction {
         self.predicate.is_some() && !self.keys.is_empty()
     }
 
-    /// The order of its result rows (see [`output_ordering`]).
+    /// The order of its result rows (see [`output_ordering`]): none in
+    /// bands of a dimension other than the first grouped one.
     pub(super) fn ordering(&self, schema: &SchemaRef) -> Vec<PhysicalSortExpr> {
+        if !self.rows_in_grid_order() {
+            return Vec::new();
+        }
         output_ordering(schema, &self.read.table, &self.keys)
     }
 

@@ -15,11 +15,13 @@
 //!   over a numeric argument (`count`: any argument);
 //! - the scan has no `LIMIT`, and the dense state fits
 //!   `zarrfusion.dense_state_bytes` (1 GiB, [`MAX_STATE_BYTES`]),
-//!   or the state of each key of the first grouped dimension (in table
-//!   order) does and that dimension's keys run along its positions (it is
-//!   grouped by its positions, or by `date_trunc` of an ordered time): the
-//!   reduction then runs in bands of those keys, each band's groups
-//!   folded and emitted before the next's.
+//!   or the state of each key of a grouped dimension does and that
+//!   dimension's keys run along its positions (it is grouped by its
+//!   positions, or by `date_trunc` of an ordered time): the reduction then
+//!   runs in bands of those keys, each band's groups folded and emitted
+//!   before the next's (the first such dimension in table order; where
+//!   that is not the first grouped one, the rows come band by band rather
+//!   than in the grid's order).
 //!
 //! Anything else keeps DataFusion's hash aggregation. The rule is on by
 //! default; `SET zarrfusion.dense_reduction = false` turns it off, and
@@ -45,9 +47,9 @@ use crate::table::{select_planning, GridTable, Selection};
 /// The most memory the per-worker group state of a dense reduction may
 /// take by default (`zarrfusion.dense_state_bytes`; an upper bound, before
 /// filters), and what a worker of a cluster holds a reduction it is sent
-/// to; larger reductions run in bands of their first grouped dimension's
-/// keys, each band's state within it (where that dimension can be cut
-/// so), else keep DataFusion's hash aggregation.
+/// to; larger reductions run in bands of a grouped dimension's keys, each
+/// band's state within it (where a dimension can be cut so), else keep
+/// DataFusion's hash aggregation.
 pub const MAX_STATE_BYTES: usize = 1 << 30;
 
 /// Rewrites `GROUP BY` over dimensions of a Zarr table into a dense reduction.
@@ -117,8 +119,7 @@ fn dense_reduction(
     // of them if the filters cannot be evaluated here).
     let props = ExecutionProps::new();
     let selection = select_planning(&scan.filters, table, &props).ok();
-    let Some((key_counts, first_runs_along)) = key_counts(&groups, table, selection.as_ref())
-    else {
+    let Some(key_counts) = key_counts(&groups, table, selection.as_ref()) else {
         return Ok(None);
     };
 
@@ -147,12 +148,16 @@ fn dense_reduction(
         // One worker's state (the operator runs as many as fit its memory
         // limit, and without one as many as keep their states within this
         // bound too).
-        .fold(state_bytes as u128, |n, &c| n.saturating_mul(c as u128));
-    // Over the bound, in bands of the first grouped dimension's keys: each
-    // key's state within it, and the keys running along the positions.
-    let per_key = state / (key_counts.first().copied().unwrap_or(1).max(1) as u128);
+        .fold(state_bytes as u128, |n, &(c, _)| {
+            n.saturating_mul(c as u128)
+        });
+    // Over the bound, in bands of the keys of a grouped dimension whose
+    // keys run along its positions, each key's state within it.
     let bound = bound as u128;
-    if state > bound && !(first_runs_along && per_key <= bound) {
+    let cut = |&(count, runs_along): &(u64, bool)| {
+        runs_along && count > 1 && state / count as u128 <= bound
+    };
+    if state > bound && !key_counts.iter().any(cut) {
         return Ok(None);
     }
 
@@ -238,22 +243,21 @@ fn group_keys(group: &[Expr], table: &GridTable) -> Option<Vec<GroupKey>> {
     Some(keys)
 }
 
-/// The number of keys of each grouped dimension over its positions in
-/// `selection` (all of them without one), and whether the first one's keys
-/// run along its positions (see `KeyMap::direction`); `None` if a function
-/// of a dimension cannot be evaluated over its coordinate.
+/// Per grouped dimension (in table order), the number of its keys over its
+/// positions in `selection` (all of them without one) and whether they run
+/// along its positions (see `KeyMap::direction`); `None` if a function of
+/// a dimension cannot be evaluated over its coordinate.
 fn key_counts(
     groups: &[GroupKey],
     table: &GridTable,
     selection: Option<&Selection>,
-) -> Option<(Vec<u64>, bool)> {
+) -> Option<Vec<(u64, bool)>> {
     let props = ExecutionProps::new();
     let mut dims: Vec<usize> = groups.iter().map(|g| g.dim).collect();
     dims.sort_unstable();
     dims.dedup();
     let mut counts = Vec::with_capacity(dims.len());
-    let mut first_runs_along = true;
-    for (i, d) in dims.into_iter().enumerate() {
+    for d in dims {
         let dim = &table.dims[d];
         let exprs: Vec<&Expr> = groups
             .iter()
@@ -263,7 +267,7 @@ fn key_counts(
         let all = 0..dim.len;
         let ranges = selection.map_or(std::slice::from_ref(&all), |s| s.ranges(d));
         if exprs.is_empty() {
-            counts.push(ranges.iter().map(|r| r.end - r.start).sum());
+            counts.push((ranges.iter().map(|r| r.end - r.start).sum(), true));
             continue;
         }
         let physical = exprs
@@ -272,12 +276,9 @@ fn key_counts(
             .collect::<Result<Vec<_>>>()
             .ok()?;
         let keys = DimKeys::evaluate(table, d, ranges, &physical).ok()?;
-        if i == 0 {
-            first_runs_along = keys.map.direction().is_some();
-        }
-        counts.push(keys.map.count as u64);
+        counts.push((keys.map.count as u64, keys.map.direction().is_some()));
     }
-    Some((counts, first_runs_along))
+    Some(counts)
 }
 
 /// The reduction an aggregate expression asks for, if supported.
