@@ -32,7 +32,7 @@ use zarrfusion_udfs::calendar::Calendar;
 
 use super::grid::grid_bytes;
 use super::options::ZarrWriteOptions;
-use super::rows::Streamed;
+use super::rows::{input_memory, Streamed};
 use super::sink::ZarrSink;
 use super::target::CopyTarget;
 use crate::config::ZarrConfig;
@@ -351,9 +351,11 @@ impl FileFormat for ZarrFormat {
 }
 
 /// Refuses, before anything runs, a COPY whose result the sink could not
-/// hold: the input's row count (where its statistics know it) times the
-/// bytes of a row as batches, plus the dense grid, over the memory limit.
-/// (Results whose size is not known exactly are checked as their rows arrive.)
+/// hold beside the query making it: the input's row count (where its
+/// statistics know it) times the bytes of a row as batches, plus the dense
+/// grid, plus what the query holds while it runs (where the session knows
+/// it: a dense reduction's projection), over the memory limit. (Results
+/// whose size is not known exactly are checked as their rows arrive.)
 fn refuse_if_too_large(
     input: &Arc<dyn ExecutionPlan>,
     dims: &[usize],
@@ -376,11 +378,19 @@ fn refuse_if_too_large(
         .sum();
     let rows_bytes = rows as u64 * row_bytes;
     let grid = grid_bytes(&schema, dims, rows as u64);
-    let needed = rows_bytes + grid;
+    let query = input_memory(input, state, schema.fields().len())? as u64;
+    let needed = rows_bytes.saturating_add(grid).saturating_add(query);
     if needed > limit as u64 {
+        let beside = match query {
+            0 => String::new(),
+            held => format!(
+                " beside {} the query holds",
+                human_readable_size(held as usize)
+            ),
+        };
         return plan_err!(
             "ZarrSink: COPY TO Zarr ('{}') holds the whole result in memory before writing it: \
-             about {rows} rows need {} as batches plus {} as the grid ({} in all), but \
+             about {rows} rows need {} as batches plus {} as the grid{beside} ({} in all), but \
              allowed_mem is {}. Write a smaller selection (WHERE on dimensions), copy the \
              table as it is (COPY t TO ..., which copies array by array), or raise allowed_mem",
             target,

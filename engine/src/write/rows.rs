@@ -53,21 +53,37 @@ use super::store::{
 use super::target::CopyTarget;
 use crate::zarr::StoreLocation;
 
-/// The grid a plan's rows lay out, one per cell, in C order.
+/// What a plan knows of its rows before they come: the memory it holds,
+/// and the grid they lay out, one per cell, in C order, where they do.
 #[derive(Debug, Clone)]
 pub struct RowGrid {
     /// Per dimension, outermost first: the plan's output column holding
     /// its coordinate, and its coordinates in the order the rows run along
-    /// it.
-    pub dims: Vec<(usize, ArrayRef)>,
+    /// it (`None`: its rows are not one per cell of a grid in its order).
+    pub dims: Option<Vec<(usize, ArrayRef)>>,
     /// Bytes the plan holds while it runs (its projected memory).
     pub memory: usize,
 }
 
-/// How a session finds the grid of a plan's rows (`None`: the plan does
-/// not know it): a [`SessionConfig`](datafusion::prelude::SessionConfig)
+/// How a session finds what a plan knows of its rows (`None`: the plan
+/// does not know it): a [`SessionConfig`](datafusion::prelude::SessionConfig)
 /// extension the session sets.
 pub struct RowGrids(pub fn(&dyn ExecutionPlan) -> Result<Option<RowGrid>>);
+
+/// Bytes `input` (whose rows a COPY of `width` columns writes) holds while
+/// it runs, where the session's [`RowGrids`] knows them through the
+/// projections over the plan that makes the rows (0 where it does not).
+pub(crate) fn input_memory(
+    input: &Arc<dyn ExecutionPlan>,
+    session: &dyn Session,
+    width: usize,
+) -> Result<usize> {
+    let Some(grids) = session.config().get_extension::<RowGrids>() else {
+        return Ok(0);
+    };
+    let (plan, _) = through_projections(input, width);
+    Ok((grids.0)(plan.as_ref())?.map_or(0, |grid| grid.memory))
+}
 
 /// A result written as it comes: the grid, and how its rows are laid out.
 #[derive(Debug, Clone)]
@@ -131,12 +147,12 @@ impl Streamed {
         descending: &[bool],
         target: &CopyTarget,
     ) -> Result<Option<Self>> {
-        if grid.dims.len() != dims.len() {
+        let Some(grid_dims) = grid.dims.filter(|g| g.len() == dims.len()) else {
             return Ok(None);
-        }
+        };
         let mut arrival = Vec::with_capacity(dims.len());
         let mut reversed = Vec::with_capacity(dims.len());
-        for ((&d, &down), (column, coords)) in dims.iter().zip(descending).zip(grid.dims) {
+        for ((&d, &down), (column, coords)) in dims.iter().zip(descending).zip(grid_dims) {
             let Some(ascending) = (columns[d] == Some(column))
                 .then(|| strictly_ordered(&coords))
                 .flatten()
@@ -718,7 +734,7 @@ mod tests {
             let descending = [draw.below(2) == 1, draw.below(2) == 1];
             let chunks = format!("x={},y={}", 1 + draw.below(4), 1 + draw.below(4));
             let grid = RowGrid {
-                dims: coords,
+                dims: Some(coords),
                 memory: 0,
             };
             let columns = [Some(0), Some(1), Some(2), Some(3)];
@@ -765,7 +781,7 @@ mod tests {
         };
         let all = datafusion::arrow::compute::concat_batches(&schema, &batches).unwrap();
         let grid = RowGrid {
-            dims: coords,
+            dims: Some(coords),
             memory: 0,
         };
         let columns = [Some(0), Some(1), Some(2), Some(3)];

@@ -554,6 +554,46 @@ async fn climatologies_over_the_bound_run_in_bands_of_a_later_dimension_with_xar
             assert_rows(&format!("{sql} ({settings:?})"), &got, &want);
         }
     }
+    // A COPY of it collects the rows (they do not come in the grid's
+    // order): refused before it runs where the rows and their grid do not
+    // fit beside what the reduction holds (65.7 KB in bands of a latitude
+    // under 72 KB), written where they do.
+    let clim = "SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS t2m, \
+                stddev_pop(u10) AS u10 FROM t GROUP BY 1, 2, 3";
+    let dir = common::scratch("climatology_in_bands_copy");
+    let out = dir.join("clim.zarr");
+    let copy = format!(
+        "COPY ({clim}) TO '{}' STORED AS ZARR OPTIONS ('dims' 'month,lat,lon')",
+        out.display()
+    );
+    for (limit, fits) in [("72K", false), ("80K", true)] {
+        let allowed = format!("SET datafusion.runtime.memory_limit = '{limit}'");
+        let ctx = session("t", Path::new(&store), true, &[bound, allowed.as_str()]).await;
+        let plan = explain_text(&ctx, clim).await;
+        assert!(plan.contains(" keys of lat"), "{plan}");
+        let result = ctx.sql(&copy).await;
+        let result = match result {
+            Ok(df) => df.collect().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => assert!(fits, "{limit}: the COPY ran"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!fits, "{limit}: {e}");
+                assert!(
+                    e.contains("Error during planning")
+                        && e.contains("the query holds")
+                        && e.contains("allowed_mem is 72.0 KB"),
+                    "{e}"
+                );
+                assert!(!out.exists(), "a refused COPY wrote {}", out.display());
+            }
+        }
+    }
+    let ctx = session("t", &out, true, &[]).await;
+    let rows = run(&ctx, "SELECT count(*) AS n, count(t2m) AS m FROM t").await;
+    assert_eq!(rows, vec![vec![Value::from(180), Value::from(180)]]);
     // The month alone cannot be cut: over the bound, the hash aggregation.
     let ctx = session(
         "t",

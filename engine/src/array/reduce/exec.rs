@@ -504,8 +504,8 @@ impl DenseReductionExec {
         if self.emit != Emit::Results {
             return Ok(None);
         }
-        Ok(self.reduction.row_grid()?.map(|dims| RowGrid {
-            dims,
+        Ok(Some(RowGrid {
+            dims: self.reduction.row_grid()?,
             memory: self.projected_memory(),
         }))
     }
