@@ -17,7 +17,9 @@ climatology's partial states, then its rows broadcast to the tasks reading the g
 ``2 workers (hash join)`` instead of the hash arm: ``zarrfusion.broadcast_join = false``,
 DataFusion's hash join on the cluster (its plan before broadcast joins ran on workers). AC (a COPY
 of each cell's anomaly into space chunks: on workers the climatology's stage, its rows broadcast
-to a round of blockwise tasks, then the rechunk's rounds; no hash arm).
+to a round of blockwise tasks, then the rechunk's rounds; no hash arm). B and D (reductions in
+bands: the 3-hourly means and the diurnal cycle of every cell, reduced to a line; on workers each
+task finishes a run of the bands and sends their rows; no hash arm).
 
 Arms (every run a fresh shell process; workers started fresh for each run, not timed):
 
@@ -103,6 +105,17 @@ QUERIES = {
     # Quadratic Means (the "Optimizing Cubed" seed, bench_quadratic.py's query) on its own 6 GB
     # store of float64 u, v (QUERY_STORES).
     "QM": "SELECT j, i, avg(u*u) AS uu, avg(v*v) AS vv, avg(u*v) AS uv FROM quad GROUP BY j, i ORDER BY j, i",
+    # Reductions in bands (more group state than one pass holds), reduced to a line as
+    # bench_climate.py's queries of the same names: the 3-hourly means of every cell (91 M groups,
+    # in bands of time) and the diurnal cycle's mean and spread of every cell (25 M groups, in
+    # bands of latitudes). On workers each task folds and finishes a run of the bands and sends
+    # their rows (the result crosses the network, not states); the outer aggregate runs in the
+    # session. No hash arm: DataFusion's hash aggregation took 41.5 s (B) and did not finish in
+    # 300 s (D) on one machine (bench_climate.py).
+    "B": "SELECT count(m) AS n, sum(m) AS m FROM (SELECT date_bin(INTERVAL '3 hours', time) AS t, "
+    "lat, lon, avg(t2m) AS m FROM era5 GROUP BY 1, 2, 3)",
+    "D": "SELECT count(m) AS n, sum(m + s) AS m FROM (SELECT extract(hour FROM time) AS h, lat, lon, "
+    "avg(t2m) AS m, stddev_pop(t2m) AS s FROM era5 GROUP BY 1, 2, 3)",
     "A": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c FROM era5 "
     "GROUP BY 1, 2, 3) SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS a FROM era5 JOIN clim "
     "ON extract(month FROM era5.time) = clim.month AND era5.lat = clim.lat AND era5.lon = clim.lon "
@@ -292,7 +305,7 @@ def main() -> None:
         }
         if q in ("Q1", "Q3", "QM"):
             arms["2 workers (dense, merge tree)"] = (2, None, ["SET zarrfusion.state_merge = 'tree'", create, sql])
-        if q in COPY_TARGETS:
+        if q in COPY_TARGETS or q in ("B", "D"):
             del arms["2 workers (hash)"]
         if q == "F":
             arms["xarray + xrft, Dask 2 workers"] = ("dask", None, [])

@@ -624,6 +624,55 @@ fn sql_examples_give_the_same_answers_through_two_worker_processes() {
     );
 }
 
+/// A reduction over more group state than one pass holds runs in bands on
+/// two worker processes: its bands dealt to the tasks, each finishing its
+/// own bands' groups, their rows merged in the grid's order: the rows of
+/// one machine, in its order (sums within rounding: a band's blocks are
+/// folded by its workers as they come).
+#[test]
+fn a_reduction_in_bands_runs_its_bands_on_two_worker_processes() {
+    let workers = [WorkerProcess::start(), WorkerProcess::start()];
+    let list = format!("{},{}", workers[0].address, workers[1].address);
+    let create = "CREATE EXTERNAL TABLE era5 STORED AS ZARR LOCATION 'demo/era5.zarr'";
+    let bound = "SET zarrfusion.dense_state_bytes = 1048576";
+    let sql = "SELECT date_trunc('day', time) AS day, lat, lon, avg(t2m) AS m, max(t2m) AS hi, \
+               count(*) AS n FROM era5 GROUP BY 1, 2, 3 ORDER BY 1, 2 DESC, 3";
+    let run = |workers: &[&str], statement: &str| {
+        let mut args = vec!["-q", "--format", "csv"];
+        args.extend_from_slice(workers);
+        for s in [
+            "SET zarrfusion.bytes_per_task = 1",
+            bound,
+            create,
+            statement,
+        ] {
+            args.extend_from_slice(&["-c", s]);
+        }
+        let out = zarrfusion(&args);
+        assert!(out.status.success(), "{statement}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let on_workers = ["--workers", list.as_str()];
+    let plan = run(&on_workers, &format!("EXPLAIN {sql}"));
+    assert!(
+        plan.contains("emits=the results of its bands, tasks=2")
+            && plan.contains("SortPreservingMergeExec")
+            && plan.contains("NetworkCoalesceExec"),
+        "{plan}"
+    );
+    let alone = run(&[], sql);
+    let got = run(&on_workers, sql);
+    let (got, want) = (csv(&got), csv(&alone));
+    assert!(want.len() > 1000, "{} rows", want.len());
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.len(), w.len(), "row {i}");
+        for (a, e) in g.iter().zip(w) {
+            assert!(same_cell(a, e, 1e-9), "row {i}: got {g:?}, expected {w:?}");
+        }
+    }
+}
+
 #[test]
 fn a_query_on_a_dead_worker_fails_at_once_naming_it() {
     let alive = WorkerProcess::start();

@@ -82,8 +82,8 @@ pub use broadcast::BroadcastJoinRule;
 pub use partition_totals::PartitionTotalsRule;
 pub use planner::{ArrayExtensionPlanner, ArrayQueryPlanner};
 pub use reduce::{
-    key_schema, DenseMergeExec, DenseReduction, DenseReductionExec, DenseReductionRule, GroupKey,
-    KeySpec, Merged, ReduceOp, ReduceSpec, ReductionParts, GROUP_POSITION,
+    key_schema, Bands, DenseMergeExec, DenseReduction, DenseReductionExec, DenseReductionRule,
+    GroupKey, KeySpec, Merged, ReduceOp, ReduceSpec, ReductionParts, GROUP_POSITION,
 };
 pub use rolling::{RollingWindow, RollingWindowExec, RollingWindowRule};
 pub use scan_path::TableRead;

@@ -131,7 +131,7 @@ use crate::array::reduce::MAX_STATE_BYTES;
 use crate::array::rolling::exec::{PhysicalRoll, Rolling, RollingParts};
 use crate::array::rolling::{Frame, RollOp, RollingWindowExec, MAX_FRAME};
 use crate::array::{
-    key_schema, DenseMergeExec, DenseReductionExec, KeySpec, Merged, ReduceOp, ReduceSpec,
+    key_schema, Bands, DenseMergeExec, DenseReductionExec, KeySpec, Merged, ReduceOp, ReduceSpec,
     ReductionParts,
 };
 use crate::config::{ZarrConfig, MAX_BATCH_ROWS};
@@ -842,6 +842,22 @@ struct Reduction {
     positioned: bool,
     io_concurrency: usize,
     tasks: usize,
+    /// A reduction in bands: its cut (the bands are dealt to the tasks,
+    /// which give their bands' results as `states`).
+    #[serde(default)]
+    bands: Option<BandCut>,
+}
+
+/// The bands of a reduction in bands as they travel
+/// ([`Bands`](crate::array::Bands)): the grouped dimension cut, its keys
+/// per band, which way they run along its positions and the workers they
+/// were sized for.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct BandCut {
+    dim: usize,
+    keys: usize,
+    descending: bool,
+    workers: usize,
 }
 
 /// The merge of a dense reduction's positioned states as it travels
@@ -2025,6 +2041,12 @@ impl ZarrCodec {
             positioned: r.positioned(),
             io_concurrency: r.io_concurrency(),
             tasks,
+            bands: r.bands().map(|b| BandCut {
+                dim: b.dim,
+                keys: b.keys,
+                descending: b.descending,
+                workers: b.workers,
+            }),
         })
     }
 
@@ -2091,8 +2113,14 @@ impl ZarrCodec {
             }
             Ok(())
         };
+        // In bands, a band's groups: the cut dimension's keys per band.
+        let cut = reduction.bands.map(|b| (b.dim, b.keys as u64));
         check_state((0..n_dims).filter(|&d| plain[d] > 0).fold(1u128, |n, d| {
             let len: u64 = selection.ranges(d).iter().map(|r| r.end - r.start).sum();
+            let len = match cut {
+                Some((dim, keys)) if dim == d => len.min(keys),
+                _ => len,
+            };
             n.saturating_mul(u128::from(len))
         }))?;
         let input = Arc::clone(&read.schema);
@@ -2141,10 +2169,16 @@ impl ZarrCodec {
             positioned: reduction.positioned,
             tasks: reduction.tasks,
             io_concurrency: reduction.io_concurrency,
+            bands: reduction.bands.map(|b| Bands {
+                dim: b.dim,
+                keys: b.keys,
+                descending: b.descending,
+                workers: b.workers,
+            }),
         };
         let parallelism = ctx.session_config().target_partitions();
-        let exec = DenseReductionExec::states_of(parts, parallelism, memory_limit)?;
-        check_state(exec.num_groups() as u128)?;
+        let exec = DenseReductionExec::of_task(parts, parallelism, memory_limit)?;
+        check_state(exec.groups_held() as u128)?;
         Ok(Arc::new(exec.with_broadcasts(broadcasts, memory_limit)?))
     }
 }
@@ -2159,7 +2193,10 @@ impl ZarrCodec {
         input: &Arc<dyn ExecutionPlan>,
         ctx: &TaskContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !merge.reduction.positioned || merge.reduction.tasks != 1 {
+        if !merge.reduction.positioned
+            || merge.reduction.tasks != 1
+            || merge.reduction.bands.is_some()
+        {
             return plan_err!(
                 "a merge of a dense reduction's states merges positioned states of one task's \
                  plan"
@@ -2456,7 +2493,7 @@ impl PhysicalExtensionCodec for ZarrCodec {
         if let Some(reduction) = node.downcast_ref::<DenseReductionExec>() {
             let Some(tasks) = reduction.tasks() else {
                 return not_impl_err!(
-                    "a dense reduction runs on a cluster's workers as partial states only"
+                    "a dense reduction runs on a cluster's workers as partial states or bands only"
                 );
             };
             let encoded = Node::Reduction(self.encode_reduction(reduction, tasks)?);

@@ -4,6 +4,9 @@
 //! DataFusion's final aggregate; see [`DenseReductionExec::on_cluster`]);
 //! [`GatherStates`] keeps the gathering of the states under a merge or a
 //! `Final` aggregate, which DataFusion drops as one partition needs none.
+//! A reduction in bands (more group state than one pass holds) deals its
+//! bands to the tasks instead, each finishing its bands' groups, and its
+//! rows are gathered in its order.
 //! The distributed planner then puts a network gather (or shuffle) between
 //! the two, and the reduction's stage is split into tasks by its decoded
 //! bytes like a scan's ([`super::tasks`]).
@@ -18,6 +21,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, Partitioning, ReplaceChildrenOptions,
 };
@@ -78,8 +82,12 @@ impl PhysicalOptimizerRule for ClusterReductions {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| match node.downcast_ref::<DenseReductionExec>() {
-            // One in bands of its groups stays in the session.
-            Some(reduction) if reduction.tasks().is_none() && !reduction.in_bands() => {
+            // One in bands of its groups deals its bands to the tasks, each
+            // finishing its own bands' groups (gathered by `GatherStates`).
+            Some(reduction) if reduction.tasks().is_none() && reduction.in_bands() => {
+                Ok(Transformed::yes(Arc::new(reduction.with_tasks(1)?)))
+            }
+            Some(reduction) if reduction.tasks().is_none() => {
                 let partitions = config.execution.target_partitions;
                 let tree = self.tree(reduction, config)?;
                 Ok(Transformed::yes(reduction.on_cluster(partitions, tree)?))
@@ -103,7 +111,9 @@ impl PhysicalOptimizerRule for ClusterReductions {
 /// aggregate of a reduction without `GROUP BY`), and shuffles them by group
 /// position under a level of the merge tree: the gathering (the shuffle)
 /// is where the distributed planner puts the network boundary that sends
-/// the reduction's tasks (or the level's) to the workers.
+/// the reduction's tasks (or the level's) to the workers. The rows of a
+/// reduction whose bands are dealt to the tasks are gathered too, merged
+/// in its order where it has one.
 #[derive(Debug, Default)]
 pub struct GatherStates;
 
@@ -114,7 +124,11 @@ impl PhysicalOptimizerRule for GatherStates {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let partitions = config.execution.target_partitions.max(1);
+        let plan = gather_bands(plan)?;
         plan.transform_up(|node| {
+            if let Some(gathered) = gather_bands_below(&node)? {
+                return Ok(Transformed::yes(gathered));
+            }
             let (states, level) = if let Some(merge) = node.downcast_ref::<DenseMergeExec>() {
                 (merge.children()[0], merge.merged() == Merged::States)
             } else {
@@ -132,7 +146,7 @@ impl PhysicalOptimizerRule for GatherStates {
                 Some(below) => below.merged() == Merged::States,
                 None => reading
                     .downcast_ref::<DenseReductionExec>()
-                    .is_some_and(|r| r.tasks().is_some()),
+                    .is_some_and(|r| r.gives_states()),
             };
             if !gives_states {
                 return Ok(Transformed::no(node));
@@ -163,6 +177,41 @@ impl PhysicalOptimizerRule for GatherStates {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// Whether `node` is a reduction in bands whose bands are dealt to a
+/// cluster's tasks.
+fn dealing_bands(node: &Arc<dyn ExecutionPlan>) -> bool {
+    (node.downcast_ref::<DenseReductionExec>()).is_some_and(|r| r.in_bands() && r.tasks().is_some())
+}
+
+/// `plan` gathered when it is a reduction whose bands are dealt to a
+/// cluster's tasks: its tasks' rows merged in its order where it has one
+/// (each task's bands are a run of them, in that order), else
+/// concatenated. The gathering is where the distributed planner puts the
+/// network boundary.
+fn gather_bands(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    if !dealing_bands(&plan) {
+        return Ok(plan);
+    }
+    Ok(match plan.properties().output_ordering() {
+        Some(ordering) => Arc::new(SortPreservingMergeExec::new(ordering.clone(), plan)),
+        None => Arc::new(CoalescePartitionsExec::new(plan)),
+    })
+}
+
+/// `node` with its children that deal bands to a cluster's tasks gathered
+/// ([`gather_bands`]); `None` when it has none, or gathers them already.
+fn gather_bands_below(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let gathers = node.is::<CoalescePartitionsExec>() || node.is::<SortPreservingMergeExec>();
+    if gathers || !node.children().into_iter().any(dealing_bands) {
+        return Ok(None);
+    }
+    let children = (node.children().into_iter())
+        .map(|child| gather_bands(Arc::clone(child)))
+        .collect::<Result<Vec<_>>>()?;
+    let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+    Ok(Some(Arc::clone(node).replace_children(children, options)?))
 }
 
 /// The session's physical optimizer rules

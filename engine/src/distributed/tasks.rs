@@ -28,7 +28,7 @@ use crate::table::{ZarrScanExec, TASKS_OF_STAGE};
 
 /// The tasks a Zarr scan or a dense reduction's partial states want: one
 /// per `zarrfusion.bytes_per_task` of decoded bytes, at least one, at most
-/// one per block.
+/// one per block (a reduction in bands: one per band).
 pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEventResponse>> {
     let (bytes, blocks) = if let Some(scan) = ev.plan.downcast_ref::<ZarrScanExec>() {
         (scan.decoded_bytes(), scan.read().blocks.num_blocks())
@@ -51,10 +51,12 @@ pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEv
     } else {
         let reduction = ev.plan.downcast_ref::<DenseReductionExec>()?;
         reduction.tasks()?;
-        (
-            reduction.decoded_bytes(),
-            reduction.read().blocks.num_blocks(),
-        )
+        // In bands, its bands are dealt: at most one task a band.
+        let units = match reduction.in_bands() {
+            true => reduction.num_bands() as u64,
+            false => reduction.read().blocks.num_blocks(),
+        };
+        (reduction.decoded_bytes(), units)
     };
     let tasks = tasks_for(bytes, blocks, ev.session_config.options());
     Some(Ok(DesiredTaskCountEventResponse::desired(tasks)))
@@ -71,7 +73,7 @@ pub fn tasks_for(bytes: u64, blocks: u64, config: &ConfigOptions) -> usize {
 }
 
 /// A Zarr scan or a dense reduction's partial states dealing its blocks to
-/// the stage's tasks.
+/// the stage's tasks (a reduction in bands: its bands).
 pub fn deal_scan_blocks(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNodeEventResponse>> {
     if let Some(scan) = ev.plan.downcast_ref::<ZarrScanExec>() {
         return Some(Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(

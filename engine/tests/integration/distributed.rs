@@ -973,6 +973,179 @@ async fn rolling_windows_over_rechunk_run_on_the_workers_after_the_copy() {
     }
 }
 
+/// A reduction over more group state than one pass holds runs in bands on
+/// the workers: its bands are dealt to the tasks, each finishing its own
+/// bands' groups (their rows cross the network, not states), with xarray's
+/// answers. In bands of time (a resampling) each task's rows are a run of
+/// the result in its order: they are merged in order, with no sort; in
+/// bands of latitudes (a climatology) they are not, and DataFusion sorts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reductions_in_bands_deal_their_bands_to_the_workers_with_xarray_s_answers() {
+    let workers = start_workers(2).await;
+    let path = repo_root().join("tests/fixtures/expected/climate_queries.json");
+    let queries: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    // A bound under the state of every query grouped by the grid and over
+    // one latitude's or one step's (as in dense_reduction.rs).
+    let settings = ["SET zarrfusion.dense_state_bytes = 2048"];
+    let mut banded = Vec::new();
+    let (mut in_order, mut sorted) = (0, 0);
+    for q in queries.iter().filter(|q| q["store"] == "climate.zarr") {
+        let (name, shown) = climate_oracle_through(&workers, &settings, q).await;
+        if !shown.contains("emits=the results of its bands") {
+            continue;
+        }
+        assert!(
+            shown.contains("bands=")
+                && shown.contains("NetworkCoalesceExec")
+                && !shown.contains("AggregateExec")
+                && !shown.contains("DenseMergeExec"),
+            "{name}:\n{shown}"
+        );
+        // In bands of time, a run of the result per task, merged in
+        // order; of latitudes, gathered as they come and sorted.
+        let merged = shown.contains("SortPreservingMergeExec");
+        assert_eq!(merged, shown.contains(" keys of time"), "{name}:\n{shown}");
+        assert!(merged || shown.contains("SortExec:"), "{name}:\n{shown}");
+        match merged {
+            true => in_order += 1,
+            false => sorted += 1,
+        }
+        banded.push(name);
+    }
+    assert!(
+        banded.len() >= 2 && in_order >= 1 && sorted >= 1,
+        "in bands on the workers: {banded:?}"
+    );
+    // Ordered as the grid is (the fixture's latitudes descend), the
+    // tasks' rows merged in order need no sort, and are one machine's.
+    let sql = "SELECT date_trunc('day', time) AS day, lat, lon, avg(t2m) AS m, \
+               max(u10) AS hi FROM t WHERE lon <= 120 GROUP BY 1, 2, 3 ORDER BY 1, 2 DESC, 3";
+    let ctx = cluster_session(&workers).await;
+    let alone = new_context();
+    for ctx in [&ctx, &alone] {
+        ctx.sql(settings[0]).await.unwrap();
+        ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+            .await
+            .unwrap();
+    }
+    let plan = physical_plan(&ctx, sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("emits=the results of its bands")
+            && shown.contains("SortPreservingMergeExec")
+            && !shown.contains("SortExec:"),
+        "{shown}"
+    );
+    let got = query_rows(&ctx, "in bands through workers", sql).await;
+    let want = query_rows(&alone, "in bands alone", sql).await;
+    assert!(got.len() > 100, "{} rows", got.len());
+    assert_rows("in bands through workers, in order", &got, &want);
+}
+
+/// A reduction in bands with its bands dealt to tasks crosses the codec
+/// whole: the same plan, and its tasks' rows together, in task order, are
+/// the reduction's rows on one machine. A malformed cut is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reduction_s_bands_round_trip_and_a_malformed_cut_is_refused() {
+    let ctx = new_context();
+    ctx.sql("SET zarrfusion.dense_state_bytes = 2048")
+        .await
+        .unwrap();
+    ctx.sql("SET zarrfusion.target_partition_bytes = 1024")
+        .await
+        .unwrap();
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let sql = "SELECT date_trunc('day', time) AS day, lat, lon, avg(t2m) AS m, \
+               max(u10) AS hi, count(t2m) AS n FROM t WHERE lat >= 20 GROUP BY 1, 2, 3";
+    let plan = physical_plan(&ctx, sql).await;
+    let mut stack = vec![plan];
+    let whole = loop {
+        let node = stack.pop().expect("a dense reduction");
+        if node.downcast_ref::<DenseReductionExec>().is_some() {
+            break node;
+        }
+        stack.extend(node.children().into_iter().cloned());
+    };
+    let reduction = whole.downcast_ref::<DenseReductionExec>().unwrap();
+    let bands = reduction.num_bands();
+    assert!(bands >= 3, "{bands} bands");
+    let want = ordered_rows(Arc::clone(&whole), &ctx).await;
+    let tasks = 3;
+    let dealt: Arc<dyn ExecutionPlan> = Arc::new(reduction.with_tasks(tasks).unwrap());
+    let shown = displayable(dealt.as_ref()).one_line().to_string();
+    assert!(
+        shown.contains("emits=the results of its bands, tasks=3"),
+        "{shown}"
+    );
+    let back = through_codec(&ctx, &dealt);
+    for plan in [dealt, back] {
+        let mut batches = Vec::new();
+        for task_index in 0..tasks {
+            let task = DistributedTaskContext {
+                task_index,
+                task_count: tasks,
+            };
+            let config = ctx.copied_config().with_extension(Arc::new(task));
+            let task_ctx = Arc::new(TaskContext::from(&ctx.state()).with_session_config(config));
+            let task_batches = collect_partitioned(Arc::clone(&plan), task_ctx)
+                .await
+                .unwrap();
+            batches.extend(task_batches.into_iter().flatten());
+        }
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        let got: Vec<String> = (text.lines())
+            .filter(|l| l.starts_with("| "))
+            .map(String::from)
+            .collect();
+        assert_eq!(got, want);
+    }
+    let wire = Wire::new(&ctx);
+    let sent = wire.encode(whole_dealt(&whole));
+    wire.decode(&sent).expect("the bands as sent");
+    let cut = sent["bands"].clone();
+    assert_eq!(cut["dim"], Value::from(0), "{cut}");
+    let with = |field: &str, value: Value| {
+        let mut bands = cut.clone();
+        bands[field] = value;
+        bands
+    };
+    let cases: Vec<(&str, Value, &str)> = vec![
+        // Not a grouped dimension, none at all, backward, no keys.
+        ("bands", with("dim", Value::from(9)), "cannot run in bands"),
+        (
+            "bands",
+            with("descending", Value::from(true)),
+            "cannot run in bands",
+        ),
+        ("bands", with("keys", Value::from(0)), "cannot run in bands"),
+        (
+            "bands",
+            with("workers", Value::from(0)),
+            "cannot run in bands",
+        ),
+        ("bands", serde_json::json!({"dim": 0}), "missing field"),
+        // States, not results.
+        ("positioned", Value::from(true), "in bands"),
+        (
+            "states",
+            serde_json::json!([["day", "Int64", true]]),
+            "in bands",
+        ),
+    ];
+    wire.refuses(&sent, cases);
+}
+
+/// `reduction` (a reduction in bands) with its bands dealt to two tasks.
+fn whole_dealt(reduction: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    let reduction = reduction.downcast_ref::<DenseReductionExec>().unwrap();
+    Arc::new(reduction.with_tasks(2).unwrap())
+}
+
 /// The rolling window of `sql` over the climate fixture, as planned here.
 async fn planned_window(
     sql: &str,

@@ -142,14 +142,22 @@ pub(super) struct Reduction {
 /// in its order; cutting another (`GROUP BY extract(month FROM time), lat,
 /// lon` in bands of latitudes), each band's rows are in the order of its
 /// own groups, and the result declares no order.
+///
+/// On a cluster the bands are dealt to the tasks of its stage in
+/// contiguous runs (`Emit::Bands`): each task finishes the groups of its
+/// own bands, so rows, not states, cross the network. The cut travels as
+/// this plain data and a worker runs it as given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Bands {
+pub struct Bands {
     /// The table dimension cut.
-    dim: usize,
+    pub dim: usize,
     /// Its keys per band.
-    keys: usize,
+    pub keys: usize,
     /// Whether its keys run backward along its positions.
-    descending: bool,
+    pub descending: bool,
+    /// The workers the bands were sized for (each holding a band's
+    /// state): the most that fold a band at once.
+    pub workers: usize,
 }
 
 /// What a dense reduction gives.
@@ -163,6 +171,10 @@ enum Emit {
     /// led by its group's coordinates, or when `positioned` by its
     /// position in the group space (see `merge`).
     States { tasks: usize, positioned: bool },
+    /// On a cluster, a reduction in bands: the results of the bands dealt
+    /// to `tasks` tasks in contiguous runs ([`TASKS_OF_STAGE`]: as many
+    /// as its stage runs), each band's groups finished by its task.
+    Bands { tasks: usize },
 }
 
 /// One aggregate of a dense reduction, as it crosses the network: what it
@@ -205,6 +217,10 @@ pub struct ReductionParts {
     pub tasks: usize,
     /// Chunk requests in flight at once (remote stores).
     pub io_concurrency: usize,
+    /// The bands of a reduction in bands (see [`Bands`]): the bands, not
+    /// the blocks, are dealt to the tasks, and each gives its bands'
+    /// results (`schema` is the results', `positioned` false).
+    pub bands: Option<Bands>,
 }
 
 /// The physical dense reduction.
@@ -303,9 +319,10 @@ impl DenseReductionExec {
     }
 
     /// The reduction of `parts` a worker runs on a cluster: its task's
-    /// partial states, with at most `parallelism` threads, refused (before
-    /// anything runs) if it cannot fit `memory_limit`.
-    pub fn states_of(
+    /// partial states (or with bands, its bands' results), with at most
+    /// `parallelism` threads, refused (before anything runs) if it cannot
+    /// fit `memory_limit`.
+    pub fn of_task(
         parts: ReductionParts,
         parallelism: usize,
         memory_limit: Option<usize>,
@@ -339,15 +356,25 @@ impl DenseReductionExec {
             });
         }
         let mut reduction = Reduction::new(parts.read, parts.groups, aggregates, parts.predicate)?;
-        reduction.check_states(&parts.schema, parts.positioned)?;
-        // A task's states are of every group (merged by position).
+        let emit = match parts.bands {
+            Some(bands) => {
+                reduction.cut_into(bands, &parts.schema, parts.positioned)?;
+                Emit::Bands { tasks: parts.tasks }
+            }
+            None => {
+                reduction.check_states(&parts.schema, parts.positioned)?;
+                Emit::States {
+                    tasks: parts.tasks,
+                    positioned: parts.positioned,
+                }
+            }
+        };
+        // A task's states are of every group (merged by position); its
+        // bands are the session's, as sent.
         let parallelism = reduction.fit(parallelism, memory_limit, None);
         Self::assemble(
             Arc::new(reduction),
-            Emit::States {
-                tasks: parts.tasks,
-                positioned: parts.positioned,
-            },
+            emit,
             parts.schema,
             parts.io_concurrency,
             parallelism.max(1),
@@ -375,7 +402,8 @@ impl DenseReductionExec {
             workers,
         );
         let ordering = match emit {
-            Emit::Results => reduction.ordering(&schema),
+            // A task's bands are a run of the session's: in its order.
+            Emit::Results | Emit::Bands { .. } => reduction.ordering(&schema),
             // States are shuffled by their groups' hash on a cluster.
             Emit::States { .. } => Vec::new(),
         };
@@ -443,17 +471,21 @@ impl DenseReductionExec {
         self.dealt(Arc::clone(&self.schema), TASKS_OF_STAGE, self.positioned())
     }
 
+    /// This reduction on `tasks` tasks: its blocks dealt to them, each
+    /// giving partial states as `schema` (led by positions when
+    /// `positioned`); or in bands, its bands dealt to them, each giving
+    /// its bands' results (`schema` and `positioned` are then its own).
     fn dealt(&self, schema: SchemaRef, tasks: usize, positioned: bool) -> Result<Self> {
-        if self.in_bands() {
-            return datafusion::common::not_impl_err!(
-                "the dense reduction over {} runs in bands of its groups, in the session",
-                self.reduction.read.table.store
-            );
-        }
-        self.reduction.check_states(&schema, positioned)?;
+        let (emit, schema) = match self.in_bands() {
+            true => (Emit::Bands { tasks }, Arc::clone(&self.schema)),
+            false => {
+                self.reduction.check_states(&schema, positioned)?;
+                (Emit::States { tasks, positioned }, schema)
+            }
+        };
         let mut exec = Self::assemble(
             Arc::clone(&self.reduction),
-            Emit::States { tasks, positioned },
+            emit,
             schema,
             self.io_concurrency,
             self.workers,
@@ -466,7 +498,8 @@ impl DenseReductionExec {
     }
 
     /// This reduction with its blocks dealt to `tasks` tasks of a cluster's
-    /// stage in contiguous runs (when it gives partial states).
+    /// stage in contiguous runs (when it gives partial states), or in
+    /// bands, its bands.
     pub fn with_tasks(&self, tasks: usize) -> Result<Self> {
         self.with_states(Arc::clone(&self.schema), tasks, self.positioned())
     }
@@ -510,19 +543,43 @@ impl DenseReductionExec {
         }))
     }
 
-    /// Whether it runs in bands of its groups (see [`Bands`]): in the
-    /// session, its group state too large to deal out as partial states.
+    /// Whether it runs in bands of its groups (see [`Bands`]): its group
+    /// state too large to deal out as partial states, on a cluster its
+    /// bands are dealt to the tasks instead.
     pub fn in_bands(&self) -> bool {
         self.reduction.bands.is_some()
     }
 
-    /// The tasks the blocks are dealt to (`None`: the reduction gives its
-    /// results, on one machine).
+    /// The bands it runs in, if any.
+    pub fn bands(&self) -> Option<Bands> {
+        self.reduction.bands
+    }
+
+    /// The bands it runs in (one without bands): what its tasks share
+    /// when it runs in bands on a cluster.
+    pub fn num_bands(&self) -> usize {
+        self.reduction.num_bands()
+    }
+
+    /// The groups whose state it holds at once: all of them, or one
+    /// band's.
+    pub fn groups_held(&self) -> usize {
+        self.reduction.groups_held()
+    }
+
+    /// The tasks of a cluster's stage the blocks (or in bands, the bands)
+    /// are dealt to (`None`: the reduction gives its results, on one
+    /// machine).
     pub fn tasks(&self) -> Option<usize> {
         match self.emit {
             Emit::Results => None,
-            Emit::States { tasks, .. } => Some(tasks),
+            Emit::States { tasks, .. } | Emit::Bands { tasks } => Some(tasks),
         }
+    }
+
+    /// Whether it gives partial states (on a cluster, merged above it).
+    pub fn gives_states(&self) -> bool {
+        matches!(self.emit, Emit::States { .. })
     }
 
     /// The groups it folds the cells into (the product of each grouped
@@ -580,20 +637,36 @@ impl DenseReductionExec {
     fn blocks_of_task(&self, context: &Arc<TaskContext>) -> Result<Range<u64>> {
         let all = 0..self.reduction.read.blocks.num_blocks();
         let tasks = match self.emit {
-            Emit::Results | Emit::States { tasks: 1, .. } => return Ok(all),
+            Emit::Results | Emit::Bands { .. } | Emit::States { tasks: 1, .. } => return Ok(all),
             Emit::States { tasks, .. } => tasks,
         };
         let store = &self.reduction.read.table.store;
         task_share("DenseReductionExec", store, tasks, all, context)
     }
 
-    /// The results of a reduction in bands (see [`Bands`]): once the tables
-    /// joined in are held and its memory taken (`held`), each band's blocks
+    /// The bands this execution runs (see [`Bands`]): all of them, or on a
+    /// cluster the run of the task it runs as.
+    fn bands_of_task(&self, context: &Arc<TaskContext>) -> Result<Range<usize>> {
+        let all = 0..self.reduction.num_bands() as u64;
+        let run = match self.emit {
+            Emit::Bands { tasks } if tasks != 1 => {
+                let store = &self.reduction.read.table.store;
+                task_share("DenseReductionExec", store, tasks, all, context)?
+            }
+            _ => all,
+        };
+        Ok(run.start as usize..run.end as usize)
+    }
+
+    /// The results of bands `bands` of a reduction in bands (see
+    /// [`Bands`]): once the tables joined in are held and its memory taken
+    /// (`held`), each band's blocks
     /// folded on the workers, its rows finished and sent (in slices of
     /// `batch_size`) before the next band starts, on one blocking thread
     /// that stops when the stream is dropped.
     fn banded_results(
         &self,
+        bands: Range<usize>,
         held: (BroadcastInputs, Reservation, Option<MemoryReservation>),
         (context, meters, output_rows): (Arc<TaskContext>, Arc<Meters>, Count),
         batch_size: usize,
@@ -610,7 +683,7 @@ impl DenseReductionExec {
             // The stream dropped, this task is, and the workers stop.
             let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
             tokio::task::spawn_blocking(move || {
-                for b in 0..reduction.num_bands() {
+                for b in bands {
                     let band = Arc::new(reduction.band(b)?);
                     let blocks = band.read.blocks.num_blocks();
                     if let Some(progress) = &meters.progress {
@@ -779,12 +852,7 @@ impl Reduction {
     /// dimension's keys can be cut (see [`Bands`]). The first grouped
     /// dimension (in table order) that can be cut is cut: the result stays
     /// in the grid's order where that is the first grouped dimension.
-    fn banding(
-        &self,
-        workers: usize,
-        limit: Option<usize>,
-        bound: usize,
-    ) -> Option<(Bands, usize)> {
+    fn banding(&self, workers: usize, limit: Option<usize>, bound: usize) -> Option<Bands> {
         let without_state = self.worker_buffers(MIN_RUN_ROWS);
         let groups = self.space.num_groups();
         let whole = self.state_per_group().saturating_mul(groups);
@@ -812,7 +880,7 @@ impl Reduction {
         workers: usize,
         limit: Option<usize>,
         bound: usize,
-    ) -> Option<(Bands, usize)> {
+    ) -> Option<Bands> {
         let count = self.space.keys_of(dim);
         if count < 2 {
             return None;
@@ -861,14 +929,12 @@ impl Reduction {
             .rev()
             .find(|&w| keys_for(w) >= (spanning(1) as usize).max(1) || w == 1)?;
         let keys = keys_for(workers);
-        (keys > 0 && keys < count).then_some((
-            Bands {
-                dim,
-                keys,
-                descending,
-            },
+        (keys > 0 && keys < count).then_some(Bands {
+            dim,
+            keys,
+            descending,
             workers,
-        ))
+        })
     }
 
     /// Whether its rows come in the grid's order (C order of its grouped
@@ -916,9 +982,13 @@ impl Reduction {
     fn fit(&mut self, parallelism: usize, limit: Option<usize>, banding: Option<usize>) -> usize {
         let mut workers = (self.read.blocks.num_blocks() as usize).clamp(1, parallelism.max(1));
         let bound = banding.unwrap_or(MAX_STATE_BYTES);
-        if let Some((bands, fewer)) = banding.and_then(|b| self.banding(workers, limit, b)) {
+        if let Some(bands) = banding.and_then(|b| self.banding(workers, limit, b)) {
             self.bands = Some(bands);
-            workers = fewer;
+        }
+        // No more workers than the bands were sized for (on a worker of a
+        // cluster: by the session).
+        if let Some(bands) = self.bands {
+            workers = workers.min(bands.workers.max(1));
         }
         let Some(limit) = limit else {
             // Without a limit, the workers' group states stay within the
@@ -970,6 +1040,45 @@ impl Reduction {
                 self.read.table.store
             );
         }
+        Ok(())
+    }
+
+    /// Runs it in `bands` as sent by the session (a worker's task of a
+    /// reduction in bands), its results as `schema`: an error naming the
+    /// store when the cut dimension is not grouped, its keys do not run
+    /// along its positions that way, a band has no keys, or `schema` is
+    /// not the results' (`positioned`: states, not results).
+    fn cut_into(&mut self, bands: Bands, schema: &SchemaRef, positioned: bool) -> Result<()> {
+        let store = &self.read.table.store;
+        let runs = self.dims.contains(&bands.dim)
+            && self.space.key_direction(bands.dim) == Some(bands.descending);
+        if !runs || bands.keys == 0 || bands.workers == 0 {
+            return datafusion::common::plan_err!(
+                "a dense reduction over {store} cannot run in bands of {} keys of dimension {} \
+                 (descending: {}) on {} workers: its grouped dimensions are {:?}",
+                bands.keys,
+                bands.dim,
+                bands.descending,
+                bands.workers,
+                self.dims
+            );
+        }
+        let mut expected = self.key_types()?;
+        expected.extend(self.aggregates.iter().map(|a| a.output_type.clone()));
+        let got: Vec<DataType> = (schema.fields().iter())
+            .map(|f| f.data_type().clone())
+            .collect();
+        if positioned || got != expected {
+            return datafusion::common::plan_err!(
+                "the results of a dense reduction over {store} in bands are {expected:?}, not \
+                 {got:?}{}",
+                if positioned { " led by positions" } else { "" }
+            );
+        }
+        self.bands = Some(Bands {
+            keys: bands.keys.min(self.space.keys_of(bands.dim)),
+            ..bands
+        });
         Ok(())
     }
 
@@ -1523,12 +1632,18 @@ impl DisplayAs for DenseReductionExec {
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
         }
-        if let Emit::States { tasks, positioned } = self.emit {
-            let by = if positioned { " by group position" } else { "" };
-            match tasks {
-                TASKS_OF_STAGE => write!(f, ", emits=partial states{by}, tasks=its stage's")?,
-                n => write!(f, ", emits=partial states{by}, tasks={n}")?,
+        let (what, tasks) = match self.emit {
+            Emit::Results => (String::new(), None),
+            Emit::States { tasks, positioned } => {
+                let by = if positioned { " by group position" } else { "" };
+                (format!(", emits=partial states{by}"), Some(tasks))
             }
+            Emit::Bands { tasks } => (", emits=the results of its bands".to_string(), Some(tasks)),
+        };
+        match tasks {
+            None => {}
+            Some(TASKS_OF_STAGE) => write!(f, "{what}, tasks=its stage's")?,
+            Some(n) => write!(f, "{what}, tasks={n}")?,
         }
         if let Some(ordering) = self.properties.output_ordering() {
             write!(f, ", output_ordering=[{ordering}]")?;
@@ -1616,6 +1731,7 @@ impl ExecutionPlan for DenseReductionExec {
         let broadcasts = self.broadcasts.clone();
         if reduction.bands.is_some() {
             return Ok(self.banded_results(
+                self.bands_of_task(&context)?,
                 (broadcasts, reservation, taken),
                 (context, meters, output_rows),
                 batch_size,
@@ -1636,8 +1752,8 @@ impl ExecutionPlan for DenseReductionExec {
             .await
             .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
             let batch = match emit {
-                Emit::Results => reduction.finish(merged, &schema)?,
                 Emit::States { positioned, .. } => reduction.states(merged, &schema, positioned)?,
+                Emit::Results | Emit::Bands { .. } => reduction.finish(merged, &schema)?,
             };
             drop(reservation);
             output_rows.add(batch.num_rows());
