@@ -2178,7 +2178,19 @@ impl ZarrCodec {
         };
         let parallelism = ctx.session_config().target_partitions();
         let exec = DenseReductionExec::of_task(parts, parallelism, memory_limit)?;
-        check_state(exec.groups_held() as u128)?;
+        match exec.in_bands() {
+            // A band's state, as the session sized it.
+            true => {
+                if exec.state_bytes() > MAX_STATE_BYTES {
+                    return plan_err!(
+                        "{subject} in bands holds {} of state a band: over {}",
+                        human_readable_size(exec.state_bytes()),
+                        human_readable_size(MAX_STATE_BYTES)
+                    );
+                }
+            }
+            false => check_state(exec.num_groups() as u128)?,
+        }
         Ok(Arc::new(exec.with_broadcasts(broadcasts, memory_limit)?))
     }
 }

@@ -6,7 +6,8 @@
 //! `Final` aggregate, which DataFusion drops as one partition needs none.
 //! A reduction in bands (more group state than one pass holds) deals its
 //! bands to the tasks instead, each finishing its bands' groups, and its
-//! rows are gathered in its order.
+//! rows (or what a projection or partial aggregate beside it makes of
+//! them) are gathered in its order.
 //! The distributed planner then puts a network gather (or shuffle) between
 //! the two, and the reduction's stage is split into tasks by its decoded
 //! bytes like a scan's ([`super::tasks`]).
@@ -20,6 +21,9 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{
@@ -112,8 +116,9 @@ impl PhysicalOptimizerRule for ClusterReductions {
 /// position under a level of the merge tree: the gathering (the shuffle)
 /// is where the distributed planner puts the network boundary that sends
 /// the reduction's tasks (or the level's) to the workers. The rows of a
-/// reduction whose bands are dealt to the tasks are gathered too, merged
-/// in its order where it has one.
+/// reduction whose bands are dealt to the tasks are gathered too (above
+/// what runs beside it partition by partition), merged in its order where
+/// it has one.
 #[derive(Debug, Default)]
 pub struct GatherStates;
 
@@ -124,11 +129,11 @@ impl PhysicalOptimizerRule for GatherStates {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let partitions = config.execution.target_partitions.max(1);
-        let plan = gather_bands(plan)?;
+        let plan = match gather_bands(plan)? {
+            (plan, true) => gather(plan),
+            (plan, false) => plan,
+        };
         plan.transform_up(|node| {
-            if let Some(gathered) = gather_bands_below(&node)? {
-                return Ok(Transformed::yes(gathered));
-            }
             let (states, level) = if let Some(merge) = node.downcast_ref::<DenseMergeExec>() {
                 (merge.children()[0], merge.merged() == Merged::States)
             } else {
@@ -185,33 +190,67 @@ fn dealing_bands(node: &Arc<dyn ExecutionPlan>) -> bool {
     (node.downcast_ref::<DenseReductionExec>()).is_some_and(|r| r.in_bands() && r.tasks().is_some())
 }
 
-/// `plan` gathered when it is a reduction whose bands are dealt to a
-/// cluster's tasks: its tasks' rows merged in its order where it has one
-/// (each task's bands are a run of them, in that order), else
-/// concatenated. The gathering is where the distributed planner puts the
-/// network boundary.
-fn gather_bands(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-    if !dealing_bands(&plan) {
-        return Ok(plan);
+/// Whether `node` works partition by partition, each on its own, so that
+/// it runs in each task beside a reduction dealing its bands: a
+/// projection, a filter, a round-robin repartition, an aggregate's partial
+/// states.
+fn partition_wise(node: &Arc<dyn ExecutionPlan>) -> bool {
+    if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
+        return *aggregate.mode() == AggregateMode::Partial;
     }
-    Ok(match plan.properties().output_ordering() {
-        Some(ordering) => Arc::new(SortPreservingMergeExec::new(ordering.clone(), plan)),
-        None => Arc::new(CoalescePartitionsExec::new(plan)),
-    })
+    if let Some(repartition) = node.downcast_ref::<RepartitionExec>() {
+        return matches!(repartition.partitioning(), Partitioning::RoundRobinBatch(_));
+    }
+    node.is::<ProjectionExec>() || node.is::<FilterExec>() || node.is::<CooperativeExec>()
 }
 
-/// `node` with its children that deal bands to a cluster's tasks gathered
-/// ([`gather_bands`]); `None` when it has none, or gathers them already.
-fn gather_bands_below(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    let gathers = node.is::<CoalescePartitionsExec>() || node.is::<SortPreservingMergeExec>();
-    if gathers || !node.children().into_iter().any(dealing_bands) {
-        return Ok(None);
+/// The rows of each task of `plan` (a reduction dealing its bands, and
+/// what runs beside it) gathered: merged in its order where it has one
+/// (each task's bands are a run of them, in that order, and what runs
+/// beside them keeps it), else concatenated. The gathering is where the
+/// distributed planner puts the network boundary.
+fn gather(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    match plan.properties().output_ordering() {
+        Some(ordering) => Arc::new(SortPreservingMergeExec::new(ordering.clone(), plan)),
+        None => Arc::new(CoalescePartitionsExec::new(plan)),
     }
-    let children = (node.children().into_iter())
-        .map(|child| gather_bands(Arc::clone(child)))
-        .collect::<Result<Vec<_>>>()?;
+}
+
+/// `plan` with the rows of every reduction dealing its bands to a
+/// cluster's tasks gathered above what runs beside it partition by
+/// partition ([`partition_wise`]: a projection, an aggregate's partial
+/// states), below the first node that needs them together (unless that
+/// gathers them itself); and whether `plan`'s own rows are still the
+/// tasks' (to be gathered above it).
+fn gather_bands(plan: Arc<dyn ExecutionPlan>) -> Result<(Arc<dyn ExecutionPlan>, bool)> {
+    if dealing_bands(&plan) {
+        return Ok((plan, true));
+    }
+    let children = plan.children();
+    if children.is_empty() {
+        return Ok((plan, false));
+    }
+    let mut changed = false;
+    let mut below = Vec::with_capacity(children.len());
+    for child in children {
+        let (child_plan, tasks) = gather_bands(Arc::clone(child))?;
+        changed |= tasks || !Arc::ptr_eq(&child_plan, child);
+        below.push((child_plan, tasks));
+    }
+    if !changed {
+        return Ok((plan, false));
+    }
+    let passes = partition_wise(&plan) && below.len() == 1;
+    let gathers = plan.is::<CoalescePartitionsExec>() || plan.is::<SortPreservingMergeExec>();
+    let dealt = below.iter().any(|(_, tasks)| *tasks);
+    let children = (below.into_iter())
+        .map(|(child, tasks)| match tasks && !passes && !gathers {
+            true => gather(child),
+            false => child,
+        })
+        .collect();
     let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
-    Ok(Some(Arc::clone(node).replace_children(children, options)?))
+    Ok((plan.replace_children(children, options)?, passes && dealt))
 }
 
 /// The session's physical optimizer rules

@@ -1041,6 +1041,25 @@ async fn reductions_in_bands_deal_their_bands_to_the_workers_with_xarray_s_answe
     let want = query_rows(&alone, "in bands alone", sql).await;
     assert!(got.len() > 100, "{} rows", got.len());
     assert_rows("in bands through workers, in order", &got, &want);
+    // An aggregate over its rows computes its partial states beside each
+    // task's bands, on the workers: they cross the network, not the rows.
+    let sql = "SELECT count(m) AS n, sum(m) AS s, max(hi) AS hi FROM (SELECT date_trunc('day', \
+               time) AS day, lat, lon, avg(t2m) AS m, max(u10) AS hi FROM t GROUP BY 1, 2, 3)";
+    let plan = physical_plan(&ctx, sql).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    let at = |what: &str| {
+        shown
+            .find(what)
+            .unwrap_or_else(|| panic!("{what}:\n{shown}"))
+    };
+    assert!(
+        at("NetworkCoalesceExec") < at("AggregateExec: mode=Partial")
+            && at("AggregateExec: mode=Partial") < at("emits=the results of its bands"),
+        "{shown}"
+    );
+    let got = query_rows(&ctx, "an aggregate over bands through workers", sql).await;
+    let want = query_rows(&alone, "an aggregate over bands alone", sql).await;
+    assert_rows("an aggregate over bands through workers", &got, &want);
 }
 
 /// A reduction in bands with its bands dealt to tasks crosses the codec

@@ -561,10 +561,10 @@ impl DenseReductionExec {
         self.reduction.num_bands()
     }
 
-    /// The groups whose state it holds at once: all of them, or one
-    /// band's.
-    pub fn groups_held(&self) -> usize {
-        self.reduction.groups_held()
+    /// Bytes of the group state one of its workers holds: all groups', or
+    /// one band's.
+    pub fn state_bytes(&self) -> usize {
+        self.reduction.state_bytes()
     }
 
     /// The tasks of a cluster's stage the blocks (or in bands, the bands)
