@@ -1101,27 +1101,7 @@ async fn a_reduction_s_bands_round_trip_and_a_malformed_cut_is_refused() {
     );
     let back = through_codec(&ctx, &dealt);
     for plan in [dealt, back] {
-        let mut batches = Vec::new();
-        for task_index in 0..tasks {
-            let task = DistributedTaskContext {
-                task_index,
-                task_count: tasks,
-            };
-            let config = ctx.copied_config().with_extension(Arc::new(task));
-            let task_ctx = Arc::new(TaskContext::from(&ctx.state()).with_session_config(config));
-            let task_batches = collect_partitioned(Arc::clone(&plan), task_ctx)
-                .await
-                .unwrap();
-            batches.extend(task_batches.into_iter().flatten());
-        }
-        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
-            .unwrap()
-            .to_string();
-        let got: Vec<String> = (text.lines())
-            .filter(|l| l.starts_with("| "))
-            .map(String::from)
-            .collect();
-        assert_eq!(got, want);
+        assert_eq!(rows_of_tasks(&ctx, &plan, tasks).await, want);
     }
     let wire = Wire::new(&ctx);
     let sent = wire.encode(whole_dealt(&whole));
@@ -1157,6 +1137,75 @@ async fn a_reduction_s_bands_round_trip_and_a_malformed_cut_is_refused() {
         ),
     ];
     wire.refuses(&sent, cases);
+}
+
+/// The rows of `plan` run as each of `tasks` tasks of a cluster's stage,
+/// one task after the other, as text (with the header).
+async fn rows_of_tasks(
+    ctx: &datafusion::prelude::SessionContext,
+    plan: &Arc<dyn ExecutionPlan>,
+    tasks: usize,
+) -> Vec<String> {
+    let mut batches = Vec::new();
+    for task_index in 0..tasks {
+        let task = DistributedTaskContext {
+            task_index,
+            task_count: tasks,
+        };
+        let config = ctx.copied_config().with_extension(Arc::new(task));
+        let task_ctx = Arc::new(TaskContext::from(&ctx.state()).with_session_config(config));
+        let task_batches = collect_partitioned(Arc::clone(plan), task_ctx)
+            .await
+            .unwrap();
+        batches.extend(task_batches.into_iter().flatten());
+    }
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    (text.lines())
+        .filter(|l| l.starts_with("| "))
+        .map(String::from)
+        .collect()
+}
+
+/// Bands dealt to tasks are evened out: as many bands for each task, each
+/// no larger than the session cut them (a climatology in 2 bands of 5 and
+/// 1 latitudes runs on two tasks in bands of 3), and the tasks' rows are
+/// the reduction's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bands_dealt_to_tasks_are_evened_out() {
+    let ctx = new_context();
+    ctx.sql("SET zarrfusion.dense_state_bytes = 5000")
+        .await
+        .unwrap();
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let sql = "SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS m, \
+               count(*) AS n FROM t GROUP BY 1, 2, 3";
+    let plan = physical_plan(&ctx, sql).await;
+    let mut stack = vec![plan];
+    let whole = loop {
+        let node = stack.pop().expect("a dense reduction");
+        if node.downcast_ref::<DenseReductionExec>().is_some() {
+            break node;
+        }
+        stack.extend(node.children().into_iter().cloned());
+    };
+    let reduction = whole.downcast_ref::<DenseReductionExec>().unwrap();
+    let cut = reduction.bands().expect("in bands");
+    assert_eq!((reduction.num_bands(), cut.keys), (2, 5), "{cut:?}");
+    let mut want = ordered_rows(Arc::clone(&whole), &ctx).await;
+    want.sort();
+    for (tasks, bands, keys) in [(2, 2, 3), (3, 3, 2), (4, 3, 2)] {
+        let dealt: Arc<dyn ExecutionPlan> = Arc::new(reduction.with_tasks(tasks).unwrap());
+        let evened = dealt.downcast_ref::<DenseReductionExec>().unwrap();
+        let got = (evened.num_bands(), evened.bands().unwrap().keys);
+        assert_eq!(got, (bands, keys), "{tasks} tasks");
+        let mut rows = rows_of_tasks(&ctx, &dealt, tasks).await;
+        rows.sort();
+        assert_eq!(rows, want, "{tasks} tasks");
+    }
 }
 
 /// `reduction` (a reduction in bands) with its bands dealt to two tasks.
@@ -1351,6 +1400,22 @@ async fn a_copy_of_a_reduction_merged_from_the_workers_is_written_as_its_rows_co
     let got = query_rows(&alone, "the cluster's store", &read("cluster.zarr")).await;
     assert!(want.len() > 1000, "{} rows", want.len());
     assert_eq!(got, want);
+    // In bands of days (over a bound one pass may hold): the tasks' rows,
+    // merged in the grid's order, are written as they come too.
+    for ctx in [&cluster, &alone] {
+        (ctx.sql("SET zarrfusion.dense_state_bytes = 1048576").await).unwrap();
+    }
+    let shown = common::explain_text(&cluster, &copy("shown.zarr")).await;
+    for part in [
+        "emits=the results of its bands",
+        "streamed=",
+        "SortPreservingMergeExec",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
+    query_rows(&cluster, "the cluster's COPY in bands", &copy("bands.zarr")).await;
+    let got = query_rows(&alone, "the cluster's store in bands", &read("bands.zarr")).await;
+    assert_rows("a COPY in bands through workers", &got, &want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

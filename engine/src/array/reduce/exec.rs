@@ -105,7 +105,7 @@ struct PhysicalReduce {
 }
 
 /// Everything a worker needs, shared by all of them.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Reduction {
     /// The columns the expressions read, the cells and their blocks.
     read: BlockRead,
@@ -483,8 +483,12 @@ impl DenseReductionExec {
                 (Emit::States { tasks, positioned }, schema)
             }
         };
+        let reduction = match self.reduction.evened(tasks) {
+            Some(evened) => Arc::new(evened),
+            None => Arc::clone(&self.reduction),
+        };
         let mut exec = Self::assemble(
-            Arc::clone(&self.reduction),
+            reduction,
             emit,
             schema,
             self.io_concurrency,
@@ -934,6 +938,24 @@ impl Reduction {
             keys,
             descending,
             workers,
+        })
+    }
+
+    /// This reduction in bands with as many bands for each of `tasks`
+    /// tasks (the same number, at least as many, each no larger), so that
+    /// the tasks' runs of them are as even as the keys allow: `None` where
+    /// they are already, for an unknown number of tasks, or without bands.
+    fn evened(&self, tasks: usize) -> Option<Self> {
+        let bands = self.bands?;
+        if tasks <= 1 || tasks == TASKS_OF_STAGE {
+            return None;
+        }
+        let count = self.space.keys_of(bands.dim);
+        let even = self.num_bands().div_ceil(tasks).saturating_mul(tasks);
+        let keys = count.div_ceil(even.max(1)).max(1);
+        (keys < bands.keys).then(|| Self {
+            bands: Some(Bands { keys, ..bands }),
+            ..self.clone()
         })
     }
 
