@@ -850,14 +850,22 @@ struct Reduction {
 
 /// The bands of a reduction in bands as they travel
 /// ([`Bands`](crate::array::Bands)): the grouped dimension cut, its keys
-/// per band, which way they run along its positions and the workers they
-/// were sized for.
+/// per band, which way they run along its positions, the workers they
+/// were sized for and how many are folded at once.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct BandCut {
     dim: usize,
     keys: usize,
     descending: bool,
     workers: usize,
+    /// Bands folded at once.
+    #[serde(default = "one")]
+    at_once: usize,
+}
+
+/// One band at a time, where a plan sent does not say.
+fn one() -> usize {
+    1
 }
 
 /// The merge of a dense reduction's positioned states as it travels
@@ -2046,6 +2054,7 @@ impl ZarrCodec {
                 keys: b.keys,
                 descending: b.descending,
                 workers: b.workers,
+                at_once: b.at_once,
             }),
         })
     }
@@ -2174,6 +2183,7 @@ impl ZarrCodec {
                 keys: b.keys,
                 descending: b.descending,
                 workers: b.workers,
+                at_once: b.at_once,
             }),
         };
         let parallelism = ctx.session_config().target_partitions();

@@ -607,6 +607,35 @@ async fn climatologies_over_the_bound_run_in_bands_of_a_later_dimension_with_xar
     assert!(!plan.contains("DenseReductionExec"), "{plan}");
 }
 
+/// Bands folded at once, each by its own worker (where a band of a chunk
+/// or more leaves one worker a band), under bounds that cut each query
+/// differently: xarray's answers, in order where the query asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bands_folded_at_once_give_xarray_s_answers() {
+    let store = fixture("climate.zarr");
+    let mut at_once = Vec::new();
+    for bound in [1000, 2048, 3000] {
+        let bound = format!("SET zarrfusion.dense_state_bytes = {bound}");
+        let threads = "SET datafusion.execution.target_partitions = 4";
+        let ctx = session("t", Path::new(&store), true, &[&bound, threads]).await;
+        for q in climate_queries()
+            .iter()
+            .filter(|q| q["store"] == "climate.zarr")
+        {
+            let sql = q["sql"].as_str().unwrap();
+            let plan = explain_text(&ctx, sql).await;
+            if !plan.contains(" at once") {
+                continue;
+            }
+            let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+            let name = format!("{} ({bound})", q["name"]);
+            assert_rows(&name, &run(&ctx, sql).await, &want);
+            at_once.push(name);
+        }
+    }
+    assert!(at_once.len() >= 2, "bands folded at once: {at_once:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_that_are_not_of_one_dimension_stay_hash_aggregations() {
     let cases = [

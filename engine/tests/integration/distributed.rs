@@ -1060,6 +1060,54 @@ async fn reductions_in_bands_deal_their_bands_to_the_workers_with_xarray_s_answe
     let got = query_rows(&ctx, "an aggregate over bands through workers", sql).await;
     let want = query_rows(&alone, "an aggregate over bands alone", sql).await;
     assert_rows("an aggregate over bands through workers", &got, &want);
+    // Anomalies over the bound: the climatology in bands on the workers,
+    // broadcast to the grid's tasks (whose own reduction may run in bands
+    // of a table joined in), with xarray's answers.
+    let mut joined = Vec::new();
+    for q in &common::expected_queries("anomaly_queries.json") {
+        let (name, shown) = climate_oracle_through(&workers, &settings, q).await;
+        if shown.contains("emits=the results of its bands") {
+            assert!(shown.contains("NetworkBroadcastExec"), "{name}:\n{shown}");
+            joined.push(name);
+        }
+    }
+    assert!(!joined.is_empty(), "no anomaly in bands");
+}
+
+/// The dense reduction of `sql` over the climate fixture, as planned here
+/// after `settings`.
+async fn planned_reduction(
+    settings: &[&str],
+    sql: &str,
+) -> (datafusion::prelude::SessionContext, Arc<dyn ExecutionPlan>) {
+    let is_reduction = |node: &Arc<dyn ExecutionPlan>| node.is::<DenseReductionExec>();
+    planned_node(settings, sql, is_reduction, "dense reduction").await
+}
+
+/// The first node of `sql`'s plan over the climate fixture, planned here
+/// after `settings`, that `is` picks (`what` it is, for the panic when
+/// none is).
+async fn planned_node(
+    settings: &[&str],
+    sql: &str,
+    is: impl Fn(&Arc<dyn ExecutionPlan>) -> bool,
+    what: &str,
+) -> (datafusion::prelude::SessionContext, Arc<dyn ExecutionPlan>) {
+    let ctx = new_context();
+    for setting in settings {
+        ctx.sql(setting).await.unwrap();
+    }
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let mut stack = vec![physical_plan(&ctx, sql).await];
+    while let Some(node) = stack.pop() {
+        if is(&node) {
+            return (ctx, node);
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    panic!("no {what} in {sql}");
 }
 
 /// A reduction in bands with its bands dealt to tasks crosses the codec
@@ -1067,27 +1115,13 @@ async fn reductions_in_bands_deal_their_bands_to_the_workers_with_xarray_s_answe
 /// the reduction's rows on one machine. A malformed cut is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reduction_s_bands_round_trip_and_a_malformed_cut_is_refused() {
-    let ctx = new_context();
-    ctx.sql("SET zarrfusion.dense_state_bytes = 2048")
-        .await
-        .unwrap();
-    ctx.sql("SET zarrfusion.target_partition_bytes = 1024")
-        .await
-        .unwrap();
-    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-        .await
-        .unwrap();
+    let settings = [
+        "SET zarrfusion.dense_state_bytes = 2048",
+        "SET zarrfusion.target_partition_bytes = 1024",
+    ];
     let sql = "SELECT date_trunc('day', time) AS day, lat, lon, avg(t2m) AS m, \
                max(u10) AS hi, count(t2m) AS n FROM t WHERE lat >= 20 GROUP BY 1, 2, 3";
-    let plan = physical_plan(&ctx, sql).await;
-    let mut stack = vec![plan];
-    let whole = loop {
-        let node = stack.pop().expect("a dense reduction");
-        if node.downcast_ref::<DenseReductionExec>().is_some() {
-            break node;
-        }
-        stack.extend(node.children().into_iter().cloned());
-    };
+    let (ctx, whole) = planned_reduction(&settings, sql).await;
     let reduction = whole.downcast_ref::<DenseReductionExec>().unwrap();
     let bands = reduction.num_bands();
     assert!(bands >= 3, "{bands} bands");
@@ -1125,6 +1159,11 @@ async fn a_reduction_s_bands_round_trip_and_a_malformed_cut_is_refused() {
         (
             "bands",
             with("workers", Value::from(0)),
+            "cannot run in bands",
+        ),
+        (
+            "bands",
+            with("at_once", Value::from(0)),
             "cannot run in bands",
         ),
         ("bands", serde_json::json!({"dim": 0}), "missing field"),
@@ -1174,24 +1213,14 @@ async fn rows_of_tasks(
 /// the reduction's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bands_dealt_to_tasks_are_evened_out() {
-    let ctx = new_context();
-    ctx.sql("SET zarrfusion.dense_state_bytes = 5000")
-        .await
-        .unwrap();
-    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-        .await
-        .unwrap();
     let sql = "SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS m, \
                count(*) AS n FROM t GROUP BY 1, 2, 3";
-    let plan = physical_plan(&ctx, sql).await;
-    let mut stack = vec![plan];
-    let whole = loop {
-        let node = stack.pop().expect("a dense reduction");
-        if node.downcast_ref::<DenseReductionExec>().is_some() {
-            break node;
-        }
-        stack.extend(node.children().into_iter().cloned());
-    };
+    // One thread: one band at a time.
+    let settings = [
+        "SET zarrfusion.dense_state_bytes = 5000",
+        "SET datafusion.execution.target_partitions = 1",
+    ];
+    let (ctx, whole) = planned_reduction(&settings, sql).await;
     let reduction = whole.downcast_ref::<DenseReductionExec>().unwrap();
     let cut = reduction.bands().expect("in bands");
     assert_eq!((reduction.num_bands(), cut.keys), (2, 5), "{cut:?}");
@@ -1226,22 +1255,8 @@ async fn planned_window_after(
     settings: &[&str],
     sql: &str,
 ) -> (datafusion::prelude::SessionContext, Arc<dyn ExecutionPlan>) {
-    let ctx = new_context();
-    for setting in settings {
-        ctx.sql(setting).await.unwrap();
-    }
-    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
-        .await
-        .unwrap();
-    let plan = physical_plan(&ctx, sql).await;
-    let mut stack = vec![plan];
-    while let Some(node) = stack.pop() {
-        if node.downcast_ref::<RollingWindowExec>().is_some() {
-            return (ctx, node);
-        }
-        stack.extend(node.children().into_iter().cloned());
-    }
-    panic!("no rolling window in {sql}");
+    let is_window = |node: &Arc<dyn ExecutionPlan>| node.is::<RollingWindowExec>();
+    planned_node(settings, sql, is_window, "rolling window").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1318,26 +1333,8 @@ async fn a_running_total_split_mid_series_starts_from_the_totals_before_it() {
     assert_eq!(whole.len(), 608 * 3 + 1);
     let exec = window.downcast_ref::<RollingWindowExec>().unwrap();
     let tasks = 3;
-    let split = Arc::new(exec.with_tasks(tasks));
-    let mut batches = Vec::new();
-    for task_index in 0..tasks {
-        let task = DistributedTaskContext {
-            task_index,
-            task_count: tasks,
-        };
-        let config = ctx.copied_config().with_extension(Arc::new(task));
-        let task_ctx = Arc::new(TaskContext::from(&ctx.state()).with_session_config(config));
-        let plan: Arc<dyn ExecutionPlan> = Arc::clone(&split) as _;
-        let task_batches = collect_partitioned(plan, task_ctx).await.unwrap();
-        batches.extend(task_batches.into_iter().flatten());
-    }
-    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
-        .unwrap()
-        .to_string();
-    let mut rows: Vec<String> = (text.lines())
-        .filter(|l| l.starts_with("| "))
-        .map(String::from)
-        .collect();
+    let split: Arc<dyn ExecutionPlan> = Arc::new(exec.with_tasks(tasks));
+    let mut rows = rows_of_tasks(&ctx, &split, tasks).await;
     rows.sort();
     assert_eq!(rows, whole);
     // Tasks of 4, 4 and 5 blocks (of one box each): tasks 1 and 2 read the

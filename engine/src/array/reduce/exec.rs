@@ -14,7 +14,8 @@
 use std::fmt;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::SortOptions;
@@ -44,7 +45,7 @@ use super::keys::{key_schema, physical_key, DimKeys, KeySpec, KEYED_POSITION_BYT
 use super::node::DenseReduction;
 use super::rule::MAX_STATE_BYTES;
 use crate::array::elementwise::FusedExpr;
-use crate::array::tasks::run_tasks_keeping_states;
+use crate::array::tasks::{run_tasks, run_tasks_keeping_states};
 use crate::config::ZarrConfig;
 use crate::memory::{Projection, Reservation};
 use crate::plan_methods::{broadcast_children_methods, metered_plan_methods};
@@ -158,6 +159,11 @@ pub struct Bands {
     /// The workers the bands were sized for (each holding a band's
     /// state): the most that fold a band at once.
     pub workers: usize,
+    /// Bands folded at once, each by its own workers (one where bands of
+    /// a chunk or more leave only one worker a band): the next band is
+    /// started when the band `at_once` before it is sent, so the rows stay
+    /// in order and at most `at_once` bands' state and rows are held.
+    pub at_once: usize,
 }
 
 /// What a dense reduction gives.
@@ -664,10 +670,11 @@ impl DenseReductionExec {
 
     /// The results of bands `bands` of a reduction in bands (see
     /// [`Bands`]): once the tables joined in are held and its memory taken
-    /// (`held`), each band's blocks
-    /// folded on the workers, its rows finished and sent (in slices of
-    /// `batch_size`) before the next band starts, on one blocking thread
-    /// that stops when the stream is dropped.
+    /// (`held`), the bands are the task runner's tasks, taken in order by
+    /// as many threads as bands are folded at once; each band's blocks are
+    /// folded by its share of the workers and its rows finished and sent
+    /// (in slices of `batch_size`) once the bands before it are, so that
+    /// they come in order. The threads stop when the stream is dropped.
     fn banded_results(
         &self,
         bands: Range<usize>,
@@ -679,7 +686,7 @@ impl DenseReductionExec {
         let (reduction, schema) = (Arc::clone(&self.reduction), Arc::clone(&self.schema));
         let (workers, plan) = (self.workers, self.read_ahead);
         let mut builder = RunStreamBuilder::new(Arc::clone(&self.schema));
-        let mut runs = builder.runs(RUN_BATCHES);
+        let runs = builder.runs(RUN_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
         builder.spawn(async move {
             let _held = broadcasts.hold(&context, 1).await?;
@@ -687,7 +694,16 @@ impl DenseReductionExec {
             // The stream dropped, this task is, and the workers stop.
             let _stop_on_drop = StopOnDrop(Arc::clone(&stop));
             tokio::task::spawn_blocking(move || {
-                for b in bands {
+                // Bands at once, each folded by its share of the workers.
+                let at_once = (reduction.bands)
+                    .map_or(1, |b| b.at_once)
+                    .clamp(1, workers.max(1));
+                let per_band = (workers / at_once).max(1);
+                let first = bands.start;
+                // The next band to send (its rows in order), and where.
+                let sending = Mutex::new((first, runs));
+                let sent = Condvar::new();
+                let fold = |b: usize| -> Result<Option<RecordBatch>> {
                     let band = Arc::new(reduction.band(b)?);
                     let blocks = band.read.blocks.num_blocks();
                     if let Some(progress) = &meters.progress {
@@ -695,28 +711,68 @@ impl DenseReductionExec {
                     }
                     let boxes = Arc::clone(&band);
                     let read = &band.read;
-                    let read_ahead = plan.start(&read.table, &read.columns, 0..blocks, workers, {
+                    let read_ahead = plan.start(&read.table, &read.columns, 0..blocks, per_band, {
                         move |id| {
                             boxes_in_block(&boxes.read.selection, &boxes.read.blocks.block(id))
                         }
                     });
                     let merged =
-                        band.fold_blocks(0..blocks, workers, &stop, &meters, read_ahead)?;
+                        band.fold_blocks(0..blocks, per_band, &stop, &meters, read_ahead)?;
                     if stop.load(Ordering::Relaxed) {
-                        return Ok(());
+                        return Ok(None);
                     }
-                    let batch = band.finish(merged, &schema)?;
-                    output_rows.add(batch.num_rows());
-                    for start in (0..batch.num_rows()).step_by(batch_size) {
-                        let len = batch_size.min(batch.num_rows() - start);
-                        if !runs.push(batch_rows(&batch, start, len)?) {
-                            return Ok(());
+                    band.finish(merged, &schema).map(Some)
+                };
+                // A band is a task of the one runner, taken in order: its
+                // rows wait for the bands before it to be sent, so each of
+                // the `at_once` threads holds at most one band.
+                run_tasks(
+                    bands.len() as u64,
+                    at_once,
+                    &stop,
+                    || (),
+                    |_, n| {
+                        let b = first + n as usize;
+                        // An error or a panic stops the bands waiting to send.
+                        let mut unsent = Unsent {
+                            stop: &stop,
+                            sent: &sent,
+                            done: false,
+                        };
+                        let Some(batch) = fold(b)? else {
+                            unsent.done = true;
+                            return Ok(0);
+                        };
+                        let lost = || DataFusionError::Execution("a band's sender was lost".into());
+                        let mut next = sending.lock().map_err(|_| lost())?;
+                        while next.0 != b {
+                            if stop.load(Ordering::Relaxed) {
+                                unsent.done = true;
+                                return Ok(0);
+                            }
+                            let waited = sent.wait_timeout(next, Duration::from_millis(50));
+                            next = waited.map_err(|_| lost())?.0;
                         }
-                    }
-                    if !runs.flush() {
-                        return Ok(());
-                    }
-                }
+                        output_rows.add(batch.num_rows());
+                        let runs = &mut next.1;
+                        let mut open = true;
+                        for start in (0..batch.num_rows()).step_by(batch_size) {
+                            let len = batch_size.min(batch.num_rows() - start);
+                            if !runs.push(batch_rows(&batch, start, len)?) {
+                                open = false;
+                                break;
+                            }
+                        }
+                        if !(open && runs.flush()) {
+                            // The stream is gone: the query has its rows.
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                        next.0 = b + 1;
+                        unsent.done = true;
+                        sent.notify_all();
+                        Ok::<_, DataFusionError>(0)
+                    },
+                )?;
                 drop(reservation);
                 Ok(())
             })
@@ -910,34 +966,58 @@ impl Reduction {
         let spanning = |chunks: u64| {
             (chunks.saturating_mul(chunk).saturating_mul(count as u64)).div_ceil(positions.max(1))
         };
-        // Keys per band for `w` workers.
-        let keys_for = |w: usize| -> usize {
+        // Keys per band for `w` workers a band and `a` bands at once.
+        let keys_for = |w: usize, a: usize| -> usize {
             let band = w.saturating_mul(state).saturating_add(output).max(1);
             let target = BAND_BYTES.min(bound / 4);
             let wanted = (target / band).max(spanning(BAND_CHUNKS) as usize);
+            let threads = a.saturating_mul(w);
             let most = match limit {
                 // Without a limit, the workers' states within the bound
                 // together.
-                None => bound / w.saturating_mul(state).max(1),
+                None => bound / threads.saturating_mul(state).max(1),
                 Some(l) => {
                     let room = l
                         .saturating_sub(self.key_bytes)
-                        .saturating_sub(w.saturating_mul(without_state));
-                    let per_key = w.saturating_mul(state).saturating_add(output).max(1);
-                    (room / per_key).min(bound / state.max(1))
+                        .saturating_sub(threads.saturating_mul(without_state));
+                    (room / a.saturating_mul(band).max(1)).min(bound / state.max(1))
                 }
             };
             most.min(wanted).min(count)
         };
-        let workers = (1..=workers.max(1))
+        let per_band = (1..=workers.max(1))
             .rev()
-            .find(|&w| keys_for(w) >= (spanning(1) as usize).max(1) || w == 1)?;
-        let keys = keys_for(workers);
-        (keys > 0 && keys < count).then_some(Bands {
+            .find(|&w| keys_for(w, 1) >= (spanning(1) as usize).max(1) || w == 1)?;
+        let keys = keys_for(per_band, 1);
+        if keys == 0 || keys >= count {
+            return None;
+        }
+        let one_at_once = Bands {
             dim,
             keys,
             descending,
-            workers,
+            workers: per_band,
+            at_once: 1,
+        };
+        if per_band > 1 {
+            return Some(one_at_once);
+        }
+        // One worker a band: bands at once, each by its own worker, where
+        // they take no more rounds than one at a time (a round decodes the
+        // chunks its bands span), evened out over the rounds.
+        let rounds_alone = count.div_ceil(keys);
+        let lanes = (2..=workers.min(count)).rev().find_map(|a| {
+            let k = keys_for(1, a);
+            let rounds = count.div_ceil(k.max(1)).div_ceil(a);
+            (k > 0 && rounds <= rounds_alone).then(|| (a, count.div_ceil(rounds * a)))
+        });
+        Some(match lanes {
+            Some((at_once, keys)) => Bands {
+                keys,
+                at_once,
+                ..one_at_once
+            },
+            None => one_at_once,
         })
     }
 
@@ -951,8 +1031,10 @@ impl Reduction {
             return None;
         }
         let count = self.space.keys_of(bands.dim);
-        let even = self.num_bands().div_ceil(tasks).saturating_mul(tasks);
-        let keys = count.div_ceil(even.max(1)).max(1);
+        // A task's bands: a multiple of those folded at once.
+        let at_once = bands.at_once.max(1);
+        let per_task = self.num_bands().div_ceil(tasks).div_ceil(at_once) * at_once;
+        let keys = count.div_ceil(per_task.saturating_mul(tasks).max(1)).max(1);
         (keys < bands.keys).then(|| Self {
             bands: Some(Bands { keys, ..bands }),
             ..self.clone()
@@ -981,10 +1063,11 @@ impl Reduction {
         block + runs.bytes(self.read.block_cells().max(1)) as usize
     }
 
-    /// Memory held once, whatever the workers: the output (one band's)
-    /// and the keys.
+    /// Memory held once, whatever the workers: the output (the bands'
+    /// folded at once) and the keys.
     fn shared_memory(&self) -> usize {
-        self.shared_memory_of(self.groups_held())
+        let at_once = self.bands.map_or(1, |b| b.at_once.max(1));
+        self.shared_memory_of(self.groups_held().saturating_mul(at_once))
     }
 
     /// [`Self::shared_memory`] with the output of `groups` groups.
@@ -1010,7 +1093,7 @@ impl Reduction {
         // No more workers than the bands were sized for (on a worker of a
         // cluster: by the session).
         if let Some(bands) = self.bands {
-            workers = workers.min(bands.workers.max(1));
+            workers = workers.min(bands.workers.max(1).saturating_mul(bands.at_once.max(1)));
         }
         let Some(limit) = limit else {
             // Without a limit, the workers' group states stay within the
@@ -1074,14 +1157,15 @@ impl Reduction {
         let store = &self.read.table.store;
         let runs = self.dims.contains(&bands.dim)
             && self.space.key_direction(bands.dim) == Some(bands.descending);
-        if !runs || bands.keys == 0 || bands.workers == 0 {
+        if !runs || bands.keys == 0 || bands.workers == 0 || bands.at_once == 0 {
             return datafusion::common::plan_err!(
                 "a dense reduction over {store} cannot run in bands of {} keys of dimension {} \
-                 (descending: {}) on {} workers: its grouped dimensions are {:?}",
+                 (descending: {}) on {} workers, {} at once: its grouped dimensions are {:?}",
                 bands.keys,
                 bands.dim,
                 bands.descending,
                 bands.workers,
+                bands.at_once,
                 self.dims
             );
         }
@@ -1564,6 +1648,23 @@ struct Meters {
     progress: Option<Arc<ScanProgress>>,
 }
 
+/// A band of a reduction in bands not sent yet: dropped so (an error, a
+/// panic), it stops the bands waiting to send after it.
+struct Unsent<'a> {
+    stop: &'a AtomicBool,
+    sent: &'a Condvar,
+    done: bool,
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.stop.store(true, Ordering::Relaxed);
+            self.sent.notify_all();
+        }
+    }
+}
+
 /// Tells the workers to stop when the query's stream is dropped.
 struct StopOnDrop(Arc<AtomicBool>);
 
@@ -1649,6 +1750,9 @@ impl DisplayAs for DenseReductionExec {
                 bands.keys,
                 r.read.table.dims[bands.dim].name
             )?;
+            if bands.at_once > 1 {
+                write!(f, ", {} at once", bands.at_once)?;
+            }
         }
         write!(f, "{}", self.broadcasts.display(&r.read.table.dim_names()))?;
         if let Some(predicate) = &r.predicate {
