@@ -1009,7 +1009,7 @@ impl Reduction {
         let lanes = (2..=workers.min(count)).rev().find_map(|a| {
             let k = keys_for(1, a);
             let rounds = count.div_ceil(k.max(1)).div_ceil(a);
-            (k > 0 && rounds <= rounds_alone).then(|| (a, count.div_ceil(rounds * a)))
+            (k > 0 && rounds <= rounds_alone).then(|| (a, count.div_ceil(rounds.saturating_mul(a))))
         });
         Some(match lanes {
             Some((at_once, keys)) => Bands {
@@ -1033,7 +1033,11 @@ impl Reduction {
         let count = self.space.keys_of(bands.dim);
         // A task's bands: a multiple of those folded at once.
         let at_once = bands.at_once.max(1);
-        let per_task = self.num_bands().div_ceil(tasks).div_ceil(at_once) * at_once;
+        let per_task = self
+            .num_bands()
+            .div_ceil(tasks)
+            .div_ceil(at_once)
+            .saturating_mul(at_once);
         let keys = count.div_ceil(per_task.saturating_mul(tasks).max(1)).max(1);
         (keys < bands.keys).then(|| Self {
             bands: Some(Bands { keys, ..bands }),
