@@ -846,6 +846,10 @@ struct Reduction {
     /// which give their bands' results as `states`).
     #[serde(default)]
     bands: Option<BandCut>,
+    /// In bands, the result columns its bands give (indices into `groups`
+    /// then `aggregates`) where a projection took only some.
+    #[serde(default)]
+    gives: Option<Vec<usize>>,
 }
 
 /// The bands of a reduction in bands as they travel
@@ -2056,6 +2060,7 @@ impl ZarrCodec {
                 workers: b.workers,
                 at_once: b.at_once,
             }),
+            gives: r.result_columns(),
         })
     }
 
@@ -2185,6 +2190,7 @@ impl ZarrCodec {
                 workers: b.workers,
                 at_once: b.at_once,
             }),
+            columns: reduction.gives,
         };
         let parallelism = ctx.session_config().target_partitions();
         let exec = DenseReductionExec::of_task(parts, parallelism, memory_limit)?;

@@ -636,6 +636,92 @@ async fn bands_folded_at_once_give_xarray_s_answers() {
     assert!(at_once.len() >= 2, "bands folded at once: {at_once:?}");
 }
 
+/// A query that uses only some columns of a reduction (its aggregates
+/// summed up, one key beside an aggregate, only its number of groups) has
+/// the reduction give only those: the keys not used are never built
+/// (`gives=[...]` in EXPLAIN), in one pass and in bands, and the answers
+/// are xarray's rows taken the same way. Its rows are not declared in the
+/// order of a key it no longer leads with: `ORDER BY` sorts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_using_some_columns_of_a_reduction_gets_only_those_with_xarray_s_answers() {
+    let small_blocks = "SET zarrfusion.target_partition_bytes = 1024";
+    let small_state = "SET zarrfusion.dense_state_bytes = 256";
+    let mut projected = 0;
+    for q in climate_queries() {
+        let (name, store, sql) = (
+            q["name"].as_str().unwrap(),
+            q["store"].as_str().unwrap(),
+            q["sql"].as_str().unwrap(),
+        );
+        let inner = sql.split(" ORDER BY").next().unwrap();
+        let groups = inner
+            .split(" GROUP BY ")
+            .nth(1)
+            .unwrap()
+            .split(", ")
+            .count();
+        let want: Vec<Vec<Value>> = serde_json::from_value(q["rows"].clone()).unwrap();
+        if groups < 2 {
+            continue;
+        }
+        for settings in [&[][..], &[small_blocks, small_state]] {
+            let ctx = session("t", Path::new(&fixture(store)), true, settings).await;
+            let fields = ctx.sql(inner).await.unwrap().schema().clone();
+            let names: Vec<&str> = (fields.fields().iter())
+                .map(|f| f.name().as_str())
+                .collect();
+            let (key, agg) = (names[groups - 1], names[names.len() - 1]);
+            let what = format!("{name} ({settings:?})");
+            // The last key beside the last aggregate, sorted by the key.
+            let pair = format!("SELECT \"{key}\" AS k, \"{agg}\" AS a FROM ({inner}) ORDER BY 1");
+            let plan = explain_text(&ctx, &pair).await;
+            // (Named as the reduction names them; the aliases above it.)
+            let gives = |plan: &str, n: usize| {
+                (plan.split(", gives=[").nth(1))
+                    .map(|g| g.split(']').next().unwrap().split(", ").count())
+                    == Some(n)
+            };
+            // (Under the small bound, a grouping none of whose dimensions
+            // can be cut stays a hash aggregation.)
+            let dense = plan.contains("DenseReductionExec");
+            projected += usize::from(dense);
+            assert_eq!(gives(&plan, 2), dense, "{what}:\n{plan}");
+            assert!(plan.contains("SortExec"), "{what}:\n{plan}");
+            let mut got = run(&ctx, &pair).await;
+            let sorted = {
+                let mut rows = got.clone();
+                sort_rows(&mut rows, 1);
+                rows
+            };
+            assert_eq!(got, sorted, "{what}: not ordered by {key}");
+            let mut taken: Vec<Vec<Value>> = (want.iter())
+                .map(|r| vec![r[groups - 1].clone(), r[r.len() - 1].clone()])
+                .collect();
+            sort_rows(&mut got, 2);
+            sort_rows(&mut taken, 2);
+            assert_rows(&what, &got, &taken);
+            // Only the aggregate, summed up; only the number of groups.
+            let summed =
+                format!("SELECT sum(\"{agg}\") AS s, count(\"{agg}\") AS c FROM ({inner})");
+            let plan = explain_text(&ctx, &summed).await;
+            let dense = plan.contains("DenseReductionExec");
+            assert_eq!(gives(&plan, 1), dense, "{what}:\n{plan}");
+            let values: Vec<f64> = (want.iter())
+                .filter_map(|r| r[r.len() - 1].as_f64())
+                .collect();
+            let expected = vec![vec![
+                Value::from(values.iter().sum::<f64>()),
+                Value::from(values.len()),
+            ]];
+            assert_rows(&what, &run(&ctx, &summed).await, &expected);
+            let counted = format!("SELECT count(*) AS n FROM ({inner})");
+            let expected = vec![vec![Value::from(want.len())]];
+            assert_rows(&what, &run(&ctx, &counted).await, &expected);
+        }
+    }
+    assert!(projected >= 14, "{projected} queries taken in part");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_that_are_not_of_one_dimension_stay_hash_aggregations() {
     let cases = [

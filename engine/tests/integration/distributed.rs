@@ -16,6 +16,7 @@ use std::sync::Arc;
 use common::{assert_rows, fixture, query_rows, repo_root, scratch, sort_rows};
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::TaskContext;
+use datafusion::physical_plan::projection::EmbeddedProjection;
 use datafusion::physical_plan::{collect_partitioned, displayable, ExecutionPlan};
 use datafusion_distributed::DistributedTaskContext;
 use datafusion_proto::bytes::{
@@ -1137,6 +1138,22 @@ async fn a_reduction_s_bands_round_trip_and_a_malformed_cut_is_refused() {
     for plan in [dealt, back] {
         assert_eq!(rows_of_tasks(&ctx, &plan, tasks).await, want);
     }
+    // Some of its columns (a projection taken in: `max(u10)` and `lat`): the
+    // same rows from its tasks and through the codec.
+    let some = reduction.with_projection(Some(vec![4, 1])).unwrap();
+    let want_some = ordered_rows(
+        Arc::new(reduction.with_projection(Some(vec![4, 1])).unwrap()),
+        &ctx,
+    )
+    .await;
+    assert_eq!(want_some.len(), want.len());
+    let dealt: Arc<dyn ExecutionPlan> = Arc::new(some.with_tasks(tasks).unwrap());
+    let shown = displayable(dealt.as_ref()).one_line().to_string();
+    assert!(shown.contains("gives=[max(t.u10), lat]"), "{shown}");
+    let back = through_codec(&ctx, &dealt);
+    for plan in [dealt, back] {
+        assert_eq!(rows_of_tasks(&ctx, &plan, tasks).await, want_some);
+    }
     let wire = Wire::new(&ctx);
     let sent = wire.encode(whole_dealt(&whole));
     wire.decode(&sent).expect("the bands as sent");
@@ -1167,6 +1184,10 @@ async fn a_reduction_s_bands_round_trip_and_a_malformed_cut_is_refused() {
             "cannot run in bands",
         ),
         ("bands", serde_json::json!({"dim": 0}), "missing field"),
+        // A column that is neither a key nor an aggregate; columns whose
+        // types are not the results' sent.
+        ("gives", serde_json::json!([9]), "gives column 9 of 6"),
+        ("gives", serde_json::json!([4, 1]), "in bands"),
         // States, not results.
         ("positioned", Value::from(true), "in bands"),
         (

@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt64Array,
+};
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::compute::{filter_record_batch, prep_null_mask_filter, take};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -32,6 +34,9 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
+use datafusion::physical_plan::projection::{
+    try_embed_projection, EmbeddedProjection, ProjectionExec,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
@@ -128,6 +133,11 @@ pub(super) struct Reduction {
     /// When its group state is too large to hold at once: the bands it
     /// runs in.
     bands: Option<Bands>,
+    /// The result columns it gives, as indices into its keys then its
+    /// aggregates, when a projection above it takes only some (see
+    /// [`DenseReductionExec::with_projection`]): a key column not taken is
+    /// never built. `None`: all of them.
+    columns: Option<Vec<usize>>,
 }
 
 /// A dense reduction whose group state is too large to hold at once
@@ -198,7 +208,7 @@ pub struct ReduceSpec {
 }
 
 /// A dense reduction's parts, as a worker receives them: it plans them
-/// with [`DenseReductionExec::states_of`].
+/// with [`DenseReductionExec::of_task`].
 #[derive(Debug)]
 pub struct ReductionParts {
     /// The columns the expressions read, the cells reduced and their
@@ -227,6 +237,9 @@ pub struct ReductionParts {
     /// the blocks, are dealt to the tasks, and each gives its bands'
     /// results (`schema` is the results', `positioned` false).
     pub bands: Option<Bands>,
+    /// In bands, the result columns its bands give (indices into `groups`
+    /// then `aggregates`) where a projection took only some; `None`: all.
+    pub columns: Option<Vec<usize>>,
 }
 
 /// The physical dense reduction.
@@ -364,8 +377,18 @@ impl DenseReductionExec {
         let mut reduction = Reduction::new(parts.read, parts.groups, aggregates, parts.predicate)?;
         let emit = match parts.bands {
             Some(bands) => {
+                if let Some(columns) = parts.columns {
+                    reduction.give_only(columns)?;
+                }
                 reduction.cut_into(bands, &parts.schema, parts.positioned)?;
                 Emit::Bands { tasks: parts.tasks }
+            }
+            None if parts.columns.is_some() => {
+                return datafusion::common::plan_err!(
+                    "the partial states of a dense reduction over {} are given whole, not some \
+                     of its columns",
+                    reduction.read.table.store
+                );
             }
             None => {
                 reduction.check_states(&parts.schema, parts.positioned)?;
@@ -484,6 +507,13 @@ impl DenseReductionExec {
     fn dealt(&self, schema: SchemaRef, tasks: usize, positioned: bool) -> Result<Self> {
         let (emit, schema) = match self.in_bands() {
             true => (Emit::Bands { tasks }, Arc::clone(&self.schema)),
+            false if self.reduction.columns.is_some() => {
+                return datafusion::common::internal_err!(
+                    "a dense reduction over {} giving some of its columns cannot give partial \
+                     states",
+                    self.reduction.store()
+                );
+            }
             false => {
                 self.reduction.check_states(&schema, positioned)?;
                 (Emit::States { tasks, positioned }, schema)
@@ -512,6 +542,52 @@ impl DenseReductionExec {
     /// bands, its bands.
     pub fn with_tasks(&self, tasks: usize) -> Result<Self> {
         self.with_states(Arc::clone(&self.schema), tasks, self.positioned())
+    }
+
+    /// This reduction giving only its result columns `projection`
+    /// (indices into its schema, in their order), as a projection above
+    /// it asks: the key columns it no longer gives are never built. An
+    /// error when it gives partial states (their merge needs them whole)
+    /// or an index is not of its schema.
+    fn projected(&self, projection: &[usize]) -> Result<Self> {
+        let store = self.reduction.store();
+        if matches!(self.emit, Emit::States { .. }) {
+            return datafusion::common::internal_err!(
+                "the partial states of a dense reduction over {store} are given whole"
+            );
+        }
+        let given = self.reduction.result_columns();
+        let columns = (projection.iter())
+            .map(|&i| given.get(i).copied())
+            .collect::<Option<Vec<_>>>();
+        let Some(columns) = columns else {
+            return datafusion::common::plan_err!(
+                "a dense reduction over {store} gives {} columns, not {projection:?}",
+                given.len()
+            );
+        };
+        let mut reduction = (*self.reduction).clone();
+        reduction.give_only(columns)?;
+        let schema = Arc::new(self.schema.project(projection)?);
+        let mut exec = Self::assemble(
+            Arc::new(reduction),
+            self.emit,
+            schema,
+            self.io_concurrency,
+            self.workers,
+            None,
+        )?;
+        exec.memory_limit = self.memory_limit;
+        exec.read_ahead = self.read_ahead;
+        exec.broadcasts = self.broadcasts.clone();
+        Ok(exec)
+    }
+
+    /// The result columns it gives (indices into its grouping columns then
+    /// its aggregates) where a projection took only some: what a worker
+    /// is sent for its bands.
+    pub fn result_columns(&self) -> Option<Vec<usize>> {
+        self.reduction.columns.clone()
     }
 
     /// The memory limit (allowed_mem) it was planned under, if any.
@@ -841,6 +917,7 @@ impl Reduction {
             predicate,
             run_rows: RUN_ROWS,
             bands: None,
+            columns: None,
         })
     }
 
@@ -895,6 +972,7 @@ impl Reduction {
             self.predicate.clone(),
         )?;
         band.run_rows = self.run_rows;
+        band.columns = self.columns.clone();
         if band.space.keys_of(bands.dim) != keys_per_band {
             return datafusion::common::internal_err!(
                 "band {b} of the dense reduction over {} has {} keys of '{}', not {keys_per_band}",
@@ -999,21 +1077,33 @@ impl Reduction {
             workers: per_band,
             at_once: 1,
         };
-        if per_band > 1 {
-            return Some(one_at_once);
-        }
-        // One worker a band: bands at once, each by its own worker, where
-        // they take no more rounds than one at a time (a round decodes the
-        // chunks its bands span), evened out over the rounds.
-        let rounds_alone = count.div_ceil(keys);
-        let lanes = (2..=workers.min(count)).rev().find_map(|a| {
-            let k = keys_for(1, a);
-            let rounds = count.div_ceil(k.max(1)).div_ceil(a);
-            (k > 0 && rounds <= rounds_alone).then(|| (a, count.div_ceil(rounds.saturating_mul(a))))
-        });
+        // Bands at once, each by its own worker, evened out over the rounds
+        // (a round decodes the chunks its bands span): no worker's state is
+        // merged into another's.
+        let lanes = if per_band > 1 {
+            // Workers that could share a band take a band each instead,
+            // where there is a band for each and none spans fewer chunks
+            // than wanted (or than the shared band).
+            let k = keys_for(1, per_band);
+            let shortest = keys.min(spanning(BAND_CHUNKS) as usize);
+            let rounds = count.div_ceil(k.max(1)).div_ceil(per_band);
+            (k >= shortest.max(1) && count.div_ceil(k.max(1)) >= per_band)
+                .then(|| (per_band, count.div_ceil(rounds.saturating_mul(per_band))))
+        } else {
+            // One worker a band: where they take no more rounds than one at
+            // a time.
+            let rounds_alone = count.div_ceil(keys);
+            (2..=workers.min(count)).rev().find_map(|a| {
+                let k = keys_for(1, a);
+                let rounds = count.div_ceil(k.max(1)).div_ceil(a);
+                (k > 0 && rounds <= rounds_alone)
+                    .then(|| (a, count.div_ceil(rounds.saturating_mul(a))))
+            })
+        };
         Some(match lanes {
             Some((at_once, keys)) => Bands {
                 keys,
+                workers: 1,
                 at_once,
                 ..one_at_once
             },
@@ -1127,6 +1217,50 @@ impl Reduction {
             .collect()
     }
 
+    /// The result columns it gives: indices into its keys then its
+    /// aggregates.
+    fn result_columns(&self) -> Vec<usize> {
+        match &self.columns {
+            Some(columns) => columns.clone(),
+            None => (0..self.keys.len() + self.aggregates.len()).collect(),
+        }
+    }
+
+    /// The type of each result column it gives.
+    fn result_types(&self) -> Result<Vec<DataType>> {
+        let mut all = self.key_types()?;
+        all.extend(self.aggregates.iter().map(|a| a.output_type.clone()));
+        Ok(self
+            .result_columns()
+            .into_iter()
+            .map(|i| all[i].clone())
+            .collect())
+    }
+
+    /// Gives only the result `columns` (indices into its keys then its
+    /// aggregates): an error naming the store when one is neither.
+    fn give_only(&mut self, columns: Vec<usize>) -> Result<()> {
+        let width = self.keys.len() + self.aggregates.len();
+        if let Some(bad) = columns.iter().find(|&&c| c >= width) {
+            return datafusion::common::plan_err!(
+                "a dense reduction over {} gives column {bad} of {width}",
+                self.read.table.store
+            );
+        }
+        let all = columns.iter().copied().eq(0..width);
+        self.columns = (!all).then_some(columns);
+        Ok(())
+    }
+
+    /// The position among the columns it gives of its key column `key`, if
+    /// it gives it.
+    fn given(&self, key: usize) -> Option<usize> {
+        match &self.columns {
+            Some(columns) => columns.iter().position(|&c| c == key),
+            None => Some(key),
+        }
+    }
+
     /// Checks that `schema` is the group columns (when `positioned`: the
     /// group's position), then each aggregate's state columns
     /// ([`ReduceOp::state_types`]).
@@ -1173,8 +1307,7 @@ impl Reduction {
                 self.dims
             );
         }
-        let mut expected = self.key_types()?;
-        expected.extend(self.aggregates.iter().map(|a| a.output_type.clone()));
+        let expected = self.result_types()?;
         let got: Vec<DataType> = (schema.fields().iter())
             .map(|f| f.data_type().clone())
             .collect();
@@ -1421,7 +1554,11 @@ impl Reduction {
             let mut columns = (self.keys.iter().enumerate())
                 .filter(|(_, k)| k.dim == d)
                 .map(|(i, _)| i);
-            let (Some(column), None) = (columns.next(), columns.next()) else {
+            let (Some(key), None) = (columns.next(), columns.next()) else {
+                return Ok(None);
+            };
+            // A grid's rows are laid out by their keys' columns.
+            let Some(column) = self.given(key) else {
                 return Ok(None);
             };
             let values = match &self.key_values[d] {
@@ -1450,7 +1587,7 @@ impl Reduction {
         if !self.rows_in_grid_order() {
             return Vec::new();
         }
-        output_ordering(schema, &self.read.table, &self.keys)
+        output_ordering(schema, &self.read.table, &self.keys, |key| self.given(key))
     }
 
     /// Bytes of the keys' maps and values it holds.
@@ -1460,33 +1597,40 @@ impl Reduction {
 
     /// The keys of every group, a column per grouping column.
     pub(super) fn group_columns(&self) -> Result<Vec<ArrayRef>> {
-        let mut columns = Vec::with_capacity(self.keys.len());
-        for (i, k) in self.keys.iter().enumerate() {
-            let d = k.dim;
-            match &self.key_values[d] {
-                Some(values) => {
-                    // Which of the dimension's functions this column is.
-                    let slot = self.keys[..i].iter().filter(|o| o.dim == d).count();
-                    let indices = UInt64Array::from(self.space.key_indices(d));
-                    columns.push(take(values[slot].as_ref(), &indices, None)?);
-                }
-                None => {
-                    let indices = UInt64Array::from(self.space.coordinate_indices(d));
-                    columns.push(self.read.table.dims[d].coordinate.take(&indices)?);
-                }
-            }
-        }
-        Ok(columns)
+        (0..self.keys.len()).map(|i| self.group_column(i)).collect()
     }
 
-    /// The result rows: group coordinates, then the aggregates.
+    /// The keys of every group of grouping column `i`.
+    fn group_column(&self, i: usize) -> Result<ArrayRef> {
+        let d = self.keys[i].dim;
+        Ok(match &self.key_values[d] {
+            Some(values) => {
+                // Which of the dimension's functions this column is.
+                let slot = self.keys[..i].iter().filter(|o| o.dim == d).count();
+                let indices = UInt64Array::from(self.space.key_indices(d));
+                take(values[slot].as_ref(), &indices, None)?
+            }
+            None => {
+                let indices = UInt64Array::from(self.space.coordinate_indices(d));
+                self.read.table.dims[d].coordinate.take(&indices)?
+            }
+        })
+    }
+
+    /// The result rows: the columns it gives of the group coordinates then
+    /// the aggregates (all of them unless a projection took some).
     fn finish(&self, mut partial: Partial, schema: &SchemaRef) -> Result<RecordBatch> {
         let rows = partial.rows.settled();
-        let mut columns = self.group_columns()?;
-        for accumulator in &partial.accumulators {
-            columns.push(accumulator.finish(rows)?);
-        }
-        let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
+        let n_keys = self.keys.len();
+        let columns = (self.result_columns().into_iter())
+            .map(|i| match i.checked_sub(n_keys) {
+                None => self.group_column(i),
+                Some(a) => partial.accumulators[a].finish(rows),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // A projection may take no column at all (`count(*)` of the groups).
+        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+        let batch = RecordBatch::try_new_with_options(Arc::clone(schema), columns, &options)?;
         // With a predicate, groups where no row passed do not exist (with
         // no GROUP BY, the one group always does).
         if self.predicate.is_some() && !self.keys.is_empty() {
@@ -1560,32 +1704,40 @@ pub(super) fn in_batches(
 /// of a dimension grouped by them (ascending, NULLs first, in the order
 /// grouped by: their keys are sorted so). Declared so that an `ORDER BY` of
 /// the grouping columns costs no sort.
+///
+/// `given` is the position among the columns of `schema` of each key's
+/// column: the order stops before the first key not given.
 fn output_ordering(
     schema: &SchemaRef,
     table: &GridTable,
     keys: &[KeySpec],
+    given: impl Fn(usize) -> Option<usize>,
 ) -> Vec<PhysicalSortExpr> {
     let mut dims: Vec<usize> = keys.iter().map(|k| k.dim).collect();
     dims.sort_unstable();
     dims.dedup();
-    let column = |i: usize| Arc::new(Column::new(schema.field(i).name(), i));
+    let column = |key: usize| {
+        let i = given(key)?;
+        Some(Arc::new(Column::new(schema.field(i).name(), i)))
+    };
     let mut ordering = Vec::new();
     for d in dims {
         let on_dim: Vec<usize> = (0..keys.len()).filter(|&i| keys[i].dim == d).collect();
         if keys[on_dim[0]].expr.is_some() {
             for i in on_dim {
-                ordering.push(PhysicalSortExpr::new(
-                    column(i),
-                    SortOptions::new(false, true),
-                ));
+                let Some(column) = column(i) else {
+                    return ordering;
+                };
+                ordering.push(PhysicalSortExpr::new(column, SortOptions::new(false, true)));
             }
             continue;
         }
-        let Some(descending) = table.dims[d].strict_order() else {
+        let (Some(descending), Some(column)) = (table.dims[d].strict_order(), column(on_dim[0]))
+        else {
             break;
         };
         ordering.push(PhysicalSortExpr::new(
-            column(on_dim[0]),
+            column,
             SortOptions::new(descending, descending),
         ));
     }
@@ -1758,6 +1910,16 @@ impl DisplayAs for DenseReductionExec {
                 write!(f, ", {} at once", bands.at_once)?;
             }
         }
+        if r.columns.is_some() {
+            // Key columns not given are never built.
+            let names: Vec<&str> = self
+                .schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect();
+            write!(f, ", gives=[{}]", names.join(", "))?;
+        }
         write!(f, "{}", self.broadcasts.display(&r.read.table.dim_names()))?;
         if let Some(predicate) = &r.predicate {
             write!(f, ", predicate={predicate}")?;
@@ -1782,8 +1944,33 @@ impl DisplayAs for DenseReductionExec {
     }
 }
 
+impl EmbeddedProjection for DenseReductionExec {
+    fn with_projection(&self, projection: Option<Vec<usize>>) -> Result<Self> {
+        match projection {
+            Some(projection) => self.projected(&projection),
+            None => {
+                let all: Vec<usize> = (0..self.schema.fields().len()).collect();
+                self.projected(&all)
+            }
+        }
+    }
+}
+
 impl ExecutionPlan for DenseReductionExec {
     broadcast_children_methods!("DenseReductionExec");
+
+    /// Takes in a projection above it that selects some of its columns
+    /// (a query using only the aggregates of a `GROUP BY`): the keys not
+    /// taken are never built. Not its partial states, merged whole.
+    fn try_swapping_with_projection(
+        &self,
+        projection: &ProjectionExec,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if matches!(self.emit, Emit::States { .. }) {
+            return Ok(None);
+        }
+        try_embed_projection(projection, self)
+    }
 
     fn apply_expressions(
         &self,
