@@ -523,6 +523,18 @@ impl DenseReductionExec {
             Some(evened) => Arc::new(evened),
             None => Arc::clone(&self.reduction),
         };
+        self.reassembled(reduction, emit, schema)
+    }
+
+    /// `reduction` giving `emit` as `schema` with this one's workers, read
+    /// ahead, tables joined in and memory limit (checked when it was
+    /// planned).
+    fn reassembled(
+        &self,
+        reduction: Arc<Reduction>,
+        emit: Emit,
+        schema: SchemaRef,
+    ) -> Result<Self> {
         let mut exec = Self::assemble(
             reduction,
             emit,
@@ -569,18 +581,7 @@ impl DenseReductionExec {
         let mut reduction = (*self.reduction).clone();
         reduction.give_only(columns)?;
         let schema = Arc::new(self.schema.project(projection)?);
-        let mut exec = Self::assemble(
-            Arc::new(reduction),
-            self.emit,
-            schema,
-            self.io_concurrency,
-            self.workers,
-            None,
-        )?;
-        exec.memory_limit = self.memory_limit;
-        exec.read_ahead = self.read_ahead;
-        exec.broadcasts = self.broadcasts.clone();
-        Ok(exec)
+        self.reassembled(Arc::new(reduction), self.emit, schema)
     }
 
     /// The result columns it gives (indices into its grouping columns then
