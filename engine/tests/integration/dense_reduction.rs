@@ -608,13 +608,15 @@ async fn climatologies_over_the_bound_run_in_bands_of_a_later_dimension_with_xar
 }
 
 /// Bands folded at once, each by its own worker (where a band of a chunk
-/// or more leaves one worker a band), under bounds that cut each query
-/// differently: xarray's answers, in order where the query asks.
+/// or more leaves one worker a band, or where workers would share a band,
+/// and, under a bound every query's state fits, where bands of the first
+/// grouped dimension leave each worker one), under bounds that cut each
+/// query differently: xarray's answers, in order where the query asks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bands_folded_at_once_give_xarray_s_answers() {
     let store = fixture("climate.zarr");
     let mut at_once = Vec::new();
-    for bound in [1000, 2048, 3000] {
+    for bound in [1000, 2048, 3000, 50_000] {
         let bound = format!("SET zarrfusion.dense_state_bytes = {bound}");
         let threads = "SET datafusion.execution.target_partitions = 4";
         let ctx = session("t", Path::new(&store), true, &[&bound, threads]).await;
@@ -634,6 +636,11 @@ async fn bands_folded_at_once_give_xarray_s_answers() {
         }
     }
     assert!(at_once.len() >= 2, "bands folded at once: {at_once:?}");
+    // (50 KB holds every query's state in one pass.)
+    assert!(
+        at_once.iter().any(|n| n.contains("50000")),
+        "bands folded at once within the bound: {at_once:?}"
+    );
 }
 
 /// A query that uses only some columns of a reduction (its aggregates
@@ -867,21 +874,23 @@ async fn one_workers_group_state_within_the_bound_is_a_dense_reduction_run_by_as
     // count and sum: 24 bytes of state per group (with the rows per
     // group, as the operator holds them). 2^25 groups hold
     // 768 MiB per worker: two workers and the output were over the 1 GiB
-    // bound, which left them to the hash aggregation; now one worker runs
-    // it (two would hold 1.5 GiB). 2^24 groups: two workers. 2^27: over the
-    // bound whatever the workers, in bands of d0's positions (two workers,
-    // each holding a band's state).
+    // bound, which left them to the hash aggregation; one worker ran it
+    // (two would hold 1.5 GiB), and now two workers fold bands of d0's
+    // positions at once, each holding its band's state. 2^24 groups: two
+    // workers. 2^27: over the bound whatever the workers, in bands of d0's
+    // positions (two workers, each holding a band's state).
     let grouped = "SELECT d0, d1, d2, count(*) AS n, sum(v) AS s FROM t GROUP BY 1, 2, 3";
     let two = "SET datafusion.execution.target_partitions = 2";
     let cases = [
         (1u64 << 9, Some(2), None),
-        (1 << 10, Some(1), None),
+        (1 << 10, Some(2), None),
         (1 << 12, Some(2), None),
-        // Under a memory limit, as many as fit it beside the output
-        // (671 MB of keys and results, 400 MB of state per worker).
+        // Under a memory limit: one worker fitted it beside the output
+        // (671 MB of keys and results, 400 MB of state per worker); now
+        // two fold bands at once (456 MB in all).
         (
             1 << 9,
-            Some(1),
+            Some(2),
             Some("SET datafusion.runtime.memory_limit = '1400M'"),
         ),
     ];
@@ -898,7 +907,16 @@ async fn one_workers_group_state_within_the_bound_is_a_dense_reduction_run_by_as
             ),
             None => assert!(!plan.contains("DenseReductionExec"), "{d0}: {plan}"),
         }
-        assert_eq!(plan.contains(", bands="), d0 == 1 << 12, "{d0}: {plan}");
+        // Over the bound, in bands; within it, only in bands folded at
+        // once, each by its own worker (none merging its state into
+        // another's).
+        match d0 == 1 << 12 {
+            true => assert!(plan.contains(", bands="), "{d0}: {plan}"),
+            false => assert!(
+                !plan.contains(", bands=") || plan.contains(" at once"),
+                "{d0}: {plan}"
+            ),
+        }
         if d0 == 1 << 12 {
             // Over the bound with a first grouped dimension whose keys do
             // not run along its positions: in bands of the next one.

@@ -986,11 +986,15 @@ impl Reduction {
     }
 
     /// The bands to run in with `workers` workers under `limit`, and the
-    /// workers: none when the whole group state fits (within `bound` for
-    /// one worker, and one worker fits `limit`), or when no grouped
-    /// dimension's keys can be cut (see [`Bands`]). The first grouped
-    /// dimension (in table order) that can be cut is cut: the result stays
-    /// in the grid's order where that is the first grouped dimension.
+    /// workers: none when no grouped dimension's keys can be cut (see
+    /// [`Bands`]). The first grouped dimension (in table order) that can
+    /// be cut is cut: the result stays in the grid's order where that is
+    /// the first grouped dimension. When the whole group state fits
+    /// (within `bound` for one worker, and one worker fits `limit`), only
+    /// bands of the first grouped dimension folded at once, each by its
+    /// own worker (see [`Self::banding_along`]): each worker then holds a
+    /// band's state instead of every group's, and no worker's state is
+    /// merged into another's.
     fn banding(&self, workers: usize, limit: Option<usize>, bound: usize) -> Option<Bands> {
         let without_state = self.worker_buffers(MIN_RUN_ROWS);
         let groups = self.space.num_groups();
@@ -1001,7 +1005,9 @@ impl Reduction {
                     <= l
             });
         if fits_whole {
-            return None;
+            let first = *self.dims.first()?;
+            let lanes = self.banding_along(first, workers, limit, bound)?;
+            return (lanes.at_once > 1).then_some(lanes);
         }
         (self.dims.iter()).find_map(|&dim| self.banding_along(dim, workers, limit, bound))
     }
