@@ -135,7 +135,7 @@ pub(super) struct Reduction {
     bands: Option<Bands>,
     /// The result columns it gives, as indices into its keys then its
     /// aggregates, when a projection above it takes only some (see
-    /// [`DenseReductionExec::with_projection`]): a key column not taken is
+    /// [`DenseReductionExec::projected`]): a key column not taken is
     /// never built. `None`: all of them.
     columns: Option<Vec<usize>>,
 }
@@ -1093,8 +1093,9 @@ impl Reduction {
             // than wanted (or than the shared band).
             let k = keys_for(1, per_band);
             let shortest = keys.min(spanning(BAND_CHUNKS) as usize);
-            let rounds = count.div_ceil(k.max(1)).div_ceil(per_band);
-            (k >= shortest.max(1) && count.div_ceil(k.max(1)) >= per_band)
+            let bands = count.div_ceil(k.max(1));
+            let rounds = bands.div_ceil(per_band);
+            (k >= shortest.max(1) && bands >= per_band)
                 .then(|| (per_band, count.div_ceil(rounds.saturating_mul(per_band))))
         } else {
             // One worker a band: where they take no more rounds than one at
