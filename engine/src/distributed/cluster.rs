@@ -13,7 +13,7 @@ use super::channel::WorkerChannels;
 use super::codec::ZarrCodec;
 use super::reductions::rules_with_cluster_reductions;
 use super::stages::CheckedStages;
-use super::tasks::{deal_scan_blocks, scan_tasks};
+use super::tasks::{deal_scan_blocks, scan_tasks, whole_input_tasks};
 use crate::array::ArrayQueryPlanner;
 use crate::table::SmallSidePlanner;
 
@@ -88,6 +88,7 @@ pub fn distribute(mut builder: SessionStateBuilder, workers: Vec<Url>) -> Sessio
         .with_distributed_channel_resolver(WorkerChannels::default())
         .with_distributed_planner()
         .with_distributed_user_codec(ZarrCodec::default())
+        .with_distributed_desired_task_count_handler(whole_input_tasks)
         .with_distributed_desired_task_count_handler(scan_tasks)
         .with_distributed_scale_up_leaf_node_handler(deal_scan_blocks);
     // Every worker stage encoded once while planning.

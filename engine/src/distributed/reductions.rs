@@ -142,11 +142,17 @@ impl PhysicalOptimizerRule for GatherStates {
                     _ => return Ok(Transformed::no(node)),
                 }
             };
-            // States read after a previous round (a rechunk's copy).
-            let reading = match states.downcast_ref::<AfterExec>() {
-                Some(after) => after.then(),
-                None => states,
-            };
+            // States read after a previous round (a rechunk's copy), or
+            // through DataFusion's cooperative yielding (a small side of a
+            // join planned on its own first has it already).
+            let mut reading = states;
+            loop {
+                reading = match reading.downcast_ref::<AfterExec>() {
+                    Some(after) => after.then(),
+                    None if reading.is::<CooperativeExec>() => reading.children()[0],
+                    None => break,
+                };
+            }
             let gives_states = match reading.downcast_ref::<DenseMergeExec>() {
                 Some(below) => below.merged() == Merged::States,
                 None => reading

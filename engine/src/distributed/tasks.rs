@@ -7,12 +7,18 @@
 //! at most one per block or rechunk task), then tells it how
 //! many it got ([`deal_scan_blocks`]: the leaf deals its blocks to them in
 //! contiguous runs, see [`ZarrScanExec::with_tasks`] and
-//! [`DenseReductionExec::with_tasks`]).
+//! [`DenseReductionExec::with_tasks`]). A node that needs all of an
+//! input together where nothing gathers or shuffles it first keeps its
+//! stage to one task ([`whole_input_tasks`]).
 
 use std::sync::Arc;
 
 use datafusion::common::Result;
 use datafusion::config::ConfigOptions;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::{Distribution, ExecutionPlan, Partitioning};
 use datafusion_distributed::{
     DesiredTaskCountEvent, DesiredTaskCountEventResponse, ScaleUpLeafNodeEvent,
     ScaleUpLeafNodeEventResponse,
@@ -60,6 +66,46 @@ pub fn scan_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEv
     };
     let tasks = tasks_for(bytes, blocks, ev.session_config.options());
     Some(Ok(DesiredTaskCountEventResponse::desired(tasks)))
+}
+
+/// One task for a node that needs all of an input's rows together (one
+/// partition of them, or each hash partition whole: a `Single` aggregate,
+/// a sort, a limit, a merge of a reduction's results) where that input is
+/// not gathered or shuffled first (which the distributed planner makes a
+/// network boundary): with one target partition DataFusion puts no
+/// gathering there, and a stage split into tasks below a broadcast (a
+/// join's small side) would give each task's part of the answer.
+pub fn whole_input_tasks(
+    ev: DesiredTaskCountEvent,
+) -> Option<Result<DesiredTaskCountEventResponse>> {
+    let plan = ev.plan;
+    let required = plan.input_distribution_requirements().into_per_child();
+    let split = plan
+        .children()
+        .into_iter()
+        .zip(required)
+        .any(|(child, wanted)| {
+            match wanted {
+                Distribution::UnspecifiedDistribution => false,
+                Distribution::SinglePartition => !gathers(child),
+                // Partitioned by keys (or by hash, its older name).
+                _ => !shuffles(child),
+            }
+        });
+    split.then(|| Ok(DesiredTaskCountEventResponse::maximum(1)))
+}
+
+/// Whether `plan` gathers its input's partitions into one (a network
+/// gather across tasks on a cluster).
+fn gathers(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.is::<CoalescePartitionsExec>() || plan.is::<SortPreservingMergeExec>()
+}
+
+/// Whether `plan` shuffles its input by hash (a network shuffle across
+/// tasks on a cluster).
+fn shuffles(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.downcast_ref::<RepartitionExec>()
+        .is_some_and(|r| matches!(r.partitioning(), Partitioning::Hash(..)))
 }
 
 /// The tasks a leaf reading (or writing) `bytes` in `blocks` blocks wants

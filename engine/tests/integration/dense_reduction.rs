@@ -934,3 +934,36 @@ async fn one_workers_group_state_within_the_bound_is_a_dense_reduction_run_by_as
         }
     }
 }
+
+/// A filter that selects none of the positions of a dimension not grouped
+/// (the latitudes above 60 of a store reaching 50) leaves no row in any
+/// group: there are no groups, as DataFusion's hash aggregation gives (the
+/// reduction gave every time step's group, its mean NULL, and told the
+/// optimizer so: `count(*)` of them was 608). Found by the differential
+/// fuzzer (`differential.rs`).
+#[tokio::test]
+async fn a_filter_selecting_no_position_of_a_dimension_not_grouped_leaves_no_groups() {
+    let queries = [
+        "SELECT time, avg(t2m) AS m FROM t WHERE lat > 60 GROUP BY time",
+        "SELECT date_trunc('day', time) AS d, lon, max(u10) AS m FROM t WHERE lat > 60 GROUP BY 1, 2",
+        "SELECT lat, count(t2m) AS n FROM t WHERE time > '2030-01-01' GROUP BY lat",
+        "SELECT count(*) AS n FROM (SELECT time, avg(t2m) FROM t WHERE lat > 60 GROUP BY time)",
+        // Without GROUP BY, the one group stays (its count 0).
+        "SELECT count(t2m) AS n, count(*) AS r FROM t WHERE lat > 60",
+    ];
+    let (on, off) = (
+        context("climate.zarr", true, true).await,
+        context("climate.zarr", false, true).await,
+    );
+    for sql in queries {
+        let plan = explain_text(&on, sql).await;
+        assert!(plan.contains("DenseReductionExec"), "{sql}: {plan}");
+        let (got, want) = (run(&on, sql).await, run(&off, sql).await);
+        assert_rows(sql, &got, &want);
+    }
+    assert_eq!(
+        run(&on, queries[3]).await,
+        vec![vec![Value::from(0)]],
+        "no groups"
+    );
+}

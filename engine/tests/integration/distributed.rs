@@ -4597,3 +4597,63 @@ async fn a_reduction_by_functions_of_a_long_dimension_is_counted_by_its_keys_on_
     let err = wire.decode(&by_time).expect_err("415 G groups accepted");
     assert!(err.contains("groups") && err.contains("exceed"), "{err}");
 }
+
+/// With one target partition DataFusion gathers nothing below a node that
+/// needs all of its input, and a stage split into tasks there gave each
+/// task's part of the answer; found by the differential fuzzer
+/// (`differential.rs`), each query here failed through two workers: a
+/// climatology broadcast into the grid whose states were merged task by
+/// task (two rows for the same keys), a window total over whole partitions
+/// whose small side is DataFusion's `Single` aggregate over a scan dealt to
+/// two tasks (the same), and the means of groups without a value merged
+/// from the tasks' states (NaN where SQL has NULL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_target_partition_gives_one_machine_s_answers_through_two_workers() {
+    let workers = start_workers(2).await;
+    let cases: [(&str, &[&str]); 3] = [
+        (
+            "WITH clim AS (SELECT extract(month FROM time) AS k, lat, lon, avg(t2m) AS c FROM t \
+             GROUP BY 1, 2, 3) SELECT t.time, t.lat, avg(t.t2m - clim.c) AS m FROM t JOIN clim \
+             ON extract(month FROM t.time) = clim.k AND t.lat = clim.lat AND t.lon = clim.lon \
+             GROUP BY 1, 2",
+            &["SET zarrfusion.target_partition_bytes = 1024"],
+        ),
+        (
+            "SELECT time, lat, avg(a) AS m FROM (SELECT time, lat, lon, t2m - avg(t2m) OVER \
+             (PARTITION BY extract(month FROM time), lat, lon) AS a FROM t) GROUP BY 1, 2",
+            &["SET zarrfusion.dense_state_bytes = 64"],
+        ),
+        (
+            "SELECT date_bin(INTERVAL '12 hours', time) AS k, lat, lon, avg(t2m - 273.15) AS m, \
+             count(t2m) AS n FROM t WHERE time >= '2019-12-15' GROUP BY 1, 2, 3",
+            &[],
+        ),
+    ];
+    let local = new_context();
+    local
+        .sql("SET zarrfusion.dense_reduction = false")
+        .await
+        .unwrap();
+    local
+        .register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    for (sql, settings) in cases {
+        let ctx = cluster_session(&workers).await;
+        ctx.sql("SET datafusion.execution.target_partitions = 1")
+            .await
+            .unwrap();
+        for setting in settings {
+            ctx.sql(setting).await.unwrap();
+        }
+        ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+            .await
+            .unwrap();
+        let mut got = query_rows(&ctx, "through two workers", sql).await;
+        let mut want = query_rows(&local, "one machine, no rule", sql).await;
+        let keys = got.first().map_or(0, Vec::len);
+        sort_rows(&mut got, keys);
+        sort_rows(&mut want, keys);
+        assert_rows(sql, &got, &want);
+    }
+}

@@ -72,7 +72,7 @@ fn seed() -> RngSeed {
     }
 }
 
-fn config() -> Config {
+pub(crate) fn config() -> Config {
     Config {
         cases: cases(),
         rng_seed: seed(),
@@ -85,7 +85,7 @@ fn config() -> Config {
 const HANG: Duration = Duration::from_secs(20);
 
 /// The runtime every case runs on (two workers, like CI's two cores).
-fn runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
@@ -115,7 +115,7 @@ enum Outcome {
 
 /// An error is clear when it says something and is not a panic or an
 /// engine invariant broken: those are the bugs fuzzing looks for.
-fn check_error(context: &str, message: &str) -> Result<(), TestCaseError> {
+pub(crate) fn check_error(context: &str, message: &str) -> Result<(), TestCaseError> {
     prop_assert!(!message.trim().is_empty(), "{context}: an empty error");
     for bug in ["panicked", "Internal error", "internal error"] {
         prop_assert!(
@@ -127,7 +127,7 @@ fn check_error(context: &str, message: &str) -> Result<(), TestCaseError> {
 }
 
 /// Runs `work` on the runtime, failing the case on a hang.
-fn run<F, T>(context: &str, work: F) -> Result<T, TestCaseError>
+pub(crate) fn run<F, T>(context: &str, work: F) -> Result<T, TestCaseError>
 where
     F: std::future::Future<Output = T>,
 {
@@ -169,7 +169,7 @@ async fn statement(ctx: &SessionContext, text: &str) -> Outcome {
 /// Writes `case` to `$ZARRFUSION_FUZZ_LAST_DIR/<target>.case` (when set)
 /// before it runs: an abort (a failed allocation) kills the process before
 /// proptest can save the case, and this file then holds it.
-fn record(target: &str, case: &impl std::fmt::Debug) {
+pub(crate) fn record(target: &str, case: &impl std::fmt::Debug) {
     if let Some(dir) = std::env::var_os("ZARRFUSION_FUZZ_LAST_DIR") {
         let _ = std::fs::write(
             Path::new(&dir).join(format!("{target}.case")),

@@ -22,6 +22,7 @@ mod broadcast_join;
 mod chunk_files;
 mod copy_to_zarr;
 mod dense_reduction;
+mod differential;
 mod distributed;
 mod explain;
 mod fft;

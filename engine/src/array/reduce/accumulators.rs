@@ -806,12 +806,19 @@ impl Fold for MeanFold {
         )))
     }
 
-    /// DataFusion's `avg` state: the values' count and sum.
+    /// DataFusion's `avg` state: the values' count and sum, both NULL for a
+    /// group without a value (as DataFusion's own partial `avg` gives them:
+    /// its merge counts a group with a non-NULL state as one with values,
+    /// whose mean would be 0 / 0).
     fn state(&self, rows: &[u64]) -> Result<Vec<ArrayRef>> {
         let counts = (0..self.sum.sums.len()).map(|g| folded(rows, &self.sum.skipped, g));
+        let nulls = nulls_where_empty(rows, &self.sum.skipped);
         Ok(vec![
-            Arc::new(PrimitiveArray::<UInt64Type>::from_iter_values(counts)),
-            Arc::new(Float64Array::from(self.sum.sums.clone())),
+            Arc::new(PrimitiveArray::<UInt64Type>::new(
+                counts.collect::<Vec<u64>>().into(),
+                nulls.clone(),
+            )),
+            Arc::new(Float64Array::new(self.sum.sums.clone().into(), nulls)),
         ])
     }
 }

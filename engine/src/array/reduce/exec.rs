@@ -1584,9 +1584,13 @@ impl Reduction {
         Ok(Some(dims))
     }
 
-    /// Whether a row filter decides which groups exist.
+    /// Whether some groups may have no row, and so do not exist: a row
+    /// filter decides which do, or the selection holds no cell (a filter
+    /// on a dimension not grouped selected none of its positions, while
+    /// the grouped ones still have keys).
     pub(super) fn filters_groups(&self) -> bool {
-        self.predicate.is_some() && !self.keys.is_empty()
+        let empty = self.read.selection.num_cells() == 0;
+        (self.predicate.is_some() || empty) && !self.keys.is_empty()
     }
 
     /// The order of its result rows (see [`output_ordering`]): none in
@@ -1639,9 +1643,9 @@ impl Reduction {
         // A projection may take no column at all (`count(*)` of the groups).
         let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
         let batch = RecordBatch::try_new_with_options(Arc::clone(schema), columns, &options)?;
-        // With a predicate, groups where no row passed do not exist (with
-        // no GROUP BY, the one group always does).
-        if self.predicate.is_some() && !self.keys.is_empty() {
+        // Groups where no row passed do not exist (with no GROUP BY, the
+        // one group always does).
+        if self.filters_groups() {
             let present: BooleanArray = rows.iter().map(|&n| Some(n > 0)).collect();
             return Ok(filter_record_batch(&batch, &present)?);
         }
@@ -2089,6 +2093,6 @@ impl ExecutionPlan for DenseReductionExec {
 
     metered_plan_methods!(|exec| {
         let r = &exec.reduction;
-        (r.predicate.is_none() && exec.emit == Emit::Results).then(|| r.space.num_groups() as u64)
+        (!r.filters_groups() && exec.emit == Emit::Results).then(|| r.space.num_groups() as u64)
     });
 }
