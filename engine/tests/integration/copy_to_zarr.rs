@@ -970,3 +970,45 @@ async fn a_copy_counts_its_coordinates_at_their_length() {
     assert!(!out.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A COPY whose dimension filters select no cell writes the empty result
+/// as any empty result is written (a store of zero-length dimensions with
+/// its variables), whether it is a selection with computed variables or
+/// rolling windows, which are otherwise written chunk by chunk (they were
+/// refused: "the filters select no cell"; found by the differential
+/// fuzzer, `differential.rs`).
+#[tokio::test]
+async fn a_copy_selecting_no_cell_writes_an_empty_store() {
+    let dir = scratch("empty");
+    let ctx = context().await;
+    let queries = [
+        "SELECT time, lat, lon, t2m - 273.15 AS x FROM era5 WHERE lat > 1000",
+        "SELECT time, lat, lon, avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time ROWS \
+         BETWEEN 3 PRECEDING AND CURRENT ROW) AS r FROM era5 WHERE time < '1900-01-01'",
+    ];
+    for (i, sql) in queries.iter().enumerate() {
+        let target = dir.join(format!("empty{i}.zarr"));
+        let target = target.to_string_lossy();
+        copy(
+            &ctx,
+            &format!("COPY ({sql}) TO '{target}' STORED AS ZARR OPTIONS ('dims' 'time,lat,lon')"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let back = text(
+            &ctx,
+            &format!("SELECT count(*) AS n FROM read_zarr('{target}')"),
+        )
+        .await;
+        assert!(back.contains("| 0 "), "{sql}: {back}");
+        let df = ctx
+            .sql(&format!("SELECT * FROM read_zarr('{target}')"))
+            .await
+            .unwrap();
+        let columns: Vec<String> = (df.schema().fields().iter())
+            .map(|f| f.name().clone())
+            .collect();
+        let variable = if i == 0 { "x" } else { "r" };
+        assert_eq!(columns, ["time", "lat", "lon", variable], "{sql}");
+    }
+}

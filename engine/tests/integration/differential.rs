@@ -183,21 +183,7 @@ impl Query {
                 filters,
                 above,
             } => {
-                let mut key_exprs: Vec<&str> = Vec::new();
-                for (d, menu) in [TIME_KEYS, LAT_KEYS, LON_KEYS].iter().enumerate() {
-                    if let Some(k) = keys[d] {
-                        key_exprs.push(menu[k % menu.len()]);
-                    }
-                }
-                if let Some(k) = second_time_key {
-                    let extra = TIME_KEYS[k % TIME_KEYS.len()];
-                    if !key_exprs.contains(&extra) {
-                        key_exprs.push(extra);
-                    }
-                }
-                if key_exprs.is_empty() {
-                    key_exprs.push("lat");
-                }
+                let key_exprs = key_exprs(keys, *second_time_key);
                 let mut aggs: Vec<&str> = Vec::new();
                 for &a in aggregates {
                     let agg = AGGREGATES[a % AGGREGATES.len()];
@@ -328,6 +314,27 @@ impl Query {
             }
         }
     }
+}
+
+/// A reduction's keys: per dimension (time, lat, lon) the one drawn, a
+/// second of time, or the latitude when none is.
+fn key_exprs(keys: &[Option<usize>; 3], second_time_key: Option<usize>) -> Vec<&'static str> {
+    let mut exprs: Vec<&'static str> = Vec::new();
+    for (d, menu) in [TIME_KEYS, LAT_KEYS, LON_KEYS].iter().enumerate() {
+        if let Some(k) = keys[d] {
+            exprs.push(menu[k % menu.len()]);
+        }
+    }
+    if let Some(k) = second_time_key {
+        let extra = TIME_KEYS[k % TIME_KEYS.len()];
+        if !exprs.contains(&extra) {
+            exprs.push(extra);
+        }
+    }
+    if exprs.is_empty() {
+        exprs.push("lat");
+    }
+    exprs
 }
 
 fn where_clause(filters: &[usize]) -> String {
@@ -569,12 +576,14 @@ fn workers() -> Vec<Url> {
 type Answer = (Vec<String>, Vec<Vec<Value>>);
 
 /// Runs `settings` then `query` over the fixture `store` registered as
-/// `t` in `ctx`.
+/// `t` in `ctx`; with `copy` (a directory and the COPY's options), copies
+/// its result there and reads the store back (in a plain session).
 async fn answer(
     ctx: SessionContext,
     store: &str,
     settings: &[String],
     query: &str,
+    copy: Option<(&std::path::Path, &str)>,
 ) -> Result<Answer, String> {
     for setting in settings {
         sql(&ctx, setting)
@@ -584,7 +593,20 @@ async fn answer(
     ctx.register_zarr("t", &fixture(store), HashMap::new())
         .await
         .map_err(|e| e.to_string())?;
-    let df = sql(&ctx, query).await.map_err(|e| e.to_string())?;
+    let (ctx, query) = match copy {
+        None => (ctx, query.to_string()),
+        Some((dir, options)) => {
+            let target = dir.to_string_lossy();
+            let copy = format!("COPY ({query}) TO '{target}' STORED AS ZARR OPTIONS ({options})");
+            let df = sql(&ctx, &copy).await.map_err(|e| e.to_string())?;
+            df.collect().await.map_err(|e| e.to_string())?;
+            (
+                new_context(),
+                format!("SELECT * FROM read_zarr('{target}')"),
+            )
+        }
+    };
+    let df = sql(&ctx, &query).await.map_err(|e| e.to_string())?;
     let columns = (df.schema().fields().iter())
         .map(|f| format!("{}: {}", f.name(), f.data_type()))
         .collect();
@@ -707,17 +729,263 @@ proptest! {
                     let per_task = "SET zarrfusion.bytes_per_task = 1".to_string();
                     let settings: Vec<String> = settings.iter().cloned().chain([per_task]).collect();
                     return (
-                        answer(ctx, store, &settings, &query).await,
-                        answer(new_context(), store, &off, &query).await,
+                        answer(ctx, store, &settings, &query, None).await,
+                        answer(new_context(), store, &off, &query, None).await,
                     );
                 }
                 None => new_context(),
             };
             (
-                answer(ctx, store, &settings, &query).await,
-                answer(new_context(), store, &off, &query).await,
+                answer(ctx, store, &settings, &query, None).await,
+                answer(new_context(), store, &off, &query, None).await,
             )
         })?;
         compare(&context, ordered, ours, oracle, case.shape.allowed_mem.is_some())?;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// COPY ... STORED AS ZARR
+// ---------------------------------------------------------------------------
+
+/// What a COPY writes.
+#[derive(Debug, Clone)]
+enum Written {
+    /// A reduction's every row (its keys the store's dimensions): streamed
+    /// a slab at a time, or collected, in bands or not.
+    Reduction {
+        keys: [Option<usize>; 3],
+        second_time_key: Option<usize>,
+        aggregates: Vec<usize>,
+        filters: Vec<usize>,
+    },
+    /// A selection with computed variables: chunk by chunk.
+    Selection { filters: Vec<usize>, exprs: u8 },
+    /// A rolling window's rows: the rolling copy.
+    Rolling {
+        aggregate: usize,
+        frame: usize,
+        filters: Vec<usize>,
+    },
+    /// Each value less a climatology: the anomaly's copy.
+    Anomaly { key: usize, filters: Vec<usize> },
+}
+
+/// Filters on the dimensions only (a copy of a selection keeps its grid).
+const DIMENSION_FILTERS: &[usize] = &[0, 1, 2, 3, 4];
+
+impl Written {
+    /// The query and its dimension columns.
+    fn sql(&self) -> (String, Vec<String>) {
+        let grid = || ["time", "lat", "lon"].map(String::from).to_vec();
+        match self {
+            Written::Reduction {
+                keys,
+                second_time_key,
+                aggregates,
+                filters,
+            } => {
+                let query = Query::Reduction {
+                    keys: *keys,
+                    second_time_key: *second_time_key,
+                    aggregates: aggregates.clone(),
+                    filters: filters.clone(),
+                    above: Above::All,
+                };
+                let n = key_exprs(keys, *second_time_key).len();
+                (query.sql().0, (0..n).map(|i| format!("k{i}")).collect())
+            }
+            Written::Selection { filters, exprs } => {
+                let computed = [
+                    "t2m - 273.15 AS x",
+                    "u10 * 2 AS y, t2m",
+                    "t2m + u10 AS z, u10",
+                    "CAST(t2m AS DOUBLE) AS w",
+                ];
+                let sql = format!(
+                    "SELECT time, lat, lon, {} FROM t{}",
+                    computed[*exprs as usize % computed.len()],
+                    where_clause(filters)
+                );
+                (sql, grid())
+            }
+            Written::Rolling {
+                aggregate,
+                frame,
+                filters,
+            } => {
+                let sql = format!(
+                    "SELECT time, lat, lon, {} OVER (PARTITION BY lat, lon ORDER BY time {}) AS r \
+                     FROM t{}",
+                    WINDOW_AGGREGATES[aggregate % WINDOW_AGGREGATES.len()],
+                    FRAMES[frame % FRAMES.len()],
+                    where_clause(filters)
+                );
+                (sql, grid())
+            }
+            Written::Anomaly { key, filters } => {
+                let key = ANOMALY_KEYS[key % ANOMALY_KEYS.len()];
+                let qualified = key.replace("time", "t.time");
+                let sql = format!(
+                    "WITH clim AS (SELECT {key} AS k, lat, lon, avg(t2m) AS c FROM t GROUP BY 1, \
+                     2, 3) SELECT t.time, t.lat, t.lon, t.t2m - clim.c AS a FROM t JOIN clim ON \
+                     {qualified} = clim.k AND t.lat = clim.lat AND t.lon = clim.lon{}",
+                    and_clause(filters, "t.")
+                );
+                (sql, grid())
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct CopyCase {
+    store: usize,
+    written: Written,
+    /// Per dimension column, a chunk length when given.
+    chunks: Vec<Option<u8>>,
+    shape: Shape,
+}
+
+impl CopyCase {
+    /// The query (over this case's store) and the COPY's options.
+    fn sql(&self) -> (String, String) {
+        let (sql, dims) = self.written.sql();
+        let sql = match self.store {
+            0 => sql,
+            _ => sql.replace("t2m", "tas").replace("u10", "tas"),
+        };
+        let chunks: Vec<String> = (dims.iter().zip(&self.chunks))
+            .filter_map(|(d, c)| c.map(|c| format!("{d}={}", 1 + c % 60)))
+            .collect();
+        let mut options = format!("'dims' '{}'", dims.join(","));
+        if !chunks.is_empty() {
+            options.push_str(&format!(", 'chunks' '{}'", chunks.join(",")));
+        }
+        (sql, options)
+    }
+}
+
+fn dimension_filters() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(prop::sample::select(DIMENSION_FILTERS.to_vec()), 0..3)
+}
+
+fn written() -> impl Strategy<Value = Written> {
+    let key = |n: usize| prop::option::weighted(0.7, 0..n);
+    let reduction = (
+        (
+            key(TIME_KEYS.len()),
+            key(LAT_KEYS.len()),
+            key(LON_KEYS.len()),
+        ),
+        prop::option::weighted(0.15, 0..TIME_KEYS.len()),
+        prop::collection::vec(0..AGGREGATES.len(), 1..4),
+        filters(),
+    )
+        .prop_map(|((time, lat, lon), second_time_key, aggregates, filters)| {
+            Written::Reduction {
+                keys: [time, lat, lon],
+                second_time_key,
+                aggregates,
+                filters,
+            }
+        });
+    let selection = (dimension_filters(), any::<u8>())
+        .prop_map(|(filters, exprs)| Written::Selection { filters, exprs });
+    let rolling = (
+        0..WINDOW_AGGREGATES.len(),
+        0..FRAMES.len(),
+        dimension_filters(),
+    )
+        .prop_map(|(aggregate, frame, filters)| Written::Rolling {
+            aggregate,
+            frame,
+            filters,
+        });
+    let anomaly = (0..ANOMALY_KEYS.len(), dimension_filters())
+        .prop_map(|(key, filters)| Written::Anomaly { key, filters });
+    prop_oneof![4 => reduction, 2 => selection, 2 => rolling, 1 => anomaly]
+}
+
+fn copy_case() -> impl Strategy<Value = CopyCase> {
+    let store = prop_oneof![4 => Just(0), 1 => 1..STORES.len()];
+    let chunks = prop::collection::vec(prop::option::weighted(0.4, any::<u8>()), 4);
+    (store, written(), chunks, shape()).prop_map(|(store, written, chunks, shape)| CopyCase {
+        store,
+        written,
+        chunks,
+        shape,
+    })
+}
+
+/// A scratch directory for one COPY, erased when dropped.
+struct CopyDir(std::path::PathBuf);
+
+impl CopyDir {
+    fn new(name: &str) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "zf-differential-{}-{n}-{name}.zarr",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+}
+
+impl Drop for CopyDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+proptest! {
+    #![proptest_config(differential_config())]
+
+    /// A COPY of a climate query to Zarr with every array rule on (the
+    /// streamed reduction, the chunk-by-chunk selection, rolling and
+    /// anomaly copies) writes a store that reads back as the store the
+    /// same COPY writes with every rule off (DataFusion's rows, collected
+    /// by the sink), whatever the chunks, blocks, partitions, batches,
+    /// bands, memory limit and cluster.
+    #[test]
+    fn copies_write_the_store_datafusion_s_rows_make(case in copy_case()) {
+        record("differential_copy", &case);
+        let (query, options) = case.sql();
+        let store = STORES[case.store];
+        let settings = case.shape.settings();
+        let context = format!(
+            "COPY ({query}) OPTIONS ({options}) over {store} with {settings:?} (cluster: {})",
+            case.shape.cluster
+        );
+        let off = RULES_OFF.map(String::from);
+        let (ours_dir, theirs_dir) = (CopyDir::new("on"), CopyDir::new("off"));
+        let cluster = case.shape.cluster.then(workers);
+        let (ours, oracle) = run(&context, async {
+            let (ctx, settings) = match cluster {
+                Some(urls) => {
+                    let ctx = distributed_context(
+                        session_config(),
+                        Arc::new(RuntimeEnv::default()),
+                        urls,
+                    );
+                    let per_task = "SET zarrfusion.bytes_per_task = 1".to_string();
+                    (ctx, settings.iter().cloned().chain([per_task]).collect::<Vec<_>>())
+                }
+                None => (new_context(), settings.clone()),
+            };
+            let ours = answer(ctx, store, &settings, &query, Some((&ours_dir.0, &options))).await;
+            let theirs_copy = Some((theirs_dir.0.as_path(), options.as_str()));
+            let theirs = answer(new_context(), store, &off, &query, theirs_copy).await;
+            (ours, theirs)
+        })?;
+        let limited = case.shape.allowed_mem.is_some();
+        if ours.is_err() {
+            // A failed COPY leaves nothing at its target.
+            prop_assert!(!ours_dir.0.exists(), "{}: a failed COPY left {:?}", context, ours_dir.0);
+        }
+        compare(&context, false, ours, oracle, limited)?;
     }
 }

@@ -9,12 +9,15 @@ use datafusion::common::tree_node::Transformed;
 use datafusion::common::Result;
 use datafusion::logical_expr::{Extension, LogicalPlan, UserDefinedLogicalNode};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+use datafusion::physical_expr::execution_props::ExecutionProps;
 
 use super::rolling::rolling_copy;
 use super::selection::selection_copy;
 use super::whole::{whole_table_copy, CopyScan};
 use crate::array::fft::copy::fft_copy;
+use crate::array::scan_path::TableRead;
 use crate::config::ZarrConfig;
+use crate::table::select_planning;
 use crate::write::options::ZarrWriteOptions;
 use crate::zarr::StoreLocation;
 
@@ -63,6 +66,9 @@ impl OptimizerRule for CopyToArraysRule {
             return Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })));
         }
         if let Some(node) = rolling_copy(copy)? {
+            if selects_no_cell(&node.window.read) {
+                return Ok(Transformed::no(plan));
+            }
             let node: Arc<dyn UserDefinedLogicalNode> = Arc::new(node);
             return Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })));
         }
@@ -72,10 +78,22 @@ impl OptimizerRule for CopyToArraysRule {
         let node: Arc<dyn UserDefinedLogicalNode> = if let Some(node) = whole_table_copy(&scan)? {
             Arc::new(node)
         } else if let Some(node) = selection_copy(&scan)? {
+            if selects_no_cell(&node.read) {
+                return Ok(Transformed::no(plan));
+            }
             Arc::new(node)
         } else {
             return Ok(Transformed::no(plan));
         };
         Ok(Transformed::yes(LogicalPlan::Extension(Extension { node })))
     }
+}
+
+/// Whether `read`'s filters select no cell of its table: its COPY then
+/// writes the empty result through DataFusion's sink (a store of
+/// zero-length dimensions, as for any empty result), not chunk by chunk.
+/// Filters that cannot be evaluated here are taken to select some.
+fn selects_no_cell(read: &TableRead) -> bool {
+    let props = ExecutionProps::new();
+    select_planning(&read.filters, &read.table, &props).is_ok_and(|s| s.num_cells() == 0)
 }
