@@ -388,7 +388,9 @@ fn refuse_if_too_large(
                 human_readable_size(held as usize)
             ),
         };
-        return plan_err!(
+        // A refusal for memory, as every operator's (`ResourcesExhausted`:
+        // Python's `ZarrMemoryError`).
+        return Err(DataFusionError::ResourcesExhausted(format!(
             "ZarrSink: COPY TO Zarr ('{}') holds the whole result in memory before writing it: \
              about {rows} rows need {} as batches plus {} as the grid{beside} ({} in all), but \
              allowed_mem is {}. Write a smaller selection (WHERE on dimensions), copy the \
@@ -398,7 +400,7 @@ fn refuse_if_too_large(
             human_readable_size(grid as usize),
             human_readable_size(needed as usize),
             human_readable_size(limit)
-        );
+        )));
     }
     Ok(())
 }

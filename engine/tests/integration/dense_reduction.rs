@@ -582,7 +582,7 @@ async fn climatologies_over_the_bound_run_in_bands_of_a_later_dimension_with_xar
                 let e = e.to_string();
                 assert!(!fits, "{limit}: {e}");
                 assert!(
-                    e.contains("Error during planning")
+                    e.contains("Resources exhausted")
                         && e.contains("the query holds")
                         && e.contains("allowed_mem is 72.0 KB"),
                     "{e}"

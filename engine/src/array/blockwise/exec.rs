@@ -97,11 +97,16 @@ impl BlockwiseTasks {
     fn group_variables(&self, shape: &[u64]) -> Result<Vec<GroupVariable>> {
         (self.variables.iter())
             .map(|(name, data_type)| {
+                // Float expressions of a selection, a window's aggregates
+                // (`count` gives Int64).
                 let data_type = match data_type.as_str() {
                     "Float32" => DataType::Float32,
                     "Float64" => DataType::Float64,
+                    "Int64" => DataType::Int64,
                     other => {
-                        return plan_err!("a blockwise step writes '{name}' as {other}, not floats")
+                        return plan_err!(
+                            "a blockwise step writes '{name}' as {other}, not floats or Int64"
+                        )
                     }
                 };
                 Ok(GroupVariable {
