@@ -87,12 +87,28 @@ pub fn whole_input_tasks(
         .any(|(child, wanted)| {
             match wanted {
                 Distribution::UnspecifiedDistribution => false,
-                Distribution::SinglePartition => !gathers(child),
+                Distribution::SinglePartition => !below_one(child, gathers),
                 // Partitioned by keys (or by hash, its older name).
-                _ => !shuffles(child),
+                _ => !below_one(child, shuffles),
             }
         });
     split.then(|| Ok(DesiredTaskCountEventResponse::maximum(1)))
+}
+
+/// Whether `plan`, or a node under it through nodes of one input each (a
+/// sort within partitions, a projection, a filter), is one that `is`: a
+/// window over a sort of a shuffle reads its input through the sort.
+fn below_one(plan: &Arc<dyn ExecutionPlan>, is: fn(&Arc<dyn ExecutionPlan>) -> bool) -> bool {
+    let mut node = plan;
+    loop {
+        if is(node) {
+            return true;
+        }
+        match node.children().as_slice() {
+            [only] => node = only,
+            _ => return false,
+        }
+    }
 }
 
 /// Whether `plan` gathers its input's partitions into one (a network

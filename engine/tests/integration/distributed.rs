@@ -4665,3 +4665,48 @@ async fn one_target_partition_gives_one_machine_s_answers_through_two_workers() 
         assert_rows(sql, &got, &want);
     }
 }
+
+/// A DataFusion window over a sort within partitions of a shuffle (the
+/// rolling rule off) reads its whole input through the sort: its stage
+/// keeps its tasks (`whole_input_tasks` looks below the nodes of one
+/// input for the shuffle) and gives one machine's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_over_a_sorted_shuffle_keeps_its_tasks() {
+    let workers = start_workers(2).await;
+    let ctx = cluster_session(&workers).await;
+    for setting in [
+        "SET datafusion.execution.target_partitions = 2",
+        "SET zarrfusion.rolling_window = false",
+        "SET zarrfusion.dense_reduction = false",
+        "SET zarrfusion.bytes_per_task = 1",
+        "SET zarrfusion.target_partition_bytes = 1024",
+    ] {
+        ctx.sql(setting).await.unwrap();
+    }
+    ctx.register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let sql = "SELECT lat, avg(m) AS m FROM (SELECT lat, avg(t2m) OVER (PARTITION BY lat, lon \
+               ORDER BY time ROWS BETWEEN 3 PRECEDING AND CURRENT ROW) AS m FROM t) GROUP BY lat";
+    let plan = physical_plan(&ctx, sql).await;
+    let shown = datafusion_distributed::display_plan_ascii(plan.as_ref(), false);
+    let stage = (shown.split("┌───── Stage"))
+        .find(|stage| stage.contains("BoundedWindowAggExec"))
+        .unwrap_or_else(|| panic!("no window in a stage: {shown}"));
+    assert!(
+        stage.contains("tasks=2")
+            && stage.contains("SortExec")
+            && stage.contains("NetworkShuffleExec"),
+        "{shown}"
+    );
+    let local = new_context();
+    local
+        .register_zarr("t", &fixture("climate.zarr"), HashMap::new())
+        .await
+        .unwrap();
+    let mut got = query_rows(&ctx, "through two workers", sql).await;
+    let mut want = query_rows(&local, "one machine", sql).await;
+    sort_rows(&mut got, 1);
+    sort_rows(&mut want, 1);
+    assert_rows(sql, &got, &want);
+}
