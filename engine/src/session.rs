@@ -29,7 +29,7 @@ use datafusion::common::{exec_err, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::planner::RelationPlanner;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::{LogicalPlan, SetVariable, Statement};
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 use datafusion_distributed::display_plan_ascii;
 use url::Url;
@@ -44,6 +44,7 @@ use crate::array::{
 };
 use crate::config::{apply_runtime_settings, ZarrConfig, MAX_BATCH_ROWS, MAX_TARGET_PARTITIONS};
 use crate::distributed::{distribute, keep_partial_aggregates, ClusterWorkers};
+use crate::memory::unspilled_repartitions;
 use crate::progress::ScanProgress;
 use crate::table::{open_dataset, ReadZarrPlanner, ZarrTable, ZarrTableFactory, ZarrTableOptions};
 use crate::window_frames::{physical_rules, CheckWindowFrames};
@@ -94,6 +95,7 @@ fn build_context(
     runtime: Arc<RuntimeEnv>,
     workers: Option<Vec<Url>>,
 ) -> SessionContext {
+    let runtime = unspilled_repartitions(runtime);
     let config = if config.get_extension::<ScanProgress>().is_none() {
         config.with_extension(Arc::new(ScanProgress::default()))
     } else {
@@ -194,8 +196,24 @@ pub async fn execute_plan(ctx: &SessionContext, plan: LogicalPlan) -> Result<Dat
     if let Some(explained) = explain_distributed(ctx, &plan).await? {
         return Ok(explained);
     }
-    ctx.execute_logical_plan(apply_runtime_settings(ctx, plan)?)
-        .await
+    let plan = apply_runtime_settings(ctx, plan)?;
+    let sets_limit = matches!(
+        &plan,
+        LogicalPlan::Statement(Statement::SetVariable(SetVariable { variable, .. }))
+            if variable.eq_ignore_ascii_case("datafusion.runtime.memory_limit")
+    );
+    let done = ctx.execute_logical_plan(plan).await?;
+    if sets_limit {
+        // DataFusion made a new pool for the limit: wrapped as every
+        // session's is (`memory::UnspilledRepartitions`).
+        let shared = ctx.state_ref();
+        let mut state = shared.write();
+        let runtime = unspilled_repartitions(Arc::clone(state.runtime_env()));
+        *state = SessionStateBuilder::from(state.clone())
+            .with_runtime_env(runtime)
+            .build();
+    }
+    Ok(done)
 }
 
 /// `EXPLAIN` (not `ANALYZE`) in a session with workers: the logical plan

@@ -17,6 +17,7 @@ use super::channel::WorkerChannels;
 use super::cluster::keep_partial_aggregates;
 use super::codec::ZarrCodec;
 use crate::config::ZarrConfig;
+use crate::memory::unspilled_repartitions;
 
 /// The session a worker runs one query's tasks in: DataFusion's defaults
 /// with datafusion-distributed's settings as the query sent them (the
@@ -64,7 +65,8 @@ pub async fn serve_worker(
         let channels = channels.clone();
         async move { Ok(worker_session(ctx, &config, &channels)) }
     })
-    .with_runtime_env(runtime);
+    // Every worker's pool as every session's (`memory::UnspilledRepartitions`).
+    .with_runtime_env(unspilled_repartitions(runtime));
     Server::builder()
         .add_service(worker.into_worker_server())
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)

@@ -249,7 +249,9 @@ impl ZarrScanExec {
         let row_bytes = RUNS_IN_FLIGHT * self.dimension_row_bytes();
         if row_bytes > 0 && self.per_partition_memory() > share {
             let room = share.saturating_sub(self.block_memory()) / row_bytes;
-            self.batch_size = room.clamp(MIN_BATCH_ROWS, self.batch_size);
+            // Never above the session's batch size (which may be under
+            // `MIN_BATCH_ROWS`).
+            self.batch_size = room.max(MIN_BATCH_ROWS).min(self.batch_size);
         }
         self
     }

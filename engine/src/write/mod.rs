@@ -22,6 +22,7 @@
 //! | [`store`] | Zarr v2/v3 metadata and chunks, atomic rename |
 //! | [`stamp`] | the owner stamp on temporary targets and scratch stores, and the sweep of a killed process's |
 //! | [`scratch`] | scratch stores in `work_dir` (local or object store) that the array operators write their intermediate arrays to, erased when dropped |
+//! | [`unflushed`] | the local scratch store's files, written without the filesystem store's flush to disk |
 //! | [`target`] | where an array COPY writes (location, options, output) and its atomic write of a new store's group |
 //! | [`sink`] | the DataFusion sink: memory budget, cancellation |
 //! | [`rows`] | rows one per cell of a grid known in advance (a dense reduction's), written by the sink as they come |
@@ -36,6 +37,7 @@ pub mod sink;
 pub mod stamp;
 pub mod store;
 pub mod target;
+pub mod unflushed;
 pub(crate) mod write_job;
 
 pub use format::ZarrFormatFactory;

@@ -18,7 +18,8 @@ use zarrs::storage::{
 use crate::write::stamp::{
     owner_record, sweep, sweep_remote, unique_suffix, Leftover, SCRATCH_MARKER,
 };
-use crate::zarr::{open_writable_remote, open_writable_storage, RemoteStorage, StoreLocation};
+use crate::write::unflushed::unflushed_storage;
+use crate::zarr::{open_writable_remote, RemoteStorage, StoreLocation};
 
 /// The work directory when `work_dir` is not set: the system's temporary
 /// directory.
@@ -101,11 +102,9 @@ impl ScratchStore {
                     })?;
                 (Arc::clone(&remote) as _, Some(remote))
             }
-            StoreLocation::Local(_) => (
-                open_writable_storage(&display, &location, &HashMap::new(), runtime)
-                    .map_err(failed)?,
-                None,
-            ),
+            StoreLocation::Local(path) => {
+                (unflushed_storage(&display, path).map_err(failed)?, None)
+            }
         };
         Ok(Self {
             storage,
@@ -131,10 +130,7 @@ impl ScratchStore {
                 let remote = open_writable_remote(location, url, &HashMap::new(), runtime)?;
                 (Arc::clone(&remote) as _, Some(remote))
             }
-            StoreLocation::Local(_) => (
-                open_writable_storage(location, &parsed, &HashMap::new(), runtime)?,
-                None,
-            ),
+            StoreLocation::Local(path) => (unflushed_storage(location, path)?, None),
         };
         Ok(Self {
             storage,

@@ -10,8 +10,10 @@
 //! more, one to four partitions, batches of 7 rows or more, the group
 //! state bound cut so far that reductions run in bands (one or several at
 //! once), a memory limit (a refusal, "Resources exhausted", is then an
-//! answer too), and now and then through two workers of a cluster. The
-//! oracle is the same query in a plain session: no limit, no rule.
+//! answer too), now and then through two workers of a cluster, and now
+//! and then over the table rechunked (`rechunk('t', ...)` in random chunk
+//! lengths, larger than the grid too). The oracle is the same query over
+//! the table as stored in a plain session: no limit, no rule.
 //!
 //! Rows are compared as sets (sorted), or in order where the query orders
 //! them totally; numbers within a relative 1e-6 (sums taken in another
@@ -384,9 +386,38 @@ struct Shape {
     allowed_mem: Option<u32>,
     /// Through two workers of a cluster.
     cluster: bool,
+    /// Reading `t` through `rechunk('t', ...)` with these chunk lengths
+    /// (of time, lat and lon), when drawn.
+    rechunk: Option<[u8; 3]>,
 }
 
 impl Shape {
+    /// `query` with each `FROM t` reading `rechunk('t', ...)` when this
+    /// shape rechunks (the oracle reads `t` as stored).
+    fn reading(&self, query: &str) -> String {
+        let Some([time, lat, lon]) = self.rechunk else {
+            return query.to_string();
+        };
+        let call = format!(
+            "FROM rechunk('t', time => {}, lat => {}, lon => {}) AS t",
+            1 + u32::from(time) * 3,
+            1 + lat % 8,
+            1 + lon % 8
+        );
+        let mut out = String::new();
+        let mut rest = query;
+        while let Some(at) = rest.find("FROM t") {
+            let after = &rest[at + "FROM t".len()..];
+            // `FROM t` itself, not `FROM t2m`.
+            let whole = after.is_empty() || after.starts_with([' ', ')']);
+            out.push_str(&rest[..at]);
+            out.push_str(if whole { &call } else { "FROM t" });
+            rest = after;
+        }
+        out.push_str(rest);
+        out
+    }
+
     fn settings(&self) -> Vec<String> {
         let mut settings = vec![
             format!(
@@ -509,20 +540,27 @@ fn shape() -> impl Strategy<Value = Shape> {
         1u8..=4,
         prop::sample::select(vec![7u16, 64, 1000, 8192]),
         prop::option::weighted(0.5, prop::sample::select(vec![1024u32, 4096, 65536])),
-        // Not under 1 MB: there DataFusion's own hash aggregation (in
-        // batches of 7 rows) now and then stops for good
-        // (docs/development.md, "Differential fuzzing").
-        prop::option::weighted(0.2, prop::sample::select(vec![1u32 << 20, 8 << 20])),
+        // Under 1 MB, DataFusion's own hash aggregations spill (and
+        // their repartitions would, into a spill pool that can stop a
+        // query for good: `zarrfusion::memory::UnspilledRepartitions`).
+        prop::option::weighted(
+            0.2,
+            prop::sample::select(vec![64u32 << 10, 256 << 10, 1 << 20, 8 << 20]),
+        ),
         prop::bool::weighted(0.1),
+        prop::option::weighted(0.15, any::<[u8; 3]>()),
     )
         .prop_map(
-            |(state_bytes, partitions, batch_size, block_bytes, allowed_mem, cluster)| Shape {
-                state_bytes,
-                partitions,
-                batch_size,
-                block_bytes,
-                allowed_mem,
-                cluster,
+            |(state_bytes, partitions, batch_size, block_bytes, allowed_mem, cluster, rechunk)| {
+                Shape {
+                    state_bytes,
+                    partitions,
+                    batch_size,
+                    block_bytes,
+                    allowed_mem,
+                    cluster,
+                    rechunk,
+                }
             },
         )
 }
@@ -542,7 +580,7 @@ fn case() -> impl Strategy<Value = Case> {
 
 /// The URLs of two workers on 127.0.0.1, started once on the fuzz runtime
 /// (they live as long as the test process).
-fn workers() -> Vec<Url> {
+pub(crate) fn workers() -> Vec<Url> {
     static URLS: OnceLock<Vec<Url>> = OnceLock::new();
     URLS.get_or_init(|| {
         runtime().block_on(async {
@@ -569,12 +607,11 @@ fn workers() -> Vec<Url> {
     .clone()
 }
 
-/// The session the rules run in for `shape`, and the settings to run
-/// first: `shape`'s, and in a session with two workers, a task for each
-/// block.
-fn session_for(shape: &Shape) -> (SessionContext, Vec<String>) {
-    let settings = shape.settings();
-    if !shape.cluster {
+/// The session the rules run in, and the settings to run first:
+/// `settings`, and with `cluster` (a session with two workers) a task for
+/// each block.
+pub(crate) fn session_for(settings: Vec<String>, cluster: bool) -> (SessionContext, Vec<String>) {
+    if !cluster {
         return (new_context(), settings);
     }
     let urls = workers();
@@ -588,14 +625,13 @@ fn session_for(shape: &Shape) -> (SessionContext, Vec<String>) {
 /// Where a target's intermediates go: a directory of its own (other tests
 /// of the binary check that none are left in the system's), removed after
 /// each case ([`WorkDir`]).
-fn work_dir(copies: bool) -> std::path::PathBuf {
-    let target = if copies { "copies" } else { "queries" };
+pub(crate) fn work_dir(target: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("zf-differential-{target}-{}", std::process::id()))
 }
 
-/// Removes a target's [`work_dir`] when dropped (the cases of a target run
-/// one after the other).
-struct WorkDir(bool);
+/// Removes the [`work_dir`] of the target it names when dropped (the cases
+/// of a target run one after the other).
+pub(crate) struct WorkDir(pub(crate) &'static str);
 
 impl Drop for WorkDir {
     fn drop(&mut self) {
@@ -618,7 +654,7 @@ async fn answer(
 ) -> Result<Answer, String> {
     let work = format!(
         "SET zarrfusion.work_dir = '{}'",
-        work_dir(copy.is_some()).display()
+        work_dir(if copy.is_some() { "copies" } else { "queries" }).display()
     );
     for setting in std::iter::once(&work).chain(settings) {
         sql(&ctx, setting)
@@ -744,19 +780,20 @@ proptest! {
     #[test]
     fn array_plans_give_datafusion_s_rows(case in case()) {
         record("differential", &case);
-        let _work = WorkDir(false);
+        let _work = WorkDir("queries");
         let (query, ordered) = case.sql();
         let store = STORES[case.store];
         let settings = case.shape.settings();
+        let read = case.shape.reading(&query);
         let context = format!(
-            "{query} over {store} with {settings:?} (cluster: {})",
+            "{read} over {store} with {settings:?} (cluster: {})",
             case.shape.cluster
         );
         let off = RULES_OFF.map(String::from);
-        let (ctx, settings) = session_for(&case.shape);
+        let (ctx, settings) = session_for(settings, case.shape.cluster);
         let (ours, oracle) = run(&context, async {
             (
-                answer(ctx, store, &settings, &query, None).await,
+                answer(ctx, store, &settings, &read, None).await,
                 answer(new_context(), store, &off, &query, None).await,
             )
         })?;
@@ -973,19 +1010,20 @@ proptest! {
     #[test]
     fn copies_write_the_store_datafusion_s_rows_make(case in copy_case()) {
         record("differential_copy", &case);
-        let _work = WorkDir(true);
+        let _work = WorkDir("copies");
         let (query, options) = case.sql();
         let store = STORES[case.store];
         let settings = case.shape.settings();
+        let read = case.shape.reading(&query);
         let context = format!(
-            "COPY ({query}) OPTIONS ({options}) over {store} with {settings:?} (cluster: {})",
+            "COPY ({read}) OPTIONS ({options}) over {store} with {settings:?} (cluster: {})",
             case.shape.cluster
         );
         let off = RULES_OFF.map(String::from);
         let (ours_dir, theirs_dir) = (CopyDir::new("on"), CopyDir::new("off"));
-        let (ctx, settings) = session_for(&case.shape);
+        let (ctx, settings) = session_for(settings, case.shape.cluster);
         let (ours, oracle) = run(&context, async {
-            let ours = answer(ctx, store, &settings, &query, Some((&ours_dir.0, &options))).await;
+            let ours = answer(ctx, store, &settings, &read, Some((&ours_dir.0, &options))).await;
             let theirs_copy = Some((theirs_dir.0.as_path(), options.as_str()));
             let theirs = answer(new_context(), store, &off, &query, theirs_copy).await;
             (ours, theirs)

@@ -171,7 +171,7 @@ pub(crate) fn source_long_block(table: &GridTable, columns: &[usize], shape: &[u
                 .map(|v| v.chunk_shape()[d])
                 .max()
                 .unwrap_or(shape[d])
-                .clamp(1, shape[d])
+                .clamp(1, shape[d].max(1))
         })
         .collect()
 }

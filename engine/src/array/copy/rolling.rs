@@ -204,7 +204,7 @@ impl RollingCopy {
         // positions), or of whole target chunks when those fit.
         let natural: Vec<u64> = (rolling.read.blocks.block_shape().iter())
             .zip(shape)
-            .map(|(&b, &n)| b.clamp(1, n))
+            .map(|(&b, &n)| b.clamp(1, n.max(1)))
             .collect();
         let aligned: Vec<u64> = (natural.iter().zip(target).zip(shape))
             .map(|((&b, &t), &n)| match b {
