@@ -191,8 +191,9 @@ impl Slot {
     }
 }
 
-/// Answers a read-ahead request whose task ends without an answer (the
-/// runtime shutting down), so that no reader waits for it for ever.
+/// Answers a read-ahead request whose task ends without an answer (aborted
+/// before it was first polled or while in flight, or the runtime shutting
+/// down), so that no reader waits for it for ever.
 struct FillOnDrop(Option<Arc<Slot>>);
 
 impl FillOnDrop {
@@ -672,10 +673,11 @@ impl RemoteStorage {
             .read_ahead_requests
             .fetch_add(1, Ordering::Relaxed);
         let storage = Arc::clone(self);
-        let filled = Arc::clone(&slot);
+        // Made before the task and moved into it: a task aborted before its
+        // first poll drops it unpolled, which answers the slot too.
+        let guard = FillOnDrop(Some(Arc::clone(&slot)));
         let permits = Arc::clone(permits);
         let task = self.runtime.spawn(async move {
-            let guard = FillOnDrop(Some(filled));
             // Permits are handed out in the order they are asked for: reads
             // start in the order the keys were requested.
             let _permit = permits.acquire_owned().await;
@@ -1333,5 +1335,28 @@ mod tests {
         assert!(lock(&storage.wanted).slots.is_empty());
         // A key no window holds is read directly.
         assert_eq!(storage.get(&key("x/2")).unwrap().unwrap().as_ref(), b"c");
+    }
+
+    #[test]
+    fn a_request_aborted_before_its_task_ever_ran_answers_its_readers() {
+        // A runtime nobody drives: the request's task is spawned, not polled.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let storage = storage(&runtime, &[("y/0", b"abc")]);
+        let window = keep(&storage, vec![(0, key("y/0"))].into_iter(), 8, 8);
+        // A reader of ranges found the request (and would wait on it)...
+        let slot = Arc::clone(&lock(&storage.wanted).slots[&key("y/0")].slot);
+        // ... when the window let go of it: the task is aborted unpolled.
+        drop(window);
+        runtime.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(20)).await });
+        let answer = lock(&slot.answer).clone();
+        assert!(
+            matches!(&answer, Some(Err(e)) if e == CANCELLED),
+            "the slot was left unanswered: {answer:?}"
+        );
+        // That reader reads the key itself.
+        assert_eq!(storage.get(&key("y/0")).unwrap().unwrap().as_ref(), b"abc");
     }
 }
