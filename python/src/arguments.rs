@@ -12,6 +12,12 @@ use zarrfusion::config::MAX_THREADS;
 /// A size given as a number of bytes or a string such as `"2GB"`.
 pub fn size_argument(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
     if let Ok(bytes) = value.extract::<usize>() {
+        if bytes == 0 {
+            // As `parse_size` refuses "0".
+            return Err(PyValueError::new_err(format!(
+                "{name}: a size of 0 bytes; give at least 1"
+            )));
+        }
         return Ok(bytes);
     }
     let text: String = value.extract().map_err(|_| {

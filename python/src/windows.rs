@@ -324,7 +324,7 @@ impl PyDataset {
         let sample = SampleSpec {
             lead_dim,
             history,
-            inputs: inputs.unwrap_or_default(),
+            inputs,
             targets: targets_argument(targets)?,
             valid_inputs,
             valid_targets,

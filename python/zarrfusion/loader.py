@@ -94,7 +94,8 @@ class Dataset:
           number of its evenly spaced steps). Without ``history`` the lead
           dimension is the only one outside ``input_dims`` holding times.
           Every step a sample uses lies in the selection (``where``).
-        - ``inputs``: the input variables (default: all of the dataset's).
+        - ``inputs``: the input variables (default: all of the dataset's;
+          an empty list is refused). Channels keep the dataset's order.
         - ``jitter``: ``{dim: cells}``, a random offset per sample and
           epoch along window dimensions within ``±cells`` (and the
           selection), the same for every channel of the sample; seeded by
@@ -118,18 +119,22 @@ class Dataset:
         """
         if isinstance(inputs, str):
             inputs = [inputs]
+        if where is not None and not isinstance(where, str):
+            raise TypeError(f"where: expected a SQL condition (str), got {where!r}")
+        if not (cache is None or isinstance(cache, (bool, str, os.PathLike))):
+            raise TypeError(f"cache: expected True, False, a directory or an object-store URL, got {cache!r}")
         arguments = dict(
-            input_dims=dict(input_dims),
-            input_overlap=None if input_overlap is None else dict(input_overlap),
+            input_dims=_mapping("input_dims", input_dims),
+            input_overlap=None if input_overlap is None else _mapping("input_overlap", input_overlap),
             valid=dict(valid) if isinstance(valid, Mapping) else valid,
             where=where,
             block_size=block_size,
             threads=threads,
             cache=os.fspath(cache) if isinstance(cache, os.PathLike) else cache,
-            history=None if history is None else dict(history),
-            targets=None if targets is None else {k: v if isinstance(v, str) else list(v) for k, v in targets.items()},
-            inputs=None if inputs is None else list(inputs),
-            jitter=None if jitter is None else dict(jitter),
+            history=None if history is None else _mapping("history", history),
+            targets=None if targets is None else _targets(targets),
+            inputs=None if inputs is None else _names("inputs", inputs),
+            jitter=None if jitter is None else _mapping("jitter", jitter),
         )
         raw = self._raw.windows(*arguments.values())
         return Windows(raw, {**self._description, "windows": arguments})
@@ -280,6 +285,10 @@ class Windows:
             shuffle = None
         elif shuffle is True:
             shuffle = "block"
+        if shuffle is not None and not isinstance(shuffle, str):
+            raise TypeError(f"shuffle: expected None, 'block' or 'full', got {shuffle!r}")
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last: expected True or False, got {drop_last!r}")
         if isinstance(shard, str):
             if shard != "auto":
                 raise ValueError(f"shard: {shard!r} is not (rank, world_size), 'auto' or None")
@@ -457,8 +466,10 @@ class WindowLoader:
         worker of each rank is a stream, see ``docs/loader.md``), so
         workers decode disjoint blocks and start at once; under the full
         shuffle, runs of whole batches of the rank's share. No window comes
-        twice, none is missing; with ``drop_last`` every worker of every
-        rank yields as many batches, so ranks stay equal. ``len()`` counts
+        twice, none is missing; with ``drop_last`` every rank yields as
+        many batches (in block or storage order every worker of every rank
+        does; under the full shuffle a rank's workers take turns at its
+        whole batches, so they may differ by one). ``len()`` counts
         the batches without workers: with ``k`` workers each ends its own
         stream with a short batch (without ``drop_last``), or the streams
         drop up to a batch each (with it). They share the cores
@@ -473,6 +484,36 @@ class WindowLoader:
         from ._torch import TorchWindowLoader
 
         return TorchWindowLoader(self)
+
+def _mapping(name: str, value: Any) -> dict:
+    """``{dimension: number}`` arguments as a dict; a ``TypeError`` naming
+    ``name`` for anything but a mapping with string keys."""
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise TypeError(f"{name}: expected {{dimension: cells}}, got {value!r}")
+    return dict(value)
+
+
+def _names(name: str, value: Any) -> list[str]:
+    """A list of variable names; a ``TypeError`` naming ``name`` otherwise."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name}: expected a list of variable names, got {value!r}")
+    return list(value)
+
+
+def _targets(value: Any) -> dict:
+    """``targets`` as ``{variable: lead or [leads]}`` (leads as strings)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"targets: expected {{variable: lead or [leads]}}, got {value!r}")
+    out = {}
+    for variable, leads in value.items():
+        if isinstance(leads, str):
+            out[variable] = leads
+        elif isinstance(leads, Sequence) and all(isinstance(lead, str) for lead in leads):
+            out[variable] = list(leads)
+        else:
+            raise TypeError(f"targets: {variable!r} takes a lead time like '+6h' or '+1', or a list of them, not {leads!r}")
+    return out
+
 
 def _auto_shard() -> tuple[int, int] | None:
     """The rank and world size of torch.distributed when it is initialized,

@@ -257,6 +257,40 @@ pub struct WindowShape {
     pub overlaps: Vec<(String, u64)>,
 }
 
+impl WindowShape {
+    /// Checks that the shape names some of `dims` (a table's dimensions),
+    /// each once, in `input_dims` and in `input_overlap`.
+    pub fn check_names(&self, dims: &[&str]) -> Result<(), WindowError> {
+        let known = || dims.join(", ");
+        if self.sizes.is_empty() {
+            return Err(WindowError::argument(
+                "input_dims",
+                format!("names no dimension (dimensions: {})", known()),
+            ));
+        }
+        for (arg, list) in [
+            ("input_dims", &self.sizes),
+            ("input_overlap", &self.overlaps),
+        ] {
+            for (i, (dim, _)) in list.iter().enumerate() {
+                if !dims.contains(&dim.as_str()) {
+                    return Err(WindowError::argument(
+                        arg,
+                        format!("unknown dimension '{dim}' (dimensions: {})", known()),
+                    ));
+                }
+                if list[..i].iter().any(|(d, _)| d == dim) {
+                    return Err(WindowError::argument(
+                        arg,
+                        format!("'{dim}' is given twice"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl WindowGrid {
     /// Plans the origins of windows of `shape` over `selection` of `table`,
     /// grouped in blocks of about `block_bytes` decoded bytes (`bytes_per_cell`
@@ -272,32 +306,7 @@ impl WindowGrid {
         block_bytes: u64,
     ) -> Result<Self, WindowError> {
         let names: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
-        let known = || names.join(", ");
-        if shape.sizes.is_empty() {
-            return Err(WindowError::argument(
-                "input_dims",
-                format!("names no dimension (dimensions: {})", known()),
-            ));
-        }
-        for (arg, list) in [
-            ("input_dims", &shape.sizes),
-            ("input_overlap", &shape.overlaps),
-        ] {
-            for (i, (dim, _)) in list.iter().enumerate() {
-                if !names.contains(&dim.as_str()) {
-                    return Err(WindowError::argument(
-                        arg,
-                        format!("unknown dimension '{dim}' (dimensions: {})", known()),
-                    ));
-                }
-                if list[..i].iter().any(|(d, _)| d == dim) {
-                    return Err(WindowError::argument(
-                        arg,
-                        format!("'{dim}' is given twice"),
-                    ));
-                }
-            }
-        }
+        shape.check_names(&names)?;
         let mut axes = Vec::with_capacity(names.len());
         for (d, name) in names.iter().enumerate() {
             let size = shape.sizes.iter().find(|(n, _)| n == name).map(|(_, s)| *s);

@@ -265,6 +265,9 @@ impl Windows {
             .ok_or_else(|| WindowError::argument("sources", "no source given"))?;
         let others: Vec<Source> = sources.collect();
         let table = Arc::clone(&reference.table);
+        // The shape's dimensions first: every later check speaks of them.
+        let dims: Vec<&str> = table.dims.iter().map(|d| d.name.as_str()).collect();
+        shape.check_names(&dims)?;
         let variables = reference.variables.clone();
         let several = !others.is_empty();
         let lead = if sample.has_roles() || several {

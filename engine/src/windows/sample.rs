@@ -41,8 +41,9 @@ pub struct SampleSpec {
     pub lead_dim: Option<String>,
     /// Input steps ending at the sample's own (1: that step only).
     pub history: u64,
-    /// The input variables (empty: every variable of the windows).
-    pub inputs: Vec<String>,
+    /// The input variables (`None`: every variable of the windows; an
+    /// empty list is refused, naming `inputs`).
+    pub inputs: Option<Vec<String>>,
     /// Target variables and their lead times (`"+6h"`, `"+1"` steps).
     pub targets: Vec<(String, Vec<String>)>,
     /// The rule the inputs of a kept sample meet.
@@ -59,7 +60,7 @@ impl Default for SampleSpec {
         Self {
             lead_dim: None,
             history: 1,
-            inputs: Vec::new(),
+            inputs: None,
             targets: Vec::new(),
             valid_inputs: Validity::All,
             valid_targets: Validity::All,
@@ -182,22 +183,32 @@ impl SampleLayout {
                 )
             })
         };
-        let inputs: Vec<usize> = if spec.inputs.is_empty() {
-            (0..variables.len()).collect()
-        } else {
-            let mut inputs = Vec::new();
-            for v in &spec.inputs {
-                let p = position(v, "inputs")?;
-                if inputs.contains(&p) {
-                    return Err(WindowError::argument(
-                        "inputs",
-                        format!("'{v}' is given twice"),
-                    ));
-                }
-                inputs.push(p);
+        let inputs: Vec<usize> = match &spec.inputs {
+            None => (0..variables.len()).collect(),
+            Some(given) if given.is_empty() => {
+                return Err(WindowError::argument(
+                    "inputs",
+                    format!(
+                        "names no variable (variables: {}); leave it out for every one",
+                        variables.join(", ")
+                    ),
+                ))
             }
-            inputs.sort_unstable();
-            inputs
+            Some(given) => {
+                let mut inputs = Vec::new();
+                for v in given {
+                    let p = position(v, "inputs")?;
+                    if inputs.contains(&p) {
+                        return Err(WindowError::argument(
+                            "inputs",
+                            format!("'{v}' is given twice"),
+                        ));
+                    }
+                    inputs.push(p);
+                }
+                inputs.sort_unstable();
+                inputs
+            }
         };
         if spec.history == 0 {
             return Err(WindowError::argument("history", "must be at least 1 step"));
@@ -366,7 +377,11 @@ impl SampleLayout {
         let anchor = first.unsigned_abs();
         let length = range.end - range.start;
         if span > length {
-            let argument = if targets.iter().any(|&(_, s)| s == last || s == first) {
+            // The history alone past the selection names it, else the lead
+            // times that reach furthest.
+            let argument = if spec.history > length {
+                "history"
+            } else if targets.iter().any(|&(_, s)| s == last || s == first) {
                 "targets"
             } else {
                 "history"

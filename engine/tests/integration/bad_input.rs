@@ -603,15 +603,31 @@ fn climate_windows(
     block_bytes: u64,
     index_threads: usize,
 ) -> Result<std::sync::Arc<zarrfusion::windows::Windows>, zarrfusion::windows::WindowError> {
+    climate_samples(
+        &[("lat", 2), ("lon", 2)],
+        &zarrfusion::windows::SampleSpec::default(),
+        block_bytes,
+        index_threads,
+    )
+}
+
+/// Samples of `sample` in windows of `sizes` over `climate.zarr`'s `t2m`
+/// (608 x 6 x 6), as [`climate_windows`].
+fn climate_samples(
+    sizes: &[(&str, u64)],
+    sample: &zarrfusion::windows::SampleSpec,
+    block_bytes: u64,
+    index_threads: usize,
+) -> Result<std::sync::Arc<zarrfusion::windows::Windows>, zarrfusion::windows::WindowError> {
     use zarrfusion::table::{Selection, ZarrDataset, ZarrTableOptions};
-    use zarrfusion::windows::{IndexOptions, SampleSpec, WindowShape, Windows};
+    use zarrfusion::windows::{IndexOptions, WindowShape, Windows};
     let env = datafusion::execution::runtime_env::RuntimeEnv::default();
     let dataset =
         ZarrDataset::open(&fixture("climate.zarr"), &ZarrTableOptions::default(), &env).unwrap();
     let table = std::sync::Arc::new(dataset.table(None).unwrap());
     let selection = Selection::all(&table.shape());
     let shape = WindowShape {
-        sizes: vec![("lat".into(), 2), ("lon".into(), 2)],
+        sizes: sizes.iter().map(|&(d, n)| (d.to_string(), n)).collect(),
         overlaps: vec![],
     };
     let index = IndexOptions {
@@ -620,15 +636,57 @@ fn climate_windows(
         ..IndexOptions::default()
     };
     let variables = ["t2m".to_string()];
-    Windows::new(
-        table,
-        &variables,
-        selection,
-        &shape,
-        &SampleSpec::default(),
-        &index,
-    )
-    .map(std::sync::Arc::new)
+    Windows::new(table, &variables, selection, &shape, sample, &index).map(std::sync::Arc::new)
+}
+
+/// Found by the loader's fuzzing (`python/tests/test_loader_fuzz.py`): an
+/// empty list of inputs was taken as every variable, an unknown dimension
+/// in `input_dims` beside a jitter was reported as the jitter's error, and
+/// a history longer than the selection named `targets`. Each names its
+/// argument now.
+#[test]
+fn empty_inputs_unknown_window_dimensions_and_long_histories_name_their_argument() {
+    use zarrfusion::windows::SampleSpec;
+    let history = |steps| SampleSpec {
+        history: steps,
+        ..SampleSpec::default()
+    };
+    let cases = [
+        (
+            vec![("lat", 2), ("lon", 2)],
+            SampleSpec {
+                inputs: Some(vec![]),
+                ..history(2)
+            },
+            "inputs: names no variable",
+        ),
+        (
+            vec![("nope", 2)],
+            SampleSpec {
+                jitter: vec![("lat".into(), 1)],
+                ..history(2)
+            },
+            "input_dims: unknown dimension 'nope'",
+        ),
+        (
+            vec![("lat", 2), ("lon", 2)],
+            SampleSpec {
+                targets: vec![("t2m".into(), vec!["+1".into()])],
+                ..history(609)
+            },
+            "history: a sample spans 610 steps",
+        ),
+    ];
+    for (sizes, sample, words) in cases {
+        let err = climate_samples(&sizes, &sample, 16 << 20, 0)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.starts_with(words), "{words}: {err}");
+    }
+    // Inputs left out are every variable.
+    let every = climate_samples(&[("lat", 2), ("lon", 2)], &history(2), 16 << 20, 0).unwrap();
+    assert!(every.len().unwrap() > 0);
 }
 
 /// Found by the window-argument fuzz target: thread counts of 2^64 - 1

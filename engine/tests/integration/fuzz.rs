@@ -1859,7 +1859,7 @@ impl WindowCase {
         let sample = SampleSpec {
             lead_dim: self.lead_dim.map(|d| name_of(dims, d)),
             history: self.history,
-            inputs: chosen(self.inputs),
+            inputs: Some(chosen(self.inputs)).filter(|inputs| !inputs.is_empty()),
             targets: (self.targets.iter())
                 .map(|(v, leads)| (name_of(variables, *v), leads.clone()))
                 .collect(),
