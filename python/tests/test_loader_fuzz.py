@@ -65,6 +65,7 @@ class Case:
     margin: int = -1
     other_chunks: tuple[int, int, int] = (1, 1, 1)
     static: bool = False
+    levels: int = 0
     loaders: list[dict] = field(default_factory=list)
 
     @property
@@ -74,13 +75,15 @@ class Case:
     @property
     def other(self) -> bool:
         """Whether a second store joins the first: `p` every 3 hours on a
-        grid `margin` cells larger on each side (and a static `s`)."""
+        grid `margin` cells larger on each side (and a static `s`, and `z`
+        on `levels` pressure levels, each level a channel)."""
         return self.margin >= 0
 
     @property
     def names(self) -> list[str]:
         """Every variable, source after source."""
-        return list(self.dtypes) + (["p"] if self.other else []) + (["s"] if self.static else [])
+        extra = (["p"] if self.other else []) + (["z"] if self.levels else []) + (["s"] if self.static else [])
+        return list(self.dtypes) + extra
 
 
 def draw(seed: int) -> Case:
@@ -113,12 +116,13 @@ def draw(seed: int) -> Case:
         samples = history > 1 or bool(targets)
     other = samples and rng.random() < 0.4
     static = other and rng.random() < 0.5
+    levels = r(1, 3) if other and rng.random() < 0.4 else 0
     if other:
         names = names + ["p"]
         if targets and rng.random() < 0.5:
             targets["p"] = sorted({r(1, min(3, room)) for _ in range(r(1, 2))})
     if samples and rng.random() < 0.4:
-        pool = names + (["s"] if static else [])
+        pool = names + (["z"] if levels else []) + (["s"] if static else [])
         inputs = [str(v) for v in rng.choice(pool, size=r(1, len(pool)), replace=False)]
     rules = ["all", "any", 0.5, 0.9, 0.97, 0.0, 1.0, 0.75]
     rule = lambda: rules[r(0, len(rules) - 1)]  # noqa: E731
@@ -151,6 +155,7 @@ def draw(seed: int) -> Case:
         margin=r(0, 2) if other else -1,
         other_chunks=tuple(r(1, 2 * n) for n in shape),
         static=static,
+        levels=levels,
     )
     for _ in range(r(1, 3)):
         case.loaders.append(
@@ -212,16 +217,27 @@ def write_stores(case: Case, rng: np.random.Generator, folder) -> dict[str, np.n
             other["s"] = (("lat", "lon"), s)
             data["s"] = np.broadcast_to(s[m : m + ny, m : m + nx], case.shape)
         data["p"] = p[::2, m : m + ny, m : m + nx]
+        coords = {}
+        if case.levels:
+            z = random_values(rng, (2 * nt, case.levels, ny + 2 * m, nx + 2 * m), "float32")
+            other["z"] = (("time", "level", "lat", "lon"), z)
+            coords["level"] = [1000, 850, 500][: case.levels]
+            data["z"] = z[::2, :, m : m + ny, m : m + nx]
         xr.Dataset(
             other,
             coords={
                 "time": pd.date_range("2020-01-01", periods=2 * nt, freq="3h"),
                 "lat": 60.0 - 2.5 * np.arange(-m, ny + m),
                 "lon": 1.25 * np.arange(-m, nx + m),
+                **coords,
             },
         ).to_zarr(
             folder / "other.zarr",
-            encoding={"p": {"chunks": case.other_chunks}, **({"s": {"chunks": case.other_chunks[1:]}} if case.static else {})},
+            encoding={
+                "p": {"chunks": case.other_chunks},
+                **({"s": {"chunks": case.other_chunks[1:]}} if case.static else {}),
+                **({"z": {"chunks": (case.other_chunks[0], 1, *case.other_chunks[1:])}} if case.levels else {}),
+            },
             zarr_format=case.zarr_format,
         )
     return data
@@ -294,9 +310,23 @@ class Oracle:
             tt = slice(t, t + c.sizes["time"]) if "time" in c.sizes else t
             return {v: self.data[v][(tt, *self.box(t, i, j))] for v in self.names}, None
         box = self.box(t, i, j)
-        inputs = np.stack([self.data[v][(t + s, *box)] for s in range(1 - c.history, 1) for v in self.inputs])
-        targets = np.stack([self.data[v][(t + lead, *box)] for lead, v in self.leads]) if self.leads else None
+        inputs = np.stack([x for s in range(1 - c.history, 1) for v in self.inputs for x in self.cut(v, t + s, box)])
+        targets = np.stack([x for lead, v in self.leads for x in self.cut(v, t + lead, box)]) if self.leads else None
         return inputs, targets
+
+    def cut(self, variable: str, t: int, box: tuple[slice, slice]) -> list[np.ndarray]:
+        """The windows of `variable` at step `t`: one, or one per level."""
+        values = self.data[variable]
+        if values.ndim == 4:
+            return [values[(t, level, *box)] for level in range(values.shape[1])]
+        return [values[(t, *box)]]
+
+    def channels_of(self, variable: str, step: int) -> list[dict]:
+        """The channels of `variable` at `step`, as `Windows.channels` lists them."""
+        if self.data[variable].ndim == 4:
+            levels = [1000, 850, 500][: self.case.levels]
+            return [{"variable": variable, "step": step, "level": level} for level in levels]
+        return [{"variable": variable, "step": step}]
 
     def kept(self, t: int, i: int, j: int) -> bool:
         inputs, targets = self.sample(t, i, j)
@@ -320,9 +350,10 @@ class Oracle:
     def channels(self) -> dict:
         if not self.case.samples:
             return None
-        out = {"inputs": [{"variable": v, "step": s} for s in range(1 - self.case.history, 1) for v in self.inputs]}
+        steps = range(1 - self.case.history, 1)
+        out = {"inputs": [c for s in steps for v in self.inputs for c in self.channels_of(v, s)]}
         if self.leads:
-            out["targets"] = [{"variable": v, "step": lead} for lead, v in self.leads]
+            out["targets"] = [c for lead, v in self.leads for c in self.channels_of(v, lead)]
         return out
 
 
