@@ -24,6 +24,8 @@ are recorded in docs/development.md).
 from __future__ import annotations
 
 import os
+import pathlib
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +40,7 @@ FIRST = int(os.environ.get("ZARRFUSION_LOADER_FUZZ_FIRST", "0"))
 ONLY = os.environ.get("ZARRFUSION_LOADER_FUZZ_SEED")
 SEEDS = [int(ONLY)] if ONLY else list(range(FIRST, FIRST + CASES))
 NAMES = ["a", "b", "c"]
+BUCKET = "loaderfuzz"
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Case:
     other_chunks: tuple[int, int, int] = (1, 1, 1)
     static: bool = False
     levels: int = 0
+    latency_ms: int = -1
     loaders: list[dict] = field(default_factory=list)
 
     @property
@@ -78,6 +82,11 @@ class Case:
         grid `margin` cells larger on each side (and a static `s`, and `z`
         on `levels` pressure levels, each level a channel)."""
         return self.margin >= 0
+
+    @property
+    def remote(self) -> bool:
+        """Whether the stores are read from the S3 server, `latency_ms` a request."""
+        return self.latency_ms >= 0
 
     @property
     def names(self) -> list[str]:
@@ -156,6 +165,7 @@ def draw(seed: int) -> Case:
         other_chunks=tuple(r(1, 2 * n) for n in shape),
         static=static,
         levels=levels,
+        latency_ms=[0, 2, 10][r(0, 2)] if rng.random() < 0.2 else -1,
     )
     for _ in range(r(1, 3)):
         case.loaders.append(
@@ -517,13 +527,45 @@ def check_again_and_resume(case, windows, oracle, o, shard, stack, epoch, worker
     assert rest == order[n:], f"resumed after {n} of {len(order)} batches: other batches"
 
 
+class LazyServer:
+    """The S3 server (moto behind the fault proxy, tests/s3/s3_server.py),
+    started by the first case that reads from it."""
+
+    def __init__(self):
+        self.server = None
+
+    def get(self):
+        if self.server is None:
+            sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "s3"))
+            import s3_server
+
+            self.server = s3_server.start({}, bucket=BUCKET)
+        return self.server
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    lazy = LazyServer()
+    yield lazy
+    if lazy.server is not None:
+        lazy.server.stop()
+
+
 @pytest.mark.filterwarnings("ignore:Consolidated metadata")
 @pytest.mark.parametrize("seed", SEEDS)
-def test_loader_equals_numpy(seed, tmp_path):
+def test_loader_equals_numpy(seed, tmp_path, bucket):
     case = draw(seed)
     data = write_stores(case, np.random.default_rng(seed + 1), tmp_path)
     path = tmp_path / "store.zarr"
     ds = xr.open_zarr(path)
+    options, locations = {}, {"main": path, "other": tmp_path / "other.zarr"}
+    if case.remote:
+        server = bucket.get()
+        for name in ("store", "other") if case.other else ("store",):
+            server.upload(f"case{seed}/{name}.zarr", tmp_path / f"{name}.zarr")
+        server.proxy.configure(latency_ms=case.latency_ms)
+        options = server.options()
+        locations = {k: f"s3://{BUCKET}/case{seed}/{n}.zarr" for k, n in (("main", "store"), ("other", "other"))}
     oracle = Oracle(case, data)
     kwargs = dict(
         valid=case.valid,
@@ -542,19 +584,23 @@ def test_loader_equals_numpy(seed, tmp_path):
         )
     ctx = zf.SessionContext()
     if case.other:
-        stores = {"main": path, "other": tmp_path / "other.zarr"}
-        dataset = ctx.open_zarr(stores, variables={"main": list(case.dtypes), "other": case.names[len(case.dtypes) :]})
+        variables = {"main": list(case.dtypes), "other": case.names[len(case.dtypes) :]}
+        dataset = ctx.open_zarr(locations, variables=variables, **options)
     else:
-        dataset = ctx.open_zarr(path, variables=list(case.dtypes))
+        dataset = ctx.open_zarr(locations["main"], variables=list(case.dtypes), **options)
     windows = dataset.windows(case.sizes, case.overlaps or None, **kwargs)
     assert len(windows) == len(oracle.anchors), f"{case}"
     if case.samples:
         assert windows.channels == oracle.channels()
-    for options in case.loaders:
-        try:
-            check_loader(case, windows, oracle, options)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\nloader {options}\ncase {case}") from None
+    try:
+        for loader_options in case.loaders:
+            try:
+                check_loader(case, windows, oracle, loader_options)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\nloader {loader_options}\ncase {case}") from None
+    finally:
+        if case.remote:
+            bucket.get().proxy.configure()
 
 
 # Bad arguments: one argument of a valid call made wrong at a time.
