@@ -646,7 +646,13 @@ BAD_LOADERS = {
 # Odd but allowed: a target at the sample's own step, a jitter bound past
 # the grid (offsets stay in the selection), a selection of nothing, one
 # batch of everything.
-ODD_WINDOWS = {"targets": [{"a": "+0"}], "jitter": [{"lat": 2**62}, {"lat": 99}], "where": ["lat > 1000"], "valid": [None]}
+ODD_WINDOWS = {
+    "targets": [{"a": "+0"}, {"a": ("+1", "+2")}],
+    "jitter": [{"lat": 2**62}, {"lat": 99}],
+    "where": ["lat > 1000"],
+    "valid": [None],
+    "inputs": [("b", "a"), {"a": 1}.keys(), np.array(["a"])],
+}
 ODD_LOADERS = {"batch_size": [2**62, None]}
 
 

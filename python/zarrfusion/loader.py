@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 
 class Dataset:
@@ -494,10 +494,12 @@ def _mapping(name: str, value: Any) -> dict:
 
 
 def _names(name: str, value: Any) -> list[str]:
-    """A list of variable names; a ``TypeError`` naming ``name`` otherwise."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+    """Variable names given as any iterable of strings (a list, a tuple,
+    a mapping's keys); a ``TypeError`` naming ``name`` otherwise."""
+    names = None if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) else list(value)
+    if names is None or not all(isinstance(v, str) for v in names):
         raise TypeError(f"{name}: expected a list of variable names, got {value!r}")
-    return list(value)
+    return names
 
 
 def _targets(value: Any) -> dict:
@@ -508,10 +510,11 @@ def _targets(value: Any) -> dict:
     for variable, leads in value.items():
         if isinstance(leads, str):
             out[variable] = leads
-        elif isinstance(leads, Sequence) and all(isinstance(lead, str) for lead in leads):
-            out[variable] = list(leads)
-        else:
+            continue
+        listed = list(leads) if isinstance(leads, Iterable) and not isinstance(leads, bytes) else None
+        if listed is None or not all(isinstance(lead, str) for lead in listed):
             raise TypeError(f"targets: {variable!r} takes a lead time like '+6h' or '+1', or a list of them, not {leads!r}")
+        out[variable] = listed
     return out
 
 
