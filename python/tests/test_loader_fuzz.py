@@ -169,8 +169,9 @@ def draw(seed: int) -> Case:
     )
     if case.remote:
         # Chunks of at least half of each dimension: the full shuffle reads
-        # each window's chunks on demand (every window tens of GETs from a
-        # server that serves a few hundred a second on these cores).
+        # each window's chunks (read ahead, tens of GETs a window of one-step
+        # chunks, from a server that serves a few hundred a second on these
+        # cores).
         case.chunks = tuple(max(c, (n + 1) // 2) for c, n in zip(case.chunks, shape))
         case.other_chunks = tuple(max(c, n + 2) for c, n in zip(case.other_chunks, shape))
     for _ in range(r(1, 3)):
@@ -189,10 +190,6 @@ def draw(seed: int) -> Case:
                 normalize=None,
             )
         )
-        if case.remote and case.loaders[-1]["shuffle"] == "full":
-            # The full shuffle reads window by window, each window's chunks
-            # on demand (docs/object-storage.md): 0.2 s a window from moto.
-            case.loaders[-1]["shuffle"] = "block"
         if samples and rng.random() < 0.3:
             case.loaders[-1]["normalize"] = {
                 v: {"mean": float(rng.normal()), "std": [0.0, 0.5, 3.0][r(0, 2)]}

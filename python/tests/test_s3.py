@@ -952,6 +952,52 @@ def test_a_sharded_loader_builds_the_index_from_s3_through_the_read_ahead(s3, ho
     assert stats["bytes_fetched"] <= proxy["bytes"], (stats, proxy)
 
 
+def test_the_full_shuffle_reads_its_windows_ahead_from_s3(s3, holes_store):
+    """Under the full shuffle the chunks of the windows next in the epoch's
+    sequence are read ahead of the loader's threads, many in flight, and
+    each window is decoded by the next free thread (before, a window's
+    chunks were fetched when the thread assembling its batch decoded it, a
+    round trip after another): the same batches as from disk, from the start
+    and resumed mid-epoch, every chunk read served by the read-ahead, which
+    the loader's memory counts."""
+
+    def run(location, resume=0, **options):
+        ds = zf.SessionContext(io_concurrency=16).open_zarr(location, **options)
+        windows = ds.windows({"lat": 6, "lon": 6}, history={"time": 2}, valid=0.8, cache=False)
+        assert len(windows) > 0  # the index complete: what follows is the loader's
+        loader = windows.loader(batch_size=8, seed=5, threads=2, shuffle="full", shard=(1, 4), drop_last=True)
+        if resume:
+            loader.load_state_dict(loader.state_dict(batches=resume))
+        before = loader.stats()
+        got = [
+            tuple(a.copy() for a in (b["inputs"]["t"], b["index"]["time"], b["index"]["lat"], b["index"]["lon"]))
+            for b in loader
+        ]
+        after = loader.stats()
+        counts = {k: after[k] - before[k] for k in ("requests", "read_ahead_hits", "read_ahead_misses")}
+        return got, counts, loader.memory
+
+    want, local, memory = run(holes_store)
+    assert local == {"requests": 0, "read_ahead_hits": 0, "read_ahead_misses": 0}
+    assert memory["read_ahead"] == 0, memory
+    assert len(want) > 20
+    for resume in (0, 7):
+        s3.proxy.configure(latency_ms=10)
+        s3.proxy.reset()
+        got, counts, memory = run("s3://fixtures/holes.zarr", resume, **s3.options())
+        proxy = s3.proxy.stats()
+        assert len(got) == len(want) - resume
+        for g, w in zip(got, want[resume:]):
+            for a, b in zip(g, w):
+                np.testing.assert_array_equal(a, b)
+        # Windows of 2 steps of 6x6 cells over chunks of (2, 12, 16), 1 to 8
+        # chunks each: every chunk read ahead (16 in flight), none on demand.
+        assert counts["read_ahead_hits"] >= 8 * len(got), counts
+        assert counts["read_ahead_misses"] <= 2, counts
+        assert proxy["max_in_flight"] >= 8, proxy
+        assert 0 < memory["read_ahead"] <= memory["total"], memory
+
+
 def test_a_loader_handed_to_workers_stops_this_process_indexing(s3, holes_store):
     """Pickling a loader (what a DataLoader does for its spawned workers,
     which index what they need) stops the background index threads of

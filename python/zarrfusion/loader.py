@@ -259,7 +259,9 @@ class Windows:
 
         - ``shuffle``: ``None`` (storage order), ``"block"`` (blocks in random
           order, windows drawn at random from ``buffer_size`` bytes of decoded
-          blocks) or ``"full"`` (a permutation of all windows; reads window by window).
+          blocks) or ``"full"`` (a permutation of all windows; reads window by
+          window, whole chunks each, read ahead from an object store in the
+          permutation's order; the block shuffle reads each chunk once).
         - ``seed`` makes every order reproducible; ``set_epoch`` changes it per epoch.
         - ``shard=(rank, world_size)`` takes this rank's disjoint share; with
           ``drop_last`` every rank yields the same number of batches.

@@ -161,10 +161,8 @@ impl ValidIndex {
 }
 
 /// How far reading the chunks of every source over the blocks of `grid`
-/// reads ahead of `decoders` threads when a store is remote, per source:
-/// the chunks of their blocks and up to `io_concurrency` more (shared
-/// among the sources), in flight at once, no more than `room` bytes hold
-/// in all (`None`: no limit). `None` without blocks.
+/// reads ahead of `decoders` threads when a store is remote, per source
+/// (see [`read_ahead_plans`]). `None` without blocks.
 pub(super) fn block_read_ahead(
     sources: &Sources,
     grid: &WindowGrid,
@@ -172,35 +170,54 @@ pub(super) fn block_read_ahead(
     decoders: usize,
     room: Option<usize>,
 ) -> Option<Vec<ReadAheadPlan>> {
-    let parts = sources.list.len();
     let largest = grid
         .blocks
         .iter()
         .max_by_key(|b| b.num_cells())
         .map(|b| b.extent.clone())?;
-    Some(
-        sources
-            .list
-            .iter()
-            .enumerate()
-            .map(|(s, source)| {
-                let table = &source.table;
-                let columns = source.columns();
-                let shape: Vec<u64> = sources
-                    .source_box(s, &largest, &[])
-                    .iter()
-                    .map(|r| r.end - r.start)
-                    .collect();
-                let plan =
-                    ReadAheadPlan::new(table, &columns, io_concurrency, &shape, decoders.max(1))
-                        .split(parts);
-                match room {
-                    Some(room) => plan.within(room / parts),
-                    None => plan,
-                }
-            })
-            .collect(),
-    )
+    Some(read_ahead_plans(
+        sources,
+        &largest,
+        io_concurrency,
+        decoders,
+        room,
+    ))
+}
+
+/// How far reading the chunks of every source over boxes as large as the
+/// reference box `largest` reads ahead of `decoders` threads (each
+/// decoding a box at once) when a store is remote, per source: the chunks
+/// of their boxes and up to `io_concurrency` more (shared among the
+/// sources), in flight at once, no more than `room` bytes hold in all
+/// (`None`: no limit).
+pub(super) fn read_ahead_plans(
+    sources: &Sources,
+    largest: &[Range<u64>],
+    io_concurrency: usize,
+    decoders: usize,
+    room: Option<usize>,
+) -> Vec<ReadAheadPlan> {
+    let parts = sources.list.len();
+    sources
+        .list
+        .iter()
+        .enumerate()
+        .map(|(s, source)| {
+            let table = &source.table;
+            let columns = source.columns();
+            let shape: Vec<u64> = sources
+                .source_box(s, largest, &[])
+                .iter()
+                .map(|r| r.end - r.start)
+                .collect();
+            let plan = ReadAheadPlan::new(table, &columns, io_concurrency, &shape, decoders.max(1))
+                .split(parts);
+            match room {
+                Some(room) => plan.within(room / parts),
+                None => plan,
+            }
+        })
+        .collect()
 }
 
 /// A window reading the chunks of every source over blocks of `grid`, as
@@ -219,6 +236,26 @@ pub(super) fn read_blocks_ahead<F>(
 where
     F: Fn(u64) -> Option<usize> + Clone + Send + 'static,
 {
+    let grid = Arc::clone(grid);
+    let extent_at = move |n| block_at(n).map(|b| grid.blocks[b].extent.clone());
+    read_boxes_ahead(sources, count, extent_at, plans, interleave)
+}
+
+/// A window reading the chunks of every source over reference boxes, as
+/// `plans` (from [`read_ahead_plans`]) say, where a store is remote, the
+/// keys of `interleave` boxes read at once interleaved. Box number `i` of
+/// the window is `extent_at(i)`, asked for as the window gets there; the
+/// window ends at the first number without a box or at `count`.
+pub(super) fn read_boxes_ahead<F>(
+    sources: &Arc<Sources>,
+    count: u64,
+    extent_at: F,
+    plans: Vec<ReadAheadPlan>,
+    interleave: usize,
+) -> Option<TableReadAhead>
+where
+    F: Fn(u64) -> Option<Vec<Range<u64>>> + Clone + Send + 'static,
+{
     let parts: Vec<TableReadAhead> = plans
         .into_iter()
         .enumerate()
@@ -226,8 +263,8 @@ where
             let source = &sources.list[s];
             let table = &source.table;
             let columns = source.columns();
-            let (sources, grid) = (Arc::clone(sources), Arc::clone(grid));
-            let (known, boxes) = (block_at.clone(), block_at.clone());
+            let sources = Arc::clone(sources);
+            let (known, boxes) = (extent_at.clone(), extent_at.clone());
             plan.start(
                 table,
                 &columns,
@@ -235,7 +272,7 @@ where
                 interleave.max(1),
                 move |number| {
                     boxes(number)
-                        .map(|b| vec![sources.source_box(s, &grid.blocks[b].extent, &[])])
+                        .map(|extent| vec![sources.source_box(s, &extent, &[])])
                         .unwrap_or_default()
                 },
             )

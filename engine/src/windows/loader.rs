@@ -25,7 +25,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::assemble::{outputs, sample_bytes, Cutter, Decoded, Filling, Output};
-use super::index::{block_read_ahead, index_block, read_blocks_ahead};
+use super::index::{
+    block_read_ahead, index_block, read_ahead_plans, read_blocks_ahead, read_boxes_ahead,
+};
 use super::live_index::Reading;
 use super::order::{
     block_order, resume_in_turn, share, stream_of, stream_segments, BlockSampler, Permutation,
@@ -104,9 +106,9 @@ pub struct LoaderOptions {
     /// world_size` (see [`super::order::share`]).
     pub worker: Shard,
     /// Chunk reads kept in flight ahead of the workers when the store is
-    /// in an object store (`zarrfusion.io_concurrency`; 0: on demand only).
-    /// Whole blocks are read ahead; the full shuffle's single windows are
-    /// read on demand.
+    /// in an object store (`zarrfusion.io_concurrency`; 0: on demand only):
+    /// whole blocks in the order the epoch takes them, or the full
+    /// shuffle's single windows in the order of its sequence.
     pub io_concurrency: usize,
     /// The session's `allowed_mem`: a loader whose buffer, batches and
     /// decoding threads do not fit it is refused, and its read-ahead gets
@@ -514,27 +516,32 @@ fn loader_memory(windows: &Windows, outputs: &[Output], o: &LoaderOptions) -> Lo
         index: windows.index_memory().total(),
         read_ahead: 0,
     };
-    if o.shuffle != Shuffle::Full {
-        memory.read_ahead = loader_read_ahead(windows, o, memory.fixed())
-            .map_or(0, |plans| plans.iter().map(ReadAheadPlan::memory).sum());
-    }
+    memory.read_ahead = loader_read_ahead(windows, o, memory.fixed())
+        .map_or(0, |plans| plans.iter().map(ReadAheadPlan::memory).sum());
     memory
 }
 
-/// How far a loader reads the blocks' chunks ahead of its threads, per
-/// source, in what `used` bytes leave of its memory limit.
+/// How far a loader reads the chunks of its blocks (under the full
+/// shuffle: of its single windows) ahead of its threads, per source, in
+/// what `used` bytes leave of its memory limit.
 fn loader_read_ahead(
     windows: &Windows,
     o: &LoaderOptions,
     used: usize,
 ) -> Option<Vec<ReadAheadPlan>> {
-    block_read_ahead(
-        &windows.sources,
-        &windows.grid,
-        o.io_concurrency,
-        o.threads,
-        o.memory_limit.map(|limit| limit.saturating_sub(used)),
-    )
+    let room = o.memory_limit.map(|limit| limit.saturating_sub(used));
+    match o.shuffle {
+        Shuffle::Full => windows.widest_reach().map(|reach| {
+            read_ahead_plans(&windows.sources, &reach, o.io_concurrency, o.threads, room)
+        }),
+        _ => block_read_ahead(
+            &windows.sources,
+            &windows.grid,
+            o.io_concurrency,
+            o.threads,
+            room,
+        ),
+    }
 }
 
 /// Blocks a shuffle buffer of `buffer_bytes` holds: as many as it holds of
@@ -683,15 +690,21 @@ impl Slot {
         })
     }
 
-    /// The slot of the single window at `local` in block `block`.
-    fn window(windows: &Windows, block: usize, local: u64) -> Arc<Self> {
+    /// The slot of the single window at `local` in block `block`, read
+    /// ahead by `read_ahead` when given.
+    fn window(
+        windows: &Windows,
+        block: usize,
+        local: u64,
+        read_ahead: Option<(Arc<TableReadAhead>, u64)>,
+    ) -> Arc<Self> {
         let origin = windows.grid.blocks[block].origin(local);
         Arc::new(Self {
             block,
             whole_block: false,
             extent: windows.grid.window_reach(&origin),
             data: OnceLock::new(),
-            read_ahead: None,
+            read_ahead,
             alive: None,
         })
     }
@@ -843,9 +856,10 @@ fn cut_windows(
 }
 
 enum Job {
-    /// Decode a block that entered the shuffle buffer, unless it has left
-    /// it (and every batch) by the time a thread gets to it: a queued job
-    /// must not keep a block alive past the limit of blocks alive at once.
+    /// Decode a block that entered the shuffle buffer (or a window the full
+    /// shuffle drew), unless it has left it (and every batch) by the time a
+    /// thread gets to it: a queued job must not keep a block alive past the
+    /// limit of blocks alive at once.
     Warm(Weak<Slot>),
     /// Assemble batch number `.0`.
     Assemble(u64, Plan),
@@ -1121,12 +1135,30 @@ impl Planner {
         if o.shuffle == Shuffle::Full {
             let index = windows.index()?;
             let permutation = Permutation::new(index.total, o.seed, self.epoch);
-            let start = share_of(index.total, o).start;
+            let share = share_of(index.total, o);
+            // The windows of the batches skipped (a resume) are neither
+            // read nor decoded; the rest are read ahead in their order
+            // from a remote store, and decoded as they are drawn, each by
+            // the next free thread (a batch's windows by every thread).
+            let first = self
+                .skip
+                .saturating_mul(o.batch_size as u64)
+                .min(share.end - share.start);
+            let read_ahead = self.read_windows_ahead(share.start + first..share.end, &permutation);
+            let jobs = self.jobs.clone();
             let mut i = 0u64;
             return Ok(Box::new(move |_| {
-                let (block, local) = index.locate(permutation.apply(start + i));
+                let (block, local) = index.locate(permutation.apply(share.start + i));
+                let number = i.checked_sub(first);
                 i += 1;
-                Ok(Some((Slot::window(windows, block, local), local)))
+                let ahead = number
+                    .zip(read_ahead.as_ref())
+                    .map(|(n, r)| (Arc::clone(r), n));
+                let slot = Slot::window(windows, block, local, ahead);
+                if number.is_some() {
+                    let _ = jobs.send(Job::Warm(Arc::downgrade(&slot)));
+                }
+                Ok(Some((slot, local)))
             }));
         }
         let shuffled = matches!(o.shuffle, Shuffle::Block { .. });
@@ -1193,6 +1225,37 @@ impl Planner {
             )?;
             Ok(drawn.map(|(slot, local)| (slot, u64::from(local))))
         }))
+    }
+}
+
+impl Planner {
+    /// Under the full shuffle, the chunks of the windows at `positions` of
+    /// the epoch's sequence (`permutation` of the valid windows' ranks),
+    /// read ahead of the threads in that order when a store is remote:
+    /// window number `n` of the read-ahead is the one at position
+    /// `positions.start + n`. Neighbouring windows in the sequence that
+    /// share a chunk share its request.
+    fn read_windows_ahead(
+        &self,
+        positions: Range<u64>,
+        permutation: &Permutation,
+    ) -> Option<Arc<TableReadAhead>> {
+        let o = &self.options;
+        let fixed = loader_memory(&self.windows, &self.outputs, o).fixed();
+        let plans = loader_read_ahead(&self.windows, o, fixed)?;
+        let windows = Arc::clone(&self.windows);
+        let permutation = permutation.clone();
+        let count = positions.end - positions.start;
+        let extent_at = move |n: u64| {
+            let position = positions
+                .start
+                .checked_add(n)
+                .filter(|&p| p < positions.end)?;
+            let (block, local) = windows.index().ok()?.locate(permutation.apply(position));
+            let origin = windows.grid.blocks[block].origin(local);
+            Some(windows.grid.window_reach(&origin))
+        };
+        read_boxes_ahead(&self.windows.sources, count, extent_at, plans, 1).map(Arc::new)
     }
 }
 
@@ -1513,6 +1576,7 @@ mod tests {
             (PANIC_PLANNING, block),
             (PANIC_ASSEMBLING, block),
             (PANIC_ASSEMBLING, Shuffle::None),
+            (PANIC_ASSEMBLING, Shuffle::Full),
         ] {
             let batches = epoch(&windows, seed, shuffle);
             let first = first_error(&batches, &format!("injected panic ({seed:#x})"));
@@ -1522,9 +1586,15 @@ mod tests {
         }
         // A panic in the middle of decoding a block (claimed, never
         // published): the batches that need it fail; nothing waits on it.
-        PANIC_DECODING.store(true, Ordering::SeqCst);
-        let batches = epoch(&windows, 7, block);
-        PANIC_DECODING.store(false, Ordering::SeqCst);
-        first_error(&batches, "injected panic (decoding)");
+        // So does a panic decoding a window the full shuffle drew (decoded
+        // by whichever thread gets to it first, before its batch).
+        for shuffle in [block, Shuffle::Full] {
+            let windows = self::windows();
+            windows.len().unwrap();
+            PANIC_DECODING.store(true, Ordering::SeqCst);
+            let batches = epoch(&windows, 7, shuffle);
+            PANIC_DECODING.store(false, Ordering::SeqCst);
+            first_error(&batches, "injected panic (decoding)");
+        }
     }
 }

@@ -63,6 +63,7 @@ pub mod sources;
 pub mod statistics;
 pub mod values;
 
+use std::ops::Range;
 use std::sync::Arc;
 
 pub use assemble::Output;
@@ -407,15 +408,18 @@ impl Windows {
     /// Decoded bytes of the largest single window a full shuffle reads
     /// (its reach, with jitter, in every source).
     pub fn window_bytes(&self) -> u64 {
+        self.widest_reach()
+            .map_or(0, |reach| self.sources.decoded_bytes(&reach))
+    }
+
+    /// The reach (jitter included) of the window that reads the most
+    /// decoded bytes: a block's first, per block. `None` without blocks.
+    fn widest_reach(&self) -> Option<Vec<Range<u64>>> {
         self.grid
             .blocks
             .iter()
-            .map(|b| {
-                let origin = b.origin(0);
-                self.sources.decoded_bytes(&self.grid.window_reach(&origin))
-            })
-            .max()
-            .unwrap_or(0)
+            .map(|b| self.grid.window_reach(&b.origin(0)))
+            .max_by_key(|reach| self.sources.decoded_bytes(reach))
     }
 }
 
