@@ -74,6 +74,10 @@ result in memory):
                the dense reduction runs in bands of latitudes), their count and sum
                SQL: GROUP BY extract(hour FROM time), lat, lon: avg(t2m), stddev_pop(t2m)
                xarray: hours = ds.t2m.groupby("time.hour"); hours.mean() + hours.std()
+  diurnal-zarr the same mean and spread written to a new Zarr store (v3, float64, chunks
+               (1, 721, 1440), zstd level 3; the reduction's bands of latitudes written as they
+               come, each chunk in four parts)
+               xarray: the mean and std as a dataset, .to_zarr(...) as rolling-zarr
   read         the physical floor: one read of every chunk (SQL: sum(t2m);
                xarray: the array loaded and summed); the coarsen query reads 1/11 of it
 
@@ -116,7 +120,7 @@ ZF_PYTHON = os.environ.get("ZARRFUSION_PYTHON", str(Path.home() / ".cache" / "za
 ARMS = ["zarrfusion", "zarrfusion-hash", "xarray-flox", "xarray-numbagg", "xarray-dask", "xarray-sql"]
 QUERIES = ["read", "daily", "climatology", "coarsen", "rolling", "cumulative", "remaining",
            "rolling-zarr", "daily-zarr", "anomaly", "anomaly-window", "anomaly-rolling", "resample-3h",
-           "resample-3h-zarr", "diurnal"]
+           "resample-3h-zarr", "diurnal", "diurnal-zarr"]
 # Where rolling-zarr writes (removed before and after each run).
 OUT = HERE / "data" / "rolling_out.zarr"
 ROLLING = ("avg(t2m) OVER (PARTITION BY lat, lon ORDER BY time ROWS BETWEEN 23 PRECEDING AND "
@@ -153,6 +157,12 @@ SQL = {
     # count and the sum of mean + spread.
     "diurnal": "SELECT count(m) AS n, sum(m + s) AS m FROM (SELECT extract(hour FROM time) AS h, lat, "
                "lon, avg(t2m) AS m, stddev_pop(t2m) AS s FROM era5 GROUP BY 1, 2, 3)",
+    # The same mean and spread written to a new Zarr store (the reduction's
+    # bands of latitudes written as they come).
+    "diurnal-zarr": "COPY (SELECT extract(hour FROM time) AS hour, lat, lon, avg(t2m) AS m, "
+                    "stddev_pop(t2m) AS s FROM era5 GROUP BY 1, 2, 3) TO "
+                    f"'{OUT}' STORED AS ZARR OPTIONS ('dims' 'hour,lat,lon', "
+                    "'chunks' 'hour=1,lat=721,lon=1440', 'codec' 'zstd')",
     "anomaly": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c "
                "FROM era5 GROUP BY 1, 2, 3) "
                "SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS m FROM era5 JOIN clim "
@@ -242,6 +252,10 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         out = hours.mean(**kwargs) + hours.std(**kwargs)
     elif query == "resample-3h-zarr":
         out = t2m.resample(time="3h").mean(**kwargs).astype("float64")
+    elif query == "diurnal-zarr":
+        hours = t2m.groupby("time.hour")
+        out = xr.Dataset({"m": hours.mean(**kwargs).astype("float64"),
+                          "s": hours.std(**kwargs).astype("float64")})
     elif query == "coarsen":
         if arm == "xarray-numbagg":
             return {"skipped": "coarsen does not go through flox"}
@@ -275,11 +289,12 @@ def child(arm: str, query: str, mem_limit_gb: float) -> dict:
         from zarr.codecs import ZstdCodec
 
         clear_out()
-        encoding = {"m": {"chunks": (1, 721, 1440), "compressors": [ZstdCodec(level=3)]}}
+        ds = out if isinstance(out, xr.Dataset) else out.to_dataset(name="m")
+        encoding = {v: {"chunks": (1, 721, 1440), "compressors": [ZstdCodec(level=3)]}
+                    for v in ds.data_vars}
         if arm == "xarray-dask":
             # dask's rolling splits lat and lon; a Zarr chunk may not span dask chunks.
-            out = out.chunk({"lat": -1, "lon": -1})
-        ds = out.to_dataset(name="m")
+            ds = ds.chunk({"lat": -1, "lon": -1})
         for v in ds.variables.values():
             # The source's v2 codecs and chunks do not carry over; CF time encoding does.
             v.encoding = {k: v.encoding[k] for k in ("units", "calendar", "dtype") if k in v.encoding}
@@ -313,7 +328,7 @@ def written() -> dict:
     import zarr
 
     m = zarr.open_group(str(OUT), mode="r")["m"]
-    assert m.shape in ((264, 721, 1440), (11, 721, 1440), (88, 721, 1440)), m.shape
+    assert m.shape in ((264, 721, 1440), (11, 721, 1440), (88, 721, 1440), (24, 721, 1440)), m.shape
     count, total = 0, 0.0
     for i in range(m.shape[0]):
         hour = np.asarray(m[i], dtype="float64")

@@ -37,7 +37,7 @@ use url::Url;
 use crate::array::copy::CopyToArraysRule;
 use crate::array::fft::FftPlanner;
 use crate::array::rechunk::RechunkPlanner;
-use crate::array::reduce::reduction_rows;
+use crate::array::reduce::{reduction_rows, reduction_rows_in_order};
 use crate::array::{
     AlignedJoinRule, ArrayQueryPlanner, BroadcastJoinRule, DenseReductionRule, PartitionTotalsRule,
     RollingWindowRule,
@@ -117,7 +117,11 @@ fn build_context(
     }
     // `COPY` of a dense reduction writes its rows as they come (the writer
     // asks the operators above it which rows are a grid's cells).
-    let config = config.with_extension(Arc::new(RowGrids(reduction_rows)));
+    let rows = match workers {
+        Some(_) => RowGrids(reduction_rows_in_order),
+        None => RowGrids(reduction_rows),
+    };
+    let config = config.with_extension(Arc::new(rows));
     let read_zarr: Arc<dyn RelationPlanner> = Arc::new(ReadZarrPlanner::new(Arc::clone(&runtime)));
     let builder = SessionStateBuilder::new()
         .with_config(config)

@@ -2,12 +2,18 @@
 //! grid known before the first arrives, in the grid's C order (a dense
 //! reduction's result: its keys are its coordinates), is written by
 //! `COPY ... STORED AS ZARR` a slab of whole chunks at a time, so the COPY
-//! holds a slab of rows and its chunks, not the result and its grid.
+//! holds a slab of rows and its chunks, not the result and its grid. Rows
+//! that come band by band along a later dimension (a reduction in bands of
+//! latitudes, each band's rows in C order over its cells) are written a
+//! band at a time.
 //!
 //! ```sql
 //! -- 91 M groups: written 2 time steps at a time, in bands of the reduction.
 //! COPY (SELECT date_bin(INTERVAL '3 hours', time) AS time, lat, lon, avg(t2m) AS t2m
 //!       FROM era5 GROUP BY 1, 2, 3) TO 'era5_3h.zarr' STORED AS ZARR;
+//! -- 25 M groups in bands of latitudes: written a band of latitudes at a time.
+//! COPY (SELECT extract(hour FROM time) AS hour, lat, lon, avg(t2m) AS t2m
+//!       FROM era5 GROUP BY 1, 2, 3) TO 'era5_diurnal.zarr' STORED AS ZARR;
 //! ```
 //!
 //! The operators that know the grid of their rows are above this writer:
@@ -54,15 +60,31 @@ use super::target::CopyTarget;
 use crate::zarr::StoreLocation;
 
 /// What a plan knows of its rows before they come: the memory it holds,
-/// and the grid they lay out, one per cell, in C order, where they do.
+/// and the grid they lay out, one per cell, in C order (or band by band),
+/// where they do.
 #[derive(Debug, Clone)]
 pub struct RowGrid {
     /// Per dimension, outermost first: the plan's output column holding
     /// its coordinate, and its coordinates in the order the rows run along
     /// it (`None`: its rows are not one per cell of a grid in its order).
     pub dims: Option<Vec<(usize, ArrayRef)>>,
+    /// Where the rows come band by band along a dimension other than the
+    /// outermost (`None`: in C order over the whole grid).
+    pub band: Option<RowBand>,
     /// Bytes the plan holds while it runs (its projected memory).
     pub memory: usize,
+}
+
+/// Rows that come band by band: the first `keys` coordinates of dimension
+/// `dim` (in the order the rows run along it), then the next `keys`, ...,
+/// each band's rows in C order over its cells (every coordinate of the
+/// other dimensions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowBand {
+    /// The dimension cut into bands: its place among the grid's.
+    pub dim: usize,
+    /// Coordinates of it per band.
+    pub keys: u64,
 }
 
 /// How a session finds what a plan knows of its rows (`None`: the plan
@@ -100,15 +122,21 @@ pub(crate) struct Streamed {
     shape: Vec<u64>,
     /// The variables' chunk shape.
     chunks: Vec<u64>,
-    /// Positions of the outermost dimension written at a time: whole
-    /// chunks, enough for every core to encode one.
+    /// The dimension written a slab at a time: the outermost, or the one
+    /// the rows come in bands of.
+    along: usize,
+    /// Positions of `along` written at a time: whole chunks, enough for
+    /// every core to encode one, or a band of the rows.
     slab: u64,
+    /// Whether the slabs are the rows' bands (else any run of positions of
+    /// the outermost dimension: the rows are in the grid's order).
+    banded: bool,
     /// Bytes of one row as the input holds it.
     row_bytes: u64,
     /// Bytes the input plan holds (its projected memory).
     input_memory: usize,
-    /// The outermost dimension's name.
-    outer: String,
+    /// The name of the dimension written a slab at a time.
+    along_name: String,
 }
 
 impl Streamed {
@@ -133,7 +161,10 @@ impl Streamed {
         let Some(grid) = (grids.0)(plan.as_ref())? else {
             return Ok(None);
         };
-        Self::over(grid, &columns, schema, dims, descending, target)
+        let streamed = Self::over(grid, &columns, schema, dims, descending, target)?;
+        // Bands the size of the result (two of them, say) are held no
+        // better than the whole result: collected, as before.
+        Ok(streamed.filter(|s| !s.banded || s.memory() < s.collected_memory()))
     }
 
     /// How rows of `grid`'s plan, passed on as `columns` (per column of
@@ -149,6 +180,10 @@ impl Streamed {
     ) -> Result<Option<Self>> {
         let Some(grid_dims) = grid.dims.filter(|g| g.len() == dims.len()) else {
             return Ok(None);
+        };
+        let band = match grid.band {
+            Some(band) if band.dim == 0 || band.dim >= dims.len() => return Ok(None),
+            band => band,
         };
         let mut arrival = Vec::with_capacity(dims.len());
         let mut reversed = Vec::with_capacity(dims.len());
@@ -178,10 +213,11 @@ impl Streamed {
             variables.push((i, written));
         }
         let shape: Vec<u64> = arrival.iter().map(|(_, c)| c.len() as u64).collect();
-        let inner = shape[1..]
-            .iter()
-            .try_fold(1u64, |n, &len| n.checked_mul(len));
-        let Some(inner) = inner.filter(|_| !shape.contains(&0)) else {
+        let along = band.map_or(0, |b| b.dim);
+        let others = (shape.iter().enumerate())
+            .filter(|&(d, _)| d != along)
+            .try_fold(1u64, |n, (_, &len)| n.checked_mul(len));
+        let Some(others) = others.filter(|_| !shape.contains(&0)) else {
             return Ok(None);
         };
         let names: Vec<&str> = dims
@@ -197,11 +233,14 @@ impl Streamed {
         let across = (shape[1..].iter().zip(&chunks[1..])).fold(1u64, |n, (&len, &c)| {
             n.saturating_mul(len.div_ceil(c.max(1)))
         });
-        let slab = (chunks[0].max(1))
-            .saturating_mul(cores.div_ceil(across).max(1))
-            .min(shape[0]);
+        let slab = match band {
+            Some(band) => band.keys.clamp(1, shape[along]),
+            None => (chunks[0].max(1))
+                .saturating_mul(cores.div_ceil(across).max(1))
+                .min(shape[0]),
+        };
         // A slab's cells are numbered with u32 where it is reversed.
-        if slab.saturating_mul(inner) > u32::MAX as u64 {
+        if slab.saturating_mul(others) > u32::MAX as u64 {
             return Ok(None);
         }
         let row_bytes = (schema.fields().iter())
@@ -213,22 +252,38 @@ impl Streamed {
             variables,
             shape,
             chunks,
+            along,
             slab,
+            banded: band.is_some(),
             row_bytes,
             input_memory: grid.memory,
-            outer: names[0].to_string(),
+            along_name: names[along].to_string(),
         }))
     }
 
-    /// Cells of the grid past the outermost dimension.
-    fn inner(&self) -> u64 {
-        self.shape[1..].iter().product()
+    /// Cells of the grid per position of the dimension written a slab at
+    /// a time.
+    fn others(&self) -> u64 {
+        (self.shape.iter().enumerate())
+            .filter(|&(d, _)| d != self.along)
+            .map(|(_, &n)| n)
+            .product()
+    }
+
+    /// What collecting the rows holds: every row, and the grid they lay
+    /// out.
+    fn collected_memory(&self) -> u64 {
+        let cells = self.shape.iter().product::<u64>();
+        let widths: u64 = (self.variables.iter())
+            .map(|(_, t)| t.primitive_width().unwrap_or(16) as u64)
+            .sum();
+        cells.saturating_mul(self.row_bytes.saturating_add(widths))
     }
 
     /// Batches of `batch_size` rows the query may send ahead of the writer:
     /// two slabs' rows (at least two batches).
     pub(crate) fn batches_in_flight(&self, batch_size: usize) -> usize {
-        let rows = 2 * self.slab * self.inner();
+        let rows = 2 * self.slab * self.others();
         usize::try_from(rows.div_ceil(batch_size.max(1) as u64))
             .unwrap_or(usize::MAX)
             .clamp(2, 1 << 20)
@@ -239,7 +294,7 @@ impl Streamed {
     /// them encoded, and where the store runs the other way, a cell number
     /// per cell.
     pub(crate) fn memory(&self) -> u64 {
-        let cells = self.slab * self.inner();
+        let cells = self.slab * self.others();
         let widths: Vec<u64> = (self.variables.iter())
             .map(|(_, t)| t.primitive_width().unwrap_or(16) as u64)
             .collect();
@@ -262,18 +317,23 @@ impl Streamed {
         let writing = self.memory();
         let needed = (self.input_memory as u64).saturating_add(writing);
         if needed > limit as u64 {
+            let smaller = match self.banded {
+                true => "Lower zarrfusion.dense_state_bytes (smaller bands)".to_string(),
+                false => format!(
+                    "Write smaller chunks along '{}' (OPTIONS ('chunks' ...))",
+                    self.along_name
+                ),
+            };
             return Err(DataFusionError::ResourcesExhausted(format!(
                 "COPY TO Zarr ('{target}'): the query holds {} and writing its rows {} at a time \
-                 along '{}' holds {}: {} does not fit in allowed_mem ({}). Write smaller \
-                 chunks along '{}' (OPTIONS ('chunks' ...)), a smaller selection, or raise \
-                 allowed_mem",
+                 along '{}' holds {}: {} does not fit in allowed_mem ({}). {smaller}, a smaller \
+                 selection, or raise allowed_mem",
                 human_readable_size(self.input_memory),
                 self.slab,
-                self.outer,
+                self.along_name,
                 human_readable_size(writing as usize),
                 human_readable_size(needed as usize),
                 human_readable_size(limit),
-                self.outer,
             )));
         }
         Ok(())
@@ -281,21 +341,42 @@ impl Streamed {
 
     /// How it is shown in plans.
     pub(crate) fn describe(&self) -> String {
-        format!("streamed={} of {} per write", self.slab, self.outer)
+        let bands = if self.banded { " (its bands)" } else { "" };
+        format!(
+            "streamed={} of {} per write{bands}",
+            self.slab, self.along_name
+        )
     }
 
-    /// The ranges of the outermost dimension written one after the other,
-    /// in the order the rows arrive.
+    /// The positions of the dimension written a slab at a time, slab by
+    /// slab, in the order the rows arrive: runs of whole chunks (the rows
+    /// in the grid's order), or the rows' bands.
     fn slabs(&self) -> Vec<Range<u64>> {
-        let n = self.shape[0];
-        let mut slabs: Vec<Range<u64>> = (0..n)
-            .step_by(self.slab.max(1) as usize)
-            .map(|start| start..(start + self.slab).min(n))
-            .collect();
-        if self.reversed[0] {
+        let (n, step) = (self.shape[self.along], self.slab.max(1));
+        let back = self.reversed[self.along];
+        let runs = (0..n).step_by(step as usize);
+        if self.banded {
+            // Bands count in the order the rows run.
+            return runs
+                .map(|start| self.stored(start..(start + step).min(n)))
+                .collect();
+        }
+        let mut slabs: Vec<Range<u64>> = runs.map(|start| start..(start + step).min(n)).collect();
+        if back {
             slabs.reverse();
         }
         slabs
+    }
+
+    /// Positions `run` of the dimension written a slab at a time, counted
+    /// in the order the rows run along it, as the store counts them (and
+    /// back).
+    fn stored(&self, run: Range<u64>) -> Range<u64> {
+        let n = self.shape[self.along];
+        match self.reversed[self.along] {
+            true => n - run.end..n - run.start,
+            false => run,
+        }
     }
 
     /// Writes the rows `rows` brings (of `schema`) into a new store at
@@ -335,7 +416,7 @@ impl Streamed {
             })
             .collect();
         let options = &target.options;
-        let inner = self.inner();
+        let others = self.others();
         let cells: u64 = self.shape.iter().product();
         target.write_group(
             runtime,
@@ -345,6 +426,7 @@ impl Streamed {
                 let mut held: Vec<RecordBatch> = Vec::new();
                 let mut held_rows = 0u64;
                 let mut arrived = 0u64;
+                let mut written = 0u64;
                 let mut bytes = 0u64;
                 let mut slabs = self.slabs().into_iter().peekable();
                 while let Some(batch) = rows.blocking_recv() {
@@ -355,18 +437,19 @@ impl Streamed {
                     if n == 0 {
                         continue;
                     }
-                    self.check_cells(&batch, arrived, schema)?;
                     arrived += n;
                     held_rows += n;
                     held.push(batch);
                     while let Some(slab) = slabs.peek() {
-                        let slab_rows = (slab.end - slab.start) * inner;
+                        let slab_rows = (slab.end - slab.start) * others;
                         if held_rows < slab_rows {
                             break;
                         }
                         let taken = take_front(&mut held, slab_rows as usize);
                         held_rows -= slab_rows;
+                        self.check_cells(&taken, written, slab, schema)?;
                         bytes += self.write_slab(group, &taken, slab.clone())?;
+                        written += slab_rows;
                         slabs.next();
                     }
                 }
@@ -385,23 +468,57 @@ impl Streamed {
         )
     }
 
-    /// Checks that `batch`, rows `arrived..` of the result, holds the
-    /// coordinates of its cells, run by run: a dimension's coordinate is
-    /// one value over each run of its stride's rows (compared with it), and
-    /// the innermost one runs through its coordinates (compared as slices).
-    fn check_cells(&self, batch: &RecordBatch, arrived: u64, schema: &SchemaRef) -> Result<()> {
+    /// Checks that `taken`, rows `first..` of the result, hold the
+    /// coordinates of the cells of the slab `slab` (stored positions of the
+    /// dimension written a slab at a time) in C order over them.
+    fn check_cells(
+        &self,
+        taken: &[RecordBatch],
+        first: u64,
+        slab: &Range<u64>,
+        schema: &SchemaRef,
+    ) -> Result<()> {
+        // The slab's cells, as the rows run along each dimension.
+        let cells: Vec<Range<u64>> = (self.shape.iter().enumerate())
+            .map(|(d, &n)| match d == self.along {
+                true => self.stored(slab.clone()),
+                false => 0..n,
+            })
+            .collect();
+        let mut row = 0u64;
+        for batch in taken {
+            self.check_batch(batch, row, &cells, first, schema)?;
+            row += batch.num_rows() as u64;
+        }
+        Ok(())
+    }
+
+    /// Checks that `batch`, rows `arrived..` of the box `cells` (ranges of
+    /// each dimension's coordinates as the rows run; the box starts at row
+    /// `first` of the result), holds the coordinates of its cells, run by
+    /// run: a dimension's coordinate is one value over each run of its
+    /// stride's rows (compared with it), and the innermost one runs through
+    /// its coordinates (compared as slices).
+    fn check_batch(
+        &self,
+        batch: &RecordBatch,
+        arrived: u64,
+        cells: &[Range<u64>],
+        first: u64,
+        schema: &SchemaRef,
+    ) -> Result<()> {
         let rows = batch.num_rows() as u64;
         let mut stride = 1u64;
         for j in (0..self.arrival.len()).rev() {
             let (column, coords) = &self.arrival[j];
-            let len = self.shape[j];
+            let (start, len) = (cells[j].start, cells[j].end - cells[j].start);
             let values = batch.column(*column);
             let mut r = 0u64;
             while r < rows {
                 let cell = arrived + r;
-                let position = ((cell / stride) % len) as usize;
+                let position = (start + (cell / stride) % len) as usize;
                 let (run, same) = if stride == 1 {
-                    let run = (len - position as u64).min(rows - r);
+                    let run = (start + len - position as u64).min(rows - r);
                     let got = values.slice(r as usize, run as usize);
                     (
                         run,
@@ -417,8 +534,8 @@ impl Streamed {
                     return exec_err!(
                         "COPY TO Zarr: rows {}..{} of the result do not hold the '{}' of their \
                          cells in the grid's order; nothing was written",
-                        cell,
-                        cell + run,
+                        first + cell,
+                        first + cell + run,
                         schema.field(*column).name()
                     );
                 }
@@ -430,22 +547,25 @@ impl Streamed {
     }
 
     /// Writes the rows `taken` (in arrival order) as the slab `positions`
-    /// of the outermost dimension; the bytes written (uncompressed).
+    /// of the dimension written a slab at a time; the bytes written
+    /// (uncompressed).
     fn write_slab(
         &self,
         group: &super::store::GroupWrite,
         taken: &[RecordBatch],
         positions: Range<u64>,
     ) -> Result<u64> {
-        let mut shape = vec![(positions.end - positions.start) as usize];
-        shape.extend(self.shape[1..].iter().map(|&n| n as usize));
+        let ranges: Vec<Range<u64>> = (self.shape.iter().enumerate())
+            .map(|(d, &n)| match d == self.along {
+                true => positions.clone(),
+                false => 0..n,
+            })
+            .collect();
+        let shape: Vec<usize> = ranges.iter().map(|r| (r.end - r.start) as usize).collect();
         let gather: Option<UInt32Array> = self
             .reversed
             .contains(&true)
             .then(|| reversal(&shape, &self.reversed));
-        let ranges: Vec<Range<u64>> = std::iter::once(positions)
-            .chain(self.shape[1..].iter().map(|&n| 0..n))
-            .collect();
         let mut bytes = 0u64;
         for ((column, written), array) in self.variables.iter().zip(&group.variables) {
             let parts: Vec<&dyn Array> = taken.iter().map(|b| b.column(*column).as_ref()).collect();
@@ -675,8 +795,12 @@ mod tests {
 
     /// A grid of `x` (floats) by `y` (integers) whose rows arrive with each
     /// coordinate ascending or descending, a float variable with NULLs and
-    /// a count, cut into batches at random rows.
-    fn rows(draw: &mut Draw) -> (SchemaRef, Vec<(usize, ArrayRef)>, Vec<RecordBatch>) {
+    /// a count, in C order or, where `band` is given, band by band of so
+    /// many `y`s, cut into batches at random rows.
+    fn rows(
+        draw: &mut Draw,
+        band: Option<u64>,
+    ) -> (SchemaRef, Vec<(usize, ArrayRef)>, Vec<RecordBatch>) {
         let (nx, ny) = (1 + draw.below(7) as usize, 1 + draw.below(6) as usize);
         let mut xs: Vec<f64> = (0..nx).map(|i| i as f64 * 0.5 - 1.0).collect();
         let mut ys: Vec<i64> = (0..ny).map(|i| 10 * i as i64).collect();
@@ -709,6 +833,23 @@ mod tests {
             ],
         )
         .unwrap();
+        let all = match band {
+            // Band by band: every x over the band's ys, in C order.
+            Some(keys) => {
+                let keys = keys.max(1) as usize;
+                let order: Vec<u32> = (0..ny)
+                    .step_by(keys)
+                    .flat_map(|b| {
+                        (0..nx).flat_map(move |i| {
+                            (b..(b + keys).min(ny)).map(move |j| (i * ny + j) as u32)
+                        })
+                    })
+                    .collect();
+                datafusion::arrow::compute::take_record_batch(&all, &UInt32Array::from(order))
+                    .unwrap()
+            }
+            None => all,
+        };
         let mut batches = Vec::new();
         let mut start = 0;
         while start < cells {
@@ -728,13 +869,16 @@ mod tests {
         let root = std::env::temp_dir().join(format!("zf-rows-{}", std::process::id()));
         std::fs::create_dir_all(&root).unwrap();
         let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
-        let mut reversed = 0;
-        for case in 0..60 {
-            let (schema, coords, batches) = rows(&mut draw);
+        let (mut reversed, mut banded) = (0, 0);
+        for case in 0..120 {
+            // Half the cases band by band of `y`s.
+            let band = (case % 2 == 1).then(|| 1 + draw.below(4));
+            let (schema, coords, batches) = rows(&mut draw, band);
             let descending = [draw.below(2) == 1, draw.below(2) == 1];
             let chunks = format!("x={},y={}", 1 + draw.below(4), 1 + draw.below(4));
             let grid = RowGrid {
                 dims: Some(coords),
+                band: band.map(|keys| RowBand { dim: 1, keys }),
                 memory: 0,
             };
             let columns = [Some(0), Some(1), Some(2), Some(3)];
@@ -743,6 +887,7 @@ mod tests {
                 .unwrap()
                 .expect("ordered coordinates, a float and a count that is never NULL");
             reversed += usize::from(plan.reversed.contains(&true));
+            banded += usize::from(plan.banded && plan.slab < plan.shape[1]);
             let written = streamed(&plan, &schema, batches.clone(), &to).unwrap();
             assert_eq!(
                 written.cells,
@@ -765,6 +910,7 @@ mod tests {
             reversed > 10,
             "{reversed} cases ran against the store's order"
         );
+        assert!(banded > 10, "{banded} cases came in more than one band");
         std::fs::remove_dir_all(&root).unwrap();
     }
 
@@ -774,7 +920,7 @@ mod tests {
         std::fs::create_dir_all(&root).unwrap();
         let mut draw = Draw(7);
         let (schema, coords, batches) = loop {
-            let (schema, coords, batches) = rows(&mut draw);
+            let (schema, coords, batches) = rows(&mut draw, None);
             if coords.iter().all(|(_, c)| c.len() >= 3) {
                 break (schema, coords, batches);
             }
@@ -782,8 +928,10 @@ mod tests {
         let all = datafusion::arrow::compute::concat_batches(&schema, &batches).unwrap();
         let grid = RowGrid {
             dims: Some(coords),
+            band: None,
             memory: 0,
         };
+        let bands = grid.clone();
         let columns = [Some(0), Some(1), Some(2), Some(3)];
         let to = target(&root.join("out.zarr"), "x=1,y=2");
         let plan = Streamed::over(grid, &columns, &schema, &[0, 1], &[false, false], &to)
@@ -807,6 +955,22 @@ mod tests {
             .to_string();
         assert!(
             err.contains(&format!("gave {} rows for a grid of {n} cells", n - 1)),
+            "{err}"
+        );
+        // Said to come in bands of one `y`, the rows in C order.
+        let grid = RowGrid {
+            band: Some(RowBand { dim: 1, keys: 1 }),
+            ..bands
+        };
+        let plan = Streamed::over(grid, &columns, &schema, &[0, 1], &[false, false], &to)
+            .unwrap()
+            .unwrap();
+        assert!(plan.describe().ends_with("of y per write (its bands)"));
+        let err = streamed(&plan, &schema, vec![all.clone()], &to)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rows 1..2 of the result do not hold the 'y'"),
             "{err}"
         );
         assert!(!local(&to).exists());

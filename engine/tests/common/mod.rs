@@ -31,6 +31,42 @@ pub fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
+/// Every file under `dir`, by its path below it, with its bytes.
+pub fn files_under(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let name = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                files.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// The stores at `want` and `got` hold the same files with the same bytes
+/// (more than ten of them).
+pub fn assert_same_files(want: &Path, got: &Path) {
+    let (want, got) = (files_under(want), files_under(got));
+    assert!(want.len() > 10, "{:?}", want.keys());
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in &want {
+        assert!(&got[name] == bytes, "{name} differs");
+    }
+}
+
 /// A fresh, empty directory for one test (named after `name` and the
 /// process), removed with everything in it when dropped.
 pub fn scratch(name: &str) -> Scratch {

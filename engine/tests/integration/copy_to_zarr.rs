@@ -385,6 +385,59 @@ async fn a_reduction_is_written_as_its_rows_come_inside_the_budget() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A COPY of a dense reduction in bands of a later dimension (the hours
+/// of the day repeat along time, so latitudes are cut) writes a band of
+/// latitudes at a time, chunks the bands cut written in parts: the store
+/// is the one written from rows in the grid's order, file for file, and
+/// reads back as the query.
+#[tokio::test]
+async fn a_reduction_in_bands_of_a_later_dimension_is_written_a_band_at_a_time() {
+    let dir = scratch("streamed-bands");
+    // Aggregates whose results do not depend on the order of the folds
+    // (the bands fold otherwise than one pass).
+    let sql = "SELECT extract(hour FROM time) AS hour, lat, lon, min(t2m) AS lo, \
+               max(u10) AS hi, count(v10) AS n FROM era5 GROUP BY 1, lat, lon";
+    let copy_sql = |ctx_name: &str| {
+        format!(
+            "COPY ({sql}) TO '{}' STORED AS ZARR OPTIONS ('dims' 'hour,lat,lon', \
+             'chunks' 'hour=5,lat=4,lon=7')",
+            dir.join(format!("{ctx_name}.zarr")).display()
+        )
+    };
+    let plain = context().await;
+    let small = budget_context(4 << 20).await;
+    small
+        .sql("SET zarrfusion.dense_state_bytes = 131072")
+        .await
+        .unwrap();
+    let plan = text(&small, &format!("EXPLAIN {}", copy_sql("banded"))).await;
+    assert!(
+        plan.contains("of lat per write (its bands)") && plan.contains(", bands="),
+        "{plan}"
+    );
+    let plan = text(&plain, &format!("EXPLAIN {}", copy_sql("whole"))).await;
+    assert!(
+        plan.contains(" of hour per write") && !plan.contains(", bands="),
+        "{plan}"
+    );
+    copy(&small, &copy_sql("banded")).await.unwrap();
+    copy(&plain, &copy_sql("whole")).await.unwrap();
+    common::assert_same_files(&dir.join("whole.zarr"), &dir.join("banded.zarr"));
+    plain
+        .register_zarr(
+            "banded",
+            &dir.join("banded.zarr").to_string_lossy(),
+            HashMap::new(),
+        )
+        .await
+        .unwrap();
+    let order = "ORDER BY hour, lat, lon";
+    let columns = "hour, lat, lon, lo, hi, n";
+    let got = text(&plain, &format!("SELECT {columns} FROM banded {order}")).await;
+    let want = text(&plain, &format!("SELECT {columns} FROM ({sql}) {order}")).await;
+    assert_eq!(got, want);
+}
+
 #[tokio::test]
 async fn set_allowed_mem_resizes_the_budget_of_later_queries() {
     let dir = scratch("set-budget");

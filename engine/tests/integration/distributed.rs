@@ -13,7 +13,7 @@ use crate::common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{assert_rows, fixture, query_rows, repo_root, scratch, sort_rows};
+use common::{assert_rows, assert_same_files, fixture, query_rows, repo_root, scratch, sort_rows};
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::projection::EmbeddedProjection;
@@ -1434,6 +1434,30 @@ async fn a_copy_of_a_reduction_merged_from_the_workers_is_written_as_its_rows_co
     query_rows(&cluster, "the cluster's COPY in bands", &copy("bands.zarr")).await;
     let got = query_rows(&alone, "the cluster's store in bands", &read("bands.zarr")).await;
     assert_rows("a COPY in bands through workers", &got, &want);
+    // In bands of latitudes (the hours of the day repeat along time): one
+    // machine writes a band at a time; the workers' bands reach the session
+    // as they come, so there the rows are collected. The same store.
+    let diurnal = |name: &str| {
+        format!(
+            "COPY (SELECT extract(hour FROM time) AS hour, lat, lon, min(t2m) AS lo, \
+             count(u10) AS n FROM era5 GROUP BY 1, lat, lon) TO '{}' STORED AS ZARR \
+             OPTIONS ('dims' 'hour,lat,lon', 'chunks' 'hour=5,lat=4,lon=16')",
+            dir.join(name).display()
+        )
+    };
+    for ctx in [&cluster, &alone] {
+        (ctx.sql("SET zarrfusion.dense_state_bytes = 131072").await).unwrap();
+    }
+    let shown = common::explain_text(&cluster, &diurnal("shown.zarr")).await;
+    assert!(
+        shown.contains("emits=the results of its bands") && !shown.contains("streamed="),
+        "{shown}"
+    );
+    let shown = common::explain_text(&alone, &diurnal("shown.zarr")).await;
+    assert!(shown.contains("of lat per write (its bands)"), "{shown}");
+    query_rows(&cluster, "the cluster's diurnal COPY", &diurnal("cd.zarr")).await;
+    query_rows(&alone, "one machine's diurnal COPY", &diurnal("ad.zarr")).await;
+    assert_same_files(&dir.join("ad.zarr"), &dir.join("cd.zarr"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1585,41 +1609,6 @@ fn first_node_of<T: ExecutionPlan + 'static>(
         return Some(Arc::clone(plan));
     }
     plan.children().into_iter().find_map(first_node_of::<T>)
-}
-
-fn files_under(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let mut files = std::collections::BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(at) = stack.pop() {
-        for entry in std::fs::read_dir(&at).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let name = path
-                    .strip_prefix(dir)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                files.insert(name, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    files
-}
-
-/// The stores at `want` and `got` hold the same files with the same bytes
-/// (more than ten of them).
-fn assert_same_files(want: &std::path::Path, got: &std::path::Path) {
-    let (want, got) = (files_under(want), files_under(got));
-    assert!(want.len() > 10, "{:?}", want.keys());
-    assert_eq!(
-        got.keys().collect::<Vec<_>>(),
-        want.keys().collect::<Vec<_>>()
-    );
-    for (name, bytes) in &want {
-        assert!(&got[name] == bytes, "{name} differs");
-    }
 }
 
 /// What a write left beside its targets in `dir`: temporary directories.

@@ -60,7 +60,7 @@ use crate::table::{
     BroadcastInputs, GridTable, ReadAheadPlan, ReadsBroadcasts, RunStreamBuilder, TableReadAhead,
     RUN_BATCHES, TASKS_OF_STAGE,
 };
-use crate::write::rows::RowGrid;
+use crate::write::rows::{RowBand, RowGrid};
 use crate::zarr::ChunkBufferPool;
 
 /// Rows evaluated and folded at a time.
@@ -616,16 +616,19 @@ impl DenseReductionExec {
         &self.reduction
     }
 
-    /// The grid its rows lay out, one per cell in C order, when it gives
-    /// its results and every cell has a row (see [`RowGrid`]), with its
-    /// projected memory: what `COPY ... STORED AS ZARR` writes as the rows
-    /// come, a slab at a time, instead of holding them.
+    /// The grid its rows lay out, one per cell in C order (or in bands of
+    /// a later grouped dimension, band by band), when it gives its results
+    /// and every cell has a row (see [`RowGrid`]), with its projected
+    /// memory: what `COPY ... STORED AS ZARR` writes as the rows come, a
+    /// slab (or band) at a time, instead of holding them.
     pub fn row_grid(&self) -> Result<Option<RowGrid>> {
         if self.emit != Emit::Results {
             return Ok(None);
         }
+        let (dims, band) = self.reduction.row_grid()?.unzip();
         Ok(Some(RowGrid {
-            dims: self.reduction.row_grid()?,
+            dims,
+            band: band.flatten(),
             memory: self.projected_memory(),
         }))
     }
@@ -1546,17 +1549,31 @@ impl Reduction {
         &self.read.table.store
     }
 
-    /// The grid its result rows lay out one per cell, in C order: each
-    /// grouped dimension in table order, with the output column of its key
-    /// and the keys' values in the order the rows run along it. `None` when
-    /// a row filter decides which groups exist (a cell may have no row), a
-    /// dimension is grouped by more than one column (its keys are tuples,
-    /// not a line of the grid), or its rows come in bands of a dimension
-    /// other than the first grouped one (not in the grid's order).
-    fn row_grid(&self) -> Result<Option<Vec<(usize, ArrayRef)>>> {
-        if self.keys.is_empty() || self.filters_groups() || !self.rows_in_grid_order() {
+    /// The grid its result rows lay out one per cell: each grouped
+    /// dimension in table order, with the output column of its key and the
+    /// keys' values in the order the rows run along it; and where its rows
+    /// come in bands of a dimension other than the first grouped one, that
+    /// dimension (its place among the grid's) and its keys per band (each
+    /// band's rows in C order over the band's cells, the bands in order).
+    /// `None` when a row filter decides which groups exist (a cell may have
+    /// no row), or a dimension is grouped by more than one column (its keys
+    /// are tuples, not a line of the grid).
+    fn row_grid(&self) -> Result<Option<(Vec<(usize, ArrayRef)>, Option<RowBand>)>> {
+        if self.keys.is_empty() || self.filters_groups() {
             return Ok(None);
         }
+        let band = match self.bands {
+            Some(bands) if !self.rows_in_grid_order() => {
+                let Some(dim) = self.dims.iter().position(|&d| d == bands.dim) else {
+                    return Ok(None);
+                };
+                Some(RowBand {
+                    dim,
+                    keys: bands.keys as u64,
+                })
+            }
+            _ => None,
+        };
         let mut dims = Vec::with_capacity(self.dims.len());
         for &d in &self.dims {
             let mut columns = (self.keys.iter().enumerate())
@@ -1581,7 +1598,7 @@ impl Reduction {
             }
             dims.push((column, values));
         }
-        Ok(Some(dims))
+        Ok(Some((dims, band)))
     }
 
     /// Whether some groups may have no row, and so do not exist: a row
@@ -1687,6 +1704,21 @@ pub fn reduction_rows(plan: &dyn ExecutionPlan) -> Result<Option<RowGrid>> {
         Some(exec) => exec.row_grid(),
         None => Ok(None),
     }
+}
+
+/// [`reduction_rows`] for a session with workers: rows that come band by
+/// band along a later dimension are not a grid's in any order there (a
+/// cluster's tasks each send a run of the bands, gathered as they come),
+/// so only the memory of such a reduction is known.
+pub fn reduction_rows_in_order(plan: &dyn ExecutionPlan) -> Result<Option<RowGrid>> {
+    Ok(reduction_rows(plan)?.map(|grid| match grid.band {
+        Some(_) => RowGrid {
+            dims: None,
+            band: None,
+            ..grid
+        },
+        None => grid,
+    }))
 }
 
 /// The one batch `result` makes, sent in slices of `batch_size` rows (one
