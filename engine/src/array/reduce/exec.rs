@@ -625,12 +625,7 @@ impl DenseReductionExec {
         if self.emit != Emit::Results {
             return Ok(None);
         }
-        let (dims, band) = self.reduction.row_grid()?.unzip();
-        Ok(Some(RowGrid {
-            dims,
-            band: band.flatten(),
-            memory: self.projected_memory(),
-        }))
+        self.reduction.row_grid(self.projected_memory()).map(Some)
     }
 
     /// Whether it runs in bands of its groups (see [`Bands`]): its group
@@ -1549,23 +1544,29 @@ impl Reduction {
         &self.read.table.store
     }
 
-    /// The grid its result rows lay out one per cell: each grouped
-    /// dimension in table order, with the output column of its key and the
+    /// What it knows of its result rows, holding `memory` (see
+    /// [`RowGrid`]): the grid they lay out one per cell, each grouped
+    /// dimension in table order with the output column of its key and the
     /// keys' values in the order the rows run along it; and where its rows
     /// come in bands of a dimension other than the first grouped one, that
     /// dimension (its place among the grid's) and its keys per band (each
     /// band's rows in C order over the band's cells, the bands in order).
-    /// `None` when a row filter decides which groups exist (a cell may have
-    /// no row), or a dimension is grouped by more than one column (its keys
-    /// are tuples, not a line of the grid).
-    fn row_grid(&self) -> Result<Option<(Vec<(usize, ArrayRef)>, Option<RowBand>)>> {
+    /// No grid when a row filter decides which groups exist (a cell may
+    /// have no row), or a dimension is grouped by more than one column (its
+    /// keys are tuples, not a line of the grid).
+    fn row_grid(&self, memory: usize) -> Result<RowGrid> {
+        let unknown = RowGrid {
+            dims: None,
+            band: None,
+            memory,
+        };
         if self.keys.is_empty() || self.filters_groups() {
-            return Ok(None);
+            return Ok(unknown);
         }
         let band = match self.bands {
             Some(bands) if !self.rows_in_grid_order() => {
                 let Some(dim) = self.dims.iter().position(|&d| d == bands.dim) else {
-                    return Ok(None);
+                    return Ok(unknown);
                 };
                 Some(RowBand {
                     dim,
@@ -1580,11 +1581,11 @@ impl Reduction {
                 .filter(|(_, k)| k.dim == d)
                 .map(|(i, _)| i);
             let (Some(key), None) = (columns.next(), columns.next()) else {
-                return Ok(None);
+                return Ok(unknown);
             };
             // A grid's rows are laid out by their keys' columns.
             let Some(column) = self.given(key) else {
-                return Ok(None);
+                return Ok(unknown);
             };
             let values = match &self.key_values[d] {
                 Some(values) => Arc::clone(&values[0]),
@@ -1594,11 +1595,15 @@ impl Reduction {
                 }
             };
             if values.len() != self.space.keys_of(d) {
-                return Ok(None);
+                return Ok(unknown);
             }
             dims.push((column, values));
         }
-        Ok(Some((dims, band)))
+        Ok(RowGrid {
+            dims: Some(dims),
+            band,
+            memory,
+        })
     }
 
     /// Whether some groups may have no row, and so do not exist: a row
