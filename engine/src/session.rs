@@ -36,8 +36,9 @@ use url::Url;
 
 use crate::array::copy::CopyToArraysRule;
 use crate::array::fft::FftPlanner;
+use crate::array::planner::array_rows;
 use crate::array::rechunk::RechunkPlanner;
-use crate::array::reduce::{reduction_rows, reduction_rows_in_order};
+use crate::array::reduce::reduction_rows_in_order;
 use crate::array::{
     AlignedJoinRule, ArrayQueryPlanner, BroadcastJoinRule, DenseReductionRule, PartitionTotalsRule,
     RollingWindowRule,
@@ -119,7 +120,7 @@ fn build_context(
     // asks the operators above it which rows are a grid's cells).
     let rows = match workers {
         Some(_) => RowGrids(reduction_rows_in_order),
-        None => RowGrids(reduction_rows),
+        None => RowGrids(array_rows),
     };
     let config = config.with_extension(Arc::new(rows));
     let read_zarr: Arc<dyn RelationPlanner> = Arc::new(ReadZarrPlanner::new(Arc::clone(&runtime)));

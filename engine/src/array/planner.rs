@@ -18,13 +18,14 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 
 use super::fft::FftCopy;
 use super::rechunk::{RechunkExec, RechunkTable};
-use super::reduce::{DenseReduction, DenseReductionExec};
+use super::reduce::{reduction_rows, DenseReduction, DenseReductionExec};
 use super::rolling::{RollingWindow, RollingWindowExec};
 use super::scan_path::TableRead;
 use crate::array::copy::rolling::RollingCopy;
 use crate::array::copy::selection::SelectionCopy;
 use crate::array::copy::ArrayCopy;
 use crate::table::{BlockRead, BroadcastInputs, ReadsBroadcasts};
+use crate::write::rows::RowGrid;
 
 /// Plans the array nodes of `engine::array`.
 #[derive(Debug, Default)]
@@ -131,6 +132,25 @@ async fn over_rechunk(
     let exec = plan(read.reading(rechunked.table().grid()))?;
     let exec: RechunkExec = rechunked.read_by(exec);
     Ok(Some(Arc::new(exec)))
+}
+
+/// What a session's `COPY ... STORED AS ZARR` knows of `plan`'s rows before
+/// they come (its [`RowGrids`](crate::write::rows::RowGrids)): a dense
+/// reduction's grid ([`reduction_rows`]), also where the reduction reads
+/// `rechunk(...)` (its copy runs first, so the query holds the larger of
+/// the copy's memory and the reduction's while the rows are written).
+pub fn array_rows(plan: &dyn ExecutionPlan) -> Result<Option<RowGrid>> {
+    let Some(rechunk) = plan.downcast_ref::<RechunkExec>() else {
+        return reduction_rows(plan);
+    };
+    let copy = (rechunk.arrays().map(|a| a.projected_memory()).max()).unwrap_or(0);
+    let copy = usize::try_from(copy).unwrap_or(usize::MAX);
+    Ok(
+        reduction_rows(rechunk.read().as_ref())?.map(|grid| RowGrid {
+            memory: grid.memory.max(copy),
+            ..grid
+        }),
+    )
 }
 
 /// DataFusion's physical planner, knowing the array nodes.

@@ -438,6 +438,32 @@ async fn a_reduction_in_bands_of_a_later_dimension_is_written_a_band_at_a_time()
     assert_eq!(got, want);
 }
 
+/// A COPY of a dense reduction over `rechunk(...)` is written as its rows
+/// come too (the copy runs first): the store is the one the reduction of
+/// the table itself writes, file for file.
+#[tokio::test]
+async fn a_reduction_over_rechunk_is_written_as_its_rows_come() {
+    let dir = scratch("streamed-rechunk");
+    let ctx = context().await;
+    let copy_sql = |from: &str, name: &str| {
+        format!(
+            "COPY (SELECT date_trunc('day', time) AS time, lat, lon, min(t2m) AS lo, \
+             count(u10) AS n FROM {from} GROUP BY 1, lat, lon) TO '{}' STORED AS ZARR \
+             OPTIONS ('chunks' 'time=2,lat=11,lon=16')",
+            dir.join(name).display()
+        )
+    };
+    let rechunked = "rechunk('era5', time => 96, lat => 4, lon => 4)";
+    let plan = text(&ctx, &format!("EXPLAIN {}", copy_sql(rechunked, "r.zarr"))).await;
+    assert!(
+        plan.contains("RechunkExec") && plan.contains("streamed=2 of time per write"),
+        "{plan}"
+    );
+    copy(&ctx, &copy_sql(rechunked, "r.zarr")).await.unwrap();
+    copy(&ctx, &copy_sql("era5", "t.zarr")).await.unwrap();
+    common::assert_same_files(&dir.join("t.zarr"), &dir.join("r.zarr"));
+}
+
 #[tokio::test]
 async fn set_allowed_mem_resizes_the_budget_of_later_queries() {
     let dir = scratch("set-budget");
