@@ -31,9 +31,9 @@ pub fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
-/// Every file under `dir`, by its path below it, with its bytes.
-pub fn files_under(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let mut files = std::collections::BTreeMap::new();
+/// The paths of the files under `dir`, below it, sorted.
+pub fn file_paths(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(at) = stack.pop() {
         for entry in std::fs::read_dir(&at).unwrap() {
@@ -41,16 +41,23 @@ pub fn files_under(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
             if path.is_dir() {
                 stack.push(path);
             } else {
-                let name = path
-                    .strip_prefix(dir)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                files.insert(name, std::fs::read(&path).unwrap());
+                let name = path.strip_prefix(dir).unwrap().to_string_lossy();
+                found.push(name.into_owned());
             }
         }
     }
-    files
+    found.sort();
+    found
+}
+
+/// Every file under `dir`, by its path below it, with its bytes.
+pub fn files_under(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    (file_paths(dir).into_iter())
+        .map(|name| {
+            let bytes = std::fs::read(dir.join(&name)).unwrap();
+            (name, bytes)
+        })
+        .collect()
 }
 
 /// The stores at `want` and `got` hold the same files with the same bytes

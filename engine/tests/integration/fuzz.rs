@@ -205,28 +205,8 @@ impl Playground {
 
     /// The store's files (relative paths, sorted) that `keep` accepts.
     fn files(&self, store: &str, keep: impl Fn(&str) -> bool) -> Vec<String> {
-        let mut found = Vec::new();
-        let top = self.root.join(store);
-        let mut stack = vec![top.clone()];
-        while let Some(dir) = stack.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    stack.push(path);
-                } else {
-                    let relative = path
-                        .strip_prefix(&top)
-                        .unwrap()
-                        .to_string_lossy()
-                        .into_owned();
-                    if keep(&relative) {
-                        found.push(relative);
-                    }
-                }
-            }
-        }
-        found.sort();
-        found
+        let found = common::file_paths(&self.root.join(store));
+        found.into_iter().filter(|path| keep(path)).collect()
     }
 
     /// Overwrites one file until the returned guard is dropped (also when
