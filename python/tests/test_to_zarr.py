@@ -262,7 +262,7 @@ def test_a_climatology_over_the_bound_runs_in_bands_of_latitudes_equal_to_xarray
     # by its first grouped dimension; over a bound one latitude's groups fit,
     # it runs in bands of latitudes (EXPLAIN: keys of lat) instead of
     # DataFusion's hash aggregation. Its rows come band by band, not in the
-    # grid's order: the COPY collects them and writes xarray's answer.
+    # grid's order: the COPY writes them a band at a time, xarray's answer.
     src = open_xr(fixtures / "climate.zarr")
     # 2 KB: the 180 groups' state (8.6 KB) does not fit, one latitude's does.
     ctx = zf.SessionContext(config={"zarrfusion.dense_state_bytes": "2048"})

@@ -554,10 +554,11 @@ async fn climatologies_over_the_bound_run_in_bands_of_a_later_dimension_with_xar
             assert_rows(&format!("{sql} ({settings:?})"), &got, &want);
         }
     }
-    // A COPY of it collects the rows (they do not come in the grid's
-    // order): refused before it runs where the rows and their grid do not
-    // fit beside what the reduction holds (65.7 KB in bands of a latitude
-    // under 72 KB), written where they do.
+    // A COPY of it writes its rows band by band (each band's in C order
+    // over its cells): refused before it runs where a band's rows do not
+    // fit beside what the reduction holds (3.5 KB and 65.7 KB in bands of
+    // a latitude, over 68 KB), written where they do (72 KB, where
+    // collecting the rows was refused).
     let clim = "SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS t2m, \
                 stddev_pop(u10) AS u10 FROM t GROUP BY 1, 2, 3";
     let dir = common::scratch("climatology_in_bands_copy");
@@ -566,11 +567,18 @@ async fn climatologies_over_the_bound_run_in_bands_of_a_later_dimension_with_xar
         "COPY ({clim}) TO '{}' STORED AS ZARR OPTIONS ('dims' 'month,lat,lon')",
         out.display()
     );
-    for (limit, fits) in [("72K", false), ("80K", true)] {
+    for (limit, fits) in [("68K", false), ("72K", true)] {
         let allowed = format!("SET datafusion.runtime.memory_limit = '{limit}'");
         let ctx = session("t", Path::new(&store), true, &[bound, allowed.as_str()]).await;
         let plan = explain_text(&ctx, clim).await;
         assert!(plan.contains(" keys of lat"), "{plan}");
+        if fits {
+            let plan = explain_text(&ctx, &copy).await;
+            assert!(
+                plan.contains("streamed=1 of lat per write (its bands)"),
+                "{plan}"
+            );
+        }
         let result = ctx.sql(&copy).await;
         let result = match result {
             Ok(df) => df.collect().await.map(|_| ()),
@@ -583,8 +591,9 @@ async fn climatologies_over_the_bound_run_in_bands_of_a_later_dimension_with_xar
                 assert!(!fits, "{limit}: {e}");
                 assert!(
                     e.contains("Resources exhausted")
-                        && e.contains("the query holds")
-                        && e.contains("allowed_mem is 72.0 KB"),
+                        && e.contains("the query holds 65.7 KB")
+                        && e.contains("at a time along 'lat'")
+                        && e.contains("allowed_mem (68.0 KB)"),
                     "{e}"
                 );
                 assert!(!out.exists(), "a refused COPY wrote {}", out.display());
