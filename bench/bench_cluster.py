@@ -19,7 +19,10 @@ DataFusion's hash join on the cluster (its plan before broadcast joins ran on wo
 of each cell's anomaly into space chunks: on workers the climatology's stage, its rows broadcast
 to a round of blockwise tasks, then the rechunk's rounds; no hash arm). B and D (reductions in
 bands: the 3-hourly means and the diurnal cycle of every cell, reduced to a line; on workers each
-task finishes a run of the bands and sends their rows; no hash arm).
+task finishes a run of the bands and sends their rows; no hash arm). DC (D's mean and spread
+written to Zarr as ``bench_climate.py``'s diurnal-zarr: on workers each task finishes a run of the
+bands of latitudes and sends their rows, which the session gathers one task after the other and
+writes a band at a time; no hash arm).
 
 Arms (every run a fresh shell process; workers started fresh for each run, not timed):
 
@@ -76,6 +79,7 @@ SELECTION_TARGET = Path("/tmp/bench_cluster_selection.zarr")
 ROLLING_TARGET = Path("/tmp/bench_cluster_rolling.zarr")
 FFT_TARGET = Path("/tmp/bench_cluster_fft.zarr")
 ANOMALY_TARGET = Path("/tmp/bench_cluster_anomaly.zarr")
+DIURNAL_TARGET = Path("/tmp/bench_cluster_diurnal.zarr")
 QUERIES = {
     "Q1": "SELECT lat, avg(t2m) FROM era5 GROUP BY lat ORDER BY lat",
     "Q3": "SELECT lat, lon, avg(t2m*t2m) FROM era5 GROUP BY lat, lon",
@@ -116,6 +120,14 @@ QUERIES = {
     "lat, lon, avg(t2m) AS m FROM era5 GROUP BY 1, 2, 3)",
     "D": "SELECT count(m) AS n, sum(m + s) AS m FROM (SELECT extract(hour FROM time) AS h, lat, lon, "
     "avg(t2m) AS m, stddev_pop(t2m) AS s FROM era5 GROUP BY 1, 2, 3)",
+    # D written to Zarr (bench_climate.py's diurnal-zarr): on workers each task finishes a run of
+    # the bands of latitudes and sends their rows; the session gathers the tasks one after the
+    # other (InOrderGatherExec, the later ones' rows held or spilled until their turn) and writes
+    # a band at a time.
+    "DC": "COPY (SELECT extract(hour FROM time) AS hour, lat, lon, avg(t2m) AS m, "
+    "stddev_pop(t2m) AS s FROM era5 GROUP BY 1, 2, 3) TO "
+    f"'{DIURNAL_TARGET}' STORED AS ZARR OPTIONS ('dims' 'hour,lat,lon', "
+    "'chunks' 'hour=1,lat=721,lon=1440', 'codec' 'zstd')",
     "A": "WITH clim AS (SELECT extract(month FROM time) AS month, lat, lon, avg(t2m) AS c FROM era5 "
     "GROUP BY 1, 2, 3) SELECT era5.time, era5.lat, avg(era5.t2m - clim.c) AS a FROM era5 JOIN clim "
     "ON extract(month FROM era5.time) = clim.month AND era5.lat = clim.lat AND era5.lon = clim.lon "
@@ -139,6 +151,7 @@ COPY_TARGETS = {
     "W": ROLLING_TARGET,
     "F": FFT_TARGET,
     "AC": ANOMALY_TARGET,
+    "DC": DIURNAL_TARGET,
 }
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 # F's peer: xrft over Dask on two worker processes (argv: store, target, memory limit). Prints the

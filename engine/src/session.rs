@@ -38,7 +38,6 @@ use crate::array::copy::CopyToArraysRule;
 use crate::array::fft::FftPlanner;
 use crate::array::planner::array_rows;
 use crate::array::rechunk::RechunkPlanner;
-use crate::array::reduce::reduction_rows_in_order;
 use crate::array::{
     AlignedJoinRule, ArrayQueryPlanner, BroadcastJoinRule, DenseReductionRule, PartitionTotalsRule,
     RollingWindowRule,
@@ -117,12 +116,9 @@ fn build_context(
         keep_partial_aggregates(config.options_mut());
     }
     // `COPY` of a dense reduction writes its rows as they come (the writer
-    // asks the operators above it which rows are a grid's cells).
-    let rows = match workers {
-        Some(_) => RowGrids(reduction_rows_in_order),
-        None => RowGrids(array_rows),
-    };
-    let config = config.with_extension(Arc::new(rows));
+    // asks the operators above it which rows are a grid's cells; on a
+    // cluster, a reduction's runs of bands are gathered in order).
+    let config = config.with_extension(Arc::new(RowGrids(array_rows)));
     let read_zarr: Arc<dyn RelationPlanner> = Arc::new(ReadZarrPlanner::new(Arc::clone(&runtime)));
     let builder = SessionStateBuilder::new()
         .with_config(config)

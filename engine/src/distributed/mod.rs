@@ -23,6 +23,8 @@
 //! - [`transforms`]: a transform on the four-step path on a cluster: the
 //!   workers run its two passes' blocks, a stage each, into a scratch
 //!   store the session made; the session reads the output.
+//! - [`in_order`]: a stage's tasks gathered one after the other (a
+//!   reduction's runs of bands of a later dimension, in band order).
 //! - [`barrier`]: rounds that run one after the other on the workers
 //!   (each task of a round waits for every count of the previous one).
 //! - [`cluster`]: a session's side: the workers' addresses and the
@@ -64,6 +66,7 @@ pub mod channel;
 pub mod cluster;
 pub mod codec;
 pub mod copies;
+pub mod in_order;
 pub mod reductions;
 pub mod stages;
 pub mod tasks;

@@ -8,15 +8,20 @@
 //! bands to the tasks instead, each finishing its bands' groups, and its
 //! rows (or what a projection or partial aggregate beside it makes of
 //! them) are gathered in its order.
+//! Where those rows have no order (bands of a later dimension), the
+//! session gathers the tasks one after the other
+//! ([`gather_bands_in_order`]), so they come band by band.
 //! The distributed planner then puts a network gather (or shuffle) between
 //! the two, and the reduction's stage is split into tasks by its decoded
 //! bytes like a scan's ([`super::tasks`]).
 
+use std::any::Any;
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{plan_err, Result};
 use datafusion::config::ConfigOptions;
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
@@ -27,15 +32,19 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{
-    ChildrenPropertiesMode, ExecutionPlan, Partitioning, ReplaceChildrenOptions,
+    replace_children_if_necessary, ChildrenPropertiesMode, ExecutionPlan, Partitioning,
+    ReplaceChildrenOptions,
 };
 
-use datafusion_distributed::DistributedConfig;
+use datafusion_distributed::{DistributedConfig, NetworkBoundaryExt};
 
 use super::barrier::AfterExec;
+use super::in_order::InOrderGatherExec;
 use super::tasks::tasks_for;
+use crate::array::reduce::Bands;
 use crate::array::{DenseMergeExec, DenseReductionExec, Merged, GROUP_POSITION};
 use crate::config::ZarrConfig;
+use crate::write::ZarrSink;
 
 /// Plans every dense reduction of a plan for a cluster of `workers`
 /// workers, its states merged in a tree or in the session
@@ -282,4 +291,70 @@ pub fn rules_with_cluster_reductions(
     rules.insert(requirements, Arc::new(super::copies::ClusterCopies));
     rules.insert(0, Arc::new(ClusterReductions::new(workers)));
     rules
+}
+
+/// `plan` (a session's distributed plan) with each gathering, in the
+/// session's own stage, of a stage whose tasks send runs of a reduction's
+/// bands in no declared order (bands of a later dimension: the diurnal
+/// cycle of every cell in bands of latitudes) made an
+/// [`InOrderGatherExec`]: the tasks' rows one after the other, so they
+/// come band by band as on one machine (what a `COPY` writing a band at a
+/// time needs; DataFusion's gather interleaves them).
+pub fn gather_bands_in_order(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    if plan.as_network_boundary().is_some() {
+        return Ok(plan);
+    }
+    if let Some(coalesce) = plan.downcast_ref::<CoalescePartitionsExec>() {
+        if coalesce.fetch().is_none() && unordered_bands(coalesce.input()).is_some() {
+            return Ok(Arc::new(InOrderGatherExec::new(Arc::clone(
+                coalesce.input(),
+            ))));
+        }
+    }
+    let children = (plan.children().into_iter())
+        .map(|child| gather_bands_in_order(Arc::clone(child)))
+        .collect::<Result<Vec<_>>>()?;
+    let plan = replace_children_if_necessary(plan, children)?;
+    Ok(match plan.downcast_ref::<DataSinkExec>() {
+        Some(sink) => sink_in_dealt_bands(sink).unwrap_or(plan),
+        None => plan,
+    })
+}
+
+/// The bands of the reduction of the stage whose network boundary is
+/// `input`, where its tasks each send a run of them (through
+/// projections) in no declared order.
+fn unordered_bands(input: &Arc<dyn ExecutionPlan>) -> Option<Bands> {
+    let stage = input.as_network_boundary()?.input_stage();
+    let mut node = Arc::clone(stage.local_plan()?);
+    if node.properties().output_ordering().is_some() {
+        return None;
+    }
+    loop {
+        if dealing_bands(&node) {
+            return node.downcast_ref::<DenseReductionExec>()?.bands();
+        }
+        let passes = node.is::<ProjectionExec>() || node.is::<CooperativeExec>();
+        match node.children().as_slice() {
+            [child] if passes => node = Arc::clone(child),
+            _ => return None,
+        }
+    }
+}
+
+/// A `COPY` writing the bands gathered in order as `sink` does, in the
+/// bands its tasks fold: the stage's split evened them out for its tasks
+/// (no larger than the session cut them, where the sink was planned).
+fn sink_in_dealt_bands(sink: &DataSinkExec) -> Option<Arc<dyn ExecutionPlan>> {
+    let zarr = (sink.sink() as &dyn Any).downcast_ref::<ZarrSink>()?;
+    let mut node = Arc::clone(sink.input());
+    while let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+        node = Arc::clone(projection.input());
+    }
+    let gather = node.downcast_ref::<InOrderGatherExec>()?;
+    let bands = unordered_bands(gather.children()[0])?;
+    let written = zarr.in_bands_of(bands.keys as u64)?;
+    let input = Arc::clone(sink.input());
+    let order = sink.sort_order().clone();
+    Some(Arc::new(DataSinkExec::new(input, Arc::new(written), order)))
 }

@@ -26,9 +26,11 @@ use datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec;
 use datafusion_proto::physical_plan::{DefaultPhysicalProtoConverter, PhysicalExtensionCodec};
 
 use super::codec::ZarrCodec;
+use super::reductions::gather_bands_in_order;
 
 /// A query planner (the distributed one) whose plans' worker stages are
-/// checked to travel ([`check_worker_stages`]).
+/// checked to travel ([`check_worker_stages`]), the runs of bands its
+/// tasks send gathered in order ([`gather_bands_in_order`]).
 #[derive(Debug)]
 pub struct CheckedStages(pub Arc<dyn QueryPlanner + Send + Sync>);
 
@@ -40,6 +42,7 @@ impl QueryPlanner for CheckedStages {
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let plan = self.0.create_physical_plan(logical_plan, session).await?;
+        let plan = gather_bands_in_order(plan)?;
         check_worker_stages(&plan, session.config())?;
         Ok(plan)
     }

@@ -270,6 +270,17 @@ impl Streamed {
             .product()
     }
 
+    /// This write with the rows' bands `keys` positions each, where it
+    /// writes bands at least that large (a cluster's tasks fold the bands
+    /// evened out for them, never larger than the session cut them);
+    /// `None` otherwise.
+    pub(crate) fn in_bands_of(&self, keys: u64) -> Option<Self> {
+        (self.banded && (1..=self.slab).contains(&keys)).then(|| Self {
+            slab: keys,
+            ..self.clone()
+        })
+    }
+
     /// What collecting the rows holds: every row, and the grid they lay
     /// out.
     fn collected_memory(&self) -> u64 {

@@ -24,7 +24,7 @@ use super::store::{chunk_shape, grid_arrays, prepare_group, store_grid};
 use super::target::CopyTarget;
 
 /// Writes a query result to a new Zarr store.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ZarrSink {
     schema: SchemaRef,
     target: CopyTarget,
@@ -57,6 +57,17 @@ impl ZarrSink {
     /// The sink writing the rows as they come, as `streamed` says.
     pub(crate) fn streaming(self, streamed: Option<Streamed>) -> Self {
         Self { streamed, ..self }
+    }
+
+    /// This sink writing the rows in bands of `keys` positions (see
+    /// [`Streamed::in_bands_of`]); `None` where it writes no bands that
+    /// large.
+    pub(crate) fn in_bands_of(&self, keys: u64) -> Option<Self> {
+        let streamed = self.streamed.as_ref()?.in_bands_of(keys)?;
+        Some(Self {
+            streamed: Some(streamed),
+            ..self.clone()
+        })
     }
 
     /// Writes the rows `data` brings as they come (see [`super::rows`]),

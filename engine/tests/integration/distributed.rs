@@ -1394,20 +1394,25 @@ async fn a_copy_of_a_reduction_merged_from_the_workers_is_written_as_its_rows_co
             .await)
             .unwrap();
     }
-    let copy = |name: &str| {
+    let copy = |from: &str, name: &str| {
         format!(
             "COPY (SELECT date_trunc('day', time) AS day, lat, lon, avg(t2m) AS m, \
-             count(t2m) AS n FROM era5 GROUP BY date_trunc('day', time), lat, lon) TO '{}' \
+             count(t2m) AS n FROM {from} GROUP BY date_trunc('day', time), lat, lon) TO '{}' \
              STORED AS ZARR OPTIONS ('dims' 'day,lat,lon', 'chunks' 'day=2,lat=11,lon=16')",
             dir.join(name).display()
         )
     };
-    let shown = common::explain_text(&cluster, &copy("shown.zarr")).await;
+    let shown = common::explain_text(&cluster, &copy("era5", "shown.zarr")).await;
     for part in ["DenseMergeExec", "streamed=", "emits=partial states"] {
         assert!(shown.contains(part), "{part}:\n{shown}");
     }
-    query_rows(&cluster, "the cluster's COPY", &copy("cluster.zarr")).await;
-    query_rows(&alone, "one machine's COPY", &copy("alone.zarr")).await;
+    query_rows(
+        &cluster,
+        "the cluster's COPY",
+        &copy("era5", "cluster.zarr"),
+    )
+    .await;
+    query_rows(&alone, "one machine's COPY", &copy("era5", "alone.zarr")).await;
     let read = |name: &str| {
         format!(
             "SELECT * FROM read_zarr('{}') ORDER BY day, lat, lon",
@@ -1423,7 +1428,7 @@ async fn a_copy_of_a_reduction_merged_from_the_workers_is_written_as_its_rows_co
     for ctx in [&cluster, &alone] {
         (ctx.sql("SET zarrfusion.dense_state_bytes = 1048576").await).unwrap();
     }
-    let shown = common::explain_text(&cluster, &copy("shown.zarr")).await;
+    let shown = common::explain_text(&cluster, &copy("era5", "shown.zarr")).await;
     for part in [
         "emits=the results of its bands",
         "streamed=",
@@ -1431,12 +1436,14 @@ async fn a_copy_of_a_reduction_merged_from_the_workers_is_written_as_its_rows_co
     ] {
         assert!(shown.contains(part), "{part}:\n{shown}");
     }
-    query_rows(&cluster, "the cluster's COPY in bands", &copy("bands.zarr")).await;
+    let bands = copy("era5", "bands.zarr");
+    query_rows(&cluster, "the cluster's COPY in bands", &bands).await;
     let got = query_rows(&alone, "the cluster's store in bands", &read("bands.zarr")).await;
     assert_rows("a COPY in bands through workers", &got, &want);
     // In bands of latitudes (the hours of the day repeat along time): one
-    // machine writes a band at a time; the workers' bands reach the session
-    // as they come, so there the rows are collected. The same store.
+    // machine writes a band at a time, and so does the session with
+    // workers, their runs of bands gathered one task after the other. The
+    // same store.
     let diurnal = |name: &str| {
         format!(
             "COPY (SELECT extract(hour FROM time) AS hour, lat, lon, min(t2m) AS lo, \
@@ -1448,16 +1455,41 @@ async fn a_copy_of_a_reduction_merged_from_the_workers_is_written_as_its_rows_co
     for ctx in [&cluster, &alone] {
         (ctx.sql("SET zarrfusion.dense_state_bytes = 131072").await).unwrap();
     }
-    let shown = common::explain_text(&cluster, &diurnal("shown.zarr")).await;
-    assert!(
-        shown.contains("emits=the results of its bands") && !shown.contains("streamed="),
-        "{shown}"
-    );
+    let plan = physical_plan(&cluster, &diurnal("shown.zarr")).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    for part in [
+        "emits=the results of its bands",
+        "of lat per write (its bands)",
+        "InOrderGatherExec",
+        "NetworkCoalesceExec",
+    ] {
+        assert!(shown.contains(part), "{part}:\n{shown}");
+    }
     let shown = common::explain_text(&alone, &diurnal("shown.zarr")).await;
     assert!(shown.contains("of lat per write (its bands)"), "{shown}");
     query_rows(&cluster, "the cluster's diurnal COPY", &diurnal("cd.zarr")).await;
     query_rows(&alone, "one machine's diurnal COPY", &diurnal("ad.zarr")).await;
     assert_same_files(&dir.join("ad.zarr"), &dir.join("cd.zarr"));
+    // Over `rechunk(...)` (the copy made by the workers in the work_dir
+    // first): written as its rows come too, the store of the table itself.
+    let (_work, set_work) = own_work_dir(&dir);
+    for ctx in [&cluster, &alone] {
+        (ctx.sql("SET zarrfusion.dense_state_bytes = 1073741824")
+            .await)
+            .unwrap();
+        (ctx.sql(&set_work).await).unwrap();
+    }
+    let rechunked = |name: &str| copy("rechunk('era5', time => 96, lat => 4, lon => 4)", name);
+    let plan = physical_plan(&cluster, &rechunked("shown.zarr")).await;
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(shown.contains("streamed=2 of day per write"), "{shown}");
+    query_rows(
+        &cluster,
+        "the cluster's COPY over rechunk",
+        &rechunked("cr.zarr"),
+    )
+    .await;
+    assert_same_files(&dir.join("alone.zarr"), &dir.join("cr.zarr"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1711,21 +1711,6 @@ pub fn reduction_rows(plan: &dyn ExecutionPlan) -> Result<Option<RowGrid>> {
     }
 }
 
-/// [`reduction_rows`] for a session with workers: rows that come band by
-/// band along a later dimension are not a grid's in any order there (a
-/// cluster's tasks each send a run of the bands, gathered as they come),
-/// so only the memory of such a reduction is known.
-pub fn reduction_rows_in_order(plan: &dyn ExecutionPlan) -> Result<Option<RowGrid>> {
-    Ok(reduction_rows(plan)?.map(|grid| match grid.band {
-        Some(_) => RowGrid {
-            dims: None,
-            band: None,
-            ..grid
-        },
-        None => grid,
-    }))
-}
-
 /// The one batch `result` makes, sent in slices of `batch_size` rows (one
 /// empty batch when it has none): a reduction's output and its merge's.
 pub(super) fn in_batches(

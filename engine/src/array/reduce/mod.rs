@@ -36,9 +36,7 @@ mod partial;
 mod rule;
 
 pub use accumulators::{numeric_domain, DenseAccumulator, ReduceOp};
-pub use exec::{
-    reduction_rows, reduction_rows_in_order, Bands, DenseReductionExec, ReduceSpec, ReductionParts,
-};
+pub use exec::{reduction_rows, Bands, DenseReductionExec, ReduceSpec, ReductionParts};
 pub use groups::{GroupSpace, KeyMap, Line};
 pub use keys::{
     coordinate_repeats, key_schema, physical_key, DimKeys, KeySpec, MAX_KEYED_POSITIONS,
