@@ -424,7 +424,7 @@ def report(rows, args, stores) -> None:
         "| query | arm | best s | median s | vs 1 core (dense) | shell peak RSS MiB | worker peak RSS MiB |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    base = {q: best for q, arm, best, *_ in rows if arm == "local 1 core (dense)"}
+    base = {q: best for q, arm, best, *_ in rows if arm == "local 1 core (dense)" and best != "failed"}
     notes = []
     for q, arm, a, b, c, d in rows:
         if arm.startswith("answers"):
@@ -443,9 +443,9 @@ def report(rows, args, stores) -> None:
             lines.append(f"| {q} | {arm} | failed | | | | |")
             notes.append(f"- {q}, {arm}: failed: `{first.strip()[:400]}`")
         else:
-            ratio = base[q] / a if q in base else float("nan")
+            ratio = f"{base[q] / a:.2f}x" if q in base else "-"
             lines.append(
-                f"| {q} | {arm} | {a:.2f} | {b:.2f} | {ratio:.2f}x | {c / 2**20:.0f} | {'' if d is None else f'{d / 2**20:.0f}'} |"
+                f"| {q} | {arm} | {a:.2f} | {b:.2f} | {ratio} | {c / 2**20:.0f} | {'' if d is None else f'{d / 2**20:.0f}'} |"
             )
     lines += ["", *notes, ""]
     text = "\n".join(lines)
