@@ -109,6 +109,42 @@ def long_store(tmp_path):
 
 
 @pytest.fixture
+def hourly_store(tmp_path):
+    """Writes, with xarray, t2m(time 96 hours, lat 24 descending, lon 8) of
+    random normals (seed 7) with 5 % NaN holes, in chunks of (24, 4, 8), to
+    ``hours.zarr``: returns its path and ``assert_diurnal(store)``, which
+    checks that ``store`` holds xarray's diurnal cycle of it
+    (``groupby("time.hour")``: ``t2m`` the mean, ``s`` the std with ddof=0)
+    over ``hour, lat, lon``, latitudes descending as in the source."""
+    import pandas as pd
+    import xarray as xr
+
+    rng = np.random.default_rng(7)
+    t2m = rng.normal(280, 5, (96, 24, 8)).astype("float32")
+    t2m[rng.random(t2m.shape) < 0.05] = np.nan
+    coords = {
+        "time": pd.date_range("2020-01-01", periods=96, freq="h"),
+        "lat": np.arange(23, -1, -1) * 2.0 - 20,
+        "lon": np.arange(8) * 5.0,
+    }
+    src = xr.Dataset({"t2m": (("time", "lat", "lon"), t2m)}, coords=coords)
+    path = tmp_path / "hours.zarr"
+    src.to_zarr(path, encoding={"t2m": {"chunks": (24, 4, 8)}})
+
+    def assert_diurnal(store: pathlib.Path) -> None:
+        got = xr.open_zarr(store, chunks=None).load()
+        hours = src.t2m.groupby("time.hour")
+        for name, want in [("t2m", hours.mean()), ("s", hours.std(ddof=0))]:
+            have = got[name].transpose(*want.dims)
+            for d in want.dims:
+                np.testing.assert_array_equal(have[d].values, want[d].values)
+            np.testing.assert_allclose(have.values, want.values, rtol=1e-6)
+        assert list(got.lat.values) == list(coords["lat"])
+
+    return path, assert_diurnal
+
+
+@pytest.fixture
 def ctx():
     import zarrfusion as zf
 

@@ -330,7 +330,7 @@ def test_copied_reduction_is_written_as_its_rows_come_equal_to_xarray(fixtures, 
     assert not (tmp_path / "collected.zarr").exists()
 
 
-def test_copied_reduction_in_bands_of_latitudes_is_xarray_s_diurnal_cycle(tmp_path):
+def test_copied_reduction_in_bands_of_latitudes_is_xarray_s_diurnal_cycle(hourly_store, tmp_path):
     # The hours of the day repeat along time, so a reduction by hour, lat and
     # lon over the state one pass may hold runs in bands of latitudes, its
     # rows band by band; its COPY writes a band at a time (EXPLAIN:
@@ -338,18 +338,9 @@ def test_copied_reduction_in_bands_of_latitudes_is_xarray_s_diurnal_cycle(tmp_pa
     # latitudes, chunks of 4) in parts. The store is xarray's diurnal cycle
     # (groupby("time.hour"): mean and std with ddof=0), NaN holes included,
     # its latitudes descending as stored.
-    rng = np.random.default_rng(7)
-    t2m = rng.normal(280, 5, (96, 24, 8)).astype("float32")
-    t2m[rng.random(t2m.shape) < 0.05] = np.nan
-    coords = {
-        "time": pd.date_range("2020-01-01", periods=96, freq="h"),
-        "lat": np.arange(23, -1, -1) * 2.0 - 20,
-        "lon": np.arange(8) * 5.0,
-    }
-    src = xr.Dataset({"t2m": (("time", "lat", "lon"), t2m)}, coords=coords)
-    src.to_zarr(tmp_path / "hours.zarr", encoding={"t2m": {"chunks": (24, 4, 8)}})
+    store, assert_diurnal = hourly_store
     ctx = zf.SessionContext(allowed_mem="1MB", config={"zarrfusion.dense_state_bytes": "65536"})
-    ctx.register_zarr("h", tmp_path / "hours.zarr")
+    ctx.register_zarr("h", store)
     out = tmp_path / "diurnal.zarr"
     copy = (
         "COPY (SELECT extract(hour FROM time) AS hour, lat, lon, avg(t2m) AS t2m, "
@@ -359,14 +350,7 @@ def test_copied_reduction_in_bands_of_latitudes_is_xarray_s_diurnal_cycle(tmp_pa
     plan = ctx.sql(f"EXPLAIN {copy}").to_pandas()["plan"].str.cat()
     assert "streamed=6 of lat per write (its bands)" in plan and "bands=4 of 6 keys of lat" in plan, plan
     ctx.sql(copy).collect()
-    got = open_xr(out)
-    hours = src.t2m.groupby("time.hour")
-    for name, want in [("t2m", hours.mean()), ("s", hours.std(ddof=0))]:
-        have = got[name].transpose(*want.dims)
-        for d in want.dims:
-            np.testing.assert_array_equal(have[d].values, want[d].values)
-        np.testing.assert_allclose(have.values, want.values, rtol=1e-6)
-    assert list(got.lat.values) == list(coords["lat"])
+    assert_diurnal(out)
 
 
 def test_copied_climate_results_equal_xarray_in_any_row_order(ctx, fixtures, tmp_path):
